@@ -1,0 +1,95 @@
+//! Buffers: the bottom layer of evb.
+//!
+//! A [`Pool`] owns fixed-size blocks allocated up front. A [`BlockWriter`] is a loaned
+//! block being filled; the filled part is shared as [`Slice`]s; a block goes back to its
+//! pool when its writer and its last slice are dropped. A [`Chain`] strings slices together
+//! for messages larger than a block. Data moves from source to wire to builder as slices of
+//! pool blocks, never copied in user space.
+
+mod block;
+mod chain;
+mod pool;
+
+pub use block::{BlockWriter, Slice};
+pub use chain::Chain;
+pub use pool::{Pool, PoolStats};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_returns_to_pool_when_last_user_drops() {
+        let pool = Pool::new("t", 64, 2);
+        assert_eq!(pool.free_blocks(), 2);
+        let mut w = pool.try_alloc().unwrap();
+        let s = w.append(b"hello").unwrap();
+        assert_eq!(pool.free_blocks(), 1);
+        drop(w);
+        assert_eq!(pool.free_blocks(), 1, "slice still holds the block");
+        assert_eq!(&s[..], b"hello");
+        let s2 = s.clone();
+        drop(s);
+        assert_eq!(pool.free_blocks(), 1);
+        drop(s2);
+        assert_eq!(pool.free_blocks(), 2);
+    }
+
+    #[test]
+    fn exhausted_pool_refuses_and_counts() {
+        let pool = Pool::new("t", 16, 1);
+        let a = pool.try_alloc().unwrap();
+        assert!(pool.try_alloc().is_none());
+        assert_eq!(pool.stats().exhausted, 1);
+        assert_eq!(pool.stats().high_water, 1);
+        drop(a);
+        assert!(pool.try_alloc().is_some());
+    }
+
+    #[test]
+    fn writer_keeps_filling_while_head_is_shared() {
+        let pool = Pool::new("t", 32, 1);
+        let mut w = pool.try_alloc().unwrap();
+        let a = w.append(&[1; 10]).unwrap();
+        w.spare_mut()[..5].copy_from_slice(&[2; 5]);
+        w.advance(5);
+        let b = w.slice(10, 5);
+        assert_eq!(&a[..], &[1; 10]);
+        assert_eq!(&b[..], &[2; 5]);
+        assert!(a.is_followed_by(&b));
+        assert!(w.append(&[0; 18]).is_none());
+        assert_eq!(w.remaining(), 17);
+    }
+
+    #[test]
+    fn chain_merges_contiguous_slices_and_spans_blocks() {
+        let pool = Pool::new("t", 8, 3);
+        let mut w1 = pool.try_alloc().unwrap();
+        let mut w2 = pool.try_alloc().unwrap();
+        let mut c = Chain::new();
+        c.push(w1.append(b"abcd").unwrap());
+        c.push(w1.append(b"efgh").unwrap());
+        c.push(w2.append(b"ijk").unwrap());
+        assert_eq!(c.slices().len(), 2);
+        assert_eq!(c.len(), 11);
+        assert_eq!(c.to_vec(), b"abcdefghijk");
+        assert_eq!(c.sub(6, 4).to_vec(), b"ghij");
+        assert_eq!(c.crc32c(), crc32c::crc32c(b"abcdefghijk"));
+        let mut p = [0u8; 9];
+        assert!(c.copy_prefix(&mut p));
+        assert_eq!(&p, b"abcdefghi");
+        assert!(c.eq_bytes(b"abcdefghijk"));
+        assert!(!c.eq_bytes(b"abcdefghijx"));
+    }
+
+    #[test]
+    fn slices_cross_threads() {
+        let pool = Pool::new("t", 64, 4);
+        let mut w = pool.try_alloc().unwrap();
+        let s = w.append(&[7; 64]).unwrap();
+        let h = std::thread::spawn(move || s.iter().map(|&b| b as u32).sum::<u32>());
+        assert_eq!(h.join().unwrap(), 7 * 64);
+        drop(w);
+        assert_eq!(pool.free_blocks(), 4);
+    }
+}

@@ -1,0 +1,64 @@
+//! The fragment header: what one RU contributes to one event.
+
+use crate::bytes::{need, u16_at, u32_at, u64_at};
+use crate::error::{Result, WireError};
+
+pub const FRAGMENT_HEADER_LEN: usize = 32;
+
+/// Flag: the fragment is a placeholder for a source that could not contribute.
+pub const FLAG_MISSING: u16 = 0x0001;
+/// Flag: payload content was made by the built-in generator (and can be verified byte by byte).
+pub const FLAG_GENERATED: u16 = 0x0002;
+const KNOWN_FLAGS: u16 = FLAG_MISSING | FLAG_GENERATED;
+
+/// Fragment header, 32 bytes, little-endian:
+/// event id u64 | trigger number u32 | source id u16 | flags u16 | payload size u32 |
+/// payload CRC32C u32 | reserved u32 (zero) | header CRC32C u32 (over bytes 0..28)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FragmentHeader {
+    pub event_id: u64,
+    pub trigger_number: u32,
+    pub source_id: u16,
+    pub flags: u16,
+    pub payload_size: u32,
+    pub payload_crc: u32,
+}
+
+impl FragmentHeader {
+    pub fn encode(&self) -> [u8; FRAGMENT_HEADER_LEN] {
+        let mut b = [0u8; FRAGMENT_HEADER_LEN];
+        b[0..8].copy_from_slice(&self.event_id.to_le_bytes());
+        b[8..12].copy_from_slice(&self.trigger_number.to_le_bytes());
+        b[12..14].copy_from_slice(&self.source_id.to_le_bytes());
+        b[14..16].copy_from_slice(&self.flags.to_le_bytes());
+        b[16..20].copy_from_slice(&self.payload_size.to_le_bytes());
+        b[20..24].copy_from_slice(&self.payload_crc.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<FragmentHeader> {
+        need("fragment header", b, FRAGMENT_HEADER_LEN)?;
+        let computed = crc32c::crc32c(&b[0..28]);
+        let got = u32_at(b, 28);
+        if got != computed {
+            return Err(WireError::HeaderChecksum { got, computed });
+        }
+        if u32_at(b, 24) != 0 {
+            return Err(WireError::ReservedNonZero { what: "fragment header" });
+        }
+        let flags = u16_at(b, 14);
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(WireError::OutOfRange { what: "fragment flags", value: flags as u64 });
+        }
+        Ok(FragmentHeader {
+            event_id: u64_at(b, 0),
+            trigger_number: u32_at(b, 8),
+            source_id: u16_at(b, 12),
+            flags,
+            payload_size: u32_at(b, 16),
+            payload_crc: u32_at(b, 20),
+        })
+    }
+}

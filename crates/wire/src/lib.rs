@@ -1,0 +1,20 @@
+//! evb wire formats, without IO: the frame header, the connection handshake, the
+//! event-building messages and the fragment header. Every `decode` checks every field and
+//! returns a [`WireError`] naming what was wrong; nothing here panics on input.
+//! docs/protocol.md describes the same layouts byte by byte.
+
+mod bytes;
+mod error;
+mod fragment;
+mod frame;
+mod handshake;
+mod message;
+
+pub use error::{Result, WireError};
+pub use fragment::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FRAGMENT_HEADER_LEN};
+pub use frame::{FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION};
+pub use handshake::{Channel, Hello, Role, MAX_NAME_LEN};
+pub use message::{EventRange, Message, MessageHeader, MessageType, MAX_TEXT_LEN, MESSAGE_HEADER_LEN};
+
+#[cfg(test)]
+mod tests;

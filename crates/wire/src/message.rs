@@ -1,0 +1,224 @@
+//! Event-building and control messages. Each travels inside a `Messages` frame as an 8-byte
+//! [`MessageHeader`] followed by its body.
+
+use crate::bytes::{need, u16_at, u32_at, u64_at};
+use crate::error::{Result, WireError};
+use crate::frame::truncate_utf8;
+
+pub const MESSAGE_HEADER_LEN: usize = 8;
+/// Longest report or abort text accepted.
+pub const MAX_TEXT_LEN: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum MessageType {
+    Credit = 0x0001,
+    Assign = 0x0002,
+    Release = 0x0003,
+    Fragment = 0x0004,
+    Ready = 0x0010,
+    Start = 0x0011,
+    Stop = 0x0012,
+    Halt = 0x0013,
+    Report = 0x0014,
+    Abort = 0x0015,
+}
+
+impl MessageType {
+    pub fn from_u16(v: u16) -> Result<MessageType> {
+        Ok(match v {
+            0x0001 => MessageType::Credit,
+            0x0002 => MessageType::Assign,
+            0x0003 => MessageType::Release,
+            0x0004 => MessageType::Fragment,
+            0x0010 => MessageType::Ready,
+            0x0011 => MessageType::Start,
+            0x0012 => MessageType::Stop,
+            0x0013 => MessageType::Halt,
+            0x0014 => MessageType::Report,
+            0x0015 => MessageType::Abort,
+            other => return Err(WireError::UnknownMessageType(other)),
+        })
+    }
+}
+
+/// Message header, 8 bytes, little-endian: type u16 | flags u16 (zero) | body length u32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageHeader {
+    pub msg_type: MessageType,
+    pub length: u32,
+}
+
+impl MessageHeader {
+    pub fn encode(&self) -> [u8; MESSAGE_HEADER_LEN] {
+        let mut b = [0u8; MESSAGE_HEADER_LEN];
+        b[0..2].copy_from_slice(&(self.msg_type as u16).to_le_bytes());
+        b[4..8].copy_from_slice(&self.length.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<MessageHeader> {
+        need("message header", b, MESSAGE_HEADER_LEN)?;
+        let msg_type = MessageType::from_u16(u16_at(b, 0))?;
+        if u16_at(b, 2) != 0 {
+            return Err(WireError::ReservedNonZero { what: "message flags" });
+        }
+        Ok(MessageHeader { msg_type, length: u32_at(b, 4) })
+    }
+}
+
+/// A range of consecutive event ids `[first, first + count)` and the BU it concerns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRange {
+    pub bu: u16,
+    pub first: u64,
+    pub count: u32,
+}
+
+impl EventRange {
+    pub fn end(&self) -> u64 {
+        self.first + self.count as u64
+    }
+}
+
+/// Every message except `Fragment`, whose payload stays in pool buffers (see [`crate::FragmentHeader`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// BU → EVM: room for `count` more events.
+    Credit { bu: u16, count: u32 },
+    /// EVM → RUs and BU: these events go to `range.bu`.
+    Assign(EventRange),
+    /// BU → EVM: these events are built and handed on; EVM → RUs: free their fragments.
+    Release(EventRange),
+    /// Node → EVM: configured and connected, ready to start.
+    Ready,
+    /// EVM → nodes: the run starts.
+    Start,
+    /// EVM → nodes: the run is over; `triggered` events were assigned in all.
+    Stop { triggered: u64 },
+    /// EVM → nodes: exit.
+    Halt,
+    /// Node → EVM after Stop: the node's end-of-run counters as a UTF-8 JSON object.
+    Report(String),
+    /// Either way: the run cannot go on, for this reason.
+    Abort(String),
+}
+
+impl Message {
+    pub fn msg_type(&self) -> MessageType {
+        match self {
+            Message::Credit { .. } => MessageType::Credit,
+            Message::Assign(_) => MessageType::Assign,
+            Message::Release(_) => MessageType::Release,
+            Message::Ready => MessageType::Ready,
+            Message::Start => MessageType::Start,
+            Message::Stop { .. } => MessageType::Stop,
+            Message::Halt => MessageType::Halt,
+            Message::Report(_) => MessageType::Report,
+            Message::Abort(_) => MessageType::Abort,
+        }
+    }
+
+    /// Appends header and body to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; MESSAGE_HEADER_LEN]);
+        match self {
+            Message::Credit { bu, count } => {
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&0u16.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+            }
+            Message::Assign(r) | Message::Release(r) => {
+                out.extend_from_slice(&r.first.to_le_bytes());
+                out.extend_from_slice(&r.count.to_le_bytes());
+                out.extend_from_slice(&r.bu.to_le_bytes());
+                out.extend_from_slice(&0u16.to_le_bytes());
+            }
+            Message::Ready | Message::Start | Message::Halt => {}
+            Message::Stop { triggered } => out.extend_from_slice(&triggered.to_le_bytes()),
+            Message::Report(s) | Message::Abort(s) => {
+                out.extend_from_slice(truncate_utf8(s, MAX_TEXT_LEN).as_bytes())
+            }
+        }
+        let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
+        let h = MessageHeader { msg_type: self.msg_type(), length: len };
+        out[start..start + MESSAGE_HEADER_LEN].copy_from_slice(&h.encode());
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(32);
+        self.encode_into(&mut v);
+        v
+    }
+
+    /// Decodes the body of a message whose header said `msg_type`.
+    ///
+    /// # Errors
+    /// `Fragment` is not decoded here; any body of the wrong length or content is rejected.
+    pub fn decode(msg_type: MessageType, b: &[u8]) -> Result<Message> {
+        let exact = |what, n: usize| {
+            if b.len() == n {
+                Ok(())
+            } else {
+                Err(WireError::BadLength { what, expected: n, got: b.len() })
+            }
+        };
+        Ok(match msg_type {
+            MessageType::Credit => {
+                exact("credit", 8)?;
+                if u16_at(b, 2) != 0 {
+                    return Err(WireError::ReservedNonZero { what: "credit" });
+                }
+                Message::Credit { bu: u16_at(b, 0), count: u32_at(b, 4) }
+            }
+            MessageType::Assign | MessageType::Release => {
+                let what = if msg_type == MessageType::Assign { "assign" } else { "release" };
+                exact(what, 16)?;
+                if u16_at(b, 14) != 0 {
+                    return Err(WireError::ReservedNonZero { what });
+                }
+                let r = EventRange { first: u64_at(b, 0), count: u32_at(b, 8), bu: u16_at(b, 12) };
+                if r.first.checked_add(r.count as u64).is_none() {
+                    return Err(WireError::OutOfRange { what, value: r.first });
+                }
+                if msg_type == MessageType::Assign {
+                    Message::Assign(r)
+                } else {
+                    Message::Release(r)
+                }
+            }
+            MessageType::Ready => {
+                exact("ready", 0)?;
+                Message::Ready
+            }
+            MessageType::Start => {
+                exact("start", 0)?;
+                Message::Start
+            }
+            MessageType::Halt => {
+                exact("halt", 0)?;
+                Message::Halt
+            }
+            MessageType::Stop => {
+                exact("stop", 8)?;
+                Message::Stop { triggered: u64_at(b, 0) }
+            }
+            MessageType::Report | MessageType::Abort => {
+                let what = if msg_type == MessageType::Report { "report" } else { "abort" };
+                if b.len() > MAX_TEXT_LEN {
+                    return Err(WireError::TooLong { what, len: b.len(), max: MAX_TEXT_LEN });
+                }
+                let s = std::str::from_utf8(b).map_err(|_| WireError::BadUtf8 { what })?.to_string();
+                if msg_type == MessageType::Report {
+                    Message::Report(s)
+                } else {
+                    Message::Abort(s)
+                }
+            }
+            MessageType::Fragment => {
+                return Err(WireError::OutOfRange { what: "fragment outside the fragment path", value: 4 })
+            }
+        })
+    }
+}
