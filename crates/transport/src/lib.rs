@@ -1,1 +1,79 @@
+//! Transports: one trait, several ways to move frames between nodes.
+//!
+//! A transport is connection-oriented and message-based. It moves whole frames
+//! (`evb-wire`'s header plus payload), opens every connection with the handshake, hands
+//! received payloads over as chains of receive-pool blocks, and reports everything that
+//! happens as [`Event`]s from one `poll` call — the completion-queue shape that TCP (epoll),
+//! shared memory (rings) and libfabric (CQs) can all implement. It never blocks on a send:
+//! frames queue per connection, so a slow peer holds up only its own queue.
 
+mod event;
+pub mod inproc;
+pub mod tcp;
+
+pub use event::{CloseReason, ConnId, Event, InFrame, Segment};
+
+use std::time::Duration;
+
+use evb_buffers::Pool;
+use evb_wire::{FrameType, Hello};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum TransportError {
+    #[error("io error on {addr}: {source}")]
+    Io { addr: String, source: std::io::Error },
+    #[error("bad address {0:?}")]
+    BadAddress(String),
+    #[error("unknown or closed connection {0:?}")]
+    NoConnection(ConnId),
+    #[error("connection {0:?} is not open yet")]
+    NotOpen(ConnId),
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("handshake: {0}")]
+    Handshake(#[from] evb_wire::WireError),
+}
+
+/// What every transport needs to know about its node.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// Connections whose handshake names another run are refused.
+    pub run_id: String,
+    /// This node's own handshake, sent as the answer to an incoming Hello.
+    pub local: Hello,
+    /// Largest frame payload accepted from a peer; larger ones close the connection.
+    pub max_frame: u32,
+    /// Received frames land in blocks of this pool.
+    pub rx_pool: Pool,
+}
+
+/// Moves frames between this node and its peers. See the crate docs.
+pub trait Transport: Send {
+    /// Starts accepting connections on `addr`; returns the address actually bound.
+    fn listen(&mut self, addr: &str) -> Result<String, TransportError>;
+
+    /// Opens a connection to `addr` announcing `hello`. Completes later with
+    /// `Event::Connected`, or `Event::Closed` if it fails.
+    fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError>;
+
+    /// Queues one frame made of `segments`; never blocks. Slices in the segments stay
+    /// shared (no copy) until written.
+    fn send(
+        &mut self,
+        conn: ConnId,
+        frame_type: FrameType,
+        count: u32,
+        segments: Vec<Segment>,
+    ) -> Result<(), TransportError>;
+
+    /// Bytes queued for `conn` and not yet handed to the network.
+    fn queued_bytes(&self, conn: ConnId) -> usize;
+
+    /// Closes `conn` after its queued frames are written, telling the peer (`Bye`).
+    fn close(&mut self, conn: ConnId);
+
+    /// Makes progress and appends what happened to `events`; waits at most `timeout` when
+    /// there is nothing to report.
+    fn poll(&mut self, events: &mut Vec<Event>, timeout: Option<Duration>) -> std::io::Result<()>;
+}

@@ -1,0 +1,186 @@
+//! Both transports through the same checks: handshake, ordered delivery of frames from a few
+//! bytes to several blocks, refusals, and (tcp) garbage from a raw socket.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use evb_buffers::{Pool, Slice};
+use evb_transport::inproc::InprocTransport;
+use evb_transport::tcp::TcpTransport;
+use evb_transport::{CloseReason, ConnId, Event, Segment, Transport, TransportConfig};
+use evb_wire::{Channel, FrameType, Hello, Role};
+
+fn cfg(run: &str, node: &str, role: Role) -> TransportConfig {
+    TransportConfig {
+        run_id: run.into(),
+        local: Hello::new(Channel::Data, role, 0, run, node),
+        max_frame: 8 << 20,
+        rx_pool: Pool::new(node, 64 * 1024, 512),
+    }
+}
+
+fn pump(ts: &mut [&mut dyn Transport], until: impl Fn(&[Vec<Event>]) -> bool, evs: &mut [Vec<Event>]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !until(evs) {
+        assert!(Instant::now() < deadline, "timed out");
+        for (t, e) in ts.iter_mut().zip(evs.iter_mut()) {
+            t.poll(e, Some(Duration::from_millis(1))).unwrap();
+        }
+    }
+}
+
+fn payload(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|b| (b * 31 + i) as u8).collect()
+}
+
+fn ordered_delivery(mut a: Box<dyn Transport>, mut b: Box<dyn Transport>, addr: &str) {
+    let bound = b.listen(addr).unwrap();
+    let conn = a.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(
+        &mut [&mut *a, &mut *b],
+        |e| e[0].iter().any(|e| matches!(e, Event::Connected { .. })) && !e[1].is_empty(),
+        &mut evs,
+    );
+    let Event::Accepted { peer, conn: bconn } = &evs[1][0] else { panic!("{:?}", evs[1]) };
+    assert_eq!(peer.node_id, "ru0");
+    let bconn = *bconn;
+    evs.iter_mut().for_each(Vec::clear);
+
+    // sizes from 1 byte to several receive blocks, some as shared pool slices
+    let pool = Pool::new("tx", 4 << 20, 4);
+    let sizes = [1usize, 7, 1000, 65_536, 65_537, 300_000, 4 << 20];
+    let mut expect = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = payload(i, n);
+        let seg = if i % 2 == 0 {
+            let mut w = pool.try_alloc().unwrap();
+            let s: Slice = w.append(&data).unwrap();
+            Segment::Shared(s)
+        } else {
+            Segment::Owned(data.clone())
+        };
+        a.send(conn, FrameType::Messages, 1, vec![Segment::Owned(vec![]), seg]).unwrap();
+        expect.push(data);
+    }
+    pump(
+        &mut [&mut *a, &mut *b],
+        |e| e[1].iter().filter(|e| matches!(e, Event::Frame { .. })).count() == sizes.len(),
+        &mut evs,
+    );
+    for (e, want) in evs[1].iter().zip(&expect) {
+        let Event::Frame { frame, conn } = e else { panic!() };
+        assert_eq!(*conn, bconn);
+        assert_eq!(frame.payload.len(), want.len());
+        assert!(frame.payload.eq_bytes(want));
+    }
+    evs.iter_mut().for_each(Vec::clear);
+    a.close(conn);
+    pump(
+        &mut [&mut *a, &mut *b],
+        |e| e[1].iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::PeerClosed, .. })),
+        &mut evs,
+    );
+}
+
+#[test]
+fn tcp_delivers_frames_in_order() {
+    let a = Box::new(TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap());
+    let b = Box::new(TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap());
+    ordered_delivery(a, b, "127.0.0.1:0");
+}
+
+#[test]
+fn inproc_delivers_frames_in_order() {
+    let a = Box::new(InprocTransport::new(cfg("run1", "ru0", Role::Ru)));
+    let b = Box::new(InprocTransport::new(cfg("run1", "bu0", Role::Bu)));
+    ordered_delivery(a, b, "inproc-order-test");
+}
+
+fn wrong_run_is_refused(mut a: Box<dyn Transport>, mut b: Box<dyn Transport>, addr: &str) {
+    let bound = b.listen(addr).unwrap();
+    let conn = a.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "other-run", "ru0")).unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(&mut [&mut *a, &mut *b], |e| !e[0].is_empty(), &mut evs);
+    match &evs[0][0] {
+        Event::Closed { conn: c, reason: CloseReason::Rejected(why) } => {
+            assert_eq!(*c, conn);
+            assert!(why.contains("other-run"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(evs[1].iter().all(|e| !matches!(e, Event::Accepted { .. })));
+}
+
+#[test]
+fn tcp_refuses_wrong_run() {
+    let a = Box::new(TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap());
+    let b = Box::new(TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap());
+    wrong_run_is_refused(a, b, "127.0.0.1:0");
+}
+
+#[test]
+fn inproc_refuses_wrong_run() {
+    let a = Box::new(InprocTransport::new(cfg("run1", "ru0", Role::Ru)));
+    let b = Box::new(InprocTransport::new(cfg("run1", "bu0", Role::Bu)));
+    wrong_run_is_refused(a, b, "inproc-refuse-test");
+}
+
+#[test]
+fn tcp_connect_to_nobody_fails_cleanly() {
+    let mut a = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
+    // bind then drop to find a port nobody listens on
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let conn = a.connect(&format!("127.0.0.1:{port}"), Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+    let mut evs = vec![Vec::new()];
+    pump(&mut [&mut a], |e| !e[0].is_empty(), &mut evs);
+    assert!(matches!(&evs[0][0], Event::Closed { conn: c, reason: CloseReason::ConnectFailed(_) } if *c == conn));
+}
+
+#[test]
+fn tcp_garbage_peer_is_disconnected_and_others_carry_on() {
+    let mut b = TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap();
+    let bound = b.listen("127.0.0.1:0").unwrap();
+    let mut good = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
+    let gconn = good.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+
+    let mut raw = std::net::TcpStream::connect(&bound).unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(
+        &mut [&mut good, &mut b],
+        |e| {
+            e[1].iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::Protocol(_), .. }))
+                && e[0].iter().any(|e| matches!(e, Event::Connected { .. }))
+        },
+        &mut evs,
+    );
+    good.send(gconn, FrameType::Messages, 1, vec![Segment::Owned(b"still here".to_vec())]).unwrap();
+    pump(
+        &mut [&mut good, &mut b],
+        |e| e[1].iter().any(|e| matches!(e, Event::Frame { .. })),
+        &mut evs,
+    );
+    let got: Vec<ConnId> = evs[1]
+        .iter()
+        .filter_map(|e| if let Event::Frame { conn, frame } = e { assert!(frame.payload.eq_bytes(b"still here")); Some(*conn) } else { None })
+        .collect();
+    assert_eq!(got.len(), 1);
+}
+
+#[test]
+fn tcp_peer_death_is_reported_as_lost() {
+    let mut b = TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap();
+    let bound = b.listen("127.0.0.1:0").unwrap();
+    let mut evs = vec![Vec::new()];
+    {
+        let mut a = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
+        a.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+        let mut aev = vec![Vec::new(), Vec::new()];
+        pump(&mut [&mut a, &mut b], |e| !e[1].is_empty() && !e[0].is_empty(), &mut aev);
+        // `a` drops here without a Bye, as a killed process would
+    }
+    pump(&mut [&mut b], |e| e[0].iter().any(|e| matches!(e, Event::Closed { .. })), &mut evs);
+    assert!(evs[0].iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::Lost(_), .. })));
+}
