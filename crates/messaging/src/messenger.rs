@@ -1,0 +1,265 @@
+//! The message socket: one per node, over one transport.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use evb_buffers::Chain;
+use evb_transport::{CloseReason, ConnId, Event, Segment, Transport, TransportError};
+use evb_wire::{FrameType, Hello, Message};
+use tracing::warn;
+
+use crate::reader::{split_messages, Received};
+
+/// When a partly filled page goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushPolicy {
+    /// At the end of every pass of the event loop: whatever one pass produced shares frames.
+    EndOfPass,
+    /// When the page's first message has waited this long (or the page is full).
+    After(Duration),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MessengerConfig {
+    /// A page is sent as soon as it holds this many bytes.
+    pub page_size: usize,
+    /// ... or this many separate pieces (each a writev entry).
+    pub max_pieces: usize,
+    pub flush: FlushPolicy,
+}
+
+impl Default for MessengerConfig {
+    fn default() -> Self {
+        MessengerConfig { page_size: 256 * 1024, max_pieces: 64, flush: FlushPolicy::EndOfPass }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MessengerStats {
+    pub messages_sent: u64,
+    pub frames_sent: u64,
+    pub payload_bytes_sent: u64,
+    pub messages_received: u64,
+    pub frames_received: u64,
+    pub payload_bytes_received: u64,
+    pub protocol_errors: u64,
+}
+
+/// What the node's logic is told.
+#[derive(Debug)]
+pub enum Incoming {
+    Connected { conn: ConnId, peer: Hello },
+    Accepted { conn: ConnId, peer: Hello },
+    Received { conn: ConnId, msg: Received },
+    Closed { conn: ConnId, reason: CloseReason },
+}
+
+#[derive(Default)]
+struct Page {
+    segments: Vec<Segment>,
+    small: Vec<u8>,
+    count: u32,
+    bytes: usize,
+    since: Option<Instant>,
+}
+
+impl Page {
+    fn seal_small(&mut self) {
+        if !self.small.is_empty() {
+            self.segments.push(Segment::Owned(std::mem::take(&mut self.small)));
+        }
+    }
+
+    fn note(&mut self, bytes: usize) {
+        self.count += 1;
+        self.bytes += bytes;
+        self.since.get_or_insert_with(Instant::now);
+    }
+}
+
+pub struct Messenger {
+    transport: Box<dyn Transport>,
+    cfg: MessengerConfig,
+    pages: HashMap<ConnId, Page>,
+    dead: HashSet<ConnId>,
+    events: Vec<Event>,
+    stats: MessengerStats,
+}
+
+impl Messenger {
+    pub fn new(transport: Box<dyn Transport>, cfg: MessengerConfig) -> Self {
+        Messenger {
+            transport,
+            cfg,
+            pages: HashMap::new(),
+            dead: HashSet::new(),
+            events: Vec::new(),
+            stats: MessengerStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> MessengerStats {
+        self.stats
+    }
+
+    pub fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
+        self.transport.listen(addr)
+    }
+
+    pub fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError> {
+        self.transport.connect(addr, hello)
+    }
+
+    /// Sends what is queued for `conn`, then closes it (the peer sees an orderly Bye).
+    pub fn close(&mut self, conn: ConnId) {
+        let _ = self.flush(conn);
+        self.pages.remove(&conn);
+        self.transport.close(conn);
+    }
+
+    /// Bytes waiting for `conn`, in the page and in the transport's queue.
+    pub fn queued_bytes(&self, conn: ConnId) -> usize {
+        self.pages.get(&conn).map_or(0, |p| p.bytes) + self.transport.queued_bytes(conn)
+    }
+
+    /// Low-latency path: whatever is batched for `conn` goes first, then this message, now.
+    pub fn send_now(&mut self, conn: ConnId, msg: &Message) -> Result<(), TransportError> {
+        self.flush(conn)?;
+        let bytes = msg.encode();
+        self.stats.messages_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.payload_bytes_sent += bytes.len() as u64;
+        self.transport.send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+    }
+
+    /// High-throughput path: appends the message to `conn`'s page.
+    pub fn send_batched(&mut self, conn: ConnId, msg: &Message) -> Result<(), TransportError> {
+        let page = self.pages.entry(conn).or_default();
+        let before = page.small.len();
+        msg.encode_into(&mut page.small);
+        let n = page.small.len() - before;
+        page.note(n);
+        self.flush_if_full(conn)
+    }
+
+    /// High-throughput path for fragments: `encoded` holds message header, fragment header
+    /// and payload (see [`crate::fragment_prefix`]) in pool blocks; it joins the page as
+    /// shared slices.
+    pub fn send_fragment(&mut self, conn: ConnId, encoded: &Chain) -> Result<(), TransportError> {
+        let page = self.pages.entry(conn).or_default();
+        page.seal_small();
+        for s in encoded.slices() {
+            if let Some(Segment::Shared(last)) = page.segments.last_mut() {
+                if last.extend_with(s) {
+                    continue;
+                }
+            }
+            page.segments.push(Segment::Shared(s.clone()));
+        }
+        page.note(encoded.len());
+        self.flush_if_full(conn)
+    }
+
+    fn flush_if_full(&mut self, conn: ConnId) -> Result<(), TransportError> {
+        let p = &self.pages[&conn];
+        if p.bytes >= self.cfg.page_size || p.segments.len() >= self.cfg.max_pieces {
+            self.flush(conn)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Sends `conn`'s page now, if it holds anything.
+    pub fn flush(&mut self, conn: ConnId) -> Result<(), TransportError> {
+        let Some(page) = self.pages.get_mut(&conn) else { return Ok(()) };
+        if page.count == 0 {
+            return Ok(());
+        }
+        page.seal_small();
+        let segments = std::mem::take(&mut page.segments);
+        let count = std::mem::take(&mut page.count);
+        let bytes = std::mem::take(&mut page.bytes);
+        page.since = None;
+        self.stats.messages_sent += count as u64;
+        self.stats.frames_sent += 1;
+        self.stats.payload_bytes_sent += bytes as u64;
+        self.transport.send(conn, FrameType::Messages, count, segments)
+    }
+
+    /// Sends every page that is due under the flush policy (all of them for `EndOfPass`).
+    pub fn flush_due(&mut self, now: Instant) {
+        let due: Vec<ConnId> = self
+            .pages
+            .iter()
+            .filter(|(_, p)| {
+                p.count > 0
+                    && match self.cfg.flush {
+                        FlushPolicy::EndOfPass => true,
+                        FlushPolicy::After(t) => p.since.is_some_and(|s| now.duration_since(s) >= t),
+                    }
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in due {
+            // A closed connection's page is discarded; its Closed event reports why.
+            let _ = self.flush(c);
+        }
+    }
+
+    /// How long the event loop may sleep before a page falls due.
+    pub fn next_flush_in(&self, now: Instant) -> Option<Duration> {
+        match self.cfg.flush {
+            FlushPolicy::EndOfPass => None,
+            FlushPolicy::After(t) => self
+                .pages
+                .values()
+                .filter_map(|p| p.since)
+                .map(|s| t.saturating_sub(now.duration_since(s)))
+                .min(),
+        }
+    }
+
+    /// Makes progress on the transport and appends what arrived, message by message.
+    pub fn poll(&mut self, out: &mut Vec<Incoming>, timeout: Option<Duration>) -> std::io::Result<()> {
+        let mut events = std::mem::take(&mut self.events);
+        self.transport.poll(&mut events, timeout)?;
+        let mut msgs = Vec::new();
+        for ev in events.drain(..) {
+            match ev {
+                Event::Connected { conn, peer } => out.push(Incoming::Connected { conn, peer }),
+                Event::Accepted { conn, peer } => out.push(Incoming::Accepted { conn, peer }),
+                Event::Closed { conn, reason } => {
+                    self.pages.remove(&conn);
+                    if !self.dead.remove(&conn) {
+                        out.push(Incoming::Closed { conn, reason });
+                    }
+                }
+                Event::Frame { conn, frame } => {
+                    if self.dead.contains(&conn) {
+                        continue;
+                    }
+                    self.stats.frames_received += 1;
+                    self.stats.payload_bytes_received += frame.payload.len() as u64;
+                    msgs.clear();
+                    match split_messages(&frame.payload, frame.count, &mut msgs) {
+                        Ok(()) => {
+                            self.stats.messages_received += msgs.len() as u64;
+                            out.extend(msgs.drain(..).map(|msg| Incoming::Received { conn, msg }));
+                        }
+                        Err(e) => {
+                            // Nothing from a broken frame is delivered; the peer is dropped.
+                            self.stats.protocol_errors += 1;
+                            warn!(?conn, "bad frame from peer, disconnecting: {e}");
+                            self.dead.insert(conn);
+                            self.pages.remove(&conn);
+                            self.transport.close(conn);
+                            out.push(Incoming::Closed { conn, reason: CloseReason::Protocol(e) });
+                        }
+                    }
+                }
+            }
+        }
+        self.events = events;
+        Ok(())
+    }
+}
