@@ -1,1 +1,31 @@
+//! Event building without IO: the EVM, RU and BU as state machines.
+//!
+//! Each takes messages (and the time) in and returns [`Action`]s; none touches a socket or
+//! reads a clock. A driver (`evb-node`) connects them to messaging; tests drive them with
+//! scripted messages. The protocol: BUs grant credits to the EVM; the EVM assigns each
+//! event to a BU with credit and tells the RUs; RUs send their fragments to that BU; the BU
+//! checks and builds the event, hands it to a sink, and releases it to the EVM, which tells
+//! the RUs to free their fragments.
 
+mod action;
+mod bu;
+mod event;
+mod evm;
+mod generator;
+mod ledger;
+mod report;
+mod ru;
+mod sink;
+
+pub use action::{Action, NodeRef, Path, RunState};
+pub use bu::{Bu, BuConfig, BuStats, Verify};
+pub use event::BuiltEvent;
+pub use evm::{Evm, EvmConfig, EvmStats};
+pub use generator::{Generator, SizeModel};
+pub use ledger::{Ledger, ReleaseOutcome};
+pub use report::{verdict, RunReport};
+pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};
+pub use sink::{CountingSink, DiscardSink, Sink};
+
+#[cfg(test)]
+mod tests;

@@ -62,3 +62,17 @@ impl FragmentHeader {
         })
     }
 }
+
+/// Bytes of message header plus fragment header in front of every fragment payload.
+pub const FRAGMENT_PREFIX_LEN: usize = crate::MESSAGE_HEADER_LEN + FRAGMENT_HEADER_LEN;
+
+/// The message header and fragment header that precede a fragment's payload on the wire,
+/// so a data source can write them into a pool block right in front of the payload.
+pub fn fragment_prefix(h: &FragmentHeader) -> [u8; FRAGMENT_PREFIX_LEN] {
+    use crate::{MessageHeader, MessageType, MESSAGE_HEADER_LEN};
+    let mut b = [0u8; FRAGMENT_PREFIX_LEN];
+    let mh = MessageHeader { msg_type: MessageType::Fragment, length: (FRAGMENT_HEADER_LEN as u32) + h.payload_size };
+    b[..MESSAGE_HEADER_LEN].copy_from_slice(&mh.encode());
+    b[MESSAGE_HEADER_LEN..].copy_from_slice(&h.encode());
+    b
+}

@@ -1,0 +1,59 @@
+//! What the state machines ask their driver to do. They never touch a socket themselves.
+
+use evb_buffers::Chain;
+use evb_wire::Message;
+
+use crate::event::BuiltEvent;
+
+/// A node of the run, as the logic names it (the driver maps it to a connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NodeRef {
+    Evm,
+    Ru(u16),
+    Bu(u16),
+}
+
+impl std::fmt::Display for NodeRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeRef::Evm => write!(f, "evm"),
+            NodeRef::Ru(i) => write!(f, "ru[{i}]"),
+            NodeRef::Bu(i) => write!(f, "bu[{i}]"),
+        }
+    }
+}
+
+/// Which messaging path a message takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Low latency: on the wire at once (lifecycle, aborts).
+    Now,
+    /// High throughput: packed into the destination's page.
+    Batched,
+}
+
+#[derive(Debug)]
+pub enum Action {
+    Send { to: NodeRef, msg: Message, path: Path },
+    /// RU → BU: an encoded fragment (message header, fragment header, payload) in pool blocks.
+    SendFragment { to: NodeRef, data: Chain },
+    /// BU: hand this event to the sink, then call `Bu::delivered`.
+    Deliver(BuiltEvent),
+    /// The node's part in the run is over; the driver flushes and exits.
+    Exit { ok: bool, reason: String },
+}
+
+/// Node lifecycle, the same for every role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    /// Configured, pools allocated, connecting to peers.
+    Configured,
+    /// Connected; told the EVM (or, for the EVM, waiting for everyone).
+    Ready,
+    Running,
+    /// Stop received or sent: draining and reporting.
+    Stopping,
+    Halted,
+    Aborted,
+}

@@ -1,0 +1,314 @@
+//! The builder unit: asks the EVM for events with credits, collects each event's fragments
+//! from every RU, checks them, hands the complete event to its sink, and releases it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use evb_buffers::Chain;
+use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED};
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, NodeRef, Path, RunState};
+use crate::event::BuiltEvent;
+use crate::generator::Generator;
+
+/// How much of each fragment the BU checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// Header checks only (ids, sizes, trigger numbers).
+    Headers,
+    /// Plus the payload CRC32C.
+    Crc,
+    /// Plus every payload byte against the generator (generated data only).
+    Full,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuConfig {
+    pub index: u16,
+    /// Source id expected from each RU, by RU index.
+    pub source_ids: Vec<u16>,
+    /// Events this BU may hold at once: the credits it grants the EVM.
+    pub credits: u32,
+    pub verify: Verify,
+    pub generator: Option<Generator>,
+    /// Built event ids remembered to recognise late duplicates.
+    pub duplicate_window: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BuStats {
+    pub events_built: u64,
+    pub payload_bytes_built: u64,
+    pub fragments_received: u64,
+    /// Sum of built event ids (wrapping): with the count, proves which events arrived.
+    pub event_id_sum: u64,
+    pub crc_errors: u64,
+    pub content_errors: u64,
+    pub trigger_mismatches: u64,
+    pub duplicate_fragments: u64,
+    pub source_mismatches: u64,
+    /// Fragments for events the EVM did not assign here.
+    pub misrouted: u64,
+    /// Events still partly built at the end of the run.
+    pub incomplete_at_stop: u64,
+    pub in_flight_high_water: u64,
+    /// Other protocol errors.
+    pub errors: u64,
+}
+
+impl BuStats {
+    /// True when nothing at all went wrong.
+    pub fn clean(&self) -> bool {
+        self.crc_errors
+            + self.content_errors
+            + self.trigger_mismatches
+            + self.duplicate_fragments
+            + self.source_mismatches
+            + self.misrouted
+            + self.incomplete_at_stop
+            + self.errors
+            == 0
+    }
+}
+
+struct Building {
+    assigned: bool,
+    fragments: Vec<Option<(FragmentHeader, Chain)>>,
+    received: usize,
+    corrupt: bool,
+}
+
+pub struct Bu {
+    cfg: BuConfig,
+    state: RunState,
+    events: HashMap<u64, Building>,
+    /// Ids delivered to the sink and not yet acknowledged by `delivered`.
+    at_sink: HashSet<u64>,
+    recent: HashSet<u64>,
+    recent_order: VecDeque<u64>,
+    /// Release range being coalesced.
+    release: Option<EventRange>,
+    credits_to_send: u32,
+    actions: VecDeque<Action>,
+    stats: BuStats,
+    scratch: Vec<u8>,
+}
+
+impl Bu {
+    pub fn new(cfg: BuConfig) -> Bu {
+        Bu {
+            cfg,
+            state: RunState::Configured,
+            events: HashMap::new(),
+            at_sink: HashSet::new(),
+            recent: HashSet::new(),
+            recent_order: VecDeque::new(),
+            release: None,
+            credits_to_send: 0,
+            actions: VecDeque::new(),
+            stats: BuStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn state(&self) -> RunState {
+        self.state
+    }
+
+    pub fn stats(&self) -> BuStats {
+        self.stats.clone()
+    }
+
+    /// Events partly built or at the sink.
+    pub fn in_flight(&self) -> usize {
+        self.events.len() + self.at_sink.len()
+    }
+
+    pub fn next_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn connections_up(&mut self) {
+        if self.state == RunState::Configured {
+            self.state = RunState::Ready;
+            self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Ready, path: Path::Now });
+        }
+    }
+
+    fn me(&self) -> u16 {
+        self.cfg.index
+    }
+
+    pub fn handle(&mut self, _now: Instant, from: NodeRef, msg: Message) {
+        if from != NodeRef::Evm {
+            self.stats.errors += 1;
+            return;
+        }
+        match msg {
+            Message::Start => {
+                self.state = RunState::Running;
+                self.credits_to_send += self.cfg.credits;
+            }
+            Message::Assign(r) if r.bu == self.me() => {
+                for id in r.first..r.end() {
+                    let n = self.cfg.source_ids.len();
+                    let b = self.events.entry(id).or_insert_with(|| Building::new(n));
+                    if b.assigned {
+                        self.stats.errors += 1;
+                    }
+                    b.assigned = true;
+                    self.try_complete(id);
+                }
+            }
+            Message::Stop { .. } => {
+                self.state = RunState::Stopping;
+                self.stats.incomplete_at_stop = self.events.len() as u64;
+                let report = serde_json::to_string(&self.stats).unwrap_or_default();
+                self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Report(report), path: Path::Now });
+            }
+            Message::Halt => {
+                self.state = RunState::Halted;
+                let ok = self.stats.clean();
+                self.actions.push_back(Action::Exit { ok, reason: "halted by the EVM".into() });
+            }
+            Message::Abort(why) => {
+                self.state = RunState::Aborted;
+                self.actions.push_back(Action::Exit { ok: false, reason: format!("run aborted: {why}") });
+            }
+            _ => self.stats.errors += 1,
+        }
+    }
+
+    /// A fragment from RU `from`. Checks it, files it, and builds the event once complete.
+    pub fn handle_fragment(&mut self, _now: Instant, from: NodeRef, header: FragmentHeader, payload: Chain) {
+        let NodeRef::Ru(ru) = from else {
+            self.stats.errors += 1;
+            return;
+        };
+        let ru = ru as usize;
+        self.stats.fragments_received += 1;
+        if self.cfg.source_ids.get(ru) != Some(&header.source_id) {
+            self.stats.source_mismatches += 1;
+            return;
+        }
+        let id = header.event_id;
+        if self.recent.contains(&id) || self.at_sink.contains(&id) {
+            self.stats.duplicate_fragments += 1;
+            return;
+        }
+        let mut corrupt = false;
+        if self.cfg.verify != Verify::Headers && payload.crc32c() != header.payload_crc {
+            self.stats.crc_errors += 1;
+            corrupt = true;
+        }
+        if !corrupt && self.cfg.verify == Verify::Full && header.flags & FLAG_GENERATED != 0 {
+            if let Some(g) = &self.cfg.generator {
+                if !g.verify(id, header.source_id, payload.chunks(), &mut self.scratch) {
+                    self.stats.content_errors += 1;
+                    corrupt = true;
+                }
+            }
+        }
+        let n = self.cfg.source_ids.len();
+        let b = self.events.entry(id).or_insert_with(|| Building::new(n));
+        if b.fragments[ru].is_some() {
+            self.stats.duplicate_fragments += 1;
+            return;
+        }
+        b.fragments[ru] = Some((header, payload));
+        b.received += 1;
+        b.corrupt |= corrupt;
+        let held = (self.events.len() + self.at_sink.len()) as u64;
+        self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
+        self.try_complete(id);
+    }
+
+    fn try_complete(&mut self, id: u64) {
+        let n = self.cfg.source_ids.len();
+        match self.events.get(&id) {
+            Some(b) if b.assigned && b.received == n => {}
+            _ => return,
+        }
+        let b = self.events.remove(&id).expect("checked");
+        let fragments: Vec<(FragmentHeader, Chain)> = b.fragments.into_iter().flatten().collect();
+        let trigger_number = fragments[0].0.trigger_number;
+        let trigger_mismatch = fragments.iter().any(|(h, _)| h.trigger_number != trigger_number);
+        if trigger_mismatch {
+            self.stats.trigger_mismatches += 1;
+        }
+        let bytes = fragments.iter().map(|(_, p)| p.len() as u64).sum();
+        self.at_sink.insert(id);
+        self.actions.push_back(Action::Deliver(BuiltEvent {
+            event_id: id,
+            trigger_number,
+            fragments,
+            bytes,
+            trigger_mismatch,
+            corrupt: b.corrupt,
+        }));
+    }
+
+    /// The sink is done with event `id`: release it and grant its credit back.
+    pub fn delivered(&mut self, id: u64, bytes: u64) {
+        if !self.at_sink.remove(&id) {
+            self.stats.errors += 1;
+            return;
+        }
+        self.stats.events_built += 1;
+        self.stats.payload_bytes_built += bytes;
+        self.stats.event_id_sum = self.stats.event_id_sum.wrapping_add(id);
+        self.recent.insert(id);
+        self.recent_order.push_back(id);
+        while self.recent_order.len() > self.cfg.duplicate_window {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+        match &mut self.release {
+            Some(r) if r.end() == id && r.count < u32::MAX => r.count += 1,
+            _ => {
+                self.flush_release();
+                self.release = Some(EventRange { bu: self.me(), first: id, count: 1 });
+            }
+        }
+        if matches!(self.state, RunState::Running) {
+            self.credits_to_send += 1;
+        }
+    }
+
+    fn flush_release(&mut self) {
+        if let Some(r) = self.release.take() {
+            self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Release(r), path: Path::Batched });
+        }
+    }
+
+    /// End of a pass: send coalesced releases and credits.
+    pub fn poll(&mut self, _now: Instant) {
+        self.flush_release();
+        if self.credits_to_send > 0 {
+            let count = std::mem::take(&mut self.credits_to_send);
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Evm,
+                msg: Message::Credit { bu: self.me(), count },
+                path: Path::Batched,
+            });
+        }
+    }
+
+    pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
+        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+            return;
+        }
+        if peer == NodeRef::Evm || self.state == RunState::Running {
+            self.state = RunState::Aborted;
+            self.actions.push_back(Action::Exit { ok: false, reason: format!("lost {peer}: {reason}") });
+        }
+    }
+}
+
+impl Building {
+    fn new(n: usize) -> Building {
+        Building { assigned: false, fragments: (0..n).map(|_| None).collect(), received: 0, corrupt: false }
+    }
+}

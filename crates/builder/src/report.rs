@@ -1,0 +1,101 @@
+//! The end-of-run report and the verdict: every triggered event built exactly once,
+//! complete, with valid checksums.
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::RunState;
+use crate::{BuStats, EvmStats, RuStats};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunReport {
+    pub state: RunState,
+    /// Why the run was aborted, if it was.
+    pub reason: Option<String>,
+    pub n_ru: u16,
+    pub n_bu: u16,
+    /// From Start to the moment the last event was released.
+    pub seconds: f64,
+    pub evm: EvmStats,
+    /// Each node's own report, `None` if it never arrived.
+    pub rus: Vec<Option<RuStats>>,
+    pub bus: Vec<Option<BuStats>>,
+}
+
+/// Sum of ids 0..n, wrapping like the BUs' sums.
+fn id_sum(n: u64) -> u64 {
+    let (a, b) = if n % 2 == 0 { (n / 2, n.wrapping_sub(1)) } else { (n, (n - 1) / 2) };
+    a.wrapping_mul(b)
+}
+
+/// Everything wrong with the run; empty means every triggered event was built exactly
+/// once, complete and intact.
+pub fn verdict(r: &RunReport) -> Vec<String> {
+    let mut p = Vec::new();
+    let t = r.evm.triggered;
+    if let Some(why) = &r.reason {
+        p.push(format!("run aborted: {why}"));
+    }
+    if r.evm.released != t {
+        p.push(format!("{} of {t} triggered events released", r.evm.released));
+    }
+    for (what, n) in [
+        ("duplicate releases", r.evm.duplicate_releases),
+        ("releases of unknown events", r.evm.unknown_releases),
+        ("releases from the wrong BU", r.evm.misrouted_releases),
+        ("EVM protocol errors", r.evm.errors),
+    ] {
+        if n > 0 {
+            p.push(format!("{n} {what}"));
+        }
+    }
+    let mut built = 0u64;
+    let mut sum = 0u64;
+    for (i, b) in r.bus.iter().enumerate() {
+        match b {
+            None => p.push(format!("bu[{i}] did not report")),
+            Some(b) => {
+                built += b.events_built;
+                sum = sum.wrapping_add(b.event_id_sum);
+                if !b.clean() {
+                    p.push(format!("bu[{i}] saw errors: {b:?}"));
+                }
+            }
+        }
+    }
+    if r.bus.iter().all(Option::is_some) {
+        if built != t {
+            p.push(format!("{built} events built for {t} triggered"));
+        } else if sum != id_sum(t) {
+            p.push("built event ids do not match the triggered ones (lost and duplicated events)".into());
+        }
+    }
+    for (i, ru) in r.rus.iter().enumerate() {
+        match ru {
+            None => p.push(format!("ru[{i}] did not report")),
+            Some(s) => {
+                if s.fragments_sent != t {
+                    p.push(format!("ru[{i}] sent {} fragments for {t} events", s.fragments_sent));
+                }
+                if s.retained != 0 {
+                    p.push(format!("ru[{i}] still holds {} fragments", s.retained));
+                }
+                if s.errors != 0 {
+                    p.push(format!("ru[{i}] saw {} protocol errors", s.errors));
+                }
+            }
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_sum;
+
+    #[test]
+    fn id_sum_matches_the_loop() {
+        for n in [0u64, 1, 2, 3, 10, 1001] {
+            assert_eq!(id_sum(n), (0..n).sum::<u64>());
+        }
+    }
+}

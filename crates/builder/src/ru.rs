@@ -1,0 +1,236 @@
+//! The readout unit: makes its fragment of every event the EVM assigns, sends it to that
+//! event's BU, and keeps it until the EVM says the event is released.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use evb_buffers::{BlockWriter, Chain, Pool};
+use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FLAG_GENERATED, FRAGMENT_PREFIX_LEN};
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, NodeRef, Path, RunState};
+use crate::generator::Generator;
+
+/// Message and fragment headers in front of each payload.
+pub const PREFIX_LEN: usize = FRAGMENT_PREFIX_LEN;
+
+#[derive(Debug, Clone)]
+pub struct RuConfig {
+    pub index: u16,
+    pub source_id: u16,
+    pub generator: Generator,
+    /// Fragments made per `poll`, so the driver gets back to IO regularly.
+    pub max_per_poll: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RuStats {
+    pub fragments_sent: u64,
+    pub payload_bytes_sent: u64,
+    pub events_released: u64,
+    /// Fragments still held (should be zero at the end of a clean run).
+    pub retained: u64,
+    pub retained_high_water: u64,
+    /// Times generation waited for pool memory (back-pressure).
+    pub pool_waits: u64,
+    /// Assignments still waiting to be generated.
+    pub pending_events: u64,
+    /// Protocol errors seen (unknown releases, misaddressed messages).
+    pub errors: u64,
+}
+
+pub struct Ru {
+    cfg: RuConfig,
+    pool: Pool,
+    state: RunState,
+    pending: VecDeque<EventRange>,
+    retained: HashMap<u64, Chain>,
+    block: Option<BlockWriter>,
+    actions: VecDeque<Action>,
+    stats: RuStats,
+}
+
+impl Ru {
+    pub fn new(cfg: RuConfig, pool: Pool) -> Ru {
+        Ru {
+            cfg,
+            pool,
+            state: RunState::Configured,
+            pending: VecDeque::new(),
+            retained: HashMap::new(),
+            block: None,
+            actions: VecDeque::new(),
+            stats: RuStats::default(),
+        }
+    }
+
+    pub fn state(&self) -> RunState {
+        self.state
+    }
+
+    pub fn stats(&self) -> RuStats {
+        let mut s = self.stats.clone();
+        s.retained = self.retained.len() as u64;
+        s.pending_events = self.pending.iter().map(|r| r.count as u64).sum();
+        s
+    }
+
+    pub fn next_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Every connection is up: tell the EVM.
+    pub fn connections_up(&mut self) {
+        if self.state == RunState::Configured {
+            self.state = RunState::Ready;
+            self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Ready, path: Path::Now });
+        }
+    }
+
+    pub fn handle(&mut self, _now: Instant, from: NodeRef, msg: Message) {
+        if from != NodeRef::Evm {
+            self.stats.errors += 1;
+            return;
+        }
+        match msg {
+            Message::Start => self.state = RunState::Running,
+            Message::Assign(r) => self.pending.push_back(r),
+            Message::Release(r) => {
+                for id in r.first..r.end() {
+                    if self.retained.remove(&id).is_some() {
+                        self.stats.events_released += 1;
+                    } else {
+                        self.stats.errors += 1;
+                    }
+                }
+            }
+            Message::Stop { .. } => {
+                self.state = RunState::Stopping;
+                let report = serde_json::to_string(&self.stats()).unwrap_or_default();
+                self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Report(report), path: Path::Now });
+            }
+            Message::Halt => {
+                self.state = RunState::Halted;
+                let ok = self.retained.is_empty() && self.pending.is_empty() && self.stats.errors == 0;
+                self.actions.push_back(Action::Exit { ok, reason: "halted by the EVM".into() });
+            }
+            Message::Abort(why) => {
+                self.state = RunState::Aborted;
+                self.actions.push_back(Action::Exit { ok: false, reason: format!("run aborted: {why}") });
+            }
+            _ => self.stats.errors += 1,
+        }
+    }
+
+    /// Lost the EVM: nothing more can be built.
+    pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
+        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+            return;
+        }
+        if peer == NodeRef::Evm || self.state == RunState::Running {
+            self.state = RunState::Aborted;
+            self.actions.push_back(Action::Exit { ok: false, reason: format!("lost {peer}: {reason}") });
+        }
+    }
+
+    /// Generates assigned fragments while pool memory lasts.
+    pub fn poll(&mut self, _now: Instant) {
+        let mut made = 0;
+        while made < self.cfg.max_per_poll {
+            let Some(r) = self.pending.front() else { break };
+            let (event_id, bu) = (r.first, r.bu);
+            let Some(data) = self.make_fragment(event_id) else {
+                self.stats.pool_waits += 1;
+                break;
+            };
+            let r = self.pending.front_mut().expect("still there");
+            r.first += 1;
+            r.count -= 1;
+            if r.count == 0 {
+                self.pending.pop_front();
+            }
+            self.stats.fragments_sent += 1;
+            self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;
+            self.retained.insert(event_id, data.clone());
+            self.stats.retained_high_water = self.stats.retained_high_water.max(self.retained.len() as u64);
+            self.actions.push_back(Action::SendFragment { to: NodeRef::Bu(bu), data });
+            made += 1;
+        }
+    }
+
+    /// Writes one fragment (prefix then payload) into pool blocks. Small fragments share a
+    /// block; large ones span several. `None` if the pool cannot hold it now.
+    fn make_fragment(&mut self, event_id: u64) -> Option<Chain> {
+        let g = &self.cfg.generator;
+        let src = self.cfg.source_id;
+        let size = g.size(event_id, src);
+        let total = PREFIX_LEN + size;
+        let block_size = self.pool.block_size();
+
+        // Writers that will hold the fragment: the current block if it fits, else fresh ones.
+        let mut writers: Vec<BlockWriter> = Vec::new();
+        match self.block.take() {
+            Some(b) if b.remaining() >= total => writers.push(b),
+            Some(b) if b.remaining() >= PREFIX_LEN && total > block_size => writers.push(b),
+            _ => {}
+        }
+        let mut room: usize = writers.iter().map(BlockWriter::remaining).sum();
+        while room < total {
+            match self.pool.try_alloc() {
+                Some(w) => {
+                    room += w.remaining();
+                    writers.push(w);
+                }
+                None => {
+                    // Give back what was taken (the partly used block stays current).
+                    if let Some(first) = writers.into_iter().next() {
+                        if first.filled() > 0 {
+                            self.block = Some(first);
+                        }
+                    }
+                    return None;
+                }
+            }
+        }
+
+        // Payload first (after room for the prefix), CRC as it goes, prefix last.
+        let mut crc = 0u32;
+        let mut offset = 0usize;
+        let mut lens = Vec::with_capacity(writers.len());
+        for (i, w) in writers.iter_mut().enumerate() {
+            let skip = if i == 0 { PREFIX_LEN } else { 0 };
+            let want = (size - offset).min(w.remaining() - skip);
+            let spare = &mut w.spare_mut()[skip..skip + want];
+            g.fill(event_id, src, offset, spare);
+            crc = crc32c::crc32c_append(crc, spare);
+            offset += want;
+            lens.push(skip + want);
+            if offset == size {
+                break;
+            }
+        }
+        let header = FragmentHeader {
+            event_id,
+            trigger_number: event_id as u32,
+            source_id: src,
+            flags: FLAG_GENERATED,
+            payload_size: size as u32,
+            payload_crc: crc,
+        };
+        writers[0].spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        let mut chain = Chain::new();
+        let used = lens.len();
+        for (w, len) in writers.iter_mut().zip(lens) {
+            let start = w.filled();
+            w.advance(len);
+            chain.push(w.slice(start, len));
+        }
+        // Keep the last block as current if it has room for more fragments.
+        if let Some(last) = writers.into_iter().nth(used - 1) {
+            if last.remaining() > PREFIX_LEN {
+                self.block = Some(last);
+            }
+        }
+        Some(chain)
+    }
+}

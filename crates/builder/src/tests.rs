@@ -1,0 +1,434 @@
+//! The state machines driven by scripted messages, without any network.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use evb_buffers::{Chain, Pool};
+use evb_wire::{EventRange, FragmentHeader, Message, FRAGMENT_HEADER_LEN, MESSAGE_HEADER_LEN};
+
+use crate::*;
+
+fn generator() -> Generator {
+    Generator::new(SizeModel::LogNormal { mean: 3000.0, stddev: 2000.0, min: 16, max: 20_000 }, 42)
+}
+
+fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
+    EvmConfig {
+        n_ru,
+        n_bu,
+        max_events: Some(events),
+        duration: None,
+        rate_hz: None,
+        batch: 3,
+        stall_timeout: Duration::from_secs(3600),
+        max_per_poll: 64,
+    }
+}
+
+fn bu_cfg(index: u16, n_ru: u16, credits: u32) -> BuConfig {
+    BuConfig {
+        index,
+        source_ids: (0..n_ru).map(|i| 100 + i).collect(),
+        credits,
+        verify: Verify::Full,
+        generator: Some(generator()),
+        duplicate_window: 1 << 16,
+    }
+}
+
+fn ru(index: u16, block: usize, blocks: usize) -> Ru {
+    let cfg = RuConfig { index, source_id: 100 + index, generator: generator(), max_per_poll: 16 };
+    Ru::new(cfg, Pool::new("ru", block, blocks))
+}
+
+/// A message (or fragment) in flight between two state machines.
+enum Wire {
+    Msg(NodeRef, NodeRef, Message),
+    Frag(NodeRef, NodeRef, Chain),
+}
+
+/// All the nodes of a run plus an in-memory network that can reorder deliveries.
+struct Sim {
+    evm: Evm,
+    rus: Vec<Ru>,
+    bus: Vec<Bu>,
+    sinks: Vec<CountingSink>,
+    net: VecDeque<Wire>,
+    exits: Vec<(NodeRef, bool, String)>,
+    /// Deliver the newest message first every `reorder` steps (0: FIFO).
+    reorder: usize,
+    step: usize,
+    now: Instant,
+}
+
+impl Sim {
+    fn new(n_ru: u16, n_bu: u16, events: u64, credits: u32, reorder: usize) -> Sim {
+        let now = Instant::now();
+        let mut s = Sim {
+            evm: Evm::new(evm_cfg(n_ru, n_bu, events), now),
+            rus: (0..n_ru).map(|i| ru(i, 64 * 1024, 64)).collect(),
+            bus: (0..n_bu).map(|i| bu_cfg(i, n_ru, credits)).map(Bu::new).collect(),
+            sinks: (0..n_bu).map(|_| CountingSink::default()).collect(),
+            net: VecDeque::new(),
+            exits: Vec::new(),
+            reorder,
+            step: 0,
+            now,
+        };
+        for r in &mut s.rus {
+            r.connections_up();
+        }
+        for b in &mut s.bus {
+            b.connections_up();
+        }
+        s
+    }
+
+    fn collect(&mut self) {
+        let mut out = Vec::new();
+        while let Some(a) = self.evm.next_action() {
+            out.push((NodeRef::Evm, a));
+        }
+        for (i, r) in self.rus.iter_mut().enumerate() {
+            while let Some(a) = r.next_action() {
+                out.push((NodeRef::Ru(i as u16), a));
+            }
+        }
+        for (i, b) in self.bus.iter_mut().enumerate() {
+            while let Some(a) = b.next_action() {
+                out.push((NodeRef::Bu(i as u16), a));
+            }
+        }
+        for (from, a) in out {
+            match a {
+                Action::Send { to, msg, .. } => self.net.push_back(Wire::Msg(from, to, msg)),
+                Action::SendFragment { to, data } => self.net.push_back(Wire::Frag(from, to, data)),
+                Action::Deliver(ev) => {
+                    let NodeRef::Bu(i) = from else { panic!() };
+                    assert!(!ev.corrupt && !ev.trigger_mismatch);
+                    self.sinks[i as usize].deliver(&ev);
+                    self.bus[i as usize].delivered(ev.event_id, ev.bytes);
+                }
+                Action::Exit { ok, reason } => self.exits.push((from, ok, reason)),
+            }
+        }
+    }
+
+    fn deliver(&mut self, w: Wire) {
+        match w {
+            Wire::Msg(from, to, msg) => match to {
+                NodeRef::Evm => self.evm.handle(self.now, from, msg),
+                NodeRef::Ru(i) => self.rus[i as usize].handle(self.now, from, msg),
+                NodeRef::Bu(i) => self.bus[i as usize].handle(self.now, from, msg),
+            },
+            Wire::Frag(from, to, data) => {
+                let NodeRef::Bu(i) = to else { panic!("fragment to {to}") };
+                let (h, payload) = decode_fragment(&data);
+                self.bus[i as usize].handle_fragment(self.now, from, h, payload);
+            }
+        }
+    }
+
+    /// Runs until every node has exited (or `max_steps`).
+    fn run(&mut self, max_steps: usize) {
+        for _ in 0..max_steps {
+            self.now += Duration::from_micros(10);
+            self.evm.poll(self.now);
+            for r in &mut self.rus {
+                r.poll(self.now);
+            }
+            for b in &mut self.bus {
+                b.poll(self.now);
+            }
+            self.collect();
+            let n = self.net.len();
+            for _ in 0..n {
+                self.step += 1;
+                let w = if self.reorder > 0 && self.step % self.reorder == 0 {
+                    self.net.pop_back()
+                } else {
+                    self.net.pop_front()
+                };
+                if let Some(w) = w {
+                    self.deliver(w);
+                }
+                self.collect();
+            }
+            if self.exits.len() == 1 + self.rus.len() + self.bus.len() {
+                return;
+            }
+        }
+        panic!("run did not finish; exits so far: {:?}", self.exits);
+    }
+}
+
+fn decode_fragment(data: &Chain) -> (FragmentHeader, Chain) {
+    let mut hb = [0u8; FRAGMENT_HEADER_LEN];
+    data.sub(MESSAGE_HEADER_LEN, FRAGMENT_HEADER_LEN).copy_prefix(&mut hb);
+    let h = FragmentHeader::decode(&hb).unwrap();
+    (h, data.sub(PREFIX_LEN, data.len() - PREFIX_LEN))
+}
+
+fn assert_clean_run(s: &Sim, events: u64) {
+    for (who, ok, why) in &s.exits {
+        assert!(ok, "{who} exited badly: {why}");
+    }
+    let total: u64 = s.sinks.iter().map(|k| k.events).sum();
+    assert_eq!(total, events);
+    let mut all: Vec<u64> = s.sinks.iter().flat_map(|k| k.ids.iter().copied()).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..events).collect::<Vec<_>>(), "every event exactly once");
+    let report = s.evm.report(s.now);
+    assert!(verdict(&report).is_empty(), "{:?}", verdict(&report));
+    for r in &s.rus {
+        assert_eq!(r.stats().retained, 0);
+        assert_eq!(r.stats().fragments_sent, events);
+    }
+}
+
+#[test]
+fn two_by_two_builds_every_event_once() {
+    let mut s = Sim::new(2, 2, 500, 8, 0);
+    s.run(100_000);
+    assert_clean_run(&s, 500);
+    assert!(s.sinks.iter().all(|k| k.events > 100), "both BUs got work");
+}
+
+#[test]
+fn topologies_with_reordered_delivery() {
+    // reordering makes fragments overtake their Assign and releases arrive out of order
+    for (n_ru, n_bu, reorder) in [(1, 1, 3), (3, 2, 2), (2, 3, 5), (4, 4, 7)] {
+        let mut s = Sim::new(n_ru, n_bu, 300, 5, reorder);
+        s.run(100_000);
+        assert_clean_run(&s, 300);
+    }
+}
+
+#[test]
+fn credits_bound_what_is_in_flight() {
+    let mut s = Sim::new(2, 2, 200, 4, 0);
+    s.run(100_000);
+    assert_clean_run(&s, 200);
+    let r = s.evm.report(s.now);
+    assert!(r.evm.in_flight_high_water <= 8, "{}", r.evm.in_flight_high_water);
+    for b in &s.bus {
+        assert!(b.stats().in_flight_high_water <= 4);
+    }
+}
+
+#[test]
+fn no_credit_means_no_trigger() {
+    let now = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 1, 100), now);
+    evm.handle(now, NodeRef::Ru(0), Message::Ready);
+    evm.handle(now, NodeRef::Bu(0), Message::Ready);
+    evm.poll(now);
+    assert_eq!(evm.stats().triggered, 0);
+    evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 2 });
+    evm.poll(now);
+    assert_eq!(evm.stats().triggered, 2);
+    evm.poll(now);
+    assert_eq!(evm.stats().triggered, 2, "triggered without credit");
+    // a credit claimed for another BU is refused
+    evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 1, count: 5 });
+    assert_eq!(evm.stats().errors, 1);
+}
+
+#[test]
+fn rate_limit_paces_the_trigger() {
+    let t0 = Instant::now();
+    let mut cfg = evm_cfg(1, 1, 1_000_000);
+    cfg.rate_hz = Some(1000.0);
+    let mut evm = Evm::new(cfg, t0);
+    evm.handle(t0, NodeRef::Ru(0), Message::Ready);
+    evm.handle(t0, NodeRef::Bu(0), Message::Ready);
+    evm.handle(t0, NodeRef::Bu(0), Message::Credit { bu: 0, count: 1_000_000 });
+    for ms in 1..=50 {
+        evm.poll(t0 + Duration::from_millis(ms));
+    }
+    assert_eq!(evm.stats().triggered, 50);
+}
+
+/// A BU alone, fed by hand.
+fn lone_bu(n_ru: u16) -> Bu {
+    let mut b = Bu::new(bu_cfg(0, n_ru, 4));
+    b.handle(Instant::now(), NodeRef::Evm, Message::Start);
+    b
+}
+
+fn fragment_for(ru_index: u16, event_id: u64) -> (FragmentHeader, Chain) {
+    let mut r = ru(ru_index, 64 * 1024, 4);
+    r.handle(Instant::now(), NodeRef::Evm, Message::Start);
+    r.handle(Instant::now(), NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: event_id, count: 1 }));
+    r.poll(Instant::now());
+    loop {
+        match r.next_action() {
+            Some(Action::SendFragment { data, .. }) => return decode_fragment(&data),
+            Some(_) => continue,
+            None => panic!("no fragment"),
+        }
+    }
+}
+
+fn drain_delivered(b: &mut Bu) -> Vec<BuiltEvent> {
+    let mut out = Vec::new();
+    while let Some(a) = b.next_action() {
+        if let Action::Deliver(e) = a {
+            out.push(e);
+        }
+    }
+    out
+}
+
+#[test]
+fn bu_waits_for_assignment_and_all_fragments() {
+    let now = Instant::now();
+    let mut b = lone_bu(2);
+    let (h0, p0) = fragment_for(0, 7);
+    let (h1, p1) = fragment_for(1, 7);
+    b.handle_fragment(now, NodeRef::Ru(1), h1, p1);
+    b.handle_fragment(now, NodeRef::Ru(0), h0, p0);
+    assert!(drain_delivered(&mut b).is_empty(), "built before the EVM assigned it");
+    b.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 7, count: 1 }));
+    let evs = drain_delivered(&mut b);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(evs[0].fragments.len(), 2);
+    assert_eq!(evs[0].fragments[0].0.source_id, 100, "fragments in RU order");
+    b.delivered(7, evs[0].bytes);
+    b.poll(now);
+    let mut released = false;
+    while let Some(a) = b.next_action() {
+        if let Action::Send { msg: Message::Release(r), .. } = a {
+            assert_eq!((r.first, r.count), (7, 1));
+            released = true;
+        }
+    }
+    assert!(released);
+}
+
+#[test]
+fn bu_counts_duplicates_and_corruption() {
+    let now = Instant::now();
+    let mut b = lone_bu(1);
+    b.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 1, count: 3 }));
+    // duplicate after the event is built
+    let (h, p) = fragment_for(0, 1);
+    b.handle_fragment(now, NodeRef::Ru(0), h, p.clone());
+    let e = drain_delivered(&mut b);
+    b.delivered(1, e[0].bytes);
+    b.handle_fragment(now, NodeRef::Ru(0), h, p);
+    assert_eq!(b.stats().duplicate_fragments, 1);
+    assert!(drain_delivered(&mut b).is_empty());
+
+    // a payload that fails its CRC: built, but flagged and counted
+    let (h, p) = fragment_for(0, 2);
+    let mut bad = h;
+    bad.payload_crc ^= 1;
+    b.handle_fragment(now, NodeRef::Ru(0), bad, p);
+    assert_eq!(b.stats().crc_errors, 1);
+    assert!(drain_delivered(&mut b)[0].corrupt);
+
+    // right CRC, wrong content (a fragment of another event under this event's id)
+    let (h3, _) = fragment_for(0, 3);
+    let (_, p_other) = fragment_for(0, 4);
+    let forged = FragmentHeader { payload_crc: p_other.crc32c(), payload_size: p_other.len() as u32, ..h3 };
+    b.handle_fragment(now, NodeRef::Ru(0), forged, p_other);
+    assert_eq!(b.stats().content_errors, 1);
+
+    // a fragment from a source the configuration does not give that RU
+    let (h, p) = fragment_for(1, 3);
+    b.handle_fragment(now, NodeRef::Ru(0), h, p);
+    assert_eq!(b.stats().source_mismatches, 1);
+    assert!(!b.stats().clean());
+}
+
+#[test]
+fn bu_flags_trigger_number_mismatch() {
+    let now = Instant::now();
+    let mut b = lone_bu(2);
+    b.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 5, count: 1 }));
+    let (h0, p0) = fragment_for(0, 5);
+    let (mut h1, p1) = fragment_for(1, 5);
+    h1.trigger_number += 1;
+    b.handle_fragment(now, NodeRef::Ru(0), h0, p0);
+    b.handle_fragment(now, NodeRef::Ru(1), h1, p1);
+    let e = drain_delivered(&mut b);
+    assert!(e[0].trigger_mismatch);
+    assert_eq!(b.stats().trigger_mismatches, 1);
+}
+
+#[test]
+fn ru_keeps_fragments_until_release_and_waits_for_memory() {
+    let now = Instant::now();
+    // 4 blocks of 64 KiB; fragments up to 20 kB: the pool fills after a handful of events
+    let mut r = ru(0, 64 * 1024, 4);
+    r.handle(now, NodeRef::Evm, Message::Start);
+    r.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 0, count: 1000 }));
+    for _ in 0..200 {
+        r.poll(now);
+    }
+    let s = r.stats();
+    assert!(s.fragments_sent > 10 && s.fragments_sent < 1000, "{s:?}");
+    assert!(s.pool_waits > 0);
+    assert_eq!(s.retained, s.fragments_sent);
+    let sent = s.fragments_sent;
+    while r.next_action().is_some() {}
+    r.handle(now, NodeRef::Evm, Message::Release(EventRange { bu: 0, first: 0, count: sent as u32 }));
+    assert_eq!(r.stats().retained, 0);
+    r.poll(now);
+    assert!(r.stats().fragments_sent > sent, "memory came back, generation resumed");
+    // releasing something never held is a protocol error
+    r.handle(now, NodeRef::Evm, Message::Release(EventRange { bu: 0, first: 5000, count: 1 }));
+    assert_eq!(r.stats().errors, 1);
+}
+
+#[test]
+fn ru_fragments_larger_than_a_block_span_blocks() {
+    let now = Instant::now();
+    let cfg = RuConfig {
+        index: 0,
+        source_id: 9,
+        generator: Generator::new(SizeModel::Fixed(200_000), 1),
+        max_per_poll: 4,
+    };
+    let mut r = Ru::new(cfg, Pool::new("ru", 64 * 1024, 16));
+    r.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 0, count: 2 }));
+    r.poll(now);
+    let g = Generator::new(SizeModel::Fixed(200_000), 1);
+    let mut n = 0;
+    while let Some(a) = r.next_action() {
+        if let Action::SendFragment { data, .. } = a {
+            assert!(data.slices().len() >= 4);
+            let (h, p) = decode_fragment(&data);
+            assert_eq!(p.len(), 200_000);
+            assert_eq!(p.crc32c(), h.payload_crc);
+            assert!(g.verify(h.event_id, 9, p.chunks(), &mut Vec::new()));
+            n += 1;
+        }
+    }
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn evm_aborts_when_a_node_is_lost_mid_run() {
+    let mut s = Sim::new(2, 2, 100_000, 4, 0);
+    for _ in 0..20 {
+        s.evm.poll(s.now);
+        s.collect();
+        while let Some(w) = s.net.pop_front() {
+            s.deliver(w);
+            s.collect();
+        }
+    }
+    assert_eq!(s.evm.state(), RunState::Running);
+    s.evm.peer_lost(NodeRef::Bu(1), "connection reset");
+    assert_eq!(s.evm.state(), RunState::Aborted);
+    let mut told = 0;
+    while let Some(a) = s.evm.next_action() {
+        if let Action::Send { msg: Message::Abort(why), .. } = a {
+            assert!(why.contains("bu[1]"));
+            told += 1;
+        }
+    }
+    assert_eq!(told, 4);
+}
