@@ -1,1 +1,505 @@
+//! The declarative description of a run: a TOML file, parsed with unknown keys refused and
+//! then validated, so every mistake comes back as an error that names the key.
+//!
+//! Nodes are listed one by one (`[[ru]]`, `[[bu]]`, for a multi-host deployment) or made
+//! from counts (`[topology] rus = 2, bus = 2`, for a local test system).
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+#[cfg(test)]
+mod tests;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {reason}")]
+    Read { path: String, reason: String },
+    /// Bad TOML, an unknown key, or a value of the wrong type (the message names the key).
+    #[error("{0}")]
+    Parse(String),
+    #[error("invalid configuration: `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), reason: reason.into() }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub run: RunSection,
+    pub fragments: FragmentSection,
+    pub builder: BuilderSection,
+    pub buffers: BufferSection,
+    pub messaging: MessagingSection,
+    pub transport: TransportSection,
+    pub topology: TopologySection,
+    pub evm: EvmSection,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ru: Vec<RuSection>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bu: Vec<BuSection>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    /// Named in every connection's handshake: nodes of another run are refused.
+    pub id: String,
+    /// Stop triggering after this many events (0: no limit).
+    pub events: u64,
+    /// Stop triggering after this many seconds (0: no limit).
+    pub duration_s: f64,
+    /// Trigger rate limit in Hz (0: as fast as credits allow).
+    pub rate_hz: f64,
+    /// Abort if events are in flight and none completes for this long.
+    pub stall_timeout_s: f64,
+    /// How long a node keeps retrying to connect to its peers at start.
+    pub connect_timeout_s: f64,
+    /// Seed of the generator (sizes and contents).
+    pub seed: u64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection {
+            id: "evb-local".into(),
+            events: 0,
+            duration_s: 10.0,
+            rate_hz: 0.0,
+            stall_timeout_s: 10.0,
+            connect_timeout_s: 10.0,
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    Fixed,
+    Lognormal,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FragmentSection {
+    /// Payload bytes per fragment (the mean, for log-normal sizes).
+    pub size: u64,
+    pub distribution: Distribution,
+    /// Log-normal standard deviation in bytes (0: equal to `size`).
+    pub stddev: u64,
+    /// Log-normal bounds (0: 1 byte and 4 × `size`).
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Default for FragmentSection {
+    fn default() -> Self {
+        FragmentSection { size: 512 * 1024, distribution: Distribution::Fixed, stddev: 0, min: 0, max: 0 }
+    }
+}
+
+impl FragmentSection {
+    /// The largest fragment payload the generator can make.
+    pub fn max_size(&self) -> u64 {
+        match self.distribution {
+            Distribution::Fixed => self.size,
+            Distribution::Lognormal => {
+                if self.max > 0 {
+                    self.max
+                } else {
+                    4 * self.size
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyLevel {
+    Headers,
+    Crc,
+    Full,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BuilderSection {
+    /// Events each BU may hold at once (its credits), unless a `[[bu]]` entry says otherwise.
+    pub credits: u32,
+    /// Consecutive events assigned to one BU at a time (0: automatic, from the event size).
+    pub batch: u32,
+    pub verify: VerifyLevel,
+}
+
+impl Default for BuilderSection {
+    fn default() -> Self {
+        BuilderSection { credits: 16, batch: 0, verify: VerifyLevel::Full }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BufferSection {
+    /// Bytes per pool block.
+    pub block_size: u64,
+    /// RU pool size in MiB (0: sized from credits and fragment sizes).
+    pub ru_pool_mib: u64,
+    /// BU receive pool size in MiB (0: sized from credits and event sizes).
+    pub bu_pool_mib: u64,
+}
+
+impl Default for BufferSection {
+    fn default() -> Self {
+        BufferSection { block_size: 256 * 1024, ru_pool_mib: 0, bu_pool_mib: 0 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MessagingSection {
+    /// A page is sent when it holds this many bytes.
+    pub page_size: u64,
+    /// A partly filled page waits at most this long (0: sent at the end of each loop pass).
+    pub flush_us: u64,
+}
+
+impl Default for MessagingSection {
+    fn default() -> Self {
+        MessagingSection { page_size: 256 * 1024, flush_us: 0 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// Every node its own process, TCP between them.
+    Tcp,
+    /// Every node a thread of one process (`evb run` only).
+    Inproc,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportSection {
+    pub kind: TransportKind,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        TransportSection { kind: TransportKind::Tcp }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopologySection {
+    /// Number of RUs made when no `[[ru]]` is listed.
+    pub rus: u32,
+    /// Number of BUs made when no `[[bu]]` is listed.
+    pub bus: u32,
+    /// Host of the nodes made from counts.
+    pub host: String,
+    /// First port: the EVM gets it, then the RUs, then the BUs (0: the launcher picks free ports).
+    pub base_port: u16,
+}
+
+impl Default for TopologySection {
+    fn default() -> Self {
+        TopologySection { rus: 2, bus: 2, host: "127.0.0.1".into(), base_port: 0 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvmSection {
+    pub id: String,
+    /// host:port (empty: from the topology section).
+    pub addr: String,
+}
+
+impl Default for EvmSection {
+    fn default() -> Self {
+        EvmSection { id: "evm".into(), addr: String::new() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuSection {
+    pub id: String,
+    pub addr: String,
+    /// Source id in this RU's fragment headers (default: its index).
+    pub source_id: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    Discard,
+    Count,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BuSection {
+    pub id: String,
+    pub addr: String,
+    pub credits: Option<u32>,
+    pub sink: Option<SinkKind>,
+}
+
+/// One node of the run, after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSpec {
+    pub id: String,
+    pub role: Role,
+    /// Index among the nodes of its role.
+    pub index: u16,
+    pub addr: String,
+    pub source_id: u16,
+    pub credits: u32,
+    pub sink: SinkKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Evm,
+    Ru,
+    Bu,
+}
+
+/// Largest single fragment accepted in a configuration.
+pub const MAX_FRAGMENT: u64 = 256 << 20;
+const MAX_NODES: u32 = 4096;
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.display().to_string(), reason: e.to_string() })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse(m) => ConfigError::Parse(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a Config always serialises")
+    }
+
+    /// Every check that needs more than one key, each naming the key at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let r = &self.run;
+        if r.id.is_empty() || r.id.len() > 64 {
+            return Err(invalid("run.id", "must be 1 to 64 bytes"));
+        }
+        if !(r.duration_s >= 0.0 && r.duration_s.is_finite()) {
+            return Err(invalid("run.duration_s", "must be a non-negative number of seconds"));
+        }
+        if r.events == 0 && r.duration_s == 0.0 {
+            return Err(invalid("run", "set `events` or `duration_s` (or both): a run must end"));
+        }
+        if !(r.rate_hz >= 0.0 && r.rate_hz.is_finite()) {
+            return Err(invalid("run.rate_hz", "must be zero (no limit) or a positive rate"));
+        }
+        if !(r.stall_timeout_s > 0.0 && r.stall_timeout_s.is_finite()) {
+            return Err(invalid("run.stall_timeout_s", "must be positive"));
+        }
+        if !(r.connect_timeout_s > 0.0 && r.connect_timeout_s.is_finite()) {
+            return Err(invalid("run.connect_timeout_s", "must be positive"));
+        }
+        let f = &self.fragments;
+        if f.size == 0 || f.size > MAX_FRAGMENT {
+            return Err(invalid("fragments.size", format!("must be 1 to {MAX_FRAGMENT} bytes")));
+        }
+        if f.distribution == Distribution::Lognormal {
+            if f.max != 0 && (f.max < f.size || f.max > MAX_FRAGMENT) {
+                return Err(invalid("fragments.max", format!("must be at least fragments.size and at most {MAX_FRAGMENT}")));
+            }
+            if f.min > f.size {
+                return Err(invalid("fragments.min", "must not exceed fragments.size"));
+            }
+        } else {
+            for (k, v) in [("fragments.stddev", f.stddev), ("fragments.min", f.min), ("fragments.max", f.max)] {
+                if v != 0 {
+                    return Err(invalid(k, "only applies to distribution = \"lognormal\""));
+                }
+            }
+        }
+        if self.builder.credits == 0 {
+            return Err(invalid("builder.credits", "must be at least 1"));
+        }
+        let b = &self.buffers;
+        if b.block_size < 4096 || b.block_size > (1 << 30) {
+            return Err(invalid("buffers.block_size", "must be 4096 bytes to 1 GiB"));
+        }
+        if self.messaging.page_size < 64 || self.messaging.page_size > (64 << 20) {
+            return Err(invalid("messaging.page_size", "must be 64 bytes to 64 MiB"));
+        }
+        let t = &self.topology;
+        if self.ru.is_empty() {
+            if t.rus == 0 {
+                return Err(invalid("topology.rus", "must be at least 1"));
+            }
+            if t.rus > MAX_NODES {
+                return Err(invalid("topology.rus", format!("at most {MAX_NODES}")));
+            }
+        }
+        if self.bu.is_empty() {
+            if t.bus == 0 {
+                return Err(invalid("topology.bus", "BU count 0: at least one builder unit is needed"));
+            }
+            if t.bus > MAX_NODES {
+                return Err(invalid("topology.bus", format!("at most {MAX_NODES}")));
+            }
+        }
+        if t.base_port != 0 && t.base_port as u32 + t.rus + t.bus > u16::MAX as u32 {
+            return Err(invalid("topology.base_port", "too high for the number of nodes"));
+        }
+        let nodes = self.nodes_unchecked();
+        let mut ids: HashMap<&str, String> = HashMap::new();
+        let mut addrs: HashMap<SocketAddr, String> = HashMap::new();
+        let mut sources: HashMap<u16, String> = HashMap::new();
+        for n in &nodes {
+            let key = self.key_of(n);
+            if n.id.is_empty() || n.id.len() > 64 {
+                return Err(invalid(format!("{key}.id"), "must be 1 to 64 bytes"));
+            }
+            if let Some(other) = ids.insert(&n.id, key.clone()) {
+                return Err(invalid(format!("{key}.id"), format!("duplicate node id {:?} (also {other})", n.id)));
+            }
+            if self.transport.kind == TransportKind::Inproc {
+                continue;
+            }
+            let sa: SocketAddr = n
+                .addr
+                .parse()
+                .map_err(|_| invalid(format!("{key}.addr"), format!("{:?} is not an IP:port address", n.addr)))?;
+            if sa.port() != 0 {
+                if let Some(other) = addrs.insert(sa, key.clone()) {
+                    return Err(invalid(format!("{key}.addr"), format!("port clash: {sa} is also {other}'s address")));
+                }
+            }
+            if n.role == Role::Ru {
+                if let Some(other) = sources.insert(n.source_id, key.clone()) {
+                    return Err(invalid(format!("{key}.source_id"), format!("source id {} is also {other}'s", n.source_id)));
+                }
+            }
+            if n.role == Role::Bu && n.credits == 0 {
+                return Err(invalid(format!("{key}.credits"), "must be at least 1"));
+            }
+        }
+        if nodes.iter().filter(|n| n.role == Role::Ru).count() > MAX_NODES as usize {
+            return Err(invalid("ru", format!("at most {MAX_NODES} RUs")));
+        }
+        if nodes.iter().filter(|n| n.role == Role::Bu).count() > MAX_NODES as usize {
+            return Err(invalid("bu", format!("at most {MAX_NODES} BUs")));
+        }
+        // explicit pools must hold what the credits allow in flight
+        let (ru_need, bu_need) = self.pool_needs();
+        if b.ru_pool_mib != 0 && b.ru_pool_mib << 20 < ru_need {
+            return Err(invalid("buffers.ru_pool_mib", format!("too small: the credits allow {} MiB in flight per RU", ru_need >> 20)));
+        }
+        if b.bu_pool_mib != 0 && b.bu_pool_mib << 20 < bu_need {
+            return Err(invalid("buffers.bu_pool_mib", format!("too small: the credits allow {} MiB in flight per BU", bu_need >> 20)));
+        }
+        Ok(())
+    }
+
+    fn key_of(&self, n: &NodeSpec) -> String {
+        match n.role {
+            Role::Evm => "evm".into(),
+            Role::Ru if self.ru.is_empty() => format!("topology.rus (ru{})", n.index),
+            Role::Bu if self.bu.is_empty() => format!("topology.bus (bu{})", n.index),
+            Role::Ru => format!("ru[{}]", n.index),
+            Role::Bu => format!("bu[{}]", n.index),
+        }
+    }
+
+    /// Every node: the EVM first, then the RUs, then the BUs.
+    pub fn nodes(&self) -> Vec<NodeSpec> {
+        self.nodes_unchecked()
+    }
+
+    fn nodes_unchecked(&self) -> Vec<NodeSpec> {
+        let t = &self.topology;
+        let port = |k: u32| if t.base_port == 0 { 0 } else { t.base_port as u32 + k };
+        let auto = |k: u32| format!("{}:{}", t.host, port(k));
+        let mut v = vec![NodeSpec {
+            id: self.evm.id.clone(),
+            role: Role::Evm,
+            index: 0,
+            addr: if self.evm.addr.is_empty() { auto(0) } else { self.evm.addr.clone() },
+            source_id: 0,
+            credits: 0,
+            sink: SinkKind::Discard,
+        }];
+        let n_ru = if self.ru.is_empty() { t.rus } else { self.ru.len() as u32 };
+        for i in 0..n_ru {
+            let (id, addr, source_id) = match self.ru.get(i as usize) {
+                Some(r) => (r.id.clone(), r.addr.clone(), r.source_id.unwrap_or(i as u16)),
+                None => (format!("ru{i}"), auto(1 + i), i as u16),
+            };
+            v.push(NodeSpec { id, role: Role::Ru, index: i as u16, addr, source_id, credits: 0, sink: SinkKind::Discard });
+        }
+        let n_bu = if self.bu.is_empty() { t.bus } else { self.bu.len() as u32 };
+        for i in 0..n_bu {
+            let (id, addr, credits, sink) = match self.bu.get(i as usize) {
+                Some(b) => (
+                    b.id.clone(),
+                    b.addr.clone(),
+                    b.credits.unwrap_or(self.builder.credits),
+                    b.sink.unwrap_or(SinkKind::Discard),
+                ),
+                None => (format!("bu{i}"), auto(1 + n_ru + i), self.builder.credits, SinkKind::Discard),
+            };
+            v.push(NodeSpec { id, role: Role::Bu, index: i as u16, addr, source_id: 0, credits, sink });
+        }
+        v
+    }
+
+    /// Bytes an RU and a BU must be able to hold for everything the credits allow in flight.
+    pub fn pool_needs(&self) -> (u64, u64) {
+        let nodes = self.nodes_unchecked();
+        let n_ru = nodes.iter().filter(|n| n.role == Role::Ru).count() as u64;
+        let total_credits: u64 = nodes.iter().filter(|n| n.role == Role::Bu).map(|n| n.credits as u64).sum();
+        let max_credits: u64 = nodes.iter().filter(|n| n.role == Role::Bu).map(|n| n.credits as u64).max().unwrap_or(0);
+        let frag = self.fragments.max_size() + 64;
+        let block = self.buffers.block_size;
+        let blocks = |bytes: u64| bytes.div_ceil(block) * block;
+        // Small fragments share blocks and a block is freed with its last fragment, so
+        // allow twice the live bytes, plus the blocks being filled.
+        let ru = 2 * blocks(total_credits * frag) + 4 * block;
+        let bu = 2 * blocks(max_credits * n_ru * frag) + 2 * (n_ru + 4) * block;
+        (ru, bu)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            run: RunSection::default(),
+            fragments: FragmentSection::default(),
+            builder: BuilderSection::default(),
+            buffers: BufferSection::default(),
+            messaging: MessagingSection::default(),
+            transport: TransportSection::default(),
+            topology: TopologySection::default(),
+            evm: EvmSection::default(),
+            ru: Vec::new(),
+            bu: Vec::new(),
+        }
+    }
+}

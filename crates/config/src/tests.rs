@@ -1,0 +1,134 @@
+//! Each malformed configuration gives its own error, naming the key.
+
+use super::*;
+
+fn err(text: &str) -> String {
+    match Config::from_toml(text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn assert_err(text: &str, needles: &[&str]) {
+    let e = err(text);
+    for n in needles {
+        assert!(e.contains(n), "error {e:?} does not mention {n:?}");
+    }
+}
+
+#[test]
+fn empty_file_is_the_default_run() {
+    let c = Config::from_toml("").unwrap();
+    assert_eq!(c, Config::default());
+    let nodes = c.nodes();
+    assert_eq!(nodes.len(), 5);
+    assert_eq!(nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["evm", "ru0", "ru1", "bu0", "bu1"]);
+    // and it survives a round trip through TOML
+    assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
+}
+
+#[test]
+fn counts_and_base_port_make_addresses() {
+    let c = Config::from_toml("[topology]\nrus = 3\nbus = 2\nbase_port = 9000\n").unwrap();
+    let addrs: Vec<String> = c.nodes().into_iter().map(|n| n.addr).collect();
+    assert_eq!(addrs[0], "127.0.0.1:9000");
+    assert_eq!(addrs[3], "127.0.0.1:9003");
+    assert_eq!(addrs[5], "127.0.0.1:9005");
+}
+
+#[test]
+fn explicit_nodes() {
+    let c = Config::from_toml(
+        r#"
+        [evm]
+        addr = "127.0.0.1:7000"
+        [[ru]]
+        id = "ru-a"
+        addr = "127.0.0.1:7001"
+        source_id = 841
+        [[bu]]
+        id = "bu-a"
+        addr = "127.0.0.1:7002"
+        credits = 4
+        sink = "count"
+        "#,
+    )
+    .unwrap();
+    let n = c.nodes();
+    assert_eq!(n.len(), 3);
+    assert_eq!(n[1].source_id, 841);
+    assert_eq!(n[2].credits, 4);
+    assert_eq!(n[2].sink, SinkKind::Count);
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    assert_err("[fragments]\nsize = 10\nsizee = 3\n", &["sizee"]);
+    assert_err("[runn]\nid = \"x\"\n", &["runn"]);
+    assert_err("[[bu]]\nid = \"b\"\naddr = \"127.0.0.1:1\"\ncredit = 3\n", &["credit"]);
+}
+
+#[test]
+fn wrong_types_and_values_are_named() {
+    assert_err("[run]\nevents = \"many\"\n", &["events"]);
+    assert_err("[fragments]\ndistribution = \"gaussian\"\n", &["gaussian"]);
+    assert_err("[builder]\nverify = \"maybe\"\n", &["maybe"]);
+    assert_err("[transport]\nkind = \"carrier-pigeon\"\n", &["carrier-pigeon"]);
+    assert_err("this is not toml", &["line 1"]);
+}
+
+#[test]
+fn semantic_errors_name_the_key() {
+    assert_err("[topology]\nbus = 0\n", &["topology.bus", "BU count 0"]);
+    assert_err("[topology]\nrus = 0\n", &["topology.rus"]);
+    assert_err("[run]\nduration_s = 0\nevents = 0\n", &["`run`", "must end"]);
+    assert_err("[run]\nid = \"\"\n", &["run.id"]);
+    assert_err("[run]\nrate_hz = -1.0\n", &["run.rate_hz"]);
+    assert_err("[fragments]\nsize = 0\n", &["fragments.size"]);
+    assert_err("[fragments]\nstddev = 5\n", &["fragments.stddev", "lognormal"]);
+    assert_err("[fragments]\ndistribution = \"lognormal\"\nsize = 100\nmax = 50\n", &["fragments.max"]);
+    assert_err("[builder]\ncredits = 0\n", &["builder.credits"]);
+    assert_err("[buffers]\nblock_size = 100\n", &["buffers.block_size"]);
+    assert_err("[buffers]\nru_pool_mib = 1\n", &["buffers.ru_pool_mib", "too small"]);
+    assert_err("[messaging]\npage_size = 1\n", &["messaging.page_size"]);
+}
+
+#[test]
+fn node_list_errors_name_the_entry() {
+    let dup = r#"
+        [[ru]]
+        id = "a"
+        addr = "127.0.0.1:7001"
+        [[bu]]
+        id = "a"
+        addr = "127.0.0.1:7002"
+    "#;
+    assert_err(dup, &["bu[0].id", "duplicate node id", "ru[0]"]);
+    let clash = r#"
+        [[ru]]
+        id = "r"
+        addr = "127.0.0.1:7001"
+        [[bu]]
+        id = "b"
+        addr = "127.0.0.1:7001"
+    "#;
+    assert_err(clash, &["bu[0].addr", "port clash"]);
+    let bad_addr = "[[ru]]\nid = \"r\"\naddr = \"localhost\"\n";
+    assert_err(bad_addr, &["ru[0].addr", "IP:port"]);
+    let same_source = r#"
+        [[ru]]
+        id = "r1"
+        addr = "127.0.0.1:7001"
+        source_id = 3
+        [[ru]]
+        id = "r2"
+        addr = "127.0.0.1:7002"
+        source_id = 3
+    "#;
+    assert_err(same_source, &["ru[1].source_id"]);
+    let zero_credit = "[[bu]]\nid = \"b\"\naddr = \"127.0.0.1:7009\"\ncredits = 0\n";
+    assert_err(zero_credit, &["bu[0].credits"]);
+    let missing = "[[bu]]\nid = \"b\"\n";
+    assert_err(missing, &["addr"]);
+    assert_err("[evm]\nid = \"ru0\"\n", &["duplicate node id"]);
+}
