@@ -98,6 +98,14 @@ impl Evm {
         s
     }
 
+    /// Events could be triggered right now (the driver should not sleep).
+    pub fn has_work(&self) -> bool {
+        self.state == RunState::Running
+            && !self.triggering_done
+            && self.cfg.rate_hz.is_none()
+            && self.credits.iter().any(|&c| c > 0)
+    }
+
     pub fn next_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }

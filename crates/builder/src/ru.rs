@@ -48,6 +48,8 @@ pub struct Ru {
     block: Option<BlockWriter>,
     actions: VecDeque<Action>,
     stats: RuStats,
+    /// The last poll stopped for want of pool memory.
+    blocked: bool,
 }
 
 impl Ru {
@@ -61,6 +63,7 @@ impl Ru {
             block: None,
             actions: VecDeque::new(),
             stats: RuStats::default(),
+            blocked: false,
         }
     }
 
@@ -73,6 +76,11 @@ impl Ru {
         s.retained = self.retained.len() as u64;
         s.pending_events = self.pending.iter().map(|r| r.count as u64).sum();
         s
+    }
+
+    /// More fragments could be made right now (the driver should not sleep).
+    pub fn has_work(&self) -> bool {
+        !self.pending.is_empty() && !self.blocked
     }
 
     pub fn next_action(&mut self) -> Option<Action> {
@@ -136,11 +144,13 @@ impl Ru {
     /// Generates assigned fragments while pool memory lasts.
     pub fn poll(&mut self, _now: Instant) {
         let mut made = 0;
+        self.blocked = false;
         while made < self.cfg.max_per_poll {
             let Some(r) = self.pending.front() else { break };
             let (event_id, bu) = (r.first, r.bu);
             let Some(data) = self.make_fragment(event_id) else {
                 self.stats.pool_waits += 1;
+                self.blocked = true;
                 break;
             };
             let r = self.pending.front_mut().expect("still there");

@@ -1,0 +1,411 @@
+//! The IO driver: one event loop that connects a node's state machine to its peers.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use evb_builder::{Action, NodeRef, Path, RunState};
+use evb_config::{Config, NodeSpec, Role};
+use evb_messaging::{Incoming, Messenger, Received};
+use evb_transport::{CloseReason, ConnId, Transport};
+use evb_wire::{Channel, Hello};
+use serde_json::{json, Value};
+use tracing::{debug, error, info, warn};
+
+use crate::setup::{self, Logic};
+use crate::NodeError;
+
+/// Where a node's status lines and final report go (stdout for a process, a channel for a thread).
+pub type StatusOut = Box<dyn FnMut(Value) + Send>;
+
+/// How a node's run ended.
+#[derive(Debug, Clone)]
+pub struct NodeOutcome {
+    pub ok: bool,
+    pub reason: String,
+    /// The node's final report (for the EVM: the whole run's report).
+    pub report: Value,
+}
+
+/// An outgoing connection still being set up.
+struct Dial {
+    peer: NodeRef,
+    addr: String,
+    channel: Channel,
+    retry_at: Option<Instant>,
+}
+
+pub struct Driver {
+    cfg: Config,
+    me: NodeSpec,
+    nodes: Vec<NodeSpec>,
+    logic: Logic,
+    messenger: Messenger,
+    peers: HashMap<ConnId, NodeRef>,
+    conns: HashMap<NodeRef, ConnId>,
+    dialing: HashMap<ConnId, Dial>,
+    waiting_dials: Vec<Dial>,
+    expected: usize,
+    up: bool,
+    started: Instant,
+    connect_deadline: Instant,
+    status: StatusOut,
+    status_every: Duration,
+    next_status: Instant,
+    exit: Option<(bool, String)>,
+}
+
+fn node_ref(spec: &NodeSpec) -> NodeRef {
+    match spec.role {
+        Role::Evm => NodeRef::Evm,
+        Role::Ru => NodeRef::Ru(spec.index),
+        Role::Bu => NodeRef::Bu(spec.index),
+    }
+}
+
+impl Driver {
+    /// Configures the node: pools allocated, listener bound, connections started.
+    pub fn new(
+        cfg: &Config,
+        id: &str,
+        make_transport: impl FnOnce(evb_transport::TransportConfig) -> Result<Box<dyn Transport>, NodeError>,
+        status: StatusOut,
+        status_every: Duration,
+    ) -> Result<Driver, NodeError> {
+        let nodes = cfg.nodes();
+        let me = nodes.iter().find(|n| n.id == id).cloned().ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
+        let now = Instant::now();
+        let (rx_pool, ru_pool) = setup::pools(cfg, &me);
+        let transport = make_transport(evb_transport::TransportConfig {
+            run_id: cfg.run.id.clone(),
+            local: setup::hello(cfg, &me, Channel::Control),
+            max_frame: setup::max_frame(cfg),
+            rx_pool,
+        })?;
+        let mut messenger = Messenger::new(transport, setup::messenger_config(cfg));
+        let bound = messenger.listen(&setup::address(cfg, &me)).map_err(|e| NodeError::Listen(me.addr.clone(), e.to_string()))?;
+        info!(node = %me.id, addr = %bound, "listening");
+
+        // Who calls whom: RUs and BUs call the EVM (control); RUs call every BU (data).
+        let mut dials = Vec::new();
+        let evm = &nodes[0];
+        let n_ru = nodes.iter().filter(|n| n.role == Role::Ru).count();
+        let n_bu = nodes.iter().filter(|n| n.role == Role::Bu).count();
+        let expected = match me.role {
+            Role::Evm => n_ru + n_bu,
+            Role::Ru => 1 + n_bu,
+            Role::Bu => 1 + n_ru,
+        };
+        if me.role != Role::Evm {
+            dials.push(Dial { peer: NodeRef::Evm, addr: setup::address(cfg, evm), channel: Channel::Control, retry_at: None });
+        }
+        if me.role == Role::Ru {
+            for b in nodes.iter().filter(|n| n.role == Role::Bu) {
+                dials.push(Dial { peer: node_ref(b), addr: setup::address(cfg, b), channel: Channel::Data, retry_at: None });
+            }
+        }
+        let logic = setup::logic(cfg, &me, ru_pool, now);
+        Ok(Driver {
+            cfg: cfg.clone(),
+            me,
+            nodes,
+            logic,
+            messenger,
+            peers: HashMap::new(),
+            conns: HashMap::new(),
+            dialing: HashMap::new(),
+            waiting_dials: dials,
+            expected,
+            up: false,
+            started: now,
+            connect_deadline: now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
+            status,
+            status_every,
+            next_status: now,
+            exit: None,
+        })
+    }
+
+    fn dial(&mut self, now: Instant) -> Result<(), NodeError> {
+        let due: Vec<Dial> = {
+            let (ready, later): (Vec<Dial>, Vec<Dial>) =
+                self.waiting_dials.drain(..).partition(|d| d.retry_at.is_none_or(|t| t <= now));
+            self.waiting_dials = later;
+            ready
+        };
+        for d in due {
+            let hello = setup::hello(&self.cfg, &self.me, d.channel);
+            match self.messenger.connect(&d.addr, hello) {
+                Ok(conn) => {
+                    self.dialing.insert(conn, d);
+                }
+                Err(e) => return Err(NodeError::Connect(d.addr.clone(), e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks an incoming handshake against the configuration.
+    fn identify(&self, peer: &Hello) -> Option<NodeRef> {
+        let role = match peer.role {
+            evb_wire::Role::Evm => Role::Evm,
+            evb_wire::Role::Ru => Role::Ru,
+            evb_wire::Role::Bu => Role::Bu,
+        };
+        let spec = self.nodes.iter().find(|n| n.role == role && n.index == peer.index)?;
+        if spec.id != peer.node_id {
+            return None;
+        }
+        let wanted = match (self.me.role, role) {
+            (Role::Evm, Role::Ru | Role::Bu) => peer.channel == Channel::Control,
+            (Role::Bu, Role::Ru) => peer.channel == Channel::Data,
+            _ => false,
+        };
+        wanted.then(|| node_ref(spec))
+    }
+
+    fn on_incoming(&mut self, now: Instant, inc: Incoming) -> Result<(), NodeError> {
+        match inc {
+            Incoming::Connected { conn, peer } => {
+                if let Some(d) = self.dialing.remove(&conn) {
+                    debug!(node = %self.me.id, peer = %peer.node_id, "connected");
+                    self.peers.insert(conn, d.peer);
+                    self.conns.insert(d.peer, conn);
+                }
+            }
+            Incoming::Accepted { conn, peer } => match self.identify(&peer) {
+                Some(p) if !self.conns.contains_key(&p) => {
+                    debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
+                    self.peers.insert(conn, p);
+                    self.conns.insert(p, conn);
+                }
+                Some(p) => {
+                    warn!(node = %self.me.id, "second connection from {p} ({}) refused", peer.node_id);
+                    self.messenger.close(conn);
+                }
+                None => {
+                    warn!(node = %self.me.id, "connection from unexpected node {:?} ({:?} {}) refused", peer.node_id, peer.role, peer.index);
+                    self.messenger.close(conn);
+                }
+            },
+            Incoming::Received { conn, msg } => {
+                let Some(&from) = self.peers.get(&conn) else { return Ok(()) };
+                match (msg, &mut self.logic) {
+                    (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
+                    (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
+                    (Received::Message(m), Logic::Bu(b, _)) => b.handle(now, from, m),
+                    (Received::Fragment { header, payload }, Logic::Bu(b, _)) => {
+                        b.handle_fragment(now, from, header, payload)
+                    }
+                    (Received::Fragment { .. }, _) => {
+                        warn!(node = %self.me.id, "fragment from {from} at a node that builds nothing; disconnecting");
+                        self.messenger.close(conn);
+                    }
+                }
+            }
+            Incoming::Closed { conn, reason } => {
+                if let Some(mut d) = self.dialing.remove(&conn) {
+                    let retry = matches!(reason, CloseReason::ConnectFailed(_)) && now < self.connect_deadline;
+                    if retry {
+                        d.retry_at = Some(now + Duration::from_millis(50));
+                        self.waiting_dials.push(d);
+                    } else {
+                        return Err(NodeError::Connect(d.addr, reason.to_string()));
+                    }
+                } else if let Some(p) = self.peers.remove(&conn) {
+                    self.conns.remove(&p);
+                    let why = reason.to_string();
+                    let quiet = matches!(self.state(), RunState::Halted | RunState::Aborted);
+                    if !quiet {
+                        warn!(node = %self.me.id, "lost {p}: {why}");
+                    }
+                    match &mut self.logic {
+                        Logic::Evm(e) => e.peer_lost(p, &why),
+                        Logic::Ru(r) => r.peer_lost(p, &why),
+                        Logic::Bu(b, _) => b.peer_lost(p, &why),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> RunState {
+        match &self.logic {
+            Logic::Evm(e) => e.state(),
+            Logic::Ru(r) => r.state(),
+            Logic::Bu(b, _) => b.state(),
+        }
+    }
+
+    fn next_action(&mut self) -> Option<Action> {
+        match &mut self.logic {
+            Logic::Evm(e) => e.next_action(),
+            Logic::Ru(r) => r.next_action(),
+            Logic::Bu(b, _) => b.next_action(),
+        }
+    }
+
+    fn run_actions(&mut self) {
+        while let Some(a) = self.next_action() {
+            match a {
+                Action::Send { to, msg, path } => {
+                    let Some(&conn) = self.conns.get(&to) else {
+                        debug!(node = %self.me.id, "no connection to {to}; {:?} dropped", msg.msg_type());
+                        continue;
+                    };
+                    let r = match path {
+                        Path::Now => self.messenger.send_now(conn, &msg),
+                        Path::Batched => self.messenger.send_batched(conn, &msg),
+                    };
+                    if let Err(e) = r {
+                        debug!(node = %self.me.id, "send to {to} failed: {e}");
+                    }
+                }
+                Action::SendFragment { to, data } => {
+                    if let Some(&conn) = self.conns.get(&to) {
+                        if let Err(e) = self.messenger.send_fragment(conn, &data) {
+                            debug!(node = %self.me.id, "fragment to {to} failed: {e}");
+                        }
+                    }
+                }
+                Action::Deliver(ev) => {
+                    if let Logic::Bu(b, sink) = &mut self.logic {
+                        sink.deliver(&ev);
+                        b.delivered(ev.event_id, ev.bytes);
+                    }
+                }
+                Action::Exit { ok, reason } => {
+                    if self.exit.is_none() {
+                        self.exit = Some((ok, reason));
+                    }
+                }
+            }
+        }
+    }
+
+    fn status_line(&self, kind: &str, now: Instant) -> Value {
+        let stats = match &self.logic {
+            Logic::Evm(e) => serde_json::to_value(e.stats()),
+            Logic::Ru(r) => serde_json::to_value(r.stats()),
+            Logic::Bu(b, _) => serde_json::to_value(b.stats()),
+        }
+        .unwrap_or(Value::Null);
+        let m = self.messenger.stats();
+        json!({
+            "kind": kind,
+            "node": self.me.id,
+            "role": format!("{:?}", self.me.role).to_lowercase(),
+            "state": self.state(),
+            "t": now.duration_since(self.started).as_secs_f64(),
+            "stats": stats,
+            "net": {
+                "bytes_sent": m.payload_bytes_sent,
+                "bytes_received": m.payload_bytes_received,
+                "frames_sent": m.frames_sent,
+                "messages_sent": m.messages_sent,
+                "protocol_errors": m.protocol_errors,
+            },
+        })
+    }
+
+    /// Runs the node until its state machine says the run is over for it.
+    pub fn run(mut self) -> Result<NodeOutcome, NodeError> {
+        let mut incoming = Vec::new();
+        loop {
+            let now = Instant::now();
+            self.dial(now)?;
+            if !self.up && self.conns.len() == self.expected {
+                self.up = true;
+                info!(node = %self.me.id, "all {} connections up", self.expected);
+                match &mut self.logic {
+                    Logic::Ru(r) => r.connections_up(),
+                    Logic::Bu(b, _) => b.connections_up(),
+                    Logic::Evm(_) => {}
+                }
+            }
+            if !self.up && now > self.connect_deadline {
+                return Err(NodeError::Connect(
+                    "peers".into(),
+                    format!("only {} of {} connections up after {:?}", self.conns.len(), self.expected, self.cfg.run.connect_timeout_s),
+                ));
+            }
+            match &mut self.logic {
+                Logic::Evm(e) => e.poll(now),
+                Logic::Ru(r) => r.poll(now),
+                Logic::Bu(b, _) => b.poll(now),
+            }
+            self.run_actions();
+            self.messenger.flush_due(now);
+            if now >= self.next_status {
+                let line = self.status_line("status", now);
+                (self.status)(line);
+                self.next_status = now + self.status_every;
+            }
+            if self.exit.is_some() {
+                break;
+            }
+            let busy = match &self.logic {
+                Logic::Ru(r) => r.has_work(),
+                Logic::Evm(e) => e.has_work(),
+                Logic::Bu(..) => false,
+            };
+            let timeout = if busy {
+                Duration::ZERO
+            } else {
+                let cap = Duration::from_millis(if self.cfg.run.rate_hz > 0.0 { 1 } else { 10 });
+                self.messenger.next_flush_in(now).map_or(cap, |t| t.min(cap))
+            };
+            incoming.clear();
+            self.messenger.poll(&mut incoming, Some(timeout)).map_err(|e| NodeError::Io(e.to_string()))?;
+            let now = Instant::now();
+            for inc in incoming.drain(..) {
+                self.on_incoming(now, inc)?;
+            }
+            self.run_actions();
+        }
+        self.finish()
+    }
+
+    /// Sends what is queued (the last reports and Halts), says Bye, and reports.
+    fn finish(mut self) -> Result<NodeOutcome, NodeError> {
+        let (ok, reason) = self.exit.take().unwrap_or((false, "no exit".into()));
+        self.messenger.flush_due(Instant::now());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let conns: Vec<ConnId> = self.conns.values().copied().collect();
+        let mut sink = Vec::new();
+        while Instant::now() < deadline && conns.iter().any(|c| self.messenger.queued_bytes(*c) > 0) {
+            sink.clear();
+            let _ = self.messenger.poll(&mut sink, Some(Duration::from_millis(1)));
+        }
+        for c in &conns {
+            self.messenger.close(*c);
+        }
+        // Let the Byes go out.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < deadline {
+            sink.clear();
+            let _ = self.messenger.poll(&mut sink, Some(Duration::from_millis(5)));
+            if sink.iter().filter(|e| matches!(e, Incoming::Closed { .. })).count() >= conns.len() {
+                break;
+            }
+        }
+        let now = Instant::now();
+        let mut report = self.status_line("report", now);
+        report["ok"] = json!(ok);
+        report["reason"] = json!(reason);
+        if let Logic::Evm(e) = &self.logic {
+            report["run"] = serde_json::to_value(e.report(now)).unwrap_or(Value::Null);
+            report["verdict"] = json!(evb_builder::verdict(&e.report(now)));
+        }
+        if let Logic::Bu(_, sink) = &self.logic {
+            report["sink"] = json!(sink.name());
+        }
+        if ok {
+            info!(node = %self.me.id, "{reason}");
+        } else {
+            error!(node = %self.me.id, "{reason}");
+        }
+        (self.status)(report.clone());
+        Ok(NodeOutcome { ok, reason, report })
+    }
+}

@@ -1,0 +1,154 @@
+//! From a validated configuration to one node's parts: its state machine, pools, sink and
+//! transport settings.
+
+use std::time::{Duration, Instant};
+
+use evb_buffers::Pool;
+use evb_builder::{
+    Bu, BuConfig, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig, Sink, SizeModel, Verify,
+};
+use evb_config::{Config, Distribution, NodeSpec, Role, SinkKind, TransportKind, VerifyLevel};
+use evb_messaging::{FlushPolicy, MessengerConfig};
+use evb_wire::{Channel, Hello, FRAGMENT_PREFIX_LEN};
+
+/// The state machine a node runs.
+pub enum Logic {
+    Evm(Evm),
+    Ru(Ru),
+    Bu(Bu, Box<dyn Sink>),
+}
+
+pub fn generator(cfg: &Config) -> Generator {
+    let f = &cfg.fragments;
+    let sizes = match f.distribution {
+        Distribution::Fixed => SizeModel::Fixed(f.size as usize),
+        Distribution::Lognormal => SizeModel::LogNormal {
+            mean: f.size as f64,
+            stddev: if f.stddev == 0 { f.size as f64 } else { f.stddev as f64 },
+            min: f.min.max(1) as usize,
+            max: f.max_size() as usize,
+        },
+    };
+    Generator::new(sizes, cfg.run.seed)
+}
+
+/// Where a node listens: its configured address, or a name in the process for `inproc`.
+pub fn address(cfg: &Config, n: &NodeSpec) -> String {
+    match cfg.transport.kind {
+        TransportKind::Tcp => n.addr.clone(),
+        TransportKind::Inproc => format!("inproc:{}/{}", cfg.run.id, n.id),
+    }
+}
+
+pub fn wire_role(r: Role) -> evb_wire::Role {
+    match r {
+        Role::Evm => evb_wire::Role::Evm,
+        Role::Ru => evb_wire::Role::Ru,
+        Role::Bu => evb_wire::Role::Bu,
+    }
+}
+
+pub fn hello(cfg: &Config, me: &NodeSpec, channel: Channel) -> Hello {
+    Hello::new(channel, wire_role(me.role), me.index, &cfg.run.id, &me.id)
+}
+
+/// Consecutive events per assignment: enough to fill a page with small events, one for large.
+pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
+    if cfg.builder.batch > 0 {
+        return cfg.builder.batch;
+    }
+    let event = (cfg.fragments.size + FRAGMENT_PREFIX_LEN as u64) * n_ru.max(1);
+    (cfg.messaging.page_size / event).clamp(1, 1024) as u32
+}
+
+/// Largest frame a peer may send: a full page plus one maximal fragment.
+pub fn max_frame(cfg: &Config) -> u32 {
+    let f = cfg.fragments.max_size() + FRAGMENT_PREFIX_LEN as u64;
+    (cfg.messaging.page_size + f + 65_536).min(u32::MAX as u64) as u32
+}
+
+pub fn messenger_config(cfg: &Config) -> MessengerConfig {
+    MessengerConfig {
+        page_size: cfg.messaging.page_size as usize,
+        max_pieces: 64,
+        flush: if cfg.messaging.flush_us == 0 {
+            FlushPolicy::EndOfPass
+        } else {
+            FlushPolicy::After(Duration::from_micros(cfg.messaging.flush_us))
+        },
+    }
+}
+
+fn blocks(bytes: u64, block: u64) -> usize {
+    bytes.div_ceil(block).max(4) as usize
+}
+
+/// The receive pool (every node has one) and the RU's fragment pool.
+pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
+    let block = cfg.buffers.block_size;
+    let (ru_need, bu_need) = cfg.pool_needs();
+    let nodes = cfg.nodes().len() as u64;
+    // Control traffic only: a few blocks per peer.
+    let small = Pool::new(&format!("{}-rx", me.id), block as usize, (4 * nodes + 8) as usize);
+    match me.role {
+        Role::Evm => (small, None),
+        Role::Ru => {
+            let bytes = if cfg.buffers.ru_pool_mib > 0 { cfg.buffers.ru_pool_mib << 20 } else { ru_need };
+            (small, Some(Pool::new(&format!("{}-frag", me.id), block as usize, blocks(bytes, block))))
+        }
+        Role::Bu => {
+            let bytes = if cfg.buffers.bu_pool_mib > 0 { cfg.buffers.bu_pool_mib << 20 } else { bu_need };
+            (Pool::new(&format!("{}-rx", me.id), block as usize, blocks(bytes, block)), None)
+        }
+    }
+}
+
+pub fn logic(cfg: &Config, me: &NodeSpec, ru_pool: Option<Pool>, now: Instant) -> Logic {
+    let nodes = cfg.nodes();
+    let rus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Ru).collect();
+    let n_bu = nodes.iter().filter(|n| n.role == Role::Bu).count() as u16;
+    match me.role {
+        Role::Evm => {
+            let r = &cfg.run;
+            Logic::Evm(Evm::new(
+                EvmConfig {
+                    n_ru: rus.len() as u16,
+                    n_bu,
+                    max_events: (r.events > 0).then_some(r.events),
+                    duration: (r.duration_s > 0.0).then(|| Duration::from_secs_f64(r.duration_s)),
+                    rate_hz: (r.rate_hz > 0.0).then_some(r.rate_hz),
+                    batch: assign_batch(cfg, rus.len() as u64),
+                    stall_timeout: Duration::from_secs_f64(r.stall_timeout_s),
+                    max_per_poll: 4096,
+                },
+                now,
+            ))
+        }
+        Role::Ru => Logic::Ru(Ru::new(
+            RuConfig { index: me.index, source_id: me.source_id, generator: generator(cfg), max_per_poll: 256 },
+            ru_pool.expect("an RU has a fragment pool"),
+        )),
+        Role::Bu => {
+            let verify = match cfg.builder.verify {
+                VerifyLevel::Headers => Verify::Headers,
+                VerifyLevel::Crc => Verify::Crc,
+                VerifyLevel::Full => Verify::Full,
+            };
+            let sink: Box<dyn Sink> = match me.sink {
+                SinkKind::Discard => Box::new(DiscardSink),
+                SinkKind::Count => Box::new(CountingSink::default()),
+            };
+            Logic::Bu(
+                Bu::new(BuConfig {
+                    index: me.index,
+                    source_ids: rus.iter().map(|r| r.source_id).collect(),
+                    credits: me.credits,
+                    verify,
+                    generator: Some(generator(cfg)),
+                    duplicate_window: 1 << 16,
+                }),
+                sink,
+            )
+        }
+    }
+}
