@@ -1,1 +1,198 @@
-fn main() {}
+//! `evb`: run a local event builder, run one node of a deployment, check a configuration.
+
+mod launch;
+mod summary;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use evb_config::Config;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "evb", version, about = "evb: a distributed event builder for data acquisition")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Launch every node of a run on this host (one process each, or threads for inproc),
+    /// show progress, then print a summary and the verdict. Exits non-zero unless every
+    /// triggered event was built exactly once, complete and intact.
+    Run(RunArgs),
+    /// Run one node of the configuration (multi-host deployments; the launcher uses it too).
+    Node(NodeArgs),
+    /// Check a configuration file, or print the default one.
+    Config {
+        #[command(subcommand)]
+        what: ConfigCmd,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// TOML configuration (default: the built-in 1 EVM, 2 RU, 2 BU run of 10 s).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override run.events.
+    #[arg(long)]
+    events: Option<u64>,
+    /// Override run.duration_s.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Override topology.rus.
+    #[arg(long)]
+    rus: Option<u32>,
+    /// Override topology.bus.
+    #[arg(long)]
+    bus: Option<u32>,
+    /// Write the run summary (every node's report and the verdict) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress line.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    #[arg(long, short)]
+    config: PathBuf,
+    /// The node's id in the configuration (e.g. evm, ru0, bu1).
+    #[arg(long)]
+    id: String,
+    /// Started by `evb run`: status lines as JSON on stdout, and exit when stdin closes.
+    #[arg(long)]
+    supervised: bool,
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Parse and validate a configuration file.
+    Check { file: PathBuf },
+    /// Print the built-in default configuration.
+    Default,
+}
+
+fn init_logging() {
+    let filter = EnvFilter::try_from_env("EVB_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}
+
+fn load(path: &Option<PathBuf>) -> Result<Config, String> {
+    match path {
+        Some(p) => Config::from_file(p).map_err(|e| e.to_string()),
+        None => Ok(Config::default()),
+    }
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(a) => {
+            let mut cfg = match load(&a.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("evb: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let Some(n) = a.events {
+                cfg.run.events = n;
+                if a.duration.is_none() {
+                    cfg.run.duration_s = 0.0;
+                }
+            }
+            if let Some(d) = a.duration {
+                cfg.run.duration_s = d;
+            }
+            if let Some(n) = a.rus {
+                cfg.topology.rus = n;
+                cfg.ru.clear();
+            }
+            if let Some(n) = a.bus {
+                cfg.topology.bus = n;
+                cfg.bu.clear();
+            }
+            if let Err(e) = cfg.validate() {
+                eprintln!("evb: {e}");
+                return ExitCode::from(2);
+            }
+            match launch::run(&cfg, a.quiet, a.json.as_deref()) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("evb: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Node(a) => {
+            let cfg = match Config::from_file(&a.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("evb: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if a.supervised {
+                launch::exit_when_stdin_closes();
+            }
+            let status: evb_node::StatusOut = if a.supervised {
+                Box::new(|v| {
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "{v}");
+                    let _ = out.flush();
+                })
+            } else {
+                Box::new(|v| {
+                    if v["kind"] == "report" {
+                        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                    }
+                })
+            };
+            match evb_node::run_node(&cfg, &a.id, status, Duration::from_millis(250)) {
+                Ok(o) if o.ok => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("evb node {}: {e}", a.id);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Config { what: ConfigCmd::Check { file } } => match Config::from_file(&file) {
+            Ok(c) => {
+                let nodes = c.nodes();
+                let count = |r| nodes.iter().filter(|n| n.role == r).count();
+                println!(
+                    "{}: valid ({} RUs, {} BUs, transport {:?})",
+                    file.display(),
+                    count(evb_config::Role::Ru),
+                    count(evb_config::Role::Bu),
+                    c.transport.kind
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("evb: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Config { what: ConfigCmd::Default } => {
+            print!("{}", Config::default().to_toml());
+            ExitCode::SUCCESS
+        }
+    }
+}

@@ -214,8 +214,11 @@ impl Driver {
                 } else if let Some(p) = self.peers.remove(&conn) {
                     self.conns.remove(&p);
                     let why = reason.to_string();
-                    let quiet = matches!(self.state(), RunState::Halted | RunState::Aborted);
-                    if !quiet {
+                    // Peers leave once the run is over; that is not news.
+                    let quiet = matches!(self.state(), RunState::Stopping | RunState::Halted | RunState::Aborted);
+                    if quiet {
+                        debug!(node = %self.me.id, "{p} left: {why}");
+                    } else {
                         warn!(node = %self.me.id, "lost {p}: {why}");
                     }
                     match &mut self.logic {

@@ -1,0 +1,361 @@
+//! `evb run`: start every node, watch them, judge the run.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::summary;
+
+/// What the watcher hears from the nodes.
+enum Note {
+    Line(String, Value),
+    /// A node's process or thread is gone (with its exit code, if it had one).
+    Gone(String, Option<i32>),
+}
+
+/// Used by supervised nodes: when the launcher goes away, so do they (no orphans).
+pub fn exit_when_stdin_closes() {
+    std::thread::spawn(|| {
+        let mut buf = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    eprintln!("evb node: launcher gone (stdin closed), exiting");
+                    std::process::exit(3);
+                }
+                Ok(_) => {}
+            }
+        }
+    });
+}
+
+/// Gives every node whose port is 0 a free port on its host, and lists nodes explicitly.
+fn resolve_ports(cfg: &Config) -> Result<Config, String> {
+    let nodes = cfg.nodes();
+    let mut held = Vec::new();
+    let mut addrs = Vec::new();
+    for n in &nodes {
+        let sa: std::net::SocketAddr = n.addr.parse().map_err(|_| format!("bad address {:?} for {}", n.addr, n.id))?;
+        if sa.port() == 0 {
+            let l = std::net::TcpListener::bind(sa).map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
+            addrs.push(l.local_addr().map_err(|e| e.to_string())?.to_string());
+            held.push(l);
+        } else {
+            addrs.push(n.addr.clone());
+        }
+    }
+    drop(held);
+    let mut out = cfg.clone();
+    out.evm.addr = addrs[0].clone();
+    out.ru = nodes
+        .iter()
+        .zip(&addrs)
+        .filter(|(n, _)| n.role == Role::Ru)
+        .map(|(n, a)| RuSection { id: n.id.clone(), addr: a.clone(), source_id: Some(n.source_id) })
+        .collect();
+    out.bu = nodes
+        .iter()
+        .zip(&addrs)
+        .filter(|(n, _)| n.role == Role::Bu)
+        .map(|(n, a)| BuSection { id: n.id.clone(), addr: a.clone(), credits: Some(n.credits), sink: Some(n.sink) })
+        .collect();
+    out.validate().map_err(|e| format!("resolved configuration: {e}"))?;
+    Ok(out)
+}
+
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn spawn_processes(cfg: &Config, tx: &mpsc::Sender<Note>) -> Result<(Vec<(String, Child)>, TempFile), String> {
+    let cfg = resolve_ports(cfg)?;
+    let path = std::env::temp_dir().join(format!("evb-run-{}-{}.toml", std::process::id(), cfg.run.id));
+    std::fs::write(&path, cfg.to_toml()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let tmp = TempFile(path);
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut children = Vec::new();
+    for n in cfg.nodes() {
+        let mut child = Command::new(&exe)
+            .args(["node", "--supervised", "--id", &n.id, "--config"])
+            .arg(&tmp.0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", n.id))?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = tx.clone();
+        let id = n.id.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    let _ = tx.send(Note::Line(id.clone(), v));
+                }
+            }
+        });
+        children.push((n.id.clone(), child));
+    }
+    Ok((children, tmp))
+}
+
+fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) {
+    for n in cfg.nodes() {
+        let cfg = cfg.clone();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let lines = tx.clone();
+            let id = n.id.clone();
+            let status: evb_node::StatusOut = Box::new(move |v| {
+                let _ = lines.send(Note::Line(id.clone(), v));
+            });
+            let code = match evb_node::run_node(&cfg, &n.id, status, Duration::from_millis(250)) {
+                Ok(o) if o.ok => 0,
+                Ok(_) => 1,
+                Err(e) => {
+                    eprintln!("evb node {}: {e}", n.id);
+                    1
+                }
+            };
+            let _ = tx.send(Note::Gone(n.id.clone(), Some(code)));
+        });
+    }
+}
+
+/// Live figures from the latest status lines.
+fn progress_line(latest: &BTreeMap<String, Value>, rate: &mut RateMeter) -> String {
+    let mut built = 0u64;
+    let mut bytes = 0u64;
+    let mut in_flight = 0u64;
+    let mut credits = 0u64;
+    let mut triggered = 0u64;
+    for v in latest.values() {
+        let s = &v["stats"];
+        match v["role"].as_str() {
+            Some("bu") => {
+                built += s["events_built"].as_u64().unwrap_or(0);
+                bytes += s["payload_bytes_built"].as_u64().unwrap_or(0);
+            }
+            Some("evm") => {
+                in_flight = s["in_flight"].as_u64().unwrap_or(0);
+                credits = s["credits_available"].as_u64().unwrap_or(0);
+                triggered = s["triggered"].as_u64().unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    let (ev_rate, byte_rate) = rate.update(built, bytes);
+    format!(
+        "built {built} of {triggered} events | {ev_rate:.0} ev/s | {:.2} GB/s | in flight {in_flight} | credits free {credits}",
+        byte_rate / 1e9
+    )
+}
+
+/// Rates over the last second or so.
+struct RateMeter {
+    last: Option<(Instant, u64, u64)>,
+    ev: f64,
+    by: f64,
+}
+
+impl RateMeter {
+    fn update(&mut self, events: u64, bytes: u64) -> (f64, f64) {
+        let now = Instant::now();
+        match self.last {
+            Some((t, e, b)) if now.duration_since(t) >= Duration::from_millis(500) => {
+                let dt = now.duration_since(t).as_secs_f64();
+                self.ev = events.saturating_sub(e) as f64 / dt;
+                self.by = bytes.saturating_sub(b) as f64 / dt;
+                self.last = Some((now, events, bytes));
+            }
+            None => self.last = Some((now, events, bytes)),
+            _ => {}
+        }
+        (self.ev, self.by)
+    }
+}
+
+/// Runs the whole system; true when the verdict is clean.
+pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, String> {
+    let (tx, rx) = mpsc::channel();
+    let inproc = cfg.transport.kind == TransportKind::Inproc;
+    let (mut children, _tmp) = if inproc {
+        spawn_threads(cfg, &tx);
+        (Vec::new(), None)
+    } else {
+        let (c, t) = spawn_processes(cfg, &tx)?;
+        (c, Some(t))
+    };
+    drop(tx);
+    let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
+    let budget = cfg.run.connect_timeout_s
+        + cfg.run.stall_timeout_s * 2.0
+        + if cfg.run.duration_s > 0.0 { cfg.run.duration_s } else { 3600.0 }
+        + 30.0;
+    let deadline = Instant::now() + Duration::from_secs_f64(budget);
+
+    let tty = std::io::stderr().is_terminal();
+    let bar = if quiet || !tty {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new_spinner();
+        b.set_style(ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}").expect("template"));
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    };
+    let mut latest: BTreeMap<String, Value> = BTreeMap::new();
+    let mut reports: BTreeMap<String, Value> = BTreeMap::new();
+    let mut exit_codes: BTreeMap<String, Option<i32>> = BTreeMap::new();
+    let mut rate = RateMeter { last: None, ev: 0.0, by: 0.0 };
+    let mut next_plain = Instant::now() + Duration::from_secs(2);
+    let mut timed_out = false;
+
+    while exit_codes.len() < ids.len() {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Note::Line(id, v)) => {
+                if v["kind"] == "report" {
+                    reports.insert(id.clone(), v.clone());
+                }
+                latest.insert(id, v);
+            }
+            Ok(Note::Gone(id, code)) => {
+                exit_codes.insert(id, code);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if inproc {
+                    break;
+                }
+            }
+        }
+        for (id, child) in &mut children {
+            if exit_codes.contains_key(id) {
+                continue;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                exit_codes.insert(id.clone(), status.code());
+            }
+        }
+        let line = progress_line(&latest, &mut rate);
+        bar.set_message(line.clone());
+        if !quiet && !tty && Instant::now() >= next_plain {
+            eprintln!("evb: {line}");
+            next_plain = Instant::now() + Duration::from_secs(2);
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            break;
+        }
+        // When one process dies early the EVM notices and aborts the run; give the rest a
+        // moment, then make sure nobody is left behind.
+        if !children.is_empty() && exit_codes.len() < ids.len() && reports.contains_key(&ids[0]) {
+            let grace = Instant::now() + Duration::from_secs(5);
+            while exit_codes.len() < ids.len() && Instant::now() < grace {
+                for (id, child) in &mut children {
+                    if !exit_codes.contains_key(id) {
+                        if let Ok(Some(status)) = child.try_wait() {
+                            exit_codes.insert(id.clone(), status.code());
+                        }
+                    }
+                }
+                while let Ok(n) = rx.try_recv() {
+                    if let Note::Line(id, v) = n {
+                        if v["kind"] == "report" {
+                            reports.insert(id.clone(), v.clone());
+                        }
+                        latest.insert(id, v);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    // Drain the last lines (final reports race with process exit).
+    let drain_until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < drain_until {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(Note::Line(id, v)) => {
+                if v["kind"] == "report" {
+                    reports.insert(id, v);
+                }
+            }
+            Ok(Note::Gone(id, code)) => {
+                exit_codes.insert(id, code);
+            }
+            Err(_) => {
+                if reports.len() == ids.len() {
+                    break;
+                }
+            }
+        }
+    }
+    let mut killed = Vec::new();
+    for (id, child) in &mut children {
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+            let _ = child.wait();
+            killed.push(id.clone());
+        }
+        drop(child.stdin.take());
+    }
+    let pids: Vec<u32> = children.iter().map(|(_, c)| c.id()).collect();
+
+    let mut problems: Vec<String> = Vec::new();
+    if timed_out {
+        problems.push(format!("run did not finish within {budget:.0} s"));
+    }
+    for id in &killed {
+        problems.push(format!("{id} had to be killed"));
+    }
+    for id in &ids {
+        match exit_codes.get(id) {
+            Some(Some(0)) => {}
+            Some(code) if !killed.contains(id) => problems.push(format!("{id} exited with {code:?}")),
+            _ => {}
+        }
+        if !reports.contains_key(id) {
+            problems.push(format!("{id} sent no final report"));
+        }
+    }
+    let evm_report = reports.get(&ids[0]).cloned().unwrap_or(Value::Null);
+    if let Some(v) = evm_report["verdict"].as_array() {
+        problems.extend(v.iter().filter_map(|p| p.as_str().map(String::from)));
+    }
+    if let Some(reason) = evm_report["reason"].as_str() {
+        if evm_report["ok"] == false && !problems.iter().any(|p| p.contains(reason)) {
+            problems.push(reason.to_string());
+        }
+    }
+    problems.dedup();
+    let ok = problems.is_empty();
+
+    summary::print(cfg, &ids, &reports, &evm_report["run"], &problems);
+    if let Some(path) = json_out {
+        let doc = json!({
+            "ok": ok,
+            "problems": problems,
+            "run": evm_report["run"],
+            "nodes": reports,
+            "exit_codes": exit_codes,
+            "pids": pids,
+            "transport": format!("{:?}", cfg.transport.kind).to_lowercase(),
+        });
+        let mut f = std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        writeln!(f, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| e.to_string())?;
+    }
+    Ok(ok)
+}

@@ -1,0 +1,77 @@
+//! The end-of-run table and verdict.
+
+use std::collections::BTreeMap;
+
+use evb_config::Config;
+use serde_json::Value;
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+pub fn print(cfg: &Config, ids: &[String], reports: &BTreeMap<String, Value>, run: &Value, problems: &[String]) {
+    let secs = run["seconds"].as_f64().unwrap_or(0.0);
+    println!();
+    println!("{:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  notes", "node", "role", "state", "events", "payload MB", "MB/s");
+    for id in ids {
+        let Some(r) = reports.get(id) else {
+            println!("{id:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  no report", "?", "?", "-", "-", "-");
+            continue;
+        };
+        let s = &r["stats"];
+        let role = r["role"].as_str().unwrap_or("?");
+        let state = r["state"].as_str().unwrap_or("?");
+        let (events, bytes, notes) = match role {
+            "evm" => (
+                u(&s["triggered"]),
+                0,
+                format!(
+                    "released {}, most in flight {}, duplicate releases {}",
+                    u(&s["released"]),
+                    u(&s["in_flight_high_water"]),
+                    u(&s["duplicate_releases"])
+                ),
+            ),
+            "ru" => (
+                u(&s["fragments_sent"]),
+                u(&s["payload_bytes_sent"]),
+                format!("still held {}, waits for memory {}", u(&s["retained"]), u(&s["pool_waits"])),
+            ),
+            _ => (
+                u(&s["events_built"]),
+                u(&s["payload_bytes_built"]),
+                format!(
+                    "crc errors {}, content errors {}, duplicates {}, incomplete {}",
+                    u(&s["crc_errors"]),
+                    u(&s["content_errors"]),
+                    u(&s["duplicate_fragments"]),
+                    u(&s["incomplete_at_stop"])
+                ),
+            ),
+        };
+        let mb = bytes as f64 / 1e6;
+        let mbs = if secs > 0.0 && bytes > 0 { format!("{:.1}", mb / secs) } else { "-".into() };
+        println!("{id:<10} {role:<4} {state:<9} {events:>12} {mb:>12.1} {mbs:>10}  {notes}");
+    }
+    let triggered = u(&run["evm"]["triggered"]);
+    let built_bytes: u64 = run["bus"].as_array().map_or(0, |b| b.iter().map(|x| u(&x["payload_bytes_built"])).sum());
+    println!();
+    if secs > 0.0 {
+        println!(
+            "{} RU x {} BU over {:?}: {triggered} events in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
+            run["n_ru"],
+            run["n_bu"],
+            cfg.transport.kind,
+            triggered as f64 / secs,
+            built_bytes as f64 / secs / 1e9
+        );
+    }
+    if problems.is_empty() {
+        println!("VERDICT: OK - every triggered event ({triggered}) built exactly once, complete, checksums valid");
+    } else {
+        println!("VERDICT: FAILED");
+        for p in problems {
+            println!("  - {p}");
+        }
+    }
+}

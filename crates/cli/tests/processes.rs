@@ -1,0 +1,224 @@
+//! The event builder as real processes over TCP loopback, launched by `evb run` (and by hand
+//! with `evb node`): exact event counts, no duplicates, checksums verified, clean shutdown,
+//! no process left behind.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const EVB: &str = env!("CARGO_BIN_EXE_evb");
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Runs `evb run` on `toml`; returns the process output and the JSON summary.
+fn evb_run(toml: &str) -> (Output, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "run.toml", toml);
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let summary = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or(Value::Null);
+    (out, summary)
+}
+
+fn pid_alive(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn assert_exact_run(rus: u32, bus: u32, events: u64, fragment: &str) {
+    let toml = format!(
+        r#"
+        [run]
+        id = "it-{rus}x{bus}"
+        events = {events}
+        duration_s = 0
+        [fragments]
+        {fragment}
+        [topology]
+        rus = {rus}
+        bus = {bus}
+        "#
+    );
+    let (out, s) = evb_run(&toml);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "evb run failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert_eq!(s["ok"], true);
+    let run = &s["run"];
+    assert_eq!(run["evm"]["triggered"], events);
+    assert_eq!(run["evm"]["released"], events);
+    assert_eq!(run["evm"]["duplicate_releases"], 0);
+    let bus_r = run["bus"].as_array().unwrap();
+    assert_eq!(bus_r.len(), bus as usize);
+    let built: u64 = bus_r.iter().map(|b| b["events_built"].as_u64().unwrap()).sum();
+    assert_eq!(built, events, "every event built once");
+    let id_sum: u64 = bus_r.iter().map(|b| b["event_id_sum"].as_u64().unwrap()).fold(0, u64::wrapping_add);
+    assert_eq!(id_sum, (0..events).sum::<u64>(), "the built ids are exactly 0..events");
+    for b in bus_r {
+        assert_eq!(b["crc_errors"], 0);
+        assert_eq!(b["content_errors"], 0);
+        assert_eq!(b["duplicate_fragments"], 0);
+        assert_eq!(b["incomplete_at_stop"], 0);
+        if bus > 1 {
+            assert!(b["events_built"].as_u64().unwrap() > 0, "a BU got no events");
+        }
+    }
+    for r in run["rus"].as_array().unwrap() {
+        assert_eq!(r["fragments_sent"], events);
+        assert_eq!(r["retained"], 0);
+    }
+    let codes = s["exit_codes"].as_object().unwrap();
+    assert_eq!(codes.len(), (1 + rus + bus) as usize);
+    assert!(codes.values().all(|c| c == 0), "{codes:?}");
+    for pid in s["pids"].as_array().unwrap() {
+        assert!(!pid_alive(pid.as_u64().unwrap()), "node process {pid} left behind");
+    }
+}
+
+#[test]
+fn one_by_one() {
+    assert_exact_run(1, 1, 2000, "size = 4096");
+}
+
+#[test]
+fn two_by_two_one_megabyte_events() {
+    assert_exact_run(2, 2, 400, "size = 524288");
+}
+
+#[test]
+fn three_by_two_lognormal() {
+    assert_exact_run(3, 2, 3000, "size = 2048\ndistribution = \"lognormal\"");
+}
+
+#[test]
+fn two_by_three() {
+    assert_exact_run(2, 3, 1500, "size = 30000");
+}
+
+#[test]
+fn default_run_is_bounded_and_clean() {
+    // the built-in configuration, shortened: what README's first command runs
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let out = Command::new(EVB).args(["run", "--quiet", "--duration", "1", "--json"]).arg(&json).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(s["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
+    assert_eq!(s["run"]["n_ru"], 2);
+    assert_eq!(s["run"]["n_bu"], 2);
+}
+
+#[test]
+fn inproc_run_from_the_cli() {
+    let (out, s) = evb_run("[run]\nid = \"it-inproc\"\nevents = 5000\nduration_s = 0\n[fragments]\nsize = 1000\n[transport]\nkind = \"inproc\"\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(s["run"]["evm"]["released"], 5000);
+}
+
+fn free_base_port(n: u16) -> u16 {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = l.local_addr().unwrap().port();
+        drop(l);
+        if base > 65000 {
+            continue;
+        }
+        let held: Vec<_> = (0..n).filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok()).collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+}
+
+#[test]
+fn killed_builder_stops_the_run_cleanly_with_a_reason() {
+    // Nodes started by hand, as on several hosts. A BU killed mid-run: every other node
+    // must stop on its own, non-zero, naming the lost node; nothing hangs.
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port(5);
+    let cfg = write(
+        dir.path(),
+        "kill.toml",
+        &format!("[run]\nid = \"it-kill\"\nduration_s = 60\n[fragments]\nsize = 100000\n[topology]\nbase_port = {base}\n"),
+    );
+    let mut kids: Vec<(String, std::process::Child)> = ["evm", "ru0", "ru1", "bu0", "bu1"]
+        .iter()
+        .map(|id| {
+            let c = Command::new(EVB)
+                .args(["node", "--id", id, "--config"])
+                .arg(&cfg)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (id.to_string(), c)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let bu1 = kids.iter_mut().find(|(id, _)| id == "bu1").unwrap();
+    assert!(bu1.1.try_wait().unwrap().is_none(), "bu1 ended before it was killed");
+    bu1.1.kill().unwrap();
+    bu1.1.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for (id, child) in kids.iter_mut().filter(|(id, _)| id != "bu1") {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(!status.success(), "{id} claims success after a BU died");
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{id} still running after a BU was killed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let evm = kids.remove(0).1.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&evm.stdout);
+    assert!(report.contains("lost bu[1]"), "EVM report does not name the lost BU:\n{report}");
+}
+
+#[test]
+fn bad_configurations_are_refused_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needle) in [
+        ("[topology]\nbus = 0\n", "topology.bus"),
+        ("[run]\nduraton_s = 3\n", "duraton_s"),
+        ("[[ru]]\nid = \"a\"\naddr = \"127.0.0.1:7001\"\n[[bu]]\nid = \"a\"\naddr = \"127.0.0.1:7002\"\n", "duplicate node id"),
+        ("[[ru]]\nid = \"a\"\naddr = \"127.0.0.1:7001\"\n[[bu]]\nid = \"b\"\naddr = \"127.0.0.1:7001\"\n", "port clash"),
+    ] {
+        let p = write(dir.path(), "bad.toml", text);
+        for args in [vec!["run", "--config"], vec!["config", "check"]] {
+            let out = Command::new(EVB).args(&args).arg(&p).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{text}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(needle), "{args:?} on {text:?}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+    let out = Command::new(EVB).args(["run", "--config", "/nonexistent/x.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+#[test]
+fn unknown_node_id_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "c.toml", "[topology]\nbase_port = 7700\n");
+    let out = Command::new(EVB).args(["node", "--id", "ru9", "--config"]).arg(&p).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no node \"ru9\""));
+}
