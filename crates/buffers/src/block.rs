@@ -58,7 +58,9 @@ impl BlockWriter {
         // SAFETY: the tail [filled, cap) is never covered by a `Slice` (slices are only made
         // of [0, filled)) and only this writer, which is not Clone and is borrowed mutably
         // here, can reach it; the range lies inside the block.
-        unsafe { std::slice::from_raw_parts_mut(self.inner.ptr().add(self.filled), cap - self.filled) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.inner.ptr().add(self.filled), cap - self.filled)
+        }
     }
 
     /// The filled head of the block (read-only).
@@ -92,7 +94,10 @@ impl BlockWriter {
     /// # Panics
     /// If the range reaches past the filled part.
     pub fn slice(&self, offset: usize, len: usize) -> Slice {
-        assert!(offset + len <= self.filled, "slice past the filled part of a block");
+        assert!(
+            offset + len <= self.filled,
+            "slice past the filled part of a block"
+        );
         Slice {
             inner: self.inner.clone(),
             offset: offset as u32,
@@ -157,7 +162,12 @@ impl std::ops::Deref for Slice {
     fn deref(&self) -> &[u8] {
         // SAFETY: a Slice only ever covers filled (frozen) bytes of a block that its Arc keeps
         // on loan, so the bytes are initialised, in bounds and not written while it lives.
-        unsafe { std::slice::from_raw_parts(self.inner.ptr().add(self.offset as usize), self.len as usize) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.inner.ptr().add(self.offset as usize),
+                self.len as usize,
+            )
+        }
     }
 }
 

@@ -16,7 +16,10 @@ impl Chain {
 
     pub fn from_slice(s: Slice) -> Chain {
         let len = s.len();
-        Chain { slices: vec![s], len }
+        Chain {
+            slices: vec![s],
+            len,
+        }
     }
 
     /// Appends a slice, merging it with the last one when they are contiguous in one block.

@@ -34,7 +34,11 @@ pub enum Path {
 
 #[derive(Debug)]
 pub enum Action {
-    Send { to: NodeRef, msg: Message, path: Path },
+    Send {
+        to: NodeRef,
+        msg: Message,
+        path: Path,
+    },
     /// RU → BU: an encoded fragment (message header, fragment header, payload) in pool blocks.
     SendFragment { to: NodeRef, data: Chain },
     /// BU: hand this event to the sink, then call `Bu::delivered`.

@@ -132,7 +132,11 @@ impl Bu {
     pub fn connections_up(&mut self) {
         if self.state == RunState::Configured {
             self.state = RunState::Ready;
-            self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Ready, path: Path::Now });
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Evm,
+                msg: Message::Ready,
+                path: Path::Now,
+            });
         }
     }
 
@@ -165,23 +169,39 @@ impl Bu {
                 self.state = RunState::Stopping;
                 self.stats.incomplete_at_stop = self.events.len() as u64;
                 let report = serde_json::to_string(&self.stats).unwrap_or_default();
-                self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Report(report), path: Path::Now });
+                self.actions.push_back(Action::Send {
+                    to: NodeRef::Evm,
+                    msg: Message::Report(report),
+                    path: Path::Now,
+                });
             }
             Message::Halt => {
                 self.state = RunState::Halted;
                 let ok = self.stats.clean();
-                self.actions.push_back(Action::Exit { ok, reason: "halted by the EVM".into() });
+                self.actions.push_back(Action::Exit {
+                    ok,
+                    reason: "halted by the EVM".into(),
+                });
             }
             Message::Abort(why) => {
                 self.state = RunState::Aborted;
-                self.actions.push_back(Action::Exit { ok: false, reason: format!("run aborted: {why}") });
+                self.actions.push_back(Action::Exit {
+                    ok: false,
+                    reason: format!("run aborted: {why}"),
+                });
             }
             _ => self.stats.errors += 1,
         }
     }
 
     /// A fragment from RU `from`. Checks it, files it, and builds the event once complete.
-    pub fn handle_fragment(&mut self, _now: Instant, from: NodeRef, header: FragmentHeader, payload: Chain) {
+    pub fn handle_fragment(
+        &mut self,
+        _now: Instant,
+        from: NodeRef,
+        header: FragmentHeader,
+        payload: Chain,
+    ) {
         let NodeRef::Ru(ru) = from else {
             self.stats.errors += 1;
             return;
@@ -233,7 +253,9 @@ impl Bu {
         let b = self.events.remove(&id).expect("checked");
         let fragments: Vec<(FragmentHeader, Chain)> = b.fragments.into_iter().flatten().collect();
         let trigger_number = fragments[0].0.trigger_number;
-        let trigger_mismatch = fragments.iter().any(|(h, _)| h.trigger_number != trigger_number);
+        let trigger_mismatch = fragments
+            .iter()
+            .any(|(h, _)| h.trigger_number != trigger_number);
         if trigger_mismatch {
             self.stats.trigger_mismatches += 1;
         }
@@ -269,7 +291,11 @@ impl Bu {
             Some(r) if r.end() == id && r.count < u32::MAX => r.count += 1,
             _ => {
                 self.flush_release();
-                self.release = Some(EventRange { bu: self.me(), first: id, count: 1 });
+                self.release = Some(EventRange {
+                    bu: self.me(),
+                    first: id,
+                    count: 1,
+                });
             }
         }
         if matches!(self.state, RunState::Running) {
@@ -279,7 +305,11 @@ impl Bu {
 
     fn flush_release(&mut self) {
         if let Some(r) = self.release.take() {
-            self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Release(r), path: Path::Batched });
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Evm,
+                msg: Message::Release(r),
+                path: Path::Batched,
+            });
         }
     }
 
@@ -290,7 +320,10 @@ impl Bu {
             let count = std::mem::take(&mut self.credits_to_send);
             self.actions.push_back(Action::Send {
                 to: NodeRef::Evm,
-                msg: Message::Credit { bu: self.me(), count },
+                msg: Message::Credit {
+                    bu: self.me(),
+                    count,
+                },
                 path: Path::Batched,
             });
         }
@@ -302,13 +335,21 @@ impl Bu {
         }
         if peer == NodeRef::Evm || self.state == RunState::Running {
             self.state = RunState::Aborted;
-            self.actions.push_back(Action::Exit { ok: false, reason: format!("lost {peer}: {reason}") });
+            self.actions.push_back(Action::Exit {
+                ok: false,
+                reason: format!("lost {peer}: {reason}"),
+            });
         }
     }
 }
 
 impl Building {
     fn new(n: usize) -> Building {
-        Building { assigned: false, fragments: (0..n).map(|_| None).collect(), received: 0, corrupt: false }
+        Building {
+            assigned: false,
+            fragments: (0..n).map(|_| None).collect(),
+            received: 0,
+            corrupt: false,
+        }
     }
 }

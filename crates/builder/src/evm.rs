@@ -118,7 +118,11 @@ impl Evm {
 
     fn broadcast(&mut self, msg: Message, path: Path) {
         for to in self.all_nodes().collect::<Vec<_>>() {
-            self.actions.push_back(Action::Send { to, msg: msg.clone(), path });
+            self.actions.push_back(Action::Send {
+                to,
+                msg: msg.clone(),
+                path,
+            });
         }
     }
 
@@ -126,14 +130,18 @@ impl Evm {
         match (msg, from) {
             (Message::Ready, NodeRef::Ru(_) | NodeRef::Bu(_)) => {
                 self.ready.insert(from);
-                if self.state == RunState::Ready && self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize {
+                if self.state == RunState::Ready
+                    && self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize
+                {
                     self.state = RunState::Running;
                     self.started = Some(now);
                     self.last_progress = now;
                     self.broadcast(Message::Start, Path::Now);
                 }
             }
-            (Message::Credit { bu, count }, NodeRef::Bu(b)) if b == bu && (bu as usize) < self.credits.len() => {
+            (Message::Credit { bu, count }, NodeRef::Bu(b))
+                if b == bu && (bu as usize) < self.credits.len() =>
+            {
                 if self.state == RunState::Running {
                     self.credits[bu as usize] += count as u64;
                     self.stats.credits_received += count as u64;
@@ -220,7 +228,11 @@ impl Evm {
                     self.broadcast(Message::Halt, Path::Now);
                     let problems = verdict(&self.report(now));
                     let ok = problems.is_empty();
-                    let reason = if ok { "run complete".to_string() } else { problems.join("; ") };
+                    let reason = if ok {
+                        "run complete".to_string()
+                    } else {
+                        problems.join("; ")
+                    };
                     self.actions.push_back(Action::Exit { ok, reason });
                 } else if now.duration_since(self.last_progress) > self.cfg.stall_timeout {
                     self.abort("nodes did not report after Stop".into());
@@ -252,7 +264,12 @@ impl Evm {
             self.state = RunState::Stopping;
             self.stopped_at = Some(now);
             self.last_progress = now;
-            self.broadcast(Message::Stop { triggered: self.stats.triggered }, Path::Now);
+            self.broadcast(
+                Message::Stop {
+                    triggered: self.stats.triggered,
+                },
+                Path::Now,
+            );
         } else if in_flight > 0 && now.duration_since(self.last_progress) > self.cfg.stall_timeout {
             self.abort(format!(
                 "stalled: {in_flight} events in flight and none released for {:?}",
@@ -273,18 +290,35 @@ impl Evm {
         let n = self.credits.len();
         while allowed > 0 {
             // next BU, round robin, that has credit
-            let Some(bu) = (0..n).map(|k| (self.rr + k) % n).find(|&b| self.credits[b] > 0) else { break };
+            let Some(bu) = (0..n)
+                .map(|k| (self.rr + k) % n)
+                .find(|&b| self.credits[b] > 0)
+            else {
+                break;
+            };
             let count = allowed.min(self.credits[bu]).min(self.cfg.batch as u64);
-            let range = EventRange { bu: bu as u16, first: self.ledger.next_id(), count: count as u32 };
+            let range = EventRange {
+                bu: bu as u16,
+                first: self.ledger.next_id(),
+                count: count as u32,
+            };
             self.ledger.assign(range);
             self.credits[bu] -= count;
             self.stats.triggered += count;
             allowed -= count;
             self.rr = (bu + 1) % n;
             for ru in 0..self.cfg.n_ru {
-                self.actions.push_back(Action::Send { to: NodeRef::Ru(ru), msg: Message::Assign(range), path: Path::Batched });
+                self.actions.push_back(Action::Send {
+                    to: NodeRef::Ru(ru),
+                    msg: Message::Assign(range),
+                    path: Path::Batched,
+                });
             }
-            self.actions.push_back(Action::Send { to: NodeRef::Bu(bu as u16), msg: Message::Assign(range), path: Path::Batched });
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Bu(bu as u16),
+                msg: Message::Assign(range),
+                path: Path::Batched,
+            });
         }
     }
 
@@ -296,10 +330,16 @@ impl Evm {
             reason: self.abort_reason.clone(),
             n_ru: self.cfg.n_ru,
             n_bu: self.cfg.n_bu,
-            seconds: self.started.map_or(0.0, |s| end.duration_since(s).as_secs_f64()),
+            seconds: self
+                .started
+                .map_or(0.0, |s| end.duration_since(s).as_secs_f64()),
             evm: self.stats(),
-            rus: (0..self.cfg.n_ru).map(|i| self.ru_reports.get(&i).cloned()).collect(),
-            bus: (0..self.cfg.n_bu).map(|i| self.bu_reports.get(&i).cloned()).collect(),
+            rus: (0..self.cfg.n_ru)
+                .map(|i| self.ru_reports.get(&i).cloned())
+                .collect(),
+            bus: (0..self.cfg.n_bu)
+                .map(|i| self.bu_reports.get(&i).cloned())
+                .collect(),
         }
     }
 }

@@ -10,7 +10,12 @@ use rand_distr::{Distribution, LogNormal};
 pub enum SizeModel {
     Fixed(usize),
     /// Log-normal with this mean and standard deviation (bytes), clamped to [min, max].
-    LogNormal { mean: f64, stddev: f64, min: usize, max: usize },
+    LogNormal {
+        mean: f64,
+        stddev: f64,
+        min: usize,
+        max: usize,
+    },
 }
 
 impl SizeModel {
@@ -58,7 +63,11 @@ impl Generator {
             }
             SizeModel::Fixed(_) => None,
         };
-        Generator { sizes, seed, lognormal }
+        Generator {
+            sizes,
+            seed,
+            lognormal,
+        }
     }
 
     fn key(&self, event_id: u64, source_id: u16) -> u64 {
@@ -82,11 +91,14 @@ impl Generator {
     /// made (or checked) on its own.
     pub fn fill(&self, event_id: u64, source_id: u16, offset: usize, buf: &mut [u8]) {
         let key = self.key(event_id, source_id);
-        let word = |i: usize| key.wrapping_add((i as u64).wrapping_mul(STEP)).to_le_bytes();
+        let word = |i: usize| {
+            key.wrapping_add((i as u64).wrapping_mul(STEP))
+                .to_le_bytes()
+        };
         let mut pos = offset;
         let mut out = buf;
         // unaligned head, byte by byte
-        while pos % 8 != 0 && !out.is_empty() {
+        while !pos.is_multiple_of(8) && !out.is_empty() {
             out[0] = word(pos / 8)[pos % 8];
             pos += 1;
             out = &mut out[1..];
@@ -145,13 +157,27 @@ mod tests {
         let mut bad = whole.clone();
         bad[500] ^= 1;
         assert!(!g.verify(5, 2, std::iter::once(&bad[..]), &mut scratch));
-        assert!(!g.verify(5, 3, std::iter::once(&whole[..]), &mut scratch), "other source, same bytes");
-        assert!(!g.verify(5, 2, std::iter::once(&whole[..999]), &mut scratch), "short accepted");
+        assert!(
+            !g.verify(5, 3, std::iter::once(&whole[..]), &mut scratch),
+            "other source, same bytes"
+        );
+        assert!(
+            !g.verify(5, 2, std::iter::once(&whole[..999]), &mut scratch),
+            "short accepted"
+        );
     }
 
     #[test]
     fn lognormal_sizes_are_deterministic_and_near_the_mean() {
-        let g = Generator::new(SizeModel::LogNormal { mean: 2048.0, stddev: 2048.0, min: 8, max: 65536 }, 1);
+        let g = Generator::new(
+            SizeModel::LogNormal {
+                mean: 2048.0,
+                stddev: 2048.0,
+                min: 8,
+                max: 65536,
+            },
+            1,
+        );
         let n = 20_000u64;
         let sum: usize = (0..n).map(|e| g.size(e, 0)).sum();
         let mean = sum as f64 / n as f64;

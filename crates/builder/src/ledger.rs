@@ -40,7 +40,8 @@ impl Ledger {
     /// Records that `r` (which must start at `next_id`) went to BU `r.bu`.
     pub fn assign(&mut self, r: EventRange) {
         debug_assert_eq!(r.first, self.next_id());
-        self.window.extend(std::iter::repeat_n(r.bu, r.count as usize));
+        self.window
+            .extend(std::iter::repeat_n(r.bu, r.count as usize));
         self.in_flight += r.count as u64;
     }
 
@@ -64,7 +65,11 @@ impl Ledger {
                 out.released += 1;
                 match out.ranges.last_mut() {
                     Some(last) if last.end() == id => last.count += 1,
-                    _ => out.ranges.push(EventRange { bu: r.bu, first: id, count: 1 }),
+                    _ => out.ranges.push(EventRange {
+                        bu: r.bu,
+                        first: id,
+                        count: 1,
+                    }),
                 }
             }
         }
@@ -84,19 +89,83 @@ mod tests {
     #[test]
     fn ledger_catches_duplicates_unknown_and_misrouted() {
         let mut l = Ledger::default();
-        l.assign(EventRange { bu: 0, first: 0, count: 3 });
-        l.assign(EventRange { bu: 1, first: 3, count: 2 });
+        l.assign(EventRange {
+            bu: 0,
+            first: 0,
+            count: 3,
+        });
+        l.assign(EventRange {
+            bu: 1,
+            first: 3,
+            count: 2,
+        });
         assert_eq!(l.in_flight(), 5);
         // out of order release of 1 then 0
-        let o = l.release(EventRange { bu: 0, first: 1, count: 1 });
+        let o = l.release(EventRange {
+            bu: 0,
+            first: 1,
+            count: 1,
+        });
         assert_eq!(o.released, 1);
-        assert_eq!(l.release(EventRange { bu: 0, first: 0, count: 1 }).released, 1);
-        assert_eq!(l.release(EventRange { bu: 0, first: 0, count: 2 }).duplicates, 2, "below base and inside window");
-        assert_eq!(l.release(EventRange { bu: 0, first: 3, count: 1 }).misrouted, 1);
-        assert_eq!(l.release(EventRange { bu: 1, first: 4, count: 5 }).unknown, 4);
-        let o = l.release(EventRange { bu: 0, first: 2, count: 1 });
-        assert_eq!(o.ranges, vec![EventRange { bu: 0, first: 2, count: 1 }]);
-        assert_eq!(l.release(EventRange { bu: 1, first: 3, count: 1 }).released, 1);
+        assert_eq!(
+            l.release(EventRange {
+                bu: 0,
+                first: 0,
+                count: 1
+            })
+            .released,
+            1
+        );
+        assert_eq!(
+            l.release(EventRange {
+                bu: 0,
+                first: 0,
+                count: 2
+            })
+            .duplicates,
+            2,
+            "below base and inside window"
+        );
+        assert_eq!(
+            l.release(EventRange {
+                bu: 0,
+                first: 3,
+                count: 1
+            })
+            .misrouted,
+            1
+        );
+        assert_eq!(
+            l.release(EventRange {
+                bu: 1,
+                first: 4,
+                count: 5
+            })
+            .unknown,
+            4
+        );
+        let o = l.release(EventRange {
+            bu: 0,
+            first: 2,
+            count: 1,
+        });
+        assert_eq!(
+            o.ranges,
+            vec![EventRange {
+                bu: 0,
+                first: 2,
+                count: 1
+            }]
+        );
+        assert_eq!(
+            l.release(EventRange {
+                bu: 1,
+                first: 3,
+                count: 1
+            })
+            .released,
+            1
+        );
         assert_eq!(l.in_flight(), 0);
         assert_eq!(l.next_id(), 5);
     }

@@ -23,7 +23,11 @@ pub struct RunReport {
 
 /// Sum of ids 0..n, wrapping like the BUs' sums.
 fn id_sum(n: u64) -> u64 {
-    let (a, b) = if n % 2 == 0 { (n / 2, n.wrapping_sub(1)) } else { (n, (n - 1) / 2) };
+    let (a, b) = if n.is_multiple_of(2) {
+        (n / 2, n.wrapping_sub(1))
+    } else {
+        (n, (n - 1) / 2)
+    };
     a.wrapping_mul(b)
 }
 
@@ -36,7 +40,10 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
         p.push(format!("run aborted: {why}"));
     }
     if r.evm.released != t {
-        p.push(format!("{} of {t} triggered events released", r.evm.released));
+        p.push(format!(
+            "{} of {t} triggered events released",
+            r.evm.released
+        ));
     }
     for (what, n) in [
         ("duplicate releases", r.evm.duplicate_releases),
@@ -66,7 +73,10 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
         if built != t {
             p.push(format!("{built} events built for {t} triggered"));
         } else if sum != id_sum(t) {
-            p.push("built event ids do not match the triggered ones (lost and duplicated events)".into());
+            p.push(
+                "built event ids do not match the triggered ones (lost and duplicated events)"
+                    .into(),
+            );
         }
     }
     for (i, ru) in r.rus.iter().enumerate() {
@@ -74,7 +84,10 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
             None => p.push(format!("ru[{i}] did not report")),
             Some(s) => {
                 if s.fragments_sent != t {
-                    p.push(format!("ru[{i}] sent {} fragments for {t} events", s.fragments_sent));
+                    p.push(format!(
+                        "ru[{i}] sent {} fragments for {t} events",
+                        s.fragments_sent
+                    ));
                 }
                 if s.retained != 0 {
                     p.push(format!("ru[{i}] still holds {} fragments", s.retained));

@@ -5,7 +5,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FLAG_GENERATED, FRAGMENT_PREFIX_LEN};
+use evb_wire::{
+    fragment_prefix, EventRange, FragmentHeader, Message, FLAG_GENERATED, FRAGMENT_PREFIX_LEN,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, NodeRef, Path, RunState};
@@ -91,7 +93,11 @@ impl Ru {
     pub fn connections_up(&mut self) {
         if self.state == RunState::Configured {
             self.state = RunState::Ready;
-            self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Ready, path: Path::Now });
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Evm,
+                msg: Message::Ready,
+                path: Path::Now,
+            });
         }
     }
 
@@ -115,16 +121,27 @@ impl Ru {
             Message::Stop { .. } => {
                 self.state = RunState::Stopping;
                 let report = serde_json::to_string(&self.stats()).unwrap_or_default();
-                self.actions.push_back(Action::Send { to: NodeRef::Evm, msg: Message::Report(report), path: Path::Now });
+                self.actions.push_back(Action::Send {
+                    to: NodeRef::Evm,
+                    msg: Message::Report(report),
+                    path: Path::Now,
+                });
             }
             Message::Halt => {
                 self.state = RunState::Halted;
-                let ok = self.retained.is_empty() && self.pending.is_empty() && self.stats.errors == 0;
-                self.actions.push_back(Action::Exit { ok, reason: "halted by the EVM".into() });
+                let ok =
+                    self.retained.is_empty() && self.pending.is_empty() && self.stats.errors == 0;
+                self.actions.push_back(Action::Exit {
+                    ok,
+                    reason: "halted by the EVM".into(),
+                });
             }
             Message::Abort(why) => {
                 self.state = RunState::Aborted;
-                self.actions.push_back(Action::Exit { ok: false, reason: format!("run aborted: {why}") });
+                self.actions.push_back(Action::Exit {
+                    ok: false,
+                    reason: format!("run aborted: {why}"),
+                });
             }
             _ => self.stats.errors += 1,
         }
@@ -137,7 +154,10 @@ impl Ru {
         }
         if peer == NodeRef::Evm || self.state == RunState::Running {
             self.state = RunState::Aborted;
-            self.actions.push_back(Action::Exit { ok: false, reason: format!("lost {peer}: {reason}") });
+            self.actions.push_back(Action::Exit {
+                ok: false,
+                reason: format!("lost {peer}: {reason}"),
+            });
         }
     }
 
@@ -162,8 +182,14 @@ impl Ru {
             self.stats.fragments_sent += 1;
             self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;
             self.retained.insert(event_id, data.clone());
-            self.stats.retained_high_water = self.stats.retained_high_water.max(self.retained.len() as u64);
-            self.actions.push_back(Action::SendFragment { to: NodeRef::Bu(bu), data });
+            self.stats.retained_high_water = self
+                .stats
+                .retained_high_water
+                .max(self.retained.len() as u64);
+            self.actions.push_back(Action::SendFragment {
+                to: NodeRef::Bu(bu),
+                data,
+            });
             made += 1;
         }
     }

@@ -9,7 +9,15 @@ use evb_wire::{EventRange, FragmentHeader, Message, FRAGMENT_HEADER_LEN, MESSAGE
 use crate::*;
 
 fn generator() -> Generator {
-    Generator::new(SizeModel::LogNormal { mean: 3000.0, stddev: 2000.0, min: 16, max: 20_000 }, 42)
+    Generator::new(
+        SizeModel::LogNormal {
+            mean: 3000.0,
+            stddev: 2000.0,
+            min: 16,
+            max: 20_000,
+        },
+        42,
+    )
 }
 
 fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
@@ -37,7 +45,12 @@ fn bu_cfg(index: u16, n_ru: u16, credits: u32) -> BuConfig {
 }
 
 fn ru(index: u16, block: usize, blocks: usize) -> Ru {
-    let cfg = RuConfig { index, source_id: 100 + index, generator: generator(), max_per_poll: 16 };
+    let cfg = RuConfig {
+        index,
+        source_id: 100 + index,
+        generator: generator(),
+        max_per_poll: 16,
+    };
     Ru::new(cfg, Pool::new("ru", block, blocks))
 }
 
@@ -67,7 +80,10 @@ impl Sim {
         let mut s = Sim {
             evm: Evm::new(evm_cfg(n_ru, n_bu, events), now),
             rus: (0..n_ru).map(|i| ru(i, 64 * 1024, 64)).collect(),
-            bus: (0..n_bu).map(|i| bu_cfg(i, n_ru, credits)).map(Bu::new).collect(),
+            bus: (0..n_bu)
+                .map(|i| bu_cfg(i, n_ru, credits))
+                .map(Bu::new)
+                .collect(),
             sinks: (0..n_bu).map(|_| CountingSink::default()).collect(),
             net: VecDeque::new(),
             exits: Vec::new(),
@@ -122,7 +138,9 @@ impl Sim {
                 NodeRef::Bu(i) => self.bus[i as usize].handle(self.now, from, msg),
             },
             Wire::Frag(from, to, data) => {
-                let NodeRef::Bu(i) = to else { panic!("fragment to {to}") };
+                let NodeRef::Bu(i) = to else {
+                    panic!("fragment to {to}")
+                };
                 let (h, payload) = decode_fragment(&data);
                 self.bus[i as usize].handle_fragment(self.now, from, h, payload);
             }
@@ -144,7 +162,7 @@ impl Sim {
             let n = self.net.len();
             for _ in 0..n {
                 self.step += 1;
-                let w = if self.reorder > 0 && self.step % self.reorder == 0 {
+                let w = if self.reorder > 0 && self.step.is_multiple_of(self.reorder) {
                     self.net.pop_back()
                 } else {
                     self.net.pop_front()
@@ -164,7 +182,8 @@ impl Sim {
 
 fn decode_fragment(data: &Chain) -> (FragmentHeader, Chain) {
     let mut hb = [0u8; FRAGMENT_HEADER_LEN];
-    data.sub(MESSAGE_HEADER_LEN, FRAGMENT_HEADER_LEN).copy_prefix(&mut hb);
+    data.sub(MESSAGE_HEADER_LEN, FRAGMENT_HEADER_LEN)
+        .copy_prefix(&mut hb);
     let h = FragmentHeader::decode(&hb).unwrap();
     (h, data.sub(PREFIX_LEN, data.len() - PREFIX_LEN))
 }
@@ -177,7 +196,11 @@ fn assert_clean_run(s: &Sim, events: u64) {
     assert_eq!(total, events);
     let mut all: Vec<u64> = s.sinks.iter().flat_map(|k| k.ids.iter().copied()).collect();
     all.sort_unstable();
-    assert_eq!(all, (0..events).collect::<Vec<_>>(), "every event exactly once");
+    assert_eq!(
+        all,
+        (0..events).collect::<Vec<_>>(),
+        "every event exactly once"
+    );
     let report = s.evm.report(s.now);
     assert!(verdict(&report).is_empty(), "{:?}", verdict(&report));
     for r in &s.rus {
@@ -210,7 +233,11 @@ fn credits_bound_what_is_in_flight() {
     s.run(100_000);
     assert_clean_run(&s, 200);
     let r = s.evm.report(s.now);
-    assert!(r.evm.in_flight_high_water <= 8, "{}", r.evm.in_flight_high_water);
+    assert!(
+        r.evm.in_flight_high_water <= 8,
+        "{}",
+        r.evm.in_flight_high_water
+    );
     for b in &s.bus {
         assert!(b.stats().in_flight_high_water <= 4);
     }
@@ -242,7 +269,14 @@ fn rate_limit_paces_the_trigger() {
     let mut evm = Evm::new(cfg, t0);
     evm.handle(t0, NodeRef::Ru(0), Message::Ready);
     evm.handle(t0, NodeRef::Bu(0), Message::Ready);
-    evm.handle(t0, NodeRef::Bu(0), Message::Credit { bu: 0, count: 1_000_000 });
+    evm.handle(
+        t0,
+        NodeRef::Bu(0),
+        Message::Credit {
+            bu: 0,
+            count: 1_000_000,
+        },
+    );
     for ms in 1..=50 {
         evm.poll(t0 + Duration::from_millis(ms));
     }
@@ -259,7 +293,15 @@ fn lone_bu(n_ru: u16) -> Bu {
 fn fragment_for(ru_index: u16, event_id: u64) -> (FragmentHeader, Chain) {
     let mut r = ru(ru_index, 64 * 1024, 4);
     r.handle(Instant::now(), NodeRef::Evm, Message::Start);
-    r.handle(Instant::now(), NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: event_id, count: 1 }));
+    r.handle(
+        Instant::now(),
+        NodeRef::Evm,
+        Message::Assign(EventRange {
+            bu: 0,
+            first: event_id,
+            count: 1,
+        }),
+    );
     r.poll(Instant::now());
     loop {
         match r.next_action() {
@@ -288,17 +330,35 @@ fn bu_waits_for_assignment_and_all_fragments() {
     let (h1, p1) = fragment_for(1, 7);
     b.handle_fragment(now, NodeRef::Ru(1), h1, p1);
     b.handle_fragment(now, NodeRef::Ru(0), h0, p0);
-    assert!(drain_delivered(&mut b).is_empty(), "built before the EVM assigned it");
-    b.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 7, count: 1 }));
+    assert!(
+        drain_delivered(&mut b).is_empty(),
+        "built before the EVM assigned it"
+    );
+    b.handle(
+        now,
+        NodeRef::Evm,
+        Message::Assign(EventRange {
+            bu: 0,
+            first: 7,
+            count: 1,
+        }),
+    );
     let evs = drain_delivered(&mut b);
     assert_eq!(evs.len(), 1);
     assert_eq!(evs[0].fragments.len(), 2);
-    assert_eq!(evs[0].fragments[0].0.source_id, 100, "fragments in RU order");
+    assert_eq!(
+        evs[0].fragments[0].0.source_id, 100,
+        "fragments in RU order"
+    );
     b.delivered(7, evs[0].bytes);
     b.poll(now);
     let mut released = false;
     while let Some(a) = b.next_action() {
-        if let Action::Send { msg: Message::Release(r), .. } = a {
+        if let Action::Send {
+            msg: Message::Release(r),
+            ..
+        } = a
+        {
             assert_eq!((r.first, r.count), (7, 1));
             released = true;
         }
@@ -310,7 +370,15 @@ fn bu_waits_for_assignment_and_all_fragments() {
 fn bu_counts_duplicates_and_corruption() {
     let now = Instant::now();
     let mut b = lone_bu(1);
-    b.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 1, count: 3 }));
+    b.handle(
+        now,
+        NodeRef::Evm,
+        Message::Assign(EventRange {
+            bu: 0,
+            first: 1,
+            count: 3,
+        }),
+    );
     // duplicate after the event is built
     let (h, p) = fragment_for(0, 1);
     b.handle_fragment(now, NodeRef::Ru(0), h, p.clone());
@@ -331,7 +399,11 @@ fn bu_counts_duplicates_and_corruption() {
     // right CRC, wrong content (a fragment of another event under this event's id)
     let (h3, _) = fragment_for(0, 3);
     let (_, p_other) = fragment_for(0, 4);
-    let forged = FragmentHeader { payload_crc: p_other.crc32c(), payload_size: p_other.len() as u32, ..h3 };
+    let forged = FragmentHeader {
+        payload_crc: p_other.crc32c(),
+        payload_size: p_other.len() as u32,
+        ..h3
+    };
     b.handle_fragment(now, NodeRef::Ru(0), forged, p_other);
     assert_eq!(b.stats().content_errors, 1);
 
@@ -346,7 +418,15 @@ fn bu_counts_duplicates_and_corruption() {
 fn bu_flags_trigger_number_mismatch() {
     let now = Instant::now();
     let mut b = lone_bu(2);
-    b.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 5, count: 1 }));
+    b.handle(
+        now,
+        NodeRef::Evm,
+        Message::Assign(EventRange {
+            bu: 0,
+            first: 5,
+            count: 1,
+        }),
+    );
     let (h0, p0) = fragment_for(0, 5);
     let (mut h1, p1) = fragment_for(1, 5);
     h1.trigger_number += 1;
@@ -363,7 +443,15 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
     // 4 blocks of 64 KiB; fragments up to 20 kB: the pool fills after a handful of events
     let mut r = ru(0, 64 * 1024, 4);
     r.handle(now, NodeRef::Evm, Message::Start);
-    r.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 0, count: 1000 }));
+    r.handle(
+        now,
+        NodeRef::Evm,
+        Message::Assign(EventRange {
+            bu: 0,
+            first: 0,
+            count: 1000,
+        }),
+    );
     for _ in 0..200 {
         r.poll(now);
     }
@@ -373,12 +461,31 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
     assert_eq!(s.retained, s.fragments_sent);
     let sent = s.fragments_sent;
     while r.next_action().is_some() {}
-    r.handle(now, NodeRef::Evm, Message::Release(EventRange { bu: 0, first: 0, count: sent as u32 }));
+    r.handle(
+        now,
+        NodeRef::Evm,
+        Message::Release(EventRange {
+            bu: 0,
+            first: 0,
+            count: sent as u32,
+        }),
+    );
     assert_eq!(r.stats().retained, 0);
     r.poll(now);
-    assert!(r.stats().fragments_sent > sent, "memory came back, generation resumed");
+    assert!(
+        r.stats().fragments_sent > sent,
+        "memory came back, generation resumed"
+    );
     // releasing something never held is a protocol error
-    r.handle(now, NodeRef::Evm, Message::Release(EventRange { bu: 0, first: 5000, count: 1 }));
+    r.handle(
+        now,
+        NodeRef::Evm,
+        Message::Release(EventRange {
+            bu: 0,
+            first: 5000,
+            count: 1,
+        }),
+    );
     assert_eq!(r.stats().errors, 1);
 }
 
@@ -392,7 +499,15 @@ fn ru_fragments_larger_than_a_block_span_blocks() {
         max_per_poll: 4,
     };
     let mut r = Ru::new(cfg, Pool::new("ru", 64 * 1024, 16));
-    r.handle(now, NodeRef::Evm, Message::Assign(EventRange { bu: 0, first: 0, count: 2 }));
+    r.handle(
+        now,
+        NodeRef::Evm,
+        Message::Assign(EventRange {
+            bu: 0,
+            first: 0,
+            count: 2,
+        }),
+    );
     r.poll(now);
     let g = Generator::new(SizeModel::Fixed(200_000), 1);
     let mut n = 0;
@@ -425,7 +540,11 @@ fn evm_aborts_when_a_node_is_lost_mid_run() {
     assert_eq!(s.evm.state(), RunState::Aborted);
     let mut told = 0;
     while let Some(a) = s.evm.next_action() {
-        if let Action::Send { msg: Message::Abort(why), .. } = a {
+        if let Action::Send {
+            msg: Message::Abort(why),
+            ..
+        } = a
+        {
             assert!(why.contains("bu[1]"));
             told += 1;
         }

@@ -43,9 +43,13 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     let mut held = Vec::new();
     let mut addrs = Vec::new();
     for n in &nodes {
-        let sa: std::net::SocketAddr = n.addr.parse().map_err(|_| format!("bad address {:?} for {}", n.addr, n.id))?;
+        let sa: std::net::SocketAddr = n
+            .addr
+            .parse()
+            .map_err(|_| format!("bad address {:?} for {}", n.addr, n.id))?;
         if sa.port() == 0 {
-            let l = std::net::TcpListener::bind(sa).map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
+            let l = std::net::TcpListener::bind(sa)
+                .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
             addrs.push(l.local_addr().map_err(|e| e.to_string())?.to_string());
             held.push(l);
         } else {
@@ -59,15 +63,25 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
         .iter()
         .zip(&addrs)
         .filter(|(n, _)| n.role == Role::Ru)
-        .map(|(n, a)| RuSection { id: n.id.clone(), addr: a.clone(), source_id: Some(n.source_id) })
+        .map(|(n, a)| RuSection {
+            id: n.id.clone(),
+            addr: a.clone(),
+            source_id: Some(n.source_id),
+        })
         .collect();
     out.bu = nodes
         .iter()
         .zip(&addrs)
         .filter(|(n, _)| n.role == Role::Bu)
-        .map(|(n, a)| BuSection { id: n.id.clone(), addr: a.clone(), credits: Some(n.credits), sink: Some(n.sink) })
+        .map(|(n, a)| BuSection {
+            id: n.id.clone(),
+            addr: a.clone(),
+            credits: Some(n.credits),
+            sink: Some(n.sink),
+        })
         .collect();
-    out.validate().map_err(|e| format!("resolved configuration: {e}"))?;
+    out.validate()
+        .map_err(|e| format!("resolved configuration: {e}"))?;
     Ok(out)
 }
 
@@ -79,10 +93,18 @@ impl Drop for TempFile {
     }
 }
 
-fn spawn_processes(cfg: &Config, tx: &mpsc::Sender<Note>) -> Result<(Vec<(String, Child)>, TempFile), String> {
+fn spawn_processes(
+    cfg: &Config,
+    tx: &mpsc::Sender<Note>,
+) -> Result<(Vec<(String, Child)>, TempFile), String> {
     let cfg = resolve_ports(cfg)?;
-    let path = std::env::temp_dir().join(format!("evb-run-{}-{}.toml", std::process::id(), cfg.run.id));
-    std::fs::write(&path, cfg.to_toml()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let path = std::env::temp_dir().join(format!(
+        "evb-run-{}-{}.toml",
+        std::process::id(),
+        cfg.run.id
+    ));
+    std::fs::write(&path, cfg.to_toml())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let tmp = TempFile(path);
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
@@ -202,7 +224,11 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
     let budget = cfg.run.connect_timeout_s
         + cfg.run.stall_timeout_s * 2.0
-        + if cfg.run.duration_s > 0.0 { cfg.run.duration_s } else { 3600.0 }
+        + if cfg.run.duration_s > 0.0 {
+            cfg.run.duration_s
+        } else {
+            3600.0
+        }
         + 30.0;
     let deadline = Instant::now() + Duration::from_secs_f64(budget);
 
@@ -211,14 +237,20 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         ProgressBar::hidden()
     } else {
         let b = ProgressBar::new_spinner();
-        b.set_style(ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}").expect("template"));
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}").expect("template"),
+        );
         b.enable_steady_tick(Duration::from_millis(120));
         b
     };
     let mut latest: BTreeMap<String, Value> = BTreeMap::new();
     let mut reports: BTreeMap<String, Value> = BTreeMap::new();
     let mut exit_codes: BTreeMap<String, Option<i32>> = BTreeMap::new();
-    let mut rate = RateMeter { last: None, ev: 0.0, by: 0.0 };
+    let mut rate = RateMeter {
+        last: None,
+        ev: 0.0,
+        by: 0.0,
+    };
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
 
@@ -324,7 +356,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     for id in &ids {
         match exit_codes.get(id) {
             Some(Some(0)) => {}
-            Some(code) if !killed.contains(id) => problems.push(format!("{id} exited with {code:?}")),
+            Some(code) if !killed.contains(id) => {
+                problems.push(format!("{id} exited with {code:?}"))
+            }
             _ => {}
         }
         if !reports.contains_key(id) {
@@ -354,8 +388,14 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             "pids": pids,
             "transport": format!("{:?}", cfg.transport.kind).to_lowercase(),
         });
-        let mut f = std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        writeln!(f, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(|e| e.to_string())?;
+        let mut f = std::fs::File::create(path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        writeln!(
+            f,
+            "{}",
+            serde_json::to_string_pretty(&doc).unwrap_or_default()
+        )
+        .map_err(|e| e.to_string())?;
     }
     Ok(ok)
 }

@@ -12,7 +12,11 @@ use evb_config::Config;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "evb", version, about = "evb: a distributed event builder for data acquisition")]
+#[command(
+    name = "evb",
+    version,
+    about = "evb: a distributed event builder for data acquisition"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -172,7 +176,9 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Config { what: ConfigCmd::Check { file } } => match Config::from_file(&file) {
+        Command::Config {
+            what: ConfigCmd::Check { file },
+        } => match Config::from_file(&file) {
             Ok(c) => {
                 let nodes = c.nodes();
                 let count = |r| nodes.iter().filter(|n| n.role == r).count();
@@ -190,7 +196,9 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Config { what: ConfigCmd::Default } => {
+        Command::Config {
+            what: ConfigCmd::Default,
+        } => {
             print!("{}", Config::default().to_toml());
             ExitCode::SUCCESS
         }

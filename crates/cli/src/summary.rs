@@ -9,13 +9,25 @@ fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
-pub fn print(cfg: &Config, ids: &[String], reports: &BTreeMap<String, Value>, run: &Value, problems: &[String]) {
+pub fn print(
+    cfg: &Config,
+    ids: &[String],
+    reports: &BTreeMap<String, Value>,
+    run: &Value,
+    problems: &[String],
+) {
     let secs = run["seconds"].as_f64().unwrap_or(0.0);
     println!();
-    println!("{:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  notes", "node", "role", "state", "events", "payload MB", "MB/s");
+    println!(
+        "{:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  notes",
+        "node", "role", "state", "events", "payload MB", "MB/s"
+    );
     for id in ids {
         let Some(r) = reports.get(id) else {
-            println!("{id:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  no report", "?", "?", "-", "-", "-");
+            println!(
+                "{id:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  no report",
+                "?", "?", "-", "-", "-"
+            );
             continue;
         };
         let s = &r["stats"];
@@ -35,7 +47,11 @@ pub fn print(cfg: &Config, ids: &[String], reports: &BTreeMap<String, Value>, ru
             "ru" => (
                 u(&s["fragments_sent"]),
                 u(&s["payload_bytes_sent"]),
-                format!("still held {}, waits for memory {}", u(&s["retained"]), u(&s["pool_waits"])),
+                format!(
+                    "still held {}, waits for memory {}",
+                    u(&s["retained"]),
+                    u(&s["pool_waits"])
+                ),
             ),
             _ => (
                 u(&s["events_built"]),
@@ -50,11 +66,17 @@ pub fn print(cfg: &Config, ids: &[String], reports: &BTreeMap<String, Value>, ru
             ),
         };
         let mb = bytes as f64 / 1e6;
-        let mbs = if secs > 0.0 && bytes > 0 { format!("{:.1}", mb / secs) } else { "-".into() };
+        let mbs = if secs > 0.0 && bytes > 0 {
+            format!("{:.1}", mb / secs)
+        } else {
+            "-".into()
+        };
         println!("{id:<10} {role:<4} {state:<9} {events:>12} {mb:>12.1} {mbs:>10}  {notes}");
     }
     let triggered = u(&run["evm"]["triggered"]);
-    let built_bytes: u64 = run["bus"].as_array().map_or(0, |b| b.iter().map(|x| u(&x["payload_bytes_built"])).sum());
+    let built_bytes: u64 = run["bus"]
+        .as_array()
+        .map_or(0, |b| b.iter().map(|x| u(&x["payload_bytes_built"])).sum());
     println!();
     if secs > 0.0 {
         println!(

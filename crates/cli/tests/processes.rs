@@ -54,7 +54,11 @@ fn assert_exact_run(rus: u32, bus: u32, events: u64, fragment: &str) {
     );
     let (out, s) = evb_run(&toml);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "evb run failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "evb run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("VERDICT: OK"), "{stdout}");
     assert_eq!(s["ok"], true);
     let run = &s["run"];
@@ -63,17 +67,30 @@ fn assert_exact_run(rus: u32, bus: u32, events: u64, fragment: &str) {
     assert_eq!(run["evm"]["duplicate_releases"], 0);
     let bus_r = run["bus"].as_array().unwrap();
     assert_eq!(bus_r.len(), bus as usize);
-    let built: u64 = bus_r.iter().map(|b| b["events_built"].as_u64().unwrap()).sum();
+    let built: u64 = bus_r
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
     assert_eq!(built, events, "every event built once");
-    let id_sum: u64 = bus_r.iter().map(|b| b["event_id_sum"].as_u64().unwrap()).fold(0, u64::wrapping_add);
-    assert_eq!(id_sum, (0..events).sum::<u64>(), "the built ids are exactly 0..events");
+    let id_sum: u64 = bus_r
+        .iter()
+        .map(|b| b["event_id_sum"].as_u64().unwrap())
+        .fold(0, u64::wrapping_add);
+    assert_eq!(
+        id_sum,
+        (0..events).sum::<u64>(),
+        "the built ids are exactly 0..events"
+    );
     for b in bus_r {
         assert_eq!(b["crc_errors"], 0);
         assert_eq!(b["content_errors"], 0);
         assert_eq!(b["duplicate_fragments"], 0);
         assert_eq!(b["incomplete_at_stop"], 0);
         if bus > 1 {
-            assert!(b["events_built"].as_u64().unwrap() > 0, "a BU got no events");
+            assert!(
+                b["events_built"].as_u64().unwrap() > 0,
+                "a BU got no events"
+            );
         }
     }
     for r in run["rus"].as_array().unwrap() {
@@ -84,7 +101,10 @@ fn assert_exact_run(rus: u32, bus: u32, events: u64, fragment: &str) {
     assert_eq!(codes.len(), (1 + rus + bus) as usize);
     assert!(codes.values().all(|c| c == 0), "{codes:?}");
     for pid in s["pids"].as_array().unwrap() {
-        assert!(!pid_alive(pid.as_u64().unwrap()), "node process {pid} left behind");
+        assert!(
+            !pid_alive(pid.as_u64().unwrap()),
+            "node process {pid} left behind"
+        );
     }
 }
 
@@ -113,8 +133,16 @@ fn default_run_is_bounded_and_clean() {
     // the built-in configuration, shortened: what README's first command runs
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("s.json");
-    let out = Command::new(EVB).args(["run", "--quiet", "--duration", "1", "--json"]).arg(&json).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--duration", "1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(s["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
     assert_eq!(s["run"]["n_ru"], 2);
@@ -124,7 +152,11 @@ fn default_run_is_bounded_and_clean() {
 #[test]
 fn inproc_run_from_the_cli() {
     let (out, s) = evb_run("[run]\nid = \"it-inproc\"\nevents = 5000\nduration_s = 0\n[fragments]\nsize = 1000\n[transport]\nkind = \"inproc\"\n");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(s["run"]["evm"]["released"], 5000);
 }
 
@@ -136,7 +168,9 @@ fn free_base_port(n: u16) -> u16 {
         if base > 65000 {
             continue;
         }
-        let held: Vec<_> = (0..n).filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok()).collect();
+        let held: Vec<_> = (0..n)
+            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
+            .collect();
         if held.len() == n as usize {
             return base;
         }
@@ -169,7 +203,10 @@ fn killed_builder_stops_the_run_cleanly_with_a_reason() {
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
     let bu1 = kids.iter_mut().find(|(id, _)| id == "bu1").unwrap();
-    assert!(bu1.1.try_wait().unwrap().is_none(), "bu1 ended before it was killed");
+    assert!(
+        bu1.1.try_wait().unwrap().is_none(),
+        "bu1 ended before it was killed"
+    );
     bu1.1.kill().unwrap();
     bu1.1.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -188,7 +225,10 @@ fn killed_builder_stops_the_run_cleanly_with_a_reason() {
     }
     let evm = kids.remove(0).1.wait_with_output().unwrap();
     let report = String::from_utf8_lossy(&evm.stdout);
-    assert!(report.contains("lost bu[1]"), "EVM report does not name the lost BU:\n{report}");
+    assert!(
+        report.contains("lost bu[1]"),
+        "EVM report does not name the lost BU:\n{report}"
+    );
 }
 
 #[test]
@@ -209,7 +249,10 @@ fn bad_configurations_are_refused_with_the_key_named() {
             assert!(!err.contains("panicked"), "{err}");
         }
     }
-    let out = Command::new(EVB).args(["run", "--config", "/nonexistent/x.toml"]).output().unwrap();
+    let out = Command::new(EVB)
+        .args(["run", "--config", "/nonexistent/x.toml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
@@ -218,7 +261,11 @@ fn bad_configurations_are_refused_with_the_key_named() {
 fn unknown_node_id_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let p = write(dir.path(), "c.toml", "[topology]\nbase_port = 7700\n");
-    let out = Command::new(EVB).args(["node", "--id", "ru9", "--config"]).arg(&p).output().unwrap();
+    let out = Command::new(EVB)
+        .args(["node", "--id", "ru9", "--config"])
+        .arg(&p)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no node \"ru9\""));
 }

@@ -25,10 +25,13 @@ pub enum ConfigError {
 }
 
 fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: key.into(), reason: reason.into() }
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub run: RunSection,
@@ -100,7 +103,13 @@ pub struct FragmentSection {
 
 impl Default for FragmentSection {
     fn default() -> Self {
-        FragmentSection { size: 512 * 1024, distribution: Distribution::Fixed, stddev: 0, min: 0, max: 0 }
+        FragmentSection {
+            size: 512 * 1024,
+            distribution: Distribution::Fixed,
+            stddev: 0,
+            min: 0,
+            max: 0,
+        }
     }
 }
 
@@ -140,7 +149,11 @@ pub struct BuilderSection {
 
 impl Default for BuilderSection {
     fn default() -> Self {
-        BuilderSection { credits: 16, batch: 0, verify: VerifyLevel::Full }
+        BuilderSection {
+            credits: 16,
+            batch: 0,
+            verify: VerifyLevel::Full,
+        }
     }
 }
 
@@ -157,7 +170,11 @@ pub struct BufferSection {
 
 impl Default for BufferSection {
     fn default() -> Self {
-        BufferSection { block_size: 256 * 1024, ru_pool_mib: 0, bu_pool_mib: 0 }
+        BufferSection {
+            block_size: 256 * 1024,
+            ru_pool_mib: 0,
+            bu_pool_mib: 0,
+        }
     }
 }
 
@@ -172,7 +189,10 @@ pub struct MessagingSection {
 
 impl Default for MessagingSection {
     fn default() -> Self {
-        MessagingSection { page_size: 256 * 1024, flush_us: 0 }
+        MessagingSection {
+            page_size: 256 * 1024,
+            flush_us: 0,
+        }
     }
 }
 
@@ -193,7 +213,9 @@ pub struct TransportSection {
 
 impl Default for TransportSection {
     fn default() -> Self {
-        TransportSection { kind: TransportKind::Tcp }
+        TransportSection {
+            kind: TransportKind::Tcp,
+        }
     }
 }
 
@@ -212,7 +234,12 @@ pub struct TopologySection {
 
 impl Default for TopologySection {
     fn default() -> Self {
-        TopologySection { rus: 2, bus: 2, host: "127.0.0.1".into(), base_port: 0 }
+        TopologySection {
+            rus: 2,
+            bus: 2,
+            host: "127.0.0.1".into(),
+            base_port: 0,
+        }
     }
 }
 
@@ -226,7 +253,10 @@ pub struct EvmSection {
 
 impl Default for EvmSection {
     fn default() -> Self {
-        EvmSection { id: "evm".into(), addr: String::new() }
+        EvmSection {
+            id: "evm".into(),
+            addr: String::new(),
+        }
     }
 }
 
@@ -281,14 +311,17 @@ const MAX_NODES: u32 = 4096;
 
 impl Config {
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))?;
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Read { path: path.display().to_string(), reason: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
         Config::from_toml(&text).map_err(|e| match e {
             ConfigError::Parse(m) => ConfigError::Parse(format!("{}: {m}", path.display())),
             other => other,
@@ -306,13 +339,22 @@ impl Config {
             return Err(invalid("run.id", "must be 1 to 64 bytes"));
         }
         if !(r.duration_s >= 0.0 && r.duration_s.is_finite()) {
-            return Err(invalid("run.duration_s", "must be a non-negative number of seconds"));
+            return Err(invalid(
+                "run.duration_s",
+                "must be a non-negative number of seconds",
+            ));
         }
         if r.events == 0 && r.duration_s == 0.0 {
-            return Err(invalid("run", "set `events` or `duration_s` (or both): a run must end"));
+            return Err(invalid(
+                "run",
+                "set `events` or `duration_s` (or both): a run must end",
+            ));
         }
         if !(r.rate_hz >= 0.0 && r.rate_hz.is_finite()) {
-            return Err(invalid("run.rate_hz", "must be zero (no limit) or a positive rate"));
+            return Err(invalid(
+                "run.rate_hz",
+                "must be zero (no limit) or a positive rate",
+            ));
         }
         if !(r.stall_timeout_s > 0.0 && r.stall_timeout_s.is_finite()) {
             return Err(invalid("run.stall_timeout_s", "must be positive"));
@@ -322,17 +364,27 @@ impl Config {
         }
         let f = &self.fragments;
         if f.size == 0 || f.size > MAX_FRAGMENT {
-            return Err(invalid("fragments.size", format!("must be 1 to {MAX_FRAGMENT} bytes")));
+            return Err(invalid(
+                "fragments.size",
+                format!("must be 1 to {MAX_FRAGMENT} bytes"),
+            ));
         }
         if f.distribution == Distribution::Lognormal {
             if f.max != 0 && (f.max < f.size || f.max > MAX_FRAGMENT) {
-                return Err(invalid("fragments.max", format!("must be at least fragments.size and at most {MAX_FRAGMENT}")));
+                return Err(invalid(
+                    "fragments.max",
+                    format!("must be at least fragments.size and at most {MAX_FRAGMENT}"),
+                ));
             }
             if f.min > f.size {
                 return Err(invalid("fragments.min", "must not exceed fragments.size"));
             }
         } else {
-            for (k, v) in [("fragments.stddev", f.stddev), ("fragments.min", f.min), ("fragments.max", f.max)] {
+            for (k, v) in [
+                ("fragments.stddev", f.stddev),
+                ("fragments.min", f.min),
+                ("fragments.max", f.max),
+            ] {
                 if v != 0 {
                     return Err(invalid(k, "only applies to distribution = \"lognormal\""));
                 }
@@ -359,14 +411,20 @@ impl Config {
         }
         if self.bu.is_empty() {
             if t.bus == 0 {
-                return Err(invalid("topology.bus", "BU count 0: at least one builder unit is needed"));
+                return Err(invalid(
+                    "topology.bus",
+                    "BU count 0: at least one builder unit is needed",
+                ));
             }
             if t.bus > MAX_NODES {
                 return Err(invalid("topology.bus", format!("at most {MAX_NODES}")));
             }
         }
         if t.base_port != 0 && t.base_port as u32 + t.rus + t.bus > u16::MAX as u32 {
-            return Err(invalid("topology.base_port", "too high for the number of nodes"));
+            return Err(invalid(
+                "topology.base_port",
+                "too high for the number of nodes",
+            ));
         }
         let nodes = self.nodes_unchecked();
         let mut ids: HashMap<&str, String> = HashMap::new();
@@ -378,23 +436,34 @@ impl Config {
                 return Err(invalid(format!("{key}.id"), "must be 1 to 64 bytes"));
             }
             if let Some(other) = ids.insert(&n.id, key.clone()) {
-                return Err(invalid(format!("{key}.id"), format!("duplicate node id {:?} (also {other})", n.id)));
+                return Err(invalid(
+                    format!("{key}.id"),
+                    format!("duplicate node id {:?} (also {other})", n.id),
+                ));
             }
             if self.transport.kind == TransportKind::Inproc {
                 continue;
             }
-            let sa: SocketAddr = n
-                .addr
-                .parse()
-                .map_err(|_| invalid(format!("{key}.addr"), format!("{:?} is not an IP:port address", n.addr)))?;
+            let sa: SocketAddr = n.addr.parse().map_err(|_| {
+                invalid(
+                    format!("{key}.addr"),
+                    format!("{:?} is not an IP:port address", n.addr),
+                )
+            })?;
             if sa.port() != 0 {
                 if let Some(other) = addrs.insert(sa, key.clone()) {
-                    return Err(invalid(format!("{key}.addr"), format!("port clash: {sa} is also {other}'s address")));
+                    return Err(invalid(
+                        format!("{key}.addr"),
+                        format!("port clash: {sa} is also {other}'s address"),
+                    ));
                 }
             }
             if n.role == Role::Ru {
                 if let Some(other) = sources.insert(n.source_id, key.clone()) {
-                    return Err(invalid(format!("{key}.source_id"), format!("source id {} is also {other}'s", n.source_id)));
+                    return Err(invalid(
+                        format!("{key}.source_id"),
+                        format!("source id {} is also {other}'s", n.source_id),
+                    ));
                 }
             }
             if n.role == Role::Bu && n.credits == 0 {
@@ -410,10 +479,22 @@ impl Config {
         // explicit pools must hold what the credits allow in flight
         let (ru_need, bu_need) = self.pool_needs();
         if b.ru_pool_mib != 0 && b.ru_pool_mib << 20 < ru_need {
-            return Err(invalid("buffers.ru_pool_mib", format!("too small: the credits allow {} MiB in flight per RU", ru_need >> 20)));
+            return Err(invalid(
+                "buffers.ru_pool_mib",
+                format!(
+                    "too small: the credits allow {} MiB in flight per RU",
+                    ru_need >> 20
+                ),
+            ));
         }
         if b.bu_pool_mib != 0 && b.bu_pool_mib << 20 < bu_need {
-            return Err(invalid("buffers.bu_pool_mib", format!("too small: the credits allow {} MiB in flight per BU", bu_need >> 20)));
+            return Err(invalid(
+                "buffers.bu_pool_mib",
+                format!(
+                    "too small: the credits allow {} MiB in flight per BU",
+                    bu_need >> 20
+                ),
+            ));
         }
         Ok(())
     }
@@ -435,26 +516,56 @@ impl Config {
 
     fn nodes_unchecked(&self) -> Vec<NodeSpec> {
         let t = &self.topology;
-        let port = |k: u32| if t.base_port == 0 { 0 } else { t.base_port as u32 + k };
+        let port = |k: u32| {
+            if t.base_port == 0 {
+                0
+            } else {
+                t.base_port as u32 + k
+            }
+        };
         let auto = |k: u32| format!("{}:{}", t.host, port(k));
         let mut v = vec![NodeSpec {
             id: self.evm.id.clone(),
             role: Role::Evm,
             index: 0,
-            addr: if self.evm.addr.is_empty() { auto(0) } else { self.evm.addr.clone() },
+            addr: if self.evm.addr.is_empty() {
+                auto(0)
+            } else {
+                self.evm.addr.clone()
+            },
             source_id: 0,
             credits: 0,
             sink: SinkKind::Discard,
         }];
-        let n_ru = if self.ru.is_empty() { t.rus } else { self.ru.len() as u32 };
+        let n_ru = if self.ru.is_empty() {
+            t.rus
+        } else {
+            self.ru.len() as u32
+        };
         for i in 0..n_ru {
             let (id, addr, source_id) = match self.ru.get(i as usize) {
-                Some(r) => (r.id.clone(), r.addr.clone(), r.source_id.unwrap_or(i as u16)),
+                Some(r) => (
+                    r.id.clone(),
+                    r.addr.clone(),
+                    r.source_id.unwrap_or(i as u16),
+                ),
                 None => (format!("ru{i}"), auto(1 + i), i as u16),
             };
-            v.push(NodeSpec { id, role: Role::Ru, index: i as u16, addr, source_id, credits: 0, sink: SinkKind::Discard });
+            v.push(NodeSpec {
+                id,
+                role: Role::Ru,
+                index: i as u16,
+                addr,
+                source_id,
+                credits: 0,
+                sink: SinkKind::Discard,
+            });
         }
-        let n_bu = if self.bu.is_empty() { t.bus } else { self.bu.len() as u32 };
+        let n_bu = if self.bu.is_empty() {
+            t.bus
+        } else {
+            self.bu.len() as u32
+        };
         for i in 0..n_bu {
             let (id, addr, credits, sink) = match self.bu.get(i as usize) {
                 Some(b) => (
@@ -463,9 +574,22 @@ impl Config {
                     b.credits.unwrap_or(self.builder.credits),
                     b.sink.unwrap_or(SinkKind::Discard),
                 ),
-                None => (format!("bu{i}"), auto(1 + n_ru + i), self.builder.credits, SinkKind::Discard),
+                None => (
+                    format!("bu{i}"),
+                    auto(1 + n_ru + i),
+                    self.builder.credits,
+                    SinkKind::Discard,
+                ),
             };
-            v.push(NodeSpec { id, role: Role::Bu, index: i as u16, addr, source_id: 0, credits, sink });
+            v.push(NodeSpec {
+                id,
+                role: Role::Bu,
+                index: i as u16,
+                addr,
+                source_id: 0,
+                credits,
+                sink,
+            });
         }
         v
     }
@@ -474,8 +598,17 @@ impl Config {
     pub fn pool_needs(&self) -> (u64, u64) {
         let nodes = self.nodes_unchecked();
         let n_ru = nodes.iter().filter(|n| n.role == Role::Ru).count() as u64;
-        let total_credits: u64 = nodes.iter().filter(|n| n.role == Role::Bu).map(|n| n.credits as u64).sum();
-        let max_credits: u64 = nodes.iter().filter(|n| n.role == Role::Bu).map(|n| n.credits as u64).max().unwrap_or(0);
+        let total_credits: u64 = nodes
+            .iter()
+            .filter(|n| n.role == Role::Bu)
+            .map(|n| n.credits as u64)
+            .sum();
+        let max_credits: u64 = nodes
+            .iter()
+            .filter(|n| n.role == Role::Bu)
+            .map(|n| n.credits as u64)
+            .max()
+            .unwrap_or(0);
         let frag = self.fragments.max_size() + 64;
         let block = self.buffers.block_size;
         let blocks = |bytes: u64| bytes.div_ceil(block) * block;
@@ -484,22 +617,5 @@ impl Config {
         let ru = 2 * blocks(total_credits * frag) + 4 * block;
         let bu = 2 * blocks(max_credits * n_ru * frag) + 2 * (n_ru + 4) * block;
         (ru, bu)
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            run: RunSection::default(),
-            fragments: FragmentSection::default(),
-            builder: BuilderSection::default(),
-            buffers: BufferSection::default(),
-            messaging: MessagingSection::default(),
-            transport: TransportSection::default(),
-            topology: TopologySection::default(),
-            evm: EvmSection::default(),
-            ru: Vec::new(),
-            bu: Vec::new(),
-        }
     }
 }

@@ -22,7 +22,10 @@ fn empty_file_is_the_default_run() {
     assert_eq!(c, Config::default());
     let nodes = c.nodes();
     assert_eq!(nodes.len(), 5);
-    assert_eq!(nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["evm", "ru0", "ru1", "bu0", "bu1"]);
+    assert_eq!(
+        nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        ["evm", "ru0", "ru1", "bu0", "bu1"]
+    );
     // and it survives a round trip through TOML
     assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
 }
@@ -65,7 +68,10 @@ fn explicit_nodes() {
 fn unknown_keys_are_named() {
     assert_err("[fragments]\nsize = 10\nsizee = 3\n", &["sizee"]);
     assert_err("[runn]\nid = \"x\"\n", &["runn"]);
-    assert_err("[[bu]]\nid = \"b\"\naddr = \"127.0.0.1:1\"\ncredit = 3\n", &["credit"]);
+    assert_err(
+        "[[bu]]\nid = \"b\"\naddr = \"127.0.0.1:1\"\ncredit = 3\n",
+        &["credit"],
+    );
 }
 
 #[test]
@@ -73,7 +79,10 @@ fn wrong_types_and_values_are_named() {
     assert_err("[run]\nevents = \"many\"\n", &["events"]);
     assert_err("[fragments]\ndistribution = \"gaussian\"\n", &["gaussian"]);
     assert_err("[builder]\nverify = \"maybe\"\n", &["maybe"]);
-    assert_err("[transport]\nkind = \"carrier-pigeon\"\n", &["carrier-pigeon"]);
+    assert_err(
+        "[transport]\nkind = \"carrier-pigeon\"\n",
+        &["carrier-pigeon"],
+    );
     assert_err("this is not toml", &["line 1"]);
 }
 
@@ -81,15 +90,27 @@ fn wrong_types_and_values_are_named() {
 fn semantic_errors_name_the_key() {
     assert_err("[topology]\nbus = 0\n", &["topology.bus", "BU count 0"]);
     assert_err("[topology]\nrus = 0\n", &["topology.rus"]);
-    assert_err("[run]\nduration_s = 0\nevents = 0\n", &["`run`", "must end"]);
+    assert_err(
+        "[run]\nduration_s = 0\nevents = 0\n",
+        &["`run`", "must end"],
+    );
     assert_err("[run]\nid = \"\"\n", &["run.id"]);
     assert_err("[run]\nrate_hz = -1.0\n", &["run.rate_hz"]);
     assert_err("[fragments]\nsize = 0\n", &["fragments.size"]);
-    assert_err("[fragments]\nstddev = 5\n", &["fragments.stddev", "lognormal"]);
-    assert_err("[fragments]\ndistribution = \"lognormal\"\nsize = 100\nmax = 50\n", &["fragments.max"]);
+    assert_err(
+        "[fragments]\nstddev = 5\n",
+        &["fragments.stddev", "lognormal"],
+    );
+    assert_err(
+        "[fragments]\ndistribution = \"lognormal\"\nsize = 100\nmax = 50\n",
+        &["fragments.max"],
+    );
     assert_err("[builder]\ncredits = 0\n", &["builder.credits"]);
     assert_err("[buffers]\nblock_size = 100\n", &["buffers.block_size"]);
-    assert_err("[buffers]\nru_pool_mib = 1\n", &["buffers.ru_pool_mib", "too small"]);
+    assert_err(
+        "[buffers]\nru_pool_mib = 1\n",
+        &["buffers.ru_pool_mib", "too small"],
+    );
     assert_err("[messaging]\npage_size = 1\n", &["messaging.page_size"]);
 }
 

@@ -30,7 +30,11 @@ pub struct MessengerConfig {
 
 impl Default for MessengerConfig {
     fn default() -> Self {
-        MessengerConfig { page_size: 256 * 1024, max_pieces: 64, flush: FlushPolicy::EndOfPass }
+        MessengerConfig {
+            page_size: 256 * 1024,
+            max_pieces: 64,
+            flush: FlushPolicy::EndOfPass,
+        }
     }
 }
 
@@ -66,7 +70,8 @@ struct Page {
 impl Page {
     fn seal_small(&mut self) {
         if !self.small.is_empty() {
-            self.segments.push(Segment::Owned(std::mem::take(&mut self.small)));
+            self.segments
+                .push(Segment::Owned(std::mem::take(&mut self.small)));
         }
     }
 
@@ -129,7 +134,8 @@ impl Messenger {
         self.stats.messages_sent += 1;
         self.stats.frames_sent += 1;
         self.stats.payload_bytes_sent += bytes.len() as u64;
-        self.transport.send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+        self.transport
+            .send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
     }
 
     /// High-throughput path: appends the message to `conn`'s page.
@@ -171,7 +177,9 @@ impl Messenger {
 
     /// Sends `conn`'s page now, if it holds anything.
     pub fn flush(&mut self, conn: ConnId) -> Result<(), TransportError> {
-        let Some(page) = self.pages.get_mut(&conn) else { return Ok(()) };
+        let Some(page) = self.pages.get_mut(&conn) else {
+            return Ok(());
+        };
         if page.count == 0 {
             return Ok(());
         }
@@ -183,7 +191,8 @@ impl Messenger {
         self.stats.messages_sent += count as u64;
         self.stats.frames_sent += 1;
         self.stats.payload_bytes_sent += bytes as u64;
-        self.transport.send(conn, FrameType::Messages, count, segments)
+        self.transport
+            .send(conn, FrameType::Messages, count, segments)
     }
 
     /// Sends every page that is due under the flush policy (all of them for `EndOfPass`).
@@ -195,7 +204,9 @@ impl Messenger {
                 p.count > 0
                     && match self.cfg.flush {
                         FlushPolicy::EndOfPass => true,
-                        FlushPolicy::After(t) => p.since.is_some_and(|s| now.duration_since(s) >= t),
+                        FlushPolicy::After(t) => {
+                            p.since.is_some_and(|s| now.duration_since(s) >= t)
+                        }
                     }
             })
             .map(|(c, _)| *c)
@@ -220,7 +231,11 @@ impl Messenger {
     }
 
     /// Makes progress on the transport and appends what arrived, message by message.
-    pub fn poll(&mut self, out: &mut Vec<Incoming>, timeout: Option<Duration>) -> std::io::Result<()> {
+    pub fn poll(
+        &mut self,
+        out: &mut Vec<Incoming>,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<()> {
         let mut events = std::mem::take(&mut self.events);
         self.transport.poll(&mut events, timeout)?;
         let mut msgs = Vec::new();
@@ -253,7 +268,10 @@ impl Messenger {
                             self.dead.insert(conn);
                             self.pages.remove(&conn);
                             self.transport.close(conn);
-                            out.push(Incoming::Closed { conn, reason: CloseReason::Protocol(e) });
+                            out.push(Incoming::Closed {
+                                conn,
+                                reason: CloseReason::Protocol(e),
+                            });
                         }
                     }
                 }

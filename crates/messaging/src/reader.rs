@@ -2,7 +2,8 @@
 
 use evb_buffers::Chain;
 use evb_wire::{
-    FragmentHeader, Message, MessageHeader, MessageType, WireError, FRAGMENT_HEADER_LEN, MESSAGE_HEADER_LEN,
+    FragmentHeader, Message, MessageHeader, MessageType, WireError, FRAGMENT_HEADER_LEN,
+    MESSAGE_HEADER_LEN,
 };
 
 /// One message taken out of a frame.
@@ -10,7 +11,10 @@ use evb_wire::{
 pub enum Received {
     Message(Message),
     /// A fragment: its header, and its payload still in the receive-pool blocks.
-    Fragment { header: FragmentHeader, payload: Chain },
+    Fragment {
+        header: FragmentHeader,
+        payload: Chain,
+    },
 }
 
 /// Walks a chain front to back, handing out sub-chains (shared, no copy).
@@ -23,7 +27,12 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn new(chain: &'a Chain) -> Self {
-        Cursor { chain, slice: 0, offset: 0, left: chain.len() }
+        Cursor {
+            chain,
+            slice: 0,
+            offset: 0,
+            left: chain.len(),
+        }
     }
 
     fn take(&mut self, mut n: usize) -> Chain {
@@ -47,28 +56,47 @@ impl<'a> Cursor<'a> {
 }
 
 /// Decodes every message in a `Messages` frame of `count` messages.
-pub fn split_messages(payload: &Chain, count: u32, out: &mut Vec<Received>) -> Result<(), WireError> {
+pub fn split_messages(
+    payload: &Chain,
+    count: u32,
+    out: &mut Vec<Received>,
+) -> Result<(), WireError> {
     let mut cur = Cursor::new(payload);
     let mut found = 0u32;
     while cur.left > 0 {
         if found == count {
-            return Err(WireError::MessageCount { declared: count, found: found + 1 });
+            return Err(WireError::MessageCount {
+                declared: count,
+                found: found + 1,
+            });
         }
         if cur.left < MESSAGE_HEADER_LEN {
-            return Err(WireError::Truncated { what: "message header", need: MESSAGE_HEADER_LEN, have: cur.left });
+            return Err(WireError::Truncated {
+                what: "message header",
+                need: MESSAGE_HEADER_LEN,
+                have: cur.left,
+            });
         }
         let mut hb = [0u8; MESSAGE_HEADER_LEN];
         cur.take(MESSAGE_HEADER_LEN).copy_prefix(&mut hb);
         let h = MessageHeader::decode(&hb)?;
         let len = h.length as usize;
         if len > cur.left {
-            return Err(WireError::Truncated { what: "message body", need: len, have: cur.left });
+            return Err(WireError::Truncated {
+                what: "message body",
+                need: len,
+                have: cur.left,
+            });
         }
         let body = cur.take(len);
         found += 1;
         if h.msg_type == MessageType::Fragment {
             if len < FRAGMENT_HEADER_LEN {
-                return Err(WireError::Truncated { what: "fragment", need: FRAGMENT_HEADER_LEN, have: len });
+                return Err(WireError::Truncated {
+                    what: "fragment",
+                    need: FRAGMENT_HEADER_LEN,
+                    have: len,
+                });
             }
             let mut fb = [0u8; FRAGMENT_HEADER_LEN];
             body.copy_prefix(&mut fb);
@@ -81,7 +109,10 @@ pub fn split_messages(payload: &Chain, count: u32, out: &mut Vec<Received>) -> R
                     got: payload_len,
                 });
             }
-            out.push(Received::Fragment { header, payload: body.sub(FRAGMENT_HEADER_LEN, payload_len) });
+            out.push(Received::Fragment {
+                header,
+                payload: body.sub(FRAGMENT_HEADER_LEN, payload_len),
+            });
         } else {
             // Control messages are small; decoding them from a flat copy keeps decoders simple.
             let flat = body.to_vec();
@@ -89,7 +120,10 @@ pub fn split_messages(payload: &Chain, count: u32, out: &mut Vec<Received>) -> R
         }
     }
     if found != count {
-        return Err(WireError::MessageCount { declared: count, found });
+        return Err(WireError::MessageCount {
+            declared: count,
+            found,
+        });
     }
     Ok(())
 }

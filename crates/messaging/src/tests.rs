@@ -19,14 +19,22 @@ fn cfg(node: &str) -> TransportConfig {
 
 fn pair(tcp: bool, name: &str) -> (Messenger, Messenger, ConnId) {
     let (ta, tb): (Box<dyn Transport>, Box<dyn Transport>) = if tcp {
-        (Box::new(TcpTransport::new(cfg("a")).unwrap()), Box::new(TcpTransport::new(cfg("b")).unwrap()))
+        (
+            Box::new(TcpTransport::new(cfg("a")).unwrap()),
+            Box::new(TcpTransport::new(cfg("b")).unwrap()),
+        )
     } else {
-        (Box::new(InprocTransport::new(cfg("a"))), Box::new(InprocTransport::new(cfg("b"))))
+        (
+            Box::new(InprocTransport::new(cfg("a"))),
+            Box::new(InprocTransport::new(cfg("b"))),
+        )
     };
     let mut a = Messenger::new(ta, MessengerConfig::default());
     let mut b = Messenger::new(tb, MessengerConfig::default());
     let addr = b.listen(if tcp { "127.0.0.1:0" } else { name }).unwrap();
-    let conn = a.connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "r", "a")).unwrap();
+    let conn = a
+        .connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "r", "a"))
+        .unwrap();
     let mut ev = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut connected = false;
@@ -34,7 +42,8 @@ fn pair(tcp: bool, name: &str) -> (Messenger, Messenger, ConnId) {
         assert!(Instant::now() < deadline);
         a.poll(&mut ev, Some(Duration::from_millis(1))).unwrap();
         connected = ev.iter().any(|e| matches!(e, Incoming::Connected { .. }));
-        b.poll(&mut Vec::new(), Some(Duration::from_millis(1))).unwrap();
+        b.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+            .unwrap();
     }
     (a, b, conn)
 }
@@ -61,11 +70,31 @@ fn mixed_traffic_keeps_order(tcp: bool, name: &str) {
     let mut want = 0;
     for i in 0..500u64 {
         match i % 5 {
-            0 => a.send_now(conn, &Message::Credit { bu: 0, count: i as u32 }).unwrap(),
-            1 | 2 => a.send_batched(conn, &Message::Assign(EventRange { bu: 1, first: i, count: 1 })).unwrap(),
+            0 => a
+                .send_now(
+                    conn,
+                    &Message::Credit {
+                        bu: 0,
+                        count: i as u32,
+                    },
+                )
+                .unwrap(),
+            1 | 2 => a
+                .send_batched(
+                    conn,
+                    &Message::Assign(EventRange {
+                        bu: 1,
+                        first: i,
+                        count: 1,
+                    }),
+                )
+                .unwrap(),
             _ => {
-                let payload: Vec<u8> = (0..(i as usize * 13 % 3000)).map(|b| (b as u64 ^ i) as u8).collect();
-                a.send_fragment(conn, &fragment(&pool, i, &payload)).unwrap();
+                let payload: Vec<u8> = (0..(i as usize * 13 % 3000))
+                    .map(|b| (b as u64 ^ i) as u8)
+                    .collect();
+                a.send_fragment(conn, &fragment(&pool, i, &payload))
+                    .unwrap();
             }
         }
         want += 1;
@@ -78,13 +107,16 @@ fn mixed_traffic_keeps_order(tcp: bool, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while got.len() < want {
         assert!(Instant::now() < deadline, "got {} of {want}", got.len());
-        a.poll(&mut Vec::new(), Some(Duration::from_millis(1))).unwrap();
+        a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+            .unwrap();
         b.poll(&mut got, Some(Duration::from_millis(1))).unwrap();
         got.retain(|e| matches!(e, Incoming::Received { .. }));
     }
     for (i, e) in got.iter().enumerate() {
         let i = i as u64;
-        let Incoming::Received { msg, .. } = e else { unreachable!() };
+        let Incoming::Received { msg, .. } = e else {
+            unreachable!()
+        };
         match (i % 5, msg) {
             (0, Received::Message(Message::Credit { count, .. })) => assert_eq!(*count as u64, i),
             (1 | 2, Received::Message(Message::Assign(r))) => assert_eq!(r.first, i),
@@ -95,7 +127,10 @@ fn mixed_traffic_keeps_order(tcp: bool, name: &str) {
             other => panic!("message {i} out of order: {other:?}"),
         }
     }
-    assert!(a.stats().frames_sent < a.stats().messages_sent, "batching packed nothing");
+    assert!(
+        a.stats().frames_sent < a.stats().messages_sent,
+        "batching packed nothing"
+    );
 }
 
 #[test]
@@ -121,7 +156,13 @@ fn fragments_arrive_in_receive_pool_blocks_without_copy() {
         b.poll(&mut got, Some(Duration::from_millis(10))).unwrap();
         got.retain(|e| matches!(e, Incoming::Received { .. }));
     }
-    let Incoming::Received { msg: Received::Fragment { payload, .. }, .. } = &got[0] else { panic!() };
+    let Incoming::Received {
+        msg: Received::Fragment { payload, .. },
+        ..
+    } = &got[0]
+    else {
+        panic!()
+    };
     // inproc passes pool slices through: the BU reads the RU's very block
     assert_eq!(payload.slices()[0].block_address(), sent_at);
 }
@@ -135,9 +176,18 @@ fn split_rejects_bad_pages() {
     let c = Chain::from_slice(w.append(&bytes).unwrap());
     let mut out = Vec::new();
     assert!(split_messages(&c, 2, &mut out).is_ok());
-    assert!(split_messages(&c, 1, &mut out).is_err(), "extra message accepted");
-    assert!(split_messages(&c, 3, &mut out).is_err(), "missing message accepted");
-    assert!(split_messages(&c.sub(0, 12), 2, &mut out).is_err(), "truncated accepted");
+    assert!(
+        split_messages(&c, 1, &mut out).is_err(),
+        "extra message accepted"
+    );
+    assert!(
+        split_messages(&c, 3, &mut out).is_err(),
+        "missing message accepted"
+    );
+    assert!(
+        split_messages(&c.sub(0, 12), 2, &mut out).is_err(),
+        "truncated accepted"
+    );
     // a fragment whose header's payload size disagrees with its length
     let frag = fragment(&pool, 1, &[1; 10]);
     let mut bad = frag.to_vec();

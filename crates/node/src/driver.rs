@@ -67,12 +67,18 @@ impl Driver {
     pub fn new(
         cfg: &Config,
         id: &str,
-        make_transport: impl FnOnce(evb_transport::TransportConfig) -> Result<Box<dyn Transport>, NodeError>,
+        make_transport: impl FnOnce(
+            evb_transport::TransportConfig,
+        ) -> Result<Box<dyn Transport>, NodeError>,
         status: StatusOut,
         status_every: Duration,
     ) -> Result<Driver, NodeError> {
         let nodes = cfg.nodes();
-        let me = nodes.iter().find(|n| n.id == id).cloned().ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
+        let me = nodes
+            .iter()
+            .find(|n| n.id == id)
+            .cloned()
+            .ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
         let now = Instant::now();
         let (rx_pool, ru_pool) = setup::pools(cfg, &me);
         let transport = make_transport(evb_transport::TransportConfig {
@@ -82,7 +88,9 @@ impl Driver {
             rx_pool,
         })?;
         let mut messenger = Messenger::new(transport, setup::messenger_config(cfg));
-        let bound = messenger.listen(&setup::address(cfg, &me)).map_err(|e| NodeError::Listen(me.addr.clone(), e.to_string()))?;
+        let bound = messenger
+            .listen(&setup::address(cfg, &me))
+            .map_err(|e| NodeError::Listen(me.addr.clone(), e.to_string()))?;
         info!(node = %me.id, addr = %bound, "listening");
 
         // Who calls whom: RUs and BUs call the EVM (control); RUs call every BU (data).
@@ -96,11 +104,21 @@ impl Driver {
             Role::Bu => 1 + n_ru,
         };
         if me.role != Role::Evm {
-            dials.push(Dial { peer: NodeRef::Evm, addr: setup::address(cfg, evm), channel: Channel::Control, retry_at: None });
+            dials.push(Dial {
+                peer: NodeRef::Evm,
+                addr: setup::address(cfg, evm),
+                channel: Channel::Control,
+                retry_at: None,
+            });
         }
         if me.role == Role::Ru {
             for b in nodes.iter().filter(|n| n.role == Role::Bu) {
-                dials.push(Dial { peer: node_ref(b), addr: setup::address(cfg, b), channel: Channel::Data, retry_at: None });
+                dials.push(Dial {
+                    peer: node_ref(b),
+                    addr: setup::address(cfg, b),
+                    channel: Channel::Data,
+                    retry_at: None,
+                });
             }
         }
         let logic = setup::logic(cfg, &me, ru_pool, now);
@@ -127,8 +145,10 @@ impl Driver {
 
     fn dial(&mut self, now: Instant) -> Result<(), NodeError> {
         let due: Vec<Dial> = {
-            let (ready, later): (Vec<Dial>, Vec<Dial>) =
-                self.waiting_dials.drain(..).partition(|d| d.retry_at.is_none_or(|t| t <= now));
+            let (ready, later): (Vec<Dial>, Vec<Dial>) = self
+                .waiting_dials
+                .drain(..)
+                .partition(|d| d.retry_at.is_none_or(|t| t <= now));
             self.waiting_dials = later;
             ready
         };
@@ -151,7 +171,10 @@ impl Driver {
             evb_wire::Role::Ru => Role::Ru,
             evb_wire::Role::Bu => Role::Bu,
         };
-        let spec = self.nodes.iter().find(|n| n.role == role && n.index == peer.index)?;
+        let spec = self
+            .nodes
+            .iter()
+            .find(|n| n.role == role && n.index == peer.index)?;
         if spec.id != peer.node_id {
             return None;
         }
@@ -188,7 +211,9 @@ impl Driver {
                 }
             },
             Incoming::Received { conn, msg } => {
-                let Some(&from) = self.peers.get(&conn) else { return Ok(()) };
+                let Some(&from) = self.peers.get(&conn) else {
+                    return Ok(());
+                };
                 match (msg, &mut self.logic) {
                     (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
                     (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
@@ -204,7 +229,8 @@ impl Driver {
             }
             Incoming::Closed { conn, reason } => {
                 if let Some(mut d) = self.dialing.remove(&conn) {
-                    let retry = matches!(reason, CloseReason::ConnectFailed(_)) && now < self.connect_deadline;
+                    let retry = matches!(reason, CloseReason::ConnectFailed(_))
+                        && now < self.connect_deadline;
                     if retry {
                         d.retry_at = Some(now + Duration::from_millis(50));
                         self.waiting_dials.push(d);
@@ -215,7 +241,10 @@ impl Driver {
                     self.conns.remove(&p);
                     let why = reason.to_string();
                     // Peers leave once the run is over; that is not news.
-                    let quiet = matches!(self.state(), RunState::Stopping | RunState::Halted | RunState::Aborted);
+                    let quiet = matches!(
+                        self.state(),
+                        RunState::Stopping | RunState::Halted | RunState::Aborted
+                    );
                     if quiet {
                         debug!(node = %self.me.id, "{p} left: {why}");
                     } else {
@@ -329,7 +358,12 @@ impl Driver {
             if !self.up && now > self.connect_deadline {
                 return Err(NodeError::Connect(
                     "peers".into(),
-                    format!("only {} of {} connections up after {:?}", self.conns.len(), self.expected, self.cfg.run.connect_timeout_s),
+                    format!(
+                        "only {} of {} connections up after {:?}",
+                        self.conns.len(),
+                        self.expected,
+                        self.cfg.run.connect_timeout_s
+                    ),
                 ));
             }
             match &mut self.logic {
@@ -356,10 +390,14 @@ impl Driver {
                 Duration::ZERO
             } else {
                 let cap = Duration::from_millis(if self.cfg.run.rate_hz > 0.0 { 1 } else { 10 });
-                self.messenger.next_flush_in(now).map_or(cap, |t| t.min(cap))
+                self.messenger
+                    .next_flush_in(now)
+                    .map_or(cap, |t| t.min(cap))
             };
             incoming.clear();
-            self.messenger.poll(&mut incoming, Some(timeout)).map_err(|e| NodeError::Io(e.to_string()))?;
+            self.messenger
+                .poll(&mut incoming, Some(timeout))
+                .map_err(|e| NodeError::Io(e.to_string()))?;
             let now = Instant::now();
             for inc in incoming.drain(..) {
                 self.on_incoming(now, inc)?;
@@ -376,9 +414,12 @@ impl Driver {
         let deadline = Instant::now() + Duration::from_secs(2);
         let conns: Vec<ConnId> = self.conns.values().copied().collect();
         let mut sink = Vec::new();
-        while Instant::now() < deadline && conns.iter().any(|c| self.messenger.queued_bytes(*c) > 0) {
+        while Instant::now() < deadline && conns.iter().any(|c| self.messenger.queued_bytes(*c) > 0)
+        {
             sink.clear();
-            let _ = self.messenger.poll(&mut sink, Some(Duration::from_millis(1)));
+            let _ = self
+                .messenger
+                .poll(&mut sink, Some(Duration::from_millis(1)));
         }
         for c in &conns {
             self.messenger.close(*c);
@@ -387,8 +428,15 @@ impl Driver {
         let deadline = Instant::now() + Duration::from_millis(200);
         while Instant::now() < deadline {
             sink.clear();
-            let _ = self.messenger.poll(&mut sink, Some(Duration::from_millis(5)));
-            if sink.iter().filter(|e| matches!(e, Incoming::Closed { .. })).count() >= conns.len() {
+            let _ = self
+                .messenger
+                .poll(&mut sink, Some(Duration::from_millis(5)));
+            if sink
+                .iter()
+                .filter(|e| matches!(e, Incoming::Closed { .. }))
+                .count()
+                >= conns.len()
+            {
                 break;
             }
         }

@@ -33,14 +33,21 @@ pub enum NodeError {
 }
 
 /// Runs node `id` of `cfg` on the transport the configuration names, until the run ends.
-pub fn run_node(cfg: &Config, id: &str, status: StatusOut, status_every: Duration) -> Result<NodeOutcome, NodeError> {
+pub fn run_node(
+    cfg: &Config,
+    id: &str,
+    status: StatusOut,
+    status_every: Duration,
+) -> Result<NodeOutcome, NodeError> {
     let kind = cfg.transport.kind;
     let driver = Driver::new(
         cfg,
         id,
         |tc| -> Result<Box<dyn Transport>, NodeError> {
             Ok(match kind {
-                TransportKind::Tcp => Box::new(TcpTransport::new(tc).map_err(|e| NodeError::Io(e.to_string()))?),
+                TransportKind::Tcp => {
+                    Box::new(TcpTransport::new(tc).map_err(|e| NodeError::Io(e.to_string()))?)
+                }
                 TransportKind::Inproc => Box::new(InprocTransport::new(tc)),
             })
         },

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use evb_buffers::Pool;
 use evb_builder::{
-    Bu, BuConfig, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig, Sink, SizeModel, Verify,
+    Bu, BuConfig, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig, Sink,
+    SizeModel, Verify,
 };
 use evb_config::{Config, Distribution, NodeSpec, Role, SinkKind, TransportKind, VerifyLevel};
 use evb_messaging::{FlushPolicy, MessengerConfig};
@@ -24,7 +25,11 @@ pub fn generator(cfg: &Config) -> Generator {
         Distribution::Fixed => SizeModel::Fixed(f.size as usize),
         Distribution::Lognormal => SizeModel::LogNormal {
             mean: f.size as f64,
-            stddev: if f.stddev == 0 { f.size as f64 } else { f.stddev as f64 },
+            stddev: if f.stddev == 0 {
+                f.size as f64
+            } else {
+                f.stddev as f64
+            },
             min: f.min.max(1) as usize,
             max: f.max_size() as usize,
         },
@@ -89,16 +94,42 @@ pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
     let (ru_need, bu_need) = cfg.pool_needs();
     let nodes = cfg.nodes().len() as u64;
     // Control traffic only: a few blocks per peer.
-    let small = Pool::new(&format!("{}-rx", me.id), block as usize, (4 * nodes + 8) as usize);
+    let small = Pool::new(
+        &format!("{}-rx", me.id),
+        block as usize,
+        (4 * nodes + 8) as usize,
+    );
     match me.role {
         Role::Evm => (small, None),
         Role::Ru => {
-            let bytes = if cfg.buffers.ru_pool_mib > 0 { cfg.buffers.ru_pool_mib << 20 } else { ru_need };
-            (small, Some(Pool::new(&format!("{}-frag", me.id), block as usize, blocks(bytes, block))))
+            let bytes = if cfg.buffers.ru_pool_mib > 0 {
+                cfg.buffers.ru_pool_mib << 20
+            } else {
+                ru_need
+            };
+            (
+                small,
+                Some(Pool::new(
+                    &format!("{}-frag", me.id),
+                    block as usize,
+                    blocks(bytes, block),
+                )),
+            )
         }
         Role::Bu => {
-            let bytes = if cfg.buffers.bu_pool_mib > 0 { cfg.buffers.bu_pool_mib << 20 } else { bu_need };
-            (Pool::new(&format!("{}-rx", me.id), block as usize, blocks(bytes, block)), None)
+            let bytes = if cfg.buffers.bu_pool_mib > 0 {
+                cfg.buffers.bu_pool_mib << 20
+            } else {
+                bu_need
+            };
+            (
+                Pool::new(
+                    &format!("{}-rx", me.id),
+                    block as usize,
+                    blocks(bytes, block),
+                ),
+                None,
+            )
         }
     }
 }
@@ -125,7 +156,12 @@ pub fn logic(cfg: &Config, me: &NodeSpec, ru_pool: Option<Pool>, now: Instant) -
             ))
         }
         Role::Ru => Logic::Ru(Ru::new(
-            RuConfig { index: me.index, source_id: me.source_id, generator: generator(cfg), max_per_poll: 256 },
+            RuConfig {
+                index: me.index,
+                source_id: me.source_id,
+                generator: generator(cfg),
+                max_per_poll: 256,
+            },
             ru_pool.expect("an RU has a fragment pool"),
         )),
         Role::Bu => {

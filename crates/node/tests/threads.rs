@@ -12,7 +12,8 @@ fn run_all(cfg: &Config) -> Vec<NodeOutcome> {
         .map(|n| {
             let cfg = cfg.clone();
             std::thread::spawn(move || {
-                run_node(&cfg, &n.id, Box::new(|_| {}), Duration::from_secs(1)).expect("node failed")
+                run_node(&cfg, &n.id, Box::new(|_| {}), Duration::from_secs(1))
+                    .expect("node failed")
             })
         })
         .collect();
@@ -26,7 +27,12 @@ fn check(outcomes: &[NodeOutcome], events: u64) {
     let run = &outcomes[0].report["run"];
     assert_eq!(run["evm"]["triggered"], events);
     assert_eq!(run["evm"]["released"], events);
-    let built: u64 = run["bus"].as_array().unwrap().iter().map(|b| b["events_built"].as_u64().unwrap()).sum();
+    let built: u64 = run["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
     assert_eq!(built, events);
     assert_eq!(outcomes[0].report["verdict"].as_array().unwrap().len(), 0);
 }
@@ -40,7 +46,9 @@ fn free_ports(n: usize) -> u16 {
         if base as usize + n >= 65535 {
             continue;
         }
-        let held: Vec<_> = (0..n).filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok()).collect();
+        let held: Vec<_> = (0..n)
+            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok())
+            .collect();
         if held.len() == n {
             return base;
         }

@@ -14,14 +14,35 @@ use crossbeam_channel::{Receiver, Sender};
 use evb_buffers::{Chain, Pool};
 use evb_wire::{FrameType, Hello};
 
-use crate::{CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError};
+use crate::{
+    CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
+};
 
 enum Wire {
-    Connect { reply: Sender<Wire>, their_conn: ConnId, hello: Hello },
-    Accept { to: ConnId, their_conn: ConnId, hello: Hello },
-    Refuse { to: ConnId, reason: String },
-    Frame { to: ConnId, frame_type: FrameType, count: u32, sequence: u64, segments: Vec<Segment> },
-    Bye { to: ConnId },
+    Connect {
+        reply: Sender<Wire>,
+        their_conn: ConnId,
+        hello: Hello,
+    },
+    Accept {
+        to: ConnId,
+        their_conn: ConnId,
+        hello: Hello,
+    },
+    Refuse {
+        to: ConnId,
+        reason: String,
+    },
+    Frame {
+        to: ConnId,
+        frame_type: FrameType,
+        count: u32,
+        sequence: u64,
+        segments: Vec<Segment>,
+    },
+    Bye {
+        to: ConnId,
+    },
 }
 
 fn registry() -> &'static Mutex<HashMap<String, Sender<Wire>>> {
@@ -63,7 +84,14 @@ impl InprocTransport {
     fn new_conn(&mut self, tx: Sender<Wire>, their_conn: Option<ConnId>) -> ConnId {
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
-        self.conns.insert(id, Peer { tx, their_conn, next_seq: 0 });
+        self.conns.insert(
+            id,
+            Peer {
+                tx,
+                their_conn,
+                next_seq: 0,
+            },
+        );
         id
     }
 
@@ -88,42 +116,86 @@ impl InprocTransport {
 
     fn handle(&mut self, msg: Wire, out: &mut Vec<Event>) {
         match msg {
-            Wire::Connect { reply, their_conn, hello } => {
+            Wire::Connect {
+                reply,
+                their_conn,
+                hello,
+            } => {
                 if hello.run_id != self.cfg.run_id {
-                    let reason = format!("run id {:?} is not this run ({:?})", hello.run_id, self.cfg.run_id);
-                    let _ = reply.send(Wire::Refuse { to: their_conn, reason });
+                    let reason = format!(
+                        "run id {:?} is not this run ({:?})",
+                        hello.run_id, self.cfg.run_id
+                    );
+                    let _ = reply.send(Wire::Refuse {
+                        to: their_conn,
+                        reason,
+                    });
                     return;
                 }
                 let conn = self.new_conn(reply.clone(), Some(their_conn));
-                let _ = reply.send(Wire::Accept { to: their_conn, their_conn: conn, hello: self.cfg.local.clone() });
+                let _ = reply.send(Wire::Accept {
+                    to: their_conn,
+                    their_conn: conn,
+                    hello: self.cfg.local.clone(),
+                });
                 out.push(Event::Accepted { conn, peer: hello });
             }
-            Wire::Accept { to, their_conn, hello } => {
+            Wire::Accept {
+                to,
+                their_conn,
+                hello,
+            } => {
                 if let Some(p) = self.conns.get_mut(&to) {
                     p.their_conn = Some(their_conn);
-                    out.push(Event::Connected { conn: to, peer: hello });
+                    out.push(Event::Connected {
+                        conn: to,
+                        peer: hello,
+                    });
                 }
             }
             Wire::Refuse { to, reason } => {
                 self.conns.remove(&to);
-                out.push(Event::Closed { conn: to, reason: CloseReason::Rejected(reason) });
+                out.push(Event::Closed {
+                    conn: to,
+                    reason: CloseReason::Rejected(reason),
+                });
             }
-            Wire::Frame { to, frame_type, count, sequence, segments } => {
+            Wire::Frame {
+                to,
+                frame_type,
+                count,
+                sequence,
+                segments,
+            } => {
                 if !self.conns.contains_key(&to) {
                     return;
                 }
                 match Self::land(&self.cfg.rx_pool, segments) {
-                    Some(payload) => out.push(Event::Frame { conn: to, frame: InFrame { frame_type, count, sequence, payload } }),
+                    Some(payload) => out.push(Event::Frame {
+                        conn: to,
+                        frame: InFrame {
+                            frame_type,
+                            count,
+                            sequence,
+                            payload,
+                        },
+                    }),
                     None => {
                         // No pool memory for the copy: treat like a transport failure, visibly.
                         self.conns.remove(&to);
-                        out.push(Event::Closed { conn: to, reason: CloseReason::Lost("receive pool exhausted".into()) });
+                        out.push(Event::Closed {
+                            conn: to,
+                            reason: CloseReason::Lost("receive pool exhausted".into()),
+                        });
                     }
                 }
             }
             Wire::Bye { to } => {
                 if self.conns.remove(&to).is_some() {
-                    out.push(Event::Closed { conn: to, reason: CloseReason::PeerClosed });
+                    out.push(Event::Closed {
+                        conn: to,
+                        reason: CloseReason::PeerClosed,
+                    });
                 }
             }
         }
@@ -159,12 +231,20 @@ impl Transport for InprocTransport {
     }
 
     fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError> {
-        let target = registry().lock().unwrap_or_else(|e| e.into_inner()).get(addr).cloned();
+        let target = registry()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(addr)
+            .cloned();
         let conn = ConnId(self.next_conn);
         match target {
             Some(tx) => {
                 let conn = self.new_conn(tx.clone(), None);
-                let _ = tx.send(Wire::Connect { reply: self.inbox_tx.clone(), their_conn: conn, hello });
+                let _ = tx.send(Wire::Connect {
+                    reply: self.inbox_tx.clone(),
+                    their_conn: conn,
+                    hello,
+                });
                 Ok(conn)
             }
             None => {
@@ -185,17 +265,35 @@ impl Transport for InprocTransport {
         count: u32,
         segments: Vec<Segment>,
     ) -> Result<(), TransportError> {
-        let p = self.conns.get_mut(&conn).ok_or(TransportError::NoConnection(conn))?;
+        let p = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(TransportError::NoConnection(conn))?;
         let to = p.their_conn.ok_or(TransportError::NotOpen(conn))?;
         let len: usize = segments.iter().map(Segment::len).sum();
         if len > self.cfg.max_frame as usize {
-            return Err(TransportError::TooLarge { len, max: self.cfg.max_frame as usize });
+            return Err(TransportError::TooLarge {
+                len,
+                max: self.cfg.max_frame as usize,
+            });
         }
         let sequence = p.next_seq;
         p.next_seq += 1;
-        if p.tx.send(Wire::Frame { to, frame_type, count, sequence, segments }).is_err() {
+        if p.tx
+            .send(Wire::Frame {
+                to,
+                frame_type,
+                count,
+                sequence,
+                segments,
+            })
+            .is_err()
+        {
             self.conns.remove(&conn);
-            self.local_events.push(Event::Closed { conn, reason: CloseReason::Lost("peer gone".into()) });
+            self.local_events.push(Event::Closed {
+                conn,
+                reason: CloseReason::Lost("peer gone".into()),
+            });
         }
         Ok(())
     }
@@ -209,7 +307,10 @@ impl Transport for InprocTransport {
             if let Some(to) = p.their_conn {
                 let _ = p.tx.send(Wire::Bye { to });
             }
-            self.local_events.push(Event::Closed { conn, reason: CloseReason::Local });
+            self.local_events.push(Event::Closed {
+                conn,
+                reason: CloseReason::Local,
+            });
         }
     }
 

@@ -22,7 +22,10 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum TransportError {
     #[error("io error on {addr}: {source}")]
-    Io { addr: String, source: std::io::Error },
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("bad address {0:?}")]
     BadAddress(String),
     #[error("unknown or closed connection {0:?}")]

@@ -19,7 +19,11 @@ fn cfg(run: &str, node: &str, role: Role) -> TransportConfig {
     }
 }
 
-fn pump(ts: &mut [&mut dyn Transport], until: impl Fn(&[Vec<Event>]) -> bool, evs: &mut [Vec<Event>]) {
+fn pump(
+    ts: &mut [&mut dyn Transport],
+    until: impl Fn(&[Vec<Event>]) -> bool,
+    evs: &mut [Vec<Event>],
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !until(evs) {
         assert!(Instant::now() < deadline, "timed out");
@@ -35,14 +39,21 @@ fn payload(i: usize, len: usize) -> Vec<u8> {
 
 fn ordered_delivery(mut a: Box<dyn Transport>, mut b: Box<dyn Transport>, addr: &str) {
     let bound = b.listen(addr).unwrap();
-    let conn = a.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+    let conn = a
+        .connect(
+            &bound,
+            Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
     let mut evs = vec![Vec::new(), Vec::new()];
     pump(
         &mut [&mut *a, &mut *b],
         |e| e[0].iter().any(|e| matches!(e, Event::Connected { .. })) && !e[1].is_empty(),
         &mut evs,
     );
-    let Event::Accepted { peer, conn: bconn } = &evs[1][0] else { panic!("{:?}", evs[1]) };
+    let Event::Accepted { peer, conn: bconn } = &evs[1][0] else {
+        panic!("{:?}", evs[1])
+    };
     assert_eq!(peer.node_id, "ru0");
     let bconn = *bconn;
     evs.iter_mut().for_each(Vec::clear);
@@ -60,16 +71,29 @@ fn ordered_delivery(mut a: Box<dyn Transport>, mut b: Box<dyn Transport>, addr: 
         } else {
             Segment::Owned(data.clone())
         };
-        a.send(conn, FrameType::Messages, 1, vec![Segment::Owned(vec![]), seg]).unwrap();
+        a.send(
+            conn,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(vec![]), seg],
+        )
+        .unwrap();
         expect.push(data);
     }
     pump(
         &mut [&mut *a, &mut *b],
-        |e| e[1].iter().filter(|e| matches!(e, Event::Frame { .. })).count() == sizes.len(),
+        |e| {
+            e[1].iter()
+                .filter(|e| matches!(e, Event::Frame { .. }))
+                .count()
+                == sizes.len()
+        },
         &mut evs,
     );
     for (e, want) in evs[1].iter().zip(&expect) {
-        let Event::Frame { frame, conn } = e else { panic!() };
+        let Event::Frame { frame, conn } = e else {
+            panic!()
+        };
         assert_eq!(*conn, bconn);
         assert_eq!(frame.payload.len(), want.len());
         assert!(frame.payload.eq_bytes(want));
@@ -78,7 +102,17 @@ fn ordered_delivery(mut a: Box<dyn Transport>, mut b: Box<dyn Transport>, addr: 
     a.close(conn);
     pump(
         &mut [&mut *a, &mut *b],
-        |e| e[1].iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::PeerClosed, .. })),
+        |e| {
+            e[1].iter().any(|e| {
+                matches!(
+                    e,
+                    Event::Closed {
+                        reason: CloseReason::PeerClosed,
+                        ..
+                    }
+                )
+            })
+        },
         &mut evs,
     );
 }
@@ -99,11 +133,19 @@ fn inproc_delivers_frames_in_order() {
 
 fn wrong_run_is_refused(mut a: Box<dyn Transport>, mut b: Box<dyn Transport>, addr: &str) {
     let bound = b.listen(addr).unwrap();
-    let conn = a.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "other-run", "ru0")).unwrap();
+    let conn = a
+        .connect(
+            &bound,
+            Hello::new(Channel::Data, Role::Ru, 0, "other-run", "ru0"),
+        )
+        .unwrap();
     let mut evs = vec![Vec::new(), Vec::new()];
     pump(&mut [&mut *a, &mut *b], |e| !e[0].is_empty(), &mut evs);
     match &evs[0][0] {
-        Event::Closed { conn: c, reason: CloseReason::Rejected(why) } => {
+        Event::Closed {
+            conn: c,
+            reason: CloseReason::Rejected(why),
+        } => {
             assert_eq!(*c, conn);
             assert!(why.contains("other-run"), "{why}");
         }
@@ -130,11 +172,22 @@ fn inproc_refuses_wrong_run() {
 fn tcp_connect_to_nobody_fails_cleanly() {
     let mut a = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
     // bind then drop to find a port nobody listens on
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let conn = a.connect(&format!("127.0.0.1:{port}"), Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let conn = a
+        .connect(
+            &format!("127.0.0.1:{port}"),
+            Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
     let mut evs = vec![Vec::new()];
     pump(&mut [&mut a], |e| !e[0].is_empty(), &mut evs);
-    assert!(matches!(&evs[0][0], Event::Closed { conn: c, reason: CloseReason::ConnectFailed(_) } if *c == conn));
+    assert!(
+        matches!(&evs[0][0], Event::Closed { conn: c, reason: CloseReason::ConnectFailed(_) } if *c == conn)
+    );
 }
 
 #[test]
@@ -142,7 +195,12 @@ fn tcp_garbage_peer_is_disconnected_and_others_carry_on() {
     let mut b = TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap();
     let bound = b.listen("127.0.0.1:0").unwrap();
     let mut good = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
-    let gconn = good.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+    let gconn = good
+        .connect(
+            &bound,
+            Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
 
     let mut raw = std::net::TcpStream::connect(&bound).unwrap();
     raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -151,12 +209,25 @@ fn tcp_garbage_peer_is_disconnected_and_others_carry_on() {
     pump(
         &mut [&mut good, &mut b],
         |e| {
-            e[1].iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::Protocol(_), .. }))
-                && e[0].iter().any(|e| matches!(e, Event::Connected { .. }))
+            e[1].iter().any(|e| {
+                matches!(
+                    e,
+                    Event::Closed {
+                        reason: CloseReason::Protocol(_),
+                        ..
+                    }
+                )
+            }) && e[0].iter().any(|e| matches!(e, Event::Connected { .. }))
         },
         &mut evs,
     );
-    good.send(gconn, FrameType::Messages, 1, vec![Segment::Owned(b"still here".to_vec())]).unwrap();
+    good.send(
+        gconn,
+        FrameType::Messages,
+        1,
+        vec![Segment::Owned(b"still here".to_vec())],
+    )
+    .unwrap();
     pump(
         &mut [&mut good, &mut b],
         |e| e[1].iter().any(|e| matches!(e, Event::Frame { .. })),
@@ -164,7 +235,14 @@ fn tcp_garbage_peer_is_disconnected_and_others_carry_on() {
     );
     let got: Vec<ConnId> = evs[1]
         .iter()
-        .filter_map(|e| if let Event::Frame { conn, frame } = e { assert!(frame.payload.eq_bytes(b"still here")); Some(*conn) } else { None })
+        .filter_map(|e| {
+            if let Event::Frame { conn, frame } = e {
+                assert!(frame.payload.eq_bytes(b"still here"));
+                Some(*conn)
+            } else {
+                None
+            }
+        })
         .collect();
     assert_eq!(got.len(), 1);
 }
@@ -176,11 +254,29 @@ fn tcp_peer_death_is_reported_as_lost() {
     let mut evs = vec![Vec::new()];
     {
         let mut a = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
-        a.connect(&bound, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+        a.connect(
+            &bound,
+            Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
         let mut aev = vec![Vec::new(), Vec::new()];
-        pump(&mut [&mut a, &mut b], |e| !e[1].is_empty() && !e[0].is_empty(), &mut aev);
+        pump(
+            &mut [&mut a, &mut b],
+            |e| !e[1].is_empty() && !e[0].is_empty(),
+            &mut aev,
+        );
         // `a` drops here without a Bye, as a killed process would
     }
-    pump(&mut [&mut b], |e| e[0].iter().any(|e| matches!(e, Event::Closed { .. })), &mut evs);
-    assert!(evs[0].iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::Lost(_), .. })));
+    pump(
+        &mut [&mut b],
+        |e| e[0].iter().any(|e| matches!(e, Event::Closed { .. })),
+        &mut evs,
+    );
+    assert!(evs[0].iter().any(|e| matches!(
+        e,
+        Event::Closed {
+            reason: CloseReason::Lost(_),
+            ..
+        }
+    )));
 }

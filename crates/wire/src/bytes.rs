@@ -4,7 +4,11 @@ use crate::error::{Result, WireError};
 
 pub(crate) fn need(what: &'static str, buf: &[u8], n: usize) -> Result<()> {
     if buf.len() < n {
-        Err(WireError::Truncated { what, need: n, have: buf.len() })
+        Err(WireError::Truncated {
+            what,
+            need: n,
+            have: buf.len(),
+        })
     } else {
         Ok(())
     }

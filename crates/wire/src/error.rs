@@ -5,7 +5,11 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum WireError {
     #[error("{what}: truncated, need {need} bytes, have {have}")]
-    Truncated { what: &'static str, need: usize, have: usize },
+    Truncated {
+        what: &'static str,
+        need: usize,
+        have: usize,
+    },
     #[error("bad frame magic {0:#010x} (expected \"EVBF\")")]
     BadMagic(u32),
     #[error("unsupported protocol version {got} (this build speaks {supported})")]
@@ -17,7 +21,11 @@ pub enum WireError {
     #[error("frame of {len} bytes exceeds the limit of {max}")]
     FrameTooLarge { len: u64, max: u64 },
     #[error("{what}: length {got} where {expected} was required")]
-    BadLength { what: &'static str, expected: usize, got: usize },
+    BadLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     #[error("{what}: non-zero reserved field")]
     ReservedNonZero { what: &'static str },
     #[error("{what}: value {value} out of range")]
@@ -25,7 +33,11 @@ pub enum WireError {
     #[error("{what}: not valid UTF-8")]
     BadUtf8 { what: &'static str },
     #[error("{what}: {len} bytes is longer than the limit of {max}")]
-    TooLong { what: &'static str, len: usize, max: usize },
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
     #[error("fragment header checksum {got:#010x}, computed {computed:#010x}")]
     HeaderChecksum { got: u32, computed: u32 },
     #[error("frame declares {declared} messages but holds {found}")]

@@ -46,11 +46,16 @@ impl FragmentHeader {
             return Err(WireError::HeaderChecksum { got, computed });
         }
         if u32_at(b, 24) != 0 {
-            return Err(WireError::ReservedNonZero { what: "fragment header" });
+            return Err(WireError::ReservedNonZero {
+                what: "fragment header",
+            });
         }
         let flags = u16_at(b, 14);
         if flags & !KNOWN_FLAGS != 0 {
-            return Err(WireError::OutOfRange { what: "fragment flags", value: flags as u64 });
+            return Err(WireError::OutOfRange {
+                what: "fragment flags",
+                value: flags as u64,
+            });
         }
         Ok(FragmentHeader {
             event_id: u64_at(b, 0),
@@ -71,7 +76,10 @@ pub const FRAGMENT_PREFIX_LEN: usize = crate::MESSAGE_HEADER_LEN + FRAGMENT_HEAD
 pub fn fragment_prefix(h: &FragmentHeader) -> [u8; FRAGMENT_PREFIX_LEN] {
     use crate::{MessageHeader, MessageType, MESSAGE_HEADER_LEN};
     let mut b = [0u8; FRAGMENT_PREFIX_LEN];
-    let mh = MessageHeader { msg_type: MessageType::Fragment, length: (FRAGMENT_HEADER_LEN as u32) + h.payload_size };
+    let mh = MessageHeader {
+        msg_type: MessageType::Fragment,
+        length: (FRAGMENT_HEADER_LEN as u32) + h.payload_size,
+    };
     b[..MESSAGE_HEADER_LEN].copy_from_slice(&mh.encode());
     b[MESSAGE_HEADER_LEN..].copy_from_slice(&h.encode());
     b

@@ -52,7 +52,12 @@ pub struct FrameHeader {
 
 impl FrameHeader {
     pub fn new(frame_type: FrameType, length: u32, count: u32, sequence: u64) -> Self {
-        FrameHeader { frame_type, length, count, sequence }
+        FrameHeader {
+            frame_type,
+            length,
+            count,
+            sequence,
+        }
     }
 
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
@@ -76,21 +81,36 @@ impl FrameHeader {
         }
         let version = u16_at(b, 4);
         if version != PROTOCOL_VERSION {
-            return Err(WireError::UnsupportedVersion { got: version, supported: PROTOCOL_VERSION });
+            return Err(WireError::UnsupportedVersion {
+                got: version,
+                supported: PROTOCOL_VERSION,
+            });
         }
         let frame_type = FrameType::from_u8(b[6])?;
         if b[7] != 0 {
-            return Err(WireError::ReservedNonZero { what: "frame flags" });
+            return Err(WireError::ReservedNonZero {
+                what: "frame flags",
+            });
         }
         let length = u32_at(b, 8);
         if length > max_payload {
-            return Err(WireError::FrameTooLarge { len: length as u64, max: max_payload as u64 });
+            return Err(WireError::FrameTooLarge {
+                len: length as u64,
+                max: max_payload as u64,
+            });
         }
         let count = u32_at(b, 12);
         if frame_type != FrameType::Messages && count != 0 {
-            return Err(WireError::ReservedNonZero { what: "frame count outside a Messages frame" });
+            return Err(WireError::ReservedNonZero {
+                what: "frame count outside a Messages frame",
+            });
         }
-        Ok(FrameHeader { frame_type, length, count, sequence: u64_at(b, 16) })
+        Ok(FrameHeader {
+            frame_type,
+            length,
+            count,
+            sequence: u64_at(b, 16),
+        })
     }
 }
 
@@ -130,14 +150,28 @@ impl Reject {
             3 => RejectCode::UnknownNode,
             4 => RejectCode::Duplicate,
             99 => RejectCode::Other,
-            v => return Err(WireError::OutOfRange { what: "reject code", value: v as u64 }),
+            v => {
+                return Err(WireError::OutOfRange {
+                    what: "reject code",
+                    value: v as u64,
+                })
+            }
         };
         let rest = &b[2..];
         if rest.len() > MAX_REJECT_REASON {
-            return Err(WireError::TooLong { what: "reject reason", len: rest.len(), max: MAX_REJECT_REASON });
+            return Err(WireError::TooLong {
+                what: "reject reason",
+                len: rest.len(),
+                max: MAX_REJECT_REASON,
+            });
         }
-        let reason = std::str::from_utf8(rest).map_err(|_| WireError::BadUtf8 { what: "reject reason" })?;
-        Ok(Reject { code, reason: reason.to_string() })
+        let reason = std::str::from_utf8(rest).map_err(|_| WireError::BadUtf8 {
+            what: "reject reason",
+        })?;
+        Ok(Reject {
+            code,
+            reason: reason.to_string(),
+        })
     }
 }
 

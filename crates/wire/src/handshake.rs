@@ -68,7 +68,11 @@ impl Hello {
     pub fn encode(&self) -> Result<Vec<u8>> {
         for (what, s) in [("run id", &self.run_id), ("node id", &self.node_id)] {
             if s.len() > MAX_NAME_LEN {
-                return Err(WireError::TooLong { what, len: s.len(), max: MAX_NAME_LEN });
+                return Err(WireError::TooLong {
+                    what,
+                    len: s.len(),
+                    max: MAX_NAME_LEN,
+                });
             }
         }
         let mut v = Vec::with_capacity(FIXED_LEN + 2 + self.run_id.len() + self.node_id.len());
@@ -89,18 +93,31 @@ impl Hello {
         need("hello", b, FIXED_LEN + 1)?;
         let version = u16_at(b, 0);
         if version != PROTOCOL_VERSION {
-            return Err(WireError::UnsupportedVersion { got: version, supported: PROTOCOL_VERSION });
+            return Err(WireError::UnsupportedVersion {
+                got: version,
+                supported: PROTOCOL_VERSION,
+            });
         }
         let channel = match b[2] {
             0 => Channel::Control,
             1 => Channel::Data,
-            v => return Err(WireError::OutOfRange { what: "hello channel", value: v as u64 }),
+            v => {
+                return Err(WireError::OutOfRange {
+                    what: "hello channel",
+                    value: v as u64,
+                })
+            }
         };
         let role = match b[3] {
             0 => Role::Evm,
             1 => Role::Ru,
             2 => Role::Bu,
-            v => return Err(WireError::OutOfRange { what: "hello role", value: v as u64 }),
+            v => {
+                return Err(WireError::OutOfRange {
+                    what: "hello role",
+                    value: v as u64,
+                })
+            }
         };
         let index = u16_at(b, 4);
         if u16_at(b, 6) != 0 {
@@ -117,14 +134,26 @@ impl Hello {
                 got: b.len(),
             });
         }
-        Ok(Hello { version, channel, role, index, nonce, run_id, node_id })
+        Ok(Hello {
+            version,
+            channel,
+            role,
+            index,
+            nonce,
+            run_id,
+            node_id,
+        })
     }
 }
 
 fn name<'a>(what: &'static str, b: &'a [u8]) -> Result<(String, &'a [u8])> {
     let len = b[0] as usize;
     if len > MAX_NAME_LEN {
-        return Err(WireError::TooLong { what, len, max: MAX_NAME_LEN });
+        return Err(WireError::TooLong {
+            what,
+            len,
+            max: MAX_NAME_LEN,
+        });
     }
     need(what, &b[1..], len)?;
     let s = std::str::from_utf8(&b[1..1 + len]).map_err(|_| WireError::BadUtf8 { what })?;

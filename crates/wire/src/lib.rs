@@ -12,11 +12,16 @@ mod message;
 
 pub use error::{Result, WireError};
 pub use fragment::{
-    fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
+    fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FRAGMENT_HEADER_LEN,
+    FRAGMENT_PREFIX_LEN,
 };
-pub use frame::{FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION};
+pub use frame::{
+    FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION,
+};
 pub use handshake::{Channel, Hello, Role, MAX_NAME_LEN};
-pub use message::{EventRange, Message, MessageHeader, MessageType, MAX_TEXT_LEN, MESSAGE_HEADER_LEN};
+pub use message::{
+    EventRange, Message, MessageHeader, MessageType, MAX_TEXT_LEN, MESSAGE_HEADER_LEN,
+};
 
 #[cfg(test)]
 mod tests;

@@ -61,9 +61,14 @@ impl MessageHeader {
         need("message header", b, MESSAGE_HEADER_LEN)?;
         let msg_type = MessageType::from_u16(u16_at(b, 0))?;
         if u16_at(b, 2) != 0 {
-            return Err(WireError::ReservedNonZero { what: "message flags" });
+            return Err(WireError::ReservedNonZero {
+                what: "message flags",
+            });
         }
-        Ok(MessageHeader { msg_type, length: u32_at(b, 4) })
+        Ok(MessageHeader {
+            msg_type,
+            length: u32_at(b, 4),
+        })
     }
 }
 
@@ -142,7 +147,10 @@ impl Message {
             }
         }
         let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
-        let h = MessageHeader { msg_type: self.msg_type(), length: len };
+        let h = MessageHeader {
+            msg_type: self.msg_type(),
+            length: len,
+        };
         out[start..start + MESSAGE_HEADER_LEN].copy_from_slice(&h.encode());
     }
 
@@ -161,7 +169,11 @@ impl Message {
             if b.len() == n {
                 Ok(())
             } else {
-                Err(WireError::BadLength { what, expected: n, got: b.len() })
+                Err(WireError::BadLength {
+                    what,
+                    expected: n,
+                    got: b.len(),
+                })
             }
         };
         Ok(match msg_type {
@@ -170,17 +182,31 @@ impl Message {
                 if u16_at(b, 2) != 0 {
                     return Err(WireError::ReservedNonZero { what: "credit" });
                 }
-                Message::Credit { bu: u16_at(b, 0), count: u32_at(b, 4) }
+                Message::Credit {
+                    bu: u16_at(b, 0),
+                    count: u32_at(b, 4),
+                }
             }
             MessageType::Assign | MessageType::Release => {
-                let what = if msg_type == MessageType::Assign { "assign" } else { "release" };
+                let what = if msg_type == MessageType::Assign {
+                    "assign"
+                } else {
+                    "release"
+                };
                 exact(what, 16)?;
                 if u16_at(b, 14) != 0 {
                     return Err(WireError::ReservedNonZero { what });
                 }
-                let r = EventRange { first: u64_at(b, 0), count: u32_at(b, 8), bu: u16_at(b, 12) };
+                let r = EventRange {
+                    first: u64_at(b, 0),
+                    count: u32_at(b, 8),
+                    bu: u16_at(b, 12),
+                };
                 if r.first.checked_add(r.count as u64).is_none() {
-                    return Err(WireError::OutOfRange { what, value: r.first });
+                    return Err(WireError::OutOfRange {
+                        what,
+                        value: r.first,
+                    });
                 }
                 if msg_type == MessageType::Assign {
                     Message::Assign(r)
@@ -202,14 +228,26 @@ impl Message {
             }
             MessageType::Stop => {
                 exact("stop", 8)?;
-                Message::Stop { triggered: u64_at(b, 0) }
+                Message::Stop {
+                    triggered: u64_at(b, 0),
+                }
             }
             MessageType::Report | MessageType::Abort => {
-                let what = if msg_type == MessageType::Report { "report" } else { "abort" };
+                let what = if msg_type == MessageType::Report {
+                    "report"
+                } else {
+                    "abort"
+                };
                 if b.len() > MAX_TEXT_LEN {
-                    return Err(WireError::TooLong { what, len: b.len(), max: MAX_TEXT_LEN });
+                    return Err(WireError::TooLong {
+                        what,
+                        len: b.len(),
+                        max: MAX_TEXT_LEN,
+                    });
                 }
-                let s = std::str::from_utf8(b).map_err(|_| WireError::BadUtf8 { what })?.to_string();
+                let s = std::str::from_utf8(b)
+                    .map_err(|_| WireError::BadUtf8 { what })?
+                    .to_string();
                 if msg_type == MessageType::Report {
                     Message::Report(s)
                 } else {
@@ -217,7 +255,10 @@ impl Message {
                 }
             }
             MessageType::Fragment => {
-                return Err(WireError::OutOfRange { what: "fragment outside the fragment path", value: 4 })
+                return Err(WireError::OutOfRange {
+                    what: "fragment outside the fragment path",
+                    value: 4,
+                })
             }
         })
     }

@@ -13,29 +13,48 @@ fn frame_header_rejections() {
     let good = FrameHeader::new(FrameType::Messages, 100, 1, 0).encode();
     assert_eq!(
         FrameHeader::decode(&good[..10], 1000),
-        Err(WireError::Truncated { what: "frame header", need: 24, have: 10 })
+        Err(WireError::Truncated {
+            what: "frame header",
+            need: 24,
+            have: 10
+        })
     );
     let mut b = good;
     b[0] = b'X';
-    assert!(matches!(FrameHeader::decode(&b, 1000), Err(WireError::BadMagic(_))));
+    assert!(matches!(
+        FrameHeader::decode(&b, 1000),
+        Err(WireError::BadMagic(_))
+    ));
     let mut b = good;
     b[4] = 9;
     assert_eq!(
         FrameHeader::decode(&b, 1000),
-        Err(WireError::UnsupportedVersion { got: 9, supported: 1 })
+        Err(WireError::UnsupportedVersion {
+            got: 9,
+            supported: 1
+        })
     );
     let mut b = good;
     b[6] = 77;
-    assert_eq!(FrameHeader::decode(&b, 1000), Err(WireError::UnknownFrameType(77)));
+    assert_eq!(
+        FrameHeader::decode(&b, 1000),
+        Err(WireError::UnknownFrameType(77))
+    );
     let mut b = good;
     b[7] = 1;
-    assert!(matches!(FrameHeader::decode(&b, 1000), Err(WireError::ReservedNonZero { .. })));
+    assert!(matches!(
+        FrameHeader::decode(&b, 1000),
+        Err(WireError::ReservedNonZero { .. })
+    ));
     assert_eq!(
         FrameHeader::decode(&good, 99),
         Err(WireError::FrameTooLarge { len: 100, max: 99 })
     );
     let h = FrameHeader::new(FrameType::Bye, 0, 3, 0).encode();
-    assert!(matches!(FrameHeader::decode(&h, 99), Err(WireError::ReservedNonZero { .. })));
+    assert!(matches!(
+        FrameHeader::decode(&h, 99),
+        Err(WireError::ReservedNonZero { .. })
+    ));
 }
 
 #[test]
@@ -49,19 +68,40 @@ fn hello_round_trip_and_rejections() {
     }
     let mut extra = b.clone();
     extra.push(0);
-    assert!(matches!(Hello::decode(&extra), Err(WireError::BadLength { .. })));
+    assert!(matches!(
+        Hello::decode(&extra),
+        Err(WireError::BadLength { .. })
+    ));
     let mut bad = b.clone();
     bad[2] = 5;
-    assert!(matches!(Hello::decode(&bad), Err(WireError::OutOfRange { what: "hello channel", .. })));
+    assert!(matches!(
+        Hello::decode(&bad),
+        Err(WireError::OutOfRange {
+            what: "hello channel",
+            ..
+        })
+    ));
     let mut bad = b.clone();
     bad[3] = 5;
-    assert!(matches!(Hello::decode(&bad), Err(WireError::OutOfRange { what: "hello role", .. })));
+    assert!(matches!(
+        Hello::decode(&bad),
+        Err(WireError::OutOfRange {
+            what: "hello role",
+            ..
+        })
+    ));
     let mut bad = b.clone();
     bad[0] = 2;
-    assert!(matches!(Hello::decode(&bad), Err(WireError::UnsupportedVersion { .. })));
+    assert!(matches!(
+        Hello::decode(&bad),
+        Err(WireError::UnsupportedVersion { .. })
+    ));
     let mut bad = b.clone();
     bad[17] = 0xff; // first byte of the run id: invalid UTF-8
-    assert!(matches!(Hello::decode(&bad), Err(WireError::BadUtf8 { what: "run id" })));
+    assert!(matches!(
+        Hello::decode(&bad),
+        Err(WireError::BadUtf8 { what: "run id" })
+    ));
     let long = Hello::new(Channel::Data, Role::Ru, 0, &"x".repeat(65), "a");
     assert!(matches!(long.encode(), Err(WireError::TooLong { .. })));
 }
@@ -70,8 +110,16 @@ fn hello_round_trip_and_rejections() {
 fn messages_round_trip() {
     let all = [
         Message::Credit { bu: 2, count: 17 },
-        Message::Assign(EventRange { bu: 1, first: 1 << 40, count: 300 }),
-        Message::Release(EventRange { bu: 0, first: 5, count: 1 }),
+        Message::Assign(EventRange {
+            bu: 1,
+            first: 1 << 40,
+            count: 300,
+        }),
+        Message::Release(EventRange {
+            bu: 0,
+            first: 5,
+            count: 1,
+        }),
         Message::Ready,
         Message::Start,
         Message::Stop { triggered: 123_456 },
@@ -83,7 +131,10 @@ fn messages_round_trip() {
         let b = m.encode();
         let h = MessageHeader::decode(&b).unwrap();
         assert_eq!(h.length as usize, b.len() - MESSAGE_HEADER_LEN);
-        assert_eq!(Message::decode(h.msg_type, &b[MESSAGE_HEADER_LEN..]).unwrap(), m);
+        assert_eq!(
+            Message::decode(h.msg_type, &b[MESSAGE_HEADER_LEN..]).unwrap(),
+            m
+        );
     }
 }
 
@@ -93,17 +144,27 @@ fn message_rejections() {
         MessageHeader::decode(&[0x99, 0, 0, 0, 0, 0, 0, 0]),
         Err(WireError::UnknownMessageType(0x99))
     );
-    assert!(matches!(MessageHeader::decode(&[1, 0, 1, 0, 0, 0, 0, 0]), Err(WireError::ReservedNonZero { .. })));
+    assert!(matches!(
+        MessageHeader::decode(&[1, 0, 1, 0, 0, 0, 0, 0]),
+        Err(WireError::ReservedNonZero { .. })
+    ));
     assert_eq!(
         Message::decode(MessageType::Credit, &[0; 7]),
-        Err(WireError::BadLength { what: "credit", expected: 8, got: 7 })
+        Err(WireError::BadLength {
+            what: "credit",
+            expected: 8,
+            got: 7
+        })
     );
     assert!(Message::decode(MessageType::Start, &[0]).is_err());
     assert!(Message::decode(MessageType::Report, &[0xff, 0xfe]).is_err());
     let mut overflow = [0u8; 16];
     overflow[0..8].copy_from_slice(&u64::MAX.to_le_bytes());
     overflow[8] = 2;
-    assert!(matches!(Message::decode(MessageType::Assign, &overflow), Err(WireError::OutOfRange { .. })));
+    assert!(matches!(
+        Message::decode(MessageType::Assign, &overflow),
+        Err(WireError::OutOfRange { .. })
+    ));
     assert!(Message::decode(MessageType::Fragment, &[]).is_err());
 }
 
@@ -123,7 +184,10 @@ fn fragment_header_round_trip_and_checksum() {
         let mut bad = b;
         bad[i] ^= 0x10;
         assert!(
-            matches!(FragmentHeader::decode(&bad), Err(WireError::HeaderChecksum { .. })),
+            matches!(
+                FragmentHeader::decode(&bad),
+                Err(WireError::HeaderChecksum { .. })
+            ),
             "flip at {i} not caught"
         );
     }
@@ -132,7 +196,10 @@ fn fragment_header_round_trip_and_checksum() {
 
 #[test]
 fn reject_round_trip() {
-    let r = Reject { code: RejectCode::WrongRun, reason: "run id mismatch".into() };
+    let r = Reject {
+        code: RejectCode::WrongRun,
+        reason: "run id mismatch".into(),
+    };
     assert_eq!(Reject::decode(&r.encode()).unwrap(), r);
     assert!(Reject::decode(&[7, 0]).is_err());
     assert!(Reject::decode(&[1]).is_err());

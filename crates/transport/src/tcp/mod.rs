@@ -15,7 +15,9 @@ use tracing::{debug, warn};
 
 use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
 
-use crate::{CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError};
+use crate::{
+    CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
+};
 use rx::{ReadOutcome, RxAssembler, RxError};
 use tx::TxQueue;
 
@@ -90,11 +92,23 @@ impl TcpTransport {
 
     fn add_conn(&mut self, mut stream: TcpStream, addr: String, state: State) -> io::Result<Token> {
         let token = self.token();
-        self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
+        self.poll.registry().register(
+            &mut stream,
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
         let rx = RxAssembler::new(self.cfg.rx_pool.clone(), self.cfg.max_frame);
         self.conns.insert(
             token,
-            Conn { stream, addr, state, rx, tx: TxQueue::default(), writable: false, close_reason: None },
+            Conn {
+                stream,
+                addr,
+                state,
+                rx,
+                tx: TxQueue::default(),
+                writable: false,
+                close_reason: None,
+            },
         );
         Ok(token)
     }
@@ -140,16 +154,23 @@ impl TcpTransport {
             let _ = self.poll.registry().deregister(&mut c.stream);
             let reason = c.close_reason.take().unwrap_or(reason);
             match &reason {
-                CloseReason::Protocol(_) | CloseReason::Rejected(_) => warn!(peer = %c.addr, "closed: {reason}"),
+                CloseReason::Protocol(_) | CloseReason::Rejected(_) => {
+                    warn!(peer = %c.addr, "closed: {reason}")
+                }
                 _ => debug!(peer = %c.addr, "closed: {reason}"),
             }
-            out.push(Event::Closed { conn: ConnId(token.0 as u64), reason });
+            out.push(Event::Closed {
+                conn: ConnId(token.0 as u64),
+                reason,
+            });
         }
         self.starved.remove(&token);
     }
 
     fn on_writable(&mut self, token: Token, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else { return };
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
         if c.state == State::Connecting {
             match c.stream.take_error() {
                 Ok(Some(e)) | Err(e) => {
@@ -163,7 +184,9 @@ impl TcpTransport {
                     c.state = State::AwaitAck;
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-                Err(e) => return self.drop_conn(token, CloseReason::ConnectFailed(e.to_string()), out),
+                Err(e) => {
+                    return self.drop_conn(token, CloseReason::ConnectFailed(e.to_string()), out)
+                }
             }
         }
         c.writable = true;
@@ -171,7 +194,9 @@ impl TcpTransport {
     }
 
     fn flush(&mut self, token: Token, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else { return };
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
         if !c.writable || c.state == State::Connecting || c.state == State::Draining {
             return;
         }
@@ -190,7 +215,9 @@ impl TcpTransport {
     }
 
     fn on_readable(&mut self, token: Token, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else { return };
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
         if c.state == State::Connecting {
             return self.on_writable(token, out);
         }
@@ -236,7 +263,9 @@ impl TcpTransport {
     }
 
     fn on_frame(&mut self, token: Token, frame: InFrame, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else { return };
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
         let conn = ConnId(token.0 as u64);
         match (c.state, frame.frame_type) {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
@@ -244,9 +273,15 @@ impl TcpTransport {
             (State::Closing, _) => {} // we are leaving; late input is dropped
             (State::AwaitHello, FrameType::Hello) => match Hello::decode(&frame.payload.to_vec()) {
                 Ok(peer) if peer.run_id != self.cfg.run_id => {
-                    let reason = format!("run id {:?} is not this run ({:?})", peer.run_id, self.cfg.run_id);
+                    let reason = format!(
+                        "run id {:?} is not this run ({:?})",
+                        peer.run_id, self.cfg.run_id
+                    );
                     warn!(peer = %c.addr, node = %peer.node_id, "refusing connection: {reason}");
-                    let reject = Reject { code: RejectCode::WrongRun, reason: reason.clone() };
+                    let reject = Reject {
+                        code: RejectCode::WrongRun,
+                        reason: reason.clone(),
+                    };
                     c.tx.push(FrameType::Reject, 0, vec![Segment::Owned(reject.encode())]);
                     self.begin_close(token, CloseReason::Rejected(reason));
                     self.flush(token, out);
@@ -261,13 +296,15 @@ impl TcpTransport {
                 }
                 Err(e) => self.drop_conn(token, CloseReason::Protocol(e), out),
             },
-            (State::AwaitAck, FrameType::HelloAck) => match Hello::decode(&frame.payload.to_vec()) {
-                Ok(peer) => {
-                    c.state = State::Open;
-                    out.push(Event::Connected { conn, peer });
+            (State::AwaitAck, FrameType::HelloAck) => {
+                match Hello::decode(&frame.payload.to_vec()) {
+                    Ok(peer) => {
+                        c.state = State::Open;
+                        out.push(Event::Connected { conn, peer });
+                    }
+                    Err(e) => self.drop_conn(token, CloseReason::Protocol(e), out),
                 }
-                Err(e) => self.drop_conn(token, CloseReason::Protocol(e), out),
-            },
+            }
             (State::AwaitAck, FrameType::Reject) => {
                 let why = match Reject::decode(&frame.payload.to_vec()) {
                     Ok(r) => r.reason,
@@ -276,7 +313,10 @@ impl TcpTransport {
                 self.drop_conn(token, CloseReason::Rejected(why), out)
             }
             (_, t) => {
-                let e = WireError::OutOfRange { what: "frame type in this connection state", value: t as u64 };
+                let e = WireError::OutOfRange {
+                    what: "frame type in this connection state",
+                    value: t as u64,
+                };
                 self.drop_conn(token, CloseReason::Protocol(e), out)
             }
         }
@@ -293,20 +333,31 @@ fn resolve(addr: &str) -> Result<SocketAddr, TransportError> {
 impl Transport for TcpTransport {
     fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
         let sa = resolve(addr)?;
-        let io_err = |source| TransportError::Io { addr: addr.to_string(), source };
+        let io_err = |source| TransportError::Io {
+            addr: addr.to_string(),
+            source,
+        };
         let mut l = TcpListener::bind(sa).map_err(io_err)?;
         let local = l.local_addr().map_err(io_err)?;
         let token = self.token();
-        self.poll.registry().register(&mut l, token, Interest::READABLE).map_err(io_err)?;
+        self.poll
+            .registry()
+            .register(&mut l, token, Interest::READABLE)
+            .map_err(io_err)?;
         self.listeners.insert(token, l);
         Ok(local.to_string())
     }
 
     fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError> {
         let sa = resolve(addr)?;
-        let io_err = |source| TransportError::Io { addr: addr.to_string(), source };
+        let io_err = |source| TransportError::Io {
+            addr: addr.to_string(),
+            source,
+        };
         let stream = TcpStream::connect(sa).map_err(io_err)?;
-        let token = self.add_conn(stream, addr.to_string(), State::Connecting).map_err(io_err)?;
+        let token = self
+            .add_conn(stream, addr.to_string(), State::Connecting)
+            .map_err(io_err)?;
         let c = self.conns.get_mut(&token).expect("just added");
         c.tx.push(FrameType::Hello, 0, vec![Segment::Owned(hello.encode()?)]);
         Ok(ConnId(token.0 as u64))
@@ -321,7 +372,10 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         let token = Token(conn.0 as usize);
         let max = self.cfg.max_frame as usize;
-        let c = self.conns.get_mut(&token).ok_or(TransportError::NoConnection(conn))?;
+        let c = self
+            .conns
+            .get_mut(&token)
+            .ok_or(TransportError::NoConnection(conn))?;
         if c.state != State::Open {
             return Err(TransportError::NotOpen(conn));
         }
@@ -342,7 +396,9 @@ impl Transport for TcpTransport {
     }
 
     fn queued_bytes(&self, conn: ConnId) -> usize {
-        self.conns.get(&Token(conn.0 as usize)).map_or(0, |c| c.tx.bytes())
+        self.conns
+            .get(&Token(conn.0 as usize))
+            .map_or(0, |c| c.tx.bytes())
     }
 
     fn close(&mut self, conn: ConnId) {
@@ -366,7 +422,9 @@ impl Transport for TcpTransport {
         let timeout = if !out.is_empty() || !self.more_to_read.is_empty() {
             Some(Duration::ZERO)
         } else if !self.starved.is_empty() {
-            Some(timeout.map_or(Duration::from_millis(1), |t| t.min(Duration::from_millis(1))))
+            Some(timeout.map_or(Duration::from_millis(1), |t| {
+                t.min(Duration::from_millis(1))
+            }))
         } else {
             timeout
         };
@@ -379,7 +437,11 @@ impl Transport for TcpTransport {
             .events
             .iter()
             .map(|e| {
-                (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable() || e.is_error())
+                (
+                    e.token(),
+                    e.is_readable() || e.is_read_closed() || e.is_error(),
+                    e.is_writable() || e.is_error(),
+                )
             })
             .collect();
         for (token, readable, writable) in ready {
@@ -401,8 +463,12 @@ impl Transport for TcpTransport {
             self.on_readable(token, out);
         }
         // Connections closing with an empty queue still need their shutdown step.
-        let closing: Vec<Token> =
-            self.conns.iter().filter(|(_, c)| c.state == State::Closing && c.tx.is_empty()).map(|(t, _)| *t).collect();
+        let closing: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::Closing && c.tx.is_empty())
+            .map(|(t, _)| *t)
+            .collect();
         for t in closing {
             if let Some(c) = self.conns.get_mut(&t) {
                 c.writable = true;

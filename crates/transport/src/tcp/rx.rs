@@ -48,8 +48,19 @@ pub(crate) struct RxAssembler {
 
 impl RxAssembler {
     pub(crate) fn new(pool: Pool, max_frame: u32) -> Self {
-        assert!(pool.block_size() >= 2 * FRAME_HEADER_LEN, "receive blocks too small");
-        RxAssembler { pool, max_frame, block: None, parsed: 0, pending: None, expected_seq: 0, bytes: 0 }
+        assert!(
+            pool.block_size() >= 2 * FRAME_HEADER_LEN,
+            "receive blocks too small"
+        );
+        RxAssembler {
+            pool,
+            max_frame,
+            block: None,
+            parsed: 0,
+            pending: None,
+            expected_seq: 0,
+            bytes: 0,
+        }
     }
 
     /// Makes sure there is a block with room to read into; false if the pool is empty.
@@ -57,7 +68,8 @@ impl RxAssembler {
         let need_new = match &self.block {
             None => true,
             Some(b) => {
-                b.remaining() == 0 || (self.pending.is_none() && b.remaining() < MIN_READ.min(b.capacity() / 4))
+                b.remaining() == 0
+                    || (self.pending.is_none() && b.remaining() < MIN_READ.min(b.capacity() / 4))
             }
         };
         if !need_new {
@@ -96,7 +108,9 @@ impl RxAssembler {
                     self.bytes += n as u64;
                     self.cut_frames(out)?;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::WouldBlock),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(ReadOutcome::WouldBlock)
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(RxError::Io(e)),
             }
@@ -179,7 +193,9 @@ mod tests {
     fn stream(payloads: &[Vec<u8>]) -> Vec<u8> {
         let mut v = Vec::new();
         for (i, p) in payloads.iter().enumerate() {
-            v.extend_from_slice(&FrameHeader::new(FrameType::Messages, p.len() as u32, 1, i as u64).encode());
+            v.extend_from_slice(
+                &FrameHeader::new(FrameType::Messages, p.len() as u32, 1, i as u64).encode(),
+            );
             v.extend_from_slice(p);
         }
         v
@@ -187,11 +203,18 @@ mod tests {
 
     #[test]
     fn frames_survive_any_read_split_and_span_blocks() {
-        let payloads: Vec<Vec<u8>> = (0..40u32).map(|i| (0..(i * 37 % 700)).map(|b| (b ^ i) as u8).collect()).collect();
+        let payloads: Vec<Vec<u8>> = (0..40u32)
+            .map(|i| (0..(i * 37 % 700)).map(|b| (b ^ i) as u8).collect())
+            .collect();
         for sizes in [vec![1], vec![7, 3, 100], vec![23, 24, 25], vec![4096]] {
             let pool = Pool::new("rx", 256, 256);
             let mut rx = RxAssembler::new(pool.clone(), 1 << 20);
-            let mut src = Trickle { data: stream(&payloads), at: 0, sizes, i: 0 };
+            let mut src = Trickle {
+                data: stream(&payloads),
+                at: 0,
+                sizes,
+                i: 0,
+            };
             let mut out = Vec::new();
             loop {
                 match rx.read_from(&mut src, &mut out, 1000).unwrap() {
@@ -211,16 +234,37 @@ mod tests {
     fn oversized_and_out_of_sequence_frames_are_errors() {
         let pool = Pool::new("rx", 256, 8);
         let mut rx = RxAssembler::new(pool.clone(), 100);
-        let mut src = Trickle { data: stream(&[vec![0; 101]]), at: 0, sizes: vec![4096], i: 0 };
+        let mut src = Trickle {
+            data: stream(&[vec![0; 101]]),
+            at: 0,
+            sizes: vec![4096],
+            i: 0,
+        };
         let r = rx.read_from(&mut src, &mut Vec::new(), 10);
-        assert!(matches!(r, Err(RxError::Wire(WireError::FrameTooLarge { .. }))));
+        assert!(matches!(
+            r,
+            Err(RxError::Wire(WireError::FrameTooLarge { .. }))
+        ));
 
         let mut rx = RxAssembler::new(pool, 1000);
-        let mut data = FrameHeader::new(FrameType::Messages, 0, 0, 0).encode().to_vec();
+        let mut data = FrameHeader::new(FrameType::Messages, 0, 0, 0)
+            .encode()
+            .to_vec();
         data.extend_from_slice(&FrameHeader::new(FrameType::Messages, 0, 0, 5).encode());
-        let mut src = Trickle { data, at: 0, sizes: vec![4096], i: 0 };
+        let mut src = Trickle {
+            data,
+            at: 0,
+            sizes: vec![4096],
+            i: 0,
+        };
         let r = rx.read_from(&mut src, &mut Vec::new(), 10);
-        assert!(matches!(r, Err(RxError::Wire(WireError::Sequence { got: 5, expected: 1 }))));
+        assert!(matches!(
+            r,
+            Err(RxError::Wire(WireError::Sequence {
+                got: 5,
+                expected: 1
+            }))
+        ));
     }
 
     #[test]
@@ -228,11 +272,22 @@ mod tests {
         let pool = Pool::new("rx", 128, 1);
         let held = pool.try_alloc().unwrap();
         let mut rx = RxAssembler::new(pool.clone(), 1000);
-        let mut src = Trickle { data: stream(&[vec![1; 10]]), at: 0, sizes: vec![4096], i: 0 };
+        let mut src = Trickle {
+            data: stream(&[vec![1; 10]]),
+            at: 0,
+            sizes: vec![4096],
+            i: 0,
+        };
         let mut out = Vec::new();
-        assert_eq!(rx.read_from(&mut src, &mut out, 10).unwrap(), ReadOutcome::Starved);
+        assert_eq!(
+            rx.read_from(&mut src, &mut out, 10).unwrap(),
+            ReadOutcome::Starved
+        );
         drop(held);
-        assert_eq!(rx.read_from(&mut src, &mut out, 10).unwrap(), ReadOutcome::WouldBlock);
+        assert_eq!(
+            rx.read_from(&mut src, &mut out, 10).unwrap(),
+            ReadOutcome::WouldBlock
+        );
         assert_eq!(out.len(), 1);
     }
 }

@@ -34,7 +34,11 @@ impl TxQueue {
         self.next_seq += 1;
         let len = FRAME_HEADER_LEN + payload;
         self.bytes += len;
-        self.frames.push_back(OutFrame { header, segments, len });
+        self.frames.push_back(OutFrame {
+            header,
+            segments,
+            len,
+        });
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -54,7 +58,8 @@ impl TxQueue {
             let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
             let mut skip = self.head_written;
             'frames: for f in &self.frames {
-                let pieces = std::iter::once(&f.header[..]).chain(f.segments.iter().map(Segment::bytes));
+                let pieces =
+                    std::iter::once(&f.header[..]).chain(f.segments.iter().map(Segment::bytes));
                 for p in pieces {
                     if skip >= p.len() {
                         skip -= p.len();
@@ -137,10 +142,18 @@ mod tests {
     fn partial_writes_resume_where_they_stopped() {
         let mut q = TxQueue::default();
         for i in 0..50u8 {
-            q.push(FrameType::Messages, 1, vec![Segment::Owned(vec![i; i as usize]), Segment::Owned(vec![])]);
+            q.push(
+                FrameType::Messages,
+                1,
+                vec![Segment::Owned(vec![i; i as usize]), Segment::Owned(vec![])],
+            );
         }
         let total = q.bytes();
-        let mut w = Choppy { out: Vec::new(), cap: 13, calls: 5 };
+        let mut w = Choppy {
+            out: Vec::new(),
+            cap: 13,
+            calls: 5,
+        };
         assert!(!q.write_to(&mut w).unwrap());
         assert_eq!(q.bytes(), total - 65);
         w.calls = usize::MAX;
