@@ -199,7 +199,7 @@ fn main() -> ExitCode {
         Command::Config {
             what: ConfigCmd::Default,
         } => {
-            print!("{}", Config::default().to_toml());
+            print!("{}", evb_config::DEFAULT_TOML);
             ExitCode::SUCCESS
         }
     }

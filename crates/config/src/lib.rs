@@ -305,6 +305,9 @@ pub enum Role {
     Bu,
 }
 
+/// The default configuration as a commented TOML file (`evb config default`).
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
 /// Largest single fragment accepted in a configuration.
 pub const MAX_FRAGMENT: u64 = 256 << 20;
 const MAX_NODES: u32 = 4096;

@@ -31,6 +31,11 @@ fn empty_file_is_the_default_run() {
 }
 
 #[test]
+fn the_commented_default_file_is_the_default() {
+    assert_eq!(Config::from_toml(DEFAULT_TOML).unwrap(), Config::default());
+}
+
+#[test]
 fn counts_and_base_port_make_addresses() {
     let c = Config::from_toml("[topology]\nrus = 3\nbus = 2\nbase_port = 9000\n").unwrap();
     let addrs: Vec<String> = c.nodes().into_iter().map(|n| n.addr).collect();
