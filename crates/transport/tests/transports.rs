@@ -280,3 +280,76 @@ fn tcp_peer_death_is_reported_as_lost() {
         }
     )));
 }
+
+#[test]
+fn tcp_stalled_receiver_does_not_block_others() {
+    let mut a = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
+    let mut slow = TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap();
+    let mut fast = TcpTransport::new(cfg("run1", "bu1", Role::Bu)).unwrap();
+    let slow_addr = slow.listen("127.0.0.1:0").unwrap();
+    let fast_addr = fast.listen("127.0.0.1:0").unwrap();
+    let c_slow = a
+        .connect(
+            &slow_addr,
+            Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
+    let c_fast = a
+        .connect(
+            &fast_addr,
+            Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new(), Vec::new()];
+    pump(
+        &mut [&mut a, &mut slow, &mut fast],
+        |e| {
+            e[0].iter()
+                .filter(|e| matches!(e, Event::Connected { .. }))
+                .count()
+                == 2
+        },
+        &mut evs,
+    );
+    evs.iter_mut().for_each(Vec::clear);
+    // 64 MiB towards a receiver that never reads again: far more than socket buffers hold
+    let chunk = vec![7u8; 1 << 20];
+    for _ in 0..64 {
+        a.send(
+            c_slow,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(chunk.clone())],
+        )
+        .unwrap();
+    }
+    for i in 0..200u32 {
+        a.send(
+            c_fast,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(i.to_le_bytes().to_vec())],
+        )
+        .unwrap();
+    }
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got < 200 {
+        assert!(
+            Instant::now() < deadline,
+            "fast receiver starved by the stalled one: {got}/200"
+        );
+        a.poll(&mut evs[0], Some(Duration::from_millis(1))).unwrap();
+        fast.poll(&mut evs[2], Some(Duration::from_millis(1)))
+            .unwrap();
+        got = evs[2]
+            .iter()
+            .filter(|e| matches!(e, Event::Frame { .. }))
+            .count();
+    }
+    assert!(
+        a.queued_bytes(c_slow) > 16 << 20,
+        "the stalled connection's queue should hold the backlog"
+    );
+    assert_eq!(a.queued_bytes(c_fast), 0);
+}
