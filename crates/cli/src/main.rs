@@ -30,6 +30,8 @@ enum Command {
     Run(RunArgs),
     /// Run one node of the configuration (multi-host deployments; the launcher uses it too).
     Node(NodeArgs),
+    /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
+    Bench(evb_bench::BenchArgs),
     /// Check a configuration file, or print the default one.
     Config {
         #[command(subcommand)]
