@@ -178,6 +178,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Bench(a) => match evb_bench::run(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb bench: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Config {
             what: ConfigCmd::Check { file },
         } => match Config::from_file(&file) {
