@@ -1,0 +1,394 @@
+//! Built-event files, as a BU writes them and `evb inspect` / playback read them.
+//!
+//! File header: magic "EVBE" | version u16 (1) | BU index u16 | sequence u32 |
+//! run id length u16 | reserved u16 (0) | run id (UTF-8).
+//! Then events, each a 32-byte event header and its fragments:
+//! magic "EVEV" | body length u32 | event id u64 | trigger number u32 | fragment count u16 |
+//! flags u16 | body CRC32C u32 | header CRC32C u32 (bytes 0..28);
+//! body = for each fragment its 32-byte wire fragment header, then its payload.
+//! Every data file has a metadata file beside it (same name + ".json"): see [`FileMeta`].
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use evb_buffers::Chain;
+use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub const FILE_MAGIC: [u8; 4] = *b"EVBE";
+pub const EVENT_MAGIC: [u8; 4] = *b"EVEV";
+pub const EVENT_HEADER_LEN: usize = 32;
+pub const FORMAT_VERSION: u16 = 1;
+
+/// Event flag: at least one source is missing (a MISSING placeholder fragment).
+pub const EVENT_PARTIAL: u16 = 0x0001;
+/// Event flag: the fragments' trigger numbers disagree.
+pub const EVENT_TRIGGER_MISMATCH: u16 = 0x0002;
+/// Event flag: a fragment failed its CRC or content check at the BU.
+pub const EVENT_CORRUPT: u16 = 0x0004;
+
+#[derive(Debug, Error)]
+pub enum EventFileError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} at byte {offset}: {reason}")]
+    Bad {
+        path: String,
+        offset: u64,
+        reason: String,
+    },
+}
+
+/// The metadata file written beside each data file once it is complete.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileMeta {
+    pub format: String,
+    pub version: u16,
+    pub run: String,
+    pub bu: u16,
+    pub sequence: u32,
+    pub file: String,
+    pub events: u64,
+    /// Size of the data file.
+    pub bytes: u64,
+    pub payload_bytes: u64,
+    pub first_event: Option<u64>,
+    pub last_event: Option<u64>,
+    /// CRC32C of the whole data file.
+    pub crc32c: u32,
+}
+
+fn file_header(run: &str, bu: u16, sequence: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + run.len());
+    v.extend_from_slice(&FILE_MAGIC);
+    v.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    v.extend_from_slice(&bu.to_le_bytes());
+    v.extend_from_slice(&sequence.to_le_bytes());
+    v.extend_from_slice(&(run.len() as u16).to_le_bytes());
+    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(run.as_bytes());
+    v
+}
+
+/// Encodes one event's header for a body of `fragments`.
+pub fn event_header(
+    event_id: u64,
+    trigger: u32,
+    flags: u16,
+    fragments: &[(FragmentHeader, &Chain)],
+) -> [u8; EVENT_HEADER_LEN] {
+    let body_len: usize = fragments
+        .iter()
+        .map(|(_, p)| FRAGMENT_HEADER_LEN + p.len())
+        .sum();
+    let mut crc = 0u32;
+    for (h, p) in fragments {
+        crc = crc32c::crc32c_append(crc, &h.encode());
+        for c in p.chunks() {
+            crc = crc32c::crc32c_append(crc, c);
+        }
+    }
+    let mut b = [0u8; EVENT_HEADER_LEN];
+    b[0..4].copy_from_slice(&EVENT_MAGIC);
+    b[4..8].copy_from_slice(&(body_len as u32).to_le_bytes());
+    b[8..16].copy_from_slice(&event_id.to_le_bytes());
+    b[16..20].copy_from_slice(&trigger.to_le_bytes());
+    b[20..22].copy_from_slice(&(fragments.len() as u16).to_le_bytes());
+    b[22..24].copy_from_slice(&flags.to_le_bytes());
+    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    let h = crc32c::crc32c(&b[..28]);
+    b[28..32].copy_from_slice(&h.to_le_bytes());
+    b
+}
+
+/// Writes one data file under a temporary name; `finish` renames it into place and writes
+/// its metadata, so a reader never sees half a file.
+pub struct EventFileWriter {
+    /// Always `Some` between calls; taken only to rebuild it after a failed write.
+    out: Option<BufWriter<File>>,
+    tmp: PathBuf,
+    path: PathBuf,
+    meta: FileMeta,
+    /// Bytes known to be complete events (where to cut back to after a failed write).
+    good: u64,
+    crc: u32,
+}
+
+impl EventFileWriter {
+    pub fn create(
+        dir: &Path,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+    ) -> Result<EventFileWriter, EventFileError> {
+        let name = format!("{run}_bu{bu}_{sequence:06}.evb");
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let io = |source| EventFileError::Io {
+            path: tmp.display().to_string(),
+            source,
+        };
+        let file = File::create(&tmp).map_err(io)?;
+        let mut w = EventFileWriter {
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            tmp: tmp.clone(),
+            path,
+            meta: FileMeta {
+                format: "evb-events".into(),
+                version: FORMAT_VERSION,
+                run: run.into(),
+                bu,
+                sequence,
+                file: name,
+                events: 0,
+                bytes: 0,
+                payload_bytes: 0,
+                first_event: None,
+                last_event: None,
+                crc32c: 0,
+            },
+            good: 0,
+            crc: 0,
+        };
+        let h = file_header(run, bu, sequence);
+        w.put(&h).map_err(io)?;
+        w.writer().flush().map_err(io)?;
+        w.good = w.meta.bytes;
+        Ok(w)
+    }
+
+    fn writer(&mut self) -> &mut BufWriter<File> {
+        self.out.as_mut().expect("writer present between calls")
+    }
+
+    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.writer().write_all(b)?;
+        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.meta.bytes += b.len() as u64;
+        Ok(())
+    }
+
+    pub fn events(&self) -> u64 {
+        self.meta.events
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.meta.bytes
+    }
+
+    /// Appends one event and flushes it to the file. On failure (a full disk) the file is
+    /// cut back to the last complete event, so the call can simply be repeated later.
+    pub fn write_event(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> Result<(), EventFileError> {
+        let (crc_before, meta_before) = (self.crc, self.meta.clone());
+        let r = (|| -> std::io::Result<()> {
+            self.put(&event_header(event_id, trigger, flags, fragments))?;
+            for (h, p) in fragments {
+                self.put(&h.encode())?;
+                for c in p.chunks() {
+                    self.put(c)?;
+                }
+            }
+            self.writer().flush()
+        })();
+        match r {
+            Ok(()) => {
+                self.good = self.meta.bytes;
+                self.meta.events += 1;
+                self.meta.payload_bytes +=
+                    fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+                self.meta.first_event.get_or_insert(event_id);
+                self.meta.last_event = Some(event_id);
+                Ok(())
+            }
+            Err(source) => {
+                self.crc = crc_before;
+                self.meta = meta_before;
+                // Drop what the buffer still holds and cut the file back to whole events.
+                let out = self.out.take().expect("writer present between calls");
+                let cap = out.capacity();
+                let (mut file, _unwritten) = out.into_parts();
+                use std::io::Seek;
+                let _ = file.set_len(self.good);
+                let _ = file.seek(std::io::SeekFrom::Start(self.good));
+                self.out = Some(BufWriter::with_capacity(cap, file));
+                Err(EventFileError::Io {
+                    path: self.tmp.display().to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Completes the file: sync, rename into place, write the metadata file. Returns its metadata.
+    pub fn finish(mut self) -> Result<FileMeta, EventFileError> {
+        let io = |p: &Path| {
+            let p = p.display().to_string();
+            move |source| EventFileError::Io { path: p, source }
+        };
+        self.writer().flush().map_err(io(&self.tmp))?;
+        self.writer().get_ref().sync_data().map_err(io(&self.tmp))?;
+        std::fs::rename(&self.tmp, &self.path).map_err(io(&self.path))?;
+        self.meta.crc32c = self.crc;
+        let meta_path = PathBuf::from(format!("{}.json", self.path.display()));
+        let meta_tmp = meta_path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default();
+        std::fs::write(&meta_tmp, text + "\n").map_err(io(&meta_tmp))?;
+        std::fs::rename(&meta_tmp, &meta_path).map_err(io(&meta_path))?;
+        Ok(self.meta)
+    }
+
+    /// Gives up on the file (nothing was written to it): removes the temporary file.
+    pub fn discard(self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// One event read back from a file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub event_id: u64,
+    pub trigger_number: u32,
+    pub flags: u16,
+    pub fragments: Vec<(FragmentHeader, Vec<u8>)>,
+    /// Byte offset of the event header in the file.
+    pub offset: u64,
+}
+
+/// A data file read into memory and checked as it is walked.
+pub struct EventFile {
+    pub run: String,
+    pub bu: u16,
+    pub sequence: u32,
+    data: Vec<u8>,
+    at: usize,
+    path: String,
+}
+
+impl EventFile {
+    pub fn open(path: &Path) -> Result<EventFile, EventFileError> {
+        let p = path.display().to_string();
+        let data = std::fs::read(path).map_err(|source| EventFileError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        Self::parse(data, p)
+    }
+
+    pub fn parse(data: Vec<u8>, path: String) -> Result<EventFile, EventFileError> {
+        let bad = |reason: &str| EventFileError::Bad {
+            path: path.clone(),
+            offset: 0,
+            reason: reason.into(),
+        };
+        if data.len() < 16 || data[0..4] != FILE_MAGIC {
+            return Err(bad("not an evb event file (magic \"EVBE\" missing)"));
+        }
+        if data[4..6] != FORMAT_VERSION.to_le_bytes() {
+            return Err(bad("unsupported version"));
+        }
+        let bu = u16::from_le_bytes([data[6], data[7]]);
+        let sequence = u32::from_le_bytes(data[8..12].try_into().expect("4"));
+        let run_len = u16::from_le_bytes([data[12], data[13]]) as usize;
+        let run = data
+            .get(16..16 + run_len)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .ok_or_else(|| bad("bad run id"))?
+            .to_string();
+        Ok(EventFile {
+            run,
+            bu,
+            sequence,
+            at: 16 + run_len,
+            data,
+            path,
+        })
+    }
+
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Iterator for EventFile {
+    type Item = Result<StoredEvent, EventFileError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at == self.data.len() {
+            return None;
+        }
+        let offset = self.at;
+        let bad = |reason: String| {
+            Some(Err(EventFileError::Bad {
+                path: self.path.clone(),
+                offset: offset as u64,
+                reason,
+            }))
+        };
+        let Some(h) = self.data.get(offset..offset + EVENT_HEADER_LEN) else {
+            self.at = self.data.len();
+            return bad("truncated event header".into());
+        };
+        let u32_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4"));
+        if h[0..4] != EVENT_MAGIC || u32_at(28) != crc32c::crc32c(&h[..28]) {
+            self.at = self.data.len();
+            return bad("bad event header (magic or checksum)".into());
+        }
+        let body_len = u32_at(4) as usize;
+        let event_id = u64::from_le_bytes(h[8..16].try_into().expect("8"));
+        let trigger_number = u32_at(16);
+        let count = u16::from_le_bytes([h[20], h[21]]) as usize;
+        let flags = u16::from_le_bytes([h[22], h[23]]);
+        let body_start = offset + EVENT_HEADER_LEN;
+        let Some(body) = self.data.get(body_start..body_start + body_len) else {
+            self.at = self.data.len();
+            return bad("truncated event body".into());
+        };
+        if crc32c::crc32c(body) != u32_at(24) {
+            self.at = body_start + body_len;
+            return bad(format!("event {event_id}: body checksum mismatch"));
+        }
+        let mut fragments = Vec::with_capacity(count);
+        let mut at = 0;
+        for _ in 0..count {
+            let fh = match body
+                .get(at..at + FRAGMENT_HEADER_LEN)
+                .map(FragmentHeader::decode)
+            {
+                Some(Ok(fh)) => fh,
+                _ => {
+                    self.at = body_start + body_len;
+                    return bad(format!("event {event_id}: bad fragment header"));
+                }
+            };
+            at += FRAGMENT_HEADER_LEN;
+            let Some(p) = body.get(at..at + fh.payload_size as usize) else {
+                self.at = body_start + body_len;
+                return bad(format!("event {event_id}: fragment overruns the event"));
+            };
+            fragments.push((fh, p.to_vec()));
+            at += fh.payload_size as usize;
+        }
+        self.at = body_start + body_len;
+        if at != body_len {
+            return bad(format!("event {event_id}: fragments do not fill the event"));
+        }
+        Some(Ok(StoredEvent {
+            event_id,
+            trigger_number,
+            flags,
+            fragments,
+            offset: offset as u64,
+        }))
+    }
+}

@@ -1,0 +1,182 @@
+use evb_buffers::{Chain, Pool};
+use evb_wire::FragmentHeader;
+
+use crate::events::{EventFile, EventFileWriter, FileMeta, EVENT_PARTIAL};
+use crate::fed::{self, FedError};
+use crate::framed::{self, FramedError};
+
+#[test]
+fn fed_fragments_validate_and_split() {
+    let a = fed::build(1, 841, &[1, 2, 3]);
+    let b = fed::build(2, 841, &[0xa000_0005_0000_0000]); // a payload word that looks like a trailer
+    let c = fed::build(3, 841, &[]);
+    let file = [a.clone(), b.clone(), c.clone()].concat();
+    let ranges = fed::split(&file).unwrap();
+    assert_eq!(ranges, vec![0..40, 40..64, 64..80]);
+    let info = fed::validate(&file[ranges[1].clone()], 40, Some(841)).unwrap();
+    assert_eq!((info.lv1_id, info.source_id, info.words), (2, 841, 3));
+    assert!(matches!(
+        fed::validate(&a, 0, Some(843)),
+        Err(FedError::Source {
+            got: 841,
+            expected: 843,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn fed_corruption_is_caught_and_boundaries_survive() {
+    let good = fed::build(7, 10, &[5, 6, 7, 8]);
+    let mut bad_crc = good.clone();
+    bad_crc[12] ^= 0x40; // a payload bit
+    assert!(matches!(
+        fed::validate(&bad_crc, 0, None),
+        Err(FedError::Crc { .. })
+    ));
+    let mut bad_marker = good.clone();
+    bad_marker[7] = 0x30; // header's top nibble
+    assert!(matches!(
+        fed::validate(&bad_marker, 0, None),
+        Err(FedError::HeaderMarker { marker: 3, .. })
+    ));
+    // a damaged header does not lose the next fragment
+    let file = [bad_marker, good.clone()].concat();
+    assert_eq!(fed::split(&file).unwrap().len(), 2);
+    // a file cut in the middle of a fragment
+    assert!(fed::split(&[good.clone(), good[..24].to_vec()].concat()).is_err());
+    assert!(fed::split(&good[..20]).is_err());
+}
+
+#[test]
+fn framed_records_round_trip_and_reject_damage() {
+    let file = [framed::encode(5, b"hello"), framed::encode(6, b"")].concat();
+    let (r, crc) = framed::read_at(&file, 0).unwrap();
+    assert_eq!(
+        (r.trigger_number, &file[r.payload.clone()]),
+        (5, &b"hello"[..])
+    );
+    assert!(crc.is_none());
+    let (r2, _) = framed::read_at(&file, r.payload.end).unwrap();
+    assert_eq!(r2.trigger_number, 6);
+    let mut damaged = file.clone();
+    damaged[24] ^= 1; // payload byte
+    assert!(matches!(
+        framed::read_at(&damaged, 0).unwrap().1,
+        Some(FramedError::Crc { .. })
+    ));
+    let mut damaged = file.clone();
+    damaged[9] ^= 1; // length: header checksum catches it
+    assert!(framed::read_at(&damaged, 0).is_err());
+    assert!(
+        framed::read_at(&file[..27], 0).is_err(),
+        "truncated payload"
+    );
+    assert!(framed::read_at(&file[..20], 0).is_err(), "truncated header");
+}
+
+fn chain(pool: &Pool, bytes: &[u8]) -> Chain {
+    let mut w = pool.try_alloc().unwrap();
+    Chain::from_slice(w.append(bytes).unwrap())
+}
+
+fn header(event_id: u64, source_id: u16, payload: &[u8]) -> FragmentHeader {
+    FragmentHeader {
+        event_id,
+        trigger_number: event_id as u32 + 1,
+        source_id,
+        flags: 0,
+        payload_size: payload.len() as u32,
+        payload_crc: crc32c::crc32c(payload),
+    }
+}
+
+#[test]
+fn event_files_round_trip_with_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::new("t", 4096, 16);
+    let mut w = EventFileWriter::create(dir.path(), "run7", 1, 3).unwrap();
+    let mut expect = Vec::new();
+    for e in 0..3u64 {
+        let p0 = vec![e as u8; 100 + e as usize];
+        let p1 = vec![0xee; 7];
+        let frags = [
+            (header(e, 841, &p0), chain(&pool, &p0)),
+            (header(e, 843, &p1), chain(&pool, &p1)),
+        ];
+        let refs: Vec<(FragmentHeader, &Chain)> = frags.iter().map(|(h, c)| (*h, c)).collect();
+        w.write_event(
+            e,
+            e as u32 + 1,
+            if e == 1 { EVENT_PARTIAL } else { 0 },
+            &refs,
+        )
+        .unwrap();
+        expect.push((e, vec![p0, p1]));
+    }
+    // while open, only the hidden temporary file exists
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|d| d.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec![".run7_bu1_000003.evb.tmp"]);
+    let meta = w.finish().unwrap();
+    assert_eq!(
+        (meta.events, meta.first_event, meta.last_event),
+        (3, Some(0), Some(2))
+    );
+    let path = dir.path().join("run7_bu1_000003.evb");
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(meta.bytes, data.len() as u64);
+    assert_eq!(meta.crc32c, crc32c::crc32c(&data));
+    let on_disk: FileMeta = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("run7_bu1_000003.evb.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(on_disk, meta);
+
+    let f = EventFile::open(&path).unwrap();
+    assert_eq!((f.run.as_str(), f.bu, f.sequence), ("run7", 1, 3));
+    let events: Vec<_> = f.map(Result::unwrap).collect();
+    assert_eq!(events.len(), 3);
+    for (got, (id, payloads)) in events.iter().zip(&expect) {
+        assert_eq!(got.event_id, *id);
+        assert_eq!(got.fragments.len(), 2);
+        assert_eq!(&got.fragments[0].1, &payloads[0]);
+        assert_eq!(&got.fragments[1].1, &payloads[1]);
+    }
+    assert_eq!(events[1].flags, EVENT_PARTIAL);
+
+    // damage one byte of the second event's payload: that event is reported, the first still reads
+    let mut bad = data.clone();
+    let at = events[1].offset as usize + 32 + 32 + 5;
+    bad[at] ^= 0xff;
+    let read: Vec<_> = EventFile::parse(bad, "x".into()).unwrap().collect();
+    assert!(read[0].is_ok());
+    assert!(read[1].is_err());
+    assert!(read[2].is_ok());
+    assert!(EventFile::parse(b"nope, not a file".to_vec(), "x".into()).is_err());
+}
+
+/// The real CMS files, when ../shared is beside the checkout.
+#[test]
+fn real_cms_files_validate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+    let files = [
+        ("csc_00307511_EmuRUI01_Local_000.raw", 841),
+        ("csc_00307511_EmuRUI03_Local_000.raw", 843),
+    ];
+    if !dir.join(files[0].0).exists() {
+        eprintln!("real CMS data not found at {} — skipped", dir.display());
+        return;
+    }
+    for (name, source) in files {
+        let data = std::fs::read(dir.join(name)).unwrap();
+        let ranges = fed::split(&data).unwrap();
+        assert_eq!(ranges.len(), 4685, "{name}");
+        for (k, r) in ranges.iter().enumerate() {
+            let info = fed::validate(&data[r.clone()], r.start, Some(source)).unwrap();
+            assert_eq!(info.lv1_id, k as u32 + 1);
+        }
+    }
+}
