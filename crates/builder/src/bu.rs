@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::Chain;
-use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED};
+use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, NodeRef, Path, RunState};
@@ -50,6 +50,8 @@ pub struct BuStats {
     pub source_mismatches: u64,
     /// Fragments for events the EVM did not assign here.
     pub misrouted: u64,
+    /// Events built with at least one source flagged missing (by the RUs' error policy).
+    pub partial_events: u64,
     /// Events still partly built at the end of the run.
     pub incomplete_at_stop: u64,
     pub in_flight_high_water: u64,
@@ -134,7 +136,9 @@ impl Bu {
             self.state = RunState::Ready;
             self.actions.push_back(Action::Send {
                 to: NodeRef::Evm,
-                msg: Message::Ready,
+                msg: Message::Ready {
+                    available: evb_wire::UNLIMITED,
+                },
                 path: Path::Now,
             });
         }
@@ -252,10 +256,23 @@ impl Bu {
         }
         let b = self.events.remove(&id).expect("checked");
         let fragments: Vec<(FragmentHeader, Chain)> = b.fragments.into_iter().flatten().collect();
-        let trigger_number = fragments[0].0.trigger_number;
-        let trigger_mismatch = fragments
+        let present = || {
+            fragments
+                .iter()
+                .filter(|(h, _)| h.flags & FLAG_MISSING == 0)
+        };
+        let trigger_number = present()
+            .next()
+            .map_or(fragments[0].0.trigger_number, |(h, _)| h.trigger_number);
+        let trigger_mismatch = present().any(|(h, _)| h.trigger_number != trigger_number);
+        let missing_sources: Vec<u16> = fragments
             .iter()
-            .any(|(h, _)| h.trigger_number != trigger_number);
+            .filter(|(h, _)| h.flags & FLAG_MISSING != 0)
+            .map(|(h, _)| h.source_id)
+            .collect();
+        if !missing_sources.is_empty() {
+            self.stats.partial_events += 1;
+        }
         if trigger_mismatch {
             self.stats.trigger_mismatches += 1;
         }
@@ -268,6 +285,7 @@ impl Bu {
             bytes,
             trigger_mismatch,
             corrupt: b.corrupt,
+            missing_sources,
         }));
     }
 
@@ -327,6 +345,20 @@ impl Bu {
                 path: Path::Batched,
             });
         }
+    }
+
+    /// This BU cannot go on (its sink failed): tell the EVM and leave.
+    pub fn fail(&mut self, reason: String) {
+        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+            return;
+        }
+        self.state = RunState::Aborted;
+        self.actions.push_back(Action::Send {
+            to: NodeRef::Evm,
+            msg: Message::Abort(reason.clone()),
+            path: Path::Now,
+        });
+        self.actions.push_back(Action::Exit { ok: false, reason });
     }
 
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {

@@ -15,4 +15,6 @@ pub struct BuiltEvent {
     pub trigger_mismatch: bool,
     /// A fragment failed its CRC or content check.
     pub corrupt: bool,
+    /// Sources whose fragment is a MISSING placeholder (a partial event).
+    pub missing_sources: Vec<u16>,
 }

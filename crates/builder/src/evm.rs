@@ -128,8 +128,13 @@ impl Evm {
 
     pub fn handle(&mut self, now: Instant, from: NodeRef, msg: Message) {
         match (msg, from) {
-            (Message::Ready, NodeRef::Ru(_) | NodeRef::Bu(_)) => {
+            (Message::Ready { available }, NodeRef::Ru(_) | NodeRef::Bu(_)) => {
                 self.ready.insert(from);
+                if available != evb_wire::UNLIMITED {
+                    // A recording played once: the run ends with the shortest one.
+                    self.cfg.max_events =
+                        Some(self.cfg.max_events.map_or(available, |m| m.min(available)));
+                }
                 if self.state == RunState::Ready
                     && self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize
                 {

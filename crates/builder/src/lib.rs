@@ -16,6 +16,7 @@ mod ledger;
 mod report;
 mod ru;
 mod sink;
+mod source;
 
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
@@ -25,7 +26,8 @@ pub use generator::{Generator, SizeModel};
 pub use ledger::{Ledger, ReleaseOutcome};
 pub use report::{verdict, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};
-pub use sink::{CountingSink, DiscardSink, Sink};
+pub use sink::{CountingSink, DiscardSink, Sink, SinkError};
+pub use source::{FragmentSpec, Recorded, Recording, Source};
 
 #[cfg(test)]
 mod tests;

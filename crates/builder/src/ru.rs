@@ -5,13 +5,11 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{
-    fragment_prefix, EventRange, FragmentHeader, Message, FLAG_GENERATED, FRAGMENT_PREFIX_LEN,
-};
+use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, NodeRef, Path, RunState};
-use crate::generator::Generator;
+use crate::source::Source;
 
 /// Message and fragment headers in front of each payload.
 pub const PREFIX_LEN: usize = FRAGMENT_PREFIX_LEN;
@@ -20,7 +18,7 @@ pub const PREFIX_LEN: usize = FRAGMENT_PREFIX_LEN;
 pub struct RuConfig {
     pub index: u16,
     pub source_id: u16,
-    pub generator: Generator,
+    pub source: Source,
     /// Fragments made per `poll`, so the driver gets back to IO regularly.
     pub max_per_poll: usize,
 }
@@ -39,6 +37,8 @@ pub struct RuStats {
     pub pending_events: u64,
     /// Protocol errors seen (unknown releases, misaddressed messages).
     pub errors: u64,
+    /// Recorded fragments dropped as invalid at load (sent as MISSING).
+    pub dropped_at_source: u64,
 }
 
 pub struct Ru {
@@ -75,6 +75,9 @@ impl Ru {
 
     pub fn stats(&self) -> RuStats {
         let mut s = self.stats.clone();
+        if let Source::Playback(r) = &self.cfg.source {
+            s.dropped_at_source = r.dropped;
+        }
         s.retained = self.retained.len() as u64;
         s.pending_events = self.pending.iter().map(|r| r.count as u64).sum();
         s
@@ -93,9 +96,10 @@ impl Ru {
     pub fn connections_up(&mut self) {
         if self.state == RunState::Configured {
             self.state = RunState::Ready;
+            let available = self.cfg.source.available().unwrap_or(evb_wire::UNLIMITED);
             self.actions.push_back(Action::Send {
                 to: NodeRef::Evm,
-                msg: Message::Ready,
+                msg: Message::Ready { available },
                 path: Path::Now,
             });
         }
@@ -197,9 +201,10 @@ impl Ru {
     /// Writes one fragment (prefix then payload) into pool blocks. Small fragments share a
     /// block; large ones span several. `None` if the pool cannot hold it now.
     fn make_fragment(&mut self, event_id: u64) -> Option<Chain> {
-        let g = &self.cfg.generator;
+        let g = &self.cfg.source;
         let src = self.cfg.source_id;
-        let size = g.size(event_id, src);
+        let spec = g.spec(event_id, src);
+        let size = spec.size;
         let total = PREFIX_LEN + size;
         let block_size = self.pool.block_size();
 
@@ -247,9 +252,9 @@ impl Ru {
         }
         let header = FragmentHeader {
             event_id,
-            trigger_number: event_id as u32,
+            trigger_number: spec.trigger_number,
             source_id: src,
-            flags: FLAG_GENERATED,
+            flags: spec.flags,
             payload_size: size as u32,
             payload_crc: crc,
         };

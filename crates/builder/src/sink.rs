@@ -2,12 +2,31 @@
 
 use std::collections::HashSet;
 
+use serde_json::{json, Value};
+
 use crate::event::BuiltEvent;
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkError {
+    /// Cannot take the event now (a full disk, a slow consumer): offer it again later. The
+    /// BU holds it, and its credits, meanwhile: that is the back-pressure.
+    Busy(String),
+    /// Cannot go on at all.
+    Fatal(String),
+}
+
 pub trait Sink: Send {
-    /// Takes one built event; the BU releases it when this returns.
-    fn deliver(&mut self, event: &BuiltEvent);
+    /// Takes one built event; the BU releases it when this returns Ok.
+    fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError>;
+    /// The run is over: complete whatever is open.
+    fn finish(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
     fn name(&self) -> &'static str;
+    /// The sink's own counters, for the node's report.
+    fn report(&self) -> Value {
+        Value::Null
+    }
 }
 
 /// Drops every event (after the BU's verification).
@@ -15,13 +34,15 @@ pub trait Sink: Send {
 pub struct DiscardSink;
 
 impl Sink for DiscardSink {
-    fn deliver(&mut self, _event: &BuiltEvent) {}
+    fn deliver(&mut self, _event: &BuiltEvent) -> Result<(), SinkError> {
+        Ok(())
+    }
     fn name(&self) -> &'static str {
         "discard"
     }
 }
 
-/// Remembers every event id it received, to prove exactly-once delivery in tests.
+/// Remembers every event id it received, to prove exactly-once delivery.
 #[derive(Default)]
 pub struct CountingSink {
     pub events: u64,
@@ -31,14 +52,18 @@ pub struct CountingSink {
 }
 
 impl Sink for CountingSink {
-    fn deliver(&mut self, event: &BuiltEvent) {
+    fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError> {
         self.events += 1;
         self.bytes += event.bytes;
         if !self.ids.insert(event.event_id) {
             self.duplicates += 1;
         }
+        Ok(())
     }
     fn name(&self) -> &'static str {
         "count"
+    }
+    fn report(&self) -> Value {
+        json!({ "events": self.events, "bytes": self.bytes, "distinct": self.ids.len(), "duplicates": self.duplicates })
     }
 }

@@ -48,7 +48,7 @@ fn ru(index: u16, block: usize, blocks: usize) -> Ru {
     let cfg = RuConfig {
         index,
         source_id: 100 + index,
-        generator: generator(),
+        source: Source::Generator(generator()),
         max_per_poll: 16,
     };
     Ru::new(cfg, Pool::new("ru", block, blocks))
@@ -122,7 +122,7 @@ impl Sim {
                 Action::Deliver(ev) => {
                     let NodeRef::Bu(i) = from else { panic!() };
                     assert!(!ev.corrupt && !ev.trigger_mismatch);
-                    self.sinks[i as usize].deliver(&ev);
+                    self.sinks[i as usize].deliver(&ev).unwrap();
                     self.bus[i as usize].delivered(ev.event_id, ev.bytes);
                 }
                 Action::Exit { ok, reason } => self.exits.push((from, ok, reason)),
@@ -247,8 +247,20 @@ fn credits_bound_what_is_in_flight() {
 fn no_credit_means_no_trigger() {
     let now = Instant::now();
     let mut evm = Evm::new(evm_cfg(1, 1, 100), now);
-    evm.handle(now, NodeRef::Ru(0), Message::Ready);
-    evm.handle(now, NodeRef::Bu(0), Message::Ready);
+    evm.handle(
+        now,
+        NodeRef::Ru(0),
+        Message::Ready {
+            available: evb_wire::UNLIMITED,
+        },
+    );
+    evm.handle(
+        now,
+        NodeRef::Bu(0),
+        Message::Ready {
+            available: evb_wire::UNLIMITED,
+        },
+    );
     evm.poll(now);
     assert_eq!(evm.stats().triggered, 0);
     evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 2 });
@@ -267,8 +279,20 @@ fn rate_limit_paces_the_trigger() {
     let mut cfg = evm_cfg(1, 1, 1_000_000);
     cfg.rate_hz = Some(1000.0);
     let mut evm = Evm::new(cfg, t0);
-    evm.handle(t0, NodeRef::Ru(0), Message::Ready);
-    evm.handle(t0, NodeRef::Bu(0), Message::Ready);
+    evm.handle(
+        t0,
+        NodeRef::Ru(0),
+        Message::Ready {
+            available: evb_wire::UNLIMITED,
+        },
+    );
+    evm.handle(
+        t0,
+        NodeRef::Bu(0),
+        Message::Ready {
+            available: evb_wire::UNLIMITED,
+        },
+    );
     evm.handle(
         t0,
         NodeRef::Bu(0),
@@ -495,7 +519,7 @@ fn ru_fragments_larger_than_a_block_span_blocks() {
     let cfg = RuConfig {
         index: 0,
         source_id: 9,
-        generator: Generator::new(SizeModel::Fixed(200_000), 1),
+        source: Source::Generator(Generator::new(SizeModel::Fixed(200_000), 1)),
         max_per_poll: 4,
     };
     let mut r = Ru::new(cfg, Pool::new("ru", 64 * 1024, 16));

@@ -67,6 +67,7 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             id: n.id.clone(),
             addr: a.clone(),
             source_id: Some(n.source_id),
+            files: n.files.clone(),
         })
         .collect();
     out.bu = nodes
@@ -253,6 +254,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     };
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
+    let mut first_failure: Option<Instant> = None;
 
     while exit_codes.len() < ids.len() {
         match rx.recv_timeout(Duration::from_millis(100)) {
@@ -289,6 +291,15 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         if Instant::now() > deadline {
             timed_out = true;
             break;
+        }
+        // A node that failed before the run ended (e.g. a bad input file) dooms the run: give
+        // the EVM a moment to report, then stop the rest rather than wait for time-outs.
+        let failed = exit_codes.values().any(|c| *c != Some(0));
+        if failed && !reports.contains_key(&ids[0]) {
+            let since = *first_failure.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_secs(3) {
+                break;
+            }
         }
         // When one process dies early the EVM notices and aborts the run; give the rest a
         // moment, then make sure nobody is left behind.

@@ -42,6 +42,8 @@ pub struct Config {
     pub transport: TransportSection,
     pub topology: TopologySection,
     pub evm: EvmSection,
+    pub source: SourceSection,
+    pub sink: SinkSection,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ru: Vec<RuSection>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -264,9 +266,87 @@ impl Default for EvmSection {
 #[serde(deny_unknown_fields)]
 pub struct RuSection {
     pub id: String,
+    /// host:port (empty: the topology host, port from base_port or picked by `evb run`).
+    #[serde(default)]
     pub addr: String,
     /// Source id in this RU's fragment headers (default: its index).
     pub source_id: Option<u16>,
+    /// Files replayed by this RU when `source.kind` is a file format, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// Built-in generator (sizes from `[fragments]`, content verifiable byte by byte).
+    Generator,
+    /// CMS common FED format files.
+    Fed,
+    /// evb's generic framed fragment files.
+    Framed,
+    /// evb built-event files (a recorded run replayed): each RU takes its source's fragments.
+    Evb,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// A bad recorded fragment stops the run before it starts, naming the file and offset.
+    Stop,
+    /// A bad recorded fragment is counted and replaced by an empty fragment flagged MISSING:
+    /// its event is built as partial with that source flagged.
+    Drop,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SourceSection {
+    pub kind: SourceKind,
+    /// Replay the files again from the start when they end (otherwise the run ends there).
+    #[serde(rename = "loop")]
+    pub looped: bool,
+    pub on_error: OnError,
+    /// FED files: each fragment's source id must be the RU's `source_id`.
+    pub check_source_id: bool,
+    /// Largest recorded fragment accepted (bytes); sizes buffers for file sources.
+    pub max_fragment: u64,
+}
+
+impl Default for SourceSection {
+    fn default() -> Self {
+        SourceSection {
+            kind: SourceKind::Generator,
+            looped: false,
+            on_error: OnError::Stop,
+            check_source_id: true,
+            max_fragment: 1 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkSection {
+    /// What every BU does with built events, unless its `[[bu]]` entry says otherwise.
+    pub kind: SinkKind,
+    /// `file` sink: the directory the BUs write into.
+    pub dir: String,
+    /// `file` sink: start a new file after this many events (0: no limit).
+    pub file_max_events: u64,
+    /// `file` sink: start a new file after this many MiB (0: no limit).
+    pub file_max_mib: u64,
+}
+
+impl Default for SinkSection {
+    fn default() -> Self {
+        SinkSection {
+            kind: SinkKind::Discard,
+            dir: String::new(),
+            file_max_events: 0,
+            file_max_mib: 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -274,12 +354,15 @@ pub struct RuSection {
 pub enum SinkKind {
     Discard,
     Count,
+    /// Files of built events in `sink.dir`.
+    File,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BuSection {
     pub id: String,
+    #[serde(default)]
     pub addr: String,
     pub credits: Option<u32>,
     pub sink: Option<SinkKind>,
@@ -296,6 +379,8 @@ pub struct NodeSpec {
     pub source_id: u16,
     pub credits: u32,
     pub sink: SinkKind,
+    /// Recorded files this RU replays.
+    pub files: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -320,15 +405,32 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Reads a file; relative paths in it (`[[ru]] files`, `sink.dir`) are taken relative
+    /// to the file's own directory.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        Config::from_toml(&text).map_err(|e| match e {
+        let mut cfg = Config::from_toml(&text).map_err(|e| match e {
             ConfigError::Parse(m) => ConfigError::Parse(format!("{}: {m}", path.display())),
             other => other,
-        })
+        })?;
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let base = std::path::absolute(parent).unwrap_or_else(|_| parent.to_path_buf());
+        let rebase = |p: &mut String| {
+            if !p.is_empty() && std::path::Path::new(p.as_str()).is_relative() {
+                *p = base.join(p.as_str()).display().to_string();
+            }
+        };
+        for ru in &mut cfg.ru {
+            ru.files.iter_mut().for_each(rebase);
+        }
+        rebase(&mut cfg.sink.dir);
+        Ok(cfg)
     }
 
     pub fn to_toml(&self) -> String {
@@ -347,11 +449,50 @@ impl Config {
                 "must be a non-negative number of seconds",
             ));
         }
-        if r.events == 0 && r.duration_s == 0.0 {
+        let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;
+        if r.events == 0 && r.duration_s == 0.0 && !ends_with_data {
             return Err(invalid(
                 "run",
                 "set `events` or `duration_s` (or both): a run must end",
             ));
+        }
+        if self.source.kind != SourceKind::Generator {
+            if self.ru.is_empty() {
+                return Err(invalid(
+                    "source.kind",
+                    "file sources need [[ru]] entries, each listing its `files`",
+                ));
+            }
+            if self.source.max_fragment == 0 || self.source.max_fragment > MAX_FRAGMENT {
+                return Err(invalid(
+                    "source.max_fragment",
+                    format!("must be 1 to {MAX_FRAGMENT} bytes"),
+                ));
+            }
+        }
+        for (i, ru) in self.ru.iter().enumerate() {
+            let key = format!("ru[{i}].files");
+            match (self.source.kind, ru.files.is_empty()) {
+                (SourceKind::Generator, false) => {
+                    return Err(invalid(
+                        key,
+                        "only read when source.kind is \"fed\", \"framed\" or \"evb\"",
+                    ))
+                }
+                (SourceKind::Fed | SourceKind::Framed | SourceKind::Evb, true) => {
+                    let kind = format!("{:?}", self.source.kind).to_lowercase();
+                    return Err(invalid(
+                        key,
+                        format!("source.kind = \"{kind}\" needs at least one file"),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let file_sink = self.sink.kind == SinkKind::File
+            || self.bu.iter().any(|b| b.sink == Some(SinkKind::File));
+        if file_sink && self.sink.dir.is_empty() {
+            return Err(invalid("sink.dir", "the file sink needs a directory"));
         }
         if !(r.rate_hz >= 0.0 && r.rate_hz.is_finite()) {
             return Err(invalid(
@@ -527,18 +668,22 @@ impl Config {
             }
         };
         let auto = |k: u32| format!("{}:{}", t.host, port(k));
+        let or_auto = |addr: &str, k: u32| {
+            if addr.is_empty() {
+                auto(k)
+            } else {
+                addr.to_string()
+            }
+        };
         let mut v = vec![NodeSpec {
             id: self.evm.id.clone(),
             role: Role::Evm,
             index: 0,
-            addr: if self.evm.addr.is_empty() {
-                auto(0)
-            } else {
-                self.evm.addr.clone()
-            },
+            addr: or_auto(&self.evm.addr, 0),
             source_id: 0,
             credits: 0,
             sink: SinkKind::Discard,
+            files: Vec::new(),
         }];
         let n_ru = if self.ru.is_empty() {
             t.rus
@@ -546,13 +691,14 @@ impl Config {
             self.ru.len() as u32
         };
         for i in 0..n_ru {
-            let (id, addr, source_id) = match self.ru.get(i as usize) {
+            let (id, addr, source_id, files) = match self.ru.get(i as usize) {
                 Some(r) => (
                     r.id.clone(),
-                    r.addr.clone(),
+                    or_auto(&r.addr, 1 + i),
                     r.source_id.unwrap_or(i as u16),
+                    r.files.clone(),
                 ),
-                None => (format!("ru{i}"), auto(1 + i), i as u16),
+                None => (format!("ru{i}"), auto(1 + i), i as u16, Vec::new()),
             };
             v.push(NodeSpec {
                 id,
@@ -562,6 +708,7 @@ impl Config {
                 source_id,
                 credits: 0,
                 sink: SinkKind::Discard,
+                files,
             });
         }
         let n_bu = if self.bu.is_empty() {
@@ -573,15 +720,15 @@ impl Config {
             let (id, addr, credits, sink) = match self.bu.get(i as usize) {
                 Some(b) => (
                     b.id.clone(),
-                    b.addr.clone(),
+                    or_auto(&b.addr, 1 + n_ru + i),
                     b.credits.unwrap_or(self.builder.credits),
-                    b.sink.unwrap_or(SinkKind::Discard),
+                    b.sink.unwrap_or(self.sink.kind),
                 ),
                 None => (
                     format!("bu{i}"),
                     auto(1 + n_ru + i),
                     self.builder.credits,
-                    SinkKind::Discard,
+                    self.sink.kind,
                 ),
             };
             v.push(NodeSpec {
@@ -592,9 +739,18 @@ impl Config {
                 source_id: 0,
                 credits,
                 sink,
+                files: Vec::new(),
             });
         }
         v
+    }
+
+    /// The largest fragment payload any RU can send.
+    pub fn max_fragment(&self) -> u64 {
+        match self.source.kind {
+            SourceKind::Generator => self.fragments.max_size(),
+            _ => self.source.max_fragment,
+        }
     }
 
     /// Bytes an RU and a BU must be able to hold for everything the credits allow in flight.
@@ -612,7 +768,7 @@ impl Config {
             .map(|n| n.credits as u64)
             .max()
             .unwrap_or(0);
-        let frag = self.fragments.max_size() + 64;
+        let frag = self.max_fragment() + 64;
         let block = self.buffers.block_size;
         let blocks = |bytes: u64| bytes.div_ceil(block) * block;
         // Small fragments share blocks and a block is freed with its last fragment, so

@@ -154,7 +154,50 @@ fn node_list_errors_name_the_entry() {
     assert_err(same_source, &["ru[1].source_id"]);
     let zero_credit = "[[bu]]\nid = \"b\"\naddr = \"127.0.0.1:7009\"\ncredits = 0\n";
     assert_err(zero_credit, &["bu[0].credits"]);
-    let missing = "[[bu]]\nid = \"b\"\n";
-    assert_err(missing, &["addr"]);
+    // an entry without an address gets one from the topology host
+    let c = Config::from_toml("[[bu]]\nid = \"b\"\n").unwrap();
+    assert_eq!(c.nodes()[3].addr, "127.0.0.1:0");
     assert_err("[evm]\nid = \"ru0\"\n", &["duplicate node id"]);
+}
+
+#[test]
+fn file_sources_and_sinks_are_checked() {
+    let fed = r#"
+        [run]
+        duration_s = 0
+        [source]
+        kind = "fed"
+        [[ru]]
+        id = "ru0"
+        source_id = 841
+        files = ["a.raw"]
+        [[ru]]
+        id = "ru1"
+        source_id = 843
+        files = ["b.raw", "c.raw"]
+    "#;
+    let c = Config::from_toml(fed).unwrap();
+    assert_eq!(c.nodes()[2].files, vec!["b.raw", "c.raw"]);
+    assert_err("[source]\nkind = \"fed\"\n", &["source.kind", "[[ru]]"]);
+    assert_err(
+        &fed.replace("files = [\"a.raw\"]", ""),
+        &["ru[0].files", "needs at least one file"],
+    );
+    assert_err(
+        "[[ru]]\nid = \"r\"\nfiles = [\"x\"]\n",
+        &["ru[0].files", "only read"],
+    );
+    // looping forever with no events or duration never ends
+    assert_err(
+        &fed.replace("kind = \"fed\"", "kind = \"fed\"\nloop = true"),
+        &["must end"],
+    );
+    assert_err("[sink]\nkind = \"file\"\n", &["sink.dir"]);
+    assert_err("[source]\non_error = \"ignore\"\n", &["ignore"]);
+    let c = Config::from_toml("[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n").unwrap();
+    assert!(c
+        .nodes()
+        .iter()
+        .filter(|n| n.role == Role::Bu)
+        .all(|n| n.sink == SinkKind::File));
 }

@@ -1,9 +1,9 @@
 //! The IO driver: one event loop that connects a node's state machine to its peers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use evb_builder::{Action, NodeRef, Path, RunState};
+use evb_builder::{Action, BuiltEvent, NodeRef, Path, RunState, SinkError};
 use evb_config::{Config, NodeSpec, Role};
 use evb_messaging::{Incoming, Messenger, Received};
 use evb_transport::{CloseReason, ConnId, Transport};
@@ -52,6 +52,11 @@ pub struct Driver {
     status_every: Duration,
     next_status: Instant,
     exit: Option<(bool, String)>,
+    /// Built events waiting for the sink (it was busy).
+    sink_queue: VecDeque<BuiltEvent>,
+    sink_retry_at: Option<Instant>,
+    sink_blocked: Option<String>,
+    sink_stalls: u64,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -121,7 +126,7 @@ impl Driver {
                 });
             }
         }
-        let logic = setup::logic(cfg, &me, ru_pool, now);
+        let logic = setup::logic(cfg, &me, ru_pool, now).map_err(NodeError::Setup)?;
         Ok(Driver {
             cfg: cfg.clone(),
             me,
@@ -140,6 +145,10 @@ impl Driver {
             status_every,
             next_status: now,
             exit: None,
+            sink_queue: VecDeque::new(),
+            sink_retry_at: None,
+            sink_blocked: None,
+            sink_stalls: 0,
         })
     }
 
@@ -301,15 +310,55 @@ impl Driver {
                     }
                 }
                 Action::Deliver(ev) => {
-                    if let Logic::Bu(b, sink) = &mut self.logic {
-                        sink.deliver(&ev);
-                        b.delivered(ev.event_id, ev.bytes);
-                    }
+                    self.sink_queue.push_back(ev);
+                    self.drain_sink(Instant::now());
                 }
                 Action::Exit { ok, reason } => {
                     if self.exit.is_none() {
                         self.exit = Some((ok, reason));
                     }
+                }
+            }
+        }
+    }
+
+    /// Offers queued events to the sink. A busy sink keeps them (and so the BU's credits)
+    /// until a retry succeeds: back-pressure instead of loss.
+    fn drain_sink(&mut self, now: Instant) {
+        let Logic::Bu(b, sink) = &mut self.logic else {
+            return;
+        };
+        if self.sink_retry_at.is_some_and(|t| now < t) {
+            return;
+        }
+        self.sink_retry_at = None;
+        while let Some(ev) = self.sink_queue.front() {
+            match sink.deliver(ev) {
+                Ok(()) => {
+                    if let Some(why) = self.sink_blocked.take() {
+                        info!(node = %self.me.id, "sink accepts events again (was: {why})");
+                    }
+                    let ev = self.sink_queue.pop_front().expect("front exists");
+                    b.delivered(ev.event_id, ev.bytes);
+                }
+                Err(SinkError::Busy(why)) => {
+                    if self.sink_blocked.is_none() {
+                        warn!(
+                            node = %self.me.id,
+                            "sink blocked, holding {} events and their credits: {why}",
+                            self.sink_queue.len()
+                        );
+                    }
+                    self.sink_stalls += 1;
+                    self.sink_blocked = Some(why);
+                    self.sink_retry_at = Some(now + Duration::from_millis(100));
+                    break;
+                }
+                Err(SinkError::Fatal(why)) => {
+                    error!(node = %self.me.id, "sink failed: {why}");
+                    b.fail(format!("sink failed: {why}"));
+                    self.sink_queue.clear();
+                    break;
                 }
             }
         }
@@ -330,6 +379,16 @@ impl Driver {
             "state": self.state(),
             "t": now.duration_since(self.started).as_secs_f64(),
             "stats": stats,
+            "sink": match &self.logic {
+                Logic::Bu(_, sink) => json!({
+                    "kind": sink.name(),
+                    "report": sink.report(),
+                    "blocked": self.sink_blocked,
+                    "queued": self.sink_queue.len(),
+                    "stalls": self.sink_stalls,
+                }),
+                _ => Value::Null,
+            },
             "net": {
                 "bytes_sent": m.payload_bytes_sent,
                 "bytes_received": m.payload_bytes_received,
@@ -372,6 +431,8 @@ impl Driver {
                 Logic::Bu(b, _) => b.poll(now),
             }
             self.run_actions();
+            self.drain_sink(now);
+            self.run_actions();
             self.messenger.flush_due(now);
             if now >= self.next_status {
                 let line = self.status_line("status", now);
@@ -409,7 +470,13 @@ impl Driver {
 
     /// Sends what is queued (the last reports and Halts), says Bye, and reports.
     fn finish(mut self) -> Result<NodeOutcome, NodeError> {
-        let (ok, reason) = self.exit.take().unwrap_or((false, "no exit".into()));
+        let (mut ok, mut reason) = self.exit.take().unwrap_or((false, "no exit".into()));
+        if let Logic::Bu(_, sink) = &mut self.logic {
+            if let Err(SinkError::Busy(e) | SinkError::Fatal(e)) = sink.finish() {
+                ok = false;
+                reason = format!("{reason}; sink could not complete its output: {e}");
+            }
+        }
         self.messenger.flush_due(Instant::now());
         let deadline = Instant::now() + Duration::from_secs(2);
         let conns: Vec<ConnId> = self.conns.values().copied().collect();
@@ -447,9 +514,6 @@ impl Driver {
         if let Logic::Evm(e) = &self.logic {
             report["run"] = serde_json::to_value(e.report(now)).unwrap_or(Value::Null);
             report["verdict"] = json!(evb_builder::verdict(&e.report(now)));
-        }
-        if let Logic::Bu(_, sink) = &self.logic {
-            report["sink"] = json!(sink.name());
         }
         if ok {
             info!(node = %self.me.id, "{reason}");

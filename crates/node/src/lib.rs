@@ -8,6 +8,8 @@
 //! halts them.
 
 mod driver;
+mod file_sink;
+mod playback;
 pub mod setup;
 
 pub use driver::{Driver, NodeOutcome, StatusOut};
@@ -30,6 +32,8 @@ pub enum NodeError {
     Connect(String, String),
     #[error("io: {0}")]
     Io(String),
+    #[error("{0}")]
+    Setup(String),
 }
 
 /// Runs node `id` of `cfg` on the transport the configuration names, until the run ends.

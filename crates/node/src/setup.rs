@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 use evb_buffers::Pool;
 use evb_builder::{
     Bu, BuConfig, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig, Sink,
-    SizeModel, Verify,
+    SizeModel, Source, Verify,
 };
-use evb_config::{Config, Distribution, NodeSpec, Role, SinkKind, TransportKind, VerifyLevel};
+use evb_config::{
+    Config, Distribution, NodeSpec, Role, SinkKind, SourceKind, TransportKind, VerifyLevel,
+};
 use evb_messaging::{FlushPolicy, MessengerConfig};
 use evb_wire::{Channel, Hello, FRAGMENT_PREFIX_LEN};
 
@@ -134,11 +136,17 @@ pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
     }
 }
 
-pub fn logic(cfg: &Config, me: &NodeSpec, ru_pool: Option<Pool>, now: Instant) -> Logic {
+/// Builds the node's state machine, loading and checking its data source or opening its sink.
+pub fn logic(
+    cfg: &Config,
+    me: &NodeSpec,
+    ru_pool: Option<Pool>,
+    now: Instant,
+) -> Result<Logic, String> {
     let nodes = cfg.nodes();
     let rus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Ru).collect();
     let n_bu = nodes.iter().filter(|n| n.role == Role::Bu).count() as u16;
-    match me.role {
+    Ok(match me.role {
         Role::Evm => {
             let r = &cfg.run;
             Logic::Evm(Evm::new(
@@ -159,7 +167,10 @@ pub fn logic(cfg: &Config, me: &NodeSpec, ru_pool: Option<Pool>, now: Instant) -
             RuConfig {
                 index: me.index,
                 source_id: me.source_id,
-                generator: generator(cfg),
+                source: match cfg.source.kind {
+                    SourceKind::Generator => Source::Generator(generator(cfg)),
+                    _ => Source::Playback(crate::playback::load(cfg, me)?),
+                },
                 max_per_poll: 256,
             },
             ru_pool.expect("an RU has a fragment pool"),
@@ -173,6 +184,13 @@ pub fn logic(cfg: &Config, me: &NodeSpec, ru_pool: Option<Pool>, now: Instant) -
             let sink: Box<dyn Sink> = match me.sink {
                 SinkKind::Discard => Box::new(DiscardSink),
                 SinkKind::Count => Box::new(CountingSink::default()),
+                SinkKind::File => Box::new(crate::file_sink::FileSink::new(
+                    std::path::PathBuf::from(&cfg.sink.dir),
+                    &cfg.run.id,
+                    me.index,
+                    cfg.sink.file_max_events,
+                    cfg.sink.file_max_mib << 20,
+                )?),
             };
             Logic::Bu(
                 Bu::new(BuConfig {
@@ -186,5 +204,5 @@ pub fn logic(cfg: &Config, me: &NodeSpec, ru_pool: Option<Pool>, now: Instant) -
                 sink,
             )
         }
-    }
+    })
 }

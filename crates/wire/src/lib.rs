@@ -20,7 +20,7 @@ pub use frame::{
 };
 pub use handshake::{Channel, Hello, Role, MAX_NAME_LEN};
 pub use message::{
-    EventRange, Message, MessageHeader, MessageType, MAX_TEXT_LEN, MESSAGE_HEADER_LEN,
+    EventRange, Message, MessageHeader, MessageType, MAX_TEXT_LEN, MESSAGE_HEADER_LEN, UNLIMITED,
 };
 
 #[cfg(test)]

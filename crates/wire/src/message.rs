@@ -6,6 +6,8 @@ use crate::error::{Result, WireError};
 use crate::frame::truncate_utf8;
 
 pub const MESSAGE_HEADER_LEN: usize = 8;
+/// `Ready::available` of a source that never runs out.
+pub const UNLIMITED: u64 = u64::MAX;
 /// Longest report or abort text accepted.
 pub const MAX_TEXT_LEN: usize = 64 * 1024;
 
@@ -95,8 +97,9 @@ pub enum Message {
     Assign(EventRange),
     /// BU → EVM: these events are built and handed on; EVM → RUs: free their fragments.
     Release(EventRange),
-    /// Node → EVM: configured and connected, ready to start.
-    Ready,
+    /// Node → EVM: configured and connected, ready to start. `available` is how many events
+    /// the node's data source can supply ([`UNLIMITED`] for a generator or a looping source).
+    Ready { available: u64 },
     /// EVM → nodes: the run starts.
     Start,
     /// EVM → nodes: the run is over; `triggered` events were assigned in all.
@@ -115,7 +118,7 @@ impl Message {
             Message::Credit { .. } => MessageType::Credit,
             Message::Assign(_) => MessageType::Assign,
             Message::Release(_) => MessageType::Release,
-            Message::Ready => MessageType::Ready,
+            Message::Ready { .. } => MessageType::Ready,
             Message::Start => MessageType::Start,
             Message::Stop { .. } => MessageType::Stop,
             Message::Halt => MessageType::Halt,
@@ -140,7 +143,8 @@ impl Message {
                 out.extend_from_slice(&r.bu.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
             }
-            Message::Ready | Message::Start | Message::Halt => {}
+            Message::Start | Message::Halt => {}
+            Message::Ready { available } => out.extend_from_slice(&available.to_le_bytes()),
             Message::Stop { triggered } => out.extend_from_slice(&triggered.to_le_bytes()),
             Message::Report(s) | Message::Abort(s) => {
                 out.extend_from_slice(truncate_utf8(s, MAX_TEXT_LEN).as_bytes())
@@ -215,8 +219,10 @@ impl Message {
                 }
             }
             MessageType::Ready => {
-                exact("ready", 0)?;
-                Message::Ready
+                exact("ready", 8)?;
+                Message::Ready {
+                    available: u64_at(b, 0),
+                }
             }
             MessageType::Start => {
                 exact("start", 0)?;

@@ -120,7 +120,7 @@ fn messages_round_trip() {
             first: 5,
             count: 1,
         }),
-        Message::Ready,
+        Message::Ready { available: 4685 },
         Message::Start,
         Message::Stop { triggered: 123_456 },
         Message::Halt,
