@@ -1,5 +1,6 @@
 //! `evb`: run a local event builder, run one node of a deployment, check a configuration.
 
+mod inspect;
 mod launch;
 mod summary;
 
@@ -30,6 +31,14 @@ enum Command {
     Run(RunArgs),
     /// Run one node of the configuration (multi-host deployments; the launcher uses it too).
     Node(NodeArgs),
+    /// Show what data files hold (evb event files, evb framed files, CMS FED files) and
+    /// check every checksum in them. Exits 1 if any file has a problem.
+    Inspect {
+        files: Vec<PathBuf>,
+        /// Also dump this event (evb event files: the event id; other files: the record index).
+        #[arg(long)]
+        event: Option<u64>,
+    },
     /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
     Bench(evb_bench::BenchArgs),
     /// Check a configuration file, or print the default one.
@@ -176,6 +185,13 @@ fn main() -> ExitCode {
                     eprintln!("evb node {}: {e}", a.id);
                     ExitCode::FAILURE
                 }
+            }
+        }
+        Command::Inspect { files, event } => {
+            if inspect::run(&files, event) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             }
         }
         Command::Bench(a) => match evb_bench::run(&a) {

@@ -92,7 +92,7 @@ fn is_trailer_for(w: u64, words_so_far: usize) -> bool {
 /// matches its position, so a damaged header does not lose the next fragment's boundary.
 /// Returns byte ranges; a tail that does not end in a trailer is an error.
 pub fn split(data: &[u8]) -> Result<Vec<std::ops::Range<usize>>, FedError> {
-    if data.len() % 8 != 0 {
+    if !data.len().is_multiple_of(8) {
         return Err(FedError::Framing {
             offset: 0,
             reason: format!("{} bytes is not a whole number of 64-bit words", data.len()),
@@ -126,7 +126,7 @@ pub fn validate(
     expected_source: Option<u16>,
 ) -> Result<FedInfo, FedError> {
     let words = fragment.len() / 8;
-    if fragment.len() % 8 != 0 || words < 2 {
+    if !fragment.len().is_multiple_of(8) || words < 2 {
         return Err(FedError::Framing {
             offset,
             reason: format!("{} bytes is too short or not whole words", fragment.len()),

@@ -1,0 +1,262 @@
+//! `evb inspect`: what a data file holds, and whether every checksum in it is right.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use evb_formats::events::{
+    EventFile, FileMeta, EVENT_CORRUPT, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
+};
+use evb_formats::{fed, framed};
+use evb_wire::FLAG_MISSING;
+
+/// Sizes seen, for min / mean / max.
+#[derive(Default)]
+struct Sizes {
+    n: u64,
+    sum: u64,
+    min: u64,
+    max: u64,
+}
+
+impl Sizes {
+    fn add(&mut self, v: u64) {
+        self.min = if self.n == 0 { v } else { self.min.min(v) };
+        self.max = self.max.max(v);
+        self.n += 1;
+        self.sum += v;
+    }
+    fn show(&self) -> String {
+        if self.n == 0 {
+            return "-".into();
+        }
+        format!(
+            "{} / {:.0} / {} bytes (min / mean / max)",
+            self.min,
+            self.sum as f64 / self.n as f64,
+            self.max
+        )
+    }
+}
+
+fn hex_head(bytes: &[u8], max: usize) -> String {
+    let shown: Vec<String> = bytes.iter().take(max).map(|b| format!("{b:02x}")).collect();
+    let more = if bytes.len() > max { " ..." } else { "" };
+    format!("{}{more}", shown.join(" "))
+}
+
+/// Inspects every file; false if any problem was found.
+pub fn run(files: &[std::path::PathBuf], event: Option<u64>) -> bool {
+    let mut ok = true;
+    for f in files {
+        match std::fs::read(f) {
+            Err(e) => {
+                println!("{}: cannot read: {e}", f.display());
+                ok = false;
+            }
+            Ok(data) => {
+                let good = if data.starts_with(b"EVBE") {
+                    events_file(f, data, event)
+                } else if data.starts_with(&framed::RECORD_MAGIC) {
+                    framed_file(f, &data, event)
+                } else if data.len() >= 8 && data[7] >> 4 == 0x5 {
+                    fed_file(f, &data, event)
+                } else {
+                    println!(
+                        "{}: not an evb event file, an evb framed file or a FED file",
+                        f.display()
+                    );
+                    false
+                };
+                ok &= good;
+            }
+        }
+    }
+    ok
+}
+
+fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
+    let file_crc = crc32c::crc32c(&data);
+    let len = data.len() as u64;
+    let f = match EventFile::parse(data, path.display().to_string()) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("{e}");
+            return false;
+        }
+    };
+    println!(
+        "{}: evb event file, run {:?}, BU {}, sequence {}",
+        path.display(),
+        f.run,
+        f.bu,
+        f.sequence
+    );
+    let mut problems = Vec::new();
+    let mut sources: BTreeMap<u16, u64> = BTreeMap::new();
+    let (mut events, mut partial, mut mismatch, mut corrupt) = (0u64, 0u64, 0u64, 0u64);
+    let mut sizes = Sizes::default();
+    let (mut first, mut last) = (None, None);
+    for ev in f {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        events += 1;
+        first.get_or_insert(ev.event_id);
+        last = Some(ev.event_id);
+        partial += (ev.flags & EVENT_PARTIAL != 0) as u64;
+        mismatch += (ev.flags & EVENT_TRIGGER_MISMATCH != 0) as u64;
+        corrupt += (ev.flags & EVENT_CORRUPT != 0) as u64;
+        sizes.add(ev.fragments.iter().map(|(_, p)| p.len() as u64).sum());
+        for (h, p) in &ev.fragments {
+            *sources.entry(h.source_id).or_default() += 1;
+            if h.flags & FLAG_MISSING == 0 && crc32c::crc32c(p) != h.payload_crc {
+                problems.push(format!(
+                    "event {}: source {} payload CRC32C mismatch",
+                    ev.event_id, h.source_id
+                ));
+            }
+        }
+        if dump == Some(ev.event_id) {
+            println!(
+                "  event {} at byte {}: trigger {}, flags {:#06x}, {} fragments",
+                ev.event_id,
+                ev.offset,
+                ev.trigger_number,
+                ev.flags,
+                ev.fragments.len()
+            );
+            for (h, p) in &ev.fragments {
+                println!(
+                    "    source {:>5} trigger {:>8} flags {:#06x} {:>8} bytes crc32c {:#010x}: {}",
+                    h.source_id,
+                    h.trigger_number,
+                    h.flags,
+                    p.len(),
+                    h.payload_crc,
+                    hex_head(p, 32)
+                );
+            }
+        }
+    }
+    let meta_path = std::path::PathBuf::from(format!("{}.json", path.display()));
+    match std::fs::read_to_string(&meta_path).map(|t| serde_json::from_str::<FileMeta>(&t)) {
+        Ok(Ok(m)) => {
+            if m.crc32c != file_crc || m.bytes != len || m.events != events {
+                problems.push(format!(
+                    "metadata {} disagrees with the file",
+                    meta_path.display()
+                ));
+            }
+        }
+        Ok(Err(e)) => problems.push(format!("metadata {}: {e}", meta_path.display())),
+        Err(_) => println!("  (no metadata file beside it)"),
+    }
+    let ids = match (first, last) {
+        (Some(a), Some(b)) => format!(", ids {a} .. {b}"),
+        _ => String::new(),
+    };
+    println!("  {events} events{ids}; event payload {}", sizes.show());
+    let src: Vec<String> = sources.iter().map(|(s, n)| format!("{s} ({n})")).collect();
+    println!("  sources: {}", src.join(", "));
+    println!("  partial {partial}, trigger mismatches {mismatch}, flagged corrupt {corrupt}");
+    verdict(&problems)
+}
+
+fn verdict(problems: &[String]) -> bool {
+    if problems.is_empty() {
+        println!("  checksums: all valid");
+        true
+    } else {
+        println!("  checksums: {} problems", problems.len());
+        for p in problems.iter().take(20) {
+            println!("    - {p}");
+        }
+        false
+    }
+}
+
+fn fed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
+    println!("{}: CMS FED fragments", path.display());
+    let ranges = match fed::split(data) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("  {e}");
+            return false;
+        }
+    };
+    let mut problems = Vec::new();
+    let mut sources: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut sizes = Sizes::default();
+    let (mut lo, mut hi) = (u32::MAX, 0);
+    for (k, r) in ranges.iter().enumerate() {
+        let frag = &data[r.clone()];
+        sizes.add(frag.len() as u64);
+        match fed::validate(frag, r.start, None) {
+            Ok(info) => {
+                *sources.entry(info.source_id).or_default() += 1;
+                lo = lo.min(info.lv1_id);
+                hi = hi.max(info.lv1_id);
+                if dump == Some(k as u64) {
+                    println!(
+                        "  fragment {k} at byte {}: LV1 {}, BX {}, source {}, type {}, {} words: {}",
+                        r.start,
+                        info.lv1_id,
+                        info.bx_id,
+                        info.source_id,
+                        info.event_type,
+                        info.words,
+                        hex_head(frag, 32)
+                    );
+                }
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    println!(
+        "  {} fragments, LV1 ids {lo} .. {hi}; size {}",
+        ranges.len(),
+        sizes.show()
+    );
+    let src: Vec<String> = sources.iter().map(|(s, n)| format!("{s} ({n})")).collect();
+    println!("  sources: {}", src.join(", "));
+    verdict(&problems)
+}
+
+fn framed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
+    println!("{}: evb framed fragments", path.display());
+    let mut problems = Vec::new();
+    let mut sizes = Sizes::default();
+    let mut at = 0;
+    let mut k = 0u64;
+    while at < data.len() {
+        match framed::read_at(data, at) {
+            Ok((rec, crc)) => {
+                sizes.add(rec.payload.len() as u64);
+                if let Some(e) = crc {
+                    problems.push(e.to_string());
+                }
+                if dump == Some(k) {
+                    println!(
+                        "  record {k} at byte {}: trigger {}, {} bytes: {}",
+                        rec.offset,
+                        rec.trigger_number,
+                        rec.payload.len(),
+                        hex_head(&data[rec.payload.clone()], 32)
+                    );
+                }
+                at = rec.payload.end;
+                k += 1;
+            }
+            Err(e) => {
+                problems.push(format!("{e} (the rest of the file cannot be read)"));
+                break;
+            }
+        }
+    }
+    println!("  {k} records; size {}", sizes.show());
+    verdict(&problems)
+}
