@@ -1,19 +1,550 @@
 //! `evb bench`: the benchmark suite (p2p, lat, nxn, build) against references measured in
-//! the same run.
+//! the same run (iperf3, memcpy, ZeroMQ). See docs/benchmarks.md.
+//!
+//! Every point runs `reps` times and is reported as the median of each figure. Senders and
+//! receivers of evb and ZeroMQ are threads of this process; `build` runs a whole `evb run`
+//! (one process per node) as a child. Results go to the terminal (a table), to
+//! `OUT/bench.csv` and `OUT/bench.json` (every point, the ratios, the command) and to
+//! `OUT/throughput.svg` (throughput against message size).
+
+mod eb;
+mod evb;
+mod measure;
+mod output;
+mod refs;
+mod zmqref;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
 
-#[derive(Args, Debug)]
+pub use measure::{median, thread_cpu, Point};
+pub use output::Ratio;
+
+use eb::BuildSpec;
+use evb::{Kind, MeshSpec, Path as SendPath};
+
+#[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Which benchmark: p2p, lat, nxn, build, or all.
     #[arg(default_value = "all")]
     pub which: String,
-    /// A short smoke run.
+    /// A short smoke run (a few seconds): fewer sizes, one repetition, short points.
     #[arg(long)]
     pub quick: bool,
+    /// Where the CSV, JSON and SVG go (default: target/bench).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Repetitions of every point (the median is reported); default 3, 1 with --quick.
+    #[arg(long)]
+    pub reps: Option<u32>,
+    /// Seconds per point for p2p, lat and nxn (default 0.5, 0.1 with --quick).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Seconds per event-building run (default 3, 1 with --quick).
+    #[arg(long)]
+    pub build_seconds: Option<f64>,
+    /// Message sizes for p2p, comma-separated, K/M suffixes allowed
+    /// (default 64,256,1K,...,4M; 64,1M with --quick).
+    #[arg(long)]
+    pub sizes: Option<String>,
+    /// Busy-poll time (microseconds) for the busy-poll latency points.
+    #[arg(long, default_value_t = 200)]
+    pub spin_us: u64,
+    /// Leave out the ZeroMQ references.
+    #[arg(long)]
+    pub no_zmq: bool,
+    /// Leave out the iperf3 reference.
+    #[arg(long)]
+    pub no_iperf3: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (n, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1024),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let v: usize = n.parse().map_err(|_| format!("bad size {s:?}"))?;
+    if v * mult < 16 {
+        return Err(format!("size {s:?} is below 16 bytes"));
+    }
+    Ok(v * mult)
+}
+
+type Job = Box<dyn Fn() -> Result<Point, String>>;
+
+struct Task {
+    label: String,
+    reps: u32,
+    job: Job,
+}
+
+struct Settings {
+    reps: u32,
+    secs: Duration,
+    build_secs: f64,
+    sizes: Vec<usize>,
+    spin: Duration,
+    zmq: bool,
+    iperf3: bool,
+    quick: bool,
+}
+
+const LAT_SIZE: usize = 64;
+/// The default `evb run`: 2 RUs x 2 BUs, 512 KiB fragments (1 MiB events).
+const BUILD_FRAGMENT: usize = 512 * 1024;
+
+fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>, String> {
+    let groups: Vec<&str> = match which {
+        "all" => vec!["p2p", "lat", "nxn", "build"],
+        "p2p" | "lat" | "nxn" | "build" => vec![which],
+        other => {
+            return Err(format!(
+                "unknown benchmark {other:?}: p2p, lat, nxn, build or all"
+            ))
+        }
+    };
+    let mut tasks: Vec<Task> = Vec::new();
+    let reps = s.reps;
+    let secs = s.secs;
+    let mut add = |label: String, reps: u32, job: Job| {
+        if !tasks.iter().any(|t| t.label == label) {
+            tasks.push(Task { label, reps, job });
+        }
+    };
+    let mesh = |kind, path, n, size| -> Job {
+        Box::new(move || {
+            evb::mesh(&MeshSpec {
+                kind,
+                path,
+                senders: n,
+                receivers: n,
+                size,
+                duration: secs,
+            })
+        })
+    };
+    for g in &groups {
+        match *g {
+            "p2p" => {
+                let mem = if s.quick { 0.03 } else { 0.2 };
+                add(
+                    "memcpy 1M".into(),
+                    reps,
+                    Box::new(move || Ok(refs::memcpy(1 << 20, Duration::from_secs_f64(mem)))),
+                );
+                add(
+                    "memcpy 64M".into(),
+                    reps,
+                    Box::new(move || {
+                        Ok(refs::memcpy(64 << 20, Duration::from_secs_f64(mem * 2.0)))
+                    }),
+                );
+                if s.iperf3 {
+                    match refs::ensure_iperf3() {
+                        Ok(()) => {
+                            let bytes: u64 = if s.quick { 1 << 29 } else { 4 << 30 };
+                            add(
+                                "iperf3 -l 1M".into(),
+                                reps,
+                                Box::new(move || refs::iperf3(bytes)),
+                            );
+                        }
+                        Err(e) => notes.push(format!("iperf3 reference skipped: {e}")),
+                    }
+                }
+                for &size in &s.sizes {
+                    let h = output::human_size(size as f64);
+                    add(
+                        format!("p2p evb tcp fragment {h}"),
+                        reps,
+                        mesh(Kind::Tcp, SendPath::Fragment, 1, size),
+                    );
+                    if size <= 16 * 1024 {
+                        add(
+                            format!("p2p evb tcp batched {h}"),
+                            reps,
+                            mesh(Kind::Tcp, SendPath::Batched, 1, size),
+                        );
+                    }
+                    if s.zmq {
+                        add(
+                            format!("p2p zmq tcp {h}"),
+                            reps,
+                            Box::new(move || zmqref::p2p(size, secs)),
+                        );
+                    }
+                    if !s.quick || size == LAT_SIZE {
+                        add(
+                            format!("p2p evb inproc fragment {h}"),
+                            reps,
+                            mesh(Kind::Inproc, SendPath::Fragment, 1, size),
+                        );
+                    }
+                }
+            }
+            "lat" => {
+                let spin = s.spin;
+                let ks: &[usize] = if s.quick { &[1] } else { &[1, 8] };
+                for &k in ks {
+                    add(
+                        format!("lat evb tcp blocking k={k}"),
+                        reps,
+                        Box::new(move || {
+                            evb::latency(Kind::Tcp, LAT_SIZE, k, Duration::ZERO, secs)
+                        }),
+                    );
+                    add(
+                        format!("lat evb tcp busy-poll k={k}"),
+                        reps,
+                        Box::new(move || evb::latency(Kind::Tcp, LAT_SIZE, k, spin, secs)),
+                    );
+                    if s.zmq {
+                        add(
+                            format!("lat zmq tcp k={k}"),
+                            reps,
+                            Box::new(move || zmqref::latency(LAT_SIZE, k, secs)),
+                        );
+                    }
+                }
+                if !s.quick {
+                    add(
+                        "lat evb inproc blocking k=1".into(),
+                        reps,
+                        Box::new(move || {
+                            evb::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)
+                        }),
+                    );
+                }
+            }
+            "nxn" | "build" => {
+                let mut frags = vec![BUILD_FRAGMENT];
+                if !s.quick {
+                    frags.push(256);
+                }
+                for &f in &frags {
+                    let h = output::human_size(f as f64);
+                    add(
+                        format!("nxn evb tcp 2x2 {h}"),
+                        reps,
+                        mesh(Kind::Tcp, SendPath::Fragment, 2, f),
+                    );
+                    if *g != "build" {
+                        continue;
+                    }
+                    let mut specs = vec![BuildSpec {
+                        rus: 2,
+                        bus: 2,
+                        fragment: f as u64,
+                        lognormal: false,
+                        verify: "headers",
+                        seconds: s.build_secs,
+                    }];
+                    if !s.quick && f == BUILD_FRAGMENT {
+                        let base = specs[0].clone();
+                        specs.push(BuildSpec {
+                            verify: "full",
+                            ..base.clone()
+                        });
+                        specs.push(BuildSpec {
+                            lognormal: true,
+                            ..base
+                        });
+                    }
+                    for spec in specs {
+                        let scratch = std::env::temp_dir();
+                        add(
+                            format!("build evb tcp 2x2 {h} {}", spec.variant()),
+                            reps,
+                            Box::new(move || eb::build(&spec, &scratch)),
+                        );
+                    }
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    Ok(tasks)
+}
+
+fn find(points: &[Point], f: impl Fn(&Point) -> bool) -> Option<&Point> {
+    points.iter().find(|p| f(p))
+}
+
+fn ratios(points: &[Point]) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    let mut push =
+        |name: &str, evb: Option<f64>, reference: Option<f64>, target: f64, unit: &str| {
+            if let (Some(e), Some(r)) = (evb, reference) {
+                if e.is_nan() || r.is_nan() || r == 0.0 {
+                    return;
+                }
+                let value = e / r;
+                out.push(Ratio {
+                    name: name.into(),
+                    value,
+                    target,
+                    met: value >= target,
+                    evb: e,
+                    reference: r,
+                    unit: unit.into(),
+                });
+            }
+        };
+    let p2p = |sys: &str, variant: &str, size: u64| {
+        find(points, |p| {
+            p.bench == "p2p"
+                && p.system == sys
+                && p.transport == "tcp"
+                && p.size == size
+                && (variant.is_empty() || p.variant == variant)
+        })
+    };
+    let iperf = find(points, |p| p.system == "iperf3").map(|p| p.gb_per_s);
+    let mib = 1 << 20;
+    let evb_1m = p2p("evb", "fragment", mib).map(|p| p.gb_per_s);
+    push(
+        "p2p tcp 1 MiB: evb (send_fragment) / iperf3 -l 1M, GB/s",
+        evb_1m,
+        iperf,
+        0.95,
+        "GB/s",
+    );
+    push(
+        "p2p tcp 1 MiB: evb / ZeroMQ PUSH-PULL, GB/s",
+        evb_1m,
+        p2p("zmq", "", mib).map(|p| p.gb_per_s),
+        1.0,
+        "GB/s",
+    );
+    push(
+        "p2p tcp 64 B: evb (send_batched) / ZeroMQ, msgs/s",
+        p2p("evb", "batched", 64).map(|p| p.msgs_per_s),
+        p2p("zmq", "", 64).map(|p| p.msgs_per_s),
+        2.0,
+        "msgs/s",
+    );
+    let lat = |sys: &str, variant: &str, k: u32| {
+        find(points, |p| {
+            p.bench == "lat"
+                && p.system == sys
+                && p.transport == "tcp"
+                && p.in_flight == k
+                && (variant.is_empty() || p.variant.starts_with(variant))
+        })
+        .map(|p| p.p50_us)
+    };
+    // Latency: reference / evb, so that >= 1 means evb is no slower.
+    for (variant, what) in [("blocking", "blocking"), ("busy-poll", "busy-poll")] {
+        let (e, z) = (lat("evb", variant, 1), lat("zmq", "", 1));
+        if let (Some(e), Some(z)) = (e, z) {
+            push(
+                &format!("lat 64 B k=1 p50: ZeroMQ / evb {what} (>=1: evb no slower)"),
+                Some(z),
+                Some(e),
+                1.0,
+                "us zmq vs evb",
+            );
+        }
+    }
+    for b in points
+        .iter()
+        .filter(|p| p.bench == "build" && p.variant.starts_with("fixed"))
+    {
+        let nxn = find(points, |p| {
+            p.bench == "nxn"
+                && p.system == "evb"
+                && p.size == b.size
+                && p.senders == b.senders
+                && p.receivers == b.receivers
+        });
+        push(
+            &format!(
+                "build {}x{} {} ({}) / nxn same bytes, GB/s",
+                b.senders,
+                b.receivers,
+                output::human_size(b.size as f64),
+                b.variant
+            ),
+            Some(b.gb_per_s),
+            nxn.map(|p| p.gb_per_s),
+            0.9,
+            "GB/s",
+        );
+    }
+    out
+}
+
+fn settings(args: &BenchArgs) -> Result<Settings, String> {
+    let sizes = match &args.sizes {
+        Some(list) => list
+            .split(',')
+            .map(parse_size)
+            .collect::<Result<Vec<_>, _>>()?,
+        None if args.quick => vec![64, 1 << 20],
+        None => (0..9).map(|i| 64usize << (2 * i)).collect(),
+    };
+    Ok(Settings {
+        reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
+        secs: Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick { 0.1 } else { 0.5 })),
+        build_secs: args
+            .build_seconds
+            .unwrap_or(if args.quick { 1.0 } else { 3.0 }),
+        sizes,
+        spin: Duration::from_micros(args.spin_us),
+        zmq: !args.no_zmq,
+        iperf3: !args.no_iperf3,
+        quick: args.quick,
+    })
 }
 
 /// Runs the selected benchmarks.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
-    Err(format!("evb bench {}: not implemented yet", args.which))
+    let s = settings(args)?;
+    let mut notes = Vec::new();
+    let tasks = plan(&args.which, &s, &mut notes)?;
+    let out_dir = args.out.clone().unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("target"))
+            .join("bench")
+    });
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+
+    let total: u64 = tasks.iter().map(|t| t.reps as u64).sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let mut points = Vec::new();
+    let mut failures = Vec::new();
+    for t in &tasks {
+        bar.set_message(t.label.clone());
+        let mut reps = Vec::new();
+        for _ in 0..t.reps {
+            match (t.job)() {
+                Ok(p) => reps.push(p),
+                Err(e) => {
+                    failures.push(format!("{}: {e}", t.label));
+                    bar.println(format!("evb bench: {}: {e}", t.label));
+                }
+            }
+            bar.inc(1);
+        }
+        if !reps.is_empty() {
+            points.push(Point::median_of(&reps));
+        }
+    }
+    bar.finish_and_clear();
+    let ratios = ratios(&points);
+    print!("{}", output::table(&points, &ratios));
+    for n in notes.iter().chain(&failures) {
+        println!("note: {n}");
+    }
+
+    let command: Vec<String> = std::env::args().collect();
+    let doc = json!({
+        "command": command.join(" "),
+        "which": args.which,
+        "quick": args.quick,
+        "reps": s.reps,
+        "seconds_per_point": s.secs.as_secs_f64(),
+        "elapsed_s": started.elapsed().as_secs_f64(),
+        "machine": machine(),
+        "points": points,
+        "ratios": ratios,
+        "notes": notes,
+        "failures": failures,
+    });
+    let write = |name: &str, text: String| {
+        let p = out_dir.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))
+    };
+    write(
+        "bench.json",
+        serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )?;
+    write("bench.csv", output::csv(&points))?;
+    let svg = out_dir.join("throughput.svg");
+    output::plot(
+        &points,
+        &svg,
+        &format!(
+            "evb bench p2p: throughput vs message size ({} cores, loopback)",
+            num_cpus()
+        ),
+    )?;
+    println!(
+        "wrote {}, {} and {} ({:.1} s)",
+        out_dir.join("bench.csv").display(),
+        out_dir.join("bench.json").display(),
+        svg.display(),
+        started.elapsed().as_secs_f64()
+    );
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} point(s) failed", failures.len()))
+    }
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn machine() -> serde_json::Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    json!({ "cpus": num_cpus(), "cpu": cpu, "kernel": kernel })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64").unwrap(), 64);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("8").is_err());
+    }
+
+    #[test]
+    fn unknown_benchmark_is_refused() {
+        let args = BenchArgs {
+            which: "nope".into(),
+            quick: true,
+            out: None,
+            reps: None,
+            seconds: None,
+            build_seconds: None,
+            sizes: None,
+            spin_us: 0,
+            no_zmq: true,
+            no_iperf3: true,
+        };
+        assert!(run(&args).is_err());
+    }
 }

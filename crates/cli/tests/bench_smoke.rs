@@ -1,0 +1,98 @@
+//! `evb bench all --quick`: the suite runs end to end and leaves its CSV, JSON and SVG
+//! behind, with a row for every benchmark and reference. No timing is asserted: the figures
+//! depend on the machine; this only checks that they were measured and written.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const EVB: &str = env!("CARGO_BIN_EXE_evb");
+
+#[test]
+fn quick_bench_writes_every_point_and_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(EVB)
+        .args(["bench", "all", "--quick", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "evb bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+
+    let csv = std::fs::read_to_string(dir.path().join("bench.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header[0], "bench");
+    assert!(header.contains(&"gb_per_s") && header.contains(&"p50_us"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let has = |bench: &str, system: &str, transport: &str, variant: &str, size: &str| {
+        rows.iter().any(|r| {
+            r[0] == bench
+                && r[1] == system
+                && r[2] == transport
+                && r[3].starts_with(variant)
+                && (size.is_empty() || r[4] == size)
+        })
+    };
+    for (bench, system, transport, variant, size) in [
+        ("ref", "memcpy", "memory", "cache-warm", "1048576"),
+        ("ref", "memcpy", "memory", "memory", "67108864"),
+        ("p2p", "evb", "tcp", "fragment", "64"),
+        ("p2p", "evb", "tcp", "fragment", "1048576"),
+        ("p2p", "evb", "tcp", "batched", "64"),
+        ("p2p", "evb", "inproc", "fragment", "64"),
+        ("p2p", "zmq", "tcp", "push-pull", "64"),
+        ("p2p", "zmq", "tcp", "push-pull", "1048576"),
+        ("lat", "evb", "tcp", "blocking", "64"),
+        ("lat", "evb", "tcp", "busy-poll", "64"),
+        ("lat", "zmq", "tcp", "pair", "64"),
+        ("nxn", "evb", "tcp", "fragment", "524288"),
+        ("build", "evb", "tcp", "fixed", "524288"),
+    ] {
+        assert!(
+            has(bench, system, transport, variant, size),
+            "no row {bench} {system} {transport} {variant} {size} in\n{csv}"
+        );
+    }
+    // Every throughput row carries a figure (its value is not checked).
+    for r in rows.iter().filter(|r| r[0] != "lat") {
+        assert!(r[10].parse::<f64>().is_ok(), "row without GB/s: {r:?}");
+    }
+    // iperf3 is there, or the run says why not.
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("bench.json")).unwrap())
+            .unwrap();
+    let iperf_row = has("ref", "iperf3", "tcp", "", "");
+    let iperf_note = json["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap_or("").contains("iperf3"));
+    assert!(iperf_row || iperf_note, "neither an iperf3 row nor a note");
+    assert_eq!(
+        json["points"].as_array().unwrap().len(),
+        rows.len(),
+        "JSON and CSV disagree"
+    );
+    let ratios = json["ratios"].as_array().unwrap();
+    for name in ["ZeroMQ PUSH-PULL", "send_batched", "p50", "nxn"] {
+        assert!(
+            ratios
+                .iter()
+                .any(|r| r["name"].as_str().unwrap().contains(name)),
+            "no ratio naming {name}: {ratios:?}"
+        );
+    }
+
+    let svg = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("</svg>"));
+    assert!(svg.contains("evb tcp fragment"), "legend missing");
+    assert!(
+        stdout.contains("ratios"),
+        "no table on the terminal:\n{stdout}"
+    );
+}
