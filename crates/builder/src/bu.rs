@@ -92,6 +92,8 @@ pub struct Bu {
     /// Release range being coalesced.
     release: Option<EventRange>,
     credits_to_send: u32,
+    /// RUs the EVM declared lost: their fragments are no longer awaited.
+    lost_sources: HashSet<usize>,
     actions: VecDeque<Action>,
     stats: BuStats,
     scratch: Vec<u8>,
@@ -108,6 +110,7 @@ impl Bu {
             recent_order: VecDeque::new(),
             release: None,
             credits_to_send: 0,
+            lost_sources: HashSet::new(),
             actions: VecDeque::new(),
             stats: BuStats::default(),
             scratch: Vec::new(),
@@ -166,6 +169,13 @@ impl Bu {
                         self.stats.errors += 1;
                     }
                     b.assigned = true;
+                    self.try_complete(id);
+                }
+            }
+            Message::SourceLost { ru } if (ru as usize) < self.cfg.source_ids.len() => {
+                self.lost_sources.insert(ru as usize);
+                let waiting: Vec<u64> = self.events.keys().copied().collect();
+                for id in waiting {
                     self.try_complete(id);
                 }
             }
@@ -252,10 +262,39 @@ impl Bu {
         let n = self.cfg.source_ids.len();
         match self.events.get(&id) {
             Some(b) if b.assigned && b.received == n => {}
+            Some(b)
+                if b.assigned
+                    && !self.lost_sources.is_empty()
+                    && (0..n)
+                        .all(|r| b.fragments[r].is_some() || self.lost_sources.contains(&r)) => {}
             _ => return,
         }
         let b = self.events.remove(&id).expect("checked");
-        let fragments: Vec<(FragmentHeader, Chain)> = b.fragments.into_iter().flatten().collect();
+        let trigger_guess = b
+            .fragments
+            .iter()
+            .flatten()
+            .next()
+            .map_or(id as u32, |(h, _)| h.trigger_number);
+        let fragments: Vec<(FragmentHeader, Chain)> = b
+            .fragments
+            .into_iter()
+            .enumerate()
+            .map(|(r, f)| {
+                f.unwrap_or_else(|| {
+                    // a lost source: an empty placeholder flagged MISSING
+                    let h = FragmentHeader {
+                        event_id: id,
+                        trigger_number: trigger_guess,
+                        source_id: self.cfg.source_ids[r],
+                        flags: FLAG_MISSING,
+                        payload_size: 0,
+                        payload_crc: 0,
+                    };
+                    (h, Chain::new())
+                })
+            })
+            .collect();
         let present = || {
             fragments
                 .iter()
@@ -361,17 +400,17 @@ impl Bu {
         self.actions.push_back(Action::Exit { ok: false, reason });
     }
 
+    /// A lost RU is the EVM's decision (stop, or go on without it); losing the EVM ends
+    /// the run.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+        if matches!(self.state, RunState::Halted | RunState::Aborted) || peer != NodeRef::Evm {
             return;
         }
-        if peer == NodeRef::Evm || self.state == RunState::Running {
-            self.state = RunState::Aborted;
-            self.actions.push_back(Action::Exit {
-                ok: false,
-                reason: format!("lost {peer}: {reason}"),
-            });
-        }
+        self.state = RunState::Aborted;
+        self.actions.push_back(Action::Exit {
+            ok: false,
+            reason: format!("lost {peer}: {reason}"),
+        });
     }
 }
 

@@ -1,6 +1,6 @@
 //! The event manager: starts the run when every node is ready, triggers events, assigns each
 //! to a BU that has granted a credit, forwards releases to the RUs, keeps the ledger of every
-//! event's fate, and ends the run.
+//! event's fate, survives lost nodes as configured, and ends the run.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -12,6 +12,16 @@ use crate::action::{Action, NodeRef, Path, RunState};
 use crate::ledger::Ledger;
 use crate::report::{verdict, RunReport};
 use crate::{BuStats, RuStats};
+
+/// What the run does when an RU is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuLossPolicy {
+    /// Stop the run cleanly, naming the lost RU.
+    Stop,
+    /// Go on: every event from then on (and every one not yet complete) is built without that
+    /// source, flagged partial.
+    Partial,
+}
 
 #[derive(Debug, Clone)]
 pub struct EvmConfig {
@@ -29,6 +39,7 @@ pub struct EvmConfig {
     pub stall_timeout: Duration,
     /// Most events triggered per `poll`, so IO keeps flowing.
     pub max_per_poll: u64,
+    pub on_ru_loss: RuLossPolicy,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -44,6 +55,19 @@ pub struct EvmStats {
     pub duplicate_releases: u64,
     pub unknown_releases: u64,
     pub misrouted_releases: u64,
+    /// Events taken from a lost BU and assigned again to another.
+    pub reassigned: u64,
+    /// Releases by each BU's current incarnation (a restarted BU starts again from zero).
+    pub released_by_bu: Vec<u64>,
+    /// Wrapping sum of the ids each BU's current incarnation released.
+    pub released_id_sum_by_bu: Vec<u64>,
+    /// Releases by BU incarnations that were lost (their reports died with them).
+    pub released_by_lost: u64,
+    pub released_id_sum_by_lost: u64,
+    /// Every node lost during the run, with when and why.
+    pub lost: Vec<String>,
+    /// Nodes lost and not back.
+    pub down: Vec<String>,
     pub errors: u64,
 }
 
@@ -51,9 +75,13 @@ pub struct Evm {
     cfg: EvmConfig,
     state: RunState,
     ready: HashSet<NodeRef>,
+    /// Nodes currently part of the run (lost ones are removed, rejoined ones return).
+    alive: HashSet<NodeRef>,
     credits: Vec<u64>,
     rr: usize,
     ledger: Ledger,
+    /// Events of lost BUs waiting for another BU's credit.
+    reassign: VecDeque<u64>,
     started: Option<Instant>,
     stopped_at: Option<Instant>,
     last_progress: Instant,
@@ -68,13 +96,20 @@ pub struct Evm {
 impl Evm {
     pub fn new(cfg: EvmConfig, now: Instant) -> Evm {
         let n_bu = cfg.n_bu as usize;
+        let stats = EvmStats {
+            released_by_bu: vec![0; n_bu],
+            released_id_sum_by_bu: vec![0; n_bu],
+            ..EvmStats::default()
+        };
         Evm {
             cfg,
             state: RunState::Ready,
             ready: HashSet::new(),
+            alive: HashSet::new(),
             credits: vec![0; n_bu],
             rr: 0,
             ledger: Ledger::default(),
+            reassign: VecDeque::new(),
             started: None,
             stopped_at: None,
             last_progress: now,
@@ -83,7 +118,7 @@ impl Evm {
             bu_reports: HashMap::new(),
             abort_reason: None,
             actions: VecDeque::new(),
-            stats: EvmStats::default(),
+            stats,
         }
     }
 
@@ -95,13 +130,21 @@ impl Evm {
         let mut s = self.stats.clone();
         s.credits_available = self.credits.iter().sum();
         s.in_flight = self.ledger.in_flight();
+        s.down = self
+            .all_nodes()
+            .filter(|n| !self.alive.contains(n))
+            .map(|n| n.to_string())
+            .collect();
+        if self.state == RunState::Ready {
+            s.down.clear();
+        }
         s
     }
 
     /// Events could be triggered right now (the driver should not sleep).
     pub fn has_work(&self) -> bool {
         self.state == RunState::Running
-            && !self.triggering_done
+            && (!self.triggering_done || !self.reassign.is_empty())
             && self.cfg.rate_hz.is_none()
             && self.credits.iter().any(|&c| c > 0)
     }
@@ -116,38 +159,36 @@ impl Evm {
         rus.chain(bus)
     }
 
+    /// Sends to every node still in the run.
     fn broadcast(&mut self, msg: Message, path: Path) {
-        for to in self.all_nodes().collect::<Vec<_>>() {
+        let to: Vec<NodeRef> = self
+            .all_nodes()
+            .filter(|n| self.alive.contains(n))
+            .collect();
+        for n in to {
             self.actions.push_back(Action::Send {
-                to,
+                to: n,
                 msg: msg.clone(),
                 path,
             });
         }
     }
 
+    fn alive_bus(&self) -> usize {
+        (0..self.cfg.n_bu)
+            .filter(|b| self.alive.contains(&NodeRef::Bu(*b)))
+            .count()
+    }
+
     pub fn handle(&mut self, now: Instant, from: NodeRef, msg: Message) {
         match (msg, from) {
             (Message::Ready { available }, NodeRef::Ru(_) | NodeRef::Bu(_)) => {
-                self.ready.insert(from);
-                if available != evb_wire::UNLIMITED {
-                    // A recording played once: the run ends with the shortest one.
-                    self.cfg.max_events =
-                        Some(self.cfg.max_events.map_or(available, |m| m.min(available)));
-                }
-                if self.state == RunState::Ready
-                    && self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize
-                {
-                    self.state = RunState::Running;
-                    self.started = Some(now);
-                    self.last_progress = now;
-                    self.broadcast(Message::Start, Path::Now);
-                }
+                self.on_ready(now, from, available)
             }
             (Message::Credit { bu, count }, NodeRef::Bu(b))
                 if b == bu && (bu as usize) < self.credits.len() =>
             {
-                if self.state == RunState::Running {
+                if self.state == RunState::Running && self.alive.contains(&from) {
                     self.credits[bu as usize] += count as u64;
                     self.stats.credits_received += count as u64;
                 }
@@ -162,7 +203,15 @@ impl Evm {
                     self.last_progress = now;
                 }
                 for valid in outcome.ranges {
-                    for ru in 0..self.cfg.n_ru {
+                    let b = b as usize;
+                    self.stats.released_by_bu[b] += valid.count as u64;
+                    let ids = (valid.first..valid.end()).fold(0u64, |s, id| s.wrapping_add(id));
+                    self.stats.released_id_sum_by_bu[b] =
+                        self.stats.released_id_sum_by_bu[b].wrapping_add(ids);
+                    let rus: Vec<u16> = (0..self.cfg.n_ru)
+                        .filter(|r| self.alive.contains(&NodeRef::Ru(*r)))
+                        .collect();
+                    for ru in rus {
                         self.actions.push_back(Action::Send {
                             to: NodeRef::Ru(ru),
                             msg: Message::Release(valid),
@@ -192,22 +241,107 @@ impl Evm {
         }
     }
 
-    /// A node's connection is gone. Before the run ends that is fatal (for now): every
-    /// other node is told why and the run stops.
-    pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
+    fn on_ready(&mut self, now: Instant, from: NodeRef, available: u64) {
+        if available != evb_wire::UNLIMITED {
+            // A recording played once: the run ends with the shortest one.
+            self.cfg.max_events = Some(self.cfg.max_events.map_or(available, |m| m.min(available)));
+        }
         match self.state {
-            RunState::Ready | RunState::Running => self.abort(format!("lost {peer}: {reason}")),
+            RunState::Ready => {
+                self.ready.insert(from);
+                self.alive.insert(from);
+                if self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize {
+                    self.state = RunState::Running;
+                    self.started = Some(now);
+                    self.last_progress = now;
+                    self.broadcast(Message::Start, Path::Now);
+                }
+            }
+            // A restarted BU rejoins the running system: it starts and grants credits.
+            RunState::Running if matches!(from, NodeRef::Bu(_)) && !self.alive.contains(&from) => {
+                self.alive.insert(from);
+                self.stats.lost.push(format!("{from} rejoined"));
+                self.actions.push_back(Action::Send {
+                    to: from,
+                    msg: Message::Start,
+                    path: Path::Now,
+                });
+            }
+            _ => self.stats.errors += 1,
+        }
+    }
+
+    /// A node's connection is gone (or its heartbeats stopped).
+    pub fn peer_lost(&mut self, now: Instant, peer: NodeRef, reason: &str) {
+        match self.state {
+            RunState::Ready => self.abort(format!("lost {peer} before the run started: {reason}")),
+            RunState::Running => {
+                if !self.alive.remove(&peer) {
+                    return;
+                }
+                let t = self
+                    .started
+                    .map_or(0.0, |s| now.duration_since(s).as_secs_f64());
+                self.stats
+                    .lost
+                    .push(format!("{peer} lost at {t:.3} s: {reason}"));
+                match peer {
+                    NodeRef::Bu(b) => self.bu_lost(now, b, reason),
+                    NodeRef::Ru(r) => match self.cfg.on_ru_loss {
+                        RuLossPolicy::Stop => self.abort(format!("lost {peer}: {reason}")),
+                        RuLossPolicy::Partial => {
+                            // Builders complete every event without it from now on.
+                            let bus: Vec<u16> = (0..self.cfg.n_bu)
+                                .filter(|b| self.alive.contains(&NodeRef::Bu(*b)))
+                                .collect();
+                            for b in bus {
+                                self.actions.push_back(Action::Send {
+                                    to: NodeRef::Bu(b),
+                                    msg: Message::SourceLost { ru: r },
+                                    path: Path::Now,
+                                });
+                            }
+                            if !(0..self.cfg.n_ru).any(|r| self.alive.contains(&NodeRef::Ru(r))) {
+                                self.abort("every RU is lost".into());
+                            }
+                        }
+                    },
+                    NodeRef::Evm => {}
+                }
+            }
             RunState::Stopping => {
                 let reported = match peer {
                     NodeRef::Ru(i) => self.ru_reports.contains_key(&i),
                     NodeRef::Bu(i) => self.bu_reports.contains_key(&i),
                     NodeRef::Evm => true,
                 };
-                if !reported {
-                    self.abort(format!("lost {peer} before its report: {reason}"));
+                if !reported && self.alive.remove(&peer) {
+                    self.stats
+                        .lost
+                        .push(format!("{peer} lost before its report: {reason}"));
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Takes back everything a lost BU held; other BUs build it again (the RUs still hold
+    /// the fragments, since nothing it did not release was freed).
+    fn bu_lost(&mut self, now: Instant, b: u16, _reason: &str) {
+        let bi = b as usize;
+        self.credits[bi] = 0;
+        self.stats.released_by_lost += std::mem::take(&mut self.stats.released_by_bu[bi]);
+        let sum = std::mem::take(&mut self.stats.released_id_sum_by_bu[bi]);
+        self.stats.released_id_sum_by_lost = self.stats.released_id_sum_by_lost.wrapping_add(sum);
+        let orphans = self.ledger.unreleased_of(b);
+        self.stats.reassigned += orphans.len() as u64;
+        self.reassign.extend(orphans);
+        self.last_progress = now;
+        if self.alive_bus() == 0 {
+            self.abort(format!(
+                "every BU is lost ({} events in flight)",
+                self.ledger.in_flight()
+            ));
         }
     }
 
@@ -216,8 +350,8 @@ impl Evm {
         if matches!(self.state, RunState::Halted | RunState::Aborted) {
             return;
         }
-        self.state = RunState::Aborted;
         self.broadcast(Message::Abort(reason.clone()), Path::Now);
+        self.state = RunState::Aborted;
         self.abort_reason = Some(reason.clone());
         self.actions.push_back(Action::Exit { ok: false, reason });
     }
@@ -226,9 +360,15 @@ impl Evm {
         match self.state {
             RunState::Running => self.poll_running(now),
             RunState::Stopping => {
-                let all = self.ru_reports.len() == self.cfg.n_ru as usize
-                    && self.bu_reports.len() == self.cfg.n_bu as usize;
-                if all {
+                let missing = self.all_nodes().any(|n| {
+                    self.alive.contains(&n)
+                        && match n {
+                            NodeRef::Ru(i) => !self.ru_reports.contains_key(&i),
+                            NodeRef::Bu(i) => !self.bu_reports.contains_key(&i),
+                            NodeRef::Evm => false,
+                        }
+                });
+                if !missing {
                     self.state = RunState::Halted;
                     self.broadcast(Message::Halt, Path::Now);
                     let problems = verdict(&self.report(now));
@@ -250,16 +390,15 @@ impl Evm {
     fn poll_running(&mut self, now: Instant) {
         let started = self.started.unwrap_or(now);
         let elapsed = now.duration_since(started);
-        if let Some(d) = self.cfg.duration {
-            if elapsed >= d {
-                self.triggering_done = true;
-            }
+        if self.cfg.duration.is_some_and(|d| elapsed >= d)
+            || self
+                .cfg
+                .max_events
+                .is_some_and(|m| self.stats.triggered >= m)
+        {
+            self.triggering_done = true;
         }
-        if let Some(max) = self.cfg.max_events {
-            if self.stats.triggered >= max {
-                self.triggering_done = true;
-            }
-        }
+        self.assign_orphans();
         if !self.triggering_done {
             self.trigger(elapsed);
         }
@@ -283,6 +422,63 @@ impl Evm {
         }
     }
 
+    /// The next BU, round robin, that has credit.
+    fn next_bu(&self) -> Option<usize> {
+        let n = self.credits.len();
+        (0..n)
+            .map(|k| (self.rr + k) % n)
+            .find(|&b| self.credits[b] > 0)
+    }
+
+    fn send_assign(&mut self, range: EventRange) {
+        let rus: Vec<u16> = (0..self.cfg.n_ru)
+            .filter(|r| self.alive.contains(&NodeRef::Ru(*r)))
+            .collect();
+        for ru in rus {
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Ru(ru),
+                msg: Message::Assign(range),
+                path: Path::Batched,
+            });
+        }
+        self.actions.push_back(Action::Send {
+            to: NodeRef::Bu(range.bu),
+            msg: Message::Assign(range),
+            path: Path::Batched,
+        });
+    }
+
+    /// Events of lost BUs go first, to whichever BU has credit.
+    fn assign_orphans(&mut self) {
+        while !self.reassign.is_empty() {
+            let Some(bu) = self.next_bu() else { break };
+            let mut take = self.credits[bu].min(self.cfg.batch as u64);
+            while take > 0 {
+                let Some(first) = self.reassign.pop_front() else {
+                    break;
+                };
+                // runs of consecutive ids share one Assign
+                let mut count = 1u32;
+                while (count as u64) < take
+                    && self.reassign.front() == Some(&(first + count as u64))
+                {
+                    self.reassign.pop_front();
+                    count += 1;
+                }
+                let range = EventRange {
+                    bu: bu as u16,
+                    first,
+                    count,
+                };
+                self.ledger.reassign(range);
+                self.credits[bu] -= count as u64;
+                take -= count as u64;
+                self.send_assign(range);
+            }
+            self.rr = (bu + 1) % self.credits.len();
+        }
+    }
+
     fn trigger(&mut self, elapsed: Duration) {
         let mut allowed = self.cfg.max_per_poll;
         if let Some(rate) = self.cfg.rate_hz {
@@ -292,15 +488,8 @@ impl Evm {
         if let Some(max) = self.cfg.max_events {
             allowed = allowed.min(max - self.stats.triggered);
         }
-        let n = self.credits.len();
         while allowed > 0 {
-            // next BU, round robin, that has credit
-            let Some(bu) = (0..n)
-                .map(|k| (self.rr + k) % n)
-                .find(|&b| self.credits[b] > 0)
-            else {
-                break;
-            };
+            let Some(bu) = self.next_bu() else { break };
             let count = allowed.min(self.credits[bu]).min(self.cfg.batch as u64);
             let range = EventRange {
                 bu: bu as u16,
@@ -311,25 +500,15 @@ impl Evm {
             self.credits[bu] -= count;
             self.stats.triggered += count;
             allowed -= count;
-            self.rr = (bu + 1) % n;
-            for ru in 0..self.cfg.n_ru {
-                self.actions.push_back(Action::Send {
-                    to: NodeRef::Ru(ru),
-                    msg: Message::Assign(range),
-                    path: Path::Batched,
-                });
-            }
-            self.actions.push_back(Action::Send {
-                to: NodeRef::Bu(bu as u16),
-                msg: Message::Assign(range),
-                path: Path::Batched,
-            });
+            self.rr = (bu + 1) % self.credits.len();
+            self.send_assign(range);
         }
     }
 
     /// The run as the EVM sees it now (final once halted).
     pub fn report(&self, now: Instant) -> RunReport {
         let end = self.stopped_at.unwrap_or(now);
+        let stats = self.stats();
         RunReport {
             state: self.state,
             reason: self.abort_reason.clone(),
@@ -338,7 +517,8 @@ impl Evm {
             seconds: self
                 .started
                 .map_or(0.0, |s| end.duration_since(s).as_secs_f64()),
-            evm: self.stats(),
+            down: stats.down.clone(),
+            evm: stats,
             rus: (0..self.cfg.n_ru)
                 .map(|i| self.ru_reports.get(&i).cloned())
                 .collect(),

@@ -45,6 +45,30 @@ impl Ledger {
         self.in_flight += r.count as u64;
     }
 
+    /// Ids assigned to `bu` and not released, oldest first.
+    pub fn unreleased_of(&self, bu: u16) -> Vec<u64> {
+        self.window
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s == bu)
+            .map(|(i, _)| self.base + i as u64)
+            .collect()
+    }
+
+    /// Gives ids already in flight (taken from a lost BU) to `r.bu`.
+    pub fn reassign(&mut self, r: EventRange) {
+        for id in r.first..r.end() {
+            if let Some(slot) = id
+                .checked_sub(self.base)
+                .and_then(|k| self.window.get_mut(k as usize))
+            {
+                if *slot & RELEASED == 0 {
+                    *slot = r.bu;
+                }
+            }
+        }
+    }
+
     pub fn release(&mut self, r: EventRange) -> ReleaseOutcome {
         let mut out = ReleaseOutcome::default();
         for id in r.first..r.end() {

@@ -21,7 +21,7 @@ mod source;
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
-pub use evm::{Evm, EvmConfig, EvmStats};
+pub use evm::{Evm, EvmConfig, EvmStats, RuLossPolicy};
 pub use generator::{Generator, SizeModel};
 pub use ledger::{Ledger, ReleaseOutcome};
 pub use report::{verdict, RunReport};

@@ -39,6 +39,8 @@ pub struct RuStats {
     pub errors: u64,
     /// Recorded fragments dropped as invalid at load (sent as MISSING).
     pub dropped_at_source: u64,
+    /// Fragments sent again because their event was reassigned from a lost BU.
+    pub fragments_resent: u64,
 }
 
 pub struct Ru {
@@ -151,18 +153,17 @@ impl Ru {
         }
     }
 
-    /// Lost the EVM: nothing more can be built.
+    /// A lost BU is the EVM's business (it reassigns the BU's events, which come back here
+    /// as new assignments); losing the EVM ends the run.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+        if matches!(self.state, RunState::Halted | RunState::Aborted) || peer != NodeRef::Evm {
             return;
         }
-        if peer == NodeRef::Evm || self.state == RunState::Running {
-            self.state = RunState::Aborted;
-            self.actions.push_back(Action::Exit {
-                ok: false,
-                reason: format!("lost {peer}: {reason}"),
-            });
-        }
+        self.state = RunState::Aborted;
+        self.actions.push_back(Action::Exit {
+            ok: false,
+            reason: format!("lost {peer}: {reason}"),
+        });
     }
 
     /// Generates assigned fragments while pool memory lasts.
@@ -172,17 +173,24 @@ impl Ru {
         while made < self.cfg.max_per_poll {
             let Some(r) = self.pending.front() else { break };
             let (event_id, bu) = (r.first, r.bu);
+            if let Some(held) = self.retained.get(&event_id) {
+                // Reassigned from a lost BU: the same bytes go to the new one.
+                let data = held.clone();
+                self.actions.push_back(Action::SendFragment {
+                    to: NodeRef::Bu(bu),
+                    data,
+                });
+                self.stats.fragments_resent += 1;
+                self.advance_pending();
+                made += 1;
+                continue;
+            }
             let Some(data) = self.make_fragment(event_id) else {
                 self.stats.pool_waits += 1;
                 self.blocked = true;
                 break;
             };
-            let r = self.pending.front_mut().expect("still there");
-            r.first += 1;
-            r.count -= 1;
-            if r.count == 0 {
-                self.pending.pop_front();
-            }
+            self.advance_pending();
             self.stats.fragments_sent += 1;
             self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;
             self.retained.insert(event_id, data.clone());
@@ -195,6 +203,15 @@ impl Ru {
                 data,
             });
             made += 1;
+        }
+    }
+
+    fn advance_pending(&mut self) {
+        let r = self.pending.front_mut().expect("a pending range");
+        r.first += 1;
+        r.count -= 1;
+        if r.count == 0 {
+            self.pending.pop_front();
         }
     }
 

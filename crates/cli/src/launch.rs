@@ -79,6 +79,8 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             addr: a.clone(),
             credits: Some(n.credits),
             sink: Some(n.sink),
+            sink_delay_us: n.sink_delay.map(|d| d.0),
+            sink_delay_events: n.sink_delay.map(|d| d.1),
         })
         .collect();
     out.validate()

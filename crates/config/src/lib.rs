@@ -67,6 +67,10 @@ pub struct RunSection {
     pub connect_timeout_s: f64,
     /// Seed of the generator (sizes and contents).
     pub seed: u64,
+    /// Nodes and the EVM exchange heartbeats this often when otherwise idle (ms).
+    pub heartbeat_ms: u64,
+    /// A peer silent for this long is declared lost (ms).
+    pub heartbeat_timeout_ms: u64,
 }
 
 impl Default for RunSection {
@@ -79,6 +83,8 @@ impl Default for RunSection {
             stall_timeout_s: 10.0,
             connect_timeout_s: 10.0,
             seed: 1,
+            heartbeat_ms: 200,
+            heartbeat_timeout_ms: 1000,
         }
     }
 }
@@ -147,6 +153,15 @@ pub struct BuilderSection {
     /// Consecutive events assigned to one BU at a time (0: automatic, from the event size).
     pub batch: u32,
     pub verify: VerifyLevel,
+    /// A lost RU: "stop" the run, or go on building "partial" events without it.
+    pub on_ru_loss: RuLossPolicy,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RuLossPolicy {
+    Stop,
+    Partial,
 }
 
 impl Default for BuilderSection {
@@ -155,6 +170,7 @@ impl Default for BuilderSection {
             credits: 16,
             batch: 0,
             verify: VerifyLevel::Full,
+            on_ru_loss: RuLossPolicy::Stop,
         }
     }
 }
@@ -366,6 +382,12 @@ pub struct BuSection {
     pub addr: String,
     pub credits: Option<u32>,
     pub sink: Option<SinkKind>,
+    /// Testing back-pressure: each delivery to the sink takes this long (µs)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_delay_us: Option<u64>,
+    /// ... for this many events (0 or absent: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_delay_events: Option<u64>,
 }
 
 /// One node of the run, after validation.
@@ -381,6 +403,8 @@ pub struct NodeSpec {
     pub sink: SinkKind,
     /// Recorded files this RU replays.
     pub files: Vec<String>,
+    /// Testing: sink delay per event (µs) and for how many events (0: all).
+    pub sink_delay: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -502,6 +526,15 @@ impl Config {
         }
         if !(r.stall_timeout_s > 0.0 && r.stall_timeout_s.is_finite()) {
             return Err(invalid("run.stall_timeout_s", "must be positive"));
+        }
+        if r.heartbeat_ms == 0 {
+            return Err(invalid("run.heartbeat_ms", "must be positive"));
+        }
+        if r.heartbeat_timeout_ms <= r.heartbeat_ms {
+            return Err(invalid(
+                "run.heartbeat_timeout_ms",
+                "must be longer than run.heartbeat_ms",
+            ));
         }
         if !(r.connect_timeout_s > 0.0 && r.connect_timeout_s.is_finite()) {
             return Err(invalid("run.connect_timeout_s", "must be positive"));
@@ -684,6 +717,7 @@ impl Config {
             credits: 0,
             sink: SinkKind::Discard,
             files: Vec::new(),
+            sink_delay: None,
         }];
         let n_ru = if self.ru.is_empty() {
             t.rus
@@ -709,6 +743,7 @@ impl Config {
                 credits: 0,
                 sink: SinkKind::Discard,
                 files,
+                sink_delay: None,
             });
         }
         let n_bu = if self.bu.is_empty() {
@@ -731,6 +766,10 @@ impl Config {
                     self.sink.kind,
                 ),
             };
+            let sink_delay = self.bu.get(i as usize).and_then(|b| {
+                b.sink_delay_us
+                    .map(|d| (d, b.sink_delay_events.unwrap_or(0)))
+            });
             v.push(NodeSpec {
                 id,
                 role: Role::Bu,
@@ -740,6 +779,7 @@ impl Config {
                 credits,
                 sink,
                 files: Vec::new(),
+                sink_delay,
             });
         }
         v

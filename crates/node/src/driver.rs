@@ -7,7 +7,7 @@ use evb_builder::{Action, BuiltEvent, NodeRef, Path, RunState, SinkError};
 use evb_config::{Config, NodeSpec, Role};
 use evb_messaging::{Incoming, Messenger, Received};
 use evb_transport::{CloseReason, ConnId, Transport};
-use evb_wire::{Channel, Hello};
+use evb_wire::{Channel, Hello, Message};
 use serde_json::{json, Value};
 use tracing::{debug, error, info, warn};
 
@@ -57,6 +57,11 @@ pub struct Driver {
     sink_retry_at: Option<Instant>,
     sink_blocked: Option<String>,
     sink_stalls: u64,
+    /// Where each peer we call can be reached, to call it again after a loss.
+    dial_specs: HashMap<NodeRef, (String, Channel)>,
+    /// When each control peer was last heard from.
+    last_heard: HashMap<NodeRef, Instant>,
+    next_heartbeat: Instant,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -127,6 +132,10 @@ impl Driver {
             }
         }
         let logic = setup::logic(cfg, &me, ru_pool, now).map_err(NodeError::Setup)?;
+        let dial_specs = dials
+            .iter()
+            .map(|d| (d.peer, (d.addr.clone(), d.channel)))
+            .collect();
         Ok(Driver {
             cfg: cfg.clone(),
             me,
@@ -149,6 +158,9 @@ impl Driver {
             sink_retry_at: None,
             sink_blocked: None,
             sink_stalls: 0,
+            dial_specs,
+            last_heard: HashMap::new(),
+            next_heartbeat: now,
         })
     }
 
@@ -202,6 +214,7 @@ impl Driver {
                     debug!(node = %self.me.id, peer = %peer.node_id, "connected");
                     self.peers.insert(conn, d.peer);
                     self.conns.insert(d.peer, conn);
+                    self.last_heard.insert(d.peer, now);
                 }
             }
             Incoming::Accepted { conn, peer } => match self.identify(&peer) {
@@ -209,6 +222,7 @@ impl Driver {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
                     self.peers.insert(conn, p);
                     self.conns.insert(p, conn);
+                    self.last_heard.insert(p, now);
                 }
                 Some(p) => {
                     warn!(node = %self.me.id, "second connection from {p} ({}) refused", peer.node_id);
@@ -223,7 +237,9 @@ impl Driver {
                 let Some(&from) = self.peers.get(&conn) else {
                     return Ok(());
                 };
+                self.last_heard.insert(from, now);
                 match (msg, &mut self.logic) {
+                    (Received::Message(Message::Heartbeat), _) => {}
                     (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
                     (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
                     (Received::Message(m), Logic::Bu(b, _)) => b.handle(now, from, m),
@@ -238,36 +254,98 @@ impl Driver {
             }
             Incoming::Closed { conn, reason } => {
                 if let Some(mut d) = self.dialing.remove(&conn) {
-                    let retry = matches!(reason, CloseReason::ConnectFailed(_))
-                        && now < self.connect_deadline;
-                    if retry {
+                    let rejected = matches!(reason, CloseReason::Rejected(_));
+                    if self.up && !rejected {
+                        // calling a lost peer again: keep trying while the run lasts
+                        d.retry_at = Some(now + Duration::from_millis(200));
+                        self.waiting_dials.push(d);
+                    } else if !rejected && now < self.connect_deadline {
                         d.retry_at = Some(now + Duration::from_millis(50));
                         self.waiting_dials.push(d);
                     } else {
                         return Err(NodeError::Connect(d.addr, reason.to_string()));
                     }
                 } else if let Some(p) = self.peers.remove(&conn) {
-                    self.conns.remove(&p);
-                    let why = reason.to_string();
-                    // Peers leave once the run is over; that is not news.
-                    let quiet = matches!(
-                        self.state(),
-                        RunState::Stopping | RunState::Halted | RunState::Aborted
-                    );
-                    if quiet {
-                        debug!(node = %self.me.id, "{p} left: {why}");
-                    } else {
-                        warn!(node = %self.me.id, "lost {p}: {why}");
-                    }
-                    match &mut self.logic {
-                        Logic::Evm(e) => e.peer_lost(p, &why),
-                        Logic::Ru(r) => r.peer_lost(p, &why),
-                        Logic::Bu(b, _) => b.peer_lost(p, &why),
-                    }
+                    self.lose(now, p, conn, reason.to_string());
                 }
             }
         }
         Ok(())
+    }
+
+    /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
+    /// BU is found again this way).
+    fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, why: String) {
+        self.peers.remove(&conn);
+        self.conns.remove(&p);
+        self.last_heard.remove(&p);
+        // Peers leave once the run is over; that is not news.
+        let quiet = matches!(
+            self.state(),
+            RunState::Stopping | RunState::Halted | RunState::Aborted
+        );
+        if quiet {
+            debug!(node = %self.me.id, "{p} left: {why}");
+        } else {
+            warn!(node = %self.me.id, "lost {p}: {why}");
+        }
+        match &mut self.logic {
+            Logic::Evm(e) => e.peer_lost(now, p, &why),
+            Logic::Ru(r) => r.peer_lost(p, &why),
+            Logic::Bu(b, _) => b.peer_lost(p, &why),
+        }
+        if !quiet && p != NodeRef::Evm {
+            if let Some((addr, channel)) = self.dial_specs.get(&p).cloned() {
+                self.waiting_dials.push(Dial {
+                    peer: p,
+                    addr,
+                    channel,
+                    retry_at: Some(now + Duration::from_millis(200)),
+                });
+            }
+        }
+    }
+
+    /// Heartbeats to the control peers; a control peer silent too long is lost.
+    fn heartbeats(&mut self, now: Instant) {
+        let control: Vec<NodeRef> = match self.me.role {
+            Role::Evm => self.conns.keys().copied().collect(),
+            _ => self
+                .conns
+                .keys()
+                .copied()
+                .filter(|p| *p == NodeRef::Evm)
+                .collect(),
+        };
+        if now >= self.next_heartbeat {
+            self.next_heartbeat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
+            for p in &control {
+                if let Some(&conn) = self.conns.get(p) {
+                    let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
+                }
+            }
+        }
+        if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.up {
+            return;
+        }
+        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
+        for p in control {
+            let silent = self
+                .last_heard
+                .get(&p)
+                .is_some_and(|t| now.duration_since(*t) > timeout);
+            if silent {
+                if let Some(&conn) = self.conns.get(&p) {
+                    self.messenger.close(conn);
+                    self.lose(
+                        now,
+                        p,
+                        conn,
+                        format!("no heartbeat for {} ms", timeout.as_millis()),
+                    );
+                }
+            }
+        }
     }
 
     fn state(&self) -> RunState {
@@ -430,6 +508,7 @@ impl Driver {
                 Logic::Ru(r) => r.poll(now),
                 Logic::Bu(b, _) => b.poll(now),
             }
+            self.heartbeats(now);
             self.run_actions();
             self.drain_sink(now);
             self.run_actions();

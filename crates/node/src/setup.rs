@@ -159,6 +159,10 @@ pub fn logic(
                     batch: assign_batch(cfg, rus.len() as u64),
                     stall_timeout: Duration::from_secs_f64(r.stall_timeout_s),
                     max_per_poll: 4096,
+                    on_ru_loss: match cfg.builder.on_ru_loss {
+                        evb_config::RuLossPolicy::Stop => evb_builder::RuLossPolicy::Stop,
+                        evb_config::RuLossPolicy::Partial => evb_builder::RuLossPolicy::Partial,
+                    },
                 },
                 now,
             ))
@@ -192,6 +196,14 @@ pub fn logic(
                     cfg.sink.file_max_mib << 20,
                 )?),
             };
+            let sink: Box<dyn Sink> = match me.sink_delay {
+                Some((us, events)) => Box::new(SlowSink {
+                    inner: sink,
+                    delay: Duration::from_micros(us),
+                    left: (events > 0).then_some(events),
+                }),
+                None => sink,
+            };
             Logic::Bu(
                 Bu::new(BuConfig {
                     index: me.index,
@@ -205,4 +217,31 @@ pub fn logic(
             )
         }
     })
+}
+
+/// Testing back-pressure: a sink that takes `delay` per event, for the first events.
+struct SlowSink {
+    inner: Box<dyn Sink>,
+    delay: Duration,
+    /// Events still to slow down (`None`: all).
+    left: Option<u64>,
+}
+
+impl Sink for SlowSink {
+    fn deliver(&mut self, event: &evb_builder::BuiltEvent) -> Result<(), evb_builder::SinkError> {
+        if self.left != Some(0) {
+            std::thread::sleep(self.delay);
+            self.left = self.left.map(|k| k - 1);
+        }
+        self.inner.deliver(event)
+    }
+    fn finish(&mut self) -> Result<(), evb_builder::SinkError> {
+        self.inner.finish()
+    }
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn report(&self) -> serde_json::Value {
+        self.inner.report()
+    }
 }

@@ -24,6 +24,8 @@ pub enum MessageType {
     Halt = 0x0013,
     Report = 0x0014,
     Abort = 0x0015,
+    Heartbeat = 0x0016,
+    SourceLost = 0x0017,
 }
 
 impl MessageType {
@@ -39,6 +41,8 @@ impl MessageType {
             0x0013 => MessageType::Halt,
             0x0014 => MessageType::Report,
             0x0015 => MessageType::Abort,
+            0x0016 => MessageType::Heartbeat,
+            0x0017 => MessageType::SourceLost,
             other => return Err(WireError::UnknownMessageType(other)),
         })
     }
@@ -110,6 +114,10 @@ pub enum Message {
     Report(String),
     /// Either way: the run cannot go on, for this reason.
     Abort(String),
+    /// Either way, when nothing else was sent for a while: I am alive.
+    Heartbeat,
+    /// EVM → BUs: RU `ru` is gone; build events without it, flagged partial.
+    SourceLost { ru: u16 },
 }
 
 impl Message {
@@ -124,6 +132,8 @@ impl Message {
             Message::Halt => MessageType::Halt,
             Message::Report(_) => MessageType::Report,
             Message::Abort(_) => MessageType::Abort,
+            Message::Heartbeat => MessageType::Heartbeat,
+            Message::SourceLost { .. } => MessageType::SourceLost,
         }
     }
 
@@ -143,7 +153,11 @@ impl Message {
                 out.extend_from_slice(&r.bu.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
             }
-            Message::Start | Message::Halt => {}
+            Message::Start | Message::Halt | Message::Heartbeat => {}
+            Message::SourceLost { ru } => {
+                out.extend_from_slice(&ru.to_le_bytes());
+                out.extend_from_slice(&[0u8; 6]);
+            }
             Message::Ready { available } => out.extend_from_slice(&available.to_le_bytes()),
             Message::Stop { triggered } => out.extend_from_slice(&triggered.to_le_bytes()),
             Message::Report(s) | Message::Abort(s) => {
@@ -231,6 +245,19 @@ impl Message {
             MessageType::Halt => {
                 exact("halt", 0)?;
                 Message::Halt
+            }
+            MessageType::Heartbeat => {
+                exact("heartbeat", 0)?;
+                Message::Heartbeat
+            }
+            MessageType::SourceLost => {
+                exact("source lost", 8)?;
+                if b[2..8] != [0; 6] {
+                    return Err(WireError::ReservedNonZero {
+                        what: "source lost",
+                    });
+                }
+                Message::SourceLost { ru: u16_at(b, 0) }
             }
             MessageType::Stop => {
                 exact("stop", 8)?;

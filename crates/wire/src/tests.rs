@@ -126,6 +126,8 @@ fn messages_round_trip() {
         Message::Halt,
         Message::Report("{\"built\":3}".into()),
         Message::Abort("evm lost".into()),
+        Message::Heartbeat,
+        Message::SourceLost { ru: 3 },
     ];
     for m in all {
         let b = m.encode();

@@ -1,0 +1,430 @@
+//! Faults with real processes started by hand (as on several hosts): kill -9 a BU, restart
+//! it, kill an RU under both policies, kill the EVM, freeze a BU, slow a BU down; and peers
+//! that send garbage. Each ends with exact accounting.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const EVB: &str = env!("CARGO_BIN_EXE_evb");
+
+fn free_base_port(n: u16) -> u16 {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = l.local_addr().unwrap().port();
+        drop(l);
+        if base > 65000 {
+            continue;
+        }
+        let held: Vec<_> = (0..n)
+            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+}
+
+struct Cluster {
+    cfg: PathBuf,
+    base: u16,
+    kids: BTreeMap<String, Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Writes the configuration (with fixed ports) and starts every node.
+    fn start(rus: u16, bus: u16, extra: &str) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let base = free_base_port(1 + rus + bus);
+        let cfg = dir.path().join("run.toml");
+        let toml = format!("[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n{extra}");
+        std::fs::write(&cfg, toml).unwrap();
+        let mut c = Cluster {
+            cfg,
+            base,
+            kids: BTreeMap::new(),
+            _dir: dir,
+        };
+        let ids: Vec<String> = std::iter::once("evm".to_string())
+            .chain((0..rus).map(|i| format!("ru{i}")))
+            .chain((0..bus).map(|i| format!("bu{i}")))
+            .collect();
+        for id in ids {
+            c.spawn(&id);
+        }
+        c
+    }
+
+    fn spawn(&mut self, id: &str) {
+        let child = Command::new(EVB)
+            .args(["node", "--id", id, "--config"])
+            .arg(&self.cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.kids.insert(id.to_string(), child);
+    }
+
+    fn pid(&self, id: &str) -> u32 {
+        self.kids[id].id()
+    }
+
+    fn kill9(&mut self, id: &str) {
+        let c = self.kids.get_mut(id).unwrap();
+        assert!(
+            c.try_wait().unwrap().is_none(),
+            "{id} ended before it could be killed"
+        );
+        c.kill().unwrap();
+        c.wait().unwrap();
+        self.kids.remove(id);
+    }
+
+    fn signal(&self, id: &str, sig: &str) {
+        assert!(Command::new("kill")
+            .args([sig, &self.pid(id).to_string()])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Waits for every node; returns (exit success, stdout, stderr) by id.
+    fn wait_all(mut self, limit: Duration) -> BTreeMap<String, (bool, String, String)> {
+        let deadline = Instant::now() + limit;
+        let mut out = BTreeMap::new();
+        for (id, mut c) in std::mem::take(&mut self.kids) {
+            loop {
+                if c.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let o = c.wait_with_output().unwrap();
+                    panic!(
+                        "{id} still running after {limit:?}\n{}",
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let o = c.wait_with_output().unwrap();
+            out.insert(
+                id,
+                (
+                    o.status.success(),
+                    String::from_utf8_lossy(&o.stdout).into(),
+                    String::from_utf8_lossy(&o.stderr).into(),
+                ),
+            );
+        }
+        out
+    }
+}
+
+/// The EVM's final report (its stdout is the pretty JSON report).
+fn evm_report(outs: &BTreeMap<String, (bool, String, String)>) -> Value {
+    serde_json::from_str(&outs["evm"].1)
+        .unwrap_or_else(|e| panic!("EVM report: {e}\n{}", outs["evm"].1))
+}
+
+/// 6000 events at 2 kHz: a run of about 3 s, so a fault at 1 s lands mid-run.
+const PACED: &str = "[run]\nid = \"faults\"\nevents = 6000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 20000\n";
+
+fn sum_built(run: &Value) -> u64 {
+    run["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["events_built"].as_u64())
+        .sum()
+}
+
+#[test]
+fn killed_bu_events_are_rebuilt_elsewhere_none_lost_none_duplicated() {
+    let mut c = Cluster::start(2, 3, PACED);
+    std::thread::sleep(Duration::from_millis(1200));
+    c.kill9("bu1");
+    let outs = c.wait_all(Duration::from_secs(30));
+    for (id, (ok, _, err)) in &outs {
+        assert!(ok, "{id} failed after the BU was killed:\n{err}");
+    }
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    let run = &r["run"];
+    assert_eq!(run["evm"]["triggered"], 6000);
+    assert_eq!(run["evm"]["released"], 6000);
+    assert_eq!(run["evm"]["duplicate_releases"], 0);
+    assert!(
+        run["evm"]["reassigned"].as_u64().unwrap() > 0,
+        "the dead BU held events that had to be rebuilt"
+    );
+    assert_eq!(run["down"], serde_json::json!(["bu[1]"]));
+    assert!(run["evm"]["lost"][0]
+        .as_str()
+        .unwrap()
+        .contains("bu[1] lost at"));
+    // survivors' sinks plus what bu1 released before dying: exactly the triggered events
+    let survivors = sum_built(run);
+    let before_death = run["evm"]["released_by_lost"].as_u64().unwrap();
+    assert_eq!(survivors + before_death, 6000);
+    assert!(
+        outs["evm"].2.contains("lost bu[1]"),
+        "the fault is logged with the node"
+    );
+}
+
+#[test]
+fn restarted_bu_rejoins_and_builds_again() {
+    let mut c = Cluster::start(2, 2, PACED);
+    std::thread::sleep(Duration::from_millis(800));
+    c.kill9("bu1");
+    std::thread::sleep(Duration::from_millis(300));
+    c.spawn("bu1");
+    let outs = c.wait_all(Duration::from_secs(30));
+    for (id, (ok, _, err)) in &outs {
+        assert!(ok, "{id} failed:\n{err}");
+    }
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    let run = &r["run"];
+    assert!(
+        run["evm"]["lost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "bu[1] rejoined"),
+        "{}",
+        run["evm"]["lost"]
+    );
+    assert_eq!(run["down"].as_array().unwrap().len(), 0);
+    let new_bu1 = run["bus"][1]["events_built"].as_u64().unwrap();
+    assert!(new_bu1 > 0, "the restarted BU got events again");
+    assert_eq!(
+        sum_built(run) + run["evm"]["released_by_lost"].as_u64().unwrap(),
+        6000
+    );
+}
+
+#[test]
+fn killed_ru_gives_flagged_partial_events_when_configured() {
+    let mut c = Cluster::start(
+        3,
+        2,
+        &format!("{PACED}[builder]\non_ru_loss = \"partial\"\n"),
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    c.kill9("ru2");
+    let outs = c.wait_all(Duration::from_secs(30));
+    for (id, (ok, _, err)) in &outs {
+        assert!(ok, "{id} failed:\n{err}");
+    }
+    let run = evm_report(&outs)["run"].clone();
+    assert_eq!(sum_built(&run), 6000, "every event built, none lost");
+    let partial: u64 = run["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["partial_events"].as_u64().unwrap())
+        .sum();
+    assert!(
+        partial > 1000 && partial < 6000,
+        "events after the loss are partial: {partial}"
+    );
+    assert_eq!(run["down"], serde_json::json!(["ru[2]"]));
+}
+
+#[test]
+fn killed_ru_stops_the_run_cleanly_by_default() {
+    let mut c = Cluster::start(2, 2, PACED);
+    std::thread::sleep(Duration::from_millis(1000));
+    c.kill9("ru1");
+    let t0 = Instant::now();
+    let outs = c.wait_all(Duration::from_secs(15));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    for (id, (ok, _, _)) in &outs {
+        assert!(!ok, "{id} claims success though the run stopped");
+    }
+    let r = evm_report(&outs);
+    assert!(
+        r["reason"].as_str().unwrap().contains("lost ru[1]"),
+        "{}",
+        r["reason"]
+    );
+    for id in ["ru0", "bu0", "bu1"] {
+        assert!(
+            outs[id].2.contains("ru[1]"),
+            "{id} does not say why it stopped:\n{}",
+            outs[id].2
+        );
+    }
+}
+
+#[test]
+fn killed_evm_stops_every_node_with_a_reason() {
+    let mut c = Cluster::start(2, 2, PACED);
+    std::thread::sleep(Duration::from_millis(1000));
+    c.kill9("evm");
+    let t0 = Instant::now();
+    let outs = c.wait_all(Duration::from_secs(10));
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "nodes must notice within seconds"
+    );
+    for (id, (ok, _, err)) in &outs {
+        assert!(!ok, "{id} claims success without its EVM");
+        assert!(err.contains("lost evm"), "{id}: {err}");
+    }
+}
+
+#[test]
+fn frozen_bu_is_declared_lost_by_heartbeat_and_its_events_rebuilt() {
+    let c = Cluster::start(2, 2, PACED);
+    std::thread::sleep(Duration::from_millis(800));
+    c.signal("bu1", "-STOP");
+    std::thread::sleep(Duration::from_millis(2500));
+    c.signal("bu1", "-CONT");
+    let outs = c.wait_all(Duration::from_secs(30));
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    let lost = r["run"]["evm"]["lost"][0].as_str().unwrap().to_string();
+    assert!(
+        lost.contains("bu[1]") && lost.contains("no heartbeat"),
+        "{lost}"
+    );
+    assert!(
+        !outs["bu1"].0,
+        "the frozen BU finds itself out of the run when it wakes"
+    );
+    for id in ["evm", "ru0", "ru1", "bu0"] {
+        assert!(outs[id].0, "{id}: {}", outs[id].2);
+    }
+    assert_eq!(
+        sum_built(&r["run"]) + r["run"]["evm"]["released_by_lost"].as_u64().unwrap(),
+        6000
+    );
+}
+
+#[test]
+fn slow_bu_throttles_the_trigger_without_loss() {
+    // bu1's sink takes 5 ms per event for its first 50 events: its credits bound what it
+    // holds, bu0 takes the rest, nothing is dropped, and bu1 picks up again afterwards.
+    let extra = "[run]\nid = \"slow\"\nevents = 3000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 20000\n[builder]\ncredits = 8\n";
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port(5);
+    let toml = format!(
+        "{extra}[evm]\naddr = \"127.0.0.1:{base}\"\n[[ru]]\nid = \"ru0\"\naddr = \"127.0.0.1:{}\"\n[[ru]]\nid = \"ru1\"\naddr = \"127.0.0.1:{}\"\n\
+         [[bu]]\nid = \"bu0\"\naddr = \"127.0.0.1:{}\"\n[[bu]]\nid = \"bu1\"\naddr = \"127.0.0.1:{}\"\nsink_delay_us = 5000\nsink_delay_events = 50\n",
+        base + 1,
+        base + 2,
+        base + 3,
+        base + 4
+    );
+    let cfg = dir.path().join("slow.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let json = dir.path().join("s.json");
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &s["run"];
+    assert_eq!(sum_built(run), 3000);
+    let (b0, b1) = (
+        run["bus"][0]["events_built"].as_u64().unwrap(),
+        run["bus"][1]["events_built"].as_u64().unwrap(),
+    );
+    assert!(b0 > b1, "the fast BU should take more: {b0} vs {b1}");
+    assert!(b1 > 50, "the slow BU recovered and kept building: {b1}");
+    assert!(
+        run["bus"][1]["in_flight_high_water"].as_u64().unwrap() <= 8,
+        "memory bounded by credits"
+    );
+    assert!(run["evm"]["in_flight_high_water"].as_u64().unwrap() <= 16);
+}
+
+fn raw_attack(addr: &str, bytes: &[u8]) {
+    if let Ok(mut s) = TcpStream::connect(addr) {
+        let _ = s.write_all(bytes);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn garbage_peers_are_disconnected_and_the_run_carries_on() {
+    let c = Cluster::start(2, 2, PACED);
+    std::thread::sleep(Duration::from_millis(600));
+    let targets = [c.base, c.base + 3]; // the EVM and bu0
+    let header = |version: u16, len: u32| {
+        let mut h = Vec::new();
+        h.extend_from_slice(b"EVBF");
+        h.extend_from_slice(&version.to_le_bytes());
+        h.push(1);
+        h.push(0);
+        h.extend_from_slice(&len.to_le_bytes());
+        h.extend_from_slice(&[0; 12]);
+        h
+    };
+    for port in targets {
+        let addr = format!("127.0.0.1:{port}");
+        raw_attack(&addr, b"GET / HTTP/1.1\r\nHost: evb\r\n\r\n");
+        raw_attack(&addr, &header(99, 10)); // wrong version
+        raw_attack(&addr, &header(1, u32::MAX)); // oversized
+        raw_attack(&addr, &header(1, 100)[..10]); // truncated, then gone
+        let mut bad_hello = header(1, 20);
+        bad_hello.extend_from_slice(&[7u8; 20]);
+        raw_attack(&addr, &bad_hello); // a Hello whose payload is nonsense
+                                       // a flood of connections that say nothing and leave
+        for _ in 0..100 {
+            let _ = TcpStream::connect(&addr);
+        }
+    }
+    let outs = c.wait_all(Duration::from_secs(30));
+    for (id, (ok, _, err)) in &outs {
+        assert!(ok, "{id} failed after garbage:\n{err}");
+    }
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    assert_eq!(r["run"]["evm"]["released"], 6000);
+    for id in ["evm", "bu0"] {
+        let err = &outs[id].2;
+        assert!(
+            err.contains("protocol violation"),
+            "{id} logs no reason:\n{err}"
+        );
+    }
+}
