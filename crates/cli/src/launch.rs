@@ -106,8 +106,18 @@ fn spawn_processes(
         std::process::id(),
         cfg.run.id
     ));
-    std::fs::write(&path, cfg.to_toml())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    {
+        // The file may hold the run's secret: only we may read it.
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        f.write_all(cfg.to_toml().as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     let tmp = TempFile(path);
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();

@@ -69,8 +69,12 @@ pub struct RunSection {
     pub seed: u64,
     /// Nodes and the EVM exchange heartbeats this often when otherwise idle (ms).
     pub heartbeat_ms: u64,
-    /// A peer silent for this long is declared lost (ms).
+        /// A peer silent for this long is declared lost (ms).
     pub heartbeat_timeout_ms: u64,
+    /// Shared secret every connection must prove (HMAC handshake); the environment variable
+    /// EVB_SECRET overrides it. Required when any node listens beyond loopback.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub secret: String,
 }
 
 impl Default for RunSection {
@@ -83,8 +87,9 @@ impl Default for RunSection {
             stall_timeout_s: 10.0,
             connect_timeout_s: 10.0,
             seed: 1,
-            heartbeat_ms: 200,
+                        heartbeat_ms: 200,
             heartbeat_timeout_ms: 1000,
+            secret: String::new(),
         }
     }
 }
@@ -627,8 +632,14 @@ impl Config {
                     format!("{:?} is not an IP:port address", n.addr),
                 )
             })?;
+            if !sa.ip().is_loopback() && self.secret().is_none() {
+                return Err(invalid(
+                    format!("{key}.addr"),
+                    format!("{sa} is beyond loopback: set run.secret (or EVB_SECRET) so strangers cannot join the run"),
+                ));
+            }
             if sa.port() != 0 {
-                if let Some(other) = addrs.insert(sa, key.clone()) {
+            if let Some(other) = addrs.insert(sa, key.clone()) {
                     return Err(invalid(
                         format!("{key}.addr"),
                         format!("port clash: {sa} is also {other}'s address"),
@@ -783,6 +794,14 @@ impl Config {
             });
         }
         v
+    }
+
+        /// The shared secret in force: EVB_SECRET if set, else `run.secret`; `None` if neither.
+    pub fn secret(&self) -> Option<String> {
+        match std::env::var("EVB_SECRET") {
+            Ok(s) if !s.is_empty() => Some(s),
+            _ => (!self.run.secret.is_empty()).then(|| self.run.secret.clone()),
+        }
     }
 
     /// The largest fragment payload any RU can send.

@@ -201,3 +201,14 @@ fn file_sources_and_sinks_are_checked() {
         .filter(|n| n.role == Role::Bu)
         .all(|n| n.sink == SinkKind::File));
 }
+
+#[test]
+fn listening_beyond_loopback_needs_a_secret() {
+    let open = "[[ru]]\nid = \"r\"\naddr = \"10.1.2.3:7001\"\n";
+    if std::env::var("EVB_SECRET").is_err() {
+        assert_err(open, &["ru[0].addr", "beyond loopback", "secret"]);
+    }
+    let c = Config::from_toml(&format!("[run]\nsecret = \"s3cret\"\n{open}")).unwrap();
+    assert_eq!(c.secret().as_deref(), Some("s3cret"));
+    assert!(!c.to_toml().is_empty());
+}

@@ -96,6 +96,7 @@ impl Driver {
             local: setup::hello(cfg, &me, Channel::Control),
             max_frame: setup::max_frame(cfg),
             rx_pool,
+            secret: cfg.secret().map(|s| s.into_bytes()),
         })?;
         let mut messenger = Messenger::new(transport, setup::messenger_config(cfg));
         let bound = messenger

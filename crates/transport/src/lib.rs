@@ -7,6 +7,7 @@
 //! shared memory (rings) and libfabric (CQs) can all implement. It never blocks on a send:
 //! frames queue per connection, so a slow peer holds up only its own queue.
 
+mod auth;
 mod event;
 pub mod inproc;
 pub mod tcp;
@@ -47,8 +48,10 @@ pub struct TransportConfig {
     pub local: Hello,
     /// Largest frame payload accepted from a peer; larger ones close the connection.
     pub max_frame: u32,
-    /// Received frames land in blocks of this pool.
+        /// Received frames land in blocks of this pool.
     pub rx_pool: Pool,
+    /// Shared secret: when set, every connection must prove it (HMAC over both Hellos).
+    pub secret: Option<Vec<u8>>,
 }
 
 /// Moves frames between this node and its peers. See the crate docs.

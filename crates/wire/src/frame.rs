@@ -22,6 +22,8 @@ pub enum FrameType {
     Messages = 4,
     /// Orderly close: no more frames follow.
     Bye = 5,
+    /// Handshake authentication: a 32-byte HMAC-SHA256 proving knowledge of the run's secret.
+    Auth = 6,
 }
 
 impl FrameType {
@@ -32,6 +34,7 @@ impl FrameType {
             3 => FrameType::Reject,
             4 => FrameType::Messages,
             5 => FrameType::Bye,
+            6 => FrameType::Auth,
             other => return Err(WireError::UnknownFrameType(other)),
         })
     }
