@@ -69,7 +69,7 @@ pub struct RunSection {
     pub seed: u64,
     /// Nodes and the EVM exchange heartbeats this often when otherwise idle (ms).
     pub heartbeat_ms: u64,
-        /// A peer silent for this long is declared lost (ms).
+    /// A peer silent for this long is declared lost (ms).
     pub heartbeat_timeout_ms: u64,
     /// Shared secret every connection must prove (HMAC handshake); the environment variable
     /// EVB_SECRET overrides it. Required when any node listens beyond loopback.
@@ -87,7 +87,7 @@ impl Default for RunSection {
             stall_timeout_s: 10.0,
             connect_timeout_s: 10.0,
             seed: 1,
-                        heartbeat_ms: 200,
+            heartbeat_ms: 200,
             heartbeat_timeout_ms: 1000,
             secret: String::new(),
         }
@@ -639,7 +639,7 @@ impl Config {
                 ));
             }
             if sa.port() != 0 {
-            if let Some(other) = addrs.insert(sa, key.clone()) {
+                if let Some(other) = addrs.insert(sa, key.clone()) {
                     return Err(invalid(
                         format!("{key}.addr"),
                         format!("port clash: {sa} is also {other}'s address"),
@@ -796,7 +796,7 @@ impl Config {
         v
     }
 
-        /// The shared secret in force: EVB_SECRET if set, else `run.secret`; `None` if neither.
+    /// The shared secret in force: EVB_SECRET if set, else `run.secret`; `None` if neither.
     pub fn secret(&self) -> Option<String> {
         match std::env::var("EVB_SECRET") {
             Ok(s) if !s.is_empty() => Some(s),

@@ -212,3 +212,16 @@ fn listening_beyond_loopback_needs_a_secret() {
     assert_eq!(c.secret().as_deref(), Some("s3cret"));
     assert!(!c.to_toml().is_empty());
 }
+
+mod props {
+    use proptest::prelude::*;
+
+    use crate::Config;
+
+    proptest! {
+        #[test]
+        fn any_text_gives_a_config_or_an_error_never_a_panic(text in "[\\[\\]a-z_=\"0-9. \\n-]{0,200}") {
+            let _ = Config::from_toml(&text);
+        }
+    }
+}

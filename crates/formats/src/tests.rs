@@ -180,3 +180,36 @@ fn real_cms_files_validate() {
         }
     }
 }
+
+mod props {
+    use proptest::prelude::*;
+
+    use crate::events::EventFile;
+    use crate::{fed, framed};
+
+    proptest! {
+        #[test]
+        fn readers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            if let Ok(ranges) = fed::split(&bytes) {
+                for r in ranges {
+                    let _ = fed::validate(&bytes[r.clone()], r.start, Some(1));
+                }
+            }
+            let _ = framed::read_at(&bytes, 0);
+            let mut with_magic = b"EVBE\x01\x00".to_vec();
+            with_magic.extend_from_slice(&bytes);
+            for data in [bytes.clone(), with_magic] {
+                if let Ok(f) = EventFile::parse(data, "x".into()) {
+                    for _ in f.take(100) {}
+                }
+            }
+        }
+
+        #[test]
+        fn fed_fragments_round_trip(lv1 in 0u32..(1 << 24), source in 0u16..4096, words in proptest::collection::vec(any::<u64>(), 0..40)) {
+            let f = fed::build(lv1, source, &words);
+            let info = fed::validate(&f, 0, Some(source)).unwrap();
+            prop_assert_eq!((info.lv1_id, info.source_id, info.words), (lv1, source, words.len() + 2));
+        }
+    }
+}

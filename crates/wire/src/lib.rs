@@ -24,4 +24,6 @@ pub use message::{
 };
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
