@@ -38,7 +38,8 @@ pub struct BenchArgs {
     /// Where the CSV, JSON and SVG go (default: target/bench).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Repetitions of every point (the median is reported); default 3, 1 with --quick.
+    /// Repetitions of every point, interleaved (the median is reported); default 5, 1 with
+    /// --quick.
     #[arg(long)]
     pub reps: Option<u32>,
     /// Seconds per point for p2p, lat and nxn (default 0.5, 0.1 with --quick).
@@ -390,7 +391,7 @@ fn settings(args: &BenchArgs) -> Result<Settings, String> {
         None => (0..9).map(|i| 64usize << (2 * i)).collect(),
     };
     Ok(Settings {
-        reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
+        reps: args.reps.unwrap_or(if args.quick { 1 } else { 5 }).max(1),
         secs: Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick { 0.1 } else { 0.5 })),
         build_secs: args
             .build_seconds
@@ -425,14 +426,20 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             .progress_chars("=> "),
     );
     let started = Instant::now();
-    let mut points = Vec::new();
+    // Repetitions are interleaved: every point's first run, then every point's second, ...
+    // so that each system samples the same spread of machine states (another process
+    // waking up, the scheduler placing both ends on one core) and ratios stay fair.
+    let mut reps: Vec<Vec<Point>> = tasks.iter().map(|_| Vec::new()).collect();
     let mut failures = Vec::new();
-    for t in &tasks {
-        bar.set_message(t.label.clone());
-        let mut reps = Vec::new();
-        for _ in 0..t.reps {
+    let max_reps = tasks.iter().map(|t| t.reps).max().unwrap_or(0);
+    for round in 0..max_reps {
+        for (t, got) in tasks.iter().zip(reps.iter_mut()) {
+            if round >= t.reps {
+                continue;
+            }
+            bar.set_message(format!("{} (run {} of {})", t.label, round + 1, t.reps));
             match (t.job)() {
-                Ok(p) => reps.push(p),
+                Ok(p) => got.push(p),
                 Err(e) => {
                     failures.push(format!("{}: {e}", t.label));
                     bar.println(format!("evb bench: {}: {e}", t.label));
@@ -440,10 +447,12 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             }
             bar.inc(1);
         }
-        if !reps.is_empty() {
-            points.push(Point::median_of(&reps));
-        }
     }
+    let points: Vec<Point> = reps
+        .iter()
+        .filter(|r| !r.is_empty())
+        .map(|r| Point::median_of(r))
+        .collect();
     bar.finish_and_clear();
     let ratios = ratios(&points);
     print!("{}", output::table(&points, &ratios));

@@ -1,6 +1,7 @@
 //! The message socket: one per node, over one transport.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
@@ -9,6 +10,28 @@ use evb_wire::{FrameType, Hello, Message};
 use tracing::warn;
 
 use crate::reader::{split_messages, Received};
+
+/// Hashes a `ConnId` (a small integer) with one multiplication: the page map is looked up
+/// for every batched message, and SipHash there costs as much as encoding the message.
+#[derive(Default)]
+struct ConnHasher(u64);
+
+impl Hasher for ConnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type ConnMap<V> = HashMap<ConnId, V, BuildHasherDefault<ConnHasher>>;
+type ConnSet = HashSet<ConnId, BuildHasherDefault<ConnHasher>>;
 
 /// When a partly filled page goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +108,8 @@ impl Page {
 pub struct Messenger {
     transport: Box<dyn Transport>,
     cfg: MessengerConfig,
-    pages: HashMap<ConnId, Page>,
-    dead: HashSet<ConnId>,
+    pages: ConnMap<Page>,
+    dead: ConnSet,
     events: Vec<Event>,
     stats: MessengerStats,
     /// How long `poll` spins (polling without sleeping) before it blocks.
@@ -98,8 +121,8 @@ impl Messenger {
         Messenger {
             transport,
             cfg,
-            pages: HashMap::new(),
-            dead: HashSet::new(),
+            pages: ConnMap::default(),
+            dead: ConnSet::default(),
             events: Vec::new(),
             stats: MessengerStats::default(),
             busy_poll: Duration::ZERO,

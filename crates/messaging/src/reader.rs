@@ -1,6 +1,6 @@
 //! Cuts a received frame's payload into messages without copying bodies.
 
-use evb_buffers::Chain;
+use evb_buffers::{Chain, Slice};
 use evb_wire::{
     FragmentHeader, Message, MessageHeader, MessageType, WireError, FRAGMENT_HEADER_LEN,
     MESSAGE_HEADER_LEN,
@@ -35,6 +35,29 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// The slice holding the next `n` bytes and their offset in it, when they do not cross
+    /// into the next slice (the common case: a page read into one block).
+    fn contiguous(&self, n: usize) -> Option<(&'a Slice, usize)> {
+        let s = self.chain.slices().get(self.slice)?;
+        (s.len() - self.offset >= n).then_some((s, self.offset))
+    }
+
+    /// Moves past `n` bytes without handing them out.
+    fn skip(&mut self, mut n: usize) {
+        debug_assert!(n <= self.left);
+        self.left -= n;
+        let slices = self.chain.slices();
+        while n > 0 {
+            let take = (slices[self.slice].len() - self.offset).min(n);
+            n -= take;
+            self.offset += take;
+            if self.offset == slices[self.slice].len() {
+                self.slice += 1;
+                self.offset = 0;
+            }
+        }
+    }
+
     fn take(&mut self, mut n: usize) -> Chain {
         debug_assert!(n <= self.left);
         self.left -= n;
@@ -53,6 +76,32 @@ impl<'a> Cursor<'a> {
         }
         out
     }
+}
+
+fn check_payload_len(header: &FragmentHeader, payload_len: usize) -> Result<(), WireError> {
+    if header.payload_size as usize != payload_len {
+        return Err(WireError::BadLength {
+            what: "fragment payload",
+            expected: header.payload_size as usize,
+            got: payload_len,
+        });
+    }
+    Ok(())
+}
+
+/// A fragment message's header from its contiguous body, and its payload length.
+fn fragment_header(body: &[u8]) -> Result<(FragmentHeader, usize), WireError> {
+    if body.len() < FRAGMENT_HEADER_LEN {
+        return Err(WireError::Truncated {
+            what: "fragment",
+            need: FRAGMENT_HEADER_LEN,
+            have: body.len(),
+        });
+    }
+    let header = FragmentHeader::decode(&body[..FRAGMENT_HEADER_LEN])?;
+    let payload_len = body.len() - FRAGMENT_HEADER_LEN;
+    check_payload_len(&header, payload_len)?;
+    Ok((header, payload_len))
 }
 
 /// Decodes every message in a `Messages` frame of `count` messages.
@@ -78,7 +127,15 @@ pub fn split_messages(
             });
         }
         let mut hb = [0u8; MESSAGE_HEADER_LEN];
-        cur.take(MESSAGE_HEADER_LEN).copy_prefix(&mut hb);
+        match cur.contiguous(MESSAGE_HEADER_LEN) {
+            Some((s, at)) => {
+                hb.copy_from_slice(&s[at..at + MESSAGE_HEADER_LEN]);
+                cur.skip(MESSAGE_HEADER_LEN);
+            }
+            None => {
+                cur.take(MESSAGE_HEADER_LEN).copy_prefix(&mut hb);
+            }
+        }
         let h = MessageHeader::decode(&hb)?;
         let len = h.length as usize;
         if len > cur.left {
@@ -88,8 +145,26 @@ pub fn split_messages(
                 have: cur.left,
             });
         }
-        let body = cur.take(len);
         found += 1;
+        // Fast path: the whole body in one slice. Messages are decoded in place and a
+        // fragment's payload becomes one sub-slice, without building intermediate chains.
+        if let Some((s, at)) = cur.contiguous(len) {
+            if h.msg_type == MessageType::Fragment {
+                let (header, payload_len) = fragment_header(&s[at..at + len])?;
+                out.push(Received::Fragment {
+                    header,
+                    payload: Chain::from_slice(s.sub(at + FRAGMENT_HEADER_LEN, payload_len)),
+                });
+            } else {
+                out.push(Received::Message(Message::decode(
+                    h.msg_type,
+                    &s[at..at + len],
+                )?));
+            }
+            cur.skip(len);
+            continue;
+        }
+        let body = cur.take(len);
         if h.msg_type == MessageType::Fragment {
             if len < FRAGMENT_HEADER_LEN {
                 return Err(WireError::Truncated {
@@ -102,13 +177,7 @@ pub fn split_messages(
             body.copy_prefix(&mut fb);
             let header = FragmentHeader::decode(&fb)?;
             let payload_len = len - FRAGMENT_HEADER_LEN;
-            if header.payload_size as usize != payload_len {
-                return Err(WireError::BadLength {
-                    what: "fragment payload",
-                    expected: header.payload_size as usize,
-                    got: payload_len,
-                });
-            }
+            check_payload_len(&header, payload_len)?;
             out.push(Received::Fragment {
                 header,
                 payload: body.sub(FRAGMENT_HEADER_LEN, payload_len),

@@ -14,7 +14,6 @@ fn cfg(node: &str) -> TransportConfig {
         local: Hello::new(Channel::Data, Role::Bu, 0, "r", node),
         max_frame: 4 << 20,
         rx_pool: Pool::new(node, 64 * 1024, 256),
-        secret: None,
     }
 }
 
@@ -196,4 +195,31 @@ fn split_rejects_bad_pages() {
     bad[4] += 1; // message length covers the extra byte
     let c = Chain::from_slice(w.append(&bad).unwrap());
     assert!(split_messages(&c, 1, &mut out).is_err());
+}
+
+#[test]
+fn busy_poll_delivers_every_message() {
+    let (mut a, mut b, conn) = pair(true, "");
+    let spin = Duration::from_micros(100);
+    a.set_busy_poll(spin);
+    b.set_busy_poll(spin);
+    assert_eq!(b.busy_poll(), spin);
+    for i in 0..50u32 {
+        a.send_now(conn, &Message::Credit { bu: 0, count: i })
+            .unwrap();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_empty() {
+            assert!(Instant::now() < deadline, "message {i} never arrived");
+            b.poll(&mut got, Some(Duration::from_millis(5))).unwrap();
+            got.retain(|e| matches!(e, Incoming::Received { .. }));
+        }
+        match &got[..] {
+            [Incoming::Received {
+                msg: Received::Message(Message::Credit { count, .. }),
+                ..
+            }] => assert_eq!(*count, i),
+            other => panic!("{other:?}"),
+        }
+    }
 }
