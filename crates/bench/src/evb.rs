@@ -82,6 +82,7 @@ fn messenger(kind: Kind, node: &str, role: Role, index: u16, rx_blocks: usize) -
         local: Hello::new(Channel::Data, role, index, RUN, node),
         max_frame: 16 << 20,
         rx_pool: Pool::new(node, BLOCK, rx_blocks),
+        secret: None,
     };
     let t: Box<dyn Transport> = match kind {
         Kind::Tcp => Box::new(TcpTransport::new(cfg).expect("epoll instance")),

@@ -14,6 +14,7 @@ fn cfg(node: &str) -> TransportConfig {
         local: Hello::new(Channel::Data, Role::Bu, 0, "r", node),
         max_frame: 4 << 20,
         rx_pool: Pool::new(node, 64 * 1024, 256),
+        secret: None,
     }
 }
 
