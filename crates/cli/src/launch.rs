@@ -116,7 +116,8 @@ fn spawn_processes(
             .mode(0o600)
             .open(&path)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        f.write_all(cfg.to_toml().as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        f.write_all(cfg.to_toml().as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     let tmp = TempFile(path);
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -444,11 +444,21 @@ fn frame(kind: u8, seq: u64, count: u32, payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn without_the_secret_nobody_injects_fragments() {
-    let c = Cluster::start(2, 2, &PACED.replace("[run]\n", "[run]\nsecret = \"s3cret-of-the-run\"\n"));
+    let c = Cluster::start(
+        2,
+        2,
+        &PACED.replace("[run]\n", "[run]\nsecret = \"s3cret-of-the-run\"\n"),
+    );
     std::thread::sleep(Duration::from_millis(600));
     // An intruder that knows the run id and poses as ru0 on a data connection to bu0, with a
     // made-up proof, then tries to push a fragment for event 1.
-    let mut hello = evb_wire::Hello::new(evb_wire::Channel::Data, evb_wire::Role::Ru, 0, "faults", "ru0");
+    let mut hello = evb_wire::Hello::new(
+        evb_wire::Channel::Data,
+        evb_wire::Role::Ru,
+        0,
+        "faults",
+        "ru0",
+    );
     hello.nonce = 0x1234_5678;
     let mut bytes = frame(1, 0, 0, &hello.encode().unwrap());
     bytes.extend(frame(6, 1, 0, &[0u8; 32]));
@@ -466,13 +476,21 @@ fn without_the_secret_nobody_injects_fragments() {
     raw_attack(&format!("127.0.0.1:{}", c.base + 3), &bytes);
     // and one that does not even try to authenticate
     hello.nonce = 0;
-    raw_attack(&format!("127.0.0.1:{}", c.base + 3), &frame(1, 0, 0, &hello.encode().unwrap()));
+    raw_attack(
+        &format!("127.0.0.1:{}", c.base + 3),
+        &frame(1, 0, 0, &hello.encode().unwrap()),
+    );
     let outs = c.wait_all(Duration::from_secs(30));
     for (id, (ok, _, err)) in &outs {
         assert!(ok, "{id} failed:\n{err}");
     }
     let r = evm_report(&outs);
-    assert_eq!(r["verdict"].as_array().unwrap().len(), 0, "{}", r["verdict"]);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
     let bu0 = &r["run"]["bus"][0];
     assert_eq!(bu0["duplicate_fragments"], 0, "an injected fragment got in");
     assert_eq!(bu0["errors"], 0);

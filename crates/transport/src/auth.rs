@@ -28,16 +28,26 @@ fn mac(secret: &[u8], role: &[u8], hello: &[u8], ack: &[u8]) -> Hmac<Sha256> {
 }
 
 pub fn acceptor_proof(secret: &[u8], hello: &[u8], ack: &[u8]) -> Vec<u8> {
-    mac(secret, b"evb-acceptor", hello, ack).finalize().into_bytes().to_vec()
+    mac(secret, b"evb-acceptor", hello, ack)
+        .finalize()
+        .into_bytes()
+        .to_vec()
 }
 
 pub fn connector_proof(secret: &[u8], hello: &[u8], ack: &[u8]) -> Vec<u8> {
-    mac(secret, b"evb-connector", hello, ack).finalize().into_bytes().to_vec()
+    mac(secret, b"evb-connector", hello, ack)
+        .finalize()
+        .into_bytes()
+        .to_vec()
 }
 
 /// Constant-time check of a peer's proof.
 pub fn check(secret: &[u8], acceptor: bool, hello: &[u8], ack: &[u8], proof: &[u8]) -> bool {
-    let role: &[u8] = if acceptor { b"evb-acceptor" } else { b"evb-connector" };
+    let role: &[u8] = if acceptor {
+        b"evb-acceptor"
+    } else {
+        b"evb-connector"
+    };
     mac(secret, role, hello, ack).verify_slice(proof).is_ok()
 }
 
@@ -50,7 +60,10 @@ mod tests {
         let p = acceptor_proof(b"k", b"hello", b"ack");
         assert!(check(b"k", true, b"hello", b"ack", &p));
         assert!(!check(b"other", true, b"hello", b"ack", &p));
-        assert!(!check(b"k", false, b"hello", b"ack", &p), "an acceptor proof is no connector proof");
+        assert!(
+            !check(b"k", false, b"hello", b"ack", &p),
+            "an acceptor proof is no connector proof"
+        );
         assert!(!check(b"k", true, b"hellO", b"ack", &p));
         assert!(!check(b"k", true, b"hello", b"ack", &p[..31]));
         assert_ne!(nonce(), nonce());

@@ -48,7 +48,7 @@ pub struct TransportConfig {
     pub local: Hello,
     /// Largest frame payload accepted from a peer; larger ones close the connection.
     pub max_frame: u32,
-        /// Received frames land in blocks of this pool.
+    /// Received frames land in blocks of this pool.
     pub rx_pool: Pool,
     /// Shared secret: when set, every connection must prove it (HMAC over both Hellos).
     pub secret: Option<Vec<u8>>,

@@ -356,7 +356,10 @@ fn tcp_stalled_receiver_does_not_block_others() {
 }
 
 fn secret_cfg(node: &str, secret: Option<&str>) -> TransportConfig {
-    TransportConfig { secret: secret.map(|s| s.as_bytes().to_vec()), ..cfg("run1", node, Role::Bu) }
+    TransportConfig {
+        secret: secret.map(|s| s.as_bytes().to_vec()),
+        ..cfg("run1", node, Role::Bu)
+    }
 }
 
 /// Connects a (secret a) to b (secret b); returns what each side saw.
@@ -364,12 +367,15 @@ fn handshake(a: Option<&str>, b: Option<&str>) -> (Vec<Event>, Vec<Event>) {
     let mut ta = TcpTransport::new(secret_cfg("ru0", a)).unwrap();
     let mut tb = TcpTransport::new(secret_cfg("bu0", b)).unwrap();
     let addr = tb.listen("127.0.0.1:0").unwrap();
-    ta.connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0")).unwrap();
+    ta.connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"))
+        .unwrap();
     let mut evs = vec![Vec::new(), Vec::new()];
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline {
-        ta.poll(&mut evs[0], Some(Duration::from_millis(1))).unwrap();
-        tb.poll(&mut evs[1], Some(Duration::from_millis(1))).unwrap();
+        ta.poll(&mut evs[0], Some(Duration::from_millis(1)))
+            .unwrap();
+        tb.poll(&mut evs[1], Some(Duration::from_millis(1)))
+            .unwrap();
     }
     let b_ev = evs.pop().unwrap();
     (evs.pop().unwrap(), b_ev)
@@ -377,10 +383,17 @@ fn handshake(a: Option<&str>, b: Option<&str>) -> (Vec<Event>, Vec<Event>) {
 
 #[test]
 fn tcp_shared_secret_admits_only_who_knows_it() {
-    let opened = |e: &[Event]| e.iter().any(|e| matches!(e, Event::Connected { .. } | Event::Accepted { .. }));
+    let opened = |e: &[Event]| {
+        e.iter()
+            .any(|e| matches!(e, Event::Connected { .. } | Event::Accepted { .. }))
+    };
     let (a, b) = handshake(Some("k1"), Some("k1"));
     assert!(opened(&a) && opened(&b), "same secret: {a:?} {b:?}");
-    for (sa, sb) in [(Some("k1"), Some("k2")), (None, Some("k1")), (Some("k1"), None)] {
+    for (sa, sb) in [
+        (Some("k1"), Some("k2")),
+        (None, Some("k1")),
+        (Some("k1"), None),
+    ] {
         let (a, b) = handshake(sa, sb);
         if sb.is_some() {
             assert!(!opened(&b), "{sa:?} -> {sb:?}: the acceptor let it in");
@@ -388,7 +401,19 @@ fn tcp_shared_secret_admits_only_who_knows_it() {
             // an acceptor without a secret admits anyone; the connector still refuses it
             assert!(b.iter().any(|e| matches!(e, Event::Closed { .. })), "{b:?}");
         }
-        assert!(!opened(&a), "{sa:?} -> {sb:?}: the connector talks to an unproven peer");
-        assert!(a.iter().any(|e| matches!(e, Event::Closed { reason: CloseReason::Rejected(_), .. })), "{a:?}");
+        assert!(
+            !opened(&a),
+            "{sa:?} -> {sb:?}: the connector talks to an unproven peer"
+        );
+        assert!(
+            a.iter().any(|e| matches!(
+                e,
+                Event::Closed {
+                    reason: CloseReason::Rejected(_),
+                    ..
+                }
+            )),
+            "{a:?}"
+        );
     }
 }

@@ -16,8 +16,7 @@ use tracing::{debug, warn};
 use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
 
 use crate::{
-    auth,
-    CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
+    auth, CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
 use rx::{ReadOutcome, RxAssembler, RxError};
 use tx::TxQueue;
@@ -31,7 +30,7 @@ enum State {
     Connecting,
     /// Our Hello is queued; waiting for HelloAck or Reject (outbound).
     AwaitAck,
-        /// Accepted; waiting for the peer's Hello (inbound).
+    /// Accepted; waiting for the peer's Hello (inbound).
     AwaitHello,
     /// Secret in use: waiting for the peer's Auth proof (either side).
     AwaitAuth,
@@ -276,10 +275,22 @@ impl TcpTransport {
     }
 
     /// Answers a Hello with a Reject, logs why, and closes.
-    fn refuse(&mut self, token: Token, code: RejectCode, peer: &Hello, reason: String, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else { return };
+    fn refuse(
+        &mut self,
+        token: Token,
+        code: RejectCode,
+        peer: &Hello,
+        reason: String,
+        out: &mut Vec<Event>,
+    ) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
         warn!(peer = %c.addr, node = %peer.node_id, "refusing connection: {reason}");
-        let reject = Reject { code, reason: reason.clone() };
+        let reject = Reject {
+            code,
+            reason: reason.clone(),
+        };
         c.tx.push(FrameType::Reject, 0, vec![Segment::Owned(reject.encode())]);
         self.begin_close(token, CloseReason::Rejected(reason));
         self.flush(token, out);
@@ -298,16 +309,25 @@ impl TcpTransport {
                 let bytes = frame.payload.to_vec();
                 match Hello::decode(&bytes) {
                     Ok(peer) if peer.run_id != self.cfg.run_id => {
-                        let reason = format!("run id {:?} is not this run ({:?})", peer.run_id, self.cfg.run_id);
+                        let reason = format!(
+                            "run id {:?} is not this run ({:?})",
+                            peer.run_id, self.cfg.run_id
+                        );
                         self.refuse(token, RejectCode::WrongRun, &peer, reason, out);
                     }
                     Ok(peer) if self.cfg.secret.is_some() && peer.nonce == 0 => {
-                        let reason = "this run requires authentication (set run.secret or EVB_SECRET)".to_string();
+                        let reason =
+                            "this run requires authentication (set run.secret or EVB_SECRET)"
+                                .to_string();
                         self.refuse(token, RejectCode::BadHandshake, &peer, reason, out);
                     }
                     Ok(peer) => {
                         let mut local = self.cfg.local.clone();
-                        local.nonce = if self.cfg.secret.is_some() { auth::nonce() } else { 0 };
+                        local.nonce = if self.cfg.secret.is_some() {
+                            auth::nonce()
+                        } else {
+                            0
+                        };
                         let ack = local.encode().unwrap_or_default();
                         c.tx.push(FrameType::HelloAck, 0, vec![Segment::Owned(ack.clone())]);
                         if let Some(secret) = &self.cfg.secret {
@@ -336,11 +356,13 @@ impl TcpTransport {
                             out.push(Event::Connected { conn, peer });
                         }
                         (None, _) => {
-                            let why = "the peer requires a shared secret and none is configured".into();
+                            let why =
+                                "the peer requires a shared secret and none is configured".into();
                             self.drop_conn(token, CloseReason::Rejected(why), out)
                         }
                         (Some(_), 0) => {
-                            let why = "the peer does not authenticate; refusing to talk to it".into();
+                            let why =
+                                "the peer does not authenticate; refusing to talk to it".into();
                             self.drop_conn(token, CloseReason::Rejected(why), out)
                         }
                         (Some(_), _) => {
@@ -428,7 +450,11 @@ impl Transport for TcpTransport {
             .map_err(io_err)?;
         let c = self.conns.get_mut(&token).expect("just added");
         let mut hello = hello;
-        hello.nonce = if self.cfg.secret.is_some() { auth::nonce() } else { 0 };
+        hello.nonce = if self.cfg.secret.is_some() {
+            auth::nonce()
+        } else {
+            0
+        };
         let bytes = hello.encode()?;
         c.hello = bytes.clone();
         c.tx.push(FrameType::Hello, 0, vec![Segment::Owned(bytes)]);
