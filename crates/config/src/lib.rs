@@ -226,18 +226,26 @@ pub enum TransportKind {
     Tcp,
     /// Every node a thread of one process (`evb run` only).
     Inproc,
+    /// Processes on one host: payloads in shared memory, only descriptors move.
+    Shm,
+    /// libfabric (verbs on InfiniBand/RoCE, its tcp provider here), addressed by IP:port.
+    Ofi,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportSection {
     pub kind: TransportKind,
+    /// libfabric provider for `ofi` ("verbs", "tcp", "sockets", ...; empty: the best available).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub provider: String,
 }
 
 impl Default for TransportSection {
     fn default() -> Self {
         TransportSection {
             kind: TransportKind::Tcp,
+            provider: String::new(),
         }
     }
 }

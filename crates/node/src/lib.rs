@@ -44,6 +44,7 @@ pub fn run_node(
     status_every: Duration,
 ) -> Result<NodeOutcome, NodeError> {
     let kind = cfg.transport.kind;
+    let provider = cfg.transport.provider.clone();
     let driver = Driver::new(
         cfg,
         id,
@@ -53,6 +54,10 @@ pub fn run_node(
                     Box::new(TcpTransport::new(tc).map_err(|e| NodeError::Io(e.to_string()))?)
                 }
                 TransportKind::Inproc => Box::new(InprocTransport::new(tc)),
+                TransportKind::Ofi => evb_transport::ofi::OfiTransport::new(tc, &provider)
+                    .map_err(|e| NodeError::Setup(format!("transport ofi: {e}")))?,
+                TransportKind::Shm => evb_transport::shm::ShmTransport::new(tc)
+                    .map_err(|e| NodeError::Setup(format!("transport shm: {e}")))?,
             })
         },
         status,

@@ -42,7 +42,7 @@ pub fn generator(cfg: &Config) -> Generator {
 /// Where a node listens: its configured address, or a name in the process for `inproc`.
 pub fn address(cfg: &Config, n: &NodeSpec) -> String {
     match cfg.transport.kind {
-        TransportKind::Tcp => n.addr.clone(),
+        TransportKind::Tcp | TransportKind::Ofi | TransportKind::Shm => n.addr.clone(),
         TransportKind::Inproc => format!("inproc:{}/{}", cfg.run.id, n.id),
     }
 }

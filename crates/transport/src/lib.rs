@@ -10,6 +10,8 @@
 mod auth;
 mod event;
 pub mod inproc;
+pub mod ofi;
+pub mod shm;
 pub mod tcp;
 
 pub use event::{CloseReason, ConnId, Event, InFrame, Segment};
@@ -35,6 +37,8 @@ pub enum TransportError {
     NotOpen(ConnId),
     #[error("frame of {len} bytes exceeds the limit of {max}")]
     TooLarge { len: usize, max: usize },
+    #[error("{0}")]
+    Unavailable(String),
     #[error("handshake: {0}")]
     Handshake(#[from] evb_wire::WireError),
 }
