@@ -10,7 +10,10 @@ use crate::pool::PoolShared;
 /// A block on loan. Returns to its pool when the writer and every slice of it are dropped.
 pub(crate) struct BlockInner {
     pool: Arc<PoolShared>,
+    /// Block index (own pool) or return token (a peer's pool).
     index: u32,
+    /// Byte offset of the block's first byte in the pool's region.
+    base: usize,
 }
 
 impl Drop for BlockInner {
@@ -21,7 +24,7 @@ impl Drop for BlockInner {
 
 impl BlockInner {
     fn ptr(&self) -> *mut u8 {
-        self.pool.block_ptr(self.index)
+        self.pool.ptr_at(self.base)
     }
 }
 
@@ -35,7 +38,11 @@ pub struct BlockWriter {
 impl BlockWriter {
     pub(crate) fn new(pool: Arc<PoolShared>, index: u32) -> Self {
         BlockWriter {
-            inner: Arc::new(BlockInner { pool, index }),
+            inner: Arc::new(BlockInner {
+                base: index as usize * pool.block_size(),
+                pool,
+                index,
+            }),
             filled: 0,
         }
     }
@@ -115,6 +122,29 @@ pub struct Slice {
 }
 
 impl Slice {
+    /// A view of a peer's shared region (see `RemotePool::slice`).
+    pub(crate) fn remote(pool: Arc<PoolShared>, offset: usize, len: usize, token: u32) -> Slice {
+        Slice {
+            inner: Arc::new(BlockInner {
+                pool,
+                index: token,
+                base: offset,
+            }),
+            offset: 0,
+            len: len as u32,
+        }
+    }
+
+    /// The pool this slice belongs to (its `Pool::id`).
+    pub fn pool_id(&self) -> u64 {
+        self.inner.pool.id()
+    }
+
+    /// Byte offset of the slice's first byte in its pool's region.
+    pub fn region_offset(&self) -> usize {
+        self.inner.base + self.offset as usize
+    }
+
     pub fn len(&self) -> usize {
         self.len as usize
     }

@@ -12,7 +12,7 @@ mod pool;
 
 pub use block::{BlockWriter, Slice};
 pub use chain::Chain;
-pub use pool::{Pool, PoolStats};
+pub use pool::{Pool, PoolStats, RemotePool};
 
 #[cfg(test)]
 mod tests {
@@ -80,6 +80,30 @@ mod tests {
         assert_eq!(&p, b"abcdefghi");
         assert!(c.eq_bytes(b"abcdefghijk"));
         assert!(!c.eq_bytes(b"abcdefghijx"));
+    }
+
+    #[test]
+    fn shared_pool_is_seen_in_place_by_a_remote_view() {
+        let pool = Pool::new_shared("t", 4096, 4).unwrap();
+        let mut w = pool.try_alloc().unwrap();
+        let _skip = w.append(&[0; 100]).unwrap();
+        let s = w.append(b"fragment bytes").unwrap();
+        let fd = pool.shared_fd().unwrap().try_clone_to_owned().unwrap();
+        let remote = RemotePool::map("peer", fd, pool.region_len()).unwrap();
+        let seen = remote.slice(s.region_offset(), s.len(), 7).unwrap();
+        assert_eq!(&seen[..], b"fragment bytes");
+        assert!(
+            remote.slice(pool.region_len() - 1, 2, 8).is_none(),
+            "out of the region"
+        );
+        let sub = seen.sub(9, 5);
+        drop(seen);
+        let mut back = Vec::new();
+        remote.take_returns(&mut back);
+        assert!(back.is_empty(), "a sub-slice still holds it");
+        drop(sub);
+        remote.take_returns(&mut back);
+        assert_eq!(back, vec![7]);
     }
 
     #[test]

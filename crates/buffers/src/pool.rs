@@ -1,15 +1,18 @@
 //! A pool of fixed-size blocks carved out of one region allocated up front.
 //!
-//! One contiguous region (rather than a box per block) is what a fabric registers once
-//! and what a shared-memory segment maps; blocks are addressed by index inside it.
+//! One contiguous region (rather than a box per block) is what a fabric registers once and
+//! what a shared-memory segment maps. The region is private memory, or a memfd that another
+//! process on the host can map (`Pool::new_shared`): then a peer reads the blocks where they
+//! are, and a [`RemotePool`] is its view of them.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::{ArrayQueue, SegQueue};
 
-use crate::block::BlockWriter;
+use crate::block::{BlockWriter, Slice};
 
 /// Counters describing a pool's use, cheap to read at any time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,11 +26,88 @@ pub struct PoolStats {
     pub exhausted: u64,
 }
 
+/// Where a pool's bytes live.
+enum Region {
+    Heap(Box<[UnsafeCell<u8>]>),
+    /// A shared mapping: our own memfd, or a peer's mapped read-only.
+    Mapped {
+        ptr: *mut u8,
+        len: usize,
+        fd: Option<OwnedFd>,
+    },
+}
+
+impl Region {
+    fn base(&self) -> *mut u8 {
+        match self {
+            // SAFETY: `UnsafeCell<u8>` is `repr(transparent)` over `u8`: the slice is one run of
+            // bytes, and a pointer taken from the whole slice keeps provenance over all of it.
+            Region::Heap(b) => UnsafeCell::raw_get(b.as_ptr()),
+            Region::Mapped { ptr, .. } => *ptr,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Region::Heap(b) => b.len(),
+            Region::Mapped { len, .. } => *len,
+        }
+    }
+
+    /// Maps `len` bytes of `fd` shared; writable for our own memory, read-only for a peer's.
+    fn map(fd: OwnedFd, len: usize, writable: bool) -> std::io::Result<Region> {
+        use std::os::fd::AsRawFd;
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh shared mapping of a file we hold open; no Rust object aliases it yet.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Region::Mapped {
+            ptr: ptr.cast(),
+            len,
+            fd: Some(fd),
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if let Region::Mapped { ptr, len, .. } = self {
+            // SAFETY: the mapping was made by `Region::map` with this length, and the region is
+            // dropped only when no block or slice (each holds an Arc to it) can reach it.
+            unsafe { libc::munmap(ptr.cast(), *len) };
+        }
+    }
+}
+
+/// How blocks come back.
+enum Returns {
+    /// Our own pool: a free list.
+    Free(ArrayQueue<u32>),
+    /// A peer's pool seen here: the tokens of dropped slices, to be sent back to it.
+    ToPeer(SegQueue<u32>),
+}
+
 pub(crate) struct PoolShared {
-    region: Box<[UnsafeCell<u8>]>,
+    region: Region,
     block_size: usize,
     blocks: usize,
-    free: ArrayQueue<u32>,
+    returns: Returns,
+    id: u64,
     high_water: AtomicUsize,
     exhausted: AtomicUsize,
     name: String,
@@ -35,29 +115,42 @@ pub(crate) struct PoolShared {
 
 // SAFETY: the region is only reached through `BlockWriter` (unique writer of the unfilled
 // tail of one block) and `Slice` (readers of its filled head), whose invariants keep every
-// byte either written by exactly one thread or read-only; the free list is a lock-free queue.
+// byte either written by exactly one thread or read-only; the queues are lock-free.
 unsafe impl Sync for PoolShared {}
-// SAFETY: see the `Sync` impl; the region owns plain bytes.
+// SAFETY: see the `Sync` impl; the region owns plain bytes or a mapping.
 unsafe impl Send for PoolShared {}
 
 impl PoolShared {
-    /// Pointer to the first byte of block `index`.
-    pub(crate) fn block_ptr(&self, index: u32) -> *mut u8 {
-        assert!((index as usize) < self.blocks);
-        // SAFETY: `UnsafeCell<u8>` is `repr(transparent)` over `u8`, so the region is one run
-        // of bytes; taking the pointer from the whole slice keeps provenance over all of it,
-        // and `index < blocks` keeps the offset inside the allocation.
-        unsafe { UnsafeCell::raw_get(self.region.as_ptr()).add(index as usize * self.block_size) }
+    /// Pointer to byte `offset` of the region.
+    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        assert!(offset <= self.region.len());
+        // SAFETY: `offset` is inside the region (checked above).
+        unsafe { self.region.base().add(offset) }
     }
 
     pub(crate) fn block_size(&self) -> usize {
         self.block_size
     }
 
-    pub(crate) fn release(&self, index: u32) {
-        // Cannot fail: every index was taken from this queue, whose capacity is the block count.
-        let _ = self.free.push(index);
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
+
+    pub(crate) fn release(&self, index: u32) {
+        match &self.returns {
+            // Cannot fail: every index came from this queue, whose capacity is the block count.
+            Returns::Free(q) => {
+                let _ = q.push(index);
+            }
+            Returns::ToPeer(q) => q.push(index),
+        }
+    }
+}
+
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    // Unique within the process; with the pid, unique on the host.
+    (std::process::id() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A cloneable handle on a block pool. Blocks return to it when their last user drops them.
@@ -76,17 +169,7 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// Allocates `blocks` blocks of `block_size` bytes up front (zeroed, so the pages are
-    /// touched now rather than on the data path).
-    ///
-    /// # Panics
-    /// If `block_size` or `blocks` is zero or the region size overflows: these are
-    /// programming errors, configuration is validated before pools are made.
-    pub fn new(name: &str, block_size: usize, blocks: usize) -> Pool {
-        assert!(block_size > 0 && blocks > 0, "empty pool");
-        assert!(blocks <= u32::MAX as usize);
-        let bytes = block_size.checked_mul(blocks).expect("pool size overflows");
-        let region: Box<[UnsafeCell<u8>]> = (0..bytes).map(|_| UnsafeCell::new(0)).collect();
+    fn with_region(name: &str, region: Region, block_size: usize, blocks: usize) -> Pool {
         let free = ArrayQueue::new(blocks);
         for i in 0..blocks as u32 {
             let _ = free.push(i);
@@ -96,7 +179,8 @@ impl Pool {
                 region,
                 block_size,
                 blocks,
-                free,
+                returns: Returns::Free(free),
+                id: next_id(),
                 high_water: AtomicUsize::new(0),
                 exhausted: AtomicUsize::new(0),
                 name: name.to_string(),
@@ -104,12 +188,71 @@ impl Pool {
         }
     }
 
+    fn size(block_size: usize, blocks: usize) -> usize {
+        assert!(block_size > 0 && blocks > 0, "empty pool");
+        assert!(blocks <= u32::MAX as usize);
+        block_size.checked_mul(blocks).expect("pool size overflows")
+    }
+
+    /// Allocates `blocks` blocks of `block_size` bytes up front in private memory (zeroed,
+    /// so the pages are touched now rather than on the data path).
+    ///
+    /// # Panics
+    /// If `block_size` or `blocks` is zero or the region size overflows: these are
+    /// programming errors, configuration is validated before pools are made.
+    pub fn new(name: &str, block_size: usize, blocks: usize) -> Pool {
+        let bytes = Self::size(block_size, blocks);
+        let region: Box<[UnsafeCell<u8>]> = (0..bytes).map(|_| UnsafeCell::new(0)).collect();
+        Self::with_region(name, Region::Heap(region), block_size, blocks)
+    }
+
+    /// Like `new`, but in a memfd that processes on this host can map ([`Pool::shared_fd`]).
+    /// A memfd has no name in any file system: nothing is left behind when the process dies.
+    pub fn new_shared(name: &str, block_size: usize, blocks: usize) -> std::io::Result<Pool> {
+        let bytes = Self::size(block_size, blocks);
+        let cname = std::ffi::CString::new(format!("evb-{name}")).unwrap_or_default();
+        // SAFETY: plain system calls on a valid C string; the returned fd is checked.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        std::fs::File::from(fd.try_clone()?).set_len(bytes as u64)?;
+        let region = Region::map(fd, bytes, true)?;
+        // touch every page now, like the private pool
+        // SAFETY: the mapping is ours, writable and `bytes` long; no block is loaned yet.
+        unsafe { std::ptr::write_bytes(region.base(), 0, bytes) };
+        Ok(Self::with_region(name, region, block_size, blocks))
+    }
+
+    /// The memfd behind a shared pool (`None` for private memory).
+    pub fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.shared.region {
+            Region::Mapped { fd: Some(fd), .. } => Some(fd.as_fd()),
+            _ => None,
+        }
+    }
+
+    /// Identity of the pool, unique on this host (its region, for peers).
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Bytes in the region.
+    pub fn region_len(&self) -> usize {
+        self.shared.region.len()
+    }
+
     /// Loans a block, or `None` when every block is in use (the caller backs off: that is
     /// how a full pool turns into back-pressure).
     pub fn try_alloc(&self) -> Option<BlockWriter> {
-        match self.shared.free.pop() {
+        let Returns::Free(free) = &self.shared.returns else {
+            return None;
+        };
+        match free.pop() {
             Some(index) => {
-                let used = self.shared.blocks - self.shared.free.len();
+                let used = self.shared.blocks - free.len();
                 self.shared.high_water.fetch_max(used, Ordering::Relaxed);
                 Some(BlockWriter::new(self.shared.clone(), index))
             }
@@ -125,7 +268,10 @@ impl Pool {
     }
 
     pub fn free_blocks(&self) -> usize {
-        self.shared.free.len()
+        match &self.shared.returns {
+            Returns::Free(q) => q.len(),
+            Returns::ToPeer(_) => 0,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -136,9 +282,55 @@ impl Pool {
         PoolStats {
             block_size: self.shared.block_size,
             blocks: self.shared.blocks,
-            free: self.shared.free.len(),
+            free: self.free_blocks(),
             high_water: self.shared.high_water.load(Ordering::Relaxed),
             exhausted: self.shared.exhausted.load(Ordering::Relaxed) as u64,
+        }
+    }
+}
+
+/// A peer's shared pool, mapped read-only here. Slices made from it refer to the peer's own
+/// bytes (no copy); when the last user of one drops it, its token is queued to go back to the
+/// peer, which then frees the block.
+#[derive(Clone)]
+pub struct RemotePool {
+    shared: Arc<PoolShared>,
+}
+
+impl RemotePool {
+    /// Maps `len` bytes of a peer's pool memfd.
+    pub fn map(name: &str, fd: OwnedFd, len: usize) -> std::io::Result<RemotePool> {
+        let region = Region::map(fd, len, false)?;
+        Ok(RemotePool {
+            shared: Arc::new(PoolShared {
+                region,
+                block_size: len,
+                blocks: 0,
+                returns: Returns::ToPeer(SegQueue::new()),
+                id: 0,
+                high_water: AtomicUsize::new(0),
+                exhausted: AtomicUsize::new(0),
+                name: name.to_string(),
+            }),
+        })
+    }
+
+    /// `len` bytes at `offset` of the peer's region, returned under `token` once dropped;
+    /// `None` if the range is not inside the region (a peer's bad descriptor).
+    pub fn slice(&self, offset: usize, len: usize, token: u32) -> Option<Slice> {
+        let end = offset.checked_add(len)?;
+        if end > self.shared.region.len() || len > u32::MAX as usize {
+            return None;
+        }
+        Some(Slice::remote(self.shared.clone(), offset, len, token))
+    }
+
+    /// Moves the tokens of dropped slices into `out`.
+    pub fn take_returns(&self, out: &mut Vec<u32>) {
+        if let Returns::ToPeer(q) = &self.shared.returns {
+            while let Some(t) = q.pop() {
+                out.push(t);
+            }
         }
     }
 }
