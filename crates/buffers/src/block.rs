@@ -140,6 +140,11 @@ impl Slice {
         self.inner.pool.id()
     }
 
+    /// The memfd and size of the shared region this slice lies in (`None`: private memory).
+    pub fn shared_region(&self) -> Option<(std::os::fd::BorrowedFd<'_>, usize)> {
+        self.inner.pool.shared_fd()
+    }
+
     /// Byte offset of the slice's first byte in its pool's region.
     pub fn region_offset(&self) -> usize {
         self.inner.base + self.offset as usize

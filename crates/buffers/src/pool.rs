@@ -136,6 +136,19 @@ impl PoolShared {
         self.id
     }
 
+    /// Our own shared region's memfd and length (a peer's mapping is not passed on).
+    pub(crate) fn shared_fd(&self) -> Option<(BorrowedFd<'_>, usize)> {
+        match (&self.region, &self.returns) {
+            (
+                Region::Mapped {
+                    fd: Some(fd), len, ..
+                },
+                Returns::Free(_),
+            ) => Some((fd.as_fd(), *len)),
+            _ => None,
+        }
+    }
+
     pub(crate) fn release(&self, index: u32) {
         match &self.returns {
             // Cannot fail: every index came from this queue, whose capacity is the block count.
@@ -209,6 +222,20 @@ impl Pool {
     /// Like `new`, but in a memfd that processes on this host can map ([`Pool::shared_fd`]).
     /// A memfd has no name in any file system: nothing is left behind when the process dies.
     pub fn new_shared(name: &str, block_size: usize, blocks: usize) -> std::io::Result<Pool> {
+        let pool = Self::new_shared_untouched(name, block_size, blocks)?;
+        // touch every page now, like the private pool
+        // SAFETY: the mapping is ours, writable and this long; no block is loaned yet.
+        unsafe { std::ptr::write_bytes(pool.shared.region.base(), 0, pool.region_len()) };
+        Ok(pool)
+    }
+
+    /// A shared pool whose pages are only allocated when first written (for rarely used,
+    /// generously sized pools such as a transport's bounce buffers).
+    pub fn new_shared_untouched(
+        name: &str,
+        block_size: usize,
+        blocks: usize,
+    ) -> std::io::Result<Pool> {
         let bytes = Self::size(block_size, blocks);
         let cname = std::ffi::CString::new(format!("evb-{name}")).unwrap_or_default();
         // SAFETY: plain system calls on a valid C string; the returned fd is checked.
@@ -220,9 +247,6 @@ impl Pool {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         std::fs::File::from(fd.try_clone()?).set_len(bytes as u64)?;
         let region = Region::map(fd, bytes, true)?;
-        // touch every page now, like the private pool
-        // SAFETY: the mapping is ours, writable and `bytes` long; no block is loaned yet.
-        unsafe { std::ptr::write_bytes(region.base(), 0, bytes) };
         Ok(Self::with_region(name, region, block_size, blocks))
     }
 

@@ -148,7 +148,10 @@ fn sum_built(run: &Value) -> u64 {
 
 #[test]
 fn killed_bu_events_are_rebuilt_elsewhere_none_lost_none_duplicated() {
-    let mut c = Cluster::start(2, 3, PACED);
+    // bu1's sink is slow (20 ms an event), so it always holds events when it is killed
+    let bus =
+        "[[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 20000\n[[bu]]\nid = \"bu2\"\n";
+    let mut c = Cluster::start(2, 3, &format!("{PACED}{bus}"));
     std::thread::sleep(Duration::from_millis(1200));
     c.kill9("bu1");
     let outs = c.wait_all(Duration::from_secs(30));
@@ -497,4 +500,39 @@ fn without_the_secret_nobody_injects_fragments() {
     let log = &outs["bu0"].2;
     assert!(log.contains("authentication failed"), "{log}");
     assert!(log.contains("requires authentication"), "{log}");
+}
+
+#[test]
+fn shm_killed_bu_is_detected_and_nothing_is_left_behind() {
+    let shm_entries = || {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = shm_entries();
+    let bus = "[[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 20000\n[transport]\nkind = \"shm\"\n";
+    let mut c = Cluster::start(2, 2, &format!("{PACED}{bus}"));
+    std::thread::sleep(Duration::from_millis(1000));
+    c.kill9("bu1");
+    let outs = c.wait_all(Duration::from_secs(30));
+    for (id, (ok, _, err)) in &outs {
+        assert!(ok, "{id} failed:\n{err}");
+    }
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    assert!(r["run"]["evm"]["reassigned"].as_u64().unwrap() > 0);
+    assert_eq!(
+        sum_built(&r["run"]) + r["run"]["evm"]["released_by_lost"].as_u64().unwrap(),
+        6000
+    );
+    assert_eq!(
+        shm_entries(),
+        before,
+        "shared memory left behind in /dev/shm"
+    );
 }

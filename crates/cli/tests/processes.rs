@@ -197,3 +197,46 @@ fn unknown_node_id_is_an_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no node \"ru9\""));
 }
+
+#[test]
+fn shm_two_by_two_moves_fragments_without_copies() {
+    let before: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let (out, s) = evb_run(
+        "[run]\nid = \"it-shm\"\nevents = 500\nduration_s = 0\n[fragments]\nsize = 524288\n[transport]\nkind = \"shm\"\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s["run"]["evm"]["released"], 500);
+    let built: u64 = s["run"]["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(built, 500);
+    for ru in ["ru0", "ru1"] {
+        let r = &s["nodes"][ru];
+        let payload = r["stats"]["payload_bytes_sent"].as_u64().unwrap();
+        assert_eq!(payload, 500 * 524288);
+        assert!(
+            r["net"]["bytes_by_reference"].as_u64().unwrap() >= payload,
+            "{ru}: {}",
+            r["net"]
+        );
+        assert_eq!(
+            r["net"]["bytes_copied"], 0,
+            "{ru} copied bytes: {}",
+            r["net"]
+        );
+    }
+    let after: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(before.len(), after.len(), "nothing left in /dev/shm");
+}

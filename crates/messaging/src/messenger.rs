@@ -147,6 +147,11 @@ impl Messenger {
         self.stats
     }
 
+    /// The transport's payload accounting (copies versus references).
+    pub fn transport_counters(&self) -> evb_transport::TransportCounters {
+        self.transport.counters()
+    }
+
     pub fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
         self.transport.listen(addr)
     }

@@ -90,7 +90,7 @@ impl Driver {
             .cloned()
             .ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
         let now = Instant::now();
-        let (rx_pool, ru_pool) = setup::pools(cfg, &me);
+        let (rx_pool, ru_pool) = setup::pools(cfg, &me).map_err(NodeError::Setup)?;
         let transport = make_transport(evb_transport::TransportConfig {
             run_id: cfg.run.id.clone(),
             local: setup::hello(cfg, &me, Channel::Control),
@@ -474,6 +474,8 @@ impl Driver {
                 "frames_sent": m.frames_sent,
                 "messages_sent": m.messages_sent,
                 "protocol_errors": m.protocol_errors,
+                "bytes_copied": self.messenger.transport_counters().bytes_copied,
+                "bytes_by_reference": self.messenger.transport_counters().bytes_by_reference,
             },
         })
     }

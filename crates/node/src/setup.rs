@@ -91,7 +91,7 @@ fn blocks(bytes: u64, block: u64) -> usize {
 }
 
 /// The receive pool (every node has one) and the RU's fragment pool.
-pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
+pub fn pools(cfg: &Config, me: &NodeSpec) -> Result<(Pool, Option<Pool>), String> {
     let block = cfg.buffers.block_size;
     let (ru_need, bu_need) = cfg.pool_needs();
     let nodes = cfg.nodes().len() as u64;
@@ -101,7 +101,7 @@ pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
         block as usize,
         (4 * nodes + 8) as usize,
     );
-    match me.role {
+    Ok(match me.role {
         Role::Evm => (small, None),
         Role::Ru => {
             let bytes = if cfg.buffers.ru_pool_mib > 0 {
@@ -109,14 +109,17 @@ pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
             } else {
                 ru_need
             };
-            (
-                small,
-                Some(Pool::new(
-                    &format!("{}-frag", me.id),
-                    block as usize,
-                    blocks(bytes, block),
-                )),
-            )
+            {
+                let name = format!("{}-frag", me.id);
+                let n = blocks(bytes, block);
+                // Over shm the fragments live where the BUs can read them in place.
+                let pool = match cfg.transport.kind {
+                    TransportKind::Shm => Pool::new_shared(&name, block as usize, n)
+                        .map_err(|e| format!("cannot make a shared pool of {n} blocks: {e}"))?,
+                    _ => Pool::new(&name, block as usize, n),
+                };
+                (small, Some(pool))
+            }
         }
         Role::Bu => {
             let bytes = if cfg.buffers.bu_pool_mib > 0 {
@@ -133,7 +136,7 @@ pub fn pools(cfg: &Config, me: &NodeSpec) -> (Pool, Option<Pool>) {
                 None,
             )
         }
-    }
+    })
 }
 
 /// Builds the node's state machine, loading and checking its data source or opening its sink.

@@ -86,4 +86,18 @@ pub trait Transport: Send {
     /// Makes progress and appends what happened to `events`; waits at most `timeout` when
     /// there is nothing to report.
     fn poll(&mut self, events: &mut Vec<Event>, timeout: Option<Duration>) -> std::io::Result<()>;
+
+    /// How payload bytes left this node: copied, or handed over by reference (shared memory).
+    fn counters(&self) -> TransportCounters {
+        TransportCounters::default()
+    }
+}
+
+/// Payload accounting, to show where bytes are (not) copied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportCounters {
+    /// Bytes copied in user space to send them (into a bounce buffer).
+    pub bytes_copied: u64,
+    /// Bytes the peer read in place, without a copy.
+    pub bytes_by_reference: u64,
 }

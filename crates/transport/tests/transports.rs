@@ -27,7 +27,19 @@ fn pump(
 ) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !until(evs) {
-        assert!(Instant::now() < deadline, "timed out");
+        assert!(
+            Instant::now() < deadline,
+            "timed out; events so far: {:?}",
+            evs.iter()
+                .map(|e| e
+                    .iter()
+                    .map(|x| match x {
+                        Event::Frame { frame, .. } => format!("frame {}", frame.payload.len()),
+                        other => format!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        );
         for (t, e) in ts.iter_mut().zip(evs.iter_mut()) {
             t.poll(e, Some(Duration::from_millis(1))).unwrap();
         }
@@ -416,4 +428,146 @@ fn tcp_shared_secret_admits_only_who_knows_it() {
             "{a:?}"
         );
     }
+}
+
+// ---- shm ----
+
+use evb_transport::shm::ShmTransport;
+
+fn shm(node: &str) -> Box<ShmTransport> {
+    Box::new(ShmTransport::create(cfg("run1", node, Role::Bu)).unwrap())
+}
+
+#[test]
+fn shm_delivers_frames_in_order() {
+    ordered_delivery(shm("ru0"), shm("bu0"), "127.0.0.1:0");
+}
+
+#[test]
+fn shm_refuses_wrong_run() {
+    // the listener's name includes its run: another run does not even find it
+    let mut a = ShmTransport::create(cfg("other-run", "ru0", Role::Ru)).unwrap();
+    let mut b = shm("bu0");
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let conn = a
+        .connect(
+            &addr,
+            Hello::new(Channel::Data, Role::Ru, 0, "other-run", "ru0"),
+        )
+        .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(&mut [&mut a, &mut *b], |e| !e[0].is_empty(), &mut evs);
+    assert!(
+        matches!(&evs[0][0], Event::Closed { conn: c, reason: CloseReason::ConnectFailed(_) } if *c == conn)
+    );
+}
+
+#[test]
+fn shm_moves_shared_pool_slices_without_copying_and_gets_them_back() {
+    let mut a = shm("ru0");
+    let mut b = shm("bu0");
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let conn = a
+        .connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"))
+        .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(
+        &mut [&mut *a, &mut *b],
+        |e| e[0].iter().any(|e| matches!(e, Event::Connected { .. })),
+        &mut evs,
+    );
+    evs.iter_mut().for_each(Vec::clear);
+
+    let pool = Pool::new_shared("frags", 1 << 20, 8).unwrap();
+    let mut sent = 0;
+    for i in 0..20usize {
+        let mut w = pool.try_alloc().unwrap();
+        let data = payload(i, 300_000 + i);
+        let s = w.append(&data).unwrap();
+        sent += s.len() as u64;
+        a.send(
+            conn,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(vec![i as u8; 8]), Segment::Shared(s)],
+        )
+        .unwrap();
+        // receive it and let it go, so the sender's 8 blocks suffice for 20 frames
+        pump(
+            &mut [&mut *a, &mut *b],
+            |e| e[1].iter().any(|e| matches!(e, Event::Frame { .. })),
+            &mut evs,
+        );
+        let Some(Event::Frame { frame, .. }) = evs[1].pop() else {
+            panic!("{:?}", evs[1])
+        };
+        let mut want = vec![i as u8; 8];
+        want.extend_from_slice(&data);
+        assert!(frame.payload.eq_bytes(&want));
+        evs.iter_mut().for_each(Vec::clear);
+    }
+    let counters = a.counters();
+    assert_eq!(
+        counters.bytes_by_reference, sent,
+        "every fragment byte crossed by reference"
+    );
+    assert_eq!(
+        counters.bytes_copied, 0,
+        "nothing was copied (the 8-byte headers went inline)"
+    );
+    // every block came back from the receiver
+    pump(
+        &mut [&mut *a, &mut *b],
+        |_| pool.free_blocks() == 8,
+        &mut evs,
+    );
+}
+
+#[test]
+fn shm_dead_peer_is_seen_at_once_and_lent_blocks_come_home() {
+    let pool = Pool::new_shared("frags", 64 * 1024, 4).unwrap();
+    let mut a = shm("ru0");
+    let mut evs = vec![Vec::new(), Vec::new()];
+    {
+        let mut b = shm("bu0");
+        let addr = b.listen("127.0.0.1:0").unwrap();
+        let conn = a
+            .connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"))
+            .unwrap();
+        pump(
+            &mut [&mut *a, &mut *b],
+            |e| e[0].iter().any(|e| matches!(e, Event::Connected { .. })),
+            &mut evs,
+        );
+        let mut w = pool.try_alloc().unwrap();
+        let s = w.append(&[9; 1000]).unwrap();
+        drop(w);
+        a.send(conn, FrameType::Messages, 1, vec![Segment::Shared(s)])
+            .unwrap();
+        pump(
+            &mut [&mut *a, &mut *b],
+            |e| e[1].iter().any(|e| matches!(e, Event::Frame { .. })),
+            &mut evs,
+        );
+        assert_eq!(pool.free_blocks(), 3, "the receiver holds one block");
+        // the receiver dies holding the fragment (its transport and frame dropped unreturned)
+        std::mem::forget(evs[1].drain(..).collect::<Vec<_>>());
+    }
+    evs.iter_mut().for_each(Vec::clear);
+    pump(
+        &mut [&mut *a],
+        |e| {
+            e[0].iter().any(|e| {
+                matches!(
+                    e,
+                    Event::Closed {
+                        reason: CloseReason::Lost(_),
+                        ..
+                    }
+                )
+            })
+        },
+        &mut evs,
+    );
+    assert_eq!(pool.free_blocks(), 4, "the dead peer's loan ended with it");
 }

@@ -5,6 +5,7 @@ use crate::{TransportConfig, TransportError};
 pub struct OfiTransport;
 
 impl OfiTransport {
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(
         _cfg: TransportConfig,
         _provider: &str,

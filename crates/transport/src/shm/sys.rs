@@ -1,0 +1,213 @@
+//! The operating-system corner of the shm transport: Unix-domain SOCK_SEQPACKET sockets in
+//! the abstract namespace (no file to clean up, gone with the process) and passing a memfd
+//! with SCM_RIGHTS. Everything `unsafe` in the transport is here.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// An abstract-namespace address: a leading NUL, then the name (at most 107 bytes).
+fn address(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = name.as_bytes();
+    if bytes.len() + 1 > a.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "shm address name too long",
+        ));
+    }
+    for (i, b) in bytes.iter().enumerate() {
+        a.sun_path[i + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+    Ok((a, len as libc::socklen_t))
+}
+
+fn socket() -> io::Result<OwnedFd> {
+    // SAFETY: a plain system call; the result is checked before it is owned.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn listen(name: &str) -> io::Result<OwnedFd> {
+    let fd = socket()?;
+    let (a, len) = address(name)?;
+    // SAFETY: `a` is a valid sockaddr_un of length `len`.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) })?;
+    // SAFETY: plain system call on our socket.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 256) })?;
+    Ok(fd)
+}
+
+pub fn connect(name: &str) -> io::Result<OwnedFd> {
+    let fd = socket()?;
+    let (a, len) = address(name)?;
+    // SAFETY: `a` is a valid sockaddr_un of length `len`.
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(fd)
+}
+
+/// A pending connection, or `None` when there is none.
+pub fn accept(listener: RawFd) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: null address pointers are allowed; flags make the new socket non-blocking.
+    let r = unsafe {
+        libc::accept4(
+            listener,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    // SAFETY: `r` is a fresh descriptor owned by nobody else.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(r) }))
+}
+
+/// The user id of the process at the other end.
+pub fn peer_uid(fd: RawFd) -> Option<u32> {
+    // SAFETY: ucred is plain old data; getsockopt fills at most `len` bytes of it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid pointers to `cred` and `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+pub fn my_uid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::geteuid() }
+}
+
+/// Sends one packet, with `pass` attached as SCM_RIGHTS. `Ok(false)`: the socket is full.
+pub fn send(fd: RawFd, data: &[u8], pass: Option<BorrowedFd<'_>>) -> io::Result<bool> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 8]; // room for one cmsg with one fd, aligned
+                              // SAFETY: msghdr is plain old data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(p) = pass {
+        // SAFETY: CMSG_SPACE is a pure computation; the buffer is large enough for one fd.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `cbuf`, which holds `space` bytes, so the first header
+        // and its data area lie inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), p.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` points at live buffers for the duration of the call.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    if r as usize != data.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "packet cut short"));
+    }
+    Ok(true)
+}
+
+/// What one receive gave.
+pub enum Recv {
+    Packet {
+        len: usize,
+        fd: Option<OwnedFd>,
+        truncated: bool,
+    },
+    Empty,
+    Eof,
+}
+
+pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain old data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: `msg` points at live buffers; CMSG_CLOEXEC keeps received fds from leaking to children.
+    let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(Recv::Empty)
+        } else {
+            Err(e)
+        };
+    }
+    if r == 0 {
+        return Ok(Recv::Eof);
+    }
+    let mut passed = None;
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`, as described by `msg`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                // the kernel installed it for us: we own it (a second one would leak, so only one is taken)
+                if passed.is_none() {
+                    passed = Some(OwnedFd::from_raw_fd(raw));
+                } else {
+                    libc::close(raw);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    Ok(Recv::Packet {
+        len: r as usize,
+        fd: passed,
+        truncated,
+    })
+}
