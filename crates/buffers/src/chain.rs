@@ -1,11 +1,14 @@
 //! Chains: one logical message made of slices of one or more blocks.
 
+use smallvec::SmallVec;
+
 use crate::block::Slice;
 
 /// A message larger than a block (or one that straddles two blocks) as a list of slices.
 #[derive(Clone, Default, Debug)]
 pub struct Chain {
-    slices: Vec<Slice>,
+    /// Most chains are one or two slices: kept inline, no allocation.
+    slices: SmallVec<[Slice; 2]>,
     len: usize,
 }
 
@@ -17,7 +20,7 @@ impl Chain {
     pub fn from_slice(s: Slice) -> Chain {
         let len = s.len();
         Chain {
-            slices: vec![s],
+            slices: smallvec::smallvec![s],
             len,
         }
     }

@@ -1,13 +1,14 @@
 //! The builder unit: asks the EVM for events with credits, collects each event's fragments
 //! from every RU, checks them, hands the complete event to its sink, and releases it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::Chain;
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{IdMap, IdSet};
 use crate::action::{Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
@@ -84,10 +85,10 @@ struct Building {
 pub struct Bu {
     cfg: BuConfig,
     state: RunState,
-    events: HashMap<u64, Building>,
+    events: IdMap<Building>,
     /// Ids delivered to the sink and not yet acknowledged by `delivered`.
-    at_sink: HashSet<u64>,
-    recent: HashSet<u64>,
+    at_sink: IdSet,
+    recent: IdSet,
     recent_order: VecDeque<u64>,
     /// Release range being coalesced.
     release: Option<EventRange>,
@@ -104,9 +105,9 @@ impl Bu {
         Bu {
             cfg,
             state: RunState::Configured,
-            events: HashMap::new(),
-            at_sink: HashSet::new(),
-            recent: HashSet::new(),
+            events: IdMap::default(),
+            at_sink: IdSet::default(),
+            recent: IdSet::default(),
             recent_order: VecDeque::new(),
             release: None,
             credits_to_send: 0,

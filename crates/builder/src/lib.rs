@@ -12,6 +12,7 @@ mod bu;
 mod event;
 mod evm;
 mod generator;
+mod ids;
 mod ledger;
 mod report;
 mod ru;

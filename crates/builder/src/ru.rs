@@ -1,13 +1,14 @@
 //! The readout unit: makes its fragment of every event the EVM assigns, sends it to that
 //! event's BU, and keeps it until the EVM says the event is released.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::IdMap;
 use crate::action::{Action, NodeRef, Path, RunState};
 use crate::source::Source;
 
@@ -48,7 +49,7 @@ pub struct Ru {
     pool: Pool,
     state: RunState,
     pending: VecDeque<EventRange>,
-    retained: HashMap<u64, Chain>,
+    retained: IdMap<Chain>,
     block: Option<BlockWriter>,
     actions: VecDeque<Action>,
     stats: RuStats,
@@ -63,7 +64,7 @@ impl Ru {
             pool,
             state: RunState::Configured,
             pending: VecDeque::new(),
-            retained: HashMap::new(),
+            retained: IdMap::default(),
             block: None,
             actions: VecDeque::new(),
             stats: RuStats::default(),
