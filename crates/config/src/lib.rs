@@ -153,7 +153,8 @@ pub enum VerifyLevel {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BuilderSection {
-    /// Events each BU may hold at once (its credits), unless a `[[bu]]` entry says otherwise.
+    /// Events each BU may hold at once (its credits), unless a `[[bu]]` entry says otherwise;
+    /// 0: about 16 MiB worth of events (16 to 4096).
     pub credits: u32,
     /// Consecutive events assigned to one BU at a time (0: automatic, from the event size).
     pub batch: u32,
@@ -172,7 +173,7 @@ pub enum RuLossPolicy {
 impl Default for BuilderSection {
     fn default() -> Self {
         BuilderSection {
-            credits: 16,
+            credits: 0,
             batch: 0,
             verify: VerifyLevel::Full,
             on_ru_loss: RuLossPolicy::Stop,
@@ -580,9 +581,7 @@ impl Config {
                 }
             }
         }
-        if self.builder.credits == 0 {
-            return Err(invalid("builder.credits", "must be at least 1"));
-        }
+
         let b = &self.buffers;
         if b.block_size < 4096 || b.block_size > (1 << 30) {
             return Err(invalid("buffers.block_size", "must be 4096 bytes to 1 GiB"));
@@ -775,13 +774,13 @@ impl Config {
                 Some(b) => (
                     b.id.clone(),
                     or_auto(&b.addr, 1 + n_ru + i),
-                    b.credits.unwrap_or(self.builder.credits),
+                    b.credits.unwrap_or_else(|| self.default_credits()),
                     b.sink.unwrap_or(self.sink.kind),
                 ),
                 None => (
                     format!("bu{i}"),
                     auto(1 + n_ru + i),
-                    self.builder.credits,
+                    self.default_credits(),
                     self.sink.kind,
                 ),
             };
@@ -810,6 +809,21 @@ impl Config {
             Ok(s) if !s.is_empty() => Some(s),
             _ => (!self.run.secret.is_empty()).then(|| self.run.secret.clone()),
         }
+    }
+
+    /// Credits of a BU without its own: `builder.credits`, or when that is 0 enough events to
+    /// hold about 16 MiB (16 to 4096): small events need many in flight to keep the pipes full.
+    pub fn default_credits(&self) -> u32 {
+        if self.builder.credits > 0 {
+            return self.builder.credits;
+        }
+        let n_ru = if self.ru.is_empty() {
+            self.topology.rus as u64
+        } else {
+            self.ru.len() as u64
+        };
+        let event = n_ru.max(1) * (self.max_fragment() + 64);
+        ((16u64 << 20) / event).clamp(16, 4096) as u32
     }
 
     /// The largest fragment payload any RU can send.

@@ -110,7 +110,14 @@ fn semantic_errors_name_the_key() {
         "[fragments]\ndistribution = \"lognormal\"\nsize = 100\nmax = 50\n",
         &["fragments.max"],
     );
-    assert_err("[builder]\ncredits = 0\n", &["builder.credits"]);
+    let auto = |frag: u64| {
+        Config::from_toml(&format!("[fragments]\nsize = {frag}\n"))
+            .unwrap()
+            .nodes()[3]
+            .credits
+    };
+    assert_eq!(auto(524288), 16, "1 MiB events: 16 in flight");
+    assert_eq!(auto(256), 4096, "small events: many in flight");
     assert_err("[buffers]\nblock_size = 100\n", &["buffers.block_size"]);
     assert_err(
         "[buffers]\nru_pool_mib = 1\n",
