@@ -7,6 +7,15 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# The ofi transport: libfabric's headers to build its shim, the library to run it (tcp
+# provider). Optional: without them evb builds and the ofi tests say they were skipped.
+if [ ! -f /usr/include/rdma/fabric.h ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        need_apt+=(libfabric-dev)
+    else
+        echo "test.sh: libfabric-dev is not installed: the ofi transport will not be built or tested" >&2
+    fi
+fi
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test.sh: installing ${need_apt[*]}"

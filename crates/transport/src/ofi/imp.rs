@@ -1,0 +1,1057 @@
+//! The `ofi` transport proper: connected message endpoints (FI_EP_MSG), one event queue for
+//! connection management and one completion queue for every send and receive, both driven
+//! from `poll`.
+//!
+//! On the wire, each connection carries the same frames as `tcp` (header, sequence numbers,
+//! handshake), cut into libfabric messages of at most the receiver's block size (learnt from
+//! the connection request's private data). Frame headers are never split between messages,
+//! so the receiver parses each received block on its own: complete frames, and the parts of
+//! large ones, become slices of the block the provider wrote — no copy.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ffi::c_void;
+use std::io;
+use std::time::Duration;
+
+use evb_buffers::{BlockWriter, Chain, Pool};
+use evb_wire::{FrameHeader, FrameType, Hello, Reject, RejectCode, WireError, FRAME_HEADER_LEN};
+use tracing::{debug, warn};
+
+use super::sys::{self, CqEv, Fabric, Fid, Info};
+use crate::{
+    auth, CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
+};
+
+/// Private data in connection requests and accepts: magic, version, receive block size.
+const CM_MAGIC: &[u8; 8] = b"evb-ofi\x01";
+const CM_LEN: usize = 16;
+/// Messages in flight per connection.
+const TX_DEPTH: usize = 16;
+/// Largest libfabric message (the receiver's block size permitting).
+const MAX_MSG: usize = 1 << 20;
+/// Completions handled per poll pass before other work gets a turn.
+const CQ_BUDGET: usize = 1024;
+/// Staging blocks for providers that need registered send buffers (FI_MR_LOCAL).
+const STAGING_BLOCK: usize = 256 * 1024;
+const STAGING_BLOCKS: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// fi_connect issued, waiting for FI_CONNECTED (outbound).
+    Connecting,
+    /// fi_accept issued, waiting for FI_CONNECTED (inbound).
+    Accepting,
+    AwaitAck,
+    AwaitHello,
+    AwaitAuth,
+    Open,
+    /// Sending what is queued (ending with Bye or Reject), then shutting down.
+    Closing,
+}
+
+struct OutFrame {
+    /// Boxed: its address must not move while a message points into it.
+    header: Box<[u8; FRAME_HEADER_LEN]>,
+    segments: Vec<Segment>,
+    len: usize,
+}
+
+struct Msg {
+    ctx: u64,
+    len: usize,
+    done: bool,
+    _staging: Option<BlockWriter>,
+}
+
+struct Pending {
+    header: FrameHeader,
+    payload: Chain,
+    remaining: usize,
+}
+
+struct Conn {
+    /// Declared first: dropped (closed) before the buffers it may still point at.
+    ep: Fid,
+    addr: String,
+    state: State,
+    outbound: bool,
+    /// Largest message the peer can receive.
+    peer_chunk: usize,
+    // send side
+    frames: VecDeque<OutFrame>,
+    /// Next byte to post: frame index into `frames`, offset in it.
+    cursor: (usize, usize),
+    /// Bytes of the front frames whose messages completed.
+    completed: usize,
+    queued: usize,
+    next_seq: u64,
+    inflight: VecDeque<Msg>,
+    // receive side
+    rx_posted: usize,
+    pending: Option<Pending>,
+    expected_seq: u64,
+    // handshake
+    close_reason: Option<CloseReason>,
+    hello: Vec<u8>,
+    ack: Vec<u8>,
+    peer: Option<Hello>,
+    /// The provider reported the connection gone; reported once the CQ is drained.
+    peer_gone: Option<String>,
+}
+
+impl Conn {
+    fn new(ep: Fid, addr: String, state: State, outbound: bool) -> Conn {
+        Conn {
+            ep,
+            addr,
+            state,
+            outbound,
+            peer_chunk: 0,
+            frames: VecDeque::new(),
+            cursor: (0, 0),
+            completed: 0,
+            queued: 0,
+            next_seq: 0,
+            inflight: VecDeque::new(),
+            rx_posted: 0,
+            pending: None,
+            expected_seq: 0,
+            close_reason: None,
+            hello: Vec::new(),
+            ack: Vec::new(),
+            peer: None,
+            peer_gone: None,
+        }
+    }
+
+    fn push(&mut self, frame_type: FrameType, count: u32, segments: Vec<Segment>) {
+        let payload: usize = segments.iter().map(Segment::len).sum();
+        let header = FrameHeader::new(frame_type, payload as u32, count, self.next_seq).encode();
+        self.next_seq += 1;
+        let len = FRAME_HEADER_LEN + payload;
+        self.queued += len;
+        self.frames.push_back(OutFrame {
+            header: Box::new(header),
+            segments,
+            len,
+        });
+    }
+
+    fn connected(&self) -> bool {
+        !matches!(self.state, State::Connecting | State::Accepting)
+    }
+
+    fn has_unposted(&self) -> bool {
+        self.cursor.0 < self.frames.len()
+    }
+
+    fn idle(&self) -> bool {
+        self.frames.is_empty() && self.inflight.is_empty()
+    }
+
+    /// The pieces of the next message: at most `limit` pieces and `chunk` bytes; a frame
+    /// header is never split. Advances the cursor.
+    fn next_pieces(&mut self, chunk: usize, limit: usize, out: &mut Vec<(*const u8, usize)>) {
+        let (mut fi, mut off) = self.cursor;
+        let mut total = 0;
+        while fi < self.frames.len() && out.len() < limit && total < chunk {
+            let f = &self.frames[fi];
+            if off == 0 {
+                if chunk - total < FRAME_HEADER_LEN {
+                    break;
+                }
+                out.push((f.header.as_ptr(), FRAME_HEADER_LEN));
+                total += FRAME_HEADER_LEN;
+                off = FRAME_HEADER_LEN;
+            } else {
+                let mut pos = FRAME_HEADER_LEN;
+                for seg in &f.segments {
+                    let n = seg.len();
+                    if off < pos + n {
+                        let start = off - pos;
+                        let take = (n - start).min(chunk - total);
+                        out.push((seg.bytes()[start..].as_ptr(), take));
+                        total += take;
+                        off += take;
+                        break;
+                    }
+                    pos += n;
+                }
+            }
+            if off >= f.len {
+                fi += 1;
+                off = 0;
+            }
+        }
+        self.cursor = (fi, off);
+    }
+
+    /// A message completed: frees what every earlier message also finished.
+    fn send_done(&mut self, ctx: u64) {
+        if let Some(m) = self.inflight.iter_mut().find(|m| m.ctx == ctx) {
+            m.done = true;
+        }
+        while self.inflight.front().is_some_and(|m| m.done) {
+            let m = self.inflight.pop_front().expect("front");
+            self.completed += m.len;
+            self.queued -= m.len;
+        }
+        while let Some(f) = self.frames.front() {
+            if self.completed < f.len {
+                break;
+            }
+            self.completed -= f.len;
+            self.frames.pop_front();
+            self.cursor.0 -= 1;
+        }
+    }
+
+    /// Cuts a received message (the filled part of `block`) into frames.
+    fn parse(
+        &mut self,
+        block: &BlockWriter,
+        max_frame: u32,
+        out: &mut Vec<InFrame>,
+    ) -> Result<(), WireError> {
+        let len = block.filled();
+        let mut at = 0;
+        loop {
+            if let Some(p) = &mut self.pending {
+                let take = (len - at).min(p.remaining);
+                if take > 0 {
+                    p.payload.push(block.slice(at, take));
+                    at += take;
+                    p.remaining -= take;
+                }
+                if p.remaining > 0 {
+                    return Ok(());
+                }
+                let p = self.pending.take().expect("pending");
+                out.push(InFrame {
+                    frame_type: p.header.frame_type,
+                    count: p.header.count,
+                    sequence: p.header.sequence,
+                    payload: p.payload,
+                });
+            } else {
+                if at == len {
+                    return Ok(());
+                }
+                if len - at < FRAME_HEADER_LEN {
+                    return Err(WireError::Truncated {
+                        what: "frame header in an ofi message",
+                        need: FRAME_HEADER_LEN,
+                        have: len - at,
+                    });
+                }
+                let header = FrameHeader::decode(
+                    &block.filled_bytes()[at..at + FRAME_HEADER_LEN],
+                    max_frame,
+                )?;
+                if header.sequence != self.expected_seq {
+                    return Err(WireError::Sequence {
+                        got: header.sequence,
+                        expected: self.expected_seq,
+                    });
+                }
+                self.expected_seq += 1;
+                at += FRAME_HEADER_LEN;
+                self.pending = Some(Pending {
+                    header,
+                    payload: Chain::new(),
+                    remaining: header.length as usize,
+                });
+            }
+        }
+    }
+}
+
+enum Op {
+    Recv { conn: u64, block: BlockWriter },
+    Send { conn: u64 },
+}
+
+/// See the module docs.
+pub(crate) struct Ofi {
+    /// Connections, then listeners, then operations (their buffers), then registrations, then
+    /// the fabric: the order `Drop` closes them in.
+    conns: HashMap<u64, Conn>,
+    listeners: HashMap<u64, Fid>,
+    ops: HashMap<u64, Op>,
+    rx_mr: Option<(Fid, usize)>,
+    staging: Option<(Pool, Fid, usize)>,
+    fabric: Fabric,
+    cfg: TransportConfig,
+    provider: String,
+    next_id: u64,
+    rx_depth: usize,
+    iov_limit: usize,
+    mr_local: bool,
+    /// Connections waiting for receive-pool blocks.
+    starved: HashSet<u64>,
+    pending_events: Vec<Event>,
+    cq_buf: Vec<CqEv>,
+    pieces: Vec<(*const u8, usize)>,
+}
+
+// SAFETY: the raw pointers inside (libfabric objects opened with FI_THREAD_DOMAIN, and piece
+// pointers into frames this struct owns) are only used through `&mut self`, so from one thread
+// at a time; libfabric objects may move between threads.
+unsafe impl Send for Ofi {}
+
+impl Drop for Ofi {
+    fn drop(&mut self) {
+        // endpoints first (the provider stops touching our buffers), then the buffers,
+        // registrations and the fabric (field order).
+        self.conns.clear();
+        self.listeners.clear();
+        self.ops.clear();
+        self.rx_mr = None;
+        self.staging = None;
+    }
+}
+
+fn split_addr(addr: &str) -> Result<(String, String), TransportError> {
+    let bad = || TransportError::BadAddress(addr.to_string());
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port.to_string()))
+}
+
+fn cm_param(block: usize) -> [u8; CM_LEN] {
+    let mut p = [0u8; CM_LEN];
+    p[..8].copy_from_slice(CM_MAGIC);
+    p[8..12].copy_from_slice(&(block.min(u32::MAX as usize) as u32).to_le_bytes());
+    p
+}
+
+/// The peer's receive block size from its private data, if it is an evb peer.
+fn cm_chunk(data: &[u8]) -> Option<usize> {
+    if data.len() < CM_LEN || &data[..8] != CM_MAGIC {
+        return None;
+    }
+    let block = u32::from_le_bytes(data[8..12].try_into().ok()?) as usize;
+    (block >= 2 * FRAME_HEADER_LEN).then_some(block.min(MAX_MSG))
+}
+
+impl Ofi {
+    pub(crate) fn new(cfg: TransportConfig, provider: String) -> Result<Ofi, TransportError> {
+        let fabric = Fabric::new(&provider).map_err(TransportError::Unavailable)?;
+        let blocks = cfg.rx_pool.free_blocks();
+        Ok(Ofi {
+            conns: HashMap::new(),
+            listeners: HashMap::new(),
+            ops: HashMap::new(),
+            rx_mr: None,
+            staging: None,
+            fabric,
+            rx_depth: (blocks / 8).clamp(1, 8),
+            cfg,
+            provider,
+            next_id: 1,
+            iov_limit: 1,
+            mr_local: false,
+            starved: HashSet::new(),
+            pending_events: Vec::new(),
+            cq_buf: vec![CqEv::default(); 64],
+            pieces: Vec::new(),
+        })
+    }
+
+    fn id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn getinfo(&mut self, addr: &str, source: bool) -> Result<Info, TransportError> {
+        let (host, port) = split_addr(addr)?;
+        let had_domain = self.fabric.has_domain();
+        let info = self
+            .fabric
+            .getinfo(&host, &port, source)
+            .map_err(|e| TransportError::Io {
+                addr: addr.to_string(),
+                source: io::Error::other(e),
+            })?;
+        if !had_domain {
+            self.domain_opened();
+        }
+        Ok(info)
+    }
+
+    /// The domain exists now: register the receive pool (once) and learn the limits.
+    fn domain_opened(&mut self) {
+        self.mr_local = self.fabric.mr_local();
+        self.iov_limit = self.fabric.iov_limit().clamp(1, 64);
+        let (prov, domain) = self.fabric.names();
+        debug!(provider = %prov, %domain, mr_local = self.mr_local, "ofi domain open");
+        let pool = self.cfg.rx_pool.clone();
+        if let Some(mut b) = pool.try_alloc() {
+            let offset = b.slice(0, 0).region_offset();
+            let base = b.spare_mut().as_mut_ptr().wrapping_sub(offset);
+            // The pool (and so its region) lives as long as `cfg`, which outlives the MR.
+            match self.fabric.register(base, pool.region_len()) {
+                Ok(mr) => self.rx_mr = Some(mr),
+                Err(e) => warn!("cannot register the receive pool: {e}"),
+            }
+        }
+        if self.mr_local {
+            let staging = Pool::new("ofi-tx", STAGING_BLOCK, STAGING_BLOCKS);
+            if let Some(mut b) = staging.try_alloc() {
+                let offset = b.slice(0, 0).region_offset();
+                let base = b.spare_mut().as_mut_ptr().wrapping_sub(offset);
+                drop(b);
+                match self.fabric.register(base, staging.region_len()) {
+                    Ok((mr, desc)) => self.staging = Some((staging, mr, desc)),
+                    Err(e) => warn!("cannot register the send staging pool: {e}"),
+                }
+            }
+        }
+    }
+
+    fn rx_desc(&self) -> usize {
+        self.rx_mr.as_ref().map_or(0, |m| m.1)
+    }
+
+    /// Keeps `rx_depth` receives posted on `id`. Err: the endpoint failed.
+    fn post_recvs(&mut self, id: u64) -> Result<(), String> {
+        let desc = self.rx_desc();
+        loop {
+            let Some(c) = self.conns.get(&id) else {
+                return Ok(());
+            };
+            if c.rx_posted >= self.rx_depth {
+                self.starved.remove(&id);
+                return Ok(());
+            }
+            let Some(mut block) = self.cfg.rx_pool.try_alloc() else {
+                self.starved.insert(id);
+                return Ok(());
+            };
+            let ctx = self.next_id;
+            self.next_id += 1;
+            let spare = block.spare_mut();
+            let (ptr, len) = (spare.as_mut_ptr(), spare.len());
+            // SAFETY: the block stays in `self.ops` (untouched by us: `BlockWriter` is its only
+            // writer) until its completion arrives or the endpoint is closed, which
+            // `drop_conn` does before dropping the block.
+            match unsafe { sys::recv(&c.ep, ptr, len, desc, ctx) } {
+                Ok(()) => {
+                    self.ops.insert(ctx, Op::Recv { conn: id, block });
+                    if let Some(c) = self.conns.get_mut(&id) {
+                        c.rx_posted += 1;
+                    }
+                }
+                Err((true, _)) => {
+                    self.starved.insert(id);
+                    return Ok(());
+                }
+                Err((false, e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Posts what fits of `id`'s queue.
+    fn pump_tx(&mut self, id: u64, out: &mut Vec<Event>) {
+        let mut pieces = std::mem::take(&mut self.pieces);
+        let mut failed = None;
+        while let Some(c) = self.conns.get_mut(&id) {
+            if !c.connected() || !c.has_unposted() || c.inflight.len() >= TX_DEPTH {
+                break;
+            }
+            let saved = c.cursor;
+            pieces.clear();
+            let mut staging_block = None;
+            let iovs: Vec<libc::iovec>;
+            let mut descs: Vec<*mut c_void>;
+            let len;
+            if let Some((pool, _, desc)) = &self.staging {
+                let Some(mut b) = pool.try_alloc() else {
+                    break;
+                };
+                c.next_pieces(c.peer_chunk.min(STAGING_BLOCK), usize::MAX, &mut pieces);
+                for &(p, n) in &pieces {
+                    // SAFETY: each piece points into a frame held in `c.frames` (header box or
+                    // segment bytes), alive and unchanged for this call.
+                    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+                    let _ = b.append(bytes);
+                }
+                len = b.filled();
+                iovs = vec![libc::iovec {
+                    iov_base: b.filled_bytes().as_ptr() as *mut c_void,
+                    iov_len: len,
+                }];
+                descs = vec![*desc as *mut c_void];
+                staging_block = Some(b);
+            } else {
+                c.next_pieces(c.peer_chunk, self.iov_limit, &mut pieces);
+                iovs = pieces
+                    .iter()
+                    .map(|&(p, n)| libc::iovec {
+                        iov_base: p as *mut c_void,
+                        iov_len: n,
+                    })
+                    .collect();
+                descs = vec![std::ptr::null_mut(); iovs.len()];
+                len = pieces.iter().map(|p| p.1).sum();
+            }
+            if len == 0 {
+                c.cursor = saved;
+                break;
+            }
+            let ctx = self.next_id;
+            self.next_id += 1;
+            // SAFETY: the iovecs point into frames that stay in `c.frames` until this message's
+            // completion (or into the staging block kept in `inflight`); the endpoint is closed
+            // before either is dropped.
+            match unsafe { sys::sendv(&c.ep, &iovs, &mut descs, ctx) } {
+                Ok(()) => {
+                    c.inflight.push_back(Msg {
+                        ctx,
+                        len,
+                        done: false,
+                        _staging: staging_block,
+                    });
+                    self.ops.insert(ctx, Op::Send { conn: id });
+                }
+                Err((true, _)) => {
+                    c.cursor = saved;
+                    break;
+                }
+                Err((false, e)) => {
+                    c.cursor = saved;
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        self.pieces = pieces;
+        if let Some(e) = failed {
+            self.drop_conn(id, CloseReason::Lost(e), out);
+        }
+    }
+
+    fn begin_close(&mut self, id: u64, reason: CloseReason) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if c.state != State::Closing {
+                c.state = State::Closing;
+                c.close_reason = Some(reason);
+            }
+        }
+    }
+
+    fn drop_conn(&mut self, id: u64, reason: CloseReason, out: &mut Vec<Event>) {
+        let Some(mut c) = self.conns.remove(&id) else {
+            return;
+        };
+        let reason = c.close_reason.take().unwrap_or(reason);
+        match &reason {
+            CloseReason::Protocol(_) | CloseReason::Rejected(_) => {
+                warn!(peer = %c.addr, "closed: {reason}")
+            }
+            _ => debug!(peer = %c.addr, "closed: {reason}"),
+        }
+        // Close the endpoint before its posted buffers and queued frames go.
+        drop(c);
+        self.ops.retain(|_, op| match op {
+            Op::Recv { conn, .. } | Op::Send { conn } => *conn != id,
+        });
+        self.starved.remove(&id);
+        out.push(Event::Closed {
+            conn: ConnId(id),
+            reason,
+        });
+    }
+
+    fn refuse(
+        &mut self,
+        id: u64,
+        code: RejectCode,
+        peer: &Hello,
+        reason: String,
+        out: &mut Vec<Event>,
+    ) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        warn!(peer = %c.addr, node = %peer.node_id, "refusing connection: {reason}");
+        let reject = Reject {
+            code,
+            reason: reason.clone(),
+        };
+        c.push(FrameType::Reject, 0, vec![Segment::Owned(reject.encode())]);
+        self.begin_close(id, CloseReason::Rejected(reason));
+        self.pump_tx(id, out);
+    }
+
+    fn on_frame(&mut self, id: u64, frame: InFrame, out: &mut Vec<Event>) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let conn = ConnId(id);
+        match (c.state, frame.frame_type) {
+            (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
+            (State::Open, FrameType::Bye) => self.drop_conn(id, CloseReason::PeerClosed, out),
+            (State::Closing, _) => {}
+            (State::AwaitHello, FrameType::Hello) => {
+                let bytes = frame.payload.to_vec();
+                match Hello::decode(&bytes) {
+                    Ok(peer) if peer.run_id != self.cfg.run_id => {
+                        let reason = format!(
+                            "run id {:?} is not this run ({:?})",
+                            peer.run_id, self.cfg.run_id
+                        );
+                        self.refuse(id, RejectCode::WrongRun, &peer, reason, out);
+                    }
+                    Ok(peer) if self.cfg.secret.is_some() && peer.nonce == 0 => {
+                        let reason =
+                            "this run requires authentication (set run.secret or EVB_SECRET)"
+                                .to_string();
+                        self.refuse(id, RejectCode::BadHandshake, &peer, reason, out);
+                    }
+                    Ok(peer) => {
+                        let mut local = self.cfg.local.clone();
+                        local.nonce = if self.cfg.secret.is_some() {
+                            auth::nonce()
+                        } else {
+                            0
+                        };
+                        let ack = local.encode().unwrap_or_default();
+                        c.push(FrameType::HelloAck, 0, vec![Segment::Owned(ack.clone())]);
+                        if let Some(secret) = &self.cfg.secret {
+                            let proof = auth::acceptor_proof(secret, &bytes, &ack);
+                            c.push(FrameType::Auth, 0, vec![Segment::Owned(proof)]);
+                            c.hello = bytes;
+                            c.ack = ack;
+                            c.peer = Some(peer);
+                            c.state = State::AwaitAuth;
+                        } else {
+                            c.state = State::Open;
+                            debug!(peer = %c.addr, node = %peer.node_id, "accepted");
+                            out.push(Event::Accepted { conn, peer });
+                        }
+                        self.pump_tx(id, out);
+                    }
+                    Err(e) => self.drop_conn(id, CloseReason::Protocol(e), out),
+                }
+            }
+            (State::AwaitAck, FrameType::HelloAck) => {
+                let bytes = frame.payload.to_vec();
+                match Hello::decode(&bytes) {
+                    Ok(peer) => match (&self.cfg.secret, peer.nonce) {
+                        (None, 0) => {
+                            c.state = State::Open;
+                            out.push(Event::Connected { conn, peer });
+                        }
+                        (None, _) => {
+                            let why =
+                                "the peer requires a shared secret and none is configured".into();
+                            self.drop_conn(id, CloseReason::Rejected(why), out)
+                        }
+                        (Some(_), 0) => {
+                            let why =
+                                "the peer does not authenticate; refusing to talk to it".into();
+                            self.drop_conn(id, CloseReason::Rejected(why), out)
+                        }
+                        (Some(_), _) => {
+                            c.ack = bytes;
+                            c.peer = Some(peer);
+                            c.state = State::AwaitAuth;
+                        }
+                    },
+                    Err(e) => self.drop_conn(id, CloseReason::Protocol(e), out),
+                }
+            }
+            (State::AwaitAuth, FrameType::Auth) => {
+                let proof = frame.payload.to_vec();
+                let secret = self.cfg.secret.clone().unwrap_or_default();
+                if !auth::check(&secret, c.outbound, &c.hello, &c.ack, &proof) {
+                    warn!(peer = %c.addr, "authentication failed: wrong shared secret");
+                    let why = "authentication failed: wrong shared secret".into();
+                    return self.drop_conn(id, CloseReason::Rejected(why), out);
+                }
+                let Some(peer) = c.peer.take() else {
+                    return self.drop_conn(id, CloseReason::Lost("handshake state".into()), out);
+                };
+                c.state = State::Open;
+                if c.outbound {
+                    let mine = auth::connector_proof(&secret, &c.hello, &c.ack);
+                    c.push(FrameType::Auth, 0, vec![Segment::Owned(mine)]);
+                    out.push(Event::Connected { conn, peer });
+                    self.pump_tx(id, out);
+                } else {
+                    debug!(peer = %c.addr, node = %peer.node_id, "accepted (authenticated)");
+                    out.push(Event::Accepted { conn, peer });
+                }
+            }
+            (State::AwaitAck | State::AwaitAuth, FrameType::Reject) => {
+                let why = match Reject::decode(&frame.payload.to_vec()) {
+                    Ok(r) => r.reason,
+                    Err(e) => format!("undecodable reject: {e}"),
+                };
+                self.drop_conn(id, CloseReason::Rejected(why), out)
+            }
+            (_, t) => {
+                let e = WireError::OutOfRange {
+                    what: "frame type in this connection state",
+                    value: t as u64,
+                };
+                self.drop_conn(id, CloseReason::Protocol(e), out)
+            }
+        }
+    }
+
+    fn on_recv(&mut self, id: u64, mut block: BlockWriter, len: usize, out: &mut Vec<Event>) {
+        let max_frame = self.cfg.max_frame;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.rx_posted = c.rx_posted.saturating_sub(1);
+        if c.state == State::Accepting {
+            // data can overtake the FI_CONNECTED event
+            c.state = State::AwaitHello;
+        }
+        if len > block.remaining() {
+            let e = WireError::TooLong {
+                what: "ofi message",
+                len,
+                max: block.remaining(),
+            };
+            return self.drop_conn(id, CloseReason::Protocol(e), out);
+        }
+        block.advance(len);
+        let mut frames = Vec::new();
+        let parsed = c.parse(&block, max_frame, &mut frames);
+        drop(block);
+        for f in frames {
+            self.on_frame(id, f, out);
+        }
+        if let Err(e) = parsed {
+            return self.drop_conn(id, CloseReason::Protocol(e), out);
+        }
+        if let Err(e) = self.post_recvs(id) {
+            self.drop_conn(id, CloseReason::Lost(e), out);
+        }
+    }
+
+    fn on_eq(&mut self, ev: sys::EqEv, out: &mut Vec<Event>) {
+        let id = ev.ctx;
+        match ev.kind {
+            sys::EQ_CONNREQ => {
+                let info = Info::from_raw(ev.info);
+                let data = &ev.data[..(ev.datalen as usize).min(ev.data.len())];
+                let Some(pep) = self.listeners.get(&id) else {
+                    return;
+                };
+                let Some(chunk) = cm_chunk(data) else {
+                    warn!("refusing a libfabric connection that is not from evb");
+                    sys::reject(pep, &info);
+                    return;
+                };
+                let cid = self.id();
+                let ep = match self.fabric.endpoint(&info, cid) {
+                    Ok(ep) => ep,
+                    Err(e) => {
+                        warn!("cannot open an endpoint for an incoming connection: {e}");
+                        if let Some(pep) = self.listeners.get(&id) {
+                            sys::reject(pep, &info);
+                        }
+                        return;
+                    }
+                };
+                let mut c = Conn::new(ep, format!("ofi-conn-{cid}"), State::Accepting, false);
+                c.peer_chunk = chunk;
+                self.conns.insert(cid, c);
+                let param = cm_param(self.cfg.rx_pool.block_size());
+                let r = self
+                    .post_recvs(cid)
+                    .and_then(|()| sys::accept(&self.conns[&cid].ep, &param));
+                if let Err(e) = r {
+                    warn!("accepting a connection failed: {e}");
+                    // never reported: it was not accepted yet
+                    self.conns.remove(&cid);
+                    self.ops.retain(|_, op| match op {
+                        Op::Recv { conn, .. } | Op::Send { conn } => *conn != cid,
+                    });
+                }
+            }
+            sys::EQ_CONNECTED => {
+                let data = &ev.data[..(ev.datalen as usize).min(ev.data.len())];
+                let Some(c) = self.conns.get_mut(&id) else {
+                    return;
+                };
+                match c.state {
+                    State::Connecting => match cm_chunk(data) {
+                        Some(chunk) => {
+                            c.peer_chunk = chunk;
+                            c.state = State::AwaitAck;
+                            self.pump_tx(id, out);
+                        }
+                        None => {
+                            let why = "the peer did not identify as evb".to_string();
+                            self.drop_conn(id, CloseReason::ConnectFailed(why), out)
+                        }
+                    },
+                    State::Accepting => c.state = State::AwaitHello,
+                    _ => {}
+                }
+            }
+            sys::EQ_SHUTDOWN => {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.peer_gone = Some("the peer disconnected without Bye".into());
+                }
+            }
+            sys::EQ_ERROR => {
+                let why = sys::strerror(ev.err as i64);
+                if let Some(c) = self.conns.get_mut(&id) {
+                    if c.state == State::Connecting {
+                        self.drop_conn(id, CloseReason::ConnectFailed(why), out);
+                    } else {
+                        c.peer_gone = Some(why);
+                    }
+                } else if self.listeners.contains_key(&id) {
+                    warn!("listener error: {why}");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_cq(&mut self, e: CqEv, out: &mut Vec<Event>) {
+        let Some(op) = self.ops.remove(&e.ctx) else {
+            return; // an operation of a connection already closed
+        };
+        match op {
+            Op::Recv { conn, block } => {
+                if e.err != 0 {
+                    drop(block);
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.rx_posted = c.rx_posted.saturating_sub(1);
+                        if e.err != sys::FI_ECANCELED {
+                            c.peer_gone = Some(sys::strerror(e.err as i64));
+                        }
+                    }
+                    return;
+                }
+                self.on_recv(conn, block, e.len as usize, out);
+            }
+            Op::Send { conn } => {
+                if e.err != 0 {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.peer_gone = Some(sys::strerror(e.err as i64));
+                    }
+                    return;
+                }
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.send_done(e.ctx);
+                }
+                self.pump_tx(conn, out);
+            }
+        }
+    }
+
+    /// One pass: completions, connection events, reposts, queued sends, closes.
+    fn progress(&mut self, out: &mut Vec<Event>) -> io::Result<()> {
+        let mut buf = std::mem::take(&mut self.cq_buf);
+        let mut handled = 0;
+        // completions before connection events: a peer's last frames (Bye, Reject) must be
+        // seen before its shutdown
+        while handled < CQ_BUDGET {
+            let n = self.fabric.cq_read(&mut buf).map_err(io::Error::other)?;
+            if n == 0 {
+                break;
+            }
+            handled += n;
+            for e in &buf[..n] {
+                self.on_cq(*e, out);
+            }
+        }
+        while let Some(ev) = self.fabric.eq_read().map_err(io::Error::other)? {
+            self.on_eq(ev, out);
+        }
+        // what arrived before a shutdown is reported before it
+        let gone: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.peer_gone.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        if !gone.is_empty() {
+            loop {
+                let n = self.fabric.cq_read(&mut buf).map_err(io::Error::other)?;
+                if n == 0 {
+                    break;
+                }
+                for e in &buf[..n] {
+                    self.on_cq(*e, out);
+                }
+            }
+            for id in gone {
+                let Some(c) = self.conns.get_mut(&id) else {
+                    continue;
+                };
+                let why = c.peer_gone.take().unwrap_or_default();
+                let reason = if c.state == State::Closing {
+                    CloseReason::Local
+                } else {
+                    CloseReason::Lost(why)
+                };
+                self.drop_conn(id, reason, out);
+            }
+        }
+        self.cq_buf = buf;
+        for id in self.starved.iter().copied().collect::<Vec<_>>() {
+            if let Err(e) = self.post_recvs(id) {
+                self.drop_conn(id, CloseReason::Lost(e), out);
+            }
+        }
+        let ids: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.has_unposted() || (c.state == State::Closing && c.idle()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.pump_tx(id, out);
+            if let Some(c) = self.conns.get(&id) {
+                if c.state == State::Closing && c.idle() {
+                    sys::shutdown(&c.ep);
+                    self.drop_conn(id, CloseReason::Local, out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn busy(&self) -> bool {
+        !self.starved.is_empty()
+            || self
+                .conns
+                .values()
+                .any(|c| !c.idle() || c.peer_gone.is_some())
+    }
+}
+
+impl Transport for Ofi {
+    fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
+        let info = self.getinfo(addr, true)?;
+        let id = self.id();
+        let (pep, bound) = self
+            .fabric
+            .listen(&info, id)
+            .map_err(|e| TransportError::Io {
+                addr: addr.to_string(),
+                source: io::Error::other(e),
+            })?;
+        self.listeners.insert(id, pep);
+        debug!(provider = %self.provider, %bound, "ofi listening");
+        Ok(bound)
+    }
+
+    fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError> {
+        let info = self.getinfo(addr, false)?;
+        let io_err = |e: String| TransportError::Io {
+            addr: addr.to_string(),
+            source: io::Error::other(e),
+        };
+        let id = self.id();
+        let ep = self.fabric.endpoint(&info, id).map_err(io_err)?;
+        let mut c = Conn::new(ep, addr.to_string(), State::Connecting, true);
+        let mut hello = hello;
+        hello.nonce = if self.cfg.secret.is_some() {
+            auth::nonce()
+        } else {
+            0
+        };
+        let bytes = hello.encode()?;
+        c.hello = bytes.clone();
+        c.push(FrameType::Hello, 0, vec![Segment::Owned(bytes)]);
+        self.conns.insert(id, c);
+        let param = cm_param(self.cfg.rx_pool.block_size());
+        let r = self
+            .post_recvs(id)
+            .and_then(|()| sys::connect(&self.conns[&id].ep, &info, &param));
+        if let Err(e) = r {
+            self.conns.remove(&id);
+            self.ops.retain(|_, op| match op {
+                Op::Recv { conn, .. } | Op::Send { conn } => *conn != id,
+            });
+            return Err(io_err(e));
+        }
+        Ok(ConnId(id))
+    }
+
+    fn send(
+        &mut self,
+        conn: ConnId,
+        frame_type: FrameType,
+        count: u32,
+        segments: Vec<Segment>,
+    ) -> Result<(), TransportError> {
+        let max = self.cfg.max_frame as usize;
+        let c = self
+            .conns
+            .get_mut(&conn.0)
+            .ok_or(TransportError::NoConnection(conn))?;
+        if c.state != State::Open {
+            return Err(TransportError::NotOpen(conn));
+        }
+        let len: usize = segments.iter().map(Segment::len).sum();
+        if len > max {
+            return Err(TransportError::TooLarge { len, max });
+        }
+        c.push(frame_type, count, segments);
+        let mut evs = Vec::new();
+        self.pump_tx(conn.0, &mut evs);
+        self.pending_events.extend(evs);
+        Ok(())
+    }
+
+    fn queued_bytes(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn.0).map_or(0, |c| c.queued)
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        let mut evs = Vec::new();
+        match self.conns.get(&conn.0).map(|c| c.state) {
+            Some(State::Open) => {
+                let c = self.conns.get_mut(&conn.0).expect("present");
+                c.push(FrameType::Bye, 0, Vec::new());
+                self.begin_close(conn.0, CloseReason::Local);
+                self.pump_tx(conn.0, &mut evs);
+            }
+            Some(State::Closing) | None => {}
+            Some(_) => self.drop_conn(conn.0, CloseReason::Local, &mut evs),
+        }
+        self.pending_events.extend(evs);
+    }
+
+    fn poll(&mut self, out: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
+        out.append(&mut self.pending_events);
+        self.progress(out)?;
+        if !out.is_empty() || timeout == Some(Duration::ZERO) {
+            return Ok(());
+        }
+        // The tcp provider makes progress only when called: with work in flight, wake up
+        // at least every millisecond even if its wait fd stays quiet.
+        let busy = self.busy();
+        let ms = match timeout {
+            None if busy => 1,
+            None => -1,
+            Some(t) => {
+                let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+                if busy {
+                    ms.min(1)
+                } else {
+                    ms
+                }
+            }
+        };
+        self.fabric.wait(ms);
+        self.progress(out)
+    }
+}
