@@ -536,3 +536,146 @@ fn shm_killed_bu_is_detected_and_nothing_is_left_behind() {
         "shared memory left behind in /dev/shm"
     );
 }
+
+/// Two network namespaces joined by a veth pair (addresses exist only inside them).
+struct Netns {
+    a: String,
+    b: String,
+}
+
+impl Netns {
+    fn create(tag: &str) -> Option<Netns> {
+        let ip = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let (a, b) = (format!("evb{tag}a"), format!("evb{tag}b"));
+        let _ = Command::new("ip").args(["netns", "del", &a]).status();
+        let _ = Command::new("ip").args(["netns", "del", &b]).status();
+        if !ip(&["netns", "add", &a]) {
+            return None;
+        }
+        let ns = Netns {
+            a: a.clone(),
+            b: b.clone(),
+        };
+        let ok = ip(&["netns", "add", &b])
+            && ip(&[
+                "link",
+                "add",
+                "veth-evb-a",
+                "netns",
+                &a,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "veth-evb-b",
+                "netns",
+                &b,
+            ])
+            && ip(&["-n", &a, "addr", "add", "10.77.0.2/24", "dev", "veth-evb-a"])
+            && ip(&["-n", &b, "addr", "add", "10.77.0.1/24", "dev", "veth-evb-b"])
+            && ip(&["-n", &a, "link", "set", "veth-evb-a", "up"])
+            && ip(&["-n", &b, "link", "set", "veth-evb-b", "up"])
+            && ip(&["-n", &a, "link", "set", "lo", "up"])
+            && ip(&["-n", &b, "link", "set", "lo", "up"]);
+        ok.then_some(ns)
+    }
+
+    fn link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        assert!(Command::new("ip")
+            .args(["-n", &self.a, "link", "set", "veth-evb-a", state])
+            .status()
+            .unwrap()
+            .success());
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.a]).status();
+        let _ = Command::new("ip").args(["netns", "del", &self.b]).status();
+    }
+}
+
+#[test]
+fn network_cut_to_a_bu_and_back() {
+    // bu1 in its own namespace (10.77.0.2), the rest in another (10.77.0.1); its link goes
+    // down for 2.5 s mid-run and comes back.
+    let Some(ns) = Netns::create("cut") else {
+        eprintln!("network_cut test skipped: cannot create network namespaces here (needs root and iproute2)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cut.toml");
+    let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
+                 [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7603\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.2:7604\"\nsink_delay_us = 20000\n";
+    let toml = PACED.replace("[run]\n", "[run]\nsecret = \"cut-test-secret\"\n") + nodes;
+    std::fs::write(&cfg, toml).unwrap();
+    let spawn = |netns: &str, id: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", netns, EVB, "node", "--id", id, "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut kids: BTreeMap<String, Child> = BTreeMap::new();
+    for id in ["evm", "ru0", "ru1", "bu0"] {
+        kids.insert(id.into(), spawn(&ns.b, id));
+    }
+    kids.insert("bu1".into(), spawn(&ns.a, "bu1"));
+    std::thread::sleep(Duration::from_millis(1000));
+    ns.link(false);
+    std::thread::sleep(Duration::from_millis(2500));
+    ns.link(true);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut outs = BTreeMap::new();
+    for (id, mut c) in kids {
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("{id} still running");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = c.wait_with_output().unwrap();
+        outs.insert(
+            id,
+            (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).to_string(),
+                String::from_utf8_lossy(&o.stderr).to_string(),
+            ),
+        );
+    }
+    for id in ["evm", "ru0", "ru1", "bu0"] {
+        assert!(outs[id].0, "{id} failed:\n{}", outs[id].2);
+    }
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    let lost = r["run"]["evm"]["lost"][0].as_str().unwrap().to_string();
+    assert!(
+        lost.contains("bu[1]") && lost.contains("no heartbeat"),
+        "{lost}"
+    );
+    assert_eq!(
+        sum_built(&r["run"]) + r["run"]["evm"]["released_by_lost"].as_u64().unwrap(),
+        6000
+    );
+    assert!(
+        !outs["bu1"].0,
+        "bu1, cut off, learns the run went on without it and stops"
+    );
+    drop(ns);
+}
