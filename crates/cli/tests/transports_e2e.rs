@@ -1,0 +1,161 @@
+//! The event builder over each transport, as real processes launched by `evb run`: a 2×2 run
+//! with exact counts. (tcp is covered by tests/processes.rs.) A transport that cannot run on
+//! this machine (ofi without libfabric) prints a notice and passes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const EVB: &str = env!("CARGO_BIN_EXE_evb");
+
+/// Runs `evb run` on `toml`; returns the process output and the JSON summary.
+fn evb_run(toml: &str) -> (Output, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let summary = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or(Value::Null);
+    (out, summary)
+}
+
+/// Why a transport cannot run here, if the run failed for that reason.
+fn unavailable(out: &Output) -> Option<String> {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    [
+        "libfabric not found",
+        "built without libfabric headers",
+        "offers connected message endpoints",
+    ]
+    .iter()
+    .find(|m| text.contains(*m))
+    .map(|_| {
+        text.lines()
+            .find(|l| l.contains("ofi"))
+            .unwrap_or("")
+            .to_string()
+    })
+}
+
+/// A 2×2 run of `events` events of `size` bytes over `transport` (a TOML `[transport]` body).
+fn exact_2x2(transport: &str, events: u64, size: u64) {
+    let toml = format!(
+        r#"
+        [run]
+        id = "e2e-2x2"
+        events = {events}
+        duration_s = 0
+        [fragments]
+        size = {size}
+        [topology]
+        rus = 2
+        bus = 2
+        [transport]
+        {transport}
+        "#
+    );
+    let (out, s) = evb_run(&toml);
+    if !out.status.success() {
+        if let Some(why) = unavailable(&out) {
+            eprintln!("NOTICE: skipped, the transport cannot run here: {why}");
+            return;
+        }
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "evb run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert_eq!(s["ok"], true);
+    let run = &s["run"];
+    assert_eq!(run["evm"]["triggered"], events);
+    assert_eq!(run["evm"]["released"], events);
+    assert_eq!(run["evm"]["duplicate_releases"], 0);
+    let bus = run["bus"].as_array().unwrap();
+    assert_eq!(bus.len(), 2);
+    let built: u64 = bus
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(built, events, "every event built once");
+    let id_sum: u64 = bus
+        .iter()
+        .map(|b| b["event_id_sum"].as_u64().unwrap())
+        .fold(0, u64::wrapping_add);
+    assert_eq!(
+        id_sum,
+        (0..events).sum::<u64>(),
+        "the built ids are 0..events"
+    );
+    for b in bus {
+        assert_eq!(b["crc_errors"], 0);
+        assert_eq!(b["content_errors"], 0);
+        assert_eq!(b["duplicate_fragments"], 0);
+        assert_eq!(b["incomplete_at_stop"], 0);
+        assert!(
+            b["events_built"].as_u64().unwrap() > 0,
+            "a BU got no events"
+        );
+    }
+    for r in run["rus"].as_array().unwrap() {
+        assert_eq!(r["fragments_sent"], events);
+        assert_eq!(r["retained"], 0);
+    }
+    let codes = s["exit_codes"].as_object().unwrap();
+    assert_eq!(codes.len(), 5);
+    assert!(codes.values().all(|c| c == 0), "{codes:?}");
+    for pid in s["pids"].as_array().unwrap() {
+        let pid = pid.as_u64().unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "node process {pid} left behind"
+        );
+    }
+}
+
+#[test]
+fn ofi_tcp_provider_2x2_small_events() {
+    exact_2x2("kind = \"ofi\"\nprovider = \"tcp\"", 5000, 2048);
+}
+
+#[test]
+fn ofi_tcp_provider_2x2_one_megabyte_events() {
+    exact_2x2("kind = \"ofi\"\nprovider = \"tcp\"", 300, 1 << 20);
+}
+
+#[test]
+fn ofi_with_a_provider_that_has_no_connected_endpoints_is_a_clear_error() {
+    let toml = "[run]\nid = \"e2e-shm-prov\"\nevents = 10\n[topology]\nrus = 1\nbus = 1\n\
+                [transport]\nkind = \"ofi\"\nprovider = \"shm\"\n";
+    let (out, _) = evb_run(toml);
+    assert!(!out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("FI_EP_RDM")
+            || text.contains("libfabric not found")
+            || text.contains("built without libfabric headers"),
+        "{text}"
+    );
+}
+
+// SHM: the shm transport's run goes here, e.g.
+// #[test] fn shm_2x2_one_megabyte_events() { exact_2x2("kind = \"shm\"", 300, 1 << 20); }
