@@ -27,6 +27,8 @@ const BLOCK: usize = 256 * 1024;
 pub enum Kind {
     Tcp,
     Inproc,
+    /// libfabric's tcp provider through the `ofi` transport.
+    Ofi,
 }
 
 impl Kind {
@@ -34,6 +36,7 @@ impl Kind {
         match self {
             Kind::Tcp => "tcp",
             Kind::Inproc => "inproc",
+            Kind::Ofi => "ofi",
         }
     }
 }
@@ -87,13 +90,15 @@ fn messenger(kind: Kind, node: &str, role: Role, index: u16, rx_blocks: usize) -
     let t: Box<dyn Transport> = match kind {
         Kind::Tcp => Box::new(TcpTransport::new(cfg).expect("epoll instance")),
         Kind::Inproc => Box::new(InprocTransport::new(cfg)),
+        // `evb bench` adds ofi series only where `ofi::probe` succeeded
+        Kind::Ofi => evb_transport::ofi::OfiTransport::new(cfg, "tcp").expect("ofi probed"),
     };
     Messenger::new(t, MessengerConfig::default())
 }
 
 fn listen(m: &mut Messenger, kind: Kind) -> Result<String, String> {
     let addr = match kind {
-        Kind::Tcp => "127.0.0.1:0".to_string(),
+        Kind::Tcp | Kind::Ofi => "127.0.0.1:0".to_string(),
         Kind::Inproc => unique("inproc"),
     };
     m.listen(&addr).map_err(|e| e.to_string())
@@ -185,7 +190,7 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
     } = spec.clone();
     // Bytes a sender may have sent to one receiver that it has not consumed yet.
     let window: u64 = match kind {
-        Kind::Tcp => (32u64 << 20).max(4 * size as u64),
+        Kind::Tcp | Kind::Ofi => (32u64 << 20).max(4 * size as u64),
         Kind::Inproc => (8u64 << 20).max(2 * size as u64),
     };
     let acked: Arc<Vec<AtomicU64>> = Arc::new(
@@ -197,6 +202,7 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
     // flight only makes the kernel copy into cache-cold memory. Size it for the window.
     let rx_blocks = match kind {
         Kind::Tcp => (8usize << 20).max(4 * size) / BLOCK + 8,
+        Kind::Ofi => 2 * window as usize / BLOCK + 16,
         Kind::Inproc => 2 * window as usize / BLOCK + 16,
     };
 
@@ -326,7 +332,7 @@ fn sender(
         }
         let wait = if stalled >= r {
             // Every destination is full: wait for the socket (tcp) or the receiver (inproc).
-            if kind == Kind::Tcp && conns.iter().all(|c| m.queued_bytes(*c) > 0) {
+            if kind != Kind::Inproc && conns.iter().all(|c| m.queued_bytes(*c) > 0) {
                 Some(Duration::from_millis(2))
             } else {
                 std::thread::yield_now();

@@ -159,6 +159,13 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         Err(e) => notes.push(format!("iperf3 reference skipped: {e}")),
                     }
                 }
+                let ofi_ok = match evb_transport::ofi::probe("tcp") {
+                    Ok(_) => true,
+                    Err(e) => {
+                        notes.push(format!("ofi series skipped: {e}"));
+                        false
+                    }
+                };
                 for &size in &s.sizes {
                     let h = output::human_size(size as f64);
                     add(
@@ -171,6 +178,13 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                             format!("p2p evb tcp batched {h}"),
                             reps,
                             mesh(Kind::Tcp, SendPath::Batched, 1, size),
+                        );
+                    }
+                    if ofi_ok {
+                        add(
+                            format!("p2p evb ofi-tcp fragment {h}"),
+                            reps,
+                            mesh(Kind::Ofi, SendPath::Fragment, 1, size),
                         );
                     }
                     if s.zmq {

@@ -34,6 +34,8 @@ const CQ_BUDGET: usize = 1024;
 /// Staging blocks for providers that need registered send buffers (FI_MR_LOCAL).
 const STAGING_BLOCK: usize = 256 * 1024;
 const STAGING_BLOCKS: usize = 64;
+/// How long `poll` keeps driving a busy provider before it sleeps.
+const BUSY_SPIN: Duration = Duration::from_micros(200);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -292,6 +294,8 @@ pub(crate) struct Ofi {
     pending_events: Vec<Event>,
     cq_buf: Vec<CqEv>,
     pieces: Vec<(*const u8, usize)>,
+    /// Completions handled so far (tells `poll` whether the provider is moving).
+    completions: u64,
 }
 
 // SAFETY: the raw pointers inside (libfabric objects opened with FI_THREAD_DOMAIN, and piece
@@ -358,6 +362,7 @@ impl Ofi {
             pending_events: Vec::new(),
             cq_buf: vec![CqEv::default(); 64],
             pieces: Vec::new(),
+            completions: 0,
         })
     }
 
@@ -866,6 +871,7 @@ impl Ofi {
                 break;
             }
             handled += n;
+            self.completions += n as u64;
             for e in &buf[..n] {
                 self.on_cq(*e, out);
             }
@@ -1036,8 +1042,26 @@ impl Transport for Ofi {
         if !out.is_empty() || timeout == Some(Duration::ZERO) {
             return Ok(());
         }
-        // The tcp provider makes progress only when called: with work in flight, wake up
-        // at least every millisecond even if its wait fd stays quiet.
+        // The tcp provider makes progress only when called, and its wait fd does not wake a
+        // sender whose socket had no room: with sends in flight, keep calling it (yielding the
+        // core between passes) for up to BUSY_SPIN, then sleep at most a millisecond.
+        if self.busy() {
+            // keep going while completions keep coming (a socket draining), up to `timeout`
+            let start = std::time::Instant::now();
+            let limit = timeout.unwrap_or(Duration::MAX);
+            let mut quiet_since = start;
+            while start.elapsed() < limit && quiet_since.elapsed() < BUSY_SPIN {
+                std::thread::yield_now();
+                let before = self.completions;
+                self.progress(out)?;
+                if !out.is_empty() || !self.busy() {
+                    return Ok(());
+                }
+                if self.completions != before {
+                    quiet_since = std::time::Instant::now();
+                }
+            }
+        }
         let busy = self.busy();
         let ms = match timeout {
             None if busy => 1,
@@ -1051,7 +1075,9 @@ impl Transport for Ofi {
                 }
             }
         };
-        self.fabric.wait(ms);
+        if ms != 0 {
+            self.fabric.wait(ms);
+        }
         self.progress(out)
     }
 }
