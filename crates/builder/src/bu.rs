@@ -8,10 +8,10 @@ use evb_buffers::Chain;
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{IdMap, IdSet};
 use crate::action::{Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
+use crate::ids::{IdMap, IdSet};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

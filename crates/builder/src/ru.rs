@@ -8,8 +8,8 @@ use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
-use crate::ids::IdMap;
 use crate::action::{Action, NodeRef, Path, RunState};
+use crate::ids::IdMap;
 use crate::source::Source;
 
 /// Message and fragment headers in front of each payload.
