@@ -157,5 +157,12 @@ fn ofi_with_a_provider_that_has_no_connected_endpoints_is_a_clear_error() {
     );
 }
 
-// SHM: the shm transport's run goes here, e.g.
-// #[test] fn shm_2x2_one_megabyte_events() { exact_2x2("kind = \"shm\"", 300, 1 << 20); }
+#[test]
+fn shm_2x2_one_megabyte_events() {
+    exact_2x2("kind = \"shm\"", 300, 1 << 20);
+}
+
+#[test]
+fn shm_2x2_small_fragments() {
+    exact_2x2("kind = \"shm\"", 5000, 2048);
+}

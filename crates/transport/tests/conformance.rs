@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use evb_buffers::Pool;
 use evb_transport::inproc::InprocTransport;
 use evb_transport::ofi::{probe as ofi_probe, OfiTransport};
+use evb_transport::shm::ShmTransport;
 use evb_transport::tcp::TcpTransport;
 use evb_transport::{CloseReason, ConnId, Event, Segment, Transport, TransportConfig};
 use evb_wire::{Channel, FrameType, Hello, Role};
@@ -21,7 +22,7 @@ enum Kind {
     Tcp,
     Inproc,
     Ofi,
-    // SHM: add `Shm` here, a line in `make`, `addr` and `caps`, and a `conformance!` line below.
+    Shm,
 }
 
 /// What a kind promises beyond the common checks.
@@ -59,13 +60,14 @@ fn make(kind: Kind, cfg: TransportConfig) -> Option<Box<dyn Transport>> {
             }
             Some(OfiTransport::new(cfg, &prov).unwrap())
         }
+        Kind::Shm => Some(ShmTransport::new(cfg).unwrap()),
     }
 }
 
 fn addr(kind: Kind, test: &str) -> String {
     match kind {
         Kind::Inproc => format!("conformance-{test}-{}", std::process::id()),
-        Kind::Tcp | Kind::Ofi => "127.0.0.1:0".into(),
+        Kind::Tcp | Kind::Ofi | Kind::Shm => "127.0.0.1:0".into(),
     }
 }
 
@@ -544,4 +546,4 @@ macro_rules! conformance {
 conformance!(tcp, Kind::Tcp);
 conformance!(inproc, Kind::Inproc);
 conformance!(ofi, Kind::Ofi);
-// SHM: conformance!(shm, Kind::Shm);
+conformance!(shm, Kind::Shm);

@@ -60,7 +60,16 @@ struct Out {
     payload: usize,
 }
 
+/// A frame waiting for room in the bounce pool (and every frame after it, to keep order).
+struct Deferred {
+    frame_type: FrameType,
+    count: u32,
+    segments: Vec<Segment>,
+}
+
 struct Conn {
+    /// Frames that need bounce blocks the receiver still holds.
+    deferred: VecDeque<Deferred>,
     fd: OwnedFd,
     name: String,
     state: State,
@@ -99,6 +108,18 @@ fn err(e: io::Error) -> TransportError {
         addr: "shm".into(),
         source: e,
     }
+}
+
+/// Bounce blocks needed for the segments that are not in shared memory already.
+fn bounce_blocks(segments: &[Segment], block: usize) -> usize {
+    segments
+        .iter()
+        .map(|s| match s {
+            Segment::Shared(s) if s.shared_region().is_some() => 0,
+            Segment::Owned(v) if v.len() <= INLINE_MAX => 0,
+            other => other.len().div_ceil(block),
+        })
+        .sum()
 }
 
 fn socket_name(run: &str, addr: &str) -> String {
@@ -147,6 +168,7 @@ impl ShmTransport {
         self.conns.insert(
             token,
             Conn {
+                deferred: VecDeque::new(),
                 fd,
                 name,
                 state,
@@ -174,10 +196,80 @@ impl ShmTransport {
         segments: Vec<Segment>,
     ) -> Result<(), TransportError> {
         let bounce = self.bounce.clone();
+        let max_frame = self.cfg.max_frame as usize;
         let c = self
             .conns
             .get_mut(&token)
             .ok_or(TransportError::NoConnection(ConnId(token.0 as u64)))?;
+        let payload: usize = segments.iter().map(Segment::len).sum();
+        if payload > max_frame {
+            return Err(TransportError::TooLarge {
+                len: payload,
+                max: max_frame,
+            });
+        }
+        // Bytes not in shared memory need bounce blocks; without enough free ones (the
+        // receiver holds them) the frame waits, and so does every frame after it.
+        if !c.deferred.is_empty()
+            || bounce_blocks(&segments, bounce.block_size()) > bounce.free_blocks()
+        {
+            c.queued += payload;
+            c.deferred.push_back(Deferred {
+                frame_type,
+                count,
+                segments,
+            });
+            return Ok(());
+        }
+        c.queued += payload;
+        Self::encode(
+            c,
+            &bounce,
+            frame_type,
+            count,
+            segments,
+            &mut self.bytes_copied,
+            &mut self.bytes_by_reference,
+        )
+    }
+
+    /// Encodes frames that were waiting for bounce blocks, as far as blocks allow.
+    fn pump_deferred(&mut self, token: Token) {
+        let bounce = self.bounce.clone();
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        while let Some(d) = c.deferred.front() {
+            if bounce_blocks(&d.segments, bounce.block_size()) > bounce.free_blocks() {
+                break;
+            }
+            let d = c.deferred.pop_front().expect("front");
+            let r = Self::encode(
+                c,
+                &bounce,
+                d.frame_type,
+                d.count,
+                d.segments,
+                &mut self.bytes_copied,
+                &mut self.bytes_by_reference,
+            );
+            if r.is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Turns one frame into packets at the back of the queue (its payload is already counted
+    /// in `queued`).
+    fn encode(
+        c: &mut Conn,
+        bounce: &Pool,
+        frame_type: FrameType,
+        count: u32,
+        segments: Vec<Segment>,
+        bytes_copied: &mut u64,
+        bytes_by_reference: &mut u64,
+    ) -> Result<(), TransportError> {
         let mut pkt = Vec::with_capacity(64);
         pkt.push(TAG_FRAME);
         pkt.push(frame_type as u8);
@@ -228,12 +320,6 @@ impl ShmTransport {
                 }
             }
         }
-        if payload > self.cfg.max_frame as usize {
-            return Err(TransportError::TooLarge {
-                len: payload,
-                max: self.cfg.max_frame as usize,
-            });
-        }
         // announce pools the peer has not mapped yet
         for s in &descs {
             if c.announced.insert(s.pool_id()) {
@@ -277,18 +363,18 @@ impl ShmTransport {
         }
         pkt[nseg_at..nseg_at + 4].copy_from_slice(&nseg.to_le_bytes());
         c.seq_out += 1;
-        c.queued += payload;
         c.queue.push_back(Out {
             bytes: pkt,
             pass: None,
             payload,
         });
-        self.bytes_copied += copied;
-        self.bytes_by_reference += by_ref;
+        *bytes_copied += copied;
+        *bytes_by_reference += by_ref;
         Ok(())
     }
 
     fn flush(&mut self, token: Token) {
+        self.pump_deferred(token);
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
@@ -766,6 +852,16 @@ impl Transport for ShmTransport {
         }
         for token in std::mem::take(&mut self.more_to_read) {
             self.read(token, out);
+        }
+        // returned tokens may have freed bounce blocks that waiting frames need
+        let waiting: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.deferred.is_empty())
+            .map(|(t, _)| *t)
+            .collect();
+        for t in waiting {
+            self.flush(t);
         }
         self.return_tokens();
         out.append(&mut self.pending);
