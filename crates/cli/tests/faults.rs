@@ -2,6 +2,9 @@
 //! it, kill an RU under both policies, kill the EVM, freeze a BU, slow a BU down; and peers
 //! that send garbage. Each ends with exact accounting.
 
+mod common;
+use common::{free_base_port, EVB};
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
@@ -10,25 +13,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-const EVB: &str = env!("CARGO_BIN_EXE_evb");
-
-fn free_base_port(n: u16) -> u16 {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = l.local_addr().unwrap().port();
-        drop(l);
-        if base > 65000 {
-            continue;
-        }
-        let held: Vec<_> = (0..n)
-            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
-            .collect();
-        if held.len() == n as usize {
-            return base;
-        }
-    }
-}
 
 struct Cluster {
     cfg: PathBuf,

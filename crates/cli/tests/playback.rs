@@ -3,16 +3,17 @@
 //! round trip (write, inspect, replay, identical bytes), disk-full back-pressure, and the
 //! real CMS files when ../shared is there.
 
+mod common;
+use common::{evb_run_in, text, EVB};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use evb_formats::events::EventFile;
 use evb_formats::{fed, framed};
 use serde_json::Value;
-
-const EVB: &str = env!("CARGO_BIN_EXE_evb");
 
 /// A FED file of `n` fragments (LV1 ids from `first_lv1`) of varying sizes.
 fn fed_file(path: &Path, source: u16, first_lv1: u32, n: u32) {
@@ -24,32 +25,6 @@ fn fed_file(path: &Path, source: u16, first_lv1: u32, n: u32) {
         data.extend(fed::build(first_lv1 + k, source, &words));
     }
     std::fs::write(path, data).unwrap();
-}
-
-fn run_config(dir: &Path, toml: &str) -> (Output, Value) {
-    let cfg = dir.join("run.toml");
-    std::fs::write(&cfg, toml).unwrap();
-    let json = dir.join("summary.json");
-    let _ = std::fs::remove_file(&json);
-    let out = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let s = std::fs::read_to_string(&json)
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap_or(Value::Null);
-    (out, s)
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn sum(s: &Value, role: &str, key: &str) -> u64 {
@@ -83,7 +58,7 @@ fn fed_playback_two_by_one_and_two_by_two() {
     fed_file(&a, 841, 1, 700);
     fed_file(&b, 843, 1, 700);
     for bus in [1, 2] {
-        let (out, s) = run_config(
+        let (out, s) = evb_run_in(
             d.path(),
             &playback_toml(
                 "fed",
@@ -125,7 +100,7 @@ fn framed_playback_with_several_files_per_ru() {
         }
         files.push((src, paths));
     }
-    let (out, s) = run_config(d.path(), &playback_toml("framed", &files, 2, ""));
+    let (out, s) = evb_run_in(d.path(), &playback_toml("framed", &files, 2, ""));
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(sum(&s, "bus", "events_built"), 300);
     assert_eq!(sum(&s, "bus", "trigger_mismatches"), 0);
@@ -150,7 +125,7 @@ fn corrupt_fragments_stop_the_run_by_default() {
     let d = tempfile::tempdir().unwrap();
     let (a, b) = corrupt_pair(d.path());
     let t0 = Instant::now();
-    let (out, _) = run_config(
+    let (out, _) = evb_run_in(
         d.path(),
         &playback_toml("fed", &[(841, vec![a.clone()]), (843, vec![b])], 1, ""),
     );
@@ -175,7 +150,7 @@ fn corrupt_fragments_dropped_make_flagged_partial_events() {
         "on_error = \"drop\"\n[sink]\nkind = \"file\"\ndir = {:?}\n",
         out_dir.display().to_string()
     );
-    let (out, s) = run_config(
+    let (out, s) = evb_run_in(
         d.path(),
         &playback_toml("fed", &[(841, vec![a]), (843, vec![b])], 2, &extra),
     );
@@ -214,7 +189,7 @@ fn misaligned_trigger_numbers_are_flagged() {
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     fed_file(&a, 841, 1, 50);
     fed_file(&b, 843, 2, 50); // one event ahead
-    let (out, s) = run_config(
+    let (out, s) = evb_run_in(
         d.path(),
         &playback_toml("fed", &[(841, vec![a]), (843, vec![b])], 1, ""),
     );
@@ -266,7 +241,7 @@ fn file_sink_round_trip_write_inspect_replay() {
          [sink]\nkind = \"file\"\ndir = {:?}\nfile_max_events = 100\n",
         first.display().to_string()
     );
-    let (out, s) = run_config(d.path(), &toml);
+    let (out, s) = evb_run_in(d.path(), &toml);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(sum(&s, "bus", "events_built"), 600);
     let files = evb_files(&first);
@@ -298,7 +273,7 @@ fn file_sink_round_trip_write_inspect_replay() {
             "[sink]\nkind = \"file\"\ndir = {:?}\n",
             second.display().to_string()
         );
-    let (out, s) = run_config(d.path(), &replay);
+    let (out, s) = evb_run_in(d.path(), &replay);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(sum(&s, "bus", "events_built"), 600);
     let (a, b) = (read_all(&files), read_all(&evb_files(&second)));
@@ -376,7 +351,7 @@ fn full_disk_holds_events_back_and_loses_nothing() {
          [topology]\nbus = 1\n[builder]\ncredits = 4\n[sink]\nkind = \"file\"\ndir = {:?}\nfile_max_events = 10\n",
         mnt.display().to_string()
     );
-    let (out, s) = run_config(d.path(), &toml);
+    let (out, s) = evb_run_in(d.path(), &toml);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (consumed, _) = consumer.join().unwrap();
     assert!(out.status.success(), "{}", text(&out));
@@ -413,7 +388,7 @@ fn real_cms_data_builds_4685_events() {
             "[sink]\nkind = \"file\"\ndir = {:?}\n",
             out_dir.display().to_string()
         );
-        let (out, s) = run_config(
+        let (out, s) = evb_run_in(
             d.path(),
             &playback_toml(
                 "fed",

@@ -2,35 +2,18 @@
 //! with `evb node`): exact event counts, no duplicates, checksums verified, clean shutdown,
 //! no process left behind.
 
+mod common;
+use common::{evb_run, EVB};
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
-
-const EVB: &str = env!("CARGO_BIN_EXE_evb");
 
 fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p
-}
-
-/// Runs `evb run` on `toml`; returns the process output and the JSON summary.
-fn evb_run(toml: &str) -> (Output, Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write(dir.path(), "run.toml", toml);
-    let json = dir.path().join("summary.json");
-    let out = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let summary = std::fs::read_to_string(&json)
-        .map(|s| serde_json::from_str(&s).unwrap())
-        .unwrap_or(Value::Null);
-    (out, summary)
 }
 
 fn pid_alive(pid: u64) -> bool {

@@ -2,31 +2,11 @@
 //! with exact counts. (tcp is covered by tests/processes.rs.) A transport that cannot run on
 //! this machine (ofi without libfabric) prints a notice and passes.
 
+mod common;
+use common::evb_run;
+
 use std::path::Path;
-use std::process::{Command, Output};
-
-use serde_json::Value;
-
-const EVB: &str = env!("CARGO_BIN_EXE_evb");
-
-/// Runs `evb run` on `toml`; returns the process output and the JSON summary.
-fn evb_run(toml: &str) -> (Output, Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("run.toml");
-    std::fs::write(&cfg, toml).unwrap();
-    let json = dir.path().join("summary.json");
-    let out = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let summary = std::fs::read_to_string(&json)
-        .map(|s| serde_json::from_str(&s).unwrap())
-        .unwrap_or(Value::Null);
-    (out, summary)
-}
+use std::process::Output;
 
 /// Why a transport cannot run here, if the run failed for that reason.
 fn unavailable(out: &Output) -> Option<String> {
