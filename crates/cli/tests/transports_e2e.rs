@@ -146,3 +146,53 @@ fn shm_2x2_one_megabyte_events() {
 fn shm_2x2_small_fragments() {
     exact_2x2("kind = \"shm\"", 5000, 2048);
 }
+
+#[test]
+fn mixed_routes_shm_on_a_host_tcp_between_hosts() {
+    // Two "hosts" on one machine: 127.0.0.1 (evm, ru0, bu0) and 127.0.0.2 (ru1, bu1).
+    // Routes within a host take shm, routes between them tcp.
+    let toml = r#"
+        [run]
+        id = "e2e-mixed"
+        events = 400
+        duration_s = 0
+        [fragments]
+        size = 262144
+        [transport]
+        kind = "tcp"
+        local = "shm"
+        [evm]
+        addr = "127.0.0.1:0"
+        [[ru]]
+        id = "ru0"
+        addr = "127.0.0.1:0"
+        [[ru]]
+        id = "ru1"
+        addr = "127.0.0.2:0"
+        [[bu]]
+        id = "bu0"
+        addr = "127.0.0.1:0"
+        [[bu]]
+        id = "bu1"
+        addr = "127.0.0.2:0"
+    "#;
+    let (out, s) = evb_run(toml);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s["run"]["evm"]["released"], 400);
+    for ru in ["ru0", "ru1"] {
+        let r = &s["nodes"][ru];
+        let payload = r["stats"]["payload_bytes_sent"].as_u64().unwrap();
+        let by_ref = r["net"]["bytes_by_reference"].as_u64().unwrap();
+        // the BU on its own host got its fragments in place, the other one over tcp
+        assert!(
+            by_ref > payload / 4 && by_ref < payload,
+            "{ru}: {by_ref} of {payload} by reference"
+        );
+        assert_eq!(r["net"]["bytes_copied"], 0);
+    }
+}

@@ -240,6 +240,10 @@ pub struct TransportSection {
     /// libfabric provider for `ofi` ("verbs", "tcp", "sockets", ...; empty: the best available).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub provider: String,
+    /// Transport for routes between nodes on the same host (same IP address), e.g. "shm"
+    /// with `kind = "tcp"` for the rest. Absent: `kind` everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<TransportKind>,
 }
 
 impl Default for TransportSection {
@@ -247,6 +251,7 @@ impl Default for TransportSection {
         TransportSection {
             kind: TransportKind::Tcp,
             provider: String::new(),
+            local: None,
         }
     }
 }
@@ -552,6 +557,17 @@ impl Config {
         }
         if !(r.connect_timeout_s > 0.0 && r.connect_timeout_s.is_finite()) {
             return Err(invalid("run.connect_timeout_s", "must be positive"));
+        }
+        if let Some(local) = self.transport.local {
+            if local == TransportKind::Inproc || self.transport.kind == TransportKind::Inproc {
+                return Err(invalid("transport.local", "cannot be combined with inproc"));
+            }
+            if local == self.transport.kind {
+                return Err(invalid(
+                    "transport.local",
+                    "is the same as transport.kind: leave it out",
+                ));
+            }
         }
         let f = &self.fragments;
         if f.size == 0 || f.size > MAX_FRAGMENT {

@@ -232,3 +232,17 @@ mod props {
         }
     }
 }
+
+#[test]
+fn local_transport_is_checked() {
+    let c = Config::from_toml("[transport]\nkind = \"tcp\"\nlocal = \"shm\"\n").unwrap();
+    assert_eq!(c.transport.local, Some(TransportKind::Shm));
+    assert_err(
+        "[transport]\nkind = \"shm\"\nlocal = \"shm\"\n",
+        &["transport.local", "same"],
+    );
+    assert_err(
+        "[transport]\nkind = \"tcp\"\nlocal = \"inproc\"\n",
+        &["transport.local", "inproc"],
+    );
+}

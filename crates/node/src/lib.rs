@@ -37,28 +37,62 @@ pub enum NodeError {
 }
 
 /// Runs node `id` of `cfg` on the transport the configuration names, until the run ends.
+/// One transport of `kind` for this node.
+fn make(
+    kind: TransportKind,
+    provider: &str,
+    tc: evb_transport::TransportConfig,
+) -> Result<Box<dyn Transport>, NodeError> {
+    Ok(match kind {
+        TransportKind::Tcp => {
+            Box::new(TcpTransport::new(tc).map_err(|e| NodeError::Io(e.to_string()))?)
+        }
+        TransportKind::Inproc => Box::new(InprocTransport::new(tc)),
+        TransportKind::Ofi => evb_transport::ofi::OfiTransport::new(tc, provider)
+            .map_err(|e| NodeError::Setup(format!("transport ofi: {e}")))?,
+        TransportKind::Shm => evb_transport::shm::ShmTransport::new(tc)
+            .map_err(|e| NodeError::Setup(format!("transport shm: {e}")))?,
+    })
+}
+
+/// The IP part of "ip:port".
+fn host(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
+}
+
+/// Runs node `id` of `cfg` on the transport the configuration names, until the run ends.
 pub fn run_node(
     cfg: &Config,
     id: &str,
     status: StatusOut,
     status_every: Duration,
 ) -> Result<NodeOutcome, NodeError> {
-    let kind = cfg.transport.kind;
+    let (kind, local) = (cfg.transport.kind, cfg.transport.local);
     let provider = cfg.transport.provider.clone();
+    let my_host = cfg
+        .nodes()
+        .into_iter()
+        .find(|n| n.id == id)
+        .map(|n| host(&n.addr).to_string())
+        .unwrap_or_default();
     let driver = Driver::new(
         cfg,
         id,
         |tc| -> Result<Box<dyn Transport>, NodeError> {
-            Ok(match kind {
-                TransportKind::Tcp => {
-                    Box::new(TcpTransport::new(tc).map_err(|e| NodeError::Io(e.to_string()))?)
+            match local {
+                None => make(kind, &provider, tc),
+                Some(local) => {
+                    // same host: `local`; elsewhere: `kind`
+                    let near = make(local, &provider, tc.clone())?;
+                    let far = make(kind, &provider, tc)?;
+                    let route: evb_transport::mux::Route =
+                        Box::new(move |addr: &str| if host(addr) == my_host { 1 } else { 0 });
+                    Ok(Box::new(evb_transport::mux::MuxTransport::new(
+                        vec![far, near],
+                        route,
+                    )))
                 }
-                TransportKind::Inproc => Box::new(InprocTransport::new(tc)),
-                TransportKind::Ofi => evb_transport::ofi::OfiTransport::new(tc, &provider)
-                    .map_err(|e| NodeError::Setup(format!("transport ofi: {e}")))?,
-                TransportKind::Shm => evb_transport::shm::ShmTransport::new(tc)
-                    .map_err(|e| NodeError::Setup(format!("transport shm: {e}")))?,
-            })
+            }
         },
         status,
         status_every,

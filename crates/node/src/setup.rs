@@ -113,7 +113,13 @@ pub fn pools(cfg: &Config, me: &NodeSpec) -> Result<(Pool, Option<Pool>), String
                 let name = format!("{}-frag", me.id);
                 let n = blocks(bytes, block);
                 // Over shm the fragments live where the BUs can read them in place.
-                let pool = match cfg.transport.kind {
+                let shm = cfg.transport.kind == TransportKind::Shm
+                    || cfg.transport.local == Some(TransportKind::Shm);
+                let pool = match if shm {
+                    TransportKind::Shm
+                } else {
+                    TransportKind::Tcp
+                } {
                     TransportKind::Shm => Pool::new_shared(&name, block as usize, n)
                         .map_err(|e| format!("cannot make a shared pool of {n} blocks: {e}"))?,
                     _ => Pool::new(&name, block as usize, n),

@@ -10,6 +10,7 @@
 mod auth;
 mod event;
 pub mod inproc;
+pub mod mux;
 pub mod ofi;
 pub mod shm;
 pub mod tcp;
@@ -90,6 +91,12 @@ pub trait Transport: Send {
     /// How payload bytes left this node: copied, or handed over by reference (shared memory).
     fn counters(&self) -> TransportCounters {
         TransportCounters::default()
+    }
+
+    /// A descriptor that becomes readable when `poll` has something to do, so that several
+    /// transports can wait together (see `mux`); `None` if there is no such descriptor.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
     }
 }
 

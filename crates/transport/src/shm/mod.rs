@@ -705,6 +705,11 @@ impl ShmTransport {
 }
 
 impl Transport for ShmTransport {
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.poll.as_raw_fd())
+    }
+
     fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
         // Port 0 asks for any free name, as with TCP.
         static UNIQUE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

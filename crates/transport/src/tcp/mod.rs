@@ -421,6 +421,11 @@ fn resolve(addr: &str) -> Result<SocketAddr, TransportError> {
 }
 
 impl Transport for TcpTransport {
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.poll.as_raw_fd())
+    }
+
     fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
         let sa = resolve(addr)?;
         let io_err = |source| TransportError::Io {
