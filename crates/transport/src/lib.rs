@@ -9,6 +9,7 @@
 
 mod auth;
 mod event;
+mod handshake;
 pub mod inproc;
 pub mod mux;
 pub mod ofi;

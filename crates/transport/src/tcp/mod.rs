@@ -13,10 +13,11 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token};
 use tracing::{debug, warn};
 
-use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
+use evb_wire::{FrameType, Hello, WireError};
 
+use crate::handshake::{Handshake, Outcome, Phase};
 use crate::{
-    auth, CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
+    CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
 use rx::{ReadOutcome, RxAssembler, RxError};
 use tx::TxQueue;
@@ -51,12 +52,7 @@ struct Conn {
     writable: bool,
     /// Why we are closing, reported once the socket is gone.
     close_reason: Option<CloseReason>,
-    /// The connector's Hello and the acceptor's HelloAck, as sent: what Auth proofs cover.
-    hello: Vec<u8>,
-    ack: Vec<u8>,
-    /// The peer's handshake, held until its Auth proof checks out.
-    peer: Option<Hello>,
-    outbound: bool,
+    hs: Handshake,
 }
 
 /// See the module docs.
@@ -111,15 +107,12 @@ impl TcpTransport {
             Conn {
                 stream,
                 addr,
-                outbound: state == State::Connecting,
+                hs: Handshake::accept(),
                 state,
                 rx,
                 tx: TxQueue::default(),
                 writable: false,
                 close_reason: None,
-                hello: Vec::new(),
-                ack: Vec::new(),
-                peer: None,
             },
         );
         Ok(token)
@@ -274,28 +267,6 @@ impl TcpTransport {
         }
     }
 
-    /// Answers a Hello with a Reject, logs why, and closes.
-    fn refuse(
-        &mut self,
-        token: Token,
-        code: RejectCode,
-        peer: &Hello,
-        reason: String,
-        out: &mut Vec<Event>,
-    ) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        warn!(peer = %c.addr, node = %peer.node_id, "refusing connection: {reason}");
-        let reject = Reject {
-            code,
-            reason: reason.clone(),
-        };
-        c.tx.push(FrameType::Reject, 0, vec![Segment::Owned(reject.encode())]);
-        self.begin_close(token, CloseReason::Rejected(reason));
-        self.flush(token, out);
-    }
-
     fn on_frame(&mut self, token: Token, frame: InFrame, out: &mut Vec<Event>) {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
@@ -305,102 +276,44 @@ impl TcpTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed, out),
             (State::Closing, _) => {} // we are leaving; late input is dropped
-            (State::AwaitHello, FrameType::Hello) => {
-                let bytes = frame.payload.to_vec();
-                match Hello::decode(&bytes) {
-                    Ok(peer) if peer.run_id != self.cfg.run_id => {
-                        let reason = format!(
-                            "run id {:?} is not this run ({:?})",
-                            peer.run_id, self.cfg.run_id
-                        );
-                        self.refuse(token, RejectCode::WrongRun, &peer, reason, out);
-                    }
-                    Ok(peer) if self.cfg.secret.is_some() && peer.nonce == 0 => {
-                        let reason =
-                            "this run requires authentication (set run.secret or EVB_SECRET)"
-                                .to_string();
-                        self.refuse(token, RejectCode::BadHandshake, &peer, reason, out);
-                    }
-                    Ok(peer) => {
-                        let mut local = self.cfg.local.clone();
-                        local.nonce = if self.cfg.secret.is_some() {
-                            auth::nonce()
-                        } else {
-                            0
+            (state @ (State::AwaitAck | State::AwaitHello | State::AwaitAuth), t) => {
+                let phase = match state {
+                    State::AwaitAck => Phase::AwaitAck,
+                    State::AwaitHello => Phase::AwaitHello,
+                    _ => Phase::AwaitAuth,
+                };
+                let mut send = Vec::new();
+                let payload = frame.payload.to_vec();
+                let secret = self.cfg.secret.as_deref();
+                let outcome =
+                    c.hs.step(phase, &self.cfg, secret, t, &payload, &c.addr, &mut send);
+                for (ft, bytes) in send {
+                    c.tx.push(ft, 0, vec![Segment::Owned(bytes)]);
+                }
+                match outcome {
+                    Outcome::Next(p) => {
+                        c.state = match p {
+                            Phase::AwaitAck => State::AwaitAck,
+                            Phase::AwaitHello => State::AwaitHello,
+                            Phase::AwaitAuth => State::AwaitAuth,
                         };
-                        let ack = local.encode().unwrap_or_default();
-                        c.tx.push(FrameType::HelloAck, 0, vec![Segment::Owned(ack.clone())]);
-                        if let Some(secret) = &self.cfg.secret {
-                            let proof = auth::acceptor_proof(secret, &bytes, &ack);
-                            c.tx.push(FrameType::Auth, 0, vec![Segment::Owned(proof)]);
-                            c.hello = bytes;
-                            c.ack = ack;
-                            c.peer = Some(peer);
-                            c.state = State::AwaitAuth;
-                        } else {
-                            c.state = State::Open;
-                            debug!(peer = %c.addr, node = %peer.node_id, "accepted");
-                            out.push(Event::Accepted { conn, peer });
-                        }
                         self.flush(token, out);
                     }
-                    Err(e) => self.drop_conn(token, CloseReason::Protocol(e), out),
+                    Outcome::Open(peer) => {
+                        c.state = State::Open;
+                        out.push(if c.hs.outbound {
+                            Event::Connected { conn, peer }
+                        } else {
+                            Event::Accepted { conn, peer }
+                        });
+                        self.flush(token, out);
+                    }
+                    Outcome::Refuse(reason) => {
+                        self.begin_close(token, reason);
+                        self.flush(token, out);
+                    }
+                    Outcome::Drop(reason) => self.drop_conn(token, reason, out),
                 }
-            }
-            (State::AwaitAck, FrameType::HelloAck) => {
-                let bytes = frame.payload.to_vec();
-                match Hello::decode(&bytes) {
-                    Ok(peer) => match (&self.cfg.secret, peer.nonce) {
-                        (None, 0) => {
-                            c.state = State::Open;
-                            out.push(Event::Connected { conn, peer });
-                        }
-                        (None, _) => {
-                            let why =
-                                "the peer requires a shared secret and none is configured".into();
-                            self.drop_conn(token, CloseReason::Rejected(why), out)
-                        }
-                        (Some(_), 0) => {
-                            let why =
-                                "the peer does not authenticate; refusing to talk to it".into();
-                            self.drop_conn(token, CloseReason::Rejected(why), out)
-                        }
-                        (Some(_), _) => {
-                            c.ack = bytes;
-                            c.peer = Some(peer);
-                            c.state = State::AwaitAuth;
-                        }
-                    },
-                    Err(e) => self.drop_conn(token, CloseReason::Protocol(e), out),
-                }
-            }
-            (State::AwaitAuth, FrameType::Auth) => {
-                let proof = frame.payload.to_vec();
-                let secret = self.cfg.secret.clone().unwrap_or_default();
-                // Each side checks the other's proof: an outbound connection checks the acceptor's.
-                if !auth::check(&secret, c.outbound, &c.hello, &c.ack, &proof) {
-                    warn!(peer = %c.addr, "authentication failed: wrong shared secret");
-                    let why = "authentication failed: wrong shared secret".into();
-                    return self.drop_conn(token, CloseReason::Rejected(why), out);
-                }
-                let peer = c.peer.take().expect("held while awaiting auth");
-                c.state = State::Open;
-                if c.outbound {
-                    let mine = auth::connector_proof(&secret, &c.hello, &c.ack);
-                    c.tx.push(FrameType::Auth, 0, vec![Segment::Owned(mine)]);
-                    out.push(Event::Connected { conn, peer });
-                    self.flush(token, out);
-                } else {
-                    debug!(peer = %c.addr, node = %peer.node_id, "accepted (authenticated)");
-                    out.push(Event::Accepted { conn, peer });
-                }
-            }
-            (State::AwaitAck | State::AwaitAuth, FrameType::Reject) => {
-                let why = match Reject::decode(&frame.payload.to_vec()) {
-                    Ok(r) => r.reason,
-                    Err(e) => format!("undecodable reject: {e}"),
-                };
-                self.drop_conn(token, CloseReason::Rejected(why), out)
             }
             (_, t) => {
                 let e = WireError::OutOfRange {
@@ -454,14 +367,8 @@ impl Transport for TcpTransport {
             .add_conn(stream, addr.to_string(), State::Connecting)
             .map_err(io_err)?;
         let c = self.conns.get_mut(&token).expect("just added");
-        let mut hello = hello;
-        hello.nonce = if self.cfg.secret.is_some() {
-            auth::nonce()
-        } else {
-            0
-        };
-        let bytes = hello.encode()?;
-        c.hello = bytes.clone();
+        let (hs, bytes) = Handshake::connect(hello, self.cfg.secret.as_deref())?;
+        c.hs = hs;
         c.tx.push(FrameType::Hello, 0, vec![Segment::Owned(bytes)]);
         Ok(ConnId(token.0 as u64))
     }

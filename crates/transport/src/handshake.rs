@@ -1,0 +1,181 @@
+//! The connection handshake as a state machine shared by every transport: frames in, frames
+//! to send and a verdict out, no IO (docs/protocol.md §1).
+//!
+//! Connector: Hello → (HelloAck [→ Auth ⇄ Auth]) → open. Acceptor: (Hello → HelloAck [+ Auth]
+//! → Auth) → open, or Reject and close.
+
+use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
+use tracing::{debug, warn};
+
+use crate::{auth, CloseReason, TransportConfig};
+
+/// Where a connection's handshake stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// We sent Hello; waiting for HelloAck or Reject.
+    AwaitAck,
+    /// We accepted; waiting for the peer's Hello.
+    AwaitHello,
+    /// A secret is in use; waiting for the peer's proof.
+    AwaitAuth,
+}
+
+/// What the handshake remembers between frames.
+#[derive(Default)]
+pub(crate) struct Handshake {
+    /// The connector's Hello and the acceptor's HelloAck, as sent: what the proofs cover.
+    hello: Vec<u8>,
+    ack: Vec<u8>,
+    /// The peer, held until its proof checks out.
+    peer: Option<Hello>,
+    pub outbound: bool,
+}
+
+/// What the transport does next.
+pub(crate) enum Outcome {
+    /// Still handshaking, now in this phase.
+    Next(Phase),
+    /// Open: report this peer (`Connected` if outbound, else `Accepted`).
+    Open(Hello),
+    /// Send what was produced (a Reject), then close.
+    Refuse(CloseReason),
+    /// Close now.
+    Drop(CloseReason),
+}
+
+impl Handshake {
+    /// An outgoing connection: the Hello payload to send first (with a fresh nonce when a
+    /// secret is in use).
+    pub fn connect(hello: Hello, secret: Option<&[u8]>) -> Result<(Handshake, Vec<u8>), WireError> {
+        let mut hello = hello;
+        hello.nonce = if secret.is_some() { auth::nonce() } else { 0 };
+        let bytes = hello.encode()?;
+        Ok((
+            Handshake {
+                hello: bytes.clone(),
+                outbound: true,
+                ..Handshake::default()
+            },
+            bytes,
+        ))
+    }
+
+    pub fn accept() -> Handshake {
+        Handshake::default()
+    }
+
+    /// Handles one frame received in `phase`; frames to send are appended to `send`.
+    pub fn step(
+        &mut self,
+        phase: Phase,
+        cfg: &TransportConfig,
+        secret: Option<&[u8]>,
+        frame_type: FrameType,
+        payload: &[u8],
+        addr: &str,
+        send: &mut Vec<(FrameType, Vec<u8>)>,
+    ) -> Outcome {
+        match (phase, frame_type) {
+            (Phase::AwaitHello, FrameType::Hello) => {
+                let peer = match Hello::decode(payload) {
+                    Ok(p) => p,
+                    Err(e) => return Outcome::Drop(CloseReason::Protocol(e)),
+                };
+                let refuse = |code, reason: String, send: &mut Vec<(FrameType, Vec<u8>)>| {
+                    warn!(peer = %addr, node = %peer.node_id, "refusing connection: {reason}");
+                    send.push((
+                        FrameType::Reject,
+                        Reject {
+                            code,
+                            reason: reason.clone(),
+                        }
+                        .encode(),
+                    ));
+                    Outcome::Refuse(CloseReason::Rejected(reason))
+                };
+                if peer.run_id != cfg.run_id {
+                    let reason = format!(
+                        "run id {:?} is not this run ({:?})",
+                        peer.run_id, cfg.run_id
+                    );
+                    return refuse(RejectCode::WrongRun, reason, send);
+                }
+                if secret.is_some() && peer.nonce == 0 {
+                    let reason = "this run requires authentication (set run.secret or EVB_SECRET)"
+                        .to_string();
+                    return refuse(RejectCode::BadHandshake, reason, send);
+                }
+                let mut local = cfg.local.clone();
+                local.nonce = if secret.is_some() { auth::nonce() } else { 0 };
+                let ack = local.encode().unwrap_or_default();
+                send.push((FrameType::HelloAck, ack.clone()));
+                match secret {
+                    Some(secret) => {
+                        send.push((FrameType::Auth, auth::acceptor_proof(secret, payload, &ack)));
+                        self.hello = payload.to_vec();
+                        self.ack = ack;
+                        self.peer = Some(peer);
+                        Outcome::Next(Phase::AwaitAuth)
+                    }
+                    None => {
+                        debug!(peer = %addr, node = %peer.node_id, "accepted");
+                        Outcome::Open(peer)
+                    }
+                }
+            }
+            (Phase::AwaitAck, FrameType::HelloAck) => {
+                let peer = match Hello::decode(payload) {
+                    Ok(p) => p,
+                    Err(e) => return Outcome::Drop(CloseReason::Protocol(e)),
+                };
+                match (secret.is_some(), peer.nonce) {
+                    (false, 0) => Outcome::Open(peer),
+                    (false, _) => Outcome::Drop(CloseReason::Rejected(
+                        "the peer requires a shared secret and none is configured".into(),
+                    )),
+                    (true, 0) => Outcome::Drop(CloseReason::Rejected(
+                        "the peer does not authenticate; refusing to talk to it".into(),
+                    )),
+                    (true, _) => {
+                        self.ack = payload.to_vec();
+                        self.peer = Some(peer);
+                        Outcome::Next(Phase::AwaitAuth)
+                    }
+                }
+            }
+            (Phase::AwaitAuth, FrameType::Auth) => {
+                let secret = secret.unwrap_or_default();
+                // each side checks the other's proof: an outbound connection checks the acceptor's
+                if !auth::check(secret, self.outbound, &self.hello, &self.ack, payload) {
+                    warn!(peer = %addr, "authentication failed: wrong shared secret");
+                    return Outcome::Drop(CloseReason::Rejected(
+                        "authentication failed: wrong shared secret".into(),
+                    ));
+                }
+                let Some(peer) = self.peer.take() else {
+                    return Outcome::Drop(CloseReason::Lost("handshake state".into()));
+                };
+                if self.outbound {
+                    send.push((
+                        FrameType::Auth,
+                        auth::connector_proof(secret, &self.hello, &self.ack),
+                    ));
+                } else {
+                    debug!(peer = %addr, node = %peer.node_id, "accepted (authenticated)");
+                }
+                Outcome::Open(peer)
+            }
+            (Phase::AwaitAck | Phase::AwaitAuth, FrameType::Reject) => {
+                let why = match Reject::decode(payload) {
+                    Ok(r) => r.reason,
+                    Err(e) => format!("undecodable reject: {e}"),
+                };
+                Outcome::Drop(CloseReason::Rejected(why))
+            }
+            (_, t) => Outcome::Drop(CloseReason::Protocol(WireError::OutOfRange {
+                what: "frame type in this connection state",
+                value: t as u64,
+            })),
+        }
+    }
+}
