@@ -14,12 +14,13 @@ use std::io;
 use std::time::Duration;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{FrameHeader, FrameType, Hello, Reject, RejectCode, WireError, FRAME_HEADER_LEN};
+use evb_wire::{FrameHeader, FrameType, Hello, WireError, FRAME_HEADER_LEN};
 use tracing::{debug, warn};
 
 use super::sys::{self, CqEv, Fabric, Fid, Info};
+use crate::handshake::{Handshake, Outcome, Phase};
 use crate::{
-    auth, CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
+    CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
 
 /// Private data in connection requests and accepts: magic, version, receive block size.
@@ -94,9 +95,7 @@ struct Conn {
     expected_seq: u64,
     // handshake
     close_reason: Option<CloseReason>,
-    hello: Vec<u8>,
-    ack: Vec<u8>,
-    peer: Option<Hello>,
+    hs: Handshake,
     /// The provider reported the connection gone; reported once the CQ is drained.
     peer_gone: Option<String>,
 }
@@ -119,9 +118,7 @@ impl Conn {
             pending: None,
             expected_seq: 0,
             close_reason: None,
-            hello: Vec::new(),
-            ack: Vec::new(),
-            peer: None,
+            hs: Handshake::accept(),
             peer_gone: None,
         }
     }
@@ -572,27 +569,6 @@ impl Ofi {
         });
     }
 
-    fn refuse(
-        &mut self,
-        id: u64,
-        code: RejectCode,
-        peer: &Hello,
-        reason: String,
-        out: &mut Vec<Event>,
-    ) {
-        let Some(c) = self.conns.get_mut(&id) else {
-            return;
-        };
-        warn!(peer = %c.addr, node = %peer.node_id, "refusing connection: {reason}");
-        let reject = Reject {
-            code,
-            reason: reason.clone(),
-        };
-        c.push(FrameType::Reject, 0, vec![Segment::Owned(reject.encode())]);
-        self.begin_close(id, CloseReason::Rejected(reason));
-        self.pump_tx(id, out);
-    }
-
     fn on_frame(&mut self, id: u64, frame: InFrame, out: &mut Vec<Event>) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -602,103 +578,44 @@ impl Ofi {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(id, CloseReason::PeerClosed, out),
             (State::Closing, _) => {}
-            (State::AwaitHello, FrameType::Hello) => {
-                let bytes = frame.payload.to_vec();
-                match Hello::decode(&bytes) {
-                    Ok(peer) if peer.run_id != self.cfg.run_id => {
-                        let reason = format!(
-                            "run id {:?} is not this run ({:?})",
-                            peer.run_id, self.cfg.run_id
-                        );
-                        self.refuse(id, RejectCode::WrongRun, &peer, reason, out);
-                    }
-                    Ok(peer) if self.cfg.secret.is_some() && peer.nonce == 0 => {
-                        let reason =
-                            "this run requires authentication (set run.secret or EVB_SECRET)"
-                                .to_string();
-                        self.refuse(id, RejectCode::BadHandshake, &peer, reason, out);
-                    }
-                    Ok(peer) => {
-                        let mut local = self.cfg.local.clone();
-                        local.nonce = if self.cfg.secret.is_some() {
-                            auth::nonce()
-                        } else {
-                            0
+            (state @ (State::AwaitAck | State::AwaitHello | State::AwaitAuth), t) => {
+                let phase = match state {
+                    State::AwaitAck => Phase::AwaitAck,
+                    State::AwaitHello => Phase::AwaitHello,
+                    _ => Phase::AwaitAuth,
+                };
+                let mut send = Vec::new();
+                let payload = frame.payload.to_vec();
+                let secret = self.cfg.secret.as_deref();
+                let outcome =
+                    c.hs.step(phase, &self.cfg, secret, t, &payload, &c.addr, &mut send);
+                for (ft, bytes) in send {
+                    c.push(ft, 0, vec![Segment::Owned(bytes)]);
+                }
+                match outcome {
+                    Outcome::Next(p) => {
+                        c.state = match p {
+                            Phase::AwaitAck => State::AwaitAck,
+                            Phase::AwaitHello => State::AwaitHello,
+                            Phase::AwaitAuth => State::AwaitAuth,
                         };
-                        let ack = local.encode().unwrap_or_default();
-                        c.push(FrameType::HelloAck, 0, vec![Segment::Owned(ack.clone())]);
-                        if let Some(secret) = &self.cfg.secret {
-                            let proof = auth::acceptor_proof(secret, &bytes, &ack);
-                            c.push(FrameType::Auth, 0, vec![Segment::Owned(proof)]);
-                            c.hello = bytes;
-                            c.ack = ack;
-                            c.peer = Some(peer);
-                            c.state = State::AwaitAuth;
-                        } else {
-                            c.state = State::Open;
-                            debug!(peer = %c.addr, node = %peer.node_id, "accepted");
-                            out.push(Event::Accepted { conn, peer });
-                        }
                         self.pump_tx(id, out);
                     }
-                    Err(e) => self.drop_conn(id, CloseReason::Protocol(e), out),
+                    Outcome::Open(peer) => {
+                        c.state = State::Open;
+                        out.push(if c.outbound {
+                            Event::Connected { conn, peer }
+                        } else {
+                            Event::Accepted { conn, peer }
+                        });
+                        self.pump_tx(id, out);
+                    }
+                    Outcome::Refuse(reason) => {
+                        self.begin_close(id, reason);
+                        self.pump_tx(id, out);
+                    }
+                    Outcome::Drop(reason) => self.drop_conn(id, reason, out),
                 }
-            }
-            (State::AwaitAck, FrameType::HelloAck) => {
-                let bytes = frame.payload.to_vec();
-                match Hello::decode(&bytes) {
-                    Ok(peer) => match (&self.cfg.secret, peer.nonce) {
-                        (None, 0) => {
-                            c.state = State::Open;
-                            out.push(Event::Connected { conn, peer });
-                        }
-                        (None, _) => {
-                            let why =
-                                "the peer requires a shared secret and none is configured".into();
-                            self.drop_conn(id, CloseReason::Rejected(why), out)
-                        }
-                        (Some(_), 0) => {
-                            let why =
-                                "the peer does not authenticate; refusing to talk to it".into();
-                            self.drop_conn(id, CloseReason::Rejected(why), out)
-                        }
-                        (Some(_), _) => {
-                            c.ack = bytes;
-                            c.peer = Some(peer);
-                            c.state = State::AwaitAuth;
-                        }
-                    },
-                    Err(e) => self.drop_conn(id, CloseReason::Protocol(e), out),
-                }
-            }
-            (State::AwaitAuth, FrameType::Auth) => {
-                let proof = frame.payload.to_vec();
-                let secret = self.cfg.secret.clone().unwrap_or_default();
-                if !auth::check(&secret, c.outbound, &c.hello, &c.ack, &proof) {
-                    warn!(peer = %c.addr, "authentication failed: wrong shared secret");
-                    let why = "authentication failed: wrong shared secret".into();
-                    return self.drop_conn(id, CloseReason::Rejected(why), out);
-                }
-                let Some(peer) = c.peer.take() else {
-                    return self.drop_conn(id, CloseReason::Lost("handshake state".into()), out);
-                };
-                c.state = State::Open;
-                if c.outbound {
-                    let mine = auth::connector_proof(&secret, &c.hello, &c.ack);
-                    c.push(FrameType::Auth, 0, vec![Segment::Owned(mine)]);
-                    out.push(Event::Connected { conn, peer });
-                    self.pump_tx(id, out);
-                } else {
-                    debug!(peer = %c.addr, node = %peer.node_id, "accepted (authenticated)");
-                    out.push(Event::Accepted { conn, peer });
-                }
-            }
-            (State::AwaitAck | State::AwaitAuth, FrameType::Reject) => {
-                let why = match Reject::decode(&frame.payload.to_vec()) {
-                    Ok(r) => r.reason,
-                    Err(e) => format!("undecodable reject: {e}"),
-                };
-                self.drop_conn(id, CloseReason::Rejected(why), out)
             }
             (_, t) => {
                 let e = WireError::OutOfRange {
@@ -967,14 +884,8 @@ impl Transport for Ofi {
         let id = self.id();
         let ep = self.fabric.endpoint(&info, id).map_err(io_err)?;
         let mut c = Conn::new(ep, addr.to_string(), State::Connecting, true);
-        let mut hello = hello;
-        hello.nonce = if self.cfg.secret.is_some() {
-            auth::nonce()
-        } else {
-            0
-        };
-        let bytes = hello.encode()?;
-        c.hello = bytes.clone();
+        let (hs, bytes) = Handshake::connect(hello, self.cfg.secret.as_deref())?;
+        c.hs = hs;
         c.push(FrameType::Hello, 0, vec![Segment::Owned(bytes)]);
         self.conns.insert(id, c);
         let param = cm_param(self.cfg.rx_pool.block_size());
