@@ -26,11 +26,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use evb_buffers::{Chain, Pool, RemotePool, Slice};
-use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
+use evb_wire::{FrameType, Hello, WireError};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use tracing::{debug, warn};
 
+use crate::handshake::{Handshake, Outcome, Phase};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -68,6 +69,7 @@ struct Deferred {
 }
 
 struct Conn {
+    hs: Handshake,
     /// Frames that need bounce blocks the receiver still holds.
     deferred: VecDeque<Deferred>,
     fd: OwnedFd,
@@ -168,6 +170,7 @@ impl ShmTransport {
         self.conns.insert(
             token,
             Conn {
+                hs: Handshake::accept(),
                 deferred: VecDeque::new(),
                 fd,
                 name,
@@ -620,54 +623,43 @@ impl ShmTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed),
             (State::Closing, _) => {}
-            (State::AwaitHello, FrameType::Hello) => match Hello::decode(&frame.payload.to_vec()) {
-                Ok(peer) if peer.run_id != self.cfg.run_id => {
-                    let reason = format!(
-                        "run id {:?} is not this run ({:?})",
-                        peer.run_id, self.cfg.run_id
-                    );
-                    warn!(node = %peer.node_id, "refusing connection: {reason}");
-                    let reject = Reject {
-                        code: RejectCode::WrongRun,
-                        reason: reason.clone(),
-                    };
-                    let _ = self.queue_frame(
-                        token,
-                        FrameType::Reject,
-                        0,
-                        vec![Segment::Owned(reject.encode())],
-                    );
-                    if let Some(c) = self.conns.get_mut(&token) {
-                        c.state = State::Closing;
-                        c.close_reason = Some(CloseReason::Rejected(reason));
-                    }
-                    self.flush(token);
+            (state @ (State::AwaitAck | State::AwaitHello), t) => {
+                let phase = if state == State::AwaitAck {
+                    Phase::AwaitAck
+                } else {
+                    Phase::AwaitHello
+                };
+                let mut send = Vec::new();
+                let payload = frame.payload.to_vec();
+                // same-host peers are checked by uid at accept: no secret on this transport
+                let outcome =
+                    c.hs.step(phase, &self.cfg, None, t, &payload, &c.name, &mut send);
+                let outbound = c.hs.outbound;
+                for (ft, bytes) in send {
+                    let _ = self.queue_frame(token, ft, 0, vec![Segment::Owned(bytes)]);
                 }
-                Ok(peer) => {
-                    c.name = peer.node_id.clone();
-                    c.state = State::Open;
-                    let ack = self.cfg.local.encode().unwrap_or_default();
-                    let _ =
-                        self.queue_frame(token, FrameType::HelloAck, 0, vec![Segment::Owned(ack)]);
-                    out.push(Event::Accepted { conn, peer });
-                    self.flush(token);
-                }
-                Err(e) => self.drop_conn(token, CloseReason::Protocol(e)),
-            },
-            (State::AwaitAck, FrameType::HelloAck) => {
-                match Hello::decode(&frame.payload.to_vec()) {
-                    Ok(peer) => {
+                let Some(c) = self.conns.get_mut(&token) else {
+                    return;
+                };
+                match outcome {
+                    Outcome::Next(_) => self.flush(token),
+                    Outcome::Open(peer) => {
                         c.name = peer.node_id.clone();
                         c.state = State::Open;
-                        out.push(Event::Connected { conn, peer });
+                        out.push(if outbound {
+                            Event::Connected { conn, peer }
+                        } else {
+                            Event::Accepted { conn, peer }
+                        });
+                        self.flush(token);
                     }
-                    Err(e) => self.drop_conn(token, CloseReason::Protocol(e)),
+                    Outcome::Refuse(reason) => {
+                        c.state = State::Closing;
+                        c.close_reason = Some(reason);
+                        self.flush(token);
+                    }
+                    Outcome::Drop(reason) => self.drop_conn(token, reason),
                 }
-            }
-            (State::AwaitAck, FrameType::Reject) => {
-                let why = Reject::decode(&frame.payload.to_vec())
-                    .map_or_else(|e| e.to_string(), |r| r.reason);
-                self.drop_conn(token, CloseReason::Rejected(why))
             }
             _ => self.protocol(token, "frame type in this connection state"),
         }
@@ -741,14 +733,11 @@ impl Transport for ShmTransport {
                 let token = self
                     .add_conn(fd, addr.to_string(), State::AwaitAck)
                     .map_err(err)?;
-                let mut hello = hello;
-                hello.nonce = 0;
-                self.queue_frame(
-                    token,
-                    FrameType::Hello,
-                    0,
-                    vec![Segment::Owned(hello.encode()?)],
-                )?;
+                let (hs, bytes) = Handshake::connect(hello, None)?;
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.hs = hs;
+                }
+                self.queue_frame(token, FrameType::Hello, 0, vec![Segment::Owned(bytes)])?;
                 self.flush(token);
                 Ok(ConnId(token.0 as u64))
             }
