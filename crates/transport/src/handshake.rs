@@ -13,16 +13,16 @@ use crate::{auth, CloseReason, TransportConfig};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
     /// We sent Hello; waiting for HelloAck or Reject.
-    AwaitAck,
+    Ack,
     /// We accepted; waiting for the peer's Hello.
-    AwaitHello,
+    Hello,
     /// A secret is in use; waiting for the peer's proof.
-    AwaitAuth,
+    Auth,
 }
 
 /// What the handshake remembers between frames.
-#[derive(Default)]
 pub(crate) struct Handshake {
+    phase: Phase,
     /// The connector's Hello and the acceptor's HelloAck, as sent: what the proofs cover.
     hello: Vec<u8>,
     ack: Vec<u8>,
@@ -50,24 +50,29 @@ impl Handshake {
         let mut hello = hello;
         hello.nonce = if secret.is_some() { auth::nonce() } else { 0 };
         let bytes = hello.encode()?;
-        Ok((
-            Handshake {
-                hello: bytes.clone(),
-                outbound: true,
-                ..Handshake::default()
-            },
-            bytes,
-        ))
+        let hs = Handshake {
+            phase: Phase::Ack,
+            hello: bytes.clone(),
+            ack: Vec::new(),
+            peer: None,
+            outbound: true,
+        };
+        Ok((hs, bytes))
     }
 
     pub fn accept() -> Handshake {
-        Handshake::default()
+        Handshake {
+            phase: Phase::Hello,
+            hello: Vec::new(),
+            ack: Vec::new(),
+            peer: None,
+            outbound: false,
+        }
     }
 
-    /// Handles one frame received in `phase`; frames to send are appended to `send`.
+    /// Handles one handshake frame; frames to send are appended to `send`.
     pub fn step(
         &mut self,
-        phase: Phase,
         cfg: &TransportConfig,
         secret: Option<&[u8]>,
         frame_type: FrameType,
@@ -75,8 +80,24 @@ impl Handshake {
         addr: &str,
         send: &mut Vec<(FrameType, Vec<u8>)>,
     ) -> Outcome {
-        match (phase, frame_type) {
-            (Phase::AwaitHello, FrameType::Hello) => {
+        let outcome = self.react(cfg, secret, frame_type, payload, addr, send);
+        if let Outcome::Next(p) = outcome {
+            self.phase = p;
+        }
+        outcome
+    }
+
+    fn react(
+        &mut self,
+        cfg: &TransportConfig,
+        secret: Option<&[u8]>,
+        frame_type: FrameType,
+        payload: &[u8],
+        addr: &str,
+        send: &mut Vec<(FrameType, Vec<u8>)>,
+    ) -> Outcome {
+        match (self.phase, frame_type) {
+            (Phase::Hello, FrameType::Hello) => {
                 let peer = match Hello::decode(payload) {
                     Ok(p) => p,
                     Err(e) => return Outcome::Drop(CloseReason::Protocol(e)),
@@ -115,7 +136,7 @@ impl Handshake {
                         self.hello = payload.to_vec();
                         self.ack = ack;
                         self.peer = Some(peer);
-                        Outcome::Next(Phase::AwaitAuth)
+                        Outcome::Next(Phase::Auth)
                     }
                     None => {
                         debug!(peer = %addr, node = %peer.node_id, "accepted");
@@ -123,7 +144,7 @@ impl Handshake {
                     }
                 }
             }
-            (Phase::AwaitAck, FrameType::HelloAck) => {
+            (Phase::Ack, FrameType::HelloAck) => {
                 let peer = match Hello::decode(payload) {
                     Ok(p) => p,
                     Err(e) => return Outcome::Drop(CloseReason::Protocol(e)),
@@ -139,11 +160,11 @@ impl Handshake {
                     (true, _) => {
                         self.ack = payload.to_vec();
                         self.peer = Some(peer);
-                        Outcome::Next(Phase::AwaitAuth)
+                        Outcome::Next(Phase::Auth)
                     }
                 }
             }
-            (Phase::AwaitAuth, FrameType::Auth) => {
+            (Phase::Auth, FrameType::Auth) => {
                 let secret = secret.unwrap_or_default();
                 // each side checks the other's proof: an outbound connection checks the acceptor's
                 if !auth::check(secret, self.outbound, &self.hello, &self.ack, payload) {
@@ -165,7 +186,7 @@ impl Handshake {
                 }
                 Outcome::Open(peer)
             }
-            (Phase::AwaitAck | Phase::AwaitAuth, FrameType::Reject) => {
+            (Phase::Ack | Phase::Auth, FrameType::Reject) => {
                 let why = match Reject::decode(payload) {
                     Ok(r) => r.reason,
                     Err(e) => format!("undecodable reject: {e}"),

@@ -31,7 +31,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use tracing::{debug, warn};
 
-use crate::handshake::{Handshake, Outcome, Phase};
+use crate::handshake::{Handshake, Outcome};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -623,17 +623,11 @@ impl ShmTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed),
             (State::Closing, _) => {}
-            (state @ (State::AwaitAck | State::AwaitHello), t) => {
-                let phase = if state == State::AwaitAck {
-                    Phase::AwaitAck
-                } else {
-                    Phase::AwaitHello
-                };
+            (State::AwaitAck | State::AwaitHello, t) => {
                 let mut send = Vec::new();
                 let payload = frame.payload.to_vec();
                 // same-host peers are checked by uid at accept: no secret on this transport
-                let outcome =
-                    c.hs.step(phase, &self.cfg, None, t, &payload, &c.name, &mut send);
+                let outcome = c.hs.step(&self.cfg, None, t, &payload, &c.name, &mut send);
                 let outbound = c.hs.outbound;
                 for (ft, bytes) in send {
                     let _ = self.queue_frame(token, ft, 0, vec![Segment::Owned(bytes)]);

@@ -276,26 +276,21 @@ impl TcpTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed, out),
             (State::Closing, _) => {} // we are leaving; late input is dropped
-            (state @ (State::AwaitAck | State::AwaitHello | State::AwaitAuth), t) => {
-                let phase = match state {
-                    State::AwaitAck => Phase::AwaitAck,
-                    State::AwaitHello => Phase::AwaitHello,
-                    _ => Phase::AwaitAuth,
-                };
+            (State::AwaitAck | State::AwaitHello | State::AwaitAuth, t) => {
                 let mut send = Vec::new();
                 let payload = frame.payload.to_vec();
                 let secret = self.cfg.secret.as_deref();
                 let outcome =
-                    c.hs.step(phase, &self.cfg, secret, t, &payload, &c.addr, &mut send);
+                    c.hs.step(&self.cfg, secret, t, &payload, &c.addr, &mut send);
                 for (ft, bytes) in send {
                     c.tx.push(ft, 0, vec![Segment::Owned(bytes)]);
                 }
                 match outcome {
                     Outcome::Next(p) => {
                         c.state = match p {
-                            Phase::AwaitAck => State::AwaitAck,
-                            Phase::AwaitHello => State::AwaitHello,
-                            Phase::AwaitAuth => State::AwaitAuth,
+                            Phase::Ack => State::AwaitAck,
+                            Phase::Hello => State::AwaitHello,
+                            Phase::Auth => State::AwaitAuth,
                         };
                         self.flush(token, out);
                     }
