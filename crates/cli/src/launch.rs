@@ -193,6 +193,8 @@ fn progress_line(latest: &BTreeMap<String, Value>, rate: &mut RateMeter) -> Stri
         }
     }
     let (ev_rate, byte_rate) = rate.update(built, bytes);
+    // nodes report at slightly different moments: never show more built than triggered
+    let triggered = triggered.max(built);
     format!(
         "built {built} of {triggered} events | {ev_rate:.0} ev/s | {:.2} GB/s | in flight {in_flight} | credits free {credits}",
         byte_rate / 1e9
