@@ -209,6 +209,9 @@ pub struct MessagingSection {
     pub page_size: u64,
     /// A partly filled page waits at most this long (0: sent at the end of each loop pass).
     pub flush_us: u64,
+    /// Busy-poll: keep polling (yielding the core) this long before sleeping in epoll (µs).
+    /// Lower latency when cores are free; 0 (default) always sleeps.
+    pub busy_poll_us: u64,
 }
 
 impl Default for MessagingSection {
@@ -216,6 +219,7 @@ impl Default for MessagingSection {
         MessagingSection {
             page_size: 256 * 1024,
             flush_us: 0,
+            busy_poll_us: 0,
         }
     }
 }

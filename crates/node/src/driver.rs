@@ -99,6 +99,7 @@ impl Driver {
             secret: cfg.secret().map(|s| s.into_bytes()),
         })?;
         let mut messenger = Messenger::new(transport, setup::messenger_config(cfg));
+        messenger.set_busy_poll(Duration::from_micros(cfg.messaging.busy_poll_us));
         let bound = messenger
             .listen(&setup::address(cfg, &me))
             .map_err(|e| NodeError::Listen(me.addr.clone(), e.to_string()))?;
