@@ -29,6 +29,8 @@ pub enum Kind {
     Inproc,
     /// libfabric's tcp provider through the `ofi` transport.
     Ofi,
+    /// Shared memory between threads' transports (descriptors over a Unix socket).
+    Shm,
 }
 
 impl Kind {
@@ -37,6 +39,7 @@ impl Kind {
             Kind::Tcp => "tcp",
             Kind::Inproc => "inproc",
             Kind::Ofi => "ofi",
+            Kind::Shm => "shm",
         }
     }
 }
@@ -92,13 +95,14 @@ fn messenger(kind: Kind, node: &str, role: Role, index: u16, rx_blocks: usize) -
         Kind::Inproc => Box::new(InprocTransport::new(cfg)),
         // `evb bench` adds ofi series only where `ofi::probe` succeeded
         Kind::Ofi => evb_transport::ofi::OfiTransport::new(cfg, "tcp").expect("ofi probed"),
+        Kind::Shm => evb_transport::shm::ShmTransport::new(cfg).expect("shm transport"),
     };
     Messenger::new(t, MessengerConfig::default())
 }
 
 fn listen(m: &mut Messenger, kind: Kind) -> Result<String, String> {
     let addr = match kind {
-        Kind::Tcp | Kind::Ofi => "127.0.0.1:0".to_string(),
+        Kind::Tcp | Kind::Ofi | Kind::Shm => "127.0.0.1:0".to_string(),
         Kind::Inproc => unique("inproc"),
     };
     m.listen(&addr).map_err(|e| e.to_string())
@@ -190,7 +194,7 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
     } = spec.clone();
     // Bytes a sender may have sent to one receiver that it has not consumed yet.
     let window: u64 = match kind {
-        Kind::Tcp | Kind::Ofi => (32u64 << 20).max(4 * size as u64),
+        Kind::Tcp | Kind::Ofi | Kind::Shm => (32u64 << 20).max(4 * size as u64),
         Kind::Inproc => (8u64 << 20).max(2 * size as u64),
     };
     let acked: Arc<Vec<AtomicU64>> = Arc::new(
@@ -202,7 +206,7 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
     // flight only makes the kernel copy into cache-cold memory. Size it for the window.
     let rx_blocks = match kind {
         Kind::Tcp => (8usize << 20).max(4 * size) / BLOCK + 8,
-        Kind::Ofi => 2 * window as usize / BLOCK + 16,
+        Kind::Ofi | Kind::Shm => 2 * window as usize / BLOCK + 16,
         Kind::Inproc => 2 * window as usize / BLOCK + 16,
     };
 
@@ -292,7 +296,11 @@ fn sender(
     let mut m = messenger(kind, &name, Role::Ru, me as u16, 16);
     let conns = connect_all(&mut m, addrs, &name, me as u16)?;
     let r = conns.len();
-    let pool = Pool::new(&name, BLOCK, size / BLOCK + 4);
+    // over shm the payload lives where the receiver can read it in place
+    let pool = match kind {
+        Kind::Shm => Pool::new_shared(&name, BLOCK, size / BLOCK + 4).map_err(|e| e.to_string())?,
+        _ => Pool::new(&name, BLOCK, size / BLOCK + 4),
+    };
     let frag = make_fragment(&pool, size);
     let report = report_of(size);
     let mut sent = vec![0u64; r];

@@ -187,6 +187,13 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                             mesh(Kind::Ofi, SendPath::Fragment, 1, size),
                         );
                     }
+                    if !s.quick || size == LAT_SIZE {
+                        add(
+                            format!("p2p evb shm fragment {h}"),
+                            reps,
+                            mesh(Kind::Shm, SendPath::Fragment, 1, size),
+                        );
+                    }
                     if s.zmq {
                         add(
                             format!("p2p zmq tcp {h}"),
