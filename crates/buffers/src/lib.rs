@@ -117,3 +117,35 @@ mod tests {
         assert_eq!(pool.free_blocks(), 4);
     }
 }
+
+#[cfg(test)]
+mod huge {
+    use super::*;
+
+    fn free_huge() -> Option<u64> {
+        let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+        m.lines()
+            .find(|l| l.starts_with("HugePages_Free:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+
+    /// Where the system has huge pages reserved, a large shared pool uses them.
+    #[test]
+    fn large_shared_pools_take_huge_pages_when_there_are_any() {
+        let Some(before) = free_huge().filter(|&n| n >= 4) else {
+            eprintln!("no huge pages reserved here: nothing to check");
+            return;
+        };
+        let pool = Pool::new_shared("huge", 1 << 20, 4).unwrap();
+        let after = free_huge().unwrap();
+        assert!(
+            after < before,
+            "4 MiB shared pool did not take huge pages ({before} -> {after})"
+        );
+        let mut w = pool.try_alloc().unwrap();
+        assert_eq!(&w.append(b"ok").unwrap()[..], b"ok");
+    }
+}
