@@ -61,3 +61,22 @@ pub enum RunState {
     Halted,
     Aborted,
 }
+
+impl RunState {
+    /// Halted or aborted: nothing more happens.
+    pub fn is_over(self) -> bool {
+        matches!(self, RunState::Halted | RunState::Aborted)
+    }
+}
+
+/// An RU or BU leaves the run: its final state, and the driver is told to exit.
+pub(crate) fn leave(
+    state: &mut RunState,
+    actions: &mut std::collections::VecDeque<Action>,
+    last: RunState,
+    ok: bool,
+    reason: String,
+) {
+    *state = last;
+    actions.push_back(Action::Exit { ok, reason });
+}

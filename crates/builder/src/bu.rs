@@ -8,7 +8,7 @@ use evb_buffers::Chain;
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
 use serde::{Deserialize, Serialize};
 
-use crate::action::{Action, NodeRef, Path, RunState};
+use crate::action::{leave, Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
 use crate::ids::{IdMap, IdSet};
@@ -191,19 +191,25 @@ impl Bu {
                 });
             }
             Message::Halt => {
-                self.state = RunState::Halted;
                 let ok = self.stats.clean();
-                self.actions.push_back(Action::Exit {
+                let reason = "halted by the EVM".into();
+                leave(
+                    &mut self.state,
+                    &mut self.actions,
+                    RunState::Halted,
                     ok,
-                    reason: "halted by the EVM".into(),
-                });
+                    reason,
+                );
             }
             Message::Abort(why) => {
-                self.state = RunState::Aborted;
-                self.actions.push_back(Action::Exit {
-                    ok: false,
-                    reason: format!("run aborted: {why}"),
-                });
+                let reason = format!("run aborted: {why}");
+                leave(
+                    &mut self.state,
+                    &mut self.actions,
+                    RunState::Aborted,
+                    false,
+                    reason,
+                );
             }
             _ => self.stats.errors += 1,
         }
@@ -389,29 +395,37 @@ impl Bu {
 
     /// This BU cannot go on (its sink failed): tell the EVM and leave.
     pub fn fail(&mut self, reason: String) {
-        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+        if self.state.is_over() {
             return;
         }
-        self.state = RunState::Aborted;
         self.actions.push_back(Action::Send {
             to: NodeRef::Evm,
             msg: Message::Abort(reason.clone()),
             path: Path::Now,
         });
-        self.actions.push_back(Action::Exit { ok: false, reason });
+        leave(
+            &mut self.state,
+            &mut self.actions,
+            RunState::Aborted,
+            false,
+            reason,
+        );
     }
 
     /// A lost RU is the EVM's decision (stop, or go on without it); losing the EVM ends
     /// the run.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if matches!(self.state, RunState::Halted | RunState::Aborted) || peer != NodeRef::Evm {
+        if self.state.is_over() || peer != NodeRef::Evm {
             return;
         }
-        self.state = RunState::Aborted;
-        self.actions.push_back(Action::Exit {
-            ok: false,
-            reason: format!("lost {peer}: {reason}"),
-        });
+        let reason = format!("lost {peer}: {reason}");
+        leave(
+            &mut self.state,
+            &mut self.actions,
+            RunState::Aborted,
+            false,
+            reason,
+        );
     }
 }
 

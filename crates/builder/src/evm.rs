@@ -161,10 +161,28 @@ impl Evm {
 
     /// Sends to every node still in the run.
     fn broadcast(&mut self, msg: Message, path: Path) {
-        let to: Vec<NodeRef> = self
-            .all_nodes()
+        let mut to = self.live_rus();
+        to.extend(self.live_bus());
+        self.send_to(to, msg, path);
+    }
+
+    /// RUs still in the run.
+    fn live_rus(&self) -> Vec<NodeRef> {
+        (0..self.cfg.n_ru)
+            .map(NodeRef::Ru)
             .filter(|n| self.alive.contains(n))
-            .collect();
+            .collect()
+    }
+
+    /// BUs still in the run.
+    fn live_bus(&self) -> Vec<NodeRef> {
+        (0..self.cfg.n_bu)
+            .map(NodeRef::Bu)
+            .filter(|n| self.alive.contains(n))
+            .collect()
+    }
+
+    fn send_to(&mut self, to: Vec<NodeRef>, msg: Message, path: Path) {
         for n in to {
             self.actions.push_back(Action::Send {
                 to: n,
@@ -172,12 +190,6 @@ impl Evm {
                 path,
             });
         }
-    }
-
-    fn alive_bus(&self) -> usize {
-        (0..self.cfg.n_bu)
-            .filter(|b| self.alive.contains(&NodeRef::Bu(*b)))
-            .count()
     }
 
     pub fn handle(&mut self, now: Instant, from: NodeRef, msg: Message) {
@@ -208,16 +220,7 @@ impl Evm {
                     let ids = (valid.first..valid.end()).fold(0u64, |s, id| s.wrapping_add(id));
                     self.stats.released_id_sum_by_bu[b] =
                         self.stats.released_id_sum_by_bu[b].wrapping_add(ids);
-                    let rus: Vec<u16> = (0..self.cfg.n_ru)
-                        .filter(|r| self.alive.contains(&NodeRef::Ru(*r)))
-                        .collect();
-                    for ru in rus {
-                        self.actions.push_back(Action::Send {
-                            to: NodeRef::Ru(ru),
-                            msg: Message::Release(valid),
-                            path: Path::Batched,
-                        });
-                    }
+                    self.send_to(self.live_rus(), Message::Release(valid), Path::Batched);
                 }
             }
             (Message::Report(json), NodeRef::Ru(i)) if self.state == RunState::Stopping => {
@@ -291,17 +294,8 @@ impl Evm {
                         RuLossPolicy::Stop => self.abort(format!("lost {peer}: {reason}")),
                         RuLossPolicy::Partial => {
                             // Builders complete every event without it from now on.
-                            let bus: Vec<u16> = (0..self.cfg.n_bu)
-                                .filter(|b| self.alive.contains(&NodeRef::Bu(*b)))
-                                .collect();
-                            for b in bus {
-                                self.actions.push_back(Action::Send {
-                                    to: NodeRef::Bu(b),
-                                    msg: Message::SourceLost { ru: r },
-                                    path: Path::Now,
-                                });
-                            }
-                            if !(0..self.cfg.n_ru).any(|r| self.alive.contains(&NodeRef::Ru(r))) {
+                            self.send_to(self.live_bus(), Message::SourceLost { ru: r }, Path::Now);
+                            if self.live_rus().is_empty() {
                                 self.abort("every RU is lost".into());
                             }
                         }
@@ -337,7 +331,7 @@ impl Evm {
         self.stats.reassigned += orphans.len() as u64;
         self.reassign.extend(orphans);
         self.last_progress = now;
-        if self.alive_bus() == 0 {
+        if self.live_bus().is_empty() {
             self.abort(format!(
                 "every BU is lost ({} events in flight)",
                 self.ledger.in_flight()
@@ -347,7 +341,7 @@ impl Evm {
 
     /// Stops the run now, telling every node why.
     pub fn abort(&mut self, reason: String) {
-        if matches!(self.state, RunState::Halted | RunState::Aborted) {
+        if self.state.is_over() {
             return;
         }
         self.broadcast(Message::Abort(reason.clone()), Path::Now);
@@ -431,21 +425,9 @@ impl Evm {
     }
 
     fn send_assign(&mut self, range: EventRange) {
-        let rus: Vec<u16> = (0..self.cfg.n_ru)
-            .filter(|r| self.alive.contains(&NodeRef::Ru(*r)))
-            .collect();
-        for ru in rus {
-            self.actions.push_back(Action::Send {
-                to: NodeRef::Ru(ru),
-                msg: Message::Assign(range),
-                path: Path::Batched,
-            });
-        }
-        self.actions.push_back(Action::Send {
-            to: NodeRef::Bu(range.bu),
-            msg: Message::Assign(range),
-            path: Path::Batched,
-        });
+        let mut to = self.live_rus();
+        to.push(NodeRef::Bu(range.bu));
+        self.send_to(to, Message::Assign(range), Path::Batched);
     }
 
     /// Events of lost BUs go first, to whichever BU has credit.

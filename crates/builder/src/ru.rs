@@ -8,7 +8,7 @@ use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
-use crate::action::{Action, NodeRef, Path, RunState};
+use crate::action::{leave, Action, NodeRef, Path, RunState};
 use crate::ids::IdMap;
 use crate::source::Source;
 
@@ -135,20 +135,26 @@ impl Ru {
                 });
             }
             Message::Halt => {
-                self.state = RunState::Halted;
                 let ok =
                     self.retained.is_empty() && self.pending.is_empty() && self.stats.errors == 0;
-                self.actions.push_back(Action::Exit {
+                let reason = "halted by the EVM".into();
+                leave(
+                    &mut self.state,
+                    &mut self.actions,
+                    RunState::Halted,
                     ok,
-                    reason: "halted by the EVM".into(),
-                });
+                    reason,
+                );
             }
             Message::Abort(why) => {
-                self.state = RunState::Aborted;
-                self.actions.push_back(Action::Exit {
-                    ok: false,
-                    reason: format!("run aborted: {why}"),
-                });
+                let reason = format!("run aborted: {why}");
+                leave(
+                    &mut self.state,
+                    &mut self.actions,
+                    RunState::Aborted,
+                    false,
+                    reason,
+                );
             }
             _ => self.stats.errors += 1,
         }
@@ -157,14 +163,17 @@ impl Ru {
     /// A lost BU is the EVM's business (it reassigns the BU's events, which come back here
     /// as new assignments); losing the EVM ends the run.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if matches!(self.state, RunState::Halted | RunState::Aborted) || peer != NodeRef::Evm {
+        if self.state.is_over() || peer != NodeRef::Evm {
             return;
         }
-        self.state = RunState::Aborted;
-        self.actions.push_back(Action::Exit {
-            ok: false,
-            reason: format!("lost {peer}: {reason}"),
-        });
+        let reason = format!("lost {peer}: {reason}");
+        leave(
+            &mut self.state,
+            &mut self.actions,
+            RunState::Aborted,
+            false,
+            reason,
+        );
     }
 
     /// Generates assigned fragments while pool memory lasts.

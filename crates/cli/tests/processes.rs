@@ -3,7 +3,7 @@
 //! no process left behind.
 
 mod common;
-use common::{evb_run, EVB};
+use common::{assert_exact, evb_run, EVB};
 
 use std::path::Path;
 use std::process::Command;
@@ -14,10 +14,6 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p
-}
-
-fn pid_alive(pid: u64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn assert_exact_run(rus: u32, bus: u32, events: u64, fragment: &str) {
@@ -35,59 +31,7 @@ fn assert_exact_run(rus: u32, bus: u32, events: u64, fragment: &str) {
         "#
     );
     let (out, s) = evb_run(&toml);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "evb run failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
-    assert_eq!(s["ok"], true);
-    let run = &s["run"];
-    assert_eq!(run["evm"]["triggered"], events);
-    assert_eq!(run["evm"]["released"], events);
-    assert_eq!(run["evm"]["duplicate_releases"], 0);
-    let bus_r = run["bus"].as_array().unwrap();
-    assert_eq!(bus_r.len(), bus as usize);
-    let built: u64 = bus_r
-        .iter()
-        .map(|b| b["events_built"].as_u64().unwrap())
-        .sum();
-    assert_eq!(built, events, "every event built once");
-    let id_sum: u64 = bus_r
-        .iter()
-        .map(|b| b["event_id_sum"].as_u64().unwrap())
-        .fold(0, u64::wrapping_add);
-    assert_eq!(
-        id_sum,
-        (0..events).sum::<u64>(),
-        "the built ids are exactly 0..events"
-    );
-    for b in bus_r {
-        assert_eq!(b["crc_errors"], 0);
-        assert_eq!(b["content_errors"], 0);
-        assert_eq!(b["duplicate_fragments"], 0);
-        assert_eq!(b["incomplete_at_stop"], 0);
-        if bus > 1 {
-            assert!(
-                b["events_built"].as_u64().unwrap() > 0,
-                "a BU got no events"
-            );
-        }
-    }
-    for r in run["rus"].as_array().unwrap() {
-        assert_eq!(r["fragments_sent"], events);
-        assert_eq!(r["retained"], 0);
-    }
-    let codes = s["exit_codes"].as_object().unwrap();
-    assert_eq!(codes.len(), (1 + rus + bus) as usize);
-    assert!(codes.values().all(|c| c == 0), "{codes:?}");
-    for pid in s["pids"].as_array().unwrap() {
-        assert!(
-            !pid_alive(pid.as_u64().unwrap()),
-            "node process {pid} left behind"
-        );
-    }
+    assert_exact(&out, &s, events, rus as usize, bus as usize);
 }
 
 #[test]

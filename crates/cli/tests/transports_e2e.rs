@@ -3,9 +3,8 @@
 //! this machine (ofi without libfabric) prints a notice and passes.
 
 mod common;
-use common::evb_run;
+use common::{assert_exact, evb_run};
 
-use std::path::Path;
 use std::process::Output;
 
 /// Why a transport cannot run here, if the run failed for that reason.
@@ -54,58 +53,7 @@ fn exact_2x2(transport: &str, events: u64, size: u64) {
             return;
         }
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "evb run failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
-    assert_eq!(s["ok"], true);
-    let run = &s["run"];
-    assert_eq!(run["evm"]["triggered"], events);
-    assert_eq!(run["evm"]["released"], events);
-    assert_eq!(run["evm"]["duplicate_releases"], 0);
-    let bus = run["bus"].as_array().unwrap();
-    assert_eq!(bus.len(), 2);
-    let built: u64 = bus
-        .iter()
-        .map(|b| b["events_built"].as_u64().unwrap())
-        .sum();
-    assert_eq!(built, events, "every event built once");
-    let id_sum: u64 = bus
-        .iter()
-        .map(|b| b["event_id_sum"].as_u64().unwrap())
-        .fold(0, u64::wrapping_add);
-    assert_eq!(
-        id_sum,
-        (0..events).sum::<u64>(),
-        "the built ids are 0..events"
-    );
-    for b in bus {
-        assert_eq!(b["crc_errors"], 0);
-        assert_eq!(b["content_errors"], 0);
-        assert_eq!(b["duplicate_fragments"], 0);
-        assert_eq!(b["incomplete_at_stop"], 0);
-        assert!(
-            b["events_built"].as_u64().unwrap() > 0,
-            "a BU got no events"
-        );
-    }
-    for r in run["rus"].as_array().unwrap() {
-        assert_eq!(r["fragments_sent"], events);
-        assert_eq!(r["retained"], 0);
-    }
-    let codes = s["exit_codes"].as_object().unwrap();
-    assert_eq!(codes.len(), 5);
-    assert!(codes.values().all(|c| c == 0), "{codes:?}");
-    for pid in s["pids"].as_array().unwrap() {
-        let pid = pid.as_u64().unwrap();
-        assert!(
-            !Path::new(&format!("/proc/{pid}")).exists(),
-            "node process {pid} left behind"
-        );
-    }
+    assert_exact(&out, &s, events, 2, 2);
 }
 
 #[test]

@@ -62,6 +62,7 @@ pub struct Driver {
     /// When each control peer was last heard from.
     last_heard: HashMap<NodeRef, Instant>,
     next_heartbeat: Instant,
+    next_liveness_check: Instant,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -163,6 +164,7 @@ impl Driver {
             dial_specs,
             last_heard: HashMap::new(),
             next_heartbeat: now,
+            next_liveness_check: now,
         })
     }
 
@@ -310,6 +312,12 @@ impl Driver {
 
     /// Heartbeats to the control peers; a control peer silent too long is lost.
     fn heartbeats(&mut self, now: Instant) {
+        // Called every loop pass: the work runs a few times per heartbeat period only.
+        if now < self.next_liveness_check {
+            return;
+        }
+        self.next_liveness_check =
+            now + Duration::from_millis(self.cfg.run.heartbeat_ms.div_ceil(4));
         let control: Vec<NodeRef> = match self.me.role {
             Role::Evm => self.conns.keys().copied().collect(),
             _ => self
@@ -452,6 +460,7 @@ impl Driver {
         }
         .unwrap_or(Value::Null);
         let m = self.messenger.stats();
+        let t = self.messenger.transport_counters();
         json!({
             "kind": kind,
             "node": self.me.id,
@@ -475,8 +484,8 @@ impl Driver {
                 "frames_sent": m.frames_sent,
                 "messages_sent": m.messages_sent,
                 "protocol_errors": m.protocol_errors,
-                "bytes_copied": self.messenger.transport_counters().bytes_copied,
-                "bytes_by_reference": self.messenger.transport_counters().bytes_by_reference,
+                "bytes_copied": t.bytes_copied,
+                "bytes_by_reference": t.bytes_by_reference,
             },
         })
     }

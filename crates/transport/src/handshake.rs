@@ -7,11 +7,11 @@
 use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
 use tracing::{debug, warn};
 
-use crate::{auth, CloseReason, TransportConfig};
+use crate::{auth, CloseReason, ConnId, Event, TransportConfig};
 
 /// Where a connection's handshake stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
+enum Phase {
     /// We sent Hello; waiting for HelloAck or Reject.
     Ack,
     /// We accepted; waiting for the peer's Hello.
@@ -28,13 +28,13 @@ pub(crate) struct Handshake {
     ack: Vec<u8>,
     /// The peer, held until its proof checks out.
     peer: Option<Hello>,
-    pub outbound: bool,
+    outbound: bool,
 }
 
 /// What the transport does next.
 pub(crate) enum Outcome {
-    /// Still handshaking, now in this phase.
-    Next(Phase),
+    /// Still handshaking.
+    Continue,
     /// Open: report this peer (`Connected` if outbound, else `Accepted`).
     Open(Hello),
     /// Send what was produced (a Reject), then close.
@@ -70,24 +70,18 @@ impl Handshake {
         }
     }
 
-    /// Handles one handshake frame; frames to send are appended to `send`.
-    pub fn step(
-        &mut self,
-        cfg: &TransportConfig,
-        secret: Option<&[u8]>,
-        frame_type: FrameType,
-        payload: &[u8],
-        addr: &str,
-        send: &mut Vec<(FrameType, Vec<u8>)>,
-    ) -> Outcome {
-        let outcome = self.react(cfg, secret, frame_type, payload, addr, send);
-        if let Outcome::Next(p) = outcome {
-            self.phase = p;
+    /// The event that reports the connection open: `Connected` on our side of an outgoing
+    /// connection, `Accepted` on an incoming one.
+    pub fn opened(&self, conn: ConnId, peer: Hello) -> Event {
+        if self.outbound {
+            Event::Connected { conn, peer }
+        } else {
+            Event::Accepted { conn, peer }
         }
-        outcome
     }
 
-    fn react(
+    /// Handles one handshake frame; frames to send are appended to `send`.
+    pub fn step(
         &mut self,
         cfg: &TransportConfig,
         secret: Option<&[u8]>,
@@ -136,7 +130,10 @@ impl Handshake {
                         self.hello = payload.to_vec();
                         self.ack = ack;
                         self.peer = Some(peer);
-                        Outcome::Next(Phase::Auth)
+                        {
+                            self.phase = Phase::Auth;
+                            Outcome::Continue
+                        }
                     }
                     None => {
                         debug!(peer = %addr, node = %peer.node_id, "accepted");
@@ -160,7 +157,10 @@ impl Handshake {
                     (true, _) => {
                         self.ack = payload.to_vec();
                         self.peer = Some(peer);
-                        Outcome::Next(Phase::Auth)
+                        {
+                            self.phase = Phase::Auth;
+                            Outcome::Continue
+                        }
                     }
                 }
             }

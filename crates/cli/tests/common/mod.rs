@@ -60,3 +60,62 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Asserts a run that built exactly `events` events (ids 0..events) once each, intact, with
+/// every node exiting cleanly and no process left behind.
+pub fn assert_exact(out: &Output, s: &Value, events: u64, rus: usize, bus: usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "evb run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert_eq!(s["ok"], true);
+    let run = &s["run"];
+    assert_eq!(run["evm"]["triggered"], events);
+    assert_eq!(run["evm"]["released"], events);
+    assert_eq!(run["evm"]["duplicate_releases"], 0);
+    let bus_r = run["bus"].as_array().unwrap();
+    assert_eq!(bus_r.len(), bus);
+    let built: u64 = bus_r
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(built, events, "every event built once");
+    let id_sum: u64 = bus_r
+        .iter()
+        .map(|b| b["event_id_sum"].as_u64().unwrap())
+        .fold(0, u64::wrapping_add);
+    assert_eq!(
+        id_sum,
+        (0..events).sum::<u64>(),
+        "the built ids are exactly 0..events"
+    );
+    for b in bus_r {
+        assert_eq!(b["crc_errors"], 0);
+        assert_eq!(b["content_errors"], 0);
+        assert_eq!(b["duplicate_fragments"], 0);
+        assert_eq!(b["incomplete_at_stop"], 0);
+        if bus > 1 {
+            assert!(
+                b["events_built"].as_u64().unwrap() > 0,
+                "a BU got no events"
+            );
+        }
+    }
+    for r in run["rus"].as_array().unwrap() {
+        assert_eq!(r["fragments_sent"], events);
+        assert_eq!(r["retained"], 0);
+    }
+    let codes = s["exit_codes"].as_object().unwrap();
+    assert_eq!(codes.len(), 1 + rus + bus);
+    assert!(codes.values().all(|c| c == 0), "{codes:?}");
+    for pid in s["pids"].as_array().unwrap() {
+        let pid = pid.as_u64().unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "node process {pid} left behind"
+        );
+    }
+}

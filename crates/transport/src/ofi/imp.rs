@@ -18,7 +18,7 @@ use evb_wire::{FrameHeader, FrameType, Hello, WireError, FRAME_HEADER_LEN};
 use tracing::{debug, warn};
 
 use super::sys::{self, CqEv, Fabric, Fid, Info};
-use crate::handshake::{Handshake, Outcome, Phase};
+use crate::handshake::{Handshake, Outcome};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -44,9 +44,8 @@ enum State {
     Connecting,
     /// fi_accept issued, waiting for FI_CONNECTED (inbound).
     Accepting,
-    AwaitAck,
-    AwaitHello,
-    AwaitAuth,
+    /// Exchanging Hellos (and proofs): where it stands is the connection's `Handshake`.
+    Handshaking,
     Open,
     /// Sending what is queued (ending with Bye or Reject), then shutting down.
     Closing,
@@ -77,7 +76,6 @@ struct Conn {
     ep: Fid,
     addr: String,
     state: State,
-    outbound: bool,
     /// Largest message the peer can receive.
     peer_chunk: usize,
     // send side
@@ -101,12 +99,11 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(ep: Fid, addr: String, state: State, outbound: bool) -> Conn {
+    fn new(ep: Fid, addr: String, state: State) -> Conn {
         Conn {
             ep,
             addr,
             state,
-            outbound,
             peer_chunk: 0,
             frames: VecDeque::new(),
             cursor: (0, 0),
@@ -578,7 +575,7 @@ impl Ofi {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(id, CloseReason::PeerClosed, out),
             (State::Closing, _) => {}
-            (State::AwaitAck | State::AwaitHello | State::AwaitAuth, t) => {
+            (State::Handshaking, t) => {
                 let mut send = Vec::new();
                 let payload = frame.payload.to_vec();
                 let secret = self.cfg.secret.as_deref();
@@ -588,21 +585,10 @@ impl Ofi {
                     c.push(ft, 0, vec![Segment::Owned(bytes)]);
                 }
                 match outcome {
-                    Outcome::Next(p) => {
-                        c.state = match p {
-                            Phase::Ack => State::AwaitAck,
-                            Phase::Hello => State::AwaitHello,
-                            Phase::Auth => State::AwaitAuth,
-                        };
-                        self.pump_tx(id, out);
-                    }
+                    Outcome::Continue => self.pump_tx(id, out),
                     Outcome::Open(peer) => {
                         c.state = State::Open;
-                        out.push(if c.outbound {
-                            Event::Connected { conn, peer }
-                        } else {
-                            Event::Accepted { conn, peer }
-                        });
+                        out.push(c.hs.opened(conn, peer));
                         self.pump_tx(id, out);
                     }
                     Outcome::Refuse(reason) => {
@@ -630,7 +616,7 @@ impl Ofi {
         c.rx_posted = c.rx_posted.saturating_sub(1);
         if c.state == State::Accepting {
             // data can overtake the FI_CONNECTED event
-            c.state = State::AwaitHello;
+            c.state = State::Handshaking;
         }
         if len > block.remaining() {
             let e = WireError::TooLong {
@@ -680,7 +666,7 @@ impl Ofi {
                         return;
                     }
                 };
-                let mut c = Conn::new(ep, format!("ofi-conn-{cid}"), State::Accepting, false);
+                let mut c = Conn::new(ep, format!("ofi-conn-{cid}"), State::Accepting);
                 c.peer_chunk = chunk;
                 self.conns.insert(cid, c);
                 let param = cm_param(self.cfg.rx_pool.block_size());
@@ -705,7 +691,7 @@ impl Ofi {
                     State::Connecting => match cm_chunk(data) {
                         Some(chunk) => {
                             c.peer_chunk = chunk;
-                            c.state = State::AwaitAck;
+                            c.state = State::Handshaking;
                             self.pump_tx(id, out);
                         }
                         None => {
@@ -713,7 +699,7 @@ impl Ofi {
                             self.drop_conn(id, CloseReason::ConnectFailed(why), out)
                         }
                     },
-                    State::Accepting => c.state = State::AwaitHello,
+                    State::Accepting => c.state = State::Handshaking,
                     _ => {}
                 }
             }
@@ -878,7 +864,7 @@ impl Transport for Ofi {
         };
         let id = self.id();
         let ep = self.fabric.endpoint(&info, id).map_err(io_err)?;
-        let mut c = Conn::new(ep, addr.to_string(), State::Connecting, true);
+        let mut c = Conn::new(ep, addr.to_string(), State::Connecting);
         let (hs, bytes) = Handshake::connect(hello, self.cfg.secret.as_deref())?;
         c.hs = hs;
         c.push(FrameType::Hello, 0, vec![Segment::Owned(bytes)]);

@@ -47,8 +47,8 @@ const TAG_RETURN: u8 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    AwaitAck,
-    AwaitHello,
+    /// Exchanging Hellos: where it stands is the connection's `Handshake`.
+    Handshaking,
     Open,
     Closing,
 }
@@ -454,7 +454,7 @@ impl ShmTransport {
                         warn!("shm: refusing a connection from another user");
                         continue;
                     }
-                    if let Err(e) = self.add_conn(fd, "shm peer".into(), State::AwaitHello) {
+                    if let Err(e) = self.add_conn(fd, "shm peer".into(), State::Handshaking) {
                         warn!("shm: cannot register a connection: {e}");
                     }
                 }
@@ -623,12 +623,11 @@ impl ShmTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed),
             (State::Closing, _) => {}
-            (State::AwaitAck | State::AwaitHello, t) => {
+            (State::Handshaking, t) => {
                 let mut send = Vec::new();
                 let payload = frame.payload.to_vec();
                 // same-host peers are checked by uid at accept: no secret on this transport
                 let outcome = c.hs.step(&self.cfg, None, t, &payload, &c.name, &mut send);
-                let outbound = c.hs.outbound;
                 for (ft, bytes) in send {
                     let _ = self.queue_frame(token, ft, 0, vec![Segment::Owned(bytes)]);
                 }
@@ -636,15 +635,11 @@ impl ShmTransport {
                     return;
                 };
                 match outcome {
-                    Outcome::Next(_) => self.flush(token),
+                    Outcome::Continue => self.flush(token),
                     Outcome::Open(peer) => {
                         c.name = peer.node_id.clone();
                         c.state = State::Open;
-                        out.push(if outbound {
-                            Event::Connected { conn, peer }
-                        } else {
-                            Event::Accepted { conn, peer }
-                        });
+                        out.push(c.hs.opened(conn, peer));
                         self.flush(token);
                     }
                     Outcome::Refuse(reason) => {
@@ -725,7 +720,7 @@ impl Transport for ShmTransport {
         match sys::connect(&socket_name(&self.cfg.run_id, addr)) {
             Ok(fd) => {
                 let token = self
-                    .add_conn(fd, addr.to_string(), State::AwaitAck)
+                    .add_conn(fd, addr.to_string(), State::Handshaking)
                     .map_err(err)?;
                 let (hs, bytes) = Handshake::connect(hello, None)?;
                 if let Some(c) = self.conns.get_mut(&token) {

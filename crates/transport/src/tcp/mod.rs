@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use evb_wire::{FrameType, Hello, WireError};
 
-use crate::handshake::{Handshake, Outcome, Phase};
+use crate::handshake::{Handshake, Outcome};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -29,12 +29,8 @@ const READ_BUDGET: usize = 16;
 enum State {
     /// TCP connect in progress (outbound).
     Connecting,
-    /// Our Hello is queued; waiting for HelloAck or Reject (outbound).
-    AwaitAck,
-    /// Accepted; waiting for the peer's Hello (inbound).
-    AwaitHello,
-    /// Secret in use: waiting for the peer's Auth proof (either side).
-    AwaitAuth,
+    /// Exchanging Hellos (and proofs): where it stands is the connection's `Handshake`.
+    Handshaking,
     Open,
     /// Flushing what is queued, then shutting down our side.
     Closing,
@@ -129,7 +125,7 @@ impl TcpTransport {
                     // Control and data both want their bytes out now: evb batches in
                     // messaging, so Nagle would only add delay.
                     let _ = stream.set_nodelay(true);
-                    if let Err(e) = self.add_conn(stream, peer.to_string(), State::AwaitHello) {
+                    if let Err(e) = self.add_conn(stream, peer.to_string(), State::Handshaking) {
                         warn!(%peer, "cannot register accepted connection: {e}");
                     }
                 }
@@ -186,7 +182,7 @@ impl TcpTransport {
             match c.stream.peer_addr() {
                 Ok(_) => {
                     let _ = c.stream.set_nodelay(true);
-                    c.state = State::AwaitAck;
+                    c.state = State::Handshaking;
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
                 Err(e) => {
@@ -276,7 +272,7 @@ impl TcpTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed, out),
             (State::Closing, _) => {} // we are leaving; late input is dropped
-            (State::AwaitAck | State::AwaitHello | State::AwaitAuth, t) => {
+            (State::Handshaking, t) => {
                 let mut send = Vec::new();
                 let payload = frame.payload.to_vec();
                 let secret = self.cfg.secret.as_deref();
@@ -286,21 +282,10 @@ impl TcpTransport {
                     c.tx.push(ft, 0, vec![Segment::Owned(bytes)]);
                 }
                 match outcome {
-                    Outcome::Next(p) => {
-                        c.state = match p {
-                            Phase::Ack => State::AwaitAck,
-                            Phase::Hello => State::AwaitHello,
-                            Phase::Auth => State::AwaitAuth,
-                        };
-                        self.flush(token, out);
-                    }
+                    Outcome::Continue => self.flush(token, out),
                     Outcome::Open(peer) => {
                         c.state = State::Open;
-                        out.push(if c.hs.outbound {
-                            Event::Connected { conn, peer }
-                        } else {
-                            Event::Accepted { conn, peer }
-                        });
+                        out.push(c.hs.opened(conn, peer));
                         self.flush(token, out);
                     }
                     Outcome::Refuse(reason) => {
