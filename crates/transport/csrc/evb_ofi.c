@@ -64,19 +64,23 @@ static void seterr(char *err, size_t errlen, const char *fmt, const char *a, int
     snprintf(err, errlen, fmt, a ? a : "", buf);
 }
 
-/* Loads libfabric (once per process). 0 on success; otherwise err says why. */
+/* Loads libfabric (the first library that loads serves the whole process). The name is
+ * opened on every call, so a name that does not load is an error even after another did:
+ * dlopen of an already-loaded library only counts a reference, which is dropped again.
+ * 0 on success; otherwise err says why. */
 int evb_ofi_load(const char *libname, char *err, size_t errlen) {
     pthread_mutex_lock(&load_lock);
-    if (F.lib) {
-        pthread_mutex_unlock(&load_lock);
-        return 0;
-    }
     void *lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *e = dlerror();
         snprintf(err, errlen, "%s", e ? e : "dlopen failed");
         pthread_mutex_unlock(&load_lock);
         return -1;
+    }
+    if (F.lib) {
+        dlclose(lib);
+        pthread_mutex_unlock(&load_lock);
+        return 0;
     }
     getinfo_fn gi = (getinfo_fn)dlsym(lib, "fi_getinfo");
     freeinfo_fn fi = (freeinfo_fn)dlsym(lib, "fi_freeinfo");
