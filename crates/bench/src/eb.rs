@@ -16,14 +16,17 @@ pub struct BuildSpec {
     pub lognormal: bool,
     /// "headers", "crc" or "full"
     pub verify: &'static str,
+    /// generator content: "static" (made once: the builder alone) or "unique"
+    pub content: &'static str,
     pub seconds: f64,
 }
 
 impl BuildSpec {
     pub fn variant(&self) -> String {
         format!(
-            "{} verify={}",
+            "{} {} verify={}",
             if self.lognormal { "lognormal" } else { "fixed" },
+            self.content,
             self.verify
         )
     }
@@ -38,6 +41,7 @@ stall_timeout_s = 20.0
 [fragments]
 size = {size}
 distribution = "{dist}"
+content = "{content}"
 
 [builder]
 verify = "{verify}"
@@ -54,6 +58,7 @@ host = "127.0.0.1"
             size = self.fragment,
             dist = if self.lognormal { "lognormal" } else { "fixed" },
             verify = self.verify,
+            content = self.content,
             rus = self.rus,
             bus = self.bus,
         )

@@ -265,10 +265,18 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         fragment: f as u64,
                         lognormal: false,
                         verify: "headers",
+                        content: "static",
                         seconds: s.build_secs,
                     }];
+                    if !s.quick {
+                        // The same with the RUs writing every byte (as the default run).
+                        specs.push(BuildSpec {
+                            content: "unique",
+                            ..specs[0].clone()
+                        });
+                    }
                     if !s.quick && f == BUILD_FRAGMENT {
-                        let base = specs[0].clone();
+                        let base = specs[1].clone();
                         specs.push(BuildSpec {
                             verify: "full",
                             ..base.clone()

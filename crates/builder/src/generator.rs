@@ -35,10 +35,23 @@ impl SizeModel {
     }
 }
 
+/// What a fragment's bytes are derived from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Content {
+    /// Event id and source id: every fragment differs, and the RU writes each one.
+    #[default]
+    Unique,
+    /// Source id only: a source's fragments all start with the same bytes, which the RU makes
+    /// once and sends from memory, as a readout that DMAs its data costs the RU no CPU.
+    /// Used to measure the event builder without the cost of making data.
+    Static,
+}
+
 #[derive(Debug, Clone)]
 pub struct Generator {
     pub sizes: SizeModel,
     pub seed: u64,
+    pub content: Content,
     lognormal: Option<LogNormal<f64>>,
 }
 
@@ -66,12 +79,26 @@ impl Generator {
         Generator {
             sizes,
             seed,
+            content: Content::Unique,
             lognormal,
         }
     }
 
+    pub fn with_content(mut self, content: Content) -> Generator {
+        self.content = content;
+        self
+    }
+
     fn key(&self, event_id: u64, source_id: u16) -> u64 {
         mix(self.seed ^ mix(event_id ^ ((source_id as u64) << 48)))
+    }
+
+    /// The key of a fragment's content (sizes always vary by event).
+    fn content_key(&self, event_id: u64, source_id: u16) -> u64 {
+        match self.content {
+            Content::Unique => self.key(event_id, source_id),
+            Content::Static => self.key(0, source_id),
+        }
     }
 
     /// The payload size of this source's fragment of this event.
@@ -90,7 +117,7 @@ impl Generator {
     /// Content is a sequence of little-endian words `key + i * STEP`, so any range can be
     /// made (or checked) on its own.
     pub fn fill(&self, event_id: u64, source_id: u16, offset: usize, buf: &mut [u8]) {
-        let key = self.key(event_id, source_id);
+        let key = self.content_key(event_id, source_id);
         let word = |i: usize| {
             key.wrapping_add((i as u64).wrapping_mul(STEP))
                 .to_le_bytes()
@@ -165,6 +192,33 @@ mod tests {
             !g.verify(5, 2, std::iter::once(&whole[..999]), &mut scratch),
             "short accepted"
         );
+    }
+
+    #[test]
+    fn static_content_depends_on_the_source_only() {
+        let sizes = SizeModel::LogNormal {
+            mean: 100.0,
+            stddev: 50.0,
+            min: 100,
+            max: 1000,
+        };
+        let g = Generator::new(sizes, 7).with_content(Content::Static);
+        assert!(
+            (0..100).any(|e| g.size(e, 2) != g.size(0, 2)),
+            "sizes vary by event"
+        );
+        let (mut a, mut b, mut c) = (vec![0; 100], vec![0; 100], vec![0; 100]);
+        g.fill(1, 2, 0, &mut a);
+        g.fill(99, 2, 0, &mut b);
+        g.fill(1, 3, 0, &mut c);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let mut scratch = Vec::new();
+        let g = Generator::new(SizeModel::Fixed(100), 7).with_content(Content::Static);
+        assert!(g.verify(5, 2, std::iter::once(&a[..]), &mut scratch));
+        assert!(!g.verify(5, 3, std::iter::once(&a[..]), &mut scratch));
+        let unique = Generator::new(SizeModel::Fixed(100), 7);
+        assert!(!unique.verify(5, 2, std::iter::once(&a[..]), &mut scratch));
     }
 
     #[test]

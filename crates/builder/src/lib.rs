@@ -23,7 +23,7 @@ pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
 pub use evm::{Evm, EvmConfig, EvmStats, RuLossPolicy};
-pub use generator::{Generator, SizeModel};
+pub use generator::{Content, Generator, SizeModel};
 pub use ledger::{Ledger, ReleaseOutcome};
 pub use report::{verdict, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};

@@ -1,7 +1,7 @@
 //! The readout unit: makes its fragment of every event the EVM assigns, sends it to that
 //! event's BU, and keeps it until the EVM says the event is released.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
@@ -9,6 +9,7 @@ use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PR
 use serde::{Deserialize, Serialize};
 
 use crate::action::{leave, Action, NodeRef, Path, RunState};
+use crate::generator::Content;
 use crate::ids::IdMap;
 use crate::source::Source;
 
@@ -55,6 +56,18 @@ pub struct Ru {
     stats: RuStats,
     /// The last poll stopped for want of pool memory.
     blocked: bool,
+    /// Static generator content: made once, sent from memory (see `Content::Static`).
+    template: Option<Template>,
+}
+
+/// Static payloads up to this size are copied after their prefix instead of referenced.
+pub(crate) const STATIC_INLINE_MAX: usize = 4096;
+
+/// A source's static payload, as long as the largest fragment, in pool blocks (so shared
+/// memory transports can pass it by reference), and the CRC32C of each length used so far.
+struct Template {
+    payload: Chain,
+    crcs: HashMap<usize, u32>,
 }
 
 impl Ru {
@@ -69,6 +82,7 @@ impl Ru {
             actions: VecDeque::new(),
             stats: RuStats::default(),
             blocked: false,
+            template: None,
         }
     }
 
@@ -228,6 +242,9 @@ impl Ru {
     /// Writes one fragment (prefix then payload) into pool blocks. Small fragments share a
     /// block; large ones span several. `None` if the pool cannot hold it now.
     fn make_fragment(&mut self, event_id: u64) -> Option<Chain> {
+        if matches!(&self.cfg.source, Source::Generator(g) if g.content == Content::Static) {
+            return self.static_fragment(event_id);
+        }
         let g = &self.cfg.source;
         let src = self.cfg.source_id;
         let spec = g.spec(event_id, src);
@@ -298,6 +315,74 @@ impl Ru {
             if last.remaining() > PREFIX_LEN {
                 self.block = Some(last);
             }
+        }
+        Some(chain)
+    }
+
+    /// A fragment of static content: its prefix written into the current block, its payload
+    /// a reference to the template (made on first use). `None` if the pool cannot hold it now.
+    fn static_fragment(&mut self, event_id: u64) -> Option<Chain> {
+        let Source::Generator(g) = &self.cfg.source else {
+            unreachable!("static content comes from the generator")
+        };
+        let src = self.cfg.source_id;
+        if self.template.is_none() {
+            let max = g.sizes.max();
+            let mut payload = Chain::new();
+            let mut writers = Vec::new();
+            let mut room = 0;
+            while room < max {
+                let w = self.pool.try_alloc()?;
+                room += w.remaining();
+                writers.push(w);
+            }
+            let mut offset = 0;
+            for mut w in writers {
+                let n = (max - offset).min(w.remaining());
+                g.fill(event_id, src, offset, &mut w.spare_mut()[..n]);
+                w.advance(n);
+                payload.push(w.slice(0, n));
+                offset += n;
+            }
+            self.template = Some(Template {
+                payload,
+                crcs: HashMap::new(),
+            });
+        }
+        let size = g.size(event_id, src);
+        // Small payloads are copied next to their prefix: a copy of a few KiB costs less than
+        // a separate piece for the kernel to gather, and consecutive fragments then form one.
+        let inline = size <= STATIC_INLINE_MAX && PREFIX_LEN + size <= self.pool.block_size();
+        let need = PREFIX_LEN + if inline { size } else { 0 };
+        let mut block = match self.block.take() {
+            Some(b) if b.remaining() >= need => b,
+            _ => self.pool.try_alloc()?,
+        };
+        let t = self.template.as_mut().expect("made above");
+        let payload = t.payload.sub(0, size);
+        let payload_crc = *t.crcs.entry(size).or_insert_with(|| payload.crc32c());
+        let header = FragmentHeader {
+            event_id,
+            trigger_number: event_id as u32,
+            source_id: src,
+            flags: evb_wire::FLAG_GENERATED,
+            payload_size: size as u32,
+            payload_crc,
+        };
+        let start = block.filled();
+        block.spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        if inline {
+            payload.copy_prefix(&mut block.spare_mut()[PREFIX_LEN..need]);
+        }
+        block.advance(need);
+        let mut chain = Chain::from_slice(block.slice(start, need));
+        if !inline {
+            for s in payload.slices() {
+                chain.push(s.clone());
+            }
+        }
+        if block.remaining() >= PREFIX_LEN {
+            self.block = Some(block);
         }
         Some(chain)
     }

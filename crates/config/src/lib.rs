@@ -112,6 +112,18 @@ pub struct FragmentSection {
     /// Log-normal bounds (0: 1 byte and 4 × `size`).
     pub min: u64,
     pub max: u64,
+    /// Generator content: "unique" (from event and source id; the RU writes every byte) or
+    /// "static" (from the source id only; made once and sent from memory, like DMA'd readout
+    /// data, to measure the event builder without the cost of making data).
+    pub content: Content,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Content {
+    #[default]
+    Unique,
+    Static,
 }
 
 impl Default for FragmentSection {
@@ -122,6 +134,7 @@ impl Default for FragmentSection {
             stddev: 0,
             min: 0,
             max: 0,
+            content: Content::Unique,
         }
     }
 }
@@ -874,7 +887,12 @@ impl Config {
         let blocks = |bytes: u64| bytes.div_ceil(block) * block;
         // Small fragments share blocks and a block is freed with its last fragment, so
         // allow twice the live bytes, plus the blocks being filled.
-        let ru = 2 * blocks(total_credits * frag) + 4 * block;
+        // Static content adds its template, held for the whole run.
+        let template = match self.fragments.content {
+            Content::Static => blocks(frag),
+            Content::Unique => 0,
+        };
+        let ru = 2 * blocks(total_credits * frag) + 4 * block + template;
         let bu = 2 * blocks(max_credits * n_ru * frag) + 2 * (n_ru + 4) * block;
         (ru, bu)
     }

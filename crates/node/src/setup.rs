@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use evb_buffers::Pool;
 use evb_builder::{
-    Bu, BuConfig, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig, Sink,
-    SizeModel, Source, Verify,
+    Bu, BuConfig, Content, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig,
+    Sink, SizeModel, Source, Verify,
 };
 use evb_config::{
     Config, Distribution, NodeSpec, Role, SinkKind, SourceKind, TransportKind, VerifyLevel,
@@ -36,7 +36,11 @@ pub fn generator(cfg: &Config) -> Generator {
             max: f.max_size() as usize,
         },
     };
-    Generator::new(sizes, cfg.run.seed)
+    let content = match f.content {
+        evb_config::Content::Unique => Content::Unique,
+        evb_config::Content::Static => Content::Static,
+    };
+    Generator::new(sizes, cfg.run.seed).with_content(content)
 }
 
 /// Where a node listens: its configured address, or a name in the process for `inproc`.
