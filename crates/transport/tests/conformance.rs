@@ -505,6 +505,100 @@ fn check_reconnect(kind: Kind) {
     }
 }
 
+/// A peer that dies with input still unread (it never read what it was sent) must not take
+/// with it what it had already handed to the transport: everything it wrote arrives, in
+/// order, before the close is reported. (A Unix socket closed with unread input resets its
+/// peer, and the reset is reported ahead of the peer's own queued input.)
+fn check_sent_before_death_arrives(kind: Kind) {
+    let n = 300u32;
+    let Some(mut b) = make(kind, small_cfg("bu0")) else {
+        return;
+    };
+    let at = b.listen(&addr(kind, "sentbefore")).unwrap();
+    let bc;
+    let mut evs = [Vec::new()];
+    {
+        let mut a = make(kind, small_cfg("ru0")).unwrap();
+        let (ac, c) = connect(&mut a, &mut b, &at, "ru0");
+        bc = c;
+        for i in 0..n {
+            a.send(
+                ac,
+                FrameType::Messages,
+                1,
+                vec![Segment::Owned(count_bytes(1, i, 100))],
+            )
+            .unwrap();
+        }
+        // Whatever a transport could not write at once is written now.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while a.queued_bytes(ac) > 0 {
+            assert!(Instant::now() < deadline, "{kind:?}: queue never written");
+            a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+                .unwrap();
+            b.poll(&mut evs[0], Some(Duration::ZERO)).unwrap();
+        }
+        // A last few that `b` has not read when `a` dies (written without `b`'s help if the
+        // transport can; otherwise with it, and then `b` may have read them already).
+        for i in n..n + 5 {
+            a.send(
+                ac,
+                FrameType::Messages,
+                1,
+                vec![Segment::Owned(count_bytes(1, i, 100))],
+            )
+            .unwrap();
+        }
+        for _ in 0..100 {
+            if a.queued_bytes(ac) == 0 {
+                break;
+            }
+            a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+                .unwrap();
+        }
+        while a.queued_bytes(ac) > 0 {
+            assert!(Instant::now() < deadline, "{kind:?}: queue never written");
+            a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+                .unwrap();
+            b.poll(&mut evs[0], Some(Duration::ZERO)).unwrap();
+        }
+        // Input for `a` that it will never read.
+        for i in 0..3 {
+            b.send(
+                bc,
+                FrameType::Messages,
+                1,
+                vec![Segment::Owned(count_bytes(9, i, 64))],
+            )
+            .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    } // `a` dies: no Bye, its input unread
+    let mut got = frames_of(&mut evs[0], bc);
+    let mut closed = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !closed {
+        assert!(Instant::now() < deadline, "{kind:?}: death never reported");
+        b.poll(&mut evs[0], Some(Duration::from_millis(1))).unwrap();
+        got.extend(frames_of(&mut evs[0], bc));
+        closed = evs[0]
+            .iter()
+            .any(|e| matches!(e, Event::Closed { conn, .. } if *conn == bc));
+        evs[0].clear();
+    }
+    assert_eq!(
+        got.len(),
+        n as usize + 5,
+        "{kind:?}: frames lost at the peer's death"
+    );
+    for (i, f) in got.iter().enumerate() {
+        assert!(
+            f.payload.eq_bytes(&count_bytes(1, i as u32, 100)),
+            "{kind:?}: frame {i}"
+        );
+    }
+}
+
 macro_rules! conformance {
     ($name:ident, $kind:expr) => {
         mod $name {
@@ -533,6 +627,11 @@ macro_rules! conformance {
             #[test]
             fn back_pressure_when_the_receiver_stops() {
                 check_back_pressure($kind)
+            }
+
+            #[test]
+            fn what_a_dying_peer_sent_arrives() {
+                check_sent_before_death_arrives($kind)
             }
 
             #[test]

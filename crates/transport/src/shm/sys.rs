@@ -163,6 +163,20 @@ pub enum Recv {
 }
 
 pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
+    match recv_once(fd, buf) {
+        // A peer that closed with input of its own unread resets us, and the kernel reports
+        // the reset ahead of the packets it had already sent us. Reading the error clears it:
+        // the packets follow, then end of file, so nothing the peer wrote is lost.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => match recv_once(fd, buf) {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => Ok(Recv::Eof),
+            Ok(Recv::Empty) => Ok(Recv::Eof),
+            other => other,
+        },
+        other => other,
+    }
+}
+
+fn recv_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
