@@ -1,7 +1,7 @@
 //! The builder unit: asks the EVM for events with credits, collects each event's fragments
 //! from every RU, checks them, hands the complete event to its sink, and releases it.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use evb_buffers::Chain;
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::action::{leave, Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
-use crate::ids::{IdMap, IdSet};
+use crate::ids::{FastSet, IdMap, IdSet, RecentIds};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,8 @@ pub struct BuConfig {
     pub credits: u32,
     pub verify: Verify,
     pub generator: Option<Generator>,
-    /// Built event ids remembered to recognise late duplicates.
+    /// Span of event ids behind the newest built one within which a late duplicate is
+    /// recognised (see `RecentIds`).
     pub duplicate_window: usize,
 }
 
@@ -88,13 +89,12 @@ pub struct Bu {
     events: IdMap<Building>,
     /// Ids delivered to the sink and not yet acknowledged by `delivered`.
     at_sink: IdSet,
-    recent: IdSet,
-    recent_order: VecDeque<u64>,
+    recent: RecentIds,
     /// Release range being coalesced.
     release: Option<EventRange>,
     credits_to_send: u32,
     /// RUs the EVM declared lost: their fragments are no longer awaited.
-    lost_sources: HashSet<usize>,
+    lost_sources: FastSet<usize>,
     actions: VecDeque<Action>,
     stats: BuStats,
     scratch: Vec<u8>,
@@ -103,15 +103,14 @@ pub struct Bu {
 impl Bu {
     pub fn new(cfg: BuConfig) -> Bu {
         Bu {
+            recent: RecentIds::new(cfg.duplicate_window),
             cfg,
             state: RunState::Configured,
             events: IdMap::default(),
             at_sink: IdSet::default(),
-            recent: IdSet::default(),
-            recent_order: VecDeque::new(),
             release: None,
             credits_to_send: 0,
-            lost_sources: HashSet::new(),
+            lost_sources: FastSet::default(),
             actions: VecDeque::new(),
             stats: BuStats::default(),
             scratch: Vec::new(),
@@ -234,7 +233,7 @@ impl Bu {
             return;
         }
         let id = header.event_id;
-        if self.recent.contains(&id) || self.at_sink.contains(&id) {
+        if self.recent.contains(id) || self.at_sink.contains(&id) {
             self.stats.duplicate_fragments += 1;
             return;
         }
@@ -345,12 +344,6 @@ impl Bu {
         self.stats.payload_bytes_built += bytes;
         self.stats.event_id_sum = self.stats.event_id_sum.wrapping_add(id);
         self.recent.insert(id);
-        self.recent_order.push_back(id);
-        while self.recent_order.len() > self.cfg.duplicate_window {
-            if let Some(old) = self.recent_order.pop_front() {
-                self.recent.remove(&old);
-            }
-        }
         match &mut self.release {
             Some(r) if r.end() == id && r.count < u32::MAX => r.count += 1,
             _ => {

@@ -2,13 +2,14 @@
 //! to a BU that has granted a credit, forwards releases to the RUs, keeps the ledger of every
 //! event's fate, survives lost nodes as configured, and ends the run.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use evb_wire::{EventRange, Message};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, NodeRef, Path, RunState};
+use crate::ids::FastSet;
 use crate::ledger::Ledger;
 use crate::report::{verdict, RunReport};
 use crate::{BuStats, RuStats};
@@ -74,9 +75,9 @@ pub struct EvmStats {
 pub struct Evm {
     cfg: EvmConfig,
     state: RunState,
-    ready: HashSet<NodeRef>,
+    ready: FastSet<NodeRef>,
     /// Nodes currently part of the run (lost ones are removed, rejoined ones return).
-    alive: HashSet<NodeRef>,
+    alive: FastSet<NodeRef>,
     credits: Vec<u64>,
     rr: usize,
     ledger: Ledger,
@@ -104,8 +105,8 @@ impl Evm {
         Evm {
             cfg,
             state: RunState::Ready,
-            ready: HashSet::new(),
-            alive: HashSet::new(),
+            ready: FastSet::default(),
+            alive: FastSet::default(),
             credits: vec![0; n_bu],
             rr: 0,
             ledger: Ledger::default(),

@@ -24,6 +24,7 @@ pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
 pub use evm::{Evm, EvmConfig, EvmStats, RuLossPolicy};
 pub use generator::{Content, Generator, SizeModel};
+pub use ids::{FastMap, FastSet};
 pub use ledger::{Ledger, ReleaseOutcome};
 pub use report::{verdict, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};

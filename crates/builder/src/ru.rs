@@ -1,7 +1,7 @@
 //! The readout unit: makes its fragment of every event the EVM assigns, sends it to that
 //! event's BU, and keeps it until the EVM says the event is released.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
@@ -67,7 +67,17 @@ pub(crate) const STATIC_INLINE_MAX: usize = 4096;
 /// memory transports can pass it by reference), and the CRC32C of each length used so far.
 struct Template {
     payload: Chain,
-    crcs: HashMap<usize, u32>,
+    crcs: IdMap<u32>,
+}
+
+impl Template {
+    fn crc(&mut self, size: usize) -> u32 {
+        let payload = &self.payload;
+        *self
+            .crcs
+            .entry(size as u64)
+            .or_insert_with(|| payload.sub(0, size).crc32c())
+    }
 }
 
 impl Ru {
@@ -346,7 +356,7 @@ impl Ru {
             }
             self.template = Some(Template {
                 payload,
-                crcs: HashMap::new(),
+                crcs: IdMap::default(),
             });
         }
         let size = g.size(event_id, src);
@@ -359,8 +369,7 @@ impl Ru {
             _ => self.pool.try_alloc()?,
         };
         let t = self.template.as_mut().expect("made above");
-        let payload = t.payload.sub(0, size);
-        let payload_crc = *t.crcs.entry(size).or_insert_with(|| payload.crc32c());
+        let payload_crc = t.crc(size);
         let header = FragmentHeader {
             event_id,
             trigger_number: event_id as u32,
@@ -372,12 +381,13 @@ impl Ru {
         let start = block.filled();
         block.spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
         if inline {
-            payload.copy_prefix(&mut block.spare_mut()[PREFIX_LEN..need]);
+            t.payload
+                .copy_prefix(&mut block.spare_mut()[PREFIX_LEN..need]);
         }
         block.advance(need);
         let mut chain = Chain::from_slice(block.slice(start, need));
         if !inline {
-            for s in payload.slices() {
+            for s in t.payload.sub(0, size).slices() {
                 chain.push(s.clone());
             }
         }

@@ -1,9 +1,9 @@
 //! The IO driver: one event loop that connects a node's state machine to its peers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use evb_builder::{Action, BuiltEvent, NodeRef, Path, RunState, SinkError};
+use evb_builder::{Action, BuiltEvent, FastMap, NodeRef, Path, RunState, SinkError};
 use evb_config::{Config, NodeSpec, Role};
 use evb_messaging::{Incoming, Messenger, Received};
 use evb_transport::{CloseReason, ConnId, Transport};
@@ -40,9 +40,9 @@ pub struct Driver {
     nodes: Vec<NodeSpec>,
     logic: Logic,
     messenger: Messenger,
-    peers: HashMap<ConnId, NodeRef>,
-    conns: HashMap<NodeRef, ConnId>,
-    dialing: HashMap<ConnId, Dial>,
+    peers: FastMap<ConnId, NodeRef>,
+    conns: FastMap<NodeRef, ConnId>,
+    dialing: FastMap<ConnId, Dial>,
     waiting_dials: Vec<Dial>,
     expected: usize,
     up: bool,
@@ -58,9 +58,9 @@ pub struct Driver {
     sink_blocked: Option<String>,
     sink_stalls: u64,
     /// Where each peer we call can be reached, to call it again after a loss.
-    dial_specs: HashMap<NodeRef, (String, Channel)>,
+    dial_specs: FastMap<NodeRef, (String, Channel)>,
     /// When each control peer was last heard from.
-    last_heard: HashMap<NodeRef, Instant>,
+    last_heard: FastMap<NodeRef, Instant>,
     next_heartbeat: Instant,
     next_liveness_check: Instant,
 }
@@ -145,9 +145,9 @@ impl Driver {
             nodes,
             logic,
             messenger,
-            peers: HashMap::new(),
-            conns: HashMap::new(),
-            dialing: HashMap::new(),
+            peers: FastMap::default(),
+            conns: FastMap::default(),
+            dialing: FastMap::default(),
             waiting_dials: dials,
             expected,
             up: false,
@@ -162,7 +162,7 @@ impl Driver {
             sink_blocked: None,
             sink_stalls: 0,
             dial_specs,
-            last_heard: HashMap::new(),
+            last_heard: FastMap::default(),
             next_heartbeat: now,
             next_liveness_check: now,
         })

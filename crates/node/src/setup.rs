@@ -224,7 +224,9 @@ pub fn logic(
                     credits: me.credits,
                     verify,
                     generator: Some(generator(cfg)),
-                    duplicate_window: 1 << 16,
+                    // about the last 65 536 events this BU built, with events spread over
+                    // every BU
+                    duplicate_window: (1 << 16) * n_bu.max(1) as usize,
                 }),
                 sink,
             )
