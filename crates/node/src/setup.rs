@@ -15,6 +15,7 @@ use evb_messaging::{FlushPolicy, MessengerConfig};
 use evb_wire::{Channel, Hello, FRAGMENT_PREFIX_LEN};
 
 /// The state machine a node runs.
+#[allow(clippy::large_enum_variant)] // one per node, made once: its size costs nothing
 pub enum Logic {
     Evm(Evm),
     Ru(Ru),
