@@ -290,6 +290,9 @@ pub(crate) struct Ofi {
     pieces: Vec<(*const u8, usize)>,
     /// Completions handled so far (tells `poll` whether the provider is moving).
     completions: u64,
+    /// Send completions handled so far: queue space freed, so `poll` returns and the caller
+    /// may send more (as a writable socket does for `tcp`).
+    sends_done: u64,
 }
 
 // SAFETY: the raw pointers inside (libfabric objects opened with FI_THREAD_DOMAIN, and piece
@@ -357,6 +360,7 @@ impl Ofi {
             cq_buf: vec![CqEv::default(); 64],
             pieces: Vec::new(),
             completions: 0,
+            sends_done: 0,
         })
     }
 
@@ -752,6 +756,7 @@ impl Ofi {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.send_done(e.ctx);
                 }
+                self.sends_done += 1;
                 self.pump_tx(conn, out);
             }
         }
@@ -930,8 +935,12 @@ impl Transport for Ofi {
 
     fn poll(&mut self, out: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
         out.append(&mut self.pending_events);
+        let sends_done = self.sends_done;
         self.progress(out)?;
-        if !out.is_empty() || timeout == Some(Duration::ZERO) {
+        // Sends that completed freed queue space: return, as `tcp` does when its socket turns
+        // writable. Sleeping on here left a window-limited sender idle for its whole timeout
+        // (the ~2 ms per frame stall of frames larger than one message).
+        if !out.is_empty() || timeout == Some(Duration::ZERO) || self.sends_done != sends_done {
             return Ok(());
         }
         // The tcp provider makes progress only when called, and its wait fd does not wake a
@@ -946,7 +955,7 @@ impl Transport for Ofi {
                 std::thread::yield_now();
                 let before = self.completions;
                 self.progress(out)?;
-                if !out.is_empty() || !self.busy() {
+                if !out.is_empty() || !self.busy() || self.sends_done != sends_done {
                     return Ok(());
                 }
                 if self.completions != before {
