@@ -64,19 +64,53 @@ pub struct Ru {
 pub(crate) const STATIC_INLINE_MAX: usize = 4096;
 
 /// A source's static payload, as long as the largest fragment, in pool blocks (so shared
-/// memory transports can pass it by reference), and the CRC32C of each length used so far.
+/// memory transports can pass it by reference), with the CRC32C of every multiple of
+/// `CRC_STEP` bytes of it: a fragment's CRC is then one of those plus under `CRC_STEP` bytes.
 struct Template {
     payload: Chain,
-    crcs: IdMap<u32>,
+    marks: Vec<u32>,
+    /// The last length asked for and its CRC (fixed sizes ask for one length only).
+    last: (usize, u32),
 }
 
+const CRC_STEP: usize = 4096;
+
 impl Template {
+    fn new(payload: Chain) -> Template {
+        let mut marks = vec![0];
+        let mut crc = 0;
+        let mut at = 0;
+        while at + CRC_STEP <= payload.len() {
+            for c in payload.sub(at, CRC_STEP).chunks() {
+                crc = crc32c::crc32c_append(crc, c);
+            }
+            marks.push(crc);
+            at += CRC_STEP;
+        }
+        let mut t = Template {
+            payload,
+            marks,
+            last: (0, 0),
+        };
+        t.last = (0, t.crc_of(0));
+        t
+    }
+
+    /// The CRC32C of the first `size` bytes.
     fn crc(&mut self, size: usize) -> u32 {
-        let payload = &self.payload;
-        *self
-            .crcs
-            .entry(size as u64)
-            .or_insert_with(|| payload.sub(0, size).crc32c())
+        if self.last.0 != size {
+            self.last = (size, self.crc_of(size));
+        }
+        self.last.1
+    }
+
+    fn crc_of(&self, size: usize) -> u32 {
+        let k = size / CRC_STEP;
+        let mut crc = self.marks[k];
+        for c in self.payload.sub(k * CRC_STEP, size - k * CRC_STEP).chunks() {
+            crc = crc32c::crc32c_append(crc, c);
+        }
+        crc
     }
 }
 
@@ -354,10 +388,7 @@ impl Ru {
                 payload.push(w.slice(0, n));
                 offset += n;
             }
-            self.template = Some(Template {
-                payload,
-                crcs: IdMap::default(),
-            });
+            self.template = Some(Template::new(payload));
         }
         let size = g.size(event_id, src);
         // Small payloads are copied next to their prefix: a copy of a few KiB costs less than
@@ -395,5 +426,29 @@ impl Ru {
             self.block = Some(block);
         }
         Some(chain)
+    }
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+
+    #[test]
+    fn template_crcs_match_the_bytes_at_every_length() {
+        let pool = Pool::new("t", 5000, 8);
+        let mut payload = Chain::new();
+        let mut all = Vec::new();
+        for i in 0..4 {
+            let mut w = pool.try_alloc().unwrap();
+            let bytes: Vec<u8> = (0..5000).map(|j| (i * 31 + j * 7) as u8).collect();
+            w.spare_mut()[..5000].copy_from_slice(&bytes);
+            w.advance(5000);
+            payload.push(w.slice(0, 5000));
+            all.extend(bytes);
+        }
+        let mut t = Template::new(payload);
+        for size in [0, 1, 4095, 4096, 4097, 5000, 8192, 12_345, 16_384, 20_000] {
+            assert_eq!(t.crc(size), crc32c::crc32c(&all[..size]), "size {size}");
+        }
     }
 }
