@@ -202,8 +202,8 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
             .map(|_| AtomicU64::new(0))
             .collect(),
     );
-    // The pool hands out blocks first in, first out: a pool much larger than what is in
-    // flight only makes the kernel copy into cache-cold memory. Size it for the window.
+    // Sized for the window: the pool reuses its most recently freed blocks first, so a
+    // larger one would only hold memory that is never touched.
     let rx_blocks = match kind {
         Kind::Tcp => (8usize << 20).max(4 * size) / BLOCK + 8,
         Kind::Ofi | Kind::Shm => 2 * window as usize / BLOCK + 16,
