@@ -97,7 +97,6 @@ pub struct Bu {
     lost_sources: FastSet<usize>,
     actions: VecDeque<Action>,
     stats: BuStats,
-    scratch: Vec<u8>,
 }
 
 impl Bu {
@@ -113,7 +112,6 @@ impl Bu {
             lost_sources: FastSet::default(),
             actions: VecDeque::new(),
             stats: BuStats::default(),
-            scratch: Vec::new(),
         }
     }
 
@@ -244,7 +242,7 @@ impl Bu {
         }
         if !corrupt && self.cfg.verify == Verify::Full && header.flags & FLAG_GENERATED != 0 {
             if let Some(g) = &self.cfg.generator {
-                if !g.verify(id, header.source_id, payload.chunks(), &mut self.scratch) {
+                if !g.verify(id, header.source_id, payload.chunks()) {
                     self.stats.content_errors += 1;
                     corrupt = true;
                 }
