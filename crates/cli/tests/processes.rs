@@ -3,7 +3,7 @@
 //! no process left behind.
 
 mod common;
-use common::{assert_exact, evb_run, EVB};
+use common::{assert_exact, evb_run, text, EVB};
 
 use std::path::Path;
 use std::process::Command;
@@ -110,6 +110,43 @@ fn bad_configurations_are_refused_with_the_key_named() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+/// Every node pinned to one CPU (the last): the run is exact, each node says where it runs;
+/// a CPU that does not exist stops the run with the key named.
+#[test]
+fn nodes_run_on_the_cpus_their_affinity_names() {
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[run]\nid = \"it-pin\"\nevents = 300\nduration_s = 0\n[fragments]\nsize = 4096\n\
+         [affinity]\nevm = [{cpu}]\nru0 = [{cpu}]\nru1 = [{cpu}]\nbu0 = [{cpu}]\nbu1 = [{cpu}]\n"
+    );
+    let cfg = write(dir.path(), "pin.toml", &toml);
+    let json = dir.path().join("s.json");
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .env("EVB_LOG", "evb_node=info")
+        .output()
+        .unwrap();
+    let s = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_exact(&out, &s, 300, 2, 2);
+    let said = format!("pinned to CPUs [{cpu}]");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches(&said).count(), 5, "{stderr}");
+
+    let bad = toml.replace(&format!("bu1 = [{cpu}]"), "bu1 = [1000]");
+    let cfg = write(dir.path(), "bad.toml", &bad);
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).contains("affinity.bu1"), "{}", text(&out));
 }
 
 #[test]

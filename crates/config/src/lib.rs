@@ -4,7 +4,7 @@
 //! Nodes are listed one by one (`[[ru]]`, `[[bu]]`, for a multi-host deployment) or made
 //! from counts (`[topology] rus = 2, bus = 2`, for a local test system).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
@@ -48,7 +48,14 @@ pub struct Config {
     pub ru: Vec<RuSection>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bu: Vec<BuSection>,
+    /// CPUs each node may run on, by node id (`evm = [0]`, `bu1 = [2, 3]`); nodes not listed
+    /// run wherever the system puts them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub affinity: BTreeMap<String, Vec<usize>>,
 }
+
+/// CPU numbers an affinity list may name (the kernel's `CPU_SETSIZE`).
+pub const MAX_CPUS: usize = 1024;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -696,6 +703,21 @@ impl Config {
             }
             if n.role == Role::Bu && n.credits == 0 {
                 return Err(invalid(format!("{key}.credits"), "must be at least 1"));
+            }
+        }
+        for (id, cpus) in &self.affinity {
+            let key = format!("affinity.{id}");
+            if !ids.contains_key(id.as_str()) {
+                return Err(invalid(key, format!("no node {id:?} in this run")));
+            }
+            if cpus.is_empty() {
+                return Err(invalid(key, "list at least one CPU"));
+            }
+            if let Some(c) = cpus.iter().find(|&&c| c >= MAX_CPUS) {
+                return Err(invalid(
+                    key,
+                    format!("CPU {c} is out of range (0 to {})", MAX_CPUS - 1),
+                ));
             }
         }
         if nodes.iter().filter(|n| n.role == Role::Ru).count() > MAX_NODES as usize {

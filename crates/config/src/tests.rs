@@ -92,6 +92,16 @@ fn wrong_types_and_values_are_named() {
 }
 
 #[test]
+fn affinity_names_nodes_of_the_run_and_real_cpu_numbers() {
+    let c = Config::from_toml("[affinity]\nevm = [0]\nbu1 = [1, 0]\n").unwrap();
+    assert_eq!(c.affinity["bu1"], vec![1, 0]);
+    assert_err("[affinity]\nbu9 = [0]\n", &["affinity.bu9", "no node"]);
+    assert_err("[affinity]\nru0 = []\n", &["affinity.ru0", "at least one"]);
+    assert_err("[affinity]\nru0 = [0, 4096]\n", &["affinity.ru0", "4096"]);
+    assert_err("[affinity]\nru0 = [-1]\n", &["ru0 = [-1]", "usize"]);
+}
+
+#[test]
 fn semantic_errors_name_the_key() {
     assert_err("[topology]\nbus = 0\n", &["topology.bus", "BU count 0"]);
     assert_err("[topology]\nrus = 0\n", &["topology.rus"]);

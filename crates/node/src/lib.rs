@@ -7,6 +7,7 @@
 //! duration is reached and every event is released, collects every node's report, and
 //! halts them.
 
+pub mod affinity;
 mod driver;
 mod file_sink;
 mod playback;
@@ -67,6 +68,13 @@ pub fn run_node(
     status: StatusOut,
     status_every: Duration,
 ) -> Result<NodeOutcome, NodeError> {
+    if let Some(cpus) = cfg.affinity.get(id) {
+        affinity::pin_current_thread(cpus).map_err(|e| {
+            NodeError::Setup(format!("affinity.{id}: cannot run on CPUs {cpus:?}: {e}"))
+        })?;
+        let now = affinity::current_cpus().unwrap_or_default();
+        tracing::info!(node = id, "pinned to CPUs {now:?}");
+    }
     let (kind, local) = (cfg.transport.kind, cfg.transport.local);
     let provider = cfg.transport.provider.clone();
     let my_host = cfg
