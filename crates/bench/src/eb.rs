@@ -18,21 +18,34 @@ pub struct BuildSpec {
     pub verify: &'static str,
     /// generator content: "static" (made once: the builder alone) or "unique"
     pub content: &'static str,
+    /// RUs on one CPU, BUs on another (`[affinity]`), the EVM anywhere
+    pub pin: Option<(usize, usize)>,
     pub seconds: f64,
 }
 
 impl BuildSpec {
     pub fn variant(&self) -> String {
         format!(
-            "{} {} verify={}",
+            "{} {} verify={}{}",
             if self.lognormal { "lognormal" } else { "fixed" },
             self.content,
-            self.verify
+            self.verify,
+            if self.pin.is_some() { " pinned" } else { "" }
         )
     }
 
     fn toml(&self, run_id: &str) -> String {
-        format!(
+        let mut affinity = String::new();
+        if let Some((ru_cpu, bu_cpu)) = self.pin {
+            affinity.push_str("\n[affinity]\n");
+            for i in 0..self.rus {
+                affinity.push_str(&format!("ru{i} = [{ru_cpu}]\n"));
+            }
+            for i in 0..self.bus {
+                affinity.push_str(&format!("bu{i} = [{bu_cpu}]\n"));
+            }
+        }
+        let base = format!(
             r#"[run]
 id = "{run_id}"
 duration_s = {secs}
@@ -61,7 +74,8 @@ host = "127.0.0.1"
             content = self.content,
             rus = self.rus,
             bus = self.bus,
-        )
+        );
+        base + &affinity
     }
 }
 

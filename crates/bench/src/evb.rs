@@ -70,6 +70,22 @@ pub struct MeshSpec {
     pub receivers: usize,
     pub size: usize,
     pub duration: Duration,
+    /// Senders on the first CPU, receivers on the last (needs two CPUs).
+    pub pin: bool,
+}
+
+/// (sender CPU, receiver CPU) for pinned runs: the first and the last.
+pub fn pin_cpus() -> Option<(usize, usize)> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (n >= 2).then_some((0, n - 1))
+}
+
+fn pin(cpu: Option<usize>) -> Result<(), String> {
+    match cpu {
+        Some(c) => evb_node::affinity::pin_current_thread(&[c])
+            .map_err(|e| format!("cannot pin to CPU {c}: {e}")),
+        None => Ok(()),
+    }
 }
 
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
@@ -191,7 +207,9 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
         receivers,
         size,
         duration,
+        pin: pinned,
     } = spec.clone();
+    let cpus = if pinned { pin_cpus() } else { None };
     // Bytes a sender may have sent to one receiver that it has not consumed yet.
     let window: u64 = match kind {
         Kind::Tcp | Kind::Ofi | Kind::Shm => (32u64 << 20).max(4 * size as u64),
@@ -217,6 +235,7 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
         addrs.push(listen(&mut m, kind)?);
         let acked = acked.clone();
         rx_threads.push(std::thread::spawn(move || {
+            pin(cpus.map(|c| c.1))?;
             receiver(m, r, senders, receivers, &acked)
         }));
     }
@@ -227,6 +246,7 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
         let acked = acked.clone();
         let barrier = barrier.clone();
         tx_threads.push(std::thread::spawn(move || {
+            pin(cpus.map(|c| c.0))?;
             sender(
                 kind, path, s, &addrs, size, duration, window, &acked, &barrier,
             )
@@ -273,7 +293,11 @@ pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
     } else {
         "nxn"
     };
-    let mut p = Point::new(bench, "evb", kind.name(), path.name(), size as u64);
+    let variant = match cpus {
+        Some(_) => format!("{} pinned", path.name()),
+        None => path.name().to_string(),
+    };
+    let mut p = Point::new(bench, "evb", kind.name(), &variant, size as u64);
     p.senders = senders as u32;
     p.receivers = receivers as u32;
     fill_rates(&mut p, msgs, bytes, secs, send_cpu, recv_cpu);

@@ -118,7 +118,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
             tasks.push(Task { label, reps, job });
         }
     };
-    let mesh = |kind, path, n, size| -> Job {
+    let mesh_pinned = |kind, path, n, size, pin| -> Job {
         Box::new(move || {
             evb::mesh(&MeshSpec {
                 kind,
@@ -127,9 +127,11 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                 receivers: n,
                 size,
                 duration: secs,
+                pin,
             })
         })
     };
+    let mesh = |kind, path, n, size| mesh_pinned(kind, path, n, size, false);
     for g in &groups {
         match *g {
             "p2p" => {
@@ -266,12 +268,28 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         lognormal: false,
                         verify: "headers",
                         content: "static",
+                        pin: None,
                         seconds: s.build_secs,
                     }];
                     if !s.quick {
                         // The same with the RUs writing every byte (as the default run).
                         specs.push(BuildSpec {
                             content: "unique",
+                            ..specs[0].clone()
+                        });
+                    }
+                    // Both again with senders on one CPU and receivers on another, which
+                    // takes this VM's loopback mode out of the comparison.
+                    if let (false, true, Some(cpus)) =
+                        (s.quick, f == BUILD_FRAGMENT, evb::pin_cpus())
+                    {
+                        add(
+                            format!("nxn evb tcp 2x2 {h} pinned"),
+                            reps,
+                            mesh_pinned(Kind::Tcp, SendPath::Fragment, 2, f, true),
+                        );
+                        specs.push(BuildSpec {
+                            pin: Some(cpus),
                             ..specs[0].clone()
                         });
                     }
@@ -386,12 +404,14 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
         .iter()
         .filter(|p| p.bench == "build" && p.variant.starts_with("fixed"))
     {
+        let pinned = b.variant.ends_with("pinned");
         let nxn = find(points, |p| {
             p.bench == "nxn"
                 && p.system == "evb"
                 && p.size == b.size
                 && p.senders == b.senders
                 && p.receivers == b.receivers
+                && p.variant.ends_with("pinned") == pinned
         });
         push(
             &format!(
