@@ -74,10 +74,13 @@ pub struct MeshSpec {
     pub pin: bool,
 }
 
-/// (sender CPU, receiver CPU) for pinned runs: the first and the last.
+/// (sender CPU, receiver CPU) for pinned runs: the first and the last this process may use.
 pub fn pin_cpus() -> Option<(usize, usize)> {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (n >= 2).then_some((0, n - 1))
+    let cpus = evb_node::affinity::current_cpus().ok()?;
+    match (cpus.first(), cpus.last()) {
+        (Some(&a), Some(&b)) if a != b => Some((a, b)),
+        _ => None,
+    }
 }
 
 fn pin(cpu: Option<usize>) -> Result<(), String> {

@@ -116,7 +116,7 @@ fn bad_configurations_are_refused_with_the_key_named() {
 /// a CPU that does not exist stops the run with the key named.
 #[test]
 fn nodes_run_on_the_cpus_their_affinity_names() {
-    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let cpu = *evb_node::affinity::current_cpus().unwrap().last().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
         "[run]\nid = \"it-pin\"\nevents = 300\nduration_s = 0\n[fragments]\nsize = 4096\n\
