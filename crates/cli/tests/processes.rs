@@ -113,14 +113,16 @@ fn bad_configurations_are_refused_with_the_key_named() {
 }
 
 /// Every node pinned to one CPU (the last): the run is exact, each node says where it runs;
-/// a CPU that does not exist stops the run with the key named.
+/// a CPU that does not exist stops the run with the key named. (One BU: on one busy CPU a
+/// second BU may be scheduled too late to get any event, which `assert_exact` would flag.)
 #[test]
 fn nodes_run_on_the_cpus_their_affinity_names() {
     let cpu = *evb_node::affinity::current_cpus().unwrap().last().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "[run]\nid = \"it-pin\"\nevents = 300\nduration_s = 0\n[fragments]\nsize = 4096\n\
-         [affinity]\nevm = [{cpu}]\nru0 = [{cpu}]\nru1 = [{cpu}]\nbu0 = [{cpu}]\nbu1 = [{cpu}]\n"
+        "[run]\nid = \"it-pin\"\nevents = 1000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+         [topology]\nrus = 2\nbus = 1\n\
+         [affinity]\nevm = [{cpu}]\nru0 = [{cpu}]\nru1 = [{cpu}]\nbu0 = [{cpu}]\n"
     );
     let cfg = write(dir.path(), "pin.toml", &toml);
     let json = dir.path().join("s.json");
@@ -133,12 +135,12 @@ fn nodes_run_on_the_cpus_their_affinity_names() {
         .output()
         .unwrap();
     let s = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_exact(&out, &s, 300, 2, 2);
+    assert_exact(&out, &s, 1000, 2, 1);
     let said = format!("pinned to CPUs [{cpu}]");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.matches(&said).count(), 5, "{stderr}");
+    assert_eq!(stderr.matches(&said).count(), 4, "{stderr}");
 
-    let bad = toml.replace(&format!("bu1 = [{cpu}]"), "bu1 = [1000]");
+    let bad = toml.replace(&format!("bu0 = [{cpu}]"), "bu0 = [1000]");
     let cfg = write(dir.path(), "bad.toml", &bad);
     let out = Command::new(EVB)
         .args(["run", "--quiet", "--config"])
@@ -146,7 +148,7 @@ fn nodes_run_on_the_cpus_their_affinity_names() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(text(&out).contains("affinity.bu1"), "{}", text(&out));
+    assert!(text(&out).contains("affinity.bu0"), "{}", text(&out));
 }
 
 #[test]
