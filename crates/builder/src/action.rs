@@ -1,5 +1,7 @@
 //! What the state machines ask their driver to do. They never touch a socket themselves.
 
+use std::collections::VecDeque;
+
 use evb_buffers::Chain;
 use evb_wire::Message;
 
@@ -69,14 +71,17 @@ impl RunState {
     }
 }
 
-/// An RU or BU leaves the run: its final state, and the driver is told to exit.
-pub(crate) fn leave(
-    state: &mut RunState,
-    actions: &mut std::collections::VecDeque<Action>,
-    last: RunState,
-    ok: bool,
-    reason: String,
-) {
-    *state = last;
-    actions.push_back(Action::Exit { ok, reason });
+/// An RU or BU halted by the EVM: its final state, and the driver is told to exit.
+pub(crate) fn halt(state: &mut RunState, actions: &mut VecDeque<Action>, ok: bool) {
+    *state = RunState::Halted;
+    actions.push_back(Action::Exit {
+        ok,
+        reason: "halted by the EVM".into(),
+    });
+}
+
+/// An RU or BU leaves the run on an error (`reason`): aborted, and the driver exits.
+pub(crate) fn abort(state: &mut RunState, actions: &mut VecDeque<Action>, reason: String) {
+    *state = RunState::Aborted;
+    actions.push_back(Action::Exit { ok: false, reason });
 }

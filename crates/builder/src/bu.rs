@@ -8,7 +8,7 @@ use evb_buffers::Chain;
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
 use serde::{Deserialize, Serialize};
 
-use crate::action::{leave, Action, NodeRef, Path, RunState};
+use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
 use crate::ids::{FastSet, IdMap, IdSet, RecentIds};
@@ -189,24 +189,11 @@ impl Bu {
             }
             Message::Halt => {
                 let ok = self.stats.clean();
-                let reason = "halted by the EVM".into();
-                leave(
-                    &mut self.state,
-                    &mut self.actions,
-                    RunState::Halted,
-                    ok,
-                    reason,
-                );
+                halt(&mut self.state, &mut self.actions, ok);
             }
             Message::Abort(why) => {
                 let reason = format!("run aborted: {why}");
-                leave(
-                    &mut self.state,
-                    &mut self.actions,
-                    RunState::Aborted,
-                    false,
-                    reason,
-                );
+                abort(&mut self.state, &mut self.actions, reason);
             }
             _ => self.stats.errors += 1,
         }
@@ -394,13 +381,7 @@ impl Bu {
             msg: Message::Abort(reason.clone()),
             path: Path::Now,
         });
-        leave(
-            &mut self.state,
-            &mut self.actions,
-            RunState::Aborted,
-            false,
-            reason,
-        );
+        abort(&mut self.state, &mut self.actions, reason);
     }
 
     /// A lost RU is the EVM's decision (stop, or go on without it); losing the EVM ends
@@ -410,13 +391,7 @@ impl Bu {
             return;
         }
         let reason = format!("lost {peer}: {reason}");
-        leave(
-            &mut self.state,
-            &mut self.actions,
-            RunState::Aborted,
-            false,
-            reason,
-        );
+        abort(&mut self.state, &mut self.actions, reason);
     }
 }
 

@@ -49,11 +49,11 @@ impl Hasher for IdHasher {
     }
 }
 
-pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-pub type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
-/// The same hash for other small keys of our own (connection ids, node references).
+/// Maps and sets with that hash, for small keys of our own (event ids, node references).
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 pub type FastSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
+pub type IdMap<V> = FastMap<u64, V>;
+pub type IdSet = FastSet<u64>;
 
 /// The event ids seen within a span behind the newest one: a ring of bits indexed by id.
 ///

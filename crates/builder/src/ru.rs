@@ -8,8 +8,8 @@ use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
-use crate::action::{leave, Action, NodeRef, Path, RunState};
-use crate::generator::Content;
+use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
+use crate::generator::{Content, Generator};
 use crate::ids::IdMap;
 use crate::source::Source;
 
@@ -76,6 +76,27 @@ struct Template {
 const CRC_STEP: usize = 4096;
 
 impl Template {
+    /// Source `src`'s payload as long as the largest fragment, written into blocks of `pool`;
+    /// `None` if the pool cannot hold it now.
+    fn make(pool: &Pool, g: &Generator, src: u16) -> Option<Template> {
+        let max = g.sizes.max();
+        let mut writers = Vec::new();
+        let mut room = 0;
+        while room < max {
+            let w = pool.try_alloc()?;
+            room += w.remaining();
+            writers.push(w);
+        }
+        let mut payload = Chain::new();
+        for mut w in writers {
+            let (offset, n) = (payload.len(), (max - payload.len()).min(w.remaining()));
+            g.fill(0, src, offset, &mut w.spare_mut()[..n]);
+            w.advance(n);
+            payload.push(w.slice(0, n));
+        }
+        Some(Template::new(payload))
+    }
+
     fn new(payload: Chain) -> Template {
         let mut marks = vec![0];
         let mut crc = 0;
@@ -195,24 +216,11 @@ impl Ru {
             Message::Halt => {
                 let ok =
                     self.retained.is_empty() && self.pending.is_empty() && self.stats.errors == 0;
-                let reason = "halted by the EVM".into();
-                leave(
-                    &mut self.state,
-                    &mut self.actions,
-                    RunState::Halted,
-                    ok,
-                    reason,
-                );
+                halt(&mut self.state, &mut self.actions, ok);
             }
             Message::Abort(why) => {
                 let reason = format!("run aborted: {why}");
-                leave(
-                    &mut self.state,
-                    &mut self.actions,
-                    RunState::Aborted,
-                    false,
-                    reason,
-                );
+                abort(&mut self.state, &mut self.actions, reason);
             }
             _ => self.stats.errors += 1,
         }
@@ -225,13 +233,7 @@ impl Ru {
             return;
         }
         let reason = format!("lost {peer}: {reason}");
-        leave(
-            &mut self.state,
-            &mut self.actions,
-            RunState::Aborted,
-            false,
-            reason,
-        );
+        abort(&mut self.state, &mut self.actions, reason);
     }
 
     /// Generates assigned fragments while pool memory lasts.
@@ -371,26 +373,10 @@ impl Ru {
         };
         let src = self.cfg.source_id;
         if self.template.is_none() {
-            let max = g.sizes.max();
-            let mut payload = Chain::new();
-            let mut writers = Vec::new();
-            let mut room = 0;
-            while room < max {
-                let w = self.pool.try_alloc()?;
-                room += w.remaining();
-                writers.push(w);
-            }
-            let mut offset = 0;
-            for mut w in writers {
-                let n = (max - offset).min(w.remaining());
-                g.fill(event_id, src, offset, &mut w.spare_mut()[..n]);
-                w.advance(n);
-                payload.push(w.slice(0, n));
-                offset += n;
-            }
-            self.template = Some(Template::new(payload));
+            self.template = Some(Template::make(&self.pool, g, src)?);
         }
-        let size = g.size(event_id, src);
+        let spec = self.cfg.source.spec(event_id, src);
+        let size = spec.size;
         // Small payloads are copied next to their prefix: a copy of a few KiB costs less than
         // a separate piece for the kernel to gather, and consecutive fragments then form one.
         let inline = size <= STATIC_INLINE_MAX && PREFIX_LEN + size <= self.pool.block_size();
@@ -403,9 +389,9 @@ impl Ru {
         let payload_crc = t.crc(size);
         let header = FragmentHeader {
             event_id,
-            trigger_number: event_id as u32,
+            trigger_number: spec.trigger_number,
             source_id: src,
-            flags: evb_wire::FLAG_GENERATED,
+            flags: spec.flags,
             payload_size: size as u32,
             payload_crc,
         };

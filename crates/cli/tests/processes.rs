@@ -3,7 +3,7 @@
 //! no process left behind.
 
 mod common;
-use common::{assert_exact, evb_run, text, EVB};
+use common::{assert_exact, evb_run, evb_run_in, evb_run_in_env, text, EVB};
 
 use std::path::Path;
 use std::process::Command;
@@ -124,29 +124,14 @@ fn nodes_run_on_the_cpus_their_affinity_names() {
          [topology]\nrus = 2\nbus = 1\n\
          [affinity]\nevm = [{cpu}]\nru0 = [{cpu}]\nru1 = [{cpu}]\nbu0 = [{cpu}]\n"
     );
-    let cfg = write(dir.path(), "pin.toml", &toml);
-    let json = dir.path().join("s.json");
-    let out = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .env("EVB_LOG", "evb_node=info")
-        .output()
-        .unwrap();
-    let s = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (out, s) = evb_run_in_env(dir.path(), &toml, &[("EVB_LOG", "evb_node=info")]);
     assert_exact(&out, &s, 1000, 2, 1);
     let said = format!("pinned to CPUs [{cpu}]");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches(&said).count(), 4, "{stderr}");
 
     let bad = toml.replace(&format!("bu0 = [{cpu}]"), "bu0 = [1000]");
-    let cfg = write(dir.path(), "bad.toml", &bad);
-    let out = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let (out, _) = evb_run_in(dir.path(), &bad);
     assert!(!out.status.success());
     assert!(text(&out).contains("affinity.bu0"), "{}", text(&out));
 }

@@ -7,6 +7,7 @@
 //! Kinds that cannot run here (ofi without libfabric) print a notice and pass.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use evb_buffers::Pool;
@@ -505,6 +506,51 @@ fn check_reconnect(kind: Kind) {
     }
 }
 
+/// Sends frames `ids` on `conn`, each `count_bytes(seed, id, len)`.
+fn send_counted(
+    t: &mut Box<dyn Transport>,
+    conn: ConnId,
+    seed: usize,
+    ids: Range<u32>,
+    len: usize,
+) {
+    for i in ids {
+        t.send(
+            conn,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(count_bytes(seed, i, len))],
+        )
+        .unwrap();
+    }
+}
+
+/// Polls `a` until its queue to `ac` is written: alone for up to `alone` passes, then with
+/// `b` (whose events go to `evs`) for transports that need the receiver to move.
+fn write_out(
+    kind: Kind,
+    a: &mut Box<dyn Transport>,
+    ac: ConnId,
+    b: &mut Box<dyn Transport>,
+    evs: &mut Vec<Event>,
+    alone: usize,
+) {
+    for _ in 0..alone {
+        if a.queued_bytes(ac) == 0 {
+            return;
+        }
+        a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.queued_bytes(ac) > 0 {
+        assert!(Instant::now() < deadline, "{kind:?}: queue never written");
+        a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
+            .unwrap();
+        b.poll(evs, Some(Duration::ZERO)).unwrap();
+    }
+}
+
 /// A peer that dies with input still unread (it never read what it was sent) must not take
 /// with it what it had already handed to the transport: everything it wrote arrives, in
 /// order, before the close is reported. (A Unix socket closed with unread input resets its
@@ -521,57 +567,15 @@ fn check_sent_before_death_arrives(kind: Kind) {
         let mut a = make(kind, small_cfg("ru0")).unwrap();
         let (ac, c) = connect(&mut a, &mut b, &at, "ru0");
         bc = c;
-        for i in 0..n {
-            a.send(
-                ac,
-                FrameType::Messages,
-                1,
-                vec![Segment::Owned(count_bytes(1, i, 100))],
-            )
-            .unwrap();
-        }
+        send_counted(&mut a, ac, 1, 0..n, 100);
         // Whatever a transport could not write at once is written now.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while a.queued_bytes(ac) > 0 {
-            assert!(Instant::now() < deadline, "{kind:?}: queue never written");
-            a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
-                .unwrap();
-            b.poll(&mut evs[0], Some(Duration::ZERO)).unwrap();
-        }
+        write_out(kind, &mut a, ac, &mut b, &mut evs[0], 0);
         // A last few that `b` has not read when `a` dies (written without `b`'s help if the
         // transport can; otherwise with it, and then `b` may have read them already).
-        for i in n..n + 5 {
-            a.send(
-                ac,
-                FrameType::Messages,
-                1,
-                vec![Segment::Owned(count_bytes(1, i, 100))],
-            )
-            .unwrap();
-        }
-        for _ in 0..100 {
-            if a.queued_bytes(ac) == 0 {
-                break;
-            }
-            a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
-                .unwrap();
-        }
-        while a.queued_bytes(ac) > 0 {
-            assert!(Instant::now() < deadline, "{kind:?}: queue never written");
-            a.poll(&mut Vec::new(), Some(Duration::from_millis(1)))
-                .unwrap();
-            b.poll(&mut evs[0], Some(Duration::ZERO)).unwrap();
-        }
+        send_counted(&mut a, ac, 1, n..n + 5, 100);
+        write_out(kind, &mut a, ac, &mut b, &mut evs[0], 100);
         // Input for `a` that it will never read.
-        for i in 0..3 {
-            b.send(
-                bc,
-                FrameType::Messages,
-                1,
-                vec![Segment::Owned(count_bytes(9, i, 64))],
-            )
-            .unwrap();
-        }
+        send_counted(&mut b, bc, 9, 0..3, 64);
         std::thread::sleep(Duration::from_millis(20));
     } // `a` dies: no Bye, its input unread
     let mut got = frames_of(&mut evs[0], bc);

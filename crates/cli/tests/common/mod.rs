@@ -11,6 +11,11 @@ pub const EVB: &str = env!("CARGO_BIN_EXE_evb");
 /// Writes `toml` to `dir/run.toml`, runs `evb run --quiet --json` on it; returns the process
 /// output and the JSON summary (`Null` if none was written).
 pub fn evb_run_in(dir: &Path, toml: &str) -> (Output, Value) {
+    evb_run_in_env(dir, toml, &[])
+}
+
+/// Like `evb_run_in`, with environment variables set for `evb` (and so its nodes).
+pub fn evb_run_in_env(dir: &Path, toml: &str, env: &[(&str, &str)]) -> (Output, Value) {
     let cfg = dir.join("run.toml");
     std::fs::write(&cfg, toml).unwrap();
     let json = dir.join("summary.json");
@@ -20,6 +25,7 @@ pub fn evb_run_in(dir: &Path, toml: &str) -> (Output, Value) {
         .arg(&cfg)
         .arg("--json")
         .arg(&json)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let summary = std::fs::read_to_string(&json)
