@@ -5,7 +5,7 @@
 //! and over loopback the kernel does the same work either way (a thread of another process
 //! shares nothing with its peer but the socket).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -16,9 +16,8 @@ use evb_transport::inproc::InprocTransport;
 use evb_transport::tcp::TcpTransport;
 use evb_transport::{ConnId, Transport, TransportConfig};
 use evb_wire::{Channel, FragmentHeader, Hello, Message, Role, FLAG_GENERATED};
-use hdrhistogram::Histogram;
 
-use crate::measure::{fill_rates, thread_cpu, Point};
+use crate::measure::{fill_rates, thread_cpu, Point, RoundTrips};
 
 const RUN: &str = "bench";
 const BLOCK: usize = 256 * 1024;
@@ -537,35 +536,22 @@ pub fn latency(
     client.set_busy_poll(spin);
     let conn = connect_all(&mut client, &[addr], &name, 0)?[0];
     let msg = report_of(size);
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
     let mut inc = Vec::new();
-    let mut out: VecDeque<Instant> = VecDeque::new();
-    let warmup = 200u64;
-    let mut done = 0u64;
-    let mut start = Instant::now();
-    let mut end = start + duration;
+    let mut trips = RoundTrips::new(duration);
     for _ in 0..in_flight {
-        out.push_back(Instant::now());
+        trips.sent();
         client.send_now(conn, &msg).map_err(|e| e.to_string())?;
     }
-    while !out.is_empty() {
+    while trips.in_flight() {
         client
             .poll(&mut inc, Some(Duration::from_millis(100)))
             .map_err(|e| e.to_string())?;
         for e in inc.drain(..) {
             match e {
                 Incoming::Received { .. } => {
-                    let now = Instant::now();
-                    let t = out.pop_front().ok_or("reply to nothing")?;
-                    done += 1;
-                    if done == warmup {
-                        start = now;
-                        end = now + duration;
-                        hist.reset();
-                    }
-                    hist.saturating_record(now.duration_since(t).as_nanos() as u64);
-                    if done < warmup || now < end {
-                        out.push_back(Instant::now());
+                    let another = trips.replied()?;
+                    if another {
+                        trips.sent();
                         client.send_now(conn, &msg).map_err(|e| e.to_string())?;
                     }
                 }
@@ -574,12 +560,6 @@ pub fn latency(
             }
         }
     }
-    let secs = start.elapsed().as_secs_f64();
-    client
-        .send_now(conn, &Message::Halt)
-        .map_err(|e| e.to_string())?;
-    drain(&mut client, &[conn], &mut inc)?;
-    srv.join().map_err(|_| "server panicked")??;
     let variant = if spin.is_zero() {
         "blocking".to_string()
     } else {
@@ -587,11 +567,11 @@ pub fn latency(
     };
     let mut p = Point::new("lat", "evb", kind.name(), &variant, size as u64);
     p.in_flight = in_flight as u32;
-    let n = hist.len();
-    p.msgs_per_s = n as f64 / secs;
-    p.gb_per_s = n as f64 * size as f64 / secs / 1e9;
-    p.p50_us = hist.value_at_quantile(0.5) as f64 / 1e3;
-    p.p99_us = hist.value_at_quantile(0.99) as f64 / 1e3;
-    p.p999_us = hist.value_at_quantile(0.999) as f64 / 1e3;
+    trips.fill(&mut p, size);
+    client
+        .send_now(conn, &Message::Halt)
+        .map_err(|e| e.to_string())?;
+    drain(&mut client, &[conn], &mut inc)?;
+    srv.join().map_err(|_| "server panicked")??;
     Ok(p)
 }

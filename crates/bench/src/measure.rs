@@ -1,7 +1,9 @@
 //! Measurement helpers: per-thread CPU time, medians, result points.
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// CPU time consumed so far by the calling thread (user + system).
@@ -139,6 +141,69 @@ pub fn fill_rates(
     if gb > 0.0 {
         p.send_cpu_s_per_gb = send_cpu.as_secs_f64() / gb;
         p.recv_cpu_s_per_gb = recv_cpu.as_secs_f64() / gb;
+    }
+}
+
+/// Ping-pong bookkeeping shared by the latency benchmarks (evb and ZeroMQ): the send times of
+/// the requests in flight, a warm-up, then a histogram of round trips for `duration`.
+pub struct RoundTrips {
+    out: VecDeque<Instant>,
+    hist: Histogram<u64>,
+    done: u64,
+    start: Instant,
+    end: Instant,
+    duration: Duration,
+}
+
+impl RoundTrips {
+    /// Replies before this many are not recorded.
+    const WARMUP: u64 = 200;
+
+    pub fn new(duration: Duration) -> RoundTrips {
+        let start = Instant::now();
+        RoundTrips {
+            out: VecDeque::new(),
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("bounds"),
+            done: 0,
+            start,
+            end: start + duration,
+            duration,
+        }
+    }
+
+    /// A request goes out now.
+    pub fn sent(&mut self) {
+        self.out.push_back(Instant::now());
+    }
+
+    pub fn in_flight(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// The oldest request's reply arrived: true when another request should go out.
+    pub fn replied(&mut self) -> Result<bool, String> {
+        let now = Instant::now();
+        let t = self.out.pop_front().ok_or("reply to nothing")?;
+        self.done += 1;
+        if self.done == Self::WARMUP {
+            self.start = now;
+            self.end = now + self.duration;
+            self.hist.reset();
+        }
+        self.hist
+            .saturating_record(now.duration_since(t).as_nanos() as u64);
+        Ok(self.done < Self::WARMUP || now < self.end)
+    }
+
+    /// Rates and percentiles into `p` (call when every reply is in).
+    pub fn fill(&self, p: &mut Point, size: usize) {
+        let secs = self.start.elapsed().as_secs_f64();
+        let n = self.hist.len();
+        p.msgs_per_s = n as f64 / secs;
+        p.gb_per_s = n as f64 * size as f64 / secs / 1e9;
+        p.p50_us = self.hist.value_at_quantile(0.5) as f64 / 1e3;
+        p.p99_us = self.hist.value_at_quantile(0.99) as f64 / 1e3;
+        p.p999_us = self.hist.value_at_quantile(0.999) as f64 / 1e3;
     }
 }
 

@@ -1,12 +1,9 @@
 //! ZeroMQ through its Rust binding (`zmq` 0.10, a static libzmq 4.3.4 built from source),
 //! over the same loopback: PUSH/PULL for throughput, PAIR ping-pong for latency.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
-
-use crate::measure::{fill_rates, thread_cpu, Point};
+use crate::measure::{fill_rates, thread_cpu, Point, RoundTrips};
 
 fn bind_any(sock: &zmq::Socket) -> Result<String, String> {
     sock.bind("tcp://127.0.0.1:*").map_err(|e| e.to_string())?;
@@ -81,42 +78,23 @@ pub fn latency(size: usize, in_flight: usize, duration: Duration) -> Result<Poin
         }
     });
     let payload = vec![0x5au8; size];
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
-    let mut out: VecDeque<Instant> = VecDeque::new();
+    let mut trips = RoundTrips::new(duration);
     let mut msg = zmq::Message::new();
-    let warmup = 200u64;
-    let mut done = 0u64;
-    let mut start = Instant::now();
-    let mut end = start + duration;
     for _ in 0..in_flight {
-        out.push_back(Instant::now());
+        trips.sent();
         cli.send(&payload[..], 0).map_err(|e| e.to_string())?;
     }
-    while let Some(t) = out.pop_front() {
+    while trips.in_flight() {
         cli.recv(&mut msg, 0).map_err(|e| e.to_string())?;
-        let now = Instant::now();
-        done += 1;
-        if done == warmup {
-            start = now;
-            end = now + duration;
-            hist.reset();
-        }
-        hist.saturating_record(now.duration_since(t).as_nanos() as u64);
-        if done < warmup || now < end {
-            out.push_back(Instant::now());
+        if trips.replied()? {
+            trips.sent();
             cli.send(&payload[..], 0).map_err(|e| e.to_string())?;
         }
     }
-    let secs = start.elapsed().as_secs_f64();
-    cli.send(&[][..], 0).map_err(|e| e.to_string())?;
-    echo.join().map_err(|_| "zmq echo panicked")??;
     let mut p = Point::new("lat", "zmq", "tcp", "pair", size as u64);
     p.in_flight = in_flight as u32;
-    let n = hist.len();
-    p.msgs_per_s = n as f64 / secs;
-    p.gb_per_s = n as f64 * size as f64 / secs / 1e9;
-    p.p50_us = hist.value_at_quantile(0.5) as f64 / 1e3;
-    p.p99_us = hist.value_at_quantile(0.99) as f64 / 1e3;
-    p.p999_us = hist.value_at_quantile(0.999) as f64 / 1e3;
+    trips.fill(&mut p, size);
+    cli.send(&[][..], 0).map_err(|e| e.to_string())?;
+    echo.join().map_err(|_| "zmq echo panicked")??;
     Ok(p)
 }
