@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{fragment_prefix, EventRange, FragmentHeader, Message, FRAGMENT_PREFIX_LEN};
+use evb_wire::{fragment_prefix, EventRange, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
@@ -340,14 +340,7 @@ impl Ru {
                 break;
             }
         }
-        let header = FragmentHeader {
-            event_id,
-            trigger_number: spec.trigger_number,
-            source_id: src,
-            flags: spec.flags,
-            payload_size: size as u32,
-            payload_crc: crc,
-        };
+        let header = spec.header(event_id, src, crc);
         writers[0].spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
         let mut chain = Chain::new();
         let used = lens.len();
@@ -386,15 +379,7 @@ impl Ru {
             _ => self.pool.try_alloc()?,
         };
         let t = self.template.as_mut().expect("made above");
-        let payload_crc = t.crc(size);
-        let header = FragmentHeader {
-            event_id,
-            trigger_number: spec.trigger_number,
-            source_id: src,
-            flags: spec.flags,
-            payload_size: size as u32,
-            payload_crc,
-        };
+        let header = spec.header(event_id, src, t.crc(size));
         let start = block.filled();
         block.spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
         if inline {

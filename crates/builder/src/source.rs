@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use evb_wire::{FLAG_GENERATED, FLAG_MISSING};
+use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING};
 
 use crate::generator::Generator;
 
@@ -40,6 +40,20 @@ pub struct FragmentSpec {
     pub size: usize,
     pub trigger_number: u32,
     pub flags: u16,
+}
+
+impl FragmentSpec {
+    /// The fragment header of this fragment of `event_id`, once its payload CRC is known.
+    pub fn header(&self, event_id: u64, source_id: u16, payload_crc: u32) -> FragmentHeader {
+        FragmentHeader {
+            event_id,
+            trigger_number: self.trigger_number,
+            source_id,
+            flags: self.flags,
+            payload_size: self.size as u32,
+            payload_crc,
+        }
+    }
 }
 
 impl Source {

@@ -20,6 +20,10 @@ fn generator() -> Generator {
     )
 }
 
+fn assign(bu: u16, first: u64, count: u32) -> Message {
+    Message::Assign(EventRange { bu, first, count })
+}
+
 fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
     EvmConfig {
         n_ru,
@@ -362,15 +366,7 @@ fn lone_bu(n_ru: u16) -> Bu {
 fn fragment_for(ru_index: u16, event_id: u64) -> (FragmentHeader, Chain) {
     let mut r = ru(ru_index, 64 * 1024, 4);
     r.handle(Instant::now(), NodeRef::Evm, Message::Start);
-    r.handle(
-        Instant::now(),
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: event_id,
-            count: 1,
-        }),
-    );
+    r.handle(Instant::now(), NodeRef::Evm, assign(0, event_id, 1));
     r.poll(Instant::now());
     loop {
         match r.next_action() {
@@ -403,15 +399,7 @@ fn bu_waits_for_assignment_and_all_fragments() {
         drain_delivered(&mut b).is_empty(),
         "built before the EVM assigned it"
     );
-    b.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 7,
-            count: 1,
-        }),
-    );
+    b.handle(now, NodeRef::Evm, assign(0, 7, 1));
     let evs = drain_delivered(&mut b);
     assert_eq!(evs.len(), 1);
     assert_eq!(evs[0].fragments.len(), 2);
@@ -439,15 +427,7 @@ fn bu_waits_for_assignment_and_all_fragments() {
 fn bu_counts_duplicates_and_corruption() {
     let now = Instant::now();
     let mut b = lone_bu(1);
-    b.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 1,
-            count: 3,
-        }),
-    );
+    b.handle(now, NodeRef::Evm, assign(0, 1, 3));
     // duplicate after the event is built
     let (h, p) = fragment_for(0, 1);
     b.handle_fragment(now, NodeRef::Ru(0), h, p.clone());
@@ -487,15 +467,7 @@ fn bu_counts_duplicates_and_corruption() {
 fn bu_flags_trigger_number_mismatch() {
     let now = Instant::now();
     let mut b = lone_bu(2);
-    b.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 5,
-            count: 1,
-        }),
-    );
+    b.handle(now, NodeRef::Evm, assign(0, 5, 1));
     let (h0, p0) = fragment_for(0, 5);
     let (mut h1, p1) = fragment_for(1, 5);
     h1.trigger_number += 1;
@@ -512,15 +484,7 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
     // 4 blocks of 64 KiB; fragments up to 20 kB: the pool fills after a handful of events
     let mut r = ru(0, 64 * 1024, 4);
     r.handle(now, NodeRef::Evm, Message::Start);
-    r.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 0,
-            count: 1000,
-        }),
-    );
+    r.handle(now, NodeRef::Evm, assign(0, 0, 1000));
     for _ in 0..200 {
         r.poll(now);
     }
@@ -568,15 +532,7 @@ fn ru_fragments_larger_than_a_block_span_blocks() {
         max_per_poll: 4,
     };
     let mut r = Ru::new(cfg, Pool::new("ru", 64 * 1024, 16));
-    r.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 0,
-            count: 2,
-        }),
-    );
+    r.handle(now, NodeRef::Evm, assign(0, 0, 2));
     r.poll(now);
     let g = Generator::new(SizeModel::Fixed(200_000), 1);
     let mut n = 0;
@@ -605,15 +561,7 @@ fn static_content_is_made_once_and_sent_by_reference() {
     };
     let pool = Pool::new("ru", 64 * 1024, 64);
     let mut r = Ru::new(cfg, pool.clone());
-    r.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 0,
-            count: 500,
-        }),
-    );
+    r.handle(now, NodeRef::Evm, assign(0, 0, 500));
     r.poll(now);
     let mut b = Bu::new(BuConfig {
         generator: Some(g.clone()),
@@ -621,15 +569,7 @@ fn static_content_is_made_once_and_sent_by_reference() {
         ..bu_cfg(0, 1, 1000)
     });
     b.handle(now, NodeRef::Evm, Message::Start);
-    b.handle(
-        now,
-        NodeRef::Evm,
-        Message::Assign(EventRange {
-            bu: 0,
-            first: 0,
-            count: 500,
-        }),
-    );
+    b.handle(now, NodeRef::Evm, assign(0, 0, 500));
     let mut referenced = std::collections::HashSet::new();
     let (mut n, mut inline) = (0, 0);
     while let Some(a) = r.next_action() {
