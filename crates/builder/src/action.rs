@@ -45,6 +45,11 @@ pub enum Action {
     SendFragment { to: NodeRef, data: Chain },
     /// BU: hand this event to the sink, then call `Bu::delivered`.
     Deliver(BuiltEvent),
+    /// BU: the EVM accepted the release of these events: the sink may make them output.
+    Accepted(evb_wire::EventRange),
+    /// EVM: drop this node from the run now (close its control connection), e.g. a BU
+    /// that an RU can no longer reach.
+    Disconnect(NodeRef),
     /// The node's part in the run is over; the driver flushes and exits.
     Exit { ok: bool, reason: String },
 }

@@ -57,6 +57,14 @@ pub struct BuStats {
     /// Events still partly built at the end of the run.
     pub incomplete_at_stop: u64,
     pub in_flight_high_water: u64,
+    /// Events this BU released that the EVM did not accept (its ledger counted them as
+    /// duplicate or misrouted): they are not this BU's output.
+    #[serde(default)]
+    pub releases_refused: u64,
+    /// Events handed to the sink whose release the EVM has not (yet) accepted. At the end of
+    /// a run that this BU left early (lost, aborted), these are left out of its output.
+    #[serde(default)]
+    pub unacknowledged: u64,
     /// Other protocol errors.
     pub errors: u64,
 }
@@ -71,6 +79,7 @@ impl BuStats {
             + self.source_mismatches
             + self.misrouted
             + self.incomplete_at_stop
+            + self.releases_refused
             + self.errors
             == 0
     }
@@ -89,6 +98,9 @@ pub struct Bu {
     events: IdMap<Building>,
     /// Ids delivered to the sink and not yet acknowledged by `delivered`.
     at_sink: IdSet,
+    /// Events the sink took and this BU released, in release order, with their payload
+    /// bytes, until the EVM echoes the release: only then are they this BU's output.
+    unacked: VecDeque<(u64, u64)>,
     recent: RecentIds,
     /// Release range being coalesced.
     release: Option<EventRange>,
@@ -107,6 +119,7 @@ impl Bu {
             state: RunState::Configured,
             events: IdMap::default(),
             at_sink: IdSet::default(),
+            unacked: VecDeque::new(),
             release: None,
             credits_to_send: 0,
             lost_sources: FastSet::default(),
@@ -120,7 +133,9 @@ impl Bu {
     }
 
     pub fn stats(&self) -> BuStats {
-        self.stats.clone()
+        let mut s = self.stats.clone();
+        s.unacknowledged = self.unacked.len() as u64;
+        s
     }
 
     /// Events partly built or at the sink.
@@ -177,10 +192,11 @@ impl Bu {
                     self.try_complete(id);
                 }
             }
+            Message::Release(r) if r.bu == self.me() => self.accepted(r),
             Message::Stop { .. } => {
                 self.state = RunState::Stopping;
                 self.stats.incomplete_at_stop = self.events.len() as u64;
-                let report = serde_json::to_string(&self.stats).unwrap_or_default();
+                let report = serde_json::to_string(&self.stats()).unwrap_or_default();
                 self.actions.push_back(Action::Send {
                     to: NodeRef::Evm,
                     msg: Message::Report(report),
@@ -213,16 +229,22 @@ impl Bu {
         };
         let ru = ru as usize;
         self.stats.fragments_received += 1;
-        if self.cfg.source_ids.get(ru) != Some(&header.source_id) {
-            self.stats.source_mismatches += 1;
+        let Some(&expected_source) = self.cfg.source_ids.get(ru) else {
+            self.stats.errors += 1;
             return;
-        }
+        };
         let id = header.event_id;
         if self.recent.contains(id) || self.at_sink.contains(&id) {
             self.stats.duplicate_fragments += 1;
             return;
         }
+        // A wrong source id is counted and the fragment still stands for its RU, flagged
+        // corrupt: the event completes (and is marked), the run does not stall on it.
         let mut corrupt = false;
+        if header.source_id != expected_source {
+            self.stats.source_mismatches += 1;
+            corrupt = true;
+        }
         if self.cfg.verify != Verify::Headers && payload.crc32c() != header.payload_crc {
             self.stats.crc_errors += 1;
             corrupt = true;
@@ -325,9 +347,7 @@ impl Bu {
             self.stats.errors += 1;
             return;
         }
-        self.stats.events_built += 1;
-        self.stats.payload_bytes_built += bytes;
-        self.stats.event_id_sum = self.stats.event_id_sum.wrapping_add(id);
+        self.unacked.push_back((id, bytes));
         self.recent.insert(id);
         match &mut self.release {
             Some(r) if r.end() == id && r.count < u32::MAX => r.count += 1,
@@ -342,6 +362,49 @@ impl Bu {
         }
         if matches!(self.state, RunState::Running) {
             self.credits_to_send += 1;
+        }
+    }
+
+    /// The EVM's echo of a release: its ledger took these events as built by this BU. Only
+    /// now do they count, and only now may the sink make them output (a BU the EVM dropped
+    /// never hears this for what it builds afterwards). Echoes come in release order; an
+    /// event skipped over was refused by the ledger.
+    fn accepted(&mut self, r: EventRange) {
+        let mut run: Option<EventRange> = None;
+        // bounded by what this BU released, whatever `count` says
+        for id in r.first..r.end() {
+            let found = loop {
+                let Some((front, bytes)) = self.unacked.pop_front() else {
+                    break None;
+                };
+                if front == id {
+                    break Some(bytes);
+                }
+                self.stats.releases_refused += 1;
+            };
+            let Some(bytes) = found else {
+                self.stats.errors += 1;
+                break;
+            };
+            self.stats.events_built += 1;
+            self.stats.payload_bytes_built += bytes;
+            self.stats.event_id_sum = self.stats.event_id_sum.wrapping_add(id);
+            match &mut run {
+                Some(a) if a.end() == id => a.count += 1,
+                _ => {
+                    if let Some(a) = run.take() {
+                        self.actions.push_back(Action::Accepted(a));
+                    }
+                    run = Some(EventRange {
+                        bu: self.me(),
+                        first: id,
+                        count: 1,
+                    });
+                }
+            }
+        }
+        if let Some(a) = run {
+            self.actions.push_back(Action::Accepted(a));
         }
     }
 

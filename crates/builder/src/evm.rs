@@ -13,6 +13,7 @@ use crate::ids::FastSet;
 use crate::ledger::Ledger;
 use crate::report::{verdict, RunReport};
 use crate::{BuStats, RuStats};
+use tracing::{error, warn};
 
 /// What the run does when an RU is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,14 +223,19 @@ impl Evm {
                     self.stats.released_id_sum_by_bu[b] =
                         self.stats.released_id_sum_by_bu[b].wrapping_add(ids);
                     self.send_to(self.live_rus(), Message::Release(valid), Path::Batched);
+                    // The echo tells the BU these are its output (see `Bu::accepted`).
+                    self.send_to(vec![from], Message::Release(valid), Path::Batched);
                 }
+            }
+            (Message::LinkLost { bu }, NodeRef::Ru(_)) if bu < self.cfg.n_bu => {
+                self.link_lost(now, from, bu)
             }
             (Message::Report(json), NodeRef::Ru(i)) if self.state == RunState::Stopping => {
                 match serde_json::from_str(&json) {
                     Ok(s) => {
                         self.ru_reports.insert(i, s);
                     }
-                    Err(_) => self.stats.errors += 1,
+                    Err(e) => self.bad_report(from, e),
                 }
             }
             (Message::Report(json), NodeRef::Bu(i)) if self.state == RunState::Stopping => {
@@ -237,12 +243,42 @@ impl Evm {
                     Ok(s) => {
                         self.bu_reports.insert(i, s);
                     }
-                    Err(_) => self.stats.errors += 1,
+                    Err(e) => self.bad_report(from, e),
                 }
             }
             (Message::Abort(why), _) => self.abort(format!("{from} aborted: {why}")),
-            _ => self.stats.errors += 1,
+            (msg, _) => {
+                warn!(
+                    "unexpected {:?} from {from} in state {:?}: counted as a protocol error",
+                    msg.msg_type(),
+                    self.state
+                );
+                self.stats.errors += 1
+            }
         }
+    }
+
+    /// A Report body that does not hold the counters of docs/protocol.md §6: counted, and
+    /// said why, so that an outside implementation can see what to fix.
+    fn bad_report(&mut self, from: NodeRef, e: serde_json::Error) {
+        error!("report from {from} refused: {e} (docs/protocol.md lists its fields)");
+        self.stats.errors += 1;
+        self.stats
+            .lost
+            .push(format!("{from} sent a report that was refused: {e}"));
+    }
+
+    /// An RU's data connection to a BU closed while both are in the run: that BU can no
+    /// longer get every fragment, so it leaves the run as a lost BU does (its events are
+    /// rebuilt elsewhere) instead of the run stalling on it.
+    fn link_lost(&mut self, now: Instant, ru: NodeRef, bu: u16) {
+        let b = NodeRef::Bu(bu);
+        if self.state != RunState::Running || !self.alive.contains(&b) {
+            return;
+        }
+        warn!("{ru} lost its data link to {b}: dropping {b} from the run");
+        self.peer_lost(now, b, &format!("data link from {ru} lost"));
+        self.actions.push_back(Action::Disconnect(b));
     }
 
     fn on_ready(&mut self, now: Instant, from: NodeRef, available: u64) {

@@ -194,7 +194,12 @@ impl Ru {
         }
         match msg {
             Message::Start => self.state = RunState::Running,
-            Message::Assign(r) => self.pending.push_back(r),
+            Message::Assign(r) if r.count > 0 => self.pending.push_back(r),
+            // A valid release never names more events than this RU holds: a bigger one is
+            // refused whole rather than walked id by id.
+            Message::Release(r) if r.count as usize > self.retained.len() => {
+                self.stats.errors += 1;
+            }
             Message::Release(r) => {
                 for id in r.first..r.end() {
                     if self.retained.remove(&id).is_some() {
@@ -229,7 +234,22 @@ impl Ru {
     /// A lost BU is the EVM's business (it reassigns the BU's events, which come back here
     /// as new assignments); losing the EVM ends the run.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if self.state.is_over() || peer != NodeRef::Evm {
+        if self.state.is_over() {
+            return;
+        }
+        if let NodeRef::Bu(bu) = peer {
+            // The EVM cannot see a data link: tell it, or the BU's events would wait on
+            // fragments that cannot arrive until the run stalls.
+            if self.state == RunState::Running {
+                self.actions.push_back(Action::Send {
+                    to: NodeRef::Evm,
+                    msg: Message::LinkLost { bu },
+                    path: Path::Now,
+                });
+            }
+            return;
+        }
+        if peer != NodeRef::Evm {
             return;
         }
         let reason = format!("lost {peer}: {reason}");

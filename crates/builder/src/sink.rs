@@ -18,7 +18,15 @@ pub enum SinkError {
 pub trait Sink: Send {
     /// Takes one built event; the BU releases it when this returns Ok.
     fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError>;
-    /// The run is over: complete whatever is open.
+    /// The EVM accepted the release of events `first .. first + count` (delivered here
+    /// earlier, in this order): they are this BU's to output. A sink that commits output
+    /// (files) makes only such events visible; delivered events never accepted by the end
+    /// (the EVM dropped this BU, or the run aborted) must not become output.
+    fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+        Ok(())
+    }
+    /// The run is over: complete whatever is open, with the accepted events only. May be
+    /// called again after an error (a full disk): it carries on where it stopped.
     fn finish(&mut self) -> Result<(), SinkError> {
         Ok(())
     }

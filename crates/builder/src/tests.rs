@@ -136,6 +136,17 @@ impl Sim {
                     self.sinks[i as usize].deliver(&ev).unwrap();
                     self.bus[i as usize].delivered(ev.event_id, ev.bytes);
                 }
+                Action::Accepted(r) => {
+                    let NodeRef::Bu(i) = from else { panic!() };
+                    self.sinks[i as usize].accepted(r.first, r.count).unwrap();
+                }
+                Action::Disconnect(n) => {
+                    // the EVM drops a node: it hears its EVM gone, and is out of the run
+                    if let NodeRef::Bu(i) = n {
+                        self.bus[i as usize].peer_lost(NodeRef::Evm, "dropped by the EVM");
+                    }
+                    self.dead.push(n);
+                }
                 Action::Exit { ok, reason } => self.exits.push((from, ok, reason)),
             }
         }
@@ -212,7 +223,14 @@ impl Sim {
             for _ in 0..n {
                 self.step += 1;
                 let w = if self.reorder > 0 && self.step.is_multiple_of(self.reorder) {
-                    self.net.pop_back()
+                    // another connection's newest traffic first; each connection stays in
+                    // order, as every transport keeps it
+                    let ends = |w: &Wire| match w {
+                        Wire::Msg(f, t, _) | Wire::Frag(f, t, _) => (*f, *t),
+                    };
+                    let pair = self.net.back().map(ends);
+                    let k = self.net.iter().position(|w| Some(ends(w)) == pair);
+                    k.and_then(|k| self.net.remove(k))
                 } else {
                     self.net.pop_front()
                 };
@@ -456,10 +474,16 @@ fn bu_counts_duplicates_and_corruption() {
     b.handle_fragment(now, NodeRef::Ru(0), forged, p_other);
     assert_eq!(b.stats().content_errors, 1);
 
-    // a fragment from a source the configuration does not give that RU
-    let (h, p) = fragment_for(1, 3);
+    // a fragment from a source the configuration does not give that RU: counted, and its
+    // event still completes, flagged corrupt (the run must not stall on it)
+    drain_delivered(&mut b);
+    b.handle(now, NodeRef::Evm, assign(0, 5, 1));
+    let (h, p) = fragment_for(1, 5);
     b.handle_fragment(now, NodeRef::Ru(0), h, p);
     assert_eq!(b.stats().source_mismatches, 1);
+    let built = drain_delivered(&mut b);
+    assert_eq!(built.len(), 1);
+    assert!(built[0].corrupt);
     assert!(!b.stats().clean());
 }
 

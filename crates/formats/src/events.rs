@@ -106,6 +106,30 @@ pub fn event_header(
     b
 }
 
+/// A point in a data file between two events, to cut the file back to (see
+/// [`EventFileWriter::truncate_to`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteMark {
+    bytes: u64,
+    crc: u32,
+    events: u64,
+    payload_bytes: u64,
+    first_event: Option<u64>,
+    last_event: Option<u64>,
+}
+
+impl WriteMark {
+    /// Events in the file up to this mark.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Payload bytes between `earlier` (the file's start when `None`) and this mark.
+    pub fn payload_bytes_since(&self, earlier: Option<&WriteMark>) -> u64 {
+        self.payload_bytes - earlier.map_or(0, |m| m.payload_bytes)
+    }
+}
+
 /// Writes one data file under a temporary name; `finish` renames it into place and writes
 /// its metadata, so a reader never sees half a file.
 pub struct EventFileWriter {
@@ -117,6 +141,8 @@ pub struct EventFileWriter {
     /// Bytes known to be complete events (where to cut back to after a failed write).
     good: u64,
     crc: u32,
+    /// `finish` got as far as renaming the data file (it may be called again after an error).
+    renamed: bool,
 }
 
 impl EventFileWriter {
@@ -133,6 +159,13 @@ impl EventFileWriter {
             path: tmp.display().to_string(),
             source,
         };
+        if path.exists() {
+            // never replace a completed file (of an earlier incarnation of this BU)
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists", path.display()),
+            )));
+        }
         let file = File::create(&tmp).map_err(io)?;
         let mut w = EventFileWriter {
             out: Some(BufWriter::with_capacity(1 << 20, file)),
@@ -154,12 +187,58 @@ impl EventFileWriter {
             },
             good: 0,
             crc: 0,
+            renamed: false,
         };
         let h = file_header(run, bu, sequence);
-        w.put(&h).map_err(io)?;
-        w.writer().flush().map_err(io)?;
+        if let Err(e) = w.put(&h).and_then(|_| w.writer().flush()) {
+            // no temporary file is left behind by a failed start
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
         w.good = w.meta.bytes;
         Ok(w)
+    }
+
+    /// Where the file stands now (between events).
+    pub fn mark(&self) -> WriteMark {
+        WriteMark {
+            bytes: self.good,
+            crc: self.crc,
+            events: self.meta.events,
+            payload_bytes: self.meta.payload_bytes,
+            first_event: self.meta.first_event,
+            last_event: self.meta.last_event,
+        }
+    }
+
+    /// Cuts the file back to `mark`: the events written after it are no longer in it.
+    pub fn truncate_to(&mut self, mark: &WriteMark) -> Result<(), EventFileError> {
+        let io = |source| EventFileError::Io {
+            path: self.tmp.display().to_string(),
+            source,
+        };
+        if self.renamed || mark.bytes > self.good {
+            return Err(io(std::io::Error::other(
+                "cannot cut back a completed file",
+            )));
+        }
+        let out = self.out.take().expect("writer present between calls");
+        let cap = out.capacity();
+        let (mut file, _unwritten) = out.into_parts();
+        use std::io::Seek;
+        let r = file
+            .set_len(mark.bytes)
+            .and_then(|_| file.seek(std::io::SeekFrom::Start(mark.bytes)));
+        self.out = Some(BufWriter::with_capacity(cap, file));
+        r.map_err(io)?;
+        self.good = mark.bytes;
+        self.crc = mark.crc;
+        self.meta.bytes = mark.bytes;
+        self.meta.events = mark.events;
+        self.meta.payload_bytes = mark.payload_bytes;
+        self.meta.first_event = mark.first_event;
+        self.meta.last_event = mark.last_event;
+        Ok(())
     }
 
     fn writer(&mut self) -> &mut BufWriter<File> {
@@ -230,27 +309,43 @@ impl EventFileWriter {
         }
     }
 
-    /// Completes the file: sync, rename into place, write the metadata file. Returns its metadata.
-    pub fn finish(mut self) -> Result<FileMeta, EventFileError> {
+    /// Completes the file: sync, rename into place, write the metadata file. Returns its
+    /// metadata. After an error (a full disk) it may be called again and goes on from the
+    /// step that failed; the data file is never renamed over an existing one.
+    pub fn finish(&mut self) -> Result<FileMeta, EventFileError> {
         let io = |p: &Path| {
             let p = p.display().to_string();
             move |source| EventFileError::Io { path: p, source }
         };
-        self.writer().flush().map_err(io(&self.tmp))?;
-        self.writer().get_ref().sync_data().map_err(io(&self.tmp))?;
-        std::fs::rename(&self.tmp, &self.path).map_err(io(&self.path))?;
+        if !self.renamed {
+            self.writer().flush().map_err(io(&self.tmp))?;
+            self.writer().get_ref().sync_data().map_err(io(&self.tmp))?;
+            if self.path.exists() {
+                return Err(io(&self.path)(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "a completed file of that name exists",
+                )));
+            }
+            std::fs::rename(&self.tmp, &self.path).map_err(io(&self.path))?;
+            self.renamed = true;
+        }
         self.meta.crc32c = self.crc;
         let meta_path = PathBuf::from(format!("{}.json", self.path.display()));
         let meta_tmp = meta_path.with_extension("json.tmp");
         let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default();
         std::fs::write(&meta_tmp, text + "\n").map_err(io(&meta_tmp))?;
         std::fs::rename(&meta_tmp, &meta_path).map_err(io(&meta_path))?;
-        Ok(self.meta)
+        Ok(self.meta.clone())
     }
 
-    /// Gives up on the file (nothing was written to it): removes the temporary file.
+    /// Gives up on the file (no event of it is output): removes the temporary file.
     pub fn discard(self) {
         let _ = std::fs::remove_file(&self.tmp);
+    }
+
+    /// The data file's final name.
+    pub fn name(&self) -> &str {
+        &self.meta.file
     }
 }
 

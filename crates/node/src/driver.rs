@@ -63,6 +63,8 @@ pub struct Driver {
     last_heard: FastMap<NodeRef, Instant>,
     next_heartbeat: Instant,
     next_liveness_check: Instant,
+    /// When this node found that it had not run for a while, and for how long.
+    suspended: Option<(Instant, Duration)>,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -165,6 +167,7 @@ impl Driver {
             last_heard: FastMap::default(),
             next_heartbeat: now,
             next_liveness_check: now,
+            suspended: None,
         })
     }
 
@@ -279,7 +282,16 @@ impl Driver {
 
     /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
     /// BU is found again this way).
-    fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, why: String) {
+    fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, mut why: String) {
+        if let Some((at, gap)) = self.suspended {
+            if now.duration_since(at) < Duration::from_millis(self.cfg.run.heartbeat_timeout_ms) * 2
+            {
+                why = format!(
+                    "{why} (after this node itself did not run for {} ms)",
+                    gap.as_millis()
+                );
+            }
+        }
         self.peers.remove(&conn);
         self.conns.remove(&p);
         self.last_heard.remove(&p);
@@ -316,8 +328,20 @@ impl Driver {
         if now < self.next_liveness_check {
             return;
         }
-        self.next_liveness_check =
-            now + Duration::from_millis(self.cfg.run.heartbeat_ms.div_ceil(4));
+        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
+        let check_every = Duration::from_millis(self.cfg.run.heartbeat_ms.div_ceil(4));
+        // This loop itself did not run for a long while (the process was stopped, or
+        // starved of CPU): peers' silence is ours, not theirs. Give them a fresh period
+        // to be heard, and say so in what follows.
+        let gap = now.duration_since(self.next_liveness_check) + check_every;
+        if gap > timeout / 2 && self.up {
+            warn!(node = %self.me.id, "this node did not run for {} ms (stopped or starved of CPU): peers get a fresh {} ms to be heard", gap.as_millis(), timeout.as_millis());
+            for t in self.last_heard.values_mut() {
+                *t = now;
+            }
+            self.suspended = Some((now, gap));
+        }
+        self.next_liveness_check = now + check_every;
         let control: Vec<NodeRef> = match self.me.role {
             Role::Evm => self.conns.keys().copied().collect(),
             _ => self
@@ -338,7 +362,6 @@ impl Driver {
         if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.up {
             return;
         }
-        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
         for p in control {
             let silent = self
                 .last_heard
@@ -400,6 +423,26 @@ impl Driver {
                 Action::Deliver(ev) => {
                     self.sink_queue.push_back(ev);
                     self.drain_sink(Instant::now());
+                }
+                Action::Accepted(r) => {
+                    if let Logic::Bu(_, sink) = &mut self.logic {
+                        if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) =
+                            sink.accepted(r.first, r.count)
+                        {
+                            // the sink keeps the output and tries again on its next call
+                            if self.sink_blocked.is_none() {
+                                warn!(node = %self.me.id, "sink cannot complete a file yet: {why}");
+                            }
+                            self.sink_stalls += 1;
+                        }
+                    }
+                }
+                Action::Disconnect(p) => {
+                    if let Some(conn) = self.conns.remove(&p) {
+                        self.messenger.close(conn);
+                        self.peers.remove(&conn);
+                        self.last_heard.remove(&p);
+                    }
                 }
                 Action::Exit { ok, reason } => {
                     if self.exit.is_none() {
@@ -564,9 +607,21 @@ impl Driver {
     fn finish(mut self) -> Result<NodeOutcome, NodeError> {
         let (mut ok, mut reason) = self.exit.take().unwrap_or((false, "no exit".into()));
         if let Logic::Bu(_, sink) = &mut self.logic {
-            if let Err(SinkError::Busy(e) | SinkError::Fatal(e)) = sink.finish() {
-                ok = false;
-                reason = format!("{reason}; sink could not complete its output: {e}");
+            // Completing output can fail for a while (a full disk): try for a few seconds.
+            let give_up = Instant::now() + Duration::from_secs(3);
+            loop {
+                match sink.finish() {
+                    Ok(()) => break,
+                    Err(SinkError::Busy(e)) if Instant::now() < give_up => {
+                        warn!(node = %self.me.id, "sink cannot complete its output yet: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(SinkError::Busy(e) | SinkError::Fatal(e)) => {
+                        ok = false;
+                        reason = format!("{reason}; sink could not complete its output: {e}");
+                        break;
+                    }
+                }
             }
         }
         self.messenger.flush_due(Instant::now());

@@ -26,6 +26,7 @@ pub enum MessageType {
     Abort = 0x0015,
     Heartbeat = 0x0016,
     SourceLost = 0x0017,
+    LinkLost = 0x0018,
 }
 
 impl MessageType {
@@ -43,6 +44,7 @@ impl MessageType {
             0x0015 => MessageType::Abort,
             0x0016 => MessageType::Heartbeat,
             0x0017 => MessageType::SourceLost,
+            0x0018 => MessageType::LinkLost,
             other => return Err(WireError::UnknownMessageType(other)),
         })
     }
@@ -118,6 +120,8 @@ pub enum Message {
     Heartbeat,
     /// EVM → BUs: RU `ru` is gone; build events without it, flagged partial.
     SourceLost { ru: u16 },
+    /// RU → EVM: this RU's data connection to BU `bu` closed while both were in the run.
+    LinkLost { bu: u16 },
 }
 
 impl Message {
@@ -134,6 +138,7 @@ impl Message {
             Message::Abort(_) => MessageType::Abort,
             Message::Heartbeat => MessageType::Heartbeat,
             Message::SourceLost { .. } => MessageType::SourceLost,
+            Message::LinkLost { .. } => MessageType::LinkLost,
         }
     }
 
@@ -154,8 +159,8 @@ impl Message {
                 out.extend_from_slice(&0u16.to_le_bytes());
             }
             Message::Start | Message::Halt | Message::Heartbeat => {}
-            Message::SourceLost { ru } => {
-                out.extend_from_slice(&ru.to_le_bytes());
+            Message::SourceLost { ru: node } | Message::LinkLost { bu: node } => {
+                out.extend_from_slice(&node.to_le_bytes());
                 out.extend_from_slice(&[0u8; 6]);
             }
             Message::Ready { available } => out.extend_from_slice(&available.to_le_bytes()),
@@ -258,6 +263,13 @@ impl Message {
                     });
                 }
                 Message::SourceLost { ru: u16_at(b, 0) }
+            }
+            MessageType::LinkLost => {
+                exact("link lost", 8)?;
+                if b[2..8] != [0; 6] {
+                    return Err(WireError::ReservedNonZero { what: "link lost" });
+                }
+                Message::LinkLost { bu: u16_at(b, 0) }
             }
             MessageType::Stop => {
                 exact("stop", 8)?;

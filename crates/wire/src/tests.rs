@@ -128,6 +128,7 @@ fn messages_round_trip() {
         Message::Abort("evm lost".into()),
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
+        Message::LinkLost { bu: 2 },
     ];
     for m in all {
         let b = m.encode();
