@@ -70,6 +70,9 @@ pub struct EvmStats {
     pub lost: Vec<String>,
     /// Nodes lost and not back.
     pub down: Vec<String>,
+    /// The operator ended the run early (Ctrl-C): triggering stopped, the rest drained.
+    #[serde(default)]
+    pub stopped_by_request: bool,
     pub errors: u64,
 }
 
@@ -373,6 +376,23 @@ impl Evm {
                 "every BU is lost ({} events in flight)",
                 self.ledger.in_flight()
             ));
+        }
+    }
+
+    /// The operator asks the run to end (Ctrl-C, `stop`): no new events; what is in flight
+    /// is built and released, then Stop, reports and the verdict as at a normal end. Before
+    /// the run started there is nothing to drain: it is aborted.
+    pub fn request_stop(&mut self, now: Instant) {
+        match self.state {
+            RunState::Running if !self.triggering_done => {
+                self.triggering_done = true;
+                self.stats.stopped_by_request = true;
+                self.last_progress = now;
+            }
+            RunState::Ready | RunState::Configured => {
+                self.abort("stopped by the operator before the run started".into())
+            }
+            _ => {}
         }
     }
 

@@ -1,7 +1,7 @@
 //! `evb run`: start every node, watch them, judge the run.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -20,21 +20,69 @@ enum Note {
     Gone(String, Option<i32>),
 }
 
-/// Used by supervised nodes: when the launcher goes away, so do they (no orphans).
+/// Used by supervised nodes: when the launcher goes away, so do they (no orphans). A line
+/// `stop` asks the node's EVM to end the run cleanly. Ctrl-C at the terminal reaches every
+/// process of the group: supervised nodes leave it to the launcher, which decides.
 pub fn exit_when_stdin_closes() {
+    let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, ignored);
     std::thread::spawn(|| {
-        let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
+        let mut line = String::new();
+        let mut stdin = BufReader::new(std::io::stdin());
         loop {
-            match stdin.read(&mut buf) {
+            line.clear();
+            match stdin.read_line(&mut line) {
                 Ok(0) | Err(_) => {
                     eprintln!("evb node: launcher gone (stdin closed), exiting");
                     std::process::exit(3);
                 }
+                Ok(_) if line.trim() == "stop" => evb_node::request_stop(),
                 Ok(_) => {}
             }
         }
     });
+}
+
+/// A standalone `evb node`: Ctrl-C (or SIGTERM) at the EVM ends the run cleanly, a second
+/// one exits at once; any other node exits at once (the EVM handles it as a lost node).
+pub fn stop_on_interrupt(cfg: &Config, id: &str) {
+    let is_evm = cfg
+        .nodes()
+        .iter()
+        .any(|n| n.id == id && n.role == Role::Evm);
+    let n = count_interrupts();
+    std::thread::spawn(move || loop {
+        let seen = n.load(std::sync::atomic::Ordering::SeqCst);
+        if seen >= 2 || (seen == 1 && !is_evm) {
+            eprintln!("evb node: interrupted, exiting");
+            std::process::exit(130);
+        }
+        if seen == 1 {
+            evb_node::request_stop();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    });
+}
+
+/// Counts SIGINT and SIGTERM: the first asks for a clean stop, the second aborts.
+fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = n.clone();
+    match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ]) {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                for _ in signals.forever() {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        Err(e) => eprintln!("evb: cannot watch for Ctrl-C ({e}): it will end the run at once"),
+    }
+    n
 }
 
 /// Gives every node whose port is 0 a free port on its host, and lists nodes explicitly.
@@ -270,8 +318,34 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
     let mut first_failure: Option<Instant> = None;
+    let interrupts = count_interrupts();
+    let mut stop_sent = false;
+    let mut user_abort = false;
 
     while exit_codes.len() < ids.len() {
+        // Ctrl-C: the first asks the EVM to end the run cleanly, a second aborts.
+        match interrupts.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => {}
+            1 if !stop_sent => {
+                stop_sent = true;
+                bar.suspend(|| {
+                    eprintln!(
+                        "evb: stopping the run: building what is in flight (Ctrl-C again to abort)"
+                    )
+                });
+                if inproc {
+                    evb_node::request_stop();
+                } else if let Some(stdin) = children.first_mut().and_then(|(_, c)| c.stdin.as_mut())
+                {
+                    let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());
+                }
+            }
+            1 => {}
+            _ => {
+                user_abort = true;
+                break;
+            }
+        }
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Note::Line(id, v)) => {
                 if v["kind"] == "report" {
@@ -307,10 +381,16 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             timed_out = true;
             break;
         }
-        // A node that failed before the run ended (e.g. a bad input file) dooms the run: give
-        // the EVM a moment to report, then stop the rest rather than wait for time-outs.
+        // A node that failed before the run started (e.g. a bad input file), or the EVM
+        // itself gone, dooms the run: give the EVM a moment to report, then stop the rest
+        // rather than wait for time-outs. A node lost mid-run is the EVM's to handle (it
+        // rebuilds a lost BU's events, or applies the RU-loss policy): wait for its verdict.
+        let evm_running = latest
+            .get(&ids[0])
+            .is_some_and(|v| v["state"] != "ready" && v["state"] != "configured");
+        let evm_gone = exit_codes.contains_key(&ids[0]);
         let failed = exit_codes.values().any(|c| *c != Some(0));
-        if failed && !reports.contains_key(&ids[0]) {
+        if failed && (!evm_running || evm_gone) && !reports.contains_key(&ids[0]) {
             let since = *first_failure.get_or_insert_with(Instant::now);
             if since.elapsed() > Duration::from_secs(3) {
                 break;
@@ -373,13 +453,46 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let pids: Vec<u32> = children.iter().map(|(_, c)| c.id()).collect();
 
     let mut problems: Vec<String> = Vec::new();
+    if user_abort {
+        problems.push("aborted by the operator (second Ctrl-C)".into());
+    }
     if timed_out {
         problems.push(format!("run did not finish within {budget:.0} s"));
     }
+    let evm_report = reports.get(&ids[0]).cloned().unwrap_or(Value::Null);
+    // Nodes the EVM lost during the run and handled by the documented rule (a BU's events
+    // rebuilt elsewhere, an RU's by the partial policy): their exit is not a failure of the
+    // run; the EVM's verdict says whether anything was lost.
+    let lost_by_evm: Vec<String> = cfg
+        .nodes()
+        .iter()
+        .filter(|n| {
+            let name = match n.role {
+                Role::Ru => format!("ru[{}]", n.index),
+                Role::Bu => format!("bu[{}]", n.index),
+                Role::Evm => return false,
+            };
+            evm_report["run"]["evm"]["lost"]
+                .as_array()
+                .is_some_and(|l| {
+                    l.iter().any(|e| {
+                        e.as_str()
+                            .is_some_and(|e| e.starts_with(&format!("{name} ")))
+                    })
+                })
+        })
+        .map(|n| n.id.clone())
+        .collect();
+    let evm_handled = |id: &String| lost_by_evm.contains(id) && evm_report["ok"] == true;
     for id in &killed {
-        problems.push(format!("{id} had to be killed"));
+        if !evm_handled(id) {
+            problems.push(format!("{id} had to be killed"));
+        }
     }
     for id in &ids {
+        if evm_handled(id) {
+            continue;
+        }
         match exit_codes.get(id) {
             Some(Some(0)) => {}
             Some(code) if !killed.contains(id) => {
@@ -391,7 +504,6 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             problems.push(format!("{id} sent no final report"));
         }
     }
-    let evm_report = reports.get(&ids[0]).cloned().unwrap_or(Value::Null);
     if let Some(v) = evm_report["verdict"].as_array() {
         problems.extend(v.iter().filter_map(|p| p.as_str().map(String::from)));
     }

@@ -163,6 +163,8 @@ fn main() -> ExitCode {
             };
             if a.supervised {
                 launch::exit_when_stdin_closes();
+            } else {
+                launch::stop_on_interrupt(&cfg, &a.id);
             }
             let status: evb_node::StatusOut = if a.supervised {
                 Box::new(|v| {

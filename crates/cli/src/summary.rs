@@ -75,19 +75,48 @@ pub fn print(
         println!("{id:<10} {role:<4} {state:<9} {events:>12} {mb:>12.1} {mbs:>10}  {notes}");
     }
     let triggered = u(&run["evm"]["triggered"]);
-    let built_bytes: u64 = run["bus"]
+    let released = u(&run["evm"]["released"]);
+    // The EVM's copy of the BUs' reports is complete only after a clean Stop; an aborted
+    // run has each BU's own final report instead.
+    let built_bytes: u64 = if run["bus"]
         .as_array()
-        .map_or(0, |b| b.iter().map(|x| u(&x["payload_bytes_built"])).sum());
+        .is_some_and(|b| b.iter().all(|x| !x.is_null()))
+    {
+        run["bus"]
+            .as_array()
+            .map_or(0, |b| b.iter().map(|x| u(&x["payload_bytes_built"])).sum())
+    } else {
+        reports
+            .values()
+            .filter(|r| r["role"] == "bu")
+            .map(|r| u(&r["stats"]["payload_bytes_built"]))
+            .sum()
+    };
     println!();
     if secs > 0.0 {
+        let what = if released == triggered {
+            format!("{triggered} events")
+        } else {
+            format!("{released} of {triggered} events released")
+        };
         println!(
-            "{} RU x {} BU over {:?}: {triggered} events in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
+            "{} RU x {} BU over {:?}: {what} in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
             run["n_ru"],
             run["n_bu"],
             cfg.transport.kind,
-            triggered as f64 / secs,
+            released as f64 / secs,
             built_bytes as f64 / secs / 1e9
         );
+    }
+    if run["evm"]["stopped_by_request"] == true {
+        println!(
+            "The run was ended early by the operator (Ctrl-C): what was triggered was drained."
+        );
+    }
+    if let Some(lost) = run["evm"]["lost"].as_array().filter(|l| !l.is_empty()) {
+        for l in lost {
+            println!("  node event: {}", l.as_str().unwrap_or_default());
+        }
     }
     let partial: u64 = run["bus"]
         .as_array()

@@ -559,6 +559,11 @@ impl Driver {
                     ),
                 ));
             }
+            if let Logic::Evm(e) = &mut self.logic {
+                if crate::stop_requested() {
+                    e.request_stop(now);
+                }
+            }
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),
                 Logic::Ru(r) => r.poll(now),
