@@ -1,7 +1,7 @@
 //! `evb inspect`: what a data file holds, and whether every checksum in it is right.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 use evb_formats::events::{
     EventFile, FileMeta, EVENT_CORRUPT, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
@@ -44,10 +44,70 @@ fn hex_head(bytes: &[u8], max: usize) -> String {
     format!("{}{more}", shown.join(" "))
 }
 
-/// Inspects every file; false if any problem was found.
-pub fn run(files: &[std::path::PathBuf], event: Option<u64>) -> bool {
+/// A directory stands for the completed event files in it (hidden temporary files left out).
+fn expand(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(p)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.extension().is_some_and(|x| x == "evb")
+                        && !f
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+                })
+                .collect();
+            inside.sort();
+            out.extend(inside);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+/// Event ids found in more than one evb event file (or twice in one): a consumer would take
+/// them twice. Returns one line per duplicated id, at most `show`, and the total.
+pub fn duplicates_across(files: &[PathBuf], show: usize) -> (Vec<String>, u64) {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    let mut lines = Vec::new();
+    let mut total = 0u64;
+    for (k, f) in files.iter().enumerate() {
+        let Ok(file) = EventFile::open(f) else { continue };
+        for ev in file.flatten() {
+            if let Some(first) = seen.insert(ev.event_id, k) {
+                total += 1;
+                if lines.len() < show {
+                    lines.push(format!(
+                        "event {} is in {} and in {}",
+                        ev.event_id,
+                        files[first].display(),
+                        f.display()
+                    ));
+                }
+            }
+        }
+    }
+    (lines, total)
+}
+
+/// Inspects every file (a directory: every completed event file in it); false if any
+/// problem was found, including an event id in two files.
+pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
+    let files = expand(paths);
     let mut ok = true;
-    for f in files {
+    if files.is_empty() {
+        println!("no files to inspect");
+        return false;
+    }
+    let (dups, n) = duplicates_across(&files, 10);
+    if n > 0 {
+        ok = false;
+    }
+    for f in &files {
         match std::fs::read(f) {
             Err(e) => {
                 println!("{}: cannot read: {e}", f.display());
@@ -70,6 +130,14 @@ pub fn run(files: &[std::path::PathBuf], event: Option<u64>) -> bool {
                 ok &= good;
             }
         }
+    }
+    if n > 0 {
+        println!("DUPLICATES: {n} event ids appear more than once across these files:");
+        for d in dups {
+            println!("  {d}");
+        }
+    } else if files.len() > 1 {
+        println!("{} files: no event id appears twice", files.len());
     }
     ok
 }

@@ -275,6 +275,7 @@ impl RateMeter {
 
 /// Runs the whole system; true when the verdict is clean.
 pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, String> {
+    let launched = std::time::SystemTime::now();
     let (tx, rx) = mpsc::channel();
     let inproc = cfg.transport.kind == TransportKind::Inproc;
     let (mut children, _tmp) = if inproc {
@@ -510,6 +511,31 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     if let Some(reason) = evm_report["reason"].as_str() {
         if evm_report["ok"] == false && !problems.iter().any(|p| p.contains(reason)) {
             problems.push(reason.to_string());
+        }
+    }
+    // Output files: no event may be in two of them (a consumer would take it twice).
+    if cfg.sink.kind == evb_config::SinkKind::File && !cfg.sink.dir.is_empty() {
+        let dir = PathBuf::from(&cfg.sink.dir);
+        let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| f.extension().is_some_and(|x| x == "evb"))
+            .filter(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+            // this run's files only (an earlier run may have used the same ids)
+            .filter(|f| {
+                std::fs::metadata(f)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t >= launched)
+            })
+            .collect();
+        let (lines, n) = crate::inspect::duplicates_across(&files, 3);
+        if n > 0 {
+            problems.push(format!(
+                "{n} event ids are in more than one output file in {}: {}",
+                dir.display(),
+                lines.join("; ")
+            ));
         }
     }
     problems.dedup();
