@@ -76,7 +76,9 @@ pub fn duplicates_across(files: &[PathBuf], show: usize) -> (Vec<String>, u64) {
     let mut lines = Vec::new();
     let mut total = 0u64;
     for (k, f) in files.iter().enumerate() {
-        let Ok(file) = EventFile::open(f) else { continue };
+        let Ok(file) = EventFile::open(f) else {
+            continue;
+        };
         for ev in file.flatten() {
             if let Some(first) = seen.insert(ev.event_id, k) {
                 total += 1;

@@ -521,7 +521,10 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             .flatten()
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|f| f.extension().is_some_and(|x| x == "evb"))
-            .filter(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+            .filter(|f| {
+                !f.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
             // this run's files only (an earlier run may have used the same ids)
             .filter(|f| {
                 std::fs::metadata(f)

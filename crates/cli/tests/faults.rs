@@ -112,6 +112,16 @@ impl Cluster {
     }
 }
 
+/// A failed assertion must not leave node processes running.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self.kids.values_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// The EVM's final report (its stdout is the pretty JSON report).
 fn evm_report(outs: &BTreeMap<String, (bool, String, String)>) -> Value {
     serde_json::from_str(&outs["evm"].1)
