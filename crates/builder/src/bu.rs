@@ -39,6 +39,9 @@ pub struct BuConfig {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+// A field left out of a node's Report counts as 0 (docs/protocol.md §4: an implementation
+// sends the counters it keeps; the verdict then names what does not add up).
+#[serde(default)]
 pub struct BuStats {
     pub events_built: u64,
     pub payload_bytes_built: u64,

@@ -26,6 +26,9 @@ pub struct RuConfig {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+// A field left out of a node's Report counts as 0 (docs/protocol.md §4: an implementation
+// sends the counters it keeps; the verdict then names what does not add up).
+#[serde(default)]
 pub struct RuStats {
     pub fragments_sent: u64,
     pub payload_bytes_sent: u64,
