@@ -201,6 +201,8 @@ struct Outcome {
     /// Nodes that exited 0, by id.
     clean_exit: BTreeMap<String, bool>,
     log: String,
+    /// What names this trial's processes and files (`evb-run-<pid>-`, or the config path).
+    marker: String,
 }
 
 fn run_trial(t: &Trial, dir: &Path) -> Outcome {
@@ -351,6 +353,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         ok,
         clean_exit,
         log,
+        marker,
     }
 }
 
@@ -486,8 +489,8 @@ fn faults_at_random_moments_keep_every_promise() {
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
-                p.to_string_lossy().contains("evb-run-")
-                    && p.to_string_lossy().contains("-chaos.toml")
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&o.marker))
             })
             .collect();
         assert!(stale.is_empty(), "left behind: {stale:?}");
