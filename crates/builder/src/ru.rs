@@ -48,6 +48,9 @@ pub struct RuStats {
     pub fragments_resent: u64,
 }
 
+/// Most fragment bytes one `poll` makes (a few milliseconds of work).
+const MAX_BYTES_PER_POLL: usize = 8 << 20;
+
 pub struct Ru {
     cfg: RuConfig,
     pool: Pool,
@@ -262,8 +265,11 @@ impl Ru {
     /// Generates assigned fragments while pool memory lasts.
     pub fn poll(&mut self, _now: Instant) {
         let mut made = 0;
+        let mut bytes = 0usize;
         self.blocked = false;
-        while made < self.cfg.max_per_poll {
+        // Bounded by count and by bytes: a pass that writes hundreds of MB (large fragments,
+        // a large pool) keeps the node from reading its sockets and sending heartbeats.
+        while made < self.cfg.max_per_poll && bytes < MAX_BYTES_PER_POLL {
             let Some(r) = self.pending.front() else { break };
             let (event_id, bu) = (r.first, r.bu);
             if let Some(held) = self.retained.get(&event_id) {
@@ -284,6 +290,7 @@ impl Ru {
                 break;
             };
             self.advance_pending();
+            bytes += data.len();
             self.stats.fragments_sent += 1;
             self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;
             self.retained.insert(event_id, data.clone());

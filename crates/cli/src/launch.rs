@@ -131,6 +131,19 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             sink_delay_events: n.sink_delay.map(|d| d.1),
         })
         .collect();
+    // Every node on this host: with many more nodes than CPUs, a node's event loop can wait
+    // its turn for a second or more, and would be declared lost while alive. Give the
+    // heartbeat timeout room for that (a real deployment sets it for its own hosts).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let floor = 200 * nodes.len() as u64 / cpus;
+    if floor > out.run.heartbeat_timeout_ms {
+        eprintln!(
+            "evb: {} nodes on {cpus} CPUs: run.heartbeat_timeout_ms raised from {} to {floor} so that a busy node is not taken for a dead one",
+            nodes.len(),
+            out.run.heartbeat_timeout_ms
+        );
+        out.run.heartbeat_timeout_ms = floor;
+    }
     out.validate()
         .map_err(|e| format!("resolved configuration: {e}"))?;
     Ok(out)

@@ -65,6 +65,8 @@ pub struct Driver {
     next_liveness_check: Instant,
     /// When this node found that it had not run for a while, and for how long.
     suspended: Option<(Instant, Duration)>,
+    /// Faulting in the pools' pages; the node is ready once this is done.
+    populating: Option<std::thread::JoinHandle<()>>,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -94,6 +96,23 @@ impl Driver {
             .ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
         let now = Instant::now();
         let (rx_pool, ru_pool) = setup::pools(cfg, &me).map_err(NodeError::Setup)?;
+        // Back every pool page before the node says Ready, off the event loop (which keeps
+        // connecting and sending heartbeats meanwhile), so that no page fault stalls the run.
+        let pools: Vec<evb_buffers::Pool> = std::iter::once(rx_pool.clone())
+            .chain(ru_pool.clone())
+            .collect();
+        let node_id = id.to_string();
+        let populating = std::thread::Builder::new()
+            .name(format!("{id}-populate"))
+            .spawn(move || {
+                for p in pools {
+                    if let Err(e) = p.populate() {
+                        debug!(node = %node_id, "pool pages are faulted in on use: {e}");
+                        break;
+                    }
+                }
+            })
+            .ok();
         let transport = make_transport(evb_transport::TransportConfig {
             run_id: cfg.run.id.clone(),
             local: setup::hello(cfg, &me, Channel::Control),
@@ -168,6 +187,7 @@ impl Driver {
             next_heartbeat: now,
             next_liveness_check: now,
             suspended: None,
+            populating,
         })
     }
 
@@ -539,7 +559,11 @@ impl Driver {
         loop {
             let now = Instant::now();
             self.dial(now)?;
-            if !self.up && self.conns.len() == self.expected {
+            let populated = self.populating.as_ref().is_none_or(|t| t.is_finished());
+            if !self.up && self.conns.len() == self.expected && populated {
+                if let Some(t) = self.populating.take() {
+                    let _ = t.join();
+                }
                 self.up = true;
                 info!(node = %self.me.id, "all {} connections up", self.expected);
                 match &mut self.logic {
@@ -548,7 +572,7 @@ impl Driver {
                     Logic::Evm(_) => {}
                 }
             }
-            if !self.up && now > self.connect_deadline {
+            if !self.up && self.conns.len() < self.expected && now > self.connect_deadline {
                 return Err(NodeError::Connect(
                     "peers".into(),
                     format!(
