@@ -2,7 +2,7 @@
 //! from every RU, checks them, hands the complete event to its sink, and releases it.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
@@ -88,8 +88,14 @@ impl BuStats {
     }
 }
 
+/// A fragment whose event is not assigned here this long after it arrived will never be:
+/// the EVM sends the Assign to the BU when it tells the RUs, so it trails them by far less.
+const MISROUTED_AFTER: Duration = Duration::from_secs(10);
+
 struct Building {
     assigned: bool,
+    /// When the first fragment (or the Assign) arrived.
+    since: Instant,
     fragments: Vec<Option<(FragmentHeader, Chain)>>,
     received: usize,
     corrupt: bool,
@@ -110,6 +116,7 @@ pub struct Bu {
     credits_to_send: u32,
     /// RUs the EVM declared lost: their fragments are no longer awaited.
     lost_sources: FastSet<usize>,
+    next_misroute_check: Instant,
     actions: VecDeque<Action>,
     stats: BuStats,
 }
@@ -126,6 +133,7 @@ impl Bu {
             release: None,
             credits_to_send: 0,
             lost_sources: FastSet::default(),
+            next_misroute_check: Instant::now(),
             actions: VecDeque::new(),
             stats: BuStats::default(),
         }
@@ -167,7 +175,7 @@ impl Bu {
         self.cfg.index
     }
 
-    pub fn handle(&mut self, _now: Instant, from: NodeRef, msg: Message) {
+    pub fn handle(&mut self, now: Instant, from: NodeRef, msg: Message) {
         if from != NodeRef::Evm {
             self.stats.errors += 1;
             return;
@@ -180,7 +188,10 @@ impl Bu {
             Message::Assign(r) if r.bu == self.me() => {
                 for id in r.first..r.end() {
                     let n = self.cfg.source_ids.len();
-                    let b = self.events.entry(id).or_insert_with(|| Building::new(n));
+                    let b = self
+                        .events
+                        .entry(id)
+                        .or_insert_with(|| Building::new(n, now));
                     if b.assigned {
                         self.stats.errors += 1;
                     }
@@ -221,7 +232,7 @@ impl Bu {
     /// A fragment from RU `from`. Checks it, files it, and builds the event once complete.
     pub fn handle_fragment(
         &mut self,
-        _now: Instant,
+        now: Instant,
         from: NodeRef,
         header: FragmentHeader,
         payload: Chain,
@@ -261,7 +272,10 @@ impl Bu {
             }
         }
         let n = self.cfg.source_ids.len();
-        let b = self.events.entry(id).or_insert_with(|| Building::new(n));
+        let b = self
+            .events
+            .entry(id)
+            .or_insert_with(|| Building::new(n, now));
         if b.fragments[ru].is_some() {
             self.stats.duplicate_fragments += 1;
             return;
@@ -421,8 +435,23 @@ impl Bu {
         }
     }
 
-    /// End of a pass: send coalesced releases and credits.
-    pub fn poll(&mut self, _now: Instant) {
+    /// End of a pass: send coalesced releases and credits; now and then, give up on
+    /// fragments of events that were never assigned here (misrouted), freeing their blocks.
+    pub fn poll(&mut self, now: Instant) {
+        if now >= self.next_misroute_check {
+            self.next_misroute_check = now + MISROUTED_AFTER / 4;
+            let stale: Vec<u64> = self
+                .events
+                .iter()
+                .filter(|(_, b)| !b.assigned && now.duration_since(b.since) > MISROUTED_AFTER)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in stale {
+                if let Some(b) = self.events.remove(&id) {
+                    self.stats.misrouted += b.received as u64;
+                }
+            }
+        }
         self.flush_release();
         if self.credits_to_send > 0 {
             let count = std::mem::take(&mut self.credits_to_send);
@@ -462,9 +491,10 @@ impl Bu {
 }
 
 impl Building {
-    fn new(n: usize) -> Building {
+    fn new(n: usize, since: Instant) -> Building {
         Building {
             assigned: false,
+            since,
             fragments: (0..n).map(|_| None).collect(),
             received: 0,
             corrupt: false,

@@ -706,3 +706,78 @@ fn lost_readout_unit_stops_the_run_by_policy() {
     }
     assert_eq!(told, 3, "every live node is told why");
 }
+
+#[test]
+fn fragments_of_events_never_assigned_here_are_counted_misrouted_and_freed() {
+    let now = Instant::now();
+    let mut b = lone_bu(1);
+    let (h, p) = fragment_for(0, 77);
+    b.handle_fragment(now, NodeRef::Ru(0), h, p);
+    b.poll(now + Duration::from_secs(1));
+    assert_eq!(b.in_flight(), 1, "an Assign may still come");
+    assert_eq!(b.stats().misrouted, 0);
+    b.poll(now + Duration::from_secs(11));
+    assert_eq!(b.in_flight(), 0, "its blocks are freed");
+    assert_eq!(b.stats().misrouted, 1);
+    assert!(!b.stats().clean());
+}
+
+#[test]
+fn a_bu_counts_only_events_whose_release_the_evm_echoed() {
+    let now = Instant::now();
+    let mut b = lone_bu(1);
+    b.handle(now, NodeRef::Evm, assign(0, 0, 3));
+    for id in 0..3 {
+        let (h, p) = fragment_for(0, id);
+        b.handle_fragment(now, NodeRef::Ru(0), h, p);
+    }
+    for e in drain_delivered(&mut b) {
+        b.delivered(e.event_id, e.bytes);
+    }
+    b.poll(now);
+    assert_eq!(b.stats().events_built, 0, "released, not yet accepted");
+    assert_eq!(b.stats().unacknowledged, 3);
+    // the EVM accepts 0 and 2 (it refused 1): the echo skips it
+    b.handle(
+        now,
+        NodeRef::Evm,
+        Message::Release(EventRange {
+            bu: 0,
+            first: 0,
+            count: 1,
+        }),
+    );
+    b.handle(
+        now,
+        NodeRef::Evm,
+        Message::Release(EventRange {
+            bu: 0,
+            first: 2,
+            count: 1,
+        }),
+    );
+    let s = b.stats();
+    assert_eq!(
+        (s.events_built, s.releases_refused, s.unacknowledged),
+        (2, 1, 0)
+    );
+    assert_eq!(s.event_id_sum, 2);
+    let accepted: Vec<(u64, u32)> = std::iter::from_fn(|| b.next_action())
+        .filter_map(|a| match a {
+            Action::Accepted(r) => Some((r.first, r.count)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(accepted, vec![(0, 1), (2, 1)]);
+    // a bogus echo with a huge count costs nothing and is counted
+    b.handle(
+        now,
+        NodeRef::Evm,
+        Message::Release(EventRange {
+            bu: 0,
+            first: 100,
+            count: u32::MAX,
+        }),
+    );
+    assert_eq!(b.stats().errors, 1);
+}
