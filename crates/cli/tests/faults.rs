@@ -220,6 +220,62 @@ fn restarted_bu_rejoins_and_builds_again() {
 }
 
 #[test]
+fn restarted_bu_with_the_file_sink_keeps_its_earlier_files_and_writes_nothing_twice() {
+    let out = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "{PACED}[sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 200\n",
+        out.path().display()
+    );
+    let mut c = Cluster::start(2, 2, &extra);
+    std::thread::sleep(Duration::from_millis(1000));
+    c.kill9("bu1");
+    let before: Vec<String> = names(out.path(), "faults_bu1_");
+    std::thread::sleep(Duration::from_millis(300));
+    c.spawn("bu1");
+    let outs = c.wait_all(Duration::from_secs(30));
+    let r = evm_report(&outs);
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+    // the first incarnation's completed files are still there, untouched
+    let after = names(out.path(), "faults_bu1_");
+    for f in &before {
+        assert!(after.contains(f), "{f} was replaced or removed: {after:?}");
+    }
+    assert!(
+        after.len() > before.len(),
+        "the restarted BU wrote files of its own"
+    );
+    // no event in two files
+    let mut seen = std::collections::HashSet::new();
+    for e in std::fs::read_dir(out.path()).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "evb")
+            && !e.file_name().to_string_lossy().starts_with('.')
+        {
+            for ev in evb_formats::events::EventFile::open(&p).unwrap() {
+                assert!(seen.insert(ev.unwrap().event_id), "an event written twice");
+            }
+        }
+    }
+}
+
+/// Completed data files in `dir` whose name starts with `prefix`.
+fn names(dir: &std::path::Path, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix) && n.ends_with(".evb"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
 fn killed_ru_gives_flagged_partial_events_when_configured() {
     let mut c = Cluster::start(
         3,

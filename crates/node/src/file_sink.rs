@@ -337,6 +337,27 @@ mod tests {
     }
 
     #[test]
+    fn a_file_that_cannot_be_completed_is_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let mut s = FileSink::new(dir.path().into(), "r", 0, 0, 0).unwrap();
+        s.deliver(&event(&pool, 1)).unwrap();
+        s.accepted(1, 1).unwrap();
+        // something occupies the final name: completing must fail, keep the data, not replace
+        let blocker = dir.path().join("r_bu0_000000.evb");
+        std::fs::write(&blocker, b"not ours").unwrap();
+        assert!(matches!(s.finish(), Err(SinkError::Busy(_))));
+        assert_eq!(std::fs::read(&blocker).unwrap(), b"not ours");
+        std::fs::remove_file(&blocker).unwrap();
+        s.finish().unwrap();
+        assert_eq!(
+            ids_in(dir.path()),
+            vec![("r_bu0_000000.evb".into(), vec![1])]
+        );
+        assert_eq!(s.report()["files"][0], "r_bu0_000000.evb");
+    }
+
+    #[test]
     fn a_restarted_bu_never_replaces_its_earlier_files() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::new("t", 4096, 64);
