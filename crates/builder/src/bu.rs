@@ -60,6 +60,9 @@ pub struct BuStats {
     /// Events still partly built at the end of the run.
     pub incomplete_at_stop: u64,
     pub in_flight_high_water: u64,
+    /// Fragments that arrived from an RU after the EVM declared it lost: dropped, not used.
+    #[serde(default)]
+    pub from_lost_sources: u64,
     /// Events this BU released that the EVM did not accept (its ledger counted them as
     /// duplicate or misrouted): they are not this BU's output.
     #[serde(default)]
@@ -243,6 +246,12 @@ impl Bu {
         };
         let ru = ru as usize;
         self.stats.fragments_received += 1;
+        if self.lost_sources.contains(&ru) {
+            // The EVM declared this RU lost: its events are built without it, whatever it
+            // still sends (it may have been only frozen) is not used.
+            self.stats.from_lost_sources += 1;
+            return;
+        }
         let Some(&expected_source) = self.cfg.source_ids.get(ru) else {
             self.stats.errors += 1;
             return;
