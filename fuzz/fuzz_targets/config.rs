@@ -7,6 +7,9 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(cfg) = evb_config::Config::from_toml(text) {
             let _ = cfg.nodes();
             let _ = cfg.pool_needs();
+            for n in cfg.nodes() {
+                let _ = cfg.pool_plan(n.role);
+            }
         }
     }
 });
