@@ -237,3 +237,46 @@ impl Sink for SlowSink {
         self.inner.report()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use evb_config::{Config, Role, SourceKind};
+
+    use super::*;
+
+    /// The frame limit follows the largest fragment the source can make: for recorded data
+    /// `source.max_fragment`, however small the generator's `fragments.size` (issue #16).
+    #[test]
+    fn max_frame_holds_the_largest_recorded_fragment() {
+        let mut cfg = Config::default();
+        cfg.fragments.size = 1024;
+        cfg.source.kind = SourceKind::Framed;
+        cfg.source.max_fragment = 4 << 20;
+        let one_fragment = cfg.source.max_fragment + FRAGMENT_PREFIX_LEN as u64;
+        assert!(max_frame(&cfg) as u64 >= cfg.messaging.page_size + one_fragment);
+        cfg.source.kind = SourceKind::Generator;
+        assert!(
+            (max_frame(&cfg) as u64) < 1 << 20,
+            "the generator's 1 KiB fragments"
+        );
+    }
+
+    /// Pool sizes that overflow are an error naming the key, not a panic (a configuration
+    /// made in code need not have been validated).
+    #[test]
+    fn overflowing_pools_are_an_error() {
+        let mut cfg = Config::default();
+        cfg.builder.credits = u32::MAX;
+        cfg.topology.bus = 4096;
+        cfg.fragments.size = 256 << 20;
+        let ru = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.role == Role::Ru)
+            .unwrap();
+        match pools(&cfg, &ru) {
+            Err(e) => assert!(e.contains("builder.credits"), "{e}"),
+            Ok(_) => panic!("pools of 2^32 credits x 4096 BUs x 256 MiB made"),
+        }
+    }
+}
