@@ -1318,9 +1318,9 @@ impl HostMemory {
     }
 }
 
-/// Bytes for a person: MiB below 10 GiB, GiB above.
+/// Bytes for a person: MiB below 1 GiB, GiB above.
 fn human(bytes: u64) -> String {
-    if bytes < 10 << 30 {
+    if bytes < 1 << 30 {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     } else {
         format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)

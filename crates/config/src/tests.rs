@@ -533,7 +533,7 @@ fn pools_larger_than_the_host_are_refused_naming_the_key() {
         .to_string();
     for needle in [
         "`builder.credits`",
-        "more than this host's memory (8192.0 MiB)",
+        "more than this host's memory (8.0 GiB)",
         "buffers.bu_pool_mib",
     ] {
         assert!(e.contains(needle), "{e:?} lacks {needle:?}");
