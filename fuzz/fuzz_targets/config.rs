@@ -1,12 +1,10 @@
-//! Configuration files.
+//! cargo-fuzz target: see fuzz/checks/config.rs (also replayed on stable by
+//! crates/config/tests/fuzz_replay.rs).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(text) = std::str::from_utf8(data) {
-        if let Ok(cfg) = evb_config::Config::from_toml(text) {
-            let _ = cfg.nodes();
-            let _ = cfg.pool_needs();
-        }
-    }
-});
+#[path = "../checks/config.rs"]
+#[allow(dead_code)] // seeds() is for the stable replay
+mod checks;
+
+fuzz_target!(|data: &[u8]| checks::check(data));

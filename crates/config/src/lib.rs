@@ -461,8 +461,89 @@ pub enum Role {
 pub const DEFAULT_TOML: &str = include_str!("default.toml");
 
 /// Largest single fragment accepted in a configuration.
-pub const MAX_FRAGMENT: u64 = 256 << 20;
-const MAX_NODES: u32 = 4096;
+pub const MAX_FRAGMENT: u64 = limits::MAX_FRAGMENT;
+
+/// The range of every number in a configuration, checked by [`Config::validate`] (the table
+/// in `default.toml` and docs/operations.md lists the same). Bounds keep every value that
+/// passes validation clear of overflows and panics in the nodes (durations, pool sizes,
+/// ports), with room to spare for any real run.
+pub mod limits {
+    /// Longest duration in seconds (`run.duration_s`, `run.stall_timeout_s`,
+    /// `run.connect_timeout_s`): one week.
+    pub const MAX_SECONDS: f64 = 604_800.0;
+    /// Shortest positive timeout in seconds (`run.stall_timeout_s`, `run.connect_timeout_s`).
+    pub const MIN_TIMEOUT_S: f64 = 0.001;
+    /// Most events in a run (`run.events`) or in one output file (`sink.file_max_events`).
+    pub const MAX_EVENTS: u64 = 1_000_000_000_000_000;
+    /// Highest trigger rate (`run.rate_hz`).
+    pub const MAX_RATE_HZ: f64 = 1e9;
+    /// Longest heartbeat interval (`run.heartbeat_ms`): one minute.
+    pub const MAX_HEARTBEAT_MS: u64 = 60_000;
+    /// Longest heartbeat timeout (`run.heartbeat_timeout_ms`): one hour; at least twice
+    /// `run.heartbeat_ms`.
+    pub const MAX_HEARTBEAT_TIMEOUT_MS: u64 = 3_600_000;
+    /// Largest fragment (`fragments.size`, `.min`, `.max`, `.stddev`, `source.max_fragment`).
+    pub const MAX_FRAGMENT: u64 = 256 << 20;
+    /// Most credits of one BU (`builder.credits`, `[[bu]] credits`).
+    pub const MAX_CREDITS: u32 = 1 << 20;
+    /// Longest assignment batch (`builder.batch`).
+    pub const MAX_BATCH: u32 = 1 << 16;
+    /// Pool block size (`buffers.block_size`): 4 KiB to 1 GiB.
+    pub const MIN_BLOCK: u64 = 4096;
+    pub const MAX_BLOCK: u64 = 1 << 30;
+    /// Largest explicit pool (`buffers.ru_pool_mib`, `buffers.bu_pool_mib`), MiB: 1 TiB.
+    pub const MAX_POOL_MIB: u64 = 1 << 20;
+    /// Page size (`messaging.page_size`): 64 B to 64 MiB.
+    pub const MIN_PAGE: u64 = 64;
+    pub const MAX_PAGE: u64 = 64 << 20;
+    /// Longest flush delay and busy-poll time, µs (`messaging.flush_us`,
+    /// `messaging.busy_poll_us`): one second.
+    pub const MAX_POLL_US: u64 = 1_000_000;
+    /// Most RUs, and most BUs (`topology.rus`, `topology.bus`, `[[ru]]`, `[[bu]]` entries).
+    pub const MAX_NODES: u32 = 4096;
+    /// Longest testing sink delay, µs (`[[bu]] sink_delay_us`): ten seconds.
+    pub const MAX_SINK_DELAY_US: u64 = 10_000_000;
+    /// Largest output file, MiB (`sink.file_max_mib`): 1 TiB.
+    pub const MAX_FILE_MIB: u64 = 1 << 20;
+}
+
+/// `value` outside `lo ..= hi`: an error naming the key, the value and the range.
+fn int_in(key: &str, value: u64, lo: u64, hi: u64, unit: &str) -> Result<(), ConfigError> {
+    if (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("{value} is out of range ({lo} ..= {hi}{unit})"),
+        ))
+    }
+}
+
+/// Like [`int_in`] for a real number; NaN and infinities are out of every range.
+fn real_in(key: &str, value: f64, lo: f64, hi: f64, unit: &str) -> Result<(), ConfigError> {
+    if value.is_finite() && (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!(
+                "{} is out of range ({} ..= {}{unit})",
+                real(value),
+                real(lo),
+                real(hi)
+            ),
+        ))
+    }
+}
+
+/// A number as a person would write it: 1e20 rather than twenty-one digits.
+fn real(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e7).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
 
 impl Config {
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
@@ -510,12 +591,7 @@ impl Config {
         if r.id.is_empty() || r.id.len() > 64 {
             return Err(invalid("run.id", "must be 1 to 64 bytes"));
         }
-        if !(r.duration_s >= 0.0 && r.duration_s.is_finite()) {
-            return Err(invalid(
-                "run.duration_s",
-                "must be a non-negative number of seconds",
-            ));
-        }
+        self.check_ranges()?;
         let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;
         if r.events == 0 && r.duration_s == 0.0 && !ends_with_data {
             return Err(invalid(
@@ -523,19 +599,11 @@ impl Config {
                 "set `events` or `duration_s` (or both): a run must end",
             ));
         }
-        if self.source.kind != SourceKind::Generator {
-            if self.ru.is_empty() {
-                return Err(invalid(
-                    "source.kind",
-                    "file sources need [[ru]] entries, each listing its `files`",
-                ));
-            }
-            if self.source.max_fragment == 0 || self.source.max_fragment > MAX_FRAGMENT {
-                return Err(invalid(
-                    "source.max_fragment",
-                    format!("must be 1 to {MAX_FRAGMENT} bytes"),
-                ));
-            }
+        if self.source.kind != SourceKind::Generator && self.ru.is_empty() {
+            return Err(invalid(
+                "source.kind",
+                "file sources need [[ru]] entries, each listing its `files`",
+            ));
         }
         for (i, ru) in self.ru.iter().enumerate() {
             let key = format!("ru[{i}].files");
@@ -561,27 +629,6 @@ impl Config {
         if file_sink && self.sink.dir.is_empty() {
             return Err(invalid("sink.dir", "the file sink needs a directory"));
         }
-        if !(r.rate_hz >= 0.0 && r.rate_hz.is_finite()) {
-            return Err(invalid(
-                "run.rate_hz",
-                "must be zero (no limit) or a positive rate",
-            ));
-        }
-        if !(r.stall_timeout_s > 0.0 && r.stall_timeout_s.is_finite()) {
-            return Err(invalid("run.stall_timeout_s", "must be positive"));
-        }
-        if r.heartbeat_ms == 0 {
-            return Err(invalid("run.heartbeat_ms", "must be positive"));
-        }
-        if r.heartbeat_timeout_ms <= r.heartbeat_ms {
-            return Err(invalid(
-                "run.heartbeat_timeout_ms",
-                "must be longer than run.heartbeat_ms",
-            ));
-        }
-        if !(r.connect_timeout_s > 0.0 && r.connect_timeout_s.is_finite()) {
-            return Err(invalid("run.connect_timeout_s", "must be positive"));
-        }
         if let Some(local) = self.transport.local {
             if local == TransportKind::Inproc || self.transport.kind == TransportKind::Inproc {
                 return Err(invalid("transport.local", "cannot be combined with inproc"));
@@ -594,14 +641,8 @@ impl Config {
             }
         }
         let f = &self.fragments;
-        if f.size == 0 || f.size > MAX_FRAGMENT {
-            return Err(invalid(
-                "fragments.size",
-                format!("must be 1 to {MAX_FRAGMENT} bytes"),
-            ));
-        }
         if f.distribution == Distribution::Lognormal {
-            if f.max != 0 && (f.max < f.size || f.max > MAX_FRAGMENT) {
+            if f.max != 0 && f.max < f.size {
                 return Err(invalid(
                     "fragments.max",
                     format!("must be at least fragments.size and at most {MAX_FRAGMENT}"),
@@ -623,38 +664,6 @@ impl Config {
         }
 
         let b = &self.buffers;
-        if b.block_size < 4096 || b.block_size > (1 << 30) {
-            return Err(invalid("buffers.block_size", "must be 4096 bytes to 1 GiB"));
-        }
-        if self.messaging.page_size < 64 || self.messaging.page_size > (64 << 20) {
-            return Err(invalid("messaging.page_size", "must be 64 bytes to 64 MiB"));
-        }
-        let t = &self.topology;
-        if self.ru.is_empty() {
-            if t.rus == 0 {
-                return Err(invalid("topology.rus", "must be at least 1"));
-            }
-            if t.rus > MAX_NODES {
-                return Err(invalid("topology.rus", format!("at most {MAX_NODES}")));
-            }
-        }
-        if self.bu.is_empty() {
-            if t.bus == 0 {
-                return Err(invalid(
-                    "topology.bus",
-                    "BU count 0: at least one builder unit is needed",
-                ));
-            }
-            if t.bus > MAX_NODES {
-                return Err(invalid("topology.bus", format!("at most {MAX_NODES}")));
-            }
-        }
-        if t.base_port != 0 && t.base_port as u32 + t.rus + t.bus > u16::MAX as u32 {
-            return Err(invalid(
-                "topology.base_port",
-                "too high for the number of nodes",
-            ));
-        }
         let nodes = self.nodes_unchecked();
         let mut ids: HashMap<&str, String> = HashMap::new();
         let mut addrs: HashMap<SocketAddr, String> = HashMap::new();
@@ -701,9 +710,6 @@ impl Config {
                     ));
                 }
             }
-            if n.role == Role::Bu && n.credits == 0 {
-                return Err(invalid(format!("{key}.credits"), "must be at least 1"));
-            }
         }
         for (id, cpus) in &self.affinity {
             let key = format!("affinity.{id}");
@@ -720,20 +726,20 @@ impl Config {
                 ));
             }
         }
-        if nodes.iter().filter(|n| n.role == Role::Ru).count() > MAX_NODES as usize {
-            return Err(invalid("ru", format!("at most {MAX_NODES} RUs")));
-        }
-        if nodes.iter().filter(|n| n.role == Role::Bu).count() > MAX_NODES as usize {
-            return Err(invalid("bu", format!("at most {MAX_NODES} BUs")));
-        }
-        // explicit pools must hold what the credits allow in flight
-        let (ru_need, bu_need) = self.pool_needs();
+        // explicit pools must hold what the credits allow in flight, with fragments as
+        // large as the source may make (`source.max_fragment` for recorded data)
+        let (ru_need, bu_need) = self.pool_needs()?;
+        let largest = match self.source.kind {
+            SourceKind::Generator => "fragments",
+            _ => "source.max_fragment",
+        };
         if b.ru_pool_mib != 0 && b.ru_pool_mib << 20 < ru_need {
             return Err(invalid(
                 "buffers.ru_pool_mib",
                 format!(
-                    "too small: the credits allow {} MiB in flight per RU",
-                    ru_need >> 20
+                    "too small: the credits allow {} MiB in flight per RU with {largest} of up to {} bytes",
+                    ru_need.div_ceil(1 << 20),
+                    self.max_fragment()
                 ),
             ));
         }
@@ -741,12 +747,179 @@ impl Config {
             return Err(invalid(
                 "buffers.bu_pool_mib",
                 format!(
-                    "too small: the credits allow {} MiB in flight per BU",
-                    bu_need >> 20
+                    "too small: the credits allow {} MiB in flight per BU with {largest} of up to {} bytes",
+                    bu_need.div_ceil(1 << 20),
+                    self.max_fragment()
                 ),
             ));
         }
+        // the pools of all the nodes together must be a number
+        self.pool_bytes(&nodes)?;
         Ok(())
+    }
+
+    /// Every number against its range (see [`limits`]), before anything computes with them.
+    fn check_ranges(&self) -> Result<(), ConfigError> {
+        use limits::*;
+        let r = &self.run;
+        int_in("run.events", r.events, 0, MAX_EVENTS, "")?;
+        real_in("run.duration_s", r.duration_s, 0.0, MAX_SECONDS, " s")?;
+        real_in("run.rate_hz", r.rate_hz, 0.0, MAX_RATE_HZ, " Hz")?;
+        for (key, v) in [
+            ("run.stall_timeout_s", r.stall_timeout_s),
+            ("run.connect_timeout_s", r.connect_timeout_s),
+        ] {
+            real_in(key, v, MIN_TIMEOUT_S, MAX_SECONDS, " s")?;
+        }
+        int_in(
+            "run.heartbeat_ms",
+            r.heartbeat_ms,
+            1,
+            MAX_HEARTBEAT_MS,
+            " ms",
+        )?;
+        // run.heartbeat_ms is at most a minute: twice it cannot overflow
+        int_in(
+            "run.heartbeat_timeout_ms",
+            r.heartbeat_timeout_ms,
+            2 * r.heartbeat_ms,
+            MAX_HEARTBEAT_TIMEOUT_MS,
+            " ms: at least twice run.heartbeat_ms",
+        )?;
+        let f = &self.fragments;
+        int_in("fragments.size", f.size, 1, MAX_FRAGMENT, " bytes")?;
+        for (key, v) in [
+            ("fragments.stddev", f.stddev),
+            ("fragments.min", f.min),
+            ("fragments.max", f.max),
+        ] {
+            int_in(key, v, 0, MAX_FRAGMENT, " bytes")?;
+        }
+        int_in(
+            "source.max_fragment",
+            self.source.max_fragment,
+            1,
+            MAX_FRAGMENT,
+            " bytes",
+        )?;
+        let b = &self.builder;
+        int_in(
+            "builder.credits",
+            b.credits.into(),
+            0,
+            MAX_CREDITS.into(),
+            "",
+        )?;
+        int_in("builder.batch", b.batch.into(), 0, MAX_BATCH.into(), "")?;
+        let p = &self.buffers;
+        let block = p.block_size;
+        int_in("buffers.block_size", block, MIN_BLOCK, MAX_BLOCK, " bytes")?;
+        int_in(
+            "buffers.ru_pool_mib",
+            p.ru_pool_mib,
+            0,
+            MAX_POOL_MIB,
+            " MiB",
+        )?;
+        int_in(
+            "buffers.bu_pool_mib",
+            p.bu_pool_mib,
+            0,
+            MAX_POOL_MIB,
+            " MiB",
+        )?;
+        let m = &self.messaging;
+        int_in(
+            "messaging.page_size",
+            m.page_size,
+            MIN_PAGE,
+            MAX_PAGE,
+            " bytes",
+        )?;
+        int_in("messaging.flush_us", m.flush_us, 0, MAX_POLL_US, " µs")?;
+        int_in(
+            "messaging.busy_poll_us",
+            m.busy_poll_us,
+            0,
+            MAX_POLL_US,
+            " µs",
+        )?;
+        let s = &self.sink;
+        int_in("sink.file_max_events", s.file_max_events, 0, MAX_EVENTS, "")?;
+        int_in("sink.file_max_mib", s.file_max_mib, 0, MAX_FILE_MIB, " MiB")?;
+        let t = &self.topology;
+        if self.ru.is_empty() && t.rus == 0 {
+            return Err(invalid("topology.rus", "must be at least 1"));
+        }
+        if self.bu.is_empty() && t.bus == 0 {
+            return Err(invalid(
+                "topology.bus",
+                "BU count 0: at least one builder unit is needed",
+            ));
+        }
+        let max = MAX_NODES.into();
+        int_in("topology.rus", t.rus.into(), 0, max, "")?;
+        int_in("topology.bus", t.bus.into(), 0, max, "")?;
+        if self.ru.len() as u64 > max {
+            return Err(invalid("ru", format!("at most {MAX_NODES} RUs")));
+        }
+        if self.bu.len() as u64 > max {
+            return Err(invalid("bu", format!("at most {MAX_NODES} BUs")));
+        }
+        // the EVM takes base_port, the RUs and BUs the ports after it
+        let last = t.base_port as u64 + self.n_ru() + self.n_bu();
+        if t.base_port != 0 && last > u16::MAX as u64 {
+            return Err(invalid(
+                "topology.base_port",
+                format!(
+                    "{} is too high for {} nodes: the last would get port {last} (> 65535)",
+                    t.base_port,
+                    1 + self.n_ru() + self.n_bu()
+                ),
+            ));
+        }
+        for (i, bu) in self.bu.iter().enumerate() {
+            if let Some(c) = bu.credits {
+                int_in(
+                    &format!("bu[{i}].credits"),
+                    c.into(),
+                    1,
+                    MAX_CREDITS.into(),
+                    "",
+                )?;
+            }
+            if let Some(us) = bu.sink_delay_us {
+                int_in(
+                    &format!("bu[{i}].sink_delay_us"),
+                    us,
+                    0,
+                    MAX_SINK_DELAY_US,
+                    " µs",
+                )?;
+            }
+            if let Some(n) = bu.sink_delay_events {
+                int_in(&format!("bu[{i}].sink_delay_events"), n, 0, MAX_EVENTS, "")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// RUs in the run: `[[ru]]` entries, or `topology.rus` when there are none.
+    fn n_ru(&self) -> u64 {
+        if self.ru.is_empty() {
+            self.topology.rus.into()
+        } else {
+            self.ru.len() as u64
+        }
+    }
+
+    /// BUs in the run: `[[bu]]` entries, or `topology.bus` when there are none.
+    fn n_bu(&self) -> u64 {
+        if self.bu.is_empty() {
+            self.topology.bus.into()
+        } else {
+            self.bu.len() as u64
+        }
     }
 
     fn key_of(&self, n: &NodeSpec) -> String {
@@ -877,7 +1050,9 @@ impl Config {
         } else {
             self.ru.len() as u64
         };
-        let event = n_ru.max(1) * (self.max_fragment() + 64);
+        let event = n_ru
+            .max(1)
+            .saturating_mul(self.max_fragment().saturating_add(64));
         ((16u64 << 20) / event).clamp(16, 4096) as u32
     }
 
@@ -890,32 +1065,264 @@ impl Config {
     }
 
     /// Bytes an RU and a BU must be able to hold for everything the credits allow in flight.
-    pub fn pool_needs(&self) -> (u64, u64) {
+    ///
+    /// # Errors
+    /// If the sizes overflow (only for a configuration that fails [`Config::validate`]).
+    pub fn pool_needs(&self) -> Result<(u64, u64), ConfigError> {
         let nodes = self.nodes_unchecked();
-        let n_ru = nodes.iter().filter(|n| n.role == Role::Ru).count() as u64;
-        let total_credits: u64 = nodes
-            .iter()
-            .filter(|n| n.role == Role::Bu)
-            .map(|n| n.credits as u64)
-            .sum();
-        let max_credits: u64 = nodes
-            .iter()
-            .filter(|n| n.role == Role::Bu)
-            .map(|n| n.credits as u64)
-            .max()
-            .unwrap_or(0);
-        let frag = self.max_fragment() + 64;
-        let block = self.buffers.block_size;
-        let blocks = |bytes: u64| bytes.div_ceil(block) * block;
+        let bus = nodes.iter().filter(|n| n.role == Role::Bu);
+        let total_credits: u64 = bus.clone().map(|n| n.credits as u64).sum();
+        let max_credits: u64 = bus.map(|n| n.credits as u64).max().unwrap_or(0);
+        let n_ru = self.n_ru();
+        let block = self.buffers.block_size.max(1);
+        let too_big = || {
+            invalid(
+                "builder.credits",
+                "the pools these credits, fragment sizes and node counts need overflow 64 bits",
+            )
+        };
+        let frag = self.max_fragment().checked_add(64).ok_or_else(too_big)?;
+        let blocks = |bytes: Option<u64>| {
+            bytes
+                .map(|b| b.div_ceil(block))
+                .and_then(|n| n.checked_mul(block))
+        };
+        let add = |a: Option<u64>, b: Option<u64>| a?.checked_add(b?);
+        let mul = |a: Option<u64>, b: u64| a?.checked_mul(b);
         // Small fragments share blocks and a block is freed with its last fragment, so
         // allow twice the live bytes, plus the blocks being filled.
         // Static content adds its template, held for the whole run.
         let template = match self.fragments.content {
-            Content::Static => blocks(frag),
-            Content::Unique => 0,
+            Content::Static => blocks(Some(frag)),
+            Content::Unique => Some(0),
         };
-        let ru = 2 * blocks(total_credits * frag) + 4 * block + template;
-        let bu = 2 * blocks(max_credits * n_ru * frag) + 2 * (n_ru + 4) * block;
-        (ru, bu)
+        let ru = add(
+            mul(blocks(total_credits.checked_mul(frag)), 2),
+            add(4u64.checked_mul(block), template),
+        );
+        let bu_live = max_credits
+            .checked_mul(n_ru)
+            .and_then(|k| k.checked_mul(frag));
+        let bu = add(mul(blocks(bu_live), 2), mul(mul(Some(n_ru + 4), 2), block));
+        Ok((ru.ok_or_else(too_big)?, bu.ok_or_else(too_big)?))
+    }
+
+    /// The pools a node of `role` makes, as `evb-node` makes them.
+    ///
+    /// # Errors
+    /// If the sizes overflow (only for a configuration that fails [`Config::validate`]).
+    pub fn pool_plan(&self, role: Role) -> Result<PoolPlan, ConfigError> {
+        let block = self.buffers.block_size.max(1);
+        let nodes = 1 + self.n_ru() + self.n_bu();
+        // Control traffic only: a few blocks per peer.
+        let small = 4 * nodes + 8;
+        let blocks = |bytes: u64| bytes.div_ceil(block).max(4);
+        let (ru_need, bu_need) = self.pool_needs()?;
+        let explicit = |mib: u64| (mib > 0).then(|| mib.checked_mul(1 << 20)).flatten();
+        let plan = match role {
+            Role::Evm => PoolPlan {
+                block_size: block,
+                rx_blocks: small,
+                fragment_blocks: 0,
+            },
+            Role::Ru => PoolPlan {
+                block_size: block,
+                rx_blocks: small,
+                fragment_blocks: blocks(explicit(self.buffers.ru_pool_mib).unwrap_or(ru_need)),
+            },
+            Role::Bu => PoolPlan {
+                block_size: block,
+                rx_blocks: blocks(explicit(self.buffers.bu_pool_mib).unwrap_or(bu_need)),
+                fragment_blocks: 0,
+            },
+        };
+        plan.checked_bytes().ok_or_else(|| {
+            invalid(
+                "builder.credits",
+                "the pools these credits, fragment sizes and node counts need overflow 64 bits",
+            )
+        })?;
+        Ok(plan)
+    }
+
+    /// Bytes of pool memory `nodes` make together.
+    ///
+    /// # Errors
+    /// If the sum overflows (only for a configuration that fails [`Config::validate`]).
+    pub fn pool_bytes(&self, nodes: &[NodeSpec]) -> Result<u64, ConfigError> {
+        let mut by_role = [(Role::Evm, 0u64), (Role::Ru, 0), (Role::Bu, 0)];
+        for n in nodes {
+            by_role
+                .iter_mut()
+                .find(|(r, _)| *r == n.role)
+                .expect("every role")
+                .1 += 1;
+        }
+        let mut total = 0u64;
+        for (role, count) in by_role {
+            if count > 0 {
+                total = self
+                    .pool_plan(role)?
+                    .checked_bytes()
+                    .and_then(|b| b.checked_mul(count))
+                    .and_then(|b| b.checked_add(total))
+                    .ok_or_else(|| {
+                        invalid(
+                            "builder.credits",
+                            format!("the pools of {} nodes overflow 64 bits", nodes.len()),
+                        )
+                    })?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// The nodes that would run on this host: every node for `inproc`; otherwise those whose
+    /// address is loopback, unspecified or one of this host's addresses (an address that
+    /// does not parse counts as local: the memory check errs on the safe side).
+    pub fn local_nodes(&self) -> Vec<NodeSpec> {
+        let inproc = self.transport.kind == TransportKind::Inproc;
+        self.nodes()
+            .into_iter()
+            .filter(|n| {
+                inproc
+                    || match n.addr.parse::<SocketAddr>() {
+                        Ok(sa) => {
+                            sa.ip().is_loopback()
+                                || sa.ip().is_unspecified()
+                                || std::net::UdpSocket::bind((sa.ip(), 0)).is_ok()
+                        }
+                        Err(_) => true,
+                    }
+            })
+            .collect()
+    }
+
+    /// Compares the pools `nodes` make (see [`Config::pool_plan`]) with `host`'s memory:
+    /// an error naming `builder.credits` or the `buffers.*` key at fault when they exceed its
+    /// total memory, `Ok(Some(warning))` when they exceed what is available now, `Ok(None)`
+    /// when they fit.
+    pub fn check_memory(
+        &self,
+        nodes: &[NodeSpec],
+        host: HostMemory,
+    ) -> Result<Option<String>, ConfigError> {
+        let need = self.pool_bytes(nodes)?;
+        let count = |role| nodes.iter().filter(|n| n.role == role).count() as u64;
+        let part = |role| {
+            self.pool_plan(role).map(|p| {
+                p.checked_bytes()
+                    .unwrap_or(u64::MAX)
+                    .saturating_mul(count(role))
+            })
+        };
+        let (ru, bu) = (part(Role::Ru)?, part(Role::Bu)?);
+        let what = format!(
+            "the pools of the {} node(s) on this host need {} (RUs {}, BUs {})",
+            nodes.len(),
+            human(need),
+            human(ru),
+            human(bu)
+        );
+        let knobs = "lower builder.credits (or [[bu]] credits), buffers.ru_pool_mib / \
+                     buffers.bu_pool_mib, or the fragment sizes, or run fewer nodes here";
+        if need > host.total {
+            let key = if bu >= ru && self.buffers.bu_pool_mib > 0 {
+                "buffers.bu_pool_mib"
+            } else if ru > bu && self.buffers.ru_pool_mib > 0 {
+                "buffers.ru_pool_mib"
+            } else {
+                "builder.credits"
+            };
+            return Err(invalid(
+                key,
+                format!(
+                    "{what}, more than this host's memory ({}): {knobs}",
+                    human(host.total)
+                ),
+            ));
+        }
+        Ok((need > host.available).then(|| {
+            format!(
+                "{what}, more than the {} available now (of {}): the nodes may be swapped \
+                 out or killed; {knobs}",
+                human(host.available),
+                human(host.total)
+            )
+        }))
+    }
+
+    /// [`Config::check_memory`] for [`Config::local_nodes`] against this host's
+    /// /proc/meminfo; `Ok(None)` where the host does not say how much memory it has.
+    pub fn check_host_memory(&self) -> Result<Option<String>, ConfigError> {
+        match HostMemory::read() {
+            Some(host) => self.check_memory(&self.local_nodes(), host),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The pools one node makes, in blocks of `block_size` bytes: every node a receive pool
+/// (control messages for the EVM and the RUs, fragments for a BU), an RU also its fragment
+/// pool. `evb-node` allocates exactly this; [`Config::check_memory`] adds it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub block_size: u64,
+    pub rx_blocks: u64,
+    /// 0 for the EVM and the BUs.
+    pub fragment_blocks: u64,
+}
+
+impl PoolPlan {
+    /// Bytes of both pools (`None` if that overflows).
+    pub fn checked_bytes(&self) -> Option<u64> {
+        self.rx_blocks
+            .checked_add(self.fragment_blocks)?
+            .checked_mul(self.block_size)
+    }
+}
+
+/// A host's memory, from /proc/meminfo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemory {
+    /// `MemTotal`, bytes.
+    pub total: u64,
+    /// `MemAvailable`, bytes.
+    pub available: u64,
+}
+
+impl HostMemory {
+    /// This host's memory; `None` where /proc/meminfo cannot be read or lacks the fields.
+    pub fn read() -> Option<HostMemory> {
+        HostMemory::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
+    }
+
+    /// Reads `MemTotal` and `MemAvailable` (kB) from the text of /proc/meminfo.
+    pub fn parse(meminfo: &str) -> Option<HostMemory> {
+        let field = |name: &str| -> Option<u64> {
+            let line = meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?;
+            let mut words = line.split_whitespace();
+            let kb: u64 = words.next()?.parse().ok()?;
+            match words.next() {
+                Some("kB") | None => kb.checked_mul(1024),
+                Some(_) => None,
+            }
+        };
+        let total = field("MemTotal")?;
+        Some(HostMemory {
+            total,
+            available: field("MemAvailable").unwrap_or(total),
+        })
+    }
+}
+
+/// Bytes for a person: MiB below 1 GiB, GiB above.
+fn human(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
     }
 }

@@ -256,3 +256,409 @@ fn local_transport_is_checked() {
         &["transport.local", "inproc"],
     );
 }
+
+/// Every number has a range; a value outside it is refused with the key, the value and the
+/// range named (issue #16: `duration_s = 1e20` used to pass and then panic in every node).
+#[test]
+fn every_number_out_of_range_is_named() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "[run]\nduration_s = 1e20\n",
+            &["`run.duration_s`", "1e20 is out of range", "0 ..= 604800 s"],
+        ),
+        ("[run]\nduration_s = 604800.5\n", &["run.duration_s"]),
+        ("[run]\nduration_s = nan\n", &["run.duration_s", "NaN"]),
+        ("[run]\nduration_s = inf\n", &["run.duration_s", "inf"]),
+        ("[run]\nduration_s = -1.0\n", &["run.duration_s"]),
+        (
+            "[run]\nstall_timeout_s = 1e19\n",
+            &["run.stall_timeout_s", "1e19 is out of range"],
+        ),
+        ("[run]\nstall_timeout_s = 0.0\n", &["run.stall_timeout_s"]),
+        ("[run]\nstall_timeout_s = -inf\n", &["run.stall_timeout_s"]),
+        (
+            "[run]\nconnect_timeout_s = 1e300\n",
+            &["run.connect_timeout_s"],
+        ),
+        (
+            "[run]\nconnect_timeout_s = nan\n",
+            &["run.connect_timeout_s"],
+        ),
+        ("[run]\nrate_hz = inf\n", &["run.rate_hz"]),
+        ("[run]\nrate_hz = 2e9\n", &["run.rate_hz", "2e9"]),
+        ("[run]\nrate_hz = nan\n", &["run.rate_hz"]),
+        ("[run]\nevents = 18446744073709551615\n", &[]), // not even a TOML integer
+        ("[run]\nevents = 9223372036854775807\n", &["run.events"]),
+        ("[run]\nheartbeat_ms = 0\n", &["run.heartbeat_ms"]),
+        (
+            "[run]\nheartbeat_ms = 86400000\nheartbeat_timeout_ms = 172800000\n",
+            &["run.heartbeat_ms"],
+        ),
+        (
+            "[run]\nheartbeat_timeout_ms = 300\n",
+            &["run.heartbeat_timeout_ms", "at least twice"],
+        ),
+        (
+            "[run]\nheartbeat_timeout_ms = 9223372036854775807\n",
+            &["run.heartbeat_timeout_ms"],
+        ),
+        (
+            "[fragments]\nsize = 268435457\n",
+            &["fragments.size", "268435456"],
+        ),
+        (
+            "[fragments]\ndistribution = \"lognormal\"\nstddev = 9223372036854775807\n",
+            &["fragments.stddev"],
+        ),
+        (
+            "[fragments]\ndistribution = \"lognormal\"\nmax = 9223372036854775807\n",
+            &["fragments.max"],
+        ),
+        (
+            "[builder]\ncredits = 1048577\n",
+            &["builder.credits", "1048576"],
+        ),
+        ("[builder]\ncredits = 4294967295\n", &["builder.credits"]),
+        ("[builder]\nbatch = 65537\n", &["builder.batch"]),
+        (
+            "[buffers]\nblock_size = 2147483648\n",
+            &["buffers.block_size"],
+        ),
+        (
+            "[buffers]\nru_pool_mib = 2097152\n",
+            &["buffers.ru_pool_mib", "MiB"],
+        ),
+        (
+            "[buffers]\nbu_pool_mib = 17592186044416\n",
+            &["buffers.bu_pool_mib"],
+        ),
+        (
+            "[messaging]\npage_size = 134217728\n",
+            &["messaging.page_size"],
+        ),
+        (
+            "[messaging]\nflush_us = 9223372036854775807\n",
+            &["messaging.flush_us"],
+        ),
+        (
+            "[messaging]\nbusy_poll_us = 2000000\n",
+            &["messaging.busy_poll_us"],
+        ),
+        ("[topology]\nrus = 4097\n", &["topology.rus", "4096"]),
+        ("[topology]\nbus = 100000\n", &["topology.bus"]),
+        (
+            "[topology]\nrus = 100\nbus = 100\nbase_port = 65400\n",
+            &["topology.base_port", "65600"],
+        ),
+        ("[source]\nmax_fragment = 0\n", &["source.max_fragment"]),
+        (
+            "[source]\nmax_fragment = 268435457\n",
+            &["source.max_fragment"],
+        ),
+        (
+            "[sink]\nfile_max_mib = 17592186044416\n",
+            &["sink.file_max_mib"],
+        ),
+        (
+            "[sink]\nfile_max_events = 9223372036854775807\n",
+            &["sink.file_max_events"],
+        ),
+        (
+            "[[bu]]\nid = \"b\"\ncredits = 4294967295\n",
+            &["bu[0].credits", "1048576"],
+        ),
+        (
+            "[[bu]]\nid = \"b\"\nsink_delay_us = 9223372036854775807\n",
+            &["bu[0].sink_delay_us"],
+        ),
+        (
+            "[[bu]]\nid = \"b\"\nsink_delay_events = 9223372036854775807\n",
+            &["bu[0].sink_delay_events"],
+        ),
+    ];
+    for (text, needles) in cases {
+        assert_err(text, needles);
+    }
+}
+
+#[test]
+fn numbers_at_the_edges_of_their_ranges_are_accepted() {
+    let c = Config::from_toml(
+        "[run]\nduration_s = 604800\nstall_timeout_s = 0.001\nconnect_timeout_s = 604800\n\
+         rate_hz = 1e9\nheartbeat_ms = 60000\nheartbeat_timeout_ms = 120000\n\
+         events = 1000000000000000\n[builder]\ncredits = 1048576\nbatch = 65536\n\
+         [messaging]\nflush_us = 1000000\nbusy_poll_us = 1000000\n\
+         [fragments]\nsize = 64\n[topology]\nrus = 1\nbus = 1\n",
+    )
+    .unwrap();
+    assert_eq!(c.run.heartbeat_timeout_ms, 2 * c.run.heartbeat_ms);
+    assert_eq!(c.nodes()[2].credits, 1 << 20);
+    // the last node takes the last port
+    let c = Config::from_toml("[topology]\nrus = 3\nbus = 2\nbase_port = 65530\n").unwrap();
+    assert_eq!(c.nodes()[5].addr, "127.0.0.1:65535");
+    assert_err(
+        "[topology]\nrus = 3\nbus = 2\nbase_port = 65531\n",
+        &["topology.base_port", "65536"],
+    );
+}
+
+/// `topology.rus` is ignored next to `[[ru]]` entries, but it still has a range, and the
+/// port check counts the nodes the run really has (it used to add `topology.rus` and
+/// overflow).
+#[test]
+fn base_port_counts_the_real_nodes() {
+    let listed = "[[ru]]\nid = \"r\"\n[[bu]]\nid = \"b\"\n";
+    assert_err(
+        &format!("[topology]\nrus = 4294967295\nbase_port = 1\n{listed}"),
+        &["topology.rus"],
+    );
+    let c = Config::from_toml(&format!(
+        "[topology]\nrus = 4000\nbus = 4000\nbase_port = 65533\n{listed}"
+    ))
+    .unwrap();
+    assert_eq!(c.nodes()[2].addr, "127.0.0.1:65535");
+}
+
+/// A configuration that validates can be turned into durations, deadlines and pools by
+/// every node without a panic (what `evb-node` does with it).
+mod safe_when_valid {
+    use std::time::{Duration, Instant};
+
+    use proptest::prelude::*;
+
+    use crate::*;
+
+    fn edgy_f64() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            Just(f64::MAX),
+            Just(1e20),
+            Just(-1.0),
+            Just(0.0),
+            Just(1e-300),
+            0.0..1e7,
+        ]
+    }
+
+    fn edgy_u64() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0),
+            Just(1),
+            Just(u64::MAX),
+            Just(i64::MAX as u64),
+            Just(1 << 20),
+            Just(1 << 32),
+            0u64..10_000_000,
+        ]
+    }
+
+    fn edgy_u32() -> impl Strategy<Value = u32> {
+        prop_oneof![Just(0), Just(u32::MAX), Just(1 << 20), 0u32..5000]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn validated_numbers_never_panic_later(
+            secs in proptest::collection::vec(edgy_f64(), 4),
+            ints in proptest::collection::vec(edgy_u64(), 14),
+            small in proptest::collection::vec(edgy_u32(), 4),
+            port: u16,
+        ) {
+            let mut c = Config::default();
+            c.run.duration_s = secs[0];
+            c.run.stall_timeout_s = secs[1];
+            c.run.connect_timeout_s = secs[2];
+            c.run.rate_hz = secs[3];
+            c.run.events = ints[0];
+            c.run.heartbeat_ms = ints[1];
+            c.run.heartbeat_timeout_ms = ints[2];
+            c.fragments.size = ints[3];
+            c.buffers.block_size = ints[4];
+            c.buffers.ru_pool_mib = ints[5];
+            c.buffers.bu_pool_mib = ints[6];
+            c.messaging.page_size = ints[7];
+            c.messaging.flush_us = ints[8];
+            c.messaging.busy_poll_us = ints[9];
+            c.source.max_fragment = ints[10];
+            c.sink.file_max_mib = ints[11];
+            c.sink.file_max_events = ints[12];
+            c.fragments.content = if ints[13] % 2 == 0 { Content::Unique } else { Content::Static };
+            c.builder.credits = small[0];
+            c.builder.batch = small[1];
+            c.topology.rus = small[2];
+            c.topology.bus = small[3];
+            c.topology.base_port = port;
+            if c.validate().is_ok() {
+                let now = Instant::now();
+                let r = &c.run;
+                let _ = now + Duration::from_secs_f64(r.duration_s);
+                let _ = now + Duration::from_secs_f64(r.stall_timeout_s);
+                let _ = now + Duration::from_secs_f64(r.connect_timeout_s);
+                let _ = now + Duration::from_millis(r.heartbeat_timeout_ms);
+                let _ = now + Duration::from_micros(c.messaging.flush_us);
+                let _ = now + Duration::from_micros(c.messaging.busy_poll_us);
+                prop_assert!(r.heartbeat_timeout_ms >= 2 * r.heartbeat_ms);
+                prop_assert!(c.sink.file_max_mib.checked_shl(20).is_some());
+                let nodes = c.nodes();
+                for n in &nodes {
+                    let plan = c.pool_plan(n.role).unwrap();
+                    prop_assert!(plan.checked_bytes().is_some());
+                    let port: u16 = n.addr.rsplit(':').next().unwrap().parse().unwrap();
+                    prop_assert!(c.topology.base_port == 0 || port >= c.topology.base_port);
+                }
+                c.pool_bytes(&nodes).unwrap();
+            }
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn pools_larger_than_the_host_are_refused_naming_the_key() {
+    let host = HostMemory {
+        total: 8 * GIB,
+        available: 6 * GIB,
+    };
+    // 1 MiB fragments, 2 RUs, 2 BUs of 4096 credits: each BU ~16 GiB
+    let big =
+        Config::from_toml("[fragments]\nsize = 1048576\n[builder]\ncredits = 4096\n").unwrap();
+    let e = big
+        .check_memory(&big.nodes(), host)
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "`builder.credits`",
+        "more than this host's memory (8.0 GiB)",
+        "buffers.bu_pool_mib",
+    ] {
+        assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+    }
+    // the default run fits
+    let small = Config::default();
+    assert_eq!(small.check_memory(&small.nodes(), host), Ok(None));
+    // more than is free now, less than there is: a warning
+    let need = small.pool_bytes(&small.nodes()).unwrap();
+    let tight = HostMemory {
+        total: need + MIB,
+        available: need - MIB,
+    };
+    let w = small.check_memory(&small.nodes(), tight).unwrap().unwrap();
+    assert!(w.contains("available now"), "{w}");
+    // an explicit BU pool that is too large is named
+    let explicit = Config::from_toml("[buffers]\nbu_pool_mib = 8192\n").unwrap();
+    let e = explicit.check_memory(&explicit.nodes(), host).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "buffers.bu_pool_mib"),
+        "{e}"
+    );
+    let explicit = Config::from_toml("[buffers]\nru_pool_mib = 8192\n").unwrap();
+    let e = explicit.check_memory(&explicit.nodes(), host).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "buffers.ru_pool_mib"),
+        "{e}"
+    );
+    // only the nodes asked about count: one BU of the big run on a host of its own fits
+    let one_bu: Vec<NodeSpec> = big.nodes().into_iter().filter(|n| n.id == "bu0").collect();
+    let bu_bytes = big.pool_plan(Role::Bu).unwrap().checked_bytes().unwrap();
+    assert_eq!(big.pool_bytes(&one_bu).unwrap(), bu_bytes);
+    let roomy = HostMemory {
+        total: bu_bytes + GIB,
+        available: bu_bytes + GIB,
+    };
+    assert_eq!(big.check_memory(&one_bu, roomy), Ok(None));
+    assert!(big.check_memory(&big.nodes(), roomy).is_err());
+}
+
+#[test]
+fn pool_plan_adds_up_what_the_nodes_allocate() {
+    let c = Config::from_toml(
+        "[fragments]\nsize = 1000\n[builder]\ncredits = 10\n[topology]\nrus = 3\nbus = 2\n",
+    )
+    .unwrap();
+    let block = c.buffers.block_size;
+    let (ru_need, bu_need) = c.pool_needs().unwrap();
+    // 2 × blocks(20 credits × 1064 bytes) + 4 blocks
+    assert_eq!(ru_need, 2 * block + 4 * block);
+    // 2 × blocks(10 × 3 × 1064) + 2 × (3 + 4) blocks
+    assert_eq!(bu_need, 2 * block + 14 * block);
+    let small = 4 * 6 + 8;
+    assert_eq!(
+        c.pool_plan(Role::Evm).unwrap(),
+        PoolPlan {
+            block_size: block,
+            rx_blocks: small,
+            fragment_blocks: 0
+        }
+    );
+    assert_eq!(
+        c.pool_plan(Role::Ru).unwrap(),
+        PoolPlan {
+            block_size: block,
+            rx_blocks: small,
+            fragment_blocks: 6
+        }
+    );
+    assert_eq!(
+        c.pool_plan(Role::Bu).unwrap(),
+        PoolPlan {
+            block_size: block,
+            rx_blocks: 16,
+            fragment_blocks: 0
+        }
+    );
+    assert_eq!(
+        c.pool_bytes(&c.nodes()).unwrap(),
+        block * (small + 3 * (small + 6) + 2 * 16)
+    );
+}
+
+#[test]
+fn meminfo_is_read() {
+    let text =
+        "MemTotal:       16318412 kB\nMemFree:         1000 kB\nMemAvailable:   12000000 kB\n";
+    assert_eq!(
+        HostMemory::parse(text),
+        Some(HostMemory {
+            total: 16318412 * 1024,
+            available: 12000000 * 1024
+        })
+    );
+    assert_eq!(HostMemory::parse("MemFree: 3 kB\n"), None);
+    assert_eq!(HostMemory::parse("MemTotal: lots kB\n"), None);
+    // this host has memory, and the default run fits in it
+    if let Some(h) = HostMemory::read() {
+        assert!(h.total > 0 && h.available <= h.total);
+        assert_eq!(Config::default().check_host_memory(), Ok(None));
+    }
+}
+
+#[test]
+fn local_nodes_are_those_with_addresses_here() {
+    let c = Config::from_toml(
+        "[run]\nsecret = \"s\"\n[[ru]]\nid = \"here\"\naddr = \"127.0.0.1:7001\"\n\
+         [[bu]]\nid = \"there\"\naddr = \"192.0.2.7:7002\"\n",
+    )
+    .unwrap();
+    let ids: Vec<String> = c.local_nodes().into_iter().map(|n| n.id).collect();
+    assert_eq!(ids, ["evm", "here"]);
+}
+
+/// An explicit pool too small for recorded fragments up to `source.max_fragment` is caught
+/// before the run, naming the fragment limit.
+#[test]
+fn explicit_pools_must_hold_the_largest_recorded_fragment() {
+    let files = "[run]\nduration_s = 0\n[[ru]]\nid = \"r\"\nfiles = [\"a\"]\n[[bu]]\nid = \"b\"\ncredits = 4\n";
+    let ok = format!(
+        "[source]\nkind = \"fed\"\nmax_fragment = 1048576\n[buffers]\nbu_pool_mib = 16\n{files}"
+    );
+    Config::from_toml(&ok).unwrap();
+    assert_err(
+        &ok.replace("1048576", "16777216"),
+        &["buffers.bu_pool_mib", "source.max_fragment", "16777216"],
+    );
+}

@@ -73,10 +73,18 @@ pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
     (cfg.messaging.page_size / event).clamp(1, 1024) as u32
 }
 
-/// Largest frame a peer may send: a full page plus one maximal fragment.
+/// Largest frame a peer may send: a full page plus one maximal fragment, as large as the
+/// configured source can make (the generator's largest size, or `source.max_fragment` for
+/// recorded data: playback refuses anything larger).
 pub fn max_frame(cfg: &Config) -> u32 {
-    let f = cfg.fragments.max_size() + FRAGMENT_PREFIX_LEN as u64;
-    (cfg.messaging.page_size + f + 65_536).min(u32::MAX as u64) as u32
+    let f = cfg
+        .max_fragment()
+        .saturating_add(FRAGMENT_PREFIX_LEN as u64);
+    cfg.messaging
+        .page_size
+        .saturating_add(f)
+        .saturating_add(65_536)
+        .min(u32::MAX as u64) as u32
 }
 
 pub fn messenger_config(cfg: &Config) -> MessengerConfig {
@@ -91,63 +99,31 @@ pub fn messenger_config(cfg: &Config) -> MessengerConfig {
     }
 }
 
-fn blocks(bytes: u64, block: u64) -> usize {
-    bytes.div_ceil(block).max(4) as usize
-}
-
-/// The receive pool (every node has one) and the RU's fragment pool.
+/// The receive pool (every node has one) and the RU's fragment pool, as
+/// [`Config::pool_plan`] sizes them (what the memory check adds up).
 pub fn pools(cfg: &Config, me: &NodeSpec) -> Result<(Pool, Option<Pool>), String> {
-    let block = cfg.buffers.block_size;
-    let (ru_need, bu_need) = cfg.pool_needs();
-    let nodes = cfg.nodes().len() as u64;
-    // Control traffic only: a few blocks per peer.
-    let small = Pool::new(
-        &format!("{}-rx", me.id),
-        block as usize,
-        (4 * nodes + 8) as usize,
-    );
-    Ok(match me.role {
-        Role::Evm => (small, None),
-        Role::Ru => {
-            let bytes = if cfg.buffers.ru_pool_mib > 0 {
-                cfg.buffers.ru_pool_mib << 20
-            } else {
-                ru_need
-            };
-            {
-                let name = format!("{}-frag", me.id);
-                let n = blocks(bytes, block);
-                // Over shm the fragments live where the BUs can read them in place.
-                let shm = cfg.transport.kind == TransportKind::Shm
-                    || cfg.transport.local == Some(TransportKind::Shm);
-                let pool = match if shm {
-                    TransportKind::Shm
-                } else {
-                    TransportKind::Tcp
-                } {
-                    TransportKind::Shm => Pool::new_shared(&name, block as usize, n)
-                        .map_err(|e| format!("cannot make a shared pool of {n} blocks: {e}"))?,
-                    _ => Pool::new(&name, block as usize, n),
-                };
-                (small, Some(pool))
-            }
-        }
-        Role::Bu => {
-            let bytes = if cfg.buffers.bu_pool_mib > 0 {
-                cfg.buffers.bu_pool_mib << 20
-            } else {
-                bu_need
-            };
-            (
-                Pool::new(
-                    &format!("{}-rx", me.id),
-                    block as usize,
-                    blocks(bytes, block),
-                ),
-                None,
-            )
-        }
-    })
+    let plan = cfg.pool_plan(me.role).map_err(|e| e.to_string())?;
+    let size = |n: u64, what: &str| {
+        usize::try_from(n).map_err(|_| format!("{}: {what} of {n} is too large", me.id))
+    };
+    let block = size(plan.block_size, "a block")?;
+    let rx_blocks = size(plan.rx_blocks, "a receive pool")?;
+    let rx = Pool::new(&format!("{}-rx", me.id), block, rx_blocks);
+    if me.role != Role::Ru {
+        return Ok((rx, None));
+    }
+    let name = format!("{}-frag", me.id);
+    let n = size(plan.fragment_blocks, "a fragment pool")?;
+    // Over shm the fragments live where the BUs can read them in place.
+    let shm =
+        cfg.transport.kind == TransportKind::Shm || cfg.transport.local == Some(TransportKind::Shm);
+    let pool = if shm {
+        Pool::new_shared(&name, block, n)
+            .map_err(|e| format!("cannot make a shared pool of {n} blocks: {e}"))?
+    } else {
+        Pool::new(&name, block, n)
+    };
+    Ok((rx, Some(pool)))
 }
 
 /// Builds the node's state machine, loading and checking its data source or opening its sink.
@@ -259,5 +235,48 @@ impl Sink for SlowSink {
     }
     fn report(&self) -> serde_json::Value {
         self.inner.report()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use evb_config::{Config, Role, SourceKind};
+
+    use super::*;
+
+    /// The frame limit follows the largest fragment the source can make: for recorded data
+    /// `source.max_fragment`, however small the generator's `fragments.size` (issue #16).
+    #[test]
+    fn max_frame_holds_the_largest_recorded_fragment() {
+        let mut cfg = Config::default();
+        cfg.fragments.size = 1024;
+        cfg.source.kind = SourceKind::Framed;
+        cfg.source.max_fragment = 4 << 20;
+        let one_fragment = cfg.source.max_fragment + FRAGMENT_PREFIX_LEN as u64;
+        assert!(max_frame(&cfg) as u64 >= cfg.messaging.page_size + one_fragment);
+        cfg.source.kind = SourceKind::Generator;
+        assert!(
+            (max_frame(&cfg) as u64) < 1 << 20,
+            "the generator's 1 KiB fragments"
+        );
+    }
+
+    /// Pool sizes that overflow are an error naming the key, not a panic (a configuration
+    /// made in code need not have been validated).
+    #[test]
+    fn overflowing_pools_are_an_error() {
+        let mut cfg = Config::default();
+        cfg.builder.credits = u32::MAX;
+        cfg.topology.bus = 4096;
+        cfg.fragments.size = 256 << 20;
+        let ru = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.role == Role::Ru)
+            .unwrap();
+        match pools(&cfg, &ru) {
+            Err(e) => assert!(e.contains("builder.credits"), "{e}"),
+            Ok(_) => panic!("pools of 2^32 credits x 4096 BUs x 256 MiB made"),
+        }
     }
 }

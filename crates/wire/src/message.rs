@@ -97,11 +97,13 @@ impl EventRange {
 /// Every message except `Fragment`, whose payload stays in pool buffers (see [`crate::FragmentHeader`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// BU → EVM: room for `count` more events.
+    /// BU → EVM: room for `count` more events (at least 1: the decoder refuses 0).
     Credit { bu: u16, count: u32 },
-    /// EVM → RUs and BU: these events go to `range.bu`.
+    /// EVM → RUs and BU: these events go to `range.bu` (`count` ≥ 1: the decoder refuses an
+    /// empty range).
     Assign(EventRange),
-    /// BU → EVM: these events are built and handed on; EVM → RUs: free their fragments.
+    /// BU → EVM: these events are built and handed on; EVM → RUs: free their fragments
+    /// (`count` ≥ 1, as for `Assign`).
     Release(EventRange),
     /// Node → EVM: configured and connected, ready to start. `available` is how many events
     /// the node's data source can supply ([`UNLIMITED`] for a generator or a looping source).
@@ -205,16 +207,23 @@ impl Message {
                 if u16_at(b, 2) != 0 {
                     return Err(WireError::ReservedNonZero { what: "credit" });
                 }
+                let count = u32_at(b, 4);
+                if count == 0 {
+                    return Err(WireError::OutOfRange {
+                        what: "credit count",
+                        value: 0,
+                    });
+                }
                 Message::Credit {
                     bu: u16_at(b, 0),
-                    count: u32_at(b, 4),
+                    count,
                 }
             }
             MessageType::Assign | MessageType::Release => {
-                let what = if msg_type == MessageType::Assign {
-                    "assign"
+                let (what, count_what) = if msg_type == MessageType::Assign {
+                    ("assign", "assign count")
                 } else {
-                    "release"
+                    ("release", "release count")
                 };
                 exact(what, 16)?;
                 if u16_at(b, 14) != 0 {
@@ -225,6 +234,14 @@ impl Message {
                     count: u32_at(b, 8),
                     bu: u16_at(b, 12),
                 };
+                // an empty range means nothing, and the RU counts a range down to 0 from its
+                // first event: refuse it here rather than underflow there
+                if r.count == 0 {
+                    return Err(WireError::OutOfRange {
+                        what: count_what,
+                        value: 0,
+                    });
+                }
                 if r.first.checked_add(r.count as u64).is_none() {
                     return Err(WireError::OutOfRange {
                         what,

@@ -207,3 +207,33 @@ fn reject_round_trip() {
     assert!(Reject::decode(&[7, 0]).is_err());
     assert!(Reject::decode(&[1]).is_err());
 }
+
+/// An empty range or credit is refused by the decoder (issue #16: an Assign of count 0
+/// reached the RU, which counts a range down from its first event and underflowed).
+#[test]
+fn empty_ranges_and_credits_are_refused() {
+    let range = EventRange {
+        bu: 1,
+        first: 10,
+        count: 0,
+    };
+    for (m, what) in [
+        (Message::Assign(range), "assign count"),
+        (Message::Release(range), "release count"),
+        (Message::Credit { bu: 1, count: 0 }, "credit count"),
+    ] {
+        let b = m.encode();
+        let h = MessageHeader::decode(&b).unwrap();
+        assert_eq!(
+            Message::decode(h.msg_type, &b[MESSAGE_HEADER_LEN..]),
+            Err(WireError::OutOfRange { what, value: 0 })
+        );
+    }
+    // a count of one is the smallest range
+    let one = Message::Assign(EventRange { count: 1, ..range });
+    let b = one.encode();
+    assert_eq!(
+        Message::decode(MessageType::Assign, &b[MESSAGE_HEADER_LEN..]),
+        Ok(one)
+    );
+}

@@ -1,0 +1,80 @@
+//! The `page` fuzz target: a Messages frame's payload (a page of messages, fragments
+//! included) as received, cut over pool blocks. Shared by `fuzz_targets/page.rs`
+//! (cargo-fuzz) and the stable replay test `crates/messaging/tests/fuzz_replay.rs`.
+
+use evb_buffers::{Chain, Pool};
+use evb_messaging::{fragment_prefix, split_messages, Received};
+use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED};
+
+/// Input: u32 message count (modulo 64; its first byte also picks the block size), then the
+/// page. `split_messages` must refuse it or read exactly `count` messages that encode back
+/// to the page's bytes.
+pub fn check(data: &[u8]) {
+    if data.len() < 4 {
+        return;
+    }
+    let count = u32::from_le_bytes(data[..4].try_into().unwrap()) % 64;
+    // split across blocks at an input-chosen size, as a socket read would
+    let step = 1 + data[0] as usize % 97;
+    let page = &data[4..];
+    let pool = Pool::new("fuzz", 4096, page.len() / step + 2);
+    let mut chain = Chain::new();
+    for piece in page.chunks(step) {
+        let mut w = pool.try_alloc().unwrap();
+        chain.push(w.append(piece).unwrap());
+    }
+    let mut out = Vec::new();
+    if split_messages(&chain, count, &mut out).is_ok() {
+        assert_eq!(out.len(), count as usize);
+        let mut again = Vec::new();
+        for r in &out {
+            match r {
+                Received::Message(m) => m.encode_into(&mut again),
+                Received::Fragment { header, payload } => {
+                    assert_eq!(payload.len(), header.payload_size as usize);
+                    again.extend_from_slice(&fragment_prefix(header));
+                    again.extend_from_slice(&payload.to_vec());
+                }
+            }
+        }
+        assert_eq!(again, page);
+    }
+}
+
+/// Valid pages: control messages and fragments with correct CRCs.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let mut seeds = Vec::new();
+    for n in 1..6u32 {
+        let mut page = Vec::new();
+        for k in 0..n {
+            match k % 4 {
+                0 => {
+                    let payload: Vec<u8> =
+                        (0..(k * 37 + n * 11) as usize).map(|b| b as u8).collect();
+                    let h = FragmentHeader {
+                        event_id: 1000 + k as u64,
+                        trigger_number: k,
+                        source_id: 2,
+                        flags: FLAG_GENERATED,
+                        payload_size: payload.len() as u32,
+                        payload_crc: crc32c::crc32c(&payload),
+                    };
+                    page.extend_from_slice(&fragment_prefix(&h));
+                    page.extend_from_slice(&payload);
+                }
+                1 => Message::Assign(EventRange {
+                    bu: 1,
+                    first: k as u64,
+                    count: 1 + n,
+                })
+                .encode_into(&mut page),
+                2 => Message::Credit { bu: 0, count: n }.encode_into(&mut page),
+                _ => Message::Report(format!("{{\"n\":{n}}}")).encode_into(&mut page),
+            }
+        }
+        let mut data = n.to_le_bytes().to_vec();
+        data.extend_from_slice(&page);
+        seeds.push(data);
+    }
+    seeds
+}

@@ -1,0 +1,95 @@
+//! The `wire` fuzz target: frame headers, handshakes, rejects, fragment headers and message
+//! bodies from raw bytes. Shared by `fuzz_targets/wire.rs` (cargo-fuzz) and the stable
+//! replay test `crates/wire/tests/fuzz_replay.rs`.
+
+use evb_wire::*;
+
+/// Every decoder over `data`: each returns an error or a value that encodes back to exactly
+/// the bytes it read. Panics only when a decoder breaks that contract.
+pub fn check(data: &[u8]) {
+    if let Ok(h) = FrameHeader::decode(data, 1 << 24) {
+        assert_eq!(&h.encode()[..], &data[..FRAME_HEADER_LEN]);
+        assert!(h.length <= 1 << 24);
+    }
+    if let Ok(h) = Hello::decode(data) {
+        assert_eq!(h.encode().unwrap(), data);
+    }
+    if let Ok(r) = Reject::decode(data) {
+        assert_eq!(r.encode(), data);
+    }
+    if let Ok(h) = FragmentHeader::decode(data) {
+        assert_eq!(&h.encode()[..], &data[..FRAGMENT_HEADER_LEN]);
+    }
+    if let Ok(h) = MessageHeader::decode(data) {
+        assert_eq!(&h.encode()[..], &data[..MESSAGE_HEADER_LEN]);
+    }
+    // first byte: the message type; the rest: its body
+    if let Some((&t, body)) = data.split_first() {
+        if let Ok(mt) = MessageType::from_u16(t as u16 % 0x20) {
+            if let Ok(m) = Message::decode(mt, body) {
+                assert_eq!(&m.encode()[MESSAGE_HEADER_LEN..], body);
+                if let Message::Assign(r) | Message::Release(r) = m {
+                    assert!(r.count > 0 && r.first.checked_add(r.count as u64).is_some());
+                }
+                if let Message::Credit { count, .. } = m {
+                    assert!(count > 0);
+                }
+            }
+        }
+    }
+}
+
+/// Valid inputs for every decoder.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let mut v = vec![
+        FrameHeader::new(FrameType::Messages, 4096, 3, 7)
+            .encode()
+            .to_vec(),
+        FrameHeader::new(FrameType::Bye, 0, 0, 1 << 40)
+            .encode()
+            .to_vec(),
+        Hello::new(Channel::Data, Role::Ru, 3, "run-42", "ru3")
+            .encode()
+            .unwrap(),
+        Reject {
+            code: RejectCode::WrongRun,
+            reason: "run id mismatch".into(),
+        }
+        .encode(),
+        FragmentHeader {
+            event_id: 77,
+            trigger_number: 78,
+            source_id: 3,
+            flags: FLAG_GENERATED,
+            payload_size: 2048,
+            payload_crc: 0xdead_beef,
+        }
+        .encode()
+        .to_vec(),
+    ];
+    let range = EventRange {
+        bu: 1,
+        first: 1 << 40,
+        count: 300,
+    };
+    for m in [
+        Message::Credit { bu: 2, count: 17 },
+        Message::Assign(range),
+        Message::Release(range),
+        Message::Ready { available: 4685 },
+        Message::Start,
+        Message::Stop { triggered: 123_456 },
+        Message::Halt,
+        Message::Report("{\"built\":3}".into()),
+        Message::Abort("evm lost".into()),
+        Message::Heartbeat,
+        Message::SourceLost { ru: 3 },
+    ] {
+        let b = m.encode();
+        v.push(b.clone()); // as a message header
+        let mut typed = vec![m.msg_type() as u16 as u8];
+        typed.extend_from_slice(&b[MESSAGE_HEADER_LEN..]);
+        v.push(typed); // as type byte + body
+    }
+    v
+}
