@@ -144,6 +144,15 @@ fn main() -> ExitCode {
                 eprintln!("evb: {e}");
                 return ExitCode::from(2);
             }
+            // every node's pools on this host, before anything starts
+            match cfg.check_host_memory() {
+                Ok(None) => {}
+                Ok(Some(warning)) => eprintln!("evb: warning: {warning}"),
+                Err(e) => {
+                    eprintln!("evb: {e}");
+                    return ExitCode::from(2);
+                }
+            }
             match launch::run(&cfg, a.quiet, a.json.as_deref()) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
@@ -161,6 +170,20 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            // this node's pools on this host (evb run checked the whole set already)
+            if let (Some(me), Some(host)) = (
+                cfg.nodes().into_iter().find(|n| n.id == a.id),
+                evb_config::HostMemory::read(),
+            ) {
+                match cfg.check_memory(&[me], host) {
+                    Ok(None) => {}
+                    Ok(Some(warning)) => eprintln!("evb node {}: warning: {warning}", a.id),
+                    Err(e) => {
+                        eprintln!("evb node {}: {e}", a.id);
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             if a.supervised {
                 launch::exit_when_stdin_closes();
             } else {
@@ -207,6 +230,14 @@ fn main() -> ExitCode {
             what: ConfigCmd::Check { file },
         } => match Config::from_file(&file) {
             Ok(c) => {
+                match c.check_host_memory() {
+                    Ok(None) => {}
+                    Ok(Some(warning)) => eprintln!("evb: warning: {warning}"),
+                    Err(e) => {
+                        eprintln!("evb: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
                 let nodes = c.nodes();
                 let count = |r| nodes.iter().filter(|n| n.role == r).count();
                 println!(
