@@ -285,3 +285,246 @@ fn tcp_unauthenticated_sockets_cannot_starve_a_node() {
         }
     }
 }
+
+// ---- shm ----
+
+use evb_transport::shm::ShmTransport;
+
+/// Two shm transports, connected on `channel`; returns them and the sender's connection.
+fn shm_pair(
+    tx_cfg: TransportConfig,
+    rx_cfg: TransportConfig,
+    channel: Channel,
+) -> (ShmTransport, ShmTransport, ConnId) {
+    let mut a = ShmTransport::create(tx_cfg).unwrap();
+    let mut b = ShmTransport::create(rx_cfg).unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let conn = a
+        .connect(&addr, Hello::new(channel, Role::Ru, 0, "run1", "ru0"))
+        .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(&mut [&mut a, &mut b], &mut evs, "the shm handshake", |e| {
+        opened(&e[0]).is_some() && opened(&e[1]).is_some()
+    });
+    (a, b, conn)
+}
+
+fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|b| (b * 13 + i * 7) as u8).collect()
+}
+
+/// Frames of inline bytes into a receive pool far too small for them, held by a slow consumer:
+/// the receiver stops reading while it has no block, and everything arrives, in order, with
+/// no close (old code: `receive pool exhausted`, connection closed).
+fn shm_tiny_pool_back_pressure(channel: Channel) {
+    // 16 blocks of 4 KiB = 64 KiB; each frame is 24 KB of inline segments (3 KB each)
+    let (mut a, mut b, conn) = shm_pair(cfg("ru0", 64 * 1024, 64), cfg("bu0", 4096, 16), channel);
+    const FRAMES: usize = 200;
+    for i in 0..FRAMES {
+        let segs = (0..8)
+            .map(|k| Segment::Owned(pattern(i * 8 + k, 3000)))
+            .collect();
+        a.send(conn, FrameType::Messages, 8, segs).unwrap();
+    }
+    let mut evs = [Vec::new(), Vec::new()];
+    // a slow consumer: each frame is kept for 3 polls before it is dropped
+    let mut held: std::collections::VecDeque<(usize, evb_transport::InFrame)> = Default::default();
+    let mut got = 0;
+    let mut polls = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got < FRAMES {
+        assert!(Instant::now() < deadline, "got {got} of {FRAMES} frames");
+        a.poll(&mut evs[0], Some(Duration::from_millis(1))).unwrap();
+        b.poll(&mut evs[1], Some(Duration::from_millis(1))).unwrap();
+        polls += 1;
+        for e in evs.iter_mut().flat_map(|e| e.drain(..)) {
+            match e {
+                Event::Frame { frame, .. } => {
+                    let i = got;
+                    let mut want = Vec::new();
+                    for k in 0..8 {
+                        want.extend_from_slice(&pattern(i * 8 + k, 3000));
+                    }
+                    assert!(
+                        frame.payload.eq_bytes(&want),
+                        "frame {i} out of order or corrupt"
+                    );
+                    assert_eq!(frame.count, 8);
+                    got += 1;
+                    held.push_back((polls, frame));
+                }
+                Event::Closed { reason, .. } => panic!("closed after {got} frames: {reason}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        while held.front().is_some_and(|(at, _)| polls >= at + 3) {
+            held.pop_front();
+        }
+    }
+}
+
+#[test]
+fn shm_empty_receive_pool_is_back_pressure_not_a_protocol_violation() {
+    shm_tiny_pool_back_pressure(Channel::Data);
+    shm_tiny_pool_back_pressure(Channel::Control);
+}
+
+/// A data connection may not take the last eighth of the receive pool: a control connection
+/// still gets blocks while bulk data holds the rest.
+#[test]
+fn shm_bulk_data_cannot_starve_control_messages() {
+    let rx = cfg("bu0", 4096, 16);
+    let pool = rx.rx_pool.clone();
+    let mut b = ShmTransport::create(rx).unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let mut data = ShmTransport::create(cfg("ru0", 64 * 1024, 64)).unwrap();
+    let mut ctl = ShmTransport::create(cfg("evm", 64 * 1024, 64)).unwrap();
+    let dconn = data
+        .connect(&addr, Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"))
+        .unwrap();
+    let cconn = ctl
+        .connect(
+            &addr,
+            Hello::new(Channel::Control, Role::Evm, 0, "run1", "evm"),
+        )
+        .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new(), Vec::new()];
+    pump(
+        &mut [&mut data, &mut ctl, &mut b],
+        &mut evs,
+        "both handshakes",
+        |e| {
+            opened(&e[0]).is_some()
+                && opened(&e[1]).is_some()
+                && e[2]
+                    .iter()
+                    .filter(|e| matches!(e, Event::Accepted { .. }))
+                    .count()
+                    == 2
+        },
+    );
+    evs.iter_mut().for_each(Vec::clear);
+    // bulk data: 40 frames of 4 KB, kept by the receiver (never dropped)
+    for i in 0..40 {
+        data.send(
+            dconn,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(pattern(i, 4000))],
+        )
+        .unwrap();
+    }
+    let mut kept = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        data.poll(&mut evs[0], Some(Duration::from_millis(1)))
+            .unwrap();
+        b.poll(&mut evs[2], Some(Duration::from_millis(1))).unwrap();
+        kept.append(&mut evs[2]);
+    }
+    assert_eq!(kept.len(), 14, "data may fill all but 16/8 = 2 blocks");
+    assert_eq!(pool.free_blocks(), 2);
+    // a control message still gets through
+    ctl.send(
+        cconn,
+        FrameType::Messages,
+        1,
+        vec![Segment::Owned(b"assign".to_vec())],
+    )
+    .unwrap();
+    pump(
+        &mut [&mut ctl, &mut b],
+        &mut evs[1..],
+        "the control message",
+        |e| e[1].iter().any(|e| matches!(e, Event::Frame { .. })),
+    );
+    let Event::Frame { frame, conn } = &evs[2][0] else {
+        panic!("{:?}", evs[2])
+    };
+    assert!(frame.payload.eq_bytes(b"assign"));
+    assert!(kept
+        .iter()
+        .all(|e| !matches!(e, Event::Frame { conn: c, .. } if c == conn)));
+    // and the data resumes once the consumer lets its frames go
+    drop(kept);
+    let mut rest = 0;
+    let t = Instant::now();
+    while rest < 26 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{rest} of 26");
+        data.poll(&mut evs[0], Some(Duration::from_millis(1)))
+            .unwrap();
+        b.poll(&mut evs[2], Some(Duration::from_millis(1))).unwrap();
+        rest += evs[2]
+            .drain(..)
+            .filter(|e| matches!(e, Event::Frame { .. }))
+            .count();
+    }
+}
+
+/// A 16 MiB frame of 4 KiB shared blocks needs 4096 descriptors (100 KiB, more than one
+/// 64 KiB packet): it is split over packets and arrives whole (old code: TooLarge after its
+/// blocks were lent, or a stall when it had been deferred).
+#[test]
+fn shm_frame_with_more_descriptors_than_one_packet_holds_arrives_whole() {
+    let (mut a, mut b, conn) = shm_pair(
+        TransportConfig {
+            max_frame: 32 << 20,
+            ..cfg("ru0", 64 * 1024, 64)
+        },
+        TransportConfig {
+            max_frame: 32 << 20,
+            ..cfg("bu0", 64 * 1024, 64)
+        },
+        Channel::Data,
+    );
+    let pool = Pool::new_shared("frags", 4096, 4096 + 16).unwrap();
+    let mut segs = Vec::new();
+    let mut want = Vec::new();
+    // a header inline, then 4096 slices of 4 KiB, then a 20 KB private (copied) tail
+    segs.push(Segment::Owned(b"header".to_vec()));
+    want.extend_from_slice(b"header");
+    for i in 0..4096 {
+        let mut w = pool.try_alloc().unwrap();
+        let d = pattern(i, 4096);
+        want.extend_from_slice(&d);
+        segs.push(Segment::Shared(w.append(&d).unwrap()));
+    }
+    let tail = pattern(99, 20_000);
+    want.extend_from_slice(&tail);
+    segs.push(Segment::Owned(tail));
+    a.send(conn, FrameType::Messages, 1, segs).unwrap();
+    // and a small frame behind it, which must come second
+    a.send(
+        conn,
+        FrameType::Messages,
+        1,
+        vec![Segment::Owned(b"next".to_vec())],
+    )
+    .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(&mut [&mut a, &mut b], &mut evs, "both frames", |e| {
+        e[1].iter()
+            .filter(|e| matches!(e, Event::Frame { .. }))
+            .count()
+            == 2
+    });
+    let frames: Vec<&evb_transport::InFrame> = evs[1]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Frame { frame, .. } => Some(frame),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frames[0].payload.len(), want.len());
+    assert!(frames[0].payload.eq_bytes(&want));
+    assert!(frames[1].payload.eq_bytes(b"next"));
+    assert_eq!(a.counters().bytes_by_reference, 4096 * 4096);
+    evs[1].clear();
+    // every block comes home once the receiver lets the frame go
+    pump(
+        &mut [&mut a, &mut b],
+        &mut evs,
+        "the blocks' return",
+        |_| pool.free_blocks() == 4096 + 16,
+    );
+}

@@ -151,6 +151,48 @@ pub fn send(fd: RawFd, data: &[u8], pass: Option<BorrowedFd<'_>>) -> io::Result<
     Ok(true)
 }
 
+/// The seals a peer's memfd must carry before it is mapped: its size can then never change
+/// (no SIGBUS from a shrunk file), and nobody can lift the seals.
+pub const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// Checks a memfd a peer passed before `len` bytes of it are mapped: a regular file at least
+/// `len` bytes long, sealed with [`REQUIRED_SEALS`].
+pub fn check_peer_memfd(fd: RawFd, len: usize) -> Result<(), String> {
+    if len == 0 {
+        return Err("an empty pool".into());
+    }
+    // SAFETY: stat is plain old data; all-zero is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor we own; `st` is a valid stat buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("fstat: {}", io::Error::last_os_error()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err("the descriptor is not a memfd (not a regular file)".into());
+    }
+    if (st.st_size as u64) < len as u64 {
+        return Err(format!(
+            "the memfd holds {} bytes, the pool claims {len}",
+            st.st_size
+        ));
+    }
+    // SAFETY: F_GET_SEALS takes no argument and only reads the descriptor's state.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(format!(
+            "the memfd cannot be sealed: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    if seals & REQUIRED_SEALS != REQUIRED_SEALS {
+        return Err(format!(
+            "the memfd is not sealed against resizing (seals {seals:#x}, need \
+             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL = {REQUIRED_SEALS:#x})"
+        ));
+    }
+    Ok(())
+}
+
 /// What one receive gave.
 pub enum Recv {
     Packet {
