@@ -113,6 +113,8 @@ struct Conn {
     eof: Option<CloseReason>,
     /// On the control channel: may take the receive pool's reserve.
     control: bool,
+    /// The handshake succeeded: only then may the peer's frames take receive blocks.
+    admitted: bool,
     /// An incoming connection: when it was accepted (for the handshake deadline).
     accepted: Option<std::time::Instant>,
 }
@@ -276,6 +278,7 @@ impl ShmTransport {
                 rx_block: None,
                 eof: None,
                 control: false,
+                admitted: false,
                 accepted: inbound.then(std::time::Instant::now),
             },
         );
@@ -742,6 +745,11 @@ impl ShmTransport {
                     self.on_handshake(token, frame_type, &payload, out);
                     continue;
                 }
+                if !c.admitted {
+                    // refused, its Reject on the way out: what it sends is dropped unread
+                    c.backlog.clear();
+                    return Ok(false);
+                }
                 c.rx_frame.get_or_insert(InFrame {
                     frame_type,
                     count,
@@ -881,6 +889,7 @@ impl ShmTransport {
                     c.control = peer.channel == evb_wire::Channel::Control;
                 }
                 c.state = State::Open;
+                c.admitted = true;
                 out.push(c.hs.opened(conn, peer));
                 self.flush(token);
             }
