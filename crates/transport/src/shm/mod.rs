@@ -6,7 +6,7 @@
 //!   left in /dev/shm after a crash, and a dead peer is seen at once (end of stream).
 //! - A sender's pools are memfds (`Pool::new_shared`). The first time a pool appears on a
 //!   connection its memfd is passed with SCM_RIGHTS and the peer maps it read-only; from then
-//!   on a slice travels as a 24-byte descriptor. The sender keeps the slice ("lent") until the
+//!   on a slice travels as a 25-byte descriptor. The sender keeps the slice ("lent") until the
 //!   receiver's last user drops it and its token comes back, so the block is reused only then.
 //! - Bytes not already in shared memory (control messages, headers) travel inline when small,
 //!   or are copied once into a shared bounce pool; `bytes_copied` counts them.
