@@ -259,16 +259,29 @@ impl Pool {
         Ok(Self::with_region(name, region, block_size, blocks))
     }
 
-    /// A shared mapping of a new memfd of `len` bytes.
+    /// A shared mapping of a new memfd of `len` bytes, sealed at that size (F_SEAL_SHRINK,
+    /// F_SEAL_GROW, F_SEAL_SEAL): a process it is passed to can map it without fear of a
+    /// later truncation (SIGBUS), and checks the seals before it does (the shm transport).
     fn memfd(cname: &std::ffi::CStr, flags: libc::c_uint, len: usize) -> std::io::Result<Region> {
+        use std::os::fd::AsRawFd;
         // SAFETY: plain system call on a valid C string; the returned fd is checked.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | flags) };
+        let raw = unsafe {
+            libc::memfd_create(
+                cname.as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | flags,
+            )
+        };
         if raw < 0 {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `raw` is a fresh fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         std::fs::File::from(fd.try_clone()?).set_len(len as u64)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS on a memfd we own, with a plain integer argument.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         Region::map(fd, len, true)
     }
 

@@ -151,9 +151,6 @@ fn unknown_node_id_is_an_error() {
 
 #[test]
 fn shm_two_by_two_moves_fragments_without_copies() {
-    let before: Vec<_> = std::fs::read_dir("/dev/shm")
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
     let (out, s) = evb_run(
         "[run]\nid = \"it-shm\"\nevents = 500\nduration_s = 0\n[fragments]\nsize = 524288\n[transport]\nkind = \"shm\"\n",
     );
@@ -186,8 +183,111 @@ fn shm_two_by_two_moves_fragments_without_copies() {
             r["net"]
         );
     }
-    let after: Vec<_> = std::fs::read_dir("/dev/shm")
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert_eq!(before.len(), after.len(), "nothing left in /dev/shm");
+}
+
+/// Processes whose parent is `pid`, with their command lines (from /proc).
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the command may hold spaces, so split after ')'
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push((child, cmdline(child)));
+        }
+    }
+    out
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// The memfds a process has open (links in /proc/PID/fd that name one).
+fn memfds(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|t| t.to_string_lossy().into_owned())
+                .filter(|t| t.starts_with("/memfd:"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Over shm, while the run is live, each node holds only the memfds it should: its own pools
+/// and at most two per peer (a peer's fragment pool and its bounce pool), so a descriptor that
+/// leaks per frame or per packet shows at once. After the run none of its node processes is
+/// left: memfds and abstract sockets die with them, so that is what "nothing left behind"
+/// means over shm (/dev/shm never holds either).
+#[test]
+fn shm_run_keeps_no_stray_memfd_and_leaves_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "run.toml",
+        "[run]\nid = \"it-shm-live\"\nduration_s = 3\n[fragments]\nsize = 65536\n\
+         [transport]\nkind = \"shm\"\n",
+    );
+    let run = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // 2 RUs, 2 BUs and the EVM, looked at half-way through the run
+    let t0 = std::time::Instant::now();
+    let mut nodes = Vec::new();
+    while t0.elapsed() < std::time::Duration::from_millis(1500) || nodes.len() < 5 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "nodes: {nodes:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        nodes = children_of(run.id());
+    }
+    assert_eq!(nodes.len(), 5, "{nodes:?}");
+    let mut seen = Vec::new();
+    for (pid, cmd) in &nodes {
+        assert!(cmd.contains(" node "), "{cmd}");
+        let fds = memfds(*pid);
+        // own pools (a bounce pool; an RU's fragment pool), then two per peer at most
+        let bound = 2 + 2 * 4;
+        assert!(
+            !fds.is_empty() && fds.len() <= bound,
+            "{cmd}: {} memfds open (at most {bound} expected): {fds:?}",
+            fds.len()
+        );
+        seen.push(fds.len());
+    }
+    let out = run.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // every node process is gone (a pid reused meanwhile runs another command line)
+    for (pid, cmd) in &nodes {
+        assert_ne!(
+            cmdline(*pid),
+            *cmd,
+            "node process {pid} still running after the run"
+        );
+    }
+    assert!(
+        seen.iter().any(|n| *n >= 3),
+        "a BU maps both RUs' fragment pools: {seen:?}"
+    );
 }

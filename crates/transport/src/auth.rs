@@ -9,13 +9,20 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// A random, non-zero nonce.
-pub fn nonce() -> u64 {
+/// A random, non-zero nonce from the operating system. Without OS randomness there is no
+/// safe handshake: the error makes the handshake fail rather than use a guessable nonce.
+pub fn nonce() -> Result<u64, String> {
+    nonce_from(getrandom::getrandom)
+}
+
+fn nonce_from(fill: impl FnOnce(&mut [u8]) -> Result<(), getrandom::Error>) -> Result<u64, String> {
     let mut b = [0u8; 8];
-    // Without OS randomness there is no safe handshake; an all-zero nonce would then be
-    // refused by the peer, which is the safe failure.
-    let _ = getrandom::getrandom(&mut b);
-    u64::from_le_bytes(b).max(1)
+    fill(&mut b).map_err(|e| format!("no randomness for the handshake nonce: {e}"))?;
+    match u64::from_le_bytes(b) {
+        // zero means "no authentication" on the wire; 2^-64 odds, but never send it
+        0 => Err("the random source gave an all-zero nonce".into()),
+        n => Ok(n),
+    }
 }
 
 fn mac(secret: &[u8], role: &[u8], hello: &[u8], ack: &[u8]) -> Hmac<Sha256> {
@@ -66,6 +73,22 @@ mod tests {
         );
         assert!(!check(b"k", true, b"hellO", b"ack", &p));
         assert!(!check(b"k", true, b"hello", b"ack", &p[..31]));
-        assert_ne!(nonce(), nonce());
+        assert_ne!(nonce().unwrap(), nonce().unwrap());
+    }
+
+    #[test]
+    fn no_randomness_fails_the_nonce_instead_of_a_guessable_one() {
+        let failing = |_: &mut [u8]| Err(getrandom::Error::UNSUPPORTED);
+        assert!(nonce_from(failing).is_err());
+        let zeros = |b: &mut [u8]| {
+            b.fill(0);
+            Ok(())
+        };
+        assert!(nonce_from(zeros).is_err());
+        let ones = |b: &mut [u8]| {
+            b.fill(1);
+            Ok(())
+        };
+        assert_eq!(nonce_from(ones), Ok(0x0101_0101_0101_0101));
     }
 }

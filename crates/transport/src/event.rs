@@ -56,6 +56,8 @@ pub enum CloseReason {
     ConnectFailed(String),
     /// The peer broke the protocol; it has been disconnected.
     Protocol(WireError),
+    /// The peer broke the transport's own rules (shm packets, shared memory); disconnected.
+    Violation(String),
     /// The handshake was refused (by the peer or by us).
     Rejected(String),
 }
@@ -68,6 +70,7 @@ impl std::fmt::Display for CloseReason {
             CloseReason::Lost(e) => write!(f, "connection lost: {e}"),
             CloseReason::ConnectFailed(e) => write!(f, "connect failed: {e}"),
             CloseReason::Protocol(e) => write!(f, "protocol violation: {e}"),
+            CloseReason::Violation(e) => write!(f, "protocol violation: {e}"),
             CloseReason::Rejected(e) => write!(f, "handshake rejected: {e}"),
         }
     }

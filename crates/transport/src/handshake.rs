@@ -7,7 +7,7 @@
 use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
 use tracing::{debug, warn};
 
-use crate::{auth, CloseReason, ConnId, Event, TransportConfig};
+use crate::{auth, CloseReason, ConnId, Event, TransportConfig, TransportError};
 
 /// Where a connection's handshake stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,9 +46,15 @@ pub(crate) enum Outcome {
 impl Handshake {
     /// An outgoing connection: the Hello payload to send first (with a fresh nonce when a
     /// secret is in use).
-    pub fn connect(hello: Hello, secret: Option<&[u8]>) -> Result<(Handshake, Vec<u8>), WireError> {
+    pub fn connect(
+        hello: Hello,
+        secret: Option<&[u8]>,
+    ) -> Result<(Handshake, Vec<u8>), TransportError> {
         let mut hello = hello;
-        hello.nonce = if secret.is_some() { auth::nonce() } else { 0 };
+        hello.nonce = match secret {
+            Some(_) => auth::nonce().map_err(TransportError::Unavailable)?,
+            None => 0,
+        };
         let bytes = hello.encode()?;
         let hs = Handshake {
             phase: Phase::Ack,
@@ -121,7 +127,14 @@ impl Handshake {
                     return refuse(RejectCode::BadHandshake, reason, send);
                 }
                 let mut local = cfg.local.clone();
-                local.nonce = if secret.is_some() { auth::nonce() } else { 0 };
+                local.nonce = match secret.map(|_| auth::nonce()) {
+                    None => 0,
+                    Some(Ok(n)) => n,
+                    Some(Err(e)) => {
+                        warn!(peer = %addr, "cannot authenticate: {e}");
+                        return refuse(RejectCode::Other, e, send);
+                    }
+                };
                 let ack = local.encode().unwrap_or_default();
                 send.push((FrameType::HelloAck, ack.clone()));
                 match secret {

@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use super::sys::{self, CqEv, Fabric, Fid, Info};
 use crate::handshake::{Handshake, Outcome};
+use crate::tcp::{Admission, HANDSHAKE_FRAME_MAX};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -96,6 +97,10 @@ struct Conn {
     hs: Handshake,
     /// The provider reported the connection gone; reported once the CQ is drained.
     peer_gone: Option<String>,
+    /// The handshake succeeded: until then one receive is posted, not `rx_depth`.
+    admitted: bool,
+    /// An incoming connection: when it was requested (for the handshake deadline).
+    accepted: Option<std::time::Instant>,
 }
 
 impl Conn {
@@ -117,6 +122,8 @@ impl Conn {
             close_reason: None,
             hs: Handshake::accept(),
             peer_gone: None,
+            admitted: false,
+            accepted: None,
         }
     }
 
@@ -203,14 +210,20 @@ impl Conn {
     }
 
     /// Cuts a received message (the filled part of `block`) into frames.
+    ///
+    /// Starts at byte `from`; returns `Ok(Some(at))` when it stopped at `at`, before the header
+    /// of a frame that is not a handshake frame while the connection is not admitted: the
+    /// caller handles the handshake frames cut so far, then calls again from `at`. Handshake
+    /// frames may not declare more than `HANDSHAKE_FRAME_MAX` bytes.
     fn parse(
         &mut self,
         block: &BlockWriter,
+        from: usize,
         max_frame: u32,
         out: &mut Vec<InFrame>,
-    ) -> Result<(), WireError> {
+    ) -> Result<Option<usize>, WireError> {
         let len = block.filled();
-        let mut at = 0;
+        let mut at = from;
         loop {
             if let Some(p) = &mut self.pending {
                 let take = (len - at).min(p.remaining);
@@ -220,7 +233,7 @@ impl Conn {
                     p.remaining -= take;
                 }
                 if p.remaining > 0 {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let p = self.pending.take().expect("pending");
                 out.push(InFrame {
@@ -231,7 +244,7 @@ impl Conn {
                 });
             } else {
                 if at == len {
-                    return Ok(());
+                    return Ok(None);
                 }
                 if len - at < FRAME_HEADER_LEN {
                     return Err(WireError::Truncated {
@@ -240,10 +253,28 @@ impl Conn {
                         have: len - at,
                     });
                 }
-                let header = FrameHeader::decode(
-                    &block.filled_bytes()[at..at + FRAME_HEADER_LEN],
-                    max_frame,
-                )?;
+                let bytes = &block.filled_bytes()[at..at + FRAME_HEADER_LEN];
+                let header = FrameHeader::decode(bytes, max_frame)?;
+                let handshake = matches!(
+                    header.frame_type,
+                    FrameType::Hello | FrameType::HelloAck | FrameType::Reject | FrameType::Auth
+                );
+                if handshake && header.length > HANDSHAKE_FRAME_MAX {
+                    return Err(WireError::FrameTooLarge {
+                        len: header.length as u64,
+                        max: HANDSHAKE_FRAME_MAX as u64,
+                    });
+                }
+                if !handshake && !self.admitted {
+                    if !out.is_empty() {
+                        return Ok(Some(at));
+                    }
+                    // nothing that could admit it came before: a frame before the handshake
+                    return Err(WireError::OutOfRange {
+                        what: "frame type before the handshake completed",
+                        value: header.frame_type as u64,
+                    });
+                }
                 if header.sequence != self.expected_seq {
                     return Err(WireError::Sequence {
                         got: header.sequence,
@@ -427,7 +458,9 @@ impl Ofi {
             let Some(c) = self.conns.get(&id) else {
                 return Ok(());
             };
-            if c.rx_posted >= self.rx_depth {
+            // before its handshake succeeds a connection gets one receive, not `rx_depth`
+            let depth = if c.admitted { self.rx_depth } else { 1 };
+            if c.rx_posted >= depth {
                 self.starved.remove(&id);
                 return Ok(());
             }
@@ -592,6 +625,7 @@ impl Ofi {
                     Outcome::Continue => self.pump_tx(id, out),
                     Outcome::Open(peer) => {
                         c.state = State::Open;
+                        c.admitted = true;
                         out.push(c.hs.opened(conn, peer));
                         self.pump_tx(id, out);
                     }
@@ -632,13 +666,25 @@ impl Ofi {
         }
         block.advance(len);
         let mut frames = Vec::new();
-        let parsed = c.parse(&block, max_frame, &mut frames);
-        drop(block);
-        for f in frames {
-            self.on_frame(id, f, out);
+        let mut from = 0;
+        loop {
+            let Some(c) = self.conns.get_mut(&id) else {
+                return;
+            };
+            let parsed = c.parse(&block, from, max_frame, &mut frames);
+            for f in frames.drain(..) {
+                self.on_frame(id, f, out);
+            }
+            match parsed {
+                Ok(None) => break,
+                // handshake frames handled: the rest is read if they admitted the peer
+                Ok(Some(at)) => from = at,
+                Err(e) => return self.drop_conn(id, CloseReason::Protocol(e), out),
+            }
         }
-        if let Err(e) = parsed {
-            return self.drop_conn(id, CloseReason::Protocol(e), out);
+        drop(block);
+        if !self.conns.contains_key(&id) {
+            return;
         }
         if let Err(e) = self.post_recvs(id) {
             self.drop_conn(id, CloseReason::Lost(e), out);
@@ -659,6 +705,19 @@ impl Ofi {
                     sys::reject(pep, &info);
                     return;
                 };
+                let waiting = self
+                    .conns
+                    .values()
+                    .filter(|c| c.accepted.is_some() && !c.admitted)
+                    .count();
+                if waiting >= Admission::default().total {
+                    warn!(
+                        waiting,
+                        "refusing a libfabric connection: too many connections still handshaking"
+                    );
+                    sys::reject(pep, &info);
+                    return;
+                }
                 let cid = self.id();
                 let ep = match self.fabric.endpoint(&info, cid) {
                     Ok(ep) => ep,
@@ -672,6 +731,7 @@ impl Ofi {
                 };
                 let mut c = Conn::new(ep, format!("ofi-conn-{cid}"), State::Accepting);
                 c.peer_chunk = chunk;
+                c.accepted = Some(std::time::Instant::now());
                 self.conns.insert(cid, c);
                 let param = cm_param(self.cfg.rx_pool.block_size());
                 let r = self
@@ -836,6 +896,25 @@ impl Ofi {
         Ok(())
     }
 
+    /// Closes incoming connections whose handshake has taken too long.
+    fn expire_handshakes(&mut self, out: &mut Vec<Event>) {
+        let limit = Admission::default().handshake_deadline;
+        let late: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.admitted)
+            .filter(|(_, c)| c.accepted.is_some_and(|t| t.elapsed() >= limit))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.close_reason = None;
+            }
+            let why = format!("handshake not completed within {} ms", limit.as_millis());
+            self.drop_conn(id, CloseReason::Rejected(why), out);
+        }
+    }
+
     fn busy(&self) -> bool {
         !self.starved.is_empty()
             || self
@@ -935,6 +1014,7 @@ impl Transport for Ofi {
 
     fn poll(&mut self, out: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
         out.append(&mut self.pending_events);
+        self.expire_handshakes(out);
         let sends_done = self.sends_done;
         self.progress(out)?;
         // Sends that completed freed queue space: return, as `tcp` does when its socket turns
@@ -964,6 +1044,18 @@ impl Transport for Ofi {
             }
         }
         let busy = self.busy();
+        // an incoming connection still handshaking has a deadline: look at least every 100 ms
+        let timeout = if self
+            .conns
+            .values()
+            .any(|c| c.accepted.is_some() && !c.admitted)
+        {
+            Some(timeout.map_or(Duration::from_millis(100), |t| {
+                t.min(Duration::from_millis(100))
+            }))
+        } else {
+            timeout
+        };
         let ms = match timeout {
             None if busy => 1,
             None => -1,
@@ -979,6 +1071,111 @@ impl Transport for Ofi {
         if ms != 0 {
             self.fabric.wait(ms);
         }
-        self.progress(out)
+        self.progress(out)?;
+        self.expire_handshakes(out);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Transport;
+    use evb_wire::{Channel, Role};
+    use std::time::Instant;
+
+    fn cfg(node: &str, blocks: usize) -> TransportConfig {
+        TransportConfig {
+            run_id: "ofi-adm".into(),
+            local: Hello::new(Channel::Data, Role::Bu, 0, "ofi-adm", node),
+            max_frame: 8 << 20,
+            rx_pool: Pool::new(node, 64 * 1024, blocks),
+            secret: None,
+        }
+    }
+
+    /// Peers that connect and send a Hello header declaring 340 KB, then all of it but one
+    /// byte, must not take the node's receive pool: a legitimate peer still gets in and moves
+    /// 200 KB frames through a 16-block pool, and the stalled ones are closed at once.
+    #[test]
+    fn unauthenticated_peers_cannot_take_the_receive_pool() {
+        if let Err(why) = super::super::probe("tcp") {
+            eprintln!("NOTICE: skipped, {why}");
+            return;
+        }
+        let mut node = Ofi::new(cfg("evm", 16), "tcp".into()).unwrap();
+        let addr = node.listen("127.0.0.1:0").unwrap();
+        let hello = || Hello::new(Channel::Data, Role::Ru, 0, "ofi-adm", "x");
+        let mut attackers = Vec::new();
+        for _ in 0..6 {
+            let mut a = Ofi::new(cfg("bad", 16), "tcp".into()).unwrap();
+            let id = a.connect(&addr, hello()).unwrap().0;
+            let c = a.conns.get_mut(&id).unwrap();
+            // the Hello queued by connect, replaced by one that never completes
+            let header = FrameHeader::new(FrameType::Hello, 340_000, 0, 0).encode();
+            c.frames.clear();
+            c.queued = FRAME_HEADER_LEN + 339_999;
+            c.frames.push_back(OutFrame {
+                header: Box::new(header),
+                segments: vec![Segment::Owned(vec![7; 339_999])],
+                len: FRAME_HEADER_LEN + 339_999,
+            });
+            attackers.push(a);
+        }
+        let mut evs = Vec::new();
+        let mut junk = Vec::new();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(500) {
+            node.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
+            for a in &mut attackers {
+                a.poll(&mut junk, Some(Duration::ZERO)).unwrap();
+            }
+        }
+        let too_large = evs
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    Event::Closed {
+                        reason: CloseReason::Protocol(WireError::FrameTooLarge { max: 2048, .. }),
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(too_large, 6, "{evs:?}");
+        evs.clear();
+
+        let mut peer = Ofi::new(cfg("ru0", 64), "tcp".into()).unwrap();
+        let conn = peer.connect(&addr, hello()).unwrap();
+        let mut pevs = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut got = 0;
+        let mut sent = false;
+        while got < 10 {
+            assert!(
+                Instant::now() < deadline,
+                "{got} of 10 frames; {pevs:?} {evs:?}"
+            );
+            peer.poll(&mut pevs, Some(Duration::from_millis(1)))
+                .unwrap();
+            node.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
+            for a in &mut attackers {
+                a.poll(&mut junk, Some(Duration::ZERO)).unwrap();
+            }
+            if !sent && pevs.iter().any(|e| matches!(e, Event::Connected { .. })) {
+                for i in 0..10u8 {
+                    let seg = vec![Segment::Owned(vec![i; 200_000])];
+                    peer.send(conn, FrameType::Messages, 1, seg).unwrap();
+                }
+                sent = true;
+            }
+            for e in evs.drain(..) {
+                if let Event::Frame { frame, .. } = e {
+                    assert!(frame.payload.eq_bytes(&vec![got as u8; 200_000]));
+                    got += 1;
+                }
+            }
+        }
     }
 }

@@ -6,16 +6,26 @@
 //!   left in /dev/shm after a crash, and a dead peer is seen at once (end of stream).
 //! - A sender's pools are memfds (`Pool::new_shared`). The first time a pool appears on a
 //!   connection its memfd is passed with SCM_RIGHTS and the peer maps it read-only; from then
-//!   on a slice travels as a 24-byte descriptor. The sender keeps the slice ("lent") until the
+//!   on a slice travels as a 25-byte descriptor. The sender keeps the slice ("lent") until the
 //!   receiver's last user drops it and its token comes back, so the block is reused only then.
 //! - Bytes not already in shared memory (control messages, headers) travel inline when small,
 //!   or are copied once into a shared bounce pool; `bytes_copied` counts them.
 //! - Same-host peers are authenticated by their user id (SO_PEERCRED) instead of the HMAC
 //!   handshake of the network transports.
 //!
-//! Packets, little-endian: FRAME = tag 1 · frame type u8 · 0 u16 · count u32 · sequence u64 ·
-//! segments u32, then per segment either 0 · length u32 · bytes (inline) or 1 · pool u64 ·
-//! offset u64 · length u32 · token u32 (descriptor). POOL = tag 2 · 0×7 · pool u64 · bytes
+//! - Receive-pool blocks are taken only for inline bytes, packed one after the other; when the
+//!   pool has no block the connection stops reading (the packets wait in the socket, the
+//!   sender's queue grows) and resumes when blocks come back: back-pressure, never a close.
+//!   Connections on the control channel may take the last blocks of the pool (a reserve of
+//!   1/8 of it), so bulk data cannot starve control messages.
+//! - A peer's memfd is mapped only if it is sealed against shrinking and growing
+//!   (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) and at least as long as announced.
+//!
+//! Packets (at most 64 KiB), little-endian: FRAME = tag 1 · frame type u8 · flags u16 (bit 0:
+//! more packets of this frame follow) · count u32 · sequence u64 · segments u32, then per
+//! segment either 0 · length u32 · bytes (inline) or 1 · pool u64 · offset u64 · length u32 ·
+//! token u32 (descriptor). A frame whose segments do not fit one packet continues in further
+//! FRAME packets with the same type, count and sequence. POOL = tag 2 · 0×7 · pool u64 · bytes
 //! u64, with the memfd attached. RETURN = tag 3 · 0×3 · n u32 · n tokens u32.
 
 mod sys;
@@ -25,13 +35,14 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
-use evb_buffers::{Chain, Pool, RemotePool, Slice};
-use evb_wire::{FrameType, Hello, WireError};
+use evb_buffers::{BlockWriter, Chain, Pool, RemotePool, Slice};
+use evb_wire::{FrameType, Hello};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use tracing::{debug, warn};
 
 use crate::handshake::{Handshake, Outcome};
+use crate::tcp::{Admission, HANDSHAKE_FRAME_MAX};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -41,6 +52,12 @@ const MAX_PACKET: usize = 64 * 1024;
 const INLINE_MAX: usize = 4096;
 /// Peer pools one connection may map (each costs a mapping and a descriptor).
 const MAX_REMOTE_POOLS: usize = 64;
+/// FRAME flag: the frame continues in the next packet.
+const MORE: u16 = 1;
+const FRAME_HEAD: usize = 20;
+/// FRAME packets read ahead while the receive pool is empty (so that RETURN packets behind
+/// them are still seen); beyond this the connection stops reading.
+const BACKLOG_MAX: usize = 32;
 const TAG_FRAME: u8 = 1;
 const TAG_POOL: u8 = 2;
 const TAG_RETURN: u8 = 3;
@@ -85,6 +102,31 @@ struct Conn {
     next_token: u32,
     remotes: HashMap<u64, RemotePool>,
     close_reason: Option<CloseReason>,
+    /// FRAME packets received and not yet consumed (only while the receive pool is empty).
+    backlog: VecDeque<Vec<u8>>,
+    /// The FRAME packet being consumed, and the frame it belongs to.
+    rx_pkt: Option<RxPacket>,
+    rx_frame: Option<InFrame>,
+    /// The receive block inline bytes are packed into.
+    rx_block: Option<BlockWriter>,
+    /// The end of the peer's stream, reported once everything before it is consumed.
+    eof: Option<CloseReason>,
+    /// On the control channel: may take the receive pool's reserve.
+    control: bool,
+    /// The handshake succeeded: only then may the peer's frames take receive blocks.
+    admitted: bool,
+    /// An incoming connection: when it was accepted (for the handshake deadline).
+    accepted: Option<std::time::Instant>,
+}
+
+/// A FRAME packet partly consumed: where the next segment starts, how many are left, and how
+/// much of the current inline segment is already copied.
+struct RxPacket {
+    bytes: Vec<u8>,
+    at: usize,
+    left: u32,
+    more: bool,
+    copied: usize,
 }
 
 /// See the module docs.
@@ -98,6 +140,10 @@ pub struct ShmTransport {
     bounce: Pool,
     pending: Vec<Event>,
     more_to_read: VecDeque<Token>,
+    /// Connections waiting for receive-pool blocks.
+    starved: HashSet<Token>,
+    /// Blocks of the receive pool only control-channel connections may take.
+    rx_reserve: usize,
     buf: Vec<u8>,
     /// Bytes copied into shared memory because they were not there already.
     pub bytes_copied: u64,
@@ -112,16 +158,48 @@ fn err(e: io::Error) -> TransportError {
     }
 }
 
-/// Bounce blocks needed for the segments that are not in shared memory already.
+/// Bounce blocks needed for the segments that are not in shared memory already (they are
+/// packed one after the other).
 fn bounce_blocks(segments: &[Segment], block: usize) -> usize {
     segments
         .iter()
         .map(|s| match s {
             Segment::Shared(s) if s.shared_region().is_some() => 0,
             Segment::Owned(v) if v.len() <= INLINE_MAX => 0,
-            other => other.len().div_ceil(block),
+            other => other.len(),
         })
-        .sum()
+        .sum::<usize>()
+        .div_ceil(block)
+}
+
+/// The payload of a handshake frame packet: inline segments only, in one packet, at most
+/// `HANDSHAKE_FRAME_MAX` bytes.
+fn handshake_payload(p: &[u8], nseg: u32, more: bool) -> Result<Vec<u8>, String> {
+    if more {
+        return Err("handshake frame split over packets".into());
+    }
+    let mut payload = Vec::new();
+    let mut at = FRAME_HEAD;
+    for _ in 0..nseg {
+        if p.get(at) != Some(&0) {
+            return Err("handshake frame with a descriptor".into());
+        }
+        let len = p
+            .get(at + 1..at + 5)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize)
+            .ok_or("short segment")?;
+        if payload.len() + len > HANDSHAKE_FRAME_MAX as usize {
+            return Err(format!(
+                "handshake frame larger than {HANDSHAKE_FRAME_MAX} bytes"
+            ));
+        }
+        payload.extend_from_slice(p.get(at + 5..at + 5 + len).ok_or("short segment")?);
+        at += 5 + len;
+    }
+    if at != p.len() {
+        return Err("handshake packet longer than its segments".into());
+    }
+    Ok(payload)
 }
 
 fn socket_name(run: &str, addr: &str) -> String {
@@ -139,6 +217,7 @@ impl ShmTransport {
         let bytes = (cfg.max_frame as usize * 2).max(16 << 20);
         let bounce =
             Pool::new_shared_untouched("bounce", block, bytes.div_ceil(block)).map_err(err)?;
+        let rx_reserve = cfg.rx_pool.stats().blocks / 8;
         Ok(ShmTransport {
             poll: mio::Poll::new().map_err(err)?,
             events: mio::Events::with_capacity(256),
@@ -149,6 +228,8 @@ impl ShmTransport {
             bounce,
             pending: Vec::new(),
             more_to_read: VecDeque::new(),
+            starved: HashSet::new(),
+            rx_reserve,
             buf: vec![0; MAX_PACKET],
             bytes_copied: 0,
             bytes_by_reference: 0,
@@ -160,7 +241,13 @@ impl ShmTransport {
         Token(self.next_token)
     }
 
-    fn add_conn(&mut self, fd: OwnedFd, name: String, state: State) -> io::Result<Token> {
+    fn add_conn(
+        &mut self,
+        fd: OwnedFd,
+        name: String,
+        state: State,
+        inbound: bool,
+    ) -> io::Result<Token> {
         let token = self.token();
         self.poll.registry().register(
             &mut SourceFd(&fd.as_raw_fd()),
@@ -185,6 +272,14 @@ impl ShmTransport {
                 next_token: 0,
                 remotes: HashMap::new(),
                 close_reason: None,
+                backlog: VecDeque::new(),
+                rx_pkt: None,
+                rx_frame: None,
+                rx_block: None,
+                eof: None,
+                control: false,
+                admitted: false,
+                accepted: inbound.then(std::time::Instant::now),
             },
         );
         Ok(token)
@@ -212,10 +307,17 @@ impl ShmTransport {
             });
         }
         // Bytes not in shared memory need bounce blocks; without enough free ones (the
-        // receiver holds them) the frame waits, and so does every frame after it.
-        if !c.deferred.is_empty()
-            || bounce_blocks(&segments, bounce.block_size()) > bounce.free_blocks()
-        {
+        // receiver holds them) the frame waits, and so does every frame after it. A frame
+        // that needs more than the whole pool could never go: refused now, before any effect.
+        let need = bounce_blocks(&segments, bounce.block_size());
+        let total = bounce.stats().blocks;
+        if need > total {
+            return Err(TransportError::TooLarge {
+                len: need * bounce.block_size(),
+                max: total * bounce.block_size(),
+            });
+        }
+        if !c.deferred.is_empty() || need > bounce.free_blocks() {
             c.queued += payload;
             c.deferred.push_back(Deferred {
                 frame_type,
@@ -256,14 +358,18 @@ impl ShmTransport {
                 &mut self.bytes_copied,
                 &mut self.bytes_by_reference,
             );
-            if r.is_err() {
-                break;
+            if let Err(e) = r {
+                // cannot happen (the blocks were counted just above), but a frame that was
+                // accepted by `send` is never dropped silently: the connection goes instead
+                let reason = CloseReason::Lost(format!("cannot send a queued frame: {e}"));
+                return self.drop_conn(token, reason);
             }
         }
     }
 
     /// Turns one frame into packets at the back of the queue (its payload is already counted
-    /// in `queued`).
+    /// in `queued`). Everything that can fail (taking bounce blocks) happens before anything
+    /// is lent, announced or queued.
     fn encode(
         c: &mut Conn,
         bounce: &Pool,
@@ -273,58 +379,54 @@ impl ShmTransport {
         bytes_copied: &mut u64,
         bytes_by_reference: &mut u64,
     ) -> Result<(), TransportError> {
-        let mut pkt = Vec::with_capacity(64);
-        pkt.push(TAG_FRAME);
-        pkt.push(frame_type as u8);
-        pkt.extend_from_slice(&[0, 0]);
-        pkt.extend_from_slice(&count.to_le_bytes());
-        pkt.extend_from_slice(&c.seq_out.to_le_bytes());
-        let nseg_at = pkt.len();
-        pkt.extend_from_slice(&0u32.to_le_bytes());
-        let mut nseg = 0u32;
+        enum Part {
+            Inline(Vec<u8>),
+            Desc(Slice),
+        }
         let mut payload = 0usize;
         let mut copied = 0u64;
         let mut by_ref = 0u64;
-        // Slices to describe: the caller's shared ones as they are, the rest copied to bounce.
-        let mut descs: Vec<Slice> = Vec::new();
-        let mut parts: Vec<Result<Vec<u8>, usize>> = Vec::new(); // inline bytes, or index in descs
-        let copy_in =
-            |bytes: &[u8], descs: &mut Vec<Slice>, parts: &mut Vec<Result<Vec<u8>, usize>>| {
-                let mut rest = bytes;
-                while !rest.is_empty() {
-                    let mut w = bounce.try_alloc().ok_or_else(|| {
+        let mut parts: Vec<Part> = Vec::with_capacity(segments.len());
+        // bytes not in shared memory are packed into bounce blocks
+        let mut block: Option<evb_buffers::BlockWriter> = None;
+        let mut copy_in = |mut rest: &[u8], parts: &mut Vec<Part>| {
+            while !rest.is_empty() {
+                if block.as_ref().is_none_or(|b| b.remaining() == 0) {
+                    block = Some(bounce.try_alloc().ok_or_else(|| {
                         TransportError::Unavailable(
                             "shm: bounce pool exhausted (the peer is not returning buffers)".into(),
                         )
-                    })?;
-                    let n = rest.len().min(w.capacity());
-                    descs.push(w.append(&rest[..n]).expect("fits"));
-                    parts.push(Err(descs.len() - 1));
-                    rest = &rest[n..];
+                    })?);
                 }
-                Ok::<(), TransportError>(())
-            };
+                let w = block.as_mut().expect("just ensured");
+                let n = rest.len().min(w.remaining());
+                parts.push(Part::Desc(w.append(&rest[..n]).expect("fits")));
+                rest = &rest[n..];
+            }
+            Ok::<(), TransportError>(())
+        };
         for seg in segments {
             payload += seg.len();
             match seg {
+                s if s.is_empty() => {}
                 Segment::Shared(s) if s.shared_region().is_some() => {
                     by_ref += s.len() as u64;
-                    descs.push(s);
-                    parts.push(Err(descs.len() - 1));
+                    parts.push(Part::Desc(s));
                 }
                 Segment::Shared(s) => {
                     copied += s.len() as u64;
-                    copy_in(&s, &mut descs, &mut parts)?;
+                    copy_in(&s, &mut parts)?;
                 }
-                Segment::Owned(v) if v.len() <= INLINE_MAX => parts.push(Ok(v)),
+                Segment::Owned(v) if v.len() <= INLINE_MAX => parts.push(Part::Inline(v)),
                 Segment::Owned(v) => {
                     copied += v.len() as u64;
-                    copy_in(&v, &mut descs, &mut parts)?;
+                    copy_in(&v, &mut parts)?;
                 }
             }
         }
         // announce pools the peer has not mapped yet
-        for s in &descs {
+        for part in &parts {
+            let Part::Desc(s) = part else { continue };
             if c.announced.insert(s.pool_id()) {
                 let (_, len) = s.shared_region().expect("shared");
                 let mut p = vec![TAG_POOL, 0, 0, 0, 0, 0, 0, 0];
@@ -337,15 +439,42 @@ impl ShmTransport {
                 });
             }
         }
+        // packets of at most MAX_PACKET bytes; every part fits an empty one
+        let head = |flags: u16| {
+            let mut pkt = Vec::with_capacity(256);
+            pkt.push(TAG_FRAME);
+            pkt.push(frame_type as u8);
+            pkt.extend_from_slice(&flags.to_le_bytes());
+            pkt.extend_from_slice(&count.to_le_bytes());
+            pkt.extend_from_slice(&c.seq_out.to_le_bytes());
+            pkt.extend_from_slice(&0u32.to_le_bytes());
+            pkt
+        };
+        let mut packets = vec![head(0)];
+        let mut nseg = 0u32;
+        let finish = |pkt: &mut Vec<u8>, nseg: u32| {
+            pkt[FRAME_HEAD - 4..FRAME_HEAD].copy_from_slice(&nseg.to_le_bytes());
+        };
         for part in parts {
+            let size = match &part {
+                Part::Inline(b) => 5 + b.len(),
+                Part::Desc(_) => 25,
+            };
+            let pkt = packets.last_mut().expect("one at least");
+            if pkt.len() + size > MAX_PACKET && nseg > 0 {
+                finish(pkt, nseg);
+                pkt[2..4].copy_from_slice(&MORE.to_le_bytes());
+                packets.push(head(0));
+                nseg = 0;
+            }
+            let pkt = packets.last_mut().expect("one at least");
             match part {
-                Ok(bytes) => {
+                Part::Inline(bytes) => {
                     pkt.push(0);
                     pkt.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                     pkt.extend_from_slice(&bytes);
                 }
-                Err(i) => {
-                    let s = &descs[i];
+                Part::Desc(s) => {
                     let t = c.next_token;
                     c.next_token = c.next_token.wrapping_add(1);
                     pkt.push(1);
@@ -353,24 +482,23 @@ impl ShmTransport {
                     pkt.extend_from_slice(&(s.region_offset() as u64).to_le_bytes());
                     pkt.extend_from_slice(&(s.len() as u32).to_le_bytes());
                     pkt.extend_from_slice(&t.to_le_bytes());
-                    c.lent.insert(t, s.clone());
+                    c.lent.insert(t, s);
                 }
             }
             nseg += 1;
         }
-        if pkt.len() > MAX_PACKET {
-            return Err(TransportError::TooLarge {
-                len: pkt.len(),
-                max: MAX_PACKET,
+        finish(packets.last_mut().expect("one at least"), nseg);
+        c.seq_out += 1;
+        let last = packets.len() - 1;
+        for (i, bytes) in packets.into_iter().enumerate() {
+            debug_assert!(bytes.len() <= MAX_PACKET);
+            c.queue.push_back(Out {
+                bytes,
+                pass: None,
+                // the frame leaves the queue's count when its last packet is sent
+                payload: if i == last { payload } else { 0 },
             });
         }
-        pkt[nseg_at..nseg_at + 4].copy_from_slice(&nseg.to_le_bytes());
-        c.seq_out += 1;
-        c.queue.push_back(Out {
-            bytes: pkt,
-            pass: None,
-            payload,
-        });
         *bytes_copied += copied;
         *bytes_by_reference += by_ref;
         Ok(())
@@ -423,11 +551,12 @@ impl ShmTransport {
                 .registry()
                 .deregister(&mut SourceFd(&c.fd.as_raw_fd()));
             match &reason {
-                CloseReason::Protocol(_) | CloseReason::Rejected(_) => {
+                CloseReason::Protocol(_) | CloseReason::Violation(_) | CloseReason::Rejected(_) => {
                     warn!(peer = %c.name, "closed: {reason}")
                 }
                 _ => debug!(peer = %c.name, "closed: {reason}"),
             }
+            self.starved.remove(&token);
             // what the peer still held of ours comes back to our pools now
             self.pending.push(Event::Closed {
                 conn: ConnId(token.0 as u64),
@@ -436,11 +565,8 @@ impl ShmTransport {
         }
     }
 
-    fn protocol(&mut self, token: Token, what: &'static str) {
-        self.drop_conn(
-            token,
-            CloseReason::Protocol(WireError::OutOfRange { what, value: 0 }),
-        );
+    fn protocol(&mut self, token: Token, what: impl Into<String>) {
+        self.drop_conn(token, CloseReason::Violation(what.into()));
     }
 
     fn accept_all(&mut self, lt: Token) {
@@ -454,7 +580,7 @@ impl ShmTransport {
                         warn!("shm: refusing a connection from another user");
                         continue;
                     }
-                    if let Err(e) = self.add_conn(fd, "shm peer".into(), State::Handshaking) {
+                    if let Err(e) = self.add_conn(fd, "shm peer".into(), State::Handshaking, true) {
                         warn!("shm: cannot register a connection: {e}");
                     }
                 }
@@ -467,22 +593,46 @@ impl ShmTransport {
         }
     }
 
-    /// Reads packets until the socket is empty or the budget is spent.
+    /// Reads packets until the socket is empty or the budget is spent. FRAME packets are
+    /// consumed in order; when the receive pool has no block for one, reading stops (at most
+    /// BACKLOG_MAX packets are read ahead, so RETURNs behind them still arrive) and resumes
+    /// from `poll` when blocks come back.
     fn read(&mut self, token: Token, out: &mut Vec<Event>) {
+        self.starved.remove(&token);
         for _ in 0..64 {
-            let Some(c) = self.conns.get(&token) else {
+            let starved = match self.consume(token, out) {
+                Ok(starved) => starved,
+                Err(what) => return self.protocol(token, what),
+            };
+            let Some(c) = self.conns.get_mut(&token) else {
                 return;
             };
+            if c.eof.is_some() {
+                if starved || c.rx_pkt.is_some() || !c.backlog.is_empty() {
+                    self.starved.insert(token);
+                    return;
+                }
+                let reason = c.eof.take().expect("checked");
+                return self.drop_conn(token, reason);
+            }
+            if starved && c.backlog.len() >= BACKLOG_MAX {
+                self.starved.insert(token);
+                return;
+            }
             let fd = c.fd.as_raw_fd();
             match sys::recv(fd, &mut self.buf) {
-                Ok(sys::Recv::Empty) => return,
+                Ok(sys::Recv::Empty) => {
+                    if starved {
+                        self.starved.insert(token);
+                    }
+                    return;
+                }
                 Ok(sys::Recv::Eof) => {
-                    let reason = if c.state == State::Closing {
+                    c.eof = Some(if c.state == State::Closing {
                         CloseReason::Local
                     } else {
                         CloseReason::Lost("peer closed the stream without Bye".into())
-                    };
-                    return self.drop_conn(token, reason);
+                    });
                 }
                 Err(e) => return self.drop_conn(token, CloseReason::Lost(e.to_string())),
                 Ok(sys::Recv::Packet {
@@ -493,8 +643,14 @@ impl ShmTransport {
                     if truncated {
                         return self.protocol(token, "shm packet larger than 64 KiB");
                     }
+                    if self.buf[0] == TAG_FRAME {
+                        // any descriptor that came with it is closed here
+                        drop(passed);
+                        c.backlog.push_back(self.buf[..len].to_vec());
+                        continue;
+                    }
                     let pkt = self.buf[..len].to_vec();
-                    if let Err(what) = self.on_packet(token, &pkt, passed, out) {
+                    if let Err(what) = self.on_packet(token, &pkt, passed) {
                         return self.protocol(token, what);
                     }
                 }
@@ -503,13 +659,8 @@ impl ShmTransport {
         self.more_to_read.push_back(token);
     }
 
-    fn on_packet(
-        &mut self,
-        token: Token,
-        p: &[u8],
-        passed: Option<OwnedFd>,
-        out: &mut Vec<Event>,
-    ) -> Result<(), &'static str> {
+    /// A POOL or RETURN packet.
+    fn on_packet(&mut self, token: Token, p: &[u8], passed: Option<OwnedFd>) -> Result<(), String> {
         let u32_at = |at: usize| {
             p.get(at..at + 4)
                 .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
@@ -518,99 +669,180 @@ impl ShmTransport {
             p.get(at..at + 8)
                 .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
         };
+        let c = self.conns.get_mut(&token).ok_or("gone")?;
         match p.first() {
             Some(&TAG_POOL) => {
+                if c.state != State::Open {
+                    return Err("shared pool offered before the handshake completed".into());
+                }
                 let (id, len) = (
                     u64_at(8).ok_or("short pool packet")?,
                     u64_at(16).ok_or("short pool packet")?,
                 );
                 let fd = passed.ok_or("pool packet without a memfd")?;
-                let c = self.conns.get_mut(&token).ok_or("gone")?;
                 if c.remotes.len() >= MAX_REMOTE_POOLS {
-                    return Err("too many shared pools from one peer");
+                    return Err("too many shared pools from one peer".into());
                 }
-                let r = RemotePool::map(&c.name, fd, len as usize)
-                    .map_err(|_| "cannot map the peer's pool")?;
+                let len = usize::try_from(len).map_err(|_| "pool length out of range")?;
+                sys::check_peer_memfd(fd.as_raw_fd(), len)
+                    .map_err(|e| format!("refusing the peer's shared pool: {e}"))?;
+                let r = RemotePool::map(&c.name, fd, len)
+                    .map_err(|e| format!("cannot map the peer's pool of {len} bytes: {e}"))?;
                 c.remotes.insert(id, r);
                 Ok(())
             }
             Some(&TAG_RETURN) => {
                 let n = u32_at(4).ok_or("short return packet")? as usize;
-                let c = self.conns.get_mut(&token).ok_or("gone")?;
                 for k in 0..n {
                     let t = u32_at(8 + 4 * k).ok_or("short return packet")?;
                     c.lent.remove(&t);
                 }
                 Ok(())
             }
-            Some(&TAG_FRAME) => {
-                let frame_type = FrameType::from_u8(*p.get(1).ok_or("short frame")?)
-                    .map_err(|_| "unknown frame type")?;
-                let count = u32_at(4).ok_or("short frame")?;
-                let sequence = u64_at(8).ok_or("short frame")?;
-                let nseg = u32_at(16).ok_or("short frame")?;
-                let c = self.conns.get_mut(&token).ok_or("gone")?;
-                if sequence != c.seq_in {
-                    return Err("frame out of sequence");
+            Some(t) => Err(format!("unknown packet tag {t}")),
+            None => Err("empty packet".into()),
+        }
+    }
+
+    /// Consumes FRAME packets of the backlog in order; `Ok(true)` when it stopped for want of
+    /// a receive-pool block (what is consumed so far is kept: it resumes where it stopped).
+    fn consume(&mut self, token: Token, out: &mut Vec<Event>) -> Result<bool, String> {
+        let max_frame = self.cfg.max_frame as usize;
+        loop {
+            let Some(c) = self.conns.get_mut(&token) else {
+                return Ok(false);
+            };
+            if c.rx_pkt.is_none() {
+                let Some(bytes) = c.backlog.pop_front() else {
+                    return Ok(false);
+                };
+                let head = bytes.get(..FRAME_HEAD).ok_or("short frame packet")?;
+                let frame_type =
+                    FrameType::from_u8(head[1]).map_err(|e| format!("frame packet: {e}"))?;
+                let flags = u16::from_le_bytes([head[2], head[3]]);
+                let count = u32::from_le_bytes(head[4..8].try_into().expect("4"));
+                let sequence = u64::from_le_bytes(head[8..16].try_into().expect("8"));
+                let nseg = u32::from_le_bytes(head[16..20].try_into().expect("4"));
+                if flags & !MORE != 0 {
+                    return Err(format!("unknown frame packet flags {flags:#x}"));
                 }
-                c.seq_in += 1;
-                let mut chain = Chain::new();
-                let mut at = 20;
-                for _ in 0..nseg {
-                    match p.get(at) {
-                        Some(0) => {
-                            let len = u32_at(at + 1).ok_or("short segment")? as usize;
-                            let bytes = p.get(at + 5..at + 5 + len).ok_or("short segment")?;
-                            let mut rest = bytes;
-                            while !rest.is_empty() {
-                                let mut w = self
-                                    .cfg
-                                    .rx_pool
-                                    .try_alloc()
-                                    .ok_or("receive pool exhausted")?;
-                                let n = rest.len().min(w.capacity());
-                                chain.push(w.append(&rest[..n]).expect("fits"));
-                                rest = &rest[n..];
-                            }
-                            at += 5 + len;
-                        }
-                        Some(1) => {
-                            let pool = u64_at(at + 1).ok_or("short descriptor")?;
-                            let offset = u64_at(at + 9).ok_or("short descriptor")? as usize;
-                            let len = u32_at(at + 17).ok_or("short descriptor")? as usize;
-                            let t = u32_at(at + 21).ok_or("short descriptor")?;
-                            let r = c
-                                .remotes
-                                .get(&pool)
-                                .ok_or("descriptor of an unknown pool")?;
-                            chain.push(
-                                r.slice(offset, len, t)
-                                    .ok_or("descriptor outside the peer's pool")?,
-                            );
-                            at += 25;
-                        }
-                        _ => return Err("bad segment tag"),
+                let more = flags & MORE != 0;
+                match &c.rx_frame {
+                    None if sequence != c.seq_in => {
+                        return Err(format!("frame sequence {sequence}, expected {}", c.seq_in))
                     }
+                    Some(f)
+                        if (f.frame_type, f.count, f.sequence) != (frame_type, count, sequence) =>
+                    {
+                        return Err("a frame's continuation packet names another frame".into());
+                    }
+                    None | Some(_) => {}
                 }
-                if at != p.len() {
-                    return Err("frame length disagrees with its segments");
+                if c.state == State::Handshaking {
+                    // before the handshake: small inline frames only, never from the pool
+                    let payload = handshake_payload(&bytes, nseg, more)?;
+                    c.seq_in += 1;
+                    self.on_handshake(token, frame_type, &payload, out);
+                    continue;
                 }
-                if chain.len() > self.cfg.max_frame as usize {
-                    return Err("frame larger than the limit");
+                if !c.admitted {
+                    // refused, its Reject on the way out: what it sends is dropped unread
+                    c.backlog.clear();
+                    return Ok(false);
                 }
-                self.on_frame(
-                    token,
-                    InFrame {
-                        frame_type,
-                        count,
-                        sequence,
-                        payload: chain,
-                    },
-                    out,
-                );
-                Ok(())
+                c.rx_frame.get_or_insert(InFrame {
+                    frame_type,
+                    count,
+                    sequence,
+                    payload: Chain::new(),
+                });
+                c.rx_pkt = Some(RxPacket {
+                    bytes,
+                    at: FRAME_HEAD,
+                    left: nseg,
+                    more,
+                    copied: 0,
+                });
             }
-            _ => Err("unknown packet"),
+            let pool = &self.cfg.rx_pool;
+            let reserve = if c.control { 0 } else { self.rx_reserve };
+            let pkt = c.rx_pkt.as_mut().expect("set above");
+            let frame = c.rx_frame.as_mut().expect("set with the packet");
+            let p = &pkt.bytes;
+            let u32_at = |at: usize| {
+                p.get(at..at + 4)
+                    .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+            };
+            let u64_at = |at: usize| {
+                p.get(at..at + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+            };
+            while pkt.left > 0 {
+                let at = pkt.at;
+                match p.get(at) {
+                    Some(0) => {
+                        let len = u32_at(at + 1).ok_or("short segment")? as usize;
+                        let bytes = p.get(at + 5..at + 5 + len).ok_or("short segment")?;
+                        if pkt.copied == 0 && frame.payload.len() + len > max_frame {
+                            return Err(format!(
+                                "frame larger than the limit of {max_frame} bytes"
+                            ));
+                        }
+                        while pkt.copied < len {
+                            if c.rx_block.as_ref().is_none_or(|b| b.remaining() == 0) {
+                                c.rx_block = None;
+                                if pool.free_blocks() <= reserve {
+                                    return Ok(true);
+                                }
+                                match pool.try_alloc() {
+                                    Some(b) => c.rx_block = Some(b),
+                                    None => return Ok(true),
+                                }
+                            }
+                            let w = c.rx_block.as_mut().expect("just ensured");
+                            let n = (len - pkt.copied).min(w.remaining());
+                            let chunk = &bytes[pkt.copied..pkt.copied + n];
+                            frame.payload.push(w.append(chunk).expect("fits"));
+                            pkt.copied += n;
+                        }
+                        pkt.copied = 0;
+                        pkt.at += 5 + len;
+                    }
+                    Some(1) => {
+                        let pool_id = u64_at(at + 1).ok_or("short descriptor")?;
+                        let offset = u64_at(at + 9).ok_or("short descriptor")? as usize;
+                        let len = u32_at(at + 17).ok_or("short descriptor")? as usize;
+                        let t = u32_at(at + 21).ok_or("short descriptor")?;
+                        if frame.payload.len() + len > max_frame {
+                            return Err(format!(
+                                "frame larger than the limit of {max_frame} bytes"
+                            ));
+                        }
+                        let r = c
+                            .remotes
+                            .get(&pool_id)
+                            .ok_or("descriptor of an unknown pool")?;
+                        frame.payload.push(
+                            r.slice(offset, len, t)
+                                .ok_or("descriptor outside the peer's pool")?,
+                        );
+                        pkt.at += 25;
+                    }
+                    Some(t) => return Err(format!("bad segment tag {t}")),
+                    None => return Err("frame packet shorter than its segments".into()),
+                }
+                pkt.left -= 1;
+            }
+            if pkt.at != p.len() {
+                return Err("frame packet longer than its segments".into());
+            }
+            let more = pkt.more;
+            c.rx_pkt = None;
+            if !more {
+                let frame = c.rx_frame.take().expect("present");
+                c.seq_in += 1;
+                self.on_frame(token, frame, out);
+            }
         }
     }
 
@@ -623,34 +855,66 @@ impl ShmTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed),
             (State::Closing, _) => {}
-            (State::Handshaking, t) => {
-                let mut send = Vec::new();
-                let payload = frame.payload.to_vec();
-                // same-host peers are checked by uid at accept: no secret on this transport
-                let outcome = c.hs.step(&self.cfg, None, t, &payload, &c.name, &mut send);
-                for (ft, bytes) in send {
-                    let _ = self.queue_frame(token, ft, 0, vec![Segment::Owned(bytes)]);
+            (_, t) => self.protocol(token, format!("frame type {t:?} on an open connection")),
+        }
+    }
+
+    /// One handshake frame (its payload read without the receive pool).
+    fn on_handshake(
+        &mut self,
+        token: Token,
+        frame_type: FrameType,
+        payload: &[u8],
+        out: &mut Vec<Event>,
+    ) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let conn = ConnId(token.0 as u64);
+        let mut send = Vec::new();
+        // same-host peers are checked by uid at accept: no secret on this transport
+        let outcome =
+            c.hs.step(&self.cfg, None, frame_type, payload, &c.name, &mut send);
+        for (ft, bytes) in send {
+            let _ = self.queue_frame(token, ft, 0, vec![Segment::Owned(bytes)]);
+        }
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        match outcome {
+            Outcome::Continue => self.flush(token),
+            Outcome::Open(peer) => {
+                c.name = peer.node_id.clone();
+                if c.accepted.is_some() {
+                    c.control = peer.channel == evb_wire::Channel::Control;
                 }
-                let Some(c) = self.conns.get_mut(&token) else {
-                    return;
-                };
-                match outcome {
-                    Outcome::Continue => self.flush(token),
-                    Outcome::Open(peer) => {
-                        c.name = peer.node_id.clone();
-                        c.state = State::Open;
-                        out.push(c.hs.opened(conn, peer));
-                        self.flush(token);
-                    }
-                    Outcome::Refuse(reason) => {
-                        c.state = State::Closing;
-                        c.close_reason = Some(reason);
-                        self.flush(token);
-                    }
-                    Outcome::Drop(reason) => self.drop_conn(token, reason),
-                }
+                c.state = State::Open;
+                c.admitted = true;
+                out.push(c.hs.opened(conn, peer));
+                self.flush(token);
             }
-            _ => self.protocol(token, "frame type in this connection state"),
+            Outcome::Refuse(reason) => {
+                c.state = State::Closing;
+                c.close_reason = Some(reason);
+                self.flush(token);
+            }
+            Outcome::Drop(reason) => self.drop_conn(token, reason),
+        }
+    }
+
+    /// Closes incoming connections whose handshake has taken too long.
+    fn expire_handshakes(&mut self) {
+        let limit = Admission::default().handshake_deadline;
+        let late: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::Handshaking)
+            .filter(|(_, c)| c.accepted.is_some_and(|t| t.elapsed() >= limit))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in late {
+            let why = format!("handshake not completed within {} ms", limit.as_millis());
+            self.drop_conn(t, CloseReason::Rejected(why));
         }
     }
 
@@ -720,11 +984,13 @@ impl Transport for ShmTransport {
         match sys::connect(&socket_name(&self.cfg.run_id, addr)) {
             Ok(fd) => {
                 let token = self
-                    .add_conn(fd, addr.to_string(), State::Handshaking)
+                    .add_conn(fd, addr.to_string(), State::Handshaking, false)
                     .map_err(err)?;
+                let control = hello.channel == evb_wire::Channel::Control;
                 let (hs, bytes) = Handshake::connect(hello, None)?;
                 if let Some(c) = self.conns.get_mut(&token) {
                     c.hs = hs;
+                    c.control = control;
                 }
                 self.queue_frame(token, FrameType::Hello, 0, vec![Segment::Owned(bytes)])?;
                 self.flush(token);
@@ -798,8 +1064,16 @@ impl Transport for ShmTransport {
         out.append(&mut self.pending);
         let timeout = if !out.is_empty() || !self.more_to_read.is_empty() {
             Some(Duration::ZERO)
+        } else if !self.starved.is_empty() {
+            // waiting for receive blocks, which come back without a wake-up: look again soon
+            Some(timeout.map_or(Duration::from_millis(1), |t| {
+                t.min(Duration::from_millis(1))
+            }))
+        } else if self.conns.values().any(|c| c.state == State::Handshaking) {
+            Some(timeout.map_or(Duration::from_millis(100), |t| {
+                t.min(Duration::from_millis(100))
+            }))
         } else {
-            // returned tokens are noticed on the next pass: do not sleep long while any is lent
             timeout
         };
         match self.poll.poll(&mut self.events, timeout) {
@@ -836,6 +1110,10 @@ impl Transport for ShmTransport {
         for token in std::mem::take(&mut self.more_to_read) {
             self.read(token, out);
         }
+        for token in self.starved.iter().copied().collect::<Vec<_>>() {
+            self.read(token, out);
+        }
+        self.expire_handshakes();
         // returned tokens may have freed bounce blocks that waiting frames need
         let waiting: Vec<Token> = self
             .conns
@@ -849,5 +1127,152 @@ impl Transport for ShmTransport {
         self.return_tokens();
         out.append(&mut self.pending);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_wire::{Channel, Role};
+    use std::os::fd::{AsFd, FromRawFd};
+
+    fn cfg(node: &str) -> TransportConfig {
+        TransportConfig {
+            run_id: "seal-run".into(),
+            local: Hello::new(Channel::Data, Role::Bu, 0, "seal-run", node),
+            max_frame: 8 << 20,
+            rx_pool: Pool::new(node, 64 * 1024, 16),
+            secret: None,
+        }
+    }
+
+    fn frame_packet(ft: FrameType, seq: u64, segs: &[&[u8]]) -> Vec<u8> {
+        let mut p = vec![TAG_FRAME, ft as u8, 0, 0, 0, 0, 0, 0];
+        p.extend_from_slice(&seq.to_le_bytes());
+        p.extend_from_slice(&(segs.len() as u32).to_le_bytes());
+        for s in segs {
+            p.push(0);
+            p.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            p.extend_from_slice(s);
+        }
+        p
+    }
+
+    /// A memfd of `size` bytes with `seals` (none if 0).
+    fn memfd(size: usize, seals: libc::c_int) -> OwnedFd {
+        let name = c"evb-test";
+        // SAFETY: plain system call on a valid C string; the result is checked.
+        let raw = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        assert!(raw >= 0);
+        // SAFETY: a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        std::fs::File::from(fd.try_clone().unwrap())
+            .set_len(size as u64)
+            .unwrap();
+        if seals != 0 {
+            // SAFETY: F_ADD_SEALS on our own memfd with an integer argument.
+            assert_eq!(
+                unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
+                0
+            );
+        }
+        fd
+    }
+
+    /// A hand-made peer: handshakes, offers `fd` as a pool of `claimed` bytes, then sends a
+    /// frame with a descriptor 512 KiB into it. Returns how the transport closed it.
+    fn offer(fd: OwnedFd, claimed: u64) -> CloseReason {
+        let mut t = ShmTransport::create(cfg("bu0")).unwrap();
+        let addr = t.listen("127.0.0.1:0").unwrap();
+        let raw = sys::connect(&socket_name("seal-run", &addr)).unwrap();
+        let hello = Hello::new(Channel::Data, Role::Ru, 0, "seal-run", "ru0")
+            .encode()
+            .unwrap();
+        assert!(sys::send(
+            raw.as_raw_fd(),
+            &frame_packet(FrameType::Hello, 0, &[&hello]),
+            None
+        )
+        .unwrap());
+        let mut evs = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !evs.iter().any(|e| matches!(e, Event::Accepted { .. })) {
+            assert!(std::time::Instant::now() < deadline, "{evs:?}");
+            t.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
+        }
+        let mut p = vec![TAG_POOL, 0, 0, 0, 0, 0, 0, 0];
+        p.extend_from_slice(&77u64.to_le_bytes());
+        p.extend_from_slice(&claimed.to_le_bytes());
+        assert!(sys::send(raw.as_raw_fd(), &p, Some(fd.as_fd())).unwrap());
+        let mut f = frame_packet(FrameType::Messages, 1, &[]);
+        f[16..20].copy_from_slice(&1u32.to_le_bytes());
+        f.push(1);
+        f.extend_from_slice(&77u64.to_le_bytes());
+        f.extend_from_slice(&(512u64 << 10).to_le_bytes());
+        f.extend_from_slice(&4096u32.to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        assert!(sys::send(raw.as_raw_fd(), &f, None).unwrap());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(std::time::Instant::now() < deadline, "{evs:?}");
+            t.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
+            for e in evs.drain(..) {
+                match e {
+                    // reading a page the file does not have would be SIGBUS here
+                    Event::Frame { frame, .. } => panic!("mapped: {}", frame.payload.crc32c()),
+                    Event::Closed { reason, .. } => return reason,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unsealed_or_short_peer_memory_is_refused_before_it_is_mapped() {
+        let all = sys::REQUIRED_SEALS;
+        let r = offer(memfd(1 << 20, 0), 1 << 20);
+        assert!(
+            matches!(&r, CloseReason::Violation(w) if w.contains("not sealed")),
+            "{r}"
+        );
+        let r = offer(memfd(1 << 20, libc::F_SEAL_SHRINK), 1 << 20);
+        assert!(
+            matches!(&r, CloseReason::Violation(w) if w.contains("not sealed")),
+            "{r}"
+        );
+        // sealed, but shorter than it claims: mapping 1 MiB would fault at 4 KiB
+        let r = offer(memfd(4096, all), 1 << 20);
+        assert!(
+            matches!(&r, CloseReason::Violation(w) if w.contains("holds 4096 bytes")),
+            "{r}"
+        );
+        // not a memfd at all
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let r = offer(OwnedFd::from(a), 1 << 20);
+        assert!(
+            matches!(&r, CloseReason::Violation(w) if w.contains("not a memfd")),
+            "{r}"
+        );
+        assert!(
+            r.to_string()
+                .starts_with("protocol violation: refusing the peer's shared pool"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn our_shared_pools_carry_the_seals_peers_require() {
+        let pool = Pool::new_shared("sealed", 4096, 4).unwrap();
+        let fd = pool.shared_fd().unwrap();
+        sys::check_peer_memfd(fd.as_raw_fd(), pool.region_len()).unwrap();
+        // and cannot be shrunk under a reader
+        // SAFETY: ftruncate on a descriptor we hold; expected to fail with EPERM.
+        let r = unsafe { libc::ftruncate(fd.as_raw_fd(), 0) };
+        assert_eq!(r, -1);
+        let bounce = Pool::new_shared_untouched("bounce", 256 * 1024, 64).unwrap();
+        sys::check_peer_memfd(bounce.shared_fd().unwrap().as_raw_fd(), bounce.region_len())
+            .unwrap();
     }
 }

@@ -151,6 +151,48 @@ pub fn send(fd: RawFd, data: &[u8], pass: Option<BorrowedFd<'_>>) -> io::Result<
     Ok(true)
 }
 
+/// The seals a peer's memfd must carry before it is mapped: its size can then never change
+/// (no SIGBUS from a shrunk file), and nobody can lift the seals.
+pub const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// Checks a memfd a peer passed before `len` bytes of it are mapped: a regular file at least
+/// `len` bytes long, sealed with [`REQUIRED_SEALS`].
+pub fn check_peer_memfd(fd: RawFd, len: usize) -> Result<(), String> {
+    if len == 0 {
+        return Err("an empty pool".into());
+    }
+    // SAFETY: stat is plain old data; all-zero is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor we own; `st` is a valid stat buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("fstat: {}", io::Error::last_os_error()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err("the descriptor is not a memfd (not a regular file)".into());
+    }
+    if (st.st_size as u64) < len as u64 {
+        return Err(format!(
+            "the memfd holds {} bytes, the pool claims {len}",
+            st.st_size
+        ));
+    }
+    // SAFETY: F_GET_SEALS takes no argument and only reads the descriptor's state.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(format!(
+            "the memfd cannot be sealed: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    if seals & REQUIRED_SEALS != REQUIRED_SEALS {
+        return Err(format!(
+            "the memfd is not sealed against resizing (seals {seals:#x}, need \
+             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL = {REQUIRED_SEALS:#x})"
+        ));
+    }
+    Ok(())
+}
+
 /// What one receive gave.
 pub enum Recv {
     Packet {
@@ -201,18 +243,25 @@ fn recv_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
     if r == 0 {
         return Ok(Recv::Eof);
     }
+    // Every descriptor the kernel installed for us is ours: the first is kept, any other one
+    // (a peer may pack several into one message, or several messages) is closed here.
     let mut passed = None;
-    // SAFETY: walking the control messages the kernel wrote into `cbuf`, as described by `msg`.
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`, as described by `msg`
+    // (CMSG_NXTHDR stops at msg_controllen); each SCM_RIGHTS message holds
+    // (cmsg_len - CMSG_LEN(0)) / sizeof(int) descriptors, read unaligned from its data area.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-                // the kernel installed it for us: we own it (a second one would leak, so only one is taken)
-                if passed.is_none() {
-                    passed = Some(OwnedFd::from_raw_fd(raw));
-                } else {
-                    libc::close(raw);
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let bytes = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    // the kernel installed `raw` in our table for this message: we own it
+                    let fd = OwnedFd::from_raw_fd(raw);
+                    if passed.is_none() {
+                        passed = Some(fd);
+                    } // else: dropped, so closed
                 }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
@@ -224,4 +273,90 @@ fn recv_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
         fd: passed,
         truncated,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0);
+        // SAFETY: two fresh descriptors that nothing else owns.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    /// Sends one byte with several descriptors in one SCM_RIGHTS message, as a hostile peer may.
+    fn send_fds(sock: RawFd, fds: &[RawFd]) {
+        let byte = [TAG; 1];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_ptr() as *mut libc::c_void,
+            iov_len: 1,
+        };
+        let mut cbuf = [0u64; 8];
+        let data = std::mem::size_of_val(fds) as u32;
+        // SAFETY: msghdr is plain old data; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: a pure computation; 3 fds need 32 bytes, `cbuf` has 64.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data) } as usize;
+        // SAFETY: the header and its data area lie inside `cbuf` (see above).
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(data) as usize;
+            for (i, fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>().add(i), *fd);
+            }
+        }
+        // SAFETY: `msg` points at live buffers.
+        let r = unsafe { libc::sendmsg(sock, &msg, 0) };
+        assert_eq!(r, 1, "{}", io::Error::last_os_error());
+    }
+    const TAG: u8 = 9;
+
+    #[test]
+    fn every_received_descriptor_but_the_one_kept_is_closed() {
+        let (a, b) = seqpacket_pair();
+        let mut p = [0; 2];
+        // SAFETY: `p` has room for the pipe's two descriptors.
+        assert_eq!(
+            unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) },
+            0
+        );
+        // SAFETY: fresh descriptors that nothing else owns.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        // three copies of the write end in one message
+        send_fds(a.as_raw_fd(), &[wr.as_raw_fd(); 3]);
+        drop(wr);
+        let mut buf = [0u8; 16];
+        let Recv::Packet { len, fd, .. } = recv(b.as_raw_fd(), &mut buf).unwrap() else {
+            panic!("no packet")
+        };
+        assert_eq!((len, buf[0]), (1, TAG));
+        assert!(fd.is_some(), "the first descriptor is handed over");
+        drop(fd);
+        // every write end is closed now, unless one leaked: then the read would block
+        let mut one = [0u8; 1];
+        // SAFETY: reading into a live one-byte buffer.
+        let r = unsafe { libc::read(rd.as_raw_fd(), one.as_mut_ptr().cast(), 1) };
+        assert_eq!(
+            r,
+            0,
+            "a passed descriptor leaked: {}",
+            io::Error::last_os_error()
+        );
+    }
 }

@@ -6,8 +6,8 @@ mod tx;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::time::Duration;
+use std::net::{IpAddr, Shutdown, SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token};
@@ -19,11 +19,38 @@ use crate::handshake::{Handshake, Outcome};
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
-use rx::{ReadOutcome, RxAssembler, RxError};
+use rx::{HandshakeRead, ReadOutcome, RxAssembler, RxError};
 use tx::TxQueue;
 
 /// Reads per connection per poll pass, so one busy peer cannot starve the others.
 const READ_BUDGET: usize = 16;
+
+/// Largest handshake frame (Hello, HelloAck, Reject, Auth) accepted. The real ones are under
+/// 1.1 KiB (two names of at most 64 bytes; a reason of at most 1 KiB; a 32-byte proof). They
+/// are read into a small buffer of the connection's own: a peer gets receive-pool blocks
+/// only once its handshake has succeeded.
+pub const HANDSHAKE_FRAME_MAX: u32 = 2048;
+
+/// What an incoming connection may cost before its handshake has succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// An incoming connection that has not completed its handshake by then is closed.
+    pub handshake_deadline: Duration,
+    /// Incoming connections still handshaking, from one IP address; more are closed at once.
+    pub per_ip: usize,
+    /// Incoming connections still handshaking, in all; more are closed at once.
+    pub total: usize,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission {
+            handshake_deadline: Duration::from_secs(5),
+            per_ip: 8,
+            total: 64,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -49,6 +76,10 @@ struct Conn {
     /// Why we are closing, reported once the socket is gone.
     close_reason: Option<CloseReason>,
     hs: Handshake,
+    /// The handshake succeeded: from then on reads go into receive-pool blocks.
+    admitted: bool,
+    /// For an incoming connection: the peer's IP and when it was accepted (until admitted).
+    inbound: Option<(IpAddr, Instant)>,
 }
 
 /// See the module docs.
@@ -66,6 +97,7 @@ pub struct TcpTransport {
     frames: Vec<InFrame>,
     /// Events produced outside `poll` (a failed write inside `send`), reported by the next poll.
     pending_events: Vec<Event>,
+    admission: Admission,
 }
 
 impl TcpTransport {
@@ -81,7 +113,61 @@ impl TcpTransport {
             starved: HashSet::new(),
             frames: Vec::new(),
             pending_events: Vec::new(),
+            admission: Admission::default(),
         })
+    }
+
+    /// Changes what unauthenticated incoming connections may cost (see [`Admission`]).
+    pub fn set_admission(&mut self, admission: Admission) {
+        self.admission = admission;
+    }
+
+    /// Incoming connections not admitted yet: from `ip`, and in all.
+    fn unadmitted(&self, ip: IpAddr) -> (usize, usize) {
+        let mut from_ip = 0;
+        let mut total = 0;
+        for c in self.conns.values() {
+            if let (false, Some((peer, _))) = (c.admitted, c.inbound) {
+                total += 1;
+                from_ip += usize::from(peer == ip);
+            }
+        }
+        (from_ip, total)
+    }
+
+    /// The earliest handshake deadline of an incoming connection, if any.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.conns
+            .values()
+            .filter(|c| !c.admitted)
+            .filter_map(|c| {
+                c.inbound
+                    .map(|(_, t)| t + self.admission.handshake_deadline)
+            })
+            .min()
+    }
+
+    /// Closes incoming connections whose handshake has taken too long.
+    fn expire_handshakes(&mut self, out: &mut Vec<Event>) {
+        let now = Instant::now();
+        let limit = self.admission.handshake_deadline;
+        let late: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.admitted)
+            .filter(|(_, c)| c.inbound.is_some_and(|(_, t)| now >= t + limit))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in late {
+            let reason = CloseReason::Rejected(format!(
+                "handshake not completed within {} ms",
+                limit.as_millis()
+            ));
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.close_reason = None;
+            }
+            self.drop_conn(t, reason, out);
+        }
     }
 
     fn token(&mut self) -> Token {
@@ -90,7 +176,13 @@ impl TcpTransport {
         t
     }
 
-    fn add_conn(&mut self, mut stream: TcpStream, addr: String, state: State) -> io::Result<Token> {
+    fn add_conn(
+        &mut self,
+        mut stream: TcpStream,
+        addr: String,
+        state: State,
+        inbound: Option<IpAddr>,
+    ) -> io::Result<Token> {
         let token = self.token();
         self.poll.registry().register(
             &mut stream,
@@ -109,6 +201,8 @@ impl TcpTransport {
                 tx: TxQueue::default(),
                 writable: false,
                 close_reason: None,
+                admitted: false,
+                inbound: inbound.map(|ip| (ip, Instant::now())),
             },
         );
         Ok(token)
@@ -122,10 +216,26 @@ impl TcpTransport {
             };
             match accepted {
                 Ok((stream, peer)) => {
+                    let (from_ip, total) = self.unadmitted(peer.ip());
+                    if from_ip >= self.admission.per_ip || total >= self.admission.total {
+                        warn!(
+                            %peer,
+                            from_ip,
+                            total,
+                            "closing an incoming connection at once: too many connections \
+                             still handshaking (limits: {} per IP, {} in all)",
+                            self.admission.per_ip,
+                            self.admission.total
+                        );
+                        drop(stream);
+                        continue;
+                    }
                     // Control and data both want their bytes out now: evb batches in
                     // messaging, so Nagle would only add delay.
                     let _ = stream.set_nodelay(true);
-                    if let Err(e) = self.add_conn(stream, peer.to_string(), State::Handshaking) {
+                    let ip = Some(peer.ip());
+                    if let Err(e) = self.add_conn(stream, peer.to_string(), State::Handshaking, ip)
+                    {
                         warn!(%peer, "cannot register accepted connection: {e}");
                     }
                 }
@@ -222,11 +332,51 @@ impl TcpTransport {
         if c.state == State::Connecting {
             return self.on_writable(token, out);
         }
-        if c.state == State::Draining {
+        if c.state == State::Handshaking {
+            // Handshake frames go into a small buffer of the connection's own, one at a time,
+            // until the connection is admitted (then the rest is read below, into the pool).
+            loop {
+                let Some(c) = self.conns.get_mut(&token) else {
+                    return;
+                };
+                if c.state != State::Handshaking {
+                    break;
+                }
+                match c.rx.read_handshake(&mut c.stream, HANDSHAKE_FRAME_MAX) {
+                    Ok(HandshakeRead::Frame(header, payload)) => {
+                        self.on_handshake(token, header.frame_type, &payload, out)
+                    }
+                    Ok(HandshakeRead::WouldBlock) => return,
+                    Ok(HandshakeRead::Eof) => {
+                        let reason =
+                            CloseReason::Lost("peer closed the stream during the handshake".into());
+                        return self.drop_conn(token, reason, out);
+                    }
+                    Err(RxError::Io(e)) => {
+                        return self.drop_conn(token, CloseReason::Lost(e.to_string()), out)
+                    }
+                    Err(RxError::Wire(e)) => {
+                        return self.drop_conn(token, CloseReason::Protocol(e), out)
+                    }
+                }
+            }
+        }
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if c.state == State::Draining || !c.admitted {
+            // Input of a connection we are leaving, or of a peer never admitted (refused,
+            // its Reject being flushed): discarded, never read into the pool.
             let mut sink = [0u8; 4096];
             loop {
                 match io::Read::read(&mut c.stream, &mut sink) {
-                    Ok(0) => return self.drop_conn(token, CloseReason::Local, out),
+                    Ok(0) if c.state == State::Draining => {
+                        return self.drop_conn(token, CloseReason::Local, out)
+                    }
+                    Ok(0) => {
+                        let reason = CloseReason::Lost("peer closed the stream".into());
+                        return self.drop_conn(token, reason, out);
+                    }
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                     Err(_) => return self.drop_conn(token, CloseReason::Local, out),
@@ -272,29 +422,6 @@ impl TcpTransport {
             (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
             (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed, out),
             (State::Closing, _) => {} // we are leaving; late input is dropped
-            (State::Handshaking, t) => {
-                let mut send = Vec::new();
-                let payload = frame.payload.to_vec();
-                let secret = self.cfg.secret.as_deref();
-                let outcome =
-                    c.hs.step(&self.cfg, secret, t, &payload, &c.addr, &mut send);
-                for (ft, bytes) in send {
-                    c.tx.push(ft, 0, vec![Segment::Owned(bytes)]);
-                }
-                match outcome {
-                    Outcome::Continue => self.flush(token, out),
-                    Outcome::Open(peer) => {
-                        c.state = State::Open;
-                        out.push(c.hs.opened(conn, peer));
-                        self.flush(token, out);
-                    }
-                    Outcome::Refuse(reason) => {
-                        self.begin_close(token, reason);
-                        self.flush(token, out);
-                    }
-                    Outcome::Drop(reason) => self.drop_conn(token, reason, out),
-                }
-            }
             (_, t) => {
                 let e = WireError::OutOfRange {
                     what: "frame type in this connection state",
@@ -302,6 +429,43 @@ impl TcpTransport {
                 };
                 self.drop_conn(token, CloseReason::Protocol(e), out)
             }
+        }
+    }
+}
+
+impl TcpTransport {
+    /// One handshake frame, read outside the pool.
+    fn on_handshake(
+        &mut self,
+        token: Token,
+        frame_type: FrameType,
+        payload: &[u8],
+        out: &mut Vec<Event>,
+    ) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let conn = ConnId(token.0 as u64);
+        let mut send = Vec::new();
+        let secret = self.cfg.secret.as_deref();
+        let outcome =
+            c.hs.step(&self.cfg, secret, frame_type, payload, &c.addr, &mut send);
+        for (ft, bytes) in send {
+            c.tx.push(ft, 0, vec![Segment::Owned(bytes)]);
+        }
+        match outcome {
+            Outcome::Continue => self.flush(token, out),
+            Outcome::Open(peer) => {
+                c.state = State::Open;
+                c.admitted = true;
+                out.push(c.hs.opened(conn, peer));
+                self.flush(token, out);
+            }
+            Outcome::Refuse(reason) => {
+                self.begin_close(token, reason);
+                self.flush(token, out);
+            }
+            Outcome::Drop(reason) => self.drop_conn(token, reason, out),
         }
     }
 }
@@ -344,7 +508,7 @@ impl Transport for TcpTransport {
         };
         let stream = TcpStream::connect(sa).map_err(io_err)?;
         let token = self
-            .add_conn(stream, addr.to_string(), State::Connecting)
+            .add_conn(stream, addr.to_string(), State::Connecting, None)
             .map_err(io_err)?;
         let c = self.conns.get_mut(&token).expect("just added");
         let (hs, bytes) = Handshake::connect(hello, self.cfg.secret.as_deref())?;
@@ -418,6 +582,14 @@ impl Transport for TcpTransport {
         } else {
             timeout
         };
+        // wake up in time to close a handshake that is overdue
+        let timeout = match self.next_deadline() {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                Some(timeout.map_or(left, |t| t.min(left)))
+            }
+            None => timeout,
+        };
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -452,6 +624,7 @@ impl Transport for TcpTransport {
         for token in self.starved.iter().copied().collect::<Vec<_>>() {
             self.on_readable(token, out);
         }
+        self.expire_handshakes(out);
         // Connections closing with an empty queue still need their shutdown step.
         let closing: Vec<Token> = self
             .conns

@@ -30,6 +30,25 @@ pub(crate) enum ReadOutcome {
     Budget,
 }
 
+/// What reading one handshake frame gave.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HandshakeRead {
+    /// A whole handshake frame, read into a small buffer of its own (never from the pool).
+    Frame(FrameHeader, Vec<u8>),
+    WouldBlock,
+    Eof,
+}
+
+/// A handshake frame being read: header first, then exactly its payload, so not one byte of
+/// what follows the handshake is consumed here.
+#[derive(Default)]
+struct SmallFrame {
+    header: [u8; FRAME_HEADER_LEN],
+    have: usize,
+    decoded: Option<FrameHeader>,
+    payload: Vec<u8>,
+}
+
 struct Pending {
     header: FrameHeader,
     payload: Chain,
@@ -44,6 +63,7 @@ pub(crate) struct RxAssembler {
     pending: Option<Pending>,
     expected_seq: u64,
     pub(crate) bytes: u64,
+    small: SmallFrame,
 }
 
 impl RxAssembler {
@@ -60,6 +80,61 @@ impl RxAssembler {
             pending: None,
             expected_seq: 0,
             bytes: 0,
+            small: SmallFrame::default(),
+        }
+    }
+
+    /// Reads at most one handshake frame of at most `limit` payload bytes into a buffer of
+    /// its own: before a peer is admitted it gets no receive-pool block, and a header that
+    /// declares more than `limit` is an error at once.
+    pub(crate) fn read_handshake<R: Read>(
+        &mut self,
+        src: &mut R,
+        limit: u32,
+    ) -> Result<HandshakeRead, RxError> {
+        debug_assert!(self.block.is_none(), "handshake after pool reads");
+        let s = &mut self.small;
+        loop {
+            let (buf, at) = match s.decoded {
+                None => (&mut s.header[..], s.have),
+                Some(_) => (&mut s.payload[..], s.have),
+            };
+            if at < buf.len() {
+                match src.read(&mut buf[at..]) {
+                    Ok(0) => return Ok(HandshakeRead::Eof),
+                    Ok(n) => {
+                        s.have += n;
+                        self.bytes += n as u64;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return Ok(HandshakeRead::WouldBlock)
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(RxError::Io(e)),
+                }
+            }
+            match s.decoded {
+                None => {
+                    let header = FrameHeader::decode(&s.header, limit.min(self.max_frame))
+                        .map_err(RxError::Wire)?;
+                    if header.sequence != self.expected_seq {
+                        return Err(RxError::Wire(WireError::Sequence {
+                            got: header.sequence,
+                            expected: self.expected_seq,
+                        }));
+                    }
+                    self.expected_seq += 1;
+                    s.decoded = Some(header);
+                    s.payload = vec![0; header.length as usize];
+                    s.have = 0;
+                }
+                Some(header) => {
+                    let payload = std::mem::take(&mut s.payload);
+                    *s = SmallFrame::default();
+                    return Ok(HandshakeRead::Frame(header, payload));
+                }
+            }
         }
     }
 
