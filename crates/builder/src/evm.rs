@@ -279,7 +279,7 @@ impl Evm {
         if self.state != RunState::Running || !self.alive.contains(&b) {
             return;
         }
-        warn!("{ru} lost its data link to {b}: dropping {b} from the run");
+        warn!("lost {b}: data link from {ru} lost; dropping {b} from the run");
         self.peer_lost(now, b, &format!("data link from {ru} lost"));
         self.actions.push_back(Action::Disconnect(b));
     }
