@@ -131,6 +131,16 @@ fn evm_report(outs: &BTreeMap<String, (bool, String, String)>) -> Value {
 /// 6000 events at 2 kHz: a run of about 3 s, so a fault at 1 s lands mid-run.
 const PACED: &str = "[run]\nid = \"faults\"\nevents = 6000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 20000\n";
 
+/// The EVM found nothing wrong with the run.
+fn assert_verdict_ok(r: &Value) {
+    assert_eq!(
+        r["verdict"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r["verdict"]
+    );
+}
+
 fn sum_built(run: &Value) -> u64 {
     run["bus"]
         .as_array()
@@ -153,12 +163,7 @@ fn killed_bu_events_are_rebuilt_elsewhere_none_lost_none_duplicated() {
         assert!(ok, "{id} failed after the BU was killed:\n{err}");
     }
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     let run = &r["run"];
     assert_eq!(run["evm"]["triggered"], 6000);
     assert_eq!(run["evm"]["released"], 6000);
@@ -194,12 +199,7 @@ fn restarted_bu_rejoins_and_builds_again() {
         assert!(ok, "{id} failed:\n{err}");
     }
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     let run = &r["run"];
     assert!(
         run["evm"]["lost"]
@@ -234,12 +234,7 @@ fn restarted_bu_with_the_file_sink_keeps_its_earlier_files_and_writes_nothing_tw
     c.spawn("bu1");
     let outs = c.wait_all(Duration::from_secs(30));
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     // the first incarnation's completed files are still there, untouched
     let after = names(out.path(), "faults_bu1_");
     for f in &before {
@@ -355,12 +350,7 @@ fn frozen_bu_is_declared_lost_by_heartbeat_and_its_events_rebuilt() {
     c.signal("bu1", "-CONT");
     let outs = c.wait_all(Duration::from_secs(30));
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     let lost = r["run"]["evm"]["lost"][0].as_str().unwrap().to_string();
     assert!(
         lost.contains("bu[1]") && lost.contains("no heartbeat"),
@@ -466,12 +456,7 @@ fn garbage_peers_are_disconnected_and_the_run_carries_on() {
         assert!(ok, "{id} failed after garbage:\n{err}");
     }
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     assert_eq!(r["run"]["evm"]["released"], 6000);
     for id in ["evm", "bu0"] {
         let err = &outs[id].2;
@@ -538,12 +523,7 @@ fn without_the_secret_nobody_injects_fragments() {
         assert!(ok, "{id} failed:\n{err}");
     }
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     let bu0 = &r["run"]["bus"][0];
     assert_eq!(bu0["duplicate_fragments"], 0, "an injected fragment got in");
     assert_eq!(bu0["errors"], 0);
@@ -563,12 +543,7 @@ fn shm_killed_bu_is_detected_and_its_events_rebuilt() {
         assert!(ok, "{id} failed:\n{err}");
     }
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     assert!(r["run"]["evm"]["reassigned"].as_u64().unwrap() > 0);
     assert_eq!(
         sum_built(&r["run"]) + r["run"]["evm"]["released_by_lost"].as_u64().unwrap(),
@@ -697,12 +672,7 @@ fn network_cut_to_a_bu_and_back() {
         assert!(outs[id].0, "{id} failed:\n{}", outs[id].2);
     }
     let r = evm_report(&outs);
-    assert_eq!(
-        r["verdict"].as_array().unwrap().len(),
-        0,
-        "{}",
-        r["verdict"]
-    );
+    assert_verdict_ok(&r);
     let lost = r["run"]["evm"]["lost"][0].as_str().unwrap().to_string();
     assert!(
         lost.contains("bu[1]") && lost.contains("no heartbeat"),

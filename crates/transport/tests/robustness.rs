@@ -2,6 +2,9 @@
 //! that try to starve a node, a receive pool that runs dry under shm, frames whose descriptors
 //! do not fit one packet, and shared memory that cannot be trusted.
 
+mod common;
+use common::pump;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::FromRawFd;
@@ -20,34 +23,6 @@ fn cfg(node: &str, block: usize, blocks: usize) -> TransportConfig {
         max_frame: 8 << 20,
         rx_pool: Pool::new(node, block, blocks),
         secret: None,
-    }
-}
-
-/// Polls until `until` holds (10 s at most).
-fn pump(
-    ts: &mut [&mut dyn Transport],
-    evs: &mut [Vec<Event>],
-    what: &str,
-    until: impl Fn(&[Vec<Event>]) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !until(evs) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; events: {:?}",
-            evs.iter()
-                .map(|e| e
-                    .iter()
-                    .map(|x| match x {
-                        Event::Frame { frame, .. } => format!("frame {}", frame.payload.len()),
-                        other => format!("{other:?}"),
-                    })
-                    .collect::<Vec<_>>())
-                .collect::<Vec<_>>()
-        );
-        for (t, e) in ts.iter_mut().zip(evs.iter_mut()) {
-            t.poll(e, Some(Duration::from_millis(1))).unwrap();
-        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! Both transports through the same checks: handshake, ordered delivery of frames from a few
 //! bytes to several blocks, refusals, and (tcp) garbage from a raw socket.
 
+mod common;
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -25,25 +27,7 @@ fn pump(
     until: impl Fn(&[Vec<Event>]) -> bool,
     evs: &mut [Vec<Event>],
 ) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !until(evs) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out; events so far: {:?}",
-            evs.iter()
-                .map(|e| e
-                    .iter()
-                    .map(|x| match x {
-                        Event::Frame { frame, .. } => format!("frame {}", frame.payload.len()),
-                        other => format!("{other:?}"),
-                    })
-                    .collect::<Vec<_>>())
-                .collect::<Vec<_>>()
-        );
-        for (t, e) in ts.iter_mut().zip(evs.iter_mut()) {
-            t.poll(e, Some(Duration::from_millis(1))).unwrap();
-        }
-    }
+    common::pump(ts, evs, "events", until)
 }
 
 fn payload(i: usize, len: usize) -> Vec<u8> {

@@ -661,14 +661,8 @@ impl ShmTransport {
 
     /// A POOL or RETURN packet.
     fn on_packet(&mut self, token: Token, p: &[u8], passed: Option<OwnedFd>) -> Result<(), String> {
-        let u32_at = |at: usize| {
-            p.get(at..at + 4)
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
-        };
-        let u64_at = |at: usize| {
-            p.get(at..at + 8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
-        };
+        let u32_at = |at: usize| le_u32(p, at);
+        let u64_at = |at: usize| le_u64(p, at);
         let c = self.conns.get_mut(&token).ok_or("gone")?;
         match p.first() {
             Some(&TAG_POOL) => {
@@ -769,14 +763,8 @@ impl ShmTransport {
             let pkt = c.rx_pkt.as_mut().expect("set above");
             let frame = c.rx_frame.as_mut().expect("set with the packet");
             let p = &pkt.bytes;
-            let u32_at = |at: usize| {
-                p.get(at..at + 4)
-                    .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
-            };
-            let u64_at = |at: usize| {
-                p.get(at..at + 8)
-                    .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
-            };
+            let u32_at = |at: usize| le_u32(p, at);
+            let u64_at = |at: usize| le_u64(p, at);
             while pkt.left > 0 {
                 let at = pkt.at;
                 match p.get(at) {
@@ -1128,6 +1116,18 @@ impl Transport for ShmTransport {
         out.append(&mut self.pending);
         Ok(())
     }
+}
+
+/// Little-endian u32 at `at` in a packet, if the packet holds it.
+fn le_u32(p: &[u8], at: usize) -> Option<u32> {
+    p.get(at..at + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// Little-endian u64 at `at` in a packet, if the packet holds it.
+fn le_u64(p: &[u8], at: usize) -> Option<u64> {
+    p.get(at..at + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
 
 #[cfg(test)]
