@@ -22,14 +22,13 @@ pub trait Sink: Send {
     /// earlier, in this order): they are this BU's to output. A sink that commits output
     /// (files) makes only such events visible; delivered events never accepted by the end
     /// (the EVM dropped this BU, or the run aborted) must not become output.
-    fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
-        Ok(())
-    }
+    ///
+    /// No default: a sink that wraps another must pass this on, or the inner one never
+    /// makes anything output.
+    fn accepted(&mut self, first: u64, count: u32) -> Result<(), SinkError>;
     /// The run is over: complete whatever is open, with the accepted events only. May be
     /// called again after an error (a full disk): it carries on where it stopped.
-    fn finish(&mut self) -> Result<(), SinkError> {
-        Ok(())
-    }
+    fn finish(&mut self) -> Result<(), SinkError>;
     fn name(&self) -> &'static str;
     /// The sink's own counters, for the node's report.
     fn report(&self) -> Value {
@@ -43,6 +42,12 @@ pub struct DiscardSink;
 
 impl Sink for DiscardSink {
     fn deliver(&mut self, _event: &BuiltEvent) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
     fn name(&self) -> &'static str {
@@ -66,6 +71,12 @@ impl Sink for CountingSink {
         if !self.ids.insert(event.event_id) {
             self.duplicates += 1;
         }
+        Ok(())
+    }
+    fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), SinkError> {
         Ok(())
     }
     fn name(&self) -> &'static str {

@@ -1,5 +1,6 @@
 //! Faults at random moments: each trial picks a fault (kill or freeze a BU, an RU under
-//! either policy, the EVM, two BUs, cut one RU->BU data link, or none), a moment, a transport
+//! either policy, the EVM, two BUs, cut one RU->BU data link, freeze a BU whose sink is slow
+//! (back-pressure), Ctrl-C, or none), a moment, a transport
 //! (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per process), all from
 //! a seed that is printed first, so that a failure reproduces:
 //!
@@ -52,6 +53,11 @@ enum Fault {
     KillEvm,
     FreezeEvm(u64),
     CutLink,
+    /// bu1's sink takes 1.5 ms an event (back-pressure all run long), and bu1 is frozen for
+    /// this many ms, below the heartbeat timeout: it must not be taken for lost.
+    SlowBu(u64),
+    /// Ctrl-C: SIGINT to `evb run`, or to the standalone EVM.
+    Interrupt,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,6 +73,8 @@ enum Expect {
     Complete,
     /// The run stops with every node out and nothing built twice.
     Stops,
+    /// The run ends early, cleanly: every event triggered before the stop built once.
+    Drained,
 }
 
 fn expect(f: Fault) -> Expect {
@@ -75,6 +83,7 @@ fn expect(f: Fault) -> Expect {
         // a freeze shorter than the heartbeat timeout is no fault at all; a longer one
         // makes every other node leave the run
         Fault::FreezeEvm(ms) if ms > 1000 => Expect::Stops,
+        Fault::Interrupt => Expect::Drained,
         _ => Expect::Complete,
     }
 }
@@ -220,6 +229,9 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     if t.fault == Fault::KillRuPartial {
         toml += "[builder]\non_ru_loss = \"partial\"\n";
     }
+    if let Fault::SlowBu(_) = t.fault {
+        toml += "[[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 1500\n";
+    }
     if t.shm {
         toml += "[transport]\nkind = \"shm\"\n";
     }
@@ -292,6 +304,17 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             std::thread::sleep(Duration::from_millis(ms));
             hit(id, "-CONT");
         }
+        Fault::SlowBu(ms) => {
+            hit("bu1", "-STOP");
+            std::thread::sleep(Duration::from_millis(ms));
+            hit("bu1", "-CONT");
+        }
+        Fault::Interrupt => match &launcher {
+            Some(l) => {
+                signal(l.id(), "-INT");
+            }
+            None => hit("evm", "-INT"),
+        },
         Fault::CutLink => {
             let bu_port = base + 1 + rus + 1; // bu1
             match pid("ru0").map(|p| cut_link(p, bu_port)) {
@@ -397,6 +420,10 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     evm["lost"]
                 );
             }
+            if let Fault::SlowBu(_) = t.fault {
+                // back-pressure and a short freeze are not a loss
+                assert_eq!(evm["lost"], serde_json::json!([]), "{log}");
+            }
             if t.fault == Fault::KillRuPartial && !log.contains("already gone") {
                 let partial: u64 = o.run["bus"]
                     .as_array()
@@ -413,6 +440,20 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 if !lost.contains(&name) && id != "evm" {
                     assert!(clean, "{id} failed though the EVM did not lose it\n{log}");
                 }
+            }
+        }
+        Expect::Drained => {
+            assert!(o.ok, "a run stopped by Ctrl-C should end clean\n{log}");
+            let t = evm["triggered"].as_u64().unwrap();
+            assert_eq!(evm["released"], t, "{log}");
+            assert_eq!(
+                ids.len() as u64,
+                t,
+                "every triggered event in the files\n{log}"
+            );
+            assert!(ids.keys().all(|&id| id < t), "{log}");
+            if t < EVENTS {
+                assert_eq!(evm["stopped_by_request"], true, "{log}");
             }
         }
         Expect::Stops => {
@@ -445,15 +486,18 @@ fn faults_at_random_moments_keep_every_promise() {
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
     for k in 0..trials {
-        let fault = match rng.below(9) {
+        let fault = match rng.below(11) {
             0 => Fault::None,
             1 => Fault::KillBu,
-            2 => Fault::FreezeBu(1200 + rng.below(1300)),
+            // below and above the heartbeat timeout (1 s)
+            2 => Fault::FreezeBu(300 + rng.below(2200)),
             3 => Fault::KillTwoBus,
             4 => Fault::KillRuPartial,
             5 => Fault::KillRuStop,
             6 => Fault::KillEvm,
             7 => Fault::FreezeEvm(1200 + rng.below(1000)),
+            8 => Fault::SlowBu(200 + rng.below(400)),
+            9 => Fault::Interrupt,
             _ if can_cut => Fault::CutLink,
             _ => Fault::KillBu,
         };

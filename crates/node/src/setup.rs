@@ -227,6 +227,9 @@ impl Sink for SlowSink {
         }
         self.inner.deliver(event)
     }
+    fn accepted(&mut self, first: u64, count: u32) -> Result<(), evb_builder::SinkError> {
+        self.inner.accepted(first, count)
+    }
     fn finish(&mut self) -> Result<(), evb_builder::SinkError> {
         self.inner.finish()
     }
