@@ -26,19 +26,28 @@ pub fn check(data: &[u8]) {
     let mut out = Vec::new();
     if split_messages(&chain, count, &mut out).is_ok() {
         assert_eq!(out.len(), count as usize);
-        let mut again = Vec::new();
         for r in &out {
-            match r {
-                Received::Message(m) => m.encode_into(&mut again),
-                Received::Fragment { header, payload } => {
-                    assert_eq!(payload.len(), header.payload_size as usize);
-                    again.extend_from_slice(&fragment_prefix(header));
-                    again.extend_from_slice(&payload.to_vec());
-                }
+            if let Received::Fragment { header, payload } = r {
+                assert_eq!(payload.len(), header.payload_size as usize);
             }
         }
-        assert_eq!(again, page);
+        assert_eq!(re_encode(&out), page);
     }
+}
+
+/// Encodes again what `split_messages` read: the bytes of the page it came from.
+pub fn re_encode(out: &[Received]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for r in out {
+        match r {
+            Received::Message(m) => m.encode_into(&mut v),
+            Received::Fragment { header, payload } => {
+                v.extend_from_slice(&fragment_prefix(header));
+                v.extend_from_slice(&payload.to_vec());
+            }
+        }
+    }
+    v
 }
 
 /// Valid pages: control messages and fragments with correct CRCs.

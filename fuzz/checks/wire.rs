@@ -84,6 +84,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         Message::Abort("evm lost".into()),
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
+        Message::LinkLost { bu: 2 },
     ] {
         let b = m.encode();
         v.push(b.clone()); // as a message header

@@ -45,7 +45,7 @@ fn hex_head(bytes: &[u8], max: usize) -> String {
 }
 
 /// A directory stands for the completed event files in it (hidden temporary files left out).
-fn expand(paths: &[PathBuf]) -> Vec<PathBuf> {
+pub fn event_files(paths: &[PathBuf]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
@@ -99,7 +99,7 @@ pub fn duplicates_across(files: &[PathBuf], show: usize) -> (Vec<String>, u64) {
 /// Inspects every file (a directory: every completed event file in it); false if any
 /// problem was found, including an event id in two files.
 pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
-    let files = expand(paths);
+    let files = event_files(paths);
     let mut ok = true;
     if files.is_empty() {
         println!("no files to inspect");

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use evb_builder::NodeRef;
 use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -50,38 +51,37 @@ pub fn stop_on_interrupt(cfg: &Config, id: &str) {
         .nodes()
         .iter()
         .any(|n| n.id == id && n.role == Role::Evm);
-    let n = count_interrupts();
-    std::thread::spawn(move || loop {
-        let seen = n.load(std::sync::atomic::Ordering::SeqCst);
-        if seen >= 2 || (seen == 1 && !is_evm) {
+    on_interrupt(move |n| {
+        if n >= 2 || !is_evm {
             eprintln!("evb node: interrupted, exiting");
             std::process::exit(130);
         }
-        if seen == 1 {
-            evb_node::request_stop();
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        evb_node::request_stop();
     });
 }
 
-/// Counts SIGINT and SIGTERM: the first asks for a clean stop, the second aborts.
-fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let n = std::sync::Arc::new(AtomicUsize::new(0));
-    let counter = n.clone();
+/// Calls `act` with the running count of SIGINT and SIGTERM received, on a thread of its own.
+fn on_interrupt(mut act: impl FnMut(usize) + Send + 'static) {
     match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ]) {
         Ok(mut signals) => {
             std::thread::spawn(move || {
-                for _ in signals.forever() {
-                    counter.fetch_add(1, Ordering::SeqCst);
+                for (n, _) in signals.forever().enumerate() {
+                    act(n + 1);
                 }
             });
         }
         Err(e) => eprintln!("evb: cannot watch for Ctrl-C ({e}): it will end the run at once"),
     }
+}
+
+/// Counts SIGINT and SIGTERM: the first asks for a clean stop, the second aborts.
+fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = n.clone();
+    on_interrupt(move |k| seen.store(k, std::sync::atomic::Ordering::SeqCst));
     n
 }
 
@@ -482,18 +482,16 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         .iter()
         .filter(|n| {
             let name = match n.role {
-                Role::Ru => format!("ru[{}]", n.index),
-                Role::Bu => format!("bu[{}]", n.index),
+                Role::Ru => NodeRef::Ru(n.index),
+                Role::Bu => NodeRef::Bu(n.index),
                 Role::Evm => return false,
             };
-            evm_report["run"]["evm"]["lost"]
-                .as_array()
-                .is_some_and(|l| {
-                    l.iter().any(|e| {
-                        e.as_str()
-                            .is_some_and(|e| e.starts_with(&format!("{name} ")))
-                    })
-                })
+            let lost = evm_report["run"]["evm"]["lost"].as_array();
+            lost.is_some_and(|l| {
+                l.iter()
+                    .filter_map(|e| e.as_str())
+                    .any(|e| e.starts_with(&format!("{name} ")))
+            })
         })
         .map(|n| n.id.clone())
         .collect();
@@ -529,16 +527,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     // Output files: no event may be in two of them (a consumer would take it twice).
     if cfg.sink.kind == evb_config::SinkKind::File && !cfg.sink.dir.is_empty() {
         let dir = PathBuf::from(&cfg.sink.dir);
-        let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        // this run's files only (an earlier run may have used the same ids)
+        let files: Vec<PathBuf> = crate::inspect::event_files(std::slice::from_ref(&dir))
             .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|f| f.extension().is_some_and(|x| x == "evb"))
-            .filter(|f| {
-                !f.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            })
-            // this run's files only (an earlier run may have used the same ids)
             .filter(|f| {
                 std::fs::metadata(f)
                     .and_then(|m| m.modified())

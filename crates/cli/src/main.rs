@@ -111,6 +111,21 @@ fn load(path: &Option<PathBuf>) -> Result<Config, String> {
     }
 }
 
+/// The pools against the host's memory: a warning is printed, a refusal is exit code 2.
+fn memory_check(who: &str, r: Result<Option<String>, evb_config::ConfigError>) -> Option<ExitCode> {
+    match r {
+        Ok(None) => None,
+        Ok(Some(warning)) => {
+            eprintln!("{who}: warning: {warning}");
+            None
+        }
+        Err(e) => {
+            eprintln!("{who}: {e}");
+            Some(ExitCode::from(2))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
@@ -145,13 +160,8 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             // every node's pools on this host, before anything starts
-            match cfg.check_host_memory() {
-                Ok(None) => {}
-                Ok(Some(warning)) => eprintln!("evb: warning: {warning}"),
-                Err(e) => {
-                    eprintln!("evb: {e}");
-                    return ExitCode::from(2);
-                }
+            if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
+                return refused;
             }
             match launch::run(&cfg, a.quiet, a.json.as_deref()) {
                 Ok(true) => ExitCode::SUCCESS,
@@ -175,13 +185,9 @@ fn main() -> ExitCode {
                 cfg.nodes().into_iter().find(|n| n.id == a.id),
                 evb_config::HostMemory::read(),
             ) {
-                match cfg.check_memory(&[me], host) {
-                    Ok(None) => {}
-                    Ok(Some(warning)) => eprintln!("evb node {}: warning: {warning}", a.id),
-                    Err(e) => {
-                        eprintln!("evb node {}: {e}", a.id);
-                        return ExitCode::from(2);
-                    }
+                let who = format!("evb node {}", a.id);
+                if let Some(refused) = memory_check(&who, cfg.check_memory(&[me], host)) {
+                    return refused;
                 }
             }
             if a.supervised {
@@ -230,13 +236,8 @@ fn main() -> ExitCode {
             what: ConfigCmd::Check { file },
         } => match Config::from_file(&file) {
             Ok(c) => {
-                match c.check_host_memory() {
-                    Ok(None) => {}
-                    Ok(Some(warning)) => eprintln!("evb: warning: {warning}"),
-                    Err(e) => {
-                        eprintln!("evb: {e}");
-                        return ExitCode::from(2);
-                    }
+                if let Some(refused) = memory_check("evb", c.check_host_memory()) {
+                    return refused;
                 }
                 let nodes = c.nodes();
                 let count = |r| nodes.iter().filter(|n| n.role == r).count();

@@ -88,41 +88,38 @@ fn expect(f: Fault) -> Expect {
     }
 }
 
-/// A node's process, found by its command line (`evb run` starts them).
-fn pid_of(marker: &str, id: &str) -> Option<u32> {
-    let want = format!("--id\0{id}\0");
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.contains(&want) && cmd.contains(marker) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-/// Processes whose command line mentions `marker` (none may outlive a trial).
-fn leftovers(marker: &str) -> Vec<String> {
+/// Every live process: its pid and command line (arguments joined by spaces).
+fn processes() -> Vec<(u32, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"));
-            if cmd.contains(marker) && !zombie {
-                out.push(format!("{pid}: {cmd}"));
-            }
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"));
+        if let (false, Ok(cmd)) = (zombie, std::fs::read(format!("/proc/{pid}/cmdline"))) {
+            out.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
         }
     }
     out
+}
+
+/// A node's process, found by its command line (`evb run` starts them).
+fn pid_of(marker: &str, id: &str) -> Option<u32> {
+    let want = format!("--id {id} ");
+    processes()
+        .into_iter()
+        .find(|(_, cmd)| cmd.contains(&want) && cmd.contains(marker))
+        .map(|(pid, _)| pid)
+}
+
+/// Processes whose command line mentions `marker` (none may outlive a trial).
+fn leftovers(marker: &str) -> Vec<String> {
+    processes()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains(marker))
+        .map(|(pid, cmd)| format!("{pid}: {cmd}"))
+        .collect()
 }
 
 fn signal(pid: u32, sig: &str) -> bool {

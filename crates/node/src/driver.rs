@@ -312,9 +312,7 @@ impl Driver {
                 );
             }
         }
-        self.peers.remove(&conn);
-        self.conns.remove(&p);
-        self.last_heard.remove(&p);
+        self.forget(p, conn);
         // Peers leave once the run is over; that is not news.
         let quiet = matches!(
             self.state(),
@@ -340,6 +338,13 @@ impl Driver {
                 });
             }
         }
+    }
+
+    /// Drops what the driver knows of peer `p` and its connection.
+    fn forget(&mut self, p: NodeRef, conn: ConnId) {
+        self.peers.remove(&conn);
+        self.conns.remove(&p);
+        self.last_heard.remove(&p);
     }
 
     /// Heartbeats to the control peers; a control peer silent too long is lost.
@@ -458,10 +463,9 @@ impl Driver {
                     }
                 }
                 Action::Disconnect(p) => {
-                    if let Some(conn) = self.conns.remove(&p) {
+                    if let Some(&conn) = self.conns.get(&p) {
                         self.messenger.close(conn);
-                        self.peers.remove(&conn);
-                        self.last_heard.remove(&p);
+                        self.forget(p, conn);
                     }
                 }
                 Action::Exit { ok, reason } => {
