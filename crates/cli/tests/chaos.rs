@@ -557,6 +557,11 @@ fn a_frozen_bu_that_wakes_writes_no_event_twice() {
 }
 
 #[test]
+fn a_slow_bu_frozen_briefly_is_not_taken_for_lost() {
+    fixed(Fault::SlowBu(300), Launch::Run, false, 2200);
+}
+
+#[test]
 fn evb_run_survives_a_killed_bu() {
     fixed(Fault::KillBu, Launch::Run, false, 1000);
 }

@@ -14,6 +14,9 @@ use tracing::{debug, error, info, warn};
 use crate::setup::{self, Logic};
 use crate::NodeError;
 
+/// Most of one loop pass spent handing events to the sink.
+const SINK_SHARE_OF_PASS: Duration = Duration::from_millis(20);
+
 /// Where a node's status lines and final report go (stdout for a process, a channel for a thread).
 pub type StatusOut = Box<dyn FnMut(Value) + Send>;
 
@@ -57,6 +60,8 @@ pub struct Driver {
     sink_retry_at: Option<Instant>,
     sink_blocked: Option<String>,
     sink_stalls: u64,
+    /// Until when this pass may hand events to the sink.
+    sink_pass_until: Instant,
     /// Where each peer we call can be reached, to call it again after a loss.
     dial_specs: FastMap<NodeRef, (String, Channel)>,
     /// When each control peer was last heard from.
@@ -182,6 +187,7 @@ impl Driver {
             sink_retry_at: None,
             sink_blocked: None,
             sink_stalls: 0,
+            sink_pass_until: now,
             dial_specs,
             last_heard: FastMap::default(),
             next_heartbeat: now,
@@ -488,6 +494,11 @@ impl Driver {
         }
         self.sink_retry_at = None;
         while let Some(ev) = self.sink_queue.front() {
+            // A slow sink gets a share of each pass, not all of it: the loop must go on
+            // reading its sockets and sending heartbeats, or a slow node is taken for dead.
+            if Instant::now() >= self.sink_pass_until {
+                break;
+            }
             match sink.deliver(ev) {
                 Ok(()) => {
                     if let Some(why) = self.sink_blocked.take() {
@@ -562,6 +573,7 @@ impl Driver {
         let mut incoming = Vec::new();
         loop {
             let now = Instant::now();
+            self.sink_pass_until = now + SINK_SHARE_OF_PASS;
             self.dial(now)?;
             let populated = self.populating.as_ref().is_none_or(|t| t.is_finished());
             if !self.up && self.conns.len() == self.expected && populated {
@@ -613,7 +625,7 @@ impl Driver {
             let busy = match &self.logic {
                 Logic::Ru(r) => r.has_work(),
                 Logic::Evm(e) => e.has_work(),
-                Logic::Bu(..) => false,
+                Logic::Bu(..) => !self.sink_queue.is_empty() && self.sink_retry_at.is_none(),
             };
             let timeout = if busy {
                 Duration::ZERO
