@@ -1,7 +1,7 @@
 //! Faults at random moments: each trial picks a fault (kill or freeze a BU, an RU under
 //! either policy, the EVM, two BUs, cut one RU->BU data link, freeze a BU whose sink is slow
-//! (back-pressure), Ctrl-C, or none), a moment, a transport
-//! (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per process), all from
+//! (back-pressure), Ctrl-C, a flood of stalled unauthenticated sockets, or none), a moment,
+//! a transport (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per process), all from
 //! a seed that is printed first, so that a failure reproduces:
 //!
 //! ```sh
@@ -58,6 +58,9 @@ enum Fault {
     SlowBu(u64),
     /// Ctrl-C: SIGINT to `evb run`, or to the standalone EVM.
     Interrupt,
+    /// A dozen unauthenticated sockets to the EVM, each declaring a 340 KB Hello and then
+    /// stalling: they must not starve it (docs/operations.md, Security).
+    Flood,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -278,6 +281,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     };
     std::thread::sleep(Duration::from_millis(t.at_ms));
     let mut note = String::new();
+    // held open until the run is over
+    let mut flood = Vec::new();
     let mut hit = |id: &str, sig: &str| match pid(id) {
         Some(p) if signal(p, sig) => {}
         _ => note += &format!("({id} was already gone) "),
@@ -312,6 +317,23 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             }
             None => hit("evm", "-INT"),
         },
+        Fault::Flood => {
+            let mut header = b"EVBF".to_vec();
+            header.extend_from_slice(&1u16.to_le_bytes()); // version
+            header.extend_from_slice(&[1, 0]); // Hello, no flags
+            header.extend_from_slice(&340_000u32.to_le_bytes());
+            header.extend_from_slice(&[0; 12]); // count, sequence
+            header.extend_from_slice(&[0; 1000]);
+            for _ in 0..12 {
+                if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", base)) {
+                    let _ = std::io::Write::write_all(&mut s, &header);
+                    flood.push(s);
+                }
+            }
+            if flood.is_empty() {
+                note += "(no flood socket connected) ";
+            }
+        }
         Fault::CutLink => {
             let bu_port = base + 1 + rus + 1; // bu1
             match pid("ru0").map(|p| cut_link(p, bu_port)) {
@@ -417,8 +439,8 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     evm["lost"]
                 );
             }
-            if let Fault::SlowBu(_) = t.fault {
-                // back-pressure and a short freeze are not a loss
+            if matches!(t.fault, Fault::SlowBu(_) | Fault::Flood) {
+                // back-pressure, a short freeze, hostile sockets: none of them is a loss
                 assert_eq!(evm["lost"], serde_json::json!([]), "{log}");
             }
             if t.fault == Fault::KillRuPartial && !log.contains("already gone") {
@@ -483,7 +505,7 @@ fn faults_at_random_moments_keep_every_promise() {
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
     for k in 0..trials {
-        let fault = match rng.below(11) {
+        let fault = match rng.below(12) {
             0 => Fault::None,
             1 => Fault::KillBu,
             // below and above the heartbeat timeout (1 s)
@@ -495,6 +517,7 @@ fn faults_at_random_moments_keep_every_promise() {
             7 => Fault::FreezeEvm(1200 + rng.below(1000)),
             8 => Fault::SlowBu(200 + rng.below(400)),
             9 => Fault::Interrupt,
+            10 => Fault::Flood,
             _ if can_cut => Fault::CutLink,
             _ => Fault::KillBu,
         };
@@ -559,6 +582,11 @@ fn a_frozen_bu_that_wakes_writes_no_event_twice() {
 #[test]
 fn a_slow_bu_frozen_briefly_is_not_taken_for_lost() {
     fixed(Fault::SlowBu(300), Launch::Run, false, 2200);
+}
+
+#[test]
+fn stalled_unauthenticated_sockets_do_not_starve_evb_run() {
+    fixed(Fault::Flood, Launch::Run, false, 1000);
 }
 
 #[test]
