@@ -1,8 +1,8 @@
 //! Faults at random moments: each trial picks a fault (kill or freeze a BU, an RU under
 //! either policy, the EVM, two BUs, cut one RU->BU data link, freeze a BU whose sink is slow
 //! (back-pressure), Ctrl-C, a flood of stalled unauthenticated sockets, or none), a moment,
-//! a transport (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per process), all from
-//! a seed that is printed first, so that a failure reproduces:
+//! a transport (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per
+//! process), all from a seed that is printed first, so that a failure reproduces:
 //!
 //! ```sh
 //! EVB_CHAOS_SEED=1234 EVB_CHAOS_TRIALS=40 cargo test -p evb --test chaos -- --nocapture
