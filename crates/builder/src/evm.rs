@@ -70,6 +70,9 @@ pub struct EvmStats {
     pub lost: Vec<String>,
     /// Nodes lost and not back.
     pub down: Vec<String>,
+    /// Messages from nodes already declared lost, not acted on.
+    #[serde(default)]
+    pub ignored_from_lost: u64,
     /// The operator ended the run early (Ctrl-C): triggering stopped, the rest drained.
     #[serde(default)]
     pub stopped_by_request: bool,
@@ -198,6 +201,14 @@ impl Evm {
     }
 
     pub fn handle(&mut self, now: Instant, from: NodeRef, msg: Message) {
+        // A node out of the run has no say: what it sent before its connection was closed
+        // (a release of events already handed to another BU) must not count. Only Ready
+        // brings it back (a restarted BU).
+        let in_run = matches!(self.state, RunState::Running | RunState::Stopping);
+        if in_run && !self.alive.contains(&from) && !matches!(msg, Message::Ready { .. }) {
+            self.stats.ignored_from_lost += 1;
+            return;
+        }
         match (msg, from) {
             (Message::Ready { available }, NodeRef::Ru(_) | NodeRef::Bu(_)) => {
                 self.on_ready(now, from, available)

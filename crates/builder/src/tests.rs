@@ -781,3 +781,41 @@ fn a_bu_counts_only_events_whose_release_the_evm_echoed() {
     );
     assert_eq!(b.stats().errors, 1);
 }
+
+#[test]
+fn a_release_from_a_bu_already_dropped_does_not_count() {
+    // an RU reported its data link to bu1 lost; bu1's own release of the same events,
+    // read in the same pass, must not make them released: they are bu0's now
+    let now = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 2, 100), now);
+    let ready = Message::Ready {
+        available: evb_wire::UNLIMITED,
+    };
+    for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+        evm.handle(now, n, ready.clone());
+    }
+    evm.handle(now, NodeRef::Bu(1), Message::Credit { bu: 1, count: 3 });
+    evm.poll(now);
+    assert_eq!(evm.stats().triggered, 3);
+    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { bu: 1 });
+    assert!(std::iter::from_fn(|| evm.next_action())
+        .any(|a| matches!(a, Action::Disconnect(NodeRef::Bu(1)))));
+    let late = EventRange {
+        bu: 1,
+        first: 0,
+        count: 3,
+    };
+    evm.handle(now, NodeRef::Bu(1), Message::Release(late));
+    let s = evm.stats();
+    assert_eq!((s.released, s.ignored_from_lost), (0, 1));
+    // bu0 builds them instead, exactly once
+    evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 3 });
+    evm.poll(now);
+    evm.handle(
+        now,
+        NodeRef::Bu(0),
+        Message::Release(EventRange { bu: 0, ..late }),
+    );
+    let s = evm.stats();
+    assert_eq!((s.released, s.duplicate_releases, s.reassigned), (3, 0, 3));
+}
