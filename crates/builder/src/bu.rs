@@ -73,6 +73,10 @@ pub struct BuStats {
     pub unacknowledged: u64,
     /// Other protocol errors.
     pub errors: u64,
+    /// Event building latency: from the Assign or the first fragment (whichever came
+    /// first) to the event complete.
+    #[serde(default)]
+    pub latency: crate::LatencyHistogram,
 }
 
 impl BuStats {
@@ -199,14 +203,14 @@ impl Bu {
                         self.stats.errors += 1;
                     }
                     b.assigned = true;
-                    self.try_complete(id);
+                    self.try_complete(now, id);
                 }
             }
             Message::SourceLost { ru } if (ru as usize) < self.cfg.source_ids.len() => {
                 self.lost_sources.insert(ru as usize);
                 let waiting: Vec<u64> = self.events.keys().copied().collect();
                 for id in waiting {
-                    self.try_complete(id);
+                    self.try_complete(now, id);
                 }
             }
             Message::Release(r) if r.bu == self.me() => self.accepted(r),
@@ -294,10 +298,10 @@ impl Bu {
         b.corrupt |= corrupt;
         let held = (self.events.len() + self.at_sink.len()) as u64;
         self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
-        self.try_complete(id);
+        self.try_complete(now, id);
     }
 
-    fn try_complete(&mut self, id: u64) {
+    fn try_complete(&mut self, now: Instant, id: u64) {
         let n = self.cfg.source_ids.len();
         match self.events.get(&id) {
             Some(b) if b.assigned && b.received == n => {}
@@ -309,6 +313,7 @@ impl Bu {
             _ => return,
         }
         let b = self.events.remove(&id).expect("checked");
+        self.stats.latency.record(now.saturating_duration_since(b.since));
         let trigger_guess = b
             .fragments
             .iter()

@@ -76,6 +76,12 @@ pub struct EvmStats {
     /// The operator ended the run early (Ctrl-C): triggering stopped, the rest drained.
     #[serde(default)]
     pub stopped_by_request: bool,
+    /// Triggering is paused by the operator (events in flight are still built).
+    #[serde(default)]
+    pub paused: bool,
+    /// Time spent paused; it does not count towards `run.duration_s` or the rate.
+    #[serde(default)]
+    pub paused_s: f64,
     pub errors: u64,
 }
 
@@ -92,6 +98,8 @@ pub struct Evm {
     reassign: VecDeque<u64>,
     started: Option<Instant>,
     stopped_at: Option<Instant>,
+    paused_since: Option<Instant>,
+    paused_total: Duration,
     last_progress: Instant,
     triggering_done: bool,
     ru_reports: HashMap<u16, RuStats>,
@@ -120,6 +128,8 @@ impl Evm {
             reassign: VecDeque::new(),
             started: None,
             stopped_at: None,
+            paused_since: None,
+            paused_total: Duration::ZERO,
             last_progress: now,
             triggering_done: false,
             ru_reports: HashMap::new(),
@@ -146,13 +156,30 @@ impl Evm {
         if self.state == RunState::Ready {
             s.down.clear();
         }
+        s.paused = self.paused_since.is_some();
+        s.paused_s = self.paused_total.as_secs_f64();
         s
+    }
+
+    /// Pauses or resumes triggering (the operator's `pause` / `resume`). While paused no
+    /// event is triggered, events in flight are built and released as usual, and the clock
+    /// of `run.duration_s` and of the rate limit stands still.
+    pub fn set_paused(&mut self, now: Instant, paused: bool) {
+        match (self.paused_since, paused) {
+            (None, true) => self.paused_since = Some(now),
+            (Some(t), false) => {
+                self.paused_total += now.saturating_duration_since(t);
+                self.paused_since = None;
+                self.last_progress = now;
+            }
+            _ => {}
+        }
     }
 
     /// Events could be triggered right now (the driver should not sleep).
     pub fn has_work(&self) -> bool {
         self.state == RunState::Running
-            && (!self.triggering_done || !self.reassign.is_empty())
+            && ((!self.triggering_done && self.paused_since.is_none()) || !self.reassign.is_empty())
             && self.cfg.rate_hz.is_none()
             && self.credits.iter().any(|&c| c > 0)
     }
@@ -451,7 +478,12 @@ impl Evm {
 
     fn poll_running(&mut self, now: Instant) {
         let started = self.started.unwrap_or(now);
-        let elapsed = now.duration_since(started);
+        let paused_now = self
+            .paused_since
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let elapsed = now
+            .duration_since(started)
+            .saturating_sub(self.paused_total + paused_now);
         if self.cfg.duration.is_some_and(|d| elapsed >= d)
             || self
                 .cfg
@@ -461,7 +493,7 @@ impl Evm {
             self.triggering_done = true;
         }
         self.assign_orphans();
-        if !self.triggering_done {
+        if !self.triggering_done && self.paused_since.is_none() {
             self.trigger(elapsed);
         }
         let in_flight = self.ledger.in_flight();

@@ -819,3 +819,62 @@ fn a_release_from_a_bu_already_dropped_does_not_count() {
     let s = evm.stats();
     assert_eq!((s.released, s.duplicate_releases, s.reassigned), (3, 0, 3));
 }
+
+#[test]
+fn pause_stops_triggering_and_its_time_does_not_count() {
+    let t0 = Instant::now();
+    let mut cfg = evm_cfg(1, 1, 1_000_000);
+    cfg.rate_hz = Some(1000.0);
+    let mut evm = Evm::new(cfg, t0);
+    for from in [NodeRef::Ru(0), NodeRef::Bu(0)] {
+        let ready = Message::Ready {
+            available: evb_wire::UNLIMITED,
+        };
+        evm.handle(t0, from, ready);
+    }
+    let credit = Message::Credit {
+        bu: 0,
+        count: 1_000_000,
+    };
+    evm.handle(t0, NodeRef::Bu(0), credit);
+    let at = |ms| t0 + Duration::from_millis(ms);
+    for ms in 1..=10 {
+        evm.poll(at(ms));
+    }
+    assert_eq!(evm.stats().triggered, 10);
+    evm.set_paused(at(10), true);
+    assert!(!evm.has_work());
+    for ms in 11..=100 {
+        evm.poll(at(ms));
+    }
+    assert_eq!(evm.stats().triggered, 10, "triggered while paused");
+    assert!(evm.stats().paused);
+    evm.set_paused(at(100), false);
+    // 90 ms paused: at 110 ms the rate allows 20 events, not 110
+    for ms in 101..=110 {
+        evm.poll(at(ms));
+    }
+    let s = evm.stats();
+    assert_eq!(s.triggered, 20);
+    assert!(!s.paused);
+    assert!((s.paused_s - 0.090).abs() < 1e-9, "{}", s.paused_s);
+    // a stop while paused drains and ends the run
+    evm.set_paused(at(110), true);
+    evm.request_stop(at(111));
+    assert!(evm.stats().stopped_by_request);
+}
+
+#[test]
+fn the_bu_measures_each_events_building_latency() {
+    let mut s = Sim::new(2, 2, 200, 8, 0);
+    s.run(100_000);
+    assert_clean_run(&s, 200);
+    let mut all = crate::LatencyHistogram::default();
+    for b in &s.bus {
+        let st = b.stats();
+        assert_eq!(st.latency.count, st.events_built, "one latency per event built");
+        all.merge(&st.latency);
+    }
+    assert_eq!(all.count, 200);
+    assert_eq!(all.counts.iter().sum::<u64>(), 200);
+}

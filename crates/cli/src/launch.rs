@@ -89,42 +89,46 @@ fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
 fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     let nodes = cfg.nodes();
     let mut held = Vec::new();
-    let mut addrs = Vec::new();
-    for n in &nodes {
-        let sa: std::net::SocketAddr = n
-            .addr
+    let mut free = |n: &evb_config::NodeSpec, addr: &str| -> Result<String, String> {
+        let sa: std::net::SocketAddr = addr
             .parse()
-            .map_err(|_| format!("bad address {:?} for {}", n.addr, n.id))?;
-        if sa.port() == 0 {
-            let l = std::net::TcpListener::bind(sa)
-                .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
-            addrs.push(l.local_addr().map_err(|e| e.to_string())?.to_string());
-            held.push(l);
-        } else {
-            addrs.push(n.addr.clone());
+            .map_err(|_| format!("bad address {addr:?} for {}", n.id))?;
+        if sa.port() != 0 {
+            return Ok(addr.to_string());
         }
+        let l = std::net::TcpListener::bind(sa)
+            .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
+        let got = l.local_addr().map_err(|e| e.to_string())?.to_string();
+        held.push(l);
+        Ok(got)
+    };
+    let mut addrs = Vec::new();
+    let mut controls = Vec::new();
+    for n in &nodes {
+        addrs.push(free(n, &n.addr)?);
+        controls.push(free(n, &n.control)?);
     }
     drop(held);
     let mut out = cfg.clone();
     out.evm.addr = addrs[0].clone();
-    out.ru = nodes
-        .iter()
-        .zip(&addrs)
+    out.evm.control = controls[0].clone();
+    let placed = || nodes.iter().zip(addrs.iter().zip(&controls));
+    out.ru = placed()
         .filter(|(n, _)| n.role == Role::Ru)
-        .map(|(n, a)| RuSection {
+        .map(|(n, (a, c))| RuSection {
             id: n.id.clone(),
             addr: a.clone(),
+            control: c.clone(),
             source_id: Some(n.source_id),
             files: n.files.clone(),
         })
         .collect();
-    out.bu = nodes
-        .iter()
-        .zip(&addrs)
+    out.bu = placed()
         .filter(|(n, _)| n.role == Role::Bu)
-        .map(|(n, a)| BuSection {
+        .map(|(n, (a, c))| BuSection {
             id: n.id.clone(),
             addr: a.clone(),
+            control: c.clone(),
             credits: Some(n.credits),
             sink: Some(n.sink),
             sink_delay_us: n.sink_delay.map(|d| d.0),

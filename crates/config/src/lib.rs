@@ -44,6 +44,7 @@ pub struct Config {
     pub evm: EvmSection,
     pub source: SourceSection,
     pub sink: SinkSection,
+    pub control: ControlSection,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ru: Vec<RuSection>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -310,6 +311,9 @@ pub struct EvmSection {
     pub id: String,
     /// host:port (empty: from the topology section).
     pub addr: String,
+    /// host:port of its control API (empty: from the control section).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub control: String,
 }
 
 impl Default for EvmSection {
@@ -317,6 +321,28 @@ impl Default for EvmSection {
         EvmSection {
             id: "evm".into(),
             addr: String::new(),
+            control: String::new(),
+        }
+    }
+}
+
+/// Where the nodes' control APIs (HTTP/JSON, Prometheus `/metrics`, the run page) listen.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlSection {
+    /// Host of every node's control API unless a node names its own `control` address.
+    /// Beyond loopback the API requires the run's secret as a bearer token.
+    pub host: String,
+    /// The EVM's API on base_port, then the RUs', then the BUs' (0: `evb run` / `evb up`
+    /// pick free ports; a lone `evb node` takes any free port and logs it).
+    pub base_port: u16,
+}
+
+impl Default for ControlSection {
+    fn default() -> Self {
+        ControlSection {
+            host: "127.0.0.1".into(),
+            base_port: 0,
         }
     }
 }
@@ -333,6 +359,9 @@ pub struct RuSection {
     /// Files replayed by this RU when `source.kind` is a file format, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
+    /// host:port of its control API (empty: from the control section).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub control: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -431,6 +460,9 @@ pub struct BuSection {
     /// ... for this many events (0 or absent: all of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink_delay_events: Option<u64>,
+    /// host:port of its control API (empty: from the control section).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub control: String,
 }
 
 /// One node of the run, after validation.
@@ -441,6 +473,8 @@ pub struct NodeSpec {
     /// Index among the nodes of its role.
     pub index: u16,
     pub addr: String,
+    /// host:port of the node's control API (port 0: any free one).
+    pub control: String,
     pub source_id: u16,
     pub credits: u32,
     pub sink: SinkKind,
@@ -702,6 +736,31 @@ impl Config {
                     ));
                 }
             }
+            let ctl_key = if n.control == self.made_control(n) {
+                "control.host".to_string()
+            } else {
+                format!("{key}.control")
+            };
+            let ca: SocketAddr = n.control.parse().map_err(|_| {
+                invalid(
+                    &ctl_key,
+                    format!("{:?} is not an IP:port address", n.control),
+                )
+            })?;
+            if !ca.ip().is_loopback() && self.secret().is_none() {
+                return Err(invalid(
+                    ctl_key,
+                    format!("{ca} is beyond loopback: set run.secret (or EVB_SECRET): the control API then requires it as a bearer token"),
+                ));
+            }
+            if ca.port() != 0 {
+                if let Some(other) = addrs.insert(ca, format!("{key}.control")) {
+                    return Err(invalid(
+                        format!("{key}.control"),
+                        format!("port clash: {ca} is also {other}'s address"),
+                    ));
+                }
+            }
             if n.role == Role::Ru {
                 if let Some(other) = sources.insert(n.source_id, key.clone()) {
                     return Err(invalid(
@@ -866,6 +925,18 @@ impl Config {
         if self.bu.len() as u64 > max {
             return Err(invalid("bu", format!("at most {MAX_NODES} BUs")));
         }
+        let c = &self.control;
+        let last = c.base_port as u64 + self.n_ru() + self.n_bu();
+        if c.base_port != 0 && last > u16::MAX as u64 {
+            return Err(invalid(
+                "control.base_port",
+                format!(
+                    "{} is too high for {} nodes: the last would get port {last} (> 65535)",
+                    c.base_port,
+                    1 + self.n_ru() + self.n_bu()
+                ),
+            ));
+        }
         // the EVM takes base_port, the RUs and BUs the ports after it
         let last = t.base_port as u64 + self.n_ru() + self.n_bu();
         if t.base_port != 0 && last > u16::MAX as u64 {
@@ -922,6 +993,18 @@ impl Config {
         }
     }
 
+    /// The control address node `n` gets from the control section.
+    fn made_control(&self, n: &NodeSpec) -> String {
+        let k = match n.role {
+            Role::Evm => 0,
+            Role::Ru => 1 + n.index as u64,
+            Role::Bu => 1 + self.n_ru() + n.index as u64,
+        };
+        let c = &self.control;
+        let port = if c.base_port == 0 { 0 } else { c.base_port as u64 + k };
+        format!("{}:{port}", c.host)
+    }
+
     fn key_of(&self, n: &NodeSpec) -> String {
         match n.role {
             Role::Evm => "evm".into(),
@@ -939,26 +1022,27 @@ impl Config {
 
     fn nodes_unchecked(&self) -> Vec<NodeSpec> {
         let t = &self.topology;
-        let port = |k: u32| {
-            if t.base_port == 0 {
-                0
+        let c = &self.control;
+        // the k-th node (EVM 0, then RUs, then BUs): its address, or one made from a scheme
+        let made = |host: &str, base: u16, k: u32| {
+            let port = if base == 0 { 0 } else { base as u32 + k };
+            format!("{host}:{port}")
+        };
+        let pick = |given: &str, host: &str, base: u16, k: u32| {
+            if given.is_empty() {
+                made(host, base, k)
             } else {
-                t.base_port as u32 + k
+                given.to_string()
             }
         };
-        let auto = |k: u32| format!("{}:{}", t.host, port(k));
-        let or_auto = |addr: &str, k: u32| {
-            if addr.is_empty() {
-                auto(k)
-            } else {
-                addr.to_string()
-            }
-        };
+        let data = |given: &str, k: u32| pick(given, &t.host, t.base_port, k);
+        let control = |given: &str, k: u32| pick(given, &c.host, c.base_port, k);
         let mut v = vec![NodeSpec {
             id: self.evm.id.clone(),
             role: Role::Evm,
             index: 0,
-            addr: or_auto(&self.evm.addr, 0),
+            addr: data(&self.evm.addr, 0),
+            control: control(&self.evm.control, 0),
             source_id: 0,
             credits: 0,
             sink: SinkKind::Discard,
@@ -971,20 +1055,29 @@ impl Config {
             self.ru.len() as u32
         };
         for i in 0..n_ru {
-            let (id, addr, source_id, files) = match self.ru.get(i as usize) {
+            let k = 1 + i;
+            let (id, addr, ctl, source_id, files) = match self.ru.get(i as usize) {
                 Some(r) => (
                     r.id.clone(),
-                    or_auto(&r.addr, 1 + i),
+                    data(&r.addr, k),
+                    control(&r.control, k),
                     r.source_id.unwrap_or(i as u16),
                     r.files.clone(),
                 ),
-                None => (format!("ru{i}"), auto(1 + i), i as u16, Vec::new()),
+                None => (
+                    format!("ru{i}"),
+                    data("", k),
+                    control("", k),
+                    i as u16,
+                    Vec::new(),
+                ),
             };
             v.push(NodeSpec {
                 id,
                 role: Role::Ru,
                 index: i as u16,
                 addr,
+                control: ctl,
                 source_id,
                 credits: 0,
                 sink: SinkKind::Discard,
@@ -998,16 +1091,19 @@ impl Config {
             self.bu.len() as u32
         };
         for i in 0..n_bu {
-            let (id, addr, credits, sink) = match self.bu.get(i as usize) {
+            let k = 1 + n_ru + i;
+            let (id, addr, ctl, credits, sink) = match self.bu.get(i as usize) {
                 Some(b) => (
                     b.id.clone(),
-                    or_auto(&b.addr, 1 + n_ru + i),
+                    data(&b.addr, k),
+                    control(&b.control, k),
                     b.credits.unwrap_or_else(|| self.default_credits()),
                     b.sink.unwrap_or(self.sink.kind),
                 ),
                 None => (
                     format!("bu{i}"),
-                    auto(1 + n_ru + i),
+                    data("", k),
+                    control("", k),
                     self.default_credits(),
                     self.sink.kind,
                 ),
@@ -1021,6 +1117,7 @@ impl Config {
                 role: Role::Bu,
                 index: i as u16,
                 addr,
+                control: ctl,
                 source_id: 0,
                 credits,
                 sink,
@@ -1029,6 +1126,44 @@ impl Config {
             });
         }
         v
+    }
+
+    /// The keys whose change needs the nodes restarted (who the nodes are, where they
+    /// listen, how they connect): a running system refuses a new configuration that
+    /// changes any of them, naming them. Everything else may change between runs.
+    pub fn restart_needed(&self, new: &Config) -> Vec<String> {
+        let mut keys = Vec::new();
+        let (a, b) = (self.nodes(), new.nodes());
+        if a.len() != b.len() {
+            keys.push("topology (the number of nodes)".to_string());
+        }
+        for (x, y) in a.iter().zip(&b) {
+            let key = self.key_of(x);
+            if x.id != y.id || x.role != y.role {
+                keys.push(format!("{key}.id"));
+            }
+            if x.addr != y.addr {
+                keys.push(format!("{key}.addr"));
+            }
+            if x.control != y.control {
+                keys.push(format!("{key}.control"));
+            }
+        }
+        if self.transport != new.transport {
+            keys.push("transport".into());
+        }
+        if self.control != new.control {
+            keys.push("control".into());
+        }
+        if self.secret() != new.secret() {
+            keys.push("run.secret".into());
+        }
+        if self.affinity != new.affinity {
+            keys.push("affinity".into());
+        }
+        keys.sort();
+        keys.dedup();
+        keys
     }
 
     /// The shared secret in force: EVB_SECRET if set, else `run.secret`; `None` if neither.
