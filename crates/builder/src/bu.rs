@@ -313,7 +313,9 @@ impl Bu {
             _ => return,
         }
         let b = self.events.remove(&id).expect("checked");
-        self.stats.latency.record(now.saturating_duration_since(b.since));
+        self.stats
+            .latency
+            .record(now.saturating_duration_since(b.since));
         let trigger_guess = b
             .fragments
             .iter()

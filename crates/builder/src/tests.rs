@@ -872,7 +872,10 @@ fn the_bu_measures_each_events_building_latency() {
     let mut all = crate::LatencyHistogram::default();
     for b in &s.bus {
         let st = b.stats();
-        assert_eq!(st.latency.count, st.events_built, "one latency per event built");
+        assert_eq!(
+            st.latency.count, st.events_built,
+            "one latency per event built"
+        );
         all.merge(&st.latency);
     }
     assert_eq!(all.count, 200);

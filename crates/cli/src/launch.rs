@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::summary;
 
 /// What the watcher hears from the nodes.
-enum Note {
+pub(crate) enum Note {
     Line(String, Value),
     /// A node's process or thread is gone (with its exit code, if it had one).
     Gone(String, Option<i32>),
@@ -60,8 +60,17 @@ pub fn stop_on_interrupt(cfg: &Config, id: &str) {
     });
 }
 
+/// A serving node (`evb node --serve`): Ctrl-C or SIGTERM exits at once (`evb ctl halt`
+/// is the orderly way down); its EVM, if it runs one, handles it as a lost node.
+pub fn exit_on_interrupt() {
+    on_interrupt(|_| {
+        eprintln!("evb node: interrupted, exiting");
+        std::process::exit(130);
+    });
+}
+
 /// Calls `act` with the running count of SIGINT and SIGTERM received, on a thread of its own.
-fn on_interrupt(mut act: impl FnMut(usize) + Send + 'static) {
+pub(crate) fn on_interrupt(mut act: impl FnMut(usize) + Send + 'static) {
     match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -86,7 +95,7 @@ fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
 }
 
 /// Gives every node whose port is 0 a free port on its host, and lists nodes explicitly.
-fn resolve_ports(cfg: &Config) -> Result<Config, String> {
+pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     let nodes = cfg.nodes();
     let mut held = Vec::new();
     let mut free = |n: &evb_config::NodeSpec, addr: &str| -> Result<String, String> {
@@ -153,7 +162,7 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     Ok(out)
 }
 
-struct TempFile(PathBuf);
+pub(crate) struct TempFile(pub PathBuf);
 
 impl Drop for TempFile {
     fn drop(&mut self) {
@@ -161,10 +170,11 @@ impl Drop for TempFile {
     }
 }
 
-fn spawn_processes(
+pub(crate) fn spawn_processes(
     cfg: &Config,
     tx: &mpsc::Sender<Note>,
-) -> Result<(Vec<(String, Child)>, TempFile), String> {
+    serve: bool,
+) -> Result<(Vec<(String, Child)>, TempFile, Config), String> {
     let cfg = resolve_ports(cfg)?;
     let path = std::env::temp_dir().join(format!(
         "evb-run-{}-{}.toml",
@@ -185,20 +195,36 @@ fn spawn_processes(
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     let tmp = TempFile(path);
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
     for n in cfg.nodes() {
+        let child = spawn_node(&tmp.0, &n.id, serve, tx)?;
+        children.push((n.id.clone(), child));
+    }
+    Ok((children, tmp, cfg))
+}
+
+/// Starts one supervised node process; its status lines go to `tx`.
+pub(crate) fn spawn_node(
+    config: &Path,
+    id: &str,
+    serve: bool,
+    tx: &mpsc::Sender<Note>,
+) -> Result<Child, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    {
+        let n = id;
         let mut child = Command::new(&exe)
-            .args(["node", "--supervised", "--id", &n.id, "--config"])
-            .arg(&tmp.0)
+            .args(["node", "--supervised", "--id", n, "--config"])
+            .arg(config)
+            .args(serve.then_some("--serve"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", n.id))?;
+            .map_err(|e| format!("cannot start {n}: {e}"))?;
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
-        let id = n.id.clone();
+        let id = n.to_string();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -207,9 +233,8 @@ fn spawn_processes(
                 }
             }
         });
-        children.push((n.id.clone(), child));
+        Ok(child)
     }
-    Ok((children, tmp))
 }
 
 fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) {
@@ -299,7 +324,12 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         spawn_threads(cfg, &tx);
         (Vec::new(), None)
     } else {
-        let (c, t) = spawn_processes(cfg, &tx)?;
+        let (c, t, resolved) = spawn_processes(cfg, &tx, false)?;
+        if !quiet {
+            if let Some(evm) = resolved.nodes().first() {
+                eprintln!("evb: run page and control API: http://{}/", evm.control);
+            }
+        }
         (c, Some(t))
     };
     drop(tx);

@@ -80,9 +80,13 @@ struct NodeArgs {
     /// The node's id in the configuration (e.g. evm, ru0, bu1).
     #[arg(long)]
     id: String,
-    /// Started by `evb run`: status lines as JSON on stdout, and exit when stdin closes.
+    /// Started by `evb run` / `evb up`: status lines as JSON on stdout, and exit when stdin closes.
     #[arg(long)]
     supervised: bool,
+    /// Stay up after a run and run the runs the EVM's controller starts (`evb ctl start`),
+    /// until halted; without it the node runs one run and exits.
+    #[arg(long)]
+    serve: bool,
 }
 
 #[derive(Subcommand)]
@@ -192,26 +196,39 @@ fn main() -> ExitCode {
             }
             if a.supervised {
                 launch::exit_when_stdin_closes();
+            } else if a.serve {
+                launch::exit_on_interrupt();
             } else {
                 launch::stop_on_interrupt(&cfg, &a.id);
             }
-            let status: evb_node::StatusOut = if a.supervised {
-                Box::new(|v| {
+            let lines: evb_control::Lines = if a.supervised {
+                std::sync::Arc::new(|v| {
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "{v}");
                     let _ = out.flush();
                 })
             } else {
-                Box::new(|v| {
+                std::sync::Arc::new(|v| {
                     if v["kind"] == "report" {
                         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
                     }
                 })
             };
-            match evb_node::run_node(&cfg, &a.id, status, Duration::from_millis(250)) {
-                Ok(o) if o.ok => ExitCode::SUCCESS,
-                Ok(_) => ExitCode::FAILURE,
+            let mode = if a.serve {
+                evb_control::Mode::Serve
+            } else {
+                evb_control::Mode::Once
+            };
+            match evb_control::run_process(&cfg, &a.id, mode, lines, Duration::from_millis(250)) {
+                Ok(end) => match end.outcome {
+                    Some(Err(e)) if mode == evb_control::Mode::Once => {
+                        eprintln!("evb node {}: {e}", a.id);
+                        ExitCode::FAILURE
+                    }
+                    _ if end.ok => ExitCode::SUCCESS,
+                    _ => ExitCode::FAILURE,
+                },
                 Err(e) => {
                     eprintln!("evb node {}: {e}", a.id);
                     ExitCode::FAILURE

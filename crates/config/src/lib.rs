@@ -1001,7 +1001,11 @@ impl Config {
             Role::Bu => 1 + self.n_ru() + n.index as u64,
         };
         let c = &self.control;
-        let port = if c.base_port == 0 { 0 } else { c.base_port as u64 + k };
+        let port = if c.base_port == 0 {
+            0
+        } else {
+            c.base_port as u64 + k
+        };
         format!("{}:{port}", c.host)
     }
 

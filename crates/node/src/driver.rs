@@ -11,6 +11,7 @@ use evb_wire::{Channel, Hello, Message};
 use serde_json::{json, Value};
 use tracing::{debug, error, info, warn};
 
+use crate::control::{RunControl, PUBLISH_EVERY};
 use crate::setup::{self, Logic};
 use crate::NodeError;
 
@@ -72,6 +73,11 @@ pub struct Driver {
     suspended: Option<(Instant, Duration)>,
     /// Faulting in the pools' pages; the node is ready once this is done.
     populating: Option<std::thread::JoinHandle<()>>,
+    /// Commands from the control plane in, status snapshots out.
+    control: RunControl,
+    next_publish: Instant,
+    /// The node's pools, by what they hold, for its status.
+    pools: Vec<(&'static str, evb_buffers::Pool)>,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -92,6 +98,7 @@ impl Driver {
         ) -> Result<Box<dyn Transport>, NodeError>,
         status: StatusOut,
         status_every: Duration,
+        control: RunControl,
     ) -> Result<Driver, NodeError> {
         let nodes = cfg.nodes();
         let me = nodes
@@ -103,9 +110,11 @@ impl Driver {
         let (rx_pool, ru_pool) = setup::pools(cfg, &me).map_err(NodeError::Setup)?;
         // Back every pool page before the node says Ready, off the event loop (which keeps
         // connecting and sending heartbeats meanwhile), so that no page fault stalls the run.
-        let pools: Vec<evb_buffers::Pool> = std::iter::once(rx_pool.clone())
-            .chain(ru_pool.clone())
-            .collect();
+        let named: Vec<(&'static str, evb_buffers::Pool)> =
+            std::iter::once(("receive", rx_pool.clone()))
+                .chain(ru_pool.clone().map(|p| ("fragments", p)))
+                .collect();
+        let pools: Vec<evb_buffers::Pool> = named.iter().map(|(_, p)| p.clone()).collect();
         let node_id = id.to_string();
         let populating = std::thread::Builder::new()
             .name(format!("{id}-populate"))
@@ -194,6 +203,9 @@ impl Driver {
             next_liveness_check: now,
             suspended: None,
             populating,
+            control,
+            next_publish: now,
+            pools: named,
         })
     }
 
@@ -565,6 +577,22 @@ impl Driver {
                 "bytes_copied": t.bytes_copied,
                 "bytes_by_reference": t.bytes_by_reference,
             },
+            "run_id": self.cfg.run.id,
+            "pools": self.pools.iter().map(|(what, p)| {
+                let st = p.stats();
+                json!({
+                    "pool": what,
+                    "blocks": st.blocks,
+                    "block_size": st.block_size,
+                    "in_use": st.blocks - st.free,
+                    "high_water": st.high_water,
+                    "exhausted": st.exhausted,
+                })
+            }).collect::<Vec<Value>>(),
+            "peers": self.conns.iter().map(|(p, c)| json!({
+                "peer": p.to_string(),
+                "queued_bytes": self.messenger.queued_bytes(*c),
+            })).collect::<Vec<Value>>(),
         })
     }
 
@@ -599,10 +627,21 @@ impl Driver {
                     ),
                 ));
             }
+            if let Some(why) = self.control.take_abort() {
+                match &mut self.logic {
+                    Logic::Evm(e) => e.abort(why),
+                    _ => {
+                        if self.exit.is_none() {
+                            self.exit = Some((false, why));
+                        }
+                    }
+                }
+            }
             if let Logic::Evm(e) = &mut self.logic {
-                if crate::stop_requested() {
+                if crate::stop_requested() || self.control.stop_requested() {
                     e.request_stop(now);
                 }
+                e.set_paused(now, self.control.paused());
             }
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),
@@ -614,10 +653,16 @@ impl Driver {
             self.drain_sink(now);
             self.run_actions();
             self.messenger.flush_due(now);
-            if now >= self.next_status {
+            if now >= self.next_status || now >= self.next_publish {
                 let line = self.status_line("status", now);
-                (self.status)(line);
-                self.next_status = now + self.status_every;
+                if now >= self.next_publish {
+                    self.control.publish(line.clone());
+                    self.next_publish = now + PUBLISH_EVERY;
+                }
+                if now >= self.next_status {
+                    (self.status)(line);
+                    self.next_status = now + self.status_every;
+                }
             }
             if self.exit.is_some() {
                 break;
@@ -712,6 +757,7 @@ impl Driver {
         } else {
             error!(node = %self.me.id, "{reason}");
         }
+        self.control.publish(report.clone());
         (self.status)(report.clone());
         Ok(NodeOutcome { ok, reason, report })
     }

@@ -8,11 +8,13 @@
 //! halts them.
 
 pub mod affinity;
+pub mod control;
 mod driver;
 mod file_sink;
 mod playback;
 pub mod setup;
 
+pub use control::RunControl;
 pub use driver::{Driver, NodeOutcome, StatusOut};
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +84,17 @@ pub fn run_node(
     status: StatusOut,
     status_every: Duration,
 ) -> Result<NodeOutcome, NodeError> {
+    run_node_controlled(cfg, id, status, status_every, RunControl::new())
+}
+
+/// [`run_node`], commanded and watched through `control`.
+pub fn run_node_controlled(
+    cfg: &Config,
+    id: &str,
+    status: StatusOut,
+    status_every: Duration,
+    control: RunControl,
+) -> Result<NodeOutcome, NodeError> {
     if let Some(cpus) = cfg.affinity.get(id) {
         affinity::pin_current_thread(cpus).map_err(|e| {
             NodeError::Setup(format!("affinity.{id}: cannot run on CPUs {cpus:?}: {e}"))
@@ -118,6 +131,7 @@ pub fn run_node(
         },
         status,
         status_every,
+        control,
     )?;
     driver.run()
 }

@@ -1,0 +1,98 @@
+//! A small blocking HTTP/JSON client for the control API (the EVM calling its nodes,
+//! `evb ctl` calling the EVM).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Where an API is and how to prove the right to use it.
+#[derive(Debug, Clone)]
+pub struct Api {
+    /// `http://host:port`
+    pub base: String,
+    /// Bearer token (derived from the run's secret), sent when set.
+    pub token: Option<String>,
+    pub timeout: Duration,
+}
+
+/// A reply: the HTTP status and its JSON body (or the text, as a JSON string).
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn ok(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The error message of a refused request.
+    pub fn error(&self) -> String {
+        self.body["error"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| self.body.to_string())
+    }
+}
+
+impl Api {
+    pub fn new(base: &str, token: Option<String>) -> Api {
+        let base = if base.starts_with("http://") || base.starts_with("https://") {
+            base.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}", base.trim_end_matches('/'))
+        };
+        Api {
+            base,
+            token,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn with_timeout(mut self, t: Duration) -> Api {
+        self.timeout = t;
+        self
+    }
+
+    fn agent(&self) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .timeout_global(Some(self.timeout))
+            // a 4xx carries a JSON body that says why: read it rather than fail
+            .http_status_as_error(false)
+            .build()
+            .into()
+    }
+
+    /// GET `path`; an error when the API cannot be reached.
+    pub fn get(&self, path: &str) -> Result<Reply, String> {
+        let mut req = self.agent().get(format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        read(req.call(), &self.base)
+    }
+
+    /// POST a JSON body to `path`.
+    pub fn post(&self, path: &str, body: &Value) -> Result<Reply, String> {
+        let mut req = self.agent().post(format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        read(req.send_json(body), &self.base)
+    }
+}
+
+fn read(
+    r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    base: &str,
+) -> Result<Reply, String> {
+    let mut resp = r.map_err(|e| format!("{base}: {e}"))?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("{base}: {e}"))?;
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok(Reply { status, body })
+}

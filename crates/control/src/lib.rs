@@ -1,0 +1,17 @@
+//! Run control and observability: long-lived nodes that run numbered runs on command, the
+//! run state machine, the HTTP/JSON control API, Prometheus `/metrics` and the run page.
+//!
+//! Layering: this crate drives `evb-node` (a run of one node) through its narrow
+//! [`evb_node::RunControl`] handle, and is driven by the command line (`evb up`, `evb ctl`,
+//! `evb run`, `evb node`).
+
+mod api;
+pub mod client;
+mod controller;
+pub mod fsm;
+pub mod metrics;
+mod page;
+mod service;
+
+pub use controller::Controller;
+pub use service::{numbered_run_id, run_process, Ended, Lines, Mode, Node};

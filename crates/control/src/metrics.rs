@@ -1,0 +1,477 @@
+//! `/metrics`: a node's status snapshot in the Prometheus text format, made with the
+//! prometheus-client crate at scrape time. The node's event loop keeps its own counters and
+//! publishes a snapshot a few times a second; nothing here touches the data path.
+//!
+//! Every series carries `node` and `role` labels. Names follow the Prometheus conventions:
+//! counters end in `_total`, sizes are in bytes and times in seconds.
+
+use evb_builder::{LatencyHistogram, LATENCY_BOUNDS_US};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use serde_json::Value;
+
+use crate::fsm::State;
+
+/// What a scrape shows besides the node's own snapshot.
+#[derive(Debug, Clone)]
+pub struct Scrape {
+    pub node: String,
+    pub role: String,
+    /// The run number this node is in (or was last in), and the run state (the EVM's
+    /// controller state at the EVM; the node's own phase elsewhere).
+    pub run: u64,
+    pub state: State,
+    pub snapshot: Option<Value>,
+    /// Runs this process has taken part in.
+    pub runs_total: u64,
+}
+
+#[derive(Debug)]
+struct SnapshotCollector(Scrape);
+
+type Labels = Vec<(String, String)>;
+
+fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .or_else(|| v.as_f64().map(|f| f.max(0.0) as u64))
+        .unwrap_or(0)
+}
+
+impl SnapshotCollector {
+    fn labels(&self, extra: &[(&str, &str)]) -> Labels {
+        let mut l = vec![
+            ("node".to_string(), self.0.node.clone()),
+            ("role".to_string(), self.0.role.clone()),
+        ];
+        l.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        l
+    }
+}
+
+/// Writes one metric family with one or more labelled samples.
+fn family(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    samples: &[(Labels, u64)],
+    counter: bool,
+) -> Result<(), std::fmt::Error> {
+    if samples.is_empty() {
+        return Ok(());
+    }
+    let kind = if counter {
+        MetricType::Counter
+    } else {
+        MetricType::Gauge
+    };
+    let mut m = enc.encode_descriptor(name, help, unit.as_ref(), kind)?;
+    for (labels, v) in samples {
+        let f = m.encode_family(labels)?;
+        if counter {
+            ConstCounter::new(*v).encode(f)?;
+        } else {
+            ConstGauge::new(*v as i64).encode(f)?;
+        }
+    }
+    Ok(())
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let one = |v: u64| vec![(self.labels(&[]), v)];
+        family(
+            &mut enc,
+            "evb_run_number",
+            "Number of the run this node is in or was last in",
+            None,
+            &one(s.run),
+            false,
+        )?;
+        let states: Vec<(Labels, u64)> = [
+            State::Ready,
+            State::Starting,
+            State::Running,
+            State::Paused,
+            State::Stopping,
+            State::Failed,
+            State::Halted,
+        ]
+        .into_iter()
+        .map(|st| (self.labels(&[("state", st.name())]), (st == s.state) as u64))
+        .collect();
+        family(
+            &mut enc,
+            "evb_run_state",
+            "Run state (1 for the current state)",
+            None,
+            &states,
+            false,
+        )?;
+        family(
+            &mut enc,
+            "evb_runs",
+            "Runs this process has taken part in",
+            None,
+            &one(s.runs_total),
+            true,
+        )?;
+        let Some(snap) = &s.snapshot else {
+            return Ok(());
+        };
+        let st = &snap["stats"];
+        let counter = |enc: &mut DescriptorEncoder, name, help, unit, v: &Value| {
+            family(enc, name, help, unit, &one(u(v)), true)
+        };
+        let gauge = |enc: &mut DescriptorEncoder, name, help, unit, v: &Value| {
+            family(enc, name, help, unit, &one(u(v)), false)
+        };
+        match s.role.as_str() {
+            "evm" => {
+                counter(
+                    &mut enc,
+                    "evb_events_triggered",
+                    "Events triggered and assigned to a BU",
+                    None,
+                    &st["triggered"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_events_released",
+                    "Events released by the BUs and accepted by the EVM's ledger",
+                    None,
+                    &st["released"],
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_events_in_flight",
+                    "Events assigned and not yet released",
+                    None,
+                    &st["in_flight"],
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_credits_available",
+                    "Credits granted by the BUs and not yet used",
+                    None,
+                    &st["credits_available"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_events_reassigned",
+                    "Events taken from a lost BU and assigned again",
+                    None,
+                    &st["reassigned"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_nodes_lost",
+                    "Nodes lost during the run",
+                    None,
+                    &Value::from(st["lost"].as_array().map_or(0, |a| a.len())),
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_nodes_down",
+                    "Nodes lost and not back",
+                    None,
+                    &Value::from(st["down"].as_array().map_or(0, |a| a.len())),
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_paused",
+                    "1 while triggering is paused",
+                    None,
+                    &Value::from(st["paused"].as_bool().unwrap_or(false) as u64),
+                )?;
+            }
+            "ru" => {
+                counter(
+                    &mut enc,
+                    "evb_fragments_sent",
+                    "Fragments sent to the BUs",
+                    None,
+                    &st["fragments_sent"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_fragment_payload_sent",
+                    "Fragment payload bytes sent to the BUs",
+                    Some(Unit::Bytes),
+                    &st["payload_bytes_sent"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_events_released",
+                    "Events whose fragments this RU freed",
+                    None,
+                    &st["events_released"],
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_fragments_retained",
+                    "Fragments held until their event is released",
+                    None,
+                    &st["retained"],
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_events_pending",
+                    "Assignments waiting for their fragment to be made",
+                    None,
+                    &st["pending_events"],
+                )?;
+            }
+            "bu" => {
+                counter(
+                    &mut enc,
+                    "evb_events_built",
+                    "Events built, handed to the sink and accepted by the EVM",
+                    None,
+                    &st["events_built"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_event_payload_built",
+                    "Payload bytes of the events built",
+                    Some(Unit::Bytes),
+                    &st["payload_bytes_built"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_fragments_received",
+                    "Fragments received from the RUs",
+                    None,
+                    &st["fragments_received"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_events_partial",
+                    "Events built with a source flagged missing",
+                    None,
+                    &st["partial_events"],
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_sink_queued_events",
+                    "Built events waiting for the sink",
+                    None,
+                    &snap["sink"]["queued"],
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_sink_stalls",
+                    "Times the sink was busy and held events (and their credits)",
+                    None,
+                    &snap["sink"]["stalls"],
+                )?;
+                let h: LatencyHistogram =
+                    serde_json::from_value(st["latency"].clone()).unwrap_or_default();
+                let mut m = enc.encode_descriptor(
+                    "evb_event_build_latency",
+                    "Time from an event's assignment (or first fragment) to its completion at the BU",
+                    Some(&Unit::Seconds),
+                    MetricType::Histogram,
+                )?;
+                // per-bucket counts: the encoder makes them cumulative
+                let buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_US
+                    .iter()
+                    .map(|&b| b as f64 / 1e6)
+                    .chain(std::iter::once(f64::MAX)) // written as +Inf
+                    .zip(h.counts.iter().copied())
+                    .collect();
+                let labels = self.labels(&[]);
+                m.encode_family(&labels)?.encode_histogram::<Labels>(
+                    h.sum_us as f64 / 1e6,
+                    h.count,
+                    &buckets,
+                    None,
+                )?;
+            }
+            _ => {}
+        }
+        // errors by kind, from whichever counters this role keeps
+        let kinds: &[(&str, &str)] = &[
+            ("crc_errors", "crc"),
+            ("content_errors", "content"),
+            ("trigger_mismatches", "trigger_mismatch"),
+            ("duplicate_fragments", "duplicate_fragment"),
+            ("source_mismatches", "source_mismatch"),
+            ("misrouted", "misrouted"),
+            ("releases_refused", "release_refused"),
+            ("duplicate_releases", "duplicate_release"),
+            ("unknown_releases", "unknown_release"),
+            ("misrouted_releases", "misrouted_release"),
+            ("dropped_at_source", "dropped_at_source"),
+            ("errors", "protocol"),
+        ];
+        let mut errors: Vec<(Labels, u64)> = kinds
+            .iter()
+            .filter(|(field, _)| !st[*field].is_null())
+            .map(|(field, kind)| (self.labels(&[("kind", kind)]), u(&st[*field])))
+            .collect();
+        errors.push((
+            self.labels(&[("kind", "wire")]),
+            u(&snap["net"]["protocol_errors"]),
+        ));
+        family(
+            &mut enc,
+            "evb_errors",
+            "Errors by kind",
+            None,
+            &errors,
+            true,
+        )?;
+        let net = &snap["net"];
+        counter(
+            &mut enc,
+            "evb_network_sent",
+            "Payload bytes sent to peers",
+            Some(Unit::Bytes),
+            &net["bytes_sent"],
+        )?;
+        counter(
+            &mut enc,
+            "evb_network_received",
+            "Payload bytes received from peers",
+            Some(Unit::Bytes),
+            &net["bytes_received"],
+        )?;
+        counter(
+            &mut enc,
+            "evb_messages_sent",
+            "Messages sent to peers",
+            None,
+            &net["messages_sent"],
+        )?;
+        let pools = snap["pools"].as_array().cloned().unwrap_or_default();
+        let per_pool = |field: &str| -> Vec<(Labels, u64)> {
+            pools
+                .iter()
+                .map(|p| {
+                    let name = p["pool"].as_str().unwrap_or("?");
+                    (self.labels(&[("pool", name)]), u(&p[field]))
+                })
+                .collect()
+        };
+        family(
+            &mut enc,
+            "evb_pool_blocks",
+            "Blocks in the pool",
+            None,
+            &per_pool("blocks"),
+            false,
+        )?;
+        family(
+            &mut enc,
+            "evb_pool_blocks_in_use",
+            "Blocks on loan",
+            None,
+            &per_pool("in_use"),
+            false,
+        )?;
+        family(
+            &mut enc,
+            "evb_pool_exhausted",
+            "Allocations that found the pool empty and waited (back-pressure)",
+            None,
+            &per_pool("exhausted"),
+            true,
+        )?;
+        let peers: Vec<(Labels, u64)> = snap["peers"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|p| {
+                        let peer = p["peer"].as_str().unwrap_or("?");
+                        (self.labels(&[("peer", peer)]), u(&p["queued_bytes"]))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        family(
+            &mut enc,
+            "evb_peer_send_queue",
+            "Bytes queued to send to each peer",
+            Some(Unit::Bytes),
+            &peers,
+            false,
+        )?;
+        Ok(())
+    }
+}
+
+/// The Prometheus text exposition of one node.
+pub fn exposition(scrape: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector(scrape)));
+    let mut out = String::new();
+    // writing to a String cannot fail
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn bu_scrape() -> Scrape {
+        let mut h = LatencyHistogram::default();
+        h.record(std::time::Duration::from_micros(30));
+        h.record(std::time::Duration::from_millis(3));
+        Scrape {
+            node: "bu0".into(),
+            role: "bu".into(),
+            run: 7,
+            state: State::Running,
+            runs_total: 3,
+            snapshot: Some(json!({
+                "stats": {"events_built": 42, "payload_bytes_built": 4200, "crc_errors": 1,
+                          "errors": 0, "latency": h},
+                "sink": {"queued": 2, "stalls": 0},
+                "net": {"bytes_sent": 1, "bytes_received": 2, "messages_sent": 3, "protocol_errors": 0},
+                "pools": [{"pool": "receive", "blocks": 64, "in_use": 5, "exhausted": 0}],
+                "peers": [{"peer": "ru0", "queued_bytes": 0}],
+            })),
+        }
+    }
+
+    #[test]
+    fn a_bu_exposes_counters_gauges_and_its_latency_histogram() {
+        let text = exposition(bu_scrape());
+        for line in [
+            "evb_run_number{node=\"bu0\",role=\"bu\"} 7",
+            "evb_run_state{node=\"bu0\",role=\"bu\",state=\"running\"} 1",
+            "evb_run_state{node=\"bu0\",role=\"bu\",state=\"ready\"} 0",
+            "evb_events_built_total{node=\"bu0\",role=\"bu\"} 42",
+            "evb_event_payload_built_bytes_total{node=\"bu0\",role=\"bu\"} 4200",
+            "evb_errors_total{node=\"bu0\",role=\"bu\",kind=\"crc\"} 1",
+            "evb_pool_blocks_in_use{node=\"bu0\",role=\"bu\",pool=\"receive\"} 5",
+            "evb_peer_send_queue_bytes{node=\"bu0\",role=\"bu\",peer=\"ru0\"} 0",
+            "evb_event_build_latency_seconds_bucket{le=\"0.00005\",node=\"bu0\",role=\"bu\"} 1",
+            "evb_event_build_latency_seconds_bucket{le=\"0.0025\",node=\"bu0\",role=\"bu\"} 1",
+            "evb_event_build_latency_seconds_bucket{le=\"0.005\",node=\"bu0\",role=\"bu\"} 2",
+            "evb_event_build_latency_seconds_bucket{le=\"+Inf\",node=\"bu0\",role=\"bu\"} 2",
+            "evb_event_build_latency_seconds_count{node=\"bu0\",role=\"bu\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_node_without_a_snapshot_still_says_its_state() {
+        let mut s = bu_scrape();
+        s.snapshot = None;
+        s.state = State::Ready;
+        let text = exposition(s);
+        assert!(text.contains("evb_run_state{node=\"bu0\",role=\"bu\",state=\"ready\"} 1"));
+        assert!(!text.contains("evb_events_built_total"));
+    }
+}

@@ -1,0 +1,299 @@
+//! A node process with its control API: it runs one run and exits (`evb run`, a plain
+//! `evb node`), or stays up and runs the runs it is told to (`evb up`, `evb node --serve`).
+//!
+//! Every node serves its own status and `/metrics`. The EVM also runs the run controller
+//! ([`crate::controller`]): it takes the operator's commands and tells the other nodes, over
+//! their APIs, to start each run; the run itself then goes exactly as in `evb run` (the
+//! nodes connect, the EVM starts the run when all are ready, drains, collects the reports).
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use evb_config::{Config, NodeSpec, Role};
+use evb_node::{NodeError, NodeOutcome, RunControl};
+use serde_json::{json, Value};
+use tracing::{error, info, warn};
+
+use crate::controller::Controller;
+use crate::fsm::State;
+
+/// Where status lines go besides the API (stdout under a launcher).
+pub type Lines = Arc<dyn Fn(Value) + Send + Sync>;
+
+/// How a node process lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One run, started at once, then exit.
+    Once,
+    /// Stay up; run the runs the EVM's controller starts, until halted.
+    Serve,
+}
+
+/// A command to the node's main loop.
+pub(crate) enum Cmd {
+    Start { run: u64, cfg: Box<Config> },
+    Halt,
+}
+
+/// A node's own phase (the EVM's run state is the controller's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Idle,
+    Running,
+    Halted,
+}
+
+pub(crate) struct NodeState {
+    pub cfg: Config,
+    pub phase: Phase,
+    /// The run this node is in, or was last in (0: none yet).
+    pub run: u64,
+    pub runs_total: u64,
+    /// How this node's last run ended.
+    pub last: Option<Value>,
+}
+
+/// What the API handlers and the main loop share.
+pub struct Node {
+    pub(crate) spec: NodeSpec,
+    pub(crate) mode: Mode,
+    pub(crate) control: RunControl,
+    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) state: Mutex<NodeState>,
+    pub(crate) cmds: mpsc::Sender<Cmd>,
+    /// The EVM's run controller; `None` at other nodes.
+    pub(crate) controller: Option<Controller>,
+    pub(crate) lines: Lines,
+    pub(crate) status_every: Duration,
+}
+
+impl Node {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn id(&self) -> &str {
+        &self.spec.id
+    }
+
+    pub fn role(&self) -> Role {
+        self.spec.role
+    }
+
+    pub(crate) fn role_name(&self) -> &'static str {
+        match self.spec.role {
+            Role::Evm => "evm",
+            Role::Ru => "ru",
+            Role::Bu => "bu",
+        }
+    }
+
+    /// The bearer token this node presents to its peers' APIs.
+    pub(crate) fn token(&self) -> Option<String> {
+        self.secret
+            .as_ref()
+            .map(|s| evb_transport::control_token(s))
+    }
+
+    /// The run state as `/metrics` and the node status show it.
+    pub(crate) fn run_state(&self) -> State {
+        if let Some(c) = &self.controller {
+            return c.state();
+        }
+        match self.lock().phase {
+            Phase::Idle => State::Ready,
+            Phase::Running => State::Running,
+            Phase::Halted => State::Halted,
+        }
+    }
+
+    /// This node's own status (`GET /api/v1/node`).
+    pub(crate) fn status(&self) -> Value {
+        let st = self.lock();
+        json!({
+            "node": self.spec.id,
+            "role": self.role_name(),
+            "phase": match st.phase {
+                Phase::Idle => "idle",
+                Phase::Running => "running",
+                Phase::Halted => "halted",
+            },
+            "mode": match self.mode { Mode::Once => "once", Mode::Serve => "serve" },
+            "run": st.run,
+            "runs_total": st.runs_total,
+            "last": st.last,
+            "snapshot": self.control.snapshot(),
+        })
+    }
+
+    /// Takes a run's configuration from the EVM: it must describe the same system as this
+    /// node's own (nodes, addresses, transport); this node's secret is used, never one
+    /// sent over the network.
+    pub(crate) fn accept_run_config(&self, text: &str) -> Result<Config, String> {
+        let mut cfg = Config::from_toml(text).map_err(|e| format!("run configuration: {e}"))?;
+        let st = self.lock();
+        cfg.run.secret = st.cfg.run.secret.clone();
+        let keys = st.cfg.restart_needed(&cfg);
+        if !keys.is_empty() {
+            return Err(format!(
+                "the run's configuration changes what this node was started with ({}): restart the nodes to change it",
+                keys.join(", ")
+            ));
+        }
+        cfg.validate()
+            .map_err(|e| format!("run configuration: {e}"))?;
+        Ok(cfg)
+    }
+
+    /// Runs one run of this node on this thread.
+    fn run_one(&self, run: u64, cfg: &Config) -> Result<NodeOutcome, NodeError> {
+        {
+            let mut st = self.lock();
+            st.phase = Phase::Running;
+            st.run = run;
+            st.runs_total += 1;
+        }
+        let lines = self.lines.clone();
+        let controller = self.controller.clone();
+        let status: evb_node::StatusOut = Box::new(move |mut v: Value| {
+            v["run_number"] = json!(run);
+            if let Some(c) = &controller {
+                c.on_status(&v);
+            }
+            lines(v);
+        });
+        let r = evb_node::run_node_controlled(
+            cfg,
+            &self.spec.id,
+            status,
+            self.status_every,
+            self.control.clone(),
+        );
+        let mut st = self.lock();
+        st.phase = Phase::Idle;
+        st.last = Some(match &r {
+            Ok(o) => json!({"run": run, "ok": o.ok, "reason": o.reason}),
+            Err(e) => json!({"run": run, "ok": false, "reason": e.to_string()}),
+        });
+        r
+    }
+}
+
+/// The run id of run `n`: the configured id with `#n`, so that a node left over from an
+/// earlier run is refused by this one's handshakes.
+pub fn numbered_run_id(id: &str, n: u64) -> String {
+    let tail = format!("#{n}");
+    // 64 bytes: the handshake's limit on names
+    let room = 64usize.saturating_sub(tail.len());
+    let mut head = id.to_string();
+    while head.len() > room {
+        head.pop();
+    }
+    format!("{head}{tail}")
+}
+
+/// How a node process ended.
+pub struct Ended {
+    pub ok: bool,
+    /// The last run's outcome (one-shot mode: the run's).
+    pub outcome: Option<Result<NodeOutcome, String>>,
+}
+
+/// Starts node `id` of `cfg`: its API on its control address, then its run(s).
+/// Returns when the one run is over (`Mode::Once`) or when halted (`Mode::Serve`).
+pub fn run_process(
+    cfg: &Config,
+    id: &str,
+    mode: Mode,
+    lines: Lines,
+    status_every: Duration,
+) -> Result<Ended, String> {
+    let spec = cfg
+        .nodes()
+        .into_iter()
+        .find(|n| n.id == id)
+        .ok_or_else(|| format!("no node {id:?} in the configuration"))?;
+    if mode == Mode::Serve && cfg.transport.kind == evb_config::TransportKind::Inproc {
+        return Err(
+            "transport.kind = \"inproc\" runs the nodes as threads of `evb run` only".into(),
+        );
+    }
+    let (tx, rx) = mpsc::channel();
+    let secret = cfg.secret().map(String::into_bytes);
+    let controller = (spec.role == Role::Evm).then(|| Controller::new(cfg, mode));
+    let node = Arc::new(Node {
+        spec: spec.clone(),
+        mode,
+        control: RunControl::new(),
+        secret,
+        state: Mutex::new(NodeState {
+            cfg: cfg.clone(),
+            phase: Phase::Idle,
+            run: 0,
+            runs_total: 0,
+            last: None,
+        }),
+        cmds: tx.clone(),
+        controller,
+        lines,
+        status_every,
+    });
+    let bound = crate::api::serve(node.clone(), &spec.control)?;
+    info!(node = %spec.id, "control API on http://{bound}");
+    if let Some(c) = &node.controller {
+        c.attach(&node, bound);
+    }
+    match mode {
+        Mode::Once => {
+            let run = 1;
+            if let Some(c) = &node.controller {
+                c.begin_once(run);
+            }
+            let r = node.run_one(run, cfg);
+            if let Some(c) = &node.controller {
+                c.finished(run, &r);
+            }
+            let ok = matches!(&r, Ok(o) if o.ok);
+            Ok(Ended {
+                ok,
+                outcome: Some(r.map_err(|e| e.to_string())),
+            })
+        }
+        Mode::Serve => {
+            let mut last = None;
+            for cmd in rx {
+                match cmd {
+                    Cmd::Start { run, cfg } => {
+                        let r = match &node.controller {
+                            Some(c) => c.run(&node, run, &cfg, |n, cfg| n.run_one(run, cfg)),
+                            None => node.run_one(run, &cfg),
+                        };
+                        match &r {
+                            Ok(o) if o.ok => info!(node = %spec.id, "run {run}: {}", o.reason),
+                            Ok(o) => warn!(node = %spec.id, "run {run}: {}", o.reason),
+                            Err(e) => error!(node = %spec.id, "run {run}: {e}"),
+                        }
+                        last = Some(r.map_err(|e| e.to_string()));
+                    }
+                    Cmd::Halt => break,
+                }
+            }
+            node.lock().phase = Phase::Halted;
+            info!(node = %spec.id, "halted");
+            // let the reply to the halt request go out
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(Ended {
+                ok: true,
+                outcome: last,
+            })
+        }
+    }
+}
+
+/// The address an API listens on (port 0: any free one).
+pub(crate) fn parse_listen(addr: &str) -> Result<SocketAddr, String> {
+    addr.parse()
+        .map_err(|_| format!("control address {addr:?} is not IP:port"))
+}

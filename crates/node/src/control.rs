@@ -1,0 +1,113 @@
+//! The narrow interface between a running node and whatever controls and watches it (the
+//! control API, `evb run`'s Ctrl-C): commands go in as flags the driver reads once per loop
+//! pass, and the driver publishes a snapshot of its status a few times a second. Neither
+//! side waits for the other, so watching a node costs its event loop nothing but the
+//! snapshot.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+/// How often a running driver publishes its status snapshot.
+pub const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+#[derive(Clone, Default)]
+pub struct RunControl(Arc<Inner>);
+
+#[derive(Default)]
+struct Inner {
+    stop: AtomicBool,
+    pause: AtomicBool,
+    abort: Mutex<Option<String>>,
+    aborting: AtomicBool,
+    snapshot: Mutex<Option<Value>>,
+}
+
+impl RunControl {
+    pub fn new() -> RunControl {
+        RunControl::default()
+    }
+
+    /// Ends the run cleanly (at the EVM: no new events, everything in flight built).
+    pub fn stop(&self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Pauses (or resumes) triggering, at the EVM.
+    pub fn set_paused(&self, paused: bool) {
+        self.0.pause.store(paused, Ordering::SeqCst);
+    }
+
+    /// Ends the run at once, failed, with this reason (the EVM tells every node).
+    pub fn abort(&self, why: impl Into<String>) {
+        *self.0.abort.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.into());
+        self.0.aborting.store(true, Ordering::SeqCst);
+    }
+
+    /// Clears the commands: the next run starts unpaused and unstopped.
+    pub fn reset(&self) {
+        self.0.stop.store(false, Ordering::SeqCst);
+        self.0.pause.store(false, Ordering::SeqCst);
+        self.0.aborting.store(false, Ordering::SeqCst);
+        *self.0.abort.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The latest status the node published (`None` before its first).
+    pub fn snapshot(&self) -> Option<Value> {
+        self.0
+            .snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Publishes a status (the driver, or the node's process between runs).
+    pub fn publish(&self, v: Value) {
+        *self.0.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.0.stop.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn paused(&self) -> bool {
+        self.0.pause.load(Ordering::Relaxed)
+    }
+
+    /// The abort reason, once (a cheap load on every pass when there is none).
+    pub(crate) fn take_abort(&self) -> Option<String> {
+        if !self.0.aborting.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.0.aborting.store(false, Ordering::SeqCst);
+        self.0
+            .abort
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_seen_and_reset() {
+        let c = RunControl::new();
+        assert!(!c.stop_requested() && !c.paused() && c.take_abort().is_none());
+        c.stop();
+        c.set_paused(true);
+        c.abort("operator");
+        let seen = c.clone();
+        assert!(seen.stop_requested() && seen.paused());
+        assert_eq!(seen.take_abort().as_deref(), Some("operator"));
+        assert_eq!(seen.take_abort(), None, "an abort is taken once");
+        c.reset();
+        assert!(!seen.stop_requested() && !seen.paused());
+        assert!(seen.snapshot().is_none());
+        c.publish(serde_json::json!({"state": "running"}));
+        assert_eq!(seen.snapshot().unwrap()["state"], "running");
+    }
+}
