@@ -1,8 +1,10 @@
 //! `evb`: run a local event builder, run one node of a deployment, check a configuration.
 
+mod ctl;
 mod inspect;
 mod launch;
 mod summary;
+mod up;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,7 +31,16 @@ enum Command {
     /// show progress, then print a summary and the verdict. Exits non-zero unless every
     /// triggered event was built exactly once, complete and intact.
     Run(RunArgs),
-    /// Run one node of the configuration (multi-host deployments; the launcher uses it too).
+    /// Start every node of the configuration on this host and keep them up for runs
+    /// controlled with `evb ctl` or the run page (whose URL it prints), until halted.
+    Up {
+        /// TOML configuration (default: the built-in 1 EVM, 2 RU, 2 BU system).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Control a running system: status, configure, start, pause, resume, stop, halt, reset.
+    Ctl(ctl::CtlArgs),
+    /// Run one node of the configuration (multi-host deployments; the launchers use it too).
     Node(NodeArgs),
     /// Show what data files hold (evb event files, evb framed files, CMS FED files) and
     /// check every checksum in them. Exits 1 if any file has a problem.
@@ -176,6 +187,34 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Up { config } => {
+            let cfg = match load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("evb: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
+                return refused;
+            }
+            match up::up(&cfg) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("evb up: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Ctl(a) => match ctl::run(&a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("evb ctl: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Node(a) => {
             let cfg = match Config::from_file(&a.config) {
                 Ok(c) => c,

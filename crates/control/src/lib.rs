@@ -14,4 +14,5 @@ mod page;
 mod service;
 
 pub use controller::Controller;
+pub use evb_transport::control_token;
 pub use service::{numbered_run_id, run_process, Ended, Lines, Mode, Node};

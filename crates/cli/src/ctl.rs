@@ -1,0 +1,340 @@
+//! `evb ctl`: the operator's commands to a running system, over the EVM's control API.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use evb_config::Config;
+use evb_control::client::{Api, Reply};
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub struct CtlArgs {
+    /// The EVM's control API (host:port or http://host:port). Default: EVB_URL, else the
+    /// EVM's `control` address in --config, else the URL `evb up` left for this run id.
+    #[arg(long, global = true)]
+    url: Option<String>,
+    /// The run's configuration: where the EVM is, and the secret for the bearer token
+    /// (EVB_SECRET also works).
+    #[arg(long, short, global = true)]
+    config: Option<PathBuf>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: CtlCmd,
+}
+
+#[derive(Subcommand)]
+enum CtlCmd {
+    /// The run state, run number and every node's state, events, rates, credits, errors.
+    Status,
+    /// Change run parameters (events, duration, rate, sizes, sink...) for the next run.
+    Configure {
+        /// A configuration file; keys that need a restart (nodes, transport) are refused.
+        file: PathBuf,
+    },
+    /// Start a run (the next number, or --run N).
+    Start {
+        #[arg(long)]
+        run: Option<u64>,
+    },
+    /// Stop triggering; events in flight are still built.
+    Pause,
+    Resume,
+    /// End the run: no new events, every event in flight built and released.
+    Stop,
+    /// Every node process exits.
+    Halt,
+    /// Abort the run (or clear a failure) and return to ready.
+    Reset,
+    /// Every run's record, or run N's with its full report.
+    Runs {
+        run: Option<u64>,
+    },
+    /// Wait until the run state is STATE (default: ready); with a run number, until that
+    /// run is over, then exit 0 only if its verdict is clean.
+    Wait {
+        #[arg(long, default_value = "ready")]
+        state: String,
+        #[arg(long)]
+        run: Option<u64>,
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
+}
+
+fn resolve(a: &CtlArgs) -> Result<Api, String> {
+    let cfg = match &a.config {
+        Some(p) => Some(Config::from_file(p).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let secret = cfg
+        .as_ref()
+        .and_then(|c| c.secret())
+        .or_else(|| std::env::var("EVB_SECRET").ok().filter(|s| !s.is_empty()));
+    let token = secret.map(|s| evb_control::control_token(s.as_bytes()));
+    let from_cfg = cfg.as_ref().and_then(|c| {
+        let evm = c.nodes().into_iter().next()?;
+        (!evm.control.ends_with(":0")).then_some(evm.control)
+    });
+    let run_id = cfg
+        .as_ref()
+        .map_or_else(|| Config::default().run.id, |c| c.run.id.clone());
+    let from_up = std::fs::read_to_string(crate::up::url_file(&run_id))
+        .ok()
+        .map(|s| s.trim().to_string());
+    let url = a
+        .url
+        .clone()
+        .or_else(|| std::env::var("EVB_URL").ok().filter(|s| !s.is_empty()))
+        .or(from_cfg)
+        .or(from_up)
+        .ok_or_else(|| {
+            format!(
+                "where is the EVM? give --url, set EVB_URL, or --config with the EVM's control address (no `evb up` of run id {run_id:?} found)"
+            )
+        })?;
+    Ok(Api::new(&url, token))
+}
+
+/// Runs the command; the exit code is 0 on success, 1 when refused or failed.
+pub fn run(a: &CtlArgs) -> Result<bool, String> {
+    let api = resolve(a)?;
+    let reply = match &a.cmd {
+        CtlCmd::Status => api.get("/api/v1/status")?,
+        CtlCmd::Configure { file } => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            api.post("/api/v1/configure", &json!({ "config": text }))?
+        }
+        CtlCmd::Start { run } => api.post("/api/v1/start", &json!({ "run": run }))?,
+        CtlCmd::Pause => api.post("/api/v1/pause", &json!({}))?,
+        CtlCmd::Resume => api.post("/api/v1/resume", &json!({}))?,
+        CtlCmd::Stop => api.post("/api/v1/stop", &json!({}))?,
+        CtlCmd::Halt => api.post("/api/v1/halt", &json!({}))?,
+        CtlCmd::Reset => api.post("/api/v1/reset", &json!({}))?,
+        CtlCmd::Runs { run: None } => api.get("/api/v1/runs")?,
+        CtlCmd::Runs { run: Some(n) } => api.get(&format!("/api/v1/runs/{n}"))?,
+        CtlCmd::Wait {
+            state,
+            run,
+            timeout,
+        } => return wait(&api, a.json, state, *run, *timeout),
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reply.body).unwrap_or_default()
+        );
+    } else if !reply.ok() {
+        eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+    } else {
+        match &a.cmd {
+            CtlCmd::Status => print_status(&reply.body),
+            CtlCmd::Runs { run: None } => print_runs(&reply.body),
+            CtlCmd::Runs { run: Some(_) } => print_run(&reply.body),
+            _ => println!(
+                "{}: state {}, run {}{}",
+                command_name(&a.cmd),
+                reply.body["state"].as_str().unwrap_or("?"),
+                reply.body["run"],
+                reply.body["changed"]
+                    .as_array()
+                    .map(|c| format!(
+                        ", changed: {}",
+                        if c.is_empty() {
+                            "nothing".into()
+                        } else {
+                            c.iter()
+                                .filter_map(|v| v.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    ))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+    let ok = reply.ok()
+        && match &a.cmd {
+            CtlCmd::Runs { run: Some(_) } => reply.body["ok"] != false,
+            _ => true,
+        };
+    Ok(ok)
+}
+
+fn command_name(c: &CtlCmd) -> &'static str {
+    match c {
+        CtlCmd::Configure { .. } => "configure",
+        CtlCmd::Start { .. } => "start",
+        CtlCmd::Pause => "pause",
+        CtlCmd::Resume => "resume",
+        CtlCmd::Stop => "stop",
+        CtlCmd::Halt => "halt",
+        CtlCmd::Reset => "reset",
+        _ => "",
+    }
+}
+
+fn wait(
+    api: &Api,
+    json_out: bool,
+    state: &str,
+    run: Option<u64>,
+    timeout: f64,
+) -> Result<bool, String> {
+    let until = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+    loop {
+        let s: Reply = api.get("/api/v1/status")?;
+        let now_state = s.body["state"].as_str().unwrap_or("");
+        let done = match run {
+            Some(n) => api
+                .get(&format!("/api/v1/runs/{n}"))
+                .ok()
+                .filter(|r| r.ok())
+                .filter(|r| {
+                    matches!(
+                        r.body["state"].as_str(),
+                        Some("complete" | "failed" | "aborted")
+                    )
+                })
+                .map(|r| r.body),
+            None => (now_state == state).then(|| s.body.clone()),
+        };
+        if let Some(body) = done {
+            if json_out {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&body).unwrap_or_default()
+                );
+            } else if run.is_some() {
+                print_run(&body);
+            } else {
+                println!("state {now_state}, run {}", s.body["run"]);
+            }
+            return Ok(run.is_none() || body["ok"] == true);
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "gave up after {timeout} s: state is {now_state}{}",
+                s.body["reason"]
+                    .as_str()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn num(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn print_status(s: &Value) {
+    let legal: Vec<&str> = s["legal"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    println!(
+        "run {}  state {}{}   (allowed: {})",
+        s["run"],
+        s["state"].as_str().unwrap_or("?"),
+        s["reason"]
+            .as_str()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default(),
+        legal.join(", ")
+    );
+    let t = &s["totals"];
+    println!(
+        "built {} events | {:.0} ev/s | {:.3} GB/s | in flight {} | credits free {}{}",
+        t["events_built"],
+        t["rate_hz"].as_f64().unwrap_or(0.0),
+        t["bytes_per_s"].as_f64().unwrap_or(0.0) / 1e9,
+        num(&s["evm"]["in_flight"]),
+        num(&s["evm"]["credits_available"]),
+        if s["evm"]["paused"] == true {
+            " | paused"
+        } else {
+            ""
+        }
+    );
+    if let Some(lost) = s["evm"]["lost"].as_array().filter(|l| !l.is_empty()) {
+        for l in lost {
+            println!("lost: {}", l.as_str().unwrap_or(""));
+        }
+    }
+    println!(
+        "{:<10} {:<4} {:<12} {:>12} {:>10} {:>8} {:>8} {:>7}  note",
+        "node", "role", "state", "events", "ev/s", "GB/s", "credits", "errors"
+    );
+    for n in s["nodes"].as_array().into_iter().flatten() {
+        let note = n["error"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| match &n["last"] {
+                l if l["ok"] == false => {
+                    format!("run {}: {}", l["run"], l["reason"].as_str().unwrap_or(""))
+                }
+                _ => String::new(),
+            });
+        println!(
+            "{:<10} {:<4} {:<12} {:>12} {:>10.0} {:>8.3} {:>8} {:>7}  {}",
+            n["node"].as_str().unwrap_or(""),
+            n["role"].as_str().unwrap_or(""),
+            n["state"].as_str().unwrap_or(""),
+            num(&n["events"]),
+            n["rate_hz"].as_f64().unwrap_or(0.0),
+            n["bytes_per_s"].as_f64().unwrap_or(0.0) / 1e9,
+            num(&n["credits"]),
+            num(&n["errors"]),
+            note
+        );
+    }
+}
+
+fn print_runs(v: &Value) {
+    println!(
+        "{:>5} {:<9} {:>12} {:>8}  reason",
+        "run", "state", "events", "wall s"
+    );
+    for r in v.as_array().into_iter().flatten() {
+        println!(
+            "{:>5} {:<9} {:>12} {:>8.1}  {}",
+            num(&r["run"]),
+            r["state"].as_str().unwrap_or(""),
+            num(&r["events_built"]),
+            r["wall_s"].as_f64().unwrap_or(0.0),
+            r["reason"].as_str().unwrap_or("")
+        );
+    }
+}
+
+fn print_run(r: &Value) {
+    println!(
+        "run {}: {} - {}",
+        num(&r["run"]),
+        r["state"].as_str().unwrap_or("?"),
+        r["reason"].as_str().unwrap_or("")
+    );
+    println!(
+        "triggered {}, built {} events, {} payload bytes, {} s",
+        num(&r["triggered"]),
+        num(&r["events_built"]),
+        num(&r["payload_bytes_built"]),
+        num(&r["seconds"])
+    );
+    for p in r["verdict"].as_array().into_iter().flatten() {
+        println!("problem: {}", p.as_str().unwrap_or(""));
+    }
+    for l in r["lost"].as_array().into_iter().flatten() {
+        println!("lost: {}", l.as_str().unwrap_or(""));
+    }
+}

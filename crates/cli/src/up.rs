@@ -1,0 +1,208 @@
+//! `evb up`: start every node of the configuration on this host and keep them up, idle,
+//! for runs started with `evb ctl` (or the run page). Nodes that die are started again;
+//! `evb ctl halt` (or Ctrl-C) takes everything down.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use evb_config::{Config, Role, TransportKind};
+use evb_control::client::Api;
+use serde_json::json;
+
+use crate::launch::{self, Note};
+
+/// Where `evb up` leaves the control URL of a configuration's run id, for `evb ctl`.
+pub fn url_file(run_id: &str) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+    let safe: String = run_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    std::env::temp_dir()
+        .join(format!("evb-up-{uid}"))
+        .join(format!("{safe}.url"))
+}
+
+fn kill_all(children: &mut [(String, Child)]) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Runs until halted. True when everything went down in order.
+pub fn up(cfg: &Config) -> Result<bool, String> {
+    if cfg.transport.kind == TransportKind::Inproc {
+        return Err(
+            "transport.kind = \"inproc\" runs inside `evb run` only: use tcp or shm with evb up"
+                .into(),
+        );
+    }
+    let (tx, rx) = mpsc::channel();
+    let (mut children, tmp, resolved) = launch::spawn_processes(cfg, &tx, true)?;
+    let nodes = resolved.nodes();
+    let evm = nodes[0].clone();
+    let url = format!("http://{}/", evm.control);
+    let token = resolved
+        .secret()
+        .map(|s| evb_control::control_token(s.as_bytes()));
+    let api = Api::new(&evm.control, token).with_timeout(Duration::from_secs(2));
+    let deadline = Instant::now() + Duration::from_secs_f64(resolved.run.connect_timeout_s + 5.0);
+    loop {
+        if api.get("/api/v1/status").is_ok_and(|r| r.ok()) {
+            break;
+        }
+        if Instant::now() > deadline
+            || children
+                .iter_mut()
+                .any(|(_, c)| matches!(c.try_wait(), Ok(Some(_))))
+        {
+            kill_all(&mut children);
+            return Err(format!("the EVM's control API did not come up at {url}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let file = url_file(&resolved.run.id);
+    if let Some(dir) = file.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(&file, &url);
+    println!(
+        "evb up: {} nodes ready ({} RUs, {} BUs over {:?})",
+        nodes.len(),
+        nodes.iter().filter(|n| n.role == Role::Ru).count(),
+        nodes.iter().filter(|n| n.role == Role::Bu).count(),
+        resolved.transport.kind
+    );
+    println!("evb up: run page and control API: {url}");
+    println!(
+        "evb up: evb ctl start | pause | resume | stop | status | halt   (Ctrl-C: stop and halt)"
+    );
+
+    let interrupts = Arc::new(AtomicUsize::new(0));
+    let seen = interrupts.clone();
+    launch::on_interrupt(move |k| seen.store(k, Ordering::SeqCst));
+    let mut halting: Option<Instant> = None;
+    let mut exited: Vec<String> = Vec::new();
+    let mut restart_at: Vec<(String, Instant)> = Vec::new();
+    let ok = loop {
+        match interrupts.load(Ordering::SeqCst) {
+            0 => {}
+            1 if halting.is_none() => {
+                eprintln!(
+                    "evb up: stopping any run, then halting (Ctrl-C again to kill everything)"
+                );
+                halting = Some(Instant::now());
+                let api = api.clone();
+                std::thread::spawn(move || {
+                    let _ = api.post("/api/v1/stop", &json!({}));
+                    let until = Instant::now() + Duration::from_secs(30);
+                    while Instant::now() < until {
+                        let state = api.get("/api/v1/status").map(|r| r.body["state"].clone());
+                        match state.as_ref().ok().and_then(|s| s.as_str()) {
+                            Some("ready" | "failed") | None => break,
+                            _ => std::thread::sleep(Duration::from_millis(100)),
+                        }
+                    }
+                    let _ = api.post("/api/v1/halt", &json!({}));
+                });
+            }
+            1 => {}
+            _ => {
+                kill_all(&mut children);
+                break false;
+            }
+        }
+        while let Ok(note) = rx.try_recv() {
+            if let Note::Line(id, v) = note {
+                if id == evm.id && v["kind"] == "report" {
+                    let ok = v["ok"] == true;
+                    println!(
+                        "evb up: run {} {}: {}",
+                        v["run_number"],
+                        if ok { "complete" } else { "FAILED" },
+                        v["reason"].as_str().unwrap_or("")
+                    );
+                }
+            }
+        }
+        for (id, child) in children.iter_mut() {
+            if exited.contains(id) {
+                continue;
+            }
+            let Ok(Some(status)) = child.try_wait() else {
+                continue;
+            };
+            exited.push(id.clone());
+            if *id == evm.id {
+                continue;
+            }
+            if status.success() {
+                continue; // halted
+            }
+            eprintln!("evb up: {id} exited ({status}); starting it again for the next run");
+            restart_at.push((id.clone(), Instant::now() + Duration::from_secs(1)));
+        }
+        if exited.contains(&evm.id) {
+            // the EVM is gone: halted (exit 0) or dead; the others follow or are stopped
+            let clean = children
+                .iter_mut()
+                .find(|(id, _)| *id == evm.id)
+                .and_then(|(_, c)| c.try_wait().ok().flatten())
+                .is_some_and(|s| s.success());
+            let grace = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < grace
+                && children
+                    .iter_mut()
+                    .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            kill_all(&mut children);
+            if !clean {
+                eprintln!("evb up: the EVM exited unexpectedly: everything is stopped");
+            }
+            break clean;
+        }
+        let now = Instant::now();
+        let due: Vec<String> = restart_at
+            .iter()
+            .filter(|(_, t)| *t <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        restart_at.retain(|(_, t)| *t > now);
+        if halting.is_none() {
+            for id in due {
+                match launch::spawn_node(&tmp.0, &id, true, &tx) {
+                    Ok(c) => {
+                        if let Some(slot) = children.iter_mut().find(|(i, _)| *i == id) {
+                            slot.1 = c;
+                        }
+                        exited.retain(|i| *i != id);
+                    }
+                    Err(e) => eprintln!("evb up: cannot start {id} again: {e}"),
+                }
+            }
+        }
+        if halting.is_some_and(|t| t.elapsed() > Duration::from_secs(40)) {
+            eprintln!("evb up: halting took too long: killing every node");
+            kill_all(&mut children);
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_file(&file);
+    drop(tmp);
+    println!("evb up: halted");
+    Ok(ok)
+}
