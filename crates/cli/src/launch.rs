@@ -170,11 +170,14 @@ impl Drop for TempFile {
     }
 }
 
+/// The node processes by id, the resolved configuration file they read, and its contents.
+pub(crate) type Spawned = (Vec<(String, Child)>, TempFile, Config);
+
 pub(crate) fn spawn_processes(
     cfg: &Config,
     tx: &mpsc::Sender<Note>,
     serve: bool,
-) -> Result<(Vec<(String, Child)>, TempFile, Config), String> {
+) -> Result<Spawned, String> {
     let cfg = resolve_ports(cfg)?;
     let path = std::env::temp_dir().join(format!(
         "evb-run-{}-{}.toml",

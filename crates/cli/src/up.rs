@@ -58,8 +58,27 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         .map(|s| evb_control::control_token(s.as_bytes()));
     let api = Api::new(&evm.control, token).with_timeout(Duration::from_secs(2));
     let deadline = Instant::now() + Duration::from_secs_f64(resolved.run.connect_timeout_s + 5.0);
+    let token = resolved
+        .secret()
+        .map(|s| evb_control::control_token(s.as_bytes()));
+    let apis: Vec<Api> = nodes
+        .iter()
+        .map(|n| Api::new(&n.control, token.clone()).with_timeout(Duration::from_secs(2)))
+        .collect();
     loop {
-        if api.get("/api/v1/status").is_ok_and(|r| r.ok()) {
+        // ready when every node answers on its API, and the EVM's table shows them all
+        let seen_by_evm = || {
+            api.get("/api/v1/status").is_ok_and(|r| {
+                r.body["nodes"]
+                    .as_array()
+                    .is_some_and(|ns| ns.iter().all(|n| n["state"] == "idle"))
+            })
+        };
+        if apis
+            .iter()
+            .all(|a| a.get("/api/v1/node").is_ok_and(|r| r.ok()))
+            && seen_by_evm()
+        {
             break;
         }
         if Instant::now() > deadline
@@ -68,7 +87,9 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                 .any(|(_, c)| matches!(c.try_wait(), Ok(Some(_))))
         {
             kill_all(&mut children);
-            return Err(format!("the EVM's control API did not come up at {url}"));
+            return Err(format!(
+                "the nodes' control APIs did not all come up (the EVM's: {url})"
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -37,14 +37,17 @@ fn error(status: u16, msg: impl Into<String>) -> Response {
 }
 
 /// A JSON object body (an empty body is `{}`), or a 400 that says what is wrong.
-fn parse_body(body: &Bytes) -> Result<Value, Response> {
+fn parse_body(body: &Bytes) -> Result<Value, Box<Response>> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(error(400, "the request body must be a JSON object")),
-        Err(e) => Err(error(400, format!("malformed JSON: {e}"))),
+        Ok(_) => Err(Box::new(error(
+            400,
+            "the request body must be a JSON object",
+        ))),
+        Err(e) => Err(Box::new(error(400, format!("malformed JSON: {e}")))),
     }
 }
 
@@ -108,6 +111,12 @@ fn router(node: Shared) -> Router {
         r = r.route("/api/v1/status", get(node_status));
     }
     r.fallback(|| async { error(404, "no such API path (see docs/control.md)") })
+        .method_not_allowed_fallback(|| async {
+            error(
+                405,
+                "wrong method for this path: commands are POST, status and records GET",
+            )
+        })
         .layer(middleware::from_fn_with_state(node.clone(), authorize))
         .with_state(node)
 }
@@ -179,7 +188,7 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
     }
     let v = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (Some(run), Some(text)) = (v["run"].as_u64(), v["config"].as_str()) else {
         return error(400, "start needs {\"run\": N, \"config\": \"<TOML text>\"}");
@@ -227,7 +236,7 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
 async fn node_abort(State(node): State<Shared>, body: Bytes) -> Response {
     let v = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let why = v["reason"]
         .as_str()
@@ -292,7 +301,7 @@ async fn command(State(node): State<Shared>, Path(name): Path<String>, body: Byt
     }
     let v = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     // the controller may call other nodes (halt): not on the runtime's only thread
     let c = c.clone();

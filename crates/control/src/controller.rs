@@ -25,7 +25,7 @@ const KEEP_RUNS: usize = 1000;
 
 /// How often the node table is refreshed, and how long a node may take to answer.
 const POLL_EVERY: Duration = Duration::from_secs(1);
-const POLL_TIMEOUT: Duration = Duration::from_millis(800);
+const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct Controller(Arc<Mutex<Ctl>>);
@@ -56,6 +56,8 @@ struct NodeView {
     last: Option<(Instant, u64, u64)>,
     rate_hz: f64,
     bytes_per_s: f64,
+    /// Polls in a row that failed: one slow answer on a loaded host is not a lost node.
+    failures: u32,
 }
 
 fn unix_now() -> f64 {
@@ -154,9 +156,9 @@ impl Controller {
             (State::Running, Some("stopping")) => c.state = State::Stopping,
             _ => {}
         }
-        let run = c.run;
+        let (run, state) = (c.run, c.state);
         if let Some(r) = c.runs.get_mut(&run) {
-            r["state"] = json!(v["state"]);
+            r["state"] = json!(state);
         }
     }
 
@@ -209,7 +211,13 @@ impl Controller {
                         ),
                     ));
                 }
-                let changed = changed_sections(&c.cfg, &new);
+                let mut changed = changed_sections(&c.cfg, &new);
+                // node lists as written differ from those resolved: name them only when a
+                // node's effective settings (credits, sink, files) change
+                changed.retain(|k| k != "ru" && k != "bu");
+                if c.cfg.nodes() != new.nodes() {
+                    changed.push("nodes (credits, sinks or files)".into());
+                }
                 info!(
                     "configured: {}",
                     if changed.is_empty() {
@@ -261,7 +269,14 @@ impl Controller {
             }
             Command::Pause => node.control.set_paused(true),
             Command::Resume => node.control.set_paused(false),
-            Command::Stop => node.control.stop(),
+            Command::Stop => {
+                // before the nodes are ready there is nothing to drain: the start is
+                // called off, and the system is ready again
+                if from == State::Starting {
+                    c.resetting = true;
+                }
+                node.control.stop()
+            }
             Command::Reset if from == State::Failed => c.reason = None,
             Command::Reset => {
                 c.resetting = true;
@@ -313,10 +328,17 @@ impl Controller {
                     let (body, token) = (&body, token.clone());
                     s.spawn(move || {
                         let api = Api::new(&n.control, token).with_timeout(Duration::from_secs(5));
-                        let r = match api.post("/api/v1/node/start", body) {
-                            Ok(r) if r.ok() => Ok(()),
-                            Ok(r) => Err(r.error()),
-                            Err(e) => Err(e),
+                        // a node started again by `evb up` may take a moment to listen
+                        let until = Instant::now() + Duration::from_secs(3);
+                        let r = loop {
+                            match api.post("/api/v1/node/start", body) {
+                                Ok(r) if r.ok() => break Ok(()),
+                                Ok(r) => break Err(r.error()),
+                                Err(e) if e.contains("refused") && Instant::now() < until => {
+                                    std::thread::sleep(Duration::from_millis(100))
+                                }
+                                Err(e) => break Err(e),
+                            }
                         };
                         (n.id.clone(), api.base.clone(), r)
                     })
@@ -335,7 +357,11 @@ impl Controller {
             .filter_map(|(id, base, r)| r.as_ref().err().map(|e| format!("{id} ({base}): {e}")))
             .collect();
         let r = if failed.is_empty() {
-            evm(node, cfg)
+            let r = evm(node, cfg);
+            // ready means every node is ready: wait for the others to finish their part
+            // (they send their last bytes and close after the EVM halts them)
+            await_idle(&others, &token, Duration::from_secs(10));
+            r
         } else {
             // the nodes that did start would wait for the EVM until their connect timeout
             for (id, _, r) in &results {
@@ -366,10 +392,8 @@ impl Controller {
         };
         let verdict: Vec<Value> = report["verdict"].as_array().cloned().unwrap_or_default();
         let bus = report["run"]["bus"].as_array().cloned().unwrap_or_default();
-        let built: u64 = bus
-            .iter()
-            .map(|b| b["events_built"].as_u64().unwrap_or(0))
-            .sum();
+        // the EVM's ledger: every event built exactly once, by live and lost BUs alike
+        let built = report["run"]["evm"]["released"].as_u64().unwrap_or(0);
         let bytes: u64 = bus
             .iter()
             .map(|b| b["payload_bytes_built"].as_u64().unwrap_or(0))
@@ -429,14 +453,20 @@ impl Controller {
                 Role::Bu => "bu",
             };
             let snap = &v.status["snapshot"];
-            let state = match (&v.error, snap["state"].as_str(), v.status["phase"].as_str()) {
-                (Some(_), _, _) => "unreachable".to_string(),
-                (None, Some(s), Some("running")) => s.to_string(),
-                (None, _, Some(p)) => p.to_string(),
-                _ => "unknown".to_string(),
+            let refused = v.error.as_ref().is_some_and(|e| e.contains("refused"));
+            let state = if v.error.is_some() && (v.failures >= 2 || refused || v.status.is_null()) {
+                "unreachable".to_string()
+            } else {
+                // the driver's state during a run, the node's phase between runs
+                match (snap["state"].as_str(), v.status["phase"].as_str()) {
+                    (Some(s), Some("running")) => s.to_string(),
+                    (_, Some(p)) => p.to_string(),
+                    _ => "unknown".to_string(),
+                }
             };
             let (events, bytes) = progress(role, snap);
-            if role == "bu" {
+            let current = v.status["run"] == json!(c.run) && v.status["phase"] == "running";
+            if role == "bu" && current {
                 total_rate += v.rate_hz;
                 total_bps += v.bytes_per_s;
                 built += events;
@@ -558,16 +588,42 @@ impl Controller {
                             v.last = Some((now, e, b));
                             v.status = status;
                             v.error = None;
+                            v.failures = 0;
                         }
                         Err(e) => {
                             v.error = Some(e);
+                            v.failures += 1;
                             v.rate_hz = 0.0;
                             v.bytes_per_s = 0.0;
                         }
                     }
                 }
             }
-            std::thread::sleep(POLL_EVERY.saturating_sub(t0.elapsed()));
+            // a node that did not answer (not up yet, or gone) is asked again sooner
+            let any_error = self.lock().nodes.values().any(|v| v.error.is_some());
+            let period = if any_error {
+                POLL_EVERY / 4
+            } else {
+                POLL_EVERY
+            };
+            std::thread::sleep(period.saturating_sub(t0.elapsed()));
+        }
+    }
+}
+
+/// Waits until no node of `nodes` says it is in a run (the unreachable ones do not count),
+/// or `limit` has passed.
+fn await_idle(nodes: &[NodeSpec], token: &Option<String>, limit: Duration) {
+    let until = Instant::now() + limit;
+    for n in nodes {
+        let api = Api::new(&n.control, token.clone()).with_timeout(POLL_TIMEOUT);
+        while Instant::now() < until {
+            match api.get("/api/v1/node") {
+                Ok(r) if r.ok() && r.body["phase"] == "running" => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => break,
+            }
         }
     }
 }

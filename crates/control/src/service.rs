@@ -115,6 +115,7 @@ impl Node {
         json!({
             "node": self.spec.id,
             "role": self.role_name(),
+            "pid": std::process::id(),
             "phase": match st.phase {
                 Phase::Idle => "idle",
                 Phase::Running => "running",

@@ -51,6 +51,8 @@ impl RunControl {
         self.0.pause.store(false, Ordering::SeqCst);
         self.0.aborting.store(false, Ordering::SeqCst);
         *self.0.abort.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // a new run's figures start from nothing, not from the last run's
+        *self.0.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// The latest status the node published (`None` before its first).
@@ -104,10 +106,10 @@ mod tests {
         assert!(seen.stop_requested() && seen.paused());
         assert_eq!(seen.take_abort().as_deref(), Some("operator"));
         assert_eq!(seen.take_abort(), None, "an abort is taken once");
+        c.publish(serde_json::json!({"state": "running"}));
+        assert_eq!(seen.snapshot().unwrap()["state"], "running");
         c.reset();
         assert!(!seen.stop_requested() && !seen.paused());
         assert!(seen.snapshot().is_none());
-        c.publish(serde_json::json!({"state": "running"}));
-        assert_eq!(seen.snapshot().unwrap()["state"], "running");
     }
 }

@@ -58,6 +58,26 @@ pub fn check(secret: &[u8], acceptor: bool, hello: &[u8], ack: &[u8], proof: &[u
     mac(secret, role, hello, ack).verify_slice(proof).is_ok()
 }
 
+/// The bearer token of the control API, derived from the run's secret (so that the secret
+/// itself never travels in an HTTP header): lowercase hex of HMAC-SHA256(secret,
+/// "evb-control-api-v1").
+pub fn control_token(secret: &[u8]) -> String {
+    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    m.update(b"evb-control-api-v1");
+    m.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Constant-time comparison of a presented control token with the expected one.
+pub fn control_token_matches(secret: &[u8], presented: &str) -> bool {
+    let expected = control_token(secret);
+    let (a, b) = (expected.as_bytes(), presented.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,24 +111,14 @@ mod tests {
         };
         assert_eq!(nonce_from(ones), Ok(0x0101_0101_0101_0101));
     }
-}
 
-/// The bearer token of the control API, derived from the run's secret (so that the secret
-/// itself never travels in an HTTP header): lowercase hex of HMAC-SHA256(secret,
-/// "evb-control-api-v1").
-pub fn control_token(secret: &[u8]) -> String {
-    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    m.update(b"evb-control-api-v1");
-    m.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// Constant-time comparison of a presented control token with the expected one.
-pub fn control_token_matches(secret: &[u8], presented: &str) -> bool {
-    let expected = control_token(secret);
-    let (a, b) = (expected.as_bytes(), presented.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    #[test]
+    fn control_tokens_follow_the_secret() {
+        let t = control_token(b"s3cret");
+        assert_eq!(t.len(), 64);
+        assert!(control_token_matches(b"s3cret", &t));
+        assert!(!control_token_matches(b"other", &t));
+        assert!(!control_token_matches(b"s3cret", &t[..63]));
+        assert!(!control_token_matches(b"s3cret", ""));
+    }
 }

@@ -1,0 +1,405 @@
+//! Run control through the paths an operator uses: `evb up`, then `evb ctl` and the HTTP
+//! API. Several numbered runs in a row without restarting a process, a configuration
+//! change between them, pause and resume, stop under load, a BU killed mid-run, illegal
+//! commands and malformed requests, and halt.
+
+mod common;
+use common::EVB;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use evb_control::client::Api;
+use serde_json::{json, Value};
+
+/// An `evb up` of a configuration, taken down when dropped.
+pub struct Up {
+    pub child: Child,
+    pub url: String,
+    pub api: Api,
+    pub dir: tempfile::TempDir,
+}
+
+impl Up {
+    pub fn start(toml: &str) -> Up {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("run.toml");
+        std::fs::write(&cfg, toml).unwrap();
+        let mut child = Command::new(EVB)
+            .args(["up", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("[evb up] {line}");
+                if let Some(url) = line.strip_prefix("evb up: run page and control API: ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("evb up printed its control URL");
+        let api = Api::new(&url, None);
+        Up {
+            child,
+            url,
+            api,
+            dir,
+        }
+    }
+
+    pub fn status(&self) -> Value {
+        let r = self.api.get("/api/v1/status").unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        r.body
+    }
+
+    pub fn post(&self, cmd: &str, body: Value) -> (u16, Value) {
+        let r = self.api.post(&format!("/api/v1/{cmd}"), &body).unwrap();
+        (r.status, r.body)
+    }
+
+    /// `evb ctl ARGS` against this system, as an operator types it.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(EVB)
+            .arg("ctl")
+            .args(["--url", &self.url])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Waits for run `n` to be over (through `evb ctl wait`) and returns its record.
+    pub fn wait_run(&self, n: u64) -> Value {
+        let out = self.ctl(&[
+            "wait",
+            "--run",
+            &n.to_string(),
+            "--timeout",
+            "120",
+            "--json",
+        ]);
+        let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert!(
+            rec.is_object(),
+            "no record of run {n}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        rec
+    }
+
+    pub fn wait_until(&self, what: &str, secs: u64, mut f: impl FnMut(&Value) -> bool) -> Value {
+        let until = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.status();
+            if f(&s) {
+                return s;
+            }
+            assert!(Instant::now() < until, "gave up waiting for {what}: {s:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn node<'a>(s: &'a Value, id: &str) -> &'a Value {
+        s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == id)
+            .unwrap()
+    }
+
+    /// Halts the system and returns the exit status of `evb up`.
+    pub fn halt(mut self) -> std::process::ExitStatus {
+        let (code, body) = self.post("halt", json!({}));
+        assert_eq!(code, 200, "{body}");
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < until, "evb up did not exit after halt");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.api.post("/api/v1/reset", &json!({}));
+            let _ = self.api.post("/api/v1/halt", &json!({}));
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// Checks a finished run's record: complete, exact, with `events` events.
+fn assert_exact(rec: &Value, events: u64) {
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(rec["verdict"], json!([]), "{rec:#}");
+    assert_eq!(rec["triggered"], events, "{rec:#}");
+    assert_eq!(rec["events_built"], events, "{rec:#}");
+}
+
+const BASE: &str =
+    "[run]\nevents = 20000\nduration_s = 0\nrate_hz = 10000\n[fragments]\nsize = 4096\n";
+
+#[test]
+fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
+    let up = Up::start(BASE);
+    let s = up.status();
+    assert_eq!(s["state"], "ready");
+    assert_eq!(s["run"], 0);
+
+    // run 1, paused and resumed on the way
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["run"], 1);
+    up.wait_until("run 1 triggering", 30, |s| {
+        s["state"] == "running" && s["evm"]["triggered"].as_u64().unwrap_or(0) > 0
+    });
+    let out = up.ctl(&["pause"]);
+    assert!(out.status.success(), "{out:?}");
+    let s = up.wait_until("the pause to drain", 30, |s| {
+        s["state"] == "paused" && s["evm"]["in_flight"] == 0
+    });
+    let held = s["evm"]["triggered"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let s = up.status();
+    assert_eq!(s["evm"]["triggered"], held, "triggered while paused");
+    assert_eq!(s["evm"]["paused"], true);
+    assert!(held < 20000, "run 1 was over before the pause ({held})");
+    assert!(up.ctl(&["resume"]).status.success());
+    assert_exact(&up.wait_run(1), 20000);
+
+    // a change of run parameters between runs; a change of transport is refused
+    let new = "[run]\nevents = 30000\nduration_s = 0\nrate_hz = 5000\n[fragments]\nsize = 8192\n";
+    let (code, body) = up.post("configure", json!({ "config": new }));
+    assert_eq!(code, 200, "{body}");
+    // (the BUs' default credits follow the fragment size)
+    assert_eq!(
+        body["changed"],
+        json!(["fragments", "run", "nodes (credits, sinks or files)"])
+    );
+    let (code, body) = up.post(
+        "configure",
+        json!({ "config": format!("{new}[transport]\nkind = \"shm\"\n") }),
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("transport"),
+        "{body}"
+    );
+
+    // run 2: bu1 killed mid-run; its events are built elsewhere, and it shows
+    let (code, _) = up.post("start", json!({}));
+    assert_eq!(code, 200);
+    let s = up.wait_until("run 2 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 2000
+    });
+    let bu1 = Up::node(&s, "bu1")["control"].as_str().unwrap().to_string();
+    let pid = Api::new(&bu1, None).get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap();
+    assert!(Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let s = up.wait_until("bu1 to show as lost", 30, |s| {
+        Up::node(s, "bu1")["state"] == "unreachable"
+            && s["evm"]["lost"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|e| e.as_str().unwrap().contains("bu[1]")))
+    });
+    assert!(Up::node(&s, "bu1")["error"].is_string(), "{s:#}");
+    let rec = up.wait_run(2);
+    assert_exact(&rec, 30000);
+    assert!(rec["lost"].to_string().contains("bu[1]"), "{rec:#}");
+
+    // evb up starts bu1 again; run 7 (a number chosen by the operator) stopped under load
+    up.wait_until("bu1 back", 30, |s| Up::node(s, "bu1")["state"] == "idle");
+    let long = "[run]\nevents = 0\nduration_s = 120\n[fragments]\nsize = 8192\n";
+    assert_eq!(up.post("configure", json!({ "config": long })).0, 200);
+    let out = up.ctl(&["start", "--run", "7"]);
+    assert!(out.status.success(), "{out:?}");
+    up.wait_until("run 7 building", 30, |s| {
+        s["run"] == 7
+            && s["state"] == "running"
+            && s["totals"]["events_built"].as_u64().unwrap_or(0) > 1000
+    });
+    let t = Instant::now();
+    assert!(up.ctl(&["stop"]).status.success());
+    let rec = up.wait_run(7);
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "stop took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    assert_eq!(rec["report"]["run"]["evm"]["stopped_by_request"], true);
+    let n = rec["triggered"].as_u64().unwrap();
+    assert!(n > 1000);
+    assert_eq!(rec["events_built"], n, "{rec:#}");
+
+    // every run kept, with its own number and verdict
+    let runs = up.api.get("/api/v1/runs").unwrap().body;
+    let numbers: Vec<u64> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 2, 7]);
+    assert!(runs.as_array().unwrap().iter().all(|r| r["ok"] == true));
+    assert_eq!(
+        up.api.get("/api/v1/runs/1").unwrap().body["events_built"],
+        20000
+    );
+    assert_eq!(up.api.get("/api/v1/runs/3").unwrap().status, 404);
+
+    // halt: every process exits
+    let pids: Vec<u64> = up.status()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| {
+            let api = Api::new(n["control"].as_str()?, None);
+            api.get("/api/v1/node").ok()?.body["pid"].as_u64()
+        })
+        .collect();
+    assert_eq!(pids.len(), 5);
+    let status = up.halt();
+    assert!(status.success(), "evb up exited with {status}");
+    std::thread::sleep(Duration::from_millis(300));
+    for pid in pids {
+        assert!(!alive(pid), "node process {pid} still running after halt");
+    }
+}
+
+#[test]
+fn illegal_commands_and_malformed_requests_change_nothing() {
+    let up = Up::start(BASE);
+    let before = up.status();
+    // illegal in ready: refused with the state and the legal commands
+    for cmd in ["pause", "resume", "stop", "reset"] {
+        let (code, body) = up.post(cmd, json!({}));
+        assert_eq!(code, 409, "{cmd}: {body}");
+        let msg = body["error"].as_str().unwrap();
+        assert!(
+            msg.contains("state ready") && msg.contains("allowed: configure, start, halt"),
+            "{msg}"
+        );
+    }
+    let out = up.ctl(&["stop"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not allowed in state ready"));
+    // malformed: bad JSON, wrong types, unknown commands and paths, bad configurations
+    let raw = |path: &str, body: &str| {
+        let r = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/stderr",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "POST",
+            ])
+            .args(["-H", "Content-Type: application/json", "--data", body])
+            .arg(format!("{}{path}", up.url.trim_end_matches('/')))
+            .output();
+        r.ok().map(|o| {
+            (
+                String::from_utf8_lossy(&o.stdout).to_string(),
+                String::from_utf8_lossy(&o.stderr).to_string(),
+            )
+        })
+    };
+    if let Some((code, body)) = raw("/api/v1/start", "{\"run\": ") {
+        assert_eq!(code, "400", "{body}");
+        assert!(body.contains("malformed JSON"), "{body}");
+    }
+    let (code, body) = up.post("start", json!({"run": "seven"}));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = up.post("launch", json!({}));
+    assert_eq!(code, 404, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("configure, start"));
+    let (code, body) = up.post("configure", json!({"config": "[run]\nevents = -1\n"}));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = up.post("configure", json!({"config": "[run]\nduration_s = 1e20\n"}));
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("run.duration_s"),
+        "{body}"
+    );
+    let (code, body) = up.post(
+        "configure",
+        json!({"config": "[topology]\nrus = 3\n[run]\nevents = 10\n"}),
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("number of nodes"),
+        "{body}"
+    );
+    assert_eq!(up.api.get("/api/v2/status").unwrap().status, 404);
+    let r = up.api.get("/api/v1/start").unwrap();
+    assert_eq!(r.status, 405);
+    assert!(r.error().contains("commands are POST"), "{:?}", r.body);
+    // a node's own start call is refused when it does not match its configuration
+    let s = up.status();
+    let ru0 = Api::new(Up::node(&s, "ru0")["control"].as_str().unwrap(), None);
+    let r = ru0
+        .post(
+            "/api/v1/node/start",
+            &json!({"run": 9, "config": "[transport]\nkind = \"shm\"\n"}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 409, "{:?}", r.body);
+    // nothing changed
+    let after = up.status();
+    assert_eq!(after["state"], before["state"]);
+    assert_eq!(after["run"], before["run"]);
+    assert_eq!(after["config"], before["config"]);
+    assert_eq!(Up::node(&after, "ru0")["state"], "idle", "{after:#}");
+    // and the system still runs
+    assert_eq!(up.post("start", json!({})).0, 200);
+    assert_exact(&up.wait_run(1), 20000);
+    assert!(up.halt().success());
+}
+
+#[test]
+fn a_control_api_beyond_loopback_needs_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "[control]\nhost = \"0.0.0.0\"\n").unwrap();
+    let out = Command::new(EVB)
+        .args(["up", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("control.host") && err.contains("run.secret"),
+        "{err}"
+    );
+}
