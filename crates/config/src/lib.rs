@@ -10,8 +10,11 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod stream;
 #[cfg(test)]
 mod tests;
+
+pub use stream::{OnSyncLoss, StreamFormat};
 
 #[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {
@@ -333,6 +336,12 @@ pub struct RuSection {
     /// Files replayed by this RU when `source.kind` is a file format, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
+    /// `source.kind = "stream"`: the addresses this RU listens on, one front-end stream each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<String>,
+    /// The source (FED) id of each stream (default with one stream: the RU's `source_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_sources: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -346,6 +355,8 @@ pub enum SourceKind {
     Framed,
     /// evb built-event files (a recorded run replayed): each RU takes its source's fragments.
     Evb,
+    /// Front-ends over TCP: each RU listens on its `streams` and reads fragments as they come.
+    Stream,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -370,6 +381,14 @@ pub struct SourceSection {
     pub check_source_id: bool,
     /// Largest recorded fragment accepted (bytes); sizes buffers for file sources.
     pub max_fragment: u64,
+    /// Streams: how fragments are framed on the wire from the front-ends.
+    pub format: StreamFormat,
+    /// Streams: what a trigger number that differs between an RU's streams does.
+    pub on_sync_loss: OnSyncLoss,
+    /// Streams: fragments read ahead per stream before the RU stops reading it.
+    pub read_ahead: u64,
+    /// Streams: seconds without a fragment from a stream the RU waits for before it warns.
+    pub stall_warn_s: f64,
 }
 
 impl Default for SourceSection {
@@ -380,6 +399,10 @@ impl Default for SourceSection {
             on_error: OnError::Stop,
             check_source_id: true,
             max_fragment: 1 << 20,
+            format: StreamFormat::Fed,
+            on_sync_loss: OnSyncLoss::Stop,
+            read_ahead: 1024,
+            stall_warn_s: 2.0,
         }
     }
 }
@@ -446,6 +469,9 @@ pub struct NodeSpec {
     pub sink: SinkKind,
     /// Recorded files this RU replays.
     pub files: Vec<String>,
+    /// Addresses this RU listens on for front-end streams, and each stream's source id.
+    pub streams: Vec<String>,
+    pub stream_sources: Vec<u16>,
     /// Testing: sink delay per event (µs) and for how many events (0: all).
     pub sink_delay: Option<(u64, u64)>,
 }
@@ -600,15 +626,19 @@ impl Config {
             ));
         }
         if self.source.kind != SourceKind::Generator && self.ru.is_empty() {
-            return Err(invalid(
-                "source.kind",
-                "file sources need [[ru]] entries, each listing its `files`",
-            ));
+            let what = match self.source.kind {
+                SourceKind::Stream => {
+                    "stream sources need [[ru]] entries, each listing its `streams`"
+                }
+                _ => "file sources need [[ru]] entries, each listing its `files`",
+            };
+            return Err(invalid("source.kind", what));
         }
+        stream::validate(self)?;
         for (i, ru) in self.ru.iter().enumerate() {
             let key = format!("ru[{i}].files");
             match (self.source.kind, ru.files.is_empty()) {
-                (SourceKind::Generator, false) => {
+                (SourceKind::Generator | SourceKind::Stream, false) => {
                     return Err(invalid(
                         key,
                         "only read when source.kind is \"fed\", \"framed\" or \"evb\"",
@@ -731,6 +761,7 @@ impl Config {
         let (ru_need, bu_need) = self.pool_needs()?;
         let largest = match self.source.kind {
             SourceKind::Generator => "fragments",
+            SourceKind::Stream => "super-fragments (streams × source.max_fragment)",
             _ => "source.max_fragment",
         };
         if b.ru_pool_mib != 0 && b.ru_pool_mib << 20 < ru_need {
@@ -963,6 +994,8 @@ impl Config {
             credits: 0,
             sink: SinkKind::Discard,
             files: Vec::new(),
+            streams: Vec::new(),
+            stream_sources: Vec::new(),
             sink_delay: None,
         }];
         let n_ru = if self.ru.is_empty() {
@@ -971,15 +1004,28 @@ impl Config {
             self.ru.len() as u32
         };
         for i in 0..n_ru {
-            let (id, addr, source_id, files) = match self.ru.get(i as usize) {
-                Some(r) => (
-                    r.id.clone(),
-                    or_auto(&r.addr, 1 + i),
-                    r.source_id.unwrap_or(i as u16),
-                    r.files.clone(),
-                ),
-                None => (format!("ru{i}"), auto(1 + i), i as u16, Vec::new()),
-            };
+            let (id, addr, source_id, files, streams, mut stream_sources) =
+                match self.ru.get(i as usize) {
+                    Some(r) => (
+                        r.id.clone(),
+                        or_auto(&r.addr, 1 + i),
+                        r.source_id.unwrap_or(i as u16),
+                        r.files.clone(),
+                        r.streams.clone(),
+                        r.stream_sources.clone(),
+                    ),
+                    None => (
+                        format!("ru{i}"),
+                        auto(1 + i),
+                        i as u16,
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                    ),
+                };
+            if streams.len() == 1 && stream_sources.is_empty() {
+                stream_sources.push(source_id);
+            }
             v.push(NodeSpec {
                 id,
                 role: Role::Ru,
@@ -989,6 +1035,8 @@ impl Config {
                 credits: 0,
                 sink: SinkKind::Discard,
                 files,
+                streams,
+                stream_sources,
                 sink_delay: None,
             });
         }
@@ -1025,6 +1073,8 @@ impl Config {
                 credits,
                 sink,
                 files: Vec::new(),
+                streams: Vec::new(),
+                stream_sources: Vec::new(),
                 sink_delay,
             });
         }
@@ -1060,6 +1110,7 @@ impl Config {
     pub fn max_fragment(&self) -> u64 {
         match self.source.kind {
             SourceKind::Generator => self.fragments.max_size(),
+            SourceKind::Stream => stream::max_payload(self),
             _ => self.source.max_fragment,
         }
     }
