@@ -116,6 +116,8 @@ fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             addr: a.clone(),
             source_id: Some(n.source_id),
             files: n.files.clone(),
+            streams: n.streams.clone(),
+            stream_sources: n.stream_sources.clone(),
         })
         .collect();
     out.bu = nodes

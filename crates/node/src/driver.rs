@@ -72,6 +72,8 @@ pub struct Driver {
     suspended: Option<(Instant, Duration)>,
     /// Faulting in the pools' pages; the node is ready once this is done.
     populating: Option<std::thread::JoinHandle<()>>,
+    /// An RU fed by front-end streams: their listeners, readers and assembler.
+    streams: Option<crate::stream_source::StreamSource>,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -161,6 +163,13 @@ impl Driver {
             }
         }
         let logic = setup::logic(cfg, &me, ru_pool, now).map_err(NodeError::Setup)?;
+        let streams = match (&logic, cfg.source.kind) {
+            (Logic::Ru(_), evb_config::SourceKind::Stream) => Some(
+                crate::stream_source::StreamSource::start(cfg, &me, now)
+                    .map_err(NodeError::Setup)?,
+            ),
+            _ => None,
+        };
         let dial_specs = dials
             .iter()
             .map(|d| (d.peer, (d.addr.clone(), d.channel)))
@@ -194,6 +203,7 @@ impl Driver {
             next_liveness_check: now,
             suspended: None,
             populating,
+            streams,
         })
     }
 
@@ -604,6 +614,9 @@ impl Driver {
                     e.request_stop(now);
                 }
             }
+            if let (Some(s), Logic::Ru(r)) = (&mut self.streams, &mut self.logic) {
+                s.pump(now, r);
+            }
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),
                 Logic::Ru(r) => r.poll(now),
@@ -630,7 +643,9 @@ impl Driver {
             let timeout = if busy {
                 Duration::ZERO
             } else {
-                let cap = Duration::from_millis(if self.cfg.run.rate_hz > 0.0 { 1 } else { 10 });
+                // paced triggers and front-end streams arrive between socket events
+                let paced = self.cfg.run.rate_hz > 0.0 || self.streams.is_some();
+                let cap = Duration::from_millis(if paced { 1 } else { 10 });
                 self.messenger
                     .next_flush_in(now)
                     .map_or(cap, |t| t.min(cap))

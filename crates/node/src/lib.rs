@@ -11,6 +11,7 @@ pub mod affinity;
 mod driver;
 mod file_sink;
 mod playback;
+mod stream_source;
 pub mod setup;
 
 pub use driver::{Driver, NodeOutcome, StatusOut};
