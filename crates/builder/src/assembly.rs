@@ -213,12 +213,10 @@ impl Assembler {
                 match self.cfg.on_sync_loss {
                     SyncLoss::Stop => {
                         return Err(format!(
-                            "sync loss at event {event}: source {} ({}) sent {name} {} where \
-                             source {} ({}) sent {name} {trigger}",
-                            self.streams[i].name.source_id,
+                            "sync loss at event {event}: {} sent {name} {} where {} sent \
+                             {name} {trigger}",
                             self.describe(i),
                             p.trigger_number,
-                            self.streams[r].name.source_id,
                             self.describe(r),
                         ))
                     }

@@ -45,7 +45,7 @@ enum Format {
     Raw,
 }
 
-/// One record to send, and where its trigger number sits (to renumber it on a loop).
+/// One record to send: a fragment (FED), a record with its header (framed), or a piece (raw).
 struct Record {
     bytes: Vec<u8>,
 }
@@ -79,7 +79,8 @@ pub fn run(a: &FeedArgs) -> Result<(), String> {
     let mut plans: Vec<Plan> = Vec::new();
     for (i, file) in a.files.iter().enumerate() {
         let to = if a.to.len() == 1 { &a.to[0] } else { &a.to[i] };
-        let data = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let data =
+            std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let format = match a.format {
             Format::Auto if data.starts_with(&framed::RECORD_MAGIC) => Format::Framed,
             Format::Auto => Format::Fed,
@@ -91,7 +92,12 @@ pub fn run(a: &FeedArgs) -> Result<(), String> {
                 p.records.extend(records);
                 p.names.push_str(&format!(", {}", file.display()));
             }
-            Some(_) => return Err(format!("{}: not the format of the other files to {to}", file.display())),
+            Some(_) => {
+                return Err(format!(
+                    "{}: not the format of the other files to {to}",
+                    file.display()
+                ))
+            }
             None => plans.push(Plan {
                 to: to.clone(),
                 names: file.display().to_string(),
@@ -198,7 +204,10 @@ fn connect(to: &str, timeout: Duration) -> Result<TcpStream, String> {
         match TcpStream::connect(to) {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => {
-                return Err(format!("cannot connect after {:.1} s: {e}", timeout.as_secs_f64()))
+                return Err(format!(
+                    "cannot connect after {:.1} s: {e}",
+                    timeout.as_secs_f64()
+                ))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }

@@ -206,7 +206,10 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
                 }
             }
         }
-        sync_losses += ev.fragments.iter().any(|(h, _)| h.flags & FLAG_SYNC_LOSS != 0) as u64;
+        sync_losses += ev
+            .fragments
+            .iter()
+            .any(|(h, _)| h.flags & FLAG_SYNC_LOSS != 0) as u64;
         if dump == Some(ev.event_id) {
             println!(
                 "  event {} at byte {}: trigger {}, flags {:#06x}, {} fragments",
@@ -254,7 +257,10 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
     println!("  sources: {}", src.join(", "));
     if !streams.is_empty() {
         let st: Vec<String> = streams.iter().map(|(s, n)| format!("{s} ({n})")).collect();
-        println!("  streams in super-fragments: {}; events with a sync loss flagged: {sync_losses}", st.join(", "));
+        println!(
+            "  streams in super-fragments: {}; events with a sync loss flagged: {sync_losses}",
+            st.join(", ")
+        );
     }
     println!("  partial {partial}, trigger mismatches {mismatch}, flagged corrupt {corrupt}");
     verdict(&problems)
@@ -282,7 +288,11 @@ fn dump_super(p: &[u8]) {
             e.trigger_number,
             e.flags,
             e.length,
-            if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) },
+            if what.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", what.join(", "))
+            },
             hex_head(bytes, 24)
         );
     }

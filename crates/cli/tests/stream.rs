@@ -36,7 +36,10 @@ fn feed(to: &[String], files: &[&Path], extra: &[&str]) -> Child {
         c.args(["--to", a]);
     }
     c.args(files).args(extra);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn feed_output(c: Child) -> (bool, String) {
@@ -80,7 +83,11 @@ fn cms_files_streamed_into_two_rus_build_every_event() {
     let (fed_ok, fed_text) = feed_output(f);
     assert_exact(&out, &s, EVENTS, 2, 2);
     assert!(fed_ok, "{fed_text}");
-    assert_eq!(fed_text.matches("sent 4685 fragments").count(), 2, "{fed_text}");
+    assert_eq!(
+        fed_text.matches("sent 4685 fragments").count(),
+        2,
+        "{fed_text}"
+    );
     assert_eq!(sum(&s, "rus", "stream_fragments_received"), 2 * EVENTS);
     assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0);
     assert_eq!(sum(&s, "bus", "trigger_mismatches"), 0);
@@ -113,7 +120,11 @@ fn cms_files_streamed_into_one_ru_build_super_fragments() {
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "evb"))
         .collect();
-    let insp = Command::new(EVB).arg("inspect").args(&files).output().unwrap();
+    let insp = Command::new(EVB)
+        .arg("inspect")
+        .args(&files)
+        .output()
+        .unwrap();
     let t = text(&insp);
     assert!(insp.status.success(), "{t}");
     let streams: Vec<(u64, u64)> = t
@@ -171,12 +182,24 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
         let (out, s) = evb_run_in(d.path(), &toml);
         let t = text(&out);
         let (_, fed_text) = feed_output(f);
-        assert!(!t.contains("panicked") && !fed_text.contains("panicked"), "{t}");
+        assert!(
+            !t.contains("panicked") && !fed_text.contains("panicked"),
+            "{t}"
+        );
         if policy == "stop" {
             assert!(!out.status.success(), "{t}");
             let reason = s["run"]["reason"].as_str().unwrap_or_default().to_string();
-            for want in ["sync loss", "source 843", "LV1 id 999", "LV1 id 100", "source 841"] {
-                assert!(reason.contains(want), "{want:?} not in the reason: {reason}\n{t}");
+            for want in [
+                "sync loss",
+                "source 843",
+                "LV1 id 999",
+                "LV1 id 100",
+                "source 841",
+            ] {
+                assert!(
+                    reason.contains(want),
+                    "{want:?} not in the reason: {reason}\n{t}"
+                );
             }
         } else {
             assert_exact(&out, &s, EVENTS, 1, 2);
@@ -205,10 +228,14 @@ fn a_front_end_sending_garbage_gets_a_clear_error() {
     let t = text(&out);
     let (_, fed_text) = feed_output(f);
     assert!(!out.status.success(), "{t}");
-    assert!(!t.contains("panicked") && !fed_text.contains("panicked"), "{t}\n{fed_text}");
+    assert!(
+        !t.contains("panicked") && !fed_text.contains("panicked"),
+        "{t}\n{fed_text}"
+    );
     let reason = s["run"]["reason"].as_str().unwrap_or_default();
     assert!(
-        reason.contains("stream 0 (source 0") && reason.contains("no FED trailer within 65536 bytes"),
+        reason.contains("stream 0 (source 0")
+            && reason.contains("no FED trailer within 65536 bytes"),
         "{reason}\n{t}"
     );
 }
@@ -218,7 +245,9 @@ fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
     let d = tempfile::tempdir().unwrap();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     for (p, src) in [(&a, 841u16), (&b, 843)] {
-        let data: Vec<u8> = (1..=300u32).flat_map(|k| fed::build(k, src, &[k as u64; 4])).collect();
+        let data: Vec<u8> = (1..=300u32)
+            .flat_map(|k| fed::build(k, src, &[k as u64; 4]))
+            .collect();
         std::fs::write(p, data).unwrap();
     }
     let to = addrs(2);

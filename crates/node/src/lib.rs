@@ -11,8 +11,8 @@ pub mod affinity;
 mod driver;
 mod file_sink;
 mod playback;
-mod stream_source;
 pub mod setup;
+mod stream_source;
 
 pub use driver::{Driver, NodeOutcome, StatusOut};
 

@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError};
-use evb_builder::assembly::{
-    Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss,
-};
+use evb_builder::assembly::{Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss};
 use evb_builder::{Ru, RunState};
 use evb_config::{Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
 use evb_formats::stream::{self as fstream, StreamDecoder, StreamFragment};
@@ -77,8 +75,8 @@ impl StreamSource {
                 .map_err(|e| format!("{}: cannot listen on {addr} for stream {i}: {e}", me.id))?;
             info!(node = %me.id, "stream {i} (source {source_id}) listening on {addr}");
             let (tx, rx) = bounded(read_ahead);
-            let expected = (s.check_source_id && format == fstream::StreamFormat::Fed)
-                .then_some(source_id);
+            let expected =
+                (s.check_source_id && format == fstream::StreamFormat::Fed).then_some(source_id);
             let decoder = StreamDecoder::new(format, s.max_fragment as usize, expected);
             let stop = stop.clone();
             std::thread::Builder::new()
@@ -285,7 +283,11 @@ fn read_stream(
                 std::thread::sleep(Duration::from_millis(10))
             }
             Err(e) => {
-                hand_over(&tx, StreamEvent::Failed(format!("accept failed: {e}")), stop);
+                hand_over(
+                    &tx,
+                    StreamEvent::Failed(format!("accept failed: {e}")),
+                    stop,
+                );
                 return;
             }
         }
@@ -293,7 +295,11 @@ fn read_stream(
     // One front-end per stream: a second connection is refused from now on.
     drop(listener);
     if let Err(e) = prepare(&stream) {
-        hand_over(&tx, StreamEvent::Failed(format!("socket set-up: {e}")), stop);
+        hand_over(
+            &tx,
+            StreamEvent::Failed(format!("socket set-up: {e}")),
+            stop,
+        );
         return;
     }
     if !hand_over(&tx, StreamEvent::Connected(peer), stop) {
