@@ -44,6 +44,8 @@ pub struct Piece {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assembled {
     pub trigger_number: u32,
+    /// Stream fragments it holds (one per stream, left-out ones included).
+    pub fragments: u32,
     pub payload: Vec<u8>,
     /// Fragment header flags: MISSING, SUPER, SYNC_LOSS.
     pub flags: u16,
@@ -156,8 +158,8 @@ impl Assembler {
             .any(|s| s.closed_after.is_some() && s.queue.is_empty())
     }
 
-    /// Fragments received that will never be part of an event (streams that sent more than
-    /// the shortest one), once [`Assembler::exhausted`].
+    /// Fragments received and waiting for other streams' (once [`Assembler::exhausted`]:
+    /// they will never be part of an event, their streams sent more than the shortest one).
     pub fn unbuilt(&self) -> u64 {
         self.streams.iter().map(|s| s.queue.len() as u64).sum()
     }
@@ -262,16 +264,19 @@ impl Assembler {
         entries: Vec<SuperEntry>,
         in_sync: bool,
     ) -> Assembled {
+        let fragments = pieces.len() as u32;
         if pieces.len() == 1 {
             let p = pieces.pop().expect("one piece");
             return match p.bad {
                 None => Assembled {
                     trigger_number,
+                    fragments,
                     payload: p.bytes,
                     flags: 0,
                 },
                 Some(_) => Assembled {
                     trigger_number,
+                    fragments,
                     payload: Vec::new(),
                     flags: FLAG_MISSING,
                 },
@@ -289,6 +294,7 @@ impl Assembler {
         }
         Assembled {
             trigger_number,
+            fragments,
             payload,
             flags,
         }

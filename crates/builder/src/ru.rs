@@ -52,8 +52,8 @@ pub struct RuStats {
     pub sync_losses: u64,
     /// Live feed: the streams this RU is waiting for, and since when.
     pub waiting_for: Vec<String>,
-    /// Live feed: fragments received that belong to no event (a stream that sent more than
-    /// another of this RU before one of them ended).
+    /// Live feed: fragments received and not sent in any event (at the end of a run: streams
+    /// that sent more than another stream, of this RU or another, before the run ended).
     pub stream_fragments_unbuilt: u64,
 }
 
@@ -179,7 +179,7 @@ impl Ru {
                 s.stream_fragments_received = f.stats.fragments_received;
                 s.sync_losses = f.stats.sync_losses;
                 s.waiting_for = f.stats.waiting_for.clone();
-                s.stream_fragments_unbuilt = f.stats.unbuilt;
+                s.stream_fragments_unbuilt = f.unbuilt();
             }
             Source::Generator(_) => {}
         }

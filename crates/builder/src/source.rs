@@ -54,7 +54,7 @@ pub struct LiveStats {
     pub sync_losses: u64,
     /// Streams the RU waits for, with since when (empty: none).
     pub waiting_for: Vec<String>,
-    /// Fragments received that belong to no event (a stream longer than another).
+    /// Fragments received and not in any event supplied (at the end: they belong to no event).
     pub unbuilt: u64,
 }
 
@@ -67,6 +67,12 @@ impl LiveFeed {
     /// Events supplied and not yet made into fragments.
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Stream fragments received and not (yet) sent in an event: in the driver's hands, and
+    /// in the events supplied but never assigned (the run ended first).
+    pub fn unbuilt(&self) -> u64 {
+        self.stats.unbuilt + self.queue.iter().map(|a| a.fragments as u64).sum::<u64>()
     }
 
     pub fn supply(&mut self, event: Assembled) {

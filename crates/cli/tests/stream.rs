@@ -276,3 +276,30 @@ fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
         "{t}"
     );
 }
+
+#[test]
+fn a_stream_that_ends_early_ends_the_run_with_the_data() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
+    for (p, src, n) in [(&a, 841u16, 300u32), (&b, 843, 200)] {
+        let data: Vec<u8> = (1..=n)
+            .flat_map(|k| fed::build(k, src, &[k as u64; 3]))
+            .collect();
+        std::fs::write(p, data).unwrap();
+    }
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"short\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+         [[ru]]\nid = \"ru841\"\nsource_id = 841\nstreams = {}\n\
+         [[ru]]\nid = \"ru843\"\nsource_id = 843\nstreams = {}\n",
+        list(&to[..1]),
+        list(&to[1..])
+    );
+    let f = feed(&to, &[&a, &b], &[]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    assert!(feed_output(f).0);
+    // 200 events have both fragments; the 100 more of source 841 are counted, not lost
+    assert_exact(&out, &s, 200, 2, 2);
+    assert_eq!(sum(&s, "rus", "stream_fragments_received"), 500);
+    assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 100);
+}

@@ -137,14 +137,13 @@ impl StreamSource {
                 Err(why) => return self.fail(ru, why),
             }
         }
+        let in_channels: u64 = self.links.iter().map(|l| l.rx.len() as u64).sum();
+        feed.stats.unbuilt = self.assembler.unbuilt() + in_channels;
         if self.assembler.exhausted() && !feed.is_done() {
-            let waiting: u64 = self.links.iter().map(|l| l.rx.len() as u64).sum();
-            let unbuilt = self.assembler.unbuilt() + waiting;
-            if unbuilt > 0 {
-                warn!(node = %self.node, "a stream ended: {unbuilt} fragments of the other streams belong to no event and are not built");
+            if feed.stats.unbuilt > 0 {
+                warn!(node = %self.node, "a stream ended: {} fragments of the other streams belong to no event and are not built", feed.stats.unbuilt);
             }
             info!(node = %self.node, "streams ended after {} events", feed.supplied());
-            feed.stats.unbuilt = unbuilt;
             feed.finish();
         }
         let st = self.assembler.stats();
