@@ -241,7 +241,7 @@ impl StreamSource {
         self.over = true;
         self.stop.store(true, Ordering::Relaxed);
         let reason = format!("{}: {why}", self.node);
-        error!("{reason}");
+        error!(node = %self.node, "{why}");
         ru.source_failed(reason);
     }
 }
