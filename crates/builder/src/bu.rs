@@ -5,7 +5,10 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
-use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING};
+use evb_wire::super_fragment::{self, ENTRY_MISSING, ENTRY_SYNC_LOSS};
+use evb_wire::{
+    EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
@@ -71,6 +74,12 @@ pub struct BuStats {
     /// a run that this BU left early (lost, aborted), these are left out of its output.
     #[serde(default)]
     pub unacknowledged: u64,
+    /// Super-fragments whose directory is damaged or disagrees with their header.
+    #[serde(default)]
+    pub super_fragment_errors: u64,
+    /// Events built with a stream flagged for sync loss (`source.on_sync_loss = "flag"`).
+    #[serde(default)]
+    pub sync_loss_events: u64,
     /// Other protocol errors.
     pub errors: u64,
     /// Event building latency: from the Assign or the first fragment (whichever came
@@ -90,6 +99,7 @@ impl BuStats {
             + self.misrouted
             + self.incomplete_at_stop
             + self.releases_refused
+            + self.super_fragment_errors
             + self.errors
             == 0
     }
@@ -99,6 +109,43 @@ impl BuStats {
 /// the EVM sends the Assign to the BU when it tells the RUs, so it trails them by far less.
 const MISROUTED_AFTER: Duration = Duration::from_secs(10);
 
+/// Checks a super-fragment's directory against its fragment header: the layout adds up, and
+/// every stream agrees on the trigger number unless its entry is flagged (sync loss under
+/// `"flag"`, or left out). Returns whether a stream was left out (a partial event).
+fn check_super(header: &FragmentHeader, payload: &Chain) -> Result<bool, String> {
+    let mut head = [0u8; super_fragment::SUPER_HEADER_LEN];
+    if !payload.copy_prefix(&mut head) {
+        return Err(format!(
+            "{} bytes is shorter than its header",
+            payload.len()
+        ));
+    }
+    let dir_len = super_fragment::directory_len_of(&head).map_err(|e| e.to_string())?;
+    let mut dir = vec![0u8; dir_len];
+    if !payload.copy_prefix(&mut dir) {
+        return Err(format!(
+            "{} bytes is shorter than its directory",
+            payload.len()
+        ));
+    }
+    let entries =
+        super_fragment::decode_directory(&dir, payload.len()).map_err(|e| e.to_string())?;
+    let mut flagged = false;
+    for e in &entries {
+        flagged |= e.flags & ENTRY_SYNC_LOSS != 0;
+        if e.flags == 0 && e.trigger_number != header.trigger_number {
+            return Err(format!(
+                "source {} has trigger number {} in an event with {}, not flagged",
+                e.source_id, e.trigger_number, header.trigger_number
+            ));
+        }
+    }
+    if flagged != (header.flags & FLAG_SYNC_LOSS != 0) {
+        return Err("sync-loss flag of the fragment and of its entries disagree".into());
+    }
+    Ok(entries.iter().any(|e| e.flags & ENTRY_MISSING != 0))
+}
+
 struct Building {
     assigned: bool,
     /// When the first fragment (or the Assign) arrived.
@@ -106,6 +153,8 @@ struct Building {
     fragments: Vec<Option<(FragmentHeader, Chain)>>,
     received: usize,
     corrupt: bool,
+    /// A super-fragment left out a stream's fragment (a partial event).
+    partial: bool,
 }
 
 pub struct Bu {
@@ -284,6 +333,17 @@ impl Bu {
                 }
             }
         }
+        let mut partial = false;
+        if !corrupt && header.flags & FLAG_SUPER != 0 {
+            match check_super(&header, &payload) {
+                Ok(p) => partial = p,
+                Err(why) => {
+                    tracing::warn!("event {id}: super-fragment from ru[{ru}]: {why}");
+                    self.stats.super_fragment_errors += 1;
+                    corrupt = true;
+                }
+            }
+        }
         let n = self.cfg.source_ids.len();
         let b = self
             .events
@@ -296,6 +356,7 @@ impl Bu {
         b.fragments[ru] = Some((header, payload));
         b.received += 1;
         b.corrupt |= corrupt;
+        b.partial |= partial;
         let held = (self.events.len() + self.at_sink.len()) as u64;
         self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
         self.try_complete(now, id);
@@ -355,8 +416,11 @@ impl Bu {
             .filter(|(h, _)| h.flags & FLAG_MISSING != 0)
             .map(|(h, _)| h.source_id)
             .collect();
-        if !missing_sources.is_empty() {
+        if !missing_sources.is_empty() || b.partial {
             self.stats.partial_events += 1;
+        }
+        if fragments.iter().any(|(h, _)| h.flags & FLAG_SYNC_LOSS != 0) {
+            self.stats.sync_loss_events += 1;
         }
         if trigger_mismatch {
             self.stats.trigger_mismatches += 1;
@@ -514,6 +578,7 @@ impl Building {
             fragments: (0..n).map(|_| None).collect(),
             received: 0,
             corrupt: false,
+            partial: false,
         }
     }
 }

@@ -107,11 +107,14 @@ pub struct Evm {
     abort_reason: Option<String>,
     actions: VecDeque<Action>,
     stats: EvmStats,
+    /// Events each live-fed RU has announced (`Available`); `None`: not live-fed.
+    available: Vec<Option<u64>>,
 }
 
 impl Evm {
     pub fn new(cfg: EvmConfig, now: Instant) -> Evm {
         let n_bu = cfg.n_bu as usize;
+        let cfg_n_ru = cfg.n_ru as usize;
         let stats = EvmStats {
             released_by_bu: vec![0; n_bu],
             released_id_sum_by_bu: vec![0; n_bu],
@@ -137,6 +140,7 @@ impl Evm {
             abort_reason: None,
             actions: VecDeque::new(),
             stats,
+            available: vec![None; cfg_n_ru],
         }
     }
 
@@ -179,9 +183,46 @@ impl Evm {
     /// Events could be triggered right now (the driver should not sleep).
     pub fn has_work(&self) -> bool {
         self.state == RunState::Running
-            && ((!self.triggering_done && self.paused_since.is_none()) || !self.reassign.is_empty())
+            && ((!self.triggering_done
+                && self.paused_since.is_none()
+                && self.live_limit().is_none_or(|l| l > self.stats.triggered))
+                || !self.reassign.is_empty())
             && self.cfg.rate_hz.is_none()
             && self.credits.iter().any(|&c| c > 0)
+    }
+
+    /// Events every live-fed RU still in the run can supply (`None`: no RU is live-fed).
+    fn live_limit(&self) -> Option<u64> {
+        self.available
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                self.alive.contains(&NodeRef::Ru(*i as u16)) || self.state == RunState::Ready
+            })
+            .filter_map(|(_, a)| *a)
+            .min()
+    }
+
+    /// A live-fed RU holds fragments for events `[0, count)`; with `done`, that is all.
+    fn on_available(&mut self, ru: u16, count: u64, done: bool) {
+        let Some(a) = self.available.get_mut(ru as usize) else {
+            self.stats.errors += 1;
+            return;
+        };
+        if a.is_some_and(|before| count < before) {
+            // what was announced may already be assigned: it cannot be taken back
+            warn!(
+                "ru[{ru}] announced {count} events after {}: counted as a protocol error",
+                a.unwrap_or(0)
+            );
+            self.stats.errors += 1;
+            return;
+        }
+        *a = Some(count);
+        if done {
+            // Its streams ended: the run ends with the events every RU can supply.
+            self.cfg.max_events = Some(self.cfg.max_events.map_or(count, |m| m.min(count)));
+        }
     }
 
     pub fn next_action(&mut self) -> Option<Action> {
@@ -267,6 +308,9 @@ impl Evm {
                     // The echo tells the BU these are its output (see `Bu::accepted`).
                     self.send_to(vec![from], Message::Release(valid), Path::Batched);
                 }
+            }
+            (Message::Available { count, done }, NodeRef::Ru(r)) => {
+                self.on_available(r, count, done)
             }
             (Message::LinkLost { bu }, NodeRef::Ru(_)) if bu < self.cfg.n_bu => {
                 self.link_lost(now, from, bu)
@@ -569,6 +613,10 @@ impl Evm {
         }
         if let Some(max) = self.cfg.max_events {
             allowed = allowed.min(max - self.stats.triggered);
+        }
+        if let Some(limit) = self.live_limit() {
+            // live-fed RUs: only events whose fragments have arrived
+            allowed = allowed.min(limit.saturating_sub(self.stats.triggered));
         }
         while allowed > 0 {
             let Some(bu) = self.next_bu() else { break };

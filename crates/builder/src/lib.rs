@@ -8,6 +8,7 @@
 //! the RUs to free their fragments.
 
 mod action;
+pub mod assembly;
 mod bu;
 mod event;
 mod evm;
@@ -31,7 +32,7 @@ pub use ledger::{Ledger, ReleaseOutcome};
 pub use report::{verdict, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};
 pub use sink::{CountingSink, DiscardSink, Sink, SinkError};
-pub use source::{FragmentSpec, Recorded, Recording, Source};
+pub use source::{FragmentSpec, LiveFeed, LiveStats, Recorded, Recording, Source};
 
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::generator::{Content, Generator};
 use crate::ids::IdMap;
-use crate::source::Source;
+use crate::source::{LiveFeed, Source};
 
 /// Message and fragment headers in front of each payload.
 pub const PREFIX_LEN: usize = FRAGMENT_PREFIX_LEN;
@@ -46,6 +46,15 @@ pub struct RuStats {
     pub dropped_at_source: u64,
     /// Fragments sent again because their event was reassigned from a lost BU.
     pub fragments_resent: u64,
+    /// Live feed (front-end streams): fragments received over all streams.
+    pub stream_fragments_received: u64,
+    /// Live feed: events built with a stream flagged for sync loss (`on_sync_loss = "flag"`).
+    pub sync_losses: u64,
+    /// Live feed: the streams this RU is waiting for, and since when.
+    pub waiting_for: Vec<String>,
+    /// Live feed: fragments received and not sent in any event (at the end of a run: streams
+    /// that sent more than another stream, of this RU or another, before the run ended).
+    pub stream_fragments_unbuilt: u64,
 }
 
 /// Most fragment bytes one `poll` makes (a few milliseconds of work).
@@ -163,8 +172,16 @@ impl Ru {
 
     pub fn stats(&self) -> RuStats {
         let mut s = self.stats.clone();
-        if let Source::Playback(r) = &self.cfg.source {
-            s.dropped_at_source = r.dropped;
+        match &self.cfg.source {
+            Source::Playback(r) => s.dropped_at_source = r.dropped,
+            Source::Live(f) => {
+                s.dropped_at_source = f.stats.dropped;
+                s.stream_fragments_received = f.stats.fragments_received;
+                s.sync_losses = f.stats.sync_losses;
+                s.waiting_for = f.stats.waiting_for.clone();
+                s.stream_fragments_unbuilt = f.unbuilt();
+            }
+            Source::Generator(_) => {}
         }
         s.retained = self.retained.len() as u64;
         s.pending_events = self.pending.iter().map(|r| r.count as u64).sum();
@@ -176,6 +193,41 @@ impl Ru {
         !self.pending.is_empty() && !self.blocked
     }
 
+    /// The live feed this RU's front-end streams supply, if that is its source.
+    pub fn live_mut(&mut self) -> Option<&mut LiveFeed> {
+        match &mut self.cfg.source {
+            Source::Live(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The data source cannot go on (a bad fragment under `on_error = "stop"`, a sync loss,
+    /// an unreadable stream): the EVM is told why, and this RU leaves the run.
+    pub fn source_failed(&mut self, reason: String) {
+        if self.state.is_over() {
+            return;
+        }
+        self.actions.push_back(Action::Send {
+            to: NodeRef::Evm,
+            msg: Message::Abort(reason.clone()),
+            path: Path::Now,
+        });
+        abort(&mut self.state, &mut self.actions, reason);
+    }
+
+    /// Tells the EVM how many events the live feed holds, when that changed.
+    fn announce(&mut self) {
+        if let Source::Live(f) = &mut self.cfg.source {
+            if let Some((count, done)) = f.announcement() {
+                self.actions.push_back(Action::Send {
+                    to: NodeRef::Evm,
+                    msg: Message::Available { count, done },
+                    path: Path::Now,
+                });
+            }
+        }
+    }
+
     pub fn next_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
@@ -184,6 +236,8 @@ impl Ru {
     pub fn connections_up(&mut self) {
         if self.state == RunState::Configured {
             self.state = RunState::Ready;
+            // A live feed says what it holds before Ready: the EVM gates on it from the start.
+            self.announce();
             let available = self.cfg.source.available().unwrap_or(evb_wire::UNLIMITED);
             self.actions.push_back(Action::Send {
                 to: NodeRef::Evm,
@@ -267,6 +321,9 @@ impl Ru {
         let mut made = 0;
         let mut bytes = 0usize;
         self.blocked = false;
+        if !self.state.is_over() && self.state != RunState::Configured {
+            self.announce();
+        }
         // Bounded by count and by bytes: a pass that writes hundreds of MB (large fragments,
         // a large pool) keeps the node from reading its sockets and sending heartbeats.
         while made < self.cfg.max_per_poll && bytes < MAX_BYTES_PER_POLL {
@@ -284,12 +341,23 @@ impl Ru {
                 made += 1;
                 continue;
             }
+            if !self.cfg.source.has_event(event_id) {
+                // The EVM assigns only what `Available` announced, in order.
+                let reason = format!(
+                    "assigned event {event_id}, which the front-end streams have not supplied"
+                );
+                self.source_failed(reason);
+                return;
+            }
             let Some(data) = self.make_fragment(event_id) else {
                 self.stats.pool_waits += 1;
                 self.blocked = true;
                 break;
             };
             self.advance_pending();
+            if let Source::Live(f) = &mut self.cfg.source {
+                f.consumed(event_id);
+            }
             bytes += data.len();
             self.stats.fragments_sent += 1;
             self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;

@@ -1,12 +1,15 @@
-//! Data sources: where an RU's fragments come from. Either the generator (content derived
-//! from event and source id) or a recording replayed from files (loaded and validated by the
-//! node before the run; this module only hands the bytes out).
+//! Data sources: where an RU's fragments come from. The generator (content derived from
+//! event and source id), a recording replayed from files (loaded and validated by the node
+//! before the run; this module only hands the bytes out), or a live feed (front-end streams
+//! assembled as they arrive, see [`crate::assembly`]).
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
 use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING};
 
+use crate::assembly::Assembled;
 use crate::generator::Generator;
 
 /// One recorded fragment: its bytes in the recording, or `None` when it was dropped as
@@ -28,10 +31,93 @@ pub struct Recording {
     pub dropped: u64,
 }
 
+/// Events supplied as they arrive: the k-th one supplied is event k. The RU tells the EVM
+/// how many it holds (`Available`), and the EVM assigns no event before it is here.
+#[derive(Debug, Clone, Default)]
+pub struct LiveFeed {
+    queue: VecDeque<Assembled>,
+    /// Event id of the front of the queue.
+    next_id: u64,
+    /// No more events will be supplied.
+    done: bool,
+    /// What the EVM was last told (count, done).
+    announced: Option<(u64, bool)>,
+    /// Counters the driver keeps for the report.
+    pub stats: LiveStats,
+}
+
+/// What a live feed's driver reports about its streams.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiveStats {
+    pub fragments_received: u64,
+    pub dropped: u64,
+    pub sync_losses: u64,
+    /// Streams the RU waits for, with since when (empty: none).
+    pub waiting_for: Vec<String>,
+    /// Fragments received and not in any event supplied (at the end: they belong to no event).
+    pub unbuilt: u64,
+}
+
+impl LiveFeed {
+    /// Events supplied so far (built or queued).
+    pub fn supplied(&self) -> u64 {
+        self.next_id + self.queue.len() as u64
+    }
+
+    /// Events supplied and not yet made into fragments.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Stream fragments received and not (yet) sent in an event: in the driver's hands, and
+    /// in the events supplied but never assigned (the run ended first).
+    pub fn unbuilt(&self) -> u64 {
+        self.stats.unbuilt + self.queue.iter().map(|a| a.fragments as u64).sum::<u64>()
+    }
+
+    pub fn supply(&mut self, event: Assembled) {
+        if !self.done {
+            self.queue.push_back(event);
+        }
+    }
+
+    /// No more events: the run ends after the ones supplied.
+    pub fn finish(&mut self) {
+        self.done = true;
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// `Available` for the EVM, if it changed since last told.
+    pub(crate) fn announcement(&mut self) -> Option<(u64, bool)> {
+        let now = (self.supplied(), self.done);
+        (self.announced != Some(now)).then(|| {
+            self.announced = Some(now);
+            now
+        })
+    }
+
+    fn front(&self, event_id: u64) -> Option<&Assembled> {
+        (event_id == self.next_id)
+            .then(|| self.queue.front())
+            .flatten()
+    }
+
+    /// The front event became a fragment.
+    pub(crate) fn consumed(&mut self, event_id: u64) {
+        if event_id == self.next_id && self.queue.pop_front().is_some() {
+            self.next_id += 1;
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Source {
     Generator(Generator),
     Playback(Recording),
+    Live(LiveFeed),
 }
 
 /// What a source says about one fragment before it is written.
@@ -63,6 +149,8 @@ impl Source {
             Source::Generator(_) => None,
             Source::Playback(r) if r.looped && !r.fragments.is_empty() => None,
             Source::Playback(r) => Some(r.fragments.len() as u64),
+            // announced as it arrives (`Available`)
+            Source::Live(_) => None,
         }
     }
 
@@ -105,6 +193,19 @@ impl Source {
                     flags: FLAG_MISSING,
                 },
             },
+            Source::Live(f) => match f.front(event_id) {
+                Some(a) => FragmentSpec {
+                    size: a.payload.len(),
+                    trigger_number: a.trigger_number,
+                    flags: a.flags,
+                },
+                // The RU checks `has_event` first; this is never sent.
+                None => FragmentSpec {
+                    size: 0,
+                    trigger_number: event_id as u32,
+                    flags: FLAG_MISSING,
+                },
+            },
         }
     }
 
@@ -118,13 +219,26 @@ impl Source {
                     buf.copy_from_slice(&r.data[start..start + buf.len()]);
                 }
             }
+            Source::Live(f) => {
+                if let Some(a) = f.front(event_id) {
+                    buf.copy_from_slice(&a.payload[offset..offset + buf.len()]);
+                }
+            }
         }
     }
 
     pub fn generator(&self) -> Option<&Generator> {
         match self {
             Source::Generator(g) => Some(g),
-            Source::Playback(_) => None,
+            Source::Playback(_) | Source::Live(_) => None,
+        }
+    }
+
+    /// Whether event `event_id`'s data is here (always, except for a live feed).
+    pub fn has_event(&self, event_id: u64) -> bool {
+        match self {
+            Source::Live(f) => f.front(event_id).is_some(),
+            _ => true,
         }
     }
 }

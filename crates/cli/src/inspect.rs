@@ -7,7 +7,7 @@ use evb_formats::events::{
     EventFile, FileMeta, EVENT_CORRUPT, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
 };
 use evb_formats::{fed, framed};
-use evb_wire::FLAG_MISSING;
+use evb_wire::{super_fragment, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS};
 
 /// Sizes seen, for min / mean / max.
 #[derive(Default)]
@@ -163,6 +163,9 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
     );
     let mut problems = Vec::new();
     let mut sources: BTreeMap<u16, u64> = BTreeMap::new();
+    // streams inside super-fragments, and events built with a stream flagged for sync loss
+    let mut streams: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut sync_losses = 0u64;
     let (mut events, mut partial, mut mismatch, mut corrupt) = (0u64, 0u64, 0u64, 0u64);
     let mut sizes = Sizes::default();
     let (mut first, mut last) = (None, None);
@@ -189,7 +192,24 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
                     ev.event_id, h.source_id
                 ));
             }
+            if h.flags & FLAG_SUPER != 0 {
+                match super_fragment::decode_directory(p, p.len()) {
+                    Ok(entries) => {
+                        for e in entries {
+                            *streams.entry(e.source_id).or_default() += 1;
+                        }
+                    }
+                    Err(e) => problems.push(format!(
+                        "event {}: source {}: super-fragment: {e}",
+                        ev.event_id, h.source_id
+                    )),
+                }
+            }
         }
+        sync_losses += ev
+            .fragments
+            .iter()
+            .any(|(h, _)| h.flags & FLAG_SYNC_LOSS != 0) as u64;
         if dump == Some(ev.event_id) {
             println!(
                 "  event {} at byte {}: trigger {}, flags {:#06x}, {} fragments",
@@ -209,6 +229,9 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
                     h.payload_crc,
                     hex_head(p, 32)
                 );
+                if h.flags & FLAG_SUPER != 0 {
+                    dump_super(p);
+                }
             }
         }
     }
@@ -232,8 +255,47 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
     println!("  {events} events{ids}; event payload {}", sizes.show());
     let src: Vec<String> = sources.iter().map(|(s, n)| format!("{s} ({n})")).collect();
     println!("  sources: {}", src.join(", "));
+    if !streams.is_empty() {
+        let st: Vec<String> = streams.iter().map(|(s, n)| format!("{s} ({n})")).collect();
+        println!(
+            "  streams in super-fragments: {}; events with a sync loss flagged: {sync_losses}",
+            st.join(", ")
+        );
+    }
     println!("  partial {partial}, trigger mismatches {mismatch}, flagged corrupt {corrupt}");
     verdict(&problems)
+}
+
+/// The streams of one super-fragment, one line each.
+fn dump_super(p: &[u8]) {
+    let Ok(entries) = super_fragment::decode_directory(p, p.len()) else {
+        return;
+    };
+    let mut at = super_fragment::directory_len(entries.len());
+    for e in entries {
+        let bytes = &p[at..at + e.length as usize];
+        at += e.length as usize;
+        let mut what = Vec::new();
+        if e.flags & super_fragment::ENTRY_MISSING != 0 {
+            what.push("left out");
+        }
+        if e.flags & super_fragment::ENTRY_SYNC_LOSS != 0 {
+            what.push("SYNC LOSS");
+        }
+        println!(
+            "      stream source {:>5} trigger {:>8} flags {:#06x} {:>8} bytes{}: {}",
+            e.source_id,
+            e.trigger_number,
+            e.flags,
+            e.length,
+            if what.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", what.join(", "))
+            },
+            hex_head(bytes, 24)
+        );
+    }
 }
 
 fn verdict(problems: &[String]) -> bool {

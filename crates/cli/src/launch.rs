@@ -130,6 +130,8 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             control: c.clone(),
             source_id: Some(n.source_id),
             files: n.files.clone(),
+            streams: n.streams.clone(),
+            stream_sources: n.stream_sources.clone(),
         })
         .collect();
     out.bu = placed()
@@ -270,9 +272,20 @@ fn progress_line(latest: &BTreeMap<String, Value>, rate: &mut RateMeter) -> Stri
     let mut in_flight = 0u64;
     let mut credits = 0u64;
     let mut triggered = 0u64;
+    // RUs fed by front-ends name the streams they wait for
+    let mut waiting = Vec::new();
     for v in latest.values() {
         let s = &v["stats"];
         match v["role"].as_str() {
+            Some("ru") => {
+                for w in s["waiting_for"].as_array().into_iter().flatten() {
+                    waiting.push(format!(
+                        "{} {}",
+                        v["node"].as_str().unwrap_or("?"),
+                        w.as_str().unwrap_or("?")
+                    ));
+                }
+            }
             Some("bu") => {
                 built += s["events_built"].as_u64().unwrap_or(0);
                 bytes += s["payload_bytes_built"].as_u64().unwrap_or(0);
@@ -288,10 +301,14 @@ fn progress_line(latest: &BTreeMap<String, Value>, rate: &mut RateMeter) -> Stri
     let (ev_rate, byte_rate) = rate.update(built, bytes);
     // nodes report at slightly different moments: never show more built than triggered
     let triggered = triggered.max(built);
-    format!(
+    let mut line = format!(
         "built {built} of {triggered} events | {ev_rate:.0} ev/s | {:.2} GB/s | in flight {in_flight} | credits free {credits}",
         byte_rate / 1e9
-    )
+    );
+    if !waiting.is_empty() {
+        line += &format!(" | waiting for {}", waiting.join("; "));
+    }
+    line
 }
 
 /// Rates over the last second or so.

@@ -1,6 +1,7 @@
 //! `evb`: run a local event builder, run one node of a deployment, check a configuration.
 
 mod ctl;
+mod feed;
 mod inspect;
 mod launch;
 mod summary;
@@ -50,6 +51,9 @@ enum Command {
         #[arg(long)]
         event: Option<u64>,
     },
+    /// Stream fragment files over TCP to RUs with `source.kind = "stream"`: a front-end
+    /// emulator (`--rate`, `--loop`). Prints what each stream sent.
+    Feed(feed::FeedArgs),
     /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
     Bench(evb_bench::BenchArgs),
     /// Check a configuration file, or print the default one.
@@ -281,6 +285,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+        Command::Feed(a) => match feed::run(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb feed: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Bench(a) => match evb_bench::run(&a) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -44,15 +44,23 @@ pub fn print(
                     u(&s["duplicate_releases"])
                 ),
             ),
-            "ru" => (
-                u(&s["fragments_sent"]),
-                u(&s["payload_bytes_sent"]),
-                format!(
+            "ru" => {
+                let mut notes = format!(
                     "still held {}, waits for memory {}",
                     u(&s["retained"]),
                     u(&s["pool_waits"])
-                ),
-            ),
+                );
+                if u(&s["stream_fragments_received"]) > 0 {
+                    notes += &format!(
+                        ", from streams {} (unbuilt {}, dropped {}, sync losses {})",
+                        u(&s["stream_fragments_received"]),
+                        u(&s["stream_fragments_unbuilt"]),
+                        u(&s["dropped_at_source"]),
+                        u(&s["sync_losses"])
+                    );
+                }
+                (u(&s["fragments_sent"]), u(&s["payload_bytes_sent"]), notes)
+            }
             _ => (
                 u(&s["events_built"]),
                 u(&s["payload_bytes_built"]),

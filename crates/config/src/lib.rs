@@ -10,8 +10,11 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod stream;
 #[cfg(test)]
 mod tests;
+
+pub use stream::{OnSyncLoss, StreamFormat};
 
 #[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {
@@ -362,6 +365,12 @@ pub struct RuSection {
     /// host:port of its control API (empty: from the control section).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub control: String,
+    /// `source.kind = "stream"`: the addresses this RU listens on, one front-end stream each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<String>,
+    /// The source (FED) id of each stream (default with one stream: the RU's `source_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_sources: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -375,6 +384,8 @@ pub enum SourceKind {
     Framed,
     /// evb built-event files (a recorded run replayed): each RU takes its source's fragments.
     Evb,
+    /// Front-ends over TCP: each RU listens on its `streams` and reads fragments as they come.
+    Stream,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -399,6 +410,14 @@ pub struct SourceSection {
     pub check_source_id: bool,
     /// Largest recorded fragment accepted (bytes); sizes buffers for file sources.
     pub max_fragment: u64,
+    /// Streams: how fragments are framed on the wire from the front-ends.
+    pub format: StreamFormat,
+    /// Streams: what a trigger number that differs between an RU's streams does.
+    pub on_sync_loss: OnSyncLoss,
+    /// Streams: fragments read ahead per stream before the RU stops reading it.
+    pub read_ahead: u64,
+    /// Streams: seconds without a fragment from a stream the RU waits for before it warns.
+    pub stall_warn_s: f64,
 }
 
 impl Default for SourceSection {
@@ -409,6 +428,10 @@ impl Default for SourceSection {
             on_error: OnError::Stop,
             check_source_id: true,
             max_fragment: 1 << 20,
+            format: StreamFormat::Fed,
+            on_sync_loss: OnSyncLoss::Stop,
+            read_ahead: 1024,
+            stall_warn_s: 2.0,
         }
     }
 }
@@ -480,6 +503,9 @@ pub struct NodeSpec {
     pub sink: SinkKind,
     /// Recorded files this RU replays.
     pub files: Vec<String>,
+    /// Addresses this RU listens on for front-end streams, and each stream's source id.
+    pub streams: Vec<String>,
+    pub stream_sources: Vec<u16>,
     /// Testing: sink delay per event (µs) and for how many events (0: all).
     pub sink_delay: Option<(u64, u64)>,
 }
@@ -634,15 +660,19 @@ impl Config {
             ));
         }
         if self.source.kind != SourceKind::Generator && self.ru.is_empty() {
-            return Err(invalid(
-                "source.kind",
-                "file sources need [[ru]] entries, each listing its `files`",
-            ));
+            let what = match self.source.kind {
+                SourceKind::Stream => {
+                    "stream sources need [[ru]] entries, each listing its `streams`"
+                }
+                _ => "file sources need [[ru]] entries, each listing its `files`",
+            };
+            return Err(invalid("source.kind", what));
         }
+        stream::validate(self)?;
         for (i, ru) in self.ru.iter().enumerate() {
             let key = format!("ru[{i}].files");
             match (self.source.kind, ru.files.is_empty()) {
-                (SourceKind::Generator, false) => {
+                (SourceKind::Generator | SourceKind::Stream, false) => {
                     return Err(invalid(
                         key,
                         "only read when source.kind is \"fed\", \"framed\" or \"evb\"",
@@ -790,6 +820,7 @@ impl Config {
         let (ru_need, bu_need) = self.pool_needs()?;
         let largest = match self.source.kind {
             SourceKind::Generator => "fragments",
+            SourceKind::Stream => "super-fragments (streams × source.max_fragment)",
             _ => "source.max_fragment",
         };
         if b.ru_pool_mib != 0 && b.ru_pool_mib << 20 < ru_need {
@@ -1051,6 +1082,8 @@ impl Config {
             credits: 0,
             sink: SinkKind::Discard,
             files: Vec::new(),
+            streams: Vec::new(),
+            stream_sources: Vec::new(),
             sink_delay: None,
         }];
         let n_ru = if self.ru.is_empty() {
@@ -1060,22 +1093,30 @@ impl Config {
         };
         for i in 0..n_ru {
             let k = 1 + i;
-            let (id, addr, ctl, source_id, files) = match self.ru.get(i as usize) {
-                Some(r) => (
-                    r.id.clone(),
-                    data(&r.addr, k),
-                    control(&r.control, k),
-                    r.source_id.unwrap_or(i as u16),
-                    r.files.clone(),
-                ),
-                None => (
-                    format!("ru{i}"),
-                    data("", k),
-                    control("", k),
-                    i as u16,
-                    Vec::new(),
-                ),
-            };
+            let (id, addr, ctl, source_id, files, streams, mut stream_sources) =
+                match self.ru.get(i as usize) {
+                    Some(r) => (
+                        r.id.clone(),
+                        data(&r.addr, k),
+                        control(&r.control, k),
+                        r.source_id.unwrap_or(i as u16),
+                        r.files.clone(),
+                        r.streams.clone(),
+                        r.stream_sources.clone(),
+                    ),
+                    None => (
+                        format!("ru{i}"),
+                        data("", k),
+                        control("", k),
+                        i as u16,
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                    ),
+                };
+            if streams.len() == 1 && stream_sources.is_empty() {
+                stream_sources.push(source_id);
+            }
             v.push(NodeSpec {
                 id,
                 role: Role::Ru,
@@ -1086,6 +1127,8 @@ impl Config {
                 credits: 0,
                 sink: SinkKind::Discard,
                 files,
+                streams,
+                stream_sources,
                 sink_delay: None,
             });
         }
@@ -1126,6 +1169,8 @@ impl Config {
                 credits,
                 sink,
                 files: Vec::new(),
+                streams: Vec::new(),
+                stream_sources: Vec::new(),
                 sink_delay,
             });
         }
@@ -1199,6 +1244,7 @@ impl Config {
     pub fn max_fragment(&self) -> u64 {
         match self.source.kind {
             SourceKind::Generator => self.fragments.max_size(),
+            SourceKind::Stream => stream::max_payload(self),
             _ => self.source.max_fragment,
         }
     }

@@ -662,3 +662,100 @@ fn explicit_pools_must_hold_the_largest_recorded_fragment() {
         &["buffers.bu_pool_mib", "source.max_fragment", "16777216"],
     );
 }
+
+#[test]
+fn stream_sources_are_checked_naming_the_key() {
+    let base = r#"
+[run]
+duration_s = 0
+[source]
+kind = "stream"
+[[ru]]
+id = "ru0"
+streams = ["127.0.0.1:7301", "127.0.0.1:7302"]
+stream_sources = [841, 843]
+"#;
+    let cfg = Config::from_toml(base).unwrap();
+    cfg.validate().unwrap();
+    let nodes = cfg.nodes();
+    assert_eq!(nodes[1].streams.len(), 2);
+    assert_eq!(nodes[1].stream_sources, vec![841, 843]);
+    // a super-fragment of two streams: the frame limit and pools follow
+    assert_eq!(cfg.max_fragment(), 2 * (1 << 20) + 8 + 32);
+
+    let bad = |edit: &dyn Fn(&str) -> String, key: &str| {
+        let text = edit(base);
+        let e = Config::from_toml(&text)
+            .and_then(|c| c.validate())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "expected {key} in: {e}");
+    };
+    bad(
+        &|t| t.replace("stream_sources = [841, 843]", ""),
+        "ru[0].stream_sources",
+    );
+    bad(
+        &|t| t.replace("[841, 843]", "[841, 841]"),
+        "ru[0].stream_sources",
+    );
+    bad(
+        &|t| t.replace("127.0.0.1:7302", "127.0.0.1:0"),
+        "ru[0].streams[1]",
+    );
+    bad(
+        &|t| t.replace("127.0.0.1:7302", "127.0.0.1:7301"),
+        "ru[0].streams[1]",
+    );
+    bad(
+        &|t| t.replace("127.0.0.1:7302", "localhost"),
+        "ru[0].streams[1]",
+    );
+    bad(
+        &|t| {
+            t.replace(
+                "streams = [\"127.0.0.1:7301\", \"127.0.0.1:7302\"]",
+                "streams = []",
+            )
+        },
+        "ru[0].streams",
+    );
+    bad(
+        &|t| {
+            t.replace("kind = \"stream\"", "kind = \"stream\"\nloop = true")
+                .replace("duration_s = 0", "duration_s = 1")
+        },
+        "source.loop",
+    );
+    bad(
+        &|t| t.replace("kind = \"stream\"", "kind = \"stream\"\nread_ahead = 0"),
+        "source.read_ahead",
+    );
+    bad(
+        &|t| t.replace("kind = \"stream\"", "kind = \"stream\"\nstall_warn_s = nan"),
+        "source.stall_warn_s",
+    );
+    bad(
+        &|t| {
+            t.replace(
+                "kind = \"stream\"",
+                "kind = \"stream\"\nmax_fragment = 268435456",
+            )
+        },
+        "source.max_fragment",
+    );
+    bad(
+        &|t| {
+            t.replace("kind = \"stream\"", "kind = \"generator\"")
+                .replace("duration_s = 0", "duration_s = 1")
+        },
+        "ru[0].streams",
+    );
+    // one stream: its source id defaults to the RU's
+    let one = base
+        .replace(", \"127.0.0.1:7302\"", "")
+        .replace("stream_sources = [841, 843]", "source_id = 841");
+    let cfg = Config::from_toml(&one).unwrap();
+    cfg.validate().unwrap();
+    assert_eq!(cfg.nodes()[1].stream_sources, vec![841]);
+}

@@ -193,3 +193,16 @@ pub fn build(lv1_id: u32, source_id: u16, payload: &[u64]) -> Vec<u8> {
     v[n - 8..].copy_from_slice(&trailer.to_le_bytes());
     v
 }
+
+/// The LV1 id the header word of `fragment` gives, checked or not (for the record of a bad
+/// fragment); `None` if there is no whole first word.
+pub fn header_lv1(fragment: &[u8]) -> Option<u32> {
+    let h = u64::from_le_bytes(fragment.get(..8)?.try_into().ok()?);
+    Some(((h >> 32) & 0xff_ffff) as u32)
+}
+
+/// Whether word `w` (0-based) of a fragment is its trailer: marker 0xa and a length field
+/// equal to `w + 1` words (how [`split`] finds boundaries; a stream reader uses it as words arrive).
+pub fn is_trailer_at(word_le: [u8; 8], w: usize) -> bool {
+    is_trailer_for(u64::from_le_bytes(word_le), w + 1)
+}

@@ -51,16 +51,23 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-/// Reads the record at `offset`. A record whose header is damaged cannot be skipped (its
-/// length is not trusted): that is an error for the rest of the file. A payload CRC error is
-/// reported separately (`Ok((record, Some(error)))`), so the caller can drop just that record.
-pub fn read_at(data: &[u8], offset: usize) -> Result<(Record, Option<FramedError>), FramedError> {
+/// What a record header says, once every field of it is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub payload_len: usize,
+    pub trigger_number: u32,
+    pub payload_crc: u32,
+}
+
+/// Checks a record header (magic, header checksum, version, flags, length); `offset` is where
+/// it lies, for the error. Its length can be trusted only after this.
+pub fn read_header(h: &[u8], offset: usize) -> Result<RecordHeader, FramedError> {
     let bad = |reason: &str| FramedError::Bad {
         offset,
         reason: reason.to_string(),
     };
-    let h = data
-        .get(offset..offset + RECORD_HEADER_LEN)
+    let h = h
+        .get(..RECORD_HEADER_LEN)
         .ok_or_else(|| bad("truncated header"))?;
     if h[0..4] != RECORD_MAGIC {
         return Err(bad("bad magic (expected \"EVFR\")"));
@@ -74,25 +81,44 @@ pub fn read_at(data: &[u8], offset: usize) -> Result<(Record, Option<FramedError
     if h[6..8] != [0, 0] {
         return Err(bad("non-zero flags"));
     }
-    let len = u32_at(h, 8) as usize;
-    if len > MAX_RECORD {
+    let payload_len = u32_at(h, 8) as usize;
+    if payload_len > MAX_RECORD {
         return Err(bad("payload larger than 256 MiB"));
     }
+    Ok(RecordHeader {
+        payload_len,
+        trigger_number: u32_at(h, 12),
+        payload_crc: u32_at(h, 16),
+    })
+}
+
+/// The payload CRC error of a record, if its payload does not match its header.
+pub fn check_payload(h: &RecordHeader, payload: &[u8], offset: usize) -> Option<FramedError> {
+    let computed = crc32c::crc32c(payload);
+    (h.payload_crc != computed).then_some(FramedError::Crc {
+        offset,
+        stored: h.payload_crc,
+        computed,
+    })
+}
+
+/// Reads the record at `offset`. A record whose header is damaged cannot be skipped (its
+/// length is not trusted): that is an error for the rest of the file. A payload CRC error is
+/// reported separately (`Ok((record, Some(error)))`), so the caller can drop just that record.
+pub fn read_at(data: &[u8], offset: usize) -> Result<(Record, Option<FramedError>), FramedError> {
+    let h = read_header(data.get(offset..).unwrap_or(&[]), offset)?;
     let start = offset + RECORD_HEADER_LEN;
     let payload = data
-        .get(start..start + len)
-        .ok_or_else(|| bad("truncated payload"))?;
-    let stored = u32_at(h, 16);
-    let computed = crc32c::crc32c(payload);
-    let crc = (stored != computed).then_some(FramedError::Crc {
-        offset,
-        stored,
-        computed,
-    });
+        .get(start..start + h.payload_len)
+        .ok_or_else(|| FramedError::Bad {
+            offset,
+            reason: "truncated payload".into(),
+        })?;
+    let crc = check_payload(&h, payload, offset);
     Ok((
         Record {
-            trigger_number: u32_at(h, 12),
-            payload: start..start + len,
+            trigger_number: h.trigger_number,
+            payload: start..start + h.payload_len,
             offset,
         },
         crc,

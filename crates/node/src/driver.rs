@@ -78,6 +78,8 @@ pub struct Driver {
     next_publish: Instant,
     /// The node's pools, by what they hold, for its status.
     pools: Vec<(&'static str, evb_buffers::Pool)>,
+    /// An RU fed by front-end streams: their listeners, readers and assembler.
+    streams: Option<crate::stream_source::StreamSource>,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -170,6 +172,13 @@ impl Driver {
             }
         }
         let logic = setup::logic(cfg, &me, ru_pool, now).map_err(NodeError::Setup)?;
+        let streams = match (&logic, cfg.source.kind) {
+            (Logic::Ru(_), evb_config::SourceKind::Stream) => Some(
+                crate::stream_source::StreamSource::start(cfg, &me, now)
+                    .map_err(NodeError::Setup)?,
+            ),
+            _ => None,
+        };
         let dial_specs = dials
             .iter()
             .map(|d| (d.peer, (d.addr.clone(), d.channel)))
@@ -206,6 +215,7 @@ impl Driver {
             control,
             next_publish: now,
             pools: named,
+            streams,
         })
     }
 
@@ -643,6 +653,9 @@ impl Driver {
                 }
                 e.set_paused(now, self.control.paused());
             }
+            if let (Some(s), Logic::Ru(r)) = (&mut self.streams, &mut self.logic) {
+                s.pump(now, r);
+            }
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),
                 Logic::Ru(r) => r.poll(now),
@@ -675,7 +688,9 @@ impl Driver {
             let timeout = if busy {
                 Duration::ZERO
             } else {
-                let cap = Duration::from_millis(if self.cfg.run.rate_hz > 0.0 { 1 } else { 10 });
+                // paced triggers and front-end streams arrive between socket events
+                let paced = self.cfg.run.rate_hz > 0.0 || self.streams.is_some();
+                let cap = Duration::from_millis(if paced { 1 } else { 10 });
                 self.messenger
                     .next_flush_in(now)
                     .map_or(cap, |t| t.min(cap))

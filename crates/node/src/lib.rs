@@ -13,6 +13,7 @@ mod driver;
 mod file_sink;
 mod playback;
 pub mod setup;
+mod stream_source;
 
 pub use control::RunControl;
 pub use driver::{Driver, NodeOutcome, StatusOut};

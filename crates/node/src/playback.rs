@@ -95,7 +95,9 @@ pub fn load(cfg: &Config, me: &NodeSpec) -> Result<Recording, String> {
         dropped: 0,
     };
     match cfg.source.kind {
-        SourceKind::Generator => return Err("the generator needs no files".into()),
+        SourceKind::Generator | SourceKind::Stream => {
+            return Err("only file sources are loaded before the run".into())
+        }
         SourceKind::Fed | SourceKind::Framed => {
             for file in &me.files {
                 let bytes = std::fs::read(file)

@@ -163,6 +163,7 @@ pub fn logic(
                 source_id: me.source_id,
                 source: match cfg.source.kind {
                     SourceKind::Generator => Source::Generator(generator(cfg)),
+                    SourceKind::Stream => Source::Live(evb_builder::LiveFeed::default()),
                     _ => Source::Playback(crate::playback::load(cfg, me)?),
                 },
                 max_per_poll: 256,

@@ -9,7 +9,13 @@ pub const FRAGMENT_HEADER_LEN: usize = 32;
 pub const FLAG_MISSING: u16 = 0x0001;
 /// Flag: payload content was made by the built-in generator (and can be verified byte by byte).
 pub const FLAG_GENERATED: u16 = 0x0002;
-const KNOWN_FLAGS: u16 = FLAG_MISSING | FLAG_GENERATED;
+/// Flag: the payload is a super-fragment, the fragments of several front-end streams of one
+/// RU for this event (layout in [`crate::super_fragment`] and docs/formats.md).
+pub const FLAG_SUPER: u16 = 0x0004;
+/// Flag: a stream of this super-fragment disagreed on the trigger number (sync loss) and the
+/// event was built anyway (`source.on_sync_loss = "flag"`); its entry says which.
+pub const FLAG_SYNC_LOSS: u16 = 0x0008;
+const KNOWN_FLAGS: u16 = FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS;
 
 /// Fragment header, 32 bytes, little-endian:
 /// event id u64 | trigger number u32 | source id u16 | flags u16 | payload size u32 |

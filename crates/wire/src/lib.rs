@@ -1,5 +1,5 @@
 //! evb wire formats, without IO: the frame header, the connection handshake, the
-//! event-building messages and the fragment header. Every `decode` checks every field and
+//! event-building messages, the fragment header and the super-fragment directory. Every `decode` checks every field and
 //! returns a [`WireError`] naming what was wrong; nothing here panics on input.
 //! docs/protocol.md describes the same layouts byte by byte.
 
@@ -9,11 +9,12 @@ mod fragment;
 mod frame;
 mod handshake;
 mod message;
+pub mod super_fragment;
 
 pub use error::{Result, WireError};
 pub use fragment::{
-    fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FRAGMENT_HEADER_LEN,
-    FRAGMENT_PREFIX_LEN,
+    fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS,
+    FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
 };
 pub use frame::{
     FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION,

@@ -27,6 +27,7 @@ pub enum MessageType {
     Heartbeat = 0x0016,
     SourceLost = 0x0017,
     LinkLost = 0x0018,
+    Available = 0x0019,
 }
 
 impl MessageType {
@@ -45,6 +46,7 @@ impl MessageType {
             0x0016 => MessageType::Heartbeat,
             0x0017 => MessageType::SourceLost,
             0x0018 => MessageType::LinkLost,
+            0x0019 => MessageType::Available,
             other => return Err(WireError::UnknownMessageType(other)),
         })
     }
@@ -124,6 +126,11 @@ pub enum Message {
     SourceLost { ru: u16 },
     /// RU → EVM: this RU's data connection to BU `bu` closed while both were in the run.
     LinkLost { bu: u16 },
+    /// RU → EVM, from an RU fed live (front-end streams): its source holds fragments for
+    /// events `[0, count)`; with `done`, no more will come. Such an RU announces
+    /// `Available { count: 0, done: false }` before its Ready, and the EVM triggers no event
+    /// that an RU so announced cannot supply yet.
+    Available { count: u64, done: bool },
 }
 
 impl Message {
@@ -141,6 +148,7 @@ impl Message {
             Message::Heartbeat => MessageType::Heartbeat,
             Message::SourceLost { .. } => MessageType::SourceLost,
             Message::LinkLost { .. } => MessageType::LinkLost,
+            Message::Available { .. } => MessageType::Available,
         }
     }
 
@@ -166,6 +174,11 @@ impl Message {
                 out.extend_from_slice(&[0u8; 6]);
             }
             Message::Ready { available } => out.extend_from_slice(&available.to_le_bytes()),
+            Message::Available { count, done } => {
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&u32::from(*done).to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+            }
             Message::Stop { triggered } => out.extend_from_slice(&triggered.to_le_bytes()),
             Message::Report(s) | Message::Abort(s) => {
                 out.extend_from_slice(truncate_utf8(s, MAX_TEXT_LEN).as_bytes())
@@ -258,6 +271,26 @@ impl Message {
                 exact("ready", 8)?;
                 Message::Ready {
                     available: u64_at(b, 0),
+                }
+            }
+            MessageType::Available => {
+                exact("available", 16)?;
+                let done = match u32_at(b, 8) {
+                    0 => false,
+                    1 => true,
+                    v => {
+                        return Err(WireError::OutOfRange {
+                            what: "available done flag",
+                            value: v as u64,
+                        })
+                    }
+                };
+                if u32_at(b, 12) != 0 {
+                    return Err(WireError::ReservedNonZero { what: "available" });
+                }
+                Message::Available {
+                    count: u64_at(b, 0),
+                    done,
                 }
             }
             MessageType::Start => {

@@ -32,6 +32,7 @@ fn any_message() -> impl Strategy<Value = Message> {
         Just(Message::Heartbeat),
         any::<u16>().prop_map(|ru| Message::SourceLost { ru }),
         any::<u16>().prop_map(|bu| Message::LinkLost { bu }),
+        (any::<u64>(), any::<bool>()).prop_map(|(count, done)| Message::Available { count, done }),
         ".{0,200}".prop_map(Message::Report),
         ".{0,200}".prop_map(Message::Abort),
     ]
@@ -190,7 +191,7 @@ proptest! {
         match FragmentHeader::decode(&b) {
             Ok(got) => {
                 prop_assert_eq!(&got.encode()[..], &b[..FRAGMENT_HEADER_LEN]);
-                prop_assert_eq!(got.flags & !(FLAG_MISSING | FLAG_GENERATED), 0);
+                prop_assert_eq!(got.flags & !(FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS), 0);
             }
             Err(e) => prop_assert!(matches!(
                 e,

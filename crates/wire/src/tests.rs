@@ -129,6 +129,10 @@ fn messages_round_trip() {
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
         Message::LinkLost { bu: 2 },
+        Message::Available {
+            count: 4685,
+            done: true,
+        },
     ];
     for m in all {
         let b = m.encode();

@@ -1,0 +1,441 @@
+//! Super-fragment assembly: an RU fed by k front-end streams takes the k-th fragment of every
+//! stream for its k-th event, checks them (the `on_error` policy for bad ones, trigger
+//! numbers moving forward, every stream agreeing with the first: CMS's "sync loss"), and
+//! makes one payload: the fragment itself for one stream, a super-fragment
+//! ([`evb_wire::super_fragment`]) for several. No IO: the driver pushes what it read.
+
+use std::collections::VecDeque;
+
+use evb_wire::super_fragment::{
+    directory_len, encode_directory, SuperEntry, ENTRY_MISSING, ENTRY_SYNC_LOSS,
+};
+use evb_wire::{FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS};
+
+/// What to do with a fragment that fails its checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadFragment {
+    /// Stop the run, naming the stream and the reason.
+    Stop,
+    /// Count it and leave it out: its event is built with that source flagged MISSING.
+    Drop,
+}
+
+/// What to do when a stream's trigger number differs from the first stream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncLoss {
+    /// Stop the run, naming the source and both numbers.
+    Stop,
+    /// Build the event with that stream's entry (and the fragment) flagged.
+    Flag,
+}
+
+/// One fragment as a stream delivered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub trigger_number: u32,
+    pub bytes: Vec<u8>,
+    /// Byte offset in its stream (for messages).
+    pub offset: u64,
+    /// Why it failed its checks, if it did.
+    pub bad: Option<String>,
+}
+
+/// One event's payload from this RU's streams, ready to become its fragment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assembled {
+    pub trigger_number: u32,
+    /// Stream fragments it holds (one per stream, left-out ones included).
+    pub fragments: u32,
+    pub payload: Vec<u8>,
+    /// Fragment header flags: MISSING, SUPER, SYNC_LOSS.
+    pub flags: u16,
+}
+
+/// One stream's identity (for the super-fragment directory and for messages).
+#[derive(Debug, Clone)]
+pub struct StreamName {
+    pub source_id: u16,
+    /// Where it comes from, e.g. `127.0.0.1:7301`.
+    pub addr: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct AssemblyConfig {
+    pub streams: Vec<StreamName>,
+    pub on_error: BadFragment,
+    pub on_sync_loss: SyncLoss,
+    /// Trigger numbers wrap at this mask (0xff_ffff: the FED LV1 id's 24 bits).
+    pub trigger_mask: u32,
+    /// What the trigger number is called in messages ("LV1 id" for FED).
+    pub trigger_name: &'static str,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AssemblyStats {
+    /// Fragments pushed, all streams.
+    pub received: u64,
+    /// Bad fragments left out under `Drop`.
+    pub dropped: u64,
+    /// Events built with a stream flagged for sync loss (under `Flag`).
+    pub sync_losses: u64,
+}
+
+struct Stream {
+    name: StreamName,
+    queue: VecDeque<Piece>,
+    /// The stream ended after this many fragments.
+    closed_after: Option<u64>,
+    received: u64,
+}
+
+pub struct Assembler {
+    cfg: AssemblyConfig,
+    streams: Vec<Stream>,
+    assembled: u64,
+    /// The previous event's trigger number, if its streams agreed (the order check).
+    last: Option<u32>,
+    stats: AssemblyStats,
+}
+
+impl Assembler {
+    pub fn new(cfg: AssemblyConfig) -> Assembler {
+        let streams = cfg
+            .streams
+            .iter()
+            .map(|name| Stream {
+                name: name.clone(),
+                queue: VecDeque::new(),
+                closed_after: None,
+                received: 0,
+            })
+            .collect();
+        Assembler {
+            cfg,
+            streams,
+            assembled: 0,
+            last: None,
+            stats: AssemblyStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &AssemblyStats {
+        &self.stats
+    }
+
+    /// Events assembled so far.
+    pub fn assembled(&self) -> u64 {
+        self.assembled
+    }
+
+    /// How a stream is named in messages: `stream 1 (source 843, 127.0.0.1:7302)`.
+    pub fn describe(&self, stream: usize) -> String {
+        let s = &self.streams[stream].name;
+        format!("stream {stream} (source {}, {})", s.source_id, s.addr)
+    }
+
+    pub fn push(&mut self, stream: usize, piece: Piece) {
+        let s = &mut self.streams[stream];
+        s.received += 1;
+        s.queue.push_back(piece);
+        self.stats.received += 1;
+    }
+
+    /// The stream ended: no fragment will follow the ones pushed.
+    pub fn close(&mut self, stream: usize) {
+        let s = &mut self.streams[stream];
+        s.closed_after.get_or_insert(s.received);
+    }
+
+    /// Fragments of `stream` waiting for the other streams' fragments of their events.
+    pub fn queued(&self, stream: usize) -> usize {
+        self.streams[stream].queue.len()
+    }
+
+    /// A stream ended and everything it sent is assembled: no event can be completed again.
+    pub fn exhausted(&self) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.closed_after.is_some() && s.queue.is_empty())
+    }
+
+    /// Fragments received and waiting for other streams' (once [`Assembler::exhausted`]:
+    /// they will never be part of an event, their streams sent more than the shortest one).
+    pub fn unbuilt(&self) -> u64 {
+        self.streams.iter().map(|s| s.queue.len() as u64).sum()
+    }
+
+    /// The next event's payload, `Ok(None)` while a stream's fragment is still to come;
+    /// `Err` names why the run must stop (a bad fragment under `Stop`, a sync loss under
+    /// `Stop`).
+    pub fn next_event(&mut self) -> Result<Option<Assembled>, String> {
+        if self.streams.iter().any(|s| s.queue.is_empty()) {
+            return Ok(None);
+        }
+        let event = self.assembled;
+        let mut pieces: Vec<Piece> = self
+            .streams
+            .iter_mut()
+            .map(|s| s.queue.pop_front().expect("checked non-empty"))
+            .collect();
+        self.assembled += 1;
+        let name = self.cfg.trigger_name;
+        for (i, p) in pieces.iter_mut().enumerate() {
+            if let Some(why) = p.bad.take() {
+                let why = format!("{}: {why}", self.describe(i));
+                self.bad(&why)?;
+                p.bad = Some(why);
+            }
+        }
+        // The first good stream sets the event's trigger number; it must move forward.
+        let reference = pieces.iter().position(|p| p.bad.is_none());
+        let trigger = match reference {
+            Some(r) => pieces[r].trigger_number,
+            // every fragment is bad: the number the first one's header gives, for the record
+            None => pieces[0].trigger_number,
+        };
+        if let (Some(r), Some(last)) = (reference, self.last) {
+            let step = trigger.wrapping_sub(last) & self.cfg.trigger_mask;
+            if step == 0 || step > self.cfg.trigger_mask / 2 {
+                let why = format!(
+                    "{}: fragment at byte {}: {name} {trigger} after {last}: out of order",
+                    self.describe(r),
+                    pieces[r].offset
+                );
+                self.bad(&why)?;
+            }
+        }
+        let mut in_sync = true;
+        let mut entries = Vec::with_capacity(pieces.len());
+        for (i, p) in pieces.iter().enumerate() {
+            let mut flags = 0;
+            if p.bad.is_some() {
+                flags |= ENTRY_MISSING;
+            } else if p.trigger_number != trigger {
+                let r = reference.expect("a good piece implies a reference");
+                match self.cfg.on_sync_loss {
+                    SyncLoss::Stop => {
+                        return Err(format!(
+                            "sync loss at event {event}: {} sent {name} {} where {} sent \
+                             {name} {trigger}",
+                            self.describe(i),
+                            p.trigger_number,
+                            self.describe(r),
+                        ))
+                    }
+                    SyncLoss::Flag => {
+                        in_sync = false;
+                        flags |= ENTRY_SYNC_LOSS;
+                    }
+                }
+            }
+            entries.push(SuperEntry {
+                source_id: self.streams[i].name.source_id,
+                flags,
+                trigger_number: p.trigger_number,
+                length: if p.bad.is_some() {
+                    0
+                } else {
+                    p.bytes.len() as u32
+                },
+            });
+        }
+        if !in_sync {
+            self.stats.sync_losses += 1;
+        }
+        self.last = (reference.is_some() && in_sync).then_some(trigger);
+        Ok(Some(self.payload(trigger, pieces, entries, in_sync)))
+    }
+
+    fn bad(&mut self, why: &str) -> Result<(), String> {
+        match self.cfg.on_error {
+            BadFragment::Stop => Err(why.to_string()),
+            BadFragment::Drop => {
+                self.stats.dropped += 1;
+                tracing::warn!("{why}: dropped, its event will be partial");
+                Ok(())
+            }
+        }
+    }
+
+    fn payload(
+        &self,
+        trigger_number: u32,
+        mut pieces: Vec<Piece>,
+        entries: Vec<SuperEntry>,
+        in_sync: bool,
+    ) -> Assembled {
+        let fragments = pieces.len() as u32;
+        if pieces.len() == 1 {
+            let p = pieces.pop().expect("one piece");
+            return match p.bad {
+                None => Assembled {
+                    trigger_number,
+                    fragments,
+                    payload: p.bytes,
+                    flags: 0,
+                },
+                Some(_) => Assembled {
+                    trigger_number,
+                    fragments,
+                    payload: Vec::new(),
+                    flags: FLAG_MISSING,
+                },
+            };
+        }
+        let size: usize = entries.iter().map(|e| e.length as usize).sum();
+        let mut payload = Vec::with_capacity(directory_len(entries.len()) + size);
+        encode_directory(&entries, &mut payload);
+        for p in pieces.iter().filter(|p| p.bad.is_none()) {
+            payload.extend_from_slice(&p.bytes);
+        }
+        let mut flags = FLAG_SUPER;
+        if !in_sync {
+            flags |= FLAG_SYNC_LOSS;
+        }
+        Assembled {
+            trigger_number,
+            fragments,
+            payload,
+            flags,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_wire::super_fragment::decode_directory;
+
+    fn assembler(k: usize, on_error: BadFragment, on_sync_loss: SyncLoss) -> Assembler {
+        Assembler::new(AssemblyConfig {
+            streams: (0..k)
+                .map(|i| StreamName {
+                    source_id: 841 + 2 * i as u16,
+                    addr: format!("127.0.0.1:{}", 7301 + i),
+                })
+                .collect(),
+            on_error,
+            on_sync_loss,
+            trigger_mask: 0xff_ffff,
+            trigger_name: "LV1 id",
+        })
+    }
+
+    fn piece(trigger: u32, len: usize) -> Piece {
+        Piece {
+            trigger_number: trigger,
+            bytes: vec![trigger as u8; len],
+            offset: 0,
+            bad: None,
+        }
+    }
+
+    #[test]
+    fn one_stream_passes_its_fragments_through() {
+        let mut a = assembler(1, BadFragment::Stop, SyncLoss::Stop);
+        assert_eq!(a.next_event(), Ok(None));
+        a.push(0, piece(1, 16));
+        a.push(0, piece(2, 24));
+        let e = a.next_event().unwrap().unwrap();
+        assert_eq!((e.trigger_number, e.payload.len(), e.flags), (1, 16, 0));
+        assert_eq!(a.next_event().unwrap().unwrap().trigger_number, 2);
+        assert_eq!(a.next_event(), Ok(None));
+    }
+
+    #[test]
+    fn two_streams_make_a_super_fragment_once_both_arrived() {
+        let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
+        a.push(0, piece(1, 16));
+        assert_eq!(
+            a.next_event(),
+            Ok(None),
+            "stream 1 has not sent event 0 yet"
+        );
+        a.push(1, piece(1, 40));
+        let e = a.next_event().unwrap().unwrap();
+        assert_eq!(e.flags, FLAG_SUPER);
+        let dir = decode_directory(&e.payload, e.payload.len()).unwrap();
+        assert_eq!(dir.len(), 2);
+        assert_eq!((dir[0].source_id, dir[0].length), (841, 16));
+        assert_eq!((dir[1].source_id, dir[1].length), (843, 40));
+        assert_eq!(e.payload.len(), 8 + 32 + 56);
+    }
+
+    #[test]
+    fn sync_loss_stops_naming_the_source_and_both_numbers() {
+        let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
+        a.push(0, piece(100, 8));
+        a.push(1, piece(999, 8));
+        let e = a.next_event().unwrap_err();
+        assert!(e.contains("source 843"), "{e}");
+        assert!(e.contains("LV1 id 999") && e.contains("LV1 id 100"), "{e}");
+    }
+
+    #[test]
+    fn sync_loss_flagged_builds_the_event_and_goes_on() {
+        let mut a = assembler(2, BadFragment::Stop, SyncLoss::Flag);
+        for (t0, t1) in [(1, 1), (2, 999), (3, 3)] {
+            a.push(0, piece(t0, 8));
+            a.push(1, piece(t1, 8));
+        }
+        assert_eq!(a.next_event().unwrap().unwrap().flags, FLAG_SUPER);
+        let e = a.next_event().unwrap().unwrap();
+        assert_eq!(e.flags, FLAG_SUPER | FLAG_SYNC_LOSS);
+        let dir = decode_directory(&e.payload, e.payload.len()).unwrap();
+        assert_eq!(dir[1].flags, ENTRY_SYNC_LOSS);
+        assert_eq!(dir[1].trigger_number, 999);
+        assert_eq!(a.next_event().unwrap().unwrap().flags, FLAG_SUPER);
+        assert_eq!(a.stats().sync_losses, 1);
+    }
+
+    #[test]
+    fn bad_fragments_stop_or_are_left_out() {
+        let mut bad = piece(2, 8);
+        bad.bad = Some("CRC".into());
+        let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
+        a.push(0, piece(2, 8));
+        a.push(1, bad.clone());
+        assert!(a.next_event().unwrap_err().contains("stream 1 (source 843"));
+
+        let mut a = assembler(2, BadFragment::Drop, SyncLoss::Stop);
+        a.push(0, piece(2, 8));
+        a.push(1, bad.clone());
+        let e = a.next_event().unwrap().unwrap();
+        let dir = decode_directory(&e.payload, e.payload.len()).unwrap();
+        assert_eq!((dir[1].flags, dir[1].length), (ENTRY_MISSING, 0));
+        assert_eq!(a.stats().dropped, 1);
+
+        let mut a = assembler(1, BadFragment::Drop, SyncLoss::Stop);
+        a.push(0, bad);
+        let e = a.next_event().unwrap().unwrap();
+        assert_eq!(
+            (e.flags, e.payload.len(), e.trigger_number),
+            (FLAG_MISSING, 0, 2)
+        );
+    }
+
+    #[test]
+    fn trigger_numbers_must_move_forward_and_may_wrap() {
+        let mut a = assembler(1, BadFragment::Stop, SyncLoss::Stop);
+        for t in [0xff_fffe, 0xff_ffff, 0, 1] {
+            a.push(0, piece(t, 8));
+            assert!(a.next_event().unwrap().is_some(), "{t}");
+        }
+        a.push(0, piece(1, 8));
+        let e = a.next_event().unwrap_err();
+        assert!(e.contains("LV1 id 1 after 1: out of order"), "{e}");
+    }
+
+    #[test]
+    fn a_closed_stream_ends_the_events() {
+        let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
+        a.push(0, piece(1, 8));
+        a.push(0, piece(2, 8));
+        a.push(1, piece(1, 8));
+        a.close(1);
+        assert!(!a.exhausted());
+        assert!(a.next_event().unwrap().is_some());
+        assert!(a.exhausted());
+        assert_eq!(a.unbuilt(), 1);
+    }
+}

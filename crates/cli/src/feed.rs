@@ -1,0 +1,276 @@
+//! `evb feed`: a front-end emulator. Streams recorded fragment files over TCP to RUs that
+//! read `source.kind = "stream"`, one connection per address, at a given rate or as fast as
+//! the RU takes them (a full RU stops reading: TCP flow control slows the sender).
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use evb_formats::{fed, framed};
+
+#[derive(Args)]
+pub struct FeedArgs {
+    /// Where to send: an RU's stream address. Give one `--to` per FILE (the i-th file goes
+    /// to the i-th address), or one `--to` for all files, sent one after the other.
+    #[arg(long, required = true, value_name = "HOST:PORT")]
+    to: Vec<String>,
+    /// Files of fragments (CMS FED or evb framed).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Fragments per second on each stream (0: as fast as the RU reads).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Start again at the end of the files (trigger numbers go on counting), until `--limit`.
+    #[arg(long = "loop")]
+    looped: bool,
+    /// Stop after this many fragments per stream (0: at the end of the files, or never with --loop).
+    #[arg(long, default_value_t = 0)]
+    limit: u64,
+    /// How the files are framed (`auto`: evb framed if it starts with "EVFR", else FED;
+    /// `raw`: the bytes as they are, in 64 KiB pieces, to test a reader with bad input).
+    #[arg(long, value_enum, default_value_t = Format::Auto)]
+    format: Format,
+    /// Keep trying to connect for this long (the RU may not be listening yet).
+    #[arg(long, default_value_t = 30.0)]
+    connect_timeout_s: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Auto,
+    Fed,
+    Framed,
+    Raw,
+}
+
+/// One record to send: a fragment (FED), a record with its header (framed), or a piece (raw).
+struct Record {
+    bytes: Vec<u8>,
+}
+
+/// What one stream sends: its records, in order, and how they are renumbered.
+struct Plan {
+    to: String,
+    names: String,
+    records: Vec<Record>,
+    format: Format,
+}
+
+/// What one stream sent.
+struct Sent {
+    fragments: u64,
+    bytes: u64,
+    seconds: f64,
+}
+
+pub fn run(a: &FeedArgs) -> Result<(), String> {
+    if !(a.rate.is_finite() && a.rate >= 0.0) {
+        return Err(format!("--rate {}: must be 0 or a positive number", a.rate));
+    }
+    if a.to.len() != 1 && a.to.len() != a.files.len() {
+        return Err(format!(
+            "{} addresses for {} files: give one --to per file, or one for all",
+            a.to.len(),
+            a.files.len()
+        ));
+    }
+    let mut plans: Vec<Plan> = Vec::new();
+    for (i, file) in a.files.iter().enumerate() {
+        let to = if a.to.len() == 1 { &a.to[0] } else { &a.to[i] };
+        let data =
+            std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let format = match a.format {
+            Format::Auto if data.starts_with(&framed::RECORD_MAGIC) => Format::Framed,
+            Format::Auto => Format::Fed,
+            f => f,
+        };
+        let records = split(&data, format).map_err(|e| format!("{}: {e}", file.display()))?;
+        match plans.iter_mut().find(|p| &p.to == to) {
+            Some(p) if p.format == format => {
+                p.records.extend(records);
+                p.names.push_str(&format!(", {}", file.display()));
+            }
+            Some(_) => {
+                return Err(format!(
+                    "{}: not the format of the other files to {to}",
+                    file.display()
+                ))
+            }
+            None => plans.push(Plan {
+                to: to.clone(),
+                names: file.display().to_string(),
+                records,
+                format,
+            }),
+        }
+    }
+    let timeout = Duration::from_secs_f64(a.connect_timeout_s.clamp(0.0, 86_400.0));
+    let threads: Vec<_> = plans
+        .into_iter()
+        .map(|p| {
+            let (rate, looped, limit) = (a.rate, a.looped, a.limit);
+            std::thread::spawn(move || {
+                let r = send(&p, rate, looped, limit, timeout);
+                (p.to, p.names, r)
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for t in threads {
+        let (to, names, r) = t.join().map_err(|_| "a sender thread failed".to_string())?;
+        match r {
+            Ok(s) => println!(
+                "{to}: sent {} fragments, {:.2} MB from {names} in {:.2} s ({:.0} fragments/s)",
+                s.fragments,
+                s.bytes as f64 / 1e6,
+                s.seconds,
+                s.fragments as f64 / s.seconds.max(1e-9)
+            ),
+            Err(e) => failed.push(format!("{to}: {e}")),
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// Cuts a file into the records sent one by one (a rate applies per record).
+fn split(data: &[u8], format: Format) -> Result<Vec<Record>, String> {
+    Ok(match format {
+        Format::Fed | Format::Auto => fed::split(data)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|r| Record {
+                bytes: data[r].to_vec(),
+            })
+            .collect(),
+        Format::Framed => {
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < data.len() {
+                let (rec, _) = framed::read_at(data, at).map_err(|e| e.to_string())?;
+                out.push(Record {
+                    bytes: data[at..rec.payload.end].to_vec(),
+                });
+                at = rec.payload.end;
+            }
+            out
+        }
+        Format::Raw => data
+            .chunks(64 << 10)
+            .map(|c| Record { bytes: c.to_vec() })
+            .collect(),
+    })
+}
+
+/// The record as sent on pass `pass` of a loop: trigger numbers moved on by `pass × shift`
+/// (and the checksums that cover them made again), so a looping front-end never repeats one.
+fn renumbered(r: &Record, format: Format, pass: u64, shift: u64) -> Vec<u8> {
+    let mut b = r.bytes.clone();
+    if pass == 0 {
+        return b;
+    }
+    match format {
+        Format::Fed | Format::Auto if b.len() >= 16 => {
+            let h = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+            let lv1 = ((h >> 32) & 0xff_ffff).wrapping_add(pass.wrapping_mul(shift)) & 0xff_ffff;
+            let h = (h & !(0xff_ffffu64 << 32)) | (lv1 << 32);
+            b[..8].copy_from_slice(&h.to_le_bytes());
+            let n = b.len();
+            let t = u64::from_le_bytes(b[n - 8..].try_into().expect("8 bytes"));
+            let crc = fed::crc16(&b) as u64;
+            let t = (t & !(0xffffu64 << 16)) | (crc << 16);
+            b[n - 8..].copy_from_slice(&t.to_le_bytes());
+        }
+        Format::Framed if b.len() >= framed::RECORD_HEADER_LEN => {
+            let t = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
+            let t = t.wrapping_add((pass.wrapping_mul(shift)) as u32);
+            b[12..16].copy_from_slice(&t.to_le_bytes());
+            let crc = crc32c::crc32c(&b[..20]);
+            b[20..24].copy_from_slice(&crc.to_le_bytes());
+        }
+        _ => {}
+    }
+    b
+}
+
+fn connect(to: &str, timeout: Duration) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect(to) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!(
+                    "cannot connect after {:.1} s: {e}",
+                    timeout.as_secs_f64()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn send(p: &Plan, rate: f64, looped: bool, limit: u64, timeout: Duration) -> Result<Sent, String> {
+    let mut s = connect(&p.to, timeout)?;
+    let _ = s.set_nodelay(true);
+    let t0 = Instant::now();
+    let (mut fragments, mut bytes) = (0u64, 0u64);
+    let n = p.records.len() as u64;
+    let mut pass = 0;
+    'outer: loop {
+        for r in &p.records {
+            if limit > 0 && fragments >= limit {
+                break 'outer;
+            }
+            if rate > 0.0 {
+                let due = t0 + Duration::from_secs_f64(fragments as f64 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            let b = renumbered(r, p.format, pass, n);
+            s.write_all(&b).map_err(|e| {
+                format!("the receiver closed the stream after {fragments} fragments ({bytes} bytes): {e}")
+            })?;
+            fragments += 1;
+            bytes += b.len() as u64;
+        }
+        pass += 1;
+        if !looped || n == 0 {
+            break;
+        }
+    }
+    s.flush().map_err(|e| e.to_string())?;
+    // a clean end of stream: the RU reads it as the end of this source's data
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    Ok(Sent {
+        fragments,
+        bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_looped_fed_fragment_is_renumbered_and_still_valid() {
+        let r = Record {
+            bytes: fed::build(7, 841, &[1, 2, 3]),
+        };
+        let b = renumbered(&r, Format::Fed, 2, 100);
+        let info = fed::validate(&b, 0, Some(841)).unwrap();
+        assert_eq!(info.lv1_id, 207);
+        let r = Record {
+            bytes: framed::encode(5, b"abc"),
+        };
+        let b = renumbered(&r, Format::Framed, 1, 10);
+        let (rec, crc) = framed::read_at(&b, 0).unwrap();
+        assert_eq!((rec.trigger_number, crc), (15, None));
+    }
+}

@@ -1,0 +1,305 @@
+//! Front-ends over TCP, as real processes: `evb feed` streams the real CMS FED files into
+//! RUs with `source.kind = "stream"` (two RUs of one stream each, and one RU reading both
+//! streams as super-fragments), a altered LV1 id makes a sync loss (both policies), a
+//! front-end sending garbage gets a clear error, and a late front-end shows as the RU
+//! waiting for it.
+
+mod common;
+use common::{assert_exact, evb_run_in, free_base_port, text, EVB};
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use evb_formats::fed;
+use serde_json::Value;
+
+const EVENTS: u64 = 4685;
+
+/// The two real CMS files (sources 841 and 843), or `None` when ../shared is not there.
+fn cms_files() -> Option<(PathBuf, PathBuf)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+    let a = dir.join("csc_00307511_EmuRUI01_Local_000.raw");
+    let b = dir.join("csc_00307511_EmuRUI03_Local_000.raw");
+    if a.exists() && b.exists() {
+        Some((a, b))
+    } else {
+        eprintln!("real CMS data not found in {}: test skipped", dir.display());
+        None
+    }
+}
+
+/// `evb feed` of `files` to `to` (one file per address), started before the run.
+fn feed(to: &[String], files: &[&Path], extra: &[&str]) -> Child {
+    let mut c = Command::new(EVB);
+    c.arg("feed");
+    for a in to {
+        c.args(["--to", a]);
+    }
+    c.args(files).args(extra);
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn feed_output(c: Child) -> (bool, String) {
+    let out = c.wait_with_output().unwrap();
+    (out.status.success(), text(&out))
+}
+
+fn addrs(n: u16) -> Vec<String> {
+    let base = free_base_port(n);
+    (0..n).map(|k| format!("127.0.0.1:{}", base + k)).collect()
+}
+
+fn list(v: &[String]) -> String {
+    let q: Vec<String> = v.iter().map(|a| format!("{a:?}")).collect();
+    format!("[{}]", q.join(", "))
+}
+
+fn sum(s: &Value, role: &str, key: &str) -> u64 {
+    s["run"][role]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x[key].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn cms_files_streamed_into_two_rus_build_every_event() {
+    let Some((a, b)) = cms_files() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"st2\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+         [[ru]]\nid = \"ru841\"\nsource_id = 841\nstreams = {}\n\
+         [[ru]]\nid = \"ru843\"\nsource_id = 843\nstreams = {}\n",
+        list(&to[..1]),
+        list(&to[1..])
+    );
+    let f = feed(&to, &[&a, &b], &[]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let (fed_ok, fed_text) = feed_output(f);
+    assert_exact(&out, &s, EVENTS, 2, 2);
+    assert!(fed_ok, "{fed_text}");
+    assert_eq!(
+        fed_text.matches("sent 4685 fragments").count(),
+        2,
+        "{fed_text}"
+    );
+    assert_eq!(sum(&s, "rus", "stream_fragments_received"), 2 * EVENTS);
+    assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0);
+    assert_eq!(sum(&s, "bus", "trigger_mismatches"), 0);
+}
+
+#[test]
+fn cms_files_streamed_into_one_ru_build_super_fragments() {
+    let Some((a, b)) = cms_files() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    // a short read-ahead and slow BU sinks: the RU must stop reading (back-pressure to the
+    // senders), never drop
+    let toml = format!(
+        "[run]\nid = \"st1\"\nduration_s = 0\n[source]\nkind = \"stream\"\nread_ahead = 8\n\
+         [sink]\nkind = \"file\"\ndir = \"out\"\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n\
+         [[bu]]\nid = \"bu0\"\ncredits = 4\nsink_delay_us = 100\n[[bu]]\nid = \"bu1\"\ncredits = 4\n",
+        list(&to)
+    );
+    let f = feed(&to, &[&a, &b], &[]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let (fed_ok, fed_text) = feed_output(f);
+    assert_exact(&out, &s, EVENTS, 1, 2);
+    assert!(fed_ok, "{fed_text}");
+    assert_eq!(sum(&s, "bus", "super_fragment_errors"), 0);
+    assert_eq!(sum(&s, "bus", "partial_events"), 0);
+    // the files hold every event, each one super-fragment of both FEDs
+    let files: Vec<PathBuf> = std::fs::read_dir(d.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "evb"))
+        .collect();
+    let insp = Command::new(EVB)
+        .arg("inspect")
+        .args(&files)
+        .output()
+        .unwrap();
+    let t = text(&insp);
+    assert!(insp.status.success(), "{t}");
+    let streams: Vec<(u64, u64)> = t
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("streams in super-fragments: "))
+        .map(|l| {
+            let n = |src: &str| {
+                l.split(", ")
+                    .find_map(|p| p.strip_prefix(&format!("{src} (")))
+                    .and_then(|p| p.split(')').next())
+                    .map_or(0, |p| p.parse::<u64>().unwrap())
+            };
+            (n("841"), n("843"))
+        })
+        .collect();
+    let total = streams.iter().fold((0, 0), |s, x| (s.0 + x.0, s.1 + x.1));
+    assert_eq!(total, (EVENTS, EVENTS), "{t}");
+}
+
+/// The 843 file with the LV1 id of its 100th fragment changed to 999 (CRC made again, so
+/// only the number is wrong).
+fn altered(src: &Path, dir: &Path) -> PathBuf {
+    let mut data = std::fs::read(src).unwrap();
+    let ranges = fed::split(&data).unwrap();
+    let r = ranges[99].clone();
+    let h = u64::from_le_bytes(data[r.start..r.start + 8].try_into().unwrap());
+    assert_eq!((h >> 32) & 0xff_ffff, 100);
+    let h = (h & !(0xff_ffffu64 << 32)) | (999u64 << 32);
+    data[r.start..r.start + 8].copy_from_slice(&h.to_le_bytes());
+    let frag = &data[r.clone()];
+    let crc = fed::crc16(frag) as u64;
+    let t = r.end - 8;
+    let tw = u64::from_le_bytes(data[t..t + 8].try_into().unwrap());
+    let tw = (tw & !(0xffffu64 << 16)) | (crc << 16);
+    data[t..t + 8].copy_from_slice(&tw.to_le_bytes());
+    fed::validate(&data[r], 0, Some(843)).unwrap();
+    let out = dir.join("altered843.raw");
+    std::fs::write(&out, data).unwrap();
+    out
+}
+
+#[test]
+fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
+    let Some((a, b)) = cms_files() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let bad = altered(&b, d.path());
+    for policy in ["stop", "flag"] {
+        let to = addrs(2);
+        let toml = format!(
+            "[run]\nid = \"sync\"\nduration_s = 0\nstall_timeout_s = 20\n[source]\nkind = \"stream\"\n\
+             on_sync_loss = \"{policy}\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+            list(&to)
+        );
+        let f = feed(&to, &[&a, &bad], &["--connect-timeout-s", "10"]);
+        let (out, s) = evb_run_in(d.path(), &toml);
+        let t = text(&out);
+        let (_, fed_text) = feed_output(f);
+        assert!(
+            !t.contains("panicked") && !fed_text.contains("panicked"),
+            "{t}"
+        );
+        if policy == "stop" {
+            assert!(!out.status.success(), "{t}");
+            let reason = s["run"]["reason"].as_str().unwrap_or_default().to_string();
+            for want in [
+                "sync loss",
+                "source 843",
+                "LV1 id 999",
+                "LV1 id 100",
+                "source 841",
+            ] {
+                assert!(
+                    reason.contains(want),
+                    "{want:?} not in the reason: {reason}\n{t}"
+                );
+            }
+        } else {
+            assert_exact(&out, &s, EVENTS, 1, 2);
+            assert_eq!(sum(&s, "bus", "sync_loss_events"), 1, "{t}");
+            assert_eq!(sum(&s, "rus", "sync_losses"), 1);
+        }
+    }
+}
+
+#[test]
+fn a_front_end_sending_garbage_gets_a_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    let junk = d.path().join("junk.bin");
+    let bytes: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    std::fs::write(&junk, bytes).unwrap();
+    let to = addrs(1);
+    let toml = format!(
+        "[run]\nid = \"junk\"\nduration_s = 0\n[source]\nkind = \"stream\"\nmax_fragment = 65536\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\n",
+        list(&to)
+    );
+    let f = feed(&to, &[&junk], &["--format", "raw"]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let (_, fed_text) = feed_output(f);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        !t.contains("panicked") && !fed_text.contains("panicked"),
+        "{t}\n{fed_text}"
+    );
+    let reason = s["run"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("stream 0 (source 0")
+            && reason.contains("no FED trailer within 65536 bytes"),
+        "{reason}\n{t}"
+    );
+}
+
+#[test]
+fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
+    for (p, src) in [(&a, 841u16), (&b, 843)] {
+        let data: Vec<u8> = (1..=300u32)
+            .flat_map(|k| fed::build(k, src, &[k as u64; 4]))
+            .collect();
+        std::fs::write(p, data).unwrap();
+    }
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"late\"\nduration_s = 0\n[source]\nkind = \"stream\"\nstall_warn_s = 0.3\n\
+         [[ru]]\nid = \"ru841\"\nsource_id = 841\nstreams = {}\n\
+         [[ru]]\nid = \"ru843\"\nsource_id = 843\nstreams = {}\n",
+        list(&to[..1]),
+        list(&to[1..])
+    );
+    let early = feed(&to[..1], &[&a], &[]);
+    // the second front-end comes 2 s later: the run waits for it, says so, and loses nothing
+    let b2 = b.clone();
+    let late_to = to[1..].to_vec();
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        feed_output(feed(&late_to, &[&b2], &[]))
+    });
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    assert!(feed_output(early).0);
+    assert!(late.join().unwrap().0);
+    assert_exact(&out, &s, 300, 2, 2);
+    assert!(
+        t.contains("waiting for stream 0 (source 843") && t.contains("no front-end connected"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_stream_that_ends_early_ends_the_run_with_the_data() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
+    for (p, src, n) in [(&a, 841u16, 300u32), (&b, 843, 200)] {
+        let data: Vec<u8> = (1..=n)
+            .flat_map(|k| fed::build(k, src, &[k as u64; 3]))
+            .collect();
+        std::fs::write(p, data).unwrap();
+    }
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"short\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+         [[ru]]\nid = \"ru841\"\nsource_id = 841\nstreams = {}\n\
+         [[ru]]\nid = \"ru843\"\nsource_id = 843\nstreams = {}\n",
+        list(&to[..1]),
+        list(&to[1..])
+    );
+    let f = feed(&to, &[&a, &b], &[]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    assert!(feed_output(f).0);
+    // 200 events have both fragments; the 100 more of source 841 are counted, not lost
+    assert_exact(&out, &s, 200, 2, 2);
+    assert_eq!(sum(&s, "rus", "stream_fragments_received"), 500);
+    assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 100);
+}
