@@ -16,6 +16,16 @@ if [ ! -f /usr/include/rdma/fabric.h ]; then
         echo "test.sh: libfabric-dev is not installed: the ofi transport will not be built or tested" >&2
     fi
 fi
+# The observability tests drive the run page in headless Chromium through chromedriver.
+can_apt=false
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then can_apt=true; fi
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if $can_apt; then
+        need_apt+=(chromium chromium-driver)
+    else
+        echo "test.sh: chromium and chromedriver are not installed: the run page test will be skipped" >&2
+    fi
+fi
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test.sh: installing ${need_apt[*]}"
@@ -25,6 +35,20 @@ if ((${#need_apt[@]})); then
         exit 1
     fi
 fi
+# Prometheus (the server and promtool) for the metrics tests: unpacked from Debian's package
+# into target/tools rather than installed (the package pulls in a web of dependencies).
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x target/tools/prometheus/usr/bin/promtool ]; then
+    if $can_apt; then
+        echo "test.sh: unpacking Debian's prometheus into target/tools"
+        mkdir -p target/tools
+        (cd target/tools && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; } \
+            && dpkg-deb -x prometheus_*.deb prometheus && rm -f prometheus_*.deb)
+    else
+        echo "test.sh: promtool and prometheus are not installed: the metrics tests will be skipped" >&2
+    fi
+fi
+# Where the script could install the tools, a missing one is a test failure, not a skip.
+if $can_apt; then export EVB_REQUIRE_TOOLS=1; fi
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     rustup component add rustfmt clippy
 fi

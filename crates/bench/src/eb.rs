@@ -21,6 +21,9 @@ pub struct BuildSpec {
     /// RUs on one CPU, BUs on another (`[affinity]`), the EVM anywhere
     pub pin: Option<(usize, usize)>,
     pub seconds: f64,
+    /// Watched as an operator would: every node's `/metrics` and the EVM's run status (what
+    /// the page polls) fetched once a second while the run is on.
+    pub scraped: bool,
 }
 
 impl BuildSpec {
@@ -31,7 +34,7 @@ impl BuildSpec {
             self.content,
             self.verify,
             if self.pin.is_some() { " pinned" } else { "" }
-        )
+        ) + if self.scraped { " scraped" } else { "" }
     }
 
     fn toml(&self, run_id: &str) -> String {
@@ -85,8 +88,22 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     let tag = format!("build-{}-{}", std::process::id(), spec.fragment);
     let cfg_path = scratch.join(format!("{tag}.toml"));
     let json_path = scratch.join(format!("{tag}.json"));
-    std::fs::write(&cfg_path, spec.toml(&tag)).map_err(|e| e.to_string())?;
+    let mut toml = spec.toml(&tag);
+    let nodes = 1 + spec.rus + spec.bus;
+    let control_base = if spec.scraped {
+        let base = free_ports(nodes as u16).ok_or("no free ports for the control APIs")?;
+        toml.push_str(&format!("\n[control]\nbase_port = {base}\n"));
+        Some(base)
+    } else {
+        None
+    };
+    std::fs::write(&cfg_path, toml).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&json_path);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = control_base.map(|base| {
+        let done = done.clone();
+        std::thread::spawn(move || scrape(base, nodes as u16, &done))
+    });
     let out = Command::new(&exe)
         .arg("run")
         .arg("--quiet")
@@ -99,6 +116,8 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let scrapes = scraper.and_then(|t| t.join().ok()).unwrap_or(0);
     let text = std::fs::read_to_string(&json_path).map_err(|e| {
         format!(
             "evb run wrote no summary ({e}); exit {:?}; stderr: {}",
@@ -133,5 +152,55 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     p.msgs_per_s = events as f64 / secs;
     p.gb_per_s = bytes as f64 / secs / 1e9;
     p.note = format!("{events} events in {secs:.2} s; msgs_per_s is events/s");
+    if spec.scraped {
+        if scrapes == 0 {
+            return Err("the run was never scraped".into());
+        }
+        p.note.push_str(&format!("; {scrapes} scrapes"));
+    }
     Ok(p)
+}
+
+/// `n` consecutive free loopback ports (best effort: bound together, then released).
+fn free_ports(n: u16) -> Option<u16> {
+    for _ in 0..100 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+        let base = l.local_addr().ok()?.port();
+        drop(l);
+        if base > 65000 {
+            continue;
+        }
+        let held: Vec<_> = (0..n)
+            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return Some(base);
+        }
+    }
+    None
+}
+
+/// Every second until `done`: `/metrics` of every node and the EVM's `/api/v1/status`.
+/// Returns the number of successful scrapes of `/metrics`.
+fn scrape(base: u16, nodes: u16, done: &std::sync::atomic::AtomicBool) -> u64 {
+    use evb_control::client::Api;
+    let apis: Vec<Api> = (0..nodes)
+        .map(|k| Api::new(&format!("127.0.0.1:{}", base + k), None))
+        .collect();
+    let mut ok = 0;
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        let t = std::time::Instant::now();
+        for a in &apis {
+            if a.get("/metrics").is_ok_and(|r| r.ok()) {
+                ok += 1;
+            }
+        }
+        let _ = apis[0].get("/api/v1/status");
+        let left = std::time::Duration::from_secs(1).saturating_sub(t.elapsed());
+        let until = std::time::Instant::now() + left;
+        while std::time::Instant::now() < until && !done.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    ok
 }

@@ -29,7 +29,7 @@ use evb::{Kind, MeshSpec, Path as SendPath};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Which benchmark: p2p, lat, nxn, build, or all.
+    /// Which benchmark: p2p, lat, nxn, build, monitor (the cost of being watched), or all.
     #[arg(default_value = "all")]
     pub which: String,
     /// A short smoke run (a few seconds): fewer sizes, one repetition, short points.
@@ -103,10 +103,10 @@ const BUILD_FRAGMENT: usize = 512 * 1024;
 fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
         "all" => vec!["p2p", "lat", "nxn", "build"],
-        "p2p" | "lat" | "nxn" | "build" => vec![which],
+        "p2p" | "lat" | "nxn" | "build" | "monitor" => vec![which],
         other => {
             return Err(format!(
-                "unknown benchmark {other:?}: p2p, lat, nxn, build or all"
+                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor or all"
             ))
         }
     };
@@ -270,6 +270,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         content: "static",
                         pin: None,
                         seconds: s.build_secs,
+                        scraped: false,
                     }];
                     if !s.quick {
                         // The same with the RUs writing every byte (as the default run).
@@ -312,6 +313,29 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                             Box::new(move || eb::build(&spec, &scratch)),
                         );
                     }
+                }
+            }
+            "monitor" => {
+                // the default run's shape, watched and not, alternating (the cost of /metrics
+                // and of the page's status polls)
+                for scraped in [false, true] {
+                    let spec = BuildSpec {
+                        rus: 2,
+                        bus: 2,
+                        fragment: BUILD_FRAGMENT as u64,
+                        lognormal: false,
+                        verify: "crc",
+                        content: "static",
+                        pin: None,
+                        seconds: s.build_secs,
+                        scraped,
+                    };
+                    let scratch = std::env::temp_dir();
+                    add(
+                        format!("build evb tcp 2x2 512 KiB {}", spec.variant()),
+                        reps,
+                        Box::new(move || eb::build(&spec, &scratch)),
+                    );
                 }
             }
             _ => unreachable!(),
@@ -402,8 +426,21 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
     }
     for b in points
         .iter()
-        .filter(|p| p.bench == "build" && p.variant.starts_with("fixed"))
+        .filter(|p| p.bench == "build" && p.variant.ends_with(" scraped"))
     {
+        let quiet = b.variant.trim_end_matches(" scraped");
+        let base = find(points, |p| p.bench == "build" && p.variant == quiet);
+        push(
+            "build 2x2 512 KiB scraped every second / not watched, GB/s (monitoring cost)",
+            Some(b.gb_per_s),
+            base.map(|p| p.gb_per_s),
+            0.98,
+            "GB/s",
+        );
+    }
+    for b in points.iter().filter(|p| {
+        p.bench == "build" && p.variant.starts_with("fixed") && !p.variant.ends_with(" scraped")
+    }) {
         let pinned = b.variant.ends_with("pinned");
         let nxn = find(points, |p| {
             p.bench == "nxn"

@@ -159,7 +159,7 @@ async fn node_status(State(node): State<Shared>) -> Json<Value> {
     Json(node.status())
 }
 
-async fn metrics(State(node): State<Shared>) -> Response {
+async fn metrics(State(node): State<Shared>, headers: HeaderMap) -> Response {
     let (run, runs_total) = {
         let st = node.lock();
         (st.run, st.runs_total)
@@ -172,14 +172,30 @@ async fn metrics(State(node): State<Shared>) -> Response {
         snapshot: node.control.snapshot(),
         runs_total,
     });
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    // OpenMetrics to those who ask for it (Prometheus does), the classic text format otherwise
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            crate::metrics::classic(&text),
+        )
+            .into_response()
+    }
 }
 
 async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {

@@ -73,6 +73,15 @@ impl Api {
         read(req.call(), &self.base)
     }
 
+    /// DELETE `path`.
+    pub fn delete(&self, path: &str) -> Result<Reply, String> {
+        let mut req = self.agent().delete(format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        read(req.call(), &self.base)
+    }
+
     /// POST a JSON body to `path`.
     pub fn post(&self, path: &str, body: &Value) -> Result<Reply, String> {
         let mut req = self.agent().post(format!("{}{path}", self.base));

@@ -416,6 +416,42 @@ pub fn exposition(scrape: Scrape) -> String {
     out
 }
 
+/// The same exposition in the classic Prometheus text format (0.0.4), for scrapers that do
+/// not ask for OpenMetrics (curl, `promtool check metrics`, older servers): a counter's
+/// HELP and TYPE name the `_total` series, and there are no UNIT or EOF lines.
+pub fn classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let name = if counters.contains(name) {
+                    format!("{name}_total")
+                } else {
+                    name.to_string()
+                };
+                out.push_str(&format!("{p}{name} {tail}\n"));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +499,18 @@ mod tests {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn the_classic_format_names_counters_by_their_series() {
+        let text = classic(&exposition(bu_scrape()));
+        assert!(text.contains("# HELP evb_events_built_total Events built"));
+        assert!(text.contains("# TYPE evb_events_built_total counter\n"));
+        assert!(text.contains("evb_events_built_total{node=\"bu0\",role=\"bu\"} 42\n"));
+        assert!(text.contains("# TYPE evb_event_build_latency_seconds histogram\n"));
+        assert!(text.contains("# TYPE evb_run_number gauge\n"));
+        assert!(!text.contains("# UNIT") && !text.contains("# EOF"));
+        assert!(text.ends_with('\n'));
     }
 
     #[test]

@@ -1,0 +1,147 @@
+//! `evb up` driven from a test: start, status, commands, `evb ctl`, halt.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use evb_control::client::Api;
+use serde_json::{json, Value};
+
+use super::EVB;
+
+/// An `evb up` of a configuration, taken down when dropped.
+pub struct Up {
+    pub child: Child,
+    pub url: String,
+    pub api: Api,
+    pub dir: tempfile::TempDir,
+}
+
+impl Up {
+    pub fn start(toml: &str) -> Up {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("run.toml");
+        std::fs::write(&cfg, toml).unwrap();
+        let mut child = Command::new(EVB)
+            .args(["up", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("[evb up] {line}");
+                if let Some(url) = line.strip_prefix("evb up: run page and control API: ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("evb up printed its control URL");
+        let api = Api::new(&url, None);
+        Up {
+            child,
+            url,
+            api,
+            dir,
+        }
+    }
+
+    pub fn status(&self) -> Value {
+        let r = self.api.get("/api/v1/status").unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        r.body
+    }
+
+    pub fn post(&self, cmd: &str, body: Value) -> (u16, Value) {
+        let r = self.api.post(&format!("/api/v1/{cmd}"), &body).unwrap();
+        (r.status, r.body)
+    }
+
+    /// `evb ctl ARGS` against this system, as an operator types it.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(EVB)
+            .arg("ctl")
+            .args(["--url", &self.url])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Waits for run `n` to be over (through `evb ctl wait`) and returns its record.
+    pub fn wait_run(&self, n: u64) -> Value {
+        let out = self.ctl(&[
+            "wait",
+            "--run",
+            &n.to_string(),
+            "--timeout",
+            "120",
+            "--json",
+        ]);
+        let rec: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert!(
+            rec.is_object(),
+            "no record of run {n}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        rec
+    }
+
+    pub fn wait_until(&self, what: &str, secs: u64, mut f: impl FnMut(&Value) -> bool) -> Value {
+        let until = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.status();
+            if f(&s) {
+                return s;
+            }
+            assert!(Instant::now() < until, "gave up waiting for {what}: {s:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn node<'a>(s: &'a Value, id: &str) -> &'a Value {
+        s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == id)
+            .unwrap()
+    }
+
+    /// Halts the system and returns the exit status of `evb up`.
+    pub fn halt(mut self) -> std::process::ExitStatus {
+        let (code, body) = self.post("halt", json!({}));
+        assert_eq!(code, 200, "{body}");
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < until, "evb up did not exit after halt");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.api.post("/api/v1/reset", &json!({}));
+            let _ = self.api.post("/api/v1/halt", &json!({}));
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}

@@ -1,0 +1,373 @@
+//! Watching a run with the real tools: `promtool check metrics` on every node's /metrics, a
+//! real Prometheus server scraping a running system (and every query of the Grafana
+//! dashboard evaluated by it), and the run page in headless Chromium driven through
+//! chromedriver: the table fills with changing numbers, and its Stop button ends the run.
+//!
+//! The tools come from Debian (scripts/test.sh installs them; EVB_REQUIRE_TOOLS=1 makes a
+//! missing one a failure instead of a skip).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::up::Up;
+use evb_control::client::Api;
+use serde_json::{json, Value};
+
+/// A tool from PATH or from the folder scripts/test.sh unpacks Debian's prometheus into.
+fn tool(name: &str) -> Option<PathBuf> {
+    let unpacked = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/tools/prometheus/usr/bin")
+        .join(name);
+    if unpacked.exists() {
+        return Some(unpacked);
+    }
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    (found.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// The tool, or a skip (a failure when CI requires the tools).
+fn need(name: &str) -> Option<PathBuf> {
+    let t = tool(name);
+    if t.is_none() {
+        assert!(
+            std::env::var("EVB_REQUIRE_TOOLS").is_err(),
+            "{name} is required (EVB_REQUIRE_TOOLS) but not installed"
+        );
+        eprintln!("SKIPPED: {name} is not installed (scripts/test.sh installs it)");
+    }
+    t
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A run that lasts while the test watches it.
+const LONG: &str =
+    "[run]\nevents = 0\nduration_s = 120\nrate_hz = 20000\n[fragments]\nsize = 4096\n";
+
+#[test]
+fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system() {
+    let (Some(promtool), Some(prometheus)) = (need("promtool"), need("prometheus")) else {
+        return;
+    };
+    let up = Up::start(LONG);
+    assert_eq!(up.post("start", json!({})).0, 200);
+    up.wait_until("run 1 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
+    });
+    let nodes: Vec<String> = up.status()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["control"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(nodes.len(), 5);
+    for addr in &nodes {
+        let text = Api::new(addr, None).get("/metrics").unwrap().body;
+        let text = text.as_str().unwrap().to_string();
+        assert!(text.contains("evb_run_state"), "{text}");
+        let mut check = Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        check
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = check.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics failed for {addr}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // a real Prometheus server scraping every node each second
+    let dir = tempfile::tempdir().unwrap();
+    let targets: Vec<String> = nodes.iter().map(|a| format!("'{a}'")).collect();
+    let conf = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &conf,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: evb\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let _server = Kill(
+        Command::new(&prometheus)
+            .arg(format!("--config.file={}", conf.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let prom = Api::new(&format!("127.0.0.1:{port}"), None);
+    let query = |q: &str| -> Value {
+        let enc: String = q
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        prom.get(&format!("/api/v1/query?query={enc}"))
+            .map(|r| r.body)
+            .unwrap_or(Value::Null)
+    };
+    let built = || -> Option<f64> {
+        let v = query("sum(evb_events_built_total)");
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        if let Some(v) = built().filter(|v| *v > 0.0) {
+            break v;
+        }
+        assert!(Instant::now() < until, "Prometheus never scraped evb");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = built().unwrap_or(0.0);
+        if now > first {
+            eprintln!("evb_events_built_total rose from {first} to {now} in Prometheus");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "evb_events_built_total did not rise"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // every node is up as a target, and every query of the Grafana dashboard evaluates
+    let up_targets = query("sum(up{job=\"evb\"})");
+    assert_eq!(
+        up_targets["data"]["result"][0]["value"][1], "5",
+        "{up_targets}"
+    );
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/grafana-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut n = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let q = t["expr"].as_str().unwrap();
+            let r = query(q);
+            assert_eq!(r["status"], "success", "dashboard query {q:?}: {r}");
+            n += 1;
+        }
+    }
+    assert!(n >= 13);
+    assert!(up.ctl(&["stop"]).status.success());
+    assert_eq!(up.wait_run(1)["ok"], true);
+    assert!(up.halt().success());
+}
+
+/// A minimal WebDriver client (the W3C protocol over HTTP) for chromedriver.
+struct Browser {
+    api: Api,
+    session: String,
+    _driver: Kill,
+}
+
+impl Browser {
+    fn start(chromedriver: &PathBuf, chromium: &PathBuf) -> Browser {
+        let port = free_port();
+        let driver = Kill(
+            Command::new(chromedriver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let api =
+            Api::new(&format!("127.0.0.1:{port}"), None).with_timeout(Duration::from_secs(60));
+        let until = Instant::now() + Duration::from_secs(20);
+        while !api
+            .get("/status")
+            .is_ok_and(|r| r.body["value"]["ready"] == true)
+        {
+            assert!(Instant::now() < until, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let profile = tempfile::tempdir().unwrap().keep();
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            &format!("--user-data-dir={}", profile.display()),
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium, "args": args}
+        }}});
+        let r = api.post("/session", &caps).unwrap();
+        let session = r.body["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no browser session: {:?}", r.body))
+            .to_string();
+        Browser {
+            api,
+            session,
+            _driver: driver,
+        }
+    }
+
+    fn post(&self, path: &str, body: Value) -> Value {
+        let r = self
+            .api
+            .post(&format!("/session/{}{path}", self.session), &body)
+            .unwrap();
+        assert!(r.ok(), "{path}: {:?}", r.body);
+        r.body["value"].clone()
+    }
+
+    fn eval(&self, script: &str) -> Value {
+        self.post("/execute/sync", json!({"script": script, "args": []}))
+    }
+
+    fn click(&self, css: &str) {
+        let el = self.post("/element", json!({"using": "css selector", "value": css}));
+        let id = el["element-6066-11e4-a52e-4f735466cecf"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.post(&format!("/element/{id}/click"), json!({}));
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.api.delete(&format!("/session/{}", self.session));
+    }
+}
+
+#[test]
+fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
+    let (Some(chromium), Some(chromedriver)) = (need("chromium"), need("chromedriver")) else {
+        return;
+    };
+    let up = Up::start(LONG);
+    assert_eq!(up.post("start", json!({})).0, 200);
+    up.wait_until("run 1 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
+    });
+    let b = Browser::start(&chromedriver, &chromium);
+    b.post("/url", json!({"url": up.url}));
+    // the table: one row per node; the BUs' event counts and the rate change while it runs
+    let read = || -> Value {
+        b.eval(
+            "return {state: document.getElementById('state').textContent, \
+             run: document.getElementById('run').textContent, \
+             rows: Array.from(document.querySelectorAll('#nodes tbody tr')).map(r => \
+               Array.from(r.cells).map(c => c.textContent)), \
+             summary: document.getElementById('summary').textContent, \
+             stopEnabled: !document.getElementById('btn-stop').disabled};",
+        )
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let v = read();
+        if v["rows"].as_array().is_some_and(|r| r.len() == 5) && v["state"] == "running" {
+            break v;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page never showed the running system: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let bu_events = |v: &Value| -> u64 {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r[1] == "bu")
+            .map(|r| r[3].as_str().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    let later = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let v = read();
+        let rate: f64 = v["rows"][3][4]
+            .as_str()
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0.0);
+        if bu_events(&v) > bu_events(&first) && rate > 0.0 {
+            break v;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page's numbers did not change: {first} then {v}"
+        );
+    };
+    eprintln!("page: {} then {}", first["summary"], later["summary"]);
+    assert_eq!(later["run"], "1");
+    assert_eq!(later["stopEnabled"], true);
+    // pressing Stop in the page ends the run, drained and exact
+    b.click("#btn-stop");
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    assert_eq!(rec["report"]["run"]["evm"]["stopped_by_request"], true);
+    assert_eq!(rec["events_built"], rec["triggered"]);
+    let until = Instant::now() + Duration::from_secs(10);
+    while read()["state"] != "ready" {
+        assert!(
+            Instant::now() < until,
+            "the page did not show the run's end"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(b);
+    assert!(up.halt().success());
+}
