@@ -5,6 +5,7 @@
 
 mod common;
 use common::up::{alive, Up};
+use common::EVB;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -176,11 +176,19 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         std::thread::sleep(Duration::from_millis(250));
     }
     // every node is up as a target, and every query of the Grafana dashboard evaluates
-    let up_targets = query("sum(up{job=\"evb\"})");
-    assert_eq!(
-        up_targets["data"]["result"][0]["value"][1], "5",
-        "{up_targets}"
-    );
+    // (targets are scraped at staggered moments: wait for a round with every one)
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up_targets = query("sum(up{job=\"evb\"})");
+        if up_targets["data"]["result"][0]["value"][1] == "5" {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "not every node is up in Prometheus: {up_targets}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let dash: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
