@@ -102,7 +102,7 @@ const BUILD_FRAGMENT: usize = 512 * 1024;
 
 fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
-        "all" => vec!["p2p", "lat", "nxn", "build"],
+        "all" => vec!["p2p", "lat", "nxn", "build", "monitor"],
         "p2p" | "lat" | "nxn" | "build" | "monitor" => vec![which],
         other => {
             return Err(format!(
