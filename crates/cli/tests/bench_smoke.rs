@@ -53,7 +53,13 @@ fn quick_bench_writes_every_point_and_the_plot() {
         ("nxn", "evb", "tcp", "fragment", "524288"),
         ("build", "evb", "tcp", "fixed", "524288"),
         // the same run scraped every second (the cost of monitoring)
-        ("build", "evb", "tcp", "fixed static verify=crc scraped", "524288"),
+        (
+            "build",
+            "evb",
+            "tcp",
+            "fixed static verify=crc scraped",
+            "524288",
+        ),
     ] {
         assert!(
             has(bench, system, transport, variant, size),

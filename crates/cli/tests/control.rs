@@ -266,3 +266,185 @@ fn a_control_api_beyond_loopback_needs_a_secret() {
         "{err}"
     );
 }
+
+/// Ctrl-C at `evb up`, as an operator presses it: the run that is on is stopped cleanly
+/// (drained, its verdict printed), then every node is halted and `evb up` exits 0.
+#[test]
+fn ctrl_c_at_evb_up_stops_the_run_then_halts_everything() {
+    let up = Up::start(
+        "[run]\nevents = 0\nduration_s = 120\nrate_hz = 20000\n[fragments]\nsize = 4096\n",
+    );
+    assert_eq!(up.post("start", json!({})).0, 200);
+    let s = up.wait_until("run 1 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 1000
+    });
+    let pids: Vec<u64> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| {
+            let api = Api::new(n["control"].as_str()?, None);
+            api.get("/api/v1/node").ok()?.body["pid"].as_u64()
+        })
+        .collect();
+    assert_eq!(pids.len(), 5);
+    let mut up = up;
+    assert!(Command::new("kill")
+        .args(["-INT", &up.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let until = Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(s) = up.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "evb up did not exit after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "evb up exited with {status}");
+    let said = up.said();
+    assert!(
+        said.iter().any(|l| l.starts_with("evb up: run 1 complete")),
+        "{said:?}"
+    );
+    assert!(said.iter().any(|l| l == "evb up: halted"), "{said:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    for pid in pids {
+        assert!(!alive(pid), "node process {pid} still running after Ctrl-C");
+    }
+}
+
+/// From beyond loopback the API wants the token derived from the run's secret. The system
+/// runs in one network namespace made by the test, the caller in another.
+#[test]
+fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
+    let ok = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let tag = std::process::id() % 100_000;
+    let (a, b) = (format!("evbctl-a{tag}"), format!("evbctl-b{tag}"));
+    if !ok(&["netns", "add", &a]) {
+        eprintln!("SKIPPED: cannot make network namespaces (needs root and iproute2)");
+        return;
+    }
+    struct Ns(Vec<String>);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            for n in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", n]).status();
+            }
+        }
+    }
+    let _ns = Ns(vec![a.clone(), b.clone()]);
+    let (va, vb) = (format!("ea{tag}"), format!("eb{tag}"));
+    for args in [
+        vec!["netns", "add", &b],
+        vec!["link", "add", &va, "type", "veth", "peer", "name", &vb],
+        vec!["link", "set", &va, "netns", &a],
+        vec!["link", "set", &vb, "netns", &b],
+        vec!["-n", &a, "addr", "add", "10.251.0.1/24", "dev", &va],
+        vec!["-n", &b, "addr", "add", "10.251.0.2/24", "dev", &vb],
+        vec!["-n", &a, "link", "set", &va, "up"],
+        vec!["-n", &b, "link", "set", &vb, "up"],
+        vec!["-n", &a, "link", "set", "lo", "up"],
+        vec!["-n", &b, "link", "set", "lo", "up"],
+    ] {
+        assert!(ok(&args), "ip {args:?} failed");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        "[run]\nsecret = \"open sesame\"\nevents = 1000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+         [control]\nhost = \"10.251.0.1\"\nbase_port = 8700\n",
+    )
+    .unwrap();
+    let mut up = Command::new("ip")
+        .args(["netns", "exec", &a, EVB, "up", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = up.stdout.take().unwrap();
+    let _up = Kill(up);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("run page and control API"))),
+        "evb up did not come up in the namespace"
+    );
+    let curl = |extra: &[&str], path: &str| -> (String, String) {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &b, "curl", "-s", "-m", "5"])
+            .args(["-o", "/dev/stderr", "-w", "%{http_code}"])
+            .args(extra)
+            .arg(format!("http://10.251.0.1:8700{path}"))
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (code, body) = curl(&[], "/api/v1/status");
+    assert_eq!(code, "401", "{body}");
+    assert!(body.contains("bearer token"), "{body}");
+    let (code, _) = curl(&["-H", "Authorization: Bearer 0123"], "/metrics");
+    assert_eq!(code, "401");
+    let (code, _) = curl(&["-X", "POST"], "/api/v1/halt");
+    assert_eq!(code, "401", "an unauthenticated halt must change nothing");
+    let token = evb_control::control_token(b"open sesame");
+    let auth = format!("Authorization: Bearer {token}");
+    let (code, body) = curl(&["-H", &auth], "/api/v1/status");
+    assert_eq!(code, "200", "{body}");
+    assert!(body.contains("\"state\":\"ready\""), "{body}");
+    // evb ctl from the other namespace computes the token from the secret
+    let ctl = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &b,
+            EVB,
+            "ctl",
+            "--url",
+            "10.251.0.1:8700",
+            "start",
+        ])
+        .env("EVB_SECRET", "open sesame")
+        .output()
+        .unwrap();
+    assert!(ctl.status.success(), "{ctl:?}");
+    let wait = Command::new("ip")
+        .args(["netns", "exec", &b, EVB, "ctl", "--url", "10.251.0.1:8700"])
+        .args(["wait", "--run", "1", "--timeout", "60"])
+        .env("EVB_SECRET", "open sesame")
+        .output()
+        .unwrap();
+    assert!(wait.status.success(), "{wait:?}");
+    let halt = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &b,
+            EVB,
+            "ctl",
+            "--url",
+            "10.251.0.1:8700",
+            "halt",
+        ])
+        .env("EVB_SECRET", "open sesame")
+        .output()
+        .unwrap();
+    assert!(halt.status.success(), "{halt:?}");
+}

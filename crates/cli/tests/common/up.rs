@@ -12,6 +12,8 @@ use super::EVB;
 /// An `evb up` of a configuration, taken down when dropped.
 pub struct Up {
     pub child: Child,
+    /// What `evb up` printed on stdout so far.
+    pub lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     pub url: String,
     pub api: Api,
     pub dir: tempfile::TempDir,
@@ -31,9 +33,12 @@ impl Up {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let said = lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 eprintln!("[evb up] {line}");
+                said.lock().unwrap().push(line.clone());
                 if let Some(url) = line.strip_prefix("evb up: run page and control API: ") {
                     let _ = tx.send(url.trim().to_string());
                 }
@@ -45,10 +50,17 @@ impl Up {
         let api = Api::new(&url, None);
         Up {
             child,
+            lines,
             url,
             api,
             dir,
         }
+    }
+
+    /// The lines `evb up` printed so far.
+    pub fn said(&self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(100));
+        self.lines.lock().unwrap().clone()
     }
 
     pub fn status(&self) -> Value {
