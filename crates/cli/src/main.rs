@@ -4,6 +4,7 @@ mod ctl;
 mod feed;
 mod inspect;
 mod launch;
+mod sim;
 mod summary;
 mod up;
 
@@ -56,6 +57,9 @@ enum Command {
     Feed(feed::FeedArgs),
     /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
     Bench(evb_bench::BenchArgs),
+    /// Simulate an N x N switch under saturated traffic: head-of-line blocking against the
+    /// barrel shifter (a table, and an SVG plot).
+    Sim(sim::SimArgs),
     /// Check a configuration file, or print the default one.
     Config {
         #[command(subcommand)]
@@ -290,6 +294,13 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("evb feed: {e}");
                 ExitCode::FAILURE
+            }
+        },
+        Command::Sim(a) => match sim::run(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb sim: {e}");
+                ExitCode::from(2)
             }
         },
         Command::Bench(a) => match evb_bench::run(&a) {
