@@ -46,3 +46,27 @@ fn evb_sim_reproduces_table_vii_and_writes_its_plot() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--n"));
 }
+
+#[test]
+fn evb_sim_event_building_model_runs_and_checks_its_flags() {
+    let out = Command::new(EVB)
+        .args(["sim", "--model", "eb", "--n", "4,8", "--events", "500"])
+        .args(["--credits", "32", "--buffer", "4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("barrel") && text.lines().count() >= 4,
+        "{text}"
+    );
+    for bad in [
+        vec!["--model", "eb", "--credits", "0"],
+        vec!["--model", "eb", "--mean-cells", "NaN"],
+        vec!["--model", "eb", "--assignment", "best"],
+        vec!["--model", "fluid"],
+    ] {
+        let o = Command::new(EVB).arg("sim").args(&bad).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
+    }
+}

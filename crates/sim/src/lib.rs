@@ -15,6 +15,7 @@
 //!
 //! The simulator is deterministic for a given seed.
 
+pub mod eventbuilding;
 pub mod plot;
 
 use rand::rngs::SmallRng;
