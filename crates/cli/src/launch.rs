@@ -208,6 +208,10 @@ pub(crate) fn spawn_processes(
     Ok((children, tmp, cfg))
 }
 
+/// Where each node process runs: a command prefix per node id (empty: this host, as is).
+pub(crate) type Placement = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
+pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
+
 /// Starts one supervised node process; its status lines go to `tx`.
 pub(crate) fn spawn_node(
     config: &Path,
@@ -218,7 +222,17 @@ pub(crate) fn spawn_node(
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     {
         let n = id;
-        let mut child = Command::new(&exe)
+        // a node placed somewhere else (`evb testbed`: its host's network namespace) is
+        // started through the placement's command
+        let mut cmd = match PLACEMENT.get().map(|p| p(n)).filter(|p| !p.is_empty()) {
+            Some(prefix) => {
+                let mut c = Command::new(&prefix[0]);
+                c.args(&prefix[1..]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = cmd
             .args(["node", "--supervised", "--id", n, "--config"])
             .arg(config)
             .args(serve.then_some("--serve"))
