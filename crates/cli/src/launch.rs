@@ -349,8 +349,66 @@ impl RateMeter {
     }
 }
 
+/// `run.placement = "auto"`: the RUs and BUs that `[affinity]` leaves free are pinned so
+/// that RUs and BUs do not share CPUs: one CPU each when there are enough, otherwise the
+/// RUs on the first half of this process's CPUs and the BUs on the second half. The EVM,
+/// which does little, goes wherever the system puts it.
+pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
+    if cfg.run.placement != evb_config::Placement::Auto {
+        return;
+    }
+    let Ok(cpus) = evb_node::affinity::current_cpus() else {
+        return;
+    };
+    if cpus.len() < 2 {
+        return;
+    }
+    let free: Vec<evb_config::NodeSpec> = cfg
+        .nodes()
+        .into_iter()
+        .filter(|n| n.role != Role::Evm && !cfg.affinity.contains_key(&n.id))
+        .collect();
+    if free.is_empty() {
+        return;
+    }
+    let (rus, bus): (Vec<_>, Vec<_>) = free.iter().partition(|n| n.role == Role::Ru);
+    if free.len() <= cpus.len() {
+        for (n, cpu) in rus.iter().chain(&bus).zip(&cpus) {
+            cfg.affinity.insert(n.id.clone(), vec![*cpu]);
+        }
+    } else {
+        let half = cpus.len().div_ceil(2);
+        let (ru_cpus, bu_cpus) = cpus.split_at(half);
+        for n in &rus {
+            cfg.affinity.insert(n.id.clone(), ru_cpus.to_vec());
+        }
+        for n in &bus {
+            cfg.affinity.insert(n.id.clone(), bu_cpus.to_vec());
+        }
+    }
+    if !quiet {
+        let list = |ns: &[&evb_config::NodeSpec]| {
+            let mut set: Vec<usize> = ns
+                .iter()
+                .flat_map(|n| cfg.affinity[&n.id].iter().copied())
+                .collect();
+            set.sort_unstable();
+            set.dedup();
+            format!("{set:?}")
+        };
+        eprintln!(
+            "evb: RUs on CPUs {}, BUs on CPUs {} (run.placement = \"auto\"; \"none\" leaves them to the system)",
+            list(&rus),
+            list(&bus)
+        );
+    }
+}
+
 /// Runs the whole system; true when the verdict is clean.
 pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, String> {
+    let mut placed = cfg.clone();
+    auto_place(&mut placed, quiet);
+    let cfg = &placed;
     let launched = std::time::SystemTime::now();
     let (tx, rx) = mpsc::channel();
     let inproc = cfg.transport.kind == TransportKind::Inproc;
