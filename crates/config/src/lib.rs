@@ -95,8 +95,8 @@ pub struct RunSection {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
-    Auto,
     #[default]
+    Auto,
     None,
 }
 
@@ -113,7 +113,7 @@ impl Default for RunSection {
             heartbeat_ms: 200,
             heartbeat_timeout_ms: 1000,
             secret: String::new(),
-            placement: Placement::None,
+            placement: Placement::Auto,
         }
     }
 }
