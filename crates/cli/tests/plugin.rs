@@ -1,0 +1,354 @@
+//! The plug-in API in real multi-process runs: a Rust producer feeding an RU and a Rust
+//! consumer taking a BU's events in this test's process, the EVM and the other nodes as
+//! `evb node` processes on 127.0.0.1. Exact counts, every payload byte checked, bad input
+//! answered with typed errors, a slow consumer slowing the trigger without loss.
+
+mod common;
+use common::{free_base_port, EVB};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use evb_formats::events::EventFile;
+use evb_plugin::{Config, Consumer, ConsumerOptions, Error, Next, Producer, WhenFull};
+use serde_json::Value;
+
+/// The payload the producer writes for event `k` (sizes 0 to 3,999 bytes).
+fn payload(k: u64) -> Vec<u8> {
+    let size = (k * 397 % 4000) as usize;
+    (0..size)
+        .map(|i| (k as usize).wrapping_mul(131).wrapping_add(i * 7) as u8)
+        .collect()
+}
+
+struct Run {
+    dir: tempfile::TempDir,
+    cfg: PathBuf,
+    kids: BTreeMap<String, Child>,
+}
+
+impl Run {
+    /// Writes the configuration (the topology's ports found free) and starts `procs` as
+    /// `evb node` processes.
+    fn start(toml: &str, procs: &[&str]) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("run.toml");
+        let base = free_base_port(8);
+        let ports = format!("[topology]\nbase_port = {base}\n");
+        let toml = if toml.contains("[topology]\n") {
+            toml.replace("[topology]\n", &ports)
+        } else {
+            format!("{toml}\n{ports}")
+        };
+        std::fs::write(&cfg, toml).unwrap();
+        let mut run = Run {
+            dir,
+            cfg,
+            kids: BTreeMap::new(),
+        };
+        for id in procs {
+            let child = Command::new(EVB)
+                .args(["node", "--id", id, "--config"])
+                .arg(&run.cfg)
+                .current_dir(run.dir.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            run.kids.insert(id.to_string(), child);
+        }
+        run
+    }
+
+    fn config(&self) -> Config {
+        Config::from_file(&self.cfg).unwrap()
+    }
+
+    /// Waits for every process; returns the EVM's report (it must have exited cleanly, and
+    /// every other node too).
+    fn evm_report(&mut self) -> Value {
+        let mut evm = Value::Null;
+        for (id, c) in std::mem::take(&mut self.kids) {
+            let out = c.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{id} failed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if id == "evm" {
+                evm = serde_json::from_str(&stdout).unwrap();
+            }
+        }
+        evm
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        for c in self.kids.values_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Every event in the `.evb` files of `dir`, by id: (trigger number, flags, fragments).
+fn events_in(dir: &Path) -> BTreeMap<u64, (u32, u16, Vec<Vec<u8>>)> {
+    let mut all = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "evb") {
+            continue;
+        }
+        for ev in EventFile::open(&p).unwrap() {
+            let ev = ev.unwrap();
+            let frags = ev.fragments.into_iter().map(|(_, b)| b).collect();
+            assert!(
+                all.insert(ev.event_id, (ev.trigger_number, ev.flags, frags))
+                    .is_none(),
+                "event {} written twice",
+                ev.event_id
+            );
+        }
+    }
+    all
+}
+
+fn assert_verdict_ok(report: &Value, events: u64) {
+    assert_eq!(report["ok"], true, "{report}");
+    let run = &report["run"];
+    assert_eq!(run["evm"]["triggered"], events, "{run}");
+    assert_eq!(run["evm"]["released"], events);
+    // the verdict lists what does not add up: nothing
+    assert_eq!(
+        report["verdict"],
+        serde_json::json!([]),
+        "{}",
+        report["verdict"]
+    );
+    for b in run["bus"].as_array().unwrap() {
+        assert_eq!(b["crc_errors"], 0);
+        assert_eq!(b["duplicate_fragments"], 0);
+    }
+}
+
+const API_SOURCE: &str = "[run]\nid = \"plug\"\nduration_s = 0\n\
+    [source]\nkind = \"api\"\nmax_fragment = 4096\n";
+
+#[test]
+fn rust_producer_feeds_an_ru_in_a_multi_process_run() {
+    const EVENTS: u64 = 20_000;
+    let mut run = Run::start(
+        &format!(
+            "{API_SOURCE}[sink]\nkind = \"file\"\ndir = \"out\"\nfile_max_events = 5000\n\
+             [builder]\ncredits = 8\n[topology]\nrus = 1\nbus = 2\n"
+        ),
+        &["evm", "bu0", "bu1"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    for k in 0..EVENTS {
+        let bytes = payload(k);
+        let mut buf = p.buffer(bytes.len(), WhenFull::Block).unwrap();
+        buf.payload_mut().copy_from_slice(&bytes);
+        assert_eq!(p.submit(buf, k as u32 + 1).unwrap(), k);
+    }
+    let ru = p.finish().unwrap();
+    assert!(ru.ok, "{}", ru.reason);
+    assert_eq!(ru.report["stats"]["fragments_sent"], EVENTS);
+    assert_eq!(ru.report["stats"]["retained"], 0);
+    let out = run.dir.path().join("out");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    // every event once, each with exactly the bytes the producer wrote
+    let events = events_in(&out);
+    assert_eq!(events.len() as u64, EVENTS);
+    for (k, (trigger, flags, frags)) in events {
+        assert_eq!((trigger, flags), (k as u32 + 1, 0), "event {k}");
+        assert_eq!(frags, vec![payload(k)], "event {k}'s payload");
+    }
+}
+
+#[test]
+fn bad_producer_input_gets_typed_errors_and_stops_the_run() {
+    let mut run = Run::start(
+        &format!("{API_SOURCE}[topology]\nrus = 1\nbus = 1\n"),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    // too large for source.max_fragment: refused before anything is written
+    assert!(matches!(
+        p.buffer(4097, WhenFull::Block),
+        Err(Error::Size { size: 4097, .. })
+    ));
+    let mut b = p.buffer(100, WhenFull::ReturnFull).unwrap();
+    assert!(matches!(b.set_len(101), Err(Error::Size { .. })));
+    b.set_len(10).unwrap();
+    p.submit(b, 7).unwrap();
+    p.submit_copy(b"next", 8, WhenFull::Block).unwrap();
+    // a trigger number going backwards: on_error = "stop" stops the run, naming it
+    let e = p.submit_copy(b"late", 3, WhenFull::Block).unwrap_err();
+    assert_eq!(
+        e,
+        Error::Refused {
+            why: "trigger number 3 after 8: out of order".into(),
+            run_stopped: true
+        }
+    );
+    assert!(matches!(
+        p.submit_copy(b"more", 9, WhenFull::Block),
+        Err(Error::RunOver(_))
+    ));
+    let ru = p.finish().unwrap();
+    assert!(!ru.ok);
+    assert!(ru.reason.contains("out of order"), "{}", ru.reason);
+    // the EVM and BU end too, the EVM naming the producer's error
+    let mut kids = std::mem::take(&mut { run }.kids);
+    let evm = kids.remove("evm").unwrap().wait_with_output().unwrap();
+    assert!(!evm.status.success());
+    let text = common::text(&evm);
+    assert!(text.contains("trigger number 3 after 8"), "{text}");
+}
+
+#[test]
+fn trigger_going_backwards_under_drop_builds_the_event_without_it() {
+    let mut run = Run::start(
+        &format!("{API_SOURCE}on_error = \"drop\"\n[sink]\nkind = \"file\"\ndir = \"out\"\n[topology]\nrus = 1\nbus = 1\n"),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    p.submit_copy(b"one", 10, WhenFull::Block).unwrap();
+    let e = p.submit_copy(b"two", 10, WhenFull::Block).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Refused {
+                run_stopped: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    p.submit_copy(b"three", 11, WhenFull::Block).unwrap();
+    assert_eq!(p.events_submitted(), 3);
+    assert!(p.finish().unwrap().ok);
+    let out = run.dir.path().join("out");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, 3);
+    assert_eq!(report["run"]["bus"][0]["partial_events"], 1);
+    let events = events_in(&out);
+    assert_eq!(events[&0].2, vec![b"one".to_vec()]);
+    assert!(events[&1].2[0].is_empty(), "the refused fragment left out");
+    assert_eq!(events[&2].2, vec![b"three".to_vec()]);
+}
+
+#[test]
+fn rust_consumer_takes_every_event_and_a_slow_one_slows_the_trigger() {
+    const EVENTS: u64 = 600;
+    const SLOW: Duration = Duration::from_millis(2);
+    let mut run = Run::start(
+        &format!(
+            "[run]\nid = \"cons\"\nevents = {EVENTS}\nduration_s = 0\n\
+             [fragments]\nsize = 2048\n[builder]\ncredits = 4\n\
+             [topology]\nrus = 2\nbus = 1\n[sink]\nkind = \"api\"\n"
+        ),
+        &["evm", "ru0", "ru1"],
+    );
+    let started = Instant::now();
+    let mut c = Consumer::start(&run.config(), "bu0", ConsumerOptions { max_held: 2 }).unwrap();
+    let mut ids = Vec::new();
+    let mut held = Vec::new();
+    let mut bytes = 0;
+    loop {
+        match c.next_timeout(Duration::from_secs(30)) {
+            Next::Event(ev) => {
+                assert_eq!(ev.fragment_count(), 2);
+                for f in ev.fragments() {
+                    let mut crc = 0;
+                    for chunk in f.chunks() {
+                        crc = crc32c::crc32c_append(crc, chunk);
+                    }
+                    assert_eq!(crc, f.payload_crc(), "event {}", ev.event_id());
+                    assert_eq!(f.len(), 2048);
+                    let whole = f.contiguous().map_or_else(|| f.to_vec(), <[u8]>::to_vec);
+                    assert_eq!(whole, f.to_vec());
+                }
+                assert!(!ev.is_partial() && !ev.is_corrupt() && !ev.trigger_mismatch());
+                bytes += ev.bytes();
+                ids.push(ev.event_id());
+                // a consumer that keeps two events and works slowly on each
+                held.push(ev);
+                if held.len() == 2 {
+                    std::thread::sleep(SLOW);
+                    held.clear();
+                }
+            }
+            Next::Timeout => panic!("no event for 30 s"),
+            Next::End => break,
+        }
+    }
+    drop(held);
+    let elapsed = started.elapsed();
+    let bu = c.finish().unwrap();
+    assert!(bu.ok, "{}", bu.reason);
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..EVENTS).collect::<Vec<_>>(),
+        "every event exactly once"
+    );
+    assert_eq!(bytes as u64, EVENTS * 2 * 2048);
+    // the consumer set the pace: the BU was held back (busy), the run took at least as long
+    // as the consumer's work, and nothing was lost
+    assert!(
+        bu.report["sink"]["report"]["consumer_busy"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(elapsed >= SLOW * (EVENTS / 2) as u32, "{elapsed:?}");
+    assert_verdict_ok(&run.evm_report(), EVENTS);
+}
+
+#[test]
+fn rust_producer_to_rust_consumer_through_processes() {
+    const EVENTS: u64 = 3000;
+    let mut run = Run::start(
+        &format!(
+            "{API_SOURCE}[topology]\nrus = 1\n[[bu]]\nid = \"bu0\"\nsink = \"api\"\n\
+             [[bu]]\nid = \"bu1\"\n"
+        ),
+        &["evm", "bu1"],
+    );
+    let cfg = run.config();
+    let consumer = std::thread::spawn(move || {
+        let mut c = Consumer::start(&cfg, "bu0", ConsumerOptions::default()).unwrap();
+        let mut seen = Vec::new();
+        for ev in c.by_ref() {
+            let f = ev.fragment(0).unwrap();
+            assert_eq!(
+                f.to_vec(),
+                payload(ev.event_id()),
+                "event {}",
+                ev.event_id()
+            );
+            seen.push(ev.event_id());
+        }
+        (seen, c.finish().unwrap())
+    });
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    for k in 0..EVENTS {
+        p.submit_copy(&payload(k), k as u32, WhenFull::Block)
+            .unwrap();
+    }
+    assert!(p.finish().unwrap().ok);
+    let (seen, bu0) = consumer.join().unwrap();
+    assert!(bu0.ok, "{}", bu0.reason);
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    let bu1 = report["run"]["bus"][1]["events_built"].as_u64().unwrap();
+    assert_eq!(seen.len() as u64 + bu1, EVENTS, "{}", report["run"]["bus"]);
+    assert!(!seen.is_empty() && bu1 > 0, "both BUs built events");
+}
