@@ -727,6 +727,10 @@ impl Driver {
                 let paced =
                     self.cfg.run.rate_hz > 0.0 || self.streams.is_some() || self.api.is_some();
                 let cap = Duration::from_millis(if paced { 1 } else { 10 });
+                // a busy sink is offered its events again when its retry is due
+                let cap = self
+                    .sink_retry_at
+                    .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
                 self.messenger
                     .next_flush_in(now)
                     .map_or(cap, |t| t.min(cap))

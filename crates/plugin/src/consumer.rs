@@ -186,7 +186,7 @@ impl Sink for ApiSink {
     }
     fn retry_after(&self) -> Duration {
         // a consumer frees a place within microseconds of finishing an event
-        Duration::from_micros(200)
+        Duration::from_micros(50)
     }
     fn busy_is_news(&self) -> bool {
         false
