@@ -1,9 +1,9 @@
 /* A readout producer in C: feeds RU `ru_id` through libevb.
  *
  *   cc producer.c -I$PREFIX/include -L$PREFIX/lib -levb -o producer   (or: pkg-config --cflags --libs evb)
- *   ./producer run.toml ru0 100000
+ *   ./producer run.toml ru0 100000 [FRAGMENT_BYTES]
  *
- * Event k's payload is k*397 % 4000 bytes, byte i = (k*131 + i*7) mod 256, its trigger number
+ * Event k's payload is k*397 % 4000 bytes (or FRAGMENT_BYTES), byte i = (k*131 + i*7) mod 256, its trigger number
  * k + 1: what the consumer example checks. Each payload is written straight into the RU's
  * pool (no copy). Before the run it shows two errors a producer can get: a buffer too large,
  * and a buffer submitted twice. */
@@ -20,11 +20,12 @@ static int check(int rc, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s CONFIG RU_ID EVENTS\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s CONFIG RU_ID EVENTS [FRAGMENT_BYTES]\n", argv[0]);
         return 2;
     }
     unsigned long long events = strtoull(argv[3], NULL, 10);
+    long fixed = argc == 5 ? atol(argv[4]) : -1;
     EvbProducer *p = NULL;
     check(evb_producer_start(argv[1], argv[2], &p), "evb_producer_start");
 
@@ -34,7 +35,7 @@ int main(int argc, char **argv) {
     if (rc != EVB_ERR_SIZE) return 1;
 
     for (unsigned long long k = 0; k < events; k++) {
-        size_t size = (size_t)(k * 397 % 4000);
+        size_t size = fixed >= 0 ? (size_t)fixed : (size_t)(k * 397 % 4000);
         check(evb_producer_buffer(p, size, 1, &b), "evb_producer_buffer"); /* waits while full */
         for (size_t i = 0; i < size; i++) b.data[i] = (uint8_t)(k * 131 + i * 7);
         uint64_t id = 0;
