@@ -120,6 +120,38 @@ fn trigger_going_backwards_under_drop_builds_the_event_without_it() {
 }
 
 #[test]
+fn a_stalled_producer_shows_as_the_ru_waiting_for_it() {
+    let mut run = Run::start(
+        &format!("{API_SOURCE}stall_warn_s = 0.2\n[topology]\nrus = 1\nbus = 1\n"),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    p.submit_copy(b"first", 1, WhenFull::Block).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    let waiting = loop {
+        let s = p.status();
+        if let Some(w) = s["stats"]["waiting_for"][0].as_str() {
+            break w.to_string();
+        }
+        assert!(Instant::now() < until, "never shown waiting: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        waiting.starts_with("producer since") && waiting.ends_with("no fragment submitted after 1"),
+        "{waiting}"
+    );
+    // it goes away when the producer goes on
+    p.submit_copy(b"second", 2, WhenFull::Block).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while p.status()["stats"]["waiting_for"][0].is_string() {
+        assert!(Instant::now() < until, "still shown waiting");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(p.finish().unwrap().ok);
+    assert_verdict_ok(&run.evm_report(), 2);
+}
+
+#[test]
 fn rust_consumer_takes_every_event_and_a_slow_one_slows_the_trigger() {
     const EVENTS: u64 = 600;
     const SLOW: Duration = Duration::from_millis(2);

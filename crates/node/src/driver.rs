@@ -181,7 +181,8 @@ impl Driver {
                     // the producer writes its fragments straight into this pool
                     let _ = feed.pool.send(pool.clone());
                 }
-                Some(crate::plug::ApiSource::new(id, feed.items))
+                let stall_warn = Duration::from_secs_f64(cfg.source.stall_warn_s);
+                Some(crate::plug::ApiSource::new(id, feed.items, stall_warn, now))
             }
             (None, false) => None,
             (Some(_), false) => {
@@ -689,7 +690,7 @@ impl Driver {
                 s.pump(now, r);
             }
             if let (Some(a), Logic::Ru(r)) = (&mut self.api, &mut self.logic) {
-                a.pump(r);
+                a.pump(now, r);
             }
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),

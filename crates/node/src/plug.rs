@@ -3,12 +3,14 @@
 //! public API on top of these is the `evb-plugin` crate; this module is only the driver's
 //! side: a channel of fragments already written into the RU's pool, and a sink.
 
+use std::time::{Duration, Instant};
+
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use evb_buffers::Pool;
 use evb_builder::assembly::Assembled;
 use evb_builder::{Ru, RunState, Sink};
 use evb_wire::FLAG_MISSING;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// What a producer sends the RU's driver, in submission order.
 pub enum FeedItem {
@@ -43,27 +45,43 @@ pub(crate) struct ApiSource {
     received: u64,
     dropped: u64,
     over: bool,
+    started: Instant,
+    /// Since when the producer has submitted nothing (while the run is on).
+    idle_since: Instant,
+    stall_warn: Duration,
+    warned: bool,
 }
 
 impl ApiSource {
-    pub(crate) fn new(node: &str, items: Receiver<FeedItem>) -> ApiSource {
+    pub(crate) fn new(
+        node: &str,
+        items: Receiver<FeedItem>,
+        stall_warn: Duration,
+        now: Instant,
+    ) -> ApiSource {
         ApiSource {
             node: node.to_string(),
             items,
             received: 0,
             dropped: 0,
             over: false,
+            started: now,
+            idle_since: now,
+            stall_warn,
+            warned: false,
         }
     }
 
     /// Moves what the producer submitted into the live feed. No limit is needed here: every
     /// fragment sent holds blocks of the RU's pool, which is what bounds the producer.
-    pub(crate) fn pump(&mut self, ru: &mut Ru) {
+    pub(crate) fn pump(&mut self, now: Instant, ru: &mut Ru) {
         // Not before the RU is connected: a failure must reach the EVM, naming its reason.
         if self.over || ru.state().is_over() || ru.state() == RunState::Configured {
             return;
         }
+        let running = ru.state() == RunState::Running;
         let Some(feed) = ru.live_mut() else { return };
+        let before = self.received;
         loop {
             match self.items.try_recv() {
                 Ok(FeedItem::Event(a)) => {
@@ -91,5 +109,26 @@ impl ApiSource {
         }
         feed.stats.fragments_received = self.received;
         feed.stats.dropped = self.dropped;
+        // a producer that stalls shows as the RU waiting for it (status, report, log)
+        if self.received > before || !running || self.over {
+            self.idle_since = now;
+            self.warned = false;
+            feed.stats.waiting_for.clear();
+            return;
+        }
+        let waited = now.duration_since(self.idle_since);
+        if waited >= self.stall_warn {
+            let at = self.idle_since.duration_since(self.started).as_secs_f64();
+            let line = format!(
+                "producer since {at:.1} s ({:.1} s): no fragment submitted after {}",
+                waited.as_secs_f64(),
+                self.received
+            );
+            if !self.warned {
+                self.warned = true;
+                warn!(node = %self.node, "waiting for {line}");
+            }
+            feed.stats.waiting_for = vec![line];
+        }
     }
 }

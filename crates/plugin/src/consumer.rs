@@ -265,6 +265,12 @@ impl Consumer {
         }
     }
 
+    /// The BU's latest status, refreshed 5 times a second: the JSON line `evb node`
+    /// prints (`stats`, `pools`, `sink`, ...).
+    pub fn status(&self) -> serde_json::Value {
+        self.node.status()
+    }
+
     /// Events taken so far.
     pub fn events_taken(&self) -> u64 {
         self.taken

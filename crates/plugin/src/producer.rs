@@ -147,6 +147,12 @@ impl Producer {
         })
     }
 
+    /// The RU's latest status, refreshed 5 times a second: the JSON line `evb node`
+    /// prints (`stats`, `pools`, `sink`, ...), with `stats.waiting_for` naming a stalled producer.
+    pub fn status(&self) -> serde_json::Value {
+        self.node.status()
+    }
+
     /// Events submitted so far (the next one submitted is this event id).
     pub fn events_submitted(&self) -> u64 {
         self.next_event
