@@ -25,6 +25,9 @@ pub enum RuLossPolicy {
     Partial,
 }
 
+/// How long triggering waits at the start for every BU's first credits.
+pub const FIRST_CREDITS_GRACE: Duration = Duration::from_millis(200);
+
 #[derive(Debug, Clone)]
 pub struct EvmConfig {
     pub n_ru: u16,
@@ -100,6 +103,10 @@ pub struct Evm {
     stopped_at: Option<Instant>,
     paused_since: Option<Instant>,
     paused_total: Duration,
+    /// At the start: which BUs have granted their first credits. Triggering waits for all
+    /// of them (at most `FIRST_CREDITS_GRACE`), so that the first BU to answer does not take
+    /// a short run's events alone. `None` once that is over.
+    first_credits: Option<Vec<bool>>,
     last_progress: Instant,
     triggering_done: bool,
     ru_reports: HashMap<u16, RuStats>,
@@ -133,6 +140,7 @@ impl Evm {
             stopped_at: None,
             paused_since: None,
             paused_total: Duration::ZERO,
+            first_credits: None,
             last_progress: now,
             triggering_done: false,
             ru_reports: HashMap::new(),
@@ -185,6 +193,7 @@ impl Evm {
         self.state == RunState::Running
             && ((!self.triggering_done
                 && self.paused_since.is_none()
+                && self.first_credits.is_none()
                 && self.live_limit().is_none_or(|l| l > self.stats.triggered))
                 || !self.reassign.is_empty())
             && self.cfg.rate_hz.is_none()
@@ -287,6 +296,9 @@ impl Evm {
                 if self.state == RunState::Running && self.alive.contains(&from) {
                     self.credits[bu as usize] += count as u64;
                     self.stats.credits_received += count as u64;
+                    if let Some(seen) = &mut self.first_credits {
+                        seen[bu as usize] = true;
+                    }
                 }
             }
             (Message::Release(r), NodeRef::Bu(b)) if b == r.bu => {
@@ -378,6 +390,7 @@ impl Evm {
                 if self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize {
                     self.state = RunState::Running;
                     self.started = Some(now);
+                    self.first_credits = Some(vec![false; self.cfg.n_bu as usize]);
                     self.last_progress = now;
                     self.broadcast(Message::Start, Path::Now);
                 }
@@ -537,7 +550,14 @@ impl Evm {
             self.triggering_done = true;
         }
         self.assign_orphans();
-        if !self.triggering_done && self.paused_since.is_none() {
+        if let Some(seen) = &self.first_credits {
+            let all = (0..self.cfg.n_bu)
+                .all(|b| seen[b as usize] || !self.alive.contains(&NodeRef::Bu(b)));
+            if all || now.duration_since(started) >= FIRST_CREDITS_GRACE {
+                self.first_credits = None;
+            }
+        }
+        if !self.triggering_done && self.paused_since.is_none() && self.first_credits.is_none() {
             self.trigger(elapsed);
         }
         let in_flight = self.ledger.in_flight();

@@ -795,6 +795,8 @@ fn a_release_from_a_bu_already_dropped_does_not_count() {
         evm.handle(now, n, ready.clone());
     }
     evm.handle(now, NodeRef::Bu(1), Message::Credit { bu: 1, count: 3 });
+    // bu0 answers the start too, with nothing to give yet (triggering waits for every BU)
+    evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 0 });
     evm.poll(now);
     assert_eq!(evm.stats().triggered, 3);
     evm.handle(now, NodeRef::Ru(0), Message::LinkLost { bu: 1 });
@@ -953,4 +955,36 @@ fn live_feeds_gate_the_trigger_and_end_the_run() {
     s.run(100_000);
     assert_clean_run(&s, 60);
     assert!(s.bus.iter().all(|b| b.stats().super_fragment_errors == 0));
+}
+
+#[test]
+fn triggering_waits_for_every_bus_first_credits_or_the_grace() {
+    let t0 = Instant::now();
+    let start = |evm: &mut Evm| {
+        let ready = Message::Ready {
+            available: evb_wire::UNLIMITED,
+        };
+        for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+            evm.handle(t0, n, ready.clone());
+        }
+        evm.handle(t0, NodeRef::Bu(0), Message::Credit { bu: 0, count: 100 });
+        evm.poll(t0);
+    };
+    // bu1 answers a moment later: both get events from the first assignment on
+    let mut evm = Evm::new(evm_cfg(1, 2, 64), t0);
+    start(&mut evm);
+    assert_eq!(evm.stats().triggered, 0, "bu0 alone took the run");
+    assert!(!evm.has_work());
+    let t1 = t0 + Duration::from_millis(5);
+    evm.handle(t1, NodeRef::Bu(1), Message::Credit { bu: 1, count: 100 });
+    evm.poll(t1);
+    let s = evm.stats();
+    assert_eq!(s.triggered, 64);
+    // a BU that never answers holds the start back for the grace only
+    let mut evm = Evm::new(evm_cfg(1, 2, 64), t0);
+    start(&mut evm);
+    evm.poll(t0 + FIRST_CREDITS_GRACE / 2);
+    assert_eq!(evm.stats().triggered, 0);
+    evm.poll(t0 + FIRST_CREDITS_GRACE);
+    assert_eq!(evm.stats().triggered, 64);
 }

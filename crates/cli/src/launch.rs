@@ -208,6 +208,10 @@ pub(crate) fn spawn_processes(
     Ok((children, tmp, cfg))
 }
 
+/// Where each node process runs: a command prefix per node id (empty: this host, as is).
+pub(crate) type Placement = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
+pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
+
 /// Starts one supervised node process; its status lines go to `tx`.
 pub(crate) fn spawn_node(
     config: &Path,
@@ -218,7 +222,17 @@ pub(crate) fn spawn_node(
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     {
         let n = id;
-        let mut child = Command::new(&exe)
+        // a node placed somewhere else (`evb testbed`: its host's network namespace) is
+        // started through the placement's command
+        let mut cmd = match PLACEMENT.get().map(|p| p(n)).filter(|p| !p.is_empty()) {
+            Some(prefix) => {
+                let mut c = Command::new(&prefix[0]);
+                c.args(&prefix[1..]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = cmd
             .args(["node", "--supervised", "--id", n, "--config"])
             .arg(config)
             .args(serve.then_some("--serve"))
@@ -335,8 +349,66 @@ impl RateMeter {
     }
 }
 
+/// `run.placement = "auto"`: the RUs and BUs that `[affinity]` leaves free are pinned so
+/// that RUs and BUs do not share CPUs: one CPU each when there are enough, otherwise the
+/// RUs on the first half of this process's CPUs and the BUs on the second half. The EVM,
+/// which does little, goes wherever the system puts it.
+pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
+    if cfg.run.placement != evb_config::Placement::Auto {
+        return;
+    }
+    let Ok(cpus) = evb_node::affinity::current_cpus() else {
+        return;
+    };
+    if cpus.len() < 2 {
+        return;
+    }
+    let free: Vec<evb_config::NodeSpec> = cfg
+        .nodes()
+        .into_iter()
+        .filter(|n| n.role != Role::Evm && !cfg.affinity.contains_key(&n.id))
+        .collect();
+    if free.is_empty() {
+        return;
+    }
+    let (rus, bus): (Vec<_>, Vec<_>) = free.iter().partition(|n| n.role == Role::Ru);
+    if free.len() <= cpus.len() {
+        for (n, cpu) in rus.iter().chain(&bus).zip(&cpus) {
+            cfg.affinity.insert(n.id.clone(), vec![*cpu]);
+        }
+    } else {
+        let half = cpus.len().div_ceil(2);
+        let (ru_cpus, bu_cpus) = cpus.split_at(half);
+        for n in &rus {
+            cfg.affinity.insert(n.id.clone(), ru_cpus.to_vec());
+        }
+        for n in &bus {
+            cfg.affinity.insert(n.id.clone(), bu_cpus.to_vec());
+        }
+    }
+    if !quiet {
+        let list = |ns: &[&evb_config::NodeSpec]| {
+            let mut set: Vec<usize> = ns
+                .iter()
+                .flat_map(|n| cfg.affinity[&n.id].iter().copied())
+                .collect();
+            set.sort_unstable();
+            set.dedup();
+            format!("{set:?}")
+        };
+        eprintln!(
+            "evb: RUs on CPUs {}, BUs on CPUs {} (run.placement = \"auto\"; \"none\" leaves them to the system)",
+            list(&rus),
+            list(&bus)
+        );
+    }
+}
+
 /// Runs the whole system; true when the verdict is clean.
 pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, String> {
+    let mut placed = cfg.clone();
+    auto_place(&mut placed, quiet);
+    let cfg = &placed;
     let launched = std::time::SystemTime::now();
     let (tx, rx) = mpsc::channel();
     let inproc = cfg.transport.kind == TransportKind::Inproc;

@@ -4,7 +4,9 @@ mod ctl;
 mod feed;
 mod inspect;
 mod launch;
+mod sim;
 mod summary;
+mod testbed;
 mod up;
 
 use std::path::PathBuf;
@@ -56,6 +58,12 @@ enum Command {
     Feed(feed::FeedArgs),
     /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
     Bench(evb_bench::BenchArgs),
+    /// A small cluster inside this machine: one network namespace per node, shaped links
+    /// into a bridge as the switch; runs the configuration there and removes it all (root).
+    Testbed(testbed::TestbedArgs),
+    /// Simulate an N x N switch under saturated traffic: head-of-line blocking against the
+    /// barrel shifter (a table, and an SVG plot).
+    Sim(sim::SimArgs),
     /// Check a configuration file, or print the default one.
     Config {
         #[command(subcommand)]
@@ -290,6 +298,30 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("evb feed: {e}");
                 ExitCode::FAILURE
+            }
+        },
+        Command::Testbed(a) => {
+            let cfg = match load(&a.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("evb: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match testbed::run(&a, cfg) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("evb testbed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Sim(a) => match sim::run(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb sim: {e}");
+                ExitCode::from(2)
             }
         },
         Command::Bench(a) => match evb_bench::run(&a) {

@@ -49,7 +49,9 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         );
     }
     let (tx, rx) = mpsc::channel();
-    let (mut children, tmp, resolved) = launch::spawn_processes(cfg, &tx, true)?;
+    let mut placed = cfg.clone();
+    launch::auto_place(&mut placed, false);
+    let (mut children, tmp, resolved) = launch::spawn_processes(&placed, &tx, true)?;
     let nodes = resolved.nodes();
     let evm = nodes[0].clone();
     let url = format!("http://{}/", evm.control);

@@ -448,3 +448,76 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
         .unwrap();
     assert!(halt.status.success(), "{halt:?}");
 }
+
+/// A deployment started by hand, one `evb node --serve` per node (as on several hosts), run
+/// twice with `evb ctl --config` (which finds the EVM in the file), then halted: every
+/// process exits 0.
+#[test]
+fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::free_base_port(5);
+    let ctl = common::free_base_port(5);
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nevents = 5000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+             [topology]\nbase_port = {data}\n[control]\nbase_port = {ctl}\n"
+        ),
+    )
+    .unwrap();
+    let mut kids: Vec<std::process::Child> = ["evm", "ru0", "ru1", "bu0", "bu1"]
+        .iter()
+        .map(|id| {
+            Command::new(EVB)
+                .args(["node", "--serve", "--id", id, "--config"])
+                .arg(&cfg)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let ctl_cmd = |args: &[&str]| {
+        Command::new(EVB)
+            .arg("ctl")
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = ctl_cmd(&["status", "--json"]);
+        let v: Value = serde_json::from_slice(&s.stdout).unwrap_or(Value::Null);
+        let idle = v["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 5 && n.iter().all(|n| n["state"] == "idle"));
+        if idle {
+            break;
+        }
+        assert!(Instant::now() < until, "the nodes did not come up: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for run in 1..=2 {
+        let out = ctl_cmd(&["start"]);
+        assert!(out.status.success(), "{out:?}");
+        let out = ctl_cmd(&["wait", "--run", &run.to_string(), "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(rec["events_built"], 5000, "{rec:#}");
+        assert_eq!(rec["verdict"], json!([]));
+    }
+    assert!(ctl_cmd(&["halt"]).status.success());
+    let until = Instant::now() + Duration::from_secs(20);
+    for k in &mut kids {
+        let status = loop {
+            if let Some(s) = k.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < until, "a node did not exit after halt");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status}");
+    }
+}

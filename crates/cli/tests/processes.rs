@@ -136,6 +136,50 @@ fn nodes_run_on_the_cpus_their_affinity_names() {
     assert!(text(&out).contains("affinity.bu0"), "{}", text(&out));
 }
 
+/// `run.placement = "auto"`: `evb run` pins the RUs and BUs it was not told about so that
+/// they do not share CPUs; the EVM floats; "none" (the default) pins nothing. (Enough events
+/// that both BUs get some: the first BU's credits may cover a short run by themselves.)
+#[test]
+fn evb_run_places_rus_and_bus_on_separate_cpus_by_itself() {
+    let cpus = evb_node::affinity::current_cpus().unwrap();
+    if cpus.len() < 2 {
+        eprintln!("SKIPPED: one CPU, nothing to place");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let toml =
+        "[run]\nid = \"it-place\"\nplacement = \"auto\"\nevents = 20000\nduration_s = 0\n[fragments]\nsize = 65536\n";
+    let (out, s) = evb_run_in_env(dir.path(), toml, &[("EVB_LOG", "evb_node=info")]);
+    assert_exact(&out, &s, 20000, 2, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let pinned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("pinned to CPUs"))
+        .collect();
+    assert_eq!(pinned.len(), 4, "{stderr}");
+    assert!(
+        !pinned.iter().any(|l| l.contains("node=\"evm\"")),
+        "{stderr}"
+    );
+    let cpu_of = |id: &str| -> String {
+        let l = pinned
+            .iter()
+            .find(|l| l.contains(&format!("node=\"{id}\"")))
+            .unwrap();
+        l[l.find("pinned to CPUs").unwrap()..].to_string()
+    };
+    // no RU shares a CPU set with a BU
+    for ru in ["ru0", "ru1"] {
+        for bu in ["bu0", "bu1"] {
+            assert_ne!(cpu_of(ru), cpu_of(bu), "{stderr}");
+        }
+    }
+    let none = toml.replace("placement = \"auto\"", "placement = \"none\"");
+    let (out, s) = evb_run_in_env(dir.path(), &none, &[("EVB_LOG", "evb_node=info")]);
+    assert_exact(&out, &s, 20000, 2, 2);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("pinned to CPUs"));
+}
+
 #[test]
 fn unknown_node_id_is_an_error() {
     let dir = tempfile::tempdir().unwrap();

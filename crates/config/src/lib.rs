@@ -88,6 +88,18 @@ pub struct RunSection {
     /// EVB_SECRET overrides it. Required when any node listens beyond loopback.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub secret: String,
+    /// Where `evb run` and `evb up` put the RUs and BUs that `[affinity]` does not pin:
+    /// on separate CPUs ("auto"), or wherever the system puts them ("none"). A lone
+    /// `evb node` ignores it.
+    pub placement: Placement,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    #[default]
+    Auto,
+    None,
 }
 
 impl Default for RunSection {
@@ -103,6 +115,7 @@ impl Default for RunSection {
             heartbeat_ms: 200,
             heartbeat_timeout_ms: 1000,
             secret: String::new(),
+            placement: Placement::Auto,
         }
     }
 }

@@ -1,0 +1,176 @@
+//! `evb sim`: the switch simulator's sweep over N, as a table, JSON and an SVG plot.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use evb_sim::eventbuilding::{Assignment, EbModel, Shaping};
+use evb_sim::{hol_limit, simulate, Outcome, Policy, TABLE_VII};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// Switch sizes N (N RUs × N BUs), comma-separated.
+    #[arg(long, default_value = "1,2,4,8,16,32,64,128,256,512")]
+    n: String,
+    /// Slots simulated per point (default: about 2·10⁷ cell decisions per point, at least 2000 slots).
+    #[arg(long)]
+    slots: Option<u64>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where the plot goes.
+    #[arg(long, default_value = "target/sim/efficiency.svg")]
+    svg: PathBuf,
+    /// Also write every point as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Which model: "switch" (saturated cells: head-of-line blocking against the barrel
+    /// shifter) or "eb" (event building: fragments, credits, finite output buffers).
+    #[arg(long, default_value = "switch")]
+    model: String,
+    /// eb: mean fragment size in cells, and its standard deviation (log-normal; 0: fixed).
+    #[arg(long, default_value_t = 8.0)]
+    mean_cells: f64,
+    #[arg(long, default_value_t = 8.0)]
+    sd_cells: f64,
+    /// eb: events each BU may hold in flight.
+    #[arg(long, default_value_t = 4)]
+    credits: u32,
+    /// eb: cells each switch output port buffers.
+    #[arg(long, default_value_t = 64)]
+    buffer: u32,
+    /// eb: events built per point.
+    #[arg(long, default_value_t = 2000)]
+    events: u64,
+    /// eb: how the EVM picks a BU with credit: "round-robin" or "random".
+    #[arg(long, default_value = "round-robin")]
+    assignment: String,
+}
+
+pub fn run(a: &SimArgs) -> Result<(), String> {
+    let sizes: Vec<usize> =
+        a.n.split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=4096).contains(n))
+                    .ok_or_else(|| format!("--n: {s:?} is not a size from 1 to 4096"))
+            })
+            .collect::<Result<_, _>>()?;
+    if a.model == "eb" {
+        return run_eb(a, &sizes);
+    }
+    if a.model != "switch" {
+        return Err(format!(
+            "--model: {:?} is not \"switch\" or \"eb\"",
+            a.model
+        ));
+    }
+    let t0 = std::time::Instant::now();
+    let mut points: Vec<Outcome> = Vec::new();
+    println!(
+        "{:>5} {:>10} {:>12} {:>8}",
+        "N", "table VII", "random-fifo", "barrel"
+    );
+    for &n in &sizes {
+        let slots = a
+            .slots
+            .unwrap_or_else(|| (20_000_000 / n as u64).max(2_000));
+        let row: Vec<Outcome> = Policy::ALL
+            .into_iter()
+            .map(|p| simulate(p, n, n, slots, a.seed))
+            .collect();
+        let published = TABLE_VII
+            .iter()
+            .find(|(k, _)| *k == n)
+            .map_or("-".to_string(), |(_, v)| format!("{:.2} %", v * 100.0));
+        println!(
+            "{n:>5} {published:>10} {:>10.2} % {:>6.2} %",
+            row[0].efficiency * 100.0,
+            row[1].efficiency * 100.0
+        );
+        points.extend(row);
+    }
+    println!("  inf {:>8.2} %   (2 - sqrt 2)", hol_limit() * 100.0);
+    if let Some(dir) = a.svg.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    evb_sim::plot::efficiency_svg(&points, &a.svg)?;
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&points).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    println!(
+        "wrote {} ({:.1} s)",
+        a.svg.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The event-building model over the sizes, without and with the barrel shifter.
+fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
+    let assignment = match a.assignment.as_str() {
+        "round-robin" => Assignment::RoundRobin,
+        "random" => Assignment::Random,
+        other => {
+            return Err(format!(
+                "--assignment: {other:?} is not round-robin or random"
+            ))
+        }
+    };
+    if !(a.mean_cells >= 1.0 && a.mean_cells <= 1e4) {
+        return Err("--mean-cells: from 1 to 10000".into());
+    }
+    if !(a.sd_cells >= 0.0 && a.sd_cells <= 1e5) {
+        return Err("--sd-cells: from 0 to 100000".into());
+    }
+    if !(1..=4096).contains(&a.credits) || !(1..=1 << 20).contains(&a.buffer) {
+        return Err("--credits: 1 to 4096; --buffer: 1 to 1048576 cells".into());
+    }
+    if !(1..=10_000_000).contains(&a.events) {
+        return Err("--events: 1 to 10000000".into());
+    }
+    let t0 = std::time::Instant::now();
+    println!(
+        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment",
+        a.mean_cells, a.sd_cells, a.credits, a.buffer, a.assignment
+    );
+    println!(
+        "{:>5} {:>14} {:>16} {:>14} {:>16}",
+        "N", "no shaping", "latency p50/p99", "barrel", "latency p50/p99"
+    );
+    let mut all = Vec::new();
+    for &n in sizes {
+        let run = |shaping| {
+            EbModel {
+                rus: n,
+                bus: n,
+                mean_cells: a.mean_cells,
+                sd_cells: a.sd_cells,
+                credits: a.credits,
+                buffer: a.buffer,
+                shaping,
+                assignment,
+                events: a.events,
+                seed: a.seed,
+            }
+            .run()
+        };
+        let (none, barrel) = (run(Shaping::None), run(Shaping::Barrel));
+        println!(
+            "{n:>5} {:>12.2} % {:>16} {:>12.2} % {:>16}",
+            none.efficiency * 100.0,
+            format!("{}/{}", none.latency_p50, none.latency_p99),
+            barrel.efficiency * 100.0,
+            format!("{}/{}", barrel.latency_p50, barrel.latency_p99)
+        );
+        all.push(none);
+        all.push(barrel);
+    }
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    println!("({:.1} s; latencies in slots)", t0.elapsed().as_secs_f64());
+    Ok(())
+}

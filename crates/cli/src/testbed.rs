@@ -1,0 +1,341 @@
+//! `evb testbed`: a small cluster inside this machine. Every node of the run gets a host of
+//! its own (a network namespace) with one link (a veth) into a switch (a Linux bridge in a
+//! namespace of its own). Both ends of every link are shaped with tbf: a rate, and a small
+//! queue like a switch port's output buffer. The run is the ordinary `evb run` with each node
+//! started in its host. Everything is removed at the end, on Ctrl-C and on a failure, and a
+//! testbed of the same name left by a crash is removed at the next start.
+
+use std::path::Path;
+use std::process::Command;
+
+use clap::Args;
+use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
+
+#[derive(Args)]
+pub struct TestbedArgs {
+    /// The run (default: the built-in configuration). Its nodes are placed one per host;
+    /// their addresses, ports and the transport are set by the testbed.
+    #[arg(long, short)]
+    pub config: Option<std::path::PathBuf>,
+    /// Override topology.rus / topology.bus.
+    #[arg(long)]
+    rus: Option<u32>,
+    #[arg(long)]
+    bus: Option<u32>,
+    /// Override run.duration_s.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Link rate, as tc writes it (100mbit, 1gbit, 10gbit).
+    #[arg(long, default_value = "1gbit")]
+    rate: String,
+    /// Bytes each shaped port may queue (a switch's output buffer), as tc writes it.
+    #[arg(long, default_value = "256kb")]
+    queue: String,
+    /// Name of the testbed (its namespaces and links start with it); two testbeds with
+    /// different names can run side by side.
+    #[arg(long, default_value = "evbtb")]
+    name: String,
+    /// Write the run summary as JSON here (as `evb run --json`), with the testbed's figures.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// No progress line.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The namespaces of testbed `name`.
+fn namespaces(name: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("{name}-")))
+        .map(String::from)
+        .collect()
+}
+
+/// Removes every namespace of testbed `name` (their links and the bridge go with them).
+pub fn remove(name: &str) -> usize {
+    let all = namespaces(name);
+    for ns in &all {
+        // processes left in it (a crashed testbed's nodes) first
+        let _ = Command::new("ip")
+            .args(["netns", "pids", ns])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            });
+        let _ = Command::new("ip").args(["netns", "del", ns]).status();
+    }
+    all.len()
+}
+
+/// A tc size or rate: digits and a unit tc knows.
+fn tc_value(what: &str, v: &str, units: &[&str]) -> Result<(), String> {
+    let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &v[digits.len()..];
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) || !units.contains(&unit) {
+        return Err(format!(
+            "--{what}: {v:?} is not a number with a unit ({})",
+            units.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The bits per second of a tc rate.
+fn rate_bps(v: &str) -> f64 {
+    let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let n: f64 = digits.parse().unwrap_or(0.0);
+    n * match &v[digits.len()..] {
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        _ => 1.0,
+    }
+}
+
+/// Builds the testbed for `cfg` and runs it. True when the verdict is clean.
+pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
+    let uid = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+    };
+    if uid != 0 {
+        return Err("evb testbed needs root: it makes network namespaces, links and qdiscs".into());
+    }
+    tc_value("rate", &a.rate, &["kbit", "mbit", "gbit"])?;
+    tc_value("queue", &a.queue, &["b", "kb", "mb"])?;
+    if a.name.is_empty()
+        || a.name.len() > 6
+        || !a
+            .name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    {
+        return Err(
+            "--name: 1 to 6 lowercase letters or digits (interface names are short)".into(),
+        );
+    }
+    if let Some(n) = a.rus {
+        cfg.topology.rus = n;
+        cfg.ru.clear();
+    }
+    if let Some(n) = a.bus {
+        cfg.topology.bus = n;
+        cfg.bu.clear();
+    }
+    if let Some(d) = a.duration {
+        cfg.run.duration_s = d;
+    }
+    let nodes = cfg.nodes();
+    if nodes.len() > 250 {
+        return Err(format!(
+            "{} nodes: the testbed has room for 250",
+            nodes.len()
+        ));
+    }
+    let stale = remove(&a.name);
+    if stale > 0 {
+        eprintln!(
+            "evb testbed: removed a stale testbed {:?} ({stale} namespaces)",
+            a.name
+        );
+    }
+    // every node on its host: 10.250.0.(k+1), its data port 7000, its API 8000
+    let ip = |k: usize| format!("10.250.0.{}", k + 1);
+    cfg.transport.kind = TransportKind::Tcp;
+    cfg.transport.local = None;
+    cfg.evm.addr = format!("{}:7000", ip(0));
+    cfg.evm.control = format!("{}:8000", ip(0));
+    cfg.ru = nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.role == Role::Ru)
+        .map(|(k, n)| RuSection {
+            id: n.id.clone(),
+            addr: format!("{}:7000", ip(k)),
+            control: format!("{}:8000", ip(k)),
+            source_id: Some(n.source_id),
+            files: n.files.clone(),
+            streams: Vec::new(),
+            stream_sources: Vec::new(),
+        })
+        .collect();
+    cfg.bu = nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.role == Role::Bu)
+        .map(|(k, n)| BuSection {
+            id: n.id.clone(),
+            addr: format!("{}:7000", ip(k)),
+            control: format!("{}:8000", ip(k)),
+            credits: Some(n.credits),
+            sink: Some(n.sink),
+            sink_delay_us: n.sink_delay.map(|d| d.0),
+            sink_delay_events: n.sink_delay.map(|d| d.1),
+        })
+        .collect();
+    if cfg.secret().is_none() {
+        cfg.run.secret = format!("testbed-{}-{}", a.name, std::process::id());
+    }
+    cfg.validate()
+        .map_err(|e| format!("testbed configuration: {e}"))?;
+
+    let built = build(&a.name, nodes.len(), &a.rate, &a.queue);
+    let outcome = built.and_then(|()| {
+        let hosts: Vec<(String, String)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (n.id.clone(), format!("{}-h{k}", a.name)))
+            .collect();
+        let _ = crate::launch::PLACEMENT.set(Box::new(move |id: &str| {
+            hosts
+                .iter()
+                .find(|(n, _)| n == id)
+                .map(|(_, ns)| vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()])
+                .unwrap_or_default()
+        }));
+        eprintln!(
+            "evb testbed: {} hosts on one switch, every port shaped to {} with {} of queue",
+            nodes.len(),
+            a.rate,
+            a.queue
+        );
+        let json = a.json.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("evb-testbed-{}.json", std::process::id()))
+        });
+        let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
+        report(&json, rate_bps(&a.rate), &a.rate, a.json.is_none());
+        Ok(ok)
+    });
+    let removed = remove(&a.name);
+    let left = namespaces(&a.name);
+    if !left.is_empty() {
+        eprintln!("evb testbed: could not remove {left:?}");
+    } else if removed > 0 && !a.quiet {
+        eprintln!("evb testbed: removed (namespaces, links, bridge and qdiscs)");
+    }
+    outcome
+}
+
+/// Makes the switch and one shaped host per node.
+fn build(name: &str, hosts: usize, rate: &str, queue: &str) -> Result<(), String> {
+    let sw = format!("{name}-sw");
+    sh(&["ip", "netns", "add", &sw])?;
+    sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+    sh(&["ip", "-n", &sw, "link", "set", "br0", "up"])?;
+    // a burst of at least one tick's worth of the rate (and a few full frames)
+    let burst = format!(
+        "{}b",
+        ((rate_bps(rate) / 8.0 / 250.0) as u64).max(16 * 1514)
+    );
+    for k in 0..hosts {
+        let host = format!("{name}-h{k}");
+        let (h, s) = (format!("{name}h{k}"), format!("{name}s{k}"));
+        sh(&["ip", "netns", "add", &host])?;
+        sh(&["ip", "link", "add", &h, "type", "veth", "peer", "name", &s])?;
+        sh(&["ip", "link", "set", &h, "netns", &host])?;
+        sh(&["ip", "link", "set", &s, "netns", &sw])?;
+        sh(&["ip", "-n", &host, "link", "set", &h, "name", "eth0"])?;
+        let addr = format!("10.250.0.{}/24", k + 1);
+        sh(&["ip", "-n", &host, "addr", "add", &addr, "dev", "eth0"])?;
+        sh(&["ip", "-n", &host, "link", "set", "eth0", "up"])?;
+        sh(&["ip", "-n", &host, "link", "set", "lo", "up"])?;
+        sh(&["ip", "-n", &sw, "link", "set", &s, "master", "br0"])?;
+        sh(&["ip", "-n", &sw, "link", "set", &s, "up"])?;
+        // the host's NIC and the switch's output port towards it
+        for (ns, dev) in [(&host, "eth0"), (&sw, s.as_str())] {
+            sh(&[
+                "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                rate, "burst", &burst, "limit", queue,
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// Throughput per link as a fraction of the shaped rate, from the run's summary.
+fn report(json: &Path, bps: f64, rate: &str, remove_after: bool) {
+    let Ok(text) = std::fs::read_to_string(json) else {
+        return;
+    };
+    if remove_after {
+        let _ = std::fs::remove_file(json);
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return;
+    };
+    let run = &v["run"];
+    let secs = run["seconds"].as_f64().unwrap_or(0.0);
+    if secs <= 0.0 || bps <= 0.0 {
+        return;
+    }
+    println!("\nlinks (payload bytes against the shaped {rate}):");
+    let mut fractions = Vec::new();
+    for (role, list, field) in [
+        ("ru", &run["rus"], "payload_bytes_sent"),
+        ("bu", &run["bus"], "payload_bytes_built"),
+    ] {
+        for (i, n) in list.as_array().into_iter().flatten().enumerate() {
+            let bytes = n[field].as_f64().unwrap_or(0.0);
+            let f = bytes * 8.0 / secs / bps;
+            if role == "bu" {
+                fractions.push(f);
+            }
+            println!(
+                "  {role}{i}: {:>8.1} Mb/s  {:>5.1} % of the link",
+                bytes * 8.0 / secs / 1e6,
+                f * 100.0
+            );
+        }
+    }
+    if !fractions.is_empty() {
+        let mean = fractions.iter().sum::<f64>() / fractions.len() as f64;
+        println!(
+            "BU links: {:.1} % of the shaped rate on average",
+            mean * 100.0
+        );
+    }
+    let mut lat = evb_builder::LatencyHistogram::default();
+    for b in run["bus"].as_array().into_iter().flatten() {
+        if let Ok(h) = serde_json::from_value::<evb_builder::LatencyHistogram>(b["latency"].clone())
+        {
+            lat.merge(&h);
+        }
+    }
+    if let (Some(p50), Some(p99)) = (lat.quantile_us(0.5), lat.quantile_us(0.99)) {
+        let ms = |us: u64| {
+            if us == u64::MAX {
+                "> 10 s".to_string()
+            } else {
+                format!("{:.2} ms", us as f64 / 1e3)
+            }
+        };
+        println!(
+            "event building latency (assigned to built, bucket bounds): p50 ≤ {}, p99 ≤ {}",
+            ms(p50),
+            ms(p99)
+        );
+    }
+}

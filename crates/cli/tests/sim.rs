@@ -1,0 +1,72 @@
+//! `evb sim` as a user runs it: a table that reproduces seed 003's table VII, a plot, JSON.
+
+use std::process::Command;
+
+const EVB: &str = env!("CARGO_BIN_EXE_evb");
+
+#[test]
+fn evb_sim_reproduces_table_vii_and_writes_its_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("eff.svg");
+    let json = dir.path().join("points.json");
+    let out = Command::new(EVB)
+        .args(["sim", "--n", "2,4,8", "--slots", "200000", "--svg"])
+        .arg(&svg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("75.00 %"), "{text}");
+    let points: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let eff = |policy: &str, n: u64| {
+        points
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["policy"] == policy && p["sources"] == n)
+            .unwrap()["efficiency"]
+            .as_f64()
+            .unwrap()
+    };
+    for (n, want) in [(2, 0.75), (4, 0.6553), (8, 0.6184)] {
+        let got = eff("random-fifo", n);
+        assert!((got - want).abs() < 0.005, "N = {n}: {got}");
+        assert_eq!(eff("barrel", n), 1.0);
+    }
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("random-fifo"));
+    // a bad size is refused, naming the flag
+    let bad = Command::new(EVB)
+        .args(["sim", "--n", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--n"));
+}
+
+#[test]
+fn evb_sim_event_building_model_runs_and_checks_its_flags() {
+    let out = Command::new(EVB)
+        .args(["sim", "--model", "eb", "--n", "4,8", "--events", "500"])
+        .args(["--credits", "32", "--buffer", "4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("barrel") && text.lines().count() >= 4,
+        "{text}"
+    );
+    for bad in [
+        vec!["--model", "eb", "--credits", "0"],
+        vec!["--model", "eb", "--mean-cells", "NaN"],
+        vec!["--model", "eb", "--assignment", "best"],
+        vec!["--model", "fluid"],
+    ] {
+        let o = Command::new(EVB).arg("sim").args(&bad).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
+    }
+}

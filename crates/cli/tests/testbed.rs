@@ -1,0 +1,116 @@
+//! `evb testbed` as a user runs it: a 3 × 3 run on shaped links between network namespaces,
+//! exact, with every namespace, link, bridge and qdisc removed afterwards; and a testbed
+//! killed midway is cleaned up by the next start.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EVB: &str = env!("CARGO_BIN_EXE_evb");
+
+fn root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ok = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+        && Command::new("ip")
+            .args(["netns", "list"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: evb testbed needs root and iproute2");
+    }
+    ok
+}
+
+fn left(name: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("{name}-")))
+        .map(String::from)
+        .collect()
+}
+
+const SMALL: &str = "[fragments]\nsize = 65536\n";
+
+#[test]
+fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, SMALL).unwrap();
+    let name = format!("a{}", std::process::id() % 100_000);
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["testbed", "--rus", "3", "--bus", "3", "--duration", "2"])
+        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert!(stdout.contains("BU links:"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let triggered = v["run"]["evm"]["triggered"].as_u64().unwrap();
+    assert!(triggered > 0);
+    assert_eq!(v["run"]["evm"]["released"], triggered);
+    // the BUs' links carried close to the shaped rate, and no more
+    let secs = v["run"]["seconds"].as_f64().unwrap();
+    for b in v["run"]["bus"].as_array().unwrap() {
+        let mbps = b["payload_bytes_built"].as_f64().unwrap() * 8.0 / secs / 1e6;
+        assert!(mbps < 101.0, "a 100 Mb/s link carried {mbps:.1} Mb/s");
+    }
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}
+
+#[test]
+fn a_testbed_killed_midway_is_cleaned_up_by_the_next_start() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, SMALL).unwrap();
+    let name = format!("k{}", std::process::id() % 100_000);
+    let mut first = Command::new(EVB)
+        .args(["testbed", "--rus", "2", "--bus", "2", "--duration", "30"])
+        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while left(&name).len() < 6 {
+        assert!(Instant::now() < until, "the testbed was never built");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(
+        left(&name).len(),
+        6,
+        "a killed testbed leaves its namespaces"
+    );
+    let out = Command::new(EVB)
+        .args(["testbed", "--rus", "2", "--bus", "2", "--duration", "1"])
+        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("removed a stale testbed"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("VERDICT: OK"));
+    assert_eq!(left(&name), Vec::<String>::new());
+}
