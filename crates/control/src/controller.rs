@@ -727,6 +727,10 @@ fn adopt(cur: &Config, new: Config) -> Config {
     }
     out.topology = cur.topology.clone();
     out.control = cur.control.clone();
+    // the CPUs the processes run on (given, or placed by evb up): as now unless listed
+    if out.affinity.is_empty() {
+        out.affinity = cur.affinity.clone();
+    }
     out
 }
 
