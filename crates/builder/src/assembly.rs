@@ -6,6 +6,8 @@
 
 use std::collections::VecDeque;
 
+use evb_buffers::Chain;
+
 use evb_wire::super_fragment::{
     directory_len, encode_directory, SuperEntry, ENTRY_MISSING, ENTRY_SYNC_LOSS,
 };
@@ -41,7 +43,7 @@ pub struct Piece {
 }
 
 /// One event's payload from this RU's streams, ready to become its fragment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Assembled {
     pub trigger_number: u32,
     /// Stream fragments it holds (one per stream, left-out ones included).
@@ -49,7 +51,24 @@ pub struct Assembled {
     pub payload: Vec<u8>,
     /// Fragment header flags: MISSING, SUPER, SYNC_LOSS.
     pub flags: u16,
+    /// The whole fragment (headers and payload) already in the RU's pool, as a plug-in
+    /// producer wrote it: sent as it is, never copied (`payload` is then empty).
+    pub written: Option<Chain>,
 }
+
+impl PartialEq for Assembled {
+    fn eq(&self, o: &Assembled) -> bool {
+        let bytes = |a: &Assembled| a.written.as_ref().map(Chain::to_vec);
+        (
+            self.trigger_number,
+            self.fragments,
+            &self.payload,
+            self.flags,
+        ) == (o.trigger_number, o.fragments, &o.payload, o.flags)
+            && bytes(self) == bytes(o)
+    }
+}
+impl Eq for Assembled {}
 
 /// One stream's identity (for the super-fragment directory and for messages).
 #[derive(Debug, Clone)]
@@ -273,12 +292,14 @@ impl Assembler {
                     fragments,
                     payload: p.bytes,
                     flags: 0,
+                    written: None,
                 },
                 Some(_) => Assembled {
                     trigger_number,
                     fragments,
                     payload: Vec::new(),
                     flags: FLAG_MISSING,
+                    written: None,
                 },
             };
         }
@@ -297,6 +318,7 @@ impl Assembler {
             fragments,
             payload,
             flags,
+            written: None,
         }
     }
 }

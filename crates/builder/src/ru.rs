@@ -386,6 +386,12 @@ impl Ru {
     /// Writes one fragment (prefix then payload) into pool blocks. Small fragments share a
     /// block; large ones span several. `None` if the pool cannot hold it now.
     fn make_fragment(&mut self, event_id: u64) -> Option<Chain> {
+        if let Source::Live(f) = &self.cfg.source {
+            // a plug-in producer wrote it into the pool already: zero copy
+            if let Some(written) = f.written(event_id) {
+                return Some(written.clone());
+            }
+        }
         if matches!(&self.cfg.source, Source::Generator(g) if g.content == Content::Static) {
             return self.static_fragment(event_id);
         }

@@ -30,6 +30,16 @@ pub trait Sink: Send {
     /// called again after an error (a full disk): it carries on where it stopped.
     fn finish(&mut self) -> Result<(), SinkError>;
     fn name(&self) -> &'static str;
+    /// How long to wait before offering an event again after `Busy` (a consumer that frees
+    /// room within microseconds wants a shorter wait than a full disk).
+    fn retry_after(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(100)
+    }
+    /// Whether `Busy` is worth a warning (a full disk) or routine (a consumer program that is
+    /// slower than the builder: that is its back-pressure working).
+    fn busy_is_news(&self) -> bool {
+        true
+    }
     /// The sink's own counters, for the node's report.
     fn report(&self) -> Value {
         Value::Null

@@ -105,6 +105,11 @@ impl LiveFeed {
             .flatten()
     }
 
+    /// Event `event_id`'s fragment as a plug-in producer wrote it into the pool, if it did.
+    pub(crate) fn written(&self, event_id: u64) -> Option<&evb_buffers::Chain> {
+        self.front(event_id).and_then(|a| a.written.as_ref())
+    }
+
     /// The front event became a fragment.
     pub(crate) fn consumed(&mut self, event_id: u64) {
         if event_id == self.next_id && self.queue.pop_front().is_some() {

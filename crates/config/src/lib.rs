@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod api;
 mod stream;
+pub use api::API_PREFIX_LEN;
 #[cfg(test)]
 mod tests;
 
@@ -399,6 +401,9 @@ pub enum SourceKind {
     Evb,
     /// Front-ends over TCP: each RU listens on its `streams` and reads fragments as they come.
     Stream,
+    /// A readout program in the RU's process submits fragments through the plug-in API
+    /// (`evb_plugin::Producer`, or libevb from C).
+    Api,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -480,6 +485,9 @@ pub enum SinkKind {
     Count,
     /// Files of built events in `sink.dir`.
     File,
+    /// A consumer program in the BU's process takes built events through the plug-in API
+    /// (`evb_plugin::Consumer`, or libevb from C).
+    Api,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -670,6 +678,7 @@ impl Config {
             return Err(invalid("run.id", "must be 1 to 64 bytes"));
         }
         self.check_ranges()?;
+        crate::api::validate(self)?;
         let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;
         if r.events == 0 && r.duration_s == 0.0 && !ends_with_data {
             return Err(invalid(
@@ -677,7 +686,8 @@ impl Config {
                 "set `events` or `duration_s` (or both): a run must end",
             ));
         }
-        if self.source.kind != SourceKind::Generator && self.ru.is_empty() {
+        let needs_ru_entries = !matches!(self.source.kind, SourceKind::Generator | SourceKind::Api);
+        if needs_ru_entries && self.ru.is_empty() {
             let what = match self.source.kind {
                 SourceKind::Stream => {
                     "stream sources need [[ru]] entries, each listing its `streams`"
@@ -690,7 +700,7 @@ impl Config {
         for (i, ru) in self.ru.iter().enumerate() {
             let key = format!("ru[{i}].files");
             match (self.source.kind, ru.files.is_empty()) {
-                (SourceKind::Generator | SourceKind::Stream, false) => {
+                (SourceKind::Generator | SourceKind::Stream | SourceKind::Api, false) => {
                     return Err(invalid(
                         key,
                         "only read when source.kind is \"fed\", \"framed\" or \"evb\"",

@@ -80,6 +80,8 @@ pub struct Driver {
     pools: Vec<(&'static str, evb_buffers::Pool)>,
     /// An RU fed by front-end streams: their listeners, readers and assembler.
     streams: Option<crate::stream_source::StreamSource>,
+    /// An RU fed by a plug-in producer in this process.
+    api: Option<crate::plug::ApiSource>,
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -101,6 +103,7 @@ impl Driver {
         status: StatusOut,
         status_every: Duration,
         control: RunControl,
+        plugs: crate::plug::Plugs,
     ) -> Result<Driver, NodeError> {
         let nodes = cfg.nodes();
         let me = nodes
@@ -171,7 +174,35 @@ impl Driver {
                 });
             }
         }
-        let logic = setup::logic(cfg, &me, ru_pool, now).map_err(NodeError::Setup)?;
+        let api_ru = me.role == Role::Ru && cfg.source.kind == evb_config::SourceKind::Api;
+        let api = match (plugs.feed, api_ru) {
+            (Some(feed), true) => {
+                if let Some(pool) = &ru_pool {
+                    // the producer writes its fragments straight into this pool
+                    let _ = feed.pool.send(pool.clone());
+                }
+                let stall_warn = Duration::from_secs_f64(cfg.source.stall_warn_s);
+                Some(crate::plug::ApiSource::new(id, feed.items, stall_warn, now))
+            }
+            (None, false) => None,
+            (Some(_), false) => {
+                return Err(NodeError::Setup(format!(
+                "{id}: a producer is plugged in, but {id} is not an RU with source.kind = \"api\""
+            )))
+            }
+            (None, true) => {
+                return Err(NodeError::Setup(format!(
+                    "{id}: source.kind = \"api\": this RU is fed by a producer program through \
+                     the plug-in API (evb_plugin::Producer or libevb), not as `evb node`"
+                )))
+            }
+        };
+        if plugs.sink.is_some() && me.role != Role::Bu {
+            return Err(NodeError::Setup(format!(
+                "{id}: a consumer is plugged in, but {id} is not a BU"
+            )));
+        }
+        let logic = setup::logic(cfg, &me, ru_pool, now, plugs.sink).map_err(NodeError::Setup)?;
         let streams = match (&logic, cfg.source.kind) {
             (Logic::Ru(_), evb_config::SourceKind::Stream) => Some(
                 crate::stream_source::StreamSource::start(cfg, &me, now)
@@ -216,6 +247,7 @@ impl Driver {
             next_publish: now,
             pools: named,
             streams,
+            api,
         })
     }
 
@@ -521,16 +553,17 @@ impl Driver {
             if Instant::now() >= self.sink_pass_until {
                 break;
             }
+            let news = sink.busy_is_news();
             match sink.deliver(ev) {
                 Ok(()) => {
-                    if let Some(why) = self.sink_blocked.take() {
+                    if let Some(why) = self.sink_blocked.take().filter(|_| news) {
                         info!(node = %self.me.id, "sink accepts events again (was: {why})");
                     }
                     let ev = self.sink_queue.pop_front().expect("front exists");
                     b.delivered(ev.event_id, ev.bytes);
                 }
                 Err(SinkError::Busy(why)) => {
-                    if self.sink_blocked.is_none() {
+                    if self.sink_blocked.is_none() && news {
                         warn!(
                             node = %self.me.id,
                             "sink blocked, holding {} events and their credits: {why}",
@@ -539,7 +572,7 @@ impl Driver {
                     }
                     self.sink_stalls += 1;
                     self.sink_blocked = Some(why);
-                    self.sink_retry_at = Some(now + Duration::from_millis(100));
+                    self.sink_retry_at = Some(now + sink.retry_after());
                     break;
                 }
                 Err(SinkError::Fatal(why)) => {
@@ -656,6 +689,9 @@ impl Driver {
             if let (Some(s), Logic::Ru(r)) = (&mut self.streams, &mut self.logic) {
                 s.pump(now, r);
             }
+            if let (Some(a), Logic::Ru(r)) = (&mut self.api, &mut self.logic) {
+                a.pump(now, r);
+            }
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),
                 Logic::Ru(r) => r.poll(now),
@@ -689,8 +725,13 @@ impl Driver {
                 Duration::ZERO
             } else {
                 // paced triggers and front-end streams arrive between socket events
-                let paced = self.cfg.run.rate_hz > 0.0 || self.streams.is_some();
+                let paced =
+                    self.cfg.run.rate_hz > 0.0 || self.streams.is_some() || self.api.is_some();
                 let cap = Duration::from_millis(if paced { 1 } else { 10 });
+                // a busy sink is offered its events again when its retry is due
+                let cap = self
+                    .sink_retry_at
+                    .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
                 self.messenger
                     .next_flush_in(now)
                     .map_or(cap, |t| t.min(cap))

@@ -12,6 +12,7 @@ pub mod control;
 mod driver;
 mod file_sink;
 mod playback;
+pub mod plug;
 pub mod setup;
 mod stream_source;
 
@@ -88,6 +89,19 @@ pub fn run_node(
     run_node_controlled(cfg, id, status, status_every, RunControl::new())
 }
 
+/// [`run_node_controlled`] with a program's own code plugged in: a producer feeding this RU
+/// or a consumer taking this BU's events (see [`plug`]; the public API is `evb-plugin`).
+pub fn run_node_plugged(
+    cfg: &Config,
+    id: &str,
+    status: StatusOut,
+    status_every: Duration,
+    control: RunControl,
+    plugs: plug::Plugs,
+) -> Result<NodeOutcome, NodeError> {
+    run_node_with(cfg, id, status, status_every, control, plugs)
+}
+
 /// [`run_node`], commanded and watched through `control`.
 pub fn run_node_controlled(
     cfg: &Config,
@@ -95,6 +109,24 @@ pub fn run_node_controlled(
     status: StatusOut,
     status_every: Duration,
     control: RunControl,
+) -> Result<NodeOutcome, NodeError> {
+    run_node_with(
+        cfg,
+        id,
+        status,
+        status_every,
+        control,
+        plug::Plugs::default(),
+    )
+}
+
+fn run_node_with(
+    cfg: &Config,
+    id: &str,
+    status: StatusOut,
+    status_every: Duration,
+    control: RunControl,
+    plugs: plug::Plugs,
 ) -> Result<NodeOutcome, NodeError> {
     if let Some(cpus) = cfg.affinity.get(id) {
         affinity::pin_current_thread(cpus).map_err(|e| {
@@ -133,6 +165,7 @@ pub fn run_node_controlled(
         status,
         status_every,
         control,
+        plugs,
     )?;
     driver.run()
 }

@@ -95,7 +95,7 @@ pub fn load(cfg: &Config, me: &NodeSpec) -> Result<Recording, String> {
         dropped: 0,
     };
     match cfg.source.kind {
-        SourceKind::Generator | SourceKind::Stream => {
+        SourceKind::Generator | SourceKind::Stream | SourceKind::Api => {
             return Err("only file sources are loaded before the run".into())
         }
         SourceKind::Fed | SourceKind::Framed => {

@@ -132,6 +132,7 @@ pub fn logic(
     me: &NodeSpec,
     ru_pool: Option<Pool>,
     now: Instant,
+    plugged_sink: Option<Box<dyn Sink>>,
 ) -> Result<Logic, String> {
     let nodes = cfg.nodes();
     let rus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Ru).collect();
@@ -163,7 +164,9 @@ pub fn logic(
                 source_id: me.source_id,
                 source: match cfg.source.kind {
                     SourceKind::Generator => Source::Generator(generator(cfg)),
-                    SourceKind::Stream => Source::Live(evb_builder::LiveFeed::default()),
+                    SourceKind::Stream | SourceKind::Api => {
+                        Source::Live(evb_builder::LiveFeed::default())
+                    }
                     _ => Source::Playback(crate::playback::load(cfg, me)?),
                 },
                 max_per_poll: 256,
@@ -176,7 +179,20 @@ pub fn logic(
                 VerifyLevel::Crc => Verify::Crc,
                 VerifyLevel::Full => Verify::Full,
             };
+            if plugged_sink.is_some() && me.sink != SinkKind::Api {
+                return Err(format!(
+                    "{}: a consumer is plugged in, but its sink is not \"api\"",
+                    me.id
+                ));
+            }
             let sink: Box<dyn Sink> = match me.sink {
+                SinkKind::Api => plugged_sink.ok_or_else(|| {
+                    format!(
+                        "{}: sink \"api\": this BU hands its events to a consumer program \
+                         through the plug-in API (evb_plugin::Consumer or libevb), not as `evb node`",
+                        me.id
+                    )
+                })?,
                 SinkKind::Discard => Box::new(DiscardSink),
                 SinkKind::Count => Box::new(CountingSink::default()),
                 SinkKind::File => Box::new(crate::file_sink::FileSink::new(
@@ -236,6 +252,12 @@ impl Sink for SlowSink {
     }
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+    fn retry_after(&self) -> Duration {
+        self.inner.retry_after()
+    }
+    fn busy_is_news(&self) -> bool {
+        self.inner.busy_is_news()
     }
     fn report(&self) -> serde_json::Value {
         self.inner.report()

@@ -1,0 +1,486 @@
+//! The entry points. Every `unsafe` block is here, at the boundary: reading C strings,
+//! dereferencing handles made by this library, writing out-parameters.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, CStr};
+use std::time::Duration;
+
+use evb_config::Config;
+use evb_plugin::{Buffer, Consumer, ConsumerOptions, Event, Next, NodeOutcome, Producer, WhenFull};
+
+use crate::status::*;
+
+/// A producer feeding one RU (opaque).
+pub struct EvbProducer {
+    producer: Option<Producer>,
+    /// Buffers handed out and not yet submitted or released, by id.
+    buffers: HashMap<u64, Buffer>,
+    next_buffer: u64,
+    outcome: Option<NodeOutcome>,
+}
+
+/// A consumer of one BU's events (opaque).
+pub struct EvbConsumer {
+    consumer: Option<Consumer>,
+    outcome: Option<NodeOutcome>,
+}
+
+/// One built event (opaque), the consumer's until `evb_event_release`.
+pub struct EvbEvent {
+    event: Event,
+}
+
+/// Room for one fragment's payload in the RU's pool.
+#[repr(C)]
+pub struct EvbBuffer {
+    /// What `evb_producer_submit` and `evb_producer_release` take.
+    pub id: u64,
+    /// Where to write the payload: `capacity` bytes, valid until submitted or released.
+    pub data: *mut u8,
+    pub capacity: usize,
+}
+
+/// One fragment of a built event.
+#[repr(C)]
+pub struct EvbFragment {
+    pub source_id: u16,
+    /// Fragment header flags (MISSING 0x1, ...; docs/formats.md).
+    pub flags: u16,
+    pub trigger_number: u32,
+    /// CRC32C of the payload (the BU checked it).
+    pub payload_crc: u32,
+    /// Payload bytes.
+    pub size: usize,
+    /// Pieces the payload is in (`evb_event_chunk`); 1 unless it spans pool blocks.
+    pub chunks: usize,
+}
+
+/// A C string argument as `&str`.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that outlives the call.
+unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, c_int> {
+    if p.is_null() {
+        return Err(fail(EVB_ERR_ARG, &format!("{what} is NULL")));
+    }
+    // SAFETY: non-null, and the caller promises a NUL-terminated string alive for the call.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map_err(|_| fail(EVB_ERR_ARG, &format!("{what} is not UTF-8")))
+}
+
+fn config(path: &str) -> Result<Config, c_int> {
+    Config::from_file(path.as_ref()).map_err(|e| fail(EVB_ERR_SETUP, &format!("{path}: {e}")))
+}
+
+/// The end of a run as a status: `EVB_OK` for a clean one.
+fn ended(outcome: &NodeOutcome) -> c_int {
+    if outcome.ok {
+        EVB_OK
+    } else {
+        fail(EVB_ERR_RUN_FAILED, &outcome.reason)
+    }
+}
+
+/// Writes `v` to the out-parameter `out`.
+///
+/// # Safety
+/// `out` is null or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), c_int> {
+    if out.is_null() {
+        return Err(fail(EVB_ERR_ARG, &format!("{what} is NULL")));
+    }
+    // SAFETY: non-null, and the caller promises it is valid for a write.
+    unsafe { out.write(v) };
+    Ok(())
+}
+
+/// A handle made by this library.
+///
+/// # Safety
+/// `p` is null or a live handle from the matching `*_start`, not used by another thread
+/// during the call.
+unsafe fn handle<'a, T>(p: *mut T) -> Result<&'a mut T, c_int> {
+    // SAFETY: the caller promises a live, unshared handle (or null, answered below).
+    unsafe { p.as_mut() }.ok_or_else(|| fail(EVB_ERR_ARG, "handle is NULL"))
+}
+
+/// Starts RU `ru_id` of the configuration file `config_path` (`source.kind = "api"`) in
+/// this process, fed by the producer written to `*out`.
+///
+/// # Safety
+/// `config_path` and `ru_id` are NUL-terminated strings; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_start(
+    config_path: *const c_char,
+    ru_id: *const c_char,
+    out: *mut *mut EvbProducer,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (path, id) = unsafe { (text(config_path, "config_path")?, text(ru_id, "ru_id")?) };
+        let producer = Producer::start(&config(path)?, id).map_err(|e| code_of(&e))?;
+        let h = Box::new(EvbProducer {
+            producer: Some(producer),
+            buffers: HashMap::new(),
+            next_buffer: 1,
+            outcome: None,
+        });
+        // SAFETY: `out` is valid for a write (this function's contract).
+        unsafe { put(out, Box::into_raw(h), "out") }?;
+        Ok(EVB_OK)
+    })
+}
+
+fn live(p: &mut EvbProducer) -> Result<&mut Producer, c_int> {
+    p.producer
+        .as_mut()
+        .ok_or_else(|| fail(EVB_ERR_STATE, "the producer has finished"))
+}
+
+/// Room for a payload of `size` bytes in the RU's pool, written to `*out`. With `wait`
+/// non-zero it waits while the pool is full; with 0 it answers `EVB_FULL` at once.
+///
+/// # Safety
+/// `p` is a live producer; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_buffer(
+    p: *mut EvbProducer,
+    size: usize,
+    wait: c_int,
+    out: *mut EvbBuffer,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a live producer (this function's contract).
+        let p = unsafe { handle(p) }?;
+        if out.is_null() {
+            return Err(fail(EVB_ERR_ARG, "out is NULL"));
+        }
+        let when_full = if wait != 0 {
+            WhenFull::Block
+        } else {
+            WhenFull::ReturnFull
+        };
+        let mut buf = live(p)?.buffer(size, when_full).map_err(|e| code_of(&e))?;
+        let id = p.next_buffer;
+        p.next_buffer += 1;
+        let b = EvbBuffer {
+            id,
+            data: buf.payload_mut().as_mut_ptr(),
+            capacity: buf.capacity(),
+        };
+        // the bytes stay put in the pool while the Buffer moves into the map
+        p.buffers.insert(id, buf);
+        // SAFETY: checked non-null; valid for a write (this function's contract).
+        unsafe { put(out, b, "out") }?;
+        Ok(EVB_OK)
+    })
+}
+
+/// Submits buffer `id` with its first `len` bytes as the fragment of the next event,
+/// with `trigger_number` (which must move forward). Its event id goes to `*event_id` unless
+/// that is NULL. The buffer is the RU's from now on, whatever the answer.
+///
+/// # Safety
+/// `p` is a live producer; `event_id` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_submit(
+    p: *mut EvbProducer,
+    id: u64,
+    len: usize,
+    trigger_number: u32,
+    event_id: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a live producer (this function's contract).
+        let p = unsafe { handle(p) }?;
+        live(p)?;
+        let mut buf = p
+            .buffers
+            .remove(&id)
+            .ok_or_else(|| code_of(&evb_plugin::Error::UnknownBuffer))?;
+        buf.set_len(len).map_err(|e| code_of(&e))?;
+        let event = live(p)?
+            .submit(buf, trigger_number)
+            .map_err(|e| code_of(&e))?;
+        if !event_id.is_null() {
+            // SAFETY: non-null and valid for a write (this function's contract).
+            unsafe { event_id.write(event) };
+        }
+        Ok(EVB_OK)
+    })
+}
+
+/// Gives buffer `id` back unsubmitted.
+///
+/// # Safety
+/// `p` is a live producer.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_release(p: *mut EvbProducer, id: u64) -> c_int {
+    guard(|| {
+        // SAFETY: a live producer (this function's contract).
+        let p = unsafe { handle(p) }?;
+        match p.buffers.remove(&id) {
+            Some(_) => Ok(EVB_OK),
+            None => Err(code_of(&evb_plugin::Error::UnknownBuffer)),
+        }
+    })
+}
+
+/// Ends the feed (the run ends after the events submitted) and waits for the RU's run to
+/// end: `EVB_OK` if it ended cleanly, `EVB_ERR_RUN_FAILED` and the reason otherwise.
+///
+/// # Safety
+/// `p` is a live producer.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_finish(p: *mut EvbProducer) -> c_int {
+    guard(|| {
+        // SAFETY: a live producer (this function's contract).
+        let p = unsafe { handle(p) }?;
+        p.buffers.clear();
+        let producer = p
+            .producer
+            .take()
+            .ok_or_else(|| fail(EVB_ERR_STATE, "the producer has finished already"))?;
+        let outcome = producer.finish().map_err(|e| code_of(&e))?;
+        let code = ended(&outcome);
+        p.outcome = Some(outcome);
+        Ok(code)
+    })
+}
+
+/// Frees a producer (finishing it first if needed, without waiting for the run).
+///
+/// # Safety
+/// `p` is NULL or a live producer, not used again after this call.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_free(p: *mut EvbProducer) {
+    guard(|| {
+        if !p.is_null() {
+            // SAFETY: made by Box::into_raw in evb_producer_start, freed once (contract).
+            drop(unsafe { Box::from_raw(p) });
+        }
+        Ok(EVB_OK)
+    });
+}
+
+/// Starts BU `bu_id` of the configuration file `config_path` (its sink `"api"`) in this
+/// process, its events handed to the consumer written to `*out`, which holds at most
+/// `max_held` events at once (0: 8).
+///
+/// # Safety
+/// `config_path` and `bu_id` are NUL-terminated strings; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_consumer_start(
+    config_path: *const c_char,
+    bu_id: *const c_char,
+    max_held: usize,
+    out: *mut *mut EvbConsumer,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (path, id) = unsafe { (text(config_path, "config_path")?, text(bu_id, "bu_id")?) };
+        let opts = ConsumerOptions {
+            max_held: if max_held == 0 { 8 } else { max_held },
+        };
+        let consumer = Consumer::start(&config(path)?, id, opts).map_err(|e| code_of(&e))?;
+        let h = Box::new(EvbConsumer {
+            consumer: Some(consumer),
+            outcome: None,
+        });
+        // SAFETY: `out` is valid for a write (this function's contract).
+        unsafe { put(out, Box::into_raw(h), "out") }?;
+        Ok(EVB_OK)
+    })
+}
+
+/// The next built event, waiting up to `timeout_ms` (negative: without limit): `EVB_OK`
+/// and the event in `*out`, `EVB_TIMEOUT`, or `EVB_END` when the run is over.
+///
+/// # Safety
+/// `c` is a live consumer; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_consumer_next(
+    c: *mut EvbConsumer,
+    timeout_ms: i64,
+    out: *mut *mut EvbEvent,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a live consumer (this function's contract).
+        let c = unsafe { handle(c) }?;
+        if out.is_null() {
+            return Err(fail(EVB_ERR_ARG, "out is NULL"));
+        }
+        let consumer = c
+            .consumer
+            .as_mut()
+            .ok_or_else(|| fail(EVB_ERR_STATE, "the consumer has finished"))?;
+        let next = if timeout_ms < 0 {
+            consumer.next().map_or(Next::End, Next::Event)
+        } else {
+            consumer.next_timeout(Duration::from_millis(timeout_ms as u64))
+        };
+        match next {
+            Next::Event(event) => {
+                let e = Box::into_raw(Box::new(EvbEvent { event }));
+                // SAFETY: checked non-null; valid for a write (this function's contract).
+                unsafe { out.write(e) };
+                Ok(EVB_OK)
+            }
+            Next::Timeout => Ok(EVB_TIMEOUT),
+            Next::End => Ok(EVB_END),
+        }
+    })
+}
+
+/// Waits for the BU's run to end (events still coming are released unread): `EVB_OK` if it
+/// ended cleanly, `EVB_ERR_RUN_FAILED` and the reason otherwise.
+///
+/// # Safety
+/// `c` is a live consumer.
+#[no_mangle]
+pub unsafe extern "C" fn evb_consumer_finish(c: *mut EvbConsumer) -> c_int {
+    guard(|| {
+        // SAFETY: a live consumer (this function's contract).
+        let c = unsafe { handle(c) }?;
+        let consumer = c
+            .consumer
+            .take()
+            .ok_or_else(|| fail(EVB_ERR_STATE, "the consumer has finished already"))?;
+        let outcome = consumer.finish().map_err(|e| code_of(&e))?;
+        let code = ended(&outcome);
+        c.outcome = Some(outcome);
+        Ok(code)
+    })
+}
+
+/// Frees a consumer. Events not yet released stay valid until released.
+///
+/// # Safety
+/// `c` is NULL or a live consumer, not used again after this call.
+#[no_mangle]
+pub unsafe extern "C" fn evb_consumer_free(c: *mut EvbConsumer) {
+    guard(|| {
+        if !c.is_null() {
+            // SAFETY: made by Box::into_raw in evb_consumer_start, freed once (contract).
+            drop(unsafe { Box::from_raw(c) });
+        }
+        Ok(EVB_OK)
+    });
+}
+
+/// An event handle made by `evb_consumer_next`.
+///
+/// # Safety
+/// `e` is null or a live event.
+unsafe fn event<'a>(e: *const EvbEvent) -> Option<&'a Event> {
+    // SAFETY: the caller promises a live event (or null).
+    unsafe { e.as_ref() }.map(|e| &e.event)
+}
+
+/// The event's id (0 for NULL).
+///
+/// # Safety
+/// `e` is NULL or a live event.
+#[no_mangle]
+pub unsafe extern "C" fn evb_event_id(e: *const EvbEvent) -> u64 {
+    // SAFETY: this function's contract.
+    unsafe { event(e) }.map_or(0, Event::event_id)
+}
+
+/// The event's trigger number (0 for NULL).
+///
+/// # Safety
+/// `e` is NULL or a live event.
+#[no_mangle]
+pub unsafe extern "C" fn evb_event_trigger_number(e: *const EvbEvent) -> u32 {
+    // SAFETY: this function's contract.
+    unsafe { event(e) }.map_or(0, Event::trigger_number)
+}
+
+/// Fragments in the event (one per RU; 0 for NULL).
+///
+/// # Safety
+/// `e` is NULL or a live event.
+#[no_mangle]
+pub unsafe extern "C" fn evb_event_fragment_count(e: *const EvbEvent) -> usize {
+    // SAFETY: this function's contract.
+    unsafe { event(e) }.map_or(0, Event::fragment_count)
+}
+
+/// Fragment `i` of the event, described in `*out`.
+///
+/// # Safety
+/// `e` is a live event; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_event_fragment(
+    e: *const EvbEvent,
+    i: usize,
+    out: *mut EvbFragment,
+) -> c_int {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let ev = unsafe { event(e) }.ok_or_else(|| fail(EVB_ERR_ARG, "event is NULL"))?;
+        let f = ev
+            .fragment(i)
+            .ok_or_else(|| fail(EVB_ERR_ARG, &format!("no fragment {i}")))?;
+        let d = EvbFragment {
+            source_id: f.source_id(),
+            flags: f.flags(),
+            trigger_number: f.trigger_number(),
+            payload_crc: f.payload_crc(),
+            size: f.len(),
+            chunks: f.chunks().count(),
+        };
+        // SAFETY: valid for a write (this function's contract).
+        unsafe { put(out, d, "out") }?;
+        Ok(EVB_OK)
+    })
+}
+
+/// Piece `chunk` of fragment `i`'s payload, in place: `*data` and `*len`, valid until the
+/// event is released.
+///
+/// # Safety
+/// `e` is a live event; `data` and `len` are valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn evb_event_chunk(
+    e: *const EvbEvent,
+    i: usize,
+    chunk: usize,
+    data: *mut *const u8,
+    len: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let ev = unsafe { event(e) }.ok_or_else(|| fail(EVB_ERR_ARG, "event is NULL"))?;
+        let piece = ev
+            .fragment(i)
+            .and_then(|f| f.chunks().nth(chunk).map(|c| (c.as_ptr(), c.len())))
+            .ok_or_else(|| fail(EVB_ERR_ARG, &format!("no chunk {chunk} of fragment {i}")))?;
+        if len.is_null() {
+            return Err(fail(EVB_ERR_ARG, "len is NULL"));
+        }
+        // SAFETY: valid for writes (this function's contract); `len` checked non-null.
+        unsafe {
+            put(data, piece.0, "data")?;
+            len.write(piece.1);
+        }
+        Ok(EVB_OK)
+    })
+}
+
+/// Releases an event: its bytes go back to the BU's pool and its place to the consumer.
+///
+/// # Safety
+/// `e` is NULL or a live event, not used again after this call.
+#[no_mangle]
+pub unsafe extern "C" fn evb_event_release(e: *mut EvbEvent) {
+    guard(|| {
+        if !e.is_null() {
+            // SAFETY: made by Box::into_raw in evb_consumer_next, released once (contract).
+            drop(unsafe { Box::from_raw(e) });
+        }
+        Ok(EVB_OK)
+    });
+}

@@ -1,0 +1,264 @@
+//! The plug-in API in real multi-process runs: a Rust producer feeding an RU and a Rust
+//! consumer taking a BU's events in this test's process, the EVM and the other nodes as
+//! `evb node` processes on 127.0.0.1. Exact counts, every payload byte checked, bad input
+//! answered with typed errors, a slow consumer slowing the trigger without loss.
+
+mod common;
+use common::nodes::{assert_verdict_ok, events_in, payload, Run};
+
+use std::time::{Duration, Instant};
+
+use evb_plugin::{Consumer, ConsumerOptions, Error, Next, Producer, WhenFull};
+
+const API_SOURCE: &str = "[run]\nid = \"plug\"\nduration_s = 0\n\
+    [source]\nkind = \"api\"\nmax_fragment = 4096\n";
+
+#[test]
+fn rust_producer_feeds_an_ru_in_a_multi_process_run() {
+    const EVENTS: u64 = 20_000;
+    let mut run = Run::start(
+        &format!(
+            "{API_SOURCE}[sink]\nkind = \"file\"\ndir = \"out\"\nfile_max_events = 5000\n\
+             [builder]\ncredits = 8\n[topology]\nrus = 1\nbus = 2\n"
+        ),
+        &["evm", "bu0", "bu1"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    for k in 0..EVENTS {
+        let bytes = payload(k);
+        let mut buf = p.buffer(bytes.len(), WhenFull::Block).unwrap();
+        buf.payload_mut().copy_from_slice(&bytes);
+        assert_eq!(p.submit(buf, k as u32 + 1).unwrap(), k);
+    }
+    let ru = p.finish().unwrap();
+    assert!(ru.ok, "{}", ru.reason);
+    assert_eq!(ru.report["stats"]["fragments_sent"], EVENTS);
+    assert_eq!(ru.report["stats"]["retained"], 0);
+    let out = run.dir.path().join("out");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    // every event once, each with exactly the bytes the producer wrote
+    let events = events_in(&out);
+    assert_eq!(events.len() as u64, EVENTS);
+    for (k, (trigger, flags, frags)) in events {
+        assert_eq!((trigger, flags), (k as u32 + 1, 0), "event {k}");
+        assert_eq!(frags, vec![payload(k)], "event {k}'s payload");
+    }
+}
+
+#[test]
+fn bad_producer_input_gets_typed_errors_and_stops_the_run() {
+    let mut run = Run::start(
+        &format!("{API_SOURCE}[topology]\nrus = 1\nbus = 1\n"),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    // too large for source.max_fragment: refused before anything is written
+    assert!(matches!(
+        p.buffer(4097, WhenFull::Block),
+        Err(Error::Size { size: 4097, .. })
+    ));
+    let mut b = p.buffer(100, WhenFull::ReturnFull).unwrap();
+    assert!(matches!(b.set_len(101), Err(Error::Size { .. })));
+    b.set_len(10).unwrap();
+    p.submit(b, 7).unwrap();
+    p.submit_copy(b"next", 8, WhenFull::Block).unwrap();
+    // a trigger number going backwards: on_error = "stop" stops the run, naming it
+    let e = p.submit_copy(b"late", 3, WhenFull::Block).unwrap_err();
+    assert_eq!(
+        e,
+        Error::Refused {
+            why: "trigger number 3 after 8: out of order".into(),
+            run_stopped: true
+        }
+    );
+    assert!(matches!(
+        p.submit_copy(b"more", 9, WhenFull::Block),
+        Err(Error::RunOver(_))
+    ));
+    let ru = p.finish().unwrap();
+    assert!(!ru.ok);
+    assert!(ru.reason.contains("out of order"), "{}", ru.reason);
+    // the EVM and BU end too, the EVM naming the producer's error
+    let mut kids = std::mem::take(&mut { run }.kids);
+    let evm = kids.remove("evm").unwrap().wait_with_output().unwrap();
+    assert!(!evm.status.success());
+    let text = common::text(&evm);
+    assert!(text.contains("trigger number 3 after 8"), "{text}");
+}
+
+#[test]
+fn trigger_going_backwards_under_drop_builds_the_event_without_it() {
+    let mut run = Run::start(
+        &format!("{API_SOURCE}on_error = \"drop\"\n[sink]\nkind = \"file\"\ndir = \"out\"\n[topology]\nrus = 1\nbus = 1\n"),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    p.submit_copy(b"one", 10, WhenFull::Block).unwrap();
+    let e = p.submit_copy(b"two", 10, WhenFull::Block).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Refused {
+                run_stopped: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    p.submit_copy(b"three", 11, WhenFull::Block).unwrap();
+    assert_eq!(p.events_submitted(), 3);
+    assert!(p.finish().unwrap().ok);
+    let out = run.dir.path().join("out");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, 3);
+    assert_eq!(report["run"]["bus"][0]["partial_events"], 1);
+    let events = events_in(&out);
+    assert_eq!(events[&0].2, vec![b"one".to_vec()]);
+    assert!(events[&1].2[0].is_empty(), "the refused fragment left out");
+    assert_eq!(events[&2].2, vec![b"three".to_vec()]);
+}
+
+#[test]
+fn a_stalled_producer_shows_as_the_ru_waiting_for_it() {
+    let mut run = Run::start(
+        &format!("{API_SOURCE}stall_warn_s = 0.2\n[topology]\nrus = 1\nbus = 1\n"),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    p.submit_copy(b"first", 1, WhenFull::Block).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    let waiting = loop {
+        let s = p.status();
+        if let Some(w) = s["stats"]["waiting_for"][0].as_str() {
+            break w.to_string();
+        }
+        assert!(Instant::now() < until, "never shown waiting: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        waiting.starts_with("producer since") && waiting.ends_with("no fragment submitted after 1"),
+        "{waiting}"
+    );
+    // it goes away when the producer goes on
+    p.submit_copy(b"second", 2, WhenFull::Block).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while p.status()["stats"]["waiting_for"][0].is_string() {
+        assert!(Instant::now() < until, "still shown waiting");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(p.finish().unwrap().ok);
+    assert_verdict_ok(&run.evm_report(), 2);
+}
+
+#[test]
+fn rust_consumer_takes_every_event_and_a_slow_one_slows_the_trigger() {
+    const EVENTS: u64 = 600;
+    const SLOW: Duration = Duration::from_millis(2);
+    let mut run = Run::start(
+        &format!(
+            "[run]\nid = \"cons\"\nevents = {EVENTS}\nduration_s = 0\n\
+             [fragments]\nsize = 2048\n[builder]\ncredits = 4\n\
+             [topology]\nrus = 2\nbus = 1\n[sink]\nkind = \"api\"\n"
+        ),
+        &["evm", "ru0", "ru1"],
+    );
+    let started = Instant::now();
+    let mut c = Consumer::start(&run.config(), "bu0", ConsumerOptions { max_held: 2 }).unwrap();
+    let mut ids = Vec::new();
+    let mut held = Vec::new();
+    let mut bytes = 0;
+    loop {
+        match c.next_timeout(Duration::from_secs(30)) {
+            Next::Event(ev) => {
+                assert_eq!(ev.fragment_count(), 2);
+                for f in ev.fragments() {
+                    let mut crc = 0;
+                    for chunk in f.chunks() {
+                        crc = crc32c::crc32c_append(crc, chunk);
+                    }
+                    assert_eq!(crc, f.payload_crc(), "event {}", ev.event_id());
+                    assert_eq!(f.len(), 2048);
+                    let whole = f.contiguous().map_or_else(|| f.to_vec(), <[u8]>::to_vec);
+                    assert_eq!(whole, f.to_vec());
+                }
+                assert!(!ev.is_partial() && !ev.is_corrupt() && !ev.trigger_mismatch());
+                bytes += ev.bytes();
+                ids.push(ev.event_id());
+                // a consumer that keeps two events and works slowly on each
+                held.push(ev);
+                if held.len() == 2 {
+                    std::thread::sleep(SLOW);
+                    held.clear();
+                }
+            }
+            Next::Timeout => panic!("no event for 30 s"),
+            Next::End => break,
+        }
+    }
+    drop(held);
+    let elapsed = started.elapsed();
+    let bu = c.finish().unwrap();
+    assert!(bu.ok, "{}", bu.reason);
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..EVENTS).collect::<Vec<_>>(),
+        "every event exactly once"
+    );
+    assert_eq!(bytes as u64, EVENTS * 2 * 2048);
+    // the consumer set the pace: the BU was held back (busy), the run took at least as long
+    // as the consumer's work, and nothing was lost
+    assert!(
+        bu.report["sink"]["report"]["consumer_busy"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(elapsed >= SLOW * (EVENTS / 2) as u32, "{elapsed:?}");
+    assert_verdict_ok(&run.evm_report(), EVENTS);
+}
+
+#[test]
+fn rust_producer_to_rust_consumer_through_processes() {
+    const EVENTS: u64 = 3000;
+    let mut run = Run::start(
+        &format!(
+            "{API_SOURCE}[topology]\nrus = 1\n[[bu]]\nid = \"bu0\"\nsink = \"api\"\n\
+             [[bu]]\nid = \"bu1\"\n"
+        ),
+        &["evm", "bu1"],
+    );
+    let cfg = run.config();
+    let consumer = std::thread::spawn(move || {
+        let mut c = Consumer::start(&cfg, "bu0", ConsumerOptions::default()).unwrap();
+        let mut seen = Vec::new();
+        for ev in c.by_ref() {
+            let f = ev.fragment(0).unwrap();
+            assert_eq!(
+                f.to_vec(),
+                payload(ev.event_id()),
+                "event {}",
+                ev.event_id()
+            );
+            seen.push(ev.event_id());
+        }
+        (seen, c.finish().unwrap())
+    });
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    for k in 0..EVENTS {
+        p.submit_copy(&payload(k), k as u32, WhenFull::Block)
+            .unwrap();
+    }
+    assert!(p.finish().unwrap().ok);
+    let (seen, bu0) = consumer.join().unwrap();
+    assert!(bu0.ok, "{}", bu0.reason);
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    let bu1 = report["run"]["bus"][1]["events_built"].as_u64().unwrap();
+    assert_eq!(seen.len() as u64 + bu1, EVENTS, "{}", report["run"]["bus"]);
+    assert!(
+        !seen.is_empty(),
+        "the consumer's BU built events too (bu1: {bu1})"
+    );
+}

@@ -1,0 +1,166 @@
+//! libevb from C: the example producer and consumer (crates/capi/examples) compiled with
+//! `cc` against include/evb.h and the built libevb.so, each its own process, with the EVM
+//! and another BU as `evb node` processes: every event built once, every byte checked.
+
+mod common;
+use common::nodes::{assert_verdict_ok, Run};
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Where cargo put libevb.so (built as a dev-dependency, next to this test's binary).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .find(|d| d.join("libevb.so").exists())
+        .expect("libevb.so next to the test binary")
+}
+
+/// Compiles one of the C examples into `dir`; `None` (test skipped) when there is no `cc`.
+fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
+    let capi = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capi");
+    let lib = lib_dir();
+    let out = dir.join(name);
+    let r = Command::new("cc")
+        .args([
+            "-std=c99",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D_DEFAULT_SOURCE",
+        ])
+        .arg(capi.join(format!("examples/{name}.c")))
+        .arg("-I")
+        .arg(capi.join("include"))
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-levb", "-o"])
+        .arg(&out)
+        .output();
+    match r {
+        Ok(o) => {
+            assert!(o.status.success(), "cc {name}.c: {}", common::text(&o));
+            Some(out)
+        }
+        Err(e) => {
+            eprintln!("no C compiler ({e}): test skipped");
+            None
+        }
+    }
+}
+
+fn finished(o: Output, what: &str) -> String {
+    let t = common::text(&o);
+    assert!(o.status.success(), "{what}: {t}");
+    t
+}
+
+#[test]
+fn c_producer_and_c_consumer_in_a_multi_process_run() {
+    const EVENTS: u64 = 5000;
+    let mut run = Run::start(
+        "[run]\nid = \"capi\"\nduration_s = 0\n[source]\nkind = \"api\"\nmax_fragment = 4096\n\
+         [builder]\ncredits = 8\n[topology]\nrus = 1\n\
+         [[bu]]\nid = \"bu0\"\nsink = \"api\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 100\n",
+        &["evm", "bu1"],
+    );
+    let Some(producer) = compile("producer", run.dir.path()) else {
+        return;
+    };
+    let consumer = compile("consumer", run.dir.path()).unwrap();
+    // the consumer works 50 µs on each event: the builder keeps to its pace
+    let c = Command::new(&consumer)
+        .arg(&run.cfg)
+        .args(["bu0", "50"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let p = Command::new(&producer)
+        .arg(&run.cfg)
+        .args(["ru0", &EVENTS.to_string()])
+        .output()
+        .unwrap();
+    let p = finished(p, "producer");
+    assert!(
+        p.contains(
+            "1 GiB buffer: -1 (fragment of 1073741824 bytes: larger than source.max_fragment"
+        ),
+        "{p}"
+    );
+    assert!(
+        p.contains("submitted twice: -3 (not an outstanding buffer"),
+        "{p}"
+    );
+    assert!(
+        p.contains(&format!("submitted {EVENTS} fragments")) && p.contains("run: ok"),
+        "{p}"
+    );
+    let c = finished(c.wait_with_output().unwrap(), "consumer");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    let bu1 = &report["run"]["bus"][1];
+    let (n1, sum1) = (
+        bu1["events_built"].as_u64().unwrap(),
+        bu1["event_id_sum"].as_u64().unwrap(),
+    );
+    // bu0's events are the consumer's: together with bu1's, every id once, every byte right
+    let line = c.lines().find(|l| l.starts_with("consumed")).expect(&c);
+    let n0: u64 = line.split(' ').nth(1).unwrap().parse().unwrap();
+    let sum0: u64 = line
+        .split("id sum ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    eprintln!("bu0 (C consumer): {line}; bu1: {n1} events");
+    assert!(line.ends_with(" 0 bad; run: ok"), "{line}");
+    assert_eq!(n0 + n1, EVENTS, "{line}");
+    assert_eq!(sum0 + sum1, (0..EVENTS).sum::<u64>(), "{line}");
+    assert!(n0 > 0, "the C consumer's BU built events too: {line}");
+}
+
+/// scripts/install-libevb.sh puts the library, header and evb.pc under a prefix, and a C
+/// program builds from what pkg-config says.
+#[test]
+fn install_script_and_pkg_config_build_a_c_program() {
+    let prefix = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install-libevb.sh");
+    let o = Command::new("sh")
+        .arg(&script)
+        .arg(prefix.path())
+        .env("EVB_LIB", lib_dir().join("libevb.so"))
+        .output()
+        .unwrap();
+    finished(o, "install-libevb.sh");
+    for f in ["lib/libevb.so", "include/evb.h", "lib/pkgconfig/evb.pc"] {
+        assert!(prefix.path().join(f).exists(), "{f} installed");
+    }
+    let flags = match Command::new("pkg-config")
+        .args(["--cflags", "--libs", "evb"])
+        .env("PKG_CONFIG_PATH", prefix.path().join("lib/pkgconfig"))
+        .output()
+    {
+        Ok(o) => finished(o, "pkg-config"),
+        Err(e) => return eprintln!("no pkg-config ({e}): test skipped"),
+    };
+    let capi = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capi");
+    let exe = prefix.path().join("consumer");
+    let o = Command::new("cc")
+        .arg(capi.join("examples/consumer.c"))
+        .args(["-D_DEFAULT_SOURCE", "-o"])
+        .arg(&exe)
+        .args(flags.split_whitespace())
+        .output()
+        .unwrap();
+    finished(o, "cc with pkg-config's flags");
+    // it runs against the installed library: bad usage answers its usage line
+    let o = Command::new(&exe).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
+}

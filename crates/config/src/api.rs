@@ -1,0 +1,77 @@
+//! The keys of the plug-in API (`source.kind = "api"`, `sink = "api"`) and their checks: a
+//! producer writes each fragment into one pool block, headers included, so the largest
+//! fragment must fit in a block.
+
+use crate::{invalid, Config, ConfigError, SourceKind};
+
+/// Message and fragment headers in front of every fragment in its block (as `evb-wire`
+/// writes them: 8 + 32 bytes).
+pub const API_PREFIX_LEN: u64 = 40;
+
+pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
+    let s = &cfg.source;
+    if s.kind != SourceKind::Api {
+        return Ok(());
+    }
+    if s.looped {
+        return Err(invalid(
+            "source.loop",
+            "only for file sources: an API source ends when its producer finishes",
+        ));
+    }
+    let block = cfg.buffers.block_size;
+    if s.max_fragment.saturating_add(API_PREFIX_LEN) > block {
+        return Err(invalid(
+            "source.max_fragment",
+            format!(
+                "with source.kind = \"api\" a fragment and its {API_PREFIX_LEN} header bytes \
+                 are written into one pool block: at most buffers.block_size - {API_PREFIX_LEN} \
+                 = {} bytes (or raise buffers.block_size)",
+                block.saturating_sub(API_PREFIX_LEN)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, SinkKind, SourceKind};
+
+    fn api() -> Config {
+        let mut c = Config::default();
+        c.source.kind = SourceKind::Api;
+        c.source.max_fragment = 4096;
+        c.run.duration_s = 0.0;
+        c
+    }
+
+    #[test]
+    fn an_api_source_needs_no_ru_entries_and_ends_with_its_producer() {
+        api().validate().unwrap();
+        let mut c = api();
+        c.sink.kind = SinkKind::Api;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_fragment_must_fit_in_one_block_with_its_headers() {
+        let mut c = api();
+        c.source.max_fragment = c.buffers.block_size - 39;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("source.max_fragment") && e.contains("block_size"),
+            "{e}"
+        );
+        c.source.max_fragment -= 1;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn an_api_source_does_not_loop() {
+        let mut c = api();
+        c.source.looped = true;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("source.loop"), "{e}");
+    }
+}

@@ -1,0 +1,340 @@
+//! The producer: a readout program feeding one RU (`source.kind = "api"`) from its own
+//! process. It takes a [`Buffer`] in the RU's fragment pool, writes the payload into it, and
+//! submits it as the fragment of the next event; that block is what the RU sends to the BU,
+//! headers written in front of the payload, never copied.
+//!
+//! Back-pressure: the pool is the only queue. Blocks come back when the EVM releases the
+//! events holding them; until then [`Producer::buffer`] waits ([`WhenFull::Block`]) or says
+//! [`Error::Full`] ([`WhenFull::ReturnFull`]). Nothing is ever dropped.
+
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
+use evb_buffers::{BlockWriter, Chain, Pool};
+use evb_builder::assembly::Assembled;
+use evb_config::{Config, OnError, Role, SourceKind};
+use evb_node::plug::{ApiFeed, FeedItem, Plugs};
+use evb_node::NodeOutcome;
+use evb_wire::{fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
+
+use crate::node_thread::NodeThread;
+use crate::Error;
+
+/// What [`Producer::buffer`] does when the RU's pool has no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait until the RU frees room (or the run ends).
+    Block,
+    /// Answer [`Error::Full`] at once.
+    ReturnFull,
+}
+
+/// Room for one fragment in the RU's pool. Write the payload through [`Buffer::payload_mut`],
+/// then give it to [`Producer::submit`], which consumes it: a buffer is submitted once.
+/// Dropped unsubmitted, its room goes back to the pool.
+pub struct Buffer {
+    writer: BlockWriter,
+    /// Where its headers go in the block; the payload follows them.
+    start: usize,
+    len: usize,
+    capacity: usize,
+    pool_id: u64,
+}
+
+impl Buffer {
+    /// The payload bytes, `len()` long (initially the size asked for).
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.writer.spare_mut()[FRAGMENT_PREFIX_LEN..FRAGMENT_PREFIX_LEN + len]
+    }
+
+    /// The payload written so far (read back).
+    pub fn payload(&mut self) -> &[u8] {
+        self.payload_mut()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most payload this buffer can hold (the size asked for).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Makes the fragment `len` bytes long (a readout that learns its size while writing).
+    pub fn set_len(&mut self, len: usize) -> Result<(), Error> {
+        if len > self.capacity {
+            return Err(Error::Size {
+                size: len,
+                why: format!("larger than this buffer's {} bytes", self.capacity),
+            });
+        }
+        self.len = len;
+        Ok(())
+    }
+}
+
+/// A readout program's handle on its RU. One producer per RU; its k-th submitted fragment
+/// is the RU's fragment of event k.
+pub struct Producer {
+    node: NodeThread,
+    items: Option<Sender<FeedItem>>,
+    pool: Pool,
+    source_id: u16,
+    max_fragment: usize,
+    on_error: OnError,
+    next_event: u64,
+    last_trigger: Option<u32>,
+    /// The block the next small fragment goes into (fragments share blocks).
+    current: Option<BlockWriter>,
+    stopped: Option<String>,
+}
+
+impl Producer {
+    /// Starts RU `ru_id` of `cfg` in this process (its driver on a thread), fed by the
+    /// returned producer. The configuration must say `source.kind = "api"`; the EVM and BUs
+    /// are started elsewhere (`evb node`) from the same configuration.
+    pub fn start(cfg: &Config, ru_id: &str) -> Result<Producer, Error> {
+        cfg.validate().map_err(|e| Error::Setup(e.to_string()))?;
+        if cfg.source.kind != SourceKind::Api {
+            return Err(Error::Setup(
+                "source.kind must be \"api\" for a producer to feed an RU".into(),
+            ));
+        }
+        let me = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.id == ru_id && n.role == Role::Ru)
+            .ok_or_else(|| Error::Setup(format!("no RU {ru_id:?} in the configuration")))?;
+        let (items_tx, items_rx) = unbounded();
+        let (pool_tx, pool_rx) = bounded(1);
+        let plugs = Plugs {
+            feed: Some(ApiFeed {
+                items: items_rx,
+                pool: pool_tx,
+            }),
+            sink: None,
+        };
+        let mut node = NodeThread::spawn(cfg, ru_id, plugs)?;
+        let pool = loop {
+            match pool_rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(p) => break p,
+                Err(RecvTimeoutError::Timeout) if !node.is_over() => {}
+                Err(_) => {
+                    return Err(match node.join() {
+                        Err(e) => e,
+                        Ok(o) => Error::Setup(format!("{ru_id} ended at once: {}", o.reason)),
+                    })
+                }
+            }
+        };
+        Ok(Producer {
+            node,
+            items: Some(items_tx),
+            pool,
+            source_id: me.source_id,
+            max_fragment: cfg.source.max_fragment as usize,
+            on_error: cfg.source.on_error,
+            next_event: 0,
+            last_trigger: None,
+            current: None,
+            stopped: None,
+        })
+    }
+
+    /// The RU's latest status, refreshed 5 times a second: the JSON line `evb node`
+    /// prints (`stats`, `pools`, `sink`, ...), with `stats.waiting_for` naming a stalled producer.
+    pub fn status(&self) -> serde_json::Value {
+        self.node.status()
+    }
+
+    /// Events submitted so far (the next one submitted is this event id).
+    pub fn events_submitted(&self) -> u64 {
+        self.next_event
+    }
+
+    /// The largest payload this RU accepts (`source.max_fragment`).
+    pub fn max_fragment(&self) -> usize {
+        self.max_fragment
+    }
+
+    fn check_running(&mut self) -> Result<(), Error> {
+        if let Some(why) = &self.stopped {
+            return Err(Error::RunOver(why.clone()));
+        }
+        if self.node.is_over() {
+            return Err(Error::RunOver(self.node.why_over()));
+        }
+        Ok(())
+    }
+
+    /// Room for a payload of `size` bytes in the RU's pool: waits for it or answers
+    /// [`Error::Full`], as `when_full` says.
+    pub fn buffer(&mut self, size: usize, when_full: WhenFull) -> Result<Buffer, Error> {
+        self.check_running()?;
+        if size > self.max_fragment {
+            return Err(Error::Size {
+                size,
+                why: format!(
+                    "larger than source.max_fragment ({} bytes)",
+                    self.max_fragment
+                ),
+            });
+        }
+        let need = FRAGMENT_PREFIX_LEN + size;
+        let mut pause = Duration::from_micros(20);
+        let writer = loop {
+            match self.current.take() {
+                Some(w) if w.remaining() >= need => break w,
+                _ => {}
+            }
+            if let Some(w) = self.pool.try_alloc() {
+                break w;
+            }
+            if when_full == WhenFull::ReturnFull {
+                return Err(Error::Full);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+            self.check_running()?;
+        };
+        Ok(Buffer {
+            start: writer.filled(),
+            writer,
+            len: size,
+            capacity: size,
+            pool_id: self.pool.id(),
+        })
+    }
+
+    /// Submits `buf` as the fragment of the next event, with `trigger_number` (which must
+    /// move forward, wrapping at 2^32). Returns the event id. A fragment that fails the
+    /// check is answered [`Error::Refused`] and handled as `source.on_error` says.
+    pub fn submit(&mut self, mut buf: Buffer, trigger_number: u32) -> Result<u64, Error> {
+        self.check_running()?;
+        if buf.pool_id != self.pool.id() {
+            return Err(Error::UnknownBuffer);
+        }
+        if let Some(last) = self.last_trigger {
+            let step = trigger_number.wrapping_sub(last);
+            if step == 0 || step > u32::MAX / 2 {
+                let why = format!("trigger number {trigger_number} after {last}: out of order");
+                return Err(self.refuse(why, trigger_number));
+            }
+        }
+        let event_id = self.next_event;
+        let len = buf.len;
+        let payload = &buf.writer.spare_mut()[FRAGMENT_PREFIX_LEN..FRAGMENT_PREFIX_LEN + len];
+        let header = FragmentHeader {
+            event_id,
+            trigger_number,
+            source_id: self.source_id,
+            flags: 0,
+            payload_size: len as u32,
+            payload_crc: crc32c::crc32c(payload),
+        };
+        buf.writer.spare_mut()[..FRAGMENT_PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        buf.writer.advance(FRAGMENT_PREFIX_LEN + len);
+        let fragment = Chain::from_slice(buf.writer.slice(buf.start, FRAGMENT_PREFIX_LEN + len));
+        self.keep_for_next(buf.writer);
+        self.send(FeedItem::Event(Assembled {
+            trigger_number,
+            fragments: 1,
+            payload: Vec::new(),
+            flags: 0,
+            written: Some(fragment),
+        }))?;
+        self.last_trigger = Some(trigger_number);
+        self.next_event += 1;
+        Ok(event_id)
+    }
+
+    /// Copies `payload` into a buffer and submits it (for a readout whose data is elsewhere
+    /// already; [`Producer::buffer`] and [`Producer::submit`] avoid the copy).
+    pub fn submit_copy(
+        &mut self,
+        payload: &[u8],
+        trigger_number: u32,
+        when_full: WhenFull,
+    ) -> Result<u64, Error> {
+        let mut b = self.buffer(payload.len(), when_full)?;
+        b.payload_mut().copy_from_slice(payload);
+        self.submit(b, trigger_number)
+    }
+
+    /// Ends the feed: the run ends after the events submitted. Waits for the RU's run to end
+    /// and returns its outcome (its report).
+    pub fn finish(mut self) -> Result<NodeOutcome, Error> {
+        self.end();
+        self.node.join()
+    }
+
+    fn end(&mut self) {
+        self.current = None;
+        if let Some(tx) = self.items.take() {
+            let _ = tx.send(FeedItem::End);
+        }
+    }
+
+    fn keep_for_next(&mut self, w: BlockWriter) {
+        let room = |w: &Option<BlockWriter>| w.as_ref().map_or(0, BlockWriter::remaining);
+        if w.remaining() > FRAGMENT_PREFIX_LEN && w.remaining() > room(&self.current) {
+            self.current = Some(w);
+        }
+    }
+
+    fn send(&mut self, item: FeedItem) -> Result<(), Error> {
+        let sent = self.items.as_ref().is_some_and(|tx| tx.send(item).is_ok());
+        if sent {
+            Ok(())
+        } else {
+            Err(Error::RunOver(self.node.why_over()))
+        }
+    }
+
+    /// A fragment failed its check: `on_error` says whether the run stops or the event is
+    /// built without it.
+    fn refuse(&mut self, why: String, trigger_number: u32) -> Error {
+        match self.on_error {
+            OnError::Stop => {
+                let _ = self.send(FeedItem::Failed(why.clone()));
+                self.stopped = Some(why.clone());
+                Error::Refused {
+                    why,
+                    run_stopped: true,
+                }
+            }
+            OnError::Drop => {
+                tracing::warn!("producer: {why}: dropped, its event is built without it");
+                let missing = Assembled {
+                    trigger_number,
+                    fragments: 1,
+                    payload: Vec::new(),
+                    flags: FLAG_MISSING,
+                    written: None,
+                };
+                if let Err(e) = self.send(FeedItem::Event(missing)) {
+                    return e;
+                }
+                self.next_event += 1;
+                Error::Refused {
+                    why,
+                    run_stopped: false,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Producer {
+    /// A producer dropped without `finish` ends its feed the same way (the RU's run ends
+    /// after the events submitted); it does not wait for the run.
+    fn drop(&mut self) {
+        self.end();
+    }
+}
