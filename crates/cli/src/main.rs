@@ -139,6 +139,14 @@ fn load(path: &Option<PathBuf>) -> Result<Config, String> {
 }
 
 /// The pools against the host's memory: a warning is printed, a refusal is exit code 2.
+/// The configuration, or exit code 2 after saying what is wrong with it.
+fn load_or_exit(path: &Option<PathBuf>) -> Result<Config, ExitCode> {
+    load(path).map_err(|e| {
+        eprintln!("evb: {e}");
+        ExitCode::from(2)
+    })
+}
+
 fn memory_check(who: &str, r: Result<Option<String>, evb_config::ConfigError>) -> Option<ExitCode> {
     match r {
         Ok(None) => None,
@@ -158,12 +166,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(a) => {
-            let mut cfg = match load(&a.config) {
+            let mut cfg = match load_or_exit(&a.config) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("evb: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             if let Some(n) = a.events {
                 cfg.run.events = n;
@@ -200,12 +205,9 @@ fn main() -> ExitCode {
             }
         }
         Command::Up { config } => {
-            let cfg = match load(&config) {
+            let cfg = match load_or_exit(&config) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("evb: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
                 return refused;
@@ -301,12 +303,9 @@ fn main() -> ExitCode {
             }
         },
         Command::Testbed(a) => {
-            let cfg = match load(&a.config) {
+            let cfg = match load_or_exit(&a.config) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("evb: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             match testbed::run(&a, cfg) {
                 Ok(true) => ExitCode::SUCCESS,

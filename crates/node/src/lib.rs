@@ -89,19 +89,6 @@ pub fn run_node(
     run_node_controlled(cfg, id, status, status_every, RunControl::new())
 }
 
-/// [`run_node_controlled`] with a program's own code plugged in: a producer feeding this RU
-/// or a consumer taking this BU's events (see [`plug`]; the public API is `evb-plugin`).
-pub fn run_node_plugged(
-    cfg: &Config,
-    id: &str,
-    status: StatusOut,
-    status_every: Duration,
-    control: RunControl,
-    plugs: plug::Plugs,
-) -> Result<NodeOutcome, NodeError> {
-    run_node_with(cfg, id, status, status_every, control, plugs)
-}
-
 /// [`run_node`], commanded and watched through `control`.
 pub fn run_node_controlled(
     cfg: &Config,
@@ -110,17 +97,13 @@ pub fn run_node_controlled(
     status_every: Duration,
     control: RunControl,
 ) -> Result<NodeOutcome, NodeError> {
-    run_node_with(
-        cfg,
-        id,
-        status,
-        status_every,
-        control,
-        plug::Plugs::default(),
-    )
+    let plugs = plug::Plugs::default();
+    run_node_plugged(cfg, id, status, status_every, control, plugs)
 }
 
-fn run_node_with(
+/// [`run_node_controlled`] with a program's own code plugged in: a producer feeding this RU
+/// or a consumer taking this BU's events (see [`plug`]; the public API is `evb-plugin`).
+pub fn run_node_plugged(
     cfg: &Config,
     id: &str,
     status: StatusOut,
