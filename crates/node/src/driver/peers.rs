@@ -1,0 +1,221 @@
+//! The driver's connections: dialling, identifying who called, losing and calling again,
+//! and liveness (heartbeats, and a node that finds it did not run for a while).
+
+use super::*;
+
+impl Driver {
+    pub(super) fn dial(&mut self, now: Instant) -> Result<(), NodeError> {
+        let due: Vec<Dial> = {
+            let (ready, later): (Vec<Dial>, Vec<Dial>) = self
+                .waiting_dials
+                .drain(..)
+                .partition(|d| d.retry_at.is_none_or(|t| t <= now));
+            self.waiting_dials = later;
+            ready
+        };
+        for d in due {
+            let hello = setup::hello(&self.cfg, &self.me, d.channel);
+            match self.messenger.connect(&d.addr, hello) {
+                Ok(conn) => {
+                    self.dialing.insert(conn, d);
+                }
+                Err(e) => return Err(NodeError::Connect(d.addr.clone(), e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks an incoming handshake against the configuration.
+    pub(super) fn identify(&self, peer: &Hello) -> Option<NodeRef> {
+        let role = match peer.role {
+            evb_wire::Role::Evm => Role::Evm,
+            evb_wire::Role::Ru => Role::Ru,
+            evb_wire::Role::Bu => Role::Bu,
+        };
+        let spec = self
+            .nodes
+            .iter()
+            .find(|n| n.role == role && n.index == peer.index)?;
+        if spec.id != peer.node_id {
+            return None;
+        }
+        let wanted = match (self.me.role, role) {
+            (Role::Evm, Role::Ru | Role::Bu) => peer.channel == Channel::Control,
+            (Role::Bu, Role::Ru) => peer.channel == Channel::Data,
+            _ => false,
+        };
+        wanted.then(|| node_ref(spec))
+    }
+
+    pub(super) fn on_incoming(&mut self, now: Instant, inc: Incoming) -> Result<(), NodeError> {
+        match inc {
+            Incoming::Connected { conn, peer } => {
+                if let Some(d) = self.dialing.remove(&conn) {
+                    debug!(node = %self.me.id, peer = %peer.node_id, "connected");
+                    self.peers.insert(conn, d.peer);
+                    self.conns.insert(d.peer, conn);
+                    self.last_heard.insert(d.peer, now);
+                }
+            }
+            Incoming::Accepted { conn, peer } => match self.identify(&peer) {
+                Some(p) if !self.conns.contains_key(&p) => {
+                    debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
+                    self.peers.insert(conn, p);
+                    self.conns.insert(p, conn);
+                    self.last_heard.insert(p, now);
+                }
+                Some(p) => {
+                    warn!(node = %self.me.id, "second connection from {p} ({}) refused", peer.node_id);
+                    self.messenger.close(conn);
+                }
+                None => {
+                    warn!(node = %self.me.id, "connection from unexpected node {:?} ({:?} {}) refused", peer.node_id, peer.role, peer.index);
+                    self.messenger.close(conn);
+                }
+            },
+            Incoming::Received { conn, msg } => {
+                let Some(&from) = self.peers.get(&conn) else {
+                    return Ok(());
+                };
+                self.last_heard.insert(from, now);
+                match (msg, &mut self.logic) {
+                    (Received::Message(Message::Heartbeat), _) => {}
+                    (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
+                    (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
+                    (Received::Message(m), Logic::Bu(b, _)) => b.handle(now, from, m),
+                    (Received::Fragment { header, payload }, Logic::Bu(b, _)) => {
+                        b.handle_fragment(now, from, header, payload)
+                    }
+                    (Received::Fragment { .. }, _) => {
+                        warn!(node = %self.me.id, "fragment from {from} at a node that builds nothing; disconnecting");
+                        self.messenger.close(conn);
+                    }
+                }
+            }
+            Incoming::Closed { conn, reason } => {
+                if let Some(mut d) = self.dialing.remove(&conn) {
+                    let rejected = matches!(reason, CloseReason::Rejected(_));
+                    if self.up && !rejected {
+                        // calling a lost peer again: keep trying while the run lasts
+                        d.retry_at = Some(now + Duration::from_millis(200));
+                        self.waiting_dials.push(d);
+                    } else if !rejected && now < self.connect_deadline {
+                        d.retry_at = Some(now + Duration::from_millis(50));
+                        self.waiting_dials.push(d);
+                    } else {
+                        return Err(NodeError::Connect(d.addr, reason.to_string()));
+                    }
+                } else if let Some(p) = self.peers.remove(&conn) {
+                    self.lose(now, p, conn, reason.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
+    /// BU is found again this way).
+    pub(super) fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, mut why: String) {
+        if let Some((at, gap)) = self.suspended {
+            if now.duration_since(at) < Duration::from_millis(self.cfg.run.heartbeat_timeout_ms) * 2
+            {
+                why = format!(
+                    "{why} (after this node itself did not run for {} ms)",
+                    gap.as_millis()
+                );
+            }
+        }
+        self.forget(p, conn);
+        // Peers leave once the run is over; that is not news.
+        let quiet = matches!(
+            self.state(),
+            RunState::Stopping | RunState::Halted | RunState::Aborted
+        );
+        if quiet {
+            debug!(node = %self.me.id, "{p} left: {why}");
+        } else {
+            warn!(node = %self.me.id, "lost {p}: {why}");
+        }
+        match &mut self.logic {
+            Logic::Evm(e) => e.peer_lost(now, p, &why),
+            Logic::Ru(r) => r.peer_lost(p, &why),
+            Logic::Bu(b, _) => b.peer_lost(p, &why),
+        }
+        if !quiet && p != NodeRef::Evm {
+            if let Some((addr, channel)) = self.dial_specs.get(&p).cloned() {
+                self.waiting_dials.push(Dial {
+                    peer: p,
+                    addr,
+                    channel,
+                    retry_at: Some(now + Duration::from_millis(200)),
+                });
+            }
+        }
+    }
+
+    /// Drops what the driver knows of peer `p` and its connection.
+    pub(super) fn forget(&mut self, p: NodeRef, conn: ConnId) {
+        self.peers.remove(&conn);
+        self.conns.remove(&p);
+        self.last_heard.remove(&p);
+    }
+
+    /// Heartbeats to the control peers; a control peer silent too long is lost.
+    pub(super) fn heartbeats(&mut self, now: Instant) {
+        // Called every loop pass: the work runs a few times per heartbeat period only.
+        if now < self.next_liveness_check {
+            return;
+        }
+        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
+        let check_every = Duration::from_millis(self.cfg.run.heartbeat_ms.div_ceil(4));
+        // This loop itself did not run for a long while (the process was stopped, or
+        // starved of CPU): peers' silence is ours, not theirs. Give them a fresh period
+        // to be heard, and say so in what follows.
+        let gap = now.duration_since(self.next_liveness_check) + check_every;
+        if gap > timeout / 2 && self.up {
+            warn!(node = %self.me.id, "this node did not run for {} ms (stopped or starved of CPU): peers get a fresh {} ms to be heard", gap.as_millis(), timeout.as_millis());
+            for t in self.last_heard.values_mut() {
+                *t = now;
+            }
+            self.suspended = Some((now, gap));
+        }
+        self.next_liveness_check = now + check_every;
+        let control: Vec<NodeRef> = match self.me.role {
+            Role::Evm => self.conns.keys().copied().collect(),
+            _ => self
+                .conns
+                .keys()
+                .copied()
+                .filter(|p| *p == NodeRef::Evm)
+                .collect(),
+        };
+        if now >= self.next_heartbeat {
+            self.next_heartbeat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
+            for p in &control {
+                if let Some(&conn) = self.conns.get(p) {
+                    let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
+                }
+            }
+        }
+        if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.up {
+            return;
+        }
+        for p in control {
+            let silent = self
+                .last_heard
+                .get(&p)
+                .is_some_and(|t| now.duration_since(*t) > timeout);
+            if silent {
+                if let Some(&conn) = self.conns.get(&p) {
+                    self.messenger.close(conn);
+                    self.lose(
+                        now,
+                        p,
+                        conn,
+                        format!("no heartbeat for {} ms", timeout.as_millis()),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The BU's sink queue: events offered to the sink for a share of each pass; a busy sink
+//! keeps them, and their credits (back-pressure).
+
+use super::*;
+
+impl Driver {
+    /// Offers queued events to the sink. A busy sink keeps them (and so the BU's credits)
+    /// until a retry succeeds: back-pressure instead of loss.
+    pub(super) fn drain_sink(&mut self, now: Instant) {
+        let Logic::Bu(b, sink) = &mut self.logic else {
+            return;
+        };
+        if self.sink_retry_at.is_some_and(|t| now < t) {
+            return;
+        }
+        self.sink_retry_at = None;
+        while let Some(ev) = self.sink_queue.front() {
+            // A slow sink gets a share of each pass, not all of it: the loop must go on
+            // reading its sockets and sending heartbeats, or a slow node is taken for dead.
+            if Instant::now() >= self.sink_pass_until {
+                break;
+            }
+            let news = sink.busy_is_news();
+            match sink.deliver(ev) {
+                Ok(()) => {
+                    if let Some(why) = self.sink_blocked.take().filter(|_| news) {
+                        info!(node = %self.me.id, "sink accepts events again (was: {why})");
+                    }
+                    let ev = self.sink_queue.pop_front().expect("front exists");
+                    b.delivered(ev.event_id, ev.bytes);
+                }
+                Err(SinkError::Busy(why)) => {
+                    if self.sink_blocked.is_none() && news {
+                        warn!(
+                            node = %self.me.id,
+                            "sink blocked, holding {} events and their credits: {why}",
+                            self.sink_queue.len()
+                        );
+                    }
+                    self.sink_stalls += 1;
+                    self.sink_blocked = Some(why);
+                    self.sink_retry_at = Some(now + sink.retry_after());
+                    break;
+                }
+                Err(SinkError::Fatal(why)) => {
+                    error!(node = %self.me.id, "sink failed: {why}");
+                    b.fail(format!("sink failed: {why}"));
+                    self.sink_queue.clear();
+                    break;
+                }
+            }
+        }
+    }
+}
