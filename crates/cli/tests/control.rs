@@ -41,8 +41,10 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
     });
     let out = up.ctl(&["pause"]);
     assert!(out.status.success(), "{out:?}");
+    // the state says paused at once; the EVM's own figures say when it took effect (its
+    // next loop pass) and when what was in flight has drained
     let s = up.wait_until("the pause to drain", 30, |s| {
-        s["state"] == "paused" && s["evm"]["in_flight"] == 0
+        s["state"] == "paused" && s["evm"]["paused"] == true && s["evm"]["in_flight"] == 0
     });
     let held = s["evm"]["triggered"].as_u64().unwrap();
     std::thread::sleep(Duration::from_millis(500));
