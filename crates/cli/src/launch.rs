@@ -97,6 +97,20 @@ fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
 /// Gives every node whose port is 0 a free port on its host, and lists nodes explicitly.
 pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     let nodes = cfg.nodes();
+    // Ports the configuration names itself (nodes with fixed ports, front-end streams) are
+    // free now but taken later by their owners: never hand one of them out.
+    let reserved: std::collections::HashSet<u16> = nodes
+        .iter()
+        .flat_map(|n| [n.addr.as_str(), n.control.as_str()])
+        .chain(
+            nodes
+                .iter()
+                .flat_map(|n| n.streams.iter().map(String::as_str)),
+        )
+        .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .filter(|p| *p != 0)
+        .collect();
     let mut held = Vec::new();
     let mut free = |n: &evb_config::NodeSpec, addr: &str| -> Result<String, String> {
         let sa: std::net::SocketAddr = addr
@@ -105,11 +119,17 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
         if sa.port() != 0 {
             return Ok(addr.to_string());
         }
-        let l = std::net::TcpListener::bind(sa)
-            .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
-        let got = l.local_addr().map_err(|e| e.to_string())?.to_string();
-        held.push(l);
-        Ok(got)
+        for _ in 0..1000 {
+            let l = std::net::TcpListener::bind(sa)
+                .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
+            let got = l.local_addr().map_err(|e| e.to_string())?;
+            // held either way: a reserved one is not offered again
+            held.push(l);
+            if !reserved.contains(&got.port()) {
+                return Ok(got.to_string());
+            }
+        }
+        Err(format!("cannot find a free port on {}", sa.ip()))
     };
     let mut addrs = Vec::new();
     let mut controls = Vec::new();

@@ -13,6 +13,18 @@ pub struct Api {
     /// Bearer token (derived from the run's secret), sent when set.
     pub token: Option<String>,
     pub timeout: Duration,
+    /// Keeps its connection open between requests (the EVM asks every node every second:
+    /// one connection each, not one per request and a new local port every time).
+    agent: ureq::Agent,
+}
+
+fn make_agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        // a 4xx carries a JSON body that says why: read it rather than fail
+        .http_status_as_error(false)
+        .build()
+        .into()
 }
 
 /// A reply: the HTTP status and its JSON body (or the text, as a JSON string).
@@ -43,25 +55,23 @@ impl Api {
         } else {
             format!("http://{}", base.trim_end_matches('/'))
         };
+        let timeout = Duration::from_secs(5);
         Api {
             base,
             token,
-            timeout: Duration::from_secs(5),
+            timeout,
+            agent: make_agent(timeout),
         }
     }
 
     pub fn with_timeout(mut self, t: Duration) -> Api {
         self.timeout = t;
+        self.agent = make_agent(t);
         self
     }
 
-    fn agent(&self) -> ureq::Agent {
-        ureq::Agent::config_builder()
-            .timeout_global(Some(self.timeout))
-            // a 4xx carries a JSON body that says why: read it rather than fail
-            .http_status_as_error(false)
-            .build()
-            .into()
+    fn agent(&self) -> &ureq::Agent {
+        &self.agent
     }
 
     /// GET `path`; an error when the API cannot be reached.

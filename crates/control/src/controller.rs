@@ -529,6 +529,8 @@ impl Controller {
     /// Refreshes the node table once a second, every node in parallel, until the EVM's node
     /// is gone.
     fn poll_nodes(&self) {
+        // one client per node for the controller's life: its connection stays open
+        let mut apis: std::collections::HashMap<String, Api> = std::collections::HashMap::new();
         loop {
             let (nodes, evm, token) = {
                 let c = self.lock();
@@ -539,12 +541,17 @@ impl Controller {
                 (c.cfg.nodes(), node.status(), node.token())
             };
             let t0 = Instant::now();
+            for n in nodes.iter().filter(|n| n.role != Role::Evm) {
+                apis.entry(n.id.clone()).or_insert_with(|| {
+                    Api::new(&n.control, token.clone()).with_timeout(POLL_TIMEOUT)
+                });
+            }
+            let apis = &apis;
             let answers: Vec<(String, String, Result<Value, String>)> = std::thread::scope(|s| {
                 let handles: Vec<_> = nodes
                     .iter()
                     .filter(|n| n.role != Role::Evm)
                     .map(|n| {
-                        let token = token.clone();
                         s.spawn(move || {
                             let role = format!("{:?}", n.role).to_lowercase();
                             if n.control.ends_with(":0") {
@@ -554,7 +561,7 @@ impl Controller {
                                     Err("its control port is not known (port 0)".to_string()),
                                 );
                             }
-                            let api = Api::new(&n.control, token).with_timeout(POLL_TIMEOUT);
+                            let api = &apis[&n.id];
                             let r = match api.get("/api/v1/node") {
                                 Ok(r) if r.ok() => Ok(r.body),
                                 Ok(r) => Err(r.error()),
