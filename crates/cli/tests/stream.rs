@@ -13,6 +13,14 @@ use std::process::{Child, Command, Stdio};
 use evb_formats::fed;
 use serde_json::Value;
 
+/// The tests here pick their streams' ports up front, and `evb run` picks free ports for its
+/// nodes: run one at a time, so that one test's run cannot take another's stream port.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 const EVENTS: u64 = 4685;
 
 /// The two real CMS files (sources 841 and 843), or `None` when ../shared is not there.
@@ -68,6 +76,7 @@ fn sum(s: &Value, role: &str, key: &str) -> u64 {
 
 #[test]
 fn cms_files_streamed_into_two_rus_build_every_event() {
+    let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
     let d = tempfile::tempdir().unwrap();
     let to = addrs(2);
@@ -95,6 +104,7 @@ fn cms_files_streamed_into_two_rus_build_every_event() {
 
 #[test]
 fn cms_files_streamed_into_one_ru_build_super_fragments() {
+    let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
     let d = tempfile::tempdir().unwrap();
     let to = addrs(2);
@@ -168,6 +178,7 @@ fn altered(src: &Path, dir: &Path) -> PathBuf {
 
 #[test]
 fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
+    let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
     let d = tempfile::tempdir().unwrap();
     let bad = altered(&b, d.path());
@@ -211,6 +222,7 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
 
 #[test]
 fn a_front_end_sending_garbage_gets_a_clear_error() {
+    let _one = one_at_a_time();
     let d = tempfile::tempdir().unwrap();
     let junk = d.path().join("junk.bin");
     let bytes: Vec<u8> = (0..300_000u32)
@@ -242,6 +254,7 @@ fn a_front_end_sending_garbage_gets_a_clear_error() {
 
 #[test]
 fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
+    let _one = one_at_a_time();
     let d = tempfile::tempdir().unwrap();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     for (p, src) in [(&a, 841u16), (&b, 843)] {
@@ -279,6 +292,7 @@ fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
 
 #[test]
 fn a_stream_that_ends_early_ends_the_run_with_the_data() {
+    let _one = one_at_a_time();
     let d = tempfile::tempdir().unwrap();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     for (p, src, n) in [(&a, 841u16, 300u32), (&b, 843, 200)] {
