@@ -317,3 +317,37 @@ fn a_stream_that_ends_early_ends_the_run_with_the_data() {
     assert_eq!(sum(&s, "rus", "stream_fragments_received"), 500);
     assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 100);
 }
+
+#[test]
+fn a_front_end_that_never_comes_fails_the_run_after_the_connect_timeout() {
+    let _one = one_at_a_time();
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"absent\"\nduration_s = 0\nconnect_timeout_s = 1.5\n[source]\nkind = \"stream\"\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+        list(&to)
+    );
+    // only the first of the RU's two streams gets a front-end
+    let data: Vec<u8> = (1..=50u32)
+        .flat_map(|k| fed::build(k, 841, &[k as u64; 4]))
+        .collect();
+    let a = d.path().join("a.raw");
+    std::fs::write(&a, data).unwrap();
+    let f = feed(&to[..1], &[&a], &[]);
+    let started = std::time::Instant::now();
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let _ = feed_output(f);
+    assert!(!out.status.success(), "{t}");
+    let reason = s["run"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("stream 1 (source 843")
+            && reason.contains("no front-end connected within 1.5 s"),
+        "{reason}\n{t}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{t}"
+    );
+}

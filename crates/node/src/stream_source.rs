@@ -51,6 +51,8 @@ pub struct StreamSource {
     links: Vec<Link>,
     read_ahead: usize,
     stall_warn: Duration,
+    /// How long a stream may go without a front-end while the run is on (`run.connect_timeout_s`).
+    connect_timeout: Duration,
     started: Instant,
     stop: Arc<AtomicBool>,
     over: bool,
@@ -114,6 +116,7 @@ impl StreamSource {
             links,
             read_ahead,
             stall_warn: Duration::from_secs_f64(s.stall_warn_s),
+            connect_timeout: Duration::from_secs_f64(cfg.run.connect_timeout_s),
             started: now,
             stop,
             over: false,
@@ -151,7 +154,30 @@ impl StreamSource {
         feed.stats.dropped = st.dropped;
         feed.stats.sync_losses = st.sync_losses;
         let running = ru.state() == RunState::Running;
+        if running {
+            if let Some(why) = self.front_end_missing(now) {
+                return self.fail(ru, why);
+            }
+        }
         self.watch_stalls(now, running, ru);
+    }
+
+    /// A stream whose front-end has not connected within `run.connect_timeout_s` of the RU's
+    /// start: an error that waiting will not mend (a wrong address, a front-end that is not
+    /// there), so the run stops naming the stream instead of waiting for ever.
+    fn front_end_missing(&self, now: Instant) -> Option<String> {
+        if now.duration_since(self.started) < self.connect_timeout {
+            return None;
+        }
+        let i = self
+            .links
+            .iter()
+            .position(|l| l.peer.is_none() && !l.closed)?;
+        Some(format!(
+            "{}: no front-end connected within {:.1} s (run.connect_timeout_s)",
+            self.assembler.describe(i),
+            self.connect_timeout.as_secs_f64()
+        ))
     }
 
     fn take_from_streams(&mut self, now: Instant) -> Result<(), String> {
