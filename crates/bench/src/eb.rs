@@ -161,8 +161,9 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     Ok(p)
 }
 
-/// `n` consecutive free loopback ports (best effort: bound together, then released).
-fn free_ports(n: u16) -> Option<u16> {
+/// `n` consecutive free loopback ports (best effort: bound together, then released; the
+/// multi-process tests use it too).
+pub fn free_ports(n: u16) -> Option<u16> {
     for _ in 0..100 {
         let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
         let base = l.local_addr().ok()?.port();

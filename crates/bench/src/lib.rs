@@ -21,6 +21,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
+pub use eb::free_ports;
 pub use measure::{median, thread_cpu, Point};
 pub use output::Ratio;
 

@@ -81,22 +81,10 @@ fn progress(role: &str, snap: &Value) -> (u64, u64) {
 /// Every error counter a snapshot holds, added up.
 fn errors(snap: &Value) -> u64 {
     let s = &snap["stats"];
-    [
-        "crc_errors",
-        "content_errors",
-        "trigger_mismatches",
-        "duplicate_fragments",
-        "source_mismatches",
-        "misrouted",
-        "releases_refused",
-        "duplicate_releases",
-        "unknown_releases",
-        "misrouted_releases",
-        "errors",
-    ]
-    .iter()
-    .map(|k| s[*k].as_u64().unwrap_or(0))
-    .sum::<u64>()
+    crate::metrics::ERROR_COUNTERS
+        .iter()
+        .map(|(field, _)| s[*field].as_u64().unwrap_or(0))
+        .sum::<u64>()
         + snap["net"]["protocol_errors"].as_u64().unwrap_or(0)
 }
 

@@ -16,6 +16,23 @@ use serde_json::Value;
 
 use crate::fsm::State;
 
+/// A node's error counters (fields of its status `stats`) and their `kind` label in
+/// `evb_errors`; the node table's error column sums the same list.
+pub(crate) const ERROR_COUNTERS: &[(&str, &str)] = &[
+    ("crc_errors", "crc"),
+    ("content_errors", "content"),
+    ("trigger_mismatches", "trigger_mismatch"),
+    ("duplicate_fragments", "duplicate_fragment"),
+    ("source_mismatches", "source_mismatch"),
+    ("misrouted", "misrouted"),
+    ("releases_refused", "release_refused"),
+    ("duplicate_releases", "duplicate_release"),
+    ("unknown_releases", "unknown_release"),
+    ("misrouted_releases", "misrouted_release"),
+    ("dropped_at_source", "dropped_at_source"),
+    ("errors", "protocol"),
+];
+
 /// What a scrape shows besides the node's own snapshot.
 #[derive(Debug, Clone)]
 pub struct Scrape {
@@ -296,21 +313,7 @@ impl Collector for SnapshotCollector {
             _ => {}
         }
         // errors by kind, from whichever counters this role keeps
-        let kinds: &[(&str, &str)] = &[
-            ("crc_errors", "crc"),
-            ("content_errors", "content"),
-            ("trigger_mismatches", "trigger_mismatch"),
-            ("duplicate_fragments", "duplicate_fragment"),
-            ("source_mismatches", "source_mismatch"),
-            ("misrouted", "misrouted"),
-            ("releases_refused", "release_refused"),
-            ("duplicate_releases", "duplicate_release"),
-            ("unknown_releases", "unknown_release"),
-            ("misrouted_releases", "misrouted_release"),
-            ("dropped_at_source", "dropped_at_source"),
-            ("errors", "protocol"),
-        ];
-        let mut errors: Vec<(Labels, u64)> = kinds
+        let mut errors: Vec<(Labels, u64)> = ERROR_COUNTERS
             .iter()
             .filter(|(field, _)| !st[*field].is_null())
             .map(|(field, kind)| (self.labels(&[("kind", kind)]), u(&st[*field])))

@@ -45,20 +45,7 @@ pub fn evb_run(toml: &str) -> (Output, Value) {
 
 /// `n` consecutive free loopback ports (best effort: bound together, then released).
 pub fn free_base_port(n: u16) -> u16 {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = l.local_addr().unwrap().port();
-        drop(l);
-        if base > 65000 {
-            continue;
-        }
-        let held: Vec<_> = (0..n)
-            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k)).ok())
-            .collect();
-        if held.len() == n as usize {
-            return base;
-        }
-    }
+    evb_bench::free_ports(n).expect("free loopback ports")
 }
 
 /// stdout and stderr together, for failure messages.

@@ -1,0 +1,269 @@
+//! Run control at random moments: one `evb up`, then run after run, each with commands
+//! (pause, resume, stop, reset) and faults (a BU killed or frozen, an RU killed) at moments
+//! drawn from a seed that is printed first, so that a failure replays:
+//!
+//! ```sh
+//! EVB_CHAOS_SEED=1234 EVB_UP_CHAOS_TRIALS=30 cargo test -p evb --test control_chaos -- --nocapture
+//! ```
+//!
+//! Each run's record must stay exact whatever happened (complete: every triggered event built
+//! once; aborted by a reset or failed by a lost RU: nothing built twice), no event id may be in
+//! two output files, and the system must come back to `ready` with every node idle for the
+//! next run.
+
+mod common;
+use common::up::Up;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use evb_control::client::Api;
+use serde_json::{json, Value};
+
+const EVENTS: u64 = 8000;
+
+/// xorshift64*: the seed is all that is needed to replay a campaign.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    Pause,
+    Resume,
+    Stop,
+    Reset,
+    KillBu(u8),
+    /// SIGSTOP for this many ms, then SIGCONT: below or above the heartbeat timeout (1 s).
+    FreezeBu(u8, u64),
+    KillRu(u8),
+}
+
+fn draw(rng: &mut Rng) -> Step {
+    match rng.below(10) {
+        0 | 1 => Step::Pause,
+        2 => Step::Resume,
+        3 => Step::Stop,
+        4 => Step::Reset,
+        5 | 6 => Step::KillBu(rng.below(2) as u8),
+        7 | 8 => Step::FreezeBu(rng.below(2) as u8, 200 + rng.below(2300)),
+        _ => Step::KillRu(rng.below(2) as u8),
+    }
+}
+
+fn pid_of(up: &Up, node: &str) -> Option<u64> {
+    let s = up.status();
+    let control = Up::node(&s, node)["control"].as_str()?.to_string();
+    Api::new(&control, None)
+        .with_timeout(Duration::from_secs(2))
+        .get("/api/v1/node")
+        .ok()?
+        .body["pid"]
+        .as_u64()
+}
+
+fn signal(pid: u64, sig: &str) {
+    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+}
+
+/// Event ids in run `run`'s completed output files (and how many were in two files).
+fn output(dir: &Path, run_id: &str) -> (HashMap<u64, String>, u64) {
+    let prefix = format!("{run_id}_");
+    let mut ids = HashMap::new();
+    let mut dups = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&prefix) || !name.ends_with(".evb") {
+            continue;
+        }
+        let f = evb_formats::events::EventFile::open(&e.path()).unwrap();
+        for ev in f {
+            let ev = ev.unwrap_or_else(|e| panic!("{name}: {e}"));
+            if let Some(other) = ids.insert(ev.event_id, name.clone()) {
+                dups += 1;
+                eprintln!("  event {} in {other} and {name}", ev.event_id);
+            }
+        }
+    }
+    (ids, dups)
+}
+
+/// Carries out one step; what the API answered (None for a signal).
+fn apply(up: &Up, step: Step) -> Option<u16> {
+    let cmd = match step {
+        Step::Pause => "pause",
+        Step::Resume => "resume",
+        Step::Stop => "stop",
+        Step::Reset => "reset",
+        Step::KillBu(i) | Step::FreezeBu(i, _) | Step::KillRu(i) => {
+            let node = match step {
+                Step::KillRu(_) => format!("ru{i}"),
+                _ => format!("bu{i}"),
+            };
+            let Some(pid) = pid_of(up, &node) else {
+                eprintln!("    {node} not reachable: step skipped");
+                return None;
+            };
+            if let Step::FreezeBu(_, ms) = step {
+                signal(pid, "-STOP");
+                std::thread::sleep(Duration::from_millis(ms));
+                signal(pid, "-CONT");
+            } else {
+                signal(pid, "-9");
+            }
+            return None;
+        }
+    };
+    let (code, body) = up.post(cmd, json!({}));
+    assert!(
+        code == 200 || code == 409,
+        "{cmd}: HTTP {code} is neither done nor refused: {body}"
+    );
+    Some(code)
+}
+
+#[test]
+fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
+    let seed: u64 = std::env::var("EVB_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let trials: u64 = std::env::var("EVB_UP_CHAOS_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    eprintln!("control chaos: seed {seed} ({trials} runs): EVB_CHAOS_SEED={seed} replays them");
+    let mut rng = Rng(seed | 1);
+    let out = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[run]\nid = \"upchaos\"\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 2500\n\
+         [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
+        out.path().display()
+    );
+    let up = Up::start(&toml);
+    for k in 1..=trials {
+        let mut plan = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            plan.push((100 + rng.below(1200), draw(&mut rng)));
+        }
+        eprintln!("control chaos: run {k}: {plan:?}");
+        up.wait_until("ready with every node idle", 60, |s| {
+            s["state"] == "ready"
+                && s["nodes"]
+                    .as_array()
+                    .is_some_and(|n| n.iter().all(|n| n["state"] == "idle"))
+        });
+        let (code, body) = up.post("start", json!({}));
+        assert_eq!(code, 200, "start of run {k}: {body}");
+        let run = body["run"].as_u64().unwrap();
+        let started = Instant::now();
+        let mut stopped = false;
+        let mut reset = false;
+        // a fault that may fail the run: an RU lost (on_ru_loss = "stop"), or any node lost
+        // before the run is under way (the start waits for every node, then gives up)
+        let mut fatal = false;
+        for &(wait_ms, step) in &plan {
+            std::thread::sleep(Duration::from_millis(wait_ms));
+            let before = up.status()["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let answer = apply(&up, step);
+            eprintln!(
+                "    {:.2} s, {before}: {step:?} -> {}",
+                started.elapsed().as_secs_f64(),
+                answer.map_or("signal".to_string(), |c| c.to_string())
+            );
+            let under_way = before == "running" || before == "paused";
+            match (step, answer) {
+                (Step::Stop, Some(200)) => stopped = true,
+                (Step::Reset, Some(200)) => reset = true,
+                (Step::KillRu(_), _) => fatal = true,
+                (Step::KillBu(_) | Step::FreezeBu(..), _) if !under_way => fatal = true,
+                _ => {}
+            }
+        }
+        // a pause left in place would hold the run for ever: the operator resumes it
+        if up.status()["state"] == "paused" {
+            apply(&up, Step::Resume);
+        }
+        let rec = up.wait_run(run);
+        let state = rec["state"].as_str().unwrap_or_default().to_string();
+        let evm = &rec["report"]["run"]["evm"];
+        eprintln!(
+            "    run {run} {state} in {:.1} s: triggered {}, built {}, lost {}",
+            started.elapsed().as_secs_f64(),
+            rec["triggered"],
+            rec["events_built"],
+            rec["lost"]
+        );
+        let (ids, dups) = output(out.path(), &format!("upchaos#{run}"));
+        assert_eq!(dups, 0, "run {run}: event ids written twice\n{rec:#}");
+        let triggered = rec["triggered"].as_u64().unwrap_or(0);
+        assert!(
+            ids.keys().all(|&id| id < triggered.max(1)),
+            "run {run}: output holds events never triggered\n{rec:#}"
+        );
+        if !evm.is_null() {
+            assert_eq!(evm["duplicate_releases"], 0, "run {run}\n{rec:#}");
+        }
+        match state.as_str() {
+            "complete" => {
+                assert_eq!(rec["ok"], true, "{rec:#}");
+                assert_eq!(rec["verdict"], json!([]), "{rec:#}");
+                assert_eq!(rec["events_built"], triggered, "run {run}\n{rec:#}");
+                if !stopped && !reset {
+                    assert_eq!(triggered, EVENTS, "run {run}\n{rec:#}");
+                }
+                // what is not in the files was accepted from a BU that died with it open
+                let missing = triggered - ids.len() as u64;
+                let by_lost = evm["released_by_lost"].as_u64().unwrap_or(0);
+                assert!(
+                    missing <= by_lost,
+                    "run {run}: {missing} events missing from the files, lost BUs released {by_lost}\n{rec:#}"
+                );
+            }
+            // a stop before the nodes are ready calls the start off
+            "aborted" => assert!(
+                reset || stopped,
+                "run {run} aborted without a reset or stop\n{rec:#}"
+            ),
+            "failed" => {
+                assert!(fatal, "run {run} failed without a fatal fault\n{rec:#}");
+                let (code, body) = up.post("reset", json!({}));
+                assert_eq!(code, 200, "reset after a failed run: {body}");
+            }
+            other => panic!("run {run} ended in state {other:?}\n{rec:#}"),
+        }
+    }
+    // and the system still runs a clean run after all that
+    up.wait_until("ready with every node idle", 60, |s| {
+        s["state"] == "ready"
+            && s["nodes"]
+                .as_array()
+                .is_some_and(|n| n.iter().all(|n| n["state"] == "idle"))
+    });
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    let rec = up.wait_run(body["run"].as_u64().unwrap());
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(rec["events_built"], EVENTS, "{rec:#}");
+    assert!(up.halt().success());
+}
