@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use evb_control::client::Api;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const EVENTS: u64 = 8000;
 
