@@ -31,11 +31,32 @@ pub enum SyncLoss {
     Flag,
 }
 
-/// One fragment as a stream delivered it.
+/// What a piece's bytes are held in: a `Vec` cut from a stream, or a [`Chain`] of pool
+/// blocks that a plug-in producer wrote in place (assembled without a copy).
+pub trait Body {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Body for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+impl Body for Chain {
+    fn len(&self) -> usize {
+        Chain::len(self)
+    }
+}
+
+/// One fragment as a stream (or a producer) delivered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
+pub struct Piece<B = Vec<u8>> {
     pub trigger_number: u32,
-    pub bytes: Vec<u8>,
+    pub bytes: B,
     /// Byte offset in its stream (for messages).
     pub offset: u64,
     /// Why it failed its checks, if it did.
@@ -74,7 +95,7 @@ impl Eq for Assembled {}
 #[derive(Debug, Clone)]
 pub struct StreamName {
     pub source_id: u16,
-    /// Where it comes from, e.g. `127.0.0.1:7301`.
+    /// Where it comes from, e.g. `127.0.0.1:7301`; empty for a plug-in producer.
     pub addr: String,
 }
 
@@ -99,25 +120,35 @@ pub struct AssemblyStats {
     pub sync_losses: u64,
 }
 
-struct Stream {
+struct Stream<B> {
     name: StreamName,
-    queue: VecDeque<Piece>,
+    queue: VecDeque<Piece<B>>,
     /// The stream ended after this many fragments.
     closed_after: Option<u64>,
     received: u64,
 }
 
-pub struct Assembler {
+/// One event's checked pieces, before they become one payload: the directory entries and
+/// each stream's piece (`None`: left out).
+pub struct Parts<B> {
+    pub trigger_number: u32,
+    pub entries: Vec<SuperEntry>,
+    pub pieces: Vec<Option<B>>,
+    /// Fragment header flags: MISSING (one stream, left out), SUPER, SYNC_LOSS.
+    pub flags: u16,
+}
+
+pub struct Assembler<B = Vec<u8>> {
     cfg: AssemblyConfig,
-    streams: Vec<Stream>,
+    streams: Vec<Stream<B>>,
     assembled: u64,
     /// The previous event's trigger number, if its streams agreed (the order check).
     last: Option<u32>,
     stats: AssemblyStats,
 }
 
-impl Assembler {
-    pub fn new(cfg: AssemblyConfig) -> Assembler {
+impl<B: Body> Assembler<B> {
+    pub fn new(cfg: AssemblyConfig) -> Assembler<B> {
         let streams = cfg
             .streams
             .iter()
@@ -149,10 +180,14 @@ impl Assembler {
     /// How a stream is named in messages: `stream 1 (source 843, 127.0.0.1:7302)`.
     pub fn describe(&self, stream: usize) -> String {
         let s = &self.streams[stream].name;
+        if s.addr.is_empty() {
+            // a plug-in producer: nothing to name but its place and source
+            return format!("producer {stream} (source {})", s.source_id);
+        }
         format!("stream {stream} (source {}, {})", s.source_id, s.addr)
     }
 
-    pub fn push(&mut self, stream: usize, piece: Piece) {
+    pub fn push(&mut self, stream: usize, piece: Piece<B>) {
         let s = &mut self.streams[stream];
         s.received += 1;
         s.queue.push_back(piece);
@@ -183,15 +218,15 @@ impl Assembler {
         self.streams.iter().map(|s| s.queue.len() as u64).sum()
     }
 
-    /// The next event's payload, `Ok(None)` while a stream's fragment is still to come;
-    /// `Err` names why the run must stop (a bad fragment under `Stop`, a sync loss under
-    /// `Stop`).
-    pub fn next_event(&mut self) -> Result<Option<Assembled>, String> {
+    /// The next event's checked pieces, `Ok(None)` while a stream's fragment is still to
+    /// come; `Err` names why the run must stop (a bad fragment under `Stop`, a sync loss
+    /// under `Stop`).
+    pub fn next_parts(&mut self) -> Result<Option<Parts<B>>, String> {
         if self.streams.iter().any(|s| s.queue.is_empty()) {
             return Ok(None);
         }
         let event = self.assembled;
-        let mut pieces: Vec<Piece> = self
+        let mut pieces: Vec<Piece<B>> = self
             .streams
             .iter_mut()
             .map(|s| s.queue.pop_front().expect("checked non-empty"))
@@ -262,7 +297,25 @@ impl Assembler {
             self.stats.sync_losses += 1;
         }
         self.last = (reference.is_some() && in_sync).then_some(trigger);
-        Ok(Some(self.payload(trigger, pieces, entries, in_sync)))
+        let k = pieces.len();
+        let mut flags = 0;
+        if k > 1 {
+            flags |= FLAG_SUPER;
+            if !in_sync {
+                flags |= FLAG_SYNC_LOSS;
+            }
+        } else if pieces[0].bad.is_some() {
+            flags |= FLAG_MISSING;
+        }
+        Ok(Some(Parts {
+            trigger_number: trigger,
+            entries,
+            pieces: pieces
+                .into_iter()
+                .map(|p| p.bad.is_none().then_some(p.bytes))
+                .collect(),
+            flags,
+        }))
     }
 
     fn bad(&mut self, why: &str) -> Result<(), String> {
@@ -275,51 +328,39 @@ impl Assembler {
             }
         }
     }
+}
 
-    fn payload(
-        &self,
-        trigger_number: u32,
-        mut pieces: Vec<Piece>,
-        entries: Vec<SuperEntry>,
-        in_sync: bool,
-    ) -> Assembled {
-        let fragments = pieces.len() as u32;
-        if pieces.len() == 1 {
-            let p = pieces.pop().expect("one piece");
-            return match p.bad {
-                None => Assembled {
-                    trigger_number,
-                    fragments,
-                    payload: p.bytes,
-                    flags: 0,
-                    written: None,
-                },
-                Some(_) => Assembled {
-                    trigger_number,
-                    fragments,
-                    payload: Vec::new(),
-                    flags: FLAG_MISSING,
-                    written: None,
-                },
-            };
-        }
-        let size: usize = entries.iter().map(|e| e.length as usize).sum();
-        let mut payload = Vec::with_capacity(directory_len(entries.len()) + size);
-        encode_directory(&entries, &mut payload);
-        for p in pieces.iter().filter(|p| p.bad.is_none()) {
-            payload.extend_from_slice(&p.bytes);
-        }
-        let mut flags = FLAG_SUPER;
-        if !in_sync {
-            flags |= FLAG_SYNC_LOSS;
-        }
-        Assembled {
-            trigger_number,
+impl Assembler<Vec<u8>> {
+    /// The next event's payload (the fragment itself for one stream, a super-fragment for
+    /// several), as [`Assembler::next_parts`] says.
+    pub fn next_event(&mut self) -> Result<Option<Assembled>, String> {
+        let Some(parts) = self.next_parts()? else {
+            return Ok(None);
+        };
+        let fragments = parts.pieces.len() as u32;
+        let payload = if parts.pieces.len() == 1 {
+            parts
+                .pieces
+                .into_iter()
+                .next()
+                .flatten()
+                .unwrap_or_default()
+        } else {
+            let size: usize = parts.entries.iter().map(|e| e.length as usize).sum();
+            let mut payload = Vec::with_capacity(directory_len(parts.entries.len()) + size);
+            encode_directory(&parts.entries, &mut payload);
+            for p in parts.pieces.iter().flatten() {
+                payload.extend_from_slice(p);
+            }
+            payload
+        };
+        Ok(Some(Assembled {
+            trigger_number: parts.trigger_number,
             fragments,
             payload,
-            flags,
+            flags: parts.flags,
             written: None,
-        }
+        }))
     }
 }
 

@@ -151,7 +151,17 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             source_id: Some(n.source_id),
             files: n.files.clone(),
             streams: n.streams.clone(),
-            stream_sources: n.stream_sources.clone(),
+            // a node's input sources: its streams', or else its producers'
+            stream_sources: if n.streams.is_empty() {
+                Vec::new()
+            } else {
+                n.stream_sources.clone()
+            },
+            producer_sources: if n.streams.is_empty() {
+                n.stream_sources.clone()
+            } else {
+                Vec::new()
+            },
         })
         .collect();
     out.bu = placed()

@@ -180,6 +180,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             files: n.files.clone(),
             streams: Vec::new(),
             stream_sources: Vec::new(),
+            producer_sources: Vec::new(),
         })
         .collect();
     cfg.bu = nodes

@@ -262,3 +262,117 @@ fn rust_producer_to_rust_consumer_through_processes() {
         "the consumer's BU built events too (bu1: {bu1})"
     );
 }
+
+/// Producer `i`'s payload of event `k`: the common one with its index appended.
+fn part(k: u64, i: usize) -> Vec<u8> {
+    let mut b = payload(k);
+    b.truncate(1000);
+    b.push(i as u8);
+    b
+}
+
+#[test]
+fn several_producers_into_one_ru_make_super_fragments_on_threads() {
+    const EVENTS: u64 = 5_000;
+    let mut run = Run::start(
+        &format!(
+            "{API_SOURCE}[sink]\nkind = \"file\"\ndir = \"out\"\n[topology]\nbus = 2\n\
+             [[ru]]\nid = \"ru0\"\nsource_id = 7\nproducer_sources = [841, 843, 845]\n"
+        ),
+        &["evm", "bu0", "bu1"],
+    );
+    let cfg = run.config();
+    assert!(
+        matches!(Producer::start(&cfg, "ru0"), Err(Error::Setup(e)) if e.contains("start_many"))
+    );
+    let producers = Producer::start_many(&cfg, "ru0").unwrap();
+    assert_eq!(
+        producers
+            .iter()
+            .map(Producer::source_id)
+            .collect::<Vec<_>>(),
+        [841, 843, 845]
+    );
+    // one thread per producer, as one per front-end board
+    let threads: Vec<_> = producers
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut p)| {
+            std::thread::spawn(move || {
+                for k in 0..EVENTS {
+                    let bytes = part(k, i);
+                    let mut buf = p.buffer(bytes.len(), WhenFull::Block).unwrap();
+                    buf.payload_mut().copy_from_slice(&bytes);
+                    assert_eq!(p.submit(buf, k as u32 + 1).unwrap(), k);
+                }
+                p.finish().unwrap()
+            })
+        })
+        .collect();
+    for t in threads {
+        let ru = t.join().unwrap();
+        assert!(ru.ok, "{}", ru.reason);
+        assert_eq!(ru.report["stats"]["fragments_sent"], EVENTS);
+    }
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    let events = events_in(&run.dir.path().join("out"));
+    assert_eq!(events.len() as u64, EVENTS);
+    for (k, (trigger, _, frags)) in events {
+        assert_eq!(trigger, k as u32 + 1);
+        let sf = &frags[0];
+        let dir = evb_wire::super_fragment::decode_directory(sf, sf.len()).unwrap();
+        let mut at = 8 + 16 * dir.len();
+        for (i, e) in dir.iter().enumerate() {
+            assert_eq!(
+                (e.source_id, e.trigger_number, e.flags),
+                (841 + 2 * i as u16, k as u32 + 1, 0)
+            );
+            let len = e.length as usize;
+            assert_eq!(sf[at..at + len], part(k, i)[..], "event {k}, producer {i}");
+            at += len;
+        }
+        assert_eq!(at, sf.len());
+    }
+}
+
+#[test]
+fn producers_that_disagree_on_a_trigger_number_are_a_sync_loss() {
+    for policy in ["stop", "flag"] {
+        let mut run = Run::start(
+            &format!(
+                "{API_SOURCE}on_sync_loss = \"{policy}\"\n[sink]\nkind = \"file\"\ndir = \"out\"\n\
+                 [topology]\nbus = 1\n[[ru]]\nid = \"ru0\"\nproducer_sources = [841, 843]\n"
+            ),
+            &["evm", "bu0"],
+        );
+        let mut ps = Producer::start_many(&run.config(), "ru0").unwrap();
+        for k in 1..=20u32 {
+            ps[0].submit_copy(b"first", k, WhenFull::Block).unwrap();
+            // from event 9 on the second board is 90 ahead of the first (it lost sync)
+            let t = if k >= 10 { k + 90 } else { k };
+            if ps[1].submit_copy(b"second", t, WhenFull::Block).is_err() {
+                break;
+            }
+        }
+        let p1 = ps.pop().unwrap();
+        let p0 = ps.pop().unwrap();
+        let first = std::thread::spawn(move || p0.finish());
+        let _ = p1.finish();
+        let ru = first.join().unwrap().unwrap();
+        if policy == "stop" {
+            assert!(!ru.ok);
+            assert!(
+                ru.reason.contains("sync loss at event 9: producer 1 (source 843) sent trigger number 100 where producer 0 (source 841) sent trigger number 10"),
+                "{}",
+                ru.reason
+            );
+            continue;
+        }
+        assert!(ru.ok, "{}", ru.reason);
+        let report = run.evm_report();
+        assert_verdict_ok(&report, 20);
+        assert_eq!(report["run"]["bus"][0]["sync_loss_events"], 11, "{report}");
+        assert_eq!(events_in(&run.dir.path().join("out")).len(), 20);
+    }
+}

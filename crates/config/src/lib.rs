@@ -386,6 +386,10 @@ pub struct RuSection {
     /// The source (FED) id of each stream (default with one stream: the RU's `source_id`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stream_sources: Vec<u16>,
+    /// `source.kind = "api"`: one plug-in producer per entry, each its source (FED) id; two
+    /// or more make super-fragments (default: one producer with the RU's `source_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producer_sources: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -524,7 +528,8 @@ pub struct NodeSpec {
     pub sink: SinkKind,
     /// Recorded files this RU replays.
     pub files: Vec<String>,
-    /// Addresses this RU listens on for front-end streams, and each stream's source id.
+    /// Addresses this RU listens on for front-end streams, and the source id of each of its
+    /// inputs: its streams, or its plug-in producers (`producer_sources`).
     pub streams: Vec<String>,
     pub stream_sources: Vec<u16>,
     /// Testing: sink delay per event (µs) and for how many events (0: all).
@@ -1130,7 +1135,11 @@ impl Config {
                         r.source_id.unwrap_or(i as u16),
                         r.files.clone(),
                         r.streams.clone(),
-                        r.stream_sources.clone(),
+                        if r.producer_sources.is_empty() {
+                            r.stream_sources.clone()
+                        } else {
+                            r.producer_sources.clone()
+                        },
                     ),
                     None => (
                         format!("ru{i}"),
@@ -1272,7 +1281,7 @@ impl Config {
     pub fn max_fragment(&self) -> u64 {
         match self.source.kind {
             SourceKind::Generator => self.fragments.max_size(),
-            SourceKind::Stream => stream::max_payload(self),
+            SourceKind::Stream | SourceKind::Api => stream::max_payload(self),
             _ => self.source.max_fragment,
         }
     }

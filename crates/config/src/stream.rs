@@ -45,7 +45,7 @@ pub(crate) fn max_payload(cfg: &Config) -> u64 {
     let k = cfg
         .ru
         .iter()
-        .map(|r| r.streams.len())
+        .map(|r| r.streams.len().max(r.producer_sources.len()))
         .max()
         .unwrap_or(1)
         .max(1) as u64;
@@ -68,6 +68,7 @@ pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
         " fragments",
     )?;
     real_in("source.stall_warn_s", s.stall_warn_s, 0.01, 3600.0, " s")?;
+    validate_producers(cfg)?;
     if s.kind != SourceKind::Stream {
         for (i, ru) in cfg.ru.iter().enumerate() {
             if !ru.streams.is_empty() || !ru.stream_sources.is_empty() {
@@ -155,6 +156,45 @@ pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
             format!(
                 "a super-fragment of the most streams of one RU could reach {largest} bytes, \
                  over the limit of {MAX_FRAGMENT}: lower it or read fewer streams per RU"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `[[ru]] producer_sources` (several plug-in producers into one RU).
+fn validate_producers(cfg: &Config) -> Result<(), ConfigError> {
+    let mut sources: HashMap<u16, String> = HashMap::new();
+    for (i, ru) in cfg.ru.iter().enumerate() {
+        let key = format!("ru[{i}].producer_sources");
+        if ru.producer_sources.is_empty() {
+            continue;
+        }
+        if cfg.source.kind != SourceKind::Api {
+            return Err(invalid(key, "only read when source.kind = \"api\""));
+        }
+        if ru.producer_sources.len() < 2 || ru.producer_sources.len() > MAX_STREAMS {
+            return Err(invalid(
+                key,
+                format!(
+                    "2 to {MAX_STREAMS} source ids, one per producer (a single producer needs \
+                     none: its fragments carry the RU's source_id)"
+                ),
+            ));
+        }
+        for &id in &ru.producer_sources {
+            if let Some(other) = sources.insert(id, key.clone()) {
+                return Err(invalid(&key, format!("source id {id} is also in {other}")));
+            }
+        }
+    }
+    let largest = max_payload(cfg);
+    if cfg.source.kind == SourceKind::Api && largest > MAX_FRAGMENT {
+        return Err(invalid(
+            "source.max_fragment",
+            format!(
+                "a super-fragment of the most producers of one RU could reach {largest} bytes, \
+                 over the limit of {MAX_FRAGMENT}: lower it or use fewer producers per RU"
             ),
         ));
     }

@@ -759,3 +759,50 @@ stream_sources = [841, 843]
     cfg.validate().unwrap();
     assert_eq!(cfg.nodes()[1].stream_sources, vec![841]);
 }
+
+#[test]
+fn producer_sources_are_checked_naming_the_key() {
+    let base = r#"
+[run]
+duration_s = 0
+[source]
+kind = "api"
+max_fragment = 4096
+[[ru]]
+id = "ru0"
+producer_sources = [841, 843, 845]
+[[ru]]
+id = "ru1"
+"#;
+    let cfg = Config::from_toml(base).unwrap();
+    cfg.validate().unwrap();
+    assert_eq!(cfg.nodes()[1].stream_sources, vec![841, 843, 845]);
+    assert!(cfg.nodes()[2].stream_sources.is_empty());
+    // a super-fragment of three producers: the frame limit and pools follow
+    assert_eq!(cfg.max_fragment(), 3 * 4096 + 8 + 48);
+    for (text, key) in [
+        (
+            base.replace("[841, 843, 845]", "[841, 843, 841]"),
+            "ru[0].producer_sources",
+        ),
+        (
+            base.replace("[841, 843, 845]", "[841]"),
+            "ru[0].producer_sources",
+        ),
+        (
+            base.replace("kind = \"api\"", "kind = \"generator\"")
+                .replace("duration_s = 0", "duration_s = 1"),
+            "ru[0].producer_sources",
+        ),
+        (
+            base.replace("max_fragment = 4096", "max_fragment = 8000000"),
+            "source.max_fragment",
+        ),
+    ] {
+        let e = Config::from_toml(&text)
+            .and_then(|c| c.validate())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "expected {key} in: {e}");
+    }
+}

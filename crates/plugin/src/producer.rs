@@ -7,13 +7,14 @@
 //! events holding them; until then [`Producer::buffer`] waits ([`WhenFull::Block`]) or says
 //! [`Error::Full`] ([`WhenFull::ReturnFull`]). Nothing is ever dropped.
 
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
 use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_builder::assembly::Assembled;
 use evb_config::{Config, OnError, Role, SourceKind};
-use evb_node::plug::{ApiFeed, FeedItem, Plugs};
+use evb_node::plug::{ApiFeed, FeedItem, Part, Plugs};
 use evb_node::NodeOutcome;
 use evb_wire::{fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
 
@@ -36,6 +37,9 @@ pub struct Buffer {
     writer: BlockWriter,
     /// Where its headers go in the block; the payload follows them.
     start: usize,
+    /// Room for headers in front of the payload (none for one of several producers of an
+    /// RU: the RU writes one header in front of their super-fragment).
+    prefix: usize,
     len: usize,
     capacity: usize,
     pool_id: u64,
@@ -44,8 +48,8 @@ pub struct Buffer {
 impl Buffer {
     /// The payload bytes, `len()` long (initially the size asked for).
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        &mut self.writer.spare_mut()[FRAGMENT_PREFIX_LEN..FRAGMENT_PREFIX_LEN + len]
+        let (prefix, len) = (self.prefix, self.len);
+        &mut self.writer.spare_mut()[prefix..prefix + len]
     }
 
     /// The payload written so far (read back).
@@ -82,7 +86,10 @@ impl Buffer {
 /// A readout program's handle on its RU. One producer per RU; its k-th submitted fragment
 /// is the RU's fragment of event k.
 pub struct Producer {
-    node: NodeThread,
+    /// Shared by the producers of one RU ([`Producer::start_many`]).
+    node: Arc<Mutex<NodeThread>>,
+    /// Which of its RU's producers this is (`None`: the only one).
+    part: Option<usize>,
     items: Option<Sender<FeedItem>>,
     pool: Pool,
     source_id: u16,
@@ -111,11 +118,53 @@ impl Producer {
             .into_iter()
             .find(|n| n.id == ru_id && n.role == Role::Ru)
             .ok_or_else(|| Error::Setup(format!("no RU {ru_id:?} in the configuration")))?;
-        let (items_tx, items_rx) = unbounded();
+        if me.stream_sources.len() > 1 {
+            return Err(Error::Setup(format!(
+                "{ru_id} takes {} producers (producer_sources): start them with Producer::start_many",
+                me.stream_sources.len()
+            )));
+        }
+        let mut v = Self::spawn(cfg, ru_id, 1)?;
+        Ok(v.pop().expect("one producer"))
+    }
+
+    /// Starts RU `ru_id` of `cfg` in this process, fed by one producer per entry of its
+    /// `[[ru]] producer_sources` (2 or more), in that order. Each producer may move to a
+    /// thread of its own (one per front-end board, say); the RU takes the k-th fragment of
+    /// every producer for its event k and sends them as one super-fragment (docs/formats.md
+    /// §4), checking that their trigger numbers agree (`source.on_sync_loss`).
+    pub fn start_many(cfg: &Config, ru_id: &str) -> Result<Vec<Producer>, Error> {
+        let k = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.id == ru_id && n.role == Role::Ru)
+            .map_or(0, |n| n.stream_sources.len());
+        if k < 2 {
+            return Err(Error::Setup(format!(
+                "{ru_id} has no [[ru]] producer_sources (2 or more): start its one producer with \
+                 Producer::start"
+            )));
+        }
+        Self::spawn(cfg, ru_id, k)
+    }
+
+    fn spawn(cfg: &Config, ru_id: &str, k: usize) -> Result<Vec<Producer>, Error> {
+        cfg.validate().map_err(|e| Error::Setup(e.to_string()))?;
+        if cfg.source.kind != SourceKind::Api {
+            return Err(Error::Setup(
+                "source.kind must be \"api\" for a producer to feed an RU".into(),
+            ));
+        }
+        let me = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.id == ru_id && n.role == Role::Ru)
+            .ok_or_else(|| Error::Setup(format!("no RU {ru_id:?} in the configuration")))?;
+        let (txs, inputs): (Vec<_>, Vec<_>) = (0..k).map(|_| unbounded()).unzip();
         let (pool_tx, pool_rx) = bounded(1);
         let plugs = Plugs {
             feed: Some(ApiFeed {
-                items: items_rx,
+                inputs,
                 pool: pool_tx,
             }),
             sink: None,
@@ -133,24 +182,50 @@ impl Producer {
                 }
             }
         };
-        Ok(Producer {
-            node,
-            items: Some(items_tx),
-            pool,
-            source_id: me.source_id,
-            max_fragment: cfg.source.max_fragment as usize,
-            on_error: cfg.source.on_error,
-            next_event: 0,
-            last_trigger: None,
-            current: None,
-            stopped: None,
-        })
+        let node = Arc::new(Mutex::new(node));
+        Ok(txs
+            .into_iter()
+            .enumerate()
+            .map(|(i, tx)| Producer {
+                node: node.clone(),
+                part: (k > 1).then_some(i),
+                items: Some(tx),
+                pool: pool.clone(),
+                source_id: me.stream_sources.get(i).copied().unwrap_or(me.source_id),
+                max_fragment: cfg.source.max_fragment as usize,
+                on_error: cfg.source.on_error,
+                next_event: 0,
+                last_trigger: None,
+                current: None,
+                stopped: None,
+            })
+            .collect())
+    }
+
+    fn node(&self) -> MutexGuard<'_, NodeThread> {
+        self.node.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The source id this producer's fragments carry (its entry of `producer_sources`, or
+    /// the RU's `source_id`).
+    pub fn source_id(&self) -> u16 {
+        self.source_id
+    }
+
+    /// Room in front of each payload: the fragment's headers, or none for a part of a
+    /// super-fragment.
+    fn prefix(&self) -> usize {
+        if self.part.is_some() {
+            0
+        } else {
+            FRAGMENT_PREFIX_LEN
+        }
     }
 
     /// The RU's latest status, refreshed 5 times a second: the JSON line `evb node`
     /// prints (`stats`, `pools`, `sink`, ...), with `stats.waiting_for` naming a stalled producer.
     pub fn status(&self) -> serde_json::Value {
-        self.node.status()
+        self.node().status()
     }
 
     /// Events submitted so far (the next one submitted is this event id).
@@ -167,8 +242,9 @@ impl Producer {
         if let Some(why) = &self.stopped {
             return Err(Error::RunOver(why.clone()));
         }
-        if self.node.is_over() {
-            return Err(Error::RunOver(self.node.why_over()));
+        let mut node = self.node();
+        if node.is_over() {
+            return Err(Error::RunOver(node.why_over()));
         }
         Ok(())
     }
@@ -186,7 +262,8 @@ impl Producer {
                 ),
             });
         }
-        let need = FRAGMENT_PREFIX_LEN + size;
+        let prefix = self.prefix();
+        let need = prefix + size;
         let mut pause = Duration::from_micros(20);
         let writer = loop {
             match self.current.take() {
@@ -205,6 +282,7 @@ impl Producer {
         };
         Ok(Buffer {
             start: writer.filled(),
+            prefix,
             writer,
             len: size,
             capacity: size,
@@ -229,6 +307,23 @@ impl Producer {
         }
         let event_id = self.next_event;
         let len = buf.len;
+        if self.part.is_some() {
+            // a part of the RU's super-fragment: the payload alone, its CRC for the RU to
+            // combine
+            let payload = &buf.writer.spare_mut()[..len];
+            let crc = crc32c::crc32c(payload);
+            buf.writer.advance(len);
+            let payload = Chain::from_slice(buf.writer.slice(buf.start, len));
+            self.keep_for_next(buf.writer);
+            self.send(FeedItem::Part(Part {
+                trigger_number,
+                payload: Some(payload),
+                crc,
+            }))?;
+            self.last_trigger = Some(trigger_number);
+            self.next_event += 1;
+            return Ok(event_id);
+        }
         let payload = &buf.writer.spare_mut()[FRAGMENT_PREFIX_LEN..FRAGMENT_PREFIX_LEN + len];
         let header = FragmentHeader {
             event_id,
@@ -271,7 +366,17 @@ impl Producer {
     /// and returns its outcome (its report).
     pub fn finish(mut self) -> Result<NodeOutcome, Error> {
         self.end();
-        self.node.join()
+        // Not joined under the lock while the RU runs: its other producers must go on
+        // (the run ends only when every one of them has finished).
+        loop {
+            {
+                let mut node = self.node();
+                if node.is_over() {
+                    return node.join();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn end(&mut self) {
@@ -293,7 +398,7 @@ impl Producer {
         if sent {
             Ok(())
         } else {
-            Err(Error::RunOver(self.node.why_over()))
+            Err(Error::RunOver(self.node().why_over()))
         }
     }
 
@@ -311,14 +416,21 @@ impl Producer {
             }
             OnError::Drop => {
                 tracing::warn!("producer: {why}: dropped, its event is built without it");
-                let missing = Assembled {
-                    trigger_number,
-                    fragments: 1,
-                    payload: Vec::new(),
-                    flags: FLAG_MISSING,
-                    written: None,
+                let missing = match self.part {
+                    Some(_) => FeedItem::Part(Part {
+                        trigger_number,
+                        payload: None,
+                        crc: 0,
+                    }),
+                    None => FeedItem::Event(Assembled {
+                        trigger_number,
+                        fragments: 1,
+                        payload: Vec::new(),
+                        flags: FLAG_MISSING,
+                        written: None,
+                    }),
                 };
-                if let Err(e) = self.send(FeedItem::Event(missing)) {
+                if let Err(e) = self.send(missing) {
                     return e;
                 }
                 self.next_event += 1;

@@ -182,11 +182,16 @@ impl Driver {
         let api = match (plugs.feed, api_ru) {
             (Some(feed), true) => {
                 if let Some(pool) = &ru_pool {
-                    // the producer writes its fragments straight into this pool
+                    // the producers write their fragments straight into this pool
                     let _ = feed.pool.send(pool.clone());
                 }
-                let stall_warn = Duration::from_secs_f64(cfg.source.stall_warn_s);
-                Some(crate::plug::ApiSource::new(id, feed.items, stall_warn, now))
+                Some(crate::plug::ApiSource::new(
+                    cfg,
+                    &me,
+                    feed.inputs,
+                    ru_pool.clone(),
+                    now,
+                ))
             }
             (None, false) => None,
             (Some(_), false) => {
