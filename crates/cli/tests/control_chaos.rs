@@ -247,8 +247,11 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
             ),
             "failed" => {
                 assert!(fatal, "run {run} failed without a fatal fault\n{rec:#}");
-                let (code, body) = up.post("reset", json!({}));
-                assert_eq!(code, 200, "reset after a failed run: {body}");
+                // (unless a reset of the plan came after the failure already)
+                if up.status()["state"] == "failed" {
+                    let (code, body) = up.post("reset", json!({}));
+                    assert_eq!(code, 200, "reset after a failed run: {body}");
+                }
             }
             other => panic!("run {run} ended in state {other:?}\n{rec:#}"),
         }
