@@ -45,6 +45,20 @@ pub struct EvmConfig {
     /// Most events triggered per `poll`, so IO keeps flowing.
     pub max_per_poll: u64,
     pub on_ru_loss: RuLossPolicy,
+    pub assignment: Assignment,
+}
+
+/// How the EVM picks the BU of the next batch of events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Assignment {
+    /// The next BU in turn that has credit (a BU without credit is passed over).
+    #[default]
+    Credits,
+    /// A BU drawn at random (uniform, from a fixed seed) for each batch; when it has no
+    /// credit, triggering waits for it: the random traffic of the switch studies (seed 003),
+    /// with its head-of-line blocking, for comparison.
+    Random,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -96,6 +110,9 @@ pub struct Evm {
     alive: FastSet<NodeRef>,
     credits: Vec<u64>,
     rr: usize,
+    /// `Assignment::Random`: the BU drawn for the next batch, and the generator's state.
+    drawn: Option<usize>,
+    rng: u64,
     ledger: Ledger,
     /// Events of lost BUs waiting for another BU's credit.
     reassign: VecDeque<u64>,
@@ -134,6 +151,8 @@ impl Evm {
             alive: FastSet::default(),
             credits: vec![0; n_bu],
             rr: 0,
+            drawn: None,
+            rng: 0x9E37_79B9_7F4A_7C15,
             ledger: Ledger::default(),
             reassign: VecDeque::new(),
             started: None,
@@ -580,6 +599,36 @@ impl Evm {
         }
     }
 
+    /// The BU of the next batch of new events, as `assignment` says; `None`: wait.
+    fn pick_bu(&mut self) -> Option<usize> {
+        if self.cfg.assignment == Assignment::Credits {
+            return self.next_bu();
+        }
+        if self.live_bus().is_empty() {
+            return None;
+        }
+        let n = self.credits.len() as u64;
+        loop {
+            let b = match self.drawn {
+                Some(b) => b,
+                None => {
+                    // xorshift64*: a few lines serve, and the run replays
+                    self.rng ^= self.rng >> 12;
+                    self.rng ^= self.rng << 25;
+                    self.rng ^= self.rng >> 27;
+                    let b = (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) % n;
+                    *self.drawn.insert(b as usize)
+                }
+            };
+            // a lost BU is never waited for: draw again
+            if !self.alive.contains(&NodeRef::Bu(b as u16)) {
+                self.drawn = None;
+                continue;
+            }
+            return (self.credits[b] > 0).then_some(b);
+        }
+    }
+
     /// The next BU, round robin, that has credit.
     fn next_bu(&self) -> Option<usize> {
         let n = self.credits.len();
@@ -639,7 +688,8 @@ impl Evm {
             allowed = allowed.min(limit.saturating_sub(self.stats.triggered));
         }
         while allowed > 0 {
-            let Some(bu) = self.next_bu() else { break };
+            let Some(bu) = self.pick_bu() else { break };
+            self.drawn = None;
             let count = allowed.min(self.credits[bu]).min(self.cfg.batch as u64);
             let range = EventRange {
                 bu: bu as u16,

@@ -35,6 +35,7 @@ fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
         stall_timeout: Duration::from_secs(3600),
         max_per_poll: 64,
         on_ru_loss: RuLossPolicy::Partial,
+        assignment: crate::Assignment::Credits,
     }
 }
 
@@ -987,4 +988,45 @@ fn triggering_waits_for_every_bus_first_credits_or_the_grace() {
     assert_eq!(evm.stats().triggered, 0);
     evm.poll(t0 + FIRST_CREDITS_GRACE);
     assert_eq!(evm.stats().triggered, 64);
+}
+
+#[test]
+fn random_assignment_waits_for_the_drawn_bu_and_credits_pass_it_over() {
+    let t0 = Instant::now();
+    // bu0 and bu1 grant 30 credits each, bu2 none: with credits the EVM uses the two that
+    // can take events; drawn at random it soon draws bu2 and waits for it (head of line)
+    let run = |assignment| {
+        let mut evm = Evm::new(
+            EvmConfig {
+                assignment,
+                ..evm_cfg(1, 3, 1000)
+            },
+            t0,
+        );
+        let ready = Message::Ready {
+            available: evb_wire::UNLIMITED,
+        };
+        for n in [
+            NodeRef::Ru(0),
+            NodeRef::Bu(0),
+            NodeRef::Bu(1),
+            NodeRef::Bu(2),
+        ] {
+            evm.handle(t0, n, ready.clone());
+        }
+        for bu in 0..2 {
+            evm.handle(t0, NodeRef::Bu(bu), Message::Credit { bu, count: 30 });
+        }
+        evm.poll(t0 + FIRST_CREDITS_GRACE);
+        evm
+    };
+    assert_eq!(run(crate::Assignment::Credits).stats().triggered, 60);
+    let mut evm = run(crate::Assignment::Random);
+    let held = evm.stats().triggered;
+    assert!(held < 60 && held % 3 == 0, "{held}");
+    // bu2's credit lets the drawn batch go
+    let t1 = t0 + FIRST_CREDITS_GRACE + Duration::from_millis(1);
+    evm.handle(t1, NodeRef::Bu(2), Message::Credit { bu: 2, count: 30 });
+    evm.poll(t1);
+    assert!(evm.stats().triggered > held);
 }

@@ -179,6 +179,9 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         // a fault that may fail the run: an RU lost (on_ru_loss = "stop"), or any node lost
         // before the run is under way (the start waits for every node, then gives up)
         let mut fatal = false;
+        // BUs lost in this run: a node that `evb up` starts again joins the next run, not
+        // this one, so losing both is losing every BU
+        let mut bus_lost = std::collections::BTreeSet::new();
         for &(wait_ms, step) in &plan {
             std::thread::sleep(Duration::from_millis(wait_ms));
             let before = up.status()["state"]
@@ -198,6 +201,18 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                 (Step::KillRu(_), _) => fatal = true,
                 (Step::KillBu(_) | Step::FreezeBu(..), _) if !under_way => fatal = true,
                 _ => {}
+            }
+            match step {
+                Step::KillBu(i) => {
+                    bus_lost.insert(i);
+                }
+                Step::FreezeBu(i, ms) if ms >= 900 => {
+                    bus_lost.insert(i);
+                }
+                _ => {}
+            }
+            if bus_lost.len() == 2 {
+                fatal = true;
             }
         }
         // a pause left in place would hold the run for ever: the operator resumes it

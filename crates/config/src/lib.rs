@@ -200,6 +200,16 @@ pub struct BuilderSection {
     pub verify: VerifyLevel,
     /// A lost RU: "stop" the run, or go on building "partial" events without it.
     pub on_ru_loss: RuLossPolicy,
+    /// How the EVM picks each batch's BU: "credits" (the next with credit) or "random".
+    pub assignment: Assignment,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Assignment {
+    #[default]
+    Credits,
+    Random,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -216,6 +226,7 @@ impl Default for BuilderSection {
             batch: 0,
             verify: VerifyLevel::Full,
             on_ru_loss: RuLossPolicy::Stop,
+            assignment: Assignment::Credits,
         }
     }
 }

@@ -154,6 +154,10 @@ pub fn logic(
                         evb_config::RuLossPolicy::Stop => evb_builder::RuLossPolicy::Stop,
                         evb_config::RuLossPolicy::Partial => evb_builder::RuLossPolicy::Partial,
                     },
+                    assignment: match cfg.builder.assignment {
+                        evb_config::Assignment::Credits => evb_builder::Assignment::Credits,
+                        evb_config::Assignment::Random => evb_builder::Assignment::Random,
+                    },
                 },
                 now,
             ))
