@@ -223,7 +223,7 @@ impl PyEvent {
             st.views += 1;
             // SAFETY: `view` was filled above; `internal` is the exporter's to use: it
             // marks an in-place view for `unexport`.
-            unsafe { (*view).internal = 1 as *mut c_void };
+            unsafe { (*view).internal = std::ptr::dangling_mut::<c_void>() };
         }
         Ok(())
     }
