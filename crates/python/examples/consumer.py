@@ -28,8 +28,8 @@ def main(argv):
                     nbytes += len(payload)
         events += 1
     outcome = consumer.finish()
-    print(json.dumps({"events": events, "bytes": nbytes, "bad_crc": bad, "ok": outcome.ok}),
-          flush=True)
+    print(json.dumps({"events": events, "bytes": nbytes, "bad_crc": bad, "ok": outcome.ok,
+                      "reason": outcome.reason}), flush=True)
     if not outcome.ok or bad:
         sys.exit(1)
 

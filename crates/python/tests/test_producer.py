@@ -173,7 +173,7 @@ def test_trigger_backwards_under_drop_builds_the_event_without_it(run):
 
 def test_full_pool_raises_full_without_blocking(run):
     # a consumer that takes nothing holds the BU back; the RU's small pool fills
-    r = run(API + "[buffers]\nblock_size = 65536\nru_pool_mib = 1\n"
+    r = run(API + "[buffers]\nblock_size = 65536\nru_pool_mib = 1\n[builder]\ncredits = 2\n"
             '[sink]\nkind = "api"\n[topology]\nrus = 1\nbus = 1\n', ["evm"])
     c = evb.Consumer(str(r.config), "bu0", max_held=1)
     p = evb.Producer(str(r.config), "ru0")
