@@ -6,7 +6,7 @@
 run.toml says source.kind = "api". Each payload is written straight into the RU's pool
 (zero copy, through numpy when it is installed, else a memoryview) and submitted with a
 trigger number counting from 1; byte i of trigger t is (31 * t + i) % 256. With --copy the
-payload is made in a bytearray first and handed to submit_copy (one copy).
+payload is made first (a numpy array, else a bytearray) and handed to submit_copy (one copy).
 """
 
 import sys
@@ -37,7 +37,9 @@ def main(argv):
     started = time.perf_counter()
     for trigger in range(1, events + 1):
         if copy:
-            producer.submit_copy(bytearray(pattern(trigger, size)), trigger)
+            data = (np.add(ramp, (31 * trigger) % 256, dtype=np.uint8) if ramp is not None
+                    else bytearray(pattern(trigger, size)))
+            producer.submit_copy(data, trigger)
             continue
         # waits while the RU's pool is full: back-pressure from the builder
         buf = producer.buffer(size)
