@@ -1,7 +1,8 @@
 #!/bin/sh
 # Fragments/s into one RU through the built-in generator, the Rust producer
-# (crates/plugin/examples/producer.rs) and the C producer (crates/capi/examples/producer.c),
-# one after the other in one invocation, same topology: 1 RU, 2 BUs (discard), EVM, over tcp
+# (crates/plugin/examples/producer.rs), the C producer (crates/capi/examples/producer.c) and
+# the Python producer (crates/python/examples/producer.py: zero copy through numpy, and
+# --copy through submit_copy; built with maturin into target/pyenv), one after the other in one invocation, same topology: 1 RU, 2 BUs (discard), EVM, over tcp
 # on 127.0.0.1. The rate is the EVM's: events released / seconds from Start to the last.
 #
 #   scripts/bench-plugin.sh [EVENTS] [FRAGMENT_BYTES]     # default 200000 events of 4096 B
@@ -12,10 +13,17 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}/release
 cargo build --release --manifest-path "$root/Cargo.toml" -p evb -p evb-capi
 cargo build --release --manifest-path "$root/Cargo.toml" -p evb-plugin --examples
+pyenv=$root/target/pyenv
+[ -x "$pyenv/bin/python" ] || python3 -m venv "$pyenv"
+"$pyenv/bin/python" -m pip install -q --disable-pip-version-check maturin numpy
+(cd "$root/crates/python" && VIRTUAL_ENV="$pyenv" PATH="$pyenv/bin:$PATH" maturin develop -q --release)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc -O2 -std=c99 -D_DEFAULT_SOURCE "$root/crates/capi/examples/producer.c" -I "$root/crates/capi/include" \
     -L "$target" -Wl,-rpath,"$target" -levb -o "$work/cproducer"
+printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$pyenv/bin/python" "$root/crates/python/examples/producer.py" > "$work/pyproducer"
+printf '#!/bin/sh\nexec "%s" "%s" "$@" --copy\n' "$pyenv/bin/python" "$root/crates/python/examples/producer.py" > "$work/pycopy"
+chmod +x "$work/pyproducer" "$work/pycopy"
 free_ports() { # a base port with the next 7 free too
     python3 -c 'import socket
 while True:
@@ -75,3 +83,5 @@ echo "$events events, fragments of $size bytes, 1 RU, 2 BUs (discard), tcp on 12
 run generator generator
 run rust api "$target/examples/producer"
 run c api "$work/cproducer"
+run python api "$work/pyproducer"
+run py-copy api "$work/pycopy"

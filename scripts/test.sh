@@ -56,3 +56,27 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+
+# The Python bindings (crates/python, the module `evb`): a virtual environment in
+# target/pyenv with maturin, pytest and numpy from PyPI, the module built into it, and its
+# tests against the evb binary built above (multi-process runs on 127.0.0.1).
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    if $can_apt; then
+        echo "test.sh: installing python3 python3-venv python3-pip"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
+    else
+        echo "test.sh: please install python3 with venv and pip (Debian: python3-venv python3-pip)" >&2
+        exit 1
+    fi
+fi
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "test.sh: the Python bindings need Python 3.11 or later; python3 is $(python3 -V 2>&1)" >&2
+    exit 1
+fi
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+pyenv=target/pyenv
+[ -x "$pyenv/bin/python" ] || python3 -m venv "$pyenv"
+"$pyenv/bin/python" -m pip install -q --disable-pip-version-check maturin pytest numpy
+cargo build -p evb
+(cd crates/python && VIRTUAL_ENV="$PWD/../../$pyenv" PATH="$PWD/../../$pyenv/bin:$PATH" maturin develop -q)
+EVB_BIN="$target_dir/debug/evb" "$pyenv/bin/python" -m pytest -q crates/python/tests

@@ -1,0 +1,165 @@
+//! The Python module `evb`: evb's plug-in API (docs/plugin.md) from Python. A `Producer`
+//! feeds an RU (`source.kind = "api"`), a `Consumer` takes a BU's built events
+//! (`sink = "api"`); the node runs on a thread of the Python process, the EVM and the other
+//! nodes are `evb node` processes.
+//!
+//! Every object is safe to use in any order from Python: the Rust handles live in mutexes
+//! (taken with the GIL released around anything that blocks), a buffer or an event whose
+//! memory is exported (memoryview, numpy) cannot be submitted or released until the views
+//! are gone, and every misuse is a Python exception, never a crash.
+
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+mod consumer;
+mod producer;
+
+pyo3::create_exception!(evb, Error, PyException, "Base of every evb error.");
+pyo3::create_exception!(
+    evb,
+    Full,
+    Error,
+    "The RU's pool is full (back-pressure): no buffer now, try again."
+);
+pyo3::create_exception!(
+    evb,
+    SizeError,
+    Error,
+    "A payload size this RU does not accept (nothing was submitted)."
+);
+pyo3::create_exception!(
+    evb,
+    Refused,
+    Error,
+    "A fragment failed the RU's checks (trigger number not moving forward); `run_stopped` says whether the run stops."
+);
+pyo3::create_exception!(
+    evb,
+    RunOver,
+    Error,
+    "The node's run is over (ended, stopped, aborted)."
+);
+pyo3::create_exception!(
+    evb,
+    SetupError,
+    Error,
+    "The node could not be set up (configuration, addresses, pools)."
+);
+pyo3::create_exception!(
+    evb,
+    StateError,
+    Error,
+    "A call that does not fit the object's state: a buffer submitted twice, a call after finish, a release while views are alive."
+);
+pyo3::create_exception!(
+    evb,
+    Timeout,
+    Error,
+    "No event within the time given (the run goes on)."
+);
+
+/// The Python exception for an error of the plug-in API.
+pub(crate) fn to_py(e: evb_plugin::Error) -> PyErr {
+    use evb_plugin::Error as E;
+    let msg = e.to_string();
+    match e {
+        E::Full => Full::new_err(msg),
+        E::Size { .. } => SizeError::new_err(msg),
+        E::Refused { run_stopped, .. } => Python::attach(|py| {
+            let err = Refused::new_err(msg);
+            // best effort: the attribute is a convenience, the message says it too
+            let _ = err.value(py).setattr("run_stopped", run_stopped);
+            err
+        }),
+        E::UnknownBuffer | E::State(_) => StateError::new_err(msg),
+        E::RunOver(_) => RunOver::new_err(msg),
+        E::Setup(_) => SetupError::new_err(msg),
+    }
+}
+
+pub(crate) fn state_error(msg: impl Into<String>) -> PyErr {
+    StateError::new_err(msg.into())
+}
+
+/// Locks a handle's mutex; a panic while it was held (a bug) does not make it unusable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A configuration from a path (`str` or `os.PathLike`) or from TOML text (a `str` with a
+/// line break). Relative paths in a file are relative to the file's directory.
+pub(crate) fn load_config(config: &Bound<'_, PyAny>) -> PyResult<evb_plugin::Config> {
+    if let Ok(text) = config.extract::<String>() {
+        if text.contains('\n') {
+            return evb_plugin::Config::from_toml(&text)
+                .map_err(|e| SetupError::new_err(e.to_string()));
+        }
+    }
+    let os = config.py().import("os")?;
+    let path: std::path::PathBuf = os.call_method1("fspath", (config,))?.extract()?;
+    evb_plugin::Config::from_file(&path).map_err(|e| SetupError::new_err(e.to_string()))
+}
+
+/// A JSON value as the Python value `json.loads` makes of it.
+pub(crate) fn to_python(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let json = py.import("json")?;
+    Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
+}
+
+/// How a node's run ended: `ok`, `reason`, and its final `report` (a dict, the JSON the
+/// node prints).
+#[pyclass(name = "Outcome", module = "evb", frozen, get_all)]
+pub struct Outcome {
+    ok: bool,
+    reason: String,
+    report: Py<PyAny>,
+}
+
+#[pymethods]
+impl Outcome {
+    fn __repr__(&self) -> String {
+        format!("Outcome(ok={}, reason={:?})", self.ok, self.reason)
+    }
+}
+
+pub(crate) fn outcome(py: Python<'_>, o: evb_plugin::NodeOutcome) -> PyResult<Outcome> {
+    Ok(Outcome {
+        ok: o.ok,
+        reason: o.reason,
+        report: to_python(py, &o.report)?,
+    })
+}
+
+/// CRC32C (Castagnoli) of a buffer-protocol object's bytes: what the fragment headers'
+/// `payload_crc` is.
+#[pyfunction]
+#[pyo3(name = "crc32c")]
+fn crc32c_of(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u32> {
+    producer::with_bytes(py, data, |bytes| Ok(py.detach(|| ::crc32c::crc32c(bytes))))
+}
+
+#[pymodule]
+#[pyo3(name = "evb")]
+fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("Full", py.get_type::<Full>())?;
+    m.add("SizeError", py.get_type::<SizeError>())?;
+    m.add("Refused", py.get_type::<Refused>())?;
+    m.add("RunOver", py.get_type::<RunOver>())?;
+    m.add("SetupError", py.get_type::<SetupError>())?;
+    m.add("StateError", py.get_type::<StateError>())?;
+    m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add_class::<producer::PyProducer>()?;
+    m.add_class::<producer::PyBuf>()?;
+    m.add_class::<consumer::PyConsumer>()?;
+    m.add_class::<consumer::PyEvent>()?;
+    m.add_class::<consumer::PyFragment>()?;
+    m.add_class::<consumer::PyChunk>()?;
+    m.add_class::<Outcome>()?;
+    m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
