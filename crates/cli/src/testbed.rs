@@ -35,6 +35,10 @@ pub struct TestbedArgs {
     /// different names can run side by side.
     #[arg(long, default_value = "evbtb")]
     name: String,
+    /// RU k and BU k on one host (topology.folded): each link carries data both ways, and
+    /// RU k's fragment for BU k stays in the host.
+    #[arg(long)]
+    folded: bool,
     /// Write the run summary as JSON here (as `evb run --json`), with the testbed's figures.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -162,8 +166,15 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             a.name
         );
     }
-    // every node on its host: 10.250.0.(k+1), its data port 7000, its API 8000
-    let ip = |k: usize| format!("10.250.0.{}", k + 1);
+    if a.folded {
+        cfg.topology.folded = true;
+    }
+    // every node on its host: 10.250.0.(h+1), its data port 7000, its API 8000 (a BU that
+    // shares its RU's host: 7001, 8001)
+    let placed = hosts_of(&nodes, cfg.topology.folded);
+    let n_hosts = placed.iter().map(|p| p.0).max().map_or(0, |h| h + 1);
+    let ip = |k: usize| format!("10.250.0.{}", placed[k].0 + 1);
+    let port = |k: usize, base: usize| base + placed[k].1;
     cfg.transport.kind = TransportKind::Tcp;
     cfg.transport.local = None;
     cfg.evm.addr = format!("{}:7000", ip(0));
@@ -174,8 +185,8 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         .filter(|(_, n)| n.role == Role::Ru)
         .map(|(k, n)| RuSection {
             id: n.id.clone(),
-            addr: format!("{}:7000", ip(k)),
-            control: format!("{}:8000", ip(k)),
+            addr: format!("{}:{}", ip(k), port(k, 7000)),
+            control: format!("{}:{}", ip(k), port(k, 8000)),
             source_id: Some(n.source_id),
             files: n.files.clone(),
             streams: Vec::new(),
@@ -189,8 +200,8 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         .filter(|(_, n)| n.role == Role::Bu)
         .map(|(k, n)| BuSection {
             id: n.id.clone(),
-            addr: format!("{}:7000", ip(k)),
-            control: format!("{}:8000", ip(k)),
+            addr: format!("{}:{}", ip(k), port(k, 7000)),
+            control: format!("{}:{}", ip(k), port(k, 8000)),
             credits: Some(n.credits),
             sink: Some(n.sink),
             sink_delay_us: n.sink_delay.map(|d| d.0),
@@ -203,12 +214,12 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     cfg.validate()
         .map_err(|e| format!("testbed configuration: {e}"))?;
 
-    let built = build(&a.name, nodes.len(), &a.rate, &a.queue);
+    let built = build(&a.name, n_hosts, &a.rate, &a.queue);
     let outcome = built.and_then(|()| {
         let hosts: Vec<(String, String)> = nodes
             .iter()
             .enumerate()
-            .map(|(k, n)| (n.id.clone(), format!("{}-h{k}", a.name)))
+            .map(|(k, n)| (n.id.clone(), format!("{}-h{}", a.name, placed[k].0)))
             .collect();
         let _ = crate::launch::PLACEMENT.set(Box::new(move |id: &str| {
             hosts
@@ -218,8 +229,13 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 .unwrap_or_default()
         }));
         eprintln!(
-            "evb testbed: {} hosts on one switch, every port shaped to {} with {} of queue",
-            nodes.len(),
+            "evb testbed: {} hosts on one switch{}, every port shaped to {} with {} of queue",
+            n_hosts,
+            if cfg.topology.folded {
+                " (folded: RU k and BU k share host k)"
+            } else {
+                ""
+            },
             a.rate,
             a.queue
         );
@@ -227,7 +243,13 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             std::env::temp_dir().join(format!("evb-testbed-{}.json", std::process::id()))
         });
         let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
-        report(&json, rate_bps(&a.rate), &a.rate, a.json.is_none());
+        report(
+            &json,
+            rate_bps(&a.rate),
+            &a.rate,
+            a.json.is_none(),
+            cfg.topology.folded,
+        );
         Ok(ok)
     });
     let removed = remove(&a.name);
@@ -238,6 +260,29 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         eprintln!("evb testbed: removed (namespaces, links, bridge and qdiscs)");
     }
     outcome
+}
+
+/// Each node's host and port offset: one host per node, or (folded) RU k and BU k on one
+/// host, the BU at offset 1.
+fn hosts_of(nodes: &[evb_config::NodeSpec], folded: bool) -> Vec<(usize, usize)> {
+    let mut next = 0;
+    let mut ru_host = Vec::new();
+    nodes
+        .iter()
+        .map(|n| {
+            if folded && n.role == Role::Bu {
+                if let Some(&h) = ru_host.get(n.index as usize) {
+                    return (h, 1);
+                }
+            }
+            let h = next;
+            next += 1;
+            if n.role == Role::Ru {
+                ru_host.push(h);
+            }
+            (h, 0)
+        })
+        .collect()
 }
 
 /// Makes the switch and one shaped host per node.
@@ -277,7 +322,10 @@ fn build(name: &str, hosts: usize, rate: &str, queue: &str) -> Result<(), String
 }
 
 /// Throughput per link as a fraction of the shaped rate, from the run's summary.
-fn report(json: &Path, bps: f64, rate: &str, remove_after: bool) {
+/// Per-link figures from the run's summary. Folded, what RU k sends its own BU k stays in the
+/// host: a paired RU's link carries (M-1)/M of what it sends, a paired BU's (N-1)/N of what
+/// it builds (events spread evenly over the BUs).
+fn report(json: &Path, bps: f64, rate: &str, remove_after: bool, folded: bool) {
     let Ok(text) = std::fs::read_to_string(json) else {
         return;
     };
@@ -292,14 +340,27 @@ fn report(json: &Path, bps: f64, rate: &str, remove_after: bool) {
     if secs <= 0.0 || bps <= 0.0 {
         return;
     }
-    println!("\nlinks (payload bytes against the shaped {rate}):");
+    println!(
+        "\nlinks (payload bytes{} against the shaped {rate}):",
+        if folded {
+            " on the link, the part for the host's own BU left out"
+        } else {
+            ""
+        }
+    );
+    let count = |l: &serde_json::Value| l.as_array().map_or(0, Vec::len);
+    let (n_ru, n_bu) = (count(&run["rus"]), count(&run["bus"]));
+    let pairs = if folded { n_ru.min(n_bu) } else { 0 };
     let mut fractions = Vec::new();
-    for (role, list, field) in [
-        ("ru", &run["rus"], "payload_bytes_sent"),
-        ("bu", &run["bus"], "payload_bytes_built"),
+    for (role, list, field, peers) in [
+        ("ru", &run["rus"], "payload_bytes_sent", n_bu),
+        ("bu", &run["bus"], "payload_bytes_built", n_ru),
     ] {
         for (i, n) in list.as_array().into_iter().flatten().enumerate() {
-            let bytes = n[field].as_f64().unwrap_or(0.0);
+            let mut bytes = n[field].as_f64().unwrap_or(0.0);
+            if i < pairs && peers > 0 {
+                bytes *= (peers - 1) as f64 / peers as f64;
+            }
             let f = bytes * 8.0 / secs / bps;
             if role == "bu" {
                 fractions.push(f);

@@ -114,3 +114,49 @@ fn a_testbed_killed_midway_is_cleaned_up_by_the_next_start() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("VERDICT: OK"));
     assert_eq!(left(&name), Vec::<String>::new());
 }
+
+#[test]
+fn a_folded_testbed_keeps_each_hosts_own_fragment_off_the_network() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, format!("{SMALL}[topology]\nfolded = true\n")).unwrap();
+    let name = format!("f{}", std::process::id() % 100_000);
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["testbed", "--rus", "2", "--bus", "2", "--duration", "2"])
+        .args(["--rate", "100mbit", "--name", &name, "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    // the EVM, then two hosts of an RU and a BU each
+    assert!(stderr.contains("3 hosts on one switch (folded"), "{stderr}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
+    // half of each BU's data came from its own host's RU: its 100 Mb/s link carried only
+    // the other half, so it built more than the link could carry
+    let secs = v["run"]["seconds"].as_f64().unwrap();
+    let built: f64 = v["run"]["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["payload_bytes_built"].as_f64().unwrap() * 8.0 / secs / 1e6)
+        .sum::<f64>()
+        / 2.0;
+    assert!(
+        built > 105.0 && built < 202.0,
+        "each folded BU built {built:.1} Mb/s over a 100 Mb/s link"
+    );
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}

@@ -321,6 +321,10 @@ pub struct TopologySection {
     pub host: String,
     /// First port: the EVM gets it, then the RUs, then the BUs (0: the launcher picks free ports).
     pub base_port: u16,
+    /// RU k and BU k share a host (seed 001's folded configuration): RU k's fragment for its
+    /// own BU stays in the host, and each host's link carries data both ways. Read by the
+    /// launchers that place nodes on hosts (`evb testbed`).
+    pub folded: bool,
 }
 
 impl Default for TopologySection {
@@ -330,6 +334,7 @@ impl Default for TopologySection {
             bus: 2,
             host: "127.0.0.1".into(),
             base_port: 0,
+            folded: false,
         }
     }
 }
