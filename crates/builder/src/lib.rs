@@ -18,6 +18,7 @@ mod latency;
 mod ledger;
 mod report;
 mod ru;
+pub mod shaping;
 mod sink;
 mod source;
 

@@ -44,6 +44,7 @@ pub struct Config {
     pub builder: BuilderSection,
     pub buffers: BufferSection,
     pub messaging: MessagingSection,
+    pub traffic: TrafficSection,
     pub transport: TransportSection,
     pub topology: TopologySection,
     pub evm: EvmSection,
@@ -248,6 +249,36 @@ impl Default for BufferSection {
             block_size: 256 * 1024,
             ru_pool_mib: 0,
             bu_pool_mib: 0,
+        }
+    }
+}
+
+/// Traffic shaping in the RUs (docs/scaling.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrafficSection {
+    /// "none": fragments leave as soon as they are made; "barrel": the barrel shifter.
+    pub shaping: Shaping,
+    /// Barrel: the slot length on the wall clock every node shares.
+    pub slot_us: u64,
+    /// Barrel: most bytes an RU sends in one slot (about the link's rate × slot_us).
+    pub slot_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Shaping {
+    #[default]
+    None,
+    Barrel,
+}
+
+impl Default for TrafficSection {
+    fn default() -> Self {
+        TrafficSection {
+            shaping: Shaping::None,
+            slot_us: 1000,
+            slot_bytes: 131_072,
         }
     }
 }
@@ -902,6 +933,20 @@ impl Config {
         use limits::*;
         let r = &self.run;
         int_in("run.events", r.events, 0, MAX_EVENTS, "")?;
+        int_in(
+            "traffic.slot_us",
+            self.traffic.slot_us,
+            10,
+            1_000_000,
+            " µs",
+        )?;
+        int_in(
+            "traffic.slot_bytes",
+            self.traffic.slot_bytes,
+            1024,
+            1 << 30,
+            " bytes",
+        )?;
         real_in("run.duration_s", r.duration_s, 0.0, MAX_SECONDS, " s")?;
         real_in("run.rate_hz", r.rate_hz, 0.0, MAX_RATE_HZ, " Hz")?;
         for (key, v) in [

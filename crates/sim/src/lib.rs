@@ -56,17 +56,8 @@ pub struct Outcome {
     pub efficiency: f64,
 }
 
-/// The destination RU `i` sends to in slot `t` under the barrel shifter, if any: BU
-/// (i + t) mod M when N ≤ M; with more RUs than BUs the cycle is N slots long and RU i
-/// sends when (i + t) mod N falls on a BU.
-pub fn barrel_destination(i: usize, t: u64, n: usize, m: usize) -> Option<usize> {
-    if n == 0 || m == 0 || i >= n {
-        return None;
-    }
-    let cycle = n.max(m) as u64;
-    let d = ((i as u64 + t) % cycle) as usize;
-    (d < m).then_some(d)
-}
+/// The barrel shifter's schedule, shared with the RUs' shaper (evb-builder).
+pub use evb_builder::shaping::barrel_destination;
 
 /// Simulates `slots` slots of an `n` × `m` switch under `policy`.
 pub fn simulate(policy: Policy, n: usize, m: usize, slots: u64, seed: u64) -> Outcome {

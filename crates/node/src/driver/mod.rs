@@ -86,6 +86,16 @@ pub struct Driver {
     streams: Option<crate::stream_source::StreamSource>,
     /// An RU fed by a plug-in producer in this process.
     api: Option<crate::plug::ApiSource>,
+    /// An RU under `traffic.shaping = "barrel"`: fragments wait for their BU's slot.
+    shaper: Option<evb_builder::shaping::BarrelShaper>,
+}
+
+/// Wall-clock nanoseconds since the epoch: the barrel shifter's slots, which every node of
+/// the run counts alike.
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 fn node_ref(spec: &NodeSpec) -> NodeRef {
@@ -219,6 +229,18 @@ impl Driver {
             ),
             _ => None,
         };
+        let n_ru = nodes.iter().filter(|n| n.role == Role::Ru).count();
+        let n_bu = nodes.iter().filter(|n| n.role == Role::Bu).count();
+        let shaper = (me.role == Role::Ru && cfg.traffic.shaping == evb_config::Shaping::Barrel)
+            .then(|| {
+                evb_builder::shaping::BarrelShaper::new(
+                    me.index as usize,
+                    n_ru,
+                    n_bu,
+                    Duration::from_micros(cfg.traffic.slot_us),
+                    cfg.traffic.slot_bytes as usize,
+                )
+            });
         let dial_specs = dials
             .iter()
             .map(|d| (d.peer, (d.addr.clone(), d.channel)))
@@ -257,7 +279,24 @@ impl Driver {
             pools: named,
             streams,
             api,
+            shaper,
         })
+    }
+
+    /// Sends what the barrel shifter lets go in this slot.
+    fn release_shaped(&mut self) {
+        let Some(shaper) = &mut self.shaper else {
+            return;
+        };
+        let (conns, messenger, me) = (&self.conns, &mut self.messenger, &self.me.id);
+        shaper.due(wall_ns(), |bu, data| {
+            let to = NodeRef::Bu(bu as u16);
+            if let Some(&conn) = conns.get(&to) {
+                if let Err(e) = messenger.send_fragment(conn, &data) {
+                    debug!(node = %me, "fragment to {to} failed: {e}");
+                }
+            }
+        });
     }
 
     fn state(&self) -> RunState {
@@ -293,6 +332,10 @@ impl Driver {
                     }
                 }
                 Action::SendFragment { to, data } => {
+                    if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.shaper, to) {
+                        shaper.push(bu as usize, data);
+                        continue;
+                    }
                     if let Some(&conn) = self.conns.get(&to) {
                         if let Err(e) = self.messenger.send_fragment(conn, &data) {
                             debug!(node = %self.me.id, "fragment to {to} failed: {e}");
@@ -393,6 +436,7 @@ impl Driver {
             self.run_actions();
             self.drain_sink(now);
             self.run_actions();
+            self.release_shaped();
             self.messenger.flush_due(now);
             if now >= self.next_status || now >= self.next_publish {
                 let line = self.status_line("status", now);
@@ -424,6 +468,12 @@ impl Driver {
                 let cap = self
                     .sink_retry_at
                     .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
+                // fragments waiting for their slot go when it begins
+                let cap = self
+                    .shaper
+                    .as_ref()
+                    .and_then(|s| s.next_slot_in(wall_ns()))
+                    .map_or(cap, |t| t.min(cap));
                 self.messenger
                     .next_flush_in(now)
                     .map_or(cap, |t| t.min(cap))

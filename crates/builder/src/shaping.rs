@@ -1,0 +1,166 @@
+//! Traffic shaping in the RUs: the barrel shifter (seeds 001 and 003). Time is cut into
+//! slots of a fixed length on the wall clock, which every node of the run shares (one host,
+//! or hosts kept in step by NTP/PTP); in slot t RU i sends only to BU (i + t) mod max(N, M),
+//! at most one slot's worth of bytes. No two RUs then send to one BU in the same slot, so no
+//! switch output port has two inputs to queue, and every RU–BU pair is served once a cycle.
+//! More RUs than BUs, or fewer (trapezoidal), works: the cycle is max(N, M) slots long and
+//! a slot that falls on no BU (or no RU) is idle. No IO here: the driver pushes fragments
+//! and takes what is due.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use evb_buffers::Chain;
+
+/// The BU that RU `i` of `n` sends to in slot `t` (with `m` BUs), if any: BU (i + t) mod M
+/// when N ≤ M; with more RUs than BUs the cycle is N slots long and RU i sends when
+/// (i + t) mod N falls on a BU.
+pub fn barrel_destination(i: usize, t: u64, n: usize, m: usize) -> Option<usize> {
+    if n == 0 || m == 0 || i >= n {
+        return None;
+    }
+    let cycle = n.max(m) as u64;
+    let d = ((i as u64 + t) % cycle) as usize;
+    (d < m).then_some(d)
+}
+
+/// One RU's barrel shifter: a queue per BU, released one slot at a time.
+pub struct BarrelShaper {
+    ru: usize,
+    n_ru: usize,
+    queues: Vec<VecDeque<Chain>>,
+    slot_ns: u64,
+    slot_bytes: usize,
+    /// The slot being served and the bytes already released in it.
+    slot: u64,
+    sent: usize,
+    queued_bytes: usize,
+}
+
+impl BarrelShaper {
+    /// RU `ru` of `n_ru`, sending to `n_bu` BUs in slots of `slot` carrying at most
+    /// `slot_bytes` each (a fragment that starts in a slot is sent whole).
+    pub fn new(
+        ru: usize,
+        n_ru: usize,
+        n_bu: usize,
+        slot: Duration,
+        slot_bytes: usize,
+    ) -> BarrelShaper {
+        BarrelShaper {
+            ru,
+            n_ru,
+            queues: vec![VecDeque::new(); n_bu],
+            slot_ns: (slot.as_nanos() as u64).max(1),
+            slot_bytes: slot_bytes.max(1),
+            slot: u64::MAX,
+            sent: 0,
+            queued_bytes: 0,
+        }
+    }
+
+    /// Queues a fragment for BU `bu` (an out-of-range BU is sent in slot order as BU 0's).
+    pub fn push(&mut self, bu: usize, data: Chain) {
+        self.queued_bytes += data.len();
+        let n = self.queues.len();
+        self.queues[if bu < n { bu } else { 0 }].push_back(data);
+    }
+
+    /// Bytes waiting for their slot.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// What may be sent at wall-clock time `now_ns` (nanoseconds since the epoch): the
+    /// fragments for this slot's BU, up to the slot's bytes.
+    pub fn due(&mut self, now_ns: u64, mut out: impl FnMut(usize, Chain)) {
+        let slot = now_ns / self.slot_ns;
+        if slot != self.slot {
+            self.slot = slot;
+            self.sent = 0;
+        }
+        let Some(bu) = barrel_destination(self.ru, slot, self.n_ru, self.queues.len()) else {
+            return;
+        };
+        while self.sent < self.slot_bytes {
+            let Some(data) = self.queues[bu].pop_front() else {
+                break;
+            };
+            self.sent += data.len();
+            self.queued_bytes -= data.len();
+            out(bu, data);
+        }
+    }
+
+    /// How long until the next slot begins, when anything is queued.
+    pub fn next_slot_in(&self, now_ns: u64) -> Option<Duration> {
+        (self.queued_bytes > 0).then(|| Duration::from_nanos(self.slot_ns - now_ns % self.slot_ns))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_buffers::Pool;
+
+    #[test]
+    fn no_two_rus_share_a_bu_in_a_slot_and_every_pair_is_served_once_a_cycle() {
+        for (n, m) in [(1, 1), (2, 2), (4, 4), (3, 5), (5, 3), (8, 2)] {
+            let cycle = n.max(m) as u64;
+            let mut served = vec![vec![0; m]; n];
+            for t in 0..cycle {
+                let mut seen = vec![false; m];
+                for (i, row) in served.iter_mut().enumerate() {
+                    if let Some(d) = barrel_destination(i, t, n, m) {
+                        assert!(!seen[d], "{n}x{m} slot {t}: BU {d} twice");
+                        seen[d] = true;
+                        row[d] += 1;
+                    }
+                }
+            }
+            assert!(
+                served.iter().flatten().all(|&c| c == 1),
+                "{n}x{m}: {served:?}"
+            );
+        }
+        assert_eq!(barrel_destination(0, 0, 0, 4), None);
+    }
+
+    #[test]
+    fn a_slot_releases_its_bus_fragments_up_to_its_bytes() {
+        let pool = Pool::new("test", 4096, 16);
+        let frag = |len: usize| {
+            let mut w = pool.try_alloc().unwrap();
+            w.advance(len);
+            Chain::from_slice(w.slice(0, len))
+        };
+        // RU 1 of 2, 2 BUs, 1 ms slots of 1000 bytes: slot t goes to BU (1 + t) mod 2
+        let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000);
+        for _ in 0..3 {
+            s.push(0, frag(600));
+        }
+        s.push(1, frag(100));
+        let ms = 1_000_000u64;
+        let mut got = Vec::new();
+        // slot 0: BU 1's fragment
+        s.due(0, |bu, c| got.push((bu, c.len())));
+        assert_eq!(got, [(1, 100)]);
+        // slot 1: BU 0, two fragments start (the second overruns the slot), not the third
+        got.clear();
+        s.due(ms + 5, |bu, c| got.push((bu, c.len())));
+        s.due(ms + 500_000, |bu, c| got.push((bu, c.len())));
+        assert_eq!(got, [(0, 600), (0, 600)]);
+        assert_eq!(s.queued_bytes(), 600);
+        assert_eq!(
+            s.next_slot_in(ms + 500_000),
+            Some(Duration::from_micros(500))
+        );
+        // slot 2 is BU 1's (nothing queued), slot 3 BU 0's again
+        got.clear();
+        s.due(2 * ms, |bu, c| got.push((bu, c.len())));
+        assert!(got.is_empty());
+        s.due(3 * ms, |bu, c| got.push((bu, c.len())));
+        assert_eq!(got, [(0, 600)]);
+        assert_eq!(s.next_slot_in(3 * ms), None);
+    }
+}
