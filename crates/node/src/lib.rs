@@ -11,6 +11,7 @@ pub mod affinity;
 pub mod control;
 mod driver;
 mod file_sink;
+pub mod serve_sink;
 mod playback;
 pub mod plug;
 pub mod setup;

@@ -82,6 +82,12 @@ impl Driver {
                     (Received::Message(Message::Heartbeat), _) => {}
                     (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
                     (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
+                    (Received::Message(m @ Message::Stop { .. }), Logic::Bu(..)) => {
+                        // the sink's output first (a serve sink: every event acknowledged)
+                        self.deferred_stop = Some((from, m));
+                        self.stop_waits_from = Some(now);
+                        self.try_stop(now);
+                    }
                     (Received::Message(m), Logic::Bu(b, _)) => b.handle(now, from, m),
                     (Received::Fragment { header, payload }, Logic::Bu(b, _)) => {
                         b.handle_fragment(now, from, header, payload)
