@@ -11,9 +11,9 @@ pub mod affinity;
 pub mod control;
 mod driver;
 mod file_sink;
-pub mod serve_sink;
 mod playback;
 pub mod plug;
+pub mod serve_sink;
 pub mod setup;
 mod stream_source;
 

@@ -557,7 +557,9 @@ fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
     };
     {
         let mut st = s.lock();
-        let protocol = why.as_ref().is_some_and(|w| !w.starts_with("connection closed"));
+        let protocol = why
+            .as_ref()
+            .is_some_and(|w| !w.starts_with("connection closed"));
         if protocol {
             error!(node = %bu, "consumer {} ({peer}): {}", hello.name, why.as_deref().unwrap_or(""));
         }
@@ -607,11 +609,10 @@ fn writer_loop(stream: TcpStream, id: u64, s: Arc<Shared>) {
                 if unflushed {
                     break None;
                 }
-                st = s
-                    .cv
-                    .wait_timeout(st, Duration::from_millis(100))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                st =
+                    s.cv.wait_timeout(st, Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
             }
         };
         let r = match next {
