@@ -33,7 +33,9 @@ fn addrs(base: u16, bus: u16) -> String {
 
 fn consumer(dir: &Path, name: &str, run_id: &str, from: &str, extra: &[&str]) -> Child {
     Command::new(EVB)
-        .args(["consume", "--from", from, "--run-id", run_id, "--name", name])
+        .args([
+            "consume", "--from", from, "--run-id", run_id, "--name", name,
+        ])
         .arg("--ids")
         .arg(dir.join(format!("{name}.ids")))
         .args(extra)
@@ -81,7 +83,10 @@ fn assert_served(out: &Output, s: &Value, events: u64, bus: usize) -> Vec<Value>
         assert_eq!(b["output_lost"], 0, "bu{i}");
         let sink = s["nodes"][format!("bu{i}")]["sink"]["report"].clone();
         assert_eq!(sink["lost"], 0, "bu{i}: {sink}");
-        assert_eq!(sink["acked"], b["events_built"], "bu{i}: every built event acked");
+        assert_eq!(
+            sink["acked"], b["events_built"],
+            "bu{i}: every built event acked"
+        );
         acked += sink["acked"].as_u64().unwrap();
         sinks.push(sink);
     }
@@ -122,7 +127,10 @@ fn two_serving_bus_three_consumers_every_event_once() {
     }
     assert_eq!(total, EVENTS, "no event given to two consumers");
     assert_eq!(all.len() as u64, EVENTS);
-    assert!(all.keys().copied().eq(0..EVENTS), "exactly the ids 0..{EVENTS}");
+    assert!(
+        all.keys().copied().eq(0..EVENTS),
+        "exactly the ids 0..{EVENTS}"
+    );
     for sink in &sinks {
         assert_eq!(sink["re_served"], 0);
         assert_eq!(sink["sent"], sink["acked"]);
@@ -191,12 +199,12 @@ fn a_consumer_killed_mid_run_loses_nothing() {
     let base = free_base_port(2);
     let run = run_async(d, config("kill", EVENTS, 2, base, ""));
     let from = addrs(base, 2);
-    // slow enough that the run lasts a few seconds
+    // slow enough that the run lasts about 4 s (6,000 events x 2 ms over 3 consumers)
     let mut kids: Vec<Child> = (0..3)
-        .map(|k| consumer(d, &format!("c{k}"), "kill", &from, &["--slow-ms", "1"]))
+        .map(|k| consumer(d, &format!("c{k}"), "kill", &from, &["--slow-ms", "2"]))
         .collect();
     let victim = (r() % 3) as usize;
-    let after = Duration::from_millis(300 + r() % 1200);
+    let after = Duration::from_millis(100 + r() % 1500);
     let t0 = Instant::now();
     // kill only once it is serving (it has acknowledged something)
     while ids(d, &format!("c{victim}")).is_empty() && t0.elapsed() < Duration::from_secs(30) {
@@ -204,6 +212,10 @@ fn a_consumer_killed_mid_run_loses_nothing() {
     }
     std::thread::sleep(after);
     eprintln!("killing c{victim} after {after:?}");
+    assert!(
+        !run.is_finished(),
+        "the run ended before the kill: make it longer"
+    );
     kids[victim].kill().unwrap(); // SIGKILL
     let _ = kids[victim].wait();
     let (out, s) = run.join().unwrap();
@@ -227,7 +239,10 @@ fn a_consumer_killed_mid_run_loses_nothing() {
     }
     // the survivors got each event at most once; the killed one's events they did not get
     // are the ones it acknowledged before it died
-    assert!(all.values().all(|&n| n == 1), "an event served twice to survivors");
+    assert!(
+        all.values().all(|&n| n == 1),
+        "an event served twice to survivors"
+    );
     let dead = ids(d, &format!("c{victim}"));
     for id in &dead {
         all.entry(*id).or_default();
@@ -238,11 +253,9 @@ fn a_consumer_killed_mid_run_loses_nothing() {
         "every event reached a consumer (killed one: {} events)",
         dead.len()
     );
-    let re_served: u64 = sinks
-        .iter()
-        .map(|x| x["re_served"].as_u64().unwrap())
-        .sum();
+    let re_served: u64 = sinks.iter().map(|x| x["re_served"].as_u64().unwrap()).sum();
     eprintln!("re-served {re_served} events of the killed consumer");
+    assert!(re_served > 0, "it held events when killed: {sinks:?}");
 }
 
 #[test]
@@ -299,8 +312,10 @@ fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
             Err(e) => panic!("the BU never listened: {e}"),
         }
     };
-    sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut answer = Vec::new();
     let _ = sock.read_to_end(&mut answer);
     assert!(answer.starts_with(b"EVBC"), "a Refuse frame: {answer:?}");
