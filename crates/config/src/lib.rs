@@ -497,7 +497,7 @@ impl Default for SinkSection {
             serve_max_held: 32,
             serve_hold: 0,
             serve_ack_timeout_s: 10.0,
-            serve_drain_timeout_s: 10.0,
+            serve_drain_timeout_s: 5.0,
         }
     }
 }
@@ -771,6 +771,17 @@ impl Config {
         }
         if self.sink.serve_host.is_empty() {
             return Err(invalid("sink.serve_host", "must not be empty"));
+        }
+        let serving = self.sink.kind == SinkKind::Serve
+            || self.bu.iter().any(|b| b.sink == Some(SinkKind::Serve));
+        if serving && self.sink.serve_drain_timeout_s >= self.run.stall_timeout_s {
+            return Err(invalid(
+                "sink.serve_drain_timeout_s",
+                format!(
+                    "{} s must be shorter than run.stall_timeout_s ({} s): the EVM waits that long for the BUs' reports",
+                    self.sink.serve_drain_timeout_s, self.run.stall_timeout_s
+                ),
+            ));
         }
         if let Some(local) = self.transport.local {
             if local == TransportKind::Inproc || self.transport.kind == TransportKind::Inproc {
