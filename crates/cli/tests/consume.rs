@@ -299,8 +299,10 @@ fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let base = free_base_port(1);
-    let run = run_async(d, config("right", EVENTS, 1, base, ""));
+    // the sink holds few events: the run lasts as long as its (slow) consumer
+    let run = run_async(d, config("right", EVENTS, 1, base, "serve_hold = 16\n"));
     let addr = format!("127.0.0.1:{base}");
+    let c = consumer(d, "good", "right", &addr, &["--slow-ms", "3"]);
     // a client that speaks something else: refused and closed, no panic
     let t0 = Instant::now();
     let mut sock = loop {
@@ -327,8 +329,8 @@ fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("refused (WrongRun)"), "{err}");
     assert!(ids(d, "wrong").is_empty());
-    // the run goes on with a proper consumer
-    let c = consumer(d, "good", "right", &addr, &[]);
+    assert!(!run.is_finished(), "the checks ran while the run was on");
+    // the run goes on with the proper consumer
     let (out, s) = run.join().unwrap();
     let sinks = assert_served(&out, &s, EVENTS, 1);
     assert_eq!(sinks[0]["connections_refused"], 2, "{}", sinks[0]);
@@ -342,4 +344,50 @@ fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
         "the garbage client's refusal is logged:\n{log}"
     );
     assert!(log.contains("other-run"), "{log}");
+}
+
+#[test]
+fn a_consumer_that_stops_acknowledging_is_dropped_and_its_events_served_again() {
+    const EVENTS: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    let run = run_async(
+        d,
+        config("hang", EVENTS, 1, base, "serve_ack_timeout_s = 0.5\n"),
+    );
+    let addr = addrs(base, 1);
+    // takes 4 events and sits on the first for 20 s
+    let mut stuck = consumer(
+        d,
+        "stuck",
+        "hang",
+        &addr,
+        &["--slow-ms", "20000", "--max-held", "4", "--wait-s", "1"],
+    );
+    // the stuck one is served first (it waits up to 30 s for the BU to listen)
+    std::thread::sleep(Duration::from_millis(800));
+    let good = consumer(d, "good", "hang", &addr, &[]);
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    assert!(
+        sinks[0]["consumers_dropped"].as_u64().unwrap() >= 1,
+        "{}",
+        sinks[0]
+    );
+    assert!(sinks[0]["re_served"].as_u64().unwrap() >= 1, "{}", sinks[0]);
+    assert!(
+        text(&out).contains("no acknowledgement for"),
+        "{}",
+        text(&out)
+    );
+    let (o, summary) = finished(good);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        summary["events"], EVENTS,
+        "the good consumer got every event"
+    );
+    assert!(ids(d, "stuck").is_empty());
+    let _ = stuck.kill();
+    let _ = stuck.wait();
 }

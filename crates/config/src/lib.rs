@@ -477,8 +477,8 @@ pub struct SinkSection {
     /// waiting for a consumer, or sent and not acknowledged); beyond it the sink is busy and
     /// the BU keeps its credits. 0: half the BU's credits (at least 1).
     pub serve_hold: u32,
-    /// `serve` sink: a consumer holding an event unacknowledged this long is dropped and
-    /// its events go to another.
+    /// `serve` sink: a consumer holding events and acknowledging none for this long is
+    /// dropped and its events go to another.
     pub serve_ack_timeout_s: f64,
     /// `serve` sink: at the end of the run, how long the BU waits for its consumers to
     /// acknowledge what it holds; events not acknowledged by then are counted lost.

@@ -5,8 +5,8 @@
 //!   a BU the EVM dropped never hands out an event that is built elsewhere as well.
 //! - Each event goes to one consumer at a time, and is held (its receive-pool blocks) until
 //!   that consumer acknowledges it. A consumer whose connection closes, that breaks the
-//!   protocol, or that holds an event unacknowledged past `sink.serve_ack_timeout_s` is
-//!   dropped; its unacknowledged events go back to the front of the queue for another.
+//!   protocol, or that holds events without acknowledging any for `sink.serve_ack_timeout_s`
+//!   is dropped; its unacknowledged events go back to the front of the queue for another.
 //! - The sink holds at most `sink.serve_hold` events; beyond that (or with no consumer at
 //!   all) it is busy and the BU keeps its events and their credits: back-pressure to the
 //!   trigger, never a drop.
@@ -68,6 +68,9 @@ struct Consumer {
     /// Sent, not acknowledged: the event and when it was sent.
     in_flight: BTreeMap<u64, (Arc<Item>, Instant)>,
     acked: u64,
+    /// Its last acknowledgement (or when it last started holding events after holding
+    /// none): a consumer holding events with no progress for the ack timeout is dropped.
+    progress: Instant,
     stream: TcpStream,
 }
 
@@ -283,7 +286,13 @@ impl Sink for ServeSink {
     }
 
     fn retry_after(&self) -> Duration {
-        Duration::from_micros(500)
+        if self.shared.lock().consumers.is_empty() {
+            // waiting for a consumer to connect
+            Duration::from_millis(20)
+        } else {
+            // a consumer frees room with each acknowledgement
+            Duration::from_micros(500)
+        }
     }
 
     fn busy_is_news(&self) -> bool {
@@ -382,9 +391,9 @@ fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
             let late: Vec<(u64, f64)> = st
                 .consumers
                 .iter()
+                .filter(|(_, c)| !c.in_flight.is_empty())
                 .filter_map(|(id, c)| {
-                    let oldest = c.in_flight.values().map(|(_, t)| *t).min()?;
-                    let waited = now.duration_since(oldest);
+                    let waited = now.duration_since(c.progress);
                     (waited > s.opts.ack_timeout).then_some((*id, waited.as_secs_f64()))
                 })
                 .collect();
@@ -511,6 +520,7 @@ fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
                 max_held: max_held as usize,
                 in_flight: BTreeMap::new(),
                 acked: 0,
+                progress: Instant::now(),
                 stream: handle,
             },
         );
@@ -533,6 +543,7 @@ fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
                     break None; // dropped meanwhile
                 };
                 let mut bad = None;
+                c.progress = Instant::now();
                 for e in ids {
                     match c.in_flight.remove(&e) {
                         Some((it, _)) => {
@@ -601,7 +612,11 @@ fn writer_loop(stream: TcpStream, id: u64, s: Arc<Shared>) {
                 }
                 if c.in_flight.len() < c.max_held {
                     if let Some(it) = st_ref.ready.pop_front() {
-                        c.in_flight.insert(it.id, (it.clone(), Instant::now()));
+                        let now = Instant::now();
+                        if c.in_flight.is_empty() {
+                            c.progress = now;
+                        }
+                        c.in_flight.insert(it.id, (it.clone(), now));
                         st_ref.sent += 1;
                         break Some(it);
                     }
