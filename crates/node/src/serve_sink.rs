@@ -658,3 +658,178 @@ fn writer_loop(stream: TcpStream, id: u64, s: Arc<Shared>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_buffers::Pool;
+    use evb_formats::events::parse_event;
+    use evb_wire::consumer::ConsumerHello;
+
+    fn event(pool: &Pool, id: u64) -> BuiltEvent {
+        let mut w = pool.try_alloc().unwrap();
+        let payload = Chain::from_slice(w.append(&id.to_le_bytes()).unwrap());
+        let h = FragmentHeader {
+            event_id: id,
+            trigger_number: id as u32,
+            source_id: 3,
+            flags: 0,
+            payload_size: 8,
+            payload_crc: payload.crc32c(),
+        };
+        BuiltEvent {
+            event_id: id,
+            trigger_number: id as u32,
+            fragments: vec![(h, payload)],
+            bytes: 8,
+            trigger_mismatch: false,
+            corrupt: false,
+            missing_sources: vec![],
+        }
+    }
+
+    fn sink(hold: usize) -> ServeSink {
+        ServeSink::start(ServeOptions {
+            listen: "127.0.0.1:0".into(),
+            run_id: "r".into(),
+            bu_id: "bu0".into(),
+            bu_index: 0,
+            max_held: 8,
+            hold,
+            ack_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(1),
+        })
+        .unwrap()
+    }
+
+    fn connect(s: &ServeSink, run: &str) -> (TcpStream, Result<ConsumerMsg, String>) {
+        let mut c = TcpStream::connect(s.listen_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let hello = ConsumerMsg::Hello(ConsumerHello {
+            max_held: 4,
+            run_id: run.into(),
+            name: "t".into(),
+        });
+        c.write_all(&hello.encode()).unwrap();
+        let first = read_any(&mut c);
+        (c, first)
+    }
+
+    fn read_any(c: &mut TcpStream) -> Result<ConsumerMsg, String> {
+        let mut h = [0u8; CONSUMER_HEADER_LEN];
+        c.read_exact(&mut h).map_err(|e| e.to_string())?;
+        let h = ConsumerHeader::decode(&h, 1 << 20).map_err(|e| e.to_string())?;
+        let mut p = vec![0u8; h.length as usize];
+        c.read_exact(&mut p).map_err(|e| e.to_string())?;
+        ConsumerMsg::decode(h.kind, &p).map_err(|e| e.to_string())
+    }
+
+    fn wait_for(mut f: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(5), "timed out");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Nothing is served before the EVM accepts it; an accepted event goes out, is held
+    /// until acknowledged, and one never accepted is left out.
+    #[test]
+    fn served_only_once_accepted_and_held_until_acknowledged() {
+        let pool = Pool::new("t", 4096, 16);
+        let mut s = sink(8);
+        let (mut c, welcome) = connect(&s, "r");
+        assert!(matches!(welcome, Ok(ConsumerMsg::Welcome(ref w)) if w.max_held == 4));
+        for id in [5, 6, 7] {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        assert!(read_any(&mut c).is_err(), "nothing before the EVM's echo");
+        s.accepted(5, 2).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            match read_any(&mut c).unwrap() {
+                ConsumerMsg::Event(r) => {
+                    let ev = parse_event(&r).unwrap();
+                    assert_eq!(ev.fragments[0].1, ev.event_id.to_le_bytes());
+                    got.push(ev.event_id);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(got, vec![5, 6]);
+        assert!(read_any(&mut c).is_err(), "7 was never accepted");
+        assert_eq!(s.outstanding(), 2, "held until acknowledged");
+        c.write_all(&ConsumerMsg::Ack(vec![5, 6]).encode()).unwrap();
+        wait_for(|| s.outstanding() == 0);
+        assert_eq!(s.close_output(), 0);
+        assert!(matches!(
+            read_any(&mut c),
+            Ok(ConsumerMsg::End { acked: 2, lost: 0 })
+        ));
+        s.finish().unwrap();
+        assert_eq!(s.report()["left_out_unaccepted"], 1);
+        assert_eq!(s.report()["acked"], 2);
+    }
+
+    /// A consumer that goes away: its events go to the next; at the end what nobody
+    /// acknowledged is counted lost. With no consumer the sink is busy beyond `hold`.
+    #[test]
+    fn a_dropped_consumers_events_go_to_another_and_the_rest_is_counted_lost() {
+        let pool = Pool::new("t", 4096, 16);
+        let mut s = sink(3);
+        for id in 0..3 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        match s.deliver(&event(&pool, 3)) {
+            Err(SinkError::Busy(why)) => assert!(why.contains("waiting for a consumer"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        s.accepted(0, 3).unwrap();
+        let (mut a, _) = connect(&s, "r");
+        for _ in 0..3 {
+            assert!(matches!(read_any(&mut a), Ok(ConsumerMsg::Event(_))));
+        }
+        drop(a); // dies holding 3
+        let (mut b, _) = connect(&s, "r");
+        let ev = match read_any(&mut b).unwrap() {
+            ConsumerMsg::Event(r) => parse_event(&r).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ev.event_id, 0, "re-served, oldest first");
+        b.write_all(&ConsumerMsg::Ack(vec![0]).encode()).unwrap();
+        wait_for(|| s.report()["acked"] == 1);
+        assert_eq!(s.report()["re_served"], 3);
+        // 1 and 2 are held by b, never acknowledged: lost at the end, and said so
+        assert_eq!(s.close_output(), 2);
+        s.finish().unwrap();
+        assert_eq!(s.report()["lost"], 2);
+    }
+
+    #[test]
+    fn wrong_run_and_garbage_are_refused() {
+        let s = sink(4);
+        let (_, r) = connect(&s, "other");
+        assert!(
+            matches!(
+                r,
+                Ok(ConsumerMsg::Refuse {
+                    code: RefuseCode::WrongRun,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        let mut g = TcpStream::connect(s.listen_addr()).unwrap();
+        g.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        g.write_all(b"\x00\x01garbage garbage garbage").unwrap();
+        assert!(matches!(
+            read_any(&mut g),
+            Ok(ConsumerMsg::Refuse {
+                code: RefuseCode::BadHello,
+                ..
+            })
+        ));
+        wait_for(|| s.report()["connections_refused"] == 2);
+    }
+}
