@@ -275,7 +275,7 @@ impl Sink for ServeSink {
         self.pending.clear();
         // let the writers send End (bounded)
         let until = Instant::now() + Duration::from_secs(1);
-        while Instant::now() < until && self.shared.lock().consumers.values().any(|_| true) {
+        while Instant::now() < until && !self.shared.lock().consumers.is_empty() {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(())
