@@ -80,6 +80,10 @@ pub struct BuStats {
     /// Events built with a stream flagged for sync loss (`source.on_sync_loss = "flag"`).
     #[serde(default)]
     pub sync_loss_events: u64,
+    /// Events the EVM accepted that the sink could not output by the end of the run (a
+    /// `serve` sink: never acknowledged by a consumer). Judged: must be 0.
+    #[serde(default)]
+    pub output_lost: u64,
     /// Other protocol errors.
     pub errors: u64,
     /// Event building latency: from the Assign or the first fragment (whichever came
@@ -100,6 +104,7 @@ impl BuStats {
             + self.incomplete_at_stop
             + self.releases_refused
             + self.super_fragment_errors
+            + self.output_lost
             + self.errors
             == 0
     }
@@ -544,6 +549,12 @@ impl Bu {
                 path: Path::Batched,
             });
         }
+    }
+
+    /// The sink's count of accepted events it could not output (set before Stop is handled,
+    /// so that the Report carries it).
+    pub fn set_output_lost(&mut self, n: u64) {
+        self.stats.output_lost = n;
     }
 
     /// This BU cannot go on (its sink failed): tell the EVM and leave.

@@ -88,6 +88,12 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
                         b.events_built
                     ));
                 }
+                if b.output_lost > 0 {
+                    p.push(format!(
+                        "bu[{i}] lost {} events at its output (accepted, never acknowledged by a consumer)",
+                        b.output_lost
+                    ));
+                }
                 if !b.clean() {
                     p.push(format!("bu[{i}] saw errors: {b:?}"));
                 }

@@ -40,6 +40,20 @@ pub trait Sink: Send {
     fn busy_is_news(&self) -> bool {
         true
     }
+    /// Accepted events not yet output for good (a `serve` sink: not acknowledged by a
+    /// consumer). When the EVM stops the run the BU waits up to [`Sink::drain_timeout`] for
+    /// this to reach 0 before it reports.
+    fn outstanding(&self) -> u64 {
+        0
+    }
+    fn drain_timeout(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+    /// The run is over for the output (called once, when the BU reports): stop taking
+    /// acknowledgements. Returns the accepted events never output: lost, and judged so.
+    fn close_output(&mut self) -> u64 {
+        0
+    }
     /// The sink's own counters, for the node's report.
     fn report(&self) -> Value {
         Value::Null

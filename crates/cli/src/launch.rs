@@ -99,6 +99,11 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     let nodes = cfg.nodes();
     // Ports the configuration names itself (nodes with fixed ports, front-end streams) are
     // free now but taken later by their owners: never hand one of them out.
+    let serving: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.sink == evb_config::SinkKind::Serve)
+        .map(|n| cfg.serve_addr(n.index))
+        .collect();
     let reserved: std::collections::HashSet<u16> = nodes
         .iter()
         .flat_map(|n| [n.addr.as_str(), n.control.as_str()])
@@ -107,6 +112,7 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
                 .iter()
                 .flat_map(|n| n.streams.iter().map(String::as_str)),
         )
+        .chain(serving.iter().map(String::as_str))
         .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
         .map(|a| a.port())
         .filter(|p| *p != 0)
@@ -174,6 +180,12 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             sink: Some(n.sink),
             sink_delay_us: n.sink_delay.map(|d| d.0),
             sink_delay_events: n.sink_delay.map(|d| d.1),
+            // kept as configured (port 0: the BU takes a free one and logs it)
+            serve: if n.sink == evb_config::SinkKind::Serve {
+                cfg.serve_addr(n.index)
+            } else {
+                String::new()
+            },
         })
         .collect();
     // Every node on this host: with many more nodes than CPUs, a node's event loop can wait

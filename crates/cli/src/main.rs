@@ -1,5 +1,6 @@
 //! `evb`: run a local event builder, run one node of a deployment, check a configuration.
 
+mod consume;
 mod ctl;
 mod feed;
 mod inspect;
@@ -56,6 +57,10 @@ enum Command {
     /// Stream fragment files over TCP to RUs with `source.kind = "stream"`: a front-end
     /// emulator (`--rate`, `--loop`). Prints what each stream sent.
     Feed(feed::FeedArgs),
+    /// Take built events from BUs that serve them (`sink.kind = "serve"`): check each one
+    /// (CRC32C, structure), optionally write event files, acknowledge, and print a summary.
+    /// Exits 1 on a bad event or a BU lost without saying the run is over.
+    Consume(consume::ConsumeArgs),
     /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
     Bench(evb_bench::BenchArgs),
     /// A small cluster inside this machine: one network namespace per node, shaped links
@@ -295,6 +300,14 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+        Command::Consume(a) => match consume::run(&a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("evb consume: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Feed(a) => match feed::run(&a) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -206,6 +206,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             sink: Some(n.sink),
             sink_delay_us: n.sink_delay.map(|d| d.0),
             sink_delay_events: n.sink_delay.map(|d| d.1),
+            serve: String::new(),
         })
         .collect();
     if cfg.secret().is_none() {

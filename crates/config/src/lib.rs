@@ -516,6 +516,24 @@ pub struct SinkSection {
     pub file_max_events: u64,
     /// `file` sink: start a new file after this many MiB (0: no limit).
     pub file_max_mib: u64,
+    /// `serve` sink: the host the BUs serve consumers on (a `[[bu]] serve` overrides).
+    pub serve_host: String,
+    /// `serve` sink: BU i serves on `serve_base_port + i` (0: any free port, which the BU
+    /// logs and shows in its status as `sink.report.listen`).
+    pub serve_base_port: u16,
+    /// `serve` sink: most events one consumer is sent unacknowledged (a consumer asking
+    /// for more gets this many).
+    pub serve_max_held: u32,
+    /// `serve` sink: most events the sink holds at once (awaiting the EVM's acceptance,
+    /// waiting for a consumer, or sent and not acknowledged); beyond it the sink is busy and
+    /// the BU keeps its credits. 0: half the BU's credits (at least 1).
+    pub serve_hold: u32,
+    /// `serve` sink: a consumer holding events and acknowledging none for this long is
+    /// dropped and its events go to another.
+    pub serve_ack_timeout_s: f64,
+    /// `serve` sink: at the end of the run, how long the BU waits for its consumers to
+    /// acknowledge what it holds; events not acknowledged by then are counted lost.
+    pub serve_drain_timeout_s: f64,
 }
 
 impl Default for SinkSection {
@@ -525,6 +543,12 @@ impl Default for SinkSection {
             dir: String::new(),
             file_max_events: 0,
             file_max_mib: 1024,
+            serve_host: "127.0.0.1".into(),
+            serve_base_port: 0,
+            serve_max_held: 32,
+            serve_hold: 0,
+            serve_ack_timeout_s: 10.0,
+            serve_drain_timeout_s: 5.0,
         }
     }
 }
@@ -539,6 +563,9 @@ pub enum SinkKind {
     /// A consumer program in the BU's process takes built events through the plug-in API
     /// (`evb_plugin::Consumer`, or libevb from C).
     Api,
+    /// Built events served over TCP to consumer processes (`evb consume`), each to one
+    /// consumer, held until it acknowledges them (docs/protocol.md §7).
+    Serve,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -558,6 +585,10 @@ pub struct BuSection {
     /// host:port of its control API (empty: from the control section).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub control: String,
+    /// `serve` sink: host:port it serves consumers on (empty: from `sink.serve_host` and
+    /// `sink.serve_base_port`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub serve: String,
 }
 
 /// One node of the run, after validation.
@@ -638,6 +669,8 @@ pub mod limits {
     pub const MAX_SINK_DELAY_US: u64 = 10_000_000;
     /// Largest output file, MiB (`sink.file_max_mib`): 1 TiB.
     pub const MAX_FILE_MIB: u64 = 1 << 20;
+    /// Most events one consumer may hold unacknowledged (`sink.serve_max_held`).
+    pub const MAX_SERVE_HELD: u64 = 65_536;
 }
 
 /// `value` outside `lo ..= hi`: an error naming the key, the value and the range.
@@ -772,6 +805,35 @@ impl Config {
             || self.bu.iter().any(|b| b.sink == Some(SinkKind::File));
         if file_sink && self.sink.dir.is_empty() {
             return Err(invalid("sink.dir", "the file sink needs a directory"));
+        }
+        for (i, b) in self.bu.iter().enumerate() {
+            if b.serve.is_empty() {
+                continue;
+            }
+            let key = format!("bu[{i}].serve");
+            if b.sink.unwrap_or(self.sink.kind) != SinkKind::Serve {
+                return Err(invalid(key, "only read when the BU's sink is \"serve\""));
+            }
+            if b.serve.parse::<std::net::SocketAddr>().is_err() {
+                return Err(invalid(
+                    key,
+                    format!("{:?} is not an IP:port address", b.serve),
+                ));
+            }
+        }
+        if self.sink.serve_host.is_empty() {
+            return Err(invalid("sink.serve_host", "must not be empty"));
+        }
+        let serving = self.sink.kind == SinkKind::Serve
+            || self.bu.iter().any(|b| b.sink == Some(SinkKind::Serve));
+        if serving && self.sink.serve_drain_timeout_s >= self.run.stall_timeout_s {
+            return Err(invalid(
+                "sink.serve_drain_timeout_s",
+                format!(
+                    "{} s must be shorter than run.stall_timeout_s ({} s): the EVM waits that long for the BUs' reports",
+                    self.sink.serve_drain_timeout_s, self.run.stall_timeout_s
+                ),
+            ));
         }
         if let Some(local) = self.transport.local {
             if local == TransportKind::Inproc || self.transport.kind == TransportKind::Inproc {
@@ -1031,6 +1093,45 @@ impl Config {
         let s = &self.sink;
         int_in("sink.file_max_events", s.file_max_events, 0, MAX_EVENTS, "")?;
         int_in("sink.file_max_mib", s.file_max_mib, 0, MAX_FILE_MIB, " MiB")?;
+        int_in(
+            "sink.serve_max_held",
+            s.serve_max_held.into(),
+            1,
+            MAX_SERVE_HELD,
+            "",
+        )?;
+        int_in(
+            "sink.serve_hold",
+            s.serve_hold.into(),
+            0,
+            MAX_CREDITS.into(),
+            "",
+        )?;
+        real_in(
+            "sink.serve_ack_timeout_s",
+            s.serve_ack_timeout_s,
+            MIN_TIMEOUT_S,
+            MAX_SECONDS,
+            " s",
+        )?;
+        real_in(
+            "sink.serve_drain_timeout_s",
+            s.serve_drain_timeout_s,
+            0.0,
+            MAX_SECONDS,
+            " s",
+        )?;
+        let last = s.serve_base_port as u64 + self.n_bu().saturating_sub(1);
+        if s.serve_base_port != 0 && last > u16::MAX as u64 {
+            return Err(invalid(
+                "sink.serve_base_port",
+                format!(
+                    "{} is too high for {} BUs: the last would get port {last} (> 65535)",
+                    s.serve_base_port,
+                    self.n_bu()
+                ),
+            ));
+        }
         let t = &self.topology;
         if self.ru.is_empty() && t.rus == 0 {
             return Err(invalid("topology.rus", "must be at least 1"));
@@ -1098,6 +1199,25 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where BU `index` serves consumers (`sink.kind = "serve"`): its `[[bu]] serve`, or
+    /// `sink.serve_host` and `sink.serve_base_port + index` (port 0: any free one).
+    pub fn serve_addr(&self, index: u16) -> String {
+        if let Some(b) = self.bu.get(index as usize).filter(|b| !b.serve.is_empty()) {
+            return b.serve.clone();
+        }
+        let s = &self.sink;
+        let port = if s.serve_base_port == 0 {
+            0
+        } else {
+            s.serve_base_port as u32 + index as u32
+        };
+        if s.serve_host.contains(':') && !s.serve_host.starts_with('[') {
+            format!("[{}]:{port}", s.serve_host)
+        } else {
+            format!("{}:{port}", s.serve_host)
+        }
     }
 
     /// RUs in the run: `[[ru]]` entries, or `topology.rus` when there are none.

@@ -806,3 +806,56 @@ id = "ru1"
         assert!(e.contains(key), "expected {key} in: {e}");
     }
 }
+
+/// The serve sink's keys: each range-checked, errors naming the key.
+#[test]
+fn serve_sink_settings_are_checked() {
+    let c = Config::from_toml("[sink]\nkind = \"serve\"\nserve_base_port = 7400\n").unwrap();
+    assert_eq!(c.serve_addr(1), "127.0.0.1:7401");
+    assert_eq!(Config::default().serve_addr(0), "127.0.0.1:0");
+    let c = Config::from_toml(
+        "[sink]\nkind = \"serve\"\n[[bu]]\nid = \"b\"\nserve = \"10.0.0.1:9000\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.serve_addr(0), "10.0.0.1:9000");
+    let s = "[sink]\nkind = \"serve\"\n";
+    assert_err(
+        &format!("{s}serve_max_held = 0\n"),
+        &["sink.serve_max_held"],
+    );
+    assert_err(
+        &format!("{s}serve_max_held = 100000\n"),
+        &["sink.serve_max_held"],
+    );
+    assert_err(&format!("{s}serve_hold = 2000000\n"), &["sink.serve_hold"]);
+    assert_err(
+        &format!("{s}serve_ack_timeout_s = 0.0\n"),
+        &["sink.serve_ack_timeout_s"],
+    );
+    assert_err(
+        &format!("{s}serve_ack_timeout_s = nan\n"),
+        &["sink.serve_ack_timeout_s"],
+    );
+    assert_err(
+        &format!("{s}serve_drain_timeout_s = -1.0\n"),
+        &["sink.serve_drain_timeout_s"],
+    );
+    assert_err(
+        &format!("{s}serve_drain_timeout_s = 20.0\n"),
+        &["sink.serve_drain_timeout_s", "run.stall_timeout_s"],
+    );
+    assert_err(
+        &format!("{s}serve_base_port = 65535\n"),
+        &["sink.serve_base_port"],
+    );
+    assert_err(&format!("{s}serve_host = \"\"\n"), &["sink.serve_host"]);
+    assert_err(
+        "[[bu]]\nid = \"b\"\nserve = \"127.0.0.1:9000\"\n",
+        &["bu[0].serve", "only read"],
+    );
+    assert_err(
+        &format!("{s}[[bu]]\nid = \"b\"\nserve = \"somewhere\"\n"),
+        &["bu[0].serve", "IP:port"],
+    );
+    assert_err(&format!("{s}serve_holds = 3\n"), &["serve_holds"]);
+}

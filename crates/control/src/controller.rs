@@ -709,6 +709,7 @@ fn adopt(cur: &Config, new: Config) -> Config {
                 sink: None,
                 sink_delay_us: None,
                 sink_delay_events: None,
+                serve: b.serve.clone(),
             })
             .collect();
     }

@@ -309,6 +309,47 @@ impl EventFileWriter {
         }
     }
 
+    /// Appends one event record as it is (checked by [`parse_event`] first: a record that
+    /// fails is refused and nothing is written). For a consumer that received events in this
+    /// layout (the consumer protocol's Event frame) and writes them as they came.
+    pub fn write_record(&mut self, record: &[u8]) -> Result<(), EventFileError> {
+        let ev = parse_event(record).map_err(|reason| EventFileError::Bad {
+            path: self.tmp.display().to_string(),
+            offset: self.meta.bytes,
+            reason,
+        })?;
+        let (crc_before, meta_before) = (self.crc, self.meta.clone());
+        match self.put(record).and_then(|_| self.writer().flush()) {
+            Ok(()) => {
+                self.good = self.meta.bytes;
+                self.meta.events += 1;
+                self.meta.payload_bytes += ev
+                    .fragments
+                    .iter()
+                    .map(|(_, p)| p.len() as u64)
+                    .sum::<u64>();
+                self.meta.first_event.get_or_insert(ev.event_id);
+                self.meta.last_event = Some(ev.event_id);
+                Ok(())
+            }
+            Err(source) => {
+                self.crc = crc_before;
+                self.meta = meta_before;
+                let out = self.out.take().expect("writer present between calls");
+                let cap = out.capacity();
+                let (mut file, _unwritten) = out.into_parts();
+                use std::io::Seek;
+                let _ = file.set_len(self.good);
+                let _ = file.seek(std::io::SeekFrom::Start(self.good));
+                self.out = Some(BufWriter::with_capacity(cap, file));
+                Err(EventFileError::Io {
+                    path: self.tmp.display().to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
     /// Completes the file: sync, rename into place, write the metadata file. Returns its
     /// metadata. After an error (a full disk) it may be called again and goes on from the
     /// step that failed; the data file is never renamed over an existing one.
@@ -415,6 +456,76 @@ impl EventFile {
     }
 }
 
+/// Checks one event record (event header, then each fragment's header and payload: what a
+/// data file holds per event, and what the consumer protocol's Event frame carries) and
+/// returns it; `Err(reason)` names what is wrong. Payload CRCs are the caller's to check.
+/// `record` must be exactly one event.
+pub fn parse_event(record: &[u8]) -> Result<StoredEvent, String> {
+    let (ev, used) = parse_event_at(record, 0)?;
+    if used != record.len() {
+        return Err(format!(
+            "event {}: {} bytes after the event",
+            ev.event_id,
+            record.len() - used
+        ));
+    }
+    Ok(ev)
+}
+
+/// Parses the event at `offset` of `data`; returns it and where the next one starts. On a
+/// bad body the error says so and the caller may skip `EVENT_HEADER_LEN + body_len`.
+fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), String> {
+    let h = data
+        .get(offset..offset + EVENT_HEADER_LEN)
+        .ok_or("truncated event header")?;
+    let u32_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4"));
+    if h[0..4] != EVENT_MAGIC || u32_at(28) != crc32c::crc32c(&h[..28]) {
+        return Err("bad event header (magic or checksum)".into());
+    }
+    let body_len = u32_at(4) as usize;
+    let event_id = u64::from_le_bytes(h[8..16].try_into().expect("8"));
+    let trigger_number = u32_at(16);
+    let count = u16::from_le_bytes([h[20], h[21]]) as usize;
+    let flags = u16::from_le_bytes([h[22], h[23]]);
+    let body_start = offset + EVENT_HEADER_LEN;
+    let body = data
+        .get(body_start..body_start + body_len)
+        .ok_or("truncated event body")?;
+    if crc32c::crc32c(body) != u32_at(24) {
+        return Err(format!("event {event_id}: body checksum mismatch"));
+    }
+    let mut fragments = Vec::with_capacity(count);
+    let mut at = 0;
+    for _ in 0..count {
+        let fh = match body
+            .get(at..at + FRAGMENT_HEADER_LEN)
+            .map(FragmentHeader::decode)
+        {
+            Some(Ok(fh)) => fh,
+            _ => return Err(format!("event {event_id}: bad fragment header")),
+        };
+        at += FRAGMENT_HEADER_LEN;
+        let p = body
+            .get(at..at + fh.payload_size as usize)
+            .ok_or_else(|| format!("event {event_id}: fragment overruns the event"))?;
+        fragments.push((fh, p.to_vec()));
+        at += fh.payload_size as usize;
+    }
+    if at != body_len {
+        return Err(format!("event {event_id}: fragments do not fill the event"));
+    }
+    Ok((
+        StoredEvent {
+            event_id,
+            trigger_number,
+            flags,
+            fragments,
+            offset: offset as u64,
+        },
+        body_start + body_len,
+    ))
+}
+
 impl Iterator for EventFile {
     type Item = Result<StoredEvent, EventFileError>;
 
@@ -423,67 +534,34 @@ impl Iterator for EventFile {
             return None;
         }
         let offset = self.at;
-        let bad = |reason: String| {
-            Some(Err(EventFileError::Bad {
-                path: self.path.clone(),
-                offset: offset as u64,
-                reason,
-            }))
-        };
-        let Some(h) = self.data.get(offset..offset + EVENT_HEADER_LEN) else {
-            self.at = self.data.len();
-            return bad("truncated event header".into());
-        };
-        let u32_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4"));
-        if h[0..4] != EVENT_MAGIC || u32_at(28) != crc32c::crc32c(&h[..28]) {
-            self.at = self.data.len();
-            return bad("bad event header (magic or checksum)".into());
+        match parse_event_at(&self.data, offset) {
+            Ok((ev, next)) => {
+                self.at = next;
+                Some(Ok(ev))
+            }
+            Err(reason) => {
+                // a bad body is skipped (its length is known); anything else ends the walk
+                let body_len = self
+                    .data
+                    .get(offset..offset + EVENT_HEADER_LEN)
+                    .filter(|h| {
+                        h[0..4] == EVENT_MAGIC
+                            && u32::from_le_bytes(h[28..32].try_into().expect("4"))
+                                == crc32c::crc32c(&h[..28])
+                    })
+                    .map(|h| u32::from_le_bytes(h[4..8].try_into().expect("4")) as usize);
+                self.at = match body_len {
+                    Some(n) if offset + EVENT_HEADER_LEN + n <= self.data.len() => {
+                        offset + EVENT_HEADER_LEN + n
+                    }
+                    _ => self.data.len(),
+                };
+                Some(Err(EventFileError::Bad {
+                    path: self.path.clone(),
+                    offset: offset as u64,
+                    reason,
+                }))
+            }
         }
-        let body_len = u32_at(4) as usize;
-        let event_id = u64::from_le_bytes(h[8..16].try_into().expect("8"));
-        let trigger_number = u32_at(16);
-        let count = u16::from_le_bytes([h[20], h[21]]) as usize;
-        let flags = u16::from_le_bytes([h[22], h[23]]);
-        let body_start = offset + EVENT_HEADER_LEN;
-        let Some(body) = self.data.get(body_start..body_start + body_len) else {
-            self.at = self.data.len();
-            return bad("truncated event body".into());
-        };
-        if crc32c::crc32c(body) != u32_at(24) {
-            self.at = body_start + body_len;
-            return bad(format!("event {event_id}: body checksum mismatch"));
-        }
-        let mut fragments = Vec::with_capacity(count);
-        let mut at = 0;
-        for _ in 0..count {
-            let fh = match body
-                .get(at..at + FRAGMENT_HEADER_LEN)
-                .map(FragmentHeader::decode)
-            {
-                Some(Ok(fh)) => fh,
-                _ => {
-                    self.at = body_start + body_len;
-                    return bad(format!("event {event_id}: bad fragment header"));
-                }
-            };
-            at += FRAGMENT_HEADER_LEN;
-            let Some(p) = body.get(at..at + fh.payload_size as usize) else {
-                self.at = body_start + body_len;
-                return bad(format!("event {event_id}: fragment overruns the event"));
-            };
-            fragments.push((fh, p.to_vec()));
-            at += fh.payload_size as usize;
-        }
-        self.at = body_start + body_len;
-        if at != body_len {
-            return bad(format!("event {event_id}: fragments do not fill the event"));
-        }
-        Some(Ok(StoredEvent {
-            event_id,
-            trigger_number,
-            flags,
-            fragments,
-            offset: offset as u64,
-        }))
     }
 }

@@ -13,6 +13,7 @@ mod driver;
 mod file_sink;
 mod playback;
 pub mod plug;
+pub mod serve_sink;
 pub mod setup;
 mod stream_source;
 

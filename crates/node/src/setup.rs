@@ -197,6 +197,25 @@ pub fn logic(
                         me.id
                     )
                 })?,
+                SinkKind::Serve => {
+                    let s = &cfg.sink;
+                    Box::new(crate::serve_sink::ServeSink::start(
+                        crate::serve_sink::ServeOptions {
+                            listen: cfg.serve_addr(me.index),
+                            run_id: cfg.run.id.clone(),
+                            bu_id: me.id.clone(),
+                            bu_index: me.index,
+                            max_held: s.serve_max_held,
+                            hold: if s.serve_hold == 0 {
+                                (me.credits / 2).max(1) as usize
+                            } else {
+                                s.serve_hold as usize
+                            },
+                            ack_timeout: Duration::from_secs_f64(s.serve_ack_timeout_s),
+                            drain_timeout: Duration::from_secs_f64(s.serve_drain_timeout_s),
+                        },
+                    )?)
+                }
                 SinkKind::Discard => Box::new(DiscardSink),
                 SinkKind::Count => Box::new(CountingSink::default()),
                 SinkKind::File => Box::new(crate::file_sink::FileSink::new(
@@ -265,6 +284,15 @@ impl Sink for SlowSink {
     }
     fn report(&self) -> serde_json::Value {
         self.inner.report()
+    }
+    fn outstanding(&self) -> u64 {
+        self.inner.outstanding()
+    }
+    fn drain_timeout(&self) -> Duration {
+        self.inner.drain_timeout()
+    }
+    fn close_output(&mut self) -> u64 {
+        self.inner.close_output()
     }
 }
 

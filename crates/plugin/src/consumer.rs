@@ -140,13 +140,20 @@ impl Drop for Held {
     }
 }
 
-/// The BU's sink: hands events to the consumer while it holds fewer than `max_held`.
+/// The BU's sink: hands events to the consumer while it holds fewer than `max_held`, each
+/// only once the EVM accepted the BU's release of it (`Sink::accepted`): a BU the EVM
+/// dropped never hands out an event that is built elsewhere as well.
 struct ApiSink {
     tx: Sender<Event>,
     held: Arc<AtomicUsize>,
     max_held: usize,
+    /// Delivered, awaiting the EVM's acceptance (they count against `max_held`).
+    pending: std::collections::VecDeque<Event>,
     delivered: u64,
+    handed: u64,
     busy: u64,
+    /// Delivered but never accepted (the EVM refused them, or dropped this BU): not output.
+    left_out: u64,
 }
 
 impl Sink for ApiSink {
@@ -169,16 +176,30 @@ impl Sink for ApiSink {
             trigger_mismatch: ev.trigger_mismatch,
             _held: Held(self.held.clone()),
         };
-        self.tx
-            .send(event)
-            .map_err(|_| SinkError::Fatal("the consumer went away".into()))?;
+        self.pending.push_back(event);
         self.delivered += 1;
         Ok(())
     }
-    fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+    fn accepted(&mut self, first: u64, count: u32) -> Result<(), SinkError> {
+        'ids: for id in first..first.saturating_add(count as u64) {
+            // acceptances come in delivery order: the oldest pending event is next
+            while let Some(e) = self.pending.pop_front() {
+                if e.event_id == id {
+                    self.tx
+                        .send(e)
+                        .map_err(|_| SinkError::Fatal("the consumer went away".into()))?;
+                    self.handed += 1;
+                    continue 'ids;
+                }
+                self.left_out += 1;
+            }
+            break;
+        }
         Ok(())
     }
     fn finish(&mut self) -> Result<(), SinkError> {
+        self.left_out += self.pending.len() as u64;
+        self.pending.clear();
         Ok(())
     }
     fn name(&self) -> &'static str {
@@ -192,7 +213,14 @@ impl Sink for ApiSink {
         false
     }
     fn report(&self) -> Value {
-        json!({ "delivered": self.delivered, "consumer_busy": self.busy, "max_held": self.max_held })
+        json!({
+            "delivered": self.delivered,
+            "handed_out": self.handed,
+            "awaiting_acceptance": self.pending.len(),
+            "left_out_unaccepted": self.left_out,
+            "consumer_busy": self.busy,
+            "max_held": self.max_held,
+        })
     }
 }
 
@@ -237,8 +265,11 @@ impl Consumer {
             tx,
             held: Arc::new(AtomicUsize::new(0)),
             max_held: opts.max_held,
+            pending: std::collections::VecDeque::new(),
             delivered: 0,
+            handed: 0,
             busy: 0,
+            left_out: 0,
         };
         let plugs = Plugs {
             feed: None,
@@ -304,5 +335,70 @@ impl Iterator for Consumer {
                 Next::End => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_buffers::Pool;
+
+    fn event(pool: &Pool, id: u64) -> BuiltEvent {
+        let mut w = pool.try_alloc().unwrap();
+        let payload = Chain::from_slice(w.append(&id.to_le_bytes()).unwrap());
+        let h = FragmentHeader {
+            event_id: id,
+            trigger_number: id as u32,
+            source_id: 0,
+            flags: 0,
+            payload_size: 8,
+            payload_crc: payload.crc32c(),
+        };
+        BuiltEvent {
+            event_id: id,
+            trigger_number: id as u32,
+            fragments: vec![(h, payload)],
+            bytes: 8,
+            trigger_mismatch: false,
+            corrupt: false,
+            missing_sources: vec![],
+        }
+    }
+
+    /// The consumer gets an event only once the EVM accepted its release: delivered and
+    /// never accepted (a BU the EVM dropped) is never handed out.
+    #[test]
+    fn events_reach_the_consumer_only_when_the_evm_accepts_them() {
+        let pool = Pool::new("t", 4096, 16);
+        let (tx, rx) = unbounded();
+        let mut s = ApiSink {
+            tx,
+            held: Arc::new(AtomicUsize::new(0)),
+            max_held: 4,
+            pending: std::collections::VecDeque::new(),
+            delivered: 0,
+            handed: 0,
+            busy: 0,
+            left_out: 0,
+        };
+        for id in [10, 11, 12, 13] {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        assert!(rx.try_recv().is_err(), "nothing before the echo");
+        // the pending ones count against max_held: back-pressure
+        assert!(matches!(
+            s.deliver(&event(&pool, 14)),
+            Err(SinkError::Busy(_))
+        ));
+        // 10 refused by the ledger (skipped), 11 and 12 accepted
+        s.accepted(11, 2).unwrap();
+        let got: Vec<u64> = rx.try_iter().map(|e| e.event_id).collect();
+        assert_eq!(got, vec![11, 12]);
+        // 13 never accepted: the run ends (the EVM dropped this BU)
+        s.finish().unwrap();
+        assert!(rx.try_recv().is_err());
+        assert_eq!(s.report()["left_out_unaccepted"], 2);
+        assert_eq!(s.report()["handed_out"], 2);
+        assert_eq!(s.held.load(Ordering::Acquire), 0, "every place given back");
     }
 }

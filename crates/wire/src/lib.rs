@@ -4,6 +4,7 @@
 //! docs/protocol.md describes the same layouts byte by byte.
 
 mod bytes;
+pub mod consumer;
 mod error;
 mod fragment;
 mod frame;

@@ -88,6 +88,10 @@ pub struct Driver {
     api: Option<crate::plug::ApiSource>,
     /// An RU under `traffic.shaping = "barrel"`: fragments wait for their BU's slot.
     shaper: Option<evb_builder::shaping::BarrelShaper>,
+    /// A BU's Stop, held while its sink still has output to complete (a serve sink's
+    /// consumers acknowledging), until `sink.drain_timeout()` after it came.
+    deferred_stop: Option<(NodeRef, Message)>,
+    stop_waits_from: Option<Instant>,
 }
 
 /// Wall-clock nanoseconds since the epoch: the barrel shifter's slots, which every node of
@@ -280,6 +284,8 @@ impl Driver {
             streams,
             api,
             shaper,
+            deferred_stop: None,
+            stop_waits_from: None,
         })
     }
 
@@ -297,6 +303,36 @@ impl Driver {
                 }
             }
         });
+    }
+
+    /// Hands a held Stop to the BU once its sink's output is complete or the drain time is
+    /// up; what the sink could not output by then is counted lost in the BU's report.
+    pub(super) fn try_stop(&mut self, now: Instant) {
+        let Logic::Bu(b, sink) = &mut self.logic else {
+            return;
+        };
+        let Some(since) = self.stop_waits_from else {
+            return;
+        };
+        let left = sink.outstanding();
+        if left > 0 && now.duration_since(since) < sink.drain_timeout() {
+            if self.sink_blocked.is_none() {
+                self.sink_blocked = Some(format!(
+                    "run stopping: waiting for consumers to acknowledge {left} events"
+                ));
+            }
+            return;
+        }
+        let Some((from, stop)) = self.deferred_stop.take() else {
+            return;
+        };
+        self.stop_waits_from = None;
+        let lost = sink.close_output();
+        if lost > 0 {
+            b.set_output_lost(lost);
+        }
+        self.sink_blocked = None;
+        b.handle(now, from, stop);
     }
 
     fn state(&self) -> RunState {
@@ -433,6 +469,7 @@ impl Driver {
                 Logic::Bu(b, _) => b.poll(now),
             }
             self.heartbeats(now);
+            self.try_stop(now);
             self.run_actions();
             self.drain_sink(now);
             self.run_actions();

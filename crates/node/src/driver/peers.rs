@@ -82,6 +82,13 @@ impl Driver {
                     (Received::Message(Message::Heartbeat), _) => {}
                     (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
                     (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
+                    (Received::Message(m @ Message::Stop { .. }), Logic::Bu(..)) => {
+                        // the sink's output first (a serve sink: every event acknowledged)
+                        // (handed over by the loop, after this pass's actions: an echo
+                        // that came with the Stop reaches the sink first)
+                        self.deferred_stop = Some((from, m));
+                        self.stop_waits_from = Some(now);
+                    }
                     (Received::Message(m), Logic::Bu(b, _)) => b.handle(now, from, m),
                     (Received::Fragment { header, payload }, Logic::Bu(b, _)) => {
                         b.handle_fragment(now, from, header, payload)

@@ -1,0 +1,393 @@
+//! The network output (`sink.kind = "serve"`) with `evb consume` processes, all real
+//! processes on 127.0.0.1: exact counts, every event acknowledged once, a consumer killed
+//! mid-run losing nothing, a slow consumer slowing the trigger, a garbage client and a wrong
+//! run id refused while the run goes on.
+
+mod common;
+use common::{evb_run_in, free_base_port, text, EVB};
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use evb_formats::events::EventFile;
+use serde_json::Value;
+
+/// A configuration of `bus` serving BUs (ports from `serve_base_port`), 2 RUs, 4 KiB fragments.
+fn config(run_id: &str, events: u64, bus: u32, base: u16, extra: &str) -> String {
+    format!(
+        "[run]\nid = \"{run_id}\"\nevents = {events}\nduration_s = 0\n\
+         [fragments]\nsize = 4096\n[topology]\nrus = 2\nbus = {bus}\n\
+         [sink]\nkind = \"serve\"\nserve_base_port = {base}\n{extra}"
+    )
+}
+
+fn addrs(base: u16, bus: u16) -> String {
+    (0..bus)
+        .map(|i| format!("127.0.0.1:{}", base + i))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn consumer(dir: &Path, name: &str, run_id: &str, from: &str, extra: &[&str]) -> Child {
+    Command::new(EVB)
+        .args([
+            "consume", "--from", from, "--run-id", run_id, "--name", name,
+        ])
+        .arg("--ids")
+        .arg(dir.join(format!("{name}.ids")))
+        .args(extra)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `evb run` on a thread: its output and JSON summary once it ends.
+fn run_async(dir: &Path, toml: String) -> std::thread::JoinHandle<(Output, Value)> {
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || evb_run_in(&dir, &toml))
+}
+
+fn ids(dir: &Path, name: &str) -> Vec<u64> {
+    std::fs::read_to_string(dir.join(format!("{name}.ids")))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+fn finished(c: Child) -> (Output, Value) {
+    let out = c.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let summary = stdout
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    (out, summary)
+}
+
+/// The run passed and every BU's output went to consumers: nothing lost.
+fn assert_served(out: &Output, s: &Value, events: u64, bus: usize) -> Vec<Value> {
+    assert!(out.status.success(), "evb run failed:\n{}", text(out));
+    assert_eq!(s["ok"], true, "{}", text(out));
+    assert_eq!(s["run"]["evm"]["triggered"], events);
+    let mut sinks = Vec::new();
+    let mut acked = 0;
+    for i in 0..bus {
+        let b = &s["run"]["bus"][i];
+        assert_eq!(b["output_lost"], 0, "bu{i}");
+        let sink = s["nodes"][format!("bu{i}")]["sink"]["report"].clone();
+        assert_eq!(sink["lost"], 0, "bu{i}: {sink}");
+        assert_eq!(
+            sink["acked"], b["events_built"],
+            "bu{i}: every built event acked"
+        );
+        acked += sink["acked"].as_u64().unwrap();
+        sinks.push(sink);
+    }
+    assert_eq!(acked, events, "every event acknowledged once");
+    sinks
+}
+
+#[test]
+fn two_serving_bus_three_consumers_every_event_once() {
+    const EVENTS: u64 = 30_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(2);
+    let run = run_async(d, config("farm", EVENTS, 2, base, ""));
+    let from = addrs(base, 2);
+    let kids: Vec<Child> = (0..3)
+        .map(|k| {
+            let name = format!("c{k}");
+            let extra: &[&str] = if k == 0 { &["--out", "out"] } else { &[] };
+            consumer(d, &name, "farm", &from, extra)
+        })
+        .collect();
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 2);
+    let mut all: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut total = 0;
+    for (k, c) in kids.into_iter().enumerate() {
+        let (o, summary) = finished(c);
+        assert!(o.status.success(), "consumer c{k}:\n{}", text(&o));
+        assert_eq!(summary["errors"], 0);
+        assert_eq!(summary["repeated"], 0);
+        let got = ids(d, &format!("c{k}"));
+        assert_eq!(summary["events"], got.len() as u64);
+        total += got.len() as u64;
+        for id in got {
+            *all.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(total, EVENTS, "no event given to two consumers");
+    assert_eq!(all.len() as u64, EVENTS);
+    assert!(
+        all.keys().copied().eq(0..EVENTS),
+        "exactly the ids 0..{EVENTS}"
+    );
+    for sink in &sinks {
+        assert_eq!(sink["re_served"], 0);
+        assert_eq!(sink["sent"], sink["acked"]);
+    }
+    // the files one consumer wrote: every checksum valid, its events exactly
+    let mut in_files = Vec::new();
+    let outdir = d.join("out/c0");
+    for e in std::fs::read_dir(&outdir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "evb") {
+            for ev in EventFile::open(&p).unwrap() {
+                let ev = ev.unwrap();
+                for (h, payload) in &ev.fragments {
+                    assert_eq!(crc32c::crc32c(payload), h.payload_crc);
+                }
+                in_files.push(ev.event_id);
+            }
+        }
+    }
+    in_files.sort_unstable();
+    let mut c0 = ids(d, "c0");
+    c0.sort_unstable();
+    assert_eq!(in_files, c0, "c0's files hold exactly what it acknowledged");
+    let inspect = Command::new(EVB)
+        .arg("inspect")
+        .args(
+            std::fs::read_dir(&outdir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "evb")),
+        )
+        .output()
+        .unwrap();
+    assert!(inspect.status.success(), "{}", text(&inspect));
+}
+
+/// xorshift64*: the test's own seeded randomness (printed, and taken from
+/// EVB_TEST_SEED to repeat a run).
+fn rng() -> impl FnMut() -> u64 {
+    let seed = std::env::var("EVB_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("seed {seed} (EVB_TEST_SEED={seed} repeats it)");
+    let mut x = seed;
+    move || {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[test]
+fn a_consumer_killed_mid_run_loses_nothing() {
+    const EVENTS: u64 = 6_000;
+    let mut r = rng();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(2);
+    let run = run_async(d, config("kill", EVENTS, 2, base, ""));
+    let from = addrs(base, 2);
+    // slow enough that the run lasts about 4 s (6,000 events x 2 ms over 3 consumers)
+    let mut kids: Vec<Child> = (0..3)
+        .map(|k| consumer(d, &format!("c{k}"), "kill", &from, &["--slow-ms", "2"]))
+        .collect();
+    let victim = (r() % 3) as usize;
+    let after = Duration::from_millis(100 + r() % 1500);
+    let t0 = Instant::now();
+    // kill only once it is serving (it has acknowledged something)
+    while ids(d, &format!("c{victim}")).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(after);
+    eprintln!("killing c{victim} after {after:?}");
+    assert!(
+        !run.is_finished(),
+        "the run ended before the kill: make it longer"
+    );
+    kids[victim].kill().unwrap(); // SIGKILL
+    let _ = kids[victim].wait();
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 2);
+    let dropped: u64 = sinks
+        .iter()
+        .map(|x| x["consumers_dropped"].as_u64().unwrap())
+        .sum();
+    assert!(dropped >= 1, "the killed consumer was dropped: {sinks:?}");
+    let mut all: BTreeMap<u64, u32> = BTreeMap::new();
+    for (k, c) in kids.into_iter().enumerate() {
+        if k == victim {
+            continue;
+        }
+        let (o, summary) = finished(c);
+        assert!(o.status.success(), "consumer c{k}:\n{}", text(&o));
+        assert_eq!(summary["errors"], 0);
+        for id in ids(d, &format!("c{k}")) {
+            *all.entry(id).or_default() += 1;
+        }
+    }
+    // the survivors got each event at most once; the killed one's events they did not get
+    // are the ones it acknowledged before it died
+    assert!(
+        all.values().all(|&n| n == 1),
+        "an event served twice to survivors"
+    );
+    let dead = ids(d, &format!("c{victim}"));
+    for id in &dead {
+        all.entry(*id).or_default();
+    }
+    assert_eq!(
+        all.len() as u64,
+        EVENTS,
+        "every event reached a consumer (killed one: {} events)",
+        dead.len()
+    );
+    let re_served: u64 = sinks.iter().map(|x| x["re_served"].as_u64().unwrap()).sum();
+    eprintln!("re-served {re_served} events of the killed consumer");
+    assert!(re_served > 0, "it held events when killed: {sinks:?}");
+}
+
+#[test]
+fn a_slow_consumer_slows_the_trigger_and_nothing_is_dropped() {
+    const EVENTS: u64 = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    let run = run_async(
+        d,
+        config(
+            "slow",
+            EVENTS,
+            1,
+            base,
+            "serve_max_held = 4\nserve_hold = 8\n",
+        ),
+    );
+    let c = consumer(d, "c0", "slow", &addrs(base, 1), &["--slow-ms", "5"]);
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    // 400 events at 5 ms each, one at a time: the run took as long as the consumer
+    let secs = s["run"]["seconds"].as_f64().unwrap();
+    assert!(secs >= 1.8, "the trigger was not slowed: {secs} s");
+    assert!(
+        sinks[0]["busy"].as_u64().unwrap() > 0,
+        "the BU was held back: {}",
+        sinks[0]
+    );
+    let (o, summary) = finished(c);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(summary["events"], EVENTS);
+    let mut got = ids(d, "c0");
+    got.sort_unstable();
+    assert!(got.into_iter().eq(0..EVENTS));
+}
+
+#[test]
+fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
+    const EVENTS: u64 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    // the sink holds few events: the run lasts as long as its (slow) consumer
+    let run = run_async(d, config("right", EVENTS, 1, base, "serve_hold = 16\n"));
+    let addr = format!("127.0.0.1:{base}");
+    let c = consumer(d, "good", "right", &addr, &["--slow-ms", "3"]);
+    // a client that speaks something else: refused and closed, no panic
+    let t0 = Instant::now();
+    let mut sock = loop {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("the BU never listened: {e}"),
+        }
+    };
+    sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = sock.read_to_end(&mut answer);
+    assert!(answer.starts_with(b"EVBC"), "a Refuse frame: {answer:?}");
+    assert_eq!(answer[6], 3, "frame type Refuse");
+    // a consumer naming another run: refused, exits non-zero saying why
+    let wrong = consumer(d, "wrong", "other-run", &addr, &["--wait-s", "5"]);
+    let (o, _) = finished(wrong);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("refused (WrongRun)"), "{err}");
+    assert!(ids(d, "wrong").is_empty());
+    assert!(!run.is_finished(), "the checks ran while the run was on");
+    // the run goes on with the proper consumer
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    assert_eq!(sinks[0]["connections_refused"], 2, "{}", sinks[0]);
+    let (o, summary) = finished(c);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(summary["events"], EVENTS);
+    // the BU said why, in its log
+    let log = text(&out);
+    assert!(
+        log.contains("not Hello") || log.contains("bad hello"),
+        "the garbage client's refusal is logged:\n{log}"
+    );
+    assert!(log.contains("other-run"), "{log}");
+}
+
+#[test]
+fn a_consumer_that_stops_acknowledging_is_dropped_and_its_events_served_again() {
+    const EVENTS: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    let run = run_async(
+        d,
+        config("hang", EVENTS, 1, base, "serve_ack_timeout_s = 0.5\n"),
+    );
+    let addr = addrs(base, 1);
+    // takes 4 events and sits on the first for 20 s
+    let mut stuck = consumer(
+        d,
+        "stuck",
+        "hang",
+        &addr,
+        &["--slow-ms", "20000", "--max-held", "4", "--wait-s", "1"],
+    );
+    // the stuck one is served first (it waits up to 30 s for the BU to listen)
+    std::thread::sleep(Duration::from_millis(800));
+    let good = consumer(d, "good", "hang", &addr, &[]);
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    assert!(
+        sinks[0]["consumers_dropped"].as_u64().unwrap() >= 1,
+        "{}",
+        sinks[0]
+    );
+    assert!(sinks[0]["re_served"].as_u64().unwrap() >= 1, "{}", sinks[0]);
+    assert!(
+        text(&out).contains("no acknowledgement for"),
+        "{}",
+        text(&out)
+    );
+    let (o, summary) = finished(good);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        summary["events"], EVENTS,
+        "the good consumer got every event"
+    );
+    assert!(ids(d, "stuck").is_empty());
+    let _ = stuck.kill();
+    let _ = stuck.wait();
+}
