@@ -214,6 +214,33 @@ impl PyProducer {
         })
     }
 
+    /// The producers of an RU with `[[ru]] producer_sources` (2 or more), one per entry and
+    /// in that order: `Producer.many(config, "ru0")`. Each may be used from a thread of its
+    /// own; the RU joins their k-th fragments into event k's super-fragment.
+    #[staticmethod]
+    fn many(py: Python<'_>, config: &Bound<'_, PyAny>, ru_id: &str) -> PyResult<Vec<Self>> {
+        let cfg = load_config(config)?;
+        let ps = py
+            .detach(|| Producer::start_many(&cfg, ru_id))
+            .map_err(to_py)?;
+        Ok(ps
+            .into_iter()
+            .map(|p| PyProducer {
+                max_fragment: p.max_fragment(),
+                inner: Mutex::new(Some(p)),
+            })
+            .collect())
+    }
+
+    /// The source id this producer's fragments carry.
+    #[getter]
+    fn source_id(&self) -> PyResult<u16> {
+        lock(&self.inner)
+            .as_ref()
+            .map(Producer::source_id)
+            .ok_or_else(|| state_error(FINISHED))
+    }
+
     /// Room for a payload of `size` bytes in the RU's pool (an `evb.Buffer`). With
     /// `block=True` it waits while the pool is full (back-pressure); with `block=False` it
     /// raises `evb.Full`.

@@ -204,3 +204,39 @@ def test_full_pool_raises_full_without_blocking(run):
     assert got == [k % 256 for k in range(sent + 200)]
     assert c.finish().ok
     assert_verdict_ok(r.evm_report(), sent + 200)
+
+
+def test_several_python_producers_on_threads_make_super_fragments(run):
+    import threading
+    events = 2000
+    r = run(API + '[sink]\nkind = "file"\ndir = "out"\n[topology]\nbus = 2\n'
+            '[[ru]]\nid = "ru0"\nproducer_sources = [841, 843]\n', ["evm", "bu0", "bu1"])
+    with pytest.raises(evb.SetupError, match="start_many"):
+        evb.Producer(str(r.config), "ru0")
+    ps = evb.Producer.many(str(r.config), "ru0")
+    assert [p.source_id for p in ps] == [841, 843]
+    outcomes = [None, None]
+
+    def board(i, p):
+        for k in range(events):
+            data = payload(k)[:1000]
+            buf = p.buffer(len(data) + 1)
+            view = np.frombuffer(buf, dtype=np.uint8)
+            view[:-1] = data
+            view[-1] = i
+            del view
+            p.submit(buf, k + 1)
+        outcomes[i] = p.finish()
+
+    threads = [threading.Thread(target=board, args=(i, p)) for i, p in enumerate(ps)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(o.ok for o in outcomes), [o.reason for o in outcomes]
+    report = r.evm_report()
+    assert_verdict_ok(report, events)
+    assert all(b["super_fragment_errors"] == 0 for b in report["run"]["bus"])
+    # each event: an 8 + 2 x 16 byte directory, then both boards' payloads
+    want = sum(2 * (min(len(payload(k)), 1000) + 1) + 40 for k in range(events))
+    assert sum(b["payload_bytes_built"] for b in report["run"]["bus"]) == want
