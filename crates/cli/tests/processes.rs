@@ -57,12 +57,14 @@ fn two_by_three() {
 #[test]
 fn barrel_shifted_rus_build_exactly_trapezoidal_both_ways() {
     // slots of 200 µs: each RU sends to one BU at a time, (i + t) mod max(N, M)
+    // (log-normal fragment sizes: a slot carries whole fragments, up to its bytes)
     for (rus, bus) in [(2, 3), (3, 2)] {
         assert_exact_run(
             rus,
             bus,
             3000,
-            "size = 8192\n[traffic]\nshaping = \"barrel\"\nslot_us = 200\nslot_bytes = 16384",
+            "size = 8192\ndistribution = \"lognormal\"\n[traffic]\nshaping = \"barrel\"\n\
+             slot_us = 200\nslot_bytes = 16384",
         );
     }
 }
