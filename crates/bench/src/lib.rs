@@ -237,6 +237,29 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         );
                     }
                 }
+                // shared memory (and libfabric's tcp provider where it works): k = 1 only
+                let mut kinds = vec![Kind::Shm];
+                match evb_transport::ofi::probe("tcp") {
+                    Ok(_) => kinds.push(Kind::Ofi),
+                    Err(e) => notes.push(format!("ofi latency series skipped: {e}")),
+                }
+                for kind in kinds {
+                    let name = if kind == Kind::Ofi {
+                        "ofi-tcp"
+                    } else {
+                        kind.name()
+                    };
+                    add(
+                        format!("lat evb {name} blocking k=1"),
+                        reps,
+                        Box::new(move || evb::latency(kind, LAT_SIZE, 1, Duration::ZERO, secs)),
+                    );
+                    add(
+                        format!("lat evb {name} busy-poll k=1"),
+                        reps,
+                        Box::new(move || evb::latency(kind, LAT_SIZE, 1, spin, secs)),
+                    );
+                }
                 if !s.quick {
                     add(
                         "lat evb inproc blocking k=1".into(),
@@ -402,16 +425,17 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
         2.0,
         "msgs/s",
     );
-    let lat = |sys: &str, variant: &str, k: u32| {
+    let lat_on = |transport: &str, sys: &str, variant: &str, k: u32| {
         find(points, |p| {
             p.bench == "lat"
                 && p.system == sys
-                && p.transport == "tcp"
+                && p.transport == transport
                 && p.in_flight == k
                 && (variant.is_empty() || p.variant.starts_with(variant))
         })
         .map(|p| p.p50_us)
     };
+    let lat = |sys: &str, variant: &str, k: u32| lat_on("tcp", sys, variant, k);
     // Latency: reference / evb, so that >= 1 means evb is no slower.
     for (variant, what) in [("blocking", "blocking"), ("busy-poll", "busy-poll")] {
         let (e, z) = (lat("evb", variant, 1), lat("zmq", "", 1));
@@ -425,6 +449,22 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             );
         }
     }
+    // shared memory: a round trip of 64 B within 4 µs busy-polling (issue 15), and blocking
+    // no slower than tcp
+    push(
+        "lat shm 64 B k=1 p50 busy-poll: 4 us / evb (>=1: within 4 us)",
+        Some(4.0),
+        lat_on("shm", "evb", "busy-poll", 1),
+        1.0,
+        "us target vs evb",
+    );
+    push(
+        "lat 64 B k=1 p50 blocking: tcp / shm (>=1: shm no slower)",
+        lat("evb", "blocking", 1),
+        lat_on("shm", "evb", "blocking", 1),
+        1.0,
+        "us tcp vs shm",
+    );
     for b in points
         .iter()
         .filter(|p| p.bench == "build" && p.variant.ends_with(" scraped"))
