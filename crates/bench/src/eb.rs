@@ -152,6 +152,40 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     p.msgs_per_s = events as f64 / secs;
     p.gb_per_s = bytes as f64 / secs / 1e9;
     p.note = format!("{events} events in {secs:.2} s; msgs_per_s is events/s");
+    // the cost of an event: each role's process CPU over the run (getrusage), per event and
+    // per GB built; tx/rx CPU per GB are the RUs' and the BUs'
+    let cpu_of = |role: &str| -> f64 {
+        v["nodes"].as_object().map_or(0.0, |nodes| {
+            nodes
+                .values()
+                .filter(|r| r["role"] == role)
+                .map(|r| r["cpu"]["run_s"].as_f64().unwrap_or(0.0))
+                .sum()
+        })
+    };
+    let (evm, rus, bus) = (cpu_of("evm"), cpu_of("ru"), cpu_of("bu"));
+    if bytes > 0 && events > 0 {
+        let gb = bytes as f64 / 1e9;
+        p.send_cpu_s_per_gb = rus / gb;
+        p.recv_cpu_s_per_gb = bus / gb;
+        let us = |c: f64| c * 1e6 / events as f64;
+        p.note.push_str(&format!(
+            "; CPU us/event: EVM {:.2}, RUs {:.2}, BUs {:.2}",
+            us(evm),
+            us(rus),
+            us(bus)
+        ));
+    }
+    // event-building latency, assigned to built, from the BUs' histograms (bucket bounds)
+    let mut lat = evb_builder::LatencyHistogram::default();
+    for b in run["bus"].as_array().into_iter().flatten() {
+        if let Ok(h) = serde_json::from_value::<evb_builder::LatencyHistogram>(b["latency"].clone())
+        {
+            lat.merge(&h);
+        }
+    }
+    let q = |x: f64| lat.quantile_us(x).map_or(f64::NAN, |u| u as f64);
+    (p.p50_us, p.p99_us, p.p999_us) = (q(0.5), q(0.99), q(0.999));
     if spec.scraped {
         if scrapes == 0 {
             return Err("the run was never scraped".into());

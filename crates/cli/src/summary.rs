@@ -19,14 +19,14 @@ pub fn print(
     let secs = run["seconds"].as_f64().unwrap_or(0.0);
     println!();
     println!(
-        "{:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  notes",
-        "node", "role", "state", "events", "payload MB", "MB/s"
+        "{:<10} {:<4} {:<9} {:>12} {:>12} {:>10} {:>9}  notes",
+        "node", "role", "state", "events", "payload MB", "MB/s", "CPU us/ev"
     );
     for id in ids {
         let Some(r) = reports.get(id) else {
             println!(
-                "{id:<10} {:<4} {:<9} {:>12} {:>12} {:>10}  no report",
-                "?", "?", "-", "-", "-"
+                "{id:<10} {:<4} {:<9} {:>12} {:>12} {:>10} {:>9}  no report",
+                "?", "?", "-", "-", "-", "-"
             );
             continue;
         };
@@ -80,7 +80,15 @@ pub fn print(
         } else {
             "-".into()
         };
-        println!("{id:<10} {role:<4} {state:<9} {events:>12} {mb:>12.1} {mbs:>10}  {notes}");
+        // the process's CPU time over the run, per event it handled (the EVM: triggered;
+        // an RU: fragments sent; a BU: events built)
+        let cpu = match r["cpu"]["run_s"].as_f64() {
+            Some(c) if events > 0 => format!("{:.2}", c * 1e6 / events as f64),
+            _ => "-".into(),
+        };
+        println!(
+            "{id:<10} {role:<4} {state:<9} {events:>12} {mb:>12.1} {mbs:>10} {cpu:>9}  {notes}"
+        );
     }
     let triggered = u(&run["evm"]["triggered"]);
     let released = u(&run["evm"]["released"]);

@@ -11,6 +11,7 @@ impl Driver {
             Logic::Bu(b, _) => serde_json::to_value(b.stats()),
         }
         .unwrap_or(Value::Null);
+        let cpu = process_cpu_s();
         let m = self.messenger.stats();
         let t = self.messenger.transport_counters();
         json!({
@@ -19,6 +20,11 @@ impl Driver {
             "role": format!("{:?}", self.me.role).to_lowercase(),
             "state": self.state(),
             "t": now.duration_since(self.started).as_secs_f64(),
+            // the process's CPU seconds: in all, and since the run started
+            "cpu": {
+                "process_s": cpu,
+                "run_s": self.cpu_at_start.map(|c| cpu - c),
+            },
             "stats": stats,
             "sink": match &self.logic {
                 Logic::Bu(_, sink) => json!({
