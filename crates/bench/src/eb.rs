@@ -24,6 +24,8 @@ pub struct BuildSpec {
     /// Watched as an operator would: every node's `/metrics` and the EVM's run status (what
     /// the page polls) fetched once a second while the run is on.
     pub scraped: bool,
+    /// One of the N x M scaling series (named so in the variant, for the scaling plot).
+    pub scaling: bool,
 }
 
 impl BuildSpec {
@@ -35,6 +37,7 @@ impl BuildSpec {
             self.verify,
             if self.pin.is_some() { " pinned" } else { "" }
         ) + if self.scraped { " scraped" } else { "" }
+            + if self.scaling { " scaling" } else { "" }
     }
 
     fn toml(&self, run_id: &str) -> String {

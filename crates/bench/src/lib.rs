@@ -295,6 +295,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         pin: None,
                         seconds: s.build_secs,
                         scraped: false,
+                        scaling: false,
                     }];
                     if !s.quick {
                         // The same with the RUs writing every byte (as the default run).
@@ -329,10 +330,32 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                             ..base
                         });
                     }
+                    // N x M from 1 x 1 to 4 x 4 (and the trapezoids 2 x 4, 4 x 2): GB/s and
+                    // each role's CPU per event and per GB, as the builder grows on one host
+                    let scaling: Vec<(u32, u32, BuildSpec)> = if !s.quick && f == BUILD_FRAGMENT {
+                        [(1, 1), (2, 2), (3, 3), (4, 4), (2, 4), (4, 2)]
+                            .into_iter()
+                            .map(|(n, m)| {
+                                let mut spec = specs[1].clone();
+                                (spec.rus, spec.bus, spec.scaling) = (n, m, true);
+                                (n, m, spec)
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     for spec in specs {
                         let scratch = std::env::temp_dir();
                         add(
                             format!("build evb tcp 2x2 {h} {}", spec.variant()),
+                            reps,
+                            Box::new(move || eb::build(&spec, &scratch)),
+                        );
+                    }
+                    for (n, m, spec) in scaling {
+                        let scratch = std::env::temp_dir();
+                        add(
+                            format!("build evb tcp {n}x{m} {h} {}", spec.variant()),
                             reps,
                             Box::new(move || eb::build(&spec, &scratch)),
                         );
@@ -353,6 +376,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         pin: None,
                         seconds: s.build_secs,
                         scraped,
+                        scaling: false,
                     };
                     let scratch = std::env::temp_dir();
                     add(
@@ -616,6 +640,15 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         &svg,
         &format!(
             "evb bench p2p: throughput vs message size ({} cores, loopback)",
+            num_cpus()
+        ),
+    )?;
+    let scaling_svg = out_dir.join("scaling.svg");
+    output::plot_scaling(
+        &points,
+        &scaling_svg,
+        &format!(
+            "evb bench build: N x N on one host ({} cores, loopback)",
             num_cpus()
         ),
     )?;

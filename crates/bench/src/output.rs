@@ -144,86 +144,169 @@ pub fn csv(points: &[Point]) -> String {
 
 /// Throughput against message size for every p2p series, with iperf3 as a line.
 pub fn plot(points: &[Point], path: &Path, title: &str) -> Result<(), String> {
-    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for p in points
-        .iter()
-        .filter(|p| p.bench == "p2p" && !p.gb_per_s.is_nan())
-    {
-        let name = p.series();
-        match series.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, v)) => v.push((p.size as f64, p.gb_per_s)),
-            None => series.push((name, vec![(p.size as f64, p.gb_per_s)])),
-        }
-    }
-    for (_, v) in &mut series {
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
+    let series = series_of(points, |p| {
+        (p.bench == "p2p" && !p.gb_per_s.is_nan()).then(|| (p.series(), p.size as f64, p.gb_per_s))
+    });
     let iperf = points
         .iter()
         .find(|p| p.system == "iperf3" && !p.gb_per_s.is_nan())
-        .map(|p| p.gb_per_s);
-    let xmin = 32.0f64;
+        .map(|p| (format!("iperf3 -l 1M ({:.2} GB/s)", p.gb_per_s), p.gb_per_s));
     let xmax = series
         .iter()
         .flat_map(|(_, v)| v.iter().map(|p| p.0))
         .fold(2.0 * 1024.0 * 1024.0, f64::max)
         * 2.0;
+    chart(
+        path,
+        title,
+        ("message size (bytes)", 32.0, xmax, true),
+        "GB/s (receiver)",
+        &series,
+        iperf,
+    )
+}
+
+/// `evb bench build`'s scaling series: GB/s built and the RUs' and BUs' CPU seconds per GB
+/// against N, for the N x N runs.
+pub fn plot_scaling(points: &[Point], path: &Path, title: &str) -> Result<(), String> {
+    let scaled = |p: &Point| {
+        p.bench == "build" && p.variant.ends_with(" scaling") && p.senders == p.receivers
+    };
+    let mut series = series_of(points, |p| {
+        scaled(p).then(|| ("GB/s built".into(), p.senders as f64, p.gb_per_s))
+    });
+    series.extend(series_of(points, |p| {
+        scaled(p).then(|| {
+            (
+                "RUs: CPU s per GB".into(),
+                p.senders as f64,
+                p.send_cpu_s_per_gb,
+            )
+        })
+    }));
+    series.extend(series_of(points, |p| {
+        scaled(p).then(|| {
+            (
+                "BUs: CPU s per GB".into(),
+                p.senders as f64,
+                p.recv_cpu_s_per_gb,
+            )
+        })
+    }));
+    if series.is_empty() {
+        return Ok(());
+    }
+    chart(
+        path,
+        title,
+        ("N (N RUs x N BUs)", 0.5, 4.5, false),
+        "GB/s, or CPU s per GB",
+        &series,
+        None,
+    )
+}
+
+type Series = Vec<(String, Vec<(f64, f64)>)>;
+
+/// Points grouped into named series of (x, y), sorted by x.
+fn series_of(points: &[Point], pick: impl Fn(&Point) -> Option<(String, f64, f64)>) -> Series {
+    let mut series: Series = Vec::new();
+    for (name, x, y) in points.iter().filter_map(pick) {
+        if y.is_nan() {
+            continue;
+        }
+        match series.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push((x, y)),
+            None => series.push((name, vec![(x, y)])),
+        }
+    }
+    for (_, v) in &mut series {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    series
+}
+
+/// A line chart of `series` (x axis: description, range, logarithmic), with an optional
+/// labelled horizontal reference line.
+fn chart(
+    path: &Path,
+    title: &str,
+    (x_desc, xmin, xmax, log_x): (&str, f64, f64, bool),
+    y_desc: &str,
+    series: &Series,
+    hline: Option<(String, f64)>,
+) -> Result<(), String> {
     let ymax = series
         .iter()
         .flat_map(|(_, v)| v.iter().map(|p| p.1))
-        .chain(iperf)
+        .chain(hline.as_ref().map(|h| h.1))
         .fold(0.1, f64::max)
         * 1.15;
     let e = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
     let root = SVGBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
-    let mut chart = ChartBuilder::on(&root)
+    let mut builder = ChartBuilder::on(&root);
+    builder
         .caption(title, ("sans-serif", 20))
         .margin(16)
         .x_label_area_size(48)
-        .y_label_area_size(64)
-        .build_cartesian_2d((xmin..xmax).log_scale(), 0f64..ymax)
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .x_desc("message size (bytes)")
-        .y_desc("GB/s (receiver)")
-        .x_label_formatter(&|x| human_size(*x))
-        .draw()
-        .map_err(|x| e(&x))?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|x| e(&x))?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
-            )
+        .y_label_area_size(64);
+    macro_rules! draw {
+        ($chart:expr, $fmt:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .x_label_formatter($fmt)
+                .draw()
+                .map_err(|x| e(&x))?;
+            for (i, (name, pts)) in series.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                    .map_err(|x| e(&x))?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+                    )
+                    .map_err(|x| e(&x))?;
+            }
+            if let Some((label, g)) = &hline {
+                chart
+                    .draw_series(LineSeries::new(
+                        vec![(xmin, *g), (xmax, *g)],
+                        BLACK.stroke_width(1),
+                    ))
+                    .map_err(|x| e(&x))?
+                    .label(label.as_str())
+                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(|x| e(&x))?;
+        }};
+    }
+    if log_x {
+        let c = builder
+            .build_cartesian_2d((xmin..xmax).log_scale(), 0f64..ymax)
             .map_err(|x| e(&x))?;
+        draw!(c, &|x: &f64| human_size(*x));
+    } else {
+        let c = builder
+            .build_cartesian_2d(xmin..xmax, 0f64..ymax)
+            .map_err(|x| e(&x))?;
+        draw!(c, &|x: &f64| format!("{x:.0}"));
     }
-    if let Some(g) = iperf {
-        chart
-            .draw_series(LineSeries::new(
-                vec![(xmin, g), (xmax, g)],
-                BLACK.stroke_width(1),
-            ))
-            .map_err(|x| e(&x))?
-            .label(format!("iperf3 -l 1M ({g:.2} GB/s)"))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }

@@ -18,3 +18,27 @@ pub struct BuiltEvent {
     /// Sources whose fragment is a MISSING placeholder (a partial event).
     pub missing_sources: Vec<u16>,
 }
+
+impl BuiltEvent {
+    /// A complete event of one fragment, `payload` from `source_id`, its trigger number the
+    /// event id's low 32 bits (for sinks' tests and tools).
+    pub fn of_one_fragment(event_id: u64, source_id: u16, payload: Chain) -> BuiltEvent {
+        let header = FragmentHeader {
+            event_id,
+            trigger_number: event_id as u32,
+            source_id,
+            flags: 0,
+            payload_size: payload.len() as u32,
+            payload_crc: payload.crc32c(),
+        };
+        BuiltEvent {
+            event_id,
+            trigger_number: event_id as u32,
+            bytes: payload.len() as u64,
+            fragments: vec![(header, payload)],
+            trigger_mismatch: false,
+            corrupt: false,
+            missing_sources: vec![],
+        }
+    }
+}

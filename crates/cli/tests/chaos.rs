@@ -14,7 +14,7 @@
 //! that no process, temporary output file or resolved configuration is left behind.
 
 mod common;
-use common::{free_base_port, EVB};
+use common::{chaos_seed, free_base_port, Rng, EVB};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -26,21 +26,6 @@ use serde_json::Value;
 const EVENTS: u64 = 6000;
 /// 6000 events at 2 kHz: about 3 s, so faults between 0.8 and 2.4 s land mid-run.
 const RUN: &str = "[run]\nid = \"chaos\"\nevents = 6000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 4096\n";
-
-/// xorshift64*: a few lines serve; the seed is all that is needed to replay a trial.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -488,19 +473,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
 
 #[test]
 fn faults_at_random_moments_keep_every_promise() {
-    let seed: u64 = std::env::var("EVB_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    let trials: u64 = std::env::var("EVB_CHAOS_TRIALS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let (seed, trials) = chaos_seed("EVB_CHAOS_TRIALS", 20);
     eprintln!("chaos: seed {seed} ({trials} trials): EVB_CHAOS_SEED={seed} replays them");
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();

@@ -13,6 +13,7 @@
 
 mod common;
 use common::up::Up;
+use common::{chaos_seed, Rng};
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,21 +24,6 @@ use evb_control::client::Api;
 use serde_json::json;
 
 const EVENTS: u64 = 8000;
-
-/// xorshift64*: the seed is all that is needed to replay a campaign.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Step {
@@ -136,19 +122,7 @@ fn apply(up: &Up, step: Step) -> Option<u16> {
 
 #[test]
 fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
-    let seed: u64 = std::env::var("EVB_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    let trials: u64 = std::env::var("EVB_UP_CHAOS_TRIALS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+    let (seed, trials) = chaos_seed("EVB_UP_CHAOS_TRIALS", 6);
     eprintln!("control chaos: seed {seed} ({trials} runs): EVB_CHAOS_SEED={seed} replays them");
     let mut rng = Rng(seed | 1);
     let out = tempfile::tempdir().unwrap();

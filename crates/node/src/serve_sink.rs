@@ -671,23 +671,7 @@ mod tests {
     fn event(pool: &Pool, id: u64) -> BuiltEvent {
         let mut w = pool.try_alloc().unwrap();
         let payload = Chain::from_slice(w.append(&id.to_le_bytes()).unwrap());
-        let h = FragmentHeader {
-            event_id: id,
-            trigger_number: id as u32,
-            source_id: 3,
-            flags: 0,
-            payload_size: 8,
-            payload_crc: payload.crc32c(),
-        };
-        BuiltEvent {
-            event_id: id,
-            trigger_number: id as u32,
-            fragments: vec![(h, payload)],
-            bytes: 8,
-            trigger_mismatch: false,
-            corrupt: false,
-            missing_sources: vec![],
-        }
+        BuiltEvent::of_one_fragment(id, 3, payload)
     }
 
     fn sink(hold: usize) -> ServeSink {

@@ -115,3 +115,37 @@ pub fn assert_exact(out: &Output, s: &Value, events: u64, rus: usize, bus: usize
         );
     }
 }
+
+/// xorshift64*: a few lines serve; the seed is all that is needed to replay a campaign.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A random-moment campaign's seed (`EVB_CHAOS_SEED`, else the clock) and its number of
+/// trials (`trials_var`, else `default`).
+pub fn chaos_seed(trials_var: &str, default: u64) -> (u64, u64) {
+    let seed = std::env::var("EVB_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let trials = std::env::var(trials_var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    (seed, trials)
+}
