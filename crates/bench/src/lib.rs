@@ -504,7 +504,10 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
         );
     }
     for b in points.iter().filter(|p| {
-        p.bench == "build" && p.variant.starts_with("fixed") && !p.variant.ends_with(" scraped")
+        p.bench == "build"
+            && p.variant.starts_with("fixed")
+            && !p.variant.ends_with(" scraped")
+            && !p.variant.ends_with(" scaling")
     }) {
         let pinned = b.variant.ends_with("pinned");
         let nxn = find(points, |p| {
@@ -653,10 +656,15 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         ),
     )?;
     println!(
-        "wrote {}, {} and {} ({:.1} s)",
+        "wrote {}, {} and {}{} ({:.1} s)",
         out_dir.join("bench.csv").display(),
         out_dir.join("bench.json").display(),
         svg.display(),
+        if scaling_svg.exists() {
+            format!(" and {}", scaling_svg.display())
+        } else {
+            String::new()
+        },
         started.elapsed().as_secs_f64()
     );
     if failures.is_empty() {
