@@ -99,6 +99,11 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
     let rec = up.wait_run(2);
     assert_exact(&rec, 30000);
     assert!(rec["lost"].to_string().contains("bu[1]"), "{rec:#}");
+    // evb up started it again, and the controller had it rejoin the run under way
+    assert!(
+        rec["lost"].to_string().contains("bu[1] rejoined"),
+        "{rec:#}"
+    );
 
     // evb up starts bu1 again; run 7 (a number chosen by the operator) stopped under load
     up.wait_until("bu1 back", 30, |s| Up::node(s, "bu1")["state"] == "idle");

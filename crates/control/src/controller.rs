@@ -45,6 +45,12 @@ struct Ctl {
     nodes: BTreeMap<String, NodeView>,
     node: Weak<Node>,
     api: Option<SocketAddr>,
+    /// The run under way: its number and what each node was told to start it with, so
+    /// that a BU which `evb up` started again after it died rejoins it.
+    under_way: Option<(u64, Value)>,
+    /// Nodes whose process changed (another pid) while the run was under way, not yet
+    /// told to rejoin it.
+    restarted: Vec<String>,
 }
 
 /// What the controller knows of one node.
@@ -98,6 +104,8 @@ impl Controller {
             run: 0,
             cfg: cfg.clone(),
             runs: BTreeMap::new(),
+            under_way: None,
+            restarted: Vec::new(),
             nodes: BTreeMap::new(),
             node: Weak::new(),
             api: None,
@@ -309,6 +317,11 @@ impl Controller {
         let mut sent = cfg.clone();
         sent.run.secret.clear(); // each node uses its own
         let body = json!({"run": run, "config": sent.to_toml()});
+        {
+            let mut c = self.lock();
+            c.under_way = Some((run, body.clone()));
+            c.restarted.clear();
+        }
         let token = node.token();
         let results: Vec<(String, String, Result<(), String>)> = std::thread::scope(|s| {
             let handles: Vec<_> = others
@@ -375,6 +388,7 @@ impl Controller {
     /// A run is over: its record, and the state it leaves.
     pub(crate) fn finished(&self, run: u64, r: &Result<NodeOutcome, NodeError>) {
         let mut c = self.lock();
+        c.under_way = None;
         let (ok, reason, report) = match r {
             Ok(o) => (o.ok, o.reason.clone(), o.report.clone()),
             Err(e) => (false, e.to_string(), Value::Null),
@@ -566,10 +580,16 @@ impl Controller {
                 let mut c = self.lock();
                 let me = nodes.first().map(|n| n.id.clone()).unwrap_or_default();
                 let all = std::iter::once((me, "evm".to_string(), Ok(evm))).chain(answers);
+                let under_way = c.under_way.is_some();
+                let mut restarted = Vec::new();
                 for (id, role, r) in all {
-                    let v = c.nodes.entry(id).or_default();
+                    let v = c.nodes.entry(id.clone()).or_default();
                     match r {
                         Ok(status) => {
+                            let pid = &status["pid"];
+                            if under_way && !v.status["pid"].is_null() && v.status["pid"] != *pid {
+                                restarted.push(id);
+                            }
                             let (e, b) = progress(&role, &status["snapshot"]);
                             if let Some((t, e0, b0)) = v.last {
                                 let dt = now.duration_since(t).as_secs_f64().max(1e-3);
@@ -594,7 +614,9 @@ impl Controller {
                         }
                     }
                 }
+                c.restarted.extend(restarted);
             }
+            self.rejoin_restarted_bus(&nodes, &token);
             // a node that did not answer (not up yet, or gone) is asked again sooner
             let any_error = self.lock().nodes.values().any(|v| v.error.is_some());
             let period = if any_error {
@@ -603,6 +625,46 @@ impl Controller {
                 POLL_EVERY
             };
             std::thread::sleep(period.saturating_sub(t0.elapsed()));
+        }
+    }
+}
+
+impl Controller {
+    /// A BU that died during a run and that `evb up` started again sits idle: it is told to
+    /// start the run under way, and joins it as under `evb run` (the RUs keep calling it,
+    /// the EVM gives it events again once it is Ready). RUs are not: losing one follows
+    /// `on_ru_loss`.
+    fn rejoin_restarted_bus(&self, nodes: &[NodeSpec], token: &Option<String>) {
+        let mut c = self.lock();
+        if !matches!(c.state, State::Running | State::Paused) {
+            return;
+        }
+        let Some((run, body)) = c.under_way.clone() else {
+            return;
+        };
+        let idle: Vec<NodeSpec> = nodes
+            .iter()
+            .filter(|n| n.role == Role::Bu && c.restarted.contains(&n.id))
+            .filter(|n| {
+                c.nodes.get(&n.id).is_some_and(|v| {
+                    v.error.is_none()
+                        && v.status["phase"] == "idle"
+                        && v.status["run"] != json!(run)
+                })
+            })
+            .cloned()
+            .collect();
+        for n in idle {
+            c.restarted.retain(|id| *id != n.id);
+            let (body, token) = (body.clone(), token.clone());
+            std::thread::spawn(move || {
+                let api = Api::new(&n.control, token).with_timeout(Duration::from_secs(5));
+                match api.post("/api/v1/node/start", &body) {
+                    Ok(r) if r.ok() => info!("{} started again: it rejoins run {run}", n.id),
+                    Ok(r) => warn!("{} could not rejoin run {run}: {}", n.id, r.error()),
+                    Err(e) => warn!("{} could not rejoin run {run}: {e}", n.id),
+                }
+            });
         }
     }
 }
