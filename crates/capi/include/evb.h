@@ -144,6 +144,19 @@ extern "C" {
 int evb_producer_start(const char *config_path, const char *ru_id, EvbProducer **out);
 
 /**
+ * Starts RU `ru_id` fed by several producers, one per entry of its `[[ru]]
+ * producer_sources` (in that order): their handles go to `out[0..k]` and k to `*count`.
+ * Each handle may be used from a thread of its own; the RU joins their k-th fragments into
+ * event k's super-fragment. `capacity` is how many handles `out` holds; fewer than k is
+ * `EVB_ERR_ARG` (with `*count` set to k) and nothing is started.
+ *
+ * # Safety
+ * `config_path` and `ru_id` are NUL-terminated strings; `out` is valid for `capacity`
+ * writes; `count` is valid for a write.
+ */
+int evb_producer_start_many(const char *config_path, const char *ru_id, EvbProducer **out, size_t capacity, size_t *count);
+
+/**
  * Room for a payload of `size` bytes in the RU's pool, written to `*out`. With `wait`
  * non-zero it waits while the pool is full; with 0 it answers `EVB_FULL` at once.
  *

@@ -132,6 +132,55 @@ pub unsafe extern "C" fn evb_producer_start(
     })
 }
 
+/// Starts RU `ru_id` fed by several producers, one per entry of its `[[ru]]
+/// producer_sources` (in that order): their handles go to `out[0..k]` and k to `*count`.
+/// Each handle may be used from a thread of its own; the RU joins their k-th fragments into
+/// event k's super-fragment. `capacity` is how many handles `out` holds; fewer than k is
+/// `EVB_ERR_ARG` (with `*count` set to k) and nothing is started.
+///
+/// # Safety
+/// `config_path` and `ru_id` are NUL-terminated strings; `out` is valid for `capacity`
+/// writes; `count` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_start_many(
+    config_path: *const c_char,
+    ru_id: *const c_char,
+    out: *mut *mut EvbProducer,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (path, id) = unsafe { (text(config_path, "config_path")?, text(ru_id, "ru_id")?) };
+        let cfg = config(path)?;
+        let k = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.id == id)
+            .map_or(0, |n| n.stream_sources.len());
+        // SAFETY: `count` is valid for a write (this function's contract).
+        unsafe { put(count, k, "count") }?;
+        if out.is_null() || capacity < k {
+            return Err(fail(
+                EVB_ERR_ARG,
+                &format!("{id} has {k} producers: out must hold {k} handles"),
+            ));
+        }
+        let producers = Producer::start_many(&cfg, id).map_err(|e| code_of(&e))?;
+        for (i, producer) in producers.into_iter().enumerate() {
+            let h = Box::new(EvbProducer {
+                producer: Some(producer),
+                buffers: HashMap::new(),
+                next_buffer: 1,
+                outcome: None,
+            });
+            // SAFETY: i < k <= capacity, and `out` is valid for `capacity` writes.
+            unsafe { out.add(i).write(Box::into_raw(h)) };
+        }
+        Ok(EVB_OK)
+    })
+}
+
 fn live(p: &mut EvbProducer) -> Result<&mut Producer, c_int> {
     p.producer
         .as_mut()

@@ -126,6 +126,40 @@ fn c_producer_and_c_consumer_in_a_multi_process_run() {
     assert!(n0 > 0, "the C consumer's BU built events too: {line}");
 }
 
+#[test]
+fn several_c_producers_on_threads_feed_one_ru() {
+    const EVENTS: u64 = 3000;
+    let mut run = Run::start(
+        "[run]\nid = \"boards\"\nduration_s = 0\n[source]\nkind = \"api\"\nmax_fragment = 4096\n\
+         [topology]\nbus = 2\n[[ru]]\nid = \"ru0\"\nproducer_sources = [841, 843, 845]\n",
+        &["evm", "bu0", "bu1"],
+    );
+    let Some(boards) = compile("boards", run.dir.path()) else {
+        return;
+    };
+    let out = Command::new(&boards)
+        .arg(&run.cfg)
+        .args(["ru0", &EVENTS.to_string()])
+        .output()
+        .unwrap();
+    let t = finished(out, "boards");
+    assert!(t.contains("boards: 3, run: ok"), "{t}");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
+    let bus = report["run"]["bus"].as_array().unwrap();
+    assert!(
+        bus.iter().all(|b| b["super_fragment_errors"] == 0),
+        "{report}"
+    );
+    // every event: a directory of 8 + 3 x 16 bytes and the three boards' payloads
+    let want: u64 = (0..EVENTS).map(|k| 56 + 3 * (k * 397 % 1000 + 1)).sum();
+    let built: u64 = bus
+        .iter()
+        .map(|b| b["payload_bytes_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(built, want);
+}
+
 /// scripts/install-libevb.sh puts the library, header and evb.pc under a prefix, and a C
 /// program builds from what pkg-config says.
 #[test]
