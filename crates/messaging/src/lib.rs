@@ -7,6 +7,7 @@
 //! slices, so batching them copies nothing. Both paths keep per-connection order.
 
 mod messenger;
+pub mod pubsub;
 mod reader;
 
 pub use messenger::{FlushPolicy, Incoming, Messenger, MessengerConfig, MessengerStats};

@@ -183,6 +183,34 @@ impl Messenger {
             .send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
     }
 
+    /// Low-latency path for a message already encoded (message header and body, e.g. a
+    /// pub/sub message): whatever is batched for `conn` goes first, then this, now.
+    pub fn send_encoded_now(&mut self, conn: ConnId, bytes: Vec<u8>) -> Result<(), TransportError> {
+        self.flush(conn)?;
+        self.stats.messages_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.payload_bytes_sent += bytes.len() as u64;
+        self.transport
+            .send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+    }
+
+    /// High-throughput path for a message already encoded, as its pieces back to back
+    /// (e.g. a header then a payload): appended to `conn`'s page.
+    pub fn send_encoded_batched(
+        &mut self,
+        conn: ConnId,
+        pieces: &[&[u8]],
+    ) -> Result<(), TransportError> {
+        let page = self.pages.entry(conn).or_default();
+        let mut n = 0;
+        for p in pieces {
+            page.small.extend_from_slice(p);
+            n += p.len();
+        }
+        page.note(n);
+        self.flush_if_full(conn)
+    }
+
     /// High-throughput path: appends the message to `conn`'s page.
     pub fn send_batched(&mut self, conn: ConnId, msg: &Message) -> Result<(), TransportError> {
         let page = self.pages.entry(conn).or_default();
