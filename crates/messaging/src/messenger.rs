@@ -172,6 +172,11 @@ impl Messenger {
         self.pages.get(&conn).map_or(0, |p| p.bytes) + self.transport.queued_bytes(conn)
     }
 
+    /// Memory the peer of `conn` holds (see `Transport::held_bytes`).
+    pub fn held_bytes(&self, conn: ConnId) -> usize {
+        self.transport.held_bytes(conn)
+    }
+
     /// Low-latency path: whatever is batched for `conn` goes first, then this message, now.
     pub fn send_now(&mut self, conn: ConnId, msg: &Message) -> Result<(), TransportError> {
         self.flush(conn)?;

@@ -47,7 +47,7 @@
 //! while got.is_empty() {
 //!     publisher.poll(Some(Duration::from_millis(1))).unwrap();
 //!     if publisher.subscribers_of(12) > 0 {
-//!         publisher.publish(11, b"not for us").unwrap(); // nobody: nothing sent
+//!         publisher.publish(20, b"not for us").unwrap(); // nobody: nothing sent
 //!         publisher.publish(12, b"hello").unwrap();
 //!         publisher.flush();
 //!     }
@@ -66,7 +66,9 @@ use std::time::Duration;
 
 use evb_buffers::Chain;
 use evb_transport::{CloseReason, ConnId, Transport, TransportError};
-use evb_wire::pubsub::{Delivery, GoodbyeCode, PubSubMessage, PublishedHeader, TagRange, MAX_TAG_RANGES};
+use evb_wire::pubsub::{
+    Delivery, GoodbyeCode, PubSubMessage, PublishedHeader, TagRange, MAX_TAG_RANGES,
+};
 use evb_wire::{Hello, WireError};
 use tracing::{debug, warn};
 
@@ -109,7 +111,8 @@ pub const MAX_QUEUED_RANGE: (usize, usize) = (4 * 1024, 1 << 30);
 pub struct PublisherConfig {
     pub policy: SlowPolicy,
     /// A subscriber is slow while this many bytes wait for it (its page and its transport
-    /// queue). Range [`MAX_QUEUED_RANGE`].
+    /// queue, and over shared memory the publisher's memory it holds unread). Range
+    /// [`MAX_QUEUED_RANGE`].
     pub max_queued: usize,
     pub messenger: MessengerConfig,
 }
@@ -209,6 +212,8 @@ pub struct PublisherStats {
     pub disconnected_slow: u64,
     /// Subscribers cut off for a bad request.
     pub disconnected_bad: u64,
+    /// Sends the transport refused (the subscriber was cut off, told why).
+    pub send_failures: u64,
     pub subscribers_joined: u64,
     pub subscribers_left: u64,
 }
@@ -329,8 +334,13 @@ impl Publisher {
         std::mem::take(&mut self.events)
     }
 
+    /// Bytes waiting for `conn`, plus (shared memory) those it holds unread.
+    fn backlog(&self, conn: ConnId) -> usize {
+        self.messenger.queued_bytes(conn) + self.messenger.held_bytes(conn)
+    }
+
     fn slow(&self, conn: ConnId) -> bool {
-        self.messenger.queued_bytes(conn) >= self.cfg.max_queued
+        self.backlog(conn) >= self.cfg.max_queued
     }
 
     /// Publishes `payload` under `tag` to every subscriber of `tag`.
@@ -367,7 +377,7 @@ impl Publisher {
                     }
                     self.stats.dropped += 1;
                 } else {
-                    let q = self.messenger.queued_bytes(conn);
+                    let q = self.backlog(conn);
                     self.stats.disconnected_slow += 1;
                     self.goodbye(
                         conn,
@@ -388,6 +398,14 @@ impl Publisher {
             let mut ok = true;
             if let Some(missed) = gap {
                 ok = self.send_gap(conn, delivery, tag, missed);
+                if !ok {
+                    self.stats.send_failures += 1;
+                    self.goodbye(
+                        conn,
+                        GoodbyeCode::SendFailed,
+                        format!("cannot send a gap of {missed} for tag {tag}"),
+                    );
+                }
             }
             if ok {
                 let r = match delivery {
@@ -397,15 +415,26 @@ impl Publisher {
                         v.extend_from_slice(payload);
                         self.messenger.send_encoded_now(conn, v)
                     }
-                    Delivery::Throughput => {
-                        self.messenger.send_encoded_batched(conn, &[&prefix, payload])
-                    }
+                    Delivery::Throughput => self
+                        .messenger
+                        .send_encoded_batched(conn, &[&prefix, payload]),
                 };
-                if r.is_ok() {
-                    self.stats.delivered += 1;
-                    sent += 1;
+                match r {
+                    Ok(()) => {
+                        self.stats.delivered += 1;
+                        sent += 1;
+                    }
+                    Err(e) => {
+                        // never silent: the subscriber is cut off and told why (a closed
+                        // connection is reported by poll as well)
+                        self.stats.send_failures += 1;
+                        self.goodbye(
+                            conn,
+                            GoodbyeCode::SendFailed,
+                            format!("cannot send tag {tag} seq {seq}: {e}"),
+                        );
+                    }
                 }
-                // An error means the connection is gone; poll reports it.
             }
         }
         self.scratch = targets;
@@ -577,7 +606,15 @@ impl Publisher {
             let mut gaps: Vec<_> = s.gaps.drain().collect();
             gaps.sort_unstable();
             for (tag, missed) in gaps {
-                self.send_gap(conn, delivery, tag, missed);
+                if !self.send_gap(conn, delivery, tag, missed) {
+                    self.stats.send_failures += 1;
+                    self.goodbye(
+                        conn,
+                        GoodbyeCode::SendFailed,
+                        format!("cannot send a gap of {missed} for tag {tag}"),
+                    );
+                    break;
+                }
             }
         }
     }
@@ -590,9 +627,9 @@ impl Publisher {
         }
     }
 
-    /// Bytes waiting for subscriber `conn`.
+    /// Bytes waiting for subscriber `conn` (and, over shared memory, held by it unread).
     pub fn queued_bytes(&self, conn: ConnId) -> usize {
-        self.messenger.queued_bytes(conn)
+        self.backlog(conn)
     }
 
     /// The peer handshake of subscriber `conn`.
@@ -723,7 +760,11 @@ impl Subscriber {
 
     /// Unsubscribes from `ranges` at `publisher`. Messages the publisher sent before it
     /// received this still arrive.
-    pub fn unsubscribe(&mut self, publisher: ConnId, ranges: &[TagRange]) -> Result<(), PubSubError> {
+    pub fn unsubscribe(
+        &mut self,
+        publisher: ConnId,
+        ranges: &[TagRange],
+    ) -> Result<(), PubSubError> {
         for chunk in ranges.chunks(MAX_TAG_RANGES) {
             self.request(
                 publisher,
@@ -741,7 +782,11 @@ impl Subscriber {
     }
 
     /// Makes progress and appends what arrived; waits at most `timeout`.
-    pub fn poll(&mut self, out: &mut Vec<SubEvent>, timeout: Option<Duration>) -> std::io::Result<()> {
+    pub fn poll(
+        &mut self,
+        out: &mut Vec<SubEvent>,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<()> {
         let mut incoming = std::mem::take(&mut self.incoming);
         self.messenger.poll(&mut incoming, timeout)?;
         for ev in incoming.drain(..) {
@@ -772,49 +817,51 @@ impl Subscriber {
                         });
                     }
                 }
-                Incoming::Received { conn, msg } => match msg {
-                    Received::Published { header, payload } => {
-                        self.stats.received += 1;
-                        self.stats.payload_bytes += payload.len() as u64;
-                        out.push(SubEvent::Message {
-                            publisher: conn,
-                            tag: header.tag,
-                            seq: header.seq,
-                            payload,
-                        });
-                    }
-                    Received::PubSub(PubSubMessage::Gap { tag, missed }) => {
-                        self.stats.gaps += 1;
-                        self.stats.missed += missed;
-                        out.push(SubEvent::Gap {
-                            publisher: conn,
-                            tag,
-                            missed,
-                        });
-                    }
-                    Received::PubSub(PubSubMessage::Goodbye { code, reason }) => {
-                        self.stats.goodbyes += 1;
-                        out.push(SubEvent::Goodbye {
-                            publisher: conn,
-                            code,
-                            reason,
-                        });
-                    }
-                    _ => {
-                        self.stats.protocol_errors += 1;
-                        warn!(?conn, "publisher sent a message a subscriber does not take; disconnecting");
-                        self.messenger.close(conn);
-                        if self.pubs.remove(&conn).is_some() {
-                            out.push(SubEvent::Closed {
+                Incoming::Received { conn, msg } => {
+                    match msg {
+                        Received::Published { header, payload } => {
+                            self.stats.received += 1;
+                            self.stats.payload_bytes += payload.len() as u64;
+                            out.push(SubEvent::Message {
                                 publisher: conn,
-                                reason: CloseReason::Protocol(WireError::OutOfRange {
-                                    what: "message type from a publisher",
-                                    value: 0,
-                                }),
+                                tag: header.tag,
+                                seq: header.seq,
+                                payload,
                             });
                         }
+                        Received::PubSub(PubSubMessage::Gap { tag, missed }) => {
+                            self.stats.gaps += 1;
+                            self.stats.missed += missed;
+                            out.push(SubEvent::Gap {
+                                publisher: conn,
+                                tag,
+                                missed,
+                            });
+                        }
+                        Received::PubSub(PubSubMessage::Goodbye { code, reason }) => {
+                            self.stats.goodbyes += 1;
+                            out.push(SubEvent::Goodbye {
+                                publisher: conn,
+                                code,
+                                reason,
+                            });
+                        }
+                        _ => {
+                            self.stats.protocol_errors += 1;
+                            warn!(?conn, "publisher sent a message a subscriber does not take; disconnecting");
+                            self.messenger.close(conn);
+                            if self.pubs.remove(&conn).is_some() {
+                                out.push(SubEvent::Closed {
+                                    publisher: conn,
+                                    reason: CloseReason::Protocol(WireError::OutOfRange {
+                                        what: "message type from a publisher",
+                                        value: 0,
+                                    }),
+                                });
+                            }
+                        }
                     }
-                },
+                }
             }
         }
         self.incoming = incoming;

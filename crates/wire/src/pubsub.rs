@@ -55,6 +55,9 @@ pub enum GoodbyeCode {
     BadRequest = 2,
     /// The publisher is shutting down.
     Shutdown = 3,
+    /// The publisher's transport refused a message for this subscriber (e.g. larger than
+    /// the connection's frame limit).
+    SendFailed = 4,
 }
 
 /// A pub/sub control message (everything but the Published payload).
@@ -240,6 +243,7 @@ impl PubSubMessage {
                     1 => GoodbyeCode::SlowSubscriber,
                     2 => GoodbyeCode::BadRequest,
                     3 => GoodbyeCode::Shutdown,
+                    4 => GoodbyeCode::SendFailed,
                     v => {
                         return Err(WireError::OutOfRange {
                             what: "goodbye code",
@@ -287,7 +291,10 @@ pub struct PublishedHeader {
 impl PublishedHeader {
     /// Message header and Published header for a payload of `payload_len` bytes, ready to be
     /// followed by the payload. `None` if the body would not fit a u32 length.
-    pub fn prefix(&self, payload_len: usize) -> Option<[u8; MESSAGE_HEADER_LEN + PUBLISHED_HEADER_LEN]> {
+    pub fn prefix(
+        &self,
+        payload_len: usize,
+    ) -> Option<[u8; MESSAGE_HEADER_LEN + PUBLISHED_HEADER_LEN]> {
         let len = u32::try_from(payload_len.checked_add(PUBLISHED_HEADER_LEN)?).ok()?;
         let mut b = [0u8; MESSAGE_HEADER_LEN + PUBLISHED_HEADER_LEN];
         b[..MESSAGE_HEADER_LEN].copy_from_slice(
@@ -327,7 +334,13 @@ mod tests {
         vec![
             PubSubMessage::Subscribe {
                 delivery: Delivery::Throughput,
-                ranges: vec![TagRange::one(7), TagRange { first: 10, last: 20 }],
+                ranges: vec![
+                    TagRange::one(7),
+                    TagRange {
+                        first: 10,
+                        last: 20,
+                    },
+                ],
             },
             PubSubMessage::Subscribe {
                 delivery: Delivery::Latency,
@@ -339,10 +352,7 @@ mod tests {
             PubSubMessage::Unsubscribe {
                 ranges: vec![TagRange::one(u64::MAX)],
             },
-            PubSubMessage::Gap {
-                tag: 3,
-                missed: 99,
-            },
+            PubSubMessage::Gap { tag: 3, missed: 99 },
             PubSubMessage::Goodbye {
                 code: GoodbyeCode::SlowSubscriber,
                 reason: "too slow: 4096 bytes queued".into(),
