@@ -333,7 +333,7 @@ fn churn(kind: Kind) {
     assert_eq!(p.subscribers(), 2);
     pump(&mut p, &mut [&mut a, &mut stay], |_, cs| {
         cs[1].got.len() as u64 == seqs[0] + seqs[1]
-            && cs[0].got.iter().filter(|g| g.0 == 6).last().map(|g| g.1) == Some(seqs[1] - 1)
+            && cs[0].got.iter().rfind(|g| g.0 == 6).map(|g| g.1) == Some(seqs[1] - 1)
     });
     // `stay` got everything, in order per tag, with no gap
     for tag in [5u64, 6] {
