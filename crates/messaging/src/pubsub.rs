@@ -632,6 +632,11 @@ impl Publisher {
         self.backlog(conn)
     }
 
+    /// Bytes waiting for all subscribers together (see [`Publisher::queued_bytes`]).
+    pub fn backlog_total(&self) -> usize {
+        self.subs.keys().map(|&c| self.backlog(c)).sum()
+    }
+
     /// The peer handshake of subscriber `conn`.
     pub fn peer(&self, conn: ConnId) -> Option<&Hello> {
         self.subs.get(&conn).map(|s| &s.peer)
