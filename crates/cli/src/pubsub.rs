@@ -63,7 +63,7 @@ pub struct PubArgs {
     /// A subscriber is slow with this many bytes waiting for it.
     #[arg(long, default_value_t = 4 << 20)]
     max_queued: usize,
-    /// Start once this many subscribers are connected and subscribed (0..=10000).
+    /// Start once this many subscribers are connected and have subscribed (0..=10000).
     #[arg(long, default_value_t = 1)]
     wait: usize,
     /// Give up waiting for them after this many seconds.
@@ -220,9 +220,7 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     let deadline = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
-    // subscribed: at least one tag of ours
-    let subscribed = |p: &Publisher| (0..a.tags.min(4096)).any(|t| p.subscribers_of(t) > 0);
-    while p.subscribers() < a.wait || (a.wait > 0 && !subscribed(&p)) {
+    while p.subscribed() < a.wait {
         if Instant::now() > deadline {
             return Err(format!(
                 "only {} of {} subscribers came within {} s",

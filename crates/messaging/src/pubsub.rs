@@ -324,6 +324,11 @@ impl Publisher {
         self.subs.len()
     }
 
+    /// Subscribers that subscribe to at least one tag.
+    pub fn subscribed(&self) -> usize {
+        self.subs.values().filter(|s| !s.ranges.is_empty()).count()
+    }
+
     /// Subscribers of `tag`.
     pub fn subscribers_of(&self, tag: u64) -> usize {
         self.subs.values().filter(|s| s.wants(tag)).count()
@@ -475,7 +480,11 @@ impl Publisher {
     }
 
     fn goodbye(&mut self, conn: ConnId, code: GoodbyeCode, reason: String) {
-        warn!(?conn, "cutting off subscriber: {reason}");
+        if code == GoodbyeCode::Shutdown {
+            debug!(?conn, "goodbye: {reason}");
+        } else {
+            warn!(?conn, "cutting off subscriber: {reason}");
+        }
         if let Some(s) = self.subs.remove(&conn) {
             // what it missed first, so that it can account for everything
             let mut gaps: Vec<_> = s.gaps.into_iter().collect();
