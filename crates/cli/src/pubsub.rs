@@ -259,7 +259,7 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
             Publish::Sent(_) => {
                 seqs[tag as usize] += 1;
                 sent += 1;
-                if sent % 64 == 0 {
+                if sent.is_multiple_of(64) {
                     p.poll(Some(Duration::ZERO)).map_err(|e| e.to_string())?;
                 }
             }
