@@ -199,6 +199,22 @@ impl Messenger {
             .send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
     }
 
+    /// Low-latency path for a message already encoded in pool blocks (header and body): its
+    /// slices go out as they are, shared (no copy), after whatever is batched for `conn`.
+    pub fn send_chain_now(&mut self, conn: ConnId, encoded: &Chain) -> Result<(), TransportError> {
+        self.flush(conn)?;
+        self.stats.messages_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.payload_bytes_sent += encoded.len() as u64;
+        let segments = encoded
+            .slices()
+            .iter()
+            .cloned()
+            .map(Segment::Shared)
+            .collect();
+        self.transport.send(conn, FrameType::Messages, 1, segments)
+    }
+
     /// High-throughput path for a message already encoded, as its pieces back to back
     /// (e.g. a header then a payload): appended to `conn`'s page.
     pub fn send_encoded_batched(

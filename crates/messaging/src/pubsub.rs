@@ -64,7 +64,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use evb_buffers::Chain;
+use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_transport::{CloseReason, ConnId, Transport, TransportError};
 use evb_wire::pubsub::{
     Delivery, GoodbyeCode, PubSubMessage, PublishedHeader, TagRange, MAX_TAG_RANGES,
@@ -103,6 +103,12 @@ impl std::str::FromStr for SlowPolicy {
         }
     }
 }
+
+/// Payloads of at least this many bytes are written once into the publisher's pool and
+/// shared by every subscriber's page (no copy per subscriber; by reference over shm).
+pub const SHARE_MIN: usize = 4096;
+const TX_BLOCK: usize = 256 * 1024;
+const TX_BLOCKS: usize = 128;
 
 /// Smallest and largest `PublisherConfig::max_queued`.
 pub const MAX_QUEUED_RANGE: (usize, usize) = (4 * 1024, 1 << 30);
@@ -292,6 +298,10 @@ pub struct Publisher {
     incoming: Vec<Incoming>,
     scratch: Vec<ConnId>,
     events: Vec<PubEvent>,
+    /// Large payloads are written here once and shared (None: the memfd could not be made;
+    /// every payload is then copied per subscriber).
+    tx_pool: Option<Pool>,
+    tx_block: Option<BlockWriter>,
 }
 
 impl Publisher {
@@ -308,7 +318,30 @@ impl Publisher {
             incoming: Vec::new(),
             scratch: Vec::new(),
             events: Vec::new(),
+            tx_pool: Pool::new_shared_untouched("pubsub-tx", TX_BLOCK, TX_BLOCKS).ok(),
+            tx_block: None,
         })
+    }
+
+    /// `prefix` and `payload` written into the publisher's pool, or None when it has no room
+    /// (subscribers' queues hold it): the caller then copies.
+    fn shared_chain(&mut self, prefix: &[u8], payload: &[u8]) -> Option<Chain> {
+        let pool = self.tx_pool.as_ref()?;
+        let mut chain = Chain::new();
+        for part in [prefix, payload] {
+            let mut rest = part;
+            while !rest.is_empty() {
+                if self.tx_block.as_ref().is_none_or(|b| b.remaining() == 0) {
+                    self.tx_block = None;
+                    self.tx_block = Some(pool.try_alloc()?);
+                }
+                let w = self.tx_block.as_mut()?;
+                let n = rest.len().min(w.remaining());
+                chain.push(w.append(&rest[..n])?);
+                rest = &rest[n..];
+            }
+        }
+        Some(chain)
     }
 
     pub fn listen(&mut self, addr: &str) -> Result<String, PubSubError> {
@@ -373,6 +406,11 @@ impl Publisher {
         }
         self.seqs.insert(tag, seq.wrapping_add(1));
         self.stats.published += 1;
+        let shared = if payload.len() >= SHARE_MIN && !targets.is_empty() {
+            self.shared_chain(&prefix, payload)
+        } else {
+            None
+        };
         let mut sent = 0;
         for &conn in &targets {
             if self.cfg.policy != SlowPolicy::Block && self.slow(conn) {
@@ -413,14 +451,18 @@ impl Publisher {
                 }
             }
             if ok {
-                let r = match delivery {
-                    Delivery::Latency => {
+                let r = match (delivery, &shared) {
+                    (Delivery::Latency, Some(chain)) => self.messenger.send_chain_now(conn, chain),
+                    (Delivery::Throughput, Some(chain)) => {
+                        self.messenger.send_fragment(conn, chain)
+                    }
+                    (Delivery::Latency, None) => {
                         let mut v = Vec::with_capacity(prefix.len() + payload.len());
                         v.extend_from_slice(&prefix);
                         v.extend_from_slice(payload);
                         self.messenger.send_encoded_now(conn, v)
                     }
-                    Delivery::Throughput => self
+                    (Delivery::Throughput, None) => self
                         .messenger
                         .send_encoded_batched(conn, &[&prefix, payload]),
                 };

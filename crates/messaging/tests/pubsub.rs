@@ -209,7 +209,13 @@ fn filtering_exact(kind: Kind) {
     for i in 0..n {
         let tag = i * 7 % 300;
         let seq = *seqs.entry(tag).and_modify(|s| *s += 1).or_insert(0);
-        let len = 16 + (i as usize * 37 % 2000);
+        // mostly small (copied into each page), now and then large (written once into the
+        // publisher's pool and shared by every subscriber's page)
+        let len = if i % 97 == 0 {
+            70_000 + i as usize
+        } else {
+            16 + (i as usize * 37 % 6000)
+        };
         match p.publish(tag, &payload(tag, seq, len)).unwrap() {
             Publish::Sent(k) => {
                 let want = [1, 2, 3].contains(&tag) as usize
