@@ -342,7 +342,14 @@ impl Transport for InprocTransport {
         };
         if let Some(m) = first {
             self.handle(m, out);
+            // Every frame lands in receive blocks of its own: stop taking more while the pool
+            // runs low (the rest wait in the inbox, in order) rather than exhaust it and lose
+            // the connection; the blocks come back as the program drops what it received.
+            let reserve = (self.cfg.rx_pool.stats().blocks / 4).max(2);
             for _ in 0..1024 {
+                if self.cfg.rx_pool.free_blocks() <= reserve {
+                    break;
+                }
                 match self.inbox.try_recv() {
                     Ok(m) => self.handle(m, out),
                     Err(_) => break,
