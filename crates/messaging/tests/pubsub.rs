@@ -863,3 +863,47 @@ fn subscribing_needs_the_handshake() {
     assert_eq!(p.subscribers(), 0);
     assert_eq!(p.publish(7, b"x").unwrap(), Publish::Sent(0));
 }
+
+/// A subscriber cut off for being slow that then never reads again (nor closes) does not
+/// keep its connection and queue at the publisher for ever (tcp: dropped after 10 s without
+/// progress).
+#[test]
+fn a_cut_off_subscriber_that_never_reads_is_let_go() {
+    let kind = Kind::Tcp;
+    let (mut p, addr) = publisher(kind, "never", SlowPolicy::Disconnect, 64 * 1024);
+    let mut slow = Client::new(kind, "never", &addr);
+    slow.subscribe(&[TagRange::one(1)], Delivery::Throughput);
+    pump(&mut p, &mut [&mut slow], |p, _| p.subscribed() == 1);
+    let conn = p
+        .take_events()
+        .into_iter()
+        .find_map(|e| match e {
+            PubEvent::Joined { conn, peer } if peer.node_id == "never" => Some(conn),
+            _ => None,
+        })
+        .expect("joined");
+    let mut seq = 0;
+    while p.stats().disconnected_slow == 0 {
+        assert!(seq < 100_000, "never cut off");
+        p.publish(1, &payload(1, seq, 4096)).unwrap();
+        p.poll(Some(Duration::ZERO)).unwrap();
+        seq += 1;
+    }
+    assert_eq!(p.subscribers(), 0);
+    assert!(
+        p.queued_bytes(conn) > 0,
+        "its queue is stuck behind a peer that reads nothing"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while p.queued_bytes(conn) > 0 {
+        assert!(Instant::now() < deadline, "the connection was never let go");
+        p.poll(Some(Duration::from_millis(50))).unwrap();
+    }
+    // the publisher still serves others
+    let mut fresh = Client::new(kind, "fresh", &addr);
+    fresh.subscribe(&[TagRange::one(1)], Delivery::Latency);
+    pump(&mut p, &mut [&mut fresh], |p, _| p.subscribed() == 1);
+    p.publish(1, &payload(1, seq, 64)).unwrap();
+    pump(&mut p, &mut [&mut fresh], |_, cs| cs[0].got.len() == 1);
+    drop(slow);
+}
