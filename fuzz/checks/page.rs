@@ -4,6 +4,7 @@
 
 use evb_buffers::{Chain, Pool};
 use evb_messaging::{fragment_prefix, split_messages, Received};
+use evb_wire::pubsub::{Delivery, GoodbyeCode, PubSubMessage, PublishedHeader, TagRange};
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED};
 
 /// Input: u32 message count (modulo 64; its first byte also picks the block size), then the
@@ -45,6 +46,14 @@ pub fn re_encode(out: &[Received]) -> Vec<u8> {
                 v.extend_from_slice(&fragment_prefix(header));
                 v.extend_from_slice(&payload.to_vec());
             }
+            Received::Published { header, payload } => {
+                let prefix = header
+                    .prefix(payload.len())
+                    .expect("a decoded payload fits a message");
+                v.extend_from_slice(&prefix);
+                v.extend_from_slice(&payload.to_vec());
+            }
+            Received::PubSub(m) => m.encode_into(&mut v),
         }
     }
     v
@@ -85,5 +94,27 @@ pub fn seeds() -> Vec<Vec<u8>> {
         data.extend_from_slice(&page);
         seeds.push(data);
     }
+    // pub/sub: a Published, a Subscribe, a Gap and a Goodbye in one page
+    let mut page = Vec::new();
+    let payload = b"published payload";
+    let prefix = PublishedHeader { tag: 7, seq: 3 }
+        .prefix(payload.len())
+        .expect("fits");
+    page.extend_from_slice(&prefix);
+    page.extend_from_slice(payload);
+    PubSubMessage::Subscribe {
+        delivery: Delivery::Throughput,
+        ranges: vec![TagRange { first: 1, last: 9 }],
+    }
+    .encode_into(&mut page);
+    PubSubMessage::Gap { tag: 7, missed: 2 }.encode_into(&mut page);
+    PubSubMessage::Goodbye {
+        code: GoodbyeCode::SlowSubscriber,
+        reason: "slow".into(),
+    }
+    .encode_into(&mut page);
+    let mut data = 4u32.to_le_bytes().to_vec();
+    data.extend_from_slice(&page);
+    seeds.push(data);
     seeds
 }

@@ -36,6 +36,23 @@ pub fn check(data: &[u8]) {
                 }
             }
         }
+        // pub/sub: the first byte picks one of the four control messages
+        let mt = [
+            MessageType::Subscribe,
+            MessageType::Unsubscribe,
+            MessageType::Gap,
+            MessageType::Goodbye,
+        ][t as usize % 4];
+        if let Ok(m) = pubsub::PubSubMessage::decode(mt, body) {
+            assert_eq!(&m.encode()[MESSAGE_HEADER_LEN..], body);
+        }
+        if let Ok(h) = pubsub::PublishedHeader::decode(body) {
+            let p = h.prefix(0).expect("an empty payload fits");
+            assert_eq!(
+                &p[MESSAGE_HEADER_LEN..],
+                &body[..pubsub::PUBLISHED_HEADER_LEN]
+            );
+        }
     }
 }
 
@@ -91,6 +108,28 @@ pub fn seeds() -> Vec<Vec<u8>> {
         let mut typed = vec![m.msg_type() as u16 as u8];
         typed.extend_from_slice(&b[MESSAGE_HEADER_LEN..]);
         v.push(typed); // as type byte + body
+    }
+    // pub/sub control messages: type byte (index into the four, see `check`) + body
+    for (i, m) in [
+        pubsub::PubSubMessage::Subscribe {
+            delivery: pubsub::Delivery::Throughput,
+            ranges: vec![pubsub::TagRange { first: 3, last: 9 }],
+        },
+        pubsub::PubSubMessage::Unsubscribe {
+            ranges: vec![pubsub::TagRange::one(4)],
+        },
+        pubsub::PubSubMessage::Gap { tag: 5, missed: 2 },
+        pubsub::PubSubMessage::Goodbye {
+            code: pubsub::GoodbyeCode::SlowSubscriber,
+            reason: "slow".into(),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut typed = vec![i as u8];
+        typed.extend_from_slice(&m.encode()[MESSAGE_HEADER_LEN..]);
+        v.push(typed);
     }
     v
 }

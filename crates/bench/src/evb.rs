@@ -465,7 +465,8 @@ fn receiver(
                             halts += 1;
                             continue;
                         }
-                        Received::Message(_) => 0,
+                        Received::Message(_) | Received::PubSub(_) => 0,
+                        Received::Published { payload, .. } => payload.len() as u64,
                     };
                     msgs += 1;
                     bytes += n;
@@ -525,7 +526,9 @@ pub fn latency(
                         Received::Message(msg) => {
                             server.send_now(conn, &msg).map_err(|e| e.to_string())?
                         }
-                        Received::Fragment { .. } => {}
+                        Received::Fragment { .. }
+                        | Received::Published { .. }
+                        | Received::PubSub(_) => {}
                     }
                 }
             }

@@ -11,6 +11,7 @@ mod eb;
 mod evb;
 mod measure;
 mod output;
+mod pubsubbench;
 mod refs;
 mod zmqref;
 
@@ -30,7 +31,8 @@ use evb::{Kind, MeshSpec, Path as SendPath};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Which benchmark: p2p, lat, nxn, build, monitor (the cost of being watched), or all.
+    /// Which benchmark: p2p, lat, nxn, build, monitor (the cost of being watched), pubsub
+    /// (1 publisher to 1, 2, 4 subscribers, evb beside ZeroMQ PUB/SUB; not in `all`), or all.
     #[arg(default_value = "all")]
     pub which: String,
     /// A short smoke run (a few seconds): fewer sizes, one repetition, short points.
@@ -104,10 +106,10 @@ const BUILD_FRAGMENT: usize = 512 * 1024;
 fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
         "all" => vec!["p2p", "lat", "nxn", "build", "monitor"],
-        "p2p" | "lat" | "nxn" | "build" | "monitor" => vec![which],
+        "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" => vec![which],
         other => {
             return Err(format!(
-                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor or all"
+                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor, pubsub or all"
             ))
         }
     };
@@ -384,6 +386,31 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         reps,
                         Box::new(move || eb::build(&spec, &scratch)),
                     );
+                }
+            }
+            "pubsub" => {
+                let sizes: &[usize] = if s.quick {
+                    &[64, 1 << 20]
+                } else {
+                    &[64, 1024, 16 * 1024, 256 * 1024, 1 << 20]
+                };
+                let ks: &[usize] = if s.quick { &[1, 2] } else { &[1, 2, 4] };
+                for &k in ks {
+                    for &size in sizes {
+                        let h = output::human_size(size as f64);
+                        add(
+                            format!("pubsub evb tcp k={k} {h}"),
+                            reps,
+                            Box::new(move || pubsubbench::evb(k, size, secs)),
+                        );
+                        if s.zmq {
+                            add(
+                                format!("pubsub zmq tcp k={k} {h}"),
+                                reps,
+                                Box::new(move || pubsubbench::zmq(k, size, secs)),
+                            );
+                        }
+                    }
                 }
             }
             _ => unreachable!(),

@@ -5,6 +5,7 @@ mod ctl;
 mod feed;
 mod inspect;
 mod launch;
+mod pubsub;
 mod sim;
 mod summary;
 mod testbed;
@@ -61,6 +62,12 @@ enum Command {
     /// (CRC32C, structure), optionally write event files, acknowledge, and print a summary.
     /// Exits 1 on a bad event or a BU lost without saying the run is over.
     Consume(consume::ConsumeArgs),
+    /// Publish tagged messages to subscribers (`evb sub`): rates, and what the slow-subscriber
+    /// policy did (blocked, dropped, disconnected). Prints `listening on ADDR` first.
+    Pub(pubsub::PubArgs),
+    /// Subscribe to tags at one or more publishers (`evb pub`): rates, gaps and drops.
+    /// Exits 1 if a message was lost without a gap saying so.
+    Sub(pubsub::SubArgs),
     /// Benchmarks: evb against iperf3, memcpy and ZeroMQ, measured in the same run.
     Bench(evb_bench::BenchArgs),
     /// A small cluster inside this machine: one network namespace per node, shaped links
@@ -306,6 +313,20 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("evb consume: {e}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Pub(a) => match pubsub::run_pub(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb pub: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Sub(a) => match pubsub::run_sub(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb sub: {e}");
+                ExitCode::from(1)
             }
         },
         Command::Feed(a) => match feed::run(&a) {

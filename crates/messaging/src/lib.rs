@@ -5,9 +5,17 @@
 //! [`Messenger::send_fragment`]) packs messages into a page per destination that goes out
 //! when it is full or when the flush policy says so. Fragments join a page as shared pool
 //! slices, so batching them copies nothing. Both paths keep per-connection order.
+//!
+//! [`pubsub`]: publish/subscribe by tag over the same paths, with slow-subscriber policies
+//! that never lose a message silently. See [`guide`].
 
 mod messenger;
+pub mod pubsub;
 mod reader;
+
+/// The guide, docs/messaging.md (its examples run as doctests).
+#[doc = include_str!("../../../docs/messaging.md")]
+pub mod guide {}
 
 pub use messenger::{FlushPolicy, Incoming, Messenger, MessengerConfig, MessengerStats};
 pub use reader::{split_messages, Received};

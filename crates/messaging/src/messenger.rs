@@ -172,6 +172,11 @@ impl Messenger {
         self.pages.get(&conn).map_or(0, |p| p.bytes) + self.transport.queued_bytes(conn)
     }
 
+    /// Memory the peer of `conn` holds (see `Transport::held_bytes`).
+    pub fn held_bytes(&self, conn: ConnId) -> usize {
+        self.transport.held_bytes(conn)
+    }
+
     /// Low-latency path: whatever is batched for `conn` goes first, then this message, now.
     pub fn send_now(&mut self, conn: ConnId, msg: &Message) -> Result<(), TransportError> {
         self.flush(conn)?;
@@ -181,6 +186,50 @@ impl Messenger {
         self.stats.payload_bytes_sent += bytes.len() as u64;
         self.transport
             .send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+    }
+
+    /// Low-latency path for a message already encoded (message header and body, e.g. a
+    /// pub/sub message): whatever is batched for `conn` goes first, then this, now.
+    pub fn send_encoded_now(&mut self, conn: ConnId, bytes: Vec<u8>) -> Result<(), TransportError> {
+        self.flush(conn)?;
+        self.stats.messages_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.payload_bytes_sent += bytes.len() as u64;
+        self.transport
+            .send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+    }
+
+    /// Low-latency path for a message already encoded in pool blocks (header and body): its
+    /// slices go out as they are, shared (no copy), after whatever is batched for `conn`.
+    pub fn send_chain_now(&mut self, conn: ConnId, encoded: &Chain) -> Result<(), TransportError> {
+        self.flush(conn)?;
+        self.stats.messages_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.payload_bytes_sent += encoded.len() as u64;
+        let segments = encoded
+            .slices()
+            .iter()
+            .cloned()
+            .map(Segment::Shared)
+            .collect();
+        self.transport.send(conn, FrameType::Messages, 1, segments)
+    }
+
+    /// High-throughput path for a message already encoded, as its pieces back to back
+    /// (e.g. a header then a payload): appended to `conn`'s page.
+    pub fn send_encoded_batched(
+        &mut self,
+        conn: ConnId,
+        pieces: &[&[u8]],
+    ) -> Result<(), TransportError> {
+        let page = self.pages.entry(conn).or_default();
+        let mut n = 0;
+        for p in pieces {
+            page.small.extend_from_slice(p);
+            n += p.len();
+        }
+        page.note(n);
+        self.flush_if_full(conn)
     }
 
     /// High-throughput path: appends the message to `conn`'s page.

@@ -1,6 +1,7 @@
 //! Cuts a received frame's payload into messages without copying bodies.
 
 use evb_buffers::{Chain, Slice};
+use evb_wire::pubsub::{PubSubMessage, PublishedHeader, PUBLISHED_HEADER_LEN};
 use evb_wire::{
     FragmentHeader, Message, MessageHeader, MessageType, WireError, FRAGMENT_HEADER_LEN,
     MESSAGE_HEADER_LEN,
@@ -15,6 +16,21 @@ pub enum Received {
         header: FragmentHeader,
         payload: Chain,
     },
+    /// A published message: its tag and sequence, its payload still in the receive-pool
+    /// blocks.
+    Published {
+        header: PublishedHeader,
+        payload: Chain,
+    },
+    /// A pub/sub control message (Subscribe, Unsubscribe, Gap, Goodbye).
+    PubSub(PubSubMessage),
+}
+
+fn is_pubsub_control(t: MessageType) -> bool {
+    matches!(
+        t,
+        MessageType::Subscribe | MessageType::Unsubscribe | MessageType::Gap | MessageType::Goodbye
+    )
 }
 
 /// Walks a chain front to back, handing out sub-chains (shared, no copy).
@@ -155,6 +171,19 @@ pub fn split_messages(
                     header,
                     payload: Chain::from_slice(s.sub(at + FRAGMENT_HEADER_LEN, payload_len)),
                 });
+            } else if h.msg_type == MessageType::Published {
+                let header = PublishedHeader::decode(&s[at..at + len])?;
+                out.push(Received::Published {
+                    header,
+                    payload: Chain::from_slice(
+                        s.sub(at + PUBLISHED_HEADER_LEN, len - PUBLISHED_HEADER_LEN),
+                    ),
+                });
+            } else if is_pubsub_control(h.msg_type) {
+                out.push(Received::PubSub(PubSubMessage::decode(
+                    h.msg_type,
+                    &s[at..at + len],
+                )?));
             } else {
                 out.push(Received::Message(Message::decode(
                     h.msg_type,
@@ -182,10 +211,29 @@ pub fn split_messages(
                 header,
                 payload: body.sub(FRAGMENT_HEADER_LEN, payload_len),
             });
+        } else if h.msg_type == MessageType::Published {
+            let mut hb = [0u8; PUBLISHED_HEADER_LEN];
+            if len < PUBLISHED_HEADER_LEN {
+                return Err(WireError::Truncated {
+                    what: "published header",
+                    need: PUBLISHED_HEADER_LEN,
+                    have: len,
+                });
+            }
+            body.copy_prefix(&mut hb);
+            out.push(Received::Published {
+                header: PublishedHeader::decode(&hb)?,
+                payload: body.sub(PUBLISHED_HEADER_LEN, len - PUBLISHED_HEADER_LEN),
+            });
         } else {
             // Control messages are small; decoding them from a flat copy keeps decoders simple.
+            // (A Subscribe is at most 64 KiB: its range count is bounded.)
             let flat = body.to_vec();
-            out.push(Received::Message(Message::decode(h.msg_type, &flat)?));
+            if is_pubsub_control(h.msg_type) {
+                out.push(Received::PubSub(PubSubMessage::decode(h.msg_type, &flat)?));
+            } else {
+                out.push(Received::Message(Message::decode(h.msg_type, &flat)?));
+            }
         }
     }
     if found != count {

@@ -2,11 +2,13 @@
 //!
 //! Listening names a place in a process-wide registry; shared slices cross unchanged (no
 //! copy), owned bytes are copied once into the receiver's pool so every received payload
-//! lives in pool blocks, as with any other transport. Queues are unbounded: the event
-//! builder's credits bound what is in flight, and tests are its main users.
+//! lives in pool blocks, as with any other transport. Queues are unbounded (the event
+//! builder's credits bound what is in flight), but `queued_bytes` counts what the peer has
+//! not yet taken, so a slow receiver can be seen (pub/sub's slow-subscriber policies).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -39,6 +41,9 @@ enum Wire {
         count: u32,
         sequence: u64,
         segments: Vec<Segment>,
+        /// The sender's count of bytes not yet taken by this receiver (`queued_bytes`).
+        queued: Arc<AtomicUsize>,
+        len: usize,
     },
     Bye {
         to: ConnId,
@@ -55,6 +60,8 @@ struct Peer {
     /// The peer's id for this connection (None until it accepts).
     their_conn: Option<ConnId>,
     next_seq: u64,
+    /// Bytes sent and not yet taken by the peer's `poll`.
+    queued: Arc<AtomicUsize>,
 }
 
 pub struct InprocTransport {
@@ -90,6 +97,7 @@ impl InprocTransport {
                 tx,
                 their_conn,
                 next_seq: 0,
+                queued: Arc::new(AtomicUsize::new(0)),
             },
         );
         id
@@ -166,7 +174,10 @@ impl InprocTransport {
                 count,
                 sequence,
                 segments,
+                queued,
+                len,
             } => {
+                queued.fetch_sub(len, Ordering::Relaxed);
                 if !self.conns.contains_key(&to) {
                     return;
                 }
@@ -279,6 +290,7 @@ impl Transport for InprocTransport {
         }
         let sequence = p.next_seq;
         p.next_seq += 1;
+        p.queued.fetch_add(len, Ordering::Relaxed);
         if p.tx
             .send(Wire::Frame {
                 to,
@@ -286,6 +298,8 @@ impl Transport for InprocTransport {
                 count,
                 sequence,
                 segments,
+                queued: p.queued.clone(),
+                len,
             })
             .is_err()
         {
@@ -298,8 +312,10 @@ impl Transport for InprocTransport {
         Ok(())
     }
 
-    fn queued_bytes(&self, _conn: ConnId) -> usize {
-        0
+    fn queued_bytes(&self, conn: ConnId) -> usize {
+        self.conns
+            .get(&conn)
+            .map_or(0, |p| p.queued.load(Ordering::Relaxed))
     }
 
     fn close(&mut self, conn: ConnId) {
@@ -326,7 +342,14 @@ impl Transport for InprocTransport {
         };
         if let Some(m) = first {
             self.handle(m, out);
+            // Every frame lands in receive blocks of its own: stop taking more while the pool
+            // runs low (the rest wait in the inbox, in order) rather than exhaust it and lose
+            // the connection; the blocks come back as the program drops what it received.
+            let reserve = (self.cfg.rx_pool.stats().blocks / 4).max(2);
             for _ in 0..1024 {
+                if self.cfg.rx_pool.free_blocks() <= reserve {
+                    break;
+                }
                 match self.inbox.try_recv() {
                     Ok(m) => self.handle(m, out),
                     Err(_) => break,

@@ -83,6 +83,13 @@ pub trait Transport: Send {
     /// Bytes queued for `conn` and not yet handed to the network.
     fn queued_bytes(&self, conn: ConnId) -> usize;
 
+    /// Memory of this node the peer of `conn` holds: bytes sent and read in place by the
+    /// peer, not yet given back (shared memory, where a slow reader pins the sender's
+    /// buffers). Zero for transports that copy (their kernel buffers hold the rest).
+    fn held_bytes(&self, _conn: ConnId) -> usize {
+        0
+    }
+
     /// Closes `conn` after its queued frames are written, telling the peer (`Bye`).
     fn close(&mut self, conn: ConnId);
 

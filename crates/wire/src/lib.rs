@@ -10,6 +10,7 @@ mod fragment;
 mod frame;
 mod handshake;
 mod message;
+pub mod pubsub;
 pub mod super_fragment;
 
 pub use error::{Result, WireError};

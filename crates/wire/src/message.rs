@@ -28,6 +28,13 @@ pub enum MessageType {
     SourceLost = 0x0017,
     LinkLost = 0x0018,
     Available = 0x0019,
+    /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
+    Subscribe = 0x0030,
+    Unsubscribe = 0x0031,
+    /// Publisher → subscriber: a tagged message; its payload stays in pool blocks.
+    Published = 0x0032,
+    Gap = 0x0033,
+    Goodbye = 0x0034,
 }
 
 impl MessageType {
@@ -47,6 +54,11 @@ impl MessageType {
             0x0017 => MessageType::SourceLost,
             0x0018 => MessageType::LinkLost,
             0x0019 => MessageType::Available,
+            0x0030 => MessageType::Subscribe,
+            0x0031 => MessageType::Unsubscribe,
+            0x0032 => MessageType::Published,
+            0x0033 => MessageType::Gap,
+            0x0034 => MessageType::Goodbye,
             other => return Err(WireError::UnknownMessageType(other)),
         })
     }
@@ -353,6 +365,16 @@ impl Message {
                 return Err(WireError::OutOfRange {
                     what: "fragment outside the fragment path",
                     value: 4,
+                })
+            }
+            MessageType::Subscribe
+            | MessageType::Unsubscribe
+            | MessageType::Published
+            | MessageType::Gap
+            | MessageType::Goodbye => {
+                return Err(WireError::OutOfRange {
+                    what: "pub/sub message outside the pub/sub path",
+                    value: msg_type as u16 as u64,
                 })
             }
         })

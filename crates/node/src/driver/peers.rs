@@ -97,6 +97,10 @@ impl Driver {
                         warn!(node = %self.me.id, "fragment from {from} at a node that builds nothing; disconnecting");
                         self.messenger.close(conn);
                     }
+                    (Received::Published { .. } | Received::PubSub(_), _) => {
+                        warn!(node = %self.me.id, "pub/sub message from {from} on an event-building connection; disconnecting");
+                        self.messenger.close(conn);
+                    }
                 }
             }
             Incoming::Closed { conn, reason } => {

@@ -98,7 +98,10 @@ struct Conn {
     seq_out: u64,
     seq_in: u64,
     announced: HashSet<u64>,
-    lent: HashMap<u32, Slice>,
+    /// Slices the peer reads in place, by token, with the bytes of shared memory each holds.
+    lent: HashMap<u32, (Slice, usize)>,
+    /// The sum of those bytes: shared memory this peer holds (`held_bytes`).
+    held: usize,
     next_token: u32,
     remotes: HashMap<u64, RemotePool>,
     close_reason: Option<CloseReason>,
@@ -142,6 +145,10 @@ pub struct ShmTransport {
     more_to_read: VecDeque<Token>,
     /// Connections waiting for receive-pool blocks.
     starved: HashSet<Token>,
+    /// Connections we closed whose queue is written but whose peer still holds slices of
+    /// ours: dropped when it gives them back or its stream ends, not before (it may still
+    /// be reading them in place).
+    draining: HashSet<Token>,
     /// Blocks of the receive pool only control-channel connections may take.
     rx_reserve: usize,
     buf: Vec<u8>,
@@ -229,6 +236,7 @@ impl ShmTransport {
             pending: Vec::new(),
             more_to_read: VecDeque::new(),
             starved: HashSet::new(),
+            draining: HashSet::new(),
             rx_reserve,
             buf: vec![0; MAX_PACKET],
             bytes_copied: 0,
@@ -269,6 +277,7 @@ impl ShmTransport {
                 seq_in: 0,
                 announced: HashSet::new(),
                 lent: HashMap::new(),
+                held: 0,
                 next_token: 0,
                 remotes: HashMap::new(),
                 close_reason: None,
@@ -381,7 +390,9 @@ impl ShmTransport {
     ) -> Result<(), TransportError> {
         enum Part {
             Inline(Vec<u8>),
-            Desc(Slice),
+            /// A descriptor, and the bytes of shared memory it holds until returned (a
+            /// bounce block counts whole, on its first descriptor).
+            Desc(Slice, usize),
         }
         let mut payload = 0usize;
         let mut copied = 0u64;
@@ -391,16 +402,18 @@ impl ShmTransport {
         let mut block: Option<evb_buffers::BlockWriter> = None;
         let mut copy_in = |mut rest: &[u8], parts: &mut Vec<Part>| {
             while !rest.is_empty() {
+                let mut charge = 0;
                 if block.as_ref().is_none_or(|b| b.remaining() == 0) {
                     block = Some(bounce.try_alloc().ok_or_else(|| {
                         TransportError::Unavailable(
                             "shm: bounce pool exhausted (the peer is not returning buffers)".into(),
                         )
                     })?);
+                    charge = bounce.block_size();
                 }
                 let w = block.as_mut().expect("just ensured");
                 let n = rest.len().min(w.remaining());
-                parts.push(Part::Desc(w.append(&rest[..n]).expect("fits")));
+                parts.push(Part::Desc(w.append(&rest[..n]).expect("fits"), charge));
                 rest = &rest[n..];
             }
             Ok::<(), TransportError>(())
@@ -411,7 +424,8 @@ impl ShmTransport {
                 s if s.is_empty() => {}
                 Segment::Shared(s) if s.shared_region().is_some() => {
                     by_ref += s.len() as u64;
-                    parts.push(Part::Desc(s));
+                    let n = s.len();
+                    parts.push(Part::Desc(s, n));
                 }
                 Segment::Shared(s) => {
                     copied += s.len() as u64;
@@ -426,7 +440,7 @@ impl ShmTransport {
         }
         // announce pools the peer has not mapped yet
         for part in &parts {
-            let Part::Desc(s) = part else { continue };
+            let Part::Desc(s, _) = part else { continue };
             if c.announced.insert(s.pool_id()) {
                 let (_, len) = s.shared_region().expect("shared");
                 let mut p = vec![TAG_POOL, 0, 0, 0, 0, 0, 0, 0];
@@ -458,7 +472,7 @@ impl ShmTransport {
         for part in parts {
             let size = match &part {
                 Part::Inline(b) => 5 + b.len(),
-                Part::Desc(_) => 25,
+                Part::Desc(..) => 25,
             };
             let pkt = packets.last_mut().expect("one at least");
             if pkt.len() + size > MAX_PACKET && nseg > 0 {
@@ -474,7 +488,7 @@ impl ShmTransport {
                     pkt.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                     pkt.extend_from_slice(&bytes);
                 }
-                Part::Desc(s) => {
+                Part::Desc(s, charge) => {
                     let t = c.next_token;
                     c.next_token = c.next_token.wrapping_add(1);
                     pkt.push(1);
@@ -482,7 +496,8 @@ impl ShmTransport {
                     pkt.extend_from_slice(&(s.region_offset() as u64).to_le_bytes());
                     pkt.extend_from_slice(&(s.len() as u32).to_le_bytes());
                     pkt.extend_from_slice(&t.to_le_bytes());
-                    c.lent.insert(t, s);
+                    c.held += charge;
+                    c.lent.insert(t, (s, charge));
                 }
             }
             nseg += 1;
@@ -538,8 +553,12 @@ impl ShmTransport {
         }
         if let Some(c) = self.conns.get(&token) {
             if c.state == State::Closing && c.queue.is_empty() {
-                let reason = c.close_reason.clone().unwrap_or(CloseReason::Local);
-                self.drop_conn(token, reason);
+                if c.lent.is_empty() {
+                    let reason = c.close_reason.clone().unwrap_or(CloseReason::Local);
+                    self.drop_conn(token, reason);
+                } else {
+                    self.draining.insert(token);
+                }
             }
         }
     }
@@ -557,6 +576,7 @@ impl ShmTransport {
                 _ => debug!(peer = %c.name, "closed: {reason}"),
             }
             self.starved.remove(&token);
+            self.draining.remove(&token);
             // what the peer still held of ours comes back to our pools now
             self.pending.push(Event::Closed {
                 conn: ConnId(token.0 as u64),
@@ -689,7 +709,9 @@ impl ShmTransport {
                 let n = u32_at(4).ok_or("short return packet")? as usize;
                 for k in 0..n {
                     let t = u32_at(8 + 4 * k).ok_or("short return packet")?;
-                    c.lent.remove(&t);
+                    if let Some((_, charge)) = c.lent.remove(&t) {
+                        c.held -= charge;
+                    }
                 }
                 Ok(())
             }
@@ -1021,6 +1043,12 @@ impl Transport for ShmTransport {
             .map_or(0, |c| c.queued)
     }
 
+    fn held_bytes(&self, conn: ConnId) -> usize {
+        self.conns
+            .get(&Token(conn.0 as usize))
+            .map_or(0, |c| c.held)
+    }
+
     fn close(&mut self, conn: ConnId) {
         let token = Token(conn.0 as usize);
         let Some(state) = self.conns.get(&token).map(|c| c.state) else {
@@ -1049,6 +1077,23 @@ impl Transport for ShmTransport {
 
     fn poll(&mut self, out: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
         self.return_tokens();
+        if !self.draining.is_empty() {
+            let drained: Vec<Token> = self
+                .draining
+                .iter()
+                .copied()
+                .filter(|t| self.conns.get(t).is_none_or(|c| c.lent.is_empty()))
+                .collect();
+            for t in drained {
+                self.draining.remove(&t);
+                let reason = self
+                    .conns
+                    .get(&t)
+                    .and_then(|c| c.close_reason.clone())
+                    .unwrap_or(CloseReason::Local);
+                self.drop_conn(t, reason);
+            }
+        }
         out.append(&mut self.pending);
         let timeout = if !out.is_empty() || !self.more_to_read.is_empty() {
             Some(Duration::ZERO)

@@ -66,6 +66,9 @@ enum State {
     Draining,
 }
 
+/// How long a connection we close may take to hand its queue to a peer that does not read.
+const CLOSE_LINGER: Duration = Duration::from_secs(10);
+
 struct Conn {
     stream: TcpStream,
     addr: String,
@@ -75,6 +78,10 @@ struct Conn {
     writable: bool,
     /// Why we are closing, reported once the socket is gone.
     close_reason: Option<CloseReason>,
+    /// While closing: since when the queue has not shrunk, and its size then. A peer that
+    /// reads nothing for `CLOSE_LINGER` is dropped.
+    closing_since: Option<Instant>,
+    closing_left: usize,
     hs: Handshake,
     /// The handshake succeeded: from then on reads go into receive-pool blocks.
     admitted: bool,
@@ -201,6 +208,8 @@ impl TcpTransport {
                 tx: TxQueue::default(),
                 writable: false,
                 close_reason: None,
+                closing_since: None,
+                closing_left: 0,
                 admitted: false,
                 inbound: inbound.map(|ip| (ip, Instant::now())),
             },
@@ -256,6 +265,7 @@ impl TcpTransport {
             }
             c.state = State::Closing;
             c.close_reason = Some(reason);
+            c.closing_since = Some(Instant::now());
         }
     }
 
@@ -625,6 +635,29 @@ impl Transport for TcpTransport {
             self.on_readable(token, out);
         }
         self.expire_handshakes(out);
+        // A peer that stopped reading cannot keep a closing connection (and its queue) forever.
+        let now = Instant::now();
+        let mut stuck = Vec::new();
+        for (t, c) in self.conns.iter_mut() {
+            let Some(since) = c.closing_since else {
+                continue;
+            };
+            let left = c.tx.bytes();
+            if left != c.closing_left {
+                c.closing_left = left;
+                c.closing_since = Some(now);
+            } else if now.duration_since(since) >= CLOSE_LINGER {
+                stuck.push(*t);
+            }
+        }
+        for t in stuck {
+            let queued = self.conns.get(&t).map_or(0, |c| c.tx.bytes());
+            warn!(
+                "closing connection dropped after {} s: the peer read nothing more ({queued} bytes unsent)",
+                CLOSE_LINGER.as_secs()
+            );
+            self.drop_conn(t, CloseReason::Local, out);
+        }
         // Connections closing with an empty queue still need their shutdown step.
         let closing: Vec<Token> = self
             .conns
