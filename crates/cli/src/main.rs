@@ -6,6 +6,7 @@ mod feed;
 mod inspect;
 mod launch;
 mod pubsub;
+mod rank;
 mod sim;
 mod summary;
 mod testbed;
@@ -112,9 +113,10 @@ struct RunArgs {
 struct NodeArgs {
     #[arg(long, short)]
     config: PathBuf,
-    /// The node's id in the configuration (e.g. evm, ru0, bu1).
+    /// The node's id in the configuration (e.g. evm, ru0, bu1). Without it, the rank that
+    /// srun or mpirun gives the process picks the node: the EVM, then the RUs, then the BUs.
     #[arg(long)]
-    id: String,
+    id: Option<String>,
     /// Started by `evb run` / `evb up`: status lines as JSON on stdout, and exit when stdin closes.
     #[arg(long)]
     supervised: bool,
@@ -241,7 +243,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Node(a) => {
+        Command::Node(mut a) => {
             let cfg = match Config::from_file(&a.config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -249,12 +251,23 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let id = match a.id.take() {
+                Some(id) => id,
+                None => match rank::node_id(&cfg, |k| std::env::var(k).ok()) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        eprintln!("evb node: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+
             // this node's pools on this host (evb run checked the whole set already)
             if let (Some(me), Some(host)) = (
-                cfg.nodes().into_iter().find(|n| n.id == a.id),
+                cfg.nodes().into_iter().find(|n| n.id == id),
                 evb_config::HostMemory::read(),
             ) {
-                let who = format!("evb node {}", a.id);
+                let who = format!("evb node {id}");
                 if let Some(refused) = memory_check(&who, cfg.check_memory(&[me], host)) {
                     return refused;
                 }
@@ -264,7 +277,7 @@ fn main() -> ExitCode {
             } else if a.serve {
                 launch::exit_on_interrupt();
             } else {
-                launch::stop_on_interrupt(&cfg, &a.id);
+                launch::stop_on_interrupt(&cfg, &id);
             }
             let lines: evb_control::Lines = if a.supervised {
                 std::sync::Arc::new(|v| {
@@ -285,17 +298,17 @@ fn main() -> ExitCode {
             } else {
                 evb_control::Mode::Once
             };
-            match evb_control::run_process(&cfg, &a.id, mode, lines, Duration::from_millis(250)) {
+            match evb_control::run_process(&cfg, &id, mode, lines, Duration::from_millis(250)) {
                 Ok(end) => match end.outcome {
                     Some(Err(e)) if mode == evb_control::Mode::Once => {
-                        eprintln!("evb node {}: {e}", a.id);
+                        eprintln!("evb node {id}: {e}");
                         ExitCode::FAILURE
                     }
                     _ if end.ok => ExitCode::SUCCESS,
                     _ => ExitCode::FAILURE,
                 },
                 Err(e) => {
-                    eprintln!("evb node {}: {e}", a.id);
+                    eprintln!("evb node {id}: {e}");
                     ExitCode::FAILURE
                 }
             }

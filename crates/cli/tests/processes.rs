@@ -350,3 +350,58 @@ fn shm_run_keeps_no_stray_memfd_and_leaves_no_process() {
         "a BU maps both RUs' fragment pools: {seen:?}"
     );
 }
+
+#[test]
+fn nodes_take_their_ids_from_the_launchers_rank() {
+    // as srun or mpirun start them: the same command line, a rank in the environment
+    let dir = tempfile::tempdir().unwrap();
+    let base = common::free_base_port(5);
+    let cfg = write(
+        dir.path(),
+        "ranked.toml",
+        &format!(
+            "[run]\nid = \"ranked\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 8192\n\
+             [topology]\nbase_port = {base}\n"
+        ),
+    );
+    let kids: Vec<_> = (0..5)
+        .map(|rank| {
+            Command::new(EVB)
+                .args(["node", "--config"])
+                .arg(&cfg)
+                .env("OMPI_COMM_WORLD_RANK", rank.to_string())
+                .env("OMPI_COMM_WORLD_SIZE", "5")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| k.wait_with_output().unwrap())
+        .collect();
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank}: {}", text(o));
+    }
+    // rank 0 is the EVM: its report is the run's
+    let report: Value = serde_json::from_slice(&outs[0].stdout).unwrap();
+    assert_eq!(report["node"], "evm", "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["run"]["evm"]["triggered"], 3000);
+    assert_eq!(report["run"]["evm"]["released"], 3000);
+    // a launcher that started another number of tasks is told so, naming the nodes
+    let o = Command::new(EVB)
+        .args(["node", "--config"])
+        .arg(&cfg)
+        .env("SLURM_PROCID", "0")
+        .env("SLURM_NTASKS", "4")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("started 4 tasks (SLURM_NTASKS) but the configuration has 5 nodes (evm, ru0, ru1, bu0, bu1)"),
+        "{}",
+        text(&o)
+    );
+}
