@@ -120,14 +120,8 @@ pub unsafe extern "C" fn evb_producer_start(
         // SAFETY: forwarded from this function's contract.
         let (path, id) = unsafe { (text(config_path, "config_path")?, text(ru_id, "ru_id")?) };
         let producer = Producer::start(&config(path)?, id).map_err(|e| code_of(&e))?;
-        let h = Box::new(EvbProducer {
-            producer: Some(producer),
-            buffers: HashMap::new(),
-            next_buffer: 1,
-            outcome: None,
-        });
         // SAFETY: `out` is valid for a write (this function's contract).
-        unsafe { put(out, Box::into_raw(h), "out") }?;
+        unsafe { put(out, handle_of(producer), "out") }?;
         Ok(EVB_OK)
     })
 }
@@ -168,17 +162,21 @@ pub unsafe extern "C" fn evb_producer_start_many(
         }
         let producers = Producer::start_many(&cfg, id).map_err(|e| code_of(&e))?;
         for (i, producer) in producers.into_iter().enumerate() {
-            let h = Box::new(EvbProducer {
-                producer: Some(producer),
-                buffers: HashMap::new(),
-                next_buffer: 1,
-                outcome: None,
-            });
             // SAFETY: i < k <= capacity, and `out` is valid for `capacity` writes.
-            unsafe { out.add(i).write(Box::into_raw(h)) };
+            unsafe { out.add(i).write(handle_of(producer)) };
         }
         Ok(EVB_OK)
     })
+}
+
+/// A new producer handle, owned by the caller until `evb_producer_free`.
+fn handle_of(producer: Producer) -> *mut EvbProducer {
+    Box::into_raw(Box::new(EvbProducer {
+        producer: Some(producer),
+        buffers: HashMap::new(),
+        next_buffer: 1,
+        outcome: None,
+    }))
 }
 
 fn live(p: &mut EvbProducer) -> Result<&mut Producer, c_int> {

@@ -167,27 +167,15 @@ fn two_serving_bus_three_consumers_every_event_once() {
     assert!(inspect.status.success(), "{}", text(&inspect));
 }
 
-/// xorshift64*: the test's own seeded randomness (printed, and taken from
-/// EVB_TEST_SEED to repeat a run).
+/// The test's own seeded randomness (printed, and taken from EVB_TEST_SEED to repeat a run).
 fn rng() -> impl FnMut() -> u64 {
     let seed = std::env::var("EVB_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+        .unwrap_or_else(common::clock_seed);
     eprintln!("seed {seed} (EVB_TEST_SEED={seed} repeats it)");
-    let mut x = seed;
-    move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
+    let mut r = common::Rng(seed | 1);
+    move || r.next()
 }
 
 #[test]

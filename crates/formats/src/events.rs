@@ -280,12 +280,25 @@ impl EventFileWriter {
             }
             self.writer().flush()
         })();
+        let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+        self.settle(r, event_id, payload, crc_before, meta_before)
+    }
+
+    /// After one event's bytes went to the writer: counts the event, or (the write failed)
+    /// restores the CRC and metadata and cuts the file back to whole events.
+    fn settle(
+        &mut self,
+        r: std::io::Result<()>,
+        event_id: u64,
+        payload_bytes: u64,
+        crc_before: u32,
+        meta_before: FileMeta,
+    ) -> Result<(), EventFileError> {
         match r {
             Ok(()) => {
                 self.good = self.meta.bytes;
                 self.meta.events += 1;
-                self.meta.payload_bytes +=
-                    fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+                self.meta.payload_bytes += payload_bytes;
                 self.meta.first_event.get_or_insert(event_id);
                 self.meta.last_event = Some(event_id);
                 Ok(())
@@ -319,35 +332,13 @@ impl EventFileWriter {
             reason,
         })?;
         let (crc_before, meta_before) = (self.crc, self.meta.clone());
-        match self.put(record).and_then(|_| self.writer().flush()) {
-            Ok(()) => {
-                self.good = self.meta.bytes;
-                self.meta.events += 1;
-                self.meta.payload_bytes += ev
-                    .fragments
-                    .iter()
-                    .map(|(_, p)| p.len() as u64)
-                    .sum::<u64>();
-                self.meta.first_event.get_or_insert(ev.event_id);
-                self.meta.last_event = Some(ev.event_id);
-                Ok(())
-            }
-            Err(source) => {
-                self.crc = crc_before;
-                self.meta = meta_before;
-                let out = self.out.take().expect("writer present between calls");
-                let cap = out.capacity();
-                let (mut file, _unwritten) = out.into_parts();
-                use std::io::Seek;
-                let _ = file.set_len(self.good);
-                let _ = file.seek(std::io::SeekFrom::Start(self.good));
-                self.out = Some(BufWriter::with_capacity(cap, file));
-                Err(EventFileError::Io {
-                    path: self.tmp.display().to_string(),
-                    source,
-                })
-            }
-        }
+        let r = self.put(record).and_then(|_| self.writer().flush());
+        let payload = ev
+            .fragments
+            .iter()
+            .map(|(_, p)| p.len() as u64)
+            .sum::<u64>();
+        self.settle(r, ev.event_id, payload, crc_before, meta_before)
     }
 
     /// Completes the file: sync, rename into place, write the metadata file. Returns its

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender};
 use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_builder::assembly::Assembled;
-use evb_config::{Config, OnError, Role, SourceKind};
+use evb_config::{Config, NodeSpec, OnError, Role, SourceKind};
 use evb_node::plug::{ApiFeed, FeedItem, Part, Plugs};
 use evb_node::NodeOutcome;
 use evb_wire::{fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
@@ -107,24 +107,14 @@ impl Producer {
     /// returned producer. The configuration must say `source.kind = "api"`; the EVM and BUs
     /// are started elsewhere (`evb node`) from the same configuration.
     pub fn start(cfg: &Config, ru_id: &str) -> Result<Producer, Error> {
-        cfg.validate().map_err(|e| Error::Setup(e.to_string()))?;
-        if cfg.source.kind != SourceKind::Api {
-            return Err(Error::Setup(
-                "source.kind must be \"api\" for a producer to feed an RU".into(),
-            ));
-        }
-        let me = cfg
-            .nodes()
-            .into_iter()
-            .find(|n| n.id == ru_id && n.role == Role::Ru)
-            .ok_or_else(|| Error::Setup(format!("no RU {ru_id:?} in the configuration")))?;
+        let me = Self::ru(cfg, ru_id)?;
         if me.stream_sources.len() > 1 {
             return Err(Error::Setup(format!(
                 "{ru_id} takes {} producers (producer_sources): start them with Producer::start_many",
                 me.stream_sources.len()
             )));
         }
-        let mut v = Self::spawn(cfg, ru_id, 1)?;
+        let mut v = Self::spawn(cfg, me, 1)?;
         Ok(v.pop().expect("one producer"))
     }
 
@@ -134,32 +124,33 @@ impl Producer {
     /// every producer for its event k and sends them as one super-fragment (docs/formats.md
     /// §4), checking that their trigger numbers agree (`source.on_sync_loss`).
     pub fn start_many(cfg: &Config, ru_id: &str) -> Result<Vec<Producer>, Error> {
-        let k = cfg
-            .nodes()
-            .into_iter()
-            .find(|n| n.id == ru_id && n.role == Role::Ru)
-            .map_or(0, |n| n.stream_sources.len());
+        let me = Self::ru(cfg, ru_id)?;
+        let k = me.stream_sources.len();
         if k < 2 {
             return Err(Error::Setup(format!(
                 "{ru_id} has no [[ru]] producer_sources (2 or more): start its one producer with \
                  Producer::start"
             )));
         }
-        Self::spawn(cfg, ru_id, k)
+        Self::spawn(cfg, me, k)
     }
 
-    fn spawn(cfg: &Config, ru_id: &str, k: usize) -> Result<Vec<Producer>, Error> {
+    /// RU `ru_id` of a valid configuration whose source is the plug-in API.
+    fn ru(cfg: &Config, ru_id: &str) -> Result<NodeSpec, Error> {
         cfg.validate().map_err(|e| Error::Setup(e.to_string()))?;
         if cfg.source.kind != SourceKind::Api {
             return Err(Error::Setup(
                 "source.kind must be \"api\" for a producer to feed an RU".into(),
             ));
         }
-        let me = cfg
-            .nodes()
+        cfg.nodes()
             .into_iter()
             .find(|n| n.id == ru_id && n.role == Role::Ru)
-            .ok_or_else(|| Error::Setup(format!("no RU {ru_id:?} in the configuration")))?;
+            .ok_or_else(|| Error::Setup(format!("no RU {ru_id:?} in the configuration")))
+    }
+
+    fn spawn(cfg: &Config, me: NodeSpec, k: usize) -> Result<Vec<Producer>, Error> {
+        let ru_id = me.id.as_str();
         let (txs, inputs): (Vec<_>, Vec<_>) = (0..k).map(|_| unbounded()).unzip();
         let (pool_tx, pool_rx) = bounded(1);
         let plugs = Plugs {

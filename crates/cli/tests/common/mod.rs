@@ -131,18 +131,21 @@ impl Rng {
     }
 }
 
+/// A seed from the clock, for a run that was given none.
+pub fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
 /// A random-moment campaign's seed (`EVB_CHAOS_SEED`, else the clock) and its number of
 /// trials (`trials_var`, else `default`).
 pub fn chaos_seed(trials_var: &str, default: u64) -> (u64, u64) {
     let seed = std::env::var("EVB_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+        .unwrap_or_else(clock_seed);
     let trials = std::env::var(trials_var)
         .ok()
         .and_then(|s| s.parse().ok())
