@@ -124,6 +124,15 @@ struct NodeArgs {
     /// until halted; without it the node runs one run and exits.
     #[arg(long)]
     serve: bool,
+    /// Where the EVM listens (HOST:PORT), for nodes started without addresses: overrides
+    /// evm.addr. The EVM itself listens there.
+    #[arg(long, value_name = "HOST:PORT")]
+    evm: Option<String>,
+    /// A file every host sees, where the EVM writes the address it listens on for nodes
+    /// started without addresses (overrides run.rendezvous). Under srun or mpirun the
+    /// default is a file beside the configuration, named after the run and the job.
+    #[arg(long, value_name = "FILE")]
+    rendezvous: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -244,13 +253,17 @@ fn main() -> ExitCode {
             }
         },
         Command::Node(mut a) => {
-            let cfg = match Config::from_file(&a.config) {
+            let mut cfg = match Config::from_file(&a.config) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("evb: {e}");
                     return ExitCode::from(2);
                 }
             };
+            if let Err(e) = rank::place(&mut cfg, &a.config, a.evm.take(), a.rendezvous.take()) {
+                eprintln!("evb node: {e}");
+                return ExitCode::from(2);
+            }
             let id = match a.id.take() {
                 Some(id) => id,
                 None => match rank::node_id(&cfg, |k| std::env::var(k).ok()) {
@@ -262,6 +275,24 @@ fn main() -> ExitCode {
                 },
             };
 
+            if let Err(e) = evb_node::discovery::prepare(&mut cfg, &id) {
+                // under a launcher, name the rank and host too: the log is one of many
+                let at = match evb_node::discovery::launcher_rank(&|k| std::env::var(k).ok()) {
+                    Some((var, _, r)) => {
+                        format!(" ({var} {r}, host {})", evb_node::discovery::host_name())
+                    }
+                    None => String::new(),
+                };
+                eprintln!("evb node {id}{at}: {e}");
+                return ExitCode::from(2);
+            }
+            if a.serve && cfg.nodes().iter().any(|n| cfg.is_discovered(&n.addr)) {
+                eprintln!(
+                    "evb node {id}: --serve needs every node's address in the configuration \
+                     (the EVM's controller calls them between runs)"
+                );
+                return ExitCode::from(2);
+            }
             // this node's pools on this host (evb run checked the whole set already)
             if let (Some(me), Some(host)) = (
                 cfg.nodes().into_iter().find(|n| n.id == id),

@@ -2,25 +2,49 @@
 //! run.toml` (Slurm) or `mpirun -n 5 evb node --config run.toml` (Open MPI, MPICH through
 //! PMI, PMIx) start the whole run, each process taking the node of its rank. Rank k runs
 //! the configuration's k-th node in the order `evb config` lists them: the EVM, then the RUs,
-//! then the BUs. The addresses still come from the configuration (docs/operations.md).
+//! then the BUs. Nodes whose address is left out find each other through the EVM
+//! (evb_node::discovery, docs/operations.md).
+
+use std::path::{Path, PathBuf};
 
 use evb_config::Config;
+use evb_node::discovery::{default_rendezvous, launcher_rank, LAUNCHERS};
 
-/// Where launchers put the rank, and the number of tasks when they say it.
-const LAUNCHERS: [(&str, Option<&str>); 4] = [
-    ("SLURM_PROCID", Some("SLURM_NTASKS")),
-    ("OMPI_COMM_WORLD_RANK", Some("OMPI_COMM_WORLD_SIZE")),
-    ("PMIX_RANK", None),
-    ("PMI_RANK", Some("PMI_SIZE")),
-];
+/// Applies `--evm` and `--rendezvous`, and under a launcher with no rendezvous file named,
+/// takes the job's default one when the EVM's address is left out.
+pub fn place(
+    cfg: &mut Config,
+    config_file: &Path,
+    evm: Option<String>,
+    rendezvous: Option<PathBuf>,
+) -> Result<(), String> {
+    if let Some(a) = evm {
+        let sa: std::net::SocketAddr = a
+            .parse()
+            .map_err(|_| format!("--evm {a:?} is not an IP:port address"))?;
+        if sa.port() == 0 {
+            return Err(format!("--evm {a}: give the port the EVM listens on"));
+        }
+        cfg.evm.addr = a;
+        // a `[[ru]]`/`[[bu]]` list or [topology] makes the EVM's address from evm.addr
+    }
+    if let Some(f) = rendezvous {
+        cfg.run.rendezvous = f.to_string_lossy().into_owned();
+    }
+    let evm_addr = cfg.nodes()[0].addr.clone();
+    if cfg.run.rendezvous.is_empty() && cfg.is_discovered(&evm_addr) {
+        let env = |k: &str| std::env::var(k).ok();
+        if let Some(f) = default_rendezvous(config_file, &cfg.run.id, &env) {
+            cfg.run.rendezvous = f.to_string_lossy().into_owned();
+        }
+    }
+    cfg.validate().map_err(|e| e.to_string())
+}
 
 /// The id of the node this process runs, from the first launcher's rank found by `env`.
 pub fn node_id(cfg: &Config, env: impl Fn(&str) -> Option<String>) -> Result<String, String> {
     let nodes = cfg.nodes();
-    let Some((var, size_var, value)) = LAUNCHERS
-        .iter()
-        .find_map(|&(var, size)| env(var).map(|v| (var, size, v)))
-    else {
+    let Some((var, size_var, value)) = launcher_rank(&env) else {
         return Err(format!(
             "no --id, and no launcher's rank in the environment ({}): give --id, or start \
              the nodes with srun or mpirun",

@@ -59,6 +59,70 @@ pub struct Config {
     /// run wherever the system puts them.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub affinity: BTreeMap<String, Vec<usize>>,
+    /// Addresses a node learnt at start rather than read from the file (discovery: its
+    /// own bound listener), by node id; never written to or read from TOML.
+    #[serde(skip)]
+    pub learnt: BTreeMap<String, String>,
+}
+
+/// `transport.interface`: where nodes started without an address listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interface {
+    /// A network interface by name ("ib0", "eth1").
+    Name(String),
+    /// One address of this host.
+    Addr(std::net::IpAddr),
+    /// This host's address inside a network ("10.1.0.0/16").
+    Net(std::net::IpAddr, u8),
+}
+
+impl Interface {
+    pub fn parse(s: &str) -> Result<Interface, String> {
+        if let Some((ip, len)) = s.split_once('/') {
+            let ip: std::net::IpAddr = ip
+                .parse()
+                .map_err(|_| format!("{s:?}: {ip:?} is not an IP address"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?;
+            return Ok(Interface::Net(ip, len));
+        }
+        if let Ok(ip) = s.parse() {
+            return Ok(Interface::Addr(ip));
+        }
+        // Linux interface names: 1 to 15 bytes, no '/', no white space
+        let ok = (1..=15).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b));
+        if ok {
+            Ok(Interface::Name(s.to_string()))
+        } else {
+            Err(format!(
+                "{s:?} is neither an interface name (1 to 15 letters, digits, - _ . : @), an IP \
+                 address, nor a network such as \"10.1.0.0/16\""
+            ))
+        }
+    }
+
+    /// Whether `ip` lies in this network (`Net`) or is this address (`Addr`).
+    pub fn holds(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        match (self, ip) {
+            (Interface::Addr(a), _) => *a == ip,
+            (Interface::Net(IpAddr::V4(n), len), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - *len as u32).unwrap_or(0);
+                u32::from(*n) & mask == u32::from(a) & mask
+            }
+            (Interface::Net(IpAddr::V6(n), len), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - *len as u32).unwrap_or(0);
+                u128::from(*n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
 }
 
 /// CPU numbers an affinity list may name (the kernel's `CPU_SETSIZE`).
@@ -89,6 +153,10 @@ pub struct RunSection {
     /// EVB_SECRET overrides it. Required when any node listens beyond loopback.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub secret: String,
+    /// Discovery: a file on a filesystem every host sees where the EVM writes the address
+    /// it listens on, for nodes started without addresses to read (docs/operations.md).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub rendezvous: String,
     /// Where `evb run` and `evb up` put the RUs and BUs that `[affinity]` does not pin:
     /// on separate CPUs ("auto"), or wherever the system puts them ("none"). A lone
     /// `evb node` ignores it.
@@ -116,6 +184,7 @@ impl Default for RunSection {
             heartbeat_ms: 200,
             heartbeat_timeout_ms: 1000,
             secret: String::new(),
+            rendezvous: String::new(),
             placement: Placement::Auto,
         }
     }
@@ -329,6 +398,11 @@ pub struct TransportSection {
     /// with `kind = "tcp"` for the rest. Absent: `kind` everywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<TransportKind>,
+    /// Where nodes started without an address listen: an interface name ("ib0"), an
+    /// address of this host, or a network ("10.1.0.0/16": this host's address in it).
+    /// Empty: the address this host uses to reach the EVM.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub interface: String,
 }
 
 impl Default for TransportSection {
@@ -337,6 +411,7 @@ impl Default for TransportSection {
             kind: TransportKind::Tcp,
             provider: String::new(),
             local: None,
+            interface: String::new(),
         }
     }
 }
@@ -846,6 +921,13 @@ impl Config {
                 ));
             }
         }
+        if !self.transport.interface.is_empty() {
+            Interface::parse(&self.transport.interface)
+                .map_err(|e| invalid("transport.interface", e))?;
+        }
+        if self.run.rendezvous.len() > 4096 {
+            return Err(invalid("run.rendezvous", "is longer than 4096 bytes"));
+        }
         let f = &self.fragments;
         if f.distribution == Distribution::Lognormal {
             if f.max != 0 && f.max < f.size {
@@ -1266,7 +1348,21 @@ impl Config {
 
     /// Every node: the EVM first, then the RUs, then the BUs.
     pub fn nodes(&self) -> Vec<NodeSpec> {
-        self.nodes_unchecked()
+        let mut v = self.nodes_unchecked();
+        for n in &mut v {
+            if let Some(a) = self.learnt.get(&n.id) {
+                n.addr = a.clone();
+            }
+        }
+        v
+    }
+
+    /// Whether node address `addr` is to be discovered at start rather than dialled as
+    /// written: port 0 outside `inproc` (`evb run` and `evb up` choose ports before they
+    /// start nodes, so only nodes started one by one see it).
+    pub fn is_discovered(&self, addr: &str) -> bool {
+        self.transport.kind != TransportKind::Inproc
+            && addr.parse::<SocketAddr>().is_ok_and(|a| a.port() == 0)
     }
 
     fn nodes_unchecked(&self) -> Vec<NodeSpec> {

@@ -859,3 +859,50 @@ fn serve_sink_settings_are_checked() {
     );
     assert_err(&format!("{s}serve_holds = 3\n"), &["serve_holds"]);
 }
+
+/// `transport.interface`: names, addresses and networks; anything else names the key.
+#[test]
+fn interface_forms() {
+    use crate::Interface;
+    assert_eq!(
+        Interface::parse("ib0").unwrap(),
+        Interface::Name("ib0".into())
+    );
+    let net = Interface::parse("10.1.0.0/16").unwrap();
+    assert!(net.holds("10.1.200.3".parse().unwrap()));
+    assert!(!net.holds("10.2.0.1".parse().unwrap()));
+    assert!(!net.holds("::1".parse().unwrap()));
+    assert!(Interface::parse("0.0.0.0/0")
+        .unwrap()
+        .holds("192.0.2.1".parse().unwrap()));
+    assert!(Interface::parse("fd00::/8")
+        .unwrap()
+        .holds("fd12::1".parse().unwrap()));
+    assert!(Interface::parse("127.0.0.1")
+        .unwrap()
+        .holds("127.0.0.1".parse().unwrap()));
+    for bad in [
+        "10.1.0.0/33",
+        "10.1/8",
+        "eth 0",
+        "a-very-long-interface-name",
+        "",
+    ] {
+        assert!(Interface::parse(bad).is_err(), "{bad}");
+    }
+    let e = Config::from_toml("[transport]\ninterface = \"10.0.0.0/40\"\n").unwrap_err();
+    assert!(e.to_string().contains("transport.interface"), "{e}");
+}
+
+/// Port 0 marks a node whose address is discovered at start; a learnt address replaces it.
+#[test]
+fn discovered_addresses() {
+    let mut cfg = Config::default();
+    let bu1 = cfg.nodes()[4].clone();
+    assert!(cfg.is_discovered(&bu1.addr), "{}", bu1.addr);
+    cfg.learnt.insert("bu1".into(), "127.0.0.1:4567".into());
+    assert_eq!(cfg.nodes()[4].addr, "127.0.0.1:4567");
+    assert!(!cfg.is_discovered("127.0.0.1:4567"));
+    cfg.transport.kind = crate::TransportKind::Inproc;
+    assert!(!cfg.is_discovered("127.0.0.1:0"));
+}

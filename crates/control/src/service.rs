@@ -244,6 +244,7 @@ pub fn run_process(
     });
     let bound = crate::api::serve(node.clone(), &spec.control)?;
     info!(node = %spec.id, "control API on http://{bound}");
+    node.control.set_api(bound.to_string());
     if let Some(c) = &node.controller {
         c.attach(&node, bound);
     }

@@ -22,6 +22,8 @@ struct Inner {
     abort: Mutex<Option<String>>,
     aborting: AtomicBool,
     snapshot: Mutex<Option<Value>>,
+    /// Where the node's control API listens, once bound.
+    api: Mutex<Option<String>>,
 }
 
 impl RunControl {
@@ -53,6 +55,21 @@ impl RunControl {
         *self.0.abort.lock().unwrap_or_else(|p| p.into_inner()) = None;
         // a new run's figures start from nothing, not from the last run's
         *self.0.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Records where the node's control API listens (the driver tells the EVM).
+    pub fn set_api(&self, addr: String) {
+        *self.0.api.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+    }
+
+    /// Where the node's control API listens (empty before it is bound, or without one).
+    pub fn api(&self) -> String {
+        self.0
+            .api
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default()
     }
 
     /// The latest status the node published (`None` before its first).

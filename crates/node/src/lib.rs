@@ -9,6 +9,7 @@
 
 pub mod affinity;
 pub mod control;
+pub mod discovery;
 mod driver;
 mod file_sink;
 mod playback;

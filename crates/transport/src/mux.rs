@@ -111,9 +111,11 @@ impl MuxTransport {
 
 impl Transport for MuxTransport {
     fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
-        let mut first = None;
+        // Every part listens on the first one's address: with port 0 the first picks the
+        // port, and a caller of either part dials that one address.
+        let mut first: Option<String> = None;
         for p in &mut self.parts {
-            let bound = p.listen(addr)?;
+            let bound = p.listen(first.as_deref().unwrap_or(addr))?;
             first.get_or_insert(bound);
         }
         Ok(first.unwrap_or_default())

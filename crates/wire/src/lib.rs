@@ -5,6 +5,7 @@
 
 mod bytes;
 pub mod consumer;
+pub mod discovery;
 mod error;
 mod fragment;
 mod frame;

@@ -2,6 +2,7 @@
 //! [`MessageHeader`] followed by its body.
 
 use crate::bytes::{need, u16_at, u32_at, u64_at};
+use crate::discovery::{decode_peers, encode_peers, PeerAddr, Registration};
 use crate::error::{Result, WireError};
 use crate::frame::truncate_utf8;
 
@@ -28,6 +29,10 @@ pub enum MessageType {
     SourceLost = 0x0017,
     LinkLost = 0x0018,
     Available = 0x0019,
+    /// Node → EVM: who and where the process is (discovery, [`crate::discovery`]).
+    Register = 0x001A,
+    /// EVM → RU: where the BUs it calls listen.
+    Peers = 0x001B,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -54,6 +59,8 @@ impl MessageType {
             0x0017 => MessageType::SourceLost,
             0x0018 => MessageType::LinkLost,
             0x0019 => MessageType::Available,
+            0x001A => MessageType::Register,
+            0x001B => MessageType::Peers,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -143,6 +150,10 @@ pub enum Message {
     /// `Available { count: 0, done: false }` before its Ready, and the EVM triggers no event
     /// that an RU so announced cannot supply yet.
     Available { count: u64, done: bool },
+    /// Node → EVM, first on its control connection: its rank, host and bound addresses.
+    Register(Registration),
+    /// EVM → RU: where BUs started without a configured address listen.
+    Peers(Vec<PeerAddr>),
 }
 
 impl Message {
@@ -161,6 +172,8 @@ impl Message {
             Message::SourceLost { .. } => MessageType::SourceLost,
             Message::LinkLost { .. } => MessageType::LinkLost,
             Message::Available { .. } => MessageType::Available,
+            Message::Register(_) => MessageType::Register,
+            Message::Peers(_) => MessageType::Peers,
         }
     }
 
@@ -195,6 +208,8 @@ impl Message {
             Message::Report(s) | Message::Abort(s) => {
                 out.extend_from_slice(truncate_utf8(s, MAX_TEXT_LEN).as_bytes())
             }
+            Message::Register(r) => r.encode_into(out),
+            Message::Peers(p) => encode_peers(p, out),
         }
         let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
         let h = MessageHeader {
@@ -361,6 +376,8 @@ impl Message {
                     Message::Abort(s)
                 }
             }
+            MessageType::Register => Message::Register(Registration::decode(b)?),
+            MessageType::Peers => Message::Peers(decode_peers(b)?),
             MessageType::Fragment => {
                 return Err(WireError::OutOfRange {
                     what: "fragment outside the fragment path",

@@ -133,6 +133,26 @@ fn messages_round_trip() {
             count: 4685,
             done: true,
         },
+        Message::Register(crate::discovery::Registration {
+            rank: 3,
+            pid: 4711,
+            host: "n12".into(),
+            data: "10.1.0.12:40211".into(),
+            control: "127.0.0.1:8003".into(),
+        }),
+        Message::Peers(vec![
+            crate::discovery::PeerAddr {
+                role: crate::Role::Bu,
+                index: 1,
+                addr: "10.1.0.13:40999".into(),
+            },
+            crate::discovery::PeerAddr {
+                role: crate::Role::Bu,
+                index: 0,
+                addr: "n13:shm77-0".into(),
+            },
+        ]),
+        Message::Peers(vec![]),
     ];
     for m in all {
         let b = m.encode();
@@ -143,6 +163,96 @@ fn messages_round_trip() {
             m
         );
     }
+}
+
+/// Register and Peers bodies: every length, count and reserved field is checked; no input
+/// panics the decoder.
+#[test]
+fn discovery_rejections() {
+    use crate::discovery::{PeerAddr, Registration};
+    let reg = Message::Register(Registration {
+        rank: 0,
+        pid: 1,
+        host: "h".into(),
+        data: "127.0.0.1:5".into(),
+        control: String::new(),
+    })
+    .encode();
+    let body = &reg[MESSAGE_HEADER_LEN..];
+    // every truncation and one byte too many
+    for n in 0..body.len() {
+        assert!(
+            Message::decode(MessageType::Register, &body[..n]).is_err(),
+            "{n}"
+        );
+    }
+    let mut long = body.to_vec();
+    long.push(0);
+    assert!(matches!(
+        Message::decode(MessageType::Register, &long),
+        Err(WireError::BadLength {
+            what: "register",
+            ..
+        })
+    ));
+    // an empty data address, a host length beyond the limit, bad UTF-8
+    let mut b = 7u32.to_le_bytes().to_vec();
+    b.extend_from_slice(&[0; 4]);
+    b.extend_from_slice(&[1, 0, b'h', 0, 0, 0, 0]);
+    assert!(matches!(
+        Message::decode(MessageType::Register, &b),
+        Err(WireError::OutOfRange { .. })
+    ));
+    let mut b = vec![0; 8];
+    b.extend_from_slice(&1000u16.to_le_bytes());
+    assert!(matches!(
+        Message::decode(MessageType::Register, &b),
+        Err(WireError::TooLong { .. })
+    ));
+    let mut b = vec![0; 8];
+    b.extend_from_slice(&[1, 0, 0xff, 1, 0, b'x', 0, 0]);
+    assert!(matches!(
+        Message::decode(MessageType::Register, &b),
+        Err(WireError::BadUtf8 { .. })
+    ));
+    let peers = Message::Peers(vec![PeerAddr {
+        role: crate::Role::Bu,
+        index: 2,
+        addr: "127.0.0.1:9".into(),
+    }])
+    .encode();
+    let body = &peers[MESSAGE_HEADER_LEN..];
+    for n in 0..body.len() {
+        assert!(
+            Message::decode(MessageType::Peers, &body[..n]).is_err(),
+            "{n}"
+        );
+    }
+    let bad = |at: usize, v: u8| {
+        let mut b = body.to_vec();
+        b[at] = v;
+        Message::decode(MessageType::Peers, &b)
+    };
+    assert!(matches!(bad(2, 1), Err(WireError::ReservedNonZero { .. })));
+    assert!(matches!(
+        bad(4, 3),
+        Err(WireError::OutOfRange {
+            what: "peers role",
+            ..
+        })
+    ));
+    assert!(matches!(bad(5, 1), Err(WireError::ReservedNonZero { .. })));
+    // a count larger than the entries, and one beyond the limit
+    assert!(bad(0, 2).is_err());
+    let mut b = body.to_vec();
+    b[0..2].copy_from_slice(&5000u16.to_le_bytes());
+    assert!(matches!(
+        Message::decode(MessageType::Peers, &b),
+        Err(WireError::OutOfRange {
+            what: "peers count",
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -95,6 +95,12 @@ pub struct Driver {
     /// consumers acknowledging), until `sink.drain_timeout()` after it came.
     deferred_stop: Option<(NodeRef, Message)>,
     stop_waits_from: Option<Instant>,
+    /// Where this node's data listener is bound.
+    bound: String,
+    /// The EVM: what each node said about itself (Register).
+    registry: FastMap<NodeRef, evb_wire::discovery::Registration>,
+    /// The EVM: the rendezvous file it wrote, removed at the end.
+    rendezvous: Option<std::path::PathBuf>,
 }
 
 /// CPU seconds (user and system) this process has used so far, all its threads.
@@ -178,6 +184,14 @@ impl Driver {
             .listen(&setup::address(cfg, &me))
             .map_err(|e| NodeError::Listen(me.addr.clone(), e.to_string()))?;
         info!(node = %me.id, addr = %bound, "listening");
+        let rendezvous = if me.role == Role::Evm && !cfg.run.rendezvous.is_empty() {
+            let path = std::path::PathBuf::from(&cfg.run.rendezvous);
+            crate::discovery::publish_evm(&path, &bound).map_err(NodeError::Setup)?;
+            info!(node = %me.id, "wrote the EVM's address to {}", path.display());
+            Some(path)
+        } else {
+            None
+        };
 
         // Who calls whom: RUs and BUs call the EVM (control); RUs call every BU (data).
         let mut dials = Vec::new();
@@ -190,6 +204,12 @@ impl Driver {
             Role::Bu => 1 + n_ru,
         };
         if me.role != Role::Evm {
+            if cfg.is_discovered(&evm.addr) {
+                return Err(NodeError::Setup(format!(
+                    "{id}: the EVM's address is not known (port 0): set evm.addr, give --evm \
+                     HOST:PORT, or a rendezvous file (run.rendezvous, --rendezvous)"
+                )));
+            }
             dials.push(Dial {
                 peer: NodeRef::Evm,
                 addr: setup::address(cfg, evm),
@@ -198,7 +218,11 @@ impl Driver {
             });
         }
         if me.role == Role::Ru {
-            for b in nodes.iter().filter(|n| n.role == Role::Bu) {
+            // BUs without an address are called once the EVM says where they are (Peers)
+            for b in nodes
+                .iter()
+                .filter(|n| n.role == Role::Bu && !cfg.is_discovered(&n.addr))
+            {
                 dials.push(Dial {
                     peer: node_ref(b),
                     addr: setup::address(cfg, b),
@@ -302,6 +326,9 @@ impl Driver {
             shaper,
             deferred_stop: None,
             stop_waits_from: None,
+            bound,
+            registry: FastMap::default(),
+            rendezvous,
         })
     }
 
@@ -446,14 +473,31 @@ impl Driver {
                     Logic::Evm(_) => {}
                 }
             }
-            if !self.up && self.conns.len() < self.expected && now > self.connect_deadline {
+            if !self.up
+                && self.conns.len() < self.expected
+                && now > self.connect_deadline
+                && self.exit.is_none()
+            {
+                let why = format!(
+                    "only {} of {} connections up after {} s; not connected: {}",
+                    self.conns.len(),
+                    self.expected,
+                    self.cfg.run.connect_timeout_s,
+                    self.missing_peers().join(", ")
+                );
+                if matches!(self.logic, Logic::Evm(_)) {
+                    // every node that did start hears why the run cannot
+                    self.abort_launch(why);
+                    continue;
+                }
                 return Err(NodeError::Connect(
                     "peers".into(),
                     format!(
-                        "only {} of {} connections up after {:?}",
+                        "only {} of {} connections up after {} s; not connected: {}",
                         self.conns.len(),
                         self.expected,
-                        self.cfg.run.connect_timeout_s
+                        self.cfg.run.connect_timeout_s,
+                        self.missing_peers().join(", ")
                     ),
                 ));
             }
@@ -610,6 +654,14 @@ impl Driver {
             info!(node = %self.me.id, "{reason}");
         } else {
             error!(node = %self.me.id, "{reason}");
+        }
+        if let Some(path) = &self.rendezvous {
+            // only the file this EVM wrote: a later run's EVM may have replaced it
+            let mine = std::fs::read_to_string(path)
+                .is_ok_and(|t| t.split_whitespace().next() == Some(self.bound.as_str()));
+            if mine {
+                let _ = std::fs::remove_file(path);
+            }
         }
         self.control.publish(report.clone());
         (self.status)(report.clone());

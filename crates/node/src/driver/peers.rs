@@ -55,6 +55,13 @@ impl Driver {
                     self.peers.insert(conn, d.peer);
                     self.conns.insert(d.peer, conn);
                     self.last_heard.insert(d.peer, now);
+                    if d.peer == NodeRef::Evm {
+                        // first on the control connection: who and where this process is
+                        let me = crate::discovery::registration(&self.bound, &self.control.api());
+                        if let Err(e) = self.messenger.send_now(conn, &Message::Register(me)) {
+                            debug!(node = %self.me.id, "register with the EVM failed: {e}");
+                        }
+                    }
                 }
             }
             Incoming::Accepted { conn, peer } => match self.identify(&peer) {
@@ -65,8 +72,27 @@ impl Driver {
                     self.last_heard.insert(p, now);
                 }
                 Some(p) => {
-                    warn!(node = %self.me.id, "second connection from {p} ({}) refused", peer.node_id);
-                    self.messenger.close(conn);
+                    let before_start =
+                        matches!(self.state(), RunState::Configured | RunState::Ready);
+                    if before_start && matches!(self.logic, Logic::Evm(_)) {
+                        // two processes run one node: a launch mistake, fatal for the run
+                        let first = self
+                            .registry
+                            .get(&p)
+                            .map_or("a process that has not registered".into(), |r| r.describe());
+                        let why = format!(
+                            "two processes claim {} (rank {}): the first is {first}; each \
+                             node of the configuration must be started once",
+                            peer.node_id,
+                            self.rank_of(p)
+                        );
+                        let _ = self.messenger.send_now(conn, &Message::Abort(why.clone()));
+                        self.messenger.close(conn);
+                        self.abort_launch(why);
+                    } else {
+                        warn!(node = %self.me.id, "second connection from {p} ({}) refused", peer.node_id);
+                        self.messenger.close(conn);
+                    }
                 }
                 None => {
                     warn!(node = %self.me.id, "connection from unexpected node {:?} ({:?} {}) refused", peer.node_id, peer.role, peer.index);
@@ -80,6 +106,17 @@ impl Driver {
                 self.last_heard.insert(from, now);
                 match (msg, &mut self.logic) {
                     (Received::Message(Message::Heartbeat), _) => {}
+                    (Received::Message(Message::Register(r)), Logic::Evm(_)) => {
+                        self.on_register(from, r)
+                    }
+                    (Received::Message(Message::Peers(p)), Logic::Ru(_))
+                        if from == NodeRef::Evm =>
+                    {
+                        self.on_peers(now, p)
+                    }
+                    (Received::Message(m @ (Message::Register(_) | Message::Peers(_))), _) => {
+                        warn!(node = %self.me.id, "{:?} from {from}, which should not send it; ignored", m.msg_type());
+                    }
                     (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
                     (Received::Message(m), Logic::Ru(r)) => r.handle(now, from, m),
                     (Received::Message(m @ Message::Stop { .. }), Logic::Bu(..)) => {
@@ -105,7 +142,21 @@ impl Driver {
             }
             Incoming::Closed { conn, reason } => {
                 if let Some(mut d) = self.dialing.remove(&conn) {
-                    let rejected = matches!(reason, CloseReason::Rejected(_));
+                    let mut rejected = matches!(reason, CloseReason::Rejected(_));
+                    // the EVM may have said meanwhile that a restarted BU moved (Peers)
+                    if let Some((addr, _)) = self.dial_specs.get(&d.peer) {
+                        d.addr = addr.clone();
+                    }
+                    if d.peer == NodeRef::Evm {
+                        if let Some(path) = self.evm_rendezvous() {
+                            // a file left by an earlier run names a dead (or another
+                            // run's) EVM until this run's EVM writes it: read it again
+                            rejected = false;
+                            if let Some(a) = crate::discovery::peek_evm(&path) {
+                                d.addr = a.to_string();
+                            }
+                        }
+                    }
                     if self.up && !rejected {
                         // calling a lost peer again: keep trying while the run lasts
                         d.retry_at = Some(now + Duration::from_millis(200));
@@ -159,6 +210,154 @@ impl Driver {
                     addr,
                     channel,
                     retry_at: Some(now + Duration::from_millis(200)),
+                });
+            }
+        }
+    }
+
+    /// The EVM, before the run starts: abort it, telling every node connected so far (the
+    /// state machine tells only the nodes that said Ready).
+    pub(super) fn abort_launch(&mut self, why: String) {
+        for &conn in self.conns.values() {
+            let _ = self.messenger.send_now(conn, &Message::Abort(why.clone()));
+        }
+        if let Logic::Evm(e) = &mut self.logic {
+            e.abort(why);
+        }
+        self.run_actions();
+    }
+
+    /// The rendezvous file this node read the EVM's address from, if it did.
+    fn evm_rendezvous(&self) -> Option<std::path::PathBuf> {
+        let from_file = self.me.role != Role::Evm
+            && !self.cfg.run.rendezvous.is_empty()
+            && self.cfg.learnt.contains_key(&self.nodes[0].id);
+        from_file.then(|| std::path::PathBuf::from(&self.cfg.run.rendezvous))
+    }
+
+    /// The rank of node `p` under a launcher: its place in the configuration's order.
+    pub(super) fn rank_of(&self, p: NodeRef) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| node_ref(n) == p)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The peers this node still waits for, by id and rank, and why where it knows.
+    pub(super) fn missing_peers(&self) -> Vec<String> {
+        let wanted = |n: &&NodeSpec| match self.me.role {
+            Role::Evm => n.role != Role::Evm,
+            Role::Ru => n.role != Role::Ru,
+            Role::Bu => n.role != Role::Bu,
+        };
+        self.nodes
+            .iter()
+            .filter(wanted)
+            .filter(|n| !self.conns.contains_key(&node_ref(n)))
+            .map(|n| {
+                let p = node_ref(n);
+                let rank = self.rank_of(p);
+                let why = if self.me.role == Role::Ru
+                    && n.role == Role::Bu
+                    && !self.dial_specs.contains_key(&p)
+                {
+                    ": the EVM has not said where it listens (it has not registered)"
+                } else if self.me.role == Role::Evm {
+                    ": it never called (not started, or it cannot reach this EVM)"
+                } else {
+                    ""
+                };
+                let at = self
+                    .dial_specs
+                    .get(&p)
+                    .map(|(a, _)| format!(" at {a}"))
+                    .unwrap_or_default();
+                format!("{} (rank {rank}){at}{why}", n.id)
+            })
+            .collect()
+    }
+
+    /// The EVM: node `from` says who and where it is. A BU started without an address is
+    /// made known to the RUs (all of them, or again when a restarted BU moved).
+    fn on_register(&mut self, from: NodeRef, r: evb_wire::discovery::Registration) {
+        info!(node = %self.me.id, "{from} registered: {}, listening on {}", r.describe(), r.data);
+        let bu = match from {
+            NodeRef::Bu(i) => self
+                .nodes
+                .iter()
+                .find(|n| n.role == Role::Bu && n.index == i)
+                .filter(|n| self.cfg.is_discovered(&n.addr))
+                .map(|_| evb_wire::discovery::PeerAddr {
+                    role: evb_wire::Role::Bu,
+                    index: i,
+                    addr: r.data.clone(),
+                }),
+            _ => None,
+        };
+        self.registry.insert(from, r);
+        let to: Vec<NodeRef> = match (&bu, from) {
+            (Some(_), _) => self
+                .conns
+                .keys()
+                .copied()
+                .filter(|p| matches!(p, NodeRef::Ru(_)))
+                .collect(),
+            (None, NodeRef::Ru(_)) => vec![from],
+            _ => Vec::new(),
+        };
+        let peers: Vec<_> = match bu {
+            Some(b) => vec![b],
+            None => self.discovered_bus(),
+        };
+        if peers.is_empty() {
+            return;
+        }
+        for p in to {
+            if let Some(&conn) = self.conns.get(&p) {
+                let _ = self
+                    .messenger
+                    .send_now(conn, &Message::Peers(peers.clone()));
+            }
+        }
+    }
+
+    /// The registered addresses of the BUs started without one.
+    fn discovered_bus(&self) -> Vec<evb_wire::discovery::PeerAddr> {
+        self.nodes
+            .iter()
+            .filter(|n| n.role == Role::Bu && self.cfg.is_discovered(&n.addr))
+            .filter_map(|n| {
+                let r = self.registry.get(&NodeRef::Bu(n.index))?;
+                Some(evb_wire::discovery::PeerAddr {
+                    role: evb_wire::Role::Bu,
+                    index: n.index,
+                    addr: r.data.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// An RU: the EVM says where BUs started without an address listen; call them there.
+    fn on_peers(&mut self, now: Instant, peers: Vec<evb_wire::discovery::PeerAddr>) {
+        for a in peers {
+            let known = self.nodes.iter().any(|n| {
+                n.role == Role::Bu && n.index == a.index && self.cfg.is_discovered(&n.addr)
+            });
+            if a.role != evb_wire::Role::Bu || !known {
+                warn!(node = %self.me.id, "the EVM named {:?} {} at {}, not a BU without an address; ignored", a.role, a.index, a.addr);
+                continue;
+            }
+            let p = NodeRef::Bu(a.index);
+            debug!(node = %self.me.id, "{p} listens on {}", a.addr);
+            self.dial_specs.insert(p, (a.addr.clone(), Channel::Data));
+            if let Some(d) = self.waiting_dials.iter_mut().find(|d| d.peer == p) {
+                d.addr = a.addr;
+            } else if !self.conns.contains_key(&p) && !self.dialing.values().any(|d| d.peer == p) {
+                self.waiting_dials.push(Dial {
+                    peer: p,
+                    addr: a.addr,
+                    channel: Channel::Data,
+                    retry_at: Some(now),
                 });
             }
         }

@@ -57,6 +57,19 @@ impl Driver {
                     "exhausted": st.exhausted,
                 })
             }).collect::<Vec<Value>>(),
+            // the EVM: what each node said about itself (rank, host, pid, addresses)
+            "registered": (!self.registry.is_empty()).then(|| {
+                let mut v: Vec<(usize, Value)> = self.registry.iter().map(|(p, r)| (self.rank_of(*p), json!({
+                    "peer": p.to_string(),
+                    "rank": (r.rank != evb_wire::discovery::NO_RANK).then_some(r.rank),
+                    "host": r.host,
+                    "pid": r.pid,
+                    "data": r.data,
+                    "control": r.control,
+                }))).collect();
+                v.sort_by_key(|(k, _)| *k);
+                v.into_iter().map(|(_, j)| j).collect::<Vec<Value>>()
+            }),
             "peers": self.conns.iter().map(|(p, c)| json!({
                 "peer": p.to_string(),
                 "queued_bytes": self.messenger.queued_bytes(*c),

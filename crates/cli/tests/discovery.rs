@@ -1,0 +1,284 @@
+//! Nodes started without addresses, as a launcher starts them (one command line, a rank in
+//! the environment): they find each other through the EVM and build an exact run, whatever
+//! order they start in; and what goes wrong at launch is named by node, rank and host, and
+//! ends every process.
+//! (The real launchers, srun and mpirun, are tested in launchers.rs.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{text, Rng, EVB};
+use serde_json::Value;
+
+/// Every variable a launcher sets that evb reads: the tests set their own.
+const LAUNCHER_VARS: [&str; 10] = [
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_MCA_ess_base_jobid",
+    "PMIX_RANK",
+    "PMIX_NAMESPACE",
+    "PMI_RANK",
+];
+
+/// A 2 × 2 run with no address anywhere in it.
+fn no_addresses(dir: &Path, extra: &str) -> PathBuf {
+    let p = dir.join("run.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[run]\nid = \"found\"\nevents = 3000\nduration_s = 0\nconnect_timeout_s = 3\n\
+             [fragments]\nsize = 8192\n[transport]\ninterface = \"lo\"\n{extra}"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// `evb node --config cfg` as rank `rank` of `ntasks` under a launcher whose variables are
+/// `vars` (`{rank}` and `{n}` in a value are replaced).
+fn node(cfg: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
+    let mut c = Command::new(EVB);
+    c.args(["node", "--config"]).arg(cfg).args(args);
+    for v in LAUNCHER_VARS {
+        c.env_remove(v);
+    }
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn slurm(rank: usize, n: usize, job: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("SLURM_PROCID", rank.to_string()),
+        ("SLURM_NTASKS", n.to_string()),
+        ("SLURM_JOB_ID", job.to_string()),
+        ("SLURM_STEP_ID", "0".to_string()),
+    ]
+}
+
+fn ompi(rank: usize, n: usize) -> Vec<(&'static str, String)> {
+    vec![
+        ("OMPI_COMM_WORLD_RANK", rank.to_string()),
+        ("OMPI_COMM_WORLD_SIZE", n.to_string()),
+    ]
+}
+
+/// Waits for every process, failing the test if one is still running after `limit`.
+fn wait_all(kids: Vec<Child>, limit: Duration) -> Vec<Output> {
+    let until = Instant::now() + limit;
+    let mut kids = kids;
+    loop {
+        if kids
+            .iter_mut()
+            .all(|k| k.try_wait().is_ok_and(|s| s.is_some()))
+        {
+            return kids
+                .into_iter()
+                .map(|k| k.wait_with_output().unwrap())
+                .collect();
+        }
+        if Instant::now() > until {
+            for k in &mut kids {
+                let _ = k.kill();
+            }
+            panic!("processes still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Slurm-style launch in a random order with random delays (a seed printed), the default
+/// rendezvous file beside the configuration, a stale one from a dead run there at first,
+/// and shared memory between the nodes (transport.local): exact, and the EVM's report
+/// names every node's rank, host and address.
+#[test]
+fn nodes_without_addresses_find_each_other_in_any_order() {
+    let seed = std::env::var("EVB_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(common::clock_seed);
+    eprintln!("seed {seed} (EVB_TEST_SEED={seed} replays this order)");
+    let mut rng = Rng(seed | 1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = no_addresses(dir.path(), "local = \"shm\"\n");
+    let job = format!("{}", std::process::id());
+    // what a killed EVM of an earlier step leaves behind: an address nobody listens on
+    let file = dir.path().join(format!(".evb-found-slurm-{job}.0.evm"));
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std::fs::write(&file, format!("{} vm 1\n", dead.local_addr().unwrap())).unwrap();
+    drop(dead);
+
+    let mut order: Vec<usize> = (0..5).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    eprintln!("start order {order:?}");
+    let mut kids: Vec<(usize, Child)> = Vec::new();
+    for &rank in &order {
+        std::thread::sleep(Duration::from_millis(rng.below(400)));
+        kids.push((rank, node(&cfg, &[], &slurm(rank, 5, &job))));
+    }
+    kids.sort_by_key(|k| k.0);
+    let outs = wait_all(
+        kids.into_iter().map(|k| k.1).collect(),
+        Duration::from_secs(60),
+    );
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank} (seed {seed}): {}", text(o));
+    }
+    let report: Value = serde_json::from_slice(&outs[0].stdout).unwrap();
+    assert_eq!(report["node"], "evm");
+    assert_eq!(report["ok"], true, "{report}");
+    let run = &report["run"];
+    assert_eq!(run["evm"]["triggered"], 3000);
+    assert_eq!(run["evm"]["released"], 3000);
+    let built: u64 = run["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(built, 3000);
+    // the RUs' fragments went over shared memory, found at the discovered address
+    let by_reference: u64 = outs[1..3]
+        .iter()
+        .map(|o| {
+            let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+            r["net"]["bytes_by_reference"].as_u64().unwrap()
+        })
+        .sum();
+    assert!(by_reference >= 3000 * 2 * 8192, "{by_reference}");
+    let reg = report["registered"].as_array().unwrap();
+    let peers: Vec<&str> = reg.iter().map(|r| r["peer"].as_str().unwrap()).collect();
+    assert_eq!(peers, ["ru[0]", "ru[1]", "bu[0]", "bu[1]"]);
+    for (k, r) in reg.iter().enumerate() {
+        assert_eq!(r["rank"], k as u64 + 1, "{r}");
+        assert!(!r["host"].as_str().unwrap().is_empty());
+        let data: std::net::SocketAddr = r["data"].as_str().unwrap().parse().unwrap();
+        assert!(data.ip().is_loopback() && data.port() != 0, "{r}");
+    }
+    assert!(!file.exists(), "the EVM removes its rendezvous file");
+}
+
+/// A rank that never starts: within run.connect_timeout_s the EVM names it by id and rank,
+/// every process that did start exits with an error, and the EVM's reason reaches them.
+#[test]
+fn a_rank_that_never_starts_is_named_and_everyone_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = no_addresses(dir.path(), "");
+    let f = dir.path().join("r.evm");
+    let args = ["--rendezvous", f.to_str().unwrap()];
+    let started = Instant::now();
+    // bu1 is rank 4; ranks 0 to 3 start
+    let kids = (0..4).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
+    let outs = wait_all(kids, Duration::from_secs(30));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(!o.status.success(), "rank {rank}: {}", text(o));
+    }
+    let evm = text(&outs[0]);
+    assert!(
+        evm.contains("not connected: bu1 (rank 4): it never called"),
+        "{evm}"
+    );
+    // the RUs wait for bu1's address: they say why, or the EVM's reason reached them
+    for o in &outs[1..3] {
+        let t = text(o);
+        assert!(t.contains("bu1 (rank 4)"), "{t}");
+    }
+    assert!(!f.exists(), "the EVM removes its rendezvous file");
+}
+
+/// Two processes claiming one node: the run is aborted before it starts, naming the node
+/// and the first process; every process exits with an error.
+#[test]
+fn two_processes_claiming_one_node_abort_the_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = no_addresses(dir.path(), "");
+    let f = dir.path().join("r.evm");
+    let args = ["--rendezvous", f.to_str().unwrap()];
+    // ranks 0 to 3 and a second ru1; bu1 (rank 4) later, so the run cannot have started
+    let mut kids: Vec<Child> = (0..4).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut with_id = args.to_vec();
+    with_id.extend(["--id", "ru1"]);
+    kids.push(node(&cfg, &with_id, &[]));
+    std::thread::sleep(Duration::from_millis(700));
+    kids.push(node(&cfg, &args, &ompi(4, 5)));
+    let outs = wait_all(kids, Duration::from_secs(30));
+    let all: String = outs.iter().map(text).collect();
+    assert!(all.contains("two processes claim ru1 (rank 2)"), "{all}");
+    // each process is either told of the abort or loses the EVM: none succeeds
+    for (k, o) in outs.iter().enumerate() {
+        assert!(!o.status.success(), "process {k}: {}", text(o));
+    }
+}
+
+/// A host without the configured interface fails at once, naming the interface, the rank
+/// and the host, and what the host has instead; a node that cannot know the EVM's address
+/// says how to give it.
+#[test]
+fn launch_mistakes_fail_at_once_and_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = no_addresses(dir.path(), "");
+    let text_of = |c: Child| {
+        let o = wait_all(vec![c], Duration::from_secs(5)).remove(0);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        text(&o)
+    };
+    let bad = dir.path().join("bad.toml");
+    let body = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("\"lo\"", "\"ib7\"");
+    std::fs::write(&bad, body).unwrap();
+    let t = text_of(node(&bad, &["--rendezvous", "/nonexistent/r"], &ompi(3, 5)));
+    assert!(
+        t.contains("evb node bu0 (OMPI_COMM_WORLD_RANK 3, host ")
+            && t.contains("transport.interface = \"ib7\"")
+            && t.contains("no such interface (it has lo 127.0.0.1"),
+        "{t}"
+    );
+    // no launcher's job to name a default rendezvous file, none given, no EVM address
+    let t = text_of(node(&cfg, &["--id", "ru0"], &[]));
+    assert!(
+        t.contains("the EVM's address is not known") && t.contains("--evm HOST:PORT"),
+        "{t}"
+    );
+    let t = text_of(node(&cfg, &["--id", "ru0", "--evm", "127.0.0.1:0"], &[]));
+    assert!(t.contains("--evm 127.0.0.1:0: give the port"), "{t}");
+}
+
+/// `--evm HOST:PORT` instead of a rendezvous file: the EVM listens there, the others call
+/// it, and the BUs are still found through the EVM.
+#[test]
+fn a_known_evm_address_needs_no_rendezvous_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = no_addresses(dir.path(), "");
+    let port = common::free_base_port(1);
+    let evm = format!("127.0.0.1:{port}");
+    let kids = (0..5)
+        .map(|r| node(&cfg, &["--evm", &evm], &ompi(r, 5)))
+        .collect();
+    let outs = wait_all(kids, Duration::from_secs(60));
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank}: {}", text(o));
+    }
+    let report: Value = serde_json::from_slice(&outs[0].stdout).unwrap();
+    assert_eq!(report["run"]["evm"]["released"], 3000, "{report}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no file but the configuration"
+    );
+}
