@@ -231,10 +231,11 @@ pub fn prepare(cfg: &mut Config, id: &str) -> Result<(), String> {
         None
     } else if evm_discovered {
         if cfg.run.rendezvous.is_empty() {
-            return Err(format!(
+            return Err(
                 "the EVM's address is not known: set evm.addr (with a port), give \
                  --evm HOST:PORT, or run.rendezvous / --rendezvous FILE (a file every host sees)"
-            ));
+                    .to_string(),
+            );
         }
         let (addr, host) = read_evm(Path::new(&cfg.run.rendezvous), deadline)?;
         if addr.ip().is_loopback() && !host.is_empty() && host != host_name() {
@@ -290,7 +291,7 @@ mod tests {
             e.contains("nosuch0") && e.contains("no such interface") && e.contains("lo 127.0.0.1"),
             "{e}"
         );
-        let e = local_ip("192.0.2.0/24", None, none).unwrap_err();
+        let e = local_ip("198.51.100.0/24", None, none).unwrap_err();
         assert!(e.contains("no such address"), "{e}");
     }
 
