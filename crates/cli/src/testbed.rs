@@ -39,6 +39,11 @@ pub struct TestbedArgs {
     /// RU k's fragment for BU k stays in the host.
     #[arg(long)]
     folded: bool,
+    /// Start the nodes as a launcher does, without addresses: one `evb node` per host with
+    /// its rank in the environment; they find each other through the EVM (a rendezvous
+    /// file, `transport.interface` = the testbed's network).
+    #[arg(long)]
+    discover: bool,
     /// Write the run summary as JSON here (as `evb run --json`), with the testbed's figures.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -212,6 +217,27 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     if cfg.secret().is_none() {
         cfg.run.secret = format!("testbed-{}-{}", a.name, std::process::id());
     }
+    let scratch = tempfile::tempdir().map_err(|e| format!("a temporary folder: {e}"))?;
+    if a.discover {
+        // no address anywhere: each node listens on its host's address in the testbed's
+        // network, on a port of its choosing
+        cfg.evm.addr.clear();
+        cfg.evm.control.clear();
+        for r in &mut cfg.ru {
+            r.addr.clear();
+            r.control.clear();
+        }
+        for b in &mut cfg.bu {
+            b.addr.clear();
+            b.control.clear();
+        }
+        cfg.topology.host = "127.0.0.1".into();
+        cfg.topology.base_port = 0;
+        cfg.control.host = "127.0.0.1".into();
+        cfg.control.base_port = 0;
+        cfg.transport.interface = "10.250.0.0/24".into();
+        cfg.run.rendezvous = scratch.path().join("evm").to_string_lossy().into_owned();
+    }
     cfg.validate()
         .map_err(|e| format!("testbed configuration: {e}"))?;
 
@@ -243,6 +269,13 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         let json = a.json.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("evb-testbed-{}.json", std::process::id()))
         });
+        if a.discover {
+            let hosts: Vec<String> = placed
+                .iter()
+                .map(|p| format!("{}-h{}", a.name, p.0))
+                .collect();
+            return run_discovered(&cfg, &hosts, scratch.path(), a.json.as_deref());
+        }
         let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
         report(
             &json,
@@ -261,6 +294,96 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         eprintln!("evb testbed: removed (namespaces, links, bridge and qdiscs)");
     }
     outcome
+}
+
+/// The run as a launcher starts it: node k is rank k, started in its host without an
+/// address. Prints the run's table and verdict, and where each node was found.
+fn run_discovered(
+    cfg: &Config,
+    hosts: &[String],
+    scratch: &Path,
+    json_out: Option<&Path>,
+) -> Result<bool, String> {
+    let file = scratch.join("run.toml");
+    std::fs::write(&file, cfg.to_toml()).map_err(|e| format!("{}: {e}", file.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let nodes = cfg.nodes();
+    let mut kids = Vec::new();
+    for (k, (n, host)) in nodes.iter().zip(hosts).enumerate() {
+        let log = std::fs::File::create(scratch.join(format!("{}.log", n.id)))
+            .map_err(|e| format!("a log file: {e}"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", host])
+            .arg(&exe)
+            .args(["node", "--config"])
+            .arg(&file)
+            .env("OMPI_COMM_WORLD_RANK", k.to_string())
+            .env("OMPI_COMM_WORLD_SIZE", nodes.len().to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {} in {host}: {e}", n.id))?;
+        kids.push(child);
+    }
+    let budget = cfg.run.connect_timeout_s
+        + 2.0 * cfg.run.stall_timeout_s
+        + if cfg.run.duration_s > 0.0 {
+            cfg.run.duration_s
+        } else {
+            600.0
+        }
+        + 30.0;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(budget);
+    while kids.iter_mut().any(|c| matches!(c.try_wait(), Ok(None))) {
+        if std::time::Instant::now() > until {
+            for c in &mut kids {
+                let _ = c.kill();
+            }
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut reports = std::collections::BTreeMap::new();
+    let mut problems = Vec::new();
+    for (n, c) in nodes.iter().zip(kids) {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            let log =
+                std::fs::read_to_string(scratch.join(format!("{}.log", n.id))).unwrap_or_default();
+            let last = log.lines().last().unwrap_or("").trim().to_string();
+            problems.push(format!("{} exited with {}: {last}", n.id, out.status));
+        }
+        if let Ok(r) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            reports.insert(n.id.clone(), r);
+        }
+    }
+    let evm = reports.get(&nodes[0].id).cloned().unwrap_or_default();
+    if evm["ok"] != true {
+        problems.push(format!("the EVM: {}", evm["reason"]));
+    }
+    if let Some(reg) = evm["registered"].as_array() {
+        eprintln!("evb testbed: the nodes registered with the EVM:");
+        for r in reg {
+            eprintln!(
+                "  {:<7} rank {:<3} {}",
+                r["peer"].as_str().unwrap_or("?"),
+                r["rank"],
+                r["data"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
+    crate::summary::print(cfg, &ids, &reports, &evm["run"], &problems);
+    if let Some(path) = json_out {
+        let doc = serde_json::json!({
+            "ok": problems.is_empty(),
+            "problems": problems,
+            "run": evm["run"],
+            "registered": evm["registered"],
+        });
+        std::fs::write(path, doc.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(problems.is_empty())
 }
 
 /// Each node's host and port offset: one host per node, or (folded) RU k and BU k on one

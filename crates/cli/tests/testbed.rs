@@ -160,3 +160,57 @@ fn a_folded_testbed_keeps_each_hosts_own_fragment_off_the_network() {
     );
     assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
 }
+
+/// Nodes started as a launcher starts them, one per host without an address, with the run
+/// secret: they register their testbed addresses (beyond loopback) with the EVM and build
+/// an exact run.
+#[test]
+fn a_discovery_testbed_finds_nodes_beyond_loopback() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, SMALL).unwrap();
+    let name = format!("d{}", std::process::id() % 100_000);
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["testbed", "--discover", "--rus", "2", "--bus", "2"])
+        .args([
+            "--duration",
+            "1",
+            "--rate",
+            "1gbit",
+            "--quiet",
+            "--name",
+            &name,
+        ])
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let triggered = v["run"]["evm"]["triggered"].as_u64().unwrap();
+    assert!(triggered > 0);
+    assert_eq!(v["run"]["evm"]["released"], triggered);
+    // ranks 1 to 4 on hosts 2 to 5 of the testbed's network, each on a port it chose
+    let reg = v["registered"].as_array().unwrap();
+    assert_eq!(reg.len(), 4, "{v}");
+    for (k, r) in reg.iter().enumerate() {
+        assert_eq!(r["rank"], k as u64 + 1);
+        let a: std::net::SocketAddr = r["data"].as_str().unwrap().parse().unwrap();
+        assert_eq!(a.ip().to_string(), format!("10.250.0.{}", k + 2), "{r}");
+        assert_ne!(a.port(), 0);
+    }
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}
