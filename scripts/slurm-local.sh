@@ -32,9 +32,15 @@ pids_of_dir() {
     done
 }
 
-# Loopback ports in use (listening or not), from /proc/net/tcp{,6}.
+# Local TCP ports in use (listening or connected), from /proc/net/tcp{,6}.
 used_ports() {
-    awk 'NR > 1 { split($2, a, ":"); print strtonum("0x" a[2]) }' /proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -un
+    local f _sl local_addr _rest
+    for f in /proc/net/tcp /proc/net/tcp6; do
+        [ -r "$f" ] || continue
+        while read -r _sl local_addr _rest; do
+            [[ $local_addr == *:* ]] && echo $((16#${local_addr##*:}))
+        done < <(tail -n +2 "$f")
+    done | sort -un
 }
 
 free_port() {

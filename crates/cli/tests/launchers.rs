@@ -42,35 +42,52 @@ fn run_config(dir: &Path, base_port: u16, extra: &str) -> PathBuf {
     path
 }
 
-/// The tools found on PATH, or a skip (false) saying which are missing; a failure when CI
-/// requires the tools.
-fn have(tools: &[&str]) -> bool {
-    let missing: Vec<&str> = tools
+/// The tools found on PATH (or the reason they cannot run), or a skip (false) saying what is
+/// missing; a failure when CI requires the tools.
+fn have(tools: &[&str], packages: &str, root: bool) -> bool {
+    let mut missing: Vec<String> = tools
         .iter()
-        .copied()
         .filter(|t| {
             !Command::new("sh")
                 .args(["-c", &format!("command -v {t} >/dev/null")])
                 .status()
                 .is_ok_and(|s| s.success())
         })
+        .map(|t| format!("{t} is not installed (Debian: {packages})"))
         .collect();
+    if root && !is_root() {
+        missing.push("the local cluster needs root".into());
+    }
     if missing.is_empty() {
         return true;
     }
     assert!(
         std::env::var("EVB_REQUIRE_TOOLS").is_err(),
-        "{missing:?} required (EVB_REQUIRE_TOOLS) but not installed"
+        "required (EVB_REQUIRE_TOOLS): {}",
+        missing.join("; ")
     );
     eprintln!(
-        "SKIPPED: {} not installed (Debian: slurm-wlm munge openmpi-bin; scripts/test.sh installs them)",
-        missing.join(", ")
+        "SKIPPED: {} (scripts/test.sh installs them)",
+        missing.join("; ")
     );
     false
 }
 
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            == Some("0")
+    })
+}
+
 fn have_slurm() -> bool {
-    have(&["slurmctld", "slurmd", "munged", "srun", "sbatch", "sinfo"])
+    have(
+        &["slurmctld", "slurmd", "munged", "srun", "sbatch", "sinfo"],
+        "slurm-wlm munge",
+        true,
+    )
 }
 
 fn slurm_local() -> PathBuf {
@@ -311,7 +328,7 @@ fn processes_with_arg(arg: &Path) -> Vec<u32> {
 
 #[test]
 fn mpirun_starts_an_exact_run() {
-    if !have(&["mpirun"]) {
+    if !have(&["mpirun"], "openmpi-bin", false) {
         return;
     }
     let _one = one_at_a_time();
