@@ -30,13 +30,14 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 const EVENTS: u64 = 3000;
 
 /// The run's configuration in `dir`: an EVM, 2 RUs and 2 BUs on 127.0.0.1 from `base_port`,
-/// `extra` (TOML) appended. Every launch here runs one written by this function.
-fn run_config(dir: &Path, base_port: u16, extra: &str) -> PathBuf {
+/// `run` (TOML keys) added to its [run] table and `tables` (TOML tables) appended. Every
+/// launch here runs one written by this function.
+fn run_config(dir: &Path, base_port: u16, run: &str, tables: &str) -> PathBuf {
     let path = dir.join("run.toml");
     let toml = format!(
-        "[run]\nid = \"launched\"\nevents = {EVENTS}\nduration_s = 0\n\
+        "[run]\nid = \"launched\"\nevents = {EVENTS}\nduration_s = 0\n{run}\
          [fragments]\nsize = 8192\n\
-         [topology]\nrus = 2\nbus = 2\nbase_port = {base_port}\n{extra}"
+         [topology]\nrus = 2\nbus = 2\nbase_port = {base_port}\n{tables}"
     );
     std::fs::write(&path, toml).unwrap();
     path
@@ -184,15 +185,47 @@ fn launch(mut cmd: Command, dir: &Path, name: &str, limit: Duration) -> Launched
     }
 }
 
-/// The EVM's report, read from its (rank 0's) stdout, checked for an exact run.
-fn assert_exact_report(evm_stdout: &str, context: &str) {
-    let report: Value = serde_json::from_str(evm_stdout.trim()).unwrap_or_else(|e| {
-        panic!("the EVM's stdout is not its report ({e}):\n{evm_stdout}\n{context}")
-    });
-    assert_eq!(report["node"], "evm", "{report}");
-    assert_eq!(report["ok"], true, "{report}");
-    assert_eq!(report["run"]["evm"]["triggered"], EVENTS, "{report}");
-    assert_eq!(report["run"]["evm"]["released"], EVENTS, "{report}");
+/// The nodes of `run_config`'s configuration in rank order.
+const NODES: [&str; 5] = ["evm", "ru0", "ru1", "bu0", "bu1"];
+
+/// A node's report in what its process wrote: the pretty-printed JSON object from a line
+/// `{` to a line `}` (its log may hold stderr's lines too).
+fn report_in(output: &str) -> Option<Value> {
+    let lines: Vec<&str> = output.lines().collect();
+    let from = lines.iter().position(|l| *l == "{")?;
+    let to = from + lines[from..].iter().position(|l| *l == "}")?;
+    serde_json::from_str(&lines[from..=to].join("\n")).ok()
+}
+
+/// Every rank ran its node of the configuration, and the EVM (rank 0) reports an exact
+/// run: every event triggered, built once by the BUs (ids 0..EVENTS), and released.
+/// `outputs[k]` is what rank k wrote.
+fn assert_exact(outputs: &[String], context: &str) {
+    assert_eq!(outputs.len(), NODES.len());
+    for (rank, (out, id)) in outputs.iter().zip(NODES).enumerate() {
+        let Some(r) = report_in(out) else {
+            panic!("no report from rank {rank}:\n{context}");
+        };
+        assert_eq!(r["node"], id, "rank {rank}: {r}");
+        assert_eq!(r["ok"], true, "rank {rank}: {r}");
+    }
+    let report = report_in(&outputs[0]).unwrap_or_default();
+    let run = &report["run"];
+    assert_eq!(run["evm"]["triggered"], EVENTS, "{report}");
+    assert_eq!(run["evm"]["released"], EVENTS, "{report}");
+    let bus = run["bus"].as_array().cloned().unwrap_or_default();
+    assert_eq!(bus.len(), 2, "{report}");
+    let sum = |k: &str| bus.iter().map(|b| b[k].as_u64().unwrap_or(0)).sum::<u64>();
+    assert_eq!(sum("events_built"), EVENTS, "{report}");
+    assert_eq!(sum("event_id_sum"), (0..EVENTS).sum::<u64>(), "{report}");
+    for k in [
+        "crc_errors",
+        "content_errors",
+        "duplicate_fragments",
+        "incomplete_at_stop",
+    ] {
+        assert_eq!(sum(k), 0, "{k}: {report}");
+    }
 }
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -205,7 +238,7 @@ fn srun_starts_an_exact_run() {
     let _one = one_at_a_time();
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "");
+    let cfg = run_config(dir.path(), free_base_port(5), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args([
         "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node",
@@ -221,8 +254,10 @@ fn srun_starts_an_exact_run() {
         l.stdout,
         l.stderr
     );
-    let evm = std::fs::read_to_string(dir.path().join("0.out")).unwrap();
-    assert_exact_report(&evm, &logs);
+    let outs: Vec<String> = (0..5)
+        .map(|t| std::fs::read_to_string(dir.path().join(format!("{t}.out"))).unwrap_or_default())
+        .collect();
+    assert_exact(&outs, &logs);
 }
 
 /// Every task's stdout and stderr files (`%t.out`, `%t.err`), for failure messages.
@@ -250,18 +285,10 @@ fn a_failed_verdict_is_srun_s_exit_code() {
     let cfg = run_config(
         dir.path(),
         free_base_port(5),
+        "stall_timeout_s = 0.5\n",
         "[[bu]]\nid = \"bu0\"\nsink_delay_us = 3000000\nsink_delay_events = 1\n\
          [[bu]]\nid = \"bu1\"\nsink_delay_us = 3000000\nsink_delay_events = 1\n",
     );
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(
-        &cfg,
-        text.replace(
-            "duration_s = 0\n",
-            "duration_s = 0\nstall_timeout_s = 0.5\n",
-        ),
-    )
-    .unwrap();
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args([
         "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node",
@@ -271,12 +298,10 @@ fn a_failed_verdict_is_srun_s_exit_code() {
     let l = launch(srun, dir.path(), "srun", LIMIT);
     let logs = task_logs(dir.path(), 5);
     assert!(!l.status.success(), "srun succeeded:\n{logs}");
-    let report: Value = serde_json::from_str(
-        std::fs::read_to_string(dir.path().join("0.out"))
-            .unwrap()
-            .trim(),
-    )
-    .unwrap_or_else(|e| panic!("no EVM report ({e}):\n{logs}"));
+    let evm = std::fs::read_to_string(dir.path().join("0.out")).unwrap_or_default();
+    let Some(report) = report_in(&evm) else {
+        panic!("no EVM report:\n{logs}");
+    };
     assert_eq!(report["ok"], false, "{report}");
     assert_eq!(report["state"], "aborted", "{report}");
     assert!(
@@ -299,7 +324,7 @@ fn srun_with_a_task_missing_says_so_and_every_task_exits() {
     let _one = one_at_a_time();
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "");
+    let cfg = run_config(dir.path(), free_base_port(5), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args(["-n", "4", EVB, "node", "--config"]).arg(&cfg);
     // each task refuses at once: srun returns (a hang here fails the test)
@@ -333,7 +358,7 @@ fn mpirun_starts_an_exact_run() {
     }
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "");
+    let cfg = run_config(dir.path(), free_base_port(5), "", "");
     let logs = dir.path().join("mpi");
     let mut mpirun = Command::new("mpirun");
     mpirun
@@ -358,7 +383,8 @@ fn mpirun_starts_an_exact_run() {
         l.stdout,
         l.stderr
     );
-    assert_exact_report(&rank(0, "stdout"), &all);
+    let outs: Vec<String> = (0..5).map(|r| rank(r, "stdout")).collect();
+    assert_exact(&outs, &all);
 }
 
 #[test]
@@ -369,7 +395,7 @@ fn the_script_evb_slurm_writes_runs_under_sbatch() {
     let _one = one_at_a_time();
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "");
+    let cfg = run_config(dir.path(), free_base_port(5), "", "");
     let logs = dir.path().join("logs");
     let script = dir.path().join("job.sh");
     let made = Command::new(EVB)
@@ -408,10 +434,9 @@ fn the_script_evb_slurm_writes_runs_under_sbatch() {
             "no log for rank {r}:\n{all}"
         );
     }
-    // the node logs hold stdout and stderr together: the EVM's report is its JSON object
-    let evm = log(format!("evb-{job}-0.out"));
-    let json = &evm[evm.find('{').unwrap_or(0)..=evm.rfind('}').unwrap_or(0)];
-    assert_exact_report(json, &all);
+    // each node's log holds its stdout and stderr: its report among them
+    let outs: Vec<String> = (0..5).map(|r| log(format!("evb-{job}-{r}.out"))).collect();
+    assert_exact(&outs, &all);
 }
 
 #[test]
