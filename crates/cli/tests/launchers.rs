@@ -329,7 +329,8 @@ fn srun_with_a_task_missing_says_so_and_every_task_exits() {
     srun.args(["-n", "4", EVB, "node", "--config"]).arg(&cfg);
     // each task refuses at once: srun returns (a hang here fails the test)
     let l = launch(srun, dir.path(), "srun", LIMIT);
-    assert!(!l.status.success(), "{}\n{}", l.stdout, l.stderr);
+    // every task exited 2, and srun with the highest of its tasks' codes
+    assert_eq!(l.status.code(), Some(2), "{}\n{}", l.stdout, l.stderr);
     let said = "the launcher started 4 tasks (SLURM_NTASKS) but the configuration has 5 nodes \
                 (evm, ru0, ru1, bu0, bu1)";
     assert!(l.stderr.contains(said), "{}", l.stderr);
