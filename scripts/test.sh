@@ -26,6 +26,22 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
         echo "test.sh: chromium and chromedriver are not installed: the run page test will be skipped" >&2
     fi
 fi
+# The launcher tests start runs with the real engines: a private Slurm cluster on localhost
+# (scripts/slurm-local.sh) and Open MPI's mpirun.
+if ! command -v srun >/dev/null 2>&1 || ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+    if $can_apt; then
+        need_apt+=(slurm-wlm munge)
+    else
+        echo "test.sh: slurm-wlm and munge are not installed: the Slurm launcher tests will be skipped" >&2
+    fi
+fi
+if ! command -v mpirun >/dev/null 2>&1; then
+    if $can_apt; then
+        need_apt+=(openmpi-bin)
+    else
+        echo "test.sh: openmpi-bin is not installed: the mpirun launcher test will be skipped" >&2
+    fi
+fi
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test.sh: installing ${need_apt[*]}"

@@ -8,6 +8,7 @@ mod launch;
 mod pubsub;
 mod rank;
 mod sim;
+mod slurm;
 mod summary;
 mod testbed;
 mod up;
@@ -48,6 +49,9 @@ enum Command {
     Ctl(ctl::CtlArgs),
     /// Run one node of the configuration (multi-host deployments; the launchers use it too).
     Node(NodeArgs),
+    /// Print (or write with --script) an sbatch script that runs the configuration on a
+    /// Slurm cluster: one task per node, rank k the k-th node, a log per node.
+    Slurm(slurm::SlurmArgs),
     /// Show what data files hold (evb event files, evb framed files, CMS FED files) and
     /// check every checksum in them. Exits 1 if any file has a problem.
     Inspect {
@@ -344,6 +348,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Slurm(a) => match slurm::run(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evb slurm: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Inspect { files, event } => {
             if inspect::run(&files, event) {
                 ExitCode::SUCCESS
