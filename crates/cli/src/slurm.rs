@@ -158,20 +158,29 @@ pub fn script(cfg: &Config, plan: &Plan) -> Result<String, String> {
             Role::Ru => "RU",
             Role::Bu => "BU",
         };
+        let addr = if cfg.is_discovered(&n.addr) {
+            "(address found at start)"
+        } else {
+            n.addr.as_str()
+        };
         line(&format!(
-            "#   rank {k:>3}  {:<width$}  {role:<3}  {}",
-            n.id, n.addr
+            "#   rank {k:>3}  {:<width$}  {role:<3}  {addr}",
+            n.id
         ));
     }
     line("# --distribution=block hands ranks to hosts in contiguous blocks: the first host");
     line("# gets ranks 0, 1, ... as far as its share of the tasks goes, the next host the");
-    line("# following ranks, and so on. Each node listens on the address above: across hosts");
-    line("# the configuration's addresses must name the hosts that get those ranks.");
+    line("# following ranks, and so on. A node with an address in the configuration listens");
+    line("# there (its rank must land on that host); the others listen on their host's");
+    line("# address (transport.interface) and register with the EVM, whose address they read");
+    line("# from a rendezvous file beside the configuration (docs/operations.md).");
+    line("# --kill-on-bad-exit: a node that fails ends the step, and the job says so.");
     line("# Node logs: evb-JOBID-RANK.out beside this job's log.");
     line("set -e");
     line("status=0");
     line(&format!(
-        "srun --ntasks={tasks} --distribution=block --output={} {} node --config {} || status=$?",
+        "srun --ntasks={tasks} --distribution=block --kill-on-bad-exit=1 --output={} {} node \
+         --config {} || status=$?",
         sh_quote(&format!("{out}/evb-%j-%t.out")),
         sh_quote(&plan.evb.display().to_string()),
         sh_quote(&plan.config.display().to_string()),
@@ -285,8 +294,9 @@ mod tests {
         // the step: every task a node with its own log, the config by absolute path, quoted
         assert!(
             s.contains(
-                "\nsrun --ntasks=6 --distribution=block --output=/runs/logs/evb-%j-%t.out \
-                 /opt/evb/bin/evb node --config '/runs/my run.toml' || status=$?\n"
+                "\nsrun --ntasks=6 --distribution=block --kill-on-bad-exit=1 \
+                 --output=/runs/logs/evb-%j-%t.out /opt/evb/bin/evb node \
+                 --config '/runs/my run.toml' || status=$?\n"
             ),
             "{s}"
         );

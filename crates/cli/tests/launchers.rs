@@ -16,7 +16,7 @@ use std::process::{Command, ExitStatus};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{free_base_port, EVB};
+use common::EVB;
 use serde_json::Value;
 
 /// One launch at a time: five nodes a run on a host of two cores.
@@ -29,15 +29,16 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 /// The events every run here builds.
 const EVENTS: u64 = 3000;
 
-/// The run's configuration in `dir`: an EVM, 2 RUs and 2 BUs on 127.0.0.1 from `base_port`,
-/// `run` (TOML keys) added to its [run] table and `tables` (TOML tables) appended. Every
-/// launch here runs one written by this function.
-fn run_config(dir: &Path, base_port: u16, run: &str, tables: &str) -> PathBuf {
+/// The run's configuration in `dir`: an EVM, 2 RUs and 2 BUs with no address anywhere
+/// (the nodes find each other through the EVM, whose address they read from the job's
+/// rendezvous file beside the configuration), `run` (TOML keys) added to its [run] table
+/// and `tables` (TOML tables) appended. Every launch here runs one written by this function.
+fn run_config(dir: &Path, run: &str, tables: &str) -> PathBuf {
     let path = dir.join("run.toml");
     let toml = format!(
         "[run]\nid = \"launched\"\nevents = {EVENTS}\nduration_s = 0\n{run}\
          [fragments]\nsize = 8192\n\
-         [topology]\nrus = 2\nbus = 2\nbase_port = {base_port}\n{tables}"
+         [topology]\nrus = 2\nbus = 2\n{tables}"
     );
     std::fs::write(&path, toml).unwrap();
     path
@@ -226,6 +227,26 @@ fn assert_exact(outputs: &[String], context: &str) {
     ] {
         assert_eq!(sum(k), 0, "{k}: {report}");
     }
+    // no address was written: each node registered the launcher's rank and the address
+    // it chose with the EVM
+    let reg = report["registered"].as_array().cloned().unwrap_or_default();
+    assert_eq!(reg.len(), 4, "{report}");
+    for (k, r) in reg.iter().enumerate() {
+        assert_eq!(r["rank"], k as u64 + 1, "{r}");
+        let a: std::net::SocketAddr = r["data"].as_str().unwrap_or("").parse().unwrap();
+        assert_ne!(a.port(), 0, "{r}");
+    }
+}
+
+/// No rendezvous file is left beside the configuration once the EVM is done.
+fn assert_no_rendezvous_left(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".evm"))
+        .collect();
+    assert!(left.is_empty(), "rendezvous files left: {left:?}");
 }
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -238,7 +259,7 @@ fn srun_starts_an_exact_run() {
     let _one = one_at_a_time();
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "", "");
+    let cfg = run_config(dir.path(), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args([
         "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node",
@@ -258,6 +279,42 @@ fn srun_starts_an_exact_run() {
         .map(|t| std::fs::read_to_string(dir.path().join(format!("{t}.out"))).unwrap_or_default())
         .collect();
     assert_exact(&outs, &logs);
+    assert_no_rendezvous_left(dir.path());
+}
+
+/// A rank that never starts (its task exits before running evb): within
+/// run.connect_timeout_s the EVM names it by node and rank, every task that started exits
+/// with an error, srun fails, and nothing is left running.
+#[test]
+fn srun_with_a_rank_that_never_starts_names_it() {
+    if !have_slurm() {
+        return;
+    }
+    let _one = one_at_a_time();
+    let cluster = Cluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = run_config(dir.path(), "connect_timeout_s = 3\n", "");
+    let mut srun = cluster.cmd("srun", dir.path());
+    let body = format!(
+        "[ \"$SLURM_PROCID\" = 4 ] && exit 0; exec {EVB} node --config {}",
+        cfg.display()
+    );
+    srun.args([
+        "-n", "5", "--output", "%t.out", "--error", "%t.err", "sh", "-c", &body,
+    ]);
+    let l = launch(srun, dir.path(), "srun", LIMIT);
+    let logs = task_logs(dir.path(), 5);
+    assert!(!l.status.success(), "srun succeeded:\n{logs}");
+    let err = |t: usize| std::fs::read_to_string(dir.path().join(format!("{t}.err"))).unwrap();
+    assert!(
+        err(0).contains("not connected: bu1 (rank 4): it never called"),
+        "{logs}"
+    );
+    for t in 1..4 {
+        assert!(err(t).contains("bu1 (rank 4)"), "task {t}:\n{logs}");
+    }
+    let left = processes_with_arg(&cfg);
+    assert!(left.is_empty(), "nodes left running: {left:?}");
 }
 
 /// Every task's stdout and stderr files (`%t.out`, `%t.err`), for failure messages.
@@ -284,7 +341,6 @@ fn a_failed_verdict_is_srun_s_exit_code() {
     // than the stall timeout, so the run is aborted and its verdict fails
     let cfg = run_config(
         dir.path(),
-        free_base_port(5),
         "stall_timeout_s = 0.5\n",
         "[[bu]]\nid = \"bu0\"\nsink_delay_us = 3000000\nsink_delay_events = 1\n\
          [[bu]]\nid = \"bu1\"\nsink_delay_us = 3000000\nsink_delay_events = 1\n",
@@ -324,7 +380,7 @@ fn srun_with_a_task_missing_says_so_and_every_task_exits() {
     let _one = one_at_a_time();
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "", "");
+    let cfg = run_config(dir.path(), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args(["-n", "4", EVB, "node", "--config"]).arg(&cfg);
     // each task refuses at once: srun returns (a hang here fails the test)
@@ -359,7 +415,8 @@ fn mpirun_starts_an_exact_run() {
     }
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "", "");
+    // the nodes listen on this host's address in a network, as on a cluster's data network
+    let cfg = run_config(dir.path(), "", "[transport]\ninterface = \"127.0.0.0/8\"\n");
     let logs = dir.path().join("mpi");
     let mut mpirun = Command::new("mpirun");
     mpirun
@@ -386,6 +443,7 @@ fn mpirun_starts_an_exact_run() {
     );
     let outs: Vec<String> = (0..5).map(|r| rank(r, "stdout")).collect();
     assert_exact(&outs, &all);
+    assert_no_rendezvous_left(dir.path());
 }
 
 #[test]
@@ -396,7 +454,7 @@ fn the_script_evb_slurm_writes_runs_under_sbatch() {
     let _one = one_at_a_time();
     let cluster = Cluster::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = run_config(dir.path(), free_base_port(5), "", "");
+    let cfg = run_config(dir.path(), "", "");
     let logs = dir.path().join("logs");
     let script = dir.path().join("job.sh");
     let made = Command::new(EVB)
