@@ -51,10 +51,13 @@ pub struct BenchArgs {
     /// Seconds per event-building run (default 3, 1 with --quick).
     #[arg(long)]
     pub build_seconds: Option<f64>,
-    /// Message sizes for p2p, comma-separated, K/M suffixes allowed
-    /// (default 64,256,1K,...,4M; 64,1M with --quick).
+    /// Message sizes for p2p and pubsub, comma-separated, K/M suffixes allowed
+    /// (default p2p 64,256,1K,...,4M; pubsub 64,1K,16K,256K,1M; 64,1M with --quick).
     #[arg(long)]
     pub sizes: Option<String>,
+    /// pubsub: the numbers of subscribers, comma-separated (default 1,2,4; 1,2 with --quick).
+    #[arg(long)]
+    pub fanout: Option<String>,
     /// Busy-poll time (microseconds) for the busy-poll latency points.
     #[arg(long, default_value_t = 200)]
     pub spin_us: u64,
@@ -93,6 +96,9 @@ struct Settings {
     secs: Duration,
     build_secs: f64,
     sizes: Vec<usize>,
+    /// pubsub's own sizes and subscriber counts, when given.
+    pubsub_sizes: Option<Vec<usize>>,
+    fanout: Option<Vec<usize>>,
     spin: Duration,
     zmq: bool,
     iperf3: bool,
@@ -389,12 +395,16 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                 }
             }
             "pubsub" => {
-                let sizes: &[usize] = if s.quick {
-                    &[64, 1 << 20]
-                } else {
-                    &[64, 1024, 16 * 1024, 256 * 1024, 1 << 20]
+                let sizes: &[usize] = match &s.pubsub_sizes {
+                    Some(v) => v,
+                    None if s.quick => &[64, 1 << 20],
+                    None => &[64, 1024, 16 * 1024, 256 * 1024, 1 << 20],
                 };
-                let ks: &[usize] = if s.quick { &[1, 2] } else { &[1, 2, 4] };
+                let ks: &[usize] = match &s.fanout {
+                    Some(v) => v,
+                    None if s.quick => &[1, 2],
+                    None => &[1, 2, 4],
+                };
                 for &k in ks {
                     for &size in sizes {
                         let h = output::human_size(size as f64);
@@ -577,6 +587,18 @@ fn settings(args: &BenchArgs) -> Result<Settings, String> {
         build_secs: args
             .build_seconds
             .unwrap_or(if args.quick { 1.0 } else { 3.0 }),
+        pubsub_sizes: args.sizes.is_some().then(|| sizes.clone()),
+        fanout: match &args.fanout {
+            Some(list) => Some(
+                list.split(',')
+                    .map(|k| match k.trim().parse::<usize>() {
+                        Ok(k) if (1..=64).contains(&k) => Ok(k),
+                        _ => Err(format!("--fanout: {k:?} is not a count of 1 to 64")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            None => None,
+        },
         sizes,
         spin: Duration::from_micros(args.spin_us),
         zmq: !args.no_zmq,
@@ -745,6 +767,7 @@ mod tests {
             seconds: None,
             build_seconds: None,
             sizes: None,
+            fanout: None,
             spin_us: 0,
             no_zmq: true,
             no_iperf3: true,

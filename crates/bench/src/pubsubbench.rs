@@ -90,10 +90,11 @@ pub fn evb(k: usize, size: usize, duration: Duration) -> Result<Point, String> {
                     }
                     s.poll(&mut ev, Some(Duration::from_millis(50)))
                         .map_err(|e| e.to_string())?;
+                    // the messages of one poll arrived together: one clock reading each
+                    let now = Instant::now();
                     for e in ev.drain(..) {
                         match e {
                             SubEvent::Message { payload, .. } => {
-                                let now = Instant::now();
                                 if first.is_none() {
                                     first = Some(now);
                                     cpu0 = Some(thread_cpu());

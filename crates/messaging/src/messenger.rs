@@ -1,7 +1,5 @@
 //! The message socket: one per node, over one transport.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
@@ -11,27 +9,9 @@ use tracing::warn;
 
 use crate::reader::{split_messages, Received};
 
-/// Hashes a `ConnId` (a small integer) with one multiplication: the page map is looked up
-/// for every batched message, and SipHash there costs as much as encoding the message.
-#[derive(Default)]
-struct ConnHasher(u64);
-
-impl Hasher for ConnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type ConnMap<V> = HashMap<ConnId, V, BuildHasherDefault<ConnHasher>>;
-type ConnSet = HashSet<ConnId, BuildHasherDefault<ConnHasher>>;
+// looked up for every batched message: one multiplication, not SipHash
+type ConnMap<V> = evb_transport::small_keys::SmallKeyMap<ConnId, V>;
+type ConnSet = evb_transport::small_keys::SmallKeySet<ConnId>;
 
 /// When a partly filled page goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -61,7 +61,7 @@
 //! assert_eq!(got, vec![(12, b"hello".to_vec())]);
 //! ```
 
-use std::collections::HashMap;
+use evb_transport::small_keys::SmallKeyMap;
 use std::time::Duration;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
@@ -230,7 +230,7 @@ struct Sub {
     ranges: Vec<TagRange>,
     delivery: Delivery,
     /// Tag → copies dropped since this subscriber's last message of that tag.
-    gaps: HashMap<u64, u64>,
+    gaps: SmallKeyMap<u64, u64>,
 }
 
 impl Sub {
@@ -292,8 +292,8 @@ pub enum PubEvent {
 pub struct Publisher {
     messenger: Messenger,
     cfg: PublisherConfig,
-    subs: HashMap<ConnId, Sub>,
-    seqs: HashMap<u64, u64>,
+    subs: SmallKeyMap<ConnId, Sub>,
+    seqs: SmallKeyMap<u64, u64>,
     stats: PublisherStats,
     incoming: Vec<Incoming>,
     scratch: Vec<ConnId>,
@@ -312,8 +312,8 @@ impl Publisher {
         Ok(Publisher {
             messenger: Messenger::new(transport, cfg.messenger),
             cfg,
-            subs: HashMap::new(),
-            seqs: HashMap::new(),
+            subs: SmallKeyMap::default(),
+            seqs: SmallKeyMap::default(),
             stats: PublisherStats::default(),
             incoming: Vec::new(),
             scratch: Vec::new(),
@@ -437,7 +437,12 @@ impl Publisher {
                 continue;
             };
             let delivery = s.delivery;
-            let gap = s.gaps.remove(&tag);
+            // no hashing per message unless something was dropped for this subscriber
+            let gap = if s.gaps.is_empty() {
+                None
+            } else {
+                s.gaps.remove(&tag)
+            };
             let mut ok = true;
             if let Some(missed) = gap {
                 ok = self.send_gap(conn, delivery, tag, missed);
@@ -576,7 +581,7 @@ impl Publisher {
                             peer,
                             ranges: Vec::new(),
                             delivery: Delivery::Throughput,
-                            gaps: HashMap::new(),
+                            gaps: SmallKeyMap::default(),
                         },
                     );
                 }
@@ -747,7 +752,7 @@ struct PubLink {
 /// The subscribing socket: connects to any number of publishers.
 pub struct Subscriber {
     messenger: Messenger,
-    pubs: HashMap<ConnId, PubLink>,
+    pubs: SmallKeyMap<ConnId, PubLink>,
     stats: SubscriberStats,
     incoming: Vec<Incoming>,
 }
@@ -756,7 +761,7 @@ impl Subscriber {
     pub fn new(transport: Box<dyn Transport>, cfg: MessengerConfig) -> Self {
         Subscriber {
             messenger: Messenger::new(transport, cfg),
-            pubs: HashMap::new(),
+            pubs: SmallKeyMap::default(),
             stats: SubscriberStats::default(),
             incoming: Vec::new(),
         }
@@ -949,7 +954,7 @@ mod unit {
             peer: Hello::new(evb_wire::Channel::Data, evb_wire::Role::Bu, 0, "r", "n"),
             ranges: vec![r(1, 3), r(7, 9)],
             delivery: Delivery::Latency,
-            gaps: HashMap::new(),
+            gaps: SmallKeyMap::default(),
         };
         let wanted: Vec<u64> = (0..12).filter(|&t| sub.wants(t)).collect();
         assert_eq!(wanted, vec![1, 2, 3, 7, 8, 9]);

@@ -31,6 +31,8 @@
 mod sys;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::small_keys::{SmallKeyMap, SmallKeySet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -137,18 +139,18 @@ pub struct ShmTransport {
     poll: mio::Poll,
     events: mio::Events,
     cfg: TransportConfig,
-    listeners: HashMap<Token, OwnedFd>,
-    conns: HashMap<Token, Conn>,
+    listeners: SmallKeyMap<Token, OwnedFd>,
+    conns: SmallKeyMap<Token, Conn>,
     next_token: usize,
     bounce: Pool,
     pending: Vec<Event>,
     more_to_read: VecDeque<Token>,
     /// Connections waiting for receive-pool blocks.
-    starved: HashSet<Token>,
+    starved: SmallKeySet<Token>,
     /// Connections we closed whose queue is written but whose peer still holds slices of
     /// ours: dropped when it gives them back or its stream ends, not before (it may still
     /// be reading them in place).
-    draining: HashSet<Token>,
+    draining: SmallKeySet<Token>,
     /// Blocks of the receive pool only control-channel connections may take.
     rx_reserve: usize,
     buf: Vec<u8>,
@@ -229,14 +231,14 @@ impl ShmTransport {
             poll: mio::Poll::new().map_err(err)?,
             events: mio::Events::with_capacity(256),
             cfg,
-            listeners: HashMap::new(),
-            conns: HashMap::new(),
+            listeners: SmallKeyMap::default(),
+            conns: SmallKeyMap::default(),
             next_token: 1,
             bounce,
             pending: Vec::new(),
             more_to_read: VecDeque::new(),
-            starved: HashSet::new(),
-            draining: HashSet::new(),
+            starved: SmallKeySet::default(),
+            draining: SmallKeySet::default(),
             rx_reserve,
             buf: vec![0; MAX_PACKET],
             bytes_copied: 0,

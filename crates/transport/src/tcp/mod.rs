@@ -4,7 +4,9 @@
 mod rx;
 mod tx;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use crate::small_keys::{SmallKeyMap, SmallKeySet};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -94,13 +96,13 @@ pub struct TcpTransport {
     poll: Poll,
     events: mio::Events,
     cfg: TransportConfig,
-    listeners: HashMap<Token, TcpListener>,
-    conns: HashMap<Token, Conn>,
+    listeners: SmallKeyMap<Token, TcpListener>,
+    conns: SmallKeyMap<Token, Conn>,
     next_token: usize,
     /// Connections that may have more to read without a new readiness event.
     more_to_read: VecDeque<Token>,
     /// Connections waiting for receive-pool blocks.
-    starved: HashSet<Token>,
+    starved: SmallKeySet<Token>,
     frames: Vec<InFrame>,
     /// Events produced outside `poll` (a failed write inside `send`), reported by the next poll.
     pending_events: Vec<Event>,
@@ -113,11 +115,11 @@ impl TcpTransport {
             poll: Poll::new()?,
             events: mio::Events::with_capacity(256),
             cfg,
-            listeners: HashMap::new(),
-            conns: HashMap::new(),
+            listeners: SmallKeyMap::default(),
+            conns: SmallKeyMap::default(),
             next_token: 1,
             more_to_read: VecDeque::new(),
-            starved: HashSet::new(),
+            starved: SmallKeySet::default(),
             frames: Vec::new(),
             pending_events: Vec::new(),
             admission: Admission::default(),
