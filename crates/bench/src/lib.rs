@@ -111,7 +111,7 @@ const BUILD_FRAGMENT: usize = 512 * 1024;
 
 fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
-        "all" => vec!["p2p", "lat", "nxn", "build", "monitor"],
+        "all" => vec!["p2p", "lat", "nxn", "build", "monitor", "pubsub"],
         "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" => vec![which],
         other => {
             return Err(format!(
@@ -405,6 +405,14 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                     None if s.quick => &[1, 2],
                     None => &[1, 2, 4],
                 };
+                // the reference of the large-message target: one p2p stream of that size
+                for &size in sizes.iter().filter(|&&z| z >= 1 << 20) {
+                    add(
+                        format!("p2p evb tcp fragment {}", output::human_size(size as f64)),
+                        reps,
+                        mesh(Kind::Tcp, SendPath::Fragment, 1, size),
+                    );
+                }
                 for &k in ks {
                     for &size in sizes {
                         let h = output::human_size(size as f64);
@@ -526,6 +534,30 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
         1.0,
         "us tcp vs shm",
     );
+    // publish/subscribe (issue 13): fan-out of small messages against ZeroMQ, and each
+    // subscriber of a large message stream against one p2p stream shared k ways
+    let pubsub = |sys: &str, k: u32, size: u64| {
+        find(points, |p| {
+            p.bench == "pubsub" && p.system == sys && p.receivers == k && p.size == size
+        })
+        .map(|p| p.msgs_per_s)
+    };
+    push(
+        "pubsub k=4 64 B: evb / ZeroMQ PUB-SUB, slowest subscriber msgs/s",
+        pubsub("evb", 4, 64),
+        pubsub("zmq", 4, 64),
+        2.0,
+        "msgs/s",
+    );
+    for k in [1u32, 2, 4] {
+        push(
+            &format!("pubsub k={k} 1 MiB: evb per subscriber / (p2p 1 MiB / {k}), msgs/s"),
+            pubsub("evb", k, mib),
+            p2p("evb", "fragment", mib).map(|p| p.msgs_per_s / k as f64),
+            0.9,
+            "msgs/s",
+        );
+    }
     for b in points
         .iter()
         .filter(|p| p.bench == "build" && p.variant.ends_with(" scraped"))

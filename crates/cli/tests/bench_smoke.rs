@@ -51,6 +51,9 @@ fn quick_bench_writes_every_point_and_the_plot() {
         ("lat", "evb", "tcp", "busy-poll", "64"),
         ("lat", "zmq", "tcp", "pair", "64"),
         ("nxn", "evb", "tcp", "fragment", "524288"),
+        ("pubsub", "evb", "tcp", "block k=2", "64"),
+        ("pubsub", "evb", "tcp", "block k=1", "1048576"),
+        ("pubsub", "zmq", "tcp", "pub-sub k=2", "64"),
         ("build", "evb", "tcp", "fixed", "524288"),
         // the same run scraped every second (the cost of monitoring)
         (
