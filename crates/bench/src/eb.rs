@@ -26,6 +26,9 @@ pub struct BuildSpec {
     pub scraped: bool,
     /// One of the N x M scaling series (named so in the variant, for the scaling plot).
     pub scaling: bool,
+    /// Triggered at this fraction of the maximum rate (measured first, by a run of the same
+    /// shape without a limit): the latency under load.
+    pub load: Option<f64>,
 }
 
 impl BuildSpec {
@@ -38,9 +41,13 @@ impl BuildSpec {
             if self.pin.is_some() { " pinned" } else { "" }
         ) + if self.scraped { " scraped" } else { "" }
             + if self.scaling { " scaling" } else { "" }
+            + &self
+                .load
+                .map(|f| format!(" load={:.0}%", f * 100.0))
+                .unwrap_or_default()
     }
 
-    fn toml(&self, run_id: &str) -> String {
+    fn toml(&self, run_id: &str, rate_hz: f64) -> String {
         let mut affinity = String::new();
         if let Some((ru_cpu, bu_cpu)) = self.pin {
             affinity.push_str("\n[affinity]\n");
@@ -56,6 +63,7 @@ impl BuildSpec {
 id = "{run_id}"
 duration_s = {secs}
 stall_timeout_s = 20.0
+rate_hz = {rate_hz}
 
 [fragments]
 size = {size}
@@ -91,7 +99,20 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     let tag = format!("build-{}-{}", std::process::id(), spec.fragment);
     let cfg_path = scratch.join(format!("{tag}.toml"));
     let json_path = scratch.join(format!("{tag}.json"));
-    let mut toml = spec.toml(&tag);
+    // under load: the maximum rate of the same shape first, then this fraction of it
+    let (rate_hz, max) = match spec.load {
+        Some(f) => {
+            let unloaded = BuildSpec {
+                load: None,
+                seconds: spec.seconds.min(2.0),
+                ..spec.clone()
+            };
+            let max = build(&unloaded, scratch)?.msgs_per_s;
+            ((f * max).max(1.0), Some(max))
+        }
+        None => (0.0, None),
+    };
+    let mut toml = spec.toml(&tag, rate_hz);
     let nodes = 1 + spec.rus + spec.bus;
     let control_base = if spec.scraped {
         let base = free_ports(nodes as u16).ok_or("no free ports for the control APIs")?;
@@ -155,6 +176,12 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     p.msgs_per_s = events as f64 / secs;
     p.gb_per_s = bytes as f64 / secs / 1e9;
     p.note = format!("{events} events in {secs:.2} s; msgs_per_s is events/s");
+    if let Some(max) = max {
+        p.note.push_str(&format!(
+            "; triggered at {rate_hz:.0} Hz, {:.0} % of the {max:.0} events/s measured just before",
+            100.0 * rate_hz / max
+        ));
+    }
     // the cost of an event: each role's process CPU over the run (getrusage), per event and
     // per GB built; tx/rx CPU per GB are the RUs' and the BUs'
     let cpu_of = |role: &str| -> f64 {

@@ -304,6 +304,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         seconds: s.build_secs,
                         scraped: false,
                         scaling: false,
+                        load: None,
                     }];
                     if !s.quick {
                         // The same with the RUs writing every byte (as the default run).
@@ -352,6 +353,17 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                     } else {
                         Vec::new()
                     };
+                    // event-building latency under load: the default run's shape triggered at
+                    // 50 % and 90 % of its maximum rate
+                    if !s.quick && f == BUILD_FRAGMENT {
+                        let base = specs[1].clone();
+                        for load in [0.5, 0.9] {
+                            specs.push(BuildSpec {
+                                load: Some(load),
+                                ..base.clone()
+                            });
+                        }
+                    }
                     for spec in specs {
                         let scratch = std::env::temp_dir();
                         add(
@@ -385,6 +397,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         seconds: s.build_secs,
                         scraped,
                         scaling: false,
+                        load: None,
                     };
                     let scratch = std::env::temp_dir();
                     add(
@@ -577,6 +590,7 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             && p.variant.starts_with("fixed")
             && !p.variant.ends_with(" scraped")
             && !p.variant.ends_with(" scaling")
+            && !p.variant.contains(" load=")
     }) {
         let pinned = b.variant.ends_with("pinned");
         let nxn = find(points, |p| {
