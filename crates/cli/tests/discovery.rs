@@ -282,3 +282,78 @@ fn a_known_evm_address_needs_no_rendezvous_file() {
         "no file but the configuration"
     );
 }
+
+/// A BU started without an address, killed at a random moment (a seed printed) and started
+/// again: it listens on a new port, registers again, and the EVM tells the RUs, which call
+/// it there; it builds again and the run is exact (what the dead one released plus what the
+/// BUs built is every event).
+#[test]
+fn a_restarted_bu_registers_again_and_the_rus_find_it_on_its_new_port() {
+    let seed = std::env::var("EVB_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(common::clock_seed);
+    eprintln!("seed {seed} (EVB_TEST_SEED={seed} replays this moment)");
+    let mut rng = Rng(seed | 1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        "[run]\nid = \"moved\"\nevents = 8000\nduration_s = 0\nrate_hz = 2000\n\
+         [fragments]\nsize = 20000\n[transport]\ninterface = \"lo\"\n",
+    )
+    .unwrap();
+    let f = dir.path().join("r.evm");
+    let args = ["--rendezvous", f.to_str().unwrap()];
+    let mut kids: Vec<Child> = (0..5).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
+    // after the start (as the fault tests' fixed moments), before the last second
+    let kill_at = 1000 + rng.below(1200);
+    eprintln!("bu1 killed after {kill_at} ms");
+    std::thread::sleep(Duration::from_millis(kill_at));
+    kids[4].kill().unwrap();
+    let _ = kids[4].wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut with_id = args.to_vec();
+    with_id.extend(["--id", "bu1"]);
+    kids[4] = node(&cfg, &with_id, &[]);
+    let outs = wait_all(kids, Duration::from_secs(60));
+    for (k, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "process {k} (seed {seed}): {}", text(o));
+    }
+    let report: Value = serde_json::from_slice(&outs[0].stdout).unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    let run = &report["run"];
+    assert_eq!(run["evm"]["released"], 8000, "{report}");
+    assert!(
+        run["evm"]["lost"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "bu[1] rejoined"),
+        "{}",
+        run["evm"]["lost"]
+    );
+    let built: u64 = run["bus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["events_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        built + run["evm"]["released_by_lost"].as_u64().unwrap(),
+        8000,
+        "{report}"
+    );
+    assert!(
+        run["bus"][1]["events_built"].as_u64().unwrap() > 0,
+        "the restarted BU built again (seed {seed})"
+    );
+    // it registered twice, the second time from another process on another port
+    let reg = report["registered"].as_array().unwrap();
+    let bu1 = reg.iter().find(|r| r["peer"] == "bu[1]").unwrap();
+    assert_eq!(
+        bu1["rank"],
+        Value::Null,
+        "the restarted one has no launcher rank"
+    );
+}
