@@ -102,6 +102,18 @@ pub fn seeds() -> Vec<Vec<u8>> {
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
         Message::LinkLost { bu: 2 },
+        Message::Register(discovery::Registration {
+            rank: 4,
+            pid: 4711,
+            host: "n13".into(),
+            data: "10.1.0.13:40211".into(),
+            control: "127.0.0.1:8004".into(),
+        }),
+        Message::Peers(vec![discovery::PeerAddr {
+            role: Role::Bu,
+            index: 1,
+            addr: "10.1.0.13:40211".into(),
+        }]),
     ] {
         let b = m.encode();
         v.push(b.clone()); // as a message header
