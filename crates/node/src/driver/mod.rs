@@ -395,6 +395,8 @@ impl Driver {
     }
 
     fn run_actions(&mut self) {
+        // one clock reading for the events delivered by this call, not one each
+        let mut now: Option<Instant> = None;
         while let Some(a) = self.next_action() {
             match a {
                 Action::Send { to, msg, path } => {
@@ -423,7 +425,8 @@ impl Driver {
                 }
                 Action::Deliver(ev) => {
                     self.sink_queue.push_back(ev);
-                    self.drain_sink(Instant::now());
+                    let now = *now.get_or_insert_with(Instant::now);
+                    self.drain_sink(now);
                 }
                 Action::Accepted(r) => {
                     if let Logic::Bu(_, sink) = &mut self.logic {
