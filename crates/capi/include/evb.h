@@ -77,6 +77,11 @@
 #define EVB_ERR_RUN_FAILED -9
 
 /**
+ * A pub/sub socket failed (its transport's poll, a request that cannot be sent).
+ */
+#define EVB_ERR_IO -10
+
+/**
  * A consumer of one BU's events (opaque).
  */
 typedef struct EvbConsumer EvbConsumer;

@@ -57,7 +57,13 @@ pyo3::create_exception!(
     evb,
     Timeout,
     Error,
-    "No event within the time given (the run goes on)."
+    "Nothing within the time given: no event (the run goes on), a publisher held back by a slow subscriber, subscribers that did not come."
+);
+pyo3::create_exception!(
+    evb,
+    IoError,
+    Error,
+    "A pub/sub socket failed (its transport's poll, a request that cannot be sent)."
 );
 
 /// The Python exception for an error of the plug-in API.
@@ -76,6 +82,8 @@ pub(crate) fn to_py(e: evb_plugin::Error) -> PyErr {
         E::UnknownBuffer | E::State(_) => StateError::new_err(msg),
         E::RunOver(_) => RunOver::new_err(msg),
         E::Setup(_) => SetupError::new_err(msg),
+        E::Timeout(_) => Timeout::new_err(msg),
+        E::Io(_) => IoError::new_err(msg),
     }
 }
 
@@ -152,6 +160,7 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SetupError", py.get_type::<SetupError>())?;
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("IoError", py.get_type::<IoError>())?;
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyBuf>()?;
     m.add_class::<consumer::PyConsumer>()?;
