@@ -32,7 +32,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use evb_buffers::{Chain, Pool};
+use evb_buffers::Pool;
 use evb_messaging::pubsub::{
     PubSubError, Publish, Publisher, PublisherConfig, SubEvent, Subscriber, MAX_QUEUED_RANGE,
 };
@@ -40,6 +40,7 @@ use evb_messaging::MessengerConfig;
 use evb_transport::{ConnId, Transport, TransportConfig};
 use evb_wire::{Channel, Hello, Role};
 
+pub use evb_buffers::Chain;
 pub use evb_messaging::pubsub::{PublisherStats, SlowPolicy, SubscriberStats};
 pub use evb_wire::pubsub::{Delivery, GoodbyeCode, TagRange};
 
