@@ -1,7 +1,8 @@
 //! The Python module `evb`: evb's plug-in API (docs/plugin.md) from Python. A `Producer`
 //! feeds an RU (`source.kind = "api"`), a `Consumer` takes a BU's built events
 //! (`sink = "api"`); the node runs on a thread of the Python process, the EVM and the other
-//! nodes are `evb node` processes.
+//! nodes are `evb node` processes. `Publisher` and `Subscriber` publish and subscribe by
+//! tag (evb_plugin::pubsub, docs/messaging.md).
 //!
 //! Every object is safe to use in any order from Python: the Rust handles live in mutexes
 //! (taken with the GIL released around anything that blocks), a buffer or an event whose
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 
 mod consumer;
 mod producer;
+mod pubsub;
 
 pyo3::create_exception!(evb, Error, PyException, "Base of every evb error.");
 pyo3::create_exception!(
@@ -168,6 +170,12 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::PyFragment>()?;
     m.add_class::<consumer::PyChunk>()?;
     m.add_class::<Outcome>()?;
+    m.add_class::<pubsub::PyPublisher>()?;
+    m.add_class::<pubsub::PySubscriber>()?;
+    m.add_class::<pubsub::PyMessage>()?;
+    m.add_class::<pubsub::PyGap>()?;
+    m.add_class::<pubsub::PyGoodbye>()?;
+    m.add_class::<pubsub::PyClosed>()?;
     m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
