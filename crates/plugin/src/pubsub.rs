@@ -356,6 +356,11 @@ fn transport(
     }
 }
 
+/// The instant `t` from now; None (no limit) when that is past what an `Instant` holds.
+fn after(t: Duration) -> Option<Instant> {
+    Instant::now().checked_add(t)
+}
+
 fn io(what: &str, e: std::io::Error) -> Error {
     Error::Io(format!("{what}: {e}"))
 }
@@ -474,7 +479,7 @@ impl PubSocket {
             self.poll(Duration::ZERO)?;
         }
         self.since_poll += 1;
-        let deadline = self.opts.block_timeout.map(|t| Instant::now() + t);
+        let deadline = self.opts.block_timeout.and_then(after);
         loop {
             let before = self.publisher.stats();
             match self.publisher.publish(tag, payload).map_err(messaging)? {
@@ -528,7 +533,7 @@ impl PubSocket {
         timeout: Option<Duration>,
     ) -> Result<usize, Error> {
         self.open()?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(after);
         loop {
             self.poll(Duration::from_millis(5))?;
             let have = self.publisher.subscribed();
@@ -555,9 +560,9 @@ impl PubSocket {
     /// As [`poll`](Self::poll).
     pub fn drain(&mut self, timeout: Duration) -> Result<bool, Error> {
         self.flush()?;
-        let deadline = Instant::now() + timeout;
+        let deadline = after(timeout);
         while self.publisher.backlog_total() > 0 {
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(false);
             }
             self.poll(Duration::from_millis(2))?;
@@ -800,7 +805,7 @@ impl SubSocket {
     /// # Errors
     /// [`Error::Io`] if the socket's poll fails.
     pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Option<Received>, Error> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(after);
         loop {
             if let Some(r) = self.queue.pop_front() {
                 return Ok(Some(r));

@@ -471,6 +471,21 @@ fn bad_input_is_an_error_that_names_it() {
         other => panic!("{other:?}"),
     }
     assert!(s.recv(LONG).unwrap().is_none());
+    // limits past what an Instant holds are no limit, not a panic
+    assert!(s.recv(Some(Duration::MAX)).unwrap().is_none());
+    let mut p = PubSocket::bind(
+        "127.0.0.1:0",
+        PubOptions {
+            block_timeout: Some(Duration::MAX),
+            linger: Duration::MAX,
+            ..PubOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.wait_subscribers(0, Some(Duration::MAX)).unwrap(), 0);
+    assert_eq!(p.publish(1, b"x").unwrap().delivered, 0);
+    assert!(p.drain(Duration::MAX).unwrap());
+    p.close("bye").unwrap();
     // a different run id is refused at the handshake
     let mut p = PubSocket::bind("127.0.0.1:0", PubOptions::default()).unwrap();
     let addr = p.local_addr().to_string();

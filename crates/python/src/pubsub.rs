@@ -204,7 +204,9 @@ impl PyPublisher {
         tag: u64,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<(usize, usize)> {
-        let deadline = self.block_timeout.map(|t| Instant::now() + t);
+        let deadline = self
+            .block_timeout
+            .and_then(|t| Instant::now().checked_add(t));
         with_bytes(py, data, |bytes| loop {
             match self.with(py, |s| match s.publish(tag, bytes) {
                 Ok(sent) => Ok(Some(sent)),
@@ -230,7 +232,7 @@ impl PyPublisher {
     #[pyo3(signature = (n = 1, timeout = None))]
     fn wait_subscribers(&self, py: Python<'_>, n: usize, timeout: Option<f64>) -> PyResult<usize> {
         let limit = seconds("timeout", timeout)?;
-        let deadline = limit.map(|t| Instant::now() + t);
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
         loop {
             let slice = deadline.map_or(SLICE, |d| {
                 d.saturating_duration_since(Instant::now()).min(SLICE)
@@ -577,7 +579,7 @@ impl PySubscriber {
     #[pyo3(signature = (timeout = None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
         let limit = seconds("timeout", timeout)?;
-        let deadline = limit.map(|t| Instant::now() + t);
+        let deadline = limit.and_then(|t| Instant::now().checked_add(t));
         loop {
             let slice = deadline.map_or(SLICE, |d| {
                 d.saturating_duration_since(Instant::now()).min(SLICE)
