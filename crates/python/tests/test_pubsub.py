@@ -2,13 +2,16 @@
 filtering, order under policy block, a gap under policy drop, subscribe/unsubscribe, and
 errors that name what was wrong."""
 
+import json
 import struct
+import subprocess
 import threading
 
 import numpy as np
 import pytest
 
 import evb
+from conftest import evb_bin
 
 TAGS = 10
 
@@ -242,3 +245,34 @@ def test_bad_input_names_what_was_wrong():
     assert isinstance(m, evb.Closed) and m.publisher == 0 and m.reason
     assert s.recv(timeout=30) is None
     assert p.close() is not None and p.close() is None
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_python_subscriber_of_the_evb_pub_tool(transport, tmp_path):
+    """The facade speaks to `evb pub` (the same handshake and messages): tags 1 and 3 of
+    4, every message once, in order, each payload naming its tag and sequence."""
+    summary = tmp_path / "pub.json"
+    proc = subprocess.Popen(
+        [evb_bin(), "pub", "--listen", "127.0.0.1:0", "--transport", transport, "--tags", "4",
+         "--size", "64", "--count", "4000", "--wait", "1", "--json", str(summary)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line + proc.stderr.read()
+        s = evb.Subscriber(line.split()[-1], "1,3", transport=transport)
+        seqs = {1: [], 3: []}
+        kinds = []
+        for m in s:
+            kinds.append(type(m).__name__)
+            if isinstance(m, evb.Message):
+                assert len(m.payload) == 64
+                assert struct.unpack("<QQ", m.payload[:16]) == (m.tag, m.seq)
+                seqs[m.tag].append(m.seq)
+        assert seqs == {1: list(range(1000)), 3: list(range(1000))}
+        assert kinds[-2:] == ["Goodbye", "Closed"]
+        assert proc.wait(60) == 0, proc.stderr.read()
+        pub = json.loads(summary.read_text())
+        assert pub["published"] == 4000 and pub["delivered"] == 2000 and pub["dropped"] == 0
+    finally:
+        proc.kill()
+        proc.wait()
