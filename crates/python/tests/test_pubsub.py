@@ -5,13 +5,14 @@ errors that name what was wrong."""
 import json
 import struct
 import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 import evb
-from conftest import evb_bin
+from conftest import EXAMPLES, evb_bin
 
 TAGS = 10
 
@@ -276,3 +277,28 @@ def test_a_python_subscriber_of_the_evb_pub_tool(transport, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_the_example_as_two_processes(transport):
+    """examples/pubsub.py: a publisher process and a subscriber process of tags 2,5-7."""
+    ex = str(EXAMPLES / "pubsub.py")
+    pub = subprocess.Popen([sys.executable, ex, "pub", "5000", transport],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = pub.stdout.readline()
+        assert line.startswith("listening on "), line + pub.stderr.read()
+        sub = subprocess.run([sys.executable, ex, "sub", line.split()[-1], "2,5-7", transport],
+                             capture_output=True, text=True, timeout=120)
+        assert sub.returncode == 0, sub.stderr
+        got = json.loads(sub.stdout)
+        assert got == {"received": {"2": 500, "5": 500, "6": 500, "7": 500}, "missed": 0,
+                       "in_order": True, "goodbye": "the example publisher is done"}
+        out, err = pub.communicate(timeout=60)
+        assert pub.returncode == 0, err
+        stats = json.loads(out)
+        assert stats["published"] == 5000 and stats["delivered"] == 2000
+        assert stats["dropped"] == 0
+    finally:
+        pub.kill()
+        pub.wait()
