@@ -508,3 +508,45 @@ fn bad_input_is_an_error_that_names_it() {
     }
     assert_eq!(p.subscribers(), 0);
 }
+
+#[test]
+fn a_shared_secret_lets_in_only_who_knows_it() {
+    let secret = |s: &[u8]| Some(s.to_vec());
+    let opts = PubOptions {
+        secret: secret(b"s3cret"),
+        ..pub_opts(TransportKind::Tcp, SlowPolicy::Block)
+    };
+    let mut p = PubSocket::bind("127.0.0.1:0", opts).unwrap();
+    let addr = p.local_addr().to_string();
+    let sub = |s: &[u8]| {
+        SubSocket::connect(
+            &[addr.as_str()],
+            &[TagRange::one(1)],
+            SubOptions {
+                secret: secret(s),
+                ..sub_opts(TransportKind::Tcp, Delivery::Latency)
+            },
+        )
+        .unwrap()
+    };
+    let mut good = sub(b"s3cret");
+    let mut bad = sub(b"guess");
+    let h = thread::spawn(move || bad.recv(LONG).unwrap());
+    meet(&mut p, &mut good);
+    while !h.is_finished() {
+        p.poll(Duration::from_millis(5)).unwrap();
+    }
+    match h.join().unwrap() {
+        Some(Received::Closed { reason, .. }) => assert!(!reason.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.subscribers(), 1);
+    assert_eq!(p.publish(1, b"for those who know").unwrap().delivered, 1);
+    p.flush().unwrap();
+    match good.recv(LONG).unwrap() {
+        Some(Received::Message { payload, .. }) => {
+            assert_eq!(payload.to_vec(), b"for those who know")
+        }
+        other => panic!("{other:?}"),
+    }
+}
