@@ -12,6 +12,27 @@
 #include <stdlib.h>
 
 /**
+ * `evb_sub_recv`: a message (`tag`, `seq`, payload in `data`/`len`).
+ */
+#define EVB_SUB_MESSAGE 0
+
+/**
+ * `evb_sub_recv`: `missed` messages of `tag` were dropped for this subscriber (the
+ * publisher's policy `drop`); the next message of that tag has `seq` = last + 1 + missed.
+ */
+#define EVB_SUB_GAP 1
+
+/**
+ * `evb_sub_recv`: the publisher cut this subscriber off (`code`; the reason in `data`).
+ */
+#define EVB_SUB_GOODBYE 2
+
+/**
+ * `evb_sub_recv`: the connection to the publisher is gone (the reason in `data`).
+ */
+#define EVB_SUB_CLOSED 3
+
+/**
  * Success.
  */
 #define EVB_OK 0
@@ -77,6 +98,11 @@
 #define EVB_ERR_RUN_FAILED -9
 
 /**
+ * A pub/sub socket failed (its transport's poll, a request that cannot be sent).
+ */
+#define EVB_ERR_IO -10
+
+/**
  * A consumer of one BU's events (opaque).
  */
 typedef struct EvbConsumer EvbConsumer;
@@ -90,6 +116,16 @@ typedef struct EvbEvent EvbEvent;
  * A producer feeding one RU (opaque).
  */
 typedef struct EvbProducer EvbProducer;
+
+/**
+ * A publishing socket (opaque).
+ */
+typedef struct EvbPub EvbPub;
+
+/**
+ * A subscribing socket (opaque).
+ */
+typedef struct EvbSub EvbSub;
 
 /**
  * Room for one fragment's payload in the RU's pool.
@@ -129,6 +165,105 @@ typedef struct {
    */
   size_t chunks;
 } EvbFragment;
+
+/**
+ * What one `evb_pub_send` did.
+ */
+typedef struct {
+  /**
+   * Subscribers the message went to (0: nobody subscribes to its tag).
+   */
+  size_t delivered;
+  /**
+   * Subscribers whose copy was dropped (policy drop: they get a gap) or who were cut off
+   * (policy disconnect).
+   */
+  size_t dropped;
+} EvbPubSent;
+
+/**
+ * A publisher's counters.
+ */
+typedef struct {
+  /**
+   * Messages published (not counting refused ones).
+   */
+  uint64_t published;
+  /**
+   * Copies sent, one per subscriber per message.
+   */
+  uint64_t delivered;
+  /**
+   * Copies dropped for slow subscribers (policy drop).
+   */
+  uint64_t dropped;
+  uint64_t gaps_sent;
+  /**
+   * Times a send waited for a slow subscriber (policy block).
+   */
+  uint64_t would_block;
+  /**
+   * Subscribers cut off for being slow (policy disconnect).
+   */
+  uint64_t disconnected_slow;
+  /**
+   * Subscribers connected now.
+   */
+  size_t subscribers;
+} EvbPubStats;
+
+/**
+ * One thing `evb_sub_recv` took.
+ */
+typedef struct {
+  /**
+   * `EVB_SUB_MESSAGE`, `EVB_SUB_GAP`, `EVB_SUB_GOODBYE` or `EVB_SUB_CLOSED`.
+   */
+  int kind;
+  /**
+   * Which publisher: its index in the addresses given to `evb_sub_open`.
+   */
+  size_t publisher;
+  /**
+   * Message and gap: the tag.
+   */
+  uint64_t tag;
+  /**
+   * Message: the publisher's sequence number for this tag (0, 1, ...).
+   */
+  uint64_t seq;
+  /**
+   * Gap: how many messages of `tag` were dropped.
+   */
+  uint64_t missed;
+  /**
+   * Goodbye: why (1 slow subscriber, 2 bad request, 3 shutdown, 4 send failed).
+   */
+  int code;
+  /**
+   * Message: the payload; goodbye and closed: the reason, NUL-terminated. Valid until
+   * the next `evb_sub_recv` or `evb_sub_close`.
+   */
+  const uint8_t *data;
+  /**
+   * Bytes at `data` (without the NUL).
+   */
+  size_t len;
+} EvbSubMsg;
+
+/**
+ * A subscriber's counters over all its publishers.
+ */
+typedef struct {
+  uint64_t received;
+  uint64_t payload_bytes;
+  /**
+   * Sum of every gap's `missed`.
+   */
+  uint64_t missed;
+  uint64_t gaps;
+  uint64_t goodbyes;
+} EvbSubStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -284,6 +419,144 @@ int evb_event_chunk(const EvbEvent *e, size_t i, size_t chunk, const uint8_t **d
  * `e` is NULL or a live event, not used again after this call.
  */
 void evb_event_release(EvbEvent *e);
+
+/**
+ * Listens on `addr` (tcp: "HOST:PORT", port 0 for any free one; shm: a name, "NAME:0" for
+ * any) and writes the publisher to `*out`. `options` (NULL or "": defaults) is
+ * `key=value` pairs separated by commas or spaces: `transport` (tcp, shm), `run_id`,
+ * `policy` (block, drop, disconnect), `max_queued`, `max_message` (bytes),
+ * `block_timeout_ms` (-1: no limit), `linger_ms`, `secret` (else `EVB_SECRET`).
+ *
+ * # Safety
+ * `addr` is a NUL-terminated string, `options` NULL or one; `out` is valid for a write.
+ */
+int evb_pub_open(const char *addr, const char *options, EvbPub **out);
+
+/**
+ * The address the publisher listens on (what subscribers connect to); NULL for NULL.
+ * Valid until `evb_pub_close`.
+ *
+ * # Safety
+ * `p` is NULL or a live publisher.
+ */
+const char *evb_pub_local_addr(const EvbPub *p);
+
+/**
+ * Polls until `n` subscribers have subscribed to something: `EVB_OK`, or `EVB_TIMEOUT`
+ * after `timeout_ms` (negative: no limit). How many have goes to `*count` unless NULL.
+ *
+ * # Safety
+ * `p` is a live publisher; `count` is NULL or valid for a write.
+ */
+int evb_pub_wait_subscribers(EvbPub *p, size_t n, int64_t timeout_ms, size_t *count);
+
+/**
+ * Publishes `len` bytes at `data` under `tag` to every subscriber of `tag` (the bytes are
+ * copied; `data` is the caller's again on return). Under policy block it waits while a
+ * subscriber of the tag is slow, at most `block_timeout_ms` (then `EVB_TIMEOUT`, nothing
+ * sent). What it did goes to `*sent` unless NULL. `EVB_ERR_SIZE`: more than
+ * `max_message`.
+ *
+ * # Safety
+ * `p` is a live publisher; `data` is valid for `len` reads (NULL only with `len` 0);
+ * `sent` is NULL or valid for a write.
+ */
+int evb_pub_send(EvbPub *p, uint64_t tag, const void *data, size_t len, EvbPubSent *sent);
+
+/**
+ * Sends every batched page now (messages to `delivery=throughput` subscribers wait in a
+ * page until the next send, poll or flush).
+ *
+ * # Safety
+ * `p` is a live publisher.
+ */
+int evb_pub_flush(EvbPub *p);
+
+/**
+ * Makes progress (new subscribers and subscriptions, queued messages out), waiting at
+ * most `timeout_ms` (0: not at all) for something to happen. A publisher with nothing to
+ * send calls it now and then.
+ *
+ * # Safety
+ * `p` is a live publisher.
+ */
+int evb_pub_poll(EvbPub *p, uint32_t timeout_ms);
+
+/**
+ * The publisher's counters, in `*out`.
+ *
+ * # Safety
+ * `p` is a live publisher; `out` is valid for a write.
+ */
+int evb_pub_stats(const EvbPub *p, EvbPubStats *out);
+
+/**
+ * Lets subscribers take what is queued for them (at most `linger_ms`), tells each
+ * Goodbye with `reason` (NULL: "closed"), closes them and frees the publisher, whatever
+ * the answer. NULL does nothing.
+ *
+ * # Safety
+ * `p` is NULL or a live publisher, not used again after this call; `reason` is NULL or a
+ * NUL-terminated string.
+ */
+int evb_pub_close(EvbPub *p, const char *reason);
+
+/**
+ * Connects to the publishers at `addrs` (comma-separated) and subscribes to `tags` there
+ * ("0,5,10-19"); the subscriber goes to `*out`. `options` (NULL or "": defaults) is
+ * `key=value` pairs: `transport` (tcp, shm), `run_id`, `delivery` (latency, throughput),
+ * `max_message`, `secret` (else `EVB_SECRET`). A publisher that cannot be reached is an
+ * `EVB_SUB_CLOSED` from `evb_sub_recv`.
+ *
+ * # Safety
+ * `addrs` and `tags` are NUL-terminated strings, `options` NULL or one; `out` is valid
+ * for a write.
+ */
+int evb_sub_open(const char *addrs, const char *tags, const char *options, EvbSub **out);
+
+/**
+ * The next thing that arrived, in `*out`, waiting at most `timeout_ms` (negative: no
+ * limit): `EVB_OK`, `EVB_TIMEOUT`, or `EVB_END` once every publisher's connection is
+ * closed and everything was taken. The previous message's bytes are given back.
+ *
+ * # Safety
+ * `s` is a live subscriber; `out` is valid for a write.
+ */
+int evb_sub_recv(EvbSub *s, int64_t timeout_ms, EvbSubMsg *out);
+
+/**
+ * Subscribes to more tags ("0,5,10-19") at every publisher still connected.
+ *
+ * # Safety
+ * `s` is a live subscriber; `tags` a NUL-terminated string.
+ */
+int evb_sub_subscribe(EvbSub *s, const char *tags);
+
+/**
+ * Unsubscribes from tags ("0,5,10-19") at every publisher still connected; messages a
+ * publisher sent before it read this still arrive.
+ *
+ * # Safety
+ * `s` is a live subscriber; `tags` a NUL-terminated string.
+ */
+int evb_sub_unsubscribe(EvbSub *s, const char *tags);
+
+/**
+ * The subscriber's counters, in `*out`.
+ *
+ * # Safety
+ * `s` is a live subscriber; `out` is valid for a write.
+ */
+int evb_sub_stats(const EvbSub *s, EvbSubStats *out);
+
+/**
+ * Closes the subscriber's connections and frees it (the last message's bytes with it).
+ * NULL does nothing.
+ *
+ * # Safety
+ * `s` is NULL or a live subscriber, not used again after this call.
+ */
+void evb_sub_close(EvbSub *s);
 
 /**
  * The message of the last error on this thread ("" if none). Valid until the next libevb

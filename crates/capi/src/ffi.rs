@@ -59,7 +59,7 @@ pub struct EvbFragment {
 ///
 /// # Safety
 /// `p` is null or a NUL-terminated string that outlives the call.
-unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, c_int> {
+pub(crate) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, c_int> {
     if p.is_null() {
         return Err(fail(EVB_ERR_ARG, &format!("{what} is NULL")));
     }
@@ -86,7 +86,7 @@ fn ended(outcome: &NodeOutcome) -> c_int {
 ///
 /// # Safety
 /// `out` is null or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), c_int> {
+pub(crate) unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), c_int> {
     if out.is_null() {
         return Err(fail(EVB_ERR_ARG, &format!("{what} is NULL")));
     }
@@ -100,7 +100,7 @@ unsafe fn put<T>(out: *mut T, v: T, what: &str) -> Result<(), c_int> {
 /// # Safety
 /// `p` is null or a live handle from the matching `*_start`, not used by another thread
 /// during the call.
-unsafe fn handle<'a, T>(p: *mut T) -> Result<&'a mut T, c_int> {
+pub(crate) unsafe fn handle<'a, T>(p: *mut T) -> Result<&'a mut T, c_int> {
     // SAFETY: the caller promises a live, unshared handle (or null, answered below).
     unsafe { p.as_mut() }.ok_or_else(|| fail(EVB_ERR_ARG, "handle is NULL"))
 }

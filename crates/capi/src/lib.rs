@@ -7,10 +7,16 @@
 //! its producer holds until it is submitted or released (a second submit of the same id is
 //! `EVB_ERR_UNKNOWN_BUFFER`, not a crash); an event is the consumer's until
 //! `evb_event_release`, and its bytes stay where the BU received them until then.
+//!
+//! Publish/subscribe by tag ([`evb_plugin::pubsub`]): `evb_pub_open` .. `evb_pub_close`,
+//! `evb_sub_open` .. `evb_sub_close`; a received payload stays in the subscriber's pool
+//! until the next `evb_sub_recv`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod ffi;
+mod pubsub;
 mod status;
 
 pub use ffi::*;
+pub use pubsub::*;
 pub use status::*;

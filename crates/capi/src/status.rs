@@ -32,6 +32,8 @@ pub const EVB_ERR_ARG: c_int = -7;
 pub const EVB_ERR_PANIC: c_int = -8;
 /// The run ended, but not cleanly (`evb_*_finish`): the message says why.
 pub const EVB_ERR_RUN_FAILED: c_int = -9;
+/// A pub/sub socket failed (its transport's poll, a request that cannot be sent).
+pub const EVB_ERR_IO: c_int = -10;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -57,6 +59,8 @@ pub(crate) fn code_of(e: &Error) -> c_int {
         Error::State(_) => EVB_ERR_STATE,
         Error::RunOver(_) => EVB_ERR_RUN_OVER,
         Error::Setup(_) => EVB_ERR_SETUP,
+        Error::Timeout(_) => EVB_TIMEOUT,
+        Error::Io(_) => EVB_ERR_IO,
     };
     fail(code, &e.to_string())
 }

@@ -198,3 +198,47 @@ fn install_script_and_pkg_config_build_a_c_program() {
     let o = Command::new(&exe).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", common::text(&o));
 }
+
+/// crates/capi/examples/pubsub.c: a C publisher of tags 0..9 and two C subscribers (threads)
+/// of tags 2,5-7 and 0,9, over tcp and shm under policy block: each subscriber gets every
+/// message of its tags, in order, every byte as published, and nothing else.
+#[test]
+fn c_publisher_and_subscribers_get_exactly_their_tags_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = compile("pubsub", dir.path()) else {
+        return;
+    };
+    for (transport, n) in [("tcp", 2000u64), ("shm", 1000)] {
+        let o = Command::new(&exe)
+            .args([transport, &n.to_string()])
+            .output()
+            .unwrap();
+        let t = finished(o, &format!("pubsub {transport}"));
+        assert!(
+            t.contains("bad option: -6 (policy \"sometimes\": expected block, drop or disconnect)"),
+            "{t}"
+        );
+        let (all, six) = (10 * n, 6 * n);
+        assert!(
+            t.contains(&format!(
+                "published {all} messages on 10 tags: delivered {six}, dropped 0 (stats: {all}, {six}, 0)"
+            )),
+            "{t}"
+        );
+        let done = "0 missed, 0 out of order, 0 bad, 0 other tags; goodbye: the C example is done";
+        assert!(
+            t.contains(&format!(
+                "subscriber A (tags 2,5-7): 2:{n} 5:{n} 6:{n} 7:{n}; {} messages, {done}",
+                4 * n
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!(
+                "subscriber B (tags 0,9): 0:{n} 9:{n}; {} messages, {done}",
+                2 * n
+            )),
+            "{t}"
+        );
+    }
+}

@@ -31,4 +31,11 @@ pub enum Error {
     /// The node could not be set up (configuration, addresses, pools).
     #[error("{0}")]
     Setup(String),
+    /// Nothing within the time given (pub/sub: a publisher held back by a slow subscriber
+    /// under policy `block`, subscribers that did not come): what did not happen.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// A socket failed (pub/sub: the transport's poll, a request that cannot be sent).
+    #[error("{0}")]
+    Io(String),
 }

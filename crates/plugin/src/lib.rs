@@ -1,6 +1,7 @@
 //! evb's plug-in API: a program's own code feeds an RU or takes a BU's built events, the
 //! node running in the program's process (its driver on a thread started here) and the rest
-//! of the run as ordinary `evb node` processes. See docs/plugin.md.
+//! of the run as ordinary `evb node` processes. See docs/plugin.md. [`pubsub`]: publish and
+//! subscribe by tag with a blocking socket (docs/messaging.md).
 //!
 //! ```no_run
 //! use evb_plugin::{Producer, WhenFull};
@@ -21,6 +22,7 @@ mod consumer;
 mod error;
 mod node_thread;
 mod producer;
+pub mod pubsub;
 
 pub use consumer::{Consumer, ConsumerOptions, Event, Fragment, Next};
 pub use error::Error;

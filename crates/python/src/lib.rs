@@ -1,7 +1,8 @@
 //! The Python module `evb`: evb's plug-in API (docs/plugin.md) from Python. A `Producer`
 //! feeds an RU (`source.kind = "api"`), a `Consumer` takes a BU's built events
 //! (`sink = "api"`); the node runs on a thread of the Python process, the EVM and the other
-//! nodes are `evb node` processes.
+//! nodes are `evb node` processes. `Publisher` and `Subscriber` publish and subscribe by
+//! tag (evb_plugin::pubsub, docs/messaging.md).
 //!
 //! Every object is safe to use in any order from Python: the Rust handles live in mutexes
 //! (taken with the GIL released around anything that blocks), a buffer or an event whose
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 
 mod consumer;
 mod producer;
+mod pubsub;
 
 pyo3::create_exception!(evb, Error, PyException, "Base of every evb error.");
 pyo3::create_exception!(
@@ -57,7 +59,13 @@ pyo3::create_exception!(
     evb,
     Timeout,
     Error,
-    "No event within the time given (the run goes on)."
+    "Nothing within the time given: no event (the run goes on), a publisher held back by a slow subscriber, subscribers that did not come."
+);
+pyo3::create_exception!(
+    evb,
+    IoError,
+    Error,
+    "A pub/sub socket failed (its transport's poll, a request that cannot be sent)."
 );
 
 /// The Python exception for an error of the plug-in API.
@@ -76,6 +84,8 @@ pub(crate) fn to_py(e: evb_plugin::Error) -> PyErr {
         E::UnknownBuffer | E::State(_) => StateError::new_err(msg),
         E::RunOver(_) => RunOver::new_err(msg),
         E::Setup(_) => SetupError::new_err(msg),
+        E::Timeout(_) => Timeout::new_err(msg),
+        E::Io(_) => IoError::new_err(msg),
     }
 }
 
@@ -152,6 +162,7 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SetupError", py.get_type::<SetupError>())?;
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("IoError", py.get_type::<IoError>())?;
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyBuf>()?;
     m.add_class::<consumer::PyConsumer>()?;
@@ -159,6 +170,12 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::PyFragment>()?;
     m.add_class::<consumer::PyChunk>()?;
     m.add_class::<Outcome>()?;
+    m.add_class::<pubsub::PyPublisher>()?;
+    m.add_class::<pubsub::PySubscriber>()?;
+    m.add_class::<pubsub::PyMessage>()?;
+    m.add_class::<pubsub::PyGap>()?;
+    m.add_class::<pubsub::PyGoodbye>()?;
+    m.add_class::<pubsub::PyClosed>()?;
     m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
