@@ -92,6 +92,16 @@ fn have_slurm() -> bool {
     )
 }
 
+/// What every Slurm test starts from: the engines (or a skip), the launch slot, a cluster
+/// of its own and a folder.
+fn slurm_test() -> Option<(MutexGuard<'static, ()>, Cluster, tempfile::TempDir)> {
+    if !have_slurm() {
+        return None;
+    }
+    let one = one_at_a_time();
+    Some((one, Cluster::start(), tempfile::tempdir().unwrap()))
+}
+
 fn slurm_local() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/slurm-local.sh")
 }
@@ -253,12 +263,9 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
 fn srun_starts_an_exact_run() {
-    if !have_slurm() {
+    let Some((_one, cluster, dir)) = slurm_test() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let cluster = Cluster::start();
-    let dir = tempfile::tempdir().unwrap();
+    };
     let cfg = run_config(dir.path(), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args([
@@ -287,12 +294,9 @@ fn srun_starts_an_exact_run() {
 /// with an error, srun fails, and nothing is left running.
 #[test]
 fn srun_with_a_rank_that_never_starts_names_it() {
-    if !have_slurm() {
+    let Some((_one, cluster, dir)) = slurm_test() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let cluster = Cluster::start();
-    let dir = tempfile::tempdir().unwrap();
+    };
     let cfg = run_config(dir.path(), "connect_timeout_s = 3\n", "");
     let mut srun = cluster.cmd("srun", dir.path());
     let body = format!(
@@ -331,12 +335,9 @@ fn task_logs(dir: &Path, tasks: usize) -> String {
 
 #[test]
 fn a_failed_verdict_is_srun_s_exit_code() {
-    if !have_slurm() {
+    let Some((_one, cluster, dir)) = slurm_test() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let cluster = Cluster::start();
-    let dir = tempfile::tempdir().unwrap();
+    };
     // every BU takes 3 s to hand its first event to the sink: nothing completes for longer
     // than the stall timeout, so the run is aborted and its verdict fails
     let cfg = run_config(
@@ -374,12 +375,9 @@ fn a_failed_verdict_is_srun_s_exit_code() {
 
 #[test]
 fn srun_with_a_task_missing_says_so_and_every_task_exits() {
-    if !have_slurm() {
+    let Some((_one, cluster, dir)) = slurm_test() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let cluster = Cluster::start();
-    let dir = tempfile::tempdir().unwrap();
+    };
     let cfg = run_config(dir.path(), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args(["-n", "4", EVB, "node", "--config"]).arg(&cfg);
@@ -448,12 +446,9 @@ fn mpirun_starts_an_exact_run() {
 
 #[test]
 fn the_script_evb_slurm_writes_runs_under_sbatch() {
-    if !have_slurm() {
+    let Some((_one, cluster, dir)) = slurm_test() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let cluster = Cluster::start();
-    let dir = tempfile::tempdir().unwrap();
+    };
     let cfg = run_config(dir.path(), "", "");
     let logs = dir.path().join("logs");
     let script = dir.path().join("job.sh");
