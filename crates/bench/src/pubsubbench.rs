@@ -57,11 +57,19 @@ fn fill(p: &mut Point, results: &[SubResult], send_cpu: Duration) {
 
 /// evb: `k` subscribers of tag 0 (high-throughput delivery), `size`-byte messages for
 /// `duration`, policy block.
+/// How long a partly filled page may wait (see `evb pub --flush-us`).
+pub const PAGE_FLUSH: Duration = Duration::from_micros(200);
+
 pub fn evb(k: usize, size: usize, duration: Duration) -> Result<Point, String> {
     let cfg = PublisherConfig {
         policy: SlowPolicy::Block,
         max_queued: 4 << 20,
-        messenger: MessengerConfig::default(),
+        // high-throughput pages go out when full or 200 µs after their first message (as
+        // `evb pub` by default, and NetIO's buffers): not at the end of every loop pass
+        messenger: MessengerConfig {
+            flush: evb_messaging::FlushPolicy::After(PAGE_FLUSH),
+            ..MessengerConfig::default()
+        },
     };
     let mut p = Publisher::new(tcp("pub")?, cfg).map_err(|e| e.to_string())?;
     let addr = p.listen("127.0.0.1:0").map_err(|e| e.to_string())?;

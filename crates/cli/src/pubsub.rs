@@ -63,6 +63,11 @@ pub struct PubArgs {
     /// A subscriber is slow with this many bytes waiting for it.
     #[arg(long, default_value_t = 4 << 20)]
     max_queued: usize,
+    /// High-throughput subscribers' pages go out when full (256 KiB) or once their first
+    /// message has waited this many microseconds (0: at the end of each pass of the
+    /// publisher's loop) [0 ..= 1000000].
+    #[arg(long, default_value_t = 200)]
+    flush_us: u64,
     /// Start once this many subscribers are connected and have subscribed (0..=10000).
     #[arg(long, default_value_t = 1)]
     wait: usize,
@@ -203,6 +208,7 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
     check("wait", a.wait, 0, 10_000)?;
     check("wait-timeout", a.wait_timeout, 0.0, 86_400.0)?;
     check("linger", a.linger, 0.0, 86_400.0)?;
+    check("flush-us", a.flush_us, 0, 1_000_000)?;
     let policy = match a.policy {
         Policy::Block => SlowPolicy::Block,
         Policy::Drop => SlowPolicy::Drop,
@@ -212,7 +218,14 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
     let cfg = PublisherConfig {
         policy,
         max_queued: a.max_queued,
-        messenger: MessengerConfig::default(),
+        messenger: MessengerConfig {
+            flush: if a.flush_us == 0 {
+                evb_messaging::FlushPolicy::EndOfPass
+            } else {
+                evb_messaging::FlushPolicy::After(Duration::from_micros(a.flush_us))
+            },
+            ..MessengerConfig::default()
+        },
     };
     let mut p = Publisher::new(transport(a.transport, &a.run_id, "pub", max_frame)?, cfg)
         .map_err(|e| e.to_string())?;
