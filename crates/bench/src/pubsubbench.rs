@@ -63,7 +63,7 @@ pub const PAGE_FLUSH: Duration = Duration::from_micros(200);
 pub fn evb(k: usize, size: usize, duration: Duration) -> Result<Point, String> {
     let cfg = PublisherConfig {
         policy: SlowPolicy::Block,
-        max_queued: 4 << 20,
+        max_queued: 32 << 20,
         // high-throughput pages go out when full or 200 µs after their first message (as
         // `evb pub` by default, and NetIO's buffers): not at the end of every loop pass
         messenger: MessengerConfig {
@@ -134,12 +134,33 @@ pub fn evb(k: usize, size: usize, duration: Duration) -> Result<Point, String> {
             .map_err(|e| e.to_string())?;
     }
     let payload = vec![0x5au8; size];
+    // large messages written once into the publisher's pool and published by reference
+    // (as the p2p fragment series sends its pool slices); small ones copied into pages
+    let chain = if size >= evb_messaging::pubsub::SHARE_MIN {
+        p.pool().and_then(|pool| {
+            let mut c = evb_buffers::Chain::new();
+            let mut rest = &payload[..];
+            while !rest.is_empty() {
+                let mut w = pool.try_alloc()?;
+                let n = rest.len().min(w.remaining());
+                c.push(w.append(&rest[..n])?);
+                rest = &rest[n..];
+            }
+            Some(c)
+        })
+    } else {
+        None
+    };
     let cpu0 = thread_cpu();
     let end = Instant::now() + duration;
     let mut sent = 0u64;
     while Instant::now() < end {
         for _ in 0..64 {
-            match p.publish(0, &payload).map_err(|e| e.to_string())? {
+            let r = match &chain {
+                Some(c) => p.publish_chain(0, c),
+                None => p.publish(0, &payload),
+            };
+            match r.map_err(|e| e.to_string())? {
                 Publish::Sent(_) => sent += 1,
                 Publish::WouldBlock => {
                     p.poll(Some(Duration::from_millis(1)))

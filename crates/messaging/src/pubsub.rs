@@ -280,6 +280,13 @@ fn subtract(set: &mut Vec<TagRange>, cut: &[TagRange]) {
     normalize(set);
 }
 
+/// What [`Publisher::publish_body`] sends: bytes to copy, or slices to send as they are.
+#[derive(Clone, Copy)]
+enum Body<'a> {
+    Bytes(&'a [u8]),
+    Chain(&'a Chain),
+}
+
 /// Events a [`Publisher`]'s poll reports (also kept in its counters).
 #[derive(Debug)]
 pub enum PubEvent {
@@ -387,10 +394,36 @@ impl Publisher {
     /// Only a payload too large for one message; a subscriber's connection failing is that
     /// subscriber's end (reported by `poll`), never the publisher's.
     pub fn publish(&mut self, tag: u64, payload: &[u8]) -> Result<Publish, PubSubError> {
+        self.publish_body(tag, Body::Bytes(payload))
+    }
+
+    /// Publishes `payload`, slices of pool blocks, without copying it: every subscriber's
+    /// page refers to the same bytes, which stay in their blocks until the last subscriber's
+    /// copy is sent. Write the message into blocks of [`Publisher::pool`] to have it travel
+    /// by reference over shm as well (other pools' slices are copied there).
+    ///
+    /// # Errors
+    /// As [`Publisher::publish`].
+    pub fn publish_chain(&mut self, tag: u64, payload: &Chain) -> Result<Publish, PubSubError> {
+        self.publish_body(tag, Body::Chain(payload))
+    }
+
+    /// The shared-memory pool the publisher writes large payloads into (None where the
+    /// system could not make one): blocks a program may fill and hand to
+    /// [`Publisher::publish_chain`].
+    pub fn pool(&self) -> Option<&Pool> {
+        self.tx_pool.as_ref()
+    }
+
+    fn publish_body(&mut self, tag: u64, body: Body) -> Result<Publish, PubSubError> {
+        let len = match body {
+            Body::Bytes(b) => b.len(),
+            Body::Chain(c) => c.len(),
+        };
         let seq = self.seqs.get(&tag).copied().unwrap_or(0);
         let prefix = PublishedHeader { tag, seq }
-            .prefix(payload.len())
-            .ok_or(PubSubError::TooLarge(payload.len()))?;
+            .prefix(len)
+            .ok_or(PubSubError::TooLarge(len))?;
         let mut targets = std::mem::take(&mut self.scratch);
         targets.clear();
         targets.extend(
@@ -406,10 +439,27 @@ impl Publisher {
         }
         self.seqs.insert(tag, seq.wrapping_add(1));
         self.stats.published += 1;
-        let shared = if payload.len() >= SHARE_MIN && !targets.is_empty() {
-            self.shared_chain(&prefix, payload)
-        } else {
-            None
+        let shared = match body {
+            _ if targets.is_empty() => None,
+            Body::Bytes(b) if b.len() >= SHARE_MIN => self.shared_chain(&prefix, b),
+            Body::Bytes(_) => None,
+            // the prefix in the publisher's pool, then the caller's slices as they are
+            Body::Chain(c) => self.shared_chain(&prefix, &[]).map(|mut ch| {
+                for sl in c.slices() {
+                    ch.push(sl.clone());
+                }
+                ch
+            }),
+        };
+        // bytes for the paths that copy (small payloads, or no room to share)
+        let flat;
+        let payload: &[u8] = match body {
+            Body::Bytes(b) => b,
+            Body::Chain(_) if shared.is_some() => &[],
+            Body::Chain(c) => {
+                flat = c.to_vec();
+                &flat
+            }
         };
         let mut sent = 0;
         for &conn in &targets {

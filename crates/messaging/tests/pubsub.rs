@@ -907,3 +907,93 @@ fn a_cut_off_subscriber_that_never_reads_is_let_go() {
     pump(&mut p, &mut [&mut fresh], |_, cs| cs[0].got.len() == 1);
     drop(slow);
 }
+
+/// `publish_chain`: a message written once into the publisher's pool (one block or several)
+/// and published again and again without a copy reaches every subscriber of its tag intact,
+/// in order, mixed with copied messages; the blocks are reused once every copy is sent.
+fn published_chains(kind: Kind) {
+    if !available(kind) {
+        return;
+    }
+    let (mut p, addr) = publisher(kind, "chain", SlowPolicy::Block, 64 << 20);
+    let mut a = Client::new(kind, "ca", &addr);
+    a.subscribe(&[TagRange::one(5)], Delivery::Throughput);
+    let mut b = Client::new(kind, "cb", &addr);
+    b.subscribe(&[r(4, 6)], Delivery::Latency);
+    pump(&mut p, &mut [&mut a, &mut b], |p, _| {
+        p.subscribers_of(5) == 2
+    });
+    let pool = p.pool().expect("a shared pool").clone();
+    let mut sent = 0u64;
+    for seq in 0..200u64 {
+        if seq % 3 == 2 {
+            // a copied one between the chains: one sequence for both kinds
+            assert_eq!(
+                p.publish(5, &payload(5, seq, 3000)).unwrap(),
+                Publish::Sent(2)
+            );
+        } else {
+            // 300 KB over two or more blocks, made for this message: the publisher keeps
+            // references, we drop ours
+            let bytes = payload(5, seq, 300_000);
+            let mut chain = evb_buffers::Chain::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let mut w = loop {
+                    match pool.try_alloc() {
+                        Some(w) => break w,
+                        None => {
+                            // every block still held by subscribers' queues
+                            p.poll(Some(Duration::from_millis(1))).unwrap();
+                            a.poll();
+                            b.poll();
+                        }
+                    }
+                };
+                let n = rest.len().min(w.remaining());
+                chain.push(w.append(&rest[..n]).unwrap());
+                rest = &rest[n..];
+            }
+            loop {
+                match p.publish_chain(5, &chain).unwrap() {
+                    Publish::Sent(k) => {
+                        assert_eq!(k, 2);
+                        break;
+                    }
+                    Publish::WouldBlock => {
+                        p.poll(Some(Duration::from_millis(1))).unwrap();
+                        a.poll();
+                        b.poll();
+                    }
+                }
+            }
+        }
+        sent += 1;
+        if seq % 10 == 0 {
+            p.poll(Some(Duration::ZERO)).unwrap();
+        }
+    }
+    p.flush();
+    pump(&mut p, &mut [&mut a, &mut b], |_, c| {
+        c.iter().all(|c| c.got.len() as u64 == sent)
+    });
+    for c in [&a, &b] {
+        let want: Vec<(u64, u64)> = (0..sent).map(|s| (5, s)).collect();
+        assert_eq!(c.got, want, "{}: every message once, in order", c.name);
+        assert_eq!(c.total_missed(), 0);
+    }
+    assert_eq!(p.stats().delivered, 2 * sent);
+}
+
+#[test]
+fn published_chains_tcp() {
+    published_chains(Kind::Tcp);
+}
+#[test]
+fn published_chains_shm() {
+    published_chains(Kind::Shm);
+}
+#[test]
+fn published_chains_inproc() {
+    published_chains(Kind::Inproc);
+}
