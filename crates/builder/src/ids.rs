@@ -1,57 +1,9 @@
-//! Hash maps keyed by event ids, connection ids and node references. Keys come from our own
-//! counters, not from an adversary, so a multiply-rotate hash does: SipHash (the default) cost
-//! several percent of a small-event run.
+//! Hash maps keyed by event ids, connection ids and node references (the multiply-rotate
+//! hash of `evb_buffers::small_keys`, shared with the transports and messaging), and the
+//! ring of recently built ids.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
-
-const K: u64 = 0x9e37_79b9_7f4a_7c15;
-
-#[derive(Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl IdHasher {
-    fn add(&mut self, v: u64) {
-        // Fibonacci hashing: consecutive ids spread over the table's top bits.
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(K);
-    }
-}
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.add(b as u64);
-        }
-    }
-
-    fn write_u8(&mut self, v: u8) {
-        self.add(v as u64)
-    }
-
-    fn write_u16(&mut self, v: u16) {
-        self.add(v as u64)
-    }
-
-    fn write_u32(&mut self, v: u32) {
-        self.add(v as u64)
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.add(v)
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.add(v as u64)
-    }
-}
-
-/// Maps and sets with that hash, for small keys of our own (event ids, node references).
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
-pub type FastSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
+pub type FastMap<K, V> = evb_buffers::small_keys::SmallKeyMap<K, V>;
+pub type FastSet<K> = evb_buffers::small_keys::SmallKeySet<K>;
 pub type IdMap<V> = FastMap<u64, V>;
 pub type IdSet = FastSet<u64>;
 

@@ -10,8 +10,8 @@ use tracing::warn;
 use crate::reader::{split_messages, Received};
 
 // looked up for every batched message: one multiplication, not SipHash
-type ConnMap<V> = evb_transport::small_keys::SmallKeyMap<ConnId, V>;
-type ConnSet = evb_transport::small_keys::SmallKeySet<ConnId>;
+type ConnMap<V> = evb_buffers::small_keys::SmallKeyMap<ConnId, V>;
+type ConnSet = evb_buffers::small_keys::SmallKeySet<ConnId>;
 
 /// When a partly filled page goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

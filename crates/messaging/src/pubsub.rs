@@ -61,7 +61,7 @@
 //! assert_eq!(got, vec![(12, b"hello".to_vec())]);
 //! ```
 
-use evb_transport::small_keys::SmallKeyMap;
+use evb_buffers::small_keys::SmallKeyMap;
 use std::time::Duration;
 
 use evb_buffers::{BlockWriter, Chain, Pool};

@@ -163,11 +163,16 @@ pub fn publish_evm(path: &Path, addr: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot write the rendezvous file {}: {e}", path.display()))
 }
 
+/// A rendezvous file's `address host pid`: the address (with a port) and the host.
+fn parse_rendezvous(text: &str) -> Option<(SocketAddr, String)> {
+    let mut f = text.split_whitespace();
+    let a: SocketAddr = f.next()?.parse().ok()?;
+    (a.port() != 0).then(|| (a, f.next().unwrap_or("").to_string()))
+}
+
 /// The EVM address in the rendezvous file now, if it holds one.
 pub fn peek_evm(path: &Path) -> Option<SocketAddr> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let a: SocketAddr = text.split_whitespace().next()?.parse().ok()?;
-    (a.port() != 0).then_some(a)
+    parse_rendezvous(&std::fs::read_to_string(path).ok()?).map(|(a, _)| a)
 }
 
 /// Where the EVM listens and its host, from the rendezvous file, waiting for it until
@@ -176,17 +181,13 @@ pub fn read_evm(path: &Path, deadline: Instant) -> Result<(SocketAddr, String), 
     loop {
         match std::fs::read_to_string(path) {
             Ok(text) => {
-                let mut f = text.split_whitespace();
-                let addr = f.next().and_then(|a| a.parse::<SocketAddr>().ok());
-                let host = f.next().unwrap_or("").to_string();
-                return match addr {
-                    Some(a) if a.port() != 0 => Ok((a, host)),
-                    _ => Err(format!(
+                return parse_rendezvous(&text).ok_or_else(|| {
+                    format!(
                         "the rendezvous file {} does not hold an EVM address ({:?})",
                         path.display(),
                         text.trim()
-                    )),
-                };
+                    )
+                })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));

@@ -14,7 +14,6 @@ pub mod inproc;
 pub mod mux;
 pub mod ofi;
 pub mod shm;
-pub mod small_keys;
 pub mod tcp;
 
 pub use auth::{control_token, control_token_matches};

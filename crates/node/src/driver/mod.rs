@@ -660,8 +660,8 @@ impl Driver {
         }
         if let Some(path) = &self.rendezvous {
             // only the file this EVM wrote: a later run's EVM may have replaced it
-            let mine = std::fs::read_to_string(path)
-                .is_ok_and(|t| t.split_whitespace().next() == Some(self.bound.as_str()));
+            let mine =
+                crate::discovery::peek_evm(path).is_some_and(|a| a.to_string() == self.bound);
             if mine {
                 let _ = std::fs::remove_file(path);
             }

@@ -237,22 +237,20 @@ impl Driver {
 
     /// The rank of node `p` under a launcher: its place in the configuration's order.
     pub(super) fn rank_of(&self, p: NodeRef) -> usize {
-        self.nodes
-            .iter()
-            .position(|n| node_ref(n) == p)
-            .unwrap_or(usize::MAX)
+        let n_ru = self.nodes.iter().filter(|n| n.role == Role::Ru).count();
+        match p {
+            NodeRef::Evm => 0,
+            NodeRef::Ru(i) => 1 + i as usize,
+            NodeRef::Bu(i) => 1 + n_ru + i as usize,
+        }
     }
 
     /// The peers this node still waits for, by id and rank, and why where it knows.
     pub(super) fn missing_peers(&self) -> Vec<String> {
-        let wanted = |n: &&NodeSpec| match self.me.role {
-            Role::Evm => n.role != Role::Evm,
-            Role::Ru => n.role != Role::Ru,
-            Role::Bu => n.role != Role::Bu,
-        };
+        // every node of another role is a peer (the EVM's all, an RU's the EVM and the BUs)
         self.nodes
             .iter()
-            .filter(wanted)
+            .filter(|n| n.role != self.me.role)
             .filter(|n| !self.conns.contains_key(&node_ref(n)))
             .map(|n| {
                 let p = node_ref(n);

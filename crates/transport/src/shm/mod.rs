@@ -32,7 +32,7 @@ mod sys;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::small_keys::{SmallKeyMap, SmallKeySet};
+use evb_buffers::small_keys::{SmallKeyMap, SmallKeySet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;

@@ -6,7 +6,7 @@ mod tx;
 
 use std::collections::VecDeque;
 
-use crate::small_keys::{SmallKeyMap, SmallKeySet};
+use evb_buffers::small_keys::{SmallKeyMap, SmallKeySet};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
