@@ -32,7 +32,7 @@ use evb::{Kind, MeshSpec, Path as SendPath};
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Which benchmark: p2p, lat, nxn, build, monitor (the cost of being watched), pubsub
-    /// (1 publisher to 1, 2, 4 subscribers, evb beside ZeroMQ PUB/SUB; not in `all`), or all.
+    /// (1 publisher to 1, 2, 4 subscribers, evb beside ZeroMQ PUB/SUB), or all.
     #[arg(default_value = "all")]
     pub which: String,
     /// A short smoke run (a few seconds): fewer sizes, one repetition, short points.

@@ -64,6 +64,9 @@ pub fn evb(k: usize, size: usize, duration: Duration) -> Result<Point, String> {
     let cfg = PublisherConfig {
         policy: SlowPolicy::Block,
         max_queued: 32 << 20,
+        // as `evb pub` by default: the publishing thread writes half the subscribers'
+        // sockets, one send thread the other half (two cores here)
+        send_threads: 1,
         // high-throughput pages go out when full or 200 µs after their first message (as
         // `evb pub` by default, and NetIO's buffers): not at the end of every loop pass
         messenger: MessengerConfig {

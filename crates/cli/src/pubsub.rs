@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use evb_buffers::Pool;
 use evb_messaging::pubsub::{
     Publish, Publisher, PublisherConfig, SlowPolicy, SubEvent, Subscriber, MAX_QUEUED_RANGE,
+    MAX_SEND_THREADS,
 };
 use evb_messaging::MessengerConfig;
 use evb_transport::{Transport, TransportConfig};
@@ -68,6 +69,11 @@ pub struct PubArgs {
     /// publisher's loop) [0 ..= 1000000].
     #[arg(long, default_value_t = 200)]
     flush_us: u64,
+    /// Threads writing subscribers' sockets beside the publishing one, which writes its
+    /// share (0: it writes them all) [0 ..= 16]. Over tcp, one thread's copy into the kernel
+    /// limits a fan-out of large messages.
+    #[arg(long, default_value_t = 1)]
+    send_threads: usize,
     /// Start once this many subscribers are connected and have subscribed (0..=10000).
     #[arg(long, default_value_t = 1)]
     wait: usize,
@@ -209,6 +215,7 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
     check("wait-timeout", a.wait_timeout, 0.0, 86_400.0)?;
     check("linger", a.linger, 0.0, 86_400.0)?;
     check("flush-us", a.flush_us, 0, 1_000_000)?;
+    check("send-threads", a.send_threads, 0, MAX_SEND_THREADS)?;
     let policy = match a.policy {
         Policy::Block => SlowPolicy::Block,
         Policy::Drop => SlowPolicy::Drop,
@@ -218,6 +225,7 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
     let cfg = PublisherConfig {
         policy,
         max_queued: a.max_queued,
+        send_threads: a.send_threads,
         messenger: MessengerConfig {
             flush: if a.flush_us == 0 {
                 evb_messaging::FlushPolicy::EndOfPass

@@ -120,14 +120,24 @@ pub struct PublisherConfig {
     /// queue, and over shared memory the publisher's memory it holds unread). Range
     /// [`MAX_QUEUED_RANGE`].
     pub max_queued: usize,
+    /// Threads that write subscribers' sockets beside the publishing one, which writes its
+    /// share (0, the default: the publishing thread writes them all; at most
+    /// [`MAX_SEND_THREADS`]). Over tcp one thread's copy into the kernel limits a fan-out of
+    /// large messages; transports that do not copy (shm) ignore it. Bytes waiting for a send
+    /// thread count toward `max_queued`: give it room (MiBs). See docs/messaging.md.
+    pub send_threads: usize,
     pub messenger: MessengerConfig,
 }
+
+/// Most `PublisherConfig::send_threads`.
+pub const MAX_SEND_THREADS: usize = evb_transport::tcp::MAX_SEND_THREADS;
 
 impl Default for PublisherConfig {
     fn default() -> Self {
         PublisherConfig {
             policy: SlowPolicy::Drop,
             max_queued: 4 << 20,
+            send_threads: 0,
             messenger: MessengerConfig::default(),
         }
     }
@@ -142,6 +152,12 @@ impl PublisherConfig {
             return Err(PubSubError::Config(format!(
                 "max_queued {} is outside {lo}..={hi}",
                 self.max_queued
+            )));
+        }
+        if self.send_threads > MAX_SEND_THREADS {
+            return Err(PubSubError::Config(format!(
+                "send_threads {} is outside 0..={MAX_SEND_THREADS}",
+                self.send_threads
             )));
         }
         if !(4096..=(64 << 20)).contains(&self.messenger.page_size) {
@@ -314,8 +330,12 @@ pub struct Publisher {
 impl Publisher {
     /// # Errors
     /// The configuration is out of range.
-    pub fn new(transport: Box<dyn Transport>, cfg: PublisherConfig) -> Result<Self, PubSubError> {
+    pub fn new(
+        mut transport: Box<dyn Transport>,
+        cfg: PublisherConfig,
+    ) -> Result<Self, PubSubError> {
         cfg.validate()?;
+        transport.set_send_threads(cfg.send_threads)?;
         Ok(Publisher {
             messenger: Messenger::new(transport, cfg.messenger),
             cfg,

@@ -20,6 +20,8 @@ use evb_wire::{Channel, Hello, Message, Role};
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Tcp,
+    /// tcp, the publisher writing half its subscribers' sockets and a send thread the rest
+    TcpSendThreads,
     Shm,
     Inproc,
     /// libfabric's tcp provider, where evb was built with libfabric (else skipped).
@@ -54,7 +56,7 @@ fn tcfg(node: &str) -> TransportConfig {
 
 fn transport(kind: Kind, node: &str) -> Box<dyn Transport> {
     match kind {
-        Kind::Tcp => Box::new(TcpTransport::new(tcfg(node)).unwrap()),
+        Kind::Tcp | Kind::TcpSendThreads => Box::new(TcpTransport::new(tcfg(node)).unwrap()),
         Kind::Shm => ShmTransport::new(tcfg(node)).unwrap(),
         Kind::Inproc => Box::new(InprocTransport::new(tcfg(node))),
         Kind::Ofi => OfiTransport::new(tcfg(node), "tcp").unwrap(),
@@ -72,6 +74,7 @@ fn publisher(kind: Kind, test: &str, policy: SlowPolicy, max_queued: usize) -> (
     let cfg = PublisherConfig {
         policy,
         max_queued,
+        send_threads: usize::from(kind == Kind::TcpSendThreads),
         messenger: MessengerConfig::default(),
     };
     let mut p = Publisher::new(transport(kind, &format!("pub-{test}")), cfg).unwrap();
@@ -398,6 +401,14 @@ fn churn_tcp() {
     churn(Kind::Tcp)
 }
 #[test]
+fn filtering_exact_tcp_send_threads() {
+    filtering_exact(Kind::TcpSendThreads)
+}
+#[test]
+fn churn_tcp_send_threads() {
+    churn(Kind::TcpSendThreads)
+}
+#[test]
 fn churn_shm() {
     churn(Kind::Shm)
 }
@@ -592,6 +603,10 @@ fn policy_block(kind: Kind) {
 #[test]
 fn policy_block_tcp() {
     policy_block(Kind::Tcp)
+}
+#[test]
+fn policy_block_tcp_send_threads() {
+    policy_block(Kind::TcpSendThreads)
 }
 #[test]
 fn policy_block_shm() {
@@ -988,6 +1003,10 @@ fn published_chains(kind: Kind) {
 #[test]
 fn published_chains_tcp() {
     published_chains(Kind::Tcp);
+}
+#[test]
+fn published_chains_tcp_send_threads() {
+    published_chains(Kind::TcpSendThreads);
 }
 #[test]
 fn published_chains_shm() {

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use evb_buffers::Pool;
 use evb_messaging::pubsub::{
     PubSubError, Publish, Publisher, PublisherConfig, SubEvent, Subscriber, MAX_QUEUED_RANGE,
+    MAX_SEND_THREADS,
 };
 use evb_messaging::MessengerConfig;
 use evb_transport::{ConnId, Transport, TransportConfig};
@@ -87,6 +88,9 @@ pub struct PubOptions {
     pub policy: SlowPolicy,
     /// A subscriber is slow while this many bytes wait for it ([`MAX_QUEUED_RANGE`]).
     pub max_queued: usize,
+    /// Threads writing subscribers' sockets beside the publishing one (0..=16, default 0;
+    /// see `PublisherConfig::send_threads`).
+    pub send_threads: usize,
     /// Largest payload `publish` takes (1..=[`MAX_MESSAGE_LIMIT`]).
     pub max_message: usize,
     /// Policy `block`: how long `publish` waits for a slow subscriber before answering
@@ -106,6 +110,7 @@ impl Default for PubOptions {
             run_id: "pubsub".into(),
             policy: SlowPolicy::Block,
             max_queued: 4 << 20,
+            send_threads: 0,
             max_message: 1 << 20,
             block_timeout: None,
             linger: Duration::from_secs(5),
@@ -191,9 +196,9 @@ fn millis(key: &str, v: &str) -> Result<Option<Duration>, Error> {
 
 impl PubOptions {
     /// Options from `key=value` text (the C ABI's form): `transport` (tcp, shm), `run_id`,
-    /// `policy` (block, drop, disconnect), `max_queued`, `max_message` (bytes),
-    /// `block_timeout_ms` (-1: none), `linger_ms`, `secret`. Keys not given keep their
-    /// defaults.
+    /// `policy` (block, drop, disconnect), `max_queued`, `send_threads`, `max_message`
+    /// (bytes), `block_timeout_ms` (-1: none), `linger_ms`, `secret`. Keys not given keep
+    /// their defaults.
     ///
     /// # Errors
     /// [`Error::Setup`] naming the key and the value at fault.
@@ -205,13 +210,14 @@ impl PubOptions {
                 "run_id" => o.run_id = v.to_string(),
                 "policy" => o.policy = v.parse().map_err(Error::Setup)?,
                 "max_queued" => o.max_queued = number(k, v)? as usize,
+                "send_threads" => o.send_threads = number(k, v)? as usize,
                 "max_message" => o.max_message = number(k, v)? as usize,
                 "block_timeout_ms" => o.block_timeout = millis(k, v)?,
                 "linger_ms" => o.linger = millis(k, v)?.unwrap_or(Duration::ZERO),
                 "secret" => o.secret = Some(v.as_bytes().to_vec()),
                 other => {
                     return Err(Error::Setup(format!(
-                        "unknown publisher option {other:?} (transport, run_id, policy, max_queued, max_message, block_timeout_ms, linger_ms, secret)"
+                        "unknown publisher option {other:?} (transport, run_id, policy, max_queued, send_threads, max_message, block_timeout_ms, linger_ms, secret)"
                     )))
                 }
             }
@@ -230,6 +236,12 @@ impl PubOptions {
             return Err(Error::Setup(format!(
                 "max_queued {} is outside {lo}..={hi}",
                 self.max_queued
+            )));
+        }
+        if self.send_threads > MAX_SEND_THREADS {
+            return Err(Error::Setup(format!(
+                "send_threads {} is outside 0..={MAX_SEND_THREADS}",
+                self.send_threads
             )));
         }
         Ok(())
@@ -418,6 +430,7 @@ impl PubSocket {
         let cfg = PublisherConfig {
             policy: opts.policy,
             max_queued: opts.max_queued,
+            send_threads: opts.send_threads,
             messenger: MessengerConfig::default(),
         };
         let mut publisher = Publisher::new(t, cfg).map_err(messaging)?;
@@ -847,8 +860,11 @@ mod tests {
 
     #[test]
     fn options_and_tags_parse_and_name_what_is_wrong() {
-        let o = PubOptions::parse("transport=shm, policy=drop max_queued=8192;block_timeout_ms=50")
-            .unwrap();
+        let o = PubOptions::parse(
+            "transport=shm, policy=drop max_queued=8192;block_timeout_ms=50 send_threads=2",
+        )
+        .unwrap();
+        assert_eq!(o.send_threads, 2);
         assert_eq!(o.transport, TransportKind::Shm);
         assert_eq!(o.policy, SlowPolicy::Drop);
         assert_eq!(o.max_queued, 8192);
@@ -863,6 +879,10 @@ mod tests {
         );
         let e = PubOptions::parse("max_queued=10").unwrap_err().to_string();
         assert!(e.contains("max_queued 10 is outside"), "{e}");
+        let e = PubOptions::parse("send_threads=17")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("send_threads 17 is outside 0..=16"), "{e}");
         let e = PubOptions::parse("colour=blue").unwrap_err().to_string();
         assert!(e.contains("\"colour\""), "{e}");
         let e = PubOptions::parse("policy").unwrap_err().to_string();

@@ -126,7 +126,8 @@ const SUB_CLOSED: &str = "the subscriber is closed";
 /// is what subscribers connect to. `publish(tag, data)` sends to every subscriber of the
 /// tag. Options: `run_id` (the handshake's; subscribers must agree), `policy` (block,
 /// drop, disconnect: what to do with a subscriber that has `max_queued` bytes waiting),
-/// `max_message` (largest payload), `block_timeout` (seconds `publish` waits under policy
+/// `send_threads` (threads writing subscribers' sockets beside the publishing one over
+/// tcp, 0..=16), `max_message` (largest payload), `block_timeout` (seconds `publish` waits under policy
 /// block, None: no limit), `linger` (seconds `close` lets subscribers drain), `secret`
 /// (str or bytes; else `EVB_SECRET`).
 #[pyclass(name = "Publisher", module = "evb", frozen)]
@@ -156,7 +157,7 @@ impl PyPublisher {
 #[pymethods]
 impl PyPublisher {
     #[new]
-    #[pyo3(signature = (address = "127.0.0.1:0", *, transport = "tcp", run_id = "pubsub", policy = "block", max_queued = 4 << 20, max_message = 1 << 20, block_timeout = None, linger = 5.0, secret = None))]
+    #[pyo3(signature = (address = "127.0.0.1:0", *, transport = "tcp", run_id = "pubsub", policy = "block", max_queued = 4 << 20, send_threads = 0, max_message = 1 << 20, block_timeout = None, linger = 5.0, secret = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -165,6 +166,7 @@ impl PyPublisher {
         run_id: &str,
         policy: &str,
         max_queued: usize,
+        send_threads: usize,
         max_message: usize,
         block_timeout: Option<f64>,
         linger: f64,
@@ -176,6 +178,7 @@ impl PyPublisher {
             run_id: run_id.to_string(),
             policy: policy.parse().map_err(|e| setup(PlugError::Setup(e)))?,
             max_queued,
+            send_threads,
             max_message,
             // waits in slices (Ctrl-C between them); the caller's limit is kept here
             block_timeout: Some(SLICE),

@@ -102,6 +102,15 @@ pub trait Transport: Send {
         TransportCounters::default()
     }
 
+    /// Writes open connections from `n` threads beside the caller's (0: none, the default):
+    /// for transports that copy every byte into the kernel (tcp), where one thread's copy
+    /// limits a node sending large frames to several peers. Others keep their single
+    /// thread (shared memory moves descriptors, libfabric posts to the NIC) and accept any
+    /// `n`. Set before connections open.
+    fn set_send_threads(&mut self, _n: usize) -> Result<(), TransportError> {
+        Ok(())
+    }
+
     /// A descriptor that becomes readable when `poll` has something to do, so that several
     /// transports can wait together (see `mux`); `None` if there is no such descriptor.
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {

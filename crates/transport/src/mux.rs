@@ -138,6 +138,12 @@ impl Transport for MuxTransport {
         self.parts[i].send(inner, frame_type, count, segments)
     }
 
+    fn set_send_threads(&mut self, n: usize) -> Result<(), TransportError> {
+        self.parts
+            .iter_mut()
+            .try_for_each(|p| p.set_send_threads(n))
+    }
+
     fn queued_bytes(&self, conn: ConnId) -> usize {
         self.part_of(conn)
             .map_or(0, |(i, inner)| self.parts[i].queued_bytes(inner))

@@ -4,6 +4,7 @@
 //! ordering per connection, frames from 1 B to 64 MiB, many peers into one receiver, a peer
 //! that disconnects in the middle of a frame, back-pressure when the receiver stops polling
 //! (bounded memory, nothing lost once it resumes), and reconnecting after a close.
+//! tcp runs twice: written from the caller's thread, and from send threads.
 //! Kinds that cannot run here (ofi without libfabric) print a notice and pass.
 
 use std::collections::HashMap;
@@ -21,6 +22,8 @@ use evb_wire::{Channel, FrameType, Hello, Role};
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Tcp,
+    /// tcp with its sockets written by two send threads
+    TcpSendThreads,
     Inproc,
     Ofi,
     Shm,
@@ -52,6 +55,11 @@ fn ofi_provider() -> String {
 fn make(kind: Kind, cfg: TransportConfig) -> Option<Box<dyn Transport>> {
     match kind {
         Kind::Tcp => Some(Box::new(TcpTransport::new(cfg).unwrap())),
+        Kind::TcpSendThreads => {
+            let mut t = TcpTransport::new(cfg).unwrap();
+            t.set_send_threads(2).unwrap();
+            Some(Box::new(t))
+        }
         Kind::Inproc => Some(Box::new(InprocTransport::new(cfg))),
         Kind::Ofi => {
             let prov = ofi_provider();
@@ -68,7 +76,7 @@ fn make(kind: Kind, cfg: TransportConfig) -> Option<Box<dyn Transport>> {
 fn addr(kind: Kind, test: &str) -> String {
     match kind {
         Kind::Inproc => format!("conformance-{test}-{}", std::process::id()),
-        Kind::Tcp | Kind::Ofi | Kind::Shm => "127.0.0.1:0".into(),
+        Kind::Tcp | Kind::TcpSendThreads | Kind::Ofi | Kind::Shm => "127.0.0.1:0".into(),
     }
 }
 
@@ -647,6 +655,7 @@ macro_rules! conformance {
 }
 
 conformance!(tcp, Kind::Tcp);
+conformance!(tcp_send_threads, Kind::TcpSendThreads);
 conformance!(inproc, Kind::Inproc);
 conformance!(ofi, Kind::Ofi);
 conformance!(shm, Kind::Shm);

@@ -555,3 +555,101 @@ fn shm_dead_peer_is_seen_at_once_and_lent_blocks_come_home() {
     );
     assert_eq!(pool.free_blocks(), 4, "the dead peer's loan ended with it");
 }
+
+/// A sender whose connections are written by a send thread, waiting in `poll` (directly, or
+/// through a mux waiting on the transport's descriptor) for its queue to drain, is woken as
+/// the thread writes, not by its timeout; every byte arrives in order.
+fn send_thread_wakes_waiting_sender(through_mux: bool) {
+    const FRAMES: usize = 48;
+    const LEN: usize = 256 * 1024;
+    let mut tcp = TcpTransport::new(cfg("run1", "ru0", Role::Ru)).unwrap();
+    tcp.set_send_threads(1).unwrap();
+    let mut a: Box<dyn Transport> = if through_mux {
+        Box::new(evb_transport::mux::MuxTransport::new(
+            vec![Box::new(tcp)],
+            Box::new(|_| 0),
+        ))
+    } else {
+        Box::new(tcp)
+    };
+    let mut b = TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap();
+    let bound = b.listen("127.0.0.1:0").unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut frames, mut evs) = (Vec::new(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut accepted, mut slept) = (0, false);
+        while frames.len() < FRAMES && Instant::now() < deadline {
+            if accepted == 2 && !slept {
+                // both connections open: read nothing for a while, the sender's queue fills
+                std::thread::sleep(Duration::from_millis(500));
+                slept = true;
+            }
+            b.poll(&mut evs, Some(Duration::from_millis(10))).unwrap();
+            for e in evs.drain(..) {
+                match e {
+                    Event::Frame { frame, .. } => frames.push(frame.payload.to_vec()),
+                    Event::Accepted { .. } => accepted += 1,
+                    _ => {}
+                }
+            }
+        }
+        // `b` lives on until joined: its connections closing would wake the sender too
+        (frames, b)
+    });
+    // two connections: the first is written by the caller's thread, the second by the thread
+    let hello = Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0");
+    let first = a.connect(&bound, hello.clone()).unwrap();
+    let conn = a.connect(&bound, hello).unwrap();
+    let mut evs = Vec::new();
+    let mut open = 0;
+    while open < 2 {
+        a.poll(&mut evs, Some(Duration::from_millis(10))).unwrap();
+        open += evs
+            .drain(..)
+            .filter(|e| matches!(e, Event::Connected { .. }))
+            .count();
+    }
+    for i in 0..FRAMES {
+        a.send(
+            conn,
+            FrameType::Messages,
+            1,
+            vec![Segment::Owned(payload(i, LEN))],
+        )
+        .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        a.queued_bytes(conn) > 0,
+        "nothing waited: the test proves nothing"
+    );
+    let start = Instant::now();
+    let mut waits = 0;
+    while a.queued_bytes(conn) > 0 {
+        a.poll(&mut evs, Some(Duration::from_secs(30))).unwrap();
+        waits += 1;
+    }
+    let took = start.elapsed();
+    // a lost wake-up costs the whole 30 s timeout
+    assert!(
+        took < Duration::from_secs(15),
+        "{waits} waits took {took:?}"
+    );
+    let (frames, _b) = receiver.join().unwrap();
+    assert_eq!(frames.len(), FRAMES);
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!(f, &payload(i, LEN), "frame {i}");
+    }
+    a.close(first);
+    a.close(conn);
+}
+
+#[test]
+fn tcp_send_thread_wakes_a_waiting_sender() {
+    send_thread_wakes_waiting_sender(false)
+}
+
+#[test]
+fn tcp_send_thread_wakes_a_sender_waiting_through_a_mux() {
+    send_thread_wakes_waiting_sender(true)
+}

@@ -3,8 +3,12 @@
 
 mod rx;
 mod tx;
+mod writer;
+
+pub use writer::MAX_SEND_THREADS;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use evb_buffers::small_keys::{SmallKeyMap, SmallKeySet};
 use std::io;
@@ -23,6 +27,7 @@ use crate::{
 };
 use rx::{HandshakeRead, ReadOutcome, RxAssembler, RxError};
 use tx::TxQueue;
+use writer::{Outbox, SendThreads, WAKE};
 
 /// Reads per connection per poll pass, so one busy peer cannot starve the others.
 const READ_BUDGET: usize = 16;
@@ -89,6 +94,19 @@ struct Conn {
     admitted: bool,
     /// For an incoming connection: the peer's IP and when it was accepted (until admitted).
     inbound: Option<(IpAddr, Instant)>,
+    /// Once open, with send threads: which thread writes the socket, and the frames for it
+    /// (`tx` is then unused).
+    sender: Option<(usize, Arc<Outbox>)>,
+}
+
+impl Conn {
+    /// Bytes queued and not yet taken by the kernel.
+    fn queued(&self) -> usize {
+        match &self.sender {
+            Some((_, o)) => o.queued(),
+            None => self.tx.bytes(),
+        }
+    }
 }
 
 /// See the module docs.
@@ -107,6 +125,8 @@ pub struct TcpTransport {
     /// Events produced outside `poll` (a failed write inside `send`), reported by the next poll.
     pending_events: Vec<Event>,
     admission: Admission,
+    /// Send threads, when asked for (`Transport::set_send_threads`).
+    senders: Option<SendThreads>,
 }
 
 impl TcpTransport {
@@ -123,7 +143,41 @@ impl TcpTransport {
             frames: Vec::new(),
             pending_events: Vec::new(),
             admission: Admission::default(),
+            senders: None,
         })
+    }
+
+    /// A connection just opened: with send threads, one of them writes it from now on.
+    fn hand_over(&mut self, token: Token, out: &mut Vec<Event>) {
+        let (Some(senders), Some(c)) = (self.senders.as_mut(), self.conns.get_mut(&token)) else {
+            return;
+        };
+        match senders.adopt(token, &c.stream, &mut c.tx) {
+            Ok(None) => {}
+            Ok(Some(s)) => {
+                // the thread watches writability; this loop only reads
+                let _ = self
+                    .poll
+                    .registry()
+                    .reregister(&mut c.stream, token, Interest::READABLE);
+                c.sender = Some(s);
+            }
+            Err(e) => self.drop_conn(token, CloseReason::Lost(format!("send thread: {e}")), out),
+        }
+    }
+
+    /// Connections whose send thread failed are lost; closing ones whose queue the thread
+    /// emptied are shut down.
+    fn check_senders(&mut self, out: &mut Vec<Event>) {
+        let mut failed = Vec::new();
+        for (t, c) in &self.conns {
+            if let Some(why) = c.sender.as_ref().and_then(|(_, o)| o.failure()) {
+                failed.push((*t, why));
+            }
+        }
+        for (t, why) in failed {
+            self.drop_conn(t, CloseReason::Lost(why), out);
+        }
     }
 
     /// Changes what unauthenticated incoming connections may cost (see [`Admission`]).
@@ -214,6 +268,7 @@ impl TcpTransport {
                 closing_left: 0,
                 admitted: false,
                 inbound: inbound.map(|ip| (ip, Instant::now())),
+                sender: None,
             },
         );
         Ok(token)
@@ -275,6 +330,9 @@ impl TcpTransport {
     fn drop_conn(&mut self, token: Token, reason: CloseReason, out: &mut Vec<Event>) {
         if let Some(mut c) = self.conns.remove(&token) {
             let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Some(s) = self.senders.as_mut() {
+                s.forget(c.sender.as_ref().map(|(thread, _)| *thread), token);
+            }
             let reason = c.close_reason.take().unwrap_or(reason);
             match &reason {
                 CloseReason::Protocol(_) | CloseReason::Rejected(_) => {
@@ -320,6 +378,15 @@ impl TcpTransport {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
+        if c.sender.is_some() {
+            // its thread writes; here only the shutdown once everything is out
+            if c.state == State::Closing && c.queued() == 0 {
+                let _ = c.stream.shutdown(Shutdown::Write);
+                c.state = State::Draining;
+                self.more_to_read.push_back(token);
+            }
+            return;
+        }
         if !c.writable || c.state == State::Connecting || c.state == State::Draining {
             return;
         }
@@ -472,6 +539,7 @@ impl TcpTransport {
                 c.admitted = true;
                 out.push(c.hs.opened(conn, peer));
                 self.flush(token, out);
+                self.hand_over(token, out);
             }
             Outcome::Refuse(reason) => {
                 self.begin_close(token, reason);
@@ -549,6 +617,14 @@ impl Transport for TcpTransport {
         if len > max {
             return Err(TransportError::TooLarge { len, max });
         }
+        if let Some((thread, outbox)) = &c.sender {
+            if outbox.push(frame_type, count, segments) {
+                if let Some(s) = &self.senders {
+                    s.kick(*thread, token);
+                }
+            }
+            return Ok(());
+        }
         let was_empty = c.tx.is_empty();
         c.tx.push(frame_type, count, segments);
         if was_empty {
@@ -561,10 +637,36 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    /// At most [`MAX_SEND_THREADS`]; they start with the first connection that opens.
+    fn set_send_threads(&mut self, n: usize) -> Result<(), TransportError> {
+        if n > MAX_SEND_THREADS {
+            return Err(TransportError::Unavailable(format!(
+                "send threads {n}: at most {MAX_SEND_THREADS}"
+            )));
+        }
+        if self.senders.as_ref().map_or(0, SendThreads::wanted) == n {
+            return Ok(());
+        }
+        if self.senders.is_some() {
+            return Err(TransportError::Unavailable(
+                "send threads are set once, before connections open".into(),
+            ));
+        }
+        if n > 0 {
+            let waker =
+                mio::Waker::new(self.poll.registry(), WAKE).map_err(|e| TransportError::Io {
+                    addr: "send threads".into(),
+                    source: e,
+                })?;
+            self.senders = Some(SendThreads::new(n, Arc::new(waker)));
+        }
+        Ok(())
+    }
+
     fn queued_bytes(&self, conn: ConnId) -> usize {
         self.conns
             .get(&Token(conn.0 as usize))
-            .map_or(0, |c| c.tx.bytes())
+            .map_or(0, Conn::queued)
     }
 
     fn close(&mut self, conn: ConnId) {
@@ -573,7 +675,16 @@ impl Transport for TcpTransport {
         match self.conns.get(&token).map(|c| c.state) {
             Some(State::Open) => {
                 let c = self.conns.get_mut(&token).expect("present");
-                c.tx.push(FrameType::Bye, 0, Vec::new());
+                match &c.sender {
+                    Some((thread, outbox)) => {
+                        if outbox.push(FrameType::Bye, 0, Vec::new()) {
+                            if let Some(s) = &self.senders {
+                                s.kick(*thread, token);
+                            }
+                        }
+                    }
+                    None => c.tx.push(FrameType::Bye, 0, Vec::new()),
+                }
                 self.begin_close(token, CloseReason::Local);
                 self.flush(token, &mut evs);
             }
@@ -602,7 +713,12 @@ impl Transport for TcpTransport {
             }
             None => timeout,
         };
-        match self.poll.poll(&mut self.events, timeout) {
+        // send threads wake this poll when they made progress (see tcp/writer.rs)
+        let polled = self.poll.poll(&mut self.events, timeout);
+        if self.senders.as_mut().is_some_and(SendThreads::woke) {
+            self.check_senders(out);
+        }
+        match polled {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -619,6 +735,9 @@ impl Transport for TcpTransport {
             })
             .collect();
         for (token, readable, writable) in ready {
+            if token == WAKE {
+                continue;
+            }
             if self.listeners.contains_key(&token) {
                 self.accept_all(token);
                 continue;
@@ -644,7 +763,7 @@ impl Transport for TcpTransport {
             let Some(since) = c.closing_since else {
                 continue;
             };
-            let left = c.tx.bytes();
+            let left = c.queued();
             if left != c.closing_left {
                 c.closing_left = left;
                 c.closing_since = Some(now);
@@ -653,7 +772,7 @@ impl Transport for TcpTransport {
             }
         }
         for t in stuck {
-            let queued = self.conns.get(&t).map_or(0, |c| c.tx.bytes());
+            let queued = self.conns.get(&t).map_or(0, Conn::queued);
             warn!(
                 "closing connection dropped after {} s: the peer read nothing more ({queued} bytes unsent)",
                 CLOSE_LINGER.as_secs()
@@ -664,7 +783,7 @@ impl Transport for TcpTransport {
         let closing: Vec<Token> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.state == State::Closing && c.tx.is_empty())
+            .filter(|(_, c)| c.state == State::Closing && c.queued() == 0)
             .map(|(t, _)| *t)
             .collect();
         for t in closing {

@@ -41,6 +41,23 @@ impl TxQueue {
         });
     }
 
+    /// An empty queue whose frames continue this one's sequence numbers.
+    pub(crate) fn continuation(&self) -> TxQueue {
+        TxQueue {
+            next_seq: self.next_seq,
+            ..TxQueue::default()
+        }
+    }
+
+    /// Moves every queued frame to the back of `other`, in order (sequence numbers stay
+    /// with `self`; `self` must not be partly written).
+    pub(crate) fn move_into(&mut self, other: &mut TxQueue) {
+        debug_assert_eq!(self.head_written, 0);
+        other.bytes += self.bytes;
+        self.bytes = 0;
+        other.frames.append(&mut self.frames);
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.frames.is_empty()
     }
