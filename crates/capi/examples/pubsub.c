@@ -2,25 +2,30 @@
  * subscriber on a thread of its own (as they would be in processes of their own).
  *
  *   cc -pthread pubsub.c -I$PREFIX/include -L$PREFIX/lib -levb -o pubsub
- *   ./pubsub [tcp|shm [PER_TAG [POLICY]]]
+ *   ./pubsub [tcp|shm [PER_TAG [POLICY [SLOW_US]]]]
  *
  * The publisher publishes PER_TAG messages on each of the tags 0..9, round robin; subscriber
  * A takes tags 2 and 5-7 (packed into pages), B tags 0 and 9 (each on the wire at once).
  * Message seq of tag t is 16 + (t * 131 + seq * 17) % 3000 bytes: tag and seq (little
  * endian u64s), then byte i = (i * 7 + t + seq) mod 256. Each subscriber checks every byte,
  * the order (seq 0, 1, ... per tag, anything skipped announced by a gap) and the tags, and
- * prints what it got; the exit status is 0 only if everything adds up. */
+ * prints what it got; the exit status is 0 only if everything adds up. With SLOW_US,
+ * subscriber A sleeps that long per message and the publisher's max_queued is its least
+ * (4 KiB): under policy drop A misses messages, each announced by a gap, and for every
+ * subscriber received + missed is what was published on its tags. */
 #include <evb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TAGS 10
 
 struct sub {
     const char *name, *tags;
     const char *options;
+    unsigned slow_us;
     EvbSub *s;
     unsigned long long received[TAGS], missed[TAGS], next[TAGS];
     unsigned long long out_of_order, bad, others;
@@ -59,6 +64,7 @@ static void *take(void *arg) {
             w->out_of_order += m.seq != w->next[m.tag];
             w->next[m.tag] = m.seq + 1;
             w->received[m.tag]++;
+            if (w->slow_us) usleep(w->slow_us);
             fill(w->want, m.tag, m.seq);
             w->bad += m.len != size_of(m.tag, m.seq) || memcmp(m.data, w->want, m.len) != 0;
         } else if (m.kind == EVB_SUB_GAP) {
@@ -78,6 +84,7 @@ int main(int argc, char **argv) {
     const char *transport = argc > 1 ? argv[1] : "tcp";
     unsigned long long per_tag = argc > 2 ? strtoull(argv[2], NULL, 10) : 1000;
     const char *policy = argc > 3 ? argv[3] : "block";
+    unsigned slow_us = argc > 4 ? (unsigned)strtoul(argv[4], NULL, 10) : 0;
     char opts[256];
 
     /* a mistake is an error code and a message naming it */
@@ -85,7 +92,8 @@ int main(int argc, char **argv) {
     int rc = evb_pub_open("127.0.0.1:0", "policy=sometimes", &p);
     printf("bad option: %d (%s)\n", rc, evb_last_error());
 
-    snprintf(opts, sizeof opts, "transport=%s policy=%s run_id=cdemo", transport, policy);
+    snprintf(opts, sizeof opts, "transport=%s policy=%s run_id=cdemo%s", transport, policy,
+             slow_us ? " max_queued=4096" : "");
     if (evb_pub_open("127.0.0.1:0", opts, &p) != EVB_OK) {
         fprintf(stderr, "evb_pub_open: %s\n", evb_last_error());
         return 1;
@@ -94,7 +102,9 @@ int main(int argc, char **argv) {
     printf("publisher on %s (%s)\n", addr, opts);
 
     char sub_opts[2][128];
-    struct sub subs[2] = {{.name = "A", .tags = "2,5-7"}, {.name = "B", .tags = "0,9"}};
+    struct sub subs[2] = {{.name = "A", .tags = "2,5-7", .slow_us = slow_us},
+                          {.name = "B", .tags = "0,9"}};
+    const int ntags[2] = {4, 2};
     snprintf(sub_opts[0], sizeof sub_opts[0], "transport=%s run_id=cdemo delivery=throughput", transport);
     snprintf(sub_opts[1], sizeof sub_opts[1], "transport=%s run_id=cdemo delivery=latency", transport);
     pthread_t threads[2];
@@ -137,6 +147,7 @@ int main(int argc, char **argv) {
            (unsigned long long)st.delivered, (unsigned long long)st.dropped);
 
     int ok = 1;
+    unsigned long long received_all = 0, missed_all = 0;
     for (int i = 0; i < 2; i++) {
         struct sub *w = &subs[i];
         pthread_join(threads[i], NULL);
@@ -154,7 +165,13 @@ int main(int argc, char **argv) {
         printf("; %llu messages, %llu missed, %llu out of order, %llu bad, %llu other tags; goodbye: %s\n",
                total, lost, w->out_of_order, w->bad, w->others, w->goodbye);
         ok &= w->rc == 0 && w->out_of_order == 0 && w->bad == 0 && w->others == 0 &&
-              ss.received == total && ss.missed == lost;
+              ss.received == total && ss.missed == lost && total + lost == per_tag * ntags[i];
+        received_all += total;
+        missed_all += lost;
     }
+    /* both sides count the same: what was sent was received, what was dropped was missed */
+    ok &= received_all == st.delivered && missed_all == st.dropped;
+    printf("received %llu + missed %llu = published on the subscribed tags: %s\n", received_all,
+           missed_all, ok ? "yes" : "NO");
     return ok ? 0 : 1;
 }

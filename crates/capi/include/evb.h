@@ -424,8 +424,10 @@ void evb_event_release(EvbEvent *e);
  * Listens on `addr` (tcp: "HOST:PORT", port 0 for any free one; shm: a name, "NAME:0" for
  * any) and writes the publisher to `*out`. `options` (NULL or "": defaults) is
  * `key=value` pairs separated by commas or spaces: `transport` (tcp, shm), `run_id`,
- * `policy` (block, drop, disconnect), `max_queued`, `max_message` (bytes),
- * `block_timeout_ms` (-1: no limit), `linger_ms`, `secret` (else `EVB_SECRET`).
+ * `policy` (block, drop, disconnect), `max_queued`, `send_threads` (0..=16, default 0:
+ * threads writing subscribers' sockets beside the publishing one, over tcp),
+ * `max_message` (bytes), `block_timeout_ms` (-1: no limit), `linger_ms`, `secret` (else
+ * `EVB_SECRET`).
  *
  * # Safety
  * `addr` is a NUL-terminated string, `options` NULL or one; `out` is valid for a write.

@@ -242,3 +242,41 @@ fn c_publisher_and_subscribers_get_exactly_their_tags_in_order() {
         );
     }
 }
+
+/// The same program under policy drop with subscriber A slow (1 ms per message, the
+/// publisher's max_queued at its least): A misses messages, each announced by a gap, B
+/// misses none, and on both sides received + missed adds up to what was published.
+#[test]
+fn c_subscriber_too_slow_under_policy_drop_is_told_what_it_missed() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = compile("pubsub", dir.path()) else {
+        return;
+    };
+    let n = 300u64;
+    let o = Command::new(&exe)
+        .args(["tcp", &n.to_string(), "drop", "1000"])
+        .output()
+        .unwrap();
+    let t = finished(o, "pubsub tcp drop");
+    assert!(
+        t.contains("received") && t.contains("= published on the subscribed tags: yes"),
+        "{t}"
+    );
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("subscriber A"))
+        .unwrap_or_else(|| panic!("{t}"));
+    let missed: u64 = line
+        .split(", ")
+        .find_map(|w| w.strip_suffix(" missed"))
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(missed > 0, "the slow subscriber never fell behind: {t}");
+    assert!(
+        t.contains(&format!(
+            "subscriber B (tags 0,9): 0:{n} 9:{n}; {} messages, 0 missed, 0 out of order",
+            2 * n
+        )),
+        "{t}"
+    );
+}

@@ -64,10 +64,11 @@ def meet(p, s):
         p.poll(0.005)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_every_message_of_the_subscribed_tags_in_order_and_nothing_else(transport):
+@pytest.mark.parametrize("transport,send_threads", [("tcp", 0), ("tcp", 1), ("shm", 0)])
+def test_every_message_of_the_subscribed_tags_in_order_and_nothing_else(transport, send_threads):
     n = 500
-    p = evb.Publisher("127.0.0.1:0", transport=transport, run_id="pytest", policy="block")
+    p = evb.Publisher("127.0.0.1:0", transport=transport, run_id="pytest", policy="block",
+                      send_threads=send_threads)
     subs = [
         evb.Subscriber(p.address, "2,5-7", transport=transport, run_id="pytest"),
         evb.Subscriber([p.address], [0, (9, 9)], transport=transport, run_id="pytest",
