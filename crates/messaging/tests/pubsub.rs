@@ -553,6 +553,12 @@ fn policy_drop_shm() {
 fn policy_drop_inproc() {
     policy_drop(Kind::Inproc)
 }
+#[test]
+fn policy_drop_ofi() {
+    if available(Kind::Ofi) {
+        policy_drop(Kind::Ofi)
+    }
+}
 
 /// Policy block: publish refuses (WouldBlock) while the subscriber is behind, and nothing is
 /// lost: it gets every message in order once it reads.
@@ -615,6 +621,12 @@ fn policy_block_shm() {
 #[test]
 fn policy_block_inproc() {
     policy_block(Kind::Inproc)
+}
+#[test]
+fn policy_block_ofi() {
+    if available(Kind::Ofi) {
+        policy_block(Kind::Ofi)
+    }
 }
 
 /// Policy disconnect: the slow subscriber is cut off and told why, after an unbroken run of
@@ -684,6 +696,12 @@ fn policy_disconnect_shm() {
 #[test]
 fn policy_disconnect_inproc() {
     policy_disconnect(Kind::Inproc)
+}
+#[test]
+fn policy_disconnect_ofi() {
+    if available(Kind::Ofi) {
+        policy_disconnect(Kind::Ofi)
+    }
 }
 
 /// Bad subscribers: garbage, a message a subscriber may not send, a tag set beyond the
@@ -797,6 +815,12 @@ fn bad_input_shm() {
 #[test]
 fn bad_input_inproc() {
     bad_input(Kind::Inproc)
+}
+#[test]
+fn bad_input_ofi() {
+    if available(Kind::Ofi) {
+        bad_input(Kind::Ofi);
+    }
 }
 
 /// A subscriber may subscribe to several publishers; each publisher's messages stay in
@@ -1015,4 +1039,10 @@ fn published_chains_shm() {
 #[test]
 fn published_chains_inproc() {
     published_chains(Kind::Inproc);
+}
+#[test]
+fn published_chains_ofi() {
+    if available(Kind::Ofi) {
+        published_chains(Kind::Ofi);
+    }
 }
