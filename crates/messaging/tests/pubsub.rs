@@ -1,4 +1,5 @@
-//! Pub/sub conformance on tcp, shm and inproc: exact tag filtering, subscriptions changing
+//! Pub/sub conformance on tcp (also with a send thread), shm, inproc and ofi (libfabric's
+//! tcp provider, where evb was built with it): exact tag filtering, subscriptions changing
 //! while data flows, departures, the three slow-subscriber policies with their counts, and
 //! bad subscribers. Everything runs on one thread: a subscriber that "does not read" is one
 //! this test does not poll.
