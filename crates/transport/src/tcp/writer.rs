@@ -259,6 +259,15 @@ fn run(mut poll: Poll, cmds: Receiver<Cmd>, signal: Arc<Signal>, loop_waker: Arc
         if let Err(e) = poll.poll(&mut events, None) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 warn!("send thread: poll failed: {e}");
+                // nobody writes these connections any more: they are lost, not stuck
+                for c in conns.values() {
+                    fail(
+                        &c.outbox,
+                        format!("send thread: poll failed: {e}"),
+                        &signal,
+                        &loop_waker,
+                    );
+                }
                 return;
             }
         }
