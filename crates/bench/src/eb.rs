@@ -29,10 +29,17 @@ pub struct BuildSpec {
     /// Triggered at this fraction of the maximum rate (measured first, by a run of the same
     /// shape without a limit): the latency under load.
     pub load: Option<f64>,
+    /// `evb run` as a newcomer types it: no configuration file (the built-in default, its
+    /// placement included), only `--duration`; the fields above that shape a run describe
+    /// that default and are not passed.
+    pub as_typed: bool,
 }
 
 impl BuildSpec {
     pub fn variant(&self) -> String {
+        if self.as_typed {
+            return DEFAULT_RUN.into();
+        }
         format!(
             "{} {} verify={}{}",
             if self.lognormal { "lognormal" } else { "fixed" },
@@ -94,6 +101,27 @@ host = "127.0.0.1"
 }
 
 /// Runs one event-building run and reads its JSON summary.
+/// The variant of the default run's point.
+pub const DEFAULT_RUN: &str = "default run (evb run as typed)";
+
+/// The built-in default run's shape (crates/config/src/default.toml), for `as_typed`.
+pub fn default_run(seconds: f64) -> BuildSpec {
+    BuildSpec {
+        rus: 2,
+        bus: 2,
+        fragment: 512 * 1024,
+        lognormal: false,
+        verify: "full",
+        content: "unique",
+        pin: None,
+        seconds,
+        scraped: false,
+        scaling: false,
+        load: None,
+        as_typed: true,
+    }
+}
+
 pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find evb itself: {e}"))?;
     let tag = format!("build-{}-{}", std::process::id(), spec.fragment);
@@ -121,20 +149,23 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     } else {
         None
     };
-    std::fs::write(&cfg_path, toml).map_err(|e| e.to_string())?;
+    if !spec.as_typed {
+        std::fs::write(&cfg_path, toml).map_err(|e| e.to_string())?;
+    }
     let _ = std::fs::remove_file(&json_path);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scraper = control_base.map(|base| {
         let done = done.clone();
         std::thread::spawn(move || scrape(base, nodes as u16, &done))
     });
-    let out = Command::new(&exe)
-        .arg("run")
-        .arg("--quiet")
-        .arg("--json")
-        .arg(&json_path)
-        .arg("--config")
-        .arg(&cfg_path)
+    let mut cmd = Command::new(&exe);
+    cmd.arg("run").arg("--quiet").arg("--json").arg(&json_path);
+    if spec.as_typed {
+        cmd.arg("--duration").arg(spec.seconds.to_string());
+    } else {
+        cmd.arg("--config").arg(&cfg_path);
+    }
+    let out = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -305,6 +305,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         scraped: false,
                         scaling: false,
                         load: None,
+                        as_typed: false,
                     }];
                     if !s.quick {
                         // The same with the RUs writing every byte (as the default run).
@@ -364,6 +365,20 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                             });
                         }
                     }
+                    // what a newcomer types, beside nxn above and iperf3 in the same run
+                    if !s.quick && f == BUILD_FRAGMENT {
+                        specs.push(eb::default_run(s.build_secs));
+                        if s.iperf3 {
+                            match refs::ensure_iperf3() {
+                                Ok(()) => add(
+                                    "iperf3 -l 1M".into(),
+                                    reps,
+                                    Box::new(move || refs::iperf3(4 << 30)),
+                                ),
+                                Err(e) => notes.push(format!("iperf3 reference skipped: {e}")),
+                            }
+                        }
+                    }
                     for spec in specs {
                         let scratch = std::env::temp_dir();
                         add(
@@ -398,6 +413,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         scraped,
                         scaling: false,
                         load: None,
+                        as_typed: false,
                     };
                     let scratch = std::env::temp_dir();
                     add(
@@ -585,6 +601,31 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             "GB/s",
         );
     }
+    // the default run as typed, against raw transfer in the same run (issue 15: no target)
+    let default_run = find(points, |p| {
+        p.bench == "build" && p.variant == eb::DEFAULT_RUN
+    });
+    push(
+        "default run (evb run as typed) / nxn 2x2 512 KiB, GB/s",
+        default_run.map(|p| p.gb_per_s),
+        find(points, |p| {
+            p.bench == "nxn"
+                && p.system == "evb"
+                && p.size == 512 * 1024
+                && p.senders == 2
+                && !p.variant.ends_with("pinned")
+        })
+        .map(|p| p.gb_per_s),
+        0.0,
+        "GB/s",
+    );
+    push(
+        "default run (evb run as typed) / iperf3 -l 1M, GB/s",
+        default_run.map(|p| p.gb_per_s),
+        iperf,
+        0.0,
+        "GB/s",
+    );
     for b in points.iter().filter(|p| {
         p.bench == "build"
             && p.variant.starts_with("fixed")

@@ -89,6 +89,19 @@ pub fn table(points: &[Point], ratios: &[Ratio]) -> String {
     if !ratios.is_empty() {
         let _ = writeln!(s, "\nratios (same run, medians):");
         for r in ratios {
+            if r.target == 0.0 {
+                // a comparison the issues ask to see, with no figure to reach
+                let _ = writeln!(
+                    s,
+                    "  {:<58} {:>7.3}  (no target)     ({} vs {} {})",
+                    r.name,
+                    r.value,
+                    num(r.evb, 3),
+                    num(r.reference, 3),
+                    r.unit
+                );
+                continue;
+            }
             let _ = writeln!(
                 s,
                 "  {:<58} {:>7.3}  target >= {:<5} {}  ({} vs {} {})",

@@ -169,7 +169,10 @@ impl SendThreads {
         let outbox = Arc::new(Outbox::new(&queued));
         outbox.queued.store(queued.bytes(), Ordering::Release);
         let t = &self.threads[slot - 1];
-        if t.cmds.send(Cmd::Add(token, fd, outbox.clone(), queued)).is_err() {
+        if t.cmds
+            .send(Cmd::Add(token, fd, outbox.clone(), queued))
+            .is_err()
+        {
             self.load[slot] -= 1;
             return Err(std::io::Error::other("its send thread has stopped"));
         }
