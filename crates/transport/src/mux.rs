@@ -190,6 +190,11 @@ impl Transport for MuxTransport {
     }
 
     fn prepare_wait(&mut self) -> bool {
-        self.parts.iter_mut().fold(true, |all, p| p.prepare_wait() && all)
+        // every part is armed, even after one that has work
+        let mut all = true;
+        for p in &mut self.parts {
+            all &= p.prepare_wait();
+        }
+        all
     }
 }

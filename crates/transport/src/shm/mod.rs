@@ -197,7 +197,9 @@ impl Conn {
                     payload: 0,
                 });
             }
-            Err(e) => warn!(peer = %self.name, "shm: no FRAME ring, frames go over the socket: {e}"),
+            Err(e) => {
+                warn!(peer = %self.name, "shm: no FRAME ring, frames go over the socket: {e}")
+            }
         }
     }
 }
@@ -666,7 +668,9 @@ impl ShmTransport {
                     break;
                 }
                 let r = match tx.push(&front.bytes) {
-                    Ok(false) => tx.wait_for_room(front.bytes.len()).map(|room| (false, room)),
+                    Ok(false) => tx
+                        .wait_for_room(front.bytes.len())
+                        .map(|room| (false, room)),
                     other => other.map(|done| (done, false)),
                 };
                 match r {
@@ -1459,6 +1463,9 @@ fn le_u64(p: &[u8], at: usize) -> Option<u64> {
     p.get(at..at + 8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
+
+#[cfg(test)]
+mod ring_tests;
 
 #[cfg(test)]
 mod tests {

@@ -70,7 +70,7 @@ impl Mapping {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= HEADER && HEADER <= self.len);
+        assert!(off.is_multiple_of(8) && off + 8 <= HEADER && HEADER <= self.len);
         // SAFETY: `off` is 8-aligned and inside the header of the mapping (asserted; the
         // mapping is page aligned), the mapping lives as long as `self`, and the word is only
         // ever accessed atomically by this process.
@@ -78,7 +78,7 @@ impl Mapping {
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= self.len);
+        assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: as for `u64_at`: aligned, inside the mapping, accessed atomically only.
         unsafe { &*self.ptr.add(off).cast::<AtomicU32>() }
     }
@@ -103,11 +103,7 @@ fn copy_out(m: &Mapping, cap: usize, pos: u64, dst: &mut [u8]) {
     // buffer, and only the copy is looked at.
     unsafe {
         std::ptr::copy_nonoverlapping(m.data().add(at), dst.as_mut_ptr(), first);
-        std::ptr::copy_nonoverlapping(
-            m.data(),
-            dst.as_mut_ptr().add(first),
-            dst.len() - first,
-        );
+        std::ptr::copy_nonoverlapping(m.data(), dst.as_mut_ptr().add(first), dst.len() - first);
     }
 }
 
@@ -142,8 +138,7 @@ impl TxRing {
         let fd = sys::sealed_memfd(c"evb-shm-ring", HEADER + cap)?;
         let m = Mapping::new(fd, HEADER + cap)?;
         m.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Relaxed);
-        m.u64_at(OFF_CAPACITY)
-            .store(cap as u64, Ordering::Relaxed);
+        m.u64_at(OFF_CAPACITY).store(cap as u64, Ordering::Relaxed);
         Ok(TxRing { m, cap, head: 0 })
     }
 
@@ -160,7 +155,7 @@ impl TxRing {
     fn free(&self) -> Result<usize, String> {
         let tail = self.m.u64_at(OFF_TAIL).load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
-        if used > self.cap as u64 || used % 8 != 0 {
+        if used > self.cap as u64 || !used.is_multiple_of(8) {
             return Err(format!(
                 "shm ring: the peer's tail {tail} is impossible (head {})",
                 self.head
@@ -247,8 +242,10 @@ impl RxRing {
             ));
         }
         let tail = m.u64_at(OFF_TAIL).load(Ordering::Relaxed);
-        if tail % 8 != 0 {
-            return Err(format!("the peer's ring starts at an unaligned tail {tail}"));
+        if !tail.is_multiple_of(8) {
+            return Err(format!(
+                "the peer's ring starts at an unaligned tail {tail}"
+            ));
         }
         Ok(RxRing {
             m,
@@ -263,7 +260,7 @@ impl RxRing {
     fn available(&self) -> Result<u64, String> {
         let head = self.m.u64_at(OFF_HEAD).load(Ordering::Acquire);
         let avail = head.wrapping_sub(self.tail);
-        if avail > self.cap as u64 || avail % 8 != 0 {
+        if avail > self.cap as u64 || !avail.is_multiple_of(8) {
             return Err(format!(
                 "shm ring: the peer's head {head} is impossible (tail {})",
                 self.tail
@@ -346,6 +343,9 @@ impl RxRing {
     /// The raw mapping, for tests that play a hostile producer.
     pub(super) fn poke_u64(&self, off: usize, v: u64) {
         self.m.u64_at(off).store(v, Ordering::SeqCst);
+    }
+    pub(super) fn consumed(&self) -> u64 {
+        self.tail
     }
     pub(super) fn poke_data(&self, pos: u64, bytes: &[u8]) {
         copy_in(&self.m, self.cap, pos, bytes);
