@@ -104,8 +104,8 @@ fn a_full_ring_refuses_until_the_consumer_makes_room() {
 fn impossible_indices_and_lengths_are_errors_not_reads() {
     let cap = SMALL as u64;
     // each case: a fresh ring, what a hostile producer writes, the error expected
-    type Poke = Box<dyn Fn(&RxRing)>;
-    let cases: Vec<(&str, Poke, &str)> = vec![
+    type Poke<'a> = Box<dyn Fn(&RxRing) + 'a>;
+    let cases: Vec<(&str, Poke<'_>, &str)> = vec![
         (
             "head beyond the capacity",
             Box::new(|r| r.poke_u64(ring::OFF_HEAD, cap + 8)),
@@ -649,7 +649,7 @@ fn socket_frames_then_ring_frames_keep_their_order() {
 #[test]
 fn garbage_in_a_peers_ring_closes_that_connection_only() {
     type Poke = Box<dyn Fn(&mut TxRing, RawFd)>;
-    let cases: Vec<(&str, Poke, &str)> = vec![
+    let cases: Vec<(&str, Poke<'_>, &str)> = vec![
         (
             "head far ahead",
             Box::new(|r, _| r.poke_u64(ring::OFF_HEAD, 1 << 40)),
