@@ -649,7 +649,7 @@ fn socket_frames_then_ring_frames_keep_their_order() {
 #[test]
 fn garbage_in_a_peers_ring_closes_that_connection_only() {
     type Poke = Box<dyn Fn(&mut TxRing, RawFd)>;
-    let cases: Vec<(&str, Poke<'_>, &str)> = vec![
+    let cases: Vec<(&str, Poke, &str)> = vec![
         (
             "head far ahead",
             Box::new(|r, _| r.poke_u64(ring::OFF_HEAD, 1 << 40)),
