@@ -21,12 +21,26 @@
 //! - A peer's memfd is mapped only if it is sealed against shrinking and growing
 //!   (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) and at least as long as announced.
 //!
+//! - FRAME packets go through a ring once the connection is open (`ring.rs`): each side
+//!   creates a ring for the direction it sends (a sealed memfd, 512 KiB of data), passes it
+//!   in a RING packet right after the handshake, and from then on writes every FRAME packet
+//!   into it instead of the socket; the socket keeps POOL, RETURN, RING and DOORBELL packets
+//!   and the end of stream. Busy-polling (`poll` with a zero timeout) reads the rings without
+//!   a system call and looks at the sockets on one call in `EPOLL_EVERY`, so a round trip of
+//!   small messages makes no system call at all. Before `poll` blocks it sets each ring's
+//!   sleeping flag and looks again; a writer that finds the flag set sends a DOORBELL. A
+//!   full ring is back-pressure: frames wait in order in the sender's queue (waiting flag,
+//!   DOORBELL when the reader makes room). Ring entries are hostile input: copied out,
+//!   every index and length checked, a bad one closes that connection.
+//!
 //! Packets (at most 64 KiB), little-endian: FRAME = tag 1 · frame type u8 · flags u16 (bit 0:
 //! more packets of this frame follow) · count u32 · sequence u64 · segments u32, then per
 //! segment either 0 · length u32 · bytes (inline) or 1 · pool u64 · offset u64 · length u32 ·
 //! token u32 (descriptor). A frame whose segments do not fit one packet continues in further
 //! FRAME packets with the same type, count and sequence. POOL = tag 2 · 0×7 · pool u64 · bytes
-//! u64, with the memfd attached. RETURN = tag 3 · 0×3 · n u32 · n tokens u32.
+//! u64, with the memfd attached. RETURN = tag 3 · 0×3 · n u32 · n tokens u32. RING = tag 4 ·
+//! 0×7 · capacity u64, with the ring's memfd attached. DOORBELL = tag 5 · 0×7. The ring's
+//! layout and the wake-up rule byte by byte: docs/protocol.md §9.
 
 mod ring;
 mod sys;

@@ -34,9 +34,9 @@ pub const ENTRY_MAX: usize = super::MAX_PACKET;
 /// a busy sender rarely waits, while a node with a hundred connections maps 100 MiB of
 /// address space at most, touched only as far as it is used.
 pub const CAPACITY: usize = 512 * 1024;
-/// The capacities a peer may announce: a power of two in this range (at least two entries
-/// of the largest size).
-pub const CAPACITY_MIN: usize = 2 * (ENTRY_HEAD + ENTRY_MAX);
+/// The capacities a peer may announce: a power of two in this range (the smallest holds
+/// three entries of the largest size).
+pub const CAPACITY_MIN: usize = 256 * 1024;
 pub const CAPACITY_MAX: usize = 64 << 20;
 
 /// Bytes an entry of `len` payload bytes takes in the ring: its header and the payload
