@@ -643,7 +643,7 @@ impl ShmTransport {
             while c.writable {
                 let Some(front) = c.queue.front() else { break };
                 let pass = if front.ring {
-                    c.tx_ring.as_ref().map(|r| r.fd())
+                    c.tx_ring.as_ref().and_then(|r| r.fd())
                 } else {
                     front
                         .pass
@@ -656,6 +656,11 @@ impl ShmTransport {
                         let done = c.queue.pop_front().expect("front");
                         c.queued -= done.payload;
                         c.sock_sent += 1;
+                        if done.ring {
+                            if let Some(r) = c.tx_ring.as_mut() {
+                                r.passed();
+                            }
+                        }
                     }
                     Ok(false) => c.writable = false,
                     Err(e) if c.state == State::Closing => {

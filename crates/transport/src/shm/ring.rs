@@ -49,7 +49,9 @@ pub fn entry_size(len: usize) -> usize {
 struct Mapping {
     ptr: *mut u8,
     len: usize,
-    fd: OwnedFd,
+    /// The memfd, while it is still to be passed (ours); the mapping outlives it, so it is
+    /// closed as soon as possible (a node then holds no descriptor per connection for rings).
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is plain shared memory, reached only through atomics and bounded
@@ -66,7 +68,11 @@ impl Drop for Mapping {
 impl Mapping {
     fn new(fd: OwnedFd, len: usize) -> io::Result<Mapping> {
         let ptr = sys::map_shared_rw(fd.as_raw_fd(), len)?;
-        Ok(Mapping { ptr, len, fd })
+        Ok(Mapping {
+            ptr,
+            len,
+            fd: Some(fd),
+        })
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -142,9 +148,14 @@ impl TxRing {
         Ok(TxRing { m, cap, head: 0 })
     }
 
-    /// The memfd to pass, and the capacity to announce with it.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.m.fd.as_fd()
+    /// The memfd to pass with the RING packet (until `passed`).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.m.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// The RING packet is sent: the descriptor is closed (the mapping stays).
+    pub fn passed(&mut self) {
+        self.m.fd = None;
     }
 
     pub fn capacity(&self) -> usize {
@@ -231,8 +242,10 @@ impl RxRing {
         }
         sys::check_peer_memfd(fd.as_raw_fd(), HEADER + cap)
             .map_err(|e| format!("refusing the peer's ring: {e}"))?;
-        let m = Mapping::new(fd, HEADER + cap)
+        let mut m = Mapping::new(fd, HEADER + cap)
             .map_err(|e| format!("cannot map the peer's ring: {e}"))?;
+        // mapped: the descriptor is not needed any more
+        m.fd = None;
         let magic = m.u64_at(OFF_MAGIC).load(Ordering::Relaxed);
         let announced = m.u64_at(OFF_CAPACITY).load(Ordering::Relaxed);
         if magic != MAGIC || announced != cap as u64 {
@@ -358,6 +371,11 @@ impl TxRing {
         self.m.u64_at(off).store(v, Ordering::SeqCst);
     }
     pub(super) fn dup_fd(&self) -> OwnedFd {
-        self.m.fd.try_clone().expect("dup")
+        self.m
+            .fd
+            .as_ref()
+            .expect("not passed yet")
+            .try_clone()
+            .expect("dup")
     }
 }

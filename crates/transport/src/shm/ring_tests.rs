@@ -591,7 +591,7 @@ fn socket_frames_then_ring_frames_keep_their_order() {
         );
         assert!(sys::send(fd, &p, None).unwrap());
     }
-    assert!(sys::send(fd, &ring_packet(&ring), Some(ring.fd())).unwrap());
+    assert!(sys::send(fd, &ring_packet(&ring), ring.fd()).unwrap());
     for seq in 4..=6u64 {
         let p = frame_packet(
             FrameType::Messages,
@@ -702,7 +702,7 @@ fn garbage_in_a_peers_ring_closes_that_connection_only() {
             "a second RING",
             Box::new(|_, fd| {
                 let r2 = TxRing::with_capacity(SMALL).unwrap();
-                assert!(sys::send(fd, &ring_packet(&r2), Some(r2.fd())).unwrap());
+                assert!(sys::send(fd, &ring_packet(&r2), r2.fd()).unwrap());
             }),
             "second RING",
         ),
@@ -738,7 +738,7 @@ fn garbage_in_a_peers_ring_closes_that_connection_only() {
     let good_at_t = good_at_t.unwrap();
     for (what, poke, expect) in cases {
         let (raw, mut ring) = raw_peer_of(&mut t, &addr);
-        assert!(sys::send(raw.as_raw_fd(), &ring_packet(&ring), Some(ring.fd())).unwrap());
+        assert!(sys::send(raw.as_raw_fd(), &ring_packet(&ring), ring.fd()).unwrap());
         for _ in 0..5 {
             t.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
         }
