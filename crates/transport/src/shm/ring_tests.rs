@@ -807,3 +807,65 @@ fn an_impossible_tail_from_the_reader_closes_the_connection() {
         "{closed:?}"
     );
 }
+
+/// A shm transport inside `mux`, which sleeps on the parts' `wait_fd` itself: it arms the
+/// rings first (`prepare_wait`), so a frame written into a ring while it sleeps wakes it.
+#[test]
+fn mux_waiting_on_the_wait_fd_is_woken_by_ring_frames() {
+    let a = ShmTransport::create(tcfg("ru0", 64 * 1024, 64)).unwrap();
+    let mut b = ShmTransport::create(tcfg("bu0", 64 * 1024, 64)).unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let route: crate::mux::Route = Box::new(|_| 0);
+    let mut mux = crate::mux::MuxTransport::new(vec![Box::new(a)], route);
+    let hello = Hello::new(Channel::Data, Role::Ru, 0, "ring-run", "ru0");
+    let conn = mux.connect(&addr, hello).unwrap();
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ea.iter().any(|e| matches!(e, Event::Connected { .. }))
+        || !eb.iter().any(|e| matches!(e, Event::Accepted { .. }))
+    {
+        assert!(Instant::now() < deadline, "{ea:?} {eb:?}");
+        mux.poll(&mut ea, Some(Duration::from_millis(1))).unwrap();
+        b.poll(&mut eb, Some(Duration::from_millis(1))).unwrap();
+    }
+    const TRIPS: usize = 300;
+    let echo = std::thread::spawn(move || {
+        let mut evs = Vec::new();
+        let mut n = 0;
+        while n < TRIPS {
+            b.poll(&mut evs, Some(Duration::from_secs(10))).unwrap();
+            for e in evs.drain(..) {
+                if let Event::Frame { conn, frame } = e {
+                    // a pause, so that the mux is asleep when the reply comes
+                    std::thread::sleep(Duration::from_micros(200));
+                    let bytes = frame.payload.to_vec();
+                    b.send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+                        .unwrap();
+                    n += 1;
+                }
+            }
+        }
+        b
+    });
+    let mut evs = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for i in 0..TRIPS {
+        let t = Instant::now();
+        let segs = vec![Segment::Owned(pattern(i, 64))];
+        mux.send(conn, FrameType::Messages, 1, segs).unwrap();
+        loop {
+            mux.poll(&mut evs, Some(Duration::from_secs(10))).unwrap();
+            if let Some(Event::Frame { frame, .. }) = evs.pop() {
+                assert!(frame.payload.to_vec() == pattern(i, 64));
+                break;
+            }
+        }
+        slowest = slowest.max(t.elapsed());
+    }
+    // a lost wake-up waits for the 10 s timeout
+    assert!(
+        slowest < Duration::from_secs(2),
+        "slowest round trip {slowest:?}"
+    );
+    echo.join().unwrap();
+}
