@@ -116,6 +116,14 @@ pub trait Transport: Send {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// Called by whoever is about to block on [`Transport::wait_fd`] itself (instead of in
+    /// `poll`), after a `poll` that found nothing: arms what must wake that descriptor (the
+    /// shm transport's rings ask their writers for a doorbell). `false` means there is work
+    /// already: poll again rather than block. The next `poll` disarms it.
+    fn prepare_wait(&mut self) -> bool {
+        true
+    }
 }
 
 /// Payload accounting, to show where bytes are (not) copied.

@@ -162,6 +162,14 @@ impl Transport for MuxTransport {
         }
         // Nothing yet: sleep until a part's fd is ready (or, without fds, a short while).
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        // every part arms its wake-ups (rings); one with work already means no sleep
+        let mut ready = false;
+        for p in &mut self.parts {
+            ready |= !p.prepare_wait();
+        }
+        if ready {
+            return self.sweep(out);
+        }
         match &self.epoll {
             Some(ep) => {
                 let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
@@ -185,5 +193,14 @@ impl Transport for MuxTransport {
 
     fn wait_fd(&self) -> Option<RawFd> {
         self.epoll.as_ref().map(|e| e.as_raw_fd())
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        // every part is armed, even after one that has work
+        let mut all = true;
+        for p in &mut self.parts {
+            all &= p.prepare_wait();
+        }
+        all
     }
 }

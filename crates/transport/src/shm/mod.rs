@@ -21,13 +21,28 @@
 //! - A peer's memfd is mapped only if it is sealed against shrinking and growing
 //!   (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) and at least as long as announced.
 //!
+//! - FRAME packets go through a ring once the connection is open (`ring.rs`): each side
+//!   creates a ring for the direction it sends (a sealed memfd, 512 KiB of data), passes it
+//!   in a RING packet right after the handshake, and from then on writes every FRAME packet
+//!   into it instead of the socket; the socket keeps POOL, RETURN, RING and DOORBELL packets
+//!   and the end of stream. Busy-polling (`poll` with a zero timeout) reads the rings without
+//!   a system call and looks at the sockets on one call in `EPOLL_EVERY`, so a round trip of
+//!   small messages makes no system call at all. Before `poll` blocks it sets each ring's
+//!   sleeping flag and looks again; a writer that finds the flag set sends a DOORBELL. A
+//!   full ring is back-pressure: frames wait in order in the sender's queue (waiting flag,
+//!   DOORBELL when the reader makes room). Ring entries are hostile input: copied out,
+//!   every index and length checked, a bad one closes that connection.
+//!
 //! Packets (at most 64 KiB), little-endian: FRAME = tag 1 · frame type u8 · flags u16 (bit 0:
 //! more packets of this frame follow) · count u32 · sequence u64 · segments u32, then per
 //! segment either 0 · length u32 · bytes (inline) or 1 · pool u64 · offset u64 · length u32 ·
 //! token u32 (descriptor). A frame whose segments do not fit one packet continues in further
 //! FRAME packets with the same type, count and sequence. POOL = tag 2 · 0×7 · pool u64 · bytes
-//! u64, with the memfd attached. RETURN = tag 3 · 0×3 · n u32 · n tokens u32.
+//! u64, with the memfd attached. RETURN = tag 3 · 0×3 · n u32 · n tokens u32. RING = tag 4 ·
+//! 0×7 · capacity u64, with the ring's memfd attached. DOORBELL = tag 5 · 0×7. The ring's
+//! layout and the wake-up rule byte by byte: docs/protocol.md §9.
 
+mod ring;
 mod sys;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -63,6 +78,13 @@ const BACKLOG_MAX: usize = 32;
 const TAG_FRAME: u8 = 1;
 const TAG_POOL: u8 = 2;
 const TAG_RETURN: u8 = 3;
+const TAG_RING: u8 = 4;
+const TAG_DOORBELL: u8 = 5;
+/// While busy-polling (`poll` with a zero timeout) with every connection on rings, the
+/// sockets are looked at (epoll, a system call) on one call in this many: often enough to
+/// see RETURNs, accepts and a peer's end within tens of microseconds of spinning, rarely
+/// enough that a round trip over the rings makes no system call.
+const EPOLL_EVERY: u32 = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -77,7 +99,40 @@ struct Out {
     bytes: Vec<u8>,
     /// For a POOL packet: a slice of the pool, whose memfd goes with it.
     pass: Option<Slice>,
+    /// A RING packet: the memfd of our FRAME ring goes with it.
+    ring: bool,
     payload: usize,
+}
+
+impl Out {
+    fn plain(bytes: Vec<u8>) -> Out {
+        Out {
+            bytes,
+            pass: None,
+            ring: false,
+            payload: 0,
+        }
+    }
+}
+
+/// A FRAME packet waiting for room in our ring.
+struct RingOut {
+    bytes: Vec<u8>,
+    payload: usize,
+    /// Socket packets that must be sent before it (its POOL announcements, and everything
+    /// queued for the socket before it): the value of `sock_pushed` when it was queued.
+    after: u64,
+}
+
+/// Why `consume` stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The backlog is consumed.
+    Done,
+    /// No receive-pool block for the next inline bytes.
+    Starved,
+    /// A ring frame names a pool whose POOL packet is still in the socket.
+    NeedPool,
 }
 
 /// A frame waiting for room in the bounce pool (and every frame after it, to keep order).
@@ -94,7 +149,17 @@ struct Conn {
     fd: OwnedFd,
     name: String,
     state: State,
+    /// Packets for the socket, in order.
     queue: VecDeque<Out>,
+    /// Packets ever put in `queue`, and ever sent from it (for `RingOut::after`).
+    sock_pushed: u64,
+    sock_sent: u64,
+    /// The ring we write FRAME packets to (from when the connection opens), and those
+    /// waiting for room in it.
+    tx_ring: Option<ring::TxRing>,
+    ring_queue: VecDeque<RingOut>,
+    /// The ring the peer writes its FRAME packets to (from its RING packet on).
+    rx_ring: Option<ring::RxRing>,
     queued: usize,
     writable: bool,
     seq_out: u64,
@@ -122,6 +187,35 @@ struct Conn {
     admitted: bool,
     /// An incoming connection: when it was accepted (for the handshake deadline).
     accepted: Option<std::time::Instant>,
+}
+
+impl Conn {
+    fn push_socket(&mut self, out: Out) {
+        self.queue.push_back(out);
+        self.sock_pushed += 1;
+    }
+
+    /// Opens our FRAME ring: from now on FRAME packets go there, after the RING packet
+    /// that tells the peer where it is. Without a ring (it could not be made), everything
+    /// keeps going over the socket.
+    fn open_ring(&mut self) {
+        match ring::TxRing::create() {
+            Ok(r) => {
+                let mut p = vec![TAG_RING, 0, 0, 0, 0, 0, 0, 0];
+                p.extend_from_slice(&(r.capacity() as u64).to_le_bytes());
+                self.tx_ring = Some(r);
+                self.push_socket(Out {
+                    bytes: p,
+                    pass: None,
+                    ring: true,
+                    payload: 0,
+                });
+            }
+            Err(e) => {
+                warn!(peer = %self.name, "shm: no FRAME ring, frames go over the socket: {e}")
+            }
+        }
+    }
 }
 
 /// A FRAME packet partly consumed: where the next segment starts, how many are left, and how
@@ -153,6 +247,8 @@ pub struct ShmTransport {
     draining: SmallKeySet<Token>,
     /// Blocks of the receive pool only control-channel connections may take.
     rx_reserve: usize,
+    /// `poll` calls with a zero timeout since the sockets were last looked at.
+    zero_polls: u32,
     buf: Vec<u8>,
     /// Bytes copied into shared memory because they were not there already.
     pub bytes_copied: u64,
@@ -240,6 +336,7 @@ impl ShmTransport {
             starved: SmallKeySet::default(),
             draining: SmallKeySet::default(),
             rx_reserve,
+            zero_polls: 0,
             buf: vec![0; MAX_PACKET],
             bytes_copied: 0,
             bytes_by_reference: 0,
@@ -273,6 +370,11 @@ impl ShmTransport {
                 name,
                 state,
                 queue: VecDeque::new(),
+                sock_pushed: 0,
+                sock_sent: 0,
+                tx_ring: None,
+                ring_queue: VecDeque::new(),
+                rx_ring: None,
                 queued: 0,
                 writable: true,
                 seq_out: 0,
@@ -448,9 +550,10 @@ impl ShmTransport {
                 let mut p = vec![TAG_POOL, 0, 0, 0, 0, 0, 0, 0];
                 p.extend_from_slice(&s.pool_id().to_le_bytes());
                 p.extend_from_slice(&(len as u64).to_le_bytes());
-                c.queue.push_back(Out {
+                c.push_socket(Out {
                     bytes: p,
                     pass: Some(s.clone()),
+                    ring: false,
                     payload: 0,
                 });
             }
@@ -509,12 +612,22 @@ impl ShmTransport {
         let last = packets.len() - 1;
         for (i, bytes) in packets.into_iter().enumerate() {
             debug_assert!(bytes.len() <= MAX_PACKET);
-            c.queue.push_back(Out {
-                bytes,
-                pass: None,
-                // the frame leaves the queue's count when its last packet is sent
-                payload: if i == last { payload } else { 0 },
-            });
+            // the frame leaves the queue's count when its last packet is sent
+            let payload = if i == last { payload } else { 0 };
+            if c.tx_ring.is_some() {
+                c.ring_queue.push_back(RingOut {
+                    bytes,
+                    payload,
+                    after: c.sock_pushed,
+                });
+            } else {
+                c.push_socket(Out {
+                    bytes,
+                    pass: None,
+                    ring: false,
+                    payload,
+                });
+            }
         }
         *bytes_copied += copied;
         *bytes_by_reference += by_ref;
@@ -526,35 +639,80 @@ impl ShmTransport {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        while c.writable {
-            let Some(front) = c.queue.front() else { break };
-            let pass = front
-                .pass
-                .as_ref()
-                .and_then(|s| s.shared_region())
-                .map(|(fd, _)| fd);
-            match sys::send(c.fd.as_raw_fd(), &front.bytes, pass) {
-                Ok(true) => {
-                    let done = c.queue.pop_front().expect("front");
-                    c.queued -= done.payload;
-                }
-                Ok(false) => c.writable = false,
-                Err(e) if c.state == State::Closing => {
-                    return self.drop_conn(token, CloseReason::Lost(e.to_string()));
-                }
-                Err(_) => {
-                    // The peer is gone or going: what it sent before (a Bye, perhaps) is still
-                    // to be read, and the end of its stream says how it left.
-                    c.queue.clear();
-                    c.queued = 0;
-                    c.writable = false;
-                    self.more_to_read.push_back(token);
-                    return;
+        loop {
+            while c.writable {
+                let Some(front) = c.queue.front() else { break };
+                let pass = if front.ring {
+                    c.tx_ring.as_ref().and_then(|r| r.fd())
+                } else {
+                    front
+                        .pass
+                        .as_ref()
+                        .and_then(|s| s.shared_region())
+                        .map(|(fd, _)| fd)
+                };
+                match sys::send(c.fd.as_raw_fd(), &front.bytes, pass) {
+                    Ok(true) => {
+                        let done = c.queue.pop_front().expect("front");
+                        c.queued -= done.payload;
+                        c.sock_sent += 1;
+                        if done.ring {
+                            if let Some(r) = c.tx_ring.as_mut() {
+                                r.passed();
+                            }
+                        }
+                    }
+                    Ok(false) => c.writable = false,
+                    Err(e) if c.state == State::Closing => {
+                        return self.drop_conn(token, CloseReason::Lost(e.to_string()));
+                    }
+                    Err(_) => {
+                        // The peer is gone or going: what it sent before (a Bye, perhaps) is
+                        // still to be read, and the end of its stream says how it left.
+                        c.queue.clear();
+                        c.ring_queue.clear();
+                        c.queued = 0;
+                        c.writable = false;
+                        self.more_to_read.push_back(token);
+                        return;
+                    }
                 }
             }
+            // FRAME packets into the ring, in order, each once the socket packets queued
+            // before it (the POOLs it names) are sent
+            let Some(tx) = c.tx_ring.as_mut() else { break };
+            let mut pushed = false;
+            while let Some(front) = c.ring_queue.front() {
+                if front.after > c.sock_sent {
+                    break;
+                }
+                let r = match tx.push(&front.bytes) {
+                    Ok(false) => tx
+                        .wait_for_room(front.bytes.len())
+                        .map(|room| (false, room)),
+                    other => other.map(|done| (done, false)),
+                };
+                match r {
+                    Ok((true, _)) => {
+                        let done = c.ring_queue.pop_front().expect("front");
+                        c.queued -= done.payload;
+                        pushed = true;
+                    }
+                    // room appeared while we asked for a DOORBELL: try again
+                    Ok((false, true)) => {}
+                    // full: the peer sends a DOORBELL when it makes room
+                    Ok((false, false)) => break,
+                    Err(what) => return self.protocol(token, what),
+                }
+            }
+            if pushed && tx.wake_needed() {
+                c.push_socket(Out::plain(vec![TAG_DOORBELL, 0, 0, 0, 0, 0, 0, 0]));
+                continue;
+            }
+            break;
         }
         if let Some(c) = self.conns.get(&token) {
-            if c.state == State::Closing && c.queue.is_empty() {
+            if c.state == State::Closing && c.queue.is_empty() && c.ring_queue.is_empty() {
                 if c.lent.is_empty() {
                     let reason = c.close_reason.clone().unwrap_or(CloseReason::Local);
                     self.drop_conn(token, reason);
@@ -615,27 +773,71 @@ impl ShmTransport {
         }
     }
 
-    /// Reads packets until the socket is empty or the budget is spent. FRAME packets are
-    /// consumed in order; when the receive pool has no block for one, reading stops (at most
-    /// BACKLOG_MAX packets are read ahead, so RETURNs behind them still arrive) and resumes
-    /// from `poll` when blocks come back.
-    fn read(&mut self, token: Token, out: &mut Vec<Event>) {
+    /// Reads packets until the socket and the ring are empty or the budget is spent. FRAME
+    /// packets are consumed in order; when the receive pool has no block for one, reading
+    /// stops (at most BACKLOG_MAX packets are read ahead from the socket, so RETURNs behind
+    /// them are still seen; the ring is left alone) and resumes from `poll` when blocks come
+    /// back. With `socket` false only the ring is read (busy-polling), unless a ring frame
+    /// names a pool not known yet: its POOL packet is then in the socket, read now.
+    fn read(&mut self, token: Token, out: &mut Vec<Event>, socket: bool) {
+        self.read_inner(token, out, socket);
+        // consumed ring entries may have made the room a waiting producer asked for
+        if let Some(c) = self.conns.get_mut(&token) {
+            if c.rx_ring.as_mut().is_some_and(|r| r.room_wanted()) {
+                c.push_socket(Out::plain(vec![TAG_DOORBELL, 0, 0, 0, 0, 0, 0, 0]));
+                self.flush(token);
+            }
+        }
+    }
+
+    fn read_inner(&mut self, token: Token, out: &mut Vec<Event>, mut socket: bool) {
         self.starved.remove(&token);
+        // the socket was found empty since a frame asked for a pool
+        let mut socket_empty = false;
         for _ in 0..64 {
-            let starved = match self.consume(token, out) {
-                Ok(starved) => starved,
+            let stop = match self.consume(token, out) {
+                Ok(stop) => stop,
                 Err(what) => return self.protocol(token, what),
             };
+            let starved = stop == Stop::Starved;
             let Some(c) = self.conns.get_mut(&token) else {
                 return;
             };
+            if stop == Stop::NeedPool {
+                if socket_empty || c.eof.is_some() {
+                    return self.protocol(token, "descriptor of an unknown pool");
+                }
+                socket = true;
+            }
+            if stop == Stop::Done && c.rx_pkt.is_none() && c.backlog.is_empty() {
+                // the ring after the socket's backlog: its frames come after those
+                if let Some(r) = c.rx_ring.as_mut() {
+                    match r.pop() {
+                        Ok(Some(bytes)) => {
+                            if bytes[0] != TAG_FRAME {
+                                return self.protocol(token, "a ring entry that is not a FRAME");
+                            }
+                            c.backlog.push_back(bytes);
+                            continue;
+                        }
+                        Ok(None) => {}
+                        Err(what) => return self.protocol(token, what),
+                    }
+                }
+            }
             if c.eof.is_some() {
-                if starved || c.rx_pkt.is_some() || !c.backlog.is_empty() {
+                if stop != Stop::Done || c.rx_pkt.is_some() || !c.backlog.is_empty() {
                     self.starved.insert(token);
                     return;
                 }
                 let reason = c.eof.take().expect("checked");
                 return self.drop_conn(token, reason);
+            }
+            if !socket {
+                if starved {
+                    self.starved.insert(token);
+                }
+                return;
             }
             if starved && c.backlog.len() >= BACKLOG_MAX {
                 self.starved.insert(token);
@@ -644,6 +846,10 @@ impl ShmTransport {
             let fd = c.fd.as_raw_fd();
             match sys::recv(fd, &mut self.buf) {
                 Ok(sys::Recv::Empty) => {
+                    if stop == Stop::NeedPool {
+                        socket_empty = true;
+                        continue;
+                    }
                     if starved {
                         self.starved.insert(token);
                     }
@@ -666,6 +872,9 @@ impl ShmTransport {
                         return self.protocol(token, "shm packet larger than 64 KiB");
                     }
                     if self.buf[0] == TAG_FRAME {
+                        if c.rx_ring.is_some() {
+                            return self.protocol(token, "a FRAME packet on the socket after RING");
+                        }
                         // any descriptor that came with it is closed here
                         drop(passed);
                         c.backlog.push_back(self.buf[..len].to_vec());
@@ -681,7 +890,7 @@ impl ShmTransport {
         self.more_to_read.push_back(token);
     }
 
-    /// A POOL or RETURN packet.
+    /// A POOL, RETURN, RING or DOORBELL packet.
     fn on_packet(&mut self, token: Token, p: &[u8], passed: Option<OwnedFd>) -> Result<(), String> {
         let u32_at = |at: usize| le_u32(p, at);
         let u64_at = |at: usize| le_u64(p, at);
@@ -707,6 +916,23 @@ impl ShmTransport {
                 c.remotes.insert(id, r);
                 Ok(())
             }
+            Some(&TAG_RING) => {
+                if c.state != State::Open {
+                    return Err("a ring offered before the handshake completed".into());
+                }
+                if c.rx_ring.is_some() {
+                    return Err("a second RING packet".into());
+                }
+                if p.len() != 16 || p[1..8].iter().any(|&b| b != 0) {
+                    return Err("malformed ring packet".into());
+                }
+                let cap = u64_at(8).ok_or("short ring packet")?;
+                let fd = passed.ok_or("ring packet without a memfd")?;
+                c.rx_ring = Some(ring::RxRing::map(fd, cap)?);
+                Ok(())
+            }
+            // the ring is read after every socket read: nothing more to do
+            Some(&TAG_DOORBELL) => Ok(()),
             Some(&TAG_RETURN) => {
                 let n = u32_at(4).ok_or("short return packet")? as usize;
                 for k in 0..n {
@@ -722,17 +948,18 @@ impl ShmTransport {
         }
     }
 
-    /// Consumes FRAME packets of the backlog in order; `Ok(true)` when it stopped for want of
-    /// a receive-pool block (what is consumed so far is kept: it resumes where it stopped).
-    fn consume(&mut self, token: Token, out: &mut Vec<Event>) -> Result<bool, String> {
+    /// Consumes FRAME packets of the backlog in order, until it is empty (`Stop::Done`), a
+    /// receive-pool block is wanted (`Starved`) or a ring frame names a pool not known yet
+    /// (`NeedPool`); what is consumed so far is kept: it resumes where it stopped.
+    fn consume(&mut self, token: Token, out: &mut Vec<Event>) -> Result<Stop, String> {
         let max_frame = self.cfg.max_frame as usize;
         loop {
             let Some(c) = self.conns.get_mut(&token) else {
-                return Ok(false);
+                return Ok(Stop::Done);
             };
             if c.rx_pkt.is_none() {
                 let Some(bytes) = c.backlog.pop_front() else {
-                    return Ok(false);
+                    return Ok(Stop::Done);
                 };
                 let head = bytes.get(..FRAME_HEAD).ok_or("short frame packet")?;
                 let frame_type =
@@ -766,7 +993,7 @@ impl ShmTransport {
                 if !c.admitted {
                     // refused, its Reject on the way out: what it sends is dropped unread
                     c.backlog.clear();
-                    return Ok(false);
+                    return Ok(Stop::Done);
                 }
                 c.rx_frame.get_or_insert(InFrame {
                     frame_type,
@@ -804,11 +1031,11 @@ impl ShmTransport {
                             if c.rx_block.as_ref().is_none_or(|b| b.remaining() == 0) {
                                 c.rx_block = None;
                                 if pool.free_blocks() <= reserve {
-                                    return Ok(true);
+                                    return Ok(Stop::Starved);
                                 }
                                 match pool.try_alloc() {
                                     Some(b) => c.rx_block = Some(b),
-                                    None => return Ok(true),
+                                    None => return Ok(Stop::Starved),
                                 }
                             }
                             let w = c.rx_block.as_mut().expect("just ensured");
@@ -830,10 +1057,14 @@ impl ShmTransport {
                                 "frame larger than the limit of {max_frame} bytes"
                             ));
                         }
-                        let r = c
-                            .remotes
-                            .get(&pool_id)
-                            .ok_or("descriptor of an unknown pool")?;
+                        let Some(r) = c.remotes.get(&pool_id) else {
+                            // a ring frame may overtake the POOL packet, which the sender
+                            // wrote to the socket before it: the caller reads the socket
+                            if c.rx_ring.is_some() {
+                                return Ok(Stop::NeedPool);
+                            }
+                            return Err("descriptor of an unknown pool".into());
+                        };
                         frame.payload.push(
                             r.slice(offset, len, t)
                                 .ok_or("descriptor outside the peer's pool")?,
@@ -902,6 +1133,7 @@ impl ShmTransport {
                 }
                 c.state = State::Open;
                 c.admitted = true;
+                c.open_ring();
                 out.push(c.hs.opened(conn, peer));
                 self.flush(token);
             }
@@ -930,6 +1162,18 @@ impl ShmTransport {
         }
     }
 
+    /// Before blocking: sets the sleeping flag of every ring we read (the writer then owes
+    /// us a DOORBELL on the socket); `true` if one has data already (then do not block).
+    fn arm_rings(&mut self) -> bool {
+        let mut ready = false;
+        for c in self.conns.values_mut() {
+            if let Some(r) = c.rx_ring.as_mut() {
+                ready |= r.arm();
+            }
+        }
+        ready
+    }
+
     /// Sends back the tokens of the peers' slices we have finished with.
     fn return_tokens(&mut self) {
         let mut tokens = Vec::new();
@@ -948,11 +1192,7 @@ impl ShmTransport {
                 for t in chunk {
                     p.extend_from_slice(&t.to_le_bytes());
                 }
-                c.queue.push_back(Out {
-                    bytes: p,
-                    pass: None,
-                    payload: 0,
-                });
+                c.push_socket(Out::plain(p));
             }
             if !tokens.is_empty() {
                 self.flush(t);
@@ -965,6 +1205,12 @@ impl Transport for ShmTransport {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         Some(self.poll.as_raw_fd())
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        // the sweep after the wait looks at the sockets
+        self.zero_polls = EPOLL_EVERY;
+        !self.arm_rings() && self.pending.is_empty() && self.more_to_read.is_empty()
     }
 
     fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
@@ -1097,7 +1343,49 @@ impl Transport for ShmTransport {
             }
         }
         out.append(&mut self.pending);
-        let timeout = if !out.is_empty() || !self.more_to_read.is_empty() {
+        // the rings first: while busy-polling, a round trip makes no system call
+        let mut sockets_only = false;
+        let mut ring_data = Vec::new();
+        for (t, c) in self.conns.iter_mut() {
+            match c.rx_ring.as_mut() {
+                Some(r) => {
+                    r.disarm();
+                    if r.has_data() {
+                        ring_data.push(*t);
+                    }
+                }
+                None => sockets_only = true,
+            }
+        }
+        for t in ring_data {
+            if !self.starved.contains(&t) {
+                self.read(t, out, false);
+            }
+        }
+        let full: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.ring_queue.is_empty())
+            .map(|(t, _)| *t)
+            .collect();
+        for t in full {
+            self.flush(t);
+        }
+        if timeout == Some(Duration::ZERO) {
+            self.zero_polls += 1;
+            if !sockets_only
+                && self.zero_polls < EPOLL_EVERY
+                && self.more_to_read.is_empty()
+                && self.starved.is_empty()
+                && self.draining.is_empty()
+            {
+                self.return_tokens();
+                out.append(&mut self.pending);
+                return Ok(());
+            }
+        }
+        self.zero_polls = 0;
+        let mut timeout = if !out.is_empty() || !self.more_to_read.is_empty() {
             Some(Duration::ZERO)
         } else if !self.starved.is_empty() {
             // waiting for receive blocks, which come back without a wake-up: look again soon
@@ -1111,6 +1399,9 @@ impl Transport for ShmTransport {
         } else {
             timeout
         };
+        if timeout != Some(Duration::ZERO) && self.arm_rings() {
+            timeout = Some(Duration::ZERO);
+        }
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1139,14 +1430,29 @@ impl Transport for ShmTransport {
                 self.flush(token);
             }
             if readable {
-                self.read(token, out);
+                self.read(token, out, true);
             }
         }
         for token in std::mem::take(&mut self.more_to_read) {
-            self.read(token, out);
+            self.read(token, out, true);
         }
         for token in self.starved.iter().copied().collect::<Vec<_>>() {
-            self.read(token, out);
+            self.read(token, out, true);
+        }
+        // rings written while we slept, or while we read the sockets
+        let ring_data: Vec<Token> = self
+            .conns
+            .iter_mut()
+            .filter_map(|(t, c)| {
+                let r = c.rx_ring.as_mut()?;
+                r.disarm();
+                r.has_data().then_some(*t)
+            })
+            .collect();
+        for t in ring_data {
+            if !self.starved.contains(&t) {
+                self.read(t, out, false);
+            }
         }
         self.expire_handshakes();
         // returned tokens may have freed bounce blocks that waiting frames need
@@ -1176,6 +1482,9 @@ fn le_u64(p: &[u8], at: usize) -> Option<u64> {
     p.get(at..at + 8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
+
+#[cfg(test)]
+mod ring_tests;
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,7 @@
 //! The operating-system corner of the shm transport: Unix-domain SOCK_SEQPACKET sockets in
 //! the abstract namespace (no file to clean up, gone with the process) and passing a memfd
-//! with SCM_RIGHTS. Everything `unsafe` in the transport is here.
+//! with SCM_RIGHTS; creating and mapping the memfd of a FRAME ring. Everything `unsafe` in
+//! the transport is here, but for the ring's atomics and bounded copies (`ring.rs`).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -191,6 +192,43 @@ pub fn check_peer_memfd(fd: RawFd, len: usize) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A new memfd of `len` bytes, sealed at that size with [`REQUIRED_SEALS`] (so that the peer
+/// accepts it), for a FRAME ring.
+pub fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: plain system call on a valid C string; the result is checked before it is owned.
+    let raw = cvt(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    std::fs::File::from(fd.try_clone()?).set_len(len as u64)?;
+    // SAFETY: F_ADD_SEALS on a memfd we own, with a plain integer argument.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, REQUIRED_SEALS) })?;
+    Ok(fd)
+}
+
+/// Maps `len` bytes of `fd` shared, readable and writable (a ring: both ends write to it).
+/// The caller unmaps it.
+pub fn map_shared_rw(fd: RawFd, len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of a file the caller holds open (and checked to be at
+    // least `len` bytes long and sealed against shrinking, if it is a peer's); no Rust object
+    // aliases it yet.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
 }
 
 /// What one receive gave.
