@@ -166,8 +166,8 @@ impl TcpTransport {
         }
     }
 
-    /// Connections whose send thread failed are lost; closing ones whose queue the thread
-    /// emptied are shut down.
+    /// Connections whose send thread failed to write are lost. (Closing ones whose queue the
+    /// thread emptied are shut down by the end of `poll`, as those written here.)
     fn check_senders(&mut self, out: &mut Vec<Event>) {
         let mut failed = Vec::new();
         for (t, c) in &self.conns {
