@@ -7,6 +7,9 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
+mod common;
+use common::{clock_seed, Rng};
+
 const EVB: &str = env!("CARGO_BIN_EXE_evb");
 
 /// Starts `evb pub` with `args`; returns it and the address it bound.
@@ -231,4 +234,77 @@ fn block_loses_nothing() {
     assert_eq!(n(&sj, "missed"), 0);
     assert_eq!(n(&pj, "dropped"), 0);
     assert!(n(&pj, "would_block") > 0, "{pj}");
+}
+
+/// A subscriber killed mid-stream, at a moment drawn from a printed seed (`EVB_TEST_SEED`
+/// repeats it), while `evb pub` publishes under policy block with its default send thread
+/// (the killed one is the second to connect, so the send thread writes its socket): the
+/// publisher stops waiting for it, the other two get every message in order, and
+/// everything exits cleanly.
+#[test]
+fn a_subscriber_killed_mid_stream_does_not_hold_up_the_others() {
+    let seed = std::env::var("EVB_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(clock_seed);
+    eprintln!("seed {seed} (EVB_TEST_SEED={seed} repeats it)");
+    let mut rng = Rng(seed | 1);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let count = 40_000u64;
+    let (mut p, addr) = start_pub(
+        d,
+        &[
+            "--tags",
+            "2",
+            "--size",
+            "16384",
+            "--count",
+            &count.to_string(),
+            "--wait",
+            "3",
+            "--policy",
+            "block",
+        ],
+    );
+    let mut a = start_sub(d, "a", &addr, &["--tags", "0-1"]);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // slow, and not quiet: its first rate line (after a second of messages) says the stream
+    // is under way
+    let mut victim = Command::new(EVB)
+        .args(["sub", "--timeout", "120", "--from", &addr, "--tags", "0-1"])
+        .args(["--slow-us", "50"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut b = start_sub(d, "b", &addr, &["--tags", "0-1"]);
+    let mut line = String::new();
+    BufReader::new(victim.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(!line.is_empty(), "the victim said nothing");
+    let delay = rng.below(300);
+    std::thread::sleep(std::time::Duration::from_millis(delay));
+    eprintln!(
+        "killing the slow subscriber {delay} ms after: {}",
+        line.trim()
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    assert!(a.wait().unwrap().success());
+    assert!(b.wait().unwrap().success());
+    assert!(p.wait().unwrap().success());
+    let (pj, aj, bj) = (json(d, "pub"), json(d, "a"), json(d, "b"));
+    for s in [&aj, &bj] {
+        assert_eq!(n(s, "received"), count, "{s}");
+        assert_eq!(n(s, "missed"), 0, "{s}");
+        assert_eq!(n(s, "unannounced_losses"), 0, "{s}");
+    }
+    assert_eq!(n(&pj, "published"), count);
+    assert_eq!(n(&pj, "dropped"), 0);
+    // a and b got every message; the victim some of them before it died
+    let victim_got = n(&pj, "delivered") - 2 * count;
+    assert!(victim_got > 0 && victim_got < count, "{pj}");
 }
