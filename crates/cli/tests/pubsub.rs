@@ -1,5 +1,6 @@
 //! `evb pub` and `evb sub` as separate processes on 127.0.0.1 (and over shm): exact tag
-//! filtering, and each slow-subscriber policy with counts that add up on both sides.
+//! filtering, each slow-subscriber policy with counts that add up on both sides, and a
+//! subscriber killed mid-stream.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
