@@ -1502,7 +1502,8 @@ mod tests {
         }
     }
 
-    fn frame_packet(ft: FrameType, seq: u64, segs: &[&[u8]]) -> Vec<u8> {
+    /// A FRAME packet of inline segments (also for the ring tests).
+    pub(super) fn frame_packet(ft: FrameType, seq: u64, segs: &[&[u8]]) -> Vec<u8> {
         let mut p = vec![TAG_FRAME, ft as u8, 0, 0, 0, 0, 0, 0];
         p.extend_from_slice(&seq.to_le_bytes());
         p.extend_from_slice(&(segs.len() as u32).to_le_bytes());

@@ -3,6 +3,7 @@
 //! and the ring, a full ring, a hostile peer writing garbage into the ring).
 
 use super::ring::{self, RxRing, TxRing};
+use super::tests::frame_packet;
 use super::*;
 use evb_wire::{Channel, Role};
 use std::os::fd::RawFd;
@@ -463,39 +464,53 @@ fn a_full_ring_is_back_pressure_and_blocking_peers_wake_each_other() {
 /// the doorbell, never by a timeout.
 #[test]
 fn blocking_round_trips_are_woken_by_doorbells() {
-    let (mut a, mut b, conn) = connected(tcfg("ru0", 64 * 1024, 64), tcfg("bu0", 64 * 1024, 64));
+    let (mut a, b, conn) = connected(tcfg("ru0", 64 * 1024, 64), tcfg("bu0", 64 * 1024, 64));
     const TRIPS: usize = 2000;
-    let echo = std::thread::spawn(move || {
+    let echo = echo_thread(b, TRIPS, Duration::ZERO);
+    let slowest = slowest_round_trip(&mut a, conn, TRIPS);
+    // a lost wake-up waits for the 10 s timeout
+    assert!(
+        slowest < Duration::from_secs(2),
+        "slowest round trip {slowest:?}"
+    );
+    let _b = echo.join().unwrap();
+}
+
+/// Echoes `trips` frames back on the connection they came on, each after `pause`; returns
+/// the transport when done.
+fn echo_thread<T: Transport + 'static>(
+    mut b: T,
+    trips: usize,
+    pause: Duration,
+) -> std::thread::JoinHandle<T> {
+    std::thread::spawn(move || {
         let mut evs = Vec::new();
         let mut n = 0;
-        while n < TRIPS {
+        while n < trips {
             b.poll(&mut evs, Some(Duration::from_secs(10))).unwrap();
             for e in evs.drain(..) {
                 if let Event::Frame { conn, frame } = e {
-                    b.send(
-                        conn,
-                        FrameType::Messages,
-                        1,
-                        vec![Segment::Owned(frame.payload.to_vec())],
-                    )
-                    .unwrap();
+                    std::thread::sleep(pause);
+                    let bytes = frame.payload.to_vec();
+                    b.send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
+                        .unwrap();
                     n += 1;
                 }
             }
         }
         b
-    });
+    })
+}
+
+/// `trips` 64-byte round trips on `conn`, blocking in `poll` (10 s at most) for each reply;
+/// the slowest.
+fn slowest_round_trip(a: &mut dyn Transport, conn: ConnId, trips: usize) -> Duration {
     let mut evs = Vec::new();
     let mut slowest = Duration::ZERO;
-    for i in 0..TRIPS {
+    for i in 0..trips {
         let t = Instant::now();
-        a.send(
-            conn,
-            FrameType::Messages,
-            1,
-            vec![Segment::Owned(pattern(i, 64))],
-        )
-        .unwrap();
+        let segs = vec![Segment::Owned(pattern(i, 64))];
+        a.send(conn, FrameType::Messages, 1, segs).unwrap();
         loop {
             a.poll(&mut evs, Some(Duration::from_secs(10))).unwrap();
             if let Some(Event::Frame { frame, .. }) = evs.pop() {
@@ -505,12 +520,7 @@ fn blocking_round_trips_are_woken_by_doorbells() {
         }
         slowest = slowest.max(t.elapsed());
     }
-    // a lost wake-up waits for the 10 s timeout
-    assert!(
-        slowest < Duration::from_secs(2),
-        "slowest round trip {slowest:?}"
-    );
-    let _b = echo.join().unwrap();
+    slowest
 }
 
 /// A hand-made peer of `t` (listening on `addr`): handshakes over a raw socket; returns the
@@ -536,18 +546,6 @@ fn raw_peer() -> (ShmTransport, OwnedFd, TxRing) {
     let addr = t.listen("127.0.0.1:0").unwrap();
     let (raw, ring) = raw_peer_of(&mut t, &addr);
     (t, raw, ring)
-}
-
-fn frame_packet(ft: FrameType, seq: u64, segs: &[&[u8]]) -> Vec<u8> {
-    let mut p = vec![TAG_FRAME, ft as u8, 0, 0, 0, 0, 0, 0];
-    p.extend_from_slice(&seq.to_le_bytes());
-    p.extend_from_slice(&(segs.len() as u32).to_le_bytes());
-    for s in segs {
-        p.push(0);
-        p.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        p.extend_from_slice(s);
-    }
-    p
 }
 
 fn ring_packet(ring: &TxRing) -> Vec<u8> {
@@ -829,39 +827,9 @@ fn mux_waiting_on_the_wait_fd_is_woken_by_ring_frames() {
         b.poll(&mut eb, Some(Duration::from_millis(1))).unwrap();
     }
     const TRIPS: usize = 300;
-    let echo = std::thread::spawn(move || {
-        let mut evs = Vec::new();
-        let mut n = 0;
-        while n < TRIPS {
-            b.poll(&mut evs, Some(Duration::from_secs(10))).unwrap();
-            for e in evs.drain(..) {
-                if let Event::Frame { conn, frame } = e {
-                    // a pause, so that the mux is asleep when the reply comes
-                    std::thread::sleep(Duration::from_micros(200));
-                    let bytes = frame.payload.to_vec();
-                    b.send(conn, FrameType::Messages, 1, vec![Segment::Owned(bytes)])
-                        .unwrap();
-                    n += 1;
-                }
-            }
-        }
-        b
-    });
-    let mut evs = Vec::new();
-    let mut slowest = Duration::ZERO;
-    for i in 0..TRIPS {
-        let t = Instant::now();
-        let segs = vec![Segment::Owned(pattern(i, 64))];
-        mux.send(conn, FrameType::Messages, 1, segs).unwrap();
-        loop {
-            mux.poll(&mut evs, Some(Duration::from_secs(10))).unwrap();
-            if let Some(Event::Frame { frame, .. }) = evs.pop() {
-                assert!(frame.payload.to_vec() == pattern(i, 64));
-                break;
-            }
-        }
-        slowest = slowest.max(t.elapsed());
-    }
+    // a pause before each reply, so that the mux is asleep when it comes
+    let echo = echo_thread(b, TRIPS, Duration::from_micros(200));
+    let slowest = slowest_round_trip(&mut mux, conn, TRIPS);
     // a lost wake-up waits for the 10 s timeout
     assert!(
         slowest < Duration::from_secs(2),
