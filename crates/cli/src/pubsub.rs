@@ -131,34 +131,9 @@ fn check<T: PartialOrd + std::fmt::Display>(what: &str, v: T, lo: T, hi: T) -> R
     Ok(())
 }
 
-/// Parses `0,5,10-19` into ranges.
+/// Parses `0,5,10-19` into ranges (the plug-in API's parser, errors named as the flag).
 pub fn parse_tags(s: &str) -> Result<Vec<TagRange>, String> {
-    let mut out = Vec::new();
-    for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        if out.len() >= 65_536 {
-            return Err("--tags: more than 65536 items".into());
-        }
-        let num = |x: &str| {
-            x.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("--tags: {x:?} is not a tag (u64)"))
-        };
-        let r = match item.split_once('-') {
-            Some((a, b)) => TagRange {
-                first: num(a)?,
-                last: num(b)?,
-            },
-            None => TagRange::one(num(item)?),
-        };
-        if r.first > r.last {
-            return Err(format!("--tags: range {item:?} is empty"));
-        }
-        out.push(r);
-    }
-    if out.is_empty() {
-        return Err("--tags: no tags".into());
-    }
-    Ok(out)
+    evb_plugin::pubsub::parse_tags(s).map_err(|e| format!("--{e}"))
 }
 
 fn transport(

@@ -34,8 +34,7 @@ use std::time::{Duration, Instant};
 
 use evb_buffers::Pool;
 use evb_messaging::pubsub::{
-    PubSubError, Publish, Publisher, PublisherConfig, SubEvent, Subscriber, MAX_QUEUED_RANGE,
-    MAX_SEND_THREADS,
+    PubSubError, Publish, Publisher, PublisherConfig, SubEvent, Subscriber,
 };
 use evb_messaging::MessengerConfig;
 use evb_transport::{ConnId, Transport, TransportConfig};
@@ -86,7 +85,8 @@ pub struct PubOptions {
     pub run_id: String,
     /// What to do with a subscriber that does not keep up.
     pub policy: SlowPolicy,
-    /// A subscriber is slow while this many bytes wait for it ([`MAX_QUEUED_RANGE`]).
+    /// A subscriber is slow while this many bytes wait for it
+    /// ([`evb_messaging::pubsub::MAX_QUEUED_RANGE`]).
     pub max_queued: usize,
     /// Threads writing subscribers' sockets beside the publishing one (0..=16, default 0;
     /// see `PublisherConfig::send_threads`).
@@ -231,20 +231,17 @@ impl PubOptions {
     pub fn validate(&self) -> Result<(), Error> {
         check_run_id(&self.run_id)?;
         check_max_message(self.max_message)?;
-        let (lo, hi) = MAX_QUEUED_RANGE;
-        if !(lo..=hi).contains(&self.max_queued) {
-            return Err(Error::Setup(format!(
-                "max_queued {} is outside {lo}..={hi}",
-                self.max_queued
-            )));
+        // the publisher's own ranges, checked where they are defined
+        PublisherConfig {
+            max_queued: self.max_queued,
+            send_threads: self.send_threads,
+            ..PublisherConfig::default()
         }
-        if self.send_threads > MAX_SEND_THREADS {
-            return Err(Error::Setup(format!(
-                "send_threads {} is outside 0..={MAX_SEND_THREADS}",
-                self.send_threads
-            )));
-        }
-        Ok(())
+        .validate()
+        .map_err(|e| match e {
+            PubSubError::Config(why) => Error::Setup(why),
+            other => Error::Setup(other.to_string()),
+        })
     }
 }
 
