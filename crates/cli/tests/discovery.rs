@@ -200,6 +200,51 @@ fn a_rank_that_never_starts_is_named_and_everyone_exits() {
     assert!(!f.exists(), "the EVM removes its rendezvous file");
 }
 
+/// The EVM names a rank that never starts even when the RUs' own connect timers fire
+/// before the EVM looks at its own: the EVM is stopped (SIGSTOP) across the RUs' timeout and
+/// continued within their grace. The RUs wait for the EVM's word instead of exiting, which
+/// the EVM would otherwise report as `lost ru[0] before the run started`, hiding the rank
+/// that never came (a CI run on a loaded machine hit that race).
+#[test]
+fn a_late_evm_still_names_the_rank_that_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    // heartbeats may not declare the stopped EVM lost first
+    std::fs::write(
+        &cfg,
+        "[run]\nid = \"late\"\nevents = 3000\nduration_s = 0\nconnect_timeout_s = 3\n\
+         heartbeat_timeout_ms = 30000\n[fragments]\nsize = 8192\n[transport]\n\
+         interface = \"lo\"\n",
+    )
+    .unwrap();
+    let f = dir.path().join("r.evm");
+    let args = ["--rendezvous", f.to_str().unwrap()];
+    let started = Instant::now();
+    let kids: Vec<Child> = (0..4).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
+    let evm_pid = kids[0].id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &evm_pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {evm_pid}");
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    signal("-STOP");
+    // the RUs' deadlines (3 s after they read the rendezvous file) pass while it is stopped
+    std::thread::sleep(Duration::from_millis(4200).saturating_sub(started.elapsed()));
+    signal("-CONT");
+    let outs = wait_all(kids, Duration::from_secs(30));
+    let named = "not connected: bu1 (rank 4): it never called";
+    let evm = text(&outs[0]);
+    assert!(evm.contains(named), "{evm}");
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(!o.status.success(), "rank {rank}: {}", text(o));
+        let t = text(o);
+        assert!(t.contains(named), "rank {rank}: {t}");
+    }
+}
+
 /// Two processes claiming one node: the run is aborted before it starts, naming the node
 /// and the first process; every process exits with an error.
 #[test]

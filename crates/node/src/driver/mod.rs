@@ -22,6 +22,10 @@ mod status;
 /// Most of one loop pass spent handing events to the sink.
 const SINK_SHARE_OF_PASS: Duration = Duration::from_millis(20);
 
+/// How much longer than `run.connect_timeout_s` an RU or BU connected to the EVM waits for
+/// the EVM to name the peers that never came (see `Driver::own_connect_deadline`).
+const EVM_NAMES_GRACE: Duration = Duration::from_secs(2);
+
 /// Where a node's status lines and final report go (stdout for a process, a channel for a thread).
 pub type StatusOut = Box<dyn FnMut(Value) + Send>;
 
@@ -456,6 +460,20 @@ impl Driver {
         }
     }
 
+    /// When this node gives up waiting for its peers. The EVM aborts the launch at
+    /// `run.connect_timeout_s` and names every missing node to every node that started; an
+    /// RU or BU that reaches the EVM waits [`EVM_NAMES_GRACE`] longer for that word, so a
+    /// node whose own timer fires first (it started a moment later, or the EVM was not
+    /// scheduled) does not exit and make the EVM report it as lost instead of naming the
+    /// node that never came.
+    fn own_connect_deadline(&self) -> Instant {
+        if self.me.role != Role::Evm && self.conns.contains_key(&NodeRef::Evm) {
+            self.connect_deadline + EVM_NAMES_GRACE
+        } else {
+            self.connect_deadline
+        }
+    }
+
     /// Runs the node until its state machine says the run is over for it.
     pub fn run(mut self) -> Result<NodeOutcome, NodeError> {
         let mut incoming = Vec::new();
@@ -478,7 +496,7 @@ impl Driver {
             }
             if !self.up
                 && self.conns.len() < self.expected
-                && now > self.connect_deadline
+                && now > self.own_connect_deadline()
                 && self.exit.is_none()
             {
                 let why = format!(
