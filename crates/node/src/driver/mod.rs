@@ -511,16 +511,7 @@ impl Driver {
                     self.abort_launch(why);
                     continue;
                 }
-                return Err(NodeError::Connect(
-                    "peers".into(),
-                    format!(
-                        "only {} of {} connections up after {} s; not connected: {}",
-                        self.conns.len(),
-                        self.expected,
-                        self.cfg.run.connect_timeout_s,
-                        self.missing_peers().join(", ")
-                    ),
-                ));
+                return Err(NodeError::Connect("peers".into(), why));
             }
             if let Some(why) = self.control.take_abort() {
                 match &mut self.logic {
