@@ -3,13 +3,13 @@
 //! (cargo-fuzz) and the stable replay test `crates/messaging/tests/fuzz_replay.rs`.
 
 use evb_buffers::{Chain, Pool};
-use evb_messaging::{fragment_prefix, split_messages, Received};
+use evb_messaging::{fragment_prefix, split_messages, split_messages_into, Received};
 use evb_wire::pubsub::{Delivery, GoodbyeCode, PubSubMessage, PublishedHeader, TagRange};
 use evb_wire::{EventRange, FragmentHeader, Message, FLAG_GENERATED};
 
 /// Input: u32 message count (modulo 64; its first byte also picks the block size), then the
 /// page. `split_messages` must refuse it or read exactly `count` messages that encode back
-/// to the page's bytes.
+/// to the page's bytes; coalescing fragments (as a BU does) must agree with it.
 pub fn check(data: &[u8]) {
     if data.len() < 4 {
         return;
@@ -25,7 +25,15 @@ pub fn check(data: &[u8]) {
         chain.push(w.append(piece).unwrap());
     }
     let mut out = Vec::new();
-    if split_messages(&chain, count, &mut out).is_ok() {
+    let plain = split_messages(&chain, count, &mut out);
+    let mut runs = Vec::new();
+    let coalesced = split_messages_into(&chain, count, &mut runs, true);
+    assert_eq!(
+        plain.is_ok(),
+        coalesced.is_ok(),
+        "{plain:?} / {coalesced:?}"
+    );
+    if plain.is_ok() {
         assert_eq!(out.len(), count as usize);
         for r in &out {
             if let Received::Fragment { header, payload } = r {
@@ -33,6 +41,10 @@ pub fn check(data: &[u8]) {
             }
         }
         assert_eq!(re_encode(&out), page);
+        assert_eq!(re_encode(&runs), page);
+        // no two runs side by side: consecutive fragments are one run
+        let is_run = |r: &Received| matches!(r, Received::Fragments(_));
+        assert!(!runs.windows(2).any(|w| is_run(&w[0]) && is_run(&w[1])));
     }
 }
 
@@ -45,6 +57,12 @@ pub fn re_encode(out: &[Received]) -> Vec<u8> {
             Received::Fragment { header, payload } => {
                 v.extend_from_slice(&fragment_prefix(header));
                 v.extend_from_slice(&payload.to_vec());
+            }
+            Received::Fragments(run) => {
+                for (header, payload) in run {
+                    v.extend_from_slice(&fragment_prefix(header));
+                    v.extend_from_slice(&payload.to_vec());
+                }
             }
             Received::Published { header, payload } => {
                 let prefix = header

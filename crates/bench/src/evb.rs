@@ -467,6 +467,8 @@ fn receiver(
                         }
                         Received::Message(_) | Received::PubSub(_) => 0,
                         Received::Published { payload, .. } => payload.len() as u64,
+                        // not asked for: this messenger does not coalesce
+                        Received::Fragments(_) => 0,
                     };
                     msgs += 1;
                     bytes += n;
@@ -527,6 +529,7 @@ pub fn latency(
                             server.send_now(conn, &msg).map_err(|e| e.to_string())?
                         }
                         Received::Fragment { .. }
+                        | Received::Fragments(_)
                         | Received::Published { .. }
                         | Received::PubSub(_) => {}
                     }

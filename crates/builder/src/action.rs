@@ -41,8 +41,13 @@ pub enum Action {
         msg: Message,
         path: Path,
     },
-    /// RU → BU: an encoded fragment (message header, fragment header, payload) in pool blocks.
-    SendFragment { to: NodeRef, data: Chain },
+    /// RU → BU: `count` encoded fragments of consecutive events, back to back (each its
+    /// message header, fragment header and payload) in pool blocks.
+    SendFragments {
+        to: NodeRef,
+        data: Chain,
+        count: u32,
+    },
     /// BU: hand this event to the sink, then call `Bu::delivered`.
     Deliver(BuiltEvent),
     /// BU: the EVM accepted the release of these events: the sink may make them output.

@@ -1,6 +1,7 @@
 //! The builder unit: asks the EVM for events with credits, collects each event's fragments
 //! from every RU, checks them, hands the complete event to its sink, and releases it.
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
-use crate::ids::{FastSet, IdMap, IdSet, RecentIds};
+use crate::ids::{FastSet, IdMap, RecentIds};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,23 +152,73 @@ fn check_super(header: &FragmentHeader, payload: &Chain) -> Result<bool, String>
     Ok(entries.iter().any(|e| e.flags & ENTRY_MISSING != 0))
 }
 
+/// An event from its first fragment (or its Assign) until the sink is done with it.
 struct Building {
     assigned: bool,
+    /// Handed to the sink, which has not said `delivered` yet: a fragment for it now is a
+    /// duplicate.
+    at_sink: bool,
     /// When the first fragment (or the Assign) arrived.
     since: Instant,
-    fragments: Vec<Option<(FragmentHeader, Chain)>>,
+    /// One entry per RU: a MISSING placeholder until that RU's fragment arrives.
+    fragments: Vec<(FragmentHeader, Chain)>,
+    /// Which RUs' fragments arrived.
+    have: Vec<bool>,
     received: usize,
     corrupt: bool,
     /// A super-fragment left out a stream's fragment (a partial event).
     partial: bool,
 }
 
+/// A new event's record, from the spare vectors when there are some.
+fn new_building(
+    spare_fragments: &mut Vec<Vec<(FragmentHeader, Chain)>>,
+    spare_have: &mut Vec<Vec<bool>>,
+    source_ids: &[u16],
+    id: u64,
+    now: Instant,
+) -> Building {
+    let mut fragments = spare_fragments.pop().unwrap_or_default();
+    let mut have = spare_have.pop().unwrap_or_default();
+    fragments.clear();
+    fragments.extend(source_ids.iter().map(|&source_id| {
+        let h = FragmentHeader {
+            event_id: id,
+            trigger_number: 0,
+            source_id,
+            flags: FLAG_MISSING,
+            payload_size: 0,
+            payload_crc: 0,
+        };
+        (h, Chain::new())
+    }));
+    have.clear();
+    have.resize(fragments.len(), false);
+    Building {
+        assigned: false,
+        at_sink: false,
+        since: now,
+        fragments,
+        have,
+        received: 0,
+        corrupt: false,
+        partial: false,
+    }
+}
+
+/// Vectors of finished events kept for the next ones (at most this many, or the BU's
+/// credits): a small-event run builds millions of events a second, and an allocation and a
+/// free each is a visible share of that.
+const SPARE_VECTORS: usize = 1024;
+
 pub struct Bu {
     cfg: BuConfig,
     state: RunState,
+    /// Events being built and events at the sink (`Building::at_sink`), by id.
     events: IdMap<Building>,
-    /// Ids delivered to the sink and not yet acknowledged by `delivered`.
-    at_sink: IdSet,
+    /// Vectors of finished events, for `Building::new`.
+    spare_fragments: Vec<Vec<(FragmentHeader, Chain)>>,
+    spare_have: Vec<Vec<bool>>,
     /// Events the sink took and this BU released, in release order, with their payload
     /// bytes, until the EVM echoes the release: only then are they this BU's output.
     unacked: VecDeque<(u64, u64)>,
@@ -189,7 +240,8 @@ impl Bu {
             cfg,
             state: RunState::Configured,
             events: IdMap::default(),
-            at_sink: IdSet::default(),
+            spare_fragments: Vec::new(),
+            spare_have: Vec::new(),
             unacked: VecDeque::new(),
             release: None,
             credits_to_send: 0,
@@ -212,7 +264,31 @@ impl Bu {
 
     /// Events partly built or at the sink.
     pub fn in_flight(&self) -> usize {
-        self.events.len() + self.at_sink.len()
+        self.events.len()
+    }
+
+    fn spare_limit(&self) -> usize {
+        (self.cfg.credits as usize).max(SPARE_VECTORS)
+    }
+
+    /// A new event's record, from the spare vectors when there are some.
+    fn building(&mut self, id: u64, now: Instant) -> Building {
+        new_building(
+            &mut self.spare_fragments,
+            &mut self.spare_have,
+            &self.cfg.source_ids,
+            id,
+            now,
+        )
+    }
+
+    /// Gives back a delivered event's fragment vector (its payloads are dropped here) for
+    /// the next events.
+    pub fn recycle(&mut self, mut fragments: Vec<(FragmentHeader, Chain)>) {
+        if self.spare_fragments.len() < self.spare_limit() {
+            fragments.clear();
+            self.spare_fragments.push(fragments);
+        }
     }
 
     pub fn next_action(&mut self) -> Option<Action> {
@@ -248,11 +324,11 @@ impl Bu {
             }
             Message::Assign(r) if r.bu == self.me() => {
                 for id in r.first..r.end() {
-                    let n = self.cfg.source_ids.len();
-                    let b = self
-                        .events
-                        .entry(id)
-                        .or_insert_with(|| Building::new(n, now));
+                    if !self.events.contains_key(&id) {
+                        let b = self.building(id, now);
+                        self.events.insert(id, b);
+                    }
+                    let b = self.events.get_mut(&id).expect("inserted above");
                     if b.assigned {
                         self.stats.errors += 1;
                     }
@@ -262,7 +338,12 @@ impl Bu {
             }
             Message::SourceLost { ru } if (ru as usize) < self.cfg.source_ids.len() => {
                 self.lost_sources.insert(ru as usize);
-                let waiting: Vec<u64> = self.events.keys().copied().collect();
+                let waiting: Vec<u64> = self
+                    .events
+                    .iter()
+                    .filter(|(_, b)| !b.at_sink)
+                    .map(|(id, _)| *id)
+                    .collect();
                 for id in waiting {
                     self.try_complete(now, id);
                 }
@@ -270,7 +351,8 @@ impl Bu {
             Message::Release(r) if r.bu == self.me() => self.accepted(r),
             Message::Stop { .. } => {
                 self.state = RunState::Stopping;
-                self.stats.incomplete_at_stop = self.events.len() as u64;
+                self.stats.incomplete_at_stop =
+                    self.events.values().filter(|b| !b.at_sink).count() as u64;
                 let report = serde_json::to_string(&self.stats()).unwrap_or_default();
                 self.actions.push_back(Action::Send {
                     to: NodeRef::Evm,
@@ -298,24 +380,53 @@ impl Bu {
         header: FragmentHeader,
         payload: Chain,
     ) {
+        self.handle_fragments(now, from, [(header, payload)]);
+    }
+
+    /// Fragments from RU `from` (a run of them, as one page brought them), each as
+    /// [`Bu::handle_fragment`]: what depends only on the sender is looked up once.
+    pub fn handle_fragments(
+        &mut self,
+        now: Instant,
+        from: NodeRef,
+        fragments: impl IntoIterator<Item = (FragmentHeader, Chain)>,
+    ) {
+        let fragments = fragments.into_iter();
         let NodeRef::Ru(ru) = from else {
-            self.stats.errors += 1;
+            self.stats.errors += fragments.count() as u64;
             return;
         };
         let ru = ru as usize;
-        self.stats.fragments_received += 1;
         if self.lost_sources.contains(&ru) {
             // The EVM declared this RU lost: its events are built without it, whatever it
             // still sends (it may have been only frozen) is not used.
-            self.stats.from_lost_sources += 1;
+            let n = fragments.count() as u64;
+            self.stats.fragments_received += n;
+            self.stats.from_lost_sources += n;
             return;
         }
         let Some(&expected_source) = self.cfg.source_ids.get(ru) else {
-            self.stats.errors += 1;
+            let n = fragments.count() as u64;
+            self.stats.fragments_received += n;
+            self.stats.errors += n;
             return;
         };
+        for (header, payload) in fragments {
+            self.file_fragment(now, ru, expected_source, header, payload);
+        }
+    }
+
+    fn file_fragment(
+        &mut self,
+        now: Instant,
+        ru: usize,
+        expected_source: u16,
+        header: FragmentHeader,
+        payload: Chain,
+    ) {
+        self.stats.fragments_received += 1;
         let id = header.event_id;
-        if self.recent.contains(id) || self.at_sink.contains(&id) {
+        if self.recent.contains(id) {
             self.stats.duplicate_fragments += 1;
             return;
         }
@@ -349,105 +460,118 @@ impl Bu {
                 }
             }
         }
-        let n = self.cfg.source_ids.len();
-        let b = self
-            .events
-            .entry(id)
-            .or_insert_with(|| Building::new(n, now));
-        if b.fragments[ru].is_some() {
+        let held = self.events.len() as u64 + 1;
+        let b = match self.events.entry(id) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => {
+                self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
+                v.insert(new_building(
+                    &mut self.spare_fragments,
+                    &mut self.spare_have,
+                    &self.cfg.source_ids,
+                    id,
+                    now,
+                ))
+            }
+        };
+        if b.at_sink || b.have[ru] {
             self.stats.duplicate_fragments += 1;
             return;
         }
-        b.fragments[ru] = Some((header, payload));
+        b.fragments[ru] = (header, payload);
+        b.have[ru] = true;
         b.received += 1;
         b.corrupt |= corrupt;
         b.partial |= partial;
-        let held = (self.events.len() + self.at_sink.len()) as u64;
-        self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
-        self.try_complete(now, id);
+        if b.assigned && (b.received == b.have.len() || !self.lost_sources.is_empty()) {
+            self.try_complete(now, id);
+        }
     }
 
     fn try_complete(&mut self, now: Instant, id: u64) {
         let n = self.cfg.source_ids.len();
-        match self.events.get(&id) {
-            Some(b) if b.assigned && b.received == n => {}
-            Some(b)
-                if b.assigned
-                    && !self.lost_sources.is_empty()
-                    && (0..n)
-                        .all(|r| b.fragments[r].is_some() || self.lost_sources.contains(&r)) => {}
-            _ => return,
+        let lost = &self.lost_sources;
+        let Some(b) = self.events.get_mut(&id) else {
+            return;
+        };
+        let complete = b.assigned
+            && !b.at_sink
+            && (b.received == n
+                || (!lost.is_empty() && (0..n).all(|r| b.have[r] || lost.contains(&r))));
+        if !complete {
+            return;
         }
-        let b = self.events.remove(&id).expect("checked");
+        b.at_sink = true;
+        let mut fragments = std::mem::take(&mut b.fragments);
+        let (corrupt, partial) = (b.corrupt, b.partial);
         self.stats
             .latency
             .record(now.saturating_duration_since(b.since));
-        let trigger_guess = b
-            .fragments
+        let guess = (0..n)
+            .find(|&i| b.have[i])
+            .map_or(id as u32, |i| fragments[i].0.trigger_number);
+        for (i, (h, _)) in fragments.iter_mut().enumerate() {
+            if !b.have[i] {
+                // a lost source: an empty placeholder flagged MISSING
+                h.trigger_number = guess;
+            }
+        }
+        let missing = |h: &FragmentHeader| h.flags & FLAG_MISSING != 0;
+        let trigger_number = fragments
             .iter()
-            .flatten()
-            .next()
-            .map_or(id as u32, |(h, _)| h.trigger_number);
-        let fragments: Vec<(FragmentHeader, Chain)> = b
-            .fragments
-            .into_iter()
-            .enumerate()
-            .map(|(r, f)| {
-                f.unwrap_or_else(|| {
-                    // a lost source: an empty placeholder flagged MISSING
-                    let h = FragmentHeader {
-                        event_id: id,
-                        trigger_number: trigger_guess,
-                        source_id: self.cfg.source_ids[r],
-                        flags: FLAG_MISSING,
-                        payload_size: 0,
-                        payload_crc: 0,
-                    };
-                    (h, Chain::new())
-                })
-            })
-            .collect();
-        let present = || {
-            fragments
-                .iter()
-                .filter(|(h, _)| h.flags & FLAG_MISSING == 0)
-        };
-        let trigger_number = present()
-            .next()
-            .map_or(fragments[0].0.trigger_number, |(h, _)| h.trigger_number);
-        let trigger_mismatch = present().any(|(h, _)| h.trigger_number != trigger_number);
-        let missing_sources: Vec<u16> = fragments
-            .iter()
-            .filter(|(h, _)| h.flags & FLAG_MISSING != 0)
-            .map(|(h, _)| h.source_id)
-            .collect();
-        if !missing_sources.is_empty() || b.partial {
+            .find(|(h, _)| !missing(h))
+            .map_or(guess, |(h, _)| h.trigger_number);
+        let mut trigger_mismatch = false;
+        let mut sync_loss = false;
+        let mut missing_sources = Vec::new();
+        let mut bytes = 0u64;
+        for (h, p) in &fragments {
+            if missing(h) {
+                missing_sources.push(h.source_id);
+            } else {
+                trigger_mismatch |= h.trigger_number != trigger_number;
+            }
+            sync_loss |= h.flags & FLAG_SYNC_LOSS != 0;
+            bytes += p.len() as u64;
+        }
+        if !missing_sources.is_empty() || partial {
             self.stats.partial_events += 1;
         }
-        if fragments.iter().any(|(h, _)| h.flags & FLAG_SYNC_LOSS != 0) {
+        if sync_loss {
             self.stats.sync_loss_events += 1;
         }
         if trigger_mismatch {
             self.stats.trigger_mismatches += 1;
         }
-        let bytes = fragments.iter().map(|(_, p)| p.len() as u64).sum();
-        self.at_sink.insert(id);
         self.actions.push_back(Action::Deliver(BuiltEvent {
             event_id: id,
             trigger_number,
             fragments,
             bytes,
             trigger_mismatch,
-            corrupt: b.corrupt,
+            corrupt,
             missing_sources,
         }));
     }
 
     /// The sink is done with event `id`: release it and grant its credit back.
     pub fn delivered(&mut self, id: u64, bytes: u64) {
-        if !self.at_sink.remove(&id) {
-            self.stats.errors += 1;
-            return;
+        match self.events.remove(&id) {
+            Some(b) if b.at_sink => {
+                if self.spare_have.len() < self.spare_limit() {
+                    self.spare_have.push(b.have);
+                }
+            }
+            Some(b) => {
+                // still being built: not the sink's to give back
+                self.events.insert(id, b);
+                self.stats.errors += 1;
+                return;
+            }
+            None => {
+                self.stats.errors += 1;
+                return;
+            }
         }
         self.unacked.push_back((id, bytes));
         self.recent.insert(id);
@@ -528,7 +652,9 @@ impl Bu {
             let stale: Vec<u64> = self
                 .events
                 .iter()
-                .filter(|(_, b)| !b.assigned && now.duration_since(b.since) > MISROUTED_AFTER)
+                .filter(|(_, b)| {
+                    !b.assigned && !b.at_sink && now.duration_since(b.since) > MISROUTED_AFTER
+                })
                 .map(|(id, _)| *id)
                 .collect();
             for id in stale {
@@ -578,18 +704,5 @@ impl Bu {
         }
         let reason = format!("lost {peer}: {reason}");
         abort(&mut self.state, &mut self.actions, reason);
-    }
-}
-
-impl Building {
-    fn new(n: usize, since: Instant) -> Building {
-        Building {
-            assigned: false,
-            since,
-            fragments: (0..n).map(|_| None).collect(),
-            received: 0,
-            corrupt: false,
-            partial: false,
-        }
     }
 }

@@ -5,7 +5,6 @@
 pub type FastMap<K, V> = evb_buffers::small_keys::SmallKeyMap<K, V>;
 pub type FastSet<K> = evb_buffers::small_keys::SmallKeySet<K>;
 pub type IdMap<V> = FastMap<u64, V>;
-pub type IdSet = FastSet<u64>;
 
 /// The event ids seen within a span behind the newest one: a ring of bits indexed by id.
 ///

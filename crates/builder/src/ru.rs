@@ -1,7 +1,7 @@
 //! The readout unit: makes its fragment of every event the EVM assigns, sends it to that
 //! event's BU, and keeps it until the EVM says the event is released.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::generator::{Content, Generator};
-use crate::ids::IdMap;
 use crate::source::{LiveFeed, Source};
 
 /// Message and fragment headers in front of each payload.
@@ -23,6 +22,9 @@ pub struct RuConfig {
     pub source: Source,
     /// Fragments made per `poll`, so the driver gets back to IO regularly.
     pub max_per_poll: usize,
+    /// Most bytes in one run of fragments (consecutive events for one BU sent and held as
+    /// one piece): at most a page, and a barrel-shifter slot when shaping.
+    pub max_run_bytes: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -60,12 +62,55 @@ pub struct RuStats {
 /// Most fragment bytes one `poll` makes (a few milliseconds of work).
 const MAX_BYTES_PER_POLL: usize = 8 << 20;
 
+/// Most separate pieces (pool slices) in one run: a run of fragments that do not sit next
+/// to each other (plug-in producers' blocks, a live feed) still makes a short `writev`.
+const MAX_RUN_PIECES: usize = 32;
+
+/// Fragments of consecutive events for one BU, made in one pass: one action, one piece of
+/// a page, one record held until every event in it is released. A small-event run costs
+/// its bookkeeping once per run instead of once per event.
+struct Run {
+    count: u32,
+    /// Events of the run still held.
+    held: u32,
+    /// Bit `i` set: event `first + i` is still held.
+    bits: Vec<u64>,
+    /// Where fragment `i` ends in `data` (it starts where fragment `i - 1` ends).
+    ends: Vec<u32>,
+    data: Chain,
+}
+
+impl Run {
+    fn fragment(&self, i: usize) -> Chain {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.data.sub(start, self.ends[i] as usize - start)
+    }
+
+    fn is_held(&self, i: usize) -> bool {
+        self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
+}
+
+/// The run being made in this pass.
+struct OpenRun {
+    bu: u16,
+    first: u64,
+    ends: Vec<u32>,
+    data: Chain,
+}
+
 pub struct Ru {
     cfg: RuConfig,
     pool: Pool,
     state: RunState,
     pending: VecDeque<EventRange>,
-    retained: IdMap<Chain>,
+    /// Runs of fragments still held, by their first event id.
+    retained: BTreeMap<u64, Run>,
+    /// Fragments held over all runs.
+    retained_count: u64,
+    /// One past the newest event made: an assignment below it is a reassignment.
+    made_until: u64,
+    open: Option<OpenRun>,
     block: Option<BlockWriter>,
     actions: VecDeque<Action>,
     stats: RuStats,
@@ -157,7 +202,10 @@ impl Ru {
             pool,
             state: RunState::Configured,
             pending: VecDeque::new(),
-            retained: IdMap::default(),
+            retained: BTreeMap::new(),
+            retained_count: 0,
+            made_until: 0,
+            open: None,
             block: None,
             actions: VecDeque::new(),
             stats: RuStats::default(),
@@ -183,7 +231,7 @@ impl Ru {
             }
             Source::Generator(_) => {}
         }
-        s.retained = self.retained.len() as u64;
+        s.retained = self.retained_count;
         s.pending_events = self.pending.iter().map(|r| r.count as u64).sum();
         s
     }
@@ -257,18 +305,10 @@ impl Ru {
             Message::Assign(r) if r.count > 0 => self.pending.push_back(r),
             // A valid release never names more events than this RU holds: a bigger one is
             // refused whole rather than walked id by id.
-            Message::Release(r) if r.count as usize > self.retained.len() => {
+            Message::Release(r) if r.count as u64 > self.retained_count => {
                 self.stats.errors += 1;
             }
-            Message::Release(r) => {
-                for id in r.first..r.end() {
-                    if self.retained.remove(&id).is_some() {
-                        self.stats.events_released += 1;
-                    } else {
-                        self.stats.errors += 1;
-                    }
-                }
-            }
+            Message::Release(r) => self.release(r),
             Message::Stop { .. } => {
                 self.state = RunState::Stopping;
                 let report = serde_json::to_string(&self.stats()).unwrap_or_default();
@@ -280,7 +320,7 @@ impl Ru {
             }
             Message::Halt => {
                 let ok =
-                    self.retained.is_empty() && self.pending.is_empty() && self.stats.errors == 0;
+                    self.retained_count == 0 && self.pending.is_empty() && self.stats.errors == 0;
                 halt(&mut self.state, &mut self.actions, ok);
             }
             Message::Abort(why) => {
@@ -329,14 +369,24 @@ impl Ru {
         while made < self.cfg.max_per_poll && bytes < MAX_BYTES_PER_POLL {
             let Some(r) = self.pending.front() else { break };
             let (event_id, bu) = (r.first, r.bu);
-            if let Some(held) = self.retained.get(&event_id) {
+            if event_id < self.made_until {
                 // Reassigned from a lost BU: the same bytes go to the new one.
-                let data = held.clone();
-                self.actions.push_back(Action::SendFragment {
-                    to: NodeRef::Bu(bu),
-                    data,
-                });
-                self.stats.fragments_resent += 1;
+                self.close_run();
+                match self.held_fragment(event_id) {
+                    Some(data) => {
+                        self.actions.push_back(Action::SendFragments {
+                            to: NodeRef::Bu(bu),
+                            data,
+                            count: 1,
+                        });
+                        self.stats.fragments_resent += 1;
+                    }
+                    None => {
+                        // released already, or never made: the EVM does neither
+                        tracing::warn!("assigned event {event_id}, which this RU no longer holds");
+                        self.stats.errors += 1;
+                    }
+                }
                 self.advance_pending();
                 made += 1;
                 continue;
@@ -346,6 +396,7 @@ impl Ru {
                 let reason = format!(
                     "assigned event {event_id}, which the front-end streams have not supplied"
                 );
+                self.close_run();
                 self.source_failed(reason);
                 return;
             }
@@ -361,17 +412,103 @@ impl Ru {
             bytes += data.len();
             self.stats.fragments_sent += 1;
             self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;
-            self.retained.insert(event_id, data.clone());
-            self.stats.retained_high_water = self
-                .stats
-                .retained_high_water
-                .max(self.retained.len() as u64);
-            self.actions.push_back(Action::SendFragment {
-                to: NodeRef::Bu(bu),
-                data,
-            });
+            self.made_until = event_id + 1;
+            self.add_to_run(bu, event_id, data);
             made += 1;
         }
+        self.close_run();
+    }
+
+    /// The held fragment of event `id`, if any.
+    fn held_fragment(&self, id: u64) -> Option<Chain> {
+        let (&first, run) = self.retained.range(..=id).next_back()?;
+        let i = (id - first) as usize;
+        (i < run.count as usize && run.is_held(i)).then(|| run.fragment(i))
+    }
+
+    /// Adds event `id`'s fragment to the open run, or starts a new one.
+    fn add_to_run(&mut self, bu: u16, id: u64, data: Chain) {
+        let joins = self.open.as_ref().is_some_and(|o| {
+            o.bu == bu
+                && o.first + o.ends.len() as u64 == id
+                && o.data.len() + data.len() <= self.cfg.max_run_bytes
+                && o.data.slices().len() + data.slices().len() <= MAX_RUN_PIECES
+        });
+        if !joins {
+            self.close_run();
+        }
+        let o = self.open.get_or_insert_with(|| OpenRun {
+            bu,
+            first: id,
+            ends: Vec::new(),
+            data: Chain::new(),
+        });
+        for s in data.slices() {
+            o.data.push(s.clone());
+        }
+        o.ends.push(o.data.len() as u32);
+    }
+
+    /// Sends the open run and holds it until its events are released.
+    fn close_run(&mut self) {
+        let Some(o) = self.open.take() else { return };
+        let count = o.ends.len() as u32;
+        let mut bits = vec![!0u64; (count as usize).div_ceil(64)];
+        if !count.is_multiple_of(64) {
+            *bits.last_mut().expect("count > 0") = (1u64 << (count % 64)) - 1;
+        }
+        self.actions.push_back(Action::SendFragments {
+            to: NodeRef::Bu(o.bu),
+            data: o.data.clone(),
+            count,
+        });
+        self.retained.insert(
+            o.first,
+            Run {
+                count,
+                held: count,
+                bits,
+                ends: o.ends,
+                data: o.data,
+            },
+        );
+        self.retained_count += count as u64;
+        self.stats.retained_high_water = self.stats.retained_high_water.max(self.retained_count);
+    }
+
+    /// The EVM released `r`: the runs' fragments it names are dropped (a run's blocks return
+    /// once all its events are released). Ids this RU does not hold are errors.
+    fn release(&mut self, r: EventRange) {
+        let (a, b) = (r.first, r.end());
+        let from = self
+            .retained
+            .range(..=a)
+            .next_back()
+            .map_or(a, |(&first, _)| first);
+        let mut found = 0u64;
+        let mut emptied = Vec::new();
+        for (&first, run) in self.retained.range_mut(from..b) {
+            let lo = a.max(first);
+            let hi = b.min(first + run.count as u64);
+            for id in lo..hi {
+                let i = (id - first) as usize;
+                let bit = 1u64 << (i % 64);
+                if run.bits[i / 64] & bit != 0 {
+                    run.bits[i / 64] &= !bit;
+                    run.held -= 1;
+                    found += 1;
+                }
+            }
+            if run.held == 0 {
+                emptied.push(first);
+            }
+        }
+        for first in emptied {
+            self.retained.remove(&first);
+        }
+        self.retained_count -= found;
+        self.stats.events_released += found;
+        self.stats.errors += r.count as u64 - found;
     }
 
     fn advance_pending(&mut self) {

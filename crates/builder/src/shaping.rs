@@ -28,7 +28,8 @@ pub fn barrel_destination(i: usize, t: u64, n: usize, m: usize) -> Option<usize>
 pub struct BarrelShaper {
     ru: usize,
     n_ru: usize,
-    queues: Vec<VecDeque<Chain>>,
+    /// Per BU: runs of fragments (the encoded fragments, how many).
+    queues: Vec<VecDeque<(Chain, u32)>>,
     slot_ns: u64,
     slot_bytes: usize,
     /// The slot being served and the bytes already released in it.
@@ -60,10 +61,10 @@ impl BarrelShaper {
     }
 
     /// Queues a fragment for BU `bu` (an out-of-range BU is sent in slot order as BU 0's).
-    pub fn push(&mut self, bu: usize, data: Chain) {
+    pub fn push(&mut self, bu: usize, data: Chain, count: u32) {
         self.queued_bytes += data.len();
         let n = self.queues.len();
-        self.queues[if bu < n { bu } else { 0 }].push_back(data);
+        self.queues[if bu < n { bu } else { 0 }].push_back((data, count));
     }
 
     /// Bytes waiting for their slot.
@@ -73,7 +74,7 @@ impl BarrelShaper {
 
     /// What may be sent at wall-clock time `now_ns` (nanoseconds since the epoch): the
     /// fragments for this slot's BU, up to the slot's bytes.
-    pub fn due(&mut self, now_ns: u64, mut out: impl FnMut(usize, Chain)) {
+    pub fn due(&mut self, now_ns: u64, mut out: impl FnMut(usize, Chain, u32)) {
         let slot = now_ns / self.slot_ns;
         if slot != self.slot {
             self.slot = slot;
@@ -83,12 +84,12 @@ impl BarrelShaper {
             return;
         };
         while self.sent < self.slot_bytes {
-            let Some(data) = self.queues[bu].pop_front() else {
+            let Some((data, count)) = self.queues[bu].pop_front() else {
                 break;
             };
             self.sent += data.len();
             self.queued_bytes -= data.len();
-            out(bu, data);
+            out(bu, data, count);
         }
     }
 
@@ -137,18 +138,18 @@ mod tests {
         // RU 1 of 2, 2 BUs, 1 ms slots of 1000 bytes: slot t goes to BU (1 + t) mod 2
         let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000);
         for _ in 0..3 {
-            s.push(0, frag(600));
+            s.push(0, frag(600), 1);
         }
-        s.push(1, frag(100));
+        s.push(1, frag(100), 1);
         let ms = 1_000_000u64;
         let mut got = Vec::new();
         // slot 0: BU 1's fragment
-        s.due(0, |bu, c| got.push((bu, c.len())));
+        s.due(0, |bu, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(1, 100)]);
         // slot 1: BU 0, two fragments start (the second overruns the slot), not the third
         got.clear();
-        s.due(ms + 5, |bu, c| got.push((bu, c.len())));
-        s.due(ms + 500_000, |bu, c| got.push((bu, c.len())));
+        s.due(ms + 5, |bu, c, _| got.push((bu, c.len())));
+        s.due(ms + 500_000, |bu, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 600), (0, 600)]);
         assert_eq!(s.queued_bytes(), 600);
         assert_eq!(
@@ -157,9 +158,9 @@ mod tests {
         );
         // slot 2 is BU 1's (nothing queued), slot 3 BU 0's again
         got.clear();
-        s.due(2 * ms, |bu, c| got.push((bu, c.len())));
+        s.due(2 * ms, |bu, c, _| got.push((bu, c.len())));
         assert!(got.is_empty());
-        s.due(3 * ms, |bu, c| got.push((bu, c.len())));
+        s.due(3 * ms, |bu, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 600)]);
         assert_eq!(s.next_slot_in(3 * ms), None);
     }

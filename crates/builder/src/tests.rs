@@ -56,6 +56,8 @@ fn ru(index: u16, block: usize, blocks: usize) -> Ru {
         source_id: 100 + index,
         source: Source::Generator(generator()),
         max_per_poll: 16,
+        // small runs: a run of several fragments and runs cut short both happen
+        max_run_bytes: 4 * 1024,
     };
     Ru::new(cfg, Pool::new("ru", block, blocks))
 }
@@ -130,7 +132,9 @@ impl Sim {
             }
             match a {
                 Action::Send { to, msg, .. } => self.net.push_back(Wire::Msg(from, to, msg)),
-                Action::SendFragment { to, data } => self.net.push_back(Wire::Frag(from, to, data)),
+                Action::SendFragments { to, data, .. } => {
+                    self.net.push_back(Wire::Frag(from, to, data))
+                }
                 Action::Deliver(ev) => {
                     let NodeRef::Bu(i) = from else { panic!() };
                     assert!(!ev.corrupt && !ev.trigger_mismatch);
@@ -168,8 +172,8 @@ impl Sim {
                 let NodeRef::Bu(i) = to else {
                     panic!("fragment to {to}")
                 };
-                let (h, payload) = decode_fragment(&data);
-                self.bus[i as usize].handle_fragment(self.now, from, h, payload);
+                let run = decode_fragments(&data);
+                self.bus[i as usize].handle_fragments(self.now, from, run);
             }
         }
     }
@@ -248,12 +252,24 @@ impl Sim {
     }
 }
 
-fn decode_fragment(data: &Chain) -> (FragmentHeader, Chain) {
-    let mut hb = [0u8; FRAGMENT_HEADER_LEN];
-    data.sub(MESSAGE_HEADER_LEN, FRAGMENT_HEADER_LEN)
-        .copy_prefix(&mut hb);
-    let h = FragmentHeader::decode(&hb).unwrap();
-    (h, data.sub(PREFIX_LEN, data.len() - PREFIX_LEN))
+/// The fragments of an RU's run (encoded fragment messages back to back).
+fn decode_fragments(data: &Chain) -> Vec<(FragmentHeader, Chain)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let mut mh = [0u8; MESSAGE_HEADER_LEN];
+        data.sub(at, MESSAGE_HEADER_LEN).copy_prefix(&mut mh);
+        let body = u32::from_le_bytes(mh[4..8].try_into().unwrap()) as usize;
+        let mut hb = [0u8; FRAGMENT_HEADER_LEN];
+        data.sub(at + MESSAGE_HEADER_LEN, FRAGMENT_HEADER_LEN)
+            .copy_prefix(&mut hb);
+        let h = FragmentHeader::decode(&hb).unwrap();
+        let payload = body - FRAGMENT_HEADER_LEN;
+        out.push((h, data.sub(at + PREFIX_LEN, payload)));
+        at += MESSAGE_HEADER_LEN + body;
+    }
+    assert_eq!(at, data.len(), "a run is whole fragment messages");
+    out
 }
 
 fn assert_clean_run(s: &Sim, events: u64) {
@@ -389,7 +405,9 @@ fn fragment_for(ru_index: u16, event_id: u64) -> (FragmentHeader, Chain) {
     r.poll(Instant::now());
     loop {
         match r.next_action() {
-            Some(Action::SendFragment { data, .. }) => return decode_fragment(&data),
+            Some(Action::SendFragments { data, .. }) => {
+                return decode_fragments(&data).into_iter().next().unwrap()
+            }
             Some(_) => continue,
             None => panic!("no fragment"),
         }
@@ -555,6 +573,7 @@ fn ru_fragments_larger_than_a_block_span_blocks() {
         source_id: 9,
         source: Source::Generator(Generator::new(SizeModel::Fixed(200_000), 1)),
         max_per_poll: 4,
+        max_run_bytes: 256 * 1024,
     };
     let mut r = Ru::new(cfg, Pool::new("ru", 64 * 1024, 16));
     r.handle(now, NodeRef::Evm, assign(0, 0, 2));
@@ -562,9 +581,10 @@ fn ru_fragments_larger_than_a_block_span_blocks() {
     let g = Generator::new(SizeModel::Fixed(200_000), 1);
     let mut n = 0;
     while let Some(a) = r.next_action() {
-        if let Action::SendFragment { data, .. } = a {
+        if let Action::SendFragments { data, count, .. } = a {
             assert!(data.slices().len() >= 4);
-            let (h, p) = decode_fragment(&data);
+            assert_eq!(count, 1, "two of them are more than a run holds");
+            let (h, p) = decode_fragments(&data).pop().unwrap();
             assert_eq!(p.len(), 200_000);
             assert_eq!(p.crc32c(), h.payload_crc);
             assert!(g.verify(h.event_id, 9, p.chunks()));
@@ -583,6 +603,7 @@ fn static_content_is_made_once_and_sent_by_reference() {
         source_id: 100,
         source: Source::Generator(g.clone()),
         max_per_poll: 1000,
+        max_run_bytes: 256 * 1024,
     };
     let pool = Pool::new("ru", 64 * 1024, 64);
     let mut r = Ru::new(cfg, pool.clone());
@@ -598,19 +619,22 @@ fn static_content_is_made_once_and_sent_by_reference() {
     let mut referenced = std::collections::HashSet::new();
     let (mut n, mut inline) = (0, 0);
     while let Some(a) = r.next_action() {
-        if let Action::SendFragment { data, .. } = a {
-            let (h, p) = decode_fragment(&data);
-            assert_eq!(p.len(), g.size(h.event_id, 100));
-            assert_eq!(p.crc32c(), h.payload_crc);
-            if p.len() > crate::ru::STATIC_INLINE_MAX {
-                referenced.insert(p.slices()[0].block_address());
-            } else {
-                // Small payloads sit right after their prefix: one piece.
-                assert_eq!(data.slices().len(), 1);
-                inline += 1;
+        if let Action::SendFragments { data, count, .. } = a {
+            let run = decode_fragments(&data);
+            assert_eq!(run.len(), count as usize);
+            for (h, p) in run {
+                assert_eq!(p.len(), g.size(h.event_id, 100));
+                assert_eq!(p.crc32c(), h.payload_crc);
+                if p.len() > crate::ru::STATIC_INLINE_MAX {
+                    referenced.insert(p.slices()[0].block_address());
+                } else {
+                    // Small payloads sit right after their prefix: one piece.
+                    assert_eq!(p.slices().len(), 1);
+                    inline += 1;
+                }
+                b.handle_fragment(now, NodeRef::Ru(0), h, p);
+                n += 1;
             }
-            b.handle_fragment(now, NodeRef::Ru(0), h, p);
-            n += 1;
         }
     }
     assert_eq!(n, 500);
@@ -898,6 +922,7 @@ fn live_feeds_gate_the_trigger_and_end_the_run() {
                 source_id: 100 + i as u16,
                 source: Source::Live(LiveFeed::default()),
                 max_per_poll: 16,
+                max_run_bytes: 4 * 1024,
             },
             Pool::new("ru", 64 * 1024, 64),
         );
@@ -1029,4 +1054,128 @@ fn random_assignment_waits_for_the_drawn_bu_and_credits_pass_it_over() {
     evm.handle(t1, NodeRef::Bu(2), Message::Credit { bu: 2, count: 30 });
     evm.poll(t1);
     assert!(evm.stats().triggered > held);
+}
+
+/// The RU holds its fragments in runs (one record per run of consecutive events for one
+/// BU): releases in any order and in any pieces, releases of ids it never held or already
+/// released, and reassignments of held events must come out exactly as if it held each
+/// fragment on its own (a set of ids), with the same bytes sent again.
+#[test]
+fn ru_runs_release_and_resend_as_fragments_one_by_one() {
+    let seed = std::env::var("EVB_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            t.map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("seed {seed} (EVB_TEST_SEED replays it)");
+    let mut x = seed | 1;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    };
+    let now = Instant::now();
+    let cfg = RuConfig {
+        index: 0,
+        source_id: 100,
+        source: Source::Generator(generator()),
+        max_per_poll: 16,
+        // runs of several fragments (about 3 kB each), cut at pool blocks and passes
+        max_run_bytes: 32 * 1024,
+    };
+    let mut r = Ru::new(cfg, Pool::new("ru", 64 * 1024, 1024));
+    r.handle(now, NodeRef::Evm, Message::Start);
+    let mut runs = 0;
+    let mut held: std::collections::BTreeMap<u64, Vec<u8>> = Default::default();
+    let (mut next, mut released, mut errors, mut resent) = (0u64, 0u64, 0u64, 0u64);
+    let mut take = |r: &mut Ru| {
+        let mut out = Vec::new();
+        while let Some(a) = r.next_action() {
+            if let Action::SendFragments { data, count, .. } = a {
+                let run = decode_fragments(&data);
+                assert_eq!(run.len(), count as usize);
+                runs += (count > 1) as u32;
+                out.extend(run.into_iter().map(|(h, p)| (h.event_id, p.to_vec())));
+            }
+        }
+        out
+    };
+    for step in 0..400 {
+        match rnd(4) {
+            // new events, to one of two BUs
+            0 | 1 => {
+                let count = 1 + rnd(40) as u32;
+                r.handle(now, NodeRef::Evm, assign(rnd(2) as u16, next, count));
+                next += count as u64;
+                while r.has_work() {
+                    r.poll(now);
+                }
+                for (id, bytes) in take(&mut r) {
+                    assert!(
+                        held.insert(id, bytes).is_none(),
+                        "step {step}: {id} made twice"
+                    );
+                }
+                assert_eq!(held.keys().next_back(), Some(&(next - 1)), "step {step}");
+            }
+            // a release of a random piece, anywhere (held, released or never made)
+            2 => {
+                let first = rnd(next + 10);
+                let count = 1 + rnd(30) as u32;
+                let range = EventRange {
+                    bu: 0,
+                    first,
+                    count,
+                };
+                if count as usize > held.len() {
+                    errors += 1; // refused whole
+                } else {
+                    for id in first..first + count as u64 {
+                        if held.remove(&id).is_some() {
+                            released += 1;
+                        } else {
+                            errors += 1;
+                        }
+                    }
+                }
+                r.handle(now, NodeRef::Evm, Message::Release(range));
+            }
+            // a held event reassigned: the same bytes again
+            _ => {
+                let Some((&id, bytes)) = held.iter().nth(rnd(held.len() as u64) as usize) else {
+                    continue;
+                };
+                let bytes = bytes.clone();
+                r.handle(now, NodeRef::Evm, assign(1, id, 1));
+                r.poll(now);
+                let again = take(&mut r);
+                assert!(
+                    again.len() == 1 && again[0].0 == id && again[0].1 == bytes,
+                    "step {step}: event {id} sent again as {} fragments",
+                    again.len()
+                );
+                resent += 1;
+            }
+        }
+        let st = r.stats();
+        assert_eq!(st.retained, held.len() as u64, "step {step}");
+        assert_eq!(st.events_released, released, "step {step}");
+        assert_eq!(st.errors, errors, "step {step}");
+        assert_eq!(st.fragments_resent, resent, "step {step}");
+    }
+    // the rest released one by one: nothing held, no error more
+    for &id in held.keys() {
+        let one = EventRange {
+            bu: 0,
+            first: id,
+            count: 1,
+        };
+        r.handle(now, NodeRef::Evm, Message::Release(one));
+    }
+    assert_eq!(r.stats().retained, 0);
+    assert_eq!(r.stats().errors, errors);
+    assert!(runs > 50, "only {runs} runs of several fragments");
 }

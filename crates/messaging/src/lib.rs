@@ -18,7 +18,7 @@ mod reader;
 pub mod guide {}
 
 pub use messenger::{FlushPolicy, Incoming, Messenger, MessengerConfig, MessengerStats};
-pub use reader::{split_messages, Received};
+pub use reader::{split_messages, split_messages_into, Received};
 
 pub use evb_wire::fragment_prefix;
 

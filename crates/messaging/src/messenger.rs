@@ -7,7 +7,7 @@ use evb_transport::{CloseReason, ConnId, Event, Segment, Transport, TransportErr
 use evb_wire::{FrameType, Hello, Message};
 use tracing::warn;
 
-use crate::reader::{split_messages, Received};
+use crate::reader::{split_messages_into, Received};
 
 // looked up for every batched message: one multiplication, not SipHash
 type ConnMap<V> = evb_buffers::small_keys::SmallKeyMap<ConnId, V>;
@@ -94,6 +94,8 @@ pub struct Messenger {
     stats: MessengerStats,
     /// How long `poll` spins (polling without sleeping) before it blocks.
     busy_poll: Duration,
+    /// Hand consecutive fragments over as one `Received::Fragments`.
+    coalesce_fragments: bool,
 }
 
 impl Messenger {
@@ -106,7 +108,14 @@ impl Messenger {
             events: Vec::new(),
             stats: MessengerStats::default(),
             busy_poll: Duration::ZERO,
+            coalesce_fragments: false,
         }
+    }
+
+    /// Consecutive fragment messages of a frame are handed over as one
+    /// [`Received::Fragments`] instead of one [`Received::Fragment`] each.
+    pub fn set_coalesce_fragments(&mut self, on: bool) {
+        self.coalesce_fragments = on;
     }
 
     /// Busy-polling: `poll` keeps polling the transport without sleeping for up to `spin`
@@ -226,6 +235,22 @@ impl Messenger {
     /// and payload (see [`crate::fragment_prefix`]) in pool blocks; it joins the page as
     /// shared slices.
     pub fn send_fragment(&mut self, conn: ConnId, encoded: &Chain) -> Result<(), TransportError> {
+        self.send_fragments(conn, encoded, 1)
+    }
+
+    /// [`Messenger::send_fragment`] for `count` encoded fragments back to back. A run that
+    /// would take the page past its size goes into the next page, so a frame stays within
+    /// a page plus one fragment (the receivers' `max_frame`).
+    pub fn send_fragments(
+        &mut self,
+        conn: ConnId,
+        encoded: &Chain,
+        count: u32,
+    ) -> Result<(), TransportError> {
+        let page = self.pages.entry(conn).or_default();
+        if page.count > 0 && page.bytes + encoded.len() > self.cfg.page_size {
+            self.flush(conn)?;
+        }
         let page = self.pages.entry(conn).or_default();
         page.seal_small();
         for s in encoded.slices() {
@@ -237,6 +262,8 @@ impl Messenger {
             page.segments.push(Segment::Shared(s.clone()));
         }
         page.note(encoded.len());
+        debug_assert!(count >= 1, "a run holds at least one fragment");
+        page.count += count.saturating_sub(1);
         self.flush_if_full(conn)
     }
 
@@ -353,9 +380,10 @@ impl Messenger {
                     self.stats.frames_received += 1;
                     self.stats.payload_bytes_received += frame.payload.len() as u64;
                     msgs.clear();
-                    match split_messages(&frame.payload, frame.count, &mut msgs) {
+                    let coalesce = self.coalesce_fragments;
+                    match split_messages_into(&frame.payload, frame.count, &mut msgs, coalesce) {
                         Ok(()) => {
-                            self.stats.messages_received += msgs.len() as u64;
+                            self.stats.messages_received += frame.count as u64;
                             out.extend(msgs.drain(..).map(|msg| Incoming::Received { conn, msg }));
                         }
                         Err(e) => {

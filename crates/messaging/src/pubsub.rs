@@ -702,7 +702,7 @@ impl Publisher {
             other => {
                 let what = match other {
                     Received::Message(m) => format!("{:?}", m.msg_type()),
-                    Received::Fragment { .. } => "Fragment".into(),
+                    Received::Fragment { .. } | Received::Fragments(_) => "Fragment".into(),
                     Received::Published { .. } => "Published".into(),
                     Received::PubSub(m) => format!("{:?}", m.msg_type()),
                 };

@@ -16,6 +16,9 @@ pub enum Received {
         header: FragmentHeader,
         payload: Chain,
     },
+    /// Consecutive fragment messages of one frame, in order (only when the messenger is
+    /// asked to coalesce them: one hand-over per run instead of one per fragment).
+    Fragments(Vec<(FragmentHeader, Chain)>),
     /// A published message: its tag and sequence, its payload still in the receive-pool
     /// blocks.
     Published {
@@ -126,6 +129,37 @@ pub fn split_messages(
     count: u32,
     out: &mut Vec<Received>,
 ) -> Result<(), WireError> {
+    split_messages_into(payload, count, out, false)
+}
+
+/// Appends a fragment: to the run at the end of `out` when coalescing (a new run has room
+/// for the `left` messages the frame still holds).
+fn push_fragment(
+    out: &mut Vec<Received>,
+    coalesce: bool,
+    left: u32,
+    header: FragmentHeader,
+    payload: Chain,
+) {
+    if !coalesce {
+        out.push(Received::Fragment { header, payload });
+    } else if let Some(Received::Fragments(run)) = out.last_mut() {
+        run.push((header, payload));
+    } else {
+        let mut run = Vec::with_capacity(left as usize + 1);
+        run.push((header, payload));
+        out.push(Received::Fragments(run));
+    }
+}
+
+/// [`split_messages`]; with `coalesce`, consecutive fragments come as one
+/// [`Received::Fragments`].
+pub fn split_messages_into(
+    payload: &Chain,
+    count: u32,
+    out: &mut Vec<Received>,
+    coalesce: bool,
+) -> Result<(), WireError> {
     let mut cur = Cursor::new(payload);
     let mut found = 0u32;
     while cur.left > 0 {
@@ -167,10 +201,8 @@ pub fn split_messages(
         if let Some((s, at)) = cur.contiguous(len) {
             if h.msg_type == MessageType::Fragment {
                 let (header, payload_len) = fragment_header(&s[at..at + len])?;
-                out.push(Received::Fragment {
-                    header,
-                    payload: Chain::from_slice(s.sub(at + FRAGMENT_HEADER_LEN, payload_len)),
-                });
+                let payload = Chain::from_slice(s.sub(at + FRAGMENT_HEADER_LEN, payload_len));
+                push_fragment(out, coalesce, count - found, header, payload);
             } else if h.msg_type == MessageType::Published {
                 let header = PublishedHeader::decode(&s[at..at + len])?;
                 out.push(Received::Published {
@@ -207,10 +239,8 @@ pub fn split_messages(
             let header = FragmentHeader::decode(&fb)?;
             let payload_len = len - FRAGMENT_HEADER_LEN;
             check_payload_len(&header, payload_len)?;
-            out.push(Received::Fragment {
-                header,
-                payload: body.sub(FRAGMENT_HEADER_LEN, payload_len),
-            });
+            let payload = body.sub(FRAGMENT_HEADER_LEN, payload_len);
+            push_fragment(out, coalesce, count - found, header, payload);
         } else if h.msg_type == MessageType::Published {
             let mut hb = [0u8; PUBLISHED_HEADER_LEN];
             if len < PUBLISHED_HEADER_LEN {

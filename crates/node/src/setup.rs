@@ -73,6 +73,16 @@ pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
     (cfg.messaging.page_size / event).clamp(1, 1024) as u32
 }
 
+/// Most bytes in one run of fragments an RU sends as one piece: a page, and no more than a
+/// barrel-shifter slot carries.
+pub fn max_run_bytes(cfg: &Config) -> usize {
+    let mut max = cfg.messaging.page_size;
+    if cfg.traffic.shaping == evb_config::Shaping::Barrel {
+        max = max.min(cfg.traffic.slot_bytes);
+    }
+    max as usize
+}
+
 /// Largest frame a peer may send: a full page plus one maximal fragment, as large as the
 /// configured source can make (the generator's largest size, or `source.max_fragment` for
 /// recorded data: playback refuses anything larger).
@@ -174,6 +184,7 @@ pub fn logic(
                     _ => Source::Playback(crate::playback::load(cfg, me)?),
                 },
                 max_per_poll: 256,
+                max_run_bytes: max_run_bytes(cfg),
             },
             ru_pool.expect("an RU has a fragment pool"),
         )),

@@ -184,6 +184,8 @@ impl Driver {
         })?;
         let mut messenger = Messenger::new(transport, setup::messenger_config(cfg));
         messenger.set_busy_poll(Duration::from_micros(cfg.messaging.busy_poll_us));
+        // a BU takes an RU's run of fragments in one go
+        messenger.set_coalesce_fragments(me.role == Role::Bu);
         let bound = messenger
             .listen(&setup::address(cfg, &me))
             .map_err(|e| NodeError::Listen(me.addr.clone(), e.to_string()))?;
@@ -342,10 +344,10 @@ impl Driver {
             return;
         };
         let (conns, messenger, me) = (&self.conns, &mut self.messenger, &self.me.id);
-        shaper.due(wall_ns(), |bu, data| {
+        shaper.due(wall_ns(), |bu, data, count| {
             let to = NodeRef::Bu(bu as u16);
             if let Some(&conn) = conns.get(&to) {
-                if let Err(e) = messenger.send_fragment(conn, &data) {
+                if let Err(e) = messenger.send_fragments(conn, &data, count) {
                     debug!(node = %me, "fragment to {to} failed: {e}");
                 }
             }
@@ -416,13 +418,13 @@ impl Driver {
                         debug!(node = %self.me.id, "send to {to} failed: {e}");
                     }
                 }
-                Action::SendFragment { to, data } => {
+                Action::SendFragments { to, data, count } => {
                     if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.shaper, to) {
-                        shaper.push(bu as usize, data);
+                        shaper.push(bu as usize, data, count);
                         continue;
                     }
                     if let Some(&conn) = self.conns.get(&to) {
-                        if let Err(e) = self.messenger.send_fragment(conn, &data) {
+                        if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
                             debug!(node = %self.me.id, "fragment to {to} failed: {e}");
                         }
                     }

@@ -35,6 +35,7 @@ impl Driver {
                     }
                     let ev = self.sink_queue.pop_front().expect("front exists");
                     b.delivered(ev.event_id, ev.bytes);
+                    b.recycle(ev.fragments);
                 }
                 Err(SinkError::Busy(why)) => {
                     if self.sink_blocked.is_none() && news {
