@@ -170,39 +170,109 @@ struct Building {
     partial: bool,
 }
 
-/// A new event's record, from the spare vectors when there are some.
-fn new_building(
-    spare_fragments: &mut Vec<Vec<(FragmentHeader, Chain)>>,
-    spare_have: &mut Vec<Vec<bool>>,
-    source_ids: &[u16],
-    id: u64,
-    now: Instant,
-) -> Building {
-    let mut fragments = spare_fragments.pop().unwrap_or_default();
-    let mut have = spare_have.pop().unwrap_or_default();
-    fragments.clear();
-    fragments.extend(source_ids.iter().map(|&source_id| {
-        let h = FragmentHeader {
-            event_id: id,
-            trigger_number: 0,
-            source_id,
-            flags: FLAG_MISSING,
-            payload_size: 0,
-            payload_crc: 0,
+/// The BU's event records: a slab of `Building`s, reused in place, and a map from event id
+/// to slot whose entries stay small (a record moved in and out of the map at every event was
+/// a visible share of a small-event run).
+#[derive(Default)]
+struct Records {
+    slot_of: IdMap<u32>,
+    slab: Vec<Building>,
+    free: Vec<u32>,
+    /// Fragment vectors given back by the sink (`Bu::recycle`), for new records.
+    spare_fragments: Vec<Vec<(FragmentHeader, Chain)>>,
+}
+
+impl Records {
+    fn len(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Building> {
+        let slot = *self.slot_of.get(&id)?;
+        Some(&mut self.slab[slot as usize])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Building)> {
+        self.slot_of
+            .iter()
+            .map(|(id, slot)| (*id, &self.slab[*slot as usize]))
+    }
+
+    /// Event `id`'s record, made (one placeholder fragment per source) if it has none;
+    /// true when it was made now.
+    fn entry(&mut self, id: u64, now: Instant, source_ids: &[u16]) -> (&mut Building, bool) {
+        let (slot, new) = match self.slot_of.entry(id) {
+            Entry::Occupied(e) => (*e.get(), false),
+            Entry::Vacant(v) => {
+                let slot = match self.free.pop() {
+                    Some(slot) => slot,
+                    None => {
+                        self.slab.push(Building::default());
+                        (self.slab.len() - 1) as u32
+                    }
+                };
+                v.insert(slot);
+                (slot, true)
+            }
         };
-        (h, Chain::new())
-    }));
-    have.clear();
-    have.resize(fragments.len(), false);
-    Building {
-        assigned: false,
-        at_sink: false,
-        since: now,
-        fragments,
-        have,
-        received: 0,
-        corrupt: false,
-        partial: false,
+        let b = &mut self.slab[slot as usize];
+        if new {
+            if b.fragments.capacity() == 0 {
+                b.fragments = self.spare_fragments.pop().unwrap_or_default();
+            }
+            b.reset(id, now, source_ids);
+        }
+        (b, new)
+    }
+
+    /// Forgets event `id` (its fragments are dropped, their blocks go back to the pool); its
+    /// slot and vectors serve the next event. Returns how many fragments it had.
+    fn remove(&mut self, id: u64) -> Option<usize> {
+        let slot = self.slot_of.remove(&id)?;
+        self.free.push(slot);
+        let b = &mut self.slab[slot as usize];
+        b.fragments.clear();
+        Some(b.received)
+    }
+}
+
+impl Building {
+    fn reset(&mut self, id: u64, now: Instant, source_ids: &[u16]) {
+        self.fragments.clear();
+        self.fragments.extend(source_ids.iter().map(|&source_id| {
+            let h = FragmentHeader {
+                event_id: id,
+                trigger_number: 0,
+                source_id,
+                flags: FLAG_MISSING,
+                payload_size: 0,
+                payload_crc: 0,
+            };
+            (h, Chain::new())
+        }));
+        self.have.clear();
+        self.have.resize(source_ids.len(), false);
+        self.assigned = false;
+        self.at_sink = false;
+        self.since = now;
+        self.received = 0;
+        self.corrupt = false;
+        self.partial = false;
+    }
+}
+
+impl Default for Building {
+    fn default() -> Building {
+        Building {
+            assigned: false,
+            at_sink: false,
+            since: Instant::now(),
+            fragments: Vec::new(),
+            have: Vec::new(),
+            received: 0,
+            corrupt: false,
+            partial: false,
+        }
     }
 }
 
@@ -215,10 +285,7 @@ pub struct Bu {
     cfg: BuConfig,
     state: RunState,
     /// Events being built and events at the sink (`Building::at_sink`), by id.
-    events: IdMap<Building>,
-    /// Vectors of finished events, for `Building::new`.
-    spare_fragments: Vec<Vec<(FragmentHeader, Chain)>>,
-    spare_have: Vec<Vec<bool>>,
+    events: Records,
     /// Events the sink took and this BU released, in release order, with their payload
     /// bytes, until the EVM echoes the release: only then are they this BU's output.
     unacked: VecDeque<(u64, u64)>,
@@ -239,9 +306,7 @@ impl Bu {
             recent: RecentIds::new(cfg.duplicate_window),
             cfg,
             state: RunState::Configured,
-            events: IdMap::default(),
-            spare_fragments: Vec::new(),
-            spare_have: Vec::new(),
+            events: Records::default(),
             unacked: VecDeque::new(),
             release: None,
             credits_to_send: 0,
@@ -271,23 +336,12 @@ impl Bu {
         (self.cfg.credits as usize).max(SPARE_VECTORS)
     }
 
-    /// A new event's record, from the spare vectors when there are some.
-    fn building(&mut self, id: u64, now: Instant) -> Building {
-        new_building(
-            &mut self.spare_fragments,
-            &mut self.spare_have,
-            &self.cfg.source_ids,
-            id,
-            now,
-        )
-    }
-
     /// Gives back a delivered event's fragment vector (its payloads are dropped here) for
     /// the next events.
     pub fn recycle(&mut self, mut fragments: Vec<(FragmentHeader, Chain)>) {
-        if self.spare_fragments.len() < self.spare_limit() {
+        if self.events.spare_fragments.len() < self.spare_limit() {
             fragments.clear();
-            self.spare_fragments.push(fragments);
+            self.events.spare_fragments.push(fragments);
         }
     }
 
@@ -324,11 +378,7 @@ impl Bu {
             }
             Message::Assign(r) if r.bu == self.me() => {
                 for id in r.first..r.end() {
-                    if !self.events.contains_key(&id) {
-                        let b = self.building(id, now);
-                        self.events.insert(id, b);
-                    }
-                    let b = self.events.get_mut(&id).expect("inserted above");
+                    let (b, _) = self.events.entry(id, now, &self.cfg.source_ids);
                     if b.assigned {
                         self.stats.errors += 1;
                     }
@@ -342,7 +392,7 @@ impl Bu {
                     .events
                     .iter()
                     .filter(|(_, b)| !b.at_sink)
-                    .map(|(id, _)| *id)
+                    .map(|(id, _)| id)
                     .collect();
                 for id in waiting {
                     self.try_complete(now, id);
@@ -352,7 +402,7 @@ impl Bu {
             Message::Stop { .. } => {
                 self.state = RunState::Stopping;
                 self.stats.incomplete_at_stop =
-                    self.events.values().filter(|b| !b.at_sink).count() as u64;
+                    self.events.iter().filter(|(_, b)| !b.at_sink).count() as u64;
                 let report = serde_json::to_string(&self.stats()).unwrap_or_default();
                 self.actions.push_back(Action::Send {
                     to: NodeRef::Evm,
@@ -461,19 +511,10 @@ impl Bu {
             }
         }
         let held = self.events.len() as u64 + 1;
-        let b = match self.events.entry(id) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(v) => {
-                self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
-                v.insert(new_building(
-                    &mut self.spare_fragments,
-                    &mut self.spare_have,
-                    &self.cfg.source_ids,
-                    id,
-                    now,
-                ))
-            }
-        };
+        let (b, new) = self.events.entry(id, now, &self.cfg.source_ids);
+        if new {
+            self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
+        }
         if b.at_sink || b.have[ru] {
             self.stats.duplicate_fragments += 1;
             return;
@@ -491,7 +532,7 @@ impl Bu {
     fn try_complete(&mut self, now: Instant, id: u64) {
         let n = self.cfg.source_ids.len();
         let lost = &self.lost_sources;
-        let Some(b) = self.events.get_mut(&id) else {
+        let Some(b) = self.events.get_mut(id) else {
             return;
         };
         let complete = b.assigned
@@ -556,19 +597,12 @@ impl Bu {
 
     /// The sink is done with event `id`: release it and grant its credit back.
     pub fn delivered(&mut self, id: u64, bytes: u64) {
-        match self.events.remove(&id) {
+        match self.events.get_mut(id) {
             Some(b) if b.at_sink => {
-                if self.spare_have.len() < self.spare_limit() {
-                    self.spare_have.push(b.have);
-                }
+                self.events.remove(id);
             }
-            Some(b) => {
-                // still being built: not the sink's to give back
-                self.events.insert(id, b);
-                self.stats.errors += 1;
-                return;
-            }
-            None => {
+            // still being built: not the sink's to give back
+            _ => {
                 self.stats.errors += 1;
                 return;
             }
@@ -655,11 +689,11 @@ impl Bu {
                 .filter(|(_, b)| {
                     !b.assigned && !b.at_sink && now.duration_since(b.since) > MISROUTED_AFTER
                 })
-                .map(|(id, _)| *id)
+                .map(|(id, _)| id)
                 .collect();
             for id in stale {
-                if let Some(b) = self.events.remove(&id) {
-                    self.stats.misrouted += b.received as u64;
+                if let Some(received) = self.events.remove(id) {
+                    self.stats.misrouted += received as u64;
                 }
             }
         }
