@@ -176,6 +176,24 @@ impl Slice {
         Arc::ptr_eq(&self.inner, &next.inner) && self.offset + self.len == next.offset
     }
 
+    /// Grows this slice over `len` filled bytes of `w` starting at `offset`, when `w` is this
+    /// slice's block and they start where it ends; false (nothing changed) otherwise.
+    ///
+    /// # Panics
+    /// If the range reaches past the filled part of the block.
+    pub(crate) fn grow_within(&mut self, w: &BlockWriter, offset: usize, len: usize) -> bool {
+        assert!(
+            offset + len <= w.filled,
+            "slice past the filled part of a block"
+        );
+        if Arc::ptr_eq(&self.inner, &w.inner) && (self.offset + self.len) as usize == offset {
+            self.len += len as u32;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Joins a slice that `is_followed_by` this one.
     pub fn extend_with(&mut self, next: &Slice) -> bool {
         if self.is_followed_by(next) {

@@ -2,7 +2,7 @@
 
 use smallvec::SmallVec;
 
-use crate::block::Slice;
+use crate::block::{BlockWriter, Slice};
 
 /// A message larger than a block (or one that straddles two blocks) as a list of slices.
 #[derive(Clone, Default, Debug)]
@@ -22,6 +22,32 @@ impl Chain {
         Chain {
             slices: smallvec::smallvec![s],
             len,
+        }
+    }
+
+    /// Appends `len` filled bytes of `w`'s block from `offset`. When they follow the last
+    /// slice in the same block, that slice grows and no reference is taken (an RU writing
+    /// small fragments one after another into a block makes one slice of them this way).
+    ///
+    /// # Panics
+    /// If the range reaches past the filled part of the block.
+    pub fn push_from(&mut self, w: &BlockWriter, offset: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        if let Some(last) = self.slices.last_mut() {
+            if last.grow_within(w, offset, len) {
+                self.len += len;
+                return;
+            }
+        }
+        self.push(w.slice(offset, len));
+    }
+
+    /// Appends every slice of `other` (moved, not shared again).
+    pub fn append(&mut self, other: Chain) {
+        for s in other.slices {
+            self.push(s);
         }
     }
 

@@ -37,6 +37,27 @@ mod tests {
     }
 
     #[test]
+    fn push_from_grows_the_last_slice_only_where_the_bytes_follow_it() {
+        let pool = Pool::new("t", 64, 2);
+        let mut ws = [pool.try_alloc().unwrap(), pool.try_alloc().unwrap()];
+        let mut c = Chain::new();
+        for (k, byte) in [(0, 1u8), (0, 2), (1, 3), (0, 4)] {
+            let w = &mut ws[k];
+            let start = w.filled();
+            w.spare_mut()[..4].fill(byte);
+            w.advance(4);
+            c.push_from(w, start, 4);
+        }
+        // a's first two pieces are one slice; b's and a's third are not next to the last
+        assert_eq!(c.slices().len(), 3);
+        assert_eq!(c.to_vec(), [[1u8; 4], [2; 4], [3; 4], [4; 4]].concat());
+        drop(ws);
+        assert_eq!(pool.free_blocks(), 0, "the chain holds both blocks");
+        drop(c);
+        assert_eq!(pool.free_blocks(), 2);
+    }
+
+    #[test]
     fn exhausted_pool_refuses_and_counts() {
         let pool = Pool::new("t", 16, 1);
         let a = pool.try_alloc().unwrap();

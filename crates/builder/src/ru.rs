@@ -400,7 +400,7 @@ impl Ru {
                 self.source_failed(reason);
                 return;
             }
-            let Some(data) = self.make_fragment(event_id) else {
+            let Some(size) = self.make_into_run(bu, event_id) else {
                 self.stats.pool_waits += 1;
                 self.blocked = true;
                 break;
@@ -409,14 +409,48 @@ impl Ru {
             if let Source::Live(f) = &mut self.cfg.source {
                 f.consumed(event_id);
             }
-            bytes += data.len();
+            bytes += size;
             self.stats.fragments_sent += 1;
-            self.stats.payload_bytes_sent += (data.len() - PREFIX_LEN) as u64;
+            self.stats.payload_bytes_sent += (size - PREFIX_LEN) as u64;
             self.made_until = event_id + 1;
-            self.add_to_run(bu, event_id, data);
             made += 1;
         }
         self.close_run();
+    }
+
+    /// Makes event `id`'s fragment at the end of the open run for `bu` (a new run when the
+    /// open one is for another BU, not followed by `id`, or full: one more fragment as long
+    /// as its last would pass the byte limit, or the piece limit is reached; with sizes that
+    /// vary a run passes its byte limit by less than one fragment, which a frame's limit
+    /// allows for). Returns the fragment's length, `None` when the pool cannot hold it now
+    /// (the run is left as it was).
+    fn make_into_run(&mut self, bu: u16, id: u64) -> Option<usize> {
+        let joins = self.open.as_ref().is_some_and(|o| {
+            let n = o.ends.len();
+            let last = o.ends[n - 1] - if n > 1 { o.ends[n - 2] } else { 0 };
+            o.bu == bu
+                && o.first + n as u64 == id
+                && o.data.len() + last as usize <= self.cfg.max_run_bytes
+                && o.data.slices().len() < MAX_RUN_PIECES
+        });
+        if !joins {
+            self.close_run();
+        }
+        let mut o = self.open.take().unwrap_or_else(|| OpenRun {
+            bu,
+            first: id,
+            ends: Vec::new(),
+            data: Chain::new(),
+        });
+        let before = o.data.len();
+        let made = self.make_fragment(id, &mut o.data);
+        if made.is_some() {
+            o.ends.push(o.data.len() as u32);
+        }
+        if !o.ends.is_empty() {
+            self.open = Some(o);
+        }
+        made.map(|()| self.open.as_ref().map_or(0, |o| o.data.len()) - before)
     }
 
     /// The held fragment of event `id`, if any.
@@ -424,29 +458,6 @@ impl Ru {
         let (&first, run) = self.retained.range(..=id).next_back()?;
         let i = (id - first) as usize;
         (i < run.count as usize && run.is_held(i)).then(|| run.fragment(i))
-    }
-
-    /// Adds event `id`'s fragment to the open run, or starts a new one.
-    fn add_to_run(&mut self, bu: u16, id: u64, data: Chain) {
-        let joins = self.open.as_ref().is_some_and(|o| {
-            o.bu == bu
-                && o.first + o.ends.len() as u64 == id
-                && o.data.len() + data.len() <= self.cfg.max_run_bytes
-                && o.data.slices().len() + data.slices().len() <= MAX_RUN_PIECES
-        });
-        if !joins {
-            self.close_run();
-        }
-        let o = self.open.get_or_insert_with(|| OpenRun {
-            bu,
-            first: id,
-            ends: Vec::new(),
-            data: Chain::new(),
-        });
-        for s in data.slices() {
-            o.data.push(s.clone());
-        }
-        o.ends.push(o.data.len() as u32);
     }
 
     /// Sends the open run and holds it until its events are released.
@@ -520,17 +531,19 @@ impl Ru {
         }
     }
 
-    /// Writes one fragment (prefix then payload) into pool blocks. Small fragments share a
-    /// block; large ones span several. `None` if the pool cannot hold it now.
-    fn make_fragment(&mut self, event_id: u64) -> Option<Chain> {
+    /// Writes one fragment (prefix then payload) into pool blocks and appends it to `run`.
+    /// Small fragments share a block; large ones span several. `None` (and `run` as it was)
+    /// if the pool cannot hold it now.
+    fn make_fragment(&mut self, event_id: u64, run: &mut Chain) -> Option<()> {
         if let Source::Live(f) = &self.cfg.source {
             // a plug-in producer wrote it into the pool already: zero copy
             if let Some(written) = f.written(event_id) {
-                return Some(written.clone());
+                run.append(written.clone());
+                return Some(());
             }
         }
         if matches!(&self.cfg.source, Source::Generator(g) if g.content == Content::Static) {
-            return self.static_fragment(event_id);
+            return self.static_fragment(event_id, run);
         }
         let g = &self.cfg.source;
         let src = self.cfg.source_id;
@@ -538,6 +551,21 @@ impl Ru {
         let size = spec.size;
         let total = PREFIX_LEN + size;
         let block_size = self.pool.block_size();
+
+        // The common case for small fragments: all of it in the current block.
+        if let Some(w) = self.block.as_mut().filter(|b| b.remaining() >= total) {
+            let spare = &mut w.spare_mut()[..total];
+            g.fill(event_id, src, 0, &mut spare[PREFIX_LEN..]);
+            let crc = crc32c::crc32c(&spare[PREFIX_LEN..]);
+            spare[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&spec.header(event_id, src, crc)));
+            let start = w.filled();
+            w.advance(total);
+            run.push_from(w, start, total);
+            if w.remaining() <= PREFIX_LEN {
+                self.block = None;
+            }
+            return Some(());
+        }
 
         // Writers that will hold the fragment: the current block if it fits, else fresh ones.
         let mut writers: Vec<BlockWriter> = Vec::new();
@@ -583,12 +611,11 @@ impl Ru {
         }
         let header = spec.header(event_id, src, crc);
         writers[0].spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
-        let mut chain = Chain::new();
         let used = lens.len();
         for (w, len) in writers.iter_mut().zip(lens) {
             let start = w.filled();
             w.advance(len);
-            chain.push(w.slice(start, len));
+            run.push_from(w, start, len);
         }
         // Keep the last block as current if it has room for more fragments.
         if let Some(last) = writers.into_iter().nth(used - 1) {
@@ -596,12 +623,12 @@ impl Ru {
                 self.block = Some(last);
             }
         }
-        Some(chain)
+        Some(())
     }
 
     /// A fragment of static content: its prefix written into the current block, its payload
     /// a reference to the template (made on first use). `None` if the pool cannot hold it now.
-    fn static_fragment(&mut self, event_id: u64) -> Option<Chain> {
+    fn static_fragment(&mut self, event_id: u64, run: &mut Chain) -> Option<()> {
         let Source::Generator(g) = &self.cfg.source else {
             unreachable!("static content comes from the generator")
         };
@@ -628,16 +655,14 @@ impl Ru {
                 .copy_prefix(&mut block.spare_mut()[PREFIX_LEN..need]);
         }
         block.advance(need);
-        let mut chain = Chain::from_slice(block.slice(start, need));
+        run.push_from(&block, start, need);
         if !inline {
-            for s in t.payload.sub(0, size).slices() {
-                chain.push(s.clone());
-            }
+            run.append(t.payload.sub(0, size));
         }
         if block.remaining() >= PREFIX_LEN {
             self.block = Some(block);
         }
-        Some(chain)
+        Some(())
     }
 }
 
