@@ -401,14 +401,30 @@ impl Driver {
     }
 
     fn run_actions(&mut self) {
-        // one clock reading for the events delivered by this call, not one each
+        // Built events are offered to the sink once the queued actions are done, all of them
+        // at one clock reading (one per event was a visible share of a small-event run).
         let mut now: Option<Instant> = None;
-        while let Some(a) = self.next_action() {
+        loop {
+            let mut built = false;
+            while let Some(a) = self.next_action() {
+                built |= matches!(a, Action::Deliver(_));
+                self.run_action(a);
+            }
+            if !built {
+                break;
+            }
+            let now = *now.get_or_insert_with(Instant::now);
+            self.drain_sink(now);
+        }
+    }
+
+    fn run_action(&mut self, a: Action) {
+        {
             match a {
                 Action::Send { to, msg, path } => {
                     let Some(&conn) = self.conns.get(&to) else {
                         debug!(node = %self.me.id, "no connection to {to}; {:?} dropped", msg.msg_type());
-                        continue;
+                        return;
                     };
                     let r = match path {
                         Path::Now => self.messenger.send_now(conn, &msg),
@@ -421,7 +437,7 @@ impl Driver {
                 Action::SendFragments { to, data, count } => {
                     if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.shaper, to) {
                         shaper.push(bu as usize, data, count);
-                        continue;
+                        return;
                     }
                     if let Some(&conn) = self.conns.get(&to) {
                         if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
@@ -429,11 +445,7 @@ impl Driver {
                         }
                     }
                 }
-                Action::Deliver(ev) => {
-                    self.sink_queue.push_back(ev);
-                    let now = *now.get_or_insert_with(Instant::now);
-                    self.drain_sink(now);
-                }
+                Action::Deliver(ev) => self.sink_queue.push_back(ev),
                 Action::Accepted(r) => {
                     if let Logic::Bu(_, sink) = &mut self.logic {
                         if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) =
