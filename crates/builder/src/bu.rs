@@ -795,7 +795,11 @@ mod records_tests {
             x ^= x >> 7;
             x ^= x << 17;
             // ids over a few groups, with a far one now and then
-            let id = if x % 97 == 0 { x % 1_000_000 } else { x % 300 };
+            let id = if x.is_multiple_of(97) {
+                x % 1_000_000
+            } else {
+                x % 300
+            };
             if x % 3 == 0 {
                 assert_eq!(r.remove(id), model.remove(&id), "step {step} remove {id}");
             } else {
