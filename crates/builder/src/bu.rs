@@ -800,7 +800,7 @@ mod records_tests {
             } else {
                 x % 300
             };
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(r.remove(id), model.remove(&id), "step {step} remove {id}");
             } else {
                 let (b, new) = r.entry(id, now, &[1, 2]);
