@@ -162,7 +162,7 @@ struct Building {
     /// One entry per RU: a MISSING placeholder until that RU's fragment arrives.
     fragments: Vec<(FragmentHeader, Chain)>,
     /// Which RUs' fragments arrived.
-    have: Vec<bool>,
+    have: Have,
     received: usize,
     corrupt: bool,
     /// A super-fragment left out a stream's fragment (a partial event).
@@ -182,6 +182,37 @@ struct Records {
     free: Vec<u32>,
     /// Fragment vectors given back by the sink (`Bu::recycle`), for new records.
     spare_fragments: Vec<Vec<(FragmentHeader, Chain)>>,
+}
+
+/// Which RUs' fragments of an event arrived: a bit per RU, the first 64 in the record itself
+/// (a separate allocation per record was a cache miss per fragment).
+#[derive(Default)]
+struct Have {
+    low: u64,
+    high: Vec<u64>,
+}
+
+impl Have {
+    fn reset(&mut self, n: usize) {
+        self.low = 0;
+        self.high.clear();
+        self.high.resize(n.saturating_sub(64).div_ceil(64), 0);
+    }
+
+    fn get(&self, i: usize) -> bool {
+        let (word, bit) = match i.checked_sub(64) {
+            None => (self.low, i),
+            Some(j) => (self.high[j / 64], j % 64),
+        };
+        word >> bit & 1 == 1
+    }
+
+    fn set(&mut self, i: usize) {
+        match i.checked_sub(64) {
+            None => self.low |= 1 << i,
+            Some(j) => self.high[j / 64] |= 1 << (j % 64),
+        }
+    }
 }
 
 /// Ids per group: a group is keyed by `id / GROUP`.
@@ -287,8 +318,7 @@ impl Building {
             };
             (h, Chain::new())
         }));
-        self.have.clear();
-        self.have.resize(source_ids.len(), false);
+        self.have.reset(source_ids.len());
         self.assigned = false;
         self.at_sink = false;
         self.since = now;
@@ -305,7 +335,7 @@ impl Default for Building {
             at_sink: false,
             since: Instant::now(),
             fragments: Vec::new(),
-            have: Vec::new(),
+            have: Have::default(),
             received: 0,
             corrupt: false,
             partial: false,
@@ -552,16 +582,17 @@ impl Bu {
         if new {
             self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
         }
-        if b.at_sink || b.have[ru] {
+        if b.at_sink || b.have.get(ru) {
             self.stats.duplicate_fragments += 1;
             return;
         }
         b.fragments[ru] = (header, payload);
-        b.have[ru] = true;
+        b.have.set(ru);
         b.received += 1;
         b.corrupt |= corrupt;
         b.partial |= partial;
-        if b.assigned && (b.received == b.have.len() || !self.lost_sources.is_empty()) {
+        if b.assigned && (b.received == self.cfg.source_ids.len() || !self.lost_sources.is_empty())
+        {
             self.try_complete(now, id);
         }
     }
@@ -575,7 +606,7 @@ impl Bu {
         let complete = b.assigned
             && !b.at_sink
             && (b.received == n
-                || (!lost.is_empty() && (0..n).all(|r| b.have[r] || lost.contains(&r))));
+                || (!lost.is_empty() && (0..n).all(|r| b.have.get(r) || lost.contains(&r))));
         if !complete {
             return;
         }
@@ -586,10 +617,10 @@ impl Bu {
             .latency
             .record(now.saturating_duration_since(b.since));
         let guess = (0..n)
-            .find(|&i| b.have[i])
+            .find(|&i| b.have.get(i))
             .map_or(id as u32, |i| fragments[i].0.trigger_number);
         for (i, (h, _)) in fragments.iter_mut().enumerate() {
-            if !b.have[i] {
+            if !b.have.get(i) {
                 // a lost source: an empty placeholder flagged MISSING
                 h.trigger_number = guess;
             }
@@ -782,6 +813,21 @@ impl Bu {
 mod records_tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn have_bits_cover_many_sources() {
+        let mut h = Have::default();
+        for n in [1, 2, 64, 65, 200] {
+            h.reset(n);
+            let set: Vec<usize> = (0..n).filter(|i| i % 3 != 1).collect();
+            for &i in &set {
+                h.set(i);
+            }
+            for i in 0..n {
+                assert_eq!(h.get(i), set.contains(&i), "n {n} bit {i}");
+            }
+        }
+    }
 
     /// The grouped records agree with a map of ids: made, found, forgotten, listed.
     #[test]
