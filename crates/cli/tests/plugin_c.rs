@@ -61,16 +61,19 @@ fn finished(o: Output, what: &str) -> String {
 #[test]
 fn c_producer_and_c_consumer_in_a_multi_process_run() {
     const EVENTS: u64 = 5000;
+    // the programs first: a node's connect timeout starts when its process does, and
+    // compiling on a loaded machine can take longer than that
+    let bins = tempfile::tempdir().unwrap();
+    let Some(producer) = compile("producer", bins.path()) else {
+        return;
+    };
+    let consumer = compile("consumer", bins.path()).unwrap();
     let mut run = Run::start(
         "[run]\nid = \"capi\"\nduration_s = 0\n[source]\nkind = \"api\"\nmax_fragment = 4096\n\
          [builder]\ncredits = 8\n[topology]\nrus = 1\n\
          [[bu]]\nid = \"bu0\"\nsink = \"api\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 100\n",
         &["evm", "bu1"],
     );
-    let Some(producer) = compile("producer", run.dir.path()) else {
-        return;
-    };
-    let consumer = compile("consumer", run.dir.path()).unwrap();
     // the consumer works 50 µs on each event: the builder keeps to its pace
     let c = Command::new(&consumer)
         .arg(&run.cfg)
@@ -129,14 +132,16 @@ fn c_producer_and_c_consumer_in_a_multi_process_run() {
 #[test]
 fn several_c_producers_on_threads_feed_one_ru() {
     const EVENTS: u64 = 3000;
+    // the program first (see above)
+    let bins = tempfile::tempdir().unwrap();
+    let Some(boards) = compile("boards", bins.path()) else {
+        return;
+    };
     let mut run = Run::start(
         "[run]\nid = \"boards\"\nduration_s = 0\n[source]\nkind = \"api\"\nmax_fragment = 4096\n\
          [topology]\nbus = 2\n[[ru]]\nid = \"ru0\"\nproducer_sources = [841, 843, 845]\n",
         &["evm", "bu0", "bu1"],
     );
-    let Some(boards) = compile("boards", run.dir.path()) else {
-        return;
-    };
     let out = Command::new(&boards)
         .arg(&run.cfg)
         .args(["ru0", &EVENTS.to_string()])
