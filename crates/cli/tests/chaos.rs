@@ -23,9 +23,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const EVENTS: u64 = 6000;
 /// 6000 events at 2 kHz: about 3 s, so faults between 0.8 and 2.4 s land mid-run.
-const RUN: &str = "[run]\nid = \"chaos\"\nevents = 6000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 4096\n";
+const EVENTS: u64 = 6000;
+const RATE_HZ: u64 = 2000;
+/// Small events: ten times as many, as fast, so that an RU's runs of fragments hold many
+/// events when a fault cuts into them (a reassigned event is cut out of its run).
+const SMALL_EVENTS: u64 = 60_000;
+const SMALL_RATE_HZ: u64 = 20_000;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -185,6 +189,30 @@ struct Trial {
     launch: Launch,
     shm: bool,
     at_ms: u64,
+    /// 256 B fragments at 20 kHz instead of 4 KiB at 2 kHz.
+    small: bool,
+}
+
+impl Trial {
+    fn events(&self) -> u64 {
+        if self.small {
+            SMALL_EVENTS
+        } else {
+            EVENTS
+        }
+    }
+
+    fn run_section(&self) -> String {
+        let (rate, size) = if self.small {
+            (SMALL_RATE_HZ, 256)
+        } else {
+            (RATE_HZ, 4096)
+        };
+        format!(
+            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n[fragments]\nsize = {size}\n",
+            self.events()
+        )
+    }
 }
 
 struct Outcome {
@@ -208,7 +236,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let base = free_base_port(1 + rus + bus);
     let sink = dir.join("out");
     let mut toml = format!(
-        "{RUN}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 500\n",
+        "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 500\n",
+        t.run_section(),
         sink.display()
     );
     if t.fault == Fault::KillRuPartial {
@@ -386,10 +415,11 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
 
 fn check(t: &Trial, o: &Outcome, dir: &Path) {
     let log = &o.log;
+    let events = t.events();
     let (ids, hidden, dups) = output(&dir.join("out"));
     assert_eq!(dups, 0, "event ids written twice\n{log}");
     assert!(
-        ids.keys().all(|&id| id < EVENTS),
+        ids.keys().all(|&id| id < events),
         "output holds events never triggered\n{log}"
     );
     let killed_bu = matches!(t.fault, Fault::KillBu | Fault::KillTwoBus);
@@ -400,12 +430,12 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
     match expect(t.fault) {
         Expect::Complete => {
             assert!(o.ok, "the run should have completed\n{log}");
-            assert_eq!(evm["triggered"], EVENTS, "{log}");
-            assert_eq!(evm["released"], EVENTS, "{log}");
+            assert_eq!(evm["triggered"], events, "{log}");
+            assert_eq!(evm["released"], events, "{log}");
             assert_eq!(evm["duplicate_releases"], 0, "{log}");
             // What is not in the files was accepted from a BU that died with it open
             // (docs/operations.md, known limits); a frozen BU that wakes loses nothing.
-            let missing = EVENTS - ids.len() as u64;
+            let missing = events - ids.len() as u64;
             let by_lost = evm["released_by_lost"].as_u64().unwrap_or(0);
             if killed_bu {
                 assert!(missing <= by_lost, "{missing} events missing from the files, but lost BUs released only {by_lost}\n{log}");
@@ -456,7 +486,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 "every triggered event in the files\n{log}"
             );
             assert!(ids.keys().all(|&id| id < t), "{log}");
-            if t < EVENTS {
+            if t < events {
                 assert_eq!(evm["stopped_by_request"], true, "{log}");
             }
         }
@@ -501,21 +531,24 @@ fn faults_at_random_moments_keep_every_promise() {
         };
         // ss cuts TCP connections only
         let shm = fault != Fault::CutLink && rng.below(3) == 0;
+        let at_ms = 800 + rng.below(1600);
         let t = Trial {
             fault,
             launch,
             shm,
-            at_ms: 800 + rng.below(1600),
+            at_ms,
+            small: rng.below(3) == 0,
         };
         let dir = tempfile::tempdir().unwrap();
         let started = Instant::now();
         let o = run_trial(&t, dir.path());
         eprintln!(
-            "chaos: trial {k}: {:?} at {} ms, {:?}, {} -> {} in {:.1} s",
+            "chaos: trial {k}: {:?} at {} ms, {:?}, {}{} -> {} in {:.1} s",
             t.fault,
             t.at_ms,
             t.launch,
             if t.shm { "shm" } else { "tcp" },
+            if t.small { ", 256 B at 20 kHz" } else { "" },
             if o.ok { "run OK" } else { "run stopped" },
             started.elapsed().as_secs_f64()
         );
@@ -541,6 +574,7 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
         launch,
         shm,
         at_ms,
+        small: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let o = run_trial(&t, dir.path());
