@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
 use crate::generator::Generator;
-use crate::ids::{FastSet, IdMap, RecentIds};
+use crate::ids::{Bits, FastSet, IdMap, RecentIds};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,8 +161,8 @@ struct Building {
     since: Instant,
     /// One entry per RU: a MISSING placeholder until that RU's fragment arrives.
     fragments: Vec<(FragmentHeader, Chain)>,
-    /// Which RUs' fragments arrived.
-    have: Have,
+    /// Which RUs' fragments arrived (the first 64 inline: no cache miss of its own).
+    have: Bits,
     received: usize,
     corrupt: bool,
     /// A super-fragment left out a stream's fragment (a partial event).
@@ -182,37 +182,6 @@ struct Records {
     free: Vec<u32>,
     /// Fragment vectors given back by the sink (`Bu::recycle`), for new records.
     spare_fragments: Vec<Vec<(FragmentHeader, Chain)>>,
-}
-
-/// Which RUs' fragments of an event arrived: a bit per RU, the first 64 in the record itself
-/// (a separate allocation per record was a cache miss per fragment).
-#[derive(Default)]
-struct Have {
-    low: u64,
-    high: Vec<u64>,
-}
-
-impl Have {
-    fn reset(&mut self, n: usize) {
-        self.low = 0;
-        self.high.clear();
-        self.high.resize(n.saturating_sub(64).div_ceil(64), 0);
-    }
-
-    fn get(&self, i: usize) -> bool {
-        let (word, bit) = match i.checked_sub(64) {
-            None => (self.low, i),
-            Some(j) => (self.high[j / 64], j % 64),
-        };
-        word >> bit & 1 == 1
-    }
-
-    fn set(&mut self, i: usize) {
-        match i.checked_sub(64) {
-            None => self.low |= 1 << i,
-            Some(j) => self.high[j / 64] |= 1 << (j % 64),
-        }
-    }
 }
 
 /// Ids per group: a group is keyed by `id / GROUP`.
@@ -335,7 +304,7 @@ impl Default for Building {
             at_sink: false,
             since: Instant::now(),
             fragments: Vec::new(),
-            have: Have::default(),
+            have: Bits::default(),
             received: 0,
             corrupt: false,
             partial: false,
@@ -813,21 +782,6 @@ impl Bu {
 mod records_tests {
     use super::*;
     use std::collections::BTreeMap;
-
-    #[test]
-    fn have_bits_cover_many_sources() {
-        let mut h = Have::default();
-        for n in [1, 2, 64, 65, 200] {
-            h.reset(n);
-            let set: Vec<usize> = (0..n).filter(|i| i % 3 != 1).collect();
-            for &i in &set {
-                h.set(i);
-            }
-            for i in 0..n {
-                assert_eq!(h.get(i), set.contains(&i), "n {n} bit {i}");
-            }
-        }
-    }
 
     /// The grouped records agree with a map of ids: made, found, forgotten, listed.
     #[test]

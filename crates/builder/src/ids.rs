@@ -6,6 +6,62 @@ pub type FastMap<K, V> = evb_buffers::small_keys::SmallKeyMap<K, V>;
 pub type FastSet<K> = evb_buffers::small_keys::SmallKeySet<K>;
 pub type IdMap<V> = FastMap<u64, V>;
 
+/// A set of small indices (the RUs of an event, the events of an RU's run): the first 64 in
+/// the value itself, the rest in a vector, so the common case allocates nothing and a record
+/// holding it needs no second cache line.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Bits {
+    low: u64,
+    high: Vec<u64>,
+}
+
+impl Bits {
+    /// `n` indices, every one set.
+    pub(crate) fn full(n: usize) -> Bits {
+        let mut b = Bits::default();
+        b.reset(n);
+        for i in 0..n {
+            b.set(i);
+        }
+        b
+    }
+
+    /// `n` indices, none set.
+    pub(crate) fn reset(&mut self, n: usize) {
+        self.low = 0;
+        self.high.clear();
+        self.high.resize(n.saturating_sub(64).div_ceil(64), 0);
+    }
+
+    fn word(&mut self, i: usize) -> (&mut u64, u64) {
+        match i.checked_sub(64) {
+            None => (&mut self.low, 1 << i),
+            Some(j) => (&mut self.high[j / 64], 1 << (j % 64)),
+        }
+    }
+
+    pub(crate) fn get(&self, i: usize) -> bool {
+        let (word, bit) = match i.checked_sub(64) {
+            None => (self.low, i),
+            Some(j) => (self.high[j / 64], j % 64),
+        };
+        word >> bit & 1 == 1
+    }
+
+    pub(crate) fn set(&mut self, i: usize) {
+        let (w, bit) = self.word(i);
+        *w |= bit;
+    }
+
+    /// Unsets `i`; whether it was set.
+    pub(crate) fn clear(&mut self, i: usize) -> bool {
+        let (w, bit) = self.word(i);
+        let was = *w & bit != 0;
+        *w &= !bit;
+        was
+    }
+}
+
 /// The event ids seen within a span behind the newest one: a ring of bits indexed by id.
 ///
 /// A BU remembers the events it built to recognise late duplicates. Ids arrive nearly in
@@ -73,7 +129,29 @@ impl RecentIds {
 
 #[cfg(test)]
 mod tests {
-    use super::RecentIds;
+    use super::{Bits, RecentIds};
+
+    #[test]
+    fn bits_cover_many_indices() {
+        let mut h = Bits::default();
+        for n in [1, 2, 63, 64, 65, 200] {
+            h.reset(n);
+            let set: Vec<usize> = (0..n).filter(|i| i % 3 != 1).collect();
+            for &i in &set {
+                h.set(i);
+            }
+            for i in 0..n {
+                assert_eq!(h.get(i), set.contains(&i), "n {n} bit {i}");
+            }
+            let mut f = Bits::full(n);
+            assert!((0..n).all(|i| f.get(i)), "full {n}");
+            for &i in &set {
+                assert!(f.clear(i));
+                assert!(!f.clear(i), "cleared twice");
+            }
+            assert!((0..n).all(|i| f.get(i) != set.contains(&i)), "cleared {n}");
+        }
+    }
     use std::collections::BTreeSet;
 
     #[test]

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::generator::{Content, Generator};
+use crate::ids::Bits;
 use crate::source::{LiveFeed, Source};
 
 /// Message and fragment headers in front of each payload.
@@ -74,7 +75,7 @@ struct Run {
     /// Events of the run still held.
     held: u32,
     /// Bit `i` set: event `first + i` is still held.
-    bits: Vec<u64>,
+    bits: Bits,
     /// Where fragment `i` ends in `data` (it starts where fragment `i - 1` ends).
     ends: Vec<u32>,
     data: Chain,
@@ -87,7 +88,7 @@ impl Run {
     }
 
     fn is_held(&self, i: usize) -> bool {
-        self.bits[i / 64] & (1 << (i % 64)) != 0
+        self.bits.get(i)
     }
 }
 
@@ -443,14 +444,14 @@ impl Ru {
             data: Chain::new(),
         });
         let before = o.data.len();
-        let made = self.make_fragment(id, &mut o.data);
-        if made.is_some() {
+        let made = self.make_fragment(id, &mut o.data).map(|()| {
             o.ends.push(o.data.len() as u32);
-        }
+            o.data.len() - before
+        });
         if !o.ends.is_empty() {
             self.open = Some(o);
         }
-        made.map(|()| self.open.as_ref().map_or(0, |o| o.data.len()) - before)
+        made
     }
 
     /// The held fragment of event `id`, if any.
@@ -464,10 +465,6 @@ impl Ru {
     fn close_run(&mut self) {
         let Some(o) = self.open.take() else { return };
         let count = o.ends.len() as u32;
-        let mut bits = vec![!0u64; (count as usize).div_ceil(64)];
-        if !count.is_multiple_of(64) {
-            *bits.last_mut().expect("count > 0") = (1u64 << (count % 64)) - 1;
-        }
         self.actions.push_back(Action::SendFragments {
             to: NodeRef::Bu(o.bu),
             data: o.data.clone(),
@@ -478,7 +475,7 @@ impl Ru {
             Run {
                 count,
                 held: count,
-                bits,
+                bits: Bits::full(count as usize),
                 ends: o.ends,
                 data: o.data,
             },
@@ -502,10 +499,7 @@ impl Ru {
             let lo = a.max(first);
             let hi = b.min(first + run.count as u64);
             for id in lo..hi {
-                let i = (id - first) as usize;
-                let bit = 1u64 << (i % 64);
-                if run.bits[i / 64] & bit != 0 {
-                    run.bits[i / 64] &= !bit;
+                if run.bits.clear((id - first) as usize) {
                     run.held -= 1;
                     found += 1;
                 }

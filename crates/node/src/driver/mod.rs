@@ -419,56 +419,54 @@ impl Driver {
     }
 
     fn run_action(&mut self, a: Action) {
-        {
-            match a {
-                Action::Send { to, msg, path } => {
-                    let Some(&conn) = self.conns.get(&to) else {
-                        debug!(node = %self.me.id, "no connection to {to}; {:?} dropped", msg.msg_type());
-                        return;
-                    };
-                    let r = match path {
-                        Path::Now => self.messenger.send_now(conn, &msg),
-                        Path::Batched => self.messenger.send_batched(conn, &msg),
-                    };
-                    if let Err(e) = r {
-                        debug!(node = %self.me.id, "send to {to} failed: {e}");
+        match a {
+            Action::Send { to, msg, path } => {
+                let Some(&conn) = self.conns.get(&to) else {
+                    debug!(node = %self.me.id, "no connection to {to}; {:?} dropped", msg.msg_type());
+                    return;
+                };
+                let r = match path {
+                    Path::Now => self.messenger.send_now(conn, &msg),
+                    Path::Batched => self.messenger.send_batched(conn, &msg),
+                };
+                if let Err(e) = r {
+                    debug!(node = %self.me.id, "send to {to} failed: {e}");
+                }
+            }
+            Action::SendFragments { to, data, count } => {
+                if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.shaper, to) {
+                    shaper.push(bu as usize, data, count);
+                    return;
+                }
+                if let Some(&conn) = self.conns.get(&to) {
+                    if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
+                        debug!(node = %self.me.id, "fragment to {to} failed: {e}");
                     }
                 }
-                Action::SendFragments { to, data, count } => {
-                    if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.shaper, to) {
-                        shaper.push(bu as usize, data, count);
-                        return;
-                    }
-                    if let Some(&conn) = self.conns.get(&to) {
-                        if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
-                            debug!(node = %self.me.id, "fragment to {to} failed: {e}");
+            }
+            Action::Deliver(ev) => self.sink_queue.push_back(ev),
+            Action::Accepted(r) => {
+                if let Logic::Bu(_, sink) = &mut self.logic {
+                    if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) =
+                        sink.accepted(r.first, r.count)
+                    {
+                        // the sink keeps the output and tries again on its next call
+                        if self.sink_blocked.is_none() {
+                            warn!(node = %self.me.id, "sink cannot complete a file yet: {why}");
                         }
+                        self.sink_stalls += 1;
                     }
                 }
-                Action::Deliver(ev) => self.sink_queue.push_back(ev),
-                Action::Accepted(r) => {
-                    if let Logic::Bu(_, sink) = &mut self.logic {
-                        if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) =
-                            sink.accepted(r.first, r.count)
-                        {
-                            // the sink keeps the output and tries again on its next call
-                            if self.sink_blocked.is_none() {
-                                warn!(node = %self.me.id, "sink cannot complete a file yet: {why}");
-                            }
-                            self.sink_stalls += 1;
-                        }
-                    }
+            }
+            Action::Disconnect(p) => {
+                if let Some(&conn) = self.conns.get(&p) {
+                    self.messenger.close(conn);
+                    self.forget(p, conn);
                 }
-                Action::Disconnect(p) => {
-                    if let Some(&conn) = self.conns.get(&p) {
-                        self.messenger.close(conn);
-                        self.forget(p, conn);
-                    }
-                }
-                Action::Exit { ok, reason } => {
-                    if self.exit.is_none() {
-                        self.exit = Some((ok, reason));
-                    }
+            }
+            Action::Exit { ok, reason } => {
+                if self.exit.is_none() {
+                    self.exit = Some((ok, reason));
                 }
             }
         }
