@@ -95,7 +95,7 @@ fn count_interrupts() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
 }
 
 /// Gives every node whose port is 0 a free port on its host, and lists nodes explicitly.
-pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
+pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String> {
     let nodes = cfg.nodes();
     // Ports the configuration names itself (nodes with fixed ports, front-end streams) are
     // free now but taken later by their owners: never hand one of them out.
@@ -118,6 +118,7 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
         .filter(|p| *p != 0)
         .collect();
     let mut held = Vec::new();
+    let mut chosen = Listeners::new();
     let mut free = |n: &evb_config::NodeSpec, addr: &str| -> Result<String, String> {
         let sa: std::net::SocketAddr = addr
             .parse()
@@ -129,11 +130,13 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
             let l = std::net::TcpListener::bind(sa)
                 .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
             let got = l.local_addr().map_err(|e| e.to_string())?;
-            // held either way: a reserved one is not offered again
-            held.push(l);
             if !reserved.contains(&got.port()) {
+                // kept open, for the node to inherit: the port is never free in between
+                chosen.insert(got.to_string(), l);
                 return Ok(got.to_string());
             }
+            // held until the end: a reserved one is not offered again
+            held.push(l);
         }
         Err(format!("cannot find a free port on {}", sa.ip()))
     };
@@ -203,7 +206,26 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<Config, String> {
     }
     out.validate()
         .map_err(|e| format!("resolved configuration: {e}"))?;
-    Ok(out)
+    Ok((out, chosen))
+}
+
+/// The sockets [`resolve_ports`] bound for the addresses it chose, by address.
+pub(crate) type Listeners = BTreeMap<String, std::net::TcpListener>;
+
+/// The sockets node `n` inherits from `listeners`: its control API's, and its data
+/// address's where the TCP transport listens there (shared memory and libfabric listen
+/// their own way; a socket left unused would only hold their port).
+fn inherited_by(
+    cfg: &Config,
+    n: &evb_config::NodeSpec,
+    listeners: &Listeners,
+) -> Vec<(String, i32)> {
+    use std::os::fd::AsRawFd;
+    let data = (cfg.transport.kind == TransportKind::Tcp).then_some(n.addr.as_str());
+    data.into_iter()
+        .chain([n.control.as_str()])
+        .filter_map(|a| listeners.get(a).map(|l| (a.to_string(), l.as_raw_fd())))
+        .collect()
 }
 
 pub(crate) struct TempFile(pub PathBuf);
@@ -222,7 +244,7 @@ pub(crate) fn spawn_processes(
     tx: &mpsc::Sender<Note>,
     serve: bool,
 ) -> Result<Spawned, String> {
-    let cfg = resolve_ports(cfg)?;
+    let (cfg, listeners) = resolve_ports(cfg)?;
     let path = std::env::temp_dir().join(format!(
         "evb-run-{}-{}.toml",
         std::process::id(),
@@ -244,9 +266,17 @@ pub(crate) fn spawn_processes(
     let tmp = TempFile(path);
     let mut children = Vec::new();
     for n in cfg.nodes() {
-        let child = spawn_node(&tmp.0, &n.id, serve, tx)?;
+        let child = spawn_node(
+            &tmp.0,
+            &n.id,
+            serve,
+            tx,
+            &inherited_by(&cfg, &n, &listeners),
+        )?;
         children.push((n.id.clone(), child));
     }
+    // the nodes hold their sockets now (a node started again later binds its own)
+    drop(listeners);
     Ok((children, tmp, cfg))
 }
 
@@ -254,12 +284,14 @@ pub(crate) fn spawn_processes(
 pub(crate) type Placement = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
 pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
 
-/// Starts one supervised node process; its status lines go to `tx`.
+/// Starts one supervised node process; its status lines go to `tx`. It inherits the
+/// listening sockets `inherit` names (address, descriptor of this process).
 pub(crate) fn spawn_node(
     config: &Path,
     id: &str,
     serve: bool,
     tx: &mpsc::Sender<Note>,
+    inherit: &[(String, i32)],
 ) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     {
@@ -274,10 +306,32 @@ pub(crate) fn spawn_node(
             }
             None => Command::new(&exe),
         };
+        let fds: Vec<i32> = inherit.iter().map(|(_, fd)| *fd).collect();
+        if !fds.is_empty() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: runs in the forked child before exec and calls only fcntl, which is
+            // async-signal-safe; it allocates nothing (`fds` was built before the fork).
+            unsafe {
+                cmd.pre_exec(move || {
+                    for &fd in &fds {
+                        // the descriptors are close-on-exec here: only this child keeps them
+                        if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd
             .args(["node", "--supervised", "--id", n, "--config"])
             .arg(config)
             .args(serve.then_some("--serve"))
+            .args(
+                inherit
+                    .iter()
+                    .map(|(a, fd)| format!("--listen-fd={a}={fd}")),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -737,4 +791,57 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         .map_err(|e| e.to_string())?;
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ports `evb run` picks stay bound until the nodes hold them: nothing else on the
+    /// host can take one in between (it used to bind, release, and let the node bind again).
+    #[test]
+    fn chosen_ports_stay_bound_until_the_nodes_inherit_them() {
+        for kind in ["tcp", "shm"] {
+            let cfg = Config::from_toml(&format!(
+                "[transport]\nkind = \"{kind}\"\n[topology]\nrus = 2\nbus = 2\nhost = \"127.0.0.1\"\n"
+            ))
+            .unwrap();
+            let (resolved, listeners) = resolve_ports(&cfg).unwrap();
+            let nodes = resolved.nodes();
+            assert_eq!(nodes.len(), 5);
+            let mut addrs = Vec::new();
+            for n in &nodes {
+                let inherited = inherited_by(&resolved, n, &listeners);
+                for a in [&n.addr, &n.control] {
+                    let sa: std::net::SocketAddr = a.parse().unwrap();
+                    assert_ne!(sa.port(), 0, "{} {a}", n.id);
+                    assert!(listeners.contains_key(a.as_str()), "{} {a} not held", n.id);
+                    assert!(
+                        std::net::TcpListener::bind(sa).is_err(),
+                        "{} {a}: free while it should be held",
+                        n.id
+                    );
+                    addrs.push(sa);
+                }
+                // the control API always, the data address where TCP listens on it
+                let names: Vec<&str> = inherited.iter().map(|(a, _)| a.as_str()).collect();
+                let mut want = vec![];
+                if kind == "tcp" {
+                    want.push(n.addr.as_str());
+                }
+                want.push(n.control.as_str());
+                assert_eq!(names, want, "{kind} {}", n.id);
+            }
+            addrs.sort();
+            addrs.dedup();
+            assert_eq!(addrs.len(), 10, "every address its own port");
+            drop(listeners);
+            // released only now (a few may be taken by other tests meanwhile: most are free)
+            let free = addrs
+                .iter()
+                .filter(|a| std::net::TcpListener::bind(a).is_ok())
+                .count();
+            assert!(free >= 8, "only {free} of 10 ports free after release");
+        }
+    }
 }

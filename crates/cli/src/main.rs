@@ -137,6 +137,10 @@ struct NodeArgs {
     /// default is a file beside the configuration, named after the run and the job.
     #[arg(long, value_name = "FILE")]
     rendezvous: Option<PathBuf>,
+    /// A listening socket the launcher bound for this node (ADDR=FD, inherited): used
+    /// instead of binding ADDR, so the port is never free between launcher and node.
+    #[arg(long = "listen-fd", value_name = "ADDR=FD", hide = true)]
+    listen_fd: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -257,6 +261,19 @@ fn main() -> ExitCode {
             }
         },
         Command::Node(mut a) => {
+            for spec in &a.listen_fd {
+                let adopted = match spec.rsplit_once('=') {
+                    Some((addr, fd)) => match fd.parse() {
+                        Ok(fd) => evb_transport::inherited::adopt(addr, fd),
+                        Err(_) => Err(format!("--listen-fd {spec}: FD is not a number")),
+                    },
+                    None => Err(format!("--listen-fd {spec}: expected ADDR=FD")),
+                };
+                if let Err(e) = adopted {
+                    eprintln!("evb node: {e}");
+                    return ExitCode::from(2);
+                }
+            }
             let mut cfg = match Config::from_file(&a.config) {
                 Ok(c) => c,
                 Err(e) => {

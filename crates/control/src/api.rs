@@ -54,8 +54,11 @@ fn parse_body(body: &Bytes) -> Result<Value, Box<Response>> {
 /// Binds the node's API and serves it on a thread of its own. Returns the bound address.
 pub fn serve(node: Shared, addr: &str) -> Result<SocketAddr, String> {
     let want = parse_listen(addr)?;
-    let std_listener = std::net::TcpListener::bind(want)
-        .map_err(|e| format!("control API: cannot listen on {want}: {e}"))?;
+    let std_listener = match evb_transport::inherited::listener(want) {
+        Some(inherited) => inherited,
+        None => std::net::TcpListener::bind(want),
+    }
+    .map_err(|e| format!("control API: cannot listen on {want}: {e}"))?;
     std_listener
         .set_nonblocking(true)
         .map_err(|e| e.to_string())?;

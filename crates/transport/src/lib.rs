@@ -10,6 +10,7 @@
 mod auth;
 mod event;
 mod handshake;
+pub mod inherited;
 pub mod inproc;
 pub mod mux;
 pub mod ofi;

@@ -577,7 +577,15 @@ impl Transport for TcpTransport {
             addr: addr.to_string(),
             source,
         };
-        let mut l = TcpListener::bind(sa).map_err(io_err)?;
+        // a socket the launcher bound for this address and handed over: never released
+        let mut l = match crate::inherited::listener(sa) {
+            Some(inherited) => {
+                let l = inherited.map_err(io_err)?;
+                l.set_nonblocking(true).map_err(io_err)?;
+                TcpListener::from_std(l)
+            }
+            None => TcpListener::bind(sa).map_err(io_err)?,
+        };
         let local = l.local_addr().map_err(io_err)?;
         let token = self.token();
         self.poll
