@@ -158,7 +158,8 @@ pub struct RunSection {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub rendezvous: String,
     /// Where `evb run` and `evb up` put the RUs and BUs that `[affinity]` does not pin:
-    /// on separate CPUs ("auto"), or wherever the system puts them ("none"). A lone
+    /// a CPU each, or an RU and a BU together on each group of CPUs when there are fewer
+    /// CPUs than nodes ("auto"), or wherever the system puts them ("none"). A lone
     /// `evb node` ignores it.
     pub placement: Placement,
 }
