@@ -111,7 +111,6 @@ pub struct Ru {
     retained_count: u64,
     /// One past the newest event made: an assignment below it is a reassignment.
     made_until: u64,
-    open: Option<OpenRun>,
     block: Option<BlockWriter>,
     actions: VecDeque<Action>,
     stats: RuStats,
@@ -206,7 +205,6 @@ impl Ru {
             retained: BTreeMap::new(),
             retained_count: 0,
             made_until: 0,
-            open: None,
             block: None,
             actions: VecDeque::new(),
             stats: RuStats::default(),
@@ -359,6 +357,8 @@ impl Ru {
 
     /// Generates assigned fragments while pool memory lasts.
     pub fn poll(&mut self, _now: Instant) {
+        // The run being made: a local of this pass, which closes it at the end.
+        let mut open: Option<OpenRun> = None;
         let mut made = 0;
         let mut bytes = 0usize;
         self.blocked = false;
@@ -372,7 +372,7 @@ impl Ru {
             let (event_id, bu) = (r.first, r.bu);
             if event_id < self.made_until {
                 // Reassigned from a lost BU: the same bytes go to the new one.
-                self.close_run();
+                self.close_run(&mut open);
                 match self.held_fragment(event_id) {
                     Some(data) => {
                         self.actions.push_back(Action::SendFragments {
@@ -397,11 +397,11 @@ impl Ru {
                 let reason = format!(
                     "assigned event {event_id}, which the front-end streams have not supplied"
                 );
-                self.close_run();
+                self.close_run(&mut open);
                 self.source_failed(reason);
                 return;
             }
-            let Some(size) = self.make_into_run(bu, event_id) else {
+            let Some(size) = self.make_into_run(&mut open, bu, event_id) else {
                 self.stats.pool_waits += 1;
                 self.blocked = true;
                 break;
@@ -416,7 +416,7 @@ impl Ru {
             self.made_until = event_id + 1;
             made += 1;
         }
-        self.close_run();
+        self.close_run(&mut open);
     }
 
     /// Makes event `id`'s fragment at the end of the open run for `bu` (a new run when the
@@ -425,8 +425,8 @@ impl Ru {
     /// vary a run passes its byte limit by less than one fragment, which a frame's limit
     /// allows for). Returns the fragment's length, `None` when the pool cannot hold it now
     /// (the run is left as it was).
-    fn make_into_run(&mut self, bu: u16, id: u64) -> Option<usize> {
-        let joins = self.open.as_ref().is_some_and(|o| {
+    fn make_into_run(&mut self, open: &mut Option<OpenRun>, bu: u16, id: u64) -> Option<usize> {
+        let joins = open.as_ref().is_some_and(|o| {
             let n = o.ends.len();
             let last = o.ends[n - 1] - if n > 1 { o.ends[n - 2] } else { 0 };
             o.bu == bu
@@ -435,9 +435,9 @@ impl Ru {
                 && o.data.slices().len() < MAX_RUN_PIECES
         });
         if !joins {
-            self.close_run();
+            self.close_run(open);
         }
-        let mut o = self.open.take().unwrap_or_else(|| OpenRun {
+        let o = open.get_or_insert_with(|| OpenRun {
             bu,
             first: id,
             ends: Vec::new(),
@@ -448,8 +448,9 @@ impl Ru {
             o.ends.push(o.data.len() as u32);
             o.data.len() - before
         });
-        if !o.ends.is_empty() {
-            self.open = Some(o);
+        if o.ends.is_empty() {
+            // nothing made into a run just begun
+            *open = None;
         }
         made
     }
@@ -462,8 +463,8 @@ impl Ru {
     }
 
     /// Sends the open run and holds it until its events are released.
-    fn close_run(&mut self) {
-        let Some(o) = self.open.take() else { return };
+    fn close_run(&mut self, open: &mut Option<OpenRun>) {
+        let Some(o) = open.take() else { return };
         let count = o.ends.len() as u32;
         self.actions.push_back(Action::SendFragments {
             to: NodeRef::Bu(o.bu),
