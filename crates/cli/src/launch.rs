@@ -266,13 +266,15 @@ pub(crate) fn spawn_processes(
     let tmp = TempFile(path);
     let mut children = Vec::new();
     for n in cfg.nodes() {
-        let child = spawn_node(
-            &tmp.0,
-            &n.id,
-            serve,
-            tx,
-            &inherited_by(&cfg, &n, &listeners),
-        )?;
+        // a node started elsewhere (a placement's command: another network namespace)
+        // cannot use a socket bound here
+        let elsewhere = PLACEMENT.get().is_some_and(|p| !p(&n.id).is_empty());
+        let inherit = if elsewhere {
+            Vec::new()
+        } else {
+            inherited_by(&cfg, &n, &listeners)
+        };
+        let child = spawn_node(&tmp.0, &n.id, serve, tx, &inherit)?;
         children.push((n.id.clone(), child));
     }
     // the nodes hold their sockets now (a node started again later binds its own)
