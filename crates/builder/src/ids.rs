@@ -16,14 +16,16 @@ pub(crate) struct Bits {
 }
 
 impl Bits {
-    /// `n` indices, every one set.
+    /// `n` indices, every one set (whole words at once: an RU makes one per run).
     pub(crate) fn full(n: usize) -> Bits {
-        let mut b = Bits::default();
-        b.reset(n);
-        for i in 0..n {
-            b.set(i);
+        let ones = |k: usize| if k >= 64 { !0 } else { (1u64 << k) - 1 };
+        let high = n.saturating_sub(64);
+        Bits {
+            low: ones(n),
+            high: (0..high.div_ceil(64))
+                .map(|w| ones(high - 64 * w))
+                .collect(),
         }
-        b
     }
 
     /// `n` indices, none set.
@@ -33,19 +35,26 @@ impl Bits {
         self.high.resize(n.saturating_sub(64).div_ceil(64), 0);
     }
 
-    fn word(&mut self, i: usize) -> (&mut u64, u64) {
+    /// Where index `i` lives: `None` for the inline word, else the vector's word; its mask.
+    fn locate(i: usize) -> (Option<usize>, u64) {
         match i.checked_sub(64) {
-            None => (&mut self.low, 1 << i),
-            Some(j) => (&mut self.high[j / 64], 1 << (j % 64)),
+            None => (None, 1 << i),
+            Some(j) => (Some(j / 64), 1 << (j % 64)),
+        }
+    }
+
+    fn word(&mut self, i: usize) -> (&mut u64, u64) {
+        match Bits::locate(i) {
+            (None, bit) => (&mut self.low, bit),
+            (Some(w), bit) => (&mut self.high[w], bit),
         }
     }
 
     pub(crate) fn get(&self, i: usize) -> bool {
-        let (word, bit) = match i.checked_sub(64) {
-            None => (self.low, i),
-            Some(j) => (self.high[j / 64], j % 64),
-        };
-        word >> bit & 1 == 1
+        match Bits::locate(i) {
+            (None, bit) => self.low & bit != 0,
+            (Some(w), bit) => self.high[w] & bit != 0,
+        }
     }
 
     pub(crate) fn set(&mut self, i: usize) {
@@ -130,6 +139,7 @@ impl RecentIds {
 #[cfg(test)]
 mod tests {
     use super::{Bits, RecentIds};
+    use std::collections::BTreeSet;
 
     #[test]
     fn bits_cover_many_indices() {
@@ -152,8 +162,6 @@ mod tests {
             assert!((0..n).all(|i| f.get(i) != set.contains(&i)), "cleared {n}");
         }
     }
-    use std::collections::BTreeSet;
-
     #[test]
     fn recent_ids_agree_with_a_set_within_the_span() {
         let mut r = RecentIds::new(256);

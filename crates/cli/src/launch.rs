@@ -266,14 +266,7 @@ pub(crate) fn spawn_processes(
     let tmp = TempFile(path);
     let mut children = Vec::new();
     for n in cfg.nodes() {
-        // a node started elsewhere (a placement's command: another network namespace)
-        // cannot use a socket bound here
-        let elsewhere = PLACEMENT.get().is_some_and(|p| !p(&n.id).is_empty());
-        let inherit = if elsewhere {
-            Vec::new()
-        } else {
-            inherited_by(&cfg, &n, &listeners)
-        };
+        let inherit = inherited_by(&cfg, &n, &listeners);
         let child = spawn_node(&tmp.0, &n.id, serve, tx, &inherit)?;
         children.push((n.id.clone(), child));
     }
@@ -287,7 +280,9 @@ pub(crate) type Placement = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
 pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
 
 /// Starts one supervised node process; its status lines go to `tx`. It inherits the
-/// listening sockets `inherit` names (address, descriptor of this process).
+/// listening sockets `inherit` names (address, descriptor of this process), unless a
+/// placement starts it elsewhere (another network namespace), where a socket bound here is
+/// no use: it binds its own there.
 pub(crate) fn spawn_node(
     config: &Path,
     id: &str,
@@ -300,13 +295,13 @@ pub(crate) fn spawn_node(
         let n = id;
         // a node placed somewhere else (`evb testbed`: its host's network namespace) is
         // started through the placement's command
-        let mut cmd = match PLACEMENT.get().map(|p| p(n)).filter(|p| !p.is_empty()) {
+        let (mut cmd, inherit) = match PLACEMENT.get().map(|p| p(n)).filter(|p| !p.is_empty()) {
             Some(prefix) => {
                 let mut c = Command::new(&prefix[0]);
                 c.args(&prefix[1..]).arg(&exe);
-                c
+                (c, &[][..])
             }
-            None => Command::new(&exe),
+            None => (Command::new(&exe), inherit),
         };
         let fds: Vec<i32> = inherit.iter().map(|(_, fd)| *fd).collect();
         if !fds.is_empty() {
