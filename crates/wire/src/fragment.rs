@@ -2,6 +2,7 @@
 
 use crate::bytes::{need, u16_at, u32_at, u64_at};
 use crate::error::{Result, WireError};
+use crate::header_crc::{self, COVERED};
 
 pub const FRAGMENT_HEADER_LEN: usize = 32;
 
@@ -39,14 +40,14 @@ impl FragmentHeader {
         b[14..16].copy_from_slice(&self.flags.to_le_bytes());
         b[16..20].copy_from_slice(&self.payload_size.to_le_bytes());
         b[20..24].copy_from_slice(&self.payload_crc.to_le_bytes());
-        let crc = crc32c::crc32c(&b[0..28]);
+        let crc = header_crc::crc32c_28(b[..COVERED].try_into().expect("28 bytes"));
         b[28..32].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
     pub fn decode(b: &[u8]) -> Result<FragmentHeader> {
         need("fragment header", b, FRAGMENT_HEADER_LEN)?;
-        let computed = crc32c::crc32c(&b[0..28]);
+        let computed = header_crc::crc32c_28(b[..COVERED].try_into().expect("28 bytes"));
         let got = u32_at(b, 28);
         if got != computed {
             return Err(WireError::HeaderChecksum { got, computed });

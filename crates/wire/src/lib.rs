@@ -10,6 +10,7 @@ mod error;
 mod fragment;
 mod frame;
 mod handshake;
+mod header_crc;
 mod message;
 pub mod pubsub;
 pub mod super_fragment;

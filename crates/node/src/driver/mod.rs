@@ -607,8 +607,21 @@ impl Driver {
                 .poll(&mut incoming, Some(timeout))
                 .map_err(|e| NodeError::Io(e.to_string()))?;
             let now = Instant::now();
+            // A BU builds and delivers what each page of fragments completed before it files
+            // the next page: a pass can bring megabytes, and events finished while their
+            // fragments are still in the cache cost less than a whole pass's worth later.
             for inc in incoming.drain(..) {
+                let page = matches!(
+                    inc,
+                    Incoming::Received {
+                        msg: Received::Fragments(_),
+                        ..
+                    }
+                );
                 self.on_incoming(now, inc)?;
+                if page {
+                    self.run_actions();
+                }
             }
             self.run_actions();
         }
