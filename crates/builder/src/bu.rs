@@ -221,8 +221,8 @@ impl Records {
         })
     }
 
-    /// Event `id`'s record, made (one placeholder fragment per source) if it has none;
-    /// true when it was made now.
+    /// Event `id`'s record, made (no fragment filed yet) if it has none; true when it was
+    /// made now.
     fn entry(&mut self, id: u64, now: Instant, source_ids: &[u16]) -> (&mut Building, bool) {
         let g = self.groups.entry(id / GROUP).or_insert_with(|| Group {
             slots: [NO_SLOT; GROUP as usize],
@@ -246,7 +246,7 @@ impl Records {
             if b.fragments.capacity() == 0 {
                 b.fragments = self.spare_fragments.pop().unwrap_or_default();
             }
-            b.reset(id, now, source_ids);
+            b.reset(now, source_ids);
         }
         (b, new)
     }
@@ -274,19 +274,8 @@ impl Records {
 }
 
 impl Building {
-    fn reset(&mut self, id: u64, now: Instant, source_ids: &[u16]) {
+    fn reset(&mut self, now: Instant, source_ids: &[u16]) {
         self.fragments.clear();
-        self.fragments.extend(source_ids.iter().map(|&source_id| {
-            let h = FragmentHeader {
-                event_id: id,
-                trigger_number: 0,
-                source_id,
-                flags: FLAG_MISSING,
-                payload_size: 0,
-                payload_crc: 0,
-            };
-            (h, Chain::new())
-        }));
         self.have.reset(source_ids.len());
         self.assigned = false;
         self.at_sink = false;
@@ -294,6 +283,35 @@ impl Building {
         self.received = 0;
         self.corrupt = false;
         self.partial = false;
+    }
+
+    /// Files RU `ru`'s fragment at its place. The vector grows as fragments come: an RU's
+    /// place is taken by a MISSING placeholder only when a later RU's fragment came first
+    /// (or, at completion, when its RU was lost), not at every event's start.
+    fn put(&mut self, id: u64, source_ids: &[u16], ru: usize, fragment: (FragmentHeader, Chain)) {
+        if ru < self.fragments.len() {
+            self.fragments[ru] = fragment;
+        } else {
+            self.pad(id, source_ids, ru);
+            self.fragments.push(fragment);
+        }
+    }
+
+    /// Placeholders (MISSING, empty) for every place below `upto` not filed yet.
+    fn pad(&mut self, id: u64, source_ids: &[u16], upto: usize) {
+        let from = self.fragments.len();
+        self.fragments
+            .extend(source_ids[from.min(upto)..upto].iter().map(|&source_id| {
+                let h = FragmentHeader {
+                    event_id: id,
+                    trigger_number: 0,
+                    source_id,
+                    flags: FLAG_MISSING,
+                    payload_size: 0,
+                    payload_crc: 0,
+                };
+                (h, Chain::new())
+            }));
     }
 }
 
@@ -555,7 +573,7 @@ impl Bu {
             self.stats.duplicate_fragments += 1;
             return;
         }
-        b.fragments[ru] = (header, payload);
+        b.put(id, &self.cfg.source_ids, ru, (header, payload));
         b.have.set(ru);
         b.received += 1;
         b.corrupt |= corrupt;
@@ -580,6 +598,7 @@ impl Bu {
             return;
         }
         b.at_sink = true;
+        b.pad(id, &self.cfg.source_ids, n);
         let mut fragments = std::mem::take(&mut b.fragments);
         let (corrupt, partial) = (b.corrupt, b.partial);
         self.stats
@@ -783,6 +802,64 @@ mod records_tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    fn header(id: u64, source_id: u16) -> FragmentHeader {
+        FragmentHeader {
+            event_id: id,
+            trigger_number: id as u32,
+            source_id,
+            flags: 0,
+            payload_size: 0,
+            payload_crc: 0,
+        }
+    }
+
+    /// Fragments filed as they come, in every order and with any RUs never heard from,
+    /// end up at their RUs' places with MISSING placeholders where none came: what the
+    /// placeholders made up front at every event's start gave.
+    #[test]
+    fn fragments_land_at_their_places_in_any_order() {
+        let sources = [11u16, 12, 13, 14];
+        let now = Instant::now();
+        let mut b = Building::default();
+        // every subset of RUs that sends, in every order of arrival
+        for subset in 0u32..16 {
+            let sending: Vec<usize> = (0..4).filter(|r| subset & (1 << r) != 0).collect();
+            let mut orders = vec![sending.clone()];
+            permutations(&sending, &mut Vec::new(), &mut orders);
+            for order in orders {
+                b.reset(now, &sources);
+                for &ru in &order {
+                    b.put(7, &sources, ru, (header(7, sources[ru]), Chain::new()));
+                }
+                b.pad(7, &sources, sources.len());
+                let expected: Vec<FragmentHeader> = (0..4)
+                    .map(|ru| {
+                        let mut h = header(7, sources[ru]);
+                        if !sending.contains(&ru) {
+                            (h.trigger_number, h.flags) = (0, FLAG_MISSING);
+                        }
+                        h
+                    })
+                    .collect();
+                let got: Vec<FragmentHeader> = b.fragments.iter().map(|(h, _)| *h).collect();
+                assert_eq!(got, expected, "RUs {sending:?} arriving as {order:?}");
+            }
+        }
+    }
+
+    fn permutations(left: &[usize], prefix: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if left.is_empty() {
+            out.push(prefix.clone());
+            return;
+        }
+        for i in 0..left.len() {
+            let mut rest = left.to_vec();
+            prefix.push(rest.remove(i));
+            permutations(&rest, prefix, out);
+            prefix.pop();
+        }
+    }
+
     /// The grouped records agree with a map of ids: made, found, forgotten, listed.
     #[test]
     fn records_agree_with_a_map_of_ids() {
@@ -806,11 +883,16 @@ mod records_tests {
                 let (b, new) = r.entry(id, now, &[1, 2]);
                 assert_eq!(new, !model.contains_key(&id), "step {step} entry {id}");
                 if new {
+                    assert!(b.fragments.is_empty(), "step {step}: a new record is empty");
                     b.received = (id % 2) as usize;
                     model.insert(id, b.received);
+                    b.put(id, &[1, 2], 1, (header(id, 2), Chain::new()));
                 }
+                // the second RU's fragment, and a placeholder for the first (the record's own)
                 assert_eq!(b.fragments.len(), 2);
                 assert_eq!(b.fragments[0].0.event_id, id);
+                assert_eq!(b.fragments[0].0.flags, FLAG_MISSING);
+                assert_eq!(b.fragments[1].0, header(id, 2));
             }
             assert_eq!(r.len(), model.len(), "step {step}");
         }
