@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{fragment_prefix, EventRange, Message, FRAGMENT_PREFIX_LEN};
+use evb_wire::{write_fragment_prefix, EventRange, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
@@ -118,6 +118,14 @@ pub struct Ru {
     blocked: bool,
     /// Static generator content: made once, sent from memory (see `Content::Static`).
     template: Option<Template>,
+}
+
+/// The first `PREFIX_LEN` bytes of `spare`, where a fragment's prefix goes (callers have
+/// checked that its block has room for the prefix).
+fn prefix_of(spare: &mut [u8]) -> &mut [u8; PREFIX_LEN] {
+    (&mut spare[..PREFIX_LEN])
+        .try_into()
+        .expect("room for the prefix")
 }
 
 /// Static payloads up to this size are copied after their prefix instead of referenced.
@@ -552,7 +560,7 @@ impl Ru {
             let spare = &mut w.spare_mut()[..total];
             g.fill(event_id, src, 0, &mut spare[PREFIX_LEN..]);
             let crc = crc32c::crc32c(&spare[PREFIX_LEN..]);
-            spare[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&spec.header(event_id, src, crc)));
+            write_fragment_prefix(&spec.header(event_id, src, crc), prefix_of(spare));
             let start = w.filled();
             w.advance(total);
             run.push_from(w, start, total);
@@ -605,7 +613,7 @@ impl Ru {
             }
         }
         let header = spec.header(event_id, src, crc);
-        writers[0].spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        write_fragment_prefix(&header, prefix_of(writers[0].spare_mut()));
         let used = lens.len();
         for (w, len) in writers.iter_mut().zip(lens) {
             let start = w.filled();
@@ -644,7 +652,7 @@ impl Ru {
         let t = self.template.as_mut().expect("made above");
         let header = spec.header(event_id, src, t.crc(size));
         let start = block.filled();
-        block.spare_mut()[..PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        write_fragment_prefix(&header, prefix_of(block.spare_mut()));
         if inline {
             t.payload
                 .copy_prefix(&mut block.spare_mut()[PREFIX_LEN..need]);

@@ -7,6 +7,7 @@
 pub(crate) const COVERED: usize = 28;
 
 /// CRC32C (Castagnoli) of `b`, exactly as `crc32c::crc32c(b)`.
+#[inline]
 pub(crate) fn crc32c_28(b: &[u8; COVERED]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {

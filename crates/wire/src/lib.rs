@@ -17,7 +17,7 @@ pub mod super_fragment;
 
 pub use error::{Result, WireError};
 pub use fragment::{
-    fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS,
+    fragment_prefix, write_fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS,
     FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
 };
 pub use frame::{
