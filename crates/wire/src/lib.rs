@@ -17,8 +17,8 @@ pub mod super_fragment;
 
 pub use error::{Result, WireError};
 pub use fragment::{
-    fragment_prefix, write_fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS,
-    FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
+    fragment_prefix, write_fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING,
+    FLAG_SUPER, FLAG_SYNC_LOSS, FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
 };
 pub use frame::{
     FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION,
