@@ -42,15 +42,18 @@ impl FragmentHeader {
     /// its blocks; no copy through the stack).
     #[inline]
     pub fn encode_into(&self, b: &mut [u8; FRAGMENT_HEADER_LEN]) {
-        b[0..8].copy_from_slice(&self.event_id.to_le_bytes());
-        b[8..12].copy_from_slice(&self.trigger_number.to_le_bytes());
-        b[12..14].copy_from_slice(&self.source_id.to_le_bytes());
-        b[14..16].copy_from_slice(&self.flags.to_le_bytes());
-        b[16..20].copy_from_slice(&self.payload_size.to_le_bytes());
-        b[20..24].copy_from_slice(&self.payload_crc.to_le_bytes());
-        b[24..28].copy_from_slice(&[0; 4]);
-        let crc = header_crc::crc32c_28(b[..COVERED].try_into().expect("28 bytes"));
-        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        // The words as they lie in the header (little-endian), the CRC computed from them in
+        // registers rather than read back from `b` (see `header_crc::crc32c_words`).
+        let w0 = self.event_id;
+        let w1 = u64::from(self.trigger_number)
+            | u64::from(self.source_id) << 32
+            | u64::from(self.flags) << 48;
+        let w2 = u64::from(self.payload_size) | u64::from(self.payload_crc) << 32;
+        let crc = header_crc::crc32c_words([w0, w1, w2], 0);
+        let w3 = u64::from(crc) << 32; // reserved (zero), then the CRC
+        for (i, w) in [w0, w1, w2, w3].into_iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
     }
 
     pub fn decode(b: &[u8]) -> Result<FragmentHeader> {

@@ -351,3 +351,34 @@ fn empty_ranges_and_credits_are_refused() {
         Ok(one)
     );
 }
+
+/// The fragment header's bytes are exactly protocol.md's layout, field by field, with the
+/// CRC32C of the first 28 bytes (whatever way the encoder computes it).
+#[test]
+fn fragment_header_bytes_follow_the_layout() {
+    let h = FragmentHeader {
+        event_id: 0x0102_0304_0506_0708,
+        trigger_number: 0x1112_1314,
+        source_id: 0x2122,
+        flags: FLAG_GENERATED | FLAG_SUPER,
+        payload_size: 0x3132_3334,
+        payload_crc: 0x4142_4344,
+    };
+    let mut expected = Vec::new();
+    expected.extend_from_slice(&h.event_id.to_le_bytes());
+    expected.extend_from_slice(&h.trigger_number.to_le_bytes());
+    expected.extend_from_slice(&h.source_id.to_le_bytes());
+    expected.extend_from_slice(&h.flags.to_le_bytes());
+    expected.extend_from_slice(&h.payload_size.to_le_bytes());
+    expected.extend_from_slice(&h.payload_crc.to_le_bytes());
+    expected.extend_from_slice(&[0; 4]);
+    let crc = crc32c::crc32c(&expected);
+    expected.extend_from_slice(&crc.to_le_bytes());
+    assert_eq!(h.encode().to_vec(), expected);
+    let prefix = fragment_prefix(&h);
+    assert_eq!(&prefix[MESSAGE_HEADER_LEN..], &expected[..]);
+    let mut direct = [0xaa; FRAGMENT_PREFIX_LEN];
+    write_fragment_prefix(&h, &mut direct);
+    assert_eq!(direct, prefix);
+    assert_eq!(FragmentHeader::decode(&expected).unwrap(), h);
+}
