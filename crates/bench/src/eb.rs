@@ -1,5 +1,6 @@
-//! The event builder itself: a whole `evb run` (EVM, RUs and BUs as processes over tcp),
-//! launched as a child of this process (`evb run --json ... --quiet --config ...`).
+//! The event builder itself: a whole `evb run` (EVM, RUs and BUs as processes over tcp, or
+//! shm for the rows that say so), launched as a child of this process (`evb run --json ...
+//! --quiet --config ...`).
 
 use std::process::{Command, Stdio};
 
@@ -33,6 +34,8 @@ pub struct BuildSpec {
     /// placement included), only `--duration`; the fields above that shape a run describe
     /// that default and are not passed.
     pub as_typed: bool,
+    /// `transport.kind`: "tcp" (every row but those that say otherwise) or "shm".
+    pub transport: &'static str,
 }
 
 impl BuildSpec {
@@ -81,7 +84,7 @@ content = "{content}"
 verify = "{verify}"
 
 [transport]
-kind = "tcp"
+kind = "{transport}"
 
 [topology]
 rus = {rus}
@@ -95,6 +98,7 @@ host = "127.0.0.1"
             content = self.content,
             rus = self.rus,
             bus = self.bus,
+            transport = self.transport,
         );
         base + &affinity
     }
@@ -119,6 +123,7 @@ pub fn default_run(seconds: f64) -> BuildSpec {
         scaling: false,
         load: None,
         as_typed: true,
+        transport: "tcp",
     }
 }
 
@@ -201,7 +206,13 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         .map(|b| b["payload_bytes_built"].as_u64().unwrap_or(0))
         .sum();
     let _ = std::fs::remove_file(&cfg_path);
-    let mut p = Point::new("build", "evb", "tcp", &spec.variant(), spec.fragment);
+    let mut p = Point::new(
+        "build",
+        "evb",
+        spec.transport,
+        &spec.variant(),
+        spec.fragment,
+    );
     p.senders = spec.rus;
     p.receivers = spec.bus;
     p.msgs_per_s = events as f64 / secs;

@@ -306,6 +306,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         scaling: false,
                         load: None,
                         as_typed: false,
+                        transport: "tcp",
                     }];
                     if !s.quick {
                         // The same with the RUs writing every byte (as the default run).
@@ -320,6 +321,15 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                             verify: "crc",
                             ..specs[0].clone()
                         });
+                        // and both over shared memory: the builder without the kernel's
+                        // loopback copies (their own rows; the targets are for tcp)
+                        for verify in ["headers", "crc"] {
+                            specs.push(BuildSpec {
+                                verify,
+                                transport: "shm",
+                                ..specs[0].clone()
+                            });
+                        }
                     }
                     // Both again with senders on one CPU and receivers on another, which
                     // takes this VM's loopback mode out of the comparison.
@@ -389,7 +399,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                     for spec in specs {
                         let scratch = std::env::temp_dir();
                         add(
-                            format!("build evb tcp 2x2 {h} {}", spec.variant()),
+                            format!("build evb {} 2x2 {h} {}", spec.transport, spec.variant()),
                             reps,
                             Box::new(move || eb::build(&spec, &scratch)),
                         );
@@ -421,6 +431,7 @@ fn plan(which: &str, s: &Settings, notes: &mut Vec<String>) -> Result<Vec<Task>,
                         scaling: false,
                         load: None,
                         as_typed: false,
+                        transport: "tcp",
                     };
                     let scratch = std::env::temp_dir();
                     add(
@@ -613,6 +624,7 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
     for (verify, target) in [("headers", 5e6), ("crc", 4e6)] {
         let small = find(points, |p| {
             p.bench == "build"
+                && p.transport == "tcp"
                 && p.size == 256
                 && p.senders == 2
                 && p.receivers == 2
@@ -626,6 +638,25 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             small.map(|p| p.msgs_per_s),
             Some(target),
             1.0,
+            "events/s",
+        );
+        // the same over shm, reported beside them and not judged (the targets are for tcp)
+        let shm = find(points, |p| {
+            p.bench == "build"
+                && p.transport == "shm"
+                && p.size == 256
+                && p.senders == 2
+                && p.receivers == 2
+                && p.variant == format!("fixed static verify={verify}")
+        });
+        push(
+            &format!(
+                "build 2x2 256 B static verify={verify} over shm: events/s / {} M (no target: tcp's)",
+                target / 1e6
+            ),
+            shm.map(|p| p.msgs_per_s),
+            Some(target),
+            0.0,
             "events/s",
         );
     }
@@ -656,6 +687,7 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
     );
     for b in points.iter().filter(|p| {
         p.bench == "build"
+            && p.transport == "tcp"
             && p.variant.starts_with("fixed")
             && !p.variant.ends_with(" scraped")
             && !p.variant.ends_with(" scaling")
@@ -895,6 +927,16 @@ mod tests {
         let mut other = point("headers", 9e6);
         other.size = 4096;
         assert!(ratios(&[other]).is_empty());
+        // a row over shm is reported on its own line, never judged, never taken for tcp's
+        let mut shm = point("headers", 4.5e6);
+        shm.transport = "shm".into();
+        let r = ratios(&[shm]);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(
+            r[0].name.contains("over shm") && r[0].target == 0.0,
+            "{r:?}"
+        );
+        assert!((r[0].value - 0.9).abs() < 1e-9, "{r:?}");
     }
 
     #[test]
