@@ -13,7 +13,7 @@ use evb_builder::assembly::{
 use evb_builder::{Ru, RunState, Sink};
 use evb_config::{Config, NodeSpec, OnError, OnSyncLoss};
 use evb_wire::super_fragment::{directory_len, encode_directory};
-use evb_wire::{fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
+use evb_wire::{write_fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
 use tracing::{error, info, warn};
 
 /// What a producer sends the RU's driver, in submission order.
@@ -344,7 +344,8 @@ impl Joint {
             payload_crc: crc,
         };
         let start = w.filled();
-        w.spare_mut()[..FRAGMENT_PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        let prefix = (&mut w.spare_mut()[..FRAGMENT_PREFIX_LEN]).try_into();
+        write_fragment_prefix(&header, prefix.expect("room for the prefix"));
         w.spare_mut()[FRAGMENT_PREFIX_LEN..need].copy_from_slice(&directory);
         w.advance(need);
         let mut chain = Chain::from_slice(w.slice(start, need));

@@ -16,7 +16,7 @@ use evb_builder::assembly::Assembled;
 use evb_config::{Config, NodeSpec, OnError, Role, SourceKind};
 use evb_node::plug::{ApiFeed, FeedItem, Part, Plugs};
 use evb_node::NodeOutcome;
-use evb_wire::{fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
+use evb_wire::{write_fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
 
 use crate::node_thread::NodeThread;
 use crate::Error;
@@ -324,7 +324,8 @@ impl Producer {
             payload_size: len as u32,
             payload_crc: crc32c::crc32c(payload),
         };
-        buf.writer.spare_mut()[..FRAGMENT_PREFIX_LEN].copy_from_slice(&fragment_prefix(&header));
+        let prefix = (&mut buf.writer.spare_mut()[..FRAGMENT_PREFIX_LEN]).try_into();
+        write_fragment_prefix(&header, prefix.expect("room for the prefix"));
         buf.writer.advance(FRAGMENT_PREFIX_LEN + len);
         let fragment = Chain::from_slice(buf.writer.slice(buf.start, FRAGMENT_PREFIX_LEN + len));
         self.keep_for_next(buf.writer);
