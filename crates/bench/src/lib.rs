@@ -620,8 +620,8 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
         );
     }
     // small events against issue 15's absolute targets: 5 M events/s at 2 x 2, 256 B over
-    // tcp, static content, headers checked (1.2x LSEB's 4.2 M here); 4 M/s with CRCs
-    // over shm the same rows are reported beside them and not judged (the targets are tcp's)
+    // tcp, static content, headers checked (1.2x LSEB's 4.2 M here); 4 M/s with CRCs. The
+    // same rows over shm are reported beside them and not judged (the targets are tcp's).
     for (verify, target) in [("headers", 5e6), ("crc", 4e6)] {
         for (transport, over, judged) in [("tcp", "", 1.0), ("shm", " over shm", 0.0)] {
             let small = find(points, |p| {
