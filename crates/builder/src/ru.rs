@@ -120,14 +120,6 @@ pub struct Ru {
     template: Option<Template>,
 }
 
-/// The first `PREFIX_LEN` bytes of `spare`, where a fragment's prefix goes (callers have
-/// checked that its block has room for the prefix).
-fn prefix_of(spare: &mut [u8]) -> &mut [u8; PREFIX_LEN] {
-    (&mut spare[..PREFIX_LEN])
-        .try_into()
-        .expect("room for the prefix")
-}
-
 /// Static payloads up to this size are copied after their prefix instead of referenced.
 pub(crate) const STATIC_INLINE_MAX: usize = 4096;
 
@@ -560,7 +552,7 @@ impl Ru {
             let spare = &mut w.spare_mut()[..total];
             g.fill(event_id, src, 0, &mut spare[PREFIX_LEN..]);
             let crc = crc32c::crc32c(&spare[PREFIX_LEN..]);
-            write_fragment_prefix(&spec.header(event_id, src, crc), prefix_of(spare));
+            write_fragment_prefix(&spec.header(event_id, src, crc), spare);
             let start = w.filled();
             w.advance(total);
             run.push_from(w, start, total);
@@ -613,7 +605,7 @@ impl Ru {
             }
         }
         let header = spec.header(event_id, src, crc);
-        write_fragment_prefix(&header, prefix_of(writers[0].spare_mut()));
+        write_fragment_prefix(&header, writers[0].spare_mut());
         let used = lens.len();
         for (w, len) in writers.iter_mut().zip(lens) {
             let start = w.filled();
@@ -652,7 +644,7 @@ impl Ru {
         let t = self.template.as_mut().expect("made above");
         let header = spec.header(event_id, src, t.crc(size));
         let start = block.filled();
-        write_fragment_prefix(&header, prefix_of(block.spare_mut()));
+        write_fragment_prefix(&header, block.spare_mut());
         if inline {
             t.payload
                 .copy_prefix(&mut block.spare_mut()[PREFIX_LEN..need]);

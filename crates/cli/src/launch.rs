@@ -447,7 +447,7 @@ impl RateMeter {
 /// many RUs as BUs (RU i and BU i together, round the groups), so every CPU carries both
 /// halves of the work. The EVM, which does little, goes wherever the system puts it.
 ///
-/// Why pairs rather than RUs on some CPUs and BUs on others (the rule until this stop): an
+/// Why pairs rather than RUs on some CPUs and BUs on others (the earlier rule): an
 /// RU and a BU cost different CPU time per event (the BU more for small events, the RU more
 /// with unique content), so splitting by role left one side idle while the other was
 /// saturated; a pair per CPU balances by construction, and half the traffic stays within a

@@ -344,8 +344,7 @@ impl Joint {
             payload_crc: crc,
         };
         let start = w.filled();
-        let prefix = (&mut w.spare_mut()[..FRAGMENT_PREFIX_LEN]).try_into();
-        write_fragment_prefix(&header, prefix.expect("room for the prefix"));
+        write_fragment_prefix(&header, w.spare_mut());
         w.spare_mut()[FRAGMENT_PREFIX_LEN..need].copy_from_slice(&directory);
         w.advance(need);
         let mut chain = Chain::from_slice(w.slice(start, need));

@@ -324,8 +324,7 @@ impl Producer {
             payload_size: len as u32,
             payload_crc: crc32c::crc32c(payload),
         };
-        let prefix = (&mut buf.writer.spare_mut()[..FRAGMENT_PREFIX_LEN]).try_into();
-        write_fragment_prefix(&header, prefix.expect("room for the prefix"));
+        write_fragment_prefix(&header, buf.writer.spare_mut());
         buf.writer.advance(FRAGMENT_PREFIX_LEN + len);
         let fragment = Chain::from_slice(buf.writer.slice(buf.start, FRAGMENT_PREFIX_LEN + len));
         self.keep_for_next(buf.writer);

@@ -97,15 +97,19 @@ pub fn fragment_prefix(h: &FragmentHeader) -> [u8; FRAGMENT_PREFIX_LEN] {
     b
 }
 
-/// [`fragment_prefix`] straight into `b`.
+/// [`fragment_prefix`] straight into the first [`FRAGMENT_PREFIX_LEN`] bytes of `dst` (the
+/// spare room of a pool block, where the payload follows).
+///
+/// # Panics
+/// If `dst` is shorter than the prefix: the caller has made room for it.
 #[inline]
-pub fn write_fragment_prefix(h: &FragmentHeader, b: &mut [u8; FRAGMENT_PREFIX_LEN]) {
+pub fn write_fragment_prefix(h: &FragmentHeader, dst: &mut [u8]) {
     use crate::{MessageHeader, MessageType, MESSAGE_HEADER_LEN};
     let mh = MessageHeader {
         msg_type: MessageType::Fragment,
         length: (FRAGMENT_HEADER_LEN as u32) + h.payload_size,
     };
-    let (m, f) = b.split_at_mut(MESSAGE_HEADER_LEN);
+    let (m, f) = dst[..FRAGMENT_PREFIX_LEN].split_at_mut(MESSAGE_HEADER_LEN);
     m.copy_from_slice(&mh.encode());
     h.encode_into(f.try_into().expect("the fragment header's length"));
 }
