@@ -36,6 +36,10 @@ pub struct BuildSpec {
     pub as_typed: bool,
     /// `transport.kind`: "tcp" (every row but those that say otherwise) or "shm".
     pub transport: &'static str,
+    /// LSEB's shape, a "folded" builder: RU i and BU i share host i (loopback address
+    /// 127.0.0.i+1 here), which talk over shm (`transport.local`), everything between hosts
+    /// over `transport`. Half the fragments of a 2 x 2 run then never touch the kernel's tcp.
+    pub folded: bool,
 }
 
 impl BuildSpec {
@@ -49,7 +53,8 @@ impl BuildSpec {
             self.content,
             self.verify,
             if self.pin.is_some() { " pinned" } else { "" }
-        ) + if self.scraped { " scraped" } else { "" }
+        ) + if self.folded { " folded" } else { "" }
+            + if self.scraped { " scraped" } else { "" }
             + if self.scaling { " scaling" } else { "" }
             + &self
                 .load
@@ -68,6 +73,17 @@ impl BuildSpec {
                 affinity.push_str(&format!("bu{i} = [{bu_cpu}]\n"));
             }
         }
+        let (local, nodes) = if self.folded {
+            ("local = \"shm\"\n", self.folded_nodes())
+        } else {
+            (
+                "",
+                format!(
+                    "[topology]\nrus = {}\nbus = {}\nhost = \"127.0.0.1\"\n",
+                    self.rus, self.bus
+                ),
+            )
+        };
         let base = format!(
             r#"[run]
 id = "{run_id}"
@@ -85,22 +101,32 @@ verify = "{verify}"
 
 [transport]
 kind = "{transport}"
-
-[topology]
-rus = {rus}
-bus = {bus}
-host = "127.0.0.1"
-"#,
+{local}
+{nodes}"#,
             secs = self.seconds,
             size = self.fragment,
             dist = if self.lognormal { "lognormal" } else { "fixed" },
             verify = self.verify,
             content = self.content,
-            rus = self.rus,
-            bus = self.bus,
             transport = self.transport,
         );
         base + &affinity
+    }
+
+    /// The nodes one by one: the EVM with host 0, RU i and BU i on host i mod the hosts
+    /// (as many hosts as the larger role), host k being 127.0.0.k+1, every port chosen by
+    /// `evb run`.
+    fn folded_nodes(&self) -> String {
+        let hosts = self.rus.max(self.bus).max(1);
+        let at = |i: u32| format!("127.0.0.{}:0", i % hosts + 1);
+        let mut out = format!("[evm]\nid = \"evm\"\naddr = \"{}\"\n", at(0));
+        for i in 0..self.rus {
+            out.push_str(&format!("\n[[ru]]\nid = \"ru{i}\"\naddr = \"{}\"\n", at(i)));
+        }
+        for i in 0..self.bus {
+            out.push_str(&format!("\n[[bu]]\nid = \"bu{i}\"\naddr = \"{}\"\n", at(i)));
+        }
+        out
     }
 }
 
@@ -124,6 +150,7 @@ pub fn default_run(seconds: f64) -> BuildSpec {
         load: None,
         as_typed: true,
         transport: "tcp",
+        folded: false,
     }
 }
 
@@ -324,4 +351,52 @@ fn scrape(base: u16, nodes: u16, done: &std::sync::atomic::AtomicBool) -> u64 {
         }
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The folded shape's configuration is valid and puts RU i and BU i on host i, the
+    /// EVM with host 0, with shm between the nodes of a host.
+    #[test]
+    fn folded_runs_pair_ru_i_and_bu_i_on_host_i() {
+        let spec = BuildSpec {
+            folded: true,
+            ..default_run(1.0)
+        };
+        let spec = BuildSpec {
+            as_typed: false,
+            rus: 3,
+            bus: 2,
+            ..spec
+        };
+        assert!(spec.variant().ends_with(" folded"), "{}", spec.variant());
+        let cfg = evb_config::Config::from_toml(&spec.toml("t", 0.0)).unwrap();
+        assert_eq!(cfg.transport.local, Some(evb_config::TransportKind::Shm));
+        assert_eq!(cfg.transport.kind, evb_config::TransportKind::Tcp);
+        let host_of = |id: &str| {
+            let n = cfg.nodes().into_iter().find(|n| n.id == id).unwrap();
+            n.addr.rsplit_once(':').unwrap().0.to_string()
+        };
+        for (id, host) in [
+            ("evm", "127.0.0.1"),
+            ("ru0", "127.0.0.1"),
+            ("bu0", "127.0.0.1"),
+            ("ru1", "127.0.0.2"),
+            ("bu1", "127.0.0.2"),
+            ("ru2", "127.0.0.3"),
+        ] {
+            assert_eq!(host_of(id), host, "{id}");
+        }
+        assert_eq!(cfg.nodes().len(), 6);
+        // not folded: the counts, one host, no local transport
+        let plain = BuildSpec {
+            folded: false,
+            ..spec
+        };
+        let cfg = evb_config::Config::from_toml(&plain.toml("t", 0.0)).unwrap();
+        assert_eq!(cfg.transport.local, None);
+        assert_eq!(cfg.nodes().len(), 6);
+    }
 }
