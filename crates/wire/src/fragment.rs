@@ -1,8 +1,8 @@
 //! The fragment header: what one RU contributes to one event.
 
-use crate::bytes::{need, u16_at, u32_at, u64_at};
+use crate::bytes::{need, u64_at};
 use crate::error::{Result, WireError};
-use crate::header_crc::{self, COVERED};
+use crate::header_crc;
 
 pub const FRAGMENT_HEADER_LEN: usize = 32;
 
@@ -16,7 +16,7 @@ pub const FLAG_SUPER: u16 = 0x0004;
 /// Flag: a stream of this super-fragment disagreed on the trigger number (sync loss) and the
 /// event was built anyway (`source.on_sync_loss = "flag"`); its entry says which.
 pub const FLAG_SYNC_LOSS: u16 = 0x0008;
-const KNOWN_FLAGS: u16 = FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS;
+pub(crate) const KNOWN_FLAGS: u16 = FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS;
 
 /// Fragment header, 32 bytes, little-endian:
 /// event id u64 | trigger number u32 | source id u16 | flags u16 | payload size u32 |
@@ -56,19 +56,25 @@ impl FragmentHeader {
         }
     }
 
+    /// Read as four little-endian words, each loaded once: the fields and the CRC's input
+    /// come from the same registers (field by field, the decoder's loads of 2 to 8 bytes
+    /// and its stack copy of the result were a visible share of a BU's time per fragment).
+    #[inline]
     pub fn decode(b: &[u8]) -> Result<FragmentHeader> {
         need("fragment header", b, FRAGMENT_HEADER_LEN)?;
-        let computed = header_crc::crc32c_28(b[..COVERED].try_into().expect("28 bytes"));
-        let got = u32_at(b, 28);
+        let (w0, w1, w2, w3) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 24));
+        // bytes 24..28 are reserved (zero), 28..32 the CRC of bytes 0..28
+        let (reserved, got) = (w3 as u32, (w3 >> 32) as u32);
+        let computed = header_crc::crc32c_words([w0, w1, w2], reserved);
         if got != computed {
             return Err(WireError::HeaderChecksum { got, computed });
         }
-        if u32_at(b, 24) != 0 {
+        if reserved != 0 {
             return Err(WireError::ReservedNonZero {
                 what: "fragment header",
             });
         }
-        let flags = u16_at(b, 14);
+        let flags = (w1 >> 48) as u16;
         if flags & !KNOWN_FLAGS != 0 {
             return Err(WireError::OutOfRange {
                 what: "fragment flags",
@@ -76,12 +82,12 @@ impl FragmentHeader {
             });
         }
         Ok(FragmentHeader {
-            event_id: u64_at(b, 0),
-            trigger_number: u32_at(b, 8),
-            source_id: u16_at(b, 12),
+            event_id: w0,
+            trigger_number: w1 as u32,
+            source_id: (w1 >> 32) as u16,
             flags,
-            payload_size: u32_at(b, 16),
-            payload_crc: u32_at(b, 20),
+            payload_size: w2 as u32,
+            payload_crc: (w2 >> 32) as u32,
         })
     }
 }

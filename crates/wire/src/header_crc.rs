@@ -6,9 +6,10 @@
 /// Bytes covered: the fragment header up to its own CRC.
 pub(crate) const COVERED: usize = 28;
 
-/// CRC32C (Castagnoli) of `b`, exactly as `crc32c::crc32c(b)`.
-#[inline]
-pub(crate) fn crc32c_28(b: &[u8; COVERED]) -> u32 {
+/// CRC32C (Castagnoli) of `b`, exactly as `crc32c::crc32c(b)` (the encoder and decoder
+/// call [`crc32c_words`] with the words they hold; this is its reference in the tests).
+#[cfg(test)]
+fn crc32c_28(b: &[u8; COVERED]) -> u32 {
     let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
     let tail = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes"));
     crc32c_words([word(0), word(8), word(16)], tail)

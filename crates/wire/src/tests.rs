@@ -382,3 +382,75 @@ fn fragment_header_bytes_follow_the_layout() {
     assert_eq!(direct, prefix);
     assert_eq!(FragmentHeader::decode(&expected).unwrap(), h);
 }
+
+/// The decoder reads the header as four words: it must give what reading each field at its
+/// offset gives, for any bytes, and reject a reserved word or an unknown flag that a valid
+/// CRC covers with their own errors (not as a checksum failure).
+#[test]
+fn fragment_header_decodes_as_its_fields_at_their_offsets() {
+    let field = |b: &[u8], at: usize, n: usize| {
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(&b[at..at + n]);
+        u64::from_le_bytes(v)
+    };
+    let sealed = |mut b: [u8; FRAGMENT_HEADER_LEN]| {
+        let crc = crc32c::crc32c(&b[..28]);
+        b[28..].copy_from_slice(&crc.to_le_bytes());
+        b
+    };
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut read = 0;
+    for i in 0..2000 {
+        let mut b = [0u8; FRAGMENT_HEADER_LEN];
+        for byte in b[..24].iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *byte = x as u8;
+        }
+        if i % 2 == 0 {
+            // known flags only (random ones almost never are)
+            let known = crate::fragment::KNOWN_FLAGS.to_le_bytes();
+            b[14] &= known[0];
+            b[15] &= known[1];
+        }
+        let b = sealed(b);
+        let flags = field(&b, 14, 2) as u16;
+        match FragmentHeader::decode(&b) {
+            Ok(h) => {
+                assert_eq!(flags & !crate::fragment::KNOWN_FLAGS, 0, "{b:02x?}");
+                assert_eq!(h.event_id, field(&b, 0, 8));
+                assert_eq!(h.trigger_number as u64, field(&b, 8, 4));
+                assert_eq!(h.source_id as u64, field(&b, 12, 2));
+                assert_eq!(h.flags, flags);
+                assert_eq!(h.payload_size as u64, field(&b, 16, 4));
+                assert_eq!(h.payload_crc as u64, field(&b, 20, 4));
+                assert_eq!(h.encode(), b);
+                read += 1;
+            }
+            Err(e) => {
+                assert_ne!(
+                    flags & !crate::fragment::KNOWN_FLAGS,
+                    0,
+                    "{e:?} for {b:02x?}"
+                );
+                assert!(matches!(e, WireError::OutOfRange { .. }), "{e:?}");
+            }
+        }
+        // a reserved byte set, the CRC made to cover it
+        let mut r = b;
+        r[24 + (x % 4) as usize] = 1;
+        assert!(matches!(
+            FragmentHeader::decode(&sealed(r)),
+            Err(WireError::ReservedNonZero { .. })
+        ));
+        // the CRC itself damaged
+        let mut c = b;
+        c[28 + (x % 4) as usize] ^= 0x40;
+        assert!(matches!(
+            FragmentHeader::decode(&c),
+            Err(WireError::HeaderChecksum { .. })
+        ));
+    }
+    assert_eq!(read, 1000);
+}
