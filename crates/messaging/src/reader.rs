@@ -166,6 +166,8 @@ fn prefetch_ahead(s: &[u8], next: usize) {
             )
         };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, next);
 }
 
 /// [`split_messages`]; with `coalesce`, consecutive fragments come as one
