@@ -563,6 +563,136 @@ pub struct SourceSection {
     pub read_ahead: u64,
     /// Streams: seconds without a fragment from a stream the RU waits for before it warns.
     pub stall_warn_s: f64,
+    /// Streams: the front-end addresses (`"10.0.0.7"`) or networks (`"10.0.0.0/24"`) an RU
+    /// takes a stream connection from; any other is closed at once. Unset: loopback only,
+    /// and then every stream must listen on loopback (see [`SourceSection::stream_allow`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_from: Option<Vec<String>>,
+}
+
+/// One entry of `source.allow_from`: an address and how many leading bits of it must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllowedNet {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl AllowedNet {
+    /// `"10.0.0.7"` (that address) or `"10.0.0.0/24"` (a network); IPv6 alike.
+    pub fn parse(s: &str) -> Result<AllowedNet, String> {
+        let (ip, prefix) = match s.split_once('/') {
+            Some((ip, p)) => (ip, Some(p)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = ip
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or IP/prefix network"))?;
+        let addr = addr.to_canonical();
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => match p.trim().parse::<u8>() {
+                Ok(n) if n <= max => n,
+                _ => return Err(format!("{s:?}: the prefix must be 0 ..= {max}")),
+            },
+        };
+        Ok(AllowedNet { addr, prefix })
+    }
+
+    /// Whether `ip` is in this network (an IPv4 address written as IPv6, `::ffff:a.b.c.d`,
+    /// counts as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let bits = |a: std::net::IpAddr| -> u128 {
+            match a {
+                std::net::IpAddr::V4(v) => u32::from(v) as u128,
+                std::net::IpAddr::V6(v) => u128::from(v),
+            }
+        };
+        let ip = ip.to_canonical();
+        if ip.is_ipv4() != self.addr.is_ipv4() {
+            return false;
+        }
+        let width = if ip.is_ipv4() { 32 } else { 128 };
+        let shift = width - u32::from(self.prefix);
+        if shift >= 128 {
+            return true;
+        }
+        (bits(ip) >> shift) == (bits(self.addr) >> shift)
+    }
+}
+
+impl std::fmt::Display for AllowedNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let max = if self.addr.is_ipv4() { 32 } else { 128 };
+        if self.prefix == max {
+            write!(f, "{}", self.addr)
+        } else {
+            write!(f, "{}/{}", self.addr, self.prefix)
+        }
+    }
+}
+
+impl SourceSection {
+    /// The networks front-end streams accept connections from: `allow_from`, or loopback
+    /// (127.0.0.0/8 and ::1) when it is unset. Entries that do not parse are left out
+    /// ([`Config::validate`] refuses them).
+    pub fn stream_allow(&self) -> Vec<AllowedNet> {
+        match &self.allow_from {
+            Some(list) => list
+                .iter()
+                .filter_map(|s| AllowedNet::parse(s).ok())
+                .collect(),
+            None => ["127.0.0.0/8", "::1"]
+                .iter()
+                .filter_map(|s| AllowedNet::parse(s).ok())
+                .collect(),
+        }
+    }
+
+    /// Checks `source.allow_from` against the streams' addresses; errors name the key.
+    fn validate_allow(&self, ru: &[RuSection]) -> Result<(), ConfigError> {
+        const KEY: &str = "source.allow_from";
+        let Some(list) = &self.allow_from else {
+            if self.kind != SourceKind::Stream {
+                return Ok(());
+            }
+            // unset: loopback only, so every stream must listen on loopback
+            for (i, r) in ru.iter().enumerate() {
+                for (j, a) in r.streams.iter().enumerate() {
+                    let beyond = a
+                        .parse::<SocketAddr>()
+                        .is_ok_and(|sa| !sa.ip().to_canonical().is_loopback());
+                    if beyond {
+                        return Err(invalid(
+                            KEY,
+                            format!(
+                                "ru[{i}].streams[{j}] listens on {a}, beyond loopback: list the \
+                                 front-ends allowed to connect (e.g. allow_from = [\"10.0.0.0/24\"]); \
+                                 unset, streams take connections from loopback only \
+                                 (a stream is plain TCP: a FEROL cannot prove who it is)"
+                            ),
+                        ));
+                    }
+                }
+            }
+            return Ok(());
+        };
+        if self.kind != SourceKind::Stream {
+            return Err(invalid(KEY, "only read when source.kind = \"stream\""));
+        }
+        if list.is_empty() {
+            return Err(invalid(
+                KEY,
+                "empty: no front-end could connect; list the front-ends' addresses or \
+                 networks (\"10.0.0.7\", \"10.0.0.0/24\"), or leave it out for loopback only",
+            ));
+        }
+        for (j, s) in list.iter().enumerate() {
+            AllowedNet::parse(s).map_err(|e| invalid(format!("{KEY}[{j}]"), e))?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for SourceSection {
@@ -577,6 +707,7 @@ impl Default for SourceSection {
             on_sync_loss: OnSyncLoss::Stop,
             read_ahead: 1024,
             stall_warn_s: 2.0,
+            allow_from: None,
         }
     }
 }
@@ -858,6 +989,7 @@ impl Config {
             return Err(invalid("source.kind", what));
         }
         stream::validate(self)?;
+        self.source.validate_allow(&self.ru)?;
         for (i, ru) in self.ru.iter().enumerate() {
             let key = format!("ru[{i}].files");
             match (self.source.kind, ru.files.is_empty()) {

@@ -906,3 +906,66 @@ fn discovered_addresses() {
     cfg.transport.kind = crate::TransportKind::Inproc;
     assert!(!cfg.is_discovered("127.0.0.1:0"));
 }
+
+#[test]
+fn stream_allow_list_is_checked_naming_the_key() {
+    let base = r#"
+[run]
+duration_s = 0
+[source]
+kind = "stream"
+[[ru]]
+id = "ru0"
+streams = ["127.0.0.1:7301"]
+"#;
+    let check = |text: &str| Config::from_toml(text).and_then(|c| c.validate().map(|()| c));
+    // unset on loopback: loopback only
+    let cfg = check(base).unwrap();
+    let allow = cfg.source.stream_allow();
+    let ok = |ip: &str| allow.iter().any(|n| n.contains(ip.parse().unwrap()));
+    assert!(ok("127.0.0.1") && ok("127.0.0.2") && ok("::1") && ok("::ffff:127.0.0.1"));
+    assert!(!ok("10.0.0.7") && !ok("192.168.1.1") && !ok("::2"));
+    // a listener beyond loopback needs the list, and the error names the key and the stream
+    for addr in ["10.0.0.11:7301", "0.0.0.0:7301", "[::]:7301"] {
+        let e = check(&base.replace("127.0.0.1:7301", addr))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("source.allow_from") && e.contains("ru[0].streams[0]"),
+            "{e}"
+        );
+    }
+    let with = |list: &str| {
+        base.replace("127.0.0.1:7301", "10.0.0.11:7301").replace(
+            "kind = \"stream\"",
+            &format!("kind = \"stream\"\nallow_from = {list}"),
+        )
+    };
+    let cfg = check(&with("[\"10.0.0.0/24\", \"192.168.1.9\", \"fd00::/8\"]")).unwrap();
+    let allow = cfg.source.stream_allow();
+    let ok = |ip: &str| allow.iter().any(|n| n.contains(ip.parse().unwrap()));
+    assert!(ok("10.0.0.7") && ok("::ffff:10.0.0.200") && ok("192.168.1.9") && ok("fd12::1"));
+    assert!(!ok("10.0.1.7") && !ok("192.168.1.10") && !ok("127.0.0.1") && !ok("fe80::1"));
+    assert_eq!(allow[0].to_string(), "10.0.0.0/24");
+    assert_eq!(allow[1].to_string(), "192.168.1.9");
+    // "0.0.0.0/0" is every IPv4 address, said explicitly
+    let cfg = check(&with("[\"0.0.0.0/0\"]")).unwrap();
+    assert!(cfg.source.stream_allow()[0].contains("203.0.113.5".parse().unwrap()));
+    for (list, key) in [
+        ("[]", "source.allow_from"),
+        ("[\"10.0.0.0/33\"]", "source.allow_from[0]"),
+        ("[\"10.0.0.1\", \"ten\"]", "source.allow_from[1]"),
+        ("[\"::1/129\"]", "source.allow_from[0]"),
+    ] {
+        let e = check(&with(list)).unwrap_err().to_string();
+        assert!(e.contains(key), "{list}: {e}");
+    }
+    // only for streams
+    let e = check("[run]\nduration_s = 1\n[source]\nallow_from = [\"127.0.0.1\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("source.allow_from"), "{e}");
+    // and it survives a round trip through TOML
+    let cfg = check(&with("[\"10.0.0.0/24\"]")).unwrap();
+    assert_eq!(Config::from_toml(&cfg.to_toml()).unwrap(), cfg);
+}
