@@ -5,6 +5,7 @@
 //! ([`evb_wire::super_fragment`]) for several. No IO: the driver pushes what it read.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
 
@@ -138,6 +139,18 @@ pub struct Parts<B> {
     pub flags: u16,
 }
 
+/// Sync losses flagged and not yet in a warning: the first is logged at once, the next at
+/// most every [`SYNC_WARN_EVERY`], with their count.
+#[derive(Default)]
+struct SyncWarnings {
+    last: Option<Instant>,
+    unreported: u64,
+    latest: String,
+}
+
+/// Least time between two warnings about flagged sync losses.
+pub const SYNC_WARN_EVERY: Duration = Duration::from_secs(5);
+
 pub struct Assembler<B = Vec<u8>> {
     cfg: AssemblyConfig,
     streams: Vec<Stream<B>>,
@@ -145,6 +158,7 @@ pub struct Assembler<B = Vec<u8>> {
     /// The previous event's trigger number, if its streams agreed (the order check).
     last: Option<u32>,
     stats: AssemblyStats,
+    sync_warnings: SyncWarnings,
 }
 
 impl<B: Body> Assembler<B> {
@@ -165,6 +179,47 @@ impl<B: Body> Assembler<B> {
             assembled: 0,
             last: None,
             stats: AssemblyStats::default(),
+            sync_warnings: SyncWarnings::default(),
+        }
+    }
+
+    /// Fragments `stream` delivered so far (pushed), built or not.
+    pub fn received(&self, stream: usize) -> u64 {
+        self.streams[stream].received
+    }
+
+    /// Logs the flagged sync losses not yet in a warning (at the end of a run: none goes
+    /// unsaid).
+    pub fn flush_sync_warnings(&mut self) {
+        let w = &mut self.sync_warnings;
+        if w.unreported == 0 {
+            return;
+        }
+        let all = self.stats.sync_losses;
+        if w.last.is_none() {
+            tracing::warn!(
+                "{}: event built with that stream flagged (on_sync_loss = \"flag\")",
+                w.latest
+            );
+        } else {
+            tracing::warn!(
+                "sync loss: {} more events flagged since the last warning ({all} in all, \
+                 on_sync_loss = \"flag\"); the latest: {}",
+                w.unreported,
+                w.latest
+            );
+        }
+        w.unreported = 0;
+        w.last = Some(Instant::now());
+    }
+
+    /// A flagged sync loss: warned at once if none was for [`SYNC_WARN_EVERY`].
+    fn note_sync_loss(&mut self, what: String) {
+        let w = &mut self.sync_warnings;
+        w.unreported += 1;
+        w.latest = what;
+        if w.last.is_none_or(|t| t.elapsed() >= SYNC_WARN_EVERY) {
+            self.flush_sync_warnings();
         }
     }
 
@@ -259,6 +314,7 @@ impl<B: Body> Assembler<B> {
             }
         }
         let mut in_sync = true;
+        let mut first_loss = None;
         let mut entries = Vec::with_capacity(pieces.len());
         for (i, p) in pieces.iter().enumerate() {
             let mut flags = 0;
@@ -266,19 +322,21 @@ impl<B: Body> Assembler<B> {
                 flags |= ENTRY_MISSING;
             } else if p.trigger_number != trigger {
                 let r = reference.expect("a good piece implies a reference");
+                let why = || {
+                    format!(
+                        "sync loss at event {event}: {} sent {name} {} where {} sent \
+                         {name} {trigger}",
+                        self.describe(i),
+                        p.trigger_number,
+                        self.describe(r),
+                    )
+                };
                 match self.cfg.on_sync_loss {
-                    SyncLoss::Stop => {
-                        return Err(format!(
-                            "sync loss at event {event}: {} sent {name} {} where {} sent \
-                             {name} {trigger}",
-                            self.describe(i),
-                            p.trigger_number,
-                            self.describe(r),
-                        ))
-                    }
+                    SyncLoss::Stop => return Err(why()),
                     SyncLoss::Flag => {
                         in_sync = false;
                         flags |= ENTRY_SYNC_LOSS;
+                        first_loss.get_or_insert_with(why);
                     }
                 }
             }
@@ -295,6 +353,9 @@ impl<B: Body> Assembler<B> {
         }
         if !in_sync {
             self.stats.sync_losses += 1;
+        }
+        if let Some(what) = first_loss {
+            self.note_sync_loss(what);
         }
         self.last = (reference.is_some() && in_sync).then_some(trigger);
         let k = pieces.len();
@@ -500,5 +561,22 @@ mod tests {
         assert!(a.next_event().unwrap().is_some());
         assert!(a.exhausted());
         assert_eq!(a.unbuilt(), 1);
+        assert_eq!((a.received(0), a.received(1)), (2, 1));
+    }
+
+    #[test]
+    fn many_flagged_sync_losses_are_counted_and_the_warnings_flushed() {
+        let mut a = assembler(2, BadFragment::Stop, SyncLoss::Flag);
+        for t in 1..=50 {
+            a.push(0, piece(t, 8));
+            a.push(1, piece(t + 1, 8));
+            assert!(a.next_event().unwrap().is_some());
+        }
+        assert_eq!(a.stats().sync_losses, 50);
+        // the first warned at once, the other 49 wait for the next warning (or the end)
+        assert_eq!(a.sync_warnings.unreported, 49);
+        assert!(a.sync_warnings.latest.contains("sync loss at event 49"));
+        a.flush_sync_warnings();
+        assert_eq!(a.sync_warnings.unreported, 0);
     }
 }

@@ -117,6 +117,14 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
                 if s.errors != 0 {
                     p.push(format!("ru[{i}] saw {} protocol errors", s.errors));
                 }
+                // Built, but not as one event: a degraded run, never an unqualified OK.
+                if s.sync_losses != 0 {
+                    p.push(format!(
+                        "ru[{i}]: {} events flagged for sync loss (on_sync_loss = \"flag\": \
+                         built with fragments whose trigger numbers disagree)",
+                        s.sync_losses
+                    ));
+                }
             }
         }
     }
@@ -125,7 +133,33 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::id_sum;
+    use super::*;
+
+    #[test]
+    fn flagged_sync_losses_fail_the_verdict_naming_the_count() {
+        let clean = RunReport {
+            state: RunState::Halted,
+            reason: None,
+            n_ru: 1,
+            n_bu: 0,
+            seconds: 1.0,
+            down: Vec::new(),
+            evm: EvmStats::default(),
+            rus: vec![Some(RuStats::default())],
+            bus: Vec::new(),
+        };
+        assert!(verdict(&clean).is_empty(), "{:?}", verdict(&clean));
+        let mut flagged = clean.clone();
+        if let Some(Some(ru)) = flagged.rus.first_mut() {
+            ru.sync_losses = 4584;
+        }
+        let v = verdict(&flagged);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("ru[0]: 4584 events flagged for sync loss"),
+            "{v:?}"
+        );
+    }
 
     #[test]
     fn id_sum_matches_the_loop() {
