@@ -4,26 +4,47 @@
 //! the assembler (`evb_builder::assembly`: checks, super-fragments, sync loss) into the RU's
 //! live feed.
 //!
+//! Who gets a stream: only peers in `source.allow_from` (loopback when unset); any other
+//! connection is closed at once, with a warning, and the listener goes on waiting. An allowed
+//! connection becomes the stream's front-end with its first byte: one that closes having sent
+//! nothing (a port check, a probe) is warned about and forgotten, and the real front-end
+//! still gets in after it.
+//!
 //! Back-pressure: each stream's thread hands fragments over a channel of `source.read_ahead`
 //! places and the driver takes them only while the assembler and the feed have room, so
 //! when the RU's pool is full (nothing leaves the feed) the channel fills, the thread stops
 //! reading, and TCP flow control holds the front-end. Nothing is dropped.
+//!
+//! Run end: once the EVM stops the run, every stream's thread reads what its front-end
+//! still sends (to its end, until it is idle for [`DRAIN_IDLE`], or for [`DRAIN_LIMIT`] at
+//! most) and cuts it into fragments that are counted, not built: every fragment a front-end
+//! sent is built or counted (`unbuilt`). A stream that delivered no fragment in the whole
+//! run fails the RU, naming it.
 
 use std::io::ErrorKind;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError};
 use evb_builder::assembly::{Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss};
 use evb_builder::{Ru, RunState};
-use evb_config::{Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
+use evb_config::{AllowedNet, Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
 use evb_formats::stream::{self as fstream, StreamDecoder, StreamFragment};
 use tracing::{error, info, warn};
 
 /// How often a blocked stream thread looks at the stop flag.
 const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long an RU reads what its front-ends still send after the run stopped, at most.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// A stream that brought no byte for this long after the run stopped is drained.
+pub const DRAIN_IDLE: Duration = Duration::from_millis(250);
+/// Least time between two warnings of one stream about refused or empty connections.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// Allowed connections that have sent nothing yet, held per stream while it waits for its
+/// front-end (beyond it the oldest is closed).
+const MAX_CANDIDATES: usize = 8;
 
 /// What a stream's thread tells the driver, in stream order.
 enum StreamEvent {
@@ -35,8 +56,70 @@ enum StreamEvent {
     Failed(String),
 }
 
+/// The RU's orders to every stream thread.
+#[derive(Default)]
+struct Orders {
+    /// The RU is done with the streams: close them now.
+    stop: AtomicBool,
+    /// The run stopped: read what the front-end still sends, count it, hand nothing over.
+    drain: AtomicBool,
+}
+
+/// What one stream's thread tells the driver besides its channel.
+#[derive(Default)]
+struct Shared {
+    /// Fragments read after the run stopped (counted, never built).
+    drained: AtomicU64,
+    /// The thread has ended.
+    finished: AtomicBool,
+    /// Allowed connections that closed without sending a byte (probes), and the last one.
+    probes: AtomicU64,
+    last_probe: Mutex<Option<SocketAddr>>,
+    /// Connections refused (not in `source.allow_from`), and the last one.
+    refused: AtomicU64,
+    last_refused: Mutex<Option<SocketAddr>>,
+}
+
+impl Shared {
+    /// `; 2 connections closed without sending anything (the last from ...)`, or empty.
+    fn notes(&self) -> String {
+        let last = |m: &Mutex<Option<SocketAddr>>| {
+            m.lock()
+                .ok()
+                .and_then(|g| *g)
+                .map_or(String::new(), |a| format!(", the last from {a}"))
+        };
+        let mut s = String::new();
+        let probes = self.probes.load(Ordering::Relaxed);
+        if probes > 0 {
+            s += &format!(
+                "; {probes} connection(s) closed without sending anything{}",
+                last(&self.last_probe)
+            );
+        }
+        let refused = self.refused.load(Ordering::Relaxed);
+        if refused > 0 {
+            s += &format!(
+                "; {refused} connection(s) refused, not in source.allow_from{}",
+                last(&self.last_refused)
+            );
+        }
+        s
+    }
+}
+
+/// Sets `finished` when the thread ends, however it ends.
+struct Finished(Arc<Shared>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.finished.store(true, Ordering::Release);
+    }
+}
+
 struct Link {
     rx: Receiver<StreamEvent>,
+    shared: Arc<Shared>,
     peer: Option<SocketAddr>,
     closed: bool,
     /// Since when the assembler has had nothing of this stream (None: it has something).
@@ -54,7 +137,7 @@ pub struct StreamSource {
     /// How long a stream may go without a front-end while the run is on (`run.connect_timeout_s`).
     connect_timeout: Duration,
     started: Instant,
-    stop: Arc<AtomicBool>,
+    orders: Arc<Orders>,
     over: bool,
 }
 
@@ -67,7 +150,16 @@ impl StreamSource {
             StreamFormat::Framed => (fstream::StreamFormat::Framed, u32::MAX, "trigger number"),
         };
         let read_ahead = s.read_ahead as usize;
-        let stop = Arc::new(AtomicBool::new(false));
+        let orders = Arc::new(Orders::default());
+        let allow = Arc::new(s.stream_allow());
+        let allow_text = match &s.allow_from {
+            Some(_) => allow
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "unset: loopback only".to_string(),
+        };
         let mut links = Vec::new();
         let mut names = Vec::new();
         for (i, addr) in me.streams.iter().enumerate() {
@@ -75,18 +167,28 @@ impl StreamSource {
             let listener = TcpListener::bind(addr.as_str())
                 .and_then(|l| l.set_nonblocking(true).map(|()| l))
                 .map_err(|e| format!("{}: cannot listen on {addr} for stream {i}: {e}", me.id))?;
-            info!(node = %me.id, "stream {i} (source {source_id}) listening on {addr}");
+            info!(node = %me.id, "stream {i} (source {source_id}) listening on {addr}, taking front-ends from {allow_text}");
             let (tx, rx) = bounded(read_ahead);
             let expected =
                 (s.check_source_id && format == fstream::StreamFormat::Fed).then_some(source_id);
             let decoder = StreamDecoder::new(format, s.max_fragment as usize, expected);
-            let stop = stop.clone();
+            let shared = Arc::new(Shared::default());
+            let reader = Reader {
+                node: me.id.clone(),
+                name: format!("stream {i} (source {source_id}, {addr})"),
+                allow: allow.clone(),
+                allow_text: allow_text.clone(),
+                orders: orders.clone(),
+                shared: shared.clone(),
+                tx,
+            };
             std::thread::Builder::new()
                 .name(format!("{}-stream{i}", me.id))
-                .spawn(move || read_stream(listener, decoder, tx, &stop))
+                .spawn(move || reader.run(listener, decoder))
                 .map_err(|e| format!("{}: cannot start the thread of stream {i}: {e}", me.id))?;
             links.push(Link {
                 rx,
+                shared,
                 peer: None,
                 closed: false,
                 empty_since: Some(now),
@@ -118,16 +220,21 @@ impl StreamSource {
             stall_warn: Duration::from_secs_f64(s.stall_warn_s),
             connect_timeout: Duration::from_secs_f64(cfg.run.connect_timeout_s),
             started: now,
-            stop,
+            orders,
             over: false,
         })
     }
 
     /// Moves what the streams delivered into the RU's live feed, as far as there is room;
-    /// stops the RU if a stream failed or the assembler refused an event.
+    /// stops the RU if a stream failed or the assembler refused an event. Once the EVM
+    /// stopped the run: drains the streams and counts what they still held (see
+    /// [`StreamSource::end_of_run`]).
     pub fn pump(&mut self, now: Instant, ru: &mut Ru) {
         if self.over || ru.state().is_over() {
             return;
+        }
+        if ru.state() == RunState::Stopping {
+            return self.end_of_run(ru);
         }
         if let Err(why) = self.take_from_streams(now) {
             return self.fail(ru, why);
@@ -162,6 +269,79 @@ impl StreamSource {
         self.watch_stalls(now, running, ru);
     }
 
+    /// The run stopped (the EVM's Stop; the RU's report to the EVM is already sent, with the
+    /// counts at that moment): every stream reads what its front-end still sends, for
+    /// [`DRAIN_LIMIT`] at most, and cuts it into fragments that are counted as unbuilt, so
+    /// that the RU's own final report accounts for every fragment the front-ends sent. A
+    /// stream that delivered no fragment in the whole run fails the RU, naming it. Blocks
+    /// the driver for that time at most: nothing else is due once the run stopped (the
+    /// liveness checks end with Running).
+    fn end_of_run(&mut self, ru: &mut Ru) {
+        self.over = true;
+        self.assembler.flush_sync_warnings();
+        self.orders.drain.store(true, Ordering::Relaxed);
+        let began = Instant::now();
+        let deadline = began + DRAIN_LIMIT + Duration::from_millis(500);
+        while Instant::now() < deadline
+            && !self
+                .links
+                .iter()
+                .all(|l| l.shared.finished.load(Ordering::Acquire))
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.orders.stop.store(true, Ordering::Relaxed);
+        let n = self.links.len();
+        let mut late = vec![0u64; n];
+        for (i, link) in self.links.iter_mut().enumerate() {
+            while let Ok(ev) = link.rx.try_recv() {
+                match ev {
+                    StreamEvent::Fragment(_) => late[i] += 1,
+                    StreamEvent::Connected(peer) => link.peer = Some(peer),
+                    StreamEvent::Closed => link.closed = true,
+                    StreamEvent::Failed(why) => {
+                        warn!(node = %self.node, "{}: after the run stopped: {why}", self.assembler.describe(i))
+                    }
+                }
+            }
+            late[i] += link.shared.drained.load(Ordering::Relaxed);
+        }
+        let late_all: u64 = late.iter().sum();
+        if late_all > 0 {
+            info!(node = %self.node, "the run stopped with {late_all} fragments read ahead or still coming from the front-ends: read in {:.2} s and counted as unbuilt", began.elapsed().as_secs_f64());
+        }
+        let silent: Vec<String> = (0..n)
+            .filter(|&i| self.assembler.received(i) + late[i] == 0)
+            .map(|i| {
+                let link = &self.links[i];
+                let what = match link.peer {
+                    Some(peer) => format!("its front-end {peer} sent no whole fragment"),
+                    None => "no front-end connected".to_string(),
+                };
+                format!(
+                    "{}: no fragment in the whole run ({what}{})",
+                    self.assembler.describe(i),
+                    link.shared.notes()
+                )
+            })
+            .collect();
+        if let Some(feed) = ru.live_mut() {
+            let st = self.assembler.stats();
+            feed.stats.unbuilt = self.assembler.unbuilt() + late_all;
+            feed.stats.fragments_received = st.received + late_all;
+            feed.stats.dropped = st.dropped;
+            feed.stats.sync_losses = st.sync_losses;
+            feed.stats.waiting_for.clear();
+            let unbuilt = feed.unbuilt();
+            if unbuilt > 0 {
+                warn!(node = %self.node, "{unbuilt} of the {} fragments the front-ends sent are in no event built (the run stopped first, or another stream sent fewer): counted as unbuilt", feed.stats.fragments_received);
+            }
+        }
+        if !silent.is_empty() {
+            self.fail(ru, silent.join("; "));
+        }
+    }
+
     /// A stream whose front-end has not connected within `run.connect_timeout_s` of the RU's
     /// start: an error that waiting will not mend (a wrong address, a front-end that is not
     /// there), so the run stops naming the stream instead of waiting for ever.
@@ -174,9 +354,10 @@ impl StreamSource {
             .iter()
             .position(|l| l.peer.is_none() && !l.closed)?;
         Some(format!(
-            "{}: no front-end connected within {:.1} s (run.connect_timeout_s)",
+            "{}: no front-end connected within {:.1} s (run.connect_timeout_s){}",
             self.assembler.describe(i),
-            self.connect_timeout.as_secs_f64()
+            self.connect_timeout.as_secs_f64(),
+            self.links[i].shared.notes()
         ))
     }
 
@@ -245,7 +426,7 @@ impl StreamSource {
             let at = since.duration_since(self.started).as_secs_f64();
             let what = match link.peer {
                 Some(peer) => format!("no fragment from {peer}"),
-                None => "no front-end connected".to_string(),
+                None => format!("no front-end connected{}", link.shared.notes()),
             };
             let line = format!(
                 "{} since {at:.1} s ({:.1} s): {what}",
@@ -265,7 +446,7 @@ impl StreamSource {
 
     fn fail(&mut self, ru: &mut Ru, why: String) {
         self.over = true;
-        self.stop.store(true, Ordering::Relaxed);
+        self.orders.stop.store(true, Ordering::Relaxed);
         let reason = format!("{}: {why}", self.node);
         error!(node = %self.node, "{why}");
         ru.source_failed(reason);
@@ -274,99 +455,262 @@ impl StreamSource {
 
 impl Drop for StreamSource {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.orders.stop.store(true, Ordering::Relaxed);
     }
 }
 
-/// Hands `ev` to the driver, waiting while the channel is full (back-pressure); false when
-/// the RU is done with this stream.
-fn hand_over(tx: &Sender<StreamEvent>, mut ev: StreamEvent, stop: &AtomicBool) -> bool {
-    loop {
-        match tx.send_timeout(ev, STOP_CHECK) {
-            Ok(()) => return true,
-            Err(SendTimeoutError::Timeout(back)) if !stop.load(Ordering::Relaxed) => ev = back,
-            Err(_) => return false,
+/// What became of an event a stream's thread handed over.
+enum Handed {
+    Sent,
+    /// The RU is done with the stream.
+    Stopped,
+    /// The run stopped: the event was not sent (a fragment is the thread's to count).
+    Draining,
+}
+
+/// A warning at most every [`WARN_EVERY`], saying how many were held back in between.
+#[derive(Default)]
+struct Every {
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl Every {
+    /// `Some(held back since the last)` when a warning is due.
+    fn due(&mut self) -> Option<u64> {
+        if self.last.is_some_and(|t| t.elapsed() < WARN_EVERY) {
+            self.held += 1;
+            return None;
         }
+        self.last = Some(Instant::now());
+        Some(std::mem::take(&mut self.held))
     }
 }
 
-/// One stream's thread: waits for its front-end, then reads and cuts fragments until the
-/// stream ends, fails, or the RU stops.
-fn read_stream(
-    listener: TcpListener,
-    mut decoder: StreamDecoder,
+fn more(held: u64) -> String {
+    if held == 0 {
+        String::new()
+    } else {
+        format!(" ({held} more since the last warning)")
+    }
+}
+
+/// One stream's thread.
+struct Reader {
+    node: String,
+    /// `stream 1 (source 843, 127.0.0.1:7302)`
+    name: String,
+    allow: Arc<Vec<AllowedNet>>,
+    allow_text: String,
+    orders: Arc<Orders>,
+    shared: Arc<Shared>,
     tx: Sender<StreamEvent>,
-    stop: &AtomicBool,
-) {
-    let (mut stream, peer) = loop {
-        if stop.load(Ordering::Relaxed) {
+}
+
+impl Reader {
+    fn stopped(&self) -> bool {
+        self.orders.stop.load(Ordering::Relaxed)
+    }
+
+    fn draining(&self) -> bool {
+        self.orders.drain.load(Ordering::Relaxed)
+    }
+
+    fn allowed(&self, ip: IpAddr) -> bool {
+        self.allow.iter().any(|n| n.contains(ip))
+    }
+
+    /// Hands `ev` to the driver, waiting while the channel is full (back-pressure).
+    fn hand_over(&self, mut ev: StreamEvent) -> Handed {
+        loop {
+            if self.draining() {
+                return Handed::Draining;
+            }
+            match self.tx.send_timeout(ev, STOP_CHECK) {
+                Ok(()) => return Handed::Sent,
+                Err(SendTimeoutError::Timeout(back)) if !self.stopped() => ev = back,
+                Err(_) => return Handed::Stopped,
+            }
+        }
+    }
+
+    /// Says why the stream cannot be read on (unless the run is over anyway).
+    fn failed(&self, why: String) {
+        if self.draining() {
+            warn!(node = %self.node, "{}: after the run stopped: {why}", self.name);
+        } else {
+            let _ = self.hand_over(StreamEvent::Failed(why));
+        }
+    }
+
+    /// Waits for the front-end, then reads and cuts fragments until the stream ends, fails,
+    /// or the RU is done with it.
+    fn run(self, listener: TcpListener, mut decoder: StreamDecoder) {
+        let _finished = Finished(self.shared.clone());
+        let (mut stream, peer) = match self.wait_for_front_end(&listener) {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(why) => return self.failed(why),
+        };
+        // One front-end per stream: a second connection is refused from now on.
+        drop(listener);
+        if let Err(e) = prepare(&stream) {
+            return self.failed(format!("socket set-up: {e}"));
+        }
+        info!(node = %self.node, "{}: {peer} sent its first bytes: it is the front-end", self.name);
+        if let Handed::Stopped = self.hand_over(StreamEvent::Connected(peer)) {
             return;
         }
-        match listener.accept() {
-            Ok(c) => break c,
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Err(e) => {
-                hand_over(
-                    &tx,
-                    StreamEvent::Failed(format!("accept failed: {e}")),
-                    stop,
-                );
+        let mut drain_began: Option<Instant> = None;
+        let mut last_bytes = Instant::now();
+        loop {
+            if self.stopped() {
                 return;
             }
-        }
-    };
-    // One front-end per stream: a second connection is refused from now on.
-    drop(listener);
-    if let Err(e) = prepare(&stream) {
-        hand_over(
-            &tx,
-            StreamEvent::Failed(format!("socket set-up: {e}")),
-            stop,
-        );
-        return;
-    }
-    if !hand_over(&tx, StreamEvent::Connected(peer), stop) {
-        return;
-    }
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        match decoder.read_from(&mut stream) {
-            Ok(0) => {
-                let ev = match decoder.finish() {
-                    Ok(()) => StreamEvent::Closed,
-                    Err(e) => StreamEvent::Failed(e.to_string()),
-                };
-                hand_over(&tx, ev, stop);
-                return;
+            if drain_began.is_none() && self.draining() {
+                drain_began = Some(Instant::now());
+                last_bytes = Instant::now();
             }
-            Ok(_) => loop {
-                match decoder.next_fragment() {
-                    Ok(Some(f)) => {
-                        if !hand_over(&tx, StreamEvent::Fragment(f), stop) {
-                            return;
+            if let Some(began) = drain_began {
+                let drained = self.shared.drained.load(Ordering::Relaxed);
+                if began.elapsed() >= DRAIN_LIMIT {
+                    warn!(node = %self.node, "{}: {peer} still sends {:.1} s after the run stopped: {drained} fragments read since; what it sends from now on is not read", self.name, DRAIN_LIMIT.as_secs_f64());
+                    return;
+                }
+                if last_bytes.elapsed() >= DRAIN_IDLE {
+                    if decoder.pending() > 0 {
+                        warn!(node = %self.node, "{}: {peer} stopped sending inside a fragment after the run stopped ({} bytes of it read, not counted)", self.name, decoder.pending());
+                    }
+                    return;
+                }
+            }
+            match decoder.read_from(&mut stream) {
+                Ok(0) => {
+                    match decoder.finish() {
+                        Ok(()) if drain_began.is_some() => {}
+                        Ok(()) => {
+                            let _ = self.hand_over(StreamEvent::Closed);
+                        }
+                        Err(e) => self.failed(e.to_string()),
+                    }
+                    return;
+                }
+                Ok(_) => {
+                    last_bytes = Instant::now();
+                    loop {
+                        match decoder.next_fragment() {
+                            Ok(Some(f)) => match self.hand_over(StreamEvent::Fragment(f)) {
+                                Handed::Sent => {}
+                                Handed::Stopped => return,
+                                Handed::Draining => {
+                                    self.shared.drained.fetch_add(1, Ordering::Relaxed);
+                                }
+                            },
+                            Ok(None) => break,
+                            Err(e) => return self.failed(e.to_string()),
                         }
                     }
-                    Ok(None) => break,
-                    Err(e) => {
-                        hand_over(&tx, StreamEvent::Failed(e.to_string()), stop);
-                        return;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => {
+                    return self.failed(format!("read failed at byte {}: {e}", decoder.position()))
+                }
+            }
+        }
+    }
+
+    /// Accepts connections until an allowed one sends its first byte: that one is the
+    /// front-end. Connections from elsewhere are closed at once; allowed ones that close
+    /// having sent nothing are probes. `None`: the RU is done with the stream first.
+    fn wait_for_front_end(
+        &self,
+        listener: &TcpListener,
+    ) -> Result<Option<(TcpStream, SocketAddr)>, String> {
+        let mut candidates: Vec<(TcpStream, SocketAddr)> = Vec::new();
+        let (mut refused_warn, mut probe_warn) = (Every::default(), Every::default());
+        loop {
+            if self.stopped() || self.draining() {
+                return Ok(None);
+            }
+            let mut busy = false;
+            match listener.accept() {
+                Ok((s, peer)) => {
+                    busy = true;
+                    if !self.allowed(peer.ip()) {
+                        let _ = s.shutdown(Shutdown::Both);
+                        drop(s);
+                        self.shared.refused.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut g) = self.shared.last_refused.lock() {
+                            *g = Some(peer);
+                        }
+                        if let Some(held) = refused_warn.due() {
+                            warn!(node = %self.node, "{}: connection from {peer} refused and closed: not in source.allow_from ({}){}", self.name, self.allow_text, more(held));
+                        }
+                    } else if s.set_nonblocking(true).is_ok() {
+                        info!(node = %self.node, "{}: connection from {peer}: the front-end once it sends", self.name);
+                        candidates.push((s, peer));
+                        if candidates.len() > MAX_CANDIDATES {
+                            let (_, old) = candidates.remove(0);
+                            warn!(node = %self.node, "{}: {old} connected and sent nothing while {MAX_CANDIDATES} newer connections came: closed", self.name);
+                        }
                     }
                 }
-            },
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
-            Err(e) => {
-                let why = format!("read failed at byte {}: {e}", decoder.position());
-                hand_over(&tx, StreamEvent::Failed(why), stop);
-                return;
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock
+                            | ErrorKind::Interrupted
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::ConnectionReset
+                    ) => {}
+                Err(e) => return Err(format!("accept failed: {e}")),
             }
+            let mut i = 0;
+            while i < candidates.len() {
+                let mut byte = [0u8; 1];
+                match candidates[i].0.peek(&mut byte) {
+                    Ok(0) => {
+                        let (_, peer) = candidates.remove(i);
+                        self.probe(peer, &mut probe_warn, "closed without sending anything");
+                    }
+                    Ok(_) => {
+                        let (s, peer) = candidates.remove(i);
+                        for (_, other) in candidates.drain(..) {
+                            warn!(node = %self.node, "{}: {other} connected and sent nothing; {peer} sent first and is the front-end: {other} closed", self.name);
+                        }
+                        return Ok(Some((s, peer)));
+                    }
+                    Err(e)
+                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) =>
+                    {
+                        i += 1
+                    }
+                    Err(e) => {
+                        let (_, peer) = candidates.remove(i);
+                        let why = format!("failed before sending anything ({e})");
+                        self.probe(peer, &mut probe_warn, &why);
+                    }
+                }
+            }
+            if !busy {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// An allowed connection that ended without a byte: not the front-end (a port check, a
+    /// load balancer's probe); the stream goes on waiting for it.
+    fn probe(&self, peer: SocketAddr, every: &mut Every, what: &str) {
+        self.shared.probes.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut g) = self.shared.last_probe.lock() {
+            *g = Some(peer);
+        }
+        if let Some(held) = every.due() {
+            warn!(node = %self.node, "{}: {peer} connected and {what}: taken for a probe, not the front-end; still waiting for it{}", self.name, more(held));
         }
     }
 }
