@@ -4,6 +4,10 @@
 //! optionally writes them to event files (`evb inspect` reads them), acknowledges each one
 //! after that, and prints a summary. Exit status 1 on a bad event, a refusal, or a BU lost
 //! without saying that the run is over.
+//!
+//! With the run's secret (`EVB_SECRET`, or `--config`'s `run.secret`) it proves it to each BU
+//! and checks the BU's own proof (docs/protocol.md §7.3). A BU that cannot be reached yet,
+//! or that has no room (`Busy`), is tried again with a growing pause for `--wait-s`.
 
 use std::collections::HashSet;
 use std::io::{BufWriter, Read, Write};
@@ -14,17 +18,25 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use evb_config::Config;
 use evb_formats::events::{parse_event, EventFileWriter, EVENT_CORRUPT, EVENT_TRIGGER_MISMATCH};
-use evb_wire::consumer::{ConsumerHeader, ConsumerHello, ConsumerMsg, CONSUMER_HEADER_LEN};
+use evb_wire::consumer::{
+    proof_key, ConsumerHeader, ConsumerHello, ConsumerMsg, ProofRole, RefuseCode,
+    CONSUMER_HEADER_LEN, PROOF_LEN,
+};
 
 #[derive(Args, Clone)]
 pub struct ConsumeArgs {
     /// A BU's serve address, HOST:PORT (repeat, or separate with commas, for several BUs).
     #[arg(long, required = true, value_delimiter = ',')]
     from: Vec<String>,
-    /// The run id the BUs serve (their configuration's run.id).
-    #[arg(long, default_value = "evb-local")]
-    run_id: String,
+    /// The run id the BUs serve (their configuration's run.id; default: --config's run.id,
+    /// else "evb-local").
+    #[arg(long)]
+    run_id: Option<String>,
+    /// The run's configuration: its run.secret (EVB_SECRET wins) and its run.id.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
     /// Write the events into event files under DIR/NAME/ (one file per BU connection).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -37,7 +49,8 @@ pub struct ConsumeArgs {
     /// Work this long on each event before acknowledging it (a slow filter).
     #[arg(long, default_value_t = 0)]
     slow_ms: u64,
-    /// Keep trying to reach a BU this long (at start, and after a connection drops).
+    /// Keep trying to reach a BU this long (at start, after a connection drops, and while
+    /// the BU has no room for another consumer), with a growing pause between tries.
     #[arg(long, default_value_t = 30.0)]
     wait_s: f64,
     /// This consumer's name (the BUs log it; default consume-PID).
@@ -64,6 +77,9 @@ struct Totals {
 struct Ctx {
     a: ConsumeArgs,
     name: String,
+    run_id: String,
+    /// The run's secret: proved to every BU, and every BU must prove it.
+    secret: Option<Vec<u8>>,
     totals: Totals,
     seen: Mutex<HashSet<u64>>,
     ids: Option<Mutex<std::fs::File>>,
@@ -77,8 +93,11 @@ enum Ended {
     Limit,
     /// Refused, or a bad event: do not try again.
     Fatal(String),
-    /// The connection dropped: try again.
+    /// The connection dropped after the BU welcomed this consumer: try again.
     Dropped(String),
+    /// No Welcome: the BU has no room (`Busy`), or the connection closed during the
+    /// handshake. Try again after a pause, for `--wait-s` in all.
+    NotYet(String),
 }
 
 pub fn run(a: &ConsumeArgs) -> Result<bool, String> {
@@ -92,6 +111,20 @@ pub fn run(a: &ConsumeArgs) -> Result<bool, String> {
         .name
         .clone()
         .unwrap_or_else(|| format!("consume-{}", std::process::id()));
+    let cfg = match &a.config {
+        Some(p) => Some(Config::from_file(p).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let secret = cfg
+        .as_ref()
+        .and_then(|c| c.secret())
+        .or_else(|| std::env::var("EVB_SECRET").ok().filter(|s| !s.is_empty()))
+        .map(String::into_bytes);
+    let run_id = a
+        .run_id
+        .clone()
+        .or_else(|| cfg.as_ref().map(|c| c.run.id.clone()))
+        .unwrap_or_else(|| "evb-local".to_string());
     let ids = match &a.ids {
         Some(p) => Some(Mutex::new(
             std::fs::OpenOptions::new()
@@ -105,6 +138,8 @@ pub fn run(a: &ConsumeArgs) -> Result<bool, String> {
     let ctx = Arc::new(Ctx {
         a: a.clone(),
         name,
+        run_id,
+        secret,
         totals: Totals::default(),
         seen: Mutex::new(HashSet::new()),
         ids,
@@ -163,49 +198,78 @@ pub fn run(a: &ConsumeArgs) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// The pause before the next try: 100 ms, doubling to 2 s, with ±25 % jitter (consumers
+/// refused together do not come back together).
+fn backoff(tries: u32) -> Duration {
+    let base = 100u64 << tries.min(5);
+    let ms = base.min(2_000);
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64 ^ std::process::id() as u64)
+        .unwrap_or(0)
+        % (ms / 2 + 1);
+    Duration::from_millis(ms - ms / 4 + jitter)
+}
+
 /// Serves one BU address until it says the run is over (reconnecting meanwhile).
 fn one_bu(ctx: &Ctx, addr: &str) -> Result<String, String> {
     let wait = Duration::from_secs_f64(ctx.a.wait_s);
+    // the first failed try of the current run of them, and how many
     let mut since = Instant::now();
+    let mut tries = 0u32;
     let mut writer: Option<EventFileWriter> = None;
     let mut seq = 0u32;
     let r = loop {
         if ctx.totals.stop.load(Ordering::Acquire) {
             break Ok("stopped at --limit".to_string());
         }
-        let stream = match TcpStream::connect(addr) {
-            Ok(s) => s,
-            Err(e) => {
-                if since.elapsed() > wait {
-                    break Err(format!(
-                        "cannot reach it for {:.0} s: {e}",
-                        wait.as_secs_f64()
-                    ));
+        let why = match TcpStream::connect(addr) {
+            Err(e) => format!("cannot connect yet ({e})"),
+            Ok(stream) => match session(ctx, stream, &mut writer, &mut seq) {
+                Ended::End { acked, lost } => {
+                    break if lost > 0 {
+                        Err(format!(
+                            "the run is over; the BU's consumers acknowledged {acked} events and it lost {lost}"
+                        ))
+                    } else {
+                        Ok(format!(
+                            "the run is over; the BU's consumers acknowledged {acked} events"
+                        ))
+                    }
                 }
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
+                Ended::Limit => break Ok("stopped at --limit".to_string()),
+                Ended::Fatal(e) => break Err(e),
+                Ended::Dropped(e) => {
+                    eprintln!("evb consume: {addr}: {e}; connecting again");
+                    since = Instant::now();
+                    tries = 0;
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                Ended::NotYet(e) => e,
+            },
         };
-        match session(ctx, stream, &mut writer, &mut seq) {
-            Ended::End { acked, lost } => {
-                break if lost > 0 {
-                    Err(format!(
-                        "the run is over; the BU's consumers acknowledged {acked} events and it lost {lost}"
-                    ))
-                } else {
-                    Ok(format!(
-                        "the run is over; the BU's consumers acknowledged {acked} events"
-                    ))
-                }
-            }
-            Ended::Limit => break Ok("stopped at --limit".to_string()),
-            Ended::Fatal(e) => break Err(e),
-            Ended::Dropped(e) => {
-                eprintln!("evb consume: {addr}: {e}; connecting again");
-                since = Instant::now();
-                std::thread::sleep(Duration::from_millis(100));
-            }
+        if tries == 0 {
+            since = Instant::now();
         }
+        let left = wait.saturating_sub(since.elapsed());
+        if left.is_zero() {
+            break Err(format!(
+                "{why}; gave up after trying for {:.0} s (--wait-s)",
+                wait.as_secs_f64()
+            ));
+        }
+        let pause = backoff(tries).min(left);
+        // every refusal for room is news; an unreachable BU is said once
+        if tries == 0 || !why.starts_with("cannot connect") {
+            eprintln!(
+                "evb consume: {addr}: {why}; trying again in {:.1} s (for {:.0} s more)",
+                pause.as_secs_f64(),
+                left.as_secs_f64()
+            );
+        }
+        tries += 1;
+        std::thread::sleep(pause);
     };
     if let Some(mut w) = writer {
         if w.events() > 0 {
@@ -215,6 +279,35 @@ fn one_bu(ctx: &Ctx, addr: &str) -> Result<String, String> {
         }
     }
     r
+}
+
+/// A proof: HMAC-SHA256 keyed by a [`proof_key`] (docs/protocol.md §7.2), made with the
+/// same primitive as the control API's token.
+fn prove(key: &[u8]) -> [u8; PROOF_LEN] {
+    let t = evb_transport::control_token(key);
+    let mut out = [0u8; PROOF_LEN];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).unwrap_or(0);
+    }
+    out
+}
+
+/// Constant-time check of the BU's proof.
+fn proof_matches(key: &[u8], proof: &[u8; PROOF_LEN]) -> bool {
+    let hex: String = proof.iter().map(|b| format!("{b:02x}")).collect();
+    evb_transport::control_token_matches(key, &hex)
+}
+
+/// A random, non-zero nonce for the Hello; without randomness no Hello is sent.
+fn nonce() -> Result<u64, String> {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("no randomness for the Hello's nonce: {e}"))?;
+    match u64::from_le_bytes(b) {
+        0 => Err("the random source gave an all-zero nonce".into()),
+        n => Ok(n),
+    }
 }
 
 fn read_frame(r: &mut impl Read, max_event: u32) -> Result<ConsumerMsg, String> {
@@ -237,29 +330,89 @@ fn session(
         return Ended::Dropped("cannot clone the socket".into());
     };
     let mut input = std::io::BufReader::with_capacity(1 << 20, stream);
+    let nonce = match &ctx.secret {
+        Some(_) => match nonce() {
+            Ok(n) => n,
+            Err(e) => return Ended::Fatal(e),
+        },
+        None => 0,
+    };
     let hello = ConsumerMsg::Hello(ConsumerHello {
         max_held: ctx.a.max_held,
-        run_id: ctx.a.run_id.clone(),
+        nonce,
+        run_id: ctx.run_id.clone(),
         name: ctx.name.clone(),
     });
+    let payload = hello.encode_payload();
     if let Err(e) = out.write_all(&hello.encode()) {
-        return Ended::Dropped(format!("sending hello: {e}"));
+        return Ended::NotYet(format!("sending hello: {e}"));
     }
     let max_event = ctx.a.max_event_mib.saturating_mul(1 << 20);
-    let welcome = match read_frame(&mut input, max_event) {
+    let mut answer = read_frame(&mut input, max_event);
+    let mut proved = false;
+    if let Ok(ConsumerMsg::Challenge { nonce: ch, proof }) = &answer {
+        let Some(secret) = &ctx.secret else {
+            return Ended::Fatal("the BU sent a Challenge to a Hello without a nonce".into());
+        };
+        if !proof_matches(&proof_key(ProofRole::Bu, secret, &payload, *ch), proof) {
+            return Ended::Fatal(
+                "the BU did not prove the run's secret: this consumer's secret (EVB_SECRET or \
+                 --config's run.secret) is not the BU's run.secret; taking no events from it"
+                    .into(),
+            );
+        }
+        let auth = ConsumerMsg::Auth(prove(&proof_key(
+            ProofRole::Consumer,
+            secret,
+            &payload,
+            *ch,
+        )));
+        if let Err(e) = out.write_all(&auth.encode()) {
+            return Ended::NotYet(format!("sending auth: {e}"));
+        }
+        proved = true;
+        answer = read_frame(&mut input, max_event);
+    }
+    let welcome = match answer {
+        Ok(ConsumerMsg::Welcome(_)) if ctx.secret.is_some() && !proved => {
+            return Ended::Fatal(
+                "the BU does not authenticate (it has no run.secret) but this consumer has a \
+                 secret (EVB_SECRET or --config's run.secret): taking no events from it"
+                    .into(),
+            )
+        }
         Ok(ConsumerMsg::Welcome(w)) => w,
+        Ok(ConsumerMsg::Refuse {
+            code: RefuseCode::Busy,
+            reason,
+        }) => return Ended::NotYet(format!("no room yet: {reason}")),
+        Ok(ConsumerMsg::Refuse {
+            code: RefuseCode::Unauthenticated,
+            reason,
+        }) => {
+            return Ended::Fatal(match ctx.secret {
+                None => format!(
+                    "refused (Unauthenticated): {reason}: set EVB_SECRET, or give --config \
+                     with the run's configuration (its run.secret)"
+                ),
+                Some(_) => format!(
+                    "refused (Unauthenticated): {reason}: this consumer's secret (EVB_SECRET \
+                     or --config's run.secret) is not the BU's run.secret"
+                ),
+            })
+        }
         Ok(ConsumerMsg::Refuse { code, reason }) => {
             return Ended::Fatal(format!("refused ({code:?}): {reason}"))
         }
         Ok(other) => return Ended::Fatal(format!("expected Welcome, got {:?}", other.kind())),
-        Err(e) => return Ended::Dropped(format!("no welcome: {e}")),
+        Err(e) => return Ended::NotYet(format!("no welcome: {e}")),
     };
     if let (Some(dir), None) = (&ctx.a.out, writer.as_ref()) {
         let dir = dir.join(&ctx.name);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             return Ended::Fatal(format!("{}: {e}", dir.display()));
         }
-        match EventFileWriter::create(&dir, &ctx.a.run_id, welcome.bu_index, *seq) {
+        match EventFileWriter::create(&dir, &ctx.run_id, welcome.bu_index, *seq) {
             Ok(w) => {
                 *seq += 1;
                 *writer = Some(w);

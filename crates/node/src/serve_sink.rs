@@ -13,13 +13,19 @@
 //! - At the end of the run the BU waits up to `sink.serve_drain_timeout_s` for every event
 //!   to be acknowledged; what is not is counted lost (`output_lost`, judged by the verdict).
 //!
-//! Threads: one acceptor (also the ack-timeout check), and per consumer one reader (the
-//! handshake, then acks) and one writer. They share one mutex-guarded state with the sink,
-//! which the BU's event loop calls.
+//! - A connection earns events by its handshake: a Hello naming the run and, when the run
+//!   has a secret, an Auth proving it (docs/protocol.md §7.3). The handshake must finish
+//!   within 5 s of the accept; unfinished handshakes are bounded per source IP and, when
+//!   every slot is taken, the oldest is shed, so stalled sockets cannot keep a consumer out.
+//!
+//! Threads: one acceptor, which also runs every handshake (non-blocking sockets, poll(2))
+//! and the ack-timeout check, and per served consumer one reader (its acks) and one writer.
+//! They share one mutex-guarded state with the sink, which the BU's event loop calls.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufWriter, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -31,16 +37,22 @@ use evb_formats::events::{
     event_header, EVENT_CORRUPT, EVENT_HEADER_LEN, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
 };
 use evb_wire::consumer::{
-    ConsumerFrame, ConsumerHeader, ConsumerMsg, RefuseCode, Welcome, CONSUMER_HEADER_LEN,
+    proof_key, ConsumerFrame, ConsumerHeader, ConsumerHello, ConsumerMsg, ProofRole, RefuseCode,
+    Welcome, CONSUMER_HEADER_LEN, CONSUMER_MAX_HANDSHAKE, PROOF_LEN,
 };
 use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
 use serde_json::{json, Value};
 use tracing::{error, info, warn};
 
-/// Connections at once (handshaking or serving); more are refused.
+/// Connections at once (handshaking or serving). A new one beyond sheds the oldest
+/// unfinished handshake; it is refused only when every slot is a consumer being served.
 const MAX_CONNECTIONS: usize = 64;
-/// A connection must send its Hello within this.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections from one source IP still handshaking at once; a new one beyond sheds that
+/// address's oldest.
+const MAX_HANDSHAKES_PER_IP: usize = 8;
+/// A connection must finish its handshake (Hello, and Auth with a secret) within this of
+/// being accepted: a whole deadline, however its bytes trickle.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 
 pub struct ServeOptions {
     pub listen: String,
@@ -51,6 +63,8 @@ pub struct ServeOptions {
     pub hold: usize,
     pub ack_timeout: Duration,
     pub drain_timeout: Duration,
+    /// The run's secret: every consumer must prove it (Challenge / Auth) before it is served.
+    pub secret: Option<Vec<u8>>,
 }
 
 /// One event, ready to send: the frame header and event header, and the fragments in place.
@@ -80,13 +94,21 @@ struct State {
     ready: VecDeque<Arc<Item>>,
     consumers: BTreeMap<u64, Consumer>,
     next_consumer: u64,
+    /// Connections being served (welcomed, their threads running).
     connections: usize,
     sent: u64,
     acked: u64,
     acked_bytes: u64,
     re_served: u64,
     consumers_dropped: u64,
+    /// Connections closed without being served, for any reason (the next three included).
     connections_refused: u64,
+    /// Handshakes not finished within the deadline.
+    handshakes_timed_out: u64,
+    /// Unfinished handshakes closed to make room for a newer connection.
+    handshakes_shed: u64,
+    /// Consumers without the secret, or with a wrong one.
+    auth_failed: u64,
     /// The output is closed (end of run): writers send End; nothing more is served.
     over: bool,
     lost: u64,
@@ -159,7 +181,11 @@ impl ServeSink {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| opts.listen.clone());
-        info!(node = %opts.bu_id, addr = %listen, "serving built events to consumers");
+        info!(node = %opts.bu_id, addr = %listen, authenticated = opts.secret.is_some(), "serving built events to consumers");
+        let beyond_loopback = listener.local_addr().is_ok_and(|a| !a.ip().is_loopback());
+        if beyond_loopback && opts.secret.is_none() {
+            warn!(node = %opts.bu_id, addr = %listen, "serving built events beyond loopback without run.secret: anyone who can reach this port and knows the run id can take events");
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
@@ -349,6 +375,10 @@ impl Sink for ServeSink {
             "re_served": st.re_served,
             "consumers_dropped": st.consumers_dropped,
             "connections_refused": st.connections_refused,
+            "handshakes_timed_out": st.handshakes_timed_out,
+            "handshakes_shed": st.handshakes_shed,
+            "auth_failed": st.auth_failed,
+            "authenticated": self.shared.opts.secret.is_some(),
             "lost": st.lost,
             "busy": self.busy,
             "left_out_unaccepted": self.left_out,
@@ -367,23 +397,116 @@ impl Drop for ServeSink {
     }
 }
 
+/// A connection still handshaking, owned by the acceptor (non-blocking; no thread of its
+/// own). Its frames are read into `buf`, never more than [`CONSUMER_MAX_HANDSHAKE`] bytes.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+    buf: Vec<u8>,
+    header: Option<ConsumerHeader>,
+    phase: Phase,
+}
+
+enum Phase {
+    /// Waiting for the Hello.
+    Hello,
+    /// The Hello came and the BU sent its Challenge: waiting for the consumer's Auth.
+    Auth {
+        hello: ConsumerHello,
+        payload: Vec<u8>,
+        challenge: u64,
+    },
+}
+
+/// What became of a handshake after some of its bytes.
+enum Step {
+    /// More bytes are needed.
+    Wait,
+    /// Refused (or gone): close it.
+    Close,
+    /// Finished: serve this consumer.
+    Serve(ConsumerHello),
+}
+
 fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
     let mut next_check = Instant::now();
+    let mut pending: Vec<Pending> = Vec::new();
     while !s.stop.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                let s2 = s.clone();
-                let peer = peer.to_string();
-                let _ = std::thread::Builder::new()
-                    .name(format!("{}-consumer", s.opts.bu_id))
-                    .spawn(move || connection(stream, peer, s2));
+        // wait for a new connection or handshake bytes: 50 ms at most (the stop flag and
+        // the ack timeouts), less when a handshake's deadline comes first
+        let now = Instant::now();
+        let mut wait = Duration::from_millis(50);
+        for p in &pending {
+            wait = wait.min((p.since + HANDSHAKE_DEADLINE).saturating_duration_since(now));
+        }
+        let mut fds = Vec::with_capacity(1 + pending.len());
+        fds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for p in &pending {
+            fds.push(libc::pollfd {
+                fd: p.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let ms = wait.as_millis().clamp(1, 50) as libc::c_int;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            fds.iter_mut().for_each(|f| f.revents = 0);
+        }
+        // handshakes that have bytes (or closed): newest first, so that removing keeps the
+        // indices of the ones still to look at
+        for i in (0..pending.len()).rev() {
+            if fds[i + 1].revents == 0 {
+                continue;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
+            match handshake_step(&mut pending[i], &s) {
+                Step::Wait => {}
+                Step::Close => {
+                    pending.remove(i);
+                }
+                Step::Serve(hello) => {
+                    let p = pending.remove(i);
+                    start_consumer(p.stream, p.peer, hello, &s);
+                }
             }
-            Err(e) => {
-                warn!(node = %s.opts.bu_id, "accepting a consumer: {e}");
-                std::thread::sleep(Duration::from_millis(50));
+        }
+        // the deadline: a whole one from accept, however the bytes trickle
+        let now = Instant::now();
+        pending.retain_mut(|p| {
+            if now.duration_since(p.since) < HANDSHAKE_DEADLINE {
+                return true;
+            }
+            let why = format!(
+                "handshake not completed within {} ms",
+                HANDSHAKE_DEADLINE.as_millis()
+            );
+            {
+                let mut st = s.lock();
+                st.connections_refused += 1;
+                st.handshakes_timed_out += 1;
+            }
+            warn!(node = %s.opts.bu_id, "consumer connection from {} closed: {why}", p.peer);
+            refuse(&mut p.stream, RefuseCode::Busy, &why);
+            false
+        });
+        if fds[0].revents != 0 {
+            loop {
+                match listener.accept() {
+                    Ok((stream, peer)) => admit(&mut pending, stream, peer, &s),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        warn!(node = %s.opts.bu_id, "accepting a consumer: {e}");
+                        std::thread::sleep(Duration::from_millis(50));
+                        break;
+                    }
+                }
             }
         }
         let now = Instant::now();
@@ -414,11 +537,256 @@ fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
         }
     }
     // the end: close every connection
+    drop(pending);
     let mut st = s.lock();
     for c in st.consumers.values() {
         let _ = c.stream.shutdown(Shutdown::Both);
     }
     st.consumers.clear();
+}
+
+/// A new connection. Unfinished handshakes must not keep a consumer out: when its address
+/// already has [`MAX_HANDSHAKES_PER_IP`] handshaking, or every slot is taken, the OLDEST
+/// unfinished handshake (of that address, or of all) is shed to make room. Only when every
+/// slot is a consumer being served is the new connection refused (`Busy`: try again).
+fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s: &Shared) {
+    let bu = &s.opts.bu_id;
+    if let Some(i) = (pending.iter().filter(|p| p.peer.ip() == peer.ip()).count()
+        >= MAX_HANDSHAKES_PER_IP)
+        .then(|| pending.iter().position(|p| p.peer.ip() == peer.ip()))
+        .flatten()
+    {
+        shed(
+            pending.remove(i),
+            "its address has too many unfinished handshakes",
+            s,
+        );
+    }
+    let serving = s.lock().connections;
+    if pending.len() + serving >= MAX_CONNECTIONS {
+        if pending.is_empty() {
+            s.lock().connections_refused += 1;
+            let why = format!(
+                "too many connections: {serving} consumers already served (at most {MAX_CONNECTIONS}); try again later"
+            );
+            warn!(node = %bu, "consumer connection from {peer} refused: {why}");
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+            refuse(&mut stream, RefuseCode::Busy, &why);
+            return;
+        }
+        shed(pending.remove(0), "every connection slot is taken", s);
+    }
+    let _ = stream.set_nonblocking(true);
+    let _ = stream.set_nodelay(true);
+    pending.push(Pending {
+        stream,
+        peer,
+        since: Instant::now(),
+        buf: Vec::new(),
+        header: None,
+        phase: Phase::Hello,
+    });
+}
+
+fn shed(mut p: Pending, why: &str, s: &Shared) {
+    let ms = p.since.elapsed().as_millis();
+    {
+        let mut st = s.lock();
+        st.connections_refused += 1;
+        st.handshakes_shed += 1;
+    }
+    warn!(node = %s.opts.bu_id, "consumer connection from {} shed after {ms} ms without a finished handshake: {why} (limits: {MAX_HANDSHAKES_PER_IP} handshaking per IP, {MAX_CONNECTIONS} connections in all)", p.peer);
+    refuse(
+        &mut p.stream,
+        RefuseCode::Busy,
+        &format!("handshake shed after {ms} ms unfinished: {why}; try again"),
+    );
+}
+
+/// Reads what a handshaking connection has sent (never blocking, never past the frame it
+/// waits for) and answers a finished frame.
+fn handshake_step(p: &mut Pending, s: &Shared) -> Step {
+    let bu = &s.opts.bu_id;
+    let peer = p.peer;
+    let refused = |p: &mut Pending, code: RefuseCode, why: String, name: Option<&str>| {
+        {
+            let mut st = s.lock();
+            st.connections_refused += 1;
+            if code == RefuseCode::Unauthenticated {
+                st.auth_failed += 1;
+            }
+        }
+        match name {
+            Some(n) => error!(node = %bu, "consumer {n} from {peer} refused: {why}"),
+            None => error!(node = %bu, "consumer connection from {peer} refused: {why}"),
+        }
+        refuse(&mut p.stream, code, &why);
+        Step::Close
+    };
+    loop {
+        let want = match p.header {
+            None => CONSUMER_HEADER_LEN - p.buf.len(),
+            Some(h) => CONSUMER_HEADER_LEN + h.length as usize - p.buf.len(),
+        };
+        if want > 0 {
+            let mut tmp = [0u8; CONSUMER_HEADER_LEN + CONSUMER_MAX_HANDSHAKE as usize];
+            match p.stream.read(&mut tmp[..want]) {
+                Ok(0) => {
+                    let what = match p.phase {
+                        Phase::Hello => "its Hello",
+                        Phase::Auth { .. } => "its Auth",
+                    };
+                    return refused(
+                        p,
+                        RefuseCode::BadHello,
+                        format!("bad hello: the connection closed before {what}"),
+                        None,
+                    );
+                }
+                Ok(n) => p.buf.extend_from_slice(&tmp[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::Wait,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return refused(p, RefuseCode::BadHello, format!("bad hello: {e}"), None),
+            }
+            continue;
+        }
+        let Some(h) = p.header else {
+            let expect = match p.phase {
+                Phase::Hello => ConsumerFrame::Hello,
+                Phase::Auth { .. } => ConsumerFrame::Auth,
+            };
+            let h = match ConsumerHeader::decode(&p.buf, 0) {
+                Ok(h) => h,
+                Err(e) => return refused(p, RefuseCode::BadHello, format!("bad hello: {e}"), None),
+            };
+            if h.kind != expect {
+                let why = match p.phase {
+                    Phase::Hello => format!("first frame is {:?}, not Hello", h.kind),
+                    Phase::Auth { .. } => format!("sent {:?} where its Auth was due", h.kind),
+                };
+                return refused(p, RefuseCode::BadHello, why, None);
+            }
+            if h.length > CONSUMER_MAX_HANDSHAKE {
+                let why = format!(
+                    "bad hello: a {:?} of {} bytes exceeds the limit of {CONSUMER_MAX_HANDSHAKE}",
+                    h.kind, h.length
+                );
+                return refused(p, RefuseCode::BadHello, why, None);
+            }
+            p.header = Some(h);
+            continue;
+        };
+        let payload = p.buf.split_off(CONSUMER_HEADER_LEN);
+        p.buf.clear();
+        p.header = None;
+        match std::mem::replace(&mut p.phase, Phase::Hello) {
+            Phase::Hello => {
+                let hello = match ConsumerMsg::decode(h.kind, &payload) {
+                    Ok(ConsumerMsg::Hello(hello)) => hello,
+                    Ok(other) => {
+                        let why = format!("first frame is {:?}, not Hello", other.kind());
+                        return refused(p, RefuseCode::BadHello, why, None);
+                    }
+                    Err(e) => {
+                        return refused(p, RefuseCode::BadHello, format!("bad hello: {e}"), None)
+                    }
+                };
+                if hello.run_id != s.opts.run_id {
+                    let why = format!(
+                        "the consumer names run {:?}; this is run {:?}",
+                        hello.run_id, s.opts.run_id
+                    );
+                    return refused(p, RefuseCode::WrongRun, why, Some(&hello.name));
+                }
+                if s.lock().over {
+                    refuse(&mut p.stream, RefuseCode::Over, "the run is over");
+                    return Step::Close;
+                }
+                let Some(secret) = &s.opts.secret else {
+                    return Step::Serve(hello);
+                };
+                if hello.nonce == 0 {
+                    let why = "this BU requires the run's secret (run.secret or EVB_SECRET) \
+                               and the consumer proves none"
+                        .to_string();
+                    return refused(p, RefuseCode::Unauthenticated, why, Some(&hello.name));
+                }
+                let challenge = match nonce() {
+                    Ok(n) => n,
+                    Err(e) => {
+                        return refused(p, RefuseCode::Other, e, Some(&hello.name));
+                    }
+                };
+                let proof = prove(&proof_key(ProofRole::Bu, secret, &payload, challenge));
+                let frame = ConsumerMsg::Challenge {
+                    nonce: challenge,
+                    proof,
+                }
+                .encode();
+                // 52 bytes to a connection that has sent and not yet read anything: a
+                // short write would mean a broken connection
+                if p.stream.write_all(&frame).is_err() {
+                    return Step::Close;
+                }
+                p.phase = Phase::Auth {
+                    hello,
+                    payload,
+                    challenge,
+                };
+            }
+            Phase::Auth {
+                hello,
+                payload: hello_payload,
+                challenge,
+            } => {
+                let proof = match ConsumerMsg::decode(h.kind, &payload) {
+                    Ok(ConsumerMsg::Auth(proof)) => proof,
+                    Ok(other) => {
+                        let why = format!("sent {:?} where its Auth was due", other.kind());
+                        return refused(p, RefuseCode::BadHello, why, Some(&hello.name));
+                    }
+                    Err(e) => {
+                        let why = format!("bad auth: {e}");
+                        return refused(p, RefuseCode::BadHello, why, Some(&hello.name));
+                    }
+                };
+                let secret = s.opts.secret.as_deref().unwrap_or_default();
+                let key = proof_key(ProofRole::Consumer, secret, &hello_payload, challenge);
+                if !evb_transport::control_token_matches(&key, &hex(&proof)) {
+                    let why = "authentication failed: wrong secret".to_string();
+                    return refused(p, RefuseCode::Unauthenticated, why, Some(&hello.name));
+                }
+                return Step::Serve(hello);
+            }
+        }
+    }
+}
+
+/// A proof: HMAC-SHA256 keyed by a [`proof_key`] (docs/protocol.md §7.2).
+fn prove(key: &[u8]) -> [u8; PROOF_LEN] {
+    let t = evb_transport::control_token(key);
+    let mut out = [0u8; PROOF_LEN];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).unwrap_or(0);
+    }
+    out
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A random, non-zero challenge nonce from the system; without randomness the handshake
+/// fails rather than use a guessable one.
+fn nonce() -> Result<u64, String> {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("no randomness for the challenge nonce: {e}"))?;
+    match u64::from_le_bytes(b) {
+        0 => Err("the random source gave an all-zero nonce".into()),
+        n => Ok(n),
+    }
 }
 
 /// Reads one frame (header and payload); `max_event` 0 refuses Event frames by size.
@@ -431,6 +799,7 @@ fn read_frame(r: &mut impl Read) -> Result<ConsumerMsg, String> {
     ConsumerMsg::decode(h.kind, &p).map_err(|e| e.to_string())
 }
 
+/// Best effort: the Refuse frame, then the connection is closed.
 fn refuse(stream: &mut TcpStream, code: RefuseCode, reason: &str) {
     let _ = stream.write_all(
         &ConsumerMsg::Refuse {
@@ -442,56 +811,13 @@ fn refuse(stream: &mut TcpStream, code: RefuseCode, reason: &str) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// One consumer connection: the handshake, then its acks (its writer on another thread).
-fn connection(mut stream: TcpStream, peer: String, s: Arc<Shared>) {
-    let bu = s.opts.bu_id.clone();
-    {
-        let mut st = s.lock();
-        if st.connections >= MAX_CONNECTIONS {
-            st.connections_refused += 1;
-            drop(st);
-            warn!(node = %bu, "consumer connection from {peer} refused: {MAX_CONNECTIONS} connections already");
-            refuse(&mut stream, RefuseCode::Other, "too many connections");
-            return;
-        }
-        st.connections += 1;
-    }
-    serve_connection(&mut stream, &peer, &s);
-    s.lock().connections -= 1;
-}
-
-fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
+/// A finished handshake: the consumer is registered (only now can it be sent events), is
+/// welcomed, and gets its threads (its acks here, its events on a writer).
+fn start_consumer(mut stream: TcpStream, peer: SocketAddr, hello: ConsumerHello, s: &Arc<Shared>) {
     let bu = &s.opts.bu_id;
+    let peer = peer.to_string();
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let _ = stream.set_nodelay(true);
-    // A connection earns events by naming the run: anything else is refused and closed.
-    let hello = match read_frame(stream) {
-        Ok(ConsumerMsg::Hello(h)) => h,
-        Ok(other) => {
-            s.lock().connections_refused += 1;
-            let why = format!("first frame is {:?}, not Hello", other.kind());
-            error!(node = %bu, "consumer connection from {peer} refused: {why}");
-            refuse(stream, RefuseCode::BadHello, &why);
-            return;
-        }
-        Err(why) => {
-            s.lock().connections_refused += 1;
-            error!(node = %bu, "consumer connection from {peer} refused: bad hello: {why}");
-            refuse(stream, RefuseCode::BadHello, &format!("bad hello: {why}"));
-            return;
-        }
-    };
-    if hello.run_id != s.opts.run_id {
-        s.lock().connections_refused += 1;
-        let why = format!(
-            "the consumer names run {:?}; this is run {:?}",
-            hello.run_id, s.opts.run_id
-        );
-        error!(node = %bu, "consumer {} from {peer} refused: {why}", hello.name);
-        refuse(stream, RefuseCode::WrongRun, &why);
-        return;
-    }
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
     let max_held = hello.max_held.min(s.opts.max_held);
     let welcome = ConsumerMsg::Welcome(Welcome {
         bu_index: s.opts.bu_index,
@@ -499,26 +825,30 @@ fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
         bu_id: bu.clone(),
     })
     .encode();
-    let (Ok(wstream), Ok(handle)) = (stream.try_clone(), stream.try_clone()) else {
+    let (Ok(rstream), Ok(wstream), Ok(handle)) =
+        (stream.try_clone(), stream.try_clone(), stream.try_clone())
+    else {
         return;
     };
     let id = {
         let mut st = s.lock();
         if st.over {
             drop(st);
-            refuse(stream, RefuseCode::Over, "the run is over");
+            refuse(&mut stream, RefuseCode::Over, "the run is over");
             return;
         }
         if stream.write_all(&welcome).is_err() {
             return;
         }
+        let _ = stream.set_write_timeout(None);
         let id = st.next_consumer;
         st.next_consumer += 1;
+        st.connections += 1;
         st.consumers.insert(
             id,
             Consumer {
                 name: hello.name.clone(),
-                peer: peer.to_string(),
+                peer: peer.clone(),
                 max_held: max_held as usize,
                 in_flight: BTreeMap::new(),
                 acked: 0,
@@ -528,16 +858,44 @@ fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
         );
         id
     };
-    info!(node = %bu, "consumer {} connected from {peer} (holds at most {max_held})", hello.name);
+    let auth = if s.opts.secret.is_some() {
+        ", authenticated"
+    } else {
+        ""
+    };
+    info!(node = %bu, "consumer {} connected from {peer} (holds at most {max_held}{auth})", hello.name);
     s.cv.notify_all();
+    let s2 = s.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("{bu}-consumer"))
+        .spawn(move || {
+            serve_consumer(rstream, wstream, &peer, &hello.name, id, &s2);
+            s2.lock().connections -= 1;
+        });
+    if spawned.is_err() {
+        let mut st = s.lock();
+        st.connections -= 1;
+        st.drop_consumer(id, "no thread for it", bu);
+    }
+}
+
+/// A consumer's acks, until the connection closes or breaks the protocol (its writer on
+/// another thread).
+fn serve_consumer(
+    mut stream: TcpStream,
+    wstream: TcpStream,
+    peer: &str,
+    name: &str,
+    id: u64,
+    s: &Arc<Shared>,
+) {
+    let bu = &s.opts.bu_id;
     let s2 = s.clone();
     let writer = std::thread::Builder::new()
         .name(format!("{bu}-serve-w"))
         .spawn(move || writer_loop(wstream, id, s2));
-    let _ = stream.set_read_timeout(None);
-    // acks, until the connection closes or breaks the protocol
     let why = loop {
-        match read_frame(stream) {
+        match read_frame(&mut stream) {
             Ok(ConsumerMsg::Ack(ids)) => {
                 let mut st = s.lock();
                 let st = &mut *st;
@@ -574,7 +932,7 @@ fn serve_connection(stream: &mut TcpStream, peer: &str, s: &Arc<Shared>) {
             .as_ref()
             .is_some_and(|w| !w.starts_with("connection closed"));
         if protocol {
-            error!(node = %bu, "consumer {} ({peer}): {}", hello.name, why.as_deref().unwrap_or(""));
+            error!(node = %bu, "consumer {name} ({peer}): {}", why.as_deref().unwrap_or(""));
         }
         if let Some(w) = why {
             st.drop_consumer(id, &w, bu);
@@ -666,7 +1024,6 @@ mod tests {
     use super::*;
     use evb_buffers::Pool;
     use evb_formats::events::parse_event;
-    use evb_wire::consumer::ConsumerHello;
 
     fn event(pool: &Pool, id: u64) -> BuiltEvent {
         let mut w = pool.try_alloc().unwrap();
@@ -684,6 +1041,7 @@ mod tests {
             hold,
             ack_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(1),
+            secret: None,
         })
         .unwrap()
     }
@@ -694,6 +1052,7 @@ mod tests {
             .unwrap();
         let hello = ConsumerMsg::Hello(ConsumerHello {
             max_held: 4,
+            nonce: 0,
             run_id: run.into(),
             name: "t".into(),
         });
@@ -818,5 +1177,176 @@ mod tests {
             })
         ));
         wait_for(|| s.report()["connections_refused"] == 2);
+    }
+
+    fn sink_with(secret: Option<&str>) -> ServeSink {
+        ServeSink::start(ServeOptions {
+            listen: "127.0.0.1:0".into(),
+            run_id: "r".into(),
+            bu_id: "bu0".into(),
+            bu_index: 0,
+            max_held: 8,
+            hold: 8,
+            ack_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(1),
+            secret: secret.map(|s| s.as_bytes().to_vec()),
+        })
+        .unwrap()
+    }
+
+    fn hello(nonce: u64) -> ConsumerMsg {
+        ConsumerMsg::Hello(ConsumerHello {
+            max_held: 4,
+            nonce,
+            run_id: "r".into(),
+            name: "t".into(),
+        })
+    }
+
+    /// The handshake with a secret: a Hello with a nonce, then the Auth answering the
+    /// Challenge (the BU's own proof is checked in the test below); `secret` None sends a
+    /// Hello without a nonce.
+    fn connect_with(
+        s: &ServeSink,
+        secret: Option<&[u8]>,
+    ) -> (TcpStream, Result<ConsumerMsg, String>) {
+        let mut c = TcpStream::connect(s.listen_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let h = hello(if secret.is_some() { 0x5eed } else { 0 });
+        c.write_all(&h.encode()).unwrap();
+        let first = read_any(&mut c);
+        let (Some(secret), Ok(ConsumerMsg::Challenge { nonce, .. })) = (secret, &first) else {
+            return (c, first);
+        };
+        let payload = h.encode_payload();
+        let mine = prove(&proof_key(ProofRole::Consumer, secret, &payload, *nonce));
+        c.write_all(&ConsumerMsg::Auth(mine).encode()).unwrap();
+        let r = read_any(&mut c);
+        (c, r)
+    }
+
+    fn refused_with(r: &Result<ConsumerMsg, String>, want: RefuseCode) -> String {
+        match r {
+            Ok(ConsumerMsg::Refuse { code, reason }) if *code == want => reason.clone(),
+            other => panic!("expected Refuse {want:?}, got {other:?}"),
+        }
+    }
+
+    /// With a secret: no proof and a wrong proof are refused (Unauthenticated) and get no
+    /// event; the right one is welcomed after the BU proved the secret too.
+    #[test]
+    fn with_a_secret_only_a_consumer_that_proves_it_is_served() {
+        let pool = Pool::new("t", 4096, 16);
+        let mut s = sink_with(Some("s3cret"));
+        s.deliver(&event(&pool, 1)).unwrap();
+        s.accepted(1, 1).unwrap();
+        let (_, r) = connect_with(&s, None);
+        let why = refused_with(&r, RefuseCode::Unauthenticated);
+        assert!(why.contains("requires the run's secret"), "{why}");
+        let (_, r) = connect_with(&s, Some(b"guess"));
+        let why = refused_with(&r, RefuseCode::Unauthenticated);
+        assert!(why.contains("wrong secret"), "{why}");
+        // an Auth that is not 32 bytes, or another frame where the Auth is due
+        let mut c = TcpStream::connect(s.listen_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        c.write_all(&hello(7).encode()).unwrap();
+        assert!(matches!(
+            read_any(&mut c),
+            Ok(ConsumerMsg::Challenge { .. })
+        ));
+        c.write_all(&ConsumerMsg::Ack(vec![1]).encode()).unwrap();
+        refused_with(&read_any(&mut c), RefuseCode::BadHello);
+        assert_eq!(s.report()["sent"], 0, "nothing to the unauthenticated");
+        let (mut c, r) = connect_with(&s, Some(b"s3cret"));
+        assert!(matches!(r, Ok(ConsumerMsg::Welcome(_))), "{r:?}");
+        assert!(matches!(read_any(&mut c), Ok(ConsumerMsg::Event(_))));
+        let rep = s.report();
+        assert_eq!(rep["auth_failed"], 2, "{rep}");
+        assert_eq!(rep["connections_refused"], 3, "{rep}");
+        // the BU's own proof is checked by the consumer: a wrong secret on the BU's side
+        // shows in the Challenge
+        let mut c = TcpStream::connect(s.listen_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let h = hello(9);
+        c.write_all(&h.encode()).unwrap();
+        let Ok(ConsumerMsg::Challenge { nonce, proof }) = read_any(&mut c) else {
+            panic!("no challenge")
+        };
+        let p = h.encode_payload();
+        assert_eq!(
+            proof,
+            prove(&proof_key(ProofRole::Bu, b"s3cret", &p, nonce))
+        );
+        assert_ne!(proof, prove(&proof_key(ProofRole::Bu, b"other", &p, nonce)));
+    }
+
+    /// The deadline is a whole one from the accept: a byte every 600 ms does not keep the
+    /// connection (it is refused, `Busy`, at 5 s), and a Hello declaring more than 1 KiB is
+    /// refused before any of it is read.
+    #[test]
+    fn a_trickling_hello_is_closed_at_the_deadline() {
+        let s = sink_with(None);
+        let mut big = TcpStream::connect(s.listen_addr()).unwrap();
+        big.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        big.write_all(&ConsumerHeader::new(ConsumerFrame::Hello, 65_535).encode())
+            .unwrap();
+        let why = refused_with(&read_any(&mut big), RefuseCode::BadHello);
+        assert!(why.contains("exceeds the limit of 1024"), "{why}");
+        let mut c = TcpStream::connect(s.listen_addr()).unwrap();
+        let t0 = Instant::now();
+        c.write_all(&ConsumerHeader::new(ConsumerFrame::Hello, 1000).encode())
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(600)))
+            .unwrap();
+        let mut got = Vec::new();
+        while t0.elapsed() < Duration::from_secs(8) {
+            let _ = c.write_all(&[0]); // fails once closed
+            let mut b = [0u8; 256];
+            match c.read(&mut b) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(_) => {}
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        assert!((4.5..7.0).contains(&secs), "closed after {secs} s");
+        let h = ConsumerHeader::decode(&got, 0).unwrap();
+        let r = ConsumerMsg::decode(h.kind, &got[CONSUMER_HEADER_LEN..]);
+        let why = refused_with(&r.map_err(|e| e.to_string()), RefuseCode::Busy);
+        assert!(why.contains("not completed within 5000 ms"), "{why}");
+        assert_eq!(s.report()["handshakes_timed_out"], 1);
+    }
+
+    /// Stalled handshakes never keep a consumer out: the newest connection sheds the oldest
+    /// unfinished one (8 per address). Only consumers being served fill the slots for good:
+    /// then a new connection is refused `Busy`, and gets in once one leaves.
+    #[test]
+    fn stalled_handshakes_are_shed_and_only_served_consumers_fill_the_slots() {
+        let s = sink_with(None);
+        let stalled: Vec<TcpStream> = (0..40)
+            .map(|_| {
+                let mut c = TcpStream::connect(s.listen_addr()).unwrap();
+                c.write_all(&ConsumerHeader::new(ConsumerFrame::Hello, 1000).encode()[..7])
+                    .unwrap();
+                c
+            })
+            .collect();
+        let (_c, r) = connect(&s, "r");
+        assert!(matches!(r, Ok(ConsumerMsg::Welcome(_))), "{r:?}");
+        wait_for(|| s.report()["handshakes_shed"].as_u64().unwrap() >= 32);
+        drop(stalled);
+        let mut served = vec![_c];
+        while served.len() < MAX_CONNECTIONS {
+            let (c, r) = connect(&s, "r");
+            assert!(matches!(r, Ok(ConsumerMsg::Welcome(_))), "{r:?}");
+            served.push(c);
+        }
+        let (_, r) = connect(&s, "r");
+        let why = refused_with(&r, RefuseCode::Busy);
+        assert!(why.contains("too many connections"), "{why}");
+        drop(served.pop());
+        wait_for(|| s.shared.lock().connections < MAX_CONNECTIONS);
+        let (_c, r) = connect(&s, "r");
+        assert!(matches!(r, Ok(ConsumerMsg::Welcome(_))), "{r:?}");
     }
 }

@@ -224,6 +224,7 @@ pub fn logic(
                             },
                             ack_timeout: Duration::from_secs_f64(s.serve_ack_timeout_s),
                             drain_timeout: Duration::from_secs_f64(s.serve_drain_timeout_s),
+                            secret: cfg.secret().map(String::into_bytes),
                         },
                     )?)
                 }

@@ -12,6 +12,8 @@ pub enum WireError {
     },
     #[error("bad frame magic {0:#010x} (expected \"EVBF\")")]
     BadMagic(u32),
+    #[error("bad consumer frame magic {0:#010x} (expected \"EVBC\")")]
+    BadConsumerMagic(u32),
     #[error("unsupported protocol version {got} (this build speaks {supported})")]
     UnsupportedVersion { got: u16, supported: u16 },
     #[error("unknown frame type {0}")]
