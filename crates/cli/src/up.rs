@@ -108,6 +108,13 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         resolved.transport.kind
     );
     println!("evb up: run page and control API: {url}");
+    if let Some(t) = &token {
+        // with a secret, commands need the token, the page's too: opened once with it, the
+        // page keeps it in a same-site session cookie (docs/control.md, "Who may call")
+        println!(
+            "evb up: open the page with the token once (keep this line private): {url}?token={t}"
+        );
+    }
     println!(
         "evb up: evb ctl start | pause | resume | stop | status | halt   (Ctrl-C: stop and halt)"
     );

@@ -1034,6 +1034,27 @@ impl Config {
         }
         let serving = self.sink.kind == SinkKind::Serve
             || self.bu.iter().any(|b| b.sink == Some(SinkKind::Serve));
+        if serving && self.secret().is_none() {
+            // the consumer port is a listener like the data ports: beyond loopback only with
+            // a secret, which consumers then prove (docs/operations.md, Security model)
+            for i in 0..self.n_bu().min(u16::MAX as u64) as u16 {
+                let addr = self.serve_addr(i);
+                let (host, _) = addr.rsplit_once(':').unwrap_or((addr.as_str(), ""));
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let loopback = host == "localhost"
+                    || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+                if !loopback {
+                    let key = match self.bu.get(i as usize) {
+                        Some(b) if !b.serve.is_empty() => format!("bu[{i}].serve"),
+                        _ => "sink.serve_host".to_string(),
+                    };
+                    return Err(invalid(
+                        key,
+                        format!("{addr} is beyond loopback: set run.secret (or EVB_SECRET) so that only consumers that prove it get events"),
+                    ));
+                }
+            }
+        }
         if serving && self.sink.serve_drain_timeout_s >= self.run.stall_timeout_s {
             return Err(invalid(
                 "sink.serve_drain_timeout_s",

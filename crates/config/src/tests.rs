@@ -814,7 +814,7 @@ fn serve_sink_settings_are_checked() {
     assert_eq!(c.serve_addr(1), "127.0.0.1:7401");
     assert_eq!(Config::default().serve_addr(0), "127.0.0.1:0");
     let c = Config::from_toml(
-        "[sink]\nkind = \"serve\"\n[[bu]]\nid = \"b\"\nserve = \"10.0.0.1:9000\"\n",
+        "[run]\nsecret = \"s\"\n[sink]\nkind = \"serve\"\n[[bu]]\nid = \"b\"\nserve = \"10.0.0.1:9000\"\n",
     )
     .unwrap();
     assert_eq!(c.serve_addr(0), "10.0.0.1:9000");
@@ -849,6 +849,19 @@ fn serve_sink_settings_are_checked() {
         &["sink.serve_base_port"],
     );
     assert_err(&format!("{s}serve_host = \"\"\n"), &["sink.serve_host"]);
+    // a consumer port beyond loopback needs a secret, as every other listener does
+    assert_err(
+        &format!("{s}serve_host = \"0.0.0.0\"\n"),
+        &["sink.serve_host", "beyond loopback", "run.secret"],
+    );
+    assert_err(
+        &format!("{s}[[bu]]\nid = \"b\"\nserve = \"10.0.0.5:9000\"\n"),
+        &["bu[0].serve", "beyond loopback"],
+    );
+    assert!(Config::from_toml(&format!(
+        "[run]\nsecret = \"s\"\n{s}serve_host = \"0.0.0.0\"\n"
+    ))
+    .is_ok());
     assert_err(
         "[[bu]]\nid = \"b\"\nserve = \"127.0.0.1:9000\"\n",
         &["bu[0].serve", "only read"],

@@ -5,15 +5,18 @@
 //! Every node: `GET /api/v1/node`, `GET /metrics`, and the calls its EVM makes
 //! (`POST /api/v1/node/start|abort|halt`). The EVM also: `GET /api/v1/status`,
 //! `POST /api/v1/<command>`, `GET /api/v1/runs[/N]`, and the run page at `/`.
-//! Requests from beyond loopback must carry `Authorization: Bearer <token>`, the token
-//! derived from the run's secret.
+//! Who may call is decided in [`crate::guard`] (loopback is not trusted to change anything
+//! while a secret is set). The server bounds what a client can hold: connections in all and
+//! per source IP, the time to send headers and body, and the body's size.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,7 +25,13 @@ use evb_config::Role;
 use serde_json::{json, Value};
 use tracing::warn;
 
+use evb_transport::log_limit::LogLimit;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tower::ServiceExt;
+
 use crate::fsm::Command;
+use crate::guard;
 use crate::metrics::{exposition, Scrape};
 use crate::service::{parse_listen, Cmd, Node, Phase};
 
@@ -51,6 +60,17 @@ fn parse_body(body: &Bytes) -> Result<Value, Box<Response>> {
     }
 }
 
+/// Longest a client may take to send a request's headers (also the longest a kept-alive
+/// connection may sit idle between requests).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a client may take to send a request's body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once, in all and from one source IP. Beyond them a new connection
+/// is closed as soon as it is accepted: the API can never hold more than these descriptors,
+/// so a flood of unfinished requests cannot take the ones the data path needs.
+pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_CONNECTIONS_PER_IP: usize = 16;
+
 /// Binds the node's API and serves it on a thread of its own. Returns the bound address.
 pub fn serve(node: Shared, addr: &str) -> Result<SocketAddr, String> {
     let want = parse_listen(addr)?;
@@ -63,7 +83,7 @@ pub fn serve(node: Shared, addr: &str) -> Result<SocketAddr, String> {
         .set_nonblocking(true)
         .map_err(|e| e.to_string())?;
     let bound = std_listener.local_addr().map_err(|e| e.to_string())?;
-    let app = router(node.clone());
+    let app = router(node.clone(), bound.port());
     std::thread::Builder::new()
         .name(format!("{}-api", node.id()))
         .spawn(move || {
@@ -86,17 +106,99 @@ pub fn serve(node: Shared, addr: &str) -> Result<SocketAddr, String> {
                         return;
                     }
                 };
-                let svc = app.into_make_service_with_connect_info::<SocketAddr>();
-                if let Err(e) = axum::serve(listener, svc).await {
-                    warn!("control API stopped: {e}");
-                }
+                accept_loop(listener, app, node.id().to_string()).await;
             });
         })
         .map_err(|e| e.to_string())?;
     Ok(bound)
 }
 
-fn router(node: Shared) -> Router {
+/// Connections being served, in all and per source IP.
+#[derive(Default)]
+struct Slots {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// One connection's place in [`Slots`], given back when the connection ends.
+struct Slot {
+    slots: Arc<std::sync::Mutex<Slots>>,
+    ip: IpAddr,
+}
+
+impl Slot {
+    fn take(slots: &Arc<std::sync::Mutex<Slots>>, ip: IpAddr) -> Option<Slot> {
+        let mut s = slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = s.per_ip.get(&ip).copied().unwrap_or(0);
+        if s.total >= MAX_CONNECTIONS || mine >= MAX_CONNECTIONS_PER_IP {
+            return None;
+        }
+        s.total += 1;
+        *s.per_ip.entry(ip).or_default() += 1;
+        Some(Slot {
+            slots: slots.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.total = s.total.saturating_sub(1);
+        if let Some(n) = s.per_ip.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Accepts connections within the limits above and serves each with a header deadline.
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: String) {
+    let slots = Arc::new(std::sync::Mutex::new(Slots::default()));
+    let mut refused = LogLimit::new(Duration::from_secs(10));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // out of descriptors, most likely: wait rather than spin, and say so once in a while
+                if let Some(n) = refused.tick() {
+                    warn!(node, "control API: accept failed ({n} times): {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(slot) = Slot::take(&slots, peer.ip()) else {
+            drop(stream);
+            if let Some(n) = refused.tick() {
+                warn!(
+                    node,
+                    "control API: closed {n} connection(s) at once, the last from {peer}: too many \
+                     open (limits: {MAX_CONNECTIONS_PER_IP} per IP, {MAX_CONNECTIONS} in all)"
+                );
+            }
+            continue;
+        };
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                app.clone().oneshot(req.map(Body::new))
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), svc);
+            let _ = conn.await;
+        });
+    }
+}
+
+fn router(node: Shared, port: u16) -> Router {
     let mut r = Router::new()
         .route("/api/v1/node", get(node_status))
         .route("/metrics", get(metrics))
@@ -113,6 +215,12 @@ fn router(node: Shared) -> Router {
     } else {
         r = r.route("/api/v1/status", get(node_status));
     }
+    let gate = Arc::new(Gate {
+        node: node.clone(),
+        port,
+        known_hosts: known_hosts(&node),
+        refused: std::sync::Mutex::new(LogLimit::new(Duration::from_secs(10))),
+    });
     r.fallback(|| async { error(404, "no such API path (see docs/control.md)") })
         .method_not_allowed_fallback(|| async {
             error(
@@ -120,42 +228,114 @@ fn router(node: Shared) -> Router {
                 "wrong method for this path: commands are POST, status and records GET",
             )
         })
-        .layer(middleware::from_fn_with_state(node.clone(), authorize))
+        .layer(middleware::from_fn_with_state(gate, authorize))
         .with_state(node)
 }
 
-/// Loopback callers are trusted like the data ports on loopback; anyone else must show the
-/// token derived from the run's secret (and without a secret, nobody else gets in).
+/// What the authorization middleware needs besides the request.
+struct Gate {
+    node: Shared,
+    port: u16,
+    known_hosts: Vec<String>,
+    refused: std::sync::Mutex<LogLimit>,
+}
+
+/// Host names that name this node's machine: this host's own name and every host name the
+/// configuration uses (addresses are usually IP literals, which are always accepted).
+fn known_hosts(node: &Node) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| vec![h.trim().to_string()])
+        .unwrap_or_default();
+    let cfg = node.lock().cfg.clone();
+    for n in cfg.nodes() {
+        for a in [&n.addr, &n.control] {
+            if let Some((h, _)) = a.rsplit_once(':') {
+                let h = h.trim_start_matches('[').trim_end_matches(']');
+                if !h.is_empty() && h.parse::<IpAddr>().is_err() {
+                    names.push(h.to_string());
+                }
+            }
+        }
+    }
+    names.retain(|n| !n.is_empty());
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Applies [`crate::guard::decide`] to every request, then reads its body within
+/// [`BODY_TIMEOUT`] and [`MAX_BODY`] (so that a slow body cannot hold a connection, and an
+/// oversized one gets the same JSON refusal as every other).
 async fn authorize(
-    State(node): State<Shared>,
+    State(gate): State<Arc<Gate>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
     req: Request,
     next: Next,
 ) -> Response {
-    if peer.ip().is_loopback() {
-        return next.run(req).await;
-    }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "));
-    match (&node.secret, presented) {
-        (Some(secret), Some(t)) if evb_transport::control_token_matches(secret, t) => {
-            next.run(req).await
-        }
-        (None, _) => error(
-            403,
-            "this API takes requests from beyond loopback only with run.secret set",
-        ),
-        _ => {
+    let headers = req.headers();
+    let text = |name: header::HeaderName| headers.get(name).and_then(|h| h.to_str().ok());
+    let cookie_name = guard::cookie_name(gate.port);
+    let declared_len = text(header::CONTENT_LENGTH).and_then(|l| l.trim().parse::<u64>().ok());
+    let chunked = headers.contains_key(header::TRANSFER_ENCODING);
+    let facts = guard::Facts {
+        peer: Some(peer.ip()),
+        read_only: matches!(*req.method(), Method::GET | Method::HEAD),
+        host: text(header::HOST),
+        origin: text(header::ORIGIN),
+        content_type: text(header::CONTENT_TYPE),
+        has_body: chunked || declared_len.is_some_and(|n| n > 0),
+        bearer: text(header::AUTHORIZATION).and_then(|h| h.strip_prefix("Bearer ")),
+        cookie: headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|h| h.to_str().ok())
+            .find_map(|h| guard::cookie_value(h, &cookie_name)),
+    };
+    let secret = gate.node.secret.as_deref();
+    let verdict = guard::decide(secret.is_some(), &gate.known_hosts, &facts, |t| {
+        secret.is_some_and(|s| evb_transport::control_token_matches(s, t))
+    });
+    if let Err((status, why)) = verdict {
+        let n = gate
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tick();
+        if let Some(n) = n {
             warn!(
-                node = node.id(),
-                "control API: request from {peer} without a valid token refused"
+                node = gate.node.id(),
+                "control API: refused {n} request(s), the last {} {} from {peer}: {why}",
+                req.method(),
+                req.uri().path()
             );
-            error(401, "a valid bearer token is required from beyond loopback (derived from run.secret: `evb ctl` computes it)")
         }
+        return error(status, why);
     }
+    if declared_len.is_some_and(|n| n > MAX_BODY as u64) {
+        return error(413, format!("request body over {MAX_BODY} bytes"));
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            return error(
+                413,
+                format!("request body refused (over {MAX_BODY} bytes or broken): {e}"),
+            )
+        }
+        Err(_) => {
+            return error(
+                408,
+                format!(
+                    "request body not received within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            )
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 async fn node_status(State(node): State<Shared>) -> Json<Value> {
@@ -209,7 +389,10 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(r) => return *r,
     };
-    let (Some(run), Some(text)) = (v["run"].as_u64(), v["config"].as_str()) else {
+    let run = v["run"]
+        .as_u64()
+        .filter(|n| (1..=crate::controller::MAX_RUN).contains(n));
+    let (Some(run), Some(text)) = (run, v["config"].as_str()) else {
         return error(400, "start needs {\"run\": N, \"config\": \"<TOML text>\"}");
     };
     if body.len() > MAX_BODY {
@@ -331,6 +514,48 @@ async fn command(State(node): State<Shared>, Path(name): Path<String>, body: Byt
     }
 }
 
-async fn page() -> Html<&'static str> {
-    Html(crate::page::PAGE)
+#[derive(serde::Deserialize)]
+struct PageQuery {
+    token: Option<String>,
+}
+
+/// The run page. Opened once as `/?token=<token>` (the URL `evb up` prints when a secret is
+/// set), it sets a same-site, script-proof session cookie for this port and redirects to `/`,
+/// so the token leaves the address bar and the page's own requests carry it.
+async fn page(
+    State(node): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let Some(token) = q.token else {
+        return Html(crate::page::PAGE).into_response();
+    };
+    let valid = node
+        .secret
+        .as_deref()
+        .is_some_and(|s| evb_transport::control_token_matches(s, &token));
+    if !valid {
+        warn!(
+            node = node.id(),
+            "control API: the page was opened from {peer} with a wrong token"
+        );
+        return error(401, "wrong token in the page's URL");
+    }
+    let api = node.control.api();
+    let port = api
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .unwrap_or(0);
+    let cookie = format!(
+        "{}={token}; Path=/; HttpOnly; SameSite=Strict",
+        guard::cookie_name(port)
+    );
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, cookie),
+            (header::LOCATION, "/".to_string()),
+        ],
+    )
+        .into_response()
 }

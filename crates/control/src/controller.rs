@@ -17,6 +17,10 @@ use crate::client::Api;
 use crate::fsm::{self, Command, State};
 use crate::service::{numbered_run_id, Cmd, Mode, Node};
 
+/// The largest run number: 2^53 - 1, exact in every JSON reader (the page's included), and
+/// far from wrapping when the next run is numbered one more.
+pub const MAX_RUN: u64 = (1 << 53) - 1;
+
 /// A refused or failed command: the HTTP status and why.
 pub type Refused = (u16, String);
 
@@ -232,9 +236,15 @@ impl Controller {
                     None | Some(Value::Null) => c.run + 1,
                     Some(v) => v
                         .as_u64()
-                        .filter(|n| *n > 0)
-                        .ok_or((400, "`run` must be a positive integer".to_string()))?,
+                        .filter(|n| (1..=MAX_RUN).contains(n))
+                        .ok_or((400, format!("`run` must be an integer from 1 to {MAX_RUN}")))?,
                 };
+                if run > MAX_RUN {
+                    return Err((
+                        409,
+                        format!("run {} was the last number there is: reset the numbering by restarting the EVM", c.run),
+                    ));
+                }
                 if c.runs.contains_key(&run) {
                     return Err((
                         409,

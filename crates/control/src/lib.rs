@@ -9,6 +9,7 @@ mod api;
 pub mod client;
 mod controller;
 pub mod fsm;
+pub mod guard;
 pub mod metrics;
 mod page;
 mod service;

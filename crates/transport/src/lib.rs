@@ -12,6 +12,7 @@ mod event;
 mod handshake;
 pub mod inherited;
 pub mod inproc;
+pub mod log_limit;
 pub mod mux;
 pub mod ofi;
 pub mod shm;
@@ -111,6 +112,11 @@ pub trait Transport: Send {
     fn set_send_threads(&mut self, _n: usize) -> Result<(), TransportError> {
         Ok(())
     }
+
+    /// Tells the transport how many other nodes may connect to it at once, so that its
+    /// limits on unfinished handshakes (tcp: [`tcp::Admission`]) never close a legitimate
+    /// peer of a large topology on one host. Transports without such limits ignore it.
+    fn expect_peers(&mut self, _peers: usize) {}
 
     /// A descriptor that becomes readable when `poll` has something to do, so that several
     /// transports can wait together (see `mux`); `None` if there is no such descriptor.

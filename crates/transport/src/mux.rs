@@ -138,6 +138,10 @@ impl Transport for MuxTransport {
         self.parts[i].send(inner, frame_type, count, segments)
     }
 
+    fn expect_peers(&mut self, peers: usize) {
+        self.parts.iter_mut().for_each(|p| p.expect_peers(peers));
+    }
+
     fn set_send_threads(&mut self, n: usize) -> Result<(), TransportError> {
         self.parts
             .iter_mut()

@@ -121,6 +121,7 @@ fn tcp_unauthenticated_sockets_cannot_starve_a_node() {
         handshake_deadline: Duration::from_secs(1),
         per_ip: 8,
         total: 64,
+        ..Admission::default()
     });
     let bound = node.listen("127.0.0.1:0").unwrap();
     let to: SocketAddr = bound.parse().unwrap();
@@ -259,6 +260,66 @@ fn tcp_unauthenticated_sockets_cannot_starve_a_node() {
             );
         }
     }
+}
+
+/// Sockets on the peer's own IP holding unfinished 1,000-byte Hellos used to take every
+/// handshake place of that IP, so that a peer with the secret was closed at once and the run
+/// never started. The oldest unfinished handshake is now shed for a newcomer: the peer gets
+/// in long before the stalled sockets' deadline.
+#[test]
+fn tcp_stalled_handshakes_on_the_peers_own_ip_cannot_keep_it_out() {
+    let secret = Some(b"s3cret".to_vec());
+    let mut node = TcpTransport::new(TransportConfig {
+        secret: secret.clone(),
+        ..cfg("bu0", 64 * 1024, 16)
+    })
+    .unwrap();
+    let bound = node.listen("127.0.0.1:0").unwrap();
+    let to: SocketAddr = bound.parse().unwrap();
+    let (tx, _rx) = mpsc::channel();
+    for i in 0..16 {
+        hostile([127, 0, 0, 1], to, big_hello(1000), tx.clone(), i);
+    }
+    let mut evs = vec![Vec::new(), Vec::new()];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(400) {
+        node.poll(&mut evs[1], Some(Duration::from_millis(1)))
+            .unwrap();
+    }
+    let mut peer = TcpTransport::new(TransportConfig {
+        secret,
+        ..cfg("ru0", 64 * 1024, 64)
+    })
+    .unwrap();
+    peer.connect(
+        &bound,
+        Hello::new(Channel::Data, Role::Ru, 0, "run1", "ru0"),
+    )
+    .unwrap();
+    let t = Instant::now();
+    pump(
+        &mut [&mut peer, &mut node],
+        &mut evs,
+        "the legitimate peer's handshake",
+        |e| opened(&e[0]).is_some() && opened(&e[1]).is_some(),
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the peer got in only after {:?} (the stalled sockets' deadline is 5 s)",
+        t.elapsed()
+    );
+}
+
+/// A topology of n nodes on one host: every one may dial at once from 127.0.0.1.
+#[test]
+fn admission_limits_scale_with_the_topology() {
+    let a = Admission::for_peers(29);
+    assert!(a.per_ip >= 2 * 29, "{a:?}");
+    assert!(a.total > a.per_ip, "{a:?}");
+    assert_eq!(
+        Admission::for_peers(1).per_ip,
+        Admission::default().per_ip.max(10)
+    );
 }
 
 // ---- shm ----

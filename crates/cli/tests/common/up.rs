@@ -17,6 +17,9 @@ pub struct Up {
     pub url: String,
     pub api: Api,
     pub dir: tempfile::TempDir,
+    /// The run's secret, when the configuration sets one (the API's token and `evb ctl`'s
+    /// EVB_SECRET come from it).
+    pub secret: Option<String>,
 }
 
 impl Up {
@@ -47,13 +50,20 @@ impl Up {
         let url = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("evb up printed its control URL");
-        let api = Api::new(&url, None);
+        let secret = evb_config::Config::parse_unvalidated(toml)
+            .ok()
+            .and_then(|c| c.secret());
+        let token = secret
+            .as_ref()
+            .map(|s| evb_control::control_token(s.as_bytes()));
+        let api = Api::new(&url, token);
         Up {
             child,
             lines,
             url,
             api,
             dir,
+            secret,
         }
     }
 
@@ -76,12 +86,12 @@ impl Up {
 
     /// `evb ctl ARGS` against this system, as an operator types it.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(EVB)
-            .arg("ctl")
-            .args(["--url", &self.url])
-            .args(args)
-            .output()
-            .unwrap()
+        let mut c = Command::new(EVB);
+        c.arg("ctl").args(["--url", &self.url]).args(args);
+        if let Some(s) = &self.secret {
+            c.env("EVB_SECRET", s);
+        }
+        c.output().unwrap()
     }
 
     /// Waits for run `n` to be over (through `evb ctl wait`) and returns its record.

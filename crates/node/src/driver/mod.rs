@@ -175,13 +175,15 @@ impl Driver {
                 }
             })
             .ok();
-        let transport = make_transport(evb_transport::TransportConfig {
+        let mut transport = make_transport(evb_transport::TransportConfig {
             run_id: cfg.run.id.clone(),
             local: setup::hello(cfg, &me, Channel::Control),
             max_frame: setup::max_frame(cfg),
             rx_pool,
             secret: cfg.secret().map(|s| s.into_bytes()),
         })?;
+        // every other node may dial this one at once, all from one IP on a single host
+        transport.expect_peers(nodes.len());
         let mut messenger = Messenger::new(transport, setup::messenger_config(cfg));
         messenger.set_busy_poll(Duration::from_micros(cfg.messaging.busy_poll_us));
         // a BU takes an RU's run of fragments in one go

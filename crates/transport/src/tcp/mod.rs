@@ -22,6 +22,7 @@ use tracing::{debug, warn};
 use evb_wire::{FrameType, Hello, WireError};
 
 use crate::handshake::{Handshake, Outcome};
+use crate::log_limit::LogLimit;
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -39,14 +40,21 @@ const READ_BUDGET: usize = 16;
 pub const HANDSHAKE_FRAME_MAX: u32 = 2048;
 
 /// What an incoming connection may cost before its handshake has succeeded.
+///
+/// When a new connection finds its IP's or all places taken, the oldest unfinished handshake
+/// (from that IP, or from anyone) is shed to make room if it has been waiting at least
+/// `shed_after`: a peer that proves the secret finishes in milliseconds, so stalled sockets
+/// cannot keep it out; and sockets opened in a burst cannot shed each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
     /// An incoming connection that has not completed its handshake by then is closed.
     pub handshake_deadline: Duration,
-    /// Incoming connections still handshaking, from one IP address; more are closed at once.
+    /// Incoming connections still handshaking, from one IP address.
     pub per_ip: usize,
-    /// Incoming connections still handshaking, in all; more are closed at once.
+    /// Incoming connections still handshaking, in all.
     pub total: usize,
+    /// An unfinished handshake at least this old may be shed for a newcomer.
+    pub shed_after: Duration,
 }
 
 impl Default for Admission {
@@ -55,6 +63,21 @@ impl Default for Admission {
             handshake_deadline: Duration::from_secs(5),
             per_ip: 8,
             total: 64,
+            shed_after: Duration::from_millis(250),
+        }
+    }
+}
+
+impl Admission {
+    /// The limits for a node that expects up to `peers` other nodes to connect to it at once
+    /// (all of them may share one IP: every node of `evb run` is on 127.0.0.1).
+    pub fn for_peers(peers: usize) -> Admission {
+        let d = Admission::default();
+        let per_ip = d.per_ip.max(2 * peers + 8);
+        Admission {
+            per_ip,
+            total: d.total.max(per_ip + d.total),
+            ..d
         }
     }
 }
@@ -125,6 +148,8 @@ pub struct TcpTransport {
     /// Events produced outside `poll` (a failed write inside `send`), reported by the next poll.
     pending_events: Vec<Event>,
     admission: Admission,
+    /// One warning per few seconds about refused or failed handshakes, with a count.
+    refusals: LogLimit,
     /// Send threads, when asked for (`Transport::set_send_threads`).
     senders: Option<SendThreads>,
 }
@@ -143,6 +168,7 @@ impl TcpTransport {
             frames: Vec::new(),
             pending_events: Vec::new(),
             admission: Admission::default(),
+            refusals: LogLimit::default(),
             senders: None,
         })
     }
@@ -196,6 +222,41 @@ impl TcpTransport {
             }
         }
         (from_ip, total)
+    }
+
+    /// Makes a place for a new incoming connection from `ip` within the [`Admission`] limits,
+    /// shedding the oldest unfinished handshake (of that IP when its limit is the one
+    /// reached) if it is old enough. False: no place; the newcomer is to be closed.
+    fn make_room(&mut self, ip: IpAddr) -> bool {
+        let (from_ip, total) = self.unadmitted(ip);
+        let ip_full = from_ip >= self.admission.per_ip;
+        if !ip_full && total < self.admission.total {
+            return true;
+        }
+        let oldest = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.admitted)
+            .filter_map(|(t, c)| c.inbound.map(|(p, at)| (*t, p, at)))
+            .filter(|(_, p, _)| !ip_full || *p == ip)
+            .min_by_key(|(_, _, at)| *at);
+        let Some((token, _, at)) = oldest else {
+            return false;
+        };
+        let waited = at.elapsed();
+        if waited < self.admission.shed_after {
+            return false;
+        }
+        let reason = CloseReason::Rejected(format!(
+            "shed after {} ms without a finished handshake, for a newer connection (limits: {} per IP, {} in all)",
+            waited.as_millis(),
+            self.admission.per_ip,
+            self.admission.total
+        ));
+        let mut out = Vec::new();
+        self.drop_conn(token, reason, &mut out);
+        self.pending_events.extend(out);
+        true
     }
 
     /// The earliest handshake deadline of an incoming connection, if any.
@@ -290,17 +351,17 @@ impl TcpTransport {
             };
             match accepted {
                 Ok((stream, peer)) => {
-                    let (from_ip, total) = self.unadmitted(peer.ip());
-                    if from_ip >= self.admission.per_ip || total >= self.admission.total {
-                        warn!(
-                            %peer,
-                            from_ip,
-                            total,
-                            "closing an incoming connection at once: too many connections \
-                             still handshaking (limits: {} per IP, {} in all)",
-                            self.admission.per_ip,
-                            self.admission.total
-                        );
+                    if !self.make_room(peer.ip()) {
+                        if let Some(n) = self.refusals.tick() {
+                            warn!(
+                                %peer,
+                                "closing {n} incoming connection(s) at once: too many connections \
+                                 still handshaking, none older than {} ms (limits: {} per IP, {} in all)",
+                                self.admission.shed_after.as_millis(),
+                                self.admission.per_ip,
+                                self.admission.total
+                            );
+                        }
                         drop(stream);
                         continue;
                     }
@@ -342,11 +403,16 @@ impl TcpTransport {
                 s.forget(c.sender.as_ref().map(|(thread, _)| *thread), token);
             }
             let reason = c.close_reason.take().unwrap_or(reason);
-            match &reason {
-                CloseReason::Protocol(_) | CloseReason::Rejected(_) => {
-                    warn!(peer = %c.addr, "closed: {reason}")
+            let loud = matches!(reason, CloseReason::Protocol(_) | CloseReason::Rejected(_));
+            if loud && !c.admitted && c.inbound.is_some() {
+                // a stranger's failed handshake: a flood of them is one line now and then
+                if let Some(n) = self.refusals.tick() {
+                    warn!(peer = %c.addr, "closed {n} incoming connection(s) before their handshake, the last: {reason}");
                 }
-                _ => debug!(peer = %c.addr, "closed: {reason}"),
+            } else if loud {
+                warn!(peer = %c.addr, "closed: {reason}")
+            } else {
+                debug!(peer = %c.addr, "closed: {reason}")
             }
             out.push(Event::Closed {
                 conn: ConnId(token.0 as u64),
@@ -654,6 +720,14 @@ impl Transport for TcpTransport {
     }
 
     /// At most [`MAX_SEND_THREADS`]; they start with the first connection that opens.
+    fn expect_peers(&mut self, peers: usize) {
+        let deadline = self.admission.handshake_deadline;
+        self.admission = Admission {
+            handshake_deadline: deadline,
+            ..Admission::for_peers(peers)
+        };
+    }
+
     fn set_send_threads(&mut self, n: usize) -> Result<(), TransportError> {
         if n > MAX_SEND_THREADS {
             return Err(TransportError::Unavailable(format!(

@@ -1,0 +1,326 @@
+//! The doors around the data path, tried from outside as an adversary on the same host would
+//! (issue "Every door locked"): the control API with and without a secret (forged Origin,
+//! DNS-rebinding Host, unauthenticated commands, the page's session cookie), and slow,
+//! unfinished HTTP requests against a running node. Real `evb up` / `evb run` processes on
+//! loopback; timing from a printed seed.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::up::Up;
+use common::{chaos_seed, free_base_port, text, Rng, EVB};
+use serde_json::{json, Value};
+
+/// One raw HTTP/1.1 request (so that every header is the test's own, as an attacker's
+/// would be); returns the status and the whole reply.
+fn raw(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req += &format!("Host: {addr}\r\n");
+    }
+    for (k, v) in headers {
+        req += &format!("{k}: {v}\r\n");
+    }
+    req += &format!("Content-Length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    let status = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, reply)
+}
+
+fn addr_of(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// With `run.secret` set, nothing that changes the run gets in without the token, from
+/// loopback included; a web page cannot drive the API (forged Origin, text/plain bodies,
+/// DNS rebinding); the page itself works once opened with the token (session cookie).
+#[test]
+fn with_a_secret_no_local_process_or_web_page_controls_the_run() {
+    let up = Up::start(
+        "[run]\nsecret = \"door key\"\nevents = 2000\nduration_s = 0\n[fragments]\nsize = 4096\n",
+    );
+    let evm = addr_of(&up.url);
+    let token = evb_control::control_token(b"door key");
+    let bearer = format!("Bearer {token}");
+    let json_ct = ("Content-Type", "application/json");
+
+    // what curl from another user, or a page's fetch, sent in the reproduction
+    let (code, body) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[
+            ("Content-Type", "text/plain"),
+            ("Origin", "http://evil.example"),
+        ],
+        "{}",
+    );
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = raw(&evm, "POST", "/api/v1/start", &[json_ct], "{}");
+    assert_eq!(code, 401, "an unauthenticated start on loopback: {body}");
+    assert!(body.contains("bearer token"), "{body}");
+    let (code, _) = raw(&evm, "POST", "/api/v1/reset", &[], "");
+    assert_eq!(code, 401);
+    let cfg = json!({"config": "[sink]\nkind = \"serve\"\nserve_host = \"0.0.0.0\"\n"}).to_string();
+    let (code, _) = raw(&evm, "POST", "/api/v1/configure", &[json_ct], &cfg);
+    assert_eq!(code, 401, "an unauthenticated configure");
+    // DNS rebinding: a name that resolves to 127.0.0.1 but is not this node's
+    let (code, body) = raw(
+        &evm,
+        "GET",
+        "/api/v1/status",
+        &[("Host", "rebind.evil.example")],
+        "",
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("DNS rebinding"), "{body}");
+    // a node's own API: the EVM's calls carry the token, nobody else's get in
+    let s = up.status();
+    let ru0 = Up::node(&s, "ru0")["control"].as_str().unwrap().to_string();
+    let (code, _) = raw(
+        &ru0,
+        "POST",
+        "/api/v1/node/abort",
+        &[json_ct],
+        "{\"reason\":\"x\"}",
+    );
+    assert_eq!(code, 401, "a node's abort without the token");
+    // run numbers are range-checked (u64::MAX used to wrap the next run to 0)
+    let big = json!({"run": u64::MAX}).to_string();
+    let (code, body) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[json_ct, ("Authorization", &bearer)],
+        &big,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(
+        up.status()["state"],
+        "ready",
+        "a refused request changed the state"
+    );
+
+    // the page: opened once with the token, it gets a cookie for this port only
+    let (code, reply) = raw(&evm, "GET", &format!("/?token={token}"), &[], "");
+    assert_eq!(code, 303, "{reply}");
+    let port = evm.rsplit_once(':').unwrap().1;
+    let cookie_line = reply
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {reply}"));
+    assert!(
+        cookie_line.contains("HttpOnly") && cookie_line.contains("SameSite=Strict"),
+        "{cookie_line}"
+    );
+    let cookie = cookie_line
+        .split_once(':')
+        .unwrap()
+        .1
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_eq!(cookie, format!("evb_token_{port}={token}"));
+    let (code, _) = raw(&evm, "GET", "/?token=0123", &[], "");
+    assert_eq!(code, 401, "a wrong token in the page's URL");
+    // the cookie from another origin's page (the browser would send it: same site) is refused
+    let (code, _) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[
+            json_ct,
+            ("Cookie", &cookie),
+            ("Origin", "http://127.0.0.1:1"),
+        ],
+        "{}",
+    );
+    assert_eq!(code, 403);
+    // the page's own button: same origin, the cookie, JSON
+    let own = format!("http://{evm}");
+    let (code, body) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[json_ct, ("Cookie", &cookie), ("Origin", &own)],
+        "{}",
+    );
+    assert_eq!(code, 200, "{body}");
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    // evb up printed the page's URL with the token for the operator
+    assert!(
+        up.said()
+            .iter()
+            .any(|l| l.contains(&format!("?token={token}"))),
+        "{:?}",
+        up.said()
+    );
+    assert!(up.halt().success());
+}
+
+/// Without a secret the API is loopback's, and a configuration sent to it is held to the
+/// rules of one on disk: no consumer port beyond loopback.
+#[test]
+fn a_configuration_over_the_api_obeys_the_rules_of_one_on_disk() {
+    let up = Up::start("[run]\nevents = 500\nduration_s = 0\n[fragments]\nsize = 4096\n");
+    let (code, body) = up.post(
+        "configure",
+        json!({"config": "[run]\nevents = 500\nduration_s = 0\n[fragments]\nsize = 4096\n[sink]\nkind = \"serve\"\nserve_host = \"0.0.0.0\"\n"}),
+    );
+    assert_eq!(code, 400, "{body}");
+    let msg = body["error"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("sink.serve_host") && msg.contains("run.secret"),
+        "{msg}"
+    );
+    // a forged Origin is refused without a secret too
+    let evm = addr_of(&up.url);
+    let (code, _) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[
+            ("Content-Type", "application/json"),
+            ("Origin", "http://evil.example"),
+        ],
+        "{}",
+    );
+    assert_eq!(code, 403);
+    assert_eq!(up.status()["state"], "ready");
+    assert!(up.halt().success());
+}
+
+/// Raises this process's descriptor limit to its hard limit (the flood below needs ~1,100).
+fn raise_fd_limit() -> u64 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        l.rlim_cur = l.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+    }
+    l.rlim_cur
+}
+
+/// 1,100 unfinished HTTP requests to a BU's API in mid-run, under `ulimit -n 1024`, trickling
+/// a byte every 2 s: the API holds at most its connection cap, each unfinished request is
+/// cut at the header deadline, and the run builds every event (it used to end `failed -
+/// stalled` on `Too many open files`).
+#[test]
+fn slow_unfinished_http_requests_cannot_take_a_nodes_descriptors() {
+    let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
+    eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
+    let mut rng = Rng(seed | 1);
+    if raise_fd_limit() < 1400 {
+        eprintln!("SKIPPED: the hard descriptor limit is below 1,400");
+        return;
+    }
+    let base = free_base_port(5);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nevents = 0\nduration_s = 8\n[fragments]\nsize = 16384\n[control]\nbase_port = {base}\n"
+        ),
+    )
+    .unwrap();
+    let json_out = dir.path().join("summary.json");
+    let run = Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" \"$@\"")
+        .arg(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json_out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // bu0's API: EVM, ru0, ru1, then the BUs
+    let bu0 = format!("127.0.0.1:{}", base + 3);
+    let wait_from = Instant::now();
+    while TcpStream::connect(&bu0).is_err() {
+        assert!(
+            wait_from.elapsed() < Duration::from_secs(20),
+            "bu0's API never came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500 + rng.below(2500)));
+    let mut held = Vec::new();
+    for _ in 0..1100 {
+        match TcpStream::connect_timeout(&bu0.parse().unwrap(), Duration::from_secs(1)) {
+            Ok(mut s) => {
+                let _ = s.write_all(b"GET /api/v1/node HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
+                let _ = s.set_read_timeout(Some(Duration::from_millis(1)));
+                held.push(s);
+            }
+            Err(_) => break,
+        }
+    }
+    eprintln!("doors: {} slow requests open", held.len());
+    // trickle: one byte every 2 s, and count the ones the node has closed
+    let start = Instant::now();
+    let mut closed = 0;
+    while start.elapsed() < Duration::from_secs(7) {
+        std::thread::sleep(Duration::from_secs(2));
+        closed = 0;
+        for s in &mut held {
+            let _ = s.write_all(b"x");
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => closed += 1,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => closed += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(
+        closed,
+        held.len(),
+        "unfinished requests still open after the header deadline"
+    );
+    drop(held);
+    let out = run.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "seed {seed}: {}", text(&out));
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("Too many open files"), "{stderr}");
+    // one line every few seconds about the refused connections, not one per connection
+    let warnings = stderr.matches("control API: closed").count();
+    assert!(
+        warnings < 50,
+        "{warnings} lines about refused connections:\n{stderr}"
+    );
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    assert_eq!(s["ok"], true);
+}
