@@ -119,10 +119,11 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
                 }
                 // Built, but not as one event: a degraded run, never an unqualified OK.
                 if s.sync_losses != 0 {
+                    let n = s.sync_losses;
                     p.push(format!(
-                        "ru[{i}]: {} events flagged for sync loss (on_sync_loss = \"flag\": \
+                        "ru[{i}]: {n} event{} flagged for sync loss (on_sync_loss = \"flag\": \
                          built with fragments whose trigger numbers disagree)",
-                        s.sync_losses
+                        if n == 1 { "" } else { "s" }
                     ));
                 }
             }

@@ -2,8 +2,8 @@
 //! read `source.kind = "stream"`, one connection per address, at a given rate or as fast as
 //! the RU takes them (a full RU stops reading: TCP flow control slows the sender).
 
-use std::io::Write;
-use std::net::TcpStream;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,10 @@ pub struct FeedArgs {
     /// Keep trying to connect for this long (the RU may not be listening yet).
     #[arg(long, default_value_t = 30.0)]
     connect_timeout_s: f64,
+    /// Connect from this local IP address (the RU takes streams only from
+    /// `source.allow_from`; this shows what a front-end at that address sees).
+    #[arg(long, value_name = "IP")]
+    from: Option<IpAddr>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -110,9 +114,9 @@ pub fn run(a: &FeedArgs) -> Result<(), String> {
     let threads: Vec<_> = plans
         .into_iter()
         .map(|p| {
-            let (rate, looped, limit) = (a.rate, a.looped, a.limit);
+            let (rate, looped, limit, from) = (a.rate, a.looped, a.limit, a.from);
             std::thread::spawn(move || {
-                let r = send(&p, rate, looped, limit, timeout);
+                let r = send(&p, rate, looped, limit, timeout, from);
                 (p.to, p.names, r)
             })
         })
@@ -198,10 +202,14 @@ fn renumbered(r: &Record, format: Format, pass: u64, shift: u64) -> Vec<u8> {
     b
 }
 
-fn connect(to: &str, timeout: Duration) -> Result<TcpStream, String> {
+fn connect(to: &str, timeout: Duration, from: Option<IpAddr>) -> Result<TcpStream, String> {
     let deadline = Instant::now() + timeout;
     loop {
-        match TcpStream::connect(to) {
+        let attempt = match from {
+            None => TcpStream::connect(to),
+            Some(ip) => connect_from(to, ip),
+        };
+        match attempt {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => {
                 return Err(format!(
@@ -214,8 +222,90 @@ fn connect(to: &str, timeout: Duration) -> Result<TcpStream, String> {
     }
 }
 
-fn send(p: &Plan, rate: f64, looped: bool, limit: u64, timeout: Duration) -> Result<Sent, String> {
-    let mut s = connect(&p.to, timeout)?;
+/// Connects to `to` from the local address `from` (any port): bound before it connects,
+/// which the standard library cannot do.
+fn connect_from(to: &str, from: IpAddr) -> std::io::Result<TcpStream> {
+    use std::io::{Error, ErrorKind};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let target = to
+        .to_socket_addrs()?
+        .find(|a| a.is_ipv4() == from.is_ipv4())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                format!("{to} has no address of the family of --from {from}"),
+            )
+        })?;
+    let domain = if target.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: a plain socket(2) call; the descriptor is owned (and closed) by `fd` below.
+    let raw = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor just opened and owned by no one else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (local, len) = sockaddr(SocketAddr::new(from, 0));
+    // SAFETY: `local` is a sockaddr_storage holding a sockaddr of `len` bytes.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const local).cast(), len) } < 0 {
+        return Err(Error::last_os_error());
+    }
+    let (remote, len) = sockaddr(target);
+    // SAFETY: as for bind.
+    if unsafe { libc::connect(fd.as_raw_fd(), (&raw const remote).cast(), len) } < 0 {
+        return Err(Error::last_os_error());
+    }
+    Ok(TcpStream::from(fd))
+}
+
+/// `a` as the C library's socket address.
+fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero bytes are a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in>(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut ss).cast::<libc::sockaddr_in6>(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn send(
+    p: &Plan,
+    rate: f64,
+    looped: bool,
+    limit: u64,
+    timeout: Duration,
+    from: Option<IpAddr>,
+) -> Result<Sent, String> {
+    let mut s = connect(&p.to, timeout, from)?;
     let _ = s.set_nodelay(true);
     let t0 = Instant::now();
     let (mut fragments, mut bytes) = (0u64, 0u64);
@@ -247,6 +337,23 @@ fn send(p: &Plan, rate: f64, looped: bool, limit: u64, timeout: Duration) -> Res
     s.flush().map_err(|e| e.to_string())?;
     // a clean end of stream: the RU reads it as the end of this source's data
     let _ = s.shutdown(std::net::Shutdown::Write);
+    // Written is not read: the RU closes its end once it read everything (a clean end of
+    // stream here), or resets it with bytes still unread (it refused the connection, or the
+    // run ended and it stopped reading). Wait for which.
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(format!(
+                    "the receiver closed the stream without reading all {fragments} fragments \
+                     ({bytes} bytes) sent: {e}"
+                ))
+            }
+        }
+    }
     Ok(Sent {
         fragments,
         bytes,

@@ -5,10 +5,13 @@
 //! waiting for it.
 
 mod common;
-use common::{assert_exact, evb_run_in, free_base_port, text, EVB};
+use common::{assert_exact, clock_seed, evb_run_in, free_base_port, text, Rng, EVB};
 
+use std::io::Write;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use evb_formats::fed;
 use serde_json::Value;
@@ -213,7 +216,10 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
                 );
             }
         } else {
-            assert_exact(&out, &s, EVENTS, 1, 2);
+            // every event built, but one of them out of sync: degraded, never an OK
+            assert!(!out.status.success(), "{t}");
+            assert_eq!(s["run"]["evm"]["released"], EVENTS, "{t}");
+            assert!(t.contains("ru[0]: 1 event flagged for sync loss"), "{t}");
             assert_eq!(sum(&s, "bus", "sync_loss_events"), 1, "{t}");
             assert_eq!(sum(&s, "rus", "sync_losses"), 1);
         }
@@ -348,6 +354,268 @@ fn a_front_end_that_never_comes_fails_the_run_after_the_connect_timeout() {
     );
     assert!(
         started.elapsed() < std::time::Duration::from_secs(30),
+        "{t}"
+    );
+}
+
+/// A seed for the moments a test picks at random (`EVB_STREAM_SEED`, else the clock), printed
+/// so that a failure can be replayed.
+fn seeded(test: &str) -> Rng {
+    let seed = std::env::var("EVB_STREAM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(clock_seed);
+    eprintln!("{test}: EVB_STREAM_SEED={seed}");
+    Rng(seed | 1)
+}
+
+/// Connects to `addr` as soon as something listens there (within 20 s).
+fn connect_when_listening(addr: &str) -> TcpStream {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => return s,
+            Err(e) if Instant::now() > until => panic!("{addr}: never listened: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// The RU's own final report (after its streams were drained at the end of the run).
+fn ru_stat(s: &Value, ru: &str, key: &str) -> u64 {
+    s["nodes"][ru]["stats"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {key} in {ru}'s report: {}", s["nodes"][ru]))
+}
+
+/// (a) A socket that connects to a stream and closes without a byte (a port check) is no
+/// front-end: the stream goes on listening and the real front-end, after it, builds every
+/// event.
+#[test]
+fn a_probe_that_connects_and_closes_does_not_take_the_stream() {
+    let _one = one_at_a_time();
+    let Some((a, b)) = cms_files() else { return };
+    let mut rng = seeded("a_probe_that_connects_and_closes_does_not_take_the_stream");
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"probe\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+        list(&to)
+    );
+    // the probe holds its connection a random moment, then closes; the front-end comes a
+    // random moment after
+    let (hold, gap) = (rng.below(300), rng.below(300));
+    let (to2, a2, b2) = (to.clone(), a.clone(), b.clone());
+    let front_end = std::thread::spawn(move || {
+        let probe = connect_when_listening(&to2[0]);
+        std::thread::sleep(Duration::from_millis(hold));
+        drop(probe);
+        std::thread::sleep(Duration::from_millis(gap));
+        feed_output(feed(&to2, &[&a2, &b2], &[]))
+    });
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let (fed_ok, fed_text) = front_end.join().unwrap();
+    assert!(fed_ok, "{fed_text}\n{t}");
+    assert_exact(&out, &s, EVENTS, 1, 2);
+    assert!(
+        t.contains("stream 0 (source 841") && t.contains("taken for a probe"),
+        "{t}"
+    );
+    assert_eq!(ru_stat(&s, "ru0", "stream_fragments_received"), 2 * EVENTS);
+    assert_eq!(ru_stat(&s, "ru0", "stream_fragments_unbuilt"), 0);
+}
+
+/// (b) With `source.allow_from = ["127.0.0.1"]`, a front-end connecting from 127.0.0.2 is
+/// closed at once (and told so: its `evb feed` fails) without taking the stream; the real
+/// front-end builds everything.
+#[test]
+fn a_front_end_not_in_the_allow_list_is_refused_and_the_real_one_builds_everything() {
+    let _one = one_at_a_time();
+    let Some((a, b)) = cms_files() else { return };
+    let mut rng = seeded("a_front_end_not_in_the_allow_list_is_refused");
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"allow\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+         allow_from = [\"127.0.0.1\"]\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+        list(&to)
+    );
+    let gap = rng.below(300);
+    let (to2, a2, b2) = (to.clone(), a.clone(), b.clone());
+    let front_ends = std::thread::spawn(move || {
+        let intruder = feed_output(feed(&to2[..1], &[&a2], &["--from", "127.0.0.2"]));
+        std::thread::sleep(Duration::from_millis(gap));
+        (intruder, feed_output(feed(&to2, &[&a2, &b2], &[])))
+    });
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let ((intruder_ok, intruder_text), (fed_ok, fed_text)) = front_ends.join().unwrap();
+    assert!(
+        !intruder_ok,
+        "the refused front-end was told: {intruder_text}"
+    );
+    assert!(
+        intruder_text.contains("closed the stream"),
+        "{intruder_text}"
+    );
+    assert!(fed_ok, "{fed_text}\n{t}");
+    assert_exact(&out, &s, EVENTS, 1, 2);
+    assert!(
+        t.contains("connection from 127.0.0.2:") && t.contains("not in source.allow_from"),
+        "{t}"
+    );
+    assert_eq!(ru_stat(&s, "ru0", "stream_fragments_received"), 2 * EVENTS);
+}
+
+/// (c) A stream that never delivers a fragment fails the run, naming the stream: one whose
+/// only connection was a probe (the connect timeout), and one whose front-end sent bytes but
+/// no whole fragment until the run's time was up.
+#[test]
+fn a_stream_that_never_delivers_fails_the_run_naming_it() {
+    let _one = one_at_a_time();
+    let d = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (1..=300u32)
+        .flat_map(|k| fed::build(k, 841, &[k as u64; 4]))
+        .collect();
+    let a = d.path().join("a.raw");
+    std::fs::write(&a, data).unwrap();
+    for case in ["probe", "no whole fragment"] {
+        let to = addrs(2);
+        let end = if case == "probe" {
+            "duration_s = 0\nconnect_timeout_s = 2"
+        } else {
+            "duration_s = 2"
+        };
+        let toml = format!(
+            "[run]\nid = \"silent\"\n{end}\n[source]\nkind = \"stream\"\n\
+             [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+            list(&to)
+        );
+        let f = feed(&to[..1], &[&a], &[]);
+        let (to2, case2) = (to.clone(), case);
+        let other = std::thread::spawn(move || {
+            let mut s = connect_when_listening(&to2[1]);
+            if case2 == "probe" {
+                return;
+            }
+            // a FED header and half a payload, then nothing (the connection stays open)
+            let frag = fed::build(1, 843, &[7; 4]);
+            s.write_all(&frag[..12]).unwrap();
+            std::thread::sleep(Duration::from_secs(6));
+        });
+        let (out, s) = evb_run_in(d.path(), &toml);
+        let t = text(&out);
+        let _ = feed_output(f);
+        other.join().unwrap();
+        assert!(!out.status.success(), "{case}: {t}");
+        assert!(!t.contains("VERDICT: OK"), "{case}: {t}");
+        assert!(!t.contains("panicked"), "{case}: {t}");
+        let want = if case == "probe" {
+            "closed without sending anything"
+        } else {
+            "no fragment in the whole run"
+        };
+        assert!(
+            t.contains("stream 1 (source 843") && t.contains(want),
+            "{case}: {want:?} not said\n{t}"
+        );
+        if case != "probe" {
+            // what stream 0 sent is counted all the same
+            assert_eq!(ru_stat(&s, "ru0", "stream_fragments_received"), 300, "{t}");
+            assert_eq!(ru_stat(&s, "ru0", "stream_fragments_unbuilt"), 300, "{t}");
+        }
+    }
+}
+
+/// The 843 file without its 101st fragment: from event 100 on, stream 1 is one event ahead.
+fn one_fragment_missing(src: &Path, dir: &Path) -> PathBuf {
+    let data = std::fs::read(src).unwrap();
+    let ranges = fed::split(&data).unwrap();
+    let r = ranges[100].clone();
+    let mut out = data[..r.start].to_vec();
+    out.extend_from_slice(&data[r.end..]);
+    let path = dir.join("843-without-101st.raw");
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+/// (d) `on_sync_loss = "flag"` builds every event, but the verdict names the events flagged
+/// and the exit is non-zero; a warning says so, not once per event.
+#[test]
+fn flagged_sync_losses_are_named_by_the_verdict_and_fail_the_exit() {
+    let _one = one_at_a_time();
+    let Some((a, b)) = cms_files() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let short = one_fragment_missing(&b, d.path());
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"flag\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+         on_sync_loss = \"flag\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+        list(&to)
+    );
+    let f = feed(&to, &[&a, &short], &[]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let (fed_ok, fed_text) = feed_output(f);
+    assert!(fed_ok, "{fed_text}");
+    assert!(!out.status.success(), "{t}");
+    assert!(!t.contains("VERDICT: OK"), "{t}");
+    assert!(
+        t.contains("ru[0]: 4584 events flagged for sync loss"),
+        "{t}"
+    );
+    assert_eq!(s["run"]["evm"]["released"], EVENTS - 1, "{t}");
+    assert_eq!(sum(&s, "rus", "sync_losses"), 4584);
+    assert_eq!(sum(&s, "bus", "sync_loss_events"), 4584);
+    // warned, with the count, not once per event
+    let warnings = t
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("sync loss"))
+        .count();
+    assert!((1..=5).contains(&warnings), "{warnings} warnings:\n{t}");
+    // the one fragment of stream 0 beyond stream 1's end is counted
+    assert_eq!(ru_stat(&s, "ru0", "stream_fragments_unbuilt"), 1);
+}
+
+/// (e) A run that stops before the front-ends finished: whatever they sent is built or
+/// counted (read ahead, or still in the sockets when the run stopped: drained and counted),
+/// so fragments sent = built + unbuilt.
+#[test]
+fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
+    let _one = one_at_a_time();
+    let Some((a, b)) = cms_files() else { return };
+    let mut rng = seeded("every_fragment_sent_is_built_or_counted");
+    let events = 100 + rng.below(3900);
+    eprintln!("the run stops after {events} of {EVENTS} events");
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"rest\"\nduration_s = 0\nevents = {events}\n[source]\nkind = \"stream\"\n\
+         read_ahead = 64\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+        list(&to)
+    );
+    let f = feed(&to, &[&a, &b], &[]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let (fed_ok, fed_text) = feed_output(f);
+    assert_exact(&out, &s, events, 1, 2);
+    // the front-ends were read to their end: each sent every fragment, and knows it was read
+    assert!(fed_ok, "{fed_text}\n{t}");
+    assert_eq!(
+        fed_text.matches("sent 4685 fragments").count(),
+        2,
+        "{fed_text}"
+    );
+    let sent = 2 * EVENTS;
+    let built = 2 * events;
+    assert_eq!(ru_stat(&s, "ru0", "stream_fragments_received"), sent, "{t}");
+    assert_eq!(
+        ru_stat(&s, "ru0", "stream_fragments_unbuilt"),
+        sent - built,
         "{t}"
     );
 }

@@ -22,7 +22,7 @@
 //! run fails the RU, naming it.
 
 use std::io::ErrorKind;
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -641,8 +641,7 @@ impl Reader {
                 Ok((s, peer)) => {
                     busy = true;
                     if !self.allowed(peer.ip()) {
-                        let _ = s.shutdown(Shutdown::Both);
-                        drop(s);
+                        reset(s);
                         self.shared.refused.fetch_add(1, Ordering::Relaxed);
                         if let Ok(mut g) = self.shared.last_refused.lock() {
                             *g = Some(peer);
@@ -654,7 +653,8 @@ impl Reader {
                         info!(node = %self.node, "{}: connection from {peer}: the front-end once it sends", self.name);
                         candidates.push((s, peer));
                         if candidates.len() > MAX_CANDIDATES {
-                            let (_, old) = candidates.remove(0);
+                            let (s, old) = candidates.remove(0);
+                            reset(s);
                             warn!(node = %self.node, "{}: {old} connected and sent nothing while {MAX_CANDIDATES} newer connections came: closed", self.name);
                         }
                     }
@@ -679,7 +679,8 @@ impl Reader {
                     }
                     Ok(_) => {
                         let (s, peer) = candidates.remove(i);
-                        for (_, other) in candidates.drain(..) {
+                        for (s, other) in candidates.drain(..) {
+                            reset(s);
                             warn!(node = %self.node, "{}: {other} connected and sent nothing; {peer} sent first and is the front-end: {other} closed", self.name);
                         }
                         return Ok(Some((s, peer)));
@@ -713,6 +714,27 @@ impl Reader {
             warn!(node = %self.node, "{}: {peer} connected and {what}: taken for a probe, not the front-end; still waiting for it{}", self.name, more(held));
         }
     }
+}
+
+/// Closes `s` with a reset (SO_LINGER 0): its peer's next read or write fails at once,
+/// rather than reading an orderly end of stream, so a refused front-end knows.
+fn reset(s: TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a descriptor `s` owns, with a linger struct of the size given.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(s);
 }
 
 /// Blocking reads that wake up to look at the stop flag.
