@@ -752,7 +752,15 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         match exit_codes.get(id) {
             Some(Some(0)) => {}
             Some(code) if !killed.contains(id) => {
-                problems.push(format!("{id} exited with {code:?}"))
+                // a node's own reason (not the EVM's, which the verdict says, nor an echo of it)
+                let why = reports
+                    .get(id)
+                    .and_then(|r| r["reason"].as_str())
+                    .filter(|w| *id != ids[0] && !w.is_empty() && !w.starts_with("run aborted"));
+                problems.push(match why {
+                    Some(w) => format!("{id} exited with {code:?}: {w}"),
+                    None => format!("{id} exited with {code:?}"),
+                })
             }
             _ => {}
         }

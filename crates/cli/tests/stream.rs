@@ -522,6 +522,10 @@ fn a_stream_that_never_delivers_fails_the_run_naming_it() {
             t.contains("stream 1 (source 843") && t.contains(want),
             "{case}: {want:?} not said\n{t}"
         );
+        // and the verdict names the stream
+        let verdict = String::from_utf8_lossy(&out.stdout);
+        let verdict = verdict.split("VERDICT").nth(1).unwrap_or_default();
+        assert!(verdict.contains("stream 1 (source 843"), "{case}: {t}");
         if case != "probe" {
             // what stream 0 sent is counted all the same
             assert_eq!(ru_stat(&s, "ru0", "stream_fragments_received"), 300, "{t}");

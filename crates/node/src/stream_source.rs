@@ -139,6 +139,8 @@ pub struct StreamSource {
     started: Instant,
     orders: Arc<Orders>,
     over: bool,
+    /// A warning counted the unbuilt fragments when a stream ended.
+    said_unbuilt: bool,
 }
 
 impl StreamSource {
@@ -222,6 +224,7 @@ impl StreamSource {
             started: now,
             orders,
             over: false,
+            said_unbuilt: false,
         })
     }
 
@@ -251,6 +254,7 @@ impl StreamSource {
         feed.stats.unbuilt = self.assembler.unbuilt() + in_channels;
         if self.assembler.exhausted() && !feed.is_done() {
             if feed.stats.unbuilt > 0 {
+                self.said_unbuilt = true;
                 warn!(node = %self.node, "a stream ended: {} fragments of the other streams belong to no event and are not built", feed.stats.unbuilt);
             }
             info!(node = %self.node, "streams ended after {} events", feed.supplied());
@@ -333,7 +337,8 @@ impl StreamSource {
             feed.stats.sync_losses = st.sync_losses;
             feed.stats.waiting_for.clear();
             let unbuilt = feed.unbuilt();
-            if unbuilt > 0 {
+            // (said already when a stream ended, unless more came since)
+            if unbuilt > 0 && (late_all > 0 || !self.said_unbuilt) {
                 warn!(node = %self.node, "{unbuilt} of the {} fragments the front-ends sent are in no event built (the run stopped first, or another stream sent fewer): counted as unbuilt", feed.stats.fragments_received);
             }
         }
