@@ -324,3 +324,110 @@ fn slow_unfinished_http_requests_cannot_take_a_nodes_descriptors() {
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     assert_eq!(s["ok"], true);
 }
+
+/// 80 sockets on 127.0.0.1 that keep unfinished 1,000-byte Hellos open on the EVM's and a BU's
+/// data ports from before the nodes listen (re-opened whenever closed, as a persistent
+/// attacker would): a run with a secret still starts and builds every event. It used to end
+/// `only 0 of 4 connections up after 10 s` with every node exiting 1.
+#[test]
+fn a_handshake_flood_at_start_up_does_not_keep_the_nodes_apart() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
+    eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
+    let mut rng = Rng(seed | 1);
+    let base = free_base_port(5);
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let hello = {
+        let mut v = evb_wire::FrameHeader::new(evb_wire::FrameType::Hello, 1000, 0, 0)
+            .encode()
+            .to_vec();
+        v.resize(v.len() + 999, 7);
+        v
+    };
+    let mut flood = Vec::new();
+    for port in [base, base + 3] {
+        // more than the places of one IP (scaled to this 5-node topology: 18)
+        for _ in 0..40 {
+            let (stop, opened, hello) = (stop.clone(), opened.clone(), hello.clone());
+            flood.push(std::thread::spawn(move || {
+                let to: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = TcpStream::connect_timeout(&to, Duration::from_millis(200))
+                    else {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let _ = s.write_all(&hello);
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+                    let mut b = [0u8; 256];
+                    while !stop.load(Ordering::Relaxed) {
+                        match s.read(&mut b) {
+                            Ok(0) => break,
+                            Err(e)
+                                if !matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) =>
+                            {
+                                break
+                            }
+                            _ => {}
+                        }
+                    }
+                    // back again soon (not in a tight loop: a CPU hog is not this test's point)
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(rng.below(1000)));
+    let dir = tempfile::tempdir().unwrap();
+    let (out, s) = common::evb_run_in(
+        dir.path(),
+        &format!(
+            "[run]\nsecret = \"flood\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+             [topology]\nbase_port = {base}\n"
+        ),
+    );
+    stop.store(true, Ordering::Relaxed);
+    for t in flood {
+        let _ = t.join();
+    }
+    eprintln!(
+        "doors: the flood opened {} sockets",
+        opened.load(Ordering::Relaxed)
+    );
+    assert!(
+        opened.load(Ordering::Relaxed) >= 32,
+        "the flood never got in"
+    );
+    common::assert_exact(&out, &s, 3000, 2, 2);
+    // a flood is a few lines with counts, not one per socket
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = stderr
+        .lines()
+        .filter(|l| l.contains("incoming connection"))
+        .count();
+    assert!(lines < 40, "{lines} lines about the flood:\n{stderr}");
+}
+
+/// Many nodes on one host all dial the same BU at once from 127.0.0.1: the per-IP limit on
+/// unfinished handshakes scales with the topology, so none of them is closed (16 RUs used to
+/// trip the limit of 8 by themselves).
+#[test]
+fn a_large_topology_on_one_host_is_not_mistaken_for_a_flood() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, s) = common::evb_run_in(
+        dir.path(),
+        "[run]\nevents = 400\nduration_s = 0\n[fragments]\nsize = 1024\n[topology]\nrus = 16\nbus = 2\n",
+    );
+    common::assert_exact(&out, &s, 400, 16, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("closing") && !stderr.contains("shed after"),
+        "legitimate peers were closed:\n{stderr}"
+    );
+}

@@ -33,6 +33,10 @@ use writer::{Outbox, SendThreads, WAKE};
 /// Reads per connection per poll pass, so one busy peer cannot starve the others.
 const READ_BUDGET: usize = 16;
 
+/// Connections accepted per listener per poll pass, so that a connect flood cannot keep the
+/// loop from its open connections (heartbeats, data).
+const ACCEPT_BUDGET: usize = 32;
+
 /// Largest handshake frame (Hello, HelloAck, Reject, Auth) accepted. The real ones are under
 /// 1.1 KiB (two names of at most 64 bytes; a reason of at most 1 KiB; a 32-byte proof). They
 /// are read into a small buffer of the connection's own: a peer gets receive-pool blocks
@@ -142,6 +146,8 @@ pub struct TcpTransport {
     next_token: usize,
     /// Connections that may have more to read without a new readiness event.
     more_to_read: VecDeque<Token>,
+    /// Listeners that may have more connections waiting (the accept budget ran out).
+    more_to_accept: Vec<Token>,
     /// Connections waiting for receive-pool blocks.
     starved: SmallKeySet<Token>,
     frames: Vec<InFrame>,
@@ -164,6 +170,7 @@ impl TcpTransport {
             conns: SmallKeyMap::default(),
             next_token: 1,
             more_to_read: VecDeque::new(),
+            more_to_accept: Vec::new(),
             starved: SmallKeySet::default(),
             frames: Vec::new(),
             pending_events: Vec::new(),
@@ -344,7 +351,7 @@ impl TcpTransport {
     }
 
     fn accept_all(&mut self, lt: Token) {
-        loop {
+        for _ in 0..ACCEPT_BUDGET {
             let accepted = match self.listeners.get(&lt) {
                 Some(l) => l.accept(),
                 None => return,
@@ -381,6 +388,8 @@ impl TcpTransport {
                 }
             }
         }
+        // budget spent: more may be waiting, and no new readiness event will say so
+        self.more_to_accept.push(lt);
     }
 
     /// Starts an orderly close: flush, then shut down and drain.
@@ -786,7 +795,10 @@ impl Transport for TcpTransport {
 
     fn poll(&mut self, out: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
         out.append(&mut self.pending_events);
-        let timeout = if !out.is_empty() || !self.more_to_read.is_empty() {
+        let timeout = if !out.is_empty()
+            || !self.more_to_read.is_empty()
+            || !self.more_to_accept.is_empty()
+        {
             Some(Duration::ZERO)
         } else if !self.starved.is_empty() {
             Some(timeout.map_or(Duration::from_millis(1), |t| {
@@ -841,6 +853,9 @@ impl Transport for TcpTransport {
         }
         for token in std::mem::take(&mut self.more_to_read) {
             self.on_readable(token, out);
+        }
+        for token in std::mem::take(&mut self.more_to_accept) {
+            self.accept_all(token);
         }
         for token in self.starved.iter().copied().collect::<Vec<_>>() {
             self.on_readable(token, out);
