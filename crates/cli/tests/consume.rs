@@ -379,3 +379,328 @@ fn a_consumer_that_stops_acknowledging_is_dropped_and_its_events_served_again() 
     let _ = stuck.kill();
     let _ = stuck.wait();
 }
+
+/// Connects to `addr`, trying for 30 s (the BU is starting).
+fn connect_when_up(addr: &str) -> std::net::TcpStream {
+    let t0 = Instant::now();
+    loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("the BU never listened on {addr}: {e}"),
+        }
+    }
+}
+
+/// A TCP connection to `addr` from the loopback address `src` (127.0.0.x: a source IP of
+/// its own, as from another host).
+fn connect_from(src: std::net::Ipv4Addr, addr: &str) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    let to: std::net::SocketAddrV4 = addr.parse().expect("an IPv4 address");
+    let sa = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns (the TcpStream closes
+    // it on every path), with sockaddr_in values that live across the calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = std::net::TcpStream::from_raw_fd(fd);
+        let local = sa(src, 0);
+        if libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = sa(*to.ip(), to.port());
+        if libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+/// 64 sockets, 8 from each of 127.0.0.1 ..= 127.0.0.8 (so that they fill every slot
+/// without going over the limit per address), that each declare the largest Hello the BU
+/// waits for (1 KiB) and then send one byte every 2 s, connecting again 0.5 s after the BU
+/// closes them; until `stop`.
+fn slow_hellos(
+    addr: &str,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u32>> {
+    use evb_wire::consumer::{ConsumerFrame, ConsumerHeader, CONSUMER_MAX_HANDSHAKE};
+    use std::sync::atomic::Ordering;
+    (0..64u8)
+        .map(|i| {
+            let (addr, stop) = (addr.to_string(), stop.clone());
+            let src = std::net::Ipv4Addr::new(127, 0, 0, 1 + i % 8);
+            std::thread::spawn(move || {
+                let mut closed = 0u32;
+                while !stop.load(Ordering::Acquire) {
+                    let Ok(mut s) = connect_from(src, &addr) else {
+                        std::thread::sleep(Duration::from_millis(500));
+                        continue;
+                    };
+                    let head = ConsumerHeader::new(ConsumerFrame::Hello, CONSUMER_MAX_HANDSHAKE);
+                    let _ = s.write_all(&head.encode());
+                    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                    loop {
+                        let mut b = [0u8; 2048];
+                        match s.read(&mut b) {
+                            Ok(_) => break, // a Refuse, or closed: the BU let go of it
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::WouldBlock
+                                    || e.kind() == std::io::ErrorKind::TimedOut =>
+                            {
+                                if stop.load(Ordering::Acquire) || s.write_all(&[0]).is_err() {
+                                    break;
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    closed += 1;
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                closed
+            })
+        })
+        .collect()
+}
+
+/// Issue 28: 64 sockets trickling their Hellos once held every slot of the consumer port,
+/// the real consumer was refused and the run lost its events. Now the handshake deadline is
+/// a whole one, unfinished handshakes are bounded per address and shed for newer
+/// connections: the consumer, started and attacked at seeded random moments, gets every
+/// event and the run ends OK.
+#[test]
+fn sixty_four_slow_hellos_do_not_keep_the_consumer_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const EVENTS: u64 = 2_500;
+    let mut r = rng();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    let run = run_async(
+        d,
+        config("slow-hellos", EVENTS, 1, base, "serve_hold = 16\n"),
+    );
+    let addr = addrs(base, 1);
+    drop(connect_when_up(&addr));
+    // the attack at a random moment; the consumer comes while its sockets hold every slot,
+    // at a random point of their 5 s deadline
+    let attack_at = Duration::from_millis(r() % 1500);
+    let consumer_at = attack_at + Duration::from_millis(300 + r() % 4000);
+    eprintln!("slow hellos at +{attack_at:?}, the consumer at +{consumer_at:?}");
+    let t0 = Instant::now();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    while t0.elapsed() < attack_at {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let attack = slow_hellos(&addr, &stop);
+    while t0.elapsed() < consumer_at {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!run.is_finished(), "the run waits for its consumer");
+    // 3 ms per event: the run lasts 7.5 s more, under attack all along
+    let c = consumer(d, "c0", "slow-hellos", &addr, &["--slow-ms", "3"]);
+    let (out, s) = run.join().unwrap();
+    stop.store(true, Ordering::Release);
+    let closed: u32 = attack.into_iter().map(|t| t.join().unwrap()).sum();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    let (o, summary) = finished(c);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(summary["events"], EVENTS);
+    let mut got = ids(d, "c0");
+    got.sort_unstable();
+    assert!(got.into_iter().eq(0..EVENTS), "every event, once");
+    let (shed, late) = (
+        sinks[0]["handshakes_shed"].as_u64().unwrap(),
+        sinks[0]["handshakes_timed_out"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "the BU shed {shed} and timed out {late} handshakes; the attackers saw {closed} closed"
+    );
+    assert!(
+        late >= 32,
+        "the slow sockets were closed at their deadline: {}",
+        sinks[0]
+    );
+    assert!(shed >= 1, "the consumer came to a full house: {}", sinks[0]);
+    assert!(
+        closed as u64 >= late + shed,
+        "the attackers saw every closing: {closed}"
+    );
+}
+
+/// With run.secret, a consumer without it, and one with another, are refused and get
+/// nothing (the BU and the consumer each prove the secret); consumers with it (from
+/// --config, or EVB_SECRET) get every event.
+#[test]
+fn with_a_secret_only_consumers_that_prove_it_get_events() {
+    const EVENTS: u64 = 3_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    let toml = config("locked", EVENTS, 1, base, "").replacen(
+        "[run]\n",
+        "[run]\nsecret = \"open sesame\"\n",
+        1,
+    );
+    std::fs::write(d.join("farm.toml"), &toml).unwrap();
+    let run = run_async(d, toml);
+    let addr = addrs(base, 1);
+    let mut none = consumer_env(d, "none", "locked", &addr, &[], None);
+    let mut wrong = consumer_env(d, "wrong", "locked", &addr, &[], Some("open sesame!"));
+    let (o, _) = finished(std::mem::replace(&mut none, dummy()));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("refused (Unauthenticated)") && err.contains("EVB_SECRET"),
+        "{err}"
+    );
+    let (o, _) = finished(std::mem::replace(&mut wrong, dummy()));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("did not prove the run's secret"), "{err}");
+    assert!(ids(d, "none").is_empty() && ids(d, "wrong").is_empty());
+    assert!(!run.is_finished(), "the refusals came while the run was on");
+    // the run id and the secret from the run's configuration; or the secret from EVB_SECRET
+    let mut by_config = Command::new(EVB);
+    by_config
+        .args([
+            "consume",
+            "--from",
+            &addr,
+            "--name",
+            "cfg",
+            "--config",
+            "farm.toml",
+        ])
+        .arg("--ids")
+        .arg(d.join("cfg.ids"))
+        .env_remove("EVB_SECRET")
+        .current_dir(d)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let a = by_config.spawn().unwrap();
+    let b = consumer_env(d, "env", "locked", &addr, &[], Some("open sesame"));
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    let mut all = Vec::new();
+    for (name, c) in [("cfg", a), ("env", b)] {
+        let (o, summary) = finished(c);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        assert_eq!(summary["errors"], 0);
+        all.extend(ids(d, name));
+    }
+    all.sort_unstable();
+    assert!(all.into_iter().eq(0..EVENTS), "every event, once");
+    assert_eq!(sinks[0]["authenticated"], true);
+    assert!(
+        sinks[0]["auth_failed"].as_u64().unwrap() >= 1,
+        "{}",
+        sinks[0]
+    );
+    let log = text(&out);
+    assert!(log.contains("requires the run's secret"), "{log}");
+}
+
+/// `evb consume` with EVB_SECRET set to `secret` (or removed).
+fn consumer_env(
+    dir: &Path,
+    name: &str,
+    run_id: &str,
+    from: &str,
+    extra: &[&str],
+    secret: Option<&str>,
+) -> Child {
+    let mut c = Command::new(EVB);
+    c.args([
+        "consume", "--from", from, "--run-id", run_id, "--name", name,
+    ])
+    .arg("--ids")
+    .arg(dir.join(format!("{name}.ids")))
+    .args(extra)
+    .current_dir(dir)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    match secret {
+        Some(s) => c.env("EVB_SECRET", s),
+        None => c.env_remove("EVB_SECRET"),
+    };
+    c.spawn().unwrap()
+}
+
+/// A finished stand-in child (for moving a real one out of a variable).
+fn dummy() -> Child {
+    Command::new("true").spawn().unwrap()
+}
+
+/// Every connection slot taken by consumers being served: `evb consume` is refused for room
+/// (`Busy`), says so, tries again with a growing pause, and gets in once they leave; the
+/// events they held unacknowledged go to it.
+#[test]
+fn a_consumer_refused_for_room_tries_again_and_gets_in() {
+    use evb_wire::consumer::{ConsumerHeader, ConsumerHello, ConsumerMsg, CONSUMER_HEADER_LEN};
+    const EVENTS: u64 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(1);
+    let run = run_async(d, config("full", EVENTS, 1, base, "serve_max_held = 1\n"));
+    let addr = addrs(base, 1);
+    let hello = ConsumerMsg::Hello(ConsumerHello {
+        max_held: 1,
+        nonce: 0,
+        run_id: "full".into(),
+        name: "squatter".into(),
+    })
+    .encode();
+    let squatters: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| {
+            let mut s = connect_when_up(&addr);
+            s.write_all(&hello).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut h = [0u8; CONSUMER_HEADER_LEN];
+            s.read_exact(&mut h).unwrap();
+            let h = ConsumerHeader::decode(&h, 1 << 20).unwrap();
+            let mut p = vec![0u8; h.length as usize];
+            s.read_exact(&mut p).unwrap();
+            let m = ConsumerMsg::decode(h.kind, &p).unwrap();
+            assert!(matches!(m, ConsumerMsg::Welcome(_)), "{m:?}");
+            s
+        })
+        .collect();
+    let c = consumer(d, "c0", "full", &addr, &[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(!run.is_finished());
+    drop(squatters); // they leave without acknowledging what they hold
+    let (out, s) = run.join().unwrap();
+    let sinks = assert_served(&out, &s, EVENTS, 1);
+    let (o, summary) = finished(c);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        err.contains("no room yet") && err.contains("too many connections"),
+        "{err}"
+    );
+    assert!(err.contains("trying again in"), "{err}");
+    assert_eq!(summary["events"], EVENTS);
+    let mut got = ids(d, "c0");
+    got.sort_unstable();
+    assert!(got.into_iter().eq(0..EVENTS));
+    assert!(
+        sinks[0]["connections_refused"].as_u64().unwrap() >= 1,
+        "{}",
+        sinks[0]
+    );
+    assert!(sinks[0]["re_served"].as_u64().unwrap() >= 1, "{}", sinks[0]);
+}

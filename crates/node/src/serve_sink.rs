@@ -549,7 +549,7 @@ fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
 /// already has [`MAX_HANDSHAKES_PER_IP`] handshaking, or every slot is taken, the OLDEST
 /// unfinished handshake (of that address, or of all) is shed to make room. Only when every
 /// slot is a consumer being served is the new connection refused (`Busy`: try again).
-fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s: &Shared) {
+fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s: &Arc<Shared>) {
     let bu = &s.opts.bu_id;
     if let Some(i) = (pending.iter().filter(|p| p.peer.ip() == peer.ip()).count()
         >= MAX_HANDSHAKES_PER_IP)
@@ -578,14 +578,21 @@ fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s:
     }
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
-    pending.push(Pending {
+    let mut p = Pending {
         stream,
         peer,
         since: Instant::now(),
         buf: Vec::new(),
         header: None,
         phase: Phase::Hello,
-    });
+    };
+    // a consumer writes its Hello as soon as it is connected: often it is here already, and
+    // a handshake finished now cannot be shed by a burst of connections behind it
+    match handshake_step(&mut p, s) {
+        Step::Wait => pending.push(p),
+        Step::Close => {}
+        Step::Serve(hello) => start_consumer(p.stream, p.peer, hello, s),
+    }
 }
 
 fn shed(mut p: Pending, why: &str, s: &Shared) {
