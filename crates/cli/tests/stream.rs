@@ -471,8 +471,10 @@ fn a_front_end_not_in_the_allow_list_is_refused_and_the_real_one_builds_everythi
 }
 
 /// (c) A stream that never delivers a fragment fails the run, naming the stream: one whose
-/// only connection was a probe (the connect timeout), and one whose front-end sent bytes but
-/// no whole fragment until the run's time was up.
+/// only connection was a probe (the connect timeout), one whose front-end sent bytes but no
+/// whole fragment until the run's time was up, and one whose connection stayed open and
+/// silent (a front-end may connect long before its first trigger: not taken for absent at
+/// the connect timeout, but failed at the end of the run all the same).
 #[test]
 fn a_stream_that_never_delivers_fails_the_run_naming_it() {
     let _one = one_at_a_time();
@@ -482,12 +484,12 @@ fn a_stream_that_never_delivers_fails_the_run_naming_it() {
         .collect();
     let a = d.path().join("a.raw");
     std::fs::write(&a, data).unwrap();
-    for case in ["probe", "no whole fragment"] {
+    for case in ["probe", "no whole fragment", "silent"] {
         let to = addrs(2);
-        let end = if case == "probe" {
-            "duration_s = 0\nconnect_timeout_s = 2"
-        } else {
-            "duration_s = 2"
+        let end = match case {
+            "probe" => "duration_s = 0\nconnect_timeout_s = 2",
+            "silent" => "duration_s = 3\nconnect_timeout_s = 1",
+            _ => "duration_s = 2",
         };
         let toml = format!(
             "[run]\nid = \"silent\"\n{end}\n[source]\nkind = \"stream\"\n\
@@ -498,12 +500,15 @@ fn a_stream_that_never_delivers_fails_the_run_naming_it() {
         let (to2, case2) = (to.clone(), case);
         let other = std::thread::spawn(move || {
             let mut s = connect_when_listening(&to2[1]);
-            if case2 == "probe" {
-                return;
+            match case2 {
+                "probe" => return,
+                "silent" => {}
+                _ => {
+                    // a FED header and half a payload, then nothing (the connection stays open)
+                    let frag = fed::build(1, 843, &[7; 4]);
+                    s.write_all(&frag[..12]).unwrap();
+                }
             }
-            // a FED header and half a payload, then nothing (the connection stays open)
-            let frag = fed::build(1, 843, &[7; 4]);
-            s.write_all(&frag[..12]).unwrap();
             std::thread::sleep(Duration::from_secs(6));
         });
         let (out, s) = evb_run_in(d.path(), &toml);
@@ -513,15 +518,19 @@ fn a_stream_that_never_delivers_fails_the_run_naming_it() {
         assert!(!out.status.success(), "{case}: {t}");
         assert!(!t.contains("VERDICT: OK"), "{case}: {t}");
         assert!(!t.contains("panicked"), "{case}: {t}");
-        let want = if case == "probe" {
-            "closed without sending anything"
-        } else {
-            "no fragment in the whole run"
+        let want = match case {
+            "probe" => "closed without sending anything",
+            "silent" => "connected and sent nothing",
+            _ => "no fragment in the whole run",
         };
         assert!(
             t.contains("stream 1 (source 843") && t.contains(want),
             "{case}: {want:?} not said\n{t}"
         );
+        if case == "silent" {
+            // open and silent is not absent: the run went on to its end
+            assert!(!t.contains("run.connect_timeout_s"), "{t}");
+        }
         // and the verdict names the stream
         let verdict = String::from_utf8_lossy(&out.stdout);
         let verdict = verdict.split("VERDICT").nth(1).unwrap_or_default();

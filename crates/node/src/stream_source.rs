@@ -78,6 +78,10 @@ struct Shared {
     /// Connections refused (not in `source.allow_from`), and the last one.
     refused: AtomicU64,
     last_refused: Mutex<Option<SocketAddr>>,
+    /// Allowed connections open and silent so far (a front-end may connect long before its
+    /// first fragment), and the first of them.
+    silent: AtomicU64,
+    first_silent: Mutex<Option<SocketAddr>>,
 }
 
 impl Shared {
@@ -318,9 +322,11 @@ impl StreamSource {
             .filter(|&i| self.assembler.received(i) + late[i] == 0)
             .map(|i| {
                 let link = &self.links[i];
-                let what = match link.peer {
-                    Some(peer) => format!("its front-end {peer} sent no whole fragment"),
-                    None => "no front-end connected".to_string(),
+                let silent = link.shared.first_silent.lock().ok().and_then(|g| *g);
+                let what = match (link.peer, silent) {
+                    (Some(peer), _) => format!("its front-end {peer} sent no whole fragment"),
+                    (None, Some(first)) => format!("{first} connected and sent nothing"),
+                    _ => "no front-end connected".to_string(),
                 };
                 format!(
                     "{}: no fragment in the whole run ({what}{})",
@@ -354,10 +360,10 @@ impl StreamSource {
         if now.duration_since(self.started) < self.connect_timeout {
             return None;
         }
-        let i = self
-            .links
-            .iter()
-            .position(|l| l.peer.is_none() && !l.closed)?;
+        // a connection open and silent may be the front-end, waiting for its first trigger
+        let i = self.links.iter().position(|l| {
+            l.peer.is_none() && !l.closed && l.shared.silent.load(Ordering::Relaxed) == 0
+        })?;
         Some(format!(
             "{}: no front-end connected within {:.1} s (run.connect_timeout_s){}",
             self.assembler.describe(i),
@@ -429,9 +435,14 @@ impl StreamSource {
                 continue;
             }
             let at = since.duration_since(self.started).as_secs_f64();
-            let what = match link.peer {
-                Some(peer) => format!("no fragment from {peer}"),
-                None => format!("no front-end connected{}", link.shared.notes()),
+            let silent = link.shared.silent.load(Ordering::Relaxed);
+            let first_silent = link.shared.first_silent.lock().ok().and_then(|g| *g);
+            let what = match (link.peer, first_silent) {
+                (Some(peer), _) => format!("no fragment from {peer}"),
+                (None, Some(first)) if silent > 0 => {
+                    format!("{first} connected ({silent} in all) and sent nothing yet")
+                }
+                _ => format!("no front-end connected{}", link.shared.notes()),
             };
             let line = format!(
                 "{} since {at:.1} s ({:.1} s): {what}",
@@ -688,6 +699,7 @@ impl Reader {
                             reset(s);
                             warn!(node = %self.node, "{}: {other} connected and sent nothing; {peer} sent first and is the front-end: {other} closed", self.name);
                         }
+                        self.shared.silent.store(0, Ordering::Relaxed);
                         return Ok(Some((s, peer)));
                     }
                     Err(e)
@@ -701,6 +713,12 @@ impl Reader {
                         self.probe(peer, &mut probe_warn, &why);
                     }
                 }
+            }
+            self.shared
+                .silent
+                .store(candidates.len() as u64, Ordering::Relaxed);
+            if let Ok(mut g) = self.shared.first_silent.lock() {
+                *g = candidates.first().map(|c| c.1);
             }
             if !busy {
                 std::thread::sleep(Duration::from_millis(10));
