@@ -495,16 +495,18 @@ impl Evm {
 
     /// The operator asks the run to end (Ctrl-C, `stop`): no new events; what is in flight
     /// is built and released, then Stop, reports and the verdict as at a normal end. Before
-    /// the run started there is nothing to drain: it is aborted.
+    /// the run started it is the same run with nothing triggered: when every node is ready
+    /// it starts and stops at once, so the nodes end cleanly and the verdict says that
+    /// nothing was lost (an abort here used to fail a run that lost nothing). Nodes that
+    /// never come still fail it at `connect_timeout_s`.
     pub fn request_stop(&mut self, now: Instant) {
         match self.state {
-            RunState::Running if !self.triggering_done => {
+            RunState::Running | RunState::Ready | RunState::Configured
+                if !self.triggering_done =>
+            {
                 self.triggering_done = true;
                 self.stats.stopped_by_request = true;
                 self.last_progress = now;
-            }
-            RunState::Ready | RunState::Configured => {
-                self.abort("stopped by the operator before the run started".into())
             }
             _ => {}
         }

@@ -1179,3 +1179,19 @@ fn ru_runs_release_and_resend_as_fragments_one_by_one() {
     assert_eq!(r.stats().errors, errors);
     assert!(runs > 50, "only {runs} runs of several fragments");
 }
+
+/// Ctrl-C before every node is ready: the run starts with nothing to trigger and ends as a
+/// normal run does (Stop, reports, a clean verdict), not as an abort that fails a run which
+/// lost nothing.
+#[test]
+fn a_stop_before_the_run_starts_ends_it_cleanly_with_nothing_triggered() {
+    let mut s = Sim::new(2, 2, 500, 8, 0);
+    let now = s.now;
+    s.evm.request_stop(now);
+    s.run(100_000);
+    assert_clean_run(&s, 0);
+    let st = s.evm.stats();
+    assert!(st.stopped_by_request);
+    assert_eq!(st.triggered, 0);
+    assert!(s.evm.state().is_over(), "{:?}", s.evm.state());
+}

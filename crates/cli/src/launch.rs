@@ -228,16 +228,61 @@ fn inherited_by(
         .collect()
 }
 
-pub(crate) struct TempFile(pub PathBuf);
+/// The resolved configuration the node processes read: an unlinked, sealed memfd whose
+/// descriptor each child inherits, so that the run's secret never lies in a file that could
+/// outlive the run (a SIGKILLed launcher used to leave `/tmp/evb-run-*.toml` behind). It
+/// lives while the launcher or a node holds it; `evb up` hands it to restarted nodes too.
+pub(crate) struct ConfigFd {
+    fd: std::os::fd::OwnedFd,
+    /// `evb-run-<launcher pid>-<run id>`, on every node's command line.
+    tag: String,
+}
 
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+impl ConfigFd {
+    fn new(text: &str, run_id: &str) -> Result<ConfigFd, String> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let name = c"evb-run-config";
+        // SAFETY: memfd_create with a valid NUL-terminated name; the descriptor returned is
+        // new and owned by nobody else, so OwnedFd may take it.
+        let fd = unsafe {
+            let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            if fd < 0 {
+                return Err(format!(
+                    "cannot make the nodes' configuration (memfd): {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        let mut f = std::fs::File::from(fd);
+        f.write_all(text.as_bytes())
+            .map_err(|e| format!("cannot write the nodes' configuration: {e}"))?;
+        let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor this function owns.
+        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) } == -1 {
+            return Err(format!(
+                "cannot seal the nodes' configuration: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(ConfigFd {
+            fd: f.into(),
+            tag: format!("evb-run-{}-{run_id}", std::process::id()),
+        })
+    }
+
+    fn raw(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// The path a child opens it by: its inherited descriptor, the same number as here.
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.raw()))
     }
 }
 
-/// The node processes by id, the resolved configuration file they read, and its contents.
-pub(crate) type Spawned = (Vec<(String, Child)>, TempFile, Config);
+/// The node processes by id, the resolved configuration they read, and its contents.
+pub(crate) type Spawned = (Vec<(String, Child)>, ConfigFd, Config);
 
 pub(crate) fn spawn_processes(
     cfg: &Config,
@@ -245,34 +290,16 @@ pub(crate) fn spawn_processes(
     serve: bool,
 ) -> Result<Spawned, String> {
     let (cfg, listeners) = resolve_ports(cfg)?;
-    let path = std::env::temp_dir().join(format!(
-        "evb-run-{}-{}.toml",
-        std::process::id(),
-        cfg.run.id
-    ));
-    {
-        // The file may hold the run's secret: only we may read it.
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        f.write_all(cfg.to_toml().as_bytes())
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    let tmp = TempFile(path);
+    let config = ConfigFd::new(&cfg.to_toml(), &cfg.run.id)?;
     let mut children = Vec::new();
     for n in cfg.nodes() {
         let inherit = inherited_by(&cfg, &n, &listeners);
-        let child = spawn_node(&tmp.0, &n.id, serve, tx, &inherit)?;
+        let child = spawn_node(&config, &n.id, serve, tx, &inherit)?;
         children.push((n.id.clone(), child));
     }
     // the nodes hold their sockets now (a node started again later binds its own)
     drop(listeners);
-    Ok((children, tmp, cfg))
+    Ok((children, config, cfg))
 }
 
 /// Where each node process runs: a command prefix per node id (empty: this host, as is).
@@ -284,7 +311,7 @@ pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLoc
 /// placement starts it elsewhere (another network namespace), where a socket bound here is
 /// no use: it binds its own there.
 pub(crate) fn spawn_node(
-    config: &Path,
+    config: &ConfigFd,
     id: &str,
     serve: bool,
     tx: &mpsc::Sender<Note>,
@@ -303,8 +330,12 @@ pub(crate) fn spawn_node(
             }
             None => (Command::new(&exe), inherit),
         };
-        let fds: Vec<i32> = inherit.iter().map(|(_, fd)| *fd).collect();
-        if !fds.is_empty() {
+        let fds: Vec<i32> = inherit
+            .iter()
+            .map(|(_, fd)| *fd)
+            .chain([config.raw()])
+            .collect();
+        {
             use std::os::unix::process::CommandExt;
             // SAFETY: runs in the forked child before exec and calls only fcntl, which is
             // async-signal-safe; it allocates nothing (`fds` was built before the fork).
@@ -322,7 +353,8 @@ pub(crate) fn spawn_node(
         }
         let mut child = cmd
             .args(["node", "--supervised", "--id", n, "--config"])
-            .arg(config)
+            .arg(config.path())
+            .arg(format!("--launched-by={}", config.tag))
             .args(serve.then_some("--serve"))
             .args(
                 inherit
@@ -524,6 +556,8 @@ fn cpu_groups(cpus: &[usize], rus: &[String], bus: &[String]) -> Vec<(String, Ve
 
 /// Runs the whole system; true when the verdict is clean.
 pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, String> {
+    // watched from the start: a Ctrl-C while the nodes start is a stop like any other
+    let interrupts = count_interrupts();
     let mut placed = cfg.clone();
     auto_place(&mut placed, quiet);
     let cfg = &placed;
@@ -576,7 +610,6 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
     let mut first_failure: Option<Instant> = None;
-    let interrupts = count_interrupts();
     let mut stop_sent = false;
     let mut user_abort = false;
 

@@ -124,6 +124,10 @@ struct NodeArgs {
     /// Started by `evb run` / `evb up`: status lines as JSON on stdout, and exit when stdin closes.
     #[arg(long)]
     supervised: bool,
+    /// Which launcher started this node (`evb-run-<pid>-<run id>`): read by nobody, shown
+    /// by `ps`, so that an operator (and the fault tests) can tell whose node it is.
+    #[arg(long, hide = true, value_name = "TAG")]
+    launched_by: Option<String>,
     /// Stay up after a run and run the runs the EVM's controller starts (`evb ctl start`),
     /// until halted; without it the node runs one run and exits.
     #[arg(long)]

@@ -213,7 +213,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         restart_at.retain(|(_, t)| *t > now);
         if halting.is_none() {
             for id in due {
-                match launch::spawn_node(&tmp.0, &id, true, &tx, &[]) {
+                match launch::spawn_node(&tmp, &id, true, &tx, &[]) {
                     Ok(c) => {
                         if let Some(slot) = children.iter_mut().find(|(i, _)| *i == id) {
                             slot.1 = c;

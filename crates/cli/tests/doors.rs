@@ -431,3 +431,104 @@ fn a_large_topology_on_one_host_is_not_mistaken_for_a_flood() {
         "legitimate peers were closed:\n{stderr}"
     );
 }
+
+/// Ctrl-C to `evb run` at a seeded moment in its first 400 ms (from 50 ms), before or just after the run
+/// starts: the run ends cleanly and exits 0 (nothing was lost), naming the operator's stop;
+/// a stop before the start used to abort the run and exit 1.
+#[test]
+fn ctrl_c_at_start_up_ends_the_run_cleanly() {
+    let (seed, trials) = chaos_seed("EVB_DOORS_TRIALS", 3);
+    eprintln!("doors: seed {seed} ({trials} trials): EVB_CHAOS_SEED={seed} replays them");
+    let mut rng = Rng(seed | 1);
+    for trial in 0..trials {
+        // from 50 ms: before that the launcher may not have started to watch for signals
+        let at = if trial == 0 { 50 } else { 50 + rng.below(350) };
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("run.toml");
+        std::fs::write(&cfg, "[run]\nduration_s = 20\n[fragments]\nsize = 4096\n").unwrap();
+        let l = Command::new(EVB)
+            .args(["run", "--quiet", "--config"])
+            .arg(&cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(at));
+        // SAFETY: kill(2) with a pid of a child of this process and a valid signal.
+        unsafe { libc::kill(l.id() as i32, libc::SIGINT) };
+        let o = l.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "seed {seed} trial {trial} at {at} ms: {}",
+            text(&o)
+        );
+        assert!(out.contains("VERDICT: OK"), "{out}");
+        assert!(out.contains("ended early by the operator"), "{out}");
+    }
+}
+
+/// SIGKILL of `evb run` (no cleanup runs): no file on the host holds the run's secret, and
+/// the nodes, whose launcher is gone, exit. `evb run` used to leave its resolved
+/// configuration in /tmp with the secret in it.
+#[test]
+fn a_killed_launcher_leaves_no_secret_behind() {
+    let secret = format!("secret-{}-{}", std::process::id(), common::clock_seed());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!("[run]\nduration_s = 20\nsecret = \"{secret}\"\n[fragments]\nsize = 4096\n"),
+    )
+    .unwrap();
+    let mut l = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let marker = format!("evb-run-{}-", l.id());
+    let nodes = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+            })
+            .collect()
+    };
+    let t0 = Instant::now();
+    while nodes().len() < 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the nodes never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    l.kill().unwrap();
+    l.wait().unwrap();
+    let t0 = Instant::now();
+    while !nodes().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "nodes outlived their launcher: {:?}",
+            nodes()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // no file in the temporary folder (where the configuration used to go) holds the secret
+    let holders: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            std::fs::read(e.path()).is_ok_and(|b| String::from_utf8_lossy(&b).contains(&secret))
+        })
+        .map(|e| e.path().display().to_string())
+        .collect();
+    assert!(holders.is_empty(), "files holding the secret: {holders:?}");
+}
