@@ -147,12 +147,46 @@ struct Shared {
     cv: Condvar,
     stop: AtomicBool,
     opts: ServeOptions,
+    /// Lines about refused, shed and timed-out connections: at most [`LOG_BURST`] a second
+    /// (a flood of connections must not flood the log); the second that started, lines
+    /// written in it, lines left out.
+    log: Mutex<(Instant, u32, u64)>,
 }
+
+/// Lines about unserved connections logged per second at most; the rest are counted and
+/// summed up in one line.
+const LOG_BURST: u32 = 10;
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // a panicking thread of this sink leaves the state as it was: carry on with it
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a line about an unserved connection may be written now (see `log`).
+    fn may_log(&self) -> bool {
+        let mut l = self.next_log_second();
+        if l.1 < LOG_BURST {
+            l.1 += 1;
+            true
+        } else {
+            l.2 += 1;
+            false
+        }
+    }
+
+    /// Starts a new second of `log` once the last one is over, saying how many lines it left
+    /// out.
+    fn next_log_second(&self) -> MutexGuard<'_, (Instant, u32, u64)> {
+        let mut l = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if now.duration_since(l.0) >= Duration::from_secs(1) {
+            if l.2 > 0 {
+                warn!(node = %self.opts.bu_id, "{} more consumer connections refused, shed or timed out in {:.1} s (not logged one by one; counted in sink.report)", l.2, now.duration_since(l.0).as_secs_f64());
+            }
+            *l = (now, 0, 0);
+        }
+        l
     }
 }
 
@@ -191,6 +225,7 @@ impl ServeSink {
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             opts,
+            log: Mutex::new((Instant::now(), 0, 0)),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -491,7 +526,9 @@ fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
                 st.connections_refused += 1;
                 st.handshakes_timed_out += 1;
             }
-            warn!(node = %s.opts.bu_id, "consumer connection from {} closed: {why}", p.peer);
+            if s.may_log() {
+                warn!(node = %s.opts.bu_id, "consumer connection from {} closed: {why}", p.peer);
+            }
             refuse(&mut p.stream, RefuseCode::Busy, &why);
             false
         });
@@ -512,6 +549,7 @@ fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
         let now = Instant::now();
         if now >= next_check {
             next_check = now + Duration::from_millis(50);
+            drop(s.next_log_second());
             let mut st = s.lock();
             let late: Vec<(u64, f64)> = st
                 .consumers
@@ -569,7 +607,9 @@ fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s:
             let why = format!(
                 "too many connections: {serving} consumers already served (at most {MAX_CONNECTIONS}); try again later"
             );
-            warn!(node = %bu, "consumer connection from {peer} refused: {why}");
+            if s.may_log() {
+                warn!(node = %bu, "consumer connection from {peer} refused: {why}");
+            }
             let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
             refuse(&mut stream, RefuseCode::Busy, &why);
             return;
@@ -602,7 +642,9 @@ fn shed(mut p: Pending, why: &str, s: &Shared) {
         st.connections_refused += 1;
         st.handshakes_shed += 1;
     }
-    warn!(node = %s.opts.bu_id, "consumer connection from {} shed after {ms} ms without a finished handshake: {why} (limits: {MAX_HANDSHAKES_PER_IP} handshaking per IP, {MAX_CONNECTIONS} connections in all)", p.peer);
+    if s.may_log() {
+        warn!(node = %s.opts.bu_id, "consumer connection from {} shed after {ms} ms without a finished handshake: {why} (limits: {MAX_HANDSHAKES_PER_IP} handshaking per IP, {MAX_CONNECTIONS} connections in all)", p.peer);
+    }
     refuse(
         &mut p.stream,
         RefuseCode::Busy,
@@ -624,6 +666,7 @@ fn handshake_step(p: &mut Pending, s: &Shared) -> Step {
             }
         }
         match name {
+            _ if !s.may_log() => {}
             Some(n) => error!(node = %bu, "consumer {n} from {peer} refused: {why}"),
             None => error!(node = %bu, "consumer connection from {peer} refused: {why}"),
         }
