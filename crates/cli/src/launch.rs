@@ -257,7 +257,8 @@ impl ConfigFd {
         let mut f = std::fs::File::from(fd);
         f.write_all(text.as_bytes())
             .map_err(|e| format!("cannot write the nodes' configuration: {e}"))?;
-        let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        let seals =
+            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on a descriptor this function owns.
         if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) } == -1 {
             return Err(format!(
@@ -610,6 +611,10 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
     let mut first_failure: Option<Instant> = None;
+    // how each node process that ended on its own ended, in words, and whether the run had
+    // started then (for the verdict: a node lost before the start is the cause, not one
+    // problem among the others it brought down)
+    let mut how_ended: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let mut stop_sent = false;
     let mut user_abort = false;
 
@@ -660,6 +665,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             }
             if let Ok(Some(status)) = child.try_wait() {
                 exit_codes.insert(id.clone(), status.code());
+                note_exit(&mut how_ended, id, status, &latest, &ids[0]);
             }
         }
         let line = progress_line(&latest, &mut rate);
@@ -696,6 +702,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                     if !exit_codes.contains_key(id) {
                         if let Ok(Some(status)) = child.try_wait() {
                             exit_codes.insert(id.clone(), status.code());
+                            note_exit(&mut how_ended, id, status, &latest, &ids[0]);
                         }
                     }
                 }
@@ -744,6 +751,35 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let pids: Vec<u32> = children.iter().map(|(_, c)| c.id()).collect();
 
     let mut problems: Vec<String> = Vec::new();
+    // a node process that died before the run started, with no word from the EVM: that is
+    // the cause, said first as the EVM would have (`lost bu[1] before the run started`), and
+    // what the launcher then did to the others is one line, not two per node
+    let lost_early: Vec<&String> = if reports.contains_key(&ids[0]) {
+        Vec::new()
+    } else {
+        how_ended
+            .iter()
+            .filter(|(id, (_, started))| !started && exit_codes.get(*id) != Some(&Some(0)))
+            .map(|(id, _)| id)
+            .collect()
+    };
+    for id in &lost_early {
+        problems.push(format!(
+            "lost {id} before the run started: {}",
+            how_ended[*id].0
+        ));
+    }
+    if !lost_early.is_empty() {
+        let others: Vec<&str> = ids
+            .iter()
+            .filter(|id| !lost_early.contains(id))
+            .map(String::as_str)
+            .collect();
+        problems.push(format!(
+            "the run never started; the other nodes were stopped ({})",
+            others.join(", ")
+        ));
+    }
     if user_abort {
         problems.push("aborted by the operator (second Ctrl-C)".into());
     }
@@ -773,12 +809,12 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         .map(|n| n.id.clone())
         .collect();
     let evm_handled = |id: &String| lost_by_evm.contains(id) && evm_report["ok"] == true;
-    for id in &killed {
+    for id in killed.iter().filter(|_| lost_early.is_empty()) {
         if !evm_handled(id) {
             problems.push(format!("{id} had to be killed"));
         }
     }
-    for id in &ids {
+    for id in ids.iter().filter(|_| lost_early.is_empty()) {
         if evm_handled(id) {
             continue;
         }
@@ -790,9 +826,13 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                     .get(id)
                     .and_then(|r| r["reason"].as_str())
                     .filter(|w| *id != ids[0] && !w.is_empty() && !w.starts_with("run aborted"));
+                let how = how_ended
+                    .get(id)
+                    .map(|(h, _)| h.clone())
+                    .unwrap_or_else(|| exit_words(*code));
                 problems.push(match why {
-                    Some(w) => format!("{id} exited with {code:?}: {w}"),
-                    None => format!("{id} exited with {code:?}"),
+                    Some(w) => format!("{id} {how}: {w}"),
+                    None => format!("{id} {how}"),
                 })
             }
             _ => {}
@@ -854,6 +894,49 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         .map_err(|e| e.to_string())?;
     }
     Ok(ok)
+}
+
+/// How a node process ended, in words: its exit status, or the signal that killed it.
+fn ended_words(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("was killed by signal {sig}{name}")
+        }
+        (None, None) => "ended without an exit status".into(),
+    }
+}
+
+/// The same from an exit code alone (a node thread, or a status already taken).
+fn exit_words(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exited with status {c}"),
+        None => "was killed by a signal".into(),
+    }
+}
+
+/// Notes how node `id` ended, and whether the EVM had started the run by then.
+fn note_exit(
+    how: &mut BTreeMap<String, (String, bool)>,
+    id: &str,
+    status: std::process::ExitStatus,
+    latest: &BTreeMap<String, Value>,
+    evm: &str,
+) {
+    let started = latest.get(evm).is_some_and(|v| {
+        v["state"] != "ready" && v["state"] != "configured" && !v["state"].is_null()
+    });
+    how.entry(id.to_string())
+        .or_insert_with(|| (ended_words(status), started));
 }
 
 #[cfg(test)]

@@ -532,3 +532,50 @@ fn a_killed_launcher_leaves_no_secret_behind() {
         .collect();
     assert!(holders.is_empty(), "files holding the secret: {holders:?}");
 }
+
+/// A BU killed (SIGKILL) as soon as its process exists, before it registers: the verdict
+/// names the cause first, as the EVM does for a node lost before the start, instead of
+/// `bu1 exited with None` among a line per node about the others.
+#[test]
+fn a_node_killed_before_it_registers_is_named_as_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "[run]\nduration_s = 5\n[fragments]\nsize = 4096\n").unwrap();
+    let l = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let want = format!("evb-run-{}-", l.id());
+    let t0 = Instant::now();
+    let pid = loop {
+        let found = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    c.contains(&want) && c.contains("--id bu1 ")
+                })
+            });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "bu1 never started");
+    };
+    // SAFETY: kill(2) on a pid just read from /proc, with a valid signal.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let o = l.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success(), "{}", text(&o));
+    // either the launcher saw it first, or the EVM did (bu1 had just registered)
+    assert!(
+        out.contains("lost bu1 before the run started: was killed by signal 9 (SIGKILL)")
+            || out.contains("lost bu[1] before the run started"),
+        "{out}"
+    );
+    assert!(!out.contains("exited with None"), "{out}");
+}

@@ -65,12 +65,17 @@ impl Run {
     /// Waits for every process; returns the EVM's report (it must have exited cleanly, and
     /// every other node too).
     pub fn evm_report(&mut self) -> Value {
+        self.evm_report_allowing(&[])
+    }
+
+    /// Like `evm_report`, where the nodes `may_fail` may exit non-zero (a degraded verdict).
+    pub fn evm_report_allowing(&mut self, may_fail: &[&str]) -> Value {
         let mut evm = Value::Null;
         for (id, c) in std::mem::take(&mut self.kids) {
             let out = c.wait_with_output().unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout);
             assert!(
-                out.status.success(),
+                out.status.success() || may_fail.contains(&id.as_str()),
                 "{id} failed:\n{stdout}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
