@@ -140,13 +140,25 @@ pub fn print(
     let dropped: u64 = run["rus"]
         .as_array()
         .map_or(0, |r| r.iter().map(|x| u(&x["dropped_at_source"])).sum());
+    // fragments front-ends sent that are in no event (the run ended first): the RUs' own
+    // final reports, which count what was drained after Stop too
+    let unbuilt: u64 = reports
+        .values()
+        .filter(|r| r["role"] == "ru")
+        .map(|r| u(&r["stats"]["stream_fragments_unbuilt"]))
+        .sum();
+    let unbuilt_note = if unbuilt > 0 {
+        format!("; {unbuilt} fragments the front-ends sent after the run's end counted as unbuilt")
+    } else {
+        String::new()
+    };
     if problems.is_empty() && partial > 0 {
         println!(
             "VERDICT: OK - every triggered event ({triggered}) built exactly once, checksums valid; \
-             {partial} built as partial events ({dropped} bad fragments dropped at the RUs and flagged missing)"
+             {partial} built as partial events ({dropped} bad fragments dropped at the RUs and flagged missing){unbuilt_note}"
         );
     } else if problems.is_empty() {
-        println!("VERDICT: OK - every triggered event ({triggered}) built exactly once, complete, checksums valid");
+        println!("VERDICT: OK - every triggered event ({triggered}) built exactly once, complete, checksums valid{unbuilt_note}");
     } else {
         println!("VERDICT: FAILED");
         for p in problems {

@@ -631,4 +631,12 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
         sent - built,
         "{t}"
     );
+    // and the verdict line itself says so: an OK that names what was not built
+    assert!(
+        t.contains(&format!(
+            "{} fragments the front-ends sent after the run's end counted as unbuilt",
+            sent - built
+        )),
+        "{t}"
+    );
 }
