@@ -108,6 +108,29 @@ impl BuStats {
             + self.errors
             == 0
     }
+
+    /// What went wrong, in words: each non-zero error counter by name (for the verdict,
+    /// which used to print the whole struct, histogram included).
+    pub fn errors_in_words(&self) -> String {
+        [
+            ("CRC errors", self.crc_errors),
+            ("content errors", self.content_errors),
+            ("trigger mismatches", self.trigger_mismatches),
+            ("duplicate fragments", self.duplicate_fragments),
+            ("source mismatches", self.source_mismatches),
+            ("misrouted fragments", self.misrouted),
+            ("events incomplete at stop", self.incomplete_at_stop),
+            ("releases refused", self.releases_refused),
+            ("super-fragment errors", self.super_fragment_errors),
+            ("events lost at the output", self.output_lost),
+            ("other errors", self.errors),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
 }
 
 /// A fragment whose event is not assigned here this long after it arrived will never be:

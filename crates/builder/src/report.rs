@@ -95,7 +95,7 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
                     ));
                 }
                 if !b.clean() {
-                    p.push(format!("bu[{i}] saw errors: {b:?}"));
+                    p.push(format!("bu[{i}] saw errors: {}", b.errors_in_words()));
                 }
             }
         }
@@ -160,6 +160,37 @@ mod tests {
             v[0].contains("ru[0]: 4584 events flagged for sync loss"),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_bus_errors_are_named_in_words_not_dumped() {
+        let b = crate::BuStats {
+            crc_errors: 3,
+            duplicate_fragments: 1,
+            ..Default::default()
+        };
+        assert_eq!(b.errors_in_words(), "3 CRC errors, 1 duplicate fragments");
+        let r = RunReport {
+            state: RunState::Halted,
+            reason: None,
+            n_ru: 0,
+            n_bu: 1,
+            seconds: 1.0,
+            down: Vec::new(),
+            evm: EvmStats {
+                released_by_bu: vec![0],
+                released_id_sum_by_bu: vec![0],
+                ..Default::default()
+            },
+            rus: Vec::new(),
+            bus: vec![Some(b)],
+        };
+        let v = verdict(&r);
+        assert!(
+            v.iter().any(|p| p == "bu[0] saw errors: 3 CRC errors, 1 duplicate fragments"),
+            "{v:?}"
+        );
+        assert!(v.iter().all(|p| !p.contains("BuStats") && !p.contains("Latency")), "{v:?}");
     }
 
     #[test]

@@ -199,6 +199,15 @@ fn memory_check(who: &str, r: Result<Option<String>, evb_config::ConfigError>) -
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Ctl(_) | Command::Config { .. } | Command::Inspect { .. }
+    ) {
+        // commands that only print: a closed pipe (`evb ctl status | head`) ends them quietly,
+        // as it does any Unix tool, instead of a panic in println!
+        // SAFETY: signal(2) with a valid signal and SIG_DFL, before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::Run(a) => {
             let mut cfg = match load_or_exit(&a.config) {

@@ -210,7 +210,33 @@ fn a_configuration_over_the_api_obeys_the_rules_of_one_on_disk() {
     );
     assert_eq!(code, 403);
     assert_eq!(up.status()["state"], "ready");
+    // `evb ctl status | head`: the reader is gone before evb writes; it must end quietly
+    for args in [
+        vec!["ctl", "--url", up.url.as_str(), "status"],
+        vec!["config", "default"],
+    ] {
+        let o = Command::new(EVB)
+            .args(&args)
+            .stdout(closed_pipe())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "evb {args:?}: {err}");
+    }
     assert!(up.halt().success());
+}
+
+/// The write end of a pipe whose read end is already closed (a `| head` that has exited).
+fn closed_pipe() -> std::process::Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills the two descriptors; the read end is closed at once and the write
+    // end is owned by the Stdio returned.
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+        std::process::Stdio::from_raw_fd(fds[1])
+    }
 }
 
 /// Raises this process's descriptor limit to its hard limit (the flood below needs ~1,100).
