@@ -101,7 +101,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         Message::Abort("evm lost".into()),
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
-        Message::LinkLost { bu: 2 },
+        Message::LinkLost { peer: 2 },
         Message::Register(discovery::Registration {
             rank: 4,
             pid: 4711,

@@ -810,9 +810,23 @@ impl Bu {
     }
 
     /// A lost RU is the EVM's decision (stop, or go on without it); losing the EVM ends
-    /// the run.
+    /// the run. A data link from an RU that closes mid-run is told to the EVM at once
+    /// (LinkLost), whatever the RU does: the EVM decides whether the RU or this BU leaves.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if self.state.is_over() || peer != NodeRef::Evm {
+        if self.state.is_over() {
+            return;
+        }
+        if let NodeRef::Ru(ru) = peer {
+            if self.state == RunState::Running {
+                self.actions.push_back(Action::Send {
+                    to: NodeRef::Evm,
+                    msg: Message::LinkLost { peer: ru },
+                    path: Path::Now,
+                });
+            }
+            return;
+        }
+        if peer != NodeRef::Evm {
             return;
         }
         let reason = format!("lost {peer}: {reason}");

@@ -46,6 +46,11 @@ pub struct EvmConfig {
     pub max_per_poll: u64,
     pub on_ru_loss: RuLossPolicy,
     pub assignment: Assignment,
+    /// How long a BU's report of a lost data link from an RU waits for the RU itself to be
+    /// lost (its connection to the EVM closed or silent: the RU-loss policy then applies)
+    /// before the BU is dropped instead (the link alone is gone; the RU sends on to others).
+    /// About the heartbeat timeout.
+    pub link_grace: Duration,
 }
 
 /// How the EVM picks the BU of the next batch of events.
@@ -106,6 +111,8 @@ pub struct Evm {
     cfg: EvmConfig,
     state: RunState,
     ready: FastSet<NodeRef>,
+    /// Data links BUs reported lost (RU, BU, when to judge): see `EvmConfig::link_grace`.
+    links_reported_by_bus: Vec<(u16, u16, Instant)>,
     /// Nodes currently part of the run (lost ones are removed, rejoined ones return).
     alive: FastSet<NodeRef>,
     credits: Vec<u64>,
@@ -148,6 +155,7 @@ impl Evm {
             cfg,
             state: RunState::Ready,
             ready: FastSet::default(),
+            links_reported_by_bus: Vec::new(),
             alive: FastSet::default(),
             credits: vec![0; n_bu],
             rr: 0,
@@ -343,8 +351,17 @@ impl Evm {
             (Message::Available { count, done }, NodeRef::Ru(r)) => {
                 self.on_available(r, count, done)
             }
-            (Message::LinkLost { bu }, NodeRef::Ru(_)) if bu < self.cfg.n_bu => {
-                self.link_lost(now, from, bu)
+            (Message::LinkLost { peer }, NodeRef::Ru(_)) if peer < self.cfg.n_bu => {
+                self.link_lost(now, from, peer)
+            }
+            (Message::LinkLost { peer }, NodeRef::Bu(b)) if peer < self.cfg.n_ru => {
+                if self.state == RunState::Running
+                    && self.alive.contains(&from)
+                    && self.alive.contains(&NodeRef::Ru(peer))
+                {
+                    self.links_reported_by_bus
+                        .push((peer, b, now + self.cfg.link_grace));
+                }
             }
             (Message::Report(json), NodeRef::Ru(i)) if self.state == RunState::Stopping => {
                 match serde_json::from_str(&json) {
@@ -395,6 +412,28 @@ impl Evm {
         warn!("lost {b}: data link from {ru} lost; dropping {b} from the run");
         self.peer_lost(now, b, &format!("data link from {ru} lost"));
         self.actions.push_back(Action::Disconnect(b));
+    }
+
+    /// A BU's reports of lost data links, once their grace is over: the RU still in the run
+    /// means the link alone is gone, and the BU leaves as for an RU's LinkLost; the RU lost
+    /// meanwhile (it died: its links to every BU closed) means the RU-loss policy has
+    /// already decided, and the report is moot.
+    fn judge_reported_links(&mut self, now: Instant) {
+        if self.links_reported_by_bus.is_empty() {
+            return;
+        }
+        let due: Vec<(u16, u16)> = self
+            .links_reported_by_bus
+            .iter()
+            .filter(|(_, _, at)| now >= *at)
+            .map(|(r, b, _)| (*r, *b))
+            .collect();
+        self.links_reported_by_bus.retain(|(_, _, at)| now < *at);
+        for (r, b) in due {
+            if self.alive.contains(&NodeRef::Ru(r)) {
+                self.link_lost(now, NodeRef::Ru(r), b);
+            }
+        }
     }
 
     fn on_ready(&mut self, now: Instant, from: NodeRef, available: u64) {
@@ -501,9 +540,7 @@ impl Evm {
     /// never come still fail it at `connect_timeout_s`.
     pub fn request_stop(&mut self, now: Instant) {
         match self.state {
-            RunState::Running | RunState::Ready | RunState::Configured
-                if !self.triggering_done =>
-            {
+            RunState::Running | RunState::Ready | RunState::Configured if !self.triggering_done => {
                 self.triggering_done = true;
                 self.stats.stopped_by_request = true;
                 self.last_progress = now;
@@ -570,6 +607,7 @@ impl Evm {
         {
             self.triggering_done = true;
         }
+        self.judge_reported_links(now);
         self.assign_orphans();
         if let Some(seen) = &self.first_credits {
             let all = (0..self.cfg.n_bu)

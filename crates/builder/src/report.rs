@@ -187,10 +187,15 @@ mod tests {
         };
         let v = verdict(&r);
         assert!(
-            v.iter().any(|p| p == "bu[0] saw errors: 3 CRC errors, 1 duplicate fragments"),
+            v.iter()
+                .any(|p| p == "bu[0] saw errors: 3 CRC errors, 1 duplicate fragments"),
             "{v:?}"
         );
-        assert!(v.iter().all(|p| !p.contains("BuStats") && !p.contains("Latency")), "{v:?}");
+        assert!(
+            v.iter()
+                .all(|p| !p.contains("BuStats") && !p.contains("Latency")),
+            "{v:?}"
+        );
     }
 
     #[test]

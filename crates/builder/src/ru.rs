@@ -342,7 +342,7 @@ impl Ru {
             if self.state == RunState::Running {
                 self.actions.push_back(Action::Send {
                     to: NodeRef::Evm,
-                    msg: Message::LinkLost { bu },
+                    msg: Message::LinkLost { peer: bu },
                     path: Path::Now,
                 });
             }

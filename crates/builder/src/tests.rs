@@ -36,6 +36,7 @@ fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
         max_per_poll: 64,
         on_ru_loss: RuLossPolicy::Partial,
         assignment: crate::Assignment::Credits,
+        link_grace: Duration::from_millis(50),
     }
 }
 
@@ -82,6 +83,8 @@ struct Sim {
     now: Instant,
     /// Killed nodes: nothing reaches them, nothing leaves them.
     dead: Vec<NodeRef>,
+    /// Cut data links (RU, BU): nothing crosses them, both ends alive.
+    cut: Vec<(NodeRef, NodeRef)>,
 }
 
 impl Sim {
@@ -101,6 +104,7 @@ impl Sim {
             step: 0,
             now,
             dead: Vec::new(),
+            cut: Vec::new(),
         };
         for r in &mut s.rus {
             r.connections_up();
@@ -159,7 +163,11 @@ impl Sim {
 
     fn deliver(&mut self, w: Wire) {
         let (Wire::Msg(from, to, _) | Wire::Frag(from, to, _)) = &w;
-        if self.dead.contains(from) || self.dead.contains(to) {
+        if self.dead.contains(from)
+            || self.dead.contains(to)
+            || self.cut.contains(&(*from, *to))
+            || self.cut.contains(&(*to, *from))
+        {
             return;
         }
         match w {
@@ -687,6 +695,55 @@ fn killed_builder_events_are_rebuilt_elsewhere_exactly_once() {
     assert!(s.rus.iter().any(|r| r.stats().fragments_resent > 0));
 }
 
+/// A data link cut with both ends alive (a reset the RU never reports, the BU closing it):
+/// the BU tells the EVM itself, and once the RU is seen alive past the grace, the BU leaves
+/// the run and its events are built elsewhere exactly once. The run never waits for
+/// `stall_timeout` on the RU's good manners.
+#[test]
+fn a_link_the_bu_reports_lost_drops_the_bu_when_the_ru_lives_on() {
+    let mut s = Sim::new(2, 3, 2000, 6, 0);
+    s.steps(40);
+    assert!(s.evm.stats().triggered < 2000, "cut it mid-run");
+    // the link goes; only the BU's end is told (the RU's end stays silent)
+    s.cut.push((NodeRef::Ru(0), NodeRef::Bu(1)));
+    s.bus[1].peer_lost(NodeRef::Ru(0), "connection reset");
+    s.run(200_000);
+    for (who, ok, why) in &s.exits {
+        assert!(*ok || *who == NodeRef::Bu(1), "{who}: {why}");
+    }
+    let r = s.evm.report(s.now);
+    assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
+    assert_eq!(r.down, vec!["bu[1]".to_string()]);
+    assert_eq!(
+        s.sinks[0].events + s.sinks[2].events + r.evm.released_by_lost,
+        2000
+    );
+    assert!(s.rus.iter().all(|r| r.stats().retained == 0));
+}
+
+/// An RU that dies closes its links to every BU: each BU reports its link lost, and the RU
+/// loss (seen by the EVM within the grace) decides by its policy; no BU is dropped for it.
+#[test]
+fn links_reported_lost_by_bus_for_a_dead_ru_drop_no_bu() {
+    let mut s = Sim::new(3, 2, 1000, 6, 0);
+    s.steps(40);
+    // the BUs see the RU's data links close first; the EVM hears of the RU itself a little later
+    s.dead.push(NodeRef::Ru(2));
+    for b in &mut s.bus {
+        b.peer_lost(NodeRef::Ru(2), "connection reset");
+    }
+    s.steps(100);
+    s.evm.peer_lost(s.now, NodeRef::Ru(2), "killed");
+    s.run(200_000);
+    for (who, ok, why) in &s.exits {
+        assert!(ok, "{who}: {why}");
+    }
+    let r = s.evm.report(s.now);
+    assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
+    assert_eq!(r.down, vec!["ru[2]".to_string()]);
+    assert_eq!(s.sinks.iter().map(|k| k.events).sum::<u64>(), 1000);
+}
+
 #[test]
 fn lost_readout_unit_gives_partial_events_by_policy() {
     let mut s = Sim::new(3, 2, 1000, 6, 0);
@@ -824,7 +881,7 @@ fn a_release_from_a_bu_already_dropped_does_not_count() {
     evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 0 });
     evm.poll(now);
     assert_eq!(evm.stats().triggered, 3);
-    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { bu: 1 });
+    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { peer: 1 });
     assert!(std::iter::from_fn(|| evm.next_action())
         .any(|a| matches!(a, Action::Disconnect(NodeRef::Bu(1)))));
     let late = EventRange {

@@ -168,6 +168,7 @@ pub fn logic(
                         evb_config::Assignment::Credits => evb_builder::Assignment::Credits,
                         evb_config::Assignment::Random => evb_builder::Assignment::Random,
                     },
+                    link_grace: Duration::from_millis(r.heartbeat_timeout_ms),
                 },
                 now,
             ))

@@ -143,8 +143,10 @@ pub enum Message {
     Heartbeat,
     /// EVM → BUs: RU `ru` is gone; build events without it, flagged partial.
     SourceLost { ru: u16 },
-    /// RU → EVM: this RU's data connection to BU `bu` closed while both were in the run.
-    LinkLost { bu: u16 },
+    /// RU → EVM: this RU's data connection to BU `peer` closed while both were in the run;
+    /// BU → EVM: this BU's data connection from RU `peer` closed so (the end that closed a
+    /// link knows it first, and the run must not depend on the other end's good manners).
+    LinkLost { peer: u16 },
     /// RU → EVM, from an RU fed live (front-end streams): its source holds fragments for
     /// events `[0, count)`; with `done`, no more will come. Such an RU announces
     /// `Available { count: 0, done: false }` before its Ready, and the EVM triggers no event
@@ -194,7 +196,7 @@ impl Message {
                 out.extend_from_slice(&0u16.to_le_bytes());
             }
             Message::Start | Message::Halt | Message::Heartbeat => {}
-            Message::SourceLost { ru: node } | Message::LinkLost { bu: node } => {
+            Message::SourceLost { ru: node } | Message::LinkLost { peer: node } => {
                 out.extend_from_slice(&node.to_le_bytes());
                 out.extend_from_slice(&[0u8; 6]);
             }
@@ -346,7 +348,7 @@ impl Message {
                 if b[2..8] != [0; 6] {
                     return Err(WireError::ReservedNonZero { what: "link lost" });
                 }
-                Message::LinkLost { bu: u16_at(b, 0) }
+                Message::LinkLost { peer: u16_at(b, 0) }
             }
             MessageType::Stop => {
                 exact("stop", 8)?;
