@@ -1042,7 +1042,9 @@ impl Config {
                 let (host, _) = addr.rsplit_once(':').unwrap_or((addr.as_str(), ""));
                 let host = host.trim_start_matches('[').trim_end_matches(']');
                 let loopback = host == "localhost"
-                    || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+                    || host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback());
                 if !loopback {
                     let key = match self.bu.get(i as usize) {
                         Some(b) if !b.serve.is_empty() => format!("bu[{i}].serve"),
