@@ -1,6 +1,7 @@
 //! Faults at random moments: each trial picks a fault (kill or freeze a BU, an RU under
 //! either policy, the EVM, two BUs, cut one RU->BU data link, freeze a BU whose sink is slow
-//! (back-pressure), Ctrl-C, a flood of stalled unauthenticated sockets, or none), a moment,
+//! (back-pressure), Ctrl-C, a flood of stalled unauthenticated sockets, a hostile HTTP client
+//! against the control APIs, a handshake flood from before the start, or none), a moment,
 //! a transport (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per
 //! process), all from a seed that is printed first, so that a failure reproduces:
 //!
@@ -50,6 +51,13 @@ enum Fault {
     /// A dozen unauthenticated sockets to the EVM, each declaring a 340 KB Hello and then
     /// stalling: they must not starve it (docs/operations.md, Security).
     Flood,
+    /// A hostile HTTP client on the host, in a run with a secret: 200 unfinished requests to
+    /// the EVM's and a BU's control API, and unauthenticated commands (stop with a forged
+    /// Origin, reset, a node's abort, a DNS-rebinding Host). Nothing of it may change the run.
+    HostileHttp,
+    /// From before the nodes listen, 40 sockets on 127.0.0.1 holding unfinished Hellos on the
+    /// EVM's data port (re-opened when closed), in a run with a secret: it must start anyway.
+    StartFlood,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -208,8 +216,14 @@ impl Trial {
         } else {
             (RATE_HZ, 4096)
         };
+        // the doors' trials attack a run that has a secret, as a shared host's should
+        let secret = if matches!(self.fault, Fault::HostileHttp | Fault::StartFlood) {
+            "secret = \"chaos door key\"\n"
+        } else {
+            ""
+        };
         format!(
-            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n[fragments]\nsize = {size}\n",
+            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n{secret}[fragments]\nsize = {size}\n",
             self.events()
         )
     }
@@ -233,10 +247,13 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         Fault::KillRuPartial | Fault::KillRuStop => (3, 2),
         _ => (2, 2),
     };
-    let base = free_base_port(1 + rus + bus);
+    // data ports from `base`, then the control APIs' (EVM, RUs, BUs) from `cbase`
+    let base = free_base_port(2 * (1 + rus + bus));
+    let cbase = base + 1 + rus + bus;
     let sink = dir.join("out");
     let mut toml = format!(
-        "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 500\n",
+        "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[control]\nbase_port = {cbase}\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 500\n",
         t.run_section(),
         sink.display()
     );
@@ -257,6 +274,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         .collect();
     let json = dir.join("summary.json");
     let mut kids: BTreeMap<String, Child> = BTreeMap::new();
+    // the start-up flood is there before any node listens, until the run is over
+    let start_flood = (t.fault == Fault::StartFlood).then(|| StartFlood::new(base));
     let launcher = match t.launch {
         Launch::Run => Some(
             Command::new(EVB)
@@ -348,6 +367,37 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 note += "(no flood socket connected) ";
             }
         }
+        Fault::HostileHttp => {
+            let evm_api = format!("127.0.0.1:{cbase}");
+            let bu0_api = format!("127.0.0.1:{}", cbase + 1 + rus);
+            let ru0_api = format!("127.0.0.1:{}", cbase + 1);
+            for api in [&evm_api, &bu0_api] {
+                for _ in 0..100 {
+                    if let Ok(mut s) = std::net::TcpStream::connect(api) {
+                        let _ = std::io::Write::write_all(
+                            &mut s,
+                            b"GET /api/v1/node HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+                        );
+                        flood.push(s);
+                    }
+                }
+            }
+            let json = "Content-Type: application/json";
+            for (api, req) in [
+                (&evm_api, format!("POST /api/v1/stop HTTP/1.1\r\nHost: {evm_api}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n{{}}")),
+                (&evm_api, format!("POST /api/v1/reset HTTP/1.1\r\nHost: {evm_api}\r\n{json}\r\nContent-Length: 2\r\n\r\n{{}}")),
+                (&ru0_api, format!("POST /api/v1/node/abort HTTP/1.1\r\nHost: {ru0_api}\r\n{json}\r\nContent-Length: 2\r\n\r\n{{}}")),
+                (&evm_api, "GET /api/v1/status HTTP/1.1\r\nHost: rebind.evil.example\r\n\r\n".to_string()),
+            ] {
+                let status = http_status(api, &req);
+                assert!(
+                    matches!(status, Some(401 | 403 | 415) | None),
+                    "an attacker's request was served ({status:?}): {req}"
+                );
+                note += &format!("({} -> {status:?}) ", req.lines().next().unwrap_or(""));
+            }
+        }
+        Fault::StartFlood => {}
         Fault::CutLink => {
             let bu_port = base + 1 + rus + 1; // bu1
             match pid("ru0").map(|p| cut_link(p, bu_port)) {
@@ -401,6 +451,10 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             (evm_report["run"].clone(), ok, log)
         }
     };
+    if let Some(f) = start_flood {
+        let n = f.stop();
+        assert!(n > 0, "the start-up flood never connected");
+    }
     // the run is over for everybody: nothing of it may still be running
     let left = leftovers(&marker);
     assert!(left.is_empty(), "processes left behind: {left:?}\n{log}");
@@ -410,6 +464,93 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         clean_exit,
         log,
         marker,
+    }
+}
+
+/// One HTTP request on a connection of its own: the reply's status (None: no reply, the
+/// node closed the connection or was busy).
+fn http_status(addr: &str, req: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(req.as_bytes()).ok()?;
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).ok()?;
+    String::from_utf8_lossy(&buf[..n])
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Threads that keep 40 sockets with unfinished 1,000-byte Hellos on a port, re-opening
+/// each shortly after it is closed.
+struct StartFlood {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl StartFlood {
+    fn new(port: u16) -> StartFlood {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut hello = evb_wire::FrameHeader::new(evb_wire::FrameType::Hello, 1000, 0, 0)
+            .encode()
+            .to_vec();
+        hello.resize(hello.len() + 999, 7);
+        let threads = (0..40)
+            .map(|_| {
+                let (stop, opened, hello) = (stop.clone(), opened.clone(), hello.clone());
+                std::thread::spawn(move || {
+                    let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut s) =
+                            std::net::TcpStream::connect_timeout(&to, Duration::from_millis(200))
+                        else {
+                            std::thread::sleep(Duration::from_millis(5));
+                            continue;
+                        };
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        let _ = s.write_all(&hello);
+                        let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+                        let mut b = [0u8; 256];
+                        while !stop.load(Ordering::Relaxed) {
+                            match s.read(&mut b) {
+                                Ok(0) => break,
+                                Err(e)
+                                    if !matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) =>
+                                {
+                                    break
+                                }
+                                _ => {}
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })
+            })
+            .collect();
+        StartFlood {
+            stop,
+            opened,
+            threads,
+        }
+    }
+
+    /// Stops the flood; how many sockets it opened.
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -454,7 +595,10 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     evm["lost"]
                 );
             }
-            if matches!(t.fault, Fault::SlowBu(_) | Fault::Flood) {
+            if matches!(
+                t.fault,
+                Fault::SlowBu(_) | Fault::Flood | Fault::HostileHttp | Fault::StartFlood
+            ) {
                 // back-pressure, a short freeze, hostile sockets: none of them is a loss
                 assert_eq!(evm["lost"], serde_json::json!([]), "{log}");
             }
@@ -508,7 +652,7 @@ fn faults_at_random_moments_keep_every_promise() {
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
     for k in 0..trials {
-        let fault = match rng.below(12) {
+        let fault = match rng.below(14) {
             0 => Fault::None,
             1 => Fault::KillBu,
             // below and above the heartbeat timeout (1 s)
@@ -521,6 +665,8 @@ fn faults_at_random_moments_keep_every_promise() {
             8 => Fault::SlowBu(200 + rng.below(400)),
             9 => Fault::Interrupt,
             10 => Fault::Flood,
+            11 => Fault::HostileHttp,
+            12 => Fault::StartFlood,
             _ if can_cut => Fault::CutLink,
             _ => Fault::KillBu,
         };
@@ -594,6 +740,16 @@ fn a_slow_bu_frozen_briefly_is_not_taken_for_lost() {
 #[test]
 fn stalled_unauthenticated_sockets_do_not_starve_evb_run() {
     fixed(Fault::Flood, Launch::Run, false, 1000);
+}
+
+#[test]
+fn a_hostile_http_client_changes_nothing_in_a_run_with_a_secret() {
+    fixed(Fault::HostileHttp, Launch::Run, false, 1000);
+}
+
+#[test]
+fn a_handshake_flood_from_before_the_start_does_not_stop_separate_nodes() {
+    fixed(Fault::StartFlood, Launch::Nodes, false, 0);
 }
 
 #[test]
