@@ -159,6 +159,9 @@ pub struct Assembler<B = Vec<u8>> {
     last: Option<u32>,
     stats: AssemblyStats,
     sync_warnings: SyncWarnings,
+    /// Bad fragments dropped (`on_error = "drop"`) not yet in a warning: the same rhythm as
+    /// the sync losses' (one line per few seconds with a count, not one per fragment).
+    drop_warnings: SyncWarnings,
 }
 
 impl<B: Body> Assembler<B> {
@@ -180,6 +183,7 @@ impl<B: Body> Assembler<B> {
             last: None,
             stats: AssemblyStats::default(),
             sync_warnings: SyncWarnings::default(),
+            drop_warnings: SyncWarnings::default(),
         }
     }
 
@@ -188,9 +192,10 @@ impl<B: Body> Assembler<B> {
         self.streams[stream].received
     }
 
-    /// Logs the flagged sync losses not yet in a warning (at the end of a run: none goes
-    /// unsaid).
+    /// Logs the flagged sync losses and dropped fragments not yet in a warning (at the end
+    /// of a run: none goes unsaid).
     pub fn flush_sync_warnings(&mut self) {
+        self.flush_drop_warnings();
         let w = &mut self.sync_warnings;
         if w.unreported == 0 {
             return;
@@ -384,10 +389,36 @@ impl<B: Body> Assembler<B> {
             BadFragment::Stop => Err(why.to_string()),
             BadFragment::Drop => {
                 self.stats.dropped += 1;
-                tracing::warn!("{why}: dropped, its event will be partial");
+                let w = &mut self.drop_warnings;
+                w.unreported += 1;
+                w.latest = why.to_string();
+                if w.last.is_none_or(|t| t.elapsed() >= SYNC_WARN_EVERY) {
+                    self.flush_drop_warnings();
+                }
                 Ok(())
             }
         }
+    }
+
+    /// Logs the dropped fragments not yet in a warning.
+    fn flush_drop_warnings(&mut self) {
+        let w = &mut self.drop_warnings;
+        if w.unreported == 0 {
+            return;
+        }
+        if w.last.is_none() && w.unreported == 1 {
+            tracing::warn!("{}: dropped, its event will be partial", w.latest);
+        } else {
+            tracing::warn!(
+                "{} more bad fragments dropped since the last warning ({} in all; their events \
+                 are partial); the latest: {}",
+                w.unreported,
+                self.stats.dropped,
+                w.latest
+            );
+        }
+        w.unreported = 0;
+        w.last = Some(Instant::now());
     }
 }
 

@@ -640,3 +640,41 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
         "{t}"
     );
 }
+
+/// A front-end whose every fragment fails its CRC, under `on_error = "drop"`: every event is
+/// built partial, and the log says so in a few lines with counts, not one line per dropped
+/// fragment (4,685 warnings here before).
+#[test]
+fn thousands_of_dropped_fragments_are_a_few_log_lines() {
+    let _one = one_at_a_time();
+    let Some((a, b)) = cms_files() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let mut data = std::fs::read(&b).unwrap();
+    let ranges = fed::split(&data).unwrap();
+    for r in &ranges {
+        // flip a bit of the trailer's CRC16 (bits 16..32 of the last word)
+        data[r.end - 8 + 2] ^= 1;
+    }
+    let bad = d.path().join("badcrc843.raw");
+    std::fs::write(&bad, &data).unwrap();
+    let to = addrs(2);
+    let toml = format!(
+        "[run]\nid = \"drops\"\nduration_s = 0\n[source]\nkind = \"stream\"\non_error = \"drop\"\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
+        list(&to)
+    );
+    let f = feed(&to, &[&a, &bad], &["--connect-timeout-s", "10"]);
+    let (out, s) = evb_run_in(d.path(), &toml);
+    let t = text(&out);
+    let _ = feed_output(f);
+    assert_eq!(s["run"]["evm"]["released"], EVENTS, "{t}");
+    assert_eq!(sum(&s, "rus", "dropped_at_source"), EVENTS, "{t}");
+    let lines = t.lines().filter(|l| l.contains("dropped")).count();
+    assert!(lines < 20, "{lines} lines about dropped fragments:\n{t}");
+    // the first is said at once, the rest summed up (at the latest at the run's end)
+    assert!(t.contains("dropped, its event will be partial"), "{t}");
+    assert!(
+        t.contains("more bad fragments dropped since the last warning"),
+        "{t}"
+    );
+}

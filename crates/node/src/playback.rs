@@ -24,7 +24,10 @@ impl Loader<'_> {
         match self.cfg.source.on_error {
             OnError::Stop => Err(format!("{}: {file}: {why}", self.me.id)),
             OnError::Drop => {
-                warn!(node = %self.me.id, "{file}: {why}: dropped, its event will be partial");
+                // the first few each, the rest in one line at the end of the load
+                if self.dropped < WARN_EACH {
+                    warn!(node = %self.me.id, "{file}: {why}: dropped, its event will be partial");
+                }
                 self.dropped += 1;
                 self.fragments.push(Recorded {
                     trigger_number: trigger,
@@ -85,6 +88,9 @@ impl Loader<'_> {
     }
 }
 
+/// Bad fragments of a recording warned about one by one; the rest are summed up in a line.
+const WARN_EACH: u64 = 10;
+
 /// Reads and checks every file of RU `me`.
 pub fn load(cfg: &Config, me: &NodeSpec) -> Result<Recording, String> {
     let mut l = Loader {
@@ -139,6 +145,14 @@ pub fn load(cfg: &Config, me: &NodeSpec) -> Result<Recording, String> {
                 }
             }
         }
+    }
+    if l.dropped > WARN_EACH {
+        warn!(
+            node = %me.id,
+            "{} more bad fragments dropped ({} in all): their events will be partial",
+            l.dropped - WARN_EACH,
+            l.dropped
+        );
     }
     if l.fragments.is_empty() {
         return Err(format!("{}: no fragments in {:?}", me.id, me.files));
