@@ -605,3 +605,100 @@ fn a_node_killed_before_it_registers_is_named_as_the_cause() {
     );
     assert!(!out.contains("exited with None"), "{out}");
 }
+
+/// The output disk fills up mid-run (a tmpfs the test mounts, filled by another file): the
+/// BUs hold their events and credits and say `sink blocked`; when the space returns they go
+/// on, and the run builds and writes every event once (docs/operations.md, "the output disk
+/// is full").
+#[test]
+fn a_full_output_disk_holds_the_events_until_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("out");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _m = Unmount(mnt.clone());
+    // all but ~3 MB taken: the run's ~16 MB of events cannot fit until the filler goes
+    let filler = mnt.join("filler");
+    std::fs::write(&filler, vec![7u8; 45 << 20]).unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nevents = 2000\nduration_s = 0\nstall_timeout_s = 30\n[fragments]\nsize = 4096\n\
+             [sink]\nkind = \"file\"\ndir = {:?}\n",
+            mnt.display().to_string()
+        ),
+    )
+    .unwrap();
+    let json = dir.path().join("summary.json");
+    let mut l = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = l.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("sink blocked") {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("no BU said `sink blocked` on a full disk");
+    // the disk stays full a while, then space returns
+    std::thread::sleep(Duration::from_millis(700));
+    std::fs::remove_file(&filler).unwrap();
+    let out = l.wait_with_output().unwrap();
+    let log = reader.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{log}");
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert!(log.contains("No space left on device"), "{log}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(s["run"]["evm"]["released"], 2000);
+    // every event is in the files, once
+    let ids: Vec<u64> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".evb"))
+        .flat_map(|e| {
+            evb_formats::events::EventFile::open(&e.path())
+                .unwrap()
+                .map(|ev| ev.unwrap().event_id)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(ids.len(), 2000, "events in the files");
+    assert_eq!(sorted.len(), 2000, "an event written twice");
+}
