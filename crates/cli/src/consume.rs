@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use evb_config::Config;
 use evb_formats::events::{parse_event, EventFileWriter, EVENT_CORRUPT, EVENT_TRIGGER_MISMATCH};
 use evb_wire::consumer::{
     proof_key, ConsumerHeader, ConsumerHello, ConsumerMsg, ProofRole, RefuseCode,
@@ -111,15 +110,8 @@ pub fn run(a: &ConsumeArgs) -> Result<bool, String> {
         .name
         .clone()
         .unwrap_or_else(|| format!("consume-{}", std::process::id()));
-    let cfg = match &a.config {
-        Some(p) => Some(Config::from_file(p).map_err(|e| e.to_string())?),
-        None => None,
-    };
-    let secret = cfg
-        .as_ref()
-        .and_then(|c| c.secret())
-        .or_else(|| std::env::var("EVB_SECRET").ok().filter(|s| !s.is_empty()))
-        .map(String::into_bytes);
+    let (cfg, secret) = crate::ctl::config_and_secret(a.config.as_deref())?;
+    let secret = secret.map(String::into_bytes);
     let run_id = a
         .run_id
         .clone()

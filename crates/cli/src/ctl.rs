@@ -64,8 +64,12 @@ enum CtlCmd {
     },
 }
 
-fn resolve(a: &CtlArgs) -> Result<Api, String> {
-    let cfg = match &a.config {
+/// The configuration a client command was given (`--config`), and the run's secret: from
+/// it, or from `EVB_SECRET` without one.
+pub(crate) fn config_and_secret(
+    path: Option<&std::path::Path>,
+) -> Result<(Option<Config>, Option<String>), String> {
+    let cfg = match path {
         Some(p) => Some(Config::from_file(p).map_err(|e| e.to_string())?),
         None => None,
     };
@@ -73,6 +77,11 @@ fn resolve(a: &CtlArgs) -> Result<Api, String> {
         .as_ref()
         .and_then(|c| c.secret())
         .or_else(|| std::env::var("EVB_SECRET").ok().filter(|s| !s.is_empty()));
+    Ok((cfg, secret))
+}
+
+fn resolve(a: &CtlArgs) -> Result<Api, String> {
+    let (cfg, secret) = config_and_secret(a.config.as_deref())?;
     let token = secret.map(|s| evb_control::control_token(s.as_bytes()));
     let from_cfg = cfg.as_ref().and_then(|c| {
         let evm = c.nodes().into_iter().next()?;

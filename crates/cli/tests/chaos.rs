@@ -15,7 +15,7 @@
 //! that no process, temporary output file or resolved configuration is left behind.
 
 mod common;
-use common::{chaos_seed, free_base_port, Rng, EVB};
+use common::{chaos_seed, free_base_port, HelloFlood, Rng, EVB};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -275,7 +275,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let json = dir.join("summary.json");
     let mut kids: BTreeMap<String, Child> = BTreeMap::new();
     // the start-up flood is there before any node listens, until the run is over
-    let start_flood = (t.fault == Fault::StartFlood).then(|| StartFlood::new(base));
+    let start_flood = (t.fault == Fault::StartFlood).then(|| HelloFlood::start(base, 40));
     let launcher = match t.launch {
         Launch::Run => Some(
             Command::new(EVB)
@@ -481,77 +481,6 @@ fn http_status(addr: &str, req: &str) -> Option<u16> {
         .nth(1)?
         .parse()
         .ok()
-}
-
-/// Threads that keep 40 sockets with unfinished 1,000-byte Hellos on a port, re-opening
-/// each shortly after it is closed.
-struct StartFlood {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl StartFlood {
-    fn new(port: u16) -> StartFlood {
-        use std::io::{Read, Write};
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let opened = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let mut hello = evb_wire::FrameHeader::new(evb_wire::FrameType::Hello, 1000, 0, 0)
-            .encode()
-            .to_vec();
-        hello.resize(hello.len() + 999, 7);
-        let threads = (0..40)
-            .map(|_| {
-                let (stop, opened, hello) = (stop.clone(), opened.clone(), hello.clone());
-                std::thread::spawn(move || {
-                    let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-                    while !stop.load(Ordering::Relaxed) {
-                        let Ok(mut s) =
-                            std::net::TcpStream::connect_timeout(&to, Duration::from_millis(200))
-                        else {
-                            std::thread::sleep(Duration::from_millis(5));
-                            continue;
-                        };
-                        opened.fetch_add(1, Ordering::Relaxed);
-                        let _ = s.write_all(&hello);
-                        let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
-                        let mut b = [0u8; 256];
-                        while !stop.load(Ordering::Relaxed) {
-                            match s.read(&mut b) {
-                                Ok(0) => break,
-                                Err(e)
-                                    if !matches!(
-                                        e.kind(),
-                                        std::io::ErrorKind::WouldBlock
-                                            | std::io::ErrorKind::TimedOut
-                                    ) =>
-                                {
-                                    break
-                                }
-                                _ => {}
-                            }
-                        }
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                })
-            })
-            .collect();
-        StartFlood {
-            stop,
-            opened,
-            threads,
-        }
-    }
-
-    /// Stops the flood; how many sockets it opened.
-    fn stop(self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for t in self.threads {
-            let _ = t.join();
-        }
-        self.opened.load(std::sync::atomic::Ordering::Relaxed)
-    }
 }
 
 fn check(t: &Trial, o: &Outcome, dir: &Path) {

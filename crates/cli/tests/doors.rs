@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::up::Up;
-use common::{chaos_seed, free_base_port, text, Rng, EVB};
+use common::{chaos_seed, free_base_port, text, HelloFlood, Rng, EVB};
 use serde_json::{json, Value};
 
 /// One raw HTTP/1.1 request (so that every header is the test's own, as an attacker's
@@ -357,58 +357,13 @@ fn slow_unfinished_http_requests_cannot_take_a_nodes_descriptors() {
 /// `only 0 of 4 connections up after 10 s` with every node exiting 1.
 #[test]
 fn a_handshake_flood_at_start_up_does_not_keep_the_nodes_apart() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
     let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
     eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
     let mut rng = Rng(seed | 1);
     let base = free_base_port(5);
-    let stop = Arc::new(AtomicBool::new(false));
-    let opened = Arc::new(AtomicU64::new(0));
-    let hello = {
-        let mut v = evb_wire::FrameHeader::new(evb_wire::FrameType::Hello, 1000, 0, 0)
-            .encode()
-            .to_vec();
-        v.resize(v.len() + 999, 7);
-        v
-    };
-    let mut flood = Vec::new();
-    for port in [base, base + 3] {
-        // more than the places of one IP (scaled to this 5-node topology: 18)
-        for _ in 0..40 {
-            let (stop, opened, hello) = (stop.clone(), opened.clone(), hello.clone());
-            flood.push(std::thread::spawn(move || {
-                let to: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(mut s) = TcpStream::connect_timeout(&to, Duration::from_millis(200))
-                    else {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    };
-                    opened.fetch_add(1, Ordering::Relaxed);
-                    let _ = s.write_all(&hello);
-                    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
-                    let mut b = [0u8; 256];
-                    while !stop.load(Ordering::Relaxed) {
-                        match s.read(&mut b) {
-                            Ok(0) => break,
-                            Err(e)
-                                if !matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                ) =>
-                            {
-                                break
-                            }
-                            _ => {}
-                        }
-                    }
-                    // back again soon (not in a tight loop: a CPU hog is not this test's point)
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }));
-        }
-    }
+    // on the EVM's and bu0's data ports, more than the places of one IP (scaled to this
+    // 5-node topology: 18)
+    let floods = [HelloFlood::start(base, 40), HelloFlood::start(base + 3, 40)];
     std::thread::sleep(Duration::from_millis(rng.below(1000)));
     let dir = tempfile::tempdir().unwrap();
     let (out, s) = common::evb_run_in(
@@ -418,18 +373,9 @@ fn a_handshake_flood_at_start_up_does_not_keep_the_nodes_apart() {
              [topology]\nbase_port = {base}\n"
         ),
     );
-    stop.store(true, Ordering::Relaxed);
-    for t in flood {
-        let _ = t.join();
-    }
-    eprintln!(
-        "doors: the flood opened {} sockets",
-        opened.load(Ordering::Relaxed)
-    );
-    assert!(
-        opened.load(Ordering::Relaxed) >= 32,
-        "the flood never got in"
-    );
+    let opened: u64 = floods.into_iter().map(HelloFlood::stop).sum();
+    eprintln!("doors: the flood opened {opened} sockets");
+    assert!(opened >= 80, "the flood never got in");
     common::assert_exact(&out, &s, 3000, 2, 2);
     // a flood is a few lines with counts, not one per socket
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -515,17 +461,7 @@ fn a_killed_launcher_leaves_no_secret_behind() {
         .spawn()
         .unwrap();
     let marker = format!("evb-run-{}-", l.id());
-    let nodes = || -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
-            })
-            .collect()
-    };
+    let nodes = || common::pids_with(&marker, "");
     let t0 = Instant::now();
     while nodes().len() < 5 {
         assert!(
@@ -577,18 +513,8 @@ fn a_node_killed_before_it_registers_is_named_as_the_cause() {
     let want = format!("evb-run-{}-", l.id());
     let t0 = Instant::now();
     let pid = loop {
-        let found = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .find(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
-                    c.contains(&want) && c.contains("--id bu1 ")
-                })
-            });
-        if let Some(p) = found {
-            break p;
+        if let Some(p) = common::pids_with(&want, "--id bu1 ").first() {
+            break *p;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "bu1 never started");
     };

@@ -1082,6 +1082,10 @@ mod tests {
     }
 
     fn sink(hold: usize) -> ServeSink {
+        sink_of(hold, None)
+    }
+
+    fn sink_of(hold: usize, secret: Option<&str>) -> ServeSink {
         ServeSink::start(ServeOptions {
             listen: "127.0.0.1:0".into(),
             run_id: "r".into(),
@@ -1091,7 +1095,7 @@ mod tests {
             hold,
             ack_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(1),
-            secret: None,
+            secret: secret.map(|s| s.as_bytes().to_vec()),
         })
         .unwrap()
     }
@@ -1230,18 +1234,7 @@ mod tests {
     }
 
     fn sink_with(secret: Option<&str>) -> ServeSink {
-        ServeSink::start(ServeOptions {
-            listen: "127.0.0.1:0".into(),
-            run_id: "r".into(),
-            bu_id: "bu0".into(),
-            bu_index: 0,
-            max_held: 8,
-            hold: 8,
-            ack_timeout: Duration::from_secs(10),
-            drain_timeout: Duration::from_secs(1),
-            secret: secret.map(|s| s.as_bytes().to_vec()),
-        })
-        .unwrap()
+        sink_of(8, secret)
     }
 
     fn hello(nonce: u64) -> ConsumerMsg {

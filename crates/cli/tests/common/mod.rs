@@ -152,3 +152,93 @@ pub fn chaos_seed(trials_var: &str, default: u64) -> (u64, u64) {
         .unwrap_or(default);
     (seed, trials)
 }
+
+/// Threads that keep `sockets` sockets on 127.0.0.1 with unfinished 1,000-byte data-port
+/// Hellos on a port, re-opening each shortly after it is closed (not in a tight loop: a CPU
+/// hog is not what these tests are about), until stopped.
+pub struct HelloFlood {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl HelloFlood {
+    pub fn start(port: u16, sockets: usize) -> HelloFlood {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut hello = evb_wire::FrameHeader::new(evb_wire::FrameType::Hello, 1000, 0, 0)
+            .encode()
+            .to_vec();
+        hello.resize(hello.len() + 999, 7);
+        let threads = (0..sockets)
+            .map(|_| {
+                let (stop, opened, hello) = (stop.clone(), opened.clone(), hello.clone());
+                std::thread::spawn(move || {
+                    let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut s) = std::net::TcpStream::connect_timeout(
+                            &to,
+                            std::time::Duration::from_millis(200),
+                        ) else {
+                            std::thread::sleep(std::time::Duration::from_millis(5));
+                            continue;
+                        };
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        let _ = s.write_all(&hello);
+                        let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(100)));
+                        let mut b = [0u8; 256];
+                        while !stop.load(Ordering::Relaxed) {
+                            match s.read(&mut b) {
+                                Ok(0) => break,
+                                Err(e)
+                                    if !matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) =>
+                                {
+                                    break
+                                }
+                                _ => {}
+                            }
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                })
+            })
+            .collect();
+        HelloFlood {
+            stop,
+            opened,
+            threads,
+        }
+    }
+
+    /// Stops the flood; how many sockets it opened.
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Pids of the live processes whose command line holds `marker` and `also` (e.g. the
+/// launcher's tag `evb-run-<pid>-` and `--id bu1 `).
+pub fn pids_with(marker: &str, also: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                c.contains(marker) && c.contains(also)
+            })
+        })
+        .collect()
+}
