@@ -45,6 +45,22 @@ fn raw(
     (status, reply)
 }
 
+/// Starts `evb run --quiet` on `toml`, written to `dir/run.toml`, with its JSON summary to
+/// `dir/summary.json`; stdout and stderr piped.
+fn spawn_run(dir: &std::path::Path, toml: &str) -> std::process::Child {
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(dir.join("summary.json"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn addr_of(url: &str) -> String {
     url.trim_start_matches("http://")
         .trim_end_matches('/')
@@ -416,15 +432,10 @@ fn ctrl_c_at_start_up_ends_the_run_cleanly() {
         // from 50 ms: before that the launcher may not have started to watch for signals
         let at = if trial == 0 { 50 } else { 50 + rng.below(350) };
         let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("run.toml");
-        std::fs::write(&cfg, "[run]\nduration_s = 20\n[fragments]\nsize = 4096\n").unwrap();
-        let l = Command::new(EVB)
-            .args(["run", "--quiet", "--config"])
-            .arg(&cfg)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let l = spawn_run(
+            dir.path(),
+            "[run]\nduration_s = 20\n[fragments]\nsize = 4096\n",
+        );
         std::thread::sleep(Duration::from_millis(at));
         // SAFETY: kill(2) with a pid of a child of this process and a valid signal.
         unsafe { libc::kill(l.id() as i32, libc::SIGINT) };
@@ -447,19 +458,10 @@ fn ctrl_c_at_start_up_ends_the_run_cleanly() {
 fn a_killed_launcher_leaves_no_secret_behind() {
     let secret = format!("secret-{}-{}", std::process::id(), common::clock_seed());
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("run.toml");
-    std::fs::write(
-        &cfg,
-        format!("[run]\nduration_s = 20\nsecret = \"{secret}\"\n[fragments]\nsize = 4096\n"),
-    )
-    .unwrap();
-    let mut l = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut l = spawn_run(
+        dir.path(),
+        &format!("[run]\nduration_s = 20\nsecret = \"{secret}\"\n[fragments]\nsize = 4096\n"),
+    );
     let marker = format!("evb-run-{}-", l.id());
     let nodes = || common::pids_with(&marker, "");
     let t0 = Instant::now();
@@ -501,15 +503,10 @@ fn a_killed_launcher_leaves_no_secret_behind() {
 #[test]
 fn a_node_killed_before_it_registers_is_named_as_the_cause() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("run.toml");
-    std::fs::write(&cfg, "[run]\nduration_s = 5\n[fragments]\nsize = 4096\n").unwrap();
-    let l = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let l = spawn_run(
+        dir.path(),
+        "[run]\nduration_s = 5\n[fragments]\nsize = 4096\n",
+    );
     let want = format!("evb-run-{}-", l.id());
     let t0 = Instant::now();
     let pid = loop {
@@ -560,26 +557,15 @@ fn a_full_output_disk_holds_the_events_until_space_returns() {
     // all but ~3 MB taken: the run's ~16 MB of events cannot fit until the filler goes
     let filler = mnt.join("filler");
     std::fs::write(&filler, vec![7u8; 45 << 20]).unwrap();
-    let cfg = dir.path().join("run.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let mut l = spawn_run(
+        dir.path(),
+        &format!(
             "[run]\nevents = 2000\nduration_s = 0\nstall_timeout_s = 30\n[fragments]\nsize = 4096\n\
              [sink]\nkind = \"file\"\ndir = {:?}\n",
             mnt.display().to_string()
         ),
-    )
-    .unwrap();
+    );
     let json = dir.path().join("summary.json");
-    let mut l = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     let stderr = l.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
