@@ -105,6 +105,12 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
             None if is_down(format!("ru[{i}]")) => {}
             None => p.push(format!("ru[{i}] did not report")),
             Some(s) => {
+                if !s.silent_streams.is_empty() {
+                    p.push(format!(
+                        "ru[{i}]: no fragment in the whole run from {}",
+                        s.silent_streams.join(", ")
+                    ));
+                }
                 if s.fragments_sent != t {
                     p.push(format!(
                         "ru[{i}] sent {} fragments for {t} events",

@@ -58,6 +58,10 @@ pub struct RuStats {
     /// Live feed: fragments received and not sent in any event (at the end of a run: streams
     /// that sent more than another stream, of this RU or another, before the run ended).
     pub stream_fragments_unbuilt: u64,
+    /// Live feed: the streams that had delivered no fragment when the run stopped. Not
+    /// empty, the run built nothing of theirs: the verdict names them, whoever judges it
+    /// (`evb run`, or a standalone EVM whose RUs run elsewhere).
+    pub silent_streams: Vec<String>,
 }
 
 /// Most fragment bytes one `poll` makes (a few milliseconds of work).
@@ -227,6 +231,7 @@ impl Ru {
                 s.sync_losses = f.stats.sync_losses;
                 s.waiting_for = f.stats.waiting_for.clone();
                 s.stream_fragments_unbuilt = f.unbuilt();
+                s.silent_streams = f.stats.silent.clone();
             }
             Source::Generator(_) => {}
         }

@@ -56,6 +56,8 @@ pub struct LiveStats {
     pub waiting_for: Vec<String>,
     /// Fragments received and not in any event supplied (at the end: they belong to no event).
     pub unbuilt: u64,
+    /// Streams that have delivered no fragment yet, named (empty: every one has).
+    pub silent: Vec<String>,
 }
 
 impl LiveFeed {

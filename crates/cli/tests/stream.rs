@@ -536,6 +536,13 @@ fn a_stream_that_never_delivers_fails_the_run_naming_it() {
         let verdict = verdict.split("VERDICT").nth(1).unwrap_or_default();
         assert!(verdict.contains("stream 1 (source 843"), "{case}: {t}");
         if case != "probe" {
+            // the EVM's own verdict names it too, from the RU's report (so a standalone EVM,
+            // whose RUs run on other hosts, does not call the run OK)
+            let problems = s["problems"].to_string();
+            assert!(
+                problems.contains("ru[0]: no fragment in the whole run from stream 1 (source 843"),
+                "{case}: {problems}"
+            );
             // what stream 0 sent is counted all the same
             assert_eq!(ru_stat(&s, "ru0", "stream_fragments_received"), 300, "{t}");
             assert_eq!(ru_stat(&s, "ru0", "stream_fragments_unbuilt"), 300, "{t}");

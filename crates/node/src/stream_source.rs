@@ -455,8 +455,13 @@ impl StreamSource {
             }
             waiting.push(line);
         }
+        let silent: Vec<String> = (0..self.links.len())
+            .filter(|&i| self.assembler.received(i) == 0)
+            .map(|i| self.assembler.describe(i))
+            .collect();
         if let Some(feed) = ru.live_mut() {
             feed.stats.waiting_for = waiting;
+            feed.stats.silent = silent;
         }
     }
 
