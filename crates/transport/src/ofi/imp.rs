@@ -324,6 +324,9 @@ pub(crate) struct Ofi {
     /// Send completions handled so far: queue space freed, so `poll` returns and the caller
     /// may send more (as a writable socket does for `tcp`).
     sends_done: u64,
+    /// Incoming connections that may be handshaking at once (`Admission::total`, scaled to
+    /// the topology by `expect_peers`).
+    handshake_room: usize,
 }
 
 // SAFETY: the raw pointers inside (libfabric objects opened with FI_THREAD_DOMAIN, and piece
@@ -392,6 +395,7 @@ impl Ofi {
             pieces: Vec::new(),
             completions: 0,
             sends_done: 0,
+            handshake_room: Admission::default().total,
         })
     }
 
@@ -710,7 +714,7 @@ impl Ofi {
                     .values()
                     .filter(|c| c.accepted.is_some() && !c.admitted)
                     .count();
-                if waiting >= Admission::default().total {
+                if waiting >= self.handshake_room {
                     warn!(
                         waiting,
                         "refusing a libfabric connection: too many connections still handshaking"
@@ -925,6 +929,10 @@ impl Ofi {
 }
 
 impl Transport for Ofi {
+    fn expect_peers(&mut self, peers: usize) {
+        self.handshake_room = Admission::for_peers(peers).total;
+    }
+
     fn listen(&mut self, addr: &str) -> Result<String, TransportError> {
         let info = self.getinfo(addr, true)?;
         let id = self.id();
