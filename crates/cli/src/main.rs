@@ -196,6 +196,18 @@ fn memory_check(who: &str, r: Result<Option<String>, evb_config::ConfigError>) -
     }
 }
 
+/// Descriptor `fd`, handed to this process by its launcher (`--listen-fd`), owned from now on.
+fn inherited_fd(fd: std::os::fd::RawFd) -> Result<std::os::fd::OwnedFd, String> {
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails on one that is not open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        return Err("no such open file descriptor".into());
+    }
+    // SAFETY: the launcher handed this descriptor to this process for exactly this use (it is
+    // open, checked above), and nothing else in the process knows its number: this is its
+    // only owner.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
@@ -277,7 +289,9 @@ fn main() -> ExitCode {
             for spec in &a.listen_fd {
                 let adopted = match spec.rsplit_once('=') {
                     Some((addr, fd)) => match fd.parse() {
-                        Ok(fd) => evb_transport::inherited::adopt(addr, fd),
+                        Ok(fd) => inherited_fd(fd)
+                            .map_err(|e| format!("--listen-fd {spec}: {e}"))
+                            .and_then(|fd| evb_transport::inherited::adopt(addr, fd)),
                         Err(_) => Err(format!("--listen-fd {spec}: FD is not a number")),
                     },
                     None => Err(format!("--listen-fd {spec}: expected ADDR=FD")),

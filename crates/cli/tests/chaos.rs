@@ -653,6 +653,19 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
     };
     let dir = tempfile::tempdir().unwrap();
     let o = run_trial(&t, dir.path());
+    // a regression is only shown if its fault landed on a live process (the random
+    // campaign may meet a node already gone; a fixed trial must not)
+    for missed in [
+        "was already gone",
+        "link not cut",
+        "no flood socket connected",
+    ] {
+        assert!(
+            !o.log.contains(missed),
+            "the fault did not land ({missed}):\n{}",
+            o.log
+        );
+    }
     check(&t, &o, dir.path());
 }
 

@@ -416,6 +416,46 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
     let (code, body) = curl(&["-H", &auth], "/api/v1/status");
     assert_eq!(code, "200", "{body}");
     assert!(body.contains("\"state\":\"ready\""), "{body}");
+    // the token does not make a forged Origin, a rebinding Host or a form post acceptable
+    let (code, body) = curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            &auth,
+            "-H",
+            "Origin: http://evil.example",
+        ],
+        "/api/v1/start",
+    );
+    assert_eq!(code, "403", "{body}");
+    let (code, body) = curl(
+        &["-H", &auth, "-H", "Host: rebind.evil.example"],
+        "/api/v1/status",
+    );
+    assert_eq!(code, "403", "{body}");
+    let (code, body) = curl(
+        &[
+            "-X",
+            "POST",
+            "-H",
+            &auth,
+            "-H",
+            "Content-Type: text/plain",
+            "--data",
+            "{}",
+        ],
+        "/api/v1/start",
+    );
+    assert_eq!(code, "415", "{body}");
+    let (code, _) = curl(
+        &["-X", "POST", "--data-binary", "@/dev/null"],
+        "/api/v1/configure",
+    );
+    assert_eq!(
+        code, "401",
+        "an unauthenticated configure from another namespace"
+    );
     // evb ctl from the other namespace computes the token from the secret
     let ctl = Command::new("ip")
         .args([

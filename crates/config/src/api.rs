@@ -47,7 +47,7 @@ mod tests {
     }
 
     #[test]
-    fn an_api_source_needs_no_ru_entries_and_ends_with_its_producer() {
+    fn an_api_source_and_an_api_sink_need_no_ru_entries() {
         api().validate().unwrap();
         let mut c = api();
         c.sink.kind = SinkKind::Api;

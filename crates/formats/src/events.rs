@@ -42,6 +42,10 @@ pub enum EventFileError {
         offset: u64,
         reason: String,
     },
+    /// A failed write could not be undone (the file could not be cut back to its last whole
+    /// event): nothing more may be written to it, and retrying will not mend it.
+    #[error("{path}: {reason}")]
+    Damaged { path: String, reason: String },
 }
 
 /// The metadata file written beside each data file once it is complete.
@@ -143,6 +147,8 @@ pub struct EventFileWriter {
     crc: u32,
     /// `finish` got as far as renaming the data file (it may be called again after an error).
     renamed: bool,
+    /// Why the file can no longer be written (a failed write that could not be cut back).
+    damaged: Option<String>,
 }
 
 impl EventFileWriter {
@@ -188,6 +194,7 @@ impl EventFileWriter {
             good: 0,
             crc: 0,
             renamed: false,
+            damaged: None,
         };
         let h = file_header(run, bu, sequence);
         if let Err(e) = w.put(&h).and_then(|_| w.writer().flush()) {
@@ -260,6 +267,17 @@ impl EventFileWriter {
         self.meta.bytes
     }
 
+    /// An error if the file is damaged (see [`EventFileError::Damaged`]).
+    fn check_whole(&self) -> Result<(), EventFileError> {
+        match &self.damaged {
+            Some(reason) => Err(EventFileError::Damaged {
+                path: self.tmp.display().to_string(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Appends one event and flushes it to the file. On failure (a full disk) the file is
     /// cut back to the last complete event, so the call can simply be repeated later.
     pub fn write_event(
@@ -269,6 +287,7 @@ impl EventFileWriter {
         flags: u16,
         fragments: &[(FragmentHeader, &Chain)],
     ) -> Result<(), EventFileError> {
+        self.check_whole()?;
         let (crc_before, meta_before) = (self.crc, self.meta.clone());
         let r = (|| -> std::io::Result<()> {
             self.put(&event_header(event_id, trigger, flags, fragments))?;
@@ -311,8 +330,16 @@ impl EventFileWriter {
                 let cap = out.capacity();
                 let (mut file, _unwritten) = out.into_parts();
                 use std::io::Seek;
-                let _ = file.set_len(self.good);
-                let _ = file.seek(std::io::SeekFrom::Start(self.good));
+                if let Err(e) = file
+                    .set_len(self.good)
+                    .and_then(|_| file.seek(std::io::SeekFrom::Start(self.good)).map(|_| ()))
+                {
+                    // the next event would land at an unknown offset: refuse every later write
+                    self.damaged = Some(format!(
+                        "after a failed write ({source}) the file could not be cut back to byte {}: {e}",
+                        self.good
+                    ));
+                }
                 self.out = Some(BufWriter::with_capacity(cap, file));
                 Err(EventFileError::Io {
                     path: self.tmp.display().to_string(),
@@ -326,6 +353,7 @@ impl EventFileWriter {
     /// fails is refused and nothing is written). For a consumer that received events in this
     /// layout (the consumer protocol's Event frame) and writes them as they came.
     pub fn write_record(&mut self, record: &[u8]) -> Result<(), EventFileError> {
+        self.check_whole()?;
         let ev = parse_event(record).map_err(|reason| EventFileError::Bad {
             path: self.tmp.display().to_string(),
             offset: self.meta.bytes,
@@ -350,6 +378,8 @@ impl EventFileWriter {
             move |source| EventFileError::Io { path: p, source }
         };
         if !self.renamed {
+            // a damaged file holds bytes at unknown offsets: it is never completed
+            self.check_whole()?;
             self.writer().flush().map_err(io(&self.tmp))?;
             self.writer().get_ref().sync_data().map_err(io(&self.tmp))?;
             if self.path.exists() {
@@ -554,5 +584,40 @@ impl Iterator for EventFile {
                 }))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod damaged_tests {
+    use super::*;
+
+    /// A file whose failed write could not be cut back takes no more events and is never
+    /// completed: every later call says why, instead of writing at an unknown offset.
+    #[test]
+    fn a_damaged_file_refuses_every_later_write_and_its_completion() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = EventFileWriter::create(dir.path(), "r", 0, 1).unwrap();
+        let pool = evb_buffers::Pool::new("t", 4096, 2);
+        let mut block = pool.try_alloc().unwrap();
+        let payload = Chain::from_slice(block.append(&[1u8; 16]).unwrap());
+        let h = FragmentHeader {
+            event_id: 0,
+            trigger_number: 0,
+            source_id: 1,
+            flags: 0,
+            payload_size: 16,
+            payload_crc: crc32c::crc32c(&[1u8; 16]),
+        };
+        w.write_event(0, 0, 0, &[(h, &payload)]).unwrap();
+        w.damaged = Some("cut back failed".into());
+        let damaged = |e: EventFileError| matches!(e, EventFileError::Damaged { .. });
+        assert!(damaged(
+            w.write_event(1, 1, 0, &[(h, &payload)]).unwrap_err()
+        ));
+        assert!(damaged(w.finish().unwrap_err()));
+        assert!(
+            !dir.path().join(w.name()).exists(),
+            "a damaged file was completed"
+        );
     }
 }

@@ -185,7 +185,9 @@ fn fragments_arrive_in_receive_pool_blocks_without_copy() {
     a.send_fragment(conn, &chain).unwrap();
     a.flush_due(Instant::now());
     let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
     while got.is_empty() {
+        assert!(Instant::now() < deadline, "the fragment never arrived");
         b.poll(&mut got, Some(Duration::from_millis(10))).unwrap();
         got.retain(|e| matches!(e, Incoming::Received { .. }));
     }

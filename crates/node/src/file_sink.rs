@@ -173,6 +173,10 @@ impl Sink for FileSink {
                 f.pending.push_back((ev.event_id, f.w.mark()));
                 Ok(())
             }
+            // a write that could not be undone will not mend by retrying: fail loudly
+            Err(e @ evb_formats::events::EventFileError::Damaged { .. }) => {
+                Err(SinkError::Fatal(e.to_string()))
+            }
             Err(e) => {
                 self.busy += 1;
                 Err(SinkError::Busy(e.to_string()))

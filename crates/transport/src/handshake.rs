@@ -135,7 +135,15 @@ impl Handshake {
                         return refuse(RejectCode::Other, e, send);
                     }
                 };
-                let ack = local.encode().unwrap_or_default();
+                // an empty HelloAck would be a protocol error at the peer: say why instead
+                let ack = match local.encode() {
+                    Ok(ack) => ack,
+                    Err(e) => {
+                        let reason = format!("cannot encode this node's HelloAck: {e}");
+                        warn!(peer = %addr, "{reason}");
+                        return refuse(RejectCode::Other, reason, send);
+                    }
+                };
                 send.push((FrameType::HelloAck, ack.clone()));
                 match secret {
                     Some(secret) => {

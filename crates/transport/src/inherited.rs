@@ -10,32 +10,29 @@
 //! each time.
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
 static OFFERED: Mutex<Vec<(SocketAddr, TcpListener)>> = Mutex::new(Vec::new());
 
-/// Takes over file descriptor `fd`, a listening TCP socket bound to `addr`, for this
-/// process's listeners. Refuses an fd that is not open, not a socket, or bound elsewhere.
-pub fn adopt(addr: &str, fd: RawFd) -> Result<(), String> {
+/// Takes over `fd`, a listening TCP socket bound to `addr`, for this process's listeners.
+/// Refuses (and closes) one that is not a socket or is bound elsewhere. The caller owns the
+/// descriptor already (see `evb node --listen-fd`: it checks that the number is open before
+/// taking it), so this function has nothing unsafe to trust.
+pub fn adopt(addr: &str, fd: OwnedFd) -> Result<(), String> {
+    let raw = fd.as_raw_fd();
     let want: SocketAddr = addr
         .parse()
-        .map_err(|_| format!("--listen-fd {addr}={fd}: not an address with a port"))?;
-    // SAFETY: F_GETFD only reads the descriptor's flags; it fails on a descriptor that is
-    // not open, which is checked before anything takes ownership of it.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    if flags == -1 {
-        return Err(format!(
-            "--listen-fd {addr}={fd}: no such open file descriptor"
-        ));
-    }
+        .map_err(|_| format!("--listen-fd {addr}={raw}: not an address with a port"))?;
     // Close it on exec again: programs this node starts (plug-ins) must not hold the port.
-    // SAFETY: as above, on a descriptor just found open; only its flags change.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
-    // SAFETY: the launcher handed this descriptor to this process for exactly this use (it
-    // is open, checked above), and nothing else in the process knows its number: owning it
-    // here is the only ownership.
-    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    // SAFETY: fcntl on a descriptor this function owns; only its flags change.
+    unsafe {
+        let flags = libc::fcntl(raw, libc::F_GETFD);
+        if flags != -1 {
+            libc::fcntl(raw, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+        }
+    }
+    let l = TcpListener::from(fd);
     match l.local_addr() {
         Ok(got) if got == want => {
             OFFERED
@@ -45,15 +42,11 @@ pub fn adopt(addr: &str, fd: RawFd) -> Result<(), String> {
             Ok(())
         }
         Ok(got) => Err(format!(
-            "--listen-fd {addr}={fd}: the socket is bound to {got}, not {want}"
+            "--listen-fd {addr}={raw}: the socket is bound to {got}, not {want}"
         )),
-        Err(e) => {
-            // not a socket: leave the descriptor as it was found
-            std::mem::forget(l);
-            Err(format!(
-                "--listen-fd {addr}={fd}: not a listening socket ({e})"
-            ))
-        }
+        Err(e) => Err(format!(
+            "--listen-fd {addr}={raw}: not a listening socket ({e})"
+        )),
     }
 }
 
@@ -70,14 +63,12 @@ pub fn listener(addr: SocketAddr) -> Option<std::io::Result<TcpListener>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::IntoRawFd;
 
     #[test]
     fn an_adopted_socket_is_listened_on_again_and_again_without_binding() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let fd = l.into_raw_fd();
-        adopt(&addr.to_string(), fd).unwrap();
+        adopt(&addr.to_string(), OwnedFd::from(l)).unwrap();
         // the port stays taken: binding it again would fail, the adopted socket serves
         assert!(TcpListener::bind(addr).is_err());
         for _ in 0..2 {
@@ -92,20 +83,15 @@ mod tests {
 
     #[test]
     fn descriptors_that_are_not_the_named_listener_are_refused() {
-        let e = adopt("127.0.0.1:1", 1_000_000).unwrap_err();
-        assert!(e.contains("no such open file descriptor"), "{e}");
-        let e = adopt("nonsense", 0).unwrap_err();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = adopt("nonsense", OwnedFd::from(l)).unwrap_err();
         assert!(e.contains("not an address"), "{e}");
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = l.local_addr().unwrap();
-        let fd = l.into_raw_fd();
-        let e = adopt("127.0.0.1:2", fd).unwrap_err();
+        let e = adopt("127.0.0.1:2", OwnedFd::from(l)).unwrap_err();
         assert!(e.contains(&format!("bound to {at}")), "{e}");
         let f = std::fs::File::open("/proc/self/status").unwrap();
-        let fd = f.into_raw_fd();
-        let e = adopt("127.0.0.1:3", fd).unwrap_err();
+        let e = adopt("127.0.0.1:3", OwnedFd::from(f)).unwrap_err();
         assert!(e.contains("not a listening socket"), "{e}");
-        // SAFETY: the file's descriptor, given up above and not taken by `adopt`.
-        drop(unsafe { std::fs::File::from_raw_fd(fd) });
     }
 }

@@ -1530,10 +1530,8 @@ mod tests {
             .unwrap();
         if seals != 0 {
             // SAFETY: F_ADD_SEALS on our own memfd with an integer argument.
-            assert_eq!(
-                unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
-                0
-            );
+            let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+            assert_eq!(sealed, 0);
         }
         fd
     }

@@ -370,10 +370,8 @@ mod tests {
         let (a, b) = seqpacket_pair();
         let mut p = [0; 2];
         // SAFETY: `p` has room for the pipe's two descriptors.
-        assert_eq!(
-            unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) },
-            0
-        );
+        let made = unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        assert_eq!(made, 0);
         // SAFETY: fresh descriptors that nothing else owns.
         let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
         // three copies of the write end in one message
