@@ -1,0 +1,604 @@
+//! The schema: every section of a configuration file as a struct, each key a field with
+//! its meaning, and the defaults a key left out takes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::net::AllowedNet;
+use crate::stream::{OnSyncLoss, StreamFormat};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub run: RunSection,
+    pub fragments: FragmentSection,
+    pub builder: BuilderSection,
+    pub buffers: BufferSection,
+    pub messaging: MessagingSection,
+    pub traffic: TrafficSection,
+    pub transport: TransportSection,
+    pub topology: TopologySection,
+    pub evm: EvmSection,
+    pub source: SourceSection,
+    pub sink: SinkSection,
+    pub control: ControlSection,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ru: Vec<RuSection>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bu: Vec<BuSection>,
+    /// CPUs each node may run on, by node id (`evm = [0]`, `bu1 = [2, 3]`); nodes not listed
+    /// run wherever the system puts them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub affinity: BTreeMap<String, Vec<usize>>,
+    /// Addresses a node learnt at start rather than read from the file (discovery: its
+    /// own bound listener), by node id; never written to or read from TOML.
+    #[serde(skip)]
+    pub learnt: BTreeMap<String, String>,
+}
+
+/// CPU numbers an affinity list may name (the kernel's `CPU_SETSIZE`).
+pub const MAX_CPUS: usize = 1024;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    /// Named in every connection's handshake: nodes of another run are refused.
+    pub id: String,
+    /// Stop triggering after this many events (0: no limit).
+    pub events: u64,
+    /// Stop triggering after this many seconds (0: no limit).
+    pub duration_s: f64,
+    /// Trigger rate limit in Hz (0: as fast as credits allow).
+    pub rate_hz: f64,
+    /// Abort if events are in flight and none completes for this long.
+    pub stall_timeout_s: f64,
+    /// How long a node keeps retrying to connect to its peers at start.
+    pub connect_timeout_s: f64,
+    /// Seed of the generator (sizes and contents).
+    pub seed: u64,
+    /// Nodes and the EVM exchange heartbeats this often when otherwise idle (ms).
+    pub heartbeat_ms: u64,
+    /// A peer silent for this long is declared lost (ms).
+    pub heartbeat_timeout_ms: u64,
+    /// Shared secret every connection must prove (HMAC handshake); the environment variable
+    /// EVB_SECRET overrides it. Required when any node listens beyond loopback.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub secret: String,
+    /// Discovery: a file on a filesystem every host sees where the EVM writes the address
+    /// it listens on, for nodes started without addresses to read (docs/operations.md).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub rendezvous: String,
+    /// Where `evb run` and `evb up` put the RUs and BUs that `[affinity]` does not pin:
+    /// a CPU each, or an RU and a BU together on each group of CPUs when there are fewer
+    /// CPUs than nodes ("auto"), or wherever the system puts them ("none"). A lone
+    /// `evb node` ignores it.
+    pub placement: Placement,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    #[default]
+    Auto,
+    None,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection {
+            id: "evb-local".into(),
+            events: 0,
+            duration_s: 10.0,
+            rate_hz: 0.0,
+            stall_timeout_s: 10.0,
+            connect_timeout_s: 10.0,
+            seed: 1,
+            heartbeat_ms: 200,
+            heartbeat_timeout_ms: 1000,
+            secret: String::new(),
+            rendezvous: String::new(),
+            placement: Placement::Auto,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    Fixed,
+    Lognormal,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FragmentSection {
+    /// Payload bytes per fragment (the mean, for log-normal sizes).
+    pub size: u64,
+    pub distribution: Distribution,
+    /// Log-normal standard deviation in bytes (0: equal to `size`).
+    pub stddev: u64,
+    /// Log-normal bounds (0: 1 byte and 4 × `size`).
+    pub min: u64,
+    pub max: u64,
+    /// Generator content: "unique" (from event and source id; the RU writes every byte) or
+    /// "static" (from the source id only; made once and sent from memory, like DMA'd readout
+    /// data, to measure the event builder without the cost of making data).
+    pub content: Content,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Content {
+    #[default]
+    Unique,
+    Static,
+}
+
+impl Default for FragmentSection {
+    fn default() -> Self {
+        FragmentSection {
+            size: 512 * 1024,
+            distribution: Distribution::Fixed,
+            stddev: 0,
+            min: 0,
+            max: 0,
+            content: Content::Unique,
+        }
+    }
+}
+
+impl FragmentSection {
+    /// The largest fragment payload the generator can make.
+    pub fn max_size(&self) -> u64 {
+        match self.distribution {
+            Distribution::Fixed => self.size,
+            Distribution::Lognormal => {
+                if self.max > 0 {
+                    self.max
+                } else {
+                    4 * self.size
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyLevel {
+    Headers,
+    Crc,
+    Full,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BuilderSection {
+    /// Events each BU may hold at once (its credits), unless a `[[bu]]` entry says otherwise;
+    /// 0: about 16 MiB worth of events (16 to 4096).
+    pub credits: u32,
+    /// Consecutive events assigned to one BU at a time (0: automatic, from the event size).
+    pub batch: u32,
+    pub verify: VerifyLevel,
+    /// A lost RU: "stop" the run, or go on building "partial" events without it.
+    pub on_ru_loss: RuLossPolicy,
+    /// How the EVM picks each batch's BU: "credits" (the next with credit) or "random".
+    pub assignment: Assignment,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Assignment {
+    #[default]
+    Credits,
+    Random,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RuLossPolicy {
+    Stop,
+    Partial,
+}
+
+impl Default for BuilderSection {
+    fn default() -> Self {
+        BuilderSection {
+            credits: 0,
+            batch: 0,
+            verify: VerifyLevel::Full,
+            on_ru_loss: RuLossPolicy::Stop,
+            assignment: Assignment::Credits,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BufferSection {
+    /// Bytes per pool block.
+    pub block_size: u64,
+    /// RU pool size in MiB (0: sized from credits and fragment sizes).
+    pub ru_pool_mib: u64,
+    /// BU receive pool size in MiB (0: sized from credits and event sizes).
+    pub bu_pool_mib: u64,
+}
+
+impl Default for BufferSection {
+    fn default() -> Self {
+        BufferSection {
+            block_size: 256 * 1024,
+            ru_pool_mib: 0,
+            bu_pool_mib: 0,
+        }
+    }
+}
+
+/// Traffic shaping in the RUs (docs/scaling.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrafficSection {
+    /// "none": fragments leave as soon as they are made; "barrel": the barrel shifter.
+    pub shaping: Shaping,
+    /// Barrel: the slot length on the wall clock every node shares.
+    pub slot_us: u64,
+    /// Barrel: most bytes an RU sends in one slot (about the link's rate × slot_us).
+    pub slot_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Shaping {
+    #[default]
+    None,
+    Barrel,
+}
+
+impl Default for TrafficSection {
+    fn default() -> Self {
+        TrafficSection {
+            shaping: Shaping::None,
+            slot_us: 1000,
+            slot_bytes: 131_072,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MessagingSection {
+    /// A page is sent when it holds this many bytes.
+    pub page_size: u64,
+    /// A partly filled page waits at most this long (0: sent at the end of each loop pass).
+    pub flush_us: u64,
+    /// Busy-poll: keep polling (yielding the core) this long before sleeping in epoll (µs).
+    /// Lower latency when cores are free; 0 (default) always sleeps.
+    pub busy_poll_us: u64,
+}
+
+impl Default for MessagingSection {
+    fn default() -> Self {
+        MessagingSection {
+            page_size: 256 * 1024,
+            flush_us: 0,
+            busy_poll_us: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// Every node its own process, TCP between them.
+    Tcp,
+    /// Every node a thread of one process (`evb run` only).
+    Inproc,
+    /// Processes on one host: payloads in shared memory, only descriptors move.
+    Shm,
+    /// libfabric (verbs on InfiniBand/RoCE, its tcp provider here), addressed by IP:port.
+    Ofi,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportSection {
+    pub kind: TransportKind,
+    /// libfabric provider for `ofi` ("verbs", "tcp", "sockets", ...; empty: the best available).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub provider: String,
+    /// Transport for routes between nodes on the same host (same IP address), e.g. "shm"
+    /// with `kind = "tcp"` for the rest. Absent: `kind` everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<TransportKind>,
+    /// Where nodes started without an address listen: an interface name ("ib0"), an
+    /// address of this host, or a network ("10.1.0.0/16": this host's address in it).
+    /// Empty: the address this host uses to reach the EVM.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub interface: String,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        TransportSection {
+            kind: TransportKind::Tcp,
+            provider: String::new(),
+            local: None,
+            interface: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopologySection {
+    /// Number of RUs made when no `[[ru]]` is listed.
+    pub rus: u32,
+    /// Number of BUs made when no `[[bu]]` is listed.
+    pub bus: u32,
+    /// Host of the nodes made from counts.
+    pub host: String,
+    /// First port: the EVM gets it, then the RUs, then the BUs (0: the launcher picks free ports).
+    pub base_port: u16,
+    /// RU k and BU k share a host (seed 001's folded configuration): RU k's fragment for its
+    /// own BU stays in the host, and each host's link carries data both ways. Read by the
+    /// launchers that place nodes on hosts (`evb testbed`).
+    pub folded: bool,
+}
+
+impl Default for TopologySection {
+    fn default() -> Self {
+        TopologySection {
+            rus: 2,
+            bus: 2,
+            host: "127.0.0.1".into(),
+            base_port: 0,
+            folded: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvmSection {
+    pub id: String,
+    /// host:port (empty: from the topology section).
+    pub addr: String,
+    /// host:port of its control API (empty: from the control section).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub control: String,
+}
+
+impl Default for EvmSection {
+    fn default() -> Self {
+        EvmSection {
+            id: "evm".into(),
+            addr: String::new(),
+            control: String::new(),
+        }
+    }
+}
+
+/// Where the nodes' control APIs (HTTP/JSON, Prometheus `/metrics`, the run page) listen.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlSection {
+    /// Host of every node's control API unless a node names its own `control` address.
+    /// Beyond loopback the API requires the run's secret as a bearer token.
+    pub host: String,
+    /// The EVM's API on base_port, then the RUs', then the BUs' (0: `evb run` / `evb up`
+    /// pick free ports; a lone `evb node` takes any free port and logs it).
+    pub base_port: u16,
+}
+
+impl Default for ControlSection {
+    fn default() -> Self {
+        ControlSection {
+            host: "127.0.0.1".into(),
+            base_port: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuSection {
+    pub id: String,
+    /// host:port (empty: the topology host, port from base_port or picked by `evb run`).
+    #[serde(default)]
+    pub addr: String,
+    /// Source id in this RU's fragment headers (default: its index).
+    pub source_id: Option<u16>,
+    /// Files replayed by this RU when `source.kind` is a file format, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// host:port of its control API (empty: from the control section).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub control: String,
+    /// `source.kind = "stream"`: the addresses this RU listens on, one front-end stream each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<String>,
+    /// The source (FED) id of each stream (default with one stream: the RU's `source_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_sources: Vec<u16>,
+    /// `source.kind = "api"`: one plug-in producer per entry, each its source (FED) id; two
+    /// or more make super-fragments (default: one producer with the RU's `source_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producer_sources: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// Built-in generator (sizes from `[fragments]`, content verifiable byte by byte).
+    Generator,
+    /// CMS common FED format files.
+    Fed,
+    /// evb's generic framed fragment files.
+    Framed,
+    /// evb built-event files (a recorded run replayed): each RU takes its source's fragments.
+    Evb,
+    /// Front-ends over TCP: each RU listens on its `streams` and reads fragments as they come.
+    Stream,
+    /// A readout program in the RU's process submits fragments through the plug-in API
+    /// (`evb_plugin::Producer`, or libevb from C).
+    Api,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// A bad recorded fragment stops the run before it starts, naming the file and offset.
+    Stop,
+    /// A bad recorded fragment is counted and replaced by an empty fragment flagged MISSING:
+    /// its event is built as partial with that source flagged.
+    Drop,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SourceSection {
+    pub kind: SourceKind,
+    /// Replay the files again from the start when they end (otherwise the run ends there).
+    #[serde(rename = "loop")]
+    pub looped: bool,
+    pub on_error: OnError,
+    /// FED files: each fragment's source id must be the RU's `source_id`.
+    pub check_source_id: bool,
+    /// Largest recorded fragment accepted (bytes); sizes buffers for file sources.
+    pub max_fragment: u64,
+    /// Streams: how fragments are framed on the wire from the front-ends.
+    pub format: StreamFormat,
+    /// Streams: what a trigger number that differs between an RU's streams does.
+    pub on_sync_loss: OnSyncLoss,
+    /// Streams: fragments read ahead per stream before the RU stops reading it.
+    pub read_ahead: u64,
+    /// Streams: seconds without a fragment from a stream the RU waits for before it warns.
+    pub stall_warn_s: f64,
+    /// Streams: the front-end addresses (`"10.0.0.7"`) or networks (`"10.0.0.0/24"`) an RU
+    /// takes a stream connection from; any other is closed at once. Unset: loopback only,
+    /// and then every stream must listen on loopback (see [`SourceSection::stream_allow`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_from: Option<Vec<String>>,
+}
+
+impl SourceSection {
+    /// The networks front-end streams accept connections from: `allow_from`, or loopback
+    /// (127.0.0.0/8 and ::1) when it is unset. Entries that do not parse are left out
+    /// ([`Config::validate`] refuses them).
+    pub fn stream_allow(&self) -> Vec<AllowedNet> {
+        match &self.allow_from {
+            Some(list) => list
+                .iter()
+                .filter_map(|s| AllowedNet::parse(s).ok())
+                .collect(),
+            None => ["127.0.0.0/8", "::1"]
+                .iter()
+                .filter_map(|s| AllowedNet::parse(s).ok())
+                .collect(),
+        }
+    }
+}
+
+impl Default for SourceSection {
+    fn default() -> Self {
+        SourceSection {
+            kind: SourceKind::Generator,
+            looped: false,
+            on_error: OnError::Stop,
+            check_source_id: true,
+            max_fragment: 1 << 20,
+            format: StreamFormat::Fed,
+            on_sync_loss: OnSyncLoss::Stop,
+            read_ahead: 1024,
+            stall_warn_s: 2.0,
+            allow_from: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkSection {
+    /// What every BU does with built events, unless its `[[bu]]` entry says otherwise.
+    pub kind: SinkKind,
+    /// `file` sink: the directory the BUs write into.
+    pub dir: String,
+    /// `file` sink: start a new file after this many events (0: no limit).
+    pub file_max_events: u64,
+    /// `file` sink: start a new file after this many MiB (0: no limit).
+    pub file_max_mib: u64,
+    /// `serve` sink: the host the BUs serve consumers on (a `[[bu]] serve` overrides).
+    pub serve_host: String,
+    /// `serve` sink: BU i serves on `serve_base_port + i` (0: any free port, which the BU
+    /// logs and shows in its status as `sink.report.listen`).
+    pub serve_base_port: u16,
+    /// `serve` sink: most events one consumer is sent unacknowledged (a consumer asking
+    /// for more gets this many).
+    pub serve_max_held: u32,
+    /// `serve` sink: most events the sink holds at once (awaiting the EVM's acceptance,
+    /// waiting for a consumer, or sent and not acknowledged); beyond it the sink is busy and
+    /// the BU keeps its credits. 0: half the BU's credits (at least 1).
+    pub serve_hold: u32,
+    /// `serve` sink: a consumer holding events and acknowledging none for this long is
+    /// dropped and its events go to another.
+    pub serve_ack_timeout_s: f64,
+    /// `serve` sink: at the end of the run, how long the BU waits for its consumers to
+    /// acknowledge what it holds; events not acknowledged by then are counted lost.
+    pub serve_drain_timeout_s: f64,
+}
+
+impl Default for SinkSection {
+    fn default() -> Self {
+        SinkSection {
+            kind: SinkKind::Discard,
+            dir: String::new(),
+            file_max_events: 0,
+            file_max_mib: 1024,
+            serve_host: "127.0.0.1".into(),
+            serve_base_port: 0,
+            serve_max_held: 32,
+            serve_hold: 0,
+            serve_ack_timeout_s: 10.0,
+            serve_drain_timeout_s: 5.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    Discard,
+    Count,
+    /// Files of built events in `sink.dir`.
+    File,
+    /// A consumer program in the BU's process takes built events through the plug-in API
+    /// (`evb_plugin::Consumer`, or libevb from C).
+    Api,
+    /// Built events served over TCP to consumer processes (`evb consume`), each to one
+    /// consumer, held until it acknowledges them (docs/protocol.md §7).
+    Serve,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BuSection {
+    pub id: String,
+    #[serde(default)]
+    pub addr: String,
+    pub credits: Option<u32>,
+    pub sink: Option<SinkKind>,
+    /// Testing back-pressure: each delivery to the sink takes this long (µs)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_delay_us: Option<u64>,
+    /// ... for this many events (0 or absent: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_delay_events: Option<u64>,
+    /// host:port of its control API (empty: from the control section).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub control: String,
+    /// `serve` sink: host:port it serves consumers on (empty: from `sink.serve_host` and
+    /// `sink.serve_base_port`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub serve: String,
+}

@@ -1,0 +1,305 @@
+//! The topology: the nodes of a run (listed one by one or made from counts), where each
+//! listens for data, control and consumers, and which of them run on this host.
+
+use std::net::SocketAddr;
+
+use crate::{Config, SinkKind, TransportKind};
+
+/// One node of the run, after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSpec {
+    pub id: String,
+    pub role: Role,
+    /// Index among the nodes of its role.
+    pub index: u16,
+    pub addr: String,
+    /// host:port of the node's control API (port 0: any free one).
+    pub control: String,
+    pub source_id: u16,
+    pub credits: u32,
+    pub sink: SinkKind,
+    /// Recorded files this RU replays.
+    pub files: Vec<String>,
+    /// Addresses this RU listens on for front-end streams, and the source id of each of its
+    /// inputs: its streams, or its plug-in producers (`producer_sources`).
+    pub streams: Vec<String>,
+    pub stream_sources: Vec<u16>,
+    /// Testing: sink delay per event (µs) and for how many events (0: all).
+    pub sink_delay: Option<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Evm,
+    Ru,
+    Bu,
+}
+
+impl Config {
+    /// Where BU `index` serves consumers (`sink.kind = "serve"`): its `[[bu]] serve`, or
+    /// `sink.serve_host` and `sink.serve_base_port + index` (port 0: any free one).
+    pub fn serve_addr(&self, index: u16) -> String {
+        if let Some(b) = self.bu.get(index as usize).filter(|b| !b.serve.is_empty()) {
+            return b.serve.clone();
+        }
+        let s = &self.sink;
+        let port = if s.serve_base_port == 0 {
+            0
+        } else {
+            s.serve_base_port as u32 + index as u32
+        };
+        if s.serve_host.contains(':') && !s.serve_host.starts_with('[') {
+            format!("[{}]:{port}", s.serve_host)
+        } else {
+            format!("{}:{port}", s.serve_host)
+        }
+    }
+
+    /// RUs in the run: `[[ru]]` entries, or `topology.rus` when there are none.
+    pub(crate) fn n_ru(&self) -> u64 {
+        if self.ru.is_empty() {
+            self.topology.rus.into()
+        } else {
+            self.ru.len() as u64
+        }
+    }
+
+    /// BUs in the run: `[[bu]]` entries, or `topology.bus` when there are none.
+    pub(crate) fn n_bu(&self) -> u64 {
+        if self.bu.is_empty() {
+            self.topology.bus.into()
+        } else {
+            self.bu.len() as u64
+        }
+    }
+
+    /// The control address node `n` gets from the control section.
+    pub(crate) fn made_control(&self, n: &NodeSpec) -> String {
+        let k = match n.role {
+            Role::Evm => 0,
+            Role::Ru => 1 + n.index as u64,
+            Role::Bu => 1 + self.n_ru() + n.index as u64,
+        };
+        let c = &self.control;
+        let port = if c.base_port == 0 {
+            0
+        } else {
+            c.base_port as u64 + k
+        };
+        format!("{}:{port}", c.host)
+    }
+
+    pub(crate) fn key_of(&self, n: &NodeSpec) -> String {
+        match n.role {
+            Role::Evm => "evm".into(),
+            Role::Ru if self.ru.is_empty() => format!("topology.rus (ru{})", n.index),
+            Role::Bu if self.bu.is_empty() => format!("topology.bus (bu{})", n.index),
+            Role::Ru => format!("ru[{}]", n.index),
+            Role::Bu => format!("bu[{}]", n.index),
+        }
+    }
+
+    /// Every node: the EVM first, then the RUs, then the BUs.
+    pub fn nodes(&self) -> Vec<NodeSpec> {
+        let mut v = self.nodes_unchecked();
+        for n in &mut v {
+            if let Some(a) = self.learnt.get(&n.id) {
+                n.addr = a.clone();
+            }
+        }
+        v
+    }
+
+    /// Whether node address `addr` is to be discovered at start rather than dialled as
+    /// written: port 0 outside `inproc` (`evb run` and `evb up` choose ports before they
+    /// start nodes, so only nodes started one by one see it).
+    pub fn is_discovered(&self, addr: &str) -> bool {
+        self.transport.kind != TransportKind::Inproc
+            && addr.parse::<SocketAddr>().is_ok_and(|a| a.port() == 0)
+    }
+
+    pub(crate) fn nodes_unchecked(&self) -> Vec<NodeSpec> {
+        let t = &self.topology;
+        let c = &self.control;
+        // the k-th node (EVM 0, then RUs, then BUs): its address, or one made from a scheme
+        let made = |host: &str, base: u16, k: u32| {
+            let port = if base == 0 { 0 } else { base as u32 + k };
+            format!("{host}:{port}")
+        };
+        let pick = |given: &str, host: &str, base: u16, k: u32| {
+            if given.is_empty() {
+                made(host, base, k)
+            } else {
+                given.to_string()
+            }
+        };
+        let data = |given: &str, k: u32| pick(given, &t.host, t.base_port, k);
+        let control = |given: &str, k: u32| pick(given, &c.host, c.base_port, k);
+        let mut v = vec![NodeSpec {
+            id: self.evm.id.clone(),
+            role: Role::Evm,
+            index: 0,
+            addr: data(&self.evm.addr, 0),
+            control: control(&self.evm.control, 0),
+            source_id: 0,
+            credits: 0,
+            sink: SinkKind::Discard,
+            files: Vec::new(),
+            streams: Vec::new(),
+            stream_sources: Vec::new(),
+            sink_delay: None,
+        }];
+        let n_ru = if self.ru.is_empty() {
+            t.rus
+        } else {
+            self.ru.len() as u32
+        };
+        for i in 0..n_ru {
+            let k = 1 + i;
+            let (id, addr, ctl, source_id, files, streams, mut stream_sources) =
+                match self.ru.get(i as usize) {
+                    Some(r) => (
+                        r.id.clone(),
+                        data(&r.addr, k),
+                        control(&r.control, k),
+                        r.source_id.unwrap_or(i as u16),
+                        r.files.clone(),
+                        r.streams.clone(),
+                        if r.producer_sources.is_empty() {
+                            r.stream_sources.clone()
+                        } else {
+                            r.producer_sources.clone()
+                        },
+                    ),
+                    None => (
+                        format!("ru{i}"),
+                        data("", k),
+                        control("", k),
+                        i as u16,
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                    ),
+                };
+            if streams.len() == 1 && stream_sources.is_empty() {
+                stream_sources.push(source_id);
+            }
+            v.push(NodeSpec {
+                id,
+                role: Role::Ru,
+                index: i as u16,
+                addr,
+                control: ctl,
+                source_id,
+                credits: 0,
+                sink: SinkKind::Discard,
+                files,
+                streams,
+                stream_sources,
+                sink_delay: None,
+            });
+        }
+        let n_bu = if self.bu.is_empty() {
+            t.bus
+        } else {
+            self.bu.len() as u32
+        };
+        for i in 0..n_bu {
+            let k = 1 + n_ru + i;
+            let (id, addr, ctl, credits, sink) = match self.bu.get(i as usize) {
+                Some(b) => (
+                    b.id.clone(),
+                    data(&b.addr, k),
+                    control(&b.control, k),
+                    b.credits.unwrap_or_else(|| self.default_credits()),
+                    b.sink.unwrap_or(self.sink.kind),
+                ),
+                None => (
+                    format!("bu{i}"),
+                    data("", k),
+                    control("", k),
+                    self.default_credits(),
+                    self.sink.kind,
+                ),
+            };
+            let sink_delay = self.bu.get(i as usize).and_then(|b| {
+                b.sink_delay_us
+                    .map(|d| (d, b.sink_delay_events.unwrap_or(0)))
+            });
+            v.push(NodeSpec {
+                id,
+                role: Role::Bu,
+                index: i as u16,
+                addr,
+                control: ctl,
+                source_id: 0,
+                credits,
+                sink,
+                files: Vec::new(),
+                streams: Vec::new(),
+                stream_sources: Vec::new(),
+                sink_delay,
+            });
+        }
+        v
+    }
+
+    /// The keys whose change needs the nodes restarted (who the nodes are, where they
+    /// listen, how they connect): a running system refuses a new configuration that
+    /// changes any of them, naming them. Everything else may change between runs.
+    pub fn restart_needed(&self, new: &Config) -> Vec<String> {
+        let mut keys = Vec::new();
+        let (a, b) = (self.nodes(), new.nodes());
+        if a.len() != b.len() {
+            keys.push("topology (the number of nodes)".to_string());
+        }
+        for (x, y) in a.iter().zip(&b) {
+            let key = self.key_of(x);
+            if x.id != y.id || x.role != y.role {
+                keys.push(format!("{key}.id"));
+            }
+            if x.addr != y.addr {
+                keys.push(format!("{key}.addr"));
+            }
+            if x.control != y.control {
+                keys.push(format!("{key}.control"));
+            }
+        }
+        if self.transport != new.transport {
+            keys.push("transport".into());
+        }
+        if self.control != new.control {
+            keys.push("control".into());
+        }
+        if self.secret() != new.secret() {
+            keys.push("run.secret".into());
+        }
+        if self.affinity != new.affinity {
+            keys.push("affinity".into());
+        }
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// The nodes that would run on this host: every node for `inproc`; otherwise those whose
+    /// address is loopback, unspecified or one of this host's addresses (an address that
+    /// does not parse counts as local: the memory check errs on the safe side).
+    pub fn local_nodes(&self) -> Vec<NodeSpec> {
+        let inproc = self.transport.kind == TransportKind::Inproc;
+        self.nodes()
+            .into_iter()
+            .filter(|n| {
+                inproc
+                    || match n.addr.parse::<SocketAddr>() {
+                        Ok(sa) => {
+                            sa.ip().is_loopback()
+                                || sa.ip().is_unspecified()
+                                || std::net::UdpSocket::bind((sa.ip(), 0)).is_ok()
+                        }
+                        Err(_) => true,
+                    }
+            })
+            .collect()
+    }
+}
