@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::action::{Action, NodeRef, Path, RunState};
 use crate::ids::FastSet;
 use crate::ledger::Ledger;
-use crate::report::{verdict, RunReport};
+use crate::report::{verdict, NodeEvent, NodeEventKind, RunReport};
 use crate::{BuStats, RuStats};
 use tracing::{error, warn};
 
@@ -88,8 +88,9 @@ pub struct EvmStats {
     /// Releases by BU incarnations that were lost (their reports died with them).
     pub released_by_lost: u64,
     pub released_id_sum_by_lost: u64,
-    /// Every node lost during the run, with when and why.
-    pub lost: Vec<String>,
+    /// What happened to nodes during the run, in order: every loss, with when and why, and
+    /// every rejoin and refused report (see [`NodeEvent`]).
+    pub lost: Vec<NodeEvent>,
     /// Nodes lost and not back.
     pub down: Vec<String>,
     /// Messages from nodes already declared lost, not acted on.
@@ -105,6 +106,14 @@ pub struct EvmStats {
     #[serde(default)]
     pub paused_s: f64,
     pub errors: u64,
+}
+
+impl EvmStats {
+    /// How many times nodes were lost during the run: the entries of `lost` that are losses
+    /// (a rejoin or a refused report is none).
+    pub fn losses(&self) -> usize {
+        self.lost.iter().filter(|e| e.kind.is_loss()).count()
+    }
 }
 
 pub struct Evm {
@@ -368,7 +377,7 @@ impl Evm {
                     Ok(s) => {
                         self.ru_reports.insert(i, s);
                     }
-                    Err(e) => self.bad_report(from, e),
+                    Err(e) => self.bad_report(now, from, e),
                 }
             }
             (Message::Report(json), NodeRef::Bu(i)) if self.state == RunState::Stopping => {
@@ -376,7 +385,7 @@ impl Evm {
                     Ok(s) => {
                         self.bu_reports.insert(i, s);
                     }
-                    Err(e) => self.bad_report(from, e),
+                    Err(e) => self.bad_report(now, from, e),
                 }
             }
             (Message::Abort(why), _) => self.abort(format!("{from} aborted: {why}")),
@@ -393,12 +402,12 @@ impl Evm {
 
     /// A Report body that does not hold the counters of docs/protocol.md §6: counted, and
     /// said why, so that an outside implementation can see what to fix.
-    fn bad_report(&mut self, from: NodeRef, e: serde_json::Error) {
+    fn bad_report(&mut self, now: Instant, from: NodeRef, e: serde_json::Error) {
         error!("report from {from} refused: {e} (docs/protocol.md lists its fields)");
         self.stats.errors += 1;
-        self.stats
-            .lost
-            .push(format!("{from} sent a report that was refused: {e}"));
+        let at = self.seconds_since_start(now);
+        let event = NodeEvent::new(from, at, NodeEventKind::ReportRefused, e.to_string());
+        self.stats.lost.push(event);
     }
 
     /// An RU's data connection to a BU closed while both are in the run: that BU can no
@@ -456,7 +465,9 @@ impl Evm {
             // A restarted BU rejoins the running system: it starts and grants credits.
             RunState::Running if matches!(from, NodeRef::Bu(_)) && !self.alive.contains(&from) => {
                 self.alive.insert(from);
-                self.stats.lost.push(format!("{from} rejoined"));
+                let at = self.seconds_since_start(now);
+                let event = NodeEvent::new(from, at, NodeEventKind::Rejoined, "");
+                self.stats.lost.push(event);
                 self.actions.push_back(Action::Send {
                     to: from,
                     msg: Message::Start,
@@ -467,6 +478,12 @@ impl Evm {
         }
     }
 
+    /// Seconds from the run's Start to `now` (0 before it).
+    fn seconds_since_start(&self, now: Instant) -> f64 {
+        self.started
+            .map_or(0.0, |s| now.saturating_duration_since(s).as_secs_f64())
+    }
+
     /// A node's connection is gone (or its heartbeats stopped).
     pub fn peer_lost(&mut self, now: Instant, peer: NodeRef, reason: &str) {
         match self.state {
@@ -475,12 +492,9 @@ impl Evm {
                 if !self.alive.remove(&peer) {
                     return;
                 }
-                let t = self
-                    .started
-                    .map_or(0.0, |s| now.duration_since(s).as_secs_f64());
-                self.stats
-                    .lost
-                    .push(format!("{peer} lost at {t:.3} s: {reason}"));
+                let at = self.seconds_since_start(now);
+                let event = NodeEvent::new(peer, at, NodeEventKind::Lost, reason);
+                self.stats.lost.push(event);
                 match peer {
                     NodeRef::Bu(b) => self.bu_lost(now, b, reason),
                     NodeRef::Ru(r) => match self.cfg.on_ru_loss {
@@ -503,9 +517,9 @@ impl Evm {
                     NodeRef::Evm => true,
                 };
                 if !reported && self.alive.remove(&peer) {
-                    self.stats
-                        .lost
-                        .push(format!("{peer} lost before its report: {reason}"));
+                    let at = self.seconds_since_start(now);
+                    let kind = NodeEventKind::LostBeforeReport;
+                    self.stats.lost.push(NodeEvent::new(peer, at, kind, reason));
                 }
             }
             _ => {}

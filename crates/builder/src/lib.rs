@@ -22,6 +22,10 @@ pub mod shaping;
 mod sink;
 mod source;
 
+/// The wire messages the state machines take (`handle`) and send (`Action::Send`), for
+/// callers that drive them without depending on `evb-wire` themselves.
+pub use evb_wire as wire;
+
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
@@ -30,7 +34,7 @@ pub use generator::{Content, Generator, SizeModel};
 pub use ids::{FastMap, FastSet};
 pub use latency::{LatencyHistogram, LATENCY_BOUNDS_US};
 pub use ledger::{Ledger, ReleaseOutcome};
-pub use report::{verdict, RunReport};
+pub use report::{verdict, NodeEvent, NodeEventKind, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};
 pub use sink::{CountingSink, DiscardSink, Sink, SinkError};
 pub use source::{FragmentSpec, LiveFeed, LiveStats, Recorded, Recording, Source};

@@ -3,8 +3,79 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::RunState;
+use crate::action::{NodeRef, RunState};
 use crate::{BuStats, EvmStats, RuStats};
+
+/// Something that happened to a node during a run, as the EVM saw it: the entries of
+/// `EvmStats::lost` (`evm.lost` in the EVM's status and report, docs/protocol.md §6).
+/// Whoever reads them (the launcher, the controller, metrics, `evb ctl`, the run page) reads
+/// these fields, never the text.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeEvent {
+    /// The node as the protocol names it: `"ru[0]"`, `"bu[1]"` (as in `down`).
+    pub node: String,
+    /// Seconds from the run's Start (0 before it).
+    pub at_s: f64,
+    pub kind: NodeEventKind,
+    /// Why, in words; empty for a rejoin.
+    pub reason: String,
+}
+
+/// What happened to the node of a [`NodeEvent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeEventKind {
+    /// Lost while the run was on (its connection closed, its heartbeats stopped, or a data
+    /// link to it broke): a BU's events are rebuilt by the others, an RU's loss follows
+    /// `builder.on_ru_loss`.
+    Lost,
+    /// Lost after Stop, before its report reached the EVM.
+    LostBeforeReport,
+    /// A BU lost earlier came back (restarted) and was started and given events again.
+    Rejoined,
+    /// Its report came but was refused: not the fields of docs/protocol.md §6.
+    ReportRefused,
+}
+
+impl NodeEventKind {
+    /// The node left the run ([`Lost`](Self::Lost) or
+    /// [`LostBeforeReport`](Self::LostBeforeReport)); a rejoin or a refused report is no loss.
+    pub fn is_loss(self) -> bool {
+        matches!(self, Self::Lost | Self::LostBeforeReport)
+    }
+}
+
+impl NodeEvent {
+    pub fn new(node: NodeRef, at_s: f64, kind: NodeEventKind, reason: impl Into<String>) -> Self {
+        NodeEvent {
+            node: node.to_string(),
+            at_s,
+            kind,
+            reason: reason.into(),
+        }
+    }
+
+    /// This event is about `node`.
+    pub fn is_about(&self, node: NodeRef) -> bool {
+        self.node == node.to_string()
+    }
+}
+
+/// The event in words, as the run's summary and `evb ctl` print it:
+/// `bu[1] lost at 0.217 s: data link from ru[0] lost`, `bu[1] rejoined`.
+impl std::fmt::Display for NodeEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (node, why) = (&self.node, &self.reason);
+        match self.kind {
+            NodeEventKind::Lost => write!(f, "{node} lost at {:.3} s: {why}", self.at_s),
+            NodeEventKind::LostBeforeReport => write!(f, "{node} lost before its report: {why}"),
+            NodeEventKind::Rejoined => write!(f, "{node} rejoined"),
+            NodeEventKind::ReportRefused => {
+                write!(f, "{node} sent a report that was refused: {why}")
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunReport {
@@ -22,6 +93,40 @@ pub struct RunReport {
     /// Each node's own report, `None` if it never arrived.
     pub rus: Vec<Option<RuStats>>,
     pub bus: Vec<Option<BuStats>>,
+}
+
+impl RunReport {
+    /// The `run` object of an EVM's report line (`{"kind": "report", "run": {...}}`): `None`
+    /// when there is none (the EVM never reported), an error when it is not a report.
+    pub fn from_line(line: &serde_json::Value) -> Result<Option<RunReport>, String> {
+        match &line["run"] {
+            serde_json::Value::Null => Ok(None),
+            run => RunReport::deserialize(run)
+                .map(Some)
+                .map_err(|e| format!("the EVM's report could not be read: {e}")),
+        }
+    }
+
+    /// Everything wrong with the run: [`verdict`].
+    pub fn verdict(&self) -> Vec<String> {
+        verdict(self)
+    }
+
+    /// The run ended as it should: halted after Stop, and the verdict is clean. This is
+    /// what the EVM decides its own outcome by.
+    pub fn ok(&self) -> bool {
+        self.state == RunState::Halted && verdict(self).is_empty()
+    }
+
+    /// The EVM lost `node` during the run ([`NodeEventKind::is_loss`]) and handled it by its
+    /// rule (a BU's events rebuilt elsewhere, an RU's by `on_ru_loss`); whether that cost
+    /// anything is the verdict's to say.
+    pub fn lost(&self, node: NodeRef) -> bool {
+        self.evm
+            .lost
+            .iter()
+            .any(|e| e.kind.is_loss() && e.is_about(node))
+    }
 }
 
 /// Sum of ids 0..n, wrapping like the BUs' sums.

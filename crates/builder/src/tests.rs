@@ -1252,3 +1252,78 @@ fn a_stop_before_the_run_starts_ends_it_cleanly_with_nothing_triggered() {
     assert_eq!(st.triggered, 0);
     assert!(s.evm.state().is_over(), "{:?}", s.evm.state());
 }
+
+/// What happens to nodes is typed: a loss, a rejoin and a refused report are three kinds of
+/// `NodeEvent`, only the first a loss; the JSON names them, and the words are as before.
+#[test]
+fn node_events_are_typed_and_only_losses_count_as_losses() {
+    let t0 = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 2, 1000), t0);
+    for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+        evm.handle(
+            t0,
+            n,
+            Message::Ready {
+                available: evb_wire::UNLIMITED,
+            },
+        );
+    }
+    assert_eq!(evm.state(), RunState::Running);
+    let t1 = t0 + Duration::from_millis(250);
+    evm.peer_lost(t1, NodeRef::Bu(1), "connection reset");
+    evm.handle(
+        t1,
+        NodeRef::Bu(1),
+        Message::Ready {
+            available: evb_wire::UNLIMITED,
+        },
+    );
+    let st = evm.stats();
+    let kinds: Vec<NodeEventKind> = st.lost.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [NodeEventKind::Lost, NodeEventKind::Rejoined]);
+    assert_eq!(st.losses(), 1, "a rejoin is no loss: {:?}", st.lost);
+    assert_eq!(st.lost[0].at_s, 0.25);
+    assert_eq!(
+        st.lost[0].to_string(),
+        "bu[1] lost at 0.250 s: connection reset"
+    );
+    assert_eq!(st.lost[1].to_string(), "bu[1] rejoined");
+    assert_eq!(
+        serde_json::to_value(&st.lost[0]).unwrap(),
+        serde_json::json!({"node": "bu[1]", "at_s": 0.25, "kind": "lost",
+                           "reason": "connection reset"})
+    );
+    assert_eq!(
+        serde_json::to_value(&st.lost[1]).unwrap()["kind"],
+        "rejoined"
+    );
+    let r = evm.report(t1);
+    assert!(r.lost(NodeRef::Bu(1)) && !r.lost(NodeRef::Bu(0)) && !r.lost(NodeRef::Ru(0)));
+
+    // the run ends; a report that is not one is refused, said so, and is no loss either
+    evm.request_stop(t1);
+    evm.poll(t1);
+    assert_eq!(evm.state(), RunState::Stopping);
+    evm.handle(t1, NodeRef::Bu(0), Message::Report("not json".into()));
+    let refused = evm.stats().lost.pop().unwrap();
+    assert_eq!(refused.kind, NodeEventKind::ReportRefused);
+    assert!(refused
+        .to_string()
+        .starts_with("bu[0] sent a report that was refused: "));
+    evm.peer_lost(t1, NodeRef::Ru(0), "killed");
+    let last = evm.stats().lost.pop().unwrap();
+    assert_eq!(last.kind, NodeEventKind::LostBeforeReport);
+    assert_eq!(last.to_string(), "ru[0] lost before its report: killed");
+    assert_eq!(evm.stats().losses(), 2);
+
+    // the report line as the EVM's driver writes it reads back as the same report
+    let r = evm.report(t1);
+    let line = serde_json::json!({"kind": "report", "run": r});
+    assert_eq!(RunReport::from_line(&line), Ok(Some(r.clone())));
+    assert_eq!(RunReport::from_line(&serde_json::json!({})), Ok(None));
+    let bad = RunReport::from_line(&serde_json::json!({"run": {"lost": 1}}));
+    assert!(bad
+        .unwrap_err()
+        .starts_with("the EVM's report could not be read"));
+    assert!(!r.ok() && !r.verdict().is_empty());
+}

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
+use evb_builder::NodeEvent;
 use evb_config::Config;
 use evb_control::client::{Api, Reply};
 use serde_json::{json, Value};
@@ -275,11 +276,7 @@ fn print_status(s: &Value) {
             ""
         }
     );
-    if let Some(lost) = s["evm"]["lost"].as_array().filter(|l| !l.is_empty()) {
-        for l in lost {
-            println!("lost: {}", l.as_str().unwrap_or(""));
-        }
-    }
+    print_node_events(&s["evm"]["lost"]);
     println!(
         "{:<10} {:<4} {:<12} {:>12} {:>10} {:>8} {:>8} {:>7}  note",
         "node", "role", "state", "events", "ev/s", "GB/s", "credits", "errors"
@@ -343,7 +340,18 @@ fn print_run(r: &Value) {
     for p in r["verdict"].as_array().into_iter().flatten() {
         println!("problem: {}", p.as_str().unwrap_or(""));
     }
-    for l in r["lost"].as_array().into_iter().flatten() {
-        println!("lost: {}", l.as_str().unwrap_or(""));
+    print_node_events(&r["lost"]);
+}
+
+/// The EVM's node events (`evm.lost`, a run's `lost`): a loss as `lost: ...`, a rejoin or a
+/// refused report (no loss) as `node event: ...`.
+fn print_node_events(v: &Value) {
+    let events: Vec<NodeEvent> = serde_json::from_value(v.clone()).unwrap_or_default();
+    for e in events {
+        if e.kind.is_loss() {
+            println!("lost: {e}");
+        } else {
+            println!("node event: {e}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use evb_builder::NodeRef;
+use evb_builder::{NodeRef, RunReport};
 use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -787,6 +787,16 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         problems.push(format!("run did not finish within {budget:.0} s"));
     }
     let evm_report = reports.get(&ids[0]).cloned().unwrap_or(Value::Null);
+    // The EVM's report, typed, and the builder's verdict on it (the EVM's own).
+    let (run, verdict) = match RunReport::from_line(&evm_report) {
+        Ok(Some(r)) => {
+            let v = r.verdict();
+            (Some(r), v)
+        }
+        Ok(None) => (None, Vec::new()),
+        Err(e) => (None, vec![e]),
+    };
+    let evm_ok = evm_report["ok"] == true && verdict.is_empty();
     // Nodes the EVM lost during the run and handled by the documented rule (a BU's events
     // rebuilt elsewhere, an RU's by the partial policy): their exit is not a failure of the
     // run; the EVM's verdict says whether anything was lost.
@@ -794,21 +804,16 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         .nodes()
         .iter()
         .filter(|n| {
-            let name = match n.role {
+            let node = match n.role {
                 Role::Ru => NodeRef::Ru(n.index),
                 Role::Bu => NodeRef::Bu(n.index),
                 Role::Evm => return false,
             };
-            let lost = evm_report["run"]["evm"]["lost"].as_array();
-            lost.is_some_and(|l| {
-                l.iter()
-                    .filter_map(|e| e.as_str())
-                    .any(|e| e.starts_with(&format!("{name} ")))
-            })
+            run.as_ref().is_some_and(|r| r.lost(node))
         })
         .map(|n| n.id.clone())
         .collect();
-    let evm_handled = |id: &String| lost_by_evm.contains(id) && evm_report["ok"] == true;
+    let evm_handled = |id: &String| lost_by_evm.contains(id) && evm_ok;
     for id in killed.iter().filter(|_| lost_early.is_empty()) {
         if !evm_handled(id) {
             problems.push(format!("{id} had to be killed"));
@@ -841,9 +846,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             problems.push(format!("{id} sent no final report"));
         }
     }
-    if let Some(v) = evm_report["verdict"].as_array() {
-        problems.extend(v.iter().filter_map(|p| p.as_str().map(String::from)));
-    }
+    problems.extend(verdict);
     if let Some(reason) = evm_report["reason"].as_str() {
         if evm_report["ok"] == false && !problems.iter().any(|p| p.contains(reason)) {
             problems.push(reason.to_string());

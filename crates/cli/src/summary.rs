@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use evb_builder::NodeEvent;
 use evb_config::Config;
 use serde_json::Value;
 
@@ -129,10 +130,10 @@ pub fn print(
             "The run was ended early by the operator (Ctrl-C): what was triggered was drained."
         );
     }
-    if let Some(lost) = run["evm"]["lost"].as_array().filter(|l| !l.is_empty()) {
-        for l in lost {
-            println!("  node event: {}", l.as_str().unwrap_or_default());
-        }
+    let events: Vec<NodeEvent> =
+        serde_json::from_value(run["evm"]["lost"].clone()).unwrap_or_default();
+    for e in &events {
+        println!("  node event: {e}");
     }
     let partial: u64 = run["bus"]
         .as_array()

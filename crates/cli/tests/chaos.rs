@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use evb_builder::{NodeEvent, NodeEventKind};
 use serde_json::Value;
 
 /// 6000 events at 2 kHz: about 3 s, so faults between 0.8 and 2.4 s land mid-run.
@@ -497,6 +498,12 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
         assert!(hidden.is_empty(), "temporary files left: {hidden:?}\n{log}");
     }
     let evm = &o.run["evm"];
+    // the EVM's node events, typed (none when it never reported)
+    let node_events: Vec<NodeEvent> = match &evm["lost"] {
+        Value::Null => Vec::new(),
+        v => serde_json::from_value(v.clone())
+            .unwrap_or_else(|e| panic!("node events {v}: {e}\n{log}")),
+    };
     match expect(t.fault) {
         Expect::Complete => {
             assert!(o.ok, "the run should have completed\n{log}");
@@ -517,9 +524,8 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 && !log.contains("already gone")
             {
                 assert!(
-                    evm["lost"]
-                        .to_string()
-                        .contains("data link from ru[0] lost"),
+                    node_events.iter().any(|e| e.kind == NodeEventKind::Lost
+                        && e.reason.contains("data link from ru[0] lost")),
                     "the cut link was not reported: {}\n{log}",
                     evm["lost"]
                 );
@@ -529,7 +535,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 Fault::SlowBu(_) | Fault::Flood | Fault::HostileHttp | Fault::StartFlood
             ) {
                 // back-pressure, a short freeze, hostile sockets: none of them is a loss
-                assert_eq!(evm["lost"], serde_json::json!([]), "{log}");
+                assert!(node_events.is_empty(), "{}\n{log}", evm["lost"]);
             }
             if t.fault == Fault::KillRuPartial && !log.contains("already gone") {
                 let partial: u64 = o.run["bus"]
@@ -541,10 +547,12 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 assert!(partial > 0, "no partial events after an RU loss\n{log}");
             }
             // every node the EVM did not lose ended cleanly
-            let lost = evm["lost"].to_string();
             for (id, clean) in &o.clean_exit {
                 let name = format!("{}[{}]", &id[..2], &id[2..]);
-                if !lost.contains(&name) && id != "evm" {
+                let lost = node_events
+                    .iter()
+                    .any(|e| e.kind.is_loss() && e.node == name);
+                if !lost && id != "evm" {
                     assert!(clean, "{id} failed though the EVM did not lose it\n{log}");
                 }
             }

@@ -10,8 +10,14 @@ use common::EVB;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use evb_builder::{NodeEvent, NodeEventKind};
 use evb_control::client::Api;
 use serde_json::{json, Value};
+
+/// The EVM's node events (`evm.lost`, a run record's `lost`), typed.
+fn node_events(v: &Value) -> Vec<NodeEvent> {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("node events {v}: {e}"))
+}
 
 /// Checks a finished run's record: complete, exact, with `events` events.
 fn assert_exact(rec: &Value, events: u64) {
@@ -91,17 +97,25 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
         .success());
     let s = up.wait_until("bu1 to show as lost", 30, |s| {
         Up::node(s, "bu1")["state"] == "unreachable"
-            && s["evm"]["lost"]
-                .as_array()
-                .is_some_and(|l| l.iter().any(|e| e.as_str().unwrap().contains("bu[1]")))
+            && node_events(&s["evm"]["lost"])
+                .iter()
+                .any(|e| e.kind == NodeEventKind::Lost && e.node == "bu[1]")
     });
     assert!(Up::node(&s, "bu1")["error"].is_string(), "{s:#}");
     let rec = up.wait_run(2);
     assert_exact(&rec, 30000);
-    assert!(rec["lost"].to_string().contains("bu[1]"), "{rec:#}");
+    let events = node_events(&rec["lost"]);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == NodeEventKind::Lost && e.node == "bu[1]"),
+        "{rec:#}"
+    );
     // evb up started it again, and the controller had it rejoin the run under way
     assert!(
-        rec["lost"].to_string().contains("bu[1] rejoined"),
+        events
+            .iter()
+            .any(|e| e.kind == NodeEventKind::Rejoined && e.node == "bu[1]"),
         "{rec:#}"
     );
 

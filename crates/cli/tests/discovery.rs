@@ -11,6 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{text, Rng, EVB};
+use evb_builder::{NodeEvent, NodeEventKind};
 use serde_json::Value;
 
 /// Every variable a launcher sets that evb reads: the tests set their own.
@@ -369,12 +370,11 @@ fn a_restarted_bu_registers_again_and_the_rus_find_it_on_its_new_port() {
     assert_eq!(report["ok"], true, "{report}");
     let run = &report["run"];
     assert_eq!(run["evm"]["released"], 8000, "{report}");
+    let events: Vec<NodeEvent> = serde_json::from_value(run["evm"]["lost"].clone()).unwrap();
     assert!(
-        run["evm"]["lost"]
-            .as_array()
-            .unwrap()
+        events
             .iter()
-            .any(|l| l == "bu[1] rejoined"),
+            .any(|e| e.kind == NodeEventKind::Rejoined && e.node == "bu[1]"),
         "{}",
         run["evm"]["lost"]
     );

@@ -12,7 +12,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use evb_builder::{NodeEvent, NodeEventKind};
 use serde_json::Value;
+
+/// The EVM's node events (`evm.lost`), typed.
+fn node_events(v: &Value) -> Vec<NodeEvent> {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("node events {v}: {e}"))
+}
 
 struct Cluster {
     cfg: PathBuf,
@@ -173,10 +179,11 @@ fn killed_bu_events_are_rebuilt_elsewhere_none_lost_none_duplicated() {
         "the dead BU held events that had to be rebuilt"
     );
     assert_eq!(run["down"], serde_json::json!(["bu[1]"]));
-    assert!(run["evm"]["lost"][0]
-        .as_str()
-        .unwrap()
-        .contains("bu[1] lost at"));
+    let lost = &node_events(&run["evm"]["lost"])[0];
+    assert!(
+        lost.kind == NodeEventKind::Lost && lost.node == "bu[1]",
+        "{lost:?}"
+    );
     // survivors' sinks plus what bu1 released before dying: exactly the triggered events
     let survivors = sum_built(run);
     let before_death = run["evm"]["released_by_lost"].as_u64().unwrap();
@@ -202,11 +209,9 @@ fn restarted_bu_rejoins_and_builds_again() {
     assert_verdict_ok(&r);
     let run = &r["run"];
     assert!(
-        run["evm"]["lost"]
-            .as_array()
-            .unwrap()
+        node_events(&run["evm"]["lost"])
             .iter()
-            .any(|l| l == "bu[1] rejoined"),
+            .any(|e| e.kind == NodeEventKind::Rejoined && e.node == "bu[1]"),
         "{}",
         run["evm"]["lost"]
     );
@@ -351,10 +356,12 @@ fn frozen_bu_is_declared_lost_by_heartbeat_and_its_events_rebuilt() {
     let outs = c.wait_all(Duration::from_secs(30));
     let r = evm_report(&outs);
     assert_verdict_ok(&r);
-    let lost = r["run"]["evm"]["lost"][0].as_str().unwrap().to_string();
+    let lost = &node_events(&r["run"]["evm"]["lost"])[0];
     assert!(
-        lost.contains("bu[1]") && lost.contains("no heartbeat"),
-        "{lost}"
+        lost.kind == NodeEventKind::Lost
+            && lost.node == "bu[1]"
+            && lost.reason.contains("no heartbeat"),
+        "{lost:?}"
     );
     assert!(
         !outs["bu1"].0,
@@ -673,10 +680,12 @@ fn network_cut_to_a_bu_and_back() {
     }
     let r = evm_report(&outs);
     assert_verdict_ok(&r);
-    let lost = r["run"]["evm"]["lost"][0].as_str().unwrap().to_string();
+    let lost = &node_events(&r["run"]["evm"]["lost"])[0];
     assert!(
-        lost.contains("bu[1]") && lost.contains("no heartbeat"),
-        "{lost}"
+        lost.kind == NodeEventKind::Lost
+            && lost.node == "bu[1]"
+            && lost.reason.contains("no heartbeat"),
+        "{lost:?}"
     );
     assert_eq!(
         sum_built(&r["run"]) + r["run"]["evm"]["released_by_lost"].as_u64().unwrap(),

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use evb_builder::{NodeEvent, RunReport};
 use evb_config::{Config, NodeSpec, Role};
 use evb_node::{NodeError, NodeOutcome};
 use serde_json::{json, Value};
@@ -399,18 +400,30 @@ impl Controller {
     pub(crate) fn finished(&self, run: u64, r: &Result<NodeOutcome, NodeError>) {
         let mut c = self.lock();
         c.under_way = None;
-        let (ok, reason, report) = match r {
+        let (ok, mut reason, report) = match r {
             Ok(o) => (o.ok, o.reason.clone(), o.report.clone()),
             Err(e) => (false, e.to_string(), Value::Null),
         };
-        let verdict: Vec<Value> = report["verdict"].as_array().cloned().unwrap_or_default();
-        let bus = report["run"]["bus"].as_array().cloned().unwrap_or_default();
+        // the EVM's report, typed, judged by the builder's verdict (the one the EVM used)
+        let (run_report, verdict) = match RunReport::from_line(&report) {
+            Ok(Some(rr)) => {
+                let v = rr.verdict();
+                (Some(rr), v)
+            }
+            Ok(None) => (None, Vec::new()),
+            Err(e) => (None, vec![e]),
+        };
+        // (the EVM ends its run by the same verdict: this differs only for a report that
+        // cannot be read, which is then the reason)
+        if ok && !verdict.is_empty() {
+            reason = verdict.join("; ");
+        }
+        let ok = ok && verdict.is_empty();
         // the EVM's ledger: every event built exactly once, by live and lost BUs alike
-        let built = report["run"]["evm"]["released"].as_u64().unwrap_or(0);
-        let bytes: u64 = bus
-            .iter()
-            .map(|b| b["payload_bytes_built"].as_u64().unwrap_or(0))
-            .sum();
+        let built = run_report.as_ref().map_or(0, |rr| rr.evm.released);
+        let bytes: u64 = run_report.as_ref().map_or(0, |rr| {
+            rr.bus.iter().flatten().map(|b| b.payload_bytes_built).sum()
+        });
         let reset = std::mem::take(&mut c.resetting);
         let outcome = if ok {
             "complete"
@@ -429,9 +442,9 @@ impl Controller {
         rec["wall_s"] = json!(unix_now() - started);
         rec["events_built"] = json!(built);
         rec["payload_bytes_built"] = json!(bytes);
-        rec["triggered"] = report["run"]["evm"]["triggered"].clone();
-        rec["lost"] = report["run"]["evm"]["lost"].clone();
-        rec["seconds"] = report["run"]["seconds"].clone();
+        rec["triggered"] = json!(run_report.as_ref().map(|rr| rr.evm.triggered));
+        rec["lost"] = json!(run_report.as_ref().map(|rr| &rr.evm.lost));
+        rec["seconds"] = json!(run_report.as_ref().map(|rr| rr.seconds));
         rec["report"] = report;
         if ok || reset {
             c.state = State::Ready;
@@ -507,6 +520,8 @@ impl Controller {
         }
         let snap = evm.control.snapshot().unwrap_or(Value::Null);
         let es = &snap["stats"];
+        // what happened to nodes, typed (null before the EVM's first snapshot)
+        let lost: Option<Vec<NodeEvent>> = serde_json::from_value(es["lost"].clone()).ok();
         json!({
             "state": c.state,
             "run": c.run,
@@ -519,7 +534,7 @@ impl Controller {
                 "in_flight": es["in_flight"],
                 "credits_available": es["credits_available"],
                 "paused": es["paused"],
-                "lost": es["lost"],
+                "lost": lost,
                 "down": es["down"],
             },
             "totals": {"events_built": built, "rate_hz": total_rate, "bytes_per_s": total_bps},

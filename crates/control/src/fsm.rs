@@ -18,16 +18,38 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    Ready,
-    Starting,
-    Running,
-    Paused,
-    Stopping,
-    Failed,
-    Halted,
+/// Declares the run states in one place: the enum, [`State::ALL`] and each state's name, so
+/// that whatever lists the states (metrics, tests) iterates `State::ALL` and a new state
+/// cannot be left out of it.
+macro_rules! states {
+    ($($state:ident = $name:literal,)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum State {
+            $($state,)*
+        }
+
+        impl State {
+            /// Every state, in the order of the diagram.
+            pub const ALL: &'static [State] = &[$(State::$state,)*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(State::$state => $name,)*
+                }
+            }
+        }
+    };
+}
+
+states! {
+    Ready = "ready",
+    Starting = "starting",
+    Running = "running",
+    Paused = "paused",
+    Stopping = "stopping",
+    Failed = "failed",
+    Halted = "halted",
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,18 +93,6 @@ impl Command {
 }
 
 impl State {
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Ready => "ready",
-            State::Starting => "starting",
-            State::Running => "running",
-            State::Paused => "paused",
-            State::Stopping => "stopping",
-            State::Failed => "failed",
-            State::Halted => "halted",
-        }
-    }
-
     /// A run is on (its nodes are busy with it).
     pub fn active(self) -> bool {
         matches!(
@@ -136,16 +146,6 @@ pub fn refusal(state: State, cmd: Command) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const STATES: [State; 7] = [
-        State::Ready,
-        State::Starting,
-        State::Running,
-        State::Paused,
-        State::Stopping,
-        State::Failed,
-        State::Halted,
-    ];
 
     /// The whole table: every (state, command) pair, legal or not.
     #[test]
@@ -204,7 +204,8 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, STATES.len() * COMMANDS.len());
+        assert_eq!(checked, State::ALL.len() * COMMANDS.len());
+        assert_eq!(table.len(), State::ALL.len(), "every state in the table");
     }
 
     #[test]
@@ -223,8 +224,9 @@ mod tests {
             assert_eq!(Command::parse(c.name()), Some(c));
         }
         assert_eq!(Command::parse("launch"), None);
-        for s in STATES {
+        for &s in State::ALL {
             assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+            assert_eq!(serde_json::from_value::<State>(s.name().into()).unwrap(), s);
         }
     }
 }

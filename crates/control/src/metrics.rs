@@ -5,7 +5,7 @@
 //! Every series carries `node` and `role` labels. Names follow the Prometheus conventions:
 //! counters end in `_total`, sizes are in bytes and times in seconds.
 
-use evb_builder::{LatencyHistogram, LATENCY_BOUNDS_US};
+use evb_builder::{LatencyHistogram, NodeEvent, LATENCY_BOUNDS_US};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -110,18 +110,10 @@ impl Collector for SnapshotCollector {
             &one(s.run),
             false,
         )?;
-        let states: Vec<(Labels, u64)> = [
-            State::Ready,
-            State::Starting,
-            State::Running,
-            State::Paused,
-            State::Stopping,
-            State::Failed,
-            State::Halted,
-        ]
-        .into_iter()
-        .map(|st| (self.labels(&[("state", st.name())]), (st == s.state) as u64))
-        .collect();
+        let states: Vec<(Labels, u64)> = State::ALL
+            .iter()
+            .map(|&st| (self.labels(&[("state", st.name())]), (st == s.state) as u64))
+            .collect();
         family(
             &mut enc,
             "evb_run_state",
@@ -185,12 +177,16 @@ impl Collector for SnapshotCollector {
                     None,
                     &st["reassigned"],
                 )?;
+                // the EVM's node events, typed: only losses count (a rejoin is none)
+                let events: Vec<NodeEvent> =
+                    serde_json::from_value(st["lost"].clone()).unwrap_or_default();
+                let losses = events.iter().filter(|e| e.kind.is_loss()).count();
                 counter(
                     &mut enc,
                     "evb_nodes_lost",
                     "Nodes lost during the run",
                     None,
-                    &Value::from(st["lost"].as_array().map_or(0, |a| a.len())),
+                    &Value::from(losses),
                 )?;
                 gauge(
                     &mut enc,
@@ -514,6 +510,93 @@ mod tests {
         assert!(text.contains("# TYPE evb_run_number gauge\n"));
         assert!(!text.contains("# UNIT") && !text.contains("# EOF"));
         assert!(text.ends_with('\n'));
+    }
+
+    /// An EVM's scrape with the stats of a real `Evm` (as the driver's status line has them)
+    /// whose BU was lost mid-run and came back.
+    fn evm_scrape_after_a_rejoin() -> Scrape {
+        use evb_builder::wire::{Message, UNLIMITED};
+        use evb_builder::{Assignment, Evm, EvmConfig, NodeRef, RuLossPolicy};
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let cfg = EvmConfig {
+            n_ru: 1,
+            n_bu: 2,
+            max_events: Some(1000),
+            duration: None,
+            rate_hz: None,
+            batch: 4,
+            stall_timeout: Duration::from_secs(60),
+            max_per_poll: 64,
+            on_ru_loss: RuLossPolicy::Stop,
+            assignment: Assignment::Credits,
+            link_grace: Duration::from_millis(50),
+        };
+        let mut evm = Evm::new(cfg, t0);
+        let ready = || Message::Ready {
+            available: UNLIMITED,
+        };
+        for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+            evm.handle(t0, n, ready());
+        }
+        let t1 = t0 + Duration::from_millis(300);
+        evm.peer_lost(t1, NodeRef::Bu(1), "connection reset");
+        evm.handle(t1, NodeRef::Bu(1), ready());
+        Scrape {
+            node: "evm".into(),
+            role: "evm".into(),
+            run: 1,
+            state: State::Running,
+            runs_total: 1,
+            snapshot: Some(json!({
+                "stats": serde_json::to_value(evm.stats()).unwrap(),
+                "net": {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "protocol_errors": 0},
+            })),
+        }
+    }
+
+    /// `evb_nodes_lost_total` counts losses only: a BU lost and back is one loss, not two
+    /// (the rejoin used to count as a second), and it is not down.
+    #[test]
+    fn a_rejoin_is_not_counted_as_a_loss() {
+        let s = evm_scrape_after_a_rejoin();
+        let lost = &s.snapshot.as_ref().unwrap()["stats"]["lost"];
+        assert_eq!(
+            lost.as_array().map(Vec::len),
+            Some(2),
+            "a loss and a rejoin: {lost}"
+        );
+        let text = exposition(s);
+        for line in [
+            "evb_nodes_lost_total{node=\"evm\",role=\"evm\"} 1\n",
+            "evb_nodes_down{node=\"evm\",role=\"evm\"} 0\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    /// Every run state of the state machine is a sample of `evb_run_state`, the current one
+    /// 1 and the others 0: a new state cannot go missing from the metrics.
+    #[test]
+    fn every_run_state_is_in_the_exposition() {
+        for &current in State::ALL {
+            let mut s = bu_scrape();
+            s.state = current;
+            let text = exposition(s);
+            for &st in State::ALL {
+                let line = format!(
+                    "evb_run_state{{node=\"bu0\",role=\"bu\",state=\"{}\"}} {}\n",
+                    st.name(),
+                    (st == current) as u8
+                );
+                assert!(text.contains(&line), "missing {line:?} in\n{text}");
+            }
+            let samples = text
+                .lines()
+                .filter(|l| l.starts_with("evb_run_state{"))
+                .count();
+            assert_eq!(samples, State::ALL.len(), "{text}");
+        }
     }
 
     #[test]
