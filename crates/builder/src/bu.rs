@@ -257,7 +257,7 @@ impl Records {
             *at = match self.free.pop() {
                 Some(slot) => slot,
                 None => {
-                    self.slab.push(Building::default());
+                    self.slab.push(Building::new(now));
                     (self.slab.len() - 1) as u32
                 }
             };
@@ -338,12 +338,13 @@ impl Building {
     }
 }
 
-impl Default for Building {
-    fn default() -> Building {
+impl Building {
+    /// An empty record made at `now` (the BU has no clock: time comes from its caller).
+    fn new(now: Instant) -> Building {
         Building {
             assigned: false,
             at_sink: false,
-            since: Instant::now(),
+            since: now,
             fragments: Vec::new(),
             have: Bits::default(),
             received: 0,
@@ -372,7 +373,9 @@ pub struct Bu {
     credits_to_send: u32,
     /// RUs the EVM declared lost: their fragments are no longer awaited.
     lost_sources: FastSet<usize>,
-    next_misroute_check: Instant,
+    /// When `poll` next gives up on misrouted fragments; `None` until the first `poll`,
+    /// which checks (the BU has no clock: time comes in with `handle` and `poll`).
+    next_misroute_check: Option<Instant>,
     actions: VecDeque<Action>,
     stats: BuStats,
 }
@@ -388,7 +391,7 @@ impl Bu {
             release: None,
             credits_to_send: 0,
             lost_sources: FastSet::default(),
-            next_misroute_check: Instant::now(),
+            next_misroute_check: None,
             actions: VecDeque::new(),
             stats: BuStats::default(),
         }
@@ -760,8 +763,8 @@ impl Bu {
     /// End of a pass: send coalesced releases and credits; now and then, give up on
     /// fragments of events that were never assigned here (misrouted), freeing their blocks.
     pub fn poll(&mut self, now: Instant) {
-        if now >= self.next_misroute_check {
-            self.next_misroute_check = now + MISROUTED_AFTER / 4;
+        if self.next_misroute_check.is_none_or(|next| now >= next) {
+            self.next_misroute_check = Some(now + MISROUTED_AFTER / 4);
             let stale: Vec<u64> = self
                 .events
                 .iter()
@@ -857,7 +860,7 @@ mod records_tests {
     fn fragments_land_at_their_places_in_any_order() {
         let sources = [11u16, 12, 13, 14];
         let now = Instant::now();
-        let mut b = Building::default();
+        let mut b = Building::new(now);
         // every subset of RUs that sends, in every order of arrival
         for subset in 0u32..16 {
             let sending: Vec<usize> = (0..4).filter(|r| subset & (1 << r) != 0).collect();
