@@ -24,10 +24,10 @@ pub(crate) enum Note {
 /// Used by supervised nodes: when the launcher goes away, so do they (no orphans). A line
 /// `stop` asks the node's EVM to end the run cleanly. Ctrl-C at the terminal reaches every
 /// process of the group: supervised nodes leave it to the launcher, which decides.
-pub fn exit_when_stdin_closes() {
+pub fn exit_when_stdin_closes(control: evb_node::RunControl) {
     let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, ignored);
-    std::thread::spawn(|| {
+    std::thread::spawn(move || {
         let mut line = String::new();
         let mut stdin = BufReader::new(std::io::stdin());
         loop {
@@ -37,7 +37,7 @@ pub fn exit_when_stdin_closes() {
                     eprintln!("evb node: launcher gone (stdin closed), exiting");
                     std::process::exit(3);
                 }
-                Ok(_) if line.trim() == "stop" => evb_node::request_stop(),
+                Ok(_) if line.trim() == "stop" => control.stop(),
                 Ok(_) => {}
             }
         }
@@ -46,7 +46,7 @@ pub fn exit_when_stdin_closes() {
 
 /// A standalone `evb node`: Ctrl-C (or SIGTERM) at the EVM ends the run cleanly, a second
 /// one exits at once; any other node exits at once (the EVM handles it as a lost node).
-pub fn stop_on_interrupt(cfg: &Config, id: &str) {
+pub fn stop_on_interrupt(cfg: &Config, id: &str, control: evb_node::RunControl) {
     let is_evm = cfg
         .nodes()
         .iter()
@@ -56,7 +56,7 @@ pub fn stop_on_interrupt(cfg: &Config, id: &str) {
             eprintln!("evb node: interrupted, exiting");
             std::process::exit(130);
         }
-        evb_node::request_stop();
+        control.stop();
     });
 }
 
@@ -382,17 +382,25 @@ pub(crate) fn spawn_node(
     }
 }
 
-fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) {
+fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) -> evb_node::RunControl {
+    let evm_control = evb_node::RunControl::new();
     for n in cfg.nodes() {
         let cfg = cfg.clone();
         let tx = tx.clone();
+        // the EVM's commands stay with the launcher; the others' are their own
+        let control = if n.role == Role::Evm {
+            evm_control.clone()
+        } else {
+            evb_node::RunControl::new()
+        };
         std::thread::spawn(move || {
             let lines = tx.clone();
             let id = n.id.clone();
             let status: evb_node::StatusOut = Box::new(move |v| {
                 let _ = lines.send(Note::Line(id.clone(), v));
             });
-            let code = match evb_node::run_node(&cfg, &n.id, status, Duration::from_millis(250)) {
+            let every = Duration::from_millis(250);
+            let code = match evb_node::run_node_controlled(&cfg, &n.id, status, every, control) {
                 Ok(o) if o.ok => 0,
                 Ok(_) => 1,
                 Err(e) => {
@@ -403,6 +411,7 @@ fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) {
             let _ = tx.send(Note::Gone(n.id.clone(), Some(code)));
         });
     }
+    evm_control
 }
 
 /// Live figures from the latest status lines.
@@ -565,8 +574,10 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let launched = std::time::SystemTime::now();
     let (tx, rx) = mpsc::channel();
     let inproc = cfg.transport.kind == TransportKind::Inproc;
+    // inproc: the EVM thread's commands, for Ctrl-C
+    let mut evm_control = None;
     let (mut children, _tmp) = if inproc {
-        spawn_threads(cfg, &tx);
+        evm_control = Some(spawn_threads(cfg, &tx));
         (Vec::new(), None)
     } else {
         let (c, t, resolved) = spawn_processes(cfg, &tx, false)?;
@@ -629,8 +640,8 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                         "evb: stopping the run: building what is in flight (Ctrl-C again to abort)"
                     )
                 });
-                if inproc {
-                    evb_node::request_stop();
+                if let Some(control) = &evm_control {
+                    control.stop();
                 } else if let Some(stdin) = children.first_mut().and_then(|(_, c)| c.stdin.as_mut())
                 {
                     let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());

@@ -351,12 +351,14 @@ fn main() -> ExitCode {
                     return refused;
                 }
             }
+            // the node's commands: a launcher's `stop`, Ctrl-C, its control API
+            let control = evb_node::RunControl::new();
             if a.supervised {
-                launch::exit_when_stdin_closes();
+                launch::exit_when_stdin_closes(control.clone());
             } else if a.serve {
                 launch::exit_on_interrupt();
             } else {
-                launch::stop_on_interrupt(&cfg, &id);
+                launch::stop_on_interrupt(&cfg, &id, control.clone());
             }
             let lines: evb_control::Lines = if a.supervised {
                 std::sync::Arc::new(|v| {
@@ -377,7 +379,8 @@ fn main() -> ExitCode {
             } else {
                 evb_control::Mode::Once
             };
-            match evb_control::run_process(&cfg, &id, mode, lines, Duration::from_millis(250)) {
+            let every = Duration::from_millis(250);
+            match evb_control::run_process(&cfg, &id, mode, lines, every, control) {
                 Ok(end) => match end.outcome {
                     Some(Err(e)) if mode == evb_control::Mode::Once => {
                         eprintln!("evb node {id}: {e}");

@@ -101,6 +101,47 @@ fn inproc_run_from_the_cli() {
     assert_eq!(s["run"]["evm"]["released"], 5000);
 }
 
+/// Ctrl-C to `evb run` with its nodes as threads (`transport.kind = "inproc"`), at a seeded
+/// moment from 100 ms after the start, before or after the run starts: the launcher stops
+/// the run through the EVM's run control; it drains, exits 0 and names the operator's stop.
+#[test]
+fn ctrl_c_stops_an_inproc_run_cleanly() {
+    let (seed, trials) = common::chaos_seed("EVB_INPROC_CTRLC_TRIALS", 2);
+    eprintln!("inproc ctrl-c: seed {seed} ({trials} trials): EVB_CHAOS_SEED={seed} replays them");
+    let mut rng = common::Rng(seed | 1);
+    for trial in 0..trials {
+        let at = 100 + rng.below(900);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = write(
+            dir.path(),
+            "run.toml",
+            "[run]\nid = \"it-inproc-ctrlc\"\nduration_s = 30\n[fragments]\nsize = 4096\n[transport]\nkind = \"inproc\"\n",
+        );
+        let l = Command::new(EVB)
+            .args(["run", "--quiet", "--config"])
+            .arg(&cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(at));
+        // SAFETY: kill(2) with the pid of a child of this process and a valid signal.
+        unsafe { libc::kill(l.id() as i32, libc::SIGINT) };
+        let t0 = std::time::Instant::now();
+        let o = l.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        let why = format!("seed {seed} trial {trial} at {at} ms: {}", text(&o));
+        assert!(
+            t0.elapsed().as_secs() < 15,
+            "the stop took {:?}: {why}",
+            t0.elapsed()
+        );
+        assert!(o.status.success(), "{why}");
+        assert!(out.contains("VERDICT: OK"), "{why}");
+        assert!(out.contains("ended early by the operator"), "{why}");
+    }
+}
+
 #[test]
 fn bad_configurations_are_refused_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();

@@ -203,14 +203,16 @@ pub struct Ended {
     pub outcome: Option<Result<NodeOutcome, String>>,
 }
 
-/// Starts node `id` of `cfg`: its API on its control address, then its run(s).
-/// Returns when the one run is over (`Mode::Once`) or when halted (`Mode::Serve`).
+/// Starts node `id` of `cfg`: its API on its control address, then its run(s), commanded
+/// through `control` (and its API). Returns when the one run is over (`Mode::Once`) or
+/// when halted (`Mode::Serve`).
 pub fn run_process(
     cfg: &Config,
     id: &str,
     mode: Mode,
     lines: Lines,
     status_every: Duration,
+    control: RunControl,
 ) -> Result<Ended, String> {
     let spec = cfg
         .nodes()
@@ -228,7 +230,7 @@ pub fn run_process(
     let node = Arc::new(Node {
         spec: spec.clone(),
         mode,
-        control: RunControl::new(),
+        control,
         secret,
         state: Mutex::new(NodeState {
             cfg: cfg.clone(),

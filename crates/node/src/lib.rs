@@ -21,20 +21,6 @@ mod stream_source;
 pub use control::RunControl;
 pub use driver::{Driver, NodeOutcome, StatusOut};
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-/// Asks the EVM of this process (if it runs one) to end the run cleanly: no new events,
-/// everything in flight built and released, reports, verdict. Safe from any thread.
-pub fn request_stop() {
-    STOP_REQUESTED.store(true, Ordering::SeqCst);
-}
-
-pub(crate) fn stop_requested() -> bool {
-    STOP_REQUESTED.load(Ordering::Relaxed)
-}
-
 use std::time::Duration;
 
 use evb_config::{Config, TransportKind};

@@ -538,7 +538,7 @@ impl Driver {
                 }
             }
             if let Logic::Evm(e) = &mut self.logic {
-                if crate::stop_requested() || self.control.stop_requested() {
+                if self.control.stop_requested() {
                     e.request_stop(now);
                 }
                 e.set_paused(now, self.control.paused());
