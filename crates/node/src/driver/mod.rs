@@ -19,9 +19,6 @@ mod peers;
 mod sink;
 mod status;
 
-/// Most of one loop pass spent handing events to the sink.
-const SINK_SHARE_OF_PASS: Duration = Duration::from_millis(20);
-
 /// How much longer than `run.connect_timeout_s` an RU or BU connected to the EVM waits for
 /// the EVM to name the peers that never came (see `Driver::own_connect_deadline`).
 const EVM_NAMES_GRACE: Duration = Duration::from_secs(2);
@@ -64,13 +61,8 @@ pub struct Driver {
     status_every: Duration,
     next_status: Instant,
     exit: Option<(bool, String)>,
-    /// Built events waiting for the sink (it was busy).
-    sink_queue: VecDeque<BuiltEvent>,
-    sink_retry_at: Option<Instant>,
-    sink_blocked: Option<String>,
-    sink_stalls: u64,
-    /// Until when this pass may hand events to the sink.
-    sink_pass_until: Instant,
+    /// A BU: built events on their way to the sink, and a Stop held for its output.
+    sink: sink::SinkQueue,
     /// Where each peer we call can be reached, to call it again after a loss.
     dial_specs: FastMap<NodeRef, (String, Channel)>,
     /// When each control peer was last heard from.
@@ -95,10 +87,6 @@ pub struct Driver {
     api: Option<crate::plug::ApiSource>,
     /// An RU under `traffic.shaping = "barrel"`: fragments wait for their BU's slot.
     shaper: Option<evb_builder::shaping::BarrelShaper>,
-    /// A BU's Stop, held while its sink still has output to complete (a serve sink's
-    /// consumers acknowledging), until `sink.drain_timeout()` after it came.
-    deferred_stop: Option<(NodeRef, Message)>,
-    stop_waits_from: Option<Instant>,
     /// Where this node's data listener is bound.
     bound: String,
     /// The EVM: what each node said about itself (Register).
@@ -314,11 +302,7 @@ impl Driver {
             status_every,
             next_status: now,
             exit: None,
-            sink_queue: VecDeque::new(),
-            sink_retry_at: None,
-            sink_blocked: None,
-            sink_stalls: 0,
-            sink_pass_until: now,
+            sink: sink::SinkQueue::new(now),
             dial_specs,
             last_heard: FastMap::default(),
             next_heartbeat: now,
@@ -332,8 +316,6 @@ impl Driver {
             streams,
             api,
             shaper,
-            deferred_stop: None,
-            stop_waits_from: None,
             bound,
             registry: FastMap::default(),
             rendezvous,
@@ -356,34 +338,19 @@ impl Driver {
         });
     }
 
-    /// Hands a held Stop to the BU once its sink's output is complete or the drain time is
-    /// up; what the sink could not output by then is counted lost in the BU's report.
-    pub(super) fn try_stop(&mut self, now: Instant) {
-        let Logic::Bu(b, sink) = &mut self.logic else {
-            return;
-        };
-        let Some(since) = self.stop_waits_from else {
-            return;
-        };
-        let left = sink.outstanding();
-        if left > 0 && now.duration_since(since) < sink.drain_timeout() {
-            if self.sink_blocked.is_none() {
-                self.sink_blocked = Some(format!(
-                    "run stopping: waiting for consumers to acknowledge {left} events"
-                ));
-            }
-            return;
+    /// Hands a held Stop to the BU once its sink's output is complete (see
+    /// [`sink::SinkQueue::try_stop`]).
+    fn try_stop(&mut self, now: Instant) {
+        if let Logic::Bu(b, sink) = &mut self.logic {
+            self.sink.try_stop(now, b, sink.as_mut());
         }
-        let Some((from, stop)) = self.deferred_stop.take() else {
-            return;
-        };
-        self.stop_waits_from = None;
-        let lost = sink.close_output();
-        if lost > 0 {
-            b.set_output_lost(lost);
+    }
+
+    /// Offers queued events to a BU's sink (see [`sink::SinkQueue::drain`]).
+    fn drain_sink(&mut self, now: Instant) {
+        if let Logic::Bu(b, sink) = &mut self.logic {
+            self.sink.drain(now, &self.me.id, b, sink.as_mut());
         }
-        self.sink_blocked = None;
-        b.handle(now, from, stop);
     }
 
     fn state(&self) -> RunState {
@@ -446,17 +413,14 @@ impl Driver {
                     }
                 }
             }
-            Action::Deliver(ev) => self.sink_queue.push_back(ev),
+            Action::Deliver(ev) => self.sink.push(ev),
             Action::Accepted(r) => {
                 if let Logic::Bu(_, sink) = &mut self.logic {
                     if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) =
                         sink.accepted(r.first, r.count)
                     {
                         // the sink keeps the output and tries again on its next call
-                        if self.sink_blocked.is_none() {
-                            warn!(node = %self.me.id, "sink cannot complete a file yet: {why}");
-                        }
-                        self.sink_stalls += 1;
+                        self.sink.accept_failed(&self.me.id, &why);
                     }
                 }
             }
@@ -493,7 +457,7 @@ impl Driver {
         let mut incoming = Vec::new();
         loop {
             let now = Instant::now();
-            self.sink_pass_until = now + SINK_SHARE_OF_PASS;
+            self.sink.begin_pass(now);
             self.dial(now)?;
             let populated = self.populating.as_ref().is_none_or(|t| t.is_finished());
             if !self.up && self.conns.len() == self.expected && populated {
@@ -581,7 +545,7 @@ impl Driver {
             let busy = match &self.logic {
                 Logic::Ru(r) => r.has_work(),
                 Logic::Evm(e) => e.has_work(),
-                Logic::Bu(..) => !self.sink_queue.is_empty() && self.sink_retry_at.is_none(),
+                Logic::Bu(..) => self.sink.has_work(),
             };
             let timeout = if busy {
                 Duration::ZERO
@@ -592,7 +556,8 @@ impl Driver {
                 let cap = Duration::from_millis(if paced { 1 } else { 10 });
                 // a busy sink is offered its events again when its retry is due
                 let cap = self
-                    .sink_retry_at
+                    .sink
+                    .retry_at()
                     .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
                 // fragments waiting for their slot go when it begins
                 let cap = self

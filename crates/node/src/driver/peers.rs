@@ -123,8 +123,7 @@ impl Driver {
                         // the sink's output first (a serve sink: every event acknowledged)
                         // (handed over by the loop, after this pass's actions: an echo
                         // that came with the Stop reaches the sink first)
-                        self.deferred_stop = Some((from, m));
-                        self.stop_waits_from = Some(now);
+                        self.sink.hold_stop(now, from, m);
                     }
                     (Received::Message(m), Logic::Bu(b, _)) => b.handle(now, from, m),
                     (Received::Fragment { header, payload }, Logic::Bu(b, _)) => {

@@ -27,13 +27,7 @@ impl Driver {
             },
             "stats": stats,
             "sink": match &self.logic {
-                Logic::Bu(_, sink) => json!({
-                    "kind": sink.name(),
-                    "report": sink.report(),
-                    "blocked": self.sink_blocked,
-                    "queued": self.sink_queue.len(),
-                    "stalls": self.sink_stalls,
-                }),
+                Logic::Bu(_, sink) => self.sink.status(sink.as_ref()),
                 _ => Value::Null,
             },
             "net": {
