@@ -55,11 +55,9 @@ pub struct Driver {
     waiting_dials: Vec<Dial>,
     expected: usize,
     up: bool,
-    started: Instant,
     connect_deadline: Instant,
-    status: StatusOut,
-    status_every: Duration,
-    next_status: Instant,
+    /// Status lines, snapshots, and the figures they carry of their own.
+    reporter: status::Reporter,
     exit: Option<(bool, String)>,
     /// A BU: built events on their way to the sink, and a Stop held for its output.
     sink: sink::SinkQueue,
@@ -73,14 +71,8 @@ pub struct Driver {
     suspended: Option<(Instant, Duration)>,
     /// Faulting in the pools' pages; the node is ready once this is done.
     populating: Option<std::thread::JoinHandle<()>>,
-    /// The process's CPU seconds when the run started (the cost of the run is measured
-    /// from there, leaving out start-up and backing the pools).
-    cpu_at_start: Option<f64>,
-    /// Commands from the control plane in, status snapshots out.
+    /// Commands from the control plane (status snapshots go out through `reporter`).
     control: RunControl,
-    next_publish: Instant,
-    /// The node's pools, by what they hold, for its status.
-    pools: Vec<(&'static str, evb_buffers::Pool)>,
     /// An RU fed by front-end streams: their listeners, readers and assembler.
     streams: Option<crate::stream_source::StreamSource>,
     /// An RU fed by a plug-in producer in this process.
@@ -296,11 +288,8 @@ impl Driver {
             waiting_dials: dials,
             expected,
             up: false,
-            started: now,
             connect_deadline: now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
-            status,
-            status_every,
-            next_status: now,
+            reporter: status::Reporter::new(status, status_every, control.clone(), named, now),
             exit: None,
             sink: sink::SinkQueue::new(now),
             dial_specs,
@@ -309,10 +298,7 @@ impl Driver {
             next_liveness_check: now,
             suspended: None,
             populating,
-            cpu_at_start: None,
             control,
-            next_publish: now,
-            pools: named,
             streams,
             api,
             shaper,
@@ -518,9 +504,8 @@ impl Driver {
                 Logic::Ru(r) => r.poll(now),
                 Logic::Bu(b, _) => b.poll(now),
             }
-            if self.cpu_at_start.is_none() && self.state() == RunState::Running {
-                self.cpu_at_start = Some(process_cpu_s());
-            }
+            let state = self.state();
+            self.reporter.note_state(state);
             self.heartbeats(now);
             self.try_stop(now);
             self.run_actions();
@@ -528,16 +513,9 @@ impl Driver {
             self.run_actions();
             self.release_shaped();
             self.messenger.flush_due(now);
-            if now >= self.next_status || now >= self.next_publish {
+            if self.reporter.due(now) {
                 let line = self.status_line("status", now);
-                if now >= self.next_publish {
-                    self.control.publish(line.clone());
-                    self.next_publish = now + PUBLISH_EVERY;
-                }
-                if now >= self.next_status {
-                    (self.status)(line);
-                    self.next_status = now + self.status_every;
-                }
+                self.reporter.send(now, line);
             }
             if self.exit.is_some() {
                 break;
@@ -667,8 +645,7 @@ impl Driver {
                 let _ = std::fs::remove_file(path);
             }
         }
-        self.control.publish(report.clone());
-        (self.status)(report.clone());
+        self.reporter.report(report.clone());
         Ok(NodeOutcome { ok, reason, report })
     }
 }
