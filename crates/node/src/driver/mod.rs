@@ -35,40 +35,19 @@ pub struct NodeOutcome {
     pub report: Value,
 }
 
-/// An outgoing connection still being set up.
-struct Dial {
-    peer: NodeRef,
-    addr: String,
-    channel: Channel,
-    retry_at: Option<Instant>,
-}
-
 pub struct Driver {
     cfg: Config,
     me: NodeSpec,
     nodes: Vec<NodeSpec>,
     logic: Logic,
     messenger: Messenger,
-    peers: FastMap<ConnId, NodeRef>,
-    conns: FastMap<NodeRef, ConnId>,
-    dialing: FastMap<ConnId, Dial>,
-    waiting_dials: Vec<Dial>,
-    expected: usize,
-    up: bool,
-    connect_deadline: Instant,
+    /// Connections to the peers, calls, liveness.
+    links: peers::Links,
     /// Status lines, snapshots, and the figures they carry of their own.
     reporter: status::Reporter,
     exit: Option<(bool, String)>,
     /// A BU: built events on their way to the sink, and a Stop held for its output.
     sink: sink::SinkQueue,
-    /// Where each peer we call can be reached, to call it again after a loss.
-    dial_specs: FastMap<NodeRef, (String, Channel)>,
-    /// When each control peer was last heard from.
-    last_heard: FastMap<NodeRef, Instant>,
-    next_heartbeat: Instant,
-    next_liveness_check: Instant,
-    /// When this node found that it had not run for a while, and for how long.
-    suspended: Option<(Instant, Duration)>,
     /// Faulting in the pools' pages; the node is ready once this is done.
     populating: Option<std::thread::JoinHandle<()>>,
     /// Commands from the control plane (status snapshots go out through `reporter`).
@@ -198,7 +177,7 @@ impl Driver {
                      HOST:PORT, or a rendezvous file (run.rendezvous, --rendezvous)"
                 )));
             }
-            dials.push(Dial {
+            dials.push(peers::Dial {
                 peer: NodeRef::Evm,
                 addr: setup::address(cfg, evm),
                 channel: Channel::Control,
@@ -211,7 +190,7 @@ impl Driver {
                 .iter()
                 .filter(|n| n.role == Role::Bu && !cfg.is_discovered(&n.addr))
             {
-                dials.push(Dial {
+                dials.push(peers::Dial {
                     peer: node_ref(b),
                     addr: setup::address(cfg, b),
                     channel: Channel::Data,
@@ -272,31 +251,21 @@ impl Driver {
                     cfg.traffic.slot_bytes as usize,
                 )
             });
-        let dial_specs = dials
-            .iter()
-            .map(|d| (d.peer, (d.addr.clone(), d.channel)))
-            .collect();
         Ok(Driver {
             cfg: cfg.clone(),
             me,
             nodes,
             logic,
             messenger,
-            peers: FastMap::default(),
-            conns: FastMap::default(),
-            dialing: FastMap::default(),
-            waiting_dials: dials,
-            expected,
-            up: false,
-            connect_deadline: now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
+            links: peers::Links::new(
+                dials,
+                expected,
+                now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
+                now,
+            ),
             reporter: status::Reporter::new(status, status_every, control.clone(), named, now),
             exit: None,
             sink: sink::SinkQueue::new(now),
-            dial_specs,
-            last_heard: FastMap::default(),
-            next_heartbeat: now,
-            next_liveness_check: now,
-            suspended: None,
             populating,
             control,
             streams,
@@ -313,10 +282,10 @@ impl Driver {
         let Some(shaper) = &mut self.shaper else {
             return;
         };
-        let (conns, messenger, me) = (&self.conns, &mut self.messenger, &self.me.id);
+        let (links, messenger, me) = (&self.links, &mut self.messenger, &self.me.id);
         shaper.due(wall_ns(), |bu, data, count| {
             let to = NodeRef::Bu(bu as u16);
-            if let Some(&conn) = conns.get(&to) {
+            if let Some(conn) = links.conn(to) {
                 if let Err(e) = messenger.send_fragments(conn, &data, count) {
                     debug!(node = %me, "fragment to {to} failed: {e}");
                 }
@@ -376,7 +345,7 @@ impl Driver {
     fn run_action(&mut self, a: Action) {
         match a {
             Action::Send { to, msg, path } => {
-                let Some(&conn) = self.conns.get(&to) else {
+                let Some(conn) = self.links.conn(to) else {
                     debug!(node = %self.me.id, "no connection to {to}; {:?} dropped", msg.msg_type());
                     return;
                 };
@@ -393,7 +362,7 @@ impl Driver {
                     shaper.push(bu as usize, data, count);
                     return;
                 }
-                if let Some(&conn) = self.conns.get(&to) {
+                if let Some(conn) = self.links.conn(to) {
                     if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
                         debug!(node = %self.me.id, "fragment to {to} failed: {e}");
                     }
@@ -411,7 +380,7 @@ impl Driver {
                 }
             }
             Action::Disconnect(p) => {
-                if let Some(&conn) = self.conns.get(&p) {
+                if let Some(conn) = self.links.conn(p) {
                     self.messenger.close(conn);
                     self.forget(p, conn);
                 }
@@ -431,11 +400,7 @@ impl Driver {
     /// scheduled) does not exit and make the EVM report it as lost instead of naming the
     /// node that never came.
     fn own_connect_deadline(&self) -> Instant {
-        if self.me.role != Role::Evm && self.conns.contains_key(&NodeRef::Evm) {
-            self.connect_deadline + EVM_NAMES_GRACE
-        } else {
-            self.connect_deadline
-        }
+        self.links.connect_deadline(self.me.role)
     }
 
     /// Runs the node until its state machine says the run is over for it.
@@ -446,27 +411,27 @@ impl Driver {
             self.sink.begin_pass(now);
             self.dial(now)?;
             let populated = self.populating.as_ref().is_none_or(|t| t.is_finished());
-            if !self.up && self.conns.len() == self.expected && populated {
+            if !self.links.is_up() && self.links.complete() && populated {
                 if let Some(t) = self.populating.take() {
                     let _ = t.join();
                 }
-                self.up = true;
-                info!(node = %self.me.id, "all {} connections up", self.expected);
+                self.links.mark_up();
+                let (_, expected) = self.links.connected();
+                info!(node = %self.me.id, "all {expected} connections up");
                 match &mut self.logic {
                     Logic::Ru(r) => r.connections_up(),
                     Logic::Bu(b, _) => b.connections_up(),
                     Logic::Evm(_) => {}
                 }
             }
-            if !self.up
-                && self.conns.len() < self.expected
+            if !self.links.is_up()
+                && !self.links.complete()
                 && now > self.own_connect_deadline()
                 && self.exit.is_none()
             {
+                let (connected, expected) = self.links.connected();
                 let why = format!(
-                    "only {} of {} connections up after {} s; not connected: {}",
-                    self.conns.len(),
-                    self.expected,
+                    "only {connected} of {expected} connections up after {} s; not connected: {}",
                     self.cfg.run.connect_timeout_s,
                     self.missing_peers().join(", ")
                 );
@@ -596,7 +561,7 @@ impl Driver {
         }
         self.messenger.flush_due(Instant::now());
         let deadline = Instant::now() + Duration::from_secs(2);
-        let conns: Vec<ConnId> = self.conns.values().copied().collect();
+        let conns: Vec<ConnId> = self.links.conns().map(|(_, c)| c).collect();
         let mut sink = Vec::new();
         while Instant::now() < deadline && conns.iter().any(|c| self.messenger.queued_bytes(*c) > 0)
         {

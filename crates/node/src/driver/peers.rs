@@ -3,21 +3,137 @@
 
 use super::*;
 
+/// An outgoing connection still being set up.
+pub(super) struct Dial {
+    pub(super) peer: NodeRef,
+    pub(super) addr: String,
+    pub(super) channel: Channel,
+    pub(super) retry_at: Option<Instant>,
+}
+
+/// The node's links to its peers: who is connected on which connection, the calls being
+/// made and to be made again, when each control peer was last heard, the heartbeat and
+/// liveness timers.
+pub(super) struct Links {
+    peers: FastMap<ConnId, NodeRef>,
+    conns: FastMap<NodeRef, ConnId>,
+    dialing: FastMap<ConnId, Dial>,
+    waiting_dials: Vec<Dial>,
+    /// Where each peer we call can be reached, to call it again after a loss.
+    dial_specs: FastMap<NodeRef, (String, Channel)>,
+    /// When each control peer was last heard from.
+    last_heard: FastMap<NodeRef, Instant>,
+    next_heartbeat: Instant,
+    next_liveness_check: Instant,
+    /// When this node found that it had not run for a while, and for how long.
+    suspended: Option<(Instant, Duration)>,
+    /// How many connections make this node's set.
+    expected: usize,
+    /// Every connection was up once (the run may have lost some since).
+    up: bool,
+    /// Until when connections are awaited (`run.connect_timeout_s`).
+    connect_deadline: Instant,
+}
+
+impl Links {
+    pub(super) fn new(
+        dials: Vec<Dial>,
+        expected: usize,
+        connect_deadline: Instant,
+        now: Instant,
+    ) -> Links {
+        let dial_specs = dials
+            .iter()
+            .map(|d| (d.peer, (d.addr.clone(), d.channel)))
+            .collect();
+        Links {
+            peers: FastMap::default(),
+            conns: FastMap::default(),
+            dialing: FastMap::default(),
+            waiting_dials: dials,
+            dial_specs,
+            last_heard: FastMap::default(),
+            next_heartbeat: now,
+            next_liveness_check: now,
+            suspended: None,
+            expected,
+            up: false,
+            connect_deadline,
+        }
+    }
+
+    /// The connection to peer `p`, if it is connected.
+    #[inline]
+    pub(super) fn conn(&self, p: NodeRef) -> Option<ConnId> {
+        self.conns.get(&p).copied()
+    }
+
+    /// The connected peers and their connections.
+    pub(super) fn conns(&self) -> impl Iterator<Item = (NodeRef, ConnId)> + '_ {
+        self.conns.iter().map(|(p, c)| (*p, *c))
+    }
+
+    /// How many peers are connected, of how many expected.
+    pub(super) fn connected(&self) -> (usize, usize) {
+        (self.conns.len(), self.expected)
+    }
+
+    /// Every connection was up once.
+    #[inline]
+    pub(super) fn is_up(&self) -> bool {
+        self.up
+    }
+
+    /// Every expected connection is up now.
+    pub(super) fn complete(&self) -> bool {
+        self.conns.len() == self.expected
+    }
+
+    pub(super) fn mark_up(&mut self) {
+        self.up = true;
+    }
+
+    /// When a node of role `me` gives up waiting for its peers (see
+    /// [`Driver::own_connect_deadline`]).
+    pub(super) fn connect_deadline(&self, me: Role) -> Instant {
+        if me != Role::Evm && self.conns.contains_key(&NodeRef::Evm) {
+            self.connect_deadline + EVM_NAMES_GRACE
+        } else {
+            self.connect_deadline
+        }
+    }
+
+    /// Drops what is known of peer `p` and its connection.
+    fn forget(&mut self, p: NodeRef, conn: ConnId) {
+        self.peers.remove(&conn);
+        self.conns.remove(&p);
+        self.last_heard.remove(&p);
+    }
+
+    /// Peer `p` is connected on `conn`, heard from now.
+    fn add(&mut self, now: Instant, p: NodeRef, conn: ConnId) {
+        self.peers.insert(conn, p);
+        self.conns.insert(p, conn);
+        self.last_heard.insert(p, now);
+    }
+}
+
 impl Driver {
     pub(super) fn dial(&mut self, now: Instant) -> Result<(), NodeError> {
         let due: Vec<Dial> = {
             let (ready, later): (Vec<Dial>, Vec<Dial>) = self
+                .links
                 .waiting_dials
                 .drain(..)
                 .partition(|d| d.retry_at.is_none_or(|t| t <= now));
-            self.waiting_dials = later;
+            self.links.waiting_dials = later;
             ready
         };
         for d in due {
             let hello = setup::hello(&self.cfg, &self.me, d.channel);
             match self.messenger.connect(&d.addr, hello) {
                 Ok(conn) => {
-                    self.dialing.insert(conn, d);
+                    self.links.dialing.insert(conn, d);
                 }
                 Err(e) => return Err(NodeError::Connect(d.addr.clone(), e.to_string())),
             }
@@ -50,11 +166,9 @@ impl Driver {
     pub(super) fn on_incoming(&mut self, now: Instant, inc: Incoming) -> Result<(), NodeError> {
         match inc {
             Incoming::Connected { conn, peer } => {
-                if let Some(d) = self.dialing.remove(&conn) {
+                if let Some(d) = self.links.dialing.remove(&conn) {
                     debug!(node = %self.me.id, peer = %peer.node_id, "connected");
-                    self.peers.insert(conn, d.peer);
-                    self.conns.insert(d.peer, conn);
-                    self.last_heard.insert(d.peer, now);
+                    self.links.add(now, d.peer, conn);
                     if d.peer == NodeRef::Evm {
                         // first on the control connection: who and where this process is
                         let me = crate::discovery::registration(&self.bound, &self.control.api());
@@ -65,11 +179,9 @@ impl Driver {
                 }
             }
             Incoming::Accepted { conn, peer } => match self.identify(&peer) {
-                Some(p) if !self.conns.contains_key(&p) => {
+                Some(p) if !self.links.conns.contains_key(&p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
-                    self.peers.insert(conn, p);
-                    self.conns.insert(p, conn);
-                    self.last_heard.insert(p, now);
+                    self.links.add(now, p, conn);
                 }
                 Some(p) => {
                     let before_start =
@@ -100,10 +212,10 @@ impl Driver {
                 }
             },
             Incoming::Received { conn, msg } => {
-                let Some(&from) = self.peers.get(&conn) else {
+                let Some(&from) = self.links.peers.get(&conn) else {
                     return Ok(());
                 };
-                self.last_heard.insert(from, now);
+                self.links.last_heard.insert(from, now);
                 match (msg, &mut self.logic) {
                     (Received::Message(Message::Heartbeat), _) => {}
                     (Received::Message(Message::Register(r)), Logic::Evm(_)) => {
@@ -143,10 +255,10 @@ impl Driver {
                 }
             }
             Incoming::Closed { conn, reason } => {
-                if let Some(mut d) = self.dialing.remove(&conn) {
+                if let Some(mut d) = self.links.dialing.remove(&conn) {
                     let mut rejected = matches!(reason, CloseReason::Rejected(_));
                     // the EVM may have said meanwhile that a restarted BU moved (Peers)
-                    if let Some((addr, _)) = self.dial_specs.get(&d.peer) {
+                    if let Some((addr, _)) = self.links.dial_specs.get(&d.peer) {
                         d.addr = addr.clone();
                     }
                     if d.peer == NodeRef::Evm {
@@ -159,17 +271,17 @@ impl Driver {
                             }
                         }
                     }
-                    if self.up && !rejected {
+                    if self.links.up && !rejected {
                         // calling a lost peer again: keep trying while the run lasts
                         d.retry_at = Some(now + Duration::from_millis(200));
-                        self.waiting_dials.push(d);
-                    } else if !rejected && now < self.connect_deadline {
+                        self.links.waiting_dials.push(d);
+                    } else if !rejected && now < self.links.connect_deadline {
                         d.retry_at = Some(now + Duration::from_millis(50));
-                        self.waiting_dials.push(d);
+                        self.links.waiting_dials.push(d);
                     } else {
                         return Err(NodeError::Connect(d.addr, reason.to_string()));
                     }
-                } else if let Some(p) = self.peers.remove(&conn) {
+                } else if let Some(p) = self.links.peers.remove(&conn) {
                     self.lose(now, p, conn, reason.to_string());
                 }
             }
@@ -180,7 +292,7 @@ impl Driver {
     /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
     /// BU is found again this way).
     pub(super) fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, mut why: String) {
-        if let Some((at, gap)) = self.suspended {
+        if let Some((at, gap)) = self.links.suspended {
             if now.duration_since(at) < Duration::from_millis(self.cfg.run.heartbeat_timeout_ms) * 2
             {
                 why = format!(
@@ -206,8 +318,8 @@ impl Driver {
             Logic::Bu(b, _) => b.peer_lost(p, &why),
         }
         if !quiet && p != NodeRef::Evm {
-            if let Some((addr, channel)) = self.dial_specs.get(&p).cloned() {
-                self.waiting_dials.push(Dial {
+            if let Some((addr, channel)) = self.links.dial_specs.get(&p).cloned() {
+                self.links.waiting_dials.push(Dial {
                     peer: p,
                     addr,
                     channel,
@@ -220,7 +332,7 @@ impl Driver {
     /// The EVM, before the run starts: abort it, telling every node connected so far (the
     /// state machine tells only the nodes that said Ready).
     pub(super) fn abort_launch(&mut self, why: String) {
-        for &conn in self.conns.values() {
+        for &conn in self.links.conns.values() {
             let _ = self.messenger.send_now(conn, &Message::Abort(why.clone()));
         }
         if let Logic::Evm(e) = &mut self.logic {
@@ -253,13 +365,13 @@ impl Driver {
         self.nodes
             .iter()
             .filter(|n| n.role != self.me.role)
-            .filter(|n| !self.conns.contains_key(&node_ref(n)))
+            .filter(|n| !self.links.conns.contains_key(&node_ref(n)))
             .map(|n| {
                 let p = node_ref(n);
                 let rank = self.rank_of(p);
                 let why = if self.me.role == Role::Ru
                     && n.role == Role::Bu
-                    && !self.dial_specs.contains_key(&p)
+                    && !self.links.dial_specs.contains_key(&p)
                 {
                     ": the EVM has not said where it listens (it has not registered)"
                 } else if self.me.role == Role::Evm {
@@ -268,6 +380,7 @@ impl Driver {
                     ""
                 };
                 let at = self
+                    .links
                     .dial_specs
                     .get(&p)
                     .map(|(a, _)| format!(" at {a}"))
@@ -297,6 +410,7 @@ impl Driver {
         self.registry.insert(from, r);
         let to: Vec<NodeRef> = match (&bu, from) {
             (Some(_), _) => self
+                .links
                 .conns
                 .keys()
                 .copied()
@@ -313,7 +427,7 @@ impl Driver {
             return;
         }
         for p in to {
-            if let Some(&conn) = self.conns.get(&p) {
+            if let Some(&conn) = self.links.conns.get(&p) {
                 let _ = self
                     .messenger
                     .send_now(conn, &Message::Peers(peers.clone()));
@@ -349,11 +463,15 @@ impl Driver {
             }
             let p = NodeRef::Bu(a.index);
             debug!(node = %self.me.id, "{p} listens on {}", a.addr);
-            self.dial_specs.insert(p, (a.addr.clone(), Channel::Data));
-            if let Some(d) = self.waiting_dials.iter_mut().find(|d| d.peer == p) {
+            self.links
+                .dial_specs
+                .insert(p, (a.addr.clone(), Channel::Data));
+            if let Some(d) = self.links.waiting_dials.iter_mut().find(|d| d.peer == p) {
                 d.addr = a.addr;
-            } else if !self.conns.contains_key(&p) && !self.dialing.values().any(|d| d.peer == p) {
-                self.waiting_dials.push(Dial {
+            } else if !self.links.conns.contains_key(&p)
+                && !self.links.dialing.values().any(|d| d.peer == p)
+            {
+                self.links.waiting_dials.push(Dial {
                     peer: p,
                     addr: a.addr,
                     channel: Channel::Data,
@@ -365,15 +483,13 @@ impl Driver {
 
     /// Drops what the driver knows of peer `p` and its connection.
     pub(super) fn forget(&mut self, p: NodeRef, conn: ConnId) {
-        self.peers.remove(&conn);
-        self.conns.remove(&p);
-        self.last_heard.remove(&p);
+        self.links.forget(p, conn);
     }
 
     /// Heartbeats to the control peers; a control peer silent too long is lost.
     pub(super) fn heartbeats(&mut self, now: Instant) {
         // Called every loop pass: the work runs a few times per heartbeat period only.
-        if now < self.next_liveness_check {
+        if now < self.links.next_liveness_check {
             return;
         }
         let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
@@ -381,42 +497,44 @@ impl Driver {
         // This loop itself did not run for a long while (the process was stopped, or
         // starved of CPU): peers' silence is ours, not theirs. Give them a fresh period
         // to be heard, and say so in what follows.
-        let gap = now.duration_since(self.next_liveness_check) + check_every;
-        if gap > timeout / 2 && self.up {
+        let gap = now.duration_since(self.links.next_liveness_check) + check_every;
+        if gap > timeout / 2 && self.links.up {
             warn!(node = %self.me.id, "this node did not run for {} ms (stopped or starved of CPU): peers get a fresh {} ms to be heard", gap.as_millis(), timeout.as_millis());
-            for t in self.last_heard.values_mut() {
+            for t in self.links.last_heard.values_mut() {
                 *t = now;
             }
-            self.suspended = Some((now, gap));
+            self.links.suspended = Some((now, gap));
         }
-        self.next_liveness_check = now + check_every;
+        self.links.next_liveness_check = now + check_every;
         let control: Vec<NodeRef> = match self.me.role {
-            Role::Evm => self.conns.keys().copied().collect(),
+            Role::Evm => self.links.conns.keys().copied().collect(),
             _ => self
+                .links
                 .conns
                 .keys()
                 .copied()
                 .filter(|p| *p == NodeRef::Evm)
                 .collect(),
         };
-        if now >= self.next_heartbeat {
-            self.next_heartbeat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
+        if now >= self.links.next_heartbeat {
+            self.links.next_heartbeat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
             for p in &control {
-                if let Some(&conn) = self.conns.get(p) {
+                if let Some(&conn) = self.links.conns.get(p) {
                     let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
                 }
             }
         }
-        if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.up {
+        if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.links.up {
             return;
         }
         for p in control {
             let silent = self
+                .links
                 .last_heard
                 .get(&p)
                 .is_some_and(|t| now.duration_since(*t) > timeout);
             if silent {
-                if let Some(&conn) = self.conns.get(&p) {
+                if let Some(&conn) = self.links.conns.get(&p) {
                     self.messenger.close(conn);
                     self.lose(
                         now,

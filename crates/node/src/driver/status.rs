@@ -153,9 +153,9 @@ impl Driver {
                 v.sort_by_key(|(k, _)| *k);
                 v.into_iter().map(|(_, j)| j).collect::<Vec<Value>>()
             }),
-            "peers": self.conns.iter().map(|(p, c)| json!({
+            "peers": self.links.conns().map(|(p, c)| json!({
                 "peer": p.to_string(),
-                "queued_bytes": self.messenger.queued_bytes(*c),
+                "queued_bytes": self.messenger.queued_bytes(c),
             })).collect::<Vec<Value>>(),
         })
     }
