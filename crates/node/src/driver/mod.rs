@@ -52,17 +52,46 @@ pub struct Driver {
     populating: Option<std::thread::JoinHandle<()>>,
     /// Commands from the control plane (status snapshots go out through `reporter`).
     control: RunControl,
-    /// An RU fed by front-end streams: their listeners, readers and assembler.
+    /// An RU: where its fragments come from and how they leave.
+    ru: RuSide,
+    /// The EVM: the registry of nodes and the rendezvous file.
+    evm: EvmSide,
+}
+
+/// What only an RU has (all `None` elsewhere).
+struct RuSide {
+    /// Fed by front-end streams: their listeners, readers and assembler.
     streams: Option<crate::stream_source::StreamSource>,
-    /// An RU fed by a plug-in producer in this process.
+    /// Fed by a plug-in producer in this process.
     api: Option<crate::plug::ApiSource>,
-    /// An RU under `traffic.shaping = "barrel"`: fragments wait for their BU's slot.
+    /// Under `traffic.shaping = "barrel"`: fragments wait for their BU's slot.
     shaper: Option<evb_builder::shaping::BarrelShaper>,
-    /// Where this node's data listener is bound.
-    bound: String,
-    /// The EVM: what each node said about itself (Register).
+}
+
+impl RuSide {
+    /// Takes in what the front-end streams and the producer have ready.
+    fn pump(&mut self, now: Instant, logic: &mut Logic) {
+        if let Logic::Ru(r) = logic {
+            if let Some(s) = &mut self.streams {
+                s.pump(now, r);
+            }
+            if let Some(a) = &mut self.api {
+                a.pump(now, r);
+            }
+        }
+    }
+
+    /// Input arrives between socket events (front-end streams, a producer).
+    fn fed(&self) -> bool {
+        self.streams.is_some() || self.api.is_some()
+    }
+}
+
+/// What only the EVM has (empty elsewhere).
+struct EvmSide {
+    /// What each node said about itself (Register).
     registry: FastMap<NodeRef, evb_wire::discovery::Registration>,
-    /// The EVM: the rendezvous file it wrote, removed at the end.
+    /// The rendezvous file it wrote, removed at the end.
     rendezvous: Option<std::path::PathBuf>,
 }
 
@@ -258,6 +287,7 @@ impl Driver {
             logic,
             messenger,
             links: peers::Links::new(
+                bound,
                 dials,
                 expected,
                 now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
@@ -268,18 +298,21 @@ impl Driver {
             sink: sink::SinkQueue::new(now),
             populating,
             control,
-            streams,
-            api,
-            shaper,
-            bound,
-            registry: FastMap::default(),
-            rendezvous,
+            ru: RuSide {
+                streams,
+                api,
+                shaper,
+            },
+            evm: EvmSide {
+                registry: FastMap::default(),
+                rendezvous,
+            },
         })
     }
 
     /// Sends what the barrel shifter lets go in this slot.
     fn release_shaped(&mut self) {
-        let Some(shaper) = &mut self.shaper else {
+        let Some(shaper) = &mut self.ru.shaper else {
             return;
         };
         let (links, messenger, me) = (&self.links, &mut self.messenger, &self.me.id);
@@ -358,7 +391,7 @@ impl Driver {
                 }
             }
             Action::SendFragments { to, data, count } => {
-                if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.shaper, to) {
+                if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.ru.shaper, to) {
                     shaper.push(bu as usize, data, count);
                     return;
                 }
@@ -458,12 +491,7 @@ impl Driver {
                 }
                 e.set_paused(now, self.control.paused());
             }
-            if let (Some(s), Logic::Ru(r)) = (&mut self.streams, &mut self.logic) {
-                s.pump(now, r);
-            }
-            if let (Some(a), Logic::Ru(r)) = (&mut self.api, &mut self.logic) {
-                a.pump(now, r);
-            }
+            self.ru.pump(now, &mut self.logic);
             match &mut self.logic {
                 Logic::Evm(e) => e.poll(now),
                 Logic::Ru(r) => r.poll(now),
@@ -494,8 +522,7 @@ impl Driver {
                 Duration::ZERO
             } else {
                 // paced triggers and front-end streams arrive between socket events
-                let paced =
-                    self.cfg.run.rate_hz > 0.0 || self.streams.is_some() || self.api.is_some();
+                let paced = self.cfg.run.rate_hz > 0.0 || self.ru.fed();
                 let cap = Duration::from_millis(if paced { 1 } else { 10 });
                 // a busy sink is offered its events again when its retry is due
                 let cap = self
@@ -504,6 +531,7 @@ impl Driver {
                     .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
                 // fragments waiting for their slot go when it begins
                 let cap = self
+                    .ru
                     .shaper
                     .as_ref()
                     .and_then(|s| s.next_slot_in(wall_ns()))
@@ -602,10 +630,10 @@ impl Driver {
         } else {
             error!(node = %self.me.id, "{reason}");
         }
-        if let Some(path) = &self.rendezvous {
+        if let Some(path) = &self.evm.rendezvous {
             // only the file this EVM wrote: a later run's EVM may have replaced it
-            let mine =
-                crate::discovery::peek_evm(path).is_some_and(|a| a.to_string() == self.bound);
+            let mine = crate::discovery::peek_evm(path)
+                .is_some_and(|a| a.to_string() == self.links.bound());
             if mine {
                 let _ = std::fs::remove_file(path);
             }

@@ -27,6 +27,8 @@ pub(super) struct Links {
     next_liveness_check: Instant,
     /// When this node found that it had not run for a while, and for how long.
     suspended: Option<(Instant, Duration)>,
+    /// Where this node's data listener is bound.
+    bound: String,
     /// How many connections make this node's set.
     expected: usize,
     /// Every connection was up once (the run may have lost some since).
@@ -37,6 +39,7 @@ pub(super) struct Links {
 
 impl Links {
     pub(super) fn new(
+        bound: String,
         dials: Vec<Dial>,
         expected: usize,
         connect_deadline: Instant,
@@ -56,10 +59,16 @@ impl Links {
             next_heartbeat: now,
             next_liveness_check: now,
             suspended: None,
+            bound,
             expected,
             up: false,
             connect_deadline,
         }
+    }
+
+    /// Where this node's data listener is bound.
+    pub(super) fn bound(&self) -> &str {
+        &self.bound
     }
 
     /// The connection to peer `p`, if it is connected.
@@ -171,7 +180,8 @@ impl Driver {
                     self.links.add(now, d.peer, conn);
                     if d.peer == NodeRef::Evm {
                         // first on the control connection: who and where this process is
-                        let me = crate::discovery::registration(&self.bound, &self.control.api());
+                        let me =
+                            crate::discovery::registration(&self.links.bound, &self.control.api());
                         if let Err(e) = self.messenger.send_now(conn, &Message::Register(me)) {
                             debug!(node = %self.me.id, "register with the EVM failed: {e}");
                         }
@@ -189,6 +199,7 @@ impl Driver {
                     if before_start && matches!(self.logic, Logic::Evm(_)) {
                         // two processes run one node: a launch mistake, fatal for the run
                         let first = self
+                            .evm
                             .registry
                             .get(&p)
                             .map_or("a process that has not registered".into(), |r| r.describe());
@@ -407,7 +418,7 @@ impl Driver {
                 }),
             _ => None,
         };
-        self.registry.insert(from, r);
+        self.evm.registry.insert(from, r);
         let to: Vec<NodeRef> = match (&bu, from) {
             (Some(_), _) => self
                 .links
@@ -441,7 +452,7 @@ impl Driver {
             .iter()
             .filter(|n| n.role == Role::Bu && self.cfg.is_discovered(&n.addr))
             .filter_map(|n| {
-                let r = self.registry.get(&NodeRef::Bu(n.index))?;
+                let r = self.evm.registry.get(&NodeRef::Bu(n.index))?;
                 Some(evb_wire::discovery::PeerAddr {
                     role: evb_wire::Role::Bu,
                     index: n.index,

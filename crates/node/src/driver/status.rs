@@ -141,8 +141,8 @@ impl Driver {
             "run_id": self.cfg.run.id,
             "pools": self.reporter.pools(),
             // the EVM: what each node said about itself (rank, host, pid, addresses)
-            "registered": (!self.registry.is_empty()).then(|| {
-                let mut v: Vec<(usize, Value)> = self.registry.iter().map(|(p, r)| (self.rank_of(*p), json!({
+            "registered": (!self.evm.registry.is_empty()).then(|| {
+                let mut v: Vec<(usize, Value)> = self.evm.registry.iter().map(|(p, r)| (self.rank_of(*p), json!({
                     "peer": p.to_string(),
                     "rank": (r.rank != evb_wire::discovery::NO_RANK).then_some(r.rank),
                     "host": r.host,
