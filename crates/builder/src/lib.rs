@@ -22,10 +22,6 @@ pub mod shaping;
 mod sink;
 mod source;
 
-/// The wire messages the state machines take (`handle`) and send (`Action::Send`), for
-/// callers that drive them without depending on `evb-wire` themselves.
-pub use evb_wire as wire;
-
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;

@@ -515,8 +515,8 @@ mod tests {
     /// An EVM's scrape with the stats of a real `Evm` (as the driver's status line has them)
     /// whose BU was lost mid-run and came back.
     fn evm_scrape_after_a_rejoin() -> Scrape {
-        use evb_builder::wire::{Message, UNLIMITED};
         use evb_builder::{Assignment, Evm, EvmConfig, NodeRef, RuLossPolicy};
+        use evb_wire::{Message, UNLIMITED};
         use std::time::{Duration, Instant};
         let t0 = Instant::now();
         let cfg = EvmConfig {
