@@ -585,8 +585,13 @@ fn a_full_output_disk_holds_the_events_until_space_returns() {
     });
     rx.recv_timeout(Duration::from_secs(30))
         .expect("no BU said `sink blocked` on a full disk");
-    // the disk stays full a while, then space returns
-    std::thread::sleep(Duration::from_millis(700));
+    // the disk stays full a while (a seeded 0.2–1.7 s), then space returns
+    let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
+    let hold = 200 + Rng(seed | 1).below(1500);
+    eprintln!(
+        "doors: seed {seed}: the disk stays full {hold} ms; EVB_CHAOS_SEED={seed} replays it"
+    );
+    std::thread::sleep(Duration::from_millis(hold));
     std::fs::remove_file(&filler).unwrap();
     let out = l.wait_with_output().unwrap();
     let log = reader.join().unwrap();

@@ -137,13 +137,11 @@ impl Config {
             // a secret, which consumers then prove (docs/operations.md, Security model)
             for i in 0..self.n_bu().min(u16::MAX as u64) as u16 {
                 let addr = self.serve_addr(i);
-                let (host, _) = addr.rsplit_once(':').unwrap_or((addr.as_str(), ""));
-                let host = host.trim_start_matches('[').trim_end_matches(']');
-                let loopback = host == "localhost"
-                    || host
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback());
-                if !loopback {
+                // the same test as the streams' and the data ports'
+                let beyond = addr
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|sa| !sa.ip().to_canonical().is_loopback());
+                if beyond {
                     let key = match self.bu.get(i as usize) {
                         Some(b) if !b.serve.is_empty() => format!("bu[{i}].serve"),
                         _ => "sink.serve_host".to_string(),

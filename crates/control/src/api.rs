@@ -249,11 +249,9 @@ fn known_hosts(node: &Node) -> Vec<String> {
     let cfg = node.lock().cfg.clone();
     for n in cfg.nodes() {
         for a in [&n.addr, &n.control] {
-            if let Some((h, _)) = a.rsplit_once(':') {
-                let h = h.trim_start_matches('[').trim_end_matches(']');
-                if !h.is_empty() && h.parse::<IpAddr>().is_err() {
-                    names.push(h.to_string());
-                }
+            let h = guard::host_part(a);
+            if !h.is_empty() && h.parse::<IpAddr>().is_err() {
+                names.push(h.to_string());
             }
         }
     }
@@ -395,9 +393,6 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
     let (Some(run), Some(text)) = (run, v["config"].as_str()) else {
         return error(400, "start needs {\"run\": N, \"config\": \"<TOML text>\"}");
     };
-    if body.len() > MAX_BODY {
-        return error(413, "request body too large");
-    }
     let cfg = match node.accept_run_config(text) {
         Ok(c) => c,
         Err(e) => return error(409, e),
@@ -498,9 +493,6 @@ async fn command(State(node): State<Shared>, Path(name): Path<String>, body: Byt
             ),
         );
     };
-    if body.len() > MAX_BODY {
-        return error(413, "request body too large");
-    }
     let v = match parse_body(&body) {
         Ok(v) => v,
         Err(r) => return *r,

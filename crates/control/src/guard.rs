@@ -43,7 +43,7 @@ pub struct Facts<'a> {
 pub type Refusal = (u16, String);
 
 /// The host part of a `Host` header value (`name`, `name:port`, `[v6]`, `[v6]:port`).
-fn host_part(host: &str) -> &str {
+pub(crate) fn host_part(host: &str) -> &str {
     if let Some(rest) = host.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
     }

@@ -32,6 +32,7 @@ use evb_builder::assembly::{Assembler, AssemblyConfig, BadFragment, Piece, Strea
 use evb_builder::{Ru, RunState};
 use evb_config::{AllowedNet, Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
 use evb_formats::stream::{self as fstream, StreamDecoder, StreamFragment};
+use evb_transport::log_limit::LogLimit;
 use tracing::{error, info, warn};
 
 /// How often a blocked stream thread looks at the stop flag.
@@ -455,13 +456,19 @@ impl StreamSource {
             }
             waiting.push(line);
         }
-        let silent: Vec<String> = (0..self.links.len())
+        // named again only when a stream's first fragment changed how many are silent (a
+        // stream never falls silent again): no formatting on every pass
+        let silent = (0..self.links.len())
             .filter(|&i| self.assembler.received(i) == 0)
-            .map(|i| self.assembler.describe(i))
-            .collect();
+            .count();
         if let Some(feed) = ru.live_mut() {
             feed.stats.waiting_for = waiting;
-            feed.stats.silent = silent;
+            if feed.stats.silent.len() != silent {
+                feed.stats.silent = (0..self.links.len())
+                    .filter(|&i| self.assembler.received(i) == 0)
+                    .map(|i| self.assembler.describe(i))
+                    .collect();
+            }
         }
     }
 
@@ -489,26 +496,9 @@ enum Handed {
     Draining,
 }
 
-/// A warning at most every [`WARN_EVERY`], saying how many were held back in between.
-#[derive(Default)]
-struct Every {
-    last: Option<Instant>,
-    held: u64,
-}
-
-impl Every {
-    /// `Some(held back since the last)` when a warning is due.
-    fn due(&mut self) -> Option<u64> {
-        if self.last.is_some_and(|t| t.elapsed() < WARN_EVERY) {
-            self.held += 1;
-            return None;
-        }
-        self.last = Some(Instant::now());
-        Some(std::mem::take(&mut self.held))
-    }
-}
-
-fn more(held: u64) -> String {
+/// What a rate-limited warning standing for `n` occurrences adds: the ones held back.
+fn more(n: u64) -> String {
+    let held = n.saturating_sub(1);
     if held == 0 {
         String::new()
     } else {
@@ -652,7 +642,8 @@ impl Reader {
         listener: &TcpListener,
     ) -> Result<Option<(TcpStream, SocketAddr)>, String> {
         let mut candidates: Vec<(TcpStream, SocketAddr)> = Vec::new();
-        let (mut refused_warn, mut probe_warn) = (Every::default(), Every::default());
+        let mut refused_warn = LogLimit::new(WARN_EVERY);
+        let mut probe_warn = LogLimit::new(WARN_EVERY);
         loop {
             if self.stopped() || self.draining() {
                 return Ok(None);
@@ -667,8 +658,8 @@ impl Reader {
                         if let Ok(mut g) = self.shared.last_refused.lock() {
                             *g = Some(peer);
                         }
-                        if let Some(held) = refused_warn.due() {
-                            warn!(node = %self.node, "{}: connection from {peer} refused and closed: not in source.allow_from ({}){}", self.name, self.allow_text, more(held));
+                        if let Some(n) = refused_warn.tick() {
+                            warn!(node = %self.node, "{}: connection from {peer} refused and closed: not in source.allow_from ({}){}", self.name, self.allow_text, more(n));
                         }
                     } else if s.set_nonblocking(true).is_ok() {
                         info!(node = %self.node, "{}: connection from {peer}: the front-end once it sends", self.name);
@@ -733,13 +724,13 @@ impl Reader {
 
     /// An allowed connection that ended without a byte: not the front-end (a port check, a
     /// load balancer's probe); the stream goes on waiting for it.
-    fn probe(&self, peer: SocketAddr, every: &mut Every, what: &str) {
+    fn probe(&self, peer: SocketAddr, every: &mut LogLimit, what: &str) {
         self.shared.probes.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut g) = self.shared.last_probe.lock() {
             *g = Some(peer);
         }
-        if let Some(held) = every.due() {
-            warn!(node = %self.node, "{}: {peer} connected and {what}: taken for a probe, not the front-end; still waiting for it{}", self.name, more(held));
+        if let Some(n) = every.tick() {
+            warn!(node = %self.node, "{}: {peer} connected and {what}: taken for a probe, not the front-end; still waiting for it{}", self.name, more(n));
         }
     }
 }
