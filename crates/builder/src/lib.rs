@@ -21,6 +21,7 @@ mod ru;
 pub mod shaping;
 mod sink;
 mod source;
+mod status;
 
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
@@ -34,6 +35,10 @@ pub use report::{verdict, NodeEvent, NodeEventKind, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};
 pub use sink::{CountingSink, DiscardSink, Sink, SinkError};
 pub use source::{FragmentSpec, LiveFeed, LiveStats, Recorded, Recording, Source};
+pub use status::{
+    CpuSeconds, NetStatus, NodeStatus, PeerQueue, PoolStatus, Registered, RoleStats, SinkStatus,
+    StatusKind, StatusRole,
+};
 
 #[cfg(test)]
 mod tests;

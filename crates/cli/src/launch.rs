@@ -7,16 +7,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use evb_builder::{NodeRef, RunReport};
+use evb_builder::{NodeRef, NodeStatus, RoleStats, RunReport, RunState};
 use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::summary;
 
 /// What the watcher hears from the nodes.
 pub(crate) enum Note {
-    Line(String, Value),
+    Line(String, Box<NodeStatus>),
     /// A node's process or thread is gone (with its exit code, if it had one).
     Gone(String, Option<i32>),
 }
@@ -373,8 +373,16 @@ pub(crate) fn spawn_node(
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    let _ = tx.send(Note::Line(id.clone(), v));
+                if !line.starts_with('{') {
+                    continue;
+                }
+                match NodeStatus::from_json(&line) {
+                    Ok(v) => {
+                        let _ = tx.send(Note::Line(id.clone(), Box::new(v)));
+                    }
+                    Err(e) => {
+                        eprintln!("evb: {id} wrote a status line that could not be read: {e}")
+                    }
                 }
             }
         });
@@ -397,7 +405,7 @@ fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) -> evb_node::RunControl 
             let lines = tx.clone();
             let id = n.id.clone();
             let status: evb_node::StatusOut = Box::new(move |v| {
-                let _ = lines.send(Note::Line(id.clone(), v));
+                let _ = lines.send(Note::Line(id.clone(), Box::new(v)));
             });
             let every = Duration::from_millis(250);
             let code = match evb_node::run_node_controlled(&cfg, &n.id, status, every, control) {
@@ -415,7 +423,7 @@ fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) -> evb_node::RunControl 
 }
 
 /// Live figures from the latest status lines.
-fn progress_line(latest: &BTreeMap<String, Value>, rate: &mut RateMeter) -> String {
+fn progress_line(latest: &BTreeMap<String, Box<NodeStatus>>, rate: &mut RateMeter) -> String {
     let mut built = 0u64;
     let mut bytes = 0u64;
     let mut in_flight = 0u64;
@@ -424,27 +432,21 @@ fn progress_line(latest: &BTreeMap<String, Value>, rate: &mut RateMeter) -> Stri
     // RUs fed by front-ends name the streams they wait for
     let mut waiting = Vec::new();
     for v in latest.values() {
-        let s = &v["stats"];
-        match v["role"].as_str() {
-            Some("ru") => {
-                for w in s["waiting_for"].as_array().into_iter().flatten() {
-                    waiting.push(format!(
-                        "{} {}",
-                        v["node"].as_str().unwrap_or("?"),
-                        w.as_str().unwrap_or("?")
-                    ));
+        match &v.stats {
+            RoleStats::Ru(s) => {
+                for w in &s.waiting_for {
+                    waiting.push(format!("{} {w}", v.node));
                 }
             }
-            Some("bu") => {
-                built += s["events_built"].as_u64().unwrap_or(0);
-                bytes += s["payload_bytes_built"].as_u64().unwrap_or(0);
+            RoleStats::Bu(s) => {
+                built += s.events_built;
+                bytes += s.payload_bytes_built;
             }
-            Some("evm") => {
-                in_flight = s["in_flight"].as_u64().unwrap_or(0);
-                credits = s["credits_available"].as_u64().unwrap_or(0);
-                triggered = s["triggered"].as_u64().unwrap_or(0);
+            RoleStats::Evm(s) => {
+                in_flight = s.in_flight;
+                credits = s.credits_available;
+                triggered = s.triggered;
             }
-            _ => {}
         }
     }
     let (ev_rate, byte_rate) = rate.update(built, bytes);
@@ -611,8 +613,8 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         b.enable_steady_tick(Duration::from_millis(120));
         b
     };
-    let mut latest: BTreeMap<String, Value> = BTreeMap::new();
-    let mut reports: BTreeMap<String, Value> = BTreeMap::new();
+    let mut latest: BTreeMap<String, Box<NodeStatus>> = BTreeMap::new();
+    let mut reports: BTreeMap<String, NodeStatus> = BTreeMap::new();
     let mut exit_codes: BTreeMap<String, Option<i32>> = BTreeMap::new();
     let mut rate = RateMeter {
         last: None,
@@ -655,8 +657,8 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         }
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Note::Line(id, v)) => {
-                if v["kind"] == "report" {
-                    reports.insert(id.clone(), v.clone());
+                if v.is_report() {
+                    reports.insert(id.clone(), (*v).clone());
                 }
                 latest.insert(id, v);
             }
@@ -695,7 +697,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         // rebuilds a lost BU's events, or applies the RU-loss policy): wait for its verdict.
         let evm_running = latest
             .get(&ids[0])
-            .is_some_and(|v| v["state"] != "ready" && v["state"] != "configured");
+            .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
         let evm_gone = exit_codes.contains_key(&ids[0]);
         let failed = exit_codes.values().any(|c| *c != Some(0));
         if failed && (!evm_running || evm_gone) && !reports.contains_key(&ids[0]) {
@@ -719,8 +721,8 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                 }
                 while let Ok(n) = rx.try_recv() {
                     if let Note::Line(id, v) = n {
-                        if v["kind"] == "report" {
-                            reports.insert(id.clone(), v.clone());
+                        if v.is_report() {
+                            reports.insert(id.clone(), (*v).clone());
                         }
                         latest.insert(id, v);
                     }
@@ -736,8 +738,8 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     while Instant::now() < drain_until {
         match rx.recv_timeout(Duration::from_millis(20)) {
             Ok(Note::Line(id, v)) => {
-                if v["kind"] == "report" {
-                    reports.insert(id, v);
+                if v.is_report() {
+                    reports.insert(id, *v);
                 }
             }
             Ok(Note::Gone(id, code)) => {
@@ -797,17 +799,11 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     if timed_out {
         problems.push(format!("run did not finish within {budget:.0} s"));
     }
-    let evm_report = reports.get(&ids[0]).cloned().unwrap_or(Value::Null);
-    // The EVM's report, typed, and the builder's verdict on it (the EVM's own).
-    let (run, verdict) = match RunReport::from_line(&evm_report) {
-        Ok(Some(r)) => {
-            let v = r.verdict();
-            (Some(r), v)
-        }
-        Ok(None) => (None, Vec::new()),
-        Err(e) => (None, vec![e]),
-    };
-    let evm_ok = evm_report["ok"] == true && verdict.is_empty();
+    let evm_report = reports.get(&ids[0]);
+    // The EVM's report and the builder's verdict on it (the EVM's own).
+    let run = evm_report.and_then(|r| r.run.as_ref());
+    let verdict = run.map(RunReport::verdict).unwrap_or_default();
+    let evm_ok = evm_report.and_then(|r| r.ok) == Some(true) && verdict.is_empty();
     // Nodes the EVM lost during the run and handled by the documented rule (a BU's events
     // rebuilt elsewhere, an RU's by the partial policy): their exit is not a failure of the
     // run; the EVM's verdict says whether anything was lost.
@@ -820,7 +816,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                 Role::Bu => NodeRef::Bu(n.index),
                 Role::Evm => return false,
             };
-            run.as_ref().is_some_and(|r| r.lost(node))
+            run.is_some_and(|r| r.lost(node))
         })
         .map(|n| n.id.clone())
         .collect();
@@ -840,7 +836,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                 // a node's own reason (not the EVM's, which the verdict says, nor an echo of it)
                 let why = reports
                     .get(id)
-                    .and_then(|r| r["reason"].as_str())
+                    .and_then(|r| r.reason.as_deref())
                     .filter(|w| *id != ids[0] && !w.is_empty() && !w.starts_with("run aborted"));
                 let how = how_ended
                     .get(id)
@@ -858,8 +854,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         }
     }
     problems.extend(verdict);
-    if let Some(reason) = evm_report["reason"].as_str() {
-        if evm_report["ok"] == false && !problems.iter().any(|p| p.contains(reason)) {
+    if let Some(reason) = evm_report.and_then(|r| r.reason.as_deref()) {
+        let failed = evm_report.and_then(|r| r.ok) == Some(false);
+        if failed && !problems.iter().any(|p| p.contains(reason)) {
             problems.push(reason.to_string());
         }
     }
@@ -887,12 +884,12 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     problems.dedup();
     let ok = problems.is_empty();
 
-    summary::print(cfg, &ids, &reports, &evm_report["run"], &problems);
+    summary::print(cfg, &ids, &reports, run, &problems);
     if let Some(path) = json_out {
         let doc = json!({
             "ok": ok,
             "problems": problems,
-            "run": evm_report["run"],
+            "run": run,
             "nodes": reports,
             "exit_codes": exit_codes,
             "pids": pids,
@@ -943,12 +940,12 @@ fn note_exit(
     how: &mut BTreeMap<String, (String, bool)>,
     id: &str,
     status: std::process::ExitStatus,
-    latest: &BTreeMap<String, Value>,
+    latest: &BTreeMap<String, Box<NodeStatus>>,
     evm: &str,
 ) {
-    let started = latest.get(evm).is_some_and(|v| {
-        v["state"] != "ready" && v["state"] != "configured" && !v["state"].is_null()
-    });
+    let started = latest
+        .get(evm)
+        .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
     how.entry(id.to_string())
         .or_insert_with(|| (ended_words(status), started));
 }

@@ -364,12 +364,14 @@ fn main() -> ExitCode {
                 std::sync::Arc::new(|v| {
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "{v}");
+                    if let Ok(line) = serde_json::to_string(&v) {
+                        let _ = writeln!(out, "{line}");
+                    }
                     let _ = out.flush();
                 })
             } else {
                 std::sync::Arc::new(|v| {
-                    if v["kind"] == "report" {
+                    if v.is_report() {
                         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
                     }
                 })

@@ -2,22 +2,17 @@
 
 use std::collections::BTreeMap;
 
-use evb_builder::NodeEvent;
+use evb_builder::{NodeStatus, RoleStats, RunReport};
 use evb_config::Config;
-use serde_json::Value;
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
 
 pub fn print(
     cfg: &Config,
     ids: &[String],
-    reports: &BTreeMap<String, Value>,
-    run: &Value,
+    reports: &BTreeMap<String, NodeStatus>,
+    run: Option<&RunReport>,
     problems: &[String],
 ) {
-    let secs = run["seconds"].as_f64().unwrap_or(0.0);
+    let secs = run.map_or(0.0, |r| r.seconds);
     println!();
     println!(
         "{:<10} {:<4} {:<9} {:>12} {:>12} {:>10} {:>9}  notes",
@@ -31,47 +26,46 @@ pub fn print(
             );
             continue;
         };
-        let s = &r["stats"];
-        let role = r["role"].as_str().unwrap_or("?");
-        let state = r["state"].as_str().unwrap_or("?");
-        let (events, bytes, notes) = match role {
-            "evm" => (
-                u(&s["triggered"]),
+        let role = r.role.name();
+        let state = serde_json::to_value(r.state)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let (events, bytes, notes) = match &r.stats {
+            RoleStats::Evm(s) => (
+                s.triggered,
                 0,
                 format!(
                     "released {}, most in flight {}, duplicate releases {}",
-                    u(&s["released"]),
-                    u(&s["in_flight_high_water"]),
-                    u(&s["duplicate_releases"])
+                    s.released, s.in_flight_high_water, s.duplicate_releases
                 ),
             ),
-            "ru" => {
+            RoleStats::Ru(s) => {
                 let mut notes = format!(
                     "still held {}, waits for memory {}",
-                    u(&s["retained"]),
-                    u(&s["pool_waits"])
+                    s.retained, s.pool_waits
                 );
-                if u(&s["stream_fragments_received"]) > 0 {
+                if s.stream_fragments_received > 0 {
                     notes += &format!(
                         ", from streams {} (unbuilt {}, dropped {}, sync losses {})",
-                        u(&s["stream_fragments_received"]),
-                        u(&s["stream_fragments_unbuilt"]),
-                        u(&s["dropped_at_source"]),
-                        u(&s["sync_losses"])
+                        s.stream_fragments_received,
+                        s.stream_fragments_unbuilt,
+                        s.dropped_at_source,
+                        s.sync_losses
                     );
                 }
-                (u(&s["fragments_sent"]), u(&s["payload_bytes_sent"]), notes)
+                (s.fragments_sent, s.payload_bytes_sent, notes)
             }
-            _ => (
-                u(&s["events_built"]),
-                u(&s["payload_bytes_built"]),
+            RoleStats::Bu(s) => (
+                s.events_built,
+                s.payload_bytes_built,
                 format!(
                     "partial {}, crc errors {}, content errors {}, duplicates {}, incomplete {}",
-                    u(&s["partial_events"]),
-                    u(&s["crc_errors"]),
-                    u(&s["content_errors"]),
-                    u(&s["duplicate_fragments"]),
-                    u(&s["incomplete_at_stop"])
+                    s.partial_events,
+                    s.crc_errors,
+                    s.content_errors,
+                    s.duplicate_fragments,
+                    s.incomplete_at_stop
                 ),
             ),
         };
@@ -83,7 +77,7 @@ pub fn print(
         };
         // the process's CPU time over the run, per event it handled (the EVM: triggered;
         // an RU: fragments sent; a BU: events built)
-        let cpu = match r["cpu"]["run_s"].as_f64() {
+        let cpu = match r.cpu.run_s {
             Some(c) if events > 0 => format!("{:.2}", c * 1e6 / events as f64),
             _ => "-".into(),
         };
@@ -91,26 +85,22 @@ pub fn print(
             "{id:<10} {role:<4} {state:<9} {events:>12} {mb:>12.1} {mbs:>10} {cpu:>9}  {notes}"
         );
     }
-    let triggered = u(&run["evm"]["triggered"]);
-    let released = u(&run["evm"]["released"]);
+    let triggered = run.map_or(0, |r| r.evm.triggered);
+    let released = run.map_or(0, |r| r.evm.released);
     // The EVM's copy of the BUs' reports is complete only after a clean Stop; an aborted
     // run has each BU's own final report instead.
-    let built_bytes: u64 = if run["bus"]
-        .as_array()
-        .is_some_and(|b| b.iter().all(|x| !x.is_null()))
-    {
-        run["bus"]
-            .as_array()
-            .map_or(0, |b| b.iter().map(|x| u(&x["payload_bytes_built"])).sum())
-    } else {
-        reports
+    let built_bytes: u64 = match run {
+        Some(r) if r.bus.iter().all(Option::is_some) => {
+            r.bus.iter().flatten().map(|b| b.payload_bytes_built).sum()
+        }
+        _ => reports
             .values()
-            .filter(|r| r["role"] == "bu")
-            .map(|r| u(&r["stats"]["payload_bytes_built"]))
-            .sum()
+            .filter_map(|r| r.bu())
+            .map(|b| b.payload_bytes_built)
+            .sum(),
     };
     println!();
-    if secs > 0.0 {
+    if let Some(r) = run.filter(|_| secs > 0.0) {
         let what = if released == triggered {
             format!("{triggered} events")
         } else {
@@ -118,35 +108,33 @@ pub fn print(
         };
         println!(
             "{} RU x {} BU over {:?}: {what} in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
-            run["n_ru"],
-            run["n_bu"],
+            r.n_ru,
+            r.n_bu,
             cfg.transport.kind,
             released as f64 / secs,
             built_bytes as f64 / secs / 1e9
         );
     }
-    if run["evm"]["stopped_by_request"] == true {
+    if run.is_some_and(|r| r.evm.stopped_by_request) {
         println!(
             "The run was ended early by the operator (Ctrl-C): what was triggered was drained."
         );
     }
-    let events: Vec<NodeEvent> =
-        serde_json::from_value(run["evm"]["lost"].clone()).unwrap_or_default();
-    for e in &events {
+    for e in run.map(|r| r.evm.lost.as_slice()).unwrap_or_default() {
         println!("  node event: {e}");
     }
-    let partial: u64 = run["bus"]
-        .as_array()
-        .map_or(0, |b| b.iter().map(|x| u(&x["partial_events"])).sum());
-    let dropped: u64 = run["rus"]
-        .as_array()
-        .map_or(0, |r| r.iter().map(|x| u(&x["dropped_at_source"])).sum());
+    let partial: u64 = run.map_or(0, |r| {
+        r.bus.iter().flatten().map(|b| b.partial_events).sum()
+    });
+    let dropped: u64 = run.map_or(0, |r| {
+        r.rus.iter().flatten().map(|x| x.dropped_at_source).sum()
+    });
     // fragments front-ends sent that are in no event (the run ended first): the RUs' own
     // final reports, which count what was drained after Stop too
     let unbuilt: u64 = reports
         .values()
-        .filter(|r| r["role"] == "ru")
-        .map(|r| u(&r["stats"]["stream_fragments_unbuilt"]))
+        .filter_map(|r| r.ru())
+        .map(|r| r.stream_fragments_unbuilt)
         .sum();
     let unbuilt_note = if unbuilt > 0 {
         format!("; {unbuilt} fragments the front-ends sent after the run's end counted as unbuilt")

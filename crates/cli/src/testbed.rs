@@ -353,33 +353,38 @@ fn run_discovered(
             let last = log.lines().last().unwrap_or("").trim().to_string();
             problems.push(format!("{} exited with {}: {last}", n.id, out.status));
         }
-        if let Ok(r) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
-            reports.insert(n.id.clone(), r);
+        match serde_json::from_slice::<evb_builder::NodeStatus>(&out.stdout) {
+            Ok(r) => {
+                reports.insert(n.id.clone(), r);
+            }
+            Err(e) if out.status.success() => {
+                problems.push(format!("{}'s report could not be read: {e}", n.id))
+            }
+            Err(_) => {}
         }
     }
-    let evm = reports.get(&nodes[0].id).cloned().unwrap_or_default();
-    if evm["ok"] != true {
-        problems.push(format!("the EVM: {}", evm["reason"]));
+    let evm = reports.get(&nodes[0].id);
+    if evm.and_then(|e| e.ok) != Some(true) {
+        let why = evm.and_then(|e| e.reason.as_deref()).unwrap_or("no report");
+        problems.push(format!("the EVM: {why}"));
     }
-    if let Some(reg) = evm["registered"].as_array() {
+    let registered = evm.and_then(|e| e.registered.as_ref());
+    if let Some(reg) = registered {
         eprintln!("evb testbed: the nodes registered with the EVM:");
         for r in reg {
-            eprintln!(
-                "  {:<7} rank {:<3} {}",
-                r["peer"].as_str().unwrap_or("?"),
-                r["rank"],
-                r["data"].as_str().unwrap_or("?")
-            );
+            let rank = r.rank.map_or("-".to_string(), |k| k.to_string());
+            eprintln!("  {:<7} rank {rank:<3} {}", r.peer, r.data);
         }
     }
     let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
-    crate::summary::print(cfg, &ids, &reports, &evm["run"], &problems);
+    let run = evm.and_then(|e| e.run.as_ref());
+    crate::summary::print(cfg, &ids, &reports, run, &problems);
     if let Some(path) = json_out {
         let doc = serde_json::json!({
             "ok": problems.is_empty(),
             "problems": problems,
-            "run": evm["run"],
-            "registered": evm["registered"],
+            "run": run,
+            "registered": registered,
         });
         std::fs::write(path, doc.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
     }

@@ -155,13 +155,13 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         }
         while let Ok(note) = rx.try_recv() {
             if let Note::Line(id, v) = note {
-                if id == evm.id && v["kind"] == "report" {
-                    let ok = v["ok"] == true;
+                if id == evm.id && v.is_report() {
+                    let ok = v.ok == Some(true);
                     println!(
                         "evb up: run {} {}: {}",
-                        v["run_number"],
+                        v.run_number.map_or("?".to_string(), |n| n.to_string()),
                         if ok { "complete" } else { "FAILED" },
-                        v["reason"].as_str().unwrap_or("")
+                        v.reason.as_deref().unwrap_or("")
                     );
                 }
             }

@@ -32,8 +32,8 @@ fn rust_producer_feeds_an_ru_in_a_multi_process_run() {
     }
     let ru = p.finish().unwrap();
     assert!(ru.ok, "{}", ru.reason);
-    assert_eq!(ru.report["stats"]["fragments_sent"], EVENTS);
-    assert_eq!(ru.report["stats"]["retained"], 0);
+    assert_eq!(ru.report.ru().unwrap().fragments_sent, EVENTS);
+    assert_eq!(ru.report.ru().unwrap().retained, 0);
     let out = run.dir.path().join("out");
     let report = run.evm_report();
     assert_verdict_ok(&report, EVENTS);
@@ -210,7 +210,7 @@ fn rust_consumer_takes_every_event_and_a_slow_one_slows_the_trigger() {
     // the consumer set the pace: the BU was held back (busy), the run took at least as long
     // as the consumer's work, and nothing was lost
     assert!(
-        bu.report["sink"]["report"]["consumer_busy"]
+        bu.report.sink.as_ref().unwrap().report["consumer_busy"]
             .as_u64()
             .unwrap()
             > 0
@@ -312,7 +312,7 @@ fn several_producers_into_one_ru_make_super_fragments_on_threads() {
     for t in threads {
         let ru = t.join().unwrap();
         assert!(ru.ok, "{}", ru.reason);
-        assert_eq!(ru.report["stats"]["fragments_sent"], EVENTS);
+        assert_eq!(ru.report.ru().unwrap().fragments_sent, EVENTS);
     }
     let report = run.evm_report();
     assert_verdict_ok(&report, EVENTS);

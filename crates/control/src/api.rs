@@ -336,7 +336,7 @@ async fn authorize(
         .await
 }
 
-async fn node_status(State(node): State<Shared>) -> Json<Value> {
+async fn node_status(State(node): State<Shared>) -> Json<crate::service::NodeReply> {
     Json(node.status())
 }
 

@@ -48,6 +48,59 @@ impl Reply {
     }
 }
 
+/// Why a call got no answer: the API could not be reached or its answer not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{base}: {detail}")]
+pub struct CallError {
+    /// The API called (`http://host:port`).
+    pub base: String,
+    pub kind: CallErrorKind,
+    /// What the HTTP client said.
+    pub detail: String,
+}
+
+/// The kinds of [`CallError`] a caller decides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallErrorKind {
+    /// Nothing listens there (yet, or any more): the connection was refused.
+    Refused,
+    /// No answer in time.
+    Timeout,
+    /// Anything else (a broken connection, an unreadable answer).
+    Other,
+}
+
+impl CallError {
+    fn new(base: &str, e: ureq::Error) -> CallError {
+        let kind = match &e {
+            ureq::Error::Timeout(_) => CallErrorKind::Timeout,
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                CallErrorKind::Refused
+            }
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                CallErrorKind::Timeout
+            }
+            _ => CallErrorKind::Other,
+        };
+        CallError {
+            base: base.to_string(),
+            kind,
+            detail: e.to_string(),
+        }
+    }
+
+    /// Nothing listens there: a node starting may not be listening yet.
+    pub fn is_refused(&self) -> bool {
+        self.kind == CallErrorKind::Refused
+    }
+}
+
+impl From<CallError> for String {
+    fn from(e: CallError) -> String {
+        e.to_string()
+    }
+}
+
 impl Api {
     pub fn new(base: &str, token: Option<String>) -> Api {
         let base = if base.starts_with("http://") || base.starts_with("https://") {
@@ -75,7 +128,7 @@ impl Api {
     }
 
     /// GET `path`; an error when the API cannot be reached.
-    pub fn get(&self, path: &str) -> Result<Reply, String> {
+    pub fn get(&self, path: &str) -> Result<Reply, CallError> {
         let mut req = self.agent().get(format!("{}{path}", self.base));
         if let Some(t) = &self.token {
             req = req.header("Authorization", format!("Bearer {t}"));
@@ -84,7 +137,7 @@ impl Api {
     }
 
     /// DELETE `path`.
-    pub fn delete(&self, path: &str) -> Result<Reply, String> {
+    pub fn delete(&self, path: &str) -> Result<Reply, CallError> {
         let mut req = self.agent().delete(format!("{}{path}", self.base));
         if let Some(t) = &self.token {
             req = req.header("Authorization", format!("Bearer {t}"));
@@ -93,7 +146,7 @@ impl Api {
     }
 
     /// POST a JSON body to `path`.
-    pub fn post(&self, path: &str, body: &Value) -> Result<Reply, String> {
+    pub fn post(&self, path: &str, body: &Value) -> Result<Reply, CallError> {
         let mut req = self.agent().post(format!("{}{path}", self.base));
         if let Some(t) = &self.token {
             req = req.header("Authorization", format!("Bearer {t}"));
@@ -105,13 +158,13 @@ impl Api {
 fn read(
     r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     base: &str,
-) -> Result<Reply, String> {
-    let mut resp = r.map_err(|e| format!("{base}: {e}"))?;
+) -> Result<Reply, CallError> {
+    let mut resp = r.map_err(|e| CallError::new(base, e))?;
     let status = resp.status().as_u16();
     let text = resp
         .body_mut()
         .read_to_string()
-        .map_err(|e| format!("{base}: {e}"))?;
+        .map_err(|e| CallError::new(base, e))?;
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     Ok(Reply { status, body })
 }

@@ -14,6 +14,8 @@ pub mod metrics;
 mod page;
 mod service;
 
-pub use controller::Controller;
+pub use controller::{Controller, RunEnd, RunRecord};
 pub use evb_transport::control_token;
-pub use service::{numbered_run_id, run_process, Ended, Lines, Mode, Node};
+pub use service::{
+    numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase,
+};

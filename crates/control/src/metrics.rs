@@ -5,33 +5,15 @@
 //! Every series carries `node` and `role` labels. Names follow the Prometheus conventions:
 //! counters end in `_total`, sizes are in bytes and times in seconds.
 
-use evb_builder::{LatencyHistogram, NodeEvent, LATENCY_BOUNDS_US};
+use evb_builder::{NodeStatus, RoleStats, LATENCY_BOUNDS_US};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use serde_json::Value;
 
 use crate::fsm::State;
-
-/// A node's error counters (fields of its status `stats`) and their `kind` label in
-/// `evb_errors`; the node table's error column sums the same list.
-pub(crate) const ERROR_COUNTERS: &[(&str, &str)] = &[
-    ("crc_errors", "crc"),
-    ("content_errors", "content"),
-    ("trigger_mismatches", "trigger_mismatch"),
-    ("duplicate_fragments", "duplicate_fragment"),
-    ("source_mismatches", "source_mismatch"),
-    ("misrouted", "misrouted"),
-    ("releases_refused", "release_refused"),
-    ("duplicate_releases", "duplicate_release"),
-    ("unknown_releases", "unknown_release"),
-    ("misrouted_releases", "misrouted_release"),
-    ("dropped_at_source", "dropped_at_source"),
-    ("errors", "protocol"),
-];
 
 /// What a scrape shows besides the node's own snapshot.
 #[derive(Debug, Clone)]
@@ -42,7 +24,7 @@ pub struct Scrape {
     /// controller state at the EVM; the node's own phase elsewhere).
     pub run: u64,
     pub state: State,
-    pub snapshot: Option<Value>,
+    pub snapshot: Option<NodeStatus>,
     /// Runs this process has taken part in.
     pub runs_total: u64,
 }
@@ -51,12 +33,6 @@ pub struct Scrape {
 struct SnapshotCollector(Scrape);
 
 type Labels = Vec<(String, String)>;
-
-fn u(v: &Value) -> u64 {
-    v.as_u64()
-        .or_else(|| v.as_f64().map(|f| f.max(0.0) as u64))
-        .unwrap_or(0)
-}
 
 impl SnapshotCollector {
     fn labels(&self, extra: &[(&str, &str)]) -> Labels {
@@ -133,158 +109,155 @@ impl Collector for SnapshotCollector {
         let Some(snap) = &s.snapshot else {
             return Ok(());
         };
-        let st = &snap["stats"];
-        let counter = |enc: &mut DescriptorEncoder, name, help, unit, v: &Value| {
-            family(enc, name, help, unit, &one(u(v)), true)
+        let counter = |enc: &mut DescriptorEncoder, name, help, unit, v: u64| {
+            family(enc, name, help, unit, &one(v), true)
         };
-        let gauge = |enc: &mut DescriptorEncoder, name, help, unit, v: &Value| {
-            family(enc, name, help, unit, &one(u(v)), false)
+        let gauge = |enc: &mut DescriptorEncoder, name, help, unit, v: u64| {
+            family(enc, name, help, unit, &one(v), false)
         };
-        match s.role.as_str() {
-            "evm" => {
+        match &snap.stats {
+            RoleStats::Evm(st) => {
                 counter(
                     &mut enc,
                     "evb_events_triggered",
                     "Events triggered and assigned to a BU",
                     None,
-                    &st["triggered"],
+                    st.triggered,
                 )?;
                 counter(
                     &mut enc,
                     "evb_events_released",
                     "Events released by the BUs and accepted by the EVM's ledger",
                     None,
-                    &st["released"],
+                    st.released,
                 )?;
                 gauge(
                     &mut enc,
                     "evb_events_in_flight",
                     "Events assigned and not yet released",
                     None,
-                    &st["in_flight"],
+                    st.in_flight,
                 )?;
                 gauge(
                     &mut enc,
                     "evb_credits_available",
                     "Credits granted by the BUs and not yet used",
                     None,
-                    &st["credits_available"],
+                    st.credits_available,
                 )?;
                 counter(
                     &mut enc,
                     "evb_events_reassigned",
                     "Events taken from a lost BU and assigned again",
                     None,
-                    &st["reassigned"],
+                    st.reassigned,
                 )?;
-                // the EVM's node events, typed: only losses count (a rejoin is none)
-                let events: Vec<NodeEvent> =
-                    serde_json::from_value(st["lost"].clone()).unwrap_or_default();
-                let losses = events.iter().filter(|e| e.kind.is_loss()).count();
+                // only losses count (a rejoin is none)
+                let losses = st.lost.iter().filter(|e| e.kind.is_loss()).count();
                 counter(
                     &mut enc,
                     "evb_nodes_lost",
                     "Nodes lost during the run",
                     None,
-                    &Value::from(losses),
+                    losses as u64,
                 )?;
                 gauge(
                     &mut enc,
                     "evb_nodes_down",
                     "Nodes lost and not back",
                     None,
-                    &Value::from(st["down"].as_array().map_or(0, |a| a.len())),
+                    st.down.len() as u64,
                 )?;
                 gauge(
                     &mut enc,
                     "evb_paused",
                     "1 while triggering is paused",
                     None,
-                    &Value::from(st["paused"].as_bool().unwrap_or(false) as u64),
+                    st.paused as u64,
                 )?;
             }
-            "ru" => {
+            RoleStats::Ru(st) => {
                 counter(
                     &mut enc,
                     "evb_fragments_sent",
                     "Fragments sent to the BUs",
                     None,
-                    &st["fragments_sent"],
+                    st.fragments_sent,
                 )?;
                 counter(
                     &mut enc,
                     "evb_fragment_payload_sent",
                     "Fragment payload bytes sent to the BUs",
                     Some(Unit::Bytes),
-                    &st["payload_bytes_sent"],
+                    st.payload_bytes_sent,
                 )?;
                 counter(
                     &mut enc,
                     "evb_events_released",
                     "Events whose fragments this RU freed",
                     None,
-                    &st["events_released"],
+                    st.events_released,
                 )?;
                 gauge(
                     &mut enc,
                     "evb_fragments_retained",
                     "Fragments held until their event is released",
                     None,
-                    &st["retained"],
+                    st.retained,
                 )?;
                 gauge(
                     &mut enc,
                     "evb_events_pending",
                     "Assignments waiting for their fragment to be made",
                     None,
-                    &st["pending_events"],
+                    st.pending_events,
                 )?;
             }
-            "bu" => {
+            RoleStats::Bu(st) => {
                 counter(
                     &mut enc,
                     "evb_events_built",
                     "Events built, handed to the sink and accepted by the EVM",
                     None,
-                    &st["events_built"],
+                    st.events_built,
                 )?;
                 counter(
                     &mut enc,
                     "evb_event_payload_built",
                     "Payload bytes of the events built",
                     Some(Unit::Bytes),
-                    &st["payload_bytes_built"],
+                    st.payload_bytes_built,
                 )?;
                 counter(
                     &mut enc,
                     "evb_fragments_received",
                     "Fragments received from the RUs",
                     None,
-                    &st["fragments_received"],
+                    st.fragments_received,
                 )?;
                 counter(
                     &mut enc,
                     "evb_events_partial",
                     "Events built with a source flagged missing",
                     None,
-                    &st["partial_events"],
+                    st.partial_events,
                 )?;
+                let sink = snap.sink.as_ref();
                 gauge(
                     &mut enc,
                     "evb_sink_queued_events",
                     "Built events waiting for the sink",
                     None,
-                    &snap["sink"]["queued"],
+                    sink.map_or(0, |k| k.queued),
                 )?;
                 counter(
                     &mut enc,
                     "evb_sink_stalls",
                     "Times the sink was busy and held events (and their credits)",
                     None,
-                    &snap["sink"]["stalls"],
+                    sink.map_or(0, |k| k.stalls),
                 )?;
-                let h: LatencyHistogram =
-                    serde_json::from_value(st["latency"].clone()).unwrap_or_default();
+                let h = &st.latency;
                 let mut m = enc.encode_descriptor(
                     "evb_event_build_latency",
                     "Time from an event's assignment (or first fragment) to its completion at the BU",
@@ -306,18 +279,15 @@ impl Collector for SnapshotCollector {
                     None,
                 )?;
             }
-            _ => {}
         }
         // errors by kind, from whichever counters this role keeps
-        let mut errors: Vec<(Labels, u64)> = ERROR_COUNTERS
-            .iter()
-            .filter(|(field, _)| !st[*field].is_null())
-            .map(|(field, kind)| (self.labels(&[("kind", kind)]), u(&st[*field])))
+        let mut errors: Vec<(Labels, u64)> = snap
+            .stats
+            .errors()
+            .into_iter()
+            .map(|(kind, v)| (self.labels(&[("kind", kind)]), v))
             .collect();
-        errors.push((
-            self.labels(&[("kind", "wire")]),
-            u(&snap["net"]["protocol_errors"]),
-        ));
+        errors.push((self.labels(&[("kind", "wire")]), snap.net.protocol_errors));
         family(
             &mut enc,
             "evb_errors",
@@ -326,36 +296,32 @@ impl Collector for SnapshotCollector {
             &errors,
             true,
         )?;
-        let net = &snap["net"];
+        let net = &snap.net;
         counter(
             &mut enc,
             "evb_network_sent",
             "Payload bytes sent to peers",
             Some(Unit::Bytes),
-            &net["bytes_sent"],
+            net.bytes_sent,
         )?;
         counter(
             &mut enc,
             "evb_network_received",
             "Payload bytes received from peers",
             Some(Unit::Bytes),
-            &net["bytes_received"],
+            net.bytes_received,
         )?;
         counter(
             &mut enc,
             "evb_messages_sent",
             "Messages sent to peers",
             None,
-            &net["messages_sent"],
+            net.messages_sent,
         )?;
-        let pools = snap["pools"].as_array().cloned().unwrap_or_default();
-        let per_pool = |field: &str| -> Vec<(Labels, u64)> {
-            pools
+        let per_pool = |field: fn(&evb_builder::PoolStatus) -> u64| -> Vec<(Labels, u64)> {
+            snap.pools
                 .iter()
-                .map(|p| {
-                    let name = p["pool"].as_str().unwrap_or("?");
-                    (self.labels(&[("pool", name)]), u(&p[field]))
-                })
+                .map(|p| (self.labels(&[("pool", &p.pool)]), field(p)))
                 .collect()
         };
         family(
@@ -363,7 +329,7 @@ impl Collector for SnapshotCollector {
             "evb_pool_blocks",
             "Blocks in the pool",
             None,
-            &per_pool("blocks"),
+            &per_pool(|p| p.blocks),
             false,
         )?;
         family(
@@ -371,7 +337,7 @@ impl Collector for SnapshotCollector {
             "evb_pool_blocks_in_use",
             "Blocks on loan",
             None,
-            &per_pool("in_use"),
+            &per_pool(|p| p.in_use),
             false,
         )?;
         family(
@@ -379,20 +345,14 @@ impl Collector for SnapshotCollector {
             "evb_pool_exhausted",
             "Allocations that found the pool empty and waited (back-pressure)",
             None,
-            &per_pool("exhausted"),
+            &per_pool(|p| p.exhausted),
             true,
         )?;
-        let peers: Vec<(Labels, u64)> = snap["peers"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|p| {
-                        let peer = p["peer"].as_str().unwrap_or("?");
-                        (self.labels(&[("peer", peer)]), u(&p["queued_bytes"]))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let peers: Vec<(Labels, u64)> = snap
+            .peers
+            .iter()
+            .map(|p| (self.labels(&[("peer", &p.peer)]), p.queued_bytes))
+            .collect();
         family(
             &mut enc,
             "evb_peer_send_queue",
@@ -454,26 +414,47 @@ pub fn classic(openmetrics: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn bu_scrape() -> Scrape {
-        let mut h = LatencyHistogram::default();
-        h.record(std::time::Duration::from_micros(30));
-        h.record(std::time::Duration::from_millis(3));
+        use evb_builder::{BuStats, LatencyHistogram, PeerQueue, PoolStatus, RunState};
+        let mut latency = LatencyHistogram::default();
+        latency.record(std::time::Duration::from_micros(30));
+        latency.record(std::time::Duration::from_millis(3));
+        let stats = BuStats {
+            events_built: 42,
+            payload_bytes_built: 4200,
+            crc_errors: 1,
+            latency,
+            ..Default::default()
+        };
+        let mut snap = NodeStatus::new("bu0", RunState::Running, RoleStats::Bu(Box::new(stats)));
+        snap.sink = Some(evb_builder::SinkStatus {
+            kind: "null".into(),
+            report: serde_json::Value::Null,
+            blocked: None,
+            queued: 2,
+            stalls: 0,
+        });
+        snap.net.messages_sent = 3;
+        snap.pools = vec![PoolStatus {
+            pool: "receive".into(),
+            blocks: 64,
+            block_size: 4096,
+            in_use: 5,
+            high_water: 6,
+            exhausted: 0,
+        }];
+        snap.peers = vec![PeerQueue {
+            peer: "ru0".into(),
+            queued_bytes: 0,
+        }];
         Scrape {
             node: "bu0".into(),
             role: "bu".into(),
             run: 7,
             state: State::Running,
             runs_total: 3,
-            snapshot: Some(json!({
-                "stats": {"events_built": 42, "payload_bytes_built": 4200, "crc_errors": 1,
-                          "errors": 0, "latency": h},
-                "sink": {"queued": 2, "stalls": 0},
-                "net": {"bytes_sent": 1, "bytes_received": 2, "messages_sent": 3, "protocol_errors": 0},
-                "pools": [{"pool": "receive", "blocks": 64, "in_use": 5, "exhausted": 0}],
-                "peers": [{"peer": "ru0", "queued_bytes": 0}],
-            })),
+            snapshot: Some(snap),
         }
     }
 
@@ -548,10 +529,11 @@ mod tests {
             run: 1,
             state: State::Running,
             runs_total: 1,
-            snapshot: Some(json!({
-                "stats": serde_json::to_value(evm.stats()).unwrap(),
-                "net": {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0, "protocol_errors": 0},
-            })),
+            snapshot: Some(NodeStatus::new(
+                "evm",
+                evb_builder::RunState::Running,
+                RoleStats::Evm(Box::new(evm.stats())),
+            )),
         }
     }
 
@@ -560,12 +542,8 @@ mod tests {
     #[test]
     fn a_rejoin_is_not_counted_as_a_loss() {
         let s = evm_scrape_after_a_rejoin();
-        let lost = &s.snapshot.as_ref().unwrap()["stats"]["lost"];
-        assert_eq!(
-            lost.as_array().map(Vec::len),
-            Some(2),
-            "a loss and a rejoin: {lost}"
-        );
+        let lost = &s.snapshot.as_ref().and_then(|n| n.evm()).unwrap().lost;
+        assert_eq!(lost.len(), 2, "a loss and a rejoin: {lost:?}");
         let text = exposition(s);
         for line in [
             "evb_nodes_lost_total{node=\"evm\",role=\"evm\"} 1\n",

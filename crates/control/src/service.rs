@@ -11,19 +11,21 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use evb_builder::{NodeStatus, StatusRole};
 use evb_config::{Config, NodeSpec, Role};
 use evb_node::{NodeError, NodeOutcome, RunControl};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
 use crate::controller::Controller;
 use crate::fsm::State;
 
 /// Where status lines go besides the API (stdout under a launcher).
-pub type Lines = Arc<dyn Fn(Value) + Send + Sync>;
+pub type Lines = Arc<dyn Fn(NodeStatus) + Send + Sync>;
 
 /// How a node process lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// One run, started at once, then exit.
     Once,
@@ -38,8 +40,9 @@ pub(crate) enum Cmd {
 }
 
 /// A node's own phase (the EVM's run state is the controller's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
     Idle,
     Running,
     Halted,
@@ -52,7 +55,32 @@ pub(crate) struct NodeState {
     pub run: u64,
     pub runs_total: u64,
     /// How this node's last run ended.
-    pub last: Option<Value>,
+    pub last: Option<LastRun>,
+}
+
+/// How a node's last run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastRun {
+    pub run: u64,
+    pub ok: bool,
+    pub reason: String,
+}
+
+/// A node's own status, as its API answers `GET /api/v1/node` (docs/control.md): what the
+/// EVM's controller polls, and `evb up` waits on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReply {
+    pub node: String,
+    pub role: StatusRole,
+    pub pid: u32,
+    pub phase: Phase,
+    pub mode: Mode,
+    /// The run it is in, or was last in (0: none yet).
+    pub run: u64,
+    pub runs_total: u64,
+    pub last: Option<LastRun>,
+    /// Its latest status line (`None` before its first run published one).
+    pub snapshot: Option<NodeStatus>,
 }
 
 /// What the API handlers and the main loop share.
@@ -110,23 +138,23 @@ impl Node {
     }
 
     /// This node's own status (`GET /api/v1/node`).
-    pub(crate) fn status(&self) -> Value {
+    pub(crate) fn status(&self) -> NodeReply {
         let st = self.lock();
-        json!({
-            "node": self.spec.id,
-            "role": self.role_name(),
-            "pid": std::process::id(),
-            "phase": match st.phase {
-                Phase::Idle => "idle",
-                Phase::Running => "running",
-                Phase::Halted => "halted",
+        NodeReply {
+            node: self.spec.id.clone(),
+            role: match self.spec.role {
+                Role::Evm => StatusRole::Evm,
+                Role::Ru => StatusRole::Ru,
+                Role::Bu => StatusRole::Bu,
             },
-            "mode": match self.mode { Mode::Once => "once", Mode::Serve => "serve" },
-            "run": st.run,
-            "runs_total": st.runs_total,
-            "last": st.last,
-            "snapshot": self.control.snapshot(),
-        })
+            pid: std::process::id(),
+            phase: st.phase,
+            mode: self.mode,
+            run: st.run,
+            runs_total: st.runs_total,
+            last: st.last.clone(),
+            snapshot: self.control.snapshot(),
+        }
     }
 
     /// Takes a run's configuration from the EVM: it must describe the same system as this
@@ -159,8 +187,8 @@ impl Node {
         }
         let lines = self.lines.clone();
         let controller = self.controller.clone();
-        let status: evb_node::StatusOut = Box::new(move |mut v: Value| {
-            v["run_number"] = json!(run);
+        let status: evb_node::StatusOut = Box::new(move |mut v: NodeStatus| {
+            v.run_number = Some(run);
             if let Some(c) = &controller {
                 c.on_status(&v);
             }
@@ -176,8 +204,16 @@ impl Node {
         let mut st = self.lock();
         st.phase = Phase::Idle;
         st.last = Some(match &r {
-            Ok(o) => json!({"run": run, "ok": o.ok, "reason": o.reason}),
-            Err(e) => json!({"run": run, "ok": false, "reason": e.to_string()}),
+            Ok(o) => LastRun {
+                run,
+                ok: o.ok,
+                reason: o.reason.clone(),
+            },
+            Err(e) => LastRun {
+                run,
+                ok: false,
+                reason: e.to_string(),
+            },
         });
         r
     }

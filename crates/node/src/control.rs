@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
+use evb_builder::NodeStatus;
 
 /// How often a running driver publishes its status snapshot.
 pub const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
@@ -21,7 +21,7 @@ struct Inner {
     pause: AtomicBool,
     abort: Mutex<Option<String>>,
     aborting: AtomicBool,
-    snapshot: Mutex<Option<Value>>,
+    snapshot: Mutex<Option<NodeStatus>>,
     /// Where the node's control API listens, once bound.
     api: Mutex<Option<String>>,
 }
@@ -73,7 +73,7 @@ impl RunControl {
     }
 
     /// The latest status the node published (`None` before its first).
-    pub fn snapshot(&self) -> Option<Value> {
+    pub fn snapshot(&self) -> Option<NodeStatus> {
         self.0
             .snapshot
             .lock()
@@ -82,7 +82,7 @@ impl RunControl {
     }
 
     /// Publishes a status (the driver, or the node's process between runs).
-    pub fn publish(&self, v: Value) {
+    pub fn publish(&self, v: NodeStatus) {
         *self.0.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
     }
 
@@ -123,8 +123,16 @@ mod tests {
         assert!(seen.stop_requested() && seen.paused());
         assert_eq!(seen.take_abort().as_deref(), Some("operator"));
         assert_eq!(seen.take_abort(), None, "an abort is taken once");
-        c.publish(serde_json::json!({"state": "running"}));
-        assert_eq!(seen.snapshot().unwrap()["state"], "running");
+        let line = NodeStatus::new(
+            "ru0",
+            evb_builder::RunState::Running,
+            evb_builder::RoleStats::Ru(Box::default()),
+        );
+        c.publish(line);
+        assert_eq!(
+            seen.snapshot().map(|s| s.state),
+            Some(evb_builder::RunState::Running)
+        );
         c.reset();
         assert!(!seen.stop_requested() && !seen.paused());
         assert!(seen.snapshot().is_none());

@@ -22,19 +22,18 @@ fn run_all(cfg: &Config) -> Vec<NodeOutcome> {
 
 fn check(outcomes: &[NodeOutcome], events: u64) {
     for o in outcomes {
-        assert!(o.ok, "{}: {}", o.report["node"], o.reason);
+        assert!(o.ok, "{}: {}", o.report.node, o.reason);
     }
-    let run = &outcomes[0].report["run"];
-    assert_eq!(run["evm"]["triggered"], events);
-    assert_eq!(run["evm"]["released"], events);
-    let built: u64 = run["bus"]
-        .as_array()
-        .unwrap()
+    let run = outcomes[0].report.run.as_ref().expect("the EVM's report");
+    assert_eq!(run.evm.triggered, events);
+    assert_eq!(run.evm.released, events);
+    let built: u64 = run
+        .bus
         .iter()
-        .map(|b| b["events_built"].as_u64().unwrap())
+        .map(|b| b.as_ref().unwrap().events_built)
         .sum();
     assert_eq!(built, events);
-    assert_eq!(outcomes[0].report["verdict"].as_array().unwrap().len(), 0);
+    assert_eq!(outcomes[0].report.verdict.as_deref(), Some(&[][..]));
 }
 
 fn free_ports(n: usize) -> u16 {

@@ -36,7 +36,7 @@ impl NodeThread {
                     &node,
                     Box::new(move |line| {
                         if let Ok(mut s) = latest.lock() {
-                            *s = line;
+                            *s = serde_json::to_value(&line).unwrap_or(Value::Null);
                         }
                     }),
                     STATUS_EVERY,

@@ -138,7 +138,10 @@ pub(crate) fn outcome(py: Python<'_>, o: evb_plugin::NodeOutcome) -> PyResult<Ou
     Ok(Outcome {
         ok: o.ok,
         reason: o.reason,
-        report: to_python(py, &o.report)?,
+        report: to_python(
+            py,
+            &serde_json::to_value(&o.report).map_err(|e| PyException::new_err(e.to_string()))?,
+        )?,
     })
 }
 

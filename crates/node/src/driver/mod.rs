@@ -3,12 +3,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use evb_builder::{Action, BuiltEvent, FastMap, NodeRef, Path, RunState, SinkError};
+use evb_builder::{
+    Action, BuiltEvent, FastMap, NodeRef, NodeStatus, Path, RunState, SinkError, StatusKind,
+};
 use evb_config::{Config, NodeSpec, Role};
 use evb_messaging::{Incoming, Messenger, Received};
 use evb_transport::{CloseReason, ConnId, Transport};
 use evb_wire::{Channel, Hello, Message};
-use serde_json::{json, Value};
 use tracing::{debug, error, info, warn};
 
 use crate::control::{RunControl, PUBLISH_EVERY};
@@ -24,15 +25,15 @@ mod status;
 const EVM_NAMES_GRACE: Duration = Duration::from_secs(2);
 
 /// Where a node's status lines and final report go (stdout for a process, a channel for a thread).
-pub type StatusOut = Box<dyn FnMut(Value) + Send>;
+pub type StatusOut = Box<dyn FnMut(NodeStatus) + Send>;
 
 /// How a node's run ended.
 #[derive(Debug, Clone)]
 pub struct NodeOutcome {
     pub ok: bool,
     pub reason: String,
-    /// The node's final report (for the EVM: the whole run's report).
-    pub report: Value,
+    /// The node's final report (for the EVM: with the whole run's report and verdict).
+    pub report: NodeStatus,
 }
 
 pub struct Driver {
@@ -507,7 +508,7 @@ impl Driver {
             self.release_shaped();
             self.messenger.flush_due(now);
             if self.reporter.due(now) {
-                let line = self.status_line("status", now);
+                let line = self.status_line(StatusKind::Status, now);
                 self.reporter.send(now, line);
             }
             if self.exit.is_some() {
@@ -618,12 +619,13 @@ impl Driver {
             }
         }
         let now = Instant::now();
-        let mut report = self.status_line("report", now);
-        report["ok"] = json!(ok);
-        report["reason"] = json!(reason);
+        let mut report = self.status_line(StatusKind::Report, now);
+        report.ok = Some(ok);
+        report.reason = Some(reason.clone());
         if let Logic::Evm(e) = &self.logic {
-            report["run"] = serde_json::to_value(e.report(now)).unwrap_or(Value::Null);
-            report["verdict"] = json!(evb_builder::verdict(&e.report(now)));
+            let run = e.report(now);
+            report.verdict = Some(run.verdict());
+            report.run = Some(run);
         }
         if ok {
             info!(node = %self.me.id, "{reason}");

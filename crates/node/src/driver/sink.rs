@@ -155,13 +155,13 @@ impl SinkQueue {
     }
 
     /// The sink's part of the BU's status line.
-    pub(super) fn status(&self, sink: &dyn Sink) -> Value {
-        json!({
-            "kind": sink.name(),
-            "report": sink.report(),
-            "blocked": self.blocked,
-            "queued": self.queue.len(),
-            "stalls": self.stalls,
-        })
+    pub(super) fn status(&self, sink: &dyn Sink) -> evb_builder::SinkStatus {
+        evb_builder::SinkStatus {
+            kind: sink.name().to_string(),
+            report: sink.report(),
+            blocked: self.blocked.clone(),
+            queued: self.queue.len() as u64,
+            stalls: self.stalls,
+        }
     }
 }

@@ -1,6 +1,10 @@
 //! A node's status line: the document `evb run` reads, the control API's snapshot and the
 //! final report are all this.
 
+use evb_builder::{
+    CpuSeconds, NetStatus, NodeStatus, PeerQueue, PoolStatus, Registered, RoleStats, StatusKind,
+};
+
 use super::*;
 
 /// Where and when a node says how it is: status lines to its watcher (`evb run`, the
@@ -57,19 +61,25 @@ impl Reporter {
     }
 
     /// Sends `line` where it is due.
-    pub(super) fn send(&mut self, now: Instant, line: Value) {
+    pub(super) fn send(&mut self, now: Instant, line: NodeStatus) {
+        let status_due = now >= self.next_status;
         if now >= self.next_publish {
-            self.control.publish(line.clone());
             self.next_publish = now + PUBLISH_EVERY;
+            if status_due {
+                self.control.publish(line.clone());
+            } else {
+                self.control.publish(line);
+                return;
+            }
         }
-        if now >= self.next_status {
+        if status_due {
             (self.out)(line);
             self.next_status = now + self.every;
         }
     }
 
     /// Sends the final report everywhere.
-    pub(super) fn report(&mut self, report: Value) {
+    pub(super) fn report(&mut self, report: NodeStatus) {
         self.control.publish(report.clone());
         (self.out)(report);
     }
@@ -80,83 +90,99 @@ impl Reporter {
     }
 
     /// The process's CPU seconds: in all, and since the run started.
-    fn cpu(&self) -> Value {
+    fn cpu(&self) -> CpuSeconds {
         let cpu = process_cpu_s();
-        json!({
-            "process_s": cpu,
-            "run_s": self.cpu_at_start.map(|c| cpu - c),
-        })
+        CpuSeconds {
+            process_s: cpu,
+            run_s: self.cpu_at_start.map(|c| cpu - c),
+        }
     }
 
-    fn pools(&self) -> Value {
+    fn pools(&self) -> Vec<PoolStatus> {
         self.pools
             .iter()
             .map(|(what, p)| {
                 let st = p.stats();
-                json!({
-                    "pool": what,
-                    "blocks": st.blocks,
-                    "block_size": st.block_size,
-                    "in_use": st.blocks - st.free,
-                    "high_water": st.high_water,
-                    "exhausted": st.exhausted,
-                })
+                PoolStatus {
+                    pool: what.to_string(),
+                    blocks: st.blocks as u64,
+                    block_size: st.block_size as u64,
+                    in_use: (st.blocks - st.free) as u64,
+                    high_water: st.high_water as u64,
+                    exhausted: st.exhausted,
+                }
             })
             .collect()
     }
 }
 
 impl Driver {
-    pub(super) fn status_line(&self, kind: &str, now: Instant) -> Value {
+    pub(super) fn status_line(&self, kind: StatusKind, now: Instant) -> NodeStatus {
         let stats = match &self.logic {
-            Logic::Evm(e) => serde_json::to_value(e.stats()),
-            Logic::Ru(r) => serde_json::to_value(r.stats()),
-            Logic::Bu(b, _) => serde_json::to_value(b.stats()),
-        }
-        .unwrap_or(Value::Null);
+            Logic::Evm(e) => RoleStats::Evm(Box::new(e.stats())),
+            Logic::Ru(r) => RoleStats::Ru(Box::new(r.stats())),
+            Logic::Bu(b, _) => RoleStats::Bu(Box::new(b.stats())),
+        };
         let m = self.messenger.stats();
         let t = self.messenger.transport_counters();
-        json!({
-            "kind": kind,
-            "node": self.me.id,
-            "role": format!("{:?}", self.me.role).to_lowercase(),
-            "state": self.state(),
-            "t": self.reporter.t(now),
-            // the process's CPU seconds: in all, and since the run started
-            "cpu": self.reporter.cpu(),
-            "stats": stats,
-            "sink": match &self.logic {
-                Logic::Bu(_, sink) => self.sink.status(sink.as_ref()),
-                _ => Value::Null,
+        // the EVM: what each node said about itself (rank, host, pid, addresses)
+        let registered = (!self.evm.registry.is_empty()).then(|| {
+            let mut v: Vec<(usize, Registered)> = self
+                .evm
+                .registry
+                .iter()
+                .map(|(p, r)| {
+                    let reg = Registered {
+                        peer: p.to_string(),
+                        rank: (r.rank != evb_wire::discovery::NO_RANK).then_some(r.rank),
+                        host: r.host.clone(),
+                        pid: r.pid,
+                        data: r.data.clone(),
+                        control: r.control.clone(),
+                    };
+                    (self.rank_of(*p), reg)
+                })
+                .collect();
+            v.sort_by_key(|(k, _)| *k);
+            v.into_iter().map(|(_, r)| r).collect()
+        });
+        NodeStatus {
+            kind,
+            node: self.me.id.clone(),
+            role: stats.role(),
+            state: self.state(),
+            t: self.reporter.t(now),
+            cpu: self.reporter.cpu(),
+            stats,
+            sink: match &self.logic {
+                Logic::Bu(_, sink) => Some(self.sink.status(sink.as_ref())),
+                _ => None,
             },
-            "net": {
-                "bytes_sent": m.payload_bytes_sent,
-                "bytes_received": m.payload_bytes_received,
-                "frames_sent": m.frames_sent,
-                "messages_sent": m.messages_sent,
-                "protocol_errors": m.protocol_errors,
-                "bytes_copied": t.bytes_copied,
-                "bytes_by_reference": t.bytes_by_reference,
+            net: NetStatus {
+                bytes_sent: m.payload_bytes_sent,
+                bytes_received: m.payload_bytes_received,
+                frames_sent: m.frames_sent,
+                messages_sent: m.messages_sent,
+                protocol_errors: m.protocol_errors,
+                bytes_copied: t.bytes_copied,
+                bytes_by_reference: t.bytes_by_reference,
             },
-            "run_id": self.cfg.run.id,
-            "pools": self.reporter.pools(),
-            // the EVM: what each node said about itself (rank, host, pid, addresses)
-            "registered": (!self.evm.registry.is_empty()).then(|| {
-                let mut v: Vec<(usize, Value)> = self.evm.registry.iter().map(|(p, r)| (self.rank_of(*p), json!({
-                    "peer": p.to_string(),
-                    "rank": (r.rank != evb_wire::discovery::NO_RANK).then_some(r.rank),
-                    "host": r.host,
-                    "pid": r.pid,
-                    "data": r.data,
-                    "control": r.control,
-                }))).collect();
-                v.sort_by_key(|(k, _)| *k);
-                v.into_iter().map(|(_, j)| j).collect::<Vec<Value>>()
-            }),
-            "peers": self.links.conns().map(|(p, c)| json!({
-                "peer": p.to_string(),
-                "queued_bytes": self.messenger.queued_bytes(c),
-            })).collect::<Vec<Value>>(),
-        })
+            run_id: self.cfg.run.id.clone(),
+            pools: self.reporter.pools(),
+            registered,
+            peers: self
+                .links
+                .conns()
+                .map(|(p, c)| PeerQueue {
+                    peer: p.to_string(),
+                    queued_bytes: self.messenger.queued_bytes(c) as u64,
+                })
+                .collect(),
+            run_number: None,
+            ok: None,
+            reason: None,
+            run: None,
+            verdict: None,
+        }
     }
 }

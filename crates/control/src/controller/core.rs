@@ -1,0 +1,593 @@
+//! The run controller's decisions, with no IO and no clock: operator commands, node answers
+//! and the run's outcome go in (with the time they happened); replies, effects on the EVM's
+//! own node, and calls to make on other nodes come out. The shell ([`super::Controller`])
+//! makes the HTTP calls and applies the effects; tests drive this with scripted answers.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use evb_builder::{NodeStatus, StatusRole};
+use evb_config::{Config, NodeSpec, Role};
+use serde_json::{json, Value};
+use tracing::info;
+
+use super::adopt::{adopt, changed_sections, restart_keys};
+use super::records::{Finished, RunRecord};
+use crate::client::CallError;
+use crate::fsm::{self, Command, State};
+use crate::service::{numbered_run_id, Mode, NodeReply, Phase};
+
+/// The largest run number: 2^53 - 1, exact in every JSON reader (the page's included), and
+/// far from wrapping when the next run is numbered one more.
+pub const MAX_RUN: u64 = (1 << 53) - 1;
+
+/// A refused or failed command: the HTTP status and why.
+pub type Refused = (u16, String);
+
+/// Records of this many runs are kept (the oldest go first).
+const KEEP_RUNS: usize = 1000;
+
+/// How often the node table is refreshed, and again sooner while a node does not answer.
+pub(super) const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// What the shell does for a command, in order, on the EVM's own node or the others.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Effect {
+    /// Clears the EVM node's run commands: the next run starts unstopped and unpaused.
+    ResetControl,
+    Pause(bool),
+    Stop,
+    Abort(String),
+    /// The EVM node's main loop runs run `run` with `cfg`.
+    StartRun {
+        run: u64,
+        cfg: Box<Config>,
+    },
+    /// Every other node is told to halt, then the EVM's own process.
+    Halt {
+        nodes: Vec<NodeSpec>,
+    },
+}
+
+/// A node told to start the run under way, after `evb up` started it again.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Rejoin {
+    pub node: NodeSpec,
+    pub run: u64,
+    pub body: Value,
+}
+
+/// The start of a run at the other nodes: who is told, and with what.
+#[derive(Debug, Clone)]
+pub(crate) struct StartPlan {
+    pub nodes: Vec<NodeSpec>,
+    pub body: Value,
+}
+
+/// A start that some nodes refused: the ones that did start are told to abort.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CallOff {
+    pub abort: Vec<(NodeSpec, String)>,
+    pub error: String,
+}
+
+/// What the controller knows of one node.
+#[derive(Debug, Clone, Default)]
+struct NodeView {
+    reply: Option<NodeReply>,
+    error: Option<CallError>,
+    /// (when, events, bytes) at the previous answer, for rates.
+    last: Option<(Instant, u64, u64)>,
+    rate_hz: f64,
+    bytes_per_s: f64,
+    /// Polls in a row that failed: one slow answer on a loaded host is not a lost node.
+    failures: u32,
+}
+
+impl NodeView {
+    fn snapshot(&self) -> Option<&NodeStatus> {
+        self.reply.as_ref().and_then(|r| r.snapshot.as_ref())
+    }
+}
+
+/// The events and bytes a node's snapshot counts, by role.
+fn progress(snap: Option<&NodeStatus>) -> (u64, u64) {
+    snap.map_or((0, 0), |s| s.stats.progress())
+}
+
+/// Every error counter a snapshot holds, added up.
+fn errors(snap: Option<&NodeStatus>) -> u64 {
+    snap.map_or(0, |s| {
+        s.stats.errors().iter().map(|(_, n)| n).sum::<u64>() + s.net.protocol_errors
+    })
+}
+
+pub(crate) struct Core {
+    mode: Mode,
+    state: State,
+    /// Why the last run failed (state failed).
+    reason: Option<String>,
+    /// A reset is aborting the run: it ends in ready, not failed.
+    resetting: bool,
+    /// The current or last run number (0: none yet).
+    run: u64,
+    /// The configuration of the next run.
+    cfg: Config,
+    runs: BTreeMap<u64, RunRecord>,
+    nodes: BTreeMap<String, NodeView>,
+    /// The run under way: its number and what each node was told to start it with, so
+    /// that a BU which `evb up` started again after it died rejoins it.
+    under_way: Option<(u64, Value)>,
+    /// Nodes whose process changed (another pid) while the run was under way, not yet
+    /// told to rejoin it.
+    restarted: Vec<String>,
+}
+
+impl Core {
+    pub(crate) fn new(cfg: &Config, mode: Mode) -> Core {
+        Core {
+            mode,
+            state: State::Ready,
+            reason: None,
+            resetting: false,
+            run: 0,
+            cfg: cfg.clone(),
+            runs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            under_way: None,
+            restarted: Vec::new(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.state
+    }
+
+    pub(crate) fn cfg(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The nodes the controller asks for their status (every node but the EVM).
+    pub(crate) fn others(&self) -> Vec<NodeSpec> {
+        self.cfg
+            .nodes()
+            .into_iter()
+            .filter(|n| n.role != Role::Evm)
+            .collect()
+    }
+
+    fn record(&mut self, run: u64, unix: f64) {
+        self.runs.insert(run, RunRecord::starting(run, unix));
+        while self.runs.len() > KEEP_RUNS {
+            self.runs.pop_first();
+        }
+    }
+
+    /// `evb run`'s one run: started at once, without a command.
+    pub(crate) fn begin_once(&mut self, run: u64, unix: f64) {
+        self.state = State::Starting;
+        self.run = run;
+        self.record(run, unix);
+    }
+
+    /// A status line of the EVM's run: its progress moves the run state on.
+    pub(crate) fn on_status(&mut self, line: &NodeStatus) {
+        use evb_builder::RunState;
+        match (self.state, line.state) {
+            (State::Starting, RunState::Running) => self.state = State::Running,
+            (State::Running, RunState::Stopping) => self.state = State::Stopping,
+            _ => {}
+        }
+        let (run, state) = (self.run, self.state);
+        if let Some(r) = self.runs.get_mut(&run) {
+            if r.end.is_none() {
+                r.state = state.name().to_string();
+            }
+        }
+    }
+
+    /// An operator's command: the reply, and what the shell must do for it.
+    pub(crate) fn command(
+        &mut self,
+        cmd: Command,
+        body: &Value,
+        unix: f64,
+    ) -> Result<(Value, Vec<Effect>), Refused> {
+        let from = self.state;
+        if self.mode == Mode::Once
+            && matches!(cmd, Command::Configure | Command::Start | Command::Halt)
+        {
+            return Err((
+                409,
+                format!(
+                    "`{}`: this EVM runs one run and exits (evb run); start the nodes with `evb up` (or `evb node --serve`) for run control",
+                    cmd.name()
+                ),
+            ));
+        }
+        let Some(to) = fsm::next(from, cmd) else {
+            return Err((409, fsm::refusal(from, cmd)));
+        };
+        let mut reply = json!({});
+        let mut effects = Vec::new();
+        match cmd {
+            Command::Configure => {
+                reply["changed"] = json!(self.configure(body)?);
+            }
+            Command::Start => {
+                let run = self.next_run(body)?;
+                let mut cfg = self.cfg.clone();
+                cfg.run.id = numbered_run_id(&self.cfg.run.id, run);
+                effects.push(Effect::ResetControl);
+                self.run = run;
+                self.reason = None;
+                self.record(run, unix);
+                effects.push(Effect::StartRun {
+                    run,
+                    cfg: Box::new(cfg),
+                });
+                reply["run"] = json!(run);
+            }
+            Command::Pause => effects.push(Effect::Pause(true)),
+            Command::Resume => effects.push(Effect::Pause(false)),
+            Command::Stop => {
+                // before the nodes are ready there is nothing to drain: the start is
+                // called off, and the system is ready again
+                if from == State::Starting {
+                    self.resetting = true;
+                }
+                effects.push(Effect::Stop);
+            }
+            Command::Reset if from == State::Failed => self.reason = None,
+            Command::Reset => {
+                self.resetting = true;
+                effects.push(Effect::Abort("reset by the operator".into()));
+                effects.push(Effect::Pause(false));
+            }
+            Command::Halt => effects.push(Effect::Halt {
+                nodes: self.others(),
+            }),
+        }
+        self.state = to;
+        reply["state"] = json!(to);
+        reply["run"] = json!(self.run);
+        Ok((reply, effects))
+    }
+
+    /// `configure`: the new configuration, adopted if the running nodes can take it; the
+    /// sections it changes.
+    fn configure(&mut self, body: &Value) -> Result<Vec<String>, Refused> {
+        let text = body["config"].as_str().ok_or((
+            400,
+            "configure needs {\"config\": \"<TOML text>\"}".to_string(),
+        ))?;
+        // the file may leave the secret out: the running one is kept
+        let mut new = Config::parse_unvalidated(text).map_err(|e| (400, e.to_string()))?;
+        if new.run.secret.is_empty() {
+            new.run.secret = self.cfg.run.secret.clone();
+        }
+        let new = adopt(&self.cfg, new);
+        let mut keys = restart_keys(&self.cfg, &new);
+        if new.nodes().len() != self.cfg.nodes().len() {
+            keys.push("topology (the number of nodes)".into());
+            keys.dedup();
+        }
+        if !keys.is_empty() {
+            return Err((
+                409,
+                format!(
+                    "configure cannot change {}: these need the nodes restarted (evb up again)",
+                    keys.join(", ")
+                ),
+            ));
+        }
+        let mut changed = changed_sections(&self.cfg, &new);
+        // node lists as written differ from those resolved: name them only when a node's
+        // effective settings (credits, sink, files) change
+        changed.retain(|k| k != "ru" && k != "bu");
+        if self.cfg.nodes() != new.nodes() {
+            changed.push("nodes (credits, sinks or files)".into());
+        }
+        info!(
+            "configured: {}",
+            if changed.is_empty() {
+                "no change".to_string()
+            } else {
+                changed.join(", ")
+            }
+        );
+        new.validate().map_err(|e| (400, e.to_string()))?;
+        self.cfg = new;
+        Ok(changed)
+    }
+
+    /// The number a `start` asks for (or the next one), if it is free.
+    fn next_run(&self, body: &Value) -> Result<u64, Refused> {
+        let run = match body.get("run") {
+            None | Some(Value::Null) => self.run + 1,
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=MAX_RUN).contains(n))
+                .ok_or((400, format!("`run` must be an integer from 1 to {MAX_RUN}")))?,
+        };
+        if run > MAX_RUN {
+            return Err((
+                409,
+                format!(
+                    "run {} was the last number there is: reset the numbering by restarting the EVM",
+                    self.run
+                ),
+            ));
+        }
+        if self.runs.contains_key(&run) {
+            return Err((
+                409,
+                format!(
+                    "run {run} was already taken; the next free number is {}",
+                    self.runs.keys().last().map_or(1, |n| n + 1)
+                ),
+            ));
+        }
+        Ok(run)
+    }
+
+    /// Run `run` begins at the EVM: every other node is to be told to start it with `cfg`
+    /// (without the secret: each node uses its own).
+    pub(crate) fn begin_run(&mut self, run: u64, cfg: &Config) -> StartPlan {
+        let mut sent = cfg.clone();
+        sent.run.secret.clear();
+        let body = json!({"run": run, "config": sent.to_toml()});
+        self.under_way = Some((run, body.clone()));
+        self.restarted.clear();
+        StartPlan {
+            nodes: cfg
+                .nodes()
+                .into_iter()
+                .filter(|n| n.role != Role::Evm)
+                .collect(),
+            body,
+        }
+    }
+
+    /// Every node's answer to the start of run `run` (the error with the API it called):
+    /// the run goes on only if all started. Answers for another run change nothing.
+    pub(crate) fn started(
+        &self,
+        run: u64,
+        plan: &StartPlan,
+        answers: &[(String, Result<(), String>)],
+    ) -> Result<(), CallOff> {
+        if self.under_way.as_ref().map(|(r, _)| *r) != Some(run) {
+            return Err(CallOff {
+                abort: Vec::new(),
+                error: format!("run {run} is no longer the run under way"),
+            });
+        }
+        let failed: Vec<String> = plan
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let answer = answers.iter().find(|(id, _)| *id == n.id);
+                match answer {
+                    Some((_, Ok(()))) => None,
+                    Some((_, Err(e))) => Some(format!("{} ({}): {e}", n.id, n.control)),
+                    None => Some(format!("{} ({}): no answer", n.id, n.control)),
+                }
+            })
+            .collect();
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let error = format!("run {run} could not start: {}", failed.join("; "));
+        // the nodes that did start would wait for the EVM until their connect timeout
+        let abort = plan
+            .nodes
+            .iter()
+            .filter(|n| answers.iter().any(|(id, r)| *id == n.id && r.is_ok()))
+            .map(|n| (n.clone(), error.clone()))
+            .collect();
+        Err(CallOff { abort, error })
+    }
+
+    /// A run is over: its record closed, and the state it leaves.
+    pub(crate) fn finished(&mut self, run: u64, f: Finished, unix: f64) {
+        self.under_way = None;
+        let reset = std::mem::take(&mut self.resetting);
+        let rec = self
+            .runs
+            .entry(run)
+            .or_insert_with(|| RunRecord::starting(run, unix));
+        let (ok, reason) = f.close(rec, reset, unix);
+        let outcome = rec.state.clone();
+        if ok || reset {
+            self.state = State::Ready;
+            self.reason = None;
+        } else {
+            self.state = State::Failed;
+            self.reason = Some(format!("run {run}: {reason}"));
+        }
+        info!("run {run} {outcome}: {reason}");
+    }
+
+    pub(crate) fn run_record(&self, n: u64) -> Option<&RunRecord> {
+        self.runs.get(&n)
+    }
+
+    /// Every run, without the full reports.
+    pub(crate) fn runs(&self) -> Vec<RunRecord> {
+        self.runs.values().map(RunRecord::summary).collect()
+    }
+
+    /// The node table takes one round of answers, the EVM's own first; a BU that `evb up`
+    /// started again while the run is on is to be told to rejoin it.
+    pub(crate) fn answers(
+        &mut self,
+        now: Instant,
+        answers: Vec<(String, Result<NodeReply, CallError>)>,
+    ) -> Vec<Rejoin> {
+        let under_way = self.under_way.is_some();
+        for (id, r) in answers {
+            let v = self.nodes.entry(id.clone()).or_default();
+            match r {
+                Ok(reply) => {
+                    if under_way && v.reply.as_ref().is_some_and(|old| old.pid != reply.pid) {
+                        self.restarted.push(id);
+                    }
+                    let (e, b) = progress(reply.snapshot.as_ref());
+                    if let Some((t, e0, b0)) = v.last {
+                        let dt = now.saturating_duration_since(t).as_secs_f64().max(1e-3);
+                        // a new run starts the counters again
+                        v.rate_hz = e.saturating_sub(e0) as f64 / dt;
+                        v.bytes_per_s = b.saturating_sub(b0) as f64 / dt;
+                    }
+                    if reply.phase != Phase::Running {
+                        v.rate_hz = 0.0;
+                        v.bytes_per_s = 0.0;
+                    }
+                    v.last = Some((now, e, b));
+                    v.reply = Some(reply);
+                    v.error = None;
+                    v.failures = 0;
+                }
+                Err(e) => {
+                    v.error = Some(e);
+                    v.failures += 1;
+                    v.rate_hz = 0.0;
+                    v.bytes_per_s = 0.0;
+                }
+            }
+        }
+        self.rejoins()
+    }
+
+    /// The BUs started again during the run, idle now: told to start the run under way,
+    /// they join it as under `evb run` (the RUs keep calling them, the EVM gives them events
+    /// once they are Ready). RUs are not: losing one follows `on_ru_loss`.
+    fn rejoins(&mut self) -> Vec<Rejoin> {
+        if !matches!(self.state, State::Running | State::Paused) {
+            return Vec::new();
+        }
+        let Some((run, body)) = self.under_way.clone() else {
+            return Vec::new();
+        };
+        let idle: Vec<NodeSpec> = self
+            .others()
+            .into_iter()
+            .filter(|n| n.role == Role::Bu && self.restarted.contains(&n.id))
+            .filter(|n| {
+                self.nodes.get(&n.id).is_some_and(|v| {
+                    v.error.is_none()
+                        && v.reply
+                            .as_ref()
+                            .is_some_and(|r| r.phase == Phase::Idle && r.run != run)
+                })
+            })
+            .collect();
+        self.restarted
+            .retain(|id| !idle.iter().any(|n| n.id == *id));
+        idle.into_iter()
+            .map(|node| Rejoin {
+                node,
+                run,
+                body: body.clone(),
+            })
+            .collect()
+    }
+
+    /// When to ask the nodes again: sooner while one does not answer (not up yet, or gone).
+    pub(crate) fn poll_period(&self) -> Duration {
+        if self.nodes.values().any(|v| v.error.is_some()) {
+            POLL_EVERY / 4
+        } else {
+            POLL_EVERY
+        }
+    }
+
+    /// The whole system's status (`GET /api/v1/status`, docs/control.md); `evm` is the EVM
+    /// node's latest status line.
+    pub(crate) fn status(&self, evm: Option<&NodeStatus>, unix: f64) -> Value {
+        let mut nodes = Vec::new();
+        let (mut total_rate, mut total_bps, mut built) = (0.0, 0.0, 0u64);
+        for n in self.cfg.nodes() {
+            let v = self.nodes.get(&n.id).cloned().unwrap_or_default();
+            let role = match n.role {
+                Role::Evm => StatusRole::Evm,
+                Role::Ru => StatusRole::Ru,
+                Role::Bu => StatusRole::Bu,
+            };
+            let snap = v.snapshot();
+            let refused = v.error.as_ref().is_some_and(|e| e.is_refused());
+            let state = match (&v.error, &v.reply) {
+                (Some(_), None) => "unreachable".to_string(),
+                (Some(_), Some(_)) if v.failures >= 2 || refused => "unreachable".to_string(),
+                // the driver's state during a run, the node's phase between runs
+                (_, Some(r)) => match (snap, r.phase) {
+                    (Some(s), Phase::Running) => json!(s.state).as_str().unwrap_or("?").into(),
+                    (_, p) => json!(p).as_str().unwrap_or("?").into(),
+                },
+                (None, None) => "unknown".to_string(),
+            };
+            let (events, bytes) = progress(snap);
+            let current = v
+                .reply
+                .as_ref()
+                .is_some_and(|r| r.run == self.run && r.phase == Phase::Running);
+            if role == StatusRole::Bu && current {
+                total_rate += v.rate_hz;
+                total_bps += v.bytes_per_s;
+                built += events;
+            }
+            let credits = match role {
+                StatusRole::Evm => snap.and_then(|s| s.evm()).map(|s| s.credits_available),
+                StatusRole::Bu => snap.and_then(|s| s.sink.as_ref()).map(|k| k.queued),
+                StatusRole::Ru => snap.and_then(|s| s.ru()).map(|s| s.retained),
+            };
+            nodes.push(json!({
+                "node": n.id,
+                "role": role,
+                "control": n.control,
+                "state": state,
+                "run": v.reply.as_ref().map(|r| r.run),
+                "events": events,
+                "bytes": bytes,
+                "rate_hz": v.rate_hz,
+                "bytes_per_s": v.bytes_per_s,
+                "credits": credits,
+                "errors": errors(snap),
+                "error": v.error.as_ref().map(|e| e.to_string()),
+                "last": v.reply.as_ref().and_then(|r| r.last.as_ref()),
+            }));
+        }
+        let es = evm.and_then(|s| s.evm());
+        json!({
+            "state": self.state,
+            "run": self.run,
+            "reason": self.reason,
+            "mode": self.mode,
+            "legal": fsm::legal(self.state).iter().map(|c| c.name()).collect::<Vec<_>>(),
+            "evm": {
+                "triggered": es.map(|s| s.triggered),
+                "released": es.map(|s| s.released),
+                "in_flight": es.map(|s| s.in_flight),
+                "credits_available": es.map(|s| s.credits_available),
+                "paused": es.map(|s| s.paused),
+                // what happened to nodes (null before the EVM's first snapshot)
+                "lost": es.map(|s| &s.lost),
+                "down": es.map(|s| &s.down),
+            },
+            "totals": {"events_built": built, "rate_hz": total_rate, "bytes_per_s": total_bps},
+            "nodes": nodes,
+            "runs": self.runs.values().rev().take(20).map(RunRecord::summary).collect::<Vec<_>>(),
+            "config": {
+                "run_id": self.cfg.run.id,
+                "events": self.cfg.run.events,
+                "duration_s": self.cfg.run.duration_s,
+                "rate_hz": self.cfg.run.rate_hz,
+                "fragment_size": self.cfg.fragments.size,
+                "sink": format!("{:?}", self.cfg.sink.kind).to_lowercase(),
+                "transport": format!("{:?}", self.cfg.transport.kind).to_lowercase(),
+            },
+            "time_unix": unix,
+        })
+    }
+}

@@ -1,0 +1,310 @@
+//! The EVM's run controller: the operator's commands, checked against the run state
+//! machine ([`crate::fsm`]); each run's start told to every node over its API; each run's
+//! record (number, verdict, counters) kept for `GET /api/v1/runs/N`; and a table of every
+//! node's state and rates, refreshed once a second, for `evb ctl status` and the page.
+//!
+//! The decisions are [`core::Core`]'s, which does no IO; this shell makes the HTTP calls
+//! it asks for, applies its effects to the EVM's own node, and passes the time in.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use evb_builder::NodeStatus;
+use evb_config::{Config, NodeSpec};
+use evb_node::{NodeError, NodeOutcome};
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use crate::client::{Api, CallError};
+use crate::fsm::{Command, State};
+use crate::service::{Cmd, Mode, Node, NodeReply, Phase};
+
+mod adopt;
+mod core;
+mod records;
+#[cfg(test)]
+mod tests;
+
+use self::core::{Core, Effect, Rejoin};
+pub use self::core::{Refused, MAX_RUN};
+use records::Finished;
+pub use records::{RunEnd, RunRecord};
+
+/// How long a node may take to answer a poll.
+const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+pub struct Controller(Arc<Shell>);
+
+struct Shell {
+    core: Mutex<Core>,
+    node: Mutex<Weak<Node>>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl Controller {
+    pub(crate) fn new(cfg: &Config, mode: Mode) -> Controller {
+        Controller(Arc::new(Shell {
+            core: Mutex::new(Core::new(cfg, mode)),
+            node: Mutex::new(Weak::new()),
+        }))
+    }
+
+    fn core(&self) -> std::sync::MutexGuard<'_, Core> {
+        self.0.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn node(&self) -> Option<Arc<Node>> {
+        self.0
+            .node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade()
+    }
+
+    pub fn state(&self) -> State {
+        self.core().state()
+    }
+
+    /// Ties the controller to its node and starts refreshing the node table.
+    pub(crate) fn attach(&self, node: &Arc<Node>, _api: SocketAddr) {
+        *self.0.node.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(node);
+        let me = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("evb-node-table".into())
+            .spawn(move || me.poll_nodes());
+    }
+
+    /// `evb run`'s one run: started at once, without a command.
+    pub(crate) fn begin_once(&self, run: u64) {
+        self.core().begin_once(run, unix_now());
+    }
+
+    /// Every status line of the EVM's run: follows its progress into the run state.
+    pub(crate) fn on_status(&self, line: &NodeStatus) {
+        self.core().on_status(line);
+    }
+
+    /// An operator's command (the API's POST /api/v1/<command>).
+    pub(crate) fn command(&self, cmd: Command, body: &Value) -> Result<Value, Refused> {
+        let node = self.node().ok_or((503, "shutting down".to_string()))?;
+        let (reply, effects) = self.core().command(cmd, body, unix_now())?;
+        for effect in effects {
+            match effect {
+                Effect::ResetControl => node.control.reset(),
+                Effect::Pause(p) => node.control.set_paused(p),
+                Effect::Stop => node.control.stop(),
+                Effect::Abort(why) => node.control.abort(why),
+                Effect::StartRun { run, cfg } => node
+                    .cmds
+                    .send(Cmd::Start { run, cfg })
+                    .map_err(|_| (503, "the node is shutting down".to_string()))?,
+                Effect::Halt { nodes } => {
+                    let token = node.token();
+                    let node = node.clone();
+                    std::thread::spawn(move || {
+                        for n in &nodes {
+                            let api = Api::new(&n.control, token.clone())
+                                .with_timeout(Duration::from_secs(2));
+                            if let Err(e) = api.post("/api/v1/node/halt", &json!({})) {
+                                warn!("halt: {} did not answer: {e}", n.id);
+                            }
+                        }
+                        let _ = node.cmds.send(Cmd::Halt);
+                    });
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// One run at the EVM: every other node told to start it, then the EVM's own part.
+    pub(crate) fn run(
+        &self,
+        node: &Node,
+        run: u64,
+        cfg: &Config,
+        evm: impl FnOnce(&Node, &Config) -> Result<NodeOutcome, NodeError>,
+    ) -> Result<NodeOutcome, NodeError> {
+        let plan = self.core().begin_run(run, cfg);
+        let token = node.token();
+        let answers: Vec<(String, Result<(), String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = plan
+                .nodes
+                .iter()
+                .map(|n| {
+                    let (body, token) = (&plan.body, token.clone());
+                    s.spawn(move || (n.id.clone(), start_one(n, body, token)))
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        let decision = self.core().started(run, &plan, &answers);
+        let r = match decision {
+            Ok(()) => {
+                let r = evm(node, cfg);
+                // ready means every node is ready: wait for the others to finish their part
+                // (they send their last bytes and close after the EVM halts them)
+                await_idle(&plan.nodes, &token, Duration::from_secs(10));
+                r
+            }
+            Err(off) => {
+                for (n, why) in &off.abort {
+                    let _ = Api::new(&n.control, token.clone())
+                        .with_timeout(Duration::from_secs(2))
+                        .post("/api/v1/node/abort", &json!({ "reason": why }));
+                }
+                Err(NodeError::Setup(off.error))
+            }
+        };
+        self.finished(run, &r);
+        r
+    }
+
+    /// A run is over: its record, and the state it leaves.
+    pub(crate) fn finished(&self, run: u64, r: &Result<NodeOutcome, NodeError>) {
+        let f = match r {
+            Ok(o) => Finished {
+                ok: o.ok,
+                reason: o.reason.clone(),
+                report: Some(o.report.clone()),
+            },
+            Err(e) => Finished {
+                ok: false,
+                reason: e.to_string(),
+                report: None,
+            },
+        };
+        self.core().finished(run, f, unix_now());
+    }
+
+    pub(crate) fn run_record(&self, n: u64) -> Option<RunRecord> {
+        self.core().run_record(n).cloned()
+    }
+
+    /// Every run, without the full reports.
+    pub(crate) fn runs(&self) -> Vec<RunRecord> {
+        self.core().runs()
+    }
+
+    /// The whole system's status (`GET /api/v1/status`).
+    pub(crate) fn status(&self, evm: &Node) -> Value {
+        let snap = evm.control.snapshot();
+        self.core().status(snap.as_ref(), unix_now())
+    }
+
+    /// Refreshes the node table once a second, every node in parallel, until the EVM's node
+    /// is gone or halted.
+    fn poll_nodes(&self) {
+        // one client per node for the controller's life: its connection stays open
+        let mut apis: std::collections::HashMap<String, Api> = std::collections::HashMap::new();
+        loop {
+            let Some(node) = self.node() else { return };
+            let (others, evm_id) = {
+                let c = self.core();
+                if c.state() == State::Halted {
+                    return;
+                }
+                (c.others(), c.cfg().evm.id.clone())
+            };
+            let token = node.token();
+            let evm = node.status();
+            drop(node);
+            let t0 = Instant::now();
+            for n in &others {
+                apis.entry(n.id.clone()).or_insert_with(|| {
+                    Api::new(&n.control, token.clone()).with_timeout(POLL_TIMEOUT)
+                });
+            }
+            let apis = &apis;
+            let answers: Vec<(String, Result<NodeReply, CallError>)> = std::thread::scope(|s| {
+                let handles: Vec<_> = others
+                    .iter()
+                    .map(|n| s.spawn(move || (n.id.clone(), ask(n, &apis[&n.id]))))
+                    .collect();
+                handles.into_iter().filter_map(|h| h.join().ok()).collect()
+            });
+            let all = std::iter::once((evm_id, Ok(evm))).chain(answers).collect();
+            let (rejoins, period) = {
+                let mut c = self.core();
+                let rejoins = c.answers(Instant::now(), all);
+                (rejoins, c.poll_period())
+            };
+            for r in rejoins {
+                rejoin(r, token.clone());
+            }
+            std::thread::sleep(period.saturating_sub(t0.elapsed()));
+        }
+    }
+}
+
+/// Tells node `n` to start a run; a node that `evb up` started again may take a moment to
+/// listen, so a refused connection is tried again for a few seconds.
+fn start_one(n: &NodeSpec, body: &Value, token: Option<String>) -> Result<(), String> {
+    let api = Api::new(&n.control, token).with_timeout(Duration::from_secs(5));
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        match api.post("/api/v1/node/start", body) {
+            Ok(r) if r.ok() => return Ok(()),
+            Ok(r) => return Err(r.error()),
+            Err(e) if e.is_refused() && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => return Err(e.detail),
+        }
+    }
+}
+
+/// Asks node `n` how it is.
+fn ask(n: &NodeSpec, api: &Api) -> Result<NodeReply, CallError> {
+    let unknown = |detail: &str| CallError {
+        base: api.base.clone(),
+        kind: crate::client::CallErrorKind::Other,
+        detail: detail.to_string(),
+    };
+    if n.control.ends_with(":0") {
+        return Err(unknown("its control port is not known (port 0)"));
+    }
+    let r = api.get("/api/v1/node")?;
+    if !r.ok() {
+        return Err(unknown(&r.error()));
+    }
+    serde_json::from_value(r.body)
+        .map_err(|e| unknown(&format!("its status could not be read: {e}")))
+}
+
+/// Tells a BU started again during a run to rejoin it.
+fn rejoin(r: Rejoin, token: Option<String>) {
+    std::thread::spawn(move || {
+        let Rejoin { node: n, run, body } = r;
+        let api = Api::new(&n.control, token).with_timeout(Duration::from_secs(5));
+        match api.post("/api/v1/node/start", &body) {
+            Ok(r) if r.ok() => info!("{} started again: it rejoins run {run}", n.id),
+            Ok(r) => warn!("{} could not rejoin run {run}: {}", n.id, r.error()),
+            Err(e) => warn!("{} could not rejoin run {run}: {e}", n.id),
+        }
+    });
+}
+
+/// Waits until no node of `nodes` says it is in a run (the unreachable ones do not count),
+/// or `limit` has passed.
+fn await_idle(nodes: &[NodeSpec], token: &Option<String>, limit: Duration) {
+    let until = Instant::now() + limit;
+    for n in nodes {
+        let api = Api::new(&n.control, token.clone()).with_timeout(POLL_TIMEOUT);
+        while Instant::now() < until {
+            match api.get("/api/v1/node") {
+                Ok(r) if r.ok() && r.body["phase"] == json!(Phase::Running) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The controller's record of each run: made when the run is started, followed through its
+//! states, closed with the EVM's verdict (`GET /api/v1/runs/N`, docs/control.md).
+
+use evb_builder::{NodeEvent, NodeStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::fsm::State;
+
+/// One run, as the controller saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run: u64,
+    /// The run state while it goes on (`starting`, `running`, ...); once over, `complete`,
+    /// `failed` or `aborted` (by a reset).
+    pub state: String,
+    pub started_unix: f64,
+    /// The rest is known once the run is over.
+    #[serde(flatten)]
+    pub end: Option<RunEnd>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// The run did what it should: every triggered event built exactly once.
+    pub ok: bool,
+    /// The outcome in words (the EVM's, or the verdict's problems).
+    pub reason: String,
+    /// Everything wrong with the run by the builder's verdict (empty: nothing).
+    pub verdict: Vec<String>,
+    pub ended_unix: f64,
+    pub wall_s: f64,
+    /// Events released into the EVM's ledger (by live and lost BUs alike).
+    pub events_built: u64,
+    pub payload_bytes_built: u64,
+    /// `None`: the EVM sent no report (the run did not start, or the EVM failed).
+    pub triggered: Option<u64>,
+    pub lost: Option<Vec<NodeEvent>>,
+    pub seconds: Option<f64>,
+    /// The EVM's whole report (left out of run lists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<Box<NodeStatus>>,
+}
+
+impl RunRecord {
+    pub(super) fn starting(run: u64, unix: f64) -> RunRecord {
+        RunRecord {
+            run,
+            state: State::Starting.name().to_string(),
+            started_unix: unix,
+            end: None,
+        }
+    }
+
+    /// The record without the EVM's full report (run lists).
+    pub fn summary(&self) -> RunRecord {
+        let mut s = self.clone();
+        if let Some(end) = &mut s.end {
+            end.report = None;
+        }
+        s
+    }
+}
+
+/// How the EVM's part of a run ended, as the controller is told it.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub ok: bool,
+    pub reason: String,
+    /// The EVM's final status line with the run's report (`None`: the run never got that far).
+    pub report: Option<NodeStatus>,
+}
+
+impl Finished {
+    /// Judges the EVM's report by the builder's verdict (the one the EVM used): a run whose
+    /// report says something is wrong is not ok, whatever the outcome said.
+    pub(super) fn close(self, record: &mut RunRecord, reset: bool, unix: f64) -> (bool, String) {
+        let run_report = self.report.as_ref().and_then(|r| r.run.as_ref());
+        let verdict = run_report.map(|r| r.verdict()).unwrap_or_default();
+        let mut reason = self.reason;
+        if self.ok && !verdict.is_empty() {
+            reason = verdict.join("; ");
+        }
+        let ok = self.ok && verdict.is_empty();
+        record.state = if ok {
+            "complete"
+        } else if reset {
+            "aborted"
+        } else {
+            "failed"
+        }
+        .to_string();
+        record.end = Some(RunEnd {
+            ok,
+            reason: reason.clone(),
+            verdict,
+            ended_unix: unix,
+            wall_s: unix - record.started_unix,
+            events_built: run_report.map_or(0, |r| r.evm.released),
+            payload_bytes_built: run_report.map_or(0, |r| {
+                r.bus.iter().flatten().map(|b| b.payload_bytes_built).sum()
+            }),
+            triggered: run_report.map(|r| r.evm.triggered),
+            lost: run_report.map(|r| r.evm.lost.clone()),
+            seconds: run_report.map(|r| r.seconds),
+            report: self.report.map(Box::new),
+        });
+        (ok, reason)
+    }
+}

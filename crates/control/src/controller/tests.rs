@@ -1,0 +1,403 @@
+//! The controller's decisions driven by scripted commands and node answers, with the time
+//! passed in: no process, no HTTP.
+
+use std::time::{Duration, Instant};
+
+use evb_builder::{BuStats, EvmStats, NodeStatus, RoleStats, RunState};
+use evb_config::Config;
+use serde_json::json;
+
+use super::core::{Core, Effect};
+use super::records::Finished;
+use crate::client::{CallError, CallErrorKind};
+use crate::fsm::{Command, State};
+use crate::service::{numbered_run_id, Mode, NodeReply, Phase};
+
+fn core() -> Core {
+    Core::new(&Config::default(), Mode::Serve)
+}
+
+fn reply(node: &str, pid: u32, phase: Phase, run: u64, built: u64) -> NodeReply {
+    let role = if node.starts_with("bu") {
+        evb_builder::StatusRole::Bu
+    } else if node.starts_with("ru") {
+        evb_builder::StatusRole::Ru
+    } else {
+        evb_builder::StatusRole::Evm
+    };
+    let stats = match role {
+        evb_builder::StatusRole::Bu => RoleStats::Bu(Box::new(BuStats {
+            events_built: built,
+            payload_bytes_built: built * 100,
+            ..Default::default()
+        })),
+        evb_builder::StatusRole::Ru => RoleStats::Ru(Box::default()),
+        evb_builder::StatusRole::Evm => RoleStats::Evm(Box::new(EvmStats {
+            triggered: built,
+            ..Default::default()
+        })),
+    };
+    NodeReply {
+        node: node.into(),
+        role,
+        pid,
+        phase,
+        mode: Mode::Serve,
+        run,
+        runs_total: run,
+        last: None,
+        snapshot: Some(NodeStatus::new(node, RunState::Running, stats)),
+    }
+}
+
+fn refused(node: &str) -> CallError {
+    CallError {
+        base: format!("http://{node}"),
+        kind: CallErrorKind::Refused,
+        detail: "connection refused".into(),
+    }
+}
+
+fn timeout(node: &str) -> CallError {
+    CallError {
+        base: format!("http://{node}"),
+        kind: CallErrorKind::Timeout,
+        detail: "timeout".into(),
+    }
+}
+
+/// Starts run 1 and has the EVM's run reach `running`; returns the run's configuration.
+fn started(c: &mut Core) -> Config {
+    let (reply, effects) = c.command(Command::Start, &json!({}), 100.0).unwrap();
+    assert_eq!(reply["run"], 1);
+    assert_eq!(effects[0], Effect::ResetControl);
+    let Effect::StartRun { run: 1, cfg } = &effects[1] else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(cfg.run.id, numbered_run_id(&c.cfg().run.id, 1));
+    let cfg = (**cfg).clone();
+    let plan = c.begin_run(1, &cfg);
+    let all_ok: Vec<_> = plan.nodes.iter().map(|n| (n.id.clone(), Ok(()))).collect();
+    assert_eq!(c.started(1, &plan, &all_ok), Ok(()));
+    c.on_status(&NodeStatus::new(
+        "evm",
+        RunState::Running,
+        RoleStats::Evm(Box::default()),
+    ));
+    assert_eq!(c.state(), State::Running);
+    cfg
+}
+
+fn node_row<'a>(status: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {status}"))
+}
+
+#[test]
+fn a_node_that_never_answers_is_unreachable_and_asked_again_sooner() {
+    let mut c = core();
+    let t0 = Instant::now();
+    let ids: Vec<String> = c.others().into_iter().map(|n| n.id).collect();
+    assert!(ids.len() >= 2, "{ids:?}");
+    let silent = ids[0].clone();
+    let round = |c: &mut Core, t| {
+        let answers = ids
+            .iter()
+            .map(|id| {
+                let r = if *id == silent {
+                    Err(timeout(id))
+                } else {
+                    Ok(reply(id, 7, Phase::Idle, 0, 0))
+                };
+                (id.clone(), r)
+            })
+            .collect();
+        c.answers(t, answers)
+    };
+    round(&mut c, t0);
+    assert_eq!(c.poll_period(), super::core::POLL_EVERY / 4);
+    // never answered at all: unreachable at once
+    let s = c.status(None, 0.0);
+    assert_eq!(node_row(&s, &silent)["state"], "unreachable");
+    assert_eq!(node_row(&s, &ids[1])["state"], "idle");
+    // a node that answered once and then times out once is not yet lost...
+    let t1 = t0 + Duration::from_secs(1);
+    c.answers(
+        t1,
+        vec![(silent.clone(), Ok(reply(&silent, 7, Phase::Idle, 0, 0)))],
+    );
+    assert_eq!(c.poll_period(), super::core::POLL_EVERY);
+    c.answers(t1, vec![(silent.clone(), Err(timeout(&silent)))]);
+    assert_eq!(node_row(&c.status(None, 0.0), &silent)["state"], "idle");
+    // ...twice in a row it is; a refused connection is at once
+    c.answers(t1, vec![(silent.clone(), Err(timeout(&silent)))]);
+    assert_eq!(
+        node_row(&c.status(None, 0.0), &silent)["state"],
+        "unreachable"
+    );
+    c.answers(t1, vec![(ids[1].clone(), Err(refused(&ids[1])))]);
+    let s = c.status(None, 0.0);
+    assert_eq!(node_row(&s, &ids[1])["state"], "unreachable");
+    assert!(node_row(&s, &ids[1])["error"]
+        .as_str()
+        .unwrap()
+        .contains("refused"));
+}
+
+#[test]
+fn a_node_answering_twice_is_counted_once() {
+    let mut c = core();
+    started(&mut c);
+    let t0 = Instant::now();
+    let bu = "bu0";
+    c.answers(
+        t0,
+        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 100)))],
+    );
+    let t1 = t0 + Duration::from_secs(1);
+    c.answers(
+        t1,
+        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 600)))],
+    );
+    // the same answer again, at once: no new events, and the totals count the BU once
+    c.answers(
+        t1,
+        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 600)))],
+    );
+    let s = c.status(None, 0.0);
+    assert_eq!(s["totals"]["events_built"], 600);
+    assert_eq!(node_row(&s, bu)["events"], 600);
+    assert_eq!(node_row(&s, bu)["rate_hz"], 0.0, "no events in no time");
+    let t2 = t1 + Duration::from_millis(500);
+    c.answers(
+        t2,
+        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 700)))],
+    );
+    let s = c.status(None, 0.0);
+    assert_eq!(node_row(&s, bu)["rate_hz"], 200.0);
+    assert_eq!(s["totals"]["rate_hz"], 200.0);
+}
+
+#[test]
+fn an_answer_from_an_older_run_is_not_this_run_s() {
+    let mut c = core();
+    started(&mut c);
+    c.finished(
+        1,
+        Finished {
+            ok: true,
+            reason: "done".into(),
+            report: None,
+        },
+        110.0,
+    );
+    assert_eq!(c.state(), State::Ready);
+    let (reply2, _) = c.command(Command::Start, &json!({}), 120.0).unwrap();
+    assert_eq!(reply2["run"], 2);
+    let t0 = Instant::now();
+    // bu0 still says run 1 (its answer was on its way, or it has not started run 2)
+    c.answers(
+        t0,
+        vec![("bu0".into(), Ok(reply("bu0", 7, Phase::Running, 1, 900)))],
+    );
+    let s = c.status(None, 0.0);
+    assert_eq!(s["run"], 2);
+    assert_eq!(
+        s["totals"]["events_built"], 0,
+        "run 1's events are not run 2's"
+    );
+    assert_eq!(node_row(&s, "bu0")["run"], 1);
+    // a start answer for a run that is not under way decides nothing
+    let cfg = c.cfg().clone();
+    let plan = c.begin_run(2, &cfg);
+    let ok: Vec<_> = plan.nodes.iter().map(|n| (n.id.clone(), Ok(()))).collect();
+    assert!(c.started(1, &plan, &ok).is_err());
+    assert_eq!(c.started(2, &plan, &ok), Ok(()));
+}
+
+#[test]
+fn a_start_that_a_node_refuses_is_called_off_at_the_others() {
+    let mut c = core();
+    let (_, effects) = c.command(Command::Start, &json!({}), 0.0).unwrap();
+    let Effect::StartRun { cfg, .. } = &effects[1] else {
+        panic!("{effects:?}")
+    };
+    let plan = c.begin_run(1, cfg);
+    let mut answers: Vec<_> = plan.nodes.iter().map(|n| (n.id.clone(), Ok(()))).collect();
+    answers[0].1 = Err("busy".to_string());
+    answers.pop(); // and one never answered
+    let off = c.started(1, &plan, &answers).unwrap_err();
+    assert!(
+        off.error.contains("busy") && off.error.contains("no answer"),
+        "{}",
+        off.error
+    );
+    assert_eq!(
+        off.abort.len(),
+        plan.nodes.len() - 2,
+        "only those that started"
+    );
+    assert!(off.abort.iter().all(|(n, _)| n.id != plan.nodes[0].id));
+    c.finished(
+        1,
+        Finished {
+            ok: false,
+            reason: off.error.clone(),
+            report: None,
+        },
+        1.0,
+    );
+    assert_eq!(c.state(), State::Failed);
+    let rec = c.run_record(1).unwrap();
+    assert_eq!(rec.state, "failed");
+    assert_eq!(rec.end.as_ref().unwrap().triggered, None);
+}
+
+#[test]
+fn a_restarted_bu_is_told_to_rejoin_once() {
+    let mut c = core();
+    started(&mut c);
+    let t0 = Instant::now();
+    c.answers(
+        t0,
+        vec![("bu0".into(), Ok(reply("bu0", 7, Phase::Running, 1, 10)))],
+    );
+    // bu0 died and `evb up` started it again: another pid, idle
+    let rejoins = c.answers(
+        t0,
+        vec![("bu0".into(), Ok(reply("bu0", 8, Phase::Idle, 0, 0)))],
+    );
+    assert_eq!(rejoins.len(), 1, "{rejoins:?}");
+    assert_eq!((rejoins[0].node.id.as_str(), rejoins[0].run), ("bu0", 1));
+    assert_eq!(rejoins[0].body["run"], 1);
+    // the same answer again: told once
+    let again = c.answers(
+        t0,
+        vec![("bu0".into(), Ok(reply("bu0", 8, Phase::Idle, 0, 0)))],
+    );
+    assert!(again.is_empty(), "{again:?}");
+    // an RU started again is not (its loss follows on_ru_loss)
+    c.answers(
+        t0,
+        vec![("ru0".into(), Ok(reply("ru0", 3, Phase::Running, 1, 0)))],
+    );
+    let ru = c.answers(
+        t0,
+        vec![("ru0".into(), Ok(reply("ru0", 4, Phase::Idle, 0, 0)))],
+    );
+    assert!(ru.is_empty(), "{ru:?}");
+}
+
+#[test]
+fn run_numbers_are_refused_when_taken_or_out_of_range() {
+    let mut c = core();
+    started(&mut c);
+    c.finished(
+        1,
+        Finished {
+            ok: true,
+            reason: "done".into(),
+            report: None,
+        },
+        0.0,
+    );
+    let e = c
+        .command(Command::Start, &json!({"run": 1}), 0.0)
+        .unwrap_err();
+    assert_eq!(e.0, 409);
+    assert!(e.1.contains("next free number is 2"), "{}", e.1);
+    for bad in [json!(0), json!(-1), json!("7"), json!(super::MAX_RUN + 1)] {
+        let e = c
+            .command(Command::Start, &json!({ "run": bad }), 0.0)
+            .unwrap_err();
+        assert_eq!(e.0, 400, "{bad}");
+    }
+    assert_eq!(c.state(), State::Ready, "refusals change nothing");
+    let (r, _) = c
+        .command(Command::Start, &json!({"run": super::MAX_RUN}), 0.0)
+        .unwrap();
+    assert_eq!(r["run"], super::MAX_RUN);
+}
+
+#[test]
+fn a_reset_aborts_the_run_into_ready_and_a_verdict_fails_an_ok_run() {
+    let mut c = core();
+    started(&mut c);
+    let (_, effects) = c.command(Command::Reset, &json!({}), 0.0).unwrap();
+    assert_eq!(
+        effects,
+        [
+            Effect::Abort("reset by the operator".into()),
+            Effect::Pause(false)
+        ]
+    );
+    c.finished(
+        1,
+        Finished {
+            ok: false,
+            reason: "aborted".into(),
+            report: None,
+        },
+        0.0,
+    );
+    assert_eq!(c.state(), State::Ready);
+    assert_eq!(c.run_record(1).unwrap().state, "aborted");
+    // run 2 says ok, but its report does not add up: failed, the verdict its reason
+    c.command(Command::Start, &json!({}), 0.0).unwrap();
+    let mut report = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
+    let mut run = evb_builder::RunReport {
+        state: RunState::Halted,
+        reason: None,
+        n_ru: 0,
+        n_bu: 0,
+        seconds: 1.0,
+        down: vec![],
+        evm: EvmStats::default(),
+        rus: vec![],
+        bus: vec![],
+    };
+    run.evm.triggered = 10;
+    report.run = Some(run);
+    c.finished(
+        2,
+        Finished {
+            ok: true,
+            reason: "done".into(),
+            report: Some(report),
+        },
+        0.0,
+    );
+    assert_eq!(c.state(), State::Failed);
+    let end = c.run_record(2).unwrap().end.clone().unwrap();
+    assert!(!end.ok && !end.verdict.is_empty());
+    assert_eq!(end.reason, end.verdict.join("; "));
+    assert_eq!(end.triggered, Some(10));
+    let listed = c.runs();
+    assert!(listed
+        .iter()
+        .all(|r| r.end.as_ref().is_none_or(|e| e.report.is_none())));
+}
+
+#[test]
+fn an_evm_of_one_run_refuses_run_control() {
+    let mut c = Core::new(&Config::default(), Mode::Once);
+    c.begin_once(1, 0.0);
+    for cmd in [Command::Configure, Command::Start, Command::Halt] {
+        let e = c.command(cmd, &json!({}), 0.0).unwrap_err();
+        assert_eq!(e.0, 409, "{cmd:?}");
+    }
+    assert_eq!(c.state(), State::Starting);
+}
+
+#[test]
+fn numbered_run_ids_fit_the_handshake() {
+    assert_eq!(numbered_run_id("evb-local", 3), "evb-local#3");
+    let long = "x".repeat(64);
+    let id = numbered_run_id(&long, 12345);
+    assert_eq!(id.len(), 64);
+    assert!(id.ends_with("#12345"));
+}
