@@ -96,17 +96,6 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// The `run` object of an EVM's report line (`{"kind": "report", "run": {...}}`): `None`
-    /// when there is none (the EVM never reported), an error when it is not a report.
-    pub fn from_line(line: &serde_json::Value) -> Result<Option<RunReport>, String> {
-        match &line["run"] {
-            serde_json::Value::Null => Ok(None),
-            run => RunReport::deserialize(run)
-                .map(Some)
-                .map_err(|e| format!("the EVM's report could not be read: {e}")),
-        }
-    }
-
     /// Everything wrong with the run: [`verdict`].
     pub fn verdict(&self) -> Vec<String> {
         verdict(self)

@@ -130,10 +130,10 @@ fn a_stalled_producer_shows_as_the_ru_waiting_for_it() {
     let until = Instant::now() + Duration::from_secs(20);
     let waiting = loop {
         let s = p.status();
-        if let Some(w) = s["stats"]["waiting_for"][0].as_str() {
-            break w.to_string();
+        if let Some(w) = s.as_ref().and_then(|s| s.ru()?.waiting_for.first()) {
+            break w.clone();
         }
-        assert!(Instant::now() < until, "never shown waiting: {s}");
+        assert!(Instant::now() < until, "never shown waiting: {s:?}");
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(
@@ -143,7 +143,10 @@ fn a_stalled_producer_shows_as_the_ru_waiting_for_it() {
     // it goes away when the producer goes on
     p.submit_copy(b"second", 2, WhenFull::Block).unwrap();
     let until = Instant::now() + Duration::from_secs(20);
-    while p.status()["stats"]["waiting_for"][0].is_string() {
+    while p
+        .status()
+        .is_some_and(|s| s.ru().is_some_and(|r| !r.waiting_for.is_empty()))
+    {
         assert!(Instant::now() < until, "still shown waiting");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -296,9 +296,9 @@ impl Consumer {
         }
     }
 
-    /// The BU's latest status, refreshed 5 times a second: the JSON line `evb node`
-    /// prints (`stats`, `pools`, `sink`, ...).
-    pub fn status(&self) -> serde_json::Value {
+    /// The BU's latest status, refreshed 5 times a second: the status line `evb node`
+    /// prints (docs/control.md; `None` before the first).
+    pub fn status(&self) -> Option<evb_builder::NodeStatus> {
         self.node.status()
     }
 

@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use evb_builder::NodeStatus;
 use evb_config::Config;
 use evb_node::plug::Plugs;
 use evb_node::{NodeError, NodeOutcome, RunControl};
-use serde_json::Value;
 
 use crate::Error;
 
@@ -17,7 +17,7 @@ pub(crate) struct NodeThread {
     handle: Option<JoinHandle<Result<NodeOutcome, NodeError>>>,
     ended: Option<Result<NodeOutcome, String>>,
     /// The node's latest status line (what `evb node` prints).
-    status: Arc<Mutex<Value>>,
+    status: Arc<Mutex<Option<NodeStatus>>>,
 }
 
 /// How often the plugged node's status is refreshed.
@@ -26,7 +26,7 @@ const STATUS_EVERY: Duration = Duration::from_millis(200);
 impl NodeThread {
     pub(crate) fn spawn(cfg: &Config, id: &str, plugs: Plugs) -> Result<NodeThread, Error> {
         let (cfg, node) = (cfg.clone(), id.to_string());
-        let status = Arc::new(Mutex::new(Value::Null));
+        let status = Arc::new(Mutex::new(None));
         let latest = status.clone();
         let handle = std::thread::Builder::new()
             .name(format!("evb-{id}"))
@@ -36,7 +36,7 @@ impl NodeThread {
                     &node,
                     Box::new(move |line| {
                         if let Ok(mut s) = latest.lock() {
-                            *s = serde_json::to_value(&line).unwrap_or(Value::Null);
+                            *s = Some(line);
                         }
                     }),
                     STATUS_EVERY,
@@ -53,9 +53,9 @@ impl NodeThread {
         })
     }
 
-    /// The node's latest status (JSON, as `evb node` prints it).
-    pub(crate) fn status(&self) -> Value {
-        self.status.lock().map(|s| s.clone()).unwrap_or(Value::Null)
+    /// The node's latest status line (`None` before its first).
+    pub(crate) fn status(&self) -> Option<NodeStatus> {
+        self.status.lock().ok().and_then(|s| s.clone())
     }
 
     /// The node's run ended (its thread returned).

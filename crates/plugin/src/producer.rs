@@ -213,9 +213,10 @@ impl Producer {
         }
     }
 
-    /// The RU's latest status, refreshed 5 times a second: the JSON line `evb node`
-    /// prints (`stats`, `pools`, `sink`, ...), with `stats.waiting_for` naming a stalled producer.
-    pub fn status(&self) -> serde_json::Value {
+    /// The RU's latest status, refreshed 5 times a second: the status line `evb node`
+    /// prints (docs/control.md; `None` before the first), its RU stats' `waiting_for` naming a
+    /// stalled producer.
+    pub fn status(&self) -> Option<evb_builder::NodeStatus> {
         self.node().status()
     }
 

@@ -10,7 +10,9 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::{load_config, lock, outcome, state_error, to_py, to_python, Outcome, Timeout};
+use crate::{
+    load_config, lock, outcome, state_error, status_json, to_py, to_python, Outcome, Timeout,
+};
 
 /// A consumer program's handle on its BU: `Consumer(config, "bu0", max_held=8)`, where
 /// `config` is the configuration file's path or its TOML text (the BU's sink `"api"`).
@@ -102,7 +104,7 @@ impl PyConsumer {
             .as_ref()
             .map(Consumer::status)
             .ok_or_else(|| state_error(FINISHED))?;
-        to_python(py, &s)
+        to_python(py, &status_json(s)?)
     }
 
     /// Events taken so far.

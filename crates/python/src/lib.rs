@@ -113,6 +113,11 @@ pub(crate) fn load_config(config: &Bound<'_, PyAny>) -> PyResult<evb_plugin::Con
 }
 
 /// A JSON value as the Python value `json.loads` makes of it.
+/// A node's status line as JSON (`null` before its first).
+pub(crate) fn status_json(s: Option<evb_builder::NodeStatus>) -> PyResult<serde_json::Value> {
+    serde_json::to_value(s).map_err(|e| PyException::new_err(e.to_string()))
+}
+
 pub(crate) fn to_python(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
     let json = py.import("json")?;
     Ok(json.call_method1("loads", (v.to_string(),))?.unbind())

@@ -11,7 +11,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::{load_config, lock, outcome, state_error, to_py, to_python, Outcome};
+use crate::{load_config, lock, outcome, state_error, status_json, to_py, to_python, Outcome};
 
 /// Calls `f` with the bytes of a buffer-protocol object (bytes, bytearray, memoryview,
 /// numpy array, ...), in place when they are C-contiguous, else copied once into one run.
@@ -294,7 +294,7 @@ impl PyProducer {
     /// The RU's latest status (a dict: the JSON line `evb node` prints).
     fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let s = self.with(py, |p| Ok(p.status()))?;
-        to_python(py, &s)
+        to_python(py, &status_json(s)?)
     }
 
     /// Events submitted so far (the next one submitted is this event id).
