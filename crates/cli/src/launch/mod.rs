@@ -1,0 +1,307 @@
+//! `evb run`: start every node, watch them, judge the run.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::Child;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use evb_builder::{NodeStatus, RunState};
+use evb_config::{Config, TransportKind};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::summary;
+
+mod placement;
+mod progress;
+mod signals;
+mod spawn;
+mod verdict;
+
+pub(crate) use placement::auto_place;
+use progress::{progress_line, RateMeter};
+pub(crate) use signals::on_interrupt;
+pub use signals::{exit_on_interrupt, exit_when_stdin_closes, stop_on_interrupt};
+pub(crate) use spawn::{spawn_node, spawn_processes, PLACEMENT};
+use verdict::note_exit;
+
+/// What the watcher hears from the nodes.
+pub(crate) enum Note {
+    Line(String, Box<NodeStatus>),
+    /// A node's process or thread is gone (with its exit code, if it had one).
+    Gone(String, Option<i32>),
+}
+
+/// What watching a run saw, for the verdict.
+pub(super) struct Watched {
+    /// Each node's final report, if it sent one.
+    reports: BTreeMap<String, NodeStatus>,
+    exit_codes: BTreeMap<String, Option<i32>>,
+    /// How each node process that ended on its own ended, in words, and whether the run had
+    /// started then (a node lost before the start is the cause, not one problem among the
+    /// others it brought down).
+    how_ended: BTreeMap<String, (String, bool)>,
+    /// Node processes still running at the end, killed.
+    killed: Vec<String>,
+    timed_out: bool,
+    /// A second Ctrl-C.
+    user_abort: bool,
+    /// The seconds the run was given.
+    budget: f64,
+}
+
+/// Runs the whole system; true when the verdict is clean.
+pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, String> {
+    // watched from the start: a Ctrl-C while the nodes start is a stop like any other
+    let interrupts = signals::count_interrupts();
+    let mut placed = cfg.clone();
+    auto_place(&mut placed, quiet);
+    let cfg = &placed;
+    let launched = std::time::SystemTime::now();
+    let (tx, rx) = mpsc::channel();
+    let inproc = cfg.transport.kind == TransportKind::Inproc;
+    // inproc: the EVM thread's commands, for Ctrl-C
+    let mut evm_control = None;
+    let (mut children, _tmp) = if inproc {
+        evm_control = Some(spawn::spawn_threads(cfg, &tx));
+        (Vec::new(), None)
+    } else {
+        let (c, t, resolved) = spawn_processes(cfg, &tx, false)?;
+        if !quiet {
+            if let Some(evm) = resolved.nodes().first() {
+                eprintln!("evb: run page and control API: http://{}/", evm.control);
+            }
+        }
+        (c, Some(t))
+    };
+    drop(tx);
+    let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
+    let w = watch(
+        cfg,
+        &ids,
+        quiet,
+        &interrupts,
+        evm_control.as_ref(),
+        &mut children,
+        &rx,
+    );
+    let pids: Vec<u32> = children.iter().map(|(_, c)| c.id()).collect();
+    let mut problems = verdict::problems(cfg, &ids, &w);
+    problems.extend(verdict::duplicate_output(cfg, launched));
+    problems.dedup();
+    let ok = problems.is_empty();
+    let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
+    summary::print(cfg, &ids, &w.reports, run, &problems);
+    if let Some(path) = json_out {
+        let doc = json!({
+            "ok": ok,
+            "problems": problems,
+            "run": run,
+            "nodes": w.reports,
+            "exit_codes": w.exit_codes,
+            "pids": pids,
+            "transport": format!("{:?}", cfg.transport.kind).to_lowercase(),
+        });
+        let mut f = std::fs::File::create(path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        writeln!(
+            f,
+            "{}",
+            serde_json::to_string_pretty(&doc).unwrap_or_default()
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(ok)
+}
+
+/// Watches the nodes until every one has ended, the run's budget is spent, or a second
+/// Ctrl-C: the progress line, Ctrl-C passed on as a clean stop, status lines and exits
+/// collected; whatever is still running at the end is killed.
+fn watch(
+    cfg: &Config,
+    ids: &[String],
+    quiet: bool,
+    interrupts: &AtomicUsize,
+    evm_control: Option<&evb_node::RunControl>,
+    children: &mut [(String, Child)],
+    rx: &mpsc::Receiver<Note>,
+) -> Watched {
+    let inproc = cfg.transport.kind == TransportKind::Inproc;
+    let budget = cfg.run.connect_timeout_s
+        + cfg.run.stall_timeout_s * 2.0
+        + if cfg.run.duration_s > 0.0 {
+            cfg.run.duration_s
+        } else {
+            3600.0
+        }
+        + 30.0;
+    let deadline = Instant::now() + Duration::from_secs_f64(budget);
+
+    let tty = std::io::stderr().is_terminal();
+    let bar = if quiet || !tty {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new_spinner();
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}").expect("template"),
+        );
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    };
+    let mut latest: BTreeMap<String, Box<NodeStatus>> = BTreeMap::new();
+    let mut reports: BTreeMap<String, NodeStatus> = BTreeMap::new();
+    let mut exit_codes: BTreeMap<String, Option<i32>> = BTreeMap::new();
+    let mut rate = RateMeter::new();
+    let mut next_plain = Instant::now() + Duration::from_secs(2);
+    let mut timed_out = false;
+    let mut first_failure: Option<Instant> = None;
+    // how each node process that ended on its own ended, in words, and whether the run had
+    // started then (for the verdict: a node lost before the start is the cause, not one
+    // problem among the others it brought down)
+    let mut how_ended: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    let mut stop_sent = false;
+    let mut user_abort = false;
+
+    while exit_codes.len() < ids.len() {
+        // Ctrl-C: the first asks the EVM to end the run cleanly, a second aborts.
+        match interrupts.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => {}
+            1 if !stop_sent => {
+                stop_sent = true;
+                bar.suspend(|| {
+                    eprintln!(
+                        "evb: stopping the run: building what is in flight (Ctrl-C again to abort)"
+                    )
+                });
+                if let Some(control) = evm_control {
+                    control.stop();
+                } else if let Some(stdin) = children.first_mut().and_then(|(_, c)| c.stdin.as_mut())
+                {
+                    let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());
+                }
+            }
+            1 => {}
+            _ => {
+                user_abort = true;
+                break;
+            }
+        }
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Note::Line(id, v)) => {
+                if v.is_report() {
+                    reports.insert(id.clone(), (*v).clone());
+                }
+                latest.insert(id, v);
+            }
+            Ok(Note::Gone(id, code)) => {
+                exit_codes.insert(id, code);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if inproc {
+                    break;
+                }
+            }
+        }
+        for (id, child) in children.iter_mut() {
+            if exit_codes.contains_key(id) {
+                continue;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                exit_codes.insert(id.clone(), status.code());
+                note_exit(&mut how_ended, id, status, &latest, &ids[0]);
+            }
+        }
+        let line = progress_line(&latest, &mut rate);
+        bar.set_message(line.clone());
+        if !quiet && !tty && Instant::now() >= next_plain {
+            eprintln!("evb: {line}");
+            next_plain = Instant::now() + Duration::from_secs(2);
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            break;
+        }
+        // A node that failed before the run started (e.g. a bad input file), or the EVM
+        // itself gone, dooms the run: give the EVM a moment to report, then stop the rest
+        // rather than wait for time-outs. A node lost mid-run is the EVM's to handle (it
+        // rebuilds a lost BU's events, or applies the RU-loss policy): wait for its verdict.
+        let evm_running = latest
+            .get(&ids[0])
+            .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
+        let evm_gone = exit_codes.contains_key(&ids[0]);
+        let failed = exit_codes.values().any(|c| *c != Some(0));
+        if failed && (!evm_running || evm_gone) && !reports.contains_key(&ids[0]) {
+            let since = *first_failure.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+        }
+        // When one process dies early the EVM notices and aborts the run; give the rest a
+        // moment, then make sure nobody is left behind.
+        if !children.is_empty() && exit_codes.len() < ids.len() && reports.contains_key(&ids[0]) {
+            let grace = Instant::now() + Duration::from_secs(5);
+            while exit_codes.len() < ids.len() && Instant::now() < grace {
+                for (id, child) in children.iter_mut() {
+                    if !exit_codes.contains_key(id) {
+                        if let Ok(Some(status)) = child.try_wait() {
+                            exit_codes.insert(id.clone(), status.code());
+                            note_exit(&mut how_ended, id, status, &latest, &ids[0]);
+                        }
+                    }
+                }
+                while let Ok(n) = rx.try_recv() {
+                    if let Note::Line(id, v) = n {
+                        if v.is_report() {
+                            reports.insert(id.clone(), (*v).clone());
+                        }
+                        latest.insert(id, v);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    // Drain the last lines (final reports race with process exit).
+    let drain_until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < drain_until {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(Note::Line(id, v)) => {
+                if v.is_report() {
+                    reports.insert(id, *v);
+                }
+            }
+            Ok(Note::Gone(id, code)) => {
+                exit_codes.insert(id, code);
+            }
+            Err(_) => {
+                if reports.len() == ids.len() {
+                    break;
+                }
+            }
+        }
+    }
+    let mut killed = Vec::new();
+    for (id, child) in children.iter_mut() {
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+            let _ = child.wait();
+            killed.push(id.clone());
+        }
+        drop(child.stdin.take());
+    }
+    Watched {
+        reports,
+        exit_codes,
+        how_ended,
+        killed,
+        timed_out,
+        user_abort,
+        budget,
+    }
+}

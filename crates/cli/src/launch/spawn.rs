@@ -1,0 +1,396 @@
+//! Starting the nodes: the ports chosen and held until the nodes inherit them, the
+//! configuration they read (a sealed memfd), and each node as a supervised process or, under
+//! `inproc`, a thread.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use evb_builder::NodeStatus;
+use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
+
+use super::Note;
+
+/// Gives every node whose port is 0 a free port on its host, and lists nodes explicitly.
+pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String> {
+    let nodes = cfg.nodes();
+    // Ports the configuration names itself (nodes with fixed ports, front-end streams) are
+    // free now but taken later by their owners: never hand one of them out.
+    let serving: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.sink == evb_config::SinkKind::Serve)
+        .map(|n| cfg.serve_addr(n.index))
+        .collect();
+    let reserved: std::collections::HashSet<u16> = nodes
+        .iter()
+        .flat_map(|n| [n.addr.as_str(), n.control.as_str()])
+        .chain(
+            nodes
+                .iter()
+                .flat_map(|n| n.streams.iter().map(String::as_str)),
+        )
+        .chain(serving.iter().map(String::as_str))
+        .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .filter(|p| *p != 0)
+        .collect();
+    let mut held = Vec::new();
+    let mut chosen = Listeners::new();
+    let mut free = |n: &evb_config::NodeSpec, addr: &str| -> Result<String, String> {
+        let sa: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|_| format!("bad address {addr:?} for {}", n.id))?;
+        if sa.port() != 0 {
+            return Ok(addr.to_string());
+        }
+        for _ in 0..1000 {
+            let l = std::net::TcpListener::bind(sa)
+                .map_err(|e| format!("cannot find a free port on {}: {e}", sa.ip()))?;
+            let got = l.local_addr().map_err(|e| e.to_string())?;
+            if !reserved.contains(&got.port()) {
+                // kept open, for the node to inherit: the port is never free in between
+                chosen.insert(got.to_string(), l);
+                return Ok(got.to_string());
+            }
+            // held until the end: a reserved one is not offered again
+            held.push(l);
+        }
+        Err(format!("cannot find a free port on {}", sa.ip()))
+    };
+    let mut addrs = Vec::new();
+    let mut controls = Vec::new();
+    for n in &nodes {
+        addrs.push(free(n, &n.addr)?);
+        controls.push(free(n, &n.control)?);
+    }
+    drop(held);
+    let mut out = cfg.clone();
+    out.evm.addr = addrs[0].clone();
+    out.evm.control = controls[0].clone();
+    let placed = || nodes.iter().zip(addrs.iter().zip(&controls));
+    out.ru = placed()
+        .filter(|(n, _)| n.role == Role::Ru)
+        .map(|(n, (a, c))| RuSection {
+            id: n.id.clone(),
+            addr: a.clone(),
+            control: c.clone(),
+            source_id: Some(n.source_id),
+            files: n.files.clone(),
+            streams: n.streams.clone(),
+            // a node's input sources: its streams', or else its producers'
+            stream_sources: if n.streams.is_empty() {
+                Vec::new()
+            } else {
+                n.stream_sources.clone()
+            },
+            producer_sources: if n.streams.is_empty() {
+                n.stream_sources.clone()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect();
+    out.bu = placed()
+        .filter(|(n, _)| n.role == Role::Bu)
+        .map(|(n, (a, c))| BuSection {
+            id: n.id.clone(),
+            addr: a.clone(),
+            control: c.clone(),
+            credits: Some(n.credits),
+            sink: Some(n.sink),
+            sink_delay_us: n.sink_delay.map(|d| d.0),
+            sink_delay_events: n.sink_delay.map(|d| d.1),
+            // kept as configured (port 0: the BU takes a free one and logs it)
+            serve: if n.sink == evb_config::SinkKind::Serve {
+                cfg.serve_addr(n.index)
+            } else {
+                String::new()
+            },
+        })
+        .collect();
+    // Every node on this host: with many more nodes than CPUs, a node's event loop can wait
+    // its turn for a second or more, and would be declared lost while alive. Give the
+    // heartbeat timeout room for that (a real deployment sets it for its own hosts).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let floor = 200 * nodes.len() as u64 / cpus;
+    if floor > out.run.heartbeat_timeout_ms {
+        eprintln!(
+            "evb: {} nodes on {cpus} CPUs: run.heartbeat_timeout_ms raised from {} to {floor} so that a busy node is not taken for a dead one",
+            nodes.len(),
+            out.run.heartbeat_timeout_ms
+        );
+        out.run.heartbeat_timeout_ms = floor;
+    }
+    out.validate()
+        .map_err(|e| format!("resolved configuration: {e}"))?;
+    Ok((out, chosen))
+}
+
+/// The sockets [`resolve_ports`] bound for the addresses it chose, by address.
+pub(crate) type Listeners = BTreeMap<String, std::net::TcpListener>;
+
+/// The sockets node `n` inherits from `listeners`: its control API's, and its data
+/// address's where the TCP transport listens there (shared memory and libfabric listen
+/// their own way; a socket left unused would only hold their port).
+fn inherited_by(
+    cfg: &Config,
+    n: &evb_config::NodeSpec,
+    listeners: &Listeners,
+) -> Vec<(String, i32)> {
+    use std::os::fd::AsRawFd;
+    let data = (cfg.transport.kind == TransportKind::Tcp).then_some(n.addr.as_str());
+    data.into_iter()
+        .chain([n.control.as_str()])
+        .filter_map(|a| listeners.get(a).map(|l| (a.to_string(), l.as_raw_fd())))
+        .collect()
+}
+
+/// The resolved configuration the node processes read: an unlinked, sealed memfd whose
+/// descriptor each child inherits, so that the run's secret never lies in a file that could
+/// outlive the run (a SIGKILLed launcher used to leave `/tmp/evb-run-*.toml` behind). It
+/// lives while the launcher or a node holds it; `evb up` hands it to restarted nodes too.
+pub(crate) struct ConfigFd {
+    fd: std::os::fd::OwnedFd,
+    /// `evb-run-<launcher pid>-<run id>`, on every node's command line.
+    tag: String,
+}
+
+impl ConfigFd {
+    fn new(text: &str, run_id: &str) -> Result<ConfigFd, String> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let name = c"evb-run-config";
+        // SAFETY: memfd_create with a valid NUL-terminated name; the descriptor returned is
+        // new and owned by nobody else, so OwnedFd may take it.
+        let fd = unsafe {
+            let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            if fd < 0 {
+                return Err(format!(
+                    "cannot make the nodes' configuration (memfd): {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        let mut f = std::fs::File::from(fd);
+        f.write_all(text.as_bytes())
+            .map_err(|e| format!("cannot write the nodes' configuration: {e}"))?;
+        let seals =
+            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor this function owns.
+        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) } == -1 {
+            return Err(format!(
+                "cannot seal the nodes' configuration: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(ConfigFd {
+            fd: f.into(),
+            tag: format!("evb-run-{}-{run_id}", std::process::id()),
+        })
+    }
+
+    fn raw(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// The path a child opens it by: its inherited descriptor, the same number as here.
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.raw()))
+    }
+}
+
+/// The node processes by id, the resolved configuration they read, and its contents.
+pub(crate) type Spawned = (Vec<(String, Child)>, ConfigFd, Config);
+
+pub(crate) fn spawn_processes(
+    cfg: &Config,
+    tx: &mpsc::Sender<Note>,
+    serve: bool,
+) -> Result<Spawned, String> {
+    let (cfg, listeners) = resolve_ports(cfg)?;
+    let config = ConfigFd::new(&cfg.to_toml(), &cfg.run.id)?;
+    let mut children = Vec::new();
+    for n in cfg.nodes() {
+        let inherit = inherited_by(&cfg, &n, &listeners);
+        let child = spawn_node(&config, &n.id, serve, tx, &inherit)?;
+        children.push((n.id.clone(), child));
+    }
+    // the nodes hold their sockets now (a node started again later binds its own)
+    drop(listeners);
+    Ok((children, config, cfg))
+}
+
+/// Where each node process runs: a command prefix per node id (empty: this host, as is).
+pub(crate) type Placement = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
+pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
+
+/// Starts one supervised node process; its status lines go to `tx`. It inherits the
+/// listening sockets `inherit` names (address, descriptor of this process), unless a
+/// placement starts it elsewhere (another network namespace), where a socket bound here is
+/// no use: it binds its own there.
+pub(crate) fn spawn_node(
+    config: &ConfigFd,
+    id: &str,
+    serve: bool,
+    tx: &mpsc::Sender<Note>,
+    inherit: &[(String, i32)],
+) -> Result<Child, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    {
+        let n = id;
+        // a node placed somewhere else (`evb testbed`: its host's network namespace) is
+        // started through the placement's command
+        let (mut cmd, inherit) = match PLACEMENT.get().map(|p| p(n)).filter(|p| !p.is_empty()) {
+            Some(prefix) => {
+                let mut c = Command::new(&prefix[0]);
+                c.args(&prefix[1..]).arg(&exe);
+                (c, &[][..])
+            }
+            None => (Command::new(&exe), inherit),
+        };
+        let fds: Vec<i32> = inherit
+            .iter()
+            .map(|(_, fd)| *fd)
+            .chain([config.raw()])
+            .collect();
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: runs in the forked child before exec and calls only fcntl, which is
+            // async-signal-safe; it allocates nothing (`fds` was built before the fork).
+            unsafe {
+                cmd.pre_exec(move || {
+                    for &fd in &fds {
+                        // the descriptors are close-on-exec here: only this child keeps them
+                        if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
+            .args(["node", "--supervised", "--id", n, "--config"])
+            .arg(config.path())
+            .arg(format!("--launched-by={}", config.tag))
+            .args(serve.then_some("--serve"))
+            .args(
+                inherit
+                    .iter()
+                    .map(|(a, fd)| format!("--listen-fd={a}={fd}")),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start {n}: {e}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = tx.clone();
+        let id = n.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if !line.starts_with('{') {
+                    continue;
+                }
+                match NodeStatus::from_json(&line) {
+                    Ok(v) => {
+                        let _ = tx.send(Note::Line(id.clone(), Box::new(v)));
+                    }
+                    Err(e) => {
+                        eprintln!("evb: {id} wrote a status line that could not be read: {e}")
+                    }
+                }
+            }
+        });
+        Ok(child)
+    }
+}
+
+pub(super) fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) -> evb_node::RunControl {
+    let evm_control = evb_node::RunControl::new();
+    for n in cfg.nodes() {
+        let cfg = cfg.clone();
+        let tx = tx.clone();
+        // the EVM's commands stay with the launcher; the others' are their own
+        let control = if n.role == Role::Evm {
+            evm_control.clone()
+        } else {
+            evb_node::RunControl::new()
+        };
+        std::thread::spawn(move || {
+            let lines = tx.clone();
+            let id = n.id.clone();
+            let status: evb_node::StatusOut = Box::new(move |v| {
+                let _ = lines.send(Note::Line(id.clone(), Box::new(v)));
+            });
+            let every = Duration::from_millis(250);
+            let code = match evb_node::run_node_controlled(&cfg, &n.id, status, every, control) {
+                Ok(o) if o.ok => 0,
+                Ok(_) => 1,
+                Err(e) => {
+                    eprintln!("evb node {}: {e}", n.id);
+                    1
+                }
+            };
+            let _ = tx.send(Note::Gone(n.id.clone(), Some(code)));
+        });
+    }
+    evm_control
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ports `evb run` picks stay bound until the nodes hold them: nothing else on the
+    /// host can take one in between.
+    #[test]
+    fn chosen_ports_stay_bound_until_the_nodes_inherit_them() {
+        for kind in ["tcp", "shm"] {
+            let cfg = Config::from_toml(&format!(
+                "[transport]\nkind = \"{kind}\"\n[topology]\nrus = 2\nbus = 2\nhost = \"127.0.0.1\"\n"
+            ))
+            .unwrap();
+            let (resolved, listeners) = resolve_ports(&cfg).unwrap();
+            let nodes = resolved.nodes();
+            assert_eq!(nodes.len(), 5);
+            let mut addrs = Vec::new();
+            for n in &nodes {
+                let inherited = inherited_by(&resolved, n, &listeners);
+                for a in [&n.addr, &n.control] {
+                    let sa: std::net::SocketAddr = a.parse().unwrap();
+                    assert_ne!(sa.port(), 0, "{} {a}", n.id);
+                    assert!(listeners.contains_key(a.as_str()), "{} {a} not held", n.id);
+                    assert!(
+                        std::net::TcpListener::bind(sa).is_err(),
+                        "{} {a}: free while it should be held",
+                        n.id
+                    );
+                    addrs.push(sa);
+                }
+                // the control API always, the data address where TCP listens on it
+                let names: Vec<&str> = inherited.iter().map(|(a, _)| a.as_str()).collect();
+                let mut want = vec![];
+                if kind == "tcp" {
+                    want.push(n.addr.as_str());
+                }
+                want.push(n.control.as_str());
+                assert_eq!(names, want, "{kind} {}", n.id);
+            }
+            addrs.sort();
+            addrs.dedup();
+            assert_eq!(addrs.len(), 10, "every address its own port");
+            drop(listeners);
+            // released only now (a few may be taken by other tests meanwhile: most are free)
+            let free = addrs
+                .iter()
+                .filter(|a| std::net::TcpListener::bind(a).is_ok())
+                .count();
+            assert!(free >= 8, "only {free} of 10 ports free after release");
+        }
+    }
+}

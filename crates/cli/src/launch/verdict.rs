@@ -1,0 +1,186 @@
+//! Judging a run from what the launcher saw: the EVM's report and the builder's verdict on
+//! it, how each node process ended, and the output files.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use evb_builder::{NodeRef, NodeStatus, RunReport, RunState};
+use evb_config::{Config, Role};
+
+use super::Watched;
+
+/// Everything wrong with the run, in the order an operator reads it: a node lost before the
+/// start (the cause), the operator's abort, a time-out, nodes that failed or sent no report,
+/// the verdict's problems, the EVM's reason.
+pub(super) fn problems(cfg: &Config, ids: &[String], w: &Watched) -> Vec<String> {
+    let mut problems: Vec<String> = Vec::new();
+    // a node process that died before the run started, with no word from the EVM: that is
+    // the cause, said first as the EVM would have (`lost bu[1] before the run started`), and
+    // what the launcher then did to the others is one line, not two per node
+    let lost_early: Vec<&String> = if w.reports.contains_key(&ids[0]) {
+        Vec::new()
+    } else {
+        w.how_ended
+            .iter()
+            .filter(|(id, (_, started))| !started && w.exit_codes.get(*id) != Some(&Some(0)))
+            .map(|(id, _)| id)
+            .collect()
+    };
+    for id in &lost_early {
+        problems.push(format!(
+            "lost {id} before the run started: {}",
+            w.how_ended[*id].0
+        ));
+    }
+    if !lost_early.is_empty() {
+        let others: Vec<&str> = ids
+            .iter()
+            .filter(|id| !lost_early.contains(id))
+            .map(String::as_str)
+            .collect();
+        problems.push(format!(
+            "the run never started; the other nodes were stopped ({})",
+            others.join(", ")
+        ));
+    }
+    if w.user_abort {
+        problems.push("aborted by the operator (second Ctrl-C)".into());
+    }
+    if w.timed_out {
+        problems.push(format!("run did not finish within {:.0} s", w.budget));
+    }
+    let evm_report = w.reports.get(&ids[0]);
+    // The EVM's report and the builder's verdict on it (the EVM's own).
+    let run = evm_report.and_then(|r| r.run.as_ref());
+    let verdict = run.map(RunReport::verdict).unwrap_or_default();
+    let evm_ok = evm_report.and_then(|r| r.ok) == Some(true) && verdict.is_empty();
+    // Nodes the EVM lost during the run and handled by the documented rule (a BU's events
+    // rebuilt elsewhere, an RU's by the partial policy): their exit is not a failure of the
+    // run; the EVM's verdict says whether anything was lost.
+    let lost_by_evm: Vec<String> = cfg
+        .nodes()
+        .iter()
+        .filter(|n| {
+            let node = match n.role {
+                Role::Ru => NodeRef::Ru(n.index),
+                Role::Bu => NodeRef::Bu(n.index),
+                Role::Evm => return false,
+            };
+            run.is_some_and(|r| r.lost(node))
+        })
+        .map(|n| n.id.clone())
+        .collect();
+    let evm_handled = |id: &String| lost_by_evm.contains(id) && evm_ok;
+    for id in w.killed.iter().filter(|_| lost_early.is_empty()) {
+        if !evm_handled(id) {
+            problems.push(format!("{id} had to be killed"));
+        }
+    }
+    for id in ids.iter().filter(|_| lost_early.is_empty()) {
+        if evm_handled(id) {
+            continue;
+        }
+        match w.exit_codes.get(id) {
+            Some(Some(0)) => {}
+            Some(code) if !w.killed.contains(id) => {
+                // a node's own reason (not the EVM's, which the verdict says, nor an echo of it)
+                let why = w
+                    .reports
+                    .get(id)
+                    .and_then(|r| r.reason.as_deref())
+                    .filter(|why| {
+                        *id != ids[0] && !why.is_empty() && !why.starts_with("run aborted")
+                    });
+                let how = w
+                    .how_ended
+                    .get(id)
+                    .map(|(h, _)| h.clone())
+                    .unwrap_or_else(|| exit_words(*code));
+                problems.push(match why {
+                    Some(w) => format!("{id} {how}: {w}"),
+                    None => format!("{id} {how}"),
+                })
+            }
+            _ => {}
+        }
+        if !w.reports.contains_key(id) {
+            problems.push(format!("{id} sent no final report"));
+        }
+    }
+    problems.extend(verdict);
+    if let Some(reason) = evm_report.and_then(|r| r.reason.as_deref()) {
+        let failed = evm_report.and_then(|r| r.ok) == Some(false);
+        if failed && !problems.iter().any(|p| p.contains(reason)) {
+            problems.push(reason.to_string());
+        }
+    }
+    problems
+}
+
+/// Output files: no event may be in two of them (a consumer would take it twice).
+pub(super) fn duplicate_output(cfg: &Config, launched: std::time::SystemTime) -> Option<String> {
+    if cfg.sink.kind == evb_config::SinkKind::File && !cfg.sink.dir.is_empty() {
+        let dir = PathBuf::from(&cfg.sink.dir);
+        // this run's files only (an earlier run may have used the same ids)
+        let files: Vec<PathBuf> = crate::inspect::event_files(std::slice::from_ref(&dir))
+            .into_iter()
+            .filter(|f| {
+                std::fs::metadata(f)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t >= launched)
+            })
+            .collect();
+        let (lines, n) = crate::inspect::duplicates_across(&files, 3);
+        if n > 0 {
+            return Some(format!(
+                "{n} event ids are in more than one output file in {}: {}",
+                dir.display(),
+                lines.join("; ")
+            ));
+        }
+    }
+    None
+}
+
+/// How a node process ended, in words: its exit status, or the signal that killed it.
+pub(super) fn ended_words(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("was killed by signal {sig}{name}")
+        }
+        (None, None) => "ended without an exit status".into(),
+    }
+}
+
+/// The same from an exit code alone (a node thread, or a status already taken).
+fn exit_words(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exited with status {c}"),
+        None => "was killed by a signal".into(),
+    }
+}
+
+/// Notes how node `id` ended, and whether the EVM had started the run by then.
+pub(super) fn note_exit(
+    how: &mut BTreeMap<String, (String, bool)>,
+    id: &str,
+    status: std::process::ExitStatus,
+    latest: &BTreeMap<String, Box<NodeStatus>>,
+    evm: &str,
+) {
+    let started = latest
+        .get(evm)
+        .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
+    how.entry(id.to_string())
+        .or_insert_with(|| (ended_words(status), started));
+}
