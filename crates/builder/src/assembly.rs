@@ -194,8 +194,8 @@ impl<B: Body> Assembler<B> {
 
     /// Logs the flagged sync losses and dropped fragments not yet in a warning (at the end
     /// of a run: none goes unsaid).
-    pub fn flush_sync_warnings(&mut self) {
-        self.flush_drop_warnings();
+    pub fn flush_sync_warnings(&mut self, now: Instant) {
+        self.flush_drop_warnings(now);
         let w = &mut self.sync_warnings;
         if w.unreported == 0 {
             return;
@@ -215,16 +215,18 @@ impl<B: Body> Assembler<B> {
             );
         }
         w.unreported = 0;
-        w.last = Some(Instant::now());
+        w.last = Some(now);
     }
 
     /// A flagged sync loss: warned at once if none was for [`SYNC_WARN_EVERY`].
-    fn note_sync_loss(&mut self, what: String) {
+    fn note_sync_loss(&mut self, what: String, now: Instant) {
         let w = &mut self.sync_warnings;
         w.unreported += 1;
         w.latest = what;
-        if w.last.is_none_or(|t| t.elapsed() >= SYNC_WARN_EVERY) {
-            self.flush_sync_warnings();
+        if w.last
+            .is_none_or(|t| now.saturating_duration_since(t) >= SYNC_WARN_EVERY)
+        {
+            self.flush_sync_warnings(now);
         }
     }
 
@@ -281,7 +283,7 @@ impl<B: Body> Assembler<B> {
     /// The next event's checked pieces, `Ok(None)` while a stream's fragment is still to
     /// come; `Err` names why the run must stop (a bad fragment under `Stop`, a sync loss
     /// under `Stop`).
-    pub fn next_parts(&mut self) -> Result<Option<Parts<B>>, String> {
+    pub fn next_parts(&mut self, now: Instant) -> Result<Option<Parts<B>>, String> {
         if self.streams.iter().any(|s| s.queue.is_empty()) {
             return Ok(None);
         }
@@ -296,7 +298,7 @@ impl<B: Body> Assembler<B> {
         for (i, p) in pieces.iter_mut().enumerate() {
             if let Some(why) = p.bad.take() {
                 let why = format!("{}: {why}", self.describe(i));
-                self.bad(&why)?;
+                self.bad(&why, now)?;
                 p.bad = Some(why);
             }
         }
@@ -315,7 +317,7 @@ impl<B: Body> Assembler<B> {
                     self.describe(r),
                     pieces[r].offset
                 );
-                self.bad(&why)?;
+                self.bad(&why, now)?;
             }
         }
         let mut in_sync = true;
@@ -360,7 +362,7 @@ impl<B: Body> Assembler<B> {
             self.stats.sync_losses += 1;
         }
         if let Some(what) = first_loss {
-            self.note_sync_loss(what);
+            self.note_sync_loss(what, now);
         }
         self.last = (reference.is_some() && in_sync).then_some(trigger);
         let k = pieces.len();
@@ -384,7 +386,7 @@ impl<B: Body> Assembler<B> {
         }))
     }
 
-    fn bad(&mut self, why: &str) -> Result<(), String> {
+    fn bad(&mut self, why: &str, now: Instant) -> Result<(), String> {
         match self.cfg.on_error {
             BadFragment::Stop => Err(why.to_string()),
             BadFragment::Drop => {
@@ -392,8 +394,10 @@ impl<B: Body> Assembler<B> {
                 let w = &mut self.drop_warnings;
                 w.unreported += 1;
                 w.latest = why.to_string();
-                if w.last.is_none_or(|t| t.elapsed() >= SYNC_WARN_EVERY) {
-                    self.flush_drop_warnings();
+                if w.last
+                    .is_none_or(|t| now.saturating_duration_since(t) >= SYNC_WARN_EVERY)
+                {
+                    self.flush_drop_warnings(now);
                 }
                 Ok(())
             }
@@ -401,7 +405,7 @@ impl<B: Body> Assembler<B> {
     }
 
     /// Logs the dropped fragments not yet in a warning.
-    fn flush_drop_warnings(&mut self) {
+    fn flush_drop_warnings(&mut self, now: Instant) {
         let w = &mut self.drop_warnings;
         if w.unreported == 0 {
             return;
@@ -418,15 +422,15 @@ impl<B: Body> Assembler<B> {
             );
         }
         w.unreported = 0;
-        w.last = Some(Instant::now());
+        w.last = Some(now);
     }
 }
 
 impl Assembler<Vec<u8>> {
     /// The next event's payload (the fragment itself for one stream, a super-fragment for
     /// several), as [`Assembler::next_parts`] says.
-    pub fn next_event(&mut self) -> Result<Option<Assembled>, String> {
-        let Some(parts) = self.next_parts()? else {
+    pub fn next_event(&mut self, now: Instant) -> Result<Option<Assembled>, String> {
+        let Some(parts) = self.next_parts(now)? else {
             return Ok(None);
         };
         let fragments = parts.pieces.len() as u32;
@@ -488,13 +492,19 @@ mod tests {
     #[test]
     fn one_stream_passes_its_fragments_through() {
         let mut a = assembler(1, BadFragment::Stop, SyncLoss::Stop);
-        assert_eq!(a.next_event(), Ok(None));
+        assert_eq!(a.next_event(Instant::now()), Ok(None));
         a.push(0, piece(1, 16));
         a.push(0, piece(2, 24));
-        let e = a.next_event().unwrap().unwrap();
+        let e = a.next_event(Instant::now()).unwrap().unwrap();
         assert_eq!((e.trigger_number, e.payload.len(), e.flags), (1, 16, 0));
-        assert_eq!(a.next_event().unwrap().unwrap().trigger_number, 2);
-        assert_eq!(a.next_event(), Ok(None));
+        assert_eq!(
+            a.next_event(Instant::now())
+                .unwrap()
+                .unwrap()
+                .trigger_number,
+            2
+        );
+        assert_eq!(a.next_event(Instant::now()), Ok(None));
     }
 
     #[test]
@@ -502,12 +512,12 @@ mod tests {
         let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
         a.push(0, piece(1, 16));
         assert_eq!(
-            a.next_event(),
+            a.next_event(Instant::now()),
             Ok(None),
             "stream 1 has not sent event 0 yet"
         );
         a.push(1, piece(1, 40));
-        let e = a.next_event().unwrap().unwrap();
+        let e = a.next_event(Instant::now()).unwrap().unwrap();
         assert_eq!(e.flags, FLAG_SUPER);
         let dir = decode_directory(&e.payload, e.payload.len()).unwrap();
         assert_eq!(dir.len(), 2);
@@ -521,7 +531,7 @@ mod tests {
         let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
         a.push(0, piece(100, 8));
         a.push(1, piece(999, 8));
-        let e = a.next_event().unwrap_err();
+        let e = a.next_event(Instant::now()).unwrap_err();
         assert!(e.contains("source 843"), "{e}");
         assert!(e.contains("LV1 id 999") && e.contains("LV1 id 100"), "{e}");
     }
@@ -533,13 +543,19 @@ mod tests {
             a.push(0, piece(t0, 8));
             a.push(1, piece(t1, 8));
         }
-        assert_eq!(a.next_event().unwrap().unwrap().flags, FLAG_SUPER);
-        let e = a.next_event().unwrap().unwrap();
+        assert_eq!(
+            a.next_event(Instant::now()).unwrap().unwrap().flags,
+            FLAG_SUPER
+        );
+        let e = a.next_event(Instant::now()).unwrap().unwrap();
         assert_eq!(e.flags, FLAG_SUPER | FLAG_SYNC_LOSS);
         let dir = decode_directory(&e.payload, e.payload.len()).unwrap();
         assert_eq!(dir[1].flags, ENTRY_SYNC_LOSS);
         assert_eq!(dir[1].trigger_number, 999);
-        assert_eq!(a.next_event().unwrap().unwrap().flags, FLAG_SUPER);
+        assert_eq!(
+            a.next_event(Instant::now()).unwrap().unwrap().flags,
+            FLAG_SUPER
+        );
         assert_eq!(a.stats().sync_losses, 1);
     }
 
@@ -550,19 +566,22 @@ mod tests {
         let mut a = assembler(2, BadFragment::Stop, SyncLoss::Stop);
         a.push(0, piece(2, 8));
         a.push(1, bad.clone());
-        assert!(a.next_event().unwrap_err().contains("stream 1 (source 843"));
+        assert!(a
+            .next_event(Instant::now())
+            .unwrap_err()
+            .contains("stream 1 (source 843"));
 
         let mut a = assembler(2, BadFragment::Drop, SyncLoss::Stop);
         a.push(0, piece(2, 8));
         a.push(1, bad.clone());
-        let e = a.next_event().unwrap().unwrap();
+        let e = a.next_event(Instant::now()).unwrap().unwrap();
         let dir = decode_directory(&e.payload, e.payload.len()).unwrap();
         assert_eq!((dir[1].flags, dir[1].length), (ENTRY_MISSING, 0));
         assert_eq!(a.stats().dropped, 1);
 
         let mut a = assembler(1, BadFragment::Drop, SyncLoss::Stop);
         a.push(0, bad);
-        let e = a.next_event().unwrap().unwrap();
+        let e = a.next_event(Instant::now()).unwrap().unwrap();
         assert_eq!(
             (e.flags, e.payload.len(), e.trigger_number),
             (FLAG_MISSING, 0, 2)
@@ -574,10 +593,10 @@ mod tests {
         let mut a = assembler(1, BadFragment::Stop, SyncLoss::Stop);
         for t in [0xff_fffe, 0xff_ffff, 0, 1] {
             a.push(0, piece(t, 8));
-            assert!(a.next_event().unwrap().is_some(), "{t}");
+            assert!(a.next_event(Instant::now()).unwrap().is_some(), "{t}");
         }
         a.push(0, piece(1, 8));
-        let e = a.next_event().unwrap_err();
+        let e = a.next_event(Instant::now()).unwrap_err();
         assert!(e.contains("LV1 id 1 after 1: out of order"), "{e}");
     }
 
@@ -589,7 +608,7 @@ mod tests {
         a.push(1, piece(1, 8));
         a.close(1);
         assert!(!a.exhausted());
-        assert!(a.next_event().unwrap().is_some());
+        assert!(a.next_event(Instant::now()).unwrap().is_some());
         assert!(a.exhausted());
         assert_eq!(a.unbuilt(), 1);
         assert_eq!((a.received(0), a.received(1)), (2, 1));
@@ -601,13 +620,13 @@ mod tests {
         for t in 1..=50 {
             a.push(0, piece(t, 8));
             a.push(1, piece(t + 1, 8));
-            assert!(a.next_event().unwrap().is_some());
+            assert!(a.next_event(Instant::now()).unwrap().is_some());
         }
         assert_eq!(a.stats().sync_losses, 50);
         // the first warned at once, the other 49 wait for the next warning (or the end)
         assert_eq!(a.sync_warnings.unreported, 49);
         assert!(a.sync_warnings.latest.contains("sync loss at event 49"));
-        a.flush_sync_warnings();
+        a.flush_sync_warnings(Instant::now());
         assert_eq!(a.sync_warnings.unreported, 0);
     }
 }

@@ -1020,7 +1020,7 @@ fn live_feeds_gate_the_trigger_and_end_the_run() {
                 );
             }
         }
-        while let Some(e) = a.next_event().unwrap() {
+        while let Some(e) = a.next_event(std::time::Instant::now()).unwrap() {
             s.rus[ru].live_mut().unwrap().supply(e);
         }
     };

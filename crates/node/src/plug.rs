@@ -165,7 +165,7 @@ impl ApiSource {
         let running = ru.state() == RunState::Running;
         let before = self.received;
         let taken = if self.joint.is_some() {
-            self.take_parts(ru)
+            self.take_parts(now, ru)
         } else {
             self.take_events(ru)
         };
@@ -242,7 +242,7 @@ impl ApiSource {
 
     /// Several producers: their k-th parts checked and joined into event k's super-fragment,
     /// its header and directory written into the RU's pool in front of them (no copy).
-    fn take_parts(&mut self, ru: &mut Ru) -> Result<(), String> {
+    fn take_parts(&mut self, now: Instant, ru: &mut Ru) -> Result<(), String> {
         let j = self.joint.as_mut().expect("several producers");
         for (i, input) in self.inputs.iter().enumerate() {
             while !j.ended[i] {
@@ -287,7 +287,7 @@ impl ApiSource {
         loop {
             let parts = match j.waiting.take() {
                 Some(p) => p,
-                None => match j.assembler.next_parts()? {
+                None => match j.assembler.next_parts(now)? {
                     Some(p) => p,
                     None => break,
                 },

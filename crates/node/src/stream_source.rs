@@ -242,14 +242,14 @@ impl StreamSource {
             return;
         }
         if ru.state() == RunState::Stopping {
-            return self.end_of_run(ru);
+            return self.end_of_run(now, ru);
         }
         if let Err(why) = self.take_from_streams(now) {
             return self.fail(ru, why);
         }
         let Some(feed) = ru.live_mut() else { return };
         while feed.queued() < self.read_ahead {
-            match self.assembler.next_event() {
+            match self.assembler.next_event(now) {
                 Ok(Some(event)) => feed.supply(event),
                 Ok(None) => break,
                 Err(why) => return self.fail(ru, why),
@@ -285,9 +285,9 @@ impl StreamSource {
     /// stream that delivered no fragment in the whole run fails the RU, naming it. Blocks
     /// the driver for that time at most: nothing else is due once the run stopped (the
     /// liveness checks end with Running).
-    fn end_of_run(&mut self, ru: &mut Ru) {
+    fn end_of_run(&mut self, now: Instant, ru: &mut Ru) {
         self.over = true;
-        self.assembler.flush_sync_warnings();
+        self.assembler.flush_sync_warnings(now);
         self.orders.drain.store(true, Ordering::Relaxed);
         let began = Instant::now();
         let deadline = began + DRAIN_LIMIT + Duration::from_millis(500);
