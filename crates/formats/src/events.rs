@@ -48,6 +48,27 @@ pub enum EventFileError {
     Damaged { path: String, reason: String },
 }
 
+/// What is wrong with one event record ([`parse_event`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EventRecordError {
+    #[error("truncated event header")]
+    TruncatedHeader,
+    #[error("bad event header (magic or checksum)")]
+    BadHeader,
+    #[error("truncated event body")]
+    TruncatedBody,
+    #[error("event {event_id}: body checksum mismatch")]
+    BodyChecksum { event_id: u64 },
+    #[error("event {event_id}: bad fragment header")]
+    BadFragmentHeader { event_id: u64 },
+    #[error("event {event_id}: fragment overruns the event")]
+    FragmentOverrun { event_id: u64 },
+    #[error("event {event_id}: fragments do not fill the event")]
+    Unfilled { event_id: u64 },
+    #[error("event {event_id}: {bytes} bytes after the event")]
+    Trailing { event_id: u64, bytes: usize },
+}
+
 /// The metadata file written beside each data file once it is complete.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FileMeta {
@@ -354,10 +375,10 @@ impl EventFileWriter {
     /// layout (the consumer protocol's Event frame) and writes them as they came.
     pub fn write_record(&mut self, record: &[u8]) -> Result<(), EventFileError> {
         self.check_whole()?;
-        let ev = parse_event(record).map_err(|reason| EventFileError::Bad {
+        let ev = parse_event(record).map_err(|e| EventFileError::Bad {
             path: self.tmp.display().to_string(),
             offset: self.meta.bytes,
-            reason,
+            reason: e.to_string(),
         })?;
         let (crc_before, meta_before) = (self.crc, self.meta.clone());
         let r = self.put(record).and_then(|_| self.writer().flush());
@@ -479,29 +500,28 @@ impl EventFile {
 
 /// Checks one event record (event header, then each fragment's header and payload: what a
 /// data file holds per event, and what the consumer protocol's Event frame carries) and
-/// returns it; `Err(reason)` names what is wrong. Payload CRCs are the caller's to check.
+/// returns it; the error names what is wrong. Payload CRCs are the caller's to check.
 /// `record` must be exactly one event.
-pub fn parse_event(record: &[u8]) -> Result<StoredEvent, String> {
+pub fn parse_event(record: &[u8]) -> Result<StoredEvent, EventRecordError> {
     let (ev, used) = parse_event_at(record, 0)?;
     if used != record.len() {
-        return Err(format!(
-            "event {}: {} bytes after the event",
-            ev.event_id,
-            record.len() - used
-        ));
+        return Err(EventRecordError::Trailing {
+            event_id: ev.event_id,
+            bytes: record.len() - used,
+        });
     }
     Ok(ev)
 }
 
 /// Parses the event at `offset` of `data`; returns it and where the next one starts. On a
 /// bad body the error says so and the caller may skip `EVENT_HEADER_LEN + body_len`.
-fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), String> {
+fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), EventRecordError> {
     let h = data
         .get(offset..offset + EVENT_HEADER_LEN)
-        .ok_or("truncated event header")?;
+        .ok_or(EventRecordError::TruncatedHeader)?;
     let u32_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4"));
     if h[0..4] != EVENT_MAGIC || u32_at(28) != crc32c::crc32c(&h[..28]) {
-        return Err("bad event header (magic or checksum)".into());
+        return Err(EventRecordError::BadHeader);
     }
     let body_len = u32_at(4) as usize;
     let event_id = u64::from_le_bytes(h[8..16].try_into().expect("8"));
@@ -511,9 +531,9 @@ fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), St
     let body_start = offset + EVENT_HEADER_LEN;
     let body = data
         .get(body_start..body_start + body_len)
-        .ok_or("truncated event body")?;
+        .ok_or(EventRecordError::TruncatedBody)?;
     if crc32c::crc32c(body) != u32_at(24) {
-        return Err(format!("event {event_id}: body checksum mismatch"));
+        return Err(EventRecordError::BodyChecksum { event_id });
     }
     let mut fragments = Vec::with_capacity(count);
     let mut at = 0;
@@ -523,17 +543,17 @@ fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), St
             .map(FragmentHeader::decode)
         {
             Some(Ok(fh)) => fh,
-            _ => return Err(format!("event {event_id}: bad fragment header")),
+            _ => return Err(EventRecordError::BadFragmentHeader { event_id }),
         };
         at += FRAGMENT_HEADER_LEN;
         let p = body
             .get(at..at + fh.payload_size as usize)
-            .ok_or_else(|| format!("event {event_id}: fragment overruns the event"))?;
+            .ok_or(EventRecordError::FragmentOverrun { event_id })?;
         fragments.push((fh, p.to_vec()));
         at += fh.payload_size as usize;
     }
     if at != body_len {
-        return Err(format!("event {event_id}: fragments do not fill the event"));
+        return Err(EventRecordError::Unfilled { event_id });
     }
     Ok((
         StoredEvent {
@@ -580,7 +600,7 @@ impl Iterator for EventFile {
                 Some(Err(EventFileError::Bad {
                     path: self.path.clone(),
                     offset: offset as u64,
-                    reason,
+                    reason: reason.to_string(),
                 }))
             }
         }
