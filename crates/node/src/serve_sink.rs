@@ -21,9 +21,10 @@
 //! Threads: one acceptor, which also runs every handshake (non-blocking sockets, poll(2))
 //! and the ack-timeout check, and per served consumer one reader (its acks) and one writer.
 //! They share one mutex-guarded state with the sink, which the BU's event loop calls.//!
-//! The parts: `book` (the bookkeeping, free of IO: who holds which events, acks, ack
-//! deadlines, counters), `accept` (the acceptor: admission and handshakes), `consumer` (a
-//! served consumer's reader and writer); this file holds the sink the BU calls.
+//! The parts, the first two free of IO: `book` (who holds which events, acks, ack
+//! deadlines, counters), `admission` (which connection gets a slot, the handshake deadline);
+//! `accept` (the acceptor's sockets: admission and handshakes), `consumer` (a served
+//! consumer's reader and writer). This file holds the sink the BU calls.
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -45,6 +46,7 @@ use tracing::{error, info, warn};
 use book::{Book, Item};
 
 mod accept;
+mod admission;
 mod book;
 mod consumer;
 #[cfg(test)]

@@ -15,6 +15,7 @@ use evb_wire::consumer::{
 };
 use tracing::{error, warn};
 
+use super::admission::{admission, expired, poll_wait, Room};
 use super::consumer::start_consumer;
 use super::{drop_consumer, Shared, HANDSHAKE_DEADLINE, MAX_CONNECTIONS, MAX_HANDSHAKES_PER_IP};
 
@@ -56,11 +57,7 @@ pub(super) fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
     while !s.stop.load(Ordering::Acquire) {
         // wait for a new connection or handshake bytes: 50 ms at most (the stop flag and
         // the ack timeouts), less when a handshake's deadline comes first
-        let now = Instant::now();
-        let mut wait = Duration::from_millis(50);
-        for p in &pending {
-            wait = wait.min((p.since + HANDSHAKE_DEADLINE).saturating_duration_since(now));
-        }
+        let wait = poll_wait(pending.iter().map(|p| p.since), Instant::now());
         let mut fds = Vec::with_capacity(1 + pending.len());
         fds.push(libc::pollfd {
             fd: listener.as_raw_fd(),
@@ -100,7 +97,7 @@ pub(super) fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
         // the deadline: a whole one from accept, however the bytes trickle
         let now = Instant::now();
         pending.retain_mut(|p| {
-            if now.duration_since(p.since) < HANDSHAKE_DEADLINE {
+            if !expired(p.since, now) {
                 return true;
             }
             let why = format!(
@@ -165,20 +162,18 @@ pub(super) fn accept_loop(listener: TcpListener, s: Arc<Shared>) {
 /// slot is a consumer being served is the new connection refused (`Busy`: try again).
 fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s: &Arc<Shared>) {
     let bu = &s.opts.bu_id;
-    if let Some(i) = (pending.iter().filter(|p| p.peer.ip() == peer.ip()).count()
-        >= MAX_HANDSHAKES_PER_IP)
-        .then(|| pending.iter().position(|p| p.peer.ip() == peer.ip()))
-        .flatten()
-    {
+    let serving = s.lock().connections;
+    let a = admission(pending.iter().map(|p| p.peer.ip()), peer.ip(), serving);
+    if let Some(i) = a.shed_same_ip {
         shed(
             pending.remove(i),
             "its address has too many unfinished handshakes",
             s,
         );
     }
-    let serving = s.lock().connections;
-    if pending.len() + serving >= MAX_CONNECTIONS {
-        if pending.is_empty() {
+    match a.room {
+        Room::Free => {}
+        Room::Refuse => {
             s.lock().connections_refused += 1;
             let why = format!(
                 "too many connections: {serving} consumers already served (at most {MAX_CONNECTIONS}); try again later"
@@ -190,7 +185,7 @@ fn admit(pending: &mut Vec<Pending>, mut stream: TcpStream, peer: SocketAddr, s:
             refuse(&mut stream, RefuseCode::Busy, &why);
             return;
         }
-        shed(pending.remove(0), "every connection slot is taken", s);
+        Room::ShedOldest => shed(pending.remove(0), "every connection slot is taken", s),
     }
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
