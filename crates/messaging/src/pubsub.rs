@@ -12,6 +12,11 @@
 //! dropped message and tells the subscriber with a `Gap { tag, missed }` before the next
 //! message of that tag, `Disconnect` sends a `Goodbye` saying why and closes the connection.
 //!
+//! The handshake's roles are the event builder's: a publisher's transport says `Role::Ru`
+//! (the sending side) and subscribers connect as `Role::Bu` (the receiving side), as below.
+//! Nothing here acts on the role; a pub/sub role of its own would change the byte every
+//! peer's handshake decoder checks.
+//!
 //! ```
 //! use std::time::Duration;
 //! use evb_buffers::Pool;
