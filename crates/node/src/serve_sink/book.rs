@@ -232,9 +232,10 @@ impl<H> Book<H> {
         Acked::Done
     }
 
-    /// What consumer `id`'s writer does next at `now`; an event it is to send is counted
-    /// sent and held by it from now.
-    pub(super) fn next_for(&mut self, id: u64, now: Instant) -> Next {
+    /// What consumer `id`'s writer does next; an event it is to send is counted sent and
+    /// held by it from the time `now` gives (asked only then: the writer's clock is read
+    /// once per event sent, not per wake-up).
+    pub(super) fn next_for(&mut self, id: u64, now: impl FnOnce() -> Instant) -> Next {
         let (over, acked, lost) = (self.over, self.acked, self.lost);
         let Some(c) = self.consumers.get_mut(&id) else {
             return Next::Gone;
@@ -244,6 +245,7 @@ impl<H> Book<H> {
         }
         if c.in_flight.len() < c.max_held {
             if let Some(it) = self.ready.pop_front() {
+                let now = now();
                 if c.in_flight.is_empty() {
                     c.progress = now;
                 }
@@ -310,7 +312,7 @@ mod tests {
     }
 
     fn sent(b: &mut Book<&str>, id: u64, now: Instant) -> Option<u64> {
-        match b.next_for(id, now) {
+        match b.next_for(id, || now) {
             Next::Send(it) => Some(it.id),
             _ => None,
         }
@@ -348,7 +350,7 @@ mod tests {
         assert_eq!(b.connections, 1);
         assert_eq!(sent(&mut b, c, t0), Some(10));
         assert_eq!(sent(&mut b, c, t0), Some(11));
-        assert!(matches!(b.next_for(c, t0), Next::Wait), "holds 2 of 2");
+        assert!(matches!(b.next_for(c, || t0), Next::Wait), "holds 2 of 2");
         assert_eq!(b.held(), 3);
         assert_eq!(b.sent, 2);
         assert_eq!(b.ack(c, [11], t0), Acked::Done);
@@ -378,7 +380,7 @@ mod tests {
         assert_eq!((b.re_served, b.consumers_dropped), (2, 1));
         let n = b.register("n".into(), "pn".into(), 8, "sock-n", t0);
         assert_eq!(sent(&mut b, n, t0), Some(1));
-        assert!(matches!(b.next_for(a, t0), Next::Gone));
+        assert!(matches!(b.next_for(a, || t0), Next::Gone));
     }
 
     /// The ack deadline counts from the last acknowledgement, or from when a consumer that
@@ -419,11 +421,14 @@ mod tests {
         assert_eq!(sent(&mut b, c, t0), Some(1));
         assert_eq!(b.close(), 3);
         assert_eq!(b.held(), 0);
-        assert!(matches!(b.next_for(c, t0), Next::End { acked: 0, lost: 3 }));
+        assert!(matches!(
+            b.next_for(c, || t0),
+            Next::End { acked: 0, lost: 3 }
+        ));
         assert_eq!(b.remove(c), Some("sock"));
         assert!(b.remove(c).is_none());
         let d = b.register("d".into(), "p".into(), 1, "sock-d", t0);
         assert_eq!(b.remove_all(), ["sock-d"]);
-        assert!(matches!(b.next_for(d, t0), Next::Gone));
+        assert!(matches!(b.next_for(d, || t0), Next::Gone));
     }
 }

@@ -153,7 +153,7 @@ fn writer_loop(stream: TcpStream, id: u64, s: Arc<Shared>) {
                 if s.stop.load(Ordering::Acquire) {
                     return;
                 }
-                match st.next_for(id, Instant::now()) {
+                match st.next_for(id, Instant::now) {
                     Next::Gone => return, // dropped
                     Next::End { acked, lost } => {
                         drop(st);
