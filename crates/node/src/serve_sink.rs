@@ -20,7 +20,8 @@
 //!
 //! Threads: one acceptor, which also runs every handshake (non-blocking sockets, poll(2))
 //! and the ack-timeout check, and per served consumer one reader (its acks) and one writer.
-//! They share one mutex-guarded state with the sink, which the BU's event loop calls.//!
+//! They share one mutex-guarded state with the sink, which the BU's event loop calls.
+//!
 //! The parts, the first two free of IO: `book` (who holds which events, acks, ack
 //! deadlines, counters), `admission` (which connection gets a slot, the handshake deadline);
 //! `accept` (the acceptor's sockets: admission and handshakes), `consumer` (a served
