@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use evb_buffers::{Chain, Pool};
 use evb_messaging::{fragment_prefix, Incoming, Messenger, MessengerConfig, Received};
-use evb_transport::inproc::InprocTransport;
-use evb_transport::tcp::TcpTransport;
-use evb_transport::{ConnId, Transport, TransportConfig};
+use evb_transport::{ConnId, TransportConfig};
 use evb_wire::{Channel, FragmentHeader, Hello, Message, Role, FLAG_GENERATED};
 
 use crate::measure::{fill_rates, thread_cpu, Point, RoundTrips};
@@ -108,13 +106,9 @@ fn messenger(kind: Kind, node: &str, role: Role, index: u16, rx_blocks: usize) -
         rx_pool: Pool::new(node, BLOCK, rx_blocks),
         secret: None,
     };
-    let t: Box<dyn Transport> = match kind {
-        Kind::Tcp => Box::new(TcpTransport::new(cfg).expect("epoll instance")),
-        Kind::Inproc => Box::new(InprocTransport::new(cfg)),
-        // `evb bench` adds ofi series only where `ofi::probe` succeeded
-        Kind::Ofi => evb_transport::ofi::OfiTransport::new(cfg, "tcp").expect("ofi probed"),
-        Kind::Shm => evb_transport::shm::ShmTransport::new(cfg).expect("shm transport"),
-    };
+    // `evb bench` adds ofi series only where `ofi::probe("tcp")` succeeded
+    let t = evb_messaging::open_transport(kind.name(), cfg, "tcp")
+        .unwrap_or_else(|e| panic!("{} transport: {e}", kind.name()));
     Messenger::new(t, MessengerConfig::default())
 }
 

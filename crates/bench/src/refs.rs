@@ -41,14 +41,11 @@ pub fn ensure_iperf3() -> Result<(), String> {
     }
 }
 
-fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
-
 /// One iperf3 single-stream run over loopback with 1 MiB writes, moving `bytes` bytes.
 pub fn iperf3(bytes: u64) -> Result<Point, String> {
-    let port = free_port()?.to_string();
+    let port = evb_messaging::free_ports(1)
+        .ok_or("no free loopback port")?
+        .to_string();
     let mut server = Command::new("iperf3")
         .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
         .stdout(Stdio::null())

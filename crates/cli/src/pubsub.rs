@@ -144,17 +144,18 @@ fn transport(
 ) -> Result<Box<dyn Transport>, String> {
     let cfg = TransportConfig {
         run_id: run_id.to_string(),
+        // a publisher answers as the sending side (Ru), a subscriber connects as the
+        // receiving side (Bu): the handshake has no pub/sub role (see evb-plugin's pubsub)
         local: Hello::new(Channel::Data, Role::Ru, 0, run_id, node),
         max_frame,
         rx_pool: Pool::new(node, 256 * 1024, 256),
         secret: std::env::var("EVB_SECRET").ok().map(String::into_bytes),
     };
-    match kind {
-        Kind::Tcp => Ok(Box::new(
-            evb_transport::tcp::TcpTransport::new(cfg).map_err(|e| format!("tcp: {e}"))?,
-        )),
-        Kind::Shm => evb_transport::shm::ShmTransport::new(cfg).map_err(|e| format!("shm: {e}")),
-    }
+    let name = match kind {
+        Kind::Tcp => "tcp",
+        Kind::Shm => "shm",
+    };
+    evb_messaging::open_transport(name, cfg, "").map_err(|e| format!("{name}: {e}"))
 }
 
 fn write_json(path: &Option<PathBuf>, v: &serde_json::Value) -> Result<(), String> {

@@ -53,14 +53,6 @@ impl Drop for Kill {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A run that lasts while the test watches it.
 const LONG: &str =
     "[run]\nevents = 0\nduration_s = 120\nrate_hz = 20000\n[fragments]\nsize = 4096\n";
@@ -121,7 +113,7 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         ),
     )
     .unwrap();
-    let port = free_port();
+    let port = evb_messaging::free_ports(1).expect("a free loopback port");
     let _server = Kill(
         Command::new(&prometheus)
             .arg(format!("--config.file={}", conf.display()))
@@ -221,7 +213,7 @@ struct Browser {
 
 impl Browser {
     fn start(chromedriver: &PathBuf, chromium: &PathBuf) -> Browser {
-        let port = free_port();
+        let port = evb_messaging::free_ports(1).expect("a free loopback port");
         let driver = Kill(
             Command::new(chromedriver)
                 .arg(format!("--port={port}"))

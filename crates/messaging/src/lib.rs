@@ -10,15 +10,19 @@
 //! that never lose a message silently. See [`guide`].
 
 mod messenger;
+mod ports;
 pub mod pubsub;
 mod reader;
+mod transports;
 
 /// The guide, docs/messaging.md (its examples run as doctests).
 #[doc = include_str!("../../../docs/messaging.md")]
 pub mod guide {}
 
 pub use messenger::{FlushPolicy, Incoming, Messenger, MessengerConfig, MessengerStats};
+pub use ports::free_ports;
 pub use reader::{split_messages, split_messages_into, Received};
+pub use transports::{open_transport, TRANSPORT_KINDS};
 
 pub use evb_wire::fragment_prefix;
 

@@ -24,8 +24,6 @@ pub use driver::{Driver, NodeOutcome, StatusOut};
 use std::time::Duration;
 
 use evb_config::{Config, TransportKind};
-use evb_transport::inproc::InprocTransport;
-use evb_transport::tcp::TcpTransport;
 use evb_transport::Transport;
 use thiserror::Error;
 
@@ -43,22 +41,21 @@ pub enum NodeError {
     Setup(String),
 }
 
-/// Runs node `id` of `cfg` on the transport the configuration names, until the run ends.
 /// One transport of `kind` for this node.
 fn make(
     kind: TransportKind,
     provider: &str,
     tc: evb_transport::TransportConfig,
 ) -> Result<Box<dyn Transport>, NodeError> {
-    Ok(match kind {
-        TransportKind::Tcp => {
-            Box::new(TcpTransport::new(tc).map_err(|e| NodeError::Io(e.to_string()))?)
-        }
-        TransportKind::Inproc => Box::new(InprocTransport::new(tc)),
-        TransportKind::Ofi => evb_transport::ofi::OfiTransport::new(tc, provider)
-            .map_err(|e| NodeError::Setup(format!("transport ofi: {e}")))?,
-        TransportKind::Shm => evb_transport::shm::ShmTransport::new(tc)
-            .map_err(|e| NodeError::Setup(format!("transport shm: {e}")))?,
+    let name = match kind {
+        TransportKind::Tcp => "tcp",
+        TransportKind::Inproc => "inproc",
+        TransportKind::Ofi => "ofi",
+        TransportKind::Shm => "shm",
+    };
+    evb_messaging::open_transport(name, tc, provider).map_err(|e| match kind {
+        TransportKind::Tcp => NodeError::Io(e),
+        _ => NodeError::Setup(format!("transport {name}: {e}")),
     })
 }
 

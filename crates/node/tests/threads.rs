@@ -36,24 +36,6 @@ fn check(outcomes: &[NodeOutcome], events: u64) {
     assert_eq!(outcomes[0].report.verdict.as_deref(), Some(&[][..]));
 }
 
-fn free_ports(n: usize) -> u16 {
-    // find n consecutive free ports (best effort: bind them all, then release)
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = l.local_addr().unwrap().port();
-        drop(l);
-        if base as usize + n >= 65535 {
-            continue;
-        }
-        let held: Vec<_> = (0..n)
-            .filter_map(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok())
-            .collect();
-        if held.len() == n {
-            return base;
-        }
-    }
-}
-
 #[test]
 fn inproc_two_by_two_small_lognormal_fragments() {
     let cfg = Config::from_toml(
@@ -75,7 +57,7 @@ fn inproc_two_by_two_small_lognormal_fragments() {
 
 #[test]
 fn tcp_three_by_two_in_threads() {
-    let base = free_ports(6);
+    let base = evb_messaging::free_ports(6).expect("free loopback ports");
     let cfg = Config::from_toml(&format!(
         r#"
         [run]

@@ -45,7 +45,7 @@ pub fn evb_run(toml: &str) -> (Output, Value) {
 
 /// `n` consecutive free loopback ports (best effort: bound together, then released).
 pub fn free_base_port(n: u16) -> u16 {
-    evb_bench::free_ports(n).expect("free loopback ports")
+    evb_messaging::free_ports(n).expect("free loopback ports")
 }
 
 /// stdout and stderr together, for failure messages.

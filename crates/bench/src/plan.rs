@@ -1,0 +1,411 @@
+//! Which points a run measures: the tasks of each benchmark group, in the order they run,
+//! each label once.
+
+use std::time::Duration;
+
+use crate::eb::{self, BuildSpec};
+use crate::evb::{self, Kind, MeshSpec, Path as SendPath};
+use crate::{output, pubsubbench, refs, zmqref, Point, Settings};
+
+pub(crate) type Job = Box<dyn Fn() -> Result<Point, String>>;
+
+pub(crate) struct Task {
+    pub(crate) label: String,
+    pub(crate) reps: u32,
+    pub(crate) job: Job,
+}
+
+const LAT_SIZE: usize = 64;
+/// The default `evb run`: 2 RUs x 2 BUs, 512 KiB fragments (1 MiB events).
+const BUILD_FRAGMENT: usize = 512 * 1024;
+
+/// The tasks of benchmark `which` (a group, or "all"); why a series is skipped goes to
+/// `notes`.
+pub(crate) fn plan(
+    which: &str,
+    s: &Settings,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Task>, String> {
+    let groups: Vec<&str> = match which {
+        "all" => vec!["p2p", "lat", "nxn", "build", "monitor", "pubsub"],
+        "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" => vec![which],
+        other => {
+            return Err(format!(
+                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor, pubsub or all"
+            ))
+        }
+    };
+    let mut p = Planner {
+        s,
+        notes,
+        tasks: Vec::new(),
+    };
+    for g in groups {
+        match g {
+            "p2p" => p.p2p(),
+            "lat" => p.lat(),
+            "nxn" => p.nxn(false),
+            "build" => p.nxn(true),
+            "monitor" => p.monitor(),
+            "pubsub" => p.pubsub(),
+            _ => unreachable!(),
+        }
+    }
+    Ok(p.tasks)
+}
+
+/// The tasks so far, and the settings they follow.
+struct Planner<'a> {
+    s: &'a Settings,
+    notes: &'a mut Vec<String>,
+    tasks: Vec<Task>,
+}
+
+/// The default run's shape (2 x 2, tcp, static content), `fragment` bytes a fragment,
+/// checked as `verify`.
+fn base_spec(fragment: usize, verify: &'static str, seconds: f64) -> BuildSpec {
+    BuildSpec {
+        rus: 2,
+        bus: 2,
+        fragment: fragment as u64,
+        lognormal: false,
+        verify,
+        content: "static",
+        pin: None,
+        seconds,
+        scraped: false,
+        scaling: false,
+        load: None,
+        as_typed: false,
+        transport: "tcp",
+        folded: false,
+    }
+}
+
+impl Planner<'_> {
+    /// Adds a task, unless one of that label is planned already.
+    fn add(&mut self, label: String, job: Job) {
+        if !self.tasks.iter().any(|t| t.label == label) {
+            let reps = self.s.reps;
+            self.tasks.push(Task { label, reps, job });
+        }
+    }
+
+    /// `n` senders to `n` receivers over `kind`, `size` bytes a message.
+    fn mesh_pinned(&self, kind: Kind, path: SendPath, n: usize, size: usize, pin: bool) -> Job {
+        let duration = self.s.secs;
+        Box::new(move || {
+            evb::mesh(&MeshSpec {
+                kind,
+                path,
+                senders: n,
+                receivers: n,
+                size,
+                duration,
+                pin,
+            })
+        })
+    }
+
+    fn mesh(&self, kind: Kind, path: SendPath, n: usize, size: usize) -> Job {
+        self.mesh_pinned(kind, path, n, size, false)
+    }
+
+    /// The iperf3 reference moving `bytes`, when asked for and installable.
+    fn iperf3(&mut self, bytes: u64) {
+        match refs::ensure_iperf3() {
+            Ok(()) => self.add("iperf3 -l 1M".into(), Box::new(move || refs::iperf3(bytes))),
+            Err(e) => self.notes.push(format!("iperf3 reference skipped: {e}")),
+        }
+    }
+
+    /// Point to point: memcpy and iperf3 references, then each size over every transport
+    /// (and ZeroMQ).
+    fn p2p(&mut self) {
+        let s = self.s;
+        let secs = s.secs;
+        let mem = if s.quick { 0.03 } else { 0.2 };
+        self.add(
+            "memcpy 1M".into(),
+            Box::new(move || Ok(refs::memcpy(1 << 20, Duration::from_secs_f64(mem)))),
+        );
+        self.add(
+            "memcpy 64M".into(),
+            Box::new(move || Ok(refs::memcpy(64 << 20, Duration::from_secs_f64(mem * 2.0)))),
+        );
+        if s.iperf3 {
+            self.iperf3(if s.quick { 1 << 29 } else { 4 << 30 });
+        }
+        let ofi_ok = match evb_transport::ofi::probe("tcp") {
+            Ok(_) => true,
+            Err(e) => {
+                self.notes.push(format!("ofi series skipped: {e}"));
+                false
+            }
+        };
+        for &size in &s.sizes {
+            let h = output::human_size(size as f64);
+            let job = self.mesh(Kind::Tcp, SendPath::Fragment, 1, size);
+            self.add(format!("p2p evb tcp fragment {h}"), job);
+            if size <= 16 * 1024 {
+                let job = self.mesh(Kind::Tcp, SendPath::Batched, 1, size);
+                self.add(format!("p2p evb tcp batched {h}"), job);
+            }
+            if ofi_ok {
+                let job = self.mesh(Kind::Ofi, SendPath::Fragment, 1, size);
+                self.add(format!("p2p evb ofi-tcp fragment {h}"), job);
+            }
+            if !s.quick || size == LAT_SIZE {
+                let job = self.mesh(Kind::Shm, SendPath::Fragment, 1, size);
+                self.add(format!("p2p evb shm fragment {h}"), job);
+            }
+            if s.zmq {
+                self.add(
+                    format!("p2p zmq tcp {h}"),
+                    Box::new(move || zmqref::p2p(size, secs)),
+                );
+            }
+            if !s.quick || size == LAT_SIZE {
+                let job = self.mesh(Kind::Inproc, SendPath::Fragment, 1, size);
+                self.add(format!("p2p evb inproc fragment {h}"), job);
+            }
+        }
+    }
+
+    /// Round-trip latency: tcp blocking and busy-polling with `k` in flight (and ZeroMQ),
+    /// then the other transports at k = 1.
+    fn lat(&mut self) {
+        let s = self.s;
+        let (secs, spin) = (s.secs, s.spin);
+        let ks: &[usize] = if s.quick { &[1] } else { &[1, 8] };
+        for &k in ks {
+            self.add(
+                format!("lat evb tcp blocking k={k}"),
+                Box::new(move || evb::latency(Kind::Tcp, LAT_SIZE, k, Duration::ZERO, secs)),
+            );
+            self.add(
+                format!("lat evb tcp busy-poll k={k}"),
+                Box::new(move || evb::latency(Kind::Tcp, LAT_SIZE, k, spin, secs)),
+            );
+            if s.zmq {
+                self.add(
+                    format!("lat zmq tcp k={k}"),
+                    Box::new(move || zmqref::latency(LAT_SIZE, k, secs)),
+                );
+            }
+        }
+        // shared memory (and libfabric's tcp provider where it works): k = 1 only
+        let mut kinds = vec![Kind::Shm];
+        match evb_transport::ofi::probe("tcp") {
+            Ok(_) => kinds.push(Kind::Ofi),
+            Err(e) => self.notes.push(format!("ofi latency series skipped: {e}")),
+        }
+        for kind in kinds {
+            let name = if kind == Kind::Ofi {
+                "ofi-tcp"
+            } else {
+                kind.name()
+            };
+            self.add(
+                format!("lat evb {name} blocking k=1"),
+                Box::new(move || evb::latency(kind, LAT_SIZE, 1, Duration::ZERO, secs)),
+            );
+            self.add(
+                format!("lat evb {name} busy-poll k=1"),
+                Box::new(move || evb::latency(kind, LAT_SIZE, 1, spin, secs)),
+            );
+        }
+        if !s.quick {
+            self.add(
+                "lat evb inproc blocking k=1".into(),
+                Box::new(move || evb::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)),
+            );
+        }
+    }
+
+    /// 2 x 2 meshes of each fragment size; with `build`, the whole builder's runs of those
+    /// sizes too.
+    fn nxn(&mut self, build: bool) {
+        let mut frags = vec![BUILD_FRAGMENT];
+        if !self.s.quick {
+            frags.push(256);
+        }
+        for f in frags {
+            let h = output::human_size(f as f64);
+            let job = self.mesh(Kind::Tcp, SendPath::Fragment, 2, f);
+            self.add(format!("nxn evb tcp 2x2 {h}"), job);
+            if build {
+                self.build(f, &h);
+            }
+        }
+    }
+
+    /// The builder's runs with `f`-byte fragments (`h`, its size in words): the variants of
+    /// the default shape, then the N x M scaling series.
+    fn build(&mut self, f: usize, h: &str) {
+        let specs = self.build_specs(f, h);
+        let scaling = self.scaling_specs(f, &specs);
+        for spec in specs {
+            let scratch = std::env::temp_dir();
+            self.add(
+                format!("build evb {} 2x2 {h} {}", spec.transport, spec.variant()),
+                Box::new(move || eb::build(&spec, &scratch)),
+            );
+        }
+        for (n, m, spec) in scaling {
+            let scratch = std::env::temp_dir();
+            self.add(
+                format!("build evb tcp {n}x{m} {h} {}", spec.variant()),
+                Box::new(move || eb::build(&spec, &scratch)),
+            );
+        }
+    }
+
+    /// The 2 x 2 runs with `f`-byte fragments. Along the way it adds the pinned nxn mesh and
+    /// the iperf3 reference, which run before these.
+    fn build_specs(&mut self, f: usize, h: &str) -> Vec<BuildSpec> {
+        let s = self.s;
+        let mut specs = vec![base_spec(f, "headers", s.build_secs)];
+        if !s.quick {
+            // The same with the RUs writing every byte (as the default run).
+            specs.push(BuildSpec {
+                content: "unique",
+                ..specs[0].clone()
+            });
+        }
+        if !s.quick && f == 256 {
+            // small events with every payload's CRC checked (issue 15: 4 M/s)
+            specs.push(BuildSpec {
+                verify: "crc",
+                ..specs[0].clone()
+            });
+            // and both over shared memory: the builder without the kernel's
+            // loopback copies (their own rows; the targets are for tcp)
+            for verify in ["headers", "crc"] {
+                specs.push(BuildSpec {
+                    verify,
+                    transport: "shm",
+                    ..specs[0].clone()
+                });
+            }
+            // and in LSEB's shape: RU i and BU i on one host, talking over
+            // shm, tcp between the hosts (the comparison with LSEB)
+            for verify in ["headers", "crc"] {
+                specs.push(BuildSpec {
+                    verify,
+                    folded: true,
+                    ..specs[0].clone()
+                });
+            }
+        }
+        // Both again with senders on one CPU and receivers on another, which
+        // takes this VM's loopback mode out of the comparison.
+        if let (false, true, Some(cpus)) = (s.quick, f == BUILD_FRAGMENT, evb::pin_cpus()) {
+            let job = self.mesh_pinned(Kind::Tcp, SendPath::Fragment, 2, f, true);
+            self.add(format!("nxn evb tcp 2x2 {h} pinned"), job);
+            specs.push(BuildSpec {
+                pin: Some(cpus),
+                ..specs[0].clone()
+            });
+        }
+        if s.quick || f != BUILD_FRAGMENT {
+            return specs;
+        }
+        let base = specs[1].clone();
+        specs.push(BuildSpec {
+            verify: "full",
+            ..base.clone()
+        });
+        specs.push(BuildSpec {
+            lognormal: true,
+            ..base.clone()
+        });
+        // event-building latency under load: the default run's shape triggered at
+        // 50 % and 90 % of its maximum rate
+        for load in [0.5, 0.9] {
+            specs.push(BuildSpec {
+                load: Some(load),
+                ..base.clone()
+            });
+        }
+        // what a newcomer types, beside nxn above and iperf3 in the same run
+        specs.push(eb::default_run(s.build_secs));
+        if s.iperf3 {
+            self.iperf3(4 << 30);
+        }
+        specs
+    }
+
+    /// N x M from 1 x 1 to 4 x 4 (and the trapezoids 2 x 4, 4 x 2): GB/s and each role's
+    /// CPU per event and per GB, as the builder grows on one host. Only for the default
+    /// fragment size of a full run; `specs[1]` is its shape.
+    fn scaling_specs(&self, f: usize, specs: &[BuildSpec]) -> Vec<(u32, u32, BuildSpec)> {
+        if self.s.quick || f != BUILD_FRAGMENT {
+            return Vec::new();
+        }
+        [(1, 1), (2, 2), (3, 3), (4, 4), (2, 4), (4, 2)]
+            .into_iter()
+            .map(|(n, m)| {
+                let mut spec = specs[1].clone();
+                (spec.rus, spec.bus, spec.scaling) = (n, m, true);
+                (n, m, spec)
+            })
+            .collect()
+    }
+
+    /// The default run's shape, watched and not, alternating (the cost of /metrics and of
+    /// the page's status polls).
+    fn monitor(&mut self) {
+        for scraped in [false, true] {
+            let spec = BuildSpec {
+                scraped,
+                ..base_spec(BUILD_FRAGMENT, "crc", self.s.build_secs)
+            };
+            let scratch = std::env::temp_dir();
+            self.add(
+                format!("build evb tcp 2x2 512 KiB {}", spec.variant()),
+                Box::new(move || eb::build(&spec, &scratch)),
+            );
+        }
+    }
+
+    /// Publish/subscribe fan-out to `k` subscribers of each size (and ZeroMQ's), with the
+    /// p2p stream of the large sizes as their reference.
+    fn pubsub(&mut self) {
+        let s = self.s;
+        let secs = s.secs;
+        let sizes: &[usize] = match &s.pubsub_sizes {
+            Some(v) => v,
+            None if s.quick => &[64, 1 << 20],
+            None => &[64, 1024, 16 * 1024, 256 * 1024, 1 << 20],
+        };
+        let ks: &[usize] = match &s.fanout {
+            Some(v) => v,
+            None if s.quick => &[1, 2],
+            None => &[1, 2, 4],
+        };
+        // the reference of the large-message target: one p2p stream of that size
+        for &size in sizes.iter().filter(|&&z| z >= 1 << 20) {
+            let job = self.mesh(Kind::Tcp, SendPath::Fragment, 1, size);
+            self.add(
+                format!("p2p evb tcp fragment {}", output::human_size(size as f64)),
+                job,
+            );
+        }
+        for &k in ks {
+            for &size in sizes {
+                let h = output::human_size(size as f64);
+                self.add(
+                    format!("pubsub evb tcp k={k} {h}"),
+                    Box::new(move || pubsubbench::evb(k, size, secs)),
+                );
+                if s.zmq {
+                    self.add(
+                        format!("pubsub zmq tcp k={k} {h}"),
+                        Box::new(move || pubsubbench::zmq(k, size, secs)),
+                    );
+                }
+            }
+        }
+    }
+}
