@@ -17,5 +17,5 @@ mod service;
 pub use controller::{Controller, RunEnd, RunRecord};
 pub use evb_transport::control_token;
 pub use service::{
-    numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase,
+    numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase, ProcessError,
 };

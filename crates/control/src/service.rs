@@ -236,7 +236,19 @@ pub fn numbered_run_id(id: &str, n: u64) -> String {
 pub struct Ended {
     pub ok: bool,
     /// The last run's outcome (one-shot mode: the run's).
-    pub outcome: Option<Result<NodeOutcome, String>>,
+    pub outcome: Option<Result<NodeOutcome, NodeError>>,
+}
+
+/// Why a node process could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("no node {0:?} in the configuration")]
+    UnknownNode(String),
+    #[error("transport.kind = \"inproc\" runs the nodes as threads of `evb run` only")]
+    InprocServe,
+    /// Its control API could not listen.
+    #[error("{0}")]
+    Api(String),
 }
 
 /// Starts node `id` of `cfg`: its API on its control address, then its run(s), commanded
@@ -249,16 +261,14 @@ pub fn run_process(
     lines: Lines,
     status_every: Duration,
     control: RunControl,
-) -> Result<Ended, String> {
+) -> Result<Ended, ProcessError> {
     let spec = cfg
         .nodes()
         .into_iter()
         .find(|n| n.id == id)
-        .ok_or_else(|| format!("no node {id:?} in the configuration"))?;
+        .ok_or_else(|| ProcessError::UnknownNode(id.to_string()))?;
     if mode == Mode::Serve && cfg.transport.kind == evb_config::TransportKind::Inproc {
-        return Err(
-            "transport.kind = \"inproc\" runs the nodes as threads of `evb run` only".into(),
-        );
+        return Err(ProcessError::InprocServe);
     }
     let (tx, rx) = mpsc::channel();
     let secret = cfg.secret().map(String::into_bytes);
@@ -280,7 +290,7 @@ pub fn run_process(
         lines,
         status_every,
     });
-    let bound = crate::api::serve(node.clone(), &spec.control)?;
+    let bound = crate::api::serve(node.clone(), &spec.control).map_err(ProcessError::Api)?;
     info!(node = %spec.id, "control API on http://{bound}");
     node.control.set_api(bound.to_string());
     if let Some(c) = &node.controller {
@@ -299,7 +309,7 @@ pub fn run_process(
             let ok = matches!(&r, Ok(o) if o.ok);
             Ok(Ended {
                 ok,
-                outcome: Some(r.map_err(|e| e.to_string())),
+                outcome: Some(r),
             })
         }
         Mode::Serve => {
@@ -316,7 +326,7 @@ pub fn run_process(
                             Ok(o) => warn!(node = %spec.id, "run {run}: {}", o.reason),
                             Err(e) => error!(node = %spec.id, "run {run}: {e}"),
                         }
-                        last = Some(r.map_err(|e| e.to_string()));
+                        last = Some(r);
                     }
                     Cmd::Halt => break,
                 }

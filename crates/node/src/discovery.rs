@@ -57,13 +57,32 @@ pub fn registration(data: &str, control: &str) -> Registration {
     }
 }
 
+/// Why a node could not find its own address or the EVM's.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("no node {0:?} in the configuration")]
+    UnknownNode(String),
+    /// `transport.interface` names nothing on this host, or cannot be read.
+    #[error("{0}")]
+    Interface(String),
+    /// No route from this host toward the EVM (or no socket to ask with).
+    #[error("{0}")]
+    NoRoute(String),
+    /// The rendezvous file could not be written, never came, or holds no address.
+    #[error("{0}")]
+    Rendezvous(String),
+    /// The addresses found are not safe or not reachable as configured.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// The address a node of this host listens on: `transport.interface` when set, else the
 /// address the host uses to reach `toward` (the EVM), else `fallback`.
 pub fn local_ip(
     interface: &str,
     toward: Option<SocketAddr>,
     fallback: IpAddr,
-) -> Result<IpAddr, String> {
+) -> Result<IpAddr, DiscoveryError> {
     if interface.is_empty() {
         return match toward {
             // connecting a UDP socket sends nothing: it only asks the kernel for a route
@@ -73,23 +92,29 @@ pub fn local_ip(
                 } else {
                     "[::]:0".parse().expect("an address")
                 };
-                let s = UdpSocket::bind(any).map_err(|e| format!("cannot open a socket: {e}"))?;
+                let s = UdpSocket::bind(any)
+                    .map_err(|e| DiscoveryError::NoRoute(format!("cannot open a socket: {e}")))?;
                 s.connect(to).map_err(|e| {
-                    format!(
+                    DiscoveryError::NoRoute(format!(
                         "host {} has no route to the EVM at {to}: {e} (set transport.interface)",
                         host_name()
-                    )
+                    ))
                 })?;
-                s.local_addr()
-                    .map(|a| a.ip())
-                    .map_err(|e| format!("no local address toward {to}: {e}"))
+                s.local_addr().map(|a| a.ip()).map_err(|e| {
+                    DiscoveryError::NoRoute(format!("no local address toward {to}: {e}"))
+                })
             }
             _ => Ok(fallback),
         };
     }
-    let spec = Interface::parse(interface).map_err(|e| format!("transport.interface: {e}"))?;
-    let addrs = if_addrs::get_if_addrs()
-        .map_err(|e| format!("cannot list the interfaces of host {}: {e}", host_name()))?;
+    let spec = Interface::parse(interface)
+        .map_err(|e| DiscoveryError::Interface(format!("transport.interface: {e}")))?;
+    let addrs = if_addrs::get_if_addrs().map_err(|e| {
+        DiscoveryError::Interface(format!(
+            "cannot list the interfaces of host {}: {e}",
+            host_name()
+        ))
+    })?;
     let found = match &spec {
         Interface::Name(name) => addrs
             .iter()
@@ -107,7 +132,7 @@ pub fn local_ip(
             .map(|a| format!("{} {}", a.name, a.ip()))
             .collect();
         names.dedup();
-        format!(
+        DiscoveryError::Interface(format!(
             "transport.interface = {interface:?}: host {} has no such {} (it has {})",
             host_name(),
             match spec {
@@ -115,7 +140,7 @@ pub fn local_ip(
                 _ => "address",
             },
             names.join(", ")
-        )
+        ))
     })
 }
 
@@ -155,12 +180,17 @@ pub fn default_rendezvous(
 }
 
 /// The EVM says where it listens: `addr host pid`, written whole (a reader never sees half).
-pub fn publish_evm(path: &Path, addr: &str) -> Result<(), String> {
+pub fn publish_evm(path: &Path, addr: &str) -> Result<(), DiscoveryError> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let text = format!("{addr} {} {}\n", host_name(), std::process::id());
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("cannot write the rendezvous file {}: {e}", path.display()))
+        .map_err(|e| {
+            DiscoveryError::Rendezvous(format!(
+                "cannot write the rendezvous file {}: {e}",
+                path.display()
+            ))
+        })
 }
 
 /// A rendezvous file's `address host pid`: the address (with a port) and the host.
@@ -177,27 +207,27 @@ pub fn peek_evm(path: &Path) -> Option<SocketAddr> {
 
 /// Where the EVM listens and its host, from the rendezvous file, waiting for it until
 /// `deadline`.
-pub fn read_evm(path: &Path, deadline: Instant) -> Result<(SocketAddr, String), String> {
+pub fn read_evm(path: &Path, deadline: Instant) -> Result<(SocketAddr, String), DiscoveryError> {
     loop {
         match std::fs::read_to_string(path) {
             Ok(text) => {
                 return parse_rendezvous(&text).ok_or_else(|| {
-                    format!(
+                    DiscoveryError::Rendezvous(format!(
                         "the rendezvous file {} does not hold an EVM address ({:?})",
                         path.display(),
                         text.trim()
-                    )
+                    ))
                 })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => {
-                return Err(format!(
+                return Err(DiscoveryError::Rendezvous(format!(
                     "the EVM did not write the rendezvous file {} within run.connect_timeout_s: \
                      {e} (is rank 0, the EVM, running?)",
                     path.display()
-                ))
+                )))
             }
         }
     }
@@ -206,12 +236,12 @@ pub fn read_evm(path: &Path, deadline: Instant) -> Result<(SocketAddr, String), 
 /// Makes `cfg` ready for node `id` to start without addresses: the EVM's address (from the
 /// rendezvous file, unless configured) and this node's own listen address (this host's, on
 /// a free port). Nodes with configured addresses are left as they are.
-pub fn prepare(cfg: &mut Config, id: &str) -> Result<(), String> {
+pub fn prepare(cfg: &mut Config, id: &str) -> Result<(), DiscoveryError> {
     let nodes = cfg.nodes();
     let me = nodes
         .iter()
         .find(|n| n.id == id)
-        .ok_or_else(|| format!("no node {id:?} in the configuration"))?;
+        .ok_or_else(|| DiscoveryError::UnknownNode(id.to_string()))?;
     let evm = &nodes[0];
     let evm_discovered = cfg.is_discovered(&evm.addr);
     if !cfg.is_discovered(&me.addr) && !evm_discovered {
@@ -222,30 +252,31 @@ pub fn prepare(cfg: &mut Config, id: &str) -> Result<(), String> {
     // fails at once
     let mut own_ip = None;
     if cfg.is_discovered(&me.addr) && !cfg.transport.interface.is_empty() {
-        own_ip = Some(
-            local_ip(&cfg.transport.interface, None, IpAddr::from([127, 0, 0, 1]))
-                .map_err(|e| e.to_string())?,
-        );
+        own_ip = Some(local_ip(
+            &cfg.transport.interface,
+            None,
+            IpAddr::from([127, 0, 0, 1]),
+        )?);
     }
     let deadline = Instant::now() + Duration::from_secs_f64(cfg.run.connect_timeout_s);
     let toward = if me.role == Role::Evm {
         None
     } else if evm_discovered {
         if cfg.run.rendezvous.is_empty() {
-            return Err(
+            return Err(DiscoveryError::Rendezvous(
                 "the EVM's address is not known: set evm.addr (with a port), give \
                  --evm HOST:PORT, or run.rendezvous / --rendezvous FILE (a file every host sees)"
                     .to_string(),
-            );
+            ));
         }
         let (addr, host) = read_evm(Path::new(&cfg.run.rendezvous), deadline)?;
         if addr.ip().is_loopback() && !host.is_empty() && host != host_name() {
-            return Err(format!(
+            return Err(DiscoveryError::Refused(format!(
                 "the EVM listens on {addr}, a loopback address of host {host}, but this \
                  is host {}: set transport.interface so that nodes listen where other hosts \
                  reach them",
                 host_name()
-            ));
+            )));
         }
         // learnt, not configured: the driver reads the file again if the address is stale
         cfg.learnt.insert(evm.id.clone(), addr.to_string());
@@ -259,13 +290,13 @@ pub fn prepare(cfg: &mut Config, id: &str) -> Result<(), String> {
             .unwrap_or(IpAddr::from([127, 0, 0, 1]));
         let ip = match own_ip {
             Some(ip) => ip,
-            None => local_ip("", toward, fallback).map_err(|e| e.to_string())?,
+            None => local_ip("", toward, fallback)?,
         };
         if !ip.is_loopback() && cfg.secret().is_none() {
-            return Err(format!(
+            return Err(DiscoveryError::Refused(format!(
                 "would listen on {ip}, beyond loopback: set run.secret (or EVB_SECRET) \
                  so strangers cannot join the run"
-            ));
+            )));
         }
         cfg.learnt
             .insert(id.to_string(), SocketAddr::new(ip, 0).to_string());
@@ -287,12 +318,14 @@ mod tests {
         let to = "127.0.0.1:9".parse().ok();
         assert_eq!(local_ip("", to, none).unwrap(), lo);
         assert_eq!(local_ip("", None, lo).unwrap(), lo);
-        let e = local_ip("nosuch0", None, none).unwrap_err();
+        let e = local_ip("nosuch0", None, none).unwrap_err().to_string();
         assert!(
             e.contains("nosuch0") && e.contains("no such interface") && e.contains("lo 127.0.0.1"),
             "{e}"
         );
         let e = local_ip("198.51.100.0/24", None, none).unwrap_err();
+        assert!(matches!(e, DiscoveryError::Interface(_)), "{e}");
+        let e = e.to_string();
         assert!(e.contains("no such address"), "{e}");
     }
 
@@ -326,12 +359,17 @@ mod tests {
         let f = dir.path().join("r.evm");
         let soon = Instant::now() + Duration::from_millis(100);
         let e = read_evm(&f, soon).unwrap_err();
+        assert!(matches!(e, DiscoveryError::Rendezvous(_)), "{e}");
+        let e = e.to_string();
         assert!(e.contains("did not write the rendezvous file"), "{e}");
         publish_evm(&f, "127.0.0.1:4321").unwrap();
         let (a, host) = read_evm(&f, soon).unwrap();
         assert_eq!(a, "127.0.0.1:4321".parse().unwrap());
         assert_eq!(host, host_name());
         std::fs::write(&f, "nonsense\n").unwrap();
-        assert!(read_evm(&f, soon).unwrap_err().contains("does not hold"));
+        assert!(read_evm(&f, soon)
+            .unwrap_err()
+            .to_string()
+            .contains("does not hold"));
     }
 }

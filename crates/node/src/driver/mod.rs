@@ -183,7 +183,8 @@ impl Driver {
         info!(node = %me.id, addr = %bound, "listening");
         let rendezvous = if me.role == Role::Evm && !cfg.run.rendezvous.is_empty() {
             let path = std::path::PathBuf::from(&cfg.run.rendezvous);
-            crate::discovery::publish_evm(&path, &bound).map_err(NodeError::Setup)?;
+            crate::discovery::publish_evm(&path, &bound)
+                .map_err(|e| NodeError::Setup(e.to_string()))?;
             info!(node = %me.id, "wrote the EVM's address to {}", path.display());
             Some(path)
         } else {
