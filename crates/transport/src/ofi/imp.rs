@@ -13,11 +13,12 @@ use std::ffi::c_void;
 use std::io;
 use std::time::Duration;
 
-use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{FrameHeader, FrameType, Hello, WireError, FRAME_HEADER_LEN};
+use evb_buffers::{BlockWriter, Pool};
+use evb_wire::{FrameType, Hello, WireError, FRAME_HEADER_LEN};
 use tracing::{debug, warn};
 
 use super::sys::{self, CqEv, Fabric, Fid, Info};
+use crate::framing::{Admit, Cut, RxFramer, TxSeq};
 use crate::handshake::{Handshake, Outcome};
 use crate::tcp::{Admission, HANDSHAKE_FRAME_MAX};
 use crate::{
@@ -66,12 +67,6 @@ struct Msg {
     _staging: Option<BlockWriter>,
 }
 
-struct Pending {
-    header: FrameHeader,
-    payload: Chain,
-    remaining: usize,
-}
-
 struct Conn {
     /// Declared first: dropped (closed) before the buffers it may still point at.
     ep: Fid,
@@ -86,12 +81,11 @@ struct Conn {
     /// Bytes of the front frames whose messages completed.
     completed: usize,
     queued: usize,
-    next_seq: u64,
+    seq: TxSeq,
     inflight: VecDeque<Msg>,
     // receive side
     rx_posted: usize,
-    pending: Option<Pending>,
-    expected_seq: u64,
+    framer: RxFramer,
     // handshake
     close_reason: Option<CloseReason>,
     hs: Handshake,
@@ -114,11 +108,10 @@ impl Conn {
             cursor: (0, 0),
             completed: 0,
             queued: 0,
-            next_seq: 0,
+            seq: TxSeq::default(),
             inflight: VecDeque::new(),
             rx_posted: 0,
-            pending: None,
-            expected_seq: 0,
+            framer: RxFramer::default(),
             close_reason: None,
             hs: Handshake::accept(),
             peer_gone: None,
@@ -129,8 +122,7 @@ impl Conn {
 
     fn push(&mut self, frame_type: FrameType, count: u32, segments: Vec<Segment>) {
         let payload: usize = segments.iter().map(Segment::len).sum();
-        let header = FrameHeader::new(frame_type, payload as u32, count, self.next_seq).encode();
-        self.next_seq += 1;
+        let header = self.seq.header(frame_type, payload, count);
         let len = FRAME_HEADER_LEN + payload;
         self.queued += len;
         self.frames.push_back(OutFrame {
@@ -224,37 +216,10 @@ impl Conn {
     ) -> Result<Option<usize>, WireError> {
         let len = block.filled();
         let mut at = from;
-        loop {
-            if let Some(p) = &mut self.pending {
-                let take = (len - at).min(p.remaining);
-                if take > 0 {
-                    p.payload.push(block.slice(at, take));
-                    at += take;
-                    p.remaining -= take;
-                }
-                if p.remaining > 0 {
-                    return Ok(None);
-                }
-                let p = self.pending.take().expect("pending");
-                out.push(InFrame {
-                    frame_type: p.header.frame_type,
-                    count: p.header.count,
-                    sequence: p.header.sequence,
-                    payload: p.payload,
-                });
-            } else {
-                if at == len {
-                    return Ok(None);
-                }
-                if len - at < FRAME_HEADER_LEN {
-                    return Err(WireError::Truncated {
-                        what: "frame header in an ofi message",
-                        need: FRAME_HEADER_LEN,
-                        have: len - at,
-                    });
-                }
-                let bytes = &block.filled_bytes()[at..at + FRAME_HEADER_LEN];
-                let header = FrameHeader::decode(bytes, max_frame)?;
+        let admitted = self.admitted;
+        let cut = self
+            .framer
+            .cut(block, &mut at, max_frame, out, |header, cut| {
                 let handshake = matches!(
                     header.frame_type,
                     FrameType::Hello | FrameType::HelloAck | FrameType::Reject | FrameType::Auth
@@ -265,9 +230,9 @@ impl Conn {
                         max: HANDSHAKE_FRAME_MAX as u64,
                     });
                 }
-                if !handshake && !self.admitted {
-                    if !out.is_empty() {
-                        return Ok(Some(at));
+                if !handshake && !admitted {
+                    if !cut.is_empty() {
+                        return Ok(Admit::Pause);
                     }
                     // nothing that could admit it came before: a frame before the handshake
                     return Err(WireError::OutOfRange {
@@ -275,20 +240,17 @@ impl Conn {
                         value: header.frame_type as u64,
                     });
                 }
-                if header.sequence != self.expected_seq {
-                    return Err(WireError::Sequence {
-                        got: header.sequence,
-                        expected: self.expected_seq,
-                    });
-                }
-                self.expected_seq += 1;
-                at += FRAME_HEADER_LEN;
-                self.pending = Some(Pending {
-                    header,
-                    payload: Chain::new(),
-                    remaining: header.length as usize,
-                });
-            }
+                Ok(Admit::Take)
+            })?;
+        match cut {
+            Cut::Done => Ok(None),
+            // frame headers are never split between messages
+            Cut::PartialHeader => Err(WireError::Truncated {
+                what: "frame header in an ofi message",
+                need: FRAME_HEADER_LEN,
+                have: len - at,
+            }),
+            Cut::Paused => Ok(Some(at)),
         }
     }
 }
@@ -1089,7 +1051,7 @@ impl Transport for Ofi {
 mod tests {
     use super::*;
     use crate::Transport;
-    use evb_wire::{Channel, Role};
+    use evb_wire::{Channel, FrameHeader, Role};
     use std::time::Instant;
 
     fn cfg(node: &str, blocks: usize) -> TransportConfig {
