@@ -33,15 +33,13 @@
 //!   DOORBELL when the reader makes room). Ring entries are hostile input: copied out,
 //!   every index and length checked, a bad one closes that connection.
 //!
-//! Packets (at most 64 KiB), little-endian: FRAME = tag 1 · frame type u8 · flags u16 (bit 0:
-//! more packets of this frame follow) · count u32 · sequence u64 · segments u32, then per
-//! segment either 0 · length u32 · bytes (inline) or 1 · pool u64 · offset u64 · length u32 ·
-//! token u32 (descriptor). A frame whose segments do not fit one packet continues in further
-//! FRAME packets with the same type, count and sequence. POOL = tag 2 · 0×7 · pool u64 · bytes
-//! u64, with the memfd attached. RETURN = tag 3 · 0×3 · n u32 · n tokens u32. RING = tag 4 ·
-//! 0×7 · capacity u64, with the ring's memfd attached. DOORBELL = tag 5 · 0×7. The ring's
-//! layout and the wake-up rule byte by byte: docs/protocol.md §9.
+//! Packets (at most 64 KiB) and their byte layout: `codec.rs`, which also reads what a peer
+//! sends. A frame whose segments do not fit one packet continues in further FRAME packets
+//! with the same type, count and sequence. POOL packets carry the pool's memfd, RING packets
+//! the ring's. The ring's layout and the wake-up rule byte by byte: docs/protocol.md §9.
 
+pub mod codec;
+mod error;
 mod ring;
 mod sys;
 
@@ -59,27 +57,23 @@ use mio::{Interest, Token};
 use tracing::{debug, warn};
 
 use crate::handshake::{Handshake, Outcome};
-use crate::tcp::{Admission, HANDSHAKE_FRAME_MAX};
+use crate::tcp::Admission;
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
+use codec::{
+    Control, Desc, FrameHead, PacketError, Seg, DESC_LEN, FRAME_HEAD, INLINE_HEAD, MAX_PACKET,
+    TAG_FRAME,
+};
+use error::ShmError;
 
-const MAX_PACKET: usize = 64 * 1024;
 /// Owned bytes up to this size travel inside the packet; larger ones go through the bounce pool.
 const INLINE_MAX: usize = 4096;
 /// Peer pools one connection may map (each costs a mapping and a descriptor).
 const MAX_REMOTE_POOLS: usize = 64;
-/// FRAME flag: the frame continues in the next packet.
-const MORE: u16 = 1;
-const FRAME_HEAD: usize = 20;
 /// FRAME packets read ahead while the receive pool is empty (so that RETURN packets behind
 /// them are still seen); beyond this the connection stops reading.
 const BACKLOG_MAX: usize = 32;
-const TAG_FRAME: u8 = 1;
-const TAG_POOL: u8 = 2;
-const TAG_RETURN: u8 = 3;
-const TAG_RING: u8 = 4;
-const TAG_DOORBELL: u8 = 5;
 /// While busy-polling (`poll` with a zero timeout) with every connection on rings, the
 /// sockets are looked at (epoll, a system call) on one call in this many: often enough to
 /// see RETURNs, accepts and a peer's end within tens of microseconds of spinning, rarely
@@ -201,8 +195,7 @@ impl Conn {
     fn open_ring(&mut self) {
         match ring::TxRing::create() {
             Ok(r) => {
-                let mut p = vec![TAG_RING, 0, 0, 0, 0, 0, 0, 0];
-                p.extend_from_slice(&(r.capacity() as u64).to_le_bytes());
+                let p = codec::ring_packet(r.capacity() as u64);
                 self.tx_ring = Some(r);
                 self.push_socket(Out {
                     bytes: p,
@@ -275,36 +268,6 @@ fn bounce_blocks(segments: &[Segment], block: usize) -> usize {
         })
         .sum::<usize>()
         .div_ceil(block)
-}
-
-/// The payload of a handshake frame packet: inline segments only, in one packet, at most
-/// `HANDSHAKE_FRAME_MAX` bytes.
-fn handshake_payload(p: &[u8], nseg: u32, more: bool) -> Result<Vec<u8>, String> {
-    if more {
-        return Err("handshake frame split over packets".into());
-    }
-    let mut payload = Vec::new();
-    let mut at = FRAME_HEAD;
-    for _ in 0..nseg {
-        if p.get(at) != Some(&0) {
-            return Err("handshake frame with a descriptor".into());
-        }
-        let len = p
-            .get(at + 1..at + 5)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize)
-            .ok_or("short segment")?;
-        if payload.len() + len > HANDSHAKE_FRAME_MAX as usize {
-            return Err(format!(
-                "handshake frame larger than {HANDSHAKE_FRAME_MAX} bytes"
-            ));
-        }
-        payload.extend_from_slice(p.get(at + 5..at + 5 + len).ok_or("short segment")?);
-        at += 5 + len;
-    }
-    if at != p.len() {
-        return Err("handshake packet longer than its segments".into());
-    }
-    Ok(payload)
 }
 
 fn socket_name(run: &str, addr: &str) -> String {
@@ -547,9 +510,7 @@ impl ShmTransport {
             let Part::Desc(s, _) = part else { continue };
             if c.announced.insert(s.pool_id()) {
                 let (_, len) = s.shared_region().expect("shared");
-                let mut p = vec![TAG_POOL, 0, 0, 0, 0, 0, 0, 0];
-                p.extend_from_slice(&s.pool_id().to_le_bytes());
-                p.extend_from_slice(&(len as u64).to_le_bytes());
+                let p = codec::pool_packet(s.pool_id(), len as u64);
                 c.push_socket(Out {
                     bytes: p,
                     pass: Some(s.clone()),
@@ -559,55 +520,52 @@ impl ShmTransport {
             }
         }
         // packets of at most MAX_PACKET bytes; every part fits an empty one
-        let head = |flags: u16| {
+        let frame_head = FrameHead {
+            frame_type,
+            more: false,
+            count,
+            sequence: c.seq_out,
+            segments: 0,
+        };
+        let head = || {
             let mut pkt = Vec::with_capacity(256);
-            pkt.push(TAG_FRAME);
-            pkt.push(frame_type as u8);
-            pkt.extend_from_slice(&flags.to_le_bytes());
-            pkt.extend_from_slice(&count.to_le_bytes());
-            pkt.extend_from_slice(&c.seq_out.to_le_bytes());
-            pkt.extend_from_slice(&0u32.to_le_bytes());
+            frame_head.encode_into(&mut pkt);
             pkt
         };
-        let mut packets = vec![head(0)];
+        let mut packets = vec![head()];
         let mut nseg = 0u32;
-        let finish = |pkt: &mut Vec<u8>, nseg: u32| {
-            pkt[FRAME_HEAD - 4..FRAME_HEAD].copy_from_slice(&nseg.to_le_bytes());
-        };
         for part in parts {
             let size = match &part {
-                Part::Inline(b) => 5 + b.len(),
-                Part::Desc(..) => 25,
+                Part::Inline(b) => INLINE_HEAD + b.len(),
+                Part::Desc(..) => DESC_LEN,
             };
             let pkt = packets.last_mut().expect("one at least");
             if pkt.len() + size > MAX_PACKET && nseg > 0 {
-                finish(pkt, nseg);
-                pkt[2..4].copy_from_slice(&MORE.to_le_bytes());
-                packets.push(head(0));
+                codec::set_segments(pkt, nseg);
+                codec::set_more(pkt);
+                packets.push(head());
                 nseg = 0;
             }
             let pkt = packets.last_mut().expect("one at least");
             match part {
-                Part::Inline(bytes) => {
-                    pkt.push(0);
-                    pkt.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                    pkt.extend_from_slice(&bytes);
-                }
+                Part::Inline(bytes) => Seg::Inline(&bytes).encode_into(pkt),
                 Part::Desc(s, charge) => {
                     let t = c.next_token;
                     c.next_token = c.next_token.wrapping_add(1);
-                    pkt.push(1);
-                    pkt.extend_from_slice(&s.pool_id().to_le_bytes());
-                    pkt.extend_from_slice(&(s.region_offset() as u64).to_le_bytes());
-                    pkt.extend_from_slice(&(s.len() as u32).to_le_bytes());
-                    pkt.extend_from_slice(&t.to_le_bytes());
+                    Seg::Desc(Desc {
+                        pool: s.pool_id(),
+                        offset: s.region_offset() as u64,
+                        len: s.len() as u32,
+                        token: t,
+                    })
+                    .encode_into(pkt);
                     c.held += charge;
                     c.lent.insert(t, (s, charge));
                 }
             }
             nseg += 1;
         }
-        finish(packets.last_mut().expect("one at least"), nseg);
+        codec::set_segments(packets.last_mut().expect("one at least"), nseg);
         c.seq_out += 1;
         let last = packets.len() - 1;
         for (i, bytes) in packets.into_iter().enumerate() {
@@ -706,7 +664,7 @@ impl ShmTransport {
                 }
             }
             if pushed && tx.wake_needed() {
-                c.push_socket(Out::plain(vec![TAG_DOORBELL, 0, 0, 0, 0, 0, 0, 0]));
+                c.push_socket(Out::plain(codec::DOORBELL.to_vec()));
                 continue;
             }
             break;
@@ -745,8 +703,8 @@ impl ShmTransport {
         }
     }
 
-    fn protocol(&mut self, token: Token, what: impl Into<String>) {
-        self.drop_conn(token, CloseReason::Violation(what.into()));
+    fn protocol(&mut self, token: Token, what: impl std::fmt::Display) {
+        self.drop_conn(token, CloseReason::Violation(what.to_string()));
     }
 
     fn accept_all(&mut self, lt: Token) {
@@ -784,7 +742,7 @@ impl ShmTransport {
         // consumed ring entries may have made the room a waiting producer asked for
         if let Some(c) = self.conns.get_mut(&token) {
             if c.rx_ring.as_mut().is_some_and(|r| r.room_wanted()) {
-                c.push_socket(Out::plain(vec![TAG_DOORBELL, 0, 0, 0, 0, 0, 0, 0]));
+                c.push_socket(Out::plain(codec::DOORBELL.to_vec()));
                 self.flush(token);
             }
         }
@@ -805,7 +763,7 @@ impl ShmTransport {
             };
             if stop == Stop::NeedPool {
                 if socket_empty || c.eof.is_some() {
-                    return self.protocol(token, "descriptor of an unknown pool");
+                    return self.protocol(token, ShmError::UnknownPool);
                 }
                 socket = true;
             }
@@ -891,67 +849,57 @@ impl ShmTransport {
     }
 
     /// A POOL, RETURN, RING or DOORBELL packet.
-    fn on_packet(&mut self, token: Token, p: &[u8], passed: Option<OwnedFd>) -> Result<(), String> {
-        let u32_at = |at: usize| le_u32(p, at);
-        let u64_at = |at: usize| le_u64(p, at);
-        let c = self.conns.get_mut(&token).ok_or("gone")?;
-        match p.first() {
-            Some(&TAG_POOL) => {
-                if c.state != State::Open {
-                    return Err("shared pool offered before the handshake completed".into());
-                }
-                let (id, len) = (
-                    u64_at(8).ok_or("short pool packet")?,
-                    u64_at(16).ok_or("short pool packet")?,
-                );
-                let fd = passed.ok_or("pool packet without a memfd")?;
-                if c.remotes.len() >= MAX_REMOTE_POOLS {
-                    return Err("too many shared pools from one peer".into());
-                }
-                let len = usize::try_from(len).map_err(|_| "pool length out of range")?;
-                sys::check_peer_memfd(fd.as_raw_fd(), len)
-                    .map_err(|e| format!("refusing the peer's shared pool: {e}"))?;
-                let r = RemotePool::map(&c.name, fd, len)
-                    .map_err(|e| format!("cannot map the peer's pool of {len} bytes: {e}"))?;
-                c.remotes.insert(id, r);
-                Ok(())
+    fn on_packet(
+        &mut self,
+        token: Token,
+        p: &[u8],
+        passed: Option<OwnedFd>,
+    ) -> Result<(), ShmError> {
+        let c = self.conns.get_mut(&token).ok_or(ShmError::Gone)?;
+        // what the connection's state forbids is refused before the packet is read
+        match p.first().copied() {
+            Some(codec::TAG_POOL) if c.state != State::Open => {
+                return Err(ShmError::PoolBeforeHandshake)
             }
-            Some(&TAG_RING) => {
-                if c.state != State::Open {
-                    return Err("a ring offered before the handshake completed".into());
+            Some(codec::TAG_RING) if c.state != State::Open => {
+                return Err(ShmError::RingBeforeHandshake)
+            }
+            Some(codec::TAG_RING) if c.rx_ring.is_some() => return Err(ShmError::SecondRing),
+            _ => {}
+        }
+        match Control::decode(p)? {
+            Control::Pool { id, len } => {
+                let fd = passed.ok_or(ShmError::PoolWithoutFd)?;
+                if c.remotes.len() >= MAX_REMOTE_POOLS {
+                    return Err(ShmError::TooManyPools);
                 }
-                if c.rx_ring.is_some() {
-                    return Err("a second RING packet".into());
-                }
-                if p.len() != 16 || p[1..8].iter().any(|&b| b != 0) {
-                    return Err("malformed ring packet".into());
-                }
-                let cap = u64_at(8).ok_or("short ring packet")?;
-                let fd = passed.ok_or("ring packet without a memfd")?;
-                c.rx_ring = Some(ring::RxRing::map(fd, cap)?);
-                Ok(())
+                let len = usize::try_from(len).map_err(|_| ShmError::PoolLength)?;
+                sys::check_peer_memfd(fd.as_raw_fd(), len).map_err(ShmError::PoolRefused)?;
+                let r = RemotePool::map(&c.name, fd, len)
+                    .map_err(|source| ShmError::PoolMap { len, source })?;
+                c.remotes.insert(id, r);
+            }
+            Control::Ring { capacity } => {
+                let fd = passed.ok_or(ShmError::RingWithoutFd)?;
+                c.rx_ring = Some(ring::RxRing::map(fd, capacity)?);
             }
             // the ring is read after every socket read: nothing more to do
-            Some(&TAG_DOORBELL) => Ok(()),
-            Some(&TAG_RETURN) => {
-                let n = u32_at(4).ok_or("short return packet")? as usize;
-                for k in 0..n {
-                    let t = u32_at(8 + 4 * k).ok_or("short return packet")?;
+            Control::Doorbell => {}
+            Control::Return(tokens) => {
+                for t in tokens {
                     if let Some((_, charge)) = c.lent.remove(&t) {
                         c.held -= charge;
                     }
                 }
-                Ok(())
             }
-            Some(t) => Err(format!("unknown packet tag {t}")),
-            None => Err("empty packet".into()),
         }
+        Ok(())
     }
 
     /// Consumes FRAME packets of the backlog in order, until it is empty (`Stop::Done`), a
     /// receive-pool block is wanted (`Starved`) or a ring frame names a pool not known yet
     /// (`NeedPool`); what is consumed so far is kept: it resumes where it stopped.
-    fn consume(&mut self, token: Token, out: &mut Vec<Event>) -> Result<Stop, String> {
+    fn consume(&mut self, token: Token, out: &mut Vec<Event>) -> Result<Stop, ShmError> {
         let max_frame = self.cfg.max_frame as usize;
         loop {
             let Some(c) = self.conns.get_mut(&token) else {
@@ -961,31 +909,30 @@ impl ShmTransport {
                 let Some(bytes) = c.backlog.pop_front() else {
                     return Ok(Stop::Done);
                 };
-                let head = bytes.get(..FRAME_HEAD).ok_or("short frame packet")?;
-                let frame_type =
-                    FrameType::from_u8(head[1]).map_err(|e| format!("frame packet: {e}"))?;
-                let flags = u16::from_le_bytes([head[2], head[3]]);
-                let count = u32::from_le_bytes(head[4..8].try_into().expect("4"));
-                let sequence = u64::from_le_bytes(head[8..16].try_into().expect("8"));
-                let nseg = u32::from_le_bytes(head[16..20].try_into().expect("4"));
-                if flags & !MORE != 0 {
-                    return Err(format!("unknown frame packet flags {flags:#x}"));
-                }
-                let more = flags & MORE != 0;
+                let head = FrameHead::decode(&bytes)?;
+                let FrameHead {
+                    frame_type,
+                    count,
+                    sequence,
+                    ..
+                } = head;
                 match &c.rx_frame {
                     None if sequence != c.seq_in => {
-                        return Err(format!("frame sequence {sequence}, expected {}", c.seq_in))
+                        return Err(ShmError::Sequence {
+                            got: sequence,
+                            expected: c.seq_in,
+                        })
                     }
                     Some(f)
                         if (f.frame_type, f.count, f.sequence) != (frame_type, count, sequence) =>
                     {
-                        return Err("a frame's continuation packet names another frame".into());
+                        return Err(ShmError::Continuation);
                     }
                     None | Some(_) => {}
                 }
                 if c.state == State::Handshaking {
                     // before the handshake: small inline frames only, never from the pool
-                    let payload = handshake_payload(&bytes, nseg, more)?;
+                    let payload = codec::handshake_payload(&bytes, &head)?;
                     c.seq_in += 1;
                     self.on_handshake(token, frame_type, &payload, out);
                     continue;
@@ -1004,8 +951,8 @@ impl ShmTransport {
                 c.rx_pkt = Some(RxPacket {
                     bytes,
                     at: FRAME_HEAD,
-                    left: nseg,
-                    more,
+                    left: head.segments,
+                    more: head.more,
                     copied: 0,
                 });
             }
@@ -1014,18 +961,12 @@ impl ShmTransport {
             let pkt = c.rx_pkt.as_mut().expect("set above");
             let frame = c.rx_frame.as_mut().expect("set with the packet");
             let p = &pkt.bytes;
-            let u32_at = |at: usize| le_u32(p, at);
-            let u64_at = |at: usize| le_u64(p, at);
             while pkt.left > 0 {
-                let at = pkt.at;
-                match p.get(at) {
-                    Some(0) => {
-                        let len = u32_at(at + 1).ok_or("short segment")? as usize;
-                        let bytes = p.get(at + 5..at + 5 + len).ok_or("short segment")?;
+                match Seg::decode(p, pkt.at)? {
+                    Seg::Inline(bytes) => {
+                        let len = bytes.len();
                         if pkt.copied == 0 && frame.payload.len() + len > max_frame {
-                            return Err(format!(
-                                "frame larger than the limit of {max_frame} bytes"
-                            ));
+                            return Err(ShmError::FrameTooLarge(max_frame));
                         }
                         while pkt.copied < len {
                             if c.rx_block.as_ref().is_none_or(|b| b.remaining() == 0) {
@@ -1045,39 +986,31 @@ impl ShmTransport {
                             pkt.copied += n;
                         }
                         pkt.copied = 0;
-                        pkt.at += 5 + len;
+                        pkt.at += INLINE_HEAD + len;
                     }
-                    Some(1) => {
-                        let pool_id = u64_at(at + 1).ok_or("short descriptor")?;
-                        let offset = u64_at(at + 9).ok_or("short descriptor")? as usize;
-                        let len = u32_at(at + 17).ok_or("short descriptor")? as usize;
-                        let t = u32_at(at + 21).ok_or("short descriptor")?;
+                    Seg::Desc(d) => {
+                        let (offset, len) = (d.offset as usize, d.len as usize);
                         if frame.payload.len() + len > max_frame {
-                            return Err(format!(
-                                "frame larger than the limit of {max_frame} bytes"
-                            ));
+                            return Err(ShmError::FrameTooLarge(max_frame));
                         }
-                        let Some(r) = c.remotes.get(&pool_id) else {
+                        let Some(r) = c.remotes.get(&d.pool) else {
                             // a ring frame may overtake the POOL packet, which the sender
                             // wrote to the socket before it: the caller reads the socket
                             if c.rx_ring.is_some() {
                                 return Ok(Stop::NeedPool);
                             }
-                            return Err("descriptor of an unknown pool".into());
+                            return Err(ShmError::UnknownPool);
                         };
-                        frame.payload.push(
-                            r.slice(offset, len, t)
-                                .ok_or("descriptor outside the peer's pool")?,
-                        );
-                        pkt.at += 25;
+                        frame
+                            .payload
+                            .push(r.slice(offset, len, d.token).ok_or(ShmError::OutsidePool)?);
+                        pkt.at += DESC_LEN;
                     }
-                    Some(t) => return Err(format!("bad segment tag {t}")),
-                    None => return Err("frame packet shorter than its segments".into()),
                 }
                 pkt.left -= 1;
             }
             if pkt.at != p.len() {
-                return Err("frame packet longer than its segments".into());
+                return Err(PacketError::MoreBytes.into());
             }
             let more = pkt.more;
             c.rx_pkt = None;
@@ -1186,13 +1119,8 @@ impl ShmTransport {
             for r in c.remotes.values() {
                 r.take_returns(&mut tokens);
             }
-            for chunk in tokens.chunks((MAX_PACKET - 8) / 4) {
-                let mut p = vec![TAG_RETURN, 0, 0, 0];
-                p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-                for t in chunk {
-                    p.extend_from_slice(&t.to_le_bytes());
-                }
-                c.push_socket(Out::plain(p));
+            for chunk in tokens.chunks(codec::RETURN_MAX) {
+                c.push_socket(Out::plain(codec::return_packet(chunk)));
             }
             if !tokens.is_empty() {
                 self.flush(t);
@@ -1471,23 +1399,12 @@ impl Transport for ShmTransport {
     }
 }
 
-/// Little-endian u32 at `at` in a packet, if the packet holds it.
-fn le_u32(p: &[u8], at: usize) -> Option<u32> {
-    p.get(at..at + 4)
-        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-}
-
-/// Little-endian u64 at `at` in a packet, if the packet holds it.
-fn le_u64(p: &[u8], at: usize) -> Option<u64> {
-    p.get(at..at + 8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-}
-
 #[cfg(test)]
 mod ring_tests;
 
 #[cfg(test)]
 mod tests {
+    use super::codec::TAG_POOL;
     use super::*;
     use evb_wire::{Channel, Role};
     use std::os::fd::{AsFd, FromRawFd};
