@@ -23,7 +23,8 @@ use tracing::{debug, warn};
 mod conn;
 mod events;
 
-use super::sys::{self, CqEv, Fabric, Fid, Info};
+use super::sys::{self, CqEv, Fabric, Fid, Info, PostError};
+use super::OfiError;
 use crate::framing::{Admit, Cut, RxFramer, TxSeq};
 use crate::handshake::{Handshake, Outcome};
 use crate::tcp::{Admission, HANDSHAKE_FRAME_MAX};
@@ -129,7 +130,8 @@ fn cm_chunk(data: &[u8]) -> Option<usize> {
 
 impl Ofi {
     pub(crate) fn new(cfg: TransportConfig, provider: String) -> Result<Ofi, TransportError> {
-        let fabric = Fabric::new(&provider).map_err(TransportError::Unavailable)?;
+        let fabric =
+            Fabric::new(&provider).map_err(|e| TransportError::Unavailable(e.to_string()))?;
         let blocks = cfg.rx_pool.free_blocks();
         Ok(Ofi {
             conns: HashMap::new(),
@@ -211,7 +213,7 @@ impl Ofi {
     }
 
     /// Keeps `rx_depth` receives posted on `id`. Err: the endpoint failed.
-    fn post_recvs(&mut self, id: u64) -> Result<(), String> {
+    fn post_recvs(&mut self, id: u64) -> Result<(), OfiError> {
         let desc = self.rx_desc();
         loop {
             let Some(c) = self.conns.get(&id) else {
@@ -241,11 +243,11 @@ impl Ofi {
                         c.rx_posted += 1;
                     }
                 }
-                Err((true, _)) => {
+                Err(PostError::Full) => {
                     self.starved.insert(id);
                     return Ok(());
                 }
-                Err((false, e)) => return Err(e),
+                Err(PostError::Failed(e)) => return Err(e),
             }
         }
     }
@@ -313,11 +315,11 @@ impl Ofi {
                     });
                     self.ops.insert(ctx, Op::Send { conn: id });
                 }
-                Err((true, _)) => {
+                Err(PostError::Full) => {
                     c.cursor = saved;
                     break;
                 }
-                Err((false, e)) => {
+                Err(PostError::Failed(e)) => {
                     c.cursor = saved;
                     failed = Some(e);
                     break;
@@ -326,7 +328,7 @@ impl Ofi {
         }
         self.pieces = pieces;
         if let Some(e) = failed {
-            self.drop_conn(id, CloseReason::Lost(e), out);
+            self.drop_conn(id, CloseReason::Lost(e.to_string()), out);
         }
     }
 
@@ -385,7 +387,7 @@ impl Transport for Ofi {
 
     fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError> {
         let info = self.getinfo(addr, false)?;
-        let io_err = |e: String| TransportError::Io {
+        let io_err = |e: OfiError| TransportError::Io {
             addr: addr.to_string(),
             source: io::Error::other(e),
         };

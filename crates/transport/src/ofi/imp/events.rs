@@ -95,7 +95,7 @@ impl Ofi {
             return;
         }
         if let Err(e) = self.post_recvs(id) {
-            self.drop_conn(id, CloseReason::Lost(e), out);
+            self.drop_conn(id, CloseReason::Lost(e.to_string()), out);
         }
     }
 
@@ -283,7 +283,7 @@ impl Ofi {
         self.cq_buf = buf;
         for id in self.starved.iter().copied().collect::<Vec<_>>() {
             if let Err(e) = self.post_recvs(id) {
-                self.drop_conn(id, CloseReason::Lost(e), out);
+                self.drop_conn(id, CloseReason::Lost(e.to_string()), out);
             }
         }
         let ids: Vec<u64> = self
