@@ -1,6 +1,7 @@
 //! Tests of the FRAME rings: the ring alone (wrap-around, back-pressure, hostile indices and
 //! lengths, no lost wake-ups) and through the transport (order and bytes across the socket
-//! and the ring, a full ring, a hostile peer writing garbage into the ring).
+//! and the ring, a full ring, a hostile peer writing garbage into the ring). One idea, the
+//! rings' behaviour under test, in one file longer than most.
 
 use super::codec::{TAG_POOL, TAG_RETURN, TAG_RING};
 use super::ring::{self, RxRing, TxRing};
