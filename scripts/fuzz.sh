@@ -11,7 +11,7 @@ secs=${1:-60}
 [ "$secs" = --quick ] && secs=10
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
-for t in wire page files config; do
+for t in wire page files config shm; do
     echo "fuzz: $t for ${secs}s"
     # new inputs go to fuzz/corpus/<target> (not checked in); the seeds start it off
     mkdir -p "fuzz/corpus/$t"

@@ -8,19 +8,31 @@
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use thiserror::Error;
+
+/// Why no handshake nonce could be drawn.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NonceError {
+    #[error("no randomness for the handshake nonce: {0}")]
+    NoRandomness(getrandom::Error),
+    #[error("the random source gave an all-zero nonce")]
+    Zero,
+}
 
 /// A random, non-zero nonce from the operating system. Without OS randomness there is no
 /// safe handshake: the error makes the handshake fail rather than use a guessable nonce.
-pub fn nonce() -> Result<u64, String> {
+pub fn nonce() -> Result<u64, NonceError> {
     nonce_from(getrandom::getrandom)
 }
 
-fn nonce_from(fill: impl FnOnce(&mut [u8]) -> Result<(), getrandom::Error>) -> Result<u64, String> {
+fn nonce_from(
+    fill: impl FnOnce(&mut [u8]) -> Result<(), getrandom::Error>,
+) -> Result<u64, NonceError> {
     let mut b = [0u8; 8];
-    fill(&mut b).map_err(|e| format!("no randomness for the handshake nonce: {e}"))?;
+    fill(&mut b).map_err(NonceError::NoRandomness)?;
     match u64::from_le_bytes(b) {
         // zero means "no authentication" on the wire; 2^-64 odds, but never send it
-        0 => Err("the random source gave an all-zero nonce".into()),
+        0 => Err(NonceError::Zero),
         n => Ok(n),
     }
 }

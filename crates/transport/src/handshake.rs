@@ -52,7 +52,7 @@ impl Handshake {
     ) -> Result<(Handshake, Vec<u8>), TransportError> {
         let mut hello = hello;
         hello.nonce = match secret {
-            Some(_) => auth::nonce().map_err(TransportError::Unavailable)?,
+            Some(_) => auth::nonce().map_err(|e| TransportError::Unavailable(e.to_string()))?,
             None => 0,
         };
         let bytes = hello.encode()?;
@@ -132,7 +132,7 @@ impl Handshake {
                     Some(Ok(n)) => n,
                     Some(Err(e)) => {
                         warn!(peer = %addr, "cannot authenticate: {e}");
-                        return refuse(RejectCode::Other, e, send);
+                        return refuse(RejectCode::Other, e.to_string(), send);
                     }
                 };
                 // an empty HelloAck would be a protocol error at the peer: say why instead

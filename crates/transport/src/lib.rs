@@ -9,6 +9,7 @@
 
 mod auth;
 mod event;
+mod framing;
 mod handshake;
 pub mod inherited;
 pub mod inproc;

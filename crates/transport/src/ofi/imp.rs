@@ -7,17 +7,25 @@
 //! the connection request's private data). Frame headers are never split between messages,
 //! so the receiver parses each received block on its own: complete frames, and the parts of
 //! large ones, become slices of the block the provider wrote — no copy.
+//!
+//! Here: the transport, posting receives and sends, and `poll`. One connection's state is in
+//! `imp/conn.rs`, what the provider reports is handled in `imp/events.rs`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_void;
 use std::io;
 use std::time::Duration;
 
-use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{FrameHeader, FrameType, Hello, WireError, FRAME_HEADER_LEN};
+use evb_buffers::{BlockWriter, Pool};
+use evb_wire::{FrameType, Hello, WireError, FRAME_HEADER_LEN};
 use tracing::{debug, warn};
 
-use super::sys::{self, CqEv, Fabric, Fid, Info};
+mod conn;
+mod events;
+
+use super::sys::{self, CqEv, Fabric, Fid, Info, PostError};
+use super::OfiError;
+use crate::framing::{Admit, Cut, RxFramer, TxSeq};
 use crate::handshake::{Handshake, Outcome};
 use crate::tcp::{Admission, HANDSHAKE_FRAME_MAX};
 use crate::{
@@ -25,6 +33,8 @@ use crate::{
 };
 
 /// Private data in connection requests and accepts: magic, version, receive block size.
+use conn::{Conn, Msg, State};
+
 const CM_MAGIC: &[u8; 8] = b"evb-ofi\x01";
 const CM_LEN: usize = 16;
 /// Messages in flight per connection.
@@ -38,260 +48,6 @@ const STAGING_BLOCK: usize = 256 * 1024;
 const STAGING_BLOCKS: usize = 64;
 /// How long `poll` keeps driving a busy provider before it sleeps.
 const BUSY_SPIN: Duration = Duration::from_micros(200);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// fi_connect issued, waiting for FI_CONNECTED (outbound).
-    Connecting,
-    /// fi_accept issued, waiting for FI_CONNECTED (inbound).
-    Accepting,
-    /// Exchanging Hellos (and proofs): where it stands is the connection's `Handshake`.
-    Handshaking,
-    Open,
-    /// Sending what is queued (ending with Bye or Reject), then shutting down.
-    Closing,
-}
-
-struct OutFrame {
-    /// Boxed: its address must not move while a message points into it.
-    header: Box<[u8; FRAME_HEADER_LEN]>,
-    segments: Vec<Segment>,
-    len: usize,
-}
-
-struct Msg {
-    ctx: u64,
-    len: usize,
-    done: bool,
-    _staging: Option<BlockWriter>,
-}
-
-struct Pending {
-    header: FrameHeader,
-    payload: Chain,
-    remaining: usize,
-}
-
-struct Conn {
-    /// Declared first: dropped (closed) before the buffers it may still point at.
-    ep: Fid,
-    addr: String,
-    state: State,
-    /// Largest message the peer can receive.
-    peer_chunk: usize,
-    // send side
-    frames: VecDeque<OutFrame>,
-    /// Next byte to post: frame index into `frames`, offset in it.
-    cursor: (usize, usize),
-    /// Bytes of the front frames whose messages completed.
-    completed: usize,
-    queued: usize,
-    next_seq: u64,
-    inflight: VecDeque<Msg>,
-    // receive side
-    rx_posted: usize,
-    pending: Option<Pending>,
-    expected_seq: u64,
-    // handshake
-    close_reason: Option<CloseReason>,
-    hs: Handshake,
-    /// The provider reported the connection gone; reported once the CQ is drained.
-    peer_gone: Option<String>,
-    /// The handshake succeeded: until then one receive is posted, not `rx_depth`.
-    admitted: bool,
-    /// An incoming connection: when it was requested (for the handshake deadline).
-    accepted: Option<std::time::Instant>,
-}
-
-impl Conn {
-    fn new(ep: Fid, addr: String, state: State) -> Conn {
-        Conn {
-            ep,
-            addr,
-            state,
-            peer_chunk: 0,
-            frames: VecDeque::new(),
-            cursor: (0, 0),
-            completed: 0,
-            queued: 0,
-            next_seq: 0,
-            inflight: VecDeque::new(),
-            rx_posted: 0,
-            pending: None,
-            expected_seq: 0,
-            close_reason: None,
-            hs: Handshake::accept(),
-            peer_gone: None,
-            admitted: false,
-            accepted: None,
-        }
-    }
-
-    fn push(&mut self, frame_type: FrameType, count: u32, segments: Vec<Segment>) {
-        let payload: usize = segments.iter().map(Segment::len).sum();
-        let header = FrameHeader::new(frame_type, payload as u32, count, self.next_seq).encode();
-        self.next_seq += 1;
-        let len = FRAME_HEADER_LEN + payload;
-        self.queued += len;
-        self.frames.push_back(OutFrame {
-            header: Box::new(header),
-            segments,
-            len,
-        });
-    }
-
-    fn connected(&self) -> bool {
-        !matches!(self.state, State::Connecting | State::Accepting)
-    }
-
-    fn has_unposted(&self) -> bool {
-        self.cursor.0 < self.frames.len()
-    }
-
-    fn idle(&self) -> bool {
-        self.frames.is_empty() && self.inflight.is_empty()
-    }
-
-    /// The pieces of the next message: at most `limit` pieces and `chunk` bytes; a frame
-    /// header is never split. Advances the cursor.
-    fn next_pieces(&mut self, chunk: usize, limit: usize, out: &mut Vec<(*const u8, usize)>) {
-        let (mut fi, mut off) = self.cursor;
-        let mut total = 0;
-        while fi < self.frames.len() && out.len() < limit && total < chunk {
-            let f = &self.frames[fi];
-            if off == 0 {
-                if chunk - total < FRAME_HEADER_LEN {
-                    break;
-                }
-                out.push((f.header.as_ptr(), FRAME_HEADER_LEN));
-                total += FRAME_HEADER_LEN;
-                off = FRAME_HEADER_LEN;
-            } else {
-                let mut pos = FRAME_HEADER_LEN;
-                for seg in &f.segments {
-                    let n = seg.len();
-                    if off < pos + n {
-                        let start = off - pos;
-                        let take = (n - start).min(chunk - total);
-                        out.push((seg.bytes()[start..].as_ptr(), take));
-                        total += take;
-                        off += take;
-                        break;
-                    }
-                    pos += n;
-                }
-            }
-            if off >= f.len {
-                fi += 1;
-                off = 0;
-            }
-        }
-        self.cursor = (fi, off);
-    }
-
-    /// A message completed: frees what every earlier message also finished.
-    fn send_done(&mut self, ctx: u64) {
-        if let Some(m) = self.inflight.iter_mut().find(|m| m.ctx == ctx) {
-            m.done = true;
-        }
-        while self.inflight.front().is_some_and(|m| m.done) {
-            let m = self.inflight.pop_front().expect("front");
-            self.completed += m.len;
-            self.queued -= m.len;
-        }
-        while let Some(f) = self.frames.front() {
-            if self.completed < f.len {
-                break;
-            }
-            self.completed -= f.len;
-            self.frames.pop_front();
-            self.cursor.0 -= 1;
-        }
-    }
-
-    /// Cuts a received message (the filled part of `block`) into frames.
-    ///
-    /// Starts at byte `from`; returns `Ok(Some(at))` when it stopped at `at`, before the header
-    /// of a frame that is not a handshake frame while the connection is not admitted: the
-    /// caller handles the handshake frames cut so far, then calls again from `at`. Handshake
-    /// frames may not declare more than `HANDSHAKE_FRAME_MAX` bytes.
-    fn parse(
-        &mut self,
-        block: &BlockWriter,
-        from: usize,
-        max_frame: u32,
-        out: &mut Vec<InFrame>,
-    ) -> Result<Option<usize>, WireError> {
-        let len = block.filled();
-        let mut at = from;
-        loop {
-            if let Some(p) = &mut self.pending {
-                let take = (len - at).min(p.remaining);
-                if take > 0 {
-                    p.payload.push(block.slice(at, take));
-                    at += take;
-                    p.remaining -= take;
-                }
-                if p.remaining > 0 {
-                    return Ok(None);
-                }
-                let p = self.pending.take().expect("pending");
-                out.push(InFrame {
-                    frame_type: p.header.frame_type,
-                    count: p.header.count,
-                    sequence: p.header.sequence,
-                    payload: p.payload,
-                });
-            } else {
-                if at == len {
-                    return Ok(None);
-                }
-                if len - at < FRAME_HEADER_LEN {
-                    return Err(WireError::Truncated {
-                        what: "frame header in an ofi message",
-                        need: FRAME_HEADER_LEN,
-                        have: len - at,
-                    });
-                }
-                let bytes = &block.filled_bytes()[at..at + FRAME_HEADER_LEN];
-                let header = FrameHeader::decode(bytes, max_frame)?;
-                let handshake = matches!(
-                    header.frame_type,
-                    FrameType::Hello | FrameType::HelloAck | FrameType::Reject | FrameType::Auth
-                );
-                if handshake && header.length > HANDSHAKE_FRAME_MAX {
-                    return Err(WireError::FrameTooLarge {
-                        len: header.length as u64,
-                        max: HANDSHAKE_FRAME_MAX as u64,
-                    });
-                }
-                if !handshake && !self.admitted {
-                    if !out.is_empty() {
-                        return Ok(Some(at));
-                    }
-                    // nothing that could admit it came before: a frame before the handshake
-                    return Err(WireError::OutOfRange {
-                        what: "frame type before the handshake completed",
-                        value: header.frame_type as u64,
-                    });
-                }
-                if header.sequence != self.expected_seq {
-                    return Err(WireError::Sequence {
-                        got: header.sequence,
-                        expected: self.expected_seq,
-                    });
-                }
-                self.expected_seq += 1;
-                at += FRAME_HEADER_LEN;
-                self.pending = Some(Pending {
-                    header,
-                    payload: Chain::new(),
-                    remaining: header.length as usize,
-                });
-            }
-        }
-    }
-}
 
 enum Op {
     Recv { conn: u64, block: BlockWriter },
@@ -374,7 +130,8 @@ fn cm_chunk(data: &[u8]) -> Option<usize> {
 
 impl Ofi {
     pub(crate) fn new(cfg: TransportConfig, provider: String) -> Result<Ofi, TransportError> {
-        let fabric = Fabric::new(&provider).map_err(TransportError::Unavailable)?;
+        let fabric =
+            Fabric::new(&provider).map_err(|e| TransportError::Unavailable(e.to_string()))?;
         let blocks = cfg.rx_pool.free_blocks();
         Ok(Ofi {
             conns: HashMap::new(),
@@ -456,7 +213,7 @@ impl Ofi {
     }
 
     /// Keeps `rx_depth` receives posted on `id`. Err: the endpoint failed.
-    fn post_recvs(&mut self, id: u64) -> Result<(), String> {
+    fn post_recvs(&mut self, id: u64) -> Result<(), OfiError> {
         let desc = self.rx_desc();
         loop {
             let Some(c) = self.conns.get(&id) else {
@@ -486,11 +243,11 @@ impl Ofi {
                         c.rx_posted += 1;
                     }
                 }
-                Err((true, _)) => {
+                Err(PostError::Full) => {
                     self.starved.insert(id);
                     return Ok(());
                 }
-                Err((false, e)) => return Err(e),
+                Err(PostError::Failed(e)) => return Err(e),
             }
         }
     }
@@ -558,11 +315,11 @@ impl Ofi {
                     });
                     self.ops.insert(ctx, Op::Send { conn: id });
                 }
-                Err((true, _)) => {
+                Err(PostError::Full) => {
                     c.cursor = saved;
                     break;
                 }
-                Err((false, e)) => {
+                Err(PostError::Failed(e)) => {
                     c.cursor = saved;
                     failed = Some(e);
                     break;
@@ -571,7 +328,7 @@ impl Ofi {
         }
         self.pieces = pieces;
         if let Some(e) = failed {
-            self.drop_conn(id, CloseReason::Lost(e), out);
+            self.drop_conn(id, CloseReason::Lost(e.to_string()), out);
         }
     }
 
@@ -606,326 +363,6 @@ impl Ofi {
             reason,
         });
     }
-
-    fn on_frame(&mut self, id: u64, frame: InFrame, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&id) else {
-            return;
-        };
-        let conn = ConnId(id);
-        match (c.state, frame.frame_type) {
-            (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
-            (State::Open, FrameType::Bye) => self.drop_conn(id, CloseReason::PeerClosed, out),
-            (State::Closing, _) => {}
-            (State::Handshaking, t) => {
-                let mut send = Vec::new();
-                let payload = frame.payload.to_vec();
-                let secret = self.cfg.secret.as_deref();
-                let outcome =
-                    c.hs.step(&self.cfg, secret, t, &payload, &c.addr, &mut send);
-                for (ft, bytes) in send {
-                    c.push(ft, 0, vec![Segment::Owned(bytes)]);
-                }
-                match outcome {
-                    Outcome::Continue => self.pump_tx(id, out),
-                    Outcome::Open(peer) => {
-                        c.state = State::Open;
-                        c.admitted = true;
-                        out.push(c.hs.opened(conn, peer));
-                        self.pump_tx(id, out);
-                    }
-                    Outcome::Refuse(reason) => {
-                        self.begin_close(id, reason);
-                        self.pump_tx(id, out);
-                    }
-                    Outcome::Drop(reason) => self.drop_conn(id, reason, out),
-                }
-            }
-            (_, t) => {
-                let e = WireError::OutOfRange {
-                    what: "frame type in this connection state",
-                    value: t as u64,
-                };
-                self.drop_conn(id, CloseReason::Protocol(e), out)
-            }
-        }
-    }
-
-    fn on_recv(&mut self, id: u64, mut block: BlockWriter, len: usize, out: &mut Vec<Event>) {
-        let max_frame = self.cfg.max_frame;
-        let Some(c) = self.conns.get_mut(&id) else {
-            return;
-        };
-        c.rx_posted = c.rx_posted.saturating_sub(1);
-        if c.state == State::Accepting {
-            // data can overtake the FI_CONNECTED event
-            c.state = State::Handshaking;
-        }
-        if len > block.remaining() {
-            let e = WireError::TooLong {
-                what: "ofi message",
-                len,
-                max: block.remaining(),
-            };
-            return self.drop_conn(id, CloseReason::Protocol(e), out);
-        }
-        block.advance(len);
-        let mut frames = Vec::new();
-        let mut from = 0;
-        loop {
-            let Some(c) = self.conns.get_mut(&id) else {
-                return;
-            };
-            let parsed = c.parse(&block, from, max_frame, &mut frames);
-            for f in frames.drain(..) {
-                self.on_frame(id, f, out);
-            }
-            match parsed {
-                Ok(None) => break,
-                // handshake frames handled: the rest is read if they admitted the peer
-                Ok(Some(at)) => from = at,
-                Err(e) => return self.drop_conn(id, CloseReason::Protocol(e), out),
-            }
-        }
-        drop(block);
-        if !self.conns.contains_key(&id) {
-            return;
-        }
-        if let Err(e) = self.post_recvs(id) {
-            self.drop_conn(id, CloseReason::Lost(e), out);
-        }
-    }
-
-    fn on_eq(&mut self, ev: sys::EqEv, out: &mut Vec<Event>) {
-        let id = ev.ctx;
-        match ev.kind {
-            sys::EQ_CONNREQ => {
-                let info = Info::from_raw(ev.info);
-                let data = &ev.data[..(ev.datalen as usize).min(ev.data.len())];
-                let Some(pep) = self.listeners.get(&id) else {
-                    return;
-                };
-                let Some(chunk) = cm_chunk(data) else {
-                    warn!("refusing a libfabric connection that is not from evb");
-                    sys::reject(pep, &info);
-                    return;
-                };
-                let waiting = self
-                    .conns
-                    .values()
-                    .filter(|c| c.accepted.is_some() && !c.admitted)
-                    .count();
-                if waiting >= self.handshake_room {
-                    warn!(
-                        waiting,
-                        "refusing a libfabric connection: too many connections still handshaking"
-                    );
-                    sys::reject(pep, &info);
-                    return;
-                }
-                let cid = self.id();
-                let ep = match self.fabric.endpoint(&info, cid) {
-                    Ok(ep) => ep,
-                    Err(e) => {
-                        warn!("cannot open an endpoint for an incoming connection: {e}");
-                        if let Some(pep) = self.listeners.get(&id) {
-                            sys::reject(pep, &info);
-                        }
-                        return;
-                    }
-                };
-                let mut c = Conn::new(ep, format!("ofi-conn-{cid}"), State::Accepting);
-                c.peer_chunk = chunk;
-                c.accepted = Some(std::time::Instant::now());
-                self.conns.insert(cid, c);
-                let param = cm_param(self.cfg.rx_pool.block_size());
-                let r = self
-                    .post_recvs(cid)
-                    .and_then(|()| sys::accept(&self.conns[&cid].ep, &param));
-                if let Err(e) = r {
-                    warn!("accepting a connection failed: {e}");
-                    // never reported: it was not accepted yet
-                    self.conns.remove(&cid);
-                    self.ops.retain(|_, op| match op {
-                        Op::Recv { conn, .. } | Op::Send { conn } => *conn != cid,
-                    });
-                }
-            }
-            sys::EQ_CONNECTED => {
-                let data = &ev.data[..(ev.datalen as usize).min(ev.data.len())];
-                let Some(c) = self.conns.get_mut(&id) else {
-                    return;
-                };
-                match c.state {
-                    State::Connecting => match cm_chunk(data) {
-                        Some(chunk) => {
-                            c.peer_chunk = chunk;
-                            c.state = State::Handshaking;
-                            self.pump_tx(id, out);
-                        }
-                        None => {
-                            let why = "the peer did not identify as evb".to_string();
-                            self.drop_conn(id, CloseReason::ConnectFailed(why), out)
-                        }
-                    },
-                    State::Accepting => c.state = State::Handshaking,
-                    _ => {}
-                }
-            }
-            sys::EQ_SHUTDOWN => {
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.peer_gone = Some("the peer disconnected without Bye".into());
-                }
-            }
-            sys::EQ_ERROR => {
-                let why = sys::strerror(ev.err as i64);
-                if let Some(c) = self.conns.get_mut(&id) {
-                    if c.state == State::Connecting {
-                        self.drop_conn(id, CloseReason::ConnectFailed(why), out);
-                    } else {
-                        c.peer_gone = Some(why);
-                    }
-                } else if self.listeners.contains_key(&id) {
-                    warn!("listener error: {why}");
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn on_cq(&mut self, e: CqEv, out: &mut Vec<Event>) {
-        let Some(op) = self.ops.remove(&e.ctx) else {
-            return; // an operation of a connection already closed
-        };
-        match op {
-            Op::Recv { conn, block } => {
-                if e.err != 0 {
-                    drop(block);
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.rx_posted = c.rx_posted.saturating_sub(1);
-                        if e.err != sys::FI_ECANCELED {
-                            c.peer_gone = Some(sys::strerror(e.err as i64));
-                        }
-                    }
-                    return;
-                }
-                self.on_recv(conn, block, e.len as usize, out);
-            }
-            Op::Send { conn } => {
-                if e.err != 0 {
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.peer_gone = Some(sys::strerror(e.err as i64));
-                    }
-                    return;
-                }
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.send_done(e.ctx);
-                }
-                self.sends_done += 1;
-                self.pump_tx(conn, out);
-            }
-        }
-    }
-
-    /// One pass: completions, connection events, reposts, queued sends, closes.
-    fn progress(&mut self, out: &mut Vec<Event>) -> io::Result<()> {
-        let mut buf = std::mem::take(&mut self.cq_buf);
-        let mut handled = 0;
-        // completions before connection events: a peer's last frames (Bye, Reject) must be
-        // seen before its shutdown
-        while handled < CQ_BUDGET {
-            let n = self.fabric.cq_read(&mut buf).map_err(io::Error::other)?;
-            if n == 0 {
-                break;
-            }
-            handled += n;
-            self.completions += n as u64;
-            for e in &buf[..n] {
-                self.on_cq(*e, out);
-            }
-        }
-        while let Some(ev) = self.fabric.eq_read().map_err(io::Error::other)? {
-            self.on_eq(ev, out);
-        }
-        // what arrived before a shutdown is reported before it
-        let gone: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.peer_gone.is_some())
-            .map(|(id, _)| *id)
-            .collect();
-        if !gone.is_empty() {
-            loop {
-                let n = self.fabric.cq_read(&mut buf).map_err(io::Error::other)?;
-                if n == 0 {
-                    break;
-                }
-                for e in &buf[..n] {
-                    self.on_cq(*e, out);
-                }
-            }
-            for id in gone {
-                let Some(c) = self.conns.get_mut(&id) else {
-                    continue;
-                };
-                let why = c.peer_gone.take().unwrap_or_default();
-                let reason = if c.state == State::Closing {
-                    CloseReason::Local
-                } else {
-                    CloseReason::Lost(why)
-                };
-                self.drop_conn(id, reason, out);
-            }
-        }
-        self.cq_buf = buf;
-        for id in self.starved.iter().copied().collect::<Vec<_>>() {
-            if let Err(e) = self.post_recvs(id) {
-                self.drop_conn(id, CloseReason::Lost(e), out);
-            }
-        }
-        let ids: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.has_unposted() || (c.state == State::Closing && c.idle()))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            self.pump_tx(id, out);
-            if let Some(c) = self.conns.get(&id) {
-                if c.state == State::Closing && c.idle() {
-                    sys::shutdown(&c.ep);
-                    self.drop_conn(id, CloseReason::Local, out);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Closes incoming connections whose handshake has taken too long.
-    fn expire_handshakes(&mut self, out: &mut Vec<Event>) {
-        let limit = Admission::default().handshake_deadline;
-        let late: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.admitted)
-            .filter(|(_, c)| c.accepted.is_some_and(|t| t.elapsed() >= limit))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in late {
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.close_reason = None;
-            }
-            let why = format!("handshake not completed within {} ms", limit.as_millis());
-            self.drop_conn(id, CloseReason::Rejected(why), out);
-        }
-    }
-
-    fn busy(&self) -> bool {
-        !self.starved.is_empty()
-            || self
-                .conns
-                .values()
-                .any(|c| !c.idle() || c.peer_gone.is_some())
-    }
 }
 
 impl Transport for Ofi {
@@ -950,7 +387,7 @@ impl Transport for Ofi {
 
     fn connect(&mut self, addr: &str, hello: Hello) -> Result<ConnId, TransportError> {
         let info = self.getinfo(addr, false)?;
-        let io_err = |e: String| TransportError::Io {
+        let io_err = |e: OfiError| TransportError::Io {
             addr: addr.to_string(),
             source: io::Error::other(e),
         };
@@ -1086,104 +523,4 @@ impl Transport for Ofi {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Transport;
-    use evb_wire::{Channel, Role};
-    use std::time::Instant;
-
-    fn cfg(node: &str, blocks: usize) -> TransportConfig {
-        TransportConfig {
-            run_id: "ofi-adm".into(),
-            local: Hello::new(Channel::Data, Role::Bu, 0, "ofi-adm", node),
-            max_frame: 8 << 20,
-            rx_pool: Pool::new(node, 64 * 1024, blocks),
-            secret: None,
-        }
-    }
-
-    /// Peers that connect and send a Hello header declaring 340 KB, then all of it but one
-    /// byte, must not take the node's receive pool: a legitimate peer still gets in and moves
-    /// 200 KB frames through a 16-block pool, and the stalled ones are closed at once.
-    #[test]
-    fn unauthenticated_peers_cannot_take_the_receive_pool() {
-        if let Err(why) = super::super::probe("tcp") {
-            eprintln!("NOTICE: skipped, {why}");
-            return;
-        }
-        let mut node = Ofi::new(cfg("evm", 16), "tcp".into()).unwrap();
-        let addr = node.listen("127.0.0.1:0").unwrap();
-        let hello = || Hello::new(Channel::Data, Role::Ru, 0, "ofi-adm", "x");
-        let mut attackers = Vec::new();
-        for _ in 0..6 {
-            let mut a = Ofi::new(cfg("bad", 16), "tcp".into()).unwrap();
-            let id = a.connect(&addr, hello()).unwrap().0;
-            let c = a.conns.get_mut(&id).unwrap();
-            // the Hello queued by connect, replaced by one that never completes
-            let header = FrameHeader::new(FrameType::Hello, 340_000, 0, 0).encode();
-            c.frames.clear();
-            c.queued = FRAME_HEADER_LEN + 339_999;
-            c.frames.push_back(OutFrame {
-                header: Box::new(header),
-                segments: vec![Segment::Owned(vec![7; 339_999])],
-                len: FRAME_HEADER_LEN + 339_999,
-            });
-            attackers.push(a);
-        }
-        let mut evs = Vec::new();
-        let mut junk = Vec::new();
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(500) {
-            node.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
-            for a in &mut attackers {
-                a.poll(&mut junk, Some(Duration::ZERO)).unwrap();
-            }
-        }
-        let too_large = evs
-            .iter()
-            .filter(|e| {
-                matches!(
-                    e,
-                    Event::Closed {
-                        reason: CloseReason::Protocol(WireError::FrameTooLarge { max: 2048, .. }),
-                        ..
-                    }
-                )
-            })
-            .count();
-        assert_eq!(too_large, 6, "{evs:?}");
-        evs.clear();
-
-        let mut peer = Ofi::new(cfg("ru0", 64), "tcp".into()).unwrap();
-        let conn = peer.connect(&addr, hello()).unwrap();
-        let mut pevs = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut got = 0;
-        let mut sent = false;
-        while got < 10 {
-            assert!(
-                Instant::now() < deadline,
-                "{got} of 10 frames; {pevs:?} {evs:?}"
-            );
-            peer.poll(&mut pevs, Some(Duration::from_millis(1)))
-                .unwrap();
-            node.poll(&mut evs, Some(Duration::from_millis(1))).unwrap();
-            for a in &mut attackers {
-                a.poll(&mut junk, Some(Duration::ZERO)).unwrap();
-            }
-            if !sent && pevs.iter().any(|e| matches!(e, Event::Connected { .. })) {
-                for i in 0..10u8 {
-                    let seg = vec![Segment::Owned(vec![i; 200_000])];
-                    peer.send(conn, FrameType::Messages, 1, seg).unwrap();
-                }
-                sent = true;
-            }
-            for e in evs.drain(..) {
-                if let Event::Frame { frame, .. } = e {
-                    assert!(frame.payload.eq_bytes(&vec![got as u8; 200_000]));
-                    got += 1;
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -17,7 +17,42 @@ mod imp;
 #[cfg(not(evb_ofi_stub))]
 mod sys;
 
+use thiserror::Error;
+
 use crate::{TransportConfig, TransportError};
+
+/// Why libfabric, or the `ofi` transport on it, is not available or failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum OfiError {
+    #[error(
+        "evb was built without libfabric headers, so the ofi transport is not available: \
+         install libfabric-dev (Debian) and rebuild"
+    )]
+    NotBuilt,
+    /// The library did not load (what the loader said).
+    #[error(
+        "libfabric not found ({0}): install libfabric1 (Debian: apt-get install \
+         libfabric1) or choose another transport"
+    )]
+    NotFound(Box<OfiError>),
+    /// A provider with datagram endpoints only, asked for the connected endpoints evb uses.
+    #[error(
+        "{reason}; the {provider} provider offers only reliable-datagram (FI_EP_RDM) \
+         endpoints, and evb's ofi transport uses connected ones: use tcp here, verbs on \
+         InfiniBand/RoCE, or evb's own shm transport"
+    )]
+    DatagramOnly {
+        provider: String,
+        reason: Box<OfiError>,
+    },
+    #[error("{0:?} contains a NUL byte")]
+    Nul(String),
+    #[error("out of memory")]
+    OutOfMemory,
+    /// What libfabric (or evb's shim around it) said.
+    #[error("{0}")]
+    Libfabric(String),
+}
 
 /// The library loaded unless `EVB_LIBFABRIC` names another.
 pub const LIBFABRIC: &str = "libfabric.so.1";
@@ -32,7 +67,7 @@ impl OfiTransport {
         cfg: TransportConfig,
         provider: &str,
     ) -> Result<Box<dyn crate::Transport>, TransportError> {
-        let chosen = probe(provider).map_err(TransportError::Unavailable)?;
+        let chosen = probe(provider).map_err(|e| TransportError::Unavailable(e.to_string()))?;
         #[cfg(not(evb_ofi_stub))]
         {
             let _ = &chosen;
@@ -48,32 +83,22 @@ impl OfiTransport {
 
 /// Whether the `ofi` transport can run here with `provider`: the provider libfabric would use,
 /// or why not (no headers at build time, no libfabric at run time, no such provider).
-pub fn probe(provider: &str) -> Result<String, String> {
+pub fn probe(provider: &str) -> Result<String, OfiError> {
     #[cfg(evb_ofi_stub)]
     {
         let _ = provider;
-        Err(
-            "evb was built without libfabric headers, so the ofi transport is not available: \
-             install libfabric-dev (Debian) and rebuild"
-                .to_string(),
-        )
+        Err(OfiError::NotBuilt)
     }
     #[cfg(not(evb_ofi_stub))]
     {
         let lib = std::env::var("EVB_LIBFABRIC").unwrap_or_else(|_| LIBFABRIC.to_string());
-        sys::load(&lib).map_err(|e| {
-            format!(
-                "libfabric not found ({e}): install libfabric1 (Debian: apt-get install \
-                 libfabric1) or choose another transport"
-            )
-        })?;
+        sys::load(&lib).map_err(|e| OfiError::NotFound(Box::new(e)))?;
         sys::check(provider).map_err(|e| {
             if provider == "shm" || provider == "udp" {
-                format!(
-                    "{e}; the {provider} provider offers only reliable-datagram (FI_EP_RDM) \
-                     endpoints, and evb's ofi transport uses connected ones: use tcp here, \
-                     verbs on InfiniBand/RoCE, or evb's own shm transport"
-                )
+                OfiError::DatagramOnly {
+                    provider: provider.to_string(),
+                    reason: Box::new(e),
+                }
             } else {
                 e
             }
@@ -91,7 +116,10 @@ mod tests {
         // does not load is an error.
         let _ = sys::load(LIBFABRIC);
         let e = sys::load("libfabric-that-does-not-exist.so.9").unwrap_err();
-        assert!(e.contains("libfabric-that-does-not-exist"), "{e}");
+        assert!(
+            e.to_string().contains("libfabric-that-does-not-exist"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -101,8 +129,8 @@ mod tests {
             return;
         }
         let e = probe("no-such-provider").unwrap_err();
-        assert!(e.contains("no-such-provider"), "{e}");
+        assert!(e.to_string().contains("no-such-provider"), "{e}");
         let e = probe("shm").unwrap_err();
-        assert!(e.contains("FI_EP_RDM"), "{e}");
+        assert!(e.to_string().contains("FI_EP_RDM"), "{e}");
     }
 }

@@ -5,6 +5,8 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
+use super::OfiError;
+
 pub(crate) const EQ_CONNREQ: u32 = 1;
 pub(crate) const EQ_CONNECTED: u32 = 2;
 pub(crate) const EQ_SHUTDOWN: u32 = 3;
@@ -132,12 +134,12 @@ fn text(buf: &[u8]) -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-fn cstring(s: &str) -> Result<CString, String> {
-    CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
+fn cstring(s: &str) -> Result<CString, OfiError> {
+    CString::new(s).map_err(|_| OfiError::Nul(s.to_string()))
 }
 
 /// Loads libfabric (once per process).
-pub(crate) fn load(lib: &str) -> Result<(), String> {
+pub(crate) fn load(lib: &str) -> Result<(), OfiError> {
     let lib = cstring(lib)?;
     let mut err = errbuf();
     // SAFETY: valid NUL-terminated name; `err` is writable for ERRLEN bytes.
@@ -145,7 +147,7 @@ pub(crate) fn load(lib: &str) -> Result<(), String> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(text(&err))
+        Err(OfiError::Libfabric(text(&err)))
     }
 }
 
@@ -161,7 +163,7 @@ pub(crate) fn strerror(code: i64) -> String {
 }
 
 /// The provider that would be used for `prov` ("" = the best available). Needs `load`.
-pub(crate) fn check(prov: &str) -> Result<String, String> {
+pub(crate) fn check(prov: &str) -> Result<String, OfiError> {
     let p = cstring(prov)?;
     let mut chosen = vec![0u8; 64];
     let mut err = errbuf();
@@ -178,7 +180,7 @@ pub(crate) fn check(prov: &str) -> Result<String, String> {
     if rc == 0 {
         Ok(text(&chosen))
     } else {
-        Err(text(&err))
+        Err(OfiError::Libfabric(text(&err)))
     }
 }
 
@@ -224,12 +226,12 @@ impl Drop for Fid {
 pub(crate) struct Fabric(*mut Shim);
 
 impl Fabric {
-    pub(crate) fn new(prov: &str) -> Result<Fabric, String> {
+    pub(crate) fn new(prov: &str) -> Result<Fabric, OfiError> {
         let p = cstring(prov)?;
         // SAFETY: valid C string; the shim copies it.
         let o = unsafe { evb_ofi_new(p.as_ptr()) };
         if o.is_null() {
-            return Err("out of memory".into());
+            return Err(OfiError::OutOfMemory);
         }
         Ok(Fabric(o))
     }
@@ -268,7 +270,7 @@ impl Fabric {
         node: &str,
         service: &str,
         source: bool,
-    ) -> Result<Info, String> {
+    ) -> Result<Info, OfiError> {
         let n = cstring(node)?;
         let s = cstring(service)?;
         let mut out = std::ptr::null_mut();
@@ -288,12 +290,12 @@ impl Fabric {
         if rc == 0 {
             Ok(Info(out))
         } else {
-            Err(text(&err))
+            Err(OfiError::Libfabric(text(&err)))
         }
     }
 
     /// A listening passive endpoint and the address it is bound to.
-    pub(crate) fn listen(&mut self, info: &Info, ctx: u64) -> Result<(Fid, String), String> {
+    pub(crate) fn listen(&mut self, info: &Info, ctx: u64) -> Result<(Fid, String), OfiError> {
         let mut out = std::ptr::null_mut();
         let mut bound = vec![0u8; 128];
         let mut err = errbuf();
@@ -313,12 +315,12 @@ impl Fabric {
         if rc == 0 {
             Ok((Fid(out), text(&bound)))
         } else {
-            Err(text(&err))
+            Err(OfiError::Libfabric(text(&err)))
         }
     }
 
     /// An enabled endpoint bound to the EQ and CQ.
-    pub(crate) fn endpoint(&mut self, info: &Info, ctx: u64) -> Result<Fid, String> {
+    pub(crate) fn endpoint(&mut self, info: &Info, ctx: u64) -> Result<Fid, OfiError> {
         let mut out = std::ptr::null_mut();
         let mut err = errbuf();
         // SAFETY: `info` is a live fi_info; out-pointer and buffer valid.
@@ -335,14 +337,14 @@ impl Fabric {
         if rc == 0 {
             Ok(Fid(out))
         } else {
-            Err(text(&err))
+            Err(OfiError::Libfabric(text(&err)))
         }
     }
 
     /// Registers `len` bytes at `base`; returns the region and its local descriptor.
     ///
     /// The memory must stay allocated until the returned `Fid` is dropped.
-    pub(crate) fn register(&mut self, base: *mut u8, len: usize) -> Result<(Fid, usize), String> {
+    pub(crate) fn register(&mut self, base: *mut u8, len: usize) -> Result<(Fid, usize), OfiError> {
         let mut mr = std::ptr::null_mut();
         let mut desc = std::ptr::null_mut();
         let mut err = errbuf();
@@ -362,12 +364,12 @@ impl Fabric {
         if rc == 0 {
             Ok((Fid(mr), desc as usize))
         } else {
-            Err(text(&err))
+            Err(OfiError::Libfabric(text(&err)))
         }
     }
 
     /// Next connection-management event, if any.
-    pub(crate) fn eq_read(&mut self) -> Result<Option<EqEv>, String> {
+    pub(crate) fn eq_read(&mut self) -> Result<Option<EqEv>, OfiError> {
         let mut ev = EqEv {
             kind: 0,
             err: 0,
@@ -381,16 +383,16 @@ impl Fabric {
         match rc {
             0 => Ok(None),
             1 => Ok(Some(ev)),
-            e => Err(strerror(e as i64)),
+            e => Err(OfiError::Libfabric(strerror(e as i64))),
         }
     }
 
     /// Completions, into `out`; returns how many.
-    pub(crate) fn cq_read(&mut self, out: &mut [CqEv]) -> Result<usize, String> {
+    pub(crate) fn cq_read(&mut self, out: &mut [CqEv]) -> Result<usize, OfiError> {
         // SAFETY: `out` is writable for `out.len()` entries.
         let rc = unsafe { evb_ofi_cq_read(self.0, out.as_mut_ptr(), out.len()) };
         if rc < 0 {
-            Err(strerror(rc as i64))
+            Err(OfiError::Libfabric(strerror(rc as i64)))
         } else {
             Ok(rc as usize)
         }
@@ -411,23 +413,23 @@ impl Drop for Fabric {
     }
 }
 
-pub(crate) fn connect(ep: &Fid, info: &Info, param: &[u8]) -> Result<(), String> {
+pub(crate) fn connect(ep: &Fid, info: &Info, param: &[u8]) -> Result<(), OfiError> {
     // SAFETY: live endpoint and info; `param` readable for its length (copied by libfabric).
     let rc = unsafe { evb_ofi_connect(ep.raw(), info.raw(), param.as_ptr().cast(), param.len()) };
     if rc == 0 {
         Ok(())
     } else {
-        Err(strerror(rc as i64))
+        Err(OfiError::Libfabric(strerror(rc as i64)))
     }
 }
 
-pub(crate) fn accept(ep: &Fid, param: &[u8]) -> Result<(), String> {
+pub(crate) fn accept(ep: &Fid, param: &[u8]) -> Result<(), OfiError> {
     // SAFETY: live endpoint; `param` readable for its length.
     let rc = unsafe { evb_ofi_accept(ep.raw(), param.as_ptr().cast(), param.len()) };
     if rc == 0 {
         Ok(())
     } else {
-        Err(strerror(rc as i64))
+        Err(OfiError::Libfabric(strerror(rc as i64)))
     }
 }
 
@@ -441,7 +443,15 @@ pub(crate) fn shutdown(ep: &Fid) {
     unsafe { evb_ofi_shutdown(ep.raw()) };
 }
 
-/// Posts a receive of `len` bytes at `buf`. Err(true) when the queue is full (try later).
+/// Why a receive or send was not posted.
+#[derive(Debug)]
+pub(crate) enum PostError {
+    /// The queue is full: try later.
+    Full,
+    Failed(OfiError),
+}
+
+/// Posts a receive of `len` bytes at `buf`.
 ///
 /// # Safety
 /// `buf` must stay valid and otherwise untouched until the operation completes or the
@@ -452,17 +462,17 @@ pub(crate) unsafe fn recv(
     len: usize,
     desc: usize,
     ctx: u64,
-) -> Result<(), (bool, String)> {
+) -> Result<(), PostError> {
     // SAFETY: guaranteed by the caller.
     let rc = unsafe { evb_ofi_recv(ep.raw(), buf.cast(), len, desc as *mut c_void, ctx) };
     match rc {
         0 => Ok(()),
-        r if r == -FI_EAGAIN => Err((true, String::new())),
-        r => Err((false, strerror(r as i64))),
+        r if r == -FI_EAGAIN => Err(PostError::Full),
+        r => Err(PostError::Failed(OfiError::Libfabric(strerror(r as i64)))),
     }
 }
 
-/// Posts one message gathered from `iov`. Err(true) when the queue is full (try later).
+/// Posts one message gathered from `iov`.
 ///
 /// # Safety
 /// Every iovec must stay valid until the operation completes or the endpoint is closed.
@@ -471,12 +481,12 @@ pub(crate) unsafe fn sendv(
     iov: &[libc::iovec],
     desc: &mut [*mut c_void],
     ctx: u64,
-) -> Result<(), (bool, String)> {
+) -> Result<(), PostError> {
     // SAFETY: guaranteed by the caller; `desc` has one entry per iovec.
     let rc = unsafe { evb_ofi_sendv(ep.raw(), iov.as_ptr(), desc.as_mut_ptr(), iov.len(), ctx) };
     match rc {
         0 => Ok(()),
-        r if r == -FI_EAGAIN => Err((true, String::new())),
-        r => Err((false, strerror(r as i64))),
+        r if r == -FI_EAGAIN => Err(PostError::Full),
+        r => Err(PostError::Failed(OfiError::Libfabric(strerror(r as i64)))),
     }
 }

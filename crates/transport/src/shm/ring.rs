@@ -12,7 +12,42 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
+use thiserror::Error;
+
 use super::sys;
+
+/// What is wrong with a ring the peer shares: its announcement, its memfd or an index or
+/// entry it wrote. The connection is closed with this as the violation.
+#[derive(Debug, Error)]
+pub enum RingError {
+    #[error("ring capacity out of range")]
+    CapacityRange,
+    #[error("ring capacity {0} is not a power of two from {CAPACITY_MIN} to {CAPACITY_MAX}")]
+    Capacity(usize),
+    #[error("refusing the peer's ring: {0}")]
+    Refused(sys::MemfdError),
+    #[error("cannot map the peer's ring: {0}")]
+    Map(io::Error),
+    #[error(
+        "the peer's ring header says magic {magic:#x} capacity {announced}, expected \
+         {MAGIC:#x} and {cap}"
+    )]
+    Header {
+        magic: u64,
+        announced: u64,
+        cap: usize,
+    },
+    #[error("the peer's ring starts at an unaligned tail {0}")]
+    UnalignedTail(u64),
+    #[error("shm ring: the peer's tail {tail} is impossible (head {head})")]
+    Tail { tail: u64, head: u64 },
+    #[error("shm ring: the peer's head {head} is impossible (tail {tail})")]
+    Head { head: u64, tail: u64 },
+    #[error("shm ring: bad entry header (length {len}, reserved {reserved:#x})")]
+    EntryHeader { len: usize, reserved: u32 },
+    #[error("shm ring: an entry of {len} bytes, but only {avail} bytes are published")]
+    EntryLength { len: usize, avail: u64 },
+}
 
 /// Bytes of the header before the data area (one page: the data area is page aligned).
 pub const HEADER: usize = 4096;
@@ -28,7 +63,7 @@ pub const OFF_WAITING: usize = 256;
 /// An entry's header: length u32, reserved u32 (zero).
 pub const ENTRY_HEAD: usize = 8;
 /// Largest entry payload: one shm packet.
-pub const ENTRY_MAX: usize = super::MAX_PACKET;
+pub const ENTRY_MAX: usize = super::codec::MAX_PACKET;
 /// The data area of the rings this side creates: 512 KiB, room for eight entries of the
 /// largest size and thousands of small frames (a descriptor frame is ~56 bytes), so that
 /// a busy sender rarely waits, while a node with a hundred connections maps 100 MiB of
@@ -163,20 +198,20 @@ impl TxRing {
     }
 
     /// Free bytes, from the consumer's tail; `Err` if the tail cannot be right.
-    fn free(&self) -> Result<usize, String> {
+    fn free(&self) -> Result<usize, RingError> {
         let tail = self.m.u64_at(OFF_TAIL).load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
         if used > self.cap as u64 || !used.is_multiple_of(8) {
-            return Err(format!(
-                "shm ring: the peer's tail {tail} is impossible (head {})",
-                self.head
-            ));
+            return Err(RingError::Tail {
+                tail,
+                head: self.head,
+            });
         }
         Ok(self.cap - used as usize)
     }
 
     /// Publishes one entry; `Ok(false)` if the ring has no room for it now.
-    pub fn push(&mut self, bytes: &[u8]) -> Result<bool, String> {
+    pub fn push(&mut self, bytes: &[u8]) -> Result<bool, RingError> {
         assert!(!bytes.is_empty() && bytes.len() <= ENTRY_MAX);
         let need = entry_size(bytes.len());
         if self.free()? < need {
@@ -207,7 +242,7 @@ impl TxRing {
 
     /// The ring is full: asks the consumer for a DOORBELL when it makes room. `Ok(true)` if
     /// room for `len` bytes appeared meanwhile (the flag is then withdrawn).
-    pub fn wait_for_room(&self, len: usize) -> Result<bool, String> {
+    pub fn wait_for_room(&self, len: usize) -> Result<bool, RingError> {
         let w = self.m.u32_at(OFF_WAITING);
         w.store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
@@ -233,32 +268,27 @@ pub struct RxRing {
 
 impl RxRing {
     /// Checks and maps a peer's ring memfd announced with `cap` bytes of data area.
-    pub fn map(fd: OwnedFd, cap: u64) -> Result<RxRing, String> {
-        let cap = usize::try_from(cap).map_err(|_| "ring capacity out of range")?;
+    pub fn map(fd: OwnedFd, cap: u64) -> Result<RxRing, RingError> {
+        let cap = usize::try_from(cap).map_err(|_| RingError::CapacityRange)?;
         if !cap.is_power_of_two() || !(CAPACITY_MIN..=CAPACITY_MAX).contains(&cap) {
-            return Err(format!(
-                "ring capacity {cap} is not a power of two from {CAPACITY_MIN} to {CAPACITY_MAX}"
-            ));
+            return Err(RingError::Capacity(cap));
         }
-        sys::check_peer_memfd(fd.as_raw_fd(), HEADER + cap)
-            .map_err(|e| format!("refusing the peer's ring: {e}"))?;
-        let mut m = Mapping::new(fd, HEADER + cap)
-            .map_err(|e| format!("cannot map the peer's ring: {e}"))?;
+        sys::check_peer_memfd(fd.as_raw_fd(), HEADER + cap).map_err(RingError::Refused)?;
+        let mut m = Mapping::new(fd, HEADER + cap).map_err(RingError::Map)?;
         // mapped: the descriptor is not needed any more
         m.fd = None;
         let magic = m.u64_at(OFF_MAGIC).load(Ordering::Relaxed);
         let announced = m.u64_at(OFF_CAPACITY).load(Ordering::Relaxed);
         if magic != MAGIC || announced != cap as u64 {
-            return Err(format!(
-                "the peer's ring header says magic {magic:#x} capacity {announced}, expected \
-                 {MAGIC:#x} and {cap}"
-            ));
+            return Err(RingError::Header {
+                magic,
+                announced,
+                cap,
+            });
         }
         let tail = m.u64_at(OFF_TAIL).load(Ordering::Relaxed);
         if !tail.is_multiple_of(8) {
-            return Err(format!(
-                "the peer's ring starts at an unaligned tail {tail}"
-            ));
+            return Err(RingError::UnalignedTail(tail));
         }
         Ok(RxRing {
             m,
@@ -270,14 +300,14 @@ impl RxRing {
     }
 
     /// Bytes published and not consumed; `Err` if the producer's head cannot be right.
-    fn available(&self) -> Result<u64, String> {
+    fn available(&self) -> Result<u64, RingError> {
         let head = self.m.u64_at(OFF_HEAD).load(Ordering::Acquire);
         let avail = head.wrapping_sub(self.tail);
         if avail > self.cap as u64 || !avail.is_multiple_of(8) {
-            return Err(format!(
-                "shm ring: the peer's head {head} is impossible (tail {})",
-                self.tail
-            ));
+            return Err(RingError::Head {
+                head,
+                tail: self.tail,
+            });
         }
         Ok(avail)
     }
@@ -288,7 +318,7 @@ impl RxRing {
     }
 
     /// The next entry, copied out; `Ok(None)` when the ring is empty.
-    pub fn pop(&mut self) -> Result<Option<Vec<u8>>, String> {
+    pub fn pop(&mut self) -> Result<Option<Vec<u8>>, RingError> {
         let avail = self.available()?;
         if avail == 0 {
             return Ok(None);
@@ -298,15 +328,11 @@ impl RxRing {
         let len = u32::from_le_bytes(head[..4].try_into().expect("4")) as usize;
         let reserved = u32::from_le_bytes(head[4..].try_into().expect("4"));
         if len == 0 || len > ENTRY_MAX || reserved != 0 {
-            return Err(format!(
-                "shm ring: bad entry header (length {len}, reserved {reserved:#x})"
-            ));
+            return Err(RingError::EntryHeader { len, reserved });
         }
         let need = entry_size(len) as u64;
         if need > avail {
-            return Err(format!(
-                "shm ring: an entry of {len} bytes, but only {avail} bytes are published"
-            ));
+            return Err(RingError::EntryLength { len, avail });
         }
         let mut bytes = vec![0u8; len];
         copy_out(&self.m, self.cap, self.tail + ENTRY_HEAD as u64, &mut bytes);

@@ -6,6 +6,31 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+use thiserror::Error;
+
+/// Why a memfd a peer passed is not mapped.
+#[derive(Debug, Error)]
+pub enum MemfdError {
+    #[error("an empty pool")]
+    Empty,
+    #[error("fstat: {0}")]
+    Stat(io::Error),
+    #[error("the descriptor is not a memfd (not a regular file)")]
+    NotRegular,
+    #[error("the memfd holds {size} bytes, the pool claims {len}")]
+    Short { size: i64, len: usize },
+    #[error("the memfd cannot be sealed: {0}")]
+    Seals(io::Error),
+    #[error(
+        "the memfd is not sealed against resizing (seals {seals:#x}, need \
+         F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL = {required:#x})"
+    )]
+    NotSealed {
+        seals: libc::c_int,
+        required: libc::c_int,
+    },
+}
+
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -158,38 +183,35 @@ pub const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW 
 
 /// Checks a memfd a peer passed before `len` bytes of it are mapped: a regular file at least
 /// `len` bytes long, sealed with [`REQUIRED_SEALS`].
-pub fn check_peer_memfd(fd: RawFd, len: usize) -> Result<(), String> {
+pub fn check_peer_memfd(fd: RawFd, len: usize) -> Result<(), MemfdError> {
     if len == 0 {
-        return Err("an empty pool".into());
+        return Err(MemfdError::Empty);
     }
     // SAFETY: stat is plain old data; all-zero is a valid value for fstat to overwrite.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is an open descriptor we own; `st` is a valid stat buffer.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(format!("fstat: {}", io::Error::last_os_error()));
+        return Err(MemfdError::Stat(io::Error::last_os_error()));
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err("the descriptor is not a memfd (not a regular file)".into());
+        return Err(MemfdError::NotRegular);
     }
     if (st.st_size as u64) < len as u64 {
-        return Err(format!(
-            "the memfd holds {} bytes, the pool claims {len}",
-            st.st_size
-        ));
+        return Err(MemfdError::Short {
+            size: st.st_size as i64,
+            len,
+        });
     }
     // SAFETY: F_GET_SEALS takes no argument and only reads the descriptor's state.
     let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
     if seals < 0 {
-        return Err(format!(
-            "the memfd cannot be sealed: {}",
-            io::Error::last_os_error()
-        ));
+        return Err(MemfdError::Seals(io::Error::last_os_error()));
     }
     if seals & REQUIRED_SEALS != REQUIRED_SEALS {
-        return Err(format!(
-            "the memfd is not sealed against resizing (seals {seals:#x}, need \
-             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL = {REQUIRED_SEALS:#x})"
-        ));
+        return Err(MemfdError::NotSealed {
+            seals,
+            required: REQUIRED_SEALS,
+        });
     }
     Ok(())
 }

@@ -1,10 +1,18 @@
 //! The `tcp` transport: non-blocking sockets on one mio (epoll) loop, a send queue per
 //! connection written with writev, reads straight into receive-pool blocks.
+//!
+//! Here: the transport, its connections and `poll`. Reading and writing one connection is in
+//! `conn_io.rs`, the limits on unfinished handshakes in `admission.rs`, the byte stream in
+//! `rx.rs` and `tx.rs` (frames cut and numbered by `crate::framing`), send threads in
+//! `writer.rs`.
 
+mod admission;
+mod conn_io;
 mod rx;
 mod tx;
 mod writer;
 
+pub use admission::Admission;
 pub use writer::MAX_SEND_THREADS;
 
 use std::collections::VecDeque;
@@ -42,49 +50,6 @@ const ACCEPT_BUDGET: usize = 32;
 /// are read into a small buffer of the connection's own: a peer gets receive-pool blocks
 /// only once its handshake has succeeded.
 pub const HANDSHAKE_FRAME_MAX: u32 = 2048;
-
-/// What an incoming connection may cost before its handshake has succeeded.
-///
-/// When a new connection finds its IP's or all places taken, the oldest unfinished handshake
-/// (from that IP, or from anyone) is shed to make room if it has been waiting at least
-/// `shed_after`: a peer that proves the secret finishes in milliseconds, so stalled sockets
-/// cannot keep it out; and sockets opened in a burst cannot shed each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Admission {
-    /// An incoming connection that has not completed its handshake by then is closed.
-    pub handshake_deadline: Duration,
-    /// Incoming connections still handshaking, from one IP address.
-    pub per_ip: usize,
-    /// Incoming connections still handshaking, in all.
-    pub total: usize,
-    /// An unfinished handshake at least this old may be shed for a newcomer.
-    pub shed_after: Duration,
-}
-
-impl Default for Admission {
-    fn default() -> Self {
-        Admission {
-            handshake_deadline: Duration::from_secs(5),
-            per_ip: 8,
-            total: 64,
-            shed_after: Duration::from_millis(250),
-        }
-    }
-}
-
-impl Admission {
-    /// The limits for a node that expects up to `peers` other nodes to connect to it at once
-    /// (all of them may share one IP: every node of `evb run` is on 127.0.0.1).
-    pub fn for_peers(peers: usize) -> Admission {
-        let d = Admission::default();
-        let per_ip = d.per_ip.max(2 * peers + 8);
-        Admission {
-            per_ip,
-            total: d.total.max(per_ip + d.total),
-            ..d
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -218,97 +183,6 @@ impl TcpTransport {
         self.admission = admission;
     }
 
-    /// Incoming connections not admitted yet: from `ip`, and in all.
-    fn unadmitted(&self, ip: IpAddr) -> (usize, usize) {
-        let mut from_ip = 0;
-        let mut total = 0;
-        for c in self.conns.values() {
-            if let (false, Some((peer, _))) = (c.admitted, c.inbound) {
-                total += 1;
-                from_ip += usize::from(peer == ip);
-            }
-        }
-        (from_ip, total)
-    }
-
-    /// Makes a place for a new incoming connection from `ip` within the [`Admission`] limits,
-    /// shedding the oldest unfinished handshake (of that IP when its limit is the one
-    /// reached) if it is old enough. False: no place; the newcomer is to be closed.
-    fn make_room(&mut self, ip: IpAddr) -> bool {
-        let (from_ip, total) = self.unadmitted(ip);
-        let ip_full = from_ip >= self.admission.per_ip;
-        if !ip_full && total < self.admission.total {
-            return true;
-        }
-        let oldest = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.admitted)
-            .filter_map(|(t, c)| c.inbound.map(|(p, at)| (*t, p, at)))
-            .filter(|(_, p, _)| !ip_full || *p == ip)
-            .min_by_key(|(_, _, at)| *at);
-        let Some((token, _, at)) = oldest else {
-            return false;
-        };
-        let waited = at.elapsed();
-        if waited < self.admission.shed_after {
-            return false;
-        }
-        let reason = CloseReason::Rejected(format!(
-            "shed after {} ms without a finished handshake, for a newer connection (limits: {} per IP, {} in all)",
-            waited.as_millis(),
-            self.admission.per_ip,
-            self.admission.total
-        ));
-        let mut out = Vec::new();
-        self.drop_conn(token, reason, &mut out);
-        self.pending_events.extend(out);
-        true
-    }
-
-    /// The earliest handshake deadline of an incoming connection, if any.
-    fn next_deadline(&self) -> Option<Instant> {
-        self.conns
-            .values()
-            .filter(|c| !c.admitted)
-            .filter_map(|c| {
-                c.inbound
-                    .map(|(_, t)| t + self.admission.handshake_deadline)
-            })
-            .min()
-    }
-
-    /// Closes incoming connections whose handshake has taken too long.
-    fn expire_handshakes(&mut self, out: &mut Vec<Event>) {
-        // no clock reading on every poll of a run whose connections are all admitted
-        if self
-            .conns
-            .values()
-            .all(|c| c.admitted || c.inbound.is_none())
-        {
-            return;
-        }
-        let now = Instant::now();
-        let limit = self.admission.handshake_deadline;
-        let late: Vec<Token> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.admitted)
-            .filter(|(_, c)| c.inbound.is_some_and(|(_, t)| now >= t + limit))
-            .map(|(t, _)| *t)
-            .collect();
-        for t in late {
-            let reason = CloseReason::Rejected(format!(
-                "handshake not completed within {} ms",
-                limit.as_millis()
-            ));
-            if let Some(c) = self.conns.get_mut(&t) {
-                c.close_reason = None;
-            }
-            self.drop_conn(t, reason, out);
-        }
-    }
-
     fn token(&mut self) -> Token {
         let t = Token(self.next_token);
         self.next_token += 1;
@@ -429,207 +303,6 @@ impl TcpTransport {
             });
         }
         self.starved.remove(&token);
-    }
-
-    fn on_writable(&mut self, token: Token, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        if c.state == State::Connecting {
-            match c.stream.take_error() {
-                Ok(Some(e)) | Err(e) => {
-                    return self.drop_conn(token, CloseReason::ConnectFailed(e.to_string()), out);
-                }
-                Ok(None) => {}
-            }
-            match c.stream.peer_addr() {
-                Ok(_) => {
-                    let _ = c.stream.set_nodelay(true);
-                    c.state = State::Handshaking;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-                Err(e) => {
-                    return self.drop_conn(token, CloseReason::ConnectFailed(e.to_string()), out)
-                }
-            }
-        }
-        c.writable = true;
-        self.flush(token, out);
-    }
-
-    fn flush(&mut self, token: Token, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        if c.sender.is_some() {
-            // its thread writes; here only the shutdown once everything is out
-            if c.state == State::Closing && c.queued() == 0 {
-                let _ = c.stream.shutdown(Shutdown::Write);
-                c.state = State::Draining;
-                self.more_to_read.push_back(token);
-            }
-            return;
-        }
-        if !c.writable || c.state == State::Connecting || c.state == State::Draining {
-            return;
-        }
-        match c.tx.write_to(&mut c.stream) {
-            Ok(true) => {
-                if c.state == State::Closing {
-                    let _ = c.stream.shutdown(Shutdown::Write);
-                    c.state = State::Draining;
-                    // Input may already be at EOF with no new readiness event to come.
-                    self.more_to_read.push_back(token);
-                }
-            }
-            Ok(false) => c.writable = false,
-            Err(e) => self.drop_conn(token, CloseReason::Lost(e.to_string()), out),
-        }
-    }
-
-    fn on_readable(&mut self, token: Token, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        if c.state == State::Connecting {
-            return self.on_writable(token, out);
-        }
-        if c.state == State::Handshaking {
-            // Handshake frames go into a small buffer of the connection's own, one at a time,
-            // until the connection is admitted (then the rest is read below, into the pool).
-            loop {
-                let Some(c) = self.conns.get_mut(&token) else {
-                    return;
-                };
-                if c.state != State::Handshaking {
-                    break;
-                }
-                match c.rx.read_handshake(&mut c.stream, HANDSHAKE_FRAME_MAX) {
-                    Ok(HandshakeRead::Frame(header, payload)) => {
-                        self.on_handshake(token, header.frame_type, &payload, out)
-                    }
-                    Ok(HandshakeRead::WouldBlock) => return,
-                    Ok(HandshakeRead::Eof) => {
-                        let reason =
-                            CloseReason::Lost("peer closed the stream during the handshake".into());
-                        return self.drop_conn(token, reason, out);
-                    }
-                    Err(RxError::Io(e)) => {
-                        return self.drop_conn(token, CloseReason::Lost(e.to_string()), out)
-                    }
-                    Err(RxError::Wire(e)) => {
-                        return self.drop_conn(token, CloseReason::Protocol(e), out)
-                    }
-                }
-            }
-        }
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        if c.state == State::Draining || !c.admitted {
-            // Input of a connection we are leaving, or of a peer never admitted (refused,
-            // its Reject being flushed): discarded, never read into the pool.
-            let mut sink = [0u8; 4096];
-            loop {
-                match io::Read::read(&mut c.stream, &mut sink) {
-                    Ok(0) if c.state == State::Draining => {
-                        return self.drop_conn(token, CloseReason::Local, out)
-                    }
-                    Ok(0) => {
-                        let reason = CloseReason::Lost("peer closed the stream".into());
-                        return self.drop_conn(token, reason, out);
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(_) => return self.drop_conn(token, CloseReason::Local, out),
-                }
-            }
-        }
-        let mut frames = std::mem::take(&mut self.frames);
-        let outcome = c.rx.read_from(&mut c.stream, &mut frames, READ_BUDGET);
-        self.starved.remove(&token);
-        for f in frames.drain(..) {
-            self.on_frame(token, f, out);
-        }
-        self.frames = frames;
-        if !self.conns.contains_key(&token) {
-            return;
-        }
-        match outcome {
-            Ok(ReadOutcome::WouldBlock) => {}
-            Ok(ReadOutcome::Budget) => self.more_to_read.push_back(token),
-            Ok(ReadOutcome::Starved) => {
-                self.starved.insert(token);
-            }
-            Ok(ReadOutcome::Eof) => {
-                let state = self.conns[&token].state;
-                let reason = if state == State::Closing {
-                    CloseReason::Local
-                } else {
-                    CloseReason::Lost("peer closed the stream without Bye".into())
-                };
-                self.drop_conn(token, reason, out)
-            }
-            Err(RxError::Io(e)) => self.drop_conn(token, CloseReason::Lost(e.to_string()), out),
-            Err(RxError::Wire(e)) => self.drop_conn(token, CloseReason::Protocol(e), out),
-        }
-    }
-
-    fn on_frame(&mut self, token: Token, frame: InFrame, out: &mut Vec<Event>) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        let conn = ConnId(token.0 as u64);
-        match (c.state, frame.frame_type) {
-            (State::Open, FrameType::Messages) => out.push(Event::Frame { conn, frame }),
-            (State::Open, FrameType::Bye) => self.drop_conn(token, CloseReason::PeerClosed, out),
-            (State::Closing, _) => {} // we are leaving; late input is dropped
-            (_, t) => {
-                let e = WireError::OutOfRange {
-                    what: "frame type in this connection state",
-                    value: t as u64,
-                };
-                self.drop_conn(token, CloseReason::Protocol(e), out)
-            }
-        }
-    }
-}
-
-impl TcpTransport {
-    /// One handshake frame, read outside the pool.
-    fn on_handshake(
-        &mut self,
-        token: Token,
-        frame_type: FrameType,
-        payload: &[u8],
-        out: &mut Vec<Event>,
-    ) {
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        let conn = ConnId(token.0 as u64);
-        let mut send = Vec::new();
-        let secret = self.cfg.secret.as_deref();
-        let outcome =
-            c.hs.step(&self.cfg, secret, frame_type, payload, &c.addr, &mut send);
-        for (ft, bytes) in send {
-            c.tx.push(ft, 0, vec![Segment::Owned(bytes)]);
-        }
-        match outcome {
-            Outcome::Continue => self.flush(token, out),
-            Outcome::Open(peer) => {
-                c.state = State::Open;
-                c.admitted = true;
-                out.push(c.hs.opened(conn, peer));
-                self.flush(token, out);
-                self.hand_over(token, out);
-            }
-            Outcome::Refuse(reason) => {
-                self.begin_close(token, reason);
-                self.flush(token, out);
-            }
-            Outcome::Drop(reason) => self.drop_conn(token, reason, out),
-        }
     }
 }
 

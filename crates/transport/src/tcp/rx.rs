@@ -1,12 +1,14 @@
-//! Receive side: reads a byte stream straight into receive-pool blocks and cuts it into
-//! frames. A frame's payload is a chain of slices of those blocks, never copied; only a
-//! header split across two blocks (at most 23 bytes) is moved to the next block.
+//! Receive side: reads a byte stream straight into receive-pool blocks and has the framing
+//! layer (`crate::framing`) cut it into frames. A frame's payload is a chain of slices of
+//! those blocks, never copied; only a header split across two blocks (at most 23 bytes) is
+//! moved to the next block.
 
 use std::io::{self, Read};
 
-use evb_buffers::{BlockWriter, Chain, Pool};
+use evb_buffers::{BlockWriter, Pool};
 use evb_wire::{FrameHeader, WireError, FRAME_HEADER_LEN};
 
+use crate::framing::{Admit, RxFramer};
 use crate::InFrame;
 
 /// Below this much room left in a block, start the next frame header in a fresh block.
@@ -49,19 +51,12 @@ struct SmallFrame {
     payload: Vec<u8>,
 }
 
-struct Pending {
-    header: FrameHeader,
-    payload: Chain,
-    remaining: usize,
-}
-
 pub(crate) struct RxAssembler {
     pool: Pool,
     max_frame: u32,
     block: Option<BlockWriter>,
     parsed: usize,
-    pending: Option<Pending>,
-    expected_seq: u64,
+    framer: RxFramer,
     pub(crate) bytes: u64,
     small: SmallFrame,
 }
@@ -77,8 +72,7 @@ impl RxAssembler {
             max_frame,
             block: None,
             parsed: 0,
-            pending: None,
-            expected_seq: 0,
+            framer: RxFramer::default(),
             bytes: 0,
             small: SmallFrame::default(),
         }
@@ -116,15 +110,10 @@ impl RxAssembler {
             }
             match s.decoded {
                 None => {
-                    let header = FrameHeader::decode(&s.header, limit.min(self.max_frame))
+                    let header = self
+                        .framer
+                        .header(&s.header, limit.min(self.max_frame))
                         .map_err(RxError::Wire)?;
-                    if header.sequence != self.expected_seq {
-                        return Err(RxError::Wire(WireError::Sequence {
-                            got: header.sequence,
-                            expected: self.expected_seq,
-                        }));
-                    }
-                    self.expected_seq += 1;
                     s.decoded = Some(header);
                     s.payload = vec![0; header.length as usize];
                     s.have = 0;
@@ -144,7 +133,7 @@ impl RxAssembler {
             None => true,
             Some(b) => {
                 b.remaining() == 0
-                    || (self.pending.is_none() && b.remaining() < MIN_READ.min(b.capacity() / 4))
+                    || (!self.framer.in_frame() && b.remaining() < MIN_READ.min(b.capacity() / 4))
             }
         };
         if !need_new {
@@ -195,46 +184,12 @@ impl RxAssembler {
 
     fn cut_frames(&mut self, out: &mut Vec<InFrame>) -> Result<(), RxError> {
         let block = self.block.as_ref().expect("block present while cutting");
-        loop {
-            let avail = block.filled() - self.parsed;
-            if let Some(p) = &mut self.pending {
-                let take = avail.min(p.remaining);
-                if take > 0 {
-                    p.payload.push(block.slice(self.parsed, take));
-                    self.parsed += take;
-                    p.remaining -= take;
-                }
-                if p.remaining > 0 {
-                    return Ok(());
-                }
-                let p = self.pending.take().expect("pending");
-                out.push(InFrame {
-                    frame_type: p.header.frame_type,
-                    count: p.header.count,
-                    sequence: p.header.sequence,
-                    payload: p.payload,
-                });
-            } else {
-                if avail < FRAME_HEADER_LEN {
-                    return Ok(());
-                }
-                let bytes = &block.filled_bytes()[self.parsed..self.parsed + FRAME_HEADER_LEN];
-                let header = FrameHeader::decode(bytes, self.max_frame).map_err(RxError::Wire)?;
-                if header.sequence != self.expected_seq {
-                    return Err(RxError::Wire(WireError::Sequence {
-                        got: header.sequence,
-                        expected: self.expected_seq,
-                    }));
-                }
-                self.expected_seq += 1;
-                self.parsed += FRAME_HEADER_LEN;
-                self.pending = Some(Pending {
-                    header,
-                    payload: Chain::new(),
-                    remaining: header.length as usize,
-                });
-            }
-        }
+        self.framer
+            .cut(block, &mut self.parsed, self.max_frame, out, |_, _| {
+                Ok(Admit::Take)
+            })
+            .map_err(RxError::Wire)?;
+        Ok(())
     }
 }
 

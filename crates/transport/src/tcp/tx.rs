@@ -4,8 +4,9 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 
-use evb_wire::{FrameHeader, FrameType, FRAME_HEADER_LEN};
+use evb_wire::{FrameType, FRAME_HEADER_LEN};
 
+use crate::framing::TxSeq;
 use crate::Segment;
 
 /// iovecs per writev: enough to batch many frames, well under IOV_MAX.
@@ -23,15 +24,14 @@ pub(crate) struct TxQueue {
     /// Bytes of the front frame already written.
     head_written: usize,
     bytes: usize,
-    next_seq: u64,
+    seq: TxSeq,
     pub(crate) total_bytes: u64,
 }
 
 impl TxQueue {
     pub(crate) fn push(&mut self, frame_type: FrameType, count: u32, segments: Vec<Segment>) {
         let payload: usize = segments.iter().map(Segment::len).sum();
-        let header = FrameHeader::new(frame_type, payload as u32, count, self.next_seq).encode();
-        self.next_seq += 1;
+        let header = self.seq.header(frame_type, payload, count);
         let len = FRAME_HEADER_LEN + payload;
         self.bytes += len;
         self.frames.push_back(OutFrame {
@@ -44,7 +44,7 @@ impl TxQueue {
     /// An empty queue whose frames continue this one's sequence numbers.
     pub(crate) fn continuation(&self) -> TxQueue {
         TxQueue {
-            next_seq: self.next_seq,
+            seq: self.seq,
             ..TxQueue::default()
         }
     }
@@ -122,6 +122,7 @@ impl TxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use evb_wire::FrameHeader;
 
     /// A writer that takes at most `cap` bytes per call and blocks after `calls` calls.
     struct Choppy {
