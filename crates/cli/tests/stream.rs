@@ -10,7 +10,7 @@ use common::{assert_exact, clock_seed, evb_run_in, free_base_port, text, Rng, EV
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use evb_formats::fed;
@@ -51,6 +51,69 @@ fn feed(to: &[String], files: &[&Path], extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Whether something listens on TCP `port` of this host (read from /proc/net, without
+/// connecting: a connection would be a front-end to the RU).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+            })
+        })
+    })
+}
+
+/// `evb run` of `toml` in `dir` with `evb feed` of `files` to `to`, the feed started once the
+/// RU listens on every stream address (not before, hoping that it retries long enough, and
+/// not after a guessed delay): the run's output and JSON summary, and the feed's output.
+fn run_fed(dir: &Path, toml: &str, to: &[String], files: &[&Path]) -> (Output, Value, String) {
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let json = dir.join("summary.json");
+    let _ = std::fs::remove_file(&json);
+    let mut run = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ports: Vec<u16> = to
+        .iter()
+        .map(|a| a.rsplit_once(':').unwrap().1.parse().unwrap())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !ports.iter().all(|&p| listening(p)) {
+        if run.try_wait().unwrap().is_some() {
+            let out = run.wait_with_output().unwrap();
+            panic!(
+                "evb run ended before its RU listened on {to:?}:\n{}",
+                text(&out)
+            );
+        }
+        if Instant::now() > until {
+            let _ = run.kill();
+            let out = run.wait_with_output().unwrap();
+            panic!(
+                "the RU did not listen on {to:?} within 60 s:\n{}",
+                text(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let f = feed(to, files, &["--connect-timeout-s", "10"]);
+    let out = run.wait_with_output().unwrap();
+    let (_, fed_text) = feed_output(f);
+    let summary = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or(Value::Null);
+    (out, summary, fed_text)
 }
 
 fn feed_output(c: Child) -> (bool, String) {
@@ -192,14 +255,11 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
              on_sync_loss = \"{policy}\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
             list(&to)
         );
-        let f = feed(&to, &[&a, &bad], &["--connect-timeout-s", "10"]);
-        let (out, s) = evb_run_in(d.path(), &toml);
-        let t = text(&out);
-        let (_, fed_text) = feed_output(f);
-        assert!(
-            !t.contains("panicked") && !fed_text.contains("panicked"),
-            "{t}"
-        );
+        let (out, s, fed_text) = run_fed(d.path(), &toml, &to, &[&a, &bad]);
+        // what the run and the front-ends said, for every failure message
+        let run_text = text(&out);
+        let t = format!("{run_text}\n--- evb feed:\n{fed_text}");
+        assert!(!t.contains("panicked"), "{t}");
         if policy == "stop" {
             assert!(!out.status.success(), "{t}");
             let reason = s["run"]["reason"].as_str().unwrap_or_default().to_string();
@@ -219,7 +279,10 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
             // every event built, but one of them out of sync: degraded, never an OK
             assert!(!out.status.success(), "{t}");
             assert_eq!(s["run"]["evm"]["released"], EVENTS, "{t}");
-            assert!(t.contains("ru[0]: 1 event flagged for sync loss"), "{t}");
+            assert!(
+                run_text.contains("ru[0]: 1 event flagged for sync loss"),
+                "{t}"
+            );
             assert_eq!(sum(&s, "bus", "sync_loss_events"), 1, "{t}");
             assert_eq!(sum(&s, "rus", "sync_losses"), 1);
         }
