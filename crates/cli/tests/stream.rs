@@ -67,10 +67,17 @@ fn listening(port: u16) -> bool {
     })
 }
 
-/// `evb run` of `toml` in `dir` with `evb feed` of `files` to `to`, the feed started once the
+/// `evb run` of `toml` in `dir` with `evb feed EXTRA` of `files` to `to`, started once the
 /// RU listens on every stream address (not before, hoping that it retries long enough, and
-/// not after a guessed delay): the run's output and JSON summary, and the feed's output.
-fn run_fed(dir: &Path, toml: &str, to: &[String], files: &[&Path]) -> (Output, Value, String) {
+/// not after a guessed delay): the run's output and JSON summary, and the feed's (success,
+/// output).
+fn run_fed(
+    dir: &Path,
+    toml: &str,
+    to: &[String],
+    files: &[&Path],
+    extra: &[&str],
+) -> (Output, Value, (bool, String)) {
     let cfg = dir.join("run.toml");
     std::fs::write(&cfg, toml).unwrap();
     let json = dir.join("summary.json");
@@ -107,13 +114,13 @@ fn run_fed(dir: &Path, toml: &str, to: &[String], files: &[&Path]) -> (Output, V
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let f = feed(to, files, &["--connect-timeout-s", "10"]);
+    let f = feed(to, files, extra);
     let out = run.wait_with_output().unwrap();
-    let (_, fed_text) = feed_output(f);
+    let fed = feed_output(f);
     let summary = std::fs::read_to_string(&json)
         .map(|s| serde_json::from_str(&s).unwrap())
         .unwrap_or(Value::Null);
-    (out, summary, fed_text)
+    (out, summary, fed)
 }
 
 fn feed_output(c: Child) -> (bool, String) {
@@ -153,9 +160,8 @@ fn cms_files_streamed_into_two_rus_build_every_event() {
         list(&to[..1]),
         list(&to[1..])
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
+    let (fed_ok, fed_text) = fed_out;
     assert_exact(&out, &s, EVENTS, 2, 2);
     assert!(fed_ok, "{fed_text}");
     assert_eq!(
@@ -183,9 +189,8 @@ fn cms_files_streamed_into_one_ru_build_super_fragments() {
          [[bu]]\nid = \"bu0\"\ncredits = 4\nsink_delay_us = 100\n[[bu]]\nid = \"bu1\"\ncredits = 4\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
+    let (fed_ok, fed_text) = fed_out;
     assert_exact(&out, &s, EVENTS, 1, 2);
     assert!(fed_ok, "{fed_text}");
     assert_eq!(sum(&s, "bus", "super_fragment_errors"), 0);
@@ -255,7 +260,7 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
              on_sync_loss = \"{policy}\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
             list(&to)
         );
-        let (out, s, fed_text) = run_fed(d.path(), &toml, &to, &[&a, &bad]);
+        let (out, s, (_, fed_text)) = run_fed(d.path(), &toml, &to, &[&a, &bad], &[]);
         // what the run and the front-ends said, for every failure message
         let run_text = text(&out);
         let t = format!("{run_text}\n--- evb feed:\n{fed_text}");
@@ -304,10 +309,9 @@ fn a_front_end_sending_garbage_gets_a_clear_error() {
          [[ru]]\nid = \"ru0\"\nstreams = {}\n",
         list(&to)
     );
-    let f = feed(&to, &[&junk], &["--format", "raw"]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&junk], &["--format", "raw"]);
     let t = text(&out);
-    let (_, fed_text) = feed_output(f);
+    let (_, fed_text) = fed_out;
     assert!(!out.status.success(), "{t}");
     assert!(
         !t.contains("panicked") && !fed_text.contains("panicked"),
@@ -378,9 +382,8 @@ fn a_stream_that_ends_early_ends_the_run_with_the_data() {
         list(&to[..1]),
         list(&to[1..])
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
-    assert!(feed_output(f).0);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
+    assert!(fed_out.0);
     // 200 events have both fragments; the 100 more of source 841 are counted, not lost
     assert_exact(&out, &s, 200, 2, 2);
     assert_eq!(sum(&s, "rus", "stream_fragments_received"), 500);
@@ -639,10 +642,9 @@ fn flagged_sync_losses_are_named_by_the_verdict_and_fail_the_exit() {
          on_sync_loss = \"flag\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &short], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &short], &[]);
     let t = text(&out);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (fed_ok, fed_text) = fed_out;
     assert!(fed_ok, "{fed_text}");
     assert!(!out.status.success(), "{t}");
     assert!(!t.contains("VERDICT: OK"), "{t}");
@@ -681,10 +683,9 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
          [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
     let t = text(&out);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (fed_ok, fed_text) = fed_out;
     assert_exact(&out, &s, events, 1, 2);
     // the front-ends were read to their end: each sent every fragment, and knows it was read
     assert!(fed_ok, "{fed_text}\n{t}");
@@ -733,10 +734,8 @@ fn thousands_of_dropped_fragments_are_a_few_log_lines() {
          [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &bad], &["--connect-timeout-s", "10"]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, _) = run_fed(d.path(), &toml, &to, &[&a, &bad], &[]);
     let t = text(&out);
-    let _ = feed_output(f);
     assert_eq!(s["run"]["evm"]["released"], EVENTS, "{t}");
     assert_eq!(sum(&s, "rus", "dropped_at_source"), EVENTS, "{t}");
     let lines = t.lines().filter(|l| l.contains("dropped")).count();
