@@ -400,10 +400,13 @@ impl Evm {
         }
     }
 
-    /// A Report body that does not hold the counters of docs/protocol.md §6: counted, and
-    /// said why, so that an outside implementation can see what to fix.
+    /// A Report body that does not hold the counters of docs/protocol.md §4 ("Report body",
+    /// under the message bodies): counted, and said why, so that an outside implementation
+    /// can see what to fix.
     fn bad_report(&mut self, now: Instant, from: NodeRef, e: serde_json::Error) {
-        error!("report from {from} refused: {e} (docs/protocol.md lists its fields)");
+        error!(
+            "report from {from} refused: {e} (docs/protocol.md §4, Report body, lists its fields)"
+        );
         self.stats.errors += 1;
         let at = self.seconds_since_start(now);
         let event = NodeEvent::new(from, at, NodeEventKind::ReportRefused, e.to_string());

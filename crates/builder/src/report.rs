@@ -7,7 +7,8 @@ use crate::action::{NodeRef, RunState};
 use crate::{BuStats, EvmStats, RuStats};
 
 /// Something that happened to a node during a run, as the EVM saw it: the entries of
-/// `EvmStats::lost` (`evm.lost` in the EVM's status and report, docs/protocol.md §6).
+/// `EvmStats::lost` (`evm.lost` in the EVM's status and report: docs/protocol.md §4, "The
+/// EVM's report"; the losses themselves are §6's).
 /// Whoever reads them (the launcher, the controller, metrics, `evb ctl`, the run page) reads
 /// these fields, never the text.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -33,7 +34,7 @@ pub enum NodeEventKind {
     LostBeforeReport,
     /// A BU lost earlier came back (restarted) and was started and given events again.
     Rejoined,
-    /// Its report came but was refused: not the fields of docs/protocol.md §6.
+    /// Its report came but was refused: not the fields of docs/protocol.md §4 ("Report body").
     ReportRefused,
 }
 

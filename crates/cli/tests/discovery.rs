@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{text, Rng, EVB};
+use common::{free_base_port, node_status, text, triggered_at_least, wait_node, Rng, EVB};
 use evb_builder::{NodeEvent, NodeEventKind};
 use serde_json::Value;
 
@@ -97,6 +97,36 @@ fn wait_all(kids: Vec<Child>, limit: Duration) -> Vec<Output> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// An `[evm]` section that puts the EVM's control API on a free port (the other nodes' stay
+/// on ports of their own choosing: two processes may claim one node): its address.
+fn control(toml: &mut String) -> String {
+    let api = format!("127.0.0.1:{}", free_base_port(1));
+    toml.push_str(&format!("[evm]\ncontrol = \"{api}\"\n"));
+    api
+}
+
+/// The first of `kids` that has exited, named.
+fn exited(kids: &mut [Child]) -> Option<String> {
+    kids.iter_mut()
+        .enumerate()
+        .find_map(|(k, c)| match c.try_wait() {
+            Ok(Some(st)) => Some(format!("process {k} exited ({st})")),
+            _ => None,
+        })
+}
+
+/// Waits until the EVM at `api` has `n` nodes registered (they read its address and called
+/// it); panics if it does not within 20 s or a process exits first.
+fn wait_registered(api: &str, n: usize, kids: &mut [Child]) {
+    wait_node(
+        api,
+        &format!("{n} nodes registered with the EVM"),
+        20,
+        || exited(kids),
+        |l| l["registered"].as_array().is_some_and(|r| r.len() == n),
+    );
 }
 
 /// A Slurm-style launch in a random order with random delays (a seed printed), the default
@@ -211,17 +241,16 @@ fn a_late_evm_still_names_the_rank_that_never_starts() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("run.toml");
     // heartbeats may not declare the stopped EVM lost first
-    std::fs::write(
-        &cfg,
-        "[run]\nid = \"late\"\nevents = 3000\nduration_s = 0\nconnect_timeout_s = 3\n\
+    let mut toml = "[run]\nid = \"late\"\nevents = 3000\nduration_s = 0\nconnect_timeout_s = 3\n\
          heartbeat_timeout_ms = 30000\n[fragments]\nsize = 8192\n[transport]\n\
-         interface = \"lo\"\n",
-    )
-    .unwrap();
+         interface = \"lo\"\n"
+        .to_string();
+    let api = control(&mut toml);
+    std::fs::write(&cfg, toml).unwrap();
     let f = dir.path().join("r.evm");
     let args = ["--rendezvous", f.to_str().unwrap()];
     let started = Instant::now();
-    let kids: Vec<Child> = (0..4).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
+    let mut kids: Vec<Child> = (0..4).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
     let evm_pid = kids[0].id().to_string();
     let signal = |sig: &str| {
         let ok = Command::new("kill")
@@ -230,10 +259,21 @@ fn a_late_evm_still_names_the_rank_that_never_starts() {
             .is_ok_and(|s| s.success());
         assert!(ok, "kill {sig} {evm_pid}");
     };
-    std::thread::sleep(Duration::from_millis(1000));
+    // ranks 1 to 3 have read the rendezvous file and called the EVM: their timers run (and
+    // they wait for the EVM's word), and the EVM's own has not fired yet
+    wait_registered(&api, 3, &mut kids);
+    let registered = started.elapsed();
+    assert!(
+        registered < Duration::from_millis(1700),
+        "the nodes took {registered:?} to register: too late to stop the EVM across the RUs' \
+         timeout and continue it within their grace"
+    );
     signal("-STOP");
-    // the RUs' deadlines (3 s after they read the rendezvous file) pass while it is stopped
-    std::thread::sleep(Duration::from_millis(4200).saturating_sub(started.elapsed()));
+    // the RUs' deadlines (3 s after they read the rendezvous file, before they registered)
+    // pass while it is stopped; their grace (2 s more, from at least the test's start) not
+    let cont_at = Duration::from_millis(4200).max(registered + Duration::from_millis(3200));
+    eprintln!("registered after {registered:?}; the EVM stopped, continued at {cont_at:?}");
+    std::thread::sleep(cont_at.saturating_sub(started.elapsed()));
     signal("-CONT");
     let outs = wait_all(kids, Duration::from_secs(30));
     let named = "not connected: bu1 (rank 4): it never called";
@@ -251,16 +291,33 @@ fn a_late_evm_still_names_the_rank_that_never_starts() {
 #[test]
 fn two_processes_claiming_one_node_abort_the_launch() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = no_addresses(dir.path(), "");
+    let mut extra = String::new();
+    let api = control(&mut extra);
+    let cfg = no_addresses(dir.path(), &extra);
     let f = dir.path().join("r.evm");
     let args = ["--rendezvous", f.to_str().unwrap()];
     // ranks 0 to 3 and a second ru1; bu1 (rank 4) later, so the run cannot have started
     let mut kids: Vec<Child> = (0..4).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // the first ru1 is known to the EVM before the second comes
+    wait_registered(&api, 3, &mut kids);
     let mut with_id = args.to_vec();
     with_id.extend(["--id", "ru1"]);
     kids.push(node(&cfg, &with_id, &[]));
-    std::thread::sleep(Duration::from_millis(700));
+    // the EVM has aborted the launch (or ended) before bu1 could complete it
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if kids[0].try_wait().is_ok_and(|s| s.is_some())
+            || node_status(&api)["snapshot"]["state"] == "aborted"
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the EVM did not abort the launch within 20 s of the second ru1: {}",
+            node_status(&api)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     kids.push(node(&cfg, &args, &ompi(4, 5)));
     let outs = wait_all(kids, Duration::from_secs(30));
     let all: String = outs.iter().map(text).collect();
@@ -343,21 +400,32 @@ fn a_restarted_bu_registers_again_and_the_rus_find_it_on_its_new_port() {
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("run.toml");
-    std::fs::write(
-        &cfg,
-        "[run]\nid = \"moved\"\nevents = 8000\nduration_s = 0\nrate_hz = 2000\n\
-         [fragments]\nsize = 20000\n[transport]\ninterface = \"lo\"\n",
-    )
-    .unwrap();
+    let mut toml = "[run]\nid = \"moved\"\nevents = 8000\nduration_s = 0\nrate_hz = 2000\n\
+         [fragments]\nsize = 20000\n[transport]\ninterface = \"lo\"\n"
+        .to_string();
+    let api = control(&mut toml);
+    std::fs::write(&cfg, toml).unwrap();
     let f = dir.path().join("r.evm");
     let args = ["--rendezvous", f.to_str().unwrap()];
     let mut kids: Vec<Child> = (0..5).map(|r| node(&cfg, &args, &ompi(r, 5))).collect();
-    // after the start (as the fault tests' fixed moments), before the last second
-    let kill_at = 1000 + rng.below(1200);
-    eprintln!("bu1 killed after {kill_at} ms");
+    // after the start (the EVM says it is running), before the last second
+    let kill_at = 800 + rng.below(1000);
+    eprintln!("bu1 killed {kill_at} ms after the run was seen running");
+    wait_node(
+        &api,
+        "the run running (the EVM's status)",
+        30,
+        || exited(&mut kids),
+        |l| triggered_at_least(l, 1),
+    );
     std::thread::sleep(Duration::from_millis(kill_at));
+    assert!(
+        kids[4].try_wait().unwrap().is_none(),
+        "bu1 ended before it could be killed (seed {seed})"
+    );
     kids[4].kill().unwrap();
     let _ = kids[4].wait();
+    // down for a moment (the fault's own length), then back
     std::thread::sleep(Duration::from_millis(300));
     let mut with_id = args.to_vec();
     with_id.extend(["--id", "bu1"]);

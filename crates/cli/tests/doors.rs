@@ -187,13 +187,9 @@ fn with_a_secret_no_local_process_or_web_page_controls_the_run() {
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec:#}");
     // evb up printed the page's URL with the token for the operator
-    assert!(
-        up.said()
-            .iter()
-            .any(|l| l.contains(&format!("?token={token}"))),
-        "{:?}",
-        up.said()
-    );
+    up.wait_said("the page's URL with the token", |said| {
+        said.iter().any(|l| l.contains(&format!("?token={token}")))
+    });
     assert!(up.halt().success());
 }
 

@@ -3,7 +3,7 @@
 //! that send garbage. Each ends with exact accounting.
 
 mod common;
-use common::{free_base_port, EVB};
+use common::{free_base_port, triggered_at_least, wait_node, EVB};
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -23,21 +23,28 @@ fn node_events(v: &Value) -> Vec<NodeEvent> {
 struct Cluster {
     cfg: PathBuf,
     base: u16,
+    /// The EVM's control API (`IP:port`): the run's state and counts, to time faults by.
+    evm_api: String,
     kids: BTreeMap<String, Child>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
-    /// Writes the configuration (with fixed ports) and starts every node.
+    /// Writes the configuration (with fixed data and control ports) and starts every node.
     fn start(rus: u16, bus: u16, extra: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let base = free_base_port(1 + rus + bus);
+        let base = free_base_port(2 * (1 + rus + bus));
+        let cbase = base + 1 + rus + bus;
         let cfg = dir.path().join("run.toml");
-        let toml = format!("[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n{extra}");
+        let toml = format!(
+            "[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n\
+             [control]\nbase_port = {cbase}\n{extra}"
+        );
         std::fs::write(&cfg, toml).unwrap();
         let mut c = Cluster {
             cfg,
             base,
+            evm_api: format!("127.0.0.1:{cbase}"),
             kids: BTreeMap::new(),
             _dir: dir,
         };
@@ -60,6 +67,36 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.kids.insert(id.to_string(), child);
+    }
+
+    /// Waits (at most 30 s) until the EVM's status line satisfies `f`; panics naming `what`
+    /// if it does not, or if a node exits first.
+    fn wait_evm(&mut self, what: &str, f: impl FnMut(&Value) -> bool) -> Value {
+        let kids = &mut self.kids;
+        let gone = || {
+            kids.iter_mut().find_map(|(id, c)| match c.try_wait() {
+                Ok(Some(st)) => Some(format!("{id} exited ({st})")),
+                _ => None,
+            })
+        };
+        wait_node(&self.evm_api, what, 30, gone, f)
+    }
+
+    /// Waits until the run is running and the EVM has triggered `n` events: a fault timed
+    /// by the run's progress, not by a guess at how long the nodes take to start.
+    fn wait_triggered(&mut self, n: u64) {
+        self.wait_evm(&format!("the run running with {n} events triggered"), |l| {
+            triggered_at_least(l, n)
+        });
+    }
+
+    /// Waits until the EVM has declared `node` (`bu[1]`) lost.
+    fn wait_lost(&mut self, node: &str) {
+        self.wait_evm(&format!("the EVM to declare {node} lost"), |l| {
+            l["stats"]["lost"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|e| e["node"] == node && e["kind"] == "lost"))
+        });
     }
 
     fn pid(&self, id: &str) -> u32 {
@@ -134,7 +171,8 @@ fn evm_report(outs: &BTreeMap<String, (bool, String, String)>) -> Value {
         .unwrap_or_else(|e| panic!("EVM report: {e}\n{}", outs["evm"].1))
 }
 
-/// 6000 events at 2 kHz: a run of about 3 s, so a fault at 1 s lands mid-run.
+/// 6000 events at 2 kHz: a run of about 3 s; a fault after 2000 triggered events lands
+/// mid-run.
 const PACED: &str = "[run]\nid = \"faults\"\nevents = 6000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 20000\n";
 
 /// The EVM found nothing wrong with the run.
@@ -162,7 +200,7 @@ fn killed_bu_events_are_rebuilt_elsewhere_none_lost_none_duplicated() {
     let bus =
         "[[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 20000\n[[bu]]\nid = \"bu2\"\n";
     let mut c = Cluster::start(2, 3, &format!("{PACED}{bus}"));
-    std::thread::sleep(Duration::from_millis(1200));
+    c.wait_triggered(2400);
     c.kill9("bu1");
     let outs = c.wait_all(Duration::from_secs(30));
     for (id, (ok, _, err)) in &outs {
@@ -197,8 +235,9 @@ fn killed_bu_events_are_rebuilt_elsewhere_none_lost_none_duplicated() {
 #[test]
 fn restarted_bu_rejoins_and_builds_again() {
     let mut c = Cluster::start(2, 2, PACED);
-    std::thread::sleep(Duration::from_millis(800));
+    c.wait_triggered(1600);
     c.kill9("bu1");
+    // down for a moment (the fault's own length), then back
     std::thread::sleep(Duration::from_millis(300));
     c.spawn("bu1");
     let outs = c.wait_all(Duration::from_secs(30));
@@ -232,7 +271,7 @@ fn restarted_bu_with_the_file_sink_keeps_its_earlier_files_and_writes_nothing_tw
         out.path().display()
     );
     let mut c = Cluster::start(2, 2, &extra);
-    std::thread::sleep(Duration::from_millis(1000));
+    c.wait_triggered(2000);
     c.kill9("bu1");
     let before: Vec<String> = names(out.path(), "faults_bu1_");
     std::thread::sleep(Duration::from_millis(300));
@@ -282,7 +321,7 @@ fn killed_ru_gives_flagged_partial_events_when_configured() {
         2,
         &format!("{PACED}[builder]\non_ru_loss = \"partial\"\n"),
     );
-    std::thread::sleep(Duration::from_millis(1000));
+    c.wait_triggered(2000);
     c.kill9("ru2");
     let outs = c.wait_all(Duration::from_secs(30));
     for (id, (ok, _, err)) in &outs {
@@ -306,7 +345,7 @@ fn killed_ru_gives_flagged_partial_events_when_configured() {
 #[test]
 fn killed_ru_stops_the_run_cleanly_by_default() {
     let mut c = Cluster::start(2, 2, PACED);
-    std::thread::sleep(Duration::from_millis(1000));
+    c.wait_triggered(2000);
     c.kill9("ru1");
     let t0 = Instant::now();
     let outs = c.wait_all(Duration::from_secs(15));
@@ -332,7 +371,7 @@ fn killed_ru_stops_the_run_cleanly_by_default() {
 #[test]
 fn killed_evm_stops_every_node_with_a_reason() {
     let mut c = Cluster::start(2, 2, PACED);
-    std::thread::sleep(Duration::from_millis(1000));
+    c.wait_triggered(2000);
     c.kill9("evm");
     let t0 = Instant::now();
     let outs = c.wait_all(Duration::from_secs(10));
@@ -348,10 +387,14 @@ fn killed_evm_stops_every_node_with_a_reason() {
 
 #[test]
 fn frozen_bu_is_declared_lost_by_heartbeat_and_its_events_rebuilt() {
-    let c = Cluster::start(2, 2, PACED);
-    std::thread::sleep(Duration::from_millis(800));
+    let mut c = Cluster::start(2, 2, PACED);
+    c.wait_triggered(1600);
     c.signal("bu1", "-STOP");
-    std::thread::sleep(Duration::from_millis(2500));
+    let frozen = Instant::now();
+    // frozen until the EVM has declared it lost, and 2.5 s in all (the fault's length, well
+    // over the 1 s heartbeat timeout)
+    c.wait_lost("bu[1]");
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(frozen.elapsed()));
     c.signal("bu1", "-CONT");
     let outs = c.wait_all(Duration::from_secs(30));
     let r = evm_report(&outs);
@@ -431,8 +474,8 @@ fn raw_attack(addr: &str, bytes: &[u8]) {
 
 #[test]
 fn garbage_peers_are_disconnected_and_the_run_carries_on() {
-    let c = Cluster::start(2, 2, PACED);
-    std::thread::sleep(Duration::from_millis(600));
+    let mut c = Cluster::start(2, 2, PACED);
+    c.wait_triggered(1);
     let targets = [c.base, c.base + 3]; // the EVM and bu0
     let header = |version: u16, len: u32| {
         let mut h = Vec::new();
@@ -489,12 +532,12 @@ fn frame(kind: u8, seq: u64, count: u32, payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn without_the_secret_nobody_injects_fragments() {
-    let c = Cluster::start(
+    let mut c = Cluster::start(
         2,
         2,
         &PACED.replace("[run]\n", "[run]\nsecret = \"s3cret-of-the-run\"\n"),
     );
-    std::thread::sleep(Duration::from_millis(600));
+    c.wait_triggered(1);
     // An intruder that knows the run id and poses as ru0 on a data connection to bu0, with a
     // made-up proof, then tries to push a fragment for event 1.
     let mut hello = evb_wire::Hello::new(
@@ -543,7 +586,7 @@ fn without_the_secret_nobody_injects_fragments() {
 fn shm_killed_bu_is_detected_and_its_events_rebuilt() {
     let bus = "[[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 20000\n[transport]\nkind = \"shm\"\n";
     let mut c = Cluster::start(2, 2, &format!("{PACED}{bus}"));
-    std::thread::sleep(Duration::from_millis(1000));
+    c.wait_triggered(2000);
     c.kill9("bu1");
     let outs = c.wait_all(Duration::from_secs(30));
     for (id, (ok, _, err)) in &outs {
@@ -631,9 +674,22 @@ fn network_cut_to_a_bu_and_back() {
         eprintln!("network_cut test skipped: cannot create network namespaces here (needs root and iproute2)");
         return;
     };
+    // the EVM's status is read inside its namespace, with curl
+    let has_curl = Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_curl {
+        assert!(
+            std::env::var("EVB_REQUIRE_TOOLS").is_err(),
+            "curl is required (EVB_REQUIRE_TOOLS) but not installed"
+        );
+        eprintln!("network_cut test skipped: curl is not installed (Debian: apt-get install curl)");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cut.toml");
-    let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
+    let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\ncontrol = \"127.0.0.1:7700\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
                  [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7603\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.2:7604\"\nsink_delay_us = 20000\n";
     let toml = PACED.replace("[run]\n", "[run]\nsecret = \"cut-test-secret\"\n") + nodes;
     std::fs::write(&cfg, toml).unwrap();
@@ -651,9 +707,43 @@ fn network_cut_to_a_bu_and_back() {
         kids.insert(id.into(), spawn(&ns.b, id));
     }
     kids.insert("bu1".into(), spawn(&ns.a, "bu1"));
-    std::thread::sleep(Duration::from_millis(1000));
+    // the EVM's latest status line, read in its namespace
+    let evm_line = || -> Value {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &ns.b, "curl", "-s", "-m", "2"])
+            .arg("http://127.0.0.1:7700/api/v1/node")
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone()
+    };
+    let wait_evm = |what: &str, f: &dyn Fn(&Value) -> bool| {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let l = evm_line();
+            if f(&l) {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "gave up waiting for {what}; the EVM's last status: {l}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_evm("the run running with 2000 events triggered", &|l| {
+        triggered_at_least(l, 2000)
+    });
     ns.link(false);
-    std::thread::sleep(Duration::from_millis(2500));
+    let cut = Instant::now();
+    // down until the EVM has declared bu1 lost, and 2.5 s in all (the fault's length, over
+    // the 1 s heartbeat timeout)
+    wait_evm("the EVM to declare bu[1] lost", &|l| {
+        l["stats"]["lost"].as_array().is_some_and(|v| {
+            v.iter()
+                .any(|e| e["node"] == "bu[1]" && e["kind"] == "lost")
+        })
+    });
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(cut.elapsed()));
     ns.link(true);
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut outs = BTreeMap::new();

@@ -189,16 +189,99 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         .unwrap(),
     )
     .unwrap();
-    let mut n = 0;
-    for p in dash["panels"].as_array().unwrap() {
-        for t in p["targets"].as_array().unwrap() {
-            let q = t["expr"].as_str().unwrap();
-            let r = query(q);
-            assert_eq!(r["status"], "success", "dashboard query {q:?}: {r}");
-            n += 1;
+    // every query of the dashboard, with what a clean running run of 2 RUs and 2 BUs must
+    // give: how many series (None: at least one) and what each value must be. A query that
+    // answers nothing, or the wrong thing, fails; a new panel needs its line here.
+    type Check = fn(&Value, f64) -> bool;
+    let any: Check = |_, v| v >= 0.0;
+    // (NaN, what a rate without two samples gives, is not)
+    let positive: Check = |_, v| v > 0.0;
+    let want: &[(&str, Option<usize>, Check)] = &[
+        ("max(evb_run_number{role=\"evm\"})", Some(1), |_, v| v == 1.0),
+        ("evb_run_state{role=\"evm\"} == 1", Some(1), |m, v| {
+            m["state"] == "running" && v == 1.0
+        }),
+        ("sum(rate(evb_events_built_total[30s]))", Some(1), positive),
+        ("sum(rate(evb_event_payload_built_bytes_total[30s]))", Some(1), positive),
+        ("sum(evb_events_in_flight)", Some(1), any),
+        ("sum(evb_nodes_down)", Some(1), |_, v| v == 0.0),
+        ("rate(evb_events_built_total[30s])", Some(2), |m, v| {
+            m["role"] == "bu" && v > 0.0
+        }),
+        ("rate(evb_event_payload_built_bytes_total[30s])", Some(2), |m, v| {
+            m["role"] == "bu" && v > 0.0
+        }),
+        ("rate(evb_fragment_payload_sent_bytes_total[30s])", Some(2), |m, v| {
+            m["role"] == "ru" && v > 0.0
+        }),
+        ("histogram_quantile(0.5, sum by (le) (rate(evb_event_build_latency_seconds_bucket[1m])))", Some(1), positive),
+        ("histogram_quantile(0.99, sum by (le) (rate(evb_event_build_latency_seconds_bucket[1m])))", Some(1), positive),
+        ("histogram_quantile(0.999, sum by (le) (rate(evb_event_build_latency_seconds_bucket[1m])))", Some(1), positive),
+        ("evb_credits_available", Some(1), any),
+        ("evb_sink_queued_events", Some(2), |m, v| m["role"] == "bu" && v >= 0.0),
+        ("rate(evb_pool_exhausted_total[1m])", None, any),
+        // a clean run has no errors: this panel shows nothing
+        ("sum by (node, kind) (rate(evb_errors_total[1m])) > 0", Some(0), |_, _| false),
+        ("evb_pool_blocks_in_use / evb_pool_blocks", None, |_, v| (0.0..=1.0).contains(&v)),
+        ("evb_peer_send_queue_bytes", None, any),
+    ];
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    let mut listed: Vec<&str> = want.iter().map(|w| w.0).collect();
+    listed.sort();
+    let mut on_dashboard: Vec<&str> = exprs.iter().map(String::as_str).collect();
+    on_dashboard.sort();
+    on_dashboard.dedup();
+    assert_eq!(
+        on_dashboard, listed,
+        "the dashboard's queries and this test's expectations differ"
+    );
+    // rates need two scrapes of every target in their window: ask again until each query
+    // gives what it must (or 30 s pass)
+    let judge = |expr: &str, series: Option<usize>, ok: Check| -> Result<usize, String> {
+        let r = query(expr);
+        if r["status"] != "success" {
+            return Err(format!("{r}"));
+        }
+        let result = r["data"]["result"].as_array().cloned().unwrap_or_default();
+        let count_ok = match series {
+            Some(n) => result.len() == n,
+            None => !result.is_empty(),
+        };
+        if !count_ok {
+            return Err(format!("{} series: {r}", result.len()));
+        }
+        for x in &result {
+            let v: f64 = x["value"][1]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("no value in {x}"))?;
+            if !ok(&x["metric"], v) {
+                return Err(format!("wrong value {v} for {}: {r}", x["metric"]));
+            }
+        }
+        Ok(result.len())
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    for (expr, series, ok) in want {
+        loop {
+            match judge(expr, *series, *ok) {
+                Ok(n) => {
+                    eprintln!("dashboard query {expr:?}: {n} series as expected");
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < until, "dashboard query {expr:?}: {e}");
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
         }
     }
-    assert!(n >= 13);
     assert!(up.ctl(&["stop"]).status.success());
     assert_eq!(up.wait_run(1)["ok"], true);
     assert!(up.halt().success());

@@ -10,7 +10,7 @@ use common::{assert_exact, clock_seed, evb_run_in, free_base_port, text, Rng, EV
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use evb_formats::fed;
@@ -53,6 +53,76 @@ fn feed(to: &[String], files: &[&Path], extra: &[&str]) -> Child {
         .unwrap()
 }
 
+/// Whether something listens on TCP `port` of this host (read from /proc/net, without
+/// connecting: a connection would be a front-end to the RU).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+            })
+        })
+    })
+}
+
+/// `evb run` of `toml` in `dir` with `evb feed EXTRA` of `files` to `to`, started once the
+/// RU listens on every stream address (not before, hoping that it retries long enough, and
+/// not after a guessed delay): the run's output and JSON summary, and the feed's (success,
+/// output).
+fn run_fed(
+    dir: &Path,
+    toml: &str,
+    to: &[String],
+    files: &[&Path],
+    extra: &[&str],
+) -> (Output, Value, (bool, String)) {
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let json = dir.join("summary.json");
+    let _ = std::fs::remove_file(&json);
+    let mut run = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ports: Vec<u16> = to
+        .iter()
+        .map(|a| a.rsplit_once(':').unwrap().1.parse().unwrap())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !ports.iter().all(|&p| listening(p)) {
+        if run.try_wait().unwrap().is_some() {
+            let out = run.wait_with_output().unwrap();
+            panic!(
+                "evb run ended before its RU listened on {to:?}:\n{}",
+                text(&out)
+            );
+        }
+        if Instant::now() > until {
+            let _ = run.kill();
+            let out = run.wait_with_output().unwrap();
+            panic!(
+                "the RU did not listen on {to:?} within 60 s:\n{}",
+                text(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let f = feed(to, files, extra);
+    let out = run.wait_with_output().unwrap();
+    let fed = feed_output(f);
+    let summary = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or(Value::Null);
+    (out, summary, fed)
+}
+
 fn feed_output(c: Child) -> (bool, String) {
     let out = c.wait_with_output().unwrap();
     (out.status.success(), text(&out))
@@ -90,9 +160,8 @@ fn cms_files_streamed_into_two_rus_build_every_event() {
         list(&to[..1]),
         list(&to[1..])
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
+    let (fed_ok, fed_text) = fed_out;
     assert_exact(&out, &s, EVENTS, 2, 2);
     assert!(fed_ok, "{fed_text}");
     assert_eq!(
@@ -120,9 +189,8 @@ fn cms_files_streamed_into_one_ru_build_super_fragments() {
          [[bu]]\nid = \"bu0\"\ncredits = 4\nsink_delay_us = 100\n[[bu]]\nid = \"bu1\"\ncredits = 4\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
+    let (fed_ok, fed_text) = fed_out;
     assert_exact(&out, &s, EVENTS, 1, 2);
     assert!(fed_ok, "{fed_text}");
     assert_eq!(sum(&s, "bus", "super_fragment_errors"), 0);
@@ -192,14 +260,11 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
              on_sync_loss = \"{policy}\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
             list(&to)
         );
-        let f = feed(&to, &[&a, &bad], &["--connect-timeout-s", "10"]);
-        let (out, s) = evb_run_in(d.path(), &toml);
-        let t = text(&out);
-        let (_, fed_text) = feed_output(f);
-        assert!(
-            !t.contains("panicked") && !fed_text.contains("panicked"),
-            "{t}"
-        );
+        let (out, s, (_, fed_text)) = run_fed(d.path(), &toml, &to, &[&a, &bad], &[]);
+        // what the run and the front-ends said, for every failure message
+        let run_text = text(&out);
+        let t = format!("{run_text}\n--- evb feed:\n{fed_text}");
+        assert!(!t.contains("panicked"), "{t}");
         if policy == "stop" {
             assert!(!out.status.success(), "{t}");
             let reason = s["run"]["reason"].as_str().unwrap_or_default().to_string();
@@ -219,7 +284,10 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
             // every event built, but one of them out of sync: degraded, never an OK
             assert!(!out.status.success(), "{t}");
             assert_eq!(s["run"]["evm"]["released"], EVENTS, "{t}");
-            assert!(t.contains("ru[0]: 1 event flagged for sync loss"), "{t}");
+            assert!(
+                run_text.contains("ru[0]: 1 event flagged for sync loss"),
+                "{t}"
+            );
             assert_eq!(sum(&s, "bus", "sync_loss_events"), 1, "{t}");
             assert_eq!(sum(&s, "rus", "sync_losses"), 1);
         }
@@ -241,10 +309,9 @@ fn a_front_end_sending_garbage_gets_a_clear_error() {
          [[ru]]\nid = \"ru0\"\nstreams = {}\n",
         list(&to)
     );
-    let f = feed(&to, &[&junk], &["--format", "raw"]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&junk], &["--format", "raw"]);
     let t = text(&out);
-    let (_, fed_text) = feed_output(f);
+    let (_, fed_text) = fed_out;
     assert!(!out.status.success(), "{t}");
     assert!(
         !t.contains("panicked") && !fed_text.contains("panicked"),
@@ -315,9 +382,8 @@ fn a_stream_that_ends_early_ends_the_run_with_the_data() {
         list(&to[..1]),
         list(&to[1..])
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
-    assert!(feed_output(f).0);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
+    assert!(fed_out.0);
     // 200 events have both fragments; the 100 more of source 841 are counted, not lost
     assert_exact(&out, &s, 200, 2, 2);
     assert_eq!(sum(&s, "rus", "stream_fragments_received"), 500);
@@ -576,10 +642,9 @@ fn flagged_sync_losses_are_named_by_the_verdict_and_fail_the_exit() {
          on_sync_loss = \"flag\"\n[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &short], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &short], &[]);
     let t = text(&out);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (fed_ok, fed_text) = fed_out;
     assert!(fed_ok, "{fed_text}");
     assert!(!out.status.success(), "{t}");
     assert!(!t.contains("VERDICT: OK"), "{t}");
@@ -618,10 +683,9 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
          [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &b], &[]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, fed_out) = run_fed(d.path(), &toml, &to, &[&a, &b], &[]);
     let t = text(&out);
-    let (fed_ok, fed_text) = feed_output(f);
+    let (fed_ok, fed_text) = fed_out;
     assert_exact(&out, &s, events, 1, 2);
     // the front-ends were read to their end: each sent every fragment, and knows it was read
     assert!(fed_ok, "{fed_text}\n{t}");
@@ -670,10 +734,8 @@ fn thousands_of_dropped_fragments_are_a_few_log_lines() {
          [[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [841, 843]\n",
         list(&to)
     );
-    let f = feed(&to, &[&a, &bad], &["--connect-timeout-s", "10"]);
-    let (out, s) = evb_run_in(d.path(), &toml);
+    let (out, s, _) = run_fed(d.path(), &toml, &to, &[&a, &bad], &[]);
     let t = text(&out);
-    let _ = feed_output(f);
     assert_eq!(s["run"]["evm"]["released"], EVENTS, "{t}");
     assert_eq!(sum(&s, "rus", "dropped_at_source"), EVENTS, "{t}");
     let lines = t.lines().filter(|l| l.contains("dropped")).count();

@@ -46,6 +46,10 @@ mod tests {
         c
     }
 
+    /// Only the configuration: that a run with an API source ends when its producer finishes
+    /// is shown by a real run in crates/cli/tests/plugin.rs
+    /// (`rust_producer_feeds_an_ru_in_a_multi_process_run`: no event count, the run ends
+    /// with exactly the producer's events).
     #[test]
     fn an_api_source_and_an_api_sink_need_no_ru_entries() {
         api().validate().unwrap();

@@ -242,3 +242,62 @@ pub fn pids_with(marker: &str, also: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+/// What the node whose control API is at `api` (`IP:port`) publishes of itself
+/// (`GET /api/v1/node`: `phase`, `pid`, and `snapshot`, its latest status line); `Null` while
+/// it does not answer.
+pub fn node_status(api: &str) -> Value {
+    evb_control::client::Api::new(api, None)
+        .with_timeout(std::time::Duration::from_secs(2))
+        .get("/api/v1/node")
+        .ok()
+        .filter(|r| r.status == 200)
+        .map(|r| r.body)
+        .unwrap_or(Value::Null)
+}
+
+/// Waits (polling every 50 ms, at most `secs`) until the latest status line of the node at
+/// `api` satisfies `f`, and returns it; panics naming `what` and the last status seen. `gone`
+/// is asked on every pass and ends the wait with a panic when it returns a reason (the
+/// process awaited has exited, say).
+pub fn wait_node(
+    api: &str,
+    what: &str,
+    secs: u64,
+    mut gone: impl FnMut() -> Option<String>,
+    mut f: impl FnMut(&Value) -> bool,
+) -> Value {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let s = node_status(api);
+        let line = &s["snapshot"];
+        if f(line) {
+            return line.clone();
+        }
+        if let Some(why) = gone() {
+            panic!("gave up waiting for {what} ({api}): {why}; last status: {s}");
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "gave up waiting {secs} s for {what} ({api}); last status: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The EVM's status line says the run is running and has triggered at least `n` events.
+pub fn triggered_at_least(line: &Value, n: u64) -> bool {
+    line["state"] == "running" && line["stats"]["triggered"].as_u64().is_some_and(|t| t >= n)
+}
+
+/// Waits (at most `secs`) until process `pid` is gone (exited and reaped, or a zombie).
+pub fn wait_gone(pid: u64, what: &str, secs: u64) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while up::alive(pid) {
+        assert!(
+            std::time::Instant::now() < until,
+            "{what} (pid {pid}) still running after {secs} s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

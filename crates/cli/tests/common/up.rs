@@ -67,10 +67,26 @@ impl Up {
         }
     }
 
-    /// The lines `evb up` printed so far.
+    /// The lines `evb up` printed so far (as far as the thread that reads them got).
     pub fn said(&self) -> Vec<String> {
-        std::thread::sleep(Duration::from_millis(100));
         self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 10 s) until what `evb up` printed satisfies `f`, and returns it; panics
+    /// naming `what` with the lines printed.
+    pub fn wait_said(&self, what: &str, mut f: impl FnMut(&[String]) -> bool) -> Vec<String> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let said = self.said();
+            if f(&said) {
+                return said;
+            }
+            assert!(
+                Instant::now() < until,
+                "evb up never printed {what}: {said:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn status(&self) -> Value {
@@ -154,7 +170,11 @@ impl Drop for Up {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.api.post("/api/v1/reset", &json!({}));
             let _ = self.api.post("/api/v1/halt", &json!({}));
-            std::thread::sleep(Duration::from_millis(500));
+            // a halted system takes its nodes down; what is still there after 5 s is killed
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
