@@ -3,6 +3,8 @@
 //! numbers moving forward, every stream agreeing with the first: CMS's "sync loss"), and
 //! makes one payload: the fragment itself for one stream, a super-fragment
 //! ([`evb_wire::super_fragment`]) for several. No IO: the driver pushes what it read.
+//!
+//! One idea, one file: assembling one event from k streams, with its checks.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

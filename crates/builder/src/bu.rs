@@ -1,5 +1,7 @@
 //! The builder unit: asks the EVM for events with credits, collects each event's fragments
 //! from every RU, checks them, hands the complete event to its sink, and releases it.
+//!
+//! One idea, one file: the BU's state machine (and its per-event records, which only it uses).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

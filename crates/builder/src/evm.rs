@@ -1,6 +1,8 @@
 //! The event manager: starts the run when every node is ready, triggers events, assigns each
 //! to a BU that has granted a credit, forwards releases to the RUs, keeps the ledger of every
 //! event's fate, survives lost nodes as configured, and ends the run.
+//!
+//! One idea, one file: the EVM's state machine.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! The readout unit: makes its fragment of every event the EVM assigns, sends it to that
 //! event's BU, and keeps it until the EVM says the event is released.
+//!
+//! One idea, one file: the RU's state machine.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;

@@ -1,5 +1,7 @@
 //! The schema: every section of a configuration file as a struct, each key a field with
 //! its meaning, and the defaults a key left out takes.
+//!
+//! One idea, one file: the configuration's sections and their defaults.
 
 use std::collections::BTreeMap;
 

@@ -7,6 +7,8 @@
 //! flags u16 | body CRC32C u32 | header CRC32C u32 (bytes 0..28);
 //! body = for each fragment its 32-byte wire fragment header, then its payload.
 //! Every data file has a metadata file beside it (same name + ".json"): see [`FileMeta`].
+//!
+//! One idea, one file: the built-event file format, its writer and its reader.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};

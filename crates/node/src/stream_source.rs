@@ -20,6 +20,8 @@
 //! most) and cuts it into fragments that are counted, not built: every fragment a front-end
 //! sent is built or counted (`unbuilt`). A stream that delivered no fragment in the whole
 //! run fails the RU, naming it.
+//!
+//! One idea, one file: front-end streams into the RU's live feed.
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};

@@ -1,6 +1,8 @@
 //! `evb.Publisher` and `evb.Subscriber`: publish/subscribe by tag (evb_plugin::pubsub) in
 //! Python. Every call that waits releases the GIL, in slices of at most 100 ms between
 //! which Ctrl-C is honoured.
+//!
+//! One idea, one file: the two pub/sub classes of the Python module.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -11,6 +11,8 @@
 //! answers with [`ConsumerMsg::Auth`] (its proof) before it is welcomed. The proofs are
 //! HMAC-SHA256 values over [`proof_key`]'s bytes (computed by the BU and the consumer with
 //! `evb_transport::control_token`).
+//!
+//! One idea, one file: the consumer protocol's frames, encoded and decoded.
 
 use crate::bytes::{need, u16_at, u32_at, u64_at};
 use crate::error::{Result, WireError};

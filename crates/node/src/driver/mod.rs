@@ -1,4 +1,7 @@
 //! The IO driver: one event loop that connects a node's state machine to its peers.
+//!
+//! One idea: the loop and the actions it carries out; its parts (links, sink queue, reporter)
+//! are the files beside it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

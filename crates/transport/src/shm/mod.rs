@@ -41,6 +41,9 @@
 //! Here: the transport and its `poll`. A connection's state is in `conn.rs`, the send side
 //! in `tx.rs`, the receive side in `rx.rs`, packet bytes in `codec.rs`, the rings in
 //! `ring.rs`, system calls in `sys.rs`.
+//!
+//! One idea: the shm transport's connection set-up and poll loop; its codec, rings, sending and
+//! receiving are the files beside it.
 
 pub mod codec;
 mod conn;
