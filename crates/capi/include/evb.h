@@ -103,6 +103,17 @@
 #define EVB_ERR_IO -10
 
 /**
+ * The version of the header a program was compiled with (the library's own is
+ * [`evb_version`]): major, minor, patch. Before 1.0 the ABI may change with the minor
+ * version, which is why the library's SONAME is `libevb.so.0.<minor>`.
+ */
+#define EVB_VERSION_MAJOR 0
+
+#define EVB_VERSION_MINOR 1
+
+#define EVB_VERSION_PATCH 0
+
+/**
  * A consumer of one BU's events (opaque).
  */
 typedef struct EvbConsumer EvbConsumer;
@@ -559,6 +570,12 @@ int evb_sub_stats(const EvbSub *s, EvbSubStats *out);
  * `s` is NULL or a live subscriber, not used again after this call.
  */
 void evb_sub_close(EvbSub *s);
+
+/**
+ * The library's version as text, `"MAJOR.MINOR.PATCH"` (static; never freed): a program
+ * can compare it with the `EVB_VERSION_*` it was compiled against.
+ */
+const char *evb_version(void);
 
 /**
  * The message of the last error on this thread ("" if none). Valid until the next libevb

@@ -73,9 +73,38 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, c_int>) -> c_int {
     }
 }
 
+/// The version of the header a program was compiled with (the library's own is
+/// [`evb_version`]): major, minor, patch. Before 1.0 the ABI may change with the minor
+/// version, which is why the library's SONAME is `libevb.so.0.<minor>`.
+pub const EVB_VERSION_MAJOR: u32 = 0;
+pub const EVB_VERSION_MINOR: u32 = 1;
+pub const EVB_VERSION_PATCH: u32 = 0;
+
+/// The library's version as text, `"MAJOR.MINOR.PATCH"` (static; never freed): a program
+/// can compare it with the `EVB_VERSION_*` it was compiled against.
+#[no_mangle]
+pub extern "C" fn evb_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
 /// The message of the last error on this thread ("" if none). Valid until the next libevb
 /// call on this thread.
 #[no_mangle]
 pub extern "C" fn evb_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header's version is the crate's (a release bumps both, or this fails).
+    #[test]
+    fn the_version_is_the_crate_s() {
+        let text = format!("{EVB_VERSION_MAJOR}.{EVB_VERSION_MINOR}.{EVB_VERSION_PATCH}");
+        assert_eq!(text, env!("CARGO_PKG_VERSION"));
+        // SAFETY: evb_version returns a pointer to a static NUL-terminated string.
+        let got = unsafe { std::ffi::CStr::from_ptr(evb_version()) };
+        assert_eq!(got.to_str().unwrap(), text);
+    }
 }

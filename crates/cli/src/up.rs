@@ -108,6 +108,14 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         resolved.transport.kind
     );
     println!("evb up: run page and control API: {url}");
+    println!(
+        "evb up: Prometheus finds every node at {}api/v1/sd (http_sd_configs; docs/control.md)",
+        if url.ends_with('/') {
+            url.clone()
+        } else {
+            format!("{url}/")
+        }
+    );
     if let Some(t) = &token {
         // with a secret, commands need the token, the page's too: opened once with it, the
         // page keeps it in a same-site session cookie (docs/control.md, "Who may call")

@@ -3,7 +3,7 @@
 //! that send garbage. Each ends with exact accounting.
 
 mod common;
-use common::{free_base_port, triggered_at_least, wait_node, EVB};
+use common::{chaos_seed, free_base_port, triggered_at_least, wait_node, EVB};
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -403,7 +403,7 @@ fn frozen_bu_is_declared_lost_by_heartbeat_and_its_events_rebuilt() {
     assert!(
         lost.kind == NodeEventKind::Lost
             && lost.node == "bu[1]"
-            && lost.reason.contains("no heartbeat"),
+            && (lost.reason.contains("no heartbeat") || lost.reason.contains("data link")),
         "{lost:?}"
     );
     assert!(
@@ -774,7 +774,8 @@ fn network_cut_to_a_bu_and_back() {
     assert!(
         lost.kind == NodeEventKind::Lost
             && lost.node == "bu[1]"
-            && lost.reason.contains("no heartbeat"),
+            // the EVM's heartbeats or an RU's silent data link: whichever notices first
+            && (lost.reason.contains("no heartbeat") || lost.reason.contains("data link")),
         "{lost:?}"
     );
     assert_eq!(
@@ -785,5 +786,169 @@ fn network_cut_to_a_bu_and_back() {
         !outs["bu1"].0,
         "bu1, cut off, learns the run went on without it and stops"
     );
+    drop(ns);
+}
+
+/// A data link that drops packets instead of closing (a dead switch port, a firewall): the
+/// RUs (namespace a) reach bu1 (10.77.0.3, namespace b) through a blackhole route from a
+/// seeded moment on, while every control link and bu0's data links stay up. bu1 stops
+/// hearing the RUs, tells the EVM, and is dropped; its events are built by bu0, none lost.
+#[test]
+fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
+    let Some(ns) = Netns::create("bh") else {
+        eprintln!("black-hole test skipped: cannot create network namespaces here (needs root and iproute2)");
+        return;
+    };
+    let has_curl = Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_curl {
+        assert!(
+            std::env::var("EVB_REQUIRE_TOOLS").is_err(),
+            "curl is required (EVB_REQUIRE_TOOLS) but not installed"
+        );
+        eprintln!("black-hole test skipped: curl is not installed (Debian: apt-get install curl)");
+        return;
+    }
+    let (seed, _) = chaos_seed("", 1);
+    let at = 1000 + seed % 3000;
+    eprintln!("black-hole test: the link goes dark at {at} events triggered (EVB_CHAOS_SEED={seed} replays it)");
+    assert!(Command::new("ip")
+        .args([
+            "-n",
+            &ns.b,
+            "addr",
+            "add",
+            "10.77.0.3/24",
+            "dev",
+            "veth-evb-b"
+        ])
+        .status()
+        .unwrap()
+        .success());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bh.toml");
+    let nodes = "[evm]\naddr = \"10.77.0.1:7620\"\ncontrol = \"127.0.0.1:7720\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.2:7621\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.2:7622\"\n\
+                 [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7623\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.3:7624\"\n";
+    // 12,000 events at 2 kHz: 6 s, the link dark from 0.5–2 s on
+    let toml = PACED
+        .replace("[run]\n", "[run]\nsecret = \"black-hole-test-secret\"\n")
+        .replace("events = 6000", "events = 12000")
+        + nodes;
+    std::fs::write(&cfg, toml).unwrap();
+    let spawn = |netns: &str, id: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", netns, EVB, "node", "--id", id, "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut kids: BTreeMap<String, Child> = BTreeMap::new();
+    for id in ["evm", "bu0", "bu1"] {
+        kids.insert(id.into(), spawn(&ns.b, id));
+    }
+    for id in ["ru0", "ru1"] {
+        kids.insert(id.into(), spawn(&ns.a, id));
+    }
+    let evm_line = || -> Value {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &ns.b, "curl", "-s", "-m", "2"])
+            .arg("http://127.0.0.1:7720/api/v1/node")
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone()
+    };
+    let wait_evm = |what: &str, f: &dyn Fn(&Value) -> bool| {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let l = evm_line();
+            if f(&l) {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "gave up waiting for {what}; the EVM's last status: {l}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_evm(&format!("{at} events triggered"), &|l| {
+        triggered_at_least(l, at)
+    });
+    // packets from the RUs to bu1 vanish: no reset, no error, nothing comes back
+    assert!(Command::new("ip")
+        .args(["-n", &ns.a, "route", "add", "blackhole", "10.77.0.3/32"])
+        .status()
+        .unwrap()
+        .success());
+    let dark = Instant::now();
+    // watched until the EVM has dropped bu1 or ended (its report then says what happened)
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut found = None;
+    while Instant::now() < until {
+        let l = evm_line();
+        let dropped = l["stats"]["lost"].as_array().is_some_and(|v| {
+            v.iter()
+                .any(|e| e["node"] == "bu[1]" && e["kind"] == "lost")
+        });
+        if dropped {
+            found = Some(dark.elapsed());
+            break;
+        }
+        if l.is_null() && kids.get_mut("evm").unwrap().try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut outs = BTreeMap::new();
+    for (id, mut c) in kids {
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("{id} still running");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = c.wait_with_output().unwrap();
+        outs.insert(
+            id,
+            (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).to_string(),
+                String::from_utf8_lossy(&o.stderr).to_string(),
+            ),
+        );
+    }
+    for id in ["evm", "ru0", "ru1", "bu0"] {
+        assert!(
+            outs[id].0,
+            "{id} failed:\n{}\n{}\nevm:\n{}",
+            outs[id].1, outs[id].2, outs["evm"].2
+        );
+    }
+    let found =
+        found.unwrap_or_else(|| panic!("bu[1] not dropped in time; evm:\n{}", outs["evm"].2));
+    let r = evm_report(&outs);
+    assert_verdict_ok(&r);
+    let lost = node_events(&r["run"]["evm"]["lost"]);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(
+        lost[0].kind == NodeEventKind::Lost
+            && lost[0].node == "bu[1]"
+            && lost[0].reason.contains("data link"),
+        "{lost:?}"
+    );
+    // the heartbeat timeout (1 s), the EVM's grace for a BU's word (as long again), and
+    // the EVM's poll of its status: found in a few seconds, not at the stall timeout
+    assert!(found < Duration::from_secs(5), "found after {found:?}");
+    assert_eq!(
+        sum_built(&r["run"]) + r["run"]["evm"]["released_by_lost"].as_u64().unwrap(),
+        12000
+    );
+    assert!(!outs["bu1"].0, "bu1, dropped, stops");
     drop(ns);
 }

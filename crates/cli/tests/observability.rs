@@ -101,15 +101,32 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         );
     }
 
-    // a real Prometheus server scraping every node each second
+    // a real Prometheus server scraping every node each second, finding them through the
+    // EVM's service discovery endpoint (the configuration docs/operations.md shows)
+    let sd = Api::new(&nodes[0], None).get("/api/v1/sd").unwrap();
+    assert!(sd.ok(), "{:?}", sd.body);
+    let mut found: Vec<String> = sd
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["targets"][0].as_str().unwrap().to_string())
+        .collect();
+    found.sort();
+    let mut want = nodes.clone();
+    want.sort();
+    assert_eq!(
+        found, want,
+        "service discovery lists every node's API: {}",
+        sd.body
+    );
     let dir = tempfile::tempdir().unwrap();
-    let targets: Vec<String> = nodes.iter().map(|a| format!("'{a}'")).collect();
     let conf = dir.path().join("prometheus.yml");
     std::fs::write(
         &conf,
         format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: evb\n    static_configs:\n      - targets: [{}]\n",
-            targets.join(", ")
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: evb\n    http_sd_configs:\n      - url: http://{}/api/v1/sd\n        refresh_interval: 5s\n",
+            nodes[0]
         ),
     )
     .unwrap();
@@ -172,7 +189,11 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let up_targets = query("sum(up{job=\"evb\"})");
-        if up_targets["data"]["result"][0]["value"][1] == "5" {
+        // the labels come from the service discovery: 2 BUs of role bu
+        let bus = query("count(up{job=\"evb\",role=\"bu\"})");
+        if up_targets["data"]["result"][0]["value"][1] == "5"
+            && bus["data"]["result"][0]["value"][1] == "2"
+        {
             break;
         }
         assert!(

@@ -8,14 +8,43 @@ use common::nodes::{assert_verdict_ok, Run};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Where cargo put libevb.so (built as a dev-dependency, next to this test's binary).
+/// The library's SONAME: what a program linked with `-levb` asks for at run time.
+const SONAME: &str = concat!("libevb.so.0.", env!("CARGO_PKG_VERSION_MINOR"));
+
+/// Where cargo put libevb.so (built as a dev-dependency, next to this test's binary), with
+/// the SONAME's link beside it as an install makes it (cargo makes only libevb.so).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+    let dir = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
         .into_iter()
         .find(|d| d.join("libevb.so").exists())
-        .expect("libevb.so next to the test binary")
+        .expect("libevb.so next to the test binary");
+    let link = dir.join(SONAME);
+    if std::fs::symlink_metadata(&link).is_err() {
+        // several tests may make it at once: one wins, the others find it made
+        let _ = std::os::unix::fs::symlink("libevb.so", &link);
+    }
+    dir
+}
+
+/// libevb.so says its SONAME and carries no debug information.
+#[test]
+fn the_library_has_its_soname_and_no_debug_info() {
+    let lib = lib_dir().join("libevb.so");
+    let Ok(o) = Command::new("readelf").arg("-dS").arg(&lib).output() else {
+        return eprintln!("no readelf: test skipped");
+    };
+    let text = finished(o, "readelf");
+    assert!(
+        text.contains(&format!("Library soname: [{SONAME}]")),
+        "{text}"
+    );
+    assert!(
+        !text.contains(".debug_info"),
+        "debug information in {}",
+        lib.display()
+    );
 }
 
 /// Compiles one of the C examples into `dir`; `None` (test skipped) when there is no `cc`.
@@ -181,6 +210,13 @@ fn install_script_and_pkg_config_build_a_c_program() {
     for f in ["lib/libevb.so", "include/evb.h", "lib/pkgconfig/evb.pc"] {
         assert!(prefix.path().join(f).exists(), "{f} installed");
     }
+    // the SONAME's link, to the versioned file
+    let so = prefix.path().join("lib").join(SONAME);
+    let target = std::fs::read_link(&so).unwrap_or_else(|e| panic!("{}: {e}", so.display()));
+    assert_eq!(
+        target.to_str().unwrap(),
+        concat!("libevb.so.", env!("CARGO_PKG_VERSION"))
+    );
     let flags = match Command::new("pkg-config")
         .args(["--cflags", "--libs", "evb"])
         .env("PKG_CONFIG_PATH", prefix.path().join("lib/pkgconfig"))

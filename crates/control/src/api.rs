@@ -210,6 +210,7 @@ fn router(node: Shared, port: u16) -> Router {
             .route("/", get(page))
             .route("/api/v1/status", get(run_status))
             .route("/api/v1/runs", get(runs))
+            .route("/api/v1/sd", get(scrape_targets))
             .route("/api/v1/runs/{n}", get(run_record))
             .route("/api/v1/{command}", post(command));
     } else {
@@ -458,6 +459,14 @@ async fn run_status(State(node): State<Shared>) -> Response {
     match &node.controller {
         Some(c) => Json(c.status(&node)).into_response(),
         None => error(404, "only the EVM serves the run status"),
+    }
+}
+
+/// Prometheus's HTTP service discovery: every node's `/metrics` address with its labels.
+async fn scrape_targets(State(node): State<Shared>) -> Response {
+    match &node.controller {
+        Some(c) => Json(c.scrape_targets(&node)).into_response(),
+        None => error(404, "only the EVM lists the nodes"),
     }
 }
 

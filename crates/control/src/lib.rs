@@ -14,7 +14,7 @@ pub mod metrics;
 mod page;
 mod service;
 
-pub use controller::{Controller, RunEnd, RunRecord};
+pub use controller::{Controller, RunEnd, RunRecord, ScrapeTarget};
 pub use evb_transport::control_token;
 pub use service::{
     numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase, ProcessError,

@@ -71,6 +71,14 @@ pub(crate) struct CallOff {
     pub error: String,
 }
 
+/// One target group of Prometheus's HTTP service discovery (`http_sd_configs`): a node's
+/// `/metrics` address and its labels.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScrapeTarget {
+    pub targets: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
 /// What the controller knows of one node.
 #[derive(Debug, Clone, Default)]
 struct NodeView {
@@ -501,6 +509,53 @@ impl Core {
         } else {
             POLL_EVERY
         }
+    }
+
+    /// Every node's metrics address for Prometheus (`GET /api/v1/sd`): the configured control
+    /// address, or, for a node that found its own (port 0, discovery), the one it registered
+    /// with the EVM (`evm`'s status line); a node whose address is not known yet is left out.
+    /// `evm_api` is where the EVM's own API is bound.
+    pub(crate) fn scrape_targets(
+        &self,
+        evm: Option<&NodeStatus>,
+        evm_api: &str,
+    ) -> Vec<ScrapeTarget> {
+        let registered = evm.and_then(|s| s.registered.as_ref());
+        self.cfg
+            .nodes()
+            .into_iter()
+            .filter_map(|n| {
+                let (role, node_ref) = match n.role {
+                    Role::Evm => ("evm", "evm".to_string()),
+                    Role::Ru => ("ru", format!("ru[{}]", n.index)),
+                    Role::Bu => ("bu", format!("bu[{}]", n.index)),
+                };
+                let known = |a: &str| !a.is_empty() && !a.ends_with(":0");
+                let addr = if known(&n.control) {
+                    n.control.clone()
+                } else if n.role == Role::Evm && known(evm_api) {
+                    evm_api.to_string()
+                } else {
+                    registered?
+                        .iter()
+                        .find(|r| r.peer == node_ref && known(&r.control))?
+                        .control
+                        .clone()
+                };
+                let labels = [
+                    ("node", n.id.clone()),
+                    ("role", role.to_string()),
+                    ("evb_run_id", self.cfg.run.id.clone()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                Some(ScrapeTarget {
+                    targets: vec![addr],
+                    labels,
+                })
+            })
+            .collect()
     }
 
     /// The whole system's status (`GET /api/v1/status`, docs/control.md); `evm` is the EVM

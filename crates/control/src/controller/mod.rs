@@ -27,7 +27,7 @@ mod records;
 mod tests;
 
 use self::core::{Core, Effect, Rejoin};
-pub use self::core::{Refused, MAX_RUN};
+pub use self::core::{Refused, ScrapeTarget, MAX_RUN};
 use records::Finished;
 pub use records::{RunEnd, RunRecord};
 
@@ -197,6 +197,13 @@ impl Controller {
     pub(crate) fn status(&self, evm: &Node) -> Value {
         let snap = evm.control.snapshot();
         self.core().status(snap.as_ref(), unix_now())
+    }
+
+    /// Every node's metrics address for Prometheus's HTTP service discovery.
+    pub(crate) fn scrape_targets(&self, evm: &Node) -> Vec<ScrapeTarget> {
+        let snap = evm.control.snapshot();
+        self.core()
+            .scrape_targets(snap.as_ref(), &evm.control.api())
     }
 
     /// Refreshes the node table once a second, every node in parallel, until the EVM's node

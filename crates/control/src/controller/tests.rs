@@ -401,3 +401,62 @@ fn numbered_run_ids_fit_the_handshake() {
     assert_eq!(id.len(), 64);
     assert!(id.ends_with("#12345"));
 }
+
+#[test]
+fn prometheus_finds_every_node_with_a_known_address() {
+    // ports found at start (control.base_port = 0): known once the nodes registered
+    let cfg = Config::default();
+    let c = Core::new(&cfg, Mode::Serve);
+    let nodes = cfg.nodes();
+    assert!(nodes.iter().all(|n| n.control.ends_with(":0")));
+    assert!(c.scrape_targets(None, "").is_empty(), "nothing known yet");
+    let mut evm = NodeStatus::new("evm", RunState::Running, RoleStats::Evm(Box::default()));
+    let peer = |n: &evb_config::NodeSpec| match n.role {
+        evb_config::Role::Ru => format!("ru[{}]", n.index),
+        _ => format!("bu[{}]", n.index),
+    };
+    let others: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.role != evb_config::Role::Evm)
+        .collect();
+    evm.registered = Some(
+        others
+            .iter()
+            .enumerate()
+            .skip(1) // the first has not registered yet
+            .map(|(k, n)| evb_builder::Registered {
+                peer: peer(n),
+                rank: None,
+                host: "h".into(),
+                pid: 1,
+                data: format!("127.0.0.1:{}", 5000 + k),
+                control: format!("127.0.0.1:{}", 6000 + k),
+            })
+            .collect(),
+    );
+    let found = c.scrape_targets(Some(&evm), "127.0.0.1:5999");
+    assert_eq!(found.len(), nodes.len() - 1, "{found:?}");
+    assert!(found.iter().all(|t| t.labels["node"] != others[0].id));
+    let evm_target = found.iter().find(|t| t.labels["role"] == "evm").unwrap();
+    assert_eq!(evm_target.targets, ["127.0.0.1:5999"]);
+    let second = found
+        .iter()
+        .find(|t| t.labels["node"] == others[1].id)
+        .unwrap();
+    assert_eq!(second.targets, ["127.0.0.1:6001"]);
+    for t in &found {
+        assert_eq!(t.labels["evb_run_id"], cfg.run.id);
+    }
+    // configured ports are used as they are
+    let mut fixed = Config::default();
+    fixed.control.base_port = 9100;
+    let all = Core::new(&fixed, Mode::Serve).scrape_targets(None, "");
+    assert_eq!(all.len(), fixed.nodes().len());
+    assert!(
+        all.iter().any(|t| t.targets == ["127.0.0.1:9100"]),
+        "{all:?}"
+    );
+    // the JSON is Prometheus's http_sd format: a list of {targets, labels}
+    let v = serde_json::to_value(&found).unwrap();
+    assert!(v[0]["targets"].is_array() && v[0]["labels"]["role"].is_string());
+}

@@ -167,6 +167,7 @@ impl Driver {
                 }
             })
             .ok();
+        let watched_rx_pool = rx_pool.clone();
         let mut transport = make_transport(evb_transport::TransportConfig {
             run_id: cfg.run.id.clone(),
             local: setup::hello(cfg, &me, Channel::Control),
@@ -291,13 +292,17 @@ impl Driver {
             nodes,
             logic,
             messenger,
-            links: peers::Links::new(
-                bound,
-                dials,
-                expected,
-                now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
-                now,
-            ),
+            links: {
+                let mut links = peers::Links::new(
+                    bound,
+                    dials,
+                    expected,
+                    now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
+                    now,
+                );
+                links.watch_rx_pool(watched_rx_pool);
+                links
+            },
             reporter: status::Reporter::new(status, status_every, control.clone(), named, now),
             exit: None,
             sink: sink::SinkQueue::new(now),

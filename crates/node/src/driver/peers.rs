@@ -21,8 +21,12 @@ pub(super) struct Links {
     waiting_dials: Vec<Dial>,
     /// Where each peer we call can be reached, to call it again after a loss.
     dial_specs: FastMap<NodeRef, (String, Channel)>,
-    /// When each control peer was last heard from.
+    /// When each peer was last heard from (any message, on control and data links).
     last_heard: FastMap<NodeRef, Instant>,
+    /// The receive pool, and how often it was found empty by the last liveness check: while
+    /// it runs dry the transport stops reading, so a peer's silence is this node's own.
+    rx_pool: Option<evb_buffers::Pool>,
+    rx_exhausted: u64,
     next_heartbeat: Instant,
     next_liveness_check: Instant,
     /// When this node found that it had not run for a while, and for how long.
@@ -56,6 +60,8 @@ impl Links {
             waiting_dials: dials,
             dial_specs,
             last_heard: FastMap::default(),
+            rx_pool: None,
+            rx_exhausted: 0,
             next_heartbeat: now,
             next_liveness_check: now,
             suspended: None,
@@ -64,6 +70,23 @@ impl Links {
             up: false,
             connect_deadline,
         }
+    }
+
+    /// The pool the transport reads into (see `rx_exhausted`).
+    pub(super) fn watch_rx_pool(&mut self, pool: evb_buffers::Pool) {
+        self.rx_exhausted = pool.stats().exhausted;
+        self.rx_pool = Some(pool);
+    }
+
+    /// The receive pool ran dry since the last check (or is dry now): reads stopped.
+    fn rx_starved(&mut self) -> bool {
+        let Some(pool) = &self.rx_pool else {
+            return false;
+        };
+        let st = pool.stats();
+        let starved = st.exhausted != self.rx_exhausted || st.free == 0;
+        self.rx_exhausted = st.exhausted;
+        starved
     }
 
     /// Where this node's data listener is bound.
@@ -138,13 +161,25 @@ impl Driver {
             self.links.waiting_dials = later;
             ready
         };
-        for d in due {
+        let mut due = due.into_iter();
+        while let Some(mut d) = due.next() {
             let hello = setup::hello(&self.cfg, &self.me, d.channel);
             match self.messenger.connect(&d.addr, hello) {
                 Ok(conn) => {
                     self.links.dialing.insert(conn, d);
                 }
-                Err(e) => return Err(NodeError::Connect(d.addr.clone(), e.to_string())),
+                // calling a peer lost during the run again: a route that refuses at once (a
+                // blackhole route, a network unreachable for now) is tried again later, as a
+                // refused connection is; the run goes on without that peer meanwhile
+                Err(e) if self.links.up => {
+                    debug!(node = %self.me.id, "calling {} again at {} failed: {e}", d.peer, d.addr);
+                    d.retry_at = Some(now + Duration::from_millis(200));
+                    self.links.waiting_dials.push(d);
+                }
+                Err(e) => {
+                    self.links.waiting_dials.extend(due);
+                    return Err(NodeError::Connect(d.addr.clone(), e.to_string()));
+                }
             }
         }
         Ok(())
@@ -497,7 +532,10 @@ impl Driver {
         self.links.forget(p, conn);
     }
 
-    /// Heartbeats to the control peers; a control peer silent too long is lost.
+    /// Heartbeats on every link, control and data; a peer silent too long is lost. A data
+    /// link that drops packets instead of closing (a dead switch port, a firewall) is found
+    /// this way within `run.heartbeat_timeout_ms`: the RU or BU that stops hearing the other
+    /// tells the EVM (LinkLost), which drops the BU and has its events built elsewhere.
     pub(super) fn heartbeats(&mut self, now: Instant) {
         // Called every loop pass: the work runs a few times per heartbeat period only.
         if now < self.links.next_liveness_check {
@@ -516,20 +554,18 @@ impl Driver {
             }
             self.links.suspended = Some((now, gap));
         }
+        // The receive pool ran dry (back-pressure): the transport stopped reading, so no
+        // peer could be heard meanwhile; that is not their silence either.
+        if self.links.rx_starved() {
+            for t in self.links.last_heard.values_mut() {
+                *t = now;
+            }
+        }
         self.links.next_liveness_check = now + check_every;
-        let control: Vec<NodeRef> = match self.me.role {
-            Role::Evm => self.links.conns.keys().copied().collect(),
-            _ => self
-                .links
-                .conns
-                .keys()
-                .copied()
-                .filter(|p| *p == NodeRef::Evm)
-                .collect(),
-        };
+        let peers: Vec<NodeRef> = self.links.conns.keys().copied().collect();
         if now >= self.links.next_heartbeat {
             self.links.next_heartbeat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
-            for p in &control {
+            for p in &peers {
                 if let Some(&conn) = self.links.conns.get(p) {
                     let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
                 }
@@ -538,7 +574,7 @@ impl Driver {
         if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.links.up {
             return;
         }
-        for p in control {
+        for p in peers {
             let silent = self
                 .links
                 .last_heard
@@ -547,11 +583,16 @@ impl Driver {
             if silent {
                 if let Some(&conn) = self.links.conns.get(&p) {
                     self.messenger.close(conn);
+                    let what = if p == NodeRef::Evm || self.me.role == Role::Evm {
+                        "no heartbeat"
+                    } else {
+                        "data link silent: no heartbeat"
+                    };
                     self.lose(
                         now,
                         p,
                         conn,
-                        format!("no heartbeat for {} ms", timeout.as_millis()),
+                        format!("{what} for {} ms", timeout.as_millis()),
                     );
                 }
             }
