@@ -666,86 +666,67 @@ impl Drop for Netns {
     }
 }
 
-#[test]
-fn network_cut_to_a_bu_and_back() {
-    // bu1 in its own namespace (10.77.0.2), the rest in another (10.77.0.1); its link goes
-    // down for 2.5 s mid-run and comes back.
-    let Some(ns) = Netns::create("cut") else {
-        eprintln!("network_cut test skipped: cannot create network namespaces here (needs root and iproute2)");
-        return;
-    };
-    // the EVM's status is read inside its namespace, with curl
-    let has_curl = Command::new("curl")
+/// curl, which reads an API inside a namespace: a missing one skips the test, or fails it
+/// where the tools are required (`EVB_REQUIRE_TOOLS`).
+fn have_curl(test: &str) -> bool {
+    let ok = Command::new("curl")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !has_curl {
+    if !ok {
         assert!(
             std::env::var("EVB_REQUIRE_TOOLS").is_err(),
             "curl is required (EVB_REQUIRE_TOOLS) but not installed"
         );
-        eprintln!("network_cut test skipped: curl is not installed (Debian: apt-get install curl)");
-        return;
+        eprintln!("{test} skipped: curl is not installed (Debian: apt-get install curl)");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("cut.toml");
-    let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\ncontrol = \"127.0.0.1:7700\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
-                 [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7603\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.2:7604\"\nsink_delay_us = 20000\n";
-    let toml = PACED.replace("[run]\n", "[run]\nsecret = \"cut-test-secret\"\n") + nodes;
-    std::fs::write(&cfg, toml).unwrap();
-    let spawn = |netns: &str, id: &str| {
-        Command::new("ip")
-            .args(["netns", "exec", netns, EVB, "node", "--id", id, "--config"])
-            .arg(&cfg)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let mut kids: BTreeMap<String, Child> = BTreeMap::new();
-    for id in ["evm", "ru0", "ru1", "bu0"] {
-        kids.insert(id.into(), spawn(&ns.b, id));
-    }
-    kids.insert("bu1".into(), spawn(&ns.a, "bu1"));
-    // the EVM's latest status line, read in its namespace
-    let evm_line = || -> Value {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &ns.b, "curl", "-s", "-m", "2"])
-            .arg("http://127.0.0.1:7700/api/v1/node")
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone()
-    };
-    let wait_evm = |what: &str, f: &dyn Fn(&Value) -> bool| {
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            let l = evm_line();
-            if f(&l) {
-                return;
-            }
-            assert!(
-                Instant::now() < until,
-                "gave up waiting for {what}; the EVM's last status: {l}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+    ok
+}
+
+/// Node `id` of `cfg` as an `evb node` process in namespace `netns`.
+fn spawn_in(netns: &str, id: &str, cfg: &std::path::Path) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", netns, EVB, "node", "--id", id, "--config"])
+        .arg(cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The EVM's latest status line, read with curl in its namespace (`null` when it does not
+/// answer).
+fn evm_line_in(netns: &str, control: &str) -> Value {
+    let o = Command::new("ip")
+        .args(["netns", "exec", netns, "curl", "-s", "-m", "2"])
+        .arg(format!("http://{control}/api/v1/node"))
+        .output()
+        .unwrap();
+    serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone()
+}
+
+/// Polls the EVM's status in its namespace until `f` holds (30 s at most).
+fn wait_evm_in(netns: &str, control: &str, what: &str, f: &dyn Fn(&Value) -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = evm_line_in(netns, control);
+        if f(&l) {
+            return;
         }
-    };
-    wait_evm("the run running with 2000 events triggered", &|l| {
-        triggered_at_least(l, 2000)
-    });
-    ns.link(false);
-    let cut = Instant::now();
-    // down until the EVM has declared bu1 lost, and 2.5 s in all (the fault's length, over
-    // the 1 s heartbeat timeout)
-    wait_evm("the EVM to declare bu[1] lost", &|l| {
-        l["stats"]["lost"].as_array().is_some_and(|v| {
-            v.iter()
-                .any(|e| e["node"] == "bu[1]" && e["kind"] == "lost")
-        })
-    });
-    std::thread::sleep(Duration::from_millis(2500).saturating_sub(cut.elapsed()));
-    ns.link(true);
-    let deadline = Instant::now() + Duration::from_secs(40);
+        assert!(
+            Instant::now() < until,
+            "gave up waiting for {what}; the EVM's last status: {l}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every process's end, (success, stdout, stderr) by id; `limit` for all of them.
+fn outputs(
+    kids: BTreeMap<String, Child>,
+    limit: Duration,
+) -> BTreeMap<String, (bool, String, String)> {
+    let deadline = Instant::now() + limit;
     let mut outs = BTreeMap::new();
     for (id, mut c) in kids {
         while c.try_wait().unwrap().is_none() {
@@ -765,6 +746,50 @@ fn network_cut_to_a_bu_and_back() {
             ),
         );
     }
+    outs
+}
+
+#[test]
+fn network_cut_to_a_bu_and_back() {
+    // bu1 in its own namespace (10.77.0.2), the rest in another (10.77.0.1); its link goes
+    // down for 2.5 s mid-run and comes back.
+    let Some(ns) = Netns::create("cut") else {
+        eprintln!("network_cut test skipped: cannot create network namespaces here (needs root and iproute2)");
+        return;
+    };
+    // the EVM's status is read inside its namespace, with curl
+    if !have_curl("network_cut test") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cut.toml");
+    let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\ncontrol = \"127.0.0.1:7700\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
+                 [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7603\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.2:7604\"\nsink_delay_us = 20000\n";
+    let toml = PACED.replace("[run]\n", "[run]\nsecret = \"cut-test-secret\"\n") + nodes;
+    std::fs::write(&cfg, toml).unwrap();
+    let mut kids: BTreeMap<String, Child> = BTreeMap::new();
+    for id in ["evm", "ru0", "ru1", "bu0"] {
+        kids.insert(id.into(), spawn_in(&ns.b, id, &cfg));
+    }
+    kids.insert("bu1".into(), spawn_in(&ns.a, "bu1", &cfg));
+    let wait_evm =
+        |what: &str, f: &dyn Fn(&Value) -> bool| wait_evm_in(&ns.b, "127.0.0.1:7700", what, f);
+    wait_evm("the run running with 2000 events triggered", &|l| {
+        triggered_at_least(l, 2000)
+    });
+    ns.link(false);
+    let cut = Instant::now();
+    // down until the EVM has declared bu1 lost, and 2.5 s in all (the fault's length, over
+    // the 1 s heartbeat timeout)
+    wait_evm("the EVM to declare bu[1] lost", &|l| {
+        l["stats"]["lost"].as_array().is_some_and(|v| {
+            v.iter()
+                .any(|e| e["node"] == "bu[1]" && e["kind"] == "lost")
+        })
+    });
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(cut.elapsed()));
+    ns.link(true);
+    let outs = outputs(kids, Duration::from_secs(40));
     for id in ["evm", "ru0", "ru1", "bu0"] {
         assert!(outs[id].0, "{id} failed:\n{}", outs[id].2);
     }
@@ -799,16 +824,7 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
         eprintln!("black-hole test skipped: cannot create network namespaces here (needs root and iproute2)");
         return;
     };
-    let has_curl = Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_curl {
-        assert!(
-            std::env::var("EVB_REQUIRE_TOOLS").is_err(),
-            "curl is required (EVB_REQUIRE_TOOLS) but not installed"
-        );
-        eprintln!("black-hole test skipped: curl is not installed (Debian: apt-get install curl)");
+    if !have_curl("black-hole test") {
         return;
     }
     let (seed, _) = chaos_seed("", 1);
@@ -837,45 +853,15 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
         .replace("events = 6000", "events = 12000")
         + nodes;
     std::fs::write(&cfg, toml).unwrap();
-    let spawn = |netns: &str, id: &str| {
-        Command::new("ip")
-            .args(["netns", "exec", netns, EVB, "node", "--id", id, "--config"])
-            .arg(&cfg)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
     let mut kids: BTreeMap<String, Child> = BTreeMap::new();
     for id in ["evm", "bu0", "bu1"] {
-        kids.insert(id.into(), spawn(&ns.b, id));
+        kids.insert(id.into(), spawn_in(&ns.b, id, &cfg));
     }
     for id in ["ru0", "ru1"] {
-        kids.insert(id.into(), spawn(&ns.a, id));
+        kids.insert(id.into(), spawn_in(&ns.a, id, &cfg));
     }
-    let evm_line = || -> Value {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &ns.b, "curl", "-s", "-m", "2"])
-            .arg("http://127.0.0.1:7720/api/v1/node")
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone()
-    };
-    let wait_evm = |what: &str, f: &dyn Fn(&Value) -> bool| {
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            let l = evm_line();
-            if f(&l) {
-                return;
-            }
-            assert!(
-                Instant::now() < until,
-                "gave up waiting for {what}; the EVM's last status: {l}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    wait_evm(&format!("{at} events triggered"), &|l| {
+    let control = "127.0.0.1:7720";
+    wait_evm_in(&ns.b, control, &format!("{at} events triggered"), &|l| {
         triggered_at_least(l, at)
     });
     // packets from the RUs to bu1 vanish: no reset, no error, nothing comes back
@@ -889,7 +875,7 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
     let until = Instant::now() + Duration::from_secs(30);
     let mut found = None;
     while Instant::now() < until {
-        let l = evm_line();
+        let l = evm_line_in(&ns.b, control);
         let dropped = l["stats"]["lost"].as_array().is_some_and(|v| {
             v.iter()
                 .any(|e| e["node"] == "bu[1]" && e["kind"] == "lost")
@@ -903,26 +889,7 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let mut outs = BTreeMap::new();
-    for (id, mut c) in kids {
-        while c.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("{id} still running");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let o = c.wait_with_output().unwrap();
-        outs.insert(
-            id,
-            (
-                o.status.success(),
-                String::from_utf8_lossy(&o.stdout).to_string(),
-                String::from_utf8_lossy(&o.stderr).to_string(),
-            ),
-        );
-    }
+    let outs = outputs(kids, Duration::from_secs(40));
     for id in ["evm", "ru0", "ru1", "bu0"] {
         assert!(
             outs[id].0,
