@@ -13,6 +13,15 @@ use crate::client::{CallError, CallErrorKind};
 use crate::fsm::{Command, State};
 use crate::service::{numbered_run_id, Mode, NodeReply, Phase};
 
+/// A run's end without an EVM report.
+fn ended(ok: bool, reason: &str) -> Finished {
+    Finished {
+        ok,
+        reason: reason.into(),
+        report: None,
+    }
+}
+
 fn core() -> Core {
     Core::new(&Config::default(), Mode::Serve)
 }
@@ -186,15 +195,7 @@ fn a_node_answering_twice_is_counted_once() {
 fn an_answer_from_an_older_run_is_not_this_run_s() {
     let mut c = core();
     started(&mut c);
-    c.finished(
-        1,
-        Finished {
-            ok: true,
-            reason: "done".into(),
-            report: None,
-        },
-        110.0,
-    );
+    c.finished(1, ended(true, "done"), 110.0);
     assert_eq!(c.state(), State::Ready);
     let (reply2, _) = c.command(Command::Start, &json!({}), 120.0).unwrap();
     assert_eq!(reply2["run"], 2);
@@ -296,15 +297,7 @@ fn a_restarted_bu_is_told_to_rejoin_once() {
 fn run_numbers_are_refused_when_taken_or_out_of_range() {
     let mut c = core();
     started(&mut c);
-    c.finished(
-        1,
-        Finished {
-            ok: true,
-            reason: "done".into(),
-            report: None,
-        },
-        0.0,
-    );
+    c.finished(1, ended(true, "done"), 0.0);
     let e = c
         .command(Command::Start, &json!({"run": 1}), 0.0)
         .unwrap_err();
@@ -335,15 +328,7 @@ fn a_reset_aborts_the_run_into_ready_and_a_verdict_fails_an_ok_run() {
             Effect::Pause(false)
         ]
     );
-    c.finished(
-        1,
-        Finished {
-            ok: false,
-            reason: "aborted".into(),
-            report: None,
-        },
-        0.0,
-    );
+    c.finished(1, ended(false, "aborted"), 0.0);
     assert_eq!(c.state(), State::Ready);
     assert_eq!(c.run_record(1).unwrap().state, "aborted");
     // run 2 says ok, but its report does not add up: failed, the verdict its reason
