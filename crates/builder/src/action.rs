@@ -75,6 +75,18 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// The state's name, as status lines write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunState::Configured => "configured",
+            RunState::Ready => "ready",
+            RunState::Running => "running",
+            RunState::Stopping => "stopping",
+            RunState::Halted => "halted",
+            RunState::Aborted => "aborted",
+        }
+    }
+
     /// Halted or aborted: nothing more happens.
     pub fn is_over(self) -> bool {
         matches!(self, RunState::Halted | RunState::Aborted)

@@ -397,6 +397,14 @@ mod tests {
     }
 
     #[test]
+    fn a_run_state_s_name_is_how_a_status_line_writes_it() {
+        use RunState::*;
+        for st in [Configured, Ready, Running, Stopping, Halted, Aborted] {
+            assert_eq!(serde_json::to_value(st).unwrap(), st.name());
+        }
+    }
+
+    #[test]
     fn error_counters_carry_their_metric_labels() {
         let line = bu_line();
         let errors = line.stats.errors();

@@ -27,10 +27,7 @@ pub fn print(
             continue;
         };
         let role = r.role.name();
-        let state = serde_json::to_value(r.state)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
+        let state = r.state.name();
         let (events, bytes, notes) = match &r.stats {
             RoleStats::Evm(s) => (
                 s.triggered,

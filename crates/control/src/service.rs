@@ -58,6 +58,26 @@ pub(crate) struct NodeState {
     pub last: Option<LastRun>,
 }
 
+/// A configured node's role as status lines and metrics name it.
+pub(crate) fn status_role(r: Role) -> StatusRole {
+    match r {
+        Role::Evm => StatusRole::Evm,
+        Role::Ru => StatusRole::Ru,
+        Role::Bu => StatusRole::Bu,
+    }
+}
+
+impl Phase {
+    /// The phase's name, as `GET /api/v1/node` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Running => "running",
+            Phase::Halted => "halted",
+        }
+    }
+}
+
 /// How a node's last run ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LastRun {
@@ -111,11 +131,7 @@ impl Node {
     }
 
     pub(crate) fn role_name(&self) -> &'static str {
-        match self.spec.role {
-            Role::Evm => "evm",
-            Role::Ru => "ru",
-            Role::Bu => "bu",
-        }
+        status_role(self.spec.role).name()
     }
 
     /// The bearer token this node presents to its peers' APIs.
@@ -142,11 +158,7 @@ impl Node {
         let st = self.lock();
         NodeReply {
             node: self.spec.id.clone(),
-            role: match self.spec.role {
-                Role::Evm => StatusRole::Evm,
-                Role::Ru => StatusRole::Ru,
-                Role::Bu => StatusRole::Bu,
-            },
+            role: status_role(self.spec.role),
             pid: std::process::id(),
             phase: st.phase,
             mode: self.mode,

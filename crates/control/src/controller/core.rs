@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use evb_builder::{NodeStatus, StatusRole};
+use evb_builder::{NodeRef, NodeStatus, StatusRole};
 use evb_config::{Config, NodeSpec, Role};
 use serde_json::{json, Value};
 use tracing::info;
@@ -15,7 +15,7 @@ use super::adopt::{adopt, changed_sections, restart_keys};
 use super::records::{Finished, RunRecord};
 use crate::client::CallError;
 use crate::fsm::{self, Command, State};
-use crate::service::{numbered_run_id, Mode, NodeReply, Phase};
+use crate::service::{numbered_run_id, status_role, Mode, NodeReply, Phase};
 
 /// The largest run number: 2^53 - 1, exact in every JSON reader (the page's included), and
 /// far from wrapping when the next run is numbered one more.
@@ -525,11 +525,13 @@ impl Core {
             .nodes()
             .into_iter()
             .filter_map(|n| {
-                let (role, node_ref) = match n.role {
-                    Role::Evm => ("evm", "evm".to_string()),
-                    Role::Ru => ("ru", format!("ru[{}]", n.index)),
-                    Role::Bu => ("bu", format!("bu[{}]", n.index)),
-                };
+                let role = status_role(n.role).name();
+                let node_ref = match n.role {
+                    Role::Evm => NodeRef::Evm,
+                    Role::Ru => NodeRef::Ru(n.index),
+                    Role::Bu => NodeRef::Bu(n.index),
+                }
+                .to_string();
                 let known = |a: &str| !a.is_empty() && !a.ends_with(":0");
                 let addr = if known(&n.control) {
                     n.control.clone()
@@ -565,11 +567,7 @@ impl Core {
         let (mut total_rate, mut total_bps, mut built) = (0.0, 0.0, 0u64);
         for n in self.cfg.nodes() {
             let v = self.nodes.get(&n.id).cloned().unwrap_or_default();
-            let role = match n.role {
-                Role::Evm => StatusRole::Evm,
-                Role::Ru => StatusRole::Ru,
-                Role::Bu => StatusRole::Bu,
-            };
+            let role = status_role(n.role);
             let snap = v.snapshot();
             let refused = v.error.as_ref().is_some_and(|e| e.is_refused());
             let state = match (&v.error, &v.reply) {
@@ -577,8 +575,8 @@ impl Core {
                 (Some(_), Some(_)) if v.failures >= 2 || refused => "unreachable".to_string(),
                 // the driver's state during a run, the node's phase between runs
                 (_, Some(r)) => match (snap, r.phase) {
-                    (Some(s), Phase::Running) => json!(s.state).as_str().unwrap_or("?").into(),
-                    (_, p) => json!(p).as_str().unwrap_or("?").into(),
+                    (Some(s), Phase::Running) => s.state.name().to_string(),
+                    (_, p) => p.name().to_string(),
                 },
                 (None, None) => "unknown".to_string(),
             };
