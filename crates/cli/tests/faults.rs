@@ -919,3 +919,90 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
     assert!(!outs["bu1"].0, "bu1, dropped, stops");
     drop(ns);
 }
+
+/// The same fault through the command users type: `evb run` in a namespace the test makes,
+/// bu1's data address 127.0.0.3 black-holed (a route that drops, no reset) at a seeded
+/// moment while the run is on. The run ends OK: bu1 dropped, its events built by bu0.
+#[test]
+fn evb_run_finds_a_black_holed_data_link_at_a_seeded_moment() {
+    let ns = format!("evbbh{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let _ = ip(&["netns", "del", &ns]);
+    if !ip(&["netns", "add", &ns]) {
+        eprintln!("black-hole test skipped: cannot create network namespaces here (needs root and iproute2)");
+        return;
+    }
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _gone = Gone(ns.clone());
+    assert!(ip(&["-n", &ns, "link", "set", "lo", "up"]));
+    if !have_curl("black-hole test") {
+        return;
+    }
+    let (seed, _) = chaos_seed("", 1);
+    let at = 1000 + seed % 3000;
+    eprintln!("black-hole test: the link goes dark at {at} events triggered (EVB_CHAOS_SEED={seed} replays it)");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bh.toml");
+    let json = dir.path().join("bh.json");
+    let control = "127.0.0.1:7730";
+    let toml = PACED.replace("events = 6000", "events = 12000")
+        + &format!(
+            "[topology]\nrus = 2\nbus = 2\n[evm]\ncontrol = \"{control}\"\n\
+             [[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\naddr = \"127.0.0.3:0\"\n"
+        );
+    std::fs::write(&cfg, toml).unwrap();
+    let run = Command::new("ip")
+        .args(["netns", "exec", &ns, EVB, "run", "--quiet", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_evm_in(&ns, control, &format!("{at} events triggered"), &|l| {
+        triggered_at_least(l, at)
+    });
+    // the local table decides first for 127/8: the blackhole goes there
+    assert!(ip(&[
+        "-n",
+        &ns,
+        "route",
+        "add",
+        "blackhole",
+        "127.0.0.3/32",
+        "table",
+        "local"
+    ]));
+    let o = run.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("VERDICT: OK"), "{out}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let lost = node_events(&doc["run"]["evm"]["lost"]);
+    assert!(
+        lost.len() == 1
+            && lost[0].kind == NodeEventKind::Lost
+            && lost[0].node == "bu[1]"
+            && lost[0].reason.contains("data link"),
+        "{lost:?}"
+    );
+    assert_eq!(
+        sum_built(&doc["run"]) + doc["run"]["evm"]["released_by_lost"].as_u64().unwrap(),
+        12000
+    );
+}
