@@ -52,6 +52,13 @@ pub enum Action {
     Deliver(BuiltEvent),
     /// BU: the EVM accepted the release of these events: the sink may make them output.
     Accepted(evb_wire::EventRange),
+    /// BU: the EVM committed part `part` of the sink's output: publish it
+    /// (`Sink::publish`), then call `Bu::published`.
+    Publish(u32),
+    /// EVM: BU `bu` was lost after part `part` of its output was committed and before it
+    /// said the part was published: publish it for the BU where its files can be reached
+    /// (the sink's directory), then call `Evm::published_for`.
+    PublishFor { bu: u16, part: u32 },
     /// EVM: drop this node from the run now (close its control connection), e.g. a BU
     /// that an RU can no longer reach.
     Disconnect(NodeRef),

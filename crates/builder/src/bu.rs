@@ -481,6 +481,9 @@ impl Bu {
                 }
             }
             Message::Release(r) if r.bu == self.me() => self.accepted(r),
+            Message::Committed { bu, part } if bu == self.me() => {
+                self.actions.push_back(Action::Publish(part))
+            }
             Message::Stop { .. } => {
                 self.state = RunState::Stopping;
                 self.stats.incomplete_at_stop =
@@ -750,6 +753,39 @@ impl Bu {
         if let Some(a) = run {
             self.actions.push_back(Action::Accepted(a));
         }
+    }
+
+    /// The sink made part `part` of its output durable under a temporary name, holding
+    /// these accepted events (at most `MAX_COMMIT_RANGES` ranges): ask the EVM to commit it.
+    /// Its answer (`Committed`) comes as [`Action::Publish`].
+    pub fn commit(&mut self, part: u32, ranges: &[(u64, u32)]) {
+        self.flush_release();
+        let bu = self.me();
+        let ranges = ranges
+            .iter()
+            .map(|&(first, count)| EventRange { bu, first, count })
+            .collect();
+        self.actions.push_back(Action::Send {
+            to: NodeRef::Evm,
+            msg: Message::Commit {
+                bu: self.me(),
+                part,
+                ranges,
+            },
+            path: Path::Batched,
+        });
+    }
+
+    /// The sink published part `part`: tell the EVM.
+    pub fn published(&mut self, part: u32) {
+        self.actions.push_back(Action::Send {
+            to: NodeRef::Evm,
+            msg: Message::PartPublished {
+                bu: self.me(),
+                part,
+            },
+            path: Path::Batched,
+        });
     }
 
     fn flush_release(&mut self) {

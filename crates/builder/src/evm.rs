@@ -53,6 +53,11 @@ pub struct EvmConfig {
     /// before the BU is dropped instead (the link alone is gone; the RU sends on to others).
     /// About the heartbeat timeout.
     pub link_grace: Duration,
+    /// The BUs whose sinks commit their output (a file sink): their releases only make
+    /// events accepted, and the events become final, and the RUs forget them, when the BU
+    /// commits the part holding them (docs/protocol.md §6 step 7). Empty or shorter than
+    /// `n_bu`: the BUs not named do not commit.
+    pub commits: Vec<bool>,
 }
 
 /// How the EVM picks the BU of the next batch of events.
@@ -90,6 +95,22 @@ pub struct EvmStats {
     /// Releases by BU incarnations that were lost (their reports died with them).
     pub released_by_lost: u64,
     pub released_id_sum_by_lost: u64,
+    /// Events accepted from BUs whose sinks commit (each counted once per acceptance: an
+    /// event accepted by a BU lost before committing it is accepted again elsewhere).
+    #[serde(default)]
+    pub accepted: u64,
+    /// Parts of output committed (each one Commit answered).
+    #[serde(default)]
+    pub parts_committed: u64,
+    /// Events in parts the EVM committed at a BU that was lost before it said the part was
+    /// published, and that the EVM could not publish for it (the sink's directory is not
+    /// reachable from the EVM's host): final, but in files under their temporary names.
+    /// Judged: must be 0.
+    #[serde(default)]
+    pub committed_unpublished: u64,
+    /// Parts of lost BUs (committed, not said published) that the EVM published for them.
+    #[serde(default)]
+    pub parts_published_for_lost: u64,
     /// What happened to nodes during the run, in order: every loss, with when and why, and
     /// every rejoin and refused report (see [`NodeEvent`]).
     pub lost: Vec<NodeEvent>,
@@ -151,6 +172,11 @@ pub struct Evm {
     stats: EvmStats,
     /// Events each live-fed RU has announced (`Available`); `None`: not live-fed.
     available: Vec<Option<u64>>,
+    /// Per BU, the parts committed and not yet said published, with their event counts.
+    unpublished: Vec<Vec<(u32, u64)>>,
+    /// Parts of lost BUs committed and not said published: (bu, part, events), until the
+    /// driver says whether it published them (`Evm::published_for`).
+    in_doubt: Vec<(u16, u32, u64)>,
 }
 
 impl Evm {
@@ -187,7 +213,14 @@ impl Evm {
             actions: VecDeque::new(),
             stats,
             available: vec![None; cfg_n_ru],
+            unpublished: vec![Vec::new(); n_bu],
+            in_doubt: Vec::new(),
         }
+    }
+
+    /// Whether BU `b`'s sink commits its output.
+    fn commits(&self, b: u16) -> bool {
+        self.cfg.commits.get(b as usize).copied().unwrap_or(false)
     }
 
     pub fn state(&self) -> RunState {
@@ -340,23 +373,39 @@ impl Evm {
                 }
             }
             (Message::Release(r), NodeRef::Bu(b)) if b == r.bu => {
-                let outcome = self.ledger.release(r);
-                self.stats.released += outcome.released;
+                let commits = self.commits(b);
+                let outcome = if commits {
+                    self.ledger.accept(r)
+                } else {
+                    self.ledger.release(r)
+                };
                 self.stats.duplicate_releases += outcome.duplicates;
                 self.stats.unknown_releases += outcome.unknown;
                 self.stats.misrouted_releases += outcome.misrouted;
                 if outcome.released > 0 {
                     self.last_progress = now;
                 }
+                if commits {
+                    self.stats.accepted += outcome.released;
+                }
                 for valid in outcome.ranges {
-                    let b = b as usize;
-                    self.stats.released_by_bu[b] += valid.count as u64;
-                    let ids = (valid.first..valid.end()).fold(0u64, |s, id| s.wrapping_add(id));
-                    self.stats.released_id_sum_by_bu[b] =
-                        self.stats.released_id_sum_by_bu[b].wrapping_add(ids);
-                    self.send_to(self.live_rus(), Message::Release(valid), Path::Batched);
+                    if !commits {
+                        self.count_final(b, valid);
+                    }
                     // The echo tells the BU these are its output (see `Bu::accepted`).
                     self.send_to(vec![from], Message::Release(valid), Path::Batched);
+                }
+            }
+            (Message::Commit { bu, part, ranges }, NodeRef::Bu(b)) if b == bu => {
+                self.commit(now, b, part, &ranges)
+            }
+            (Message::PartPublished { bu, part }, NodeRef::Bu(b)) if b == bu => {
+                let parts = &mut self.unpublished[b as usize];
+                match parts.iter().position(|(p, _)| *p == part) {
+                    Some(k) => {
+                        parts.remove(k);
+                    }
+                    None => self.stats.errors += 1,
                 }
             }
             (Message::Available { count, done }, NodeRef::Ru(r)) => {
@@ -399,6 +448,59 @@ impl Evm {
                 );
                 self.stats.errors += 1
             }
+        }
+    }
+
+    /// Events of BU `b` became final: counted as its output, and the RUs forget them.
+    fn count_final(&mut self, b: u16, valid: EventRange) {
+        let bi = b as usize;
+        self.stats.released += valid.count as u64;
+        self.stats.released_by_bu[bi] += valid.count as u64;
+        let ids = (valid.first..valid.end()).fold(0u64, |s, id| s.wrapping_add(id));
+        self.stats.released_id_sum_by_bu[bi] = self.stats.released_id_sum_by_bu[bi].wrapping_add(ids);
+        self.send_to(self.live_rus(), Message::Release(valid), Path::Batched);
+    }
+
+    /// BU `b` asks to publish part `part` of its output, holding `ranges` of accepted
+    /// events. It is in the run (a lost BU's messages never get here), so the answer is yes:
+    /// the events become final now, whatever happens to the BU afterwards, and the RUs
+    /// forget them. Ids that were not accepted from it are counted as bad releases.
+    fn commit(&mut self, now: Instant, b: u16, part: u32, ranges: &[EventRange]) {
+        if !self.commits(b) || !matches!(self.state, RunState::Running | RunState::Stopping) {
+            self.stats.errors += 1;
+            return;
+        }
+        let mut events = 0;
+        for r in ranges {
+            let outcome = self.ledger.commit(*r);
+            self.stats.duplicate_releases += outcome.duplicates;
+            self.stats.unknown_releases += outcome.unknown;
+            self.stats.misrouted_releases += outcome.misrouted;
+            events += outcome.released;
+            for valid in outcome.ranges {
+                self.count_final(b, valid);
+            }
+        }
+        self.last_progress = now;
+        self.stats.parts_committed += 1;
+        self.unpublished[b as usize].push((part, events));
+        // at once: a Stop (sent at once) must not overtake the BU's last Committed
+        let msg = Message::Committed { bu: b, part };
+        self.send_to(vec![NodeRef::Bu(b)], msg, Path::Now);
+    }
+
+    /// The driver published (`published`), or could not reach, part `part` of lost BU
+    /// `bu` ([`Action::PublishFor`]). A part it could not publish is judged: its events are
+    /// final, in files under their temporary names only.
+    pub fn published_for(&mut self, bu: u16, part: u32, published: bool) {
+        let Some(k) = self.in_doubt.iter().position(|(b, p, _)| (*b, *p) == (bu, part)) else {
+            return;
+        };
+        let (_, _, events) = self.in_doubt.remove(k);
+        if published {
+            self.stats.parts_published_for_lost += 1;
+        } else {
+            self.stats.committed_unpublished += events;
         }
     }
 
@@ -531,14 +633,20 @@ impl Evm {
         }
     }
 
-    /// Takes back everything a lost BU held; other BUs build it again (the RUs still hold
-    /// the fragments, since nothing it did not release was freed).
+    /// Takes back everything a lost BU held and had not made final; other BUs build it again
+    /// (the RUs still hold the fragments: nothing that is not final was freed).
     fn bu_lost(&mut self, now: Instant, b: u16, _reason: &str) {
         let bi = b as usize;
         self.credits[bi] = 0;
         self.stats.released_by_lost += std::mem::take(&mut self.stats.released_by_bu[bi]);
         let sum = std::mem::take(&mut self.stats.released_id_sum_by_bu[bi]);
         self.stats.released_id_sum_by_lost = self.stats.released_id_sum_by_lost.wrapping_add(sum);
+        // committed, and the BU died before it said the part was published: its files are
+        // durable under their temporary names, and the driver publishes them for it
+        for (part, events) in std::mem::take(&mut self.unpublished[bi]) {
+            self.in_doubt.push((b, part, events));
+            self.actions.push_back(Action::PublishFor { bu: b, part });
+        }
         let orphans = self.ledger.unreleased_of(b);
         self.stats.reassigned += orphans.len() as u64;
         self.reassign.extend(orphans);

@@ -1,18 +1,28 @@
-//! The EVM's ledger: for every event id ever triggered, which BU has it and whether it has
-//! been released. Ids are consecutive, so a window (a ring from the oldest unreleased id)
-//! holds everything in flight.
+//! The EVM's ledger: for every event id ever triggered, which BU has it and whether it is
+//! final. Ids are consecutive, so a window (a ring from the oldest id not final) holds
+//! everything in flight.
+//!
+//! An event is final once released by a BU whose sink does not commit (its release is the
+//! end of it), or once committed by a BU whose sink does (docs/protocol.md §6 step 7): its
+//! release then only marks it accepted, and it stays in flight, and the RUs keep its
+//! fragments, until the BU's part holding it is committed.
 
 use std::collections::VecDeque;
 
 use evb_wire::EventRange;
 
+/// Final: released (a sink that does not commit) or committed.
 const RELEASED: u16 = 0x8000;
+/// Accepted from a BU whose sink commits, and not committed yet.
+const ACCEPTED: u16 = 0x4000;
+/// The BU index under the flags (at most `MAX_NODES` = 4096 BUs).
+const BU: u16 = 0x3FFF;
 
 #[derive(Debug, Default)]
 pub struct Ledger {
     /// Id of `window[0]`; every id below it is released.
     base: u64,
-    /// BU index of each id in flight, with `RELEASED` set once released.
+    /// BU index of each id in flight, with `ACCEPTED` and `RELEASED` as they become so.
     window: VecDeque<u16>,
     in_flight: u64,
 }
@@ -45,12 +55,12 @@ impl Ledger {
         self.in_flight += r.count as u64;
     }
 
-    /// Ids assigned to `bu` and not released, oldest first.
+    /// Ids assigned to `bu` and not final (accepted ones included), oldest first.
     pub fn unreleased_of(&self, bu: u16) -> Vec<u64> {
         self.window
             .iter()
             .enumerate()
-            .filter(|(_, s)| **s == bu)
+            .filter(|(_, s)| **s & RELEASED == 0 && **s & BU == bu)
             .map(|(i, _)| self.base + i as u64)
             .collect()
     }
@@ -63,13 +73,51 @@ impl Ledger {
                 .and_then(|k| self.window.get_mut(k as usize))
             {
                 if *slot & RELEASED == 0 {
+                    // accepted from the lost BU is not final: the new one starts afresh
                     *slot = r.bu;
                 }
             }
         }
     }
 
+    /// A release from a BU whose sink does not commit: its events are final.
     pub fn release(&mut self, r: EventRange) -> ReleaseOutcome {
+        self.mark(r, RELEASED)
+    }
+
+    /// A release from a BU whose sink commits: its events are accepted, and stay in flight
+    /// until [`Ledger::commit`].
+    pub fn accept(&mut self, r: EventRange) -> ReleaseOutcome {
+        self.mark(r, ACCEPTED)
+    }
+
+    /// A committed part's range: each id must be accepted from `r.bu`, and becomes final.
+    /// Ids that are not (never accepted, another BU's, already final) are counted `unknown`,
+    /// `misrouted` or `duplicates` and left as they are.
+    pub fn commit(&mut self, r: EventRange) -> ReleaseOutcome {
+        let mut out = ReleaseOutcome::default();
+        let (lo, hi) = (r.first.max(self.base), r.end().min(self.next_id()));
+        out.duplicates += r.end().min(self.base).saturating_sub(r.first);
+        out.unknown += r.end().saturating_sub(r.first.max(self.next_id()));
+        for id in lo..hi.max(lo) {
+            let slot = &mut self.window[(id - self.base) as usize];
+            if *slot & RELEASED != 0 {
+                out.duplicates += 1;
+            } else if *slot & BU != r.bu {
+                out.misrouted += 1;
+            } else if *slot & ACCEPTED == 0 {
+                out.unknown += 1;
+            } else {
+                *slot = r.bu | RELEASED;
+                out.released += 1;
+                push_id(&mut out.ranges, r.bu, id);
+            }
+        }
+        self.settle(out.released);
+        out
+    }
+
+    fn mark(&mut self, r: EventRange, flag: u16) -> ReleaseOutcome {
         let mut out = ReleaseOutcome::default();
         // Ids below the window were released long ago, ids past it never triggered: count
         // those without visiting them, so a huge `count` costs no more than the window.
@@ -81,35 +129,76 @@ impl Ledger {
                 out.unknown += 1;
                 continue;
             };
-            if *slot & RELEASED != 0 {
+            if *slot & (RELEASED | ACCEPTED) != 0 {
                 out.duplicates += 1;
             } else if *slot != r.bu {
                 out.misrouted += 1;
             } else {
-                *slot |= RELEASED;
+                *slot |= flag;
                 out.released += 1;
-                match out.ranges.last_mut() {
-                    Some(last) if last.end() == id => last.count += 1,
-                    _ => out.ranges.push(EventRange {
-                        bu: r.bu,
-                        first: id,
-                        count: 1,
-                    }),
-                }
+                push_id(&mut out.ranges, r.bu, id);
             }
         }
-        self.in_flight -= out.released;
+        if flag == RELEASED {
+            self.settle(out.released);
+        }
+        out
+    }
+
+    /// `n` more ids became final: the window moves past the final ones at its front.
+    fn settle(&mut self, n: u64) {
+        self.in_flight -= n;
         while self.window.front().is_some_and(|s| s & RELEASED != 0) {
             self.window.pop_front();
             self.base += 1;
         }
-        out
+    }
+}
+
+/// Adds `id` to `ranges`, growing the last range when it is the next id.
+fn push_id(ranges: &mut Vec<EventRange>, bu: u16, id: u64) {
+    match ranges.last_mut() {
+        Some(last) if last.end() == id => last.count += 1,
+        _ => ranges.push(EventRange {
+            bu,
+            first: id,
+            count: 1,
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn range(bu: u16, first: u64, count: u32) -> EventRange {
+        EventRange { bu, first, count }
+    }
+
+    #[test]
+    fn accepted_events_stay_in_flight_until_committed_and_go_back_with_a_lost_bu() {
+        let mut l = Ledger::default();
+        l.assign(range(0, 0, 4));
+        l.assign(range(1, 4, 2));
+        assert_eq!(l.accept(range(0, 0, 3)).released, 3);
+        assert_eq!(l.in_flight(), 6, "accepted is not final");
+        assert_eq!(l.accept(range(0, 1, 1)).duplicates, 1);
+        // committing what was never accepted, or another BU's, does nothing
+        assert_eq!(l.commit(range(0, 3, 1)).unknown, 1);
+        assert_eq!(l.commit(range(0, 4, 1)).misrouted, 1);
+        let c = l.commit(range(0, 0, 2));
+        assert_eq!((c.released, c.ranges), (2, vec![range(0, 0, 2)]));
+        assert_eq!(l.in_flight(), 4);
+        assert_eq!(l.commit(range(0, 1, 1)).duplicates, 1);
+        // bu 0 is lost: its accepted event 2 and assigned 3 go back, to bu 1
+        assert_eq!(l.unreleased_of(0), vec![2, 3]);
+        l.reassign(range(1, 2, 2));
+        assert_eq!(l.unreleased_of(0), Vec::<u64>::new());
+        assert_eq!(l.commit(range(1, 2, 1)).unknown, 1, "accepted by bu 0 only");
+        assert_eq!(l.accept(range(1, 2, 4)).released, 4);
+        assert_eq!(l.commit(range(1, 2, 4)).released, 4);
+        assert_eq!((l.in_flight(), l.next_id()), (0, 6));
+    }
 
     #[test]
     fn ledger_catches_duplicates_unknown_and_misrouted() {

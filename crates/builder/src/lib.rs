@@ -33,7 +33,7 @@ pub use latency::{LatencyHistogram, LATENCY_BOUNDS_US};
 pub use ledger::{Ledger, ReleaseOutcome};
 pub use report::{verdict, NodeEvent, NodeEventKind, RunReport};
 pub use ru::{Ru, RuConfig, RuStats, PREFIX_LEN};
-pub use sink::{CountingSink, DiscardSink, Sink, SinkError};
+pub use sink::{CountingSink, DiscardSink, PreparedPart, Sink, SinkError};
 pub use source::{FragmentSpec, LiveFeed, LiveStats, Recorded, Recording, Source};
 pub use status::{
     CpuSeconds, NetStatus, NodeStatus, PeerQueue, PoolStatus, Registered, RoleStats, SinkStatus,

@@ -166,6 +166,14 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
                 .into(),
         );
     }
+    if r.evm.committed_unpublished > 0 {
+        p.push(format!(
+            "{} committed events are in parts that neither their BU (lost before it published \
+             them) nor the EVM (the BU's directory was not reachable) published: its \
+             temporary .evb.tmp files hold them",
+            r.evm.committed_unpublished
+        ));
+    }
     let is_down = |node: String| r.down.contains(&node);
     for (i, b) in r.bus.iter().enumerate() {
         match b {

@@ -15,6 +15,16 @@ pub enum SinkError {
     Fatal(String),
 }
 
+/// A part of a sink's output made durable under a temporary name (a file written, synced
+/// and not yet renamed), holding these accepted events as (first id, count) ranges, waiting
+/// for the EVM's word (docs/protocol.md §6 step 7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedPart {
+    pub part: u32,
+    /// At most `evb_wire::MAX_COMMIT_RANGES` ranges.
+    pub ranges: Vec<(u64, u32)>,
+}
+
 pub trait Sink: Send {
     /// Takes one built event; the BU releases it when this returns Ok.
     fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError>;
@@ -53,6 +63,24 @@ pub trait Sink: Send {
     /// acknowledgements. Returns the accepted events never output: lost, and judged so.
     fn close_output(&mut self) -> u64 {
         0
+    }
+    /// Whether the sink commits its output: its accepted events stay in flight (the RUs
+    /// keep their fragments, and a lost BU's are built again elsewhere) until a part
+    /// holding them is committed by the EVM ([`Sink::prepare`], [`Sink::publish`]). A sink
+    /// that does not commit outputs an event once it is accepted.
+    fn commits(&self) -> bool {
+        false
+    }
+    /// Parts of output made durable since the last call, each waiting for the EVM's word.
+    /// The sink closes its open part when it is due (at `now`, by its commit interval) or
+    /// full. Called every loop pass: cheap when nothing is due.
+    fn prepare(&mut self, _now: std::time::Instant) -> Result<Vec<PreparedPart>, SinkError> {
+        Ok(Vec::new())
+    }
+    /// The EVM committed `part`: make it output under its final name. After an error it is
+    /// tried again (at the latest by [`Sink::finish`]).
+    fn publish(&mut self, _part: u32) -> Result<(), SinkError> {
+        Ok(())
     }
     /// The sink's own counters, for the node's report.
     fn report(&self) -> Value {

@@ -1,6 +1,6 @@
 //! The state machines driven by scripted messages, without any network.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use evb_buffers::{Chain, Pool};
@@ -37,6 +37,7 @@ fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
         on_ru_loss: RuLossPolicy::Partial,
         assignment: crate::Assignment::Credits,
         link_grace: Duration::from_millis(50),
+        commits: Vec::new(),
     }
 }
 
@@ -85,6 +86,15 @@ struct Sim {
     dead: Vec<NodeRef>,
     /// Cut data links (RU, BU): nothing crosses them, both ends alive.
     cut: Vec<(NodeRef, NodeRef)>,
+    /// BUs whose sinks commit: a part is committed once this many accepted events are
+    /// staged (`None`: the sinks do not commit).
+    commit_every: Option<usize>,
+    /// Per BU: accepted events not yet in a part; parts waiting for the EVM; the ids of
+    /// published parts (the output).
+    staged: Vec<Vec<(u64, u32)>>,
+    parts: Vec<HashMap<u32, Vec<(u64, u32)>>>,
+    published: Vec<Vec<u64>>,
+    passes: usize,
 }
 
 impl Sim {
@@ -105,6 +115,11 @@ impl Sim {
             now,
             dead: Vec::new(),
             cut: Vec::new(),
+            commit_every: None,
+            staged: vec![Vec::new(); n_bu as usize],
+            parts: vec![HashMap::new(); n_bu as usize],
+            published: vec![Vec::new(); n_bu as usize],
+            passes: 0,
         };
         for r in &mut s.rus {
             r.connections_up();
@@ -148,6 +163,26 @@ impl Sim {
                 Action::Accepted(r) => {
                     let NodeRef::Bu(i) = from else { panic!() };
                     self.sinks[i as usize].accepted(r.first, r.count).unwrap();
+                    if self.commit_every.is_some() {
+                        self.staged[i as usize].push((r.first, r.count));
+                    }
+                }
+                Action::Publish(part) => {
+                    let NodeRef::Bu(i) = from else { panic!() };
+                    let ranges = self.parts[i as usize].remove(&part).expect("a part we made");
+                    for (first, count) in ranges {
+                        self.published[i as usize].extend(first..first + count as u64);
+                    }
+                    self.bus[i as usize].published(part);
+                }
+                Action::PublishFor { bu, part } => {
+                    // one filesystem: the EVM publishes the lost BU's part for it
+                    // (not among its parts: it published it, and died before it said so)
+                    let i = bu as usize;
+                    for (first, count) in self.parts[i].remove(&part).unwrap_or_default() {
+                        self.published[i].extend(first..first + count as u64);
+                    }
+                    self.evm.published_for(bu, part, true);
                 }
                 Action::Disconnect(n) => {
                     // the EVM drops a node: it hears its EVM gone, and is out of the run
@@ -198,6 +233,25 @@ impl Sim {
         }
     }
 
+    /// Committing sinks: each BU with enough accepted events staged (or, every 16th
+    /// step, any) makes them a part and asks the EVM to commit it.
+    fn commit_parts(&mut self) {
+        let Some(every) = self.commit_every else {
+            return;
+        };
+        self.passes += 1;
+        for (i, b) in self.bus.iter_mut().enumerate() {
+            let staged: u64 = self.staged[i].iter().map(|(_, n)| *n as u64).sum();
+            if staged == 0 || (staged < every as u64 && !self.passes.is_multiple_of(16)) {
+                continue;
+            }
+            let part = self.passes as u32;
+            let ranges = std::mem::take(&mut self.staged[i]);
+            b.commit(part, &ranges);
+            self.parts[i].insert(part, ranges);
+        }
+    }
+
     /// Runs `steps` passes (or until every node has exited).
     fn steps(&mut self, steps: usize) {
         for _ in 0..steps {
@@ -206,6 +260,7 @@ impl Sim {
             for r in &mut self.rus {
                 r.poll(self.now);
             }
+            self.commit_parts();
             for b in &mut self.bus {
                 b.poll(self.now);
             }
@@ -228,6 +283,7 @@ impl Sim {
             for r in &mut self.rus {
                 r.poll(self.now);
             }
+            self.commit_parts();
             for b in &mut self.bus {
                 b.poll(self.now);
             }
@@ -693,6 +749,58 @@ fn killed_builder_events_are_rebuilt_elsewhere_exactly_once() {
     );
     assert!(s.rus.iter().all(|r| r.stats().retained == 0));
     assert!(s.rus.iter().any(|r| r.stats().fragments_resent > 0));
+}
+
+/// Sinks that commit: a BU killed with events accepted and not yet committed loses none of
+/// them. The RUs kept their fragments until the commit, so those events are built again
+/// elsewhere; what the BU's committed parts hold stays its output; and the published parts
+/// of all BUs hold every event exactly once.
+#[test]
+fn a_killed_committing_builder_loses_nothing_it_had_not_committed() {
+    for doubt in [false, true] {
+        killed_committing_builder(doubt);
+    }
+}
+
+fn killed_committing_builder(doubt: bool) {
+    let mut s = Sim::new(2, 3, 3000, 6, 0);
+    s.commit_every = Some(20);
+    let mut commits = EvmConfig {
+        commits: vec![true; 3],
+        ..evm_cfg(2, 3, 3000)
+    };
+    commits.n_bu = 3;
+    // the nodes' Ready messages are still on the wire: they reach this EVM
+    s.evm = Evm::new(commits, s.now);
+    // kill bu[1] once it has published something and holds accepted, uncommitted events,
+    // and, on the second trial, a part committed and not yet published
+    let mut killed = false;
+    for _ in 0..5000 {
+        s.steps(1);
+        let in_doubt = !s.parts[1].is_empty();
+        if !s.published[1].is_empty() && !s.staged[1].is_empty() && in_doubt == doubt {
+            s.kill(NodeRef::Bu(1));
+            killed = true;
+            break;
+        }
+    }
+    assert!(killed, "bu[1] never had both published and staged events");
+    let lost_staged: u64 = s.staged[1].iter().map(|(_, n)| *n as u64).sum();
+    s.run(400_000);
+    for (who, ok, why) in &s.exits {
+        assert!(ok, "{who}: {why}");
+    }
+    let r = s.evm.report(s.now);
+    assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
+    assert!(r.evm.accepted >= 3000 + lost_staged, "accepted again elsewhere");
+    if doubt {
+        assert!(r.evm.parts_published_for_lost > 0, "the EVM published for it");
+    }
+    assert_eq!(r.evm.released_by_lost, s.published[1].len() as u64);
+    let mut all: Vec<u64> = s.published.iter().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..3000).collect::<Vec<_>>(), "every event in exactly one part");
+    assert!(s.rus.iter().all(|r| r.stats().retained == 0));
 }
 
 /// A data link cut with both ends alive (a reset the RU never reports, the BU closing it):

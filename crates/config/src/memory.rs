@@ -38,6 +38,13 @@ impl Config {
         let nodes = self.nodes_unchecked();
         let bus = nodes.iter().filter(|n| n.role == Role::Bu);
         let total_credits: u64 = bus.clone().map(|n| n.credits as u64).sum();
+        // A BU whose sink commits leaves its accepted events with the RUs until its part is
+        // committed: up to a part being filled and one with the EVM.
+        let committing: u64 = bus
+            .clone()
+            .filter(|n| n.sink.commits())
+            .map(|n| 2 * self.commit_events(n))
+            .sum();
         let max_credits: u64 = bus.map(|n| n.credits as u64).max().unwrap_or(0);
         let n_ru = self.n_ru();
         let block = self.buffers.block_size.max(1);
@@ -63,7 +70,10 @@ impl Config {
             Content::Unique => Some(0),
         };
         let ru = add(
-            mul(blocks(total_credits.checked_mul(frag)), 2),
+            add(
+                mul(blocks(total_credits.checked_mul(frag)), 2),
+                blocks(committing.checked_mul(frag)),
+            ),
             add(4u64.checked_mul(block), template),
         );
         let bu_live = max_credits

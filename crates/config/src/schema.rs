@@ -530,6 +530,12 @@ pub struct SinkSection {
     pub file_max_events: u64,
     /// `file` sink: start a new file after this many MiB (0: no limit).
     pub file_max_mib: u64,
+    /// `file` sink: a file is closed and committed (synced, then renamed once the EVM
+    /// agrees) after this many events; until then the RUs keep its events' fragments
+    /// (0: the BU's credits).
+    pub commit_events: u64,
+    /// `file` sink: ... or once its first event is this old (ms).
+    pub commit_ms: u64,
     /// `serve` sink: the host the BUs serve consumers on (a `[[bu]] serve` overrides).
     pub serve_host: String,
     /// `serve` sink: BU i serves on `serve_base_port + i` (0: any free port, which the BU
@@ -557,6 +563,8 @@ impl Default for SinkSection {
             dir: String::new(),
             file_max_events: 0,
             file_max_mib: 1024,
+            commit_events: 0,
+            commit_ms: 200,
             serve_host: "127.0.0.1".into(),
             serve_base_port: 0,
             serve_max_held: 32,
@@ -564,6 +572,14 @@ impl Default for SinkSection {
             serve_ack_timeout_s: 10.0,
             serve_drain_timeout_s: 5.0,
         }
+    }
+}
+
+impl SinkKind {
+    /// Whether this sink commits its output (docs/protocol.md §6 step 7): a BU's events stay
+    /// with the RUs until a part of its output holding them is committed.
+    pub fn commits(self) -> bool {
+        self == SinkKind::File
     }
 }
 

@@ -36,6 +36,15 @@ pub enum Role {
 }
 
 impl Config {
+    /// Events after which BU `bu`'s file sink closes and commits a file:
+    /// `sink.commit_events`, or the BU's credits when that is 0.
+    pub fn commit_events(&self, bu: &NodeSpec) -> u64 {
+        match self.sink.commit_events {
+            0 => (bu.credits as u64).max(1),
+            n => n,
+        }
+    }
+
     /// Where BU `index` serves consumers (`sink.kind = "serve"`): its `[[bu]] serve`, or
     /// `sink.serve_host` and `sink.serve_base_port + index` (port 0: any free one).
     pub fn serve_addr(&self, index: u16) -> String {

@@ -512,6 +512,7 @@ mod tests {
             on_ru_loss: RuLossPolicy::Stop,
             assignment: Assignment::Credits,
             link_grace: Duration::from_millis(50),
+            commits: Vec::new(),
         };
         let mut evm = Evm::new(cfg, t0);
         let ready = || Message::Ready {

@@ -157,6 +157,12 @@ impl WriteMark {
     }
 }
 
+/// An IO error at `p`, for `map_err`.
+fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> EventFileError {
+    let path = p.display().to_string();
+    move |source| EventFileError::Io { path, source }
+}
+
 /// Writes one data file under a temporary name; `finish` renames it into place and writes
 /// its metadata, so a reader never sees half a file.
 pub struct EventFileWriter {
@@ -168,6 +174,8 @@ pub struct EventFileWriter {
     /// Bytes known to be complete events (where to cut back to after a failed write).
     good: u64,
     crc: u32,
+    /// `prepare` synced the data and wrote the metadata under its temporary name.
+    prepared: bool,
     /// `finish` got as far as renaming the data file (it may be called again after an error).
     renamed: bool,
     /// Why the file can no longer be written (a failed write that could not be cut back).
@@ -216,6 +224,7 @@ impl EventFileWriter {
             },
             good: 0,
             crc: 0,
+            prepared: false,
             renamed: false,
             damaged: None,
         };
@@ -392,46 +401,104 @@ impl EventFileWriter {
         self.settle(r, ev.event_id, payload, crc_before, meta_before)
     }
 
-    /// Completes the file: sync, rename into place, write the metadata file. Returns its
-    /// metadata. After an error (a full disk) it may be called again and goes on from the
-    /// step that failed; the data file is never renamed over an existing one.
+    /// Completes the file: [`EventFileWriter::prepare`], then [`EventFileWriter::publish`].
+    /// After an error (a full disk) it may be called again and goes on from the step that
+    /// failed; the data file is never renamed over an existing one.
     pub fn finish(&mut self) -> Result<FileMeta, EventFileError> {
-        let io = |p: &Path| {
-            let p = p.display().to_string();
-            move |source| EventFileError::Io { path: p, source }
-        };
+        self.prepare()?;
+        self.publish()
+    }
+
+    /// Makes the file durable under its temporary names: the data synced, the metadata
+    /// written and synced beside it. Nothing is visible under the final names yet. May be
+    /// called again after an error, and after it succeeded (it then does nothing).
+    pub fn prepare(&mut self) -> Result<(), EventFileError> {
+        if self.prepared || self.renamed {
+            return Ok(());
+        }
+        // a damaged file holds bytes at unknown offsets: it is never completed
+        self.check_whole()?;
+        self.writer().flush().map_err(io_at(&self.tmp))?;
+        self.writer().get_ref().sync_data().map_err(io_at(&self.tmp))?;
+        self.meta.crc32c = self.crc;
+        let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n";
+        let meta_tmp = self.meta_tmp();
+        let mut f = File::create(&meta_tmp).map_err(io_at(&meta_tmp))?;
+        f.write_all(text.as_bytes()).map_err(io_at(&meta_tmp))?;
+        f.sync_data().map_err(io_at(&meta_tmp))?;
+        self.prepared = true;
+        Ok(())
+    }
+
+    /// Renames a prepared file and its metadata into place, and syncs the directory so the
+    /// names last. Returns the metadata. May be called again after an error.
+    pub fn publish(&mut self) -> Result<FileMeta, EventFileError> {
+        self.prepare()?;
         if !self.renamed {
-            // a damaged file holds bytes at unknown offsets: it is never completed
-            self.check_whole()?;
-            self.writer().flush().map_err(io(&self.tmp))?;
-            self.writer().get_ref().sync_data().map_err(io(&self.tmp))?;
             if self.path.exists() {
-                return Err(io(&self.path)(std::io::Error::new(
+                return Err(io_at(&self.path)(std::io::Error::new(
                     std::io::ErrorKind::AlreadyExists,
                     "a completed file of that name exists",
                 )));
             }
-            std::fs::rename(&self.tmp, &self.path).map_err(io(&self.path))?;
+            std::fs::rename(&self.tmp, &self.path).map_err(io_at(&self.path))?;
             self.renamed = true;
         }
-        self.meta.crc32c = self.crc;
         let meta_path = PathBuf::from(format!("{}.json", self.path.display()));
-        let meta_tmp = meta_path.with_extension("json.tmp");
-        let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default();
-        std::fs::write(&meta_tmp, text + "\n").map_err(io(&meta_tmp))?;
-        std::fs::rename(&meta_tmp, &meta_path).map_err(io(&meta_path))?;
+        std::fs::rename(self.meta_tmp(), &meta_path).map_err(io_at(&meta_path))?;
+        if let Some(dir) = self.path.parent() {
+            // the renames are in the directory: sync it, or a crash may forget them
+            let d = File::open(dir).map_err(io_at(dir))?;
+            d.sync_all().map_err(io_at(dir))?;
+        }
         Ok(self.meta.clone())
     }
 
-    /// Gives up on the file (no event of it is output): removes the temporary file.
+    /// The metadata's temporary name (hidden, like the data's).
+    fn meta_tmp(&self) -> PathBuf {
+        self.tmp.with_extension("json.tmp")
+    }
+
+    /// Gives up on the file (no event of it is output): removes the temporary files.
     pub fn discard(self) {
         let _ = std::fs::remove_file(&self.tmp);
+        let _ = std::fs::remove_file(self.meta_tmp());
     }
 
     /// The data file's final name.
     pub fn name(&self) -> &str {
         &self.meta.file
     }
+}
+
+/// Publishes a prepared file of another process (a BU lost after its part was committed):
+/// renames `.<name>.tmp` and its metadata into place and syncs the directory. `Ok(true)`:
+/// published now, or found published already; `Ok(false)`: neither the temporary nor the
+/// final file is in `dir` (it is on another host).
+pub fn publish_prepared(
+    dir: &Path,
+    run: &str,
+    bu: u16,
+    sequence: u32,
+) -> Result<bool, EventFileError> {
+    let name = format!("{run}_bu{bu}_{sequence:06}.evb");
+    let path = dir.join(&name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let meta_tmp = tmp.with_extension("json.tmp");
+    let meta = PathBuf::from(format!("{}.json", path.display()));
+    let mut renamed = false;
+    for (from, to) in [(&tmp, &path), (&meta_tmp, &meta)] {
+        if from.exists() && !to.exists() {
+            std::fs::rename(from, to).map_err(io_at(to))?;
+            renamed = true;
+        }
+    }
+    if renamed {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_at(dir))?;
+    }
+    Ok(path.exists() && meta.exists())
 }
 
 /// One event read back from a file.

@@ -1,37 +1,83 @@
 //! The file sink: built events into rolling files, each completed under its final name with a
 //! metadata file beside it.
 //!
-//! A file is completed only with events whose release the EVM accepted (`Sink::accepted`):
-//! the EVM's ledger, not the BU, decides what is this BU's output. A BU that the EVM dropped
-//! (frozen, cut off) and that wakes up with events still queued writes them, but never hears
-//! them accepted; when it stops, its open files are cut back to the last accepted event
-//! before they are completed, so nothing built elsewhere appears twice.
+//! The sink commits its output (docs/protocol.md §6 step 7). A file holds only events whose
+//! release the EVM accepted (`Sink::accepted`); it is closed when full or when its commit
+//! interval is up (`sink.commit_events`, `sink.commit_ms`), made durable under its
+//! temporary name (data synced, metadata written beside it: `Sink::prepare`), and renamed
+//! into place only once the EVM has committed it (`Sink::publish`). Until then the RUs keep
+//! its events' fragments, so a BU that dies (`kill -9`, a crashed host) loses nothing: what
+//! it had not published is built again elsewhere. A BU that the EVM dropped (frozen, cut
+//! off) and that wakes up never hears its parts committed, and at its end discards them.
 //!
 //! A write that fails (a full disk) leaves the file cut back to whole events and makes the
 //! sink busy: the BU keeps the event and its credit until a retry succeeds, so the EVM stops
-//! sending it events instead of anything being lost. Completing a file that fails is tried
-//! again on the next call.
+//! sending it events instead of anything being lost. Preparing or publishing a file that
+//! fails is tried again on the next call.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
-use evb_builder::{BuiltEvent, Sink, SinkError};
+use evb_builder::{BuiltEvent, PreparedPart, Sink, SinkError};
 use evb_formats::events::{
     EventFileWriter, WriteMark, EVENT_CORRUPT, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
 };
-use evb_wire::FragmentHeader;
+use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
 use serde_json::{json, Value};
 
-/// A data file being written or waiting to be completed.
+/// Where a file is on its way to being output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Taking events.
+    Open,
+    /// No more events go into it (full, due, or the run is over); waiting for acceptances.
+    Sealed,
+    /// Durable under its temporary name; its Commit is with the EVM.
+    Prepared,
+    /// The EVM committed it; renaming it into place failed and is tried again.
+    Committed,
+}
+
+/// A data file being written or on its way to being output.
 struct OpenFile {
     w: EventFileWriter,
+    seq: u32,
+    stage: Stage,
     /// Events written and not yet accepted by the EVM, each with the mark just after it.
     pending: VecDeque<(u64, WriteMark)>,
     /// The mark just after the newest accepted event (`None`: none yet).
     accepted: Option<WriteMark>,
-    /// No more events go into it (full, or the run is over).
-    sealed: bool,
+    /// The accepted ids, as (first, count) ranges in acceptance order.
+    ranges: Vec<(u64, u32)>,
+    /// Runs of consecutive ids written into it (a part's Commit holds at most
+    /// `MAX_COMMIT_RANGES`).
+    runs: usize,
+    last_id: Option<u64>,
+    /// When its first event was written.
+    since: Instant,
+}
+
+impl OpenFile {
+    fn accept(&mut self, id: u64, mark: WriteMark) {
+        self.accepted = Some(mark);
+        match self.ranges.last_mut() {
+            Some((first, count)) if *first + *count as u64 == id && *count < u32::MAX => {
+                *count += 1
+            }
+            _ => self.ranges.push((id, 1)),
+        }
+    }
+}
+
+/// When a file is closed and committed, besides when it is full.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitInterval {
+    /// After this many events (0: no limit).
+    pub events: u64,
+    /// After its first event is this old.
+    pub time: Duration,
 }
 
 pub struct FileSink {
@@ -40,17 +86,20 @@ pub struct FileSink {
     bu: u16,
     max_events: u64,
     max_bytes: u64,
+    commit: CommitInterval,
     next_seq: u32,
-    /// Oldest first; only the last one may be unsealed.
+    /// Oldest first; only the last one may be open.
     open: VecDeque<OpenFile>,
     files: Vec<String>,
     events: u64,
     bytes: u64,
     busy: u64,
-    /// Events written but left out of the output: never accepted by the EVM.
+    /// Events written but left out of the output: never accepted by the EVM, or in parts
+    /// it never committed (this BU was dropped, or the run aborted).
     left_out: u64,
     /// Events skipped over by the EVM's acceptances (refused by its ledger).
     refused: u64,
+    parts_prepared: u64,
 }
 
 /// The highest sequence number among this BU's files of this run in `dir` (completed or
@@ -80,6 +129,7 @@ impl FileSink {
         bu: u16,
         max_events: u64,
         max_bytes: u64,
+        commit: CommitInterval,
     ) -> Result<FileSink, String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -90,6 +140,7 @@ impl FileSink {
             bu,
             max_events,
             max_bytes,
+            commit,
             next_seq,
             open: VecDeque::new(),
             files: Vec::new(),
@@ -98,32 +149,71 @@ impl FileSink {
             busy: 0,
             left_out: 0,
             refused: 0,
+            parts_prepared: 0,
         })
     }
 
-    fn full(&self, w: &EventFileWriter) -> bool {
+    /// The file takes no more events: full, or its commit is due by count.
+    fn full(&self, f: &OpenFile) -> bool {
+        let w = &f.w;
         (self.max_events > 0 && w.events() >= self.max_events)
             || (self.max_bytes > 0 && w.bytes() >= self.max_bytes)
+            || (self.commit.events > 0 && w.events() >= self.commit.events)
+            || f.runs >= MAX_COMMIT_RANGES
     }
 
-    /// Completes sealed files, oldest first, once every event in them was accepted.
-    fn complete_ready(&mut self) -> Result<(), SinkError> {
-        while let Some(f) = self.open.front_mut() {
-            if !f.sealed || !f.pending.is_empty() {
-                break;
+    /// Makes sealed files whose events were all accepted durable, oldest first, and returns
+    /// them as parts for the EVM. A file with no accepted event is dropped (nothing of it is
+    /// output).
+    fn prepare_sealed(&mut self) -> Result<Vec<PreparedPart>, SinkError> {
+        let mut parts = Vec::new();
+        let mut k = 0;
+        while k < self.open.len() {
+            let f = &mut self.open[k];
+            if f.stage != Stage::Sealed || !f.pending.is_empty() {
+                if f.stage == Stage::Open || f.stage == Stage::Sealed {
+                    // acceptances come in delivery order: later files wait for this one
+                    break;
+                }
+                k += 1;
+                continue;
             }
             if f.accepted.is_none() {
-                // nothing of it is output
-                let f = self.open.pop_front().expect("front exists");
+                let f = self.open.remove(k).expect("index in range");
                 f.w.discard();
                 continue;
             }
-            let meta = f.w.finish().map_err(|e| {
+            if let Err(e) = f.w.prepare() {
+                self.busy += 1;
+                return Err(SinkError::Busy(e.to_string()));
+            }
+            f.stage = Stage::Prepared;
+            self.parts_prepared += 1;
+            parts.push(PreparedPart {
+                part: f.seq,
+                ranges: f.ranges.clone(),
+            });
+            k += 1;
+        }
+        Ok(parts)
+    }
+
+    /// Renames committed files into place.
+    fn publish_committed(&mut self) -> Result<(), SinkError> {
+        let mut k = 0;
+        while k < self.open.len() {
+            if self.open[k].stage != Stage::Committed {
+                k += 1;
+                continue;
+            }
+            let meta = self.open[k].w.publish().map_err(|e| {
                 self.busy += 1;
                 SinkError::Busy(e.to_string())
             })?;
+            self.events += meta.events;
+            self.bytes += meta.payload_bytes;
             self.files.push(meta.file);
-            self.open.pop_front();
+            self.open.remove(k);
         }
         Ok(())
     }
@@ -131,26 +221,31 @@ impl FileSink {
 
 impl Sink for FileSink {
     fn deliver(&mut self, ev: &BuiltEvent) -> Result<(), SinkError> {
-        let full = self.open.back().is_some_and(|f| self.full(&f.w));
+        let full = self.open.back().is_some_and(|f| {
+            f.stage == Stage::Open && self.full(f)
+        });
         if let Some(f) = self.open.back_mut().filter(|_| full) {
-            f.sealed = true;
+            f.stage = Stage::Sealed;
         }
-        // a file that could not be completed before is tried again (its error is not news)
-        let _ = self.complete_ready();
-        if self.open.back().is_none_or(|f| f.sealed) {
+        if self.open.back().is_none_or(|f| f.stage != Stage::Open) {
             let w = EventFileWriter::create(&self.dir, &self.run, self.bu, self.next_seq).map_err(
                 |e| {
                     self.busy += 1;
                     SinkError::Busy(e.to_string())
                 },
             )?;
-            self.next_seq += 1;
             self.open.push_back(OpenFile {
                 w,
+                seq: self.next_seq,
+                stage: Stage::Open,
                 pending: VecDeque::new(),
                 accepted: None,
-                sealed: false,
+                ranges: Vec::new(),
+                runs: 0,
+                last_id: None,
+                since: Instant::now(),
             });
+            self.next_seq += 1;
         }
         let mut flags = 0;
         if !ev.missing_sources.is_empty() {
@@ -171,6 +266,10 @@ impl Sink for FileSink {
         {
             Ok(()) => {
                 f.pending.push_back((ev.event_id, f.w.mark()));
+                if f.last_id.is_none_or(|l| l + 1 != ev.event_id) {
+                    f.runs += 1;
+                }
+                f.last_id = Some(ev.event_id);
                 Ok(())
             }
             // a write that could not be undone will not mend by retrying: fail loudly
@@ -193,33 +292,55 @@ impl Sink for FileSink {
                 };
                 let (written, mark) = f.pending.pop_front().expect("not empty");
                 if written == id {
-                    self.events += 1;
-                    self.bytes += mark.payload_bytes_since(f.accepted.as_ref());
-                    f.accepted = Some(mark);
+                    f.accept(id, mark);
                     break;
                 }
                 self.refused += 1;
             }
         }
-        self.complete_ready()
+        Ok(())
+    }
+
+    fn commits(&self) -> bool {
+        true
+    }
+
+    fn prepare(&mut self, now: Instant) -> Result<Vec<PreparedPart>, SinkError> {
+        let due = self.open.back().is_some_and(|f| {
+            f.stage == Stage::Open
+                && (self.full(f) || now.saturating_duration_since(f.since) >= self.commit.time)
+        });
+        if let Some(f) = self.open.back_mut().filter(|_| due) {
+            f.stage = Stage::Sealed;
+        }
+        if !self
+            .open
+            .iter()
+            .any(|f| f.stage == Stage::Sealed && f.pending.is_empty())
+        {
+            return Ok(Vec::new());
+        }
+        self.prepare_sealed()
+    }
+
+    fn publish(&mut self, part: u32) -> Result<(), SinkError> {
+        match self.open.iter_mut().find(|f| f.seq == part) {
+            Some(f) if f.stage == Stage::Prepared => f.stage = Stage::Committed,
+            // not a part of ours waiting for its word: nothing to publish
+            _ => return Err(SinkError::Fatal(format!("no prepared part {part} to publish"))),
+        }
+        self.publish_committed()
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
-        for f in self.open.iter_mut() {
-            f.sealed = true;
-            if !f.pending.is_empty() {
-                // written but never accepted: not this BU's output
-                if let Some(mark) = &f.accepted {
-                    f.w.truncate_to(mark).map_err(|e| {
-                        self.busy += 1;
-                        SinkError::Busy(e.to_string())
-                    })?;
-                }
-                self.left_out += f.pending.len() as u64;
-                f.pending.clear();
-            }
+        // committed parts are output whatever else happened; the rest never is
+        self.publish_committed()?;
+        for f in self.open.drain(..) {
+            self.left_out += f.pending.len() as u64
+                + f.ranges.iter().map(|(_, n)| *n as u64).sum::<u64>();
+            f.w.discard();
         }
-        self.complete_ready()
+        Ok(())
     }
 
     fn name(&self) -> &'static str {
@@ -233,6 +354,7 @@ impl Sink for FileSink {
             "events": self.events,
             "payload_bytes": self.bytes,
             "busy": self.busy,
+            "parts_prepared": self.parts_prepared,
             "left_out_unaccepted": self.left_out,
             "refused": self.refused,
             "open_files": self.open.iter().map(|f| f.w.name().to_string()).collect::<Vec<_>>(),
@@ -256,12 +378,12 @@ mod tests {
         let mut out = Vec::new();
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "evb") {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.extension().is_some_and(|x| x == "evb") && !name.starts_with('.') {
                 let ids = EventFile::open(&p)
                     .unwrap()
                     .map(|e| e.unwrap().event_id)
                     .collect();
-                let name = p.file_name().unwrap().to_string_lossy().into_owned();
                 assert!(
                     dir.join(format!("{name}.json")).exists(),
                     "{name} has no metadata"
@@ -273,35 +395,8 @@ mod tests {
         out
     }
 
-    #[test]
-    fn only_events_the_evm_accepted_become_output() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = FileSink::new(dir.path().into(), "r", 0, 4, 0).unwrap();
-        for id in [10, 11, 12, 13, 14, 15, 16] {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        // the first file (10..13) is full but waits for the EVM: nothing is visible yet
-        assert!(ids_in(dir.path()).is_empty());
-        s.accepted(10, 4).unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![("r_bu0_000000.evb".into(), vec![10, 11, 12, 13])]
-        );
-        // 14 accepted; 15 and 16 never are (the EVM dropped this BU): left out at the end
-        s.accepted(14, 1).unwrap();
-        s.finish().unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![
-                ("r_bu0_000000.evb".into(), vec![10, 11, 12, 13]),
-                ("r_bu0_000001.evb".into(), vec![14]),
-            ]
-        );
-        assert_eq!(s.report()["left_out_unaccepted"], 2);
-        assert_eq!(s.report()["events"], 5);
-        // no temporary file is left
-        let hidden = std::fs::read_dir(dir.path())
+    fn hidden(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
             .unwrap()
             .filter(|e| {
                 e.as_ref()
@@ -310,37 +405,115 @@ mod tests {
                     .to_string_lossy()
                     .starts_with('.')
             })
-            .count();
-        assert_eq!(hidden, 0);
+            .count()
+    }
+
+    const EVERY_4: CommitInterval = CommitInterval {
+        events: 4,
+        time: Duration::from_secs(3600),
+    };
+
+    fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
+        FileSink::new(dir.into(), "r", bu, 0, 0, commit).unwrap()
     }
 
     #[test]
-    fn a_file_with_no_accepted_event_is_not_output() {
+    fn a_file_is_output_only_once_the_evm_committed_it() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::new("t", 4096, 64);
-        let mut s = FileSink::new(dir.path().into(), "r", 0, 0, 0).unwrap();
-        s.deliver(&event(&pool, 1)).unwrap();
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        for id in [10, 11, 12, 13, 14, 15, 16] {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        let now = Instant::now();
+        // the first file (10..13) is closed but waits for the EVM's acceptance
+        assert!(s.prepare(now).unwrap().is_empty());
+        s.accepted(10, 4).unwrap();
+        let parts = s.prepare(now).unwrap();
+        assert_eq!(
+            parts,
+            vec![PreparedPart {
+                part: 0,
+                ranges: vec![(10, 4)]
+            }]
+        );
+        // durable, not yet visible
+        assert!(ids_in(dir.path()).is_empty());
+        assert!(s.prepare(now).unwrap().is_empty(), "prepared once");
+        s.publish(0).unwrap();
+        assert_eq!(
+            ids_in(dir.path()),
+            vec![("r_bu0_000000.evb".into(), vec![10, 11, 12, 13])]
+        );
+        // 14 accepted; 15 and 16 never are (the EVM dropped this BU): nothing of the
+        // second file is output, and no temporary file is left
+        s.accepted(14, 1).unwrap();
         s.finish().unwrap();
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert_eq!(ids_in(dir.path()).len(), 1);
+        assert_eq!(s.report()["left_out_unaccepted"], 3);
+        assert_eq!(s.report()["events"], 4);
+        assert_eq!(hidden(dir.path()), 0);
     }
 
     #[test]
-    fn a_file_that_cannot_be_completed_is_tried_again() {
+    fn a_part_prepared_and_never_committed_is_not_output() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::new("t", 4096, 64);
-        let mut s = FileSink::new(dir.path().into(), "r", 0, 0, 0).unwrap();
-        s.deliver(&event(&pool, 1)).unwrap();
-        s.accepted(1, 1).unwrap();
-        // something occupies the final name: completing must fail, keep the data, not replace
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        for id in 0..4 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        s.accepted(0, 4).unwrap();
+        assert_eq!(s.prepare(Instant::now()).unwrap().len(), 1);
+        // the EVM dropped this BU before it committed the part: it never says Committed
+        s.finish().unwrap();
+        assert!(ids_in(dir.path()).is_empty());
+        assert_eq!(hidden(dir.path()), 0);
+        assert!(matches!(s.publish(0), Err(SinkError::Fatal(_))));
+    }
+
+    #[test]
+    fn a_file_is_committed_when_its_time_is_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let every_50ms = CommitInterval {
+            events: 0,
+            time: Duration::from_millis(50),
+        };
+        let mut s = sink(dir.path(), 0, every_50ms);
+        let t0 = Instant::now();
+        s.deliver(&event(&pool, 0)).unwrap();
+        s.deliver(&event(&pool, 2)).unwrap();
+        s.accepted(0, 1).unwrap();
+        s.accepted(2, 1).unwrap();
+        assert!(s.prepare(t0).unwrap().is_empty(), "not due yet");
+        let parts = s.prepare(t0 + Duration::from_millis(60)).unwrap();
+        assert_eq!(parts[0].ranges, vec![(0, 1), (2, 1)]);
+        s.publish(parts[0].part).unwrap();
+        assert_eq!(ids_in(dir.path()), vec![("r_bu0_000000.evb".into(), vec![0, 2])]);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_published_is_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        for id in 0..4 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        s.accepted(0, 4).unwrap();
+        let parts = s.prepare(Instant::now()).unwrap();
+        // something occupies the final name: publishing must fail, keep the data, not replace
         let blocker = dir.path().join("r_bu0_000000.evb");
         std::fs::write(&blocker, b"not ours").unwrap();
-        assert!(matches!(s.finish(), Err(SinkError::Busy(_))));
+        assert!(matches!(s.publish(parts[0].part), Err(SinkError::Busy(_))));
         assert_eq!(std::fs::read(&blocker).unwrap(), b"not ours");
         std::fs::remove_file(&blocker).unwrap();
+        // committed output is published at the end at the latest
         s.finish().unwrap();
         assert_eq!(
             ids_in(dir.path()),
-            vec![("r_bu0_000000.evb".into(), vec![1])]
+            vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
         );
         assert_eq!(s.report()["files"][0], "r_bu0_000000.evb");
     }
@@ -349,18 +522,24 @@ mod tests {
     fn a_restarted_bu_never_replaces_its_earlier_files() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::new("t", 4096, 64);
-        let mut first = FileSink::new(dir.path().into(), "r", 3, 0, 0).unwrap();
+        let one = CommitInterval {
+            events: 1,
+            ..EVERY_4
+        };
+        let mut first = sink(dir.path(), 3, one);
         first.deliver(&event(&pool, 1)).unwrap();
         first.accepted(1, 1).unwrap();
-        first.finish().unwrap();
-        // an incarnation killed with a file open leaves its temporary file behind
-        let mut killed = FileSink::new(dir.path().into(), "r", 3, 0, 0).unwrap();
-        killed.deliver(&event(&pool, 2)).unwrap();
-        std::mem::forget(killed);
-        let mut again = FileSink::new(dir.path().into(), "r", 3, 0, 0).unwrap();
+        first.deliver(&event(&pool, 2)).unwrap(); // closes the first file
+        let p = first.prepare(Instant::now()).unwrap();
+        first.publish(p[0].part).unwrap();
+        // killed with a file open: its temporary file stays behind
+        std::mem::forget(first);
+        let mut again = sink(dir.path(), 3, one);
         again.deliver(&event(&pool, 3)).unwrap();
         again.accepted(3, 1).unwrap();
-        again.finish().unwrap();
+        again.deliver(&event(&pool, 4)).unwrap();
+        let p = again.prepare(Instant::now()).unwrap();
+        again.publish(p[0].part).unwrap();
         assert_eq!(
             ids_in(dir.path()),
             vec![

@@ -169,6 +169,11 @@ pub fn logic(
                         evb_config::Assignment::Random => evb_builder::Assignment::Random,
                     },
                     link_grace: Duration::from_millis(r.heartbeat_timeout_ms),
+                    commits: nodes
+                        .iter()
+                        .filter(|n| n.role == Role::Bu)
+                        .map(|n| n.sink.commits())
+                        .collect(),
                 },
                 now,
             ))
@@ -237,6 +242,10 @@ pub fn logic(
                     me.index,
                     cfg.sink.file_max_events,
                     cfg.sink.file_max_mib << 20,
+                    crate::file_sink::CommitInterval {
+                        events: cfg.commit_events(me),
+                        time: Duration::from_millis(cfg.sink.commit_ms),
+                    },
                 )?),
             };
             let sink: Box<dyn Sink> = match me.sink_delay {
@@ -285,6 +294,18 @@ impl Sink for SlowSink {
     }
     fn finish(&mut self) -> Result<(), evb_builder::SinkError> {
         self.inner.finish()
+    }
+    fn commits(&self) -> bool {
+        self.inner.commits()
+    }
+    fn prepare(
+        &mut self,
+        now: Instant,
+    ) -> Result<Vec<evb_builder::PreparedPart>, evb_builder::SinkError> {
+        self.inner.prepare(now)
+    }
+    fn publish(&mut self, part: u32) -> Result<(), evb_builder::SinkError> {
+        self.inner.publish(part)
     }
     fn name(&self) -> &'static str {
         self.inner.name()

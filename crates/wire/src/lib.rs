@@ -25,7 +25,8 @@ pub use frame::{
 };
 pub use handshake::{Channel, Hello, Role, MAX_NAME_LEN};
 pub use message::{
-    EventRange, Message, MessageHeader, MessageType, MAX_TEXT_LEN, MESSAGE_HEADER_LEN, UNLIMITED,
+    EventRange, Message, MessageHeader, MessageType, MAX_COMMIT_RANGES, MAX_TEXT_LEN,
+    MESSAGE_HEADER_LEN, UNLIMITED,
 };
 
 #[cfg(test)]

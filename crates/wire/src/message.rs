@@ -33,6 +33,12 @@ pub enum MessageType {
     Register = 0x001A,
     /// EVM → RU: where the BUs it calls listen.
     Peers = 0x001B,
+    /// BU → EVM: a part of the output is durable under a temporary name; may it be published?
+    Commit = 0x001C,
+    /// EVM → BU: yes: the part's events are final (the RUs forget them); publish it.
+    Committed = 0x001D,
+    /// BU → EVM: the part is published under its final name.
+    PartPublished = 0x001E,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -61,6 +67,9 @@ impl MessageType {
             0x0019 => MessageType::Available,
             0x001A => MessageType::Register,
             0x001B => MessageType::Peers,
+            0x001C => MessageType::Commit,
+            0x001D => MessageType::Committed,
+            0x001E => MessageType::PartPublished,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -115,6 +124,9 @@ impl EventRange {
     }
 }
 
+/// Most ranges in one Commit: a sink seals a part before it spans more (4 KiB of body).
+pub const MAX_COMMIT_RANGES: usize = 256;
+
 /// Every message except `Fragment`, whose payload stays in pool buffers (see [`crate::FragmentHeader`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -156,6 +168,57 @@ pub enum Message {
     Register(Registration),
     /// EVM → RU: where BUs started without a configured address listen.
     Peers(Vec<PeerAddr>),
+    /// BU → EVM (sinks that commit, docs/protocol.md §6 step 7): part `part` of this BU's
+    /// output holds these accepted events (1 to [`MAX_COMMIT_RANGES`] ranges, each of this
+    /// BU) and is durable under a temporary name. The EVM answers `Committed` only while the
+    /// BU is in the run: that answer, not the BU, makes the events final.
+    Commit {
+        bu: u16,
+        part: u32,
+        ranges: Vec<EventRange>,
+    },
+    /// EVM → BU: part `part` is committed: its events are final and the RUs forget them;
+    /// the BU publishes it (renames it into place).
+    Committed { bu: u16, part: u32 },
+    /// BU → EVM: part `part` is published. A BU lost between Committed and this leaves a
+    /// committed part unpublished, and the EVM's report counts its events.
+    PartPublished { bu: u16, part: u32 },
+}
+
+/// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
+fn encode_range(r: &EventRange, out: &mut Vec<u8>) {
+    out.extend_from_slice(&r.first.to_le_bytes());
+    out.extend_from_slice(&r.count.to_le_bytes());
+    out.extend_from_slice(&r.bu.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+}
+
+/// A range from the first 16 bytes of `b` (which holds at least that many): count ≥ 1, no
+/// overflow, reserved zero.
+fn decode_range(b: &[u8], what: &'static str, count_what: &'static str) -> Result<EventRange> {
+    if u16_at(b, 14) != 0 {
+        return Err(WireError::ReservedNonZero { what });
+    }
+    let r = EventRange {
+        first: u64_at(b, 0),
+        count: u32_at(b, 8),
+        bu: u16_at(b, 12),
+    };
+    // an empty range means nothing, and the RU counts a range down to 0 from its first
+    // event: refuse it here rather than underflow there
+    if r.count == 0 {
+        return Err(WireError::OutOfRange {
+            what: count_what,
+            value: 0,
+        });
+    }
+    if r.first.checked_add(r.count as u64).is_none() {
+        return Err(WireError::OutOfRange {
+            what,
+            value: r.first,
+        });
+    }
+    Ok(r)
 }
 
 impl Message {
@@ -176,6 +239,9 @@ impl Message {
             Message::Available { .. } => MessageType::Available,
             Message::Register(_) => MessageType::Register,
             Message::Peers(_) => MessageType::Peers,
+            Message::Commit { .. } => MessageType::Commit,
+            Message::Committed { .. } => MessageType::Committed,
+            Message::PartPublished { .. } => MessageType::PartPublished,
         }
     }
 
@@ -189,11 +255,20 @@ impl Message {
                 out.extend_from_slice(&0u16.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
             }
-            Message::Assign(r) | Message::Release(r) => {
-                out.extend_from_slice(&r.first.to_le_bytes());
-                out.extend_from_slice(&r.count.to_le_bytes());
-                out.extend_from_slice(&r.bu.to_le_bytes());
+            Message::Assign(r) | Message::Release(r) => encode_range(r, out),
+            Message::Commit { bu, part, ranges } => {
+                let n = ranges.len().min(MAX_COMMIT_RANGES);
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&(n as u16).to_le_bytes());
+                out.extend_from_slice(&part.to_le_bytes());
+                for r in &ranges[..n] {
+                    encode_range(r, out);
+                }
+            }
+            Message::Committed { bu, part } | Message::PartPublished { bu, part } => {
+                out.extend_from_slice(&bu.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
+                out.extend_from_slice(&part.to_le_bytes());
             }
             Message::Start | Message::Halt | Message::Heartbeat => {}
             Message::SourceLost { ru: node } | Message::LinkLost { peer: node } => {
@@ -268,32 +343,56 @@ impl Message {
                     ("release", "release count")
                 };
                 exact(what, 16)?;
-                if u16_at(b, 14) != 0 {
-                    return Err(WireError::ReservedNonZero { what });
-                }
-                let r = EventRange {
-                    first: u64_at(b, 0),
-                    count: u32_at(b, 8),
-                    bu: u16_at(b, 12),
-                };
-                // an empty range means nothing, and the RU counts a range down to 0 from its
-                // first event: refuse it here rather than underflow there
-                if r.count == 0 {
-                    return Err(WireError::OutOfRange {
-                        what: count_what,
-                        value: 0,
-                    });
-                }
-                if r.first.checked_add(r.count as u64).is_none() {
-                    return Err(WireError::OutOfRange {
-                        what,
-                        value: r.first,
-                    });
-                }
+                let r = decode_range(b, what, count_what)?;
                 if msg_type == MessageType::Assign {
                     Message::Assign(r)
                 } else {
                     Message::Release(r)
+                }
+            }
+            MessageType::Commit => {
+                need("commit", b, 8)?;
+                let bu = u16_at(b, 0);
+                let n = u16_at(b, 2) as usize;
+                if n == 0 || n > MAX_COMMIT_RANGES {
+                    return Err(WireError::OutOfRange {
+                        what: "commit range count",
+                        value: n as u64,
+                    });
+                }
+                exact("commit", 8 + 16 * n)?;
+                let mut ranges = Vec::with_capacity(n);
+                for k in 0..n {
+                    let r = decode_range(&b[8 + 16 * k..], "commit", "commit count")?;
+                    if r.bu != bu {
+                        return Err(WireError::OutOfRange {
+                            what: "commit range of another BU",
+                            value: r.bu as u64,
+                        });
+                    }
+                    ranges.push(r);
+                }
+                Message::Commit {
+                    bu,
+                    part: u32_at(b, 4),
+                    ranges,
+                }
+            }
+            MessageType::Committed | MessageType::PartPublished => {
+                let what = if msg_type == MessageType::Committed {
+                    "committed"
+                } else {
+                    "part published"
+                };
+                exact(what, 8)?;
+                if u16_at(b, 2) != 0 {
+                    return Err(WireError::ReservedNonZero { what });
+                }
+                let (bu, part) = (u16_at(b, 0), u32_at(b, 4));
+                if msg_type == MessageType::Committed {
+                    Message::Committed { bu, part }
+                } else {
+                    Message::PartPublished { bu, part }
                 }
             }
             MessageType::Ready => {

@@ -35,6 +35,21 @@ fn any_message() -> impl Strategy<Value = Message> {
         (any::<u64>(), any::<bool>()).prop_map(|(count, done)| Message::Available { count, done }),
         ".{0,200}".prop_map(Message::Report),
         ".{0,200}".prop_map(Message::Abort),
+        (
+            any::<u16>(),
+            any::<u32>(),
+            proptest::collection::vec((0u64..u64::MAX / 2, 1..=u32::MAX), 1..8)
+        )
+            .prop_map(|(bu, part, rs)| Message::Commit {
+                bu,
+                part,
+                ranges: rs
+                    .into_iter()
+                    .map(|(first, count)| EventRange { bu, first, count })
+                    .collect(),
+            }),
+        (any::<u16>(), any::<u32>()).prop_map(|(bu, part)| Message::Committed { bu, part }),
+        (any::<u16>(), any::<u32>()).prop_map(|(bu, part)| Message::PartPublished { bu, part }),
     ]
 }
 
@@ -174,6 +189,13 @@ proptest! {
                     prop_assert!(r.first.checked_add(r.count as u64).is_some());
                 }
                 Message::Credit { count, .. } => prop_assert!(count >= 1),
+                Message::Commit { bu, ranges, .. } => {
+                    prop_assert!(!ranges.is_empty() && ranges.len() <= MAX_COMMIT_RANGES);
+                    for r in ranges {
+                        prop_assert!(r.count >= 1 && r.bu == bu);
+                        prop_assert!(r.first.checked_add(r.count as u64).is_some());
+                    }
+                }
                 _ => {}
             }
         }

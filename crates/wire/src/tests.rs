@@ -153,6 +153,24 @@ fn messages_round_trip() {
             },
         ]),
         Message::Peers(vec![]),
+        Message::Commit {
+            bu: 3,
+            part: 7,
+            ranges: vec![
+                EventRange {
+                    bu: 3,
+                    first: 64,
+                    count: 32,
+                },
+                EventRange {
+                    bu: 3,
+                    first: 160,
+                    count: 1,
+                },
+            ],
+        },
+        Message::Committed { bu: 3, part: 7 },
+        Message::PartPublished { bu: 3, part: 7 },
     ];
     for m in all {
         let b = m.encode();
@@ -350,6 +368,64 @@ fn empty_ranges_and_credits_are_refused() {
         Message::decode(MessageType::Assign, &b[MESSAGE_HEADER_LEN..]),
         Ok(one)
     );
+}
+
+/// Commit bodies: the count bounds the body, every range is of the sending BU and not
+/// empty, and the layout is protocol.md's, byte by byte.
+#[test]
+fn commit_bodies_are_checked() {
+    let r = |first, count| EventRange {
+        bu: 2,
+        first,
+        count,
+    };
+    let m = Message::Commit {
+        bu: 2,
+        part: 9,
+        ranges: vec![r(10, 4), r(20, 1)],
+    };
+    let b = m.encode();
+    let body = &b[MESSAGE_HEADER_LEN..];
+    assert_eq!(body.len(), 8 + 2 * 16);
+    assert_eq!(&body[0..8], &[2, 0, 2, 0, 9, 0, 0, 0]);
+    assert_eq!(
+        &body[8..24],
+        &[10, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0]
+    );
+    for n in 0..body.len() {
+        assert!(
+            Message::decode(MessageType::Commit, &body[..n]).is_err(),
+            "{n} bytes"
+        );
+    }
+    let mut zero = body.to_vec();
+    zero[2] = 0;
+    assert_eq!(
+        Message::decode(MessageType::Commit, &zero[..8]),
+        Err(WireError::OutOfRange {
+            what: "commit range count",
+            value: 0
+        })
+    );
+    let mut other = body.to_vec();
+    other[8 + 12] = 5; // the first range names bu 5
+    assert!(matches!(
+        Message::decode(MessageType::Commit, &other),
+        Err(WireError::OutOfRange {
+            what: "commit range of another BU",
+            ..
+        })
+    ));
+    let mut empty = body.to_vec();
+    empty[8 + 8] = 0; // the first range's count
+    assert!(Message::decode(MessageType::Commit, &empty).is_err());
+    let mut too_many = body.to_vec();
+    too_many[2..4].copy_from_slice(&((MAX_COMMIT_RANGES + 1) as u16).to_le_bytes());
+    assert!(Message::decode(MessageType::Commit, &too_many).is_err());
+    let c = Message::Committed { bu: 2, part: 9 }.encode();
+    let mut bad = c[MESSAGE_HEADER_LEN..].to_vec();
+    bad[3] = 1;
+    assert!(Message::decode(MessageType::Committed, &bad).is_err());
 }
 
 /// The fragment header's bytes are exactly protocol.md's layout, field by field, with the

@@ -351,6 +351,13 @@ impl Driver {
         }
     }
 
+    /// Sends a committing sink's durable parts to the EVM (see [`sink::SinkQueue::commit`]).
+    fn commit_sink(&mut self, now: Instant) {
+        if let Logic::Bu(b, sink) = &mut self.logic {
+            self.sink.commit(now, &self.me.id, b, sink.as_mut());
+        }
+    }
+
     fn state(&self) -> RunState {
         match &self.logic {
             Logic::Evm(e) => e.state(),
@@ -420,6 +427,28 @@ impl Driver {
                         // the sink keeps the output and tries again on its next call
                         self.sink.accept_failed(&self.me.id, &why);
                     }
+                }
+            }
+            Action::Publish(part) => {
+                if let Logic::Bu(b, sink) = &mut self.logic {
+                    self.sink.publish(&self.me.id, part, b, sink.as_mut());
+                }
+            }
+            Action::PublishFor { bu, part } => {
+                let dir = std::path::Path::new(&self.cfg.sink.dir);
+                let run = &self.cfg.run.id;
+                let published = match evb_formats::events::publish_prepared(dir, run, bu, part) {
+                    Ok(done) => done,
+                    Err(e) => {
+                        warn!(node = %self.me.id, "cannot publish part {part} of lost bu[{bu}]: {e}");
+                        false
+                    }
+                };
+                if published {
+                    info!(node = %self.me.id, "published part {part} of lost bu[{bu}] for it");
+                }
+                if let Logic::Evm(e) = &mut self.logic {
+                    e.published_for(bu, part, published);
                 }
             }
             Action::Disconnect(p) => {
@@ -513,6 +542,7 @@ impl Driver {
             self.try_stop(now);
             self.run_actions();
             self.drain_sink(now);
+            self.commit_sink(now);
             self.run_actions();
             self.release_shaped();
             self.messenger.flush_due(now);

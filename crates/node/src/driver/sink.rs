@@ -127,6 +127,40 @@ impl SinkQueue {
         }
     }
 
+    /// A sink that commits its output: parts it made durable go to the EVM as Commits.
+    /// A part that cannot be made durable yet (a full disk) is tried again next pass; its
+    /// events stay with the RUs meanwhile.
+    pub(super) fn commit(&mut self, now: Instant, me: &str, b: &mut Bu, sink: &mut dyn Sink) {
+        if !sink.commits() {
+            return;
+        }
+        match sink.prepare(now) {
+            Ok(parts) => {
+                for p in parts {
+                    b.commit(p.part, &p.ranges);
+                }
+            }
+            Err(SinkError::Busy(why)) => self.accept_failed(me, &why),
+            Err(SinkError::Fatal(why)) => {
+                error!(node = %me, "sink failed: {why}");
+                b.fail(format!("sink failed: {why}"));
+            }
+        }
+    }
+
+    /// The EVM committed `part`: the sink publishes it. A rename that fails is the sink's to
+    /// try again (at the latest when the run ends); the part's events are final already.
+    pub(super) fn publish(&mut self, me: &str, part: u32, b: &mut Bu, sink: &mut dyn Sink) {
+        match sink.publish(part) {
+            Ok(()) => b.published(part),
+            Err(SinkError::Busy(why)) => self.accept_failed(me, &why),
+            Err(SinkError::Fatal(why)) => {
+                error!(node = %me, "sink failed: {why}");
+                b.fail(format!("sink failed: {why}"));
+            }
+        }
+    }
+
     /// Hands a held Stop to the BU once its sink's output is complete or the drain time is
     /// up; what the sink could not output by then is counted lost in the BU's report.
     pub(super) fn try_stop(&mut self, now: Instant, b: &mut Bu, sink: &mut dyn Sink) {
