@@ -11,8 +11,10 @@
 //!
 //! Each trial checks what docs/operations.md's fault table promises: the outcome (verdict,
 //! exit codes), the ledger, that no event id is in two output files and every output id was
-//! triggered, that what is missing from the files is at most what lost BUs had accepted, and
-//! that no process, temporary output file or resolved configuration is left behind.
+//! triggered, that every triggered event of a completed run is in the files (a killed BU's
+//! too: the file sink commits before the RUs forget, docs/protocol.md §6 step 7), and that no
+//! process, temporary output file (but a killed BU's) or resolved configuration is left
+//! behind.
 
 mod common;
 use common::{chaos_seed, free_base_port, triggered_at_least, wait_node, HelloFlood, Rng, EVB};
@@ -553,15 +555,12 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
             assert_eq!(evm["triggered"], events, "{log}");
             assert_eq!(evm["released"], events, "{log}");
             assert_eq!(evm["duplicate_releases"], 0, "{log}");
-            // What is not in the files was accepted from a BU that died with it open
-            // (docs/operations.md, known limits); a frozen BU that wakes loses nothing.
+            // Every event is in a committed file: a killed BU's uncommitted events were
+            // built again elsewhere, its committed ones are in its files (published by it,
+            // or by the EVM for it); a frozen BU that wakes adds nothing.
             let missing = events - ids.len() as u64;
-            let by_lost = evm["released_by_lost"].as_u64().unwrap_or(0);
-            if killed_bu {
-                assert!(missing <= by_lost, "{missing} events missing from the files, but lost BUs released only {by_lost}\n{log}");
-            } else {
-                assert_eq!(missing, 0, "events missing from the output files\n{log}");
-            }
+            assert_eq!(missing, 0, "events missing from the output files\n{log}");
+            assert_eq!(evm["committed_unpublished"], 0, "{log}");
             // (a kernel may refuse `ss -K`: a random trial then cuts nothing; a fixed one
             // fails)
             if t.fault == Fault::CutLink && !log.contains("not cut") {
