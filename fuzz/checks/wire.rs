@@ -34,6 +34,10 @@ pub fn check(data: &[u8]) {
                 if let Message::Credit { count, .. } = m {
                     assert!(count > 0);
                 }
+                if let Message::Commit { bu, ranges, .. } = &m {
+                    assert!(!ranges.is_empty() && ranges.len() <= MAX_COMMIT_RANGES);
+                    assert!(ranges.iter().all(|r| r.bu == *bu && r.count > 0));
+                }
             }
         }
         // pub/sub: the first byte picks one of the four control messages

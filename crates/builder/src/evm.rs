@@ -457,7 +457,8 @@ impl Evm {
         self.stats.released += valid.count as u64;
         self.stats.released_by_bu[bi] += valid.count as u64;
         let ids = (valid.first..valid.end()).fold(0u64, |s, id| s.wrapping_add(id));
-        self.stats.released_id_sum_by_bu[bi] = self.stats.released_id_sum_by_bu[bi].wrapping_add(ids);
+        self.stats.released_id_sum_by_bu[bi] =
+            self.stats.released_id_sum_by_bu[bi].wrapping_add(ids);
         self.send_to(self.live_rus(), Message::Release(valid), Path::Batched);
     }
 
@@ -493,7 +494,11 @@ impl Evm {
     /// `bu` ([`Action::PublishFor`]). A part it could not publish is judged: its events are
     /// final, in files under their temporary names only.
     pub fn published_for(&mut self, bu: u16, part: u32, published: bool) {
-        let Some(k) = self.in_doubt.iter().position(|(b, p, _)| (*b, *p) == (bu, part)) else {
+        let Some(k) = self
+            .in_doubt
+            .iter()
+            .position(|(b, p, _)| (*b, *p) == (bu, part))
+        else {
             return;
         };
         let (_, _, events) = self.in_doubt.remove(k);

@@ -169,7 +169,9 @@ impl Sim {
                 }
                 Action::Publish(part) => {
                     let NodeRef::Bu(i) = from else { panic!() };
-                    let ranges = self.parts[i as usize].remove(&part).expect("a part we made");
+                    let ranges = self.parts[i as usize]
+                        .remove(&part)
+                        .expect("a part we made");
                     for (first, count) in ranges {
                         self.published[i as usize].extend(first..first + count as u64);
                     }
@@ -792,14 +794,24 @@ fn killed_committing_builder(doubt: bool) {
     }
     let r = s.evm.report(s.now);
     assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
-    assert!(r.evm.accepted >= 3000 + lost_staged, "accepted again elsewhere");
+    assert!(
+        r.evm.accepted >= 3000 + lost_staged,
+        "accepted again elsewhere"
+    );
     if doubt {
-        assert!(r.evm.parts_published_for_lost > 0, "the EVM published for it");
+        assert!(
+            r.evm.parts_published_for_lost > 0,
+            "the EVM published for it"
+        );
     }
     assert_eq!(r.evm.released_by_lost, s.published[1].len() as u64);
     let mut all: Vec<u64> = s.published.iter().flatten().copied().collect();
     all.sort_unstable();
-    assert_eq!(all, (0..3000).collect::<Vec<_>>(), "every event in exactly one part");
+    assert_eq!(
+        all,
+        (0..3000).collect::<Vec<_>>(),
+        "every event in exactly one part"
+    );
     assert!(s.rus.iter().all(|r| r.stats().retained == 0));
 }
 

@@ -154,7 +154,10 @@ impl Config {
             }
         }
         let committing = self.sink.kind.commits()
-            || self.bu.iter().any(|b| b.sink.is_some_and(SinkKind::commits));
+            || self
+                .bu
+                .iter()
+                .any(|b| b.sink.is_some_and(SinkKind::commits));
         if committing && self.sink.commit_ms as f64 >= self.run.stall_timeout_s * 1000.0 {
             return Err(invalid(
                 "sink.commit_ms",
@@ -439,7 +442,13 @@ impl Config {
         let s = &self.sink;
         int_in("sink.file_max_events", s.file_max_events, 0, MAX_EVENTS, "")?;
         int_in("sink.file_max_mib", s.file_max_mib, 0, MAX_FILE_MIB, " MiB")?;
-        int_in("sink.commit_events", s.commit_events, 0, MAX_CREDITS as u64, "")?;
+        int_in(
+            "sink.commit_events",
+            s.commit_events,
+            0,
+            MAX_CREDITS as u64,
+            "",
+        )?;
         int_in("sink.commit_ms", s.commit_ms, 1, 3_600_000, " ms")?;
         int_in(
             "sink.serve_max_held",

@@ -134,7 +134,7 @@ impl Collector for SnapshotCollector {
                 gauge(
                     &mut enc,
                     "evb_events_in_flight",
-                    "Events assigned and not yet released",
+                    "Events assigned and not yet final (released, or committed with a file sink)",
                     None,
                     st.in_flight,
                 )?;
@@ -151,6 +151,20 @@ impl Collector for SnapshotCollector {
                     "Events taken from a lost BU and assigned again",
                     None,
                     st.reassigned,
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_output_parts_committed",
+                    "Parts of output (files) the EVM committed: their events final, the RUs freed",
+                    None,
+                    st.parts_committed,
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_events_committed_unpublished",
+                    "Committed events in parts nobody could publish (a lost BU's, out of the EVM's reach)",
+                    None,
+                    st.committed_unpublished,
                 )?;
                 // only losses count (a rejoin is none)
                 let losses = st.lost.iter().filter(|e| e.kind.is_loss()).count();

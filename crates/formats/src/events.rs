@@ -419,7 +419,10 @@ impl EventFileWriter {
         // a damaged file holds bytes at unknown offsets: it is never completed
         self.check_whole()?;
         self.writer().flush().map_err(io_at(&self.tmp))?;
-        self.writer().get_ref().sync_data().map_err(io_at(&self.tmp))?;
+        self.writer()
+            .get_ref()
+            .sync_data()
+            .map_err(io_at(&self.tmp))?;
         self.meta.crc32c = self.crc;
         let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n";
         let meta_tmp = self.meta_tmp();

@@ -221,9 +221,10 @@ impl FileSink {
 
 impl Sink for FileSink {
     fn deliver(&mut self, ev: &BuiltEvent) -> Result<(), SinkError> {
-        let full = self.open.back().is_some_and(|f| {
-            f.stage == Stage::Open && self.full(f)
-        });
+        let full = self
+            .open
+            .back()
+            .is_some_and(|f| f.stage == Stage::Open && self.full(f));
         if let Some(f) = self.open.back_mut().filter(|_| full) {
             f.stage = Stage::Sealed;
         }
@@ -327,7 +328,11 @@ impl Sink for FileSink {
         match self.open.iter_mut().find(|f| f.seq == part) {
             Some(f) if f.stage == Stage::Prepared => f.stage = Stage::Committed,
             // not a part of ours waiting for its word: nothing to publish
-            _ => return Err(SinkError::Fatal(format!("no prepared part {part} to publish"))),
+            _ => {
+                return Err(SinkError::Fatal(format!(
+                    "no prepared part {part} to publish"
+                )))
+            }
         }
         self.publish_committed()
     }
@@ -336,8 +341,8 @@ impl Sink for FileSink {
         // committed parts are output whatever else happened; the rest never is
         self.publish_committed()?;
         for f in self.open.drain(..) {
-            self.left_out += f.pending.len() as u64
-                + f.ranges.iter().map(|(_, n)| *n as u64).sum::<u64>();
+            self.left_out +=
+                f.pending.len() as u64 + f.ranges.iter().map(|(_, n)| *n as u64).sum::<u64>();
             f.w.discard();
         }
         Ok(())
@@ -490,7 +495,10 @@ mod tests {
         let parts = s.prepare(t0 + Duration::from_millis(60)).unwrap();
         assert_eq!(parts[0].ranges, vec![(0, 1), (2, 1)]);
         s.publish(parts[0].part).unwrap();
-        assert_eq!(ids_in(dir.path()), vec![("r_bu0_000000.evb".into(), vec![0, 2])]);
+        assert_eq!(
+            ids_in(dir.path()),
+            vec![("r_bu0_000000.evb".into(), vec![0, 2])]
+        );
     }
 
     #[test]
