@@ -68,7 +68,8 @@ struct Totals {
     events: AtomicU64,
     bytes: AtomicU64,
     errors: AtomicU64,
-    /// Events seen a second time (served again after a reconnection): at-least-once.
+    /// Events seen a second time (served again after a reconnection, or built again after
+    /// their BU died): acknowledged, not written again.
     repeated: AtomicU64,
     stop: AtomicBool,
 }
@@ -457,15 +458,8 @@ fn session(
         if ctx.a.slow_ms > 0 {
             std::thread::sleep(Duration::from_millis(ctx.a.slow_ms));
         }
-        if let Some(w) = writer.as_mut() {
-            if let Err(e) = w.write_record(&record) {
-                return Ended::Fatal(format!("writing event {}: {e}", ev.event_id));
-            }
-        }
-        if let Some(f) = &ctx.ids {
-            let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = writeln!(f, "{}", ev.event_id);
-        }
+        // An event served again (its BU died before the EVM committed it, and another BU
+        // built it) is acknowledged, not written twice: event ids are unique in a run.
         let first_time = ctx
             .seen
             .lock()
@@ -474,8 +468,21 @@ fn session(
         if !first_time {
             ctx.totals.repeated.fetch_add(1, Ordering::AcqRel);
         }
-        let n = ctx.totals.events.fetch_add(1, Ordering::AcqRel) + 1;
-        ctx.totals.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if let Some(w) = writer.as_mut().filter(|_| first_time) {
+            if let Err(e) = w.write_record(&record) {
+                return Ended::Fatal(format!("writing event {}: {e}", ev.event_id));
+            }
+        }
+        if let Some(f) = ctx.ids.as_ref().filter(|_| first_time) {
+            let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(f, "{}", ev.event_id);
+        }
+        let n = if first_time {
+            ctx.totals.bytes.fetch_add(bytes, Ordering::AcqRel);
+            ctx.totals.events.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            ctx.totals.events.load(Ordering::Acquire)
+        };
         let ack = ConsumerMsg::Ack(vec![ev.event_id]).encode();
         if let Err(e) = out.write_all(&ack).and_then(|_| out.flush()) {
             return Ended::Dropped(format!("sending an ack: {e}"));

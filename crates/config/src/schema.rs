@@ -577,9 +577,10 @@ impl Default for SinkSection {
 
 impl SinkKind {
     /// Whether this sink commits its output (docs/protocol.md §6 step 7): a BU's events stay
-    /// with the RUs until a part of its output holding them is committed.
+    /// with the RUs until a part of its output holding them is committed (a file synced, or
+    /// events a consumer acknowledged).
     pub fn commits(self) -> bool {
-        self == SinkKind::File
+        matches!(self, SinkKind::File | SinkKind::Serve)
     }
 }
 

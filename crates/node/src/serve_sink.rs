@@ -35,12 +35,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
-use evb_builder::{BuiltEvent, Sink, SinkError};
+use evb_builder::{BuiltEvent, PreparedPart, Sink, SinkError};
 use evb_formats::events::{
     event_header, EVENT_CORRUPT, EVENT_HEADER_LEN, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
 };
 use evb_wire::consumer::{ConsumerFrame, ConsumerHeader};
-use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
+use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN, MAX_COMMIT_RANGES};
 use serde_json::{json, Value};
 use tracing::{error, info, warn};
 
@@ -150,6 +150,8 @@ pub struct ServeSink {
     left_out: u64,
     refused: u64,
     closed: bool,
+    /// The last part number handed to the EVM (a part: events acknowledged together).
+    next_part: u32,
 }
 
 impl ServeSink {
@@ -191,6 +193,7 @@ impl ServeSink {
             left_out: 0,
             refused: 0,
             closed: false,
+            next_part: 0,
         })
     }
 
@@ -274,6 +277,52 @@ impl Sink for ServeSink {
         while Instant::now() < until && !self.shared.lock().consumers.is_empty() {
             std::thread::sleep(Duration::from_millis(10));
         }
+        Ok(())
+    }
+
+    fn commits(&self) -> bool {
+        true
+    }
+
+    /// The events consumers acknowledged since the last call, as parts for the EVM: an
+    /// acknowledged event is output (the consumer has it), and the EVM makes it final.
+    fn prepare(&mut self, _now: Instant) -> Result<Vec<PreparedPart>, SinkError> {
+        let mut ids = {
+            let mut st = self.shared.lock();
+            if st.to_commit.is_empty() {
+                return Ok(Vec::new());
+            }
+            std::mem::take(&mut st.to_commit)
+        };
+        ids.sort_unstable();
+        let mut parts: Vec<PreparedPart> = Vec::new();
+        for id in ids {
+            let part = match parts.last_mut() {
+                Some(p)
+                    if p.ranges.len() < MAX_COMMIT_RANGES
+                        || p.ranges.last().is_some_and(|(f, n)| f + *n as u64 == id) =>
+                {
+                    p
+                }
+                _ => {
+                    self.next_part = self.next_part.wrapping_add(1);
+                    parts.push(PreparedPart {
+                        part: self.next_part,
+                        ranges: Vec::new(),
+                    });
+                    parts.last_mut().expect("pushed")
+                }
+            };
+            match part.ranges.last_mut() {
+                Some((f, n)) if *f + *n as u64 == id && *n < u32::MAX => *n += 1,
+                _ => part.ranges.push((id, 1)),
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Nothing to rename: the consumer has the events.
+    fn publish(&mut self, _part: u32) -> Result<(), SinkError> {
         Ok(())
     }
 

@@ -54,6 +54,8 @@ pub(super) struct Book<H> {
     /// The output is closed (end of run): writers send End; nothing more is served.
     pub(super) over: bool,
     pub(super) lost: u64,
+    /// Ids acknowledged since the sink last committed (`Sink::prepare` takes them).
+    pub(super) to_commit: Vec<u64>,
 }
 
 impl<H> Default for Book<H> {
@@ -74,6 +76,7 @@ impl<H> Default for Book<H> {
             auth_failed: 0,
             over: false,
             lost: 0,
+            to_commit: Vec::new(),
         }
     }
 }
@@ -225,6 +228,7 @@ impl<H> Book<H> {
                     c.acked += 1;
                     self.acked += 1;
                     self.acked_bytes += it.bytes;
+                    self.to_commit.push(e);
                 }
                 None => return Acked::NotHeld(e),
             }
