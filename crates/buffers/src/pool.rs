@@ -213,15 +213,23 @@ impl Pool {
         block_size.checked_mul(blocks).expect("pool size overflows")
     }
 
-    /// Allocates `blocks` blocks of `block_size` bytes up front in private memory (zeroed,
-    /// so the pages are touched now rather than on the data path).
+    /// Allocates `blocks` blocks of `block_size` bytes up front in private memory, zeroed.
+    /// A large region's pages are the kernel's zero pages until first written: call
+    /// [`Pool::populate`] (off the data path: it takes a while for a large pool) to back them
+    /// before the run. Allocating takes no time that grows with the size.
     ///
     /// # Panics
     /// If `block_size` or `blocks` is zero or the region size overflows: these are
     /// programming errors, configuration is validated before pools are made.
     pub fn new(name: &str, block_size: usize, blocks: usize) -> Pool {
         let bytes = Self::size(block_size, blocks);
-        let region: Box<[UnsafeCell<u8>]> = (0..bytes).map(|_| UnsafeCell::new(0)).collect();
+        let zeroed: Box<[u8]> = vec![0u8; bytes].into_boxed_slice();
+        let len = zeroed.len();
+        let raw = Box::into_raw(zeroed).cast::<UnsafeCell<u8>>();
+        // SAFETY: `UnsafeCell<u8>` is `repr(transparent)` over `u8`, so a boxed slice of `len`
+        // bytes is a boxed slice of `len` cells with the same layout; the box is rebuilt from
+        // the pointer it gave up, once, and owns the allocation from then on.
+        let region = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw, len)) };
         Self::with_region(name, Region::Heap(region), block_size, blocks)
     }
 
@@ -229,7 +237,8 @@ impl Pool {
     /// A memfd has no name in any file system: nothing is left behind when the process dies.
     pub fn new_shared(name: &str, block_size: usize, blocks: usize) -> std::io::Result<Pool> {
         let pool = Self::new_shared_untouched(name, block_size, blocks)?;
-        // touch every page now, like the private pool
+        // Touch every page now: a huge-page memfd that cannot be backed fails here, not with
+        // a SIGBUS on the data path.
         // SAFETY: the mapping is ours, writable and this long; no block is loaned yet.
         unsafe { std::ptr::write_bytes(pool.shared.region.base(), 0, pool.region_len()) };
         Ok(pool)

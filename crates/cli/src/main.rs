@@ -182,6 +182,16 @@ fn load_or_exit(path: &Option<PathBuf>) -> Result<Config, ExitCode> {
     })
 }
 
+/// Every node on this host (`evb run`, `evb up`): default credits lowered to what the host's
+/// memory holds, said on stderr (see `Config::fit_credits_to`).
+fn fit_to_host(cfg: &mut evb_config::Config) {
+    if let Some(host) = evb_config::HostMemory::read() {
+        if let Some(said) = cfg.fit_credits_to(host) {
+            eprintln!("evb: {said}");
+        }
+    }
+}
+
 fn memory_check(who: &str, r: Result<Option<String>, evb_config::ConfigError>) -> Option<ExitCode> {
     match r {
         Ok(None) => None,
@@ -247,6 +257,7 @@ fn main() -> ExitCode {
                 eprintln!("evb: {e}");
                 return ExitCode::from(2);
             }
+            fit_to_host(&mut cfg);
             // every node's pools on this host, before anything starts
             if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
                 return refused;
@@ -261,10 +272,11 @@ fn main() -> ExitCode {
             }
         }
         Command::Up { config } => {
-            let cfg = match load_or_exit(&config) {
+            let mut cfg = match load_or_exit(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            fit_to_host(&mut cfg);
             if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
                 return refused;
             }

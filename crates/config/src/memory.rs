@@ -207,6 +207,60 @@ impl Config {
         }))
     }
 
+    /// The fewest credits [`Config::fit_credits_to`] lowers the default to.
+    pub const FIT_MIN_CREDITS: u32 = 2;
+
+    /// For a launcher that puts every node on this host (`evb run`, `evb up`): when the
+    /// credits are the default (`builder.credits = 0`, no `[[bu]] credits`, no explicit pool
+    /// sizes) and the pools of the nodes on this host need more than three quarters of the
+    /// memory `host` has available, lowers `builder.credits` to the most that fit (never below
+    /// [`Config::FIT_MIN_CREDITS`]) and says so. A configuration that sets credits or pool
+    /// sizes is the operator's word and is left as it is (`check_memory` judges it).
+    pub fn fit_credits_to(&mut self, host: HostMemory) -> Option<String> {
+        let defaulted = self.builder.credits == 0
+            && self.bu.iter().all(|b| b.credits.is_none())
+            && self.buffers.ru_pool_mib == 0
+            && self.buffers.bu_pool_mib == 0;
+        if !defaulted {
+            return None;
+        }
+        let budget = host.available / 4 * 3;
+        let need = |c: &Config| c.pool_bytes(&c.local_nodes()).unwrap_or(u64::MAX);
+        let before = need(self);
+        if before <= budget {
+            return None;
+        }
+        let default = self.default_credits();
+        let mut trial = self.clone();
+        let fits = |credits: u32, trial: &mut Config| {
+            trial.builder.credits = credits;
+            need(trial) <= budget
+        };
+        if default <= Self::FIT_MIN_CREDITS || !fits(Self::FIT_MIN_CREDITS, &mut trial) {
+            return None;
+        }
+        // the most credits that fit, between the least and the default
+        let (mut lo, mut hi) = (Self::FIT_MIN_CREDITS, default);
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid, &mut trial) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        self.builder.credits = lo;
+        Some(format!(
+            "the pools of the {} node(s) on this host need {} at the default credits \
+             ({default} per BU), more than three quarters of the {} available: \
+             builder.credits lowered to {lo} ({} in all; set builder.credits to choose)",
+            self.local_nodes().len(),
+            human(before),
+            human(host.available),
+            human(need(self)),
+        ))
+    }
+
     /// [`Config::check_memory`] for [`Config::local_nodes`] against this host's
     /// /proc/meminfo; `Ok(None)` where the host does not say how much memory it has.
     pub fn check_host_memory(&self) -> Result<Option<String>, ConfigError> {

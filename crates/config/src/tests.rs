@@ -637,6 +637,45 @@ fn meminfo_is_read() {
     }
 }
 
+/// Many nodes on one host at the default credits: the launcher lowers the credits to what
+/// three quarters of the available memory holds, and says so; an operator's credits or pool
+/// sizes are left alone; a run that fits is not touched.
+#[test]
+fn default_credits_are_fitted_to_the_host() {
+    let gib = 1u64 << 30;
+    let host = HostMemory {
+        total: 16 * gib,
+        available: 15 * gib,
+    };
+    let big = "[topology]\nrus = 24\nbus = 24\n";
+    let mut c = Config::from_toml(big).unwrap();
+    let before = c.pool_bytes(&c.local_nodes()).unwrap();
+    assert!(
+        before > host.available,
+        "the test needs a run that does not fit"
+    );
+    let said = c.fit_credits_to(host).expect("lowered");
+    let after = c.pool_bytes(&c.local_nodes()).unwrap();
+    assert!(after <= host.available / 4 * 3, "{said}");
+    assert!(c.builder.credits >= Config::FIT_MIN_CREDITS && c.builder.credits < 16);
+    // one more credit would not have fitted: the most that fit
+    let mut more = c.clone();
+    more.builder.credits += 1;
+    assert!(more.pool_bytes(&more.local_nodes()).unwrap() > host.available / 4 * 3);
+    assert!(said.contains("builder.credits lowered to"), "{said}");
+    c.validate().unwrap();
+    // the operator's word stands
+    let mut set = Config::from_toml(&format!("{big}[builder]\ncredits = 16\n")).unwrap();
+    assert_eq!(set.fit_credits_to(host), None);
+    assert_eq!(set.builder.credits, 16);
+    let mut pooled = Config::from_toml(&format!("{big}[buffers]\nru_pool_mib = 512\n")).unwrap();
+    assert_eq!(pooled.fit_credits_to(host), None);
+    // a run that fits is left as it is
+    let mut small = Config::default();
+    assert_eq!(small.fit_credits_to(host), None);
+    assert_eq!(small.builder.credits, 0);
+}
+
 #[test]
 fn local_nodes_are_those_with_addresses_here() {
     let c = Config::from_toml(

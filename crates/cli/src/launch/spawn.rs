@@ -124,6 +124,17 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String>
         );
         out.run.heartbeat_timeout_ms = floor;
     }
+    // Starting the processes takes its turn on the CPUs too: every node must have started and
+    // called before the EVM's connect timeout, which counts from the EVM's own start.
+    let connect_floor = (0.5 * nodes.len() as f64 / cpus as f64).ceil();
+    if connect_floor > out.run.connect_timeout_s {
+        eprintln!(
+            "evb: {} nodes on {cpus} CPUs: run.connect_timeout_s raised from {} to {connect_floor} so that every node has started in time",
+            nodes.len(),
+            out.run.connect_timeout_s
+        );
+        out.run.connect_timeout_s = connect_floor;
+    }
     out.validate()
         .map_err(|e| format!("resolved configuration: {e}"))?;
     Ok((out, chosen))

@@ -146,8 +146,10 @@ impl Driver {
             .find(|n| n.id == id)
             .cloned()
             .ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
-        let now = Instant::now();
         let (rx_pool, ru_pool) = setup::pools(cfg, &me).map_err(NodeError::Setup)?;
+        // The connect timeout runs from here: making the pools is not connecting (their pages
+        // are backed by the thread below, while the node connects).
+        let now = Instant::now();
         // Back every pool page before the node says Ready, off the event loop (which keeps
         // connecting and sending heartbeats meanwhile), so that no page fault stalls the run.
         let named: Vec<(&'static str, evb_buffers::Pool)> =
