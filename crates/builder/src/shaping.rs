@@ -1,7 +1,8 @@
 //! Traffic shaping in the RUs: the barrel shifter (seeds 001 and 003). Time is cut into
 //! slots of a fixed length on the wall clock, which every node of the run shares (one host,
 //! or hosts kept in step by NTP/PTP); in slot t RU i sends only to BU (i + t) mod max(N, M),
-//! at most one slot's worth of bytes. No two RUs then send to one BU in the same slot, so no
+//! at most one slot's worth of bytes, never more (a run of fragments that would not fit in
+//! what is left of the slot waits for the BU's next slot). No two RUs then send to one BU in the same slot, so no
 //! switch output port has two inputs to queue, and every RU–BU pair is served once a cycle.
 //! More RUs than BUs, or fewer (trapezoidal), works: the cycle is max(N, M) slots long and
 //! a slot that falls on no BU (or no RU) is idle. No IO here: the driver pushes fragments
@@ -40,7 +41,8 @@ pub struct BarrelShaper {
 
 impl BarrelShaper {
     /// RU `ru` of `n_ru`, sending to `n_bu` BUs in slots of `slot` carrying at most
-    /// `slot_bytes` each (a fragment that starts in a slot is sent whole).
+    /// `slot_bytes` each. The configuration makes a slot hold the largest fragment; a piece
+    /// larger than a slot (none should be) is sent alone in a slot of its own.
     pub fn new(
         ru: usize,
         n_ru: usize,
@@ -83,7 +85,14 @@ impl BarrelShaper {
         let Some(bu) = barrel_destination(self.ru, slot, self.n_ru, self.queues.len()) else {
             return;
         };
-        while self.sent < self.slot_bytes {
+        loop {
+            let Some(len) = self.queues[bu].front().map(|(d, _)| d.len()) else {
+                break;
+            };
+            // what does not fit in the rest of the slot waits: the budget is never exceeded
+            if self.sent + len > self.slot_bytes && self.sent > 0 {
+                break;
+            }
             let Some((data, count)) = self.queues[bu].pop_front() else {
                 break;
             };
@@ -146,22 +155,37 @@ mod tests {
         // slot 0: BU 1's fragment
         s.due(0, |bu, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(1, 100)]);
-        // slot 1: BU 0, two fragments start (the second overruns the slot), not the third
+        // slot 1: BU 0, one fragment: a second would over-fill the slot (1,200 > 1,000)
         got.clear();
         s.due(ms + 5, |bu, c, _| got.push((bu, c.len())));
         s.due(ms + 500_000, |bu, c, _| got.push((bu, c.len())));
-        assert_eq!(got, [(0, 600), (0, 600)]);
-        assert_eq!(s.queued_bytes(), 600);
+        assert_eq!(got, [(0, 600)]);
+        assert_eq!(s.queued_bytes(), 1200);
         assert_eq!(
             s.next_slot_in(ms + 500_000),
             Some(Duration::from_micros(500))
         );
-        // slot 2 is BU 1's (nothing queued), slot 3 BU 0's again
+        // slot 2 is BU 1's (nothing queued), slots 3 and 5 BU 0's again, one fragment each
         got.clear();
         s.due(2 * ms, |bu, c, _| got.push((bu, c.len())));
         assert!(got.is_empty());
         s.due(3 * ms, |bu, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 600)]);
-        assert_eq!(s.next_slot_in(3 * ms), None);
+        s.due(5 * ms, |bu, c, _| got.push((bu, c.len())));
+        assert_eq!(got, [(0, 600), (0, 600)]);
+        assert_eq!(s.next_slot_in(5 * ms), None);
+        // pieces that fit share a slot; one larger than a slot goes alone
+        s.push(0, frag(400), 1);
+        s.push(0, frag(400), 1);
+        s.push(0, frag(300), 1);
+        got.clear();
+        s.due(7 * ms, |bu, c, _| got.push((bu, c.len())));
+        assert_eq!(got, [(0, 400), (0, 400)]);
+        let mut big = BarrelShaper::new(0, 1, 1, Duration::from_millis(1), 1000);
+        big.push(0, frag(1500), 1);
+        big.push(0, frag(100), 1);
+        got.clear();
+        big.due(0, |bu, c, _| got.push((bu, c.len())));
+        assert_eq!(got, [(0, 1500)]);
     }
 }

@@ -64,7 +64,7 @@ fn barrel_shifted_rus_build_exactly_trapezoidal_both_ways() {
             bus,
             3000,
             "size = 8192\ndistribution = \"lognormal\"\n[traffic]\nshaping = \"barrel\"\n\
-             slot_us = 200\nslot_bytes = 16384",
+             slot_us = 200\nslot_bytes = 40000",
         );
     }
 }

@@ -243,10 +243,15 @@ impl Default for BufferSection {
 pub struct TrafficSection {
     /// "none": fragments leave as soon as they are made; "barrel": the barrel shifter.
     pub shaping: Shaping,
-    /// Barrel: the slot length on the wall clock every node shares.
+    /// Barrel: the slot length on the wall clock every node shares (0: from `link_mbps`
+    /// when that is given, else 1000 µs; see [`crate::Config::slot_us`]).
     pub slot_us: u64,
-    /// Barrel: most bytes an RU sends in one slot (about the link's rate × slot_us).
+    /// Barrel: most bytes an RU sends in one slot, never exceeded (at least one fragment
+    /// with its 40-byte prefix).
     pub slot_bytes: u64,
+    /// Barrel: the links' rate in Mb/s; the slot is then as long as `slot_bytes` takes at
+    /// that rate (0: not given).
+    pub link_mbps: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -261,8 +266,9 @@ impl Default for TrafficSection {
     fn default() -> Self {
         TrafficSection {
             shaping: Shaping::None,
-            slot_us: 1000,
+            slot_us: 0,
             slot_bytes: 131_072,
+            link_mbps: 0,
         }
     }
 }

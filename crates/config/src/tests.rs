@@ -637,6 +637,32 @@ fn meminfo_is_read() {
     }
 }
 
+/// The barrel shifter's slot: never over-filled, so it must hold the largest fragment; its
+/// length given or derived from the link rate, not both.
+#[test]
+fn barrel_slots_hold_the_largest_fragment_and_have_one_length() {
+    let barrel = "[traffic]\nshaping = \"barrel\"\n";
+    assert_err(
+        &format!("[fragments]\nsize = 65536\n{barrel}slot_bytes = 65575\n"),
+        &["traffic.slot_bytes", "65576"],
+    );
+    Config::from_toml(&format!(
+        "[fragments]\nsize = 65536\n{barrel}slot_bytes = 65576\n"
+    ))
+    .unwrap();
+    assert_err(
+        &format!("{barrel}slot_us = 500\nlink_mbps = 100\n"),
+        &["traffic.slot_us", "not both"],
+    );
+    // 65,576 bytes at 100 Mb/s: 5,246.08 µs, rounded up
+    let c = Config::from_toml(&format!(
+        "[fragments]\nsize = 65536\n{barrel}slot_bytes = 65576\nlink_mbps = 100\n"
+    ))
+    .unwrap();
+    assert_eq!(c.slot_us(), 5247);
+    assert_eq!(Config::default().slot_us(), 1000);
+}
+
 /// Many nodes on one host at the default credits: the launcher lowers the credits to what
 /// three quarters of the available memory holds, and says so; an operator's credits or pool
 /// sizes are left alone; a run that fits is not touched.

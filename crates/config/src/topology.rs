@@ -36,6 +36,17 @@ pub enum Role {
 }
 
 impl Config {
+    /// The barrel shifter's slot length, µs: `traffic.slot_us`, or the time `slot_bytes`
+    /// take on a link of `traffic.link_mbps` (bits / (Mb/s) = µs), or 1000.
+    pub fn slot_us(&self) -> u64 {
+        let t = &self.traffic;
+        match (t.slot_us, t.link_mbps) {
+            (0, 0) => 1000,
+            (0, mbps) => (t.slot_bytes.saturating_mul(8)).div_ceil(mbps).max(10),
+            (us, _) => us,
+        }
+    }
+
     /// Events after which BU `bu`'s file sink closes and commits a file:
     /// `sink.commit_events`, or the BU's credits when that is 0.
     pub fn commit_events(&self, bu: &NodeSpec) -> u64 {

@@ -68,6 +68,7 @@ impl Config {
             return Err(invalid("run.id", "must be 1 to 64 bytes"));
         }
         self.check_ranges()?;
+        self.check_slots()?;
         crate::api::validate(self)?;
         let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;
         if r.events == 0 && r.duration_s == 0.0 && !ends_with_data {
@@ -339,17 +340,55 @@ impl Config {
         Ok(())
     }
 
+    /// The barrel shifter's slot: one length (given, or from the link rate, not both), and
+    /// room for the largest fragment with its prefix (a slot is never over-filled, so a
+    /// fragment larger than a slot could never be sent).
+    fn check_slots(&self) -> Result<(), ConfigError> {
+        let t = &self.traffic;
+        if t.slot_us != 0 && t.link_mbps != 0 {
+            return Err(invalid(
+                "traffic.slot_us",
+                "give the slot length or traffic.link_mbps (the slot is then as long as \
+                 slot_bytes takes at that rate), not both",
+            ));
+        }
+        if t.shaping == crate::Shaping::Barrel {
+            let largest = self.max_fragment().saturating_add(40);
+            if t.slot_bytes < largest {
+                return Err(invalid(
+                    "traffic.slot_bytes",
+                    format!(
+                        "{} bytes is less than the largest fragment with its prefix \
+                         ({largest} bytes): a slot is never over-filled, so that fragment \
+                         could never be sent",
+                        t.slot_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Every number against its range (see [`limits`]), before anything computes with them.
     fn check_ranges(&self) -> Result<(), ConfigError> {
         use limits::*;
         let r = &self.run;
         int_in("run.events", r.events, 0, MAX_EVENTS, "")?;
+        if self.traffic.slot_us != 0 {
+            int_in(
+                "traffic.slot_us",
+                self.traffic.slot_us,
+                10,
+                1_000_000,
+                " µs",
+            )?;
+        }
         int_in(
-            "traffic.slot_us",
-            self.traffic.slot_us,
-            10,
-            1_000_000,
-            " µs",
+            "traffic.link_mbps",
+            self.traffic.link_mbps,
+            0,
+            10_000_000,
+            " Mb/s",
         )?;
         int_in(
             "traffic.slot_bytes",

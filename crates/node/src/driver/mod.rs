@@ -284,7 +284,7 @@ impl Driver {
                     me.index as usize,
                     n_ru,
                     n_bu,
-                    Duration::from_micros(cfg.traffic.slot_us),
+                    Duration::from_micros(cfg.slot_us()),
                     cfg.traffic.slot_bytes as usize,
                 )
             });

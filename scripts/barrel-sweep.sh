@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The barrel shifter against unshaped assignment, by switch queue depth, on the netns
+# testbed (root): N x M at 100 Mb/s, 64 KiB fragments, 4 credits per BU, 4 s runs, the
+# configurations alternating in each round. Prints one line per run: queue, assignment,
+# shaping, the BU (or bottleneck) links' use as a fraction of the shaped rate.
+#
+#   scripts/barrel-sweep.sh [ROUNDS] [N] [M]      # default 3 rounds of 4 x 4
+#
+# The slot carries exactly one fragment: slot_bytes = 65,576 (64 KiB and its 40-byte
+# prefix), its length from link_mbps = 95 (the payload rate TCP/IP leaves of 100 Mb/s).
+set -euo pipefail
+rounds=${1:-3} n=${2:-4} m=${3:-4}
+evb=${EVB:-target/release/evb}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "# congestion control: $(sysctl -n net.ipv4.tcp_congestion_control); ${n} x ${m} at 100 Mb/s"
+for r in $(seq "$rounds"); do
+  for q in 64kb 128kb 256kb 1mb; do
+    for case in "credits none" "random none" "credits barrel"; do
+      set -- $case
+      {
+        printf '[run]\nduration_s = 4\n[fragments]\nsize = 65536\n[builder]\ncredits = 4\nassignment = "%s"\n' "$1"
+        printf '[traffic]\nshaping = "%s"\nslot_bytes = 65576\nlink_mbps = 95\n' "$2"
+      } > "$work/c.toml"
+      line=$("$evb" testbed -q -c "$work/c.toml" --rus "$n" --bus "$m" --rate 100mbit --queue "$q" --duration 4 2>&1 \
+        | grep -E "links: .* of the shaped rate" || echo "failed")
+      echo "round $r queue $q assignment $1 shaping $2: $line"
+    done
+  done
+done
