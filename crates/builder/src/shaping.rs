@@ -85,10 +85,7 @@ impl BarrelShaper {
         let Some(bu) = barrel_destination(self.ru, slot, self.n_ru, self.queues.len()) else {
             return;
         };
-        loop {
-            let Some(len) = self.queues[bu].front().map(|(d, _)| d.len()) else {
-                break;
-            };
+        while let Some(len) = self.queues[bu].front().map(|(d, _)| d.len()) {
             // what does not fit in the rest of the slot waits: the budget is never exceeded
             if self.sent + len > self.slot_bytes && self.sent > 0 {
                 break;
