@@ -11,7 +11,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::{
-    load_config, lock, outcome, state_error, status_json, to_py, to_python, Outcome, Timeout,
+    load_config, lock, outcome, state_error, status_json, to_py, to_python, wait_connected,
+    Outcome, Timeout,
 };
 
 /// A consumer program's handle on its BU: `Consumer(config, "bu0", max_held=8)`, where
@@ -38,6 +39,7 @@ impl PyConsumer {
         let c = py
             .detach(|| Consumer::start(&cfg, bu_id, ConsumerOptions { max_held }))
             .map_err(to_py)?;
+        let c = wait_connected(py, c, Consumer::connected)?;
         Ok(PyConsumer {
             inner: Mutex::new(Some(c)),
         })

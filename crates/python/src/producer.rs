@@ -11,7 +11,9 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::{load_config, lock, outcome, state_error, status_json, to_py, to_python, Outcome};
+use crate::{
+    load_config, lock, outcome, state_error, status_json, to_py, to_python, wait_connected, Outcome,
+};
 
 /// Calls `f` with the bytes of a buffer-protocol object (bytes, bytearray, memoryview,
 /// numpy array, ...), in place when they are C-contiguous, else copied once into one run.
@@ -208,6 +210,7 @@ impl PyProducer {
     fn new(py: Python<'_>, config: &Bound<'_, PyAny>, ru_id: &str) -> PyResult<Self> {
         let cfg = load_config(config)?;
         let p = py.detach(|| Producer::start(&cfg, ru_id)).map_err(to_py)?;
+        let p = wait_connected(py, p, |p| p.connected())?;
         Ok(PyProducer {
             max_fragment: p.max_fragment(),
             inner: Mutex::new(Some(p)),
@@ -223,6 +226,8 @@ impl PyProducer {
         let ps = py
             .detach(|| Producer::start_many(&cfg, ru_id))
             .map_err(to_py)?;
+        // one RU: one connection to wait for
+        let ps = wait_connected(py, ps, |ps| ps[0].connected())?;
         Ok(ps
             .into_iter()
             .map(|p| PyProducer {
