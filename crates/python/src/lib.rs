@@ -187,6 +187,13 @@ fn crc32c_of(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u32> {
     producer::with_bytes(py, data, |bytes| Ok(py.detach(|| ::crc32c::crc32c(bytes))))
 }
 
+/// evb's plug-in API from Python: a `Producer` feeds an RU (`source.kind = "api"`), a
+/// `Consumer` takes a BU's built events (`sink = "api"`), the node running on a thread of
+/// this process and the EVM and other nodes as `evb node` processes; `Publisher` and
+/// `Subscriber` publish and subscribe by tag. Payloads go through the buffer protocol
+/// (memoryview, numpy), zero copy. Every error is an `evb.Error`. Documentation:
+/// docs/plugin.md ("Python") and docs/messaging.md in the evb repository; types: the
+/// module's stubs (evb.pyi, PEP 561).
 #[pymodule]
 #[pyo3(name = "evb")]
 fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
