@@ -17,7 +17,9 @@ use crate::{
 
 /// A consumer program's handle on its BU: `Consumer(config, "bu0", max_held=8)`, where
 /// `config` is the configuration file's path or its TOML text (the BU's sink `"api"`).
-/// Iterate it for events (the iteration ends with the run), or call `next(timeout)`.
+/// It returns once the BU is connected to its EVM, and raises `evb.SetupError` naming the
+/// address tried when the EVM cannot be reached within `run.connect_timeout_s`. Iterate it
+/// for events (the iteration ends with the run), or call `next(timeout)`.
 #[pyclass(name = "Consumer", module = "evb", frozen)]
 pub struct PyConsumer {
     inner: Mutex<Option<Consumer>>,

@@ -154,7 +154,9 @@ impl PyBuf {
 
 /// A readout program's handle on its RU: `Producer(config, "ru0")`, where `config` is the
 /// configuration file's path or its TOML text (`source.kind = "api"`). The RU runs on a
-/// thread of this process; the EVM and BUs are `evb node` processes.
+/// thread of this process; the EVM and BUs are `evb node` processes. It returns once the
+/// RU is connected to its EVM, and raises `evb.SetupError` naming the address tried when
+/// the EVM cannot be reached within `run.connect_timeout_s`.
 #[pyclass(name = "Producer", module = "evb", frozen)]
 pub struct PyProducer {
     inner: Mutex<Option<Producer>>,
