@@ -96,3 +96,33 @@ pyenv=target/pyenv
 cargo build -p evb
 (cd crates/python && VIRTUAL_ENV="$PWD/../../$pyenv" PATH="$PWD/../../$pyenv/bin:$PATH" maturin develop -q)
 EVB_BIN="$target_dir/debug/evb" "$pyenv/bin/python" -m pytest -q crates/python/tests
+
+# The wheel as a user installs it: `maturin build` (debug, as above: quicker, the same
+# files), pip into a fresh virtual environment (target/pywheel-venv, made anew each run)
+# with numpy and mypy, its stubs checked against the module (stubtest), the examples
+# type-checked (`mypy --strict`) against those stubs, and the tests that run the examples as
+# processes (and the fail-fast ones) run again against the installed package instead of the
+# development build.
+wheels="$target_dir/pywheels"
+rm -rf "$wheels"
+(cd crates/python && VIRTUAL_ENV="$PWD/../../$pyenv" PATH="$PWD/../../$pyenv/bin:$PATH" maturin build -q --out "$wheels")
+wheelenv=target/pywheel-venv
+rm -rf "$wheelenv"
+python3 -m venv "$wheelenv"
+"$wheelenv/bin/python" -m pip install -q --disable-pip-version-check "$wheels"/evb-*.whl numpy mypy pytest
+"$wheelenv/bin/python" - <<'PY'
+import importlib.resources, sys
+import evb
+assert sys.prefix in evb.__file__, f"evb from {evb.__file__}, not the wheel's install"
+files = {f.name for f in importlib.resources.files("evb").iterdir()}
+assert {"py.typed", "__init__.pyi"} <= files, f"the wheel's package evb lacks its stubs: {files}"
+assert evb.__doc__ and "docs/plugin.md" in evb.__doc__, evb.__doc__
+PY
+# the stubs against the module as built: every name, signature and default
+"$wheelenv/bin/python" -m mypy.stubtest evb --concise --ignore-unused-allowlist \
+    --allowlist crates/python/stubtest-allowlist.txt
+# as Python 3.12, where buffers are typed (PEP 688): before it numpy's stubs take only their
+# own list of buffer types in numpy.frombuffer, not evb.Buffer
+(cd crates/python/examples && "../../../$wheelenv/bin/python" -m mypy --strict --cache-dir=/dev/null --python-version 3.12 .)
+EVB_BIN="$target_dir/debug/evb" "$wheelenv/bin/python" -m pytest -q -p no:cacheprovider crates/python/tests \
+    -k "example or every_byte or without_an_evm"

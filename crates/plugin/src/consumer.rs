@@ -296,6 +296,21 @@ impl Consumer {
         }
     }
 
+    /// Waits until the BU is connected to the EVM, or fails: [`Consumer::start`] returns
+    /// before the BU reaches the EVM, and an EVM that cannot be reached would otherwise show
+    /// only as the events ending `run.connect_timeout_s` later. The error says why
+    /// ([`Error::Setup`]: the peers not connected and their addresses). Returns within a
+    /// status period (0.2 s) of the connection.
+    pub fn wait_connected(&mut self) -> Result<(), Error> {
+        self.node.wait_connected()
+    }
+
+    /// Whether the BU is connected to the EVM yet, without waiting: `Ok(false)` while it
+    /// still tries, the error of [`Consumer::wait_connected`] once it cannot be.
+    pub fn connected(&mut self) -> Result<bool, Error> {
+        self.node.connected()
+    }
+
     /// The BU's latest status, refreshed 5 times a second: the status line `evb node`
     /// prints (docs/control.md; `None` before the first).
     pub fn status(&self) -> Option<evb_builder::NodeStatus> {

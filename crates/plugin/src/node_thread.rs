@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use evb_builder::NodeStatus;
+use evb_builder::{NodeStatus, RunState};
 use evb_config::Config;
 use evb_node::plug::Plugs;
 use evb_node::{NodeError, NodeOutcome, RunControl};
@@ -18,13 +18,29 @@ pub(crate) struct NodeThread {
     ended: Option<Result<NodeOutcome, String>>,
     /// The node's latest status line (what `evb node` prints).
     status: Arc<Mutex<Option<NodeStatus>>>,
+    /// Where the node calls the EVM, and how long it tries (`run.connect_timeout_s`).
+    evm_addr: String,
+    connect_timeout: Duration,
+    started: Instant,
 }
 
 /// How often the plugged node's status is refreshed.
 const STATUS_EVERY: Duration = Duration::from_millis(200);
 
+/// How much longer than `run.connect_timeout_s` [`NodeThread::connected`] waits for the
+/// node's own verdict before giving up on it (the node waits a little longer than the
+/// timeout for the EVM to name missing peers).
+const CONNECT_SLACK: Duration = Duration::from_secs(5);
+
 impl NodeThread {
     pub(crate) fn spawn(cfg: &Config, id: &str, plugs: Plugs) -> Result<NodeThread, Error> {
+        let evm_addr = cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.role == evb_config::Role::Evm)
+            .map(|n| n.addr)
+            .unwrap_or_default();
+        let connect_timeout = Duration::from_secs_f64(cfg.run.connect_timeout_s);
         let (cfg, node) = (cfg.clone(), id.to_string());
         let status = Arc::new(Mutex::new(None));
         let latest = status.clone();
@@ -50,7 +66,56 @@ impl NodeThread {
             handle: Some(handle),
             ended: None,
             status,
+            evm_addr,
+            connect_timeout,
+            started: Instant::now(),
         })
+    }
+
+    /// The node is connected to the EVM: its latest status line names the EVM among its
+    /// peers, or is past `configured` (every connection was up).
+    fn reached_evm(&self) -> bool {
+        self.status().is_some_and(|s| {
+            s.state != RunState::Configured || s.peers.iter().any(|p| p.peer == "evm")
+        })
+    }
+
+    /// Whether the node is connected to the EVM yet (`Ok(false)`: still trying); once it
+    /// cannot be, why: the node's own error at `run.connect_timeout_s` (an [`Error::Setup`]
+    /// naming the peers it could not reach and where it tried), or, should that not come
+    /// within [`CONNECT_SLACK`] more, one naming the EVM's address. It sees the connection
+    /// in the status lines, so within [`STATUS_EVERY`] of it.
+    pub(crate) fn connected(&mut self) -> Result<bool, Error> {
+        if self.reached_evm() {
+            return Ok(true);
+        }
+        if self.is_over() {
+            return match self.join() {
+                Err(e) => Err(e),
+                Ok(o) => Err(Error::RunOver(format!(
+                    "{}: the run ended before it reached the EVM at {}: {}",
+                    self.id, self.evm_addr, o.reason
+                ))),
+            };
+        }
+        if self.started.elapsed() > self.connect_timeout + CONNECT_SLACK {
+            return Err(Error::Setup(format!(
+                "{}: not connected to the EVM at {} within run.connect_timeout_s ({:.1} s)",
+                self.id,
+                self.evm_addr,
+                self.connect_timeout.as_secs_f64()
+            )));
+        }
+        Ok(false)
+    }
+
+    /// Waits until the node is connected to the EVM, or cannot be (see
+    /// [`NodeThread::connected`]).
+    pub(crate) fn wait_connected(&mut self) -> Result<(), Error> {
+        while !self.connected()? {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
     }
 
     /// The node's latest status line (`None` before its first).

@@ -213,6 +213,27 @@ impl Producer {
         }
     }
 
+    /// Waits until the RU is connected to the EVM, or fails: [`Producer::start`] returns once
+    /// the RU's pool is made, before it reaches the EVM, and an EVM that cannot be reached
+    /// would otherwise show only as the run being over `run.connect_timeout_s` later. The
+    /// error says why ([`Error::Setup`]: the peers not connected and their addresses). With
+    /// several producers of one RU, once for any of them is enough. Returns within a status
+    /// period (0.2 s) of the connection.
+    pub fn wait_connected(&self) -> Result<(), Error> {
+        // the node's lock is not held between looks (other producers of the RU go on)
+        while !self.connected()? {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// Whether the RU is connected to the EVM yet, without waiting: `Ok(false)` while it
+    /// still tries, the error of [`Producer::wait_connected`] once it cannot be (for a
+    /// caller that waits in its own way, between other work or signal checks).
+    pub fn connected(&self) -> Result<bool, Error> {
+        self.node().connected()
+    }
+
     /// The RU's latest status, refreshed 5 times a second: the status line `evb node`
     /// prints (docs/control.md; `None` before the first), its RU stats' `waiting_for` naming a
     /// stalled producer.

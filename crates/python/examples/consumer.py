@@ -14,7 +14,7 @@ import sys
 import evb
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     if len(argv) != 3:
         sys.exit("usage: consumer.py CONFIG BU_ID")
     consumer = evb.Consumer(argv[1], argv[2], max_held=8)

@@ -16,30 +16,34 @@ import evb
 
 try:
     import numpy as np
+    import numpy.typing as npt
 except ImportError:  # pragma: no cover - numpy is optional
-    np = None
+    np = None  # type: ignore[assignment]
 
 
-def pattern(trigger, size):
+def pattern(trigger: int, size: int) -> bytes:
     """The payload of `trigger`, as bytes (for a check or for submit_copy)."""
     start = (31 * trigger) % 256
     block = bytes((start + i) % 256 for i in range(256))
     return (block * (size // 256 + 1))[:size]
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     if len(argv) not in (5, 6) or (len(argv) == 6 and argv[5] != "--copy"):
         sys.exit("usage: producer.py CONFIG RU_ID EVENTS FRAGMENT_BYTES [--copy]")
     config, ru, events, size = argv[1], argv[2], int(argv[3]), int(argv[4])
     copy = len(argv) == 6
     producer = evb.Producer(config, ru)
-    ramp = np.arange(size, dtype=np.uint64).astype(np.uint8) if np is not None else None
+    ramp: npt.NDArray[np.uint8] | None = None
+    if np is not None:
+        ramp = np.arange(size, dtype=np.uint64).astype(np.uint8)
     started = time.perf_counter()
     for trigger in range(1, events + 1):
         if copy:
-            data = (np.add(ramp, (31 * trigger) % 256, dtype=np.uint8) if ramp is not None
-                    else bytearray(pattern(trigger, size)))
-            producer.submit_copy(data, trigger)
+            if ramp is not None:
+                producer.submit_copy(np.add(ramp, (31 * trigger) % 256, dtype=np.uint8), trigger)
+            else:
+                producer.submit_copy(bytearray(pattern(trigger, size)), trigger)
             continue
         # waits while the RU's pool is full: back-pressure from the builder
         buf = producer.buffer(size)

@@ -17,7 +17,7 @@ import sys
 import evb
 
 
-def publish(count, transport):
+def publish(count: int, transport: str) -> None:
     p = evb.Publisher("127.0.0.1:0", transport=transport, policy="block")
     print(f"listening on {p.address}", flush=True)
     p.wait_subscribers(1, timeout=60)
@@ -28,10 +28,13 @@ def publish(count, transport):
     print(json.dumps(stats))
 
 
-def subscribe(addr, tags, transport):
+def subscribe(addr: str, tags: str, transport: str) -> None:
     s = evb.Subscriber(addr, tags, transport=transport, delivery="throughput")
-    received, missed, nxt = {}, 0, {}
-    in_order, goodbye = True, None
+    received: dict[int, int] = {}  # messages per tag
+    nxt: dict[int, int] = {}  # the next sequence number expected per tag
+    missed = 0
+    in_order = True
+    goodbye: str | None = None
     for m in s:  # until the publisher has closed
         if isinstance(m, evb.Message):
             in_order &= struct.unpack("<QQ", m.payload[:16]) == (m.tag, m.seq)
@@ -47,7 +50,7 @@ def subscribe(addr, tags, transport):
                       "goodbye": goodbye}))
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     if len(argv) >= 3 and argv[1] == "pub":
         publish(int(argv[2]), argv[3] if len(argv) > 3 else "tcp")
     elif len(argv) >= 4 and argv[1] == "sub":

@@ -11,12 +11,15 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::{
-    load_config, lock, outcome, state_error, status_json, to_py, to_python, Outcome, Timeout,
+    load_config, lock, outcome, state_error, status_json, to_py, to_python, wait_connected,
+    Outcome, Timeout,
 };
 
 /// A consumer program's handle on its BU: `Consumer(config, "bu0", max_held=8)`, where
 /// `config` is the configuration file's path or its TOML text (the BU's sink `"api"`).
-/// Iterate it for events (the iteration ends with the run), or call `next(timeout)`.
+/// It returns once the BU is connected to its EVM, and raises `evb.SetupError` naming the
+/// address tried when the EVM cannot be reached within `run.connect_timeout_s`. Iterate it
+/// for events (the iteration ends with the run), or call `next(timeout)`.
 #[pyclass(name = "Consumer", module = "evb", frozen)]
 pub struct PyConsumer {
     inner: Mutex<Option<Consumer>>,
@@ -38,6 +41,7 @@ impl PyConsumer {
         let c = py
             .detach(|| Consumer::start(&cfg, bu_id, ConsumerOptions { max_held }))
             .map_err(to_py)?;
+        let c = wait_connected(py, c, Consumer::connected)?;
         Ok(PyConsumer {
             inner: Mutex::new(Some(c)),
         })

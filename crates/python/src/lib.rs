@@ -112,12 +112,41 @@ pub(crate) fn load_config(config: &Bound<'_, PyAny>) -> PyResult<evb_plugin::Con
     evb_plugin::Config::from_file(&path).map_err(|e| SetupError::new_err(e.to_string()))
 }
 
-/// A JSON value as the Python value `json.loads` makes of it.
+/// Waits until a node just started (`node`, a producer or consumer) is connected to its
+/// EVM, as `connected` says, with the GIL released in slices and Ctrl-C honoured between
+/// them: a constructor fails at once, naming the address, when the EVM cannot be reached
+/// (not later, on an unrelated call, once `run.connect_timeout_s` is over).
+pub(crate) fn wait_connected<T: Send>(
+    py: Python<'_>,
+    mut node: T,
+    connected: fn(&mut T) -> Result<bool, evb_plugin::Error>,
+) -> PyResult<T> {
+    loop {
+        let (back, r) = py.detach(move || {
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(100);
+            loop {
+                match connected(&mut node) {
+                    Ok(false) if std::time::Instant::now() < until => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    r => return (node, r),
+                }
+            }
+        });
+        node = back;
+        if r.map_err(to_py)? {
+            return Ok(node);
+        }
+        py.check_signals()?;
+    }
+}
+
 /// A node's status line as JSON (`null` before its first).
 pub(crate) fn status_json(s: Option<evb_builder::NodeStatus>) -> PyResult<serde_json::Value> {
     serde_json::to_value(s).map_err(|e| PyException::new_err(e.to_string()))
 }
 
+/// A JSON value as the Python value `json.loads` makes of it.
 pub(crate) fn to_python(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
     let json = py.import("json")?;
     Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
@@ -158,6 +187,13 @@ fn crc32c_of(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u32> {
     producer::with_bytes(py, data, |bytes| Ok(py.detach(|| ::crc32c::crc32c(bytes))))
 }
 
+/// evb's plug-in API from Python: a `Producer` feeds an RU (`source.kind = "api"`), a
+/// `Consumer` takes a BU's built events (`sink = "api"`), the node running on a thread of
+/// this process and the EVM and other nodes as `evb node` processes; `Publisher` and
+/// `Subscriber` publish and subscribe by tag. Payloads go through the buffer protocol
+/// (memoryview, numpy), zero copy. Every error is an `evb.Error`. Documentation:
+/// docs/plugin.md ("Python") and docs/messaging.md in the evb repository; types: the
+/// module's stubs (evb.pyi, PEP 561).
 #[pymodule]
 #[pyo3(name = "evb")]
 fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -11,7 +11,9 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::{load_config, lock, outcome, state_error, status_json, to_py, to_python, Outcome};
+use crate::{
+    load_config, lock, outcome, state_error, status_json, to_py, to_python, wait_connected, Outcome,
+};
 
 /// Calls `f` with the bytes of a buffer-protocol object (bytes, bytearray, memoryview,
 /// numpy array, ...), in place when they are C-contiguous, else copied once into one run.
@@ -152,7 +154,9 @@ impl PyBuf {
 
 /// A readout program's handle on its RU: `Producer(config, "ru0")`, where `config` is the
 /// configuration file's path or its TOML text (`source.kind = "api"`). The RU runs on a
-/// thread of this process; the EVM and BUs are `evb node` processes.
+/// thread of this process; the EVM and BUs are `evb node` processes. It returns once the
+/// RU is connected to its EVM, and raises `evb.SetupError` naming the address tried when
+/// the EVM cannot be reached within `run.connect_timeout_s`.
 #[pyclass(name = "Producer", module = "evb", frozen)]
 pub struct PyProducer {
     inner: Mutex<Option<Producer>>,
@@ -208,6 +212,7 @@ impl PyProducer {
     fn new(py: Python<'_>, config: &Bound<'_, PyAny>, ru_id: &str) -> PyResult<Self> {
         let cfg = load_config(config)?;
         let p = py.detach(|| Producer::start(&cfg, ru_id)).map_err(to_py)?;
+        let p = wait_connected(py, p, |p| p.connected())?;
         Ok(PyProducer {
             max_fragment: p.max_fragment(),
             inner: Mutex::new(Some(p)),
@@ -223,6 +228,8 @@ impl PyProducer {
         let ps = py
             .detach(|| Producer::start_many(&cfg, ru_id))
             .map_err(to_py)?;
+        // one RU: one connection to wait for
+        let ps = wait_connected(py, ps, |ps| ps[0].connected())?;
         Ok(ps
             .into_iter()
             .map(|p| PyProducer {

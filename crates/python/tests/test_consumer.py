@@ -4,12 +4,14 @@ in place (memoryview, numpy) and released back to the BU's pool."""
 
 import gc
 import json
+import re
+import time
 
 import numpy as np
 import pytest
 
 import evb
-from conftest import assert_verdict_ok
+from conftest import assert_verdict_ok, free_base_port
 
 GEN = '[run]\nid = "cons"\nevents = {events}\nduration_s = 0\n[fragments]\nsize = {size}\n'
 
@@ -156,3 +158,13 @@ def test_consumer_setup_errors(run):
         evb.Consumer(str(r.config), "bu0")
     with pytest.raises(evb.SetupError, match="no BU"):
         evb.Consumer(str(r.config), "bu9")
+
+
+def test_consumer_without_an_evm_fails_in_its_constructor_naming_the_address():
+    base = free_base_port()
+    toml = (GEN.format(events=10, size=64).replace("[run]\n", "[run]\nconnect_timeout_s = 1\n")
+            + f'[sink]\nkind = "api"\n[topology]\nrus = 1\nbus = 1\nbase_port = {base}\n')
+    started = time.monotonic()
+    with pytest.raises(evb.SetupError, match=re.escape(f"127.0.0.1:{base}")) as e:
+        evb.Consumer(toml, "bu0")
+    assert time.monotonic() - started < 1 + 4, e.value

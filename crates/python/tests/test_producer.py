@@ -4,12 +4,13 @@ answered with clear exceptions."""
 
 import re
 import subprocess
+import time
 
 import numpy as np
 import pytest
 
 import evb
-from conftest import assert_verdict_ok, evb_bin, pattern
+from conftest import assert_verdict_ok, evb_bin, free_base_port, pattern
 
 API = '[run]\nid = "py"\nduration_s = 0\n[source]\nkind = "api"\nmax_fragment = 4096\n'
 
@@ -83,6 +84,21 @@ def test_python_producer_to_python_consumer_every_byte(run):
     out, err = producer.communicate(timeout=60)
     assert producer.returncode == 0, out + err
     assert_verdict_ok(r.evm_report(), events)
+
+
+def test_producer_without_an_evm_fails_in_its_constructor_naming_the_address():
+    # nothing listens at the EVM's address: the constructor raises once the RU gives up
+    # (run.connect_timeout_s), not a later unrelated call
+    base = free_base_port()
+    toml = (API.replace("[run]\n", "[run]\nconnect_timeout_s = 1\n")
+            + f"[topology]\nrus = 1\nbus = 1\nbase_port = {base}\n")
+    started = time.monotonic()
+    with pytest.raises(evb.SetupError, match=re.escape(f"127.0.0.1:{base}")) as e:
+        evb.Producer(toml, "ru0")
+    assert time.monotonic() - started < 1 + 4, e.value
+    assert "evm" in str(e.value)
+    with pytest.raises(evb.SetupError, match=re.escape(f"127.0.0.1:{base}")):
+        evb.Producer.many(toml + '[[ru]]\nid = "ru0"\nproducer_sources = [1, 2]\n', "ru0")
 
 
 def test_bad_producer_input_gets_clear_errors(run, tmp_path):
