@@ -5,6 +5,7 @@
 # shaping, the BU (or bottleneck) links' use as a fraction of the shaped rate.
 #
 #   scripts/barrel-sweep.sh [ROUNDS] [N] [M]      # default 3 rounds of 4 x 4
+#   QUEUES="256kb" scripts/barrel-sweep.sh 1 8 8  # one queue depth only
 #
 # The slot carries exactly one fragment: slot_bytes = 65,576 (64 KiB and its 40-byte
 # prefix), its length from link_mbps = 95 (the payload rate TCP/IP leaves of 100 Mb/s).
@@ -15,7 +16,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "# congestion control: $(sysctl -n net.ipv4.tcp_congestion_control); ${n} x ${m} at 100 Mb/s"
 for r in $(seq "$rounds"); do
-  for q in 64kb 128kb 256kb 1mb; do
+  for q in ${QUEUES:-64kb 128kb 256kb 1mb}; do
     for case in "credits none" "random none" "credits barrel"; do
       set -- $case
       {
@@ -23,7 +24,7 @@ for r in $(seq "$rounds"); do
         printf '[traffic]\nshaping = "%s"\nslot_bytes = 65576\nlink_mbps = 95\n' "$2"
       } > "$work/c.toml"
       line=$("$evb" testbed -q -c "$work/c.toml" --rus "$n" --bus "$m" --rate 100mbit --queue "$q" --duration 4 2>&1 \
-        | grep -E "links: .* of the shaped rate" || echo "failed")
+        | grep -E "links: .* of the shaped rate" | tail -1 || echo "failed")
       echo "round $r queue $q assignment $1 shaping $2: $line"
     done
   done
