@@ -37,10 +37,18 @@ pub struct SimArgs {
     /// eb: cells each switch output port buffers.
     #[arg(long, default_value_t = 64)]
     buffer: u32,
-    /// eb: events built per point.
+    /// eb: events built and measured per point, after the warm-up.
     #[arg(long, default_value_t = 2000)]
     events: u64,
-    /// eb: how the EVM picks a BU with credit: "round-robin" or "random".
+    /// eb: events built before measuring starts (0: 4 × credits × BUs, at least 1000): the
+    /// start, with every credit in flight at once, is a transient.
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// eb: BUs (M), for N RUs × M BUs (default: M = N).
+    #[arg(long)]
+    bus: Option<usize>,
+    /// eb: how the EVM picks the BU: "round-robin" (the next with credit, evb's "credits")
+    /// or "random" (a drawn BU, waited for when it has no credit, as evb's EVM does).
     #[arg(long, default_value = "round-robin")]
     assignment: String,
 }
@@ -127,8 +135,11 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     if !(1..=4096).contains(&a.credits) || !(1..=1 << 20).contains(&a.buffer) {
         return Err("--credits: 1 to 4096; --buffer: 1 to 1048576 cells".into());
     }
-    if !(1..=10_000_000).contains(&a.events) {
-        return Err("--events: 1 to 10000000".into());
+    if !(1..=10_000_000).contains(&a.events) || a.warmup > 10_000_000 {
+        return Err("--events: 1 to 10000000; --warmup: 0 to 10000000".into());
+    }
+    if a.bus.is_some_and(|m| !(1..=4096).contains(&m)) {
+        return Err("--bus: 1 to 4096".into());
     }
     let t0 = std::time::Instant::now();
     println!(
@@ -136,7 +147,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         a.mean_cells, a.sd_cells, a.credits, a.buffer, a.assignment
     );
     println!(
-        "{:>5} {:>14} {:>16} {:>14} {:>16}",
+        "{:>9} {:>18} {:>16} {:>18} {:>16}",
         "N", "no shaping", "latency p50/p99", "barrel", "latency p50/p99"
     );
     let mut all = Vec::new();
@@ -144,7 +155,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         let run = |shaping| {
             EbModel {
                 rus: n,
-                bus: n,
+                bus: a.bus.unwrap_or(n),
                 mean_cells: a.mean_cells,
                 sd_cells: a.sd_cells,
                 credits: a.credits,
@@ -152,16 +163,23 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                 shaping,
                 assignment,
                 events: a.events,
+                warmup: a.warmup,
                 seed: a.seed,
             }
             .run()
         };
         let (none, barrel) = (run(Shaping::None), run(Shaping::Barrel));
+        let shape = match a.bus {
+            Some(m) => format!("{n}x{m}"),
+            None => n.to_string(),
+        };
         println!(
-            "{n:>5} {:>12.2} % {:>16} {:>12.2} % {:>16}",
+            "{shape:>9} {:>8.2} ± {:<5.2} % {:>16} {:>8.2} ± {:<5.2} % {:>16}",
             none.efficiency * 100.0,
+            none.efficiency_ci95 * 100.0,
             format!("{}/{}", none.latency_p50, none.latency_p99),
             barrel.efficiency * 100.0,
+            barrel.efficiency_ci95 * 100.0,
             format!("{}/{}", barrel.latency_p50, barrel.latency_p99)
         );
         all.push(none);

@@ -12,7 +12,10 @@
 //!   link-level back-pressure, lossless.
 //!
 //! The model reports output-link efficiency (cells delivered / (slots × M)) and the event
-//! latency from assignment to the last cell at the BU.
+//! latency from assignment to the last cell at the BU, in steady state: the slots until the
+//! first `warmup` events are built (with every BU's credits in flight from slot 0, the
+//! start is a transient) are discarded, and the rest is cut into [`BATCHES`] batches whose
+//! means give a 95 % confidence interval.
 
 use std::collections::VecDeque;
 
@@ -32,11 +35,17 @@ pub enum Shaping {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Assignment {
-    /// The next BU with a credit, in turn (evb's EVM).
+    /// The next BU with a credit, in turn (evb's EVM, `assignment = "credits"`).
     RoundRobin,
-    /// A random BU among those with a credit.
+    /// A BU drawn at random for each event; when it has no credit the EVM waits for it
+    /// (evb's EVM, `assignment = "random"`: the head-of-line blocking of seed 003).
     Random,
 }
+
+/// Batches the measured slots are cut into for the confidence interval.
+pub const BATCHES: usize = 10;
+/// Student's t for 95 % with `BATCHES - 1` degrees of freedom.
+const T95_9: f64 = 2.262;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EbModel {
@@ -51,18 +60,27 @@ pub struct EbModel {
     pub buffer: u32,
     pub shaping: Shaping,
     pub assignment: Assignment,
-    /// Simulate until this many events are built.
+    /// Simulate until this many events are built after the warm-up.
     pub events: u64,
+    /// Events built before measuring starts (0: as many as are in flight at once,
+    /// credits × BUs, times 4, and at least 1,000).
+    pub warmup: u64,
     pub seed: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EbOutcome {
     pub model: EbModel,
+    /// Slots measured (after the warm-up).
     pub slots: u64,
+    /// Events built while measuring.
     pub events_built: u64,
-    /// Cells delivered / (slots × BUs).
+    /// Events built in the warm-up, not measured.
+    pub warmup_events: u64,
+    /// Cells delivered / (slots × BUs), over the measured slots.
     pub efficiency: f64,
+    /// Half-width of the 95 % confidence interval of `efficiency`, from batch means.
+    pub efficiency_ci95: f64,
     /// Per BU, the fraction of slots its link carried a cell.
     pub link_busy_min: f64,
     pub link_busy_max: f64,
@@ -128,8 +146,24 @@ impl EbModel {
         let mut delivered = 0u64;
         let mut candidates: Vec<Vec<usize>> = vec![Vec::new(); m];
         let mut t = 0u64;
-        let limit = self.events.saturating_mul(1000).max(1_000_000);
-        while built < self.events && t < limit {
+        let warmup = match self.warmup {
+            0 => (self.credits as u64 * m as u64 * 4).max(1000),
+            w => w,
+        };
+        let target = warmup + self.events;
+        let limit = target.saturating_mul(1000).max(1_000_000);
+        // the slot measuring starts at, and the cells delivered by then
+        let mut start: Option<(u64, u64)> = None;
+        // cells delivered in each slot after the start (for the batches)
+        let mut per_slot: Vec<u32> = Vec::new();
+        // `Random`: the BU drawn for the next event, waited for
+        let mut drawn: Option<usize> = None;
+        while built < target && t < limit {
+            if start.is_none() && built >= warmup {
+                start = Some((t, delivered));
+                latencies.clear();
+                busy.iter_mut().for_each(|b| *b = 0);
+            }
             // the EVM assigns while BUs have credits
             loop {
                 let bu = match self.assignment {
@@ -137,8 +171,11 @@ impl EbModel {
                         (0..m).map(|k| (rr + k) % m).find(|&b| credits[b] > 0)
                     }
                     Assignment::Random => {
-                        let with: Vec<usize> = (0..m).filter(|&b| credits[b] > 0).collect();
-                        (!with.is_empty()).then(|| with[rng.gen_range(0..with.len())])
+                        let b = *drawn.get_or_insert_with(|| rng.gen_range(0..m));
+                        (credits[b] > 0).then(|| {
+                            drawn = None;
+                            b
+                        })
                     }
                 };
                 let Some(bu) = bu else { break };
@@ -204,6 +241,7 @@ impl EbModel {
                 }
             }
             // each output link carries one cell to its BU
+            let before = delivered;
             for d in 0..m {
                 let Some((ev, c)) = out[d].front_mut() else {
                     continue;
@@ -228,8 +266,12 @@ impl EbModel {
                 events.pop_front();
                 first_open += 1;
             }
+            if start.is_some() {
+                per_slot.push((delivered - before) as u32);
+            }
             t += 1;
         }
+        let (t0, delivered0) = start.unwrap_or((t, delivered));
         latencies.sort_unstable();
         let q = |p: f64| {
             latencies
@@ -237,12 +279,24 @@ impl EbModel {
                 .copied()
                 .unwrap_or(0)
         };
-        let slots = t.max(1);
+        let slots = (t - t0).max(1);
+        // batch means: each batch's efficiency, then their spread
+        let per_batch = (per_slot.len() / BATCHES).max(1);
+        let means: Vec<f64> = per_slot
+            .chunks(per_batch)
+            .take(BATCHES)
+            .map(|c| c.iter().map(|&x| x as f64).sum::<f64>() / (c.len() as f64 * m as f64))
+            .collect();
+        let k = means.len() as f64;
+        let mean = means.iter().sum::<f64>() / k.max(1.0);
+        let var = means.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (k - 1.0).max(1.0);
         EbOutcome {
             model: self.clone(),
-            slots: t,
-            events_built: built,
-            efficiency: delivered as f64 / (slots as f64 * m as f64),
+            slots,
+            events_built: built.saturating_sub(warmup.min(built)),
+            warmup_events: warmup.min(built),
+            efficiency: (delivered - delivered0) as f64 / (slots as f64 * m as f64),
+            efficiency_ci95: T95_9 * (var / k.max(1.0)).sqrt(),
             link_busy_min: busy.iter().copied().min().unwrap_or(0) as f64 / slots as f64,
             link_busy_max: busy.iter().copied().max().unwrap_or(0) as f64 / slots as f64,
             latency_p50: q(0.5),
@@ -266,6 +320,7 @@ mod tests {
             shaping,
             assignment: Assignment::RoundRobin,
             events: 2_000,
+            warmup: 0,
             seed: 3,
         }
     }
@@ -294,11 +349,13 @@ mod tests {
             shaping: Shaping::None,
             assignment: Assignment::RoundRobin,
             events: 100,
+            warmup: 10,
             seed: 1,
         }
         .run();
-        assert_eq!(o.events_built, 100);
+        assert_eq!((o.events_built, o.warmup_events), (100, 10));
         assert_eq!(o.slots, 400);
+        assert!(o.efficiency_ci95 < 1e-9, "every batch is the same: {o:?}");
         assert!((o.efficiency - 1.0).abs() < 1e-9, "{o:?}");
     }
 
@@ -317,6 +374,50 @@ mod tests {
         let barrel = shallow(Shaping::Barrel).run();
         assert!(barrel.efficiency > 0.95, "barrel {barrel:?}");
         assert!(fifo.efficiency < 0.7, "fifo {fifo:?}");
+    }
+
+    #[test]
+    fn the_start_up_transient_is_not_measured_and_batches_give_an_interval() {
+        // at large N every BU's credits are in flight from slot 0: measured from the start,
+        // the barrel looks better than it runs; after the warm-up it is steady
+        let big = |warmup| EbModel {
+            credits: 32,
+            events: 4_000,
+            warmup,
+            ..model(64, Shaping::Barrel)
+        };
+        let steady = big(0).run();
+        let from_start = big(1).run();
+        assert!(steady.warmup_events >= 32 * 64 * 4);
+        assert!(
+            steady.efficiency_ci95 > 0.0 && steady.efficiency_ci95 < 0.05,
+            "{steady:?}"
+        );
+        assert!(
+            (steady.efficiency - from_start.efficiency).abs() > steady.efficiency_ci95,
+            "the transient shows: {} vs {} ± {}",
+            from_start.efficiency,
+            steady.efficiency,
+            steady.efficiency_ci95
+        );
+    }
+
+    #[test]
+    fn random_assignment_waits_for_the_drawn_bu_as_the_evm_does() {
+        // the EVM waits for a drawn BU without credit: head-of-line blocking at the trigger
+        // that picking among BUs with credit would hide
+        let m = |assignment| EbModel {
+            assignment,
+            credits: 2,
+            ..model(8, Shaping::None)
+        };
+        let rr = m(Assignment::RoundRobin).run();
+        let random = m(Assignment::Random).run();
+        assert_eq!(random.events_built, 2_000);
+        assert!(
+            random.efficiency + 0.05 < rr.efficiency,
+            "{random:?} vs {rr:?}"
+        );
     }
 
     #[test]
