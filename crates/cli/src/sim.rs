@@ -23,7 +23,8 @@ pub struct SimArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Which model: "switch" (saturated cells: head-of-line blocking against the barrel
-    /// shifter) or "eb" (event building: fragments, credits, finite output buffers).
+    /// shifter), "eb" (event building: fragments, credits, finite output buffers) or "clos"
+    /// (a leaf-and-spine fabric with static, random or adaptive routing).
     #[arg(long, default_value = "switch")]
     model: String,
     /// eb: mean fragment size in cells, and its standard deviation (log-normal; 0: fixed).
@@ -47,6 +48,12 @@ pub struct SimArgs {
     /// eb: BUs (M), for N RUs × M BUs (default: M = N).
     #[arg(long)]
     bus: Option<usize>,
+    /// clos: ports per leaf switch (half to hosts, half up to the spines).
+    #[arg(long, default_value_t = 32)]
+    radix: usize,
+    /// clos: host ports per uplink of a leaf (1: full bisection).
+    #[arg(long, default_value_t = 1)]
+    oversub: usize,
     /// eb: how the EVM picks the BU: "round-robin" (the next with credit, evb's "credits")
     /// or "random" (a drawn BU, waited for when it has no credit, as evb's EVM does).
     #[arg(long, default_value = "round-robin")]
@@ -67,9 +74,12 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     if a.model == "eb" {
         return run_eb(a, &sizes);
     }
+    if a.model == "clos" {
+        return run_clos(a, &sizes);
+    }
     if a.model != "switch" {
         return Err(format!(
-            "--model: {:?} is not \"switch\" or \"eb\"",
+            "--model: {:?} is not \"switch\", \"eb\" or \"clos\"",
             a.model
         ));
     }
@@ -112,6 +122,74 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
         a.svg.display(),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// The Clos model over the sizes: random FIFO traffic and the barrel shifter, under each
+/// routing.
+fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
+    use evb_sim::clos::{ClosModel, Routing};
+    if !(2..=1024).contains(&a.radix) || !(1..=64).contains(&a.oversub) {
+        return Err("--radix: 2 to 1024; --oversub: 1 to 64".into());
+    }
+    let t0 = std::time::Instant::now();
+    println!(
+        "folded Clos: leaves of {} ports ({} to hosts), oversubscription {}:1; efficiency = cells / (slots x hosts)",
+        a.radix,
+        a.radix / 2,
+        a.oversub
+    );
+    println!(
+        "{:>6} {:>7} {:>7} | {:>11} {:>11} {:>11} | {:>11} {:>11} {:>11}",
+        "N",
+        "leaves",
+        "spines",
+        "fifo static",
+        "fifo random",
+        "fifo adapt",
+        "barrel stat",
+        "barrel rand",
+        "barrel adap"
+    );
+    let mut all = Vec::new();
+    for &n in sizes {
+        let slots = a
+            .slots
+            .unwrap_or((20_000_000 / n as u64).clamp(2_000, 200_000));
+        let mut row = Vec::new();
+        for policy in [evb_sim::Policy::RandomFifo, evb_sim::Policy::Barrel] {
+            for routing in Routing::ALL {
+                let o = ClosModel {
+                    hosts: n,
+                    radix: a.radix,
+                    oversubscription: a.oversub,
+                    routing,
+                    policy,
+                    slots,
+                    seed: a.seed,
+                }
+                .run();
+                row.push(o);
+            }
+        }
+        println!(
+            "{n:>6} {:>7} {:>7} | {:>9.2} % {:>9.2} % {:>9.2} % | {:>9.2} % {:>9.2} % {:>9.2} %",
+            row[0].leaves,
+            row[0].spines,
+            row[0].efficiency * 100.0,
+            row[1].efficiency * 100.0,
+            row[2].efficiency * 100.0,
+            row[3].efficiency * 100.0,
+            row[4].efficiency * 100.0,
+            row[5].efficiency * 100.0
+        );
+        all.extend(row);
+    }
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    println!("({:.1} s)", t0.elapsed().as_secs_f64());
     Ok(())
 }
 

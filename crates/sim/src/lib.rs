@@ -15,6 +15,7 @@
 //!
 //! The simulator is deterministic for a given seed.
 
+pub mod clos;
 pub mod eventbuilding;
 pub mod plot;
 
