@@ -472,6 +472,21 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // between runs the header keeps the run's total, not 0
+    let built = rec["events_built"].as_u64().unwrap();
+    let summary = read()["summary"].as_str().unwrap_or("").to_string();
+    assert!(
+        summary.starts_with(&format!("built {built} events")),
+        "after the run: {summary}"
+    );
+    // Halt asks first: answered no, nothing is sent and the system stays up
+    b.eval(
+        "window.asked = 0; window.confirm = () => { window.asked += 1; return false; }; return 0;",
+    );
+    b.click("#btn-halt");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(b.eval("return window.asked;"), 1, "Halt did not ask");
+    assert_eq!(up.status()["state"], "ready", "Halt acted without a yes");
     drop(b);
     assert!(up.halt().success());
 }

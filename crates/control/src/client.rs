@@ -93,6 +93,18 @@ impl CallError {
     pub fn is_refused(&self) -> bool {
         self.kind == CallErrorKind::Refused
     }
+
+    /// What an operator reads (the page's note, `evb ctl`): the kind in words, not the HTTP
+    /// client's terms.
+    pub fn in_words(&self) -> String {
+        match self.kind {
+            CallErrorKind::Refused => "not running: nothing listens at its control API".into(),
+            CallErrorKind::Timeout => {
+                "not answering (frozen, or too busy to answer in time)".into()
+            }
+            CallErrorKind::Other => format!("cannot be asked: {}", self.detail),
+        }
+    }
 }
 
 impl From<CallError> for String {

@@ -607,11 +607,30 @@ impl Core {
                 "bytes_per_s": v.bytes_per_s,
                 "credits": credits,
                 "errors": errors(snap),
-                "error": v.error.as_ref().map(|e| e.to_string()),
+                "error": v.error.as_ref().map(|e| e.in_words()),
                 "last": v.reply.as_ref().and_then(|r| r.last.as_ref()),
             }));
         }
         let es = evm.and_then(|s| s.evm());
+        // "Built" in the header: the EVM's count of final events for the run under way
+        // (it counts a BU's events once, whether the BU lives on, died or came back), or
+        // the last run's once it is over; the live BUs' counters only when the EVM has
+        // not said yet.
+        let under_way = self.runs.get(&self.run).is_some_and(|r| r.end.is_none());
+        let evm_now = evm
+            .filter(|s| s.run_number == Some(self.run))
+            .and_then(|s| s.evm())
+            .map(|e| e.released);
+        let built = match (under_way, evm_now) {
+            (true, Some(released)) => released,
+            (true, None) => built,
+            (false, _) => self
+                .runs
+                .values()
+                .next_back()
+                .and_then(|r| r.end.as_ref())
+                .map_or(0, |e| e.events_built),
+        };
         json!({
             "state": self.state,
             "run": self.run,

@@ -445,3 +445,71 @@ fn prometheus_finds_every_node_with_a_known_address() {
     let v = serde_json::to_value(&found).unwrap();
     assert!(v[0]["targets"].is_array() && v[0]["labels"]["role"].is_string());
 }
+
+/// The header's "built" is the EVM's count of final events while the run is under way: it
+/// does not go backwards when a BU is killed and started again (its own counter starts from
+/// zero), and once the run is over it is that run's, not 0.
+#[test]
+fn the_built_total_never_goes_backwards_and_outlives_the_run() {
+    let mut c = core();
+    started(&mut c);
+    let t0 = Instant::now();
+    c.answers(
+        t0,
+        vec![("bu0".into(), Ok(reply("bu0", 7, Phase::Running, 1, 6939)))],
+    );
+    let evm = |released| {
+        let mut s = NodeStatus::new(
+            "evm",
+            RunState::Running,
+            RoleStats::Evm(Box::new(EvmStats {
+                triggered: released,
+                released,
+                ..Default::default()
+            })),
+        );
+        s.run_number = Some(1);
+        s
+    };
+    let s = c.status(Some(&evm(7000)), 0.0);
+    assert_eq!(s["totals"]["events_built"], 7000);
+    // bu0 killed and started again: it says 12; the EVM has 7100 final
+    c.answers(
+        t0 + Duration::from_secs(1),
+        vec![("bu0".into(), Ok(reply("bu0", 8, Phase::Running, 1, 12)))],
+    );
+    let s = c.status(Some(&evm(7100)), 0.0);
+    assert_eq!(s["totals"]["events_built"], 7100);
+    // an EVM line of another run is not this run's
+    let mut old = evm(99);
+    old.run_number = Some(0);
+    assert_eq!(c.status(Some(&old), 0.0)["totals"]["events_built"], 12);
+    // the run ends: the total is the run's record, between runs too
+    let report = evb_builder::RunReport {
+        state: RunState::Halted,
+        reason: None,
+        n_ru: 2,
+        n_bu: 2,
+        seconds: 3.0,
+        down: Vec::new(),
+        evm: EvmStats {
+            triggered: 8000,
+            released: 8000,
+            ..Default::default()
+        },
+        rus: vec![None, None],
+        bus: vec![None, None],
+    };
+    let mut last = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
+    last.run = Some(report);
+    let done = Finished {
+        ok: true,
+        reason: "done".into(),
+        report: Some(last),
+    };
+    c.finished(1, done, 110.0);
+    // (the verdict fails it: the report has no BU reports; over all the same)
+    assert_ne!(c.state(), State::Running);
+    let s = c.status(None, 0.0);
+    assert_eq!(s["totals"]["events_built"], 8000);
+}
