@@ -37,11 +37,13 @@ enum CtlCmd {
     },
     /// Start a run (the next number, or --run N).
     Start {
+        /// The run number (default: one more than the last run's).
         #[arg(long)]
         run: Option<u64>,
     },
     /// Stop triggering; events in flight are still built.
     Pause,
+    /// Trigger again after a pause.
     Resume,
     /// End the run: no new events, every event in flight built and released.
     Stop,
@@ -51,15 +53,20 @@ enum CtlCmd {
     Reset,
     /// Every run's record, or run N's with its full report.
     Runs {
+        /// A run number: that run's record with its full report.
         run: Option<u64>,
     },
     /// Wait until the run state is STATE (default: ready); with a run number, until that
     /// run is over, then exit 0 only if its verdict is clean.
     Wait {
+        /// The run state to wait for (ready, running, paused, failed...; see `evb ctl status`).
         #[arg(long, default_value = "ready")]
         state: String,
+        /// Wait instead until run N is over (complete, failed or aborted); exit 0 only if
+        /// its verdict is clean.
         #[arg(long)]
         run: Option<u64>,
+        /// Give up after this many seconds (exit code 2).
         #[arg(long, default_value_t = 600.0)]
         timeout: f64,
     },

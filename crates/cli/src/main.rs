@@ -55,9 +55,12 @@ enum Command {
     /// Show what data files hold (evb event files, evb framed files, CMS FED files) and
     /// check every checksum in them. Exits 1 if any file has a problem.
     Inspect {
+        /// Data files, or folders (every event file in them).
         files: Vec<PathBuf>,
-        /// Also dump this event (evb event files: the event id; other files: the record index).
-        #[arg(long)]
+        /// Also dump this event, with its fragments. In evb event files N is the event id
+        /// (the EVM's number, the `ids` a file's summary shows), not the trigger number; in
+        /// fragment files (FED, evb framed) it is the fragment's or record's index, from 0.
+        #[arg(long, value_name = "N")]
         event: Option<u64>,
     },
     /// Stream fragment files over TCP to RUs with `source.kind = "stream"`: a front-end
@@ -115,6 +118,7 @@ struct RunArgs {
 
 #[derive(Args)]
 struct NodeArgs {
+    /// TOML configuration of the whole deployment (every node is started with the same one).
     #[arg(long, short)]
     config: PathBuf,
     /// The node's id in the configuration (e.g. evm, ru0, bu1). Without it, the rank that
@@ -150,7 +154,10 @@ struct NodeArgs {
 #[derive(Subcommand)]
 enum ConfigCmd {
     /// Parse and validate a configuration file.
-    Check { file: PathBuf },
+    Check {
+        /// The TOML configuration file to check.
+        file: PathBuf,
+    },
     /// Print the built-in default configuration.
     Default,
 }
@@ -497,5 +504,54 @@ fn main() -> ExitCode {
             print!("{}", evb_config::DEFAULT_TOML);
             ExitCode::SUCCESS
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of `cmd` and its subcommands (`path` names it) that has no help text.
+    fn without_help(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            // clap's own --help / --version
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let has = |s: Option<&clap::builder::StyledStr>| {
+                s.is_some_and(|s| !s.to_string().trim().is_empty())
+            };
+            if !has(arg.get_help()) && !has(arg.get_long_help()) {
+                let name = match arg.get_long() {
+                    Some(long) => format!("--{long}"),
+                    None => id.to_uppercase(),
+                };
+                missing.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
+            }
+            without_help(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    #[test]
+    fn every_argument_has_help() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        without_help(&cmd, "evb", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help text:\n  {}",
+            missing.join("\n  ")
+        );
     }
 }

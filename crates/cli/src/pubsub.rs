@@ -44,6 +44,7 @@ pub struct PubArgs {
     /// The address bound is printed first, as `listening on ADDR`.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
+    /// The transport: tcp (HOST:PORT addresses) or shm (names, on this host).
     #[arg(long, value_enum, default_value_t = Kind::Tcp)]
     transport: Kind,
     /// Tags 0..N, published round robin (1..=1000000).
@@ -97,11 +98,14 @@ pub struct SubArgs {
     /// A publisher's address; repeat for several.
     #[arg(long, required = true)]
     from: Vec<String>,
+    /// The transport: tcp (HOST:PORT addresses) or shm (names, on this host).
     #[arg(long, value_enum, default_value_t = Kind::Tcp)]
     transport: Kind,
     /// Tags: a list and ranges, e.g. `0,5,10-19` (at most 65536 items).
     #[arg(long, default_value = "0")]
     tags: String,
+    /// How the publishers send this subscription: throughput (messages packed into pages,
+    /// sent when full or after --flush-us) or latency (each message on the wire at once).
     #[arg(long, value_enum, default_value_t = Mode::Throughput)]
     delivery: Mode,
     /// Stop after this many messages (0: when every publisher has said goodbye).
@@ -114,6 +118,7 @@ pub struct SubArgs {
     /// see the publisher's policy at work.
     #[arg(long, default_value_t = 0)]
     slow_us: u64,
+    /// Handshake run id (publishers and subscribers must agree).
     #[arg(long, default_value = "pubsub")]
     run_id: String,
     /// Write the summary as JSON here ("-": stdout).

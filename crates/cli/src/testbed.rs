@@ -17,9 +17,10 @@ pub struct TestbedArgs {
     /// their addresses, ports and the transport are set by the testbed.
     #[arg(long, short)]
     pub config: Option<std::path::PathBuf>,
-    /// Override topology.rus / topology.bus.
+    /// Override topology.rus.
     #[arg(long)]
     rus: Option<u32>,
+    /// Override topology.bus.
     #[arg(long)]
     bus: Option<u32>,
     /// Override run.duration_s.
