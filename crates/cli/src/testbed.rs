@@ -352,7 +352,11 @@ fn run_discovered(
             let log =
                 std::fs::read_to_string(scratch.join(format!("{}.log", n.id))).unwrap_or_default();
             let last = log.lines().last().unwrap_or("").trim().to_string();
-            problems.push(format!("{} exited with {}: {last}", n.id, out.status));
+            problems.push(format!(
+                "{} {}: {last}",
+                n.id,
+                crate::launch::ended_words(out.status)
+            ));
         }
         match serde_json::from_slice::<evb_builder::NodeStatus>(&out.stdout) {
             Ok(r) => {
