@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use evb_config::Config;
 use tracing_subscriber::EnvFilter;
 
@@ -88,6 +88,19 @@ enum Command {
     Config {
         #[command(subcommand)]
         what: ConfigCmd,
+    },
+    /// Print a shell completion script for evb, generated from its options
+    /// (e.g. `evb completions bash > ~/.local/share/bash-completion/completions/evb`).
+    Completions {
+        /// The shell the script is for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print evb's manual page (roff, for `man -l -`), or write one page per command into DIR.
+    Man {
+        /// Write evb.1 and a page for every subcommand (evb-ctl-start.1...) into this folder.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -220,7 +233,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Ctl(_) | Command::Config { .. } | Command::Inspect { .. }
+        Command::Ctl(_)
+            | Command::Config { .. }
+            | Command::Inspect { .. }
+            | Command::Completions { .. }
+            | Command::Man { .. }
     ) {
         // commands that only print: a closed pipe (`evb ctl status | head`) ends them quietly,
         // as it does any Unix tool, instead of a panic in println!
@@ -504,6 +521,24 @@ fn main() -> ExitCode {
             print!("{}", evb_config::DEFAULT_TOML);
             ExitCode::SUCCESS
         }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "evb", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir } => {
+            let written = match &dir {
+                Some(dir) => std::fs::create_dir_all(dir)
+                    .and_then(|()| clap_mangen::generate_to(Cli::command(), dir)),
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+            };
+            match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("evb man: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 
@@ -539,6 +574,33 @@ mod tests {
                 missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
             }
             without_help(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    #[test]
+    fn completions_and_man_page_come_from_the_definitions() {
+        let mut bash = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "evb",
+            &mut bash,
+        );
+        let bash = String::from_utf8(bash).unwrap();
+        assert!(
+            bash.contains("--wait") && bash.contains("inspect"),
+            "{bash}"
+        );
+        let mut man = Vec::new();
+        clap_mangen::Man::new(Cli::command())
+            .render(&mut man)
+            .unwrap();
+        let man = String::from_utf8(man).unwrap();
+        assert!(man.contains(".TH evb 1"), "{man}");
+        let dir = tempfile::tempdir().unwrap();
+        clap_mangen::generate_to(Cli::command(), dir.path()).unwrap();
+        for page in ["evb.1", "evb-ctl.1", "evb-ctl-stop.1", "evb-inspect.1"] {
+            assert!(dir.path().join(page).is_file(), "no {page}");
         }
     }
 
