@@ -68,8 +68,8 @@ enum CtlCmd {
         /// its verdict is clean.
         #[arg(long)]
         run: Option<u64>,
-        /// Give up after this many seconds (exit code 2).
-        #[arg(long, default_value_t = 600.0)]
+        /// Give up after this long (exit code 2). [seconds, or with a unit: 500ms, 2m]
+        #[arg(long, default_value_t = 600.0, value_parser = crate::duration::secs)]
         timeout: f64,
     },
 }
@@ -82,12 +82,13 @@ pub struct WaitFlag {
     /// to rest in failed.
     #[arg(long)]
     wait: bool,
-    /// With --wait: give up after this many seconds (exit code 2).
+    /// With --wait: give up after this long (exit code 2). [seconds, or with a unit: 500ms, 2m]
     #[arg(
         long,
         default_value_t = 600.0,
         requires = "wait",
-        value_name = "SECONDS"
+        value_name = "SECONDS",
+        value_parser = crate::duration::secs
     )]
     timeout: f64,
 }

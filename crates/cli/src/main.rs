@@ -2,6 +2,7 @@
 
 mod consume;
 mod ctl;
+mod duration;
 mod feed;
 mod inspect;
 mod launch;
@@ -112,8 +113,8 @@ struct RunArgs {
     /// Override run.events.
     #[arg(long)]
     events: Option<u64>,
-    /// Override run.duration_s.
-    #[arg(long)]
+    /// Override run.duration_s. [seconds, or with a unit: 500ms, 2m]
+    #[arg(long, value_parser = crate::duration::secs)]
     duration: Option<f64>,
     /// Override topology.rus.
     #[arg(long)]
@@ -601,6 +602,58 @@ mod tests {
         clap_mangen::generate_to(Cli::command(), dir.path()).unwrap();
         for page in ["evb.1", "evb-ctl.1", "evb-ctl-stop.1", "evb-inspect.1"] {
             assert!(dir.path().join(page).is_file(), "no {page}");
+        }
+    }
+
+    #[test]
+    fn time_options_take_units_and_bare_numbers() {
+        use clap::Parser;
+        let run = |d: &str| match Cli::try_parse_from(["evb", "run", "--duration", d]) {
+            Ok(Cli {
+                command: super::Command::Run(a),
+            }) => Ok(a.duration),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(run("90"), Ok(Some(90.0)));
+        assert_eq!(run("2m"), Ok(Some(120.0)));
+        assert_eq!(run("500ms"), Ok(Some(0.5)));
+        assert!(run("5 parsecs").unwrap_err().contains("not a duration"));
+        for args in [
+            &["evb", "ctl", "stop", "--wait", "--timeout", "500ms"][..],
+            &["evb", "ctl", "wait", "--timeout", "1m"],
+            &[
+                "evb",
+                "sub",
+                "--from",
+                "h:1",
+                "--slow-us",
+                "1ms",
+                "--timeout",
+                "5s",
+            ],
+            &["evb", "pub", "--flush-us", "0.5ms", "--linger", "2s"],
+            &[
+                "evb",
+                "consume",
+                "--from",
+                "h:1",
+                "--slow-ms",
+                "1s",
+                "--wait-s",
+                "10",
+            ],
+            &[
+                "evb",
+                "feed",
+                "--to",
+                "h:1",
+                "f",
+                "--connect-timeout-s",
+                "2m",
+            ],
+        ] {
+            assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
         }
     }
 

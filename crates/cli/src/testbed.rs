@@ -23,8 +23,8 @@ pub struct TestbedArgs {
     /// Override topology.bus.
     #[arg(long)]
     bus: Option<u32>,
-    /// Override run.duration_s.
-    #[arg(long)]
+    /// Override run.duration_s. [seconds, or with a unit: 500ms, 2m]
+    #[arg(long, value_parser = crate::duration::secs)]
     duration: Option<f64>,
     /// Link rate, as tc writes it (100mbit, 1gbit, 10gbit).
     #[arg(long, default_value = "1gbit")]
