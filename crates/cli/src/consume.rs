@@ -45,12 +45,14 @@ pub struct ConsumeArgs {
     /// Stop after this many events (the rest go to other consumers).
     #[arg(long)]
     limit: Option<u64>,
-    /// Work this long on each event before acknowledging it (a slow filter).
-    #[arg(long, default_value_t = 0)]
+    /// Work this long on each event before acknowledging it (a slow filter). [milliseconds, or
+    /// with a unit: 2s]
+    #[arg(long, default_value_t = 0, value_parser = crate::duration::millis)]
     slow_ms: u64,
-    /// Keep trying to reach a BU this long (at start, after a connection drops, and while
-    /// the BU has no room for another consumer), with a growing pause between tries.
-    #[arg(long, default_value_t = 30.0)]
+    /// Keep trying to reach a BU this long (at start, after a connection drops, and while the
+    /// BU has no room for another consumer), with a growing pause between tries. [seconds, or
+    /// with a unit: 500ms, 2m]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::duration::secs)]
     wait_s: f64,
     /// This consumer's name (the BUs log it; default consume-PID).
     #[arg(long)]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use evb_builder::NodeEvent;
 use evb_config::Config;
-use evb_control::client::{Api, Reply};
+use evb_control::client::{Api, CallErrorKind, Reply};
 use serde_json::{json, Value};
 
 #[derive(Args)]
@@ -37,32 +37,60 @@ enum CtlCmd {
     },
     /// Start a run (the next number, or --run N).
     Start {
+        /// The run number (default: one more than the last run's).
         #[arg(long)]
         run: Option<u64>,
+        #[command(flatten)]
+        wait: WaitFlag,
     },
     /// Stop triggering; events in flight are still built.
     Pause,
+    /// Trigger again after a pause.
     Resume,
     /// End the run: no new events, every event in flight built and released.
-    Stop,
+    Stop(WaitFlag),
     /// Every node process exits.
-    Halt,
+    Halt(WaitFlag),
     /// Abort the run (or clear a failure) and return to ready.
-    Reset,
+    Reset(WaitFlag),
     /// Every run's record, or run N's with its full report.
     Runs {
+        /// A run number: that run's record with its full report.
         run: Option<u64>,
     },
     /// Wait until the run state is STATE (default: ready); with a run number, until that
     /// run is over, then exit 0 only if its verdict is clean.
     Wait {
+        /// The run state to wait for (ready, running, paused, failed...; see `evb ctl status`).
         #[arg(long, default_value = "ready")]
         state: String,
+        /// Wait instead until run N is over (complete, failed or aborted); exit 0 only if
+        /// its verdict is clean.
         #[arg(long)]
         run: Option<u64>,
-        #[arg(long, default_value_t = 600.0)]
+        /// Give up after this long (exit code 2). [seconds, or with a unit: 500ms, 2m]
+        #[arg(long, default_value_t = 600.0, value_parser = crate::duration::secs)]
         timeout: f64,
     },
+}
+
+/// `--wait` of the commands that pass through a transient state (starting, stopping).
+#[derive(Args, Clone, Copy)]
+pub struct WaitFlag {
+    /// Return only once the command has taken effect: the run state is a resting one again
+    /// (not starting or stopping; for halt: the EVM no longer answers). Exit 1 if it comes
+    /// to rest in failed.
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: give up after this long (exit code 2). [seconds, or with a unit: 500ms, 2m]
+    #[arg(
+        long,
+        default_value_t = 600.0,
+        requires = "wait",
+        value_name = "SECONDS",
+        value_parser = crate::duration::secs
+    )]
+    timeout: f64,
 }
 
 /// The configuration a client command was given (`--config`), and the run's secret: from
@@ -118,12 +146,12 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
                 .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
             api.post("/api/v1/configure", &json!({ "config": text }))?
         }
-        CtlCmd::Start { run } => api.post("/api/v1/start", &json!({ "run": run }))?,
+        CtlCmd::Start { run, .. } => api.post("/api/v1/start", &json!({ "run": run }))?,
         CtlCmd::Pause => api.post("/api/v1/pause", &json!({}))?,
         CtlCmd::Resume => api.post("/api/v1/resume", &json!({}))?,
-        CtlCmd::Stop => api.post("/api/v1/stop", &json!({}))?,
-        CtlCmd::Halt => api.post("/api/v1/halt", &json!({}))?,
-        CtlCmd::Reset => api.post("/api/v1/reset", &json!({}))?,
+        CtlCmd::Stop(_) => api.post("/api/v1/stop", &json!({}))?,
+        CtlCmd::Halt(_) => api.post("/api/v1/halt", &json!({}))?,
+        CtlCmd::Reset(_) => api.post("/api/v1/reset", &json!({}))?,
         CtlCmd::Runs { run: None } => api.get("/api/v1/runs")?,
         CtlCmd::Runs { run: Some(n) } => api.get(&format!("/api/v1/runs/{n}"))?,
         CtlCmd::Wait {
@@ -132,6 +160,23 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
             timeout,
         } => return wait(&api, a.json, state, *run, *timeout),
     };
+    let wait_flag = match &a.cmd {
+        CtlCmd::Start { wait, .. }
+        | CtlCmd::Stop(wait)
+        | CtlCmd::Halt(wait)
+        | CtlCmd::Reset(wait)
+            if wait.wait && reply.ok() =>
+        {
+            Some(*wait)
+        }
+        _ => None,
+    };
+    if let Some(w) = wait_flag {
+        if !a.json {
+            print_reply(&a.cmd, &reply.body);
+        }
+        return settle(&api, a.json, matches!(a.cmd, CtlCmd::Halt(_)), w.timeout);
+    }
     if a.json {
         println!(
             "{}",
@@ -144,26 +189,7 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
             CtlCmd::Status => print_status(&reply.body),
             CtlCmd::Runs { run: None } => print_runs(&reply.body),
             CtlCmd::Runs { run: Some(_) } => print_run(&reply.body),
-            _ => println!(
-                "{}: state {}, run {}{}",
-                command_name(&a.cmd),
-                reply.body["state"].as_str().unwrap_or("?"),
-                reply.body["run"],
-                reply.body["changed"]
-                    .as_array()
-                    .map(|c| format!(
-                        ", changed: {}",
-                        if c.is_empty() {
-                            "nothing".into()
-                        } else {
-                            c.iter()
-                                .filter_map(|v| v.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        }
-                    ))
-                    .unwrap_or_default()
-            ),
+            _ => print_reply(&a.cmd, &reply.body),
         }
     }
     let ok = reply.ok()
@@ -174,17 +200,108 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// A command's reply, as a line: `stop: state stopping, run 7`.
+fn print_reply(c: &CtlCmd, body: &Value) {
+    println!(
+        "{}: state {}, run {}{}",
+        command_name(c),
+        body["state"].as_str().unwrap_or("?"),
+        body["run"],
+        body["changed"]
+            .as_array()
+            .map(|c| format!(
+                ", changed: {}",
+                if c.is_empty() {
+                    "nothing".into()
+                } else {
+                    c.iter()
+                        .filter_map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ))
+            .unwrap_or_default()
+    );
+}
+
 fn command_name(c: &CtlCmd) -> &'static str {
     match c {
         CtlCmd::Configure { .. } => "configure",
         CtlCmd::Start { .. } => "start",
         CtlCmd::Pause => "pause",
         CtlCmd::Resume => "resume",
-        CtlCmd::Stop => "stop",
-        CtlCmd::Halt => "halt",
-        CtlCmd::Reset => "reset",
+        CtlCmd::Stop(_) => "stop",
+        CtlCmd::Halt(_) => "halt",
+        CtlCmd::Reset(_) => "reset",
         _ => "",
     }
+}
+
+/// The states a command passes through on its way to a resting one.
+fn transient(state: &str) -> bool {
+    matches!(state, "starting" | "stopping")
+}
+
+/// `--wait`: polls the status until the run state is a resting one (or, after `halt`, until
+/// the EVM no longer answers), says which, and is true unless it is `failed`.
+fn settle(api: &Api, json_out: bool, halt: bool, timeout: f64) -> Result<bool, String> {
+    let until = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+    loop {
+        let s = match api.get("/api/v1/status") {
+            Ok(s) => s,
+            // the EVM's process has exited (or is closing): what halt was waited for
+            Err(e) if halt && e.kind != CallErrorKind::Timeout => {
+                if json_out {
+                    println!("{}", json!({ "state": "halted", "answering": false }));
+                } else {
+                    println!("halted: the EVM no longer answers");
+                }
+                return Ok(true);
+            }
+            Err(e) if !halt => return Err(e.to_string()),
+            Err(_) => {
+                if Instant::now() > until {
+                    return Err(format!(
+                        "gave up after {timeout} s: the EVM still answers (slowly)"
+                    ));
+                }
+                continue;
+            }
+        };
+        let state = s.body["state"].as_str().unwrap_or("");
+        if !transient(state) && !halt {
+            if json_out {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&s.body).unwrap_or_default()
+                );
+            } else {
+                println!(
+                    "state {state}, run {}{}",
+                    s.body["run"],
+                    s.body["reason"]
+                        .as_str()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            return Ok(state != "failed");
+        }
+        if Instant::now() > until {
+            return Err(gave_up(timeout, state, &s.body));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn gave_up(timeout: f64, state: &str, status: &Value) -> String {
+    format!(
+        "gave up after {timeout} s: state is {state}{}",
+        status["reason"]
+            .as_str()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    )
 }
 
 fn wait(
@@ -226,13 +343,7 @@ fn wait(
             return Ok(run.is_none() || body["ok"] == true);
         }
         if Instant::now() > until {
-            return Err(format!(
-                "gave up after {timeout} s: state is {now_state}{}",
-                s.body["reason"]
-                    .as_str()
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default()
-            ));
+            return Err(gave_up(timeout, now_state, &s.body));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

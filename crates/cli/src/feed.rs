@@ -32,8 +32,9 @@ pub struct FeedArgs {
     /// `raw`: the bytes as they are, in 64 KiB pieces, to test a reader with bad input).
     #[arg(long, value_enum, default_value_t = Format::Auto)]
     format: Format,
-    /// Keep trying to connect for this long (the RU may not be listening yet).
-    #[arg(long, default_value_t = 30.0)]
+    /// Keep trying to connect for this long (the RU may not be listening yet). [seconds, or
+    /// with a unit: 500ms, 2m]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::duration::secs)]
     connect_timeout_s: f64,
     /// Connect from this local IP address (the RU takes streams only from
     /// `source.allow_from`; this shows what a front-end at that address sees).

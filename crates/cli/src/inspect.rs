@@ -96,6 +96,30 @@ pub fn duplicates_across(files: &[PathBuf], show: usize) -> (Vec<String>, u64) {
     (lines, total)
 }
 
+/// What the files held, for the grand total of several: events in evb event files, fragments
+/// or records in fragment files (FED, evb framed), bytes of every file read.
+#[derive(Default)]
+struct Totals {
+    files: u64,
+    events: u64,
+    fragments: u64,
+    bytes: u64,
+}
+
+impl Totals {
+    fn line(&self) -> String {
+        let fragments = if self.fragments > 0 {
+            format!(", {} fragments (in fragment files)", self.fragments)
+        } else {
+            String::new()
+        };
+        format!(
+            "total: {} files, {} events{fragments}, {} bytes",
+            self.files, self.events, self.bytes
+        )
+    }
+}
+
 /// Inspects every file (a directory: every completed event file in it); false if any
 /// problem was found, including an event id in two files.
 pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
@@ -109,6 +133,7 @@ pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
     if n > 0 {
         ok = false;
     }
+    let mut totals = Totals::default();
     for f in &files {
         match std::fs::read(f) {
             Err(e) => {
@@ -116,12 +141,14 @@ pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
                 ok = false;
             }
             Ok(data) => {
+                totals.files += 1;
+                totals.bytes += data.len() as u64;
                 let good = if data.starts_with(b"EVBE") {
-                    events_file(f, data, event)
+                    events_file(f, data, event, &mut totals.events)
                 } else if data.starts_with(&framed::RECORD_MAGIC) {
-                    framed_file(f, &data, event)
+                    framed_file(f, &data, event, &mut totals.fragments)
                 } else if data.len() >= 8 && data[7] >> 4 == 0x5 {
-                    fed_file(f, &data, event)
+                    fed_file(f, &data, event, &mut totals.fragments)
                 } else {
                     println!(
                         "{}: not an evb event file, an evb framed file or a FED file",
@@ -141,10 +168,13 @@ pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
     } else if files.len() > 1 {
         println!("{} files: no event id appears twice", files.len());
     }
+    if files.len() > 1 {
+        println!("{}", totals.line());
+    }
     ok
 }
 
-fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
+fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -> bool {
     let file_crc = crc32c::crc32c(&data);
     let len = data.len() as u64;
     let f = match EventFile::parse(data, path.display().to_string()) {
@@ -252,6 +282,7 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>) -> bool {
         (Some(a), Some(b)) => format!(", ids {a} .. {b}"),
         _ => String::new(),
     };
+    *total += events;
     println!("  {events} events{ids}; event payload {}", sizes.show());
     let src: Vec<String> = sources.iter().map(|(s, n)| format!("{s} ({n})")).collect();
     println!("  sources: {}", src.join(", "));
@@ -311,7 +342,7 @@ fn verdict(problems: &[String]) -> bool {
     }
 }
 
-fn fed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
+fn fed_file(path: &Path, data: &[u8], dump: Option<u64>, total: &mut u64) -> bool {
     println!("{}: CMS FED fragments", path.display());
     let ranges = match fed::split(data) {
         Ok(r) => r,
@@ -348,6 +379,7 @@ fn fed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
             Err(e) => problems.push(e.to_string()),
         }
     }
+    *total += ranges.len() as u64;
     println!(
         "  {} fragments, LV1 ids {lo} .. {hi}; size {}",
         ranges.len(),
@@ -358,7 +390,7 @@ fn fed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
     verdict(&problems)
 }
 
-fn framed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
+fn framed_file(path: &Path, data: &[u8], dump: Option<u64>, total: &mut u64) -> bool {
     println!("{}: evb framed fragments", path.display());
     let mut problems = Vec::new();
     let mut sizes = Sizes::default();
@@ -389,6 +421,7 @@ fn framed_file(path: &Path, data: &[u8], dump: Option<u64>) -> bool {
             }
         }
     }
+    *total += k;
     println!("  {k} records; size {}", sizes.show());
     verdict(&problems)
 }

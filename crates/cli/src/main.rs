@@ -2,6 +2,7 @@
 
 mod consume;
 mod ctl;
+mod duration;
 mod feed;
 mod inspect;
 mod launch;
@@ -17,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use evb_config::Config;
 use tracing_subscriber::EnvFilter;
 
@@ -55,9 +56,12 @@ enum Command {
     /// Show what data files hold (evb event files, evb framed files, CMS FED files) and
     /// check every checksum in them. Exits 1 if any file has a problem.
     Inspect {
+        /// Data files, or folders (every event file in them).
         files: Vec<PathBuf>,
-        /// Also dump this event (evb event files: the event id; other files: the record index).
-        #[arg(long)]
+        /// Also dump this event, with its fragments. In evb event files N is the event id
+        /// (the EVM's number, the `ids` a file's summary shows), not the trigger number; in
+        /// fragment files (FED, evb framed) it is the fragment's or record's index, from 0.
+        #[arg(long, value_name = "N")]
         event: Option<u64>,
     },
     /// Stream fragment files over TCP to RUs with `source.kind = "stream"`: a front-end
@@ -86,6 +90,19 @@ enum Command {
         #[command(subcommand)]
         what: ConfigCmd,
     },
+    /// Print a shell completion script for evb, generated from its options
+    /// (e.g. `evb completions bash > ~/.local/share/bash-completion/completions/evb`).
+    Completions {
+        /// The shell the script is for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print evb's manual page (roff, for `man -l -`), or write one page per command into DIR.
+    Man {
+        /// Write evb.1 and a page for every subcommand (evb-ctl-start.1...) into this folder.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -96,8 +113,8 @@ struct RunArgs {
     /// Override run.events.
     #[arg(long)]
     events: Option<u64>,
-    /// Override run.duration_s.
-    #[arg(long)]
+    /// Override run.duration_s. [seconds, or with a unit: 500ms, 2m]
+    #[arg(long, value_parser = crate::duration::secs)]
     duration: Option<f64>,
     /// Override topology.rus.
     #[arg(long)]
@@ -115,6 +132,7 @@ struct RunArgs {
 
 #[derive(Args)]
 struct NodeArgs {
+    /// TOML configuration of the whole deployment (every node is started with the same one).
     #[arg(long, short)]
     config: PathBuf,
     /// The node's id in the configuration (e.g. evm, ru0, bu1). Without it, the rank that
@@ -150,7 +168,10 @@ struct NodeArgs {
 #[derive(Subcommand)]
 enum ConfigCmd {
     /// Parse and validate a configuration file.
-    Check { file: PathBuf },
+    Check {
+        /// The TOML configuration file to check.
+        file: PathBuf,
+    },
     /// Print the built-in default configuration.
     Default,
 }
@@ -223,7 +244,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Ctl(_) | Command::Config { .. } | Command::Inspect { .. }
+        Command::Ctl(_)
+            | Command::Config { .. }
+            | Command::Inspect { .. }
+            | Command::Completions { .. }
+            | Command::Man { .. }
     ) {
         // commands that only print: a closed pipe (`evb ctl status | head`) ends them quietly,
         // as it does any Unix tool, instead of a panic in println!
@@ -509,5 +534,151 @@ fn main() -> ExitCode {
             print!("{}", evb_config::DEFAULT_TOML);
             ExitCode::SUCCESS
         }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "evb", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir } => {
+            let written = match &dir {
+                Some(dir) => std::fs::create_dir_all(dir)
+                    .and_then(|()| clap_mangen::generate_to(Cli::command(), dir)),
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+            };
+            match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("evb man: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of `cmd` and its subcommands (`path` names it) that has no help text.
+    fn without_help(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            // clap's own --help / --version
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let has = |s: Option<&clap::builder::StyledStr>| {
+                s.is_some_and(|s| !s.to_string().trim().is_empty())
+            };
+            if !has(arg.get_help()) && !has(arg.get_long_help()) {
+                let name = match arg.get_long() {
+                    Some(long) => format!("--{long}"),
+                    None => id.to_uppercase(),
+                };
+                missing.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
+            }
+            without_help(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    #[test]
+    fn completions_and_man_page_come_from_the_definitions() {
+        let mut bash = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "evb",
+            &mut bash,
+        );
+        let bash = String::from_utf8(bash).unwrap();
+        assert!(
+            bash.contains("--wait") && bash.contains("inspect"),
+            "{bash}"
+        );
+        let mut man = Vec::new();
+        clap_mangen::Man::new(Cli::command())
+            .render(&mut man)
+            .unwrap();
+        let man = String::from_utf8(man).unwrap();
+        assert!(man.contains(".TH evb 1"), "{man}");
+        let dir = tempfile::tempdir().unwrap();
+        clap_mangen::generate_to(Cli::command(), dir.path()).unwrap();
+        for page in ["evb.1", "evb-ctl.1", "evb-ctl-stop.1", "evb-inspect.1"] {
+            assert!(dir.path().join(page).is_file(), "no {page}");
+        }
+    }
+
+    #[test]
+    fn time_options_take_units_and_bare_numbers() {
+        use clap::Parser;
+        let run = |d: &str| match Cli::try_parse_from(["evb", "run", "--duration", d]) {
+            Ok(Cli {
+                command: super::Command::Run(a),
+            }) => Ok(a.duration),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(run("90"), Ok(Some(90.0)));
+        assert_eq!(run("2m"), Ok(Some(120.0)));
+        assert_eq!(run("500ms"), Ok(Some(0.5)));
+        assert!(run("5 parsecs").unwrap_err().contains("not a duration"));
+        for args in [
+            &["evb", "ctl", "stop", "--wait", "--timeout", "500ms"][..],
+            &["evb", "ctl", "wait", "--timeout", "1m"],
+            &[
+                "evb",
+                "sub",
+                "--from",
+                "h:1",
+                "--slow-us",
+                "1ms",
+                "--timeout",
+                "5s",
+            ],
+            &["evb", "pub", "--flush-us", "0.5ms", "--linger", "2s"],
+            &[
+                "evb",
+                "consume",
+                "--from",
+                "h:1",
+                "--slow-ms",
+                "1s",
+                "--wait-s",
+                "10",
+            ],
+            &[
+                "evb",
+                "feed",
+                "--to",
+                "h:1",
+                "f",
+                "--connect-timeout-s",
+                "2m",
+            ],
+        ] {
+            assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn every_argument_has_help() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        without_help(&cmd, "evb", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help text:\n  {}",
+            missing.join("\n  ")
+        );
     }
 }

@@ -44,6 +44,7 @@ pub struct PubArgs {
     /// The address bound is printed first, as `listening on ADDR`.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
+    /// The transport: tcp (HOST:PORT addresses) or shm (names, on this host).
     #[arg(long, value_enum, default_value_t = Kind::Tcp)]
     transport: Kind,
     /// Tags 0..N, published round robin (1..=1000000).
@@ -65,9 +66,9 @@ pub struct PubArgs {
     #[arg(long, default_value_t = 4 << 20)]
     max_queued: usize,
     /// High-throughput subscribers' pages go out when full (256 KiB) or once their first
-    /// message has waited this many microseconds (0: at the end of each pass of the
-    /// publisher's loop) [0 ..= 1000000].
-    #[arg(long, default_value_t = 200)]
+    /// message has waited this long (0: at the end of each pass of the publisher's loop;
+    /// at most 1 s). [microseconds, or with a unit: 1ms]
+    #[arg(long, default_value_t = 200, value_parser = crate::duration::micros)]
     flush_us: u64,
     /// Threads writing subscribers' sockets beside the publishing one, which writes its
     /// share (0: it writes them all) [0 ..= 16]. Over tcp, one thread's copy into the kernel
@@ -77,12 +78,12 @@ pub struct PubArgs {
     /// Start once this many subscribers are connected and have subscribed (0..=10000).
     #[arg(long, default_value_t = 1)]
     wait: usize,
-    /// Give up waiting for them after this many seconds.
-    #[arg(long, default_value_t = 30.0)]
+    /// Give up waiting for them after this long. [seconds, or with a unit: 500ms, 2m]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::duration::secs)]
     wait_timeout: f64,
-    /// After the last message, wait at most this many seconds for subscribers to take what
-    /// is queued for them (then they are told Goodbye, shutdown).
-    #[arg(long, default_value_t = 10.0)]
+    /// After the last message, wait at most this long for subscribers to take what is queued
+    /// for them (then they are told Goodbye, shutdown). [seconds, or with a unit: 500ms, 2m]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::duration::secs)]
     linger: f64,
     /// Handshake run id (publishers and subscribers must agree).
     #[arg(long, default_value = "pubsub")]
@@ -97,23 +98,28 @@ pub struct SubArgs {
     /// A publisher's address; repeat for several.
     #[arg(long, required = true)]
     from: Vec<String>,
+    /// The transport: tcp (HOST:PORT addresses) or shm (names, on this host).
     #[arg(long, value_enum, default_value_t = Kind::Tcp)]
     transport: Kind,
     /// Tags: a list and ranges, e.g. `0,5,10-19` (at most 65536 items).
     #[arg(long, default_value = "0")]
     tags: String,
+    /// How the publishers send this subscription: throughput (messages packed into pages,
+    /// sent when full or after --flush-us) or latency (each message on the wire at once).
     #[arg(long, value_enum, default_value_t = Mode::Throughput)]
     delivery: Mode,
     /// Stop after this many messages (0: when every publisher has said goodbye).
     #[arg(long, default_value_t = 0)]
     count: u64,
-    /// Stop after this many seconds in any case (0.1..=86400).
-    #[arg(long, default_value_t = 60.0)]
+    /// Stop after this long in any case (0.1 s ..= 86400 s). [seconds, or with a unit: 500ms,
+    /// 2m]
+    #[arg(long, default_value_t = 60.0, value_parser = crate::duration::secs)]
     timeout: f64,
-    /// Read slowly: sleep this many microseconds after each message (0..=1000000), to
-    /// see the publisher's policy at work.
-    #[arg(long, default_value_t = 0)]
+    /// Read slowly: sleep this long after each message (0 ..= 1 s), to see the publisher's
+    /// policy at work. [microseconds, or with a unit: 1ms]
+    #[arg(long, default_value_t = 0, value_parser = crate::duration::micros)]
     slow_us: u64,
+    /// Handshake run id (publishers and subscribers must agree).
     #[arg(long, default_value = "pubsub")]
     run_id: String,
     /// Write the summary as JSON here ("-": stdout).

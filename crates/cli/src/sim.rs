@@ -14,6 +14,7 @@ pub struct SimArgs {
     /// Slots simulated per point (default: about 2·10⁷ cell decisions per point, at least 2000 slots).
     #[arg(long)]
     slots: Option<u64>,
+    /// Seed of the random traffic (the same seed gives the same figures).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Where the plot goes.
@@ -27,9 +28,10 @@ pub struct SimArgs {
     /// (a leaf-and-spine fabric with static, random or adaptive routing).
     #[arg(long, default_value = "switch")]
     model: String,
-    /// eb: mean fragment size in cells, and its standard deviation (log-normal; 0: fixed).
+    /// eb: mean fragment size in cells (log-normal).
     #[arg(long, default_value_t = 8.0)]
     mean_cells: f64,
+    /// eb: the fragment size's standard deviation in cells (0: every fragment --mean-cells).
     #[arg(long, default_value_t = 8.0)]
     sd_cells: f64,
     /// eb: events each BU may hold in flight.

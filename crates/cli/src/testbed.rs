@@ -17,13 +17,14 @@ pub struct TestbedArgs {
     /// their addresses, ports and the transport are set by the testbed.
     #[arg(long, short)]
     pub config: Option<std::path::PathBuf>,
-    /// Override topology.rus / topology.bus.
+    /// Override topology.rus.
     #[arg(long)]
     rus: Option<u32>,
+    /// Override topology.bus.
     #[arg(long)]
     bus: Option<u32>,
-    /// Override run.duration_s.
-    #[arg(long)]
+    /// Override run.duration_s. [seconds, or with a unit: 500ms, 2m]
+    #[arg(long, value_parser = crate::duration::secs)]
     duration: Option<f64>,
     /// Link rate, as tc writes it (100mbit, 1gbit, 10gbit).
     #[arg(long, default_value = "1gbit")]
@@ -351,7 +352,11 @@ fn run_discovered(
             let log =
                 std::fs::read_to_string(scratch.join(format!("{}.log", n.id))).unwrap_or_default();
             let last = log.lines().last().unwrap_or("").trim().to_string();
-            problems.push(format!("{} exited with {}: {last}", n.id, out.status));
+            problems.push(format!(
+                "{} {}: {last}",
+                n.id,
+                crate::launch::ended_words(out.status)
+            ));
         }
         match serde_json::from_slice::<evb_builder::NodeStatus>(&out.stdout) {
             Ok(r) => {

@@ -188,7 +188,10 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
             if status.success() {
                 continue; // halted
             }
-            eprintln!("evb up: {id} exited ({status}); starting it again for the next run");
+            eprintln!(
+                "evb up: {id} {}; starting it again for the next run",
+                crate::launch::ended_words(status)
+            );
             restart_at.push((id.clone(), Instant::now() + Duration::from_secs(1)));
         }
         if exited.contains(&evm.id) {

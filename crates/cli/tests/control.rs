@@ -131,7 +131,11 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
             && s["totals"]["events_built"].as_u64().unwrap_or(0) > 1000
     });
     let t = Instant::now();
-    assert!(up.ctl(&["stop"]).status.success());
+    // `--wait`: back once the run has left stopping, so that a start right after it is taken
+    let out = up.ctl(&["stop", "--wait", "--timeout", "60"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("state ready, run 7"), "{said}");
     let rec = up.wait_run(7);
     assert!(
         t.elapsed() < Duration::from_secs(30),
@@ -144,6 +148,20 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
     assert!(n > 1000);
     assert_eq!(rec["events_built"], n, "{rec:#}");
 
+    // run 8: `evb ctl stop --wait && evb ctl start --wait`, back in state running
+    let out = up.ctl(&["start", "--wait", "--timeout", "60"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("state running, run 8"), "{said}");
+    up.wait_until("run 8 building", 30, |s| {
+        s["run"] == 8 && s["totals"]["events_built"].as_u64().unwrap_or(0) > 1000
+    });
+    let out = up.ctl(&["stop", "--wait", "--timeout", "60", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["state"], "ready", "{s:#}");
+    assert_eq!(up.wait_run(8)["ok"], true);
+
     // every run kept, with its own number and verdict
     let runs = up.api.get("/api/v1/runs").unwrap().body;
     let numbers: Vec<u64> = runs
@@ -152,7 +170,7 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
         .iter()
         .map(|r| r["run"].as_u64().unwrap())
         .collect();
-    assert_eq!(numbers, [1, 2, 7]);
+    assert_eq!(numbers, [1, 2, 7, 8]);
     assert!(runs.as_array().unwrap().iter().all(|r| r["ok"] == true));
     assert_eq!(
         up.api.get("/api/v1/runs/1").unwrap().body["events_built"],
@@ -171,7 +189,20 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
         })
         .collect();
     assert_eq!(pids.len(), 5);
-    let status = up.halt();
+    // `halt --wait`: back once the EVM no longer answers
+    let out = up.ctl(&["halt", "--wait", "--timeout", "30"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("the EVM no longer answers"), "{said}");
+    let mut up = up;
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = up.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "evb up did not exit after halt");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(status.success(), "evb up exited with {status}");
     for pid in pids {
         wait_gone(pid, "a node process after halt", 10);

@@ -265,7 +265,15 @@ fn file_sink_round_trip_write_inspect_replay() {
         .output()
         .unwrap();
     assert!(inspect.status.success(), "{}", text(&inspect));
-    assert!(String::from_utf8_lossy(&inspect.stdout).contains("checksums: all valid"));
+    let said = String::from_utf8_lossy(&inspect.stdout);
+    assert!(said.contains("checksums: all valid"));
+    // the grand total over the files
+    let bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    let total = format!("total: {} files, 600 events, {bytes} bytes", files.len());
+    assert!(said.lines().any(|l| l == total), "no {total:?} in\n{said}");
 
     // replay the recorded run through the event builder into new files
     let replay = playback_toml("evb", &[(0, files.clone()), (1, files.clone())], 2, "")

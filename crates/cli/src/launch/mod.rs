@@ -26,6 +26,7 @@ use progress::{progress_line, RateMeter};
 pub(crate) use signals::on_interrupt;
 pub use signals::{exit_on_interrupt, exit_when_stdin_closes, stop_on_interrupt};
 pub(crate) use spawn::{spawn_node, spawn_processes, PLACEMENT};
+pub(crate) use verdict::ended_words;
 use verdict::note_exit;
 
 /// What the watcher hears from the nodes.
@@ -33,6 +34,8 @@ pub(crate) enum Note {
     Line(String, Box<NodeStatus>),
     /// A node's process or thread is gone (with its exit code, if it had one).
     Gone(String, Option<i32>),
+    /// A line a node process wrote on stderr (passed on already).
+    Stderr(String, String),
 }
 
 /// What watching a run saw, for the verdict.
@@ -46,6 +49,8 @@ pub(super) struct Watched {
     how_ended: BTreeMap<String, (String, bool)>,
     /// Node processes still running at the end, killed.
     killed: Vec<String>,
+    /// The last line each node process wrote on stderr (`evb run`'s nodes).
+    last_lines: BTreeMap<String, String>,
     timed_out: bool,
     /// A second Ctrl-C.
     user_abort: bool,
@@ -164,6 +169,7 @@ fn watch(
     let mut how_ended: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let mut stop_sent = false;
     let mut user_abort = false;
+    let mut last_lines: BTreeMap<String, String> = BTreeMap::new();
 
     while exit_codes.len() < ids.len() {
         // Ctrl-C: the first asks the EVM to end the run cleanly, a second aborts.
@@ -198,6 +204,9 @@ fn watch(
             }
             Ok(Note::Gone(id, code)) => {
                 exit_codes.insert(id, code);
+            }
+            Ok(Note::Stderr(id, line)) => {
+                last_lines.insert(id, line);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -254,11 +263,17 @@ fn watch(
                     }
                 }
                 while let Ok(n) = rx.try_recv() {
-                    if let Note::Line(id, v) = n {
-                        if v.is_report() {
-                            reports.insert(id.clone(), (*v).clone());
+                    match n {
+                        Note::Line(id, v) => {
+                            if v.is_report() {
+                                reports.insert(id.clone(), (*v).clone());
+                            }
+                            latest.insert(id, v);
                         }
-                        latest.insert(id, v);
+                        Note::Stderr(id, line) => {
+                            last_lines.insert(id, line);
+                        }
+                        Note::Gone(..) => {}
                     }
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -279,6 +294,9 @@ fn watch(
             Ok(Note::Gone(id, code)) => {
                 exit_codes.insert(id, code);
             }
+            Ok(Note::Stderr(id, line)) => {
+                last_lines.insert(id, line);
+            }
             Err(_) => {
                 if reports.len() == ids.len() {
                     break;
@@ -295,11 +313,19 @@ fn watch(
         }
         drop(child.stdin.take());
     }
+    // what the nodes said last on stderr, all of it passed on before the verdict
+    spawn::drain_stderr(Duration::from_secs(1));
+    while let Ok(n) = rx.try_recv() {
+        if let Note::Stderr(id, line) = n {
+            last_lines.insert(id, line);
+        }
+    }
     Watched {
         reports,
         exit_codes,
         how_ended,
         killed,
+        last_lines,
         timed_out,
         user_abort,
         budget,

@@ -18,7 +18,13 @@ pub fn exit_when_stdin_closes(control: evb_node::RunControl) {
             line.clear();
             match stdin.read_line(&mut line) {
                 Ok(0) | Err(_) => {
-                    eprintln!("evb node: launcher gone (stdin closed), exiting");
+                    // not eprintln!, which panics (and the node stays) when stderr is a pipe
+                    // to the launcher that is gone with it (`evb run` passes it on)
+                    use std::io::Write;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "evb node: launcher gone (stdin closed), exiting"
+                    );
                     std::process::exit(3);
                 }
                 Ok(_) if line.trim() == "stop" => control.stop(),

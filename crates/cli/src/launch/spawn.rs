@@ -238,6 +238,20 @@ pub(crate) fn spawn_processes(
 pub(crate) type Placement = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
 pub(crate) static PLACEMENT: std::sync::OnceLock<Placement> = std::sync::OnceLock::new();
 
+/// The threads passing the nodes' stderr on (`evb run`), to be waited for at the end.
+static STDERR_PASSERS: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Waits (at most `limit`) for the nodes' last stderr lines to be passed on: the node
+/// processes are gone, their pipes are closing.
+pub(super) fn drain_stderr(limit: Duration) {
+    let passers = std::mem::take(&mut *STDERR_PASSERS.lock().unwrap_or_else(|p| p.into_inner()));
+    let until = std::time::Instant::now() + limit;
+    while passers.iter().any(|p| !p.is_finished()) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Starts one supervised node process; its status lines go to `tx`. It inherits the
 /// listening sockets `inherit` names (address, descriptor of this process), unless a
 /// placement starts it elsewhere (another network namespace), where a socket bound here is
@@ -295,9 +309,40 @@ pub(crate) fn spawn_node(
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            // a node of one run (`evb run`): its log passed on as it comes, and its last line
+            // kept for the verdict should it fail; a serving node's (`evb up`) goes straight
+            // to the terminal, as it must outlive whatever reads it
+            .stderr(if serve {
+                Stdio::inherit()
+            } else {
+                Stdio::piped()
+            })
             .spawn()
             .map_err(|e| format!("cannot start {n}: {e}"))?;
+        if let Some(stderr) = child.stderr.take() {
+            let tx = tx.clone();
+            let id = n.to_string();
+            let passer = std::thread::spawn(move || {
+                let mut from = BufReader::new(stderr);
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    match from.read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    let _ = std::io::stderr().write_all(&line);
+                    let text = String::from_utf8_lossy(&line).trim().to_string();
+                    if !text.is_empty() {
+                        let _ = tx.send(Note::Stderr(id.clone(), text));
+                    }
+                }
+            });
+            STDERR_PASSERS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(passer);
+        }
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
         let id = n.to_string();

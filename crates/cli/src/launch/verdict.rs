@@ -96,9 +96,15 @@ pub(super) fn problems(cfg: &Config, ids: &[String], w: &Watched) -> Vec<String>
                     .get(id)
                     .map(|(h, _)| h.clone())
                     .unwrap_or_else(|| exit_words(*code));
-                problems.push(match why {
-                    Some(w) => format!("{id} {how}: {w}"),
-                    None => format!("{id} {how}"),
+                // else what it said last on stderr (a node that failed before it could report)
+                let last = w
+                    .last_lines
+                    .get(id)
+                    .filter(|_| why.is_none() && !w.reports.contains_key(id));
+                problems.push(match (why, last) {
+                    (Some(w), _) => format!("{id} {how}: {w}"),
+                    (None, Some(line)) => format!("{id} {how}; its last line on stderr: {line}"),
+                    (None, None) => format!("{id} {how}"),
                 })
             }
             _ => {}
@@ -142,11 +148,12 @@ pub(super) fn duplicate_output(cfg: &Config, launched: std::time::SystemTime) ->
     None
 }
 
-/// How a node process ended, in words: its exit status, or the signal that killed it.
-pub(super) fn ended_words(status: std::process::ExitStatus) -> String {
+/// How a node process ended, in words: its exit code, or the signal that killed it
+/// (`exited with exit code 1`, `was killed by signal 9 (SIGKILL)`).
+pub(crate) fn ended_words(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
-        (Some(c), _) => format!("exited with status {c}"),
+        (Some(c), _) => format!("exited with exit code {c}"),
         (None, Some(sig)) => {
             let name = match sig {
                 libc::SIGKILL => " (SIGKILL)",
@@ -165,7 +172,7 @@ pub(super) fn ended_words(status: std::process::ExitStatus) -> String {
 /// The same from an exit code alone (a node thread, or a status already taken).
 fn exit_words(code: Option<i32>) -> String {
     match code {
-        Some(c) => format!("exited with status {c}"),
+        Some(c) => format!("exited with exit code {c}"),
         None => "was killed by a signal".into(),
     }
 }
@@ -183,4 +190,61 @@ pub(super) fn note_exit(
         .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
     how.entry(id.to_string())
         .or_insert_with(|| (ended_words(status), started));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watched(exit_codes: &[(&str, Option<i32>)], last: &[(&str, &str)]) -> Watched {
+        Watched {
+            reports: BTreeMap::new(),
+            exit_codes: exit_codes
+                .iter()
+                .map(|(id, c)| (id.to_string(), *c))
+                .collect(),
+            how_ended: BTreeMap::new(),
+            killed: Vec::new(),
+            last_lines: last
+                .iter()
+                .map(|(id, l)| (id.to_string(), l.to_string()))
+                .collect(),
+            timed_out: false,
+            user_abort: false,
+            budget: 10.0,
+        }
+    }
+
+    #[test]
+    fn a_failed_node_is_told_by_its_exit_code_and_its_last_line() {
+        let cfg = Config::default();
+        let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
+        let w = watched(
+            &[("ru0", Some(1)), ("bu0", None)],
+            &[("ru0", "evb node ru0: cannot open input.fed: No such file")],
+        );
+        let p = problems(&cfg, &ids, &w);
+        assert!(
+            p.contains(
+                &"ru0 exited with exit code 1; its last line on stderr: \
+                  evb node ru0: cannot open input.fed: No such file"
+                    .to_string()
+            ),
+            "{p:#?}"
+        );
+        assert!(
+            p.contains(&"bu0 was killed by a signal".to_string()),
+            "{p:#?}"
+        );
+        assert!(p.iter().all(|l| !l.contains("Some(")), "{p:#?}");
+    }
+
+    #[test]
+    fn exit_status_in_words() {
+        use std::os::unix::process::ExitStatusExt;
+        let exited = std::process::ExitStatus::from_raw(1 << 8);
+        assert_eq!(ended_words(exited), "exited with exit code 1");
+        let killed = std::process::ExitStatus::from_raw(libc::SIGKILL);
+        assert_eq!(ended_words(killed), "was killed by signal 9 (SIGKILL)");
+    }
 }
