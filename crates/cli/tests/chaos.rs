@@ -336,7 +336,16 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             ended
                 .or_else(|| {
                     kids.iter_mut().find_map(|(id, c)| match c.try_wait() {
-                        Ok(Some(st)) => Some(format!("{id} ({st})")),
+                        Ok(Some(st)) => {
+                            // what it said: why it ended is the point of the message
+                            let mut said = String::new();
+                            if let Some(mut e) = c.stderr.take() {
+                                let _ = std::io::Read::read_to_string(&mut e, &mut said);
+                            }
+                            let tail: Vec<&str> = said.lines().rev().take(5).collect();
+                            let tail: Vec<&str> = tail.into_iter().rev().collect();
+                            Some(format!("{id} ({st}; its last lines: {})", tail.join(" | ")))
+                        }
                         _ => None,
                     })
                 })
