@@ -276,7 +276,7 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
             us(bus)
         ));
     }
-    // event-building latency, assigned to built, from the BUs' histograms (bucket bounds)
+    // event-building latency, assigned to built, from the BUs' HDR histograms (within 1 %)
     let mut lat = evb_builder::LatencyHistogram::default();
     for b in run["bus"].as_array().into_iter().flatten() {
         if let Ok(h) = serde_json::from_value::<evb_builder::LatencyHistogram>(b["latency"].clone())
