@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
 use crate::event::BuiltEvent;
+use crate::evm::BuResync;
 use crate::generator::Generator;
 use crate::ids::{Bits, FastSet, IdMap, RecentIds};
 
@@ -380,6 +381,8 @@ pub struct Bu {
     next_misroute_check: Option<Instant>,
     actions: VecDeque<Action>,
     stats: BuStats,
+    /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
+    standby: bool,
 }
 
 impl Bu {
@@ -396,6 +399,75 @@ impl Bu {
             next_misroute_check: None,
             actions: VecDeque::new(),
             stats: BuStats::default(),
+            standby: false,
+        }
+    }
+
+    /// The run has a standby EVM (docs/standby.md): losing the EVM while running is not the
+    /// end of the run.
+    pub fn set_standby(&mut self, standby: bool) {
+        self.standby = standby;
+    }
+
+    /// What this BU tells a new EVM that takes the run over (docs/standby.md): its free
+    /// credits, the events it builds, those it released without hearing the echo, the
+    /// recent ones it released, and its counters. From here on the credits and the release
+    /// it had not sent yet are the new EVM's to know from this, so they are not sent again.
+    /// A committing sink's state (accepted, parts, committed) is the caller's to add.
+    pub fn resync(&mut self) -> BuResync {
+        let me = self.me();
+        let mut building = Vec::new();
+        let mut unassigned = Vec::new();
+        let mut ids: Vec<(u64, bool)> =
+            self.events.iter().map(|(id, b)| (id, b.assigned)).collect();
+        ids.sort_unstable();
+        for (id, assigned) in ids {
+            push_run(
+                if assigned {
+                    &mut building
+                } else {
+                    &mut unassigned
+                },
+                me,
+                id,
+            );
+        }
+        let held: u64 = building.iter().map(|r: &EventRange| r.count as u64).sum();
+        let mut unacked = Vec::new();
+        for &(id, _) in &self.unacked {
+            push_run(&mut unacked, me, id);
+        }
+        let mut recent = Vec::new();
+        for id in self.recent.iter() {
+            push_run(&mut recent, me, id);
+        }
+        self.release = None;
+        self.credits_to_send = 0;
+        // what was queued for the old EVM went with its connection: this resync says it
+        self.actions.retain(|a| {
+            !matches!(
+                a,
+                Action::Send {
+                    to: NodeRef::Evm,
+                    ..
+                }
+            )
+        });
+        if self.state == RunState::Ready {
+            // the old EVM died before this BU heard its Start: the run is on all the same
+            self.state = RunState::Running;
+        }
+        BuResync {
+            bu: me,
+            free_credits: (self.cfg.credits as u64).saturating_sub(held) as u32,
+            building,
+            unassigned,
+            unacked,
+            recent,
+            built: self.stats.events_built,
+            built_id_sum: self.stats.event_id_sum,
+            stopping: self.state == RunState::Stopping,
+            ..BuResync::default()
         }
     }
 
@@ -870,8 +942,29 @@ impl Bu {
         if peer != NodeRef::Evm {
             return;
         }
+        if self.standby
+            && matches!(
+                self.state,
+                RunState::Ready | RunState::Running | RunState::Stopping
+            )
+        {
+            // a standby EVM takes over: go on building, and wait for it
+            return;
+        }
         let reason = format!("lost {peer}: {reason}");
         abort(&mut self.state, &mut self.actions, reason);
+    }
+}
+
+/// Adds `id` to `ranges`, growing the last one when `id` follows it.
+fn push_run(ranges: &mut Vec<EventRange>, bu: u16, id: u64) {
+    match ranges.last_mut() {
+        Some(l) if l.end() == id && l.count < u32::MAX => l.count += 1,
+        _ => ranges.push(EventRange {
+            bu,
+            first: id,
+            count: 1,
+        }),
     }
 }
 

@@ -17,6 +17,9 @@ use crate::report::{verdict, NodeEvent, NodeEventKind, RunReport};
 use crate::{BuStats, RuStats};
 use tracing::{error, warn};
 
+mod takeover;
+pub use takeover::{BuResync, RuResync, Takeover};
+
 /// What the run does when an RU is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuLossPolicy {

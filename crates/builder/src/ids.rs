@@ -113,6 +113,11 @@ impl RecentIds {
         self.in_span(id) && self.bits[w] & b != 0
     }
 
+    /// The remembered ids, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.end.saturating_sub(self.span())..self.end).filter(|&id| self.contains(id))
+    }
+
     /// Remembers `id`; false when it is too old to be remembered.
     pub fn insert(&mut self, id: u64) -> bool {
         if id >= self.end {

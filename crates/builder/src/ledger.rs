@@ -47,6 +47,24 @@ impl Ledger {
         self.in_flight
     }
 
+    /// A ledger rebuilt at a takeover: every id below `base` final, and `window[k]` the
+    /// fate of id `base + k`: `None` final, else its BU and whether it is accepted.
+    pub fn rebuilt(base: u64, window: &[Option<(u16, bool)>]) -> Ledger {
+        let mut l = Ledger {
+            base,
+            window: window
+                .iter()
+                .map(|w| match *w {
+                    None => RELEASED,
+                    Some((bu, accepted)) => (bu & BU) | if accepted { ACCEPTED } else { 0 },
+                })
+                .collect(),
+            in_flight: window.iter().filter(|w| w.is_some()).count() as u64,
+        };
+        l.settle(0);
+        l
+    }
+
     /// Records that `r` (which must start at `next_id`) went to BU `r.bu`.
     pub fn assign(&mut self, r: EventRange) {
         debug_assert_eq!(r.first, self.next_id());

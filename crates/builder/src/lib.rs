@@ -26,7 +26,10 @@ mod status;
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
-pub use evm::{Assignment, Evm, EvmConfig, EvmStats, RuLossPolicy, FIRST_CREDITS_GRACE};
+pub use evm::{
+    Assignment, BuResync, Evm, EvmConfig, EvmStats, RuLossPolicy, RuResync, Takeover,
+    FIRST_CREDITS_GRACE,
+};
 pub use generator::{Content, Generator, SizeModel};
 pub use ids::{FastMap, FastSet};
 pub use latency::{LatencyHistogram, LATENCY_BOUNDS_US};

@@ -120,7 +120,7 @@ impl RunReport {
 }
 
 /// Sum of ids 0..n, wrapping like the BUs' sums.
-fn id_sum(n: u64) -> u64 {
+pub(crate) fn id_sum(n: u64) -> u64 {
     let (a, b) = if n.is_multiple_of(2) {
         (n / 2, n.wrapping_sub(1))
     } else {

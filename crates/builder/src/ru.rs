@@ -3,7 +3,7 @@
 //!
 //! One idea, one file: the RU's state machine.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
@@ -11,6 +11,7 @@ use evb_wire::{write_fragment_prefix, EventRange, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
+use crate::evm::RuResync;
 use crate::generator::{Content, Generator};
 use crate::ids::Bits;
 use crate::source::{LiveFeed, Source};
@@ -77,6 +78,8 @@ const MAX_RUN_PIECES: usize = 32;
 /// a page, one record held until every event in it is released. A small-event run costs
 /// its bookkeeping once per run instead of once per event.
 struct Run {
+    /// The BU the run was sent to (a fragment sent again elsewhere: `Ru::resent_to`).
+    bu: u16,
     count: u32,
     /// Events of the run still held.
     held: u32,
@@ -124,6 +127,10 @@ pub struct Ru {
     blocked: bool,
     /// Static generator content: made once, sent from memory (see `Content::Static`).
     template: Option<Template>,
+    /// Held fragments sent again to another BU than their run's (reassigned), by id.
+    resent_to: HashMap<u64, u16>,
+    /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
+    standby: bool,
 }
 
 /// Static payloads up to this size are copied after their prefix instead of referenced.
@@ -215,6 +222,8 @@ impl Ru {
             actions: VecDeque::new(),
             stats: RuStats::default(),
             blocked: false,
+            resent_to: HashMap::new(),
+            standby: false,
             template: None,
         }
     }
@@ -358,8 +367,78 @@ impl Ru {
         if peer != NodeRef::Evm {
             return;
         }
+        if self.standby
+            && matches!(
+                self.state,
+                RunState::Ready | RunState::Running | RunState::Stopping
+            )
+        {
+            // a standby EVM takes over: go on making what was assigned, and wait for it
+            // (the driver ends the wait, and the run, if none comes in time)
+            return;
+        }
         let reason = format!("lost {peer}: {reason}");
         abort(&mut self.state, &mut self.actions, reason);
+    }
+
+    /// The run has a standby EVM (docs/standby.md): losing the EVM while running is not the
+    /// end of the run.
+    pub fn set_standby(&mut self, standby: bool) {
+        self.standby = standby;
+    }
+
+    /// What this RU tells a new EVM that takes the run over: how far its assignments go,
+    /// and every event it holds or has yet to make, with the BU its fragment goes to
+    /// (the latest assignment of each: a reassignment not made yet counts).
+    pub fn resync(&mut self) -> RuResync {
+        // what was queued for the old EVM went with its connection
+        self.actions.retain(|a| {
+            !matches!(
+                a,
+                Action::Send {
+                    to: NodeRef::Evm,
+                    ..
+                }
+            )
+        });
+        if self.state == RunState::Ready {
+            // the old EVM died before this RU heard its Start: the run is on all the same
+            self.state = RunState::Running;
+        }
+        let mut dest: BTreeMap<u64, u16> = BTreeMap::new();
+        for (&first, run) in &self.retained {
+            for i in 0..run.count as usize {
+                if run.is_held(i) {
+                    let id = first + i as u64;
+                    let bu = self.resent_to.get(&id).copied().unwrap_or(run.bu);
+                    dest.insert(id, bu);
+                }
+            }
+        }
+        let mut known_until = self.made_until;
+        for r in &self.pending {
+            for id in r.first..r.end() {
+                dest.insert(id, r.bu);
+            }
+            known_until = known_until.max(r.end());
+        }
+        let mut holds: Vec<EventRange> = Vec::new();
+        for (id, bu) in dest {
+            match holds.last_mut() {
+                Some(l) if l.bu == bu && l.end() == id => l.count += 1,
+                _ => holds.push(EventRange {
+                    bu,
+                    first: id,
+                    count: 1,
+                }),
+            }
+        }
+        RuResync {
+            ru: self.cfg.index,
+            known_until,
+            holds,
+            stopping: self.state == RunState::Stopping,
+        }
     }
 
     /// Generates assigned fragments while pool memory lasts.
@@ -382,6 +461,7 @@ impl Ru {
                 self.close_run(&mut open);
                 match self.held_fragment(event_id) {
                     Some(data) => {
+                        self.resent_to.insert(event_id, bu);
                         self.actions.push_back(Action::SendFragments {
                             to: NodeRef::Bu(bu),
                             data,
@@ -481,6 +561,7 @@ impl Ru {
         self.retained.insert(
             o.first,
             Run {
+                bu: o.bu,
                 count,
                 held: count,
                 bits: Bits::full(count as usize),
@@ -518,6 +599,9 @@ impl Ru {
         }
         for first in emptied {
             self.retained.remove(&first);
+        }
+        if !self.resent_to.is_empty() {
+            self.resent_to.retain(|id, _| !(a..b).contains(id));
         }
         self.retained_count -= found;
         self.stats.events_released += found;
