@@ -25,7 +25,8 @@ pub fn check(data: &[u8]) {
     }
     // first byte: the message type; the rest: its body
     if let Some((&t, body)) = data.split_first() {
-        if let Ok(mt) = MessageType::from_u16(t as u16 % 0x20) {
+        // (0x00–0x20: every event-building message type, Resync ones included)
+        if let Ok(mt) = MessageType::from_u16(t as u16 % 0x21) {
             if let Ok(m) = Message::decode(mt, body) {
                 assert_eq!(&m.encode()[MESSAGE_HEADER_LEN..], body);
                 if let Message::Assign(r) | Message::Release(r) = m {
@@ -118,6 +119,28 @@ pub fn seeds() -> Vec<Vec<u8>> {
             index: 1,
             addr: "10.1.0.13:40211".into(),
         }]),
+        Message::ResyncRu {
+            resync: evb_wire::resync::RuResync {
+                ru: 2,
+                known_until: 1 << 41,
+                holds: vec![range, range],
+                stopping: true,
+            },
+            more: true,
+        },
+        Message::ResyncBu {
+            resync: evb_wire::resync::BuResync {
+                bu: 1,
+                free_credits: 9,
+                building: vec![range],
+                unacked: vec![range, range],
+                parts: vec![(4, vec![range]), (5, Vec::new())],
+                built: 77,
+                built_id_sum: 3,
+                ..Default::default()
+            },
+            more: false,
+        },
     ] {
         let b = m.encode();
         v.push(b.clone()); // as a message header

@@ -356,14 +356,14 @@ impl Sim {
         };
         self.net.retain(|w| !evm_end(w));
         let dead = self.dead.clone();
-        let rus = self
+        let rus: Vec<RuResync> = self
             .rus
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| !dead.contains(&NodeRef::Ru(*i as u16)))
             .map(|(_, r)| r.resync())
             .collect();
-        let mut bus = Vec::new();
+        let mut bus: Vec<BuResync> = Vec::new();
         for (i, b) in self.bus.iter_mut().enumerate() {
             if dead.contains(&NodeRef::Bu(i as u16)) {
                 continue;
@@ -385,6 +385,15 @@ impl Sim {
             }
             bus.push(r);
         }
+        // through the wire, as the nodes send them (split, encoded, decoded, joined)
+        let rus = rus
+            .into_iter()
+            .map(|r: RuResync| over_the_wire_ru(&r))
+            .collect();
+        let bus = bus
+            .into_iter()
+            .map(|b: BuResync| over_the_wire_bu(&b))
+            .collect();
         self.dead.retain(|n| *n != NodeRef::Evm);
         let t = Takeover {
             epoch: 1,
@@ -395,6 +404,42 @@ impl Sim {
         };
         self.evm = Evm::take_over(cfg, self.now, t, rus, bus);
     }
+}
+
+fn through_bytes(m: Message) -> Message {
+    let bytes = m.encode();
+    let h = evb_wire::MessageHeader::decode(&bytes[..MESSAGE_HEADER_LEN]).unwrap();
+    Message::decode(h.msg_type, &bytes[MESSAGE_HEADER_LEN..]).unwrap()
+}
+
+fn over_the_wire_ru(r: &RuResync) -> RuResync {
+    let mut out: Option<RuResync> = None;
+    for (resync, more) in r.split() {
+        let Message::ResyncRu { resync, .. } = through_bytes(Message::ResyncRu { resync, more })
+        else {
+            panic!("not a ResyncRu")
+        };
+        match &mut out {
+            Some(o) => o.absorb(resync),
+            None => out = Some(resync),
+        }
+    }
+    out.unwrap()
+}
+
+fn over_the_wire_bu(b: &BuResync) -> BuResync {
+    let mut out: Option<BuResync> = None;
+    for (resync, more) in b.split() {
+        let Message::ResyncBu { resync, .. } = through_bytes(Message::ResyncBu { resync, more })
+        else {
+            panic!("not a ResyncBu")
+        };
+        match &mut out {
+            Some(o) => o.absorb(resync),
+            None => out = Some(resync),
+        }
+    }
+    out.unwrap()
 }
 
 /// xorshift64*: the tests' seeded moments.

@@ -13,6 +13,7 @@ mod handshake;
 mod header_crc;
 mod message;
 pub mod pubsub;
+pub mod resync;
 pub mod super_fragment;
 
 pub use error::{Result, WireError};

@@ -39,6 +39,10 @@ pub enum MessageType {
     Committed = 0x001D,
     /// BU → EVM: the part is published under its final name.
     PartPublished = 0x001E,
+    /// RU → a standby EVM taking the run over: what it holds (see [`crate::resync`]).
+    ResyncRu = 0x001F,
+    /// BU → a standby EVM taking the run over: the events it has and how far each got.
+    ResyncBu = 0x0020,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -70,6 +74,8 @@ impl MessageType {
             0x001C => MessageType::Commit,
             0x001D => MessageType::Committed,
             0x001E => MessageType::PartPublished,
+            0x001F => MessageType::ResyncRu,
+            0x0020 => MessageType::ResyncBu,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -183,10 +189,21 @@ pub enum Message {
     /// BU → EVM: part `part` is published. A BU lost between Committed and this leaves a
     /// committed part unpublished, and the EVM's report counts its events.
     PartPublished { bu: u16, part: u32 },
+    /// RU → new EVM (a standby taking over): what it holds; `more`: another message of
+    /// this resync follows.
+    ResyncRu {
+        resync: crate::resync::RuResync,
+        more: bool,
+    },
+    /// BU → new EVM: its events and how far each got; `more` as for `ResyncRu`.
+    ResyncBu {
+        resync: crate::resync::BuResync,
+        more: bool,
+    },
 }
 
 /// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
-fn encode_range(r: &EventRange, out: &mut Vec<u8>) {
+pub(crate) fn encode_range(r: &EventRange, out: &mut Vec<u8>) {
     out.extend_from_slice(&r.first.to_le_bytes());
     out.extend_from_slice(&r.count.to_le_bytes());
     out.extend_from_slice(&r.bu.to_le_bytes());
@@ -195,7 +212,11 @@ fn encode_range(r: &EventRange, out: &mut Vec<u8>) {
 
 /// A range from the first 16 bytes of `b` (which holds at least that many): count ≥ 1, no
 /// overflow, reserved zero.
-fn decode_range(b: &[u8], what: &'static str, count_what: &'static str) -> Result<EventRange> {
+pub(crate) fn decode_range(
+    b: &[u8],
+    what: &'static str,
+    count_what: &'static str,
+) -> Result<EventRange> {
     if u16_at(b, 14) != 0 {
         return Err(WireError::ReservedNonZero { what });
     }
@@ -242,6 +263,8 @@ impl Message {
             Message::Commit { .. } => MessageType::Commit,
             Message::Committed { .. } => MessageType::Committed,
             Message::PartPublished { .. } => MessageType::PartPublished,
+            Message::ResyncRu { .. } => MessageType::ResyncRu,
+            Message::ResyncBu { .. } => MessageType::ResyncBu,
         }
     }
 
@@ -287,6 +310,8 @@ impl Message {
             }
             Message::Register(r) => r.encode_into(out),
             Message::Peers(p) => encode_peers(p, out),
+            Message::ResyncRu { resync, more } => resync.encode_into(*more, out),
+            Message::ResyncBu { resync, more } => resync.encode_into(*more, out),
         }
         let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
         let h = MessageHeader {
@@ -394,6 +419,14 @@ impl Message {
                 } else {
                     Message::PartPublished { bu, part }
                 }
+            }
+            MessageType::ResyncRu => {
+                let (resync, more) = crate::resync::RuResync::decode(b)?;
+                Message::ResyncRu { resync, more }
+            }
+            MessageType::ResyncBu => {
+                let (resync, more) = crate::resync::BuResync::decode(b)?;
+                Message::ResyncBu { resync, more }
             }
             MessageType::Ready => {
                 exact("ready", 8)?;

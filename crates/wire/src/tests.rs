@@ -530,3 +530,145 @@ fn fragment_header_decodes_as_its_fields_at_their_offsets() {
     }
     assert_eq!(read, 1000);
 }
+
+fn ranges(bu: u16, from: u64, n: usize) -> Vec<EventRange> {
+    (0..n as u64)
+        .map(|k| EventRange {
+            bu,
+            first: from + 10 * k,
+            count: 3,
+        })
+        .collect()
+}
+
+/// A resync too long for one message goes in several, each within the limit, and the new
+/// EVM joins them back into what the node sent, through the bytes.
+#[test]
+fn resyncs_split_travel_and_join_back() {
+    use crate::resync::{BuResync, RuResync, MAX_RESYNC_RANGES};
+    let ru = RuResync {
+        ru: 3,
+        known_until: 200_000,
+        holds: ranges(1, 0, MAX_RESYNC_RANGES * 2 + 5),
+        stopping: true,
+    };
+    let bu = BuResync {
+        bu: 2,
+        free_credits: 17,
+        building: ranges(2, 0, 10),
+        unassigned: ranges(2, 5, 2),
+        unacked: ranges(2, 100, MAX_RESYNC_RANGES),
+        recent: ranges(2, 7, 300),
+        accepted: ranges(2, 9, 4),
+        committed: ranges(2, 1, 1),
+        parts: vec![(7, ranges(2, 50, 3000)), (8, ranges(2, 60, 2))],
+        built: 12_345,
+        built_id_sum: 99,
+        stopping: false,
+    };
+    let mut back_ru: Option<RuResync> = None;
+    let parts = ru.split();
+    assert_eq!(parts.len(), 3);
+    for (k, (part, more)) in parts.iter().enumerate() {
+        let msg = Message::ResyncRu {
+            resync: part.clone(),
+            more: *more,
+        };
+        let bytes = msg.encode();
+        let h = MessageHeader::decode(&bytes[..MESSAGE_HEADER_LEN]).unwrap();
+        let Message::ResyncRu { resync, more } =
+            Message::decode(h.msg_type, &bytes[MESSAGE_HEADER_LEN..]).unwrap()
+        else {
+            panic!("not a ResyncRu")
+        };
+        assert_eq!(more, k + 1 < parts.len());
+        match &mut back_ru {
+            Some(r) => r.absorb(resync),
+            None => back_ru = Some(resync),
+        }
+    }
+    assert_eq!(back_ru.unwrap(), ru);
+    let mut back_bu: Option<BuResync> = None;
+    let parts = bu.split();
+    assert_eq!(parts.len(), 2, "7,319 ranges: two messages");
+    for (part, more) in parts {
+        let bytes = Message::ResyncBu { resync: part, more }.encode();
+        let Message::ResyncBu { resync, .. } =
+            Message::decode(MessageType::ResyncBu, &bytes[MESSAGE_HEADER_LEN..]).unwrap()
+        else {
+            panic!("not a ResyncBu")
+        };
+        match &mut back_bu {
+            Some(b) => b.absorb(resync),
+            None => back_bu = Some(resync),
+        }
+    }
+    assert_eq!(back_bu.unwrap(), bu);
+}
+
+/// Malformed resyncs are refused with a typed error, never a panic.
+#[test]
+fn resync_bodies_are_checked() {
+    use crate::resync::{BuResync, RuResync, MAX_RESYNC_RANGES};
+    let ru = Message::ResyncRu {
+        resync: RuResync {
+            ru: 0,
+            known_until: 100,
+            holds: ranges(1, 0, 3),
+            stopping: false,
+        },
+        more: false,
+    }
+    .encode();
+    let body = &ru[MESSAGE_HEADER_LEN..];
+    assert!(Message::decode(MessageType::ResyncRu, body).is_ok());
+    let mut flags = body.to_vec();
+    flags[2] = 4;
+    assert_eq!(
+        Message::decode(MessageType::ResyncRu, &flags),
+        Err(WireError::ReservedNonZero { what: "resync ru" })
+    );
+    let mut past = body.to_vec();
+    past[8..16].copy_from_slice(&5u64.to_le_bytes()); // known_until below a held range
+    assert!(matches!(
+        Message::decode(MessageType::ResyncRu, &past),
+        Err(WireError::OutOfRange { .. })
+    ));
+    let mut count = body.to_vec();
+    count[4..8].copy_from_slice(&((MAX_RESYNC_RANGES + 1) as u32).to_le_bytes());
+    assert!(Message::decode(MessageType::ResyncRu, &count).is_err());
+    assert!(Message::decode(MessageType::ResyncRu, &body[..body.len() - 1]).is_err());
+    assert!(Message::decode(MessageType::ResyncRu, &body[..10]).is_err());
+
+    let bu = Message::ResyncBu {
+        resync: BuResync {
+            bu: 4,
+            building: ranges(4, 0, 2),
+            parts: vec![(1, ranges(4, 40, 2))],
+            ..BuResync::default()
+        },
+        more: true,
+    }
+    .encode();
+    let body = &bu[MESSAGE_HEADER_LEN..];
+    assert!(Message::decode(MessageType::ResyncBu, body).is_ok());
+    let mut other = body.to_vec();
+    other[52 + 12] = 5; // the first range names bu 5
+    assert!(matches!(
+        Message::decode(MessageType::ResyncBu, &other),
+        Err(WireError::OutOfRange {
+            what: "resync bu range of another BU",
+            ..
+        })
+    ));
+    let mut extra = body.to_vec();
+    extra.push(0);
+    assert!(Message::decode(MessageType::ResyncBu, &extra).is_err());
+    assert!(Message::decode(MessageType::ResyncBu, &body[..body.len() - 8]).is_err());
+    let mut huge = body.to_vec();
+    huge[48..52].copy_from_slice(&u32::MAX.to_le_bytes()); // parts count
+    assert!(Message::decode(MessageType::ResyncBu, &huge).is_err());
+    let mut empty = body.to_vec();
+    empty[52 + 8] = 0; // the first range's count
+    assert!(Message::decode(MessageType::ResyncBu, &empty).is_err());
+}

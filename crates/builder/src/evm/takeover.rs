@@ -22,46 +22,7 @@ use crate::action::{Action, NodeRef, Path, RunState};
 use crate::ledger::Ledger;
 use crate::report::{id_sum, NodeEvent, NodeEventKind};
 
-/// What an RU tells a new EVM ([`crate::Ru::resync`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RuResync {
-    pub ru: u16,
-    /// One past the highest event id ever assigned to it.
-    pub known_until: u64,
-    /// Every event it holds or has yet to make (not released), ascending, each range with
-    /// the BU its fragments go to.
-    pub holds: Vec<EventRange>,
-    /// It had heard the old EVM's Stop: triggering was over.
-    pub stopping: bool,
-}
-
-/// What a BU tells a new EVM ([`crate::Bu::resync`], plus its sink's state when the sink
-/// commits). Every range's `bu` is the BU's own index.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BuResync {
-    pub bu: u16,
-    /// Credits granted and not used by an assignment.
-    pub free_credits: u32,
-    /// Events assigned to it and not delivered to its sink.
-    pub building: Vec<EventRange>,
-    /// Events it has fragments of and no assignment for.
-    pub unassigned: Vec<EventRange>,
-    /// Events it released and whose echo it has not heard, in release order.
-    pub unacked: Vec<EventRange>,
-    /// Events it released lately (a sink that does not commit: these are output).
-    pub recent: Vec<EventRange>,
-    /// A committing sink: events accepted (echoed) and in no part yet.
-    pub accepted: Vec<EventRange>,
-    /// A committing sink: parts sent as Commit and not answered.
-    pub parts: Vec<(u32, Vec<EventRange>)>,
-    /// A committing sink: events in parts the EVM committed, lately.
-    pub committed: Vec<EventRange>,
-    /// Its counters: events whose release was echoed, and the wrapping sum of their ids.
-    pub built: u64,
-    pub built_id_sum: u64,
-    /// It had heard the old EVM's Stop: triggering was over.
-    pub stopping: bool,
-}
+pub use evb_wire::resync::{BuResync, RuResync};
 
 /// What the standby knew before it took over.
 #[derive(Debug, Clone, Default)]
