@@ -404,8 +404,58 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
     up.wait_until("run 1 building", 30, |s| {
         s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
     });
+    // the controller keeps the run's rates: a page opened a few seconds into the run shows
+    // them from before it was opened
+    let hist_until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = up.api.get("/api/v1/history").unwrap().body;
+        let rates = h["totals"]["rate_hz"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if h["run"] == 1
+            && rates
+                .iter()
+                .filter(|r| r.as_f64().unwrap_or(0.0) > 0.0)
+                .count()
+                >= 2
+        {
+            break;
+        }
+        assert!(Instant::now() < hist_until, "no rate history kept: {h}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let b = Browser::start(&chromedriver, &chromium);
     b.post("/url", json!({"url": up.url}));
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = b.eval(
+            "const h = window.evbHistory, opened = performance.timeOrigin / 1000; \
+             const before = h.t.map((t, i) => [t, h.rate[i]]).filter(p => p[0] < opened - 0.5); \
+             return {run: h.run, started: h.started, n: h.t.length, first: h.t[0], opened, \
+               before: before.length, busyBefore: before.filter(p => p[1] > 0).length, \
+               points: document.getElementById('plot-rate').dataset.points, \
+               yticks: document.getElementById('plot-rate').dataset.yticks || ''};",
+        );
+        let yticks = v["yticks"].as_str().unwrap_or("").split(' ').count();
+        if v["busyBefore"].as_u64().unwrap_or(0) >= 2
+            && v["points"].as_str().and_then(|p| p.parse::<u64>().ok()) == v["n"].as_u64()
+            && yticks >= 3
+        {
+            eprintln!("page history: {v}");
+            assert_eq!(v["run"], 1);
+            assert!(
+                v["first"].as_f64().unwrap() >= v["started"].as_f64().unwrap(),
+                "{v}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page did not show the rates from before it was opened: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // the table: one row per node; the BUs' event counts and the rate change while it runs
     let read = || -> Value {
         b.eval(
@@ -456,6 +506,46 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
     };
     eprintln!("page: {} then {}", first["summary"], later["summary"]);
+    // the build latency: the BUs' histograms added up, served and drawn as bars
+    let lat = up.status()["latency"].clone();
+    let counts: Vec<u64> = lat["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        counts.len(),
+        lat["bounds_us"].as_array().unwrap().len() + 1,
+        "{lat}"
+    );
+    assert!(lat["count"].as_u64().unwrap() > 0, "{lat}");
+    assert_eq!(
+        counts.iter().sum::<u64>(),
+        lat["count"].as_u64().unwrap(),
+        "{lat}"
+    );
+    assert_eq!(lat["bus"], 2, "{lat}");
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = b.eval(
+            "const c = document.getElementById('plot-latency'); \
+             return {bars: Number(c.dataset.bars || 0), buckets: Number(c.dataset.buckets || 0), \
+               count: Number(c.dataset.count || 0)};",
+        );
+        if v["bars"].as_u64().unwrap_or(0) >= 1
+            && v["buckets"] == counts.len()
+            && v["count"].as_u64().unwrap_or(0) > 0
+        {
+            eprintln!("page latency: {v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page shows no build latency: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_eq!(later["run"], "1");
     assert_eq!(later["stopEnabled"], true);
     // pressing Stop in the page ends the run, drained and exact
