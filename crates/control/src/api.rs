@@ -4,8 +4,8 @@
 //!
 //! Every node: `GET /api/v1/node`, `GET /metrics`, and the calls its EVM makes
 //! (`POST /api/v1/node/start|abort|halt`). The EVM also: `GET /api/v1/status`,
-//! `POST /api/v1/<command>`, `GET /api/v1/runs[/N]`, `GET /api/v1/history`, and the run page
-//! at `/`.
+//! `POST /api/v1/<command>`, `GET /api/v1/runs[/N]`, `GET /api/v1/history`, `GET /api/v1/links`,
+//! and the run page at `/`.
 //! Who may call is decided in [`crate::guard`] (loopback is not trusted to change anything
 //! while a secret is set). The server bounds what a client can hold: connections in all and
 //! per source IP, the time to send headers and body, and the body's size.
@@ -212,6 +212,7 @@ fn router(node: Shared, port: u16) -> Router {
             .route("/api/v1/status", get(run_status))
             .route("/api/v1/runs", get(runs))
             .route("/api/v1/history", get(history))
+            .route("/api/v1/links", get(links))
             .route("/api/v1/sd", get(scrape_targets))
             .route("/api/v1/runs/{n}", get(run_record))
             .route("/api/v1/{command}", post(command));
@@ -481,6 +482,14 @@ async fn history(State(node): State<Shared>, Query(q): Query<HistoryQuery>) -> R
         Some(_) => return error(400, "`since` must be a time in unix seconds"),
     };
     Json(c.history(since)).into_response()
+}
+
+/// The RU→BU matrix: bytes sent, their rate, and bytes queued, per link.
+async fn links(State(node): State<Shared>) -> Response {
+    match &node.controller {
+        Some(c) => Json(c.links()).into_response(),
+        None => error(404, "only the EVM keeps the RU→BU matrix"),
+    }
 }
 
 /// Prometheus's HTTP service discovery: every node's `/metrics` address with its labels.

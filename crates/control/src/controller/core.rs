@@ -91,6 +91,9 @@ struct NodeView {
     bytes_per_s: f64,
     /// Polls in a row that failed: one slow answer on a loaded host is not a lost node.
     failures: u32,
+    /// An RU's payload bytes sent to each BU at the previous answer, and the rates since.
+    links_last: Vec<u64>,
+    link_rates: Vec<f64>,
 }
 
 impl NodeView {
@@ -102,6 +105,13 @@ impl NodeView {
 /// The events and bytes a node's snapshot counts, by role.
 fn progress(snap: Option<&NodeStatus>) -> (u64, u64) {
     snap.map_or((0, 0), |s| s.stats.progress())
+}
+
+/// An RU's payload bytes sent to each BU, by the BU's index (empty for other roles).
+fn to_bus(snap: Option<&NodeStatus>) -> Vec<u64> {
+    snap.and_then(|s| s.stats.ru())
+        .map(|r| r.payload_bytes_to_bu.clone())
+        .unwrap_or_default()
 }
 
 /// Every error counter a snapshot holds, added up.
@@ -448,16 +458,27 @@ impl Core {
                         self.restarted.push(id);
                     }
                     let (e, b) = progress(reply.snapshot.as_ref());
+                    let links = to_bus(reply.snapshot.as_ref());
                     if let Some((t, e0, b0)) = v.last {
                         let dt = now.saturating_duration_since(t).as_secs_f64().max(1e-3);
                         // a new run starts the counters again
                         v.rate_hz = e.saturating_sub(e0) as f64 / dt;
                         v.bytes_per_s = b.saturating_sub(b0) as f64 / dt;
+                        v.link_rates = links
+                            .iter()
+                            .enumerate()
+                            .map(|(j, b)| {
+                                let b0 = v.links_last.get(j).copied().unwrap_or(0);
+                                b.saturating_sub(b0) as f64 / dt
+                            })
+                            .collect();
                     }
                     if reply.phase != Phase::Running {
                         v.rate_hz = 0.0;
                         v.bytes_per_s = 0.0;
+                        v.link_rates.clear();
                     }
+                    v.links_last = links;
                     v.last = Some((now, e, b));
                     v.reply = Some(reply);
                     v.error = None;
@@ -468,6 +489,7 @@ impl Core {
                     v.failures += 1;
                     v.rate_hz = 0.0;
                     v.bytes_per_s = 0.0;
+                    v.link_rates.clear();
                 }
             }
         }
@@ -550,6 +572,50 @@ impl Core {
             "bus": bus,
             "p50_us": sum.quantile_us(0.5),
             "p99_us": sum.quantile_us(0.99),
+        })
+    }
+
+    /// The RU→BU matrix (`GET /api/v1/links`): for each RU of the current (or last) run
+    /// and each BU, the payload bytes sent, their rate, and the bytes queued to send.
+    pub(crate) fn links(&self) -> Value {
+        let nodes = self.cfg.nodes();
+        let rus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Ru).collect();
+        let bus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Bu).collect();
+        let (mut bytes, mut rates, mut queued) = (Vec::new(), Vec::new(), Vec::new());
+        for ru in &rus {
+            let v = self
+                .nodes
+                .get(&ru.id)
+                .filter(|v| v.reply.as_ref().is_some_and(|r| r.run == self.run));
+            let snap = v.and_then(|v| v.snapshot());
+            let sent = to_bus(snap);
+            let cell = |j: u16, of: &[u64]| of.get(usize::from(j)).copied().unwrap_or(0);
+            bytes.push(bus.iter().map(|b| cell(b.index, &sent)).collect::<Vec<_>>());
+            rates.push(
+                bus.iter()
+                    .map(|b| {
+                        let r = v.and_then(|v| v.link_rates.get(usize::from(b.index)).copied());
+                        (r.unwrap_or(0.0) * 10.0).round() / 10.0
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            queued.push(
+                bus.iter()
+                    .map(|b| {
+                        let peer = NodeRef::Bu(b.index).to_string();
+                        snap.and_then(|s| s.peers.iter().find(|p| p.peer == peer))
+                            .map_or(0, |p| p.queued_bytes)
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        json!({
+            "run": self.run,
+            "rus": rus.iter().map(|n| &n.id).collect::<Vec<_>>(),
+            "bus": bus.iter().map(|n| &n.id).collect::<Vec<_>>(),
+            "bytes": bytes,
+            "bytes_per_s": rates,
+            "queued_bytes": queued,
         })
     }
 

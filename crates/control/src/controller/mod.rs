@@ -205,6 +205,11 @@ impl Controller {
         self.core().history(since)
     }
 
+    /// The RU→BU matrix (`GET /api/v1/links`).
+    pub(crate) fn links(&self) -> Value {
+        self.core().links()
+    }
+
     /// Every node's metrics address for Prometheus's HTTP service discovery.
     pub(crate) fn scrape_targets(&self, evm: &Node) -> Vec<ScrapeTarget> {
         let snap = evm.control.snapshot();

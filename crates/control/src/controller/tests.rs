@@ -650,3 +650,71 @@ fn the_build_latency_is_every_bu_s_histogram_of_the_run_added_up() {
     assert_eq!(lat["count"], 3, "{lat}");
     assert_eq!(lat["bus"], 1);
 }
+
+#[test]
+fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
+    let mut c = core();
+    started(&mut c);
+    let nodes = c.cfg().nodes();
+    let rus: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.id.starts_with("ru"))
+        .map(|n| n.id.clone())
+        .collect();
+    let n_bu = nodes.iter().filter(|n| n.id.starts_with("bu")).count();
+    assert!(rus.len() >= 2 && n_bu >= 2, "{nodes:?}");
+    // RU i has sent (i + 1) × 1000 × (j + 1) bytes to BU j, and has 7 bytes queued to bu[1]
+    let ru_reply = |id: &str, i: usize, scale: u64, run: u64| {
+        let mut r = reply(id, 7, Phase::Running, run, 0);
+        let stats = evb_builder::RuStats {
+            payload_bytes_to_bu: (0..n_bu as u64)
+                .map(|j| scale * (i as u64 + 1) * 1000 * (j + 1))
+                .collect(),
+            ..Default::default()
+        };
+        let mut s = NodeStatus::new(id, RunState::Running, RoleStats::Ru(Box::new(stats)));
+        s.peers = vec![
+            evb_builder::PeerQueue {
+                peer: "bu[1]".into(),
+                queued_bytes: 7,
+            },
+            evb_builder::PeerQueue {
+                peer: "evm".into(),
+                queued_bytes: 99,
+            },
+        ];
+        r.snapshot = Some(s);
+        r
+    };
+    let t0 = Instant::now();
+    let round = |c: &mut Core, t: Instant, scale: u64| {
+        let answers = rus
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.clone(), Ok(ru_reply(id, i, scale, 1))))
+            .collect();
+        c.answers(t, answers);
+    };
+    round(&mut c, t0, 1);
+    round(&mut c, t0 + Duration::from_secs(2), 3);
+    let m = c.links();
+    assert_eq!(m["rus"].as_array().unwrap().len(), rus.len(), "{m}");
+    assert_eq!(m["bus"].as_array().unwrap().len(), n_bu, "{m}");
+    for i in 0..rus.len() {
+        for j in 0..n_bu {
+            let want = 3 * (i as u64 + 1) * 1000 * (j as u64 + 1);
+            assert_eq!(m["bytes"][i][j], want, "ru {i} bu {j}: {m}");
+            // (3 - 1) × the bytes over 2 s
+            assert_eq!(m["bytes_per_s"][i][j], (want / 3) as f64, "{m}");
+            assert_eq!(m["queued_bytes"][i][j], if j == 1 { 7 } else { 0 }, "{m}");
+        }
+    }
+    // an RU whose answer is of another run is not in this run's matrix
+    c.answers(
+        t0 + Duration::from_secs(3),
+        vec![(rus[0].clone(), Ok(ru_reply(&rus[0], 0, 5, 0)))],
+    );
+    let m = c.links();
+    assert_eq!(m["bytes"][0][0], 0, "{m}");
+    assert_eq!(m["bytes"][1][0], 6000, "{m}");
+}
