@@ -546,6 +546,44 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // the RU→BU matrix: a cell per link of the 2 × 2 system, each with bytes sent
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = b.eval(
+            "return Array.from(document.querySelectorAll('#links td.link')).map(c => \
+               [c.dataset.ru, c.dataset.bu, Number(c.dataset.bytes), Number(c.dataset.rate)]);",
+        );
+        let cells = v.as_array().cloned().unwrap_or_default();
+        let mut links: Vec<String> = cells
+            .iter()
+            .filter(|c| c[2].as_f64().unwrap_or(0.0) > 0.0)
+            .map(|c| {
+                format!(
+                    "{}>{}",
+                    c[0].as_str().unwrap_or(""),
+                    c[1].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        links.sort();
+        if cells.len() == 4 && links == ["ru0>bu0", "ru0>bu1", "ru1>bu0", "ru1>bu1"] {
+            eprintln!("page links: {v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page's RU→BU matrix is not 2 × 2 with bytes on every link: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let m = up.api.get("/api/v1/links").unwrap().body;
+    let sent: u64 = m["bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|b| b.as_u64().unwrap()))
+        .sum();
+    assert!(sent > 0, "{m}");
     assert_eq!(later["run"], "1");
     assert_eq!(later["stopEnabled"], true);
     // pressing Stop in the page ends the run, drained and exact
