@@ -600,6 +600,20 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // between runs the page keeps the last run: its history, its latency, and the bytes
+    // of every link
+    let v = b.eval(
+        "return {run: window.evbHistory.run, n: window.evbHistory.t.length, \
+           busy: window.evbHistory.rate.filter(r => r > 0).length, \
+           bars: Number(document.getElementById('plot-latency').dataset.bars || 0), \
+           links: Array.from(document.querySelectorAll('#links td.link')) \
+             .filter(c => Number(c.dataset.bytes) > 0).length, \
+           note: document.getElementById('links-note').textContent};",
+    );
+    assert_eq!(v["run"], 1, "{v}");
+    assert!(v["busy"].as_u64().unwrap_or(0) >= 2, "{v}");
+    assert!(v["bars"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert_eq!(v["links"], 4, "{v}");
     // between runs the header keeps the run's total, not 0
     let built = rec["events_built"].as_u64().unwrap();
     let summary = read()["summary"].as_str().unwrap_or("").to_string();
