@@ -425,8 +425,11 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         assert!(Instant::now() < hist_until, "no rate history kept: {h}");
         std::thread::sleep(Duration::from_millis(250));
     }
-    let bad = up.api.get("/api/v1/history?since=yesterday").unwrap();
-    assert_eq!(bad.status, 400, "{:?}", bad.body);
+    for bad in ["yesterday", "NaN", "%ff"] {
+        let r = up.api.get(&format!("/api/v1/history?since={bad}")).unwrap();
+        assert_eq!(r.status, 400, "{bad}: {:?}", r.body);
+        assert!(r.body["error"].as_str().is_some(), "{bad}: {:?}", r.body);
+    }
     let b = Browser::start(&chromedriver, &chromium);
     b.post("/url", json!({"url": up.url}));
     let until = Instant::now() + Duration::from_secs(20);

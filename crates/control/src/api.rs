@@ -472,9 +472,15 @@ struct HistoryQuery {
 
 /// The rate history of the run under way (or the last): `?since=<unix s>` for the samples
 /// after that time only.
-async fn history(State(node): State<Shared>, Query(q): Query<HistoryQuery>) -> Response {
+async fn history(
+    State(node): State<Shared>,
+    q: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
     let Some(c) = &node.controller else {
         return error(404, "only the EVM keeps the rate history");
+    };
+    let Ok(Query(q)) = q else {
+        return error(400, "`since` must be a time in unix seconds");
     };
     let since = match q.since.as_deref().map(str::parse::<f64>) {
         None => None,
