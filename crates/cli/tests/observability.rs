@@ -440,7 +440,8 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
              return {run: h.run, started: h.started, n: h.t.length, first: h.t[0], opened, \
                before: before.length, busyBefore: before.filter(p => p[1] > 0).length, \
                points: document.getElementById('plot-rate').dataset.points, \
-               yticks: document.getElementById('plot-rate').dataset.yticks || ''};",
+               yticks: document.getElementById('plot-rate').dataset.yticks || '', \
+               xspan: Number(document.getElementById('plot-rate').dataset.xspan)};",
         );
         let yticks = v["yticks"].as_str().unwrap_or("").split(' ').count();
         if v["busyBefore"].as_u64().unwrap_or(0) >= 2
@@ -453,6 +454,9 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
                 v["first"].as_f64().unwrap() >= v["started"].as_f64().unwrap(),
                 "{v}"
             );
+            // the x axis spans the run (seconds old), not a 300 s window
+            let span = v["xspan"].as_f64().unwrap_or(0.0);
+            assert!((10.0..60.0).contains(&span), "{v}");
             break;
         }
         assert!(
