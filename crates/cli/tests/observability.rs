@@ -638,6 +638,50 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(b.eval("return window.asked;"), 1, "Halt did not ask");
     assert_eq!(up.status()["state"], "ready", "Halt acted without a yes");
+    // a large system's matrix (120 RUs × 4 BUs, one link slow) scrolls in its box, and
+    // the slow link's cell is paler than the others
+    b.eval(
+        "const rus = Array.from({length: 120}, (_, i) => 'ru' + i), \
+           bus = ['bu0', 'bu1', 'bu2', 'bu3']; \
+         const fill = f => rus.map((_, i) => bus.map((_, j) => f(i, j))); \
+         const fake = {run: 9, rus, bus, bytes: fill(() => 1e6), queued_bytes: fill(() => 0), \
+           bytes_per_s: fill((i, j) => i === 7 && j === 2 ? 1e5 : 1e7)}; \
+         const real = window.fetch; \
+         window.fetch = (u, o) => String(u).startsWith('/api/v1/links') ? \
+           Promise.resolve(new Response(JSON.stringify(fake))) : real(u, o); \
+         return 0;",
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = b.eval(
+            "const box = document.getElementById('links-box'); \
+             const cells = document.querySelectorAll('#links td.link'); \
+             const light = c => getComputedStyle(c).backgroundColor.match(/\\d+/g) \
+               .slice(0, 3).map(Number).reduce((a, x) => a + x, 0); \
+             const slow = document.querySelector('#links td[data-ru=\"ru7\"][data-bu=\"bu2\"]'); \
+             const fast = document.querySelector('#links td[data-ru=\"ru7\"][data-bu=\"bu1\"]'); \
+             return {cells: cells.length, client: box.clientHeight, scroll: box.scrollHeight, \
+               slow: slow ? light(slow) : null, fast: fast ? light(fast) : null};",
+        );
+        if v["cells"] == 480 {
+            let (client, scroll) = (v["client"].as_u64().unwrap(), v["scroll"].as_u64().unwrap());
+            assert!(
+                client <= 600 && scroll > 2 * client,
+                "the matrix does not scroll: {v}"
+            );
+            assert!(
+                v["slow"].as_u64().unwrap() > v["fast"].as_u64().unwrap() + 100,
+                "the slow link is not paler: {v}"
+            );
+            eprintln!("page, 120 × 4 matrix: {v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the 120 × 4 matrix never showed: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     drop(b);
     assert!(up.halt().success());
 }
