@@ -38,6 +38,9 @@ pub struct RuConfig {
 pub struct RuStats {
     pub fragments_sent: u64,
     pub payload_bytes_sent: u64,
+    /// Fragment payload bytes sent to each BU (index: the BU's), fragments sent again to
+    /// the BU a lost one's events went to included: the RU→BU matrix of the run page.
+    pub payload_bytes_to_bu: Vec<u64>,
     pub events_released: u64,
     /// Fragments still held (should be zero at the end of a clean run).
     pub retained: u64,
@@ -462,6 +465,7 @@ impl Ru {
                 match self.held_fragment(event_id) {
                     Some(data) => {
                         self.resent_to.insert(event_id, bu);
+                        self.count_to_bu(bu, data.len().saturating_sub(PREFIX_LEN));
                         self.actions.push_back(Action::SendFragments {
                             to: NodeRef::Bu(bu),
                             data,
@@ -500,6 +504,7 @@ impl Ru {
             bytes += size;
             self.stats.fragments_sent += 1;
             self.stats.payload_bytes_sent += (size - PREFIX_LEN) as u64;
+            self.count_to_bu(bu, size - PREFIX_LEN);
             self.made_until = event_id + 1;
             made += 1;
         }
@@ -547,6 +552,16 @@ impl Ru {
         let (&first, run) = self.retained.range(..=id).next_back()?;
         let i = (id - first) as usize;
         (i < run.count as usize && run.is_held(i)).then(|| run.fragment(i))
+    }
+
+    /// `bytes` of fragment payload go to BU `bu`.
+    fn count_to_bu(&mut self, bu: u16, bytes: usize) {
+        let to = &mut self.stats.payload_bytes_to_bu;
+        let i = usize::from(bu);
+        if to.len() <= i {
+            to.resize(i + 1, 0);
+        }
+        to[i] += bytes as u64;
     }
 
     /// Sends the open run and holds it until its events are released.

@@ -1699,3 +1699,37 @@ fn node_events_are_typed_and_only_losses_count_as_losses() {
     assert!(serde_json::from_value::<RunReport>(serde_json::json!({"lost": 1})).is_err());
     assert!(!r.ok() && !r.verdict().is_empty());
 }
+
+#[test]
+fn an_ru_counts_the_bytes_it_sends_to_each_bu() {
+    let now = Instant::now();
+    let mut r = ru(0, 64 * 1024, 1024);
+    r.handle(now, NodeRef::Evm, Message::Start);
+    // 30 events to BU 0, then 10 to BU 2 (BU 1 gets none)
+    r.handle(now, NodeRef::Evm, assign(0, 0, 30));
+    r.handle(now, NodeRef::Evm, assign(2, 30, 10));
+    while r.has_work() {
+        r.poll(now);
+    }
+    let mut sent = [0u64; 3];
+    while let Some(a) = r.next_action() {
+        if let Action::SendFragments {
+            to: NodeRef::Bu(bu),
+            data,
+            ..
+        } = a
+        {
+            for (_, p) in decode_fragments(&data) {
+                sent[usize::from(bu)] += p.len() as u64;
+            }
+        }
+    }
+    let s = r.stats();
+    assert_eq!(s.fragments_sent, 40);
+    assert!(sent[0] > 0 && sent[2] > 0, "{sent:?}");
+    assert_eq!(s.payload_bytes_to_bu, sent.to_vec(), "{s:?}");
+    assert_eq!(
+        s.payload_bytes_to_bu.iter().sum::<u64>(),
+        s.payload_bytes_sent
+    );
+}

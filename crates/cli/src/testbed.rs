@@ -32,6 +32,10 @@ pub struct TestbedArgs {
     /// Bytes each shaped port may queue (a switch's output buffer), as tc writes it.
     #[arg(long, default_value = "256kb")]
     queue: String,
+    /// One node's host gets a slower link, both ways: `bu1=50mbit` (repeatable). The run
+    /// page's RU→BU matrix shows such a link standing out.
+    #[arg(long, value_name = "NODE=RATE")]
+    slow: Vec<String>,
     /// Name of the testbed (its namespaces and links start with it); two testbeds with
     /// different names can run side by side.
     #[arg(long, default_value = "evbtb")]
@@ -179,6 +183,19 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     // shares its RU's host: 7001, 8001)
     let placed = hosts_of(&nodes, cfg.topology.folded);
     let n_hosts = placed.iter().map(|p| p.0).max().map_or(0, |h| h + 1);
+    // every host's link rate: --rate, or a --slow one's
+    let mut rates = vec![a.rate.clone(); n_hosts];
+    for slow in &a.slow {
+        let (id, rate) = slow
+            .split_once('=')
+            .ok_or_else(|| format!("--slow {slow:?}: NODE=RATE, as bu1=50mbit"))?;
+        tc_value("slow rate", rate, &["kbit", "mbit", "gbit"])?;
+        let k = nodes
+            .iter()
+            .position(|n| n.id == id)
+            .ok_or_else(|| format!("--slow: no node {id:?} in the configuration"))?;
+        rates[placed[k].0] = rate.to_string();
+    }
     let ip = |k: usize| format!("10.250.0.{}", placed[k].0 + 1);
     let port = |k: usize, base: usize| base + placed[k].1;
     cfg.transport.kind = TransportKind::Tcp;
@@ -242,7 +259,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     cfg.validate()
         .map_err(|e| format!("testbed configuration: {e}"))?;
 
-    let built = build(&a.name, n_hosts, &a.rate, &a.queue);
+    let built = build(&a.name, &rates, &a.queue);
     let outcome = built.and_then(|()| {
         let hosts: Vec<(String, String)> = nodes
             .iter()
@@ -419,18 +436,19 @@ fn hosts_of(nodes: &[evb_config::NodeSpec], folded: bool) -> Vec<(usize, usize)>
         .collect()
 }
 
-/// Makes the switch and one shaped host per node.
-fn build(name: &str, hosts: usize, rate: &str, queue: &str) -> Result<(), String> {
+/// The switch and one host per entry of `rates`, host k's link shaped to `rates[k]`.
+fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
     let sw = format!("{name}-sw");
     sh(&["ip", "netns", "add", &sw])?;
     sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"])?;
     sh(&["ip", "-n", &sw, "link", "set", "br0", "up"])?;
-    // a burst of at least one tick's worth of the rate (and a few full frames)
-    let burst = format!(
-        "{}b",
-        ((rate_bps(rate) / 8.0 / 250.0) as u64).max(16 * 1514)
-    );
-    for k in 0..hosts {
+    for (k, rate) in rates.iter().enumerate() {
+        let rate = rate.as_str();
+        // a burst of at least one tick's worth of the rate (and a few full frames)
+        let burst = format!(
+            "{}b",
+            ((rate_bps(rate) / 8.0 / 250.0) as u64).max(16 * 1514)
+        );
         let host = format!("{name}-h{k}");
         let (h, s) = (format!("{name}h{k}"), format!("{name}s{k}"));
         sh(&["ip", "netns", "add", &host])?;

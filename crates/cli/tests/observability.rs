@@ -404,8 +404,67 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
     up.wait_until("run 1 building", 30, |s| {
         s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
     });
+    // the controller keeps the run's rates: a page opened a few seconds into the run shows
+    // them from before it was opened
+    let hist_until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = up.api.get("/api/v1/history").unwrap().body;
+        let rates = h["totals"]["rate_hz"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if h["run"] == 1
+            && rates
+                .iter()
+                .filter(|r| r.as_f64().unwrap_or(0.0) > 0.0)
+                .count()
+                >= 2
+        {
+            break;
+        }
+        assert!(Instant::now() < hist_until, "no rate history kept: {h}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for bad in ["yesterday", "NaN", "%ff"] {
+        let r = up.api.get(&format!("/api/v1/history?since={bad}")).unwrap();
+        assert_eq!(r.status, 400, "{bad}: {:?}", r.body);
+        assert!(r.body["error"].as_str().is_some(), "{bad}: {:?}", r.body);
+    }
     let b = Browser::start(&chromedriver, &chromium);
     b.post("/url", json!({"url": up.url}));
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = b.eval(
+            "const h = window.evbHistory, opened = performance.timeOrigin / 1000; \
+             const before = h.t.map((t, i) => [t, h.rate[i]]).filter(p => p[0] < opened - 0.5); \
+             return {run: h.run, started: h.started, n: h.t.length, first: h.t[0], opened, \
+               before: before.length, busyBefore: before.filter(p => p[1] > 0).length, \
+               points: document.getElementById('plot-rate').dataset.points, \
+               yticks: document.getElementById('plot-rate').dataset.yticks || '', \
+               xspan: Number(document.getElementById('plot-rate').dataset.xspan)};",
+        );
+        let yticks = v["yticks"].as_str().unwrap_or("").split(' ').count();
+        if v["busyBefore"].as_u64().unwrap_or(0) >= 2
+            && v["points"].as_str().and_then(|p| p.parse::<u64>().ok()) == v["n"].as_u64()
+            && yticks >= 3
+        {
+            eprintln!("page history: {v}");
+            assert_eq!(v["run"], 1);
+            assert!(
+                v["first"].as_f64().unwrap() >= v["started"].as_f64().unwrap(),
+                "{v}"
+            );
+            // the x axis spans the run (seconds old), not a 300 s window
+            let span = v["xspan"].as_f64().unwrap_or(0.0);
+            assert!((10.0..60.0).contains(&span), "{v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page did not show the rates from before it was opened: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // the table: one row per node; the BUs' event counts and the rate change while it runs
     let read = || -> Value {
         b.eval(
@@ -456,6 +515,84 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
     };
     eprintln!("page: {} then {}", first["summary"], later["summary"]);
+    // the build latency: the BUs' histograms added up, served and drawn as bars
+    let lat = up.status()["latency"].clone();
+    let counts: Vec<u64> = lat["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        counts.len(),
+        lat["bounds_us"].as_array().unwrap().len() + 1,
+        "{lat}"
+    );
+    assert!(lat["count"].as_u64().unwrap() > 0, "{lat}");
+    assert_eq!(
+        counts.iter().sum::<u64>(),
+        lat["count"].as_u64().unwrap(),
+        "{lat}"
+    );
+    assert_eq!(lat["bus"], 2, "{lat}");
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = b.eval(
+            "const c = document.getElementById('plot-latency'); \
+             return {bars: Number(c.dataset.bars || 0), buckets: Number(c.dataset.buckets || 0), \
+               count: Number(c.dataset.count || 0)};",
+        );
+        if v["bars"].as_u64().unwrap_or(0) >= 1
+            && v["buckets"] == counts.len()
+            && v["count"].as_u64().unwrap_or(0) > 0
+        {
+            eprintln!("page latency: {v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page shows no build latency: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // the RU→BU matrix: a cell per link of the 2 × 2 system, each with bytes sent
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = b.eval(
+            "return Array.from(document.querySelectorAll('#links td.link')).map(c => \
+               [c.dataset.ru, c.dataset.bu, Number(c.dataset.bytes), Number(c.dataset.rate)]);",
+        );
+        let cells = v.as_array().cloned().unwrap_or_default();
+        let mut links: Vec<String> = cells
+            .iter()
+            .filter(|c| c[2].as_f64().unwrap_or(0.0) > 0.0)
+            .map(|c| {
+                format!(
+                    "{}>{}",
+                    c[0].as_str().unwrap_or(""),
+                    c[1].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        links.sort();
+        if cells.len() == 4 && links == ["ru0>bu0", "ru0>bu1", "ru1>bu0", "ru1>bu1"] {
+            eprintln!("page links: {v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the page's RU→BU matrix is not 2 × 2 with bytes on every link: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let m = up.api.get("/api/v1/links").unwrap().body;
+    let sent: u64 = m["bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|b| b.as_u64().unwrap()))
+        .sum();
+    assert!(sent > 0, "{m}");
     assert_eq!(later["run"], "1");
     assert_eq!(later["stopEnabled"], true);
     // pressing Stop in the page ends the run, drained and exact
@@ -472,6 +609,20 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // between runs the page keeps the last run: its history, its latency, and the bytes
+    // of every link
+    let v = b.eval(
+        "return {run: window.evbHistory.run, n: window.evbHistory.t.length, \
+           busy: window.evbHistory.rate.filter(r => r > 0).length, \
+           bars: Number(document.getElementById('plot-latency').dataset.bars || 0), \
+           links: Array.from(document.querySelectorAll('#links td.link')) \
+             .filter(c => Number(c.dataset.bytes) > 0).length, \
+           note: document.getElementById('links-note').textContent};",
+    );
+    assert_eq!(v["run"], 1, "{v}");
+    assert!(v["busy"].as_u64().unwrap_or(0) >= 2, "{v}");
+    assert!(v["bars"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert_eq!(v["links"], 4, "{v}");
     // between runs the header keeps the run's total, not 0
     let built = rec["events_built"].as_u64().unwrap();
     let summary = read()["summary"].as_str().unwrap_or("").to_string();
@@ -487,6 +638,50 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(b.eval("return window.asked;"), 1, "Halt did not ask");
     assert_eq!(up.status()["state"], "ready", "Halt acted without a yes");
+    // a large system's matrix (120 RUs × 4 BUs, one link slow) scrolls in its box, and
+    // the slow link's cell is paler than the others
+    b.eval(
+        "const rus = Array.from({length: 120}, (_, i) => 'ru' + i), \
+           bus = ['bu0', 'bu1', 'bu2', 'bu3']; \
+         const fill = f => rus.map((_, i) => bus.map((_, j) => f(i, j))); \
+         const fake = {run: 9, rus, bus, bytes: fill(() => 1e6), queued_bytes: fill(() => 0), \
+           bytes_per_s: fill((i, j) => i === 7 && j === 2 ? 1e5 : 1e7)}; \
+         const real = window.fetch; \
+         window.fetch = (u, o) => String(u).startsWith('/api/v1/links') ? \
+           Promise.resolve(new Response(JSON.stringify(fake))) : real(u, o); \
+         return 0;",
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = b.eval(
+            "const box = document.getElementById('links-box'); \
+             const cells = document.querySelectorAll('#links td.link'); \
+             const light = c => getComputedStyle(c).backgroundColor.match(/\\d+/g) \
+               .slice(0, 3).map(Number).reduce((a, x) => a + x, 0); \
+             const slow = document.querySelector('#links td[data-ru=\"ru7\"][data-bu=\"bu2\"]'); \
+             const fast = document.querySelector('#links td[data-ru=\"ru7\"][data-bu=\"bu1\"]'); \
+             return {cells: cells.length, client: box.clientHeight, scroll: box.scrollHeight, \
+               slow: slow ? light(slow) : null, fast: fast ? light(fast) : null};",
+        );
+        if v["cells"] == 480 {
+            let (client, scroll) = (v["client"].as_u64().unwrap(), v["scroll"].as_u64().unwrap());
+            assert!(
+                client <= 600 && scroll > 2 * client,
+                "the matrix does not scroll: {v}"
+            );
+            assert!(
+                v["slow"].as_u64().unwrap() > v["fast"].as_u64().unwrap() + 100,
+                "the slow link is not paler: {v}"
+            );
+            eprintln!("page, 120 × 4 matrix: {v}");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the 120 × 4 matrix never showed: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     drop(b);
     assert!(up.halt().success());
 }

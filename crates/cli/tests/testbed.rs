@@ -214,3 +214,121 @@ fn a_discovery_testbed_finds_nodes_beyond_loopback() {
     }
     assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
 }
+
+/// The EVM's RU→BU matrix (`GET /api/v1/links`) asked from inside the EVM's host.
+fn links(name: &str, token: &str) -> Option<serde_json::Value> {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &format!("{name}-h0"),
+            "curl",
+            "-fsS",
+            "-m",
+            "2",
+        ])
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg("http://10.250.0.1:8000/api/v1/links")
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// A testbed under way, interrupted (and so removed, as on Ctrl-C) if the test fails.
+struct Interrupt(std::process::Child);
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        if self.0.try_wait().is_ok_and(|s| s.is_none()) {
+            let _ = Command::new("kill")
+                .args(["-INT", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn a_slowed_link_stands_out_in_the_ru_to_bu_matrix() {
+    if !root()
+        || !Command::new("curl")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    {
+        eprintln!("SKIPPED: needs root, iproute2 and curl");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    let secret = "slow-link-test";
+    std::fs::write(
+        &cfg,
+        format!("[run]\nsecret = \"{secret}\"\n[fragments]\nsize = 65536\n"),
+    )
+    .unwrap();
+    let token = evb_control::control_token(secret.as_bytes());
+    let name = format!("s{}", std::process::id() % 100_000);
+    // every link 1 Gbit/s but bu1's, 40 Mbit/s: bu1 gets a trickle of what bu0 gets
+    let mut tb = Interrupt(
+        Command::new(EVB)
+            .args(["testbed", "--rus", "2", "--bus", "2", "--duration", "15"])
+            .args(["--rate", "1gbit", "--slow", "bu1=40mbit", "--quiet"])
+            .args(["--name", &name, "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let until = Instant::now() + Duration::from_secs(40);
+    let mut last = None;
+    let seen = loop {
+        if let Some(m) = links(&name, &token) {
+            let rate = |i: usize, j: usize| m["bytes_per_s"][i][j].as_f64().unwrap_or(0.0);
+            // two polls into the run: every link has moved bytes and has a rate
+            let moving = (0..2).all(|i| (0..2).all(|j| rate(i, j) > 0.0));
+            if m["rus"] == serde_json::json!(["ru0", "ru1"])
+                && m["bus"] == serde_json::json!(["bu0", "bu1"])
+                && moving
+            {
+                break m;
+            }
+            last = Some(m);
+        }
+        assert!(
+            Instant::now() < until && tb.0.try_wait().unwrap().is_none(),
+            "the matrix never showed every link moving: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // at first the RUs fill their send queues to both BUs alike: a few seconds on, what
+    // moves is what each link carries
+    let first = seen["bytes"].clone();
+    std::thread::sleep(Duration::from_secs(5));
+    let seen = links(&name, &token).expect("the matrix, 5 s later");
+    assert_ne!(seen["bytes"], first, "{seen}");
+    eprintln!("RU→BU matrix with bu1 slowed: {seen}");
+    for i in 0..2 {
+        let fast = seen["bytes_per_s"][i][0].as_f64().unwrap();
+        let slow = seen["bytes_per_s"][i][1].as_f64().unwrap();
+        assert!(
+            slow * 3.0 < fast,
+            "ru{i}: the slowed link to bu1 ({slow} B/s) does not stand out against bu0's ({fast} B/s): {seen}"
+        );
+        // 40 Mbit/s into bu1 from both RUs together: each RU's share stays under it
+        assert!(slow < 40e6 / 8.0 * 1.2, "ru{i} → bu1 at {slow} B/s: {seen}");
+    }
+    let mut child = tb.0.stdout.take().unwrap();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child, &mut stdout).unwrap();
+    let status = tb.0.wait().unwrap();
+    let mut stderr = String::new();
+    if let Some(mut e) = tb.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert!(left(&name).is_empty(), "{:?}", left(&name));
+}

@@ -4,7 +4,8 @@
 //!
 //! Every node: `GET /api/v1/node`, `GET /metrics`, and the calls its EVM makes
 //! (`POST /api/v1/node/start|abort|halt`). The EVM also: `GET /api/v1/status`,
-//! `POST /api/v1/<command>`, `GET /api/v1/runs[/N]`, and the run page at `/`.
+//! `POST /api/v1/<command>`, `GET /api/v1/runs[/N]`, `GET /api/v1/history`, `GET /api/v1/links`,
+//! and the run page at `/`.
 //! Who may call is decided in [`crate::guard`] (loopback is not trusted to change anything
 //! while a secret is set). The server bounds what a client can hold: connections in all and
 //! per source IP, the time to send headers and body, and the body's size.
@@ -210,6 +211,8 @@ fn router(node: Shared, port: u16) -> Router {
             .route("/", get(page))
             .route("/api/v1/status", get(run_status))
             .route("/api/v1/runs", get(runs))
+            .route("/api/v1/history", get(history))
+            .route("/api/v1/links", get(links))
             .route("/api/v1/sd", get(scrape_targets))
             .route("/api/v1/runs/{n}", get(run_record))
             .route("/api/v1/{command}", post(command));
@@ -459,6 +462,39 @@ async fn run_status(State(node): State<Shared>) -> Response {
     match &node.controller {
         Some(c) => Json(c.status(&node)).into_response(),
         None => error(404, "only the EVM serves the run status"),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct HistoryQuery {
+    since: Option<String>,
+}
+
+/// The rate history of the run under way (or the last): `?since=<unix s>` for the samples
+/// after that time only.
+async fn history(
+    State(node): State<Shared>,
+    q: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Some(c) = &node.controller else {
+        return error(404, "only the EVM keeps the rate history");
+    };
+    let Ok(Query(q)) = q else {
+        return error(400, "`since` must be a time in unix seconds");
+    };
+    let since = match q.since.as_deref().map(str::parse::<f64>) {
+        None => None,
+        Some(Ok(t)) if t.is_finite() => Some(t),
+        Some(_) => return error(400, "`since` must be a time in unix seconds"),
+    };
+    Json(c.history(since)).into_response()
+}
+
+/// The RU→BU matrix: bytes sent, their rate, and bytes queued, per link.
+async fn links(State(node): State<Shared>) -> Response {
+    match &node.controller {
+        Some(c) => Json(c.links()).into_response(),
+        None => error(404, "only the EVM keeps the RU→BU matrix"),
     }
 }
 

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use tracing::info;
 
 use super::adopt::{adopt, changed_sections, restart_keys};
+use super::history::History;
 use super::records::{Finished, RunRecord};
 use crate::client::CallError;
 use crate::fsm::{self, Command, State};
@@ -90,6 +91,9 @@ struct NodeView {
     bytes_per_s: f64,
     /// Polls in a row that failed: one slow answer on a loaded host is not a lost node.
     failures: u32,
+    /// An RU's payload bytes sent to each BU at the previous answer, and the rates since.
+    links_last: Vec<u64>,
+    link_rates: Vec<f64>,
 }
 
 impl NodeView {
@@ -101,6 +105,13 @@ impl NodeView {
 /// The events and bytes a node's snapshot counts, by role.
 fn progress(snap: Option<&NodeStatus>) -> (u64, u64) {
     snap.map_or((0, 0), |s| s.stats.progress())
+}
+
+/// An RU's payload bytes sent to each BU, by the BU's index (empty for other roles).
+fn to_bus(snap: Option<&NodeStatus>) -> Vec<u64> {
+    snap.and_then(|s| s.stats.ru())
+        .map(|r| r.payload_bytes_to_bu.clone())
+        .unwrap_or_default()
 }
 
 /// Every error counter a snapshot holds, added up.
@@ -129,6 +140,8 @@ pub(crate) struct Core {
     /// Nodes whose process changed (another pid) while the run was under way, not yet
     /// told to rejoin it.
     restarted: Vec<String>,
+    /// The rates of the run under way (or the last one), one sample per poll.
+    history: History,
 }
 
 impl Core {
@@ -144,6 +157,7 @@ impl Core {
             nodes: BTreeMap::new(),
             under_way: None,
             restarted: Vec::new(),
+            history: History::default(),
         }
     }
 
@@ -176,6 +190,7 @@ impl Core {
         self.state = State::Starting;
         self.run = run;
         self.record(run, unix);
+        self.history.begin(run, unix);
     }
 
     /// A status line of the EVM's run: its progress moves the run state on.
@@ -230,6 +245,7 @@ impl Core {
                 self.run = run;
                 self.reason = None;
                 self.record(run, unix);
+                self.history.begin(run, unix);
                 effects.push(Effect::StartRun {
                     run,
                     cfg: Box::new(cfg),
@@ -442,16 +458,27 @@ impl Core {
                         self.restarted.push(id);
                     }
                     let (e, b) = progress(reply.snapshot.as_ref());
+                    let links = to_bus(reply.snapshot.as_ref());
                     if let Some((t, e0, b0)) = v.last {
                         let dt = now.saturating_duration_since(t).as_secs_f64().max(1e-3);
                         // a new run starts the counters again
                         v.rate_hz = e.saturating_sub(e0) as f64 / dt;
                         v.bytes_per_s = b.saturating_sub(b0) as f64 / dt;
+                        v.link_rates = links
+                            .iter()
+                            .enumerate()
+                            .map(|(j, b)| {
+                                let b0 = v.links_last.get(j).copied().unwrap_or(0);
+                                b.saturating_sub(b0) as f64 / dt
+                            })
+                            .collect();
                     }
                     if reply.phase != Phase::Running {
                         v.rate_hz = 0.0;
                         v.bytes_per_s = 0.0;
+                        v.link_rates.clear();
                     }
+                    v.links_last = links;
                     v.last = Some((now, e, b));
                     v.reply = Some(reply);
                     v.error = None;
@@ -462,6 +489,7 @@ impl Core {
                     v.failures += 1;
                     v.rate_hz = 0.0;
                     v.bytes_per_s = 0.0;
+                    v.link_rates.clear();
                 }
             }
         }
@@ -500,6 +528,126 @@ impl Core {
                 body: body.clone(),
             })
             .collect()
+    }
+
+    /// Whether a node's answer is of the run under way (or the last), in it.
+    fn in_current_run(&self, v: &NodeView) -> bool {
+        v.reply
+            .as_ref()
+            .is_some_and(|r| r.run == self.run && r.phase == Phase::Running)
+    }
+
+    /// The system's event rate and throughput: the BUs' of the current run.
+    fn totals(&self) -> (f64, f64) {
+        self.cfg
+            .nodes()
+            .iter()
+            .filter(|n| n.role == Role::Bu)
+            .filter_map(|n| self.nodes.get(&n.id))
+            .filter(|v| self.in_current_run(v))
+            .fold((0.0, 0.0), |(r, b), v| (r + v.rate_hz, b + v.bytes_per_s))
+    }
+
+    /// The build latency of the current (or last) run: every BU's histogram added up.
+    fn latency(&self) -> Value {
+        let mut sum = evb_builder::LatencyHistogram::default();
+        let mut bus = 0;
+        for n in self.cfg.nodes().iter().filter(|n| n.role == Role::Bu) {
+            let Some(v) = self.nodes.get(&n.id) else {
+                continue;
+            };
+            if v.reply.as_ref().is_none_or(|r| r.run != self.run) {
+                continue;
+            }
+            if let Some(b) = v.snapshot().and_then(|s| s.stats.bu()) {
+                sum.merge(&b.latency);
+                bus += 1;
+            }
+        }
+        json!({
+            "bounds_us": evb_builder::LATENCY_BOUNDS_US,
+            "counts": sum.counts,
+            "count": sum.count,
+            "sum_us": sum.sum_us,
+            "bus": bus,
+            "p50_us": sum.quantile_us(0.5),
+            "p99_us": sum.quantile_us(0.99),
+        })
+    }
+
+    /// The RU→BU matrix (`GET /api/v1/links`): for each RU of the current (or last) run
+    /// and each BU, the payload bytes sent, their rate, and the bytes queued to send.
+    pub(crate) fn links(&self) -> Value {
+        let nodes = self.cfg.nodes();
+        let rus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Ru).collect();
+        let bus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Bu).collect();
+        let (mut bytes, mut rates, mut queued) = (Vec::new(), Vec::new(), Vec::new());
+        for ru in &rus {
+            let v = self
+                .nodes
+                .get(&ru.id)
+                .filter(|v| v.reply.as_ref().is_some_and(|r| r.run == self.run));
+            let snap = v.and_then(|v| v.snapshot());
+            let sent = to_bus(snap);
+            let cell = |j: u16, of: &[u64]| of.get(usize::from(j)).copied().unwrap_or(0);
+            bytes.push(bus.iter().map(|b| cell(b.index, &sent)).collect::<Vec<_>>());
+            rates.push(
+                bus.iter()
+                    .map(|b| {
+                        let r = v.and_then(|v| v.link_rates.get(usize::from(b.index)).copied());
+                        (r.unwrap_or(0.0) * 10.0).round() / 10.0
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            queued.push(
+                bus.iter()
+                    .map(|b| {
+                        let peer = NodeRef::Bu(b.index).to_string();
+                        snap.and_then(|s| s.peers.iter().find(|p| p.peer == peer))
+                            .map_or(0, |p| p.queued_bytes)
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        json!({
+            "run": self.run,
+            "rus": rus.iter().map(|n| &n.id).collect::<Vec<_>>(),
+            "bus": bus.iter().map(|n| &n.id).collect::<Vec<_>>(),
+            "bytes": bytes,
+            "bytes_per_s": rates,
+            "queued_bytes": queued,
+        })
+    }
+
+    /// After a round of answers: the rates at `unix` join the history, while a run is under
+    /// way (between runs the last run's history stays as it ended).
+    pub(crate) fn sample(&mut self, unix: f64) {
+        let under_way = self.runs.get(&self.run).is_some_and(|r| r.end.is_none());
+        if !under_way || self.history.run() != self.run {
+            return;
+        }
+        let nodes = self
+            .cfg
+            .nodes()
+            .into_iter()
+            .map(|n| {
+                let v = self.nodes.get(&n.id);
+                let (e, b) = v.map_or((0.0, 0.0), |v| (v.rate_hz, v.bytes_per_s));
+                (n.id, e, b)
+            })
+            .collect();
+        let total = self.totals();
+        self.history.push(unix, total, nodes);
+    }
+
+    /// The rate history (`GET /api/v1/history`): the samples after `since`, or all.
+    pub(crate) fn history(&self, since: Option<f64>) -> Value {
+        self.history.json(since)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn history_len(&self) -> usize {
+        self.history.len()
     }
 
     /// When to ask the nodes again: sooner while one does not answer (not up yet, or gone).
@@ -564,7 +712,7 @@ impl Core {
     /// node's latest status line.
     pub(crate) fn status(&self, evm: Option<&NodeStatus>, unix: f64) -> Value {
         let mut nodes = Vec::new();
-        let (mut total_rate, mut total_bps, mut built) = (0.0, 0.0, 0u64);
+        let mut built = 0u64;
         for n in self.cfg.nodes() {
             let v = self.nodes.get(&n.id).cloned().unwrap_or_default();
             let role = status_role(n.role);
@@ -581,13 +729,7 @@ impl Core {
                 (None, None) => "unknown".to_string(),
             };
             let (events, bytes) = progress(snap);
-            let current = v
-                .reply
-                .as_ref()
-                .is_some_and(|r| r.run == self.run && r.phase == Phase::Running);
-            if role == StatusRole::Bu && current {
-                total_rate += v.rate_hz;
-                total_bps += v.bytes_per_s;
+            if role == StatusRole::Bu && self.in_current_run(&v) {
                 built += events;
             }
             let credits = match role {
@@ -611,6 +753,7 @@ impl Core {
                 "last": v.reply.as_ref().and_then(|r| r.last.as_ref()),
             }));
         }
+        let total = self.totals();
         let es = evm.and_then(|s| s.evm());
         // "Built" in the header: the EVM's count of final events for the run under way
         // (it counts a BU's events once, whether the BU lives on, died or came back), or
@@ -647,7 +790,8 @@ impl Core {
                 "lost": es.map(|s| &s.lost),
                 "down": es.map(|s| &s.down),
             },
-            "totals": {"events_built": built, "rate_hz": total_rate, "bytes_per_s": total_bps},
+            "totals": {"events_built": built, "rate_hz": total.0, "bytes_per_s": total.1},
+            "latency": self.latency(),
             "nodes": nodes,
             "runs": self.runs.values().rev().take(20).map(RunRecord::summary).collect::<Vec<_>>(),
             "config": {

@@ -22,6 +22,7 @@ use crate::service::{Cmd, Mode, Node, NodeReply, Phase};
 
 mod adopt;
 mod core;
+mod history;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -199,6 +200,16 @@ impl Controller {
         self.core().status(snap.as_ref(), unix_now())
     }
 
+    /// The rate history of the run under way or the last (`GET /api/v1/history`).
+    pub(crate) fn history(&self, since: Option<f64>) -> Value {
+        self.core().history(since)
+    }
+
+    /// The RU→BU matrix (`GET /api/v1/links`).
+    pub(crate) fn links(&self) -> Value {
+        self.core().links()
+    }
+
     /// Every node's metrics address for Prometheus's HTTP service discovery.
     pub(crate) fn scrape_targets(&self, evm: &Node) -> Vec<ScrapeTarget> {
         let snap = evm.control.snapshot();
@@ -241,6 +252,7 @@ impl Controller {
             let (rejoins, period) = {
                 let mut c = self.core();
                 let rejoins = c.answers(Instant::now(), all);
+                c.sample(unix_now());
                 (rejoins, c.poll_period())
             };
             for r in rejoins {

@@ -514,3 +514,207 @@ fn the_built_total_never_goes_backwards_and_outlives_the_run() {
     let s = c.status(None, 0.0);
     assert_eq!(s["totals"]["events_built"], 8000);
 }
+
+#[test]
+fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
+    use super::history::{MAX_POINTS, WINDOW_S};
+    let mut c = core();
+    let ids: Vec<String> = c.cfg().nodes().into_iter().map(|n| n.id).collect();
+    let bus: Vec<String> = ids
+        .iter()
+        .filter(|i| i.starts_with("bu"))
+        .cloned()
+        .collect();
+    assert!(!bus.is_empty(), "{ids:?}");
+    // before any run: nothing
+    c.sample(50.0);
+    assert_eq!(c.history(None)["t"].as_array().unwrap().len(), 0);
+    started(&mut c);
+    let t0 = Instant::now();
+    // every BU builds 100 events a second of 100 bytes each, polled once a second
+    let round = |c: &mut Core, i: u64| {
+        let answers = ids
+            .iter()
+            .map(|id| (id.clone(), Ok(reply(id, 7, Phase::Running, 1, 100 * i))))
+            .collect();
+        c.answers(t0 + Duration::from_secs(i), answers);
+        c.sample(1000.0 + i as f64);
+    };
+    for i in 0..10 {
+        round(&mut c, i);
+    }
+    let h = c.history(None);
+    assert_eq!(h["run"], 1);
+    let t = h["t"].as_array().unwrap();
+    assert_eq!(t.len(), 10, "{h}");
+    assert_eq!(t[0], 1000.0);
+    assert_eq!(t[9], 1009.0);
+    // the first answer has no rate yet; then every BU adds 100 ev/s to the total
+    let rate = h["totals"]["rate_hz"].as_array().unwrap();
+    assert_eq!(rate[0], 0.0);
+    assert_eq!(rate[5], 100.0 * bus.len() as f64, "{h}");
+    assert_eq!(h["totals"]["bytes_per_s"][5], 10_000.0 * bus.len() as f64);
+    assert_eq!(h["nodes"][&bus[0]]["rate_hz"][5], 100.0, "{h}");
+    assert_eq!(
+        h["nodes"].as_object().unwrap().len(),
+        ids.len(),
+        "a column per node: {h}"
+    );
+    // `since` gives the samples after a time only
+    let after = c.history(Some(1007.0));
+    assert_eq!(after["t"], json!([1008.0, 1009.0]));
+    assert_eq!(
+        after["nodes"][&bus[0]]["rate_hz"].as_array().unwrap().len(),
+        2
+    );
+    // bounded in number: a ring of MAX_POINTS (four polls a second while a node is silent)
+    for i in 0..(MAX_POINTS as u64 + 50) {
+        c.sample(1010.0 + i as f64 * 0.1);
+    }
+    assert_eq!(c.history_len(), MAX_POINTS);
+    // and in time: samples older than WINDOW_S before the newest go
+    c.sample(1010.0 + 10_000.0);
+    c.sample(1010.0 + 10_000.0 + WINDOW_S - 1.0);
+    assert_eq!(c.history_len(), 2);
+    // the run ends: no more samples, but its history stays for the page
+    c.finished(1, ended(true, "done"), 2000.0);
+    c.sample(30_000.0);
+    assert_eq!(c.history_len(), 2);
+    assert_eq!(c.history(None)["run"], 1);
+    // the next run starts from an empty history
+    c.command(Command::Start, &json!({}), 40_000.0).unwrap();
+    let h = c.history(None);
+    assert_eq!(h["run"], 2);
+    assert_eq!(h["started_unix"], 40_000.0);
+    assert_eq!(h["t"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn the_build_latency_is_every_bu_s_histogram_of_the_run_added_up() {
+    let mut c = core();
+    started(&mut c);
+    let bus: Vec<String> = c
+        .cfg()
+        .nodes()
+        .into_iter()
+        .map(|n| n.id)
+        .filter(|i| i.starts_with("bu"))
+        .collect();
+    assert!(bus.len() >= 2, "{bus:?}");
+    let with_latency = |id: &str, run: u64, us: &[u64]| {
+        let mut r = reply(id, 7, Phase::Running, run, us.len() as u64);
+        let mut h = evb_builder::LatencyHistogram::default();
+        for u in us {
+            h.record(Duration::from_micros(*u));
+        }
+        let stats = BuStats {
+            events_built: us.len() as u64,
+            latency: h,
+            ..Default::default()
+        };
+        r.snapshot = Some(NodeStatus::new(
+            id,
+            RunState::Running,
+            RoleStats::Bu(Box::new(stats)),
+        ));
+        r
+    };
+    let t0 = Instant::now();
+    c.answers(
+        t0,
+        vec![
+            (
+                bus[0].clone(),
+                Ok(with_latency(&bus[0], 1, &[30, 30, 3000])),
+            ),
+            (bus[1].clone(), Ok(with_latency(&bus[1], 1, &[30, 20_000]))),
+        ],
+    );
+    let lat = &c.status(None, 0.0)["latency"];
+    assert_eq!(lat["count"], 5, "{lat}");
+    assert_eq!(lat["bus"], 2);
+    assert_eq!(lat["counts"][0], 3, "≤ 50 µs: {lat}");
+    assert_eq!(lat["counts"][6], 1, "≤ 5 ms: {lat}");
+    assert_eq!(lat["counts"][8], 1, "≤ 25 ms: {lat}");
+    assert_eq!(lat["p50_us"], 50);
+    assert_eq!(
+        lat["counts"].as_array().unwrap().len(),
+        lat["bounds_us"].as_array().unwrap().len() + 1
+    );
+    // a BU whose snapshot is of another run does not count
+    c.answers(
+        t0 + Duration::from_secs(1),
+        vec![(bus[1].clone(), Ok(with_latency(&bus[1], 0, &[30])))],
+    );
+    let lat = &c.status(None, 0.0)["latency"];
+    assert_eq!(lat["count"], 3, "{lat}");
+    assert_eq!(lat["bus"], 1);
+}
+
+#[test]
+fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
+    let mut c = core();
+    started(&mut c);
+    let nodes = c.cfg().nodes();
+    let rus: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.id.starts_with("ru"))
+        .map(|n| n.id.clone())
+        .collect();
+    let n_bu = nodes.iter().filter(|n| n.id.starts_with("bu")).count();
+    assert!(rus.len() >= 2 && n_bu >= 2, "{nodes:?}");
+    // RU i has sent (i + 1) × 1000 × (j + 1) bytes to BU j, and has 7 bytes queued to bu[1]
+    let ru_reply = |id: &str, i: usize, scale: u64, run: u64| {
+        let mut r = reply(id, 7, Phase::Running, run, 0);
+        let stats = evb_builder::RuStats {
+            payload_bytes_to_bu: (0..n_bu as u64)
+                .map(|j| scale * (i as u64 + 1) * 1000 * (j + 1))
+                .collect(),
+            ..Default::default()
+        };
+        let mut s = NodeStatus::new(id, RunState::Running, RoleStats::Ru(Box::new(stats)));
+        s.peers = vec![
+            evb_builder::PeerQueue {
+                peer: "bu[1]".into(),
+                queued_bytes: 7,
+            },
+            evb_builder::PeerQueue {
+                peer: "evm".into(),
+                queued_bytes: 99,
+            },
+        ];
+        r.snapshot = Some(s);
+        r
+    };
+    let t0 = Instant::now();
+    let round = |c: &mut Core, t: Instant, scale: u64| {
+        let answers = rus
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.clone(), Ok(ru_reply(id, i, scale, 1))))
+            .collect();
+        c.answers(t, answers);
+    };
+    round(&mut c, t0, 1);
+    round(&mut c, t0 + Duration::from_secs(2), 3);
+    let m = c.links();
+    assert_eq!(m["rus"].as_array().unwrap().len(), rus.len(), "{m}");
+    assert_eq!(m["bus"].as_array().unwrap().len(), n_bu, "{m}");
+    for i in 0..rus.len() {
+        for j in 0..n_bu {
+            let want = 3 * (i as u64 + 1) * 1000 * (j as u64 + 1);
+            assert_eq!(m["bytes"][i][j], want, "ru {i} bu {j}: {m}");
+            // (3 - 1) × the bytes over 2 s
+            assert_eq!(m["bytes_per_s"][i][j], (want / 3) as f64, "{m}");
+            assert_eq!(m["queued_bytes"][i][j], if j == 1 { 7 } else { 0 }, "{m}");
+        }
+    }
+    // an RU whose answer is of another run is not in this run's matrix
+    c.answers(
+        t0 + Duration::from_secs(3),
+        vec![(rus[0].clone(), Ok(ru_reply(&rus[0], 0, 5, 0)))],
+    );
+    let m = c.links();
+    assert_eq!(m["bytes"][0][0], 0, "{m}");
+    assert_eq!(m["bytes"][1][0], 6000, "{m}");
+}
