@@ -25,8 +25,8 @@ pub fn check(data: &[u8]) {
     }
     // first byte: the message type; the rest: its body
     if let Some((&t, body)) = data.split_first() {
-        // (0x00–0x20: every event-building message type, Resync ones included)
-        if let Ok(mt) = MessageType::from_u16(t as u16 % 0x21) {
+        // (0x00–0x21: every event-building message type, the standby's included)
+        if let Ok(mt) = MessageType::from_u16(t as u16 % 0x22) {
             if let Ok(m) = Message::decode(mt, body) {
                 assert_eq!(&m.encode()[MESSAGE_HEADER_LEN..], body);
                 if let Message::Assign(r) | Message::Release(r) = m {
@@ -141,6 +141,12 @@ pub fn seeds() -> Vec<Vec<u8>> {
             },
             more: false,
         },
+        Message::Follow(evb_wire::resync::Follow {
+            elapsed_ms: 2345,
+            stop_requested: true,
+            over: false,
+            dropped: vec![(Role::Bu, 1), (Role::Ru, 0)],
+        }),
     ] {
         let b = m.encode();
         v.push(b.clone()); // as a message header

@@ -230,6 +230,24 @@ impl Evm {
         self.state
     }
 
+    /// The configuration it runs by (a standby taking over makes its EVM with the same).
+    pub fn config(&self) -> &EvmConfig {
+        &self.cfg
+    }
+
+    /// How long the run has been triggering, pauses left out (zero before the start).
+    pub fn elapsed(&self, now: Instant) -> Duration {
+        let Some(started) = self.started else {
+            return Duration::ZERO;
+        };
+        let end = self.stopped_at.unwrap_or(now);
+        let paused_now = self
+            .paused_since
+            .map_or(Duration::ZERO, |t| end.saturating_duration_since(t));
+        end.saturating_duration_since(started)
+            .saturating_sub(self.paused_total + paused_now)
+    }
+
     pub fn stats(&self) -> EvmStats {
         let mut s = self.stats.clone();
         s.credits_available = self.credits.iter().sum();

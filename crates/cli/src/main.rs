@@ -128,6 +128,10 @@ struct RunArgs {
     /// No progress line.
     #[arg(long, short)]
     quiet: bool,
+    /// Start a standby EVM too, which takes the run over if the EVM is lost
+    /// (docs/standby.md; sets evm.standby to a free port of the EVM's host).
+    #[arg(long)]
+    standby: bool,
 }
 
 #[derive(Args)]
@@ -163,6 +167,10 @@ struct NodeArgs {
     /// instead of binding ADDR, so the port is never free between launcher and node.
     #[arg(long = "listen-fd", value_name = "ADDR=FD", hide = true)]
     listen_fd: Vec<String>,
+    /// Run as the standby of the EVM given by --id: listen at evm.standby, follow the EVM,
+    /// and take the run over if it is lost (docs/standby.md).
+    #[arg(long)]
+    standby: bool,
 }
 
 #[derive(Subcommand)]
@@ -270,6 +278,15 @@ fn main() -> ExitCode {
             if let Some(d) = a.duration {
                 cfg.run.duration_s = d;
             }
+            if a.standby && cfg.evm.standby.is_empty() {
+                let host = cfg
+                    .nodes()
+                    .first()
+                    .and_then(|e| e.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
+                    .unwrap_or_else(|| "127.0.0.1".into());
+                cfg.evm.standby = format!("{host}:0");
+                cfg.evm.standby_control = format!("{host}:0");
+            }
             if let Some(n) = a.rus {
                 cfg.topology.rus = n;
                 cfg.ru.clear();
@@ -370,6 +387,12 @@ fn main() -> ExitCode {
                 };
                 eprintln!("evb node {id}{at}: {e}");
                 return ExitCode::from(2);
+            }
+            if a.standby {
+                if let Err(e) = evb_node::make_standby(&mut cfg, &id) {
+                    eprintln!("evb node {id}: {e}");
+                    return ExitCode::from(2);
+                }
             }
             if a.serve && cfg.nodes().iter().any(|n| cfg.is_discovered(&n.addr)) {
                 eprintln!(

@@ -375,6 +375,17 @@ pub struct EvmSection {
     /// host:port of its control API (empty: from the control section).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub control: String,
+    /// host:port where a standby EVM listens (docs/standby.md; empty: no standby). The
+    /// nodes call it when they lose the EVM, and wait for it instead of ending the run.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub standby: String,
+    /// host:port of the standby's control API (empty: with `standby`, a free port).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub standby_control: String,
+    /// Only in the standby's own copy of the configuration (never in a file): where the
+    /// active EVM it follows listens. Set by `evb node --standby`.
+    #[serde(skip)]
+    pub follow: String,
 }
 
 impl Default for EvmSection {
@@ -383,6 +394,9 @@ impl Default for EvmSection {
             id: "evm".into(),
             addr: String::new(),
             control: String::new(),
+            standby: String::new(),
+            standby_control: String::new(),
+            follow: String::new(),
         }
     }
 }

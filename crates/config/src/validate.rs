@@ -292,6 +292,37 @@ impl Config {
                 }
             }
         }
+        for (key, addr) in [
+            ("evm.standby", &self.evm.standby),
+            ("evm.standby_control", &self.evm.standby_control),
+        ] {
+            if addr.is_empty() || self.transport.kind == TransportKind::Inproc {
+                continue;
+            }
+            let sa: SocketAddr = addr
+                .parse()
+                .map_err(|_| invalid(key, format!("{addr:?} is not an IP:port address")))?;
+            if !sa.ip().is_loopback() && self.secret().is_none() {
+                return Err(invalid(
+                    key,
+                    format!("{sa} is beyond loopback: set run.secret (or EVB_SECRET)"),
+                ));
+            }
+            if sa.port() != 0 {
+                if let Some(other) = addrs.insert(sa, key.to_string()) {
+                    return Err(invalid(
+                        key,
+                        format!("port clash: {sa} is also {other}'s address"),
+                    ));
+                }
+            }
+        }
+        if self.evm.standby.is_empty() && !self.evm.standby_control.is_empty() {
+            return Err(invalid(
+                "evm.standby_control",
+                "set evm.standby too: a standby's control API without a standby",
+            ));
+        }
         for (id, cpus) in &self.affinity {
             let key = format!("affinity.{id}");
             if !ids.contains_key(id.as_str()) {

@@ -64,6 +64,39 @@ fn host(addr: &str) -> &str {
     addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
+/// Makes `cfg` the standby EVM's own configuration (`evb node --id EVM --standby`): it
+/// listens at `evm.standby` (its control API at `evm.standby_control`) and follows the EVM
+/// at its configured address (docs/standby.md).
+pub fn make_standby(cfg: &mut Config, id: &str) -> Result<(), String> {
+    let Some(evm) = cfg.nodes().into_iter().next() else {
+        return Err("no EVM in the configuration".into());
+    };
+    if evm.id != id {
+        return Err(format!("--standby is for the EVM ({}), not {id}", evm.id));
+    }
+    if cfg.evm.standby.is_empty() {
+        return Err("--standby needs evm.standby (where the standby listens)".into());
+    }
+    if cfg.is_discovered(&evm.addr) {
+        return Err("--standby needs the EVM's address (evm.addr, or --evm)".into());
+    }
+    cfg.evm.follow = evm.addr;
+    cfg.evm.addr = cfg.evm.standby.clone();
+    cfg.evm.control = if cfg.evm.standby_control.is_empty() {
+        let host = cfg
+            .evm
+            .standby
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(h, _)| h);
+        format!("{host}:0")
+    } else {
+        cfg.evm.standby_control.clone()
+    };
+    // the active EVM writes the rendezvous file; the standby must not overwrite it
+    cfg.run.rendezvous.clear();
+    Ok(())
+}
+
 /// Runs node `id` of `cfg` on the transport the configuration names, until the run ends.
 pub fn run_node(
     cfg: &Config,

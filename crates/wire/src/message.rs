@@ -43,6 +43,8 @@ pub enum MessageType {
     ResyncRu = 0x001F,
     /// BU → a standby EVM taking the run over: the events it has and how far each got.
     ResyncBu = 0x0020,
+    /// Active EVM → its standby: the run's elapsed time, a stop, the nodes it dropped.
+    Follow = 0x0021,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -76,6 +78,7 @@ impl MessageType {
             0x001E => MessageType::PartPublished,
             0x001F => MessageType::ResyncRu,
             0x0020 => MessageType::ResyncBu,
+            0x0021 => MessageType::Follow,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -200,6 +203,8 @@ pub enum Message {
         resync: crate::resync::BuResync,
         more: bool,
     },
+    /// Active EVM → its standby: what the standby needs to take over.
+    Follow(crate::resync::Follow),
 }
 
 /// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
@@ -265,6 +270,7 @@ impl Message {
             Message::PartPublished { .. } => MessageType::PartPublished,
             Message::ResyncRu { .. } => MessageType::ResyncRu,
             Message::ResyncBu { .. } => MessageType::ResyncBu,
+            Message::Follow(_) => MessageType::Follow,
         }
     }
 
@@ -312,6 +318,7 @@ impl Message {
             Message::Peers(p) => encode_peers(p, out),
             Message::ResyncRu { resync, more } => resync.encode_into(*more, out),
             Message::ResyncBu { resync, more } => resync.encode_into(*more, out),
+            Message::Follow(f) => f.encode_into(out),
         }
         let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
         let h = MessageHeader {
@@ -428,6 +435,7 @@ impl Message {
                 let (resync, more) = crate::resync::BuResync::decode(b)?;
                 Message::ResyncBu { resync, more }
             }
+            MessageType::Follow => Message::Follow(crate::resync::Follow::decode(b)?),
             MessageType::Ready => {
                 exact("ready", 8)?;
                 Message::Ready {

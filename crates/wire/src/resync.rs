@@ -353,3 +353,79 @@ impl BuResync {
         Ok((r, more))
     }
 }
+
+/// What the active EVM tells its standby, at every heartbeat and before it acts on a drop:
+/// enough for the standby to take over (docs/standby.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Follow {
+    /// Time the run has been triggering (pauses left out), in milliseconds.
+    pub elapsed_ms: u64,
+    /// The operator asked the run to stop.
+    pub stop_requested: bool,
+    /// The run is over (halted or aborted): nothing to take over.
+    pub over: bool,
+    /// Nodes the EVM dropped from the run and that are not back: never heard again.
+    pub dropped: Vec<(crate::Role, u16)>,
+}
+
+const FOLLOW_STOP: u32 = 1;
+const FOLLOW_OVER: u32 = 2;
+
+impl Follow {
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        let n = self.dropped.len().min(u16::MAX as usize);
+        out.extend_from_slice(&self.elapsed_ms.to_le_bytes());
+        let flags = (if self.stop_requested { FOLLOW_STOP } else { 0 })
+            | if self.over { FOLLOW_OVER } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&(n as u16).to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        for (role, index) in &self.dropped[..n] {
+            out.extend_from_slice(&(*role as u16).to_le_bytes());
+            out.extend_from_slice(&index.to_le_bytes());
+        }
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Follow> {
+        let what = "follow";
+        if b.len() < 16 {
+            return Err(WireError::Truncated {
+                what,
+                need: 16,
+                have: b.len(),
+            });
+        }
+        let flags = u32_at(b, 8);
+        if flags & !(FOLLOW_STOP | FOLLOW_OVER) != 0 || u16_at(b, 14) != 0 {
+            return Err(WireError::ReservedNonZero { what });
+        }
+        let n = u16_at(b, 12) as usize;
+        if b.len() != 16 + 4 * n {
+            return Err(WireError::BadLength {
+                what,
+                expected: 16 + 4 * n,
+                got: b.len(),
+            });
+        }
+        let mut dropped = Vec::with_capacity(n);
+        for k in 0..n {
+            let role = match u16_at(b, 16 + 4 * k) {
+                1 => crate::Role::Ru,
+                2 => crate::Role::Bu,
+                v => {
+                    return Err(WireError::OutOfRange {
+                        what: "follow dropped node role",
+                        value: v as u64,
+                    })
+                }
+            };
+            dropped.push((role, u16_at(b, 18 + 4 * k)));
+        }
+        Ok(Follow {
+            elapsed_ms: u64_at(b, 0),
+            stop_requested: flags & FOLLOW_STOP != 0,
+            over: flags & FOLLOW_OVER != 0,
+            dropped,
+        })
+    }
+}

@@ -672,3 +672,29 @@ fn resync_bodies_are_checked() {
     empty[52 + 8] = 0; // the first range's count
     assert!(Message::decode(MessageType::ResyncBu, &empty).is_err());
 }
+
+/// The active EVM's word to its standby travels intact; a role that cannot be dropped (the
+/// EVM) or reserved bits are refused.
+#[test]
+fn follow_bodies_are_checked() {
+    use crate::resync::Follow;
+    let f = Follow {
+        elapsed_ms: 1234,
+        stop_requested: true,
+        over: false,
+        dropped: vec![(Role::Bu, 3), (Role::Ru, 1)],
+    };
+    let bytes = Message::Follow(f.clone()).encode();
+    let body = &bytes[MESSAGE_HEADER_LEN..];
+    assert_eq!(
+        Message::decode(MessageType::Follow, body),
+        Ok(Message::Follow(f))
+    );
+    let mut evm = body.to_vec();
+    evm[16] = 0; // role 0: the EVM
+    assert!(Message::decode(MessageType::Follow, &evm).is_err());
+    let mut flags = body.to_vec();
+    flags[8] = 4;
+    assert!(Message::decode(MessageType::Follow, &flags).is_err());
+    assert!(Message::decode(MessageType::Follow, &body[..body.len() - 2]).is_err());
+}

@@ -84,15 +84,21 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     };
     drop(tx);
     let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
-    let w = watch(
+    // a standby EVM is watched as a node, and judged as the EVM if it took the run over
+    let standby = (!cfg.evm.standby.is_empty() && !inproc).then(|| spawn::standby_label(&ids[0]));
+    let watched: Vec<String> = ids.iter().cloned().chain(standby.clone()).collect();
+    let mut w = watch(
         cfg,
-        &ids,
+        &watched,
         quiet,
         &interrupts,
         evm_control.as_ref(),
         &mut children,
         &rx,
     );
+    if let Some(label) = &standby {
+        took_over_or_not(&mut w, &ids[0], label);
+    }
     let pids: Vec<u32> = children.iter().map(|(_, c)| c.id()).collect();
     let mut problems = verdict::problems(cfg, &ids, &w);
     problems.extend(verdict::duplicate_output(cfg, launched));
@@ -120,6 +126,47 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         .map_err(|e| e.to_string())?;
     }
     Ok(ok)
+}
+
+/// With a standby EVM: if it took the run over, its report and exit are the EVM's (the
+/// first EVM's loss is named in the report it carries); if not, it is left out.
+fn took_over_or_not(w: &mut Watched, evm: &str, label: &str) {
+    let took_over = w
+        .reports
+        .get(label)
+        .and_then(|r| r.run.as_ref())
+        .is_some_and(|run| {
+            run.evm
+                .lost
+                .iter()
+                .any(|e| e.node == "evm" && e.reason.contains("standby took over"))
+        });
+    let report = w.reports.remove(label);
+    let code = w.exit_codes.remove(label);
+    let ended = w.how_ended.remove(label);
+    let last = w.last_lines.remove(label);
+    let was_killed = w.killed.iter().any(|k| k == label);
+    w.killed.retain(|k| k != label);
+    if took_over {
+        if let Some(r) = report {
+            w.reports.insert(evm.to_string(), r);
+        }
+        if let Some(c) = code {
+            w.exit_codes.insert(evm.to_string(), c);
+        }
+        w.how_ended.remove(evm);
+        if let Some(e) = ended {
+            w.how_ended.insert(evm.to_string(), e);
+        }
+        w.last_lines.remove(evm);
+        if let Some(l) = last {
+            w.last_lines.insert(evm.to_string(), l);
+        }
+        w.killed.retain(|k| k != evm);
+        if was_killed {
+            w.killed.push(evm.to_string());
+        }
+    }
 }
 
 /// Watches the nodes until every one has ended, the run's budget is spent, or a second
@@ -238,12 +285,19 @@ fn watch(
         // itself gone, dooms the run: give the EVM a moment to report, then stop the rest
         // rather than wait for time-outs. A node lost mid-run is the EVM's to handle (it
         // rebuilds a lost BU's events, or applies the RU-loss policy): wait for its verdict.
+        // with a standby that is still up, the EVM is gone only once it is gone too
+        let evm = match ids.iter().find(|i| i.ends_with("-standby")) {
+            Some(s) if exit_codes.contains_key(&ids[0]) && !exit_codes.contains_key(s) => s,
+            _ => &ids[0],
+        };
         let evm_running = latest
-            .get(&ids[0])
+            .get(evm)
             .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
-        let evm_gone = exit_codes.contains_key(&ids[0]);
-        let failed = exit_codes.values().any(|c| *c != Some(0));
-        if failed && (!evm_running || evm_gone) && !reports.contains_key(&ids[0]) {
+        let evm_gone = exit_codes.contains_key(evm);
+        let failed = exit_codes
+            .iter()
+            .any(|(id, c)| *c != Some(0) && !(id == &ids[0] && evm != &ids[0]));
+        if failed && (!evm_running || evm_gone) && !reports.contains_key(evm) {
             let since = *first_failure.get_or_insert_with(Instant::now);
             if since.elapsed() > Duration::from_secs(3) {
                 break;
@@ -251,7 +305,7 @@ fn watch(
         }
         // When one process dies early the EVM notices and aborts the run; give the rest a
         // moment, then make sure nobody is left behind.
-        if !children.is_empty() && exit_codes.len() < ids.len() && reports.contains_key(&ids[0]) {
+        if !children.is_empty() && exit_codes.len() < ids.len() && reports.contains_key(evm) {
             let grace = Instant::now() + Duration::from_secs(5);
             while exit_codes.len() < ids.len() && Instant::now() < grace {
                 for (id, child) in children.iter_mut() {

@@ -66,10 +66,31 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String>
         addrs.push(free(n, &n.addr)?);
         controls.push(free(n, &n.control)?);
     }
+    // a standby EVM: its listener and control API (`evb run --standby`)
+    let standby = if cfg.evm.standby.is_empty() {
+        None
+    } else {
+        let evm = &nodes[0];
+        let ctl = if cfg.evm.standby_control.is_empty() {
+            let host = cfg
+                .evm
+                .standby
+                .rsplit_once(':')
+                .map_or("127.0.0.1", |(h, _)| h);
+            format!("{host}:0")
+        } else {
+            cfg.evm.standby_control.clone()
+        };
+        Some((free(evm, &cfg.evm.standby)?, free(evm, &ctl)?))
+    };
     drop(held);
     let mut out = cfg.clone();
     out.evm.addr = addrs[0].clone();
     out.evm.control = controls[0].clone();
+    if let Some((a, c)) = standby {
+        out.evm.standby = a;
+        out.evm.standby_control = c;
+    }
     let placed = || nodes.iter().zip(addrs.iter().zip(&controls));
     out.ru = placed()
         .filter(|(n, _)| n.role == Role::Ru)
@@ -229,6 +250,20 @@ pub(crate) fn spawn_processes(
         let child = spawn_node(&config, &n.id, serve, tx, &inherit)?;
         children.push((n.id.clone(), child));
     }
+    if !cfg.evm.standby.is_empty() {
+        // the standby EVM, told apart from the EVM by its label
+        use std::os::fd::AsRawFd;
+        let tcp = cfg.transport.kind == TransportKind::Tcp;
+        let inherit: Vec<(String, i32)> = [&cfg.evm.standby, &cfg.evm.standby_control]
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i == 1 || tcp)
+            .filter_map(|(_, a)| listeners.get(a).map(|l| (a.clone(), l.as_raw_fd())))
+            .collect();
+        let id = cfg.evm.id.clone();
+        let child = spawn_standby(&config, &id, tx, &inherit)?;
+        children.push((standby_label(&id), child));
+    }
     // the nodes hold their sockets now (a node started again later binds its own)
     drop(listeners);
     Ok((children, config, cfg))
@@ -259,6 +294,41 @@ pub(super) fn drain_stderr(limit: Duration) {
 pub(crate) fn spawn_node(
     config: &ConfigFd,
     id: &str,
+    serve: bool,
+    tx: &mpsc::Sender<Note>,
+    inherit: &[(String, i32)],
+) -> Result<Child, String> {
+    spawn_labelled(config, id, id, &[], serve, tx, inherit)
+}
+
+/// How `evb run` names the standby EVM of EVM `id` in its notes and verdict.
+pub(crate) fn standby_label(id: &str) -> String {
+    format!("{id}-standby")
+}
+
+/// Starts the standby EVM process (`evb node --id EVM --standby`).
+fn spawn_standby(
+    config: &ConfigFd,
+    id: &str,
+    tx: &mpsc::Sender<Note>,
+    inherit: &[(String, i32)],
+) -> Result<Child, String> {
+    spawn_labelled(
+        config,
+        id,
+        &standby_label(id),
+        &["--standby"],
+        false,
+        tx,
+        inherit,
+    )
+}
+
+fn spawn_labelled(
+    config: &ConfigFd,
+    id: &str,
+    label: &str,
+    extra: &[&str],
     serve: bool,
     tx: &mpsc::Sender<Note>,
     inherit: &[(String, i32)],
@@ -302,6 +372,7 @@ pub(crate) fn spawn_node(
             .arg(config.path())
             .arg(format!("--launched-by={}", config.tag))
             .args(serve.then_some("--serve"))
+            .args(extra)
             .args(
                 inherit
                     .iter()
@@ -321,7 +392,7 @@ pub(crate) fn spawn_node(
             .map_err(|e| format!("cannot start {n}: {e}"))?;
         if let Some(stderr) = child.stderr.take() {
             let tx = tx.clone();
-            let id = n.to_string();
+            let id = label.to_string();
             let passer = std::thread::spawn(move || {
                 let mut from = BufReader::new(stderr);
                 let mut line = Vec::new();
@@ -345,7 +416,7 @@ pub(crate) fn spawn_node(
         }
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
-        let id = n.to_string();
+        let id = label.to_string();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };

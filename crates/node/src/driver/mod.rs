@@ -21,6 +21,7 @@ use crate::NodeError;
 
 mod peers;
 mod sink;
+mod standby;
 mod status;
 
 /// How much longer than `run.connect_timeout_s` an RU or BU connected to the EVM waits for
@@ -60,6 +61,8 @@ pub struct Driver {
     ru: RuSide,
     /// The EVM: the registry of nodes and the rendezvous file.
     evm: EvmSide,
+    /// This process's part in a run with a standby EVM.
+    standby: standby::Standby,
 }
 
 /// What only an RU has (all `None` elsewhere).
@@ -268,7 +271,22 @@ impl Driver {
                 "{id}: a consumer is plugged in, but {id} is not a BU"
             )));
         }
-        let logic = setup::logic(cfg, &me, ru_pool, now, plugs.sink).map_err(NodeError::Setup)?;
+        let mut logic =
+            setup::logic(cfg, &me, ru_pool, now, plugs.sink).map_err(NodeError::Setup)?;
+        let standby = standby::Standby::new(cfg, &me, now);
+        let mut sink_queue = sink::SinkQueue::new(now);
+        if matches!(standby, standby::Standby::Node { .. }) {
+            match &mut logic {
+                Logic::Ru(r) => r.set_standby(true),
+                Logic::Bu(b, s) => {
+                    b.set_standby(true);
+                    if s.commits() {
+                        sink_queue.track_commits();
+                    }
+                }
+                Logic::Evm(_) => {}
+            }
+        }
         let streams = match (&logic, cfg.source.kind) {
             (Logic::Ru(_), evb_config::SourceKind::Stream) => Some(
                 crate::stream_source::StreamSource::start(cfg, &me, now)
@@ -307,7 +325,7 @@ impl Driver {
             },
             reporter: status::Reporter::new(status, status_every, control.clone(), named, now),
             exit: None,
-            sink: sink::SinkQueue::new(now),
+            sink: sink_queue,
             populating,
             control,
             ru: RuSide {
@@ -319,6 +337,7 @@ impl Driver {
                 registry: FastMap::default(),
                 rendezvous,
             },
+            standby,
         })
     }
 
@@ -422,6 +441,7 @@ impl Driver {
             }
             Action::Deliver(ev) => self.sink.push(ev),
             Action::Accepted(r) => {
+                self.sink.tracked_accept(r.first, r.count);
                 if let Logic::Bu(_, sink) = &mut self.logic {
                     if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) =
                         sink.accepted(r.first, r.count)
@@ -454,6 +474,8 @@ impl Driver {
                 }
             }
             Action::Disconnect(p) => {
+                // the standby hears of a drop before anyone acts on it
+                self.tell_follower(false);
                 if let Some(conn) = self.links.conn(p) {
                     self.messenger.close(conn);
                     self.forget(p, conn);
@@ -484,6 +506,23 @@ impl Driver {
             let now = Instant::now();
             self.sink.begin_pass(now);
             self.dial(now)?;
+            if self.standby_pass(now) {
+                // a standby EVM that has not taken over: it follows, and gathers resyncs
+                self.heartbeats(now);
+                self.messenger.flush_due(now);
+                if self.exit.is_some() {
+                    break;
+                }
+                incoming.clear();
+                self.messenger
+                    .poll(&mut incoming, Some(Duration::from_millis(10)))
+                    .map_err(|e| NodeError::Io(e.to_string()))?;
+                let now = Instant::now();
+                for inc in incoming.drain(..) {
+                    self.on_incoming(now, inc)?;
+                }
+                continue;
+            }
             let populated = self.populating.as_ref().is_none_or(|t| t.is_finished());
             if !self.links.is_up() && self.links.complete() && populated {
                 if let Some(t) = self.populating.take() {
@@ -611,6 +650,8 @@ impl Driver {
     /// Sends what is queued (the last reports and Halts), says Bye, and reports.
     fn finish(mut self) -> Result<NodeOutcome, NodeError> {
         let (mut ok, mut reason) = self.exit.take().unwrap_or((false, "no exit".into()));
+        // the standby hears that the run is over, and does not take it over
+        self.tell_follower(true);
         if let Logic::Bu(_, sink) = &mut self.logic {
             // Completing output can fail for a while (a full disk): try for a few seconds.
             let give_up = Instant::now() + Duration::from_secs(3);

@@ -18,9 +18,9 @@ pub(super) struct Links {
     peers: FastMap<ConnId, NodeRef>,
     conns: FastMap<NodeRef, ConnId>,
     dialing: FastMap<ConnId, Dial>,
-    waiting_dials: Vec<Dial>,
+    pub(super) waiting_dials: Vec<Dial>,
     /// Where each peer we call can be reached, to call it again after a loss.
-    dial_specs: FastMap<NodeRef, (String, Channel)>,
+    pub(super) dial_specs: FastMap<NodeRef, (String, Channel)>,
     /// When each peer was last heard from (any message, on control and data links).
     last_heard: FastMap<NodeRef, Instant>,
     /// The receive pool, and how often it was found empty by the last liveness check: while
@@ -208,6 +208,9 @@ impl Driver {
     }
 
     pub(super) fn on_incoming(&mut self, now: Instant, inc: Incoming) -> Result<(), NodeError> {
+        if self.standby_incoming(now, &inc) {
+            return Ok(());
+        }
         match inc {
             Incoming::Connected { conn, peer } => {
                 if let Some(d) = self.links.dialing.remove(&conn) {
@@ -220,6 +223,8 @@ impl Driver {
                         if let Err(e) = self.messenger.send_now(conn, &Message::Register(me)) {
                             debug!(node = %self.me.id, "register with the EVM failed: {e}");
                         }
+                        // the standby that took over: what this node holds, first
+                        self.send_resync(conn);
                     }
                 }
             }
@@ -262,6 +267,18 @@ impl Driver {
                     return Ok(());
                 };
                 self.links.last_heard.insert(from, now);
+                // a standby taking over gathers resyncs before it is the run's EVM
+                let msg = match msg {
+                    Received::Message(m)
+                        if self.standby.following() && !matches!(m, Message::Register(_)) =>
+                    {
+                        match self.standby_message(from, m) {
+                            Some(m) => Received::Message(m),
+                            None => return Ok(()),
+                        }
+                    }
+                    other => other,
+                };
                 match (msg, &mut self.logic) {
                     (Received::Message(Message::Heartbeat), _) => {}
                     (Received::Message(Message::Register(r)), Logic::Evm(_)) => {
@@ -362,6 +379,9 @@ impl Driver {
             Logic::Evm(e) => e.peer_lost(now, p, &why),
             Logic::Ru(r) => r.peer_lost(p, &why),
             Logic::Bu(b, _) => b.peer_lost(p, &why),
+        }
+        if p == NodeRef::Evm && !matches!(self.state(), RunState::Halted | RunState::Aborted) {
+            self.call_standby(now);
         }
         if !quiet && p != NodeRef::Evm {
             if let Some((addr, channel)) = self.links.dial_specs.get(&p).cloned() {
@@ -570,6 +590,7 @@ impl Driver {
                     let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
                 }
             }
+            self.tell_follower(false);
         }
         if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.links.up {
             return;

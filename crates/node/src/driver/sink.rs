@@ -25,7 +25,21 @@ pub(super) struct SinkQueue {
     /// consumers acknowledging), until `sink.drain_timeout()` after it came.
     deferred_stop: Option<(NodeRef, Message)>,
     stop_waits_from: Option<Instant>,
+    /// A committing sink in a run with a standby EVM: what a resync must say of it.
+    track: Option<CommitTrack>,
 }
+
+/// A committing sink's state as a standby EVM needs it (docs/standby.md): accepted events
+/// in no part yet, parts sent as Commit and not published, recently committed parts.
+#[derive(Default)]
+struct CommitTrack {
+    accepted: std::collections::BTreeSet<u64>,
+    parts: std::collections::BTreeMap<u32, Vec<(u64, u32)>>,
+    committed: VecDeque<(u64, u32)>,
+}
+
+/// Committed ranges remembered for a resync (the newest; older ones the RUs have released).
+const COMMITTED_KEPT: usize = 4096;
 
 impl SinkQueue {
     pub(super) fn new(now: Instant) -> SinkQueue {
@@ -37,7 +51,46 @@ impl SinkQueue {
             pass_until: now,
             deferred_stop: None,
             stop_waits_from: None,
+            track: None,
         }
+    }
+
+    /// Keeps what a resync needs of a committing sink (a run with a standby EVM).
+    pub(super) fn track_commits(&mut self) {
+        self.track = Some(CommitTrack::default());
+    }
+
+    /// The EVM accepted `r` (see [`CommitTrack`]).
+    pub(super) fn tracked_accept(&mut self, first: u64, count: u32) {
+        if let Some(t) = &mut self.track {
+            t.accepted.extend(first..first + count as u64);
+        }
+    }
+
+    /// A committing sink's state, into a BU's resync.
+    pub(super) fn fill_resync(&self, r: &mut evb_builder::BuResync) {
+        let Some(t) = &self.track else {
+            return;
+        };
+        let bu = r.bu;
+        let range = |&(first, count): &(u64, u32)| evb_wire::EventRange { bu, first, count };
+        r.accepted.clear();
+        for &id in &t.accepted {
+            match r.accepted.last_mut() {
+                Some(l) if l.end() == id && l.count < u32::MAX => l.count += 1,
+                _ => r.accepted.push(evb_wire::EventRange {
+                    bu,
+                    first: id,
+                    count: 1,
+                }),
+            }
+        }
+        r.parts = t
+            .parts
+            .iter()
+            .map(|(p, rs)| (*p, rs.iter().map(range).collect()))
+            .collect();
+        r.committed = t.committed.iter().map(range).collect();
     }
 
     /// A loop pass begins: the sink may take events for a share of it.
@@ -137,6 +190,14 @@ impl SinkQueue {
         match sink.prepare(now) {
             Ok(parts) => {
                 for p in parts {
+                    if let Some(t) = &mut self.track {
+                        for &(first, count) in &p.ranges {
+                            for id in first..first + count as u64 {
+                                t.accepted.remove(&id);
+                            }
+                        }
+                        t.parts.insert(p.part, p.ranges.clone());
+                    }
                     b.commit(p.part, &p.ranges);
                 }
             }
@@ -152,7 +213,17 @@ impl SinkQueue {
     /// try again (at the latest when the run ends); the part's events are final already.
     pub(super) fn publish(&mut self, me: &str, part: u32, b: &mut Bu, sink: &mut dyn Sink) {
         match sink.publish(part) {
-            Ok(()) => b.published(part),
+            Ok(()) => {
+                if let Some(t) = &mut self.track {
+                    if let Some(ranges) = t.parts.remove(&part) {
+                        t.committed.extend(ranges);
+                        while t.committed.len() > COMMITTED_KEPT {
+                            t.committed.pop_front();
+                        }
+                    }
+                }
+                b.published(part)
+            }
             Err(SinkError::Busy(why)) => self.accept_failed(me, &why),
             Err(SinkError::Fatal(why)) => {
                 error!(node = %me, "sink failed: {why}");

@@ -1,0 +1,451 @@
+//! A run with a standby EVM (docs/standby.md), as the driver sees it: the active EVM tells
+//! its follower what it needs to take over; the follower notices the active EVM's loss,
+//! gathers every node's resync and rebuilds the run (`Evm::take_over`); an RU or BU that
+//! loses its EVM calls the standby and sends its resync first.
+
+use std::collections::BTreeMap;
+
+use evb_builder::{BuResync, RuResync, Takeover};
+use evb_wire::resync::Follow;
+
+use super::*;
+
+/// How long a node or the standby waits for the other side of a takeover, beyond the
+/// heartbeat timeout that started it.
+fn takeover_wait(cfg: &Config) -> Duration {
+    Duration::from_millis(2 * cfg.run.heartbeat_timeout_ms).max(Duration::from_secs(3))
+}
+
+/// This process's part in a run with a standby.
+pub(super) enum Standby {
+    /// No standby in this run.
+    None,
+    /// An RU or BU: where the standby listens, and since when it calls it (`None`: its
+    /// EVM is the first one, or it reached the standby).
+    Node {
+        addr: String,
+        calling_since: Option<Instant>,
+        switched: bool,
+    },
+    /// The active EVM: its follower's connection.
+    Active { follower: Option<ConnId> },
+    /// The standby EVM, following the active one until it is lost, then taking over.
+    Follower(Box<Following>),
+}
+
+pub(super) struct Following {
+    /// Where the active EVM listens, and the connection to it.
+    active: String,
+    conn: Option<ConnId>,
+    dialing: Option<ConnId>,
+    retry_at: Instant,
+    last_heard: Instant,
+    /// The active EVM's last word, and when it came.
+    follow: Follow,
+    follow_at: Instant,
+    /// Taking over: since when, and what the nodes said so far.
+    taking_over: Option<Instant>,
+    rus: BTreeMap<u16, (RuResync, bool)>,
+    bus: BTreeMap<u16, (BuResync, bool)>,
+    /// What nodes sent after their resync, before the new EVM was made: handled then.
+    held: Vec<(NodeRef, Message)>,
+    /// The run ended at the active EVM: nothing to take over.
+    over: bool,
+}
+
+impl Standby {
+    pub(super) fn new(cfg: &Config, me: &NodeSpec, now: Instant) -> Standby {
+        if me.role == Role::Evm && !cfg.evm.follow.is_empty() {
+            return Standby::follower(cfg.evm.follow.clone(), now);
+        }
+        if cfg.evm.standby.is_empty() {
+            return Standby::None;
+        }
+        match me.role {
+            Role::Evm => Standby::Active { follower: None },
+            _ => Standby::Node {
+                addr: cfg.evm.standby.clone(),
+                calling_since: None,
+                switched: false,
+            },
+        }
+    }
+
+    /// The standby EVM, following the active one at `active`.
+    pub(super) fn follower(active: String, now: Instant) -> Standby {
+        Standby::Follower(Box::new(Following {
+            active,
+            conn: None,
+            dialing: None,
+            retry_at: now,
+            last_heard: now,
+            follow: Follow::default(),
+            follow_at: now,
+            taking_over: None,
+            rus: BTreeMap::new(),
+            bus: BTreeMap::new(),
+            held: Vec::new(),
+            over: false,
+        }))
+    }
+
+    /// Still following: not yet the run's EVM.
+    pub(super) fn following(&self) -> bool {
+        matches!(self, Standby::Follower(_))
+    }
+}
+
+fn node_of(role: evb_wire::Role, index: u16) -> NodeRef {
+    match role {
+        evb_wire::Role::Evm => NodeRef::Evm,
+        evb_wire::Role::Ru => NodeRef::Ru(index),
+        evb_wire::Role::Bu => NodeRef::Bu(index),
+    }
+}
+
+impl Driver {
+    /// The active EVM's word to its follower (see [`Follow`]).
+    fn follow_word(&self, over: bool) -> Option<Message> {
+        let Logic::Evm(e) = &self.logic else {
+            return None;
+        };
+        let st = e.stats();
+        let dropped = st
+            .down
+            .iter()
+            .filter_map(|n| {
+                let (role, rest) = n.split_once('[')?;
+                let index = rest.trim_end_matches(']').parse().ok()?;
+                let role = match role {
+                    "ru" => evb_wire::Role::Ru,
+                    "bu" => evb_wire::Role::Bu,
+                    _ => return None,
+                };
+                Some((role, index))
+            })
+            .collect();
+        let over = over || e.state().is_over() || e.state() == RunState::Halted;
+        Some(Message::Follow(Follow {
+            elapsed_ms: e.elapsed(Instant::now()).as_millis() as u64,
+            stop_requested: st.stopped_by_request,
+            over,
+            dropped,
+        }))
+    }
+
+    /// The active EVM tells its follower (every heartbeat, before a drop, at the end).
+    pub(super) fn tell_follower(&mut self, over: bool) {
+        let Standby::Active {
+            follower: Some(conn),
+        } = self.standby
+        else {
+            return;
+        };
+        if let Some(m) = self.follow_word(over) {
+            let _ = self.messenger.send_now(conn, &m);
+        }
+    }
+
+    /// An incoming connection event that belongs to the standby machinery; true when it
+    /// was handled here.
+    pub(super) fn standby_incoming(&mut self, now: Instant, inc: &Incoming) -> bool {
+        match (&mut self.standby, inc) {
+            // the active EVM: its follower calls (role EVM, index 1, this node's id)
+            (Standby::Active { follower }, Incoming::Accepted { conn, peer })
+                if peer.role == evb_wire::Role::Evm
+                    && peer.index == 1
+                    && peer.node_id == self.me.id =>
+            {
+                info!(node = %self.me.id, "the standby EVM follows this one");
+                *follower = Some(*conn);
+                true
+            }
+            (Standby::Active { follower }, Incoming::Closed { conn, .. })
+                if *follower == Some(*conn) =>
+            {
+                warn!(node = %self.me.id, "the standby EVM is gone: a loss of this EVM would end the run");
+                *follower = None;
+                true
+            }
+            (Standby::Active { follower }, Incoming::Received { conn, .. })
+                if *follower == Some(*conn) =>
+            {
+                true
+            }
+            (Standby::Follower(f), Incoming::Connected { conn, .. })
+                if f.dialing == Some(*conn) =>
+            {
+                info!(node = %self.me.id, "following the active EVM at {}", f.active);
+                f.dialing = None;
+                f.conn = Some(*conn);
+                f.last_heard = now;
+                true
+            }
+            (Standby::Follower(f), Incoming::Closed { conn, reason })
+                if f.dialing == Some(*conn) =>
+            {
+                debug!(node = %self.me.id, "the active EVM at {} does not answer yet: {reason}", f.active);
+                f.dialing = None;
+                f.retry_at = now + Duration::from_millis(200);
+                true
+            }
+            (Standby::Follower(f), Incoming::Closed { conn, reason }) if f.conn == Some(*conn) => {
+                f.conn = None;
+                if !f.over {
+                    warn!(node = %self.me.id, "lost the active EVM: {reason}; taking over");
+                    f.taking_over = Some(now);
+                }
+                true
+            }
+            (Standby::Follower(f), Incoming::Received { conn, msg }) if f.conn == Some(*conn) => {
+                f.last_heard = now;
+                if let Received::Message(Message::Follow(w)) = msg {
+                    f.over |= w.over;
+                    f.follow = w.clone();
+                    f.follow_at = now;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A message from a node to the standby while it takes over: resyncs are gathered,
+    /// the rest held until the new EVM is made. False when the standby is the EVM already.
+    pub(super) fn standby_message(&mut self, from: NodeRef, msg: Message) -> Option<Message> {
+        let Standby::Follower(f) = &mut self.standby else {
+            return Some(msg);
+        };
+        match (from, msg) {
+            (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
+                match f.rus.get_mut(&i) {
+                    Some((r, open)) if *open => {
+                        r.absorb(resync);
+                        *open = more;
+                    }
+                    _ => {
+                        f.rus.insert(i, (resync, more));
+                    }
+                }
+                None
+            }
+            (NodeRef::Bu(i), Message::ResyncBu { resync, more }) => {
+                match f.bus.get_mut(&i) {
+                    Some((b, open)) if *open => {
+                        b.absorb(resync);
+                        *open = more;
+                    }
+                    _ => {
+                        f.bus.insert(i, (resync, more));
+                    }
+                }
+                None
+            }
+            (from, Message::Heartbeat) => {
+                let _ = from;
+                None
+            }
+            (from, msg) => {
+                f.held.push((from, msg));
+                None
+            }
+        }
+    }
+
+    /// Each pass: the follower calls the active EVM, watches it, and takes over once it is
+    /// lost and every node has answered (or the wait is over); a node waiting for the
+    /// standby gives up after its wait. Returns true while this process is a follower that
+    /// has not taken over (its EVM logic must not run yet).
+    pub(super) fn standby_pass(&mut self, now: Instant) -> bool {
+        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
+        let wait = takeover_wait(&self.cfg);
+        match &mut self.standby {
+            Standby::Node {
+                calling_since: Some(since),
+                switched,
+                ..
+            } if *switched && self.links.conn(NodeRef::Evm).is_none() => {
+                if now.duration_since(*since) > wait && self.exit.is_none() {
+                    let why = format!(
+                        "lost the EVM, and the standby did not answer within {} ms",
+                        wait.as_millis()
+                    );
+                    self.exit = Some((false, why));
+                }
+                false
+            }
+            Standby::Follower(f) => {
+                if f.over {
+                    if self.exit.is_none() {
+                        self.exit = Some((true, "the run ended at the active EVM".into()));
+                    }
+                    return true;
+                }
+                if f.taking_over.is_none() {
+                    if f.conn.is_none() && f.dialing.is_none() && now >= f.retry_at {
+                        let hello = Hello::new(
+                            Channel::Control,
+                            evb_wire::Role::Evm,
+                            1,
+                            &self.cfg.run.id,
+                            &self.me.id,
+                        );
+                        match self.messenger.connect(&f.active, hello) {
+                            Ok(c) => f.dialing = Some(c),
+                            Err(e) => {
+                                debug!(node = %self.me.id, "calling the active EVM: {e}");
+                                f.retry_at = now + Duration::from_millis(200);
+                            }
+                        }
+                    }
+                    if let Some(conn) = f.conn {
+                        if now.duration_since(f.last_heard) > timeout {
+                            warn!(node = %self.me.id, "the active EVM is silent for {} ms; taking over", timeout.as_millis());
+                            self.messenger.close(conn);
+                            f.conn = None;
+                            f.taking_over = Some(now);
+                        } else {
+                            let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
+                        }
+                    }
+                    return true;
+                }
+                let since = f.taking_over.unwrap_or(now);
+                let dropped: Vec<NodeRef> = f
+                    .follow
+                    .dropped
+                    .iter()
+                    .map(|(r, i)| node_of(*r, *i))
+                    .collect();
+                let all = self.nodes.iter().skip(1).all(|n| {
+                    let p = node_ref(n);
+                    dropped.contains(&p)
+                        || match p {
+                            NodeRef::Ru(i) => f.rus.get(&i).is_some_and(|(_, more)| !more),
+                            NodeRef::Bu(i) => f.bus.get(&i).is_some_and(|(_, more)| !more),
+                            NodeRef::Evm => true,
+                        }
+                });
+                if !all && now.duration_since(since) < wait {
+                    return true;
+                }
+                self.take_over(now);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// The standby becomes the run's EVM.
+    fn take_over(&mut self, now: Instant) {
+        let Standby::Follower(f) = std::mem::replace(&mut self.standby, Standby::None) else {
+            return;
+        };
+        let Logic::Evm(old) = &self.logic else {
+            return;
+        };
+        let cfg = old.config().clone();
+        let dropped: Vec<NodeRef> = f
+            .follow
+            .dropped
+            .iter()
+            .map(|(r, i)| node_of(*r, *i))
+            .collect();
+        let elapsed = Duration::from_millis(f.follow.elapsed_ms) + now.duration_since(f.follow_at);
+        let rus: Vec<RuResync> = f
+            .rus
+            .into_values()
+            .filter(|(_, more)| !more)
+            .map(|(r, _)| r)
+            .collect();
+        let bus: Vec<BuResync> = f
+            .bus
+            .into_values()
+            .filter(|(_, more)| !more)
+            .map(|(b, _)| b)
+            .collect();
+        info!(node = %self.me.id, "taking the run over: {} RUs and {} BUs answered", rus.len(), bus.len());
+        let t = Takeover {
+            epoch: 1,
+            elapsed,
+            dropped,
+            reason: "the active EVM was lost".into(),
+            stop_requested: f.follow.stop_requested,
+        };
+        let mut evm = evb_builder::Evm::take_over(cfg, now, t, rus, bus);
+        for (from, msg) in f.held {
+            evm.handle(now, from, msg);
+        }
+        self.logic = Logic::Evm(evm);
+        self.links.mark_up();
+    }
+
+    /// A node lost its EVM: with a standby, call it (once).
+    pub(super) fn call_standby(&mut self, now: Instant) {
+        let Standby::Node {
+            addr,
+            calling_since,
+            switched,
+        } = &mut self.standby
+        else {
+            return;
+        };
+        if *switched {
+            return;
+        }
+        *switched = true;
+        *calling_since = Some(now);
+        info!(node = %self.me.id, "lost the EVM: calling the standby at {addr}");
+        self.links
+            .dial_specs
+            .insert(NodeRef::Evm, (addr.clone(), Channel::Control));
+        self.links.waiting_dials.push(peers::Dial {
+            peer: NodeRef::Evm,
+            addr: addr.clone(),
+            channel: Channel::Control,
+            retry_at: Some(now),
+        });
+        // a second loss ends the run
+        match &mut self.logic {
+            Logic::Ru(r) => r.set_standby(false),
+            Logic::Bu(b, _) => b.set_standby(false),
+            Logic::Evm(_) => {}
+        }
+    }
+
+    /// A node reached the standby: its resync goes first.
+    pub(super) fn send_resync(&mut self, conn: ConnId) {
+        let Standby::Node {
+            calling_since,
+            switched: true,
+            ..
+        } = &mut self.standby
+        else {
+            return;
+        };
+        *calling_since = None;
+        let msgs: Vec<Message> = match &mut self.logic {
+            Logic::Ru(r) => r
+                .resync()
+                .split()
+                .into_iter()
+                .map(|(resync, more)| Message::ResyncRu { resync, more })
+                .collect(),
+            Logic::Bu(b, _) => {
+                let mut r = b.resync();
+                self.sink.fill_resync(&mut r);
+                r.split()
+                    .into_iter()
+                    .map(|(resync, more)| Message::ResyncBu { resync, more })
+                    .collect()
+            }
+            Logic::Evm(_) => Vec::new(),
+        };
+        info!(node = %self.me.id, "reached the standby; resync sent ({} messages)", msgs.len());
+        for m in msgs {
+            if let Err(e) = self.messenger.send_now(conn, &m) {
+                warn!(node = %self.me.id, "resync to the standby failed: {e}");
+            }
+        }
+    }
+}
