@@ -46,6 +46,9 @@ enum Fault {
     KillRuStop,
     KillEvm,
     FreezeEvm(u64),
+    /// The same two with a standby EVM (docs/standby.md): the run must complete.
+    KillEvmStandby,
+    FreezeEvmStandby(u64),
     CutLink,
     /// bu1's sink takes 1.5 ms an event (back-pressure all run long), and bu1 is frozen for
     /// this many ms, below the heartbeat timeout: it must not be taken for lost.
@@ -83,6 +86,7 @@ enum Expect {
 
 fn expect(f: Fault) -> Expect {
     match f {
+        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) => Expect::Complete,
         Fault::KillRuStop | Fault::KillEvm => Expect::Stops,
         // a freeze shorter than the heartbeat timeout is no fault at all; a longer one
         // makes every other node leave the run
@@ -113,7 +117,8 @@ fn pid_of(marker: &str, id: &str) -> Option<u32> {
     let want = format!("--id {id} ");
     processes()
         .into_iter()
-        .find(|(_, cmd)| cmd.contains(&want) && cmd.contains(marker))
+        // the EVM's standby runs with the EVM's id: never taken for it
+        .find(|(_, cmd)| cmd.contains(&want) && cmd.contains(marker) && !cmd.contains("--standby"))
         .map(|(pid, _)| pid)
 }
 
@@ -262,9 +267,11 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         Fault::KillRuPartial | Fault::KillRuStop => (3, 2),
         _ => (2, 2),
     };
-    // data ports from `base`, then the control APIs' (EVM, RUs, BUs) from `cbase`
-    let base = free_base_port(2 * (1 + rus + bus));
+    // data ports from `base`, then the control APIs' (EVM, RUs, BUs) from `cbase`, then
+    // the standby EVM's two
+    let base = free_base_port(2 * (1 + rus + bus) + 2);
     let cbase = base + 1 + rus + bus;
+    let standby = matches!(t.fault, Fault::KillEvmStandby | Fault::FreezeEvmStandby(_));
     let sink = dir.join("out");
     let mut toml = format!(
         "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[control]\nbase_port = {cbase}\n\
@@ -274,6 +281,13 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     );
     if t.fault == Fault::KillRuPartial {
         toml += "[builder]\non_ru_loss = \"partial\"\n";
+    }
+    if standby {
+        let sb = cbase + 1 + rus + bus;
+        toml += &format!(
+            "[evm]\nstandby = \"127.0.0.1:{sb}\"\nstandby_control = \"127.0.0.1:{}\"\n",
+            sb + 1
+        );
     }
     if let Fault::SlowBu(_) = t.fault {
         toml += "[[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\nsink_delay_us = 1500\n";
@@ -313,6 +327,16 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                     .spawn()
                     .unwrap();
                 kids.insert(id.clone(), c);
+            }
+            if standby {
+                let c = Command::new(EVB)
+                    .args(["node", "--id", "evm", "--standby", "--config"])
+                    .arg(&cfg)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                kids.insert("evm-standby".into(), c);
             }
             None
         }
@@ -375,8 +399,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             hit("bu2", "-KILL");
         }
         Fault::KillRuPartial | Fault::KillRuStop => hit("ru2", "-KILL"),
-        Fault::KillEvm => hit("evm", "-KILL"),
-        Fault::FreezeBu(ms) | Fault::FreezeEvm(ms) => {
+        Fault::KillEvm | Fault::KillEvmStandby => hit("evm", "-KILL"),
+        Fault::FreezeBu(ms) | Fault::FreezeEvm(ms) | Fault::FreezeEvmStandby(ms) => {
             let id = if matches!(t.fault, Fault::FreezeBu(_)) {
                 "bu0"
             } else {
@@ -491,8 +515,17 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 }
                 let o = c.wait_with_output().unwrap();
                 clean_exit.insert(id.clone(), o.status.success());
-                if id == "evm" {
-                    evm_report = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+                let report: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+                // the standby's report is the run's once it took over
+                let took_over = report["run"]["evm"]["lost"].as_array().is_some_and(|l| {
+                    l.iter().any(|e| {
+                        e["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("standby took over"))
+                    })
+                });
+                if id == "evm" && evm_report.is_null() || id == "evm-standby" && took_over {
+                    evm_report = report;
                 }
                 log += &format!("--- {id}: {}\n", String::from_utf8_lossy(&o.stderr));
             }
@@ -587,6 +620,15 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 // back-pressure, a short freeze, hostile sockets: none of them is a loss
                 assert!(node_events.is_empty(), "{}\n{log}", evm["lost"]);
             }
+            if matches!(t.fault, Fault::KillEvmStandby | Fault::FreezeEvmStandby(_)) {
+                assert!(
+                    node_events.iter().any(|e| e.node == "evm"
+                        && e.kind == NodeEventKind::Lost
+                        && e.reason.contains("standby took over")),
+                    "the standby's takeover is not in the report: {}\n{log}",
+                    evm["lost"]
+                );
+            }
             if t.fault == Fault::KillRuPartial {
                 let partial: u64 = o.run["bus"]
                     .as_array()
@@ -637,7 +679,7 @@ fn faults_at_random_moments_keep_every_promise() {
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
     for k in 0..trials {
-        let fault = match rng.below(14) {
+        let fault = match rng.below(16) {
             0 => Fault::None,
             1 => Fault::KillBu,
             // below and above the heartbeat timeout (1 s)
@@ -652,6 +694,8 @@ fn faults_at_random_moments_keep_every_promise() {
             10 => Fault::Flood,
             11 => Fault::HostileHttp,
             12 => Fault::StartFlood,
+            13 => Fault::KillEvmStandby,
+            14 => Fault::FreezeEvmStandby(1200 + rng.below(4000)),
             _ if can_cut => Fault::CutLink,
             _ => Fault::KillBu,
         };
@@ -749,6 +793,16 @@ fn a_hostile_http_client_changes_nothing_in_a_run_with_a_secret() {
 #[test]
 fn a_handshake_flood_from_before_the_start_does_not_stop_separate_nodes() {
     fixed(Fault::StartFlood, Launch::Nodes, false, 0);
+}
+
+#[test]
+fn evb_run_with_a_standby_survives_a_killed_evm() {
+    fixed(Fault::KillEvmStandby, Launch::Run, false, 1000);
+}
+
+#[test]
+fn separate_nodes_with_a_standby_survive_a_frozen_evm() {
+    fixed(Fault::FreezeEvmStandby(2500), Launch::Nodes, false, 1000);
 }
 
 #[test]
