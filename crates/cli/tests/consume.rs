@@ -729,7 +729,9 @@ fn node_pid(parent: u32, id: &str) -> Option<u32> {
         let named = args
             .windows(2)
             .any(|w| w[0] == b"--id" && w[1] == id.as_bytes());
-        if ppid == Some(parent) && named {
+        // the EVM's standby runs with the EVM's id: never taken for it
+        let standby = args.iter().any(|a| *a == b"--standby");
+        if ppid == Some(parent) && named && !standby {
             return Some(pid);
         }
     }
@@ -808,5 +810,78 @@ fn a_serving_bu_killed_mid_run_loses_nothing_and_each_event_is_consumed_once() {
     eprintln!(
         "served again and not written twice: {}",
         summary["repeated"]
+    );
+}
+
+/// The EVM killed with `kill -9` at a seeded moment of a serving run started with
+/// `evb run --standby`: the standby takes the run over (docs/standby.md), the BUs' consumers
+/// never notice, and every triggered event reaches the consumer exactly once; the verdict
+/// is OK and names the takeover.
+#[test]
+fn a_standby_takes_over_a_serving_run_and_each_event_is_consumed_once() {
+    let _turn = TAKE_TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    const EVENTS: u64 = 8_000;
+    let mut r = rng();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = free_base_port(2);
+    let toml = config("evmkill", EVENTS, 2, base, "").replacen(
+        "duration_s = 0\n",
+        "duration_s = 0\nrate_hz = 2000.0\n",
+        1,
+    );
+    std::fs::write(d.join("run.toml"), &toml).unwrap();
+    let run = Command::new(EVB)
+        .args(["run", "--quiet", "--standby", "--config"])
+        .arg(d.join("run.toml"))
+        .arg("--json")
+        .arg(d.join("summary.json"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let from = addrs(base, 2);
+    let c = consumer(d, "c", "evmkill", &from, &["--wait-s", "5"]);
+    let t0 = Instant::now();
+    while ids(d, "c").len() < 200 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = Duration::from_millis(r() % 1500);
+    std::thread::sleep(after);
+    let evm = node_pid(run.id(), "evm").expect("the EVM is running");
+    eprintln!("kill -9 the EVM (pid {evm}) {after:?} after the consumer's 200th event");
+    let _ = Command::new("kill").args(["-9", &evm.to_string()]).status();
+    let out = run.wait_with_output().unwrap();
+    let s: Value = std::fs::read_to_string(d.join("summary.json"))
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(Value::Null);
+    assert!(out.status.success(), "evb run failed:\n{}", text(&out));
+    assert_eq!(s["ok"], true, "{}", text(&out));
+    assert_eq!(s["run"]["evm"]["triggered"], EVENTS, "{}", text(&out));
+    assert_eq!(s["run"]["evm"]["released"], EVENTS);
+    let took_over = s["run"]["evm"]["lost"].as_array().is_some_and(|l| {
+        l.iter().any(|e| {
+            e["node"] == "evm"
+                && e["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("standby took over"))
+        })
+    });
+    assert!(
+        took_over,
+        "the takeover is not in the report:\n{}",
+        text(&out)
+    );
+    let (o, _) = finished(c);
+    let mut got = ids(d, "c");
+    let n = got.len();
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got.len(), n, "an event written twice:\n{}", text(&o));
+    assert_eq!(
+        got,
+        (0..EVENTS).collect::<Vec<_>>(),
+        "every event once:\n{}",
+        text(&o)
     );
 }
