@@ -128,6 +128,12 @@ pub struct EvmStats {
     /// Triggering is paused by the operator (events in flight are still built).
     #[serde(default)]
     pub paused: bool,
+    /// How many times a standby took this run over (docs/standby.md): 0 for the first EVM.
+    #[serde(default)]
+    pub epoch: u16,
+    /// This EVM is a standby still following the active one (not the run's EVM yet).
+    #[serde(default)]
+    pub following: bool,
     /// Time spent paused; it does not count towards `run.duration_s` or the rate.
     #[serde(default)]
     pub paused_s: f64,
@@ -228,6 +234,11 @@ impl Evm {
 
     pub fn state(&self) -> RunState {
         self.state
+    }
+
+    /// A standby's EVM, following the active one (see [`EvmStats::following`]).
+    pub fn set_following(&mut self, following: bool) {
+        self.stats.following = following;
     }
 
     /// The configuration it runs by (a standby taking over makes its EVM with the same).

@@ -166,6 +166,20 @@ impl Collector for SnapshotCollector {
                     None,
                     st.committed_unpublished,
                 )?;
+                gauge(
+                    &mut enc,
+                    "evb_evm_epoch",
+                    "Takeovers of this run by a standby EVM (0: the first EVM runs it)",
+                    None,
+                    st.epoch as u64,
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_evm_active",
+                    "1 on the EVM that runs the run, 0 on a standby still following it",
+                    None,
+                    u64::from(!st.following),
+                )?;
                 // only losses count (a rejoin is none)
                 let losses = st.lost.iter().filter(|e| e.kind.is_loss()).count();
                 counter(

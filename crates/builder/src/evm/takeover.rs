@@ -124,6 +124,7 @@ impl Evm {
             || rus_in.values().any(|r| r.stopping)
             || bus_in.values().any(|b| b.stopping);
         evm.stats.stopped_by_request = t.stop_requested;
+        evm.stats.epoch = t.epoch;
         evm.stats.lost.push(NodeEvent::new(
             NodeRef::Evm,
             t.elapsed.as_secs_f64(),

@@ -274,6 +274,9 @@ impl Driver {
         let mut logic =
             setup::logic(cfg, &me, ru_pool, now, plugs.sink).map_err(NodeError::Setup)?;
         let standby = standby::Standby::new(cfg, &me, now);
+        if let (true, Logic::Evm(e)) = (standby.following(), &mut logic) {
+            e.set_following(true);
+        }
         let mut sink_queue = sink::SinkQueue::new(now);
         if matches!(standby, standby::Standby::Node { .. }) {
             match &mut logic {
