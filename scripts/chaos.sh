@@ -2,7 +2,9 @@
 # A longer campaign of faults at random moments (the test `chaos` with more trials).
 #   ./scripts/chaos.sh 200            # 200 trials, a fresh seed (printed)
 #   EVB_CHAOS_SEED=1234 ./scripts/chaos.sh 200   # replay a campaign
-# Each trial: a random fault (kill/freeze a BU, an RU under both policies, the EVM, two BUs,
+#   EVB_CHAOS_STANDBY=1 ./scripts/chaos.sh 100    # only the EVM's loss with a standby
+# Each trial: a random fault (kill/freeze a BU, an RU under both policies, the EVM with or
+# without a standby, two BUs,
 # one RU->BU data link cut, or none) at a random moment, over tcp or shm, through `evb run`
 # or separate `evb node` processes, with the file sink; see crates/cli/tests/chaos.rs.
 set -euo pipefail

@@ -401,6 +401,7 @@ impl Sim {
             dropped,
             reason: "killed".into(),
             stop_requested: false,
+            max_events: None,
         };
         self.evm = Evm::take_over(cfg, self.now, t, rus, bus);
     }

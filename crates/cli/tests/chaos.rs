@@ -1,5 +1,6 @@
 //! Faults at random moments: each trial picks a fault (kill or freeze a BU, an RU under
-//! either policy, the EVM, two BUs, cut one RU->BU data link, freeze a BU whose sink is slow
+//! either policy, the EVM with or without a standby EVM, two BUs, cut one RU->BU data link,
+//! freeze a BU whose sink is slow
 //! (back-pressure), Ctrl-C, a flood of stalled unauthenticated sockets, a hostile HTTP client
 //! against the control APIs, a handshake flood from before the start, or none), a moment,
 //! a transport (tcp, shm) and a way to start the run (`evb run`, or one `evb node` per
@@ -8,6 +9,9 @@
 //! ```sh
 //! EVB_CHAOS_SEED=1234 EVB_CHAOS_TRIALS=40 cargo test -p evb --test chaos -- --nocapture
 //! ```
+//!
+//! `EVB_CHAOS_STANDBY=1` makes every trial's fault the EVM's loss in a run with a standby
+//! (killed, or frozen for 1.2 to 5.2 s), for a campaign on the takeover alone.
 //!
 //! Each trial checks what docs/operations.md's fault table promises: the outcome (verdict,
 //! exit codes), the ledger, that no event id is in two output files and every output id was
@@ -678,6 +682,7 @@ fn faults_at_random_moments_keep_every_promise() {
     eprintln!("chaos: seed {seed} ({trials} trials): EVB_CHAOS_SEED={seed} replays them");
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
+    let only_standby = std::env::var("EVB_CHAOS_STANDBY").is_ok_and(|v| v == "1");
     for k in 0..trials {
         let fault = match rng.below(16) {
             0 => Fault::None,
@@ -698,6 +703,14 @@ fn faults_at_random_moments_keep_every_promise() {
             14 => Fault::FreezeEvmStandby(1200 + rng.below(4000)),
             _ if can_cut => Fault::CutLink,
             _ => Fault::KillBu,
+        };
+        let fault = if only_standby {
+            match rng.below(2) {
+                0 => Fault::KillEvmStandby,
+                _ => Fault::FreezeEvmStandby(1200 + rng.below(4000)),
+            }
+        } else {
+            fault
         };
         let launch = if rng.below(2) == 0 {
             Launch::Run

@@ -366,6 +366,9 @@ pub struct Follow {
     pub over: bool,
     /// Nodes the EVM dropped from the run and that are not back: never heard again.
     pub dropped: Vec<(crate::Role, u16)>,
+    /// The most events the run will trigger, as the EVM knows it now (run.events, or what
+    /// the RUs' recordings hold); [`crate::UNLIMITED`] for none.
+    pub max_events: u64,
 }
 
 const FOLLOW_STOP: u32 = 1;
@@ -380,6 +383,7 @@ impl Follow {
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&(n as u16).to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.max_events.to_le_bytes());
         for (role, index) in &self.dropped[..n] {
             out.extend_from_slice(&(*role as u16).to_le_bytes());
             out.extend_from_slice(&index.to_le_bytes());
@@ -388,10 +392,10 @@ impl Follow {
 
     pub(crate) fn decode(b: &[u8]) -> Result<Follow> {
         let what = "follow";
-        if b.len() < 16 {
+        if b.len() < 24 {
             return Err(WireError::Truncated {
                 what,
-                need: 16,
+                need: 24,
                 have: b.len(),
             });
         }
@@ -400,16 +404,16 @@ impl Follow {
             return Err(WireError::ReservedNonZero { what });
         }
         let n = u16_at(b, 12) as usize;
-        if b.len() != 16 + 4 * n {
+        if b.len() != 24 + 4 * n {
             return Err(WireError::BadLength {
                 what,
-                expected: 16 + 4 * n,
+                expected: 24 + 4 * n,
                 got: b.len(),
             });
         }
         let mut dropped = Vec::with_capacity(n);
         for k in 0..n {
-            let role = match u16_at(b, 16 + 4 * k) {
+            let role = match u16_at(b, 24 + 4 * k) {
                 1 => crate::Role::Ru,
                 2 => crate::Role::Bu,
                 v => {
@@ -419,13 +423,14 @@ impl Follow {
                     })
                 }
             };
-            dropped.push((role, u16_at(b, 18 + 4 * k)));
+            dropped.push((role, u16_at(b, 26 + 4 * k)));
         }
         Ok(Follow {
             elapsed_ms: u64_at(b, 0),
             stop_requested: flags & FOLLOW_STOP != 0,
             over: flags & FOLLOW_OVER != 0,
             dropped,
+            max_events: u64_at(b, 16),
         })
     }
 }

@@ -683,6 +683,7 @@ fn follow_bodies_are_checked() {
         stop_requested: true,
         over: false,
         dropped: vec![(Role::Bu, 3), (Role::Ru, 1)],
+        max_events: 77,
     };
     let bytes = Message::Follow(f.clone()).encode();
     let body = &bytes[MESSAGE_HEADER_LEN..];
@@ -691,7 +692,7 @@ fn follow_bodies_are_checked() {
         Ok(Message::Follow(f))
     );
     let mut evm = body.to_vec();
-    evm[16] = 0; // role 0: the EVM
+    evm[24] = 0; // role 0: the EVM
     assert!(Message::decode(MessageType::Follow, &evm).is_err());
     let mut flags = body.to_vec();
     flags[8] = 4;

@@ -38,6 +38,9 @@ pub struct Takeover {
     pub reason: String,
     /// The operator had asked the run to stop.
     pub stop_requested: bool,
+    /// The most events the old EVM would have triggered (it learns a recording's length
+    /// from the RUs' Ready); `None`: no such limit.
+    pub max_events: Option<u64>,
 }
 
 /// How far a BU's claim on an event went.
@@ -99,6 +102,10 @@ impl Evm {
         rus: Vec<RuResync>,
         bus: Vec<BuResync>,
     ) -> Evm {
+        let mut cfg = cfg;
+        if let Some(m) = t.max_events {
+            cfg.max_events = Some(cfg.max_events.map_or(m, |c| c.min(m)));
+        }
         let mut evm = Evm::new(cfg, now);
         let dropped: HashSet<NodeRef> = t.dropped.iter().copied().collect();
         let n_ru = evm.cfg.n_ru;

@@ -130,6 +130,7 @@ impl Driver {
             stop_requested: st.stopped_by_request,
             over,
             dropped,
+            max_events: e.config().max_events.unwrap_or(evb_wire::UNLIMITED),
         }))
     }
 
@@ -371,6 +372,7 @@ impl Driver {
             dropped,
             reason: "the active EVM was lost".into(),
             stop_requested: f.follow.stop_requested,
+            max_events: (f.follow.max_events != evb_wire::UNLIMITED).then_some(f.follow.max_events),
         };
         let mut evm = evb_builder::Evm::take_over(cfg, now, t, rus, bus);
         for (from, msg) in f.held {
