@@ -6,6 +6,7 @@ mod duration;
 mod feed;
 mod inspect;
 mod launch;
+mod node_out;
 mod pubsub;
 mod rank;
 mod sim;
@@ -163,6 +164,13 @@ struct NodeArgs {
     /// instead of binding ADDR, so the port is never free between launcher and node.
     #[arg(long = "listen-fd", value_name = "ADDR=FD", hide = true)]
     listen_fd: Vec<String>,
+    /// Write the node's report (JSON) to FILE at the end of each run; stdout holds one
+    /// summary line per run (`evb node ID: verdict=OK role=... key=value ...`). In FILE,
+    /// `{id}` becomes the node's id and `{rank}` the launcher's rank (the id without one),
+    /// so every rank of `mpirun`/`srun` writes its own: `--json reports/{id}.json`; an
+    /// existing folder gets ID.json. `-`: the JSON on stdout, the summary line on stderr.
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -397,6 +405,15 @@ fn main() -> ExitCode {
             } else {
                 launch::stop_on_interrupt(&cfg, &id, control.clone());
             }
+            let rank = evb_node::discovery::launcher_rank(&|k| std::env::var(k).ok())
+                .map(|(_, _, r)| r.trim().to_string());
+            let json_out = match node_out::JsonOut::new(a.json.as_deref(), &id, rank.as_deref()) {
+                Ok(j) => j,
+                Err(e) => {
+                    eprintln!("evb node {id}: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let lines: evb_control::Lines = if a.supervised {
                 std::sync::Arc::new(|v| {
                     use std::io::Write;
@@ -407,9 +424,9 @@ fn main() -> ExitCode {
                     let _ = out.flush();
                 })
             } else {
-                std::sync::Arc::new(|v| {
+                std::sync::Arc::new(move |v| {
                     if v.is_report() {
-                        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                        json_out.report(&v, rank.as_deref());
                     }
                 })
             };

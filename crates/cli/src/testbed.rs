@@ -316,7 +316,7 @@ fn run_discovered(
         let child = Command::new("ip")
             .args(["netns", "exec", host])
             .arg(&exe)
-            .args(["node", "--config"])
+            .args(["node", "--json", "-", "--config"])
             .arg(&file)
             .env("OMPI_COMM_WORLD_RANK", k.to_string())
             .env("OMPI_COMM_WORLD_SIZE", nodes.len().to_string())

@@ -306,7 +306,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         Launch::Nodes => {
             for id in &ids {
                 let c = Command::new(EVB)
-                    .args(["node", "--id", id, "--config"])
+                    .args(["node", "--json", "-", "--id", id, "--config"])
                     .arg(&cfg)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())

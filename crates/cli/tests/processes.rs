@@ -417,7 +417,7 @@ fn nodes_take_their_ids_from_the_launchers_rank() {
     let kids: Vec<_> = (0..5)
         .map(|rank| {
             Command::new(EVB)
-                .args(["node", "--config"])
+                .args(["node", "--json", "-", "--config"])
                 .arg(&cfg)
                 .env("OMPI_COMM_WORLD_RANK", rank.to_string())
                 .env("OMPI_COMM_WORLD_SIZE", "5")
