@@ -20,9 +20,10 @@ pub struct SimArgs {
     /// Where the plot goes.
     #[arg(long, default_value = "target/sim/efficiency.svg")]
     svg: PathBuf,
-    /// Also write every point as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// Also write every point as JSON to FILE; `-` (or `--json` alone): to stdout, the
+    /// table then on stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
     /// Which model: "switch" (saturated cells: head-of-line blocking against the barrel
     /// shifter), "eb" (event building: fragments, credits, finite output buffers) or "clos"
     /// (a leaf-and-spine fabric with static, random or adaptive routing).
@@ -116,8 +117,7 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     }
     evb_sim::plot::efficiency_svg(&points, &a.svg)?;
     if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&points).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &points)?;
     }
     println!(
         "wrote {} ({:.1} s)",
@@ -188,8 +188,7 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         all.extend(row);
     }
     if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &all)?;
     }
     println!("({:.1} s)", t0.elapsed().as_secs_f64());
     Ok(())
@@ -266,8 +265,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         all.push(barrel);
     }
     if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &all)?;
     }
     println!("({:.1} s; latencies in slots)", t0.elapsed().as_secs_f64());
     Ok(())
