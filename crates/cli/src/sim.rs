@@ -17,9 +17,12 @@ pub struct SimArgs {
     /// Seed of the random traffic (the same seed gives the same figures).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where the plot goes.
-    #[arg(long, default_value = "target/sim/efficiency.svg")]
-    svg: PathBuf,
+    /// The folder the plot goes to (made if missing; its path is printed).
+    #[arg(long, value_name = "DIR", default_value = "evb-out/sim")]
+    out: PathBuf,
+    /// The plot's file (default: OUT/efficiency.svg).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     /// Also write every point as JSON to FILE; `-` (or `--json` alone): to stdout, the
     /// table then on stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -112,16 +115,20 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
         points.extend(row);
     }
     println!("  inf {:>8.2} %   (2 - sqrt 2)", hol_limit() * 100.0);
-    if let Some(dir) = a.svg.parent() {
+    let svg = a
+        .svg
+        .clone()
+        .unwrap_or_else(|| a.out.join("efficiency.svg"));
+    if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    evb_sim::plot::efficiency_svg(&points, &a.svg)?;
+    evb_sim::plot::efficiency_svg(&points, &svg)?;
     if let Some(path) = &a.json {
         crate::json_out::write(path, &points)?;
     }
     println!(
         "wrote {} ({:.1} s)",
-        a.svg.display(),
+        svg.display(),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
