@@ -122,15 +122,15 @@ pub fn line(r: &NodeStatus, rank: Option<&str>) -> String {
     if !problems.is_empty() {
         f.push(format!("problems={}", problems.len()));
     }
-    // a failure's words (an exact run's reason, "run complete", says nothing more)
-    let words: Vec<&str> = r
-        .reason
-        .iter()
-        .filter(|_| !ok)
-        .map(String::as_str)
-        .chain(problems.iter().map(String::as_str))
-        .filter(|w| !w.is_empty())
-        .collect();
+    // a failure's words (an exact run's reason, "run complete", says nothing more): the
+    // reason, then the verdict's problems that do not just repeat it (`run aborted: REASON`)
+    let mut words: Vec<&str> = Vec::new();
+    let said = r.reason.iter().filter(|_| !ok).chain(problems);
+    for w in said.map(String::as_str).filter(|w| !w.is_empty()) {
+        if !words.iter().any(|x| x.contains(w) || w.contains(x)) {
+            words.push(w);
+        }
+    }
     if !words.is_empty() {
         let reason = serde_json::to_string(&words.join("; ")).unwrap_or_default();
         f.push(format!("reason={reason}"));
@@ -166,6 +166,15 @@ mod tests {
         assert!(head.contains("verdict=FAILED"), "{l}");
         let words: String = serde_json::from_str(reason).unwrap();
         assert_eq!(words, "lost \"evm\"\nat 2 s");
+        // the verdict's problems after the reason, each said once
+        r.verdict = Some(vec![
+            "run aborted: lost \"evm\"\nat 2 s".into(),
+            "3 events not built".into(),
+        ]);
+        let l = line(&r, None);
+        assert!(l.contains(" problems=2 "), "{l}");
+        let words: String = serde_json::from_str(l.split_once(" reason=").unwrap().1).unwrap();
+        assert_eq!(words, "lost \"evm\"\nat 2 s; 3 events not built");
     }
 
     #[test]
