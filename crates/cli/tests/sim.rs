@@ -33,6 +33,24 @@ fn evb_sim_writes_under_evb_out_or_out_never_target() {
     assert!(!cwd.path().join("target").exists());
 }
 
+/// `--json -`: stdout is the points' JSON alone, the table on stderr.
+#[test]
+fn evb_sim_json_dash_is_the_document_alone_on_stdout() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(EVB)
+        .current_dir(cwd.path())
+        .args(["sim", "--n", "2", "--slots", "2000", "--json", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 2, "{points:?}");
+    assert!(points.iter().all(|p| p["sources"] == 2));
+    let table = String::from_utf8_lossy(&out.stderr);
+    assert!(table.contains("(2 - sqrt 2)"), "{table}");
+}
+
 #[test]
 fn evb_sim_reproduces_table_vii_and_writes_its_plot() {
     let dir = tempfile::tempdir().unwrap();
