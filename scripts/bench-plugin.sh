@@ -66,7 +66,7 @@ run() { # $1: label, $2: source kind, $3: the producer program (none for the gen
     label=$1 kind=$2 prog=${3:-}
     port=$(free_ports)
     config "$kind" > "$work/run.toml"
-    "$target/evb" node --config "$work/run.toml" --id evm > "$work/evm.json" 2> "$work/evm.log" &
+    "$target/evb" node --config "$work/run.toml" --id evm --json "$work/evm.json" > /dev/null 2> "$work/evm.log" &
     for n in bu0 bu1; do "$target/evb" node --config "$work/run.toml" --id $n > /dev/null 2>&1 & done
     if [ -z "$prog" ]; then
         "$target/evb" node --config "$work/run.toml" --id ru0 > /dev/null 2>&1

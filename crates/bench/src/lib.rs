@@ -29,6 +29,10 @@ pub use output::Ratio;
 
 use plan::plan;
 
+/// Where `evb bench` writes without `--out`: `evb-out/bench` in the current folder (never a
+/// build tree's `target/`, which a user's current folder may not have).
+pub const DEFAULT_OUT: &str = "evb-out/bench";
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Which benchmark: p2p, lat, nxn, build, monitor (the cost of being watched), pubsub
@@ -38,9 +42,9 @@ pub struct BenchArgs {
     /// A short smoke run (a few seconds): fewer sizes, one repetition, short points.
     #[arg(long)]
     pub quick: bool,
-    /// Where the CSV, JSON and SVG go (default: target/bench).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+    /// The folder the CSV, JSON and SVG go to (made if missing; printed at the end).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_OUT)]
+    pub out: PathBuf,
     /// Repetitions of every point, interleaved (the median is reported); default 5, 1 with
     /// --quick.
     #[arg(long)]
@@ -369,12 +373,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let s = settings(args)?;
     let mut notes = Vec::new();
     let tasks = plan(&args.which, &s, &mut notes)?;
-    let out_dir = args.out.clone().unwrap_or_else(|| {
-        std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("target"))
-            .join("bench")
-    });
+    let out_dir = args.out.clone();
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
 
@@ -571,7 +570,7 @@ mod tests {
         let args = BenchArgs {
             which: "nope".into(),
             quick: true,
-            out: None,
+            out: DEFAULT_OUT.into(),
             reps: None,
             seconds: None,
             build_seconds: None,

@@ -103,6 +103,12 @@
 #define EVB_ERR_IO -10
 
 /**
+ * The configuration could not be read, does not parse as TOML, or is not valid (a file
+ * given by path, or the text given to a `*_toml` function); the message says where.
+ */
+#define EVB_ERR_CONFIG -11
+
+/**
  * The version of the header a program was compiled with (the library's own is
  * [`evb_version`]): major, minor, patch. Before 1.0 the ABI may change with the minor
  * version, which is why the library's SONAME is `libevb.so.0.<minor>`.
@@ -290,6 +296,16 @@ extern "C" {
 int evb_producer_start(const char *config_path, const char *ru_id, EvbProducer **out);
 
 /**
+ * `evb_producer_start` with the configuration given as TOML text instead of a file's path
+ * (what `evb config default` prints; relative paths in it are relative to the current
+ * folder). Text that does not parse or is not valid is `EVB_ERR_CONFIG`, nothing started.
+ *
+ * # Safety
+ * `toml` and `ru_id` are NUL-terminated strings; `out` is valid for a write.
+ */
+int evb_producer_start_toml(const char *toml, const char *ru_id, EvbProducer **out);
+
+/**
  * Starts RU `ru_id` fed by several producers, one per entry of its `[[ru]]
  * producer_sources` (in that order): their handles go to `out[0..k]` and k to `*count`.
  * Each handle may be used from a thread of its own; the RU joins their k-th fragments into
@@ -301,6 +317,16 @@ int evb_producer_start(const char *config_path, const char *ru_id, EvbProducer *
  * writes; `count` is valid for a write.
  */
 int evb_producer_start_many(const char *config_path, const char *ru_id, EvbProducer **out, size_t capacity, size_t *count);
+
+/**
+ * `evb_producer_start_many` with the configuration given as TOML text (see
+ * `evb_producer_start_toml`).
+ *
+ * # Safety
+ * `toml` and `ru_id` are NUL-terminated strings; `out` is valid for `capacity` writes;
+ * `count` is valid for a write.
+ */
+int evb_producer_start_many_toml(const char *toml, const char *ru_id, EvbProducer **out, size_t capacity, size_t *count);
 
 /**
  * Room for a payload of `size` bytes in the RU's pool, written to `*out`. With `wait`
@@ -355,6 +381,15 @@ void evb_producer_free(EvbProducer *p);
  * `config_path` and `bu_id` are NUL-terminated strings; `out` is valid for a write.
  */
 int evb_consumer_start(const char *config_path, const char *bu_id, size_t max_held, EvbConsumer **out);
+
+/**
+ * `evb_consumer_start` with the configuration given as TOML text (see
+ * `evb_producer_start_toml`).
+ *
+ * # Safety
+ * `toml` and `bu_id` are NUL-terminated strings; `out` is valid for a write.
+ */
+int evb_consumer_start_toml(const char *toml, const char *bu_id, size_t max_held, EvbConsumer **out);
 
 /**
  * The next built event, waiting up to `timeout_ms` (negative: without limit): `EVB_OK`

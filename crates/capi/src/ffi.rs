@@ -69,8 +69,37 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, c
         .map_err(|_| fail(EVB_ERR_ARG, &format!("{what} is not UTF-8")))
 }
 
+/// The configuration file at `path` (relative paths in it are relative to its folder).
 fn config(path: &str) -> Result<Config, c_int> {
-    Config::from_file(path.as_ref()).map_err(|e| fail(EVB_ERR_SETUP, &format!("{path}: {e}")))
+    Config::from_file(path.as_ref()).map_err(|e| fail(EVB_ERR_CONFIG, &format!("{path}: {e}")))
+}
+
+/// A configuration given as TOML text (relative paths in it are relative to the current
+/// folder, as no file names one).
+fn config_toml(text: &str) -> Result<Config, c_int> {
+    Config::from_toml(text).map_err(|e| fail(EVB_ERR_CONFIG, &format!("configuration text: {e}")))
+}
+
+/// A configuration argument: a file's path, or TOML text.
+#[derive(Clone, Copy)]
+enum ConfigArg {
+    Path,
+    Toml,
+}
+
+impl ConfigArg {
+    /// The configuration `p` gives.
+    ///
+    /// # Safety
+    /// `p` is null or a NUL-terminated string that outlives the call.
+    unsafe fn load(self, p: *const c_char) -> Result<Config, c_int> {
+        match self {
+            // SAFETY: forwarded from this function's contract.
+            ConfigArg::Path => config(unsafe { text(p, "config_path") }?),
+            // SAFETY: forwarded from this function's contract.
+            ConfigArg::Toml => config_toml(unsafe { text(p, "toml") }?),
+        }
+    }
 }
 
 /// The end of a run as a status: `EVB_OK` for a clean one.
@@ -116,10 +145,38 @@ pub unsafe extern "C" fn evb_producer_start(
     ru_id: *const c_char,
     out: *mut *mut EvbProducer,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { producer_start(ConfigArg::Path, config_path, ru_id, out) }
+}
+
+/// `evb_producer_start` with the configuration given as TOML text instead of a file's path
+/// (what `evb config default` prints; relative paths in it are relative to the current
+/// folder). Text that does not parse or is not valid is `EVB_ERR_CONFIG`, nothing started.
+///
+/// # Safety
+/// `toml` and `ru_id` are NUL-terminated strings; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_start_toml(
+    toml: *const c_char,
+    ru_id: *const c_char,
+    out: *mut *mut EvbProducer,
+) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { producer_start(ConfigArg::Toml, toml, ru_id, out) }
+}
+
+/// # Safety
+/// `config` and `ru_id` are NUL-terminated strings; `out` is valid for a write.
+unsafe fn producer_start(
+    from: ConfigArg,
+    config: *const c_char,
+    ru_id: *const c_char,
+    out: *mut *mut EvbProducer,
+) -> c_int {
     guard(|| {
         // SAFETY: forwarded from this function's contract.
-        let (path, id) = unsafe { (text(config_path, "config_path")?, text(ru_id, "ru_id")?) };
-        let producer = Producer::start(&config(path)?, id).map_err(|e| code_of(&e))?;
+        let (cfg, id) = unsafe { (from.load(config)?, text(ru_id, "ru_id")?) };
+        let producer = Producer::start(&cfg, id).map_err(|e| code_of(&e))?;
         // SAFETY: `out` is valid for a write (this function's contract).
         unsafe { put(out, handle_of(producer), "out") }?;
         Ok(EVB_OK)
@@ -143,10 +200,42 @@ pub unsafe extern "C" fn evb_producer_start_many(
     capacity: usize,
     count: *mut usize,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { producer_start_many(ConfigArg::Path, config_path, ru_id, out, capacity, count) }
+}
+
+/// `evb_producer_start_many` with the configuration given as TOML text (see
+/// `evb_producer_start_toml`).
+///
+/// # Safety
+/// `toml` and `ru_id` are NUL-terminated strings; `out` is valid for `capacity` writes;
+/// `count` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_start_many_toml(
+    toml: *const c_char,
+    ru_id: *const c_char,
+    out: *mut *mut EvbProducer,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { producer_start_many(ConfigArg::Toml, toml, ru_id, out, capacity, count) }
+}
+
+/// # Safety
+/// `config` and `ru_id` are NUL-terminated strings; `out` is valid for `capacity` writes;
+/// `count` is valid for a write.
+unsafe fn producer_start_many(
+    from: ConfigArg,
+    config: *const c_char,
+    ru_id: *const c_char,
+    out: *mut *mut EvbProducer,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
     guard(|| {
         // SAFETY: forwarded from this function's contract.
-        let (path, id) = unsafe { (text(config_path, "config_path")?, text(ru_id, "ru_id")?) };
-        let cfg = config(path)?;
+        let (cfg, id) = unsafe { (from.load(config)?, text(ru_id, "ru_id")?) };
         let k = cfg
             .nodes()
             .into_iter()
@@ -324,13 +413,42 @@ pub unsafe extern "C" fn evb_consumer_start(
     max_held: usize,
     out: *mut *mut EvbConsumer,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { consumer_start(ConfigArg::Path, config_path, bu_id, max_held, out) }
+}
+
+/// `evb_consumer_start` with the configuration given as TOML text (see
+/// `evb_producer_start_toml`).
+///
+/// # Safety
+/// `toml` and `bu_id` are NUL-terminated strings; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_consumer_start_toml(
+    toml: *const c_char,
+    bu_id: *const c_char,
+    max_held: usize,
+    out: *mut *mut EvbConsumer,
+) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { consumer_start(ConfigArg::Toml, toml, bu_id, max_held, out) }
+}
+
+/// # Safety
+/// `config` and `bu_id` are NUL-terminated strings; `out` is valid for a write.
+unsafe fn consumer_start(
+    from: ConfigArg,
+    config: *const c_char,
+    bu_id: *const c_char,
+    max_held: usize,
+    out: *mut *mut EvbConsumer,
+) -> c_int {
     guard(|| {
         // SAFETY: forwarded from this function's contract.
-        let (path, id) = unsafe { (text(config_path, "config_path")?, text(bu_id, "bu_id")?) };
+        let (cfg, id) = unsafe { (from.load(config)?, text(bu_id, "bu_id")?) };
         let opts = ConsumerOptions {
             max_held: if max_held == 0 { 8 } else { max_held },
         };
-        let consumer = Consumer::start(&config(path)?, id, opts).map_err(|e| code_of(&e))?;
+        let consumer = Consumer::start(&cfg, id, opts).map_err(|e| code_of(&e))?;
         let h = Box::new(EvbConsumer {
             consumer: Some(consumer),
             outcome: None,

@@ -34,6 +34,9 @@ pub const EVB_ERR_PANIC: c_int = -8;
 pub const EVB_ERR_RUN_FAILED: c_int = -9;
 /// A pub/sub socket failed (its transport's poll, a request that cannot be sent).
 pub const EVB_ERR_IO: c_int = -10;
+/// The configuration could not be read, does not parse as TOML, or is not valid (a file
+/// given by path, or the text given to a `*_toml` function); the message says where.
+pub const EVB_ERR_CONFIG: c_int = -11;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

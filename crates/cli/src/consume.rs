@@ -7,7 +7,7 @@
 //!
 //! With the run's secret (`EVB_SECRET`, or `--config`'s `run.secret`) it proves it to each BU
 //! and checks the BU's own proof (docs/protocol.md §7.3). A BU that cannot be reached yet,
-//! or that has no room (`Busy`), is tried again with a growing pause for `--wait-s`.
+//! or that has no room (`Busy`), is tried again with a growing pause for `--retry-for`.
 
 use std::collections::HashSet;
 use std::io::{BufWriter, Read, Write};
@@ -52,8 +52,14 @@ pub struct ConsumeArgs {
     /// Keep trying to reach a BU this long (at start, after a connection drops, and while the
     /// BU has no room for another consumer), with a growing pause between tries. [seconds, or
     /// with a unit: 500ms, 2m]
-    #[arg(long, default_value_t = 30.0, value_parser = crate::duration::secs)]
-    wait_s: f64,
+    #[arg(
+        long,
+        value_name = "DURATION",
+        alias = "wait-s",
+        default_value_t = 30.0,
+        value_parser = crate::duration::secs
+    )]
+    retry_for: f64,
     /// This consumer's name (the BUs log it; default consume-PID).
     #[arg(long)]
     name: Option<String>,
@@ -98,16 +104,24 @@ enum Ended {
     /// The connection dropped after the BU welcomed this consumer: try again.
     Dropped(String),
     /// No Welcome: the BU has no room (`Busy`), or the connection closed during the
-    /// handshake. Try again after a pause, for `--wait-s` in all.
+    /// handshake. Try again after a pause, for `--retry-for` in all.
     NotYet(String),
+}
+
+#[cfg(test)]
+impl ConsumeArgs {
+    /// --retry-for, seconds.
+    pub fn retry_for(&self) -> f64 {
+        self.retry_for
+    }
 }
 
 pub fn run(a: &ConsumeArgs) -> Result<bool, String> {
     if a.max_held == 0 {
         return Err("--max-held must be at least 1".into());
     }
-    if !(0.0..=86_400.0).contains(&a.wait_s) {
-        return Err("--wait-s must be within 0 ..= 86400".into());
+    if !(0.0..=86_400.0).contains(&a.retry_for) {
+        return Err("--retry-for must be within 0 ..= 86400".into());
     }
     let name = a
         .name
@@ -208,7 +222,7 @@ fn backoff(tries: u32) -> Duration {
 
 /// Serves one BU address until it says the run is over (reconnecting meanwhile).
 fn one_bu(ctx: &Ctx, addr: &str) -> Result<String, String> {
-    let wait = Duration::from_secs_f64(ctx.a.wait_s);
+    let wait = Duration::from_secs_f64(ctx.a.retry_for);
     // the first failed try of the current run of them, and how many
     let mut since = Instant::now();
     let mut tries = 0u32;
@@ -250,7 +264,7 @@ fn one_bu(ctx: &Ctx, addr: &str) -> Result<String, String> {
         let left = wait.saturating_sub(since.elapsed());
         if left.is_zero() {
             break Err(format!(
-                "{why}; gave up after trying for {:.0} s (--wait-s)",
+                "{why}; gave up after trying for {:.0} s (--retry-for)",
                 wait.as_secs_f64()
             ));
         }

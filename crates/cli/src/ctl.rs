@@ -1,6 +1,6 @@
 //! `evb ctl`: the operator's commands to a running system, over the EVM's control API.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
@@ -19,11 +19,26 @@ pub struct CtlArgs {
     /// (EVB_SECRET also works).
     #[arg(long, short, global = true)]
     config: Option<PathBuf>,
-    /// Print the API's JSON instead of a table.
-    #[arg(long, global = true)]
-    json: bool,
+    /// Write the API's JSON to FILE, the table still printed; `-` (or `--json` alone, put
+    /// last or before another option): the JSON on stdout instead of the table.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        num_args = 0..=1,
+        default_missing_value = "-"
+    )]
+    json: Option<PathBuf>,
     #[command(subcommand)]
     cmd: CtlCmd,
+}
+
+#[cfg(test)]
+impl CtlArgs {
+    /// --json.
+    pub fn json(&self) -> Option<&Path> {
+        self.json.as_deref()
+    }
 }
 
 #[derive(Subcommand)]
@@ -158,7 +173,7 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
             state,
             run,
             timeout,
-        } => return wait(&api, a.json, state, *run, *timeout),
+        } => return wait(&api, a.json.as_deref(), state, *run, *timeout),
     };
     let wait_flag = match &a.cmd {
         CtlCmd::Start { wait, .. }
@@ -171,20 +186,20 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
         }
         _ => None,
     };
+    let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
     if let Some(w) = wait_flag {
-        if !a.json {
+        if words {
             print_reply(&a.cmd, &reply.body);
         }
-        return settle(&api, a.json, matches!(a.cmd, CtlCmd::Halt(_)), w.timeout);
+        let halt = matches!(a.cmd, CtlCmd::Halt(_));
+        return settle(&api, a.json.as_deref(), halt, w.timeout);
     }
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&reply.body).unwrap_or_default()
-        );
-    } else if !reply.ok() {
+    if let Some(p) = &a.json {
+        crate::json_out::write(p, &reply.body)?;
+    }
+    if !reply.ok() {
         eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
-    } else {
+    } else if words {
         match &a.cmd {
             CtlCmd::Status => print_status(&reply.body),
             CtlCmd::Runs { run: None } => print_runs(&reply.body),
@@ -244,16 +259,18 @@ fn transient(state: &str) -> bool {
 
 /// `--wait`: polls the status until the run state is a resting one (or, after `halt`, until
 /// the EVM no longer answers), says which, and is true unless it is `failed`.
-fn settle(api: &Api, json_out: bool, halt: bool, timeout: f64) -> Result<bool, String> {
+fn settle(api: &Api, json_out: Option<&Path>, halt: bool, timeout: f64) -> Result<bool, String> {
+    let words = !json_out.is_some_and(crate::json_out::is_stdout);
     let until = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
     loop {
         let s = match api.get("/api/v1/status") {
             Ok(s) => s,
             // the EVM's process has exited (or is closing): what halt was waited for
             Err(e) if halt && e.kind != CallErrorKind::Timeout => {
-                if json_out {
-                    println!("{}", json!({ "state": "halted", "answering": false }));
-                } else {
+                if let Some(p) = json_out {
+                    crate::json_out::write(p, &json!({ "state": "halted", "answering": false }))?;
+                }
+                if words {
                     println!("halted: the EVM no longer answers");
                 }
                 return Ok(true);
@@ -270,12 +287,10 @@ fn settle(api: &Api, json_out: bool, halt: bool, timeout: f64) -> Result<bool, S
         };
         let state = s.body["state"].as_str().unwrap_or("");
         if !transient(state) && !halt {
-            if json_out {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&s.body).unwrap_or_default()
-                );
-            } else {
+            if let Some(p) = json_out {
+                crate::json_out::write(p, &s.body)?;
+            }
+            if words {
                 println!(
                     "state {state}, run {}{}",
                     s.body["run"],
@@ -306,7 +321,7 @@ fn gave_up(timeout: f64, state: &str, status: &Value) -> String {
 
 fn wait(
     api: &Api,
-    json_out: bool,
+    json_out: Option<&Path>,
     state: &str,
     run: Option<u64>,
     timeout: f64,
@@ -330,11 +345,11 @@ fn wait(
             None => (now_state == state).then(|| s.body.clone()),
         };
         if let Some(body) = done {
-            if json_out {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&body).unwrap_or_default()
-                );
+            if let Some(p) = json_out {
+                crate::json_out::write(p, &body)?;
+            }
+            if json_out.is_some_and(crate::json_out::is_stdout) {
+                // the JSON is the output
             } else if run.is_some() {
                 print_run(&body);
             } else {

@@ -5,7 +5,9 @@ mod ctl;
 mod duration;
 mod feed;
 mod inspect;
+mod json_out;
 mod launch;
+mod node_out;
 mod pubsub;
 mod rank;
 mod sim;
@@ -122,8 +124,9 @@ struct RunArgs {
     /// Override topology.bus.
     #[arg(long)]
     bus: Option<u32>,
-    /// Write the run summary (every node's report and the verdict) as JSON here.
-    #[arg(long)]
+    /// Write the run summary (every node's report and the verdict) as JSON to FILE; `-` (or
+    /// `--json` alone): to stdout, the table and verdict then on stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     json: Option<PathBuf>,
     /// No progress line.
     #[arg(long, short)]
@@ -171,6 +174,14 @@ struct NodeArgs {
     /// and take the run over if it is lost (docs/standby.md).
     #[arg(long)]
     standby: bool,
+    /// Write the node's report (JSON) to FILE at the end of each run; stdout holds one
+    /// summary line per run (`evb node ID: verdict=OK role=... key=value ...`). In FILE,
+    /// `{id}` becomes the node's id and `{rank}` the launcher's rank (the id without one),
+    /// so every rank of `mpirun`/`srun` writes its own: `--json reports/{id}.json`; an
+    /// existing folder gets ID.json. `-` (or `--json` alone): the JSON on stdout, the
+    /// summary line on stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    json: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -265,6 +276,10 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Run(a) => {
+            if let Err(e) = json_out::claim_stdout(a.json.as_deref()) {
+                eprintln!("evb: {e}");
+                return ExitCode::from(2);
+            }
             let mut cfg = match load_or_exit(&a.config) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -420,6 +435,15 @@ fn main() -> ExitCode {
             } else {
                 launch::stop_on_interrupt(&cfg, &id, control.clone());
             }
+            let rank = evb_node::discovery::launcher_rank(&|k| std::env::var(k).ok())
+                .map(|(_, _, r)| r.trim().to_string());
+            let json_out = match node_out::JsonOut::new(a.json.as_deref(), &id, rank.as_deref()) {
+                Ok(j) => j,
+                Err(e) => {
+                    eprintln!("evb node {id}: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let lines: evb_control::Lines = if a.supervised {
                 std::sync::Arc::new(|v| {
                     use std::io::Write;
@@ -430,9 +454,9 @@ fn main() -> ExitCode {
                     let _ = out.flush();
                 })
             } else {
-                std::sync::Arc::new(|v| {
+                std::sync::Arc::new(move |v| {
                     if v.is_report() {
-                        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                        json_out.report(&v, rank.as_deref());
                     }
                 })
             };
@@ -501,6 +525,10 @@ fn main() -> ExitCode {
             }
         },
         Command::Testbed(a) => {
+            if let Err(e) = json_out::claim_stdout(a.json.as_deref()) {
+                eprintln!("evb testbed: {e}");
+                return ExitCode::from(2);
+            }
             let cfg = match load_or_exit(&a.config) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -514,13 +542,15 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Sim(a) => match sim::run(&a) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("evb sim: {e}");
-                ExitCode::from(2)
+        Command::Sim(a) => {
+            match json_out::claim_stdout(a.json.as_deref()).and_then(|()| sim::run(&a)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("evb sim: {e}");
+                    ExitCode::from(2)
+                }
             }
-        },
+        }
         Command::Bench(a) => match evb_bench::run(&a) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -690,6 +720,77 @@ mod tests {
         ] {
             assert!(Cli::try_parse_from(args).is_ok(), "{args:?}");
         }
+    }
+
+    #[test]
+    fn json_is_a_file_or_stdout_everywhere_and_old_spellings_still_parse() {
+        use clap::Parser;
+        use std::path::PathBuf;
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map_err(|e| e.to_string());
+        let json_of = |args: &[&str]| match parse(args).unwrap().command {
+            super::Command::Run(a) => a.json,
+            super::Command::Ctl(a) => a.json().map(PathBuf::from),
+            super::Command::Node(a) => a.json.map(PathBuf::from),
+            _ => unreachable!(),
+        };
+        let dash = Some(PathBuf::from("-"));
+        let file = Some(PathBuf::from("s.json"));
+        // ctl's old flag form: --json alone is stdout, last or before another option
+        assert_eq!(json_of(&["evb", "ctl", "status", "--json"]), dash);
+        assert_eq!(json_of(&["evb", "ctl", "stop", "--json", "--wait"]), dash);
+        assert_eq!(json_of(&["evb", "ctl", "status", "--json", "-"]), dash);
+        assert_eq!(json_of(&["evb", "ctl", "status", "--json", "s.json"]), file);
+        assert_eq!(json_of(&["evb", "ctl", "status"]), None);
+        assert_eq!(json_of(&["evb", "run", "--json", "s.json"]), file);
+        assert_eq!(json_of(&["evb", "run", "--json", "--quiet"]), dash);
+        assert_eq!(
+            json_of(&["evb", "node", "-c", "x.toml", "--json", "-"]),
+            dash
+        );
+        // names that say what they are, the old spellings kept (hidden)
+        let waits = |args: &[&str]| match parse(args).unwrap().command {
+            super::Command::Pub(a) => a.waits(),
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            waits(&[
+                "evb",
+                "pub",
+                "--subscribers",
+                "3",
+                "--subscribers-timeout",
+                "2s"
+            ]),
+            (3, 2.0)
+        );
+        assert_eq!(
+            waits(&["evb", "pub", "--wait", "3", "--wait-timeout", "2"]),
+            (3, 2.0)
+        );
+        let retry = |args: &[&str]| match parse(args).unwrap().command {
+            super::Command::Consume(a) => a.retry_for(),
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            retry(&["evb", "consume", "--from", "h:1", "--retry-for", "1m"]),
+            60.0
+        );
+        assert_eq!(
+            retry(&["evb", "consume", "--from", "h:1", "--wait-s", "60"]),
+            60.0
+        );
+        for (cmd, shown) in [
+            ("pub", "--subscribers <N>"),
+            ("consume", "--retry-for <DURATION>"),
+        ] {
+            let h = parse(&["evb", cmd, "--help"]).err().unwrap_or_default();
+            assert!(h.contains(shown), "{h}");
+            assert!(!h.contains("--wait"), "an old spelling shown:\n{h}");
+        }
+        let h = parse(&["evb", "ctl", "status", "--help"])
+            .err()
+            .unwrap_or_default();
+        assert!(h.contains("--json [<FILE>]"), "{h}");
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub enum Mode {
 
 #[derive(Args)]
 pub struct PubArgs {
+    // (`--wait` and `--wait-timeout`, the old names of --subscribers and
+    // --subscribers-timeout, are hidden aliases)
     /// Address to listen on (tcp: HOST:PORT, port 0 for any; shm: a name, NAME:0 for any).
     /// The address bound is printed first, as `listening on ADDR`.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -76,11 +78,18 @@ pub struct PubArgs {
     #[arg(long, default_value_t = 1)]
     send_threads: usize,
     /// Start once this many subscribers are connected and have subscribed (0..=10000).
-    #[arg(long, default_value_t = 1)]
-    wait: usize,
-    /// Give up waiting for them after this long. [seconds, or with a unit: 500ms, 2m]
-    #[arg(long, default_value_t = 30.0, value_parser = crate::duration::secs)]
-    wait_timeout: f64,
+    #[arg(long, value_name = "N", alias = "wait", default_value_t = 1)]
+    subscribers: usize,
+    /// Give up waiting for the --subscribers after this long. [seconds, or with a unit:
+    /// 500ms, 2m]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        alias = "wait-timeout",
+        default_value_t = 30.0,
+        value_parser = crate::duration::secs
+    )]
+    subscribers_timeout: f64,
     /// After the last message, wait at most this long for subscribers to take what is queued
     /// for them (then they are told Goodbye, shutdown). [seconds, or with a unit: 500ms, 2m]
     #[arg(long, default_value_t = 10.0, value_parser = crate::duration::secs)]
@@ -88,8 +97,8 @@ pub struct PubArgs {
     /// Handshake run id (publishers and subscribers must agree).
     #[arg(long, default_value = "pubsub")]
     run_id: String,
-    /// Write the summary as JSON here ("-": stdout).
-    #[arg(long)]
+    /// Write the summary as JSON to FILE; `-` (or `--json` alone): to stdout, as one line.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     json: Option<PathBuf>,
 }
 
@@ -122,12 +131,20 @@ pub struct SubArgs {
     /// Handshake run id (publishers and subscribers must agree).
     #[arg(long, default_value = "pubsub")]
     run_id: String,
-    /// Write the summary as JSON here ("-": stdout).
-    #[arg(long)]
+    /// Write the summary as JSON to FILE; `-` (or `--json` alone): to stdout, as one line.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     json: Option<PathBuf>,
     /// No per-second rate lines.
     #[arg(long, short)]
     quiet: bool,
+}
+
+#[cfg(test)]
+impl PubArgs {
+    /// --subscribers and --subscribers-timeout.
+    pub fn waits(&self) -> (usize, f64) {
+        (self.subscribers, self.subscribers_timeout)
+    }
 }
 
 fn check<T: PartialOrd + std::fmt::Display>(what: &str, v: T, lo: T, hi: T) -> Result<(), String> {
@@ -193,8 +210,8 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
         MAX_QUEUED_RANGE.0,
         MAX_QUEUED_RANGE.1,
     )?;
-    check("wait", a.wait, 0, 10_000)?;
-    check("wait-timeout", a.wait_timeout, 0.0, 86_400.0)?;
+    check("subscribers", a.subscribers, 0, 10_000)?;
+    check("subscribers-timeout", a.subscribers_timeout, 0.0, 86_400.0)?;
     check("linger", a.linger, 0.0, 86_400.0)?;
     check("flush-us", a.flush_us, 0, 1_000_000)?;
     check("send-threads", a.send_threads, 0, MAX_SEND_THREADS)?;
@@ -222,14 +239,14 @@ pub fn run_pub(a: &PubArgs) -> Result<(), String> {
     let addr = p.listen(&a.listen).map_err(|e| e.to_string())?;
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
-    let deadline = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
-    while p.subscribed() < a.wait {
+    let deadline = Instant::now() + Duration::from_secs_f64(a.subscribers_timeout);
+    while p.subscribed() < a.subscribers {
         if Instant::now() > deadline {
             return Err(format!(
                 "only {} of {} subscribers came within {} s",
                 p.subscribers(),
-                a.wait,
-                a.wait_timeout
+                a.subscribers,
+                a.subscribers_timeout
             ));
         }
         p.poll(Some(Duration::from_millis(10)))

@@ -17,12 +17,16 @@ pub struct SimArgs {
     /// Seed of the random traffic (the same seed gives the same figures).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where the plot goes.
-    #[arg(long, default_value = "target/sim/efficiency.svg")]
-    svg: PathBuf,
-    /// Also write every point as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// The folder the plot goes to (made if missing; its path is printed).
+    #[arg(long, value_name = "DIR", default_value = "evb-out/sim")]
+    out: PathBuf,
+    /// The plot's file (default: OUT/efficiency.svg).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Also write every point as JSON to FILE; `-` (or `--json` alone): to stdout, the
+    /// table then on stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
     /// Which model: "switch" (saturated cells: head-of-line blocking against the barrel
     /// shifter), "eb" (event building: fragments, credits, finite output buffers) or "clos"
     /// (a leaf-and-spine fabric with static, random or adaptive routing).
@@ -111,17 +115,20 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
         points.extend(row);
     }
     println!("  inf {:>8.2} %   (2 - sqrt 2)", hol_limit() * 100.0);
-    if let Some(dir) = a.svg.parent() {
+    let svg = a
+        .svg
+        .clone()
+        .unwrap_or_else(|| a.out.join("efficiency.svg"));
+    if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    evb_sim::plot::efficiency_svg(&points, &a.svg)?;
+    evb_sim::plot::efficiency_svg(&points, &svg)?;
     if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&points).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &points)?;
     }
     println!(
         "wrote {} ({:.1} s)",
-        a.svg.display(),
+        svg.display(),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
@@ -188,8 +195,7 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         all.extend(row);
     }
     if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &all)?;
     }
     println!("({:.1} s)", t0.elapsed().as_secs_f64());
     Ok(())
@@ -266,8 +272,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         all.push(barrel);
     }
     if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &all)?;
     }
     println!("({:.1} s; latencies in slots)", t0.elapsed().as_secs_f64());
     Ok(())

@@ -175,18 +175,23 @@ pub fn script(cfg: &Config, plan: &Plan) -> Result<String, String> {
     line("# address (transport.interface) and register with the EVM, whose address they read");
     line("# from a rendezvous file beside the configuration (docs/operations.md).");
     line("# --kill-on-bad-exit: a node that fails ends the step, and the job says so.");
-    line("# Node logs: evb-JOBID-RANK.out beside this job's log.");
+    line("# Node logs: evb-JOBID-RANK.out beside this job's log, each ending in the node's");
+    line("# summary line (`evb node ID: verdict=OK ...`); each node's report as JSON in");
+    line("# evb-JOBID-RANK.json (evb node --json, {rank} replaced by the node's rank).");
     line("set -e");
     line("status=0");
     line(&format!(
         "srun --ntasks={tasks} --distribution=block --kill-on-bad-exit=1 --output={} {} node \
-         --config {} || status=$?",
+         --config {} --json {}\"$SLURM_JOB_ID\"{} || status=$?",
         sh_quote(&format!("{out}/evb-%j-%t.out")),
         sh_quote(&plan.evb.display().to_string()),
         sh_quote(&plan.config.display().to_string()),
+        sh_quote(&format!("{out}/evb-")),
+        sh_quote("-{rank}.json"),
     ));
     line(&format!(
-        "echo \"evb: srun exited with $status; node logs: {}/evb-$SLURM_JOB_ID-RANK.out\"",
+        "echo \"evb: srun exited with $status; node logs: {0}/evb-$SLURM_JOB_ID-RANK.out, \
+         reports: {0}/evb-$SLURM_JOB_ID-RANK.json\"",
         out.replace(['"', '$', '`', '\\'], "_")
     ));
     line("exit $status");
@@ -296,7 +301,8 @@ mod tests {
             s.contains(
                 "\nsrun --ntasks=6 --distribution=block --kill-on-bad-exit=1 \
                  --output=/runs/logs/evb-%j-%t.out /opt/evb/bin/evb node \
-                 --config '/runs/my run.toml' || status=$?\n"
+                 --config '/runs/my run.toml' --json /runs/logs/evb-\"$SLURM_JOB_ID\"'-{rank}.json' \
+                 || status=$?\n"
             ),
             "{s}"
         );

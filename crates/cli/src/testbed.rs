@@ -49,9 +49,10 @@ pub struct TestbedArgs {
     /// file, `transport.interface` = the testbed's network).
     #[arg(long)]
     discover: bool,
-    /// Write the run summary as JSON here (as `evb run --json`), with the testbed's figures.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    /// Write the run summary as JSON to FILE (as `evb run --json`), with the testbed's
+    /// figures; `-` (or `--json` alone): to stdout, the tables then on stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
     /// No progress line.
     #[arg(long, short)]
     quiet: bool,
@@ -284,9 +285,13 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             a.rate,
             a.queue
         );
-        let json = a.json.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("evb-testbed-{}.json", std::process::id()))
-        });
+        // the run's summary goes to a file the testbed reads back: --json's, or a temporary
+        // one (for `--json -` too, copied to stdout after)
+        let to_stdout = a.json.as_deref().is_some_and(crate::json_out::is_stdout);
+        let json = match &a.json {
+            Some(p) if !to_stdout => p.clone(),
+            _ => std::env::temp_dir().join(format!("evb-testbed-{}.json", std::process::id())),
+        };
         if a.discover {
             let hosts: Vec<String> = placed
                 .iter()
@@ -295,11 +300,18 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             return run_discovered(&cfg, &hosts, scratch.path(), a.json.as_deref());
         }
         let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
+        if to_stdout {
+            let doc: serde_json::Value = std::fs::read_to_string(&json)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            crate::json_out::write(std::path::Path::new("-"), &doc)?;
+        }
         report(
             &json,
             rate_bps(&a.rate),
             &a.rate,
-            a.json.is_none(),
+            a.json.is_none() || to_stdout,
             cfg.topology.folded,
         );
         Ok(ok)
@@ -333,7 +345,7 @@ fn run_discovered(
         let child = Command::new("ip")
             .args(["netns", "exec", host])
             .arg(&exe)
-            .args(["node", "--config"])
+            .args(["node", "--json", "-", "--config"])
             .arg(&file)
             .env("OMPI_COMM_WORLD_RANK", k.to_string())
             .env("OMPI_COMM_WORLD_SIZE", nodes.len().to_string())
@@ -408,7 +420,7 @@ fn run_discovered(
             "run": run,
             "registered": registered,
         });
-        std::fs::write(path, doc.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::json_out::write(path, &doc)?;
     }
     Ok(problems.is_empty())
 }

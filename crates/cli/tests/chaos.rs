@@ -324,7 +324,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         Launch::Nodes => {
             for id in &ids {
                 let c = Command::new(EVB)
-                    .args(["node", "--id", id, "--config"])
+                    .args(["node", "--json", "-", "--id", id, "--config"])
                     .arg(&cfg)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
@@ -334,7 +334,15 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             }
             if standby {
                 let c = Command::new(EVB)
-                    .args(["node", "--id", "evm", "--standby", "--config"])
+                    .args([
+                        "node",
+                        "--json",
+                        "-",
+                        "--id",
+                        "evm",
+                        "--standby",
+                        "--config",
+                    ])
                     .arg(&cfg)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())

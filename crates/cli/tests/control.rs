@@ -602,6 +602,21 @@ fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
         assert!(Instant::now() < until, "the nodes did not come up: {v}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // --json FILE: the same document in the file, and the table for people still printed;
+    // `--json -`: the document alone on stdout
+    let file = dir.path().join("status.json");
+    let out = ctl_cmd(&["status", "--json", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(5), "{v}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("node") && table.contains("bu1") && !table.contains('{'),
+        "{table}"
+    );
+    let out = ctl_cmd(&["status", "--json", "-"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(5), "{v}");
     for run in 1..=2 {
         let out = ctl_cmd(&["start"]);
         assert!(out.status.success(), "{out:?}");

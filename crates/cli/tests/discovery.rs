@@ -46,7 +46,9 @@ fn no_addresses(dir: &Path, extra: &str) -> PathBuf {
 /// `vars` (`{rank}` and `{n}` in a value are replaced).
 fn node(cfg: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
     let mut c = Command::new(EVB);
-    c.args(["node", "--config"]).arg(cfg).args(args);
+    c.args(["node", "--json", "-", "--config"])
+        .arg(cfg)
+        .args(args);
     for v in LAUNCHER_VARS {
         c.env_remove(v);
     }

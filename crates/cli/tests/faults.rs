@@ -60,7 +60,7 @@ impl Cluster {
 
     fn spawn(&mut self, id: &str) {
         let child = Command::new(EVB)
-            .args(["node", "--id", id, "--config"])
+            .args(["node", "--json", "-", "--id", id, "--config"])
             .arg(&self.cfg)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -688,7 +688,9 @@ fn have_curl(test: &str) -> bool {
 /// Node `id` of `cfg` as an `evb node` process in namespace `netns`.
 fn spawn_in(netns: &str, id: &str, cfg: &std::path::Path) -> Child {
     Command::new("ip")
-        .args(["netns", "exec", netns, EVB, "node", "--id", id, "--config"])
+        .args([
+            "netns", "exec", netns, EVB, "node", "--json", "-", "--id", id, "--config",
+        ])
         .arg(cfg)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

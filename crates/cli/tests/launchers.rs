@@ -1,8 +1,9 @@
 //! The launch with the real engines: `srun -n 5 evb node --config F` on a private one-node
 //! Slurm cluster on this host (scripts/slurm-local.sh), the same through `mpirun` (Open
 //! MPI), and the sbatch script `evb slurm` writes, submitted with `sbatch --wait`. Each node
-//! takes its id from its rank (rank.rs); the EVM's report (JSON on its stdout) says how
-//! the run went.
+//! takes its id from its rank (rank.rs) and prints one summary line on stdout
+//! (`evb node ID: verdict=OK key=value ...`); its report goes to the file `--json` names,
+//! one per rank (`{id}` in the name). The EVM's report says how the run went.
 //!
 //! The engines come from Debian (`slurm-wlm munge openmpi-bin`; scripts/test.sh installs
 //! them). Without them the tests say they were skipped, unless EVB_REQUIRE_TOOLS=1, which
@@ -10,6 +11,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -199,28 +201,86 @@ fn launch(mut cmd: Command, dir: &Path, name: &str, limit: Duration) -> Launched
 /// The nodes of `run_config`'s configuration in rank order.
 const NODES: [&str; 5] = ["evm", "ru0", "ru1", "bu0", "bu1"];
 
-/// A node's report in what its process wrote: the pretty-printed JSON object from a line
-/// `{` to a line `}` (its log may hold stderr's lines too).
-fn report_in(output: &str) -> Option<Value> {
-    let lines: Vec<&str> = output.lines().collect();
-    let from = lines.iter().position(|l| *l == "{")?;
-    let to = from + lines[from..].iter().position(|l| *l == "}")?;
-    serde_json::from_str(&lines[from..=to].join("\n")).ok()
+/// The `--json` every launch here gives its nodes: one file per node, in `reports/` of
+/// the launch's folder.
+const JSON: &str = "reports/{id}.json";
+
+/// The report (JSON) node `id` wrote into `dir/reports/`, if it wrote one that parses.
+fn report_of(dir: &Path, id: &str) -> Option<Value> {
+    let text = std::fs::read_to_string(dir.join(format!("reports/{id}.json"))).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
-/// Every rank ran its node of the configuration, and the EVM (rank 0) reports an exact
+/// The nodes' summary lines in a launcher's output (other lines, stderr's, are skipped):
+/// `evb node ID: k=v k=v ... [reason="..."]`, as the node id and its fields.
+fn summary_lines(output: &str) -> Vec<(String, BTreeMap<String, String>)> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("evb node "))
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(_, rest)| rest.starts_with("verdict="))
+        .map(|(id, rest)| {
+            let (fields, reason) = match rest.split_once(" reason=") {
+                Some((f, r)) => (f, Some(r)),
+                None => (rest, None),
+            };
+            let mut m: BTreeMap<String, String> = fields
+                .split_whitespace()
+                .map(|kv| {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("{kv} in {rest}"));
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            if let Some(r) = reason {
+                let words: String =
+                    serde_json::from_str(r).unwrap_or_else(|e| panic!("{e}: {rest}"));
+                m.insert("reason".into(), words);
+            }
+            (id.to_string(), m)
+        })
+        .collect()
+}
+
+/// Each node's summary line agrees with its report: the verdict with `ok`, and its counts.
+fn assert_line_agrees(line: &BTreeMap<String, String>, r: &Value) {
+    let ok = if r["ok"] == true { "OK" } else { "FAILED" };
+    assert_eq!(line["verdict"], ok, "{line:?} {r}");
+    assert_eq!(line["role"], r["role"].as_str().unwrap_or(""), "{r}");
+    assert_eq!(line["state"], r["state"].as_str().unwrap_or(""), "{r}");
+    let (key, stat) = match r["role"].as_str() {
+        Some("evm") => ("triggered", "triggered"),
+        Some("ru") => ("fragments", "fragments_sent"),
+        _ => ("built", "events_built"),
+    };
+    assert_eq!(line[key], r["stats"][stat].to_string(), "{line:?} {r}");
+}
+
+/// Every rank ran its node of the configuration (the nodes' summary lines in `lines`, one
+/// each, agree with their reports in `dir/reports/`), and the EVM (rank 0) reports an exact
 /// run: every event triggered, built once by the BUs (ids 0..EVENTS), and released.
-/// `outputs[k]` is what rank k wrote.
-fn assert_exact(outputs: &[String], context: &str) {
-    assert_eq!(outputs.len(), NODES.len());
-    for (rank, (out, id)) in outputs.iter().zip(NODES).enumerate() {
-        let Some(r) = report_in(out) else {
-            panic!("no report from rank {rank}:\n{context}");
+fn assert_exact(dir: &Path, lines: &[(String, BTreeMap<String, String>)], context: &str) {
+    let ids: Vec<&str> = lines.iter().map(|l| l.0.as_str()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    let mut nodes = NODES.to_vec();
+    nodes.sort_unstable();
+    assert_eq!(sorted, nodes, "one summary line per node:\n{context}");
+    for (id, line) in lines {
+        let rank = NODES.iter().position(|n| n == id).unwrap();
+        let Some(r) = report_of(dir, id) else {
+            panic!("no report from {id}:\n{context}");
         };
-        assert_eq!(r["node"], id, "rank {rank}: {r}");
+        assert_eq!(r["node"], id.as_str(), "rank {rank}: {r}");
         assert_eq!(r["ok"], true, "rank {rank}: {r}");
+        assert_eq!(line["rank"], rank.to_string(), "{line:?}");
+        assert_line_agrees(line, &r);
     }
-    let report = report_in(&outputs[0]).unwrap_or_default();
+    let evm_line = &lines.iter().find(|l| l.0 == "evm").unwrap().1;
+    assert_eq!(evm_line["built"], EVENTS.to_string(), "{evm_line:?}");
+    assert_eq!(evm_line["released"], EVENTS.to_string(), "{evm_line:?}");
+    let report = report_of(dir, "evm").unwrap_or_default();
     let run = &report["run"];
     assert_eq!(run["evm"]["triggered"], EVENTS, "{report}");
     assert_eq!(run["evm"]["released"], EVENTS, "{report}");
@@ -269,7 +329,7 @@ fn srun_starts_an_exact_run() {
     let cfg = run_config(dir.path(), "", "");
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args([
-        "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node",
+        "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node", "--json", JSON,
     ])
     .arg("--config")
     .arg(&cfg);
@@ -282,10 +342,17 @@ fn srun_starts_an_exact_run() {
         l.stdout,
         l.stderr
     );
-    let outs: Vec<String> = (0..5)
-        .map(|t| std::fs::read_to_string(dir.path().join(format!("{t}.out"))).unwrap_or_default())
-        .collect();
-    assert_exact(&outs, &logs);
+    // each task's stdout is its node's one summary line
+    let mut lines = Vec::new();
+    for (t, id) in NODES.iter().enumerate() {
+        let out = std::fs::read_to_string(dir.path().join(format!("{t}.out"))).unwrap_or_default();
+        assert_eq!(out.lines().count(), 1, "task {t}:\n{logs}");
+        let mut l = summary_lines(&out);
+        assert_eq!(l.len(), 1, "task {t}:\n{logs}");
+        assert_eq!(l[0].0, *id, "task {t}:\n{logs}");
+        lines.append(&mut l);
+    }
+    assert_exact(dir.path(), &lines, &logs);
     assert_no_rendezvous_left(dir.path());
 }
 
@@ -348,17 +415,27 @@ fn a_failed_verdict_is_srun_s_exit_code() {
     );
     let mut srun = cluster.cmd("srun", dir.path());
     srun.args([
-        "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node",
+        "-n", "5", "--output", "%t.out", "--error", "%t.err", EVB, "node", "--json", JSON,
     ])
     .arg("--config")
     .arg(&cfg);
     let l = launch(srun, dir.path(), "srun", LIMIT);
     let logs = task_logs(dir.path(), 5);
     assert!(!l.status.success(), "srun succeeded:\n{logs}");
-    let evm = std::fs::read_to_string(dir.path().join("0.out")).unwrap_or_default();
-    let Some(report) = report_in(&evm) else {
+    let Some(report) = report_of(dir.path(), "evm") else {
         panic!("no EVM report:\n{logs}");
     };
+    // the EVM's summary line says so, with the reason in words
+    let evm = std::fs::read_to_string(dir.path().join("0.out")).unwrap_or_default();
+    let lines = summary_lines(&evm);
+    assert_eq!(lines.len(), 1, "{logs}");
+    assert_eq!(lines[0].1["verdict"], "FAILED", "{logs}");
+    assert!(
+        lines[0].1["reason"].starts_with("stalled"),
+        "{:?}",
+        lines[0].1
+    );
+    assert_line_agrees(&lines[0].1, &report);
     assert_eq!(report["ok"], false, "{report}");
     assert_eq!(report["state"], "aborted", "{report}");
     assert!(
@@ -415,32 +492,21 @@ fn mpirun_starts_an_exact_run() {
     let dir = tempfile::tempdir().unwrap();
     // the nodes listen on this host's address in a network, as on a cluster's data network
     let cfg = run_config(dir.path(), "", "[transport]\ninterface = \"127.0.0.0/8\"\n");
-    let logs = dir.path().join("mpi");
     let mut mpirun = Command::new("mpirun");
     mpirun
         .current_dir(dir.path())
         .args(["--allow-run-as-root", "--oversubscribe", "-n", "5"])
-        .arg("--output-filename")
-        .arg(&logs)
-        .args([EVB, "node", "--config"])
+        .args([EVB, "node", "--json", JSON, "--config"])
         .arg(&cfg);
     let l = launch(mpirun, dir.path(), "mpirun", LIMIT);
-    // Open MPI 4 writes each rank's output to DIR/1/rank.R/stdout (and stderr)
-    let rank = |r: usize, f: &str| {
-        std::fs::read_to_string(logs.join(format!("1/rank.{r}/{f}"))).unwrap_or_default()
-    };
-    let all: String = (0..5)
-        .map(|r| format!("--- rank {r}\n{}\n{}", rank(r, "stdout"), rank(r, "stderr")))
-        .collect();
-    assert!(
-        l.status.success(),
-        "mpirun: {:?}\n{}\n{}\n{all}",
-        l.status,
-        l.stdout,
-        l.stderr
-    );
-    let outs: Vec<String> = (0..5).map(|r| rank(r, "stdout")).collect();
-    assert_exact(&outs, &all);
+    let all = format!("--- stdout\n{}\n--- stderr\n{}", l.stdout, l.stderr);
+    assert!(l.status.success(), "mpirun: {:?}\n{all}", l.status);
+    // mpirun's combined stdout: the five ranks' summary lines, in whatever order they
+    // ended, and nothing else
+    assert_eq!(l.stdout.lines().count(), 5, "{all}");
+    let lines = summary_lines(&l.stdout);
+    assert_eq!(lines.len(), 5, "{all}");
+    assert_exact(dir.path(), &lines, &all);
     assert_no_rendezvous_left(dir.path());
 }
 
@@ -488,9 +554,20 @@ fn the_script_evb_slurm_writes_runs_under_sbatch() {
             "no log for rank {r}:\n{all}"
         );
     }
-    // each node's log holds its stdout and stderr: its report among them
-    let outs: Vec<String> = (0..5).map(|r| log(format!("evb-{job}-{r}.out"))).collect();
-    assert_exact(&outs, &all);
+    // each node's log holds its stdout and stderr: its summary line among them; its
+    // report is evb-JOB-RANK.json beside it
+    let reports = dir.path().join("reports");
+    std::fs::create_dir_all(&reports).unwrap();
+    let mut lines = Vec::new();
+    for (r, id) in NODES.iter().enumerate() {
+        let mut l = summary_lines(&log(format!("evb-{job}-{r}.out")));
+        assert_eq!(l.len(), 1, "rank {r}:\n{all}");
+        lines.append(&mut l);
+        let json = logs.join(format!("evb-{job}-{r}.json"));
+        assert!(json.exists(), "no report for rank {r}:\n{all}");
+        std::fs::copy(json, reports.join(format!("{id}.json"))).unwrap();
+    }
+    assert_exact(dir.path(), &lines, &all);
 }
 
 #[test]

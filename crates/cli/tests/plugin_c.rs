@@ -3,30 +3,11 @@
 //! and another BU as `evb node` processes: every event built once, every byte checked.
 
 mod common;
+use common::cc::{compile, compile_c, lib_dir, SONAME};
 use common::nodes::{assert_verdict_ok, Run};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-/// The library's SONAME: what a program linked with `-levb` asks for at run time.
-const SONAME: &str = concat!("libevb.so.0.", env!("CARGO_PKG_VERSION_MINOR"));
-
-/// Where cargo put libevb.so (built as a dev-dependency, next to this test's binary), with
-/// the SONAME's link beside it as an install makes it (cargo makes only libevb.so).
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let dir = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .into_iter()
-        .find(|d| d.join("libevb.so").exists())
-        .expect("libevb.so next to the test binary");
-    let link = dir.join(SONAME);
-    if std::fs::symlink_metadata(&link).is_err() {
-        // several tests may make it at once: one wins, the others find it made
-        let _ = std::os::unix::fs::symlink("libevb.so", &link);
-    }
-    dir
-}
 
 /// libevb.so says its SONAME and carries no debug information.
 #[test]
@@ -45,40 +26,6 @@ fn the_library_has_its_soname_and_no_debug_info() {
         "debug information in {}",
         lib.display()
     );
-}
-
-/// Compiles one of the C examples into `dir`; `None` (test skipped) when there is no `cc`.
-fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
-    let capi = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capi");
-    let lib = lib_dir();
-    let out = dir.join(name);
-    let r = Command::new("cc")
-        .args([
-            "-std=c99",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-D_DEFAULT_SOURCE",
-        ])
-        .arg(capi.join(format!("examples/{name}.c")))
-        .arg("-I")
-        .arg(capi.join("include"))
-        .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .args(["-levb", "-o"])
-        .arg(&out)
-        .output();
-    match r {
-        Ok(o) => {
-            assert!(o.status.success(), "cc {name}.c: {}", common::text(&o));
-            Some(out)
-        }
-        Err(e) => {
-            eprintln!("no C compiler ({e}): test skipped");
-            None
-        }
-    }
 }
 
 fn finished(o: Output, what: &str) -> String {
@@ -117,14 +64,10 @@ fn c_producer_and_c_consumer_in_a_multi_process_run() {
         .output()
         .unwrap();
     let p = finished(p, "producer");
-    assert!(
-        p.contains(
-            "1 GiB buffer: -1 (fragment of 1073741824 bytes: larger than source.max_fragment"
-        ),
-        "{p}"
-    );
-    assert!(
-        p.contains("submitted twice: -3 (not an outstanding buffer"),
+    // the example is a clean template: its output is its count and the run's end
+    assert_eq!(
+        p.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>(),
+        [format!("submitted {EVENTS} fragments").as_str(), "run: ok"],
         "{p}"
     );
     assert!(
@@ -156,6 +99,71 @@ fn c_producer_and_c_consumer_in_a_multi_process_run() {
     assert_eq!(n0 + n1, EVENTS, "{line}");
     assert_eq!(sum0 + sum1, (0..EVENTS).sum::<u64>(), "{line}");
     assert!(n0 > 0, "the C consumer's BU built events too: {line}");
+}
+
+/// Every error a producer can get, each its own code (crates/capi/tests/c/producer_errors.c,
+/// started from the configuration as TOML text with evb_producer_start_toml): text that is
+/// not TOML or not a valid configuration, NULL, an RU the configuration lacks, a buffer
+/// larger than source.max_fragment, a buffer submitted twice or released after its submit,
+/// a buffer after finish; and between them a run that is exact.
+#[test]
+fn c_producer_errors_are_their_codes_and_a_toml_started_run_is_exact() {
+    const EVENTS: u64 = 500;
+    let bins = tempfile::tempdir().unwrap();
+    let Some(prog) = compile_c("tests/c/producer_errors.c", bins.path()) else {
+        return;
+    };
+    let mut run = Run::start(
+        "[run]\nid = \"cerrors\"\nduration_s = 0\n[source]\nkind = \"api\"\nmax_fragment = 4096\n\
+         [topology]\nrus = 1\nbus = 1\n",
+        &["evm", "bu0"],
+    );
+    let out = Command::new(&prog)
+        .arg(&run.cfg)
+        .args(["ru0", &EVENTS.to_string()])
+        .output()
+        .unwrap();
+    let t = finished(out, "producer_errors");
+    // each check's line: NAME: CODE (MESSAGE)
+    let said = |name: &str| -> (i32, String) {
+        let line = t
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name:?} in:\n{t}"));
+        let (code, msg) = line.split_once(' ').unwrap();
+        (code.parse().unwrap(), msg.to_string())
+    };
+    let (code, msg) = said("text that is not TOML");
+    assert_eq!(code, -11, "EVB_ERR_CONFIG");
+    assert!(msg.starts_with("(configuration text: "), "{msg}");
+    let (code, msg) = said("an invalid configuration");
+    assert_eq!(code, -11);
+    assert!(msg.contains("fragments.size"), "{msg}");
+    assert_eq!(said("a NULL configuration").0, -7, "EVB_ERR_ARG");
+    let (code, msg) = said("no such RU");
+    assert_eq!(code, -6, "EVB_ERR_SETUP");
+    assert!(msg.contains("no RU \"ru99\""), "{msg}");
+    assert_eq!(said("start from TOML text").0, 0);
+    let (code, msg) = said("1 GiB buffer");
+    assert_eq!(code, -1, "EVB_ERR_SIZE");
+    assert!(
+        msg.contains("fragment of 1073741824 bytes: larger than source.max_fragment (4096"),
+        "{msg}"
+    );
+    for name in [
+        "release of a buffer never given",
+        "submitted twice",
+        "released after its submit",
+    ] {
+        let (code, msg) = said(name);
+        assert_eq!(code, -3, "{name}: EVB_ERR_UNKNOWN_BUFFER");
+        assert!(msg.contains("not an outstanding buffer"), "{name}: {msg}");
+    }
+    assert_eq!(said("finish").0, 0);
+    assert_eq!(said("a buffer after finish").0, -4, "EVB_ERR_STATE");
+    assert!(t.contains("all checks passed"), "{t}");
+    let report = run.evm_report();
+    assert_verdict_ok(&report, EVENTS);
 }
 
 #[test]

@@ -90,6 +90,29 @@ fn default_run_is_bounded_and_clean() {
     assert_eq!(s["run"]["n_bu"], 2);
 }
 
+/// `--json -`: stdout is the JSON document alone (it parses whole, and agrees with the
+/// verdict), the table and verdict for people on stderr.
+#[test]
+fn json_dash_puts_the_document_on_stdout_and_the_words_on_stderr() {
+    let out = Command::new(EVB)
+        .args(["run", "--quiet", "--events", "2000", "--json", "-"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let s: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}:\n{stdout}"));
+    assert_eq!(s["ok"], true, "{s}");
+    assert_eq!(s["run"]["evm"]["released"], 2000, "{s}");
+    assert!(
+        stderr.contains("VERDICT: OK - every triggered event (2000)"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("VERDICT"), "{stdout}");
+}
+
 #[test]
 fn inproc_run_from_the_cli() {
     let (out, s) = evb_run("[run]\nid = \"it-inproc\"\nevents = 5000\nduration_s = 0\n[fragments]\nsize = 1000\n[transport]\nkind = \"inproc\"\n");
@@ -417,7 +440,7 @@ fn nodes_take_their_ids_from_the_launchers_rank() {
     let kids: Vec<_> = (0..5)
         .map(|rank| {
             Command::new(EVB)
-                .args(["node", "--config"])
+                .args(["node", "--json", "-", "--config"])
                 .arg(&cfg)
                 .env("OMPI_COMM_WORLD_RANK", rank.to_string())
                 .env("OMPI_COMM_WORLD_SIZE", "5")

@@ -4,6 +4,53 @@ use std::process::Command;
 
 const EVB: &str = env!("CARGO_BIN_EXE_evb");
 
+/// Without --svg the plot goes to `evb-out/sim/` of the folder the user stands in (or
+/// `--out DIR`), said on stdout; no `target/` is made there.
+#[test]
+fn evb_sim_writes_under_evb_out_or_out_never_target() {
+    let cwd = tempfile::tempdir().unwrap();
+    let sim = |extra: &[&str]| {
+        let out = Command::new(EVB)
+            .current_dir(cwd.path())
+            .args(["sim", "--n", "2", "--slots", "2000"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = sim(&[]);
+    let plot = cwd.path().join("evb-out/sim/efficiency.svg");
+    assert!(
+        std::fs::read_to_string(&plot).is_ok_and(|p| p.starts_with("<svg")),
+        "{said}"
+    );
+    assert!(said.contains("wrote evb-out/sim/efficiency.svg"), "{said}");
+    assert!(!cwd.path().join("target").exists());
+    let said = sim(&["--out", "plots"]);
+    assert!(cwd.path().join("plots/efficiency.svg").is_file(), "{said}");
+    assert!(said.contains("wrote plots/efficiency.svg"), "{said}");
+    assert!(!cwd.path().join("target").exists());
+}
+
+/// `--json -`: stdout is the points' JSON alone, the table on stderr.
+#[test]
+fn evb_sim_json_dash_is_the_document_alone_on_stdout() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(EVB)
+        .current_dir(cwd.path())
+        .args(["sim", "--n", "2", "--slots", "2000", "--json", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 2, "{points:?}");
+    assert!(points.iter().all(|p| p["sources"] == 2));
+    let table = String::from_utf8_lossy(&out.stderr);
+    assert!(table.contains("(2 - sqrt 2)"), "{table}");
+}
+
 #[test]
 fn evb_sim_reproduces_table_vii_and_writes_its_plot() {
     let dir = tempfile::tempdir().unwrap();

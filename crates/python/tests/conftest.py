@@ -60,7 +60,8 @@ class Run:
         self.kids = {}
         for node in procs:
             self.kids[node] = subprocess.Popen(
-                [evb_bin(), "node", "--id", node, "--config", str(self.config)],
+                [evb_bin(), "node", "--json", "-", "--id", node, "--config",
+                 str(self.config)],
                 cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def python(self, script, *args):

@@ -116,14 +116,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             "pids": pids,
             "transport": format!("{:?}", cfg.transport.kind).to_lowercase(),
         });
-        let mut f = std::fs::File::create(path)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        writeln!(
-            f,
-            "{}",
-            serde_json::to_string_pretty(&doc).unwrap_or_default()
-        )
-        .map_err(|e| e.to_string())?;
+        crate::json_out::write(path, &doc).map_err(|e| format!("cannot write {e}"))?;
     }
     Ok(ok)
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the process tests: run `evb` and read what it reports.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod cc;
 pub mod nodes;
 pub mod up;
 

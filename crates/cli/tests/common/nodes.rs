@@ -46,7 +46,7 @@ impl Run {
         };
         for id in procs {
             let child = Command::new(EVB)
-                .args(["node", "--id", id, "--config"])
+                .args(["node", "--json", "-", "--id", id, "--config"])
                 .arg(&run.cfg)
                 .current_dir(run.dir.path())
                 .stdout(Stdio::piped())
