@@ -33,8 +33,9 @@ pub struct LatencyHistogram {
     pub counts: Vec<u64>,
     pub sum_us: u64,
     pub count: u64,
-    /// The same events at 1 % resolution. On the wire: the non-empty cells as
-    /// `[[value_us, count], …]`, where `value_us` is the highest value of the cell.
+    /// The same events at 1 % resolution. In JSON: the non-empty cells as one string,
+    /// `"value_us:count value_us:count …"` (`value_us` the highest value of the cell), which
+    /// stays a line in a pretty-printed report however many cells there are.
     #[serde(serialize_with = "fine_out", deserialize_with = "fine_in")]
     pub fine: Histogram<u64>,
 }
@@ -51,16 +52,25 @@ impl Default for LatencyHistogram {
 }
 
 fn fine_out<S: Serializer>(h: &Histogram<u64>, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(
-        h.iter_recorded()
-            .map(|v| [v.value_iterated_to(), v.count_at_value()]),
-    )
+    let cells: Vec<String> = h
+        .iter_recorded()
+        .map(|v| format!("{}:{}", v.value_iterated_to(), v.count_at_value()))
+        .collect();
+    s.serialize_str(&cells.join(" "))
 }
 
 fn fine_in<'de, D: Deserializer<'de>>(d: D) -> Result<Histogram<u64>, D::Error> {
-    let cells = Vec::<[u64; 2]>::deserialize(d)?;
+    let text = String::deserialize(d)?;
     let mut h = fine_histogram();
-    for [value, n] in cells {
+    for cell in text.split_whitespace() {
+        let parsed = cell
+            .split_once(':')
+            .and_then(|(v, n)| Some((v.parse::<u64>().ok()?, n.parse::<u64>().ok()?)));
+        let Some((value, n)) = parsed else {
+            return Err(serde::de::Error::custom(format!(
+                "latency cell {cell:?} is not value_us:count"
+            )));
+        };
         h.saturating_record_n(value.clamp(1, HDR_MAX_US), n);
     }
     Ok(h)
@@ -195,8 +205,10 @@ mod tests {
     #[test]
     fn a_garbled_fine_part_is_refused_or_clamped_never_a_panic() {
         assert!(serde_json::from_str::<LatencyHistogram>(r#"{"fine": 3}"#).is_err());
+        assert!(serde_json::from_str::<LatencyHistogram>(r#"{"fine": "12:x"}"#).is_err());
+        assert!(serde_json::from_str::<LatencyHistogram>(r#"{"fine": "12"}"#).is_err());
         let h: LatencyHistogram =
-            serde_json::from_str(r#"{"fine": [[0, 5], [18446744073709551615, 1]]}"#).unwrap();
+            serde_json::from_str(r#"{"fine": "0:5 18446744073709551615:1"}"#).unwrap();
         assert_eq!(h.fine.len(), 6);
     }
 }

@@ -316,8 +316,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 .arg(&cfg)
                 .arg("--json")
                 .arg(&json)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                .stdout(out_file(dir, "launcher.out"))
+                .stderr(out_file(dir, "launcher.err"))
                 .spawn()
                 .unwrap(),
         ),
@@ -326,8 +326,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 let c = Command::new(EVB)
                     .args(["node", "--json", "-", "--id", id, "--config"])
                     .arg(&cfg)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
+                    .stdout(out_file(dir, &format!("{id}.out")))
+                    .stderr(out_file(dir, &format!("{id}.err")))
                     .spawn()
                     .unwrap();
                 kids.insert(id.clone(), c);
@@ -344,8 +344,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                         "--config",
                     ])
                     .arg(&cfg)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
+                    .stdout(out_file(dir, "evm-standby.out"))
+                    .stderr(out_file(dir, "evm-standby.err"))
                     .spawn()
                     .unwrap();
                 kids.insert("evm-standby".into(), c);
@@ -374,10 +374,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                     kids.iter_mut().find_map(|(id, c)| match c.try_wait() {
                         Ok(Some(st)) => {
                             // what it said: why it ended is the point of the message
-                            let mut said = String::new();
-                            if let Some(mut e) = c.stderr.take() {
-                                let _ = std::io::Read::read_to_string(&mut e, &mut said);
-                            }
+                            let said = std::fs::read_to_string(dir.join(format!("{id}.err")))
+                                .unwrap_or_default();
                             let tail: Vec<&str> = said.lines().rev().take(5).collect();
                             let tail: Vec<&str> = tail.into_iter().rev().collect();
                             Some(format!("{id} ({st}; its last lines: {})", tail.join(" | ")))
@@ -500,20 +498,16 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 assert!(Instant::now() < limit, "evb run did not end in 60 s");
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let o = l.wait_with_output().unwrap();
+            let status = l.wait().unwrap();
             let s: Value = std::fs::read_to_string(&json)
                 .map(|s| serde_json::from_str(&s).unwrap())
                 .unwrap_or(Value::Null);
             for id in &ids {
                 clean_exit.insert(id.clone(), s["exit_codes"][id] == 0);
             }
-            let log = format!(
-                "{}{}\n{}",
-                note,
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-            (s["run"].clone(), o.status.success(), log)
+            let (out, err) = read_out(dir, "launcher");
+            let log = format!("{note}{out}\n{err}");
+            (s["run"].clone(), status.success(), log)
         }
         None => {
             let mut log = note;
@@ -525,9 +519,10 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                let o = c.wait_with_output().unwrap();
-                clean_exit.insert(id.clone(), o.status.success());
-                let report: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+                let status = c.wait().unwrap();
+                clean_exit.insert(id.clone(), status.success());
+                let (out, err) = read_out(dir, &id);
+                let report: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
                 // the standby's report is the run's once it took over
                 let took_over = report["run"]["evm"]["lost"].as_array().is_some_and(|l| {
                     l.iter().any(|e| {
@@ -539,7 +534,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 if id == "evm" && evm_report.is_null() || id == "evm-standby" && took_over {
                     evm_report = report;
                 }
-                log += &format!("--- {id}: {}\n", String::from_utf8_lossy(&o.stderr));
+                log += &format!("--- {id} ({status}): {err}\n");
             }
             let ok = evm_report["ok"] == true;
             (evm_report["run"].clone(), ok, log)
@@ -559,6 +554,19 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         log,
         marker,
     }
+}
+
+/// A file in the trial's folder for a process's output: read once it has exited, so that a
+/// process writing more than a pipe holds never waits on a reader that is not there.
+fn out_file(dir: &Path, name: &str) -> Stdio {
+    Stdio::from(std::fs::File::create(dir.join(name)).unwrap())
+}
+
+/// What process `name` wrote on stdout and stderr (see [`out_file`]).
+fn read_out(dir: &Path, name: &str) -> (String, String) {
+    let read =
+        |ext: &str| std::fs::read_to_string(dir.join(format!("{name}.{ext}"))).unwrap_or_default();
+    (read("out"), read("err"))
 }
 
 /// One HTTP request on a connection of its own: the reply's status (None: no reply, the

@@ -515,6 +515,29 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
     };
     eprintln!("page: {} then {}", first["summary"], later["summary"]);
+    // every node's row has its rate over the run so far, from the server's history
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sparks = b.eval(
+            "return Array.from(document.querySelectorAll('#nodes tbody tr')).map(r => { \
+               const s = r.querySelector('td.spark svg'); \
+               return s ? Number(s.dataset.points) : 0; });",
+        );
+        let points: Vec<u64> = sparks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap_or(0))
+            .collect();
+        if points.len() == 5 && points.iter().all(|&p| p >= 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "not every node row has its rate history: {points:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
     // the build latency: the BUs' histograms added up, served and drawn as bars
     let lat = up.status()["latency"].clone();
     let counts: Vec<u64> = lat["counts"]

@@ -786,6 +786,9 @@ impl Core {
                 "in_flight": es.map(|s| s.in_flight),
                 "credits_available": es.map(|s| s.credits_available),
                 "paused": es.map(|s| s.paused),
+                // takeovers by a standby EVM (docs/standby.md), and whether this one follows
+                "epoch": es.map(|s| s.epoch),
+                "following": es.map(|s| s.following),
                 // what happened to nodes (null before the EVM's first snapshot)
                 "lost": es.map(|s| &s.lost),
                 "down": es.map(|s| &s.down),

@@ -51,6 +51,9 @@ pub(super) struct Following {
     held: Vec<(NodeRef, Message)>,
     /// The run ended at the active EVM: nothing to take over.
     over: bool,
+    /// When it began following, and whether it ever reached the active EVM.
+    since: Instant,
+    reached: bool,
 }
 
 impl Standby {
@@ -86,6 +89,8 @@ impl Standby {
             bus: BTreeMap::new(),
             held: Vec::new(),
             over: false,
+            since: now,
+            reached: false,
         }))
     }
 
@@ -180,6 +185,7 @@ impl Driver {
                 f.dialing = None;
                 f.conn = Some(*conn);
                 f.last_heard = now;
+                f.reached = true;
                 true
             }
             (Standby::Follower(f), Incoming::Closed { conn, reason })
@@ -283,6 +289,26 @@ impl Driver {
                     return true;
                 }
                 if f.taking_over.is_none() {
+                    // an operator's stop or abort (Ctrl-C, SIGTERM, the control API) ends a
+                    // standby that follows: it has no run of its own to drain
+                    if self.control.stop_requested() || self.control.take_abort().is_some() {
+                        if self.exit.is_none() {
+                            self.exit = Some((true, "stopped while following the EVM".into()));
+                        }
+                        return true;
+                    }
+                    // an EVM that never answers (or is gone before the standby reached it)
+                    let never = !f.reached
+                        && now.duration_since(f.since)
+                            > Duration::from_secs_f64(self.cfg.run.connect_timeout_s);
+                    if never && self.exit.is_none() {
+                        let why = format!(
+                            "the EVM at {} did not answer within {} s (run.connect_timeout_s)",
+                            f.active, self.cfg.run.connect_timeout_s
+                        );
+                        self.exit = Some((false, why));
+                        return true;
+                    }
                     if f.conn.is_none() && f.dialing.is_none() && now >= f.retry_at {
                         let hello = Hello::new(
                             Channel::Control,
