@@ -1047,3 +1047,21 @@ streams = ["127.0.0.1:7301"]
     let cfg = check(&with("[\"10.0.0.0/24\"]")).unwrap();
     assert_eq!(Config::from_toml(&cfg.to_toml()).unwrap(), cfg);
 }
+
+#[test]
+fn a_standby_is_checked() {
+    let ok = Config::from_toml("[evm]\nstandby = \"127.0.0.1:0\"\n").unwrap();
+    assert_eq!(ok.evm.standby, "127.0.0.1:0");
+    assert_err(
+        "[evm]\nstandby = \"here\"\n",
+        &["evm.standby", "not an IP:port"],
+    );
+    assert_err(
+        "[evm]\nstandby_control = \"127.0.0.1:0\"\n",
+        &["evm.standby_control", "set evm.standby too"],
+    );
+    assert_err(
+        "[evm]\nstandby = \"127.0.0.1:0\"\n[source]\nkind = \"api\"\nmax_fragment = 1024\n",
+        &["evm.standby", "fed live"],
+    );
+}
