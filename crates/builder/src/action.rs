@@ -109,6 +109,34 @@ pub(crate) fn halt(state: &mut RunState, actions: &mut VecDeque<Action>, ok: boo
     });
 }
 
+/// An RU or BU with a standby EVM lost its EVM while the run was on (ready, running or
+/// stopping): it goes on working and waits for the standby instead of aborting.
+pub(crate) fn waits_for_standby(standby: bool, state: RunState) -> bool {
+    standby
+        && matches!(
+            state,
+            RunState::Ready | RunState::Running | RunState::Stopping
+        )
+}
+
+/// An RU or BU resyncs with a standby that took the run over: what it had queued for the
+/// old EVM went with that connection (its resync says it instead), and a node that had not
+/// heard the old EVM's Start is in the run all the same.
+pub(crate) fn resync_with_new_evm(state: &mut RunState, actions: &mut VecDeque<Action>) {
+    actions.retain(|a| {
+        !matches!(
+            a,
+            Action::Send {
+                to: NodeRef::Evm,
+                ..
+            }
+        )
+    });
+    if *state == RunState::Ready {
+        *state = RunState::Running;
+    }
+}
+
 /// An RU or BU leaves the run on an error (`reason`): aborted, and the driver exits.
 pub(crate) fn abort(state: &mut RunState, actions: &mut VecDeque<Action>, reason: String) {
     *state = RunState::Aborted;

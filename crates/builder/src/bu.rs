@@ -13,7 +13,9 @@ use evb_wire::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
+use crate::action::{
+    abort, halt, resync_with_new_evm, waits_for_standby, Action, NodeRef, Path, RunState,
+};
 use crate::event::BuiltEvent;
 use crate::evm::BuResync;
 use crate::generator::Generator;
@@ -443,20 +445,7 @@ impl Bu {
         }
         self.release = None;
         self.credits_to_send = 0;
-        // what was queued for the old EVM went with its connection: this resync says it
-        self.actions.retain(|a| {
-            !matches!(
-                a,
-                Action::Send {
-                    to: NodeRef::Evm,
-                    ..
-                }
-            )
-        });
-        if self.state == RunState::Ready {
-            // the old EVM died before this BU heard its Start: the run is on all the same
-            self.state = RunState::Running;
-        }
+        resync_with_new_evm(&mut self.state, &mut self.actions);
         BuResync {
             bu: me,
             free_credits: (self.cfg.credits as u64).saturating_sub(held) as u32,
@@ -942,12 +931,7 @@ impl Bu {
         if peer != NodeRef::Evm {
             return;
         }
-        if self.standby
-            && matches!(
-                self.state,
-                RunState::Ready | RunState::Running | RunState::Stopping
-            )
-        {
+        if waits_for_standby(self.standby, self.state) {
             // a standby EVM takes over: go on building, and wait for it
             return;
         }

@@ -10,7 +10,9 @@ use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_wire::{write_fragment_prefix, EventRange, Message, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
-use crate::action::{abort, halt, Action, NodeRef, Path, RunState};
+use crate::action::{
+    abort, halt, resync_with_new_evm, waits_for_standby, Action, NodeRef, Path, RunState,
+};
 use crate::evm::RuResync;
 use crate::generator::{Content, Generator};
 use crate::ids::Bits;
@@ -370,12 +372,7 @@ impl Ru {
         if peer != NodeRef::Evm {
             return;
         }
-        if self.standby
-            && matches!(
-                self.state,
-                RunState::Ready | RunState::Running | RunState::Stopping
-            )
-        {
+        if waits_for_standby(self.standby, self.state) {
             // a standby EVM takes over: go on making what was assigned, and wait for it
             // (the driver ends the wait, and the run, if none comes in time)
             return;
@@ -394,20 +391,7 @@ impl Ru {
     /// and every event it holds or has yet to make, with the BU its fragment goes to
     /// (the latest assignment of each: a reassignment not made yet counts).
     pub fn resync(&mut self) -> RuResync {
-        // what was queued for the old EVM went with its connection
-        self.actions.retain(|a| {
-            !matches!(
-                a,
-                Action::Send {
-                    to: NodeRef::Evm,
-                    ..
-                }
-            )
-        });
-        if self.state == RunState::Ready {
-            // the old EVM died before this RU heard its Start: the run is on all the same
-            self.state = RunState::Running;
-        }
+        resync_with_new_evm(&mut self.state, &mut self.actions);
         let mut dest: BTreeMap<u64, u16> = BTreeMap::new();
         for (&first, run) in &self.retained {
             for i in 0..run.count as usize {

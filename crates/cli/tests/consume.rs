@@ -738,6 +738,83 @@ fn node_pid(parent: u32, id: &str) -> Option<u32> {
     None
 }
 
+/// A serving run of `EVENTS` events at 2 kHz (about 4 s) through `evb run` (`extra`
+/// arguments), one consumer connected to every BU, and `victim` killed with `kill -9` at a
+/// seeded moment after the consumer's 200th event. Returns evb run's output, its JSON
+/// summary and the consumer, still to be finished.
+fn serving_run_with_a_kill(
+    d: &Path,
+    run_id: &str,
+    bus: u32,
+    extra: &[&str],
+    victim: &str,
+) -> (std::process::Output, Value, Child) {
+    let mut r = rng();
+    let base = free_base_port(bus as u16);
+    let toml = config(run_id, EVENTS_KILLED, bus, base, "").replacen(
+        "duration_s = 0\n",
+        "duration_s = 0\nrate_hz = 2000.0\n",
+        1,
+    );
+    std::fs::write(d.join("run.toml"), &toml).unwrap();
+    let run = Command::new(EVB)
+        .args(["run", "--quiet"])
+        .args(extra)
+        .arg("--config")
+        .arg(d.join("run.toml"))
+        .arg("--json")
+        .arg(d.join("summary.json"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let from = addrs(base, bus as u16);
+    let c = consumer(d, "c", run_id, &from, &["--wait-s", "3"]);
+    let t0 = Instant::now();
+    while ids(d, "c").len() < 200 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = Duration::from_millis(r() % 1500);
+    std::thread::sleep(after);
+    let pid = node_pid(run.id(), victim).unwrap_or_else(|| panic!("{victim} is running"));
+    eprintln!("kill -9 {victim} (pid {pid}) {after:?} after the consumer's 200th event");
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    let out = run.wait_with_output().unwrap();
+    let s: Value = std::fs::read_to_string(d.join("summary.json"))
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(Value::Null);
+    assert!(out.status.success(), "evb run failed:\n{}", text(&out));
+    assert_eq!(s["ok"], true, "{}", text(&out));
+    assert_eq!(
+        s["run"]["evm"]["triggered"],
+        EVENTS_KILLED,
+        "{}",
+        text(&out)
+    );
+    assert_eq!(s["run"]["evm"]["released"], EVENTS_KILLED);
+    (out, s, c)
+}
+
+/// Events of the runs with a kill.
+const EVENTS_KILLED: u64 = 8_000;
+
+/// The consumer wrote every event of a run with a kill exactly once.
+fn each_event_consumed_once(d: &Path, c: Child) -> Value {
+    let (o, summary) = finished(c);
+    let mut got = ids(d, "c");
+    let n = got.len();
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got.len(), n, "an event written twice:\n{}", text(&o));
+    assert_eq!(
+        got,
+        (0..EVENTS_KILLED).collect::<Vec<_>>(),
+        "every event once:\n{}",
+        text(&o)
+    );
+    summary
+}
+
 /// A serving BU killed with `kill -9` at a seeded moment through `evb run`: the serve sink
 /// commits at the consumer's acknowledgement (docs/protocol.md §6 step 7), so what the BU
 /// had handed out and not seen acknowledged is built again by another BU; the consumer,
@@ -746,46 +823,9 @@ fn node_pid(parent: u32, id: &str) -> Option<u32> {
 #[test]
 fn a_serving_bu_killed_mid_run_loses_nothing_and_each_event_is_consumed_once() {
     let _turn = TAKE_TURNS.lock().unwrap_or_else(|e| e.into_inner());
-    const EVENTS: u64 = 8_000;
-    let mut r = rng();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let base = free_base_port(3);
-    // 2 kHz: about 4 s, so that the kill lands mid-run
-    let toml = config("bukill", EVENTS, 3, base, "").replacen(
-        "duration_s = 0\n",
-        "duration_s = 0\nrate_hz = 2000.0\n",
-        1,
-    );
-    std::fs::write(d.join("run.toml"), &toml).unwrap();
-    let run = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
-        .arg(d.join("run.toml"))
-        .arg("--json")
-        .arg(d.join("summary.json"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let from = addrs(base, 3);
-    let c = consumer(d, "c", "bukill", &from, &["--wait-s", "3"]);
-    let t0 = Instant::now();
-    while ids(d, "c").len() < 200 && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let after = Duration::from_millis(r() % 1500);
-    std::thread::sleep(after);
-    let bu1 = node_pid(run.id(), "bu1").expect("bu1 is running");
-    eprintln!("kill -9 bu1 (pid {bu1}) {after:?} after the consumer's 200th event");
-    let _ = Command::new("kill").args(["-9", &bu1.to_string()]).status();
-    let out = run.wait_with_output().unwrap();
-    let s: Value = std::fs::read_to_string(d.join("summary.json"))
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap_or(Value::Null);
-    assert!(out.status.success(), "evb run failed:\n{}", text(&out));
-    assert_eq!(s["ok"], true, "{}", text(&out));
-    assert_eq!(s["run"]["evm"]["triggered"], EVENTS);
-    assert_eq!(s["run"]["evm"]["released"], EVENTS);
+    let (out, s, c) = serving_run_with_a_kill(d, "bukill", 3, &[], "bu1");
     assert_eq!(
         s["run"]["down"],
         serde_json::json!(["bu[1]"]),
@@ -795,18 +835,7 @@ fn a_serving_bu_killed_mid_run_loses_nothing_and_each_event_is_consumed_once() {
     // bu1 died mid-run: it had handed out events not yet acknowledged and committed
     assert!(s["run"]["evm"]["reassigned"].as_u64().unwrap() > 0);
     // the consumer lost bu1 without an End: it says so (exit 1), but wrote every event once
-    let (o, summary) = finished(c);
-    let mut got = ids(d, "c");
-    let n = got.len();
-    got.sort_unstable();
-    got.dedup();
-    assert_eq!(got.len(), n, "an event written twice:\n{}", text(&o));
-    assert_eq!(
-        got,
-        (0..EVENTS).collect::<Vec<_>>(),
-        "every event once:\n{}",
-        text(&o)
-    );
+    let summary = each_event_consumed_once(d, c);
     eprintln!(
         "served again and not written twice: {}",
         summary["repeated"]
@@ -820,45 +849,9 @@ fn a_serving_bu_killed_mid_run_loses_nothing_and_each_event_is_consumed_once() {
 #[test]
 fn a_standby_takes_over_a_serving_run_and_each_event_is_consumed_once() {
     let _turn = TAKE_TURNS.lock().unwrap_or_else(|e| e.into_inner());
-    const EVENTS: u64 = 8_000;
-    let mut r = rng();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let base = free_base_port(2);
-    let toml = config("evmkill", EVENTS, 2, base, "").replacen(
-        "duration_s = 0\n",
-        "duration_s = 0\nrate_hz = 2000.0\n",
-        1,
-    );
-    std::fs::write(d.join("run.toml"), &toml).unwrap();
-    let run = Command::new(EVB)
-        .args(["run", "--quiet", "--standby", "--config"])
-        .arg(d.join("run.toml"))
-        .arg("--json")
-        .arg(d.join("summary.json"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let from = addrs(base, 2);
-    let c = consumer(d, "c", "evmkill", &from, &["--wait-s", "5"]);
-    let t0 = Instant::now();
-    while ids(d, "c").len() < 200 && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let after = Duration::from_millis(r() % 1500);
-    std::thread::sleep(after);
-    let evm = node_pid(run.id(), "evm").expect("the EVM is running");
-    eprintln!("kill -9 the EVM (pid {evm}) {after:?} after the consumer's 200th event");
-    let _ = Command::new("kill").args(["-9", &evm.to_string()]).status();
-    let out = run.wait_with_output().unwrap();
-    let s: Value = std::fs::read_to_string(d.join("summary.json"))
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap_or(Value::Null);
-    assert!(out.status.success(), "evb run failed:\n{}", text(&out));
-    assert_eq!(s["ok"], true, "{}", text(&out));
-    assert_eq!(s["run"]["evm"]["triggered"], EVENTS, "{}", text(&out));
-    assert_eq!(s["run"]["evm"]["released"], EVENTS);
+    let (out, s, c) = serving_run_with_a_kill(d, "evmkill", 2, &["--standby"], "evm");
     let took_over = s["run"]["evm"]["lost"].as_array().is_some_and(|l| {
         l.iter().any(|e| {
             e["node"] == "evm"
@@ -872,16 +865,5 @@ fn a_standby_takes_over_a_serving_run_and_each_event_is_consumed_once() {
         "the takeover is not in the report:\n{}",
         text(&out)
     );
-    let (o, _) = finished(c);
-    let mut got = ids(d, "c");
-    let n = got.len();
-    got.sort_unstable();
-    got.dedup();
-    assert_eq!(got.len(), n, "an event written twice:\n{}", text(&o));
-    assert_eq!(
-        got,
-        (0..EVENTS).collect::<Vec<_>>(),
-        "every event once:\n{}",
-        text(&o)
-    );
+    each_event_consumed_once(d, c);
 }

@@ -119,6 +119,20 @@ impl Config {
         }
     }
 
+    /// Where the standby EVM's control API listens: `evm.standby_control`, or a free port on
+    /// the standby's host (empty without a standby).
+    pub fn standby_control(&self) -> String {
+        if self.evm.standby.is_empty() || !self.evm.standby_control.is_empty() {
+            return self.evm.standby_control.clone();
+        }
+        let host = self
+            .evm
+            .standby
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(h, _)| h);
+        format!("{host}:0")
+    }
+
     /// Every node: the EVM first, then the RUs, then the BUs.
     pub fn nodes(&self) -> Vec<NodeSpec> {
         let mut v = self.nodes_unchecked();

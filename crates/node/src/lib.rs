@@ -82,16 +82,7 @@ pub fn make_standby(cfg: &mut Config, id: &str) -> Result<(), String> {
     }
     cfg.evm.follow = evm.addr;
     cfg.evm.addr = cfg.evm.standby.clone();
-    cfg.evm.control = if cfg.evm.standby_control.is_empty() {
-        let host = cfg
-            .evm
-            .standby
-            .rsplit_once(':')
-            .map_or("127.0.0.1", |(h, _)| h);
-        format!("{host}:0")
-    } else {
-        cfg.evm.standby_control.clone()
-    };
+    cfg.evm.control = cfg.standby_control();
     // the active EVM writes the rendezvous file; the standby must not overwrite it
     cfg.run.rendezvous.clear();
     Ok(())

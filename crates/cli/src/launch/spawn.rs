@@ -71,16 +71,7 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String>
         None
     } else {
         let evm = &nodes[0];
-        let ctl = if cfg.evm.standby_control.is_empty() {
-            let host = cfg
-                .evm
-                .standby
-                .rsplit_once(':')
-                .map_or("127.0.0.1", |(h, _)| h);
-            format!("{host}:0")
-        } else {
-            cfg.evm.standby_control.clone()
-        };
+        let ctl = cfg.standby_control();
         Some((free(evm, &cfg.evm.standby)?, free(evm, &ctl)?))
     };
     drop(held);

@@ -100,6 +100,26 @@ impl Standby {
     }
 }
 
+/// One message of node `i`'s resync: joined to the ones before it while they said more
+/// follows, or the start of a new one.
+fn gather<T>(
+    got: &mut BTreeMap<u16, (T, bool)>,
+    i: u16,
+    part: T,
+    more: bool,
+    absorb: impl Fn(&mut T, T),
+) {
+    match got.get_mut(&i) {
+        Some((r, open)) if *open => {
+            absorb(r, part);
+            *open = more;
+        }
+        _ => {
+            got.insert(i, (part, more));
+        }
+    }
+}
+
 fn node_of(role: evb_wire::Role, index: u16) -> NodeRef {
     match role {
         evb_wire::Role::Evm => NodeRef::Evm,
@@ -225,27 +245,11 @@ impl Driver {
         };
         match (from, msg) {
             (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
-                match f.rus.get_mut(&i) {
-                    Some((r, open)) if *open => {
-                        r.absorb(resync);
-                        *open = more;
-                    }
-                    _ => {
-                        f.rus.insert(i, (resync, more));
-                    }
-                }
+                gather(&mut f.rus, i, resync, more, RuResync::absorb);
                 None
             }
             (NodeRef::Bu(i), Message::ResyncBu { resync, more }) => {
-                match f.bus.get_mut(&i) {
-                    Some((b, open)) if *open => {
-                        b.absorb(resync);
-                        *open = more;
-                    }
-                    _ => {
-                        f.bus.insert(i, (resync, more));
-                    }
-                }
+                gather(&mut f.bus, i, resync, more, BuResync::absorb);
                 None
             }
             (from, Message::Heartbeat) => {
