@@ -462,11 +462,20 @@ impl Driver {
             Action::PublishFor { bu, part } => {
                 let dir = std::path::Path::new(&self.cfg.sink.dir);
                 let run = &self.cfg.run.id;
-                let published = match evb_formats::events::publish_prepared(dir, run, bu, part) {
-                    Ok(done) => done,
-                    Err(e) => {
-                        warn!(node = %self.me.id, "cannot publish part {part} of lost bu[{bu}]: {e}");
-                        false
+                // a serving BU's part is what its consumers acknowledged: it is out already,
+                // with no file to rename
+                let serving = self.nodes.iter().any(|n| {
+                    n.role == Role::Bu && n.index == bu && n.sink == evb_config::SinkKind::Serve
+                });
+                let published = if serving {
+                    true
+                } else {
+                    match evb_formats::events::publish_prepared(dir, run, bu, part) {
+                        Ok(done) => done,
+                        Err(e) => {
+                            warn!(node = %self.me.id, "cannot publish part {part} of lost bu[{bu}]: {e}");
+                            false
+                        }
                     }
                 };
                 if published {
