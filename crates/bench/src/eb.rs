@@ -41,6 +41,11 @@ pub struct BuildSpec {
     /// 127.0.0.i+1 here), which talk over shm (`transport.local`), everything between hosts
     /// over `transport`. Half the fragments of a 2 x 2 run then never touch the kernel's tcp.
     pub folded: bool,
+    /// Busy compute threads (at nice 0, in the bench process) running beside the builder
+    /// for the whole run: a filter farm's processes on the builder's hosts.
+    pub compute_load: u32,
+    /// `run.priority` of the builder's nodes: "normal", "high" or "realtime".
+    pub priority: &'static str,
 }
 
 impl BuildSpec {
@@ -61,6 +66,16 @@ impl BuildSpec {
                 .load
                 .map(|f| format!(" load={:.0}%", f * 100.0))
                 .unwrap_or_default()
+            + &if self.compute_load > 0 {
+                format!(" compute={}", self.compute_load)
+            } else {
+                String::new()
+            }
+            + &if self.priority != "normal" {
+                format!(" priority={}", self.priority)
+            } else {
+                String::new()
+            }
     }
 
     fn toml(&self, run_id: &str, rate_hz: f64) -> String {
@@ -91,6 +106,7 @@ id = "{run_id}"
 duration_s = {secs}
 stall_timeout_s = 20.0
 rate_hz = {rate_hz}
+priority = "{priority}"
 
 [fragments]
 size = {size}
@@ -110,6 +126,7 @@ kind = "{transport}"
             verify = self.verify,
             content = self.content,
             transport = self.transport,
+            priority = self.priority,
         );
         base + &affinity
     }
@@ -152,6 +169,8 @@ pub fn default_run(seconds: f64) -> BuildSpec {
         as_typed: true,
         transport: "tcp",
         folded: false,
+        compute_load: 0,
+        priority: "normal",
     }
 }
 
@@ -191,6 +210,14 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         let done = done.clone();
         std::thread::spawn(move || scrape(base, nodes as u16, &done))
     });
+    // the compute load: its pace alone first (the reference of its progress), then
+    // running through the whole of the builder's run
+    let compute = (spec.compute_load > 0).then(|| {
+        let alone = Burners::start(spec.compute_load);
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let alone = alone.stop();
+        (alone, Burners::start(spec.compute_load))
+    });
     let mut cmd = Command::new(&exe);
     cmd.arg("run").arg("--quiet").arg("--json").arg(&json_path);
     if spec.as_typed {
@@ -204,6 +231,7 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let compute = compute.map(|(alone, beside)| beside.stop() / alone);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let scrapes = scraper.and_then(|t| t.join().ok()).unwrap_or(0);
     let text = std::fs::read_to_string(&json_path).map_err(|e| {
@@ -286,6 +314,14 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     }
     let q = |x: f64| lat.quantile_us(x).map_or(f64::NAN, |u| u as f64);
     (p.p50_us, p.p99_us, p.p999_us) = (q(0.5), q(0.99), q(0.999));
+    if let Some(share) = compute {
+        p.note.push_str(&format!(
+            "; the {} compute threads ran at {:.0} % of their pace alone (priority {})",
+            spec.compute_load,
+            100.0 * share,
+            spec.priority
+        ));
+    }
     if spec.scraped {
         if scrapes == 0 {
             return Err("the run was never scraped".into());
@@ -293,6 +329,55 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         p.note.push_str(&format!("; {scrapes} scrapes"));
     }
     Ok(p)
+}
+
+/// Busy compute threads counting their work: the load beside the builder.
+struct Burners {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    work: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    started: std::time::Instant,
+}
+
+impl Burners {
+    fn start(n: u32) -> Burners {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let work = std::sync::Arc::new(AtomicU64::new(0));
+        let threads = (0..n)
+            .map(|k| {
+                let (stop, work) = (stop.clone(), work.clone());
+                std::thread::spawn(move || {
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ k as u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..(1 << 16) {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                        }
+                        work.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::hint::black_box(x);
+                })
+            })
+            .collect();
+        Burners {
+            stop,
+            work,
+            threads,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Stops them; their work per second.
+    fn stop(self) -> f64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.work.load(std::sync::atomic::Ordering::SeqCst) as f64
+            / self.started.elapsed().as_secs_f64()
+    }
 }
 
 /// Every second until `done`: `/metrics` of every node and the EVM's `/api/v1/status`.

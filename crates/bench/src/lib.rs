@@ -71,6 +71,10 @@ pub struct BenchArgs {
     /// Leave out the iperf3 reference.
     #[arg(long)]
     pub no_iperf3: bool,
+    /// build: instead of its usual rows, the default run's shape beside N busy compute
+    /// threads, unloaded and loaded at each `run.priority` (normal, high, realtime).
+    #[arg(long, value_name = "N")]
+    pub compute_load: Option<u32>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -99,6 +103,7 @@ struct Settings {
     zmq: bool,
     iperf3: bool,
     quick: bool,
+    compute_load: Option<u32>,
 }
 
 fn find(points: &[Point], f: impl Fn(&Point) -> bool) -> Option<&Point> {
@@ -236,6 +241,27 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             "GB/s",
         );
     }
+    // the builder's share beside a compute load (issue 33): each loaded row against the
+    // unloaded one; the target is for the protected rows
+    let unloaded = find(points, |p| {
+        p.bench == "build" && p.variant == "fixed unique verify=full"
+    });
+    for b in points
+        .iter()
+        .filter(|p| p.bench == "build" && p.variant.contains(" compute="))
+    {
+        let protected = b.variant.contains(" priority=");
+        push(
+            &format!(
+                "build 2x2 512 KiB {} / unloaded, GB/s",
+                b.variant.trim_start_matches("fixed unique verify=full ")
+            ),
+            Some(b.gb_per_s),
+            unloaded.map(|p| p.gb_per_s),
+            if protected { 0.9 } else { 0.0 },
+            "GB/s",
+        );
+    }
     // small events against issue 15's absolute targets: 5 M events/s at 2 x 2, 256 B over
     // tcp, static content, headers checked (1.2x LSEB's 4.2 M here); 4 M/s with CRCs. The
     // same rows over shm are reported beside them and not judged (the targets are tcp's).
@@ -365,6 +391,12 @@ fn settings(args: &BenchArgs) -> Result<Settings, String> {
         zmq: !args.no_zmq,
         iperf3: !args.no_iperf3,
         quick: args.quick,
+        compute_load: match args.compute_load {
+            Some(n) if !(1..=256).contains(&n) => {
+                return Err(format!("--compute-load: {n} is not a count of 1 to 256"))
+            }
+            n => n,
+        },
     })
 }
 
@@ -574,6 +606,7 @@ mod tests {
             reps: None,
             seconds: None,
             build_seconds: None,
+            compute_load: None,
             sizes: None,
             fanout: None,
             spin_us: 0,

@@ -45,7 +45,10 @@ pub(crate) fn plan(
             "p2p" => p.p2p(),
             "lat" => p.lat(),
             "nxn" => p.nxn(false),
-            "build" => p.nxn(true),
+            "build" => match s.compute_load {
+                Some(n) => p.compute_load(n),
+                None => p.nxn(true),
+            },
             "monitor" => p.monitor(),
             "pubsub" => p.pubsub(),
             _ => unreachable!(),
@@ -79,6 +82,8 @@ fn base_spec(fragment: usize, verify: &'static str, seconds: f64) -> BuildSpec {
         as_typed: false,
         transport: "tcp",
         folded: false,
+        compute_load: 0,
+        priority: "normal",
     }
 }
 
@@ -351,6 +356,29 @@ impl Planner<'_> {
                 (n, m, spec)
             })
             .collect()
+    }
+
+    /// The builder beside `n` busy compute threads (issue 33): the default run's shape
+    /// unloaded, then loaded at each `run.priority`; builder throughput and the load's
+    /// progress, both.
+    fn compute_load(&mut self, n: u32) {
+        let base = BuildSpec {
+            as_typed: false,
+            ..eb::default_run(self.s.build_secs)
+        };
+        let specs = [(0, "normal"), (n, "normal"), (n, "high"), (n, "realtime")];
+        for (load, priority) in specs {
+            let spec = BuildSpec {
+                compute_load: load,
+                priority,
+                ..base.clone()
+            };
+            let scratch = std::env::temp_dir();
+            self.add(
+                format!("build evb tcp 2x2 512 KiB {}", spec.variant()),
+                Box::new(move || eb::build(&spec, &scratch)),
+            );
+        }
     }
 
     /// The default run's shape, watched and not, alternating (the cost of /metrics and of

@@ -259,18 +259,21 @@ impl Evm {
             .saturating_sub(self.paused_total + paused_now)
     }
 
+    /// The RUs and BUs this EVM counts as down (none between runs).
+    pub fn down_nodes(&self) -> Vec<NodeRef> {
+        if self.state == RunState::Ready {
+            return Vec::new();
+        }
+        self.all_nodes()
+            .filter(|n| !self.alive.contains(n))
+            .collect()
+    }
+
     pub fn stats(&self) -> EvmStats {
         let mut s = self.stats.clone();
         s.credits_available = self.credits.iter().sum();
         s.in_flight = self.ledger.in_flight();
-        s.down = self
-            .all_nodes()
-            .filter(|n| !self.alive.contains(n))
-            .map(|n| n.to_string())
-            .collect();
-        if self.state == RunState::Ready {
-            s.down.clear();
-        }
+        s.down = self.down_nodes().iter().map(|n| n.to_string()).collect();
         s.paused = self.paused_since.is_some();
         s.paused_s = self.paused_total.as_secs_f64();
         s

@@ -413,34 +413,46 @@ fn through_bytes(m: Message) -> Message {
     Message::decode(h.msg_type, &bytes[MESSAGE_HEADER_LEN..]).unwrap()
 }
 
-fn over_the_wire_ru(r: &RuResync) -> RuResync {
-    let mut out: Option<RuResync> = None;
-    for (resync, more) in r.split() {
-        let Message::ResyncRu { resync, .. } = through_bytes(Message::ResyncRu { resync, more })
-        else {
-            panic!("not a ResyncRu")
-        };
+/// A resync split into messages, each through its bytes, and joined again.
+fn over_the_wire<T>(
+    parts: Vec<(T, bool)>,
+    wrap: impl Fn(T, bool) -> Message,
+    unwrap: impl Fn(Message) -> Option<T>,
+    absorb: impl Fn(&mut T, T),
+) -> T {
+    let mut out: Option<T> = None;
+    for (resync, more) in parts {
+        let resync = unwrap(through_bytes(wrap(resync, more))).expect("the same kind back");
         match &mut out {
-            Some(o) => o.absorb(resync),
+            Some(o) => absorb(o, resync),
             None => out = Some(resync),
         }
     }
-    out.unwrap()
+    out.expect("at least one message")
+}
+
+fn over_the_wire_ru(r: &RuResync) -> RuResync {
+    over_the_wire(
+        r.split(),
+        |resync, more| Message::ResyncRu { resync, more },
+        |m| match m {
+            Message::ResyncRu { resync, .. } => Some(resync),
+            _ => None,
+        },
+        RuResync::absorb,
+    )
 }
 
 fn over_the_wire_bu(b: &BuResync) -> BuResync {
-    let mut out: Option<BuResync> = None;
-    for (resync, more) in b.split() {
-        let Message::ResyncBu { resync, .. } = through_bytes(Message::ResyncBu { resync, more })
-        else {
-            panic!("not a ResyncBu")
-        };
-        match &mut out {
-            Some(o) => o.absorb(resync),
-            None => out = Some(resync),
-        }
-    }
-    out.unwrap()
+    over_the_wire(
+        b.split(),
+        |resync, more| Message::ResyncBu { resync, more },
+        |m| match m {
+            Message::ResyncBu { resync, .. } => Some(resync),
+            _ => None,
+        },
+        BuResync::absorb,
+    )
 }
 
 /// xorshift64*: the tests' seeded moments.

@@ -240,8 +240,15 @@ impl Trial {
         } else {
             (RATE_HZ, 4096)
         };
-        // the doors' trials attack a run that has a secret, as a shared host's should
-        let secret = if matches!(self.fault, Fault::HostileHttp | Fault::StartFlood) {
+        // the doors' trials attack a run that has a secret, as a shared host's should; the
+        // standby's run one too: its follower and the nodes that call it must authenticate
+        let secret = if matches!(
+            self.fault,
+            Fault::HostileHttp
+                | Fault::StartFlood
+                | Fault::KillEvmStandby
+                | Fault::FreezeEvmStandby(_)
+        ) {
             "secret = \"chaos door key\"\n"
         } else {
             ""

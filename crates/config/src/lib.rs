@@ -32,8 +32,8 @@ pub use memory::{HostMemory, PoolPlan};
 pub use net::{AllowedNet, Interface};
 pub use schema::{
     Assignment, BuSection, BufferSection, BuilderSection, Config, Content, ControlSection,
-    Distribution, EvmSection, FragmentSection, MessagingSection, OnError, Placement, RuLossPolicy,
-    RuSection, RunSection, Shaping, SinkKind, SinkSection, SourceKind, SourceSection,
+    Distribution, EvmSection, FragmentSection, MessagingSection, OnError, Placement, Priority,
+    RuLossPolicy, RuSection, RunSection, Shaping, SinkKind, SinkSection, SourceKind, SourceSection,
     TopologySection, TrafficSection, TransportKind, TransportSection, VerifyLevel, MAX_CPUS,
 };
 pub use stream::{OnSyncLoss, StreamFormat};

@@ -76,6 +76,33 @@ pub struct RunSection {
     /// CPUs than nodes ("auto"), or wherever the system puts them ("none"). A lone
     /// `evb node` ignores it.
     pub placement: Placement,
+    /// How the nodes' threads (network, builder, sink) compete with other work on their
+    /// hosts, such as a filter farm's processes beside the BUs: "normal" (as the host
+    /// schedules them), "high" (nice -20: a process at nice 0 then gets about 1 % of a CPU
+    /// that a node wants) or "realtime" (SCHED_RR; refused where the kernel does not bound
+    /// real-time threads, `kernel.sched_rt_runtime_us = -1`). Both need root or
+    /// CAP_SYS_NICE; a node that cannot raise itself refuses to start. docs/operations.md.
+    pub priority: Priority,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    #[default]
+    Normal,
+    High,
+    Realtime,
+}
+
+impl Priority {
+    /// As the configuration spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Realtime => "realtime",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -101,6 +128,7 @@ impl Default for RunSection {
             secret: String::new(),
             rendezvous: String::new(),
             placement: Placement::Auto,
+            priority: Priority::Normal,
         }
     }
 }

@@ -14,6 +14,7 @@ mod driver;
 mod file_sink;
 mod playback;
 pub mod plug;
+pub mod priority;
 pub mod serve_sink;
 pub mod setup;
 mod stream_source;
@@ -126,6 +127,15 @@ pub fn run_node_plugged(
         })?;
         let now = affinity::current_cpus().unwrap_or_default();
         tracing::info!(node = id, "pinned to CPUs {now:?}");
+    }
+    if cfg.run.priority != evb_config::Priority::Normal {
+        let how = priority::raise_current_thread(cfg.run.priority).map_err(|e| {
+            NodeError::Setup(format!(
+                "run.priority = \"{}\": {e}",
+                cfg.run.priority.name()
+            ))
+        })?;
+        tracing::info!(node = id, "raised: {how}");
     }
     let (kind, local) = (cfg.transport.kind, cfg.transport.local);
     let provider = cfg.transport.provider.clone();

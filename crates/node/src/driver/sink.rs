@@ -33,9 +33,68 @@ pub(super) struct SinkQueue {
 /// in no part yet, parts sent as Commit and not published, recently committed parts.
 #[derive(Default)]
 struct CommitTrack {
-    accepted: std::collections::BTreeSet<u64>,
+    accepted: IdRanges,
     parts: std::collections::BTreeMap<u32, Vec<(u64, u32)>>,
     committed: VecDeque<(u64, u32)>,
+}
+
+/// Sets of event ids kept as disjoint, non-touching ranges (start → end, exclusive): a BU
+/// accepts and commits events in runs, so a set of a million ids is a handful of entries.
+#[derive(Default)]
+struct IdRanges(std::collections::BTreeMap<u64, u64>);
+
+impl IdRanges {
+    fn insert(&mut self, mut first: u64, mut end: u64) {
+        if first >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.0.range(..=first).next_back() {
+            if e >= first {
+                first = s;
+                end = end.max(e);
+            }
+        }
+        let touched: Vec<u64> = self.0.range(first..=end).map(|(&s, _)| s).collect();
+        for s in touched {
+            if let Some(e) = self.0.remove(&s) {
+                end = end.max(e);
+            }
+        }
+        self.0.insert(first, end);
+    }
+
+    fn remove(&mut self, first: u64, end: u64) {
+        if first >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.0.range(..first).next_back() {
+            if e > first {
+                self.0.insert(s, first);
+                if e > end {
+                    self.0.insert(end, e);
+                    return;
+                }
+            }
+        }
+        let inside: Vec<u64> = self.0.range(first..end).map(|(&s, _)| s).collect();
+        for s in inside {
+            if let Some(e) = self.0.remove(&s) {
+                if e > end {
+                    self.0.insert(end, e);
+                }
+            }
+        }
+    }
+
+    /// The ranges, as (first, count) with counts that fit the wire's u32.
+    fn ranges(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.0.iter().flat_map(|(&s, &e)| {
+            let step = u32::MAX as u64;
+            (s..e)
+                .step_by(step as usize)
+                .map(move |f| (f, (e - f).min(step) as u32))
+        })
+    }
 }
 
 /// Committed ranges remembered for a resync (the newest; older ones the RUs have released).
@@ -63,7 +122,7 @@ impl SinkQueue {
     /// The EVM accepted `r` (see [`CommitTrack`]).
     pub(super) fn tracked_accept(&mut self, first: u64, count: u32) {
         if let Some(t) = &mut self.track {
-            t.accepted.extend(first..first + count as u64);
+            t.accepted.insert(first, first + count as u64);
         }
     }
 
@@ -74,17 +133,7 @@ impl SinkQueue {
         };
         let bu = r.bu;
         let range = |&(first, count): &(u64, u32)| evb_wire::EventRange { bu, first, count };
-        r.accepted.clear();
-        for &id in &t.accepted {
-            match r.accepted.last_mut() {
-                Some(l) if l.end() == id && l.count < u32::MAX => l.count += 1,
-                _ => r.accepted.push(evb_wire::EventRange {
-                    bu,
-                    first: id,
-                    count: 1,
-                }),
-            }
-        }
+        r.accepted = t.accepted.ranges().map(|r| range(&r)).collect();
         r.parts = t
             .parts
             .iter()
@@ -192,9 +241,7 @@ impl SinkQueue {
                 for p in parts {
                     if let Some(t) = &mut self.track {
                         for &(first, count) in &p.ranges {
-                            for id in first..first + count as u64 {
-                                t.accepted.remove(&id);
-                            }
+                            t.accepted.remove(first, first + count as u64);
                         }
                         t.parts.insert(p.part, p.ranges.clone());
                     }
@@ -268,5 +315,54 @@ impl SinkQueue {
             queued: self.queue.len() as u64,
             stalls: self.stalls,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdRanges;
+
+    fn all(r: &IdRanges) -> Vec<(u64, u32)> {
+        r.ranges().collect()
+    }
+
+    #[test]
+    fn id_ranges_merge_split_and_match_a_plain_set() {
+        let mut r = IdRanges::default();
+        r.insert(10, 20);
+        r.insert(20, 25); // touching: one range
+        r.insert(5, 8);
+        assert_eq!(all(&r), vec![(5, 3), (10, 15)]);
+        r.remove(12, 14); // a hole
+        assert_eq!(all(&r), vec![(5, 3), (10, 2), (14, 11)]);
+        r.insert(7, 11); // bridges two
+        assert_eq!(all(&r), vec![(5, 7), (14, 11)]);
+        r.remove(0, 100);
+        assert!(all(&r).is_empty());
+
+        // against a BTreeSet, over a seeded random sequence of inserts and removes
+        let mut set = std::collections::BTreeSet::new();
+        let mut x: u64 = 20261124;
+        for _ in 0..5000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let a = (x >> 33) % 300;
+            let n = (x >> 20) % 12;
+            if (x >> 11).is_multiple_of(3) {
+                r.remove(a, a + n);
+                (a..a + n).for_each(|i| {
+                    set.remove(&i);
+                });
+            } else {
+                r.insert(a, a + n);
+                set.extend(a..a + n);
+            }
+        }
+        let ids: Vec<u64> = r.ranges().flat_map(|(f, c)| f..f + c as u64).collect();
+        assert_eq!(ids, set.into_iter().collect::<Vec<_>>());
+        // kept disjoint and not touching
+        let v: Vec<_> = r.0.iter().collect();
+        assert!(v.windows(2).all(|w| w[0].1 < w[1].0));
     }
 }

@@ -40,6 +40,8 @@ pub(super) struct Following {
     dialing: Option<ConnId>,
     retry_at: Instant,
     last_heard: Instant,
+    /// When the follower next tells the active EVM it is there (every `heartbeat_ms`).
+    next_beat: Instant,
     /// The active EVM's last word, and when it came.
     follow: Follow,
     follow_at: Instant,
@@ -82,6 +84,7 @@ impl Standby {
             dialing: None,
             retry_at: now,
             last_heard: now,
+            next_beat: now,
             follow: Follow::default(),
             follow_at: now,
             taking_over: None,
@@ -120,12 +123,17 @@ fn gather<T>(
     }
 }
 
-fn node_of(role: evb_wire::Role, index: u16) -> NodeRef {
-    match role {
-        evb_wire::Role::Evm => NodeRef::Evm,
-        evb_wire::Role::Ru => NodeRef::Ru(index),
-        evb_wire::Role::Bu => NodeRef::Bu(index),
-    }
+/// The nodes the active EVM had dropped, by its last word.
+fn dropped_by(follow: &Follow) -> Vec<NodeRef> {
+    follow
+        .dropped
+        .iter()
+        .map(|&(role, index)| match role {
+            evb_wire::Role::Evm => NodeRef::Evm,
+            evb_wire::Role::Ru => NodeRef::Ru(index),
+            evb_wire::Role::Bu => NodeRef::Bu(index),
+        })
+        .collect()
 }
 
 impl Driver {
@@ -135,18 +143,13 @@ impl Driver {
             return None;
         };
         let st = e.stats();
-        let dropped = st
-            .down
-            .iter()
-            .filter_map(|n| {
-                let (role, rest) = n.split_once('[')?;
-                let index = rest.trim_end_matches(']').parse().ok()?;
-                let role = match role {
-                    "ru" => evb_wire::Role::Ru,
-                    "bu" => evb_wire::Role::Bu,
-                    _ => return None,
-                };
-                Some((role, index))
+        let dropped = e
+            .down_nodes()
+            .into_iter()
+            .filter_map(|n| match n {
+                NodeRef::Ru(i) => Some((evb_wire::Role::Ru, i)),
+                NodeRef::Bu(i) => Some((evb_wire::Role::Bu, i)),
+                NodeRef::Evm => None,
             })
             .collect();
         let over = over || e.state().is_over() || e.state() == RunState::Halted;
@@ -335,19 +338,15 @@ impl Driver {
                             self.messenger.close(conn);
                             f.conn = None;
                             f.taking_over = Some(now);
-                        } else {
+                        } else if now >= f.next_beat {
+                            f.next_beat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
                             let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
                         }
                     }
                     return true;
                 }
                 let since = f.taking_over.unwrap_or(now);
-                let dropped: Vec<NodeRef> = f
-                    .follow
-                    .dropped
-                    .iter()
-                    .map(|(r, i)| node_of(*r, *i))
-                    .collect();
+                let dropped = dropped_by(&f.follow);
                 let all = self.nodes.iter().skip(1).all(|n| {
                     let p = node_ref(n);
                     dropped.contains(&p)
@@ -376,12 +375,7 @@ impl Driver {
             return;
         };
         let cfg = old.config().clone();
-        let dropped: Vec<NodeRef> = f
-            .follow
-            .dropped
-            .iter()
-            .map(|(r, i)| node_of(*r, *i))
-            .collect();
+        let dropped = dropped_by(&f.follow);
         let elapsed = Duration::from_millis(f.follow.elapsed_ms) + now.duration_since(f.follow_at);
         let rus: Vec<RuResync> = f
             .rus
