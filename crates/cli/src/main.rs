@@ -47,6 +47,11 @@ enum Command {
         /// TOML configuration (default: the built-in 1 EVM, 2 RU, 2 BU system).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Start a standby EVM too: it follows every run, takes a run over if the EVM is
+        /// lost, and then becomes the run control (docs/standby.md; sets evm.standby to a
+        /// free port of the EVM's host).
+        #[arg(long)]
+        standby: bool,
     },
     /// Control a running system: status, configure, start, pause, resume, stop, halt, reset.
     Ctl(ctl::CtlArgs),
@@ -213,6 +218,21 @@ fn load(path: &Option<PathBuf>) -> Result<Config, String> {
     }
 }
 
+/// `--standby`: a standby EVM on a free port of the EVM's host, unless the configuration
+/// places one already.
+fn ask_for_standby(cfg: &mut evb_config::Config) {
+    if !cfg.evm.standby.is_empty() {
+        return;
+    }
+    let host = cfg
+        .nodes()
+        .first()
+        .and_then(|e| e.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
+        .unwrap_or_else(|| "127.0.0.1".into());
+    cfg.evm.standby = format!("{host}:0");
+    cfg.evm.standby_control = format!("{host}:0");
+}
+
 /// The pools against the host's memory: a warning is printed, a refusal is exit code 2.
 /// The configuration, or exit code 2 after saying what is wrong with it.
 fn load_or_exit(path: &Option<PathBuf>) -> Result<Config, ExitCode> {
@@ -293,14 +313,8 @@ fn main() -> ExitCode {
             if let Some(d) = a.duration {
                 cfg.run.duration_s = d;
             }
-            if a.standby && cfg.evm.standby.is_empty() {
-                let host = cfg
-                    .nodes()
-                    .first()
-                    .and_then(|e| e.addr.rsplit_once(':').map(|(h, _)| h.to_string()))
-                    .unwrap_or_else(|| "127.0.0.1".into());
-                cfg.evm.standby = format!("{host}:0");
-                cfg.evm.standby_control = format!("{host}:0");
+            if a.standby {
+                ask_for_standby(&mut cfg);
             }
             if let Some(n) = a.rus {
                 cfg.topology.rus = n;
@@ -328,11 +342,14 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Up { config } => {
+        Command::Up { config, standby } => {
             let mut cfg = match load_or_exit(&config) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            if standby {
+                ask_for_standby(&mut cfg);
+            }
             fit_to_host(&mut cfg);
             if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
                 return refused;

@@ -33,6 +33,15 @@ pub fn url_file(run_id: &str) -> PathBuf {
         .join(format!("{safe}.url"))
 }
 
+/// Whether process `id` has exited with success (halted).
+fn halted(children: &mut [(String, Child)], id: &str) -> bool {
+    children
+        .iter_mut()
+        .find(|(i, _)| i == id)
+        .and_then(|(_, c)| c.try_wait().ok().flatten())
+        .is_some_and(|s| s.success())
+}
+
 fn kill_all(children: &mut [(String, Child)]) {
     for (_, c) in children.iter_mut() {
         let _ = c.kill();
@@ -54,18 +63,27 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     let (mut children, tmp, resolved) = launch::spawn_processes(&placed, &tx, true)?;
     let nodes = resolved.nodes();
     let evm = nodes[0].clone();
-    let url = format!("http://{}/", evm.control);
+    let mut url = format!("http://{}/", evm.control);
     let token = resolved
         .secret()
         .map(|s| evb_control::control_token(s.as_bytes()));
-    let api = Api::new(&evm.control, token).with_timeout(Duration::from_secs(2));
+    let mut api = Api::new(&evm.control, token).with_timeout(Duration::from_secs(2));
     let deadline = Instant::now() + Duration::from_secs_f64(resolved.run.connect_timeout_s + 5.0);
     let token = resolved
         .secret()
         .map(|s| evb_control::control_token(s.as_bytes()));
+    // a standby EVM (`--standby`): its label among the processes, and its API
+    let standby: Option<(String, Api)> = (!resolved.evm.standby.is_empty()).then(|| {
+        (
+            launch::standby_label(&evm.id),
+            Api::new(&resolved.standby_control(), token.clone())
+                .with_timeout(Duration::from_secs(2)),
+        )
+    });
     let apis: Vec<Api> = nodes
         .iter()
         .map(|n| Api::new(&n.control, token.clone()).with_timeout(Duration::from_secs(2)))
+        .chain(standby.iter().map(|(_, a)| a.clone()))
         .collect();
     loop {
         // ready when every node answers on its API, and the EVM's table shows them all
@@ -108,6 +126,12 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         resolved.transport.kind
     );
     println!("evb up: run page and control API: {url}");
+    if let Some((_, a)) = &standby {
+        println!(
+            "evb up: a standby EVM (control API {}) follows every run and takes over if the EVM is lost",
+            a.base
+        );
+    }
     println!(
         "evb up: Prometheus finds every node at {}api/v1/sd (http_sd_configs; docs/control.md)",
         if url.ends_with('/') {
@@ -133,6 +157,9 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     let mut halting: Option<Instant> = None;
     let mut exited: Vec<String> = Vec::new();
     let mut restart_at: Vec<(String, Instant)> = Vec::new();
+    // the process that is the EVM: the first one, or the standby once it took over
+    let mut active = evm.id.clone();
+    let mut next_look = Instant::now();
     let ok = loop {
         match interrupts.load(Ordering::SeqCst) {
             0 => {}
@@ -163,7 +190,11 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         }
         while let Ok(note) = rx.try_recv() {
             if let Note::Line(id, v) = note {
-                if id == evm.id && v.is_report() {
+                // the standby's report counts where it took the run over
+                let took_over = matches!(&v.stats, evb_builder::RoleStats::Evm(e) if e.epoch > 0);
+                if (id == active || (took_over && standby.as_ref().is_some_and(|(l, _)| *l == id)))
+                    && v.is_report()
+                {
                     let ok = v.ok == Some(true);
                     println!(
                         "evb up: run {} {}: {}",
@@ -182,11 +213,19 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                 continue;
             };
             exited.push(id.clone());
-            if *id == evm.id {
+            if *id == active {
                 continue;
             }
             if status.success() {
                 continue; // halted
+            }
+            if *id == evm.id {
+                // the EVM lost, a standby up: it becomes the run control (below)
+                eprintln!(
+                    "evb up: the EVM {}; the standby takes over",
+                    crate::launch::ended_words(status)
+                );
+                continue;
             }
             eprintln!(
                 "evb up: {id} {}; starting it again for the next run",
@@ -194,13 +233,53 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
             );
             restart_at.push((id.clone(), Instant::now() + Duration::from_secs(1)));
         }
-        if exited.contains(&evm.id) {
+        // with a standby: the lost EVM's process gone, it is told to take over; once it
+        // says it is the run control, the old EVM (if it still lives: frozen) is killed, so
+        // that it can never act again, and the control API is the standby's
+        if let (Some((label, sapi)), true) = (&standby, active == evm.id) {
+            let evm_lost = exited.contains(&evm.id) && !halted(&mut children, &evm.id);
+            if Instant::now() >= next_look && halting.is_none() {
+                next_look = Instant::now() + Duration::from_millis(250);
+                if evm_lost {
+                    let _ = sapi.post("/api/v1/node/promote", &json!({}));
+                }
+                let controls = sapi
+                    .get("/api/v1/node")
+                    .is_ok_and(|r| r.ok() && r.body["controls"] == true);
+                if controls {
+                    if let Some((_, c)) = children.iter_mut().find(|(id, _)| *id == evm.id) {
+                        if matches!(c.try_wait(), Ok(None)) {
+                            eprintln!("evb up: the standby took the run over from an EVM that did not answer: killing that EVM");
+                            let _ = c.kill();
+                            let _ = c.wait();
+                        }
+                    }
+                    if !exited.contains(&evm.id) {
+                        exited.push(evm.id.clone());
+                    }
+                    active = label.clone();
+                    api = sapi.clone();
+                    url = format!("{}/", sapi.base);
+                    let _ = std::fs::write(&file, &url);
+                    println!("evb up: the standby EVM is the run control now");
+                    println!("evb up: run page and control API: {url}");
+                }
+            }
+            // the standby gone too: nothing is left to take over
+            if evm_lost && exited.contains(label) {
+                eprintln!("evb up: the EVM and its standby are both gone: everything is stopped");
+                kill_all(&mut children);
+                break false;
+            }
+        }
+        // the EVM lost and a standby still up, which is to take over: not the end
+        let awaiting_standby = standby
+            .as_ref()
+            .is_some_and(|(label, _)| active == evm.id && !exited.contains(label))
+            && !halted(&mut children, &evm.id);
+        if exited.contains(&active) && !awaiting_standby {
             // the EVM is gone: halted (exit 0) or dead; the others follow or are stopped
-            let clean = children
-                .iter_mut()
-                .find(|(id, _)| *id == evm.id)
-                .and_then(|(_, c)| c.try_wait().ok().flatten())
-                .is_some_and(|s| s.success());
+            let clean = halted(&mut children, &active);
             let grace = Instant::now() + Duration::from_secs(5);
             while Instant::now() < grace
                 && children
@@ -224,7 +303,13 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         restart_at.retain(|(_, t)| *t > now);
         if halting.is_none() {
             for id in due {
-                match launch::spawn_node(&tmp, &id, true, &tx, &[]) {
+                let again = match &standby {
+                    Some((label, _)) if *label == id => {
+                        launch::spawn_standby(&tmp, &evm.id, true, &tx, &[])
+                    }
+                    _ => launch::spawn_node(&tmp, &id, true, &tx, &[]),
+                };
+                match again {
                     Ok(c) => {
                         if let Some(slot) = children.iter_mut().find(|(i, _)| *i == id) {
                             slot.1 = c;

@@ -319,6 +319,112 @@ fn a_control_api_beyond_loopback_needs_a_secret() {
     );
 }
 
+/// `evb up --standby`, the EVM lost mid-run at a seeded moment (`kill -9`, or SIGSTOP until
+/// the standby has taken over): the standby finishes the run with every event in exactly
+/// one file, becomes the run control (evb up prints its URL and kills a frozen EVM), and
+/// the next run starts there, numbered on, and is exact too.
+fn evb_up_survives_a_lost_evm(freeze: bool) {
+    let seed = common::clock_seed();
+    let mut rng = common::Rng(seed | 1);
+    let at = 2_000 + rng.below(14_000);
+    eprintln!(
+        "standby under evb up: seed {seed}: the EVM {} once {at} events are triggered",
+        if freeze { "frozen" } else { "killed" }
+    );
+    let toml = "[run]\nevents = 20000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up standby\"\n\
+                [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
+    let mut up = Up::start_with(toml, &["--standby"]);
+    up.wait_said("the standby's line", |said| {
+        said.iter()
+            .any(|l| l.contains("a standby EVM (control API"))
+    });
+    let evm_control = up.api.base.clone();
+    let evm_pid = up.api.get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(up.post("start", json!({})).0, 200);
+    up.wait_until("the moment", 30, |s| {
+        s["evm"]["triggered"].as_u64().unwrap_or(0) >= at
+    });
+    let signal = if freeze { "-STOP" } else { "-9" };
+    assert!(Command::new("kill")
+        .args([signal, &evm_pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let said = {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let said = up.said();
+            if said
+                .iter()
+                .any(|l| l == "evb up: the standby EVM is the run control now")
+            {
+                break said;
+            }
+            assert!(
+                Instant::now() < until,
+                "the standby never took over: {said:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let url = said
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(
+        !url.contains(evm_control.trim_start_matches("http://")),
+        "{url}"
+    );
+    // the old EVM is gone: killed, or killed by evb up once the standby took over
+    wait_gone(evm_pid, "the lost EVM", 10);
+    up.url = url;
+    up.api = Api::new(&up.url, up.api.token.clone());
+    let rec = up.wait_run(1);
+    assert_exact(&rec, 20000);
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..20000),
+        "{} events in the files",
+        files.len()
+    );
+    assert!(
+        node_events(&rec["lost"])
+            .iter()
+            .any(|e| e.node == "evm" && e.reason.contains("standby took over")),
+        "{rec:#}"
+    );
+    // the next run at the standby, numbered on; the nodes take it from the standby
+    let s = up.status();
+    assert_eq!(s["state"], "ready", "{s:#}");
+    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["run"], 2, "{body}");
+    assert_exact(&up.wait_run(2), 20000);
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..20000),
+        "{} events in the files",
+        files.len()
+    );
+    assert!(up.halt().success());
+}
+
+#[test]
+fn evb_up_with_a_standby_survives_a_killed_evm_and_runs_on() {
+    evb_up_survives_a_lost_evm(false);
+}
+
+#[test]
+fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
+    evb_up_survives_a_lost_evm(true);
+}
+
 /// Ctrl-C at `evb up`, as an operator presses it: the run that is on is stopped cleanly
 /// (drained, its verdict printed), then every node is halted and `evb up` exits 0.
 #[test]

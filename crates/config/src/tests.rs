@@ -1065,3 +1065,25 @@ fn a_standby_is_checked() {
         &["evm.standby", "fed live"],
     );
 }
+
+/// `evb up --standby`: once the standby controls, its addresses are the EVM's and no
+/// standby is left; against that, the old EVM's configuration needs a restart (a node
+/// refuses a run from it: the old EVM is fenced).
+#[test]
+fn a_promoted_standby_is_the_evm_and_the_old_evm_is_refused() {
+    let cfg = Config::from_toml(
+        "[evm]\naddr = \"127.0.0.1:7000\"\ncontrol = \"127.0.0.1:7001\"\n\
+         standby = \"127.0.0.1:7100\"\nstandby_control = \"127.0.0.1:7101\"\n",
+    )
+    .unwrap();
+    let p = cfg.with_standby_promoted().unwrap();
+    assert_eq!(p.evm.addr, "127.0.0.1:7100");
+    assert_eq!(p.evm.control, "127.0.0.1:7101");
+    assert!(p.evm.standby.is_empty() && p.evm.standby_control.is_empty());
+    p.validate().unwrap();
+    let keys = p.restart_needed(&cfg);
+    assert!(keys.contains(&"evm.addr".to_string()), "{keys:?}");
+    assert!(keys.contains(&"evm.control".to_string()), "{keys:?}");
+    assert!(p.restart_needed(&p.clone()).is_empty());
+    assert!(Config::default().with_standby_promoted().is_none());
+}

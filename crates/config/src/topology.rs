@@ -133,6 +133,22 @@ impl Config {
         format!("{host}:0")
     }
 
+    /// The configuration once the standby EVM has taken over for good (`evb up
+    /// --standby`): the standby's addresses are the EVM's, and there is no standby left.
+    /// `None` without a standby.
+    pub fn with_standby_promoted(&self) -> Option<Config> {
+        if self.evm.standby.is_empty() {
+            return None;
+        }
+        let mut out = self.clone();
+        out.evm.addr = self.evm.standby.clone();
+        out.evm.control = self.standby_control();
+        out.evm.standby.clear();
+        out.evm.standby_control.clear();
+        out.evm.follow.clear();
+        Some(out)
+    }
+
     /// Every node: the EVM first, then the RUs, then the BUs.
     pub fn nodes(&self) -> Vec<NodeSpec> {
         let mut v = self.nodes_unchecked();

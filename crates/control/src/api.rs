@@ -205,7 +205,8 @@ fn router(node: Shared, port: u16) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/node/start", post(node_start))
         .route("/api/v1/node/abort", post(node_abort))
-        .route("/api/v1/node/halt", post(node_halt));
+        .route("/api/v1/node/halt", post(node_halt))
+        .route("/api/v1/node/promote", post(node_promote));
     if node.role() == Role::Evm {
         r = r
             .route("/", get(page))
@@ -384,7 +385,8 @@ async fn metrics(State(node): State<Shared>, headers: HeaderMap) -> Response {
 }
 
 async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
-    if node.role() == Role::Evm {
+    // a standby EVM that follows is told to follow each run as the other nodes are
+    if node.role() == Role::Evm && (!node.standby || node.controller().is_some()) {
         return error(400, "the EVM starts runs with POST /api/v1/start");
     }
     let v = match parse_body(&body) {
@@ -447,8 +449,26 @@ async fn node_abort(State(node): State<Shared>, body: Bytes) -> Response {
     Json(json!({"node": node.id(), "aborting": true})).into_response()
 }
 
+/// A standby EVM is told that the EVM is gone (by `evb up`, which saw its process end): it
+/// becomes the run control now, or once the run it follows is over.
+async fn node_promote(State(node): State<Shared>) -> Response {
+    if !node.standby {
+        return error(400, format!("{} is not a standby EVM", node.id()));
+    }
+    let controls = node.controller().is_some();
+    if !controls
+        && !node
+            .promote_after
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        // the node's loop takes it after the run it follows, if it is in one
+        let _ = node.cmds.send(Cmd::Promote);
+    }
+    Json(json!({"node": node.id(), "controls": controls})).into_response()
+}
+
 async fn node_halt(State(node): State<Shared>) -> Response {
-    if node.role() == Role::Evm {
+    if node.role() == Role::Evm && node.controller().is_some() {
         return error(400, "halt the system with POST /api/v1/halt");
     }
     if node.lock().phase == Phase::Running {
@@ -459,7 +479,7 @@ async fn node_halt(State(node): State<Shared>) -> Response {
 }
 
 async fn run_status(State(node): State<Shared>) -> Response {
-    match &node.controller {
+    match node.controller() {
         Some(c) => Json(c.status(&node)).into_response(),
         None => error(404, "only the EVM serves the run status"),
     }
@@ -476,7 +496,7 @@ async fn history(
     State(node): State<Shared>,
     q: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let Some(c) = &node.controller else {
+    let Some(c) = node.controller() else {
         return error(404, "only the EVM keeps the rate history");
     };
     let Ok(Query(q)) = q else {
@@ -492,7 +512,7 @@ async fn history(
 
 /// The RU→BU matrix: bytes sent, their rate, and bytes queued, per link.
 async fn links(State(node): State<Shared>) -> Response {
-    match &node.controller {
+    match node.controller() {
         Some(c) => Json(c.links()).into_response(),
         None => error(404, "only the EVM keeps the RU→BU matrix"),
     }
@@ -500,21 +520,21 @@ async fn links(State(node): State<Shared>) -> Response {
 
 /// Prometheus's HTTP service discovery: every node's `/metrics` address with its labels.
 async fn scrape_targets(State(node): State<Shared>) -> Response {
-    match &node.controller {
+    match node.controller() {
         Some(c) => Json(c.scrape_targets(&node)).into_response(),
         None => error(404, "only the EVM lists the nodes"),
     }
 }
 
 async fn runs(State(node): State<Shared>) -> Response {
-    match &node.controller {
+    match node.controller() {
         Some(c) => Json(c.runs()).into_response(),
         None => error(404, "only the EVM keeps runs"),
     }
 }
 
 async fn run_record(State(node): State<Shared>, Path(n): Path<String>) -> Response {
-    let Some(c) = &node.controller else {
+    let Some(c) = node.controller() else {
         return error(404, "only the EVM keeps runs");
     };
     let Ok(n) = n.parse::<u64>() else {
@@ -527,7 +547,7 @@ async fn run_record(State(node): State<Shared>, Path(n): Path<String>) -> Respon
 }
 
 async fn command(State(node): State<Shared>, Path(name): Path<String>, body: Bytes) -> Response {
-    let Some(c) = &node.controller else {
+    let Some(c) = node.controller() else {
         return error(404, "commands go to the EVM");
     };
     let Some(cmd) = Command::parse(&name) else {

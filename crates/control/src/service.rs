@@ -35,7 +35,13 @@ pub enum Mode {
 
 /// A command to the node's main loop.
 pub(crate) enum Cmd {
-    Start { run: u64, cfg: Box<Config> },
+    Start {
+        run: u64,
+        cfg: Box<Config>,
+    },
+    /// A standby EVM is to become the run control (after the run it follows, if any: the
+    /// commands are taken in order).
+    Promote,
     Halt,
 }
 
@@ -101,6 +107,10 @@ pub struct NodeReply {
     pub last: Option<LastRun>,
     /// Its latest status line (`None` before its first run published one).
     pub snapshot: Option<NodeStatus>,
+    /// A standby EVM under `evb up`: whether it has become the run control (after taking a
+    /// run over, or when told the EVM is gone: docs/standby.md). False everywhere else.
+    #[serde(default)]
+    pub controls: bool,
 }
 
 /// What the API handlers and the main loop share.
@@ -111,8 +121,13 @@ pub struct Node {
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) state: Mutex<NodeState>,
     pub(crate) cmds: mpsc::Sender<Cmd>,
-    /// The EVM's run controller; `None` at other nodes.
-    pub(crate) controller: Option<Controller>,
+    /// The EVM's run controller; empty at other nodes, and at a standby EVM until it takes
+    /// over for good.
+    pub(crate) controller: std::sync::OnceLock<Controller>,
+    /// A standby EVM that runs the runs it is told to as their follower (`evb up --standby`).
+    pub(crate) standby: bool,
+    /// The standby is to become the run control once the run it follows is over.
+    pub(crate) promote_after: std::sync::atomic::AtomicBool,
     pub(crate) lines: Lines,
     pub(crate) status_every: Duration,
 }
@@ -141,9 +156,14 @@ impl Node {
             .map(|s| evb_transport::control_token(s))
     }
 
+    /// The run controller, at the EVM (or a standby that took over).
+    pub(crate) fn controller(&self) -> Option<&Controller> {
+        self.controller.get()
+    }
+
     /// The run state as `/metrics` and the node status show it.
     pub(crate) fn run_state(&self) -> State {
-        if let Some(c) = &self.controller {
+        if let Some(c) = self.controller() {
             return c.state();
         }
         match self.lock().phase {
@@ -166,6 +186,7 @@ impl Node {
             runs_total: st.runs_total,
             last: st.last.clone(),
             snapshot: self.control.snapshot(),
+            controls: self.standby && self.controller().is_some(),
         }
     }
 
@@ -175,8 +196,26 @@ impl Node {
     pub(crate) fn accept_run_config(&self, text: &str) -> Result<Config, String> {
         let mut cfg =
             Config::parse_unvalidated(text).map_err(|e| format!("run configuration: {e}"))?;
-        let st = self.lock();
+        let mut st = self.lock();
         cfg.run.secret = st.cfg.run.secret.clone();
+        cfg.validate()
+            .map_err(|e| format!("run configuration: {e}"))?;
+        if self.standby {
+            // the active EVM's configuration, as its follower runs it
+            evb_node::make_standby(&mut cfg, &self.spec.id)
+                .map_err(|e| format!("run configuration: {e}"))?;
+        }
+        // the standby took over for good and now starts the runs: from here on this node
+        // takes runs from it only (the lost EVM, should it wake, is refused)
+        if let Some(promoted) = st.cfg.with_standby_promoted() {
+            if self.spec.role != Role::Evm
+                && cfg.evm.addr == promoted.evm.addr
+                && promoted.restart_needed(&cfg).is_empty()
+            {
+                info!(node = %self.spec.id, "the standby EVM at {} is the EVM now", cfg.evm.addr);
+                st.cfg = promoted;
+            }
+        }
         let keys = st.cfg.restart_needed(&cfg);
         if !keys.is_empty() {
             return Err(format!(
@@ -184,8 +223,6 @@ impl Node {
                 keys.join(", ")
             ));
         }
-        cfg.validate()
-            .map_err(|e| format!("run configuration: {e}"))?;
         Ok(cfg)
     }
 
@@ -198,7 +235,7 @@ impl Node {
             st.runs_total += 1;
         }
         let lines = self.lines.clone();
-        let controller = self.controller.clone();
+        let controller = self.controller().cloned();
         let status: evb_node::StatusOut = Box::new(move |mut v: NodeStatus| {
             v.run_number = Some(run);
             if let Some(c) = &controller {
@@ -284,7 +321,12 @@ pub fn run_process(
     }
     let (tx, rx) = mpsc::channel();
     let secret = cfg.secret().map(String::into_bytes);
-    let controller = (spec.role == Role::Evm).then(|| Controller::new(cfg, mode));
+    // a standby EVM (it follows an EVM) has no controller until it takes over
+    let standby = spec.role == Role::Evm && !cfg.evm.follow.is_empty();
+    let controller = std::sync::OnceLock::new();
+    if spec.role == Role::Evm && !standby {
+        let _ = controller.set(Controller::new(cfg, mode));
+    }
     let node = Arc::new(Node {
         spec: spec.clone(),
         mode,
@@ -299,23 +341,25 @@ pub fn run_process(
         }),
         cmds: tx.clone(),
         controller,
+        standby,
+        promote_after: std::sync::atomic::AtomicBool::new(false),
         lines,
         status_every,
     });
     let bound = crate::api::serve(node.clone(), &spec.control).map_err(ProcessError::Api)?;
     info!(node = %spec.id, "control API on http://{bound}");
     node.control.set_api(bound.to_string());
-    if let Some(c) = &node.controller {
+    if let Some(c) = node.controller() {
         c.attach(&node, bound);
     }
     match mode {
         Mode::Once => {
             let run = 1;
-            if let Some(c) = &node.controller {
+            if let Some(c) = node.controller() {
                 c.begin_once(run);
             }
             let r = node.run_one(run, cfg);
-            if let Some(c) = &node.controller {
+            if let Some(c) = node.controller() {
                 c.finished(run, &r);
             }
             let ok = matches!(&r, Ok(o) if o.ok);
@@ -329,10 +373,20 @@ pub fn run_process(
             for cmd in rx {
                 match cmd {
                     Cmd::Start { run, cfg } => {
-                        let r = match &node.controller {
+                        let r = match node.controller() {
                             Some(c) => c.run(&node, run, &cfg, |n, cfg| n.run_one(run, cfg)),
                             None => node.run_one(run, &cfg),
                         };
+                        if node.standby {
+                            let took_over = matches!(&r, Ok(o) if matches!(
+                                &o.report.stats,
+                                evb_builder::RoleStats::Evm(e) if e.epoch > 0
+                            ));
+                            let told = node.promote_after.load(std::sync::atomic::Ordering::SeqCst);
+                            if took_over || told {
+                                promote(&node, bound, Some((run, &r)));
+                            }
+                        }
                         match &r {
                             Ok(o) if o.ok => info!(node = %spec.id, "run {run}: {}", o.reason),
                             Ok(o) => warn!(node = %spec.id, "run {run}: {}", o.reason),
@@ -340,6 +394,7 @@ pub fn run_process(
                         }
                         last = Some(r);
                     }
+                    Cmd::Promote => promote(&node, bound, None),
                     Cmd::Halt => break,
                 }
             }
@@ -352,6 +407,37 @@ pub fn run_process(
                 outcome: last,
             })
         }
+    }
+}
+
+/// A standby EVM becomes the run control for good (docs/standby.md, "Under evb up"): a
+/// controller of its own over the configuration with its addresses as the EVM's, numbering
+/// on from the run it followed (and recording it, when it took that run over).
+pub(crate) fn promote(
+    node: &Arc<Node>,
+    api: SocketAddr,
+    followed: Option<(u64, &Result<NodeOutcome, NodeError>)>,
+) {
+    if !node.standby || node.controller().is_some() {
+        return;
+    }
+    let (cfg, last) = {
+        let mut st = node.lock();
+        let Some(cfg) = st.cfg.with_standby_promoted() else {
+            return;
+        };
+        st.cfg = cfg.clone();
+        (cfg, st.run)
+    };
+    let c = Controller::new(&cfg, Mode::Serve);
+    c.number_from(last);
+    if let Some((run, r)) = followed {
+        c.begin_once(run);
+        c.finished(run, r);
+    }
+    if node.controller.set(c.clone()).is_ok() {
+        c.attach(node, api);
+        warn!(node = %node.spec.id, "the standby EVM is the run control now (after run {last})");
     }
 }
 

@@ -25,7 +25,7 @@ pub(crate) use placement::auto_place;
 use progress::{progress_line, RateMeter};
 pub(crate) use signals::on_interrupt;
 pub use signals::{exit_on_interrupt, exit_when_stdin_closes, stop_on_interrupt};
-pub(crate) use spawn::{spawn_node, spawn_processes, PLACEMENT};
+pub(crate) use spawn::{spawn_node, spawn_processes, spawn_standby, standby_label, PLACEMENT};
 pub(crate) use verdict::ended_words;
 use verdict::note_exit;
 

@@ -252,7 +252,7 @@ pub(crate) fn spawn_processes(
             .filter_map(|(_, a)| listeners.get(a).map(|l| (a.clone(), l.as_raw_fd())))
             .collect();
         let id = cfg.evm.id.clone();
-        let child = spawn_standby(&config, &id, tx, &inherit)?;
+        let child = spawn_standby(&config, &id, serve, tx, &inherit)?;
         children.push((standby_label(&id), child));
     }
     // the nodes hold their sockets now (a node started again later binds its own)
@@ -297,10 +297,12 @@ pub(crate) fn standby_label(id: &str) -> String {
     format!("{id}-standby")
 }
 
-/// Starts the standby EVM process (`evb node --id EVM --standby`).
-fn spawn_standby(
+/// Starts the standby EVM process (`evb node --id EVM --standby`, with `--serve` under
+/// `evb up`).
+pub(crate) fn spawn_standby(
     config: &ConfigFd,
     id: &str,
+    serve: bool,
     tx: &mpsc::Sender<Note>,
     inherit: &[(String, i32)],
 ) -> Result<Child, String> {
@@ -309,7 +311,7 @@ fn spawn_standby(
         id,
         &standby_label(id),
         &["--standby"],
-        false,
+        serve,
         tx,
         inherit,
     )

@@ -24,12 +24,20 @@ pub struct Up {
 
 impl Up {
     pub fn start(toml: &str) -> Up {
+        Up::start_with(toml, &[])
+    }
+
+    /// `evb up` with options of its own (`--standby`).
+    pub fn start_with(toml: &str, args: &[&str]) -> Up {
         let dir = tempfile::tempdir().unwrap();
+        // `{dir}` in the configuration: this system's own folder (for a file sink)
+        let toml = toml.replace("{dir}", &dir.path().display().to_string());
         let cfg = dir.path().join("run.toml");
-        std::fs::write(&cfg, toml).unwrap();
+        std::fs::write(&cfg, &toml).unwrap();
         let mut child = Command::new(EVB)
             .args(["up", "--config"])
             .arg(&cfg)
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -50,7 +58,7 @@ impl Up {
         let url = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("evb up printed its control URL");
-        let secret = evb_config::Config::parse_unvalidated(toml)
+        let secret = evb_config::Config::parse_unvalidated(&toml)
             .ok()
             .and_then(|c| c.secret());
         let token = secret

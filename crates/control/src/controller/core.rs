@@ -185,6 +185,11 @@ impl Core {
         }
     }
 
+    /// The next run is numbered after `run` at the least.
+    pub(crate) fn number_from(&mut self, run: u64) {
+        self.run = self.run.max(run);
+    }
+
     /// `evb run`'s one run: started at once, without a command.
     pub(crate) fn begin_once(&mut self, run: u64, unix: f64) {
         self.state = State::Starting;

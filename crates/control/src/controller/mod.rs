@@ -82,6 +82,19 @@ impl Controller {
             .spawn(move || me.poll_nodes());
     }
 
+    /// A standby that took over numbers on from the last run it followed.
+    pub(crate) fn number_from(&self, run: u64) {
+        self.core().number_from(run);
+    }
+
+    /// Where a standby EVM's control API listens, if the configuration has one that is
+    /// still a standby (`evb up --standby`).
+    fn standby_api(&self) -> Option<String> {
+        let c = self.core();
+        let cfg = c.cfg();
+        (!cfg.evm.standby.is_empty() && cfg.evm.follow.is_empty()).then(|| cfg.standby_control())
+    }
+
     /// `evb run`'s one run: started at once, without a command.
     pub(crate) fn begin_once(&self, run: u64) {
         self.core().begin_once(run, unix_now());
@@ -106,7 +119,14 @@ impl Controller {
                     .cmds
                     .send(Cmd::Start { run, cfg })
                     .map_err(|_| (503, "the node is shutting down".to_string()))?,
-                Effect::Halt { nodes } => {
+                Effect::Halt { mut nodes } => {
+                    if let Some(control) = self.standby_api() {
+                        nodes.push(NodeSpec {
+                            id: format!("{}-standby", node.id()),
+                            control,
+                            ..node.spec.clone()
+                        });
+                    }
                     let token = node.token();
                     let node = node.clone();
                     std::thread::spawn(move || {
@@ -147,6 +167,17 @@ impl Controller {
             handles.into_iter().filter_map(|h| h.join().ok()).collect()
         });
         let decision = self.core().started(run, &plan, &answers);
+        // the standby follows the run; without it the run goes on, as one without a standby
+        // would (a loss of this EVM then ends it)
+        if let (Ok(()), Some(control)) = (&decision, self.standby_api()) {
+            let standby = NodeSpec {
+                control,
+                ..node.spec.clone()
+            };
+            if let Err(e) = start_one(&standby, &plan.body, token.clone()) {
+                warn!("run {run}: the standby EVM did not take the run: {e}");
+            }
+        }
         let r = match decision {
             Ok(()) => {
                 let r = evm(node, cfg);

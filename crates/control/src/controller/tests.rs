@@ -56,6 +56,7 @@ fn reply(node: &str, pid: u32, phase: Phase, run: u64, built: u64) -> NodeReply 
         runs_total: run,
         last: None,
         snapshot: Some(NodeStatus::new(node, RunState::Running, stats)),
+        controls: false,
     }
 }
 
