@@ -57,7 +57,10 @@ fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("VERDICT: OK"), "{stdout}");
-    assert!(stdout.contains("BU links:"), "{stdout}");
+    assert!(
+        stdout.contains("BU links (the bottleneck side):"),
+        "{stdout}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let triggered = v["run"]["evm"]["triggered"].as_u64().unwrap();

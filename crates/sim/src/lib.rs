@@ -3,7 +3,7 @@
 //! N sources (RUs) and M destinations (BUs) share an N × M crossbar. In each time slot every
 //! output port takes at most one fixed-size cell, and every input sends at most one. Inputs
 //! are always busy (saturation): the figure of merit is the fraction of output slots used.
-//! Three ways of feeding it:
+//! Two ways of feeding it:
 //!
 //! - [`Policy::RandomFifo`]: one FIFO queue per input, each cell for a uniformly random
 //!   output. This is the classic input-queued switch. When two head-of-line cells want the
