@@ -437,18 +437,26 @@ impl EventFileWriter {
     /// names last. Returns the metadata. May be called again after an error.
     pub fn publish(&mut self) -> Result<FileMeta, EventFileError> {
         self.prepare()?;
+        // The EVM publishes a committed part of a BU it dropped for it ([`publish_prepared`]),
+        // and the dropped BU, still alive, may try the same part: a name in place whose
+        // temporary is gone is that very file, published already.
         if !self.renamed {
             if self.path.exists() {
-                return Err(io_at(&self.path)(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "a completed file of that name exists",
-                )));
+                if self.tmp.exists() {
+                    return Err(io_at(&self.path)(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "a completed file of that name exists",
+                    )));
+                }
+            } else {
+                std::fs::rename(&self.tmp, &self.path).map_err(io_at(&self.path))?;
             }
-            std::fs::rename(&self.tmp, &self.path).map_err(io_at(&self.path))?;
             self.renamed = true;
         }
         let meta_path = PathBuf::from(format!("{}.json", self.path.display()));
-        std::fs::rename(self.meta_tmp(), &meta_path).map_err(io_at(&meta_path))?;
+        if self.meta_tmp().exists() || !meta_path.exists() {
+            std::fs::rename(self.meta_tmp(), &meta_path).map_err(io_at(&meta_path))?;
+        }
         if let Some(dir) = self.path.parent() {
             // the renames are in the directory: sync it, or a crash may forget them
             let d = File::open(dir).map_err(io_at(dir))?;

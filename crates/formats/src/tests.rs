@@ -1,7 +1,7 @@
 use evb_buffers::{Chain, Pool};
 use evb_wire::FragmentHeader;
 
-use crate::events::{EventFile, EventFileWriter, FileMeta, EVENT_PARTIAL};
+use crate::events::{publish_prepared, EventFile, EventFileWriter, FileMeta, EVENT_PARTIAL};
 use crate::fed::{self, FedError};
 use crate::framed::{self, FramedError};
 
@@ -212,4 +212,42 @@ mod props {
             prop_assert_eq!((info.lv1_id, info.source_id, info.words), (lv1, source, words.len() + 2));
         }
     }
+}
+
+/// A dropped BU's committed part published by the EVM for it (`publish_prepared`), then by
+/// the BU itself, still alive: the second is the same file, not an error that repeats (a
+/// chaos trial's BU retried it until the run's end and left its next part's temporary).
+/// A name in place from elsewhere (the temporary still there) is still refused.
+#[test]
+fn a_part_published_for_its_bu_is_published_for_the_bu_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::new("t", 4096, 16);
+    let mut w = EventFileWriter::create(dir.path(), "r", 1, 46).unwrap();
+    let p = vec![7u8; 64];
+    let c = chain(&pool, &p);
+    w.write_event(5, 6, 0, &[(header(5, 841, &p), &c)]).unwrap();
+    w.prepare().unwrap();
+    assert!(publish_prepared(dir.path(), "r", 1, 46).unwrap());
+    let meta = w.publish().unwrap();
+    assert_eq!(meta.events, 1);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|d| d.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["r_bu1_000046.evb", "r_bu1_000046.evb.json"]);
+    let events: Vec<_> = EventFile::open(&dir.path().join("r_bu1_000046.evb"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(events.len(), 1);
+
+    // a file of that name from elsewhere, this writer's temporary still there: refused, and
+    // the foreign file is left as it was
+    let mut w = EventFileWriter::create(dir.path(), "r", 1, 47).unwrap();
+    w.write_event(6, 7, 0, &[(header(6, 841, &p), &c)]).unwrap();
+    let foreign = dir.path().join("r_bu1_000047.evb");
+    std::fs::write(&foreign, b"not ours").unwrap();
+    assert!(w.publish().is_err());
+    assert_eq!(std::fs::read(&foreign).unwrap(), b"not ours");
 }

@@ -338,14 +338,21 @@ impl Sink for FileSink {
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
-        // committed parts are output whatever else happened; the rest never is
-        self.publish_committed()?;
-        for f in self.open.drain(..) {
+        // committed parts are output whatever else happened; the rest never is, and goes
+        // even when a committed part cannot be placed (that one keeps its temporary: it is
+        // committed output, for the operator to see in the error)
+        let published = self.publish_committed();
+        let (committed, rest): (VecDeque<OpenFile>, VecDeque<OpenFile>) = self
+            .open
+            .drain(..)
+            .partition(|f| f.stage == Stage::Committed);
+        for f in rest {
             self.left_out +=
                 f.pending.len() as u64 + f.ranges.iter().map(|(_, n)| *n as u64).sum::<u64>();
             f.w.discard();
         }
-        Ok(())
+        self.open = committed;
+        published
     }
 
     fn name(&self) -> &'static str {
