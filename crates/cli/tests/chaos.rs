@@ -856,6 +856,74 @@ fn a_cut_data_link_between_live_nodes_drops_that_bu_instead_of_stalling() {
     fixed(Fault::CutLink, Launch::Nodes, false, 1000);
 }
 
+/// `evb run --standby`: the EVM killed, the standby takes the run over, then Ctrl-C. The
+/// stop reaches the standby (the killed EVM cannot hear it): the run drains and ends OK, ended
+/// early by the operator, with every triggered event in exactly one file.
+#[test]
+fn ctrl_c_after_a_takeover_stops_the_standby_s_run_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    let out_dir = dir.path().join("out");
+    let json = dir.path().join("summary.json");
+    let cbase = free_base_port(5);
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nid = \"ctrlc-standby\"\nduration_s = 30\nrate_hz = 2000\n[fragments]\nsize = 4096\n\
+             [control]\nbase_port = {cbase}\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
+            out_dir.display()
+        ),
+    )
+    .unwrap();
+    let mut l = Command::new(EVB)
+        .args(["run", "--standby", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let evm_api = format!("127.0.0.1:{cbase}");
+    wait_node(
+        &evm_api,
+        "the run running with events triggered (the EVM's status)",
+        30,
+        || match l.try_wait() {
+            Ok(Some(st)) => Some(format!("evb run ended ({st})")),
+            _ => None,
+        },
+        |line| triggered_at_least(line, 1000),
+    );
+    let pid = common::node_status(&evm_api)["pid"].as_u64().unwrap();
+    assert!(signal(pid as u32, "-9"));
+    // the standby has the run within the takeover wait (3 s at most here)
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(signal(l.id(), "-INT"));
+    let t0 = Instant::now();
+    let o = l.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "the stop took {:?}:\n{out}\n{err}",
+        t0.elapsed()
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("VERDICT: OK"), "{out}");
+    assert!(out.contains("standby took over"), "{out}");
+    assert!(out.contains("ended early by the operator"), "{out}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let triggered = v["run"]["evm"]["triggered"].as_u64().unwrap();
+    assert!(triggered > 1000 && triggered < 50_000, "{triggered}");
+    let files = common::nodes::events_in(&out_dir);
+    assert!(
+        files.keys().copied().eq(0..triggered),
+        "{} of {triggered} events in the files",
+        files.len()
+    );
+}
+
 #[test]
 fn ctrl_c_stops_evb_run_cleanly_and_leaves_no_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -321,8 +321,10 @@ pub fn run_process(
     }
     let (tx, rx) = mpsc::channel();
     let secret = cfg.secret().map(String::into_bytes);
-    // a standby EVM (it follows an EVM) has no controller until it takes over
-    let standby = spec.role == Role::Evm && !cfg.evm.follow.is_empty();
+    // a serving standby EVM (`evb up --standby`: it follows each run it is told to) has no
+    // controller until it takes over for good; a one-run standby (`evb run --standby`, `evb
+    // node --standby`) has one for its run's status and page, as any EVM
+    let standby = spec.role == Role::Evm && !cfg.evm.follow.is_empty() && mode == Mode::Serve;
     let controller = std::sync::OnceLock::new();
     if spec.role == Role::Evm && !standby {
         let _ = controller.set(Controller::new(cfg, mode));

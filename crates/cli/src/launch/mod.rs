@@ -208,6 +208,8 @@ fn watch(
     // problem among the others it brought down)
     let mut how_ended: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let mut stop_sent = false;
+    // a standby that took the run over is told of a Ctrl-C too (the EVM it replaced cannot)
+    let mut standby_told = false;
     let mut user_abort = false;
     let mut last_lines: BTreeMap<String, String> = BTreeMap::new();
 
@@ -233,6 +235,24 @@ fn watch(
             _ => {
                 user_abort = true;
                 break;
+            }
+        }
+        if stop_sent && !standby_told && evm_control.is_none() {
+            let took_over =
+                |v: &NodeStatus| matches!(&v.stats, evb_builder::RoleStats::Evm(e) if e.epoch > 0);
+            if let Some(s) = ids
+                .iter()
+                .find(|i| i.ends_with("-standby"))
+                .filter(|s| latest.get(*s).is_some_and(|v| took_over(v)))
+            {
+                standby_told = true;
+                if let Some(stdin) = children
+                    .iter_mut()
+                    .find(|(i, _)| i == s)
+                    .and_then(|(_, c)| c.stdin.as_mut())
+                {
+                    let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());
+                }
             }
         }
         match rx.recv_timeout(Duration::from_millis(100)) {
