@@ -258,6 +258,11 @@ impl NodeStatus {
         self.stats.evm()
     }
 
+    /// An EVM that took its run over from a lost one (a standby, epoch above 0).
+    pub fn took_over(&self) -> bool {
+        self.evm().is_some_and(|e| e.epoch > 0)
+    }
+
     pub fn ru(&self) -> Option<&RuStats> {
         self.stats.ru()
     }

@@ -191,7 +191,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         while let Ok(note) = rx.try_recv() {
             if let Note::Line(id, v) = note {
                 // the standby's report counts where it took the run over
-                let took_over = matches!(&v.stats, evb_builder::RoleStats::Evm(e) if e.epoch > 0);
+                let took_over = v.took_over();
                 if (id == active || (took_over && standby.as_ref().is_some_and(|(l, _)| *l == id)))
                     && v.is_report()
                 {

@@ -380,10 +380,7 @@ pub fn run_process(
                             None => node.run_one(run, &cfg),
                         };
                         if node.standby {
-                            let took_over = matches!(&r, Ok(o) if matches!(
-                                &o.report.stats,
-                                evb_builder::RoleStats::Evm(e) if e.epoch > 0
-                            ));
+                            let took_over = matches!(&r, Ok(o) if o.report.took_over());
                             let told = node.promote_after.load(std::sync::atomic::Ordering::SeqCst);
                             if took_over || told {
                                 promote(&node, bound, Some((run, &r)));

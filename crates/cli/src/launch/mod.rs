@@ -238,12 +238,10 @@ fn watch(
             }
         }
         if stop_sent && !standby_told && evm_control.is_none() {
-            let took_over =
-                |v: &NodeStatus| matches!(&v.stats, evb_builder::RoleStats::Evm(e) if e.epoch > 0);
             if let Some(s) = ids
                 .iter()
                 .find(|i| i.ends_with("-standby"))
-                .filter(|s| latest.get(*s).is_some_and(|v| took_over(v)))
+                .filter(|s| latest.get(*s).is_some_and(|v| v.took_over()))
             {
                 standby_told = true;
                 if let Some(stdin) = children
