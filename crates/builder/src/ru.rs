@@ -392,6 +392,12 @@ impl Ru {
     /// (the latest assignment of each: a reassignment not made yet counts).
     pub fn resync(&mut self) -> RuResync {
         resync_with_new_evm(&mut self.state, &mut self.actions);
+        // a live feed tells the new EVM what it holds (after the resync: the driver sends
+        // that first), or the new EVM would assign no event past the ones already assigned
+        if let Source::Live(f) = &mut self.cfg.source {
+            f.announce_again();
+        }
+        self.announce();
         let mut dest: BTreeMap<u64, u16> = BTreeMap::new();
         for (&first, run) in &self.retained {
             for i in 0..run.count as usize {

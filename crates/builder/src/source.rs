@@ -93,6 +93,12 @@ impl LiveFeed {
     }
 
     /// `Available` for the EVM, if it changed since last told.
+    /// The next [`announcement`](Self::announcement) is made even if nothing changed: a new
+    /// EVM (a standby that took over) has heard none.
+    pub(crate) fn announce_again(&mut self) {
+        self.announced = None;
+    }
+
     pub(crate) fn announcement(&mut self) -> Option<(u64, bool)> {
         let now = (self.supplied(), self.done);
         (self.announced != Some(now)).then(|| {

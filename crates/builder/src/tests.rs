@@ -402,6 +402,7 @@ impl Sim {
             reason: "killed".into(),
             stop_requested: false,
             max_events: None,
+            live_fed: false,
         };
         self.evm = Evm::take_over(cfg, self.now, t, rus, bus);
     }
@@ -1745,4 +1746,91 @@ fn an_ru_counts_the_bytes_it_sends_to_each_bu() {
         s.payload_bytes_to_bu.iter().sum::<u64>(),
         s.payload_bytes_sent
     );
+}
+
+/// The farthest event a new EVM assigns over `passes` polls (one past its last id), from
+/// its queued actions.
+fn assigned_until(evm: &mut Evm, now: Instant, passes: usize) -> u64 {
+    let mut until = 0;
+    for _ in 0..passes {
+        evm.poll(now);
+        while let Some(a) = evm.next_action() {
+            if let Action::Send {
+                msg: Message::Assign(r),
+                ..
+            } = a
+            {
+                until = until.max(r.end());
+            }
+        }
+    }
+    until
+}
+
+/// A standby that takes over a run whose RUs are fed live (streams, a producer) assigns
+/// nothing past what the old EVM assigned until the RUs announce what they hold again, and
+/// then only as far as the lowest announcement; a finished feed's announcement ends the run
+/// there. Without the live gate the same takeover assigns on (what the gate prevents).
+#[test]
+fn a_new_evm_of_a_live_fed_run_waits_for_the_rus_announcements() {
+    let now = Instant::now();
+    let take_over = |live_fed: bool| {
+        let cfg = EvmConfig {
+            max_events: None,
+            ..evm_cfg(2, 2, 0)
+        };
+        // events 0..10 were assigned, built and released: the RUs hold none of them
+        let rus = (0..2)
+            .map(|ru| RuResync {
+                ru,
+                known_until: 10,
+                holds: Vec::new(),
+                stopping: false,
+            })
+            .collect();
+        let bus = (0..2)
+            .map(|bu| BuResync {
+                bu,
+                free_credits: 8,
+                ..Default::default()
+            })
+            .collect();
+        let t = Takeover {
+            epoch: 1,
+            live_fed,
+            ..Default::default()
+        };
+        Evm::take_over(cfg, now, t, rus, bus)
+    };
+    let mut plain = take_over(false);
+    assert!(assigned_until(&mut plain, now, 4) > 10);
+    let mut evm = take_over(true);
+    assert_eq!(
+        assigned_until(&mut evm, now, 4),
+        0,
+        "assigned before any announcement"
+    );
+    evm.handle(
+        now,
+        NodeRef::Ru(0),
+        Message::Available {
+            count: 30,
+            done: false,
+        },
+    );
+    assert_eq!(
+        assigned_until(&mut evm, now, 4),
+        0,
+        "assigned before ru[1] announced"
+    );
+    evm.handle(
+        now,
+        NodeRef::Ru(1),
+        Message::Available {
+            count: 25,
+            done: true,
+        },
+    );
+    assert_eq!(assigned_until(&mut evm, now, 8), 25);
+    assert_eq!(evm.stats().triggered, 25);
 }

@@ -10,6 +10,9 @@
 //! EVB_CHAOS_SEED=1234 EVB_CHAOS_TRIALS=40 cargo test -p evb --test chaos -- --nocapture
 //! ```
 //!
+//! `EVB_CHAOS_FROM=K` goes on with a campaign cut short: trials before K are drawn from the
+//! seed as before but not run.
+//!
 //! `EVB_CHAOS_STANDBY=1` makes every trial's fault the EVM's loss in a run with a standby
 //! (killed, or frozen for 1.2 to 5.2 s), for a campaign on the takeover alone.
 //!
@@ -706,6 +709,17 @@ fn faults_at_random_moments_keep_every_promise() {
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
     let only_standby = std::env::var("EVB_CHAOS_STANDBY").is_ok_and(|v| v == "1");
+    // a campaign cut short goes on from trial `from` (the earlier ones are drawn, not run)
+    let from: u64 = std::env::var("EVB_CHAOS_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if from > 0 {
+        eprintln!(
+            "chaos: trials 0 to {} skipped (EVB_CHAOS_FROM={from})",
+            from - 1
+        );
+    }
     for k in 0..trials {
         let fault = match rng.below(16) {
             0 => Fault::None,
@@ -751,6 +765,9 @@ fn faults_at_random_moments_keep_every_promise() {
             at_ms,
             small: rng.below(3) == 0,
         };
+        if k < from {
+            continue;
+        }
         let dir = tempfile::tempdir().unwrap();
         let started = Instant::now();
         let o = run_trial(&t, dir.path());

@@ -352,38 +352,14 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
         .status()
         .unwrap()
         .success());
-    let said = {
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let said = up.said();
-            if said
-                .iter()
-                .any(|l| l == "evb up: the standby EVM is the run control now")
-            {
-                break said;
-            }
-            assert!(
-                Instant::now() < until,
-                "the standby never took over: {said:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    let url = said
-        .iter()
-        .rev()
-        .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
-        .unwrap()
-        .trim()
-        .to_string();
+    up.follow_takeover(60);
     assert!(
-        !url.contains(evm_control.trim_start_matches("http://")),
-        "{url}"
+        !up.url.contains(evm_control.trim_start_matches("http://")),
+        "{}",
+        up.url
     );
     // the old EVM is gone: killed, or killed by evb up once the standby took over
     wait_gone(evm_pid, "the lost EVM", 10);
-    up.url = url;
-    up.api = Api::new(&up.url, up.api.token.clone());
     let rec = up.wait_run(1);
     assert_exact(&rec, 20000);
     let files = common::nodes::events_in(&up.dir.path().join("out"));

@@ -1,6 +1,8 @@
-//! Run control at random moments: one `evb up`, then run after run, each with commands
-//! (pause, resume, stop, reset) and faults (a BU killed or frozen, an RU killed) at moments
-//! drawn from a seed that is printed first, so that a failure replays:
+//! Run control at random moments: one `evb up --standby`, then run after run, each with
+//! commands (pause, resume, stop, reset) and faults (a BU killed or frozen, an RU killed) at
+//! moments drawn from a seed that is printed first, so that a failure replays; in one run of
+//! the campaign the EVM is lost (killed or frozen mid-run, or killed between runs), the
+//! standby takes over and stays the run control for the runs after it:
 //!
 //! ```sh
 //! EVB_CHAOS_SEED=1234 EVB_UP_CHAOS_TRIALS=30 cargo test -p evb --test control_chaos -- --nocapture
@@ -9,7 +11,8 @@
 //! Each run's record must stay exact whatever happened (complete: every triggered event built
 //! once; aborted by a reset or failed by a lost RU: nothing built twice), no event id may be in
 //! two output files, and the system must come back to `ready` with every node idle for the
-//! next run.
+//! next run. A run that lost its EVM while running must complete under the standby (unless
+//! its own steps failed it), name the takeover, and be numbered as before.
 
 mod common;
 use common::up::Up;
@@ -35,6 +38,20 @@ enum Step {
     /// SIGSTOP for this many ms, then SIGCONT: below or above the heartbeat timeout (1 s).
     FreezeBu(u8, u64),
     KillRu(u8),
+    /// The campaign's EVM loss ([`EvmLoss`]), where its run's plan has it.
+    LoseEvm,
+}
+
+/// How the campaign's EVM is lost (`evb up --standby`: the standby takes over once).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum EvmLoss {
+    /// `kill -9` mid-run (where the run's plan has [`Step::LoseEvm`]; after the run if it
+    /// is not running then).
+    Kill,
+    /// SIGSTOP for the ms, then SIGCONT (if `evb up` has not killed it by then).
+    Freeze(u64),
+    /// `kill -9` after the run, before the next one: the standby is promoted at once.
+    KillAfter,
 }
 
 fn draw(rng: &mut Rng) -> Step {
@@ -58,6 +75,13 @@ fn pid_of(up: &Up, node: &str) -> Option<u64> {
         .ok()?
         .body["pid"]
         .as_u64()
+}
+
+/// The active EVM's process (through its own API).
+fn evm_pid(up: &Up) -> u64 {
+    up.api.get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap()
 }
 
 fn signal(pid: u64, sig: &str) {
@@ -93,6 +117,7 @@ fn apply(up: &Up, step: Step) -> Option<u16> {
         Step::Resume => "resume",
         Step::Stop => "stop",
         Step::Reset => "reset",
+        Step::LoseEvm => unreachable!("the run's loop loses the EVM"),
         Step::KillBu(i) | Step::FreezeBu(i, _) | Step::KillRu(i) => {
             let node = match step {
                 Step::KillRu(_) => format!("ru{i}"),
@@ -126,16 +151,33 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
     eprintln!("control chaos: seed {seed} ({trials} runs): EVB_CHAOS_SEED={seed} replays them");
     let mut rng = Rng(seed | 1);
     let out = tempfile::tempdir().unwrap();
+    // the standby's run has a secret, as a shared host's should: the follower and the nodes
+    // that call it authenticate
     let toml = format!(
         "[run]\nid = \"upchaos\"\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 2500\n\
-         [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
+         secret = \"up chaos key\"\n[fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
         out.path().display()
     );
-    let up = Up::start(&toml);
+    let mut up = Up::start_with(&toml, &["--standby"]);
+    let evm_run = 1 + rng.below(trials.max(1));
+    let evm_loss = match rng.below(3) {
+        0 => EvmLoss::Kill,
+        1 => EvmLoss::Freeze(1200 + rng.below(3800)),
+        _ => EvmLoss::KillAfter,
+    };
+    eprintln!("control chaos: the EVM lost in run {evm_run}: {evm_loss:?}");
     for k in 1..=trials {
         let mut plan = Vec::new();
         for _ in 0..1 + rng.below(3) {
             plan.push((100 + rng.below(1200), draw(&mut rng)));
+        }
+        if k == evm_run && evm_loss != EvmLoss::KillAfter {
+            // first in the plan one time in two, so that it mostly meets a running run
+            let at = match rng.below(2) {
+                0 => 0,
+                _ => rng.below(plan.len() as u64 + 1) as usize,
+            };
+            plan.insert(at, (100 + rng.below(1200), Step::LoseEvm));
         }
         eprintln!("control chaos: run {k}: {plan:?}");
         up.wait_until("ready with every node idle", 60, |s| {
@@ -156,12 +198,42 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         // BUs lost in this run: a node that `evb up` starts again joins the next run, not
         // this one, so losing both is losing every BU
         let mut bus_lost = std::collections::BTreeSet::new();
+        let mut took_over = false;
         for &(wait_ms, step) in &plan {
             std::thread::sleep(Duration::from_millis(wait_ms));
             let before = up.status()["state"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
+            if step == Step::LoseEvm {
+                // (a paused run too: the standby does not know of the pause, and triggers
+                // on: docs/standby.md, "Limits")
+                if before != "running" && before != "paused" {
+                    eprintln!(
+                        "    the run is {before} at the EVM's moment: the EVM is killed after it"
+                    );
+                    continue;
+                }
+                // the standby takes the run over, finishes it and becomes the run control:
+                // the rest of this run's plan is skipped
+                let pid = evm_pid(&up);
+                eprintln!(
+                    "    {:.2} s, {before}: the EVM ({pid}) {evm_loss:?}",
+                    started.elapsed().as_secs_f64()
+                );
+                match evm_loss {
+                    EvmLoss::Freeze(ms) => {
+                        signal(pid, "-STOP");
+                        std::thread::sleep(Duration::from_millis(ms));
+                        signal(pid, "-CONT");
+                    }
+                    _ => signal(pid, "-9"),
+                }
+                up.follow_takeover(60);
+                common::wait_gone(pid, "the lost EVM", 10);
+                took_over = true;
+                break;
+            }
             let answer = apply(&up, step);
             eprintln!(
                 "    {:.2} s, {before}: {step:?} -> {}",
@@ -213,6 +285,20 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         if !evm.is_null() {
             assert_eq!(evm["duplicate_releases"], 0, "run {run}\n{rec:#}");
         }
+        if took_over && !fatal {
+            assert_eq!(state, "complete", "run {run} after the takeover\n{rec:#}");
+        }
+        if took_over {
+            assert!(
+                rec["lost"]
+                    .as_array()
+                    .is_some_and(|l| l.iter().any(|e| e["node"] == "evm"
+                        && e["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("standby took over")))),
+                "run {run}: the takeover is not in the record\n{rec:#}"
+            );
+        }
         match state.as_str() {
             "complete" => {
                 assert_eq!(rec["ok"], true, "{rec:#}");
@@ -243,6 +329,13 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                 }
             }
             other => panic!("run {run} ended in state {other:?}\n{rec:#}"),
+        }
+        // the EVM lost between runs (or its moment came after the run): promoted at once
+        if k == evm_run && !took_over {
+            let pid = evm_pid(&up);
+            eprintln!("    after run {run}: the EVM ({pid}) killed");
+            signal(pid, "-9");
+            up.follow_takeover(30);
         }
     }
     // and the system still runs a clean run after all that

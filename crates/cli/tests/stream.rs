@@ -747,3 +747,109 @@ fn thousands_of_dropped_fragments_are_a_few_log_lines() {
         "{t}"
     );
 }
+
+/// `evb run --standby` with both RUs fed by front-ends (`evb feed --loop`, 10,000 fragments
+/// a stream at 2,500 a second): the front-ends stalled and the EVM killed at a seeded moment.
+/// The standby takes the run over, the RUs tell it what their streams hold (nothing new
+/// arrives to make them announce it), the front-ends go on, and every event they sent is
+/// built once, in exactly one file, with the takeover named and nothing left unbuilt.
+#[test]
+fn a_standby_takes_over_a_live_fed_run_and_builds_every_event_once() {
+    let _one = one_at_a_time();
+    let Some((a, b)) = cms_files() else { return };
+    let mut rng = seeded("a_standby_takes_over_a_live_fed_run");
+    let at = 1000 + rng.below(6000);
+    eprintln!("the EVM is killed once {at} events are triggered");
+    let events = 10_000u64;
+    let d = tempfile::tempdir().unwrap();
+    let to = addrs(2);
+    let cbase = free_base_port(5);
+    let out_dir = d.path().join("out");
+    let toml = format!(
+        "[run]\nid = \"live-standby\"\nduration_s = 0\n[control]\nbase_port = {cbase}\n\
+         [source]\nkind = \"stream\"\n\
+         [[ru]]\nid = \"ru841\"\nsource_id = 841\nstreams = {}\n\
+         [[ru]]\nid = \"ru843\"\nsource_id = 843\nstreams = {}\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\n",
+        list(&to[..1]),
+        list(&to[1..]),
+        out_dir.display()
+    );
+    let cfg = d.path().join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let json = d.path().join("summary.json");
+    let mut run = Command::new(EVB)
+        .args(["run", "--quiet", "--standby", "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !to
+        .iter()
+        .all(|a| listening(a.rsplit_once(':').unwrap().1.parse().unwrap()))
+    {
+        assert!(run.try_wait().unwrap().is_none(), "evb run ended early");
+        assert!(Instant::now() < until, "the RUs never listened on {to:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let limit = events.to_string();
+    let f = feed(
+        &to,
+        &[&a, &b],
+        &["--loop", "--limit", &limit, "--rate", "2500"],
+    );
+    let evm_api = format!("127.0.0.1:{cbase}");
+    common::wait_node(
+        &evm_api,
+        "the moment (the EVM's status)",
+        60,
+        || match run.try_wait() {
+            Ok(Some(st)) => Some(format!("evb run ended ({st})")),
+            _ => None,
+        },
+        |line| common::triggered_at_least(line, at),
+    );
+    let pid = common::node_status(&evm_api)["pid"].as_u64().unwrap();
+    let kill = |sig: &str, pid: u32| {
+        assert!(Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    // the front-ends stall first, so that the RUs have nothing new to announce when the
+    // standby takes over (it must not assign what they do not hold), and go on after it
+    kill("-STOP", f.id());
+    std::thread::sleep(Duration::from_millis(300));
+    kill("-9", pid as u32);
+    std::thread::sleep(Duration::from_secs(3));
+    kill("-CONT", f.id());
+    let out = run.wait_with_output().unwrap();
+    let (fed_ok, fed_text) = feed_output(f);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("VERDICT: OK"), "{t}");
+    assert!(t.contains("standby took over"), "{t}");
+    assert!(fed_ok, "{fed_text}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(s["run"]["evm"]["triggered"], events, "{t}");
+    assert_eq!(s["run"]["evm"]["released"], events, "{t}");
+    assert_eq!(s["run"]["evm"]["duplicate_releases"], 0, "{t}");
+    let files = common::nodes::events_in(&out_dir);
+    assert!(
+        files.keys().copied().eq(0..events),
+        "{} of {events} events in the files\n{t}",
+        files.len()
+    );
+    assert_eq!(
+        sum(&s, "rus", "stream_fragments_received"),
+        2 * events,
+        "{t}"
+    );
+    assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0, "{t}");
+    assert_eq!(sum(&s, "bus", "trigger_mismatches"), 0, "{t}");
+}

@@ -317,14 +317,6 @@ impl Config {
                 }
             }
         }
-        if !self.evm.standby.is_empty()
-            && matches!(self.source.kind, SourceKind::Stream | SourceKind::Api)
-        {
-            return Err(invalid(
-                "evm.standby",
-                "a standby EVM cannot yet take over a run whose RUs are fed live (source.kind \"stream\" or \"api\"): docs/standby.md",
-            ));
-        }
         if self.evm.standby.is_empty() && !self.evm.standby_control.is_empty() {
             return Err(invalid(
                 "evm.standby_control",

@@ -41,6 +41,10 @@ pub struct Takeover {
     /// The most events the old EVM would have triggered (it learns a recording's length
     /// from the RUs' Ready); `None`: no such limit.
     pub max_events: Option<u64>,
+    /// The RUs are fed live (front-end streams, a producer): the new EVM assigns no event
+    /// past those already assigned until each RU announces what it holds again (`Available`,
+    /// which the RUs send after their resync).
+    pub live_fed: bool,
 }
 
 /// How far a BU's claim on an event went.
@@ -224,6 +228,12 @@ impl Evm {
         }
         for r in rus_in.values() {
             evm.alive.insert(NodeRef::Ru(r.ru));
+            if t.live_fed {
+                // every event assigned so far was announced by every RU: a floor it raises
+                if let Some(a) = evm.available.get_mut(r.ru as usize) {
+                    *a = Some(end);
+                }
+            }
         }
         for b in bus_in.values() {
             evm.alive.insert(NodeRef::Bu(b.bu));

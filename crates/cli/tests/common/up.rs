@@ -97,6 +97,39 @@ impl Up {
         }
     }
 
+    /// After the EVM was lost under `evb up --standby`: waits (at most `secs`) until `evb up`
+    /// says the standby is the run control, then talks to the new URL it printed (which
+    /// must not be `old`'s). Returns the lines printed.
+    pub fn follow_takeover(&mut self, secs: u64) -> Vec<String> {
+        let old = self.url.clone();
+        let until = Instant::now() + Duration::from_secs(secs);
+        let said = loop {
+            let said = self.said();
+            if said
+                .iter()
+                .any(|l| l == "evb up: the standby EVM is the run control now")
+            {
+                break said;
+            }
+            assert!(
+                Instant::now() < until,
+                "the standby never took over: {said:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let url = said
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
+            .unwrap()
+            .trim()
+            .to_string();
+        assert_ne!(url, old, "the control URL did not change: {said:#?}");
+        self.url = url;
+        self.api = Api::new(&self.url, self.api.token.clone());
+        said
+    }
+
     pub fn status(&self) -> Value {
         let r = self.api.get("/api/v1/status").unwrap();
         assert_eq!(r.status, 200, "{:?}", r.body);

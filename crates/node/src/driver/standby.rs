@@ -397,6 +397,10 @@ impl Driver {
             reason: "the active EVM was lost".into(),
             stop_requested: f.follow.stop_requested,
             max_events: (f.follow.max_events != evb_wire::UNLIMITED).then_some(f.follow.max_events),
+            live_fed: matches!(
+                self.cfg.source.kind,
+                evb_config::SourceKind::Stream | evb_config::SourceKind::Api
+            ),
         };
         let mut evm = evb_builder::Evm::take_over(cfg, now, t, rus, bus);
         for (from, msg) in f.held {
