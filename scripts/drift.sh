@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Does evb's small-event rate depend on what ran before it? Runs of docs/performance.md's
+# small.toml (2 RUs x 2 BUs, 256 B static fragments, headers checked, 4 s), back to back,
+# then after an idle pause, then back to back again. One line per run: events/s, the CPU
+# seconds of all five processes over the run and per event, the BUs' mean build latency,
+# and what the host did meanwhile (CPU stolen by the hypervisor, the DAMON thread's CPU).
+#
+#   scripts/drift.sh [EVB] [RUNS] [IDLE_S]     # defaults: target/release/evb 6 150
+set -euo pipefail
+evb=${1:-target/release/evb} runs=${2:-6} idle=${3:-150}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cat > "$work/small.toml" <<'TOML'
+[run]
+id = "small"
+duration_s = 4
+stall_timeout_s = 20
+[fragments]
+size = 256
+distribution = "fixed"
+content = "static"
+[builder]
+verify = "headers"
+[topology]
+rus = 2
+bus = 2
+TOML
+steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+damon_ticks() {
+  local p
+  p=$(pgrep -x kdamond.0 || true)
+  if [ -n "$p" ]; then awk '{print $14+$15}' "/proc/$p/stat"; else echo 0; fi
+}
+one() { # label
+  read -r s0 t0 < <(steal)
+  d0=$(damon_ticks)
+  "$evb" run --config "$work/small.toml" --quiet --json "$work/s.json" > /dev/null 2>&1 || {
+    echo "$1: run failed"; return; }
+  read -r s1 t1 < <(steal)
+  d1=$(damon_ticks)
+  python3 - "$1" "$work/s.json" "$((s1 - s0))" "$((t1 - t0))" "$((d1 - d0))" <<'PY'
+import json, sys
+label, path, st, tot, damon = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+d = json.load(open(path))
+r = d["run"]
+ev = r["evm"]["released"]
+cpu = sum((n.get("cpu") or {}).get("run_s") or 0 for n in d["nodes"].values())
+n = sum(b["latency"]["count"] for b in r["bus"])
+us = sum(b["latency"]["sum_us"] for b in r["bus"])
+print(f"{label}: {ev / r['seconds'] / 1e6:.2f} M events/s, CPU {cpu:.1f} s "
+      f"({cpu / max(ev, 1) * 1e6:.2f} us/event), build latency {us / max(n, 1):.0f} us, "
+      f"steal {100 * st / max(tot, 1):.1f} %, kdamond {damon} ticks")
+PY
+}
+for k in $(seq "$runs"); do one "back to back $k"; done
+echo "idle ${idle} s"
+sleep "$idle"
+for k in $(seq "$runs"); do one "after idle $k"; done
