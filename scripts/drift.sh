@@ -3,7 +3,9 @@
 # small.toml (2 RUs x 2 BUs, 256 B static fragments, headers checked, 4 s), back to back,
 # then after an idle pause, then back to back again. One line per run: events/s, the CPU
 # seconds of all five processes over the run and per event, the BUs' mean build latency,
-# and what the host did meanwhile (CPU stolen by the hypervisor, the DAMON thread's CPU).
+# what the host did meanwhile (CPU stolen by the hypervisor, the DAMON thread's CPU), and a
+# probe run right after it: a fixed pure-CPU loop on both cores at once, in seconds (no
+# memory, no system calls: if it slows down with evb, the host's CPUs slowed down).
 #
 #   scripts/drift.sh [EVB] [RUNS] [IDLE_S]     # defaults: target/release/evb 6 150
 set -euo pipefail
@@ -31,6 +33,18 @@ damon_ticks() {
   p=$(pgrep -x kdamond.0 || true)
   if [ -n "$p" ]; then awk '{print $14+$15}' "/proc/$p/stat"; else echo 0; fi
 }
+probe() {
+  python3 - <<'PY'
+import multiprocessing as mp, time
+def spin(_):
+    t = time.perf_counter(); s = 0
+    for i in range(3_000_000):
+        s += i * i
+    return time.perf_counter() - t
+with mp.Pool(2) as p:
+    print(f"{max(p.map(spin, [0, 1])):.3f}")
+PY
+}
 one() { # label
   read -r s0 t0 < <(steal)
   d0=$(damon_ticks)
@@ -38,9 +52,12 @@ one() { # label
     echo "$1: run failed"; return; }
   read -r s1 t1 < <(steal)
   d1=$(damon_ticks)
-  python3 - "$1" "$work/s.json" "$((s1 - s0))" "$((t1 - t0))" "$((d1 - d0))" <<'PY'
+  p=$(probe)
+  python3 - "$1" "$work/s.json" "$((s1 - s0))" "$((t1 - t0))" "$((d1 - d0))" "$p" <<'PY'
 import json, sys
-label, path, st, tot, damon = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+label, path = sys.argv[1], sys.argv[2]
+st, tot, damon = map(int, sys.argv[3:6])
+probe = sys.argv[6]
 d = json.load(open(path))
 r = d["run"]
 ev = r["evm"]["released"]
@@ -49,10 +66,12 @@ n = sum(b["latency"]["count"] for b in r["bus"])
 us = sum(b["latency"]["sum_us"] for b in r["bus"])
 print(f"{label}: {ev / r['seconds'] / 1e6:.2f} M events/s, CPU {cpu:.1f} s "
       f"({cpu / max(ev, 1) * 1e6:.2f} us/event), build latency {us / max(n, 1):.0f} us, "
-      f"steal {100 * st / max(tot, 1):.1f} %, kdamond {damon} ticks")
+      f"steal {100 * st / max(tot, 1):.1f} %, kdamond {damon} ticks, CPU probe {probe} s")
 PY
 }
+echo "CPU probe before: $(probe) s"
 for k in $(seq "$runs"); do one "back to back $k"; done
 echo "idle ${idle} s"
 sleep "$idle"
+echo "CPU probe after the idle time: $(probe) s"
 for k in $(seq "$runs"); do one "after idle $k"; done

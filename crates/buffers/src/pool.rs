@@ -328,17 +328,24 @@ impl Pool {
         if end <= start {
             return Ok(());
         }
-        // SAFETY: [start, end) lies within the pool's region, which this `Pool` keeps mapped;
-        // MADV_POPULATE_WRITE only allocates pages and leaves their contents as they are.
-        let r = unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end - start,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
+        // In pieces: the kernel holds the process's memory-map lock while it backs a range,
+        // and a thread of the same process that needs it (to map memory, or to fault a page
+        // in) waits behind a multi-GiB range for seconds (49 nodes on 2 CPUs starved their
+        // event loops past the heartbeat timeout that way).
+        const PIECE: usize = 32 << 20;
+        let mut at = start;
+        while at < end {
+            let len = PIECE.min(end - at);
+            // SAFETY: [at, at + len) lies within the pool's region, which this `Pool` keeps
+            // mapped; MADV_POPULATE_WRITE only allocates pages and leaves their contents as
+            // they are.
+            let r =
+                unsafe { libc::madvise(at as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            at += len;
+            std::thread::yield_now();
         }
         Ok(())
     }
