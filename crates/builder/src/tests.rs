@@ -1805,32 +1805,21 @@ fn a_new_evm_of_a_live_fed_run_waits_for_the_rus_announcements() {
     let mut plain = take_over(false);
     assert!(assigned_until(&mut plain, now, 4) > 10);
     let mut evm = take_over(true);
+    let announce = |evm: &mut Evm, ru: u16, count: u64, done: bool| {
+        evm.handle(now, NodeRef::Ru(ru), Message::Available { count, done });
+    };
     assert_eq!(
         assigned_until(&mut evm, now, 4),
         0,
-        "assigned before any announcement"
+        "before any announcement"
     );
-    evm.handle(
-        now,
-        NodeRef::Ru(0),
-        Message::Available {
-            count: 30,
-            done: false,
-        },
-    );
+    announce(&mut evm, 0, 30, false);
     assert_eq!(
         assigned_until(&mut evm, now, 4),
         0,
-        "assigned before ru[1] announced"
+        "before ru[1] announced"
     );
-    evm.handle(
-        now,
-        NodeRef::Ru(1),
-        Message::Available {
-            count: 25,
-            done: true,
-        },
-    );
+    announce(&mut evm, 1, 25, true);
     assert_eq!(assigned_until(&mut evm, now, 8), 25);
     assert_eq!(evm.stats().triggered, 25);
 }

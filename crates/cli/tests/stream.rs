@@ -68,9 +68,8 @@ fn listening(port: u16) -> bool {
 }
 
 /// `evb run` of `toml` in `dir` with `evb feed EXTRA` of `files` to `to`, started once the
-/// RU listens on every stream address (not before, hoping that it retries long enough, and
-/// not after a guessed delay): the run's output and JSON summary, and the feed's (success,
-/// output).
+/// RU listens on every stream address ([`start_run`]): the run's output and JSON summary, and
+/// the feed's (success, output).
 fn run_fed(
     dir: &Path,
     toml: &str,
@@ -78,15 +77,31 @@ fn run_fed(
     files: &[&Path],
     extra: &[&str],
 ) -> (Output, Value, (bool, String)) {
-    let cfg = dir.join("run.toml");
-    std::fs::write(&cfg, toml).unwrap();
     let json = dir.join("summary.json");
     let _ = std::fs::remove_file(&json);
+    let run = start_run(dir, toml, &[], to);
+    let f = feed(to, files, extra);
+    let out = run.wait_with_output().unwrap();
+    let fed = feed_output(f);
+    let summary = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or(Value::Null);
+    (out, summary, fed)
+}
+
+/// `evb run ARGS` of `toml` in `dir` (its JSON summary to `dir`/summary.json), returned
+/// once the RUs listen on every stream address in `to` (not before, hoping that it retries
+/// long enough, and not after a guessed delay).
+fn start_run(dir: &Path, toml: &str, args: &[&str], to: &[String]) -> Child {
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
     let mut run = Command::new(EVB)
-        .args(["run", "--quiet", "--config"])
+        .args(["run", "--quiet"])
+        .args(args)
+        .arg("--config")
         .arg(&cfg)
         .arg("--json")
-        .arg(&json)
+        .arg(dir.join("summary.json"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -114,13 +129,7 @@ fn run_fed(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let f = feed(to, files, extra);
-    let out = run.wait_with_output().unwrap();
-    let fed = feed_output(f);
-    let summary = std::fs::read_to_string(&json)
-        .map(|s| serde_json::from_str(&s).unwrap())
-        .unwrap_or(Value::Null);
-    (out, summary, fed)
+    run
 }
 
 fn feed_output(c: Child) -> (bool, String) {
@@ -775,27 +784,8 @@ fn a_standby_takes_over_a_live_fed_run_and_builds_every_event_once() {
         list(&to[1..]),
         out_dir.display()
     );
-    let cfg = d.path().join("run.toml");
-    std::fs::write(&cfg, toml).unwrap();
     let json = d.path().join("summary.json");
-    let mut run = Command::new(EVB)
-        .args(["run", "--quiet", "--standby", "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while !to
-        .iter()
-        .all(|a| listening(a.rsplit_once(':').unwrap().1.parse().unwrap()))
-    {
-        assert!(run.try_wait().unwrap().is_none(), "evb run ended early");
-        assert!(Instant::now() < until, "the RUs never listened on {to:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut run = start_run(d.path(), &toml, &["--standby"], &to);
     let limit = events.to_string();
     let f = feed(
         &to,
