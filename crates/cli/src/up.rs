@@ -33,6 +33,10 @@ pub fn url_file(run_id: &str) -> PathBuf {
         .join(format!("{safe}.url"))
 }
 
+/// The least time an EVM's control API may stay silent before `evb up` has its standby
+/// take over (see `up`).
+const EVM_SILENT_MIN_MS: u64 = 5000;
+
 /// Whether process `id` has exited with success (halted).
 fn halted(children: &mut [(String, Child)], id: &str) -> bool {
     children
@@ -160,6 +164,19 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     // the process that is the EVM: the first one, or the standby once it took over
     let mut active = evm.id.clone();
     let mut next_look = Instant::now();
+    // With a standby, an EVM whose control API stops answering (frozen between runs, when
+    // no follower listens for its heartbeats) is replaced after this long: far above the
+    // heartbeat timeout, so that an EVM merely slow to answer is not.
+    let evm_silent_limit =
+        Duration::from_millis((5 * resolved.run.heartbeat_timeout_ms).max(EVM_SILENT_MIN_MS));
+    let evm_probe = api.clone().with_timeout(Duration::from_millis(500));
+    let mut evm_silent_since: Option<Instant> = None;
+    let mut evm_replaced = false;
+    let mut next_probe = Instant::now();
+    // the EVM's report of a failed run, held while the standby may have taken it over
+    let mut held: Option<(Option<u64>, String, Instant)> = None;
+    let hold_for =
+        Duration::from_millis(3 * resolved.run.heartbeat_timeout_ms).max(Duration::from_secs(3));
     let ok = loop {
         match interrupts.load(Ordering::SeqCst) {
             0 => {}
@@ -192,17 +209,43 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
             if let Note::Line(id, v) = note {
                 // the standby's report counts where it took the run over
                 let took_over = v.took_over();
-                if (id == active || (took_over && standby.as_ref().is_some_and(|(l, _)| *l == id)))
-                    && v.is_report()
-                {
+                let from_standby = standby.as_ref().is_some_and(|(l, _)| *l == id);
+                if let (true, Some((run, _, _))) = (from_standby && took_over, &held) {
+                    if *run == v.run_number {
+                        eprintln!(
+                            "evb up: run {}: the lost EVM's own report is not the run's (the standby took the run over)",
+                            run.map_or("?".to_string(), |n| n.to_string())
+                        );
+                        held = None;
+                    }
+                }
+                if (id == active || (took_over && from_standby)) && v.is_report() {
                     let ok = v.ok == Some(true);
-                    println!(
+                    let line = format!(
                         "evb up: run {} {}: {}",
                         v.run_number.map_or("?".to_string(), |n| n.to_string()),
                         if ok { "complete" } else { "FAILED" },
                         v.reason.as_deref().unwrap_or("")
                     );
+                    // A failure the EVM reports while a standby follows may be the EVM's
+                    // own loss, found on waking (frozen): the standby has the run then, and
+                    // the woken EVM's verdict must not be shown as the run's. Held until
+                    // the standby is seen to have taken that run over, or for long enough
+                    // that it has not.
+                    if !ok && id == evm.id && standby.is_some() {
+                        held = Some((v.run_number, line, Instant::now()));
+                    } else {
+                        println!("{line}");
+                    }
                 }
+            }
+        }
+        if held
+            .as_ref()
+            .is_some_and(|(_, _, at)| at.elapsed() >= hold_for)
+        {
+            if let Some((_, line, _)) = held.take() {
+                println!("{line}");
             }
         }
         for (id, child) in children.iter_mut() {
@@ -237,7 +280,23 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         // says it is the run control, the old EVM (if it still lives: frozen) is killed, so
         // that it can never act again, and the control API is the standby's
         if let (Some((label, sapi)), true) = (&standby, active == evm.id) {
-            let evm_lost = exited.contains(&evm.id) && !halted(&mut children, &evm.id);
+            if !evm_replaced && halting.is_none() && Instant::now() >= next_probe {
+                next_probe = Instant::now() + Duration::from_secs(1);
+                if evm_probe.get("/api/v1/node").is_ok_and(|r| r.ok()) {
+                    evm_silent_since = None;
+                } else {
+                    let since = *evm_silent_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= evm_silent_limit {
+                        eprintln!(
+                            "evb up: the EVM's control API has not answered for {:.0} s; the standby takes over",
+                            since.elapsed().as_secs_f64()
+                        );
+                        evm_replaced = true;
+                    }
+                }
+            }
+            let evm_lost =
+                evm_replaced || exited.contains(&evm.id) && !halted(&mut children, &evm.id);
             if Instant::now() >= next_look && halting.is_none() {
                 next_look = Instant::now() + Duration::from_millis(250);
                 if evm_lost {
@@ -249,7 +308,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                 if controls {
                     if let Some((_, c)) = children.iter_mut().find(|(id, _)| *id == evm.id) {
                         if matches!(c.try_wait(), Ok(None)) {
-                            eprintln!("evb up: the standby took the run over from an EVM that did not answer: killing that EVM");
+                            eprintln!("evb up: the standby took over from an EVM that did not answer: killing that EVM");
                             let _ = c.kill();
                             let _ = c.wait();
                         }
@@ -327,6 +386,9 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    if let Some((_, line, _)) = held {
+        println!("{line}");
+    }
     let _ = std::fs::remove_file(&file);
     drop(tmp);
     println!("evb up: halted");

@@ -401,6 +401,51 @@ fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
     evb_up_survives_a_lost_evm(true);
 }
 
+/// `evb up --standby`, the EVM frozen between runs (SIGSTOP, never woken): no run, so no
+/// follower hears its heartbeats stop; `evb up` finds that its control API has not answered
+/// for 5 s, has the standby take the control over and kills the frozen EVM. The next run
+/// starts at the standby, numbered on, and is exact.
+#[test]
+fn evb_up_with_a_standby_replaces_an_evm_frozen_between_runs() {
+    let toml = "[run]\nevents = 4000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up standby\"\n\
+                [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
+    let mut up = Up::start_with(toml, &["--standby"]);
+    up.wait_said("the standby's line", |said| {
+        said.iter()
+            .any(|l| l.contains("a standby EVM (control API"))
+    });
+    let evm_pid = up.api.get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(up.post("start", json!({})).0, 200);
+    assert_exact(&up.wait_run(1), 4000);
+    let frozen = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-STOP", &evm_pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    up.follow_takeover(30);
+    let took = frozen.elapsed();
+    assert!(
+        took >= Duration::from_secs(5),
+        "the standby took over after {took:?}: before the EVM was silent for 5 s"
+    );
+    wait_gone(evm_pid, "the frozen EVM", 10);
+    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["run"], 2, "{body}");
+    assert_exact(&up.wait_run(2), 4000);
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..4000),
+        "{} events in the files",
+        files.len()
+    );
+    assert!(up.halt().success());
+}
+
 /// Ctrl-C at `evb up`, as an operator presses it: the run that is on is stopped cleanly
 /// (drained, its verdict printed), then every node is halted and `evb up` exits 0.
 #[test]

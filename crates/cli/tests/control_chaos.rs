@@ -1,8 +1,8 @@
 //! Run control at random moments: one `evb up --standby`, then run after run, each with
 //! commands (pause, resume, stop, reset) and faults (a BU killed or frozen, an RU killed) at
 //! moments drawn from a seed that is printed first, so that a failure replays; in one run of
-//! the campaign the EVM is lost (killed or frozen mid-run, or killed between runs), the
-//! standby takes over and stays the run control for the runs after it:
+//! the campaign the EVM is lost (killed or frozen mid-run, or killed or frozen between runs),
+//! the standby takes over and stays the run control for the runs after it:
 //!
 //! ```sh
 //! EVB_CHAOS_SEED=1234 EVB_UP_CHAOS_TRIALS=30 cargo test -p evb --test control_chaos -- --nocapture
@@ -52,6 +52,9 @@ enum EvmLoss {
     Freeze(u64),
     /// `kill -9` after the run, before the next one: the standby is promoted at once.
     KillAfter,
+    /// SIGSTOP after the run, never woken: `evb up` replaces an EVM whose API is silent
+    /// for 5 s.
+    FreezeAfter,
 }
 
 fn draw(rng: &mut Rng) -> Step {
@@ -160,10 +163,11 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
     );
     let mut up = Up::start_with(&toml, &["--standby"]);
     let evm_run = 1 + rng.below(trials.max(1));
-    let evm_loss = match rng.below(3) {
+    let evm_loss = match rng.below(4) {
         0 => EvmLoss::Kill,
         1 => EvmLoss::Freeze(1200 + rng.below(3800)),
-        _ => EvmLoss::KillAfter,
+        2 => EvmLoss::KillAfter,
+        _ => EvmLoss::FreezeAfter,
     };
     eprintln!("control chaos: the EVM lost in run {evm_run}: {evm_loss:?}");
     for k in 1..=trials {
@@ -171,7 +175,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         for _ in 0..1 + rng.below(3) {
             plan.push((100 + rng.below(1200), draw(&mut rng)));
         }
-        if k == evm_run && evm_loss != EvmLoss::KillAfter {
+        if k == evm_run && !matches!(evm_loss, EvmLoss::KillAfter | EvmLoss::FreezeAfter) {
             // first in the plan one time in two, so that it mostly meets a running run
             let at = match rng.below(2) {
                 0 => 0,
@@ -289,6 +293,16 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
             assert_eq!(state, "complete", "run {run} after the takeover\n{rec:#}");
         }
         if took_over {
+            // the lost EVM, woken after a freeze, finds itself alone and fails "its" run:
+            // that verdict is not the run's, and evb up must not print it as such
+            let said = up.said();
+            assert!(
+                state != "complete"
+                    || !said
+                        .iter()
+                        .any(|l| l.starts_with(&format!("evb up: run {run} FAILED"))),
+                "evb up printed the lost EVM's verdict as the run's: {said:#?}"
+            );
             assert!(
                 rec["lost"]
                     .as_array()
@@ -333,9 +347,15 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         // the EVM lost between runs (or its moment came after the run): promoted at once
         if k == evm_run && !took_over {
             let pid = evm_pid(&up);
-            eprintln!("    after run {run}: the EVM ({pid}) killed");
-            signal(pid, "-9");
+            if evm_loss == EvmLoss::FreezeAfter {
+                eprintln!("    after run {run}: the EVM ({pid}) frozen");
+                signal(pid, "-STOP");
+            } else {
+                eprintln!("    after run {run}: the EVM ({pid}) killed");
+                signal(pid, "-9");
+            }
             up.follow_takeover(30);
+            common::wait_gone(pid, "the lost EVM", 10);
         }
     }
     // and the system still runs a clean run after all that

@@ -103,13 +103,16 @@ impl Up {
     pub fn follow_takeover(&mut self, secs: u64) -> Vec<String> {
         let old = self.url.clone();
         let until = Instant::now() + Duration::from_secs(secs);
-        let said = loop {
+        // the new URL is the line after that one (the two may reach the reader apart)
+        let (said, url) = loop {
             let said = self.said();
-            if said
+            let url = said
                 .iter()
-                .any(|l| l == "evb up: the standby EVM is the run control now")
-            {
-                break said;
+                .skip_while(|l| *l != "evb up: the standby EVM is the run control now")
+                .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
+                .map(|u| u.trim().to_string());
+            if let Some(url) = url {
+                break (said, url);
             }
             assert!(
                 Instant::now() < until,
@@ -117,13 +120,6 @@ impl Up {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        let url = said
-            .iter()
-            .rev()
-            .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
-            .unwrap()
-            .trim()
-            .to_string();
         assert_ne!(url, old, "the control URL did not change: {said:#?}");
         self.url = url;
         self.api = Api::new(&self.url, self.api.token.clone());
