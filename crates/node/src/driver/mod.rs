@@ -164,14 +164,6 @@ impl Driver {
         let populating = std::thread::Builder::new()
             .name(format!("{id}-populate"))
             .spawn(move || {
-                // the lowest CPU priority: the node's event loop (heartbeats, connecting) and
-                // other nodes' loops come first on a crowded host
-                // SAFETY: setpriority on this thread's own id (Linux gives each thread a
-                // nice value of its own); plain integers, no memory is passed.
-                unsafe {
-                    let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                    libc::setpriority(libc::PRIO_PROCESS, tid, 19);
-                }
                 for p in pools {
                     if let Err(e) = p.populate() {
                         debug!(node = %node_id, "pool pages are faulted in on use: {e}");
