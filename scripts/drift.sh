@@ -8,7 +8,14 @@
 # memory, no system calls: if it slows down with evb, the host's CPUs slowed down).
 #
 #   scripts/drift.sh [EVB] [RUNS] [IDLE_S]     # defaults: target/release/evb 6 150
+#   scripts/drift.sh --host                    # the host alone, no evb: the CPU probe every
+#                                              # 5 s for 2 minutes, then 60 s of a copy loop
+#                                              # (two processes, 64 MiB buffers) in 4 s windows
 set -euo pipefail
+if [ "${1:-}" = "--host" ]; then
+  host_only=1
+  shift
+fi
 evb=${1:-target/release/evb} runs=${2:-6} idle=${3:-150}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -69,6 +76,29 @@ print(f"{label}: {ev / r['seconds'] / 1e6:.2f} M events/s, CPU {cpu:.1f} s "
       f"steal {100 * st / max(tot, 1):.1f} %, kdamond {damon} ticks, CPU probe {probe} s")
 PY
 }
+if [ -n "${host_only:-}" ]; then
+  printf 'CPU probe alone (s):'
+  for _ in $(seq 24); do printf ' %s' "$(probe)"; sleep 5; done
+  echo
+  python3 - <<'PY'
+import multiprocessing as mp, time
+def copy(q):
+    src = bytearray(64 << 20); dst = bytearray(64 << 20)
+    out = []; t0 = time.perf_counter(); w = t0 + 4; n = 0
+    while True:
+        dst[:] = src; n += 1
+        now = time.perf_counter()
+        if now >= w:
+            out.append(n * 64 / 1024 / 4); n = 0; w += 4
+            if now >= t0 + 60:
+                break
+    q.put(out)
+q = mp.Queue(); ps = [mp.Process(target=copy, args=(q,)) for _ in range(2)]
+[p.start() for p in ps]; r = [q.get() for _ in ps]; [p.join() for p in ps]
+print("copy loop alone, GiB/s in 4 s windows:", " ".join(f"{a + b:.1f}" for a, b in zip(*r)))
+PY
+  exit 0
+fi
 echo "CPU probe before: $(probe) s"
 for k in $(seq "$runs"); do one "back to back $k"; done
 echo "idle ${idle} s"
