@@ -234,7 +234,47 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     let compute = compute.map(|(alone, beside)| beside.stop() / alone);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let scrapes = scraper.and_then(|t| t.join().ok()).unwrap_or(0);
-    let text = std::fs::read_to_string(&json_path).map_err(|e| {
+    let v = read_summary(&json_path, &out)?;
+    let _ = std::fs::remove_file(&cfg_path);
+    let mut p = Point::new(
+        "build",
+        "evb",
+        spec.transport,
+        &spec.variant(),
+        spec.fragment,
+    );
+    p.senders = spec.rus;
+    p.receivers = spec.bus;
+    fill_from_summary(&v, &mut p)?;
+    if let Some(max) = max {
+        p.note.push_str(&format!(
+            "; triggered at {rate_hz:.0} Hz, {:.0} % of the {max:.0} events/s measured just before",
+            100.0 * rate_hz / max
+        ));
+    }
+    if let Some(share) = compute {
+        p.note.push_str(&format!(
+            "; the {} compute threads ran at {:.0} % of their pace alone (priority {})",
+            spec.compute_load,
+            100.0 * share,
+            spec.priority
+        ));
+    }
+    if spec.scraped {
+        if scrapes == 0 {
+            return Err("the run was never scraped".into());
+        }
+        p.note.push_str(&format!("; {scrapes} scrapes"));
+    }
+    Ok(p)
+}
+
+/// The JSON summary `evb run --json` wrote, checked to be a run that ended OK.
+pub fn read_summary(
+    json_path: &std::path::Path,
+    out: &std::process::Output,
+) -> Result<Value, String> {
+    let text = std::fs::read_to_string(json_path).map_err(|e| {
         format!(
             "evb run wrote no summary ({e}); exit {:?}; stderr: {}",
             out.status.code(),
@@ -248,6 +288,12 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     if v["ok"] != Value::Bool(true) {
         return Err(format!("evb run failed: {}", v["problems"]));
     }
+    Ok(v)
+}
+
+/// A run's events/s, built GB/s, each role's CPU per event and per GB, and its latency
+/// percentiles, from its summary `v`, into `p`.
+pub fn fill_from_summary(v: &Value, p: &mut Point) -> Result<(), String> {
     let run = &v["run"];
     let secs = run["seconds"]
         .as_f64()
@@ -261,25 +307,9 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         .iter()
         .map(|b| b["payload_bytes_built"].as_u64().unwrap_or(0))
         .sum();
-    let _ = std::fs::remove_file(&cfg_path);
-    let mut p = Point::new(
-        "build",
-        "evb",
-        spec.transport,
-        &spec.variant(),
-        spec.fragment,
-    );
-    p.senders = spec.rus;
-    p.receivers = spec.bus;
     p.msgs_per_s = events as f64 / secs;
     p.gb_per_s = bytes as f64 / secs / 1e9;
     p.note = format!("{events} events in {secs:.2} s; msgs_per_s is events/s");
-    if let Some(max) = max {
-        p.note.push_str(&format!(
-            "; triggered at {rate_hz:.0} Hz, {:.0} % of the {max:.0} events/s measured just before",
-            100.0 * rate_hz / max
-        ));
-    }
     // the cost of an event: each role's process CPU over the run (getrusage), per event and
     // per GB built; tx/rx CPU per GB are the RUs' and the BUs'
     let cpu_of = |role: &str| -> f64 {
@@ -314,21 +344,7 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     }
     let q = |x: f64| lat.quantile_us(x).map_or(f64::NAN, |u| u as f64);
     (p.p50_us, p.p99_us, p.p999_us) = (q(0.5), q(0.99), q(0.999));
-    if let Some(share) = compute {
-        p.note.push_str(&format!(
-            "; the {} compute threads ran at {:.0} % of their pace alone (priority {})",
-            spec.compute_load,
-            100.0 * share,
-            spec.priority
-        ));
-    }
-    if spec.scraped {
-        if scrapes == 0 {
-            return Err("the run was never scraped".into());
-        }
-        p.note.push_str(&format!("; {scrapes} scrapes"));
-    }
-    Ok(p)
+    Ok(())
 }
 
 /// Busy compute threads counting their work: the load beside the builder.

@@ -11,6 +11,7 @@ mod eb;
 mod evb;
 mod measure;
 mod output;
+mod pipeline;
 mod plan;
 mod pubsubbench;
 mod refs;
@@ -75,6 +76,10 @@ pub struct BenchArgs {
     /// threads, unloaded and loaded at each `run.priority` (normal, high, realtime).
     #[arg(long, value_name = "N")]
     pub compute_load: Option<u32>,
+    /// pipeline: the folder of the recorded CMS files (default: shared/data/cms beside an
+    /// ancestor of the current folder or of this program).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<std::path::PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -104,6 +109,8 @@ struct Settings {
     iperf3: bool,
     quick: bool,
     compute_load: Option<u32>,
+    /// The recorded data of the pipeline rows (`None`: not found).
+    data: Option<std::path::PathBuf>,
 }
 
 fn find(points: &[Point], f: impl Fn(&Point) -> bool) -> Option<&Point> {
@@ -298,6 +305,27 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             );
         }
     }
+    // the real pipeline (issue 33): front-end streams into the RUs and out of a sink, against
+    // the 2 x 2 mesh moving messages of the recorded fragments' mean size in the same run.
+    // The target (0.8) is the stream -> RU path's, with the events discarded.
+    for b in points.iter().filter(|p| p.bench == "pipeline") {
+        let nxn = find(points, |p| {
+            p.bench == "nxn" && p.system == "evb" && p.size == b.size && p.senders == 2
+        });
+        let judged = b.variant.starts_with("feed->discard") && !b.variant.ends_with("default");
+        push(
+            &format!(
+                "pipeline {} / nxn 2x2 {} B, GB/s{}",
+                b.variant,
+                b.size,
+                if judged { "" } else { " (no target)" }
+            ),
+            Some(b.gb_per_s),
+            nxn.map(|p| p.gb_per_s),
+            if judged { 0.8 } else { 0.0 },
+            "GB/s",
+        );
+    }
     // the default run as typed, against raw transfer in the same run (issue 15: no target)
     let default_run = find(points, |p| {
         p.bench == "build" && p.variant == eb::DEFAULT_RUN
@@ -397,6 +425,7 @@ fn settings(args: &BenchArgs) -> Result<Settings, String> {
             }
             n => n,
         },
+        data: args.data.clone().or_else(pipeline::find_data),
     })
 }
 
@@ -607,6 +636,7 @@ mod tests {
             seconds: None,
             build_seconds: None,
             compute_load: None,
+            data: None,
             sizes: None,
             fanout: None,
             spin_us: 0,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::eb::{self, BuildSpec};
 use crate::evb::{self, Kind, MeshSpec, Path as SendPath};
+use crate::pipeline::{self as pipe, PipeSpec, Sink};
 use crate::{output, pubsubbench, refs, zmqref, Point, Settings};
 
 pub(crate) type Job = Box<dyn Fn() -> Result<Point, String>>;
@@ -27,11 +28,11 @@ pub(crate) fn plan(
     notes: &mut Vec<String>,
 ) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
-        "all" => vec!["p2p", "lat", "nxn", "build", "monitor", "pubsub"],
-        "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" => vec![which],
+        "all" => vec!["p2p", "lat", "nxn", "build", "monitor", "pubsub", "pipeline"],
+        "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" | "pipeline" => vec![which],
         other => {
             return Err(format!(
-                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor, pubsub or all"
+                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor, pubsub, pipeline or all"
             ))
         }
     };
@@ -51,6 +52,7 @@ pub(crate) fn plan(
             },
             "monitor" => p.monitor(),
             "pubsub" => p.pubsub(),
+            "pipeline" => p.pipeline(),
             _ => unreachable!(),
         }
     }
@@ -224,6 +226,55 @@ impl Planner<'_> {
             self.add(
                 "lat evb inproc blocking k=1".into(),
                 Box::new(move || evb::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)),
+            );
+        }
+    }
+
+    /// The real pipeline: recorded fragments streamed by `evb feed` into stream-fed RUs,
+    /// events discarded, written to files, or served to `evb consume`; and the 2 x 2 mesh of
+    /// the fragments' mean size as its reference. The rows but one run at `source.max_fragment`
+    /// = the files' largest fragment rounded up to a power of two (what an operator who knows
+    /// the front-ends sets); the one at the default (1 MiB) shows what the default credits cost.
+    fn pipeline(&mut self) {
+        let Some(dir) = self.s.data.clone() else {
+            self.notes.push(
+                "pipeline skipped: no recorded data found (shared/data/cms; --data DIR)".into(),
+            );
+            return;
+        };
+        let data = match pipe::recorded(&dir) {
+            Ok(d) => d,
+            Err(e) => return self.notes.push(format!("pipeline skipped: {e}")),
+        };
+        let job = self.mesh(Kind::Tcp, SendPath::Fragment, 2, data.mean as usize);
+        self.add(
+            format!("nxn evb tcp 2x2 {}", output::human_size(data.mean as f64)),
+            job,
+        );
+        let bound = data.max.next_power_of_two().max(4096);
+        let mut specs = vec![PipeSpec {
+            data: data.clone(),
+            sink: Sink::Discard,
+            seconds: self.s.build_secs,
+            max_fragment: Some(bound),
+        }];
+        if !self.s.quick {
+            for sink in [Sink::File, Sink::Serve] {
+                specs.push(PipeSpec {
+                    sink,
+                    ..specs[0].clone()
+                });
+            }
+            specs.push(PipeSpec {
+                max_fragment: None,
+                ..specs[0].clone()
+            });
+        }
+        for spec in specs {
+            let scratch = std::env::temp_dir();
+            self.add(
+                format!("pipeline evb tcp 2x2 {}", spec.variant()),
+                Box::new(move || pipe::pipeline(&spec, &scratch)),
             );
         }
     }

@@ -62,10 +62,59 @@ const fn crc16_table() -> [u16; 256] {
     t
 }
 
-static CRC16: [u16; 256] = crc16_table();
+/// Slicing-by-8 tables: `CRC16_BY8[k][b]` is the CRC (zero start) of byte `b` followed by
+/// `k` zero bytes. A CRC is linear, so one 8-byte word is 8 independent lookups XORed
+/// together instead of 8 dependent ones: the check runs at several times the byte-wise speed
+/// (it was a third of a stream-fed RU's time).
+const fn crc16_by8() -> [[u16; 256]; 8] {
+    let t0 = crc16_table();
+    let mut t = [[0u16; 256]; 8];
+    t[0] = t0;
+    let mut k = 1;
+    while k < 8 {
+        let mut b = 0;
+        while b < 256 {
+            let prev = t[k - 1][b];
+            t[k][b] = (prev << 8) ^ t0[(prev >> 8) as usize];
+            b += 1;
+        }
+        k += 1;
+    }
+    t
+}
 
-/// The FED CRC-16 of a fragment (the trailer's CRC field is taken as zero).
+static CRC16_BY8: [[u16; 256]; 8] = crc16_by8();
+
+/// The FED CRC-16 (CRC-16/CMS: polynomial 0x8005, start 0xFFFF, not reflected) of a
+/// fragment, each 64-bit word taken in big-endian byte order, with the trailer's CRC field
+/// taken as zero.
 pub fn crc16(fragment: &[u8]) -> u16 {
+    let words = fragment.len() / 8;
+    let t = &CRC16_BY8;
+    let mut crc: u16 = 0xffff;
+    for (w, bytes) in fragment.chunks_exact(8).enumerate() {
+        let mut word = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+        if w == words - 1 {
+            word &= !(0xffffu64 << 16);
+        }
+        // the running CRC enters the word's first two bytes (big-endian: its top 16 bits)
+        word ^= (crc as u64) << 48;
+        let b = |i: u32| ((word >> (8 * i)) & 0xff) as usize;
+        crc = t[7][b(7)]
+            ^ t[6][b(6)]
+            ^ t[5][b(5)]
+            ^ t[4][b(4)]
+            ^ t[3][b(3)]
+            ^ t[2][b(2)]
+            ^ t[1][b(1)]
+            ^ t[0][b(0)];
+    }
+    crc
+}
+
+/// The byte-wise CRC-16 the sliced one must equal (tests).
+#[cfg(test)]
+pub(crate) fn crc16_bytewise(fragment: &[u8]) -> u16 {
     let words = fragment.len() / 8;
     let mut crc: u16 = 0xffff;
     for w in 0..words {
@@ -74,7 +123,7 @@ pub fn crc16(fragment: &[u8]) -> u16 {
             word &= !(0xffffu64 << 16);
         }
         for b in word.to_be_bytes() {
-            crc = (crc << 8) ^ CRC16[((crc >> 8) as u8 ^ b) as usize];
+            crc = (crc << 8) ^ CRC16_BY8[0][((crc >> 8) as u8 ^ b) as usize];
         }
     }
     crc

@@ -188,6 +188,16 @@ mod props {
     use crate::{fed, framed};
 
     proptest! {
+        /// The sliced CRC-16 equals the byte-wise one on any whole number of words (the
+        /// real files' CRCs, made by CMS hardware, are checked in real_cms_files_validate).
+        #[test]
+        fn sliced_crc16_equals_bytewise(words in proptest::collection::vec(any::<u64>(), 1..200)) {
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            prop_assert_eq!(fed::crc16(&bytes), fed::crc16_bytewise(&bytes));
+        }
+    }
+
+    proptest! {
         #[test]
         fn readers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
             if let Ok(ranges) = fed::split(&bytes) {
