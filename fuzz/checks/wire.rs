@@ -129,7 +129,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             more: true,
         },
         Message::ResyncBu {
-            resync: evb_wire::resync::BuResync {
+            resync: Box::new(evb_wire::resync::BuResync {
                 bu: 1,
                 free_credits: 9,
                 building: vec![range],
@@ -138,7 +138,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
                 built: 77,
                 built_id_sum: 3,
                 ..Default::default()
-            },
+            }),
             more: false,
         },
         Message::Follow(evb_wire::resync::Follow {

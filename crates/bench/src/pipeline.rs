@@ -100,7 +100,9 @@ impl Sink {
 pub struct PipeSpec {
     pub data: Recorded,
     pub sink: Sink,
-    pub seconds: f64,
+    /// Fragments each front-end sends (the files looped, renumbered); the run ends when
+    /// the streams end, every fragment built (no drain of fragments sent after a stop).
+    pub fragments: u64,
     /// `source.max_fragment`: the largest fragment the front-ends may send, which sizes
     /// the BUs' default credits (`None`: the default, 1 MiB).
     pub max_fragment: Option<u64>,
@@ -112,7 +114,9 @@ impl PipeSpec {
             "feed->{} max_fragment={}",
             self.sink.name(),
             self.max_fragment
-                .map_or("default".to_string(), |m| crate::output::human_size(m as f64))
+                .map_or("default".to_string(), |m| crate::output::human_size(
+                    m as f64
+                ))
         )
     }
 
@@ -126,9 +130,8 @@ impl PipeSpec {
             Sink::Serve => format!("kind = \"serve\"\nserve_base_port = {serve}\n"),
         };
         let mut t = format!(
-            "[run]\nid = \"{run_id}\"\nduration_s = {secs}\nstall_timeout_s = 20.0\n\n\
+            "[run]\nid = \"{run_id}\"\nduration_s = 0\nstall_timeout_s = 20.0\n\n\
              [source]\nkind = \"stream\"\n{max}\n[sink]\n{sink}\n",
-            secs = self.seconds,
         );
         for (i, src) in self.data.sources.iter().enumerate() {
             t.push_str(&format!(
@@ -172,8 +175,8 @@ fn spawn(cmd: &mut Command, what: &str) -> Result<Child, String> {
         .map_err(|e| format!("cannot start {what}: {e}"))
 }
 
-/// One run of the pipeline: `evb run` with the stream-fed RUs, `evb feed --loop` at full
-/// speed into them (and `evb consume` for the serve sink) until the run's duration ends.
+/// One run of the pipeline: `evb run` with the stream-fed RUs, `evb feed --loop --limit` at
+/// full speed into them (and `evb consume` for the serve sink); the run ends with the streams.
 pub fn pipeline(spec: &PipeSpec, scratch: &Path) -> Result<Point, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find evb itself: {e}"))?;
     let tag = format!("pipeline-{}-{}", std::process::id(), spec.sink.name());
@@ -199,10 +202,12 @@ pub fn pipeline(spec: &PipeSpec, scratch: &Path) -> Result<Point, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-    // the front-ends: one stream per RU, as fast as the RUs read, until the run ends and
-    // the RUs close the streams (feed then exits 1, as documented)
+    // the front-ends: one stream per RU, as fast as the RUs read
     let mut feed = Command::new(&exe);
-    feed.arg("feed").arg("--loop");
+    feed.arg("feed")
+        .arg("--loop")
+        .arg("--limit")
+        .arg(spec.fragments.to_string());
     for i in 0..2u16 {
         feed.arg("--to").arg(format!("127.0.0.1:{}", streams + i));
     }
@@ -210,10 +215,11 @@ pub fn pipeline(spec: &PipeSpec, scratch: &Path) -> Result<Point, String> {
     let mut feed = spawn(&mut feed, "evb feed")?;
     let mut consume = match spec.sink {
         Sink::Serve => Some(spawn(
-            Command::new(&exe).arg("consume").arg("--run-id").arg(&tag).arg(format!(
-                "--from=127.0.0.1:{serve},127.0.0.1:{}",
-                serve + 1
-            )),
+            Command::new(&exe)
+                .arg("consume")
+                .arg("--run-id")
+                .arg(&tag)
+                .arg(format!("--from=127.0.0.1:{serve},127.0.0.1:{}", serve + 1)),
             "evb consume",
         )?),
         _ => None,

@@ -284,9 +284,19 @@ impl Ru {
     }
 
     /// Tells the EVM how many events the live feed holds, when that changed.
-    fn announce(&mut self) {
+    fn announce(&mut self, now: Instant) {
+        // events [0, assigned) are assigned to this RU: made, or waiting to be
+        let made = match &self.cfg.source {
+            Source::Live(f) => f.next_id(),
+            _ => 0,
+        };
+        let assigned = self
+            .pending
+            .iter()
+            .map(|r| r.first + r.count as u64)
+            .fold(made, u64::max);
         if let Source::Live(f) = &mut self.cfg.source {
-            if let Some((count, done)) = f.announcement() {
+            if let Some((count, done)) = f.announcement(now, assigned) {
                 self.actions.push_back(Action::Send {
                     to: NodeRef::Evm,
                     msg: Message::Available { count, done },
@@ -305,7 +315,7 @@ impl Ru {
         if self.state == RunState::Configured {
             self.state = RunState::Ready;
             // A live feed says what it holds before Ready: the EVM gates on it from the start.
-            self.announce();
+            self.announce(Instant::now());
             let available = self.cfg.source.available().unwrap_or(evb_wire::UNLIMITED);
             self.actions.push_back(Action::Send {
                 to: NodeRef::Evm,
@@ -397,7 +407,7 @@ impl Ru {
         if let Source::Live(f) = &mut self.cfg.source {
             f.announce_again();
         }
-        self.announce();
+        self.announce(Instant::now());
         let mut dest: BTreeMap<u64, u16> = BTreeMap::new();
         for (&first, run) in &self.retained {
             for i in 0..run.count as usize {
@@ -435,14 +445,14 @@ impl Ru {
     }
 
     /// Generates assigned fragments while pool memory lasts.
-    pub fn poll(&mut self, _now: Instant) {
+    pub fn poll(&mut self, now: Instant) {
         // The run being made: a local of this pass, which closes it at the end.
         let mut open: Option<OpenRun> = None;
         let mut made = 0;
         let mut bytes = 0usize;
         self.blocked = false;
         if !self.state.is_over() && self.state != RunState::Configured {
-            self.announce();
+            self.announce(now);
         }
         // Bounded by count and by bytes: a pass that writes hundreds of MB (large fragments,
         // a large pool) keeps the node from reading its sockets and sending heartbeats.

@@ -447,9 +447,12 @@ fn over_the_wire_ru(r: &RuResync) -> RuResync {
 fn over_the_wire_bu(b: &BuResync) -> BuResync {
     over_the_wire(
         b.split(),
-        |resync, more| Message::ResyncBu { resync, more },
+        |resync, more| Message::ResyncBu {
+            resync: Box::new(resync),
+            more,
+        },
         |m| match m {
-            Message::ResyncBu { resync, .. } => Some(resync),
+            Message::ResyncBu { resync, .. } => Some(*resync),
             _ => None,
         },
         BuResync::absorb,

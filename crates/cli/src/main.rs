@@ -245,6 +245,9 @@ fn load_or_exit(path: &Option<PathBuf>) -> Result<Config, ExitCode> {
 /// Every node on this host (`evb run`, `evb up`): default credits lowered to what the host's
 /// memory holds, said on stderr (see `Config::fit_credits_to`).
 fn fit_to_host(cfg: &mut evb_config::Config) {
+    if let Some(said) = cfg.live_credits_notice() {
+        eprintln!("evb: {said}");
+    }
     if let Some(host) = evb_config::HostMemory::read() {
         if let Some(said) = cfg.fit_credits_to(host) {
             eprintln!("evb: {said}");

@@ -99,6 +99,28 @@ fn quick_bench_writes_every_point_and_the_plot() {
         );
     }
 
+    // The real pipeline (recorded data streamed into the RUs) where the data is here, with
+    // its ratio against the mesh of the same fragment size; a note saying why not otherwise.
+    let pipeline_row = has("pipeline", "evb", "tcp", "feed->discard", "");
+    let pipeline_note = json["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap_or("").starts_with("pipeline skipped"));
+    assert!(
+        pipeline_row || pipeline_note,
+        "neither a pipeline row nor a note"
+    );
+    if pipeline_row {
+        assert!(
+            ratios.iter().any(|r| r["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("pipeline feed->discard")),
+            "no pipeline ratio: {ratios:?}"
+        );
+    }
+
     let svg = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("</svg>"));
     assert!(svg.contains("evb tcp fragment"), "legend missing");

@@ -21,6 +21,24 @@ impl Config {
         ((16u64 << 20) / event).clamp(16, 4096) as u32
     }
 
+    /// Said (not changed) where the BUs of a live source (streams, producers) get the fewest
+    /// default credits only because `source.max_fragment` is large: the credits are sized
+    /// for the largest fragment allowed, and fragments far smaller then wait on round trips.
+    pub fn live_credits_notice(&self) -> Option<String> {
+        let live = matches!(self.source.kind, SourceKind::Stream | SourceKind::Api);
+        let defaulted = self.builder.credits == 0 && self.bu.iter().all(|b| b.credits.is_none());
+        let credits = self.default_credits();
+        (live && defaulted && credits <= 16).then(|| {
+            format!(
+                "builder.credits defaults to {credits} per BU here, sized for fragments of \
+                 source.max_fragment = {} bytes: far smaller fragments then wait on round \
+                 trips (docs/performance.md, \"The real pipeline\"); set source.max_fragment \
+                 to the largest fragment the front-ends send, or builder.credits",
+                self.source.max_fragment
+            )
+        })
+    }
+
     /// The largest fragment payload any RU can send.
     pub fn max_fragment(&self) -> u64 {
         match self.source.kind {

@@ -1088,3 +1088,29 @@ fn a_promoted_standby_is_the_evm_and_the_old_evm_is_refused() {
     assert!(p.restart_needed(&p.clone()).is_empty());
     assert!(Config::default().with_standby_promoted().is_none());
 }
+
+/// A stream-fed run at the default `source.max_fragment` (1 MiB) gets the fewest credits
+/// and is told why; a bound near the fragments' size, or credits set, says nothing.
+#[test]
+fn live_sources_hear_when_max_fragment_shrinks_the_credits() {
+    let streams = "[run]\nduration_s = 0\n[source]\nkind = \"stream\"\n\
+                   [[ru]]\nid = \"ru0\"\nstreams = [\"127.0.0.1:7301\"]\n\
+                   [[ru]]\nid = \"ru1\"\nstreams = [\"127.0.0.1:7302\"]\n\
+                   [[bu]]\nid = \"bu0\"\n";
+    let c = Config::from_toml(streams).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.default_credits(), 16);
+    let said = c.live_credits_notice().expect("said");
+    assert!(said.contains("source.max_fragment = 1048576"), "{said}");
+    let bounded = streams.replace(
+        "kind = \"stream\"\n",
+        "kind = \"stream\"\nmax_fragment = 32768\n",
+    );
+    let c = Config::from_toml(&bounded).unwrap();
+    assert!(c.default_credits() > 200, "{}", c.default_credits());
+    assert_eq!(c.live_credits_notice(), None);
+    let set = format!("{streams}[builder]\ncredits = 16\n");
+    assert_eq!(Config::from_toml(&set).unwrap().live_credits_notice(), None);
+    // the generator's credits follow its own fragment sizes: nothing to say
+    assert_eq!(Config::default().live_credits_notice(), None);
+}

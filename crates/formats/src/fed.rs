@@ -62,16 +62,16 @@ const fn crc16_table() -> [u16; 256] {
     t
 }
 
-/// Slicing-by-8 tables: `CRC16_BY8[k][b]` is the CRC (zero start) of byte `b` followed by
-/// `k` zero bytes. A CRC is linear, so one 8-byte word is 8 independent lookups XORed
-/// together instead of 8 dependent ones: the check runs at several times the byte-wise speed
-/// (it was a third of a stream-fed RU's time).
-const fn crc16_by8() -> [[u16; 256]; 8] {
+/// Slicing-by-16 tables: `CRC16_SLICED[k][b]` is the CRC (zero start) of byte `b` followed
+/// by `k` zero bytes. A CRC is linear, so two 8-byte words are 16 independent lookups XORed
+/// together instead of 16 dependent ones: the check runs at several times the byte-wise
+/// speed (byte-wise it was a third of a stream-fed RU's time).
+const fn crc16_sliced() -> [[u16; 256]; 16] {
     let t0 = crc16_table();
-    let mut t = [[0u16; 256]; 8];
+    let mut t = [[0u16; 256]; 16];
     t[0] = t0;
     let mut k = 1;
-    while k < 8 {
+    while k < 16 {
         let mut b = 0;
         while b < 256 {
             let prev = t[k - 1][b];
@@ -83,33 +83,66 @@ const fn crc16_by8() -> [[u16; 256]; 8] {
     t
 }
 
-static CRC16_BY8: [[u16; 256]; 8] = crc16_by8();
+static CRC16_SLICED: [[u16; 256]; 16] = crc16_sliced();
+
+/// The CRC of one word (big-endian byte order) after `crc`: the running CRC enters the
+/// word's first two bytes (its top 16 bits), then eight lookups.
+#[inline(always)]
+fn crc16_word(crc: u16, word: u64) -> u16 {
+    let t = &CRC16_SLICED;
+    let w = word ^ ((crc as u64) << 48);
+    let b = |i: u32| ((w >> (8 * i)) & 0xff) as usize;
+    t[7][b(7)]
+        ^ t[6][b(6)]
+        ^ t[5][b(5)]
+        ^ t[4][b(4)]
+        ^ t[3][b(3)]
+        ^ t[2][b(2)]
+        ^ t[1][b(1)]
+        ^ t[0][b(0)]
+}
 
 /// The FED CRC-16 (CRC-16/CMS: polynomial 0x8005, start 0xFFFF, not reflected) of a
 /// fragment, each 64-bit word taken in big-endian byte order, with the trailer's CRC field
 /// taken as zero.
 pub fn crc16(fragment: &[u8]) -> u16 {
     let words = fragment.len() / 8;
-    let t = &CRC16_BY8;
-    let mut crc: u16 = 0xffff;
-    for (w, bytes) in fragment.chunks_exact(8).enumerate() {
-        let mut word = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
-        if w == words - 1 {
-            word &= !(0xffffu64 << 16);
-        }
-        // the running CRC enters the word's first two bytes (big-endian: its top 16 bits)
-        word ^= (crc as u64) << 48;
-        let b = |i: u32| ((word >> (8 * i)) & 0xff) as usize;
-        crc = t[7][b(7)]
-            ^ t[6][b(6)]
-            ^ t[5][b(5)]
-            ^ t[4][b(4)]
-            ^ t[3][b(3)]
-            ^ t[2][b(2)]
-            ^ t[1][b(1)]
-            ^ t[0][b(0)];
+    if words == 0 {
+        return 0xffff;
     }
-    crc
+    let word =
+        |i: usize| u64::from_le_bytes(fragment[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let t = &CRC16_SLICED;
+    let mut crc: u16 = 0xffff;
+    // two words at a time up to the trailer
+    let body = words - 1;
+    let mut i = 0;
+    while i + 2 <= body {
+        let a = word(i) ^ ((crc as u64) << 48);
+        let b = word(i + 1);
+        let x = |w: u64, k: u32| ((w >> (8 * k)) & 0xff) as usize;
+        crc = t[15][x(a, 7)]
+            ^ t[14][x(a, 6)]
+            ^ t[13][x(a, 5)]
+            ^ t[12][x(a, 4)]
+            ^ t[11][x(a, 3)]
+            ^ t[10][x(a, 2)]
+            ^ t[9][x(a, 1)]
+            ^ t[8][x(a, 0)]
+            ^ t[7][x(b, 7)]
+            ^ t[6][x(b, 6)]
+            ^ t[5][x(b, 5)]
+            ^ t[4][x(b, 4)]
+            ^ t[3][x(b, 3)]
+            ^ t[2][x(b, 2)]
+            ^ t[1][x(b, 1)]
+            ^ t[0][x(b, 0)];
+        i += 2;
+    }
+    if i < body {
+        crc = crc16_word(crc, word(i));
+    }
+    crc16_word(crc, word(body) & !(0xffffu64 << 16))
 }
 
 /// The byte-wise CRC-16 the sliced one must equal (tests).
@@ -123,7 +156,7 @@ pub(crate) fn crc16_bytewise(fragment: &[u8]) -> u16 {
             word &= !(0xffffu64 << 16);
         }
         for b in word.to_be_bytes() {
-            crc = (crc << 8) ^ CRC16_BY8[0][((crc >> 8) as u8 ^ b) as usize];
+            crc = (crc << 8) ^ CRC16_SLICED[0][((crc >> 8) as u8 ^ b) as usize];
         }
     }
     crc

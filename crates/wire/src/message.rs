@@ -200,7 +200,9 @@ pub enum Message {
     },
     /// BU → new EVM: its events and how far each got; `more` as for `ResyncRu`.
     ResyncBu {
-        resync: crate::resync::BuResync,
+        /// Boxed: it is the largest of the messages, and every message (most of them a few
+        /// words, made per event batch) would otherwise be as big.
+        resync: Box<crate::resync::BuResync>,
         more: bool,
     },
     /// Active EVM → its standby: what the standby needs to take over.
@@ -433,7 +435,10 @@ impl Message {
             }
             MessageType::ResyncBu => {
                 let (resync, more) = crate::resync::BuResync::decode(b)?;
-                Message::ResyncBu { resync, more }
+                Message::ResyncBu {
+                    resync: Box::new(resync),
+                    more,
+                }
             }
             MessageType::Follow => Message::Follow(crate::resync::Follow::decode(b)?),
             MessageType::Ready => {

@@ -592,15 +592,19 @@ fn resyncs_split_travel_and_join_back() {
     let parts = bu.split();
     assert_eq!(parts.len(), 2, "7,319 ranges: two messages");
     for (part, more) in parts {
-        let bytes = Message::ResyncBu { resync: part, more }.encode();
+        let bytes = Message::ResyncBu {
+            resync: Box::new(part),
+            more,
+        }
+        .encode();
         let Message::ResyncBu { resync, .. } =
             Message::decode(MessageType::ResyncBu, &bytes[MESSAGE_HEADER_LEN..]).unwrap()
         else {
             panic!("not a ResyncBu")
         };
         match &mut back_bu {
-            Some(b) => b.absorb(resync),
-            None => back_bu = Some(resync),
+            Some(b) => b.absorb(*resync),
+            None => back_bu = Some(*resync),
         }
     }
     assert_eq!(back_bu.unwrap(), bu);
@@ -641,12 +645,12 @@ fn resync_bodies_are_checked() {
     assert!(Message::decode(MessageType::ResyncRu, &body[..10]).is_err());
 
     let bu = Message::ResyncBu {
-        resync: BuResync {
+        resync: Box::new(BuResync {
             bu: 4,
             building: ranges(4, 0, 2),
             parts: vec![(1, ranges(4, 40, 2))],
             ..BuResync::default()
-        },
+        }),
         more: true,
     }
     .encode();

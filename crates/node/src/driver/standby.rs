@@ -252,7 +252,7 @@ impl Driver {
                 None
             }
             (NodeRef::Bu(i), Message::ResyncBu { resync, more }) => {
-                gather(&mut f.bus, i, resync, more, BuResync::absorb);
+                gather(&mut f.bus, i, *resync, more, BuResync::absorb);
                 None
             }
             (from, Message::Heartbeat) => {
@@ -466,7 +466,10 @@ impl Driver {
                 self.sink.fill_resync(&mut r);
                 r.split()
                     .into_iter()
-                    .map(|(resync, more)| Message::ResyncBu { resync, more })
+                    .map(|(resync, more)| Message::ResyncBu {
+                        resync: Box::new(resync),
+                        more,
+                    })
                     .collect()
             }
             Logic::Evm(_) => Vec::new(),
