@@ -155,7 +155,8 @@ fn cpu_s(pid: u32) -> f64 {
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name, in
+    // clock ticks of USER_HZ, which Linux fixes at 100 for user space
     (ticks(11) + ticks(12)) / 100.0
 }
 

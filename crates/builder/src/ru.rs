@@ -285,24 +285,21 @@ impl Ru {
 
     /// Tells the EVM how many events the live feed holds, when that changed.
     fn announce(&mut self, now: Instant) {
-        // events [0, assigned) are assigned to this RU: made, or waiting to be
-        let made = match &self.cfg.source {
-            Source::Live(f) => f.next_id(),
-            _ => 0,
+        let Source::Live(f) = &mut self.cfg.source else {
+            return;
         };
+        // events [0, assigned) are assigned to this RU: made, or waiting to be
         let assigned = self
             .pending
             .iter()
             .map(|r| r.first + r.count as u64)
-            .fold(made, u64::max);
-        if let Source::Live(f) = &mut self.cfg.source {
-            if let Some((count, done)) = f.announcement(now, assigned) {
-                self.actions.push_back(Action::Send {
-                    to: NodeRef::Evm,
-                    msg: Message::Available { count, done },
-                    path: Path::Now,
-                });
-            }
+            .fold(f.next_id(), u64::max);
+        if let Some((count, done)) = f.announcement(now, assigned) {
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Evm,
+                msg: Message::Available { count, done },
+                path: Path::Now,
+            });
         }
     }
 

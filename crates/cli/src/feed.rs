@@ -174,11 +174,21 @@ fn split(data: &[u8], format: Format) -> Result<Vec<Record>, String> {
 
 /// The record as sent on pass `pass` of a loop: trigger numbers moved on by `pass × shift`
 /// (and the checksums that cover them made again), so a looping front-end never repeats one.
+#[cfg(test)]
 fn renumbered(r: &Record, format: Format, pass: u64, shift: u64) -> Vec<u8> {
-    let mut b = r.bytes.clone();
+    let mut b = Vec::new();
+    append_renumbered(r, format, pass, shift, &mut b);
+    b
+}
+
+/// Appends the record to `out` as [`renumbered`] makes it, without a copy of its own.
+fn append_renumbered(r: &Record, format: Format, pass: u64, shift: u64, out: &mut Vec<u8>) {
+    let at = out.len();
+    out.extend_from_slice(&r.bytes);
     if pass == 0 {
-        return b;
+        return;
     }
+    let b = &mut out[at..];
     match format {
         Format::Fed | Format::Auto if b.len() >= 16 => {
             let h = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
@@ -187,7 +197,7 @@ fn renumbered(r: &Record, format: Format, pass: u64, shift: u64) -> Vec<u8> {
             b[..8].copy_from_slice(&h.to_le_bytes());
             let n = b.len();
             let t = u64::from_le_bytes(b[n - 8..].try_into().expect("8 bytes"));
-            let crc = fed::crc16(&b) as u64;
+            let crc = fed::crc16(b) as u64;
             let t = (t & !(0xffffu64 << 16)) | (crc << 16);
             b[n - 8..].copy_from_slice(&t.to_le_bytes());
         }
@@ -200,7 +210,6 @@ fn renumbered(r: &Record, format: Format, pass: u64, shift: u64) -> Vec<u8> {
         }
         _ => {}
     }
-    b
 }
 
 fn connect(to: &str, timeout: Duration, from: Option<IpAddr>) -> Result<TcpStream, String> {
@@ -338,10 +347,9 @@ fn send(
                     std::thread::sleep(wait);
                 }
             }
-            let b = renumbered(r, p.format, pass, n);
-            out.extend_from_slice(&b);
+            append_renumbered(r, p.format, pass, n, &mut out);
             fragments += 1;
-            bytes += b.len() as u64;
+            bytes += r.bytes.len() as u64;
             if rate > 0.0 || out.len() >= BATCH {
                 write(&mut out, fragments)?;
             }

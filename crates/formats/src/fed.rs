@@ -85,64 +85,39 @@ const fn crc16_sliced() -> [[u16; 256]; 16] {
 
 static CRC16_SLICED: [[u16; 256]; 16] = crc16_sliced();
 
-/// The CRC of one word (big-endian byte order) after `crc`: the running CRC enters the
-/// word's first two bytes (its top 16 bits), then eight lookups.
+/// The zero-start CRC of word `w` (big-endian byte order) followed by `zeros` zero bytes
+/// (0 or 8): its eight bytes looked up in tables `zeros..zeros + 8`, independently.
 #[inline(always)]
-fn crc16_word(crc: u16, word: u64) -> u16 {
+fn sliced(w: u64, zeros: usize) -> u16 {
     let t = &CRC16_SLICED;
-    let w = word ^ ((crc as u64) << 48);
-    let b = |i: u32| ((w >> (8 * i)) & 0xff) as usize;
-    t[7][b(7)]
-        ^ t[6][b(6)]
-        ^ t[5][b(5)]
-        ^ t[4][b(4)]
-        ^ t[3][b(3)]
-        ^ t[2][b(2)]
-        ^ t[1][b(1)]
-        ^ t[0][b(0)]
+    (0..8).fold(0, |crc, i| {
+        crc ^ t[zeros + i][((w >> (8 * i)) & 0xff) as usize]
+    })
 }
 
 /// The FED CRC-16 (CRC-16/CMS: polynomial 0x8005, start 0xFFFF, not reflected) of a
 /// fragment, each 64-bit word taken in big-endian byte order, with the trailer's CRC field
-/// taken as zero.
+/// taken as zero. The running CRC enters the next word's first two bytes (its top 16 bits).
 pub fn crc16(fragment: &[u8]) -> u16 {
-    let words = fragment.len() / 8;
-    if words == 0 {
+    let n = fragment.len() / 8;
+    if n == 0 {
         return 0xffff;
     }
     let word =
         |i: usize| u64::from_le_bytes(fragment[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let t = &CRC16_SLICED;
+    let start = |crc: u16| (crc as u64) << 48;
     let mut crc: u16 = 0xffff;
-    // two words at a time up to the trailer
-    let body = words - 1;
+    // two words at a time up to the trailer, then the rest one at a time
+    let body = n - 1;
     let mut i = 0;
     while i + 2 <= body {
-        let a = word(i) ^ ((crc as u64) << 48);
-        let b = word(i + 1);
-        let x = |w: u64, k: u32| ((w >> (8 * k)) & 0xff) as usize;
-        crc = t[15][x(a, 7)]
-            ^ t[14][x(a, 6)]
-            ^ t[13][x(a, 5)]
-            ^ t[12][x(a, 4)]
-            ^ t[11][x(a, 3)]
-            ^ t[10][x(a, 2)]
-            ^ t[9][x(a, 1)]
-            ^ t[8][x(a, 0)]
-            ^ t[7][x(b, 7)]
-            ^ t[6][x(b, 6)]
-            ^ t[5][x(b, 5)]
-            ^ t[4][x(b, 4)]
-            ^ t[3][x(b, 3)]
-            ^ t[2][x(b, 2)]
-            ^ t[1][x(b, 1)]
-            ^ t[0][x(b, 0)];
+        crc = sliced(word(i) ^ start(crc), 8) ^ sliced(word(i + 1), 0);
         i += 2;
     }
     if i < body {
-        crc = crc16_word(crc, word(i));
+        crc = sliced(word(i) ^ start(crc), 0);
     }
-    crc16_word(crc, word(body) & !(0xffffu64 << 16))
+    sliced((word(body) & !(0xffffu64 << 16)) ^ start(crc), 0)
 }
 
 /// The byte-wise CRC-16 the sliced one must equal (tests).
