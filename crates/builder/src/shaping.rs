@@ -25,10 +25,24 @@ pub fn barrel_destination(i: usize, t: u64, n: usize, m: usize) -> Option<usize>
     (d < m).then_some(d)
 }
 
+/// Folded (RU k and BU k on host k), N × N: the BU that RU `i` sends to in slot `t` of a
+/// cycle of N − 1 slots, never its own, whose fragments stay in the host and need no slot:
+/// BU (i + 1 + t mod (N − 1)) mod N. For each t every RU adds the same offset, so the slot's
+/// destinations are still a permutation.
+pub fn folded_barrel_destination(i: usize, t: u64, n: usize) -> Option<usize> {
+    if n < 2 || i >= n {
+        return None;
+    }
+    let offset = 1 + (t % (n as u64 - 1)) as usize;
+    Some((i + offset) % n)
+}
+
 /// One RU's barrel shifter: a queue per BU, released one slot at a time.
 pub struct BarrelShaper {
     ru: usize,
     n_ru: usize,
+    /// Folded N × N: this RU's own BU, served at once and given no slot.
+    own: Option<usize>,
     /// Per BU: runs of fragments (the encoded fragments, how many).
     queues: Vec<VecDeque<(Chain, u32)>>,
     slot_ns: u64,
@@ -42,17 +56,21 @@ pub struct BarrelShaper {
 impl BarrelShaper {
     /// RU `ru` of `n_ru`, sending to `n_bu` BUs in slots of `slot` carrying at most
     /// `slot_bytes` each. The configuration makes a slot hold the largest fragment; a piece
-    /// larger than a slot (none should be) is sent alone in a slot of its own.
+    /// larger than a slot (none should be) is sent alone in a slot of its own. `folded`
+    /// (RU k and BU k share a host) with as many RUs as BUs: the cycle skips the own BU
+    /// ([`folded_barrel_destination`]); otherwise it is ignored.
     pub fn new(
         ru: usize,
         n_ru: usize,
         n_bu: usize,
         slot: Duration,
         slot_bytes: usize,
+        folded: bool,
     ) -> BarrelShaper {
         BarrelShaper {
             ru,
             n_ru,
+            own: (folded && n_ru == n_bu && n_ru > 1).then_some(ru),
             queues: vec![VecDeque::new(); n_bu],
             slot_ns: (slot.as_nanos() as u64).max(1),
             slot_bytes: slot_bytes.max(1),
@@ -82,7 +100,18 @@ impl BarrelShaper {
             self.slot = slot;
             self.sent = 0;
         }
-        let Some(bu) = barrel_destination(self.ru, slot, self.n_ru, self.queues.len()) else {
+        if let Some(own) = self.own {
+            // the host's own BU: no link to share
+            while let Some((data, count)) = self.queues[own].pop_front() {
+                self.queued_bytes -= data.len();
+                out(own, data, count);
+            }
+        }
+        let bu = match self.own {
+            Some(_) => folded_barrel_destination(self.ru, slot, self.n_ru),
+            None => barrel_destination(self.ru, slot, self.n_ru, self.queues.len()),
+        };
+        let Some(bu) = bu else {
             return;
         };
         while let Some(len) = self.queues[bu].front().map(|(d, _)| d.len()) {
@@ -101,6 +130,9 @@ impl BarrelShaper {
 
     /// How long until the next slot begins, when anything is queued.
     pub fn next_slot_in(&self, now_ns: u64) -> Option<Duration> {
+        if self.own.is_some_and(|own| !self.queues[own].is_empty()) {
+            return Some(Duration::ZERO);
+        }
         (self.queued_bytes > 0).then(|| Duration::from_nanos(self.slot_ns - now_ns % self.slot_ns))
     }
 }
@@ -134,6 +166,50 @@ mod tests {
     }
 
     #[test]
+    fn a_folded_cycle_skips_the_own_bu_and_still_serves_every_other_pair_once() {
+        for n in [2, 3, 4, 8] {
+            let mut served = vec![vec![0; n]; n];
+            for t in 0..(n as u64 - 1) {
+                let mut seen = vec![false; n];
+                for (i, row) in served.iter_mut().enumerate() {
+                    let d = folded_barrel_destination(i, t, n).unwrap();
+                    assert_ne!(d, i, "{n}: RU {i} sent to its own BU in slot {t}");
+                    assert!(!seen[d], "{n} slot {t}: BU {d} twice");
+                    seen[d] = true;
+                    row[d] += 1;
+                }
+            }
+            for (i, row) in served.iter().enumerate() {
+                for (d, &c) in row.iter().enumerate() {
+                    assert_eq!(c, usize::from(d != i), "{n}: RU {i} to BU {d}");
+                }
+            }
+        }
+        assert_eq!(folded_barrel_destination(0, 0, 1), None);
+        // the own BU's fragments go at once, unbudgeted; the others wait for their slot
+        let pool = Pool::new("test", 4096, 4);
+        let mut w = pool.try_alloc().unwrap();
+        w.advance(800);
+        let frag = || Chain::from_slice(w.slice(0, 800));
+        let mut s = BarrelShaper::new(1, 3, 3, Duration::from_millis(1), 1000, true);
+        s.push(1, frag(), 1);
+        s.push(1, frag(), 1);
+        s.push(0, frag(), 1);
+        assert_eq!(s.next_slot_in(0), Some(Duration::ZERO));
+        let mut got = Vec::new();
+        // slot 0: RU 1 sends to BU (1 + 1) mod 3 = 2 (nothing queued); its own two go now
+        s.due(0, |bu, c, _| got.push((bu, c.len())));
+        assert_eq!(got, [(1, 800), (1, 800)]);
+        assert_eq!(s.next_slot_in(0), Some(Duration::from_millis(1)));
+        // slot 1: BU (1 + 2) mod 3 = 0
+        s.due(1_000_000, |bu, c, _| got.push((bu, c.len())));
+        assert_eq!(got, [(1, 800), (1, 800), (0, 800)]);
+        // not N x N: folded changes nothing
+        let plain = BarrelShaper::new(1, 3, 2, Duration::from_millis(1), 1000, true);
+        assert_eq!(plain.own, None);
+    }
+
+    #[test]
     fn a_slot_releases_its_bus_fragments_up_to_its_bytes() {
         let pool = Pool::new("test", 4096, 16);
         let frag = |len: usize| {
@@ -142,7 +218,7 @@ mod tests {
             Chain::from_slice(w.slice(0, len))
         };
         // RU 1 of 2, 2 BUs, 1 ms slots of 1000 bytes: slot t goes to BU (1 + t) mod 2
-        let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000);
+        let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000, false);
         for _ in 0..3 {
             s.push(0, frag(600), 1);
         }
@@ -178,7 +254,7 @@ mod tests {
         got.clear();
         s.due(7 * ms, |bu, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 400), (0, 400)]);
-        let mut big = BarrelShaper::new(0, 1, 1, Duration::from_millis(1), 1000);
+        let mut big = BarrelShaper::new(0, 1, 1, Duration::from_millis(1), 1000, false);
         big.push(0, frag(1500), 1);
         big.push(0, frag(100), 1);
         got.clear();

@@ -8,6 +8,8 @@
 use std::path::Path;
 use std::process::Command;
 
+mod fabric;
+
 use clap::Args;
 use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
 
@@ -39,6 +41,21 @@ pub struct TestbedArgs {
     /// page's RU→BU matrix shows such a link standing out.
     #[arg(long, value_name = "NODE=RATE")]
     slow: Vec<String>,
+    /// Leaf switches (default 1: every host on one switch). With 2 or more, the hosts are
+    /// spread over the leaves (RU k and BU k by their index) and every leaf is joined to
+    /// every spine by a shaped uplink: a two-level fabric, as `evb sim --model clos`.
+    #[arg(long, default_value_t = 1)]
+    leaves: usize,
+    /// Spine switches of a two-level fabric (default: as many as a leaf has RUs or BUs,
+    /// whichever is more: full bisection at the host rate).
+    #[arg(long)]
+    spines: Option<usize>,
+    /// Every uplink's rate, both ways (default: --rate).
+    #[arg(long)]
+    uplink: Option<String>,
+    /// How a leaf picks the spine: by destination (static) or per connection (hash: ECMP).
+    #[arg(long, value_enum, default_value = "static")]
+    routing: fabric::Routing,
     /// Name of the testbed (its namespaces and links start with it); two testbeds with
     /// different names can run side by side.
     #[arg(long, default_value = "evbtb")]
@@ -195,6 +212,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     // shares its RU's host: 7001, 8001)
     let placed = hosts_of(&nodes, cfg.topology.folded);
     let n_hosts = placed.iter().map(|p| p.0).max().map_or(0, |h| h + 1);
+    let fab = fabric_of(a, &cfg, &nodes, &placed, n_hosts)?;
     // every host's link rate: --rate, or a --slow one's
     let mut rates = vec![a.rate.clone(); n_hosts];
     for slow in &a.slow {
@@ -208,7 +226,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             .ok_or_else(|| format!("--slow: no node {id:?} in the configuration"))?;
         rates[placed[k].0] = rate.to_string();
     }
-    let ip = |k: usize| format!("10.250.0.{}", placed[k].0 + 1);
+    let ip = |k: usize| fab.addr(placed[k].0);
     let port = |k: usize, base: usize| base + placed[k].1;
     cfg.transport.kind = TransportKind::Tcp;
     cfg.transport.local = None;
@@ -265,13 +283,17 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         cfg.topology.base_port = 0;
         cfg.control.host = "127.0.0.1".into();
         cfg.control.base_port = 0;
-        cfg.transport.interface = "10.250.0.0/24".into();
+        cfg.transport.interface = fab.network().into();
         cfg.run.rendezvous = scratch.path().join("evm").to_string_lossy().into_owned();
     }
     cfg.validate()
         .map_err(|e| format!("testbed configuration: {e}"))?;
 
-    let built = build(&a.name, &rates, &a.queue);
+    let built = if fab.two_level() {
+        fabric::build(&a.name, &fab, &rates, &a.queue)
+    } else {
+        build(&a.name, &rates, &a.queue)
+    };
     let outcome = built.and_then(|()| {
         let hosts: Vec<(String, String)> = nodes
             .iter()
@@ -286,8 +308,8 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 .unwrap_or_default()
         }));
         eprintln!(
-            "evb testbed: {} hosts on one switch{}, every port shaped to {} with {} of queue",
-            n_hosts,
+            "evb testbed: {}{}, every host port shaped to {} with {} of queue",
+            fab.describe(n_hosts),
             if cfg.topology.folded {
                 " (folded: RU k and BU k share host k)"
             } else {
@@ -308,9 +330,12 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 .iter()
                 .map(|p| format!("{}-h{}", a.name, p.0))
                 .collect();
-            return run_discovered(&cfg, &hosts, scratch.path(), a.json.as_deref());
+            let ok = run_discovered(&cfg, &hosts, scratch.path(), a.json.as_deref());
+            report_uplinks(fab.two_level().then(|| fabric::uplink_bytes(&a.name, &fab)));
+            return ok;
         }
         let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
+        let uplinks = fab.two_level().then(|| fabric::uplink_bytes(&a.name, &fab));
         if to_stdout {
             let doc: serde_json::Value = std::fs::read_to_string(&json)
                 .ok()
@@ -325,6 +350,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             a.json.is_none() || to_stdout,
             cfg.topology.folded,
         );
+        report_uplinks(uplinks);
         Ok(ok)
     });
     let removed = remove(&a.name);
@@ -436,6 +462,79 @@ fn run_discovered(
     Ok(problems.is_empty())
 }
 
+/// The fabric `a` asks for, its hosts placed on leaves: RU k on leaf k·L/N, BU k on leaf
+/// k·L/M (so every leaf has RUs and BUs, and folded RU k and BU k share one), the EVM on
+/// leaf 0. A host's routing key is the index of the BU it holds, else its number: static
+/// routing sends consecutive BUs over different spines, as the barrel shifter's slots need.
+fn fabric_of(
+    a: &TestbedArgs,
+    cfg: &Config,
+    nodes: &[evb_config::NodeSpec],
+    placed: &[(usize, usize)],
+    hosts: usize,
+) -> Result<fabric::Fabric, String> {
+    let (n, m) = (cfg.topology.rus as usize, cfg.topology.bus as usize);
+    if a.leaves <= 1 {
+        if a.spines.is_some() || a.uplink.is_some() || a.routing != fabric::Routing::Static {
+            return Err("--spines, --uplink and --routing need --leaves 2 or more".into());
+        }
+        return Ok(fabric::Fabric::single(hosts));
+    }
+    if a.leaves > n.min(m).min(16) {
+        return Err(format!(
+            "--leaves {}: at most 16, and no more than the RUs ({n}) or the BUs ({m}): every \
+             leaf gets some of each",
+            a.leaves
+        ));
+    }
+    let spines = a.spines.unwrap_or_else(|| n.max(m).div_ceil(a.leaves));
+    if !(1..=16).contains(&spines) {
+        return Err(format!("--spines {spines}: 1 to 16"));
+    }
+    let uplink = a.uplink.clone().unwrap_or_else(|| a.rate.clone());
+    tc_value("uplink", &uplink, &["kbit", "mbit", "gbit"])?;
+    let mut leaf = vec![usize::MAX; hosts];
+    let mut key: Vec<usize> = (0..hosts).collect();
+    for (spec, &(h, _)) in nodes.iter().zip(placed) {
+        let i = spec.index as usize;
+        let l = match spec.role {
+            Role::Ru => i * a.leaves / n,
+            Role::Bu => i * a.leaves / m,
+            Role::Evm => 0,
+        };
+        if spec.role == Role::Bu {
+            key[h] = i;
+        }
+        // a folded host is on its RU's leaf
+        if leaf[h] == usize::MAX {
+            leaf[h] = l;
+        }
+    }
+    Ok(fabric::Fabric {
+        leaves: a.leaves,
+        spines,
+        uplink,
+        routing: a.routing,
+        leaf,
+        key,
+    })
+}
+
+/// What each uplink of a two-level fabric carried, printed under the run's figures.
+fn report_uplinks(bytes: Option<Vec<(usize, usize, u64, u64)>>) {
+    let Some(bytes) = bytes else {
+        return;
+    };
+    println!("uplinks (bytes on the wire, leaf to spine / spine to leaf):");
+    for (l, s, up, down) in bytes {
+        println!(
+            "  leaf{l} - spine{s}: {:>10.1} MB up  {:>10.1} MB down",
+            up as f64 / 1e6,
+            down as f64 / 1e6
+        );
+    }
+}
+
 /// Each node's host and port offset: one host per node, or (folded) RU k and BU k on one
 /// host, the BU at offset 1.
 fn hosts_of(nodes: &[evb_config::NodeSpec], folded: bool) -> Vec<(usize, usize)> {
@@ -466,12 +565,6 @@ fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
     sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"])?;
     sh(&["ip", "-n", &sw, "link", "set", "br0", "up"])?;
     for (k, rate) in rates.iter().enumerate() {
-        let rate = rate.as_str();
-        // a burst of at least one tick's worth of the rate (and a few full frames)
-        let burst = format!(
-            "{}b",
-            ((rate_bps(rate) / 8.0 / 250.0) as u64).max(16 * 1514)
-        );
         let host = format!("{name}-h{k}");
         let (h, s) = (format!("{name}h{k}"), format!("{name}s{k}"));
         sh(&["ip", "netns", "add", &host])?;
@@ -486,12 +579,8 @@ fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
         sh(&["ip", "-n", &sw, "link", "set", &s, "master", "br0"])?;
         sh(&["ip", "-n", &sw, "link", "set", &s, "up"])?;
         // the host's NIC and the switch's output port towards it
-        for (ns, dev) in [(&host, "eth0"), (&sw, s.as_str())] {
-            sh(&[
-                "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                rate, "burst", &burst, "limit", queue,
-            ])?;
-        }
+        fabric::shape(&host, "eth0", rate, queue)?;
+        fabric::shape(&sw, &s, rate, queue)?;
     }
     Ok(())
 }

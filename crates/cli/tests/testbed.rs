@@ -335,3 +335,71 @@ fn a_slowed_link_stands_out_in_the_ru_to_bu_matrix() {
     assert!(stdout.contains("VERDICT: OK"), "{stdout}");
     assert!(left(&name).is_empty(), "{:?}", left(&name));
 }
+
+/// A folded 4 × 4 run under two leaf switches joined by two spines, routed by destination:
+/// exact, and every uplink carried the cross-leaf traffic both ways, split between the
+/// spines by BU (bu0 and bu2 over spine 0, bu1 and bu3 over spine 1).
+#[test]
+fn a_two_level_fabric_builds_exactly_over_both_spines() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, format!("{SMALL}[topology]\nfolded = true\n")).unwrap();
+    let name = format!("c{}", std::process::id() % 100_000);
+    let too_many = Command::new(EVB)
+        .args(["testbed", "--rus", "2", "--bus", "2", "--leaves", "3"])
+        .args(["--name", &name, "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&too_many.stderr);
+    assert!(!too_many.status.success());
+    assert!(stderr.contains("--leaves 3"), "{stderr}");
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["testbed", "--rus", "4", "--bus", "4", "--duration", "2"])
+        .args(["--leaves", "2", "--routing", "static"])
+        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
+    assert!(
+        stderr.contains("5 hosts under 2 leaf switches, each joined to 2 spines"),
+        "{stderr}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
+    assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
+    // "  leaf0 - spine1:       30.1 MB up        30.7 MB down"
+    let uplinks: Vec<(f64, f64)> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("leaf"))
+        .map(|l| {
+            let mb: Vec<f64> = l
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (mb[0], mb[1])
+        })
+        .collect();
+    assert_eq!(uplinks.len(), 4, "{stdout}");
+    let all: Vec<f64> = uplinks.iter().flat_map(|&(u, d)| [u, d]).collect();
+    let (lo, hi) = all
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    // 2 s at 100 Mb/s: each uplink carries a few MB; static routing spreads them evenly
+    assert!(lo > 2.0, "an uplink carried {lo} MB: {stdout}");
+    assert!(lo > hi / 2.0, "uplinks uneven ({lo} .. {hi} MB): {stdout}");
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}

@@ -378,7 +378,8 @@ pub struct TopologySection {
     pub base_port: u16,
     /// RU k and BU k share a host (seed 001's folded configuration): RU k's fragment for its
     /// own BU stays in the host, and each host's link carries data both ways. Read by the
-    /// launchers that place nodes on hosts (`evb testbed`).
+    /// launchers that place nodes on hosts (`evb testbed`), and by the barrel shifter: with as
+    /// many RUs as BUs its cycle is N − 1 slots and skips each RU's own BU.
     pub folded: bool,
 }
 

@@ -307,6 +307,7 @@ impl Driver {
                     n_bu,
                     Duration::from_micros(cfg.slot_us()),
                     cfg.traffic.slot_bytes as usize,
+                    cfg.topology.folded,
                 )
             });
         Ok(Driver {

@@ -1,0 +1,272 @@
+//! The testbed's two-level fabric: hosts under leaf switches, every leaf joined to every
+//! spine by a shaped uplink (a folded Clos, as `evb sim --model clos` models it). A leaf is a
+//! namespace with a bridge for its hosts and a router towards the spines; a spine is a
+//! router. Routing picks the spine as a switch fabric would: by destination (`static`, the
+//! source-routing tables seed 003 describes) or by a hash of each connection (`hash`: Linux
+//! ECMP over the uplinks, what an Ethernet fabric does). Routing per message, or adaptive,
+//! would reorder a TCP stream and has no place here.
+
+use clap::ValueEnum;
+
+/// How a leaf picks the spine for a packet to a host on another leaf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Routing {
+    /// Spine = the destination's key (its BU index, else its host number) mod spines.
+    Static,
+    /// ECMP over all spines, hashed on addresses and ports: one spine per connection.
+    Hash,
+}
+
+impl Routing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Routing::Static => "static",
+            Routing::Hash => "hash",
+        }
+    }
+}
+
+/// Where the hosts' links go: one switch (`leaves` = 1) or leaves and spines.
+#[derive(Clone, Debug)]
+pub struct Fabric {
+    pub leaves: usize,
+    pub spines: usize,
+    /// Every uplink's rate, both ways, as tc writes it.
+    pub uplink: String,
+    pub routing: Routing,
+    /// Each host's leaf.
+    pub leaf: Vec<usize>,
+    /// Each host's routing key (see [`Routing::Static`]).
+    pub key: Vec<usize>,
+}
+
+impl Fabric {
+    /// One switch for every host.
+    pub fn single(hosts: usize) -> Fabric {
+        Fabric {
+            leaves: 1,
+            spines: 0,
+            uplink: String::new(),
+            routing: Routing::Static,
+            leaf: vec![0; hosts],
+            key: (0..hosts).collect(),
+        }
+    }
+
+    pub fn two_level(&self) -> bool {
+        self.leaves > 1
+    }
+
+    /// Host `h`'s address. One switch: 10.250.0.(h+1), as before leaves existed; leaf l's
+    /// hosts: 10.250.(l+1).(h+1), their gateway 10.250.(l+1).254.
+    pub fn addr(&self, h: usize) -> String {
+        if self.two_level() {
+            format!("10.250.{}.{}", self.leaf[h] + 1, h + 1)
+        } else {
+            format!("10.250.0.{}", h + 1)
+        }
+    }
+
+    /// The network every host's address is in.
+    pub fn network(&self) -> &'static str {
+        if self.two_level() {
+            "10.250.0.0/16"
+        } else {
+            "10.250.0.0/24"
+        }
+    }
+
+    /// The uplink between leaf `l` and spine `s`: its index, the leaf side's and the spine
+    /// side's address (10.251.index.1 and .2).
+    fn uplink_index(&self, l: usize, s: usize) -> usize {
+        l * self.spines + s
+    }
+
+    /// A line that says what was built.
+    pub fn describe(&self, hosts: usize) -> String {
+        if self.two_level() {
+            format!(
+                "{hosts} hosts under {} leaf switches, each joined to {} spine{} by uplinks \
+                 shaped to {} ({} routing)",
+                self.leaves,
+                self.spines,
+                if self.spines == 1 { "" } else { "s" },
+                self.uplink,
+                self.routing.name()
+            )
+        } else {
+            format!("{hosts} hosts on one switch")
+        }
+    }
+}
+
+/// The names of leaf `l`'s and spine `s`'s devices on the uplink between them.
+fn uplink_devs(name: &str, l: usize, s: usize) -> (String, String) {
+    (format!("{name}u{l}x{s}"), format!("{name}d{l}x{s}"))
+}
+
+/// The tbf of a shaped port: `rate`, a burst of at least one tick's worth of it (and a few
+/// full frames), and `queue` bytes of buffer.
+pub fn shape(ns: &str, dev: &str, rate: &str, queue: &str) -> Result<(), String> {
+    let burst = format!(
+        "{}b",
+        ((super::rate_bps(rate) / 8.0 / 250.0) as u64).max(16 * 1514)
+    );
+    super::sh(&[
+        "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+        "burst", &burst, "limit", queue,
+    ])
+}
+
+/// A router namespace: forwards, and drops nothing for arriving on another path than it
+/// would leave by (static routing is asymmetric).
+fn router(ns: &str) -> Result<(), String> {
+    super::sh(&["ip", "netns", "add", ns])?;
+    for key in [
+        "net.ipv4.ip_forward=1",
+        "net.ipv4.conf.all.rp_filter=0",
+        "net.ipv4.conf.default.rp_filter=0",
+        // ECMP hashes on ports too, so that connections between the same two hosts spread
+        "net.ipv4.fib_multipath_hash_policy=1",
+    ] {
+        super::sh(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w", key])?;
+    }
+    super::sh(&["ip", "-n", ns, "link", "set", "lo", "up"])
+}
+
+/// Builds the leaves, the spines and the uplinks, and each host's link into its leaf
+/// (host h's link shaped to `rates[h]`).
+pub fn build(name: &str, f: &Fabric, rates: &[String], queue: &str) -> Result<(), String> {
+    let sh = super::sh;
+    for l in 0..f.leaves {
+        let ns = format!("{name}-l{l}");
+        router(&ns)?;
+        sh(&["ip", "-n", &ns, "link", "add", "br0", "type", "bridge"])?;
+        let gw = format!("10.250.{}.254/24", l + 1);
+        sh(&["ip", "-n", &ns, "addr", "add", &gw, "dev", "br0"])?;
+        sh(&["ip", "-n", &ns, "link", "set", "br0", "up"])?;
+    }
+    for s in 0..f.spines {
+        router(&format!("{name}-s{s}"))?;
+    }
+    for (h, rate) in rates.iter().enumerate() {
+        let (host, leaf) = (format!("{name}-h{h}"), format!("{name}-l{}", f.leaf[h]));
+        let (hd, sd) = (format!("{name}h{h}"), format!("{name}p{h}"));
+        sh(&["ip", "netns", "add", &host])?;
+        sh(&[
+            "ip", "link", "add", &hd, "type", "veth", "peer", "name", &sd,
+        ])?;
+        sh(&["ip", "link", "set", &hd, "netns", &host])?;
+        sh(&["ip", "link", "set", &sd, "netns", &leaf])?;
+        sh(&["ip", "-n", &host, "link", "set", &hd, "name", "eth0"])?;
+        let addr = format!("{}/24", f.addr(h));
+        sh(&["ip", "-n", &host, "addr", "add", &addr, "dev", "eth0"])?;
+        sh(&["ip", "-n", &host, "link", "set", "eth0", "up"])?;
+        sh(&["ip", "-n", &host, "link", "set", "lo", "up"])?;
+        let gw = format!("10.250.{}.254", f.leaf[h] + 1);
+        sh(&["ip", "-n", &host, "route", "add", "default", "via", &gw])?;
+        sh(&["ip", "-n", &leaf, "link", "set", &sd, "master", "br0"])?;
+        sh(&["ip", "-n", &leaf, "link", "set", &sd, "up"])?;
+        shape(&host, "eth0", rate, queue)?;
+        shape(&leaf, &sd, rate, queue)?;
+    }
+    for l in 0..f.leaves {
+        for s in 0..f.spines {
+            let (leaf, spine) = (format!("{name}-l{l}"), format!("{name}-s{s}"));
+            let (ld, sd) = uplink_devs(name, l, s);
+            let i = f.uplink_index(l, s);
+            sh(&[
+                "ip", "link", "add", &ld, "type", "veth", "peer", "name", &sd,
+            ])?;
+            sh(&["ip", "link", "set", &ld, "netns", &leaf])?;
+            sh(&["ip", "link", "set", &sd, "netns", &spine])?;
+            let (la, sa) = (format!("10.251.{i}.1/24"), format!("10.251.{i}.2/24"));
+            sh(&["ip", "-n", &leaf, "addr", "add", &la, "dev", &ld])?;
+            sh(&["ip", "-n", &spine, "addr", "add", &sa, "dev", &sd])?;
+            sh(&["ip", "-n", &leaf, "link", "set", &ld, "up"])?;
+            sh(&["ip", "-n", &spine, "link", "set", &sd, "up"])?;
+            shape(&leaf, &ld, &f.uplink, queue)?;
+            shape(&spine, &sd, &f.uplink, queue)?;
+            // the spine reaches leaf l's hosts over this link
+            let net = format!("10.250.{}.0/24", l + 1);
+            let via = format!("10.251.{i}.1");
+            sh(&["ip", "-n", &spine, "route", "add", &net, "via", &via])?;
+        }
+    }
+    // every leaf's way to the other leaves' hosts
+    for l in 0..f.leaves {
+        let leaf = format!("{name}-l{l}");
+        let via = |s: usize| format!("10.251.{}.2", f.uplink_index(l, s));
+        for m in (0..f.leaves).filter(|&m| m != l) {
+            match f.routing {
+                Routing::Static => {
+                    for h in (0..rates.len()).filter(|&h| f.leaf[h] == m) {
+                        let dst = format!("{}/32", f.addr(h));
+                        let v = via(f.key[h] % f.spines);
+                        sh(&["ip", "-n", &leaf, "route", "add", &dst, "via", &v])?;
+                    }
+                }
+                Routing::Hash => {
+                    let net = format!("10.250.{}.0/24", m + 1);
+                    let mut cmd = vec!["ip", "-n", &leaf, "route", "add", &net];
+                    let hops: Vec<String> = (0..f.spines).map(via).collect();
+                    for v in &hops {
+                        cmd.extend(["nexthop", "via", v.as_str()]);
+                    }
+                    sh(&cmd)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bytes each uplink carried, up (leaf to spine) and down, read before the fabric goes.
+pub fn uplink_bytes(name: &str, f: &Fabric) -> Vec<(usize, usize, u64, u64)> {
+    let tx = |ns: &str, dev: &str| -> u64 {
+        let path = format!("/sys/class/net/{dev}/statistics/tx_bytes");
+        std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "cat", &path])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut out = Vec::new();
+    for l in 0..f.leaves {
+        for s in 0..f.spines {
+            let (ld, sd) = uplink_devs(name, l, s);
+            out.push((
+                l,
+                s,
+                tx(&format!("{name}-l{l}"), &ld),
+                tx(&format!("{name}-s{s}"), &sd),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_a_two_level_fabric_get_their_leafs_network() {
+        let f = Fabric {
+            leaves: 2,
+            spines: 2,
+            uplink: "100mbit".into(),
+            routing: Routing::Static,
+            leaf: vec![0, 0, 1],
+            key: vec![0, 1, 2],
+        };
+        assert_eq!(f.addr(0), "10.250.1.1");
+        assert_eq!(f.addr(2), "10.250.2.3");
+        assert_eq!(f.network(), "10.250.0.0/16");
+        let one = Fabric::single(3);
+        assert_eq!(one.addr(2), "10.250.0.3");
+        assert_eq!(one.network(), "10.250.0.0/24");
+        assert_eq!(f.uplink_index(1, 1), 3);
+    }
+}
