@@ -6,7 +6,7 @@
 # rate (the part for the host's own BU left out) and the events built per second.
 #
 #   scripts/fabric-sweep.sh [ROUNDS] [N] [LEAVES]      # default 3 rounds, 4 x 4 on 2 leaves
-#   QUEUES="64kb" scripts/fabric-sweep.sh 1 8 4         # one queue depth only
+#   QUEUES="64kb" scripts/fabric-sweep.sh 1 8 4         # one queue depth only (default 128kb 256kb)
 #
 # Fabrics: one switch; LEAVES leaves and N/LEAVES spines (full bisection) with static
 # routing (spine = BU index mod spines) and with hash routing (ECMP per connection); and
@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 spines=$(( (n + leaves - 1) / leaves ))
 echo "# congestion control: $(sysctl -n net.ipv4.tcp_congestion_control); ${n} x ${n} folded at 100 Mb/s, $leaves leaves"
 for r in $(seq "$rounds"); do
-  for q in ${QUEUES:-64kb 256kb}; do
+  for q in ${QUEUES:-128kb 256kb}; do
     for fabric in "one-switch" "static:$spines" "hash:$spines" "static:1"; do
       case $fabric in
         one-switch) fargs=() ;;

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod fabric;
+mod rails;
 
 use clap::Args;
 use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
@@ -56,6 +57,15 @@ pub struct TestbedArgs {
     /// How a leaf picks the spine: by destination (static) or per connection (hash: ECMP).
     #[arg(long, value_enum, default_value = "static")]
     routing: fabric::Routing,
+    /// Links per host, each into a switch of its own (rails, seed 001's several NICs per
+    /// host): the run goes over Multipath TCP (`transport.multipath`), every connection
+    /// spread over all of them. One switch (--leaves 1) only.
+    #[arg(long, default_value_t = 1)]
+    rails: usize,
+    /// Cut rail R (0 is the first) SECONDS after the nodes are started, as a switch that
+    /// dies: `--cut-rail 1@3`. The run should go on over the other rails.
+    #[arg(long, value_name = "R@SECONDS")]
+    cut_rail: Option<String>,
     /// Name of the testbed (its namespaces and links start with it); two testbeds with
     /// different names can run side by side.
     #[arg(long, default_value = "evbtb")]
@@ -213,6 +223,20 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     let placed = hosts_of(&nodes, cfg.topology.folded);
     let n_hosts = placed.iter().map(|p| p.0).max().map_or(0, |h| h + 1);
     let fab = fabric_of(a, &cfg, &nodes, &placed, n_hosts)?;
+    if !(1..=4).contains(&a.rails) {
+        return Err(format!("--rails {}: 1 to 4", a.rails));
+    }
+    if a.rails > 1 && fab.two_level() {
+        return Err("--rails: with one switch per rail only (--leaves 1)".into());
+    }
+    let cut = a
+        .cut_rail
+        .as_deref()
+        .map(|v| rails::parse_cut(v, a.rails))
+        .transpose()?;
+    if a.rails > 1 {
+        cfg.transport.multipath = true;
+    }
     // every host's link rate: --rate, or a --slow one's
     let mut rates = vec![a.rate.clone(); n_hosts];
     for slow in &a.slow {
@@ -293,6 +317,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         fabric::build(&a.name, &fab, &rates, &a.queue)
     } else {
         build(&a.name, &rates, &a.queue)
+            .and_then(|()| rails::build(&a.name, n_hosts, a.rails, &a.rate, &a.queue))
     };
     let outcome = built.and_then(|()| {
         let hosts: Vec<(String, String)> = nodes
@@ -308,8 +333,13 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 .unwrap_or_default()
         }));
         eprintln!(
-            "evb testbed: {}{}, every host port shaped to {} with {} of queue",
+            "evb testbed: {}{}{}, every host port shaped to {} with {} of queue",
             fab.describe(n_hosts),
+            if a.rails > 1 {
+                format!(", {} rails per host (Multipath TCP)", a.rails)
+            } else {
+                String::new()
+            },
             if cfg.topology.folded {
                 " (folded: RU k and BU k share host k)"
             } else {
@@ -325,6 +355,16 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             Some(p) if !to_stdout => p.clone(),
             _ => std::env::temp_dir().join(format!("evb-testbed-{}.json", std::process::id())),
         };
+        if let Some((r, secs)) = cut {
+            let name = a.name.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+                match rails::cut(&name, r) {
+                    Ok(()) => eprintln!("evb testbed: rail {r} cut after {secs} s"),
+                    Err(e) => eprintln!("evb testbed: cutting rail {r}: {e}"),
+                }
+            });
+        }
         if a.discover {
             let hosts: Vec<String> = placed
                 .iter()
@@ -336,6 +376,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         }
         let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
         let uplinks = fab.two_level().then(|| fabric::uplink_bytes(&a.name, &fab));
+        let rail_bytes = (a.rails > 1).then(|| rails::bytes(&a.name, n_hosts, a.rails));
         if to_stdout {
             let doc: serde_json::Value = std::fs::read_to_string(&json)
                 .ok()
@@ -351,6 +392,12 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             cfg.topology.folded,
         );
         report_uplinks(uplinks);
+        if let Some(bytes) = rail_bytes {
+            println!("rails (bytes the hosts sent on each):");
+            for (r, b) in bytes.iter().enumerate() {
+                println!("  rail{r}: {:>10.1} MB", *b as f64 / 1e6);
+            }
+        }
         Ok(ok)
     });
     let removed = remove(&a.name);

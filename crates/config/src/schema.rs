@@ -352,6 +352,11 @@ pub struct TransportSection {
     /// Empty: the address this host uses to reach the EVM.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub interface: String,
+    /// `kind = "tcp"` over Multipath TCP: each connection spread by the kernel over every
+    /// rail (network) the two hosts share, their MPTCP endpoints, and kept up on the others
+    /// when one is lost (docs/scaling.md, "Several rails").
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub multipath: bool,
 }
 
 impl Default for TransportSection {
@@ -361,6 +366,7 @@ impl Default for TransportSection {
             provider: String::new(),
             local: None,
             interface: String::new(),
+            multipath: false,
         }
     }
 }

@@ -189,6 +189,15 @@ impl Config {
                 ));
             }
         }
+        if self.transport.multipath && self.transport.kind != TransportKind::Tcp {
+            return Err(invalid(
+                "transport.multipath",
+                format!(
+                    "Multipath TCP needs kind = \"tcp\", not {:?}",
+                    self.transport.kind
+                ),
+            ));
+        }
         if !self.transport.interface.is_empty() {
             Interface::parse(&self.transport.interface)
                 .map_err(|e| invalid("transport.interface", e))?;

@@ -6,10 +6,11 @@ use evb_transport::tcp::TcpTransport;
 use evb_transport::{Transport, TransportConfig};
 
 /// The kind names [`open_transport`] takes.
-pub const TRANSPORT_KINDS: [&str; 4] = ["tcp", "inproc", "shm", "ofi"];
+pub const TRANSPORT_KINDS: [&str; 5] = ["tcp", "mptcp", "inproc", "shm", "ofi"];
 
-/// A transport of `kind`: "tcp", "inproc", "shm", or "ofi" on libfabric provider
-/// `ofi_provider` ("" for the best available; the other kinds ignore it).
+/// A transport of `kind`: "tcp", "mptcp" (tcp over Multipath TCP sockets: every rail the
+/// hosts share), "inproc", "shm", or "ofi" on libfabric provider `ofi_provider` ("" for the
+/// best available; the other kinds ignore it).
 ///
 /// # Errors
 /// The transport's own reason it cannot start (without the kind's name, which the caller
@@ -21,6 +22,9 @@ pub fn open_transport(
 ) -> Result<Box<dyn Transport>, String> {
     match kind {
         "tcp" => Ok(Box::new(TcpTransport::new(cfg).map_err(|e| e.to_string())?)),
+        "mptcp" => Ok(Box::new(
+            TcpTransport::multipath(cfg).map_err(|e| e.to_string())?,
+        )),
         "inproc" => Ok(Box::new(InprocTransport::new(cfg))),
         "shm" => evb_transport::shm::ShmTransport::new(cfg).map_err(|e| e.to_string()),
         "ofi" => {

@@ -45,10 +45,12 @@ pub enum NodeError {
 /// One transport of `kind` for this node.
 fn make(
     kind: TransportKind,
+    multipath: bool,
     provider: &str,
     tc: evb_transport::TransportConfig,
 ) -> Result<Box<dyn Transport>, NodeError> {
     let name = match kind {
+        TransportKind::Tcp if multipath => "mptcp",
         TransportKind::Tcp => "tcp",
         TransportKind::Inproc => "inproc",
         TransportKind::Ofi => "ofi",
@@ -138,6 +140,7 @@ pub fn run_node_plugged(
         tracing::info!(node = id, "raised: {how}");
     }
     let (kind, local) = (cfg.transport.kind, cfg.transport.local);
+    let multipath = cfg.transport.multipath;
     let provider = cfg.transport.provider.clone();
     let my_host = cfg
         .nodes()
@@ -150,11 +153,12 @@ pub fn run_node_plugged(
         id,
         |tc| -> Result<Box<dyn Transport>, NodeError> {
             match local {
-                None => make(kind, &provider, tc),
+                None => make(kind, multipath, &provider, tc),
                 Some(local) => {
                     // same host: `local`; elsewhere: `kind`
-                    let near = make(local, &provider, tc.clone())?;
-                    let far = make(kind, &provider, tc)?;
+                    // rails join hosts: the same host's routes stay single-path
+                    let near = make(local, false, &provider, tc.clone())?;
+                    let far = make(kind, multipath, &provider, tc)?;
                     let route: evb_transport::mux::Route =
                         Box::new(move |addr: &str| if host(addr) == my_host { 1 } else { 0 });
                     Ok(Box::new(evb_transport::mux::MuxTransport::new(

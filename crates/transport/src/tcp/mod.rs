@@ -8,6 +8,7 @@
 
 mod admission;
 mod conn_io;
+mod multipath;
 mod rx;
 mod tx;
 mod writer;
@@ -123,6 +124,9 @@ pub struct TcpTransport {
     refusals: LogLimit,
     /// Send threads, when asked for (`Transport::set_send_threads`).
     senders: Option<SendThreads>,
+    /// Sockets are MPTCP (`TcpTransport::multipath`): the kernel spreads each connection
+    /// over the host's rails.
+    multipath: bool,
 }
 
 impl TcpTransport {
@@ -142,7 +146,23 @@ impl TcpTransport {
             admission: Admission::default(),
             refusals: LogLimit::default(),
             senders: None,
+            multipath: false,
         })
+    }
+
+    /// A transport whose connections are Multipath TCP: each one spread by the kernel over
+    /// every rail (network) the two hosts share, and kept up on the others when a rail is
+    /// lost. The rails are the hosts' MPTCP endpoints (`ip mptcp endpoint`; docs/scaling.md,
+    /// "Several rails"). A peer without MPTCP is spoken to over plain TCP.
+    ///
+    /// # Errors
+    /// This kernel has no MPTCP, or it is turned off (`net.mptcp.enabled`): a run asked for
+    /// rails fails here, at the start, rather than running on one.
+    pub fn multipath(cfg: TransportConfig) -> io::Result<Self> {
+        multipath::available()?;
+        let mut t = Self::new(cfg)?;
+        t.multipath = true;
+        Ok(t)
     }
 
     /// A connection just opened: with send threads, one of them writes it from now on.
@@ -328,10 +348,14 @@ impl Transport for TcpTransport {
         // a socket the launcher bound for this address and handed over: never released
         let mut l = match crate::inherited::listener(sa) {
             Some(inherited) => {
+                if self.multipath {
+                    warn!(%addr, "a listening socket from the launcher is plain TCP: connections to it take one rail");
+                }
                 let l = inherited.map_err(io_err)?;
                 l.set_nonblocking(true).map_err(io_err)?;
                 TcpListener::from_std(l)
             }
+            None if self.multipath => multipath::listen(sa).map_err(io_err)?,
             None => TcpListener::bind(sa).map_err(io_err)?,
         };
         let local = l.local_addr().map_err(io_err)?;
@@ -350,7 +374,11 @@ impl Transport for TcpTransport {
             addr: addr.to_string(),
             source,
         };
-        let stream = TcpStream::connect(sa).map_err(io_err)?;
+        let stream = if self.multipath {
+            multipath::connect(sa).map_err(io_err)?
+        } else {
+            TcpStream::connect(sa).map_err(io_err)?
+        };
         let token = self
             .add_conn(stream, addr.to_string(), State::Connecting, None)
             .map_err(io_err)?;
