@@ -403,3 +403,61 @@ fn a_two_level_fabric_builds_exactly_over_both_spines() {
     assert!(lo > hi / 2.0, "uplinks uneven ({lo} .. {hi} MB): {stdout}");
     assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
 }
+
+/// Two rails per host over Multipath TCP, one of them cut at a seeded moment mid-run: both
+/// carried data before the cut, and the run goes on over the other and builds every event
+/// exactly once.
+#[test]
+fn a_run_on_two_rails_survives_losing_one() {
+    if !root() {
+        return;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let (rail, at) = (seed % 2, 1.0 + (seed / 2 % 1000) as f64 / 500.0);
+    eprintln!("seed {seed}: rail {rail} cut after {at:.2} s");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, SMALL).unwrap();
+    let name = format!("m{}", std::process::id() % 100_000);
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .args(["testbed", "--rus", "2", "--bus", "2", "--duration", "4"])
+        .args(["--rails", "2", "--cut-rail", &format!("{rail}@{at:.2}")])
+        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "seed {seed}\n{stdout}\n{stderr}");
+    assert!(stdout.contains("VERDICT: OK"), "seed {seed}\n{stdout}");
+    assert!(
+        stderr.contains("2 rails per host (Multipath TCP)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("rail {rail} cut after")),
+        "{stderr}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
+    assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
+    assert!(v["run"]["seconds"].as_f64().unwrap() >= 4.0, "{}", v["run"]);
+    // "  rail1:       45.3 MB": each rail carried the run's data before the cut
+    let mb: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("rail"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(mb.len(), 2, "{stdout}");
+    assert!(mb.iter().all(|&m| m > 2.0), "seed {seed}: {mb:?}\n{stdout}");
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}

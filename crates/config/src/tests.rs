@@ -257,6 +257,18 @@ fn local_transport_is_checked() {
     );
 }
 
+#[test]
+fn multipath_is_tcp_only_and_round_trips() {
+    let c = Config::from_toml("[transport]\nmultipath = true\n").unwrap();
+    assert!(c.transport.multipath);
+    assert!(Config::from_toml(&c.to_toml()).unwrap().transport.multipath);
+    assert!(!Config::default().to_toml().contains("multipath"));
+    assert_err(
+        "[transport]\nkind = \"shm\"\nmultipath = true\n",
+        &["transport.multipath", "tcp"],
+    );
+}
+
 /// Every number has a range; a value outside it is refused with the key, the value and the
 /// range named (issue #16: `duration_s = 1e20` used to pass and then panic in every node).
 #[test]
