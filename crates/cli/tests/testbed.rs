@@ -461,3 +461,51 @@ fn a_run_on_two_rails_survives_losing_one() {
     assert!(mb.iter().all(|&m| m > 2.0), "seed {seed}: {mb:?}\n{stdout}");
     assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
 }
+
+/// `transport.multipath` on a host whose kernel has MPTCP turned off (a namespace with
+/// net.mptcp.enabled = 0): every node refuses at the start, naming the key, and the run
+/// fails instead of going on one path.
+#[test]
+fn multipath_without_kernel_mptcp_fails_at_the_start_naming_the_key() {
+    if !root() {
+        return;
+    }
+    let ns = format!("nomp{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| {
+        assert!(
+            Command::new("ip").args(args).status().unwrap().success(),
+            "ip {args:?}"
+        );
+    };
+    ip(&["netns", "add", &ns]);
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    ip(&[
+        "netns",
+        "exec",
+        &ns,
+        "sysctl",
+        "-q",
+        "-w",
+        "net.mptcp.enabled=0",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "[run]\nevents = 500\n[transport]\nmultipath = true\n").unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns, EVB, "run", "--quiet", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    ip(&["netns", "del", &ns]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(!text.contains("VERDICT: OK"), "{text}");
+    assert!(
+        text.contains("transport.multipath: this kernel makes no MPTCP socket"),
+        "{text}"
+    );
+}
