@@ -80,7 +80,8 @@ pub struct TestbedArgs {
     #[arg(long)]
     discover: bool,
     /// Write the run summary as JSON to FILE (as `evb run --json`), with the testbed's
-    /// figures; `-` (or `--json` alone): to stdout, the tables then on stderr.
+    /// figures under "testbed" (links, uplinks, rails; not with --discover); `-` (or
+    /// `--json` alone): to stdout, the tables then on stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<std::path::PathBuf>,
     /// No progress line.
@@ -371,31 +372,54 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 .map(|p| format!("{}-h{}", a.name, p.0))
                 .collect();
             let ok = run_discovered(&cfg, &hosts, scratch.path(), a.json.as_deref());
-            report_uplinks(fab.two_level().then(|| fabric::uplink_bytes(&a.name, &fab)));
+            let uplinks = fab.two_level().then(|| fabric::uplink_bytes(&a.name, &fab));
+            report_uplinks(uplinks.as_deref());
             return ok;
         }
         let ok = crate::launch::run(&cfg, a.quiet, Some(&json))?;
         let uplinks = fab.two_level().then(|| fabric::uplink_bytes(&a.name, &fab));
         let rail_bytes = (a.rails > 1).then(|| rails::bytes(&a.name, n_hosts, a.rails));
-        if to_stdout {
-            let doc: serde_json::Value = std::fs::read_to_string(&json)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or_default();
-            crate::json_out::write(std::path::Path::new("-"), &doc)?;
+        let mut doc: serde_json::Value = std::fs::read_to_string(&json)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        if a.json.is_none() || to_stdout {
+            let _ = std::fs::remove_file(&json);
         }
-        report(
-            &json,
-            rate_bps(&a.rate),
-            &a.rate,
-            a.json.is_none() || to_stdout,
-            cfg.topology.folded,
-        );
-        report_uplinks(uplinks);
-        if let Some(bytes) = rail_bytes {
+        let mut figures = report(&doc, rate_bps(&a.rate), &a.rate, cfg.topology.folded);
+        figures["rate"] = a.rate.clone().into();
+        figures["queue"] = a.queue.clone().into();
+        figures["hosts"] = n_hosts.into();
+        report_uplinks(uplinks.as_deref());
+        if let Some(list) = &uplinks {
+            figures["fabric"] = serde_json::json!({
+                "leaves": fab.leaves,
+                "spines": fab.spines,
+                "uplink_rate": fab.uplink,
+                "routing": fab.routing.name(),
+                "uplinks": list.iter().map(|&(l, s, up, down)| serde_json::json!({
+                    "leaf": l, "spine": s, "bytes_up": up, "bytes_down": down,
+                })).collect::<Vec<_>>(),
+            });
+        }
+        if let Some(bytes) = &rail_bytes {
             println!("rails (bytes the hosts sent on each):");
             for (r, b) in bytes.iter().enumerate() {
                 println!("  rail{r}: {:>10.1} MB", *b as f64 / 1e6);
+            }
+            figures["rails"] = serde_json::json!({
+                "count": a.rails,
+                "bytes_sent": bytes,
+                "cut": cut.map(|(r, t)| serde_json::json!({"rail": r, "after_s": t})),
+            });
+        }
+        // the run's summary, with the testbed's own figures beside it
+        if doc.is_object() {
+            doc["testbed"] = figures;
+            if to_stdout {
+                crate::json_out::write(std::path::Path::new("-"), &doc)?;
+            } else if a.json.is_some() {
+                crate::json_out::write(&json, &doc)?;
             }
         }
         Ok(ok)
@@ -568,12 +592,12 @@ fn fabric_of(
 }
 
 /// What each uplink of a two-level fabric carried, printed under the run's figures.
-fn report_uplinks(bytes: Option<Vec<(usize, usize, u64, u64)>>) {
+fn report_uplinks(bytes: Option<&[(usize, usize, u64, u64)]>) {
     let Some(bytes) = bytes else {
         return;
     };
     println!("uplinks (bytes on the wire, leaf to spine / spine to leaf):");
-    for (l, s, up, down) in bytes {
+    for &(l, s, up, down) in bytes {
         println!(
             "  leaf{l} - spine{s}: {:>10.1} MB up  {:>10.1} MB down",
             up as f64 / 1e6,
@@ -632,24 +656,17 @@ fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Throughput per link as a fraction of the shaped rate, from the run's summary.
-/// Per-link figures from the run's summary. Folded, what RU k sends its own BU k stays in the
-/// host: a paired RU's link carries (M-1)/M of what it sends, a paired BU's (N-1)/N of what
-/// it builds (events spread evenly over the BUs).
-fn report(json: &Path, bps: f64, rate: &str, remove_after: bool, folded: bool) {
-    let Ok(text) = std::fs::read_to_string(json) else {
-        return;
-    };
-    if remove_after {
-        let _ = std::fs::remove_file(json);
-    }
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-        return;
-    };
+/// Per-link figures from the run's summary, printed, and returned for the JSON document:
+/// each link's payload rate and fraction of the shaped rate, and the bottleneck side's mean.
+/// Folded, what RU k sends its own BU k stays in the host: a paired RU's link carries
+/// (M-1)/M of what it sends, a paired BU's (N-1)/N of what it builds (events spread evenly
+/// over the BUs).
+fn report(v: &serde_json::Value, bps: f64, rate: &str, folded: bool) -> serde_json::Value {
+    let mut figures = serde_json::json!({});
     let run = &v["run"];
     let secs = run["seconds"].as_f64().unwrap_or(0.0);
     if secs <= 0.0 || bps <= 0.0 {
-        return;
+        return figures;
     }
     println!(
         "\nlinks (payload bytes{} against the shaped {rate}):",
@@ -666,6 +683,7 @@ fn report(json: &Path, bps: f64, rate: &str, remove_after: bool, folded: bool) {
     // RU's link is full while the BUs share the RUs' rate)
     let side = if n_ru < n_bu { "ru" } else { "bu" };
     let mut fractions = Vec::new();
+    let mut links = Vec::new();
     for (role, list, field, peers) in [
         ("ru", &run["rus"], "payload_bytes_sent", n_bu),
         ("bu", &run["bus"], "payload_bytes_built", n_ru),
@@ -684,8 +702,14 @@ fn report(json: &Path, bps: f64, rate: &str, remove_after: bool, folded: bool) {
                 bytes * 8.0 / secs / 1e6,
                 f * 100.0
             );
+            links.push(serde_json::json!({
+                "node": format!("{role}{i}"),
+                "mbps": bytes * 8.0 / secs / 1e6,
+                "fraction": f,
+            }));
         }
     }
+    figures["links"] = links.into();
     if !fractions.is_empty() {
         let mean = fractions.iter().sum::<f64>() / fractions.len() as f64;
         println!(
@@ -693,6 +717,7 @@ fn report(json: &Path, bps: f64, rate: &str, remove_after: bool, folded: bool) {
             side.to_uppercase(),
             mean * 100.0
         );
+        figures["bottleneck"] = serde_json::json!({"side": side, "mean_fraction": mean});
     }
     let mut lat = evb_builder::LatencyHistogram::default();
     for b in run["bus"].as_array().into_iter().flatten() {
@@ -708,5 +733,7 @@ fn report(json: &Path, bps: f64, rate: &str, remove_after: bool, folded: bool) {
             ms(p50),
             ms(p99)
         );
+        figures["latency_us"] = serde_json::json!({"p50": p50, "p99": p99});
     }
+    figures
 }

@@ -66,6 +66,12 @@ fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
     let triggered = v["run"]["evm"]["triggered"].as_u64().unwrap();
     assert!(triggered > 0);
     assert_eq!(v["run"]["evm"]["released"], triggered);
+    // the testbed's figures are in the summary too
+    let mean = v["testbed"]["bottleneck"]["mean_fraction"]
+        .as_f64()
+        .unwrap();
+    assert!(mean > 0.0 && mean < 1.01, "{}", v["testbed"]);
+    assert_eq!(v["testbed"]["links"].as_array().unwrap().len(), 6);
     // the BUs' links carried close to the shaped rate, and no more
     let secs = v["run"]["seconds"].as_f64().unwrap();
     for b in v["run"]["bus"].as_array().unwrap() {
@@ -381,19 +387,20 @@ fn a_two_level_fabric_builds_exactly_over_both_spines() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
     assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
-    // "  leaf0 - spine1:       30.1 MB up        30.7 MB down"
-    let uplinks: Vec<(f64, f64)> = stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with("leaf"))
-        .map(|l| {
-            let mb: Vec<f64> = l
-                .split_whitespace()
-                .filter_map(|w| w.parse().ok())
-                .collect();
-            (mb[0], mb[1])
+    // the testbed's own figures in the summary: every uplink's bytes both ways
+    let fabric = &v["testbed"]["fabric"];
+    assert_eq!(fabric["spines"], 2, "{}", v["testbed"]);
+    assert_eq!(fabric["routing"], "static");
+    let uplinks: Vec<(f64, f64)> = fabric["uplinks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let mb = |k: &str| u[k].as_f64().unwrap() / 1e6;
+            (mb("bytes_up"), mb("bytes_down"))
         })
         .collect();
-    assert_eq!(uplinks.len(), 4, "{stdout}");
+    assert!(stdout.contains("leaf1 - spine1:"), "{stdout}");
     let all: Vec<f64> = uplinks.iter().flat_map(|&(u, d)| [u, d]).collect();
     let (lo, hi) = all
         .iter()
@@ -451,12 +458,16 @@ fn a_run_on_two_rails_survives_losing_one() {
     assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
     assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
     assert!(v["run"]["seconds"].as_f64().unwrap() >= 4.0, "{}", v["run"]);
-    // "  rail1:       45.3 MB": each rail carried the run's data before the cut
-    let mb: Vec<f64> = stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with("rail"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+    // each rail carried the run's data before the cut
+    let rails = &v["testbed"]["rails"];
+    assert_eq!(rails["cut"]["rail"], rail, "{rails}");
+    let mb: Vec<f64> = rails["bytes_sent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_f64().unwrap() / 1e6)
         .collect();
+    assert!(stdout.contains("rail1:"), "{stdout}");
     assert_eq!(mb.len(), 2, "{stdout}");
     assert!(mb.iter().all(|&m| m > 2.0), "seed {seed}: {mb:?}\n{stdout}");
     assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
