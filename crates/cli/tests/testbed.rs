@@ -32,6 +32,45 @@ fn left(name: &str) -> Vec<String> {
 
 const SMALL: &str = "[fragments]\nsize = 65536\n";
 
+/// A testbed `name` run on configuration `toml` with `args`, at 100 Mb/s, with its JSON
+/// summary: it must succeed with VERDICT OK and release every event it triggered.
+/// `args` are separated by spaces. Returns its stdout, its stderr and the summary. `why`
+/// heads a failure's message (a seed).
+fn exact_testbed(
+    name: &str,
+    toml: &str,
+    args: &str,
+    why: &str,
+) -> (String, String, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let json = dir.path().join("summary.json");
+    let out = Command::new(EVB)
+        .arg("testbed")
+        .args(args.split_whitespace())
+        .args(["--rate", "100mbit", "--quiet", "--name", name, "--config"])
+        .arg(&cfg)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "{why}\n{stdout}\n{stderr}");
+    assert!(stdout.contains("VERDICT: OK"), "{why}\n{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0, "{why}");
+    assert_eq!(
+        v["run"]["evm"]["released"], v["run"]["evm"]["triggered"],
+        "{why}"
+    );
+    (stdout, stderr, v)
+}
+
 #[test]
 fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
     if !root() {
@@ -363,30 +402,16 @@ fn a_two_level_fabric_builds_exactly_over_both_spines() {
     let stderr = String::from_utf8_lossy(&too_many.stderr);
     assert!(!too_many.status.success());
     assert!(stderr.contains("--leaves 3"), "{stderr}");
-    let json = dir.path().join("summary.json");
-    let out = Command::new(EVB)
-        .args(["testbed", "--rus", "4", "--bus", "4", "--duration", "2"])
-        .args(["--leaves", "2", "--routing", "static"])
-        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+    let (stdout, stderr, v) = exact_testbed(
+        &name,
+        &format!("{SMALL}[topology]\nfolded = true\n"),
+        "--rus 4 --bus 4 --duration 2 --leaves 2 --routing static",
+        "",
     );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("VERDICT: OK"), "{stdout}");
     assert!(
         stderr.contains("5 hosts under 2 leaf switches, each joined to 2 spines"),
         "{stderr}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
-    assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
     // the testbed's own figures in the summary: every uplink's bytes both ways
     let fabric = &v["testbed"]["fabric"];
     assert_eq!(fabric["spines"], 2, "{}", v["testbed"]);
@@ -419,32 +444,21 @@ fn a_run_on_two_rails_survives_losing_one() {
     if !root() {
         return;
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
+    // EVB_TESTBED_SEED=N repeats a run
+    let seed = std::env::var("EVB_TESTBED_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos() as u64
+        });
     let (rail, at) = (seed % 2, 1.0 + (seed / 2 % 1000) as f64 / 500.0);
-    eprintln!("seed {seed}: rail {rail} cut after {at:.2} s");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("run.toml");
-    std::fs::write(&cfg, SMALL).unwrap();
+    eprintln!("seed {seed} (EVB_TESTBED_SEED): rail {rail} cut after {at:.2} s");
     let name = format!("m{}", std::process::id() % 100_000);
-    let json = dir.path().join("summary.json");
-    let out = Command::new(EVB)
-        .args(["testbed", "--rus", "2", "--bus", "2", "--duration", "4"])
-        .args(["--rails", "2", "--cut-rail", &format!("{rail}@{at:.2}")])
-        .args(["--rate", "100mbit", "--quiet", "--name", &name, "--config"])
-        .arg(&cfg)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "seed {seed}\n{stdout}\n{stderr}");
-    assert!(stdout.contains("VERDICT: OK"), "seed {seed}\n{stdout}");
+    let cut = format!("--rus 2 --bus 2 --duration 4 --rails 2 --cut-rail {rail}@{at:.2}");
+    let (stdout, stderr, v) = exact_testbed(&name, SMALL, &cut, &format!("seed {seed}"));
     assert!(
         stderr.contains("2 rails per host (Multipath TCP)"),
         "{stderr}"
@@ -453,10 +467,6 @@ fn a_run_on_two_rails_survives_losing_one() {
         stderr.contains(&format!("rail {rail} cut after")),
         "{stderr}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert!(v["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
-    assert_eq!(v["run"]["evm"]["released"], v["run"]["evm"]["triggered"]);
     assert!(v["run"]["seconds"].as_f64().unwrap() >= 4.0, "{}", v["run"]);
     // each rail carried the run's data before the cut
     let rails = &v["testbed"]["rails"];
