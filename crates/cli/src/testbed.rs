@@ -637,21 +637,11 @@ fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
     sh(&["ip", "-n", &sw, "link", "set", "br0", "up"])?;
     for (k, rate) in rates.iter().enumerate() {
         let host = format!("{name}-h{k}");
-        let (h, s) = (format!("{name}h{k}"), format!("{name}s{k}"));
         sh(&["ip", "netns", "add", &host])?;
-        sh(&["ip", "link", "add", &h, "type", "veth", "peer", "name", &s])?;
-        sh(&["ip", "link", "set", &h, "netns", &host])?;
-        sh(&["ip", "link", "set", &s, "netns", &sw])?;
-        sh(&["ip", "-n", &host, "link", "set", &h, "name", "eth0"])?;
-        let addr = format!("10.250.0.{}/24", k + 1);
-        sh(&["ip", "-n", &host, "addr", "add", &addr, "dev", "eth0"])?;
-        sh(&["ip", "-n", &host, "link", "set", "eth0", "up"])?;
         sh(&["ip", "-n", &host, "link", "set", "lo", "up"])?;
-        sh(&["ip", "-n", &sw, "link", "set", &s, "master", "br0"])?;
-        sh(&["ip", "-n", &sw, "link", "set", &s, "up"])?;
-        // the host's NIC and the switch's output port towards it
-        fabric::shape(&host, "eth0", rate, queue)?;
-        fabric::shape(&sw, &s, rate, queue)?;
+        let (hd, port) = (format!("{name}h{k}"), format!("{name}s{k}"));
+        let addr = format!("10.250.0.{}/24", k + 1);
+        fabric::host_link(&host, &hd, "eth0", &addr, &sw, &port, rate, queue)?;
     }
     Ok(())
 }

@@ -118,6 +118,47 @@ pub fn shape(ns: &str, dev: &str, rate: &str, queue: &str) -> Result<(), String>
     ])
 }
 
+/// A host's link into a switch: a veth from namespace `host` (device `dev`, address `addr`
+/// with its prefix) to bridge `br0` of namespace `switch` (port `port`), both ends shaped to
+/// `rate` with `queue` (the host's NIC and the switch's output port towards it). `hd` is the
+/// host end's name until it is renamed `dev` inside the host.
+#[allow(clippy::too_many_arguments)]
+pub fn host_link(
+    host: &str,
+    hd: &str,
+    dev: &str,
+    addr: &str,
+    switch: &str,
+    port: &str,
+    rate: &str,
+    queue: &str,
+) -> Result<(), String> {
+    let sh = super::sh;
+    sh(&[
+        "ip", "link", "add", hd, "type", "veth", "peer", "name", port,
+    ])?;
+    sh(&["ip", "link", "set", hd, "netns", host])?;
+    sh(&["ip", "link", "set", port, "netns", switch])?;
+    sh(&["ip", "-n", host, "link", "set", hd, "name", dev])?;
+    sh(&["ip", "-n", host, "addr", "add", addr, "dev", dev])?;
+    sh(&["ip", "-n", host, "link", "set", dev, "up"])?;
+    sh(&["ip", "-n", switch, "link", "set", port, "master", "br0"])?;
+    sh(&["ip", "-n", switch, "link", "set", port, "up"])?;
+    shape(host, dev, rate, queue)?;
+    shape(switch, port, rate, queue)
+}
+
+/// Bytes device `dev` of namespace `ns` has sent (0 where unreadable).
+pub fn tx_bytes(ns: &str, dev: &str) -> u64 {
+    let path = format!("/sys/class/net/{dev}/statistics/tx_bytes");
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "cat", &path])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// A router namespace: forwards, and drops nothing for arriving on another path than it
 /// would leave by (static routing is asymmetric).
 fn router(ns: &str) -> Result<(), String> {
@@ -151,24 +192,21 @@ pub fn build(name: &str, f: &Fabric, rates: &[String], queue: &str) -> Result<()
     }
     for (h, rate) in rates.iter().enumerate() {
         let (host, leaf) = (format!("{name}-h{h}"), format!("{name}-l{}", f.leaf[h]));
-        let (hd, sd) = (format!("{name}h{h}"), format!("{name}p{h}"));
         sh(&["ip", "netns", "add", &host])?;
-        sh(&[
-            "ip", "link", "add", &hd, "type", "veth", "peer", "name", &sd,
-        ])?;
-        sh(&["ip", "link", "set", &hd, "netns", &host])?;
-        sh(&["ip", "link", "set", &sd, "netns", &leaf])?;
-        sh(&["ip", "-n", &host, "link", "set", &hd, "name", "eth0"])?;
-        let addr = format!("{}/24", f.addr(h));
-        sh(&["ip", "-n", &host, "addr", "add", &addr, "dev", "eth0"])?;
-        sh(&["ip", "-n", &host, "link", "set", "eth0", "up"])?;
         sh(&["ip", "-n", &host, "link", "set", "lo", "up"])?;
+        let (hd, port, addr) = (format!("{name}h{h}"), format!("{name}p{h}"), f.addr(h));
+        host_link(
+            &host,
+            &hd,
+            "eth0",
+            &format!("{addr}/24"),
+            &leaf,
+            &port,
+            rate,
+            queue,
+        )?;
         let gw = format!("10.250.{}.254", f.leaf[h] + 1);
         sh(&["ip", "-n", &host, "route", "add", "default", "via", &gw])?;
-        sh(&["ip", "-n", &leaf, "link", "set", &sd, "master", "br0"])?;
-        sh(&["ip", "-n", &leaf, "link", "set", &sd, "up"])?;
-        shape(&host, "eth0", rate, queue)?;
-        shape(&leaf, &sd, rate, queue)?;
     }
     for l in 0..f.leaves {
         for s in 0..f.spines {
@@ -223,15 +261,6 @@ pub fn build(name: &str, f: &Fabric, rates: &[String], queue: &str) -> Result<()
 
 /// Bytes each uplink carried, up (leaf to spine) and down, read before the fabric goes.
 pub fn uplink_bytes(name: &str, f: &Fabric) -> Vec<(usize, usize, u64, u64)> {
-    let tx = |ns: &str, dev: &str| -> u64 {
-        let path = format!("/sys/class/net/{dev}/statistics/tx_bytes");
-        std::process::Command::new("ip")
-            .args(["netns", "exec", ns, "cat", &path])
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(0)
-    };
     let mut out = Vec::new();
     for l in 0..f.leaves {
         for s in 0..f.spines {
@@ -239,8 +268,8 @@ pub fn uplink_bytes(name: &str, f: &Fabric) -> Vec<(usize, usize, u64, u64)> {
             out.push((
                 l,
                 s,
-                tx(&format!("{name}-l{l}"), &ld),
-                tx(&format!("{name}-s{s}"), &sd),
+                tx_bytes(&format!("{name}-l{l}"), &ld),
+                tx_bytes(&format!("{name}-s{s}"), &sd),
             ));
         }
     }

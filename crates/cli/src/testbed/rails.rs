@@ -4,7 +4,7 @@
 //! ordinary switch; rail r ≥ 1 is the namespace `<name>-r<r>`, its hosts at
 //! 10.(250+r).0.(h+1).
 
-use super::fabric::shape;
+use super::fabric::{host_link, tx_bytes};
 use super::sh;
 
 /// Host `h`'s address on rail `r`.
@@ -27,30 +27,22 @@ pub fn build(
         sh(&["ip", "-n", &sw, "link", "set", "br0", "up"])?;
         for h in 0..hosts {
             let host = format!("{name}-h{h}");
-            let (hd, sd) = (format!("{name}h{h}r{r}"), format!("{name}s{h}r{r}"));
-            let dev = format!("eth{r}");
-            sh(&[
-                "ip", "link", "add", &hd, "type", "veth", "peer", "name", &sd,
-            ])?;
-            sh(&["ip", "link", "set", &hd, "netns", &host])?;
-            sh(&["ip", "link", "set", &sd, "netns", &sw])?;
-            sh(&["ip", "-n", &host, "link", "set", &hd, "name", &dev])?;
+            let (hd, port, dev) = (
+                format!("{name}h{h}r{r}"),
+                format!("{name}s{h}r{r}"),
+                format!("eth{r}"),
+            );
             let a = addr(r, h);
-            sh(&[
-                "ip",
-                "-n",
+            host_link(
                 &host,
-                "addr",
-                "add",
-                &format!("{a}/24"),
-                "dev",
+                &hd,
                 &dev,
-            ])?;
-            sh(&["ip", "-n", &host, "link", "set", &dev, "up"])?;
-            sh(&["ip", "-n", &sw, "link", "set", &sd, "master", "br0"])?;
-            sh(&["ip", "-n", &sw, "link", "set", &sd, "up"])?;
-            shape(&host, &dev, rate, queue)?;
-            shape(&sw, &sd, rate, queue)?;
+                &format!("{a}/24"),
+                &sw,
+                &port,
+                rate,
+                queue,
+            )?;
             // announced to every peer (signal), and a source of subflows of this host's own
             // connections (subflow): with signal alone the joins were never answered here
             sh(&[
@@ -92,20 +84,7 @@ pub fn bytes(name: &str, hosts: usize, rails: usize) -> Vec<u64> {
     (0..rails)
         .map(|r| {
             (0..hosts)
-                .map(|h| {
-                    let path = format!("/sys/class/net/eth{r}/statistics/tx_bytes");
-                    std::process::Command::new("ip")
-                        .args(["netns", "exec", &format!("{name}-h{h}"), "cat", &path])
-                        .output()
-                        .ok()
-                        .and_then(|o| {
-                            String::from_utf8_lossy(&o.stdout)
-                                .trim()
-                                .parse::<u64>()
-                                .ok()
-                        })
-                        .unwrap_or(0)
-                })
+                .map(|h| tx_bytes(&format!("{name}-h{h}"), &format!("eth{r}")))
                 .sum()
         })
         .collect()
