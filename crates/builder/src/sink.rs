@@ -28,6 +28,22 @@ pub struct PreparedPart {
 pub trait Sink: Send {
     /// Takes one built event; the BU releases it when this returns Ok.
     fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError>;
+    /// Takes built events from the front of `run` (in delivery order) and returns how many
+    /// it took: all of them, or fewer with the error that stopped it (the rest are offered
+    /// again, as after [`Sink::deliver`]'s error). It takes at least one unless it returns
+    /// an error. The BU releases those it took.
+    ///
+    /// The default hands them to [`Sink::deliver`] one by one, so a sink that has only
+    /// `deliver` sees exactly the events, in the order, it would see one at a time. A sink
+    /// with a cost per call (a write to disk) takes the run at once.
+    fn deliver_run(&mut self, run: &[BuiltEvent]) -> (usize, Result<(), SinkError>) {
+        for (taken, event) in run.iter().enumerate() {
+            if let Err(e) = self.deliver(event) {
+                return (taken, Err(e));
+            }
+        }
+        (run.len(), Ok(()))
+    }
     /// The EVM accepted the release of events `first .. first + count` (delivered here
     /// earlier, in this order): they are this BU's to output. A sink that commits output
     /// (files) makes only such events visible; delivered events never accepted by the end
@@ -136,5 +152,86 @@ impl Sink for CountingSink {
     }
     fn report(&self) -> Value {
         json!({ "events": self.events, "bytes": self.bytes, "distinct": self.ids.len(), "duplicates": self.duplicates })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_buffers::Chain;
+
+    /// Has only `deliver`: takes events until its room is used up, then is busy.
+    struct Room {
+        left: usize,
+        seen: Vec<u64>,
+    }
+
+    impl Sink for Room {
+        fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError> {
+            if self.left == 0 {
+                return Err(SinkError::Busy("full".into()));
+            }
+            self.left -= 1;
+            self.seen.push(event.event_id);
+            Ok(())
+        }
+        fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<(), SinkError> {
+            Ok(())
+        }
+        fn name(&self) -> &'static str {
+            "room"
+        }
+    }
+
+    fn events(ids: impl IntoIterator<Item = u64>) -> Vec<BuiltEvent> {
+        ids.into_iter()
+            .map(|id| BuiltEvent::of_one_fragment(id, 1, Chain::new()))
+            .collect()
+    }
+
+    /// A per-event sink behind the run adapter sees exactly the events, in the order, that
+    /// it sees one at a time, and the count taken is what it took before it was busy.
+    #[test]
+    fn a_per_event_sink_sees_a_run_as_its_events_one_by_one() {
+        // ids out of order and with gaps: a run is delivery order, not consecutive ids
+        let run = events([5, 6, 9, 7, 40, 41]);
+        for room in 0..=run.len() + 1 {
+            let mut one_by_one = Room {
+                left: room,
+                seen: Vec::new(),
+            };
+            let mut singly = 0;
+            for ev in &run {
+                if one_by_one.deliver(ev).is_err() {
+                    break;
+                }
+                singly += 1;
+            }
+            let mut by_run = Room {
+                left: room,
+                seen: Vec::new(),
+            };
+            let (taken, result) = by_run.deliver_run(&run);
+            assert_eq!(taken, singly, "room {room}");
+            assert_eq!(by_run.seen, one_by_one.seen, "room {room}");
+            assert_eq!(result.is_err(), room < run.len(), "room {room}");
+            // the rest, offered again once there is room, completes the same sequence
+            by_run.left = usize::MAX;
+            let (rest, again) = by_run.deliver_run(&run[taken..]);
+            assert_eq!((rest, again), (run.len() - taken, Ok(())));
+            let all: Vec<u64> = run.iter().map(|e| e.event_id).collect();
+            assert_eq!(by_run.seen, all, "room {room}");
+        }
+        assert_eq!(
+            Room {
+                left: 0,
+                seen: Vec::new()
+            }
+            .deliver_run(&[]),
+            (0, Ok(()))
+        );
     }
 }

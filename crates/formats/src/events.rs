@@ -171,8 +171,10 @@ pub struct EventFileWriter {
     tmp: PathBuf,
     path: PathBuf,
     meta: FileMeta,
-    /// Bytes known to be complete events (where to cut back to after a failed write).
+    /// Bytes known to be complete events on file (flushed).
     good: u64,
+    /// Where the batch of events appended and not yet flushed began (`append_event`).
+    batch: Option<WriteMark>,
     crc: u32,
     /// `prepare` synced the data and wrote the metadata under its temporary name.
     prepared: bool,
@@ -223,6 +225,7 @@ impl EventFileWriter {
                 crc32c: 0,
             },
             good: 0,
+            batch: None,
             crc: 0,
             prepared: false,
             renamed: false,
@@ -238,10 +241,10 @@ impl EventFileWriter {
         Ok(w)
     }
 
-    /// Where the file stands now (between events).
+    /// Where the file stands now: just after the last event written or appended.
     pub fn mark(&self) -> WriteMark {
         WriteMark {
-            bytes: self.good,
+            bytes: self.meta.bytes,
             crc: self.crc,
             events: self.meta.events,
             payload_bytes: self.meta.payload_bytes,
@@ -252,6 +255,7 @@ impl EventFileWriter {
 
     /// Cuts the file back to `mark`: the events written after it are no longer in it.
     pub fn truncate_to(&mut self, mark: &WriteMark) -> Result<(), EventFileError> {
+        self.flush_events()?;
         let io = |source| EventFileError::Io {
             path: self.tmp.display().to_string(),
             source,
@@ -319,8 +323,26 @@ impl EventFileWriter {
         flags: u16,
         fragments: &[(FragmentHeader, &Chain)],
     ) -> Result<(), EventFileError> {
+        self.append_event(event_id, trigger, flags, fragments)?;
+        self.flush_events()
+    }
+
+    /// Appends one event to the write buffer without flushing it: one of a batch that
+    /// [`EventFileWriter::flush_events`] completes. A batch is written, or cut back, as a
+    /// whole: on a failure (here or at the flush) the file is cut back to where the batch
+    /// began, so the batch can simply be written again later. A sink that hands the disk
+    /// runs of small events makes one system call per run instead of one per event.
+    pub fn append_event(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> Result<(), EventFileError> {
         self.check_whole()?;
-        let (crc_before, meta_before) = (self.crc, self.meta.clone());
+        if self.batch.is_none() {
+            self.batch = Some(self.mark());
+        }
         let r = (|| -> std::io::Result<()> {
             self.put(&event_header(event_id, trigger, flags, fragments))?;
             for (h, p) in fragments {
@@ -329,55 +351,71 @@ impl EventFileWriter {
                     self.put(c)?;
                 }
             }
-            self.writer().flush()
+            Ok(())
         })();
-        let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
-        self.settle(r, event_id, payload, crc_before, meta_before)
-    }
-
-    /// After one event's bytes went to the writer: counts the event, or (the write failed)
-    /// restores the CRC and metadata and cuts the file back to whole events.
-    fn settle(
-        &mut self,
-        r: std::io::Result<()>,
-        event_id: u64,
-        payload_bytes: u64,
-        crc_before: u32,
-        meta_before: FileMeta,
-    ) -> Result<(), EventFileError> {
         match r {
             Ok(()) => {
-                self.good = self.meta.bytes;
-                self.meta.events += 1;
-                self.meta.payload_bytes += payload_bytes;
-                self.meta.first_event.get_or_insert(event_id);
-                self.meta.last_event = Some(event_id);
+                let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+                self.counted(event_id, payload);
                 Ok(())
             }
-            Err(source) => {
-                self.crc = crc_before;
-                self.meta = meta_before;
-                // Drop what the buffer still holds and cut the file back to whole events.
-                let out = self.out.take().expect("writer present between calls");
-                let cap = out.capacity();
-                let (mut file, _unwritten) = out.into_parts();
-                use std::io::Seek;
-                if let Err(e) = file
-                    .set_len(self.good)
-                    .and_then(|_| file.seek(std::io::SeekFrom::Start(self.good)).map(|_| ()))
-                {
-                    // the next event would land at an unknown offset: refuse every later write
-                    self.damaged = Some(format!(
-                        "after a failed write ({source}) the file could not be cut back to byte {}: {e}",
-                        self.good
-                    ));
-                }
-                self.out = Some(BufWriter::with_capacity(cap, file));
-                Err(EventFileError::Io {
-                    path: self.tmp.display().to_string(),
-                    source,
-                })
+            Err(source) => Err(self.cut_back_batch(source)),
+        }
+    }
+
+    /// Flushes the events appended since the last flush (nothing to do if none were).
+    pub fn flush_events(&mut self) -> Result<(), EventFileError> {
+        if self.batch.is_none() {
+            return Ok(());
+        }
+        match self.writer().flush() {
+            Ok(()) => {
+                self.batch = None;
+                self.good = self.meta.bytes;
+                Ok(())
             }
+            Err(source) => Err(self.cut_back_batch(source)),
+        }
+    }
+
+    /// One more event in the file's counts.
+    fn counted(&mut self, event_id: u64, payload_bytes: u64) {
+        self.meta.events += 1;
+        self.meta.payload_bytes += payload_bytes;
+        self.meta.first_event.get_or_insert(event_id);
+        self.meta.last_event = Some(event_id);
+    }
+
+    /// After a write of the open batch failed: restores the CRC and counts to where the batch
+    /// began and cuts the file back to that byte (whole events).
+    fn cut_back_batch(&mut self, source: std::io::Error) -> EventFileError {
+        let start = self.batch.take().unwrap_or_else(|| self.mark());
+        self.crc = start.crc;
+        self.meta.bytes = start.bytes;
+        self.meta.events = start.events;
+        self.meta.payload_bytes = start.payload_bytes;
+        self.meta.first_event = start.first_event;
+        self.meta.last_event = start.last_event;
+        self.good = start.bytes;
+        // Drop what the buffer still holds and cut the file back to whole events.
+        let out = self.out.take().expect("writer present between calls");
+        let cap = out.capacity();
+        let (mut file, _unwritten) = out.into_parts();
+        use std::io::Seek;
+        if let Err(e) = file
+            .set_len(self.good)
+            .and_then(|_| file.seek(std::io::SeekFrom::Start(self.good)).map(|_| ()))
+        {
+            // the next event would land at an unknown offset: refuse every later write
+            self.damaged = Some(format!(
+                "after a failed write ({source}) the file could not be cut back to byte {}: {e}",
+                self.good
+            ));
+        }
+        self.out = Some(BufWriter::with_capacity(cap, file));
+        EventFileError::Io {
+            path: self.tmp.display().to_string(),
+            source,
         }
     }
 
@@ -391,14 +429,18 @@ impl EventFileWriter {
             offset: self.meta.bytes,
             reason: e.to_string(),
         })?;
-        let (crc_before, meta_before) = (self.crc, self.meta.clone());
-        let r = self.put(record).and_then(|_| self.writer().flush());
+        self.flush_events()?;
+        self.batch = Some(self.mark());
+        if let Err(source) = self.put(record) {
+            return Err(self.cut_back_batch(source));
+        }
         let payload = ev
             .fragments
             .iter()
             .map(|(_, p)| p.len() as u64)
             .sum::<u64>();
-        self.settle(r, ev.event_id, payload, crc_before, meta_before)
+        self.counted(ev.event_id, payload);
+        self.flush_events()
     }
 
     /// Completes the file: [`EventFileWriter::prepare`], then [`EventFileWriter::publish`].
@@ -418,7 +460,7 @@ impl EventFileWriter {
         }
         // a damaged file holds bytes at unknown offsets: it is never completed
         self.check_whole()?;
-        self.writer().flush().map_err(io_at(&self.tmp))?;
+        self.flush_events()?;
         self.writer()
             .get_ref()
             .sync_data()

@@ -261,3 +261,108 @@ fn a_part_published_for_its_bu_is_published_for_the_bu_too() {
     assert!(w.publish().is_err());
     assert_eq!(std::fs::read(&foreign).unwrap(), b"not ours");
 }
+
+/// Whether this process may mount a tmpfs (root with `mount` present); the full-disk tests
+/// are skipped, saying so, where not.
+fn may_mount() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|u| u.parse::<u32>().ok());
+    euid == Some(0)
+        && std::process::Command::new("mount")
+            .arg("--version")
+            .output()
+            .is_ok()
+}
+
+/// A batch of events appended and flushed at once is written whole or not at all: when the
+/// disk fills under it, the file is cut back to where the batch began (counts, CRC and bytes
+/// as before it), and the same batch written again once there is room lands exactly once.
+#[test]
+fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
+    if !may_mount() {
+        eprintln!("batch cut-back test skipped: needs root and mount");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let mnt = d.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+        .arg(&mnt)
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        eprintln!("batch cut-back test skipped: cannot mount a tmpfs here");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+
+    let pool = Pool::new("t", 16 << 10, 16);
+    let payloads: Vec<Vec<u8>> = (0..7u64).map(|e| vec![e as u8; 8 << 10]).collect();
+    let chains: Vec<Chain> = payloads.iter().map(|p| chain(&pool, p)).collect();
+    let append = |w: &mut EventFileWriter, e: u64| {
+        let p = &payloads[e as usize];
+        w.append_event(
+            e,
+            e as u32 + 1,
+            0,
+            &[(header(e, 7, p), &chains[e as usize])],
+        )
+    };
+    let mut w = EventFileWriter::create(&mnt, "full", 0, 0).unwrap();
+    for e in 0..3 {
+        append(&mut w, e).unwrap();
+    }
+    w.flush_events().unwrap();
+    let before = w.mark();
+    assert_eq!(before.events(), 3);
+
+    // take every byte that is left
+    let filler = mnt.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+    }
+    let tmp = mnt.join(".full_bu0_000000.evb.tmp");
+    let len_before = std::fs::metadata(&tmp).unwrap().len();
+    let failed = (3..7)
+        .try_for_each(|e| append(&mut w, e))
+        .and_then(|()| w.flush_events());
+    assert!(failed.is_err(), "the batch fitted on a full disk");
+    assert_eq!(
+        w.mark(),
+        before,
+        "counts and CRC are back where the batch began"
+    );
+    assert_eq!(std::fs::metadata(&tmp).unwrap().len(), len_before);
+
+    std::fs::remove_file(&filler).unwrap();
+    for e in 3..7 {
+        append(&mut w, e).unwrap();
+    }
+    w.flush_events().unwrap();
+    let meta = w.finish().unwrap();
+    assert_eq!(meta.events, 7);
+    let data = std::fs::read(mnt.join("full_bu0_000000.evb")).unwrap();
+    assert_eq!(meta.crc32c, crc32c::crc32c(&data));
+    let events: Vec<_> = EventFile::open(&mnt.join("full_bu0_000000.evb"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let ids: Vec<u64> = events.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids, (0..7).collect::<Vec<_>>());
+    for (e, got) in events.iter().enumerate() {
+        assert_eq!(got.fragments[0].1, payloads[e]);
+    }
+}

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use evb_buffers::Chain;
 use evb_builder::{BuiltEvent, PreparedPart, Sink, SinkError};
 use evb_formats::events::{
-    EventFileWriter, WriteMark, EVENT_CORRUPT, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
+    EventFileError, EventFileWriter, WriteMark, EVENT_CORRUPT, EVENT_PARTIAL,
+    EVENT_TRIGGER_MISMATCH,
 };
 use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
 use serde_json::{json, Value};
@@ -69,6 +70,16 @@ impl OpenFile {
             _ => self.ranges.push((id, 1)),
         }
     }
+}
+
+/// Whether `f` takes no more events under the limits (max events, max bytes, commit
+/// events; 0: no limit): full, or its commit is due by count.
+fn file_full(f: &OpenFile, (max_events, max_bytes, commit_events): (u64, u64, u64)) -> bool {
+    let w = &f.w;
+    (max_events > 0 && w.events() >= max_events)
+        || (max_bytes > 0 && w.bytes() >= max_bytes)
+        || (commit_events > 0 && w.events() >= commit_events)
+        || f.runs >= MAX_COMMIT_RANGES
 }
 
 /// When a file is closed and committed, besides when it is full.
@@ -155,11 +166,7 @@ impl FileSink {
 
     /// The file takes no more events: full, or its commit is due by count.
     fn full(&self, f: &OpenFile) -> bool {
-        let w = &f.w;
-        (self.max_events > 0 && w.events() >= self.max_events)
-            || (self.max_bytes > 0 && w.bytes() >= self.max_bytes)
-            || (self.commit.events > 0 && w.events() >= self.commit.events)
-            || f.runs >= MAX_COMMIT_RANGES
+        file_full(f, (self.max_events, self.max_bytes, self.commit.events))
     }
 
     /// Makes sealed files whose events were all accepted durable, oldest first, and returns
@@ -219,8 +226,9 @@ impl FileSink {
     }
 }
 
-impl Sink for FileSink {
-    fn deliver(&mut self, ev: &BuiltEvent) -> Result<(), SinkError> {
+impl FileSink {
+    /// Seals the open file if it is full and opens the next one if none is open.
+    fn open_for_writing(&mut self) -> Result<(), SinkError> {
         let full = self
             .open
             .back()
@@ -248,38 +256,82 @@ impl Sink for FileSink {
             });
             self.next_seq += 1;
         }
-        let mut flags = 0;
-        if !ev.missing_sources.is_empty() {
-            flags |= EVENT_PARTIAL;
-        }
-        if ev.trigger_mismatch {
-            flags |= EVENT_TRIGGER_MISMATCH;
-        }
-        if ev.corrupt {
-            flags |= EVENT_CORRUPT;
-        }
-        let frags: Vec<(FragmentHeader, &Chain)> =
-            ev.fragments.iter().map(|(h, c)| (*h, c)).collect();
-        let f = self.open.back_mut().expect("opened above");
-        match f
-            .w
-            .write_event(ev.event_id, ev.trigger_number, flags, &frags)
-        {
-            Ok(()) => {
-                f.pending.push_back((ev.event_id, f.w.mark()));
-                if f.last_id.is_none_or(|l| l + 1 != ev.event_id) {
-                    f.runs += 1;
-                }
-                f.last_id = Some(ev.event_id);
-                Ok(())
-            }
+        Ok(())
+    }
+
+    fn write_failed(&mut self, e: EventFileError) -> SinkError {
+        match e {
             // a write that could not be undone will not mend by retrying: fail loudly
-            Err(e @ evb_formats::events::EventFileError::Damaged { .. }) => {
-                Err(SinkError::Fatal(e.to_string()))
-            }
-            Err(e) => {
+            e @ EventFileError::Damaged { .. } => SinkError::Fatal(e.to_string()),
+            e => {
                 self.busy += 1;
-                Err(SinkError::Busy(e.to_string()))
+                SinkError::Busy(e.to_string())
+            }
+        }
+    }
+}
+
+/// The event record's flags for a built event.
+fn event_flags(ev: &BuiltEvent) -> u16 {
+    let mut flags = 0;
+    if !ev.missing_sources.is_empty() {
+        flags |= EVENT_PARTIAL;
+    }
+    if ev.trigger_mismatch {
+        flags |= EVENT_TRIGGER_MISMATCH;
+    }
+    if ev.corrupt {
+        flags |= EVENT_CORRUPT;
+    }
+    flags
+}
+
+impl Sink for FileSink {
+    fn deliver(&mut self, ev: &BuiltEvent) -> Result<(), SinkError> {
+        self.deliver_run(std::slice::from_ref(ev)).1
+    }
+
+    /// Writes the run's events into the open file with one flush (one system call, not one
+    /// per event), as far as the file takes them; a failed write takes none of them (the
+    /// file is cut back to where the run began).
+    fn deliver_run(&mut self, run: &[BuiltEvent]) -> (usize, Result<(), SinkError>) {
+        if run.is_empty() {
+            return (0, Ok(()));
+        }
+        if let Err(e) = self.open_for_writing() {
+            return (0, Err(e));
+        }
+        let limits = (self.max_events, self.max_bytes, self.commit.events);
+        let f = self.open.back_mut().expect("opened above");
+        let before = (f.pending.len(), f.runs, f.last_id);
+        let mut frags: Vec<(FragmentHeader, &Chain)> = Vec::new();
+        let mut taken = 0;
+        let mut written = Ok(());
+        for ev in run {
+            if taken > 0 && file_full(f, limits) {
+                break;
+            }
+            frags.clear();
+            frags.extend(ev.fragments.iter().map(|(h, c)| (*h, c)));
+            written =
+                f.w.append_event(ev.event_id, ev.trigger_number, event_flags(ev), &frags);
+            if written.is_err() {
+                break;
+            }
+            f.pending.push_back((ev.event_id, f.w.mark()));
+            if f.last_id.is_none_or(|l| l + 1 != ev.event_id) {
+                f.runs += 1;
+            }
+            f.last_id = Some(ev.event_id);
+            taken += 1;
+        }
+        match written.and_then(|()| f.w.flush_events()) {
+            Ok(()) => (taken, Ok(())),
+            Err(e) => {
+                // the writer cut the file back to where the run began: so does the record
+                f.pending.truncate(before.0);
+                (f.runs, f.last_id) = (before.1, before.2);
+                (0, Err(self.write_failed(e)))
             }
         }
     }
@@ -465,6 +517,45 @@ mod tests {
         assert_eq!(s.report()["left_out_unaccepted"], 3);
         assert_eq!(s.report()["events"], 4);
         assert_eq!(hidden(dir.path()), 0);
+    }
+
+    /// A run of events is written as far as the open file takes it; the rest goes to the
+    /// next file on the next offer, and every file holds exactly its events, in order.
+    #[test]
+    fn a_run_fills_the_open_file_and_the_rest_starts_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        s.deliver(&event(&pool, 0)).unwrap();
+        let run: Vec<BuiltEvent> = (1..10).map(|id| event(&pool, id)).collect();
+        let mut offered = &run[..];
+        let mut takes = Vec::new();
+        while !offered.is_empty() {
+            let (taken, result) = s.deliver_run(offered);
+            result.unwrap();
+            takes.push(taken);
+            offered = &offered[taken..];
+        }
+        assert_eq!(takes, vec![3, 4, 2], "each file takes what it has room for");
+        s.accepted(0, 10).unwrap();
+        let parts = s.prepare(Instant::now()).unwrap();
+        assert_eq!(parts.len(), 2);
+        for p in &parts {
+            s.publish(p.part).unwrap();
+        }
+        assert_eq!(
+            ids_in(dir.path()),
+            vec![
+                ("r_bu0_000000.evb".into(), vec![0, 1, 2, 3]),
+                ("r_bu0_000001.evb".into(), vec![4, 5, 6, 7]),
+            ]
+        );
+        s.finish().unwrap();
+        assert_eq!(
+            s.report()["left_out_unaccepted"],
+            2,
+            "8 and 9: their file was open"
+        );
     }
 
     #[test]
