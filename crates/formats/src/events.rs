@@ -157,6 +157,27 @@ impl WriteMark {
     }
 }
 
+/// The slow half of making a data file durable ([`EventFileWriter::begin_prepare`]): syncs
+/// the data, then writes and syncs the metadata under its temporary name. It blocks for the
+/// disk (a millisecond or more each sync), so a sink may run it on a thread of its own.
+#[derive(Debug)]
+pub struct PrepareJob {
+    data: File,
+    tmp: PathBuf,
+    meta_tmp: PathBuf,
+    meta_text: String,
+}
+
+impl PrepareJob {
+    pub fn run(self) -> Result<(), EventFileError> {
+        self.data.sync_data().map_err(io_at(&self.tmp))?;
+        let mut f = File::create(&self.meta_tmp).map_err(io_at(&self.meta_tmp))?;
+        f.write_all(self.meta_text.as_bytes())
+            .map_err(io_at(&self.meta_tmp))?;
+        f.sync_data().map_err(io_at(&self.meta_tmp))
+    }
+}
+
 /// An IO error at `p`, for `map_err`.
 fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> EventFileError {
     let path = p.display().to_string();
@@ -455,24 +476,41 @@ impl EventFileWriter {
     /// written and synced beside it. Nothing is visible under the final names yet. May be
     /// called again after an error, and after it succeeded (it then does nothing).
     pub fn prepare(&mut self) -> Result<(), EventFileError> {
+        if let Some(job) = self.begin_prepare()? {
+            job.run()?;
+            self.prepared();
+        }
+        Ok(())
+    }
+
+    /// The quick half of [`EventFileWriter::prepare`]: flushes the data and fixes the
+    /// metadata, and returns the slow half (the syncs) as a job that may run on another
+    /// thread; [`EventFileWriter::prepared`] records that it succeeded. `None`: prepared
+    /// already. Nothing may be written to the file after this.
+    pub fn begin_prepare(&mut self) -> Result<Option<PrepareJob>, EventFileError> {
         if self.prepared || self.renamed {
-            return Ok(());
+            return Ok(None);
         }
         // a damaged file holds bytes at unknown offsets: it is never completed
         self.check_whole()?;
         self.flush_events()?;
-        self.writer()
+        let data = self
+            .writer()
             .get_ref()
-            .sync_data()
+            .try_clone()
             .map_err(io_at(&self.tmp))?;
         self.meta.crc32c = self.crc;
-        let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n";
-        let meta_tmp = self.meta_tmp();
-        let mut f = File::create(&meta_tmp).map_err(io_at(&meta_tmp))?;
-        f.write_all(text.as_bytes()).map_err(io_at(&meta_tmp))?;
-        f.sync_data().map_err(io_at(&meta_tmp))?;
+        Ok(Some(PrepareJob {
+            data,
+            tmp: self.tmp.clone(),
+            meta_tmp: self.meta_tmp(),
+            meta_text: serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n",
+        }))
+    }
+
+    /// The [`PrepareJob`] from [`EventFileWriter::begin_prepare`] succeeded.
+    pub fn prepared(&mut self) {
         self.prepared = true;
-        Ok(())
     }
 
     /// Renames a prepared file and its metadata into place, and syncs the directory so the

@@ -26,6 +26,8 @@ use evb_formats::events::{
     EVENT_TRIGGER_MISMATCH,
 };
 use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
+
+use crate::file_syncer::Syncer;
 use serde_json::{json, Value};
 
 /// Where a file is on its way to being output.
@@ -35,6 +37,8 @@ enum Stage {
     Open,
     /// No more events go into it (full, due, or the run is over); waiting for acceptances.
     Sealed,
+    /// Its events all accepted; being made durable by the syncer.
+    Syncing,
     /// Durable under its temporary name; its Commit is with the EVM.
     Prepared,
     /// The EVM committed it; renaming it into place failed and is tried again.
@@ -111,6 +115,7 @@ pub struct FileSink {
     /// Events skipped over by the EVM's acceptances (refused by its ledger).
     refused: u64,
     parts_prepared: u64,
+    syncer: Syncer,
 }
 
 /// The highest sequence number among this BU's files of this run in `dir` (completed or
@@ -161,6 +166,7 @@ impl FileSink {
             left_out: 0,
             refused: 0,
             parts_prepared: 0,
+            syncer: Syncer::new(format!("bu{bu}-sync")),
         })
     }
 
@@ -169,11 +175,12 @@ impl FileSink {
         file_full(f, (self.max_events, self.max_bytes, self.commit.events))
     }
 
-    /// Makes sealed files whose events were all accepted durable, oldest first, and returns
-    /// them as parts for the EVM. A file with no accepted event is dropped (nothing of it is
-    /// output).
+    /// Hands sealed files whose events were all accepted to the syncer, oldest first, and
+    /// returns the files it made durable since, as parts for the EVM. A file with no
+    /// accepted event is dropped (nothing of it is output).
     fn prepare_sealed(&mut self) -> Result<Vec<PreparedPart>, SinkError> {
-        let mut parts = Vec::new();
+        let mut ready = Vec::new();
+        let mut failed = None;
         let mut k = 0;
         while k < self.open.len() {
             let f = &mut self.open[k];
@@ -190,19 +197,77 @@ impl FileSink {
                 f.w.discard();
                 continue;
             }
-            if let Err(e) = f.w.prepare() {
-                self.busy += 1;
-                return Err(SinkError::Busy(e.to_string()));
+            match f.w.begin_prepare() {
+                Ok(Some(job)) => {
+                    self.syncer.start(f.seq, job);
+                    f.stage = Stage::Syncing;
+                }
+                // durable already (a sealed file never is: kept for the writer's contract)
+                Ok(None) => {
+                    f.stage = Stage::Prepared;
+                    self.parts_prepared += 1;
+                    ready.push(PreparedPart {
+                        part: f.seq,
+                        ranges: f.ranges.clone(),
+                    });
+                }
+                Err(e) => {
+                    self.busy += 1;
+                    failed = Some(e.to_string());
+                    break;
+                }
             }
-            f.stage = Stage::Prepared;
-            self.parts_prepared += 1;
-            parts.push(PreparedPart {
-                part: f.seq,
-                ranges: f.ranges.clone(),
-            });
             k += 1;
         }
-        Ok(parts)
+        match self.synced(false) {
+            Ok(mut parts) => ready.append(&mut parts),
+            Err(SinkError::Busy(why)) => {
+                failed.get_or_insert(why);
+            }
+            Err(fatal) => return Err(fatal),
+        }
+        // parts made durable go to the EVM even when another file failed now
+        match failed {
+            Some(why) if ready.is_empty() => Err(SinkError::Busy(why)),
+            _ => Ok(ready),
+        }
+    }
+
+    /// Files the syncer made durable (all of those in flight, with `wait`), as parts for the
+    /// EVM. A file whose sync failed is sealed again, to be tried again on the next call;
+    /// the failure is the error when no part is ready.
+    fn synced(&mut self, wait: bool) -> Result<Vec<PreparedPart>, SinkError> {
+        let mut parts = Vec::new();
+        let mut failed = None;
+        while let Some((seq, r)) = self.syncer.next(wait) {
+            let Some(f) = self
+                .open
+                .iter_mut()
+                .find(|f| f.seq == seq && f.stage == Stage::Syncing)
+            else {
+                continue;
+            };
+            match r {
+                Ok(()) => {
+                    f.w.prepared();
+                    f.stage = Stage::Prepared;
+                    self.parts_prepared += 1;
+                    parts.push(PreparedPart {
+                        part: f.seq,
+                        ranges: f.ranges.clone(),
+                    });
+                }
+                Err(e) => {
+                    f.stage = Stage::Sealed;
+                    self.busy += 1;
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+        }
+        match failed {
+            Some(why) if parts.is_empty() => Err(SinkError::Busy(why)),
+            _ => Ok(parts),
+        }
     }
 
     /// Renames committed files into place.
@@ -366,10 +431,11 @@ impl Sink for FileSink {
         if let Some(f) = self.open.back_mut().filter(|_| due) {
             f.stage = Stage::Sealed;
         }
-        if !self
-            .open
-            .iter()
-            .any(|f| f.stage == Stage::Sealed && f.pending.is_empty())
+        if self.syncer.in_flight() == 0
+            && !self
+                .open
+                .iter()
+                .any(|f| f.stage == Stage::Sealed && f.pending.is_empty())
         {
             return Ok(Vec::new());
         }
@@ -390,6 +456,9 @@ impl Sink for FileSink {
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
+        // no sync may still be writing beside a file that is discarded now; what it made
+        // durable is not committed, and so is not output
+        let _ = self.synced(true);
         // committed parts are output whatever else happened; the rest never is, and goes
         // even when a committed part cannot be placed (that one keeps its temporary: it is
         // committed output, for the operator to see in the error)
@@ -477,6 +546,14 @@ mod tests {
         time: Duration::from_secs(3600),
     };
 
+    /// `prepare`, and the parts the syncer then makes durable of what it was given (the
+    /// syncs run on a thread of their own).
+    fn prepare_synced(s: &mut FileSink, now: Instant) -> Result<Vec<PreparedPart>, SinkError> {
+        let mut parts = s.prepare(now)?;
+        parts.extend(s.synced(true)?);
+        Ok(parts)
+    }
+
     fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
         FileSink::new(dir.into(), "r", bu, 0, 0, commit).unwrap()
     }
@@ -491,9 +568,9 @@ mod tests {
         }
         let now = Instant::now();
         // the first file (10..13) is closed but waits for the EVM's acceptance
-        assert!(s.prepare(now).unwrap().is_empty());
+        assert!(prepare_synced(&mut s, now).unwrap().is_empty());
         s.accepted(10, 4).unwrap();
-        let parts = s.prepare(now).unwrap();
+        let parts = prepare_synced(&mut s, now).unwrap();
         assert_eq!(
             parts,
             vec![PreparedPart {
@@ -503,7 +580,10 @@ mod tests {
         );
         // durable, not yet visible
         assert!(ids_in(dir.path()).is_empty());
-        assert!(s.prepare(now).unwrap().is_empty(), "prepared once");
+        assert!(
+            prepare_synced(&mut s, now).unwrap().is_empty(),
+            "prepared once"
+        );
         s.publish(0).unwrap();
         assert_eq!(
             ids_in(dir.path()),
@@ -538,7 +618,7 @@ mod tests {
         }
         assert_eq!(takes, vec![3, 4, 2], "each file takes what it has room for");
         s.accepted(0, 10).unwrap();
-        let parts = s.prepare(Instant::now()).unwrap();
+        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
         assert_eq!(parts.len(), 2);
         for p in &parts {
             s.publish(p.part).unwrap();
@@ -558,6 +638,45 @@ mod tests {
         );
     }
 
+    /// A closed file is synced on the syncer's thread: the sink takes events meanwhile, the
+    /// part comes back once, and a run that ends with a sync in flight waits for it and
+    /// leaves no temporary file behind.
+    #[test]
+    fn events_keep_coming_while_a_part_is_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        for id in 0..5 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        s.accepted(0, 4).unwrap();
+        let now = Instant::now();
+        let mut parts = s.prepare(now).unwrap();
+        for id in 5..8 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        parts.extend(prepare_synced(&mut s, now).unwrap());
+        assert_eq!(
+            parts,
+            vec![PreparedPart {
+                part: 0,
+                ranges: vec![(0, 4)]
+            }]
+        );
+        s.publish(0).unwrap();
+        // the second file: sealed, accepted, its sync started, and the run ends at once
+        s.deliver(&event(&pool, 8)).unwrap();
+        s.accepted(4, 4).unwrap();
+        let started = s.prepare(now).unwrap();
+        assert!(started.len() <= 1);
+        s.finish().unwrap();
+        assert_eq!(
+            ids_in(dir.path()),
+            vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
+        );
+        assert_eq!(hidden(dir.path()), 0, "no temporary file is left");
+    }
+
     #[test]
     fn a_part_prepared_and_never_committed_is_not_output() {
         let dir = tempfile::tempdir().unwrap();
@@ -567,7 +686,7 @@ mod tests {
             s.deliver(&event(&pool, id)).unwrap();
         }
         s.accepted(0, 4).unwrap();
-        assert_eq!(s.prepare(Instant::now()).unwrap().len(), 1);
+        assert_eq!(prepare_synced(&mut s, Instant::now()).unwrap().len(), 1);
         // the EVM dropped this BU before it committed the part: it never says Committed
         s.finish().unwrap();
         assert!(ids_in(dir.path()).is_empty());
@@ -589,8 +708,11 @@ mod tests {
         s.deliver(&event(&pool, 2)).unwrap();
         s.accepted(0, 1).unwrap();
         s.accepted(2, 1).unwrap();
-        assert!(s.prepare(t0).unwrap().is_empty(), "not due yet");
-        let parts = s.prepare(t0 + Duration::from_millis(60)).unwrap();
+        assert!(
+            prepare_synced(&mut s, t0).unwrap().is_empty(),
+            "not due yet"
+        );
+        let parts = prepare_synced(&mut s, t0 + Duration::from_millis(60)).unwrap();
         assert_eq!(parts[0].ranges, vec![(0, 1), (2, 1)]);
         s.publish(parts[0].part).unwrap();
         assert_eq!(
@@ -608,7 +730,7 @@ mod tests {
             s.deliver(&event(&pool, id)).unwrap();
         }
         s.accepted(0, 4).unwrap();
-        let parts = s.prepare(Instant::now()).unwrap();
+        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
         // something occupies the final name: publishing must fail, keep the data, not replace
         let blocker = dir.path().join("r_bu0_000000.evb");
         std::fs::write(&blocker, b"not ours").unwrap();
@@ -636,7 +758,7 @@ mod tests {
         first.deliver(&event(&pool, 1)).unwrap();
         first.accepted(1, 1).unwrap();
         first.deliver(&event(&pool, 2)).unwrap(); // closes the first file
-        let p = first.prepare(Instant::now()).unwrap();
+        let p = prepare_synced(&mut first, Instant::now()).unwrap();
         first.publish(p[0].part).unwrap();
         // killed with a file open: its temporary file stays behind
         std::mem::forget(first);
@@ -644,7 +766,7 @@ mod tests {
         again.deliver(&event(&pool, 3)).unwrap();
         again.accepted(3, 1).unwrap();
         again.deliver(&event(&pool, 4)).unwrap();
-        let p = again.prepare(Instant::now()).unwrap();
+        let p = prepare_synced(&mut again, Instant::now()).unwrap();
         again.publish(p[0].part).unwrap();
         assert_eq!(
             ids_in(dir.path()),

@@ -12,6 +12,7 @@ pub mod control;
 pub mod discovery;
 mod driver;
 mod file_sink;
+mod file_syncer;
 mod playback;
 pub mod plug;
 pub mod priority;
