@@ -211,7 +211,8 @@ impl SinkQueue {
                 Ok(()) if taken == 0 => break,
                 Ok(()) => {}
                 Err(SinkError::Busy(why)) => {
-                    if self.blocked.is_none() && news {
+                    // asked after the call: the sink says whether this refusal is news
+                    if self.blocked.is_none() && sink.busy_is_news() {
                         warn!(
                             node = %me,
                             "sink blocked, holding {} events and their credits: {why}",
