@@ -21,7 +21,7 @@ use clap::Args;
 use evb_formats::events::{parse_event, EventFileWriter, EVENT_CORRUPT, EVENT_TRIGGER_MISMATCH};
 use evb_wire::consumer::{
     proof_key, ConsumerHeader, ConsumerHello, ConsumerMsg, ProofRole, RefuseCode,
-    CONSUMER_HEADER_LEN, PROOF_LEN,
+    CONSUMER_HEADER_LEN, MAX_ACK_IDS, PROOF_LEN,
 };
 
 #[derive(Args, Clone)]
@@ -319,6 +319,15 @@ fn nonce() -> Result<u64, String> {
     }
 }
 
+/// Acknowledges the events in `taken` (if any) in one Ack frame, sent at once.
+fn acknowledge(out: &mut impl Write, taken: &mut Vec<u64>) -> std::io::Result<()> {
+    if taken.is_empty() {
+        return Ok(());
+    }
+    let ack = ConsumerMsg::Ack(std::mem::take(taken)).encode();
+    out.write_all(&ack).and_then(|_| out.flush())
+}
+
 fn read_frame(r: &mut impl Read, max_event: u32) -> Result<ConsumerMsg, String> {
     let mut h = [0u8; CONSUMER_HEADER_LEN];
     r.read_exact(&mut h).map_err(|e| e.to_string())?;
@@ -430,18 +439,35 @@ fn session(
         }
     }
     let mut out = BufWriter::new(out);
+    // Events taken and not yet acknowledged: they are acknowledged together, in one Ack,
+    // whenever nothing more is buffered to read (before this consumer would wait, so the
+    // BU, which sends no more than its window unacknowledged, is never left waiting).
+    let mut taken: Vec<u64> = Vec::new();
     loop {
+        if input.buffer().is_empty() || taken.len() >= MAX_ACK_IDS {
+            if let Err(e) = acknowledge(&mut out, &mut taken) {
+                return Ended::Dropped(format!("sending an ack: {e}"));
+            }
+        }
         let msg = match read_frame(&mut input, max_event) {
             Ok(m) => m,
             Err(e) => return Ended::Dropped(format!("connection lost: {e}")),
         };
         let record = match msg {
             ConsumerMsg::Event(r) => r,
-            ConsumerMsg::End { acked, lost } => return Ended::End { acked, lost },
-            other => return Ended::Fatal(format!("unexpected {:?} from the BU", other.kind())),
+            ConsumerMsg::End { acked, lost } => {
+                let _ = acknowledge(&mut out, &mut taken);
+                return Ended::End { acked, lost };
+            }
+            other => {
+                let _ = acknowledge(&mut out, &mut taken);
+                return Ended::Fatal(format!("unexpected {:?} from the BU", other.kind()));
+            }
         };
         if ctx.totals.stop.load(Ordering::Acquire) {
-            return Ended::Limit; // not acknowledged: it goes to another consumer
+            // this one is not acknowledged: it goes to another consumer
+            let _ = acknowledge(&mut out, &mut taken);
+            return Ended::Limit;
         }
         let ev = match parse_event(&record) {
             Ok(ev) => ev,
@@ -469,6 +495,7 @@ fn session(
         }
         if !bad.is_empty() {
             ctx.totals.errors.fetch_add(1, Ordering::AcqRel);
+            let _ = acknowledge(&mut out, &mut taken);
             return Ended::Fatal(format!("event {}: {}", ev.event_id, bad.join("; ")));
         }
         if ctx.a.slow_ms > 0 {
@@ -499,12 +526,12 @@ fn session(
         } else {
             ctx.totals.events.load(Ordering::Acquire)
         };
-        let ack = ConsumerMsg::Ack(vec![ev.event_id]).encode();
-        if let Err(e) = out.write_all(&ack).and_then(|_| out.flush()) {
-            return Ended::Dropped(format!("sending an ack: {e}"));
-        }
+        taken.push(ev.event_id);
         if ctx.a.limit.is_some_and(|l| n >= l) {
             ctx.totals.stop.store(true, Ordering::Release);
+            if let Err(e) = acknowledge(&mut out, &mut taken) {
+                return Ended::Dropped(format!("sending an ack: {e}"));
+            }
             return Ended::Limit;
         }
     }

@@ -883,3 +883,90 @@ fn a_standby_takes_over_a_serving_run_and_each_event_is_consumed_once() {
     );
     each_event_consumed_once(d, c);
 }
+
+/// One frame from a consumer connection, as the BU reads it.
+fn bu_reads(s: &mut std::net::TcpStream) -> evb_wire::consumer::ConsumerMsg {
+    use evb_wire::consumer::{ConsumerHeader, ConsumerMsg, CONSUMER_HEADER_LEN};
+    let mut h = [0u8; CONSUMER_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = ConsumerHeader::decode(&h, 1 << 20).unwrap();
+    let mut p = vec![0u8; h.length as usize];
+    s.read_exact(&mut p).unwrap();
+    ConsumerMsg::decode(h.kind, &p).unwrap()
+}
+
+/// `evb consume` acknowledges what it has taken in one Ack whenever nothing more is buffered
+/// to read, not one Ack per event: ten events that arrive in one write come back in fewer
+/// Acks than events, every id exactly once, and the consumer counts the ten.
+#[test]
+fn events_that_arrive_together_are_acknowledged_together() {
+    use evb_buffers::{Chain, Pool};
+    use evb_formats::events::event_header;
+    use evb_wire::consumer::{ConsumerFrame, ConsumerHeader, ConsumerMsg, Welcome};
+    use evb_wire::FragmentHeader;
+
+    let d = tempfile::tempdir().unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let c = consumer(d.path(), "c", "r", &addr, &[]);
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // the consumer's Hello: its header names the payload's length
+    let mut h = [0u8; evb_wire::consumer::CONSUMER_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let len = u32::from_le_bytes(h[8..12].try_into().unwrap());
+    std::io::copy(&mut (&mut s).take(len as u64), &mut std::io::sink()).unwrap();
+    s.write_all(
+        &ConsumerMsg::Welcome(Welcome {
+            bu_index: 0,
+            max_held: 16,
+            bu_id: "bu0".into(),
+        })
+        .encode(),
+    )
+    .unwrap();
+    let pool = Pool::new("t", 4096, 16);
+    let mut burst = Vec::new();
+    for id in 0..10u64 {
+        let payload = id.to_le_bytes();
+        let mut w = pool.try_alloc().unwrap();
+        let chain = Chain::from_slice(w.append(&payload).unwrap());
+        let fh = FragmentHeader {
+            event_id: id,
+            trigger_number: id as u32,
+            source_id: 1,
+            flags: 0,
+            payload_size: 8,
+            payload_crc: crc32c::crc32c(&payload),
+        };
+        let mut record = event_header(id, id as u32, 0, &[(fh, &chain)]).to_vec();
+        record.extend_from_slice(&fh.encode());
+        record.extend_from_slice(&payload);
+        burst.extend_from_slice(
+            &ConsumerHeader::new(ConsumerFrame::Event, record.len() as u32).encode(),
+        );
+        burst.extend_from_slice(&record);
+    }
+    s.write_all(&burst).unwrap();
+    let (mut acks, mut acked) = (0, Vec::new());
+    while acked.len() < 10 {
+        match bu_reads(&mut s) {
+            ConsumerMsg::Ack(ids) => {
+                acks += 1;
+                acked.extend(ids);
+            }
+            other => panic!("expected an Ack, got {:?}", other.kind()),
+        }
+    }
+    assert_eq!(
+        acked,
+        (0..10).collect::<Vec<u64>>(),
+        "every id once, in order"
+    );
+    assert!(acks < 10, "{acks} Acks for 10 events that came together");
+    s.write_all(&ConsumerMsg::End { acked: 10, lost: 0 }.encode())
+        .unwrap();
+    let (out, summary) = finished(c);
+    assert_eq!(summary["events"], 10, "{}", text(&out));
+    assert_eq!(ids(d.path(), "c"), (0..10).collect::<Vec<u64>>());
+}
