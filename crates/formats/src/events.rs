@@ -295,6 +295,12 @@ impl EventFileWriter {
             .and_then(|_| file.seek(std::io::SeekFrom::Start(mark.bytes)));
         self.out = Some(BufWriter::with_capacity(cap, file));
         r.map_err(io)?;
+        self.restore(mark);
+        Ok(())
+    }
+
+    /// The CRC, counts and complete bytes as they were at `mark`.
+    fn restore(&mut self, mark: &WriteMark) {
         self.good = mark.bytes;
         self.crc = mark.crc;
         self.meta.bytes = mark.bytes;
@@ -302,7 +308,6 @@ impl EventFileWriter {
         self.meta.payload_bytes = mark.payload_bytes;
         self.meta.first_event = mark.first_event;
         self.meta.last_event = mark.last_event;
-        Ok(())
     }
 
     fn writer(&mut self) -> &mut BufWriter<File> {
@@ -411,13 +416,7 @@ impl EventFileWriter {
     /// began and cuts the file back to that byte (whole events).
     fn cut_back_batch(&mut self, source: std::io::Error) -> EventFileError {
         let start = self.batch.take().unwrap_or_else(|| self.mark());
-        self.crc = start.crc;
-        self.meta.bytes = start.bytes;
-        self.meta.events = start.events;
-        self.meta.payload_bytes = start.payload_bytes;
-        self.meta.first_event = start.first_event;
-        self.meta.last_event = start.last_event;
-        self.good = start.bytes;
+        self.restore(&start);
         // Drop what the buffer still holds and cut the file back to whole events.
         let out = self.out.take().expect("writer present between calls");
         let cap = out.capacity();

@@ -354,8 +354,9 @@ impl FileSink {
     }
 }
 
-/// The event record's flags for a built event.
-fn event_flags(ev: &BuiltEvent) -> u16 {
+/// The event record's flags for a built event (docs/formats.md), as the file and serve sinks
+/// write them.
+pub(crate) fn event_flags(ev: &BuiltEvent) -> u16 {
     let mut flags = 0;
     if !ev.missing_sources.is_empty() {
         flags |= EVENT_PARTIAL;

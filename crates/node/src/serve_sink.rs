@@ -36,9 +36,7 @@ use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
 use evb_builder::{BuiltEvent, PreparedPart, Sink, SinkError};
-use evb_formats::events::{
-    event_header, EVENT_CORRUPT, EVENT_HEADER_LEN, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
-};
+use evb_formats::events::{event_header, EVENT_HEADER_LEN};
 use evb_wire::consumer::{ConsumerFrame, ConsumerHeader};
 use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN, MAX_COMMIT_RANGES};
 use serde_json::{json, Value};
@@ -204,16 +202,7 @@ impl ServeSink {
 }
 
 fn item(ev: &BuiltEvent) -> Item {
-    let mut flags = 0;
-    if !ev.missing_sources.is_empty() {
-        flags |= EVENT_PARTIAL;
-    }
-    if ev.trigger_mismatch {
-        flags |= EVENT_TRIGGER_MISMATCH;
-    }
-    if ev.corrupt {
-        flags |= EVENT_CORRUPT;
-    }
+    let flags = crate::file_sink::event_flags(ev);
     let refs: Vec<(FragmentHeader, &Chain)> = ev.fragments.iter().map(|(h, c)| (*h, c)).collect();
     let eh = event_header(ev.event_id, ev.trigger_number, flags, &refs);
     let body: usize = ev
