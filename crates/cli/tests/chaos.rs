@@ -226,6 +226,9 @@ struct Trial {
     at_ms: u64,
     /// 256 B fragments at 20 kHz instead of 4 KiB at 2 kHz.
     small: bool,
+    /// Parts of a few events (`sink.commit_events` 2, or 32 with small events): the BUs'
+    /// syncers fall behind the builder and the file sink holds events back (back-pressure).
+    tight_commit: bool,
 }
 
 impl Trial {
@@ -293,6 +296,9 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         t.run_section(),
         sink.display()
     );
+    if t.tight_commit {
+        toml += &format!("commit_events = {}\n", if t.small { 32 } else { 2 });
+    }
     if t.fault == Fault::KillRuPartial {
         toml += "[builder]\non_ru_loss = \"partial\"\n";
     }
@@ -764,6 +770,8 @@ fn faults_at_random_moments_keep_every_promise() {
             shm,
             at_ms,
             small: rng.below(3) == 0,
+            // from a value drawn already, so that earlier seeds replay the same trials
+            tight_commit: at_ms % 3 == 0,
         };
         if k < from {
             continue;
@@ -772,12 +780,17 @@ fn faults_at_random_moments_keep_every_promise() {
         let started = Instant::now();
         let o = run_trial(&t, dir.path());
         eprintln!(
-            "chaos: trial {k}: {:?} at {} ms, {:?}, {}{} -> {} in {:.1} s",
+            "chaos: trial {k}: {:?} at {} ms, {:?}, {}{}{} -> {} in {:.1} s",
             t.fault,
             t.at_ms,
             t.launch,
             if t.shm { "shm" } else { "tcp" },
             if t.small { ", 256 B at 20 kHz" } else { "" },
+            if t.tight_commit {
+                ", tight commits"
+            } else {
+                ""
+            },
             if o.ok { "run OK" } else { "run stopped" },
             started.elapsed().as_secs_f64()
         );
@@ -804,6 +817,7 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
         shm,
         at_ms,
         small: false,
+        tight_commit: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let o = run_trial(&t, dir.path());
