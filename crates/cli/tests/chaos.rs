@@ -771,7 +771,7 @@ fn faults_at_random_moments_keep_every_promise() {
             at_ms,
             small: rng.below(3) == 0,
             // from a value drawn already, so that earlier seeds replay the same trials
-            tight_commit: at_ms % 3 == 0,
+            tight_commit: at_ms.is_multiple_of(3),
         };
         if k < from {
             continue;
