@@ -152,23 +152,39 @@ fn push_fragment(
     }
 }
 
-/// Asks for the cache line 1 KiB past `next` (the end of the message being decoded): with
-/// small messages, the header of one a few messages on, in cache by the time the loop gets
-/// there; with large ones a line of payload, which costs as little.
-#[inline]
-fn prefetch_ahead(s: &[u8], next: usize) {
-    const AHEAD: usize = 1024;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(line) = s.get(next + AHEAD) {
-        // SAFETY: a prefetch has no effect on memory; `line` is inside `s` anyway.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line as *const u8 as *const i8,
-            )
-        };
+/// Keeps every cache line up to [`Prefetch::AHEAD`] bytes past the message being decoded
+/// asked for, each line once: with small messages the headers of the next several are in
+/// cache by the time the loop gets there (a page written by a peer on another core, or by
+/// the kernel's copy, is mostly not); past a large message it starts again from its end.
+#[derive(Default)]
+struct Prefetch {
+    /// The slice of the chain the lines below belong to.
+    slice: usize,
+    /// Lines before this offset in that slice were asked for.
+    upto: usize,
+}
+
+impl Prefetch {
+    const AHEAD: usize = 2048;
+    const LINE: usize = 64;
+
+    #[inline]
+    fn ahead(&mut self, slice: usize, s: &[u8], next: usize) {
+        if slice != self.slice || self.upto < next {
+            (self.slice, self.upto) = (slice, next);
+        }
+        let until = (next + Self::AHEAD).min(s.len());
+        while self.upto < until {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch has no effect on memory; the address is inside `s` anyway.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    s.as_ptr().add(self.upto) as *const i8,
+                )
+            };
+            self.upto += Self::LINE;
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (s, next);
 }
 
 /// [`split_messages`]; with `coalesce`, consecutive fragments come as one
@@ -180,6 +196,7 @@ pub fn split_messages_into(
     coalesce: bool,
 ) -> Result<(), WireError> {
     let mut cur = Cursor::new(payload);
+    let mut prefetch = Prefetch::default();
     let mut found = 0u32;
     while cur.left > 0 {
         if found == count {
@@ -218,7 +235,7 @@ pub fn split_messages_into(
         // Fast path: the whole body in one slice. Messages are decoded in place and a
         // fragment's payload becomes one sub-slice, without building intermediate chains.
         if let Some((s, at)) = cur.contiguous(len) {
-            prefetch_ahead(s, at + len);
+            prefetch.ahead(cur.slice, s, at + len);
             if h.msg_type == MessageType::Fragment {
                 let (header, payload_len) = fragment_header(&s[at..at + len])?;
                 let payload = Chain::from_slice(s.sub(at + FRAGMENT_HEADER_LEN, payload_len));

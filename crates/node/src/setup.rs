@@ -64,10 +64,17 @@ pub fn hello(cfg: &Config, me: &NodeSpec, channel: Channel) -> Hello {
     Hello::new(channel, wire_role(me.role), me.index, &cfg.run.id, &me.id)
 }
 
-/// Consecutive events per assignment: enough to fill a page with small events, one for large.
+/// Consecutive events per assignment. Generated events: enough to fill a page with small
+/// events, one for large. Recorded, streamed or produced fragments: their sizes are not known
+/// before they come, only their limit (`source.max_fragment`), which sizes the default
+/// credits; a quarter of those. (Sizing by `fragments.size`, the generator's, made every
+/// assignment of a stream-fed run one event: four messages from the EVM per event.)
 pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
     if cfg.builder.batch > 0 {
         return cfg.builder.batch;
+    }
+    if cfg.source.kind != SourceKind::Generator {
+        return (cfg.default_credits() / 4).clamp(1, 1024);
     }
     let event = (cfg.fragments.size + FRAGMENT_PREFIX_LEN as u64) * n_ru.max(1);
     (cfg.messaging.page_size / event).clamp(1, 1024) as u32
@@ -351,6 +358,40 @@ mod tests {
             (max_frame(&cfg) as u64) < 1 << 20,
             "the generator's 1 KiB fragments"
         );
+    }
+
+    /// A stream-fed (or recorded, or produced) run's assignments are not sized by the
+    /// generator's `fragments.size`, which its fragments do not have: the default 512 KiB
+    /// made every assignment one event. They take a quarter of the default credits; the
+    /// generator's still fill a page; `builder.batch` still wins.
+    #[test]
+    fn assignments_of_fragments_not_generated_are_not_sized_by_the_generator() {
+        let mut cfg = Config::default();
+        let rus = 2;
+        assert_eq!(cfg.fragments.size, 512 << 10, "the default this guards against");
+        for kind in [SourceKind::Stream, SourceKind::Fed, SourceKind::Api] {
+            cfg.source.kind = kind;
+            // credits: 16 MiB over two fragments of max_fragment + 64, within 16 ..= 4096
+            for (max_fragment, batch) in [(1024, 1024), (65536, 31), (1 << 20, 4)] {
+                cfg.source.max_fragment = max_fragment;
+                assert_eq!(
+                    assign_batch(&cfg, rus),
+                    batch,
+                    "{kind:?}, max_fragment {max_fragment}: credits {}",
+                    cfg.default_credits()
+                );
+            }
+        }
+        cfg.source.kind = SourceKind::Generator;
+        assert_eq!(assign_batch(&cfg, rus), 1, "two 512 KiB fragments: one per page");
+        cfg.fragments.size = 256;
+        assert_eq!(
+            assign_batch(&cfg, rus),
+            (cfg.messaging.page_size / (2 * (256 + FRAGMENT_PREFIX_LEN as u64))) as u32
+        );
+        cfg.builder.batch = 7;
+        cfg.source.kind = SourceKind::Stream;
+        assert_eq!(assign_batch(&cfg, rus), 7);
     }
 
     /// Pool sizes that overflow are an error naming the key, not a panic (a configuration
