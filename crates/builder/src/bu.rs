@@ -772,8 +772,8 @@ impl Bu {
         b.pad(id, &self.cfg.source_ids, n);
         let mut fragments = std::mem::take(&mut b.fragments);
         let (corrupt, partial) = (b.corrupt, b.partial);
-        let us = u64::try_from(now.saturating_duration_since(b.since).as_micros())
-            .unwrap_or(u64::MAX);
+        let us =
+            u64::try_from(now.saturating_duration_since(b.since).as_micros()).unwrap_or(u64::MAX);
         let guess = (0..n)
             .find(|&i| b.have.get(i))
             .map_or(id as u32, |i| fragments[i].0.trigger_number);

@@ -368,7 +368,11 @@ mod tests {
     fn assignments_of_fragments_not_generated_are_not_sized_by_the_generator() {
         let mut cfg = Config::default();
         let rus = 2;
-        assert_eq!(cfg.fragments.size, 512 << 10, "the default this guards against");
+        assert_eq!(
+            cfg.fragments.size,
+            512 << 10,
+            "the default this guards against"
+        );
         for kind in [SourceKind::Stream, SourceKind::Fed, SourceKind::Api] {
             cfg.source.kind = kind;
             // credits: 16 MiB over two fragments of max_fragment + 64, within 16 ..= 4096
@@ -383,7 +387,11 @@ mod tests {
             }
         }
         cfg.source.kind = SourceKind::Generator;
-        assert_eq!(assign_batch(&cfg, rus), 1, "two 512 KiB fragments: one per page");
+        assert_eq!(
+            assign_batch(&cfg, rus),
+            1,
+            "two 512 KiB fragments: one per page"
+        );
         cfg.fragments.size = 256;
         assert_eq!(
             assign_batch(&cfg, rus),

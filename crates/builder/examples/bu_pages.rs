@@ -1,0 +1,118 @@
+//! The BU's state machine alone, without IO or other processes: pages of fragments from two
+//! RUs filed as the driver files them (`Bu::handle_fragments`, a page at a time), the events
+//! built, delivered, released and echoed. Prints nanoseconds per event for each round and
+//! their median. One thread and no peers: its profile (`perf record`) shows the BU's own
+//! costs without the scheduling of five processes on two cores, and its rounds scatter by a
+//! few percent where a whole `evb run` scatters by tens. Compare two builds by alternating
+//! their runs.
+//!
+//! `cargo run --release -p evb-builder --example bu_pages [ROUNDS] [FRAGMENT_BYTES]`
+//!
+//! What is timed: filing the pages, completing the events, the sink's side (`delivered`,
+//! `recycle`), releases and credits, and the EVM's echo. Not timed: making the pages.
+
+use std::time::{Duration, Instant};
+
+use evb_buffers::{Chain, Pool};
+use evb_builder::{Action, Bu, BuConfig, NodeRef, Verify};
+use evb_wire::{EventRange, FragmentHeader, Message};
+
+const RUS: u16 = 2;
+const BLOCK: usize = 256 << 10;
+/// Passes per round.
+const PASSES: usize = 400;
+
+/// One RU's page: fragments of events `first..first + n`, each payload a slice of `pool`.
+fn page(pool: &Pool, ru: u16, first: u64, n: usize, size: usize) -> Vec<(FragmentHeader, Chain)> {
+    let mut w = pool
+        .try_alloc()
+        .expect("the pool holds the pages of a pass");
+    let payload = vec![ru as u8; size];
+    (0..n as u64)
+        .map(|k| {
+            let h = FragmentHeader {
+                event_id: first + k,
+                trigger_number: (first + k) as u32,
+                source_id: 100 + ru,
+                flags: 0,
+                payload_size: size as u32,
+                payload_crc: 0,
+            };
+            let s = w.append(&payload).expect("a page fits a block");
+            (h, Chain::from_slice(s))
+        })
+        .collect()
+}
+
+/// One pass: the events of a page from every RU, assigned, filed, built, delivered and
+/// released; returns the time it took beyond making the pages.
+fn pass(b: &mut Bu, pool: &Pool, first: u64, n: usize, size: usize) -> Duration {
+    let pages: Vec<(NodeRef, Vec<(FragmentHeader, Chain)>)> = (0..RUS)
+        .map(|ru| (NodeRef::Ru(ru), page(pool, ru, first, n, size)))
+        .collect();
+    let t = Instant::now();
+    let now = t;
+    let range = EventRange {
+        bu: 0,
+        first,
+        count: n as u32,
+    };
+    b.handle(now, NodeRef::Evm, Message::Assign(range));
+    for (from, run) in pages {
+        b.handle_fragments(now, from, run);
+    }
+    let mut built = 0;
+    while let Some(a) = b.next_action() {
+        if let Action::Deliver(e) = a {
+            b.delivered(e.event_id, e.bytes);
+            b.recycle(e.fragments);
+            built += 1;
+        }
+    }
+    assert_eq!(built, n, "every event of the pass is built");
+    b.poll(now);
+    while b.next_action().is_some() {}
+    b.handle(now, NodeRef::Evm, Message::Release(range));
+    while b.next_action().is_some() {}
+    t.elapsed()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
+    let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
+    // a page as the messenger cuts one: 256 KiB of fragments and their 40 B prefixes
+    let n = (BLOCK / (size + 40)).max(1);
+    let pool = Pool::new("bu-pages", BLOCK, 4 * RUS as usize);
+    let mut b = Bu::new(BuConfig {
+        index: 0,
+        source_ids: (0..RUS).map(|r| 100 + r).collect(),
+        credits: 4096,
+        verify: Verify::Headers,
+        generator: None,
+        duplicate_window: 1 << 16,
+    });
+    b.handle(Instant::now(), NodeRef::Evm, Message::Start);
+    let mut first = 0u64;
+    let mut rounds_ns = Vec::new();
+    for round in 0..rounds {
+        let mut spent = Duration::ZERO;
+        for _ in 0..PASSES {
+            spent += pass(&mut b, &pool, first, n, size);
+            first += n as u64;
+        }
+        let ns = spent.as_nanos() as f64 / (PASSES * n) as f64;
+        println!("round {round}: {ns:6.1} ns/event");
+        rounds_ns.push(ns);
+    }
+    println!(
+        "{size} B fragments, {n} per page, {RUS} RUs: {:.1} ns/event (median of {rounds})",
+        median(rounds_ns)
+    );
+    assert!(b.stats().clean(), "{}", b.stats().errors_in_words());
+}
