@@ -202,16 +202,9 @@ struct Building {
 /// so the map stays a few hundred entries, hot in the cache, where one entry per event (or a
 /// record moved in and out of the map at every event) was a visible share of a small-event
 /// run.
+#[derive(Default)]
 struct Records {
-    /// Group key → index in `group_slab`.
-    groups: IdMap<u32>,
-    /// The groups, reused in place (`free_groups`): a group's index stays put while it
-    /// lives, so the last one looked up can be remembered.
-    group_slab: Vec<Group>,
-    free_groups: Vec<u32>,
-    /// The group looked up last, `(key, index)`: a run of fragments, its completions and
-    /// its releases fall in one group 63 times out of 64, and skip the map then.
-    last: std::cell::Cell<(u64, u32)>,
+    groups: IdMap<Group>,
     len: usize,
     slab: Vec<Building>,
     free: Vec<u32>,
@@ -230,42 +223,13 @@ struct Group {
     live: u32,
 }
 
-/// `Records::last` when no group is remembered.
-const NO_GROUP: (u64, u32) = (u64::MAX, u32::MAX);
-
-impl Default for Records {
-    fn default() -> Records {
-        Records {
-            groups: IdMap::default(),
-            group_slab: Vec::new(),
-            free_groups: Vec::new(),
-            last: std::cell::Cell::new(NO_GROUP),
-            len: 0,
-            slab: Vec::new(),
-            free: Vec::new(),
-            spare_fragments: Vec::new(),
-        }
-    }
-}
-
 impl Records {
     fn len(&self) -> usize {
         self.len
     }
 
-    /// The index of group `key` in `group_slab`, if it lives.
-    fn group(&self, key: u64) -> Option<u32> {
-        let (k, at) = self.last.get();
-        if k == key {
-            return Some(at);
-        }
-        let at = *self.groups.get(&key)?;
-        self.last.set((key, at));
-        Some(at)
-    }
-
     fn slot(&self, id: u64) -> Option<u32> {
-        let g = &self.group_slab[self.group(id / GROUP)? as usize];
+        let g = self.groups.get(&(id / GROUP))?;
         let slot = g.slots[(id % GROUP) as usize];
         (slot != NO_SLOT).then_some(slot)
     }
@@ -276,9 +240,8 @@ impl Records {
     }
 
     fn iter(&self) -> impl Iterator<Item = (u64, &Building)> {
-        self.groups.iter().flat_map(move |(key, &at)| {
-            self.group_slab[at as usize]
-                .slots
+        self.groups.iter().flat_map(move |(key, g)| {
+            g.slots
                 .iter()
                 .enumerate()
                 .filter(|(_, slot)| **slot != NO_SLOT)
@@ -289,30 +252,10 @@ impl Records {
     /// Event `id`'s record, made (no fragment filed yet) if it has none; true when it was
     /// made now.
     fn entry(&mut self, id: u64, now: Instant, source_ids: &[u16]) -> (&mut Building, bool) {
-        let key = id / GROUP;
-        let gi = match self.group(key) {
-            Some(gi) => gi,
-            None => {
-                let empty = Group {
-                    slots: [NO_SLOT; GROUP as usize],
-                    live: 0,
-                };
-                let gi = match self.free_groups.pop() {
-                    Some(gi) => {
-                        self.group_slab[gi as usize] = empty;
-                        gi
-                    }
-                    None => {
-                        self.group_slab.push(empty);
-                        (self.group_slab.len() - 1) as u32
-                    }
-                };
-                self.groups.insert(key, gi);
-                self.last.set((key, gi));
-                gi
-            }
-        };
-        let g = &mut self.group_slab[gi as usize];
+        let g = self.groups.entry(id / GROUP).or_insert_with(|| Group {
+            slots: [NO_SLOT; GROUP as usize],
+            live: 0,
+        });
         let at = &mut g.slots[(id % GROUP) as usize];
         let new = *at == NO_SLOT;
         if new {
@@ -340,8 +283,7 @@ impl Records {
     /// slot and vectors serve the next event. Returns how many fragments it had.
     fn remove(&mut self, id: u64) -> Option<usize> {
         let key = id / GROUP;
-        let gi = self.group(key)?;
-        let g = &mut self.group_slab[gi as usize];
+        let g = self.groups.get_mut(&key)?;
         let at = &mut g.slots[(id % GROUP) as usize];
         if *at == NO_SLOT {
             return None;
@@ -350,10 +292,6 @@ impl Records {
         g.live -= 1;
         if g.live == 0 {
             self.groups.remove(&key);
-            self.free_groups.push(gi);
-            if self.last.get().0 == key {
-                self.last.set(NO_GROUP);
-            }
         }
         self.len -= 1;
         self.free.push(slot);
@@ -447,9 +385,6 @@ pub struct Bu {
     stats: BuStats,
     /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
     standby: bool,
-    /// Events built with the same latency in a row, `(µs, count)`, not yet in
-    /// `stats.latency` (`stats()` adds them): one histogram update per run of them.
-    latency_run: (u64, u64),
 }
 
 impl Bu {
@@ -467,7 +402,6 @@ impl Bu {
             actions: VecDeque::new(),
             stats: BuStats::default(),
             standby: false,
-            latency_run: (0, 0),
         }
     }
 
@@ -533,20 +467,7 @@ impl Bu {
     pub fn stats(&self) -> BuStats {
         let mut s = self.stats.clone();
         s.unacknowledged = self.unacked.len() as u64;
-        let (us, n) = self.latency_run;
-        s.latency.record_us_n(us, n);
         s
-    }
-
-    /// Counts one event built `us` microseconds after its record was made.
-    fn record_latency(&mut self, us: u64) {
-        match &mut self.latency_run {
-            (run_us, n) if *run_us == us => *n += 1,
-            run => {
-                let (run_us, n) = std::mem::replace(run, (us, 1));
-                self.stats.latency.record_us_n(run_us, n);
-            }
-        }
     }
 
     /// Events partly built or at the sink.
@@ -772,8 +693,9 @@ impl Bu {
         b.pad(id, &self.cfg.source_ids, n);
         let mut fragments = std::mem::take(&mut b.fragments);
         let (corrupt, partial) = (b.corrupt, b.partial);
-        let us =
-            u64::try_from(now.saturating_duration_since(b.since).as_micros()).unwrap_or(u64::MAX);
+        self.stats
+            .latency
+            .record(now.saturating_duration_since(b.since));
         let guess = (0..n)
             .find(|&i| b.have.get(i))
             .map_or(id as u32, |i| fragments[i].0.trigger_number);
@@ -801,7 +723,6 @@ impl Bu {
             sync_loss |= h.flags & FLAG_SYNC_LOSS != 0;
             bytes += p.len() as u64;
         }
-        self.record_latency(us);
         if !missing_sources.is_empty() || partial {
             self.stats.partial_events += 1;
         }
@@ -1129,14 +1050,6 @@ mod records_tests {
                 assert_eq!(b.fragments[1].0, header(id, 2));
             }
             assert_eq!(r.len(), model.len(), "step {step}");
-            // looked up again, through the remembered group or the map: the same answer
-            for probe in [id, id ^ 1, id + GROUP, x % 300] {
-                assert_eq!(
-                    r.slot(probe).is_some(),
-                    model.contains_key(&probe),
-                    "step {step}: slot of {probe}"
-                );
-            }
         }
         let mut listed: Vec<(u64, usize)> = r.iter().map(|(id, b)| (id, b.received)).collect();
         listed.sort_unstable();
