@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Two builds of evb alternated on 256 B events in LSEB's shape (folded 2 x 2: RU i and BU i
+# on 127.0.0.i+1, shm between them, tcp across; static content, headers checked, 4 s runs).
+# Prints per run: events/s, the BUs' CPU per event built and all five processes' CPU per event.
+#
+#   scripts/folded-ab.sh OLD/target/release/evb NEW/target/release/evb [ROUNDS]
+set -euo pipefail
+old=${1:?old evb binary}; new=${2:?new evb binary}; rounds=${3:-5}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cat > "$tmp/folded.toml" <<'TOML'
+[run]
+id = "folded"
+duration_s = 4
+stall_timeout_s = 20
+[fragments]
+size = 256
+distribution = "fixed"
+content = "static"
+[builder]
+verify = "headers"
+[transport]
+kind = "tcp"
+local = "shm"
+[evm]
+id = "evm"
+addr = "127.0.0.1:0"
+[[ru]]
+id = "ru0"
+addr = "127.0.0.1:0"
+[[ru]]
+id = "ru1"
+addr = "127.0.0.2:0"
+[[bu]]
+id = "bu0"
+addr = "127.0.0.1:0"
+[[bu]]
+id = "bu1"
+addr = "127.0.0.2:0"
+TOML
+for r in $(seq 1 "$rounds"); do
+  for b in "$old" "$new"; do
+    rm -f "$tmp/s.json"
+    "$b" run --config "$tmp/folded.toml" --quiet --json "$tmp/s.json" > /dev/null 2>&1 || true
+    python3 - "$b" "$tmp/s.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[2]))
+n = d["nodes"]
+ev = sum(v["stats"]["events_built"] for k, v in n.items() if k.startswith("bu"))
+bu = sum(v["cpu"]["process_s"] for k, v in n.items() if k.startswith("bu"))
+al = sum(v["cpu"]["process_s"] for v in n.values())
+print(f"{sys.argv[1]}: {ev / 4.0 / 1e6:.3f} M events/s, BUs {bu / ev * 1e6:.3f} us/event, "
+      f"all {al / ev * 1e6:.3f} us/event, ok={d['ok']}")
+PY
+  done
+done
