@@ -78,22 +78,14 @@ fn fine_in<'de, D: Deserializer<'de>>(d: D) -> Result<Histogram<u64>, D::Error> 
 
 impl LatencyHistogram {
     pub fn record(&mut self, d: Duration) {
-        self.record_us_n(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), 1);
-    }
-
-    /// Records `n` events of `us` microseconds each (a BU folds events of the same latency,
-    /// most of a small-event run, into one call).
-    pub fn record_us_n(&mut self, us: u64, n: u64) {
-        if n == 0 {
-            return;
-        }
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let i = LATENCY_BOUNDS_US.partition_point(|&b| b < us);
         if let Some(c) = self.counts.get_mut(i) {
-            *c += n;
+            *c += 1;
         }
-        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
-        self.count += n;
-        self.fine.saturating_record_n(us.clamp(1, HDR_MAX_US), n);
+        self.sum_us = self.sum_us.saturating_add(us);
+        self.count += 1;
+        self.fine.saturating_record(us.clamp(1, HDR_MAX_US));
     }
 
     /// Adds another histogram's counts (a node's several BUs, or runs).
@@ -201,22 +193,6 @@ mod tests {
         let bucket = all.bucket_quantile_us(0.5).unwrap() as f64;
         let exact = sorted[4_999] as f64;
         assert!(bucket > exact * 1.05, "bucket {bucket} vs {exact}");
-    }
-
-    /// Events of one latency recorded together count as if recorded one by one.
-    #[test]
-    fn a_run_of_equal_latencies_counts_as_its_events() {
-        let (mut one_by_one, mut together) =
-            (LatencyHistogram::default(), LatencyHistogram::default());
-        for (us, n) in [(0u64, 5u64), (1, 3), (49, 1), (7_777, 40), (u64::MAX, 2)] {
-            for _ in 0..n {
-                one_by_one.record(Duration::from_micros(us));
-            }
-            together.record_us_n(us, n);
-        }
-        together.record_us_n(123, 0);
-        assert_eq!(together, one_by_one);
-        assert_eq!(together.count, 51);
     }
 
     #[test]

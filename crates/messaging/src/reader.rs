@@ -170,6 +170,9 @@ impl Prefetch {
 
     #[inline]
     fn ahead(&mut self, slice: usize, s: &[u8], next: usize) {
+        if !cfg!(target_arch = "x86_64") {
+            return; // no prefetch instruction used elsewhere: nothing to keep track of
+        }
         if slice != self.slice || self.upto < next {
             (self.slice, self.upto) = (slice, next);
         }
