@@ -564,3 +564,76 @@ fn shm_frame_with_more_descriptors_than_one_packet_holds_arrives_whole() {
         |_| pool.free_blocks() == 4096 + 16,
     );
 }
+
+/// A node that fails writes why and exits with our input unread, which resets the connection.
+/// A send of ours that meets the reset must not cost those last words: they are delivered,
+/// then the connection is closed (an RU's Abort was lost this way, and the run's reason
+/// became "lost ru[0]: connection reset").
+#[test]
+fn a_peers_last_frame_arrives_before_the_reset_its_exit_caused() {
+    let mut node = TcpTransport::new(cfg("evm", 64 * 1024, 64)).unwrap();
+    let bound = node.listen("127.0.0.1:0").unwrap();
+    let mut peer = TcpTransport::new(cfg("ru0", 64 * 1024, 64)).unwrap();
+    let conn = peer
+        .connect(
+            &bound,
+            Hello::new(Channel::Control, Role::Ru, 0, "run1", "ru0"),
+        )
+        .unwrap();
+    let mut evs = vec![Vec::new(), Vec::new()];
+    pump(
+        &mut [&mut peer, &mut node],
+        &mut evs,
+        "the handshake",
+        |e| opened(&e[0]).is_some() && opened(&e[1]).is_some(),
+    );
+    let at_node = opened(&evs[1]).unwrap();
+    evs.iter_mut().for_each(Vec::clear);
+    // the node's message, which the peer never reads
+    node.send(
+        at_node,
+        FrameType::Messages,
+        1,
+        vec![Segment::Owned(vec![7; 1000])],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    peer.send(
+        conn,
+        FrameType::Messages,
+        1,
+        vec![Segment::Owned(b"last words".to_vec())],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    drop(peer); // input unread: the kernel resets the connection
+    std::thread::sleep(Duration::from_millis(50));
+    // the node writes before it reads: the write meets the reset
+    let _ = node.send(
+        at_node,
+        FrameType::Messages,
+        1,
+        vec![Segment::Owned(vec![8; 1000])],
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    loop {
+        assert!(Instant::now() < deadline, "no close: {seen:?}");
+        node.poll(&mut evs[1], Some(Duration::from_millis(5)))
+            .unwrap();
+        for e in evs[1].drain(..) {
+            match e {
+                Event::Frame { frame, .. } => {
+                    seen.push(String::from_utf8_lossy(&frame.payload.to_vec()).into_owned())
+                }
+                Event::Closed { reason, .. } => seen.push(format!("closed: {reason}")),
+                _ => {}
+            }
+        }
+        if seen.iter().any(|s| s.starts_with("closed")) {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], "last words", "{seen:?}");
+}

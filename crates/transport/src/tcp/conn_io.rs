@@ -56,8 +56,34 @@ impl TcpTransport {
                 }
             }
             Ok(false) => c.writable = false,
-            Err(e) => self.drop_conn(token, CloseReason::Lost(e.to_string()), out),
+            Err(e) => self.write_failed(token, e.to_string(), out),
         }
+    }
+
+    /// A write failed: the peer is gone, but what it sent before it went may still wait in
+    /// the socket (a node that fails writes why, then exits with our input unread, which
+    /// resets the connection). Linux hands out that data before the reset, so it is read
+    /// and delivered first, then the connection is closed with the write's error.
+    pub(super) fn write_failed(&mut self, token: Token, why: String, out: &mut Vec<Event>) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let salvage = c.admitted && matches!(c.state, State::Open | State::Closing);
+        c.close_reason
+            .get_or_insert_with(|| CloseReason::Lost(why.clone()));
+        c.writable = false;
+        // bounded: each pass reads at most READ_BUDGET times; a reset socket ends in a few
+        for _ in 0..64 {
+            if !salvage || !self.conns.contains_key(&token) {
+                break;
+            }
+            self.more_to_read.retain(|t| *t != token);
+            self.on_readable(token, out);
+            if !self.more_to_read.contains(&token) {
+                break;
+            }
+        }
+        self.drop_conn(token, CloseReason::Lost(why), out);
     }
 
     pub(super) fn on_readable(&mut self, token: Token, out: &mut Vec<Event>) {

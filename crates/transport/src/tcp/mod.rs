@@ -194,7 +194,7 @@ impl TcpTransport {
             }
         }
         for (t, why) in failed {
-            self.drop_conn(t, CloseReason::Lost(why), out);
+            self.write_failed(t, why, out);
         }
     }
 
