@@ -17,7 +17,7 @@ use evb_node::{NodeError, NodeOutcome, RunControl};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use crate::controller::Controller;
+use crate::controller::{Controller, Finished};
 use crate::fsm::State;
 
 /// Where status lines go besides the API (stdout under a launcher).
@@ -372,6 +372,9 @@ pub fn run_process(
         }
         Mode::Serve => {
             let mut last = None;
+            // the last run this standby followed and did not record: what a promotion after
+            // it records (its verdict died with the EVM's control)
+            let mut unrecorded: Option<u64> = None;
             for cmd in rx {
                 match cmd {
                     Cmd::Start { run, cfg } => {
@@ -383,7 +386,10 @@ pub fn run_process(
                             let took_over = matches!(&r, Ok(o) if o.report.took_over());
                             let told = node.promote_after.load(std::sync::atomic::Ordering::SeqCst);
                             if took_over || told {
-                                promote(&node, bound, Some((run, &r)));
+                                promote(&node, bound, Some(Followed::Run(run, &r)));
+                                unrecorded = None;
+                            } else {
+                                unrecorded = Some(run);
                             }
                         }
                         match &r {
@@ -393,7 +399,9 @@ pub fn run_process(
                         }
                         last = Some(r);
                     }
-                    Cmd::Promote => promote(&node, bound, None),
+                    Cmd::Promote => {
+                        promote(&node, bound, unrecorded.take().map(Followed::EndedThere))
+                    }
                     Cmd::Halt => break,
                 }
             }
@@ -409,14 +417,19 @@ pub fn run_process(
     }
 }
 
+/// The run a standby followed last, as its promotion records it.
+pub(crate) enum Followed<'a> {
+    /// It ran the run to its end, with this outcome.
+    Run(u64, &'a Result<NodeOutcome, NodeError>),
+    /// The run ended at the EVM, and the EVM was lost before its control kept the record.
+    EndedThere(u64),
+}
+
 /// A standby EVM becomes the run control for good (docs/standby.md, "Under evb up"): a
 /// controller of its own over the configuration with its addresses as the EVM's, numbering
-/// on from the run it followed (and recording it, when it took that run over).
-pub(crate) fn promote(
-    node: &Arc<Node>,
-    api: SocketAddr,
-    followed: Option<(u64, &Result<NodeOutcome, NodeError>)>,
-) {
+/// on from the run it followed, and recording that run: with its outcome when the standby
+/// took it over, else as a run whose verdict was lost with the EVM.
+pub(crate) fn promote(node: &Arc<Node>, api: SocketAddr, followed: Option<Followed<'_>>) {
     if !node.standby || node.controller().is_some() {
         return;
     }
@@ -430,9 +443,15 @@ pub(crate) fn promote(
     };
     let c = Controller::new(&cfg, Mode::Serve);
     c.number_from(last);
-    if let Some((run, r)) = followed {
+    let (run, took_over) = match followed {
+        Some(Followed::Run(run, r @ Ok(o))) if o.report.took_over() => (Some(run), Some(r)),
+        Some(Followed::Run(run, r @ Err(_))) => (Some(run), Some(r)),
+        Some(Followed::Run(run, Ok(_)) | Followed::EndedThere(run)) => (Some(run), None),
+        None => (None, None),
+    };
+    if let Some(run) = run {
         c.begin_once(run);
-        c.finished(run, r);
+        c.record(run, Finished::of_followed(run, took_over));
     }
     if node.controller.set(c.clone()).is_ok() {
         c.attach(node, api);

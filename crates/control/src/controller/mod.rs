@@ -29,7 +29,7 @@ mod tests;
 
 use self::core::{Core, Effect, Rejoin};
 pub use self::core::{Refused, ScrapeTarget, MAX_RUN};
-use records::Finished;
+pub(crate) use records::Finished;
 pub use records::{RunEnd, RunRecord};
 
 /// How long a node may take to answer a poll.
@@ -201,18 +201,12 @@ impl Controller {
 
     /// A run is over: its record, and the state it leaves.
     pub(crate) fn finished(&self, run: u64, r: &Result<NodeOutcome, NodeError>) {
-        let f = match r {
-            Ok(o) => Finished {
-                ok: o.ok,
-                reason: o.reason.clone(),
-                report: Some(o.report.clone()),
-            },
-            Err(e) => Finished {
-                ok: false,
-                reason: e.to_string(),
-                report: None,
-            },
-        };
+        self.core().finished(run, Finished::of(r), unix_now());
+    }
+
+    /// Records run `run`'s end as `f` says (a promoted standby's record of the run it
+    /// followed).
+    pub(crate) fn record(&self, run: u64, f: Finished) {
         self.core().finished(run, f, unix_now());
     }
 

@@ -72,6 +72,45 @@ pub struct Finished {
 }
 
 impl Finished {
+    /// The EVM node's outcome as the controller takes it.
+    pub fn of(r: &Result<evb_node::NodeOutcome, evb_node::NodeError>) -> Finished {
+        match r {
+            Ok(o) => Finished {
+                ok: o.ok,
+                reason: o.reason.clone(),
+                report: Some(o.report.clone()),
+            },
+            Err(e) => Finished {
+                ok: false,
+                reason: e.to_string(),
+                report: None,
+            },
+        }
+    }
+
+    /// What a promoted standby records of the run it followed last: its own outcome where it
+    /// took the run over; else the run ended at the EVM, whose control was lost before it
+    /// kept the record, and the verdict is unknown (the standby's outcome saw none of the
+    /// run's events, so it must not stand for it).
+    pub fn of_followed(
+        run: u64,
+        took_over: Option<&Result<evb_node::NodeOutcome, evb_node::NodeError>>,
+    ) -> Finished {
+        match took_over {
+            Some(r) => Finished::of(r),
+            None => Finished {
+                ok: false,
+                reason: format!(
+                    "run {run} ended at the EVM, which was lost before its control kept the \
+                     run's record; the standby followed the run without taking it over, so \
+                     its verdict is unknown (the EVM's log and the output files hold what \
+                     there is)"
+                ),
+                report: None,
+            },
+        }
+    }
+
     /// Judges the EVM's report by the builder's verdict (the one the EVM used): a run whose
     /// report says something is wrong is not ok, whatever the outcome said.
     pub(super) fn close(self, record: &mut RunRecord, reset: bool, unix: f64) -> (bool, String) {

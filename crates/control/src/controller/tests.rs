@@ -722,3 +722,28 @@ fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
     assert_eq!(m["bytes"][0][0], 0, "{m}");
     assert_eq!(m["bytes"][1][0], 6000, "{m}");
 }
+
+/// A promoted standby records the run it followed last: with its own outcome only where it
+/// took the run over; a run that ended at the lost EVM is failed with its verdict unknown,
+/// never "complete" on the standby's word (it saw none of the run's events).
+#[test]
+fn a_promoted_standby_records_a_run_it_did_not_take_over_as_of_unknown_verdict() {
+    let mut c = core();
+    let t0 = 1000.0;
+    let mut f = Finished::of_followed(6, None);
+    assert!(!f.ok && f.report.is_none());
+    c.begin_once(6, t0);
+    c.finished(6, f.clone(), t0 + 1.0);
+    let rec = c.run_record(6).expect("the run is recorded");
+    assert_eq!(rec.state, "failed");
+    let end = rec.end.as_ref().unwrap();
+    assert!(end.reason.contains("verdict is unknown"), "{}", end.reason);
+    assert_eq!(end.triggered, None);
+    assert_eq!(c.state(), State::Failed);
+    // the standby's own failure, where it ran the run: its words
+    let err: Result<evb_node::NodeOutcome, evb_node::NodeError> =
+        Err(evb_node::NodeError::Io("lost every BU".into()));
+    f = Finished::of_followed(7, Some(&err));
+    assert!(!f.ok);
+    assert_eq!(f.reason, "io: lost every BU");
+}
