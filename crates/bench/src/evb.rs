@@ -194,6 +194,30 @@ struct ReceiverResult {
     cpu: Duration,
 }
 
+/// The variant of [`two_meshes`]' point.
+pub const TWO_MESHES: &str = "two meshes at once";
+
+/// Two [`mesh`]es of `spec` at the same time, each moving its own bytes: what each moves is
+/// the most a pipeline whose every byte crosses the host's network stack twice (a front-end
+/// to its RU, the RU to a BU) could move on the same cores with no work of its own. The
+/// point holds the two meshes' mean rate per mesh.
+pub fn two_meshes(spec: &MeshSpec) -> Result<Point, String> {
+    let other = spec.clone();
+    let a = std::thread::spawn(move || mesh(&other));
+    let b = mesh(spec);
+    let a = a.join().map_err(|_| "mesh thread panicked".to_string())??;
+    let b = b?;
+    let mut p = a.clone();
+    p.variant = TWO_MESHES.into();
+    let mean = |x: f64, y: f64| (x + y) / 2.0;
+    p.msgs_per_s = mean(a.msgs_per_s, b.msgs_per_s);
+    p.gb_per_s = mean(a.gb_per_s, b.gb_per_s);
+    p.send_cpu_s_per_gb = mean(a.send_cpu_s_per_gb, b.send_cpu_s_per_gb);
+    p.recv_cpu_s_per_gb = mean(a.recv_cpu_s_per_gb, b.recv_cpu_s_per_gb);
+    p.note = format!("per mesh: {:.3} and {:.3} GB/s", a.gb_per_s, b.gb_per_s);
+    Ok(p)
+}
+
 /// Runs `senders` threads sending round-robin to `receivers` threads for `duration`.
 pub fn mesh(spec: &MeshSpec) -> Result<Point, String> {
     let MeshSpec {

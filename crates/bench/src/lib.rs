@@ -310,7 +310,11 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
     // The target (0.8) is the stream -> RU path's, with the events discarded.
     for b in points.iter().filter(|p| p.bench == "pipeline") {
         let nxn = find(points, |p| {
-            p.bench == "nxn" && p.system == "evb" && p.size == b.size && p.senders == 2
+            p.bench == "nxn"
+                && p.system == "evb"
+                && p.size == b.size
+                && p.senders == 2
+                && p.variant != evb::TWO_MESHES
         });
         let judged = b.variant.starts_with("feed->discard") && !b.variant.ends_with("default");
         push(
@@ -323,6 +327,20 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             Some(b.gb_per_s),
             nxn.map(|p| p.gb_per_s),
             if judged { 0.8 } else { 0.0 },
+            "GB/s",
+        );
+        // and against the most that two hops (front-end -> RU -> BU) could move here
+        let twice = find(points, |p| {
+            p.bench == "nxn" && p.size == b.size && p.variant == evb::TWO_MESHES
+        });
+        push(
+            &format!(
+                "pipeline {} / two nxn 2x2 {} B meshes at once (the two-hop ceiling), GB/s (no target)",
+                b.variant, b.size
+            ),
+            Some(b.gb_per_s),
+            twice.map(|p| p.gb_per_s),
+            0.0,
             "GB/s",
         );
     }

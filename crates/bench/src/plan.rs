@@ -253,6 +253,23 @@ impl Planner<'_> {
             format!("nxn evb tcp 2x2 {}", output::human_size(data.mean as f64)),
             job,
         );
+        // the ceiling of a path that moves every byte twice on these cores
+        let spec = MeshSpec {
+            kind: Kind::Tcp,
+            path: SendPath::Fragment,
+            senders: 2,
+            receivers: 2,
+            size: data.mean as usize,
+            duration: self.s.secs,
+            pin: false,
+        };
+        self.add(
+            format!(
+                "nxn evb tcp 2x2 {} x 2 at once",
+                output::human_size(data.mean as f64)
+            ),
+            Box::new(move || evb::two_meshes(&spec)),
+        );
         let bound = data.max.next_power_of_two().max(4096);
         let mut specs = vec![PipeSpec {
             data: data.clone(),
