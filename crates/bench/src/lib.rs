@@ -644,6 +644,38 @@ mod tests {
         assert!((r[0].value - 1.1).abs() < 1e-9, "{r:?}");
     }
 
+    /// The pipeline's rows are judged against one mesh of their fragment size, never against
+    /// the two meshes at once, which give the second, unjudged ratio (the two-hop ceiling).
+    #[test]
+    fn pipeline_rows_get_the_mesh_and_the_two_hop_ceiling() {
+        let mesh = |variant: &str, gb: f64| {
+            let mut p = Point::new("nxn", "evb", "tcp", variant, 461);
+            (p.senders, p.receivers, p.gb_per_s) = (2, 2, gb);
+            p
+        };
+        let mut row = Point::new(
+            "pipeline",
+            "evb",
+            "tcp",
+            "feed->discard max_fragment=32K",
+            461,
+        );
+        row.gb_per_s = 0.4;
+        // the ceiling first, so that a search that let it pass would find it first
+        let r = ratios(&[mesh(evb::TWO_MESHES, 0.8), mesh("fragment", 1.6), row]);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(
+            r[0].name.contains("/ nxn 2x2 461 B") && r[0].target == 0.8,
+            "{r:?}"
+        );
+        assert!((r[0].value - 0.25).abs() < 1e-9 && !r[0].met, "{r:?}");
+        assert!(
+            r[1].name.contains("two-hop ceiling") && r[1].target == 0.0,
+            "{r:?}"
+        );
+        assert!((r[1].value - 0.5).abs() < 1e-9, "{r:?}");
+    }
+
     #[test]
     fn unknown_benchmark_is_refused() {
         let args = BenchArgs {
