@@ -338,7 +338,7 @@ fn wait(
                 .filter(|r| {
                     matches!(
                         r.body["state"].as_str(),
-                        Some("complete" | "failed" | "aborted")
+                        Some("complete" | "failed" | "aborted" | "unknown")
                     )
                 })
                 .map(|r| r.body),

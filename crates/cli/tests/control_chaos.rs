@@ -281,6 +281,18 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         );
         let (ids, dups) = output(out.path(), &format!("upchaos#{run}"));
         assert_eq!(dups, 0, "run {run}: event ids written twice\n{rec:#}");
+        // the run ended at the EVM just before it was lost: the standby did not take it
+        // over, and its record says that the verdict went with the EVM (never one it did
+        // not see; the ids in the files are unchecked, as the EVM's count went with it)
+        if state == "unknown" {
+            assert!(
+                took_over,
+                "run {run}: an unknown verdict with the EVM alive\n{rec:#}"
+            );
+            assert_eq!(rec["ok"], false, "{rec:#}");
+            assert_eq!(rec["triggered"], serde_json::Value::Null, "{rec:#}");
+            continue;
+        }
         let triggered = rec["triggered"].as_u64().unwrap_or(0);
         assert!(
             ids.keys().all(|&id| id < triggered.max(1)),
@@ -288,23 +300,6 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         );
         if !evm.is_null() {
             assert_eq!(evm["duplicate_releases"], 0, "run {run}\n{rec:#}");
-        }
-        // the run ended at the EVM just before it was lost, with its record: the standby did
-        // not take it over, and its record says the verdict went with the EVM (never a
-        // verdict it did not see)
-        let verdict_lost = state == "failed"
-            && rec["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("so its verdict is unknown"));
-        if verdict_lost {
-            assert!(
-                took_over,
-                "run {run}: a lost verdict with the EVM alive\n{rec:#}"
-            );
-            assert_eq!(rec["triggered"], serde_json::Value::Null, "{rec:#}");
-            let (code, body) = up.post("reset", json!({}));
-            assert_eq!(code, 200, "reset after a lost verdict: {body}");
-            continue;
         }
         if took_over && !fatal {
             assert_eq!(state, "complete", "run {run} after the takeover\n{rec:#}");

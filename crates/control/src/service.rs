@@ -17,7 +17,7 @@ use evb_node::{NodeError, NodeOutcome, RunControl};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use crate::controller::{Controller, Finished};
+use crate::controller::Controller;
 use crate::fsm::State;
 
 /// Where status lines go besides the API (stdout under a launcher).
@@ -443,15 +443,13 @@ pub(crate) fn promote(node: &Arc<Node>, api: SocketAddr, followed: Option<Follow
     };
     let c = Controller::new(&cfg, Mode::Serve);
     c.number_from(last);
-    let (run, took_over) = match followed {
-        Some(Followed::Run(run, r @ Ok(o))) if o.report.took_over() => (Some(run), Some(r)),
-        Some(Followed::Run(run, r @ Err(_))) => (Some(run), Some(r)),
-        Some(Followed::Run(run, Ok(_)) | Followed::EndedThere(run)) => (Some(run), None),
-        None => (None, None),
-    };
-    if let Some(run) = run {
-        c.begin_once(run);
-        c.record(run, Finished::of_followed(run, took_over));
+    match followed {
+        Some(Followed::Run(run, r)) if r.as_ref().map_or(true, |o| o.report.took_over()) => {
+            c.begin_once(run);
+            c.finished(run, r);
+        }
+        Some(Followed::Run(run, _) | Followed::EndedThere(run)) => c.verdict_unknown(run),
+        None => {}
     }
     if node.controller.set(c.clone()).is_ok() {
         c.attach(node, api);

@@ -438,6 +438,25 @@ impl Core {
         info!("run {run} {outcome}: {reason}");
     }
 
+    /// A promoted standby's record of the run it followed and did not take over: over,
+    /// with no verdict (`unknown`, not ok, no counts). The control stays ready: the run was
+    /// not this control's, and nothing of it waits here.
+    pub(crate) fn verdict_unknown(&mut self, run: u64, unix: f64) {
+        self.run = self.run.max(run);
+        let rec = self
+            .runs
+            .entry(run)
+            .or_insert_with(|| RunRecord::starting(run, unix));
+        let f = Finished {
+            ok: false,
+            reason: Finished::unknown_reason(run),
+            report: None,
+        };
+        let (_, reason) = f.close(rec, false, unix);
+        rec.state = "unknown".into();
+        info!("run {run} unknown: {reason}");
+    }
+
     pub(crate) fn run_record(&self, n: u64) -> Option<&RunRecord> {
         self.runs.get(&n)
     }

@@ -29,7 +29,7 @@ mod tests;
 
 use self::core::{Core, Effect, Rejoin};
 pub use self::core::{Refused, ScrapeTarget, MAX_RUN};
-pub(crate) use records::Finished;
+use records::Finished;
 pub use records::{RunEnd, RunRecord};
 
 /// How long a node may take to answer a poll.
@@ -204,10 +204,10 @@ impl Controller {
         self.core().finished(run, Finished::of(r), unix_now());
     }
 
-    /// Records run `run`'s end as `f` says (a promoted standby's record of the run it
-    /// followed).
-    pub(crate) fn record(&self, run: u64, f: Finished) {
-        self.core().finished(run, f, unix_now());
+    /// A promoted standby's record of a run it followed and did not take over (see
+    /// `Core::verdict_unknown`).
+    pub(crate) fn verdict_unknown(&self, run: u64) {
+        self.core().verdict_unknown(run, unix_now());
     }
 
     pub(crate) fn run_record(&self, n: u64) -> Option<RunRecord> {

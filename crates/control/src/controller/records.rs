@@ -11,7 +11,8 @@ use crate::fsm::State;
 pub struct RunRecord {
     pub run: u64,
     /// The run state while it goes on (`starting`, `running`, ...); once over, `complete`,
-    /// `failed` or `aborted` (by a reset).
+    /// `failed`, `aborted` (by a reset), or `unknown` (a promoted standby's record of a run
+    /// that ended at the lost EVM).
     pub state: String,
     pub started_unix: f64,
     /// The rest is known once the run is over.
@@ -88,27 +89,16 @@ impl Finished {
         }
     }
 
-    /// What a promoted standby records of the run it followed last: its own outcome where it
-    /// took the run over; else the run ended at the EVM, whose control was lost before it
-    /// kept the record, and the verdict is unknown (the standby's outcome saw none of the
-    /// run's events, so it must not stand for it).
-    pub fn of_followed(
-        run: u64,
-        took_over: Option<&Result<evb_node::NodeOutcome, evb_node::NodeError>>,
-    ) -> Finished {
-        match took_over {
-            Some(r) => Finished::of(r),
-            None => Finished {
-                ok: false,
-                reason: format!(
-                    "run {run} ended at the EVM, which was lost before its control kept the \
-                     run's record; the standby followed the run without taking it over, so \
-                     its verdict is unknown (the EVM's log and the output files hold what \
-                     there is)"
-                ),
-                report: None,
-            },
-        }
+    /// Why a promoted standby's record of the run it followed last says `unknown`: the
+    /// run ended at the EVM, whose control was lost before it kept the record (or kept it
+    /// and was lost: the standby cannot tell), and the standby's own outcome saw none of the
+    /// run's events, so it must not stand for the run's.
+    pub fn unknown_reason(run: u64) -> String {
+        format!(
+            "run {run} ended at the EVM, which was lost after it; the standby followed the run \
+             without taking it over, so its verdict is not known here (the lost EVM's record, \
+             log and the output files hold what there is)"
+        )
     }
 
     /// Judges the EVM's report by the builder's verdict (the one the EVM used): a run whose

@@ -723,27 +723,25 @@ fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
     assert_eq!(m["bytes"][1][0], 6000, "{m}");
 }
 
-/// A promoted standby records the run it followed last: with its own outcome only where it
-/// took the run over; a run that ended at the lost EVM is failed with its verdict unknown,
-/// never "complete" on the standby's word (it saw none of the run's events).
+/// A promoted standby records the run it followed last and did not take over as `unknown`:
+/// over, not ok, no counts, never "complete" on the standby's word (it saw none of the run's
+/// events); and the control stays ready for the next run, which is numbered after it.
 #[test]
-fn a_promoted_standby_records_a_run_it_did_not_take_over_as_of_unknown_verdict() {
+fn a_promoted_standby_records_a_run_it_did_not_take_over_as_unknown() {
     let mut c = core();
-    let t0 = 1000.0;
-    let mut f = Finished::of_followed(6, None);
-    assert!(!f.ok && f.report.is_none());
-    c.begin_once(6, t0);
-    c.finished(6, f.clone(), t0 + 1.0);
+    c.number_from(5);
+    c.verdict_unknown(6, 1000.0);
     let rec = c.run_record(6).expect("the run is recorded");
-    assert_eq!(rec.state, "failed");
+    assert_eq!(rec.state, "unknown");
     let end = rec.end.as_ref().unwrap();
-    assert!(end.reason.contains("verdict is unknown"), "{}", end.reason);
-    assert_eq!(end.triggered, None);
-    assert_eq!(c.state(), State::Failed);
-    // the standby's own failure, where it ran the run: its words
-    let err: Result<evb_node::NodeOutcome, evb_node::NodeError> =
-        Err(evb_node::NodeError::Io("lost every BU".into()));
-    f = Finished::of_followed(7, Some(&err));
-    assert!(!f.ok);
-    assert_eq!(f.reason, "io: lost every BU");
+    assert!(!end.ok);
+    assert!(
+        end.reason.contains("verdict is not known here"),
+        "{}",
+        end.reason
+    );
+    assert_eq!((end.triggered, end.events_built), (None, 0));
+    assert_eq!(c.state(), State::Ready);
+    let (reply, _) = c.command(Command::Start, &json!({}), 1001.0).unwrap();
+    assert_eq!(reply["run"], 7, "{reply}");
 }
