@@ -101,19 +101,21 @@ impl Planner<'_> {
     }
 
     /// `n` senders to `n` receivers over `kind`, `size` bytes a message.
+    fn mesh_spec(&self, kind: Kind, path: SendPath, n: usize, size: usize, pin: bool) -> MeshSpec {
+        MeshSpec {
+            kind,
+            path,
+            senders: n,
+            receivers: n,
+            size,
+            duration: self.s.secs,
+            pin,
+        }
+    }
+
     fn mesh_pinned(&self, kind: Kind, path: SendPath, n: usize, size: usize, pin: bool) -> Job {
-        let duration = self.s.secs;
-        Box::new(move || {
-            evb::mesh(&MeshSpec {
-                kind,
-                path,
-                senders: n,
-                receivers: n,
-                size,
-                duration,
-                pin,
-            })
-        })
+        let spec = self.mesh_spec(kind, path, n, size, pin);
+        Box::new(move || evb::mesh(&spec))
     }
 
     fn mesh(&self, kind: Kind, path: SendPath, n: usize, size: usize) -> Job {
@@ -254,15 +256,7 @@ impl Planner<'_> {
             job,
         );
         // the ceiling of a path that moves every byte twice on these cores
-        let spec = MeshSpec {
-            kind: Kind::Tcp,
-            path: SendPath::Fragment,
-            senders: 2,
-            receivers: 2,
-            size: data.mean as usize,
-            duration: self.s.secs,
-            pin: false,
-        };
+        let spec = self.mesh_spec(Kind::Tcp, SendPath::Fragment, 2, data.mean as usize, false);
         self.add(
             format!(
                 "nxn evb tcp 2x2 {} x 2 at once",

@@ -439,8 +439,11 @@ impl Core {
     }
 
     /// A promoted standby's record of the run it followed and did not take over: over,
-    /// with no verdict (`unknown`, not ok, no counts). The control stays ready: the run was
-    /// not this control's, and nothing of it waits here.
+    /// with no verdict (`unknown`, not ok, no counts). The run ended at the EVM, whose
+    /// control was lost after it (with or without the record: the standby cannot tell), and
+    /// the standby's own outcome saw none of the run's events, so it must not stand for the
+    /// run's. The control stays ready: the run was not this control's, and nothing of it
+    /// waits here.
     pub(crate) fn verdict_unknown(&mut self, run: u64, unix: f64) {
         self.run = self.run.max(run);
         let rec = self
@@ -449,7 +452,11 @@ impl Core {
             .or_insert_with(|| RunRecord::starting(run, unix));
         let f = Finished {
             ok: false,
-            reason: Finished::unknown_reason(run),
+            reason: format!(
+                "run {run} ended at the EVM, which was lost after it; the standby followed \
+                 the run without taking it over, so its verdict is not known here (the lost \
+                 EVM's record, log and the output files hold what there is)"
+            ),
             report: None,
         };
         let (_, reason) = f.close(rec, false, unix);

@@ -201,7 +201,19 @@ impl Controller {
 
     /// A run is over: its record, and the state it leaves.
     pub(crate) fn finished(&self, run: u64, r: &Result<NodeOutcome, NodeError>) {
-        self.core().finished(run, Finished::of(r), unix_now());
+        let f = match r {
+            Ok(o) => Finished {
+                ok: o.ok,
+                reason: o.reason.clone(),
+                report: Some(o.report.clone()),
+            },
+            Err(e) => Finished {
+                ok: false,
+                reason: e.to_string(),
+                report: None,
+            },
+        };
+        self.core().finished(run, f, unix_now());
     }
 
     /// A promoted standby's record of a run it followed and did not take over (see

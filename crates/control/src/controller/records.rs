@@ -73,34 +73,6 @@ pub struct Finished {
 }
 
 impl Finished {
-    /// The EVM node's outcome as the controller takes it.
-    pub fn of(r: &Result<evb_node::NodeOutcome, evb_node::NodeError>) -> Finished {
-        match r {
-            Ok(o) => Finished {
-                ok: o.ok,
-                reason: o.reason.clone(),
-                report: Some(o.report.clone()),
-            },
-            Err(e) => Finished {
-                ok: false,
-                reason: e.to_string(),
-                report: None,
-            },
-        }
-    }
-
-    /// Why a promoted standby's record of the run it followed last says `unknown`: the
-    /// run ended at the EVM, whose control was lost before it kept the record (or kept it
-    /// and was lost: the standby cannot tell), and the standby's own outcome saw none of the
-    /// run's events, so it must not stand for the run's.
-    pub fn unknown_reason(run: u64) -> String {
-        format!(
-            "run {run} ended at the EVM, which was lost after it; the standby followed the run \
-             without taking it over, so its verdict is not known here (the lost EVM's record, \
-             log and the output files hold what there is)"
-        )
-    }
-
     /// Judges the EVM's report by the builder's verdict (the one the EVM used): a run whose
     /// report says something is wrong is not ok, whatever the outcome said.
     pub(super) fn close(self, record: &mut RunRecord, reset: bool, unix: f64) -> (bool, String) {
