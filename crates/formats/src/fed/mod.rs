@@ -10,6 +10,12 @@
 
 use thiserror::Error;
 
+mod crc16;
+
+pub use crc16::crc16;
+#[cfg(test)]
+pub(crate) use crc16::{crc16_bytewise, crc16_portable};
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum FedError {
     #[error("fragment at byte {offset}: {reason}")]
@@ -40,101 +46,6 @@ pub struct FedInfo {
     pub source_id: u16,
     pub event_type: u8,
     pub words: usize,
-}
-
-const fn crc16_table() -> [u16; 256] {
-    let mut t = [0u16; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = (i as u16) << 8;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 0x8000 != 0 {
-                (c << 1) ^ 0x8005
-            } else {
-                c << 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-}
-
-/// Slicing-by-16 tables: `CRC16_SLICED[k][b]` is the CRC (zero start) of byte `b` followed
-/// by `k` zero bytes. A CRC is linear, so two 8-byte words are 16 independent lookups XORed
-/// together instead of 16 dependent ones: the check runs at several times the byte-wise
-/// speed (byte-wise it was a third of a stream-fed RU's time).
-const fn crc16_sliced() -> [[u16; 256]; 16] {
-    let t0 = crc16_table();
-    let mut t = [[0u16; 256]; 16];
-    t[0] = t0;
-    let mut k = 1;
-    while k < 16 {
-        let mut b = 0;
-        while b < 256 {
-            let prev = t[k - 1][b];
-            t[k][b] = (prev << 8) ^ t0[(prev >> 8) as usize];
-            b += 1;
-        }
-        k += 1;
-    }
-    t
-}
-
-static CRC16_SLICED: [[u16; 256]; 16] = crc16_sliced();
-
-/// The zero-start CRC of word `w` (big-endian byte order) followed by `zeros` zero bytes
-/// (0 or 8): its eight bytes looked up in tables `zeros..zeros + 8`, independently.
-#[inline(always)]
-fn sliced(w: u64, zeros: usize) -> u16 {
-    let t = &CRC16_SLICED;
-    (0..8).fold(0, |crc, i| {
-        crc ^ t[zeros + i][((w >> (8 * i)) & 0xff) as usize]
-    })
-}
-
-/// The FED CRC-16 (CRC-16/CMS: polynomial 0x8005, start 0xFFFF, not reflected) of a
-/// fragment, each 64-bit word taken in big-endian byte order, with the trailer's CRC field
-/// taken as zero. The running CRC enters the next word's first two bytes (its top 16 bits).
-pub fn crc16(fragment: &[u8]) -> u16 {
-    let n = fragment.len() / 8;
-    if n == 0 {
-        return 0xffff;
-    }
-    let word =
-        |i: usize| u64::from_le_bytes(fragment[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let start = |crc: u16| (crc as u64) << 48;
-    let mut crc: u16 = 0xffff;
-    // two words at a time up to the trailer, then the rest one at a time
-    let body = n - 1;
-    let mut i = 0;
-    while i + 2 <= body {
-        crc = sliced(word(i) ^ start(crc), 8) ^ sliced(word(i + 1), 0);
-        i += 2;
-    }
-    if i < body {
-        crc = sliced(word(i) ^ start(crc), 0);
-    }
-    sliced((word(body) & !(0xffffu64 << 16)) ^ start(crc), 0)
-}
-
-/// The byte-wise CRC-16 the sliced one must equal (tests).
-#[cfg(test)]
-pub(crate) fn crc16_bytewise(fragment: &[u8]) -> u16 {
-    let words = fragment.len() / 8;
-    let mut crc: u16 = 0xffff;
-    for w in 0..words {
-        let mut word = u64::from_le_bytes(fragment[w * 8..w * 8 + 8].try_into().expect("8 bytes"));
-        if w == words - 1 {
-            word &= !(0xffffu64 << 16);
-        }
-        for b in word.to_be_bytes() {
-            crc = (crc << 8) ^ CRC16_SLICED[0][((crc >> 8) as u8 ^ b) as usize];
-        }
-    }
-    crc
 }
 
 fn word(b: &[u8], i: usize) -> u64 {
