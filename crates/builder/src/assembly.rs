@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use evb_buffers::Chain;
 
 use evb_wire::super_fragment::{
@@ -34,8 +35,9 @@ pub enum SyncLoss {
     Flag,
 }
 
-/// What a piece's bytes are held in: a `Vec` cut from a stream, or a [`Chain`] of pool
-/// blocks that a plug-in producer wrote in place (assembled without a copy).
+/// What a piece's bytes are held in: [`Bytes`] cut from a stream (a share of the buffer it
+/// was read into), a `Vec`, or a [`Chain`] of pool blocks that a plug-in producer wrote in
+/// place (assembled without a copy).
 pub trait Body {
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -46,6 +48,12 @@ pub trait Body {
 impl Body for Vec<u8> {
     fn len(&self) -> usize {
         Vec::len(self)
+    }
+}
+
+impl Body for Bytes {
+    fn len(&self) -> usize {
+        Bytes::len(self)
     }
 }
 
@@ -72,7 +80,8 @@ pub struct Assembled {
     pub trigger_number: u32,
     /// Stream fragments it holds (one per stream, left-out ones included).
     pub fragments: u32,
-    pub payload: Vec<u8>,
+    /// One stream's piece as it came (no copy), or a super-fragment made of several.
+    pub payload: Bytes,
     /// Fragment header flags: MISSING, SUPER, SYNC_LOSS.
     pub flags: u16,
     /// The whole fragment (headers and payload) already in the RU's pool, as a plug-in
@@ -428,7 +437,7 @@ impl<B: Body> Assembler<B> {
     }
 }
 
-impl Assembler<Vec<u8>> {
+impl<B: Body + AsRef<[u8]> + Into<Bytes>> Assembler<B> {
     /// The next event's payload (the fragment itself for one stream, a super-fragment for
     /// several), as [`Assembler::next_parts`] says.
     pub fn next_event(&mut self, now: Instant) -> Result<Option<Assembled>, String> {
@@ -442,15 +451,15 @@ impl Assembler<Vec<u8>> {
                 .into_iter()
                 .next()
                 .flatten()
-                .unwrap_or_default()
+                .map_or_else(Bytes::new, Into::into)
         } else {
             let size: usize = parts.entries.iter().map(|e| e.length as usize).sum();
             let mut payload = Vec::with_capacity(directory_len(parts.entries.len()) + size);
             encode_directory(&parts.entries, &mut payload);
             for p in parts.pieces.iter().flatten() {
-                payload.extend_from_slice(p);
+                payload.extend_from_slice(p.as_ref());
             }
-            payload
+            payload.into()
         };
         Ok(Some(Assembled {
             trigger_number: parts.trigger_number,

@@ -9,6 +9,7 @@
 
 use std::io::Read;
 
+use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 
 use crate::{fed, framed};
@@ -39,8 +40,9 @@ pub enum StreamError {
 pub struct StreamFragment {
     /// FED: the LV1 id; framed: the record's trigger number.
     pub trigger_number: u32,
-    /// FED: the whole fragment; framed: the record's payload (what playback keeps).
-    pub bytes: Vec<u8>,
+    /// FED: the whole fragment; framed: the record's payload (what playback keeps). A share
+    /// of the buffer the stream was read into: no copy, no allocation of its own.
+    pub bytes: Bytes,
     /// Byte offset of the fragment in the stream.
     pub offset: u64,
     /// Why it failed its checks (`None`: valid).
@@ -53,9 +55,11 @@ pub struct StreamDecoder {
     format: StreamFormat,
     max_fragment: usize,
     expected_source: Option<u16>,
-    buf: Vec<u8>,
-    /// Start of the unfinished fragment in `buf`.
-    start: usize,
+    /// The bytes received and not yet cut (`buf[..end]`, from the unfinished fragment's first
+    /// byte), then zeroed room for the next reads. A whole fragment is split off the front
+    /// and shares this allocation until its last holder drops it: the bytes are copied once,
+    /// by the kernel, until the RU writes them into its pool.
+    buf: BytesMut,
     /// End of the bytes received in `buf`.
     end: usize,
     /// FED: words of the unfinished fragment already searched for its trailer.
@@ -66,6 +70,8 @@ pub struct StreamDecoder {
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 64 << 10;
+/// Bytes of a fresh read buffer: one allocation serves this much of the stream.
+const BUF_CHUNK: usize = 1 << 20;
 
 impl StreamDecoder {
     /// `expected_source`: FED fragments must carry this source id (`source.check_source_id`).
@@ -74,8 +80,7 @@ impl StreamDecoder {
             format,
             max_fragment,
             expected_source,
-            buf: Vec::new(),
-            start: 0,
+            buf: BytesMut::new(),
             end: 0,
             scanned: 0,
             base: 0,
@@ -84,7 +89,7 @@ impl StreamDecoder {
 
     /// Bytes received and not yet cut into fragments.
     pub fn pending(&self) -> usize {
-        self.end - self.start
+        self.end
     }
 
     /// Stream offset of the next byte to arrive.
@@ -92,21 +97,24 @@ impl StreamDecoder {
         self.base + self.end as u64
     }
 
-    /// Makes room for one more read at the end of the buffer, moving the unfinished
-    /// fragment to the front when that frees enough.
+    /// Makes room for one more read at the end of the buffer: when too little is left, a
+    /// fresh zeroed buffer takes the unfinished fragment (the old one lives on in the
+    /// fragments cut from it until they are dropped).
     fn spare(&mut self) -> &mut [u8] {
-        if self.start > 0
-            && (self.start >= self.buf.len() / 2 || self.buf.len() - self.end < READ_CHUNK)
-        {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.base += self.start as u64;
-            self.end -= self.start;
-            self.start = 0;
-        }
         if self.buf.len() - self.end < READ_CHUNK {
-            self.buf.resize(self.end + READ_CHUNK, 0);
+            let mut fresh = BytesMut::zeroed(BUF_CHUNK.max(self.end + READ_CHUNK));
+            fresh[..self.end].copy_from_slice(&self.buf[..self.end]);
+            self.buf = fresh;
         }
         &mut self.buf[self.end..]
+    }
+
+    /// Cuts the first `len` received bytes off the buffer.
+    fn take(&mut self, len: usize) -> Bytes {
+        self.base += len as u64;
+        self.end -= len;
+        self.scanned = 0;
+        self.buf.split_to(len).freeze()
     }
 
     /// Appends `bytes` as if they had been read.
@@ -137,7 +145,7 @@ impl StreamDecoder {
         match self.pending() {
             0 => Ok(()),
             pending => Err(StreamError::Truncated {
-                offset: self.base + self.start as u64,
+                offset: self.base,
                 pending,
                 end: self.position(),
             }),
@@ -146,33 +154,31 @@ impl StreamDecoder {
 
     fn unreadable(&self, reason: String) -> StreamError {
         StreamError::Unreadable {
-            offset: self.base + self.start as u64,
+            offset: self.base,
             reason,
         }
     }
 
     fn next_fed(&mut self) -> Result<Option<StreamFragment>, StreamError> {
-        let avail = (self.end - self.start) / 8;
+        let avail = self.end / 8;
         // The trailer is the first word (after the header) whose length field is its place.
         let mut w = self.scanned.max(1);
         while w < avail {
-            let at = self.start + w * 8;
+            let at = w * 8;
             let word: [u8; 8] = self.buf[at..at + 8].try_into().expect("8 bytes");
             if fed::is_trailer_at(word, w) {
                 let len = (w + 1) * 8;
                 if len > self.max_fragment {
                     break;
                 }
-                let offset = self.base + self.start as u64;
-                let frag = &self.buf[self.start..self.start + len];
+                let offset = self.base;
+                let frag = &self.buf[..len];
                 let (trigger_number, bad) =
                     match fed::validate(frag, offset as usize, self.expected_source) {
                         Ok(info) => (info.lv1_id, None),
                         Err(e) => (fed::header_lv1(frag).unwrap_or(0), Some(e.to_string())),
                     };
-                let bytes = frag.to_vec();
-                self.start += len;
-                self.scanned = 0;
+                let bytes = self.take(len);
                 return Ok(Some(StreamFragment {
                     trigger_number,
                     bytes,
@@ -194,11 +200,11 @@ impl StreamDecoder {
     }
 
     fn next_framed(&mut self) -> Result<Option<StreamFragment>, StreamError> {
-        let avail = &self.buf[self.start..self.end];
+        let avail = &self.buf[..self.end];
         if avail.len() < framed::RECORD_HEADER_LEN {
             return Ok(None);
         }
-        let offset = self.base + self.start as u64;
+        let offset = self.base;
         let h = framed::read_header(avail, offset as usize).map_err(|e| match e {
             framed::FramedError::Bad { reason, .. } => self.unreadable(reason),
             other => self.unreadable(other.to_string()),
@@ -215,8 +221,7 @@ impl StreamDecoder {
         }
         let payload = &avail[framed::RECORD_HEADER_LEN..total];
         let bad = framed::check_payload(&h, payload, offset as usize).map(|e| e.to_string());
-        let bytes = payload.to_vec();
-        self.start += total;
+        let bytes = self.take(total).slice(framed::RECORD_HEADER_LEN..);
         Ok(Some(StreamFragment {
             trigger_number: h.trigger_number,
             bytes,
@@ -274,6 +279,40 @@ mod tests {
                 whole,
                 "{piece}"
             );
+        }
+    }
+
+    /// A fragment is a share of the buffer its bytes were read into (the next one follows
+    /// it in the same allocation: no copy), and fragments held across many buffer renewals
+    /// keep their bytes.
+    #[test]
+    fn fragments_share_the_read_buffer_and_outlive_it() {
+        let n = 120_000;
+        let data = fed_stream(n); // about 3.8 MB: several fresh buffers
+        assert!(data.len() > 3 * BUF_CHUNK);
+        let mut d = StreamDecoder::new(StreamFormat::Fed, 1 << 20, Some(841));
+        let mut out = Vec::new();
+        for p in data.chunks(50_000) {
+            d.push(p);
+            drain(&mut d, &mut out);
+        }
+        assert_eq!(out.len(), n as usize);
+        let adjacent = out
+            .windows(2)
+            .filter(|w| w[0].bytes.as_ptr_range().end == w[1].bytes.as_ptr())
+            .count();
+        // all but those that start a fresh buffer
+        assert!(
+            adjacent >= out.len() - 10,
+            "only {adjacent} fragments follow their predecessor"
+        );
+        let joined: Vec<u8> = out.iter().flat_map(|f| f.bytes.iter().copied()).collect();
+        assert_eq!(joined, data);
+        let offsets: Vec<u64> = out.iter().map(|f| f.offset).collect();
+        let mut at = 0u64;
+        for (f, off) in out.iter().zip(offsets) {
+            assert_eq!(off, at);
+            at += f.bytes.len() as u64;
         }
     }
 

@@ -360,7 +360,7 @@ impl Joint {
         Ok(Assembled {
             trigger_number: parts.trigger_number,
             fragments: parts.pieces.len() as u32,
-            payload: Vec::new(),
+            payload: bytes::Bytes::new(),
             flags: parts.flags,
             written: Some(chain),
         })

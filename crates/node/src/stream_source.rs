@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError, TrySendError};
 use evb_builder::assembly::{Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss};
 use evb_builder::{Ru, RunState};
 use evb_config::{AllowedNet, Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
@@ -137,7 +137,7 @@ struct Link {
 /// The stream side of one RU: its listeners' threads and the assembler.
 pub struct StreamSource {
     node: String,
-    assembler: Assembler,
+    assembler: Assembler<bytes::Bytes>,
     links: Vec<Link>,
     read_ahead: usize,
     stall_warn: Duration,
@@ -535,6 +535,16 @@ impl Reader {
 
     /// Hands `ev` to the driver, waiting while the channel is full (back-pressure).
     fn hand_over(&self, mut ev: StreamEvent) -> Handed {
+        // Room at once is the common case: no deadline to compute (a clock read per
+        // fragment was a visible share of a stream-fed RU).
+        if self.draining() {
+            return Handed::Draining;
+        }
+        match self.tx.try_send(ev) {
+            Ok(()) => return Handed::Sent,
+            Err(TrySendError::Full(back)) => ev = back,
+            Err(TrySendError::Disconnected(_)) => return Handed::Stopped,
+        }
         loop {
             if self.draining() {
                 return Handed::Draining;

@@ -353,7 +353,7 @@ impl Producer {
         self.send(FeedItem::Event(Assembled {
             trigger_number,
             fragments: 1,
-            payload: Vec::new(),
+            payload: Default::default(),
             flags: 0,
             written: Some(fragment),
         }))?;
@@ -438,7 +438,7 @@ impl Producer {
                     None => FeedItem::Event(Assembled {
                         trigger_number,
                         fragments: 1,
-                        payload: Vec::new(),
+                        payload: Default::default(),
                         flags: FLAG_MISSING,
                         written: None,
                     }),
