@@ -80,7 +80,7 @@ pub fn find_data() -> Option<PathBuf> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sink {
     Discard,
-    /// Event files, committed with the EVM (`sink.commit_events` as the run's default).
+    /// Event files, committed with the EVM (`sink.commit_events` as [`PipeSpec`] says).
     File,
     /// Served over tcp to one `evb consume` reading both BUs.
     Serve,
@@ -106,12 +106,18 @@ pub struct PipeSpec {
     /// `source.max_fragment`: the largest fragment the front-ends may send, which sizes
     /// the BUs' default credits (`None`: the default, 1 MiB).
     pub max_fragment: Option<u64>,
+    /// The file sink's `sink.commit_events`: events per file, each file synced and committed
+    /// with the EVM (`None`: the default, the BU's credits).
+    pub commit_events: Option<u64>,
 }
 
 impl PipeSpec {
     pub fn variant(&self) -> String {
+        let commit = self
+            .commit_events
+            .map_or(String::new(), |n| format!(" commit_events={n}"));
         format!(
-            "feed->{} max_fragment={}",
+            "feed->{} max_fragment={}{commit}",
             self.sink.name(),
             self.max_fragment
                 .map_or("default".to_string(), |m| crate::output::human_size(
@@ -126,7 +132,12 @@ impl PipeSpec {
             .map_or(String::new(), |m| format!("max_fragment = {m}\n"));
         let sink = match self.sink {
             Sink::Discard => "kind = \"discard\"\n".to_string(),
-            Sink::File => format!("kind = \"file\"\ndir = \"{}\"\n", out.display()),
+            Sink::File => format!(
+                "kind = \"file\"\ndir = \"{}\"\n{}",
+                out.display(),
+                self.commit_events
+                    .map_or(String::new(), |n| format!("commit_events = {n}\n"))
+            ),
             Sink::Serve => format!("kind = \"serve\"\nserve_base_port = {serve}\n"),
         };
         let mut t = format!(
@@ -260,4 +271,49 @@ pub fn pipeline(spec: &PipeSpec, scratch: &Path) -> Result<Point, String> {
         p.note.push_str(&format!("; {files} files"));
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(sink: Sink, commit_events: Option<u64>) -> PipeSpec {
+        PipeSpec {
+            data: Recorded {
+                files: [PathBuf::from("a.raw"), PathBuf::from("b.raw")],
+                sources: [841, 843],
+                mean: 461,
+                max: 23_000,
+            },
+            sink,
+            fragments: 1000,
+            max_fragment: Some(32768),
+            commit_events,
+        }
+    }
+
+    /// Each row's configuration is one `evb run` accepts, and the file rows' files hold the
+    /// events their names say: the credits' worth by default, 2048 where asked.
+    #[test]
+    fn pipeline_rows_make_valid_configurations() {
+        let out = Path::new("/tmp/evb-pipeline-test-out");
+        for (s, commit) in [
+            (spec(Sink::Discard, None), 0),
+            (spec(Sink::File, None), 0),
+            (spec(Sink::File, Some(2048)), 2048),
+            (spec(Sink::Serve, None), 0),
+        ] {
+            let c = evb_config::Config::from_toml(&s.toml("t", 7301, 7401, out))
+                .unwrap_or_else(|e| panic!("{}: {e}", s.variant()));
+            assert_eq!(c.sink.commit_events, commit, "{}", s.variant());
+        }
+        assert_eq!(
+            spec(Sink::File, Some(2048)).variant(),
+            "feed->file max_fragment=32K commit_events=2048"
+        );
+        assert_eq!(
+            spec(Sink::File, None).variant(),
+            "feed->file max_fragment=32K"
+        );
+    }
 }

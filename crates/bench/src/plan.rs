@@ -238,7 +238,8 @@ impl Planner<'_> {
     /// events discarded, written to files, or served to `evb consume`; and the 2 x 2 mesh of
     /// the fragments' mean size as its reference. The rows but one run at `source.max_fragment`
     /// = the files' largest fragment rounded up to a power of two (what an operator who knows
-    /// the front-ends sets); the one at the default (1 MiB) shows what the default credits cost.
+    /// the front-ends sets); the one at the default (1 MiB) shows what the default credits cost,
+    /// and a second file row with files of 2048 events what the default's small files cost.
     fn pipeline(&mut self) {
         let Some(dir) = self.s.data.clone() else {
             self.notes.push(
@@ -271,6 +272,7 @@ impl Planner<'_> {
             // about build_secs at this machine's rate (2 x 2, ~460 B: ~0.3 M events/s)
             fragments: (self.s.build_secs * 300_000.0) as u64,
             max_fragment: Some(bound),
+            commit_events: None,
         }];
         if !self.s.quick {
             for sink in [Sink::File, Sink::Serve] {
@@ -279,6 +281,13 @@ impl Planner<'_> {
                     ..specs[0].clone()
                 });
             }
+            // files of 2048 events instead of the credits' 255: what the default's small
+            // files (a sync, a commit and two new inodes each) cost
+            specs.push(PipeSpec {
+                sink: Sink::File,
+                commit_events: Some(2048),
+                ..specs[0].clone()
+            });
             specs.push(PipeSpec {
                 max_fragment: None,
                 ..specs[0].clone()
