@@ -162,15 +162,16 @@ impl StreamDecoder {
     fn next_fed(&mut self) -> Result<Option<StreamFragment>, StreamError> {
         let avail = self.end / 8;
         // The trailer is the first word (after the header) whose length field is its place.
-        let mut w = self.scanned.max(1);
-        while w < avail {
-            let at = w * 8;
-            let word: [u8; 8] = self.buf[at..at + 8].try_into().expect("8 bytes");
-            if fed::is_trailer_at(word, w) {
+        let from = self.scanned.max(1);
+        let found = self.buf[..avail * 8]
+            .chunks_exact(8)
+            .enumerate()
+            .skip(from)
+            .find(|&(w, word)| fed::is_trailer_at(word.try_into().expect("8 bytes"), w))
+            .map(|(w, _)| w);
+        let w = match found {
+            Some(w) if (w + 1) * 8 <= self.max_fragment => {
                 let len = (w + 1) * 8;
-                if len > self.max_fragment {
-                    break;
-                }
                 let offset = self.base;
                 let frag = &self.buf[..len];
                 let (trigger_number, bad) =
@@ -186,8 +187,10 @@ impl StreamDecoder {
                     bad,
                 }));
             }
-            w += 1;
-        }
+            // a trailer, but the fragment would be longer than allowed
+            Some(w) => w,
+            None => avail.max(from),
+        };
         self.scanned = w;
         if w * 8 >= self.max_fragment {
             return Err(self.unreadable(format!(
