@@ -168,10 +168,9 @@ impl StreamDecoder {
             .enumerate()
             .skip(from)
             .find(|&(w, word)| fed::is_trailer_at(word.try_into().expect("8 bytes"), w))
-            .map(|(w, _)| w);
+            .map(|(w, _)| (w, (w + 1) * 8));
         let w = match found {
-            Some(w) if (w + 1) * 8 <= self.max_fragment => {
-                let len = (w + 1) * 8;
+            Some((_, len)) if len <= self.max_fragment => {
                 let offset = self.base;
                 let frag = &self.buf[..len];
                 let (trigger_number, bad) =
@@ -188,7 +187,7 @@ impl StreamDecoder {
                 }));
             }
             // a trailer, but the fragment would be longer than allowed
-            Some(w) => w,
+            Some((w, _)) => w,
             None => avail.max(from),
         };
         self.scanned = w;
