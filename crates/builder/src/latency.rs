@@ -78,14 +78,19 @@ fn fine_in<'de, D: Deserializer<'de>>(d: D) -> Result<Histogram<u64>, D::Error> 
 
 impl LatencyHistogram {
     pub fn record(&mut self, d: Duration) {
+        self.record_n(d, 1);
+    }
+
+    /// `n` events that each took `d`.
+    pub fn record_n(&mut self, d: Duration, n: u64) {
         let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let i = LATENCY_BOUNDS_US.partition_point(|&b| b < us);
         if let Some(c) = self.counts.get_mut(i) {
-            *c += 1;
+            *c += n;
         }
-        self.sum_us = self.sum_us.saturating_add(us);
-        self.count += 1;
-        self.fine.saturating_record(us.clamp(1, HDR_MAX_US));
+        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
+        self.count += n;
+        self.fine.saturating_record_n(us.clamp(1, HDR_MAX_US), n);
     }
 
     /// Adds another histogram's counts (a node's several BUs, or runs).
