@@ -787,32 +787,49 @@ impl Bu {
                 }
             }
         }
-        let guess = (0..n)
-            .find(|&i| b.have.get(i))
-            .map_or(id as u32, |i| fragments[i].0.trigger_number);
-        for (i, (h, _)) in fragments.iter_mut().enumerate() {
-            if !b.have.get(i) {
-                // a lost source: an empty placeholder flagged MISSING
-                h.trigger_number = guess;
-            }
-        }
         let missing = |h: &FragmentHeader| h.flags & FLAG_MISSING != 0;
-        let trigger_number = fragments
-            .iter()
-            .find(|(h, _)| !missing(h))
-            .map_or(guess, |(h, _)| h.trigger_number);
         let mut trigger_mismatch = false;
         let mut sync_loss = false;
         let mut missing_sources = Vec::new();
         let mut bytes = 0u64;
-        for (h, p) in &fragments {
-            if missing(h) {
-                missing_sources.push(h.source_id);
-            } else {
+        let mut trigger_number = fragments
+            .first()
+            .map_or(id as u32, |(h, _)| h.trigger_number);
+        // every RU's fragment came, none of them flagged MISSING by its RU (the common
+        // case): one pass, no placeholders to name
+        let mut whole = b.received == n;
+        if whole {
+            for (h, p) in &fragments {
+                whole &= !missing(h);
                 trigger_mismatch |= h.trigger_number != trigger_number;
+                sync_loss |= h.flags & FLAG_SYNC_LOSS != 0;
+                bytes += p.len() as u64;
             }
-            sync_loss |= h.flags & FLAG_SYNC_LOSS != 0;
-            bytes += p.len() as u64;
+        }
+        if !whole {
+            (trigger_mismatch, sync_loss, bytes) = (false, false, 0);
+            let guess = (0..n)
+                .find(|&i| b.have.get(i))
+                .map_or(id as u32, |i| fragments[i].0.trigger_number);
+            for (i, (h, _)) in fragments.iter_mut().enumerate() {
+                if !b.have.get(i) {
+                    // a lost source: an empty placeholder flagged MISSING
+                    h.trigger_number = guess;
+                }
+            }
+            trigger_number = fragments
+                .iter()
+                .find(|(h, _)| !missing(h))
+                .map_or(guess, |(h, _)| h.trigger_number);
+            for (h, p) in &fragments {
+                if missing(h) {
+                    missing_sources.push(h.source_id);
+                } else {
+                    trigger_mismatch |= h.trigger_number != trigger_number;
+                }
+                sync_loss |= h.flags & FLAG_SYNC_LOSS != 0;
+                bytes += p.len() as u64;
+            }
         }
         if !missing_sources.is_empty() || partial {
             self.stats.partial_events += 1;
@@ -1214,5 +1231,43 @@ mod records_tests {
             .collect();
         assert_eq!(cells, [(50, 1), (100, 5), (903, 1), (5023, 1)]);
         assert_eq!(l.counts.iter().sum::<u64>(), 8);
+    }
+
+    /// A fragment its RU flagged MISSING (a recording's dropped fragment, a producer's
+    /// refused one) names its source in the built event, though every RU sent something.
+    #[test]
+    fn a_fragment_its_ru_flagged_missing_makes_the_event_partial() {
+        let mut bu = Bu::new(BuConfig {
+            index: 0,
+            source_ids: vec![1, 2],
+            credits: 8,
+            verify: Verify::Headers,
+            generator: None,
+            duplicate_window: 1024,
+        });
+        let now = Instant::now();
+        bu.handle(now, NodeRef::Evm, Message::Start);
+        for id in 0..2u64 {
+            let mut dropped = header(id, 2);
+            if id == 1 {
+                dropped.flags = FLAG_MISSING;
+            }
+            bu.handle_fragment(now, NodeRef::Ru(0), header(id, 1), Chain::new());
+            bu.handle_fragment(now, NodeRef::Ru(1), dropped, Chain::new());
+            let r = EventRange {
+                bu: 0,
+                first: id,
+                count: 1,
+            };
+            bu.handle(now, NodeRef::Evm, Message::Assign(r));
+        }
+        let mut built = Vec::new();
+        while let Some(a) = bu.next_action() {
+            if let Action::Deliver(e) = a {
+                built.push((e.event_id, e.missing_sources, e.trigger_mismatch));
+            }
+        }
+        assert_eq!(built, [(0, vec![], false), (1, vec![2], false)]);
+        assert_eq!(bu.stats().partial_events, 1);
     }
 }
