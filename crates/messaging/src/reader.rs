@@ -190,6 +190,44 @@ impl Prefetch {
     }
 }
 
+/// The fragment messages that lie wholly in the cursor's current slice, one after another,
+/// at most `most` of them, taken with a local offset (the common case: a page of small
+/// fragments read into one block); stops before anything else (another message type, a
+/// message that crosses into the next slice) and leaves it to the general loop. Returns how
+/// many it took.
+#[inline]
+fn fragments_in_slice(
+    cur: &mut Cursor<'_>,
+    prefetch: &mut Prefetch,
+    most: u32,
+    out: &mut Vec<Received>,
+    coalesce: bool,
+) -> Result<u32, WireError> {
+    let Some(s) = cur.chain.slices().get(cur.slice) else {
+        return Ok(0);
+    };
+    let bytes: &[u8] = s;
+    let start = cur.offset;
+    let mut at = start;
+    let mut taken = 0u32;
+    while taken < most && bytes.len() - at >= MESSAGE_HEADER_LEN + FRAGMENT_HEADER_LEN {
+        let h = MessageHeader::decode(&bytes[at..at + MESSAGE_HEADER_LEN])?;
+        let len = h.length as usize;
+        let body = at + MESSAGE_HEADER_LEN;
+        if h.msg_type != MessageType::Fragment || len > bytes.len() - body {
+            break;
+        }
+        prefetch.ahead(cur.slice, bytes, body + len);
+        let (header, payload_len) = fragment_header(&bytes[body..body + len])?;
+        let payload = Chain::from_slice(s.sub(body + FRAGMENT_HEADER_LEN, payload_len));
+        taken += 1;
+        push_fragment(out, coalesce, most - taken, header, payload);
+        at = body + len;
+    }
+    cur.skip(at - start);
+    Ok(taken)
+}
+
 /// [`split_messages`]; with `coalesce`, consecutive fragments come as one
 /// [`Received::Fragments`].
 pub fn split_messages_into(
@@ -202,6 +240,12 @@ pub fn split_messages_into(
     let mut prefetch = Prefetch::default();
     let mut found = 0u32;
     while cur.left > 0 {
+        if found < count {
+            found += fragments_in_slice(&mut cur, &mut prefetch, count - found, out, coalesce)?;
+            if cur.left == 0 {
+                break;
+            }
+        }
         if found == count {
             return Err(WireError::MessageCount {
                 declared: count,

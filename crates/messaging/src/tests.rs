@@ -309,3 +309,66 @@ fn busy_poll_delivers_every_message() {
         }
     }
 }
+
+/// A page of fragments with a control message among them, cut into two slices at every
+/// byte: the fragments inside one slice (taken with a local offset) and those across the
+/// cut (the general path) come out the same, in order, coalesced around the control
+/// message; a count one short is refused wherever the cut falls.
+#[test]
+fn a_page_split_anywhere_gives_the_same_fragments() {
+    let mut page = Vec::new();
+    let mut sent = Vec::new();
+    for id in 0..9u64 {
+        if id == 5 {
+            Message::Heartbeat.encode_into(&mut page);
+        }
+        let payload: Vec<u8> = (0..(id as usize * 7) % 40)
+            .map(|i| (id as u8) ^ i as u8)
+            .collect();
+        let h = FragmentHeader {
+            event_id: id,
+            trigger_number: id as u32,
+            source_id: 2,
+            flags: FLAG_GENERATED,
+            payload_size: payload.len() as u32,
+            payload_crc: crc32c::crc32c(&payload),
+        };
+        page.extend_from_slice(&fragment_prefix(&h));
+        page.extend_from_slice(&payload);
+        sent.push((h, payload));
+    }
+    let pool = Pool::new("cuts", 4096, 4);
+    for cut in 0..=page.len() {
+        let mut chain = Chain::new();
+        for piece in [&page[..cut], &page[cut..]] {
+            if !piece.is_empty() {
+                chain.push(pool.try_alloc().unwrap().append(piece).unwrap());
+            }
+        }
+        let mut out = Vec::new();
+        split_messages_into(&chain, 10, &mut out, true).unwrap();
+        let mut got = Vec::new();
+        let mut shape = Vec::new();
+        for r in out {
+            match r {
+                Received::Fragments(run) => {
+                    shape.push(run.len());
+                    got.extend(run.into_iter().map(|(h, p)| (h, p.to_vec())));
+                }
+                Received::Message(Message::Heartbeat) => shape.push(0),
+                other => panic!("cut {cut}: {other:?}"),
+            }
+        }
+        assert_eq!(got, sent, "cut {cut}");
+        assert_eq!(shape, [5, 0, 4], "cut {cut}");
+        let mut out = Vec::new();
+        assert_eq!(
+            split_messages_into(&chain, 9, &mut out, true).unwrap_err(),
+            WireError::MessageCount {
+                declared: 9,
+                found: 10
+            },
+            "cut {cut}"
+        );
+    }
+}
