@@ -1177,19 +1177,23 @@ mod records_tests {
         assert!(r.slab.len() <= 300 + 20_000 / 97);
     }
 
-    /// Events completed together are recorded as one run of equal latency, events of other
-    /// latencies apart, and a report taken between passes counts the run not yet recorded.
-    #[test]
-    fn latencies_recorded_per_run_are_those_of_each_event() {
-        let cfg = BuConfig {
+    /// BU 0 of a run whose RUs send `source_ids`, checking headers only.
+    fn bu_of(source_ids: Vec<u16>) -> Bu {
+        Bu::new(BuConfig {
             index: 0,
-            source_ids: vec![1],
+            source_ids,
             credits: 64,
             verify: Verify::Headers,
             generator: None,
             duplicate_window: 1024,
-        };
-        let mut bu = Bu::new(cfg);
+        })
+    }
+
+    /// Events completed together are recorded as one run of equal latency, events of other
+    /// latencies apart, and a report taken between passes counts the run not yet recorded.
+    #[test]
+    fn latencies_recorded_per_run_are_those_of_each_event() {
+        let mut bu = bu_of(vec![1]);
         bu.handle(Instant::now(), NodeRef::Evm, Message::Start);
         let t0 = Instant::now();
         let us = Duration::from_micros;
@@ -1237,14 +1241,7 @@ mod records_tests {
     /// refused one) names its source in the built event, though every RU sent something.
     #[test]
     fn a_fragment_its_ru_flagged_missing_makes_the_event_partial() {
-        let mut bu = Bu::new(BuConfig {
-            index: 0,
-            source_ids: vec![1, 2],
-            credits: 8,
-            verify: Verify::Headers,
-            generator: None,
-            duplicate_window: 1024,
-        });
+        let mut bu = bu_of(vec![1, 2]);
         let now = Instant::now();
         bu.handle(now, NodeRef::Evm, Message::Start);
         for id in 0..2u64 {

@@ -279,15 +279,17 @@ pub fn split_messages_into(
             });
         }
         found += 1;
-        // Fast path: the whole body in one slice. Messages are decoded in place and a
-        // fragment's payload becomes one sub-slice, without building intermediate chains.
-        if let Some((s, at)) = cur.contiguous(len) {
+        // Fast path: the whole body in one slice. Messages are decoded in place, without
+        // building intermediate chains. (Fragments wholly in one slice were taken by
+        // `fragments_in_slice`; one here had its message header across two slices, and
+        // takes the general path below.)
+        let contiguous = match h.msg_type {
+            MessageType::Fragment => None,
+            _ => cur.contiguous(len),
+        };
+        if let Some((s, at)) = contiguous {
             prefetch.ahead(cur.slice, s, at + len);
-            if h.msg_type == MessageType::Fragment {
-                let (header, payload_len) = fragment_header(&s[at..at + len])?;
-                let payload = Chain::from_slice(s.sub(at + FRAGMENT_HEADER_LEN, payload_len));
-                push_fragment(out, coalesce, count - found, header, payload);
-            } else if h.msg_type == MessageType::Published {
+            if h.msg_type == MessageType::Published {
                 let header = PublishedHeader::decode(&s[at..at + len])?;
                 out.push(Received::Published {
                     header,
