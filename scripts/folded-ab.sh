@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two builds of evb alternated on 256 B events in LSEB's shape (folded 2 x 2: RU i and BU i
 # on 127.0.0.i+1, shm between them, tcp across; static content, headers checked, 4 s runs).
-# Prints per run: events/s, the BUs' CPU per event built and all five processes' CPU per event.
+# Prints per run: events/s, the BUs' and the RUs' CPU per event built and all five processes'.
 #
 #   scripts/folded-ab.sh OLD/target/release/evb NEW/target/release/evb [ROUNDS]
 set -euo pipefail
@@ -47,9 +47,10 @@ d = json.load(open(sys.argv[2]))
 n = d["nodes"]
 ev = sum(v["stats"]["events_built"] for k, v in n.items() if k.startswith("bu"))
 bu = sum(v["cpu"]["process_s"] for k, v in n.items() if k.startswith("bu"))
+ru = sum(v["cpu"]["process_s"] for k, v in n.items() if k.startswith("ru"))
 al = sum(v["cpu"]["process_s"] for v in n.values())
 print(f"{sys.argv[1]}: {ev / 4.0 / 1e6:.3f} M events/s, BUs {bu / ev * 1e6:.3f} us/event, "
-      f"all {al / ev * 1e6:.3f} us/event, ok={d['ok']}")
+      f"RUs {ru / ev * 1e6:.3f}, all {al / ev * 1e6:.3f} us/event, ok={d['ok']}")
 PY
   done
 done

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
-use evb_wire::{write_fragment_prefix, EventRange, Message, FRAGMENT_PREFIX_LEN};
+use evb_wire::{write_fragment_prefix, EventRange, Message, FLAG_GENERATED, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{
@@ -16,7 +16,7 @@ use crate::action::{
 use crate::evm::RuResync;
 use crate::generator::{Content, Generator};
 use crate::ids::Bits;
-use crate::source::{LiveFeed, Source};
+use crate::source::{FragmentSpec, LiveFeed, Source};
 
 /// Message and fragment headers in front of each payload.
 pub const PREFIX_LEN: usize = FRAGMENT_PREFIX_LEN;
@@ -480,6 +480,12 @@ impl Ru {
                 made += 1;
                 continue;
             }
+            let (n, size) = self.static_run(&mut open, self.cfg.max_per_poll - made);
+            if n > 0 {
+                made += n;
+                bytes += size;
+                continue;
+            }
             if !self.cfg.source.has_event(event_id) {
                 // The EVM assigns only what `Available` announced, in order.
                 let reason = format!(
@@ -506,6 +512,91 @@ impl Ru {
             made += 1;
         }
         self.close_run(&mut open);
+    }
+
+    /// Static content with small payloads, the open run continuing the front assignment in
+    /// the current block: as many of its fragments as the block and the run hold, made in
+    /// one loop and counted once (made one by one through [`Ru::make_into_run`], the RU's
+    /// own bookkeeping cost more than writing a 256 B fragment). The run's limits are
+    /// `make_into_run`'s. Returns the fragments made and their bytes; `(0, 0)` leaves the
+    /// next fragment to the general path (a run to open or close, a fresh block, a large
+    /// payload, a reassignment).
+    fn static_run(&mut self, open: &mut Option<OpenRun>, max_count: usize) -> (usize, usize) {
+        let Source::Generator(g) = &self.cfg.source else {
+            return (0, 0);
+        };
+        let (Some(r), Some(o), Some(t), Some(block)) = (
+            self.pending.front().copied(),
+            open.as_mut(),
+            self.template.as_mut(),
+            self.block.as_mut(),
+        ) else {
+            return (0, 0);
+        };
+        let joins = g.content == Content::Static
+            && r.first >= self.made_until
+            && o.bu == r.bu
+            && o.first + o.ends.len() as u64 == r.first
+            && o.data.slices().len() < MAX_RUN_PIECES;
+        if !joins {
+            return (0, 0);
+        }
+        let src = self.cfg.source_id;
+        let n_ends = o.ends.len();
+        let mut data_len = o.data.len();
+        let mut last = o.ends[n_ends - 1] as usize
+            - if n_ends > 1 {
+                o.ends[n_ends - 2] as usize
+            } else {
+                0
+            };
+        let start = block.filled();
+        let max = (r.count as usize).min(max_count);
+        let mut n = 0;
+        while n < max {
+            let id = r.first + n as u64;
+            let size = g.size(id, src);
+            let need = PREFIX_LEN + size;
+            if size > STATIC_INLINE_MAX
+                || block.remaining() < need
+                || data_len + last > self.cfg.max_run_bytes
+            {
+                break;
+            }
+            let spec = FragmentSpec {
+                size,
+                trigger_number: id as u32,
+                flags: FLAG_GENERATED,
+            };
+            let spare = &mut block.spare_mut()[..need];
+            write_fragment_prefix(&spec.header(id, src, t.crc(size)), spare);
+            t.payload.copy_prefix(&mut spare[PREFIX_LEN..]);
+            block.advance(need);
+            data_len += need;
+            last = need;
+            o.ends.push(data_len as u32);
+            n += 1;
+        }
+        if n == 0 {
+            return (0, 0);
+        }
+        let written = block.filled() - start;
+        o.data.push_from(block, start, written);
+        if block.remaining() < PREFIX_LEN {
+            self.block = None;
+        }
+        let payload = written - n * PREFIX_LEN;
+        self.stats.fragments_sent += n as u64;
+        self.stats.payload_bytes_sent += payload as u64;
+        self.count_to_bu(r.bu, payload);
+        self.made_until = r.first + n as u64;
+        let front = self.pending.front_mut().expect("the range read above");
+        front.first += n as u64;
+        front.count -= n as u32;
+        if front.count == 0 {
+            self.pending.pop_front();
+        }
+        (n, written)
     }
 
     /// Makes event `id`'s fragment at the end of the open run for `bu` (a new run when the

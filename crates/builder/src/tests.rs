@@ -932,6 +932,107 @@ fn ru_fragments_larger_than_a_block_span_blocks() {
     assert_eq!(n, 2);
 }
 
+/// Static content is made a block's worth at a time where it can be (`Ru::static_run`) and
+/// one by one where it cannot (a run to open, a fresh block, a large payload): whichever
+/// path made them, the runs hold the assigned events in order, each fragment whole and
+/// checked, within the run's limits, and the counters add up.
+#[test]
+fn static_fragments_made_in_one_loop_are_those_made_one_by_one() {
+    let now = Instant::now();
+    let cases = [
+        (SizeModel::Fixed(256), 4096, 7, 4096),
+        (SizeModel::Fixed(300), 64 * 1024, 4096, 256 * 1024),
+        (
+            SizeModel::LogNormal {
+                mean: 1500.0,
+                stddev: 1500.0,
+                min: 16,
+                max: 6000,
+            },
+            16 * 1024,
+            1000,
+            8 * 1024,
+        ),
+    ];
+    for (sizes, block, max_per_poll, max_run_bytes) in cases {
+        let g = Generator::new(sizes, 7).with_content(Content::Static);
+        let mut r = Ru::new(
+            RuConfig {
+                index: 0,
+                source_id: 100,
+                source: Source::Generator(g.clone()),
+                max_per_poll,
+                max_run_bytes,
+            },
+            Pool::new("ru", block, 32),
+        );
+        // assignments of 1 to 300 events alternating between two BUs
+        let mut assigned = Vec::new();
+        let mut first = 0u64;
+        for k in 0..40u64 {
+            let count = 1 + (k * 37 % 300) as u32;
+            let bu = (k % 2) as u16;
+            r.handle(now, NodeRef::Evm, assign(bu, first, count));
+            assigned.extend((first..first + count as u64).map(|id| (id, bu)));
+            first += count as u64;
+        }
+        let mut made = Vec::new();
+        let mut to_bu = [0u64; 2];
+        for _ in 0..100_000 {
+            if made.len() == assigned.len() {
+                break;
+            }
+            r.poll(now);
+            let mut released = Vec::new();
+            while let Some(a) = r.next_action() {
+                let Action::SendFragments { to, data, count } = a else {
+                    continue;
+                };
+                let NodeRef::Bu(bu) = to else {
+                    panic!("fragments for {to}")
+                };
+                let run = decode_fragments(&data);
+                assert_eq!(run.len(), count as usize);
+                let last = run.last().map_or(0, |(_, p)| PREFIX_LEN + p.len());
+                assert!(
+                    count == 1 || data.len() - last <= max_run_bytes,
+                    "a run of {} bytes passed its limit {max_run_bytes} by more than its last",
+                    data.len()
+                );
+                for (h, p) in &run {
+                    assert_eq!(assigned[made.len()], (h.event_id, bu), "in assigned order");
+                    assert_eq!(h.trigger_number, h.event_id as u32);
+                    assert_eq!((h.source_id, h.flags), (100, evb_wire::FLAG_GENERATED));
+                    assert_eq!(p.len(), g.size(h.event_id, 100));
+                    assert_eq!(h.payload_size as usize, p.len());
+                    assert_eq!(p.crc32c(), h.payload_crc);
+                    assert!(
+                        g.verify(h.event_id, 100, p.chunks()),
+                        "event {}",
+                        h.event_id
+                    );
+                    to_bu[bu as usize] += p.len() as u64;
+                    made.push(h.event_id);
+                }
+                released.push(assign(bu, run[0].0.event_id, count));
+            }
+            // released at once: the pool (32 blocks) holds a fraction of the run
+            for m in released {
+                let Message::Assign(range) = m else {
+                    unreachable!()
+                };
+                r.handle(now, NodeRef::Evm, Message::Release(range));
+            }
+        }
+        assert_eq!(made.len(), assigned.len(), "every assigned fragment made");
+        let s = r.stats();
+        assert_eq!(s.fragments_sent, first);
+        assert_eq!(s.payload_bytes_to_bu, to_bu.to_vec());
+        assert_eq!(s.payload_bytes_sent, to_bu.iter().sum::<u64>());
+        assert_eq!((s.retained, s.pending_events, s.errors), (0, 0, 0));
+    }
+}
+
 #[test]
 fn static_content_is_made_once_and_sent_by_reference() {
     let now = Instant::now();
