@@ -287,9 +287,9 @@ impl Records {
         })
     }
 
-    /// Event `id`'s record, made (no fragment filed yet) if it has none; true when it was
-    /// made now.
-    fn entry(&mut self, id: u64, now: Instant, source_ids: &[u16]) -> (&mut Building, bool) {
+    /// Event `id`'s record (and its slot), made (no fragment filed yet) if it has none; true
+    /// when it was made now.
+    fn entry(&mut self, id: u64, now: Instant, source_ids: &[u16]) -> (u32, &mut Building, bool) {
         let key = id / GROUP;
         let g = match self.group(key) {
             Some(g) => g,
@@ -327,14 +327,15 @@ impl Records {
             group.live += 1;
             self.len += 1;
         }
-        let b = &mut self.slab[*at as usize];
+        let slot = *at;
+        let b = &mut self.slab[slot as usize];
         if new {
             if b.fragments.capacity() == 0 {
                 b.fragments = self.spare_fragments.pop().unwrap_or_default();
             }
             b.reset(now, source_ids);
         }
-        (b, new)
+        (slot, b, new)
     }
 
     /// Forgets event `id` (its fragments are dropped, their blocks go back to the pool); its
@@ -602,13 +603,18 @@ impl Bu {
                 self.credits_to_send += self.cfg.credits;
             }
             Message::Assign(r) if r.bu == self.me() => {
+                // A record made now has no fragment: it completes only when every source
+                // is lost (or there is none), so the common case skips the check.
+                let may_complete = !self.lost_sources.is_empty() || self.cfg.source_ids.is_empty();
                 for id in r.first..r.end() {
-                    let (b, _) = self.events.entry(id, now, &self.cfg.source_ids);
+                    let (slot, b, new) = self.events.entry(id, now, &self.cfg.source_ids);
                     if b.assigned {
                         self.stats.errors += 1;
                     }
                     b.assigned = true;
-                    self.try_complete(now, id);
+                    if !new || may_complete {
+                        self.complete_at(now, id, slot);
+                    }
                 }
             }
             Message::SourceLost { ru } if (ru as usize) < self.cfg.source_ids.len() => {
@@ -739,7 +745,7 @@ impl Bu {
             }
         }
         let held = self.events.len() as u64 + 1;
-        let (b, new) = self.events.entry(id, now, &self.cfg.source_ids);
+        let (slot, b, new) = self.events.entry(id, now, &self.cfg.source_ids);
         if new {
             self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(held);
         }
@@ -754,16 +760,21 @@ impl Bu {
         b.partial |= partial;
         if b.assigned && (b.received == self.cfg.source_ids.len() || !self.lost_sources.is_empty())
         {
-            self.try_complete(now, id);
+            self.complete_at(now, id, slot);
         }
     }
 
     fn try_complete(&mut self, now: Instant, id: u64) {
+        if let Some(slot) = self.events.slot(id) {
+            self.complete_at(now, id, slot);
+        }
+    }
+
+    /// Builds event `id`, whose record is at `slot`, if it is complete.
+    fn complete_at(&mut self, now: Instant, id: u64, slot: u32) {
         let n = self.cfg.source_ids.len();
         let lost = &self.lost_sources;
-        let Some(b) = self.events.get_mut(id) else {
-            return;
-        };
+        let b = &mut self.events.slab[slot as usize];
         let complete = b.assigned
             && !b.at_sink
             && (b.received == n
@@ -1146,8 +1157,12 @@ mod records_tests {
             if x.is_multiple_of(3) {
                 assert_eq!(r.remove(id), model.remove(&id), "step {step} remove {id}");
             } else {
-                let (b, new) = r.entry(id, now, &[1, 2]);
+                let (slot, b, new) = r.entry(id, now, &[1, 2]);
                 assert_eq!(new, !model.contains_key(&id), "step {step} entry {id}");
+                let b_at: *const Building = b;
+                assert_eq!(r.slot(id), Some(slot), "step {step}: the slot entry gave");
+                assert!(std::ptr::eq(&r.slab[slot as usize], b_at));
+                let b = &mut r.slab[slot as usize];
                 if new {
                     assert!(b.fragments.is_empty(), "step {step}: a new record is empty");
                     b.received = (id % 2) as usize;

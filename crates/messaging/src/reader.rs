@@ -203,6 +203,36 @@ fn fragments_in_slice(
     out: &mut Vec<Received>,
     coalesce: bool,
 ) -> Result<u32, WireError> {
+    if !coalesce {
+        return take_fragments_in_slice(cur, prefetch, most, |header, payload| {
+            out.push(Received::Fragment { header, payload })
+        });
+    }
+    // the run at the end of `out`, found (or made) once, not at every fragment
+    let fresh = !matches!(out.last(), Some(Received::Fragments(_)));
+    if fresh {
+        out.push(Received::Fragments(Vec::with_capacity(most as usize)));
+    }
+    let Some(Received::Fragments(run)) = out.last_mut() else {
+        unreachable!("a run was made above")
+    };
+    let taken = take_fragments_in_slice(cur, prefetch, most, |header, payload| {
+        run.push((header, payload))
+    });
+    if fresh && run.is_empty() {
+        out.pop();
+    }
+    taken
+}
+
+/// [`fragments_in_slice`]'s loop, each fragment handed to `push`.
+#[inline]
+fn take_fragments_in_slice(
+    cur: &mut Cursor<'_>,
+    prefetch: &mut Prefetch,
+    most: u32,
+    mut push: impl FnMut(FragmentHeader, Chain),
+) -> Result<u32, WireError> {
     let Some(s) = cur.chain.slices().get(cur.slice) else {
         return Ok(0);
     };
@@ -210,22 +240,37 @@ fn fragments_in_slice(
     let start = cur.offset;
     let mut at = start;
     let mut taken = 0u32;
+    let mut result = Ok(());
     while taken < most && bytes.len() - at >= MESSAGE_HEADER_LEN + FRAGMENT_HEADER_LEN {
-        let h = MessageHeader::decode(&bytes[at..at + MESSAGE_HEADER_LEN])?;
+        let h = match MessageHeader::decode(&bytes[at..at + MESSAGE_HEADER_LEN]) {
+            Ok(h) => h,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        };
         let len = h.length as usize;
         let body = at + MESSAGE_HEADER_LEN;
         if h.msg_type != MessageType::Fragment || len > bytes.len() - body {
             break;
         }
         prefetch.ahead(cur.slice, bytes, body + len);
-        let (header, payload_len) = fragment_header(&bytes[body..body + len])?;
-        let payload = Chain::from_slice(s.sub(body + FRAGMENT_HEADER_LEN, payload_len));
+        let (header, payload_len) = match fragment_header(&bytes[body..body + len]) {
+            Ok(x) => x,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        };
+        push(
+            header,
+            Chain::from_slice(s.sub(body + FRAGMENT_HEADER_LEN, payload_len)),
+        );
         taken += 1;
-        push_fragment(out, coalesce, most - taken, header, payload);
         at = body + len;
     }
     cur.skip(at - start);
-    Ok(taken)
+    result.map(|()| taken)
 }
 
 /// [`split_messages`]; with `coalesce`, consecutive fragments come as one

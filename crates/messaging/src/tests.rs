@@ -283,6 +283,30 @@ fn split_rejects_bad_pages() {
     );
 }
 
+/// A corrupt fragment header in the middle of a page of fragments refuses the page, with
+/// the checksum error named, whether fragments come one by one or coalesced into runs.
+#[test]
+fn a_corrupt_fragment_inside_a_run_refuses_the_page() {
+    let pool = Pool::new("p", 64 * 1024, 4);
+    let mut page = Vec::new();
+    for id in 0..5u64 {
+        page.extend(fragment(&pool, id, &[id as u8; 100]).to_vec());
+    }
+    let one = page.len() / 5;
+    // flip a bit of the third fragment's event id (its header CRC no longer matches)
+    page[2 * one + evb_wire::MESSAGE_HEADER_LEN] ^= 1;
+    let mut w = pool.try_alloc().unwrap();
+    let c = Chain::from_slice(w.append(&page).unwrap());
+    for coalesce in [false, true] {
+        let mut out = Vec::new();
+        let err = split_messages_into(&c, 5, &mut out, coalesce).unwrap_err();
+        assert!(
+            matches!(err, WireError::HeaderChecksum { .. }),
+            "coalesce {coalesce}: {err:?}"
+        );
+    }
+}
+
 #[test]
 fn busy_poll_delivers_every_message() {
     let (mut a, mut b, conn) = pair(true, "");
