@@ -6,15 +6,20 @@
 //! few percent where a whole `evb run` scatters by tens. Compare two builds by alternating
 //! their runs.
 //!
-//! `cargo run --release -p evb-builder --example bu_pages [ROUNDS] [FRAGMENT_BYTES]`
+//! `cargo run --release -p evb-builder --example bu_pages [ROUNDS] [FRAGMENT_BYTES] [cold]`
 //!
 //! What is timed: filing the pages, completing the events, the sink's side (`delivered`,
-//! `recycle`), releases and credits, and the EVM's echo. Not timed: making the pages.
+//! `recycle`), releases and credits, and the EVM's echo. Not timed: making the pages, and
+//! with `cold`, the sweep of 8 MiB of other memory before each page is filed and before the
+//! events are delivered (in an `evb run` the kernel's copies and four other processes pass
+//! through the caches between an event's Assign, its fragments and its delivery).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use evb_buffers::{Chain, Pool};
-use evb_builder::{Action, Bu, BuConfig, NodeRef, Verify};
+
+use evb_builder::{Bu, BuConfig, BuiltEvent, NodeRef, Verify};
 use evb_wire::{EventRange, FragmentHeader, Message};
 
 const RUS: u16 = 2;
@@ -46,11 +51,20 @@ fn page(pool: &Pool, ru: u16, first: u64, n: usize, size: usize) -> Vec<(Fragmen
 
 /// One pass: the events of a page from every RU, assigned, filed, built, delivered and
 /// released; returns the time it took beyond making the pages.
-fn pass(b: &mut Bu, pool: &Pool, first: u64, n: usize, size: usize) -> Duration {
+fn pass(
+    b: &mut Bu,
+    pool: &Pool,
+    first: u64,
+    n: usize,
+    size: usize,
+    cold: &mut Option<Vec<u64>>,
+    queue: &mut VecDeque<BuiltEvent>,
+) -> Duration {
     let pages: Vec<(NodeRef, Vec<(FragmentHeader, Chain)>)> = (0..RUS)
         .map(|ru| (NodeRef::Ru(ru), page(pool, ru, first, n, size)))
         .collect();
-    let t = Instant::now();
+    let mut spent = Duration::ZERO;
+    let mut t = Instant::now();
     let now = t;
     let range = EventRange {
         bu: 0,
@@ -59,22 +73,37 @@ fn pass(b: &mut Bu, pool: &Pool, first: u64, n: usize, size: usize) -> Duration 
     };
     b.handle(now, NodeRef::Evm, Message::Assign(range));
     for (from, run) in pages {
+        sweep(cold, &mut spent, &mut t);
         b.handle_fragments(now, from, run);
     }
+    sweep(cold, &mut spent, &mut t);
     let mut built = 0;
-    while let Some(a) = b.next_action() {
-        if let Action::Deliver(e) = a {
-            b.delivered(e.event_id, e.bytes);
-            b.recycle(e.fragments);
-            built += 1;
-        }
+    while b.next_action().is_some() {}
+    // as the driver does: the pass's events to the sink's queue in one move
+    b.move_built(queue);
+    for e in queue.drain(..) {
+        b.delivered(e.event_id, e.bytes);
+        b.recycle(e.fragments);
+        built += 1;
     }
     assert_eq!(built, n, "every event of the pass is built");
     b.poll(now);
     while b.next_action().is_some() {}
     b.handle(now, NodeRef::Evm, Message::Release(range));
     while b.next_action().is_some() {}
-    t.elapsed()
+    spent + t.elapsed()
+}
+
+/// With `cold` memory, walks it (a line at a time, untimed): the time so far is added to
+/// `spent` and the clock `t` starts again after the walk.
+fn sweep(cold: &mut Option<Vec<u64>>, spent: &mut Duration, t: &mut Instant) {
+    let Some(m) = cold else { return };
+    *spent += t.elapsed();
+    for w in m.iter_mut().step_by(8) {
+        *w = w.wrapping_add(1);
+    }
+    std::hint::black_box(&m);
+    *t = Instant::now();
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -86,6 +115,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
     let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
+    let mut cold = (args.next().as_deref() == Some("cold")).then(|| vec![0u64; 1 << 20]);
     // a page as the messenger cuts one: 256 KiB of fragments and their 40 B prefixes
     let n = (BLOCK / (size + 40)).max(1);
     let pool = Pool::new("bu-pages", BLOCK, 4 * RUS as usize);
@@ -98,12 +128,13 @@ fn main() {
         duplicate_window: 1 << 16,
     });
     b.handle(Instant::now(), NodeRef::Evm, Message::Start);
+    let mut queue = VecDeque::new();
     let mut first = 0u64;
     let mut rounds_ns = Vec::new();
     for round in 0..rounds {
         let mut spent = Duration::ZERO;
         for _ in 0..PASSES {
-            spent += pass(&mut b, &pool, first, n, size);
+            spent += pass(&mut b, &pool, first, n, size, &mut cold, &mut queue);
             first += n as u64;
         }
         let ns = spent.as_nanos() as f64 / (PASSES * n) as f64;
@@ -111,7 +142,8 @@ fn main() {
         rounds_ns.push(ns);
     }
     println!(
-        "{size} B fragments, {n} per page, {RUS} RUs: {:.1} ns/event (median of {rounds})",
+        "{size} B fragments, {n} per page, {RUS} RUs{}: {:.1} ns/event (median of {rounds})",
+        if cold.is_some() { ", cold" } else { "" },
         median(rounds_ns)
     );
     assert!(b.stats().clean(), "{}", b.stats().errors_in_words());

@@ -5,8 +5,6 @@ use std::collections::VecDeque;
 use evb_buffers::Chain;
 use evb_wire::Message;
 
-use crate::event::BuiltEvent;
-
 /// A node of the run, as the logic names it (the driver maps it to a connection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NodeRef {
@@ -48,8 +46,6 @@ pub enum Action {
         data: Chain,
         count: u32,
     },
-    /// BU: hand this event to the sink, then call `Bu::delivered`.
-    Deliver(BuiltEvent),
     /// BU: the EVM accepted the release of these events: the sink may make them output.
     Accepted(evb_wire::EventRange),
     /// BU: the EVM committed part `part` of the sink's output: publish it

@@ -457,6 +457,10 @@ pub struct Bu {
     /// which checks (the BU has no clock: time comes in with `handle` and `poll`).
     next_misroute_check: Option<Instant>,
     actions: VecDeque<Action>,
+    /// Events built and not yet taken for the sink ([`Bu::move_built`]): apart from the
+    /// actions, so that a pass's events go to the sink's queue in one move rather than each
+    /// through the action queue and a match.
+    built: VecDeque<BuiltEvent>,
     stats: BuStats,
     /// Events completed at one moment whose records were made at one moment (a page's
     /// events, filed and completed in one pass), not yet in `stats.latency`: one histogram
@@ -479,6 +483,7 @@ impl Bu {
             lost_sources: FastSet::default(),
             next_misroute_check: None,
             actions: VecDeque::new(),
+            built: VecDeque::new(),
             stats: BuStats::default(),
             latency_run: None,
             standby: false,
@@ -573,6 +578,27 @@ impl Bu {
 
     pub fn next_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// Moves the events built since the last call to the end of `queue`, in the order they
+    /// were built (for the sink; each is then [`Bu::delivered`], or stays queued while the
+    /// sink is busy). Returns whether there were any.
+    pub fn move_built(&mut self, queue: &mut VecDeque<BuiltEvent>) -> bool {
+        if self.built.is_empty() {
+            return false;
+        }
+        if queue.is_empty() {
+            // the common case: the sink took the last pass's events; no element moves
+            std::mem::swap(queue, &mut self.built);
+        } else {
+            queue.append(&mut self.built);
+        }
+        true
+    }
+
+    /// The oldest event built and not yet taken (one at a time: for tests and tools).
+    pub fn next_built(&mut self) -> Option<BuiltEvent> {
+        self.built.pop_front()
     }
 
     pub fn connections_up(&mut self) {
@@ -851,7 +877,7 @@ impl Bu {
         if trigger_mismatch {
             self.stats.trigger_mismatches += 1;
         }
-        self.actions.push_back(Action::Deliver(BuiltEvent {
+        self.built.push_back(BuiltEvent {
             event_id: id,
             trigger_number,
             fragments,
@@ -859,7 +885,7 @@ impl Bu {
             trigger_mismatch,
             corrupt,
             missing_sources,
-        }));
+        });
     }
 
     /// The sink is done with event `id`: release it and grant its credit back.
@@ -1204,6 +1230,49 @@ mod records_tests {
         })
     }
 
+    /// Built events reach the sink's queue in the order they were built, whether the queue
+    /// was empty (the buffers are swapped) or still held events (they are appended behind).
+    #[test]
+    fn built_events_move_to_the_queue_in_order() {
+        let now = Instant::now();
+        let mut b = bu_of(vec![1]);
+        b.handle(now, NodeRef::Evm, Message::Start);
+        let mut build = |b: &mut Bu, ids: std::ops::Range<u64>| {
+            let r = EventRange {
+                bu: 0,
+                first: ids.start,
+                count: (ids.end - ids.start) as u32,
+            };
+            b.handle(now, NodeRef::Evm, Message::Assign(r));
+            b.handle_fragments(
+                now,
+                NodeRef::Ru(0),
+                ids.map(|id| (header(id, 1), Chain::new())),
+            );
+        };
+        let ids = |q: &VecDeque<BuiltEvent>| q.iter().map(|e| e.event_id).collect::<Vec<_>>();
+        let mut queue = VecDeque::new();
+        assert!(!b.move_built(&mut queue), "nothing built yet");
+        build(&mut b, 0..3);
+        assert!(b.move_built(&mut queue));
+        assert_eq!(ids(&queue), [0, 1, 2]);
+        build(&mut b, 3..5);
+        build(&mut b, 5..6);
+        assert!(
+            b.move_built(&mut queue),
+            "appended behind the events still queued"
+        );
+        assert_eq!(ids(&queue), [0, 1, 2, 3, 4, 5]);
+        assert!(!b.move_built(&mut queue) && b.next_built().is_none());
+        for e in queue.drain(..) {
+            b.delivered(e.event_id, e.bytes);
+        }
+        build(&mut b, 6..8);
+        assert!(b.move_built(&mut queue));
+        assert_eq!(ids(&queue), [6, 7]);
+        assert_eq!(b.stats().errors, 0);
+    }
+
     /// Events completed together are recorded as one run of equal latency, events of other
     /// latencies apart, and a report taken between passes counts the run not yet recorded.
     #[test]
@@ -1274,10 +1343,8 @@ mod records_tests {
             bu.handle(now, NodeRef::Evm, Message::Assign(r));
         }
         let mut built = Vec::new();
-        while let Some(a) = bu.next_action() {
-            if let Action::Deliver(e) = a {
-                built.push((e.event_id, e.missing_sources, e.trigger_mismatch));
-            }
+        while let Some(e) = bu.next_built() {
+            built.push((e.event_id, e.missing_sources, e.trigger_mismatch));
         }
         assert_eq!(built, [(0, vec![], false), (1, vec![2], false)]);
         assert_eq!(bu.stats().partial_events, 1);

@@ -154,12 +154,6 @@ impl Sim {
                 Action::SendFragments { to, data, .. } => {
                     self.net.push_back(Wire::Frag(from, to, data))
                 }
-                Action::Deliver(ev) => {
-                    let NodeRef::Bu(i) = from else { panic!() };
-                    assert!(!ev.corrupt && !ev.trigger_mismatch);
-                    self.sinks[i as usize].deliver(&ev).unwrap();
-                    self.bus[i as usize].delivered(ev.event_id, ev.bytes);
-                }
                 Action::Accepted(r) => {
                     let NodeRef::Bu(i) = from else { panic!() };
                     self.sinks[i as usize].accepted(r.first, r.count).unwrap();
@@ -194,6 +188,18 @@ impl Sim {
                     self.dead.push(n);
                 }
                 Action::Exit { ok, reason } => self.exits.push((from, ok, reason)),
+            }
+        }
+        // the events each BU built, to its sink (a dead BU's are dropped with it)
+        for i in 0..self.bus.len() {
+            let dead = self.dead.contains(&NodeRef::Bu(i as u16));
+            while let Some(ev) = self.bus[i].next_built() {
+                if dead {
+                    continue;
+                }
+                assert!(!ev.corrupt && !ev.trigger_mismatch);
+                self.sinks[i].deliver(&ev).unwrap();
+                self.bus[i].delivered(ev.event_id, ev.bytes);
             }
         }
     }
@@ -752,14 +758,10 @@ fn fragment_for(ru_index: u16, event_id: u64) -> (FragmentHeader, Chain) {
     }
 }
 
+/// The events `b` built, its other actions dropped.
 fn drain_delivered(b: &mut Bu) -> Vec<BuiltEvent> {
-    let mut out = Vec::new();
-    while let Some(a) = b.next_action() {
-        if let Action::Deliver(e) = a {
-            out.push(e);
-        }
-    }
-    out
+    while b.next_action().is_some() {}
+    std::iter::from_fn(|| b.next_built()).collect()
 }
 
 #[test]

@@ -404,16 +404,26 @@ impl Driver {
         // at one clock reading (one per event was a visible share of a small-event run).
         let mut now: Option<Instant> = None;
         loop {
-            let mut built = false;
             while let Some(a) = self.next_action() {
-                built |= matches!(a, Action::Deliver(_));
+                if matches!(a, Action::Exit { .. }) {
+                    // what was built before the end goes where it went before it
+                    self.take_built();
+                }
                 self.run_action(a);
             }
-            if !built {
+            if !self.take_built() {
                 break;
             }
             let now = *now.get_or_insert_with(Instant::now);
             self.drain_sink(now);
+        }
+    }
+
+    /// A BU's newly built events, to the sink's queue; whether there were any.
+    fn take_built(&mut self) -> bool {
+        match &mut self.logic {
+            Logic::Bu(b, _) => self.sink.take_built(b),
+            _ => false,
         }
     }
 
@@ -443,7 +453,6 @@ impl Driver {
                     }
                 }
             }
-            Action::Deliver(ev) => self.sink.push(ev),
             Action::Accepted(r) => {
                 self.sink.tracked_accept(r.first, r.count);
                 if let Logic::Bu(_, sink) = &mut self.logic {

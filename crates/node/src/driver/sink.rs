@@ -149,10 +149,10 @@ impl SinkQueue {
         self.pass_until = now + SINK_SHARE_OF_PASS;
     }
 
-    /// A built event, for the sink.
+    /// The events `b` built since the last call, for the sink; whether there were any.
     #[inline]
-    pub(super) fn push(&mut self, ev: BuiltEvent) {
-        self.queue.push_back(ev);
+    pub(super) fn take_built(&mut self, b: &mut Bu) -> bool {
+        b.move_built(&mut self.queue)
     }
 
     /// Events are waiting and the sink may be offered them now.
