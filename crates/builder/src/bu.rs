@@ -1237,7 +1237,7 @@ mod records_tests {
         let now = Instant::now();
         let mut b = bu_of(vec![1]);
         b.handle(now, NodeRef::Evm, Message::Start);
-        let mut build = |b: &mut Bu, ids: std::ops::Range<u64>| {
+        let build = |b: &mut Bu, ids: std::ops::Range<u64>| {
             let r = EventRange {
                 bu: 0,
                 first: ids.start,
