@@ -537,7 +537,8 @@ impl Ru {
             && r.first >= self.made_until
             && o.bu == r.bu
             && o.first + o.ends.len() as u64 == r.first
-            && o.data.slices().len() < MAX_RUN_PIECES;
+            && o.data.slices().len() < MAX_RUN_PIECES
+            && !o.ends.is_empty();
         if !joins {
             return (0, 0);
         }

@@ -208,6 +208,17 @@ fn fragments_in_slice(
             out.push(Received::Fragment { header, payload })
         });
     }
+    // a slice that does not begin with a fragment (a page of control messages) makes no run;
+    // a header that does not decode is left to the general loop, which names the error
+    let begins_with_fragment = cur.chain.slices().get(cur.slice).is_some_and(|s| {
+        let (b, at): (&[u8], usize) = (s, cur.offset);
+        b.len() - at >= MESSAGE_HEADER_LEN + FRAGMENT_HEADER_LEN
+            && MessageHeader::decode(&b[at..at + MESSAGE_HEADER_LEN])
+                .is_ok_and(|h| h.msg_type == MessageType::Fragment)
+    });
+    if !begins_with_fragment {
+        return Ok(0);
+    }
     // the run at the end of `out`, found (or made) once, not at every fragment
     let fresh = !matches!(out.last(), Some(Received::Fragments(_)));
     if fresh {
