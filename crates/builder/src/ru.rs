@@ -114,6 +114,31 @@ struct OpenRun {
     data: Chain,
 }
 
+impl OpenRun {
+    /// The length of its last fragment (0 while it has none).
+    fn last_len(&self) -> usize {
+        match self.ends[..] {
+            [] => 0,
+            [end] => end as usize,
+            [.., before, end] => (end - before) as usize,
+        }
+    }
+
+    /// Event `id` for `bu` may go at its end: the same BU, the next event, room for another
+    /// piece.
+    fn continues(&self, bu: u16, id: u64) -> bool {
+        self.bu == bu
+            && self.first + self.ends.len() as u64 == id
+            && self.data.slices().len() < MAX_RUN_PIECES
+    }
+
+    /// One more fragment keeps the run within `max_bytes`: as long as its last would not
+    /// pass it (a run of varied sizes passes its limit by less than one fragment).
+    fn has_room(&self, data_len: usize, last: usize, max_bytes: usize) -> bool {
+        data_len + last <= max_bytes
+    }
+}
+
 pub struct Ru {
     cfg: RuConfig,
     pool: Pool,
@@ -476,7 +501,7 @@ impl Ru {
                         self.stats.errors += 1;
                     }
                 }
-                self.advance_pending();
+                self.advance_pending(1);
                 made += 1;
                 continue;
             }
@@ -500,15 +525,11 @@ impl Ru {
                 self.blocked = true;
                 break;
             };
-            self.advance_pending();
+            self.count_made(bu, event_id, 1, size - PREFIX_LEN);
             if let Source::Live(f) = &mut self.cfg.source {
                 f.consumed(event_id);
             }
             bytes += size;
-            self.stats.fragments_sent += 1;
-            self.stats.payload_bytes_sent += (size - PREFIX_LEN) as u64;
-            self.count_to_bu(bu, size - PREFIX_LEN);
-            self.made_until = event_id + 1;
             made += 1;
         }
         self.close_run(&mut open);
@@ -535,22 +556,13 @@ impl Ru {
         };
         let joins = g.content == Content::Static
             && r.first >= self.made_until
-            && o.bu == r.bu
-            && o.first + o.ends.len() as u64 == r.first
-            && o.data.slices().len() < MAX_RUN_PIECES
-            && !o.ends.is_empty();
+            && o.continues(r.bu, r.first);
         if !joins {
             return (0, 0);
         }
         let src = self.cfg.source_id;
-        let n_ends = o.ends.len();
         let mut data_len = o.data.len();
-        let mut last = o.ends[n_ends - 1] as usize
-            - if n_ends > 1 {
-                o.ends[n_ends - 2] as usize
-            } else {
-                0
-            };
+        let mut last = o.last_len();
         let start = block.filled();
         let max = (r.count as usize).min(max_count);
         let mut n = 0;
@@ -560,7 +572,7 @@ impl Ru {
             let need = PREFIX_LEN + size;
             if size > STATIC_INLINE_MAX
                 || block.remaining() < need
-                || data_len + last > self.cfg.max_run_bytes
+                || !o.has_room(data_len, last, self.cfg.max_run_bytes)
             {
                 break;
             }
@@ -586,18 +598,18 @@ impl Ru {
         if block.remaining() < PREFIX_LEN {
             self.block = None;
         }
-        let payload = written - n * PREFIX_LEN;
+        self.count_made(r.bu, r.first, n, written - n * PREFIX_LEN);
+        (n, written)
+    }
+
+    /// `n` fragments of the front assignment's events `first..` were made for `bu`, with
+    /// `payload` bytes in all: counted, and the assignment moves past them.
+    fn count_made(&mut self, bu: u16, first: u64, n: usize, payload: usize) {
+        self.advance_pending(n as u32);
         self.stats.fragments_sent += n as u64;
         self.stats.payload_bytes_sent += payload as u64;
-        self.count_to_bu(r.bu, payload);
-        self.made_until = r.first + n as u64;
-        let front = self.pending.front_mut().expect("the range read above");
-        front.first += n as u64;
-        front.count -= n as u32;
-        if front.count == 0 {
-            self.pending.pop_front();
-        }
-        (n, written)
+        self.count_to_bu(bu, payload);
+        self.made_until = first + n as u64;
     }
 
     /// Makes event `id`'s fragment at the end of the open run for `bu` (a new run when the
@@ -608,12 +620,7 @@ impl Ru {
     /// (the run is left as it was).
     fn make_into_run(&mut self, open: &mut Option<OpenRun>, bu: u16, id: u64) -> Option<usize> {
         let joins = open.as_ref().is_some_and(|o| {
-            let n = o.ends.len();
-            let last = o.ends[n - 1] - if n > 1 { o.ends[n - 2] } else { 0 };
-            o.bu == bu
-                && o.first + n as u64 == id
-                && o.data.len() + last as usize <= self.cfg.max_run_bytes
-                && o.data.slices().len() < MAX_RUN_PIECES
+            o.continues(bu, id) && o.has_room(o.data.len(), o.last_len(), self.cfg.max_run_bytes)
         });
         if !joins {
             self.close_run(open);
@@ -712,10 +719,11 @@ impl Ru {
         self.stats.errors += r.count as u64 - found;
     }
 
-    fn advance_pending(&mut self) {
+    /// The front assignment moves past `n` of its events (made or sent again).
+    fn advance_pending(&mut self, n: u32) {
         let r = self.pending.front_mut().expect("a pending range");
-        r.first += 1;
-        r.count -= 1;
+        r.first += n as u64;
+        r.count -= n;
         if r.count == 0 {
             self.pending.pop_front();
         }

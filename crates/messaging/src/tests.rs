@@ -51,15 +51,20 @@ fn pair(tcp: bool, name: &str) -> (Messenger, Messenger, ConnId) {
     (a, b, conn)
 }
 
-fn fragment(pool: &Pool, event_id: u64, payload: &[u8]) -> Chain {
-    let h = FragmentHeader {
+/// The header of source `source_id`'s fragment of `event_id` carrying `payload`.
+fn header_of(event_id: u64, source_id: u16, payload: &[u8]) -> FragmentHeader {
+    FragmentHeader {
         event_id,
         trigger_number: event_id as u32,
-        source_id: 1,
+        source_id,
         flags: FLAG_GENERATED,
         payload_size: payload.len() as u32,
         payload_crc: crc32c::crc32c(payload),
-    };
+    }
+}
+
+fn fragment(pool: &Pool, event_id: u64, payload: &[u8]) -> Chain {
+    let h = header_of(event_id, 1, payload);
     let mut w = pool.try_alloc().unwrap();
     let mut c = Chain::new();
     c.push(w.append(&fragment_prefix(&h)).unwrap());
@@ -349,14 +354,7 @@ fn a_page_split_anywhere_gives_the_same_fragments() {
         let payload: Vec<u8> = (0..(id as usize * 7) % 40)
             .map(|i| (id as u8) ^ i as u8)
             .collect();
-        let h = FragmentHeader {
-            event_id: id,
-            trigger_number: id as u32,
-            source_id: 2,
-            flags: FLAG_GENERATED,
-            payload_size: payload.len() as u32,
-            payload_crc: crc32c::crc32c(&payload),
-        };
+        let h = header_of(id, 2, &payload);
         page.extend_from_slice(&fragment_prefix(&h));
         page.extend_from_slice(&payload);
         sent.push((h, payload));
