@@ -389,16 +389,21 @@ impl Building {
     /// Files RU `ru`'s fragment at its place. The vector grows as fragments come: an RU's
     /// place is taken by a MISSING placeholder only when a later RU's fragment came first
     /// (or, at completion, when its RU was lost), not at every event's start.
+    #[inline(always)]
     fn put(&mut self, id: u64, source_ids: &[u16], ru: usize, fragment: (FragmentHeader, Chain)) {
-        if ru < self.fragments.len() {
+        let len = self.fragments.len();
+        if ru < len {
             self.fragments[ru] = fragment;
-        } else {
-            self.pad(id, source_ids, ru);
-            self.fragments.push(fragment);
+            return;
         }
+        if ru > len {
+            self.pad(id, source_ids, ru);
+        }
+        self.fragments.push(fragment);
     }
 
     /// Placeholders (MISSING, empty) for every place below `upto` not filed yet.
+    #[inline(never)]
     fn pad(&mut self, id: u64, source_ids: &[u16], upto: usize) {
         let from = self.fragments.len();
         self.fragments
@@ -810,20 +815,32 @@ impl Bu {
         }
     }
 
-    /// Builds event `id`, whose record is at `slot`, if it is complete.
+    /// Builds event `id`, whose record is at `slot`, if it is complete (the check inlined
+    /// where it is asked, the building not).
+    #[inline(always)]
     fn complete_at(&mut self, now: Instant, id: u64, slot: u32) {
         let n = self.cfg.source_ids.len();
         let lost = &self.lost_sources;
-        let b = &mut self.events.slab[slot as usize];
+        let b = &self.events.slab[slot as usize];
         let complete = b.assigned
             && !b.at_sink
             && (b.received == n
                 || (!lost.is_empty() && (0..n).all(|r| b.have.get(r) || lost.contains(&r))));
-        if !complete {
-            return;
+        if complete {
+            self.build(now, id, slot);
         }
+    }
+
+    /// Builds event `id`, complete, whose record is at `slot`: the event goes to the built
+    /// queue, its record stays (at the sink) until `delivered`.
+    #[inline(never)]
+    fn build(&mut self, now: Instant, id: u64, slot: u32) {
+        let n = self.cfg.source_ids.len();
+        let b = &mut self.events.slab[slot as usize];
         b.at_sink = true;
-        b.pad(id, &self.cfg.source_ids, n);
+        if b.fragments.len() < n {
+            b.pad(id, &self.cfg.source_ids, n);
+        }
         let mut fragments = std::mem::take(&mut b.fragments);
         let (corrupt, partial) = (b.corrupt, b.partial);
         match &mut self.latency_run {

@@ -122,7 +122,14 @@ impl RecentIds {
 
     /// Remembers `id`; false when it is too old to be remembered.
     pub fn insert(&mut self, id: u64) -> bool {
-        if id >= self.end {
+        if id == self.end {
+            // the next id (a BU's releases mostly are): its bit only, once stale, now set
+            let (w, b) = self.slot(id);
+            self.bits[w] |= b;
+            self.end = id + 1;
+            return true;
+        }
+        if id > self.end {
             // Forget what the span no longer covers: the ids from the old end to `id`.
             let from = self.end.max((id + 1).saturating_sub(self.span()));
             if id + 1 - from >= self.span() {
