@@ -161,7 +161,14 @@ pub struct Ru {
     resent_to: HashMap<u64, u16>,
     /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
     standby: bool,
+    /// Offset vectors of released runs, emptied, for the next runs: a run's vector grew
+    /// from nothing to its hundreds of fragments, reallocating as it went (a few percent
+    /// of a small-event RU went to the allocator).
+    spare_ends: Vec<Vec<u32>>,
 }
+
+/// Offset vectors kept for new runs (a few more than the runs a page of credits holds).
+const SPARE_ENDS: usize = 64;
 
 /// Static payloads up to this size are copied after their prefix instead of referenced.
 pub(crate) const STATIC_INLINE_MAX: usize = 4096;
@@ -246,6 +253,7 @@ impl Ru {
             state: RunState::Configured,
             pending: VecDeque::new(),
             retained: BTreeMap::new(),
+            spare_ends: Vec::new(),
             retained_count: 0,
             made_until: 0,
             block: None,
@@ -628,7 +636,7 @@ impl Ru {
         let o = open.get_or_insert_with(|| OpenRun {
             bu,
             first: id,
-            ends: Vec::new(),
+            ends: self.spare_ends.pop().unwrap_or_default(),
             data: Chain::new(),
         });
         let before = o.data.len();
@@ -709,7 +717,12 @@ impl Ru {
             }
         }
         for first in emptied {
-            self.retained.remove(&first);
+            if let Some(mut run) = self.retained.remove(&first) {
+                if self.spare_ends.len() < SPARE_ENDS {
+                    run.ends.clear();
+                    self.spare_ends.push(run.ends);
+                }
+            }
         }
         if !self.resent_to.is_empty() {
             self.resent_to.retain(|id, _| !(a..b).contains(id));
