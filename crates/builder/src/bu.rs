@@ -1299,6 +1299,35 @@ mod records_tests {
         assert_eq!(b.stats().errors, 0);
     }
 
+    /// The sink gives back only what it was given: `delivered` for an event still being
+    /// built, or for one the BU never heard of, is an error and changes nothing (the event
+    /// still builds, and is delivered once); for a built one it frees the record.
+    #[test]
+    fn delivered_frees_only_events_at_the_sink() {
+        let now = Instant::now();
+        let mut b = bu_of(vec![1, 2]);
+        b.handle(now, NodeRef::Evm, Message::Start);
+        let r = EventRange {
+            bu: 0,
+            first: 10,
+            count: 1,
+        };
+        b.handle(now, NodeRef::Evm, Message::Assign(r));
+        b.handle_fragment(now, NodeRef::Ru(0), header(10, 1), Chain::new());
+        b.delivered(10, 0);
+        b.delivered(99, 0);
+        assert_eq!(b.stats().errors, 2, "neither was at the sink");
+        assert_eq!(b.in_flight(), 1, "the event being built keeps its record");
+        b.handle_fragment(now, NodeRef::Ru(1), header(10, 2), Chain::new());
+        let e = b.next_built().expect("built once its last fragment came");
+        assert_eq!((e.event_id, e.fragments.len()), (10, 2));
+        b.delivered(e.event_id, e.bytes);
+        assert_eq!(b.in_flight(), 0, "delivered: the record is freed");
+        b.delivered(10, 0);
+        assert_eq!(b.stats().errors, 3, "a second delivery is an error");
+        assert!(b.next_built().is_none());
+    }
+
     /// Events completed together are recorded as one run of equal latency, events of other
     /// latencies apart, and a report taken between passes counts the run not yet recorded.
     #[test]
