@@ -13,6 +13,12 @@ use evb_config::{Config, Role};
 /// saturated; a pair per CPU balances by construction, and half the traffic stays within a
 /// CPU's cache. Measured in docs/performance.md ("Placement"): pairs build 1.17x the
 /// role split at 256 B, up to 1.5x at 128 KiB, never less.
+///
+/// When RU i and BU i share a host and a local transport of their own (the folded layout:
+/// `transport.local = "shm"`), RU i goes with BU i+1 instead, which it reaches over the
+/// network: the kernel's copies of that traffic then stay within one CPU's cache, where
+/// shared memory is read once whichever CPU wrote it (1.13x at 256 B, docs/performance.md,
+/// "Instructions, and where the BU waits").
 pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
     if cfg.run.placement != evb_config::Placement::Auto {
         return;
@@ -25,7 +31,14 @@ pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
         .into_iter()
         .filter(|n| n.role != Role::Evm && !cfg.affinity.contains_key(&n.id))
         .collect();
-    let (rus, bus): (Vec<_>, Vec<_>) = free.iter().partition(|n| n.role == Role::Ru);
+    let (rus, mut bus): (Vec<_>, Vec<_>) = free.iter().partition(|n| n.role == Role::Ru);
+    let local_apart = cfg.transport.local.is_some_and(|l| l != cfg.transport.kind);
+    let hosts = |ns: &[&evb_config::NodeSpec]| -> Vec<String> {
+        ns.iter().map(|n| host_of(&n.addr).to_string()).collect()
+    };
+    if local_apart && partners_share_hosts(&hosts(&rus), &hosts(&bus)) {
+        bus.rotate_left(1);
+    }
     let ids = |ns: &[&evb_config::NodeSpec]| ns.iter().map(|n| n.id.clone()).collect::<Vec<_>>();
     let placed = cpu_groups(&cpus, &ids(&rus), &ids(&bus));
     if placed.is_empty() {
@@ -49,6 +62,18 @@ pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
             groups.join("; ")
         );
     }
+}
+
+/// The host part of a `host:port` address (`[v6]` keeps its brackets).
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
+/// RU i and BU i are on one host, and RU i and BU i+1 are not (the folded layout): as many
+/// RUs as BUs, at least two.
+fn partners_share_hosts<S: PartialEq>(rus: &[S], bus: &[S]) -> bool {
+    let m = bus.len();
+    rus.len() == m && m >= 2 && (0..m).all(|i| rus[i] == bus[i] && rus[i] != bus[(i + 1) % m])
 }
 
 /// Where `auto` puts RUs `rus` and BUs `bus` on `cpus`: one CPU each when there are enough,
@@ -129,5 +154,57 @@ mod tests {
         // nothing to do with one CPU, or nothing free
         assert!(place(&[0], 2, 2).is_empty());
         assert!(place(&[0, 1], 0, 0).is_empty());
+    }
+
+    /// In the folded layout (RU i and BU i on one host, a local transport between them)
+    /// each RU is placed with the next host's BU; any other layout keeps RU i with BU i.
+    #[test]
+    fn folded_pairs_are_placed_apart() {
+        let folded = |n: usize| {
+            let mut t = String::from(
+                "[transport]\nkind = \"tcp\"\nlocal = \"shm\"\n[evm]\nid = \"evm\"\naddr = \"127.0.0.1:0\"\n",
+            );
+            for i in 0..n {
+                for role in ["ru", "bu"] {
+                    t += &format!(
+                        "[[{role}]]\nid = \"{role}{i}\"\naddr = \"127.0.0.{}:0\"\n",
+                        i + 1
+                    );
+                }
+            }
+            evb_config::Config::from_toml(&t).expect("a valid configuration")
+        };
+        let placed = |mut c: evb_config::Config| {
+            auto_place(&mut c, true);
+            c.affinity
+        };
+        assert!(partners_share_hosts(&["a", "b", "c"], &["a", "b", "c"]));
+        assert!(!partners_share_hosts(&["a", "b"], &["a", "c"]));
+        assert_eq!(host_of("[::1]:5000"), "[::1]");
+        assert_eq!(host_of("127.0.0.2:0"), "127.0.0.2");
+        if evb_node::affinity::current_cpus().map_or(0, |c| c.len()) != 2 {
+            // the placements below are two CPUs' (CI's and this project's host): with more,
+            // every node has a CPU of its own
+            return;
+        }
+        let p = placed(folded(2));
+        assert_eq!(p["ru0"], p["bu1"], "ru0 with the other host's BU");
+        assert_eq!(p["ru1"], p["bu0"]);
+        assert_ne!(p["ru0"], p["ru1"]);
+        // no local transport of its own: RU i with BU i
+        let mut c = folded(2);
+        c.transport.local = None;
+        let p = placed(c);
+        assert_eq!(p["ru0"], p["bu0"]);
+        // every node on one host: nothing to keep apart, RU i with BU i
+        let mut c = folded(2);
+        for n in &mut c.ru {
+            n.addr = "127.0.0.1:0".into();
+        }
+        for n in &mut c.bu {
+            n.addr = "127.0.0.1:0".into();
+        }
+        let p = placed(c);
+        assert_eq!(p["ru0"], p["bu0"]);
     }
 }
