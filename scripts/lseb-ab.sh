@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# evb against LSEB on this host (issue 33, item 1), in alternated rounds: each round runs
+# LSEB (two nodes, an RU and a BU each, over libfabric's tcp provider), then `evb run` in
+# LSEB's folded shape (RU i and BU i on 127.0.0.i+1, shm between them, tcp across), then
+# `evb run` plain (2 x 2, all tcp). Static content, headers checked, 8 s runs. Prints each
+# round, the medians, the ratios, and MET / not met for the issue's three targets:
+#   folded >= 1.2x LSEB's events/s;  plain >= 1.0x;  evb's CPU per event (all processes,
+#   folded) below LSEB's.
+#
+#   scripts/lseb-ab.sh LSEB_BINARY EVB_BINARY [ROUNDS] [FRAGMENT_BYTES]
+#
+# LSEB is not part of this repository (it has no licence): build it outside, as
+# ../shared/FINDINGS.md says. This script only writes its configuration and reads its log.
+# Its rate is the mean of its BUs' "MHz" over its 5 s windows (a BU counts fragments, one per
+# RU per event it builds: with two nodes, each BU's figure is the events built by both);
+# its CPU is both processes' over their lifetime (it busy-polls), per event at that rate.
+# FRAGMENT_BYTES (default 256) is evb's payload and LSEB's whole fragment (its 24 B header
+# and the rest); LSEB rounds fragments down to 32 B, so give a multiple of 32.
+set -euo pipefail
+lseb=${1:?LSEB binary}; evb=${2:?evb binary}; rounds=${3:-5}; size=${4:-256}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+python3 - "$lseb" "$evb" "$rounds" "$size" "$tmp" <<'PY'
+import json, os, resource, statistics, subprocess, sys, time
+
+lseb, evb, rounds, size, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if size % 32 or size < 64:
+    sys.exit(f"FRAGMENT_BYTES must be a multiple of 32, at least 64 (got {size})")
+DUR = 8
+
+lseb_cfg = {
+    "LOG_LEVEL": "INFO",
+    "GENERATOR": {"MEAN": str(size - 24), "STD_DEV": "0", "FREQUENCY": "40000000"},
+    "GENERAL": {"MAX_FRAGMENT_SIZE": str(-(-size // 24) * 24), "BULKED_EVENTS": "600",
+                "CREDITS": "20"},
+    "ENDPOINTS": {"node0": {"HOST": "127.0.0.1", "PORT": "7000"},
+                  "node1": {"HOST": "127.0.0.1", "PORT": "7001"}},
+    "NETWORK": {"IFACE": "lo", "PORT": 7000, "RANGE": 32},
+}
+with open(f"{tmp}/lseb.json", "w") as f:
+    json.dump(lseb_cfg, f)
+
+common = f"""duration_s = {DUR}
+stall_timeout_s = 20
+[fragments]
+size = {size}
+distribution = "fixed"
+content = "static"
+[builder]
+verify = "headers"
+"""
+folded = f"""[run]
+id = "folded"
+{common}[transport]
+kind = "tcp"
+local = "shm"
+[evm]
+id = "evm"
+addr = "127.0.0.1:0"
+[[ru]]
+id = "ru0"
+addr = "127.0.0.1:0"
+[[ru]]
+id = "ru1"
+addr = "127.0.0.2:0"
+[[bu]]
+id = "bu0"
+addr = "127.0.0.1:0"
+[[bu]]
+id = "bu1"
+addr = "127.0.0.2:0"
+"""
+plain = f"""[run]
+id = "plain"
+{common}[topology]
+rus = 2
+bus = 2
+"""
+for name, text in (("folded", folded), ("plain", plain)):
+    with open(f"{tmp}/{name}.toml", "w") as f:
+        f.write(text)
+
+
+def run_lseb():
+    """LSEB's M events/s and its CPU in microseconds per event."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    logs, procs = [], []
+    for node in ("node0", "node1"):
+        log = open(f"{tmp}/{node}.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            ["timeout", "-s", "KILL", "13", lseb, "-c", f"{tmp}/lseb.json", "-n", node,
+             "-t", "11"], stdout=log, stderr=subprocess.STDOUT))
+    for p in procs:
+        p.wait()
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for log in logs:
+        log.close()
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rates = []
+    for node in ("node0", "node1"):
+        for line in open(f"{tmp}/{node}.log", errors="replace"):
+            if "Builder Unit:" in line and "MHz" in line:
+                w = line.split()
+                rates.append(float(w[w.index("MHz") - 1]))
+    if not rates:
+        sys.exit(f"LSEB printed no rate; its logs are in {tmp} (kept)")
+    rate = statistics.mean(rates)
+    time.sleep(1)
+    return rate, cpu / wall / rate
+
+
+def run_evb(name):
+    """evb's M events/s and all its processes' CPU in microseconds per event."""
+    out = f"{tmp}/{name}.json"
+    if os.path.exists(out):
+        os.remove(out)
+    subprocess.run([evb, "run", "--config", f"{tmp}/{name}.toml", "--quiet", "--json", out],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d = json.load(open(out))
+    nodes = d["nodes"]
+    built = sum(v["stats"]["events_built"] for k, v in nodes.items() if k.startswith("bu"))
+    cpu = sum(v["cpu"]["process_s"] for v in nodes.values())
+    if not d["ok"]:
+        print(f"  evb {name}: the run's verdict was not OK", flush=True)
+    return built / DUR / 1e6, cpu / built * 1e6
+
+
+rows = []
+print(f"{size} B fragments, {rounds} rounds of LSEB, evb folded, evb plain ({DUR} s each)")
+for r in range(1, rounds + 1):
+    lr, lc = run_lseb()
+    fr, fc = run_evb("folded")
+    pr, pc = run_evb("plain")
+    rows.append((lr, lc, fr, fc, pr, pc))
+    print(f"round {r} {time.strftime('%H:%M:%S')}: LSEB {lr:.3f} M events/s ({lc:.3f} us/event) | "
+          f"evb folded {fr:.3f} ({fc:.3f}) {fr / lr:.2f}x | evb plain {pr:.3f} ({pc:.3f}) "
+          f"{pr / lr:.2f}x", flush=True)
+
+med = [statistics.median(c) for c in zip(*rows)]
+lr, lc, fr, fc, pr, pc = med
+print(f"medians: LSEB {lr:.3f} M events/s, {lc:.3f} us/event | evb folded {fr:.3f}, {fc:.3f} "
+      f"| evb plain {pr:.3f}, {pc:.3f}")
+per_round = sorted(round(row[2] / row[0], 2) for row in rows)
+print(f"folded/LSEB per round: {per_round}")
+
+
+def verdict(ok):
+    return "MET" if ok else "not met"
+
+
+if size == 256:
+    print(f"folded >= 1.2x LSEB: {fr / lr:.2f}x: {verdict(fr / lr >= 1.2)}")
+    print(f"plain >= 1.0x LSEB: {pr / lr:.2f}x: {verdict(pr / lr >= 1.0)}")
+    print(f"CPU per event below LSEB's: evb folded {fc:.3f} against {lc:.3f} us: {verdict(fc < lc)}")
+else:
+    print(f"folded {fr / lr:.2f}x, plain {pr / lr:.2f}x LSEB; CPU per event {fc:.3f} / "
+          f"{pc:.3f} against {lc:.3f} us (report only)")
+PY
