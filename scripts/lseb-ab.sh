@@ -17,7 +17,7 @@
 # FRAGMENT_BYTES (default 256) is evb's payload and LSEB's whole fragment (its 24 B header
 # and the rest); LSEB rounds fragments down to 32 B, so give a multiple of 32.
 set -euo pipefail
-lseb=${1:?LSEB binary}; evb=${2:?evb binary}; rounds=${3:-5}; size=${4:-256}
+lseb=$(realpath "${1:?LSEB binary}"); evb=$(realpath "${2:?evb binary}"); rounds=${3:-5}; size=${4:-256}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 - "$lseb" "$evb" "$rounds" "$size" "$tmp" <<'PY'
 import json, os, resource, statistics, subprocess, sys, time
@@ -90,7 +90,7 @@ def run_lseb():
         logs.append(log)
         procs.append(subprocess.Popen(
             ["timeout", "-s", "KILL", "13", lseb, "-c", f"{tmp}/lseb.json", "-n", node,
-             "-t", "11"], stdout=log, stderr=subprocess.STDOUT))
+             "-t", "11"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp))  # its log files
     for p in procs:
         p.wait()
     wall = time.monotonic() - t0
