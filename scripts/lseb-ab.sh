@@ -105,7 +105,11 @@ def run_lseb():
                 w = line.split()
                 rates.append(float(w[w.index("MHz") - 1]))
     if not rates:
-        sys.exit(f"LSEB printed no rate; its logs are in {tmp} (kept)")
+        for node in ("node0", "node1"):
+            print(f"--- LSEB {node}'s log, its end:", file=sys.stderr)
+            print("".join(open(f"{tmp}/{node}.log", errors="replace").readlines()[-10:]),
+                  file=sys.stderr)
+        sys.exit("LSEB printed no rate (its logs' ends are above)")
     rate = statistics.mean(rates)
     time.sleep(1)
     return rate, cpu / wall / rate
@@ -116,8 +120,10 @@ def run_evb(name):
     out = f"{tmp}/{name}.json"
     if os.path.exists(out):
         os.remove(out)
-    subprocess.run([evb, "run", "--config", f"{tmp}/{name}.toml", "--quiet", "--json", out],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([evb, "run", "--config", f"{tmp}/{name}.toml", "--quiet", "--json",
+                           out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if not os.path.exists(out):
+        sys.exit(f"evb run ({name}) wrote no summary, exit {done.returncode}:\n{done.stderr[-2000:]}")
     d = json.load(open(out))
     nodes = d["nodes"]
     built = sum(v["stats"]["events_built"] for k, v in nodes.items() if k.startswith("bu"))
