@@ -13,14 +13,15 @@
 # ../shared/FINDINGS.md says. This script only writes its configuration and reads its log.
 # Its rate is the mean of its BUs' "MHz" over its 5 s windows (a BU counts fragments, one per
 # RU per event it builds: with two nodes, each BU's figure is the events built by both);
-# its CPU is both processes' over their lifetime (it busy-polls), per event at that rate.
+# its CPU is the host's busy time while it runs (it busy-polls; nothing else runs), per
+# event at that rate. evb's is its processes' own (`evb run --json`).
 # FRAGMENT_BYTES (default 256) is evb's payload and LSEB's whole fragment (its 24 B header
 # and the rest); LSEB rounds fragments down to 32 B, so give a multiple of 32.
 set -euo pipefail
 lseb=$(realpath "${1:?LSEB binary}"); evb=$(realpath "${2:?evb binary}"); rounds=${3:-5}; size=${4:-256}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 - "$lseb" "$evb" "$rounds" "$size" "$tmp" <<'PY'
-import json, os, resource, statistics, subprocess, sys, time
+import json, os, statistics, subprocess, sys, time
 
 lseb, evb, rounds, size, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 if size % 32 or size < 64:
@@ -80,9 +81,18 @@ for name, text in (("folded", folded), ("plain", plain)):
         f.write(text)
 
 
+def busy_seconds():
+    """CPU time the host spent busy (all CPUs, /proc/stat): LSEB's processes were seen to
+    leave a killed one out of their children's usage now and then."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]  # idle, iowait
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def run_lseb():
     """LSEB's M events/s and its CPU in microseconds per event."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = busy_seconds()
     t0 = time.monotonic()
     logs, procs = [], []
     for node in ("node0", "node1"):
@@ -94,10 +104,9 @@ def run_lseb():
     for p in procs:
         p.wait()
     wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = busy_seconds() - before
     for log in logs:
         log.close()
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rates = []
     for node in ("node0", "node1"):
         for line in open(f"{tmp}/{node}.log", errors="replace"):
