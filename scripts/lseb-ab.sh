@@ -11,10 +11,12 @@
 #
 # LSEB is not part of this repository (it has no licence): build it outside, as
 # ../shared/FINDINGS.md says. This script only writes its configuration and reads its log.
-# Its rate is the mean of its BUs' "MHz" over its 5 s windows (a BU counts fragments, one per
-# RU per event it builds: with two nodes, each BU's figure is the events built by both);
+# Both rates are steady state. LSEB's is the mean of its BUs' "MHz" over their 5 s windows
+# after the first, which holds its start (a BU counts fragments, one per RU per event it
+# builds: with two nodes, each BU's figure is the events built by both); evb's is `evb run`'s
+# `steady_events_per_s` (the BUs' counts from 1 s into the run).
 # its CPU is the host's busy time while it runs (it busy-polls; nothing else runs), per
-# event at that rate. evb's is its processes' own (`evb run --json`).
+# event at that rate. evb's is its processes' own from the start of the run (`cpu.run_s`).
 # FRAGMENT_BYTES (default 256) is evb's payload and LSEB's whole fragment (its 24 B header
 # and the rest); LSEB rounds fragments down to 32 B, so give a multiple of 32.
 set -euo pipefail
@@ -109,10 +111,12 @@ def run_lseb():
         log.close()
     rates = []
     for node in ("node0", "node1"):
+        windows = []
         for line in open(f"{tmp}/{node}.log", errors="replace"):
             if "Builder Unit:" in line and "MHz" in line:
                 w = line.split()
-                rates.append(float(w[w.index("MHz") - 1]))
+                windows.append(float(w[w.index("MHz") - 1]))
+        rates += windows[1:]  # steady state: its first window holds its start
     if not rates:
         for node in ("node0", "node1"):
             print(f"--- LSEB {node}'s log, its end:", file=sys.stderr)
@@ -136,10 +140,13 @@ def run_evb(name):
     d = json.load(open(out))
     nodes = d["nodes"]
     built = sum(v["stats"]["events_built"] for k, v in nodes.items() if k.startswith("bu"))
-    cpu = sum(v["cpu"]["process_s"] for v in nodes.values())
+    cpu = sum(v["cpu"]["run_s"] for v in nodes.values())  # from the start of the run
     if not d["ok"]:
         print(f"  evb {name}: the run's verdict was not OK", flush=True)
-    return built / DUR / 1e6, cpu / built * 1e6
+    steady = d.get("steady_events_per_s")
+    if steady is None:
+        sys.exit(f"evb run ({name}) gave no steady-state rate: an evb older than the script?")
+    return steady / 1e6, cpu / built * 1e6
 
 
 rows = []

@@ -11,6 +11,7 @@ pub fn print(
     reports: &BTreeMap<String, NodeStatus>,
     run: Option<&RunReport>,
     problems: &[String],
+    steady_events_per_s: Option<f64>,
 ) {
     let secs = run.map_or(0.0, |r| r.seconds);
     println!();
@@ -111,6 +112,12 @@ pub fn print(
             released as f64 / secs,
             built_bytes as f64 / secs / 1e9
         );
+        if let Some(rate) = steady_events_per_s {
+            println!(
+                "  steady state (the BUs' counts from {:.0} s into the run): {rate:.0} events/s",
+                crate::launch::STEADY_AFTER_S
+            );
+        }
     }
     if run.is_some_and(|r| r.evm.stopped_by_request) {
         println!(

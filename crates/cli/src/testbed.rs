@@ -520,7 +520,7 @@ fn run_discovered(
     }
     let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
     let run = evm.and_then(|e| e.run.as_ref());
-    crate::summary::print(cfg, &ids, &reports, run, &problems);
+    crate::summary::print(cfg, &ids, &reports, run, &problems, None);
     if let Some(path) = json_out {
         let doc = serde_json::json!({
             "ok": problems.is_empty(),

@@ -75,19 +75,31 @@ fn default_run_is_bounded_and_clean() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("s.json");
     let out = Command::new(EVB)
-        .args(["run", "--quiet", "--duration", "1", "--json"])
+        .args(["run", "--quiet", "--duration", "3", "--json"])
         .arg(&json)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert!(s["run"]["evm"]["triggered"].as_u64().unwrap() > 0);
+    let released = s["run"]["evm"]["released"].as_u64().unwrap();
+    assert!(released > 0);
     assert_eq!(s["run"]["n_ru"], 2);
     assert_eq!(s["run"]["n_bu"], 2);
+    // the steady-state rate leaves the start out: from the BUs' counts after 1 s of the 3,
+    // so it is a rate of the same run, not the whole run's events over its seconds
+    let whole = released as f64 / s["run"]["seconds"].as_f64().unwrap();
+    let steady = s["steady_events_per_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no steady rate in {}", s["steady_events_per_s"]));
+    assert!(
+        steady > whole * 0.3 && steady < whole * 5.0,
+        "steady {steady} against the whole run's {whole} events/s"
+    );
+    assert!(
+        stdout.contains("steady state (the BUs' counts from 1 s into the run):"),
+        "{stdout}"
+    );
 }
 
 /// `--json -`: stdout is the JSON document alone (it parses whole, and agrees with the

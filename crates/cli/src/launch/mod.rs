@@ -22,7 +22,8 @@ mod spawn;
 mod verdict;
 
 pub(crate) use placement::auto_place;
-use progress::{progress_line, RateMeter};
+pub(crate) use progress::STEADY_AFTER_S;
+use progress::{progress_line, RateMeter, SteadyRate};
 pub(crate) use signals::on_interrupt;
 pub use signals::{exit_on_interrupt, exit_when_stdin_closes, stop_on_interrupt};
 pub(crate) use spawn::{spawn_node, spawn_processes, spawn_standby, standby_label, PLACEMENT};
@@ -56,6 +57,8 @@ pub(super) struct Watched {
     user_abort: bool,
     /// The seconds the run was given.
     budget: f64,
+    /// Events built per second in steady state, from the BUs' status lines.
+    steady_events_per_s: Option<f64>,
 }
 
 /// Runs the whole system; true when the verdict is clean.
@@ -105,12 +108,13 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     problems.dedup();
     let ok = problems.is_empty();
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
-    summary::print(cfg, &ids, &w.reports, run, &problems);
+    summary::print(cfg, &ids, &w.reports, run, &problems, w.steady_events_per_s);
     if let Some(path) = json_out {
         let doc = json!({
             "ok": ok,
             "problems": problems,
             "run": run,
+            "steady_events_per_s": w.steady_events_per_s,
             "nodes": w.reports,
             "exit_codes": w.exit_codes,
             "pids": pids,
@@ -200,6 +204,7 @@ fn watch(
     let mut reports: BTreeMap<String, NodeStatus> = BTreeMap::new();
     let mut exit_codes: BTreeMap<String, Option<i32>> = BTreeMap::new();
     let mut rate = RateMeter::new();
+    let mut steady = SteadyRate::default();
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
     let mut first_failure: Option<Instant> = None;
@@ -258,6 +263,7 @@ fn watch(
                 if v.is_report() {
                     reports.insert(id.clone(), (*v).clone());
                 }
+                steady.note(&v);
                 latest.insert(id, v);
             }
             Ok(Note::Gone(id, code)) => {
@@ -394,5 +400,6 @@ fn watch(
         timed_out,
         user_abort,
         budget,
+        steady_events_per_s: steady.rate(),
     }
 }

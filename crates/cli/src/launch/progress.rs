@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use evb_builder::{NodeStatus, RoleStats};
+use evb_builder::{NodeStatus, RoleStats, RunState};
 
 /// Live figures from the latest status lines.
 pub(super) fn progress_line(
@@ -77,5 +77,99 @@ impl RateMeter {
             _ => {}
         }
         (self.ev, self.by)
+    }
+}
+
+/// Past the start of a BU's run, this long, its counts are steady state (its first Assigns,
+/// slow start and first pages are behind it).
+pub(crate) const STEADY_AFTER_S: f64 = 1.0;
+/// The least span of steady-state counts a BU must have for a rate.
+const STEADY_SPAN_S: f64 = 0.5;
+
+/// Events built per second in steady state: each BU's own counts and clock from its status
+/// lines while the run runs, from [`STEADY_AFTER_S`] after its first running line to its
+/// last, summed over the BUs. The whole run's rate (`evb run`'s summary) counts the start
+/// too, where LSEB and other builders report their steady state.
+#[derive(Default)]
+pub(super) struct SteadyRate {
+    /// Per BU: when it was first seen running, and its first and last steady (t, built).
+    bus: BTreeMap<String, SteadyBu>,
+}
+
+#[derive(Default)]
+struct SteadyBu {
+    running_since: f64,
+    first: Option<(f64, u64)>,
+    last: Option<(f64, u64)>,
+}
+
+impl SteadyRate {
+    /// A status line of node `node`: counted when it is a BU's while the run runs.
+    pub(super) fn note(&mut self, v: &NodeStatus) {
+        if let (RoleStats::Bu(s), RunState::Running) = (&v.stats, v.state) {
+            self.note_bu(&v.node, v.t, s.events_built);
+        }
+    }
+
+    /// BU `node` had built `built` events at `t` seconds of its own clock, running.
+    fn note_bu(&mut self, node: &str, t: f64, built: u64) {
+        let b = self
+            .bus
+            .entry(node.to_string())
+            .or_insert_with(|| SteadyBu {
+                running_since: t,
+                ..SteadyBu::default()
+            });
+        if t < b.running_since + STEADY_AFTER_S {
+            return;
+        }
+        b.first.get_or_insert((t, built));
+        b.last = Some((t, built));
+    }
+
+    /// Events per second over all BUs, or `None` when a BU that ran has no steady span (a
+    /// run shorter than about 1.5 s, or a BU lost early).
+    pub(super) fn rate(&self) -> Option<f64> {
+        if self.bus.is_empty() {
+            return None;
+        }
+        self.bus
+            .values()
+            .map(|b| match (b.first, b.last) {
+                (Some((t0, n0)), Some((t1, n1))) if t1 - t0 >= STEADY_SPAN_S => {
+                    Some(n1.saturating_sub(n0) as f64 / (t1 - t0))
+                }
+                _ => None,
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steady_rate_leaves_out_each_bus_start_and_sums_the_bus() {
+        let mut r = SteadyRate::default();
+        assert_eq!(r.rate(), None, "no BU seen");
+        // bu0 starts at its t = 10 s, slowly for a second, then 1,000 events/s;
+        // bu1 on a clock of its own, 500 events/s throughout
+        for k in 0..=40 {
+            let t = k as f64 * 0.1;
+            let bu0 = if t < 1.0 {
+                10 * k
+            } else {
+                100 + 1000 * (k - 10) / 10
+            };
+            r.note_bu("bu0", 10.0 + t, bu0 as u64);
+            r.note_bu("bu1", 3.0 + t, 50 * k as u64);
+        }
+        let rate = r.rate().unwrap();
+        assert!((rate - 1500.0).abs() < 1e-6, "{rate}");
+        // a BU with less than half a second past its start gives no rate at all
+        r.note_bu("bu2", 0.0, 0);
+        r.note_bu("bu2", 1.2, 100);
+        assert_eq!(r.rate(), None);
     }
 }

@@ -212,6 +212,7 @@ mod tests {
             timed_out: false,
             user_abort: false,
             budget: 10.0,
+            steady_events_per_s: None,
         }
     }
 
