@@ -7,40 +7,10 @@
 set -euo pipefail
 old=${1:?old evb binary}; new=${2:?new evb binary}; rounds=${3:-5}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-cat > "$tmp/folded.toml" <<'TOML'
-[run]
-id = "folded"
-duration_s = 4
-stall_timeout_s = 20
-[fragments]
-size = 256
-distribution = "fixed"
-content = "static"
-[builder]
-verify = "headers"
-[transport]
-kind = "tcp"
-local = "shm"
-[evm]
-id = "evm"
-addr = "127.0.0.1:0"
-[[ru]]
-id = "ru0"
-addr = "127.0.0.1:0"
-[[ru]]
-id = "ru1"
-addr = "127.0.0.2:0"
-[[bu]]
-id = "bu0"
-addr = "127.0.0.1:0"
-[[bu]]
-id = "bu1"
-addr = "127.0.0.2:0"
-TOML
 for r in $(seq 1 "$rounds"); do
   for b in "$old" "$new"; do
     rm -f "$tmp/s.json"
-    "$b" run --config "$tmp/folded.toml" --quiet --json "$tmp/s.json" > /dev/null 2>&1 || true
+    "$b" run --config "$(dirname "$0")/folded-2x2.toml" --quiet --json "$tmp/s.json" > /dev/null 2>&1 || true
     python3 - "$b" "$tmp/s.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[2]))

@@ -22,10 +22,10 @@
 set -euo pipefail
 lseb=$(realpath "${1:?LSEB binary}"); evb=$(realpath "${2:?evb binary}"); rounds=${3:-5}; size=${4:-256}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-python3 - "$lseb" "$evb" "$rounds" "$size" "$tmp" <<'PY'
+python3 - "$lseb" "$evb" "$rounds" "$size" "$tmp" "$(dirname "$(realpath "$0")")" <<'PY'
 import json, os, statistics, subprocess, sys, time
 
-lseb, evb, rounds, size, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+lseb, evb, rounds, size, tmp, here = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 if size % 32 or size < 64:
     sys.exit(f"FRAGMENT_BYTES must be a multiple of 32, at least 64 (got {size})")
 DUR = 8
@@ -42,42 +42,15 @@ lseb_cfg = {
 with open(f"{tmp}/lseb.json", "w") as f:
     json.dump(lseb_cfg, f)
 
-common = f"""duration_s = {DUR}
-stall_timeout_s = 20
-[fragments]
-size = {size}
-distribution = "fixed"
-content = "static"
-[builder]
-verify = "headers"
-"""
-folded = f"""[run]
-id = "folded"
-{common}[transport]
-kind = "tcp"
-local = "shm"
-[evm]
-id = "evm"
-addr = "127.0.0.1:0"
-[[ru]]
-id = "ru0"
-addr = "127.0.0.1:0"
-[[ru]]
-id = "ru1"
-addr = "127.0.0.2:0"
-[[bu]]
-id = "bu0"
-addr = "127.0.0.1:0"
-[[bu]]
-id = "bu1"
-addr = "127.0.0.2:0"
-"""
-plain = f"""[run]
-id = "plain"
-{common}[topology]
-rus = 2
-bus = 2
-"""
+# evb's runs: the folded 2 x 2 of scripts/folded-2x2.toml at this size and length, and the
+# same run, fragments and checks over a plain 2 x 2 (every node on one host, all tcp)
+folded = open(os.path.join(here, "folded-2x2.toml")).read()
+for key, value in (("duration_s = 4", f"duration_s = {DUR}"), ("size = 256", f"size = {size}")):
+    if key not in folded:
+        sys.exit(f"scripts/folded-2x2.toml has no `{key}` line to change")
+    folded = folded.replace(key, value, 1)
+plain = (folded[: folded.index("[transport]")].replace('id = "folded"', 'id = "plain"', 1)
+         + "[topology]\nrus = 2\nbus = 2\n")
 for name, text in (("folded", folded), ("plain", plain)):
     with open(f"{tmp}/{name}.toml", "w") as f:
         f.write(text)

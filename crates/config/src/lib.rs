@@ -37,7 +37,7 @@ pub use schema::{
     TopologySection, TrafficSection, TransportKind, TransportSection, VerifyLevel, MAX_CPUS,
 };
 pub use stream::{OnSyncLoss, StreamFormat};
-pub use topology::{NodeSpec, Role};
+pub use topology::{host_of, NodeSpec, Role};
 use validate::{int_in, real_in};
 
 #[derive(Debug, Error, PartialEq)]

@@ -5,6 +5,11 @@ use std::net::SocketAddr;
 
 use crate::{Config, SinkKind, TransportKind};
 
+/// The host part of a `host:port` address (a `[v6]` host keeps its brackets).
+pub fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
 /// One node of the run, after validation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSpec {

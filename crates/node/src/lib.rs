@@ -25,7 +25,7 @@ pub use driver::{Driver, NodeOutcome, StatusOut};
 
 use std::time::Duration;
 
-use evb_config::{Config, TransportKind};
+use evb_config::{host_of as host, Config, TransportKind};
 use evb_transport::Transport;
 use thiserror::Error;
 
@@ -61,11 +61,6 @@ fn make(
         TransportKind::Tcp => NodeError::Io(e),
         _ => NodeError::Setup(format!("transport {name}: {e}")),
     })
-}
-
-/// The IP part of "ip:port".
-fn host(addr: &str) -> &str {
-    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
 /// Makes `cfg` the standby EVM's own configuration (`evb node --id EVM --standby`): it

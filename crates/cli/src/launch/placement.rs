@@ -1,6 +1,6 @@
 //! Where `evb run` puts the node processes: RU–BU pairs on every CPU (`run.placement = "auto"`).
 
-use evb_config::{Config, Role};
+use evb_config::{host_of, Config, Role};
 
 /// `run.placement = "auto"`: the RUs and BUs that `[affinity]` leaves free are pinned, one
 /// CPU each when there are enough; otherwise the CPUs are cut into groups, each holding as
@@ -33,10 +33,9 @@ pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
         .collect();
     let (rus, mut bus): (Vec<_>, Vec<_>) = free.iter().partition(|n| n.role == Role::Ru);
     let local_apart = cfg.transport.local.is_some_and(|l| l != cfg.transport.kind);
-    let hosts = |ns: &[&evb_config::NodeSpec]| -> Vec<String> {
-        ns.iter().map(|n| host_of(&n.addr).to_string()).collect()
-    };
-    if local_apart && partners_share_hosts(&hosts(&rus), &hosts(&bus)) {
+    let ru_hosts: Vec<&str> = rus.iter().map(|n| host_of(&n.addr)).collect();
+    let bu_hosts: Vec<&str> = bus.iter().map(|n| host_of(&n.addr)).collect();
+    if local_apart && partners_share_hosts(&ru_hosts, &bu_hosts) {
         bus.rotate_left(1);
     }
     let ids = |ns: &[&evb_config::NodeSpec]| ns.iter().map(|n| n.id.clone()).collect::<Vec<_>>();
@@ -62,11 +61,6 @@ pub(crate) fn auto_place(cfg: &mut Config, quiet: bool) {
             groups.join("; ")
         );
     }
-}
-
-/// The host part of a `host:port` address (`[v6]` keeps its brackets).
-fn host_of(addr: &str) -> &str {
-    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
 }
 
 /// RU i and BU i are on one host, and RU i and BU i+1 are not (the folded layout): as many
