@@ -6,10 +6,15 @@
 //! few percent where a whole `evb run` scatters by tens. Compare two builds by alternating
 //! their runs.
 //!
-//! `cargo run --release -p evb-builder --example bu_pages [ROUNDS] [FRAGMENT_BYTES] [cold]`
+//! `cargo run --release -p evb-builder --example bu_pages [ROUNDS] [FRAGMENT_BYTES] [cold]
+//! [records]`
 //!
-//! What is timed: filing the pages, completing the events, the sink's side (`delivered`,
-//! `recycle`), releases and credits, and the EVM's echo. Not timed: making the pages, and
+//! The sink drops the events, as `evb run`'s default sink does, so the BU joins them and
+//! hands them on as spans (`Bu::set_join`); with `records`, every event gets a record and is
+//! handed on as an event (as with a file or serve sink, and as every BU did before the join).
+//!
+//! What is timed: filing the pages, completing the events, the sink's side
+//! (`deliver_spans`, or `delivered` and `recycle`), releases and credits, and the EVM's echo. Not timed: making the pages, and
 //! with `cold`, the sweep of 8 MiB of other memory before each page is filed and before the
 //! events are delivered (in an `evb run` the kernel's copies and four other processes pass
 //! through the caches between an event's Assign, its fragments and its delivery).
@@ -19,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use evb_buffers::{Chain, Pool};
 
-use evb_builder::{Bu, BuConfig, BuiltEvent, NodeRef, Verify};
+use evb_builder::{Bu, BuConfig, BuiltEvent, DiscardSink, NodeRef, Verify};
 use evb_wire::{EventRange, FragmentHeader, Message};
 
 const RUS: u16 = 2;
@@ -77,8 +82,10 @@ fn pass(
         b.handle_fragments(now, from, run);
     }
     sweep(cold, &mut spent, &mut t);
-    let mut built = 0;
     while b.next_action().is_some() {}
+    let mut built = b.spans_queued() as usize;
+    b.deliver_spans(&mut DiscardSink)
+        .expect("the discard sink takes every span");
     // as the driver does: the pass's events to the sink's queue in one move
     b.move_built(queue);
     for e in queue.drain(..) {
@@ -115,7 +122,12 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
     let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
-    let mut cold = (args.next().as_deref() == Some("cold")).then(|| vec![0u64; 1 << 20]);
+    let rest: Vec<String> = args.collect();
+    let mut cold = rest
+        .iter()
+        .any(|a| a == "cold")
+        .then(|| vec![0u64; 1 << 20]);
+    let records = rest.iter().any(|a| a == "records");
     // a page as the messenger cuts one: 256 KiB of fragments and their 40 B prefixes
     let n = (BLOCK / (size + 40)).max(1);
     let pool = Pool::new("bu-pages", BLOCK, 4 * RUS as usize);
@@ -127,6 +139,7 @@ fn main() {
         generator: None,
         duplicate_window: 1 << 16,
     });
+    b.set_join(!records);
     b.handle(Instant::now(), NodeRef::Evm, Message::Start);
     let mut queue = VecDeque::new();
     let mut first = 0u64;
@@ -142,8 +155,9 @@ fn main() {
         rounds_ns.push(ns);
     }
     println!(
-        "{size} B fragments, {n} per page, {RUS} RUs{}: {:.1} ns/event (median of {rounds})",
+        "{size} B fragments, {n} per page, {RUS} RUs{}{}: {:.1} ns/event (median of {rounds})",
         if cold.is_some() { ", cold" } else { "" },
+        if records { ", records" } else { ", joined" },
         median(rounds_ns)
     );
     assert!(b.stats().clean(), "{}", b.stats().errors_in_words());

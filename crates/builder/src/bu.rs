@@ -21,6 +21,8 @@ use crate::event::BuiltEvent;
 use crate::evm::BuResync;
 use crate::generator::Generator;
 use crate::ids::{Bits, FastSet, IdMap, RecentIds};
+use crate::join::{Join, Next};
+use crate::sink::{Sink, SinkError};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -484,6 +486,10 @@ pub struct Bu {
     latency_run: Option<LatencyRun>,
     /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
     standby: bool,
+    /// Events built without records or objects while they come regularly, for a sink that
+    /// takes spans (`crate::join`); `None` when off, or once something irregular handed
+    /// everything to the records.
+    join: Option<Join>,
 }
 
 impl Bu {
@@ -503,6 +509,135 @@ impl Bu {
             stats: BuStats::default(),
             latency_run: None,
             standby: false,
+            join: None,
+        }
+    }
+
+    /// Whether events that come regularly are joined without records, and handed to the
+    /// sink as spans ([`Bu::deliver_spans`]): for a sink that takes spans, set before the
+    /// run begins. Off (the default), or once turned off, every event gets a record and is
+    /// handed on as a [`BuiltEvent`]; both give the same output.
+    pub fn set_join(&mut self, on: bool) {
+        if !on {
+            self.spill(None);
+        } else if self.join.is_none() && self.events.len() == 0 && self.built.is_empty() {
+            self.join = Some(Join::new(self.cfg.source_ids.len()));
+        }
+    }
+
+    /// Whether the join has built events for the sink ([`Bu::deliver_spans`]).
+    pub fn has_spans(&self) -> bool {
+        self.join.as_ref().is_some_and(|j| !j.spans.is_empty())
+    }
+
+    /// Events the join built, not yet taken by the sink.
+    pub fn spans_queued(&self) -> u64 {
+        self.join.as_ref().map_or(0, |j| j.built as u64)
+    }
+
+    /// Hands the join's built events to `sink` as spans, oldest first, and releases those it
+    /// takes as [`Bu::delivered`] would; stops at the sink's first error (the rest are
+    /// offered again later).
+    pub fn deliver_spans(&mut self, sink: &mut dyn Sink) -> Result<(), SinkError> {
+        while let Some(j) = &mut self.join {
+            let Some(&s) = j.spans.front() else {
+                return Ok(());
+            };
+            sink.deliver_span(s.first, s.count, s.bytes)?;
+            j.delivered_span();
+            for (k, id) in (s.first..s.first + s.count as u64).enumerate() {
+                self.unacked.push_back((id, j.bytes[k]));
+                self.recent.insert(id);
+            }
+            j.bytes.drain(..s.count as usize);
+            match &mut self.release {
+                Some(r) if r.end() == s.first && r.count.checked_add(s.count).is_some() => {
+                    r.count += s.count
+                }
+                _ => {
+                    self.flush_release();
+                    self.release = Some(EventRange {
+                        bu: self.me(),
+                        first: s.first,
+                        count: s.count,
+                    });
+                }
+            }
+            if matches!(self.state, RunState::Running) {
+                self.credits_to_send += s.count;
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the assigned events the lanes hold whole, oldest first; hands everything to
+    /// the records when a lane's next place is not the oldest assigned event's.
+    fn join_build(&mut self, now: Instant) {
+        while let Some(j) = &mut self.join {
+            match j.build_next() {
+                Next::Waiting => return,
+                Next::Irregular => {
+                    self.spill(Some(now));
+                    return;
+                }
+                Next::Built { since, .. } => self.note_latency(now, since),
+            }
+        }
+    }
+
+    /// Ends the join: what it holds becomes what the records would hold had they taken
+    /// every piece. Its built events go to the built queue (with records at the sink), the
+    /// fragments of the others into records, its assignments too; those now complete are
+    /// built, at `now` or the newest piece's time.
+    fn spill(&mut self, now: Option<Instant>) {
+        let Some(mut j) = self.join.take() else {
+            return;
+        };
+        let Some(now) = now.or(j.latest) else {
+            // nothing ever came: nothing to hand over
+            return;
+        };
+        let src = &self.cfg.source_ids;
+        while let Some(s) = j.spans.pop_front() {
+            for id in s.first..s.first + s.count as u64 {
+                let mut fragments = self.events.spare_fragments.pop().unwrap_or_default();
+                for lane in &mut j.lanes {
+                    fragments.push(lane.queue.pop_front().expect("a built event's place"));
+                }
+                let trigger_number = fragments
+                    .first()
+                    .map_or(id as u32, |(h, _)| h.trigger_number);
+                self.built.push_back(BuiltEvent {
+                    event_id: id,
+                    trigger_number,
+                    fragments,
+                    bytes: j.bytes.pop_front().expect("a built event's bytes"),
+                    trigger_mismatch: false,
+                    corrupt: false,
+                    missing_sources: Vec::new(),
+                });
+                let (_, b, _) = self.events.entry(id, now, src);
+                (b.assigned, b.at_sink) = (true, true);
+            }
+        }
+        for (ru, mut lane) in j.lanes.into_iter().enumerate() {
+            for f in std::mem::take(&mut lane.queue) {
+                let id = f.0.event_id;
+                let at = lane.time_of(id);
+                let (_, b, _) = self.events.entry(id, at, src);
+                b.since = b.since.min(at);
+                b.put(id, src, ru, f);
+                b.have.set(ru);
+                b.received += 1;
+            }
+        }
+        for p in j.assigned {
+            for id in p.first..p.end {
+                let (slot, b, _) = self.events.entry(id, p.at, &self.cfg.source_ids);
+                b.since = b.since.min(p.at);
+                b.assigned = true;
+                self.complete_at(now, id, slot);
+            }
         }
     }
 
@@ -518,6 +653,7 @@ impl Bu {
     /// it had not sent yet are the new EVM's to know from this, so they are not sent again.
     /// A committing sink's state (accepted, parts, committed) is the caller's to add.
     pub fn resync(&mut self) -> BuResync {
+        self.spill(None);
         let me = self.me();
         let mut building = Vec::new();
         let mut unassigned = Vec::new();
@@ -576,7 +712,7 @@ impl Bu {
 
     /// Events partly built or at the sink.
     pub fn in_flight(&self) -> usize {
-        self.events.len()
+        self.events.len() + self.join.as_ref().map_or(0, |j| j.held() as usize)
     }
 
     fn spare_limit(&self) -> usize {
@@ -645,6 +781,16 @@ impl Bu {
                 self.credits_to_send += self.cfg.credits;
             }
             Message::Assign(r) if r.bu == self.me() => {
+                if let Some(j) = &mut self.join {
+                    if j.takes_assign(r.first) {
+                        j.assign(r.first, r.end(), now);
+                        self.stats.in_flight_high_water =
+                            self.stats.in_flight_high_water.max(j.held());
+                        self.join_build(now);
+                        return;
+                    }
+                    self.spill(Some(now));
+                }
                 // A record made now has no fragment: it completes only when every source
                 // is lost (or there is none), so the common case skips the check.
                 let may_complete = !self.lost_sources.is_empty() || self.cfg.source_ids.is_empty();
@@ -660,6 +806,7 @@ impl Bu {
                 }
             }
             Message::SourceLost { ru } if (ru as usize) < self.cfg.source_ids.len() => {
+                self.spill(Some(now));
                 self.lost_sources.insert(ru as usize);
                 let waiting: Vec<u64> = self
                     .events
@@ -676,6 +823,7 @@ impl Bu {
                 self.actions.push_back(Action::Publish(part))
             }
             Message::Stop { .. } => {
+                self.spill(Some(now));
                 self.state = RunState::Stopping;
                 self.stats.incomplete_at_stop =
                     self.events.iter().filter(|(_, b)| !b.at_sink).count() as u64;
@@ -740,6 +888,10 @@ impl Bu {
         for (header, payload) in fragments {
             self.file_fragment(now, ru, expected_source, header, payload);
         }
+        if let Some(j) = &mut self.join {
+            j.latest = Some(j.latest.map_or(now, |l| l.max(now)));
+            self.join_build(now);
+        }
     }
 
     /// Inlined into the loop of [`Bu::handle_fragments`]: a call per fragment, with the
@@ -788,6 +940,16 @@ impl Bu {
                     corrupt = true;
                 }
             }
+        }
+        if let Some(j) = &mut self.join {
+            // a fragment that failed a check, or left a stream out, is not the regular case
+            if j.takes(ru, id) && !corrupt && !partial {
+                if j.push(ru, (header, payload), now) {
+                    self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(j.held());
+                }
+                return;
+            }
+            self.spill(Some(now));
         }
         let held = self.events.len() as u64 + 1;
         let (slot, b, new) = self.events.entry(id, now, &self.cfg.source_ids);
@@ -843,18 +1005,9 @@ impl Bu {
         }
         let mut fragments = std::mem::take(&mut b.fragments);
         let (corrupt, partial) = (b.corrupt, b.partial);
-        match &mut self.latency_run {
-            Some(r) if r.since == b.since && r.at == now => r.count += 1,
-            run => {
-                if let Some(r) = run.replace(LatencyRun {
-                    since: b.since,
-                    at: now,
-                    count: 1,
-                }) {
-                    r.record_into(&mut self.stats.latency);
-                }
-            }
-        }
+        let since = b.since;
+        self.note_latency(now, since);
+        let b = &self.events.slab[slot as usize];
         let missing = |h: &FragmentHeader| h.flags & FLAG_MISSING != 0;
         let mut trigger_mismatch = false;
         let mut sync_loss = false;
@@ -917,6 +1070,24 @@ impl Bu {
             corrupt,
             missing_sources,
         });
+    }
+
+    /// An event first seen at `since` was built at `now`: into the run of equal latencies,
+    /// or the run so far into the histogram and a new one begun.
+    #[inline(always)]
+    fn note_latency(&mut self, now: Instant, since: Instant) {
+        match &mut self.latency_run {
+            Some(r) if r.since == since && r.at == now => r.count += 1,
+            run => {
+                if let Some(r) = run.replace(LatencyRun {
+                    since,
+                    at: now,
+                    count: 1,
+                }) {
+                    r.record_into(&mut self.stats.latency);
+                }
+            }
+        }
     }
 
     /// The sink is done with event `id`: release it and grant its credit back.
@@ -1038,6 +1209,16 @@ impl Bu {
         }
         if self.next_misroute_check.is_none_or(|next| now >= next) {
             self.next_misroute_check = Some(now + MISROUTED_AFTER / 4);
+            // a fragment waiting this long is not regular: the records judge it
+            let old = now.checked_sub(MISROUTED_AFTER);
+            if self
+                .join
+                .as_ref()
+                .zip(old)
+                .is_some_and(|(j, t)| j.holds_older_than(t))
+            {
+                self.spill(Some(now));
+            }
             let stale: Vec<u64> = self
                 .events
                 .iter()

@@ -14,6 +14,7 @@ mod event;
 mod evm;
 mod generator;
 mod ids;
+mod join;
 mod latency;
 mod ledger;
 mod report;

@@ -44,6 +44,23 @@ pub trait Sink: Send {
         }
         (run.len(), Ok(()))
     }
+    /// Whether the sink takes built events as spans of ids ([`Sink::deliver_span`]), without
+    /// looking at their fragments (it drops or counts them). The BU then builds the events
+    /// that come regularly without a record or an object each (`Bu::set_join`); events
+    /// that do not still come through [`Sink::deliver`].
+    fn takes_spans(&self) -> bool {
+        false
+    }
+    /// Takes events `first .. first + count`, built and checked, complete and not partial,
+    /// `bytes` of payload in all; the BU releases them when this returns Ok. Only called
+    /// when [`Sink::takes_spans`] says so.
+    fn deliver_span(&mut self, first: u64, count: u32, bytes: u64) -> Result<(), SinkError> {
+        let _ = (first, count, bytes);
+        Err(SinkError::Fatal(format!(
+            "the {} sink takes events, not spans",
+            self.name()
+        )))
+    }
     /// The EVM accepted the release of events `first .. first + count` (delivered here
     /// earlier, in this order): they are this BU's to output. A sink that commits output
     /// (files) makes only such events visible; delivered events never accepted by the end
@@ -112,6 +129,12 @@ impl Sink for DiscardSink {
     fn deliver(&mut self, _event: &BuiltEvent) -> Result<(), SinkError> {
         Ok(())
     }
+    fn takes_spans(&self) -> bool {
+        true
+    }
+    fn deliver_span(&mut self, _first: u64, _count: u32, _bytes: u64) -> Result<(), SinkError> {
+        Ok(())
+    }
     fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
         Ok(())
     }
@@ -138,6 +161,19 @@ impl Sink for CountingSink {
         self.bytes += event.bytes;
         if !self.ids.insert(event.event_id) {
             self.duplicates += 1;
+        }
+        Ok(())
+    }
+    fn takes_spans(&self) -> bool {
+        true
+    }
+    fn deliver_span(&mut self, first: u64, count: u32, bytes: u64) -> Result<(), SinkError> {
+        self.events += count as u64;
+        self.bytes += bytes;
+        for id in first..first + count as u64 {
+            if !self.ids.insert(id) {
+                self.duplicates += 1;
+            }
         }
         Ok(())
     }

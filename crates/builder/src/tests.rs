@@ -105,7 +105,12 @@ impl Sim {
             rus: (0..n_ru).map(|i| ru(i, 64 * 1024, 64)).collect(),
             bus: (0..n_bu)
                 .map(|i| bu_cfg(i, n_ru, credits))
-                .map(Bu::new)
+                .map(|cfg| {
+                    // as the node sets it up: a counting sink takes spans
+                    let mut b = Bu::new(cfg);
+                    b.set_join(CountingSink::default().takes_spans());
+                    b
+                })
                 .collect(),
             sinks: (0..n_bu).map(|_| CountingSink::default()).collect(),
             net: VecDeque::new(),
@@ -128,6 +133,14 @@ impl Sim {
             b.connections_up();
         }
         s
+    }
+
+    /// Every BU gives each event a record and hands it on as an event (no join).
+    fn records(mut self) -> Sim {
+        for b in &mut self.bus {
+            b.set_join(false);
+        }
+        self
     }
 
     fn collect(&mut self) {
@@ -193,6 +206,9 @@ impl Sim {
         // the events each BU built, to its sink (a dead BU's are dropped with it)
         for i in 0..self.bus.len() {
             let dead = self.dead.contains(&NodeRef::Bu(i as u16));
+            if !dead {
+                self.bus[i].deliver_spans(&mut self.sinks[i]).unwrap();
+            }
             while let Some(ev) = self.bus[i].next_built() {
                 if dead {
                     continue;
@@ -495,6 +511,8 @@ fn a_standby_evm_takes_over_at_any_moment_and_every_event_is_built_once() {
             // a third of the trials lose a BU first (the old EVM rebuilds its events)
             bu_lost_before: (trial % 3 == 2).then(|| (next(&mut x) % 150) as usize),
             reorder: if trial % 4 == 3 { 7 } else { 0 },
+            // a fifth of the trials with BUs that make a record of every event (no join)
+            records: trial % 5 == 4,
         };
         let what = format!("seed {seed} trial {trial}: {t:?}");
         standby_takeover(&t, &what);
@@ -511,6 +529,7 @@ struct Trial {
     /// bu[1] killed this many passes into the run (before the EVM).
     bu_lost_before: Option<usize>,
     reorder: usize,
+    records: bool,
 }
 
 fn standby_takeover(t: &Trial, what: &str) {
@@ -518,6 +537,9 @@ fn standby_takeover(t: &Trial, what: &str) {
     let (n_ru, n_bu) = (3, 3);
     let commits = t.commits;
     let mut s = Sim::new(n_ru, n_bu, events, 6, t.reorder);
+    if t.records {
+        s = s.records();
+    }
     let mut cfg = evm_cfg(n_ru, n_bu, events);
     if commits {
         s.commit_every = Some(20);
@@ -648,10 +670,16 @@ fn two_by_two_builds_every_event_once() {
 #[test]
 fn topologies_with_reordered_delivery() {
     // reordering makes fragments overtake their Assign and releases arrive out of order
-    for (n_ru, n_bu, reorder) in [(1, 1, 3), (3, 2, 2), (2, 3, 5), (4, 4, 7)] {
-        let mut s = Sim::new(n_ru, n_bu, 300, 5, reorder);
-        s.run(100_000);
-        assert_clean_run(&s, 300);
+    // (with the BUs' join, and with a record for every event)
+    for records in [false, true] {
+        for (n_ru, n_bu, reorder) in [(1, 1, 3), (3, 2, 2), (2, 3, 5), (4, 4, 7)] {
+            let mut s = Sim::new(n_ru, n_bu, 300, 5, reorder);
+            if records {
+                s = s.records();
+            }
+            s.run(100_000);
+            assert_clean_run(&s, 300);
+        }
     }
 }
 
@@ -1928,4 +1956,280 @@ fn a_new_evm_of_a_live_fed_run_waits_for_the_rus_announcements() {
     announce(&mut evm, 1, 25, true);
     assert_eq!(assigned_until(&mut evm, now, 8), 25);
     assert_eq!(evm.stats().triggered, 25);
+}
+
+/// One step of a BU's input, for [`joined_and_recorded_bus_give_the_same_output`].
+#[derive(Clone, Debug)]
+enum Step {
+    Assign(u64, u32),
+    Fragment(u16, FragmentHeader, usize),
+    /// The sink takes what is built (false: it is busy, and takes nothing).
+    Sink(bool),
+    /// The clock moves on this many microseconds and the BU polls.
+    Poll(u64),
+    SourceLost(u16),
+    Stop,
+}
+
+/// A sink that remembers what it took, events and spans alike, in order.
+#[derive(Default)]
+struct Taking {
+    ids: Vec<u64>,
+    bytes: u64,
+    refuse: bool,
+}
+
+impl Sink for Taking {
+    fn deliver(&mut self, e: &BuiltEvent) -> Result<(), SinkError> {
+        if self.refuse {
+            return Err(SinkError::Busy("test".into()));
+        }
+        self.ids.push(e.event_id);
+        self.bytes += e.bytes;
+        Ok(())
+    }
+    fn takes_spans(&self) -> bool {
+        true
+    }
+    fn deliver_span(&mut self, first: u64, count: u32, bytes: u64) -> Result<(), SinkError> {
+        if self.refuse {
+            return Err(SinkError::Busy("test".into()));
+        }
+        self.ids.extend(first..first + count as u64);
+        self.bytes += bytes;
+        Ok(())
+    }
+    fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn name(&self) -> &'static str {
+        "taking"
+    }
+}
+
+/// A seeded script of a BU's input: ranges assigned with other BUs' ids between them,
+/// each RU's fragments in id order, some before their Assign, the sink now and then busy;
+/// with `odd`, now and then a duplicate, a fragment never sent, a bad CRC, a wrong source
+/// id, a trigger number that differs, a fragment its RU flagged MISSING, two fragments
+/// swapped, a fragment of an event never assigned here, an Assign sent again, a long wait,
+/// a source lost.
+fn bu_script(seed: u64, n_ru: u16, odd: bool) -> Vec<Step> {
+    let mut x = seed | 1;
+    let mut rand = |n: u64| next(&mut x) % n;
+    let mut ranges = Vec::new();
+    let mut id = rand(5);
+    for _ in 0..60 {
+        let count = 1 + rand(12) as u32;
+        ranges.push((id, count));
+        id += count as u64 + rand(4);
+    }
+    let chance = |r: u64| odd && r == 0;
+    // each RU's fragments, as (range index, fragment, size)
+    let mut lanes: Vec<VecDeque<(usize, FragmentHeader, usize)>> =
+        vec![VecDeque::new(); n_ru as usize];
+    for (k, &(first, count)) in ranges.iter().enumerate() {
+        for id in first..first + count as u64 {
+            for ru in 0..n_ru {
+                let size = 8 + (id as usize * 7 + ru as usize * 3) % 40;
+                let mut h = FragmentHeader {
+                    event_id: id,
+                    trigger_number: id as u32,
+                    source_id: 100 + ru,
+                    flags: 0,
+                    payload_size: size as u32,
+                    payload_crc: 0,
+                };
+                let lane = &mut lanes[ru as usize];
+                match rand(300) {
+                    0 if odd => continue, // never sent
+                    1 if odd => h.payload_crc = 1,
+                    2 if odd => h.source_id += 50,
+                    3 if odd => h.trigger_number += 1,
+                    4 if odd => h.flags = evb_wire::FLAG_MISSING,
+                    5 if odd => {
+                        if let Some(dup) = lane.back().cloned() {
+                            lane.push_back(dup);
+                        }
+                    }
+                    6 if odd => {
+                        // an event of another BU's (in a gap), never assigned here
+                        let mut m = h;
+                        m.event_id = first + count as u64 + 1000;
+                        lane.push_back((k, m, size));
+                    }
+                    _ => {}
+                }
+                lane.push_back((k, h, size));
+                if chance(rand(300)) && lane.len() >= 2 {
+                    let n = lane.len();
+                    lane.swap(n - 1, n - 2);
+                }
+            }
+        }
+    }
+    let lost = (odd && rand(3) == 0).then(|| (rand(n_ru as u64) as u16, rand(400) as usize));
+    let mut steps = Vec::new();
+    let mut assigned = 0usize;
+    loop {
+        if let Some((ru, at)) = lost {
+            if steps.len() == at {
+                steps.push(Step::SourceLost(ru));
+            }
+        }
+        let live: Vec<usize> = (0..n_ru as usize)
+            .filter(|&r| lanes[r].front().is_some_and(|f| f.0 < assigned + 3))
+            .collect();
+        let r = rand(20);
+        if r < 3 && assigned < ranges.len() {
+            let (first, count) = ranges[assigned];
+            steps.push(Step::Assign(first, count));
+            assigned += 1;
+            if chance(rand(40)) {
+                let (first, count) = ranges[rand(assigned as u64) as usize];
+                steps.push(Step::Assign(first, count));
+            }
+        } else if r < 15 && !live.is_empty() {
+            let ru = live[rand(live.len() as u64) as usize];
+            let (_, h, size) = lanes[ru].pop_front().unwrap();
+            steps.push(Step::Fragment(ru as u16, h, size));
+        } else if r < 18 {
+            steps.push(Step::Sink(rand(4) != 0));
+        } else if r < 20 {
+            let wait = if chance(rand(30)) {
+                11_000_000
+            } else {
+                1 + rand(50)
+            };
+            steps.push(Step::Poll(wait));
+        }
+        if assigned == ranges.len() && lanes.iter().all(|l| l.is_empty()) {
+            break;
+        }
+        if live.is_empty() && assigned == ranges.len() {
+            // fragments of ranges far ahead: let them go
+            for (ru, lane) in lanes.iter_mut().enumerate() {
+                while let Some((_, h, size)) = lane.pop_front() {
+                    steps.push(Step::Fragment(ru as u16, h, size));
+                }
+            }
+        }
+    }
+    steps.push(Step::Sink(true));
+    steps.push(Step::Poll(1));
+    steps.push(Step::Stop);
+    steps.push(Step::Sink(true));
+    steps
+}
+
+/// What a BU did with a script: the events its sink took, in order, their bytes, the ids
+/// it released, in order, the credits it granted, and its counters (less the latencies'
+/// values and the high-water mark, which the join counts differently).
+fn run_bu_script(
+    steps: &[Step],
+    n_ru: u16,
+    join: bool,
+) -> (Vec<u64>, u64, Vec<u64>, u64, serde_json::Value) {
+    let pool = Pool::new("script", 64, 4096);
+    let mut b = Bu::new(BuConfig {
+        verify: Verify::Crc,
+        generator: None,
+        ..bu_cfg(0, n_ru, 1 << 20)
+    });
+    b.set_join(join);
+    let t0 = Instant::now();
+    let mut now = t0;
+    b.handle(now, NodeRef::Evm, Message::Start);
+    let mut sink = Taking::default();
+    let (mut released, mut credits) = (Vec::new(), 0u64);
+    let mut queue = VecDeque::new();
+    for step in steps {
+        now += Duration::from_micros(1);
+        match step {
+            Step::Assign(first, count) => b.handle(now, NodeRef::Evm, assign(0, *first, *count)),
+            Step::Fragment(ru, h, size) => {
+                let mut w = pool.try_alloc().expect("the pool has room");
+                let payload = vec![h.event_id as u8; *size];
+                let mut h = *h;
+                if h.payload_crc == 0 {
+                    h.payload_crc = crc32c::crc32c(&payload);
+                }
+                let c = Chain::from_slice(w.append(&payload).unwrap());
+                b.handle_fragment(now, NodeRef::Ru(*ru), h, c);
+            }
+            Step::Sink(takes) => {
+                sink.refuse = !takes;
+                let _ = b.deliver_spans(&mut sink);
+                b.move_built(&mut queue);
+                while let Some(e) = queue.front() {
+                    if sink.deliver(e).is_err() {
+                        break;
+                    }
+                    let e = queue.pop_front().unwrap();
+                    b.delivered(e.event_id, e.bytes);
+                    b.recycle(e.fragments);
+                }
+            }
+            Step::Poll(us) => {
+                now += Duration::from_micros(*us);
+                b.poll(now);
+            }
+            Step::SourceLost(ru) => b.handle(now, NodeRef::Evm, Message::SourceLost { ru: *ru }),
+            Step::Stop => b.handle(now, NodeRef::Evm, Message::Stop { triggered: 0 }),
+        }
+        // the EVM's side: every release echoed, every credit counted
+        let mut echoes = Vec::new();
+        while let Some(a) = b.next_action() {
+            match a {
+                Action::Send {
+                    msg: Message::Release(r),
+                    ..
+                } => {
+                    released.extend(r.first..r.end());
+                    echoes.push(r);
+                }
+                Action::Send {
+                    msg: Message::Credit { count, .. },
+                    ..
+                } => credits += count as u64,
+                _ => {}
+            }
+        }
+        for r in echoes {
+            b.handle(now, NodeRef::Evm, Message::Release(r));
+        }
+    }
+    let mut stats = serde_json::to_value(b.stats()).unwrap();
+    let latencies = b.stats().latency.count;
+    stats["latency"] = latencies.into();
+    stats["in_flight_high_water"] = 0.into();
+    (sink.ids, sink.bytes, released, credits, stats)
+}
+
+/// A BU that joins regular events and hands them on as spans gives exactly the output,
+/// releases, credits and counters of one that makes a record of every event, over seeded
+/// scripts with and without odd inputs (the join hands over to the records at the first
+/// odd one, with events at the sink and fragments waiting).
+#[test]
+fn joined_and_recorded_bus_give_the_same_output() {
+    let seed = std::env::var("EVB_JOIN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_261_126u64);
+    for trial in 0..200u64 {
+        let n_ru = 1 + (trial % 3) as u16;
+        let odd = trial % 4 != 0;
+        let steps = bu_script(seed ^ trial.wrapping_mul(0x9e37_79b9), n_ru, odd);
+        let joined = run_bu_script(&steps, n_ru, true);
+        let recorded = run_bu_script(&steps, n_ru, false);
+        let what = format!("seed {seed} trial {trial} ({n_ru} RUs, odd inputs: {odd})");
+        assert_eq!(joined.0, recorded.0, "{what}: the events the sink took");
+        assert_eq!(joined.1, recorded.1, "{what}: their bytes");
+        assert_eq!(joined.2, recorded.2, "{what}: the releases");
+        assert_eq!(joined.3, recorded.3, "{what}: the credits");
+        assert_eq!(joined.4, recorded.4, "{what}: the counters");
+        assert!(!recorded.0.is_empty(), "{what}: something was built");
+    }
 }

@@ -263,19 +263,20 @@ pub fn logic(
                 }),
                 None => sink,
             };
-            Logic::Bu(
-                Bu::new(BuConfig {
-                    index: me.index,
-                    source_ids: rus.iter().map(|r| r.source_id).collect(),
-                    credits: me.credits,
-                    verify,
-                    generator: Some(generator(cfg)),
-                    // about the last 65 536 events this BU built, with events spread over
-                    // every BU
-                    duplicate_window: (1 << 16) * n_bu.max(1) as usize,
-                }),
-                sink,
-            )
+            let mut b = Bu::new(BuConfig {
+                index: me.index,
+                source_ids: rus.iter().map(|r| r.source_id).collect(),
+                credits: me.credits,
+                verify,
+                generator: Some(generator(cfg)),
+                // about the last 65 536 events this BU built, with events spread over
+                // every BU
+                duplicate_window: (1 << 16) * n_bu.max(1) as usize,
+            });
+            // a sink that drops or counts events takes them as spans: the BU joins the
+            // regular ones without a record each (evb_builder's join)
+            b.set_join(sink.takes_spans());
+            Logic::Bu(b, sink)
         }
     })
 }

@@ -17,6 +17,10 @@ const SINK_SHARE_OF_PASS: Duration = Duration::from_millis(20);
 pub(super) struct SinkQueue {
     /// Built events waiting for the sink (it was busy).
     queue: VecDeque<BuiltEvent>,
+    /// The BU holds events its join built, as spans, for the sink (`Bu::deliver_spans`).
+    spans: bool,
+    /// How many (for the status line).
+    spans_queued: u64,
     retry_at: Option<Instant>,
     blocked: Option<String>,
     stalls: u64,
@@ -105,6 +109,8 @@ impl SinkQueue {
     pub(super) fn new(now: Instant) -> SinkQueue {
         SinkQueue {
             queue: VecDeque::new(),
+            spans: false,
+            spans_queued: 0,
             retry_at: None,
             blocked: None,
             stalls: 0,
@@ -152,13 +158,14 @@ impl SinkQueue {
     /// The events `b` built since the last call, for the sink; whether there were any.
     #[inline]
     pub(super) fn take_built(&mut self, b: &mut Bu) -> bool {
-        b.move_built(&mut self.queue)
+        self.spans = b.has_spans();
+        b.move_built(&mut self.queue) || self.spans
     }
 
     /// Events are waiting and the sink may be offered them now.
     #[inline]
     pub(super) fn has_work(&self) -> bool {
-        !self.queue.is_empty() && self.retry_at.is_none()
+        (self.spans || !self.queue.is_empty()) && self.retry_at.is_none()
     }
 
     /// When a busy sink is to be offered its events again.
@@ -187,6 +194,21 @@ impl SinkQueue {
             return;
         }
         self.retry_at = None;
+        // the join's spans first: events built as spans come before any built as events (a
+        // BU's join ends once, making what it holds into events behind them)
+        let held = b.spans_queued();
+        let spans = b.deliver_spans(sink);
+        self.spans = b.has_spans();
+        self.spans_queued = b.spans_queued();
+        if self.spans_queued < held {
+            if let Some(why) = self.blocked.take() {
+                info!(node = %me, "sink accepts events again (was: {why})");
+            }
+        }
+        if let Err(e) = spans {
+            self.refused(now, me, b, sink, e);
+            return;
+        }
         while !self.queue.is_empty() {
             // A slow sink gets a share of each pass, not all of it: the loop must go on
             // reading its sockets and sending heartbeats, or a slow node is taken for dead.
@@ -210,26 +232,35 @@ impl SinkQueue {
             match result {
                 Ok(()) if taken == 0 => break,
                 Ok(()) => {}
-                Err(SinkError::Busy(why)) => {
-                    // asked after the call: the sink says whether this refusal is news
-                    if self.blocked.is_none() && sink.busy_is_news() {
-                        warn!(
-                            node = %me,
-                            "sink blocked, holding {} events and their credits: {why}",
-                            self.queue.len()
-                        );
-                    }
-                    self.stalls += 1;
-                    self.blocked = Some(why);
-                    self.retry_at = Some(now + sink.retry_after());
+                Err(e) => {
+                    self.refused(now, me, b, sink, e);
                     break;
                 }
-                Err(SinkError::Fatal(why)) => {
-                    error!(node = %me, "sink failed: {why}");
-                    b.fail(format!("sink failed: {why}"));
-                    self.queue.clear();
-                    break;
+            }
+        }
+    }
+
+    /// The sink refused what it was offered: busy (offered again after its retry time, the
+    /// events and their credits held meanwhile), or failed (the BU leaves the run).
+    fn refused(&mut self, now: Instant, me: &str, b: &mut Bu, sink: &mut dyn Sink, e: SinkError) {
+        match e {
+            SinkError::Busy(why) => {
+                // asked after the call: the sink says whether this refusal is news
+                if self.blocked.is_none() && sink.busy_is_news() {
+                    warn!(
+                        node = %me,
+                        "sink blocked, holding {} events and their credits: {why}",
+                        self.queue.len() as u64 + self.spans_queued
+                    );
                 }
+                self.stalls += 1;
+                self.blocked = Some(why);
+                self.retry_at = Some(now + sink.retry_after());
+            }
+            SinkError::Fatal(why) => {
+                error!(node = %me, "sink failed: {why}");
+                b.fail(format!("sink failed: {why}"));
+                self.queue.clear();
             }
         }
     }
@@ -317,7 +348,7 @@ impl SinkQueue {
             kind: sink.name().to_string(),
             report: sink.report(),
             blocked: self.blocked.clone(),
-            queued: self.queue.len() as u64,
+            queued: self.queue.len() as u64 + self.spans_queued,
             stalls: self.stalls,
         }
     }
