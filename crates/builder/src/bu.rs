@@ -525,11 +525,6 @@ impl Bu {
         }
     }
 
-    /// Whether the join has built events for the sink ([`Bu::deliver_spans`]).
-    pub fn has_spans(&self) -> bool {
-        self.join.as_ref().is_some_and(|j| !j.spans.is_empty())
-    }
-
     /// Events the join built, not yet taken by the sink.
     pub fn spans_queued(&self) -> u64 {
         self.join.as_ref().map_or(0, |j| j.built as u64)

@@ -155,11 +155,14 @@ impl SinkQueue {
         self.pass_until = now + SINK_SHARE_OF_PASS;
     }
 
-    /// The events `b` built since the last call, for the sink; whether there were any.
+    /// The events `b` built since the last call, for the sink; whether there were any (a
+    /// joined BU's new spans count, those a busy sink left do not).
     #[inline]
     pub(super) fn take_built(&mut self, b: &mut Bu) -> bool {
-        self.spans = b.has_spans();
-        b.move_built(&mut self.queue) || self.spans
+        let queued = b.spans_queued();
+        let fresh = queued > self.spans_queued;
+        (self.spans, self.spans_queued) = (queued > 0, queued);
+        b.move_built(&mut self.queue) || fresh
     }
 
     /// Events are waiting and the sink may be offered them now.
@@ -198,8 +201,8 @@ impl SinkQueue {
         // BU's join ends once, making what it holds into events behind them)
         let held = b.spans_queued();
         let spans = b.deliver_spans(sink);
-        self.spans = b.has_spans();
         self.spans_queued = b.spans_queued();
+        self.spans = self.spans_queued > 0;
         if self.spans_queued < held {
             if let Some(why) = self.blocked.take() {
                 info!(node = %me, "sink accepts events again (was: {why})");
@@ -357,6 +360,109 @@ impl SinkQueue {
 #[cfg(test)]
 mod tests {
     use super::IdRanges;
+    use super::SinkQueue;
+    use evb_buffers::Chain;
+    use evb_builder::{Bu, BuConfig, BuiltEvent, NodeRef, Sink, SinkError, Verify};
+    use evb_wire::{EventRange, FragmentHeader, Message};
+    use std::time::{Duration, Instant};
+
+    /// Takes spans, or is busy.
+    #[derive(Default)]
+    struct Spans {
+        busy: bool,
+        ids: Vec<u64>,
+    }
+
+    impl Sink for Spans {
+        fn deliver(&mut self, e: &BuiltEvent) -> Result<(), SinkError> {
+            self.deliver_span(e.event_id, 1, e.bytes)
+        }
+        fn takes_spans(&self) -> bool {
+            true
+        }
+        fn deliver_span(&mut self, first: u64, count: u32, _bytes: u64) -> Result<(), SinkError> {
+            if self.busy {
+                return Err(SinkError::Busy("full".into()));
+            }
+            self.ids.extend(first..first + count as u64);
+            Ok(())
+        }
+        fn accepted(&mut self, _first: u64, _count: u32) -> Result<(), SinkError> {
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<(), SinkError> {
+            Ok(())
+        }
+        fn name(&self) -> &'static str {
+            "spans"
+        }
+    }
+
+    /// A joined BU's spans go to the sink; a busy sink keeps them (and counts them queued)
+    /// without the driver's loop taking them for new work again, and gets them after its
+    /// retry time, in order.
+    #[test]
+    fn spans_wait_for_a_busy_sink_and_go_in_order() {
+        let t0 = Instant::now();
+        let mut b = Bu::new(BuConfig {
+            index: 0,
+            source_ids: vec![7],
+            credits: 64,
+            verify: Verify::Headers,
+            generator: None,
+            duplicate_window: 1024,
+        });
+        b.set_join(true);
+        b.handle(t0, NodeRef::Evm, Message::Start);
+        let build = |b: &mut Bu, first: u64, count: u32| {
+            let r = EventRange {
+                bu: 0,
+                first,
+                count,
+            };
+            b.handle(t0, NodeRef::Evm, Message::Assign(r));
+            let fragment = |id: u64| {
+                let h = FragmentHeader {
+                    event_id: id,
+                    trigger_number: id as u32,
+                    source_id: 7,
+                    flags: 0,
+                    payload_size: 0,
+                    payload_crc: 0,
+                };
+                (h, Chain::new())
+            };
+            b.handle_fragments(
+                t0,
+                NodeRef::Ru(0),
+                (first..first + count as u64).map(fragment),
+            );
+        };
+        let mut q = SinkQueue::new(t0);
+        let mut sink = Spans {
+            busy: true,
+            ..Spans::default()
+        };
+        build(&mut b, 0, 3);
+        assert!(q.take_built(&mut b), "three events built");
+        q.begin_pass(t0);
+        q.drain(t0, "bu0", &mut b, &mut sink);
+        assert!(sink.ids.is_empty(), "the sink was busy");
+        assert_eq!(q.status(&sink).queued, 3);
+        assert!(q.blocked.is_some() && q.retry_at().is_some());
+        assert!(!q.take_built(&mut b), "nothing new: the driver's loop ends");
+        assert!(!q.has_work(), "waiting for the retry");
+        build(&mut b, 5, 2);
+        assert!(q.take_built(&mut b), "two more built");
+        let later = q.retry_at().unwrap() + Duration::from_millis(1);
+        sink.busy = false;
+        q.begin_pass(later);
+        q.drain(later, "bu0", &mut b, &mut sink);
+        assert_eq!(sink.ids, [0, 1, 2, 5, 6]);
+        assert_eq!((q.status(&sink).queued, q.has_work()), (0, false));
+        assert!(q.blocked.is_none(), "the sink took them: no longer blocked");
+        assert_eq!(b.stats().errors, 0);
+    }
 
     fn all(r: &IdRanges) -> Vec<(u64, u32)> {
         r.ranges().collect()
