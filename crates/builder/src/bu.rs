@@ -539,12 +539,12 @@ impl Bu {
                 return Ok(());
             };
             sink.deliver_span(s.first, s.count, s.bytes)?;
-            j.delivered_span();
-            for (k, id) in (s.first..s.first + s.count as u64).enumerate() {
-                self.unacked.push_back((id, j.bytes[k]));
-                self.recent.insert(id);
-            }
-            j.bytes.drain(..s.count as usize);
+            let (unacked, recent) = (&mut self.unacked, &mut self.recent);
+            // each event released as `delivered` releases it (its bytes count at the echo)
+            j.delivered_span(|id, bytes| {
+                unacked.push_back((id, bytes));
+                recent.insert(id);
+            });
             match &mut self.release {
                 Some(r) if r.end() == s.first && r.count.checked_add(s.count).is_some() => {
                     r.count += s.count

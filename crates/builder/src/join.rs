@@ -227,15 +227,17 @@ impl Join {
     }
 
     /// The oldest span went to the sink: its events leave the lanes (their blocks go back
-    /// to the pool). Returns it; its events' bytes are the first `count` of
-    /// [`Join::bytes`], for the caller to take.
-    pub fn delivered_span(&mut self) -> Option<Span> {
+    /// to the pool), each given to `each` with its bytes, oldest first. Returns the span.
+    pub fn delivered_span(&mut self, mut each: impl FnMut(u64, u64)) -> Option<Span> {
         let s = self.spans.pop_front()?;
         let n = s.count as usize;
         for lane in &mut self.lanes {
             lane.queue.drain(..n);
         }
         self.built -= n;
+        for (id, bytes) in (s.first..).zip(self.bytes.drain(..n)) {
+            each(id, bytes);
+        }
         Some(s)
     }
 
@@ -315,8 +317,9 @@ mod tests {
             3,
             "built events stay until delivered"
         );
-        assert_eq!(j.delivered_span(), Some(span(4, 2, 10)));
-        assert_eq!(j.bytes.drain(..2).collect::<Vec<_>>(), [8, 2]);
+        let mut each = Vec::new();
+        let s = j.delivered_span(|id, bytes| each.push((id, bytes)));
+        assert_eq!((s, each), (Some(span(4, 2, 10)), vec![(4, 8), (5, 2)]));
         assert_eq!((j.built, j.lanes[1].queue.len()), (1, 1));
         // lane 1 skips event 9
         j.push(0, filed(9, 0), t1);

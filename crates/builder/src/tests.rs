@@ -482,6 +482,15 @@ fn over_the_wire_bu(b: &BuResync) -> BuResync {
 }
 
 /// xorshift64*: the tests' seeded moments.
+/// A test's seed: the environment variable `var` if it is set (to replay a failure), else
+/// `default`.
+fn env_seed(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 fn next(x: &mut u64) -> u64 {
     *x ^= *x >> 12;
     *x ^= *x << 25;
@@ -496,10 +505,7 @@ fn next(x: &mut u64) -> u64 {
 /// sinks that do (the parts then hold every event exactly once).
 #[test]
 fn a_standby_evm_takes_over_at_any_moment_and_every_event_is_built_once() {
-    let seed = std::env::var("EVB_TAKEOVER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20_261_124u64);
+    let seed = env_seed("EVB_TAKEOVER_SEED", 20_261_124);
     let trials = 60;
     let mut x = seed | 1;
     for trial in 0..trials {
@@ -2214,10 +2220,7 @@ fn run_bu_script(
 /// odd one, with events at the sink and fragments waiting).
 #[test]
 fn joined_and_recorded_bus_give_the_same_output() {
-    let seed = std::env::var("EVB_JOIN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20_261_126u64);
+    let seed = env_seed("EVB_JOIN_SEED", 20_261_126);
     for trial in 0..200u64 {
         let n_ru = 1 + (trial % 3) as u16;
         let odd = trial % 4 != 0;

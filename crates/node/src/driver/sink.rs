@@ -17,9 +17,8 @@ const SINK_SHARE_OF_PASS: Duration = Duration::from_millis(20);
 pub(super) struct SinkQueue {
     /// Built events waiting for the sink (it was busy).
     queue: VecDeque<BuiltEvent>,
-    /// The BU holds events its join built, as spans, for the sink (`Bu::deliver_spans`).
-    spans: bool,
-    /// How many (for the status line).
+    /// Events a joined BU built and holds as spans for the sink (`Bu::deliver_spans`), as
+    /// of the last look.
     spans_queued: u64,
     retry_at: Option<Instant>,
     blocked: Option<String>,
@@ -109,7 +108,6 @@ impl SinkQueue {
     pub(super) fn new(now: Instant) -> SinkQueue {
         SinkQueue {
             queue: VecDeque::new(),
-            spans: false,
             spans_queued: 0,
             retry_at: None,
             blocked: None,
@@ -161,14 +159,14 @@ impl SinkQueue {
     pub(super) fn take_built(&mut self, b: &mut Bu) -> bool {
         let queued = b.spans_queued();
         let fresh = queued > self.spans_queued;
-        (self.spans, self.spans_queued) = (queued > 0, queued);
+        self.spans_queued = queued;
         b.move_built(&mut self.queue) || fresh
     }
 
     /// Events are waiting and the sink may be offered them now.
     #[inline]
     pub(super) fn has_work(&self) -> bool {
-        (self.spans || !self.queue.is_empty()) && self.retry_at.is_none()
+        (self.spans_queued > 0 || !self.queue.is_empty()) && self.retry_at.is_none()
     }
 
     /// When a busy sink is to be offered its events again.
@@ -202,7 +200,6 @@ impl SinkQueue {
         let held = b.spans_queued();
         let spans = b.deliver_spans(sink);
         self.spans_queued = b.spans_queued();
-        self.spans = self.spans_queued > 0;
         if self.spans_queued < held {
             if let Some(why) = self.blocked.take() {
                 info!(node = %me, "sink accepts events again (was: {why})");
