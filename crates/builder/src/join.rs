@@ -106,6 +106,9 @@ pub(crate) struct Join {
     pub bytes: VecDeque<u64>,
     /// The newest time any piece came with (for completions when the join ends).
     pub latest: Option<Instant>,
+    /// The most unassigned fragments any lane holds (kept as they come, found again at
+    /// each Assign: not a pass over every lane at every fragment).
+    most_unassigned: usize,
 }
 
 impl Join {
@@ -119,6 +122,7 @@ impl Join {
             spans: VecDeque::new(),
             bytes: VecDeque::new(),
             latest: None,
+            most_unassigned: 0,
         }
     }
 
@@ -140,6 +144,7 @@ impl Join {
         }
         lane.last = Some(id);
         lane.unassigned += unassigned as usize;
+        self.most_unassigned = self.most_unassigned.max(lane.unassigned);
         lane.queue.push_back(f);
         unassigned
     }
@@ -158,6 +163,7 @@ impl Join {
         self.assigned_end = Some(end);
         self.pending += end - first;
         self.latest = Some(self.latest.map_or(at, |l| l.max(at)));
+        self.most_unassigned = 0;
         for lane in &mut self.lanes {
             // the lane's unassigned fragments are its last ones, in id order
             while lane.unassigned > 0
@@ -165,14 +171,14 @@ impl Join {
             {
                 lane.unassigned -= 1;
             }
+            self.most_unassigned = self.most_unassigned.max(lane.unassigned);
         }
     }
 
     /// Events held: built and at the sink, assigned and not built, and the most any lane
     /// holds unassigned.
     pub fn held(&self) -> u64 {
-        let unassigned = self.lanes.iter().map(|l| l.unassigned).max().unwrap_or(0);
-        self.built as u64 + self.pending + unassigned as u64
+        self.built as u64 + self.pending + self.most_unassigned as u64
     }
 
     /// Builds the oldest assigned event if every lane's next place is its fragment and the
