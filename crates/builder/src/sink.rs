@@ -157,12 +157,7 @@ pub struct CountingSink {
 
 impl Sink for CountingSink {
     fn deliver(&mut self, event: &BuiltEvent) -> Result<(), SinkError> {
-        self.events += 1;
-        self.bytes += event.bytes;
-        if !self.ids.insert(event.event_id) {
-            self.duplicates += 1;
-        }
-        Ok(())
+        self.deliver_span(event.event_id, 1, event.bytes)
     }
     fn takes_spans(&self) -> bool {
         true
