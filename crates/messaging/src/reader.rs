@@ -109,6 +109,7 @@ fn check_payload_len(header: &FragmentHeader, payload_len: usize) -> Result<(), 
 }
 
 /// A fragment message's header from its contiguous body, and its payload length.
+#[inline(always)]
 fn fragment_header(body: &[u8]) -> Result<(FragmentHeader, usize), WireError> {
     if body.len() < FRAGMENT_HEADER_LEN {
         return Err(WireError::Truncated {

@@ -59,7 +59,7 @@ impl FragmentHeader {
     /// Read as four little-endian words, each loaded once: the fields and the CRC's input
     /// come from the same registers (field by field, the decoder's loads of 2 to 8 bytes
     /// and its stack copy of the result were a visible share of a BU's time per fragment).
-    #[inline]
+    #[inline(always)]
     pub fn decode(b: &[u8]) -> Result<FragmentHeader> {
         need("fragment header", b, FRAGMENT_HEADER_LEN)?;
         let (w0, w1, w2, w3) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 24));
