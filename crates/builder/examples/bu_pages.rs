@@ -1,5 +1,5 @@
 //! The BU's state machine alone, without IO or other processes: pages of fragments from two
-//! RUs filed as the driver files them (`Bu::handle_fragments`, a page at a time), the events
+//! RUs filed as the driver files them (`Bu::handle_page`, a page at a time), the events
 //! built, delivered, released and echoed. Prints nanoseconds per event for each round and
 //! their median. One thread and no peers: its profile (`perf record`) shows the BU's own
 //! costs without the scheduling of five processes on two cores, and its rounds scatter by a
@@ -79,7 +79,7 @@ fn pass(
     b.handle(now, NodeRef::Evm, Message::Assign(range));
     for (from, run) in pages {
         sweep(cold, &mut spent, &mut t);
-        b.handle_fragments(now, from, run);
+        b.handle_page(now, from, run);
     }
     sweep(cold, &mut spent, &mut t);
     while b.next_action().is_some() {}

@@ -145,6 +145,34 @@ impl BuStats {
 /// the EVM sends the Assign to the BU when it tells the RUs, so it trails them by far less.
 const MISROUTED_AFTER: Duration = Duration::from_secs(10);
 
+/// What a fragment's checks found ([`Bu::check_fragment`]), before anything is counted.
+/// (Plain flags: with the reason for a bad super-fragment in it, the BU built and read it
+/// back through memory at every fragment.)
+#[derive(Debug, Clone, Copy, Default)]
+struct Checked {
+    duplicate: bool,
+    source_mismatch: bool,
+    crc_error: bool,
+    content_error: bool,
+    /// A super-fragment whose structure is wrong.
+    super_error: bool,
+    /// A super-fragment that says a stream left it out.
+    partial: bool,
+}
+
+impl Checked {
+    /// Nothing found: the fragment can join.
+    #[inline(always)]
+    fn regular(self) -> bool {
+        !(self.duplicate
+            || self.source_mismatch
+            || self.crc_error
+            || self.content_error
+            || self.super_error
+            || self.partial)
+    }
+}
+
 /// Checks a super-fragment's directory against its fragment header: the layout adds up, and
 /// every stream agrees on the trigger number unless its entry is flagged (sync loss under
 /// `"flag"`, or left out). Returns whether a stream was left out (a partial event).
@@ -597,7 +625,7 @@ impl Bu {
             for id in s.first..s.first + s.count as u64 {
                 let mut fragments = self.events.spare_fragments.pop().unwrap_or_default();
                 for lane in &mut j.lanes {
-                    fragments.push(lane.queue.pop_front().expect("a built event's place"));
+                    fragments.push(lane.places.pop_front().expect("a built event's place"));
                 }
                 let trigger_number = fragments
                     .first()
@@ -616,7 +644,7 @@ impl Bu {
             }
         }
         for (ru, mut lane) in j.lanes.into_iter().enumerate() {
-            for f in std::mem::take(&mut lane.queue) {
+            for f in std::mem::take(&mut lane.places).into_items() {
                 let id = f.0.event_id;
                 let at = lane.time_of(id);
                 let (_, b, _) = self.events.entry(id, at, src);
@@ -889,6 +917,81 @@ impl Bu {
         }
     }
 
+    /// Fragments from RU `from` as one pass over its connection brought them: while the
+    /// join runs and every one is regular (its id above the one before, not seen before,
+    /// every check passed), the page goes into the RU's lane whole, its fragments not moved
+    /// one by one; otherwise each is filed as [`Bu::handle_fragments`] files it.
+    pub fn handle_page(&mut self, now: Instant, from: NodeRef, page: Vec<(FragmentHeader, Chain)>) {
+        let NodeRef::Ru(ru) = from else {
+            return self.handle_fragments(now, from, page);
+        };
+        let ru = ru as usize;
+        let regular = |b: &Bu, j: &Join, expected: u16| {
+            j.takes_page(ru, &page, |(h, p)| {
+                b.check_fragment(expected, h, p).regular()
+            })
+        };
+        let takes = match (&self.join, self.cfg.source_ids.get(ru)) {
+            (Some(j), Some(&expected)) => {
+                !self.lost_sources.contains(&ru) && regular(self, j, expected)
+            }
+            _ => false,
+        };
+        if !takes {
+            return self.handle_fragments(now, from, page);
+        }
+        let j = self.join.as_mut().expect("looked at above");
+        self.stats.fragments_received += page.len() as u64;
+        if j.push_page(ru, page, now) {
+            self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(j.held());
+        }
+        j.latest = Some(j.latest.map_or(now, |l| l.max(now)));
+        self.join_build(now);
+    }
+
+    /// A fragment's checks, in the order they are counted (nothing is counted here): seen
+    /// before; else its source, its payload CRC, its content, a super-fragment's structure
+    /// (each of the last two only when nothing before failed).
+    #[inline(always)]
+    fn check_fragment(
+        &self,
+        expected_source: u16,
+        header: &FragmentHeader,
+        payload: &Chain,
+    ) -> Checked {
+        if self.recent.contains(header.event_id) {
+            return Checked {
+                duplicate: true,
+                ..Checked::default()
+            };
+        }
+        let source_mismatch = header.source_id != expected_source;
+        let crc_error =
+            self.cfg.verify != Verify::Headers && payload.crc32c() != header.payload_crc;
+        let mut corrupt = source_mismatch || crc_error;
+        let content_error =
+            !corrupt
+                && self.cfg.verify == Verify::Full
+                && header.flags & FLAG_GENERATED != 0
+                && self.cfg.generator.as_ref().is_some_and(|g| {
+                    !g.verify(header.event_id, header.source_id, payload.chunks())
+                });
+        corrupt |= content_error;
+        let (super_error, partial) = if !corrupt && header.flags & FLAG_SUPER != 0 {
+            check_super(header, payload).map_or((true, false), |p| (false, p))
+        } else {
+            (false, false)
+        };
+        Checked {
+            duplicate: false,
+            source_mismatch,
+            crc_error,
+            content_error,
+            super_error,
+            partial,
+        }
+    }
+
     /// Inlined into the loop of [`Bu::handle_fragments`]: a call per fragment, with the
     /// fragment moved onto its stack, was a tenth of the BU's instructions at 256 B.
     #[inline(always)]
@@ -902,40 +1005,26 @@ impl Bu {
     ) {
         self.stats.fragments_received += 1;
         let id = header.event_id;
-        if self.recent.contains(id) {
+        let checked = self.check_fragment(expected_source, &header, &payload);
+        if checked.duplicate {
             self.stats.duplicate_fragments += 1;
             return;
         }
         // A wrong source id is counted and the fragment still stands for its RU, flagged
         // corrupt: the event completes (and is marked), the run does not stall on it.
-        let mut corrupt = false;
-        if header.source_id != expected_source {
-            self.stats.source_mismatches += 1;
-            corrupt = true;
+        self.stats.source_mismatches += checked.source_mismatch as u64;
+        self.stats.crc_errors += checked.crc_error as u64;
+        self.stats.content_errors += checked.content_error as u64;
+        let partial = checked.partial;
+        if checked.super_error {
+            let why = check_super(&header, &payload).err().unwrap_or_default();
+            tracing::warn!("event {id}: super-fragment from ru[{ru}]: {why}");
+            self.stats.super_fragment_errors += 1;
         }
-        if self.cfg.verify != Verify::Headers && payload.crc32c() != header.payload_crc {
-            self.stats.crc_errors += 1;
-            corrupt = true;
-        }
-        if !corrupt && self.cfg.verify == Verify::Full && header.flags & FLAG_GENERATED != 0 {
-            if let Some(g) = &self.cfg.generator {
-                if !g.verify(id, header.source_id, payload.chunks()) {
-                    self.stats.content_errors += 1;
-                    corrupt = true;
-                }
-            }
-        }
-        let mut partial = false;
-        if !corrupt && header.flags & FLAG_SUPER != 0 {
-            match check_super(&header, &payload) {
-                Ok(p) => partial = p,
-                Err(why) => {
-                    tracing::warn!("event {id}: super-fragment from ru[{ru}]: {why}");
-                    self.stats.super_fragment_errors += 1;
-                    corrupt = true;
-                }
-            }
-        }
+        let corrupt = checked.source_mismatch
+            || checked.crc_error
+            || checked.content_error
+            || checked.super_error;
         if let Some(j) = &mut self.join {
             // a fragment that failed a check, or left a stream out, is not the regular case
             if j.takes(ru, id) && !corrupt && !partial {

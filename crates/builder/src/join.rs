@@ -22,14 +22,16 @@ use std::time::Instant;
 use evb_buffers::Chain;
 use evb_wire::{FragmentHeader, FLAG_MISSING, FLAG_SYNC_LOSS};
 
+use crate::pages::Pages;
+
 /// A fragment checked and found good, in its RU's lane.
 pub(crate) type Filed = (FragmentHeader, Chain);
 
-/// One RU's fragments for this BU, in id order: first those of built events (at the sink),
-/// then those waiting for their event's other fragments or its Assign.
+/// One RU's fragments for this BU, in id order: first those of built events (at the sink,
+/// before the split), then those waiting for their event's other fragments or its Assign.
 #[derive(Default)]
 pub(crate) struct Lane {
-    pub queue: VecDeque<Filed>,
+    pub places: Pages<Filed>,
     /// When the lane's fragments came: (the first id that came at that moment, the
     /// moment), one entry per pass rather than one per fragment.
     pub times: VecDeque<(u64, Instant)>,
@@ -138,15 +140,57 @@ impl Join {
     pub fn push(&mut self, ru: usize, f: Filed, at: Instant) -> bool {
         let id = f.0.event_id;
         let unassigned = self.assigned_end.is_none_or(|end| id >= end);
+        self.came(ru, id, id, unassigned as usize, at);
+        self.lanes[ru].places.push(f);
+        unassigned
+    }
+
+    /// Queues a page of fragments from RU `ru`, arrived at `at`, moved in whole: their ids
+    /// rise, and [`Join::takes`] accepts the first (see [`Join::takes_page`]). Returns
+    /// whether any of their events is unassigned.
+    pub fn push_page(&mut self, ru: usize, page: Vec<Filed>, at: Instant) -> bool {
+        let (Some(first), Some(last)) = (page.first(), page.last()) else {
+            return false;
+        };
+        let (first, last) = (first.0.event_id, last.0.event_id);
+        let unassigned = match self.assigned_end {
+            None => page.len(),
+            Some(end) => page.len() - page.partition_point(|f| f.0.event_id < end),
+        };
+        self.came(ru, first, last, unassigned, at);
+        self.lanes[ru].places.push_page(page);
+        unassigned > 0
+    }
+
+    /// Whether a page of fragments from RU `ru` can go in whole: each id above the one
+    /// before it, the first above the lane's last, and `ok` for each (one pass over it).
+    #[inline(always)]
+    pub fn takes_page(
+        &self,
+        ru: usize,
+        page: &[Filed],
+        mut ok: impl FnMut(&Filed) -> bool,
+    ) -> bool {
+        let mut last = self.lanes[ru].last;
+        page.iter().all(|f| {
+            let id = f.0.event_id;
+            let rises = last.is_none_or(|l| id > l);
+            last = Some(id);
+            rises && ok(f)
+        })
+    }
+
+    /// Fragments `first..=last` of RU `ru` came at `at`, `unassigned` of them for events
+    /// not assigned yet: the lane's times, last id and counts.
+    #[inline(always)]
+    fn came(&mut self, ru: usize, first: u64, last: u64, unassigned: usize, at: Instant) {
         let lane = &mut self.lanes[ru];
         if lane.times.back().is_none_or(|&(_, t)| t != at) {
-            lane.times.push_back((id, at));
+            lane.times.push_back((first, at));
         }
-        lane.last = Some(id);
-        lane.unassigned += unassigned as usize;
+        lane.last = Some(last);
+        lane.unassigned += unassigned;
         self.most_unassigned = self.most_unassigned.max(lane.unassigned);
-        lane.queue.push_back(f);
-        unassigned
     }
 
     /// Whether an Assign from `first` is the regular next one (not behind the last).
@@ -167,7 +211,10 @@ impl Join {
         for lane in &mut self.lanes {
             // the lane's unassigned fragments are its last ones, in id order
             while lane.unassigned > 0
-                && lane.queue[lane.queue.len() - lane.unassigned].0.event_id < end
+                && lane
+                    .places
+                    .nth_back(lane.unassigned - 1)
+                    .is_some_and(|f| f.0.event_id < end)
             {
                 lane.unassigned -= 1;
             }
@@ -189,11 +236,10 @@ impl Join {
             return Next::Waiting;
         };
         let (id, mut since) = (p.first, p.at);
-        let at = self.built;
         let mut bytes = 0u64;
         let mut trigger = None;
         for lane in &self.lanes {
-            match lane.queue.get(at) {
+            match lane.places.after_split() {
                 None => return Next::Waiting,
                 Some((h, payload)) => {
                     let odd = h.flags & (FLAG_MISSING | FLAG_SYNC_LOSS) != 0;
@@ -209,6 +255,7 @@ impl Join {
         }
         for lane in &mut self.lanes {
             since = since.min(lane.time_of(id));
+            lane.places.advance_split();
         }
         let p = self.assigned.front_mut().expect("looked at above");
         p.first += 1;
@@ -238,7 +285,7 @@ impl Join {
         let s = self.spans.pop_front()?;
         let n = s.count as usize;
         for lane in &mut self.lanes {
-            lane.queue.drain(..n);
+            lane.places.drop_front(n);
         }
         self.built -= n;
         for (id, bytes) in (s.first..).zip(self.bytes.drain(..n)) {
@@ -250,8 +297,8 @@ impl Join {
     /// A fragment not yet built came before `t` (nothing regular waits that long).
     pub fn holds_older_than(&self, t: Instant) -> bool {
         self.lanes.iter().any(|l| {
-            l.queue
-                .get(self.built)
+            l.places
+                .after_split()
                 .and_then(|f| l.peek_time_of(f.0.event_id))
                 .is_some_and(|at| at < t)
         })
@@ -319,14 +366,14 @@ mod tests {
         };
         assert_eq!(spans, [span(4, 2, 10), span(8, 1, 0)]);
         assert_eq!(
-            j.lanes[0].queue.len(),
+            j.lanes[0].places.len(),
             3,
             "built events stay until delivered"
         );
         let mut each = Vec::new();
         let s = j.delivered_span(|id, bytes| each.push((id, bytes)));
         assert_eq!((s, each), (Some(span(4, 2, 10)), vec![(4, 8), (5, 2)]));
-        assert_eq!((j.built, j.lanes[1].queue.len()), (1, 1));
+        assert_eq!((j.built, j.lanes[1].places.len()), (1, 1));
         // lane 1 skips event 9
         j.push(0, filed(9, 0), t1);
         j.push(1, filed(10, 0), t1);

@@ -17,6 +17,7 @@ mod ids;
 mod join;
 mod latency;
 mod ledger;
+mod pages;
 mod report;
 mod ru;
 pub mod shaping;

@@ -240,7 +240,7 @@ impl Sim {
                     panic!("fragment to {to}")
                 };
                 let run = decode_fragments(&data);
-                self.bus[i as usize].handle_fragments(self.now, from, run);
+                self.bus[i as usize].handle_page(self.now, from, run);
             }
         }
     }
@@ -1969,6 +1969,8 @@ fn a_new_evm_of_a_live_fed_run_waits_for_the_rus_announcements() {
 enum Step {
     Assign(u64, u32),
     Fragment(u16, FragmentHeader, usize),
+    /// Fragments of one RU as one pass over its connection brings them (`Bu::handle_page`).
+    Page(u16, Vec<(FragmentHeader, usize)>),
     /// The sink takes what is built (false: it is busy, and takes nothing).
     Sink(bool),
     /// The clock moves on this many microseconds and the BU polls.
@@ -2100,7 +2102,19 @@ fn bu_script(seed: u64, n_ru: u16, odd: bool) -> Vec<Step> {
         } else if r < 15 && !live.is_empty() {
             let ru = live[rand(live.len() as u64) as usize];
             let (_, h, size) = lanes[ru].pop_front().unwrap();
-            steps.push(Step::Fragment(ru as u16, h, size));
+            if rand(3) == 0 {
+                // a page: this fragment and up to 7 more of the RU's that are due
+                let mut page = vec![(h, size)];
+                while page.len() < 1 + rand(8) as usize
+                    && lanes[ru].front().is_some_and(|f| f.0 < assigned + 3)
+                {
+                    let (_, h, size) = lanes[ru].pop_front().unwrap();
+                    page.push((h, size));
+                }
+                steps.push(Step::Page(ru as u16, page));
+            } else {
+                steps.push(Step::Fragment(ru as u16, h, size));
+            }
         } else if r < 18 {
             steps.push(Step::Sink(rand(4) != 0));
         } else if r < 20 {
@@ -2130,6 +2144,17 @@ fn bu_script(seed: u64, n_ru: u16, odd: bool) -> Vec<Step> {
     steps
 }
 
+/// A script's fragment with its payload (its CRC filled in where the script left it 0).
+fn script_fragment(pool: &Pool, h: &FragmentHeader, size: usize) -> (FragmentHeader, Chain) {
+    let mut w = pool.try_alloc().expect("the pool has room");
+    let payload = vec![h.event_id as u8; size];
+    let mut h = *h;
+    if h.payload_crc == 0 {
+        h.payload_crc = crc32c::crc32c(&payload);
+    }
+    (h, Chain::from_slice(w.append(&payload).unwrap()))
+}
+
 /// What a BU did with a script: the events its sink took, in order, their bytes, the ids
 /// it released, in order, the credits it granted, and its counters (less the latencies'
 /// values and the high-water mark, which the join counts differently).
@@ -2156,14 +2181,14 @@ fn run_bu_script(
         match step {
             Step::Assign(first, count) => b.handle(now, NodeRef::Evm, assign(0, *first, *count)),
             Step::Fragment(ru, h, size) => {
-                let mut w = pool.try_alloc().expect("the pool has room");
-                let payload = vec![h.event_id as u8; *size];
-                let mut h = *h;
-                if h.payload_crc == 0 {
-                    h.payload_crc = crc32c::crc32c(&payload);
-                }
-                let c = Chain::from_slice(w.append(&payload).unwrap());
+                let (h, c) = script_fragment(&pool, h, *size);
                 b.handle_fragment(now, NodeRef::Ru(*ru), h, c);
+            }
+            Step::Page(ru, page) => {
+                let page = page
+                    .iter()
+                    .map(|(h, size)| script_fragment(&pool, h, *size));
+                b.handle_page(now, NodeRef::Ru(*ru), page.collect());
             }
             Step::Sink(takes) => {
                 sink.refuse = !takes;

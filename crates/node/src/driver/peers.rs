@@ -304,9 +304,7 @@ impl Driver {
                     (Received::Fragment { header, payload }, Logic::Bu(b, _)) => {
                         b.handle_fragment(now, from, header, payload)
                     }
-                    (Received::Fragments(run), Logic::Bu(b, _)) => {
-                        b.handle_fragments(now, from, run)
-                    }
+                    (Received::Fragments(run), Logic::Bu(b, _)) => b.handle_page(now, from, run),
                     (Received::Fragment { .. } | Received::Fragments(_), _) => {
                         warn!(node = %self.me.id, "fragment from {from} at a node that builds nothing; disconnecting");
                         self.messenger.close(conn);
