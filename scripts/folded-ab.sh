@@ -2,15 +2,25 @@
 # Two builds of evb alternated on 256 B events in LSEB's shape (folded 2 x 2: RU i and BU i
 # on 127.0.0.i+1, shm between them, tcp across; static content, headers checked, 4 s runs).
 # Prints per run: events/s, the BUs' and the RUs' CPU per event built and all five processes'.
+# SHAPE `plain` runs the same events as a plain 2 x 2 instead (every node on 127.0.0.1, all
+# tcp), as scripts/lseb-ab.sh does.
 #
-#   scripts/folded-ab.sh OLD/target/release/evb NEW/target/release/evb [ROUNDS]
+#   scripts/folded-ab.sh OLD/target/release/evb NEW/target/release/evb [ROUNDS] [SHAPE]
 set -euo pipefail
-old=${1:?old evb binary}; new=${2:?new evb binary}; rounds=${3:-5}
+old=${1:?old evb binary}; new=${2:?new evb binary}; rounds=${3:-5}; shape=${4:-folded}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+config="$(dirname "$0")/folded-2x2.toml"
+if [ "$shape" = plain ]; then
+  sed -n '/^\[transport\]/q;p' "$config" | sed 's/^id = "folded"/id = "plain"/' > "$tmp/plain.toml"
+  printf '[topology]\nrus = 2\nbus = 2\n' >> "$tmp/plain.toml"
+  config="$tmp/plain.toml"
+elif [ "$shape" != folded ]; then
+  echo "SHAPE is folded or plain, not $shape" >&2; exit 2
+fi
 for r in $(seq 1 "$rounds"); do
   for b in "$old" "$new"; do
     rm -f "$tmp/s.json"
-    "$b" run --config "$(dirname "$0")/folded-2x2.toml" --quiet --json "$tmp/s.json" > /dev/null 2>&1 || true
+    "$b" run --config "$config" --quiet --json "$tmp/s.json" > /dev/null 2>&1 || true
     python3 - "$b" "$tmp/s.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[2]))

@@ -19,6 +19,11 @@
 # event at that rate. evb's is its processes' own from the start of the run (`cpu.run_s`).
 # FRAGMENT_BYTES (default 256) is evb's payload and LSEB's whole fragment (its 24 B header
 # and the rest); LSEB rounds fragments down to 32 B, so give a multiple of 32.
+# EVB_PROFILE=1 also samples the whole host (`perf record -a -e cpu-clock`) for 4 s of each
+# run's steady state and splits the host's time per event into the kernel's copies
+# (`_copy_to_iter`, `_copy_from_iter`: the bytes through the sockets), the rest of the
+# kernel, the programs' own code (theirs and their libraries'), and idle: where the gap
+# between the two builders lies (needs perf and root).
 set -euo pipefail
 lseb=$(realpath "${1:?LSEB binary}"); evb=$(realpath "${2:?evb binary}"); rounds=${3:-5}; size=${4:-256}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -26,6 +31,7 @@ python3 - "$lseb" "$evb" "$rounds" "$size" "$tmp" "$(dirname "$(realpath "$0")")
 import json, os, statistics, subprocess, sys, time
 
 lseb, evb, rounds, size, tmp, here = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+PROFILE = os.environ.get("EVB_PROFILE") == "1"
 if size % 32 or size < 64:
     sys.exit(f"FRAGMENT_BYTES must be a multiple of 32, at least 64 (got {size})")
 DUR = 8
@@ -65,10 +71,56 @@ def busy_seconds():
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+COPIES = {"_copy_to_iter", "_copy_from_iter"}
+
+
+def start_profile(name):
+    """With EVB_PROFILE=1: samples the whole host from 3 s into a run, for 4 s."""
+    if not PROFILE:
+        return None
+    return subprocess.Popen(
+        ["bash", "-c", f"sleep 3; exec perf record -q -a -e cpu-clock -F 999 -o {tmp}/{name}.perf"
+         " -- sleep 4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def split_profile(prof, name, rate):
+    """The host's time per event (us, over all its CPUs) in the profiled window: kernel
+    copies, the rest of the kernel, the programs' own code, idle."""
+    if prof is None:
+        return None
+    prof.wait()
+    out = subprocess.run(["perf", "report", "-i", f"{tmp}/{name}.perf", "--stdio", "--no-children",
+                          "--sort", "comm,dso,sym", "-F", "overhead,comm,dso,sym"],
+                         capture_output=True, text=True).stdout
+    share = {"copies": 0.0, "kernel": 0.0, "programs": 0.0, "idle": 0.0}
+    for line in out.splitlines():
+        w = line.split()
+        if len(w) < 4 or not w[0].endswith("%"):
+            continue
+        pct, comm, dso, sym = float(w[0][:-1]), w[1], w[2], w[-1]
+        if comm == "swapper":
+            share["idle"] += pct
+        elif sym in COPIES:
+            share["copies"] += pct
+        elif dso == "[kernel.kallsyms]":
+            share["kernel"] += pct
+        else:
+            share["programs"] += pct
+    cpus = os.cpu_count()
+    return {k: v / 100 * cpus / rate for k, v in share.items()}
+
+
+def show_split(split):
+    if split is None:
+        return ""
+    return " [" + ", ".join(f"{k} {v:.3f}" for k, v in split.items()) + "]"
+
+
 def run_lseb():
-    """LSEB's M events/s and its CPU in microseconds per event."""
+    """LSEB's M events/s, its CPU in microseconds per event, and the profile's split."""
     before = busy_seconds()
     t0 = time.monotonic()
+    prof = start_profile("lseb")
     logs, procs = [], []
     for node in ("node0", "node1"):
         log = open(f"{tmp}/{node}.log", "w")
@@ -97,15 +149,18 @@ def run_lseb():
                   file=sys.stderr)
         sys.exit("LSEB printed no rate (its logs' ends are above)")
     rate = statistics.mean(rates)
+    split = split_profile(prof, "lseb", rate)
     time.sleep(1)
-    return rate, cpu / wall / rate
+    return rate, cpu / wall / rate, split
 
 
 def run_evb(name):
-    """evb's M events/s and all its processes' CPU in microseconds per event."""
+    """evb's M events/s, all its processes' CPU in microseconds per event, and the profile's
+    split."""
     out = f"{tmp}/{name}.json"
     if os.path.exists(out):
         os.remove(out)
+    prof = start_profile(name)
     done = subprocess.run([evb, "run", "--config", f"{tmp}/{name}.toml", "--quiet", "--json",
                            out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if not os.path.exists(out):
@@ -119,19 +174,23 @@ def run_evb(name):
     steady = d.get("steady_events_per_s")
     if steady is None:
         sys.exit(f"evb run ({name}) gave no steady-state rate: an evb older than the script?")
-    return steady / 1e6, cpu / built * 1e6
+    return steady / 1e6, cpu / built * 1e6, split_profile(prof, name, steady / 1e6)
 
 
-rows = []
+rows, splits = [], []
 print(f"{size} B fragments, {rounds} rounds of LSEB, evb folded, evb plain ({DUR} s each)")
 for r in range(1, rounds + 1):
-    lr, lc = run_lseb()
-    fr, fc = run_evb("folded")
-    pr, pc = run_evb("plain")
+    lr, lc, ls = run_lseb()
+    fr, fc, fs = run_evb("folded")
+    pr, pc, ps = run_evb("plain")
     rows.append((lr, lc, fr, fc, pr, pc))
+    splits.append((ls, fs, ps))
     print(f"round {r} {time.strftime('%H:%M:%S')}: LSEB {lr:.3f} M events/s ({lc:.3f} us/event) | "
           f"evb folded {fr:.3f} ({fc:.3f}) {fr / lr:.2f}x | evb plain {pr:.3f} ({pc:.3f}) "
           f"{pr / lr:.2f}x", flush=True)
+    if PROFILE:
+        for who, split in zip(("LSEB", "evb folded", "evb plain"), splits[-1]):
+            print(f"  host us/event, {who}:{show_split(split)}", flush=True)
 
 med = [statistics.median(c) for c in zip(*rows)]
 lr, lc, fr, fc, pr, pc = med
@@ -139,6 +198,10 @@ print(f"medians: LSEB {lr:.3f} M events/s, {lc:.3f} us/event | evb folded {fr:.3
       f"| evb plain {pr:.3f}, {pc:.3f}")
 per_round = sorted(round(row[2] / row[0], 2) for row in rows)
 print(f"folded/LSEB per round: {per_round}")
+if PROFILE:
+    for i, who in enumerate(("LSEB", "evb folded", "evb plain")):
+        mid = {k: statistics.median(s[i][k] for s in splits) for k in splits[0][i]}
+        print(f"host us/event, medians, {who}:{show_split(mid)}")
 
 
 def verdict(ok):
