@@ -3,6 +3,7 @@
 //!
 //! One idea, one file: the RU's state machine.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
@@ -179,8 +180,9 @@ pub(crate) const STATIC_INLINE_MAX: usize = 4096;
 struct Template {
     payload: Chain,
     marks: Vec<u32>,
-    /// The last length asked for and its CRC (fixed sizes ask for one length only).
-    last: (usize, u32),
+    /// The last length asked for and its CRC (fixed sizes ask for one length only); a cell,
+    /// so that the payload can be read while CRCs are asked for.
+    last: Cell<(usize, u32)>,
 }
 
 const CRC_STEP: usize = 4096;
@@ -218,21 +220,24 @@ impl Template {
             marks.push(crc);
             at += CRC_STEP;
         }
-        let mut t = Template {
+        let t = Template {
             payload,
             marks,
-            last: (0, 0),
+            last: Cell::new((0, 0)),
         };
-        t.last = (0, t.crc_of(0));
+        t.last.set((0, t.crc_of(0)));
         t
     }
 
     /// The CRC32C of the first `size` bytes.
-    fn crc(&mut self, size: usize) -> u32 {
-        if self.last.0 != size {
-            self.last = (size, self.crc_of(size));
+    fn crc(&self, size: usize) -> u32 {
+        let (last, crc) = self.last.get();
+        if last == size {
+            return crc;
         }
-        self.last.1
+        let crc = self.crc_of(size);
+        self.last.set((size, crc));
+        crc
     }
 
     fn crc_of(&self, size: usize) -> u32 {
@@ -573,13 +578,18 @@ impl Ru {
         let mut last = o.last_len();
         let start = block.filled();
         let max = (r.count as usize).min(max_count);
+        // The block's free tail and the template's first slice, found once for the loop: at
+        // each fragment, each was a chain of dependent loads (writer, block, pool, region).
+        let spare = block.spare_mut();
+        let template: &[u8] = t.payload.slices().first().map_or(&[], |s| s);
+        let mut at = 0;
         let mut n = 0;
         while n < max {
             let id = r.first + n as u64;
             let size = g.size(id, src);
             let need = PREFIX_LEN + size;
             if size > STATIC_INLINE_MAX
-                || block.remaining() < need
+                || spare.len() - at < need
                 || !o.has_room(data_len, last, self.cfg.max_run_bytes)
             {
                 break;
@@ -589,10 +599,15 @@ impl Ru {
                 trigger_number: id as u32,
                 flags: FLAG_GENERATED,
             };
-            let spare = &mut block.spare_mut()[..need];
-            write_fragment_prefix(&spec.header(id, src, t.crc(size)), spare);
-            t.payload.copy_prefix(&mut spare[PREFIX_LEN..]);
-            block.advance(need);
+            let dst = &mut spare[at..at + need];
+            write_fragment_prefix(&spec.header(id, src, t.crc(size)), dst);
+            match template.get(..size) {
+                Some(bytes) => dst[PREFIX_LEN..].copy_from_slice(bytes),
+                None => {
+                    t.payload.copy_prefix(&mut dst[PREFIX_LEN..]);
+                }
+            }
+            at += need;
             data_len += need;
             last = need;
             o.ends.push(data_len as u32);
@@ -601,7 +616,8 @@ impl Ru {
         if n == 0 {
             return (0, 0);
         }
-        let written = block.filled() - start;
+        block.advance(at);
+        let written = at;
         o.data.push_from(block, start, written);
         if block.remaining() < PREFIX_LEN {
             self.block = None;
@@ -894,7 +910,7 @@ mod template_tests {
             payload.push(w.slice(0, 5000));
             all.extend(bytes);
         }
-        let mut t = Template::new(payload);
+        let t = Template::new(payload);
         for size in [0, 1, 4095, 4096, 4097, 5000, 8192, 12_345, 16_384, 20_000] {
             assert_eq!(t.crc(size), crc32c::crc32c(&all[..size]), "size {size}");
         }

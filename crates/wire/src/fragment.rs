@@ -40,7 +40,7 @@ impl FragmentHeader {
 
     /// [`FragmentHeader::encode`] straight into `b` (an RU writes millions a second into
     /// its blocks; no copy through the stack).
-    #[inline]
+    #[inline(always)]
     pub fn encode_into(&self, b: &mut [u8; FRAGMENT_HEADER_LEN]) {
         // The words as they lie in the header (little-endian), the CRC computed from them in
         // registers rather than read back from `b` (see `header_crc::crc32c_words`).
@@ -108,7 +108,7 @@ pub fn fragment_prefix(h: &FragmentHeader) -> [u8; FRAGMENT_PREFIX_LEN] {
 ///
 /// # Panics
 /// If `dst` is shorter than the prefix: the caller has made room for it.
-#[inline]
+#[inline(always)]
 pub fn write_fragment_prefix(h: &FragmentHeader, dst: &mut [u8]) {
     use crate::{MessageHeader, MessageType, MESSAGE_HEADER_LEN};
     let mh = MessageHeader {
