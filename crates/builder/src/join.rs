@@ -1,11 +1,13 @@
 //! The BU's join: while events come regularly, an event needs no record and no object of its
 //! own. Each RU sends a BU the fragments of the events assigned to it in id order, and the
 //! EVM assigns a BU its events in ascending ranges; so an RU's fragments queue up in a lane
-//! of their own, the assignments in a queue of ranges, and the oldest assigned event is
-//! complete when every lane's next fragment is its fragment. Building it moves nothing: the
-//! event is the next place of every lane, counted as built, and a sink that takes spans
-//! ([`crate::Sink::deliver_span`]) takes runs of built events as id ranges; then the lanes
-//! drop their fronts. Every touch of memory is at the head or the tail of a queue.
+//! of their own (the pages its connection brought them in, moved in whole: `pages.rs`), the
+//! assignments in a queue of ranges, and the oldest assigned event is complete when every
+//! lane's next fragment is its fragment. Building it moves nothing: the event is the next
+//! place of every lane, counted as built (the lane's split moves past it), and a sink that
+//! takes spans ([`crate::Sink::deliver_span`]) takes runs of built events as id ranges; then
+//! the lanes drop their fronts. Every touch of memory is at a queue's head, its tail or its
+//! split.
 //!
 //! Anything irregular (a fragment behind its lane's last, one that failed a check, a place
 //! that is another event's, flags or trigger numbers that differ, an Assign behind the last
