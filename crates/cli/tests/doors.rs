@@ -428,22 +428,57 @@ fn ctrl_c_at_start_up_ends_the_run_cleanly() {
         // from 50 ms: before that the launcher may not have started to watch for signals
         let at = if trial == 0 { 50 } else { 50 + rng.below(350) };
         let dir = tempfile::tempdir().unwrap();
+        let spawned = Instant::now();
         let l = spawn_run(
             dir.path(),
             "[run]\nduration_s = 20\n[fragments]\nsize = 4096\n",
         );
-        std::thread::sleep(Duration::from_millis(at));
+        // the moment counts from the spawn, but not before the launcher catches SIGINT: on a
+        // loaded host it may take longer than 50 ms to get there, and a signal before that
+        // is the default action's (or lost, where the parent left SIGINT ignored)
+        wait_until_it_catches_sigint(l.id());
+        let at = Duration::from_millis(at);
+        std::thread::sleep(at.saturating_sub(spawned.elapsed()));
         // SAFETY: kill(2) with a pid of a child of this process and a valid signal.
         unsafe { libc::kill(l.id() as i32, libc::SIGINT) };
         let o = l.wait_with_output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),
-            "seed {seed} trial {trial} at {at} ms: {}",
+            "seed {seed} trial {trial} at {at:?}: {}",
             text(&o)
         );
-        assert!(out.contains("VERDICT: OK"), "{out}");
-        assert!(out.contains("ended early by the operator"), "{out}");
+        assert!(
+            out.contains("VERDICT: OK"),
+            "seed {seed} trial {trial} at {at:?}: {out}"
+        );
+        assert!(
+            out.contains("ended early by the operator"),
+            "seed {seed} trial {trial} at {at:?}: {out}"
+        );
+    }
+}
+
+/// Waits (up to 20 s) until process `pid` has a handler for SIGINT (`SigCgt` in
+/// /proc/PID/status), or has exited: from then on a Ctrl-C is the program's to handle.
+fn wait_until_it_catches_sigint(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let catches = || {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return true; // it has exited: the caller's checks say how
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0)
+    };
+    while !catches() {
+        assert!(
+            Instant::now() < deadline,
+            "evb run (pid {pid}) did not catch SIGINT within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
