@@ -94,7 +94,7 @@ struct Joint {
     /// The block the next header goes into (headers share blocks).
     current: Option<BlockWriter>,
     /// Checked parts waiting for room for their header (back-pressure).
-    waiting: Option<Parts<Written>>,
+    waiting: Option<Box<Parts<Written>>>,
     next_event: u64,
 }
 
@@ -286,7 +286,7 @@ impl ApiSource {
         };
         loop {
             let parts = match j.waiting.take() {
-                Some(p) => p,
+                Some(p) => *p,
                 None => match j.assembler.next_parts(now)? {
                     Some(p) => p,
                     None => break,
@@ -317,14 +317,14 @@ impl ApiSource {
 impl Joint {
     /// Event `next_event`'s fragment: header and directory in a pool block, then the parts
     /// in place. Gives the parts back when the pool has no room for the header.
-    fn write(&mut self, parts: Parts<Written>) -> Result<Assembled, Parts<Written>> {
+    fn write(&mut self, parts: Parts<Written>) -> Result<Assembled, Box<Parts<Written>>> {
         let dir = directory_len(parts.entries.len());
         let need = FRAGMENT_PREFIX_LEN + dir;
         let mut w = match self.current.take() {
             Some(w) if w.remaining() >= need => w,
             _ => match self.pool.try_alloc() {
                 Some(w) => w,
-                None => return Err(parts),
+                None => return Err(Box::new(parts)),
             },
         };
         let mut directory = Vec::with_capacity(dir);

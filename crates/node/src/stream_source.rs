@@ -10,8 +10,11 @@
 //! nothing (a port check, a probe) is warned about and forgotten, and the real front-end
 //! still gets in after it.
 //!
-//! Back-pressure: each stream's thread hands fragments over a channel of `source.read_ahead`
-//! places and the driver takes them only while the assembler and the feed have room, so
+//! Back-pressure: each stream's thread hands fragments over a channel that holds
+//! `source.read_ahead` of them, in batches (the fragments cut from one read, [`BATCH`] at
+//! most: one channel operation per batch, where one per fragment was an eighth of a
+//! stream-fed RU's loop), and the driver takes them only while the assembler and the feed
+//! have room, so
 //! when the RU's pool is full (nothing leaves the feed) the channel fills, the thread stops
 //! reading, and TCP flow control holds the front-end. Nothing is dropped.
 //!
@@ -49,10 +52,21 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// front-end (beyond it the oldest is closed).
 const MAX_CANDIDATES: usize = 8;
 
+/// Fragments handed to the driver at once, at most (fewer when `source.read_ahead` is less).
+const BATCH: usize = 64;
+
+/// The fragments per batch and the batches a stream's channel holds for `read_ahead`
+/// fragments: never more than `read_ahead` fragments in all (one when it is 0).
+fn channel_shape(read_ahead: usize) -> (usize, usize) {
+    let batch = BATCH.min(read_ahead.max(1));
+    (batch, (read_ahead / batch).max(1))
+}
+
 /// What a stream's thread tells the driver, in stream order.
 enum StreamEvent {
     Connected(SocketAddr),
-    Fragment(StreamFragment),
+    /// Fragments in stream order, at least one.
+    Fragments(Vec<StreamFragment>),
     /// The front-end closed the stream cleanly (between fragments).
     Closed,
     /// The stream cannot be read on: why.
@@ -177,7 +191,8 @@ impl StreamSource {
                 .and_then(|l| l.set_nonblocking(true).map(|()| l))
                 .map_err(|e| format!("{}: cannot listen on {addr} for stream {i}: {e}", me.id))?;
             info!(node = %me.id, "stream {i} (source {source_id}) listening on {addr}, taking front-ends from {allow_text}");
-            let (tx, rx) = bounded(read_ahead);
+            let (batch, places) = channel_shape(read_ahead);
+            let (tx, rx) = bounded(places);
             let expected =
                 (s.check_source_id && format == fstream::StreamFormat::Fed).then_some(source_id);
             let decoder = StreamDecoder::new(format, s.max_fragment as usize, expected);
@@ -190,6 +205,7 @@ impl StreamSource {
                 orders: orders.clone(),
                 shared: shared.clone(),
                 tx,
+                batch,
             };
             std::thread::Builder::new()
                 .name(format!("{}-stream{i}", me.id))
@@ -307,7 +323,7 @@ impl StreamSource {
         for (i, link) in self.links.iter_mut().enumerate() {
             while let Ok(ev) = link.rx.try_recv() {
                 match ev {
-                    StreamEvent::Fragment(_) => late[i] += 1,
+                    StreamEvent::Fragments(f) => late[i] += f.len() as u64,
                     StreamEvent::Connected(peer) => link.peer = Some(peer),
                     StreamEvent::Closed => link.closed = true,
                     StreamEvent::Failed(why) => {
@@ -384,18 +400,20 @@ impl StreamSource {
                         info!(node = %self.node, "{}: front-end {peer} connected", self.assembler.describe(i));
                         link.peer = Some(peer);
                     }
-                    Ok(StreamEvent::Fragment(f)) => {
+                    Ok(StreamEvent::Fragments(batch)) => {
                         link.empty_since = None;
                         link.warned = false;
-                        self.assembler.push(
-                            i,
-                            Piece {
-                                trigger_number: f.trigger_number,
-                                bytes: f.bytes,
-                                offset: f.offset,
-                                bad: f.bad,
-                            },
-                        );
+                        for f in batch {
+                            self.assembler.push(
+                                i,
+                                Piece {
+                                    trigger_number: f.trigger_number,
+                                    bytes: f.bytes,
+                                    offset: f.offset,
+                                    bad: f.bad,
+                                },
+                            );
+                        }
                     }
                     Ok(StreamEvent::Closed) => {
                         info!(node = %self.node, "{}: the front-end closed the stream", self.assembler.describe(i));
@@ -518,6 +536,8 @@ struct Reader {
     orders: Arc<Orders>,
     shared: Arc<Shared>,
     tx: Sender<StreamEvent>,
+    /// Fragments per batch handed over, at most.
+    batch: usize,
 }
 
 impl Reader {
@@ -555,6 +575,16 @@ impl Reader {
                 Err(_) => return Handed::Stopped,
             }
         }
+    }
+
+    /// Hands a batch of fragments to the driver; after the run stopped, counts them instead.
+    fn hand_over_batch(&self, batch: Vec<StreamFragment>) -> Handed {
+        let n = batch.len() as u64;
+        let handed = self.hand_over(StreamEvent::Fragments(batch));
+        if let Handed::Draining = handed {
+            self.shared.drained.fetch_add(n, Ordering::Relaxed);
+        }
+        handed
     }
 
     /// Says why the stream cannot be read on (unless the run is over anyway).
@@ -620,16 +650,34 @@ impl Reader {
                 }
                 Ok(_) => {
                     last_bytes = Instant::now();
+                    // the fragments this read completed, in batches; those before a bad
+                    // stretch of the stream are handed over before its error
+                    let mut batch = Vec::new();
                     loop {
-                        match decoder.next_fragment() {
-                            Ok(Some(f)) => match self.hand_over(StreamEvent::Fragment(f)) {
-                                Handed::Sent => {}
-                                Handed::Stopped => return,
-                                Handed::Draining => {
-                                    self.shared.drained.fetch_add(1, Ordering::Relaxed);
+                        let more = match decoder.next_fragment() {
+                            Ok(Some(f)) => {
+                                if batch.capacity() == 0 {
+                                    batch.reserve_exact(self.batch);
                                 }
-                            },
-                            Ok(None) => break,
+                                batch.push(f);
+                                if batch.len() < self.batch {
+                                    continue;
+                                }
+                                Ok(true)
+                            }
+                            Ok(None) => Ok(false),
+                            Err(e) => Err(e),
+                        };
+                        if !batch.is_empty() {
+                            if let Handed::Stopped =
+                                self.hand_over_batch(std::mem::take(&mut batch))
+                            {
+                                return;
+                            }
+                        }
+                        match more {
+                            Ok(true) => {}
+                            Ok(false) => break,
                             Err(e) => return self.failed(e.to_string()),
                         }
                     }
@@ -773,4 +821,25 @@ fn prepare(s: &TcpStream) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(STOP_CHECK))?;
     s.set_nodelay(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_channel_holds_read_ahead_fragments_at_most() {
+        for read_ahead in [0, 1, 2, 63, 64, 65, 100, 1024, 65536] {
+            let (batch, places) = channel_shape(read_ahead);
+            assert!((1..=BATCH).contains(&batch), "{read_ahead}");
+            assert!(places >= 1, "{read_ahead}");
+            assert!(
+                batch * places <= read_ahead.max(1),
+                "{read_ahead}: {batch} x {places}"
+            );
+        }
+        // the default keeps its 1024 fragments, in 16 batches
+        assert_eq!(channel_shape(1024), (64, 16));
+        assert_eq!(channel_shape(1), (1, 1));
+    }
 }
