@@ -133,7 +133,7 @@ impl Join {
     /// Whether RU `ru`'s fragment for `id` is the regular next one of its lane.
     #[inline(always)]
     pub fn takes(&self, ru: usize, id: u64) -> bool {
-        self.lanes[ru].last.is_none_or(|last| id > last)
+        rises(self.lanes[ru].last, id)
     }
 
     /// Queues a fragment [`Join::takes`] accepted, arrived at `at`; returns whether its event
@@ -176,9 +176,9 @@ impl Join {
         let mut last = self.lanes[ru].last;
         page.iter().all(|f| {
             let id = f.0.event_id;
-            let rises = last.is_none_or(|l| id > l);
+            let up = rises(last, id);
             last = Some(id);
-            rises && ok(f)
+            up && ok(f)
         })
     }
 
@@ -305,6 +305,13 @@ impl Join {
                 .is_some_and(|at| at < t)
         })
     }
+}
+
+/// The join's one rule for a lane: an RU's fragments come with rising event ids, so a
+/// fragment is regular when its id is above the last one its lane took (`None`: none yet).
+#[inline(always)]
+fn rises(last: Option<u64>, id: u64) -> bool {
+    last.is_none_or(|l| id > l)
 }
 
 #[cfg(test)]
