@@ -155,13 +155,12 @@ pub struct Parts<B> {
     pub flags: u16,
 }
 
-/// One stream's event: its trigger number, its piece (`None`: left out), the fragment
-/// flags and the piece's length.
+/// One stream's event: its trigger number, its piece (`None`: left out) and the fragment
+/// flags.
 struct Single<B> {
     trigger_number: u32,
     piece: Option<B>,
     flags: u16,
-    length: u32,
 }
 
 /// Sync losses flagged and not yet in a warning: the first is logged at once, the next at
@@ -321,7 +320,7 @@ impl<B: Body> Assembler<B> {
                     0
                 },
                 trigger_number: one.trigger_number,
-                length: one.length,
+                length: one.piece.as_ref().map_or(0, |b| b.len() as u32),
             };
             return Ok(Some(Parts {
                 trigger_number: one.trigger_number,
@@ -349,17 +348,14 @@ impl<B: Body> Assembler<B> {
                 trigger_number: p.trigger_number,
                 piece: None,
                 flags: FLAG_MISSING,
-                length: 0,
             }));
         }
         self.check_order(0, p.trigger_number, p.offset, now)?;
         self.last = Some(p.trigger_number);
-        let length = p.bytes.len() as u32;
         Ok(Some(Single {
             trigger_number: p.trigger_number,
             piece: Some(p.bytes),
             flags: 0,
-            length,
         }))
     }
 

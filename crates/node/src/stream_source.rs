@@ -14,9 +14,8 @@
 //! `source.read_ahead` of them, in batches (the fragments cut from one read, [`BATCH`] at
 //! most: one channel operation per batch, where one per fragment was an eighth of a
 //! stream-fed RU's loop), and the driver takes them only while the assembler and the feed
-//! have room, so
-//! when the RU's pool is full (nothing leaves the feed) the channel fills, the thread stops
-//! reading, and TCP flow control holds the front-end. Nothing is dropped.
+//! have room, so when the RU's pool is full (nothing leaves the feed) the channel fills,
+//! the thread stops reading, and TCP flow control holds the front-end. Nothing is dropped.
 //!
 //! Run end: once the EVM stops the run, every stream's thread reads what its front-end
 //! still sends (to its end, until it is idle for [`DRAIN_IDLE`], or for [`DRAIN_LIMIT`] at
@@ -577,10 +576,14 @@ impl Reader {
         }
     }
 
-    /// Hands a batch of fragments to the driver; after the run stopped, counts them instead.
-    fn hand_over_batch(&self, batch: Vec<StreamFragment>) -> Handed {
+    /// Hands the fragments in `batch` (if any) to the driver, leaving it empty; after the
+    /// run stopped, counts them instead.
+    fn hand_over_batch(&self, batch: &mut Vec<StreamFragment>) -> Handed {
+        if batch.is_empty() {
+            return Handed::Sent;
+        }
         let n = batch.len() as u64;
-        let handed = self.hand_over(StreamEvent::Fragments(batch));
+        let handed = self.hand_over(StreamEvent::Fragments(std::mem::take(batch)));
         if let Handed::Draining = handed {
             self.shared.drained.fetch_add(n, Ordering::Relaxed);
         }
@@ -653,33 +656,27 @@ impl Reader {
                     // the fragments this read completed, in batches; those before a bad
                     // stretch of the stream are handed over before its error
                     let mut batch = Vec::new();
-                    loop {
-                        let more = match decoder.next_fragment() {
+                    let end = loop {
+                        match decoder.next_fragment() {
                             Ok(Some(f)) => {
                                 if batch.capacity() == 0 {
                                     batch.reserve_exact(self.batch);
                                 }
                                 batch.push(f);
-                                if batch.len() < self.batch {
-                                    continue;
+                                if batch.len() == self.batch
+                                    && matches!(self.hand_over_batch(&mut batch), Handed::Stopped)
+                                {
+                                    return;
                                 }
-                                Ok(true)
                             }
-                            Ok(None) => Ok(false),
-                            Err(e) => Err(e),
-                        };
-                        if !batch.is_empty() {
-                            if let Handed::Stopped =
-                                self.hand_over_batch(std::mem::take(&mut batch))
-                            {
-                                return;
-                            }
+                            other => break other,
                         }
-                        match more {
-                            Ok(true) => {}
-                            Ok(false) => break,
-                            Err(e) => return self.failed(e.to_string()),
-                        }
+                    };
+                    if let Handed::Stopped = self.hand_over_batch(&mut batch) {
+                        return;
+                    }
+                    if let Err(e) = end {
+                        return self.failed(e.to_string());
                     }
                 }
                 Err(e)
