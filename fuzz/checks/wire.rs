@@ -148,6 +148,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             dropped: vec![(Role::Bu, 1), (Role::Ru, 0)],
             max_events: 6000,
         }),
+        Message::Fence { epoch: 1 },
     ] {
         let b = m.encode();
         v.push(b.clone()); // as a message header

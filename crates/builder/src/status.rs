@@ -222,6 +222,10 @@ pub struct NodeStatus {
     /// The EVM's verdict on the run: everything wrong with it (the EVM's last line only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<Vec<String>>,
+    /// An EVM replaced by a standby that the nodes followed: the epoch that fenced it. Its
+    /// counts and verdict are then not the run's (docs/standby.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<u16>,
 }
 
 impl NodeStatus {
@@ -246,6 +250,7 @@ impl NodeStatus {
             reason: None,
             run: None,
             verdict: None,
+            fenced: None,
         }
     }
 
@@ -304,6 +309,8 @@ struct RawStatus {
     run: Option<RunReport>,
     #[serde(default)]
     verdict: Option<Vec<String>>,
+    #[serde(default)]
+    fenced: Option<u16>,
 }
 
 impl TryFrom<RawStatus> for NodeStatus {
@@ -334,6 +341,7 @@ impl TryFrom<RawStatus> for NodeStatus {
             reason: r.reason,
             run: r.run,
             verdict: r.verdict,
+            fenced: r.fenced,
         })
     }
 }
@@ -375,6 +383,7 @@ mod tests {
             reason: None,
             run: None,
             verdict: None,
+            fenced: None,
         }
     }
 

@@ -124,6 +124,17 @@ pub(crate) fn config_and_secret(
     Ok((cfg, secret))
 }
 
+/// Where `evb up` says the control of this configuration's run id is now, if it says so.
+fn moved_to(a: &CtlArgs) -> Option<Api> {
+    let (cfg, secret) = config_and_secret(a.config.as_deref()).ok()?;
+    let run_id = cfg
+        .as_ref()
+        .map_or_else(|| Config::default().run.id, |c| c.run.id.clone());
+    let url = crate::state_dir::read(&crate::up::url_file(&run_id)).ok()??;
+    let token = secret.map(|s| evb_control::control_token(s.as_bytes()));
+    Some(Api::new(url.trim(), token))
+}
+
 fn resolve(a: &CtlArgs) -> Result<Api, String> {
     let (cfg, secret) = config_and_secret(a.config.as_deref())?;
     let token = secret.map(|s| evb_control::control_token(s.as_bytes()));
@@ -134,20 +145,23 @@ fn resolve(a: &CtlArgs) -> Result<Api, String> {
     let run_id = cfg
         .as_ref()
         .map_or_else(|| Config::default().run.id, |c| c.run.id.clone());
-    let from_up = std::fs::read_to_string(crate::up::url_file(&run_id))
-        .ok()
-        .map(|s| s.trim().to_string());
-    let url = a
+    // read only when the URL is needed: a refused file is an error then, never a silent miss
+    let from_up = || -> Result<Option<String>, String> {
+        Ok(crate::state_dir::read(&crate::up::url_file(&run_id))?.map(|s| s.trim().to_string()))
+    };
+    let url = match a
         .url
         .clone()
         .or_else(|| std::env::var("EVB_URL").ok().filter(|s| !s.is_empty()))
         .or(from_cfg)
-        .or(from_up)
-        .ok_or_else(|| {
+    {
+        Some(u) => u,
+        None => from_up()?.ok_or_else(|| {
             format!(
                 "where is the EVM? give --url, set EVB_URL, or --config with the EVM's control address (no `evb up` of run id {run_id:?} found)"
             )
-        })?;
+        })?,
+    };
     Ok(Api::new(&url, token))
 }
 
@@ -173,7 +187,12 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
             state,
             run,
             timeout,
-        } => return wait(&api, a.json.as_deref(), state, *run, *timeout),
+        } => {
+            // a standby that took the control over: `evb up` rewrites where it is (its
+            // file first: the configuration names the EVM's address, not the standby's)
+            let again = || moved_to(a).or_else(|| resolve(a).ok());
+            return wait(api, &again, a.json.as_deref(), state, *run, *timeout);
+        }
     };
     let wait_flag = match &a.cmd {
         CtlCmd::Start { wait, .. }
@@ -319,16 +338,50 @@ fn gave_up(timeout: f64, state: &str, status: &Value) -> String {
     )
 }
 
+/// How long `wait` keeps trying a control that does not answer, for a standby to take it
+/// over (the takeover's wait is at most a few heartbeat timeouts).
+const FOLLOW_SWITCH_S: u64 = 15;
+
+/// Waits for a state, or for run `run` to end. The control may move meanwhile (a standby
+/// took it over): a control that stops answering, or a record that says its EVM was fenced,
+/// makes `wait` ask `again` where the control is now and go on there.
 fn wait(
-    api: &Api,
+    mut api: Api,
+    again: &dyn Fn() -> Option<Api>,
     json_out: Option<&Path>,
     state: &str,
     run: Option<u64>,
     timeout: f64,
 ) -> Result<bool, String> {
     let until = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+    let mut silent_since: Option<Instant> = None;
+    let moved = |api: &mut Api| match again() {
+        Some(a) if a.base != api.base => {
+            eprintln!("evb ctl: the control moved to {}", a.base);
+            *api = a;
+            true
+        }
+        _ => false,
+    };
     loop {
-        let s: Reply = api.get("/api/v1/status")?;
+        let s: Reply = match api.get("/api/v1/status") {
+            Ok(s) => {
+                silent_since = None;
+                s
+            }
+            Err(e) => {
+                if moved(&mut api) {
+                    continue;
+                }
+                let since = *silent_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(FOLLOW_SWITCH_S) || Instant::now() > until
+                {
+                    return Err(e.to_string());
+                }
+                std::thread::sleep(Duration::from_millis(250));
+                continue;
+            }
+        };
         let now_state = s.body["state"].as_str().unwrap_or("");
         let done = match run {
             Some(n) => api
@@ -336,6 +389,10 @@ fn wait(
                 .ok()
                 .filter(|r| r.ok())
                 .filter(|r| {
+                    // a fenced EVM's record is not the run's: look where the control went
+                    if r.body["state"] == "fenced" {
+                        moved(&mut api);
+                    }
                     matches!(
                         r.body["state"].as_str(),
                         Some("complete" | "failed" | "aborted" | "unknown")

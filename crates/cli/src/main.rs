@@ -12,6 +12,7 @@ mod pubsub;
 mod rank;
 mod sim;
 mod slurm;
+mod state_dir;
 mod summary;
 mod testbed;
 mod up;

@@ -2,7 +2,6 @@
 //! for runs started with `evb ctl` (or the run page). Nodes that die are started again;
 //! `evb ctl halt` (or Ctrl-C) takes everything down.
 
-use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -14,23 +13,10 @@ use serde_json::json;
 
 use crate::launch::{self, Note};
 
-/// Where `evb up` leaves the control URL of a configuration's run id, for `evb ctl`.
-pub fn url_file(run_id: &str) -> PathBuf {
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
-    let safe: String = run_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    std::env::temp_dir()
-        .join(format!("evb-up-{uid}"))
-        .join(format!("{safe}.url"))
+/// The name of the file, in the user's private state directory (`state_dir`), where `evb
+/// up` leaves the control URL of a configuration's run id for `evb ctl`.
+pub fn url_file(run_id: &str) -> String {
+    crate::state_dir::url_name(run_id)
 }
 
 /// The least time an EVM's control API may stay silent before `evb up` has its standby
@@ -61,6 +47,10 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                 .into(),
         );
     }
+    // where `evb ctl` will find the control: refused before any node starts if it is not
+    // this user's alone
+    crate::state_dir::dir()
+        .map_err(|e| format!("cannot leave the control URL for `evb ctl`: {e}"))?;
     let (tx, rx) = mpsc::channel();
     let mut placed = cfg.clone();
     launch::auto_place(&mut placed, false);
@@ -118,10 +108,10 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let file = url_file(&resolved.run.id);
-    if let Some(dir) = file.parent() {
-        let _ = std::fs::create_dir_all(dir);
+    if let Err(e) = crate::state_dir::write(&file, &url) {
+        kill_all(&mut children);
+        return Err(format!("cannot leave the control URL for `evb ctl`: {e}"));
     }
-    let _ = std::fs::write(&file, &url);
     println!(
         "evb up: {} nodes ready ({} RUs, {} BUs over {:?})",
         nodes.len(),
@@ -220,6 +210,14 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                     }
                 }
                 if (id == active || (took_over && from_standby)) && v.is_report() {
+                    if let Some(epoch) = v.fenced {
+                        // the nodes followed the standby: this EVM's word is not the run's
+                        println!(
+                            "evb up: run {}: the old EVM was fenced by epoch {epoch}; its report is not the run's",
+                            v.run_number.map_or("?".to_string(), |n| n.to_string())
+                        );
+                        continue;
+                    }
                     let ok = v.ok == Some(true);
                     let line = format!(
                         "evb up: run {} {}: {}",
@@ -319,7 +317,9 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                     active = label.clone();
                     api = sapi.clone();
                     url = format!("{}/", sapi.base);
-                    let _ = std::fs::write(&file, &url);
+                    if let Err(e) = crate::state_dir::write(&file, &url) {
+                        eprintln!("evb up: ERROR: `evb ctl` without --url will not find the new control: {e}");
+                    }
                     println!("evb up: the standby EVM is the run control now");
                     println!("evb up: run page and control API: {url}");
                 }
@@ -389,7 +389,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     if let Some((_, line, _)) = held {
         println!("{line}");
     }
-    let _ = std::fs::remove_file(&file);
+    crate::state_dir::remove(&file);
     drop(tmp);
     println!("evb up: halted");
     Ok(ok)

@@ -650,3 +650,88 @@ fn a_full_output_disk_holds_the_events_until_space_returns() {
     assert_eq!(ids.len(), 2000, "events in the files");
     assert_eq!(sorted.len(), 2000, "an event written twice");
 }
+
+/// Another local user plants the directory and the URL file that `evb ctl` reads (issue 53
+/// item 1): `evb ctl --config` refuses them and sends nothing (no token) to the planted
+/// address, and `evb up` refuses the directory, naming it, instead of failing to write there
+/// in silence. Run as root the planting is done as user `nobody` (setpriv); otherwise as this
+/// user, with modes that let others in.
+#[test]
+fn a_control_url_planted_by_another_user_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    // the attacker's listener: counts what reaches it
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let trap_url = format!("http://{}/", trap.local_addr().unwrap());
+    trap.set_nonblocking(true).unwrap();
+    let planted = t.path().join(format!("evb-{uid}"));
+    let file = planted.join("planted.url");
+    let as_nobody = uid == 0 && std::path::Path::new("/usr/bin/setpriv").exists();
+    if as_nobody {
+        let script = format!(
+            "mkdir -m 0755 '{}' && printf '%s' '{trap_url}' > '{}' && chmod 0644 '{}'",
+            planted.display(),
+            file.display(),
+            file.display()
+        );
+        let st = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+            ])
+            .arg(&script)
+            .status()
+            .unwrap();
+        assert!(st.success(), "planting as nobody");
+        assert_eq!(std::fs::metadata(&planted).unwrap().uid(), 65534);
+    } else {
+        std::fs::create_dir(&planted).unwrap();
+        std::fs::write(&file, &trap_url).unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let cfg = t.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        "[run]\nid = \"planted\"\nsecret = \"door key\"\n[control]\nbase_port = 0\n",
+    )
+    .unwrap();
+    let evb = |args: &[&str]| {
+        Command::new(EVB)
+            .args(args)
+            .env("TMPDIR", t.path())
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("EVB_URL")
+            .env_remove("EVB_SECRET")
+            .output()
+            .unwrap()
+    };
+    let cfg_s = cfg.display().to_string();
+    let out = evb(&["ctl", "--config", &cfg_s, "status"]);
+    let err = text(&out);
+    assert!(
+        !out.status.success(),
+        "evb ctl followed a planted URL: {err}"
+    );
+    assert!(err.contains("refusing"), "{err}");
+    assert!(err.contains(&planted.display().to_string()), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        trap.accept().is_err(),
+        "evb ctl connected to the planted address"
+    );
+    let out = evb(&["up", "--config", &cfg_s]);
+    let err = text(&out);
+    assert!(
+        !out.status.success(),
+        "evb up ran with a planted state directory: {err}"
+    );
+    assert!(err.contains("refusing the state directory"), "{err}");
+    assert!(trap.accept().is_err());
+    // the planted file is untouched: evb up wrote nothing into another user's directory
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), trap_url);
+}

@@ -45,6 +45,9 @@ pub enum MessageType {
     ResyncBu = 0x0020,
     /// Active EVM → its standby: the run's elapsed time, a stop, the nodes it dropped.
     Follow = 0x0021,
+    /// A standby EVM that the nodes followed → the EVM it replaced: you are fenced; the run
+    /// is the standby's at this epoch.
+    Fence = 0x0022,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -79,6 +82,7 @@ impl MessageType {
             0x001F => MessageType::ResyncRu,
             0x0020 => MessageType::ResyncBu,
             0x0021 => MessageType::Follow,
+            0x0022 => MessageType::Fence,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -207,6 +211,9 @@ pub enum Message {
     },
     /// Active EVM → its standby: what the standby needs to take over.
     Follow(crate::resync::Follow),
+    /// Standby → the EVM it replaced: the nodes follow the standby at `epoch`; the old
+    /// EVM's word is no longer the run's.
+    Fence { epoch: u16 },
 }
 
 /// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
@@ -273,6 +280,7 @@ impl Message {
             Message::ResyncRu { .. } => MessageType::ResyncRu,
             Message::ResyncBu { .. } => MessageType::ResyncBu,
             Message::Follow(_) => MessageType::Follow,
+            Message::Fence { .. } => MessageType::Fence,
         }
     }
 
@@ -321,6 +329,10 @@ impl Message {
             Message::ResyncRu { resync, more } => resync.encode_into(*more, out),
             Message::ResyncBu { resync, more } => resync.encode_into(*more, out),
             Message::Follow(f) => f.encode_into(out),
+            Message::Fence { epoch } => {
+                out.extend_from_slice(&epoch.to_le_bytes());
+                out.extend_from_slice(&[0u8; 6]);
+            }
         }
         let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
         let h = MessageHeader {
@@ -441,6 +453,20 @@ impl Message {
                 }
             }
             MessageType::Follow => Message::Follow(crate::resync::Follow::decode(b)?),
+            MessageType::Fence => {
+                exact("fence", 8)?;
+                if b[2..8].iter().any(|&x| x != 0) {
+                    return Err(WireError::ReservedNonZero { what: "fence" });
+                }
+                let epoch = u16_at(b, 0);
+                if epoch == 0 {
+                    return Err(WireError::OutOfRange {
+                        what: "fence epoch",
+                        value: 0,
+                    });
+                }
+                Message::Fence { epoch }
+            }
             MessageType::Ready => {
                 exact("ready", 8)?;
                 Message::Ready {

@@ -703,3 +703,20 @@ fn follow_bodies_are_checked() {
     assert!(Message::decode(MessageType::Follow, &flags).is_err());
     assert!(Message::decode(MessageType::Follow, &body[..body.len() - 2]).is_err());
 }
+
+/// A standby's fence travels intact; epoch 0 (the first EVM's, never a fence), reserved
+/// bytes and other lengths are refused.
+#[test]
+fn fence_bodies_are_checked() {
+    let bytes = Message::Fence { epoch: 2 }.encode();
+    let body = &bytes[MESSAGE_HEADER_LEN..];
+    assert_eq!(body, &[2, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        Message::decode(MessageType::Fence, body),
+        Ok(Message::Fence { epoch: 2 })
+    );
+    assert!(Message::decode(MessageType::Fence, &[0; 8]).is_err());
+    assert!(Message::decode(MessageType::Fence, &[1, 0, 0, 0, 0, 0, 0, 1]).is_err());
+    assert!(Message::decode(MessageType::Fence, &body[..6]).is_err());
+    assert_eq!(MessageType::from_u16(0x0022), Ok(MessageType::Fence));
+}

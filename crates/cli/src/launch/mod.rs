@@ -146,7 +146,10 @@ fn took_over_or_not(w: &mut Watched, evm: &str, label: &str) {
     w.killed.retain(|k| k != label);
     if took_over {
         if let Some(r) = report {
-            w.reports.insert(evm.to_string(), r);
+            // both EVMs' reports are kept: the replaced one under a label of its own
+            if let Some(old) = w.reports.insert(evm.to_string(), r) {
+                w.reports.insert(format!("{evm}-replaced"), old);
+            }
         }
         if let Some(c) = code {
             w.exit_codes.insert(evm.to_string(), c);

@@ -458,6 +458,7 @@ impl Core {
                  EVM's record, log and the output files hold what there is)"
             ),
             report: None,
+            fenced: None,
         };
         let (_, reason) = f.close(rec, false, unix);
         rec.state = "unknown".into();

@@ -206,11 +206,13 @@ impl Controller {
                 ok: o.ok,
                 reason: o.reason.clone(),
                 report: Some(o.report.clone()),
+                fenced: o.fenced,
             },
             Err(e) => Finished {
                 ok: false,
                 reason: e.to_string(),
                 report: None,
+                fenced: None,
             },
         };
         self.core().finished(run, f, unix_now());

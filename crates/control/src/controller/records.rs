@@ -70,6 +70,9 @@ pub struct Finished {
     pub reason: String,
     /// The EVM's final status line with the run's report (`None`: the run never got that far).
     pub report: Option<NodeStatus>,
+    /// This EVM was fenced by a standby that the nodes followed (the epoch): the run is the
+    /// standby's, and this record says so instead of a verdict of its own.
+    pub fenced: Option<u16>,
 }
 
 impl Finished {
@@ -82,8 +85,10 @@ impl Finished {
         if self.ok && !verdict.is_empty() {
             reason = verdict.join("; ");
         }
-        let ok = self.ok && verdict.is_empty();
-        record.state = if ok {
+        let ok = self.ok && verdict.is_empty() && self.fenced.is_none();
+        record.state = if self.fenced.is_some() {
+            "fenced"
+        } else if ok {
             "complete"
         } else if reset {
             "aborted"

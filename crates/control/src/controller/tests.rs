@@ -19,6 +19,7 @@ fn ended(ok: bool, reason: &str) -> Finished {
         ok,
         reason: reason.into(),
         report: None,
+        fenced: None,
     }
 }
 
@@ -251,6 +252,7 @@ fn a_start_that_a_node_refuses_is_called_off_at_the_others() {
             ok: false,
             reason: off.error.clone(),
             report: None,
+            fenced: None,
         },
         1.0,
     );
@@ -355,6 +357,7 @@ fn a_reset_aborts_the_run_into_ready_and_a_verdict_fails_an_ok_run() {
             ok: true,
             reason: "done".into(),
             report: Some(report),
+            fenced: None,
         },
         0.0,
     );
@@ -508,6 +511,7 @@ fn the_built_total_never_goes_backwards_and_outlives_the_run() {
         ok: true,
         reason: "done".into(),
         report: Some(last),
+        fenced: None,
     };
     c.finished(1, done, 110.0);
     // (the verdict fails it: the report has no BU reports; over all the same)

@@ -38,6 +38,9 @@ pub struct NodeOutcome {
     pub reason: String,
     /// The node's final report (for the EVM: with the whole run's report and verdict).
     pub report: NodeStatus,
+    /// An EVM replaced by a standby that the nodes followed: the epoch that fenced it. Its
+    /// report is then not the run's (docs/standby.md).
+    pub fenced: Option<u16>,
 }
 
 pub struct Driver {
@@ -428,6 +431,10 @@ impl Driver {
     }
 
     fn run_action(&mut self, a: Action) {
+        if self.standby.fenced().is_some() && !matches!(a, Action::Exit { .. }) {
+            // a fenced EVM's decisions never reach a node or the output
+            return;
+        }
         match a {
             Action::Send { to, msg, path } => {
                 let Some(conn) = self.links.conn(to) else {
@@ -648,6 +655,8 @@ impl Driver {
                 .poll(&mut incoming, Some(timeout))
                 .map_err(|e| NodeError::Io(e.to_string()))?;
             let now = Instant::now();
+            // a fence in this batch is heard before anything else in it is acted on
+            self.fence_first(&incoming);
             // A BU builds and delivers what each page of fragments completed before it files
             // the next page: a pass can bring megabytes, and events finished while their
             // fragments are still in the cache cost less than a whole pass's worth later.
@@ -671,6 +680,11 @@ impl Driver {
 
     /// Sends what is queued (the last reports and Halts), says Bye, and reports.
     fn finish(mut self) -> Result<NodeOutcome, NodeError> {
+        if self.exit.as_ref().is_some_and(|(ok, _)| !ok) {
+            // an EVM that fails a run while a standby follows may have been replaced: a
+            // fence on its way is heard before the report is made
+            self.await_fence(Duration::from_millis(300));
+        }
         let (mut ok, mut reason) = self.exit.take().unwrap_or((false, "no exit".into()));
         // the standby hears that the run is over, and does not take it over
         self.tell_follower(true);
@@ -728,7 +742,12 @@ impl Driver {
         report.reason = Some(reason.clone());
         if let Logic::Evm(e) = &self.logic {
             let run = e.report(now);
-            report.verdict = Some(run.verdict());
+            report.verdict = Some(match self.standby.fenced() {
+                // whatever this EVM counted, the run is the standby's: no reader may take
+                // this report's verdict, OK or not, for the run's
+                Some(_) => vec![reason.clone()],
+                None => run.verdict(),
+            });
             report.run = Some(run);
         }
         if ok {
@@ -745,6 +764,11 @@ impl Driver {
             }
         }
         self.reporter.report(report.clone());
-        Ok(NodeOutcome { ok, reason, report })
+        Ok(NodeOutcome {
+            ok,
+            reason,
+            report,
+            fenced: self.standby.fenced(),
+        })
     }
 }

@@ -27,8 +27,15 @@ pub(super) enum Standby {
         calling_since: Option<Instant>,
         switched: bool,
     },
-    /// The active EVM: its follower's connection.
-    Active { follower: Option<ConnId> },
+    /// The active EVM: its follower's connection (the slot belongs to the first standby
+    /// that calls, and is refused to a second while the first is heard), when it was last
+    /// heard, and the epoch that fenced this EVM, once a standby that the nodes followed
+    /// said so: from then on this EVM acts no more.
+    Active {
+        follower: Option<ConnId>,
+        heard: Instant,
+        fenced: Option<u16>,
+    },
     /// The standby EVM, following the active one until it is lost, then taking over.
     Follower(Box<Following>),
 }
@@ -45,8 +52,15 @@ pub(super) struct Following {
     /// The active EVM's last word, and when it came.
     follow: Follow,
     follow_at: Instant,
-    /// Taking over: since when, and what the nodes said so far.
+    /// Taking over: since when, and what the nodes said so far. Until a node follows, this
+    /// is only a suspicion: an active EVM that speaks again before any node left it keeps
+    /// the run, and the standby stands down and follows on.
     taking_over: Option<Instant>,
+    /// The active EVM's word heard while taking over (it woke): applied if the standby
+    /// stands down, ignored once a node followed.
+    late: Option<Follow>,
+    /// The old EVM was told it is fenced (a node followed the standby).
+    fence_sent: bool,
     rus: BTreeMap<u16, (RuResync, bool)>,
     bus: BTreeMap<u16, (BuResync, bool)>,
     /// What nodes sent after their resync, before the new EVM was made: handled then.
@@ -67,7 +81,11 @@ impl Standby {
             return Standby::None;
         }
         match me.role {
-            Role::Evm => Standby::Active { follower: None },
+            Role::Evm => Standby::Active {
+                follower: None,
+                heard: now,
+                fenced: None,
+            },
             _ => Standby::Node {
                 addr: cfg.evm.standby.clone(),
                 calling_since: None,
@@ -88,6 +106,8 @@ impl Standby {
             follow: Follow::default(),
             follow_at: now,
             taking_over: None,
+            late: None,
+            fence_sent: false,
             rus: BTreeMap::new(),
             bus: BTreeMap::new(),
             held: Vec::new(),
@@ -100,6 +120,14 @@ impl Standby {
     /// Still following: not yet the run's EVM.
     pub(super) fn following(&self) -> bool {
         matches!(self, Standby::Follower(_))
+    }
+
+    /// The epoch that fenced this (old) EVM, if one did.
+    pub(super) fn fenced(&self) -> Option<u16> {
+        match self {
+            Standby::Active { fenced, .. } => *fenced,
+            _ => None,
+        }
     }
 }
 
@@ -166,6 +194,8 @@ impl Driver {
     pub(super) fn tell_follower(&mut self, over: bool) {
         let Standby::Active {
             follower: Some(conn),
+            fenced: None,
+            ..
         } = self.standby
         else {
             return;
@@ -180,25 +210,50 @@ impl Driver {
     pub(super) fn standby_incoming(&mut self, now: Instant, inc: &Incoming) -> bool {
         match (&mut self.standby, inc) {
             // the active EVM: its follower calls (role EVM, index 1, this node's id)
-            (Standby::Active { follower }, Incoming::Accepted { conn, peer })
-                if peer.role == evb_wire::Role::Evm
-                    && peer.index == 1
-                    && peer.node_id == self.me.id =>
+            (
+                Standby::Active {
+                    follower, heard, ..
+                },
+                Incoming::Accepted { conn, peer },
+            ) if peer.role == evb_wire::Role::Evm
+                && peer.index == 1
+                && peer.node_id == self.me.id =>
             {
-                info!(node = %self.me.id, "the standby EVM follows this one");
-                *follower = Some(*conn);
+                // one follower slot: a second caller does not replace a standby still heard
+                // (its loss would make the real standby take over a run the nodes never left)
+                let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
+                if follower.is_some() && now.duration_since(*heard) <= timeout {
+                    warn!(node = %self.me.id, "a second standby EVM called ({}); refused: the follower slot is held", peer.node_id);
+                    self.messenger.close(*conn);
+                    return true;
+                }
+                if let Some(old) = follower.replace(*conn) {
+                    info!(node = %self.me.id, "the standby EVM called again; its silent connection is closed");
+                    self.messenger.close(old);
+                } else {
+                    info!(node = %self.me.id, "the standby EVM follows this one");
+                }
+                *heard = now;
                 true
             }
-            (Standby::Active { follower }, Incoming::Closed { conn, .. })
+            (Standby::Active { follower, .. }, Incoming::Closed { conn, .. })
                 if *follower == Some(*conn) =>
             {
                 warn!(node = %self.me.id, "the standby EVM is gone: a loss of this EVM would end the run");
                 *follower = None;
                 true
             }
-            (Standby::Active { follower }, Incoming::Received { conn, .. })
-                if *follower == Some(*conn) =>
-            {
+            (
+                Standby::Active {
+                    follower, heard, ..
+                },
+                Incoming::Received { conn, msg },
+            ) if *follower == Some(*conn) => {
+                *heard = now;
+                if let Received::Message(Message::Fence { epoch }) = msg {
+                    let epoch = *epoch;
+                    self.fence(epoch);
+                }
                 true
             }
             (Standby::Follower(f), Incoming::Connected { conn, .. })
@@ -221,7 +276,7 @@ impl Driver {
             }
             (Standby::Follower(f), Incoming::Closed { conn, reason }) if f.conn == Some(*conn) => {
                 f.conn = None;
-                if !f.over {
+                if !f.over && f.taking_over.is_none() {
                     warn!(node = %self.me.id, "lost the active EVM: {reason}; taking over");
                     f.taking_over = Some(now);
                 }
@@ -230,9 +285,19 @@ impl Driver {
             (Standby::Follower(f), Incoming::Received { conn, msg }) if f.conn == Some(*conn) => {
                 f.last_heard = now;
                 if let Received::Message(Message::Follow(w)) = msg {
-                    f.over |= w.over;
-                    f.follow = w.clone();
-                    f.follow_at = now;
+                    if f.taking_over.is_some() {
+                        // a suspected EVM speaks again: its word counts only if the standby
+                        // stands down (no node left it)
+                        let mut w = w.clone();
+                        if let Some(l) = &f.late {
+                            w.over |= l.over;
+                        }
+                        f.late = Some(w);
+                    } else {
+                        f.over |= w.over;
+                        f.follow = w.clone();
+                        f.follow_at = now;
+                    }
                 }
                 true
             }
@@ -334,9 +399,9 @@ impl Driver {
                     }
                     if let Some(conn) = f.conn {
                         if now.duration_since(f.last_heard) > timeout {
-                            warn!(node = %self.me.id, "the active EVM is silent for {} ms; taking over", timeout.as_millis());
-                            self.messenger.close(conn);
-                            f.conn = None;
+                            // a suspicion until a node follows: the connection stays open, so
+                            // that an EVM that wakes is heard (and told, if it was replaced)
+                            warn!(node = %self.me.id, "the active EVM is silent for {} ms; taking over if the nodes follow", timeout.as_millis());
                             f.taking_over = Some(now);
                         } else if now >= f.next_beat {
                             f.next_beat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
@@ -346,6 +411,36 @@ impl Driver {
                     return true;
                 }
                 let since = f.taking_over.unwrap_or(now);
+                let followed = !f.rus.is_empty() || !f.bus.is_empty();
+                let waited = now.duration_since(since) >= wait;
+                // no node left the EVM, and it speaks again (or is still connected when the
+                // wait is over): the run is still its own
+                if !followed && f.conn.is_some() && (f.late.is_some() || waited) {
+                    let why = if f.late.is_some() {
+                        "it speaks again"
+                    } else {
+                        "its connection is open"
+                    };
+                    warn!(node = %self.me.id, "no node left the active EVM and {why}: standing down, following on");
+                    if let Some(w) = f.late.take() {
+                        f.over |= w.over;
+                        f.follow = w;
+                        f.follow_at = now;
+                    }
+                    f.taking_over = None;
+                    f.last_heard = now;
+                    return true;
+                }
+                // a node followed: the takeover is decided, and the old EVM, should it
+                // wake, is told that it is fenced (it then closes its nodes' connections,
+                // so that every node still with it calls here, and acts no more)
+                if followed && !f.fence_sent {
+                    if let Some(conn) = f.conn {
+                        info!(node = %self.me.id, "a node followed: fencing the old EVM (epoch 1)");
+                        let _ = self.messenger.send_now(conn, &Message::Fence { epoch: 1 });
+                    }
+                    f.fence_sent = true;
+                }
                 let dropped = dropped_by(&f.follow);
                 let all = self.nodes.iter().skip(1).all(|n| {
                     let p = node_ref(n);
@@ -356,13 +451,85 @@ impl Driver {
                             NodeRef::Evm => true,
                         }
                 });
-                if !all && now.duration_since(since) < wait {
+                if !all && !waited {
                     return true;
                 }
                 self.take_over(now);
                 false
             }
             _ => false,
+        }
+    }
+
+    /// This (old) EVM hears that a standby the nodes followed holds the run at `epoch`: it
+    /// closes every node's connection (a node still with it then calls the standby), acts
+    /// no more (no Assign, Release, publication or Halt: `run_action` drops them) and ends
+    /// with a report that says it was fenced, so that no reader takes it for the run's.
+    fn fence(&mut self, epoch: u16) {
+        let Standby::Active { fenced, .. } = &mut self.standby else {
+            return;
+        };
+        if fenced.is_some() {
+            return;
+        }
+        *fenced = Some(epoch);
+        warn!(node = %self.me.id, "fenced by epoch {epoch}: the standby EVM holds the run; this EVM stops and its report is not the run's");
+        let conns: Vec<ConnId> = self.links.conns().map(|(_, c)| c).collect();
+        for c in conns {
+            self.messenger.close(c);
+        }
+        self.exit = Some((
+            false,
+            format!("fenced by epoch {epoch}: the nodes followed the standby EVM, whose report is the run's"),
+        ));
+    }
+
+    /// An active EVM with a follower: a Fence among `incoming` is acted on first, so that
+    /// nothing else of the batch (the nodes' closed connections, found on waking) makes
+    /// this EVM decide anything.
+    pub(super) fn fence_first(&mut self, incoming: &[Incoming]) {
+        let Standby::Active {
+            follower: Some(f),
+            fenced: None,
+            ..
+        } = self.standby
+        else {
+            return;
+        };
+        let epoch = incoming.iter().find_map(|inc| match inc {
+            Incoming::Received {
+                conn,
+                msg: Received::Message(Message::Fence { epoch }),
+            } if *conn == f => Some(*epoch),
+            _ => None,
+        });
+        if let Some(e) = epoch {
+            self.fence(e);
+        }
+    }
+
+    /// Waits up to `most` for a Fence from the follower (an EVM about to report a failure).
+    pub(super) fn await_fence(&mut self, most: Duration) {
+        let until = Instant::now() + most;
+        let mut got = Vec::new();
+        while Instant::now() < until {
+            let Standby::Active {
+                follower: Some(_),
+                fenced: None,
+                ..
+            } = self.standby
+            else {
+                return;
+            };
+            got.clear();
+            if self
+                .messenger
+                .poll(&mut got, Some(Duration::from_millis(5)))
+                .is_err()
+            {
+                return;
+            }
+            self.fence_first(&got);
         }
     }
 

@@ -183,6 +183,7 @@ impl Driver {
             reason: None,
             run: None,
             verdict: None,
+            fenced: self.standby.fenced(),
         }
     }
 }
