@@ -735,3 +735,58 @@ fn a_control_url_planted_by_another_user_is_refused() {
     // the planted file is untouched: evb up wrote nothing into another user's directory
     assert_eq!(std::fs::read_to_string(&file).unwrap(), trap_url);
 }
+
+/// With `run.secret`, the event files and their metadata are the run's user's alone (0600,
+/// in folders evb makes 0700), or its group's too with `sink.file_group_read` (0640): no
+/// other local user reads the data (issue 53 item 5). As root, `nobody` tries to read one.
+#[test]
+fn with_a_secret_the_output_files_are_not_readable_by_other_users() {
+    use std::os::unix::fs::PermissionsExt;
+    for (group, file_mode, dir_mode) in [(false, 0o600, 0o700), (true, 0o640, 0o750)] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out").join("run");
+        let cfg = dir.path().join("run.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[run]\nsecret = \"door key\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 1024\n\
+                 [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_group_read = {group}\n",
+                out.display()
+            ),
+        )
+        .unwrap();
+        let o = Command::new(EVB)
+            .args(["run", "--quiet", "--config"])
+            .arg(&cfg)
+            .env_remove("EVB_SECRET")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&out), dir_mode, "{}", out.display());
+        assert_eq!(mode(out.parent().unwrap()), dir_mode);
+        let files: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(files.len() >= 4, "{files:?}");
+        for f in &files {
+            assert_eq!(mode(f), file_mode, "{}", f.display());
+        }
+        let running_as_root = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
+        if running_as_root && std::path::Path::new("/usr/bin/setpriv").exists() {
+            // the parents are opened to others, so that only the evb-made folders and the
+            // files' own modes stand between `nobody` and the data
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let read = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+                .arg(&files[0])
+                .output()
+                .unwrap();
+            assert!(!read.status.success(), "nobody read {}", files[0].display());
+        }
+    }
+}

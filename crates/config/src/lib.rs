@@ -109,6 +109,17 @@ impl Config {
         toml::to_string(self).expect("a Config always serialises")
     }
 
+    /// Permission bits of the event files a BU writes: with a secret, only the run's user
+    /// (0o600) or its group too (0o640, `sink.file_group_read`); without one, as the umask
+    /// has it (0o666 less the umask).
+    pub fn output_file_mode(&self) -> u32 {
+        match (self.secret().is_some(), self.sink.file_group_read) {
+            (false, _) => 0o666,
+            (true, false) => 0o600,
+            (true, true) => 0o640,
+        }
+    }
+
     /// The shared secret in force: EVB_SECRET if set, else `run.secret`; `None` if neither.
     pub fn secret(&self) -> Option<String> {
         match std::env::var("EVB_SECRET") {

@@ -609,6 +609,10 @@ pub struct SinkSection {
     /// `serve` sink: at the end of the run, how long the BU waits for its consumers to
     /// acknowledge what it holds; events not acknowledged by then are counted lost.
     pub serve_drain_timeout_s: f64,
+    /// `file` sink with `run.secret`: the output files are readable by their group too
+    /// (mode 0640 instead of 0600). Without a secret files follow the umask, and this is
+    /// refused.
+    pub file_group_read: bool,
 }
 
 impl Default for SinkSection {
@@ -626,6 +630,7 @@ impl Default for SinkSection {
             serve_hold: 0,
             serve_ack_timeout_s: 10.0,
             serve_drain_timeout_s: 5.0,
+            file_group_read: false,
         }
     }
 }

@@ -1126,3 +1126,28 @@ fn live_sources_hear_when_max_fragment_shrinks_the_credits() {
     // the generator's credits follow its own fragment sizes: nothing to say
     assert_eq!(Config::default().live_credits_notice(), None);
 }
+
+/// Output files of a run with a secret are its user's alone (or its group's too); the
+/// group switch without a secret would do nothing, so it is refused.
+#[test]
+fn output_files_are_private_with_a_secret() {
+    if std::env::var("EVB_SECRET").is_ok_and(|s| !s.is_empty()) {
+        return; // the environment's secret would be in force
+    }
+    let plain = Config::from_toml("[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n").unwrap();
+    assert_eq!(plain.output_file_mode(), 0o666);
+    let private = Config::from_toml(
+        "[run]\nsecret = \"s3cret-s3cret\"\n[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n",
+    )
+    .unwrap();
+    assert_eq!(private.output_file_mode(), 0o600);
+    let group = Config::from_toml(
+        "[run]\nsecret = \"s3cret-s3cret\"\n[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nfile_group_read = true\n",
+    )
+    .unwrap();
+    assert_eq!(group.output_file_mode(), 0o640);
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nfile_group_read = true\n",
+        &["sink.file_group_read", "run.secret"],
+    );
+}

@@ -131,6 +131,12 @@ impl Config {
         if self.sink.serve_host.is_empty() {
             return Err(invalid("sink.serve_host", "must not be empty"));
         }
+        if self.sink.file_group_read && self.secret().is_none() {
+            return Err(invalid(
+                "sink.file_group_read",
+                "takes effect only with run.secret (or EVB_SECRET): without one the output files follow the umask",
+            ));
+        }
         let serving = self.sink.kind == SinkKind::Serve
             || self.bu.iter().any(|b| b.sink == Some(SinkKind::Serve));
         if serving && self.secret().is_none() {

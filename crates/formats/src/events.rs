@@ -166,16 +166,29 @@ pub struct PrepareJob {
     tmp: PathBuf,
     meta_tmp: PathBuf,
     meta_text: String,
+    mode: u32,
 }
 
 impl PrepareJob {
     pub fn run(self) -> Result<(), EventFileError> {
         self.data.sync_data().map_err(io_at(&self.tmp))?;
-        let mut f = File::create(&self.meta_tmp).map_err(io_at(&self.meta_tmp))?;
+        let mut f = create_file(&self.meta_tmp, self.mode).map_err(io_at(&self.meta_tmp))?;
         f.write_all(self.meta_text.as_bytes())
             .map_err(io_at(&self.meta_tmp))?;
         f.sync_data().map_err(io_at(&self.meta_tmp))
     }
+}
+
+/// A new file (replacing any) with permission bits `mode`, less the umask: created so, not
+/// changed after, so that no other user can open it meanwhile.
+fn create_file(p: &Path, mode: u32) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(p)
 }
 
 /// An IO error at `p`, for `map_err`.
@@ -203,6 +216,8 @@ pub struct EventFileWriter {
     renamed: bool,
     /// Why the file can no longer be written (a failed write that could not be cut back).
     damaged: Option<String>,
+    /// Permission bits of the data and metadata files (less the umask).
+    mode: u32,
 }
 
 impl EventFileWriter {
@@ -211,6 +226,18 @@ impl EventFileWriter {
         run: &str,
         bu: u16,
         sequence: u32,
+    ) -> Result<EventFileWriter, EventFileError> {
+        EventFileWriter::create_with_mode(dir, run, bu, sequence, 0o666)
+    }
+
+    /// As [`EventFileWriter::create`], the data and metadata files with permission bits
+    /// `mode` (less the umask): 0o600 keeps a run's data from other users.
+    pub fn create_with_mode(
+        dir: &Path,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+        mode: u32,
     ) -> Result<EventFileWriter, EventFileError> {
         let name = format!("{run}_bu{bu}_{sequence:06}.evb");
         let path = dir.join(&name);
@@ -226,7 +253,7 @@ impl EventFileWriter {
                 format!("{} exists", path.display()),
             )));
         }
-        let file = File::create(&tmp).map_err(io)?;
+        let file = create_file(&tmp, mode).map_err(io)?;
         let mut w = EventFileWriter {
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             tmp: tmp.clone(),
@@ -251,6 +278,7 @@ impl EventFileWriter {
             prepared: false,
             renamed: false,
             damaged: None,
+            mode,
         };
         let h = file_header(run, bu, sequence);
         if let Err(e) = w.put(&h).and_then(|_| w.writer().flush()) {
@@ -504,6 +532,7 @@ impl EventFileWriter {
             tmp: self.tmp.clone(),
             meta_tmp: self.meta_tmp(),
             meta_text: serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n",
+            mode: self.mode,
         }))
     }
 

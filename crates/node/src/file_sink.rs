@@ -102,6 +102,8 @@ pub struct CommitInterval {
 
 pub struct FileSink {
     dir: PathBuf,
+    /// Permission bits of the files it writes (less the umask).
+    mode: u32,
     run: String,
     bu: u16,
     max_events: u64,
@@ -154,12 +156,19 @@ impl FileSink {
         max_events: u64,
         max_bytes: u64,
         commit: CommitInterval,
+        mode: u32,
     ) -> Result<FileSink, String> {
-        std::fs::create_dir_all(&dir)
+        // the folders it makes let in whoever may read the files (0o600 files: 0o700)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode | ((mode & 0o444) >> 2))
+            .create(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let next_seq = last_sequence(&dir, run, bu).map_or(0, |s| s.saturating_add(1));
         Ok(FileSink {
             dir,
+            mode,
             run: run.to_string(),
             bu,
             max_events,
@@ -320,12 +329,17 @@ impl FileSink {
                     "{unsynced} files waiting to be synced to disk"
                 )));
             }
-            let w = EventFileWriter::create(&self.dir, &self.run, self.bu, self.next_seq).map_err(
-                |e| {
-                    self.busy += 1;
-                    SinkError::Busy(e.to_string())
-                },
-            )?;
+            let w = EventFileWriter::create_with_mode(
+                &self.dir,
+                &self.run,
+                self.bu,
+                self.next_seq,
+                self.mode,
+            )
+            .map_err(|e| {
+                self.busy += 1;
+                SinkError::Busy(e.to_string())
+            })?;
             self.open.push_back(OpenFile {
                 w,
                 seq: self.next_seq,
@@ -587,7 +601,7 @@ mod tests {
     }
 
     fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
-        FileSink::new(dir.into(), "r", bu, 0, 0, commit).unwrap()
+        FileSink::new(dir.into(), "r", bu, 0, 0, commit, 0o666).unwrap()
     }
 
     #[test]

@@ -253,6 +253,7 @@ pub fn logic(
                         events: cfg.commit_events(me),
                         time: Duration::from_millis(cfg.sink.commit_ms),
                     },
+                    cfg.output_file_mode(),
                 )?),
             };
             let sink: Box<dyn Sink> = match me.sink_delay {
