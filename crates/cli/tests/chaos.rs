@@ -72,6 +72,10 @@ enum Fault {
     /// From before the nodes listen, 40 sockets on 127.0.0.1 holding unfinished Hellos on the
     /// EVM's data port (re-opened when closed), in a run with a secret: it must start anyway.
     StartFlood,
+    /// A second standby EVM (it knows the secret) calls the EVM's follower slot while the
+    /// configured standby holds it, and is killed 1.5 s later: it is refused, and the real
+    /// standby never suspects the EVM (separate nodes only: fixed test).
+    RogueFollower,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -258,6 +262,7 @@ impl Trial {
                 | Fault::StartFlood
                 | Fault::KillEvmStandby
                 | Fault::FreezeEvmStandby(_)
+                | Fault::RogueFollower
         ) {
             "secret = \"chaos door key\"\n"
         } else {
@@ -290,9 +295,12 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     };
     // data ports from `base`, then the control APIs' (EVM, RUs, BUs) from `cbase`, then
     // the standby EVM's two
-    let base = free_base_port(2 * (1 + rus + bus) + 2);
+    let base = free_base_port(2 * (1 + rus + bus) + 4);
     let cbase = base + 1 + rus + bus;
-    let standby = matches!(t.fault, Fault::KillEvmStandby | Fault::FreezeEvmStandby(_));
+    let standby = matches!(
+        t.fault,
+        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) | Fault::RogueFollower
+    );
     let sink = dir.join("out");
     let mut toml = format!(
         "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[control]\nbase_port = {cbase}\n\
@@ -470,6 +478,36 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             if flood.is_empty() {
                 note += "(no flood socket connected) ";
             }
+        }
+        Fault::RogueFollower => {
+            // the same configuration, but listening elsewhere: the rogue follows the same EVM
+            let sb = cbase + 1 + rus + bus;
+            let rogue_cfg = dir.join("rogue.toml");
+            std::fs::write(
+                &rogue_cfg,
+                toml.replace(
+                    &format!(
+                        "standby = \"127.0.0.1:{sb}\"\nstandby_control = \"127.0.0.1:{}\"",
+                        sb + 1
+                    ),
+                    &format!(
+                        "standby = \"127.0.0.1:{}\"\nstandby_control = \"127.0.0.1:{}\"",
+                        sb + 2,
+                        sb + 3
+                    ),
+                ),
+            )
+            .unwrap();
+            let mut rogue = Command::new(EVB)
+                .args(["node", "--id", "evm", "--standby", "--config"])
+                .arg(&rogue_cfg)
+                .stdout(out_file(dir, "rogue.out"))
+                .stderr(out_file(dir, "rogue.err"))
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            let _ = rogue.kill();
+            let _ = rogue.wait();
         }
         Fault::HostileHttp => {
             let evm_api = format!("127.0.0.1:{cbase}");
@@ -674,9 +712,24 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     evm["lost"]
                 );
             }
+            if t.fault == Fault::RogueFollower {
+                assert!(
+                    log.contains("refused: the follower slot is held"),
+                    "the second follower was not refused\n{log}"
+                );
+                assert!(
+                    !log.contains("taking over if the nodes follow")
+                        && !log.contains("lost the active EVM"),
+                    "the real standby suspected the EVM\n{log}"
+                );
+            }
             if matches!(
                 t.fault,
-                Fault::SlowBu(_) | Fault::Flood | Fault::HostileHttp | Fault::StartFlood
+                Fault::SlowBu(_)
+                    | Fault::Flood
+                    | Fault::HostileHttp
+                    | Fault::StartFlood
+                    | Fault::RogueFollower
             ) {
                 // back-pressure, a short freeze, hostile sockets: none of them is a loss
                 assert!(node_events.is_empty(), "{}\n{log}", evm["lost"]);
@@ -943,6 +996,12 @@ fn a_standby_does_not_take_over_a_run_the_nodes_never_left() {
 #[test]
 fn a_freeze_just_over_the_heartbeat_timeout_under_a_standby_ends_ok() {
     fixed(Fault::FreezeEvmStandby(1100), Launch::Nodes, false, 1000);
+}
+
+/// Issue 52 item 5: the follower slot belongs to the standby that holds it.
+#[test]
+fn a_second_follower_is_refused_and_the_standby_keeps_its_slot() {
+    fixed(Fault::RogueFollower, Launch::Nodes, false, 500);
 }
 
 #[test]
