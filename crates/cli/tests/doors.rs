@@ -790,3 +790,94 @@ fn with_a_secret_the_output_files_are_not_readable_by_other_users() {
         }
     }
 }
+
+/// Sockets from 127.0.0.2–9 (under the 16-per-IP cap each, 80 in all) that keep unfinished
+/// requests open on the EVM's control API and reconnect as soon as they are closed: the
+/// operator's `evb ctl status`, `start` and `stop` each succeed within 2 s (issue 53 item
+/// 4; before, every one failed while strangers held the 64 places).
+#[test]
+fn strangers_holding_the_api_s_places_do_not_lock_the_operator_out() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
+    eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
+    let mut rng = Rng(seed | 1);
+    let up = Up::start(
+        "[run]\nsecret = \"door key\"\nevents = 0\nduration_s = 30\nrate_hz = 2000\n[fragments]\nsize = 4096\n",
+    );
+    let evm: std::net::SocketAddr = addr_of(&up.url).parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..80u8)
+        .map(|k| {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            let from: std::net::SocketAddr = ([127, 0, 0, 2 + k % 8], 0).into();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let s =
+                        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                            .unwrap();
+                    if s.bind(&from.into()).is_err()
+                        || s.connect_timeout(&evm.into(), Duration::from_millis(500))
+                            .is_err()
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    let mut s: TcpStream = s.into();
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let _ =
+                        s.write_all(b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+                    let mut b = [0u8; 256];
+                    // held until the API closes it (or the test ends), then at once again
+                    loop {
+                        match s.read(&mut b) {
+                            Ok(0) => break,
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) && !stop.load(Ordering::Relaxed) => {}
+                            _ => break,
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500 + rng.below(1000)));
+    assert!(
+        opened.load(Ordering::Relaxed) >= 64,
+        "the strangers did not take the API's places"
+    );
+    let timed = |args: &[&str]| {
+        let t0 = Instant::now();
+        let o = up.ctl(args);
+        let took = t0.elapsed();
+        assert!(o.status.success(), "evb ctl {args:?}: {}", text(&o));
+        assert!(
+            took < Duration::from_secs(2),
+            "evb ctl {args:?} took {took:?} while strangers held the API"
+        );
+    };
+    for _ in 0..5 {
+        timed(&["status"]);
+    }
+    timed(&["start"]);
+    std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
+    timed(&["status"]);
+    timed(&["stop"]);
+    for _ in 0..3 {
+        timed(&["status"]);
+    }
+    let reconnects = opened.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    eprintln!("doors: the strangers opened {reconnects} connections");
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec}");
+    assert!(up.halt().success());
+}

@@ -66,9 +66,14 @@ fn parse_body(body: &Bytes) -> Result<Value, Box<Response>> {
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a client may take to send a request's body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once, in all and from one source IP. Beyond them a new connection
-/// is closed as soon as it is accepted: the API can never hold more than these descriptors,
-/// so a flood of unfinished requests cannot take the ones the data path needs.
+/// Connections served at once, in all and from one source IP. Beyond them a newcomer takes
+/// the place of the connection that has waited longest without a request being served (one
+/// that never finished a request first, then one idle between requests), or is closed at
+/// once if every connection is serving one: the API never holds many more descriptors than
+/// these, a flood of unfinished requests cannot take the ones the data path needs, and it
+/// cannot keep the operator out either (loopback addresses are many, so a per-IP cap alone
+/// would not): a client that sends its request at once is served before strangers that
+/// keep reconnecting could push it out.
 pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_CONNECTIONS_PER_IP: usize = 16;
 
@@ -114,44 +119,168 @@ pub fn serve(node: Shared, addr: &str) -> Result<SocketAddr, String> {
     Ok(bound)
 }
 
+/// A connection's use: it has not finished a request yet, is serving one, or is idle
+/// between requests.
+const FRESH: u8 = 0;
+const SERVING: u8 = 1;
+const IDLE: u8 = 2;
+
+/// One open connection, as the accept loop sees it.
+struct Open {
+    ip: IpAddr,
+    since: std::time::Instant,
+    /// FRESH, SERVING or IDLE.
+    state: Arc<std::sync::atomic::AtomicU8>,
+    /// Closes the connection (it takes a newcomer's place).
+    evict: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// How many of an IP's connections may be pushed out within [`STRIKE_WINDOW`] before its
+/// newcomers may push out no one (they get a free place or are closed at once): a source
+/// that keeps connecting without finishing requests churns the API's places, and would
+/// otherwise push out a client's connection before the client's request is read.
+const STRIKES: u32 = 8;
+const STRIKE_WINDOW: Duration = Duration::from_secs(10);
+/// Most source IPs whose strikes are remembered.
+const STRIKE_IPS: usize = 4096;
+
 /// Connections being served, in all and per source IP.
 #[derive(Default)]
 struct Slots {
-    total: usize,
+    next: u64,
+    open: HashMap<u64, Open>,
     per_ip: HashMap<IpAddr, usize>,
+    /// Per source IP: its connections pushed out since the window began.
+    strikes: HashMap<IpAddr, (u32, std::time::Instant)>,
+}
+
+impl Slots {
+    /// Whether a newcomer from `ip` is within the limits.
+    fn room(&self, ip: IpAddr) -> bool {
+        self.open.len() < MAX_CONNECTIONS
+            && self.per_ip.get(&ip).copied().unwrap_or(0) < MAX_CONNECTIONS_PER_IP
+    }
+
+    /// The connection a newcomer from `ip` may push out, if any: from the newcomer's own IP
+    /// when that IP is at its limit, else from any; one that never finished a request
+    /// before one idle between requests, the oldest first; never one serving a request.
+    fn victim(&self, ip: IpAddr) -> Option<u64> {
+        if self.struck_out(ip) {
+            return None;
+        }
+        let ip_full = self.per_ip.get(&ip).copied().unwrap_or(0) >= MAX_CONNECTIONS_PER_IP;
+        self.open
+            .iter()
+            .filter(|(_, o)| o.evict.is_some() && (!ip_full || o.ip == ip))
+            .filter_map(|(id, o)| {
+                let st = o.state.load(std::sync::atomic::Ordering::Relaxed);
+                (st != SERVING).then_some((st == IDLE, o.since, *id))
+            })
+            .min()
+            .map(|(_, _, id)| id)
+    }
 }
 
 /// One connection's place in [`Slots`], given back when the connection ends.
 struct Slot {
     slots: Arc<std::sync::Mutex<Slots>>,
-    ip: IpAddr,
+    id: u64,
 }
 
 impl Slot {
-    fn take(slots: &Arc<std::sync::Mutex<Slots>>, ip: IpAddr) -> Option<Slot> {
+    /// A place for a newcomer from `ip`: within the limits, or the place of a connection
+    /// pushed out for it (closed by its task; it is no longer counted). `None`: every
+    /// connection at the limit is serving a request.
+    fn take(
+        slots: &Arc<std::sync::Mutex<Slots>>,
+        ip: IpAddr,
+    ) -> Option<(
+        Slot,
+        Arc<std::sync::atomic::AtomicU8>,
+        tokio::sync::oneshot::Receiver<()>,
+        bool,
+    )> {
         let mut s = slots.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = s.per_ip.get(&ip).copied().unwrap_or(0);
-        if s.total >= MAX_CONNECTIONS || mine >= MAX_CONNECTIONS_PER_IP {
-            return None;
+        let mut pushed_out = false;
+        while !s.room(ip) {
+            let victim = s.victim(ip)?;
+            if let Some(o) = s.open.remove(&victim) {
+                Slots::uncount(&mut s.per_ip, o.ip);
+                s.strike(o.ip);
+                if let Some(tx) = o.evict {
+                    let _ = tx.send(());
+                }
+                pushed_out = true;
+            }
         }
-        s.total += 1;
+        let id = s.next;
+        s.next += 1;
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(FRESH));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        s.open.insert(
+            id,
+            Open {
+                ip,
+                since: std::time::Instant::now(),
+                state: state.clone(),
+                evict: Some(tx),
+            },
+        );
         *s.per_ip.entry(ip).or_default() += 1;
-        Some(Slot {
-            slots: slots.clone(),
-            ip,
-        })
+        Some((
+            Slot {
+                slots: slots.clone(),
+                id,
+            },
+            state,
+            rx,
+            pushed_out,
+        ))
+    }
+}
+
+impl Slots {
+    /// Whether `ip`'s connections were pushed out too often lately to push out others.
+    fn struck_out(&self, ip: IpAddr) -> bool {
+        self.strikes
+            .get(&ip)
+            .is_some_and(|(n, since)| *n >= STRIKES && since.elapsed() < STRIKE_WINDOW)
+    }
+
+    /// One of `ip`'s connections was pushed out.
+    fn strike(&mut self, ip: IpAddr) {
+        let now = std::time::Instant::now();
+        if self.strikes.len() >= STRIKE_IPS && !self.strikes.contains_key(&ip) {
+            self.strikes
+                .retain(|_, (_, since)| now.duration_since(*since) < STRIKE_WINDOW);
+            if self.strikes.len() >= STRIKE_IPS {
+                // many addresses at once: forget them all rather than grow
+                self.strikes.clear();
+            }
+        }
+        let e = self.strikes.entry(ip).or_insert((0, now));
+        if now.duration_since(e.1) >= STRIKE_WINDOW {
+            *e = (0, now);
+        }
+        e.0 += 1;
+    }
+
+    fn uncount(per_ip: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
+        if let Some(n) = per_ip.get_mut(&ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per_ip.remove(&ip);
+            }
+        }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        s.total = s.total.saturating_sub(1);
-        if let Some(n) = s.per_ip.get_mut(&self.ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                s.per_ip.remove(&self.ip);
-            }
+        // a connection pushed out was uncounted when it was
+        if let Some(o) = s.open.remove(&self.id) {
+            Slots::uncount(&mut s.per_ip, o.ip);
         }
     }
 }
@@ -172,30 +301,56 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: Strin
                 continue;
             }
         };
-        let Some(slot) = Slot::take(&slots, peer.ip()) else {
+        let Some((slot, state, evicted, pushed_out)) = Slot::take(&slots, peer.ip()) else {
             drop(stream);
             if let Some(n) = refused.tick() {
                 warn!(
                     node,
                     "control API: closed {n} connection(s) at once, the last from {peer}: too many \
-                     open (limits: {MAX_CONNECTIONS_PER_IP} per IP, {MAX_CONNECTIONS} in all)"
+                     open, each serving a request (limits: {MAX_CONNECTIONS_PER_IP} per IP, \
+                     {MAX_CONNECTIONS} in all)"
                 );
             }
             continue;
         };
+        if pushed_out {
+            if let Some(n) = refused.tick() {
+                warn!(
+                    node,
+                    "control API: closed {n} connection(s) without a request being served, for \
+                     newer ones (the last for {peer}; limits: {MAX_CONNECTIONS_PER_IP} per IP, \
+                     {MAX_CONNECTIONS} in all)"
+                );
+            }
+        }
         let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
-                app.clone().oneshot(req.map(Body::new))
+                let (app, state) = (app.clone(), state.clone());
+                async move {
+                    // a connection serving a request is never pushed out
+                    state.store(SERVING, std::sync::atomic::Ordering::Relaxed);
+                    let r = app.oneshot(req.map(Body::new)).await;
+                    state.store(IDLE, std::sync::atomic::Ordering::Relaxed);
+                    r
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), svc);
-            let _ = conn.await;
+            tokio::select! {
+                _ = conn => {}
+                _ = evicted => {}
+            }
         });
+        // every connection ready to be read is read before the next is accepted: a client
+        // that sent its request is serving it (and is not pushed out) before strangers
+        // reconnecting in a loop could take its place (the accept loop alone would take a
+        // hundred connections in one turn of the runtime)
+        tokio::task::yield_now().await;
     }
 }
 
@@ -280,6 +435,7 @@ async fn authorize(
     let cookie_name = guard::cookie_name(gate.port);
     let declared_len = text(header::CONTENT_LENGTH).and_then(|l| l.trim().parse::<u64>().ok());
     let chunked = headers.contains_key(header::TRANSFER_ENCODING);
+    let facts_read_only = matches!(*req.method(), Method::GET | Method::HEAD);
     let facts = guard::Facts {
         peer: Some(peer.ip()),
         read_only: matches!(*req.method(), Method::GET | Method::HEAD),
@@ -316,6 +472,11 @@ async fn authorize(
     }
     if declared_len.is_some_and(|n| n > MAX_BODY as u64) {
         return error(413, format!("request body over {MAX_BODY} bytes"));
+    }
+    if facts_read_only && (chunked || declared_len.is_some_and(|n| n > 0)) {
+        // a body to read would keep the connection serving (not to be pushed out) for up
+        // to BODY_TIMEOUT: reads carry none
+        return error(400, "a GET or HEAD request carries no body");
     }
     let (parts, body) = req.into_parts();
     let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
@@ -615,4 +776,49 @@ async fn page(
         ],
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    /// A full API pushes out the connection that waited longest without a request (never
+    /// one serving a request), from the newcomer's own IP when that IP is at its limit;
+    /// an IP whose connections keep being pushed out pushes out no one.
+    #[test]
+    fn a_newcomer_takes_the_place_of_the_longest_waiting_stranger() {
+        let slots = Arc::new(std::sync::Mutex::new(Slots::default()));
+        let mut held = Vec::new();
+        for k in 0..MAX_CONNECTIONS {
+            held.push(Slot::take(&slots, ip(2 + (k % 8) as u8)).unwrap());
+        }
+        // the first one serves a request: it is never the victim
+        held[0]
+            .1
+            .store(SERVING, std::sync::atomic::Ordering::Relaxed);
+        let (_op, op_state, _rx, pushed) = Slot::take(&slots, ip(1)).unwrap();
+        assert!(pushed);
+        assert_eq!(slots.lock().unwrap().open.len(), MAX_CONNECTIONS);
+        // the second-oldest was pushed out (the oldest is serving)
+        assert!(held[1].2.try_recv().is_ok());
+        assert!(held[0].2.try_recv().is_err());
+        op_state.store(SERVING, std::sync::atomic::Ordering::Relaxed);
+        // a churning IP: after STRIKES of its connections were pushed out, it pushes out no one
+        let churner = ip(2);
+        let mut kept = Vec::new();
+        while let Some(t) = Slot::take(&slots, churner) {
+            // it never finishes a request, as a flood's connections do not
+            kept.push(t);
+            assert!(kept.len() < 1000, "a churning IP kept pushing out others");
+        }
+        let s = slots.lock().unwrap();
+        assert!(s.struck_out(churner));
+        assert!(s.open.len() <= MAX_CONNECTIONS);
+        // the operator's connection is still there
+        assert!(s.open.values().any(|o| o.ip == ip(1)));
+    }
 }
