@@ -398,6 +398,35 @@ fn a_handshake_flood_at_start_up_does_not_keep_the_nodes_apart() {
     assert!(lines < 40, "{lines} lines about the flood:\n{stderr}");
 }
 
+/// Issue 53 item 3: 80 sockets holding unfinished 1,000-byte Hellos on bu0's data port and
+/// reconnecting as soon as they are shed, then 256 of them from 127.0.0.1–8: a run with a
+/// secret starts and builds every event (80 used to fail 3 runs of 5: every newcomer, the
+/// real RU included, was "closed at once: none older than 250 ms").
+#[test]
+fn a_reconnecting_hello_flood_on_a_bu_does_not_keep_a_run_with_a_secret_from_starting() {
+    let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
+    eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
+    let mut rng = Rng(seed | 1);
+    for (sockets, sources) in [(80usize, vec![1u8]), (256, (1..=8).collect())] {
+        let base = free_base_port(5);
+        // bu0's data port: EVM, ru0, ru1, bu0
+        let flood = HelloFlood::start_from(base + 3, sockets, &sources);
+        std::thread::sleep(Duration::from_millis(200 + rng.below(800)));
+        let dir = tempfile::tempdir().unwrap();
+        let (out, s) = common::evb_run_in(
+            dir.path(),
+            &format!(
+                "[run]\nsecret = \"flood\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+                 [topology]\nbase_port = {base}\n"
+            ),
+        );
+        let opened = flood.stop();
+        eprintln!("doors: {sockets} flood sockets opened {opened} connections");
+        assert!(opened >= sockets as u64, "the flood never got in");
+        common::assert_exact(&out, &s, 3000, 2, 2);
+    }
+}
+
 /// Many nodes on one host all dial the same BU at once from 127.0.0.1: the per-IP limit on
 /// unfinished handshakes scales with the topology, so none of them is closed (16 RUs used to
 /// trip the limit of 8 by themselves).

@@ -76,6 +76,13 @@ impl Handshake {
         }
     }
 
+    /// An incoming connection whose peer has sent a whole, well-formed Hello (with a secret,
+    /// it is now to prove it): a peer that behaves as evb's own do, not a socket stalled in
+    /// its first frame.
+    pub fn hello_seen(&self) -> bool {
+        !self.outbound && self.phase != Phase::Hello
+    }
+
     /// The event that reports the connection open: `Connected` on our side of an outgoing
     /// connection, `Accepted` on an incoming one.
     pub fn opened(&self, conn: ConnId, peer: Hello) -> Event {

@@ -165,6 +165,11 @@ pub struct HelloFlood {
 
 impl HelloFlood {
     pub fn start(port: u16, sockets: usize) -> HelloFlood {
+        HelloFlood::start_from(port, sockets, &[1])
+    }
+
+    /// As [`HelloFlood::start`], socket k from 127.0.0.`sources[k % sources.len()]`.
+    pub fn start_from(port: u16, sockets: usize, sources: &[u8]) -> HelloFlood {
         use std::io::{Read, Write};
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -174,15 +179,14 @@ impl HelloFlood {
             .to_vec();
         hello.resize(hello.len() + 999, 7);
         let threads = (0..sockets)
-            .map(|_| {
+            .map(|k| {
                 let (stop, opened, hello) = (stop.clone(), opened.clone(), hello.clone());
+                let from: std::net::SocketAddr =
+                    ([127, 0, 0, sources[k % sources.len()]], 0).into();
                 std::thread::spawn(move || {
                     let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
                     while !stop.load(Ordering::Relaxed) {
-                        let Ok(mut s) = std::net::TcpStream::connect_timeout(
-                            &to,
-                            std::time::Duration::from_millis(200),
-                        ) else {
+                        let Ok(mut s) = connect_from(from, to) else {
                             std::thread::sleep(std::time::Duration::from_millis(5));
                             continue;
                         };
@@ -225,6 +229,17 @@ impl HelloFlood {
         }
         self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// A TCP connection to `to` from the local address `from` (port 0: any).
+pub fn connect_from(
+    from: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.bind(&from.into())?;
+    s.connect_timeout(&to.into(), std::time::Duration::from_millis(200))?;
+    Ok(s.into())
 }
 
 /// Pids of the live processes whose command line holds `marker` and `also` (e.g. the

@@ -6,10 +6,15 @@ use super::*;
 
 /// What an incoming connection may cost before its handshake has succeeded.
 ///
-/// When a new connection finds its IP's or all places taken, the oldest unfinished handshake
-/// (from that IP, or from anyone) is shed to make room if it has been waiting at least
-/// `shed_after`: a peer that proves the secret finishes in milliseconds, so stalled sockets
-/// cannot keep it out; and sockets opened in a burst cannot shed each other.
+/// When a new connection finds its IP's or all places taken, an unfinished handshake (from
+/// that IP, or from anyone) is shed to make room: the oldest of those whose peer has not
+/// sent a whole Hello yet, whatever its age (a peer of evb sends its Hello as it connects,
+/// and the transport reads a newcomer's first bytes as soon as it accepts it, so a socket
+/// still in its first frame is stalled, or too new to matter); else the oldest that sent
+/// its Hello and has waited at least `shed_after` for its proof. A newcomer is closed at once
+/// only when every place is held by a peer that sent its Hello within `shed_after`. So
+/// strangers that reconnect as fast as they are shed cannot keep a peer out by their age,
+/// as they could when only handshakes older than `shed_after` were shed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
     /// An incoming connection that has not completed its handshake by then is closed.
@@ -70,20 +75,19 @@ impl TcpTransport {
         if !ip_full && total < self.admission.total {
             return true;
         }
-        let oldest = self
+        // stalled in its first frame before waiting for a proof, then the oldest first
+        let victim = self
             .conns
             .iter()
             .filter(|(_, c)| !c.admitted)
-            .filter_map(|(t, c)| c.inbound.map(|(p, at)| (*t, p, at)))
-            .filter(|(_, p, _)| !ip_full || *p == ip)
-            .min_by_key(|(_, _, at)| *at);
-        let Some((token, _, at)) = oldest else {
+            .filter_map(|(t, c)| c.inbound.map(|(p, at)| (*t, p, at, c.hs.hello_seen())))
+            .filter(|(_, p, _, _)| !ip_full || *p == ip)
+            .filter(|(_, _, at, hello)| !hello || at.elapsed() >= self.admission.shed_after)
+            .min_by_key(|(_, _, at, hello)| (*hello, *at));
+        let Some((token, _, at, _)) = victim else {
             return false;
         };
         let waited = at.elapsed();
-        if waited < self.admission.shed_after {
-            return false;
-        }
         let reason = CloseReason::Rejected(format!(
             "shed after {} ms without a finished handshake, for a newer connection (limits: {} per IP, {} in all)",
             waited.as_millis(),

@@ -257,7 +257,8 @@ impl TcpTransport {
                             warn!(
                                 %peer,
                                 "closing {n} incoming connection(s) at once: too many connections \
-                                 still handshaking, none older than {} ms (limits: {} per IP, {} in all)",
+                                 still handshaking, each with its Hello sent less than {} ms ago \
+                                 (limits: {} per IP, {} in all)",
                                 self.admission.shed_after.as_millis(),
                                 self.admission.per_ip,
                                 self.admission.total
@@ -270,9 +271,15 @@ impl TcpTransport {
                     // messaging, so Nagle would only add delay.
                     let _ = stream.set_nodelay(true);
                     let ip = Some(peer.ip());
-                    if let Err(e) = self.add_conn(stream, peer.to_string(), State::Handshaking, ip)
-                    {
-                        warn!(%peer, "cannot register accepted connection: {e}");
+                    match self.add_conn(stream, peer.to_string(), State::Handshaking, ip) {
+                        // its Hello, if it came with the connection, is read at once: a
+                        // peer that sent one is not shed for the next newcomer
+                        Ok(token) => {
+                            let mut out = Vec::new();
+                            self.on_readable(token, &mut out);
+                            self.pending_events.extend(out);
+                        }
+                        Err(e) => warn!(%peer, "cannot register accepted connection: {e}"),
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
