@@ -1,6 +1,6 @@
 //! The doors around the data path, tried from outside as an adversary on the same host would
 //! (issue "Every door locked"): the control API with and without a secret (forged Origin,
-//! DNS-rebinding Host, unauthenticated commands, the page's session cookie), and slow,
+//! DNS-rebinding Host, unauthenticated commands, the page's session), and slow,
 //! unfinished HTTP requests against a running node. Real `evb up` / `evb run` processes on
 //! loopback; timing from a printed seed.
 
@@ -69,7 +69,7 @@ fn addr_of(url: &str) -> String {
 
 /// With `run.secret` set, nothing that changes the run gets in without the token, from
 /// loopback included; a web page cannot drive the API (forged Origin, text/plain bodies,
-/// DNS rebinding); the page itself works once opened with the token (session cookie).
+/// DNS rebinding); the page itself works once opened with the token (its own session).
 #[test]
 fn with_a_secret_no_local_process_or_web_page_controls_the_run() {
     let up = Up::start(
@@ -137,55 +137,101 @@ fn with_a_secret_no_local_process_or_web_page_controls_the_run() {
         "a refused request changed the state"
     );
 
-    // the page: opened once with the token, it gets a cookie for this port only
+    // the page: opened once with the token, it gets a session of its own, in the address's
+    // fragment (never sent to a server), and no cookie that holds a credential (browsers
+    // send a host's cookies to every port of it: issue 53 item 2)
     let (code, reply) = raw(&evm, "GET", &format!("/?token={token}"), &[], "");
     assert_eq!(code, 303, "{reply}");
-    let port = evm.rsplit_once(':').unwrap().1;
-    let cookie_line = reply
+    for l in reply
         .lines()
-        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
-        .unwrap_or_else(|| panic!("no cookie: {reply}"));
-    assert!(
-        cookie_line.contains("HttpOnly") && cookie_line.contains("SameSite=Strict"),
-        "{cookie_line}"
-    );
-    let cookie = cookie_line
-        .split_once(':')
-        .unwrap()
+        .filter(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+    {
+        let value = l.split_once(':').unwrap().1.split(';').next().unwrap();
+        assert!(
+            value.trim().ends_with('=') && l.contains("Max-Age=0"),
+            "a cookie with a value: {l}"
+        );
+        assert!(!l.contains(&token), "{l}");
+    }
+    let location = reply
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("location:"))
+        .unwrap_or_else(|| panic!("no redirect: {reply}"));
+    let session = location
+        .split_once("#session=")
+        .unwrap_or_else(|| panic!("no session: {location}"))
         .1
-        .split(';')
-        .next()
-        .unwrap()
         .trim()
         .to_string();
-    assert_eq!(cookie, format!("evb_token_{port}={token}"));
+    assert_eq!(session.len(), 64, "{location}");
+    assert_ne!(session, token);
     let (code, _) = raw(&evm, "GET", "/?token=0123", &[], "");
     assert_eq!(code, 401, "a wrong token in the page's URL");
-    // the cookie from another origin's page (the browser would send it: same site) is refused
+    // what a cookie of earlier versions carried (the token) no longer authenticates
+    let port = evm.rsplit_once(':').unwrap().1;
+    let own = format!("http://{evm}");
     let (code, _) = raw(
         &evm,
         "POST",
         "/api/v1/start",
         &[
             json_ct,
-            ("Cookie", &cookie),
+            ("Cookie", &format!("evb_token_{port}={token}")),
+            ("Origin", &own),
+        ],
+        "{}",
+    );
+    assert_eq!(code, 401, "the token as a cookie");
+    // a session is not a bearer token: leaked, it does not stand for the token
+    let (code, _) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[json_ct, ("Authorization", &format!("Bearer {session}"))],
+        "{}",
+    );
+    assert_eq!(code, 401, "the session as a bearer token");
+    // the page's session from another origin's page is refused
+    let (code, _) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[
+            json_ct,
+            ("X-Evb-Session", &session),
             ("Origin", "http://127.0.0.1:1"),
         ],
         "{}",
     );
     assert_eq!(code, 403);
-    // the page's own button: same origin, the cookie, JSON
-    let own = format!("http://{evm}");
+    // the page's own button: same origin, its session, JSON
     let (code, body) = raw(
         &evm,
         "POST",
         "/api/v1/start",
-        &[json_ct, ("Cookie", &cookie), ("Origin", &own)],
+        &[json_ct, ("X-Evb-Session", &session), ("Origin", &own)],
         "{}",
     );
     assert_eq!(code, 200, "{body}");
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec:#}");
+    // a session can be ended; then it opens nothing
+    let (code, body) = raw(
+        &evm,
+        "POST",
+        "/api/v1/logout",
+        &[("X-Evb-Session", &session)],
+        "",
+    );
+    assert_eq!(code, 200, "{body}");
+    let (code, _) = raw(
+        &evm,
+        "POST",
+        "/api/v1/start",
+        &[json_ct, ("X-Evb-Session", &session), ("Origin", &own)],
+        "{}",
+    );
+    assert_eq!(code, 401, "an ended session");
     // evb up printed the page's URL with the token for the operator
     up.wait_said("the page's URL with the token", |said| {
         said.iter().any(|l| l.contains(&format!("?token={token}")))

@@ -308,6 +308,55 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
     assert!(up.halt().success());
 }
 
+/// With a secret, the page opened once with the token (the URL `evb up` prints) keeps a
+/// session of its own for its tab and port, not the token, and no cookie; its buttons start
+/// and stop a run with that session (issue 53 item 2).
+#[test]
+fn the_run_page_of_a_run_with_a_secret_commands_with_its_own_session() {
+    let (Some(chromium), Some(chromedriver)) = (need("chromium"), need("chromedriver")) else {
+        return;
+    };
+    let up = Up::start(
+        "[run]\nsecret = \"page door key\"\nevents = 0\nduration_s = 120\nrate_hz = 2000\n[fragments]\nsize = 4096\n",
+    );
+    let token = evb_control::control_token(b"page door key");
+    let b = Browser::start(&chromedriver, &chromium);
+    b.post("/url", json!({"url": format!("{}?token={token}", up.url)}));
+    let until = Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        let v = b.eval(
+            "return {href: location.href, session: sessionStorage.getItem('evb_session'), \
+             cookie: document.cookie};",
+        );
+        if v["session"].is_string() {
+            break v;
+        }
+        assert!(Instant::now() < until, "the page kept no session: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let session = seen["session"].as_str().unwrap();
+    assert_eq!(session.len(), 64, "{seen}");
+    assert_ne!(session, token);
+    let href = seen["href"].as_str().unwrap();
+    assert!(
+        !href.contains("token") && !href.contains("session"),
+        "the address still holds a credential: {href}"
+    );
+    assert!(
+        !seen["cookie"].as_str().unwrap_or("").contains(&token),
+        "{seen}"
+    );
+    b.click("#btn-start");
+    up.wait_until("run 1 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
+    });
+    b.click("#btn-stop");
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    assert_eq!(rec["report"]["run"]["evm"]["stopped_by_request"], true);
+    assert!(up.halt().success());
+}
+
 /// A minimal WebDriver client (the W3C protocol over HTTP) for chromedriver.
 struct Browser {
     api: Api,

@@ -89,7 +89,7 @@ pub fn serve(node: Shared, addr: &str) -> Result<SocketAddr, String> {
         .set_nonblocking(true)
         .map_err(|e| e.to_string())?;
     let bound = std_listener.local_addr().map_err(|e| e.to_string())?;
-    let app = router(node.clone(), bound.port());
+    let app = router(node.clone());
     std::thread::Builder::new()
         .name(format!("{}-api", node.id()))
         .spawn(move || {
@@ -354,7 +354,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: Strin
     }
 }
 
-fn router(node: Shared, port: u16) -> Router {
+fn router(node: Shared) -> Router {
     let mut r = Router::new()
         .route("/api/v1/node", get(node_status))
         .route("/metrics", get(metrics))
@@ -365,6 +365,7 @@ fn router(node: Shared, port: u16) -> Router {
     if node.role() == Role::Evm {
         r = r
             .route("/", get(page))
+            .route("/api/v1/logout", post(logout))
             .route("/api/v1/status", get(run_status))
             .route("/api/v1/runs", get(runs))
             .route("/api/v1/history", get(history))
@@ -375,12 +376,14 @@ fn router(node: Shared, port: u16) -> Router {
     } else {
         r = r.route("/api/v1/status", get(node_status));
     }
+    let sessions = Arc::new(crate::session::Sessions::default());
     let gate = Arc::new(Gate {
         node: node.clone(),
-        port,
         known_hosts: known_hosts(&node),
         refused: std::sync::Mutex::new(LogLimit::new(Duration::from_secs(10))),
+        sessions: sessions.clone(),
     });
+    let r = r.layer(axum::Extension(sessions));
     r.fallback(|| async { error(404, "no such API path (see docs/control.md)") })
         .method_not_allowed_fallback(|| async {
             error(
@@ -395,9 +398,10 @@ fn router(node: Shared, port: u16) -> Router {
 /// What the authorization middleware needs besides the request.
 struct Gate {
     node: Shared,
-    port: u16,
     known_hosts: Vec<String>,
     refused: std::sync::Mutex<LogLimit>,
+    /// The run page's sessions (`session.rs`).
+    sessions: Arc<crate::session::Sessions>,
 }
 
 /// Host names that name this node's machine: this host's own name and every host name the
@@ -432,7 +436,6 @@ async fn authorize(
 ) -> Response {
     let headers = req.headers();
     let text = |name: header::HeaderName| headers.get(name).and_then(|h| h.to_str().ok());
-    let cookie_name = guard::cookie_name(gate.port);
     let declared_len = text(header::CONTENT_LENGTH).and_then(|l| l.trim().parse::<u64>().ok());
     let chunked = headers.contains_key(header::TRANSFER_ENCODING);
     let facts_read_only = matches!(*req.method(), Method::GET | Method::HEAD);
@@ -444,16 +447,18 @@ async fn authorize(
         content_type: text(header::CONTENT_TYPE),
         has_body: chunked || declared_len.is_some_and(|n| n > 0),
         bearer: text(header::AUTHORIZATION).and_then(|h| h.strip_prefix("Bearer ")),
-        cookie: headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|h| h.to_str().ok())
-            .find_map(|h| guard::cookie_value(h, &cookie_name)),
+        session: headers
+            .get(crate::session::HEADER)
+            .and_then(|h| h.to_str().ok()),
     };
     let secret = gate.node.secret.as_deref();
-    let verdict = guard::decide(secret.is_some(), &gate.known_hosts, &facts, |t| {
-        secret.is_some_and(|s| evb_transport::control_token_matches(s, t))
-    });
+    let verdict = guard::decide(
+        secret.is_some(),
+        &gate.known_hosts,
+        &facts,
+        |t| secret.is_some_and(|s| evb_transport::control_token_matches(s, t)),
+        |id| gate.sessions.valid(id),
+    );
     if let Err((status, why)) = verdict {
         let n = gate
             .refused
@@ -738,10 +743,13 @@ struct PageQuery {
 }
 
 /// The run page. Opened once as `/?token=<token>` (the URL `evb up` prints when a secret is
-/// set), it sets a same-site, script-proof session cookie for this port and redirects to `/`,
-/// so the token leaves the address bar and the page's own requests carry it.
+/// set), it mints a session (`session.rs`) and redirects to `/#session=<id>`: the token
+/// leaves the address bar, the fragment never reaches a server, and the page keeps the
+/// session for its tab and origin alone. No cookie (a cookie of earlier versions is
+/// cleared).
 async fn page(
     State(node): State<Shared>,
+    axum::Extension(sessions): axum::Extension<Arc<crate::session::Sessions>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(q): Query<PageQuery>,
 ) -> Response {
@@ -764,18 +772,38 @@ async fn page(
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse::<u16>().ok())
         .unwrap_or(0);
-    let cookie = format!(
-        "{}={token}; Path=/; HttpOnly; SameSite=Strict",
+    let Some(session) = sessions.mint() else {
+        return error(503, "no randomness for a session");
+    };
+    let clear = format!(
+        "{}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict",
         guard::cookie_name(port)
     );
     (
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, cookie),
-            (header::LOCATION, "/".to_string()),
+            (header::SET_COOKIE, clear),
+            (header::LOCATION, format!("/#session={session}")),
+            (header::CACHE_CONTROL, "no-store".to_string()),
         ],
     )
         .into_response()
+}
+
+/// `POST /api/v1/logout`: ends the page session it is sent with (`X-Evb-Session`).
+async fn logout(
+    axum::Extension(sessions): axum::Extension<Arc<crate::session::Sessions>>,
+    headers: HeaderMap,
+) -> Response {
+    let id = headers
+        .get(crate::session::HEADER)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if sessions.revoke(id) {
+        Json(json!({"session": "ended"})).into_response()
+    } else {
+        error(400, "no live session in X-Evb-Session")
+    }
 }
 
 #[cfg(test)]

@@ -9,16 +9,17 @@
 //! - an `Origin` header, when a browser sends one, must be this API's own origin: another
 //!   page's script cannot drive the API, with or without cookies;
 //! - a request with a body must declare it `application/json` (no form posts);
-//! - with a secret, every request that changes something needs the token (bearer header, or
-//!   the page's session cookie) whoever sends it, loopback included; reading status and
-//!   metrics needs it from beyond loopback only;
+//! - with a secret, every request that changes something needs the token (bearer header) or
+//!   the page's session (the `X-Evb-Session` header, see `session.rs`: never a cookie, and
+//!   never the token itself) whoever sends it, loopback included; reading status and
+//!   metrics needs one of them from beyond loopback only;
 //! - without a secret, only loopback may call at all (configuration validation refuses a
 //!   control address beyond loopback without a secret).
 
 use std::net::IpAddr;
 
-/// The name of the page's session cookie on the API listening on `port` (ports share cookies
-/// in browsers, so the port is in the name: two runs on one host keep their own).
+/// The name of the cookie that earlier versions set for the page on the API listening on
+/// `port`. It is no longer read; opening the page clears it from the browser.
 pub fn cookie_name(port: u16) -> String {
     format!("evb_token_{port}")
 }
@@ -35,8 +36,8 @@ pub struct Facts<'a> {
     pub has_body: bool,
     /// `Authorization: Bearer <token>`, if sent.
     pub bearer: Option<&'a str>,
-    /// The session cookie's token, if sent.
-    pub cookie: Option<&'a str>,
+    /// The page's session id (`X-Evb-Session`), if sent.
+    pub session: Option<&'a str>,
 }
 
 /// A refusal: the HTTP status and the reason, as the JSON error says it.
@@ -62,12 +63,14 @@ pub fn host_allowed(host: &str, known: &[String]) -> bool {
         || known.iter().any(|k| k.eq_ignore_ascii_case(h))
 }
 
-/// Decides one request. `token_ok` says whether a presented token is the run's.
+/// Decides one request. `token_ok` says whether a presented token is the run's,
+/// `session_ok` whether a presented session id is a live session of the page.
 pub fn decide(
     secret: bool,
     known_hosts: &[String],
     f: &Facts<'_>,
     token_ok: impl Fn(&str) -> bool,
+    session_ok: impl Fn(&str) -> bool,
 ) -> Result<(), Refusal> {
     if let Some(host) = f.host {
         if !host_allowed(host, known_hosts) {
@@ -114,11 +117,9 @@ pub fn decide(
             ))
         };
     }
-    // a cookie counts only where a browser could not have been tricked into sending it:
-    // reads, or writes that carry this API's own Origin (checked above)
-    let cookie_usable = f.read_only || f.origin.is_some();
-    let authenticated =
-        f.bearer.is_some_and(&token_ok) || (cookie_usable && f.cookie.is_some_and(&token_ok));
+    // a session is a header a page of another origin cannot send (no CORS here), and a value
+    // no other origin can read: it is not the token, and a leaked one is not the token either
+    let authenticated = f.bearer.is_some_and(&token_ok) || f.session.is_some_and(&session_ok);
     if authenticated || (f.read_only && loopback) {
         return Ok(());
     }
@@ -138,15 +139,6 @@ fn is_mapped_loopback(ip: IpAddr) -> bool {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
         IpAddr::V4(_) => false,
     }
-}
-
-/// The value of cookie `name` in a `Cookie` header.
-pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
-    header
-        .split(';')
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.trim())
 }
 
 #[cfg(test)]
@@ -175,34 +167,46 @@ mod tests {
     #[test]
     fn with_a_secret_every_command_needs_the_token_even_on_loopback() {
         let f = facts(LO, false);
-        assert_eq!(status(decide(true, &[], &f, good)), 401);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 401);
         let with = Facts {
             bearer: Some("tok"),
             ..f.clone()
         };
-        assert_eq!(status(decide(true, &[], &with, good)), 200);
+        assert_eq!(status(decide(true, &[], &with, good, sess)), 200);
         let wrong = Facts {
             bearer: Some("nope"),
             ..f
         };
-        assert_eq!(status(decide(true, &[], &wrong, good)), 401);
+        assert_eq!(status(decide(true, &[], &wrong, good, sess)), 401);
     }
 
     #[test]
     fn reads_need_the_token_only_from_beyond_loopback() {
-        assert_eq!(status(decide(true, &[], &facts(LO, true), good)), 200);
+        assert_eq!(status(decide(true, &[], &facts(LO, true), good, sess)), 200);
         assert_eq!(
-            status(decide(true, &[], &facts("10.1.2.3", true), good)),
+            status(decide(true, &[], &facts("10.1.2.3", true), good, sess)),
             401
         );
         assert_eq!(
-            status(decide(false, &[], &facts("10.1.2.3", true), good)),
+            status(decide(false, &[], &facts("10.1.2.3", true), good, sess)),
             403
         );
-        assert_eq!(status(decide(false, &[], &facts(LO, false), good)), 200);
-        assert_eq!(status(decide(false, &[], &facts("::1", false), good)), 200);
         assert_eq!(
-            status(decide(false, &[], &facts("::ffff:127.0.0.1", false), good)),
+            status(decide(false, &[], &facts(LO, false), good, sess)),
+            200
+        );
+        assert_eq!(
+            status(decide(false, &[], &facts("::1", false), good, sess)),
+            200
+        );
+        assert_eq!(
+            status(decide(
+                false,
+                &[],
+                &facts("::ffff:127.0.0.1", false),
+                good,
+                sess
+            )),
             200
         );
     }
@@ -212,11 +216,11 @@ mod tests {
         let mut f = facts(LO, true);
         f.host = Some("rebind.evil.example:8100");
         f.bearer = Some("tok");
-        assert_eq!(status(decide(true, &[], &f, good)), 403);
-        assert_eq!(status(decide(false, &[], &f, good)), 403);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 403);
+        assert_eq!(status(decide(false, &[], &f, good, sess)), 403);
         let known = vec!["daq-evm01".to_string()];
         f.host = Some("DAQ-evm01:8100");
-        assert_eq!(status(decide(true, &known, &f, good)), 200);
+        assert_eq!(status(decide(true, &known, &f, good, sess)), 200);
         for ok in ["localhost:1", "[::1]:80", "[::1]", "10.0.0.1", "localhost"] {
             assert!(host_allowed(ok, &[]), "{ok}");
         }
@@ -230,34 +234,42 @@ mod tests {
         let mut f = facts(LO, false);
         f.bearer = Some("tok");
         f.origin = Some("http://evil.example");
-        assert_eq!(status(decide(true, &[], &f, good)), 403);
-        assert_eq!(status(decide(false, &[], &f, good)), 403);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 403);
+        assert_eq!(status(decide(false, &[], &f, good, sess)), 403);
         f.origin = Some("null");
-        assert_eq!(status(decide(false, &[], &f, good)), 403);
+        assert_eq!(status(decide(false, &[], &f, good, sess)), 403);
         f.origin = Some("http://127.0.0.1:8100");
-        assert_eq!(status(decide(true, &[], &f, good)), 200);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 200);
         f.has_body = true;
         f.content_type = Some("text/plain");
-        assert_eq!(status(decide(true, &[], &f, good)), 415);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 415);
         f.content_type = Some("application/json; charset=utf-8");
-        assert_eq!(status(decide(true, &[], &f, good)), 200);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 200);
     }
 
+    fn sess(s: &str) -> bool {
+        s == "sess-1"
+    }
+
+    /// The page's session (a header, not a cookie) works for commands and reads; the token
+    /// is not a session and a session is not a bearer token; another origin is refused.
     #[test]
-    fn the_session_cookie_works_for_commands_only_with_the_own_origin() {
+    fn the_page_s_session_is_its_own_credential() {
         let mut f = facts(LO, false);
-        f.cookie = Some("tok");
-        // no Origin: not a browser's same-origin fetch, so the cookie is not enough
-        assert_eq!(status(decide(true, &[], &f, good)), 401);
+        f.session = Some("sess-1");
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 200);
         f.origin = Some("http://127.0.0.1:8100");
-        assert_eq!(status(decide(true, &[], &f, good)), 200);
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 200);
+        f.origin = Some("http://127.0.0.1:9999");
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 403);
+        f.origin = None;
+        f.session = Some("tok");
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 401);
+        f.session = None;
+        f.bearer = Some("sess-1");
+        assert_eq!(status(decide(true, &[], &f, good, sess)), 401);
         let mut r = facts("10.1.2.3", true);
-        r.cookie = Some("tok");
-        assert_eq!(status(decide(true, &[], &r, good)), 200);
-        assert_eq!(
-            cookie_value("a=1; evb_token_8100=tok; b=2", &cookie_name(8100)),
-            Some("tok")
-        );
-        assert_eq!(cookie_value("evb_token_81000=x", &cookie_name(8100)), None);
+        r.session = Some("sess-1");
+        assert_eq!(status(decide(true, &[], &r, good, sess)), 200);
     }
 }

@@ -13,6 +13,7 @@ pub mod guard;
 pub mod metrics;
 mod page;
 mod service;
+pub mod session;
 
 pub use controller::{Controller, RunEnd, RunRecord, ScrapeTarget};
 pub use evb_transport::control_token;

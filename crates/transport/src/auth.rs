@@ -19,6 +19,14 @@ pub enum NonceError {
     Zero,
 }
 
+/// `bytes` random bytes from the operating system, as lowercase hex (a session id, a
+/// secret). `None` without OS randomness.
+pub fn random_hex(bytes: usize) -> Option<String> {
+    let mut b = vec![0u8; bytes];
+    getrandom::getrandom(&mut b).ok()?;
+    Some(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// A random, non-zero nonce from the operating system. Without OS randomness there is no
 /// safe handshake: the error makes the handshake fail rather than use a guessable nonce.
 pub fn nonce() -> Result<u64, NonceError> {

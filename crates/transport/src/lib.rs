@@ -19,7 +19,7 @@ pub mod ofi;
 pub mod shm;
 pub mod tcp;
 
-pub use auth::{control_token, control_token_matches};
+pub use auth::{control_token, control_token_matches, random_hex};
 pub use event::{CloseReason, ConnId, Event, InFrame, Segment};
 
 use std::time::Duration;
