@@ -69,8 +69,9 @@ enum Fault {
     /// the EVM's and a BU's control API, and unauthenticated commands (stop with a forged
     /// Origin, reset, a node's abort, a DNS-rebinding Host). Nothing of it may change the run.
     HostileHttp,
-    /// From before the nodes listen, 40 sockets on 127.0.0.1 holding unfinished Hellos on the
-    /// EVM's data port (re-opened when closed), in a run with a secret: it must start anyway.
+    /// From before the nodes listen, 40 sockets from 127.0.0.1–5 holding unfinished Hellos on
+    /// the EVM's data port (re-opened when closed), in a run with a secret: it must start
+    /// anyway.
     StartFlood,
     /// A second standby EVM (it knows the secret) calls the EVM's follower slot while the
     /// configured standby holds it, and is killed 1.5 s later: it is refused, and the real
@@ -337,7 +338,10 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let json = dir.join("summary.json");
     let mut kids: BTreeMap<String, Child> = BTreeMap::new();
     // the start-up flood is there before any node listens, until the run is over
-    let start_flood = (t.fault == Fault::StartFlood).then(|| HelloFlood::start(base, 40));
+    // from several loopback addresses, as a persistent attacker's would be: a per-IP limit
+    // alone must not be what lets the run start
+    let start_flood = (t.fault == Fault::StartFlood)
+        .then(|| HelloFlood::start_from(base, 40, &[1, 2, 3, 4, 5]));
     let launcher = match t.launch {
         Launch::Run => Some(
             Command::new(EVB)
