@@ -35,7 +35,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         "",
         "[run]\nevents = 1000\nduration_s = 0\nrate_hz = 5e3\n[topology]\nrus = 8\nbus = 3\nbase_port = 9000\n",
         "[fragments]\nsize = 1000\ndistribution = \"lognormal\"\nmax = 9000\ncontent = \"static\"\n[builder]\ncredits = 64\nbatch = 4\n",
-        "[run]\nsecret = \"s\"\n[evm]\naddr = \"127.0.0.1:7000\"\n[[ru]]\nid = \"ru-a\"\naddr = \"10.0.0.1:7001\"\nsource_id = 841\n[[bu]]\nid = \"bu-a\"\naddr = \"127.0.0.1:7002\"\ncredits = 4\nsink = \"count\"\n[affinity]\nevm = [0]\n",
+        "[run]\nsecret = \"test-secret-5f1c0a\"\n[evm]\naddr = \"127.0.0.1:7000\"\n[[ru]]\nid = \"ru-a\"\naddr = \"10.0.0.1:7001\"\nsource_id = 841\n[[bu]]\nid = \"bu-a\"\naddr = \"127.0.0.1:7002\"\ncredits = 4\nsink = \"count\"\n[affinity]\nevm = [0]\n",
         "[run]\nduration_s = 0\n[source]\nkind = \"fed\"\nmax_fragment = 4194304\n[buffers]\nbu_pool_mib = 600\n[[ru]]\nid = \"r\"\nfiles = [\"a.raw\"]\n[[bu]]\nid = \"b\"\ncredits = 8\n",
     ]
     .iter()

@@ -199,6 +199,8 @@ enum ConfigCmd {
     },
     /// Print the built-in default configuration.
     Default,
+    /// Print a new strong secret for `run.secret` or EVB_SECRET (32 random bytes, hex).
+    Secret,
 }
 
 fn init_logging() {
@@ -608,6 +610,18 @@ fn main() -> ExitCode {
             print!("{}", evb_config::DEFAULT_TOML);
             ExitCode::SUCCESS
         }
+        Command::Config {
+            what: ConfigCmd::Secret,
+        } => match evb_transport::random_hex(32) {
+            Some(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("evb: no randomness from the system for a secret");
+                ExitCode::FAILURE
+            }
+        },
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "evb", &mut std::io::stdout());
             ExitCode::SUCCESS

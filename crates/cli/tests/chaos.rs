@@ -265,7 +265,7 @@ impl Trial {
                 | Fault::FreezeEvmStandby(_)
                 | Fault::RogueFollower
         ) {
-            "secret = \"chaos door key\"\n"
+            "secret = \"chaos-door-key-6b2\"\n"
         } else {
             ""
         };
@@ -340,8 +340,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     // the start-up flood is there before any node listens, until the run is over
     // from several loopback addresses, as a persistent attacker's would be: a per-IP limit
     // alone must not be what lets the run start
-    let start_flood = (t.fault == Fault::StartFlood)
-        .then(|| HelloFlood::start_from(base, 40, &[1, 2, 3, 4, 5]));
+    let start_flood =
+        (t.fault == Fault::StartFlood).then(|| HelloFlood::start_from(base, 40, &[1, 2, 3, 4, 5]));
     let launcher = match t.launch {
         Launch::Run => Some(
             Command::new(EVB)

@@ -553,7 +553,7 @@ fn with_a_secret_only_consumers_that_prove_it_get_events() {
     let base = free_base_port(1);
     let toml = config("locked", EVENTS, 1, base, "").replacen(
         "[run]\n",
-        "[run]\nsecret = \"open sesame\"\n",
+        "[run]\nsecret = \"open-sesame-4b8e1d\"\n",
         1,
     );
     std::fs::write(d.join("farm.toml"), &toml).unwrap();

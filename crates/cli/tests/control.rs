@@ -331,7 +331,8 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
         "standby under evb up: seed {seed}: the EVM {} once {at} events are triggered",
         if freeze { "frozen" } else { "killed" }
     );
-    let toml = "[run]\nevents = 20000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up standby\"\n\
+    let toml =
+        "[run]\nevents = 20000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up-standby-7d21c9\"\n\
                 [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
     let mut up = Up::start_with(toml, &["--standby"]);
     up.wait_said("the standby's line", |said| {
@@ -407,7 +408,8 @@ fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
 /// starts at the standby, numbered on, and is exact.
 #[test]
 fn evb_up_with_a_standby_replaces_an_evm_frozen_between_runs() {
-    let toml = "[run]\nevents = 4000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up standby\"\n\
+    let toml =
+        "[run]\nevents = 4000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up-standby-7d21c9\"\n\
                 [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
     let mut up = Up::start_with(toml, &["--standby"]);
     up.wait_said("the standby's line", |said| {
@@ -549,7 +551,7 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,
-        "[run]\nsecret = \"open sesame\"\nevents = 1000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+        "[run]\nsecret = \"open-sesame-4b8e1d\"\nevents = 1000\nduration_s = 0\n[fragments]\nsize = 4096\n\
          [control]\nhost = \"10.251.0.1\"\nbase_port = 8700\n",
     )
     .unwrap();
@@ -594,7 +596,7 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
     assert_eq!(code, "401");
     let (code, _) = curl(&["-X", "POST"], "/api/v1/halt");
     assert_eq!(code, "401", "an unauthenticated halt must change nothing");
-    let token = evb_control::control_token(b"open sesame");
+    let token = evb_control::control_token(b"open-sesame-4b8e1d");
     let auth = format!("Authorization: Bearer {token}");
     let (code, body) = curl(&["-H", &auth], "/api/v1/status");
     assert_eq!(code, "200", "{body}");
@@ -651,14 +653,14 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
             "10.251.0.1:8700",
             "start",
         ])
-        .env("EVB_SECRET", "open sesame")
+        .env("EVB_SECRET", "open-sesame-4b8e1d")
         .output()
         .unwrap();
     assert!(ctl.status.success(), "{ctl:?}");
     let wait = Command::new("ip")
         .args(["netns", "exec", &b, EVB, "ctl", "--url", "10.251.0.1:8700"])
         .args(["wait", "--run", "1", "--timeout", "60"])
-        .env("EVB_SECRET", "open sesame")
+        .env("EVB_SECRET", "open-sesame-4b8e1d")
         .output()
         .unwrap();
     assert!(wait.status.success(), "{wait:?}");
@@ -673,7 +675,7 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
             "10.251.0.1:8700",
             "halt",
         ])
-        .env("EVB_SECRET", "open sesame")
+        .env("EVB_SECRET", "open-sesame-4b8e1d")
         .output()
         .unwrap();
     assert!(halt.status.success(), "{halt:?}");

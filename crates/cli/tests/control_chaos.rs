@@ -158,7 +158,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
     // that call it authenticate
     let toml = format!(
         "[run]\nid = \"upchaos\"\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 2500\n\
-         secret = \"up chaos key\"\n[fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
+         secret = \"up-chaos-key-3f9a\"\n[fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
         out.path().display()
     );
     let mut up = Up::start_with(&toml, &["--standby"]);

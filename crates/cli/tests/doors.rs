@@ -73,10 +73,10 @@ fn addr_of(url: &str) -> String {
 #[test]
 fn with_a_secret_no_local_process_or_web_page_controls_the_run() {
     let up = Up::start(
-        "[run]\nsecret = \"door key\"\nevents = 2000\nduration_s = 0\n[fragments]\nsize = 4096\n",
+        "[run]\nsecret = \"door-key-0f3a9c2e\"\nevents = 2000\nduration_s = 0\n[fragments]\nsize = 4096\n",
     );
     let evm = addr_of(&up.url);
-    let token = evb_control::control_token(b"door key");
+    let token = evb_control::control_token(b"door-key-0f3a9c2e");
     let bearer = format!("Bearer {token}");
     let json_ct = ("Content-Type", "application/json");
 
@@ -427,7 +427,7 @@ fn a_handshake_flood_at_start_up_does_not_keep_the_nodes_apart() {
     let (out, s) = common::evb_run_in(
         dir.path(),
         &format!(
-            "[run]\nsecret = \"flood\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+            "[run]\nsecret = \"flood-key-5c7e2a91\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 4096\n\
              [topology]\nbase_port = {base}\n"
         ),
     );
@@ -462,7 +462,7 @@ fn a_reconnecting_hello_flood_on_a_bu_does_not_keep_a_run_with_a_secret_from_sta
         let (out, s) = common::evb_run_in(
             dir.path(),
             &format!(
-                "[run]\nsecret = \"flood\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 4096\n\
+                "[run]\nsecret = \"flood-key-5c7e2a91\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 4096\n\
                  [topology]\nbase_port = {base}\n"
             ),
         );
@@ -772,7 +772,7 @@ fn a_control_url_planted_by_another_user_is_refused() {
     let cfg = t.path().join("run.toml");
     std::fs::write(
         &cfg,
-        "[run]\nid = \"planted\"\nsecret = \"door key\"\n[control]\nbase_port = 0\n",
+        "[run]\nid = \"planted\"\nsecret = \"door-key-0f3a9c2e\"\n[control]\nbase_port = 0\n",
     )
     .unwrap();
     let evb = |args: &[&str]| {
@@ -824,7 +824,7 @@ fn with_a_secret_the_output_files_are_not_readable_by_other_users() {
         std::fs::write(
             &cfg,
             format!(
-                "[run]\nsecret = \"door key\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 1024\n\
+                "[run]\nsecret = \"door-key-0f3a9c2e\"\nevents = 3000\nduration_s = 0\n[fragments]\nsize = 1024\n\
                  [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_group_read = {group}\n",
                 out.display()
             ),
@@ -878,7 +878,7 @@ fn strangers_holding_the_api_s_places_do_not_lock_the_operator_out() {
     eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
     let mut rng = Rng(seed | 1);
     let up = Up::start(
-        "[run]\nsecret = \"door key\"\nevents = 0\nduration_s = 30\nrate_hz = 2000\n[fragments]\nsize = 4096\n",
+        "[run]\nsecret = \"door-key-0f3a9c2e\"\nevents = 0\nduration_s = 30\nrate_hz = 2000\n[fragments]\nsize = 4096\n",
     );
     let evm: std::net::SocketAddr = addr_of(&up.url).parse().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -955,4 +955,70 @@ fn strangers_holding_the_api_s_places_do_not_lock_the_operator_out() {
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec}");
     assert!(up.halt().success());
+}
+
+/// A malformed request (400) and one with oversized headers (431) are each logged with its
+/// reason, not dropped in silence; an unauthenticated command's refusal too (issue 53 item 5).
+#[test]
+fn malformed_and_refused_requests_are_logged_with_their_reasons() {
+    let base = free_base_port(5);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nsecret = \"door-key-0f3a9c2e\"\nevents = 0\nduration_s = 4\nrate_hz = 1000\n\
+             [fragments]\nsize = 1024\n[control]\nbase_port = {base}\n"
+        ),
+    )
+    .unwrap();
+    let run = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&cfg)
+        .env_remove("EVB_SECRET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let evm = format!("127.0.0.1:{base}");
+    let t0 = Instant::now();
+    while TcpStream::connect(&evm).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the EVM's API never came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let send = |bytes: &[u8]| -> String {
+        let mut s = TcpStream::connect(&evm).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(bytes);
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        reply
+    };
+    let bad = send(b"NOT\x01A REQUEST\r\n\r\n");
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    let mut big = b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 200_000));
+    big.extend_from_slice(b"\r\n\r\n");
+    let large = send(&big);
+    assert!(large.starts_with("HTTP/1.1 431"), "{large}");
+    let (code, _) = raw(&evm, "POST", "/api/v1/stop", &[], "");
+    assert_eq!(code, 401);
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("control API:")).collect();
+    let all = said.join("\n");
+    assert!(all.contains("closed connections"), "{all}\n---\n{err}");
+    assert!(
+        all.contains("invalid") || all.contains("parse"),
+        "no 400 reason: {all}"
+    );
+    assert!(all.contains("too large"), "no 431 reason: {all}");
+    assert!(
+        all.contains("refused requests") && all.contains("401 to POST /api/v1/stop"),
+        "{all}"
+    );
 }

@@ -769,7 +769,7 @@ fn network_cut_to_a_bu_and_back() {
     let cfg = dir.path().join("cut.toml");
     let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\ncontrol = \"127.0.0.1:7700\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
                  [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7603\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.2:7604\"\nsink_delay_us = 20000\n";
-    let toml = PACED.replace("[run]\n", "[run]\nsecret = \"cut-test-secret\"\n") + nodes;
+    let toml = PACED.replace("[run]\n", "[run]\nsecret = \"cut-test-secret-9e\"\n") + nodes;
     std::fs::write(&cfg, toml).unwrap();
     let mut kids: BTreeMap<String, Child> = BTreeMap::new();
     for id in ["evm", "ru0", "ru1", "bu0"] {

@@ -317,9 +317,9 @@ fn the_run_page_of_a_run_with_a_secret_commands_with_its_own_session() {
         return;
     };
     let up = Up::start(
-        "[run]\nsecret = \"page door key\"\nevents = 0\nduration_s = 120\nrate_hz = 2000\n[fragments]\nsize = 4096\n",
+        "[run]\nsecret = \"page-door-key-81c4\"\nevents = 0\nduration_s = 120\nrate_hz = 2000\n[fragments]\nsize = 4096\n",
     );
-    let token = evb_control::control_token(b"page door key");
+    let token = evb_control::control_token(b"page-door-key-81c4");
     let b = Browser::start(&chromedriver, &chromium);
     b.post("/url", json!({"url": format!("{}?token={token}", up.url)}));
     let until = Instant::now() + Duration::from_secs(20);

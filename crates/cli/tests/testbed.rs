@@ -295,7 +295,7 @@ fn a_slowed_link_stands_out_in_the_ru_to_bu_matrix() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("run.toml");
-    let secret = "slow-link-test";
+    let secret = "slow-link-test-4d1";
     std::fs::write(
         &cfg,
         format!("[run]\nsecret = \"{secret}\"\n[fragments]\nsize = 65536\n"),

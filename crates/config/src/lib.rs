@@ -39,6 +39,7 @@ pub use schema::{
 pub use stream::{OnSyncLoss, StreamFormat};
 pub use topology::{host_of, NodeSpec, Role};
 use validate::{int_in, real_in};
+pub use validate::{weak_secret, SECRET_MIN_CHARS, SECRET_MIN_DISTINCT};
 
 #[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {

@@ -225,7 +225,7 @@ fn listening_beyond_loopback_needs_a_secret() {
     if std::env::var("EVB_SECRET").is_err() {
         assert_err(open, &["ru[0].addr", "beyond loopback", "secret"]);
     }
-    let c = Config::from_toml(&format!("[run]\nsecret = \"s3cret\"\n{open}")).unwrap();
+    let c = Config::from_toml(&format!("[run]\nsecret = \"s3cret-6e1f0b7d2a\"\n{open}")).unwrap();
     assert_eq!(c.secret().as_deref(), Some("s3cret"));
     assert!(!c.to_toml().is_empty());
 }
@@ -717,7 +717,7 @@ fn default_credits_are_fitted_to_the_host() {
 #[test]
 fn local_nodes_are_those_with_addresses_here() {
     let c = Config::from_toml(
-        "[run]\nsecret = \"s\"\n[[ru]]\nid = \"here\"\naddr = \"127.0.0.1:7001\"\n\
+        "[run]\nsecret = \"test-secret-5f1c0a\"\n[[ru]]\nid = \"here\"\naddr = \"127.0.0.1:7001\"\n\
          [[bu]]\nid = \"there\"\naddr = \"192.0.2.7:7002\"\n",
     )
     .unwrap();
@@ -891,7 +891,7 @@ fn serve_sink_settings_are_checked() {
     assert_eq!(c.serve_addr(1), "127.0.0.1:7401");
     assert_eq!(Config::default().serve_addr(0), "127.0.0.1:0");
     let c = Config::from_toml(
-        "[run]\nsecret = \"s\"\n[sink]\nkind = \"serve\"\n[[bu]]\nid = \"b\"\nserve = \"10.0.0.1:9000\"\n",
+        "[run]\nsecret = \"test-secret-5f1c0a\"\n[sink]\nkind = \"serve\"\n[[bu]]\nid = \"b\"\nserve = \"10.0.0.1:9000\"\n",
     )
     .unwrap();
     assert_eq!(c.serve_addr(0), "10.0.0.1:9000");
@@ -936,7 +936,7 @@ fn serve_sink_settings_are_checked() {
         &["bu[0].serve", "beyond loopback"],
     );
     assert!(Config::from_toml(&format!(
-        "[run]\nsecret = \"s\"\n{s}serve_host = \"0.0.0.0\"\n"
+        "[run]\nsecret = \"test-secret-5f1c0a\"\n{s}serve_host = \"0.0.0.0\"\n"
     ))
     .is_ok());
     assert_err(
@@ -1137,12 +1137,12 @@ fn output_files_are_private_with_a_secret() {
     let plain = Config::from_toml("[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n").unwrap();
     assert_eq!(plain.output_file_mode(), 0o666);
     let private = Config::from_toml(
-        "[run]\nsecret = \"s3cret-s3cret\"\n[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n",
+        "[run]\nsecret = \"s3cret-s3cret-0042\"\n[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n",
     )
     .unwrap();
     assert_eq!(private.output_file_mode(), 0o600);
     let group = Config::from_toml(
-        "[run]\nsecret = \"s3cret-s3cret\"\n[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nfile_group_read = true\n",
+        "[run]\nsecret = \"s3cret-s3cret-0042\"\n[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nfile_group_read = true\n",
     )
     .unwrap();
     assert_eq!(group.output_file_mode(), 0o640);
@@ -1150,4 +1150,22 @@ fn output_files_are_private_with_a_secret() {
         "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nfile_group_read = true\n",
         &["sink.file_group_read", "run.secret"],
     );
+}
+
+/// A short or repetitive secret is refused, naming the key and how to make a strong one.
+#[test]
+fn a_weak_secret_is_refused() {
+    if std::env::var("EVB_SECRET").is_ok_and(|s| !s.is_empty()) {
+        return; // the environment's secret would be in force
+    }
+    assert_err(
+        "[run]\nsecret = \"door key\"\n",
+        &["run.secret", "8 characters", "evb config secret"],
+    );
+    assert_err(
+        "[run]\nsecret = \"abababababababababab\"\n",
+        &["run.secret", "2 different characters"],
+    );
+    assert!(Config::from_toml("[run]\nsecret = \"door-key-0f3a9c2e\"\n").is_ok());
+    assert_eq!(weak_secret(&"0123456789abcdef".repeat(4)), None);
 }

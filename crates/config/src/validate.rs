@@ -131,6 +131,15 @@ impl Config {
         if self.sink.serve_host.is_empty() {
             return Err(invalid("sink.serve_host", "must not be empty"));
         }
+        if let Some(secret) = self.secret() {
+            if let Some(why) = weak_secret(&secret) {
+                let from_env = std::env::var("EVB_SECRET").is_ok_and(|v| !v.is_empty());
+                return Err(invalid(
+                    if from_env { "EVB_SECRET" } else { "run.secret" },
+                    why,
+                ));
+            }
+        }
         if self.sink.file_group_read && self.secret().is_none() {
             return Err(invalid(
                 "sink.file_group_read",
@@ -688,4 +697,31 @@ impl SourceSection {
         }
         Ok(())
     }
+}
+
+/// Least length of a secret, in characters, and least number of different characters in it.
+pub const SECRET_MIN_CHARS: usize = 16;
+pub const SECRET_MIN_DISTINCT: usize = 8;
+
+/// Why `secret` is too weak to stand between a stranger and the run, if it is. A stranger
+/// that opens a handshake receives an HMAC keyed by the secret over bytes mostly of its
+/// choosing (docs/protocol.md §1), so a short or guessable secret could be found offline;
+/// `evb config secret` makes one of 256 random bits.
+pub fn weak_secret(secret: &str) -> Option<String> {
+    let chars = secret.chars().count();
+    let distinct = secret
+        .chars()
+        .collect::<std::collections::BTreeSet<char>>()
+        .len();
+    if chars < SECRET_MIN_CHARS {
+        return Some(format!(
+            "{chars} characters: a secret needs at least {SECRET_MIN_CHARS} (`evb config secret` makes a strong one)"
+        ));
+    }
+    if distinct < SECRET_MIN_DISTINCT {
+        return Some(format!(
+            "only {distinct} different characters: a secret needs at least {SECRET_MIN_DISTINCT} (`evb config secret` makes a strong one)"
+        ));
+    }
+    None
 }

@@ -26,7 +26,7 @@ use evb_config::Role;
 use serde_json::{json, Value};
 use tracing::warn;
 
-use evb_transport::log_limit::LogLimit;
+use evb_transport::log_limit::Tally;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tower::ServiceExt;
@@ -64,6 +64,8 @@ fn parse_body(body: &Bytes) -> Result<Value, Box<Response>> {
 /// Longest a client may take to send a request's headers (also the longest a kept-alive
 /// connection may sit idle between requests).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes of a request's head (request line and headers) the API reads.
+const MAX_HEAD: usize = 64 * 1024;
 /// Longest a client may take to send a request's body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once, in all and from one source IP. Beyond them a newcomer takes
@@ -288,41 +290,59 @@ impl Drop for Slot {
 /// Accepts connections within the limits above and serves each with a header deadline.
 async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: String) {
     let slots = Arc::new(std::sync::Mutex::new(Slots::default()));
-    let mut refused = LogLimit::new(Duration::from_secs(10));
+    // every connection closed for a reason of its own (limits, malformed or slow requests),
+    // one line per 10 s with each reason and its count
+    let closed = Arc::new(std::sync::Mutex::new(Tally::new(Duration::from_secs(10))));
+    let say = {
+        let (closed, node) = (closed.clone(), node.clone());
+        move |why: String| {
+            let line = closed.lock().unwrap_or_else(|p| p.into_inner()).tick(&why);
+            if let Some(line) = line {
+                warn!(node, "control API: closed connections, {line}");
+            }
+        }
+    };
+    {
+        // the last of a burst is said even if nothing follows it
+        let (closed, node) = (closed.clone(), node.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let line = closed.lock().unwrap_or_else(|p| p.into_inner()).due();
+                if let Some(line) = line {
+                    warn!(node, "control API: closed connections, {line}");
+                }
+            }
+        });
+    }
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
-                // out of descriptors, most likely: wait rather than spin, and say so once in a while
-                if let Some(n) = refused.tick() {
-                    warn!(node, "control API: accept failed ({n} times): {e}");
-                }
+                // out of descriptors, most likely: wait rather than spin
+                say(format!("accept failed: {e}"));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
         let Some((slot, state, evicted, pushed_out)) = Slot::take(&slots, peer.ip()) else {
             drop(stream);
-            if let Some(n) = refused.tick() {
-                warn!(
-                    node,
-                    "control API: closed {n} connection(s) at once, the last from {peer}: too many \
-                     open, each serving a request (limits: {MAX_CONNECTIONS_PER_IP} per IP, \
-                     {MAX_CONNECTIONS} in all)"
-                );
-            }
+            say(format!(
+                "from {}: closed at once, too many open and each serving a request, or its \
+                 address pushed out too often (limits: {MAX_CONNECTIONS_PER_IP} per IP, \
+                 {MAX_CONNECTIONS} in all)",
+                peer.ip()
+            ));
             continue;
         };
         if pushed_out {
-            if let Some(n) = refused.tick() {
-                warn!(
-                    node,
-                    "control API: closed {n} connection(s) without a request being served, for \
-                     newer ones (the last for {peer}; limits: {MAX_CONNECTIONS_PER_IP} per IP, \
-                     {MAX_CONNECTIONS} in all)"
-                );
-            }
+            say(format!(
+                "one without a request served, for a newer one from {} (limits: \
+                 {MAX_CONNECTIONS_PER_IP} per IP, {MAX_CONNECTIONS} in all)",
+                peer.ip()
+            ));
         }
+        let say = say.clone();
         let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
@@ -340,9 +360,16 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: Strin
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
+                // no request of this API needs more: larger heads are refused (431)
+                .max_buf_size(MAX_HEAD)
                 .serve_connection(TokioIo::new(stream), svc);
             tokio::select! {
-                _ = conn => {}
+                r = conn => {
+                    // a malformed request (400), headers too large (431), too slow: said
+                    if let Err(e) = r {
+                        say(format!("from {}: {e}", peer.ip()));
+                    }
+                }
                 _ = evicted => {}
             }
         });
@@ -380,7 +407,7 @@ fn router(node: Shared) -> Router {
     let gate = Arc::new(Gate {
         node: node.clone(),
         known_hosts: known_hosts(&node),
-        refused: std::sync::Mutex::new(LogLimit::new(Duration::from_secs(10))),
+        refused: std::sync::Mutex::new(Tally::new(Duration::from_secs(10))),
         sessions: sessions.clone(),
     });
     let r = r.layer(axum::Extension(sessions));
@@ -399,7 +426,7 @@ fn router(node: Shared) -> Router {
 struct Gate {
     node: Shared,
     known_hosts: Vec<String>,
-    refused: std::sync::Mutex<LogLimit>,
+    refused: std::sync::Mutex<Tally>,
     /// The run page's sessions (`session.rs`).
     sessions: Arc<crate::session::Sessions>,
 }
@@ -460,17 +487,21 @@ async fn authorize(
         |id| gate.sessions.valid(id),
     );
     if let Err((status, why)) = verdict {
-        let n = gate
+        let reason = format!(
+            "{status} to {} {} from {}: {why}",
+            req.method(),
+            req.uri().path(),
+            peer.ip()
+        );
+        let line = gate
             .refused
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .tick();
-        if let Some(n) = n {
+            .tick(&reason);
+        if let Some(line) = line {
             warn!(
                 node = gate.node.id(),
-                "control API: refused {n} request(s), the last {} {} from {peer}: {why}",
-                req.method(),
-                req.uri().path()
+                "control API: refused requests, {line}"
             );
         }
         return error(status, why);

@@ -176,9 +176,16 @@ impl Collector for SnapshotCollector {
                 gauge(
                     &mut enc,
                     "evb_evm_active",
-                    "1 on the EVM that runs the run, 0 on a standby still following it",
+                    "1 on the EVM that runs the run, 0 on a standby still following it or on an EVM fenced by one",
                     None,
-                    u64::from(!st.following),
+                    u64::from(!st.following && snap.fenced.is_none()),
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_evm_fenced_by_epoch",
+                    "The epoch of the standby that fenced this EVM (its counts are then not the run's); 0: not fenced",
+                    None,
+                    snap.fenced.map_or(0, u64::from),
                 )?;
                 // only losses count (a rejoin is none)
                 let losses = st.lost.iter().filter(|e| e.kind.is_loss()).count();

@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 use evb_wire::{FrameType, Hello, WireError};
 
 use crate::handshake::{Handshake, Outcome};
-use crate::log_limit::LogLimit;
+use crate::log_limit::Tally;
 use crate::{
     CloseReason, ConnId, Event, InFrame, Segment, Transport, TransportConfig, TransportError,
 };
@@ -121,7 +121,8 @@ pub struct TcpTransport {
     pending_events: Vec<Event>,
     admission: Admission,
     /// One warning per few seconds about refused or failed handshakes, with a count.
-    refusals: LogLimit,
+    /// Refused strangers, every reason kept (one line per few seconds).
+    refusals: Tally,
     /// Send threads, when asked for (`Transport::set_send_threads`).
     senders: Option<SendThreads>,
     /// Sockets are MPTCP (`TcpTransport::multipath`): the kernel spreads each connection
@@ -144,7 +145,7 @@ impl TcpTransport {
             frames: Vec::new(),
             pending_events: Vec::new(),
             admission: Admission::default(),
-            refusals: LogLimit::default(),
+            refusals: Tally::new(Duration::from_secs(5)),
             senders: None,
             multipath: false,
         })
@@ -253,16 +254,15 @@ impl TcpTransport {
             match accepted {
                 Ok((stream, peer)) => {
                     if !self.make_room(peer.ip()) {
-                        if let Some(n) = self.refusals.tick() {
-                            warn!(
-                                %peer,
-                                "closing {n} incoming connection(s) at once: too many connections \
-                                 still handshaking, each with its Hello sent less than {} ms ago \
-                                 (limits: {} per IP, {} in all)",
-                                self.admission.shed_after.as_millis(),
-                                self.admission.per_ip,
-                                self.admission.total
-                            );
+                        let why = format!(
+                            "closed at once: too many connections still handshaking, each with \
+                             its Hello sent less than {} ms ago (limits: {} per IP, {} in all)",
+                            self.admission.shed_after.as_millis(),
+                            self.admission.per_ip,
+                            self.admission.total
+                        );
+                        if let Some(line) = self.refusals.tick(&why) {
+                            warn!(%peer, "refused incoming connections before their handshake, {line}");
                         }
                         drop(stream);
                         continue;
@@ -316,8 +316,8 @@ impl TcpTransport {
             let loud = matches!(reason, CloseReason::Protocol(_) | CloseReason::Rejected(_));
             if loud && !c.admitted && c.inbound.is_some() {
                 // a stranger's failed handshake: a flood of them is one line now and then
-                if let Some(n) = self.refusals.tick() {
-                    warn!(peer = %c.addr, "closed {n} incoming connection(s) before their handshake, the last: {reason}");
+                if let Some(line) = self.refusals.tick(&reason.to_string()) {
+                    warn!(peer = %c.addr, "refused incoming connections before their handshake, {line}");
                 }
             } else if loud {
                 warn!(peer = %c.addr, "closed: {reason}")
@@ -503,6 +503,10 @@ impl Transport for TcpTransport {
 
     fn poll(&mut self, out: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
         out.append(&mut self.pending_events);
+        // the last refusals of a flood are said once its period is over, even if none follows
+        if let Some(line) = self.refusals.due() {
+            warn!("refused incoming connections before their handshake, {line}");
+        }
         let timeout = if !out.is_empty()
             || !self.more_to_read.is_empty()
             || !self.more_to_accept.is_empty()
