@@ -593,7 +593,7 @@ fn with_a_secret_only_consumers_that_prove_it_get_events() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let a = by_config.spawn().unwrap();
-    let b = consumer_env(d, "env", "locked", &addr, &[], Some("open sesame"));
+    let b = consumer_env(d, "env", "locked", &addr, &[], Some("open-sesame-4b8e1d"));
     let (out, s) = run.join().unwrap();
     let sinks = assert_served(&out, &s, EVENTS, 1);
     let mut all = Vec::new();

@@ -91,9 +91,7 @@ impl Tally {
     /// even if nothing follows it).
     pub fn due(&mut self) -> Option<String> {
         // no clock reading while nothing waits (it is asked on every pass of a run)
-        if self.since.is_none() {
-            return None;
-        }
+        self.since?;
         self.due_at(Instant::now())
     }
 
