@@ -687,8 +687,10 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
 #[test]
 fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::free_base_port(5);
-    let ctl = common::free_base_port(5);
+    // one range for both: two calls may give overlapping ranges (each is released before
+    // the next is bound), and the configuration is then refused for a port clash
+    let data = common::free_base_port(10);
+    let ctl = data + 5;
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,

@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use evb_config::Role;
 use serde_json::{json, Value};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use evb_transport::log_limit::Tally;
 use hyper::body::Incoming;
@@ -343,6 +343,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: Strin
             ));
         }
         let say = say.clone();
+        let seen = state.clone();
         let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
@@ -365,9 +366,15 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, node: Strin
                 .serve_connection(TokioIo::new(stream), svc);
             tokio::select! {
                 r = conn => {
-                    // a malformed request (400), headers too large (431), too slow: said
-                    if let Err(e) = r {
-                        say(format!("from {}: {e}", peer.ip()));
+                    // a malformed request (400), headers too large (431), a request too
+                    // slow: said; a client's kept-alive connection idle past the deadline
+                    // after its requests were served is no refusal
+                    match r {
+                        Err(e) if e.is_timeout() && seen.load(std::sync::atomic::Ordering::Relaxed) == IDLE => {
+                            debug!("control API: an idle connection from {peer} closed: {e}");
+                        }
+                        Err(e) => say(format!("from {}: {e}", peer.ip())),
+                        Ok(()) => {}
                     }
                 }
                 _ = evicted => {}
