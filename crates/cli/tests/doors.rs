@@ -170,67 +170,40 @@ fn with_a_secret_no_local_process_or_web_page_controls_the_run() {
     // what a cookie of earlier versions carried (the token) no longer authenticates
     let port = evm.rsplit_once(':').unwrap().1;
     let own = format!("http://{evm}");
-    let (code, _) = raw(
-        &evm,
-        "POST",
-        "/api/v1/start",
-        &[
-            json_ct,
-            ("Cookie", &format!("evb_token_{port}={token}")),
-            ("Origin", &own),
-        ],
-        "{}",
-    );
+    // a start with these headers besides JSON's: its status and reply
+    let start = |headers: &[(&str, &str)]| {
+        let mut all = vec![json_ct];
+        all.extend_from_slice(headers);
+        raw(&evm, "POST", "/api/v1/start", &all, "{}")
+    };
+    let cookie = format!("evb_token_{port}={token}");
+    let code = start(&[("Cookie", &cookie), ("Origin", &own)]).0;
     assert_eq!(code, 401, "the token as a cookie");
     // a session is not a bearer token: leaked, it does not stand for the token
-    let (code, _) = raw(
-        &evm,
-        "POST",
-        "/api/v1/start",
-        &[json_ct, ("Authorization", &format!("Bearer {session}"))],
-        "{}",
-    );
+    let bearer = format!("Bearer {session}");
+    let code = start(&[("Authorization", &bearer)]).0;
     assert_eq!(code, 401, "the session as a bearer token");
     // the page's session from another origin's page is refused
-    let (code, _) = raw(
-        &evm,
-        "POST",
-        "/api/v1/start",
-        &[
-            json_ct,
-            ("X-Evb-Session", &session),
-            ("Origin", "http://127.0.0.1:1"),
-        ],
-        "{}",
-    );
-    assert_eq!(code, 403);
+    let other = start(&[
+        ("X-Evb-Session", &session),
+        ("Origin", "http://127.0.0.1:1"),
+    ]);
+    assert_eq!(other.0, 403);
     // the page's own button: same origin, its session, JSON
-    let (code, body) = raw(
-        &evm,
-        "POST",
-        "/api/v1/start",
-        &[json_ct, ("X-Evb-Session", &session), ("Origin", &own)],
-        "{}",
-    );
+    let (code, body) = start(&[("X-Evb-Session", &session), ("Origin", &own)]);
     assert_eq!(code, 200, "{body}");
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec:#}");
     // a session can be ended; then it opens nothing
-    let (code, body) = raw(
+    let ended = raw(
         &evm,
         "POST",
         "/api/v1/logout",
         &[("X-Evb-Session", &session)],
         "",
     );
-    assert_eq!(code, 200, "{body}");
-    let (code, _) = raw(
-        &evm,
-        "POST",
-        "/api/v1/start",
-        &[json_ct, ("X-Evb-Session", &session), ("Origin", &own)],
-        "{}",
-    );
+    assert_eq!(ended.0, 200, "{}", ended.1);
+    let code = start(&[("X-Evb-Session", &session), ("Origin", &own)]).0;
     assert_eq!(code, 401, "an ended session");
     // evb up printed the page's URL with the token for the operator
     up.wait_said("the page's URL with the token", |said| {
