@@ -98,11 +98,14 @@ pub fn seeds() -> Vec<Vec<u8>> {
                     page.extend_from_slice(&fragment_prefix(&h));
                     page.extend_from_slice(&payload);
                 }
-                1 => Message::Assign(EventRange {
-                    bu: 1,
-                    first: k as u64,
-                    count: 1 + n,
-                })
+                1 => Message::Assign(
+                    EventRange {
+                        bu: 1,
+                        first: k as u64,
+                        count: 1 + n,
+                    },
+                    1,
+                )
                 .encode_into(&mut page),
                 2 => Message::Credit { bu: 0, count: n }.encode_into(&mut page),
                 _ => Message::Report(format!("{{\"n\":{n}}}")).encode_into(&mut page),

@@ -29,7 +29,7 @@ pub fn check(data: &[u8]) {
         if let Ok(mt) = MessageType::from_u16(t as u16 % 0x22) {
             if let Ok(m) = Message::decode(mt, body) {
                 assert_eq!(&m.encode()[MESSAGE_HEADER_LEN..], body);
-                if let Message::Assign(r) | Message::Release(r) = m {
+                if let Message::Assign(r, _) | Message::Release(r) = m {
                     assert!(r.count > 0 && r.first.checked_add(r.count as u64).is_some());
                 }
                 if let Message::Credit { count, .. } = m {
@@ -96,7 +96,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
     };
     for m in [
         Message::Credit { bu: 2, count: 17 },
-        Message::Assign(range),
+        Message::Assign(range, 1),
         Message::Release(range),
         Message::Ready { available: 4685 },
         Message::Start,

@@ -76,7 +76,7 @@ fn pass(
         first,
         count: n as u32,
     };
-    b.handle(now, NodeRef::Evm, Message::Assign(range));
+    b.handle(now, NodeRef::Evm, Message::Assign(range, 0));
     for (from, run) in pages {
         sweep(cold, &mut spent, &mut t);
         b.handle_page(now, from, run);

@@ -30,7 +30,7 @@ fn pass(ru: &mut Ru, bu: u16, first: u64, n: u32) -> Duration {
         first,
         count: n,
     };
-    ru.handle(t, NodeRef::Evm, Message::Assign(range));
+    ru.handle(t, NodeRef::Evm, Message::Assign(range, 0));
     let mut sent = 0u32;
     while sent < n {
         ru.poll(t);

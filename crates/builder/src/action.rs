@@ -41,8 +41,13 @@ pub enum Action {
     },
     /// RU → BU: `count` encoded fragments of consecutive events, back to back (each its
     /// message header, fragment header and payload) in pool blocks.
+    ///
+    /// `inc`: the incarnation of the BU that the assignment named. The driver sends them
+    /// only over a connection to that incarnation; otherwise they stay held, unsent, and
+    /// the EVM's reassignment sends them again (docs/protocol.md §6 item 11).
     SendFragments {
         to: NodeRef,
+        inc: u16,
         data: Chain,
         count: u32,
     },

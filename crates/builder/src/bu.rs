@@ -803,7 +803,7 @@ impl Bu {
                 self.state = RunState::Running;
                 self.credits_to_send += self.cfg.credits;
             }
-            Message::Assign(r) if r.bu == self.me() => {
+            Message::Assign(r, _) if r.bu == self.me() => {
                 if let Some(j) = &mut self.join {
                     if j.takes_assign(r.first) {
                         j.assign(r.first, r.end(), now);
@@ -1534,7 +1534,7 @@ mod records_tests {
                 first: ids.start,
                 count: (ids.end - ids.start) as u32,
             };
-            b.handle(now, NodeRef::Evm, Message::Assign(r));
+            b.handle(now, NodeRef::Evm, Message::Assign(r, 0));
             b.handle_fragments(
                 now,
                 NodeRef::Ru(0),
@@ -1577,7 +1577,7 @@ mod records_tests {
             first: 10,
             count: 1,
         };
-        b.handle(now, NodeRef::Evm, Message::Assign(r));
+        b.handle(now, NodeRef::Evm, Message::Assign(r, 0));
         b.handle_fragment(now, NodeRef::Ru(0), header(10, 1), Chain::new());
         b.delivered(10, 0);
         b.delivered(99, 0);
@@ -1621,7 +1621,7 @@ mod records_tests {
                 first: id,
                 count: 1,
             };
-            bu.handle(t0 + us(done), NodeRef::Evm, Message::Assign(r));
+            bu.handle(t0 + us(done), NodeRef::Evm, Message::Assign(r, 0));
             if i == 4 {
                 // a report between passes sees every completed event
                 assert_eq!(bu.stats().latency.count, 5);
@@ -1660,7 +1660,7 @@ mod records_tests {
                 first: id,
                 count: 1,
             };
-            bu.handle(now, NodeRef::Evm, Message::Assign(r));
+            bu.handle(now, NodeRef::Evm, Message::Assign(r, 0));
         }
         let mut built = Vec::new();
         while let Some(e) = bu.next_built() {

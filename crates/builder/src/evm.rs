@@ -157,6 +157,10 @@ pub struct Evm {
     /// Nodes currently part of the run (lost ones are removed, rejoined ones return).
     alive: FastSet<NodeRef>,
     credits: Vec<u64>,
+    /// Each BU's incarnation, as its control connection's Hello said (0: none known):
+    /// every Assign names it, so that RUs send fragments only to the process that was
+    /// assigned them (docs/protocol.md §6 item 11).
+    incarnations: Vec<u16>,
     rr: usize,
     /// `Assignment::Random`: the BU drawn for the next batch, and the generator's state.
     drawn: Option<usize>,
@@ -204,6 +208,7 @@ impl Evm {
             links_reported_by_bus: Vec::new(),
             alive: FastSet::default(),
             credits: vec![0; n_bu],
+            incarnations: vec![0; n_bu],
             rr: 0,
             drawn: None,
             rng: 0x9E37_79B9_7F4A_7C15,
@@ -225,6 +230,19 @@ impl Evm {
             unpublished: vec![Vec::new(); n_bu],
             in_doubt: Vec::new(),
         }
+    }
+
+    /// BU `bu`'s control connection is from the process of incarnation `inc` (its Hello):
+    /// Assigns from now on name it.
+    pub fn set_incarnation(&mut self, bu: u16, inc: u16) {
+        if let Some(i) = self.incarnations.get_mut(bu as usize) {
+            *i = inc;
+        }
+    }
+
+    /// The incarnation an Assign to BU `bu` names.
+    pub(crate) fn incarnation(&self, bu: u16) -> u16 {
+        self.incarnations.get(bu as usize).copied().unwrap_or(0)
     }
 
     /// Whether BU `b`'s sink commits its output.
@@ -847,7 +865,8 @@ impl Evm {
     fn send_assign(&mut self, range: EventRange) {
         let mut to = self.live_rus();
         to.push(NodeRef::Bu(range.bu));
-        self.send_to(to, Message::Assign(range), Path::Batched);
+        let inc = self.incarnation(range.bu);
+        self.send_to(to, Message::Assign(range, inc), Path::Batched);
     }
 
     /// Events of lost BUs go first, to whichever BU has credit.

@@ -110,6 +110,8 @@ impl Run {
 /// The run being made in this pass.
 struct OpenRun {
     bu: u16,
+    /// The incarnation of `bu` its assignment named.
+    inc: u16,
     first: u64,
     ends: Vec<u32>,
     data: Chain,
@@ -127,8 +129,9 @@ impl OpenRun {
 
     /// Event `id` for `bu` may go at its end: the same BU, the next event, room for another
     /// piece.
-    fn continues(&self, bu: u16, id: u64) -> bool {
+    fn continues(&self, bu: u16, inc: u16, id: u64) -> bool {
         self.bu == bu
+            && self.inc == inc
             && self.first + self.ends.len() as u64 == id
             && self.data.slices().len() < MAX_RUN_PIECES
     }
@@ -144,7 +147,8 @@ pub struct Ru {
     cfg: RuConfig,
     pool: Pool,
     state: RunState,
-    pending: VecDeque<EventRange>,
+    /// Assignments not made yet, each with the incarnation of its BU that it names.
+    pending: VecDeque<(EventRange, u16)>,
     /// Runs of fragments still held, by their first event id.
     retained: BTreeMap<u64, Run>,
     /// Fragments held over all runs.
@@ -290,7 +294,7 @@ impl Ru {
             Source::Generator(_) => {}
         }
         s.retained = self.retained_count;
-        s.pending_events = self.pending.iter().map(|r| r.count as u64).sum();
+        s.pending_events = self.pending.iter().map(|(r, _)| r.count as u64).sum();
         s
     }
 
@@ -330,7 +334,7 @@ impl Ru {
         let assigned = self
             .pending
             .iter()
-            .map(|r| r.first + r.count as u64)
+            .map(|(r, _)| r.first + r.count as u64)
             .fold(f.next_id(), u64::max);
         if let Some((count, done)) = f.announcement(now, assigned) {
             self.actions.push_back(Action::Send {
@@ -367,7 +371,7 @@ impl Ru {
         }
         match msg {
             Message::Start => self.state = RunState::Running,
-            Message::Assign(r) if r.count > 0 => self.pending.push_back(r),
+            Message::Assign(r, inc) if r.count > 0 => self.pending.push_back((r, inc)),
             // A valid release never names more events than this RU holds: a bigger one is
             // refused whole rather than walked id by id.
             Message::Release(r) if r.count as u64 > self.retained_count => {
@@ -454,7 +458,7 @@ impl Ru {
             }
         }
         let mut known_until = self.made_until;
-        for r in &self.pending {
+        for (r, _) in &self.pending {
             for id in r.first..r.end() {
                 dest.insert(id, r.bu);
             }
@@ -492,7 +496,9 @@ impl Ru {
         // Bounded by count and by bytes: a pass that writes hundreds of MB (large fragments,
         // a large pool) keeps the node from reading its sockets and sending heartbeats.
         while made < self.cfg.max_per_poll && bytes < MAX_BYTES_PER_POLL {
-            let Some(r) = self.pending.front() else { break };
+            let Some(&(r, inc)) = self.pending.front() else {
+                break;
+            };
             let (event_id, bu) = (r.first, r.bu);
             if event_id < self.made_until {
                 // Reassigned from a lost BU: the same bytes go to the new one.
@@ -503,6 +509,7 @@ impl Ru {
                         self.count_to_bu(bu, data.len().saturating_sub(PREFIX_LEN));
                         self.actions.push_back(Action::SendFragments {
                             to: NodeRef::Bu(bu),
+                            inc,
                             data,
                             count: 1,
                         });
@@ -533,7 +540,7 @@ impl Ru {
                 self.source_failed(reason);
                 return;
             }
-            let Some(size) = self.make_into_run(&mut open, bu, event_id) else {
+            let Some(size) = self.make_into_run(&mut open, bu, inc, event_id) else {
                 self.stats.pool_waits += 1;
                 self.blocked = true;
                 break;
@@ -559,7 +566,7 @@ impl Ru {
         let Source::Generator(g) = &self.cfg.source else {
             return (0, 0);
         };
-        let (Some(r), Some(o), Some(t), Some(block)) = (
+        let (Some((r, inc)), Some(o), Some(t), Some(block)) = (
             self.pending.front().copied(),
             open.as_mut(),
             self.template.as_mut(),
@@ -569,7 +576,7 @@ impl Ru {
         };
         let joins = g.content == Content::Static
             && r.first >= self.made_until
-            && o.continues(r.bu, r.first);
+            && o.continues(r.bu, inc, r.first);
         if !joins {
             return (0, 0);
         }
@@ -642,15 +649,23 @@ impl Ru {
     /// vary a run passes its byte limit by less than one fragment, which a frame's limit
     /// allows for). Returns the fragment's length, `None` when the pool cannot hold it now
     /// (the run is left as it was).
-    fn make_into_run(&mut self, open: &mut Option<OpenRun>, bu: u16, id: u64) -> Option<usize> {
+    fn make_into_run(
+        &mut self,
+        open: &mut Option<OpenRun>,
+        bu: u16,
+        inc: u16,
+        id: u64,
+    ) -> Option<usize> {
         let joins = open.as_ref().is_some_and(|o| {
-            o.continues(bu, id) && o.has_room(o.data.len(), o.last_len(), self.cfg.max_run_bytes)
+            o.continues(bu, inc, id)
+                && o.has_room(o.data.len(), o.last_len(), self.cfg.max_run_bytes)
         });
         if !joins {
             self.close_run(open);
         }
         let o = open.get_or_insert_with(|| OpenRun {
             bu,
+            inc,
             first: id,
             ends: self.spare_ends.pop().unwrap_or_default(),
             data: Chain::new(),
@@ -690,6 +705,7 @@ impl Ru {
         let count = o.ends.len() as u32;
         self.actions.push_back(Action::SendFragments {
             to: NodeRef::Bu(o.bu),
+            inc: o.inc,
             data: o.data.clone(),
             count,
         });
@@ -750,7 +766,7 @@ impl Ru {
 
     /// The front assignment moves past `n` of its events (made or sent again).
     fn advance_pending(&mut self, n: u32) {
-        let r = self.pending.front_mut().expect("a pending range");
+        let (r, _) = self.pending.front_mut().expect("a pending range");
         r.first += n as u64;
         r.count -= n;
         if r.count == 0 {

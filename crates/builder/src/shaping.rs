@@ -43,8 +43,9 @@ pub struct BarrelShaper {
     n_ru: usize,
     /// Folded N × N: this RU's own BU, served at once and given no slot.
     own: Option<usize>,
-    /// Per BU: runs of fragments (the encoded fragments, how many).
-    queues: Vec<VecDeque<(Chain, u32)>>,
+    /// Per BU: runs of fragments (the encoded fragments, how many, the BU incarnation
+    /// their assignment named).
+    queues: Vec<VecDeque<(Chain, u32, u16)>>,
     slot_ns: u64,
     slot_bytes: usize,
     /// The slot being served and the bytes already released in it.
@@ -80,11 +81,12 @@ impl BarrelShaper {
         }
     }
 
-    /// Queues a fragment for BU `bu` (an out-of-range BU is sent in slot order as BU 0's).
-    pub fn push(&mut self, bu: usize, data: Chain, count: u32) {
+    /// Queues a fragment for incarnation `inc` of BU `bu` (an out-of-range BU is sent in
+    /// slot order as BU 0's).
+    pub fn push(&mut self, bu: usize, inc: u16, data: Chain, count: u32) {
         self.queued_bytes += data.len();
         let n = self.queues.len();
-        self.queues[if bu < n { bu } else { 0 }].push_back((data, count));
+        self.queues[if bu < n { bu } else { 0 }].push_back((data, count, inc));
     }
 
     /// Bytes waiting for their slot.
@@ -94,7 +96,7 @@ impl BarrelShaper {
 
     /// What may be sent at wall-clock time `now_ns` (nanoseconds since the epoch): the
     /// fragments for this slot's BU, up to the slot's bytes.
-    pub fn due(&mut self, now_ns: u64, mut out: impl FnMut(usize, Chain, u32)) {
+    pub fn due(&mut self, now_ns: u64, mut out: impl FnMut(usize, u16, Chain, u32)) {
         let slot = now_ns / self.slot_ns;
         if slot != self.slot {
             self.slot = slot;
@@ -102,9 +104,9 @@ impl BarrelShaper {
         }
         if let Some(own) = self.own {
             // the host's own BU: no link to share
-            while let Some((data, count)) = self.queues[own].pop_front() {
+            while let Some((data, count, inc)) = self.queues[own].pop_front() {
                 self.queued_bytes -= data.len();
-                out(own, data, count);
+                out(own, inc, data, count);
             }
         }
         let bu = match self.own {
@@ -114,17 +116,17 @@ impl BarrelShaper {
         let Some(bu) = bu else {
             return;
         };
-        while let Some(len) = self.queues[bu].front().map(|(d, _)| d.len()) {
+        while let Some(len) = self.queues[bu].front().map(|(d, ..)| d.len()) {
             // what does not fit in the rest of the slot waits: the budget is never exceeded
             if self.sent + len > self.slot_bytes && self.sent > 0 {
                 break;
             }
-            let Some((data, count)) = self.queues[bu].pop_front() else {
+            let Some((data, count, inc)) = self.queues[bu].pop_front() else {
                 break;
             };
             self.sent += data.len();
             self.queued_bytes -= data.len();
-            out(bu, data, count);
+            out(bu, inc, data, count);
         }
     }
 
@@ -192,17 +194,17 @@ mod tests {
         w.advance(800);
         let frag = || Chain::from_slice(w.slice(0, 800));
         let mut s = BarrelShaper::new(1, 3, 3, Duration::from_millis(1), 1000, true);
-        s.push(1, frag(), 1);
-        s.push(1, frag(), 1);
-        s.push(0, frag(), 1);
+        s.push(1, 1, frag(), 1);
+        s.push(1, 1, frag(), 1);
+        s.push(0, 1, frag(), 1);
         assert_eq!(s.next_slot_in(0), Some(Duration::ZERO));
         let mut got = Vec::new();
         // slot 0: RU 1 sends to BU (1 + 1) mod 3 = 2 (nothing queued); its own two go now
-        s.due(0, |bu, c, _| got.push((bu, c.len())));
+        s.due(0, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(1, 800), (1, 800)]);
         assert_eq!(s.next_slot_in(0), Some(Duration::from_millis(1)));
         // slot 1: BU (1 + 2) mod 3 = 0
-        s.due(1_000_000, |bu, c, _| got.push((bu, c.len())));
+        s.due(1_000_000, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(1, 800), (1, 800), (0, 800)]);
         // not N x N: folded changes nothing
         let plain = BarrelShaper::new(1, 3, 2, Duration::from_millis(1), 1000, true);
@@ -220,18 +222,18 @@ mod tests {
         // RU 1 of 2, 2 BUs, 1 ms slots of 1000 bytes: slot t goes to BU (1 + t) mod 2
         let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000, false);
         for _ in 0..3 {
-            s.push(0, frag(600), 1);
+            s.push(0, 1, frag(600), 1);
         }
-        s.push(1, frag(100), 1);
+        s.push(1, 1, frag(100), 1);
         let ms = 1_000_000u64;
         let mut got = Vec::new();
         // slot 0: BU 1's fragment
-        s.due(0, |bu, c, _| got.push((bu, c.len())));
+        s.due(0, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(1, 100)]);
         // slot 1: BU 0, one fragment: a second would over-fill the slot (1,200 > 1,000)
         got.clear();
-        s.due(ms + 5, |bu, c, _| got.push((bu, c.len())));
-        s.due(ms + 500_000, |bu, c, _| got.push((bu, c.len())));
+        s.due(ms + 5, |bu, _, c, _| got.push((bu, c.len())));
+        s.due(ms + 500_000, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 600)]);
         assert_eq!(s.queued_bytes(), 1200);
         assert_eq!(
@@ -240,25 +242,25 @@ mod tests {
         );
         // slot 2 is BU 1's (nothing queued), slots 3 and 5 BU 0's again, one fragment each
         got.clear();
-        s.due(2 * ms, |bu, c, _| got.push((bu, c.len())));
+        s.due(2 * ms, |bu, _, c, _| got.push((bu, c.len())));
         assert!(got.is_empty());
-        s.due(3 * ms, |bu, c, _| got.push((bu, c.len())));
+        s.due(3 * ms, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 600)]);
-        s.due(5 * ms, |bu, c, _| got.push((bu, c.len())));
+        s.due(5 * ms, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 600), (0, 600)]);
         assert_eq!(s.next_slot_in(5 * ms), None);
         // pieces that fit share a slot; one larger than a slot goes alone
-        s.push(0, frag(400), 1);
-        s.push(0, frag(400), 1);
-        s.push(0, frag(300), 1);
+        s.push(0, 1, frag(400), 1);
+        s.push(0, 1, frag(400), 1);
+        s.push(0, 1, frag(300), 1);
         got.clear();
-        s.due(7 * ms, |bu, c, _| got.push((bu, c.len())));
+        s.due(7 * ms, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 400), (0, 400)]);
         let mut big = BarrelShaper::new(0, 1, 1, Duration::from_millis(1), 1000, false);
-        big.push(0, frag(1500), 1);
-        big.push(0, frag(100), 1);
+        big.push(0, 1, frag(1500), 1);
+        big.push(0, 1, frag(100), 1);
         got.clear();
-        big.due(0, |bu, c, _| got.push((bu, c.len())));
+        big.due(0, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 1500)]);
     }
 }

@@ -226,6 +226,10 @@ pub struct NodeStatus {
     /// counts and verdict are then not the run's (docs/standby.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced: Option<u16>,
+    /// A BU: this process's incarnation (docs/protocol.md §3), told from the process a
+    /// restart replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u16>,
 }
 
 impl NodeStatus {
@@ -251,6 +255,7 @@ impl NodeStatus {
             run: None,
             verdict: None,
             fenced: None,
+            incarnation: None,
         }
     }
 
@@ -311,6 +316,8 @@ struct RawStatus {
     verdict: Option<Vec<String>>,
     #[serde(default)]
     fenced: Option<u16>,
+    #[serde(default)]
+    incarnation: Option<u16>,
 }
 
 impl TryFrom<RawStatus> for NodeStatus {
@@ -342,6 +349,7 @@ impl TryFrom<RawStatus> for NodeStatus {
             run: r.run,
             verdict: r.verdict,
             fenced: r.fenced,
+            incarnation: r.incarnation,
         })
     }
 }
@@ -384,6 +392,7 @@ mod tests {
             run: None,
             verdict: None,
             fenced: None,
+            incarnation: None,
         }
     }
 

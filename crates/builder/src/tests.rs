@@ -21,7 +21,7 @@ fn generator() -> Generator {
 }
 
 fn assign(bu: u16, first: u64, count: u32) -> Message {
-    Message::Assign(EventRange { bu, first, count })
+    Message::Assign(EventRange { bu, first, count }, 0)
 }
 
 fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
@@ -425,6 +425,7 @@ impl Sim {
             stop_requested: false,
             max_events: None,
             live_fed: false,
+            ..Takeover::default()
         };
         self.evm = Evm::take_over(cfg, self.now, t, rus, bus);
     }
@@ -735,6 +736,67 @@ fn no_credit_means_no_trigger() {
     assert_eq!(evm.stats().errors, 1);
 }
 
+/// Every Assign names the incarnation of its BU that the driver set (its control Hello's),
+/// to the RUs and to the BU alike; a restarted BU's Assigns name the new one.
+#[test]
+fn assigns_name_the_incarnation_of_their_bu() {
+    let now = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 2, 100), now);
+    evm.set_incarnation(0, 77);
+    evm.set_incarnation(1, 88);
+    let ready = || Message::Ready {
+        available: evb_wire::UNLIMITED,
+    };
+    for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+        evm.handle(now, n, ready());
+    }
+    let assigns = |evm: &mut Evm| {
+        for bu in 0..2 {
+            evm.handle(now, NodeRef::Bu(bu), Message::Credit { bu, count: 3 });
+        }
+        evm.poll(now);
+        let mut seen = Vec::new();
+        while let Some(a) = evm.next_action() {
+            if let Action::Send {
+                to,
+                msg: Message::Assign(r, inc),
+                ..
+            } = a
+            {
+                seen.push((to, r.bu, inc));
+            }
+        }
+        seen
+    };
+    let first = assigns(&mut evm);
+    for bu in [0, 1] {
+        assert!(
+            first.iter().any(|&(to, ..)| to == NodeRef::Bu(bu)),
+            "{first:?}"
+        );
+    }
+    let want = |bu: u16| if bu == 0 { 77 } else { 88 };
+    assert!(
+        first.iter().all(|&(_, bu, inc)| inc == want(bu)),
+        "{first:?}"
+    );
+    // bu1 restarted: a new process, a new number
+    evm.set_incarnation(1, 99);
+    let second = assigns(&mut evm);
+    assert!(
+        second
+            .iter()
+            .any(|&(to, bu, inc)| to == NodeRef::Ru(0) && bu == 1 && inc == 99),
+        "{second:?}"
+    );
+    assert!(
+        second
+            .iter()
+            .all(|&(_, bu, inc)| inc == if bu == 0 { 77 } else { 99 }),
+        "{second:?}"
+    );
+}
+
 #[test]
 fn rate_limit_paces_the_trigger() {
     let t0 = Instant::now();
@@ -939,6 +1001,40 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
     assert_eq!(r.stats().errors, 1);
 }
 
+/// Every fragment action names the BU incarnation of the Assign it answers (the driver sends
+/// it only over a connection of that incarnation), a reassignment's the new one's, and an
+/// assignment for another incarnation of the same BU never joins a run of the first.
+#[test]
+fn ru_fragments_carry_the_incarnation_their_assignment_named() {
+    let now = Instant::now();
+    let mut r = ru(0, 64 * 1024, 64);
+    r.handle(now, NodeRef::Evm, Message::Start);
+    let range = |bu, first, count| EventRange { bu, first, count };
+    r.handle(now, NodeRef::Evm, Message::Assign(range(1, 0, 4), 9));
+    r.handle(now, NodeRef::Evm, Message::Assign(range(1, 4, 4), 11));
+    // events 0..4 again, for BU 0 (incarnation 5): the held bytes go there
+    r.handle(now, NodeRef::Evm, Message::Assign(range(0, 0, 4), 5));
+    for _ in 0..4 {
+        r.poll(now);
+    }
+    let mut sent: Vec<(NodeRef, u16, u32)> = Vec::new();
+    while let Some(a) = r.next_action() {
+        if let Action::SendFragments { to, inc, count, .. } = a {
+            sent.push((to, inc, count));
+        }
+    }
+    let by = |to: NodeRef, inc: u16| -> u32 {
+        sent.iter()
+            .filter(|s| s.0 == to && s.1 == inc)
+            .map(|s| s.2)
+            .sum()
+    };
+    assert_eq!(by(NodeRef::Bu(1), 9), 4, "{sent:?}");
+    assert_eq!(by(NodeRef::Bu(1), 11), 4, "{sent:?}");
+    assert_eq!(by(NodeRef::Bu(0), 5), 4, "{sent:?}");
+    assert_eq!(sent.iter().map(|s| s.2).sum::<u32>(), 12, "{sent:?}");
+}
+
 #[test]
 fn ru_fragments_larger_than_a_block_span_blocks() {
     let now = Instant::now();
@@ -1021,7 +1117,10 @@ fn static_fragments_made_in_one_loop_are_those_made_one_by_one() {
             r.poll(now);
             let mut released = Vec::new();
             while let Some(a) = r.next_action() {
-                let Action::SendFragments { to, data, count } = a else {
+                let Action::SendFragments {
+                    to, data, count, ..
+                } = a
+                else {
                     continue;
                 };
                 let NodeRef::Bu(bu) = to else {
@@ -1054,7 +1153,7 @@ fn static_fragments_made_in_one_loop_are_those_made_one_by_one() {
             }
             // released at once: the pool (32 blocks) holds a fraction of the run
             for m in released {
-                let Message::Assign(range) = m else {
+                let Message::Assign(range, 0) = m else {
                     unreachable!()
                 };
                 r.handle(now, NodeRef::Evm, Message::Release(range));
@@ -1896,7 +1995,7 @@ fn assigned_until(evm: &mut Evm, now: Instant, passes: usize) -> u64 {
         evm.poll(now);
         while let Some(a) = evm.next_action() {
             if let Action::Send {
-                msg: Message::Assign(r),
+                msg: Message::Assign(r, _),
                 ..
             } = a
             {

@@ -97,11 +97,14 @@ fn mixed_traffic_keeps_order(tcp: bool, name: &str) {
             1 | 2 => a
                 .send_batched(
                     conn,
-                    &Message::Assign(EventRange {
-                        bu: 1,
-                        first: i,
-                        count: 1,
-                    }),
+                    &Message::Assign(
+                        EventRange {
+                            bu: 1,
+                            first: i,
+                            count: 1,
+                        },
+                        3,
+                    ),
                 )
                 .unwrap(),
             _ => a
@@ -148,11 +151,14 @@ fn mixed_traffic_keeps_order(tcp: bool, name: &str) {
             ),
             (1 | 2, Received::Message(m)) => assert_eq!(
                 *m,
-                Message::Assign(EventRange {
-                    bu: 1,
-                    first: i,
-                    count: 1
-                })
+                Message::Assign(
+                    EventRange {
+                        bu: 1,
+                        first: i,
+                        count: 1,
+                    },
+                    3,
+                )
             ),
             (3 | 4, Received::Fragment { header, payload }) => {
                 let bytes = payload_of(i);

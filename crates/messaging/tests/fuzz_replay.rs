@@ -30,11 +30,14 @@ fn valid_page(rng: &mut Rng) -> (Vec<u8>, u32) {
                 count: 1 + rng.below(100) as u32,
             }
             .encode_into(&mut page),
-            1 => Message::Assign(EventRange {
-                bu: 1,
-                first: rng.next() >> 2,
-                count: 1 + rng.below(10) as u32,
-            })
+            1 => Message::Assign(
+                EventRange {
+                    bu: 1,
+                    first: rng.next() >> 2,
+                    count: 1 + rng.below(10) as u32,
+                },
+                1,
+            )
             .encode_into(&mut page),
             2 => Message::Report(format!("{{\"k\":{k}}}")).encode_into(&mut page),
             3 => Message::Heartbeat.encode_into(&mut page),
@@ -121,7 +124,7 @@ fn damaged_valid_pages_are_refused_or_read_exactly() {
                     if let Received::Fragment { header, payload } = r {
                         assert_eq!(payload.len(), header.payload_size as usize, "case {case}");
                     }
-                    if let Received::Message(Message::Assign(r) | Message::Release(r)) = r {
+                    if let Received::Message(Message::Assign(r, _) | Message::Release(r)) = r {
                         assert!(r.count >= 1, "case {case}");
                     }
                 }

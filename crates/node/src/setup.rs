@@ -60,8 +60,25 @@ pub fn wire_role(r: Role) -> evb_wire::Role {
     }
 }
 
-pub fn hello(cfg: &Config, me: &NodeSpec, channel: Channel) -> Hello {
+/// The Hello this node sends on every connection it makes or accepts; a BU's names its
+/// incarnation (`incarnation`, see [`incarnation`]; 0 for the others).
+pub fn hello(cfg: &Config, me: &NodeSpec, channel: Channel, incarnation: u16) -> Hello {
     Hello::new(channel, wire_role(me.role), me.index, &cfg.run.id, &me.id)
+        .with_incarnation(incarnation)
+}
+
+/// A BU process's incarnation (docs/protocol.md §3): 1…65535, drawn at random when it
+/// starts, so that a restarted BU is told from the process it replaces. Without OS
+/// randomness, the process id and the clock's nanoseconds make it.
+pub fn incarnation() -> u16 {
+    let drawn = evb_transport::random_hex(2).and_then(|h| u16::from_str_radix(&h, 16).ok());
+    let n = drawn.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        (std::process::id() ^ nanos ^ (nanos >> 16)) as u16
+    });
+    n.max(1)
 }
 
 /// Consecutive events per assignment. Generated events: enough to fill a page with small

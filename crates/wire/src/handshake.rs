@@ -35,7 +35,7 @@ impl Role {
 }
 
 /// Hello payload, little-endian:
-/// version u16 | channel u8 | role u8 | index u16 | reserved u16 | nonce u64 |
+/// version u16 | channel u8 | role u8 | index u16 | incarnation u16 | nonce u64 |
 /// run-id length u8 | run id | node-id length u8 | node id
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -44,7 +44,13 @@ pub struct Hello {
     pub role: Role,
     /// Index of the node among those of its role (RU 0..N, BU 0..M; 0 for the EVM).
     pub index: u16,
-    /// Reserved for authentication (HMAC over a nonce); zero for now.
+    /// A BU's incarnation: drawn at random (1…65535) when the process starts, the same on
+    /// every connection it makes or accepts, so that an RU sends an Assign's fragments only
+    /// to the process the EVM assigned them to (docs/protocol.md §6 item 11). 0 for an EVM
+    /// or RU, and for a BU that does not say (pub/sub subscribers); a decoder refuses any
+    /// other value from them.
+    pub incarnation: u16,
+    /// The handshake nonce: 0 without a shared secret, random and non-zero with one.
     pub nonce: u64,
     pub run_id: String,
     pub node_id: String,
@@ -57,10 +63,17 @@ impl Hello {
             channel,
             role,
             index,
+            incarnation: 0,
             nonce: 0,
             run_id: run_id.to_string(),
             node_id: node_id.to_string(),
         }
+    }
+
+    /// The same Hello for a BU process of incarnation `incarnation`.
+    pub fn with_incarnation(mut self, incarnation: u16) -> Hello {
+        self.incarnation = incarnation;
+        self
     }
 
     /// # Errors
@@ -80,7 +93,7 @@ impl Hello {
         v.push(self.channel as u8);
         v.push(self.role as u8);
         v.extend_from_slice(&self.index.to_le_bytes());
-        v.extend_from_slice(&0u16.to_le_bytes());
+        v.extend_from_slice(&self.incarnation.to_le_bytes());
         v.extend_from_slice(&self.nonce.to_le_bytes());
         v.push(self.run_id.len() as u8);
         v.extend_from_slice(self.run_id.as_bytes());
@@ -120,7 +133,8 @@ impl Hello {
             }
         };
         let index = u16_at(b, 4);
-        if u16_at(b, 6) != 0 {
+        let incarnation = u16_at(b, 6);
+        if incarnation != 0 && role != Role::Bu {
             return Err(WireError::ReservedNonZero { what: "hello" });
         }
         let nonce = u64_at(b, 8);
@@ -139,6 +153,7 @@ impl Hello {
             channel,
             role,
             index,
+            incarnation,
             nonce,
             run_id,
             node_id,

@@ -145,9 +145,11 @@ pub const MAX_COMMIT_RANGES: usize = 256;
 pub enum Message {
     /// BU → EVM: room for `count` more events (at least 1: the decoder refuses 0).
     Credit { bu: u16, count: u32 },
-    /// EVM → RUs and BU: these events go to `range.bu` (`count` ≥ 1: the decoder refuses an
-    /// empty range).
-    Assign(EventRange),
+    /// EVM → RUs and BU: these events go to `range.bu`, the incarnation of it named by the
+    /// `u16` (the BU's Hello bytes 6–7 as the EVM read them; 0: none known, so an RU makes
+    /// and holds the fragments and sends them nowhere). `count` ≥ 1: the decoder refuses an
+    /// empty range.
+    Assign(EventRange, u16),
     /// BU → EVM: these events are built and handed on; EVM → RUs: free their fragments
     /// (`count` ≥ 1, as for `Assign`).
     Release(EventRange),
@@ -260,7 +262,7 @@ impl Message {
     pub fn msg_type(&self) -> MessageType {
         match self {
             Message::Credit { .. } => MessageType::Credit,
-            Message::Assign(_) => MessageType::Assign,
+            Message::Assign(..) => MessageType::Assign,
             Message::Release(_) => MessageType::Release,
             Message::Ready { .. } => MessageType::Ready,
             Message::Start => MessageType::Start,
@@ -294,7 +296,12 @@ impl Message {
                 out.extend_from_slice(&0u16.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
             }
-            Message::Assign(r) | Message::Release(r) => encode_range(r, out),
+            Message::Assign(r, inc) => {
+                encode_range(r, out);
+                let n = out.len();
+                out[n - 2..].copy_from_slice(&inc.to_le_bytes());
+            }
+            Message::Release(r) => encode_range(r, out),
             Message::Commit { bu, part, ranges } => {
                 let n = ranges.len().min(MAX_COMMIT_RANGES);
                 out.extend_from_slice(&bu.to_le_bytes());
@@ -389,11 +396,13 @@ impl Message {
                     ("release", "release count")
                 };
                 exact(what, 16)?;
-                let r = decode_range(b, what, count_what)?;
                 if msg_type == MessageType::Assign {
-                    Message::Assign(r)
+                    // bytes 14–15: the BU's incarnation, not reserved
+                    let mut body = [0u8; 16];
+                    body[..14].copy_from_slice(&b[..14]);
+                    Message::Assign(decode_range(&body, what, count_what)?, u16_at(b, 14))
                 } else {
-                    Message::Release(r)
+                    Message::Release(decode_range(b, what, count_what)?)
                 }
             }
             MessageType::Commit => {

@@ -23,7 +23,7 @@ fn any_range() -> impl Strategy<Value = EventRange> {
 fn any_message() -> impl Strategy<Value = Message> {
     prop_oneof![
         (any::<u16>(), 1..=u32::MAX).prop_map(|(bu, count)| Message::Credit { bu, count }),
-        any_range().prop_map(Message::Assign),
+        (any_range(), any::<u16>()).prop_map(|(r, inc)| Message::Assign(r, inc)),
         any_range().prop_map(Message::Release),
         any::<u64>().prop_map(|available| Message::Ready { available }),
         Just(Message::Start),
@@ -154,8 +154,9 @@ fn any_hello() -> impl Strategy<Value = Hello> {
         any::<u64>(),
         "[a-z0-9-]{0,64}",
         "[a-zé0-9]{0,30}",
+        any::<u16>(),
     )
-        .prop_map(|(channel, role, index, nonce, run, node)| {
+        .prop_map(|(channel, role, index, nonce, run, node, inc)| {
             let channel = if channel == 0 {
                 Channel::Control
             } else {
@@ -164,6 +165,9 @@ fn any_hello() -> impl Strategy<Value = Hello> {
             let role = [Role::Evm, Role::Ru, Role::Bu][role as usize];
             let mut h = Hello::new(channel, role, index, &run, &node);
             h.nonce = nonce;
+            if role == Role::Bu {
+                h.incarnation = inc;
+            }
             h
         })
 }
@@ -184,7 +188,7 @@ proptest! {
             prop_assert_eq!(got.msg_type(), h.msg_type);
             prop_assert_eq!(&again[MESSAGE_HEADER_LEN..], body);
             match got {
-                Message::Assign(r) | Message::Release(r) => {
+                Message::Assign(r, _) | Message::Release(r) => {
                     prop_assert!(r.count >= 1);
                     prop_assert!(r.first.checked_add(r.count as u64).is_some());
                 }
@@ -280,11 +284,14 @@ proptest! {
     }
 
     #[test]
-    fn hellos_round_trip(channel in 0u8..2, role in 0u8..3, index: u16, nonce: u64, run in "[a-z0-9-]{0,64}", node in "[a-z0-9]{0,64}") {
+    fn hellos_round_trip(channel in 0u8..2, role in 0u8..3, index: u16, nonce: u64, inc: u16, run in "[a-z0-9-]{0,64}", node in "[a-z0-9]{0,64}") {
         let channel = if channel == 0 { Channel::Control } else { Channel::Data };
         let role = [Role::Evm, Role::Ru, Role::Bu][role as usize];
         let mut h = Hello::new(channel, role, index, &run, &node);
         h.nonce = nonce;
+        if role == Role::Bu {
+            h.incarnation = inc;
+        }
         prop_assert_eq!(Hello::decode(&h.encode().unwrap()).unwrap(), h);
     }
 

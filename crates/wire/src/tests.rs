@@ -72,6 +72,17 @@ fn hello_round_trip_and_rejections() {
         Hello::decode(&extra),
         Err(WireError::BadLength { .. })
     ));
+    // bytes 6–7: a BU's incarnation; from anyone else, reserved
+    let bu = Hello::new(Channel::Data, Role::Bu, 1, "run-42", "bu1").with_incarnation(0x1234);
+    let bb = bu.encode().unwrap();
+    assert_eq!(&bb[6..8], &[0x34, 0x12]);
+    assert_eq!(Hello::decode(&bb).unwrap(), bu);
+    let mut ru_with = b.clone();
+    ru_with[6] = 1;
+    assert!(matches!(
+        Hello::decode(&ru_with),
+        Err(WireError::ReservedNonZero { what: "hello" })
+    ));
     let mut bad = b.clone();
     bad[2] = 5;
     assert!(matches!(
@@ -110,11 +121,14 @@ fn hello_round_trip_and_rejections() {
 fn messages_round_trip() {
     let all = [
         Message::Credit { bu: 2, count: 17 },
-        Message::Assign(EventRange {
-            bu: 1,
-            first: 1 << 40,
-            count: 300,
-        }),
+        Message::Assign(
+            EventRange {
+                bu: 1,
+                first: 1 << 40,
+                count: 300,
+            },
+            0xBEEF,
+        ),
         Message::Release(EventRange {
             bu: 0,
             first: 5,
@@ -350,7 +364,7 @@ fn empty_ranges_and_credits_are_refused() {
         count: 0,
     };
     for (m, what) in [
-        (Message::Assign(range), "assign count"),
+        (Message::Assign(range, 7), "assign count"),
         (Message::Release(range), "release count"),
         (Message::Credit { bu: 1, count: 0 }, "credit count"),
     ] {
@@ -362,11 +376,16 @@ fn empty_ranges_and_credits_are_refused() {
         );
     }
     // a count of one is the smallest range
-    let one = Message::Assign(EventRange { count: 1, ..range });
+    let one = Message::Assign(EventRange { count: 1, ..range }, 7);
     let b = one.encode();
     assert_eq!(
         Message::decode(MessageType::Assign, &b[MESSAGE_HEADER_LEN..]),
         Ok(one)
+    );
+    // the incarnation is bytes 14–15 of the body, after the BU index
+    assert_eq!(
+        &b[MESSAGE_HEADER_LEN + 12..MESSAGE_HEADER_LEN + 16],
+        &[1, 0, 7, 0]
     );
 }
 

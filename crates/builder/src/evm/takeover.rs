@@ -45,6 +45,9 @@ pub struct Takeover {
     /// past those already assigned until each RU announces what it holds again (`Available`,
     /// which the RUs send after their resync).
     pub live_fed: bool,
+    /// The incarnation of each BU that called the new EVM (its Hello), by BU index;
+    /// shorter, or 0: none known.
+    pub incarnations: Vec<u16>,
 }
 
 /// How far a BU's claim on an event went.
@@ -111,6 +114,9 @@ impl Evm {
             cfg.max_events = Some(cfg.max_events.map_or(m, |c| c.min(m)));
         }
         let mut evm = Evm::new(cfg, now);
+        for (bu, &inc) in t.incarnations.iter().enumerate() {
+            evm.set_incarnation(bu as u16, inc);
+        }
         let dropped: HashSet<NodeRef> = t.dropped.iter().copied().collect();
         let n_ru = evm.cfg.n_ru;
         let n_bu = evm.cfg.n_bu;
@@ -352,7 +358,14 @@ impl Evm {
             }
             let to = NodeRef::Ru(r.ru);
             for a in assigns {
-                evm.send_to(vec![to], Message::Assign(a), Path::Batched);
+                // an orphan's Assign names its lost BU: no incarnation, so the RU makes
+                // and holds the fragments for the reassignment that follows
+                let inc = if live_bu(a.bu) {
+                    evm.incarnation(a.bu)
+                } else {
+                    0
+                };
+                evm.send_to(vec![to], Message::Assign(a, inc), Path::Batched);
             }
             for rel in releases {
                 evm.send_to(vec![to], Message::Release(rel), Path::Batched);
@@ -371,7 +384,8 @@ impl Evm {
             let given: u64 = assigns.iter().map(|a| a.count as u64).sum();
             evm.credits[b.bu as usize] = (b.free_credits as u64).saturating_sub(given);
             for a in assigns {
-                evm.send_to(vec![to], Message::Assign(a), Path::Batched);
+                let inc = evm.incarnation(a.bu);
+                evm.send_to(vec![to], Message::Assign(a, inc), Path::Batched);
             }
             if evm.commits(b.bu) {
                 let mut accepted = 0;

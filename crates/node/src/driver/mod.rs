@@ -153,6 +153,11 @@ impl Driver {
             .cloned()
             .ok_or_else(|| NodeError::UnknownNode(id.to_string()))?;
         let (rx_pool, ru_pool) = setup::pools(cfg, &me).map_err(NodeError::Setup)?;
+        let incarnation = if me.role == Role::Bu {
+            setup::incarnation()
+        } else {
+            0
+        };
         // The connect timeout runs from here: making the pools is not connecting (their pages
         // are backed by the thread below, while the node connects).
         let now = Instant::now();
@@ -178,7 +183,7 @@ impl Driver {
         let watched_rx_pool = rx_pool.clone();
         let mut transport = make_transport(evb_transport::TransportConfig {
             run_id: cfg.run.id.clone(),
-            local: setup::hello(cfg, &me, Channel::Control),
+            local: setup::hello(cfg, &me, Channel::Control, incarnation),
             max_frame: setup::max_frame(cfg),
             rx_pool,
             secret: cfg.secret().map(|s| s.into_bytes()),
@@ -322,6 +327,7 @@ impl Driver {
             links: {
                 let mut links = peers::Links::new(
                     bound,
+                    incarnation,
                     dials,
                     expected,
                     now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
@@ -354,9 +360,9 @@ impl Driver {
             return;
         };
         let (links, messenger, me) = (&self.links, &mut self.messenger, &self.me.id);
-        shaper.due(wall_ns(), |bu, data, count| {
+        shaper.due(wall_ns(), |bu, inc, data, count| {
             let to = NodeRef::Bu(bu as u16);
-            if let Some(conn) = links.conn(to) {
+            if let Some(conn) = links.conn_to_incarnation(to, inc) {
                 if let Err(e) = messenger.send_fragments(conn, &data, count) {
                     debug!(node = %me, "fragment to {to} failed: {e}");
                 }
@@ -449,12 +455,19 @@ impl Driver {
                     debug!(node = %self.me.id, "send to {to} failed: {e}");
                 }
             }
-            Action::SendFragments { to, data, count } => {
+            Action::SendFragments {
+                to,
+                inc,
+                data,
+                count,
+            } => {
                 if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.ru.shaper, to) {
-                    shaper.push(bu as usize, data, count);
+                    shaper.push(bu as usize, inc, data, count);
                     return;
                 }
-                if let Some(conn) = self.links.conn(to) {
+                // only to the incarnation the EVM assigned them to: a restarted BU never
+                // gets its predecessor's work (the fragments stay held for the reassignment)
+                if let Some(conn) = self.links.conn_to_incarnation(to, inc) {
                     if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
                         debug!(node = %self.me.id, "fragment to {to} failed: {e}");
                     }

@@ -33,6 +33,13 @@ pub(super) struct Links {
     suspended: Option<(Instant, Duration)>,
     /// Where this node's data listener is bound.
     bound: String,
+    /// This process's incarnation (a BU's; 0 for the others), in every Hello it sends.
+    incarnation: u16,
+    /// Each connected BU's incarnation, from its Hello.
+    incarnations: FastMap<NodeRef, u16>,
+    /// At the EVM: the incarnation of each BU's last control connection in this run, to
+    /// refuse a restarted BU that drew its predecessor's number (1 in 65,535).
+    seen_incarnations: FastMap<NodeRef, u16>,
     /// How many connections make this node's set.
     expected: usize,
     /// Every connection was up once (the run may have lost some since).
@@ -44,6 +51,7 @@ pub(super) struct Links {
 impl Links {
     pub(super) fn new(
         bound: String,
+        incarnation: u16,
         dials: Vec<Dial>,
         expected: usize,
         connect_deadline: Instant,
@@ -66,6 +74,9 @@ impl Links {
             next_liveness_check: now,
             suspended: None,
             bound,
+            incarnation,
+            incarnations: FastMap::default(),
+            seen_incarnations: FastMap::default(),
             expected,
             up: false,
             connect_deadline,
@@ -105,6 +116,34 @@ impl Links {
         self.conns.iter().map(|(p, c)| (*p, *c))
     }
 
+    /// The connection to BU `p` if it is of incarnation `inc` (any other peer: its
+    /// connection). Fragments go nowhere else (docs/protocol.md §6 item 11).
+    #[inline]
+    pub(super) fn conn_to_incarnation(&self, p: NodeRef, inc: u16) -> Option<ConnId> {
+        let conn = self.conn(p)?;
+        match p {
+            NodeRef::Bu(_) if self.incarnation_of(p) != inc => None,
+            _ => Some(conn),
+        }
+    }
+
+    /// The incarnation of connected BU `p` (0: not connected, or not a BU).
+    pub(super) fn incarnation_of(&self, p: NodeRef) -> u16 {
+        self.incarnations.get(&p).copied().unwrap_or(0)
+    }
+
+    /// This process's incarnation.
+    pub(super) fn own_incarnation(&self) -> u16 {
+        self.incarnation
+    }
+
+    /// The incarnations of the BUs connected now, by BU index (0: none).
+    pub(super) fn bu_incarnations(&self, n_bu: usize) -> Vec<u16> {
+        (0..n_bu)
+            .map(|b| self.incarnation_of(NodeRef::Bu(b as u16)))
+            .collect()
+    }
+
     /// How many peers are connected, of how many expected.
     pub(super) fn connected(&self) -> (usize, usize) {
         (self.conns.len(), self.expected)
@@ -140,13 +179,17 @@ impl Links {
         self.peers.remove(&conn);
         self.conns.remove(&p);
         self.last_heard.remove(&p);
+        self.incarnations.remove(&p);
     }
 
-    /// Peer `p` is connected on `conn`, heard from now.
-    fn add(&mut self, now: Instant, p: NodeRef, conn: ConnId) {
+    /// Peer `p` is connected on `conn`, heard from now; a BU's Hello said `incarnation`.
+    fn add(&mut self, now: Instant, p: NodeRef, conn: ConnId, incarnation: u16) {
         self.peers.insert(conn, p);
         self.conns.insert(p, conn);
         self.last_heard.insert(p, now);
+        if matches!(p, NodeRef::Bu(_)) {
+            self.incarnations.insert(p, incarnation);
+        }
     }
 }
 
@@ -163,7 +206,7 @@ impl Driver {
         };
         let mut due = due.into_iter();
         while let Some(mut d) = due.next() {
-            let hello = setup::hello(&self.cfg, &self.me, d.channel);
+            let hello = setup::hello(&self.cfg, &self.me, d.channel, self.links.incarnation);
             match self.messenger.connect(&d.addr, hello) {
                 Ok(conn) => {
                     self.links.dialing.insert(conn, d);
@@ -215,7 +258,7 @@ impl Driver {
             Incoming::Connected { conn, peer } => {
                 if let Some(d) = self.links.dialing.remove(&conn) {
                     debug!(node = %self.me.id, peer = %peer.node_id, "connected");
-                    self.links.add(now, d.peer, conn);
+                    self.links.add(now, d.peer, conn, peer.incarnation);
                     if d.peer == NodeRef::Evm {
                         // first on the control connection: who and where this process is
                         let me =
@@ -229,9 +272,23 @@ impl Driver {
                 }
             }
             Incoming::Accepted { conn, peer } => match self.identify(&peer) {
+                Some(p @ NodeRef::Bu(_))
+                    if matches!(self.logic, Logic::Evm(_))
+                        && !self.links.conns.contains_key(&p)
+                        && self.links.seen_incarnations.get(&p) == Some(&peer.incarnation) =>
+                {
+                    // a restarted BU that drew its predecessor's number: RUs could not tell
+                    // the two apart, so it must not join (a new process draws another)
+                    warn!(node = %self.me.id, "{p} ({}) called with incarnation {}, that of the process it replaces; refused: restart it", peer.node_id, peer.incarnation);
+                    self.messenger.close(conn);
+                }
                 Some(p) if !self.links.conns.contains_key(&p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
-                    self.links.add(now, p, conn);
+                    self.links.add(now, p, conn, peer.incarnation);
+                    if let (NodeRef::Bu(bu), Logic::Evm(e)) = (p, &mut self.logic) {
+                        self.links.seen_incarnations.insert(p, peer.incarnation);
+                        e.set_incarnation(bu, peer.incarnation);
+                    }
                 }
                 Some(p) => {
                     let before_start =

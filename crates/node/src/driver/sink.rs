@@ -417,7 +417,7 @@ mod tests {
                 first,
                 count,
             };
-            b.handle(t0, NodeRef::Evm, Message::Assign(r));
+            b.handle(t0, NodeRef::Evm, Message::Assign(r, 0));
             let fragment = |id: u64| {
                 let h = FragmentHeader {
                     event_id: id,

@@ -568,6 +568,7 @@ impl Driver {
                 self.cfg.source.kind,
                 evb_config::SourceKind::Stream | evb_config::SourceKind::Api
             ),
+            incarnations: self.links.bu_incarnations(cfg.n_bu as usize),
         };
         let mut evm = evb_builder::Evm::take_over(cfg, now, t, rus, bus);
         for (from, msg) in f.held {

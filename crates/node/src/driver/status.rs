@@ -184,6 +184,7 @@ impl Driver {
             run: None,
             verdict: None,
             fenced: self.standby.fenced(),
+            incarnation: (self.links.own_incarnation() != 0).then(|| self.links.own_incarnation()),
         }
     }
 }

@@ -1,0 +1,311 @@
+//! An RU written from docs/protocol.md alone (`tests/outside/ru.py`, Python) in runs of evb's
+//! own EVM, RU and BUs: the protocol as documented is enough to take part, and a BU
+//! restarted mid-run never gets its predecessor's work from an RU that reads its EVM stream
+//! slowly (docs/protocol.md §6 item 11, "Incarnations").
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::nodes::events_in;
+use common::{chaos_seed, free_base_port, triggered_at_least, wait_node, Rng, EVB};
+use serde_json::Value;
+
+const SECRET: &str = "6f1c0e2d9a8b7c6d5e4f30211203a4b5";
+const EVENTS: u64 = 5000;
+
+fn outside_ru() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/ru.py")
+}
+
+fn have_python(test: &str) -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("{test}: skipped: python3 is not installed");
+    }
+    ok
+}
+
+/// The payload the outside RU writes for event `k` (its docstring says so).
+fn outside_payload(k: u64) -> Vec<u8> {
+    let size = 64 + (k * 37 % 200) as usize;
+    (0..size)
+        .map(|i| ((k as usize * 131 + i * 7) & 0xFF) as u8)
+        .collect()
+}
+
+struct Nodes {
+    dir: tempfile::TempDir,
+    cfg: PathBuf,
+    evm_api: String,
+    kids: BTreeMap<String, Child>,
+}
+
+impl Nodes {
+    /// EVM, ru0, bu0 and bu1 as `evb node`; ru1 is the outside RU, started by `outside`.
+    fn start(extra: &str) -> Nodes {
+        let dir = tempfile::tempdir().unwrap();
+        let base = free_base_port(10);
+        let cfg = dir.path().join("run.toml");
+        let out = dir.path().join("out");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[run]\nid = \"outside\"\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 1000\n\
+                 [topology]\nrus = 2\nbus = 2\nbase_port = {base}\n\
+                 [control]\nbase_port = {}\n[fragments]\nsize = 1024\n\
+                 [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 300\n{extra}",
+                base + 5,
+                out.display()
+            ),
+        )
+        .unwrap();
+        let mut n = Nodes {
+            evm_api: format!("127.0.0.1:{}", base + 5),
+            dir,
+            cfg,
+            kids: BTreeMap::new(),
+        };
+        for id in ["evm", "ru0", "bu0", "bu1"] {
+            n.spawn(id);
+        }
+        n
+    }
+
+    fn spawn(&mut self, id: &str) {
+        let child = Command::new(EVB)
+            .args(["node", "--json", "-", "--id", id, "--config"])
+            .arg(&self.cfg)
+            .env("EVB_SECRET", SECRET)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.kids.insert(id.to_string(), child);
+    }
+
+    /// Starts the outside RU as ru1 with these extra arguments.
+    fn outside(&mut self, args: &[&str]) {
+        let cfg = evb_plugin::Config::from_file(&self.cfg).unwrap();
+        let nodes = cfg.nodes();
+        let addr = |id: &str| nodes.iter().find(|n| n.id == id).unwrap().addr.clone();
+        let ru1 = nodes.iter().find(|n| n.id == "ru1").unwrap();
+        let child = Command::new("python3")
+            .arg(outside_ru())
+            .args([
+                "--evm",
+                &addr("evm"),
+                "--bu",
+                &addr("bu0"),
+                "--bu",
+                &addr("bu1"),
+            ])
+            .args(["--index", &ru1.index.to_string()])
+            .args(["--source-id", &ru1.source_id.to_string()])
+            .args(["--run-id", &cfg.run.id, "--node-id", "ru1"])
+            .args(["--heartbeat-ms", &cfg.run.heartbeat_ms.to_string()])
+            .args(args)
+            .env("EVB_SECRET", SECRET)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.kids.insert("ru1".into(), child);
+    }
+
+    fn wait_triggered(&mut self, n: u64) {
+        let kids = &mut self.kids;
+        let gone = || {
+            kids.iter_mut().find_map(|(id, c)| match c.try_wait() {
+                Ok(Some(st)) => Some(format!("{id} exited ({st})")),
+                _ => None,
+            })
+        };
+        wait_node(
+            &self.evm_api,
+            &format!("{n} events triggered"),
+            60,
+            gone,
+            |l| triggered_at_least(l, n),
+        );
+    }
+
+    fn kill9(&mut self, id: &str) {
+        let mut c = self.kids.remove(id).unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// Waits (at most `secs`) for every process: (exit success, stdout, stderr) by id.
+    fn wait_all(&mut self, secs: u64) -> BTreeMap<String, (bool, String, String)> {
+        let until = Instant::now() + Duration::from_secs(secs);
+        let mut out = BTreeMap::new();
+        for (id, mut c) in std::mem::take(&mut self.kids) {
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > until {
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let o = c.wait_with_output().unwrap();
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            out.insert(id, (o.status.success(), text(&o.stdout), text(&o.stderr)));
+        }
+        out
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for c in self.kids.values_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The outside RU's count of fragments it held back from a connection of another
+/// incarnation (its last line).
+fn held_back_from_another_incarnation(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.split("held back from another incarnation ").nth(1))
+        .and_then(|s| s.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One run: the outside RU reads every EVM message `lag_ms` late; bu1 is killed at a drawn
+/// moment and started again after a drawn pause. Returns the outputs, the EVM's report,
+/// and the events in the output files.
+fn run_with_a_restarted_bu(seed: u64, extra_args: &[&str]) -> Outcome {
+    let mut rng = Rng(seed | 1);
+    let kill_at = 1200 + rng.below(1600);
+    let pause_ms = 100 + rng.below(500);
+    eprintln!(
+        "seed {seed}: bu1 killed at {kill_at} events triggered, started again {pause_ms} ms later"
+    );
+    let mut n = Nodes::start("");
+    let mut args = vec!["--lag-ms", "2000"];
+    args.extend_from_slice(extra_args);
+    n.outside(&args);
+    n.wait_triggered(kill_at);
+    n.kill9("bu1");
+    std::thread::sleep(Duration::from_millis(pause_ms));
+    n.spawn("bu1");
+    let outs = n.wait_all(90);
+    let report = serde_json::from_str(&outs["evm"].1).unwrap_or(Value::Null);
+    let events = events_in(&n.dir.path().join("out"));
+    Outcome {
+        outs,
+        report,
+        events,
+    }
+}
+
+/// What a run left: each process's (exit success, stdout, stderr) by id, the EVM's report,
+/// and the events in the output files by id.
+struct Outcome {
+    outs: BTreeMap<String, (bool, String, String)>,
+    report: Value,
+    events: BTreeMap<u64, (u32, u16, Vec<Vec<u8>>)>,
+}
+
+#[test]
+fn a_slow_outside_ru_sends_a_restarted_bu_none_of_its_predecessors_work() {
+    let test = "a_slow_outside_ru_sends_a_restarted_bu_none_of_its_predecessors_work";
+    if !have_python(test) {
+        return;
+    }
+    let (seed, _) = chaos_seed("EVB_OUTSIDE_TRIALS", 1);
+    let Outcome {
+        outs,
+        report,
+        events,
+    } = run_with_a_restarted_bu(seed, &[]);
+    let why = |id: &str| format!("seed {seed}: {id}:\n{}", outs[id].2);
+    for id in ["evm", "ru0", "ru1", "bu0", "bu1"] {
+        assert!(outs[id].0, "{} failed", why(id));
+    }
+    let run = &report["run"];
+    assert_eq!(report["verdict"], serde_json::json!([]), "{}", why("evm"));
+    assert_eq!(run["evm"]["triggered"], EVENTS, "{}", why("evm"));
+    assert_eq!(run["evm"]["released"], EVENTS);
+    assert!(
+        run["evm"]["lost"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|e| e["kind"] == "rejoined")),
+        "bu1 came back: {}",
+        run["evm"]["lost"]
+    );
+    for b in run["bus"].as_array().unwrap() {
+        assert_eq!(b["duplicate_fragments"], 0, "{}", why("bu1"));
+        assert_eq!(b["incomplete_at_stop"], 0);
+        assert_eq!(b["crc_errors"], 0);
+    }
+    // the race was run: Assigns for the killed BU were read after the new one answered
+    let held = held_back_from_another_incarnation(&outs["ru1"].2);
+    assert!(
+        held > 0,
+        "no Assign met another incarnation: {}",
+        why("ru1")
+    );
+    // every event in the files once, with the outside RU's bytes exact
+    assert_eq!(events.len() as u64, EVENTS, "seed {seed}");
+    for (k, (trigger, _, frags)) in &events {
+        assert_eq!(*trigger as u64, k & 0xFFFF_FFFF);
+        assert_eq!(frags.len(), 2, "event {k}");
+        assert!(
+            frags.iter().any(|f| *f == outside_payload(*k)),
+            "event {k}: the outside RU's fragment is not its bytes (seed {seed})"
+        );
+    }
+}
+
+/// The same run with the rule broken on purpose: the test above can fail, and fails for
+/// the reason it guards.
+#[test]
+fn an_outside_ru_that_ignores_incarnations_fails_the_run() {
+    let test = "an_outside_ru_that_ignores_incarnations_fails_the_run";
+    if !have_python(test) {
+        return;
+    }
+    let (seed, _) = chaos_seed("EVB_OUTSIDE_TRIALS", 1);
+    let Outcome { outs, report, .. } = run_with_a_restarted_bu(seed, &["--ignore-incarnation"]);
+    let held = held_back_from_another_incarnation(&outs["ru1"].2);
+    assert_eq!(held, 0, "it was told to ignore them");
+    let dup: u64 = report["run"]["bus"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|b| b["duplicate_fragments"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    let incomplete: u64 = report["run"]["bus"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|b| b["incomplete_at_stop"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    assert!(
+        dup + incomplete > 0 || report["ok"] == false,
+        "seed {seed}: a stale Assign's fragments reached the new BU and nothing noticed: {report}"
+    );
+    eprintln!(
+        "seed {seed}: duplicate fragments {dup}, incomplete at stop {incomplete}, verdict {}",
+        report["verdict"]
+    );
+    assert_ne!(
+        report["ok"], true,
+        "seed {seed}: the verdict must not be OK"
+    );
+}
