@@ -165,9 +165,32 @@ fn resolve(a: &CtlArgs) -> Result<Api, String> {
     Ok(Api::new(&url, token))
 }
 
+/// The control to talk to: `resolve`'s, unless `evb up` says the control moved (its URL
+/// file names another address) and the one resolved does not answer or is an EVM that a
+/// standby fenced: a standby that took the run over is the control now, and the old EVM's
+/// word is not the run's.
+fn follow(a: &CtlArgs, api: Api) -> Api {
+    let Some(moved) = moved_to(a) else {
+        return api;
+    };
+    if moved.base == api.base {
+        return api;
+    }
+    let why = match api.get("/api/v1/status") {
+        Err(e) => format!("{} does not answer: {e}", api.base),
+        Ok(r) if !r.body["evm"]["fenced"].is_null() => format!(
+            "the EVM at {} was fenced by epoch {}",
+            api.base, r.body["evm"]["fenced"]
+        ),
+        Ok(_) => return api,
+    };
+    eprintln!("evb ctl: the control moved to {} ({why})", moved.base);
+    moved
+}
+
 /// Runs the command; the exit code is 0 on success, 1 when refused or failed.
 pub fn run(a: &CtlArgs) -> Result<bool, String> {
-    let api = resolve(a)?;
+    let api = follow(a, resolve(a)?);
     let reply = match &a.cmd {
         CtlCmd::Status => api.get("/api/v1/status")?,
         CtlCmd::Configure { file } => {
@@ -445,6 +468,12 @@ fn print_status(s: &Value) {
             .unwrap_or_default(),
         legal.join(", ")
     );
+    if let Some(epoch) = s["evm"]["fenced"].as_u64() {
+        println!(
+            "this EVM was fenced by epoch {epoch}: the nodes follow a standby, whose control \
+             holds the run's verdict"
+        );
+    }
     let t = &s["totals"];
     println!(
         "built {} events | {:.0} ev/s | {:.3} GB/s | in flight {} | credits free {}{}",

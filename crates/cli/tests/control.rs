@@ -331,10 +331,14 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
         "standby under evb up: seed {seed}: the EVM {} once {at} events are triggered",
         if freeze { "frozen" } else { "killed" }
     );
-    let toml =
-        "[run]\nevents = 20000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up-standby-7d21c9\"\n\
-                [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
-    let mut up = Up::start_with(toml, &["--standby"]);
+    // a run id of its own: `evb ctl` finds the moved control by it
+    let toml = format!(
+        "[run]\nid = \"lost-evm-{}\"\nevents = 20000\nduration_s = 0\nrate_hz = 8000\n\
+         secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
+         [sink]\nkind = \"file\"\ndir = \"{{dir}}/out\"\n",
+        if freeze { "frozen" } else { "killed" }
+    );
+    let mut up = Up::start_with(&toml, &["--standby"]);
     up.wait_said("the standby's line", |said| {
         said.iter()
             .any(|l| l.contains("a standby EVM (control API"))
@@ -363,6 +367,26 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
     wait_gone(evm_pid, "the lost EVM", 10);
     let rec = up.wait_run(1);
     assert_exact(&rec, 20000);
+    // `evb ctl` given the old EVM's address (a script that saved it) follows the control to
+    // the standby, for the run's record and the status alike
+    let cfg = up.dir.path().join("run.toml");
+    for args in [&["runs", "1"][..], &["status"]] {
+        let out = Command::new(EVB)
+            .args(["ctl", "--url", &evm_control, "--config"])
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .unwrap();
+        let said = common::text(&out);
+        assert!(out.status.success(), "evb ctl {args:?}: {said}");
+        assert!(
+            said.contains("the control moved to"),
+            "evb ctl {args:?}: {said}"
+        );
+        if args[0] == "runs" {
+            assert!(said.contains("complete"), "evb ctl {args:?}: {said}");
+        }
+    }
     let files = common::nodes::events_in(&up.dir.path().join("out"));
     assert!(
         files.keys().copied().eq(0..20000),

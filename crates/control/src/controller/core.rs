@@ -821,6 +821,9 @@ impl Core {
                 // takeovers by a standby EVM (docs/standby.md), and whether this one follows
                 "epoch": es.map(|s| s.epoch),
                 "following": es.map(|s| s.following),
+                // a standby that the nodes followed fenced this EVM (the epoch): its word is
+                // no longer the run's, and `evb ctl` looks where the control went
+                "fenced": evm.and_then(|s| s.fenced),
                 // what happened to nodes (null before the EVM's first snapshot)
                 "lost": es.map(|s| &s.lost),
                 "down": es.map(|s| &s.down),
