@@ -145,6 +145,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             elapsed_ms: 2345,
             stop_requested: true,
             over: false,
+            paused: false,
             dropped: vec![(Role::Bu, 1), (Role::Ru, 0)],
             max_events: 6000,
         }),

@@ -297,6 +297,11 @@ impl Evm {
         s
     }
 
+    /// Triggering is paused (the operator's `pause`).
+    pub fn is_paused(&self) -> bool {
+        self.paused_since.is_some()
+    }
+
     /// Pauses or resumes triggering (the operator's `pause` / `resume`). While paused no
     /// event is triggered, events in flight are built and released as usual, and the clock
     /// of `run.duration_s` and of the rate limit stands still.

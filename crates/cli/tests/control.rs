@@ -426,6 +426,66 @@ fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
     evb_up_survives_a_lost_evm(true);
 }
 
+/// `evb up --standby`, a run paused by the operator (`evb ctl pause`), then the EVM killed:
+/// the standby takes the run over still paused, is its control at once (`evb up` prints the
+/// new URL mid-run), triggers nothing until `evb ctl resume` there, and the run ends exact.
+#[test]
+fn a_paused_run_stays_paused_under_the_standby_until_resumed_there() {
+    let toml = "[run]\nid = \"paused-standby\"\nevents = 20000\nduration_s = 0\nrate_hz = 8000\n\
+                secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
+                [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
+    let mut up = Up::start_with(toml, &["--standby"]);
+    up.wait_said("the standby's line", |said| {
+        said.iter()
+            .any(|l| l.contains("a standby EVM (control API"))
+    });
+    let evm_pid = up.api.get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(up.post("start", json!({})).0, 200);
+    up.wait_until("4,000 events triggered", 30, |s| {
+        s["evm"]["triggered"].as_u64().unwrap_or(0) >= 4000
+    });
+    let out = up.ctl(&["pause"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let paused = up.wait_until("the run paused", 30, |s| {
+        s["state"] == "paused" && s["evm"]["paused"] == true
+    });
+    let triggered = paused["evm"]["triggered"].as_u64().unwrap();
+    assert!(triggered < 20000, "{paused:#}");
+    assert!(Command::new("kill")
+        .args(["-9", &evm_pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    up.follow_takeover(60);
+    // the standby's control, mid-run: paused, and nothing triggered while it is
+    let s = up.wait_until("the run paused at the standby", 30, |s| {
+        s["state"] == "paused" && s["evm"]["epoch"] == 1
+    });
+    assert_eq!(s["run"], 1, "{s:#}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = up.status();
+    assert_eq!(s["state"], "paused", "{s:#}");
+    assert_eq!(s["evm"]["paused"], true, "{s:#}");
+    assert_eq!(
+        s["evm"]["triggered"].as_u64(),
+        Some(triggered),
+        "triggered while paused: {s:#}"
+    );
+    let out = up.ctl(&["resume"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rec = up.wait_run(1);
+    assert_exact(&rec, 20000);
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..20000),
+        "{} events in the files",
+        files.len()
+    );
+    assert!(up.halt().success());
+}
+
 /// `evb up --standby`, the EVM frozen between runs (SIGSTOP, never woken): no run, so no
 /// follower hears its heartbeats stop; `evb up` finds that its control API has not answered
 /// for 5 s, has the standby take the control over and kills the frozen EVM. The next run

@@ -210,16 +210,16 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                 .unwrap_or_default()
                 .to_string();
             if step == Step::LoseEvm {
-                // (a paused run too: the standby does not know of the pause, and triggers
-                // on: docs/standby.md, "Limits")
+                // (a paused run too: it stays paused under the standby, whose control the
+                // operator resumes it at, below)
                 if before != "running" && before != "paused" {
                     eprintln!(
                         "    the run is {before} at the EVM's moment: the EVM is killed after it"
                     );
                     continue;
                 }
-                // the standby takes the run over, finishes it and becomes the run control:
-                // the rest of this run's plan is skipped
+                // the standby takes the run over and becomes the run control at once: the
+                // rest of this run's plan is skipped
                 let pid = evm_pid(&up);
                 eprintln!(
                     "    {:.2} s, {before}: the EVM ({pid}) {evm_loss:?}",

@@ -130,6 +130,8 @@ pub struct Node {
     pub(crate) promote_after: std::sync::atomic::AtomicBool,
     pub(crate) lines: Lines,
     pub(crate) status_every: Duration,
+    /// This node itself: a standby's run promotes it from a status line.
+    me: std::sync::Weak<Node>,
 }
 
 impl Node {
@@ -236,10 +238,24 @@ impl Node {
         }
         let lines = self.lines.clone();
         let controller = self.controller().cloned();
+        let me = self.me.clone();
         let status: evb_node::StatusOut = Box::new(move |mut v: NodeStatus| {
             v.run_number = Some(run);
-            if let Some(c) = &controller {
-                c.on_status(&v);
+            match &controller {
+                Some(c) => c.on_status(&v),
+                // a standby under `evb up` that took the run over is its control from now
+                // on: the operator pauses, resumes and stops it there (docs/standby.md)
+                None => {
+                    if let Some(node) = me.upgrade() {
+                        match node.controller() {
+                            Some(c) => c.on_status(&v),
+                            None if node.mode == Mode::Serve && v.took_over() => {
+                                promote(&node, Some(Followed::Running(run, &v)))
+                            }
+                            None => {}
+                        }
+                    }
+                }
             }
             lines(v);
         });
@@ -329,7 +345,8 @@ pub fn run_process(
     if spec.role == Role::Evm && !standby {
         let _ = controller.set(Controller::new(cfg, mode));
     }
-    let node = Arc::new(Node {
+    let node = Arc::new_cyclic(|me| Node {
+        me: me.clone(),
         spec: spec.clone(),
         mode,
         control,
@@ -352,7 +369,7 @@ pub fn run_process(
     info!(node = %spec.id, "control API on http://{bound}");
     node.control.set_api(bound.to_string());
     if let Some(c) = node.controller() {
-        c.attach(&node, bound);
+        c.attach(&node);
     }
     match mode {
         Mode::Once => {
@@ -380,13 +397,20 @@ pub fn run_process(
                     Cmd::Start { run, cfg } => {
                         let r = match node.controller() {
                             Some(c) => c.run(&node, run, &cfg, |n, cfg| n.run_one(run, cfg)),
-                            None => node.run_one(run, &cfg),
+                            None => {
+                                let r = node.run_one(run, &cfg);
+                                // promoted during the run: the run's record is its own
+                                if let Some(c) = node.controller() {
+                                    c.finished(run, &r);
+                                }
+                                r
+                            }
                         };
                         if node.standby {
                             let took_over = matches!(&r, Ok(o) if o.report.took_over());
                             let told = node.promote_after.load(std::sync::atomic::Ordering::SeqCst);
                             if took_over || told {
-                                promote(&node, bound, Some(Followed::Run(run, &r)));
+                                promote(&node, Some(Followed::Run(run, &r)));
                                 unrecorded = None;
                             } else {
                                 unrecorded = Some(run);
@@ -399,9 +423,7 @@ pub fn run_process(
                         }
                         last = Some(r);
                     }
-                    Cmd::Promote => {
-                        promote(&node, bound, unrecorded.take().map(Followed::EndedThere))
-                    }
+                    Cmd::Promote => promote(&node, unrecorded.take().map(Followed::EndedThere)),
                     Cmd::Halt => break,
                 }
             }
@@ -423,13 +445,15 @@ pub(crate) enum Followed<'a> {
     Run(u64, &'a Result<NodeOutcome, NodeError>),
     /// The run ended at the EVM, and the EVM was lost before its control kept the record.
     EndedThere(u64),
+    /// It took the run over and runs it now (its status line says whether paused).
+    Running(u64, &'a NodeStatus),
 }
 
 /// A standby EVM becomes the run control for good (docs/standby.md, "Under evb up"): a
 /// controller of its own over the configuration with its addresses as the EVM's, numbering
 /// on from the run it followed, and recording that run: with its outcome when the standby
 /// took it over, else as a run whose verdict was lost with the EVM.
-pub(crate) fn promote(node: &Arc<Node>, api: SocketAddr, followed: Option<Followed<'_>>) {
+pub(crate) fn promote(node: &Arc<Node>, followed: Option<Followed<'_>>) {
     if !node.standby || node.controller().is_some() {
         return;
     }
@@ -443,17 +467,24 @@ pub(crate) fn promote(node: &Arc<Node>, api: SocketAddr, followed: Option<Follow
     };
     let c = Controller::new(&cfg, Mode::Serve);
     c.number_from(last);
+    let when = match followed {
+        Some(Followed::Running(run, _)) => format!("during run {run}"),
+        _ => format!("after run {last}"),
+    };
     match followed {
         Some(Followed::Run(run, r)) if r.as_ref().map_or(true, |o| o.report.took_over()) => {
             c.begin_once(run);
             c.finished(run, r);
         }
         Some(Followed::Run(run, _) | Followed::EndedThere(run)) => c.verdict_unknown(run),
+        Some(Followed::Running(run, line)) => {
+            c.adopt_running(run, line.evm().is_some_and(|e| e.paused))
+        }
         None => {}
     }
     if node.controller.set(c.clone()).is_ok() {
-        c.attach(node, api);
-        warn!(node = %node.spec.id, "the standby EVM is the run control now (after run {last})");
+        c.attach(node);
+        warn!(node = %node.spec.id, "the standby EVM is the run control now ({when})");
     }
 }
 

@@ -364,6 +364,9 @@ pub struct Follow {
     pub stop_requested: bool,
     /// The run is over (halted or aborted): nothing to take over.
     pub over: bool,
+    /// The operator paused the run (no event is triggered until resumed): a standby that
+    /// takes it over keeps it paused.
+    pub paused: bool,
     /// Nodes the EVM dropped from the run and that are not back: never heard again.
     pub dropped: Vec<(crate::Role, u16)>,
     /// The most events the run will trigger, as the EVM knows it now (run.events, or what
@@ -373,13 +376,15 @@ pub struct Follow {
 
 const FOLLOW_STOP: u32 = 1;
 const FOLLOW_OVER: u32 = 2;
+const FOLLOW_PAUSED: u32 = 4;
 
 impl Follow {
     pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         let n = self.dropped.len().min(u16::MAX as usize);
         out.extend_from_slice(&self.elapsed_ms.to_le_bytes());
         let flags = (if self.stop_requested { FOLLOW_STOP } else { 0 })
-            | if self.over { FOLLOW_OVER } else { 0 };
+            | if self.over { FOLLOW_OVER } else { 0 }
+            | if self.paused { FOLLOW_PAUSED } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&(n as u16).to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
@@ -400,7 +405,7 @@ impl Follow {
             });
         }
         let flags = u32_at(b, 8);
-        if flags & !(FOLLOW_STOP | FOLLOW_OVER) != 0 || u16_at(b, 14) != 0 {
+        if flags & !(FOLLOW_STOP | FOLLOW_OVER | FOLLOW_PAUSED) != 0 || u16_at(b, 14) != 0 {
             return Err(WireError::ReservedNonZero { what });
         }
         let n = u16_at(b, 12) as usize;
@@ -429,6 +434,7 @@ impl Follow {
             elapsed_ms: u64_at(b, 0),
             stop_requested: flags & FOLLOW_STOP != 0,
             over: flags & FOLLOW_OVER != 0,
+            paused: flags & FOLLOW_PAUSED != 0,
             dropped,
             max_events: u64_at(b, 16),
         })

@@ -705,6 +705,7 @@ fn follow_bodies_are_checked() {
         elapsed_ms: 1234,
         stop_requested: true,
         over: false,
+        paused: true,
         dropped: vec![(Role::Bu, 3), (Role::Ru, 1)],
         max_events: 77,
     };
@@ -717,8 +718,10 @@ fn follow_bodies_are_checked() {
     let mut evm = body.to_vec();
     evm[24] = 0; // role 0: the EVM
     assert!(Message::decode(MessageType::Follow, &evm).is_err());
+    // bit 2: paused
+    assert_eq!(body[8], 1 | 4);
     let mut flags = body.to_vec();
-    flags[8] = 4;
+    flags[8] = 8;
     assert!(Message::decode(MessageType::Follow, &flags).is_err());
     assert!(Message::decode(MessageType::Follow, &body[..body.len() - 2]).is_err());
 }

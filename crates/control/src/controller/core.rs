@@ -198,6 +198,22 @@ impl Core {
         self.history.begin(run, unix);
     }
 
+    /// A standby that took run `run` over mid-run becomes its control at once: the run is
+    /// under way here, running or paused as the operator left it (its record starts now:
+    /// the start is the lost EVM's).
+    pub(crate) fn adopt_running(&mut self, run: u64, paused: bool, unix: f64) {
+        self.begin_once(run, unix);
+        self.state = if paused {
+            State::Paused
+        } else {
+            State::Running
+        };
+        let state = self.state.name().to_string();
+        if let Some(r) = self.runs.get_mut(&run) {
+            r.state = state;
+        }
+    }
+
     /// A status line of the EVM's run: its progress moves the run state on.
     pub(crate) fn on_status(&mut self, line: &NodeStatus) {
         use evb_builder::RunState;

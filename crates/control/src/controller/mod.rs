@@ -6,7 +6,6 @@
 //! The decisions are [`core::Core`]'s, which does no IO; this shell makes the HTTP calls
 //! it asks for, applies its effects to the EVM's own node, and passes the time in.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -74,7 +73,7 @@ impl Controller {
     }
 
     /// Ties the controller to its node and starts refreshing the node table.
-    pub(crate) fn attach(&self, node: &Arc<Node>, _api: SocketAddr) {
+    pub(crate) fn attach(&self, node: &Arc<Node>) {
         *self.0.node.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(node);
         let me = self.clone();
         let _ = std::thread::Builder::new()
@@ -98,6 +97,12 @@ impl Controller {
     /// `evb run`'s one run: started at once, without a command.
     pub(crate) fn begin_once(&self, run: u64) {
         self.core().begin_once(run, unix_now());
+    }
+
+    /// A standby that took a run over becomes its control mid-run (see
+    /// `Core::adopt_running`).
+    pub(crate) fn adopt_running(&self, run: u64, paused: bool) {
+        self.core().adopt_running(run, paused, unix_now());
     }
 
     /// Every status line of the EVM's run: follows its progress into the run state.

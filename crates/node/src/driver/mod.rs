@@ -607,11 +607,18 @@ impl Driver {
                     }
                 }
             }
+            let mut pause_changed = false;
             if let Logic::Evm(e) = &mut self.logic {
                 if self.control.stop_requested() {
                     e.request_stop(now);
                 }
-                e.set_paused(now, self.control.paused());
+                let paused = self.control.paused();
+                pause_changed = e.is_paused() != paused;
+                e.set_paused(now, paused);
+            }
+            if pause_changed {
+                // the standby hears of a pause at once: a loss right after it keeps it
+                self.tell_follower(false);
             }
             self.ru.pump(now, &mut self.logic);
             match &mut self.logic {

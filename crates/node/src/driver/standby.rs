@@ -185,6 +185,7 @@ impl Driver {
             elapsed_ms: e.elapsed(Instant::now()).as_millis() as u64,
             stop_requested: st.stopped_by_request,
             over,
+            paused: st.paused,
             dropped,
             max_events: e.config().max_events.unwrap_or(evb_wire::UNLIMITED),
         }))
@@ -543,7 +544,18 @@ impl Driver {
         };
         let cfg = old.config().clone();
         let dropped = dropped_by(&f.follow);
-        let elapsed = Duration::from_millis(f.follow.elapsed_ms) + now.duration_since(f.follow_at);
+        // triggering time: a paused run's clock stood still since the EVM said so
+        let since = if f.follow.paused {
+            Duration::ZERO
+        } else {
+            now.duration_since(f.follow_at)
+        };
+        let elapsed = Duration::from_millis(f.follow.elapsed_ms) + since;
+        if f.follow.paused {
+            // the operator's pause holds under the new EVM, until resumed at its control
+            info!(node = %self.me.id, "the run was paused: it stays paused");
+            self.control.set_paused(true);
+        }
         let rus: Vec<RuResync> = f
             .rus
             .into_values()
