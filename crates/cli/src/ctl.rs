@@ -7,6 +7,9 @@ use clap::{Args, Subcommand};
 use evb_builder::NodeEvent;
 use evb_config::Config;
 use evb_control::client::{Api, CallErrorKind, Reply};
+use evb_control::fsm::State;
+use evb_control::replies::{CommandReply, Status};
+use evb_control::RunRecord;
 use serde_json::{json, Value};
 
 #[derive(Args)]
@@ -176,13 +179,13 @@ fn follow(a: &CtlArgs, api: Api) -> Api {
     if moved.base == api.base {
         return api;
     }
+    let fenced = |r: &Reply| r.typed::<Status>("status").ok()?.evm.fenced;
     let why = match api.get("/api/v1/status") {
         Err(e) => format!("{} does not answer: {e}", api.base),
-        Ok(r) if !r.body["evm"]["fenced"].is_null() => format!(
-            "the EVM at {} was fenced by epoch {}",
-            api.base, r.body["evm"]["fenced"]
-        ),
-        Ok(_) => return api,
+        Ok(r) => match fenced(&r) {
+            Some(epoch) => format!("the EVM at {} was fenced by epoch {epoch}", api.base),
+            None => return api,
+        },
     };
     eprintln!("evb ctl: the control moved to {} ({why})", moved.base);
     moved
@@ -231,7 +234,7 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
     let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
     if let Some(w) = wait_flag {
         if words {
-            print_reply(&a.cmd, &reply.body);
+            print_reply(&a.cmd, &reply.typed(command_name(&a.cmd))?);
         }
         let halt = matches!(a.cmd, CtlCmd::Halt(_));
         return settle(&api, a.json.as_deref(), halt, w.timeout);
@@ -243,38 +246,37 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
         eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
     } else if words {
         match &a.cmd {
-            CtlCmd::Status => print_status(&reply.body),
-            CtlCmd::Runs { run: None } => print_runs(&reply.body),
-            CtlCmd::Runs { run: Some(_) } => print_run(&reply.body),
-            _ => print_reply(&a.cmd, &reply.body),
+            CtlCmd::Status => print_status(&reply.typed("status")?),
+            CtlCmd::Runs { run: None } => print_runs(&reply.typed::<Vec<RunRecord>>("runs")?),
+            CtlCmd::Runs { run: Some(_) } => print_run(&reply.typed("runs N")?),
+            _ => print_reply(&a.cmd, &reply.typed(command_name(&a.cmd))?),
         }
     }
     let ok = reply.ok()
         && match &a.cmd {
-            CtlCmd::Runs { run: Some(_) } => reply.body["ok"] != false,
+            CtlCmd::Runs { run: Some(_) } => {
+                reply.typed::<RunRecord>("runs N")?.end.is_none_or(|e| e.ok)
+            }
             _ => true,
         };
     Ok(ok)
 }
 
 /// A command's reply, as a line: `stop: state stopping, run 7`.
-fn print_reply(c: &CtlCmd, body: &Value) {
+fn print_reply(c: &CtlCmd, r: &CommandReply) {
     println!(
         "{}: state {}, run {}{}",
         command_name(c),
-        body["state"].as_str().unwrap_or("?"),
-        body["run"],
-        body["changed"]
-            .as_array()
+        r.state.name(),
+        r.run,
+        r.changed
+            .as_ref()
             .map(|c| format!(
                 ", changed: {}",
                 if c.is_empty() {
                     "nothing".into()
                 } else {
-                    c.iter()
-                        .filter_map(|v| v.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    c.join(", ")
                 }
             ))
             .unwrap_or_default()
@@ -295,8 +297,8 @@ fn command_name(c: &CtlCmd) -> &'static str {
 }
 
 /// The states a command passes through on its way to a resting one.
-fn transient(state: &str) -> bool {
-    matches!(state, "starting" | "stopping")
+fn transient(state: State) -> bool {
+    matches!(state, State::Starting | State::Stopping)
 }
 
 /// `--wait`: polls the status until the run state is a resting one (or, after `halt`, until
@@ -305,8 +307,8 @@ fn settle(api: &Api, json_out: Option<&Path>, halt: bool, timeout: f64) -> Resul
     let words = !json_out.is_some_and(crate::json_out::is_stdout);
     let until = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
     loop {
-        let s = match api.get("/api/v1/status") {
-            Ok(s) => s,
+        let r = match api.get("/api/v1/status") {
+            Ok(r) => r,
             // the EVM's process has exited (or is closing): what halt was waited for
             Err(e) if halt && e.kind != CallErrorKind::Timeout => {
                 if let Some(p) = json_out {
@@ -327,35 +329,37 @@ fn settle(api: &Api, json_out: Option<&Path>, halt: bool, timeout: f64) -> Resul
                 continue;
             }
         };
-        let state = s.body["state"].as_str().unwrap_or("");
-        if !transient(state) && !halt {
+        let s: Status = r.typed("status")?;
+        if !transient(s.state) && !halt {
             if let Some(p) = json_out {
-                crate::json_out::write(p, &s.body)?;
+                crate::json_out::write(p, &r.body)?;
             }
             if words {
-                println!(
-                    "state {state}, run {}{}",
-                    s.body["run"],
-                    s.body["reason"]
-                        .as_str()
-                        .map(|r| format!(": {r}"))
-                        .unwrap_or_default()
-                );
+                println!("state {}, run {}{}", s.state.name(), s.run, because(&s));
             }
-            return Ok(state != "failed");
+            return Ok(s.state != State::Failed);
         }
         if Instant::now() > until {
-            return Err(gave_up(timeout, state, &s.body));
+            return Err(gave_up(timeout, &s));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
-fn gave_up(timeout: f64, state: &str, status: &Value) -> String {
+/// `: <why the last run failed>`, or nothing.
+fn because(s: &Status) -> String {
+    s.reason
+        .as_deref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default()
+}
+
+fn gave_up(timeout: f64, s: &Status) -> String {
     format!(
-        "gave up after {timeout} s: state is {state}{}",
-        status["reason"]
-            .as_str()
+        "gave up after {timeout} s: state is {}{}",
+        s.state.name(),
+        s.reason
+            .as_deref()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     )
@@ -365,9 +369,9 @@ fn gave_up(timeout: f64, state: &str, status: &Value) -> String {
 /// over (the takeover's wait is at most a few heartbeat timeouts).
 const FOLLOW_SWITCH_S: u64 = 15;
 
-/// Waits for a state, or for run `run` to end. The control may move meanwhile (a standby
-/// took it over): a control that stops answering, or a record that says its EVM was fenced,
-/// makes `wait` ask `again` where the control is now and go on there.
+/// `evb ctl wait`: until the run state is `state`, or run `run` is over (its record's
+/// verdict decides the exit code). A control that stops answering, or that a standby
+/// fenced, is looked for again where `again` says it is now.
 fn wait(
     mut api: Api,
     again: &dyn Fn() -> Option<Api>,
@@ -387,10 +391,10 @@ fn wait(
         _ => false,
     };
     loop {
-        let s: Reply = match api.get("/api/v1/status") {
-            Ok(s) => {
+        let r: Reply = match api.get("/api/v1/status") {
+            Ok(r) => {
                 silent_since = None;
-                s
+                r
             }
             Err(e) => {
                 if moved(&mut api) {
@@ -405,160 +409,153 @@ fn wait(
                 continue;
             }
         };
-        let now_state = s.body["state"].as_str().unwrap_or("");
-        let done = match run {
-            Some(n) => api
-                .get(&format!("/api/v1/runs/{n}"))
-                .ok()
-                .filter(|r| r.ok())
-                .filter(|r| {
+        let s: Status = r.typed("status")?;
+        let done: Option<(Value, Option<RunRecord>)> = match run {
+            Some(n) => {
+                let rec = api
+                    .get(&format!("/api/v1/runs/{n}"))
+                    .ok()
+                    .filter(|r| r.ok())
+                    .map(|r| r.typed::<RunRecord>("runs N").map(|rec| (r.body, rec)))
+                    .transpose()?;
+                match rec {
                     // a fenced EVM's record is not the run's: look where the control went
-                    if r.body["state"] == "fenced" {
+                    Some((_, rec)) if rec.state == "fenced" => {
                         moved(&mut api);
+                        None
                     }
-                    matches!(
-                        r.body["state"].as_str(),
-                        Some("complete" | "failed" | "aborted" | "unknown")
-                    )
-                })
-                .map(|r| r.body),
-            None => (now_state == state).then(|| s.body.clone()),
+                    Some((body, rec))
+                        if matches!(
+                            rec.state.as_str(),
+                            "complete" | "failed" | "aborted" | "unknown"
+                        ) =>
+                    {
+                        Some((body, Some(rec)))
+                    }
+                    _ => None,
+                }
+            }
+            None => (s.state.name() == state).then(|| (r.body.clone(), None)),
         };
-        if let Some(body) = done {
+        if let Some((body, rec)) = done {
             if let Some(p) = json_out {
                 crate::json_out::write(p, &body)?;
             }
-            if json_out.is_some_and(crate::json_out::is_stdout) {
-                // the JSON is the output
-            } else if run.is_some() {
-                print_run(&body);
-            } else {
-                println!("state {now_state}, run {}", s.body["run"]);
+            let words = !json_out.is_some_and(crate::json_out::is_stdout);
+            match &rec {
+                Some(rec) if words => print_run(rec),
+                None if words => println!("state {}, run {}", s.state.name(), s.run),
+                _ => {}
             }
-            return Ok(run.is_none() || body["ok"] == true);
+            return Ok(rec.is_none_or(|r| r.end.as_ref().is_some_and(|e| e.ok)));
         }
         if Instant::now() > until {
-            return Err(gave_up(timeout, now_state, &s.body));
+            return Err(gave_up(timeout, &s));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
-fn num(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// A count that may be unknown (`-`).
+fn num<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |n| n.to_string())
 }
 
-fn print_status(s: &Value) {
-    let legal: Vec<&str> = s["legal"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
-        .unwrap_or_default();
+fn print_status(s: &Status) {
     println!(
         "run {}  state {}{}   (allowed: {})",
-        s["run"],
-        s["state"].as_str().unwrap_or("?"),
-        s["reason"]
-            .as_str()
-            .map(|r| format!(": {r}"))
-            .unwrap_or_default(),
-        legal.join(", ")
+        s.run,
+        s.state.name(),
+        because(s),
+        s.legal.join(", ")
     );
-    if let Some(epoch) = s["evm"]["fenced"].as_u64() {
+    if let Some(epoch) = s.evm.fenced {
         println!(
             "this EVM was fenced by epoch {epoch}: the nodes follow a standby, whose control \
              holds the run's verdict"
         );
     }
-    let t = &s["totals"];
+    let t = &s.totals;
     println!(
         "built {} events | {:.0} ev/s | {:.3} GB/s | in flight {} | credits free {}{}",
-        t["events_built"],
-        t["rate_hz"].as_f64().unwrap_or(0.0),
-        t["bytes_per_s"].as_f64().unwrap_or(0.0) / 1e9,
-        num(&s["evm"]["in_flight"]),
-        num(&s["evm"]["credits_available"]),
-        if s["evm"]["paused"] == true {
+        t.events_built,
+        t.rate_hz,
+        t.bytes_per_s / 1e9,
+        num(s.evm.in_flight),
+        num(s.evm.credits_available),
+        if s.evm.paused == Some(true) {
             " | paused"
         } else {
             ""
         }
     );
-    print_node_events(&s["evm"]["lost"]);
+    print_node_events(s.evm.lost.as_deref().unwrap_or_default());
     println!(
         "{:<10} {:<4} {:<12} {:>12} {:>10} {:>8} {:>8} {:>7}  note",
         "node", "role", "state", "events", "ev/s", "GB/s", "credits", "errors"
     );
-    for n in s["nodes"].as_array().into_iter().flatten() {
-        let note = n["error"]
-            .as_str()
-            .map(String::from)
-            .unwrap_or_else(|| match &n["last"] {
-                l if l["ok"] == false => {
-                    format!("run {}: {}", l["run"], l["reason"].as_str().unwrap_or(""))
-                }
-                _ => String::new(),
-            });
+    for n in &s.nodes {
+        let note = n.error.clone().unwrap_or_else(|| match &n.last {
+            Some(l) if !l.ok => format!("run {}: {}", l.run, l.reason),
+            _ => String::new(),
+        });
         println!(
             "{:<10} {:<4} {:<12} {:>12} {:>10.0} {:>8.3} {:>8} {:>7}  {}",
-            n["node"].as_str().unwrap_or(""),
-            n["role"].as_str().unwrap_or(""),
-            n["state"].as_str().unwrap_or(""),
-            num(&n["events"]),
-            n["rate_hz"].as_f64().unwrap_or(0.0),
-            n["bytes_per_s"].as_f64().unwrap_or(0.0) / 1e9,
-            num(&n["credits"]),
-            num(&n["errors"]),
+            n.node,
+            n.role.name(),
+            n.state,
+            n.events,
+            n.rate_hz,
+            n.bytes_per_s / 1e9,
+            num(n.credits),
+            n.errors,
             note
         );
     }
 }
 
-fn print_runs(v: &Value) {
+fn print_runs(v: &[RunRecord]) {
     println!(
         "{:>5} {:<9} {:>12} {:>8}  reason",
         "run", "state", "events", "wall s"
     );
-    for r in v.as_array().into_iter().flatten() {
+    for r in v {
+        let end = r.end.as_ref();
         println!(
             "{:>5} {:<9} {:>12} {:>8.1}  {}",
-            num(&r["run"]),
-            r["state"].as_str().unwrap_or(""),
-            num(&r["events_built"]),
-            r["wall_s"].as_f64().unwrap_or(0.0),
-            r["reason"].as_str().unwrap_or("")
+            r.run,
+            r.state,
+            num(end.map(|e| e.events_built)),
+            end.map_or(0.0, |e| e.wall_s),
+            end.map_or("", |e| e.reason.as_str())
         );
     }
 }
 
-fn print_run(r: &Value) {
+fn print_run(r: &RunRecord) {
+    let end = r.end.as_ref();
     println!(
         "run {}: {} - {}",
-        num(&r["run"]),
-        r["state"].as_str().unwrap_or("?"),
-        r["reason"].as_str().unwrap_or("")
+        r.run,
+        r.state,
+        end.map_or("", |e| e.reason.as_str())
     );
     println!(
         "triggered {}, built {} events, {} payload bytes, {} s",
-        num(&r["triggered"]),
-        num(&r["events_built"]),
-        num(&r["payload_bytes_built"]),
-        num(&r["seconds"])
+        num(end.and_then(|e| e.triggered)),
+        num(end.map(|e| e.events_built)),
+        num(end.map(|e| e.payload_bytes_built)),
+        num(end.and_then(|e| e.seconds))
     );
-    for p in r["verdict"].as_array().into_iter().flatten() {
-        println!("problem: {}", p.as_str().unwrap_or(""));
+    for p in end.map(|e| e.verdict.as_slice()).unwrap_or_default() {
+        println!("problem: {p}");
     }
-    print_node_events(&r["lost"]);
+    print_node_events(end.and_then(|e| e.lost.as_deref()).unwrap_or_default());
 }
 
 /// The EVM's node events (`evm.lost`, a run's `lost`): a loss as `lost: ...`, a rejoin or a
 /// refused report (no loss) as `node event: ...`.
-fn print_node_events(v: &Value) {
-    let events: Vec<NodeEvent> = serde_json::from_value(v.clone()).unwrap_or_default();
+fn print_node_events(events: &[NodeEvent]) {
     for e in events {
         if e.kind.is_loss() {
             println!("lost: {e}");

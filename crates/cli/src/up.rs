@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use evb_config::{Config, Role, TransportKind};
 use evb_control::client::Api;
+use evb_control::fsm::State;
 use serde_json::json;
 
 use crate::launch::{self, Note};
@@ -82,11 +83,10 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     loop {
         // ready when every node answers on its API, and the EVM's table shows them all
         let seen_by_evm = || {
-            api.get("/api/v1/status").is_ok_and(|r| {
-                r.body["nodes"]
-                    .as_array()
-                    .is_some_and(|ns| ns.iter().all(|n| n["state"] == "idle"))
-            })
+            api.get("/api/v1/status")
+                .ok()
+                .and_then(|r| r.typed::<evb_control::replies::Status>("status").ok())
+                .is_some_and(|s| s.nodes.iter().all(|n| n.state == "idle"))
         };
         if apis
             .iter()
@@ -180,9 +180,12 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                     let _ = api.post("/api/v1/stop", &json!({}));
                     let until = Instant::now() + Duration::from_secs(30);
                     while Instant::now() < until {
-                        let state = api.get("/api/v1/status").map(|r| r.body["state"].clone());
-                        match state.as_ref().ok().and_then(|s| s.as_str()) {
-                            Some("ready" | "failed") | None => break,
+                        let state = api
+                            .get("/api/v1/status")
+                            .ok()
+                            .and_then(|r| r.typed::<evb_control::replies::Status>("status").ok());
+                        match state.map(|s| s.state) {
+                            Some(State::Ready | State::Failed) | None => break,
                             _ => std::thread::sleep(Duration::from_millis(100)),
                         }
                     }
@@ -302,7 +305,9 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                 }
                 let controls = sapi
                     .get("/api/v1/node")
-                    .is_ok_and(|r| r.ok() && r.body["controls"] == true);
+                    .ok()
+                    .and_then(|r| r.typed::<evb_control::NodeReply>("node").ok())
+                    .is_some_and(|n| n.controls);
                 if controls {
                     if let Some((_, c)) = children.iter_mut().find(|(id, _)| *id == evm.id) {
                         if matches!(c.try_wait(), Ok(None)) {

@@ -766,11 +766,19 @@ async fn command(State(node): State<Shared>, Path(name): Path<String>, body: Byt
         Ok(v) => v,
         Err(r) => return *r,
     };
+    // a command the state refuses is refused as such, before its body is read
+    if let Err(r) = c.allowed(cmd) {
+        return error(r.status, r.why);
+    }
+    let req = match crate::replies::Request::parse(cmd, &v) {
+        Ok(r) => r,
+        Err(r) => return error(r.status, r.why),
+    };
     // the controller may call other nodes (halt): not on the runtime's only thread
     let c = c.clone();
-    match tokio::task::spawn_blocking(move || c.command(cmd, &v)).await {
+    match tokio::task::spawn_blocking(move || c.command(req)).await {
         Ok(Ok(reply)) => Json(reply).into_response(),
-        Ok(Err((status, msg))) => error(status, msg),
+        Ok(Err(r)) => error(r.status, r.why),
         Err(e) => error(500, format!("command failed: {e}")),
     }
 }

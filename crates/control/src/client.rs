@@ -39,6 +39,13 @@ impl Reply {
         (200..300).contains(&self.status)
     }
 
+    /// The body read as `T` (a reply of `crate::replies`); a body that lacks a field or
+    /// holds one of another type is an error naming it, never a default.
+    pub fn typed<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T, String> {
+        serde_json::from_value(self.body.clone())
+            .map_err(|e| format!("the control's answer to {what} cannot be read: {e}"))
+    }
+
     /// The error message of a refused request.
     pub fn error(&self) -> String {
         self.body["error"]

@@ -12,6 +12,7 @@ pub mod fsm;
 pub mod guard;
 pub mod metrics;
 mod page;
+pub mod replies;
 mod service;
 pub mod session;
 

@@ -23,7 +23,10 @@ use crate::service::{numbered_run_id, status_role, Mode, NodeReply, Phase};
 pub const MAX_RUN: u64 = (1 << 53) - 1;
 
 /// A refused or failed command: the HTTP status and why.
-pub type Refused = (u16, String);
+pub use crate::replies::Refused;
+use crate::replies::{
+    CommandReply, ConfigSummary, EvmSummary, Latency, NodeRow, Request, Status, Totals,
+};
 
 /// Records of this many runs are kept (the oldest go first).
 const KEEP_RUNS: usize = 1000;
@@ -230,36 +233,39 @@ impl Core {
         }
     }
 
-    /// An operator's command: the reply, and what the shell must do for it.
-    pub(crate) fn command(
-        &mut self,
-        cmd: Command,
-        body: &Value,
-        unix: f64,
-    ) -> Result<(Value, Vec<Effect>), Refused> {
+    /// Whether command `cmd` may be given now (the state, and this EVM's mode), before what
+    /// it carries is read: a command the state refuses is refused as such, whatever its body.
+    pub(crate) fn allowed(&self, cmd: Command) -> Result<State, Refused> {
         let from = self.state;
         if self.mode == Mode::Once
             && matches!(cmd, Command::Configure | Command::Start | Command::Halt)
         {
-            return Err((
-                409,
+            return Err(Refused::new(409,
                 format!(
                     "`{}`: this EVM runs one run and exits (evb run); start the nodes with `evb up` (or `evb node --serve`) for run control",
                     cmd.name()
                 ),
             ));
         }
-        let Some(to) = fsm::next(from, cmd) else {
-            return Err((409, fsm::refusal(from, cmd)));
-        };
-        let mut reply = json!({});
+        fsm::next(from, cmd).ok_or_else(|| Refused::new(409, fsm::refusal(from, cmd)))
+    }
+
+    /// An operator's command: the reply, and what the shell must do for it.
+    pub(crate) fn command(
+        &mut self,
+        req: Request,
+        unix: f64,
+    ) -> Result<(CommandReply, Vec<Effect>), Refused> {
+        let from = self.state;
+        let to = self.allowed(req.command())?;
+        let mut changed = None;
         let mut effects = Vec::new();
-        match cmd {
-            Command::Configure => {
-                reply["changed"] = json!(self.configure(body)?);
+        match req {
+            Request::Configure { config } => {
+                changed = Some(self.configure(&config)?);
             }
-            Command::Start => {
-                let run = self.next_run(body)?;
+            Request::Start { run } => {
+                let run = self.next_run(run)?;
                 let mut cfg = self.cfg.clone();
                 cfg.run.id = numbered_run_id(&self.cfg.run.id, run);
                 effects.push(Effect::ResetControl);
@@ -271,11 +277,10 @@ impl Core {
                     run,
                     cfg: Box::new(cfg),
                 });
-                reply["run"] = json!(run);
             }
-            Command::Pause => effects.push(Effect::Pause(true)),
-            Command::Resume => effects.push(Effect::Pause(false)),
-            Command::Stop => {
+            Request::Pause => effects.push(Effect::Pause(true)),
+            Request::Resume => effects.push(Effect::Pause(false)),
+            Request::Stop => {
                 // before the nodes are ready there is nothing to drain: the start is
                 // called off, and the system is ready again
                 if from == State::Starting {
@@ -283,31 +288,31 @@ impl Core {
                 }
                 effects.push(Effect::Stop);
             }
-            Command::Reset if from == State::Failed => self.reason = None,
-            Command::Reset => {
+            Request::Reset if from == State::Failed => self.reason = None,
+            Request::Reset => {
                 self.resetting = true;
                 effects.push(Effect::Abort("reset by the operator".into()));
                 effects.push(Effect::Pause(false));
             }
-            Command::Halt => effects.push(Effect::Halt {
+            Request::Halt => effects.push(Effect::Halt {
                 nodes: self.others(),
             }),
         }
         self.state = to;
-        reply["state"] = json!(to);
-        reply["run"] = json!(self.run);
+        let reply = CommandReply {
+            state: to,
+            run: self.run,
+            changed,
+        };
         Ok((reply, effects))
     }
 
     /// `configure`: the new configuration, adopted if the running nodes can take it; the
     /// sections it changes.
-    fn configure(&mut self, body: &Value) -> Result<Vec<String>, Refused> {
-        let text = body["config"].as_str().ok_or((
-            400,
-            "configure needs {\"config\": \"<TOML text>\"}".to_string(),
-        ))?;
+    fn configure(&mut self, text: &str) -> Result<Vec<String>, Refused> {
         // the file may leave the secret out: the running one is kept
-        let mut new = Config::parse_unvalidated(text).map_err(|e| (400, e.to_string()))?;
+        let mut new =
+            Config::parse_unvalidated(text).map_err(|e| Refused::new(400, e.to_string()))?;
         if new.run.secret.is_empty() {
             new.run.secret = self.cfg.run.secret.clone();
         }
@@ -318,7 +323,7 @@ impl Core {
             keys.dedup();
         }
         if !keys.is_empty() {
-            return Err((
+            return Err(Refused::new(
                 409,
                 format!(
                     "configure cannot change {}: these need the nodes restarted (evb up again)",
@@ -341,23 +346,26 @@ impl Core {
                 changed.join(", ")
             }
         );
-        new.validate().map_err(|e| (400, e.to_string()))?;
+        new.validate()
+            .map_err(|e| Refused::new(400, e.to_string()))?;
         self.cfg = new;
         Ok(changed)
     }
 
     /// The number a `start` asks for (or the next one), if it is free.
-    fn next_run(&self, body: &Value) -> Result<u64, Refused> {
-        let run = match body.get("run") {
-            None | Some(Value::Null) => self.run + 1,
-            Some(v) => v
-                .as_u64()
-                .filter(|n| (1..=MAX_RUN).contains(n))
-                .ok_or((400, format!("`run` must be an integer from 1 to {MAX_RUN}")))?,
+    fn next_run(&self, asked: Option<u64>) -> Result<u64, Refused> {
+        let run = match asked {
+            None => self.run + 1,
+            Some(n) if (1..=MAX_RUN).contains(&n) => n,
+            Some(_) => {
+                return Err(Refused::new(
+                    400,
+                    format!("`run` must be an integer from 1 to {MAX_RUN}"),
+                ))
+            }
         };
         if run > MAX_RUN {
-            return Err((
-                409,
+            return Err(Refused::new(409,
                 format!(
                     "run {} was the last number there is: reset the numbering by restarting the EVM",
                     self.run
@@ -365,7 +373,7 @@ impl Core {
             ));
         }
         if self.runs.contains_key(&run) {
-            return Err((
+            return Err(Refused::new(
                 409,
                 format!(
                     "run {run} was already taken; the next free number is {}",
@@ -597,7 +605,7 @@ impl Core {
     }
 
     /// The build latency of the current (or last) run: every BU's histogram added up.
-    fn latency(&self) -> Value {
+    fn latency(&self) -> Latency {
         let mut sum = evb_builder::LatencyHistogram::default();
         let mut bus = 0;
         for n in self.cfg.nodes().iter().filter(|n| n.role == Role::Bu) {
@@ -612,15 +620,15 @@ impl Core {
                 bus += 1;
             }
         }
-        json!({
-            "bounds_us": evb_builder::LATENCY_BOUNDS_US,
-            "counts": sum.counts,
-            "count": sum.count,
-            "sum_us": sum.sum_us,
-            "bus": bus,
-            "p50_us": sum.quantile_us(0.5),
-            "p99_us": sum.quantile_us(0.99),
-        })
+        Latency {
+            bounds_us: evb_builder::LATENCY_BOUNDS_US.to_vec(),
+            p50_us: sum.quantile_us(0.5),
+            p99_us: sum.quantile_us(0.99),
+            counts: sum.counts,
+            count: sum.count,
+            sum_us: sum.sum_us,
+            bus,
+        }
     }
 
     /// The RU→BU matrix (`GET /api/v1/links`): for each RU of the current (or last) run
@@ -758,7 +766,7 @@ impl Core {
 
     /// The whole system's status (`GET /api/v1/status`, docs/control.md); `evm` is the EVM
     /// node's latest status line.
-    pub(crate) fn status(&self, evm: Option<&NodeStatus>, unix: f64) -> Value {
+    pub(crate) fn status(&self, evm: Option<&NodeStatus>, unix: f64) -> Status {
         let mut nodes = Vec::new();
         let mut built = 0u64;
         for n in self.cfg.nodes() {
@@ -785,21 +793,21 @@ impl Core {
                 StatusRole::Bu => snap.and_then(|s| s.sink.as_ref()).map(|k| k.queued),
                 StatusRole::Ru => snap.and_then(|s| s.ru()).map(|s| s.retained),
             };
-            nodes.push(json!({
-                "node": n.id,
-                "role": role,
-                "control": n.control,
-                "state": state,
-                "run": v.reply.as_ref().map(|r| r.run),
-                "events": events,
-                "bytes": bytes,
-                "rate_hz": v.rate_hz,
-                "bytes_per_s": v.bytes_per_s,
-                "credits": credits,
-                "errors": errors(snap),
-                "error": v.error.as_ref().map(|e| e.in_words()),
-                "last": v.reply.as_ref().and_then(|r| r.last.as_ref()),
-            }));
+            nodes.push(NodeRow {
+                node: n.id.clone(),
+                role,
+                control: n.control.clone(),
+                state,
+                run: v.reply.as_ref().map(|r| r.run),
+                events,
+                bytes,
+                rate_hz: v.rate_hz,
+                bytes_per_s: v.bytes_per_s,
+                credits,
+                errors: errors(snap),
+                error: v.error.as_ref().map(|e| e.in_words()),
+                last: v.reply.as_ref().and_then(|r| r.last.clone()),
+            });
         }
         let total = self.totals();
         let es = evm.and_then(|s| s.evm());
@@ -822,42 +830,55 @@ impl Core {
                 .and_then(|r| r.end.as_ref())
                 .map_or(0, |e| e.events_built),
         };
-        json!({
-            "state": self.state,
-            "run": self.run,
-            "reason": self.reason,
-            "mode": self.mode,
-            "legal": fsm::legal(self.state).iter().map(|c| c.name()).collect::<Vec<_>>(),
-            "evm": {
-                "triggered": es.map(|s| s.triggered),
-                "released": es.map(|s| s.released),
-                "in_flight": es.map(|s| s.in_flight),
-                "credits_available": es.map(|s| s.credits_available),
-                "paused": es.map(|s| s.paused),
+        Status {
+            state: self.state,
+            run: self.run,
+            reason: self.reason.clone(),
+            mode: self.mode,
+            legal: fsm::legal(self.state)
+                .iter()
+                .map(|c| c.name().to_string())
+                .collect(),
+            evm: EvmSummary {
+                triggered: es.map(|s| s.triggered),
+                released: es.map(|s| s.released),
+                in_flight: es.map(|s| s.in_flight),
+                credits_available: es.map(|s| s.credits_available),
+                paused: es.map(|s| s.paused),
                 // takeovers by a standby EVM (docs/standby.md), and whether this one follows
-                "epoch": es.map(|s| s.epoch),
-                "following": es.map(|s| s.following),
+                epoch: es.map(|s| s.epoch),
+                following: es.map(|s| s.following),
                 // a standby that the nodes followed fenced this EVM (the epoch): its word is
                 // no longer the run's, and `evb ctl` looks where the control went
-                "fenced": evm.and_then(|s| s.fenced),
+                fenced: evm.and_then(|s| s.fenced),
                 // what happened to nodes (null before the EVM's first snapshot)
-                "lost": es.map(|s| &s.lost),
-                "down": es.map(|s| &s.down),
+                lost: es.map(|s| s.lost.clone()),
+                down: es.map(|s| s.down.clone()),
             },
-            "totals": {"events_built": built, "rate_hz": total.0, "bytes_per_s": total.1},
-            "latency": self.latency(),
-            "nodes": nodes,
-            "runs": self.runs.values().rev().take(20).map(RunRecord::summary).collect::<Vec<_>>(),
-            "config": {
-                "run_id": self.cfg.run.id,
-                "events": self.cfg.run.events,
-                "duration_s": self.cfg.run.duration_s,
-                "rate_hz": self.cfg.run.rate_hz,
-                "fragment_size": self.cfg.fragments.size,
-                "sink": format!("{:?}", self.cfg.sink.kind).to_lowercase(),
-                "transport": format!("{:?}", self.cfg.transport.kind).to_lowercase(),
+            totals: Totals {
+                events_built: built,
+                rate_hz: total.0,
+                bytes_per_s: total.1,
             },
-            "time_unix": unix,
-        })
+            latency: self.latency(),
+            nodes,
+            runs: self
+                .runs
+                .values()
+                .rev()
+                .take(20)
+                .map(RunRecord::summary)
+                .collect(),
+            config: ConfigSummary {
+                run_id: self.cfg.run.id.clone(),
+                events: self.cfg.run.events,
+                duration_s: self.cfg.run.duration_s,
+                rate_hz: self.cfg.run.rate_hz,
+                fragment_size: self.cfg.fragments.size,
+                sink: format!("{:?}", self.cfg.sink.kind).to_lowercase(),
+                transport: format!("{:?}", self.cfg.transport.kind).to_lowercase(),
+            },
+            time_unix: unix,
+        }
     }
 }

@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use tracing::{info, warn};
 
 use crate::client::{Api, CallError};
-use crate::fsm::{Command, State};
+use crate::fsm::State;
+use crate::replies::{CommandReply, Request};
 use crate::service::{Cmd, Mode, Node, NodeReply, Phase};
 
 mod adopt;
@@ -110,10 +111,15 @@ impl Controller {
         self.core().on_status(line);
     }
 
+    /// Whether command `cmd` may be given now (see `Core::allowed`).
+    pub(crate) fn allowed(&self, cmd: crate::fsm::Command) -> Result<(), Refused> {
+        self.core().allowed(cmd).map(|_| ())
+    }
+
     /// An operator's command (the API's POST /api/v1/<command>).
-    pub(crate) fn command(&self, cmd: Command, body: &Value) -> Result<Value, Refused> {
-        let node = self.node().ok_or((503, "shutting down".to_string()))?;
-        let (reply, effects) = self.core().command(cmd, body, unix_now())?;
+    pub(crate) fn command(&self, req: Request) -> Result<CommandReply, Refused> {
+        let node = self.node().ok_or(Refused::new(503, "shutting down"))?;
+        let (reply, effects) = self.core().command(req, unix_now())?;
         for effect in effects {
             match effect {
                 Effect::ResetControl => node.control.reset(),
@@ -123,7 +129,7 @@ impl Controller {
                 Effect::StartRun { run, cfg } => node
                     .cmds
                     .send(Cmd::Start { run, cfg })
-                    .map_err(|_| (503, "the node is shutting down".to_string()))?,
+                    .map_err(|_| Refused::new(503, "the node is shutting down"))?,
                 Effect::Halt { mut nodes } => {
                     if let Some(control) = self.standby_api() {
                         nodes.push(NodeSpec {
@@ -239,7 +245,7 @@ impl Controller {
     }
 
     /// The whole system's status (`GET /api/v1/status`).
-    pub(crate) fn status(&self, evm: &Node) -> Value {
+    pub(crate) fn status(&self, evm: &Node) -> crate::replies::Status {
         let snap = evm.control.snapshot();
         self.core().status(snap.as_ref(), unix_now())
     }

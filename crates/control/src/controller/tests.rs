@@ -13,6 +13,41 @@ use crate::client::{CallError, CallErrorKind};
 use crate::fsm::{Command, State};
 use crate::service::{numbered_run_id, Mode, NodeReply, Phase};
 
+/// The controller's typed requests and replies as the HTTP shell maps them to JSON.
+trait AsJson {
+    fn cmd(
+        &mut self,
+        cmd: Command,
+        body: &serde_json::Value,
+        unix: f64,
+    ) -> Result<(serde_json::Value, Vec<Effect>), (u16, String)>;
+    fn status_json(&self, evm: Option<&NodeStatus>, unix: f64) -> serde_json::Value;
+}
+
+impl AsJson for Core {
+    fn cmd(
+        &mut self,
+        cmd: Command,
+        body: &serde_json::Value,
+        unix: f64,
+    ) -> Result<(serde_json::Value, Vec<Effect>), (u16, String)> {
+        self.allowed(cmd).map_err(|r| (r.status, r.why))?;
+        let req = crate::replies::Request::parse(cmd, body).map_err(|r| (r.status, r.why))?;
+        self.command(req, unix)
+            .map(|(r, e)| (serde_json::to_value(r).unwrap(), e))
+            .map_err(|r| (r.status, r.why))
+    }
+
+    fn status_json(&self, evm: Option<&NodeStatus>, unix: f64) -> serde_json::Value {
+        let s = self.status(evm, unix);
+        // what a reader gets: the same, read back typed
+        let v = serde_json::to_value(&s).unwrap();
+        let back: crate::replies::Status = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back, s);
+        v
+    }
+}
+
 /// A run's end without an EVM report.
 fn ended(ok: bool, reason: &str) -> Finished {
     Finished {
@@ -79,7 +114,7 @@ fn timeout(node: &str) -> CallError {
 
 /// Starts run 1 and has the EVM's run reach `running`; returns the run's configuration.
 fn started(c: &mut Core) -> Config {
-    let (reply, effects) = c.command(Command::Start, &json!({}), 100.0).unwrap();
+    let (reply, effects) = c.cmd(Command::Start, &json!({}), 100.0).unwrap();
     assert_eq!(reply["run"], 1);
     assert_eq!(effects[0], Effect::ResetControl);
     let Effect::StartRun { run: 1, cfg } = &effects[1] else {
@@ -132,7 +167,7 @@ fn a_node_that_never_answers_is_unreachable_and_asked_again_sooner() {
     round(&mut c, t0);
     assert_eq!(c.poll_period(), super::core::POLL_EVERY / 4);
     // never answered at all: unreachable at once
-    let s = c.status(None, 0.0);
+    let s = c.status_json(None, 0.0);
     assert_eq!(node_row(&s, &silent)["state"], "unreachable");
     assert_eq!(node_row(&s, &ids[1])["state"], "idle");
     // a node that answered once and then times out once is not yet lost...
@@ -143,15 +178,18 @@ fn a_node_that_never_answers_is_unreachable_and_asked_again_sooner() {
     );
     assert_eq!(c.poll_period(), super::core::POLL_EVERY);
     c.answers(t1, vec![(silent.clone(), Err(timeout(&silent)))]);
-    assert_eq!(node_row(&c.status(None, 0.0), &silent)["state"], "idle");
+    assert_eq!(
+        node_row(&c.status_json(None, 0.0), &silent)["state"],
+        "idle"
+    );
     // ...twice in a row it is; a refused connection is at once
     c.answers(t1, vec![(silent.clone(), Err(timeout(&silent)))]);
     assert_eq!(
-        node_row(&c.status(None, 0.0), &silent)["state"],
+        node_row(&c.status_json(None, 0.0), &silent)["state"],
         "unreachable"
     );
     c.answers(t1, vec![(ids[1].clone(), Err(refused(&ids[1])))]);
-    let s = c.status(None, 0.0);
+    let s = c.status_json(None, 0.0);
     assert_eq!(node_row(&s, &ids[1])["state"], "unreachable");
     // in an operator's words, not the HTTP client's
     assert_eq!(
@@ -180,7 +218,7 @@ fn a_node_answering_twice_is_counted_once() {
         t1,
         vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 600)))],
     );
-    let s = c.status(None, 0.0);
+    let s = c.status_json(None, 0.0);
     assert_eq!(s["totals"]["events_built"], 600);
     assert_eq!(node_row(&s, bu)["events"], 600);
     assert_eq!(node_row(&s, bu)["rate_hz"], 0.0, "no events in no time");
@@ -189,7 +227,7 @@ fn a_node_answering_twice_is_counted_once() {
         t2,
         vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 700)))],
     );
-    let s = c.status(None, 0.0);
+    let s = c.status_json(None, 0.0);
     assert_eq!(node_row(&s, bu)["rate_hz"], 200.0);
     assert_eq!(s["totals"]["rate_hz"], 200.0);
 }
@@ -200,7 +238,7 @@ fn an_answer_from_an_older_run_is_not_this_run_s() {
     started(&mut c);
     c.finished(1, ended(true, "done"), 110.0);
     assert_eq!(c.state(), State::Ready);
-    let (reply2, _) = c.command(Command::Start, &json!({}), 120.0).unwrap();
+    let (reply2, _) = c.cmd(Command::Start, &json!({}), 120.0).unwrap();
     assert_eq!(reply2["run"], 2);
     let t0 = Instant::now();
     // bu0 still says run 1 (its answer was on its way, or it has not started run 2)
@@ -208,7 +246,7 @@ fn an_answer_from_an_older_run_is_not_this_run_s() {
         t0,
         vec![("bu0".into(), Ok(reply("bu0", 7, Phase::Running, 1, 900)))],
     );
-    let s = c.status(None, 0.0);
+    let s = c.status_json(None, 0.0);
     assert_eq!(s["run"], 2);
     assert_eq!(
         s["totals"]["events_built"], 0,
@@ -226,7 +264,7 @@ fn an_answer_from_an_older_run_is_not_this_run_s() {
 #[test]
 fn a_start_that_a_node_refuses_is_called_off_at_the_others() {
     let mut c = core();
-    let (_, effects) = c.command(Command::Start, &json!({}), 0.0).unwrap();
+    let (_, effects) = c.cmd(Command::Start, &json!({}), 0.0).unwrap();
     let Effect::StartRun { cfg, .. } = &effects[1] else {
         panic!("{effects:?}")
     };
@@ -302,20 +340,18 @@ fn run_numbers_are_refused_when_taken_or_out_of_range() {
     let mut c = core();
     started(&mut c);
     c.finished(1, ended(true, "done"), 0.0);
-    let e = c
-        .command(Command::Start, &json!({"run": 1}), 0.0)
-        .unwrap_err();
+    let e = c.cmd(Command::Start, &json!({"run": 1}), 0.0).unwrap_err();
     assert_eq!(e.0, 409);
     assert!(e.1.contains("next free number is 2"), "{}", e.1);
     for bad in [json!(0), json!(-1), json!("7"), json!(super::MAX_RUN + 1)] {
         let e = c
-            .command(Command::Start, &json!({ "run": bad }), 0.0)
+            .cmd(Command::Start, &json!({ "run": bad }), 0.0)
             .unwrap_err();
         assert_eq!(e.0, 400, "{bad}");
     }
     assert_eq!(c.state(), State::Ready, "refusals change nothing");
     let (r, _) = c
-        .command(Command::Start, &json!({"run": super::MAX_RUN}), 0.0)
+        .cmd(Command::Start, &json!({"run": super::MAX_RUN}), 0.0)
         .unwrap();
     assert_eq!(r["run"], super::MAX_RUN);
 }
@@ -324,7 +360,7 @@ fn run_numbers_are_refused_when_taken_or_out_of_range() {
 fn a_reset_aborts_the_run_into_ready_and_a_verdict_fails_an_ok_run() {
     let mut c = core();
     started(&mut c);
-    let (_, effects) = c.command(Command::Reset, &json!({}), 0.0).unwrap();
+    let (_, effects) = c.cmd(Command::Reset, &json!({}), 0.0).unwrap();
     assert_eq!(
         effects,
         [
@@ -336,7 +372,7 @@ fn a_reset_aborts_the_run_into_ready_and_a_verdict_fails_an_ok_run() {
     assert_eq!(c.state(), State::Ready);
     assert_eq!(c.run_record(1).unwrap().state, "aborted");
     // run 2 says ok, but its report does not add up: failed, the verdict its reason
-    c.command(Command::Start, &json!({}), 0.0).unwrap();
+    c.cmd(Command::Start, &json!({}), 0.0).unwrap();
     let mut report = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
     let mut run = evb_builder::RunReport {
         state: RunState::Halted,
@@ -377,7 +413,7 @@ fn an_evm_of_one_run_refuses_run_control() {
     let mut c = Core::new(&Config::default(), Mode::Once);
     c.begin_once(1, 0.0);
     for cmd in [Command::Configure, Command::Start, Command::Halt] {
-        let e = c.command(cmd, &json!({}), 0.0).unwrap_err();
+        let e = c.cmd(cmd, &json!({}), 0.0).unwrap_err();
         assert_eq!(e.0, 409, "{cmd:?}");
     }
     assert_eq!(c.state(), State::Starting);
@@ -476,19 +512,19 @@ fn the_built_total_never_goes_backwards_and_outlives_the_run() {
         s.run_number = Some(1);
         s
     };
-    let s = c.status(Some(&evm(7000)), 0.0);
+    let s = c.status_json(Some(&evm(7000)), 0.0);
     assert_eq!(s["totals"]["events_built"], 7000);
     // bu0 killed and started again: it says 12; the EVM has 7100 final
     c.answers(
         t0 + Duration::from_secs(1),
         vec![("bu0".into(), Ok(reply("bu0", 8, Phase::Running, 1, 12)))],
     );
-    let s = c.status(Some(&evm(7100)), 0.0);
+    let s = c.status_json(Some(&evm(7100)), 0.0);
     assert_eq!(s["totals"]["events_built"], 7100);
     // an EVM line of another run is not this run's
     let mut old = evm(99);
     old.run_number = Some(0);
-    assert_eq!(c.status(Some(&old), 0.0)["totals"]["events_built"], 12);
+    assert_eq!(c.status_json(Some(&old), 0.0)["totals"]["events_built"], 12);
     // the run ends: the total is the run's record, between runs too
     let report = evb_builder::RunReport {
         state: RunState::Halted,
@@ -516,7 +552,7 @@ fn the_built_total_never_goes_backwards_and_outlives_the_run() {
     c.finished(1, done, 110.0);
     // (the verdict fails it: the report has no BU reports; over all the same)
     assert_ne!(c.state(), State::Running);
-    let s = c.status(None, 0.0);
+    let s = c.status_json(None, 0.0);
     assert_eq!(s["totals"]["events_built"], 8000);
 }
 
@@ -587,7 +623,7 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
     assert_eq!(c.history_len(), 2);
     assert_eq!(c.history(None)["run"], 1);
     // the next run starts from an empty history
-    c.command(Command::Start, &json!({}), 40_000.0).unwrap();
+    c.cmd(Command::Start, &json!({}), 40_000.0).unwrap();
     let h = c.history(None);
     assert_eq!(h["run"], 2);
     assert_eq!(h["started_unix"], 40_000.0);
@@ -635,7 +671,7 @@ fn the_build_latency_is_every_bu_s_histogram_of_the_run_added_up() {
             (bus[1].clone(), Ok(with_latency(&bus[1], 1, &[30, 20_000]))),
         ],
     );
-    let lat = &c.status(None, 0.0)["latency"];
+    let lat = &c.status_json(None, 0.0)["latency"];
     assert_eq!(lat["count"], 5, "{lat}");
     assert_eq!(lat["bus"], 2);
     assert_eq!(lat["counts"][0], 3, "≤ 50 µs: {lat}");
@@ -654,7 +690,7 @@ fn the_build_latency_is_every_bu_s_histogram_of_the_run_added_up() {
         t0 + Duration::from_secs(1),
         vec![(bus[1].clone(), Ok(with_latency(&bus[1], 0, &[30])))],
     );
-    let lat = &c.status(None, 0.0)["latency"];
+    let lat = &c.status_json(None, 0.0)["latency"];
     assert_eq!(lat["count"], 3, "{lat}");
     assert_eq!(lat["bus"], 1);
 }
@@ -746,6 +782,26 @@ fn a_promoted_standby_records_a_run_it_did_not_take_over_as_unknown() {
     );
     assert_eq!((end.triggered, end.events_built), (None, 0));
     assert_eq!(c.state(), State::Ready);
-    let (reply, _) = c.command(Command::Start, &json!({}), 1001.0).unwrap();
+    let (reply, _) = c.cmd(Command::Start, &json!({}), 1001.0).unwrap();
     assert_eq!(reply["run"], 7, "{reply}");
+}
+
+/// A reader of the status (`evb ctl`, `evb up`) refuses a reply that lacks a count, naming
+/// it, rather than taking it for zero: the shape that once counted a rejoin as a loss.
+#[test]
+fn a_status_reply_without_a_count_is_refused_naming_it() {
+    let c = core();
+    let mut v = c.status_json(None, 0.0);
+    let whole = crate::client::Reply {
+        status: 200,
+        body: v.clone(),
+    };
+    assert!(whole.typed::<crate::replies::Status>("status").is_ok());
+    v["totals"].as_object_mut().unwrap().remove("events_built");
+    let r = crate::client::Reply {
+        status: 200,
+        body: v,
+    };
+    let e = r.typed::<crate::replies::Status>("status").unwrap_err();
+    assert!(e.contains("events_built"), "{e}");
 }
