@@ -146,6 +146,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             stop_requested: true,
             over: false,
             paused: false,
+            epoch: 0,
             dropped: vec![(Role::Bu, 1), (Role::Ru, 0)],
             max_events: 6000,
         }),

@@ -179,12 +179,13 @@ fn follow(a: &CtlArgs, api: Api) -> Api {
     if moved.base == api.base {
         return api;
     }
-    let fenced = |r: &Reply| r.typed::<Status>("status").ok()?.evm.fenced;
     let why = match api.get("/api/v1/status") {
         Err(e) => format!("{} does not answer: {e}", api.base),
-        Ok(r) => match fenced(&r) {
-            Some(epoch) => format!("the EVM at {} was fenced by epoch {epoch}", api.base),
-            None => return api,
+        Ok(r) if !r.ok() => format!("{} has no run control: {}", api.base, r.error()),
+        Ok(r) => match r.typed::<Status>("status").map(|s| s.evm.fenced) {
+            Ok(Some(epoch)) => format!("the EVM at {} was fenced by epoch {epoch}", api.base),
+            Ok(None) => return api,
+            Err(e) => format!("{}: {e}", api.base),
         },
     };
     eprintln!("evb ctl: the control moved to {} ({why})", moved.base);
@@ -409,7 +410,17 @@ fn wait(
                 continue;
             }
         };
-        let s: Status = r.typed("status")?;
+        // a node without run control answers where the control was (a new standby, after
+        // a takeover): look where the control went
+        let s: Status = match (r.ok(), r.typed::<Status>("status")) {
+            (true, Ok(s)) => s,
+            (_, read) => {
+                if moved(&mut api) {
+                    continue;
+                }
+                return Err(read.err().unwrap_or_else(|| r.error()));
+            }
+        };
         let done: Option<(Value, Option<RunRecord>)> = match run {
             Some(n) => {
                 let rec = api

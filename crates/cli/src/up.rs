@@ -67,8 +67,10 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     let token = resolved
         .secret()
         .map(|s| evb_control::control_token(s.as_bytes()));
-    // a standby EVM (`--standby`): its label among the processes, and its API
-    let standby: Option<(String, Api)> = (!resolved.evm.standby.is_empty()).then(|| {
+    // a standby EVM (`--standby`): its label among the processes, and its API (the roles
+    // swap at each takeover: the standby becomes the active EVM, and a new standby is
+    // started where the lost EVM was)
+    let mut standby: Option<(String, Api)> = (!resolved.evm.standby.is_empty()).then(|| {
         (
             launch::standby_label(&evm.id),
             Api::new(&resolved.standby_control(), token.clone())
@@ -153,13 +155,19 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
     let mut restart_at: Vec<(String, Instant)> = Vec::new();
     // the process that is the EVM: the first one, or the standby once it took over
     let mut active = evm.id.clone();
+    // the configuration the active EVM's control runs with: the promoted one after each
+    // takeover (`Config::with_standby_promoted`), which a new standby is started with
+    let mut lineage = resolved.clone();
+    // the configurations given to standbys started after a takeover (kept open: a node
+    // started again reads its own)
+    let mut configs: Vec<launch::ConfigFd> = Vec::new();
     let mut next_look = Instant::now();
     // With a standby, an EVM whose control API stops answering (frozen between runs, when
     // no follower listens for its heartbeats) is replaced after this long: far above the
     // heartbeat timeout, so that an EVM merely slow to answer is not.
     let evm_silent_limit =
         Duration::from_millis((5 * resolved.run.heartbeat_timeout_ms).max(EVM_SILENT_MIN_MS));
-    let evm_probe = api.clone().with_timeout(Duration::from_millis(500));
+    let mut evm_probe = api.clone().with_timeout(Duration::from_millis(500));
     let mut evm_silent_since: Option<Instant> = None;
     let mut evm_replaced = false;
     let mut next_probe = Instant::now();
@@ -233,7 +241,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                     // the woken EVM's verdict must not be shown as the run's. Held until
                     // the standby is seen to have taken that run over, or for long enough
                     // that it has not.
-                    if !ok && id == evm.id && standby.is_some() {
+                    if !ok && id == active && standby.is_some() {
                         held = Some((v.run_number, line, Instant::now()));
                     } else {
                         println!("{line}");
@@ -263,14 +271,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
             if status.success() {
                 continue; // halted
             }
-            if *id == evm.id {
-                // the EVM lost, a standby up: it becomes the run control (below)
-                eprintln!(
-                    "evb up: the EVM {}; the standby takes over",
-                    crate::launch::ended_words(status)
-                );
-                continue;
-            }
+
             eprintln!(
                 "evb up: {id} {}; starting it again for the next run",
                 crate::launch::ended_words(status)
@@ -280,7 +281,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         // with a standby: the lost EVM's process gone, it is told to take over; once it
         // says it is the run control, the old EVM (if it still lives: frozen) is killed, so
         // that it can never act again, and the control API is the standby's
-        if let (Some((label, sapi)), true) = (&standby, active == evm.id) {
+        if let Some((label, sapi)) = standby.clone() {
             if !evm_replaced && halting.is_none() && Instant::now() >= next_probe {
                 next_probe = Instant::now() + Duration::from_secs(1);
                 if evm_probe.get("/api/v1/node").is_ok_and(|r| r.ok()) {
@@ -297,7 +298,7 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                 }
             }
             let evm_lost =
-                evm_replaced || exited.contains(&evm.id) && !halted(&mut children, &evm.id);
+                evm_replaced || exited.contains(&active) && !halted(&mut children, &active);
             if Instant::now() >= next_look && halting.is_none() {
                 next_look = Instant::now() + Duration::from_millis(250);
                 if evm_lost {
@@ -309,28 +310,60 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
                     .and_then(|r| r.typed::<evb_control::NodeReply>("node").ok())
                     .is_some_and(|n| n.controls);
                 if controls {
-                    if let Some((_, c)) = children.iter_mut().find(|(id, _)| *id == evm.id) {
+                    let old = active.clone();
+                    if let Some((_, c)) = children.iter_mut().find(|(id, _)| *id == old) {
                         if matches!(c.try_wait(), Ok(None)) {
                             eprintln!("evb up: the standby took over from an EVM that did not answer: killing that EVM");
                             let _ = c.kill();
                             let _ = c.wait();
                         }
                     }
-                    if !exited.contains(&evm.id) {
-                        exited.push(evm.id.clone());
-                    }
                     active = label.clone();
                     api = sapi.clone();
+                    evm_probe = api.clone().with_timeout(Duration::from_millis(500));
+                    evm_silent_since = None;
+                    evm_replaced = false;
                     url = format!("{}/", sapi.base);
                     if let Err(e) = crate::state_dir::write(&file, &url) {
                         eprintln!("evb up: ERROR: `evb ctl` without --url will not find the new control: {e}");
                     }
                     println!("evb up: the standby EVM is the run control now");
                     println!("evb up: run page and control API: {url}");
+                    // the roles swap: a new standby where the lost EVM was, following the
+                    // new EVM (its control tells it to follow the run under way)
+                    standby = None;
+                    if let Some(next) = lineage.with_standby_promoted() {
+                        let again =
+                            launch::ConfigFd::new(&next.to_toml(), &next.run.id).and_then(|c| {
+                                let child =
+                                    launch::spawn_standby_labelled(&c, &evm.id, &old, true, &tx)?;
+                                configs.push(c);
+                                Ok(child)
+                            });
+                        match again {
+                            Ok(child) => {
+                                if let Some(slot) = children.iter_mut().find(|(i, _)| *i == old) {
+                                    slot.1 = child;
+                                }
+                                exited.retain(|i| *i != old);
+                                let sapi = Api::new(&next.standby_control(), token.clone())
+                                    .with_timeout(Duration::from_secs(2));
+                                println!(
+                                    "evb up: a new standby EVM (control API {}) follows the new one",
+                                    sapi.base
+                                );
+                                standby = Some((old.clone(), sapi));
+                            }
+                            Err(e) => eprintln!(
+                                "evb up: cannot start a new standby EVM: {e}; a loss of this EVM ends everything"
+                            ),
+                        }
+                        lineage = next;
+                    }
                 }
             }
             // the standby gone too: nothing is left to take over
-            if evm_lost && exited.contains(label) {
+            if evm_lost && exited.contains(&label) {
                 eprintln!("evb up: the EVM and its standby are both gone: everything is stopped");
                 kill_all(&mut children);
                 break false;
@@ -339,8 +372,8 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         // the EVM lost and a standby still up, which is to take over: not the end
         let awaiting_standby = standby
             .as_ref()
-            .is_some_and(|(label, _)| active == evm.id && !exited.contains(label))
-            && !halted(&mut children, &evm.id);
+            .is_some_and(|(label, _)| !exited.contains(label))
+            && !halted(&mut children, &active);
         if exited.contains(&active) && !awaiting_standby {
             // the EVM is gone: halted (exit 0) or dead; the others follow or are stopped
             let clean = halted(&mut children, &active);
@@ -369,7 +402,8 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
             for id in due {
                 let again = match &standby {
                     Some((label, _)) if *label == id => {
-                        launch::spawn_standby(&tmp, &evm.id, true, &tx, &[])
+                        let cfg = configs.last().unwrap_or(&tmp);
+                        launch::spawn_standby_labelled(cfg, &evm.id, &id, true, &tx)
                     }
                     _ => launch::spawn_node(&tmp, &id, true, &tx, &[]),
                 };

@@ -426,6 +426,114 @@ fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
     evb_up_survives_a_lost_evm(true);
 }
 
+/// `evb up --standby`, the EVM killed mid-run, then the standby that took over killed too,
+/// in the same run: `evb up` starts a new standby where the first EVM was, the new EVM's
+/// control has it follow the run under way, and it takes the run over in turn (epoch 2).
+/// The run ends exact, every event in one file; the next run starts at the third control,
+/// with a standby of its own, and is exact too.
+#[test]
+fn evb_up_survives_two_evm_losses_in_one_run() {
+    let toml = "[run]\nid = \"two-losses\"\nevents = 30000\nduration_s = 0\nrate_hz = 3000\n\
+                secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
+                [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
+    let mut up = Up::start_with(toml, &["--standby"]);
+    up.wait_said("the standby's line", |said| {
+        said.iter()
+            .any(|l| l.contains("a standby EVM (control API"))
+    });
+    let pid_of = |api: &Api| {
+        api.get("/api/v1/node").unwrap().body["pid"]
+            .as_u64()
+            .unwrap()
+    };
+    let first = pid_of(&up.api);
+    assert_eq!(up.post("start", json!({})).0, 200);
+    up.wait_until("3,000 events triggered", 30, |s| {
+        s["evm"]["triggered"].as_u64().unwrap_or(0) >= 3000
+    });
+    let kill = |pid: u64| {
+        assert!(Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill(first);
+    let said = up.follow_takeover(60);
+    let second = pid_of(&up.api);
+    // the new standby, where the first EVM was, follows the run under way
+    let standby = said
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("evb up: a new standby EVM (control API "))
+        .map(|l| l.trim_end_matches(") follows the new one").to_string());
+    let standby = match standby {
+        Some(s) => s,
+        None => up
+            .wait_said("the new standby's line", |said| {
+                said.iter()
+                    .any(|l| l.starts_with("evb up: a new standby EVM (control API "))
+            })
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("evb up: a new standby EVM (control API "))
+            .map(|l| l.trim_end_matches(") follows the new one").to_string())
+            .unwrap(),
+    };
+    let sapi = Api::new(&standby, up.api.token.clone());
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = sapi.get("/api/v1/node").map(|r| r.body).unwrap_or_default();
+        if n["phase"] == "running" && n["run"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the new standby never followed run 1: {n}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let s = up.status();
+    assert!(
+        s["evm"]["triggered"].as_u64().unwrap_or(0) < 30000 && s["state"] == "running",
+        "run 1 must still be under way for the second loss: {s:#}"
+    );
+    // followed for a moment (its first Follow heard), then the second loss
+    std::thread::sleep(Duration::from_millis(500));
+    kill(second);
+    up.follow_takeover(60);
+    assert_eq!(
+        pid_of(&up.api),
+        pid_of(&sapi),
+        "the third EVM is the new standby"
+    );
+    let rec = up.wait_run(1);
+    assert_exact(&rec, 30000);
+    let takeovers: Vec<String> = node_events(&rec["lost"])
+        .iter()
+        .filter(|e| e.node == "evm")
+        .map(|e| e.reason.clone())
+        .collect();
+    assert!(
+        takeovers.iter().any(|r| r.contains("epoch 2")),
+        "{takeovers:?}\n{rec:#}"
+    );
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..30000),
+        "{} events in the files",
+        files.len()
+    );
+    // the next run, at the third control, with a standby of its own again
+    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
+    up.wait_until("ready", 30, |s| s["state"] == "ready");
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["run"], 2, "{body}");
+    assert_exact(&up.wait_run(2), 30000);
+    assert!(up.halt().success());
+}
+
 /// `evb up --standby`, a run paused by the operator (`evb ctl pause`), then the EVM killed:
 /// the standby takes the run over still paused, is its control at once (`evb up` prints the
 /// new URL mid-run), triggers nothing until `evb ctl resume` there, and the run ends exact.

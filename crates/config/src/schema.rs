@@ -421,6 +421,20 @@ pub struct EvmSection {
     /// active EVM it follows listens. Set by `evb node --standby`.
     #[serde(skip)]
     pub follow: String,
+    /// With `follow`: the followed EVM's control API (where the next standby's listens once
+    /// this one takes the control over).
+    #[serde(skip)]
+    pub follow_control: String,
+    /// How many times a standby has taken the run control over (`evb up --standby`): the
+    /// configuration a promoted standby sends with its runs carries one more than the one
+    /// it replaced, and a node refuses a run whose configuration's is not the one it
+    /// follows (docs/standby.md). Leave it 0 in a file.
+    #[serde(skip_serializing_if = "is_zero_u16")]
+    pub control_epoch: u16,
+}
+
+fn is_zero_u16(n: &u16) -> bool {
+    *n == 0
 }
 
 impl Default for EvmSection {
@@ -432,6 +446,8 @@ impl Default for EvmSection {
             standby: String::new(),
             standby_control: String::new(),
             follow: String::new(),
+            follow_control: String::new(),
+            control_epoch: 0,
         }
     }
 }

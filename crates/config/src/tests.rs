@@ -1092,12 +1092,32 @@ fn a_promoted_standby_is_the_evm_and_the_old_evm_is_refused() {
     let p = cfg.with_standby_promoted().unwrap();
     assert_eq!(p.evm.addr, "127.0.0.1:7100");
     assert_eq!(p.evm.control, "127.0.0.1:7101");
-    assert!(p.evm.standby.is_empty() && p.evm.standby_control.is_empty());
+    // the roles swap: the old EVM's addresses are the next standby's
+    assert_eq!(p.evm.standby, "127.0.0.1:7000");
+    assert_eq!(p.evm.standby_control, "127.0.0.1:7001");
+    assert_eq!(p.evm.control_epoch, 1);
     p.validate().unwrap();
+    // a standby's own copy (`evb node --standby`: the standby's addresses as its own, the
+    // EVM followed) promotes to the same
+    let mut own = cfg.clone();
+    own.evm.follow = "127.0.0.1:7000".into();
+    own.evm.follow_control = "127.0.0.1:7001".into();
+    own.evm.addr = own.evm.standby.clone();
+    own.evm.control = own.standby_control();
+    assert_eq!(own.with_standby_promoted().unwrap().evm, p.evm);
     let keys = p.restart_needed(&cfg);
     assert!(keys.contains(&"evm.addr".to_string()), "{keys:?}");
     assert!(keys.contains(&"evm.control".to_string()), "{keys:?}");
     assert!(p.restart_needed(&p.clone()).is_empty());
+    // two swaps: the first EVM's addresses again, and still the old one is refused, by
+    // the epoch (a run from it cannot pass for one of the promoted control's)
+    let pp = p.with_standby_promoted().unwrap();
+    assert_eq!(pp.evm.addr, "127.0.0.1:7000");
+    assert_eq!(pp.evm.control_epoch, 2);
+    assert_eq!(pp.restart_needed(&cfg), ["evm.control_epoch"]);
+    // it travels in the configuration a run is started with
+    let back = Config::from_toml(&pp.to_toml()).unwrap();
+    assert_eq!(back.evm.control_epoch, 2);
     assert!(Config::default().with_standby_promoted().is_none());
 }
 

@@ -138,19 +138,30 @@ impl Config {
         format!("{host}:0")
     }
 
-    /// The configuration once the standby EVM has taken over for good (`evb up
-    /// --standby`): the standby's addresses are the EVM's, and there is no standby left.
-    /// `None` without a standby.
+    /// The configuration once the standby EVM has taken the run control over (`evb up
+    /// --standby`): the roles swap. The standby's addresses are the EVM's, the old EVM's
+    /// are where the next standby listens (`evb up` starts one there once the old process
+    /// is gone), and `evm.control_epoch` is one more. `None` without a standby.
     pub fn with_standby_promoted(&self) -> Option<Config> {
         if self.evm.standby.is_empty() {
             return None;
         }
+        // the EVM replaced: the one this configuration names, or, in a standby's own copy,
+        // the one it follows
+        let evm = self.nodes().into_iter().next()?;
+        let (old, old_control) = if self.evm.follow.is_empty() {
+            (evm.addr, evm.control)
+        } else {
+            (self.evm.follow.clone(), self.evm.follow_control.clone())
+        };
         let mut out = self.clone();
         out.evm.addr = self.evm.standby.clone();
         out.evm.control = self.standby_control();
-        out.evm.standby.clear();
-        out.evm.standby_control.clear();
+        out.evm.standby = old;
+        out.evm.standby_control = old_control;
         out.evm.follow.clear();
+        out.evm.follow_control.clear();
+        out.evm.control_epoch = self.evm.control_epoch.wrapping_add(1);
         Some(out)
     }
 
@@ -331,6 +342,9 @@ impl Config {
         }
         if self.affinity != new.affinity {
             keys.push("affinity".into());
+        }
+        if self.evm.control_epoch != new.evm.control_epoch {
+            keys.push("evm.control_epoch".into());
         }
         keys.sort();
         keys.dedup();

@@ -207,15 +207,22 @@ impl Node {
             evb_node::make_standby(&mut cfg, &self.spec.id)
                 .map_err(|e| format!("run configuration: {e}"))?;
         }
-        // the standby took over for good and now starts the runs: from here on this node
-        // takes runs from it only (the lost EVM, should it wake, is refused)
-        if let Some(promoted) = st.cfg.with_standby_promoted() {
-            if self.spec.role != Role::Evm
-                && cfg.evm.addr == promoted.evm.addr
-                && promoted.restart_needed(&cfg).is_empty()
+        // a standby took the control over (once, or more: a run may have seen two takeovers)
+        // and now starts the runs: from here on this node takes runs from it only, by its
+        // control epoch (a lost EVM, should it wake, is refused: its epoch is lower)
+        if self.spec.role != Role::Evm && cfg.evm.control_epoch > st.cfg.evm.control_epoch {
+            let mut promoted = Some(st.cfg.clone());
+            while let Some(p) = promoted
+                .as_ref()
+                .filter(|p| p.evm.control_epoch < cfg.evm.control_epoch)
             {
-                info!(node = %self.spec.id, "the standby EVM at {} is the EVM now", cfg.evm.addr);
-                st.cfg = promoted;
+                promoted = p.with_standby_promoted();
+            }
+            if let Some(p) =
+                promoted.filter(|p| cfg.evm.addr == p.evm.addr && p.restart_needed(&cfg).is_empty())
+            {
+                info!(node = %self.spec.id, "the standby EVM at {} is the EVM now (control epoch {})", cfg.evm.addr, p.evm.control_epoch);
+                st.cfg = p;
             }
         }
         let keys = st.cfg.restart_needed(&cfg);

@@ -80,6 +80,7 @@ pub fn make_standby(cfg: &mut Config, id: &str) -> Result<(), String> {
         return Err("--standby needs the EVM's address (evm.addr, or --evm)".into());
     }
     cfg.evm.follow = evm.addr;
+    cfg.evm.follow_control = evm.control;
     cfg.evm.addr = cfg.evm.standby.clone();
     cfg.evm.control = cfg.standby_control();
     // the active EVM writes the rendezvous file; the standby must not overwrite it

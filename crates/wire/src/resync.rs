@@ -367,6 +367,9 @@ pub struct Follow {
     /// The operator paused the run (no event is triggered until resumed): a standby that
     /// takes it over keeps it paused.
     pub paused: bool,
+    /// The active EVM's epoch in the run (0: it started the run; each takeover adds 1): a
+    /// standby that takes over is the next one, and fences this EVM with it.
+    pub epoch: u16,
     /// Nodes the EVM dropped from the run and that are not back: never heard again.
     pub dropped: Vec<(crate::Role, u16)>,
     /// The most events the run will trigger, as the EVM knows it now (run.events, or what
@@ -387,7 +390,7 @@ impl Follow {
             | if self.paused { FOLLOW_PAUSED } else { 0 };
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&(n as u16).to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.max_events.to_le_bytes());
         for (role, index) in &self.dropped[..n] {
             out.extend_from_slice(&(*role as u16).to_le_bytes());
@@ -405,7 +408,7 @@ impl Follow {
             });
         }
         let flags = u32_at(b, 8);
-        if flags & !(FOLLOW_STOP | FOLLOW_OVER | FOLLOW_PAUSED) != 0 || u16_at(b, 14) != 0 {
+        if flags & !(FOLLOW_STOP | FOLLOW_OVER | FOLLOW_PAUSED) != 0 {
             return Err(WireError::ReservedNonZero { what });
         }
         let n = u16_at(b, 12) as usize;
@@ -435,6 +438,7 @@ impl Follow {
             stop_requested: flags & FOLLOW_STOP != 0,
             over: flags & FOLLOW_OVER != 0,
             paused: flags & FOLLOW_PAUSED != 0,
+            epoch: u16_at(b, 14),
             dropped,
             max_events: u64_at(b, 16),
         })

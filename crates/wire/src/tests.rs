@@ -706,6 +706,7 @@ fn follow_bodies_are_checked() {
         stop_requested: true,
         over: false,
         paused: true,
+        epoch: 3,
         dropped: vec![(Role::Bu, 3), (Role::Ru, 1)],
         max_events: 77,
     };
@@ -720,6 +721,8 @@ fn follow_bodies_are_checked() {
     assert!(Message::decode(MessageType::Follow, &evm).is_err());
     // bit 2: paused
     assert_eq!(body[8], 1 | 4);
+    // bytes 14–15: the EVM's epoch
+    assert_eq!(&body[14..16], &[3, 0]);
     let mut flags = body.to_vec();
     flags[8] = 8;
     assert!(Message::decode(MessageType::Follow, &flags).is_err());

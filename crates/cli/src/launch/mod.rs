@@ -26,7 +26,9 @@ pub(crate) use progress::STEADY_AFTER_S;
 use progress::{progress_line, RateMeter, SteadyRate};
 pub(crate) use signals::on_interrupt;
 pub use signals::{exit_on_interrupt, exit_when_stdin_closes, stop_on_interrupt};
-pub(crate) use spawn::{spawn_node, spawn_processes, spawn_standby, standby_label, PLACEMENT};
+pub(crate) use spawn::{
+    spawn_node, spawn_processes, spawn_standby_labelled, standby_label, ConfigFd, PLACEMENT,
+};
 pub(crate) use verdict::ended_words;
 use verdict::note_exit;
 

@@ -182,7 +182,7 @@ pub(crate) struct ConfigFd {
 }
 
 impl ConfigFd {
-    fn new(text: &str, run_id: &str) -> Result<ConfigFd, String> {
+    pub(crate) fn new(text: &str, run_id: &str) -> Result<ConfigFd, String> {
         use std::os::fd::{AsRawFd, FromRawFd};
         let name = c"evb-run-config";
         // SAFETY: memfd_create with a valid NUL-terminated name; the descriptor returned is
@@ -315,6 +315,18 @@ pub(crate) fn spawn_standby(
         tx,
         inherit,
     )
+}
+
+/// A standby EVM process under another label: after a takeover under `evb up`, the new
+/// standby takes the label (and the addresses) of the EVM it replaces.
+pub(crate) fn spawn_standby_labelled(
+    config: &ConfigFd,
+    id: &str,
+    label: &str,
+    serve: bool,
+    tx: &mpsc::Sender<Note>,
+) -> Result<Child, String> {
+    spawn_labelled(config, id, label, &["--standby"], serve, tx, &[])
 }
 
 fn spawn_labelled(

@@ -103,14 +103,20 @@ impl Up {
     pub fn follow_takeover(&mut self, secs: u64) -> Vec<String> {
         let old = self.url.clone();
         let until = Instant::now() + Duration::from_secs(secs);
-        // the new URL is the line after that one (the two may reach the reader apart)
+        // the new URL is the line after that one (the two may reach the reader apart); the
+        // latest takeover's (a run may see two)
         let (said, url) = loop {
             let said = self.said();
             let url = said
                 .iter()
-                .skip_while(|l| *l != "evb up: the standby EVM is the run control now")
-                .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
-                .map(|u| u.trim().to_string());
+                .rposition(|l| l == "evb up: the standby EVM is the run control now")
+                .and_then(|at| {
+                    said[at..]
+                        .iter()
+                        .find_map(|l| l.strip_prefix("evb up: run page and control API: "))
+                })
+                .map(|u| u.trim().to_string())
+                .filter(|u| *u != old);
             if let Some(url) = url {
                 break (said, url);
             }

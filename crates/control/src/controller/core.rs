@@ -143,6 +143,8 @@ pub(crate) struct Core {
     /// Nodes whose process changed (another pid) while the run was under way, not yet
     /// told to rejoin it.
     restarted: Vec<String>,
+    /// The run the standby EVM was told to follow last (see [`Core::standby_to_tell`]).
+    standby_told: Option<u64>,
     /// The rates of the run under way (or the last one), one sample per poll.
     history: History,
 }
@@ -160,6 +162,7 @@ impl Core {
             nodes: BTreeMap::new(),
             under_way: None,
             restarted: Vec::new(),
+            standby_told: None,
             history: History::default(),
         }
     }
@@ -206,6 +209,12 @@ impl Core {
     /// the start is the lost EVM's).
     pub(crate) fn adopt_running(&mut self, run: u64, paused: bool, unix: f64) {
         self.begin_once(run, unix);
+        // what a standby of this control is told to follow the run with: its configuration
+        // as this control runs it (the promoted one), numbered
+        let mut sent = self.cfg.clone();
+        sent.run.id = numbered_run_id(&self.cfg.run.id, run);
+        sent.run.secret.clear();
+        self.under_way = Some((run, json!({"run": run, "config": sent.to_toml()})));
         self.state = if paused {
             State::Paused
         } else {
@@ -382,6 +391,23 @@ impl Core {
             ));
         }
         Ok(run)
+    }
+
+    /// The run under way and its start body, when the standby EVM has not been told to
+    /// follow it: a standby that `evb up` started after a takeover (where the lost EVM
+    /// was) joins the run mid-way, so that a second loss is taken over too.
+    pub(crate) fn standby_to_tell(&self) -> Option<(u64, Value)> {
+        if !matches!(self.state, State::Running | State::Paused) {
+            return None;
+        }
+        self.under_way
+            .clone()
+            .filter(|(run, _)| self.standby_told != Some(*run))
+    }
+
+    /// The standby EVM follows run `run`.
+    pub(crate) fn standby_follows(&mut self, run: u64) {
+        self.standby_told = Some(run);
     }
 
     /// Run `run` begins at the EVM: every other node is to be told to start it with `cfg`

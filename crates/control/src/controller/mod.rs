@@ -185,8 +185,9 @@ impl Controller {
                 control,
                 ..node.spec.clone()
             };
-            if let Err(e) = start_one(&standby, &plan.body, token.clone()) {
-                warn!("run {run}: the standby EVM did not take the run: {e}");
+            match start_one(&standby, &plan.body, token.clone()) {
+                Ok(()) => self.core().standby_follows(run),
+                Err(e) => warn!("run {run}: the standby EVM did not take the run: {e}"),
             }
         }
         let r = match decision {
@@ -308,7 +309,42 @@ impl Controller {
             for r in rejoins {
                 rejoin(r, token.clone());
             }
+            self.tell_standby(&token);
             std::thread::sleep(period.saturating_sub(t0.elapsed()));
+        }
+    }
+}
+
+impl Controller {
+    /// A standby EVM that is idle while a run is under way (`evb up` started it where the
+    /// EVM lost to a takeover was) is told to follow that run.
+    fn tell_standby(&self, token: &Option<String>) {
+        let Some(control) = self.standby_api() else {
+            return;
+        };
+        let Some((run, body)) = self.core().standby_to_tell() else {
+            return;
+        };
+        let api = Api::new(&control, token.clone()).with_timeout(POLL_TIMEOUT);
+        let idle = api
+            .get("/api/v1/node")
+            .ok()
+            .and_then(|r| r.typed::<NodeReply>("node").ok())
+            .is_some_and(|n| n.phase == Phase::Idle && n.run != run);
+        if !idle {
+            return;
+        }
+        let Some(node) = self.node() else { return };
+        let standby = NodeSpec {
+            control,
+            ..node.spec.clone()
+        };
+        match start_one(&standby, &body, token.clone()) {
+            Ok(()) => {
+                info!("run {run}: the standby EVM follows it from now on");
+                self.core().standby_follows(run);
+            }
+            Err(e) => warn!("run {run}: the standby EVM did not take the run: {e}"),
         }
     }
 }

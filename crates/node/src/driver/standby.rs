@@ -21,11 +21,14 @@ pub(super) enum Standby {
     /// No standby in this run.
     None,
     /// An RU or BU: where the standby listens, and since when it calls it (`None`: its
-    /// EVM is the first one, or it reached the standby).
+    /// EVM is the first one, or it reached the standby). `left`: while it calls, where the
+    /// EVM it left listened: once it reached the standby, that is where the next standby
+    /// listens (`evb up` starts one there), and a second loss calls it in turn.
     Node {
         addr: String,
         calling_since: Option<Instant>,
         switched: bool,
+        left: Option<String>,
     },
     /// The active EVM: its follower's connection (the slot belongs to the first standby
     /// that calls, and is refused to a second while the first is heard), when it was last
@@ -90,6 +93,7 @@ impl Standby {
                 addr: cfg.evm.standby.clone(),
                 calling_since: None,
                 switched: false,
+                left: None,
             },
         }
     }
@@ -186,6 +190,7 @@ impl Driver {
             stop_requested: st.stopped_by_request,
             over,
             paused: st.paused,
+            epoch: st.epoch,
             dropped,
             max_events: e.config().max_events.unwrap_or(evb_wire::UNLIMITED),
         }))
@@ -235,6 +240,19 @@ impl Driver {
                     info!(node = %self.me.id, "the standby EVM follows this one");
                 }
                 *heard = now;
+                true
+            }
+            // a fenced EVM takes no one: a node that lost the standby it followed and calls
+            // this address again is for the standby that listens here next, never for it
+            (
+                Standby::Active {
+                    fenced: Some(epoch),
+                    ..
+                },
+                Incoming::Accepted { conn, peer },
+            ) => {
+                warn!(node = %self.me.id, "{} called this EVM, which epoch {epoch} fenced; refused", peer.node_id);
+                self.messenger.close(*conn);
                 true
             }
             (Standby::Active { follower, .. }, Incoming::Closed { conn, .. })
@@ -437,8 +455,9 @@ impl Driver {
                 // so that every node still with it calls here, and acts no more)
                 if followed && !f.fence_sent {
                     if let Some(conn) = f.conn {
-                        info!(node = %self.me.id, "a node followed: fencing the old EVM (epoch 1)");
-                        let _ = self.messenger.send_now(conn, &Message::Fence { epoch: 1 });
+                        let epoch = f.follow.epoch.saturating_add(1);
+                        info!(node = %self.me.id, "a node followed: fencing the old EVM (epoch {epoch})");
+                        let _ = self.messenger.send_now(conn, &Message::Fence { epoch });
                     }
                     f.fence_sent = true;
                 }
@@ -570,7 +589,7 @@ impl Driver {
             .collect();
         info!(node = %self.me.id, "taking the run over: {} RUs and {} BUs answered", rus.len(), bus.len());
         let t = Takeover {
-            epoch: 1,
+            epoch: f.follow.epoch.saturating_add(1),
             elapsed,
             dropped,
             reason: "the active EVM was lost".into(),
@@ -588,6 +607,13 @@ impl Driver {
         }
         self.logic = Logic::Evm(evm);
         self.links.mark_up();
+        // the run's EVM now: a standby of its own may follow it (`evb up` starts one where
+        // the old EVM was), and a second loss is taken over in turn
+        self.standby = Standby::Active {
+            follower: None,
+            heard: now,
+            fenced: None,
+        };
     }
 
     /// A node lost its EVM: with a standby, call it (once).
@@ -596,6 +622,7 @@ impl Driver {
             addr,
             calling_since,
             switched,
+            left,
         } = &mut self.standby
         else {
             return;
@@ -606,34 +633,36 @@ impl Driver {
         *switched = true;
         *calling_since = Some(now);
         info!(node = %self.me.id, "lost the EVM: calling the standby at {addr}");
-        self.links
+        *left = self
+            .links
             .dial_specs
-            .insert(NodeRef::Evm, (addr.clone(), Channel::Control));
+            .insert(NodeRef::Evm, (addr.clone(), Channel::Control))
+            .map(|(a, _)| a);
         self.links.waiting_dials.push(peers::Dial {
             peer: NodeRef::Evm,
             addr: addr.clone(),
             channel: Channel::Control,
             retry_at: Some(now),
         });
-        // a second loss ends the run
-        match &mut self.logic {
-            Logic::Ru(r) => r.set_standby(false),
-            Logic::Bu(b, _) => b.set_standby(false),
-            Logic::Evm(_) => {}
-        }
     }
 
     /// A node reached the standby: its resync goes first.
     pub(super) fn send_resync(&mut self, conn: ConnId) {
         let Standby::Node {
+            addr,
             calling_since,
-            switched: true,
-            ..
+            switched: switched @ true,
+            left,
         } = &mut self.standby
         else {
             return;
         };
         *calling_since = None;
+        // the next standby listens where the EVM left was: a second loss calls it there
+        if let Some(old) = left.take() {
+            *addr = old;
+            *switched = false;
+        }
         let msgs: Vec<Message> = match &mut self.logic {
             Logic::Ru(r) => r
                 .resync()
