@@ -1,8 +1,9 @@
 //! Run control at random moments: one `evb up --standby`, then run after run, each with
 //! commands (pause, resume, stop, reset) and faults (a BU killed or frozen, an RU killed) at
 //! moments drawn from a seed that is printed first, so that a failure replays; in one run of
-//! the campaign the EVM is lost (killed or frozen mid-run, or killed or frozen between runs),
-//! the standby takes over and stays the run control for the runs after it:
+//! the campaign the EVM is lost (killed or frozen mid-run, killed twice in the run, or
+//! killed or frozen between runs), the standby takes over and stays the run control for the
+//! runs after it, with a new standby where the lost EVM was:
 //!
 //! ```sh
 //! EVB_CHAOS_SEED=1234 EVB_UP_CHAOS_TRIALS=30 cargo test -p evb --test control_chaos -- --nocapture
@@ -55,6 +56,55 @@ enum EvmLoss {
     /// SIGSTOP after the run, never woken: `evb up` replaces an EVM whose API is silent
     /// for 5 s.
     FreezeAfter,
+    /// `kill -9` mid-run, then, once the new standby `evb up` starts where the EVM was
+    /// follows the run, `kill -9` of the EVM that took over: two losses in one run.
+    KillTwice,
+}
+
+/// The second loss of [`EvmLoss::KillTwice`]: once the new standby (where the lost EVM was)
+/// follows run `run`, the EVM that took over is killed, and the new standby takes over in
+/// turn. Skipped when the run is over first (said so).
+fn lose_the_new_evm(up: &mut Up, said: &[String], run: u64) {
+    let line = "evb up: a new standby EVM (control API ";
+    let find = |said: &[String]| {
+        said.iter()
+            .rev()
+            .find_map(|l| l.strip_prefix(line))
+            .map(|l| l.trim_end_matches(") follows the new one").to_string())
+    };
+    let standby = find(said).unwrap_or_else(|| {
+        find(&up.wait_said("the new standby's line", |s| {
+            s.iter().any(|l| l.starts_with(line))
+        }))
+        .unwrap()
+    });
+    let sapi = Api::new(&standby, up.api.token.clone());
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = sapi.get("/api/v1/node").map(|r| r.body).unwrap_or_default();
+        if n["phase"] == "running" && n["run"] == run {
+            break;
+        }
+        let s = up.status();
+        if !matches!(s["state"].as_str(), Some("running" | "paused")) {
+            eprintln!(
+                "    run {run} is {} before the new standby followed it: no second loss",
+                s["state"]
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "the new standby never followed run {run}: {n}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = evm_pid(up);
+    eprintln!("    the EVM that took over ({pid}) killed too");
+    signal(pid, "-9");
+    up.follow_takeover(60);
+    common::wait_gone(pid, "the second lost EVM", 10);
 }
 
 fn draw(rng: &mut Rng) -> Step {
@@ -163,11 +213,12 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
     );
     let mut up = Up::start_with(&toml, &["--standby"]);
     let evm_run = 1 + rng.below(trials.max(1));
-    let evm_loss = match rng.below(4) {
+    let evm_loss = match rng.below(5) {
         0 => EvmLoss::Kill,
         1 => EvmLoss::Freeze(1200 + rng.below(3800)),
         2 => EvmLoss::KillAfter,
-        _ => EvmLoss::FreezeAfter,
+        3 => EvmLoss::FreezeAfter,
+        _ => EvmLoss::KillTwice,
     };
     eprintln!("control chaos: the EVM lost in run {evm_run}: {evm_loss:?}");
     for k in 1..=trials {
@@ -233,9 +284,17 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                     }
                     _ => signal(pid, "-9"),
                 }
-                up.follow_takeover(60);
+                let said = up.follow_takeover(60);
                 common::wait_gone(pid, "the lost EVM", 10);
                 took_over = true;
+                // a paused run stays paused under the standby (resumed below)
+                if before == "paused" {
+                    let s = up.status();
+                    assert_eq!(s["state"], "paused", "run {run}: the pause was lost\n{s:#}");
+                }
+                if evm_loss == EvmLoss::KillTwice {
+                    lose_the_new_evm(&mut up, &said, run);
+                }
                 break;
             }
             let answer = apply(&up, step);
