@@ -223,7 +223,14 @@ fn a_slow_outside_ru_sends_a_restarted_bu_none_of_its_predecessors_work() {
     if !have_python(test) {
         return;
     }
-    let (seed, _) = chaos_seed("EVB_OUTSIDE_TRIALS", 1);
+    // `EVB_OUTSIDE_TRIALS=N` runs a campaign of N seeded restarts (seed, seed + 1, ...)
+    let (seed0, trials) = chaos_seed("EVB_OUTSIDE_TRIALS", 1);
+    for seed in seed0..seed0 + trials {
+        one_restart_with_a_slow_outside_ru(seed);
+    }
+}
+
+fn one_restart_with_a_slow_outside_ru(seed: u64) {
     let Outcome {
         outs,
         report,
