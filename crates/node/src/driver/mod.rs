@@ -19,6 +19,7 @@ use crate::control::{RunControl, PUBLISH_EVERY};
 use crate::setup::{self, Logic};
 use crate::NodeError;
 
+mod liveness;
 mod peers;
 mod sink;
 mod standby;
@@ -331,6 +332,8 @@ impl Driver {
                     dials,
                     expected,
                     now + Duration::from_secs_f64(cfg.run.connect_timeout_s),
+                    Duration::from_millis(cfg.run.heartbeat_ms),
+                    Duration::from_millis(cfg.run.heartbeat_timeout_ms),
                     now,
                 );
                 links.watch_rx_pool(watched_rx_pool);
@@ -659,6 +662,13 @@ impl Driver {
                     .sink
                     .retry_at()
                     .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
+                // heartbeats and the judging of silence are on time, not up to a cap late
+                let cap = self
+                    .links
+                    .liveness
+                    .poll_at()
+                    .saturating_duration_since(now)
+                    .min(cap);
                 // fragments waiting for their slot go when it begins
                 let cap = self
                     .ru

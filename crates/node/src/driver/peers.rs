@@ -1,7 +1,22 @@
 //! The driver's connections: dialling, identifying who called, losing and calling again,
 //! and liveness (heartbeats, and a node that finds it did not run for a while).
 
+use super::liveness::Liveness;
 use super::*;
+
+/// What becomes of a connection accepted (see [`Links::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admit {
+    /// A node of the configuration, not connected yet: in.
+    Accept(NodeRef),
+    /// No node of the configuration calls this one so: closed.
+    Stranger,
+    /// A second connection for a node connected already (two processes claim one node, or
+    /// a stale one): refused, or the launch aborted before the run starts.
+    Second(NodeRef),
+    /// A restarted BU with the incarnation of the process it replaces: refused.
+    ReusedIncarnation(NodeRef),
+}
 
 /// An outgoing connection still being set up.
 pub(super) struct Dial {
@@ -21,16 +36,10 @@ pub(super) struct Links {
     pub(super) waiting_dials: Vec<Dial>,
     /// Where each peer we call can be reached, to call it again after a loss.
     pub(super) dial_specs: FastMap<NodeRef, (String, Channel)>,
-    /// When each peer was last heard from (any message, on control and data links).
-    last_heard: FastMap<NodeRef, Instant>,
-    /// The receive pool, and how often it was found empty by the last liveness check: while
-    /// it runs dry the transport stops reading, so a peer's silence is this node's own.
-    rx_pool: Option<evb_buffers::Pool>,
-    rx_exhausted: u64,
-    next_heartbeat: Instant,
-    next_liveness_check: Instant,
-    /// When this node found that it had not run for a while, and for how long.
-    suspended: Option<(Instant, Duration)>,
+    /// Who is alive: heartbeats due, peers silent too long, this node's own pauses.
+    pub(super) liveness: Liveness,
+    /// The receive pool, watched for running dry.
+    rx: RxWatch,
     /// Where this node's data listener is bound.
     bound: String,
     /// This process's incarnation (a BU's; 0 for the others), in every Hello it sends.
@@ -49,12 +58,15 @@ pub(super) struct Links {
 }
 
 impl Links {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         bound: String,
         incarnation: u16,
         dials: Vec<Dial>,
         expected: usize,
         connect_deadline: Instant,
+        heartbeat: Duration,
+        timeout: Duration,
         now: Instant,
     ) -> Links {
         let dial_specs = dials
@@ -67,12 +79,8 @@ impl Links {
             dialing: FastMap::default(),
             waiting_dials: dials,
             dial_specs,
-            last_heard: FastMap::default(),
-            rx_pool: None,
-            rx_exhausted: 0,
-            next_heartbeat: now,
-            next_liveness_check: now,
-            suspended: None,
+            liveness: Liveness::new(heartbeat, timeout, now),
+            rx: RxWatch::default(),
             bound,
             incarnation,
             incarnations: FastMap::default(),
@@ -83,21 +91,12 @@ impl Links {
         }
     }
 
-    /// The pool the transport reads into (see `rx_exhausted`).
+    /// The pool the transport reads into (see [`RxWatch`]).
     pub(super) fn watch_rx_pool(&mut self, pool: evb_buffers::Pool) {
-        self.rx_exhausted = pool.stats().exhausted;
-        self.rx_pool = Some(pool);
-    }
-
-    /// The receive pool ran dry since the last check (or is dry now): reads stopped.
-    fn rx_starved(&mut self) -> bool {
-        let Some(pool) = &self.rx_pool else {
-            return false;
+        self.rx = RxWatch {
+            exhausted: pool.stats().exhausted,
+            pool: Some(pool),
         };
-        let st = pool.stats();
-        let starved = st.exhausted != self.rx_exhausted || st.free == 0;
-        self.rx_exhausted = st.exhausted;
-        starved
     }
 
     /// Where this node's data listener is bound.
@@ -174,11 +173,27 @@ impl Links {
         }
     }
 
+    /// Whether a connection from `who` (the configuration's node its Hello names, `None`:
+    /// none that should call this one on that channel), a BU of `incarnation`, is let in.
+    /// `evm`: this node is the EVM, which remembers each BU's last incarnation.
+    pub(super) fn admit(&self, who: Option<NodeRef>, incarnation: u16, evm: bool) -> Admit {
+        match who {
+            None => Admit::Stranger,
+            Some(p) if self.conns.contains_key(&p) => Admit::Second(p),
+            Some(p @ NodeRef::Bu(_))
+                if evm && self.seen_incarnations.get(&p) == Some(&incarnation) =>
+            {
+                Admit::ReusedIncarnation(p)
+            }
+            Some(p) => Admit::Accept(p),
+        }
+    }
+
     /// Drops what is known of peer `p` and its connection.
     fn forget(&mut self, p: NodeRef, conn: ConnId) {
         self.peers.remove(&conn);
         self.conns.remove(&p);
-        self.last_heard.remove(&p);
+        self.liveness.forget(p);
         self.incarnations.remove(&p);
     }
 
@@ -186,7 +201,7 @@ impl Links {
     fn add(&mut self, now: Instant, p: NodeRef, conn: ConnId, incarnation: u16) {
         self.peers.insert(conn, p);
         self.conns.insert(p, conn);
-        self.last_heard.insert(p, now);
+        self.liveness.heard(p, now);
         if matches!(p, NodeRef::Bu(_)) {
             self.incarnations.insert(p, incarnation);
         }
@@ -271,18 +286,18 @@ impl Driver {
                     }
                 }
             }
-            Incoming::Accepted { conn, peer } => match self.identify(&peer) {
-                Some(p @ NodeRef::Bu(_))
-                    if matches!(self.logic, Logic::Evm(_))
-                        && !self.links.conns.contains_key(&p)
-                        && self.links.seen_incarnations.get(&p) == Some(&peer.incarnation) =>
-                {
+            Incoming::Accepted { conn, peer } => match self.links.admit(
+                self.identify(&peer),
+                peer.incarnation,
+                matches!(self.logic, Logic::Evm(_)),
+            ) {
+                Admit::ReusedIncarnation(p) => {
                     // a restarted BU that drew its predecessor's number: RUs could not tell
                     // the two apart, so it must not join (a new process draws another)
                     warn!(node = %self.me.id, "{p} ({}) called with incarnation {}, that of the process it replaces; refused: restart it", peer.node_id, peer.incarnation);
                     self.messenger.close(conn);
                 }
-                Some(p) if !self.links.conns.contains_key(&p) => {
+                Admit::Accept(p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
                     self.links.add(now, p, conn, peer.incarnation);
                     if let (NodeRef::Bu(bu), Logic::Evm(e)) = (p, &mut self.logic) {
@@ -290,7 +305,7 @@ impl Driver {
                         e.set_incarnation(bu, peer.incarnation);
                     }
                 }
-                Some(p) => {
+                Admit::Second(p) => {
                     let before_start =
                         matches!(self.state(), RunState::Configured | RunState::Ready);
                     if before_start && matches!(self.logic, Logic::Evm(_)) {
@@ -314,7 +329,7 @@ impl Driver {
                         self.messenger.close(conn);
                     }
                 }
-                None => {
+                Admit::Stranger => {
                     warn!(node = %self.me.id, "connection from unexpected node {:?} ({:?} {}) refused", peer.node_id, peer.role, peer.index);
                     self.messenger.close(conn);
                 }
@@ -323,7 +338,7 @@ impl Driver {
                 let Some(&from) = self.links.peers.get(&conn) else {
                     return Ok(());
                 };
-                self.links.last_heard.insert(from, now);
+                self.links.liveness.heard(from, now);
                 // a standby taking over gathers resyncs before it is the run's EVM
                 let msg = match msg {
                     Received::Message(m)
@@ -410,14 +425,11 @@ impl Driver {
     /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
     /// BU is found again this way).
     pub(super) fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, mut why: String) {
-        if let Some((at, gap)) = self.links.suspended {
-            if now.duration_since(at) < Duration::from_millis(self.cfg.run.heartbeat_timeout_ms) * 2
-            {
-                why = format!(
-                    "{why} (after this node itself did not run for {} ms)",
-                    gap.as_millis()
-                );
-            }
+        if let Some(gap) = self.links.liveness.own_pause(now) {
+            why = format!(
+                "{why} (after this node itself did not run for {} ms)",
+                gap.as_millis()
+            );
         }
         self.forget(p, conn);
         // Peers leave once the run is over; that is not news.
@@ -610,68 +622,140 @@ impl Driver {
     /// Heartbeats on every link, control and data; a peer silent too long is lost. A data
     /// link that drops packets instead of closing (a dead switch port, a firewall) is found
     /// this way within `run.heartbeat_timeout_ms`: the RU or BU that stops hearing the other
-    /// tells the EVM (LinkLost), which drops the BU and has its events built elsewhere.
+    /// tells the EVM (LinkLost), which drops the BU and has its events built elsewhere. The
+    /// decisions are [`Liveness`]'s; this does what it says.
     pub(super) fn heartbeats(&mut self, now: Instant) {
-        // Called every loop pass: the work runs a few times per heartbeat period only.
-        if now < self.links.next_liveness_check {
-            return;
-        }
+        let judge = matches!(self.state(), RunState::Ready | RunState::Running);
+        let up = self.links.up;
+        let Links { liveness, rx, .. } = &mut self.links;
+        let due = liveness.poll(now, up, judge, || rx.starved());
         let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
-        let check_every = Duration::from_millis(self.cfg.run.heartbeat_ms.div_ceil(4));
-        // This loop itself did not run for a long while (the process was stopped, or
-        // starved of CPU): peers' silence is ours, not theirs. Give them a fresh period
-        // to be heard, and say so in what follows.
-        let gap = now.duration_since(self.links.next_liveness_check) + check_every;
-        if gap > timeout / 2 && self.links.up {
+        if let Some(gap) = due.paused_for {
             warn!(node = %self.me.id, "this node did not run for {} ms (stopped or starved of CPU): peers get a fresh {} ms to be heard", gap.as_millis(), timeout.as_millis());
-            for t in self.links.last_heard.values_mut() {
-                *t = now;
-            }
-            self.links.suspended = Some((now, gap));
         }
-        // The receive pool ran dry (back-pressure): the transport stopped reading, so no
-        // peer could be heard meanwhile; that is not their silence either.
-        if self.links.rx_starved() {
-            for t in self.links.last_heard.values_mut() {
-                *t = now;
-            }
-        }
-        self.links.next_liveness_check = now + check_every;
-        let peers: Vec<NodeRef> = self.links.conns.keys().copied().collect();
-        if now >= self.links.next_heartbeat {
-            self.links.next_heartbeat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
-            for p in &peers {
-                if let Some(&conn) = self.links.conns.get(p) {
-                    let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
-                }
+        if due.heartbeat {
+            for &conn in self.links.conns.values() {
+                let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
             }
             self.tell_follower(false);
         }
-        if !matches!(self.state(), RunState::Ready | RunState::Running) || !self.links.up {
-            return;
-        }
-        for p in peers {
-            let silent = self
-                .links
-                .last_heard
-                .get(&p)
-                .is_some_and(|t| now.duration_since(*t) > timeout);
-            if silent {
-                if let Some(&conn) = self.links.conns.get(&p) {
-                    self.messenger.close(conn);
-                    let what = if p == NodeRef::Evm || self.me.role == Role::Evm {
-                        "no heartbeat"
-                    } else {
-                        "data link silent: no heartbeat"
-                    };
-                    self.lose(
-                        now,
-                        p,
-                        conn,
-                        format!("{what} for {} ms", timeout.as_millis()),
-                    );
-                }
+        for p in due.silent {
+            if let Some(&conn) = self.links.conns.get(&p) {
+                self.messenger.close(conn);
+                let what = if p == NodeRef::Evm || self.me.role == Role::Evm {
+                    "no heartbeat"
+                } else {
+                    "data link silent: no heartbeat"
+                };
+                self.lose(
+                    now,
+                    p,
+                    conn,
+                    format!("{what} for {} ms", timeout.as_millis()),
+                );
             }
         }
+    }
+}
+
+/// The receive pool, and how often it was found empty at the last look: while it runs dry
+/// the transport stops reading, so a peer's silence is this node's own.
+#[derive(Default)]
+pub(super) struct RxWatch {
+    pool: Option<evb_buffers::Pool>,
+    exhausted: u64,
+}
+
+impl RxWatch {
+    /// The pool ran dry since the last look (or is dry now): reads stopped.
+    fn starved(&mut self) -> bool {
+        let Some(pool) = &self.pool else {
+            return false;
+        };
+        let st = pool.stats();
+        let starved = st.exhausted != self.exhausted || st.free == 0;
+        self.exhausted = st.exhausted;
+        starved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links(now: Instant) -> Links {
+        Links::new(
+            "127.0.0.1:1".into(),
+            0,
+            Vec::new(),
+            3,
+            now + Duration::from_secs(5),
+            Duration::from_millis(200),
+            Duration::from_millis(1000),
+            now,
+        )
+    }
+
+    /// The EVM's door, scripted without a socket: two processes claiming one node, a
+    /// restarted BU of a new incarnation and one with its predecessor's, a stranger; and
+    /// fragments go only to the incarnation an Assign named.
+    #[test]
+    fn who_is_let_in_and_which_incarnation_gets_fragments() {
+        let now = Instant::now();
+        let mut l = links(now);
+        let bu1 = NodeRef::Bu(1);
+        assert_eq!(l.admit(None, 0, true), Admit::Stranger);
+        assert_eq!(l.admit(Some(bu1), 7, true), Admit::Accept(bu1));
+        l.add(now, bu1, ConnId(1), 7);
+        l.seen_incarnations.insert(bu1, 7);
+        // a second process for bu1 while the first is connected
+        assert_eq!(l.admit(Some(bu1), 8, true), Admit::Second(bu1));
+        assert_eq!(l.conn_to_incarnation(bu1, 7), Some(ConnId(1)));
+        assert_eq!(l.conn_to_incarnation(bu1, 8), None);
+        assert_eq!(l.conn_to_incarnation(bu1, 0), None);
+        // bu1 lost: a restart is let in only with a new number
+        l.forget(bu1, ConnId(1));
+        assert_eq!(l.conn_to_incarnation(bu1, 7), None);
+        assert_eq!(l.admit(Some(bu1), 7, true), Admit::ReusedIncarnation(bu1));
+        assert_eq!(l.admit(Some(bu1), 9, true), Admit::Accept(bu1));
+        // an RU's door (a BU's data listener) does not judge incarnations
+        assert_eq!(l.admit(Some(bu1), 7, false), Admit::Accept(bu1));
+        l.add(now, bu1, ConnId(2), 9);
+        assert_eq!(l.conn_to_incarnation(bu1, 9), Some(ConnId(2)));
+        assert_eq!(l.incarnation_of(bu1), 9);
+        // other peers are not BUs: any Assign's number is theirs
+        l.add(now, NodeRef::Evm, ConnId(3), 0);
+        assert_eq!(l.conn_to_incarnation(NodeRef::Evm, 5), Some(ConnId(3)));
+        assert_eq!(l.bu_incarnations(3), [0, 9, 0]);
+    }
+
+    /// A rejoin: a peer lost and connected again is heard from its new connection on, and
+    /// judged by the liveness of that one (not by the silence of the one it lost).
+    #[test]
+    fn a_rejoined_peer_is_judged_from_its_new_connection() {
+        let now = Instant::now();
+        let mut l = links(now);
+        let ru = NodeRef::Ru(0);
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        l.add(now, ru, ConnId(1), 0);
+        let mut lost = Vec::new();
+        for t in (0..=2000).step_by(10) {
+            match t {
+                900 => l.forget(ru, ConnId(1)),
+                950 => l.add(at(t), ru, ConnId(2), 0),
+                _ => {}
+            }
+            lost.extend(l.liveness.poll(at(t), true, true, || false).silent);
+            if !lost.is_empty() {
+                assert!(t > 1950, "lost at {t} ms: {lost:?}");
+                break;
+            }
+        }
+        assert_eq!(l.conn(ru), Some(ConnId(2)));
+        assert_eq!(
+            lost,
+            [ru],
+            "silent since it rejoined at 950 ms: lost just after 1,950"
+        );
     }
 }
