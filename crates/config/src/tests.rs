@@ -1118,6 +1118,16 @@ fn a_promoted_standby_is_the_evm_and_the_old_evm_is_refused() {
     // it travels in the configuration a run is started with
     let back = Config::from_toml(&pp.to_toml()).unwrap();
     assert_eq!(back.evm.control_epoch, 2);
+    // a node's own configuration follows one takeover or two at once (a run saw both), and
+    // never back: a run from an old EVM is not adopted, and differs by the epoch
+    assert_eq!(cfg.promoted_to(&p).map(|c| c.evm), Some(p.evm.clone()));
+    assert_eq!(cfg.promoted_to(&pp).map(|c| c.evm), Some(pp.evm.clone()));
+    assert!(pp.promoted_to(&cfg).is_none() && p.promoted_to(&cfg).is_none());
+    assert!(!pp.restart_needed(&cfg).is_empty());
+    // a run of a higher epoch that names another system is not adopted either
+    let mut other = pp.clone();
+    other.run.secret = "another-secret-0123456789".into();
+    assert!(cfg.promoted_to(&other).is_none());
     assert!(Config::default().with_standby_promoted().is_none());
 }
 

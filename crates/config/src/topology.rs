@@ -165,6 +165,23 @@ impl Config {
         Some(out)
     }
 
+    /// A node's own configuration brought up to a run's `run` started by a control that a
+    /// standby took over (once or more): as many promotions of this one as `run`'s control
+    /// epoch is above its own, if `run` is exactly that (its EVM, the nodes, transport and
+    /// secret). `None` when `run`'s epoch is not above this one's, or it names another
+    /// system: a node keeps its own configuration then, and a run from an old EVM (a lower
+    /// epoch) differs from it in `evm.control_epoch` at least.
+    pub fn promoted_to(&self, run: &Config) -> Option<Config> {
+        if run.evm.control_epoch <= self.evm.control_epoch {
+            return None;
+        }
+        let mut p = self.clone();
+        while p.evm.control_epoch < run.evm.control_epoch {
+            p = p.with_standby_promoted()?;
+        }
+        (run.evm.addr == p.evm.addr && p.restart_needed(run).is_empty()).then_some(p)
+    }
+
     /// Every node: the EVM first, then the RUs, then the BUs.
     pub fn nodes(&self) -> Vec<NodeSpec> {
         let mut v = self.nodes_unchecked();

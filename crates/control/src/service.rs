@@ -210,17 +210,8 @@ impl Node {
         // a standby took the control over (once, or more: a run may have seen two takeovers)
         // and now starts the runs: from here on this node takes runs from it only, by its
         // control epoch (a lost EVM, should it wake, is refused: its epoch is lower)
-        if self.spec.role != Role::Evm && cfg.evm.control_epoch > st.cfg.evm.control_epoch {
-            let mut promoted = Some(st.cfg.clone());
-            while let Some(p) = promoted
-                .as_ref()
-                .filter(|p| p.evm.control_epoch < cfg.evm.control_epoch)
-            {
-                promoted = p.with_standby_promoted();
-            }
-            if let Some(p) =
-                promoted.filter(|p| cfg.evm.addr == p.evm.addr && p.restart_needed(&cfg).is_empty())
-            {
+        if self.spec.role != Role::Evm {
+            if let Some(p) = st.cfg.promoted_to(&cfg) {
                 info!(node = %self.spec.id, "the standby EVM at {} is the EVM now (control epoch {})", cfg.evm.addr, p.evm.control_epoch);
                 st.cfg = p;
             }
