@@ -90,11 +90,7 @@ fn runs_in_a_row_with_pause_reconfigure_a_killed_bu_and_stop_under_load() {
     let pid = Api::new(&bu1, None).get("/api/v1/node").unwrap().body["pid"]
         .as_u64()
         .unwrap();
-    assert!(Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    common::signal(pid, "-9");
     let s = up.wait_until("bu1 to show as lost", 30, |s| {
         Up::node(s, "bu1")["state"] == "unreachable"
             && node_events(&s["evm"]["lost"])
@@ -338,25 +334,15 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
          [sink]\nkind = \"file\"\ndir = \"{{dir}}/out\"\n",
         if freeze { "frozen" } else { "killed" }
     );
-    let mut up = Up::start_with(&toml, &["--standby"]);
-    up.wait_said("the standby's line", |said| {
-        said.iter()
-            .any(|l| l.contains("a standby EVM (control API"))
-    });
+    let mut up = Up::with_standby(&toml);
     let evm_control = up.api.base.clone();
-    let evm_pid = up.api.get("/api/v1/node").unwrap().body["pid"]
-        .as_u64()
-        .unwrap();
+    let evm_pid = up.evm_pid();
     assert_eq!(up.post("start", json!({})).0, 200);
     up.wait_until("the moment", 30, |s| {
         s["evm"]["triggered"].as_u64().unwrap_or(0) >= at
     });
     let signal = if freeze { "-STOP" } else { "-9" };
-    assert!(Command::new("kill")
-        .args([signal, &evm_pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    common::signal(evm_pid, signal);
     up.follow_takeover(60);
     assert!(
         !up.url.contains(evm_control.trim_start_matches("http://")),
@@ -436,63 +422,18 @@ fn evb_up_survives_two_evm_losses_in_one_run() {
     let toml = "[run]\nid = \"two-losses\"\nevents = 30000\nduration_s = 0\nrate_hz = 3000\n\
                 secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
                 [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
-    let mut up = Up::start_with(toml, &["--standby"]);
-    up.wait_said("the standby's line", |said| {
-        said.iter()
-            .any(|l| l.contains("a standby EVM (control API"))
-    });
-    let pid_of = |api: &Api| {
-        api.get("/api/v1/node").unwrap().body["pid"]
-            .as_u64()
-            .unwrap()
-    };
-    let first = pid_of(&up.api);
+    let mut up = Up::with_standby(toml);
+    let first = up.evm_pid();
     assert_eq!(up.post("start", json!({})).0, 200);
     up.wait_until("3,000 events triggered", 30, |s| {
         s["evm"]["triggered"].as_u64().unwrap_or(0) >= 3000
     });
-    let kill = |pid: u64| {
-        assert!(Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success())
-    };
-    kill(first);
-    let said = up.follow_takeover(60);
-    let second = pid_of(&up.api);
+    common::signal(first, "-9");
+    up.follow_takeover(60);
+    let second = up.evm_pid();
     // the new standby, where the first EVM was, follows the run under way
-    let standby = said
-        .iter()
-        .rev()
-        .find_map(|l| l.strip_prefix("evb up: a new standby EVM (control API "))
-        .map(|l| l.trim_end_matches(") follows the new one").to_string());
-    let standby = match standby {
-        Some(s) => s,
-        None => up
-            .wait_said("the new standby's line", |said| {
-                said.iter()
-                    .any(|l| l.starts_with("evb up: a new standby EVM (control API "))
-            })
-            .iter()
-            .rev()
-            .find_map(|l| l.strip_prefix("evb up: a new standby EVM (control API "))
-            .map(|l| l.trim_end_matches(") follows the new one").to_string())
-            .unwrap(),
-    };
-    let sapi = Api::new(&standby, up.api.token.clone());
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = sapi.get("/api/v1/node").map(|r| r.body).unwrap_or_default();
-        if n["phase"] == "running" && n["run"] == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the new standby never followed run 1: {n}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let sapi = up.new_standby();
+    assert!(up.standby_follows(&sapi, 1), "run 1 ended before the new standby followed it");
     let s = up.status();
     assert!(
         s["evm"]["triggered"].as_u64().unwrap_or(0) < 30000 && s["state"] == "running",
@@ -500,11 +441,12 @@ fn evb_up_survives_two_evm_losses_in_one_run() {
     );
     // followed for a moment (its first Follow heard), then the second loss
     std::thread::sleep(Duration::from_millis(500));
-    kill(second);
+    common::signal(second, "-9");
     up.follow_takeover(60);
+    let standby_pid = sapi.get("/api/v1/node").unwrap().body["pid"].as_u64();
     assert_eq!(
-        pid_of(&up.api),
-        pid_of(&sapi),
+        Some(up.evm_pid()),
+        standby_pid,
         "the third EVM is the new standby"
     );
     let rec = up.wait_run(1);
@@ -542,14 +484,8 @@ fn a_paused_run_stays_paused_under_the_standby_until_resumed_there() {
     let toml = "[run]\nid = \"paused-standby\"\nevents = 20000\nduration_s = 0\nrate_hz = 8000\n\
                 secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
                 [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
-    let mut up = Up::start_with(toml, &["--standby"]);
-    up.wait_said("the standby's line", |said| {
-        said.iter()
-            .any(|l| l.contains("a standby EVM (control API"))
-    });
-    let evm_pid = up.api.get("/api/v1/node").unwrap().body["pid"]
-        .as_u64()
-        .unwrap();
+    let mut up = Up::with_standby(toml);
+    let evm_pid = up.evm_pid();
     assert_eq!(up.post("start", json!({})).0, 200);
     up.wait_until("4,000 events triggered", 30, |s| {
         s["evm"]["triggered"].as_u64().unwrap_or(0) >= 4000
@@ -561,11 +497,7 @@ fn a_paused_run_stays_paused_under_the_standby_until_resumed_there() {
     });
     let triggered = paused["evm"]["triggered"].as_u64().unwrap();
     assert!(triggered < 20000, "{paused:#}");
-    assert!(Command::new("kill")
-        .args(["-9", &evm_pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    common::signal(evm_pid, "-9");
     up.follow_takeover(60);
     // the standby's control, mid-run: paused, and nothing triggered while it is
     let s = up.wait_until("the run paused at the standby", 30, |s| {
@@ -603,22 +535,12 @@ fn evb_up_with_a_standby_replaces_an_evm_frozen_between_runs() {
     let toml =
         "[run]\nevents = 4000\nduration_s = 0\nrate_hz = 8000\nsecret = \"up-standby-7d21c9\"\n\
                 [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
-    let mut up = Up::start_with(toml, &["--standby"]);
-    up.wait_said("the standby's line", |said| {
-        said.iter()
-            .any(|l| l.contains("a standby EVM (control API"))
-    });
-    let evm_pid = up.api.get("/api/v1/node").unwrap().body["pid"]
-        .as_u64()
-        .unwrap();
+    let mut up = Up::with_standby(toml);
+    let evm_pid = up.evm_pid();
     assert_eq!(up.post("start", json!({})).0, 200);
     assert_exact(&up.wait_run(1), 4000);
     let frozen = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-STOP", &evm_pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    common::signal(evm_pid, "-STOP");
     up.follow_takeover(30);
     let took = frozen.elapsed();
     assert!(

@@ -64,43 +64,14 @@ enum EvmLoss {
 /// The second loss of [`EvmLoss::KillTwice`]: once the new standby (where the lost EVM was)
 /// follows run `run`, the EVM that took over is killed, and the new standby takes over in
 /// turn. Skipped when the run is over first (said so).
-fn lose_the_new_evm(up: &mut Up, said: &[String], run: u64) {
-    let line = "evb up: a new standby EVM (control API ";
-    let find = |said: &[String]| {
-        said.iter()
-            .rev()
-            .find_map(|l| l.strip_prefix(line))
-            .map(|l| l.trim_end_matches(") follows the new one").to_string())
-    };
-    let standby = find(said).unwrap_or_else(|| {
-        find(&up.wait_said("the new standby's line", |s| {
-            s.iter().any(|l| l.starts_with(line))
-        }))
-        .unwrap()
-    });
-    let sapi = Api::new(&standby, up.api.token.clone());
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = sapi.get("/api/v1/node").map(|r| r.body).unwrap_or_default();
-        if n["phase"] == "running" && n["run"] == run {
-            break;
-        }
-        let s = up.status();
-        if !matches!(s["state"].as_str(), Some("running" | "paused")) {
-            eprintln!(
-                "    run {run} is {} before the new standby followed it: no second loss",
-                s["state"]
-            );
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "the new standby never followed run {run}: {n}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+fn lose_the_new_evm(up: &mut Up, run: u64) {
+    let standby = up.new_standby();
+    if !up.standby_follows(&standby, run) {
+        eprintln!("    run {run} is over before the new standby followed it: no second loss");
+        return;
     }
     std::thread::sleep(Duration::from_millis(300));
-    let pid = evm_pid(up);
+    let pid = up.evm_pid();
     eprintln!("    the EVM that took over ({pid}) killed too");
     signal(pid, "-9");
     up.follow_takeover(60);
@@ -128,13 +99,6 @@ fn pid_of(up: &Up, node: &str) -> Option<u64> {
         .ok()?
         .body["pid"]
         .as_u64()
-}
-
-/// The active EVM's process (through its own API).
-fn evm_pid(up: &Up) -> u64 {
-    up.api.get("/api/v1/node").unwrap().body["pid"]
-        .as_u64()
-        .unwrap()
 }
 
 fn signal(pid: u64, sig: &str) {
@@ -211,7 +175,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
          secret = \"up-chaos-key-3f9a\"\n[fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
         out.path().display()
     );
-    let mut up = Up::start_with(&toml, &["--standby"]);
+    let mut up = Up::with_standby(&toml);
     let evm_run = 1 + rng.below(trials.max(1));
     let evm_loss = match rng.below(5) {
         0 => EvmLoss::Kill,
@@ -271,7 +235,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                 }
                 // the standby takes the run over and becomes the run control at once: the
                 // rest of this run's plan is skipped
-                let pid = evm_pid(&up);
+                let pid = up.evm_pid();
                 eprintln!(
                     "    {:.2} s, {before}: the EVM ({pid}) {evm_loss:?}",
                     started.elapsed().as_secs_f64()
@@ -284,7 +248,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                     }
                     _ => signal(pid, "-9"),
                 }
-                let said = up.follow_takeover(60);
+                up.follow_takeover(60);
                 common::wait_gone(pid, "the lost EVM", 10);
                 took_over = true;
                 // a paused run stays paused under the standby (resumed below)
@@ -293,7 +257,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                     assert_eq!(s["state"], "paused", "run {run}: the pause was lost\n{s:#}");
                 }
                 if evm_loss == EvmLoss::KillTwice {
-                    lose_the_new_evm(&mut up, &said, run);
+                    lose_the_new_evm(&mut up, run);
                 }
                 break;
             }
@@ -417,7 +381,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
         }
         // the EVM lost between runs (or its moment came after the run): promoted at once
         if k == evm_run && !took_over {
-            let pid = evm_pid(&up);
+            let pid = up.evm_pid();
             if evm_loss == EvmLoss::FreezeAfter {
                 eprintln!("    after run {run}: the EVM ({pid}) frozen");
                 signal(pid, "-STOP");

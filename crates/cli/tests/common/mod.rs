@@ -306,6 +306,18 @@ pub fn triggered_at_least(line: &Value, n: u64) -> bool {
     line["state"] == "running" && line["stats"]["triggered"].as_u64().is_some_and(|t| t >= n)
 }
 
+/// Sends signal `sig` (`-9`, `-STOP`, ...) to process `pid`, which must exist.
+pub fn signal(pid: u64, sig: &str) {
+    assert!(
+        Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success(),
+        "kill {sig} {pid}"
+    );
+}
+
 /// Waits (at most `secs`) until process `pid` is gone (exited and reaped, or a zombie).
 pub fn wait_gone(pid: u64, what: &str, secs: u64) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);

@@ -75,6 +75,63 @@ impl Up {
         }
     }
 
+    /// `evb up --standby` of `toml`, once it said that a standby EVM follows.
+    pub fn with_standby(toml: &str) -> Up {
+        let up = Up::start_with(toml, &["--standby"]);
+        up.wait_said("the standby's line", |said| {
+            said.iter()
+                .any(|l| l.contains("a standby EVM (control API"))
+        });
+        up
+    }
+
+    /// The pid of the process that is the run control now (its node API says).
+    pub fn evm_pid(&self) -> u64 {
+        self.api.get("/api/v1/node").unwrap().body["pid"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// The control API of the standby `evb up` started after the latest takeover, where
+    /// the lost EVM was (it says so; waited for up to 30 s).
+    pub fn new_standby(&self) -> Api {
+        let line = "evb up: a new standby EVM (control API ";
+        let said = self.wait_said("the new standby's line", |s| {
+            s.iter().any(|l| l.starts_with(line))
+        });
+        let addr = said
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix(line))
+            .map(|l| l.trim_end_matches(") follows the new one").to_string())
+            .unwrap();
+        Api::new(&addr, self.api.token.clone())
+    }
+
+    /// Waits (at most 30 s) until the standby at `standby` follows run `run`; false if the
+    /// run is over (or its control says it is neither running nor paused) first.
+    pub fn standby_follows(&self, standby: &Api, run: u64) -> bool {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n = standby
+                .get("/api/v1/node")
+                .map(|r| r.body)
+                .unwrap_or_default();
+            if n["phase"] == "running" && n["run"] == run {
+                return true;
+            }
+            let s = self.status();
+            if !matches!(s["state"].as_str(), Some("running" | "paused")) {
+                return false;
+            }
+            assert!(
+                Instant::now() < until,
+                "the new standby never followed run {run}: {n}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The lines `evb up` printed so far (as far as the thread that reads them got).
     pub fn said(&self) -> Vec<String> {
         self.lines.lock().unwrap().clone()
