@@ -433,7 +433,10 @@ fn evb_up_survives_two_evm_losses_in_one_run() {
     let second = up.evm_pid();
     // the new standby, where the first EVM was, follows the run under way
     let sapi = up.new_standby();
-    assert!(up.standby_follows(&sapi, 1), "run 1 ended before the new standby followed it");
+    assert!(
+        up.standby_follows(&sapi, 1),
+        "run 1 ended before the new standby followed it"
+    );
     let s = up.status();
     assert!(
         s["evm"]["triggered"].as_u64().unwrap_or(0) < 30000 && s["state"] == "running",

@@ -67,8 +67,8 @@ pub fn hello(cfg: &Config, me: &NodeSpec, channel: Channel, incarnation: u16) ->
         .with_incarnation(incarnation)
 }
 
-/// A BU process's incarnation (docs/protocol.md §3): 1…65535, drawn at random when it
-/// starts, so that a restarted BU is told from the process it replaces. Without OS
+/// A BU's incarnation (docs/protocol.md §3): 1…65535, drawn at random when its part of a
+/// run starts, so that a restarted BU is told from the process it replaces. Without OS
 /// randomness, the process id and the clock's nanoseconds make it.
 pub fn incarnation() -> u16 {
     let drawn = evb_transport::random_hex(2).and_then(|h| u16::from_str_radix(&h, 16).ok());

@@ -44,8 +44,8 @@ pub struct Hello {
     pub role: Role,
     /// Index of the node among those of its role (RU 0..N, BU 0..M; 0 for the EVM).
     pub index: u16,
-    /// A BU's incarnation: drawn at random (1…65535) when the process starts, the same on
-    /// every connection it makes or accepts, so that an RU sends an Assign's fragments only
+    /// A BU's incarnation: drawn at random (1…65535) when its part of a run starts, the same
+    /// on every connection it makes or accepts in that run, so that an RU sends an Assign's fragments only
     /// to the process the EVM assigned them to (docs/protocol.md §6 item 11). 0 for an EVM
     /// or RU, and for a BU that does not say (pub/sub subscribers); a decoder refuses any
     /// other value from them.

@@ -3,7 +3,8 @@
 //! (the process stopped, or starved of CPU) or a dry receive pool (the transport stopped
 //! reading) makes their silence its own. The driver feeds it what it hears and does what a
 //! [`Due`] says (send heartbeats, close and lose the silent peers); [`Liveness::poll_at`]
-//! says when it next has something to decide.
+//! says when it next has something to decide. (Bounding the loop's wait by it cost the
+//! folded shm row 6–9 % in the same minutes, so the loop only asks it each pass.)
 
 use std::time::{Duration, Instant};
 
@@ -103,6 +104,7 @@ impl Liveness {
     }
 
     /// When the next pass has something to decide (a check or a heartbeat).
+    #[inline]
     pub(super) fn poll_at(&self) -> Instant {
         self.next_check.min(self.next_heartbeat)
     }

@@ -662,13 +662,6 @@ impl Driver {
                     .sink
                     .retry_at()
                     .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
-                // heartbeats and the judging of silence are on time, not up to a cap late
-                let cap = self
-                    .links
-                    .liveness
-                    .poll_at()
-                    .saturating_duration_since(now)
-                    .min(cap);
                 // fragments waiting for their slot go when it begins
                 let cap = self
                     .ru

@@ -4,6 +4,11 @@
 use super::liveness::Liveness;
 use super::*;
 
+/// How often a peer that does not answer is called while the node's set comes up.
+pub(super) const CALL_EVERY: Duration = Duration::from_millis(50);
+/// How often a peer lost during the run is called again.
+pub(super) const RECALL_EVERY: Duration = Duration::from_millis(200);
+
 /// What becomes of a connection accepted (see [`Links::admit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Admit {
@@ -173,6 +178,29 @@ impl Links {
         }
     }
 
+    /// The calls due at `now`, taken from those waiting.
+    pub(super) fn due_dials(&mut self, now: Instant) -> Vec<Dial> {
+        let (ready, later): (Vec<Dial>, Vec<Dial>) = self
+            .waiting_dials
+            .drain(..)
+            .partition(|d| d.retry_at.is_none_or(|t| t <= now));
+        self.waiting_dials = later;
+        ready
+    }
+
+    /// When a call that failed at `now` is made again (`rejected`: the peer refused the
+    /// handshake): every [`RECALL_EVERY`] for as long as the run lasts once every
+    /// connection was up (a lost peer may come back: a restarted BU is found so), every
+    /// [`CALL_EVERY`] before that until the connect deadline. `None`: give up (a refusal,
+    /// or the deadline passed before the set was up).
+    pub(super) fn retry_at(&self, now: Instant, rejected: bool) -> Option<Instant> {
+        match (rejected, self.up) {
+            (true, _) => None,
+            (false, true) => Some(now + RECALL_EVERY),
+            (false, false) => (now < self.connect_deadline).then(|| now + CALL_EVERY),
+        }
+    }
+
     /// Whether a connection from `who` (the configuration's node its Hello names, `None`:
     /// none that should call this one on that channel), a BU of `incarnation`, is let in.
     /// `evm`: this node is the EVM, which remembers each BU's last incarnation.
@@ -210,16 +238,7 @@ impl Links {
 
 impl Driver {
     pub(super) fn dial(&mut self, now: Instant) -> Result<(), NodeError> {
-        let due: Vec<Dial> = {
-            let (ready, later): (Vec<Dial>, Vec<Dial>) = self
-                .links
-                .waiting_dials
-                .drain(..)
-                .partition(|d| d.retry_at.is_none_or(|t| t <= now));
-            self.links.waiting_dials = later;
-            ready
-        };
-        let mut due = due.into_iter();
+        let mut due = self.links.due_dials(now).into_iter();
         while let Some(mut d) = due.next() {
             let hello = setup::hello(&self.cfg, &self.me, d.channel, self.links.incarnation);
             match self.messenger.connect(&d.addr, hello) {
@@ -231,7 +250,7 @@ impl Driver {
                 // refused connection is; the run goes on without that peer meanwhile
                 Err(e) if self.links.up => {
                     debug!(node = %self.me.id, "calling {} again at {} failed: {e}", d.peer, d.addr);
-                    d.retry_at = Some(now + Duration::from_millis(200));
+                    d.retry_at = self.links.retry_at(now, false);
                     self.links.waiting_dials.push(d);
                 }
                 Err(e) => {
@@ -404,15 +423,12 @@ impl Driver {
                             }
                         }
                     }
-                    if self.links.up && !rejected {
-                        // calling a lost peer again: keep trying while the run lasts
-                        d.retry_at = Some(now + Duration::from_millis(200));
-                        self.links.waiting_dials.push(d);
-                    } else if !rejected && now < self.links.connect_deadline {
-                        d.retry_at = Some(now + Duration::from_millis(50));
-                        self.links.waiting_dials.push(d);
-                    } else {
-                        return Err(NodeError::Connect(d.addr, reason.to_string()));
+                    match self.links.retry_at(now, rejected) {
+                        Some(at) => {
+                            d.retry_at = Some(at);
+                            self.links.waiting_dials.push(d);
+                        }
+                        None => return Err(NodeError::Connect(d.addr, reason.to_string())),
                     }
                 } else if let Some(p) = self.links.peers.remove(&conn) {
                     self.lose(now, p, conn, reason.to_string());
@@ -456,7 +472,7 @@ impl Driver {
                     peer: p,
                     addr,
                     channel,
-                    retry_at: Some(now + Duration::from_millis(200)),
+                    retry_at: Some(now + RECALL_EVERY),
                 });
             }
         }
@@ -625,6 +641,10 @@ impl Driver {
     /// tells the EVM (LinkLost), which drops the BU and has its events built elsewhere. The
     /// decisions are [`Liveness`]'s; this does what it says.
     pub(super) fn heartbeats(&mut self, now: Instant) {
+        // called every pass: nothing to decide most of them (one compare, as before)
+        if now < self.links.liveness.poll_at() {
+            return;
+        }
         let judge = matches!(self.state(), RunState::Ready | RunState::Running);
         let up = self.links.up;
         let Links { liveness, rx, .. } = &mut self.links;
@@ -727,6 +747,35 @@ mod tests {
         l.add(now, NodeRef::Evm, ConnId(3), 0);
         assert_eq!(l.conn_to_incarnation(NodeRef::Evm, 5), Some(ConnId(3)));
         assert_eq!(l.bu_incarnations(3), [0, 9, 0]);
+    }
+
+    /// Calls that fail: before the set is up, again every 50 ms until the connect deadline,
+    /// then given up; once it was up, again every 200 ms for as long as the run lasts; a
+    /// refused handshake never again.
+    #[test]
+    fn failed_calls_are_made_again_until_the_deadline_or_for_the_run() {
+        let now = Instant::now();
+        let mut l = links(now);
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        assert_eq!(l.retry_at(at(100), false), Some(at(150)));
+        assert_eq!(l.retry_at(at(4999), false), Some(at(5049)));
+        assert_eq!(l.retry_at(at(5000), false), None, "the connect deadline");
+        assert_eq!(l.retry_at(at(100), true), None, "refused");
+        l.mark_up();
+        assert_eq!(l.retry_at(at(60_000), false), Some(at(60_200)));
+        assert_eq!(l.retry_at(at(60_000), true), None);
+        // due calls leave the queue; later ones wait
+        let dial = |ms: u64| Dial {
+            peer: NodeRef::Bu(0),
+            addr: "127.0.0.1:9".into(),
+            channel: Channel::Data,
+            retry_at: Some(at(ms)),
+        };
+        l.waiting_dials = vec![dial(10), dial(30), dial(20)];
+        assert_eq!(l.due_dials(at(20)).len(), 2);
+        assert_eq!(l.waiting_dials.len(), 1);
+        assert!(l.due_dials(at(29)).is_empty());
+        assert_eq!(l.due_dials(at(30)).len(), 1);
     }
 
     /// A rejoin: a peer lost and connected again is heard from its new connection on, and
