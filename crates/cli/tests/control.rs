@@ -327,20 +327,11 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
         "standby under evb up: seed {seed}: the EVM {} once {at} events are triggered",
         if freeze { "frozen" } else { "killed" }
     );
-    // a run id of its own: `evb ctl` finds the moved control by it
-    let toml = format!(
-        "[run]\nid = \"lost-evm-{}\"\nevents = 20000\nduration_s = 0\nrate_hz = 8000\n\
-         secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
-         [sink]\nkind = \"file\"\ndir = \"{{dir}}/out\"\n",
-        if freeze { "frozen" } else { "killed" }
-    );
-    let mut up = Up::with_standby(&toml);
+    let id = format!("lost-evm-{}", if freeze { "frozen" } else { "killed" });
+    let mut up = Up::standby_file_run(&id, 20000, 8000);
     let evm_control = up.api.base.clone();
     let evm_pid = up.evm_pid();
-    assert_eq!(up.post("start", json!({})).0, 200);
-    up.wait_until("the moment", 30, |s| {
-        s["evm"]["triggered"].as_u64().unwrap_or(0) >= at
-    });
+    up.start_until_triggered(at);
     let signal = if freeze { "-STOP" } else { "-9" };
     common::signal(evm_pid, signal);
     up.follow_takeover(60);
@@ -419,15 +410,9 @@ fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
 /// with a standby of its own, and is exact too.
 #[test]
 fn evb_up_survives_two_evm_losses_in_one_run() {
-    let toml = "[run]\nid = \"two-losses\"\nevents = 30000\nduration_s = 0\nrate_hz = 3000\n\
-                secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
-                [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
-    let mut up = Up::with_standby(toml);
+    let mut up = Up::standby_file_run("two-losses", 30000, 3000);
     let first = up.evm_pid();
-    assert_eq!(up.post("start", json!({})).0, 200);
-    up.wait_until("3,000 events triggered", 30, |s| {
-        s["evm"]["triggered"].as_u64().unwrap_or(0) >= 3000
-    });
+    up.start_until_triggered(3000);
     common::signal(first, "-9");
     up.follow_takeover(60);
     let second = up.evm_pid();
@@ -484,15 +469,9 @@ fn evb_up_survives_two_evm_losses_in_one_run() {
 /// new URL mid-run), triggers nothing until `evb ctl resume` there, and the run ends exact.
 #[test]
 fn a_paused_run_stays_paused_under_the_standby_until_resumed_there() {
-    let toml = "[run]\nid = \"paused-standby\"\nevents = 20000\nduration_s = 0\nrate_hz = 8000\n\
-                secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
-                [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
-    let mut up = Up::with_standby(toml);
+    let mut up = Up::standby_file_run("paused-standby", 20000, 8000);
     let evm_pid = up.evm_pid();
-    assert_eq!(up.post("start", json!({})).0, 200);
-    up.wait_until("4,000 events triggered", 30, |s| {
-        s["evm"]["triggered"].as_u64().unwrap_or(0) >= 4000
-    });
+    up.start_until_triggered(4000);
     let out = up.ctl(&["pause"]);
     assert!(out.status.success(), "{}", common::text(&out));
     let paused = up.wait_until("the run paused", 30, |s| {

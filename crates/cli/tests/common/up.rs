@@ -85,6 +85,26 @@ impl Up {
         up
     }
 
+    /// `evb up --standby` of a run of its own id (`evb ctl` finds a moved control by it):
+    /// `events` of 4 KiB at `rate_hz`, with a secret and the file sink (this system's
+    /// folder's `out`).
+    pub fn standby_file_run(id: &str, events: u64, rate_hz: u64) -> Up {
+        Up::with_standby(&format!(
+            "[run]\nid = \"{id}\"\nevents = {events}\nduration_s = 0\nrate_hz = {rate_hz}\n\
+             secret = \"up-standby-7d21c9\"\n[fragments]\nsize = 4096\n\
+             [sink]\nkind = \"file\"\ndir = \"{{dir}}/out\"\n"
+        ))
+    }
+
+    /// Starts the next run and waits (at most 30 s) until `n` of its events are triggered.
+    pub fn start_until_triggered(&self, n: u64) {
+        let (code, body) = self.post("start", json!({}));
+        assert_eq!(code, 200, "{body}");
+        self.wait_until(&format!("{n} events triggered"), 30, |s| {
+            s["evm"]["triggered"].as_u64().unwrap_or(0) >= n
+        });
+    }
+
     /// The pid of the process that is the run control now (its node API says).
     pub fn evm_pid(&self) -> u64 {
         self.api.get("/api/v1/node").unwrap().body["pid"]
