@@ -95,6 +95,16 @@ impl Controller {
         (!cfg.evm.standby.is_empty() && cfg.evm.follow.is_empty()).then(|| cfg.standby_control())
     }
 
+    /// The standby EVM as a node to call (its control API), if there is one.
+    fn standby_spec(&self, evm: &Node) -> Option<NodeSpec> {
+        let control = self.standby_api()?;
+        Some(NodeSpec {
+            id: format!("{}-standby", evm.id()),
+            control,
+            ..evm.spec.clone()
+        })
+    }
+
     /// `evb run`'s one run: started at once, without a command.
     pub(crate) fn begin_once(&self, run: u64) {
         self.core().begin_once(run, unix_now());
@@ -131,13 +141,7 @@ impl Controller {
                     .send(Cmd::Start { run, cfg })
                     .map_err(|_| Refused::new(503, "the node is shutting down"))?,
                 Effect::Halt { mut nodes } => {
-                    if let Some(control) = self.standby_api() {
-                        nodes.push(NodeSpec {
-                            id: format!("{}-standby", node.id()),
-                            control,
-                            ..node.spec.clone()
-                        });
-                    }
+                    nodes.extend(self.standby_spec(&node));
                     let token = node.token();
                     let node = node.clone();
                     std::thread::spawn(move || {
@@ -180,11 +184,7 @@ impl Controller {
         let decision = self.core().started(run, &plan, &answers);
         // the standby follows the run; without it the run goes on, as one without a standby
         // would (a loss of this EVM then ends it)
-        if let (Ok(()), Some(control)) = (&decision, self.standby_api()) {
-            let standby = NodeSpec {
-                control,
-                ..node.spec.clone()
-            };
+        if let (Ok(()), Some(standby)) = (&decision, self.standby_spec(node)) {
             match start_one(&standby, &plan.body, token.clone()) {
                 Ok(()) => self.core().standby_follows(run),
                 Err(e) => warn!("run {run}: the standby EVM did not take the run: {e}"),
@@ -322,6 +322,9 @@ impl Controller {
         let Some(control) = self.standby_api() else {
             return;
         };
+        let Some(standby) = self.node().and_then(|n| self.standby_spec(&n)) else {
+            return;
+        };
         let Some((run, body)) = self.core().standby_to_tell() else {
             return;
         };
@@ -334,11 +337,6 @@ impl Controller {
         if !idle {
             return;
         }
-        let Some(node) = self.node() else { return };
-        let standby = NodeSpec {
-            control,
-            ..node.spec.clone()
-        };
         match start_one(&standby, &body, token.clone()) {
             Ok(()) => {
                 info!("run {run}: the standby EVM follows it from now on");
