@@ -242,13 +242,22 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
                 );
                 match evm_loss {
                     EvmLoss::Freeze(ms) => {
+                        let from = up.said().len();
                         signal(pid, "-STOP");
                         std::thread::sleep(Duration::from_millis(ms));
                         signal(pid, "-CONT");
+                        // the run may have ended between the look above and the freeze:
+                        // then no node follows the standby, and the EVM stays the control
+                        if !up.follow_takeover_unless_ended(run, from, 60) {
+                            eprintln!("    the run ended before the freeze: no takeover");
+                            break;
+                        }
                     }
-                    _ => signal(pid, "-9"),
+                    _ => {
+                        signal(pid, "-9");
+                        up.follow_takeover(60);
+                    }
                 }
-                up.follow_takeover(60);
                 common::wait_gone(pid, "the lost EVM", 10);
                 took_over = true;
                 // a paused run stays paused under the standby (resumed below)

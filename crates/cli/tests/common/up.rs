@@ -209,6 +209,50 @@ impl Up {
         said
     }
 
+    /// After the EVM was frozen under `evb up --standby` (and woken): either the standby
+    /// took the run over (follows it; true), or the run's verdict came from the EVM before
+    /// any takeover (false): the run had ended between the test's look and the freeze, and
+    /// no node had a run to follow the standby into. A takeover printed in the 3 s after
+    /// such a verdict (three heartbeat timeouts) is still followed. `from`: how many lines
+    /// `evb up` had printed before the freeze (an earlier takeover is not this loss's).
+    pub fn follow_takeover_unless_ended(&mut self, run: u64, from: usize, secs: u64) -> bool {
+        const TAKEOVER: &str = "evb up: the standby EVM is the run control now";
+        let verdict = [
+            format!("evb up: run {run} complete"),
+            format!("evb up: run {run} FAILED"),
+        ];
+        let until = Instant::now() + Duration::from_secs(secs);
+        let mut ended_at: Option<Instant> = None;
+        loop {
+            let said = self.said();
+            let new = &said[from.min(said.len())..];
+            let took = new.iter().position(|l| l == TAKEOVER);
+            // (the verdict may come before the run control leaves "running": it waits
+            // for every node to be done)
+            let ended = said
+                .iter()
+                .position(|l| verdict.iter().any(|v| l.starts_with(v.as_str())));
+            match (took, ended) {
+                (Some(_), _) => {
+                    self.follow_takeover(secs);
+                    return true;
+                }
+                (None, Some(_)) => {
+                    let at = *ended_at.get_or_insert_with(Instant::now);
+                    if at.elapsed() > Duration::from_secs(3) {
+                        return false;
+                    }
+                }
+                (None, None) => {}
+            }
+            assert!(
+                Instant::now() < until,
+                "the standby never took over, and the run never ended: {said:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn status(&self) -> Value {
         let r = self.api.get("/api/v1/status").unwrap();
         assert_eq!(r.status, 200, "{:?}", r.body);
