@@ -884,7 +884,7 @@ fn faults_at_random_moments_keep_every_promise() {
         if k < from {
             continue;
         }
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let started = Instant::now();
         let o = run_trial(&t, dir.path());
         eprintln!(
@@ -933,7 +933,7 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
         tight_commit: false,
         counted: false,
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let o = run_trial(&t, dir.path());
     // a regression is only shown if its fault landed on a live process (the random
     // campaign may meet a node already gone; a fixed trial must not)
@@ -1038,7 +1038,7 @@ fn a_cut_data_link_between_live_nodes_drops_that_bu_instead_of_stalling() {
 /// early by the operator, with every triggered event in exactly one file.
 #[test]
 fn ctrl_c_after_a_takeover_stops_the_standby_s_run_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     let out_dir = dir.path().join("out");
     let json = dir.path().join("summary.json");
@@ -1103,7 +1103,7 @@ fn ctrl_c_after_a_takeover_stops_the_standby_s_run_cleanly() {
 
 #[test]
 fn ctrl_c_stops_evb_run_cleanly_and_leaves_no_file() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     let cbase = free_base_port(5);
     std::fs::write(

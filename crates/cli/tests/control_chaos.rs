@@ -167,7 +167,7 @@ fn run_control_and_faults_at_random_moments_keep_every_record_exact() {
     let (seed, trials) = chaos_seed("EVB_UP_CHAOS_TRIALS", 6);
     eprintln!("control chaos: seed {seed} ({trials} runs): EVB_CHAOS_SEED={seed} replays them");
     let mut rng = Rng(seed | 1);
-    let out = tempfile::tempdir().unwrap();
+    let out = common::out_dir();
     // the standby's run has a secret, as a shared host's should: the follower and the nodes
     // that call it authenticate
     let toml = format!(

@@ -32,7 +32,7 @@ struct Cluster {
 impl Cluster {
     /// Writes the configuration (with fixed data and control ports) and starts every node.
     fn start(rus: u16, bus: u16, extra: &str) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let base = free_base_port(2 * (1 + rus + bus));
         let cbase = base + 1 + rus + bus;
         let cfg = dir.path().join("run.toml");
@@ -265,7 +265,7 @@ fn restarted_bu_rejoins_and_builds_again() {
 
 #[test]
 fn restarted_bu_with_the_file_sink_keeps_its_earlier_files_and_writes_nothing_twice() {
-    let out = tempfile::tempdir().unwrap();
+    let out = common::out_dir();
     let extra = format!(
         "{PACED}[sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 200\n",
         out.path().display()
@@ -426,7 +426,7 @@ fn slow_bu_throttles_the_trigger_without_loss() {
     // bu1's sink takes 5 ms per event for its first 50 events: its credits bound what it
     // holds, bu0 takes the rest, nothing is dropped, and bu1 picks up again afterwards.
     let extra = "[run]\nid = \"slow\"\nevents = 3000\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 20000\n[builder]\ncredits = 8\n";
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let base = free_base_port(5);
     let toml = format!(
         "{extra}[evm]\naddr = \"127.0.0.1:{base}\"\n[[ru]]\nid = \"ru0\"\naddr = \"127.0.0.1:{}\"\n[[ru]]\nid = \"ru1\"\naddr = \"127.0.0.1:{}\"\n\
@@ -765,7 +765,7 @@ fn network_cut_to_a_bu_and_back() {
     if !have_curl("network_cut test") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("cut.toml");
     let nodes = "[evm]\naddr = \"10.77.0.1:7600\"\ncontrol = \"127.0.0.1:7700\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.1:7601\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.1:7602\"\n\
                  [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7603\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.2:7604\"\nsink_delay_us = 20000\n";
@@ -847,7 +847,7 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
         .status()
         .unwrap()
         .success());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("bh.toml");
     let nodes = "[evm]\naddr = \"10.77.0.1:7620\"\ncontrol = \"127.0.0.1:7720\"\n[[ru]]\nid = \"ru0\"\naddr = \"10.77.0.2:7621\"\n[[ru]]\nid = \"ru1\"\naddr = \"10.77.0.2:7622\"\n\
                  [[bu]]\nid = \"bu0\"\naddr = \"10.77.0.1:7623\"\n[[bu]]\nid = \"bu1\"\naddr = \"10.77.0.3:7624\"\n";
@@ -955,7 +955,7 @@ fn evb_run_finds_a_black_holed_data_link_at_a_seeded_moment() {
     let (seed, _) = chaos_seed("", 1);
     let at = 1000 + seed % 3000;
     eprintln!("black-hole test: the link goes dark at {at} events triggered (EVB_CHAOS_SEED={seed} replays it)");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("bh.toml");
     let json = dir.path().join("bh.json");
     let control = "127.0.0.1:7730";

@@ -50,7 +50,7 @@ struct Nodes {
 impl Nodes {
     /// EVM, ru0, bu0 and bu1 as `evb node`; ru1 is the outside RU, started by `outside`.
     fn start(extra: &str) -> Nodes {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let base = free_base_port(10);
         let cfg = dir.path().join("run.toml");
         let out = dir.path().join("out");

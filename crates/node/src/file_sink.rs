@@ -126,7 +126,16 @@ pub struct FileSink {
     refused: u64,
     parts_prepared: u64,
     syncer: Syncer,
+    /// The longest a file waited for the disk to make it durable.
+    slowest_sync: Duration,
+    /// A sync slower than [`SLOW_SYNC`] was said (until it ends).
+    slow_said: bool,
 }
+
+/// A file that waits this long for the disk to make it durable is worth a warning: its
+/// events stay with the RUs meanwhile, and a run that releases nothing for
+/// `stall_timeout_s` is aborted as stalled. The operator must see that the disk is why.
+const SLOW_SYNC: Duration = Duration::from_secs(2);
 
 /// The highest sequence number among this BU's files of this run in `dir` (completed or
 /// temporary), so that a restarted BU carries on after its earlier incarnation's files.
@@ -185,6 +194,8 @@ impl FileSink {
             refused: 0,
             parts_prepared: 0,
             syncer: Syncer::new(format!("bu{bu}-sync")),
+            slowest_sync: Duration::ZERO,
+            slow_said: false,
         })
     }
 
@@ -257,7 +268,28 @@ impl FileSink {
     fn synced(&mut self, wait: bool) -> Result<Vec<PreparedPart>, SinkError> {
         let mut parts = Vec::new();
         let mut failed = None;
-        while let Some((seq, r)) = self.syncer.next(wait) {
+        loop {
+            let began = self.syncer.oldest_started();
+            let Some((seq, r)) = self.syncer.next(wait) else {
+                break;
+            };
+            if let Some(t) = began {
+                let took = t.elapsed();
+                self.slowest_sync = self.slowest_sync.max(took);
+                if self.slow_said
+                    && self
+                        .syncer
+                        .oldest_started()
+                        .is_none_or(|t| t.elapsed() < SLOW_SYNC)
+                {
+                    self.slow_said = false;
+                    tracing::info!(
+                        bu = self.bu,
+                        "the disk made a file durable after {:.1} s; the sink goes on",
+                        took.as_secs_f64()
+                    );
+                }
+            }
             let Some(f) = self
                 .open
                 .iter_mut()
@@ -470,6 +502,19 @@ impl Sink for FileSink {
     }
 
     fn prepare(&mut self, now: Instant) -> Result<Vec<PreparedPart>, SinkError> {
+        if let Some(t) = self.syncer.oldest_started() {
+            let waited = now.saturating_duration_since(t);
+            if waited >= SLOW_SYNC && !self.slow_said {
+                self.slow_said = true;
+                tracing::warn!(
+                    bu = self.bu,
+                    "a file has waited {:.1} s for the disk to make it durable (fdatasync in {}); \
+                     its events stay with the RUs until it is",
+                    waited.as_secs_f64(),
+                    self.dir.display()
+                );
+            }
+        }
         let due = self.open.back().is_some_and(|f| {
             f.stage == Stage::Open
                 && (self.full(f) || now.saturating_duration_since(f.since) >= self.commit.time)
@@ -534,6 +579,8 @@ impl Sink for FileSink {
             "payload_bytes": self.bytes,
             "busy": self.busy,
             "parts_prepared": self.parts_prepared,
+            "slowest_sync_s": self.slowest_sync.as_secs_f64(),
+            "syncing_for_s": self.syncer.oldest_started().map(|t| t.elapsed().as_secs_f64()),
             "left_out_unaccepted": self.left_out,
             "refused": self.refused,
             "open_files": self.open.iter().map(|f| f.w.name().to_string()).collect::<Vec<_>>(),

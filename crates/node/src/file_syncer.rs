@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use evb_formats::events::{EventFileError, PrepareJob};
@@ -20,6 +21,8 @@ pub(crate) struct Syncer {
     /// Results of jobs run in the caller's thread (no thread could be started).
     inline: VecDeque<Done>,
     in_flight: usize,
+    /// When each job in flight was started, oldest first (results come back in order).
+    started: VecDeque<Instant>,
 }
 
 struct Worker {
@@ -36,6 +39,7 @@ impl Syncer {
             worker: None,
             inline: VecDeque::new(),
             in_flight: 0,
+            started: VecDeque::new(),
         }
     }
 
@@ -44,10 +48,16 @@ impl Syncer {
         self.in_flight
     }
 
+    /// When the oldest job still in flight was started.
+    pub(crate) fn oldest_started(&self) -> Option<Instant> {
+        self.started.front().copied()
+    }
+
     /// Runs `job` for part `part` on the thread (in the caller's time if no thread can be
     /// started: slower, not wrong).
     pub(crate) fn start(&mut self, part: u32, job: PrepareJob) {
         self.in_flight += 1;
+        self.started.push_back(Instant::now());
         if self.worker.is_none() {
             self.worker = spawn(&self.name);
         }
@@ -79,6 +89,7 @@ impl Syncer {
         };
         if done.is_some() {
             self.in_flight -= 1;
+            self.started.pop_front();
         }
         done
     }
