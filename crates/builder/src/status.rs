@@ -230,6 +230,10 @@ pub struct NodeStatus {
     /// restart replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<u16>,
+    /// An RU or BU: the highest epoch of an EVM it followed in this run (the Term that
+    /// opens each control connection says it; 0 until a takeover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evm_epoch: Option<u16>,
 }
 
 impl NodeStatus {
@@ -256,6 +260,7 @@ impl NodeStatus {
             verdict: None,
             fenced: None,
             incarnation: None,
+            evm_epoch: None,
         }
     }
 
@@ -318,6 +323,8 @@ struct RawStatus {
     fenced: Option<u16>,
     #[serde(default)]
     incarnation: Option<u16>,
+    #[serde(default)]
+    evm_epoch: Option<u16>,
 }
 
 impl TryFrom<RawStatus> for NodeStatus {
@@ -350,6 +357,7 @@ impl TryFrom<RawStatus> for NodeStatus {
             verdict: r.verdict,
             fenced: r.fenced,
             incarnation: r.incarnation,
+            evm_epoch: r.evm_epoch,
         })
     }
 }
@@ -393,6 +401,7 @@ mod tests {
             verdict: None,
             fenced: None,
             incarnation: None,
+            evm_epoch: None,
         }
     }
 

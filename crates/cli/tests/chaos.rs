@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use evb_builder::{NodeEvent, NodeEventKind};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// 6000 events at 2 kHz: about 3 s, so faults between 0.8 and 2.4 s after the run started
 /// (the EVM says it is running and has triggered) land mid-run.
@@ -773,6 +773,25 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                         && e.reason.contains("standby took over")),
                     "the standby's takeover is not in the report: {}\n{log}",
                     evm["lost"]
+                );
+            }
+            if took_over && t.launch == Launch::Run {
+                // each node followed the standby at epoch 1, as the Term that opened its
+                // connection to it said (docs/protocol.md §6 item 15)
+                let s: Value = std::fs::read_to_string(dir.join("summary.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or(Value::Null);
+                let followed: Vec<(String, Value)> = s["nodes"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(id, _)| id.starts_with("ru") || id.starts_with("bu"))
+                    .map(|(id, n)| (id.clone(), n["evm_epoch"].clone()))
+                    .collect();
+                assert!(
+                    !followed.is_empty() && followed.iter().all(|(_, e)| *e == json!(1)),
+                    "the nodes' epochs after the takeover: {followed:?}\n{log}"
                 );
             }
             if t.fault == Fault::KillRuPartial {

@@ -316,3 +316,95 @@ fn an_outside_ru_that_ignores_incarnations_fails_the_run() {
         "seed {seed}: the verdict must not be OK"
     );
 }
+
+/// ru0 alone, its EVM and its standby the two EVMs of `tests/outside/stale_evm.py` (written
+/// from the docs): the first opens ru0's control connection at epoch 1, starts the run and
+/// is lost; the second, at ru0's standby address, speaks at `second_epoch`. Returns what
+/// the fakes saw (their JSON line) and what ru0 logged.
+fn stale_epoch_trial(second_epoch: u16, second_hold_s: f64) -> (Value, String) {
+    let dir = common::out_dir();
+    let base = free_base_port(12);
+    let (evm, standby) = (
+        format!("127.0.0.1:{base}"),
+        format!("127.0.0.1:{}", base + 10),
+    );
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nid = \"stale\"\nevents = 100\nduration_s = 0\n\
+             [topology]\nrus = 1\nbus = 1\nbase_port = {base}\n[control]\nbase_port = {}\n\
+             [evm]\nstandby = \"{standby}\"\nstandby_control = \"127.0.0.1:{}\"\n",
+            base + 4,
+            base + 11
+        ),
+    )
+    .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/stale_evm.py");
+    let mut fake = Command::new("python3")
+        .arg(&script)
+        .args(["--run-id", "stale", "--first", &evm, "--second", &standby])
+        .args(["--second-epoch", &second_epoch.to_string()])
+        .args(["--second-hold-s", &second_hold_s.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // it listens before the node calls
+    let mut out = std::io::BufReader::new(fake.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "listening", "the fake EVMs did not start");
+    let mut ru = Command::new(EVB)
+        .args(["node", "--id", "ru0", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while fake.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "the fake EVMs never finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = ru.kill();
+    let said = String::from_utf8_lossy(&ru.wait_with_output().unwrap().stderr).to_string();
+    let mut result = String::new();
+    std::io::Read::read_to_string(&mut out, &mut result).unwrap();
+    let r: Value = serde_json::from_str(result.trim())
+        .unwrap_or_else(|e| panic!("fake EVMs' result {result:?}: {e}\nru0 said:\n{said}"));
+    (r, said)
+}
+
+/// An EVM that speaks at an epoch below the one a node followed is refused with a Fence of
+/// the epoch followed, then Bye (docs/protocol.md §6 item 15); one at the epoch followed is
+/// followed (its twin: nothing refused, the node's resync sent).
+#[test]
+fn a_node_refuses_an_evm_of_an_older_epoch_and_tells_it_so() {
+    if !have_python("stale epoch") {
+        return;
+    }
+    let (r, said) = stale_epoch_trial(0, 10.0);
+    assert_eq!(r["fences_first"], serde_json::json!([]), "{r}\n{said}");
+    assert_eq!(r["fences"], serde_json::json!([1]), "{r}\n{said}");
+    assert_eq!(
+        r["bye"], true,
+        "ru0 did not close the stale EVM's connection: {r}\n{said}"
+    );
+    assert!(
+        said.contains("speaks at epoch 0, below the 1 this node followed"),
+        "{said}"
+    );
+    // the twin: the second EVM speaks at the epoch followed
+    let (r, said) = stale_epoch_trial(1, 1.5);
+    assert_eq!(r["fences"], serde_json::json!([]), "{r}\n{said}");
+    assert_eq!(r["bye"], false, "ru0 left an EVM of its epoch: {r}\n{said}");
+    // its resync (ResyncRu, 0x001F) went to the EVM it followed
+    assert!(
+        r["second"]
+            .as_array()
+            .is_some_and(|k| k.contains(&serde_json::json!(0x001F))),
+        "{r}\n{said}"
+    );
+    assert!(!said.contains("stale epoch"), "{said}");
+}

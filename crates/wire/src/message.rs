@@ -48,6 +48,8 @@ pub enum MessageType {
     /// A standby EVM that the nodes followed → the EVM it replaced: you are fenced; the run
     /// is the standby's at this epoch.
     Fence = 0x0022,
+    /// EVM → a node, first on every control connection: the EVM's epoch (its term).
+    Term = 0x0023,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -83,6 +85,7 @@ impl MessageType {
             0x0020 => MessageType::ResyncBu,
             0x0021 => MessageType::Follow,
             0x0022 => MessageType::Fence,
+            0x0023 => MessageType::Term,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -216,6 +219,10 @@ pub enum Message {
     /// Standby → the EVM it replaced: the nodes follow the standby at `epoch`; the old
     /// EVM's word is no longer the run's.
     Fence { epoch: u16 },
+    /// EVM → node, the first message on a control connection: this EVM speaks for the run
+    /// at `epoch` (0 for the EVM that started it). A node that followed a higher epoch
+    /// refuses it (docs/protocol.md §6 item 15).
+    Term { epoch: u16 },
 }
 
 /// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
@@ -283,6 +290,7 @@ impl Message {
             Message::ResyncBu { .. } => MessageType::ResyncBu,
             Message::Follow(_) => MessageType::Follow,
             Message::Fence { .. } => MessageType::Fence,
+            Message::Term { .. } => MessageType::Term,
         }
     }
 
@@ -336,7 +344,7 @@ impl Message {
             Message::ResyncRu { resync, more } => resync.encode_into(*more, out),
             Message::ResyncBu { resync, more } => resync.encode_into(*more, out),
             Message::Follow(f) => f.encode_into(out),
-            Message::Fence { epoch } => {
+            Message::Fence { epoch } | Message::Term { epoch } => {
                 out.extend_from_slice(&epoch.to_le_bytes());
                 out.extend_from_slice(&[0u8; 6]);
             }
@@ -475,6 +483,15 @@ impl Message {
                     });
                 }
                 Message::Fence { epoch }
+            }
+            MessageType::Term => {
+                exact("term", 8)?;
+                if b[2..8].iter().any(|&x| x != 0) {
+                    return Err(WireError::ReservedNonZero { what: "term" });
+                }
+                Message::Term {
+                    epoch: u16_at(b, 0),
+                }
             }
             MessageType::Ready => {
                 exact("ready", 8)?;

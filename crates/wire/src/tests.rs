@@ -745,3 +745,22 @@ fn fence_bodies_are_checked() {
     assert!(Message::decode(MessageType::Fence, &body[..6]).is_err());
     assert_eq!(MessageType::from_u16(0x0022), Ok(MessageType::Fence));
 }
+
+/// An EVM's term travels intact, epoch 0 (the first EVM's) included; reserved bytes and
+/// other lengths are refused.
+#[test]
+fn term_bodies_are_checked() {
+    for epoch in [0u16, 1, 0xfffe] {
+        let bytes = Message::Term { epoch }.encode();
+        let body = &bytes[MESSAGE_HEADER_LEN..];
+        assert_eq!(body.len(), 8);
+        assert_eq!(
+            Message::decode(MessageType::Term, body),
+            Ok(Message::Term { epoch })
+        );
+    }
+    assert!(Message::decode(MessageType::Term, &[1, 0, 0, 0, 0, 0, 1, 0]).is_err());
+    assert!(Message::decode(MessageType::Term, &[1, 0, 0, 0, 0, 0]).is_err());
+    assert!(Message::decode(MessageType::Term, &[1, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    assert_eq!(MessageType::from_u16(0x0023), Ok(MessageType::Term));
+}

@@ -35,7 +35,7 @@ pub(super) struct Dial {
 /// made and to be made again, when each control peer was last heard, the heartbeat and
 /// liveness timers.
 pub(super) struct Links {
-    peers: FastMap<ConnId, NodeRef>,
+    pub(super) peers: FastMap<ConnId, NodeRef>,
     conns: FastMap<NodeRef, ConnId>,
     dialing: FastMap<ConnId, Dial>,
     pub(super) waiting_dials: Vec<Dial>,
@@ -54,6 +54,9 @@ pub(super) struct Links {
     /// At the EVM: the incarnation of each BU's last control connection in this run, to
     /// refuse a restarted BU that drew its predecessor's number (1 in 65,535).
     seen_incarnations: FastMap<NodeRef, u16>,
+    /// At an RU or BU: the highest epoch of an EVM that this node followed in this run (the
+    /// Term that opens each control connection says it); a lower one is stale.
+    followed_epoch: u16,
     /// How many connections make this node's set.
     expected: usize,
     /// Every connection was up once (the run may have lost some since).
@@ -90,6 +93,7 @@ impl Links {
             incarnation,
             incarnations: FastMap::default(),
             seen_incarnations: FastMap::default(),
+            followed_epoch: 0,
             expected,
             up: false,
             connect_deadline,
@@ -217,6 +221,21 @@ impl Links {
         }
     }
 
+    /// An EVM's Term: `Ok` if it may speak for the run (its epoch is not below the highest
+    /// this node followed, which it becomes), else `Err` with the epoch followed.
+    pub(super) fn admit_term(&mut self, epoch: u16) -> Result<(), u16> {
+        if epoch < self.followed_epoch {
+            return Err(self.followed_epoch);
+        }
+        self.followed_epoch = epoch;
+        Ok(())
+    }
+
+    /// The highest epoch this node followed in this run.
+    pub(super) fn followed_epoch(&self) -> u16 {
+        self.followed_epoch
+    }
+
     /// Drops what is known of peer `p` and its connection.
     fn forget(&mut self, p: NodeRef, conn: ConnId) {
         self.peers.remove(&conn);
@@ -319,6 +338,15 @@ impl Driver {
                 Admit::Accept(p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
                     self.links.add(now, p, conn, peer.incarnation);
+                    if matches!(self.logic, Logic::Evm(_)) {
+                        // first on a node's control connection: the epoch this EVM speaks at
+                        let term = Message::Term {
+                            epoch: self.own_epoch(),
+                        };
+                        if let Err(e) = self.messenger.send_now(conn, &term) {
+                            debug!(node = %self.me.id, "term to {p} failed: {e}");
+                        }
+                    }
                     if let (NodeRef::Bu(bu), Logic::Evm(e)) = (p, &mut self.logic) {
                         self.links.seen_incarnations.insert(p, peer.incarnation);
                         e.set_incarnation(bu, peer.incarnation);
@@ -380,7 +408,25 @@ impl Driver {
                     {
                         self.on_peers(now, p)
                     }
-                    (Received::Message(m @ (Message::Register(_) | Message::Peers(_))), _) => {
+                    (Received::Message(Message::Term { epoch }), Logic::Ru(_) | Logic::Bu(..))
+                        if from == NodeRef::Evm =>
+                    {
+                        self.on_term(now, conn, epoch)
+                    }
+                    (Received::Message(Message::Fence { epoch }), Logic::Evm(_))
+                        if from != NodeRef::Evm =>
+                    {
+                        self.fenced_by_node(from, epoch)
+                    }
+                    (
+                        Received::Message(
+                            m @ (Message::Register(_)
+                            | Message::Peers(_)
+                            | Message::Term { .. }
+                            | Message::Fence { .. }),
+                        ),
+                        _,
+                    ) => {
                         warn!(node = %self.me.id, "{:?} from {from}, which should not send it; ignored", m.msg_type());
                     }
                     (Received::Message(m), Logic::Evm(e)) => e.handle(now, from, m),
@@ -714,6 +760,21 @@ mod tests {
             Duration::from_millis(1000),
             now,
         )
+    }
+
+    /// A node's door for EVMs, scripted without a socket: terms of the same and later epochs
+    /// pass, a replaced EVM's does not.
+    #[test]
+    fn an_epoch_below_the_one_followed_is_stale() {
+        let mut l = links(Instant::now());
+        assert_eq!(l.admit_term(0), Ok(()));
+        assert_eq!(l.admit_term(0), Ok(()), "the same EVM's term again");
+        assert_eq!(l.admit_term(2), Ok(()), "a takeover (or two) later");
+        assert_eq!(l.followed_epoch(), 2);
+        assert_eq!(l.admit_term(1), Err(2), "an EVM replaced since");
+        assert_eq!(l.admit_term(0), Err(2), "the first EVM, woken");
+        assert_eq!(l.followed_epoch(), 2, "a stale term changes nothing");
+        assert_eq!(l.admit_term(3), Ok(()));
     }
 
     /// The EVM's door, scripted without a socket: two processes claiming one node, a

@@ -481,6 +481,61 @@ impl Driver {
         }
     }
 
+    /// The epoch this process speaks for the run at, as the Term that opens each node's
+    /// control connection says: the EVM's (0 before any takeover), or, for a standby that
+    /// nodes call while it takes over, the one above the active EVM's.
+    pub(super) fn own_epoch(&self) -> u16 {
+        match (&self.standby, &self.logic) {
+            (Standby::Follower(f), _) => f.follow.epoch.saturating_add(1),
+            (_, Logic::Evm(e)) => e.stats().epoch,
+            _ => 0,
+        }
+    }
+
+    /// A node hears its EVM's term. One below the highest epoch this node followed in this
+    /// run is stale: that EVM was replaced and missed its fence (a lost follow connection).
+    /// It is told so with a Fence of the epoch followed (it then ends as fenced), and the
+    /// connection is refused as a lost EVM (with a standby, the node calls it again).
+    pub(super) fn on_term(&mut self, now: Instant, conn: ConnId, epoch: u16) {
+        let Err(followed) = self.links.admit_term(epoch) else {
+            return;
+        };
+        warn!(node = %self.me.id, "the EVM on this connection speaks at epoch {epoch}, below the {followed} this node followed; refused (stale epoch), and told it is fenced");
+        let _ = self
+            .messenger
+            .send_now(conn, &Message::Fence { epoch: followed });
+        self.messenger.close(conn);
+        if self.links.peers.remove(&conn).is_some() {
+            self.lose(
+                now,
+                NodeRef::Evm,
+                conn,
+                format!("stale epoch {epoch} (this node followed {followed})"),
+            );
+        }
+    }
+
+    /// An EVM hears from a node that it followed a later epoch than this EVM's: another EVM
+    /// took the run over and this one missed its fence. It is fenced now, as by the Fence
+    /// of the standby itself.
+    pub(super) fn fenced_by_node(&mut self, from: NodeRef, epoch: u16) {
+        let own = self.own_epoch();
+        if epoch <= own || self.standby.following() {
+            warn!(node = %self.me.id, "{from} sent a Fence of epoch {epoch}, not above this EVM's {own}; ignored");
+            return;
+        }
+        warn!(node = %self.me.id, "{from} followed epoch {epoch}, above this EVM's {own}: this EVM was replaced");
+        if matches!(self.standby, Standby::Active { .. }) {
+            self.fence(epoch);
+        } else if self.exit.is_none() {
+            // (no standby configured: nothing else can have the run, but the node says so)
+            self.exit = Some((
+                false,
+                format!("fenced by epoch {epoch}: {from} followed another EVM"),
+            ));
+        }
+    }
+
     /// This (old) EVM hears that a standby the nodes followed holds the run at `epoch`: it
     /// closes every node's connection (a node still with it then calls the standby), acts
     /// no more (no Assign, Release, publication or Halt: `run_action` drops them) and ends
