@@ -97,7 +97,7 @@ fn assert_served(out: &Output, s: &Value, events: u64, bus: usize) -> Vec<Value>
 #[test]
 fn two_serving_bus_three_consumers_every_event_once() {
     const EVENTS: u64 = 30_000;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(2);
     let run = run_async(d, config("farm", EVENTS, 2, base, ""));
@@ -182,7 +182,7 @@ fn rng() -> impl FnMut() -> u64 {
 fn a_consumer_killed_mid_run_loses_nothing() {
     const EVENTS: u64 = 6_000;
     let mut r = rng();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(2);
     let run = run_async(d, config("kill", EVENTS, 2, base, ""));
@@ -249,7 +249,7 @@ fn a_consumer_killed_mid_run_loses_nothing() {
 #[test]
 fn a_slow_consumer_slows_the_trigger_and_nothing_is_dropped() {
     const EVENTS: u64 = 400;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(1);
     let run = run_async(
@@ -284,7 +284,7 @@ fn a_slow_consumer_slows_the_trigger_and_nothing_is_dropped() {
 #[test]
 fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
     const EVENTS: u64 = 1_000;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(1);
     // the sink holds few events: the run lasts as long as its (slow) consumer
@@ -337,7 +337,7 @@ fn garbage_and_a_wrong_run_id_are_refused_and_the_run_goes_on() {
 #[test]
 fn a_consumer_that_stops_acknowledging_is_dropped_and_its_events_served_again() {
     const EVENTS: u64 = 2_000;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(1);
     let run = run_async(
@@ -487,7 +487,7 @@ fn sixty_four_slow_hellos_do_not_keep_the_consumer_out() {
     use std::sync::atomic::{AtomicBool, Ordering};
     const EVENTS: u64 = 2_500;
     let mut r = rng();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(1);
     let run = run_async(
@@ -548,7 +548,7 @@ fn sixty_four_slow_hellos_do_not_keep_the_consumer_out() {
 #[test]
 fn with_a_secret_only_consumers_that_prove_it_get_events() {
     const EVENTS: u64 = 3_000;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(1);
     let toml = config("locked", EVENTS, 1, base, "").replacen(
@@ -659,7 +659,7 @@ fn a_consumer_refused_for_room_tries_again_and_gets_in() {
     let _turn = TAKE_TURNS.lock().unwrap_or_else(|e| e.into_inner());
     use evb_wire::consumer::{ConsumerHeader, ConsumerHello, ConsumerMsg, CONSUMER_HEADER_LEN};
     const EVENTS: u64 = 1_000;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let base = free_base_port(1);
     let run = run_async(d, config("full", EVENTS, 1, base, "serve_max_held = 1\n"));
@@ -839,7 +839,7 @@ fn each_event_consumed_once(d: &Path, c: Child) -> Value {
 #[test]
 fn a_serving_bu_killed_mid_run_loses_nothing_and_each_event_is_consumed_once() {
     let _turn = TAKE_TURNS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let (out, s, c) = serving_run_with_a_kill(d, "bukill", 3, &[], "bu1");
     assert_eq!(
@@ -865,7 +865,7 @@ fn a_serving_bu_killed_mid_run_loses_nothing_and_each_event_is_consumed_once() {
 #[test]
 fn a_standby_takes_over_a_serving_run_and_each_event_is_consumed_once() {
     let _turn = TAKE_TURNS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let (out, s, c) = serving_run_with_a_kill(d, "evmkill", 2, &["--standby"], "evm");
     let took_over = s["run"]["evm"]["lost"].as_array().is_some_and(|l| {
@@ -905,7 +905,7 @@ fn events_that_arrive_together_are_acknowledged_together() {
     use evb_wire::consumer::{ConsumerFrame, ConsumerHeader, ConsumerMsg, Welcome};
     use evb_wire::FragmentHeader;
 
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let c = consumer(d.path(), "c", "r", &addr, &[]);

@@ -299,7 +299,7 @@ fn illegal_commands_and_malformed_requests_change_nothing() {
 
 #[test]
 fn a_control_api_beyond_loopback_needs_a_secret() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     std::fs::write(&cfg, "[control]\nhost = \"0.0.0.0\"\n").unwrap();
     let out = Command::new(EVB)
@@ -643,7 +643,7 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
     ] {
         assert!(ok(&args), "ip {args:?} failed");
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,
@@ -782,7 +782,7 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
 /// process exits 0.
 #[test]
 fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     // one range for both: two calls may give overlapping ranges (each is released before
     // the next is bound), and the configuration is then refused for a port clash
     let data = common::free_base_port(10);

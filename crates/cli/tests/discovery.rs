@@ -143,7 +143,7 @@ fn nodes_without_addresses_find_each_other_in_any_order() {
         .unwrap_or_else(common::clock_seed);
     eprintln!("seed {seed} (EVB_TEST_SEED={seed} replays this order)");
     let mut rng = Rng(seed | 1);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = no_addresses(dir.path(), "local = \"shm\"\n");
     let job = format!("{}", std::process::id());
     // what a killed EVM of an earlier step leaves behind: an address nobody listens on
@@ -208,7 +208,7 @@ fn nodes_without_addresses_find_each_other_in_any_order() {
 /// every process that did start exits with an error, and the EVM's reason reaches them.
 #[test]
 fn a_rank_that_never_starts_is_named_and_everyone_exits() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = no_addresses(dir.path(), "");
     let f = dir.path().join("r.evm");
     let args = ["--rendezvous", f.to_str().unwrap()];
@@ -240,7 +240,7 @@ fn a_rank_that_never_starts_is_named_and_everyone_exits() {
 /// that never came (a CI run on a loaded machine hit that race).
 #[test]
 fn a_late_evm_still_names_the_rank_that_never_starts() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     // heartbeats may not declare the stopped EVM lost first
     let mut toml = "[run]\nid = \"late\"\nevents = 3000\nduration_s = 0\nconnect_timeout_s = 3\n\
@@ -292,7 +292,7 @@ fn a_late_evm_still_names_the_rank_that_never_starts() {
 /// and the first process; every process exits with an error.
 #[test]
 fn two_processes_claiming_one_node_abort_the_launch() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let mut extra = String::new();
     let api = control(&mut extra);
     let cfg = no_addresses(dir.path(), &extra);
@@ -335,7 +335,7 @@ fn two_processes_claiming_one_node_abort_the_launch() {
 /// says how to give it.
 #[test]
 fn launch_mistakes_fail_at_once_and_say_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = no_addresses(dir.path(), "");
     let text_of = |c: Child| {
         let o = wait_all(vec![c], Duration::from_secs(5)).remove(0);
@@ -368,7 +368,7 @@ fn launch_mistakes_fail_at_once_and_say_what_to_do() {
 /// it, and the BUs are still found through the EVM.
 #[test]
 fn a_known_evm_address_needs_no_rendezvous_file() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = no_addresses(dir.path(), "");
     let port = common::free_base_port(1);
     let evm = format!("127.0.0.1:{port}");
@@ -400,7 +400,7 @@ fn a_restarted_bu_registers_again_and_the_rus_find_it_on_its_new_port() {
         .unwrap_or_else(common::clock_seed);
     eprintln!("seed {seed} (EVB_TEST_SEED={seed} replays this moment)");
     let mut rng = Rng(seed | 1);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     let mut toml = "[run]\nid = \"moved\"\nevents = 8000\nduration_s = 0\nrate_hz = 2000\n\
          [fragments]\nsize = 20000\n[transport]\ninterface = \"lo\"\n"

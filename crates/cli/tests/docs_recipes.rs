@@ -119,12 +119,12 @@ fn plugin_md_daq_recipe_runs_as_written() {
     let toml = fenced("docs/plugin.md", "## Configuration", "toml", 0);
     let sh = fenced("docs/plugin.md", "## Configuration", "sh", 0);
     // the programs first: a node's connect timeout starts when its process does
-    let bins = tempfile::tempdir().unwrap();
+    let bins = common::out_dir();
     let Some(producer) = common::cc::compile("producer", bins.path()) else {
         return;
     };
     let consumer = common::cc::compile("consumer", bins.path()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     assert!(toml.contains("\nbase_port = 7300 "), "{toml}");
     let base = free_base_port(16);
     let toml = toml.replace("\nbase_port = 7300 ", &format!("\nbase_port = {base} "));
@@ -209,7 +209,7 @@ fn operations_md_farm_recipe_runs_as_written() {
     let heading = "## A filter farm: built events over the network";
     let toml = fenced("docs/operations.md", heading, "toml", 0);
     let sh = fenced("docs/operations.md", heading, "sh", 0);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     assert!(toml.contains("serve_base_port = 7400 "), "{toml}");
     let port = free_base_port(2);
     let toml = toml.replace(

@@ -299,7 +299,7 @@ fn slow_unfinished_http_requests_cannot_take_a_nodes_descriptors() {
         return;
     }
     let base = free_base_port(5);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,
@@ -396,7 +396,7 @@ fn a_handshake_flood_at_start_up_does_not_keep_the_nodes_apart() {
     // 5-node topology: 18)
     let floods = [HelloFlood::start(base, 40), HelloFlood::start(base + 3, 40)];
     std::thread::sleep(Duration::from_millis(rng.below(1000)));
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let (out, s) = common::evb_run_in(
         dir.path(),
         &format!(
@@ -431,7 +431,7 @@ fn a_reconnecting_hello_flood_on_a_bu_does_not_keep_a_run_with_a_secret_from_sta
         // bu0's data port: EVM, ru0, ru1, bu0
         let flood = HelloFlood::start_from(base + 3, sockets, &sources);
         std::thread::sleep(Duration::from_millis(200 + rng.below(800)));
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let (out, s) = common::evb_run_in(
             dir.path(),
             &format!(
@@ -451,7 +451,7 @@ fn a_reconnecting_hello_flood_on_a_bu_does_not_keep_a_run_with_a_secret_from_sta
 /// trip the limit of 8 by themselves).
 #[test]
 fn a_large_topology_on_one_host_is_not_mistaken_for_a_flood() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let (out, s) = common::evb_run_in(
         dir.path(),
         "[run]\nevents = 400\nduration_s = 0\n[fragments]\nsize = 1024\n[topology]\nrus = 16\nbus = 2\n",
@@ -475,7 +475,7 @@ fn ctrl_c_at_start_up_ends_the_run_cleanly() {
     for trial in 0..trials {
         // from 50 ms: before that the launcher may not have started to watch for signals
         let at = if trial == 0 { 50 } else { 50 + rng.below(350) };
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let spawned = Instant::now();
         let l = spawn_run(
             dir.path(),
@@ -536,7 +536,7 @@ fn wait_until_it_catches_sigint(pid: u32) {
 #[test]
 fn a_killed_launcher_leaves_no_secret_behind() {
     let secret = format!("secret-{}-{}", std::process::id(), common::clock_seed());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let mut l = spawn_run(
         dir.path(),
         &format!("[run]\nduration_s = 20\nsecret = \"{secret}\"\n[fragments]\nsize = 4096\n"),
@@ -581,7 +581,7 @@ fn a_killed_launcher_leaves_no_secret_behind() {
 /// `bu1 exited with None` among a line per node about the others.
 #[test]
 fn a_node_killed_before_it_registers_is_named_as_the_cause() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let l = spawn_run(
         dir.path(),
         "[run]\nduration_s = 5\n[fragments]\nsize = 4096\n",
@@ -614,7 +614,7 @@ fn a_node_killed_before_it_registers_is_named_as_the_cause() {
 /// is full").
 #[test]
 fn a_full_output_disk_holds_the_events_until_space_returns() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let mnt = dir.path().join("out");
     std::fs::create_dir(&mnt).unwrap();
     let mounted = Command::new("mount")
@@ -707,7 +707,7 @@ fn a_full_output_disk_holds_the_events_until_space_returns() {
 #[test]
 fn a_control_url_planted_by_another_user_is_refused() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let t = tempfile::tempdir().unwrap();
+    let t = common::out_dir();
     std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let uid = std::fs::metadata("/proc/self").unwrap().uid();
     // the attacker's listener: counts what reaches it
@@ -791,7 +791,7 @@ fn a_control_url_planted_by_another_user_is_refused() {
 fn with_a_secret_the_output_files_are_not_readable_by_other_users() {
     use std::os::unix::fs::PermissionsExt;
     for (group, file_mode, dir_mode) in [(false, 0o600, 0o700), (true, 0o640, 0o750)] {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let out = dir.path().join("out").join("run");
         let cfg = dir.path().join("run.toml");
         std::fs::write(
@@ -935,7 +935,7 @@ fn strangers_holding_the_api_s_places_do_not_lock_the_operator_out() {
 #[test]
 fn malformed_and_refused_requests_are_logged_with_their_reasons() {
     let base = free_base_port(5);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,

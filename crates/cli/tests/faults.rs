@@ -965,7 +965,7 @@ fn evb_run_finds_a_black_holed_data_link_at_a_seeded_moment() {
              [[bu]]\nid = \"bu0\"\n[[bu]]\nid = \"bu1\"\naddr = \"127.0.0.3:0\"\n"
         );
     std::fs::write(&cfg, toml).unwrap();
-    let run = Command::new("ip")
+    let mut run = Command::new("ip")
         .args(["netns", "exec", &ns, EVB, "run", "--quiet", "--config"])
         .arg(&cfg)
         .arg("--json")
@@ -974,9 +974,27 @@ fn evb_run_finds_a_black_holed_data_link_at_a_seeded_moment() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_evm_in(&ns, control, &format!("{at} events triggered"), &|l| {
-        triggered_at_least(l, at)
-    });
+    // (an `evb run` that ended first says why)
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if triggered_at_least(&evm_line_in(&ns, control), at) {
+            break;
+        }
+        if run.try_wait().unwrap().is_some() {
+            let o = run.wait_with_output().unwrap();
+            panic!(
+                "evb run ended before {at} events were triggered ({}):\n{}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        assert!(
+            Instant::now() < until,
+            "gave up waiting for {at} events triggered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // the local table decides first for 127/8: the blackhole goes there
     assert!(ip(&[
         "-n",

@@ -62,7 +62,7 @@ fn assert_built(out: &std::process::Output, s: &Value, events: u64) {
 
 #[test]
 fn framed_fragments_of_a_mebibyte_are_replayed() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = (d.path().join("a.frm"), d.path().join("b.frm"));
     // just under the default source.max_fragment of 1 MiB
     framed_file(&a, 1, 24, 1_048_000);
@@ -73,7 +73,7 @@ fn framed_fragments_of_a_mebibyte_are_replayed() {
 
 #[test]
 fn fed_fragments_of_a_mebibyte_are_replayed() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let mut files = Vec::new();
     for src in [841u16, 843] {
         let mut data = Vec::new();
@@ -94,7 +94,7 @@ fn fed_fragments_of_a_mebibyte_are_replayed() {
 /// A larger `source.max_fragment` raises the limit with it.
 #[test]
 fn the_limit_follows_source_max_fragment() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = (d.path().join("a.frm"), d.path().join("b.frm"));
     framed_file(&a, 1, 8, 3_000_000);
     framed_file(&b, 2, 8, 100);

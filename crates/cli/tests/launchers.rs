@@ -101,7 +101,7 @@ fn slurm_test() -> Option<(MutexGuard<'static, ()>, Cluster, tempfile::TempDir)>
         return None;
     }
     let one = one_at_a_time();
-    Some((one, Cluster::start(), tempfile::tempdir().unwrap()))
+    Some((one, Cluster::start(), common::out_dir()))
 }
 
 fn slurm_local() -> PathBuf {
@@ -117,7 +117,7 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let out = Command::new(slurm_local())
             .arg("start")
             .arg(dir.path())
@@ -489,7 +489,7 @@ fn mpirun_starts_an_exact_run() {
         return;
     }
     let _one = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     // the nodes listen on this host's address in a network, as on a cluster's data network
     let cfg = run_config(dir.path(), "", "[transport]\ninterface = \"127.0.0.0/8\"\n");
     let mut mpirun = Command::new("mpirun");
@@ -572,7 +572,7 @@ fn the_script_evb_slurm_writes_runs_under_sbatch() {
 
 #[test]
 fn evb_slurm_checks_the_configuration_first() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = dir.path().join("bad.toml");
     std::fs::write(&cfg, "[fragments]\nsize = 0\n").unwrap();
     let o = Command::new(EVB)

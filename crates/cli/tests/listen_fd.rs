@@ -33,7 +33,7 @@ fn evm_config(dir: &std::path::Path, data: &str, control: &str) -> std::path::Pa
 
 #[test]
 fn a_node_listens_on_the_sockets_its_launcher_bound_and_never_binds_them_itself() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let data = TcpListener::bind("127.0.0.1:0").unwrap();
     let control = TcpListener::bind("127.0.0.1:0").unwrap();
     let (da, ca) = (data.local_addr().unwrap(), control.local_addr().unwrap());

@@ -120,7 +120,7 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         "service discovery lists every node's API: {}",
         sd.body
     );
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let conf = dir.path().join("prometheus.yml");
     std::fs::write(
         &conf,
@@ -350,6 +350,20 @@ fn the_run_page_of_a_run_with_a_secret_commands_with_its_own_session() {
     up.wait_until("run 1 building", 30, |s| {
         s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
     });
+    // Reset of a live run asks first, as Halt does: answered no, nothing is sent and the run
+    // goes on (once the page itself shows the run under way)
+    let until = Instant::now() + Duration::from_secs(10);
+    while b.eval("return document.getElementById('state').textContent;") != "running" {
+        assert!(Instant::now() < until, "the page never showed the run");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    b.eval(
+        "window.asked = 0; window.confirm = () => { window.asked += 1; return false; }; return 0;",
+    );
+    b.click("#btn-reset");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(b.eval("return window.asked;"), 1, "Reset did not ask");
+    assert_eq!(up.status()["state"], "running", "Reset acted without a yes");
     b.click("#btn-stop");
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec:#}");
@@ -385,7 +399,7 @@ impl Browser {
             assert!(Instant::now() < until, "chromedriver did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
-        let profile = tempfile::tempdir().unwrap().keep();
+        let profile = common::out_dir().keep();
         let args = [
             "--headless",
             "--no-sandbox",

@@ -53,7 +53,7 @@ fn playback_toml(kind: &str, files: &[(u16, Vec<PathBuf>)], bus: u32, extra: &st
 
 #[test]
 fn fed_playback_two_by_one_and_two_by_two() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     fed_file(&a, 841, 1, 700);
     fed_file(&b, 843, 1, 700);
@@ -81,7 +81,7 @@ fn fed_playback_two_by_one_and_two_by_two() {
 
 #[test]
 fn framed_playback_with_several_files_per_ru() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let mut files = Vec::new();
     for (src, names) in [(1u16, ["x1", "x2"]), (2u16, ["y1", "y2"])] {
         let mut paths = Vec::new();
@@ -122,7 +122,7 @@ fn corrupt_pair(d: &Path) -> (PathBuf, PathBuf) {
 
 #[test]
 fn corrupt_fragments_stop_the_run_by_default() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = corrupt_pair(d.path());
     let t0 = Instant::now();
     let (out, _) = evb_run_in(
@@ -143,7 +143,7 @@ fn corrupt_fragments_stop_the_run_by_default() {
 
 #[test]
 fn corrupt_fragments_dropped_make_flagged_partial_events() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = corrupt_pair(d.path());
     let out_dir = d.path().join("out");
     let extra = format!(
@@ -185,7 +185,7 @@ fn corrupt_fragments_dropped_make_flagged_partial_events() {
 
 #[test]
 fn misaligned_trigger_numbers_are_flagged() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     fed_file(&a, 841, 1, 50);
     fed_file(&b, 843, 2, 50); // one event ahead
@@ -233,7 +233,7 @@ fn read_all(files: &[PathBuf]) -> BTreeMap<u64, Vec<(u16, Vec<u8>)>> {
 
 #[test]
 fn file_sink_round_trip_write_inspect_replay() {
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let first = d.path().join("first");
     let second = d.path().join("second");
     let toml = format!(
@@ -310,7 +310,7 @@ fn full_disk_holds_events_back_and_loses_nothing() {
         eprintln!("full_disk test skipped: needs root and mount");
         return;
     }
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let mnt = d.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
     let mounted = Command::new("mount")
@@ -389,7 +389,7 @@ fn real_cms_data_builds_4685_events() {
         eprintln!("real CMS data not found in {}: test skipped", dir.display());
         return;
     }
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     for bus in [1, 2] {
         let out_dir = d.path().join(format!("out{bus}"));
         let extra = format!(

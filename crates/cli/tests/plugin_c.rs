@@ -39,7 +39,7 @@ fn c_producer_and_c_consumer_in_a_multi_process_run() {
     const EVENTS: u64 = 5000;
     // the programs first: a node's connect timeout starts when its process does, and
     // compiling on a loaded machine can take longer than that
-    let bins = tempfile::tempdir().unwrap();
+    let bins = common::out_dir();
     let Some(producer) = compile("producer", bins.path()) else {
         return;
     };
@@ -109,7 +109,7 @@ fn c_producer_and_c_consumer_in_a_multi_process_run() {
 #[test]
 fn c_producer_errors_are_their_codes_and_a_toml_started_run_is_exact() {
     const EVENTS: u64 = 500;
-    let bins = tempfile::tempdir().unwrap();
+    let bins = common::out_dir();
     let Some(prog) = compile_c("tests/c/producer_errors.c", bins.path()) else {
         return;
     };
@@ -170,7 +170,7 @@ fn c_producer_errors_are_their_codes_and_a_toml_started_run_is_exact() {
 fn several_c_producers_on_threads_feed_one_ru() {
     const EVENTS: u64 = 3000;
     // the program first (see above)
-    let bins = tempfile::tempdir().unwrap();
+    let bins = common::out_dir();
     let Some(boards) = compile("boards", bins.path()) else {
         return;
     };
@@ -206,7 +206,7 @@ fn several_c_producers_on_threads_feed_one_ru() {
 /// program builds from what pkg-config says.
 #[test]
 fn install_script_and_pkg_config_build_a_c_program() {
-    let prefix = tempfile::tempdir().unwrap();
+    let prefix = common::out_dir();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install-libevb.sh");
     let o = Command::new("sh")
         .arg(&script)
@@ -253,7 +253,7 @@ fn install_script_and_pkg_config_build_a_c_program() {
 /// message of its tags, in order, every byte as published, and nothing else.
 #[test]
 fn c_publisher_and_subscribers_get_exactly_their_tags_in_order() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let Some(exe) = compile("pubsub", dir.path()) else {
         return;
     };
@@ -297,7 +297,7 @@ fn c_publisher_and_subscribers_get_exactly_their_tags_in_order() {
 /// misses none, and on both sides received + missed adds up to what was published.
 #[test]
 fn c_subscriber_too_slow_under_policy_drop_is_told_what_it_missed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let Some(exe) = compile("pubsub", dir.path()) else {
         return;
     };

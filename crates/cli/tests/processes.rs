@@ -72,7 +72,7 @@ fn barrel_shifted_rus_build_exactly_trapezoidal_both_ways() {
 #[test]
 fn default_run_is_bounded_and_clean() {
     // the built-in configuration, shortened: what README's first command runs
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let json = dir.path().join("s.json");
     let out = Command::new(EVB)
         .args(["run", "--quiet", "--duration", "3", "--json"])
@@ -146,7 +146,7 @@ fn ctrl_c_stops_an_inproc_run_cleanly() {
     let mut rng = common::Rng(seed | 1);
     for trial in 0..trials {
         let at = 100 + rng.below(900);
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::out_dir();
         let cfg = write(
             dir.path(),
             "run.toml",
@@ -179,7 +179,7 @@ fn ctrl_c_stops_an_inproc_run_cleanly() {
 
 #[test]
 fn bad_configurations_are_refused_with_the_key_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     for (text, needle) in [
         ("[topology]\nbus = 0\n", "topology.bus"),
         ("[run]\nduraton_s = 3\n", "duraton_s"),
@@ -209,7 +209,7 @@ fn bad_configurations_are_refused_with_the_key_named() {
 #[test]
 fn nodes_run_on_the_cpus_their_affinity_names() {
     let cpu = *evb_node::affinity::current_cpus().unwrap().last().unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let toml = format!(
         "[run]\nid = \"it-pin\"\nevents = 1000\nduration_s = 0\n[fragments]\nsize = 4096\n\
          [topology]\nrus = 2\nbus = 1\n\
@@ -238,7 +238,7 @@ fn evb_run_places_rus_and_bus_by_itself() {
         eprintln!("SKIPPED: one CPU, nothing to place");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let toml =
         "[run]\nid = \"it-place\"\nplacement = \"auto\"\nevents = 20000\nduration_s = 0\n[fragments]\nsize = 65536\n";
     let (out, s) = evb_run_in_env(dir.path(), toml, &[("EVB_LOG", "evb_node=info")]);
@@ -282,7 +282,7 @@ fn evb_run_places_rus_and_bus_by_itself() {
 
 #[test]
 fn unknown_node_id_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let p = write(dir.path(), "c.toml", "[topology]\nbase_port = 7700\n");
     let out = Command::new(EVB)
         .args(["node", "--id", "ru9", "--config"])
@@ -377,7 +377,7 @@ fn memfds(pid: u32) -> Vec<String> {
 /// means over shm (/dev/shm never holds either).
 #[test]
 fn shm_run_keeps_no_stray_memfd_and_leaves_no_process() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let cfg = write(
         dir.path(),
         "run.toml",
@@ -439,7 +439,7 @@ fn shm_run_keeps_no_stray_memfd_and_leaves_no_process() {
 #[test]
 fn nodes_take_their_ids_from_the_launchers_rank() {
     // as srun or mpirun start them: the same command line, a rank in the environment
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let base = common::free_base_port(5);
     let cfg = write(
         dir.path(),

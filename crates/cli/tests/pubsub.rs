@@ -59,7 +59,7 @@ fn n(v: &Value, k: &str) -> u64 {
 }
 
 fn filtering(transport: &str) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let (mut p, addr) = start_pub(
         d,
@@ -122,7 +122,7 @@ fn filtering_shm() {
 /// missed, on both sides.
 #[test]
 fn drop_counts_add_up() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let (mut p, addr) = start_pub(
         d,
@@ -168,7 +168,7 @@ fn drop_counts_add_up() {
 /// unbroken run; the other one gets everything.
 #[test]
 fn disconnect_tells_why() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let (mut p, addr) = start_pub(
         d,
@@ -208,7 +208,7 @@ fn disconnect_tells_why() {
 /// Policy block: nothing lost even with a slow subscriber; the publisher waited.
 #[test]
 fn block_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let (mut p, addr) = start_pub(
         d,
@@ -250,7 +250,7 @@ fn a_subscriber_killed_mid_stream_does_not_hold_up_the_others() {
         .unwrap_or_else(clock_seed);
     eprintln!("seed {seed} (EVB_TEST_SEED={seed} repeats it)");
     let mut rng = Rng(seed | 1);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::out_dir();
     let d = dir.path();
     let count = 40_000u64;
     let (mut p, addr) = start_pub(

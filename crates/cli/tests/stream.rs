@@ -160,7 +160,7 @@ fn sum(s: &Value, role: &str, key: &str) -> u64 {
 fn cms_files_streamed_into_two_rus_build_every_event() {
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     let toml = format!(
         "[run]\nid = \"st2\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
@@ -187,7 +187,7 @@ fn cms_files_streamed_into_two_rus_build_every_event() {
 fn cms_files_streamed_into_one_ru_build_super_fragments() {
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     // a short read-ahead and slow BU sinks: the RU must stop reading (back-pressure to the
     // senders), never drop
@@ -260,7 +260,7 @@ fn altered(src: &Path, dir: &Path) -> PathBuf {
 fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let bad = altered(&b, d.path());
     for policy in ["stop", "flag"] {
         let to = addrs(2);
@@ -306,7 +306,7 @@ fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
 #[test]
 fn a_front_end_sending_garbage_gets_a_clear_error() {
     let _one = one_at_a_time();
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let junk = d.path().join("junk.bin");
     let bytes: Vec<u8> = (0..300_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
@@ -337,7 +337,7 @@ fn a_front_end_sending_garbage_gets_a_clear_error() {
 #[test]
 fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
     let _one = one_at_a_time();
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     for (p, src) in [(&a, 841u16), (&b, 843)] {
         let data: Vec<u8> = (1..=300u32)
@@ -375,7 +375,7 @@ fn a_late_front_end_shows_as_the_ru_waiting_for_it() {
 #[test]
 fn a_stream_that_ends_early_ends_the_run_with_the_data() {
     let _one = one_at_a_time();
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let (a, b) = (d.path().join("a.raw"), d.path().join("b.raw"));
     for (p, src, n) in [(&a, 841u16, 300u32), (&b, 843, 200)] {
         let data: Vec<u8> = (1..=n)
@@ -402,7 +402,7 @@ fn a_stream_that_ends_early_ends_the_run_with_the_data() {
 #[test]
 fn a_front_end_that_never_comes_fails_the_run_after_the_connect_timeout() {
     let _one = one_at_a_time();
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     let toml = format!(
         "[run]\nid = \"absent\"\nduration_s = 0\nconnect_timeout_s = 1.5\n[source]\nkind = \"stream\"\n\
@@ -471,7 +471,7 @@ fn a_probe_that_connects_and_closes_does_not_take_the_stream() {
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
     let mut rng = seeded("a_probe_that_connects_and_closes_does_not_take_the_stream");
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     let toml = format!(
         "[run]\nid = \"probe\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
@@ -510,7 +510,7 @@ fn a_front_end_not_in_the_allow_list_is_refused_and_the_real_one_builds_everythi
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
     let mut rng = seeded("a_front_end_not_in_the_allow_list_is_refused");
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     let toml = format!(
         "[run]\nid = \"allow\"\nduration_s = 0\n[source]\nkind = \"stream\"\n\
@@ -553,7 +553,7 @@ fn a_front_end_not_in_the_allow_list_is_refused_and_the_real_one_builds_everythi
 #[test]
 fn a_stream_that_never_delivers_fails_the_run_naming_it() {
     let _one = one_at_a_time();
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let data: Vec<u8> = (1..=300u32)
         .flat_map(|k| fed::build(k, 841, &[k as u64; 4]))
         .collect();
@@ -643,7 +643,7 @@ fn one_fragment_missing(src: &Path, dir: &Path) -> PathBuf {
 fn flagged_sync_losses_are_named_by_the_verdict_and_fail_the_exit() {
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let short = one_fragment_missing(&b, d.path());
     let to = addrs(2);
     let toml = format!(
@@ -686,7 +686,7 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
     // batches of read_ahead fragments at most (64), whole or cut short by a small bound
     let read_ahead = 1 + rng.below(200);
     eprintln!("the run stops after {events} of {EVENTS} events; read_ahead = {read_ahead}");
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     let toml = format!(
         "[run]\nid = \"rest\"\nduration_s = 0\nevents = {events}\n[source]\nkind = \"stream\"\n\
@@ -730,7 +730,7 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
 fn thousands_of_dropped_fragments_are_a_few_log_lines() {
     let _one = one_at_a_time();
     let Some((a, b)) = cms_files() else { return };
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let mut data = std::fs::read(&b).unwrap();
     let ranges = fed::split(&data).unwrap();
     for r in &ranges {
@@ -772,7 +772,7 @@ fn a_standby_takes_over_a_live_fed_run_and_builds_every_event_once() {
     let at = 1000 + rng.below(6000);
     eprintln!("the EVM is killed once {at} events are triggered");
     let events = 10_000u64;
-    let d = tempfile::tempdir().unwrap();
+    let d = common::out_dir();
     let to = addrs(2);
     let cbase = free_base_port(5);
     let out_dir = d.path().join("out");

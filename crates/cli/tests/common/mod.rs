@@ -12,11 +12,12 @@ use serde_json::Value;
 
 pub const EVB: &str = env!("CARGO_BIN_EXE_evb");
 
-/// A folder for a fault test's output, in memory (/dev/shm) where the host has one. On this
-/// project's VMs, a disk write's completion waits for seconds when the CPUs are saturated
-/// (two busy loops beside ten evb processes: fdatasync of 4 MB took 2-10 s, against 0.03 s
-/// beside the busy loops alone), and the EVM rightly calls a run stalled that released
-/// nothing for `stall_timeout_s`. These tests check the commit protocol, not the disk.
+/// A folder for a process test's files and output, in memory (/dev/shm) where the host has
+/// one. On this project's VMs, a disk write's completion waits for seconds when the CPUs
+/// are saturated (two busy loops beside ten evb processes: fdatasync of 4 MB took 2–10 s,
+/// against 0.03 s beside the busy loops alone), and the EVM rightly calls a run stalled that
+/// released nothing for `stall_timeout_s`. These tests check the commit protocol, not the
+/// disk (the full-disk test mounts its own small file system).
 pub fn out_dir() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
     let in_memory = shm
@@ -62,7 +63,7 @@ pub fn evb_run_in_env(dir: &Path, toml: &str, env: &[(&str, &str)]) -> (Output, 
 
 /// Like `evb_run_in`, in a temporary folder of its own.
 pub fn evb_run(toml: &str) -> (Output, Value) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = out_dir();
     evb_run_in(dir.path(), toml)
 }
 

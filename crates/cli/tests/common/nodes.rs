@@ -29,7 +29,7 @@ impl Run {
     /// Writes the configuration (the topology's ports found free) and starts `procs` as
     /// `evb node` processes.
     pub fn start(toml: &str, procs: &[&str]) -> Run {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::out_dir();
         let cfg = dir.path().join("run.toml");
         let base = free_base_port(8);
         let ports = format!("[topology]\nbase_port = {base}\n");

@@ -29,7 +29,7 @@ impl Up {
 
     /// `evb up` with options of its own (`--standby`).
     pub fn start_with(toml: &str, args: &[&str]) -> Up {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::out_dir();
         // `{dir}` in the configuration: this system's own folder (for a file sink)
         let toml = toml.replace("{dir}", &dir.path().display().to_string());
         let cfg = dir.path().join("run.toml");
