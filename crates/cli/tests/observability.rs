@@ -376,6 +376,8 @@ struct Browser {
     api: Api,
     session: String,
     _driver: Kill,
+    /// Chromium's profile folder, removed once the driver is gone (it lives in /dev/shm).
+    _profile: tempfile::TempDir,
 }
 
 impl Browser {
@@ -399,7 +401,8 @@ impl Browser {
             assert!(Instant::now() < until, "chromedriver did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
-        let profile = common::out_dir().keep();
+        let profile_dir = common::out_dir();
+        let profile = profile_dir.path().to_path_buf();
         let args = [
             "--headless",
             "--no-sandbox",
@@ -425,6 +428,7 @@ impl Browser {
             api,
             session,
             _driver: driver,
+            _profile: profile_dir,
         }
     }
 
