@@ -625,6 +625,10 @@ pub struct SinkSection {
     /// `serve` sink: at the end of the run, how long the BU waits for its consumers to
     /// acknowledge what it holds; events not acknowledged by then are counted lost.
     pub serve_drain_timeout_s: f64,
+    /// `hdf5` sink: compress every fragment's dataset with deflate (gzip) at this level,
+    /// 1 (fastest) to 9 (smallest); 0: stored as it is. Every HDF5 reader reads deflate
+    /// without plug-ins.
+    pub hdf5_deflate: u8,
     /// `file` sink with `run.secret`: the output files are readable by their group too
     /// (mode 0640 instead of 0600). Without a secret files follow the umask, and this is
     /// refused.
@@ -646,6 +650,7 @@ impl Default for SinkSection {
             serve_hold: 0,
             serve_ack_timeout_s: 10.0,
             serve_drain_timeout_s: 5.0,
+            hdf5_deflate: 0,
             file_group_read: false,
         }
     }
@@ -656,7 +661,12 @@ impl SinkKind {
     /// with the RUs until a part of its output holding them is committed (a file synced, or
     /// events a consumer acknowledged).
     pub fn commits(self) -> bool {
-        matches!(self, SinkKind::File | SinkKind::Serve)
+        matches!(self, SinkKind::File | SinkKind::Hdf5 | SinkKind::Serve)
+    }
+
+    /// Whether this sink writes files in `sink.dir` (`file`, `hdf5`).
+    pub fn writes_files(self) -> bool {
+        matches!(self, SinkKind::File | SinkKind::Hdf5)
     }
 }
 
@@ -667,6 +677,9 @@ pub enum SinkKind {
     Count,
     /// Files of built events in `sink.dir`.
     File,
+    /// HDF5 files of built events in `sink.dir` (docs/formats.md §6); needs evb built with
+    /// the `hdf5` feature.
+    Hdf5,
     /// A consumer program in the BU's process takes built events through the plug-in API
     /// (`evb_plugin::Consumer`, or libevb from C).
     Api,

@@ -108,10 +108,37 @@ impl Config {
                 _ => {}
             }
         }
-        let file_sink = self.sink.kind == SinkKind::File
-            || self.bu.iter().any(|b| b.sink == Some(SinkKind::File));
+        let file_sink = self.sink.kind.writes_files()
+            || self.bu.iter().any(|b| b.sink.is_some_and(SinkKind::writes_files));
         if file_sink && self.sink.dir.is_empty() {
             return Err(invalid("sink.dir", "the file sink needs a directory"));
+        }
+        let hdf5 = self.sink.kind == SinkKind::Hdf5
+            || self.bu.iter().any(|b| b.sink == Some(SinkKind::Hdf5));
+        if hdf5 && !cfg!(feature = "hdf5") {
+            let key = if self.sink.kind == SinkKind::Hdf5 {
+                "sink.kind".to_string()
+            } else {
+                let i = self.bu.iter().position(|b| b.sink == Some(SinkKind::Hdf5));
+                format!("bu[{}].sink", i.unwrap_or(0))
+            };
+            return Err(invalid(
+                key,
+                "\"hdf5\" needs evb built with HDF5 (cargo build --features hdf5, with \
+                 Debian's libhdf5-dev; ./scripts/test.sh does both)",
+            ));
+        }
+        if self.sink.hdf5_deflate > 9 {
+            return Err(invalid(
+                "sink.hdf5_deflate",
+                format!("{} is not a deflate level (0 to 9)", self.sink.hdf5_deflate),
+            ));
+        }
+        if self.sink.hdf5_deflate > 0 && !hdf5 {
+            return Err(invalid(
+                "sink.hdf5_deflate",
+                "only read when a BU's sink is \"hdf5\"",
+            ));
         }
         for (i, b) in self.bu.iter().enumerate() {
             if b.serve.is_empty() {

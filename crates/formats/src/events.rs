@@ -157,31 +157,136 @@ impl WriteMark {
     }
 }
 
-/// The slow half of making a data file durable ([`EventFileWriter::begin_prepare`]): syncs
+/// The slow half of making a data file durable ([`PartWriter::begin_prepare`]): syncs
 /// the data, then writes and syncs the metadata under its temporary name. It blocks for the
 /// disk (a millisecond or more each sync), so a sink may run it on a thread of its own.
 #[derive(Debug)]
 pub struct PrepareJob {
     data: File,
     tmp: PathBuf,
-    meta_tmp: PathBuf,
-    meta_text: String,
+    meta: FileMeta,
     mode: u32,
+    /// The file's size and CRC32C are read from the file (a writer that did not see its
+    /// bytes go by: HDF5).
+    measure: bool,
 }
 
 impl PrepareJob {
-    pub fn run(self) -> Result<(), EventFileError> {
-        self.data.sync_data().map_err(io_at(&self.tmp))?;
-        let mut f = create_file(&self.meta_tmp, self.mode).map_err(io_at(&self.meta_tmp))?;
-        f.write_all(self.meta_text.as_bytes())
-            .map_err(io_at(&self.meta_tmp))?;
-        f.sync_data().map_err(io_at(&self.meta_tmp))
+    pub(crate) fn new(
+        data: File,
+        tmp: PathBuf,
+        meta: FileMeta,
+        mode: u32,
+        measure: bool,
+    ) -> PrepareJob {
+        PrepareJob {
+            data,
+            tmp,
+            meta,
+            mode,
+            measure,
+        }
     }
+
+    pub fn run(mut self) -> Result<(), EventFileError> {
+        if self.measure {
+            use std::io::Read;
+            let mut f = File::open(&self.tmp).map_err(io_at(&self.tmp))?;
+            let (mut crc, mut size, mut buf) = (0u32, 0u64, vec![0u8; 1 << 20]);
+            loop {
+                let n = f.read(&mut buf).map_err(io_at(&self.tmp))?;
+                if n == 0 {
+                    break;
+                }
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
+                size += n as u64;
+            }
+            (self.meta.crc32c, self.meta.bytes) = (crc, size);
+        }
+        self.data.sync_data().map_err(io_at(&self.tmp))?;
+        let meta_tmp = meta_tmp_of(&self.tmp);
+        let text = serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n";
+        let mut f = create_file(&meta_tmp, self.mode).map_err(io_at(&meta_tmp))?;
+        f.write_all(text.as_bytes()).map_err(io_at(&meta_tmp))?;
+        f.sync_data().map_err(io_at(&meta_tmp))
+    }
+}
+
+/// The metadata's temporary name beside a data file's temporary `.<name>.tmp` (hidden, like
+/// the data's).
+fn meta_tmp_of(tmp: &Path) -> PathBuf {
+    tmp.with_extension("json.tmp")
+}
+
+/// Renames a prepared data file (`tmp`) and its metadata into place (`path`, `path.json`)
+/// and syncs the directory so the names last. May be called again after an error;
+/// `renamed` records that the data file got there.
+pub(crate) fn rename_into_place(
+    tmp: &Path,
+    path: &Path,
+    renamed: &mut bool,
+) -> Result<(), EventFileError> {
+    // The EVM publishes a committed part of a BU it dropped for it ([`publish_prepared`]),
+    // and the dropped BU, still alive, may try the same part: a name in place whose
+    // temporary is gone is that very file, published already.
+    if !*renamed {
+        if path.exists() {
+            if tmp.exists() {
+                return Err(io_at(path)(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "a completed file of that name exists",
+                )));
+            }
+        } else {
+            std::fs::rename(tmp, path).map_err(io_at(path))?;
+        }
+        *renamed = true;
+    }
+    let meta_path = PathBuf::from(format!("{}.json", path.display()));
+    let meta_tmp = meta_tmp_of(tmp);
+    if meta_tmp.exists() || !meta_path.exists() {
+        std::fs::rename(&meta_tmp, &meta_path).map_err(io_at(&meta_path))?;
+    }
+    if let Some(dir) = path.parent() {
+        // the renames are in the directory: sync it, or a crash may forget them
+        let d = File::open(dir).map_err(io_at(dir))?;
+        d.sync_all().map_err(io_at(dir))?;
+    }
+    Ok(())
+}
+
+/// A data file being written as one part of a BU's output, in whichever format: events go
+/// in, it is made durable under its temporary name, then renamed into place.
+pub trait PartWriter: Send {
+    /// Appends one event (see [`EventFileWriter::append_event`]).
+    fn append_event(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> Result<(), EventFileError>;
+    /// Completes the events appended since the last call.
+    fn flush_events(&mut self) -> Result<(), EventFileError>;
+    fn events(&self) -> u64;
+    /// Bytes in the file (near enough for its size limit).
+    fn bytes(&self) -> u64;
+    /// No more events; the quick half of making it durable, and the slow half as a job
+    /// (`None`: prepared already).
+    fn begin_prepare(&mut self) -> Result<Option<PrepareJob>, EventFileError>;
+    /// The job from [`PartWriter::begin_prepare`] succeeded.
+    fn prepared(&mut self);
+    /// Renames the prepared file and its metadata into place; its metadata.
+    fn publish(&mut self) -> Result<FileMeta, EventFileError>;
+    /// Gives up on the file: removes its temporary files.
+    fn discard(self: Box<Self>);
+    /// The data file's final name.
+    fn name(&self) -> &str;
 }
 
 /// A new file (replacing any) with permission bits `mode`, less the umask: created so, not
 /// changed after, so that no other user can open it meanwhile.
-fn create_file(p: &Path, mode: u32) -> std::io::Result<File> {
+pub(crate) fn create_file(p: &Path, mode: u32) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .write(true)
@@ -192,7 +297,7 @@ fn create_file(p: &Path, mode: u32) -> std::io::Result<File> {
 }
 
 /// An IO error at `p`, for `map_err`.
-fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> EventFileError {
+pub(crate) fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> EventFileError {
     let path = p.display().to_string();
     move |source| EventFileError::Io { path, source }
 }
@@ -527,13 +632,13 @@ impl EventFileWriter {
             .try_clone()
             .map_err(io_at(&self.tmp))?;
         self.meta.crc32c = self.crc;
-        Ok(Some(PrepareJob {
+        Ok(Some(PrepareJob::new(
             data,
-            tmp: self.tmp.clone(),
-            meta_tmp: self.meta_tmp(),
-            meta_text: serde_json::to_string_pretty(&self.meta).unwrap_or_default() + "\n",
-            mode: self.mode,
-        }))
+            self.tmp.clone(),
+            self.meta.clone(),
+            self.mode,
+            false,
+        )))
     }
 
     /// The [`PrepareJob`] from [`EventFileWriter::begin_prepare`] succeeded.
@@ -545,43 +650,14 @@ impl EventFileWriter {
     /// names last. Returns the metadata. May be called again after an error.
     pub fn publish(&mut self) -> Result<FileMeta, EventFileError> {
         self.prepare()?;
-        // The EVM publishes a committed part of a BU it dropped for it ([`publish_prepared`]),
-        // and the dropped BU, still alive, may try the same part: a name in place whose
-        // temporary is gone is that very file, published already.
-        if !self.renamed {
-            if self.path.exists() {
-                if self.tmp.exists() {
-                    return Err(io_at(&self.path)(std::io::Error::new(
-                        std::io::ErrorKind::AlreadyExists,
-                        "a completed file of that name exists",
-                    )));
-                }
-            } else {
-                std::fs::rename(&self.tmp, &self.path).map_err(io_at(&self.path))?;
-            }
-            self.renamed = true;
-        }
-        let meta_path = PathBuf::from(format!("{}.json", self.path.display()));
-        if self.meta_tmp().exists() || !meta_path.exists() {
-            std::fs::rename(self.meta_tmp(), &meta_path).map_err(io_at(&meta_path))?;
-        }
-        if let Some(dir) = self.path.parent() {
-            // the renames are in the directory: sync it, or a crash may forget them
-            let d = File::open(dir).map_err(io_at(dir))?;
-            d.sync_all().map_err(io_at(dir))?;
-        }
+        rename_into_place(&self.tmp, &self.path, &mut self.renamed)?;
         Ok(self.meta.clone())
-    }
-
-    /// The metadata's temporary name (hidden, like the data's).
-    fn meta_tmp(&self) -> PathBuf {
-        self.tmp.with_extension("json.tmp")
     }
 
     /// Gives up on the file (no event of it is output): removes the temporary files.
     pub fn discard(self) {
         let _ = std::fs::remove_file(&self.tmp);
-        let _ = std::fs::remove_file(self.meta_tmp());
+        let _ = std::fs::remove_file(meta_tmp_of(&self.tmp));
     }
 
     /// The data file's final name.
@@ -600,24 +676,72 @@ pub fn publish_prepared(
     bu: u16,
     sequence: u32,
 ) -> Result<bool, EventFileError> {
-    let name = format!("{run}_bu{bu}_{sequence:06}.evb");
-    let path = dir.join(&name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let meta_tmp = tmp.with_extension("json.tmp");
-    let meta = PathBuf::from(format!("{}.json", path.display()));
-    let mut renamed = false;
-    for (from, to) in [(&tmp, &path), (&meta_tmp, &meta)] {
-        if from.exists() && !to.exists() {
-            std::fs::rename(from, to).map_err(io_at(to))?;
-            renamed = true;
+    // a BU writes one format: whichever of its names is there
+    let mut found = false;
+    for ext in ["evb", "h5"] {
+        let name = format!("{run}_bu{bu}_{sequence:06}.{ext}");
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let meta = PathBuf::from(format!("{}.json", path.display()));
+        let mut renamed = false;
+        for (from, to) in [(&tmp, &path), (&meta_tmp_of(&tmp), &meta)] {
+            if from.exists() && !to.exists() {
+                std::fs::rename(from, to).map_err(io_at(to))?;
+                renamed = true;
+            }
         }
+        if renamed {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_at(dir))?;
+        }
+        found |= path.exists() && meta.exists();
     }
-    if renamed {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_at(dir))?;
+    Ok(found)
+}
+
+impl PartWriter for EventFileWriter {
+    fn append_event(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> Result<(), EventFileError> {
+        EventFileWriter::append_event(self, event_id, trigger, flags, fragments)
     }
-    Ok(path.exists() && meta.exists())
+
+    fn flush_events(&mut self) -> Result<(), EventFileError> {
+        EventFileWriter::flush_events(self)
+    }
+
+    fn events(&self) -> u64 {
+        EventFileWriter::events(self)
+    }
+
+    fn bytes(&self) -> u64 {
+        EventFileWriter::bytes(self)
+    }
+
+    fn begin_prepare(&mut self) -> Result<Option<PrepareJob>, EventFileError> {
+        EventFileWriter::begin_prepare(self)
+    }
+
+    fn prepared(&mut self) {
+        EventFileWriter::prepared(self)
+    }
+
+    fn publish(&mut self) -> Result<FileMeta, EventFileError> {
+        EventFileWriter::publish(self)
+    }
+
+    fn discard(self: Box<Self>) {
+        EventFileWriter::discard(*self)
+    }
+
+    fn name(&self) -> &str {
+        EventFileWriter::name(self)
+    }
 }
 
 /// One event read back from a file.

@@ -2,10 +2,13 @@
 //! - [`fed`]: the CMS common FED fragment format (recorded detector data in),
 //! - [`framed`]: evb's generic framing of fragments for any other experiment,
 //! - [`events`]: the files of built events a BU writes, with their metadata,
+//! - `hdf5_events` (feature `hdf5`): the same events in HDF5 files,
 //! - [`stream`]: fragments cut from a front-end's byte stream as it arrives.
 
 pub mod events;
 pub mod fed;
+#[cfg(feature = "hdf5")]
+pub mod hdf5_events;
 pub mod framed;
 pub mod stream;
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use evb_buffers::Chain;
 use evb_builder::{BuiltEvent, PreparedPart, Sink, SinkError};
 use evb_formats::events::{
-    EventFileError, EventFileWriter, WriteMark, EVENT_CORRUPT, EVENT_PARTIAL,
+    EventFileError, EventFileWriter, PartWriter, EVENT_CORRUPT, EVENT_PARTIAL,
     EVENT_TRIGGER_MISMATCH,
 };
 use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
@@ -47,13 +47,13 @@ enum Stage {
 
 /// A data file being written or on its way to being output.
 struct OpenFile {
-    w: EventFileWriter,
+    w: Box<dyn PartWriter>,
     seq: u32,
     stage: Stage,
-    /// Events written and not yet accepted by the EVM, each with the mark just after it.
-    pending: VecDeque<(u64, WriteMark)>,
-    /// The mark just after the newest accepted event (`None`: none yet).
-    accepted: Option<WriteMark>,
+    /// Events written and not yet accepted by the EVM, in file order.
+    pending: VecDeque<u64>,
+    /// An event of it was accepted.
+    accepted: bool,
     /// The accepted ids, as (first, count) ranges in acceptance order.
     ranges: Vec<(u64, u32)>,
     /// Runs of consecutive ids written into it (a part's Commit holds at most
@@ -65,8 +65,8 @@ struct OpenFile {
 }
 
 impl OpenFile {
-    fn accept(&mut self, id: u64, mark: WriteMark) {
-        self.accepted = Some(mark);
+    fn accept(&mut self, id: u64) {
+        self.accepted = true;
         match self.ranges.last_mut() {
             Some((first, count)) if *first + *count as u64 == id && *count < u32::MAX => {
                 *count += 1
@@ -100,8 +100,19 @@ pub struct CommitInterval {
     pub time: Duration,
 }
 
+/// The layout of the files a [`FileSink`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    /// evb's own `.evb` files (docs/formats.md §3).
+    Evb,
+    /// HDF5 files (docs/formats.md §6), payloads deflated at this level (None: stored).
+    #[cfg(feature = "hdf5")]
+    Hdf5 { deflate: Option<u8> },
+}
+
 pub struct FileSink {
     dir: PathBuf,
+    format: FileFormat,
     /// Permission bits of the files it writes (less the umask).
     mode: u32,
     run: String,
@@ -150,7 +161,8 @@ fn last_sequence(dir: &Path, run: &str, bu: u16) -> Option<u32> {
             let rest = name.strip_prefix(&prefix)?;
             let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
             rest[digits.len()..]
-                .starts_with(".evb")
+                .strip_prefix('.')
+                .is_some_and(|ext| ext.starts_with("evb") || ext.starts_with("h5"))
                 .then(|| digits.parse::<u32>().ok())
                 .flatten()
         })
@@ -158,8 +170,10 @@ fn last_sequence(dir: &Path, run: &str, bu: u16) -> Option<u32> {
 }
 
 impl FileSink {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         dir: PathBuf,
+        format: FileFormat,
         run: &str,
         bu: u16,
         max_events: u64,
@@ -177,6 +191,7 @@ impl FileSink {
         let next_seq = last_sequence(&dir, run, bu).map_or(0, |s| s.saturating_add(1));
         Ok(FileSink {
             dir,
+            format,
             mode,
             run: run.to_string(),
             bu,
@@ -196,6 +211,22 @@ impl FileSink {
             syncer: Syncer::new(format!("bu{bu}-sync")),
             slowest_sync: Duration::ZERO,
             slow_said: false,
+        })
+    }
+
+    /// A new file for the next sequence number, in the sink's format.
+    fn create_writer(&self) -> Result<Box<dyn PartWriter>, EventFileError> {
+        let (dir, run, bu, seq, mode) = (&self.dir, &self.run, self.bu, self.next_seq, self.mode);
+        Ok(match self.format {
+            FileFormat::Evb => Box::new(EventFileWriter::create_with_mode(
+                dir, run, bu, seq, mode,
+            )?),
+            #[cfg(feature = "hdf5")]
+            FileFormat::Hdf5 { deflate } => Box::new(
+                evb_formats::hdf5_events::Hdf5EventWriter::create(
+                    dir, run, bu, seq, mode, deflate,
+                )?,
+            ),
         })
     }
 
@@ -221,7 +252,7 @@ impl FileSink {
                 k += 1;
                 continue;
             }
-            if f.accepted.is_none() {
+            if !f.accepted {
                 let f = self.open.remove(k).expect("index in range");
                 f.w.discard();
                 continue;
@@ -361,14 +392,7 @@ impl FileSink {
                     "{unsynced} files waiting to be synced to disk"
                 )));
             }
-            let w = EventFileWriter::create_with_mode(
-                &self.dir,
-                &self.run,
-                self.bu,
-                self.next_seq,
-                self.mode,
-            )
-            .map_err(|e| {
+            let w = self.create_writer().map_err(|e| {
                 self.busy += 1;
                 SinkError::Busy(e.to_string())
             })?;
@@ -377,7 +401,7 @@ impl FileSink {
                 seq: self.next_seq,
                 stage: Stage::Open,
                 pending: VecDeque::new(),
-                accepted: None,
+                accepted: false,
                 ranges: Vec::new(),
                 runs: 0,
                 last_id: None,
@@ -461,7 +485,7 @@ impl Sink for FileSink {
             if written.is_err() {
                 break;
             }
-            f.pending.push_back((ev.event_id, f.w.mark()));
+            f.pending.push_back(ev.event_id);
             if f.last_id.is_none_or(|l| l + 1 != ev.event_id) {
                 f.runs += 1;
             }
@@ -486,9 +510,9 @@ impl Sink for FileSink {
                 let Some(f) = self.open.iter_mut().find(|f| !f.pending.is_empty()) else {
                     break 'ids;
                 };
-                let (written, mark) = f.pending.pop_front().expect("not empty");
+                let written = f.pending.pop_front().expect("not empty");
                 if written == id {
-                    f.accept(id, mark);
+                    f.accept(id);
                     break;
                 }
                 self.refused += 1;
@@ -568,7 +592,11 @@ impl Sink for FileSink {
     }
 
     fn name(&self) -> &'static str {
-        "file"
+        match self.format {
+            FileFormat::Evb => "file",
+            #[cfg(feature = "hdf5")]
+            FileFormat::Hdf5 { .. } => "hdf5",
+        }
     }
 
     fn report(&self) -> Value {
@@ -648,7 +676,7 @@ mod tests {
     }
 
     fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
-        FileSink::new(dir.into(), "r", bu, 0, 0, commit, 0o666).unwrap()
+        FileSink::new(dir.into(), FileFormat::Evb, "r", bu, 0, 0, commit, 0o666).unwrap()
     }
 
     #[test]

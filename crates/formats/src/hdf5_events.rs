@@ -1,0 +1,349 @@
+//! Built-event files in HDF5 (the `hdf5` sink), for the readers the field already has (h5py,
+//! ROOT, Julia, every notebook). The layout (docs/formats.md §6) follows DUNE's trigger
+//! records where it fits: one group per built event, one dataset per source's fragment, a
+//! header beside them, an index of the file's events and file attributes.
+//!
+//! The file goes through the same stages as an `.evb` file ([`crate::events::PartWriter`]):
+//! written under `.<name>.tmp`, made durable with its metadata beside it, renamed into place
+//! once committed. Unlike an `.evb` file it cannot be cut back to its last whole event after
+//! a failed write (the library owns the layout), so any failed write leaves it
+//! [`EventFileError::Damaged`]: the sink then fails loudly and the BU's uncommitted events
+//! are built again elsewhere, as after a crash.
+
+use std::path::{Path, PathBuf};
+
+use evb_buffers::Chain;
+use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
+use hdf5_metno as hdf5;
+use hdf5::types::VarLenUnicode;
+
+use crate::events::{
+    create_file, io_at, rename_into_place, EventFileError, FileMeta, PartWriter, PrepareJob,
+};
+
+/// The `format` attribute and metadata key of these files.
+pub const HDF5_FORMAT: &str = "evb-hdf5";
+/// Version of the layout.
+pub const HDF5_FORMAT_VERSION: u16 = 1;
+
+/// The group of event `id`: `Event` and the id in at least 12 digits, so that names sort as
+/// ids do up to 10^12.
+pub fn event_group_name(id: u64) -> String {
+    format!("Event{id:012}")
+}
+
+/// The dataset of source `id`'s fragment in an event's group.
+pub fn source_dataset_name(id: u16) -> String {
+    format!("Source{id:05}")
+}
+
+/// Whether this build's HDF5 library can compress with deflate (gzip), which every HDF5
+/// reader can read without plug-ins.
+pub fn deflate_available() -> bool {
+    hdf5::filters::deflate_available()
+}
+
+/// Rows of the file's `Index` group, one per event in file order.
+#[derive(Default)]
+struct Index {
+    event_id: Vec<u64>,
+    trigger_number: Vec<u32>,
+    flags: Vec<u16>,
+    fragments: Vec<u16>,
+    payload_bytes: Vec<u64>,
+}
+
+/// Writes one HDF5 file of built events under a temporary name.
+pub struct Hdf5EventWriter {
+    file: Option<hdf5::File>,
+    tmp: PathBuf,
+    path: PathBuf,
+    meta: FileMeta,
+    index: Index,
+    /// deflate level of the payload datasets (None: stored as they are).
+    deflate: Option<u8>,
+    prepared: bool,
+    renamed: bool,
+    damaged: Option<String>,
+    mode: u32,
+}
+
+fn h5<T>(path: &Path, r: hdf5::Result<T>) -> Result<T, String> {
+    r.map_err(|e| format!("{}: {e}", path.display()))
+}
+
+impl Hdf5EventWriter {
+    /// A new file `<run>_bu<bu>_<sequence>.h5` in `dir`, under its temporary name, with
+    /// permission bits `mode` (less the umask) from its creation on.
+    pub fn create(
+        dir: &Path,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+        mode: u32,
+        deflate: Option<u8>,
+    ) -> Result<Hdf5EventWriter, EventFileError> {
+        let name = format!("{run}_bu{bu}_{sequence:06}.h5");
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        if path.exists() {
+            return Err(io_at(&tmp)(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists", path.display()),
+            )));
+        }
+        // made with its mode first: the library truncates it and keeps the mode, so no other
+        // user can open it meanwhile
+        create_file(&tmp, mode).map_err(io_at(&tmp))?;
+        let opened = (|| -> hdf5::Result<hdf5::File> {
+            let f = hdf5::File::create(&tmp)?;
+            put_str(&f, "format", HDF5_FORMAT)?;
+            f.new_attr::<u16>()
+                .create("format_version")?
+                .write_scalar(&HDF5_FORMAT_VERSION)?;
+            put_str(&f, "record_type", "event")?;
+            put_str(&f, "run", run)?;
+            f.new_attr::<u16>().create("bu")?.write_scalar(&bu)?;
+            f.new_attr::<u32>()
+                .create("sequence")?
+                .write_scalar(&sequence)?;
+            Ok(f)
+        })();
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(EventFileError::Damaged {
+                    path: tmp.display().to_string(),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        Ok(Hdf5EventWriter {
+            file: Some(file),
+            tmp,
+            path,
+            meta: FileMeta {
+                format: HDF5_FORMAT.into(),
+                version: HDF5_FORMAT_VERSION,
+                run: run.into(),
+                bu,
+                sequence,
+                file: name,
+                events: 0,
+                bytes: 0,
+                payload_bytes: 0,
+                first_event: None,
+                last_event: None,
+                crc32c: 0,
+            },
+            index: Index::default(),
+            deflate,
+            prepared: false,
+            renamed: false,
+            damaged: None,
+            mode,
+        })
+    }
+
+    fn check_whole(&self) -> Result<(), EventFileError> {
+        match &self.damaged {
+            Some(reason) => Err(EventFileError::Damaged {
+                path: self.tmp.display().to_string(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn damage(&mut self, reason: String) -> EventFileError {
+        self.damaged = Some(reason.clone());
+        EventFileError::Damaged {
+            path: self.tmp.display().to_string(),
+            reason,
+        }
+    }
+
+    fn write_event(
+        &self,
+        f: &hdf5::File,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> hdf5::Result<()> {
+        let g = f.create_group(&event_group_name(event_id))?;
+        g.new_attr::<u64>()
+            .create("event_id")?
+            .write_scalar(&event_id)?;
+        g.new_attr::<u32>()
+            .create("trigger_number")?
+            .write_scalar(&trigger)?;
+        g.new_attr::<u16>().create("flags")?.write_scalar(&flags)?;
+        let mut headers = Vec::with_capacity(fragments.len() * FRAGMENT_HEADER_LEN);
+        for (h, _) in fragments {
+            headers.extend_from_slice(&h.encode());
+        }
+        g.new_dataset::<u8>()
+            .shape([fragments.len(), FRAGMENT_HEADER_LEN])
+            .create("FragmentHeaders")?
+            .write_raw(&headers)?;
+        let mut joined = Vec::new();
+        for (h, p) in fragments {
+            let len = p.len();
+            let mut b = g.new_dataset::<u8>().shape([len]);
+            if let (Some(level), true) = (self.deflate, len > 0) {
+                // one chunk per fragment up to 1 MiB: a reader inflates only what it reads
+                b = b.chunk([len.min(1 << 20)]).deflate(level);
+            }
+            let ds = b.create(source_dataset_name(h.source_id).as_str())?;
+            let mut chunks = p.chunks();
+            let first = chunks.next().unwrap_or(&[]);
+            let bytes: &[u8] = if first.len() == len {
+                first
+            } else {
+                joined.clear();
+                joined.extend_from_slice(first);
+                for c in chunks {
+                    joined.extend_from_slice(c);
+                }
+                &joined
+            };
+            if len > 0 {
+                ds.write_raw(bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the file's index and closes it (every handle: the library writes its last
+    /// metadata then).
+    fn close(&mut self) -> Result<(), String> {
+        let Some(f) = self.file.take() else {
+            return Ok(());
+        };
+        let ix = &self.index;
+        let r = (|| -> hdf5::Result<()> {
+            let g = f.create_group("Index")?;
+            g.new_dataset_builder()
+                .with_data(&ix.event_id)
+                .create("event_id")?;
+            g.new_dataset_builder()
+                .with_data(&ix.trigger_number)
+                .create("trigger_number")?;
+            g.new_dataset_builder().with_data(&ix.flags).create("flags")?;
+            g.new_dataset_builder()
+                .with_data(&ix.fragments)
+                .create("fragments")?;
+            g.new_dataset_builder()
+                .with_data(&ix.payload_bytes)
+                .create("payload_bytes")?;
+            f.new_attr::<u64>()
+                .create("events")?
+                .write_scalar(&self.meta.events)?;
+            drop(g);
+            f.close()
+        })();
+        h5(&self.tmp, r)
+    }
+}
+
+fn put_str(f: &hdf5::File, name: &str, value: &str) -> hdf5::Result<()> {
+    let v: VarLenUnicode = value
+        .parse()
+        .map_err(|e| hdf5::Error::from(format!("{name}: {e}")))?;
+    f.new_attr::<VarLenUnicode>().create(name)?.write_scalar(&v)
+}
+
+impl PartWriter for Hdf5EventWriter {
+    fn append_event(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> Result<(), EventFileError> {
+        self.check_whole()?;
+        let Some(f) = self.file.as_ref() else {
+            return Err(self.damage("written after it was closed".into()));
+        };
+        if let Err(e) = self.write_event(f, event_id, trigger, flags, fragments) {
+            return Err(self.damage(format!("event {event_id}: {e}")));
+        }
+        let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+        let m = &mut self.meta;
+        m.events += 1;
+        m.payload_bytes += payload;
+        // what the file grows by, near enough for its size limit (the true size is in the
+        // metadata once it is closed)
+        m.bytes += payload + (fragments.len() * FRAGMENT_HEADER_LEN) as u64 + 2048;
+        m.first_event.get_or_insert(event_id);
+        m.last_event = Some(event_id);
+        let ix = &mut self.index;
+        ix.event_id.push(event_id);
+        ix.trigger_number.push(trigger);
+        ix.flags.push(flags);
+        ix.fragments.push(fragments.len() as u16);
+        ix.payload_bytes.push(payload);
+        Ok(())
+    }
+
+    fn flush_events(&mut self) -> Result<(), EventFileError> {
+        // the library keeps what it wrote in its cache until the file is closed and synced
+        // ([`PartWriter::begin_prepare`]); an event is durable only then, as in `.evb` files
+        self.check_whole()
+    }
+
+    fn events(&self) -> u64 {
+        self.meta.events
+    }
+
+    fn bytes(&self) -> u64 {
+        self.meta.bytes
+    }
+
+    fn begin_prepare(&mut self) -> Result<Option<PrepareJob>, EventFileError> {
+        if self.prepared || self.renamed {
+            return Ok(None);
+        }
+        self.check_whole()?;
+        if let Err(e) = self.close() {
+            return Err(self.damage(e));
+        }
+        let data = std::fs::File::open(&self.tmp).map_err(io_at(&self.tmp))?;
+        Ok(Some(PrepareJob::new(
+            data,
+            self.tmp.clone(),
+            self.meta.clone(),
+            self.mode,
+            true,
+        )))
+    }
+
+    fn prepared(&mut self) {
+        self.prepared = true;
+    }
+
+    fn publish(&mut self) -> Result<FileMeta, EventFileError> {
+        if !self.prepared {
+            if let Some(job) = self.begin_prepare()? {
+                job.run()?;
+            }
+            self.prepared = true;
+        }
+        rename_into_place(&self.tmp, &self.path, &mut self.renamed)?;
+        // (its true size and checksum are in its metadata file, measured by the prepare job)
+        Ok(self.meta.clone())
+    }
+
+    fn discard(self: Box<Self>) {
+        let mut me = self;
+        drop(me.file.take());
+        let _ = std::fs::remove_file(&me.tmp);
+        let _ = std::fs::remove_file(me.tmp.with_extension("json.tmp"));
+    }
+
+    fn name(&self) -> &str {
+        &self.meta.file
+    }
+}
