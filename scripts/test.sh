@@ -45,6 +45,15 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
         echo "test.sh: chromium and chromedriver are not installed: the run page test will be skipped" >&2
     fi
 fi
+# The hdf5 sink: Debian's libhdf5 headers to build it (evb's `hdf5` feature). Optional: without
+# them evb builds without it, and `sink.kind = "hdf5"` is refused by name.
+if ! pkg-config --exists hdf5 2>/dev/null; then
+    if $can_apt; then
+        need_apt+=(libhdf5-dev)
+    else
+        echo "test.sh: libhdf5-dev is not installed: evb is built and tested without the hdf5 sink" >&2
+    fi
+fi
 # maturin sets the Python module's library path with patchelf (without it, only a warning)
 if $can_apt && ! command -v patchelf >/dev/null 2>&1; then need_apt+=(patchelf); fi
 # The launcher tests start runs with the real engines: a private Slurm cluster on localhost
@@ -90,14 +99,10 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
     rustup component add rustfmt clippy
 fi
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
-# every test binary runs even when one fails (the script still fails at the end)
-cargo test --workspace --no-fail-fast
-
-# The Python bindings (crates/python, the module `evb`): a virtual environment in
-# target/pyenv with maturin, pytest and numpy from PyPI, the module built into it, and its
-# tests against the evb binary built above (multi-process runs on 127.0.0.1).
+# Python: a virtual environment in target/pyenv with maturin, pytest, numpy and h5py from
+# PyPI, for the Python bindings (crates/python, the module `evb`: built into it below, and
+# its tests run against the evb binary, multi-process runs on 127.0.0.1) and for the tests
+# that read the HDF5 sink's files with h5py.
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     if $can_apt; then
         echo "test.sh: installing python3 python3-venv python3-pip"
@@ -114,8 +119,21 @@ fi
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 pyenv=target/pyenv
 [ -x "$pyenv/bin/python" ] || python3 -m venv "$pyenv"
-"$pyenv/bin/python" -m pip install -q --disable-pip-version-check maturin pytest numpy
-cargo build -p evb
+"$pyenv/bin/python" -m pip install -q --disable-pip-version-check maturin pytest numpy h5py
+# the HDF5 tests read the sink's files with h5py from this environment
+export EVB_PYTHON="$PWD/$pyenv/bin/python"
+
+# evb with the hdf5 sink where libhdf5's headers are here
+features=()
+if pkg-config --exists hdf5 2>/dev/null; then features=(--features evb/hdf5); fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
+# every test binary runs even when one fails (the script still fails at the end)
+cargo test --workspace --no-fail-fast "${features[@]}"
+
+# the module, built into the environment, and its tests
+cargo build -p evb "${features[@]}"
 (cd crates/python && VIRTUAL_ENV="$PWD/../../$pyenv" PATH="$PWD/../../$pyenv/bin:$PATH" maturin develop -q)
 EVB_BIN="$target_dir/debug/evb" "$pyenv/bin/python" -m pytest -q crates/python/tests
 

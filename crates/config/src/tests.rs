@@ -220,6 +220,33 @@ fn file_sources_and_sinks_are_checked() {
 }
 
 #[test]
+fn the_hdf5_sink_and_its_deflate_level_are_checked_by_name() {
+    let h5 = "[sink]\nkind = \"hdf5\"\ndir = \"/tmp/x\"\n";
+    assert_err("[sink]\nkind = \"hdf5\"\n", &["sink.dir"]);
+    if cfg!(feature = "hdf5") {
+        let c = Config::from_toml(&format!("{h5}hdf5_deflate = 9\n")).unwrap();
+        assert_eq!(c.sink.hdf5_deflate, 9);
+        assert!(c.sink.kind.commits() && c.sink.kind.writes_files());
+        assert_err(
+            &format!("{h5}hdf5_deflate = 10\n"),
+            &["sink.hdf5_deflate", "0 to 9"],
+        );
+        // one BU of several
+        let one = "[sink]\ndir = \"/tmp/x\"\n[[bu]]\nid = \"b0\"\nsink = \"hdf5\"\n";
+        assert!(Config::from_toml(one).is_ok());
+    } else {
+        assert_err(h5, &["sink.kind", "--features hdf5"]);
+        let one = "[sink]\ndir = \"/tmp/x\"\n[[bu]]\nid = \"b0\"\nsink = \"hdf5\"\n";
+        assert_err(one, &["bu[0].sink", "--features hdf5"]);
+    }
+    // a level for a sink that does not compress is refused, not ignored
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nhdf5_deflate = 3\n",
+        &["sink.hdf5_deflate", "only read"],
+    );
+}
+
+#[test]
 fn listening_beyond_loopback_needs_a_secret() {
     let open = "[[ru]]\nid = \"r\"\naddr = \"10.1.2.3:7001\"\n";
     if std::env::var("EVB_SECRET").is_err() {

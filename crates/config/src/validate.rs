@@ -109,7 +109,10 @@ impl Config {
             }
         }
         let file_sink = self.sink.kind.writes_files()
-            || self.bu.iter().any(|b| b.sink.is_some_and(SinkKind::writes_files));
+            || self
+                .bu
+                .iter()
+                .any(|b| b.sink.is_some_and(SinkKind::writes_files));
         if file_sink && self.sink.dir.is_empty() {
             return Err(invalid("sink.dir", "the file sink needs a directory"));
         }

@@ -282,6 +282,10 @@ pub trait PartWriter: Send {
     fn discard(self: Box<Self>);
     /// The data file's final name.
     fn name(&self) -> &str;
+    /// Bytes the writer holds for the file and has yet to write (at most).
+    fn unwritten_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// A new file (replacing any) with permission bits `mode`, less the umask: created so, not

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use evb_buffers::Chain;
 use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
-use hdf5_metno as hdf5;
 use hdf5::types::VarLenUnicode;
+use hdf5_metno as hdf5;
 
 use crate::events::{
     create_file, io_at, rename_into_place, EventFileError, FileMeta, PartWriter, PrepareJob,
@@ -43,6 +43,14 @@ pub fn deflate_available() -> bool {
     hdf5::filters::deflate_available()
 }
 
+/// What an event of `fragments` fragments adds to a file besides its payload, a little more
+/// than measured (about 1.1 KiB per event of 2 fragments): its group, attributes, datasets
+/// and their headers. The sink keeps this much room free on the disk for the library's
+/// metadata, which it writes when the file is closed.
+pub const fn overhead_bytes(fragments: usize) -> u64 {
+    1024 + 1024 * fragments as u64
+}
+
 /// Rows of the file's `Index` group, one per event in file order.
 #[derive(Default)]
 struct Index {
@@ -60,6 +68,8 @@ pub struct Hdf5EventWriter {
     path: PathBuf,
     meta: FileMeta,
     index: Index,
+    /// [`overhead_bytes`] of the events written.
+    metadata: u64,
     /// deflate level of the payload datasets (None: stored as they are).
     deflate: Option<u8>,
     prepared: bool,
@@ -68,8 +78,20 @@ pub struct Hdf5EventWriter {
     mode: u32,
 }
 
-fn h5<T>(path: &Path, r: hdf5::Result<T>) -> Result<T, String> {
-    r.map_err(|e| format!("{}: {e}", path.display()))
+/// The library's error on one line: its message up to the system's reason (the library
+/// adds the time, buffer addresses and offsets of the failed write).
+fn said(e: &hdf5::Error) -> String {
+    let s = e.to_string();
+    let first = s.lines().next().unwrap_or_default();
+    let head = first.split(": time = ").next().unwrap_or(first);
+    match s
+        .split("error message = '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+    {
+        Some(why) => format!("{head}: {why}"),
+        None => head.to_string(),
+    }
 }
 
 impl Hdf5EventWriter {
@@ -112,11 +134,9 @@ impl Hdf5EventWriter {
         let file = match opened {
             Ok(f) => f,
             Err(e) => {
+                // nothing of it is left: the sink may try again (a full disk)
                 let _ = std::fs::remove_file(&tmp);
-                return Err(EventFileError::Damaged {
-                    path: tmp.display().to_string(),
-                    reason: e.to_string(),
-                });
+                return Err(io_at(&tmp)(std::io::Error::other(said(&e))));
             }
         };
         Ok(Hdf5EventWriter {
@@ -138,6 +158,7 @@ impl Hdf5EventWriter {
                 crc32c: 0,
             },
             index: Index::default(),
+            metadata: 0,
             deflate,
             prepared: false,
             renamed: false,
@@ -231,7 +252,9 @@ impl Hdf5EventWriter {
             g.new_dataset_builder()
                 .with_data(&ix.trigger_number)
                 .create("trigger_number")?;
-            g.new_dataset_builder().with_data(&ix.flags).create("flags")?;
+            g.new_dataset_builder()
+                .with_data(&ix.flags)
+                .create("flags")?;
             g.new_dataset_builder()
                 .with_data(&ix.fragments)
                 .create("fragments")?;
@@ -244,7 +267,7 @@ impl Hdf5EventWriter {
             drop(g);
             f.close()
         })();
-        h5(&self.tmp, r)
+        r.map_err(|e| said(&e))
     }
 }
 
@@ -268,7 +291,7 @@ impl PartWriter for Hdf5EventWriter {
             return Err(self.damage("written after it was closed".into()));
         };
         if let Err(e) = self.write_event(f, event_id, trigger, flags, fragments) {
-            return Err(self.damage(format!("event {event_id}: {e}")));
+            return Err(self.damage(format!("event {event_id}: {}", said(&e))));
         }
         let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
         let m = &mut self.meta;
@@ -276,7 +299,8 @@ impl PartWriter for Hdf5EventWriter {
         m.payload_bytes += payload;
         // what the file grows by, near enough for its size limit (the true size is in the
         // metadata once it is closed)
-        m.bytes += payload + (fragments.len() * FRAGMENT_HEADER_LEN) as u64 + 2048;
+        m.bytes += payload + overhead_bytes(fragments.len());
+        self.metadata += overhead_bytes(fragments.len());
         m.first_event.get_or_insert(event_id);
         m.last_event = Some(event_id);
         let ix = &mut self.index;
@@ -345,5 +369,13 @@ impl PartWriter for Hdf5EventWriter {
 
     fn name(&self) -> &str {
         &self.meta.file
+    }
+
+    fn unwritten_bytes(&self) -> u64 {
+        // the library's metadata of an open file, and its index (written at the close)
+        match self.file {
+            Some(_) => self.metadata + self.meta.events * 26,
+            None => 0,
+        }
     }
 }

@@ -7,9 +7,9 @@
 
 pub mod events;
 pub mod fed;
+pub mod framed;
 #[cfg(feature = "hdf5")]
 pub mod hdf5_events;
-pub mod framed;
 pub mod stream;
 
 #[cfg(test)]

@@ -218,15 +218,15 @@ impl FileSink {
     fn create_writer(&self) -> Result<Box<dyn PartWriter>, EventFileError> {
         let (dir, run, bu, seq, mode) = (&self.dir, &self.run, self.bu, self.next_seq, self.mode);
         Ok(match self.format {
-            FileFormat::Evb => Box::new(EventFileWriter::create_with_mode(
-                dir, run, bu, seq, mode,
-            )?),
+            FileFormat::Evb => {
+                Box::new(EventFileWriter::create_with_mode(dir, run, bu, seq, mode)?)
+            }
             #[cfg(feature = "hdf5")]
-            FileFormat::Hdf5 { deflate } => Box::new(
-                evb_formats::hdf5_events::Hdf5EventWriter::create(
+            FileFormat::Hdf5 { deflate } => {
+                Box::new(evb_formats::hdf5_events::Hdf5EventWriter::create(
                     dir, run, bu, seq, mode, deflate,
-                )?,
-            ),
+                )?)
+            }
         })
     }
 
@@ -257,6 +257,11 @@ impl FileSink {
                 f.w.discard();
                 continue;
             }
+            if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) = self.room_for(0) {
+                failed = Some(why);
+                break;
+            }
+            let f = &mut self.open[k];
             match f.w.begin_prepare() {
                 Ok(Some(job)) => {
                     self.syncer.start(f.seq, job);
@@ -270,6 +275,11 @@ impl FileSink {
                         part: f.seq,
                         ranges: f.ranges.clone(),
                     });
+                }
+                // a file that cannot be completed (HDF5's after a failed write) holds
+                // accepted events this BU can no longer output: fail loudly
+                Err(e @ EventFileError::Damaged { .. }) => {
+                    return Err(SinkError::Fatal(e.to_string()))
                 }
                 Err(e) => {
                     self.busy += 1;
@@ -372,7 +382,47 @@ impl FileSink {
     }
 }
 
+/// Bytes an unprivileged writer may still put on the file system of `dir` (`None`: unknown).
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and outlives the call; statvfs writes only into `st`,
+    // which is large enough for a `statvfs`.
+    if unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Room kept free beyond what a write needs (the library's caches, the metadata file).
+#[cfg(feature = "hdf5")]
+const HDF5_MARGIN: u64 = 1 << 20;
+
 impl FileSink {
+    /// An HDF5 file cannot be cut back after a failed write (it is then lost, and the sink
+    /// with it), so the sink writes only what the disk has room for, and otherwise holds
+    /// the events as for a full disk: `need` bytes besides the open file's metadata that
+    /// the library has yet to write.
+    fn room_for(&mut self, need: u64) -> Result<(), SinkError> {
+        #[cfg(feature = "hdf5")]
+        if let FileFormat::Hdf5 { .. } = self.format {
+            let unwritten: u64 = self.open.iter().map(|f| f.w.unwritten_bytes()).sum();
+            let need = need + unwritten + HDF5_MARGIN;
+            if let Some(free) = free_bytes(&self.dir).filter(|&free| free < need) {
+                self.busy += 1;
+                return Err(SinkError::Busy(format!(
+                    "{}: {free} bytes free, the HDF5 files need {need}: No space left on device",
+                    self.dir.display()
+                )));
+            }
+        }
+        let _ = need;
+        Ok(())
+    }
+
     /// Seals the open file if it is full and opens the next one if none is open.
     fn open_for_writing(&mut self) -> Result<(), SinkError> {
         let full = self
@@ -464,7 +514,14 @@ impl Sink for FileSink {
         if run.is_empty() {
             return (0, Ok(()));
         }
-        if let Err(e) = self.open_for_writing() {
+        let need = run
+            .iter()
+            .map(|ev| {
+                let payload: u64 = ev.fragments.iter().map(|(_, c)| c.len() as u64).sum();
+                payload + 1024 + 1024 * ev.fragments.len() as u64
+            })
+            .sum();
+        if let Err(e) = self.room_for(need).and_then(|()| self.open_for_writing()) {
             return (0, Err(e));
         }
         self.behind_sync = false;
@@ -920,5 +977,111 @@ mod tests {
                 ("r_bu3_000002.evb".into(), vec![3]),
             ]
         );
+    }
+
+    /// A writer whose file can no longer be completed (HDF5's after a failed write).
+    struct Broken;
+
+    impl PartWriter for Broken {
+        fn append_event(
+            &mut self,
+            _: u64,
+            _: u32,
+            _: u16,
+            _: &[(FragmentHeader, &Chain)],
+        ) -> Result<(), EventFileError> {
+            Ok(())
+        }
+        fn flush_events(&mut self) -> Result<(), EventFileError> {
+            Ok(())
+        }
+        fn events(&self) -> u64 {
+            1
+        }
+        fn bytes(&self) -> u64 {
+            1
+        }
+        fn begin_prepare(
+            &mut self,
+        ) -> Result<Option<evb_formats::events::PrepareJob>, EventFileError> {
+            Err(EventFileError::Damaged {
+                path: "broken".into(),
+                reason: "No space left on device".into(),
+            })
+        }
+        fn prepared(&mut self) {}
+        fn publish(&mut self) -> Result<evb_formats::events::FileMeta, EventFileError> {
+            unreachable!("never prepared")
+        }
+        fn discard(self: Box<Self>) {}
+        fn name(&self) -> &str {
+            "broken"
+        }
+    }
+
+    /// Accepted events in a file that cannot be completed are lost to this BU: the sink
+    /// fails loudly instead of retrying for ever (the run would stall in silence).
+    #[test]
+    fn a_file_that_cannot_be_completed_fails_the_sink() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        s.open.push_back(OpenFile {
+            w: Box::new(Broken),
+            seq: 0,
+            stage: Stage::Sealed,
+            pending: VecDeque::new(),
+            accepted: true,
+            ranges: vec![(0, 1)],
+            runs: 1,
+            last_id: Some(0),
+            since: Instant::now(),
+        });
+        match s.prepare(Instant::now()) {
+            Err(SinkError::Fatal(why)) => assert!(why.contains("No space"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The HDF5 layout goes through the same stages, and a restarted BU carries on after its
+    /// earlier incarnation's `.h5` files.
+    #[cfg(feature = "hdf5")]
+    #[test]
+    fn hdf5_files_are_committed_and_numbered_like_evb_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let h5 = FileFormat::Hdf5 { deflate: Some(1) };
+        let mut s = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
+        for id in 0..4 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        s.accepted(0, 4).unwrap();
+        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
+        assert_eq!(parts.len(), 1);
+        assert!(
+            !dir.path().join("r_bu2_000000.h5").exists(),
+            "published early"
+        );
+        s.publish(0).unwrap();
+        s.finish().unwrap();
+        let meta: Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join("r_bu2_000000.h5.json")).unwrap(),
+        )
+        .unwrap();
+        let data = std::fs::read(dir.path().join("r_bu2_000000.h5")).unwrap();
+        assert_eq!(meta["format"], "evb-hdf5");
+        assert_eq!(meta["events"], 4);
+        assert_eq!(meta["bytes"], data.len() as u64);
+        assert_eq!(meta["crc32c"], crc32c::crc32c(&data));
+        assert_eq!(&data[..8], b"\x89HDF\r\n\x1a\n", "an HDF5 signature");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("r_bu2_000000.h5"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "readable by others: {mode:o}");
+        assert_eq!(s.report()["events"], 4);
+        assert_eq!(hidden(dir.path()), 0);
+        let again = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
+        assert_eq!(again.next_seq, 1);
     }
 }

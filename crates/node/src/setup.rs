@@ -357,6 +357,28 @@ impl Sink for SlowSink {
     }
 }
 
+/// The layout a BU's file sink writes (`sink.kind` "file" or "hdf5").
+fn file_format(kind: SinkKind, deflate: u8) -> Result<crate::file_sink::FileFormat, String> {
+    use crate::file_sink::FileFormat;
+    match kind {
+        #[cfg(feature = "hdf5")]
+        SinkKind::Hdf5 => {
+            if deflate > 0 && !evb_formats::hdf5_events::deflate_available() {
+                return Err("sink.hdf5_deflate: this HDF5 library has no deflate filter".into());
+            }
+            Ok(FileFormat::Hdf5 {
+                deflate: (deflate > 0).then_some(deflate),
+            })
+        }
+        #[cfg(not(feature = "hdf5"))]
+        SinkKind::Hdf5 => {
+            let _ = deflate;
+            Err("sink.kind = \"hdf5\": this evb was built without HDF5 (--features hdf5)".into())
+        }
+        _ => Ok(FileFormat::Evb),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use evb_config::{Config, Role, SourceKind};
@@ -439,27 +461,5 @@ mod tests {
             Err(e) => assert!(e.contains("builder.credits"), "{e}"),
             Ok(_) => panic!("pools of 2^32 credits x 4096 BUs x 256 MiB made"),
         }
-    }
-}
-
-/// The layout a BU's file sink writes (`sink.kind` "file" or "hdf5").
-fn file_format(kind: SinkKind, deflate: u8) -> Result<crate::file_sink::FileFormat, String> {
-    use crate::file_sink::FileFormat;
-    match kind {
-        #[cfg(feature = "hdf5")]
-        SinkKind::Hdf5 => {
-            if deflate > 0 && !evb_formats::hdf5_events::deflate_available() {
-                return Err("sink.hdf5_deflate: this HDF5 library has no deflate filter".into());
-            }
-            Ok(FileFormat::Hdf5 {
-                deflate: (deflate > 0).then_some(deflate),
-            })
-        }
-        #[cfg(not(feature = "hdf5"))]
-        SinkKind::Hdf5 => {
-            let _ = deflate;
-            Err("sink.kind = \"hdf5\": this evb was built without HDF5 (--features hdf5)".into())
-        }
-        _ => Ok(FileFormat::Evb),
     }
 }
