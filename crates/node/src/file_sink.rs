@@ -383,6 +383,7 @@ impl FileSink {
 }
 
 /// Bytes an unprivileged writer may still put on the file system of `dir` (`None`: unknown).
+#[cfg(feature = "hdf5")]
 fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
@@ -394,7 +395,7 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `st`.
     let st = unsafe { st.assume_init() };
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Room kept free beyond what a write needs (the library's caches, the metadata file).
