@@ -5,6 +5,7 @@ mod ctl;
 mod duration;
 mod feed;
 mod inspect;
+mod inspect_run;
 mod json_out;
 mod launch;
 mod node_out;
@@ -65,7 +66,16 @@ enum Command {
     /// check every checksum in them. Exits 1 if any file has a problem.
     Inspect {
         /// Data files, or folders (every event file in them).
+        #[arg(required_unless_present = "run")]
         files: Vec<PathBuf>,
+        /// Judge a run's output folder from its run manifest (docs/formats.md §7): every
+        /// file present and intact, every triggered event in exactly one. Exits 1 if not,
+        /// or if the run's verdict was FAILED.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["files", "event"])]
+        run: Option<PathBuf>,
+        /// With --run: remove the temporary files that BUs which died left behind.
+        #[arg(long, requires = "run")]
+        clean: bool,
         /// Also dump this event, with its fragments. In evb event files N is the event id
         /// (the EVM's number, the `ids` a file's summary shows), not the trigger number; in
         /// fragment files (FED, evb framed) it is the fragment's or record's index, from 0.
@@ -511,8 +521,17 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Inspect { files, event } => {
-            if inspect::run(&files, event) {
+        Command::Inspect {
+            files,
+            event,
+            run,
+            clean,
+        } => {
+            let good = match run {
+                Some(dir) => inspect_run::run(&dir, clean),
+                None => inspect::run(&files, event),
+            };
+            if good {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -88,6 +88,10 @@ pub struct FileMeta {
     pub last_event: Option<u64>,
     /// CRC32C of the whole data file.
     pub crc32c: u32,
+    /// The event ids the EVM committed in this file, as `[first, count]` runs in file
+    /// order (the run manifest and `evb inspect --run` judge completeness from them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranges: Vec<(u64, u32)>,
 }
 
 fn file_header(run: &str, bu: u16, sequence: u32) -> Vec<u8> {
@@ -282,6 +286,9 @@ pub trait PartWriter: Send {
     fn discard(self: Box<Self>);
     /// The data file's final name.
     fn name(&self) -> &str;
+    /// The ids the EVM is asked to commit in it, for its metadata: set before
+    /// [`PartWriter::begin_prepare`].
+    fn set_ranges(&mut self, ranges: &[(u64, u32)]);
     /// Bytes the writer holds for the file and has yet to write (at most).
     fn unwritten_bytes(&self) -> u64 {
         0
@@ -380,6 +387,7 @@ impl EventFileWriter {
                 first_event: None,
                 last_event: None,
                 crc32c: 0,
+                ranges: Vec::new(),
             },
             good: 0,
             batch: None,
@@ -745,6 +753,10 @@ impl PartWriter for EventFileWriter {
 
     fn name(&self) -> &str {
         EventFileWriter::name(self)
+    }
+
+    fn set_ranges(&mut self, ranges: &[(u64, u32)]) {
+        self.meta.ranges = ranges.to_vec();
     }
 }
 

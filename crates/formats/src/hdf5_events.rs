@@ -156,6 +156,7 @@ impl Hdf5EventWriter {
                 first_event: None,
                 last_event: None,
                 crc32c: 0,
+                ranges: Vec::new(),
             },
             index: Index::default(),
             metadata: 0,
@@ -369,6 +370,10 @@ impl PartWriter for Hdf5EventWriter {
 
     fn name(&self) -> &str {
         &self.meta.file
+    }
+
+    fn set_ranges(&mut self, ranges: &[(u64, u32)]) {
+        self.meta.ranges = ranges.to_vec();
     }
 
     fn unwritten_bytes(&self) -> u64 {

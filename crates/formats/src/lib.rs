@@ -3,6 +3,7 @@
 //! - [`framed`]: evb's generic framing of fragments for any other experiment,
 //! - [`events`]: the files of built events a BU writes, with their metadata,
 //! - `hdf5_events` (feature `hdf5`): the same events in HDF5 files,
+//! - [`manifest`]: the run manifest, and completeness judged from the files,
 //! - [`stream`]: fragments cut from a front-end's byte stream as it arrives.
 
 pub mod events;
@@ -10,6 +11,7 @@ pub mod fed;
 pub mod framed;
 #[cfg(feature = "hdf5")]
 pub mod hdf5_events;
+pub mod manifest;
 pub mod stream;
 
 #[cfg(test)]

@@ -262,6 +262,7 @@ impl FileSink {
                 break;
             }
             let f = &mut self.open[k];
+            f.w.set_ranges(&f.ranges);
             match f.w.begin_prepare() {
                 Ok(Some(job)) => {
                     self.syncer.start(f.seq, job);
@@ -1018,6 +1019,7 @@ mod tests {
         fn name(&self) -> &str {
             "broken"
         }
+        fn set_ranges(&mut self, _: &[(u64, u32)]) {}
     }
 
     /// Accepted events in a file that cannot be completed are lost to this BU: the sink

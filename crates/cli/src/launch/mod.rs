@@ -109,6 +109,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     problems.extend(verdict::duplicate_output(cfg, launched));
     problems.dedup();
     let ok = problems.is_empty();
+    verdict::amend_manifest(cfg, &problems, launched);
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
     summary::print(cfg, &ids, &w.reports, run, &problems, w.steady_events_per_s);
     if let Some(path) = json_out {

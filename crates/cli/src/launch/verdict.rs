@@ -123,6 +123,36 @@ pub(super) fn problems(cfg: &Config, ids: &[String], w: &Watched) -> Vec<String>
     problems
 }
 
+/// The run manifest the EVM left beside the output (docs/formats.md §7) carries the run's
+/// verdict as this launcher judged it (it also sees how every process ended), so that the
+/// files say what `evb run` said.
+pub(super) fn amend_manifest(cfg: &Config, problems: &[String], launched: std::time::SystemTime) {
+    if cfg.sink.dir.is_empty() {
+        return;
+    }
+    let dir = PathBuf::from(&cfg.sink.dir);
+    let path = dir.join(evb_formats::manifest::manifest_name(&cfg.run.id));
+    let fresh = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= launched);
+    let Some(mut m) = std::fs::read(&path)
+        .ok()
+        .filter(|_| fresh)
+        .and_then(|b| serde_json::from_slice::<evb_formats::manifest::RunManifest>(&b).ok())
+    else {
+        return;
+    };
+    let verdict = if problems.is_empty() { "OK" } else { "FAILED" };
+    if m.verdict == verdict && m.problems == problems {
+        return;
+    }
+    m.verdict = verdict.into();
+    m.problems = problems.to_vec();
+    if let Err(e) = evb_formats::manifest::write(&dir, &m) {
+        eprintln!("evb: cannot amend the run manifest {}: {e}", path.display());
+    }
+}
+
 /// Output files: no event may be in two of them (a consumer would take it twice).
 pub(super) fn duplicate_output(cfg: &Config, launched: std::time::SystemTime) -> Option<String> {
     if cfg.sink.kind == evb_config::SinkKind::File && !cfg.sink.dir.is_empty() {

@@ -104,6 +104,8 @@ struct EvmSide {
     registry: FastMap<NodeRef, evb_wire::discovery::Registration>,
     /// The rendezvous file it wrote, removed at the end.
     rendezvous: Option<std::path::PathBuf>,
+    /// When the node started: output files older than this belong to an earlier run.
+    since: std::time::SystemTime,
 }
 
 /// CPU seconds (user and system) this process has used so far, all its threads.
@@ -352,6 +354,7 @@ impl Driver {
             evm: EvmSide {
                 registry: FastMap::default(),
                 rendezvous,
+                since: std::time::SystemTime::now(),
             },
             standby,
         })
@@ -701,6 +704,48 @@ impl Driver {
         self.finish()
     }
 
+    /// The EVM of a run whose BUs write files leaves the run's manifest beside them
+    /// (docs/formats.md §7): its counts and verdict, and every file it published.
+    fn write_manifest(&self, run: &evb_builder::RunReport, ok: bool, reason: &str) {
+        let files = self
+            .nodes
+            .iter()
+            .any(|n| n.role == Role::Bu && n.sink.writes_files());
+        if !files || self.cfg.sink.dir.is_empty() {
+            return;
+        }
+        let dir = std::path::Path::new(&self.cfg.sink.dir);
+        let (parts, temporaries) =
+            evb_formats::manifest::scan(dir, &self.cfg.run.id, Some(self.evm.since));
+        let mut problems = run.verdict();
+        if !ok && problems.is_empty() {
+            problems.push(reason.to_string());
+        }
+        let m = evb_formats::manifest::RunManifest {
+            format: evb_formats::manifest::MANIFEST_FORMAT.into(),
+            version: evb_formats::manifest::MANIFEST_VERSION,
+            run: self.cfg.run.id.clone(),
+            verdict: if ok && problems.is_empty() {
+                "OK"
+            } else {
+                "FAILED"
+            }
+            .into(),
+            problems,
+            triggered: run.evm.triggered,
+            released: run.evm.released,
+            partial: run.bus.iter().flatten().map(|b| b.partial_events).sum(),
+            parts,
+            temporaries,
+        };
+        match evb_formats::manifest::write(dir, &m) {
+            Ok(path) => info!(node = %self.me.id, "run manifest: {}", path.display()),
+            Err(e) => {
+                warn!(node = %self.me.id, "cannot write the run manifest in {}: {e}", dir.display())
+            }
+        }
+    }
+
     /// Sends what is queued (the last reports and Halts), says Bye, and reports.
     fn finish(mut self) -> Result<NodeOutcome, NodeError> {
         if self.exit.as_ref().is_some_and(|(ok, _)| !ok) {
@@ -771,6 +816,9 @@ impl Driver {
                 Some(_) => vec![reason.clone()],
                 None => run.verdict(),
             });
+            if self.standby.fenced().is_none() {
+                self.write_manifest(&run, ok, &reason);
+            }
             report.run = Some(run);
         }
         if ok {

@@ -1,0 +1,157 @@
+//! `evb inspect --run DIR`: whether a run's output is complete, judged from the folder alone
+//! by its run manifest (docs/formats.md §7): every listed file present and intact, every
+//! triggered event id in exactly one of them (or counted by the manifest as never released),
+//! and the temporary files that BUs which died left behind (`--clean` removes them).
+
+use std::path::{Path, PathBuf};
+
+use evb_formats::events::EventFile;
+use evb_formats::manifest::{judge, Judgement, ManifestPart, RunManifest};
+
+/// `(first, last)` runs in words: `62..92 (31)`, at most `show` of them.
+fn id_runs(runs: &[(u64, u64)], show: usize) -> String {
+    let mut v: Vec<String> = runs
+        .iter()
+        .take(show)
+        .map(|&(a, b)| {
+            if a == b {
+                format!("{a}")
+            } else {
+                format!("{a}..{b} ({})", b - a + 1)
+            }
+        })
+        .collect();
+    if runs.len() > show {
+        v.push(format!("and {} more runs", runs.len() - show));
+    }
+    v.join(", ")
+}
+
+/// The manifests in `dir` (`*.manifest.json`), by name.
+fn manifests(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .is_some_and(|n| n.ends_with(".manifest.json") && !n.starts_with('.'))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// An `.evb` part's event ids must be exactly those its manifest entry lists (the CRC says
+/// the file is the one the BU made; this says the manifest read it right).
+fn evb_ids_agree(dir: &Path, p: &ManifestPart) -> bool {
+    if !p.file.ends_with(".evb") {
+        return true;
+    }
+    let Ok(f) = EventFile::open(&dir.join(&p.file)) else {
+        return false;
+    };
+    let mut ids = Vec::new();
+    for e in f {
+        match e {
+            Ok(e) => ids.push(e.event_id),
+            Err(_) => return false,
+        }
+    }
+    let listed: Vec<u64> = p
+        .ranges
+        .iter()
+        .flat_map(|&(a, n)| a..a + n as u64)
+        .collect();
+    ids == listed
+}
+
+/// Judges every run manifest in `dir`; true when each run's files are complete and its
+/// verdict is OK.
+pub fn run(dir: &Path, clean: bool) -> bool {
+    let found = manifests(dir);
+    if found.is_empty() {
+        println!(
+            "{}: no run manifest (<run>.manifest.json): the EVM writes one when a run with a file sink ends",
+            dir.display()
+        );
+        return false;
+    }
+    let mut all_good = true;
+    for path in found {
+        let m: RunManifest = match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                println!("{}: not a run manifest: {e}", path.display());
+                all_good = false;
+                continue;
+            }
+        };
+        let mut j: Judgement = judge(dir, &m);
+        for p in &m.parts {
+            if !j.bad_files.contains(&p.file) && !evb_ids_agree(dir, p) {
+                j.bad_files.push(p.file.clone());
+                j.complete = false;
+            }
+        }
+        println!(
+            "run {}: verdict {}, {} triggered, {} released, {} partial; {} files, {} events",
+            m.run,
+            m.verdict,
+            m.triggered,
+            m.released,
+            m.partial,
+            m.parts.len(),
+            j.events
+        );
+        for p in &m.problems {
+            println!("  verdict: {p}");
+        }
+        if j.complete {
+            let unreleased = if j.unreleased > 0 {
+                format!(" ({} never released, as the manifest counts)", j.unreleased)
+            } else {
+                String::new()
+            };
+            println!("  complete: every triggered event is in exactly one intact file{unreleased}");
+        } else {
+            println!("  INCOMPLETE:");
+            for f in &j.bad_files {
+                println!(
+                    "    - {f}: absent, or not the file the run published (size, CRC32C or ids)"
+                );
+            }
+            if !j.missing.is_empty() {
+                println!("    - ids in no file: {}", id_runs(&j.missing, 10));
+            }
+            if !j.twice.is_empty() {
+                println!("    - ids in more than one file: {}", id_runs(&j.twice, 10));
+            }
+        }
+        if !j.temporaries.is_empty() {
+            println!(
+                "  {} temporary files of BUs that died or were dropped (never output): {}",
+                j.temporaries.len(),
+                j.temporaries.join(" ")
+            );
+            if clean {
+                let mut removed = 0;
+                for t in &j.temporaries {
+                    match std::fs::remove_file(dir.join(t)) {
+                        Ok(()) => removed += 1,
+                        Err(e) => println!("    cannot remove {t}: {e}"),
+                    }
+                }
+                println!("  removed {removed} temporary files (--clean)");
+            } else {
+                println!("  (`evb inspect --run DIR --clean` removes them)");
+            }
+        }
+        all_good &= j.complete && m.verdict == "OK";
+    }
+    all_good
+}
