@@ -689,6 +689,20 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
     match expect(t.fault) {
         Expect::Complete => {
             assert!(o.ok, "the run should have completed\n{log}");
+            if !t.counted && t.launch == Launch::Run {
+                // the run manifest the EVM (or the standby that took over) left says so too,
+                // judged from the folder alone (docs/formats.md §7)
+                let j = Command::new(EVB)
+                    .args(["inspect", "--run"])
+                    .arg(dir.join("out"))
+                    .output()
+                    .unwrap();
+                let said = String::from_utf8_lossy(&j.stdout);
+                assert!(
+                    j.status.success() && said.contains("complete: every triggered event"),
+                    "evb inspect --run does not judge the output complete:\n{said}\n{log}"
+                );
+            }
             assert_eq!(evm["triggered"], events, "{log}");
             assert_eq!(evm["released"], events, "{log}");
             assert_eq!(evm["duplicate_releases"], 0, "{log}");

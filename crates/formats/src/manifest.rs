@@ -101,7 +101,7 @@ pub fn scan(dir: &Path, run: &str, since: Option<SystemTime>) -> (Vec<ManifestPa
             });
         }
     }
-    parts.sort_by(|a, b| (a.bu, a.sequence).cmp(&(b.bu, b.sequence)));
+    parts.sort_by_key(|p| (p.bu, p.sequence));
     temporaries.sort();
     (parts, temporaries)
 }
