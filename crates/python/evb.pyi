@@ -34,6 +34,7 @@ __all__ = [
     "StateError",
     "Timeout",
     "IoError",
+    "FormatError",
     "Producer",
     "Buffer",
     "Consumer",
@@ -47,7 +48,12 @@ __all__ = [
     "Gap",
     "Goodbye",
     "Closed",
+    "EventFile",
+    "EventFileIterator",
+    "FileEvent",
+    "FileFragment",
     "crc32c",
+    "judge_run",
     "__version__",
 ]
 
@@ -102,11 +108,21 @@ class Timeout(Error):
 class IoError(Error):
     """A pub/sub socket failed (its transport's poll, a request that cannot be sent)."""
 
+class FormatError(Error):
+    """A file that is not what its format says (docs/formats.md): named with the byte where
+    it goes wrong."""
+
 # --- functions ------------------------------------------------------------------------
 
 def crc32c(data: _Buffer) -> int:
     """CRC32C (Castagnoli) of a buffer-protocol object's bytes (bytes, bytearray,
     memoryview, numpy array): what the fragment headers' `payload_crc` is."""
+
+def judge_run(folder: str | PathLike[str], run: str | None = None) -> dict[str, Any]:
+    """Judges a run's output folder from its run manifest (docs/formats.md §7), as `evb
+    inspect --run` does: a dict with `run`, `verdict`, `complete`, `triggered`, `released`,
+    `events`, `missing` and `twice` (lists of `(first, last)` id runs), `bad_files` and
+    `temporaries`. `run` names the run when the folder holds several manifests."""
 
 # --- run outcome ----------------------------------------------------------------------
 
@@ -578,3 +594,101 @@ class Subscriber:
         tb: TracebackType | None,
         /,
     ) -> bool: ...
+
+# --- reading output files -------------------------------------------------------------
+
+@final
+class EventFile:
+    """A built-event file (`.evb`, docs/formats.md §3), every checksum checked when it is
+    opened (`evb.FormatError` names the byte where it goes wrong). With `mmap=True` (the
+    default) the file is mapped into memory and fragments are buffers in place in it
+    (`numpy.frombuffer(fragment, dtype=numpy.uint8)` copies nothing); a file truncated by
+    someone else while it is mapped ends the process with SIGBUS, as for any mapped reader
+    (evb never changes a published file). With `mmap=False` it is read into memory once."""
+
+    def __new__(cls, path: str | PathLike[str], mmap: bool = True) -> Self: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def run(self) -> str:
+        """The run id in its header."""
+
+    @property
+    def bu(self) -> int: ...
+    @property
+    def sequence(self) -> int: ...
+    def __len__(self) -> int:
+        """Events in the file."""
+
+    def __getitem__(self, index: int, /) -> FileEvent:
+        """The `index`-th event in file order (negative from the end)."""
+
+    def __iter__(self) -> EventFileIterator: ...
+    def event(self, event_id: int) -> FileEvent:
+        """The event with event id `event_id` (KeyError if the file has none)."""
+
+    def event_ids(self) -> list[int]:
+        """The event ids in file order."""
+
+@final
+class EventFileIterator:
+    """Iterates an `EventFile`'s events in file order."""
+
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> FileEvent: ...
+
+@final
+class FileEvent:
+    """One event of an `EventFile`: its header's fields and its fragments."""
+
+    @property
+    def event_id(self) -> int: ...
+    @property
+    def trigger_number(self) -> int: ...
+    @property
+    def flags(self) -> int:
+        """Event flags: 1 partial (a source MISSING), 2 trigger-number mismatch, 4 corrupt."""
+
+    @property
+    def partial(self) -> bool:
+        """A source is missing (flag 1): the event was built partial."""
+
+    @property
+    def fragments(self) -> list[FileFragment]:
+        """Its fragments in RU order."""
+
+    def fragment(self, source_id: int) -> FileFragment:
+        """The fragment from source `source_id` (KeyError if none)."""
+
+    def __len__(self) -> int:
+        """Number of fragments."""
+
+@final
+class FileFragment:
+    """One fragment of a `FileEvent`: its header's fields and its payload through the
+    read-only buffer protocol, in place in the file's bytes."""
+
+    @property
+    def source_id(self) -> int: ...
+    @property
+    def trigger_number(self) -> int: ...
+    @property
+    def flags(self) -> int:
+        """Fragment header flags (MISSING = 1, GENERATED = 2, SUPER = 4, SYNC_LOSS = 8)."""
+
+    @property
+    def payload_crc(self) -> int:
+        """CRC32C of the payload (checked when the file was opened)."""
+
+    @property
+    def missing(self) -> bool:
+        """A placeholder for a source that sent nothing (flag MISSING): no payload."""
+
+    def __len__(self) -> int:
+        """Payload length in bytes."""
+
+    def tobytes(self) -> bytes:
+        """The payload copied into `bytes`."""
+
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """A read-only view of the payload, in place in the file's bytes."""

@@ -5,8 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use evb_formats::events::EventFile;
-use evb_formats::manifest::{judge, Judgement, ManifestPart, RunManifest};
+use evb_formats::manifest::{judge, Judgement, RunManifest};
 
 /// `(first, last)` runs in words: `62..92 (31)`, at most `show` of them.
 fn id_runs(runs: &[(u64, u64)], show: usize) -> String {
@@ -43,30 +42,6 @@ fn manifests(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// An `.evb` part's event ids must be exactly those its manifest entry lists (the CRC says
-/// the file is the one the BU made; this says the manifest read it right).
-fn evb_ids_agree(dir: &Path, p: &ManifestPart) -> bool {
-    if !p.file.ends_with(".evb") {
-        return true;
-    }
-    let Ok(f) = EventFile::open(&dir.join(&p.file)) else {
-        return false;
-    };
-    let mut ids = Vec::new();
-    for e in f {
-        match e {
-            Ok(e) => ids.push(e.event_id),
-            Err(_) => return false,
-        }
-    }
-    let listed: Vec<u64> = p
-        .ranges
-        .iter()
-        .flat_map(|&(a, n)| a..a + n as u64)
-        .collect();
-    ids == listed
-}
-
 /// Judges every run manifest in `dir`; true when each run's files are complete and its
 /// verdict is OK.
 pub fn run(dir: &Path, clean: bool) -> bool {
@@ -91,13 +66,7 @@ pub fn run(dir: &Path, clean: bool) -> bool {
                 continue;
             }
         };
-        let mut j: Judgement = judge(dir, &m);
-        for p in &m.parts {
-            if !j.bad_files.contains(&p.file) && !evb_ids_agree(dir, p) {
-                j.bad_files.push(p.file.clone());
-                j.complete = false;
-            }
-        }
+        let j: Judgement = judge(dir, &m);
         println!(
             "run {}: verdict {}, {} triggered, {} released, {} partial; {} files, {} events",
             m.run,

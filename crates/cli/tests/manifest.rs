@@ -25,7 +25,11 @@ fn inspect_run(dir: &Path, clean: bool) -> Output {
 /// The outside reader's judgement of `dir`, or `None` without python3.
 fn outside(dir: &Path) -> Option<Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_manifest.py");
-    let o = Command::new("python3").arg(&script).arg(dir).output().ok()?;
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(dir)
+        .output()
+        .ok()?;
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     Some(serde_json::from_slice(&o.stdout).unwrap())
 }
@@ -124,10 +128,9 @@ fn a_run_with_a_killed_bu_is_judged_complete_from_its_files_and_a_deleted_part_i
         .find(|f| f.starts_with(&format!("man_bu{}_", (victim + 1) % 3)))
         .unwrap_or(&files_before[0])
         .clone();
-    let meta: Value = serde_json::from_slice(
-        &std::fs::read(out.join(format!("{victim_file}.json"))).unwrap(),
-    )
-    .unwrap();
+    let meta: Value =
+        serde_json::from_slice(&std::fs::read(out.join(format!("{victim_file}.json"))).unwrap())
+            .unwrap();
     let (first, count) = (
         meta["ranges"][0][0].as_u64().unwrap(),
         meta["ranges"][0][1].as_u64().unwrap(),
@@ -136,7 +139,10 @@ fn a_run_with_a_killed_bu_is_judged_complete_from_its_files_and_a_deleted_part_i
     let bad = inspect_run(&out, false);
     let said = text(&bad);
     assert!(!bad.status.success(), "{said}");
-    assert!(said.contains("INCOMPLETE") && said.contains(&victim_file), "{said}");
+    assert!(
+        said.contains("INCOMPLETE") && said.contains(&victim_file),
+        "{said}"
+    );
     let run = if count == 1 {
         format!("{first}")
     } else {

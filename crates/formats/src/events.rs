@@ -760,6 +760,43 @@ impl PartWriter for EventFileWriter {
     }
 }
 
+/// A data file's header (docs/formats.md §3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileHeader {
+    pub run: String,
+    pub bu: u16,
+    pub sequence: u32,
+    /// Its length: where the first event begins.
+    pub len: usize,
+}
+
+/// The header at the start of `data`, a file at `path` (for the errors).
+pub fn parse_file_header(data: &[u8], path: &str) -> Result<FileHeader, EventFileError> {
+    let bad = |reason: &str| EventFileError::Bad {
+        path: path.to_string(),
+        offset: 0,
+        reason: reason.into(),
+    };
+    if data.len() < 16 || data[0..4] != FILE_MAGIC {
+        return Err(bad("not an evb event file (magic \"EVBE\" missing)"));
+    }
+    if data[4..6] != FORMAT_VERSION.to_le_bytes() {
+        return Err(bad("unsupported version"));
+    }
+    let run_len = u16::from_le_bytes([data[12], data[13]]) as usize;
+    let run = data
+        .get(16..16 + run_len)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .ok_or_else(|| bad("bad run id"))?
+        .to_string();
+    Ok(FileHeader {
+        run,
+        bu: u16::from_le_bytes([data[6], data[7]]),
+        sequence: u32::from_le_bytes(data[8..12].try_into().expect("4")),
+        len: 16 + run_len,
+    })
+}
+
 /// One event read back from a file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
@@ -792,30 +829,12 @@ impl EventFile {
     }
 
     pub fn parse(data: Vec<u8>, path: String) -> Result<EventFile, EventFileError> {
-        let bad = |reason: &str| EventFileError::Bad {
-            path: path.clone(),
-            offset: 0,
-            reason: reason.into(),
-        };
-        if data.len() < 16 || data[0..4] != FILE_MAGIC {
-            return Err(bad("not an evb event file (magic \"EVBE\" missing)"));
-        }
-        if data[4..6] != FORMAT_VERSION.to_le_bytes() {
-            return Err(bad("unsupported version"));
-        }
-        let bu = u16::from_le_bytes([data[6], data[7]]);
-        let sequence = u32::from_le_bytes(data[8..12].try_into().expect("4"));
-        let run_len = u16::from_le_bytes([data[12], data[13]]) as usize;
-        let run = data
-            .get(16..16 + run_len)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .ok_or_else(|| bad("bad run id"))?
-            .to_string();
+        let h = parse_file_header(&data, &path)?;
         Ok(EventFile {
-            run,
-            bu,
-            sequence,
-            at: 16 + run_len,
+            run: h.run,
+            bu: h.bu,
+            sequence: h.sequence,
+            at: h.len,
             data,
             path,
         })
@@ -843,9 +862,26 @@ pub fn parse_event(record: &[u8]) -> Result<StoredEvent, EventRecordError> {
 
 /// Parses the event at `offset` of `data`; returns it and where the next one starts. On a
 /// bad body the error says so and the caller may skip `EVENT_HEADER_LEN + body_len`.
-fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), EventRecordError> {
+/// Where one event record's parts lie in a file's bytes, every checksum checked (for a
+/// reader that keeps the bytes where they are: a memory-mapped file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventLayout {
+    pub event_id: u64,
+    pub trigger_number: u32,
+    pub flags: u16,
+    /// Each fragment's header and the byte range of its payload in the data.
+    pub fragments: Vec<(FragmentHeader, std::ops::Range<usize>)>,
+    /// Byte offset of the event header.
+    pub offset: usize,
+}
+
+/// The event record at `offset` of `data` and where the next one begins.
+pub fn event_layout_at(
+    data: &[u8],
+    offset: usize,
+) -> Result<(EventLayout, usize), EventRecordError> {
     let h = data
-        .get(offset..offset + EVENT_HEADER_LEN)
+        .get(offset..offset.saturating_add(EVENT_HEADER_LEN))
         .ok_or(EventRecordError::TruncatedHeader)?;
     let u32_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4"));
     if h[0..4] != EVENT_MAGIC || u32_at(28) != crc32c::crc32c(&h[..28]) {
@@ -858,7 +894,7 @@ fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), Ev
     let flags = u16::from_le_bytes([h[22], h[23]]);
     let body_start = offset + EVENT_HEADER_LEN;
     let body = data
-        .get(body_start..body_start + body_len)
+        .get(body_start..body_start.saturating_add(body_len))
         .ok_or(EventRecordError::TruncatedBody)?;
     if crc32c::crc32c(body) != u32_at(24) {
         return Err(EventRecordError::BodyChecksum { event_id });
@@ -874,25 +910,41 @@ fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), Ev
             _ => return Err(EventRecordError::BadFragmentHeader { event_id }),
         };
         at += FRAGMENT_HEADER_LEN;
-        let p = body
-            .get(at..at + fh.payload_size as usize)
-            .ok_or(EventRecordError::FragmentOverrun { event_id })?;
-        fragments.push((fh, p.to_vec()));
-        at += fh.payload_size as usize;
+        let end = at + fh.payload_size as usize;
+        if end > body_len {
+            return Err(EventRecordError::FragmentOverrun { event_id });
+        }
+        fragments.push((fh, body_start + at..body_start + end));
+        at = end;
     }
     if at != body_len {
         return Err(EventRecordError::Unfilled { event_id });
     }
-    Ok((
-        StoredEvent {
-            event_id,
-            trigger_number,
-            flags,
-            fragments,
-            offset: offset as u64,
-        },
-        body_start + body_len,
-    ))
+    let layout = EventLayout {
+        event_id,
+        trigger_number,
+        flags,
+        fragments,
+        offset,
+    };
+    Ok((layout, body_start + body_len))
+}
+
+fn parse_event_at(data: &[u8], offset: usize) -> Result<(StoredEvent, usize), EventRecordError> {
+    let (l, next) = event_layout_at(data, offset)?;
+    let fragments = l
+        .fragments
+        .into_iter()
+        .map(|(h, r)| (h, data[r].to_vec()))
+        .collect();
+    let ev = StoredEvent {
+        event_id: l.event_id,
+        trigger_number: l.trigger_number,
+        flags: l.flags,
+        fragments,
+        offset: offset as u64,
+    };
+    Ok((ev, next))
 }
 
 impl Iterator for EventFile {

@@ -139,6 +139,22 @@ pub struct Judgement {
     pub temporaries: Vec<String>,
 }
 
+/// The ids `p.ranges` lists, in order.
+fn listed(p: &ManifestPart) -> Vec<u64> {
+    p.ranges
+        .iter()
+        .flat_map(|&(a, n)| a..a + n as u64)
+        .collect()
+}
+
+/// The event ids of the `.evb` file at `path` in file order (`None`: unreadable or bad).
+fn evb_ids(path: &Path) -> Option<Vec<u64>> {
+    crate::events::EventFile::open(path)
+        .ok()?
+        .map(|e| e.ok().map(|e| e.event_id))
+        .collect()
+}
+
 /// The size and CRC32C of the file at `path`, read through once.
 fn size_and_crc(path: &Path) -> std::io::Result<(u64, u32)> {
     use std::io::Read;
@@ -155,7 +171,7 @@ fn size_and_crc(path: &Path) -> std::io::Result<(u64, u32)> {
 }
 
 /// Judges the run of manifest `m` from the files in `dir`: each listed file must be there
-/// with its size and CRC32C, and the ids of the intact ones must cover `0 .. triggered`
+/// with its size and CRC32C (an `.evb` file holding exactly the ids listed for it), and the ids of the intact ones must cover `0 .. triggered`
 /// exactly once. A run whose manifest says some events were never released is complete
 /// when no id is in two files and the ids in none are exactly as many as it says.
 pub fn judge(dir: &Path, m: &RunManifest) -> Judgement {
@@ -163,7 +179,9 @@ pub fn judge(dir: &Path, m: &RunManifest) -> Judgement {
     // every id run of every intact file, as (first, last), swept in order
     let mut spans: Vec<(u64, u64)> = Vec::new();
     for p in &m.parts {
-        let intact = size_and_crc(&dir.join(&p.file)).is_ok_and(|sc| sc == (p.bytes, p.crc32c));
+        let path = dir.join(&p.file);
+        let intact = size_and_crc(&path).is_ok_and(|sc| sc == (p.bytes, p.crc32c))
+            && (!p.file.ends_with(".evb") || evb_ids(&path).is_some_and(|ids| ids == listed(p)));
         if !intact {
             j.bad_files.push(p.file.clone());
             continue;

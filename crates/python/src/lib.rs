@@ -15,6 +15,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
 mod consumer;
+mod files;
 mod producer;
 mod pubsub;
 
@@ -60,6 +61,12 @@ pyo3::create_exception!(
     Timeout,
     Error,
     "Nothing within the time given: no event (the run goes on), a publisher held back by a slow subscriber, subscribers that did not come."
+);
+pyo3::create_exception!(
+    evb,
+    FormatError,
+    Error,
+    "A file that is not what its format says (docs/formats.md): named with the byte where it goes wrong."
 );
 pyo3::create_exception!(
     evb,
@@ -207,6 +214,12 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("IoError", py.get_type::<IoError>())?;
+    m.add("FormatError", py.get_type::<FormatError>())?;
+    m.add_class::<files::PyEventFile>()?;
+    m.add_class::<files::PyEventIter>()?;
+    m.add_class::<files::PyFileEvent>()?;
+    m.add_class::<files::PyFileFragment>()?;
+    m.add_function(wrap_pyfunction!(files::judge_run, m)?)?;
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyBuf>()?;
     m.add_class::<consumer::PyConsumer>()?;
