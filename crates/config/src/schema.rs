@@ -625,6 +625,12 @@ pub struct SinkSection {
     /// `serve` sink: at the end of the run, how long the BU waits for its consumers to
     /// acknowledge what it holds; events not acknowledged by then are counted lost.
     pub serve_drain_timeout_s: f64,
+    /// `file` sink: `"zstd"` compresses each event's body alone (one zstd frame, so that
+    /// every event can still be read on its own), `"none"` stores it as it is.
+    pub compress: Compress,
+    /// `file` sink with `compress = "zstd"`: the zstd level, 1 (fastest) to 19 (unset: 3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress_level: Option<i32>,
     /// `hdf5` sink: compress every fragment's dataset with deflate (gzip) at this level,
     /// 1 (fastest) to 9 (smallest); 0: stored as it is. Every HDF5 reader reads deflate
     /// without plug-ins.
@@ -650,10 +656,20 @@ impl Default for SinkSection {
             serve_hold: 0,
             serve_ack_timeout_s: 10.0,
             serve_drain_timeout_s: 5.0,
+            compress: Compress::None,
+            compress_level: None,
             hdf5_deflate: 0,
             file_group_read: false,
         }
     }
+}
+
+/// How the file sink stores event bodies (`sink.compress`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Compress {
+    None,
+    Zstd,
 }
 
 impl SinkKind {

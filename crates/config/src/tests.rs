@@ -239,6 +239,31 @@ fn the_hdf5_sink_and_its_deflate_level_are_checked_by_name() {
         let one = "[sink]\ndir = \"/tmp/x\"\n[[bu]]\nid = \"b0\"\nsink = \"hdf5\"\n";
         assert_err(one, &["bu[0].sink", "--features hdf5"]);
     }
+    // zstd for evb's own files only, at a level zstd has
+    let c = Config::from_toml(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\ncompress = \"zstd\"\ncompress_level = 19\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (c.sink.compress, c.sink.compress_level),
+        (crate::Compress::Zstd, Some(19))
+    );
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\ncompress_level = 5\n",
+        &["sink.compress_level", "only read"],
+    );
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\ncompress = \"zstd\"\ncompress_level = 0\n",
+        &["sink.compress_level", "1 to 19"],
+    );
+    assert_err(
+        "[sink]\ncompress = \"zstd\"\n",
+        &["sink.compress", "only read"],
+    );
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\ncompress = \"lz4\"\n",
+        &["compress"],
+    );
     // a level for a sink that does not compress is refused, not ignored
     assert_err(
         "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nhdf5_deflate = 3\n",

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 
 use crate::net::{AllowedNet, Interface};
 use crate::{
-    invalid, limits, stream, Config, ConfigError, Distribution, Role, RuSection, SinkKind,
-    SourceKind, SourceSection, TransportKind, MAX_CPUS, MAX_FRAGMENT,
+    invalid, limits, stream, Compress, Config, ConfigError, Distribution, Role, RuSection,
+    SinkKind, SourceKind, SourceSection, TransportKind, MAX_CPUS, MAX_FRAGMENT,
 };
 
 /// `value` outside `lo ..= hi`: an error naming the key, the value and the range.
@@ -130,6 +130,29 @@ impl Config {
                 "\"hdf5\" needs evb built with HDF5 (cargo build --features hdf5, with \
                  Debian's libhdf5-dev; ./scripts/test.sh does both)",
             ));
+        }
+        let evb_files = self.sink.kind == SinkKind::File
+            || self.bu.iter().any(|b| b.sink == Some(SinkKind::File));
+        if self.sink.compress != Compress::None && !evb_files {
+            return Err(invalid(
+                "sink.compress",
+                "only read when a BU's sink is \"file\" (an hdf5 sink compresses with sink.hdf5_deflate)",
+            ));
+        }
+        match self.sink.compress_level {
+            Some(l) if !(1..=19).contains(&l) => {
+                return Err(invalid(
+                    "sink.compress_level",
+                    format!("{l} is not a zstd level (1 to 19)"),
+                ))
+            }
+            Some(_) if self.sink.compress != Compress::Zstd => {
+                return Err(invalid(
+                    "sink.compress_level",
+                    "only read with sink.compress = \"zstd\"",
+                ))
+            }
+            _ => {}
         }
         if self.sink.hdf5_deflate > 9 {
             return Err(invalid(

@@ -23,6 +23,14 @@ pub const FILE_MAGIC: [u8; 4] = *b"EVBE";
 pub const EVENT_MAGIC: [u8; 4] = *b"EVEV";
 pub const EVENT_HEADER_LEN: usize = 32;
 pub const FORMAT_VERSION: u16 = 1;
+/// The version of files whose event bodies may be compressed (header bytes 14–15: codec).
+pub const FORMAT_VERSION_COMPRESSED: u16 = 2;
+/// Codec of a version-2 file: each event body compressed alone as one zstd frame.
+pub const CODEC_ZSTD: u16 = 1;
+/// Event flag (version 2 only): the body is stored as one zstd frame of the body.
+pub const EVENT_ZSTD: u16 = 0x0008;
+/// The most bytes a compressed body may unpack to (a bad frame must not exhaust memory).
+const MAX_BODY: usize = 1 << 30;
 
 /// Event flag: at least one source is missing (a MISSING placeholder fragment).
 pub const EVENT_PARTIAL: u16 = 0x0001;
@@ -94,16 +102,42 @@ pub struct FileMeta {
     pub ranges: Vec<(u64, u32)>,
 }
 
-fn file_header(run: &str, bu: u16, sequence: u32) -> Vec<u8> {
+fn file_header(run: &str, bu: u16, sequence: u32, codec: u16) -> Vec<u8> {
     let mut v = Vec::with_capacity(16 + run.len());
+    let version = if codec == 0 {
+        FORMAT_VERSION
+    } else {
+        FORMAT_VERSION_COMPRESSED
+    };
     v.extend_from_slice(&FILE_MAGIC);
-    v.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    v.extend_from_slice(&version.to_le_bytes());
     v.extend_from_slice(&bu.to_le_bytes());
     v.extend_from_slice(&sequence.to_le_bytes());
     v.extend_from_slice(&(run.len() as u16).to_le_bytes());
-    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(&codec.to_le_bytes());
     v.extend_from_slice(run.as_bytes());
     v
+}
+
+/// Encodes one event's header for a body stored as `body`.
+fn record_header(
+    event_id: u64,
+    trigger: u32,
+    count: u16,
+    flags: u16,
+    body: &[u8],
+) -> [u8; EVENT_HEADER_LEN] {
+    let mut b = [0u8; EVENT_HEADER_LEN];
+    b[0..4].copy_from_slice(&EVENT_MAGIC);
+    b[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    b[8..16].copy_from_slice(&event_id.to_le_bytes());
+    b[16..20].copy_from_slice(&trigger.to_le_bytes());
+    b[20..22].copy_from_slice(&count.to_le_bytes());
+    b[22..24].copy_from_slice(&flags.to_le_bytes());
+    b[24..28].copy_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    let h = crc32c::crc32c(&b[..28]);
+    b[28..32].copy_from_slice(&h.to_le_bytes());
+    b
 }
 
 /// Encodes one event's header for a body of `fragments`.
@@ -334,6 +368,15 @@ pub struct EventFileWriter {
     damaged: Option<String>,
     /// Permission bits of the data and metadata files (less the umask).
     mode: u32,
+    /// Event bodies compressed with zstd (`sink.compress`).
+    zstd: Option<Zstd>,
+}
+
+/// A compressor and its scratch space, kept for the file's life.
+struct Zstd {
+    c: zstd::bulk::Compressor<'static>,
+    plain: Vec<u8>,
+    packed: Vec<u8>,
 }
 
 impl EventFileWriter {
@@ -354,6 +397,30 @@ impl EventFileWriter {
         bu: u16,
         sequence: u32,
         mode: u32,
+    ) -> Result<EventFileWriter, EventFileError> {
+        EventFileWriter::create_as(dir, run, bu, sequence, mode, None)
+    }
+
+    /// As [`EventFileWriter::create_with_mode`], each event's body compressed with zstd at
+    /// `level` (a version-2 file, docs/formats.md §3) when that makes it smaller.
+    pub fn create_compressed(
+        dir: &Path,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+        mode: u32,
+        level: i32,
+    ) -> Result<EventFileWriter, EventFileError> {
+        EventFileWriter::create_as(dir, run, bu, sequence, mode, Some(level))
+    }
+
+    fn create_as(
+        dir: &Path,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+        mode: u32,
+        zstd_level: Option<i32>,
     ) -> Result<EventFileWriter, EventFileError> {
         let name = format!("{run}_bu{bu}_{sequence:06}.evb");
         let path = dir.join(&name);
@@ -396,8 +463,18 @@ impl EventFileWriter {
             renamed: false,
             damaged: None,
             mode,
+            zstd: None,
         };
-        let h = file_header(run, bu, sequence);
+        if let Some(level) = zstd_level {
+            let c = zstd::bulk::Compressor::new(level).map_err(io)?;
+            w.zstd = Some(Zstd {
+                c,
+                plain: Vec::new(),
+                packed: Vec::new(),
+            });
+        }
+        let codec = if zstd_level.is_some() { CODEC_ZSTD } else { 0 };
+        let h = file_header(run, bu, sequence, codec);
         if let Err(e) = w.put(&h).and_then(|_| w.writer().flush()) {
             // no temporary file is left behind by a failed start
             let _ = std::fs::remove_file(&tmp);
@@ -514,16 +591,23 @@ impl EventFileWriter {
         if self.batch.is_none() {
             self.batch = Some(self.mark());
         }
-        let r = (|| -> std::io::Result<()> {
-            self.put(&event_header(event_id, trigger, flags, fragments))?;
-            for (h, p) in fragments {
-                self.put(&h.encode())?;
-                for c in p.chunks() {
-                    self.put(c)?;
-                }
+        let r = match self.zstd.take() {
+            Some(mut z) => {
+                let r = self.put_compressed(&mut z, event_id, trigger, flags, fragments);
+                self.zstd = Some(z);
+                r
             }
-            Ok(())
-        })();
+            None => (|| -> std::io::Result<()> {
+                self.put(&event_header(event_id, trigger, flags, fragments))?;
+                for (h, p) in fragments {
+                    self.put(&h.encode())?;
+                    for c in p.chunks() {
+                        self.put(c)?;
+                    }
+                }
+                Ok(())
+            })(),
+        };
         match r {
             Ok(()) => {
                 let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
@@ -532,6 +616,42 @@ impl EventFileWriter {
             }
             Err(source) => Err(self.cut_back_batch(source)),
         }
+    }
+
+    /// One event with its body compressed, or as it is when compressing does not make it
+    /// smaller (incompressible payloads cost nothing to read back).
+    fn put_compressed(
+        &mut self,
+        z: &mut Zstd,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> std::io::Result<()> {
+        z.plain.clear();
+        for (h, p) in fragments {
+            z.plain.extend_from_slice(&h.encode());
+            for c in p.chunks() {
+                z.plain.extend_from_slice(c);
+            }
+        }
+        z.packed.clear();
+        z.packed
+            .reserve(zstd::zstd_safe::compress_bound(z.plain.len()));
+        z.c.compress_to_buffer(&z.plain, &mut z.packed)?;
+        let (body, flags) = if z.packed.len() < z.plain.len() {
+            (&z.packed, flags | EVENT_ZSTD)
+        } else {
+            (&z.plain, flags)
+        };
+        self.put(&record_header(
+            event_id,
+            trigger,
+            fragments.len() as u16,
+            flags,
+            body,
+        ))?;
+        self.put(body)
     }
 
     /// Flushes the events appended since the last flush (nothing to do if none were).
@@ -763,6 +883,8 @@ impl PartWriter for EventFileWriter {
 /// A data file's header (docs/formats.md §3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileHeader {
+    /// 0: bodies as they are; [`CODEC_ZSTD`]: compressed where flagged.
+    pub codec: u16,
     pub run: String,
     pub bu: u16,
     pub sequence: u32,
@@ -780,8 +902,14 @@ pub fn parse_file_header(data: &[u8], path: &str) -> Result<FileHeader, EventFil
     if data.len() < 16 || data[0..4] != FILE_MAGIC {
         return Err(bad("not an evb event file (magic \"EVBE\" missing)"));
     }
-    if data[4..6] != FORMAT_VERSION.to_le_bytes() {
-        return Err(bad("unsupported version"));
+    let version = u16::from_le_bytes([data[4], data[5]]);
+    let codec = u16::from_le_bytes([data[14], data[15]]);
+    match (version, codec) {
+        (FORMAT_VERSION, 0) | (FORMAT_VERSION_COMPRESSED, 0 | CODEC_ZSTD) => {}
+        (FORMAT_VERSION | FORMAT_VERSION_COMPRESSED, _) => {
+            return Err(bad(&format!("unknown codec {codec}")))
+        }
+        _ => return Err(bad("unsupported version")),
     }
     let run_len = u16::from_le_bytes([data[12], data[13]]) as usize;
     let run = data
@@ -790,11 +918,79 @@ pub fn parse_file_header(data: &[u8], path: &str) -> Result<FileHeader, EventFil
         .ok_or_else(|| bad("bad run id"))?
         .to_string();
     Ok(FileHeader {
+        codec,
         run,
         bu: u16::from_le_bytes([data[6], data[7]]),
         sequence: u32::from_le_bytes(data[8..12].try_into().expect("4")),
         len: 16 + run_len,
     })
+}
+
+/// A compressed file (`h.codec` not 0) as the same file uncompressed: version 1, every
+/// event's body unpacked, its header's length, CRC and flags made those of the plain body.
+/// Each compressed body's CRC32C is checked before it is unpacked. `None`: not compressed.
+pub fn unpacked(
+    data: &[u8],
+    h: &FileHeader,
+    path: &str,
+) -> Result<Option<Vec<u8>>, EventFileError> {
+    if h.codec == 0 {
+        return Ok(None);
+    }
+    let bad = |offset: usize, reason: String| EventFileError::Bad {
+        path: path.to_string(),
+        offset: offset as u64,
+        reason,
+    };
+    let mut out = Vec::with_capacity(data.len() * 3);
+    out.extend_from_slice(&data[..h.len]);
+    out[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out[14..16].copy_from_slice(&0u16.to_le_bytes());
+    let mut at = h.len;
+    let mut unpack =
+        zstd::bulk::Decompressor::new().map_err(|e| bad(0, format!("cannot start zstd: {e}")))?;
+    while at < data.len() {
+        let head = data
+            .get(at..at + EVENT_HEADER_LEN)
+            .filter(|h| h[0..4] == EVENT_MAGIC && crc32c::crc32c(&h[..28]) == u32_le(h, 28))
+            .ok_or_else(|| bad(at, EventRecordError::BadHeader.to_string()))?;
+        let len = u32_le(head, 4) as usize;
+        let body = data
+            .get(at + EVENT_HEADER_LEN..at + EVENT_HEADER_LEN + len)
+            .ok_or_else(|| bad(at, EventRecordError::TruncatedBody.to_string()))?;
+        let flags = u16::from_le_bytes([head[22], head[23]]);
+        if flags & EVENT_ZSTD == 0 {
+            out.extend_from_slice(&data[at..at + EVENT_HEADER_LEN + len]);
+        } else {
+            if crc32c::crc32c(body) != u32_le(head, 24) {
+                return Err(bad(at, "compressed body checksum mismatch".into()));
+            }
+            let size = zstd::zstd_safe::get_frame_content_size(body)
+                .ok()
+                .flatten()
+                .filter(|&n| n <= MAX_BODY as u64)
+                .ok_or_else(|| bad(at, "compressed body of no or too large a size".into()))?;
+            let plain = unpack
+                .decompress(body, size as usize)
+                .map_err(|e| bad(at, format!("compressed body: {e}")))?;
+            let id = u64::from_le_bytes(head[8..16].try_into().expect("8"));
+            let count = u16::from_le_bytes([head[20], head[21]]);
+            out.extend_from_slice(&record_header(
+                id,
+                u32_le(head, 16),
+                count,
+                flags & !EVENT_ZSTD,
+                &plain,
+            ));
+            out.extend_from_slice(&plain);
+        }
+        at += EVENT_HEADER_LEN + len;
+    }
+    Ok(Some(out))
+}
+
+fn u32_le(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4"))
 }
 
 /// One event read back from a file.
@@ -830,6 +1026,10 @@ impl EventFile {
 
     pub fn parse(data: Vec<u8>, path: String) -> Result<EventFile, EventFileError> {
         let h = parse_file_header(&data, &path)?;
+        let data = match unpacked(&data, &h, &path)? {
+            Some(image) => image,
+            None => data,
+        };
         Ok(EventFile {
             run: h.run,
             bu: h.bu,

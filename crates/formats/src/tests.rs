@@ -404,3 +404,89 @@ fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
         assert_eq!(got.fragments[0].1, payloads[e]);
     }
 }
+
+/// `sink.compress = "zstd"`: compressible bodies are stored as zstd frames (flag
+/// EVENT_ZSTD, a version-2 file), incompressible ones as they are; both read back exactly,
+/// and a damaged or oversized frame is refused with its offset.
+#[test]
+fn compressed_event_files_read_back_exactly_and_refuse_damage() {
+    use crate::events::{parse_file_header, CODEC_ZSTD, EVENT_ZSTD, FORMAT_VERSION_COMPRESSED};
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::new("t", 8192, 16);
+    let mut w = EventFileWriter::create_compressed(dir.path(), "z", 0, 0, 0o600, 3).unwrap();
+    // event 0: runs of bytes (compresses); event 1: SplitMix noise (does not)
+    let mut z = 7u64;
+    let noise: Vec<u8> = (0..3000)
+        .map(|_| {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (x ^ (x >> 31)) as u8
+        })
+        .collect();
+    let bodies = [vec![0x55u8; 3000], noise];
+    for (e, p) in bodies.iter().enumerate() {
+        let c = chain(&pool, p);
+        w.write_event(e as u64, e as u32 + 1, 0, &[(header(e as u64, 9, p), &c)])
+            .unwrap();
+    }
+    let meta = w.finish().unwrap();
+    let data = std::fs::read(dir.path().join("z_bu0_000000.evb")).unwrap();
+    assert!(
+        meta.bytes < 3000 + 3000,
+        "nothing was compressed: {}",
+        meta.bytes
+    );
+    let h = parse_file_header(&data, "z").unwrap();
+    assert_eq!(h.codec, CODEC_ZSTD);
+    assert_eq!(data[4..6], FORMAT_VERSION_COMPRESSED.to_le_bytes());
+    // the first record is flagged compressed, the second not
+    let first_flags = u16::from_le_bytes([data[h.len + 22], data[h.len + 23]]);
+    assert_eq!(first_flags & EVENT_ZSTD, EVENT_ZSTD);
+    let first_len = u32::from_le_bytes(data[h.len + 4..h.len + 8].try_into().unwrap()) as usize;
+    let second = h.len + 32 + first_len;
+    assert_eq!(
+        u16::from_le_bytes([data[second + 22], data[second + 23]]) & EVENT_ZSTD,
+        0
+    );
+    let got: Vec<_> = EventFile::parse(data.clone(), "z".into())
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(got.len(), 2);
+    for (ev, p) in got.iter().zip(&bodies) {
+        assert_eq!(ev.flags, 0, "the unpacked event keeps its own flags only");
+        assert_eq!(&ev.fragments[0].1, p);
+    }
+    // a flipped bit in the compressed body: refused by its CRC, with the offset
+    let mut bad = data.clone();
+    bad[h.len + 40] ^= 1;
+    let e = EventFile::parse(bad, "z".into()).err().unwrap().to_string();
+    assert!(e.contains(&format!("at byte {}", h.len)), "{e}");
+    // a frame that claims a body larger than any event may be: refused, not allocated
+    let mut bomb = data[..h.len].to_vec();
+    // (a real frame of 2 GiB of zeros: its header says 2^31 bytes, past the limit)
+    let frame = {
+        let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+        enc.set_pledged_src_size(Some(1 << 31)).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..2048 {
+            std::io::Write::write_all(&mut enc, &zeros).unwrap();
+        }
+        enc.finish().unwrap()
+    };
+    let rec = {
+        let mut r = vec![0u8; 32];
+        r[0..4].copy_from_slice(b"EVEV");
+        r[4..8].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        r[22..24].copy_from_slice(&EVENT_ZSTD.to_le_bytes());
+        r[24..28].copy_from_slice(&crc32c::crc32c(&frame).to_le_bytes());
+        let hc = crc32c::crc32c(&r[..28]);
+        r[28..32].copy_from_slice(&hc.to_le_bytes());
+        r
+    };
+    bomb.extend_from_slice(&rec);
+    bomb.extend_from_slice(&frame);
+    assert!(EventFile::parse(bomb, "z".into()).is_err());
+}

@@ -105,6 +105,8 @@ pub struct CommitInterval {
 pub enum FileFormat {
     /// evb's own `.evb` files (docs/formats.md §3).
     Evb,
+    /// `.evb` files with each event's body compressed with zstd at this level.
+    EvbZstd(i32),
     /// HDF5 files (docs/formats.md §6), payloads deflated at this level (None: stored).
     #[cfg(feature = "hdf5")]
     Hdf5 { deflate: Option<u8> },
@@ -221,6 +223,9 @@ impl FileSink {
             FileFormat::Evb => {
                 Box::new(EventFileWriter::create_with_mode(dir, run, bu, seq, mode)?)
             }
+            FileFormat::EvbZstd(level) => Box::new(EventFileWriter::create_compressed(
+                dir, run, bu, seq, mode, level,
+            )?),
             #[cfg(feature = "hdf5")]
             FileFormat::Hdf5 { deflate } => {
                 Box::new(evb_formats::hdf5_events::Hdf5EventWriter::create(
@@ -652,7 +657,7 @@ impl Sink for FileSink {
 
     fn name(&self) -> &'static str {
         match self.format {
-            FileFormat::Evb => "file",
+            FileFormat::Evb | FileFormat::EvbZstd(_) => "file",
             #[cfg(feature = "hdf5")]
             FileFormat::Hdf5 { .. } => "hdf5",
         }

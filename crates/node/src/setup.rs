@@ -262,7 +262,7 @@ pub fn logic(
                 SinkKind::Count => Box::new(CountingSink::default()),
                 SinkKind::File | SinkKind::Hdf5 => Box::new(crate::file_sink::FileSink::new(
                     std::path::PathBuf::from(&cfg.sink.dir),
-                    file_format(me.sink, cfg.sink.hdf5_deflate)?,
+                    file_format(me.sink, &cfg.sink)?,
                     &cfg.run.id,
                     me.index,
                     cfg.sink.file_max_events,
@@ -358,8 +358,12 @@ impl Sink for SlowSink {
 }
 
 /// The layout a BU's file sink writes (`sink.kind` "file" or "hdf5").
-fn file_format(kind: SinkKind, deflate: u8) -> Result<crate::file_sink::FileFormat, String> {
+fn file_format(
+    kind: SinkKind,
+    s: &evb_config::SinkSection,
+) -> Result<crate::file_sink::FileFormat, String> {
     use crate::file_sink::FileFormat;
+    let deflate = s.hdf5_deflate;
     match kind {
         #[cfg(feature = "hdf5")]
         SinkKind::Hdf5 => {
@@ -374,6 +378,9 @@ fn file_format(kind: SinkKind, deflate: u8) -> Result<crate::file_sink::FileForm
         SinkKind::Hdf5 => {
             let _ = deflate;
             Err("sink.kind = \"hdf5\": this evb was built without HDF5 (--features hdf5)".into())
+        }
+        _ if s.compress == evb_config::Compress::Zstd => {
+            Ok(FileFormat::EvbZstd(s.compress_level.unwrap_or(3)))
         }
         _ => Ok(FileFormat::Evb),
     }

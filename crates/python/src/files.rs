@@ -7,7 +7,7 @@ use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use evb_formats::events::{event_layout_at, parse_file_header, EventLayout};
+use evb_formats::events::{event_layout_at, parse_file_header, unpacked, EventLayout};
 use evb_formats::manifest::{judge, RunManifest};
 use pyo3::exceptions::{PyBufferError, PyIndexError, PyKeyError, PyOSError};
 use pyo3::ffi;
@@ -71,9 +71,16 @@ impl PyEventFile {
             } else {
                 Bytes::Read(std::fs::read(&path).map_err(os)?.into_boxed_slice())
             };
+            let h = parse_file_header(bytes.get(), &shown)
+                .map_err(|e| FormatError::new_err(e.to_string()))?;
+            // a compressed file is read as its unpacked image (its payloads then in memory)
+            let bytes = match unpacked(bytes.get(), &h, &shown)
+                .map_err(|e| FormatError::new_err(e.to_string()))?
+            {
+                Some(image) => Bytes::Read(image.into_boxed_slice()),
+                None => bytes,
+            };
             let data = bytes.get();
-            let h =
-                parse_file_header(data, &shown).map_err(|e| FormatError::new_err(e.to_string()))?;
             let (mut events, mut at) = (Vec::new(), h.len);
             while at < data.len() {
                 let (l, next) = event_layout_at(data, at)

@@ -112,3 +112,33 @@ def test_judge_run_says_complete_and_names_a_deleted_files_ids(run_dir, tmp_path
     j = evb.judge_run(copy)
     assert not j["complete"] and j["bad_files"] == [gone.name], j
     assert (first, first + count - 1) in [tuple(r) for r in j["missing"]], j
+
+
+CMS = ROOT.parent / "shared" / "data" / "cms"
+
+
+def cms_run(tmp, name, compress):
+    out = tmp / name
+    files = sorted(CMS.glob("*.raw"))
+    toml = (f'[run]\nid = "{name}"\nduration_s = 0\n[source]\nkind = "fed"\n'
+            f'[topology]\nbus = 2\nbase_port = {free_base_port(6)}\n'
+            f'[sink]\nkind = "file"\ndir = "{out}"\nfile_max_events = 1000\n{compress}\n')
+    for i, (src, f) in enumerate(zip((841, 843), files)):
+        toml += f'[[ru]]\nid = "ru{i}"\nsource_id = {src}\nfiles = ["{f}"]\n'
+    (tmp / f"{name}.toml").write_text(toml)
+    r = subprocess.run([evb_bin(), "run", "--config", str(tmp / f"{name}.toml")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = {}
+    for path in files_in(out):
+        for ev in evb.EventFile(path):
+            events[ev.event_id] = [(f.source_id, f.tobytes()) for f in ev.fragments]
+    return events
+
+
+@pytest.mark.skipif(not CMS.exists(), reason="the recorded CMS files are not beside the checkout")
+def test_zstd_compressed_files_read_as_the_plain_ones(tmp_path):
+    plain = cms_run(tmp_path, "plain", "")
+    packed = cms_run(tmp_path, "packed", 'compress = "zstd"')
+    assert len(plain) == 4685
+    assert packed == plain
