@@ -292,6 +292,17 @@ impl Planner<'_> {
                 max_fragment: None,
                 ..specs[0].clone()
             });
+            // the output formats against the plain file row of the same files (2048 events
+            // each): zstd per event, and HDF5 (a group and datasets per event: slower, so
+            // fewer events). An evb without HDF5 reports that row as failed.
+            for (sink, share) in [(Sink::FileZstd, 1), (Sink::Hdf5, 10)] {
+                specs.push(PipeSpec {
+                    sink,
+                    commit_events: Some(2048),
+                    fragments: specs[0].fragments / share,
+                    ..specs[0].clone()
+                });
+            }
         }
         for spec in specs {
             let scratch = std::env::temp_dir();
