@@ -153,8 +153,28 @@ pub(super) fn amend_manifest(cfg: &Config, problems: &[String], launched: std::t
     }
 }
 
-/// Output files: no event may be in two of them (a consumer would take it twice).
+/// Output files: no event may be in two of them (a consumer would take it twice). `.evb`
+/// files are read; HDF5 files are judged by the ids the run manifest lists for them.
 pub(super) fn duplicate_output(cfg: &Config, launched: std::time::SystemTime) -> Option<String> {
+    if cfg.sink.kind == evb_config::SinkKind::Hdf5 && !cfg.sink.dir.is_empty() {
+        let dir = PathBuf::from(&cfg.sink.dir);
+        let path = dir.join(evb_formats::manifest::manifest_name(&cfg.run.id));
+        let m = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= launched)
+            .then(|| std::fs::read(&path).ok())
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<evb_formats::manifest::RunManifest>(&b).ok())?;
+        let twice = evb_formats::manifest::judge(&dir, &m).twice;
+        if let Some((a, b)) = twice.first() {
+            return Some(format!(
+                "event ids {a}..={b} are in more than one output file in {} ({} runs of ids)",
+                dir.display(),
+                twice.len()
+            ));
+        }
+        return None;
+    }
     if cfg.sink.kind == evb_config::SinkKind::File && !cfg.sink.dir.is_empty() {
         let dir = PathBuf::from(&cfg.sink.dir);
         // this run's files only (an earlier run may have used the same ids)
