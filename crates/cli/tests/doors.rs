@@ -819,6 +819,13 @@ fn with_a_secret_the_output_files_are_not_readable_by_other_users() {
             .map(|e| e.path())
             .collect();
         assert!(files.len() >= 4, "{files:?}");
+        // the run manifest too (docs/formats.md §7)
+        assert!(
+            files
+                .iter()
+                .any(|f| f.to_string_lossy().ends_with(".manifest.json")),
+            "{files:?}"
+        );
         for f in &files {
             assert_eq!(mode(f), file_mode, "{}", f.display());
         }

@@ -168,7 +168,7 @@ fn without_the_feature_the_hdf5_sink_is_refused_by_name() {
     let cfg = d.path().join("c.toml");
     std::fs::write(&cfg, "[sink]\nkind = \"hdf5\"\ndir = \"/tmp/x\"\n").unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["check", "-c"])
+        .args(["config", "check"])
         .arg(&cfg)
         .output()
         .unwrap();

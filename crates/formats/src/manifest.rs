@@ -107,12 +107,12 @@ pub fn scan(dir: &Path, run: &str, since: Option<SystemTime>) -> (Vec<ManifestPa
 }
 
 /// Writes `m` into `dir` as [`manifest_name`], whole or not at all (a temporary renamed
-/// into place, synced).
-pub fn write(dir: &Path, m: &RunManifest) -> std::io::Result<PathBuf> {
+/// into place, synced), with permission bits `mode` (less the umask) as the run's files.
+pub fn write(dir: &Path, m: &RunManifest, mode: u32) -> std::io::Result<PathBuf> {
     let path = dir.join(manifest_name(&m.run));
     let tmp = dir.join(format!(".{}.tmp", manifest_name(&m.run)));
     let text = serde_json::to_string_pretty(m).map_err(std::io::Error::other)? + "\n";
-    let mut f = File::create(&tmp)?;
+    let mut f = crate::events::create_file(&tmp, mode)?;
     f.write_all(text.as_bytes())?;
     f.sync_data()?;
     std::fs::rename(&tmp, &path)?;

@@ -148,7 +148,7 @@ pub(super) fn amend_manifest(cfg: &Config, problems: &[String], launched: std::t
     }
     m.verdict = verdict.into();
     m.problems = problems.to_vec();
-    if let Err(e) = evb_formats::manifest::write(&dir, &m) {
+    if let Err(e) = evb_formats::manifest::write(&dir, &m, cfg.output_file_mode()) {
         eprintln!("evb: cannot amend the run manifest {}: {e}", path.display());
     }
 }

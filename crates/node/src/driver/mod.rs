@@ -738,7 +738,7 @@ impl Driver {
             parts,
             temporaries,
         };
-        match evb_formats::manifest::write(dir, &m) {
+        match evb_formats::manifest::write(dir, &m, self.cfg.output_file_mode()) {
             Ok(path) => info!(node = %self.me.id, "run manifest: {}", path.display()),
             Err(e) => {
                 warn!(node = %self.me.id, "cannot write the run manifest in {}: {e}", dir.display())
