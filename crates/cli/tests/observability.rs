@@ -125,7 +125,9 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
     std::fs::write(
         &conf,
         format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: evb\n    http_sd_configs:\n      - url: http://{}/api/v1/sd\n        refresh_interval: 5s\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: evb\n    http_sd_configs:\n      - url: http://{}/api/v1/sd\n        refresh_interval: 5s\n",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/prometheus-alerts.yml"),
             nodes[0]
         ),
     )
@@ -303,9 +305,69 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
             }
         }
     }
+    // the alert rules (docs/prometheus-alerts.yml) evaluate against the real series, and a
+    // clean running run fires none of them
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = prom
+            .get("/api/v1/rules")
+            .map(|r| r.body)
+            .unwrap_or(Value::Null);
+        let rules: Vec<Value> = r["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
+        let evaluated = rules.len() == 9
+            && rules
+                .iter()
+                .all(|x| x["health"] == "ok" && x["lastEvaluation"] != "0001-01-01T00:00:00Z");
+        if evaluated {
+            let firing: Vec<&Value> = rules.iter().filter(|x| x["state"] != "inactive").collect();
+            assert!(firing.is_empty(), "alerts on a clean run: {firing:?}");
+            eprintln!("the 9 alert rules evaluate against the run's series; none fires");
+            break;
+        }
+        assert!(Instant::now() < until, "alert rules not evaluated: {r}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
     assert!(up.ctl(&["stop"]).status.success());
     assert_eq!(up.wait_run(1)["ok"], true);
     assert!(up.halt().success());
+}
+
+/// The alert rules (docs/prometheus-alerts.yml) pass `promtool check rules`, and
+/// `promtool test rules` fires each on its cause and not on what merely resembles it
+/// (crates/cli/tests/prometheus/alerts-test.yml).
+#[test]
+fn the_alert_rules_check_and_fire_on_their_causes() {
+    let Some(promtool) = need("promtool") else {
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let check = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(root.join("../../docs/prometheus-alerts.yml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && said.contains("SUCCESS: 9 rules found"),
+        "{said}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let test = Command::new(&promtool)
+        .args(["test", "rules", "alerts-test.yml"])
+        .current_dir(root.join("tests/prometheus"))
+        .output()
+        .unwrap();
+    assert!(
+        test.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
 }
 
 /// With a secret, the page opened once with the token (the URL `evb up` prints) keeps a
