@@ -385,6 +385,7 @@ pub fn run_sub(a: &SubArgs) -> Result<(), String> {
     let mut tick_n = 0u64;
     let mut tick_b = 0u64;
     let mut timed_out = false;
+    let mut reached = std::collections::HashSet::new();
     while open > 0 && (a.count == 0 || received < a.count) {
         if Instant::now() > deadline {
             timed_out = true;
@@ -460,7 +461,9 @@ pub fn run_sub(a: &SubArgs) -> Result<(), String> {
                         );
                     }
                 }
-                SubEvent::Connected { .. } => {}
+                SubEvent::Connected { publisher, .. } => {
+                    reached.insert(publisher);
+                }
             }
         }
         if !a.quiet && tick.elapsed() >= Duration::from_secs(1) {
@@ -504,6 +507,16 @@ pub fn run_sub(a: &SubArgs) -> Result<(), String> {
     )?;
     if silent > 0 {
         return Err(format!("{silent} messages lost or corrupted without a gap"));
+    }
+    // a publisher asked for and never reached is a failure, not an empty success
+    let mut unreached: Vec<&str> = pubs
+        .iter()
+        .filter(|(c, _)| !reached.contains(*c))
+        .map(|(_, a)| a.as_str())
+        .collect();
+    if !unreached.is_empty() {
+        unreached.sort_unstable();
+        return Err(format!("could not reach {}", unreached.join(", ")));
     }
     Ok(())
 }

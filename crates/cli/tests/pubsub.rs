@@ -309,3 +309,21 @@ fn a_subscriber_killed_mid_stream_does_not_hold_up_the_others() {
     let victim_got = n(&pj, "delivered") - 2 * count;
     assert!(victim_got > 0 && victim_got < count, "{pj}");
 }
+
+/// A subscriber that reaches no publisher did nothing it was asked: it says whom it could
+/// not reach and exits 1 (it exited 0 after "connect failed").
+#[test]
+fn a_subscriber_that_reaches_no_publisher_fails() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let o = Command::new(EVB)
+        .args(["sub", "--quiet", "--timeout", "10", "--from", &addr])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("could not reach {addr}")), "{err}");
+}
