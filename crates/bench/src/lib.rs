@@ -50,11 +50,13 @@ pub struct BenchArgs {
     /// --quick.
     #[arg(long)]
     pub reps: Option<u32>,
-    /// Seconds per point for p2p, lat and nxn (default 0.5, 0.1 with --quick).
-    #[arg(long)]
+    /// Seconds per point for p2p, lat and nxn (default 0.5, 0.1 with --quick); a unit may
+    /// be given (`200ms`).
+    #[arg(long, value_parser = evb_config::duration::secs)]
     pub seconds: Option<f64>,
-    /// Seconds per event-building run (default 3, 1 with --quick).
-    #[arg(long)]
+    /// Seconds per event-building run (default 3, 1 with --quick); a unit may be given
+    /// (`1500ms`).
+    #[arg(long, value_parser = evb_config::duration::secs)]
     pub build_seconds: Option<f64>,
     /// Message sizes for p2p and pubsub, comma-separated, K/M suffixes allowed
     /// (default p2p 64,256,1K,...,4M; pubsub 64,1K,16K,256K,1M; 64,1M with --quick).
@@ -694,5 +696,20 @@ mod tests {
             no_iperf3: true,
         };
         assert!(run(&args).is_err());
+    }
+
+    /// `--seconds` and `--build-seconds` take units, as every other duration does.
+    #[test]
+    fn bench_durations_take_units() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        let c =
+            Cli::try_parse_from(["bench", "--seconds", "200ms", "--build-seconds", "2"]).unwrap();
+        assert_eq!((c.a.seconds, c.a.build_seconds), (Some(0.2), Some(2.0)));
+        assert!(Cli::try_parse_from(["bench", "--seconds", "2 parsecs"]).is_err());
     }
 }

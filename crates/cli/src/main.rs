@@ -2,7 +2,8 @@
 
 mod consume;
 mod ctl;
-mod duration;
+// durations on the command line, one convention for every tool
+use evb_config::duration;
 mod feed;
 mod inspect;
 mod inspect_run;
