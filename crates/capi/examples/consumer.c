@@ -7,10 +7,19 @@
  * Payloads are read in place in the BU's pool; releasing an event gives them back. With
  * SLEEP_US it works that long on each event: the builder slows to its pace (back-pressure),
  * nothing is lost. */
+/* nanosleep is POSIX: ask for it, so that the file builds with -std=c11 -Wpedantic */
+#define _POSIX_C_SOURCE 200809L
 #include <evb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <time.h>
+
+/* Waits `us` microseconds. */
+static void pause_us(unsigned long us) {
+    struct timespec t = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    nanosleep(&t, NULL);
+}
 
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 4) {
@@ -46,7 +55,7 @@ int main(int argc, char **argv) {
         bytes += at;
         id_sum += k;
         events++;
-        if (sleep_us) usleep(sleep_us);
+        if (sleep_us) pause_us(sleep_us);
         evb_event_release(e);
     }
     int rc = evb_consumer_finish(c);

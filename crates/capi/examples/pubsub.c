@@ -13,12 +13,21 @@
  * subscriber A sleeps that long per message and the publisher's max_queued is its least
  * (4 KiB): under policy drop A misses messages, each announced by a gap, and for every
  * subscriber received + missed is what was published on its tags. */
+/* nanosleep is POSIX: ask for it, so that the file builds with -std=c11 -Wpedantic */
+#define _POSIX_C_SOURCE 200809L
 #include <evb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <time.h>
+
+/* Waits `us` microseconds. */
+static void pause_us(unsigned long us) {
+    struct timespec t = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    nanosleep(&t, NULL);
+}
 
 #define TAGS 10
 
@@ -64,7 +73,7 @@ static void *take(void *arg) {
             w->out_of_order += m.seq != w->next[m.tag];
             w->next[m.tag] = m.seq + 1;
             w->received[m.tag]++;
-            if (w->slow_us) usleep(w->slow_us);
+            if (w->slow_us) pause_us(w->slow_us);
             fill(w->want, m.tag, m.seq);
             w->bad += m.len != size_of(m.tag, m.seq) || memcmp(m.data, w->want, m.len) != 0;
         } else if (m.kind == EVB_SUB_GAP) {

@@ -36,11 +36,13 @@ pub fn compile_c(source: &str, dir: &Path) -> Option<PathBuf> {
     let out = dir.join(name);
     let r = Command::new("cc")
         .args([
-            "-std=c99",
+            // as a user may build them: strict C11, every warning an error, no feature
+            // macros from outside (a file asks for POSIX itself)
+            "-std=c11",
+            "-Wpedantic",
             "-Wall",
             "-Wextra",
             "-Werror",
-            "-D_DEFAULT_SOURCE",
         ])
         .arg(capi.join(source))
         .arg("-I")
