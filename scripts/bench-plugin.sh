@@ -19,7 +19,7 @@ pyenv=$root/target/pyenv
 (cd "$root/crates/python" && VIRTUAL_ENV="$pyenv" PATH="$pyenv/bin:$PATH" maturin develop -q --release)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cc -O2 -std=c99 -D_DEFAULT_SOURCE "$root/crates/capi/examples/producer.c" -I "$root/crates/capi/include" \
+cc -O2 -std=c11 "$root/crates/capi/examples/producer.c" -I "$root/crates/capi/include" \
     -L "$target" -Wl,-rpath,"$target" -levb -o "$work/cproducer"
 printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$pyenv/bin/python" "$root/crates/python/examples/producer.py" > "$work/pyproducer"
 printf '#!/bin/sh\nexec "%s" "%s" "$@" --copy\n' "$pyenv/bin/python" "$root/crates/python/examples/producer.py" > "$work/pycopy"

@@ -237,7 +237,7 @@ fn install_script_and_pkg_config_build_a_c_program() {
     let exe = prefix.path().join("consumer");
     let o = Command::new("cc")
         .arg(capi.join("examples/consumer.c"))
-        .args(["-D_DEFAULT_SOURCE", "-o"])
+        .args(["-std=c11", "-Wpedantic", "-o"])
         .arg(&exe)
         .args(flags.split_whitespace())
         .output()
