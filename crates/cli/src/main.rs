@@ -9,6 +9,7 @@ mod inspect;
 mod inspect_run;
 mod json_out;
 mod launch;
+mod man;
 mod node_out;
 mod pubsub;
 mod rank;
@@ -649,8 +650,8 @@ fn main() -> ExitCode {
         Command::Man { dir } => {
             let written = match &dir {
                 Some(dir) => std::fs::create_dir_all(dir)
-                    .and_then(|()| clap_mangen::generate_to(Cli::command(), dir)),
-                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+                    .and_then(|()| man::generate_to(Cli::command(), dir)),
+                None => man::render(&Cli::command(), &mut std::io::stdout()),
             };
             match written {
                 Ok(()) => ExitCode::SUCCESS,
