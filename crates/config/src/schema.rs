@@ -597,7 +597,8 @@ pub struct SinkSection {
     pub kind: SinkKind,
     /// `file` sink: the directory the BUs write into.
     pub dir: String,
-    /// `file` sink: start a new file after this many events (0: no limit).
+    /// `file` sink: start a new file after this many events at most (0: no limit); the
+    /// commit interval (`commit_events`, `commit_ms`) and `file_max_mib` close one sooner.
     pub file_max_events: u64,
     /// `file` sink: start a new file after this many MiB (0: no limit).
     pub file_max_mib: u64,
