@@ -612,11 +612,11 @@ fn main() -> ExitCode {
                 let nodes = c.nodes();
                 let count = |r| nodes.iter().filter(|n| n.role == r).count();
                 println!(
-                    "{}: valid ({} RUs, {} BUs, transport {:?})",
+                    "{}: valid ({} RUs, {} BUs, transport {})",
                     file.display(),
                     count(evb_config::Role::Ru),
                     count(evb_config::Role::Bu),
-                    c.transport.kind
+                    c.transport.kind.name()
                 );
                 ExitCode::SUCCESS
             }

@@ -105,10 +105,10 @@ pub fn print(
             format!("{released} of {triggered} events released")
         };
         println!(
-            "{} RU x {} BU over {:?}: {what} in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
+            "{} RU x {} BU over {}: {what} in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
             r.n_ru,
             r.n_bu,
-            cfg.transport.kind,
+            cfg.transport.kind.name(),
             released as f64 / secs,
             built_bytes as f64 / secs / 1e9
         );

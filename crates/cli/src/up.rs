@@ -115,11 +115,11 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         return Err(format!("cannot leave the control URL for `evb ctl`: {e}"));
     }
     println!(
-        "evb up: {} nodes ready ({} RUs, {} BUs over {:?})",
+        "evb up: {} nodes ready ({} RUs, {} BUs over {})",
         nodes.len(),
         nodes.iter().filter(|n| n.role == Role::Ru).count(),
         nodes.iter().filter(|n| n.role == Role::Bu).count(),
-        resolved.transport.kind
+        resolved.transport.kind.name()
     );
     println!("evb up: run page and control API: {url}");
     if let Some((_, a)) = &standby {

@@ -336,6 +336,18 @@ pub enum TransportKind {
     Ofi,
 }
 
+impl TransportKind {
+    /// The name as a configuration file writes it (`transport.kind = "tcp"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Inproc => "inproc",
+            TransportKind::Shm => "shm",
+            TransportKind::Ofi => "ofi",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportSection {
