@@ -23,7 +23,7 @@ mod verdict;
 
 pub(crate) use placement::auto_place;
 pub(crate) use progress::STEADY_AFTER_S;
-use progress::{progress_line, RateMeter, SteadyRate};
+use progress::{progress_line, RateMeter, SteadyRate, Target};
 pub(crate) use signals::on_interrupt;
 pub use signals::{exit_on_interrupt, exit_when_stdin_closes, stop_on_interrupt};
 pub(crate) use spawn::{
@@ -294,7 +294,11 @@ fn watch(
                 note_exit(&mut how_ended, id, status, &latest, &ids[0]);
             }
         }
-        let line = progress_line(&latest, &mut rate);
+        let target = Target {
+            events: cfg.run.events,
+            duration_s: cfg.run.duration_s,
+        };
+        let line = progress_line(&latest, &mut rate, target);
         bar.set_message(line.clone());
         if !quiet && !tty && Instant::now() >= next_plain {
             eprintln!("evb: {line}");

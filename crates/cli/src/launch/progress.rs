@@ -5,12 +5,24 @@ use std::time::{Duration, Instant};
 
 use evb_builder::{NodeStatus, RoleStats, RunState};
 
-/// Live figures from the latest status lines.
+/// What the run is to do: `run.events` (0: no limit) and `run.duration_s` (0: none).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Target {
+    pub events: u64,
+    pub duration_s: f64,
+}
+
+/// Live figures from the latest status lines. Events built are the EVM's ledger's (released:
+/// final), not the BUs' sum, which a BU's restart sets back; with a target, the share done
+/// and the time left.
 pub(super) fn progress_line(
     latest: &BTreeMap<String, Box<NodeStatus>>,
     rate: &mut RateMeter,
+    target: Target,
 ) -> String {
-    let mut built = 0u64;
+    let mut built_by_bus = 0u64;
+    let mut released = None;
+    let mut running = false;
     let mut bytes = 0u64;
     let mut in_flight = 0u64;
     let mut credits = 0u64;
@@ -25,21 +37,43 @@ pub(super) fn progress_line(
                 }
             }
             RoleStats::Bu(s) => {
-                built += s.events_built;
+                built_by_bus += s.events_built;
                 bytes += s.payload_bytes_built;
             }
             RoleStats::Evm(s) => {
                 in_flight = s.in_flight;
                 credits = s.credits_available;
                 triggered = s.triggered;
+                released = Some(s.released);
+                running = v.state == RunState::Running;
             }
         }
     }
+    let built = released.unwrap_or(built_by_bus);
     let (ev_rate, byte_rate) = rate.update(built, bytes);
+    if running {
+        rate.started.get_or_insert_with(Instant::now);
+    }
     // nodes report at slightly different moments: never show more built than triggered
     let triggered = triggered.max(built);
-    let mut line = format!(
-        "built {built} of {triggered} events | {ev_rate:.0} ev/s | {:.2} GB/s | in flight {in_flight} | credits free {credits}",
+    let mut line = format!("built {built}");
+    if target.events > 0 {
+        let pct = 100.0 * built as f64 / target.events as f64;
+        line += &format!(" of {} ({pct:.0} %", target.events);
+        let left = target.events.saturating_sub(built);
+        if left > 0 && ev_rate > 0.0 {
+            line += &format!(", {} left", eta(left as f64 / ev_rate));
+        }
+        line += ")";
+    }
+    if target.duration_s > 0.0 {
+        if let Some(t0) = rate.started {
+            let done = t0.elapsed().as_secs_f64().min(target.duration_s);
+            line += &format!(" | {done:.0} of {:.0} s", target.duration_s);
+        }
+    }
+    line += &format!(
+        " | triggered {triggered} | {ev_rate:.0} ev/s | {:.2} GB/s | in flight {in_flight} | credits free {credits}",
         byte_rate / 1e9
     );
     if !waiting.is_empty() {
@@ -48,11 +82,23 @@ pub(super) fn progress_line(
     line
 }
 
+/// `secs` as a short time left: `42 s`, `3 min 5 s`, `2 h 10 min`.
+fn eta(secs: f64) -> String {
+    let s = secs.round() as u64;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
 /// Rates over the last second or so.
 pub(super) struct RateMeter {
     last: Option<(Instant, u64, u64)>,
     ev: f64,
     by: f64,
+    /// When the EVM was first seen running.
+    started: Option<Instant>,
 }
 
 impl RateMeter {
@@ -61,6 +107,7 @@ impl RateMeter {
             last: None,
             ev: 0.0,
             by: 0.0,
+            started: None,
         }
     }
 
@@ -148,6 +195,14 @@ impl SteadyRate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_left_reads_as_a_person_says_it() {
+        assert_eq!(eta(0.4), "0 s");
+        assert_eq!(eta(42.0), "42 s");
+        assert_eq!(eta(185.0), "3 min 5 s");
+        assert_eq!(eta(7800.0), "2 h 10 min");
+    }
 
     #[test]
     fn the_steady_rate_leaves_out_each_bus_start_and_sums_the_bus() {
