@@ -816,7 +816,9 @@ impl Driver {
                 Some(_) => vec![reason.clone()],
                 None => run.verdict(),
             });
-            if self.standby.fenced().is_none() {
+            // only the run's EVM: not one fenced by a newer, nor a standby that only followed
+            // (its ledger is empty; it would overwrite the run's manifest with nothing)
+            if self.standby.fenced().is_none() && !run.evm.following {
                 self.write_manifest(&run, ok, &reason);
             }
             report.run = Some(run);
