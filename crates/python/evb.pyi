@@ -31,6 +31,7 @@ __all__ = [
     "Refused",
     "RunOver",
     "SetupError",
+    "ConfigError",
     "StateError",
     "Timeout",
     "IoError",
@@ -96,6 +97,10 @@ class RunOver(Error):
 class SetupError(Error):
     """The node could not be set up (configuration, addresses, pools), or could not reach
     its EVM within `run.connect_timeout_s` (the message names the address tried)."""
+
+class ConfigError(SetupError):
+    """A configuration that is not valid TOML or that evb refuses: the message names the key
+    (a SetupError, so code that catches those catches it too)."""
 
 class StateError(Error):
     """A call that does not fit the object's state: a buffer submitted twice, a call after

@@ -52,6 +52,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     evb,
+    ConfigError,
+    SetupError,
+    "A configuration that is not valid TOML or that evb refuses: the message names the key (a SetupError, so code that catches those catches it too)."
+);
+pyo3::create_exception!(
+    evb,
     StateError,
     Error,
     "A call that does not fit the object's state: a buffer submitted twice, a call after finish, a release while views are alive."
@@ -111,12 +117,12 @@ pub(crate) fn load_config(config: &Bound<'_, PyAny>) -> PyResult<evb_plugin::Con
     if let Ok(text) = config.extract::<String>() {
         if text.contains('\n') {
             return evb_plugin::Config::from_toml(&text)
-                .map_err(|e| SetupError::new_err(e.to_string()));
+                .map_err(|e| ConfigError::new_err(e.to_string()));
         }
     }
     let os = config.py().import("os")?;
     let path: std::path::PathBuf = os.call_method1("fspath", (config,))?.extract()?;
-    evb_plugin::Config::from_file(&path).map_err(|e| SetupError::new_err(e.to_string()))
+    evb_plugin::Config::from_file(&path).map_err(|e| ConfigError::new_err(e.to_string()))
 }
 
 /// Waits until a node just started (`node`, a producer or consumer) is connected to its
@@ -211,6 +217,7 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Refused", py.get_type::<Refused>())?;
     m.add("RunOver", py.get_type::<RunOver>())?;
     m.add("SetupError", py.get_type::<SetupError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("IoError", py.get_type::<IoError>())?;

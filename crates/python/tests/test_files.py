@@ -142,3 +142,16 @@ def test_zstd_compressed_files_read_as_the_plain_ones(tmp_path):
     packed = cms_run(tmp_path, "packed", 'compress = "zstd"')
     assert len(plain) == 4685
     assert packed == plain
+
+
+def test_a_bad_configuration_is_a_config_error_naming_the_key(tmp_path):
+    # not TOML at all, and TOML with a value evb refuses: both ConfigError (a SetupError)
+    with pytest.raises(evb.ConfigError):
+        evb.Consumer("[run\nid = \n", "bu0")
+    with pytest.raises(evb.ConfigError, match="run.duration_s"):
+        evb.Producer("[run]\nduration_s = -1\n[source]\nkind = \"api\"\n", "ru0")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[sink]\nkind = \"file\"\n")
+    with pytest.raises(evb.SetupError, match="sink.dir"):
+        evb.Consumer(bad, "bu0")
+    assert issubclass(evb.ConfigError, evb.SetupError)
