@@ -186,37 +186,16 @@ fn without_the_feature_the_hdf5_sink_is_refused_by_name() {
 #[cfg(feature = "hdf5")]
 #[test]
 fn a_full_disk_holds_hdf5_events_back_and_loses_nothing() {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    if !root {
-        eprintln!("SKIPPED: needs root to mount a small tmpfs");
-        return;
-    }
     let Some(py) = python_with_h5py() else {
         return;
     };
     let d = out_dir();
     let mnt = d.path().join("small");
     let taken = d.path().join("taken");
-    std::fs::create_dir(&mnt).unwrap();
     std::fs::create_dir(&taken).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(&mnt)
-        .status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        eprintln!("SKIPPED: cannot mount a tmpfs here");
+    let Some(_mounted) = common::Tmpfs::mount(&mnt, "3m") else {
         return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.clone());
+    };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // a slow consumer: every 300 ms it moves the published files (data, then metadata) away
     let consumer = {

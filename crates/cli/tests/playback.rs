@@ -306,28 +306,11 @@ fn file_sink_round_trip_write_inspect_replay() {
 fn full_disk_holds_events_back_and_loses_nothing() {
     // A 3 MiB tmpfs that fills long before the run's ~16 MB are written; a "consumer" thread
     // moves completed files away (counting their events) so space comes back.
-    if unsafe_geteuid() != 0 || Command::new("mount").arg("--version").output().is_err() {
-        eprintln!("full_disk test skipped: needs root and mount");
-        return;
-    }
     let d = common::out_dir();
     let mnt = d.path().join("small");
-    std::fs::create_dir(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(&mnt)
-        .status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        eprintln!("full_disk test skipped: cannot mount a tmpfs here");
+    let Some(_mounted) = common::Tmpfs::mount(&mnt, "3m") else {
         return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.clone());
+    };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let consumer = {
         let (mnt, stop) = (mnt.clone(), stop.clone());
@@ -367,17 +350,6 @@ fn full_disk_holds_events_back_and_loses_nothing() {
     let stalls = s["nodes"]["bu0"]["sink"]["stalls"].as_u64().unwrap();
     assert!(stalls > 0, "the disk never filled: the test proves nothing");
     assert_eq!(consumed, 400, "every event reached a complete file");
-}
-
-fn unsafe_geteuid() -> u32 {
-    // Read our effective uid from /proc rather than calling libc.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|u| u.parse().ok())
-        .unwrap_or(u32::MAX)
 }
 
 #[test]

@@ -102,6 +102,34 @@ pub struct FileMeta {
     pub ranges: Vec<(u64, u32)>,
 }
 
+impl FileMeta {
+    /// The metadata of a file with no event yet.
+    pub fn new(
+        format: &str,
+        version: u16,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+        file: String,
+    ) -> FileMeta {
+        FileMeta {
+            format: format.into(),
+            version,
+            run: run.into(),
+            bu,
+            sequence,
+            file,
+            events: 0,
+            bytes: 0,
+            payload_bytes: 0,
+            first_event: None,
+            last_event: None,
+            crc32c: 0,
+            ranges: Vec::new(),
+        }
+    }
+}
+
 fn file_header(run: &str, bu: u16, sequence: u32, codec: u16) -> Vec<u8> {
     let mut v = Vec::with_capacity(16 + run.len());
     let version = if codec == 0 {
@@ -441,21 +469,7 @@ impl EventFileWriter {
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             tmp: tmp.clone(),
             path,
-            meta: FileMeta {
-                format: "evb-events".into(),
-                version: FORMAT_VERSION,
-                run: run.into(),
-                bu,
-                sequence,
-                file: name,
-                events: 0,
-                bytes: 0,
-                payload_bytes: 0,
-                first_event: None,
-                last_event: None,
-                crc32c: 0,
-                ranges: Vec::new(),
-            },
+            meta: FileMeta::new("evb-events", FORMAT_VERSION, run, bu, sequence, name),
             good: 0,
             batch: None,
             crc: 0,

@@ -147,9 +147,9 @@ fn listed(p: &ManifestPart) -> Vec<u64> {
         .collect()
 }
 
-/// The event ids of the `.evb` file at `path` in file order (`None`: unreadable or bad).
-fn evb_ids(path: &Path) -> Option<Vec<u64>> {
-    crate::events::EventFile::open(path)
+/// The event ids of the `.evb` file `data` in file order (`None`: bad).
+fn evb_ids(data: Vec<u8>, name: &str) -> Option<Vec<u64>> {
+    crate::events::EventFile::parse(data, name.to_string())
         .ok()?
         .map(|e| e.ok().map(|e| e.event_id))
         .collect()
@@ -180,8 +180,15 @@ pub fn judge(dir: &Path, m: &RunManifest) -> Judgement {
     let mut spans: Vec<(u64, u64)> = Vec::new();
     for p in &m.parts {
         let path = dir.join(&p.file);
-        let intact = size_and_crc(&path).is_ok_and(|sc| sc == (p.bytes, p.crc32c))
-            && (!p.file.ends_with(".evb") || evb_ids(&path).is_some_and(|ids| ids == listed(p)));
+        let intact = if p.file.ends_with(".evb") {
+            // read once: its size and CRC32C, then its events from the same bytes
+            std::fs::read(&path).is_ok_and(|data| {
+                (data.len() as u64, crc32c::crc32c(&data)) == (p.bytes, p.crc32c)
+                    && evb_ids(data, &p.file).is_some_and(|ids| ids == listed(p))
+            })
+        } else {
+            size_and_crc(&path).is_ok_and(|sc| sc == (p.bytes, p.crc32c))
+        };
         if !intact {
             j.bad_files.push(p.file.clone());
             continue;

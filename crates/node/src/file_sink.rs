@@ -262,7 +262,7 @@ impl FileSink {
                 f.w.discard();
                 continue;
             }
-            if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) = self.room_for(0) {
+            if let Err(SinkError::Busy(why) | SinkError::Fatal(why)) = self.room_for(&[]) {
                 failed = Some(why);
                 break;
             }
@@ -411,11 +411,20 @@ const HDF5_MARGIN: u64 = 1 << 20;
 impl FileSink {
     /// An HDF5 file cannot be cut back after a failed write (it is then lost, and the sink
     /// with it), so the sink writes only what the disk has room for, and otherwise holds
-    /// the events as for a full disk: `need` bytes besides the open file's metadata that
-    /// the library has yet to write.
-    fn room_for(&mut self, need: u64) -> Result<(), SinkError> {
+    /// the events as for a full disk: room for `run` (none: for closing the open files),
+    /// besides the open files' metadata that the library has yet to write. Other formats
+    /// pass at once (nothing is computed on their path).
+    fn room_for(&mut self, run: &[BuiltEvent]) -> Result<(), SinkError> {
         #[cfg(feature = "hdf5")]
         if let FileFormat::Hdf5 { .. } = self.format {
+            use evb_formats::hdf5_events::overhead_bytes;
+            let need: u64 = run
+                .iter()
+                .map(|ev| {
+                    let payload: u64 = ev.fragments.iter().map(|(_, c)| c.len() as u64).sum();
+                    payload + overhead_bytes(ev.fragments.len())
+                })
+                .sum();
             let unwritten: u64 = self.open.iter().map(|f| f.w.unwritten_bytes()).sum();
             let need = need + unwritten + HDF5_MARGIN;
             if let Some(free) = free_bytes(&self.dir).filter(|&free| free < need) {
@@ -426,7 +435,7 @@ impl FileSink {
                 )));
             }
         }
-        let _ = need;
+        let _ = run;
         Ok(())
     }
 
@@ -521,14 +530,7 @@ impl Sink for FileSink {
         if run.is_empty() {
             return (0, Ok(()));
         }
-        let need = run
-            .iter()
-            .map(|ev| {
-                let payload: u64 = ev.fragments.iter().map(|(_, c)| c.len() as u64).sum();
-                payload + 1024 + 1024 * ev.fragments.len() as u64
-            })
-            .sum();
-        if let Err(e) = self.room_for(need).and_then(|()| self.open_for_writing()) {
+        if let Err(e) = self.room_for(run).and_then(|()| self.open_for_writing()) {
             return (0, Err(e));
         }
         self.behind_sync = false;

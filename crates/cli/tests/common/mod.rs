@@ -352,3 +352,39 @@ pub fn wait_gone(pid: u64, what: &str, secs: u64) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// A small tmpfs mounted on `dir` (made here), of `size` (`"3m"`), unmounted when dropped:
+/// a disk that fills. `None`, said on stderr, where it cannot be had (not root, no mount):
+/// the caller skips.
+#[allow(dead_code)]
+pub struct Tmpfs(pub std::path::PathBuf);
+
+#[allow(dead_code)]
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        if !root {
+            eprintln!("SKIPPED: needs root to mount a small tmpfs");
+            return None;
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status();
+        if !mounted.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED: cannot mount a tmpfs here");
+            return None;
+        }
+        Some(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
