@@ -137,6 +137,7 @@ fn main() {
         credits: 4096,
         verify: Verify::Headers,
         generator: None,
+        slices: None,
         duplicate_window: 1 << 16,
     });
     b.set_join(!records);

@@ -19,6 +19,7 @@ use crate::action::{
 };
 use crate::event::BuiltEvent;
 use crate::evm::BuResync;
+use crate::frames::{check_slice, FrameGenerator};
 use crate::generator::Generator;
 use crate::ids::{Bits, FastSet, IdMap, RecentIds};
 use crate::join::{Join, Next};
@@ -44,6 +45,10 @@ pub struct BuConfig {
     pub credits: u32,
     pub verify: Verify,
     pub generator: Option<Generator>,
+    /// Building by time: how records are cut (every fragment is then a window fragment of
+    /// that record's slice, checked by [`check_slice`]) and the frames the generator makes
+    /// (checked byte by byte under [`Verify::Full`]).
+    pub slices: Option<FrameGenerator>,
     /// Span of event ids behind the newest built one within which a late duplicate is
     /// recognised (see `RecentIds`).
     pub duplicate_window: usize,
@@ -85,6 +90,10 @@ pub struct BuStats {
     /// Super-fragments whose directory is damaged or disagrees with their header.
     #[serde(default)]
     pub super_fragment_errors: u64,
+    /// Window fragments (building by time) that are damaged or hold another window than
+    /// their record's.
+    #[serde(default)]
+    pub window_errors: u64,
     /// Events built with a stream flagged for sync loss (`source.on_sync_loss = "flag"`).
     #[serde(default)]
     pub sync_loss_events: u64,
@@ -112,6 +121,7 @@ impl BuStats {
             + self.incomplete_at_stop
             + self.releases_refused
             + self.super_fragment_errors
+            + self.window_errors
             + self.output_lost
             + self.errors
             == 0
@@ -130,6 +140,7 @@ impl BuStats {
             ("events incomplete at stop", self.incomplete_at_stop),
             ("releases refused", self.releases_refused),
             ("super-fragment errors", self.super_fragment_errors),
+            ("window fragment errors", self.window_errors),
             ("events lost at the output", self.output_lost),
             ("other errors", self.errors),
         ]
@@ -156,6 +167,8 @@ struct Checked {
     content_error: bool,
     /// A super-fragment whose structure is wrong.
     super_error: bool,
+    /// A window fragment that is damaged or not this record's slice.
+    window_error: bool,
     /// A super-fragment that says a stream left it out.
     partial: bool,
 }
@@ -169,6 +182,7 @@ impl Checked {
             || self.crc_error
             || self.content_error
             || self.super_error
+            || self.window_error
             || self.partial)
     }
 }
@@ -969,14 +983,24 @@ impl Bu {
         let crc_error =
             self.cfg.verify != Verify::Headers && payload.crc32c() != header.payload_crc;
         let mut corrupt = source_mismatch || crc_error;
-        let content_error =
-            !corrupt
-                && self.cfg.verify == Verify::Full
-                && header.flags & FLAG_GENERATED != 0
-                && self.cfg.generator.as_ref().is_some_and(|g| {
+        let content_error = !corrupt
+            && self.cfg.verify == Verify::Full
+            && header.flags & FLAG_GENERATED != 0
+            && match &self.cfg.slices {
+                Some(f) => !f.verify(header.event_id, header.source_id, payload.chunks()),
+                None => self.cfg.generator.as_ref().is_some_and(|g| {
                     !g.verify(header.event_id, header.source_id, payload.chunks())
-                });
+                }),
+            };
         corrupt |= content_error;
+        let window_error = !corrupt
+            && self.cfg.verify != Verify::Headers
+            && self
+                .cfg
+                .slices
+                .as_ref()
+                .is_some_and(|f| check_slice(&f.slicing, header, payload).is_err());
+        corrupt |= window_error;
         let (super_error, partial) = if !corrupt && header.flags & FLAG_SUPER != 0 {
             check_super(header, payload).map_or((true, false), |p| (false, p))
         } else {
@@ -988,6 +1012,7 @@ impl Bu {
             crc_error,
             content_error,
             super_error,
+            window_error,
             partial,
         }
     }
@@ -1021,10 +1046,19 @@ impl Bu {
             tracing::warn!("event {id}: super-fragment from ru[{ru}]: {why}");
             self.stats.super_fragment_errors += 1;
         }
+        if checked.window_error {
+            let slicing = self.cfg.slices.as_ref().map(|f| f.slicing);
+            let why = slicing
+                .and_then(|s| check_slice(&s, &header, &payload).err())
+                .unwrap_or_default();
+            tracing::warn!("record {id}: window fragment from ru[{ru}]: {why}");
+            self.stats.window_errors += 1;
+        }
         let corrupt = checked.source_mismatch
             || checked.crc_error
             || checked.content_error
-            || checked.super_error;
+            || checked.super_error
+            || checked.window_error;
         if let Some(j) = &mut self.join {
             // a fragment that failed a check, or left a stream out, is not the regular case
             if j.takes(ru, id) && !corrupt && !partial {
@@ -1517,6 +1551,7 @@ mod records_tests {
             credits: 64,
             verify: Verify::Headers,
             generator: None,
+            slices: None,
             duplicate_window: 1024,
         })
     }

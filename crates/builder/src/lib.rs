@@ -12,6 +12,7 @@ pub mod assembly;
 mod bu;
 mod event;
 mod evm;
+pub mod frames;
 mod generator;
 mod ids;
 mod join;

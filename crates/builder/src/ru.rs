@@ -291,7 +291,7 @@ impl Ru {
                 s.stream_fragments_unbuilt = f.unbuilt();
                 s.silent_streams = f.stats.silent.clone();
             }
-            Source::Generator(_) => {}
+            Source::Generator(_) | Source::Frames(_) => {}
         }
         s.retained = self.retained_count;
         s.pending_events = self.pending.iter().map(|(r, _)| r.count as u64).sum();

@@ -11,6 +11,7 @@ use std::time::Instant;
 use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING};
 
 use crate::assembly::Assembled;
+use crate::frames::FrameGenerator;
 use crate::generator::Generator;
 
 /// One recorded fragment: its bytes in the recording, or `None` when it was dropped as
@@ -162,6 +163,9 @@ impl LiveFeed {
 #[derive(Debug, Clone)]
 pub enum Source {
     Generator(Generator),
+    /// The generator's continuous time frames, a record being a time slice
+    /// (`builder.by = "time"`).
+    Frames(FrameGenerator),
     Playback(Recording),
     Live(LiveFeed),
 }
@@ -192,7 +196,7 @@ impl Source {
     /// How many events this source can supply (`None`: no end).
     pub fn available(&self) -> Option<u64> {
         match self {
-            Source::Generator(_) => None,
+            Source::Generator(_) | Source::Frames(_) => None,
             Source::Playback(r) if r.looped && !r.fragments.is_empty() => None,
             Source::Playback(r) => Some(r.fragments.len() as u64),
             // announced as it arrives (`Available`)
@@ -215,6 +219,7 @@ impl Source {
                 trigger_number: event_id as u32,
                 flags: FLAG_GENERATED,
             },
+            Source::Frames(f) => f.spec(event_id, source_id),
             Source::Playback(r) => match Self::recorded(r, event_id) {
                 Some(Recorded {
                     trigger_number,
@@ -259,6 +264,7 @@ impl Source {
     pub fn fill(&self, event_id: u64, source_id: u16, offset: usize, buf: &mut [u8]) {
         match self {
             Source::Generator(g) => g.fill(event_id, source_id, offset, buf),
+            Source::Frames(f) => f.fill(event_id, source_id, offset, buf),
             Source::Playback(r) => {
                 if let Some(Recorded { bytes: Some(b), .. }) = Self::recorded(r, event_id) {
                     let start = b.start + offset;
@@ -276,7 +282,7 @@ impl Source {
     pub fn generator(&self) -> Option<&Generator> {
         match self {
             Source::Generator(g) => Some(g),
-            Source::Playback(_) | Source::Live(_) => None,
+            Source::Frames(_) | Source::Playback(_) | Source::Live(_) => None,
         }
     }
 

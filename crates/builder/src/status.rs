@@ -102,6 +102,7 @@ impl RoleStats {
             RoleStats::Bu(s) => vec![
                 ("crc", s.crc_errors),
                 ("content", s.content_errors),
+                ("window", s.window_errors),
                 ("trigger_mismatch", s.trigger_mismatches),
                 ("duplicate_fragment", s.duplicate_fragments),
                 ("source_mismatch", s.source_mismatches),

@@ -48,6 +48,7 @@ fn bu_cfg(index: u16, n_ru: u16, credits: u32) -> BuConfig {
         credits,
         verify: Verify::Full,
         generator: Some(generator()),
+        slices: None,
         duplicate_window: 1 << 16,
     }
 }
@@ -1185,6 +1186,7 @@ fn static_content_is_made_once_and_sent_by_reference() {
     r.poll(now);
     let mut b = Bu::new(BuConfig {
         generator: Some(g.clone()),
+        slices: None,
         source_ids: vec![100],
         ..bu_cfg(0, 1, 1000)
     });
@@ -2266,6 +2268,7 @@ fn run_bu_script(
     let mut b = Bu::new(BuConfig {
         verify: Verify::Crc,
         generator: None,
+        slices: None,
         ..bu_cfg(0, n_ru, 1 << 20)
     });
     b.set_join(join);

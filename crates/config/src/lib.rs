@@ -23,6 +23,7 @@ mod memory;
 mod net;
 mod schema;
 mod stream;
+mod time;
 mod topology;
 mod validate;
 pub use api::API_PREFIX_LEN;
@@ -32,11 +33,11 @@ mod tests;
 pub use memory::{HostMemory, PoolPlan};
 pub use net::{AllowedNet, Interface};
 pub use schema::{
-    Assignment, BuSection, BufferSection, BuilderSection, Compress, Config, Content,
-    ControlSection, Distribution, EvmSection, FragmentSection, MessagingSection, OnError,
-    Placement, Priority, RuLossPolicy, RuSection, RunSection, Shaping, SinkKind, SinkSection,
-    SourceKind, SourceSection, TopologySection, TrafficSection, TransportKind, TransportSection,
-    VerifyLevel, MAX_CPUS,
+    Assignment, BuSection, BufferSection, BuildBy, BuilderSection, Compress, Config, Content,
+    ControlSection, Distribution, EvmSection, FragmentSection, FramesSection, MessagingSection,
+    OnError, Placement, Priority, RuLossPolicy, RuSection, RunSection, Shaping, SinkKind,
+    SinkSection, SourceKind, SourceSection, TopologySection, TrafficSection, TransportKind,
+    TransportSection, VerifyLevel, MAX_CPUS,
 };
 pub use stream::{OnSyncLoss, StreamFormat};
 pub use topology::{host_of, NodeSpec, Role};

@@ -15,6 +15,8 @@ use crate::stream::{OnSyncLoss, StreamFormat};
 pub struct Config {
     pub run: RunSection,
     pub fragments: FragmentSection,
+    /// The generator's time frames (`builder.by = "time"`).
+    pub frames: FramesSection,
     pub builder: BuilderSection,
     pub buffers: BufferSection,
     pub messaging: MessagingSection,
@@ -215,6 +217,52 @@ pub struct BuilderSection {
     pub on_ru_loss: RuLossPolicy,
     /// How the EVM picks each batch's BU: "credits" (the next with credit) or "random".
     pub assignment: Assignment,
+    /// What a record is: "event" (one trigger, a fragment per source) or "time" (one time
+    /// slice of continuous streams: docs/architecture.md, "Building by time").
+    pub by: BuildBy,
+    /// Under `by = "time"`: ticks in each slice's core.
+    pub slice_ticks: u64,
+    /// Under `by = "time"`: ticks after a core whose frames the slice carries again (the
+    /// next slice's first frames).
+    pub overlap_ticks: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildBy {
+    #[default]
+    Event,
+    Time,
+}
+
+/// The generator's continuous data under `builder.by = "time"`: each source's stream is a
+/// sequence of frames of `ticks` ticks each, frame j covering `[j·ticks, (j+1)·ticks)`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FramesSection {
+    /// Ticks per frame.
+    pub ticks: u64,
+    /// Payload bytes per frame (the mean, for log-normal sizes).
+    pub size: u64,
+    pub distribution: Distribution,
+    /// Log-normal standard deviation in bytes (0: equal to `size`).
+    pub stddev: u64,
+    /// Log-normal bounds (0: 0 bytes and 4 × `size`).
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Default for FramesSection {
+    fn default() -> Self {
+        FramesSection {
+            ticks: 1000,
+            size: 1024,
+            distribution: Distribution::Fixed,
+            stddev: 0,
+            min: 0,
+            max: 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -240,6 +288,9 @@ impl Default for BuilderSection {
             verify: VerifyLevel::Full,
             on_ru_loss: RuLossPolicy::Stop,
             assignment: Assignment::Credits,
+            by: BuildBy::Event,
+            slice_ticks: 100_000,
+            overlap_ticks: 1000,
         }
     }
 }

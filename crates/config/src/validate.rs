@@ -68,6 +68,7 @@ impl Config {
             return Err(invalid("run.id", "must be 1 to 64 bytes"));
         }
         self.check_ranges()?;
+        crate::time::validate(self)?;
         self.check_slots()?;
         crate::api::validate(self)?;
         let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use evb_buffers::Pool;
+use evb_builder::frames::{FrameGenerator, Slicing};
 use evb_builder::{
     Bu, BuConfig, Content, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig,
     Sink, SizeModel, Source, Verify,
@@ -23,7 +24,10 @@ pub enum Logic {
 }
 
 pub fn generator(cfg: &Config) -> Generator {
-    let f = &cfg.fragments;
+    generator_of(&cfg.fragments, cfg.run.seed)
+}
+
+fn generator_of(f: &evb_config::FragmentSection, seed: u64) -> Generator {
     let sizes = match f.distribution {
         Distribution::Fixed => SizeModel::Fixed(f.size as usize),
         Distribution::Lognormal => SizeModel::LogNormal {
@@ -41,7 +45,25 @@ pub fn generator(cfg: &Config) -> Generator {
         evb_config::Content::Unique => Content::Unique,
         evb_config::Content::Static => Content::Static,
     };
-    Generator::new(sizes, cfg.run.seed).with_content(content)
+    Generator::new(sizes, seed).with_content(content)
+}
+
+/// The generator's time frames and the slicing, when the run builds by time.
+pub fn frame_generator(cfg: &Config) -> Option<FrameGenerator> {
+    cfg.by_time().then(|| {
+        let mut sizes = generator_of(&cfg.frames.as_fragments(), cfg.run.seed);
+        if let SizeModel::LogNormal { min, .. } = &mut sizes.sizes {
+            *min = cfg.frames.min as usize; // a frame may be empty
+        }
+        FrameGenerator::new(
+            sizes,
+            cfg.frames.ticks,
+            Slicing {
+                slice: cfg.builder.slice_ticks,
+                overlap: cfg.builder.overlap_ticks,
+            },
+        )
+    })
 }
 
 /// Where a node listens: its configured address, or a name in the process for `inproc`.
@@ -93,7 +115,15 @@ pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
     if cfg.source.kind != SourceKind::Generator {
         return (cfg.default_credits() / 4).clamp(1, 1024);
     }
-    let event = (cfg.fragments.size + FRAGMENT_PREFIX_LEN as u64) * n_ru.max(1);
+    let fragment = if cfg.by_time() {
+        // a slice's window holds about (slice + overlap) / frame ticks frames
+        let b = &cfg.builder;
+        let frames = (b.slice_ticks + b.overlap_ticks) / cfg.frames.ticks.max(1);
+        frames.max(1) * (cfg.frames.size + 32) + 32
+    } else {
+        cfg.fragments.size
+    };
+    let event = (fragment + FRAGMENT_PREFIX_LEN as u64) * n_ru.max(1);
     (cfg.messaging.page_size / event).clamp(1, 1024) as u32
 }
 
@@ -207,7 +237,10 @@ pub fn logic(
                 index: me.index,
                 source_id: me.source_id,
                 source: match cfg.source.kind {
-                    SourceKind::Generator => Source::Generator(generator(cfg)),
+                    SourceKind::Generator => match frame_generator(cfg) {
+                        Some(f) => Source::Frames(f),
+                        None => Source::Generator(generator(cfg)),
+                    },
                     SourceKind::Stream | SourceKind::Api => {
                         Source::Live(evb_builder::LiveFeed::default())
                     }
@@ -288,6 +321,7 @@ pub fn logic(
                 credits: me.credits,
                 verify,
                 generator: Some(generator(cfg)),
+                slices: frame_generator(cfg),
                 // about the last 65 536 events this BU built, with events spread over
                 // every BU
                 duplicate_window: (1 << 16) * n_bu.max(1) as usize,

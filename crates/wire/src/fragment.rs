@@ -16,7 +16,11 @@ pub const FLAG_SUPER: u16 = 0x0004;
 /// Flag: a stream of this super-fragment disagreed on the trigger number (sync loss) and the
 /// event was built anyway (`source.on_sync_loss = "flag"`); its entry says which.
 pub const FLAG_SYNC_LOSS: u16 = 0x0008;
-pub(crate) const KNOWN_FLAGS: u16 = FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS;
+/// Flag: the payload is a window fragment, one RU's time frames for one record's window
+/// (building by time; layout in [`crate::window`] and docs/protocol.md §10.2).
+pub const FLAG_WINDOW: u16 = 0x0010;
+pub(crate) const KNOWN_FLAGS: u16 =
+    FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS | FLAG_WINDOW;
 
 /// Fragment header, 32 bytes, little-endian:
 /// event id u64 | trigger number u32 | source id u16 | flags u16 | payload size u32 |

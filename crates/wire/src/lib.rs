@@ -1,5 +1,5 @@
 //! evb wire formats, without IO: the frame header, the connection handshake, the
-//! event-building messages, the fragment header and the super-fragment directory. Every `decode` checks every field and
+//! event-building messages, the fragment header, the super-fragment directory and the window fragment of timestamped data. Every `decode` checks every field and
 //! returns a [`WireError`] naming what was wrong; nothing here panics on input.
 //! docs/protocol.md describes the same layouts byte by byte.
 
@@ -15,11 +15,12 @@ mod message;
 pub mod pubsub;
 pub mod resync;
 pub mod super_fragment;
+pub mod window;
 
 pub use error::{Result, WireError};
 pub use fragment::{
     fragment_prefix, write_fragment_prefix, FragmentHeader, FLAG_GENERATED, FLAG_MISSING,
-    FLAG_SUPER, FLAG_SYNC_LOSS, FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
+    FLAG_SUPER, FLAG_SYNC_LOSS, FLAG_WINDOW, FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
 };
 pub use frame::{
     FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION,

@@ -217,7 +217,7 @@ proptest! {
         match FragmentHeader::decode(&b) {
             Ok(got) => {
                 prop_assert_eq!(&got.encode()[..], &b[..FRAGMENT_HEADER_LEN]);
-                prop_assert_eq!(got.flags & !(FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS), 0);
+                prop_assert_eq!(got.flags & !(FLAG_MISSING | FLAG_GENERATED | FLAG_SUPER | FLAG_SYNC_LOSS | FLAG_WINDOW), 0);
             }
             Err(e) => prop_assert!(matches!(
                 e,

@@ -407,6 +407,7 @@ mod tests {
             credits: 64,
             verify: Verify::Headers,
             generator: None,
+            slices: None,
             duplicate_window: 1024,
         });
         b.set_join(true);
