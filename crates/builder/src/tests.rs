@@ -2363,3 +2363,107 @@ fn joined_and_recorded_bus_give_the_same_output() {
         assert!(!recorded.0.is_empty(), "{what}: something was built");
     }
 }
+
+/// Building by time: an RU of the generator's frames makes each slice's window fragment,
+/// and the BU builds it; a window fragment of another slice, one with a damaged frame
+/// (its fragment CRC made right again), and a plain fragment are each counted as a window
+/// error, and their record is flagged corrupt, never built as if it were good.
+#[test]
+fn bu_checks_every_slice_fragment_against_its_window() {
+    use crate::frames::{FrameGenerator, Slicing};
+    let frames = FrameGenerator::new(
+        Generator::new(SizeModel::Fixed(40), 3),
+        10,
+        Slicing {
+            slice: 100,
+            overlap: 20,
+        },
+    );
+    let slice_fragment = |id: u64| {
+        let mut r = Ru::new(
+            RuConfig {
+                index: 0,
+                source_id: 100,
+                source: Source::Frames(frames.clone()),
+                max_per_poll: 16,
+                max_run_bytes: 4 * 1024,
+            },
+            Pool::new("ru", 64 * 1024, 4),
+        );
+        r.handle(Instant::now(), NodeRef::Evm, Message::Start);
+        r.handle(Instant::now(), NodeRef::Evm, assign(0, id, 1));
+        r.poll(Instant::now());
+        loop {
+            match r.next_action() {
+                Some(Action::SendFragments { data, .. }) => {
+                    return decode_fragments(&data).into_iter().next().unwrap()
+                }
+                Some(_) => continue,
+                None => panic!("no fragment"),
+            }
+        }
+    };
+    let now = Instant::now();
+    for verify in [Verify::Crc, Verify::Full] {
+        let mut b = Bu::new(BuConfig {
+            verify,
+            slices: Some(frames.clone()),
+            ..bu_cfg(0, 1, 8)
+        });
+        b.handle(now, NodeRef::Evm, Message::Start);
+        b.handle(now, NodeRef::Evm, assign(0, 0, 5));
+        let (h, p) = slice_fragment(0);
+        assert_eq!(
+            p.len(),
+            32 + 12 * 8 + 12 * (24 + 40),
+            "12 frames begin in [0, 120)"
+        );
+        b.handle_fragment(now, NodeRef::Ru(0), h, p);
+        let built = drain_delivered(&mut b);
+        assert_eq!((built.len(), built[0].corrupt), (1, false));
+        assert!(b.stats().clean(), "{}", b.stats().errors_in_words());
+
+        // slice 2's fragment sent as slice 1's
+        let (h2, p2) = slice_fragment(2);
+        b.handle_fragment(
+            now,
+            NodeRef::Ru(0),
+            FragmentHeader { event_id: 1, ..h2 },
+            p2,
+        );
+        // slice 2 with a frame's byte changed, the fragment CRC made to match
+        let (h2, p2) = slice_fragment(2);
+        let mut bytes = p2.to_vec();
+        *bytes.last_mut().unwrap() ^= 1;
+        let damaged = Chain::from_slice(
+            Pool::new("x", 64 * 1024, 1)
+                .try_alloc()
+                .unwrap()
+                .append(&bytes)
+                .unwrap(),
+        );
+        let h2 = FragmentHeader {
+            payload_crc: damaged.crc32c(),
+            ..h2
+        };
+        b.handle_fragment(now, NodeRef::Ru(0), h2, damaged);
+        // slice 3 as a plain fragment
+        let (h3, p3) = slice_fragment(3);
+        let plain = FragmentHeader {
+            flags: evb_wire::FLAG_GENERATED,
+            ..h3
+        };
+        b.handle_fragment(now, NodeRef::Ru(0), plain, p3);
+        let built = drain_delivered(&mut b);
+        assert_eq!(built.len(), 3);
+        assert!(built.iter().all(|e| e.corrupt), "all three flagged");
+        let s = b.stats();
+        match verify {
+            // the bytes are checked first: two are other bytes than their slice's, and the
+            // plain one has the right bytes but is no window fragment
+            Verify::Full => assert_eq!((s.content_errors, s.window_errors), (2, 1)),
+            _ => assert_eq!((s.content_errors, s.window_errors), (0, 3)),
+        }
+        assert!(!s.clean());
+    }
+}

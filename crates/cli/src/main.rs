@@ -618,6 +618,17 @@ fn main() -> ExitCode {
                     count(evb_config::Role::Bu),
                     c.transport.kind.name()
                 );
+                if c.by_time() {
+                    let b = &c.builder;
+                    println!(
+                        "  built by time: slices of {} ticks carrying {} more, frames of {} \
+                         ticks, fragments of up to {} bytes",
+                        b.slice_ticks,
+                        b.overlap_ticks,
+                        c.frames.ticks,
+                        c.max_fragment()
+                    );
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

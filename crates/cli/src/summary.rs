@@ -97,15 +97,25 @@ pub fn print(
             .map(|b| b.payload_bytes_built)
             .sum(),
     };
+    // a record is an event, or a time slice of the streams (builder.by = "time")
+    let (records, every) = if cfg.by_time() {
+        let end = triggered.saturating_mul(cfg.builder.slice_ticks);
+        (
+            "slices",
+            format!("every time slice ({triggered}: ticks [0, {end}) of every stream)"),
+        )
+    } else {
+        ("events", format!("every triggered event ({triggered})"))
+    };
     println!();
     if let Some(r) = run.filter(|_| secs > 0.0) {
         let what = if released == triggered {
-            format!("{triggered} events")
+            format!("{triggered} {records}")
         } else {
-            format!("{released} of {triggered} events released")
+            format!("{released} of {triggered} {records} released")
         };
         println!(
-            "{} RU x {} BU over {}: {what} in {secs:.2} s = {:.0} events/s, {:.3} GB/s built",
+            "{} RU x {} BU over {}: {what} in {secs:.2} s = {:.0} {records}/s, {:.3} GB/s built",
             r.n_ru,
             r.n_bu,
             cfg.transport.kind.name(),
@@ -147,11 +157,13 @@ pub fn print(
     };
     if problems.is_empty() && partial > 0 {
         println!(
-            "VERDICT: OK - every triggered event ({triggered}) built exactly once, checksums valid; \
+            "VERDICT: OK - {every} built exactly once, checksums valid; \
              {partial} built as partial events ({dropped} bad fragments dropped at the RUs and flagged missing){unbuilt_note}"
         );
     } else if problems.is_empty() {
-        println!("VERDICT: OK - every triggered event ({triggered}) built exactly once, complete, checksums valid{unbuilt_note}");
+        println!(
+            "VERDICT: OK - {every} built exactly once, complete, checksums valid{unbuilt_note}"
+        );
     } else {
         println!("VERDICT: FAILED");
         for p in problems {

@@ -7,6 +7,8 @@
 //! - docs/plugin.md, "Configuration": `daq.toml`, two `evb node` processes, the C consumer
 //!   and two C producers (crates/capi/examples) standing for `./consumer` and `./producer`.
 //! - docs/operations.md, "A filter farm": `farm.toml`, `evb run` and two `evb consume`.
+//! - docs/operations.md, "Streaming readout: time slices": `slices.toml`, `evb config check`,
+//!   `evb run` and the outside checker of docs/formats.md §8.
 
 mod common;
 
@@ -298,4 +300,87 @@ fn operations_md_farm_recipe_runs_as_written() {
     // what the consumers wrote is there, one folder each
     let folders = std::fs::read_dir(&data).unwrap().count();
     assert_eq!(folders, 2, "{}", data.display());
+}
+
+/// docs/operations.md, "Streaming readout: time slices": `slices.toml`, `evb config check`,
+/// `evb run` and the outside checker, each printing what the doc's sample says.
+#[test]
+fn streaming_recipe_runs_as_written() {
+    let heading = "## Streaming readout: time slices";
+    let toml = fenced("docs/operations.md", heading, "toml", 0);
+    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    if !Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("streaming recipe: skipped: python3 is not installed");
+        return;
+    }
+    let dir = common::out_dir();
+    // only the site changes: free ports for the nodes and their control APIs
+    let base = free_base_port(14);
+    let toml = toml.replacen(
+        "[topology]\n",
+        &format!(
+            "[control]\nbase_port = {}\n[topology]\nbase_port = {base}\n",
+            base + 7
+        ),
+        1,
+    );
+    std::fs::write(dir.path().join("slices.toml"), &toml).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cmds = commands(&sh);
+    assert_eq!(cmds.len(), 3, "{cmds:?}");
+    let mut said = Vec::new();
+    for c in &cmds {
+        let o = match c[0].as_str() {
+            "evb" => Command::new(EVB)
+                .args(&c[1..])
+                .current_dir(dir.path())
+                .output()
+                .unwrap(),
+            "python3" => Command::new("python3")
+                .arg(repo.join(&c[1]))
+                .args(&c[2..])
+                .current_dir(dir.path())
+                .output()
+                .unwrap(),
+            other => panic!("a program the test does not know: {other}"),
+        };
+        assert!(o.status.success(), "{c:?}:\n{}", common::text(&o));
+        said.push(String::from_utf8_lossy(&o.stdout).into_owned());
+    }
+    // the doc's sample lines, as printed (the checker's: its fields, the elided ones aside)
+    for line in sample(&sh, "slices.toml: ")
+        .into_iter()
+        .chain(sample(&sh, "  built by time: "))
+    {
+        assert!(said[0].contains(line), "{line:?} not in\n{}", said[0]);
+    }
+    let verdict = sample(&sh, "VERDICT: ");
+    assert_eq!(verdict.len(), 1, "{sh}");
+    assert!(
+        said[1].contains(verdict[0]),
+        "{}\nnot in\n{}",
+        verdict[0],
+        said[1]
+    );
+    let got: serde_json::Value = serde_json::from_str(said[2].trim()).unwrap();
+    let doc = sample(&sh, "{\"records\": ")[0];
+    assert_eq!(got["problems"], 0, "{got}");
+    for key in ["records", "overlap_frames"] {
+        assert!(
+            doc.contains(&format!("\"{key}\": {}", got[key])),
+            "{key}: {got} against the doc's {doc}"
+        );
+    }
+    let sources = got["sources"].as_object().unwrap();
+    assert_eq!(sources.len(), 4, "{got}");
+    for s in sources.values() {
+        assert!(
+            doc.contains(&format!("\"core_frames\": {}", s["core_frames"])),
+            "{got}"
+        );
+    }
 }

@@ -1251,3 +1251,56 @@ fn a_weak_secret_is_refused() {
     assert!(Config::from_toml("[run]\nsecret = \"door-key-0f3a9c2e\"\n").is_ok());
     assert_eq!(weak_secret(&"0123456789abcdef".repeat(4)), None);
 }
+
+/// Building by time: its keys are refused where they would do nothing (a run by event), the
+/// event keys where they would do nothing (a run by time), and a slicing whose window
+/// fragment could not travel; each error names its key.
+#[test]
+fn building_by_time_refuses_what_would_not_do_what_it_says() {
+    let time = "[builder]\nby = \"time\"\n";
+    let c = Config::from_toml(time).unwrap();
+    assert!(c.by_time());
+    // default slicing: 101 frames of 1024 bytes, headers and directory
+    assert_eq!(c.max_window_frames(), 102);
+    assert_eq!(c.max_fragment(), 102 * (1024 + 32) + 32);
+    assert_err(
+        "[frames]\nticks = 5\n",
+        &["`frames`", "builder.by = \"time\""],
+    );
+    assert_err("[builder]\nslice_ticks = 5\n", &["builder.slice_ticks"]);
+    assert_err("[builder]\noverlap_ticks = 5\n", &["builder.overlap_ticks"]);
+    assert_err(
+        &format!("{time}[fragments]\nsize = 100\n"),
+        &["`fragments`", "[frames]"],
+    );
+    assert_err(
+        &format!("{time}[source]\nkind = \"api\"\n"),
+        &["builder.by", "generator"],
+    );
+    assert_err(
+        &format!("{time}overlap_ticks = 200000\n"),
+        &["builder.overlap_ticks", "slice_ticks"],
+    );
+    assert_err(
+        &format!("{time}slice_ticks = 0\n"),
+        &["builder.slice_ticks"],
+    );
+    assert_err(&format!("{time}[frames]\nticks = 0\n"), &["frames.ticks"]);
+    assert_err(
+        &format!("{time}slice_ticks = 10000000\n[frames]\nticks = 1\n"),
+        &["builder.slice_ticks", "frames"],
+    );
+    assert_err(
+        &format!("{time}[frames]\nsize = 10000000\n"),
+        &["frames.size", "bytes"],
+    );
+    assert_err(
+        &format!("{time}[frames]\nmin = 5\n"),
+        &["frames.min", "lognormal"],
+    );
+    Config::from_toml(&format!(
+        "{time}slice_ticks = 5000\noverlap_ticks = 5000\n[frames]\nticks = 7\nsize = 30\n\
+         distribution = \"lognormal\"\nmax = 200\n"
+    ))
+    .unwrap();
+}
