@@ -42,6 +42,8 @@ const RATE_HZ: u64 = 2000;
 /// events when a fault cuts into them (a reassigned event is cut out of its run).
 const SMALL_EVENTS: u64 = 60_000;
 const SMALL_RATE_HZ: u64 = 20_000;
+/// Trials built by time: frames of 1000 ticks, slices of this many frames and 5 more.
+const SLICE_FRAMES: u64 = 50;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -238,6 +240,11 @@ struct Trial {
     /// takes spans, so the BUs join regular events without records and hand everything to
     /// the records at the fault (docs/architecture.md, step 6).
     counted: bool,
+    /// Built by time (`builder.by = "time"`): records are time slices of the generator's
+    /// frames, each fragment a window fragment of about the same size as an event's; a
+    /// completed run's files are then also judged by the outside slice reader (every stream
+    /// tiled from tick 0, each frame in one core).
+    by_time: bool,
 }
 
 impl Trial {
@@ -269,8 +276,14 @@ impl Trial {
         } else {
             ""
         };
+        let sizes = if self.by_time {
+            // 50 frames of 1000 ticks in a slice and 5 more of overlap, each of size / 50
+            format!("[frames]\nticks = 1000\nsize = {}\n", size / SLICE_FRAMES)
+        } else {
+            format!("[fragments]\nsize = {size}\n")
+        };
         format!(
-            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n{secret}[fragments]\nsize = {size}\n",
+            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n{secret}{sizes}",
             self.events()
         )
     }
@@ -313,8 +326,18 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     if t.tight_commit && !t.counted {
         toml += &format!("commit_events = {}\n", if t.small { 32 } else { 2 });
     }
+    let mut builder = String::new();
     if t.fault == Fault::KillRuPartial {
-        toml += "[builder]\non_ru_loss = \"partial\"\n";
+        builder += "on_ru_loss = \"partial\"\n";
+    }
+    if t.by_time {
+        builder += &format!(
+            "by = \"time\"\nslice_ticks = {}\noverlap_ticks = 5000\n",
+            SLICE_FRAMES * 1000
+        );
+    }
+    if !builder.is_empty() {
+        toml += &format!("[builder]\n{builder}");
     }
     if standby {
         let sb = cbase + 1 + rus + bus;
@@ -720,6 +743,9 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 assert_eq!(output_events, events, "events output twice\n{log}");
             }
             assert_eq!(evm["committed_unpublished"], 0, "{log}");
+            if t.by_time && !t.counted && t.fault != Fault::KillRuPartial {
+                check_slices(&dir.join("out"), events, log);
+            }
             // (a kernel may refuse `ss -K`: a random trial then cuts nothing; a fixed one
             // fails)
             if t.fault == Fault::CutLink && !log.contains("not cut") {
@@ -913,6 +939,7 @@ fn faults_at_random_moments_keep_every_promise() {
             tight_commit: at_ms.is_multiple_of(3),
             // from a value drawn already, so that earlier seeds replay the same faults
             counted: at_ms % 4 == 1,
+            by_time: at_ms % 5 == 2,
         };
         if k < from {
             continue;
@@ -921,7 +948,7 @@ fn faults_at_random_moments_keep_every_promise() {
         let started = Instant::now();
         let o = run_trial(&t, dir.path());
         eprintln!(
-            "chaos: trial {k}: {:?} at {} ms, {:?}, {}{}{}{} -> {} in {:.1} s",
+            "chaos: trial {k}: {:?} at {} ms, {:?}, {}{}{}{}{} -> {} in {:.1} s",
             t.fault,
             t.at_ms,
             t.launch,
@@ -937,6 +964,7 @@ fn faults_at_random_moments_keep_every_promise() {
             } else {
                 ""
             },
+            if t.by_time { ", time slices" } else { "" },
             if o.ok { "run OK" } else { "run stopped" },
             started.elapsed().as_secs_f64()
         );
@@ -965,7 +993,12 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
         small: false,
         tight_commit: false,
         counted: false,
+        by_time: false,
     };
+    fixed_trial(t);
+}
+
+fn fixed_trial(t: Trial) {
     let dir = common::out_dir();
     let o = run_trial(&t, dir.path());
     // a regression is only shown if its fault landed on a live process (the random
@@ -982,6 +1015,27 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
         );
     }
     check(&t, &o, dir.path());
+}
+
+/// A completed run by time, judged by the outside slice reader (docs/formats.md §8): every
+/// record's windows and frames, every stream tiled from tick 0 by the slices' cores without a
+/// gap or a repeat, each overlap the next slice's first frames. (Skipped without python3.)
+fn check_slices(out: &Path, slices: u64, log: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
+    let Ok(o) = Command::new("python3")
+        .arg(&script)
+        .arg(out)
+        .args(["--seed", "1", "--overlap", "5000", "--frame", "1000"])
+        .args(["--slice", &(SLICE_FRAMES * 1000).to_string()])
+        .output()
+    else {
+        eprintln!("  slices not read: python3 is not installed");
+        return;
+    };
+    let r: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("slice reader: {e}: {}\n{log}", common::text(&o)));
+    assert_eq!(r["problems"], 0, "the slice reader: {r}\n{log}");
+    assert_eq!(r["records"], slices, "the slice reader: {r}\n{log}");
 }
 
 #[test]
@@ -1054,6 +1108,34 @@ fn separate_nodes_with_a_standby_survive_a_frozen_evm() {
 #[test]
 fn evb_run_survives_a_killed_bu() {
     fixed(Fault::KillBu, Launch::Run, false, 1000);
+}
+
+#[test]
+fn evb_run_by_time_survives_a_killed_bu_and_tiles_every_stream() {
+    fixed_trial(Trial {
+        fault: Fault::KillBu,
+        launch: Launch::Run,
+        shm: false,
+        at_ms: 1200,
+        small: false,
+        tight_commit: true,
+        counted: false,
+        by_time: true,
+    });
+}
+
+#[test]
+fn separate_nodes_by_time_with_a_standby_survive_a_killed_evm() {
+    fixed_trial(Trial {
+        fault: Fault::KillEvmStandby,
+        launch: Launch::Nodes,
+        shm: true,
+        at_ms: 1400,
+        small: false,
+        tight_commit: false,
+        counted: false,
+        by_time: true,
+    });
 }
 
 #[test]
