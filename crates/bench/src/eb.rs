@@ -9,6 +9,9 @@ use serde_json::Value;
 use crate::measure::Point;
 use evb_messaging::free_ports;
 
+/// Bytes of each generated frame in a run by time.
+const FRAME_BYTES: u64 = 4096;
+
 #[derive(Debug, Clone)]
 pub struct BuildSpec {
     pub rus: u32,
@@ -46,6 +49,10 @@ pub struct BuildSpec {
     pub compute_load: u32,
     /// `run.priority` of the builder's nodes: "normal", "high" or "realtime".
     pub priority: &'static str,
+    /// Built by time (`builder.by = "time"`): each RU's fragment is a time slice's window
+    /// fragment of `fragment / 4096` generated frames of 4096 bytes, plus one frame of
+    /// overlap (the frames' content is always unique; `content` does not apply).
+    pub slices: bool,
 }
 
 impl BuildSpec {
@@ -108,27 +115,48 @@ stall_timeout_s = 20.0
 rate_hz = {rate_hz}
 priority = "{priority}"
 
-[fragments]
-size = {size}
-distribution = "{dist}"
-content = "{content}"
-
+{sizes}
 [builder]
 verify = "{verify}"
-
+{by}
 [transport]
 kind = "{transport}"
 {local}
 {nodes}"#,
             secs = self.seconds,
-            size = self.fragment,
-            dist = if self.lognormal { "lognormal" } else { "fixed" },
+            sizes = self.sizes(),
+            by = self.by_time(),
             verify = self.verify,
-            content = self.content,
             transport = self.transport,
             priority = self.priority,
         );
         base + &affinity
+    }
+
+    /// `[fragments]`, or `[frames]` for a run by time.
+    fn sizes(&self) -> String {
+        let dist = if self.lognormal { "lognormal" } else { "fixed" };
+        if self.slices {
+            format!("[frames]\nticks = 1000\nsize = {FRAME_BYTES}\ndistribution = \"{dist}\"\n")
+        } else {
+            format!(
+                "[fragments]\nsize = {}\ndistribution = \"{dist}\"\ncontent = \"{}\"\n",
+                self.fragment, self.content
+            )
+        }
+    }
+
+    /// The `[builder]` keys of a run by time: slices of `fragment` bytes of frames, and one
+    /// frame of overlap.
+    fn by_time(&self) -> String {
+        if !self.slices {
+            return String::new();
+        }
+        let frames = (self.fragment / FRAME_BYTES).max(1);
+        format!(
+            "by = \"time\"\nslice_ticks = {}\noverlap_ticks = 1000\n",
+            frames * 1000
+        )
     }
 
     /// The nodes one by one: the EVM with host 0, RU i and BU i on host i mod the hosts
@@ -171,6 +199,7 @@ pub fn default_run(seconds: f64) -> BuildSpec {
         folded: false,
         compute_load: 0,
         priority: "normal",
+        slices: false,
     }
 }
 

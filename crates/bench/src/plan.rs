@@ -88,6 +88,7 @@ fn base_spec(fragment: usize, verify: &'static str, seconds: f64) -> BuildSpec {
         folded: false,
         compute_load: 0,
         priority: "normal",
+        slices: false,
     }
 }
 
@@ -395,6 +396,15 @@ impl Planner<'_> {
             self.add(format!("nxn evb tcp 2x2 {h} pinned"), job);
             specs.push(BuildSpec {
                 pin: Some(cpus),
+                ..specs[0].clone()
+            });
+        }
+        // Building by time: time slices of generated frames moving the same bytes as the
+        // events (their content always unique, as the RUs make it), against the same nxn
+        if f == BUILD_FRAGMENT {
+            specs.push(BuildSpec {
+                slices: true,
+                content: "unique",
                 ..specs[0].clone()
             });
         }
