@@ -50,8 +50,8 @@ pub struct BuildSpec {
     /// `run.priority` of the builder's nodes: "normal", "high" or "realtime".
     pub priority: &'static str,
     /// Built by time (`builder.by = "time"`): each RU's fragment is a time slice's window
-    /// fragment of `fragment / 4096` generated frames of 4096 bytes, plus one frame of
-    /// overlap (the frames' content is always unique; `content` does not apply).
+    /// fragment of `fragment / 4096` generated frames of 4096 bytes (`content` theirs), plus
+    /// one frame of overlap.
     pub slices: bool,
 }
 
@@ -69,6 +69,7 @@ impl BuildSpec {
         ) + if self.folded { " folded" } else { "" }
             + if self.scraped { " scraped" } else { "" }
             + if self.scaling { " scaling" } else { "" }
+            + if self.slices { " time slices" } else { "" }
             + &self
                 .load
                 .map(|f| format!(" load={:.0}%", f * 100.0))
@@ -137,7 +138,11 @@ kind = "{transport}"
     fn sizes(&self) -> String {
         let dist = if self.lognormal { "lognormal" } else { "fixed" };
         if self.slices {
-            format!("[frames]\nticks = 1000\nsize = {FRAME_BYTES}\ndistribution = \"{dist}\"\n")
+            format!(
+                "[frames]\nticks = 1000\nsize = {FRAME_BYTES}\ndistribution = \"{dist}\"\n\
+                 content = \"{}\"\n",
+                self.content
+            )
         } else {
             format!(
                 "[fragments]\nsize = {}\ndistribution = \"{dist}\"\ncontent = \"{}\"\n",

@@ -400,11 +400,10 @@ impl Planner<'_> {
             });
         }
         // Building by time: time slices of generated frames moving the same bytes as the
-        // events (their content always unique, as the RUs make it), against the same nxn
+        // events, against the same nxn
         if f == BUILD_FRAGMENT {
             specs.push(BuildSpec {
                 slices: true,
-                content: "unique",
                 ..specs[0].clone()
             });
         }

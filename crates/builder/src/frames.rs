@@ -14,11 +14,11 @@ use std::rc::Rc;
 use evb_buffers::Chain;
 use evb_wire::window::{
     decode_window, window_directory_len, TimeFrameHeader, WindowHeader, WindowStatus,
-    TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN,
+    TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
 };
 use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_WINDOW};
 
-use crate::generator::Generator;
+use crate::generator::{Content, Generator};
 use crate::source::FragmentSpec;
 
 /// How records are cut from time: slice length and overlap, in ticks.
@@ -58,22 +58,19 @@ pub struct FrameGenerator {
     pub frames: Generator,
     pub frame_ticks: u64,
     pub slicing: Slicing,
-    /// The layout last asked for: an RU asks for a fragment's spec, then fills it in
-    /// pieces, and each piece would otherwise remake every frame to compute its CRC.
-    last: RefCell<Option<Rc<Layout>>>,
+    /// The fragment last asked for, made whole: an RU asks for a fragment's spec, then
+    /// fills it in pieces, and a frame's CRC, in its header, needs its payload first.
+    last: RefCell<Option<Rc<Made>>>,
+    /// Static content: each source's largest frame payload, made once.
+    template: RefCell<Option<(u16, Rc<Vec<u8>>)>>,
 }
 
-/// One window fragment's bytes, without the frames' payloads.
+/// One record's window fragment from one source, every byte.
 #[derive(Debug)]
-struct Layout {
+struct Made {
     record: u64,
     source: u16,
-    first_frame: u64,
-    /// Header and directory.
-    head: Vec<u8>,
-    /// Per frame: its header and where it starts in the payload.
-    frames: Vec<(TimeFrameHeader, usize, usize)>,
-    total: usize,
+    bytes: Vec<u8>,
 }
 
 impl FrameGenerator {
@@ -83,6 +80,7 @@ impl FrameGenerator {
             frame_ticks: frame_ticks.max(1),
             slicing,
             last: RefCell::new(None),
+            template: RefCell::new(None),
         }
     }
 
@@ -94,41 +92,51 @@ impl FrameGenerator {
         )
     }
 
-    /// Source `source`'s frame `j`: its header, CRC included.
-    pub fn frame_header(&self, source: u16, j: u64) -> (TimeFrameHeader, usize) {
+    /// Appends source `source`'s frame `j`'s payload to `out`.
+    fn payload(&self, source: u16, j: u64, out: &mut Vec<u8>) {
         let size = self.frames.size(j, source);
-        let mut h = TimeFrameHeader {
-            begin: j * self.frame_ticks,
-            end: (j + 1) * self.frame_ticks,
-            source_id: source,
-            flags: TIME_FRAME_GENERATED,
-            crc: 0,
-        };
-        let mut crc = crc32c::crc32c(&h.covered());
-        let mut chunk = [0u8; 4096];
-        let mut off = 0;
-        while off < size {
-            let n = (size - off).min(chunk.len());
-            self.frames.fill(j, source, off, &mut chunk[..n]);
-            crc = crc32c::crc32c_append(crc, &chunk[..n]);
-            off += n;
+        let at = out.len();
+        if self.frames.content == Content::Static {
+            let t = self.template_of(source);
+            out.extend_from_slice(&t[..size]);
+            return;
         }
-        h.crc = crc;
-        (h, size)
+        out.resize(at + size, 0);
+        self.frames.fill(j, source, 0, &mut out[at..]);
     }
 
-    fn layout(&self, record: u64, source: u16) -> Rc<Layout> {
-        if let Some(l) = self.last.borrow().as_ref() {
-            if l.record == record && l.source == source {
-                return l.clone();
+    fn template_of(&self, source: u16) -> Rc<Vec<u8>> {
+        if let Some((s, t)) = self.template.borrow().as_ref() {
+            if *s == source {
+                return t.clone();
             }
         }
+        let mut t = vec![0; self.frames.sizes.max()];
+        self.frames.fill(0, source, 0, &mut t);
+        let t = Rc::new(t);
+        *self.template.borrow_mut() = Some((source, t.clone()));
+        t
+    }
+
+    fn made(&self, record: u64, source: u16) -> Rc<Made> {
+        let old = self.last.borrow_mut().take();
+        if let Some(m) = &old {
+            if m.record == record && m.source == source {
+                *self.last.borrow_mut() = old.clone();
+                return m.clone();
+            }
+        }
+        // the last fragment's buffer again, if nobody holds it (no allocation per record)
+        let mut bytes = old
+            .and_then(|m| Rc::try_unwrap(m).ok())
+            .map(|m| m.bytes)
+            .unwrap_or_default();
+        bytes.clear();
         let w = self.slicing.window(record);
         let (first, end) = self.frames_in(w);
         let n = (end - first) as usize;
         let dir = window_directory_len(n);
-        let mut head = Vec::with_capacity(dir);
-        head.extend_from_slice(
+        bytes.extend_from_slice(
             &WindowHeader {
                 begin: w.begin,
                 end: w.end,
@@ -138,33 +146,38 @@ impl FrameGenerator {
             }
             .encode(),
         );
-        let mut frames = Vec::with_capacity(n);
-        let mut at = 0usize;
-        for j in first..end {
-            let (h, size) = self.frame_header(source, j);
-            let len = TIME_FRAME_HEADER_LEN + size;
-            head.extend_from_slice(&(at as u32).to_le_bytes());
-            head.extend_from_slice(&(len as u32).to_le_bytes());
-            frames.push((h, dir + at, size));
-            at += len;
+        bytes.resize(dir, 0);
+        for (i, j) in (first..end).enumerate() {
+            let at = bytes.len();
+            let h = TimeFrameHeader {
+                begin: j * self.frame_ticks,
+                end: (j + 1) * self.frame_ticks,
+                source_id: source,
+                flags: TIME_FRAME_GENERATED,
+                crc: 0,
+            };
+            bytes.extend_from_slice(&h.encode());
+            self.payload(source, j, &mut bytes);
+            let crc = h.crc_of([&bytes[at + TIME_FRAME_HEADER_LEN..]]);
+            bytes[at + 20..at + 24].copy_from_slice(&crc.to_le_bytes());
+            let entry = WINDOW_HEADER_LEN + i * 8;
+            let (off, len) = ((at - dir) as u32, (bytes.len() - at) as u32);
+            bytes[entry..entry + 4].copy_from_slice(&off.to_le_bytes());
+            bytes[entry + 4..entry + 8].copy_from_slice(&len.to_le_bytes());
         }
-        let l = Rc::new(Layout {
+        let m = Rc::new(Made {
             record,
             source,
-            first_frame: first,
-            head,
-            frames,
-            total: dir + at,
+            bytes,
         });
-        *self.last.borrow_mut() = Some(l.clone());
-        l
+        *self.last.borrow_mut() = Some(m.clone());
+        m
     }
 
     /// What the RU sends for this record.
     pub fn spec(&self, record: u64, source: u16) -> FragmentSpec {
-        let l = self.layout(record, source);
         FragmentSpec {
-            size: l.total,
+            size: self.made(record, source).bytes.len(),
             trigger_number: self.slicing.window(record).begin as u32,
             flags: FLAG_GENERATED | FLAG_WINDOW,
         }
@@ -172,32 +185,10 @@ impl FrameGenerator {
 
     /// Writes bytes `[offset, offset + buf.len())` of the record's window fragment.
     pub fn fill(&self, record: u64, source: u16, offset: usize, buf: &mut [u8]) {
-        let l = self.layout(record, source);
-        let mut pos = offset;
-        let mut out = buf;
-        while !out.is_empty() && pos < l.total {
-            let n;
-            if pos < l.head.len() {
-                n = out.len().min(l.head.len() - pos);
-                out[..n].copy_from_slice(&l.head[pos..pos + n]);
-            } else {
-                // the frame holding `pos`: the last one starting at or before it
-                let i = l.frames.partition_point(|f| f.1 <= pos) - 1;
-                let (h, start, size) = l.frames[i];
-                let inside = pos - start;
-                if inside < TIME_FRAME_HEADER_LEN {
-                    n = out.len().min(TIME_FRAME_HEADER_LEN - inside);
-                    out[..n].copy_from_slice(&h.encode()[inside..inside + n]);
-                } else {
-                    let p = inside - TIME_FRAME_HEADER_LEN;
-                    n = out.len().min(size - p);
-                    let j = l.first_frame + i as u64;
-                    self.frames.fill(j, source, p, &mut out[..n]);
-                }
-            }
-            pos += n;
-            out = &mut out[n..];
-        }
+        let m = self.made(record, source);
+        let end = (offset + buf.len()).min(m.bytes.len());
+        let n = end.saturating_sub(offset);
+        buf[..n].copy_from_slice(&m.bytes[offset.min(end)..end]);
     }
 
     /// True when `pieces` are exactly the window fragment this source sends for `record`.
@@ -207,23 +198,15 @@ impl FrameGenerator {
         source: u16,
         pieces: impl Iterator<Item = &'a [u8]>,
     ) -> bool {
-        let total = self.layout(record, source).total;
-        let mut expected = [0u8; 4096];
-        let mut offset = 0;
+        let m = self.made(record, source);
+        let mut rest = &m.bytes[..];
         for piece in pieces {
-            for chunk in piece.chunks(expected.len()) {
-                if offset + chunk.len() > total {
-                    return false;
-                }
-                let want = &mut expected[..chunk.len()];
-                self.fill(record, source, offset, want);
-                if *want != *chunk {
-                    return false;
-                }
-                offset += chunk.len();
+            match rest.split_at_checked(piece.len()) {
+                Some((want, after)) if want == piece => rest = after,
+                _ => return false,
             }
         }
-        offset == total
+        rest.is_empty()
     }
 }
 

@@ -250,6 +250,9 @@ pub struct FramesSection {
     /// Log-normal bounds (0: 0 bytes and 4 × `size`).
     pub min: u64,
     pub max: u64,
+    /// "unique" (from the frame's index and source) or "static" (from the source only, made
+    /// once: measures the builder without the cost of making data).
+    pub content: Content,
 }
 
 impl Default for FramesSection {
@@ -261,6 +264,7 @@ impl Default for FramesSection {
             stddev: 0,
             min: 0,
             max: 0,
+            content: Content::Unique,
         }
     }
 }

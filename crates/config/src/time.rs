@@ -25,7 +25,7 @@ impl FramesSection {
             stddev: self.stddev,
             min: self.min,
             max: self.max,
-            content: crate::Content::Unique,
+            content: self.content,
         }
     }
 }
