@@ -62,16 +62,32 @@ pub struct FrameGenerator {
     /// fills it in pieces, and a frame's CRC, in its header, needs its payload first.
     last: RefCell<Option<Rc<Made>>>,
     /// Static content: each source's largest frame payload, made once.
-    template: RefCell<Option<(u16, Rc<Vec<u8>>)>>,
+    template: RefCell<Option<Rc<StaticPayload>>>,
 }
 
-/// One record's window fragment from one source, every byte.
+/// One record's window fragment from one source: every byte (content made per frame), or
+/// (static content) its header, directory and frame headers, the payloads being prefixes
+/// of the source's one static payload, and the CRC of the whole.
 #[derive(Debug)]
 struct Made {
     record: u64,
     source: u16,
     bytes: Vec<u8>,
+    /// Static content: per frame its header, where it starts in the fragment and its payload
+    /// size (`bytes` is then the header and directory only).
+    frames: Vec<([u8; TIME_FRAME_HEADER_LEN], usize, usize)>,
+    len: usize,
 }
+
+/// A source's static frame payload, as long as the largest frame.
+#[derive(Debug)]
+struct StaticPayload {
+    source: u16,
+    bytes: Vec<u8>,
+}
+
+/// Bytes compared at a time when a static fragment is verified.
+const VERIFY_STEP: usize = 4096;
 
 impl FrameGenerator {
     pub fn new(frames: Generator, frame_ticks: u64, slicing: Slicing) -> FrameGenerator {
@@ -92,29 +108,24 @@ impl FrameGenerator {
         )
     }
 
-    /// Appends source `source`'s frame `j`'s payload to `out`.
+    /// Appends source `source`'s frame `j`'s payload to `out` (unique content).
     fn payload(&self, source: u16, j: u64, out: &mut Vec<u8>) {
         let size = self.frames.size(j, source);
         let at = out.len();
-        if self.frames.content == Content::Static {
-            let t = self.template_of(source);
-            out.extend_from_slice(&t[..size]);
-            return;
-        }
         out.resize(at + size, 0);
         self.frames.fill(j, source, 0, &mut out[at..]);
     }
 
-    fn template_of(&self, source: u16) -> Rc<Vec<u8>> {
-        if let Some((s, t)) = self.template.borrow().as_ref() {
-            if *s == source {
+    fn template_of(&self, source: u16) -> Rc<StaticPayload> {
+        if let Some(t) = self.template.borrow().as_ref() {
+            if t.source == source {
                 return t.clone();
             }
         }
-        let mut t = vec![0; self.frames.sizes.max()];
-        self.frames.fill(0, source, 0, &mut t);
-        let t = Rc::new(t);
-        *self.template.borrow_mut() = Some((source, t.clone()));
+        let mut bytes = vec![0; self.frames.sizes.max()];
+        self.frames.fill(0, source, 0, &mut bytes);
+        let t = Rc::new(StaticPayload { source, bytes });
+        *self.template.borrow_mut() = Some(t.clone());
         t
     }
 
@@ -147,6 +158,9 @@ impl FrameGenerator {
             .encode(),
         );
         bytes.resize(dir, 0);
+        if self.frames.content == Content::Static {
+            return self.made_static(record, source, (first, end), bytes);
+        }
         for (i, j) in (first..end).enumerate() {
             let at = bytes.len();
             let h = TimeFrameHeader {
@@ -165,19 +179,66 @@ impl FrameGenerator {
             bytes[entry..entry + 4].copy_from_slice(&off.to_le_bytes());
             bytes[entry + 4..entry + 8].copy_from_slice(&len.to_le_bytes());
         }
-        let m = Rc::new(Made {
+        let len = bytes.len();
+        self.keep(Made {
             record,
             source,
             bytes,
-        });
+            frames: Vec::new(),
+            len,
+        })
+    }
+
+    fn keep(&self, m: Made) -> Rc<Made> {
+        let m = Rc::new(m);
         *self.last.borrow_mut() = Some(m.clone());
         m
+    }
+
+    /// Static content: the header, directory and frame headers written into `head`
+    /// (holding the window header already), each frame's CRC from the static payload (hot
+    /// in the cache: one payload for every frame), nothing of the payloads copied.
+    fn made_static(
+        &self,
+        record: u64,
+        source: u16,
+        (first, end): (u64, u64),
+        mut head: Vec<u8>,
+    ) -> Rc<Made> {
+        let t = self.template_of(source);
+        let dir = head.len();
+        let mut frames = Vec::with_capacity((end - first) as usize);
+        let mut at = dir;
+        for (i, j) in (first..end).enumerate() {
+            let size = self.frames.size(j, source);
+            let mut h = TimeFrameHeader {
+                begin: j * self.frame_ticks,
+                end: (j + 1) * self.frame_ticks,
+                source_id: source,
+                flags: TIME_FRAME_GENERATED,
+                crc: 0,
+            };
+            h.crc = h.crc_of([&t.bytes[..size]]);
+            let entry = WINDOW_HEADER_LEN + i * 8;
+            let len = TIME_FRAME_HEADER_LEN + size;
+            head[entry..entry + 4].copy_from_slice(&((at - dir) as u32).to_le_bytes());
+            head[entry + 4..entry + 8].copy_from_slice(&(len as u32).to_le_bytes());
+            frames.push((h.encode(), at, size));
+            at += len;
+        }
+        self.keep(Made {
+            record,
+            source,
+            bytes: head,
+            frames,
+            len: at,
+        })
     }
 
     /// What the RU sends for this record.
     pub fn spec(&self, record: u64, source: u16) -> FragmentSpec {
         FragmentSpec {
-            size: self.made(record, source).bytes.len(),
+            size: self.made(record, source).len,
             trigger_number: self.slicing.window(record).begin as u32,
             flags: FLAG_GENERATED | FLAG_WINDOW,
         }
@@ -186,9 +247,35 @@ impl FrameGenerator {
     /// Writes bytes `[offset, offset + buf.len())` of the record's window fragment.
     pub fn fill(&self, record: u64, source: u16, offset: usize, buf: &mut [u8]) {
         let m = self.made(record, source);
-        let end = (offset + buf.len()).min(m.bytes.len());
-        let n = end.saturating_sub(offset);
-        buf[..n].copy_from_slice(&m.bytes[offset.min(end)..end]);
+        let t = match self.frames.content {
+            Content::Static => Some(self.template_of(source)),
+            Content::Unique => None,
+        };
+        let mut pos = offset;
+        let mut out = buf;
+        while !out.is_empty() && pos < m.len {
+            let n;
+            if pos < m.bytes.len() {
+                n = out.len().min(m.bytes.len() - pos);
+                out[..n].copy_from_slice(&m.bytes[pos..pos + n]);
+            } else {
+                // static content: the frame holding `pos`, the last starting at or before it
+                let t = t.as_ref().expect("only static fragments have frames apart");
+                let i = m.frames.partition_point(|f| f.1 <= pos) - 1;
+                let (h, start, size) = &m.frames[i];
+                let inside = pos - start;
+                if inside < TIME_FRAME_HEADER_LEN {
+                    n = out.len().min(TIME_FRAME_HEADER_LEN - inside);
+                    out[..n].copy_from_slice(&h[inside..inside + n]);
+                } else {
+                    let p = inside - TIME_FRAME_HEADER_LEN;
+                    n = out.len().min(size - p);
+                    out[..n].copy_from_slice(&t.bytes[p..p + n]);
+                }
+            }
+            pos += n;
+            out = &mut out[n..];
+        }
     }
 
     /// True when `pieces` are exactly the window fragment this source sends for `record`.
@@ -199,6 +286,25 @@ impl FrameGenerator {
         pieces: impl Iterator<Item = &'a [u8]>,
     ) -> bool {
         let m = self.made(record, source);
+        if !m.frames.is_empty() {
+            // static content: compared a piece at a time against what fill makes
+            let mut expected = vec![0u8; VERIFY_STEP];
+            let mut offset = 0;
+            for piece in pieces {
+                for chunk in piece.chunks(VERIFY_STEP) {
+                    if offset + chunk.len() > m.len {
+                        return false;
+                    }
+                    let want = &mut expected[..chunk.len()];
+                    self.fill(record, source, offset, want);
+                    if *want != *chunk {
+                        return false;
+                    }
+                    offset += chunk.len();
+                }
+            }
+            return offset == m.len;
+        }
         let mut rest = &m.bytes[..];
         for piece in pieces {
             match rest.split_at_checked(piece.len()) {
@@ -355,5 +461,31 @@ mod tests {
             !g.verify(3, 5, std::iter::once(&whole(&g, 3, 4)[..])),
             "other source"
         );
+    }
+
+    /// Static content: the fragment made from headers and the one static payload is a
+    /// window fragment (every frame's CRC right), whose payloads are all prefixes of the
+    /// same bytes.
+    #[test]
+    fn static_frames_are_prefixes_of_one_payload() {
+        let u = gen();
+        let g = FrameGenerator::new(
+            u.frames.clone().with_content(Content::Static),
+            u.frame_ticks,
+            u.slicing,
+        );
+        for k in [0u64, 1, 7] {
+            let b = whole(&g, k, 2);
+            let w = decode_window(&b).expect("a window fragment");
+            let longest = w.frames.iter().map(|(_, p)| p.len()).max().unwrap();
+            let longest = w.frames.iter().find(|(_, p)| p.len() == longest).unwrap().1;
+            for (_, p) in &w.frames {
+                assert_eq!(*p, &longest[..p.len()]);
+            }
+            assert!(g.verify(k, 2, b.chunks(100)));
+            let mut bad = b.clone();
+            bad[b.len() / 2] ^= 4;
+            assert!(!g.verify(k, 2, std::iter::once(&bad[..])));
+        }
     }
 }
