@@ -19,11 +19,12 @@ use crate::action::{
 };
 use crate::event::BuiltEvent;
 use crate::evm::BuResync;
-use crate::frames::{check_slice, FrameGenerator};
+use crate::frames::FrameGenerator;
 use crate::generator::Generator;
 use crate::ids::{Bits, FastSet, IdMap, RecentIds};
 use crate::join::{Join, Next};
 use crate::sink::{Sink, SinkError};
+use evb_wire::window::{WindowHeader, WindowStatus, WINDOW_HEADER_LEN};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +95,12 @@ pub struct BuStats {
     /// their record's.
     #[serde(default)]
     pub window_errors: u64,
+    /// Decision windows an RU sent LATE (their end had not arrived by `windows.wait_ms`)
+    /// or MISSING (part evicted from its latency buffer): each makes its record partial.
+    #[serde(default)]
+    pub late_components: u64,
+    #[serde(default)]
+    pub missing_components: u64,
     /// Events built with a stream flagged for sync loss (`source.on_sync_loss = "flag"`).
     #[serde(default)]
     pub sync_loss_events: u64,
@@ -167,8 +174,10 @@ struct Checked {
     content_error: bool,
     /// A super-fragment whose structure is wrong.
     super_error: bool,
-    /// A window fragment that is damaged or not this record's slice.
+    /// A window fragment that is damaged or not this record's slice or window.
     window_error: bool,
+    /// What an RU could give of the record's window (building by time).
+    window_status: WindowStatus,
     /// A super-fragment that says a stream left it out.
     partial: bool,
 }
@@ -222,6 +231,34 @@ fn check_super(header: &FragmentHeader, payload: &Chain) -> Result<bool, String>
         return Err("sync-loss flag of the fragment and of its entries disagree".into());
     }
     Ok(entries.iter().any(|e| e.flags & ENTRY_MISSING != 0))
+}
+
+/// A fragment's checks in a run built by time: every check of [`FrameGenerator::check`]
+/// under `crc` and `full` (the bytes were checked before, under `full`), only the window
+/// fragment's header under `headers`; returns (an error, the fragment's status).
+fn window_checks(
+    f: &FrameGenerator,
+    verify: Verify,
+    header: &FragmentHeader,
+    payload: &Chain,
+) -> (bool, WindowStatus) {
+    if verify != Verify::Headers {
+        return match f.check(header, payload) {
+            Ok(status) => (false, status),
+            Err(_) => (true, WindowStatus::Complete),
+        };
+    }
+    if header.flags & FLAG_MISSING != 0 {
+        return (false, WindowStatus::Complete);
+    }
+    let mut head = [0u8; WINDOW_HEADER_LEN];
+    if !payload.copy_prefix(&mut head) {
+        return (true, WindowStatus::Complete);
+    }
+    match WindowHeader::decode(&head) {
+        Ok(h) => (false, h.status),
+        Err(_) => (true, WindowStatus::Complete),
+    }
 }
 
 /// An event from its first fragment (or its Assign) until the sink is done with it.
@@ -993,19 +1030,18 @@ impl Bu {
                 }),
             };
         corrupt |= content_error;
-        let window_error = !corrupt
-            && self.cfg.verify != Verify::Headers
-            && self
-                .cfg
-                .slices
-                .as_ref()
-                .is_some_and(|f| check_slice(&f.slicing, header, payload).is_err());
+        let (window_error, window_status) = match &self.cfg.slices {
+            Some(f) if !corrupt => window_checks(f, self.cfg.verify, header, payload),
+            _ => (false, WindowStatus::Complete),
+        };
         corrupt |= window_error;
-        let (super_error, partial) = if !corrupt && header.flags & FLAG_SUPER != 0 {
+        let (super_error, mut partial) = if !corrupt && header.flags & FLAG_SUPER != 0 {
             check_super(header, payload).map_or((true, false), |p| (false, p))
         } else {
             (false, false)
         };
+        // a window the RU could not give whole (LATE, MISSING): a partial record
+        partial |= window_status != WindowStatus::Complete;
         Checked {
             duplicate: false,
             source_mismatch,
@@ -1013,6 +1049,7 @@ impl Bu {
             content_error,
             super_error,
             window_error,
+            window_status,
             partial,
         }
     }
@@ -1047,12 +1084,19 @@ impl Bu {
             self.stats.super_fragment_errors += 1;
         }
         if checked.window_error {
-            let slicing = self.cfg.slices.as_ref().map(|f| f.slicing);
-            let why = slicing
-                .and_then(|s| check_slice(&s, &header, &payload).err())
-                .unwrap_or_default();
+            let why = self
+                .cfg
+                .slices
+                .as_ref()
+                .and_then(|f| f.check(&header, &payload).err())
+                .unwrap_or_else(|| "its bytes are not the generator's".into());
             tracing::warn!("record {id}: window fragment from ru[{ru}]: {why}");
             self.stats.window_errors += 1;
+        }
+        match checked.window_status {
+            WindowStatus::Late => self.stats.late_components += 1,
+            WindowStatus::Missing => self.stats.missing_components += 1,
+            _ => {}
         }
         let corrupt = checked.source_mismatch
             || checked.crc_error

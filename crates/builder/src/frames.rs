@@ -8,8 +8,9 @@
 //! begin in the first `O` ticks of a core are carried again by the slice before it, as its
 //! overlap (CBM's convention for microslices in timeslices).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::Duration;
 
 use evb_buffers::Chain;
 use evb_wire::window::{
@@ -18,7 +19,7 @@ use evb_wire::window::{
 };
 use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_WINDOW};
 
-use crate::generator::{Content, Generator};
+use crate::generator::{mix, Content, Generator};
 use crate::source::FragmentSpec;
 
 /// How records are cut from time: slice length and overlap, in ticks.
@@ -49,6 +50,96 @@ impl Slicing {
     }
 }
 
+/// Triggered readout windows (`builder.by = "window"`): decision k's window, drawn from the
+/// run's seed so that every node (and an outside reader) computes the same, and what of it
+/// an RU holds at a moment of the run (its latency buffer, docs/formats.md §8).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Windows {
+    pub seed: u64,
+    /// Decisions per second (the EVM's trigger rate).
+    pub rate_hz: f64,
+    pub tick_hz: u64,
+    pub before: u64,
+    pub after: u64,
+    pub delay_min: i64,
+    pub delay_max: i64,
+    /// Ticks of data the latency buffer keeps.
+    pub buffer_ticks: u64,
+    /// How long an RU waits for a window's data before sending it LATE.
+    pub wait: Duration,
+}
+
+/// What an RU sends of a window: frames `[first, end)` (indices), and why not more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    pub first: u64,
+    pub end: u64,
+    pub status: WindowStatus,
+}
+
+/// Mixed into the seed of the decisions' delays (b"WINDOW" as a number).
+const DELAY_TAG: u64 = 0x5749_4e44_4f57;
+
+impl Windows {
+    /// Decision k's tick before its delay: k / rate_hz seconds into the run.
+    pub fn trigger_tick(&self, k: u64) -> u64 {
+        (k as f64 * self.tick_hz as f64 / self.rate_hz) as u64
+    }
+
+    /// Decision k's delay in ticks, in [delay_min, delay_max].
+    pub fn delay(&self, k: u64) -> i64 {
+        let span = (self.delay_max - self.delay_min) as u64;
+        let draw = mix(self.seed ^ mix(k ^ DELAY_TAG));
+        self.delay_min + (draw % span.saturating_add(1)) as i64
+    }
+
+    /// Decision k's window: `[t − d − before, t − d + after)`, clamped to tick 0.
+    pub fn window(&self, k: u64) -> Window {
+        let at = self.trigger_tick(k) as i128 - self.delay(k) as i128;
+        let begin = (at - self.before as i128).max(0) as u64;
+        let end = ((at + self.after as i128).max(0) as u64).max(begin + 1);
+        Window {
+            begin,
+            core_end: end,
+            end,
+        }
+    }
+
+    /// What an RU holds of window `w` (frames of `frame_ticks`) `since_start` after its
+    /// stream began, having waited `waited` for it: `None` while the window's end has not
+    /// arrived and the wait is not over. A frame arrives when its end tick does; it is
+    /// evicted once its end is older than the buffer's depth.
+    pub fn cut(
+        &self,
+        w: Window,
+        frame_ticks: u64,
+        since_start: Duration,
+        waited: Duration,
+    ) -> Option<Cut> {
+        let now = (since_start.as_nanos() * self.tick_hz as u128 / 1_000_000_000) as u64;
+        let arrived = now / frame_ticks;
+        let kept_from = now.saturating_sub(self.buffer_ticks) / frame_ticks;
+        let (first, end) = (w.begin / frame_ticks, w.end.div_ceil(frame_ticks));
+        if end > arrived && waited < self.wait {
+            return None;
+        }
+        let lo = first.max(kept_from).min(end);
+        let hi = end.min(arrived).max(lo);
+        let status = if lo > first {
+            WindowStatus::Missing
+        } else if hi < end {
+            WindowStatus::Late
+        } else {
+            WindowStatus::Complete
+        };
+        Some(Cut {
+            first: lo,
+            end: hi,
+            status,
+        })
+    }
+}
+
 /// The generator's continuous data: source s's frame j covers ticks `[j·F, (j+1)·F)`, its
 /// payload made by [`Generator`] as if it were fragment j of source s (sizes and content
 /// from (j, s), so any frame can be made or checked on its own). An RU's fragment of slice
@@ -58,9 +149,13 @@ pub struct FrameGenerator {
     pub frames: Generator,
     pub frame_ticks: u64,
     pub slicing: Slicing,
+    /// Triggered windows instead of slices (`builder.by = "window"`).
+    pub windows: Option<Windows>,
     /// The fragment last asked for, made whole: an RU asks for a fragment's spec, then
     /// fills it in pieces, and a frame's CRC, in its header, needs its payload first.
     last: RefCell<Option<Rc<Made>>>,
+    /// Windows: what the RU decided to send of a record ([`FrameGenerator::set_cut`]).
+    cut: Cell<Option<(u64, Cut)>>,
     /// Static content: each source's largest frame payload, made once.
     template: RefCell<Option<Rc<StaticPayload>>>,
 }
@@ -72,6 +167,7 @@ pub struct FrameGenerator {
 struct Made {
     record: u64,
     source: u16,
+    cut: Cut,
     bytes: Vec<u8>,
     /// Static content: per frame its header, where it starts in the fragment and its payload
     /// size (`bytes` is then the header and directory only).
@@ -95,17 +191,61 @@ impl FrameGenerator {
             frames,
             frame_ticks: frame_ticks.max(1),
             slicing,
+            windows: None,
             last: RefCell::new(None),
+            cut: Cell::new(None),
             template: RefCell::new(None),
         }
     }
 
-    /// Frames `[first, end)` are the ones beginning in `[begin, end)` ticks.
-    fn frames_in(&self, w: Window) -> (u64, u64) {
-        (
-            w.begin.div_ceil(self.frame_ticks),
-            w.end.div_ceil(self.frame_ticks),
-        )
+    /// Records are decision windows (`builder.by = "window"`).
+    pub fn with_windows(mut self, w: Windows) -> FrameGenerator {
+        self.windows = Some(w);
+        self
+    }
+
+    /// Record `record`'s window.
+    pub fn window(&self, record: u64) -> Window {
+        match &self.windows {
+            Some(w) => w.window(record),
+            None => self.slicing.window(record),
+        }
+    }
+
+    /// The frames of a record's window: those beginning in a slice's window, or those
+    /// overlapping a decision's.
+    pub fn frames_of(&self, w: Window) -> (u64, u64) {
+        let f = self.frame_ticks;
+        match self.windows {
+            Some(_) => (w.begin / f, w.end.div_ceil(f)),
+            None => (w.begin.div_ceil(f), w.end.div_ceil(f)),
+        }
+    }
+
+    /// Windows: what the RU holds of `record` now (see [`Windows::cut`]); `None`: wait.
+    pub fn cut_now(&self, record: u64, since_start: Duration, waited: Duration) -> Option<Cut> {
+        let w = self.windows?;
+        w.cut(self.window(record), self.frame_ticks, since_start, waited)
+    }
+
+    /// Windows: the RU sends `cut` of `record` (the next `spec` and `fill` of it make that).
+    pub fn set_cut(&self, record: u64, cut: Cut) {
+        self.cut.set(Some((record, cut)));
+    }
+
+    /// The frames and status of `record`'s fragment: the RU's cut, or the whole window.
+    fn cut_of(&self, record: u64, w: Window) -> Cut {
+        match self.cut.get() {
+            Some((r, c)) if r == record && self.windows.is_some() => c,
+            _ => {
+                let (first, end) = self.frames_of(w);
+                Cut {
+                    first,
+                    end,
+                    status: WindowStatus::Complete,
+                }
+            }
+        }
     }
 
     /// Appends source `source`'s frame `j`'s payload to `out` (unique content).
@@ -130,9 +270,11 @@ impl FrameGenerator {
     }
 
     fn made(&self, record: u64, source: u16) -> Rc<Made> {
+        let w = self.window(record);
+        let cut = self.cut_of(record, w);
         let old = self.last.borrow_mut().take();
         if let Some(m) = &old {
-            if m.record == record && m.source == source {
+            if m.record == record && m.source == source && m.cut == cut {
                 *self.last.borrow_mut() = old.clone();
                 return m.clone();
             }
@@ -143,8 +285,7 @@ impl FrameGenerator {
             .map(|m| m.bytes)
             .unwrap_or_default();
         bytes.clear();
-        let w = self.slicing.window(record);
-        let (first, end) = self.frames_in(w);
+        let (first, end) = (cut.first, cut.end);
         let n = (end - first) as usize;
         let dir = window_directory_len(n);
         bytes.extend_from_slice(
@@ -152,14 +293,14 @@ impl FrameGenerator {
                 begin: w.begin,
                 end: w.end,
                 core_end: w.core_end,
-                status: WindowStatus::Complete,
+                status: cut.status,
                 frames: n as u32,
             }
             .encode(),
         );
         bytes.resize(dir, 0);
         if self.frames.content == Content::Static {
-            return self.made_static(record, source, (first, end), bytes);
+            return self.made_static(record, source, cut, bytes);
         }
         for (i, j) in (first..end).enumerate() {
             let at = bytes.len();
@@ -183,6 +324,7 @@ impl FrameGenerator {
         self.keep(Made {
             record,
             source,
+            cut,
             bytes,
             frames: Vec::new(),
             len,
@@ -198,13 +340,8 @@ impl FrameGenerator {
     /// Static content: the header, directory and frame headers written into `head`
     /// (holding the window header already), each frame's CRC from the static payload (hot
     /// in the cache: one payload for every frame), nothing of the payloads copied.
-    fn made_static(
-        &self,
-        record: u64,
-        source: u16,
-        (first, end): (u64, u64),
-        mut head: Vec<u8>,
-    ) -> Rc<Made> {
+    fn made_static(&self, record: u64, source: u16, cut: Cut, mut head: Vec<u8>) -> Rc<Made> {
+        let (first, end) = (cut.first, cut.end);
         let t = self.template_of(source);
         let dir = head.len();
         let mut frames = Vec::with_capacity((end - first) as usize);
@@ -229,6 +366,7 @@ impl FrameGenerator {
         self.keep(Made {
             record,
             source,
+            cut,
             bytes: head,
             frames,
             len: at,
@@ -239,7 +377,7 @@ impl FrameGenerator {
     pub fn spec(&self, record: u64, source: u16) -> FragmentSpec {
         FragmentSpec {
             size: self.made(record, source).len,
-            trigger_number: self.slicing.window(record).begin as u32,
+            trigger_number: self.window(record).begin as u32,
             flags: FLAG_GENERATED | FLAG_WINDOW,
         }
     }
@@ -278,13 +416,26 @@ impl FrameGenerator {
         }
     }
 
-    /// True when `pieces` are exactly the window fragment this source sends for `record`.
+    /// The BU's checks of a fragment of `record` ([`check_slice`], or [`check_window`]
+    /// for decision windows): `Ok` with the fragment's status, `Err` saying what is wrong.
+    pub fn check(&self, header: &FragmentHeader, payload: &Chain) -> Result<WindowStatus, String> {
+        match &self.windows {
+            None => check_slice(&self.slicing, header, payload).map(|()| WindowStatus::Complete),
+            Some(w) => check_window(w, self.frame_ticks, header, payload),
+        }
+    }
+
+    /// True when `pieces` are exactly the window fragment this source sends for `record`
+    /// (for a decision window: whichever frames it holds, each exactly the generator's).
     pub fn verify<'a>(
         &self,
         record: u64,
         source: u16,
         pieces: impl Iterator<Item = &'a [u8]>,
     ) -> bool {
+        if self.windows.is_some() {
+            return self.verify_frames(source, pieces);
+        }
         let m = self.made(record, source);
         if !m.frames.is_empty() {
             // static content: compared a piece at a time against what fill makes
@@ -314,6 +465,116 @@ impl FrameGenerator {
         }
         rest.is_empty()
     }
+}
+
+impl FrameGenerator {
+    /// Every frame of a window fragment is the generator's frame of its begin tick, byte for
+    /// byte (which frames it holds is [`check_window`]'s to judge).
+    fn verify_frames<'a>(&self, source: u16, pieces: impl Iterator<Item = &'a [u8]>) -> bool {
+        let bytes: Vec<u8> = pieces.flat_map(|p| p.iter().copied()).collect();
+        let Ok(w) = decode_window(&bytes) else {
+            return false;
+        };
+        let mut want = Vec::new();
+        w.frames.iter().all(|(h, payload)| {
+            let j = h.begin / self.frame_ticks;
+            want.clear();
+            if self.frames.content == Content::Static {
+                let t = self.template_of(source);
+                want.extend_from_slice(&t.bytes[..self.frames.size(j, source)]);
+            } else {
+                self.payload(source, j, &mut want);
+            }
+            h.source_id == source
+                && h.begin == j * self.frame_ticks
+                && h.end == h.begin + self.frame_ticks
+                && h.flags == TIME_FRAME_GENERATED
+                && *payload == &want[..]
+        })
+    }
+}
+
+/// The BU's checks of an RU's fragment of a decision window: a window fragment whose window
+/// is decision `header.event_id`'s, frames of the fragment's source, back to back, each
+/// overlapping the window, and a status that says what is left out: COMPLETE holds every
+/// frame overlapping the window, LATE all from the first (the rest had not arrived), MISSING
+/// none of the first (evicted). Returns the status.
+pub fn check_window(
+    windows: &Windows,
+    frame_ticks: u64,
+    header: &FragmentHeader,
+    payload: &Chain,
+) -> Result<WindowStatus, String> {
+    if header.flags & FLAG_MISSING != 0 {
+        return Ok(WindowStatus::Complete);
+    }
+    if header.flags & FLAG_WINDOW == 0 {
+        return Err("not a window fragment (flag WINDOW unset) in a run built by windows".into());
+    }
+    let whole;
+    let bytes: &[u8] = match payload.chunks().nth(1) {
+        None => payload.chunks().next().unwrap_or(&[]),
+        Some(_) => {
+            whole = payload.to_vec();
+            &whole
+        }
+    };
+    let w = decode_window(bytes).map_err(|e| e.to_string())?;
+    let want = windows.window(header.event_id);
+    let h = w.header;
+    if (h.begin, h.end, h.core_end) != (want.begin, want.end, want.end) {
+        return Err(format!(
+            "window [{}, {}) core end {}, where decision {} is [{}, {})",
+            h.begin, h.end, h.core_end, header.event_id, want.begin, want.end
+        ));
+    }
+    if header.trigger_number != want.begin as u32 {
+        return Err(format!(
+            "trigger number {} is not the window's first tick's low word {}",
+            header.trigger_number, want.begin as u32
+        ));
+    }
+    let (first, end) = (want.begin / frame_ticks, want.end.div_ceil(frame_ticks));
+    let mut next: Option<u64> = None;
+    for (f, _) in &w.frames {
+        if f.source_id != header.source_id {
+            return Err(format!(
+                "a frame of source {} in source {}'s fragment",
+                f.source_id, header.source_id
+            ));
+        }
+        if f.begin % frame_ticks != 0 || f.end != f.begin + frame_ticks {
+            return Err(format!(
+                "a frame [{}, {}) off the stream's frames",
+                f.begin, f.end
+            ));
+        }
+        if next.is_some_and(|n| n != f.begin) {
+            return Err(format!("a gap in the stream before tick {}", f.begin));
+        }
+        next = Some(f.end);
+    }
+    let held = w.frames.first().map(|(f, _)| {
+        (
+            f.begin / frame_ticks,
+            w.frames.last().map_or(0, |(l, _)| l.end / frame_ticks),
+        )
+    });
+    let fits = match (h.status, held) {
+        (WindowStatus::Complete, Some(r)) => r == (first, end),
+        (WindowStatus::Late, Some((lo, hi))) => lo == first && hi < end,
+        (WindowStatus::Late, None) => true,
+        (WindowStatus::Missing, Some((lo, hi))) => lo > first && hi <= end,
+        (WindowStatus::Missing, None) => true,
+        _ => false,
+    };
+    if !fits {
+        return Err(format!(
+            "status {:?} with frames {held:?} of the window's {first}..{end}",
+            h.status
+        ));
+    }
+    Ok(h.status)
 }
 
 /// The BU's checks of an RU's fragment of a time slice, whoever made it: a window fragment

@@ -162,6 +162,10 @@ pub struct Ru {
     blocked: bool,
     /// Static generator content: made once, sent from memory (see `Content::Static`).
     template: Option<Template>,
+    /// When the run started here: decision windows read the frames' arrival from it.
+    started: Option<Instant>,
+    /// The decision window at the front waits for its data: its record and since when.
+    waiting: Option<(u64, Instant)>,
     /// Held fragments sent again to another BU than their run's (reassigned), by id.
     resent_to: HashMap<u64, u16>,
     /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
@@ -272,6 +276,8 @@ impl Ru {
             resent_to: HashMap::new(),
             standby: false,
             template: None,
+            started: None,
+            waiting: None,
         }
     }
 
@@ -300,7 +306,13 @@ impl Ru {
 
     /// More fragments could be made right now (the driver should not sleep).
     pub fn has_work(&self) -> bool {
-        !self.pending.is_empty() && !self.blocked
+        !self.pending.is_empty() && !self.blocked && self.waiting.is_none()
+    }
+
+    /// A decision window waits for its data (the driver polls again within a millisecond:
+    /// `run.rate_hz` is set in a run by windows).
+    pub fn waits_for_data(&self) -> bool {
+        self.waiting.is_some()
     }
 
     /// The live feed this RU's front-end streams supply, if that is its source.
@@ -370,7 +382,12 @@ impl Ru {
             return;
         }
         match msg {
-            Message::Start => self.state = RunState::Running,
+            Message::Start => {
+                self.state = RunState::Running;
+                // the streams' clock (decision windows) starts with the RU's first Start; a
+                // standby's Start after a takeover does not move it
+                self.started.get_or_insert(_now);
+            }
             Message::Assign(r, inc) if r.count > 0 => self.pending.push_back((r, inc)),
             // A valid release never names more events than this RU holds: a bigger one is
             // refused whole rather than walked id by id.
@@ -530,6 +547,30 @@ impl Ru {
                 made += n;
                 bytes += size;
                 continue;
+            }
+            if let Source::Frames(f) = &self.cfg.source {
+                if f.windows.is_some() {
+                    let since = *self
+                        .waiting
+                        .filter(|&(r, _)| r == event_id)
+                        .get_or_insert((event_id, now));
+                    let started = *self.started.get_or_insert(now);
+                    let cut = f.cut_now(
+                        event_id,
+                        now.saturating_duration_since(started),
+                        now.saturating_duration_since(since.1),
+                    );
+                    match cut {
+                        None => {
+                            self.waiting = Some(since);
+                            break;
+                        }
+                        Some(c) => {
+                            self.waiting = None;
+                            f.set_cut(event_id, c);
+                        }
+                    }
+                }
             }
             if !self.cfg.source.has_event(event_id) {
                 // The EVM assigns only what `Available` announced, in order.

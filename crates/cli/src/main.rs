@@ -618,7 +618,21 @@ fn main() -> ExitCode {
                     count(evb_config::Role::Bu),
                     c.transport.kind.name()
                 );
-                if c.by_time() {
+                if c.builder.by == evb_config::BuildBy::Window {
+                    let w = &c.windows;
+                    println!(
+                        "  built by windows: decisions at {} Hz of [tick - {}, tick + {}) of \
+                         {} Hz ticks, frames of {} ticks, buffers of {} ms, fragments of up to \
+                         {} bytes",
+                        c.run.rate_hz,
+                        w.before_ticks,
+                        w.after_ticks,
+                        w.tick_hz,
+                        c.frames.ticks,
+                        w.buffer_ms,
+                        c.max_fragment()
+                    );
+                } else if c.by_time() {
                     let b = &c.builder;
                     println!(
                         "  built by time: slices of {} ticks carrying {} more, frames of {} \

@@ -98,7 +98,12 @@ pub fn print(
             .sum(),
     };
     // a record is an event, or a time slice of the streams (builder.by = "time")
-    let (records, every) = if cfg.by_time() {
+    let (records, every) = if cfg.builder.by == evb_config::BuildBy::Window {
+        (
+            "windows",
+            format!("every trigger decision's window ({triggered})"),
+        )
+    } else if cfg.by_time() {
         let end = triggered.saturating_mul(cfg.builder.slice_ticks);
         (
             "slices",
@@ -155,7 +160,18 @@ pub fn print(
     } else {
         String::new()
     };
-    if problems.is_empty() && partial > 0 {
+    let (late, missing) = run.map_or((0, 0), |r| {
+        r.bus.iter().flatten().fold((0, 0), |(l, m), b| {
+            (l + b.late_components, m + b.missing_components)
+        })
+    });
+    if problems.is_empty() && partial > 0 && cfg.by_time() {
+        println!(
+            "VERDICT: OK - {every} built exactly once, checksums valid; {partial} built \
+             partial: {late} components LATE (their data had not arrived within \
+             windows.wait_ms), {missing} MISSING (evicted from the RUs' latency buffers)"
+        );
+    } else if problems.is_empty() && partial > 0 {
         println!(
             "VERDICT: OK - {every} built exactly once, checksums valid; \
              {partial} built as partial events ({dropped} bad fragments dropped at the RUs and flagged missing){unbuilt_note}"

@@ -37,7 +37,7 @@ pub use schema::{
     ControlSection, Distribution, EvmSection, FragmentSection, FramesSection, MessagingSection,
     OnError, Placement, Priority, RuLossPolicy, RuSection, RunSection, Shaping, SinkKind,
     SinkSection, SourceKind, SourceSection, TopologySection, TrafficSection, TransportKind,
-    TransportSection, VerifyLevel, MAX_CPUS,
+    TransportSection, VerifyLevel, WindowsSection, MAX_CPUS,
 };
 pub use stream::{OnSyncLoss, StreamFormat};
 pub use topology::{host_of, NodeSpec, Role};

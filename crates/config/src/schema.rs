@@ -15,8 +15,10 @@ use crate::stream::{OnSyncLoss, StreamFormat};
 pub struct Config {
     pub run: RunSection,
     pub fragments: FragmentSection,
-    /// The generator's time frames (`builder.by = "time"`).
+    /// The generator's time frames (`builder.by = "time"` or `"window"`).
     pub frames: FramesSection,
+    /// Triggered readout windows (`builder.by = "window"`).
+    pub windows: WindowsSection,
     pub builder: BuilderSection,
     pub buffers: BufferSection,
     pub messaging: MessagingSection,
@@ -217,8 +219,9 @@ pub struct BuilderSection {
     pub on_ru_loss: RuLossPolicy,
     /// How the EVM picks each batch's BU: "credits" (the next with credit) or "random".
     pub assignment: Assignment,
-    /// What a record is: "event" (one trigger, a fragment per source) or "time" (one time
-    /// slice of continuous streams: docs/architecture.md, "Building by time").
+    /// What a record is: "event" (one trigger, a fragment per source), "time" (one time
+    /// slice of continuous streams) or "window" (one trigger decision's readout window of
+    /// them): docs/architecture.md, "Building by time".
     pub by: BuildBy,
     /// Under `by = "time"`: ticks in each slice's core.
     pub slice_ticks: u64,
@@ -233,6 +236,47 @@ pub enum BuildBy {
     #[default]
     Event,
     Time,
+    Window,
+}
+
+/// Triggered readout windows (`builder.by = "window"`, DUNE's and artdaq's request mode):
+/// the generator's frames arrive in real time at `tick_hz`, each RU keeps the last
+/// `buffer_ms` of them, and decision k (the EVM's k-th trigger, at `run.rate_hz`) asks every
+/// RU for the frames overlapping its window (docs/architecture.md, "Building by time").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WindowsSection {
+    /// The streams' clock: the data of tick t arrives t / tick_hz s after the RU's start.
+    pub tick_hz: u64,
+    /// A window begins this many ticks before its decision's tick...
+    pub before_ticks: u64,
+    /// ...and ends this many after it.
+    pub after_ticks: u64,
+    /// Decision k's tick is k × tick_hz / rate_hz less a delay drawn per decision from
+    /// [delay_min_ticks, delay_max_ticks] (negative: a window reaching into data not yet
+    /// arrived): the trigger's latency.
+    pub delay_min_ticks: i64,
+    pub delay_max_ticks: i64,
+    /// The RU's latency buffer: frames older than this are evicted (a window over them gets
+    /// what is left, flagged MISSING).
+    pub buffer_ms: u64,
+    /// How long an RU waits for a window's data to arrive before it sends what it has,
+    /// flagged LATE.
+    pub wait_ms: u64,
+}
+
+impl Default for WindowsSection {
+    fn default() -> Self {
+        WindowsSection {
+            tick_hz: 62_500_000,
+            before_ticks: 31_250,
+            after_ticks: 31_250,
+            delay_min_ticks: 0,
+            delay_max_ticks: 0,
+            buffer_ms: 1000,
+            wait_ms: 100,
+        }
+    }
 }
 
 /// The generator's continuous data under `builder.by = "time"`: each source's stream is a

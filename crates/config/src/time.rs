@@ -1,10 +1,10 @@
-//! Building by time (`builder.by = "time"`): the checks of the slicing and of the
-//! generator's frames, and the size of the largest window fragment they make.
+//! Building by time (`builder.by = "time"` or `"window"`): the checks of the slicing, the
+//! windows and the generator's frames, and the size of the largest window fragment they make.
 
 use crate::limits::MAX_FRAGMENT;
 use crate::{
     int_in, invalid, BuildBy, BuilderSection, Config, ConfigError, Distribution, FragmentSection,
-    FramesSection, SourceKind,
+    FramesSection, SourceKind, WindowsSection,
 };
 
 /// Most ticks in a frame, a slice or an overlap (2^40: 18 minutes of nanoseconds, 5 hours
@@ -31,14 +31,25 @@ impl FramesSection {
 }
 
 impl Config {
+    /// Records are cut from the frames' time: slices (`"time"`) or windows (`"window"`).
     pub fn by_time(&self) -> bool {
-        self.builder.by == BuildBy::Time
+        matches!(self.builder.by, BuildBy::Time | BuildBy::Window)
     }
 
-    /// Most frames that begin in one slice's window (core and overlap).
+    /// Most frames in one record's window fragment: those beginning in a slice and its
+    /// overlap, or those overlapping a triggered window.
     pub fn max_window_frames(&self) -> u64 {
-        let b = &self.builder;
-        (b.slice_ticks.saturating_add(b.overlap_ticks)).div_ceil(self.frames.ticks.max(1)) + 1
+        let f = self.frames.ticks.max(1);
+        match self.builder.by {
+            BuildBy::Window => {
+                let w = &self.windows;
+                w.before_ticks.saturating_add(w.after_ticks).div_ceil(f) + 2
+            }
+            _ => {
+                let b = &self.builder;
+                (b.slice_ticks.saturating_add(b.overlap_ticks)).div_ceil(f) + 1
+            }
+        }
     }
 
     /// The largest window fragment an RU makes of one slice.
@@ -52,42 +63,64 @@ impl Config {
 
 pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
     let b = &c.builder;
-    if !c.by_time() {
-        let d = BuilderSection::default();
-        for (key, set) in [
-            ("builder.slice_ticks", b.slice_ticks != d.slice_ticks),
-            ("builder.overlap_ticks", b.overlap_ticks != d.overlap_ticks),
-            ("frames", c.frames != FramesSection::default()),
-        ] {
-            if set {
-                return Err(invalid(key, "applies only to builder.by = \"time\""));
-            }
+    let d = BuilderSection::default();
+    for (key, set, applies) in [
+        (
+            "builder.slice_ticks",
+            b.slice_ticks != d.slice_ticks,
+            b.by == BuildBy::Time,
+        ),
+        (
+            "builder.overlap_ticks",
+            b.overlap_ticks != d.overlap_ticks,
+            b.by == BuildBy::Time,
+        ),
+        (
+            "windows",
+            c.windows != WindowsSection::default(),
+            b.by == BuildBy::Window,
+        ),
+        ("frames", c.frames != FramesSection::default(), c.by_time()),
+    ] {
+        if set && !applies {
+            let to = match key {
+                "windows" => "builder.by = \"window\"",
+                "frames" => "builder.by = \"time\" or \"window\"",
+                _ => "builder.by = \"time\"",
+            };
+            return Err(invalid(key, format!("applies only to {to}")));
         }
+    }
+    if !c.by_time() {
         return Ok(());
     }
     if c.source.kind != SourceKind::Generator {
         return Err(invalid(
             "builder.by",
-            "\"time\" is built for the generator's frames so far (source.kind = \
+            "building by time is built for the generator's frames so far (source.kind = \
              \"generator\"); recordings, streams and producers build by \"event\"",
         ));
     }
     if c.fragments != FragmentSection::default() {
         return Err(invalid(
             "fragments",
-            "sizes a record's fragments under builder.by = \"event\"; under \"time\" the \
+            "sizes a record's fragments under builder.by = \"event\"; by time the \
              generator makes [frames] (frames.size, frames.ticks)",
         ));
     }
     int_in("frames.ticks", c.frames.ticks, 1, MAX_TICKS, " ticks")?;
-    int_in("builder.slice_ticks", b.slice_ticks, 1, MAX_TICKS, " ticks")?;
-    int_in(
-        "builder.overlap_ticks",
-        b.overlap_ticks,
-        0,
-        b.slice_ticks,
-        " ticks: at most builder.slice_ticks",
-    )?;
+    if b.by == BuildBy::Window {
+        validate_windows(c)?;
+    } else {
+        int_in("builder.slice_ticks", b.slice_ticks, 1, MAX_TICKS, " ticks")?;
+        int_in(
+            "builder.overlap_ticks",
+            b.overlap_ticks,
+            0,
+            b.slice_ticks,
+            " ticks: at most builder.slice_ticks",
+        )?;
+    }
     let f = &c.frames;
     int_in("frames.size", f.size, 1, MAX_FRAGMENT, " bytes")?;
     for (key, v) in [
@@ -118,9 +151,13 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
     let n = c.max_window_frames();
     if n > MAX_WINDOW_FRAMES {
         return Err(invalid(
-            "builder.slice_ticks",
+            if b.by == BuildBy::Window {
+                "windows.after_ticks"
+            } else {
+                "builder.slice_ticks"
+            },
             format!(
-                "a slice and its overlap hold up to {n} frames of frames.ticks = {}; at most \
+                "a record's window holds up to {n} frames of frames.ticks = {}; at most \
                  {MAX_WINDOW_FRAMES}",
                 f.ticks
             ),
@@ -131,10 +168,55 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(invalid(
             "frames.size",
             format!(
-                "a slice's fragment can reach {bytes} bytes ({n} frames); at most \
-                 {MAX_FRAGMENT}: shorten builder.slice_ticks or the frames"
+                "a record's fragment can reach {bytes} bytes ({n} frames); at most \
+                 {MAX_FRAGMENT}: shorten the slices or windows, or the frames"
             ),
         ));
     }
+    Ok(())
+}
+
+fn validate_windows(c: &Config) -> Result<(), ConfigError> {
+    let w = &c.windows;
+    if c.run.rate_hz <= 0.0 {
+        return Err(invalid(
+            "run.rate_hz",
+            "must be set under builder.by = \"window\": the trigger decisions come at this rate",
+        ));
+    }
+    int_in("windows.tick_hz", w.tick_hz, 1, 1_000_000_000_000, " Hz")?;
+    int_in(
+        "windows.before_ticks",
+        w.before_ticks,
+        0,
+        MAX_TICKS,
+        " ticks",
+    )?;
+    int_in("windows.after_ticks", w.after_ticks, 0, MAX_TICKS, " ticks")?;
+    if w.before_ticks + w.after_ticks == 0 {
+        return Err(invalid(
+            "windows.after_ticks",
+            "a window must be at least one tick long (before_ticks + after_ticks > 0)",
+        ));
+    }
+    for (key, v) in [
+        ("windows.delay_min_ticks", w.delay_min_ticks),
+        ("windows.delay_max_ticks", w.delay_max_ticks),
+    ] {
+        if v.unsigned_abs() > MAX_TICKS {
+            return Err(invalid(
+                key,
+                format!("{v} is out of range (-2^40 ..= 2^40 ticks)"),
+            ));
+        }
+    }
+    if w.delay_min_ticks > w.delay_max_ticks {
+        return Err(invalid(
+            "windows.delay_max_ticks",
+            "must be at least windows.delay_min_ticks",
+        ));
+    }
+    int_in("windows.buffer_ms", w.buffer_ms, 1, 3_600_000, " ms")?;
+    int_in("windows.wait_ms", w.wait_ms, 0, 10_000, " ms")?;
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use evb_buffers::Pool;
-use evb_builder::frames::{FrameGenerator, Slicing};
+use evb_builder::frames::{FrameGenerator, Slicing, Windows};
 use evb_builder::{
     Bu, BuConfig, Content, CountingSink, DiscardSink, Evm, EvmConfig, Generator, Ru, RuConfig,
     Sink, SizeModel, Source, Verify,
@@ -48,21 +48,36 @@ fn generator_of(f: &evb_config::FragmentSection, seed: u64) -> Generator {
     Generator::new(sizes, seed).with_content(content)
 }
 
-/// The generator's time frames and the slicing, when the run builds by time.
+/// The generator's time frames and the slicing or the windows, when the run builds by time.
 pub fn frame_generator(cfg: &Config) -> Option<FrameGenerator> {
     cfg.by_time().then(|| {
         let mut sizes = generator_of(&cfg.frames.as_fragments(), cfg.run.seed);
         if let SizeModel::LogNormal { min, .. } = &mut sizes.sizes {
             *min = cfg.frames.min as usize; // a frame may be empty
         }
-        FrameGenerator::new(
+        let f = FrameGenerator::new(
             sizes,
             cfg.frames.ticks,
             Slicing {
                 slice: cfg.builder.slice_ticks,
                 overlap: cfg.builder.overlap_ticks,
             },
-        )
+        );
+        if cfg.builder.by != evb_config::BuildBy::Window {
+            return f;
+        }
+        let w = &cfg.windows;
+        f.with_windows(Windows {
+            seed: cfg.run.seed,
+            rate_hz: cfg.run.rate_hz,
+            tick_hz: w.tick_hz,
+            before: w.before_ticks,
+            after: w.after_ticks,
+            delay_min: w.delay_min_ticks,
+            delay_max: w.delay_max_ticks,
+            buffer_ticks: (w.buffer_ms as u128 * w.tick_hz as u128 / 1000) as u64,
+            wait: Duration::from_millis(w.wait_ms),
+        })
     })
 }
 
@@ -116,9 +131,13 @@ pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
         return (cfg.default_credits() / 4).clamp(1, 1024);
     }
     let fragment = if cfg.by_time() {
-        // a slice's window holds about (slice + overlap) / frame ticks frames
+        // a record's window holds about its length / frame ticks frames
         let b = &cfg.builder;
-        let frames = (b.slice_ticks + b.overlap_ticks) / cfg.frames.ticks.max(1);
+        let ticks = match b.by {
+            evb_config::BuildBy::Window => cfg.windows.before_ticks + cfg.windows.after_ticks,
+            _ => b.slice_ticks + b.overlap_ticks,
+        };
+        let frames = ticks / cfg.frames.ticks.max(1);
         frames.max(1) * (cfg.frames.size + 32) + 32
     } else {
         cfg.fragments.size

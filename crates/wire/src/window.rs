@@ -86,9 +86,10 @@ impl TimeFrameHeader {
 }
 
 /// What an RU could give of a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(u16)]
 pub enum WindowStatus {
+    #[default]
     Complete = 0,
     /// The window's end had not arrived by the deadline.
     Late = 1,
