@@ -724,6 +724,133 @@ mod tests {
         );
     }
 
+    /// A decision window's cut at the edges of the wait and of the buffer's depth, a tick
+    /// or a microsecond either side: waiting just under `wait`, LATE at it; whole while its
+    /// first frame's end is one tick inside the buffer, MISSING that frame at the depth.
+    #[test]
+    fn a_window_is_cut_at_the_edges_of_the_wait_and_the_buffer() {
+        let w = Windows {
+            seed: 1,
+            rate_hz: 1000.0,
+            tick_hz: 1_000_000, // a tick is a microsecond
+            before: 0,
+            after: 1,
+            delay_min: 0,
+            delay_max: 0,
+            buffer_ticks: 5000,
+            wait: Duration::from_millis(10),
+        };
+        let win = Window {
+            begin: 1000,
+            core_end: 2000,
+            end: 2000,
+        };
+        let us = Duration::from_micros;
+        let cut = |now_us, waited| w.cut(win, 100, us(now_us), waited);
+        let c = |first, end, status| Some(Cut { first, end, status });
+        assert_eq!(
+            cut(1999, us(9_999)),
+            None,
+            "its end not arrived, the wait not over"
+        );
+        assert_eq!(cut(1999, us(10_000)), c(10, 19, WindowStatus::Late));
+        assert_eq!(cut(2000, us(0)), c(10, 20, WindowStatus::Complete));
+        assert_eq!(cut(6099, us(0)), c(10, 20, WindowStatus::Complete));
+        assert_eq!(cut(6100, us(0)), c(11, 20, WindowStatus::Missing));
+        assert_eq!(
+            cut(7000, us(0)),
+            c(20, 20, WindowStatus::Missing),
+            "all gone"
+        );
+        // decision windows from the seed: the same for every node, in [delay_min, delay_max]
+        let d = Windows {
+            delay_min: -50,
+            delay_max: 70,
+            ..w
+        };
+        let delays: Vec<i64> = (0..1000).map(|k| d.delay(k)).collect();
+        assert!(delays.iter().all(|x| (-50..=70).contains(x)));
+        assert!(
+            delays.contains(&-50) && delays.contains(&70),
+            "both ends drawn"
+        );
+        assert_eq!(d.window(7), d.window(7));
+        assert_eq!(d.window(7).begin, (7000 - d.delay(7)) as u64);
+    }
+
+    /// The BU's window checks take a fragment whose status says what it leaves out, and
+    /// refuse one whose status hides a cut (LATE or MISSING frames sent as COMPLETE), or
+    /// another decision's window.
+    #[test]
+    fn a_window_fragment_status_must_match_its_frames() {
+        let u = gen();
+        let w = Windows {
+            seed: 5,
+            rate_hz: 100.0,
+            tick_hz: 1000,
+            before: 20,
+            after: 30,
+            delay_min: 0,
+            delay_max: 15,
+            buffer_ticks: 1000,
+            wait: Duration::ZERO,
+        };
+        let g = FrameGenerator::new(u.frames.clone(), 7, u.slicing).with_windows(w);
+        let pool = evb_buffers::Pool::new("t", 1 << 16, 8);
+        let k = 12;
+        let (first, end) = g.frames_of(g.window(k));
+        let fragment = |cut: Cut, status_byte: Option<u16>| {
+            g.set_cut(k, cut);
+            let spec = g.spec(k, 4);
+            let mut b = vec![0; spec.size];
+            g.fill(k, 4, 0, &mut b);
+            if let Some(s) = status_byte {
+                b[24..26].copy_from_slice(&s.to_le_bytes());
+            }
+            let h = spec.header(k, 4, crc32c::crc32c(&b));
+            let ch = Chain::from_slice(pool.try_alloc().unwrap().append(&b).unwrap());
+            (h, ch)
+        };
+        let check = |(h, ch): (FragmentHeader, Chain)| g.check(&h, &ch);
+        let whole = Cut {
+            first,
+            end,
+            status: WindowStatus::Complete,
+        };
+        assert_eq!(check(fragment(whole, None)), Ok(WindowStatus::Complete));
+        let late = Cut {
+            end: end - 2,
+            status: WindowStatus::Late,
+            ..whole
+        };
+        assert_eq!(check(fragment(late, None)), Ok(WindowStatus::Late));
+        let missing = Cut {
+            first: first + 1,
+            status: WindowStatus::Missing,
+            ..whole
+        };
+        assert_eq!(check(fragment(missing, None)), Ok(WindowStatus::Missing));
+        assert!(
+            check(fragment(late, Some(0))).is_err(),
+            "late sent as complete"
+        );
+        assert!(
+            check(fragment(missing, Some(0))).is_err(),
+            "missing sent as complete"
+        );
+        assert!(
+            check(fragment(whole, Some(1))).is_err(),
+            "whole sent as late"
+        );
+        let (h, ch) = fragment(whole, None);
+        let other = FragmentHeader {
+            event_id: k + 1,
+            ..h
+        };
+        assert!(g.check(&other, &ch).is_err(), "another decision's window");
+        assert!(g.verify(k, 4, ch.chunks()));
+    }
+
     /// Static content: the fragment made from headers and the one static payload is a
     /// window fragment (every frame's CRC right), whose payloads are all prefixes of the
     /// same bytes.

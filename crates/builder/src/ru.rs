@@ -164,8 +164,10 @@ pub struct Ru {
     template: Option<Template>,
     /// When the run started here: decision windows read the frames' arrival from it.
     started: Option<Instant>,
-    /// The decision window at the front waits for its data: its record and since when.
-    waiting: Option<(u64, Instant)>,
+    /// The decision window at the front waits for its data (its record).
+    waiting: Option<u64>,
+    /// Decision windows: when each assignment came (one past its last record, the time).
+    assigned_at: VecDeque<(u64, Instant)>,
     /// Held fragments sent again to another BU than their run's (reassigned), by id.
     resent_to: HashMap<u64, u16>,
     /// The run has a standby EVM: losing the EVM waits for it instead of ending the run.
@@ -278,6 +280,7 @@ impl Ru {
             template: None,
             started: None,
             waiting: None,
+            assigned_at: VecDeque::new(),
         }
     }
 
@@ -305,14 +308,10 @@ impl Ru {
     }
 
     /// More fragments could be made right now (the driver should not sleep).
+    /// (A decision window waiting for its data is not work: the driver polls again within a
+    /// millisecond, `run.rate_hz` being set in a run by windows.)
     pub fn has_work(&self) -> bool {
         !self.pending.is_empty() && !self.blocked && self.waiting.is_none()
-    }
-
-    /// A decision window waits for its data (the driver polls again within a millisecond:
-    /// `run.rate_hz` is set in a run by windows).
-    pub fn waits_for_data(&self) -> bool {
-        self.waiting.is_some()
     }
 
     /// The live feed this RU's front-end streams supply, if that is its source.
@@ -388,7 +387,13 @@ impl Ru {
                 // standby's Start after a takeover does not move it
                 self.started.get_or_insert(_now);
             }
-            Message::Assign(r, inc) if r.count > 0 => self.pending.push_back((r, inc)),
+            Message::Assign(r, inc) if r.count > 0 => {
+                if matches!(&self.cfg.source, Source::Frames(f) if f.windows.is_some()) {
+                    // a window's wait for its data runs from its Assign
+                    self.assigned_at.push_back((r.first + r.count as u64, _now));
+                }
+                self.pending.push_back((r, inc));
+            }
             // A valid release never names more events than this RU holds: a bigger one is
             // refused whole rather than walked id by id.
             Message::Release(r) if r.count as u64 > self.retained_count => {
@@ -550,19 +555,23 @@ impl Ru {
             }
             if let Source::Frames(f) = &self.cfg.source {
                 if f.windows.is_some() {
-                    let since = *self
-                        .waiting
-                        .filter(|&(r, _)| r == event_id)
-                        .get_or_insert((event_id, now));
+                    while self
+                        .assigned_at
+                        .front()
+                        .is_some_and(|&(end, _)| end <= event_id)
+                    {
+                        self.assigned_at.pop_front();
+                    }
+                    let since = self.assigned_at.front().map_or(now, |&(_, t)| t);
                     let started = *self.started.get_or_insert(now);
                     let cut = f.cut_now(
                         event_id,
                         now.saturating_duration_since(started),
-                        now.saturating_duration_since(since.1),
+                        now.saturating_duration_since(since),
                     );
                     match cut {
                         None => {
-                            self.waiting = Some(since);
+                            self.waiting = Some(event_id);
                             break;
                         }
                         Some(c) => {

@@ -1304,3 +1304,58 @@ fn building_by_time_refuses_what_would_not_do_what_it_says() {
     ))
     .unwrap();
 }
+
+/// Decision windows: `[windows]` only where it does something, a trigger rate required (the
+/// decisions come at it), the delays in order, a window of at least a tick, bounded waits.
+#[test]
+fn building_by_windows_refuses_what_would_not_do_what_it_says() {
+    let win = "[run]\nrate_hz = 1000\n[builder]\nby = \"window\"\n";
+    let c = Config::from_toml(win).unwrap();
+    assert!(c.by_time());
+    // 62500 ticks of 1000-tick frames, two more for the ends
+    assert_eq!(c.max_window_frames(), 65);
+    assert_err(
+        "[windows]\nwait_ms = 5\n",
+        &["`windows`", "builder.by = \"window\""],
+    );
+    assert_err(
+        "[builder]\nby = \"time\"\n[windows]\nwait_ms = 5\n",
+        &["`windows`"],
+    );
+    assert_err(
+        &format!("{win}slice_ticks = 7\n"),
+        &["builder.slice_ticks", "\"time\""],
+    );
+    assert_err(
+        "[builder]\nby = \"window\"\n",
+        &["run.rate_hz", "decisions"],
+    );
+    assert_err(
+        &format!("{win}[windows]\ndelay_min_ticks = 5\ndelay_max_ticks = 4\n"),
+        &["windows.delay_max_ticks"],
+    );
+    assert_err(
+        &format!("{win}[windows]\nbefore_ticks = 0\nafter_ticks = 0\n"),
+        &["windows.after_ticks", "one tick"],
+    );
+    assert_err(
+        &format!("{win}[windows]\nwait_ms = 10001\n"),
+        &["windows.wait_ms"],
+    );
+    assert_err(
+        &format!("{win}[windows]\nbuffer_ms = 0\n"),
+        &["windows.buffer_ms"],
+    );
+    assert_err(
+        &format!("{win}[windows]\ntick_hz = 0\n"),
+        &["windows.tick_hz"],
+    );
+    assert_err(
+        &format!("{win}[windows]\ndelay_min_ticks = -2000000000000\n"),
+        &["windows.delay_min_ticks"],
+    );
+    Config::from_toml(&format!(
+        "{win}[windows]\ndelay_min_ticks = -500\ndelay_max_ticks = 90000\nbuffer_ms = 50\n"
+    ))
+    .unwrap();
+}

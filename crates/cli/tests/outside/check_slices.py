@@ -26,18 +26,20 @@ WINDOW = 1 << 4  # fragment flag: the payload is a window fragment
 FRAME_GENERATED = 1
 
 
-def window_frames(payload, problems, where):
-    """The frames of a window fragment: (begin, end, source, header and payload bytes)."""
+def window_frames(payload, problems, where, statuses=False):
+    """A window fragment's window (begin, end, core end, and with `statuses` its status; a
+    time slice's must be 0, complete) and frames (begin, end, source, flags, their bytes)."""
     begin, end, core_end, status, reserved, n = struct.unpack_from("<QQQHHI", payload)
-    if reserved != 0 or status != 0:
+    if reserved != 0 or status > 3 or (status != 0 and not statuses):
         problems.append(f"{where}: status {status}, reserved {reserved}")
+    window = (begin, end, core_end, status) if statuses else (begin, end, core_end)
     body = 32 + 8 * n
     frames, next_off = [], 0
     for i in range(n):
         off, length = struct.unpack_from("<II", payload, 32 + 8 * i)
         if off != next_off:
             problems.append(f"{where}: frame {i} at offset {off}, not {next_off}")
-            return (begin, end, core_end), []
+            return window, []
         raw = payload[body + off:body + off + length]
         fb, fe, src, flags, crc = struct.unpack_from("<QQHHI", raw)
         if crc32c(raw[:20] + raw[24:]) != crc:
@@ -46,7 +48,7 @@ def window_frames(payload, problems, where):
         next_off = off + length
     if body + next_off != len(payload):
         problems.append(f"{where}: frames do not fill the fragment")
-    return (begin, end, core_end), frames
+    return window, frames
 
 
 def records(folder):

@@ -1,0 +1,157 @@
+//! Triggered readout windows through `evb run` (issue 54, DUNE-like): trigger decisions at
+//! 1 kHz ask every RU for a window of its continuous frames, some reaching back past the
+//! RUs' latency buffers (MISSING), some into data that has not arrived (LATE), many
+//! overlapping one another; judged by a reader written from docs/formats.md alone
+//! (`tests/outside/check_windows.py`): every record's windows, every frame's bytes, each
+//! status true to the frames it holds, and every window whose data was gone flagged MISSING.
+//! The verdict's counts must be the files' counts.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const DECISIONS: u64 = 1500;
+const TICK_HZ: u64 = 62_500_000;
+const FRAME: u64 = 6250; // 100 us
+const BEFORE: u64 = 62_500; // 1 ms
+const AFTER: u64 = 93_750; // 1.5 ms
+const RUS: usize = 3;
+
+fn python() -> bool {
+    Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `evb run` of `DECISIONS` windows with delays in `delays` (ticks) over `transport`, the
+/// RUs' buffers keeping `buffer_ms`.
+fn run_windows(
+    transport: &str,
+    delays: (i64, i64),
+    buffer_ms: u64,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::process::Output,
+    Value,
+) {
+    let dir = common::out_dir();
+    let out = dir.path().join("out");
+    let base = common::free_base_port(12);
+    let toml = format!(
+        "[run]\nid = \"windows\"\nevents = {DECISIONS}\nduration_s = 0\nrate_hz = 1000\nseed = 3\n\
+         [topology]\nrus = {RUS}\nbus = 2\nbase_port = {base}\n[control]\nbase_port = {}\n\
+         [transport]\nkind = \"{transport}\"\n[builder]\nby = \"window\"\n\
+         [frames]\nticks = {FRAME}\nsize = 200\ndistribution = \"lognormal\"\n\
+         [windows]\ntick_hz = {TICK_HZ}\nbefore_ticks = {BEFORE}\nafter_ticks = {AFTER}\n\
+         delay_min_ticks = {}\ndelay_max_ticks = {}\nbuffer_ms = {buffer_ms}\nwait_ms = 10\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 300\n",
+        base + 6,
+        delays.0,
+        delays.1,
+        out.display()
+    );
+    let (o, s) = common::evb_run_in(dir.path(), &toml);
+    (dir, out, o, s)
+}
+
+/// The outside reader's verdict on `dir`.
+fn check(dir: &Path, delays: (i64, i64), buffer_ms: u64, seed: u64) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_windows.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(dir)
+        .args(["--seed", &seed.to_string(), "--rate-hz", "1000"])
+        .args(["--tick-hz", &TICK_HZ.to_string()])
+        .args(["--before", &BEFORE.to_string()])
+        .args(["--after", &AFTER.to_string()])
+        .args(["--delay-min", &delays.0.to_string()])
+        .args(["--delay-max", &delays.1.to_string()])
+        .args(["--frame", &FRAME.to_string()])
+        .args(["--buffer-ticks", &(buffer_ms * TICK_HZ / 1000).to_string()])
+        // the RUs' clocks start with their Start, the decisions' with the EVM's: 100 ms of
+        // skew allowed, for a loaded host
+        .args(["--slack", &(TICK_HZ / 10).to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn bus_sum(s: &Value, key: &str) -> u64 {
+    s["run"]["bus"]
+        .as_array()
+        .map_or(0, |b| b.iter().map(|b| b[key].as_u64().unwrap_or(0)).sum())
+}
+
+#[test]
+fn windows_late_and_evicted_are_flagged_as_the_files_show() {
+    if !python() {
+        eprintln!("windows: skipped: python3 is not installed");
+        return;
+    }
+    // decisions about data from 300 ms in the future to 500 ms in the past, the buffer
+    // keeping 100 ms: about a third LATE, half MISSING
+    let delays = (-(TICK_HZ as i64) * 3 / 10, TICK_HZ as i64 / 2);
+    let (_keep, out, o, s) = run_windows("tcp", delays, 100);
+    let text = common::text(&o);
+    assert!(o.status.success(), "{text}");
+    assert_eq!(s["run"]["evm"]["released"], DECISIONS, "{text}");
+    let r = check(&out, delays, 100, 3);
+    assert_eq!(r["problems"], 0, "{r}");
+    assert_eq!(r["records"], DECISIONS, "{r}");
+    let c = &r["components"];
+    let (late, missing) = (c["late"].as_u64().unwrap(), c["missing"].as_u64().unwrap());
+    assert!(
+        late > 0 && missing > 0 && c["complete"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    assert!(r["overlapping"].as_u64().unwrap() > 0, "{r}");
+    // every reader says the same: the verdict's counts, the BUs' reports, the files
+    assert_eq!(bus_sum(&s, "late_components"), late, "{r}");
+    assert_eq!(bus_sum(&s, "missing_components"), missing, "{r}");
+    assert!(
+        text.contains(&format!(
+            "{late} components LATE (their data had not arrived within windows.wait_ms), \
+             {missing} MISSING (evicted from the RUs' latency buffers)"
+        )),
+        "{text}"
+    );
+    assert_eq!(bus_sum(&s, "window_errors"), 0);
+    // the reader is not a rubber stamp: read with another seed, the windows are elsewhere
+    let r = check(&out, delays, 100, 4);
+    assert!(r["problems"].as_u64().unwrap() > 0, "{r}");
+}
+
+/// Decisions within the buffer and never ahead of the data, over shm: every window whole,
+/// the verdict OK and complete.
+#[test]
+fn windows_within_the_buffer_are_all_complete_over_shm() {
+    if !python() {
+        eprintln!("windows: skipped: python3 is not installed");
+        return;
+    }
+    // windows ending 50 ms to 200 ms before their decisions, the buffers keeping 2 s: room
+    // for the nodes' clocks to differ and for a loaded host's delays
+    let delays = (
+        TICK_HZ as i64 / 20 + AFTER as i64,
+        TICK_HZ as i64 / 5 + AFTER as i64,
+    );
+    let (_keep, out, o, _) = run_windows("shm", delays, 2000);
+    let text = common::text(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(
+        text.contains(&format!(
+            "VERDICT: OK - every trigger decision's window ({DECISIONS}) built exactly once, \
+             complete, checksums valid"
+        )),
+        "{text}"
+    );
+    let r = check(&out, delays, 2000, 3);
+    assert_eq!(r["problems"], 0, "{r}");
+    assert_eq!(r["components"]["complete"], DECISIONS * RUS as u64, "{r}");
+}
