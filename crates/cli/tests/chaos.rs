@@ -44,6 +44,10 @@ const SMALL_EVENTS: u64 = 60_000;
 const SMALL_RATE_HZ: u64 = 20_000;
 /// Trials built by time: frames of 1000 ticks, slices of this many frames and 5 more.
 const SLICE_FRAMES: u64 = 50;
+/// Trials built by decision windows: a microsecond a tick, windows of 3 ms about decisions
+/// 0 to 20 ms in the past, 2 s of buffer.
+const WINDOWS: &str = "tick_hz = 1000000\nbefore_ticks = 1500\nafter_ticks = 1500\n\
+                       delay_min_ticks = 2500\ndelay_max_ticks = 20000\nbuffer_ms = 2000\n";
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -245,6 +249,9 @@ struct Trial {
     /// completed run's files are then also judged by the outside slice reader (every stream
     /// tiled from tick 0, each frame in one core).
     by_time: bool,
+    /// With `by_time`: trigger decisions' windows (`builder.by = "window"`) instead of
+    /// slices, judged by the outside window reader.
+    windows: bool,
 }
 
 impl Trial {
@@ -276,7 +283,13 @@ impl Trial {
         } else {
             ""
         };
-        let sizes = if self.by_time {
+        let sizes = if self.by_time && self.windows {
+            // windows of 3 ms (3 frames of 1 ms, 4 with their ends) about the decision's tick
+            format!(
+                "[frames]\nticks = 1000\nsize = {}\n[windows]\n{WINDOWS}",
+                size / 3
+            )
+        } else if self.by_time {
             // 50 frames of 1000 ticks in a slice and 5 more of overlap, each of size / 50
             format!("[frames]\nticks = 1000\nsize = {}\n", size / SLICE_FRAMES)
         } else {
@@ -330,7 +343,9 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     if t.fault == Fault::KillRuPartial {
         builder += "on_ru_loss = \"partial\"\n";
     }
-    if t.by_time {
+    if t.by_time && t.windows {
+        builder += "by = \"window\"\n";
+    } else if t.by_time {
         builder += &format!(
             "by = \"time\"\nslice_ticks = {}\noverlap_ticks = 5000\n",
             SLICE_FRAMES * 1000
@@ -744,7 +759,11 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
             }
             assert_eq!(evm["committed_unpublished"], 0, "{log}");
             if t.by_time && !t.counted && t.fault != Fault::KillRuPartial {
-                check_slices(&dir.join("out"), events, log);
+                if t.windows {
+                    check_windows(&dir.join("out"), events, t, log);
+                } else {
+                    check_slices(&dir.join("out"), events, log);
+                }
             }
             // (a kernel may refuse `ss -K`: a random trial then cuts nothing; a fixed one
             // fails)
@@ -940,6 +959,7 @@ fn faults_at_random_moments_keep_every_promise() {
             // from a value drawn already, so that earlier seeds replay the same faults
             counted: at_ms % 4 == 1,
             by_time: at_ms % 5 == 2,
+            windows: at_ms % 10 == 7,
         };
         if k < from {
             continue;
@@ -964,7 +984,11 @@ fn faults_at_random_moments_keep_every_promise() {
             } else {
                 ""
             },
-            if t.by_time { ", time slices" } else { "" },
+            match (t.by_time, t.windows) {
+                (true, true) => ", decision windows",
+                (true, false) => ", time slices",
+                _ => "",
+            },
             if o.ok { "run OK" } else { "run stopped" },
             started.elapsed().as_secs_f64()
         );
@@ -994,6 +1018,7 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
         tight_commit: false,
         counted: false,
         by_time: false,
+        windows: false,
     };
     fixed_trial(t);
 }
@@ -1036,6 +1061,30 @@ fn check_slices(out: &Path, slices: u64, log: &str) {
         .unwrap_or_else(|e| panic!("slice reader: {e}: {}\n{log}", common::text(&o)));
     assert_eq!(r["problems"], 0, "the slice reader: {r}\n{log}");
     assert_eq!(r["records"], slices, "the slice reader: {r}\n{log}");
+}
+
+/// A completed run by decision windows, judged by the outside window reader (docs/formats.md
+/// §8): every record's window and frames, each status true to its frames. (Skipped without
+/// python3.)
+fn check_windows(out: &Path, decisions: u64, t: &Trial, log: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_windows.py");
+    let rate = if t.small { SMALL_RATE_HZ } else { RATE_HZ };
+    let Ok(o) = Command::new("python3")
+        .arg(&script)
+        .arg(out)
+        .args(["--seed", "1", "--rate-hz", &rate.to_string()])
+        .args(["--tick-hz", "1000000", "--before", "1500", "--after", "1500"])
+        .args(["--delay-min", "2500", "--delay-max", "20000", "--frame", "1000"])
+        .args(["--buffer-ticks", "2000000", "--slack", "100000"])
+        .output()
+    else {
+        eprintln!("  windows not read: python3 is not installed");
+        return;
+    };
+    let r: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("window reader: {e}: {}\n{log}", common::text(&o)));
+    assert_eq!(r["problems"], 0, "the window reader: {r}\n{log}");
+    assert_eq!(r["records"], decisions, "the window reader: {r}\n{log}");
 }
 
 #[test]
@@ -1121,6 +1170,22 @@ fn evb_run_by_time_survives_a_killed_bu_and_tiles_every_stream() {
         tight_commit: true,
         counted: false,
         by_time: true,
+        windows: false,
+    });
+}
+
+#[test]
+fn evb_run_by_windows_survives_a_frozen_bu_past_the_heartbeat() {
+    fixed_trial(Trial {
+        fault: Fault::FreezeBu(1800),
+        launch: Launch::Run,
+        shm: false,
+        at_ms: 1000,
+        small: false,
+        tight_commit: false,
+        counted: false,
+        by_time: true,
+        windows: true,
     });
 }
 
@@ -1135,6 +1200,7 @@ fn separate_nodes_by_time_with_a_standby_survive_a_killed_evm() {
         tight_commit: false,
         counted: false,
         by_time: true,
+        windows: false,
     });
 }
 
