@@ -53,6 +53,10 @@ pub struct BuildSpec {
     /// fragment of `fragment / 4096` generated frames of 4096 bytes (`content` theirs), plus
     /// one frame of overlap.
     pub slices: bool,
+    /// Built by decision windows (`builder.by = "window"`, DUNE's shape): 10 kHz of
+    /// decisions, each a 1 ms window of 100 µs frames of `fragment / 10` bytes, 5 ms old when
+    /// decided; the latency is from the decision (its Assign) to the record built.
+    pub windows: bool,
 }
 
 impl BuildSpec {
@@ -70,6 +74,7 @@ impl BuildSpec {
             + if self.scraped { " scraped" } else { "" }
             + if self.scaling { " scaling" } else { "" }
             + if self.slices { " time slices" } else { "" }
+            + if self.windows { " windows 10 kHz" } else { "" }
             + &self
                 .load
                 .map(|f| format!(" load={:.0}%", f * 100.0))
@@ -137,7 +142,15 @@ kind = "{transport}"
     /// `[fragments]`, or `[frames]` for a run by time.
     fn sizes(&self) -> String {
         let dist = if self.lognormal { "lognormal" } else { "fixed" };
-        if self.slices {
+        if self.windows {
+            format!(
+                "[frames]\nticks = 100\nsize = {}\ndistribution = \"{dist}\"\n\
+                 content = \"{}\"\n[windows]\ntick_hz = 1000000\nbefore_ticks = 500\n\
+                 after_ticks = 500\ndelay_min_ticks = 5000\ndelay_max_ticks = 5000\n",
+                (self.fragment / 10).max(1),
+                self.content
+            )
+        } else if self.slices {
             format!(
                 "[frames]\nticks = 1000\nsize = {FRAME_BYTES}\ndistribution = \"{dist}\"\n\
                  content = \"{}\"\n",
@@ -154,6 +167,9 @@ kind = "{transport}"
     /// The `[builder]` keys of a run by time: slices of `fragment` bytes of frames, and one
     /// frame of overlap.
     fn by_time(&self) -> String {
+        if self.windows {
+            return "by = \"window\"\n".into();
+        }
         if !self.slices {
             return String::new();
         }
@@ -205,6 +221,7 @@ pub fn default_run(seconds: f64) -> BuildSpec {
         compute_load: 0,
         priority: "normal",
         slices: false,
+        windows: false,
     }
 }
 
@@ -226,6 +243,8 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         }
         None => (0.0, None),
     };
+    // decision windows come at their own rate (their windows are placed by it)
+    let rate_hz = if spec.windows { 10_000.0 } else { rate_hz };
     let mut toml = spec.toml(&tag, rate_hz);
     let nodes = 1 + spec.rus + spec.bus;
     let control_base = if spec.scraped {

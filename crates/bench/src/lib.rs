@@ -380,6 +380,8 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             && !p.variant.contains(" load=")
             // half of a folded run's bytes never cross tcp: nxn is no reference for it
             && !p.variant.ends_with(" folded")
+            // decision windows at a fixed rate: a latency row
+            && !p.variant.contains(" windows ")
     }) {
         let pinned = b.variant.ends_with("pinned");
         let nxn = find(points, |p| {

@@ -89,6 +89,7 @@ fn base_spec(fragment: usize, verify: &'static str, seconds: f64) -> BuildSpec {
         compute_load: 0,
         priority: "normal",
         slices: false,
+        windows: false,
     }
 }
 
@@ -404,6 +405,13 @@ impl Planner<'_> {
         if f == BUILD_FRAGMENT {
             specs.push(BuildSpec {
                 slices: true,
+                ..specs[0].clone()
+            });
+            // and decision windows at 10 kHz, 1 ms of 1 KiB frames each: the latency from
+            // the decision (a latency row; nxn is no reference for its bytes)
+            specs.push(BuildSpec {
+                windows: true,
+                fragment: 10 * 1024,
                 ..specs[0].clone()
             });
         }

@@ -1073,8 +1073,22 @@ fn check_windows(out: &Path, decisions: u64, t: &Trial, log: &str) {
         .arg(&script)
         .arg(out)
         .args(["--seed", "1", "--rate-hz", &rate.to_string()])
-        .args(["--tick-hz", "1000000", "--before", "1500", "--after", "1500"])
-        .args(["--delay-min", "2500", "--delay-max", "20000", "--frame", "1000"])
+        .args([
+            "--tick-hz",
+            "1000000",
+            "--before",
+            "1500",
+            "--after",
+            "1500",
+        ])
+        .args([
+            "--delay-min",
+            "2500",
+            "--delay-max",
+            "20000",
+            "--frame",
+            "1000",
+        ])
         .args(["--buffer-ticks", "2000000", "--slack", "100000"])
         .output()
     else {
