@@ -384,3 +384,72 @@ fn streaming_recipe_runs_as_written() {
         );
     }
 }
+
+/// docs/operations.md, "Triggered readout windows": `windows.toml`, `evb run` and the
+/// outside checker; the counts vary from run to run, so what must hold is the sample's
+/// shape: the verdict line's words, the checker finding no problem, every decision read,
+/// LATE and MISSING both there, the verdict's counts the checker's.
+#[test]
+fn windows_recipe_runs_as_written() {
+    let heading = "### Triggered readout windows";
+    let toml = fenced("docs/operations.md", heading, "toml", 0);
+    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    if !Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("windows recipe: skipped: python3 is not installed");
+        return;
+    }
+    let dir = common::out_dir();
+    let base = free_base_port(12);
+    let toml = toml.replacen(
+        "[topology]\n",
+        &format!(
+            "[control]\nbase_port = {}\n[topology]\nbase_port = {base}\n",
+            base + 6
+        ),
+        1,
+    );
+    std::fs::write(dir.path().join("windows.toml"), &toml).unwrap();
+    let cfg = evb_config::Config::from_toml(&toml).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cmds = commands(&sh);
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    let run = Command::new(EVB)
+        .args(&cmds[0][1..])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", common::text(&run));
+    let said = String::from_utf8_lossy(&run.stdout).into_owned();
+    let check = Command::new("python3")
+        .arg(repo.join(&cmds[1][1]))
+        .args(&cmds[1][2..])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", common::text(&check));
+    let got: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(got["problems"], 0, "{got}");
+    assert_eq!(got["records"], cfg.run.events, "{got}");
+    let (late, missing) = (&got["components"]["late"], &got["components"]["missing"]);
+    assert!(
+        late.as_u64() > Some(0) && missing.as_u64() > Some(0),
+        "{got}"
+    );
+    // the verdict's words as the doc's sample has them, with this run's counts
+    let doc = sample(&sh, "VERDICT: ")[0];
+    let shape = |l: &str| -> String { l.split(|c: char| c.is_ascii_digit()).collect() };
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("VERDICT: "))
+        .unwrap_or_else(|| panic!("no verdict:\n{said}"));
+    assert_eq!(shape(line), shape(doc), "{line}\nagainst the doc's\n{doc}");
+    assert!(
+        line.contains(&format!("{late} components LATE"))
+            && line.contains(&format!("{missing} MISSING")),
+        "{line} against the checker's {got}"
+    );
+}
