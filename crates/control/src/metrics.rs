@@ -277,6 +277,20 @@ impl Collector for SnapshotCollector {
                     None,
                     st.partial_events,
                 )?;
+                counter(
+                    &mut enc,
+                    "evb_window_components_late",
+                    "Decision windows (builder.by = \"window\") an RU sent LATE: their end had not arrived within windows.wait_ms",
+                    None,
+                    st.late_components,
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_window_components_missing",
+                    "Decision windows an RU sent MISSING: their first frames were evicted from its latency buffer",
+                    None,
+                    st.missing_components,
+                )?;
                 let sink = snap.sink.as_ref();
                 gauge(
                     &mut enc,
