@@ -4,7 +4,7 @@
 //!
 //! One idea, one file: the EVM's state machine.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use evb_wire::{EventRange, Message};
@@ -114,6 +114,10 @@ pub struct EvmStats {
     /// Parts of lost BUs (committed, not said published) that the EVM published for them.
     #[serde(default)]
     pub parts_published_for_lost: u64,
+    /// From each trigger decision to its release by the BU that built it (built and handed
+    /// to its sink), on the EVM's clock: a record's latency from its decision.
+    #[serde(default)]
+    pub record_latency: crate::LatencyHistogram,
     /// What happened to nodes during the run, in order: every loss, with when and why, and
     /// every rejoin and refused report (see [`NodeEvent`]).
     pub lost: Vec<NodeEvent>,
@@ -150,6 +154,9 @@ impl EvmStats {
 
 pub struct Evm {
     cfg: EvmConfig,
+    /// Trigger batches not yet wholly released: first id -> (one past the last, ids left,
+    /// when decided), for the decision-to-release latency.
+    pub(crate) decided: BTreeMap<u64, (u64, u64, Instant)>,
     state: RunState,
     ready: FastSet<NodeRef>,
     /// Data links BUs reported lost (RU, BU, when to judge): see `EvmConfig::link_grace`.
@@ -213,6 +220,7 @@ impl Evm {
             drawn: None,
             rng: 0x9E37_79B9_7F4A_7C15,
             ledger: Ledger::default(),
+            decided: BTreeMap::new(),
             reassign: VecDeque::new(),
             started: None,
             stopped_at: None,
@@ -447,6 +455,7 @@ impl Evm {
                     self.stats.accepted += outcome.released;
                 }
                 for valid in outcome.ranges {
+                    self.time_decisions(now, valid);
                     if !commits {
                         self.count_final(b, valid);
                     }
@@ -807,7 +816,7 @@ impl Evm {
             }
         }
         if !self.triggering_done && self.paused_since.is_none() && self.first_credits.is_none() {
-            self.trigger(elapsed);
+            self.trigger(now, elapsed);
         }
         let in_flight = self.ledger.in_flight();
         self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(in_flight);
@@ -905,7 +914,7 @@ impl Evm {
         }
     }
 
-    fn trigger(&mut self, elapsed: Duration) {
+    fn trigger(&mut self, now: Instant, elapsed: Duration) {
         let mut allowed = self.cfg.max_per_poll;
         if let Some(rate) = self.cfg.rate_hz {
             let due = (rate * elapsed.as_secs_f64()) as u64;
@@ -928,11 +937,48 @@ impl Evm {
                 count: count as u32,
             };
             self.ledger.assign(range);
+            self.decided
+                .insert(range.first, (range.first + count, count, now));
             self.credits[bu] -= count;
             self.stats.triggered += count;
             allowed -= count;
             self.rr = (bu + 1) % self.credits.len();
             self.send_assign(range);
+        }
+    }
+
+    /// The latency from each decision (trigger) in `r` to its release by the BU that built
+    /// it (built and handed to its sink), into `record_latency`; batches fully released are
+    /// forgotten.
+    fn time_decisions(&mut self, now: Instant, r: EventRange) {
+        let mut id = r.first;
+        let end = r.first + r.count as u64;
+        while id < end {
+            let within = self
+                .decided
+                .range(..=id)
+                .next_back()
+                .filter(|(_, &(batch_end, _, _))| batch_end > id);
+            let Some((&first, &(batch_end, left, at))) = within else {
+                // not decided here (before a standby's takeover): on to the next batch
+                match self.decided.range(id..end).next() {
+                    Some((&next, _)) => {
+                        id = next;
+                        continue;
+                    }
+                    None => return,
+                }
+            };
+            let n = batch_end.min(end) - id;
+            self.stats
+                .record_latency
+                .record_n(now.saturating_duration_since(at), n);
+            if left <= n {
+                self.decided.remove(&first);
+            } else {
+                self.decided.insert(first, (batch_end, left - n, at));
+            }
+            id += n;
         }
     }
 

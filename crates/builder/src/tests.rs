@@ -661,6 +661,9 @@ fn assert_clean_run(s: &Sim, events: u64) {
     );
     let report = s.evm.report(s.now);
     assert!(verdict(&report).is_empty(), "{:?}", verdict(&report));
+    // every decision timed to its release, once, and none left waiting
+    assert_eq!(report.evm.record_latency.count, events);
+    assert!(s.evm.decided.is_empty());
     for r in &s.rus {
         assert_eq!(r.stats().retained, 0);
         assert_eq!(r.stats().fragments_sent, events);
