@@ -118,6 +118,54 @@ fn generated_events_in_hdf5_read_by_h5py_byte_for_byte() {
     }
 }
 
+/// Time slices into HDF5: the files say `record_type = "slice"`, and each source's dataset
+/// of record k is its window fragment of slice k (docs/formats.md §6, §8), read by h5py.
+#[cfg(feature = "hdf5")]
+#[test]
+fn time_slices_in_hdf5_say_so_and_hold_their_windows() {
+    let Some(py) = python_with_h5py() else {
+        return;
+    };
+    let d = out_dir();
+    let out = d.path().join("out");
+    let base = common::free_base_port(12);
+    let toml = format!(
+        "[run]\nid = \"h5t\"\nevents = 300\nduration_s = 0\n\
+         [topology]\nrus = 2\nbus = 2\nbase_port = {base}\n[control]\nbase_port = {}\n\
+         [builder]\nby = \"time\"\nslice_ticks = 9000\noverlap_ticks = 1000\n\
+         [frames]\nticks = 1000\nsize = 100\n\
+         [sink]\nkind = \"hdf5\"\ndir = \"{}\"\nfile_max_events = 100\n",
+        base + 6,
+        out.display()
+    );
+    let (o, _) = evb_run_in(d.path(), &toml);
+    assert!(o.status.success(), "{}", text(&o));
+    let script = r#"
+import glob, struct, sys, h5py
+records = 0
+for path in glob.glob(sys.argv[1] + "/*.h5"):
+    with h5py.File(path, "r") as f:
+        assert f.attrs["record_type"] == "slice", f.attrs["record_type"]
+        for name, g in f.items():
+            if not name.startswith("Event"):
+                continue
+            k = int(g.attrs["event_id"])
+            for src in ("Source00000", "Source00001"):
+                b = bytes(g[src][()])
+                begin, end, core_end, status = struct.unpack_from("<QQQH", b)
+                assert (begin, end, core_end, status) == (k * 9000, k * 9000 + 10000, k * 9000 + 9000, 0), (k, src)
+            records += 1
+print(records)
+"#;
+    let r = Command::new(&py)
+        .args(["-c", script])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "300");
+}
+
 #[cfg(feature = "hdf5")]
 #[test]
 fn real_cms_data_in_hdf5_equals_the_evb_files_4685_events() {

@@ -96,7 +96,8 @@ fn said(e: &hdf5::Error) -> String {
 
 impl Hdf5EventWriter {
     /// A new file `<run>_bu<bu>_<sequence>.h5` in `dir`, under its temporary name, with
-    /// permission bits `mode` (less the umask) from its creation on.
+    /// permission bits `mode` (less the umask) from its creation on; `record_type` says what
+    /// its records are (`"event"`, or built by time `"slice"` or `"window"`).
     pub fn create(
         dir: &Path,
         run: &str,
@@ -104,6 +105,7 @@ impl Hdf5EventWriter {
         sequence: u32,
         mode: u32,
         deflate: Option<u8>,
+        record_type: &str,
     ) -> Result<Hdf5EventWriter, EventFileError> {
         let name = format!("{run}_bu{bu}_{sequence:06}.h5");
         let path = dir.join(&name);
@@ -123,7 +125,7 @@ impl Hdf5EventWriter {
             f.new_attr::<u16>()
                 .create("format_version")?
                 .write_scalar(&HDF5_FORMAT_VERSION)?;
-            put_str(&f, "record_type", "event")?;
+            put_str(&f, "record_type", record_type)?;
             put_str(&f, "run", run)?;
             f.new_attr::<u16>().create("bu")?.write_scalar(&bu)?;
             f.new_attr::<u32>()

@@ -109,7 +109,11 @@ pub enum FileFormat {
     EvbZstd(i32),
     /// HDF5 files (docs/formats.md §6), payloads deflated at this level (None: stored).
     #[cfg(feature = "hdf5")]
-    Hdf5 { deflate: Option<u8> },
+    /// HDF5, its records events, time slices or decision windows (its `record_type`).
+    Hdf5 {
+        deflate: Option<u8>,
+        record_type: &'static str,
+    },
 }
 
 pub struct FileSink {
@@ -227,11 +231,18 @@ impl FileSink {
                 dir, run, bu, seq, mode, level,
             )?),
             #[cfg(feature = "hdf5")]
-            FileFormat::Hdf5 { deflate } => {
-                Box::new(evb_formats::hdf5_events::Hdf5EventWriter::create(
-                    dir, run, bu, seq, mode, deflate,
-                )?)
-            }
+            FileFormat::Hdf5 {
+                deflate,
+                record_type,
+            } => Box::new(evb_formats::hdf5_events::Hdf5EventWriter::create(
+                dir,
+                run,
+                bu,
+                seq,
+                mode,
+                deflate,
+                record_type,
+            )?),
         })
     }
 
@@ -1059,7 +1070,10 @@ mod tests {
     fn hdf5_files_are_committed_and_numbered_like_evb_files() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::new("t", 4096, 64);
-        let h5 = FileFormat::Hdf5 { deflate: Some(1) };
+        let h5 = FileFormat::Hdf5 {
+            deflate: Some(1),
+            record_type: "event",
+        };
         let mut s = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
         for id in 0..4 {
             s.deliver(&event(&pool, id)).unwrap();

@@ -81,6 +81,15 @@ pub fn frame_generator(cfg: &Config) -> Option<FrameGenerator> {
     })
 }
 
+/// What a run's records are, as its files name them.
+fn record_type(cfg: &Config) -> &'static str {
+    match cfg.builder.by {
+        evb_config::BuildBy::Event => "event",
+        evb_config::BuildBy::Time => "slice",
+        evb_config::BuildBy::Window => "window",
+    }
+}
+
 /// Where a node listens: its configured address, or a name in the process for `inproc`.
 pub fn address(cfg: &Config, n: &NodeSpec) -> String {
     match cfg.transport.kind {
@@ -314,7 +323,7 @@ pub fn logic(
                 SinkKind::Count => Box::new(CountingSink::default()),
                 SinkKind::File | SinkKind::Hdf5 => Box::new(crate::file_sink::FileSink::new(
                     std::path::PathBuf::from(&cfg.sink.dir),
-                    file_format(me.sink, &cfg.sink)?,
+                    file_format(me.sink, &cfg.sink, record_type(cfg))?,
                     &cfg.run.id,
                     me.index,
                     cfg.sink.file_max_events,
@@ -414,6 +423,7 @@ impl Sink for SlowSink {
 fn file_format(
     kind: SinkKind,
     s: &evb_config::SinkSection,
+    record_type: &'static str,
 ) -> Result<crate::file_sink::FileFormat, String> {
     use crate::file_sink::FileFormat;
     let deflate = s.hdf5_deflate;
@@ -425,11 +435,12 @@ fn file_format(
             }
             Ok(FileFormat::Hdf5 {
                 deflate: (deflate > 0).then_some(deflate),
+                record_type,
             })
         }
         #[cfg(not(feature = "hdf5"))]
         SinkKind::Hdf5 => {
-            let _ = deflate;
+            let _ = (deflate, record_type);
             Err("sink.kind = \"hdf5\": this evb was built without HDF5 (--features hdf5)".into())
         }
         _ if s.compress == evb_config::Compress::Zstd => {
