@@ -173,13 +173,67 @@ struct Made {
     /// size (`bytes` is then the header and directory only).
     frames: Vec<([u8; TIME_FRAME_HEADER_LEN], usize, usize)>,
     len: usize,
+    /// The fragment's CRC when it is known without reading its bytes (static frames of one
+    /// size: composed from the payload's); the RU then does not compute it.
+    crc: Option<u32>,
 }
 
-/// A source's static frame payload, as long as the largest frame.
+/// A source's static frame payload, as long as the largest frame; and for the last payload
+/// length asked, the CRC of that much of it and the table that shifts a CRC past that many
+/// bytes (see [`Shift`]).
 #[derive(Debug)]
 struct StaticPayload {
     source: u16,
     bytes: Vec<u8>,
+    shift: RefCell<Option<(usize, u32, Rc<Shift>)>>,
+}
+
+/// The CRC32C of `A ‖ B` is `M·crc(A) ⊕ crc(B)`, `M` a linear map that depends only on the
+/// length of B (what `crc32c_combine` computes, a matrix power per call: microseconds). For
+/// one length, `M` is four tables of 256 entries, one per byte of the CRC: a frame's CRC and
+/// the fragment's then come from the payload's CRC without reading the payload again.
+#[derive(Debug)]
+struct Shift([[u32; 256]; 4]);
+
+impl Shift {
+    fn new(len: usize) -> Shift {
+        let mut t = [[0u32; 256]; 4];
+        for (i, row) in t.iter_mut().enumerate() {
+            for (b, e) in row.iter_mut().enumerate() {
+                *e = crc32c::crc32c_combine((b as u32) << (8 * i), 0, len);
+            }
+        }
+        Shift(t)
+    }
+
+    /// The CRC of `A ‖ B` from `crc(A)` and `crc(B)`, B being this table's length.
+    fn combine(&self, a: u32, b: u32) -> u32 {
+        let t = &self.0;
+        t[0][(a & 0xff) as usize]
+            ^ t[1][((a >> 8) & 0xff) as usize]
+            ^ t[2][((a >> 16) & 0xff) as usize]
+            ^ t[3][(a >> 24) as usize]
+            ^ b
+    }
+}
+
+impl StaticPayload {
+    /// The CRC of the first `len` bytes and the shift past them (made for the first length
+    /// asked and kept while the lengths stay the same: fixed sizes).
+    fn crc_and_shift(&self, len: usize) -> (u32, Option<Rc<Shift>>) {
+        if let Some((l, crc, shift)) = self.shift.borrow().as_ref() {
+            if *l == len {
+                return (*crc, Some(shift.clone()));
+            }
+        }
+        let crc = crc32c::crc32c(&self.bytes[..len]);
+        if self.shift.borrow().is_none() {
+            let shift = Rc::new(Shift::new(len));
+            *self.shift.borrow_mut() = Some((len, crc, shift.clone()));
+            return (crc, Some(shift));
+        }
+        (crc, None)
+    }
 }
 
 /// Bytes compared at a time when a static fragment is verified.
@@ -264,7 +318,11 @@ impl FrameGenerator {
         }
         let mut bytes = vec![0; self.frames.sizes.max()];
         self.frames.fill(0, source, 0, &mut bytes);
-        let t = Rc::new(StaticPayload { source, bytes });
+        let t = Rc::new(StaticPayload {
+            source,
+            bytes,
+            shift: RefCell::new(None),
+        });
         *self.template.borrow_mut() = Some(t.clone());
         t
     }
@@ -328,6 +386,7 @@ impl FrameGenerator {
             bytes,
             frames: Vec::new(),
             len,
+            crc: None,
         })
     }
 
@@ -355,13 +414,28 @@ impl FrameGenerator {
                 flags: TIME_FRAME_GENERATED,
                 crc: 0,
             };
-            h.crc = h.crc_of([&t.bytes[..size]]);
+            h.crc = match t.crc_and_shift(size) {
+                (payload_crc, Some(m)) => m.combine(crc32c::crc32c(&h.covered()), payload_crc),
+                (_, None) => h.crc_of([&t.bytes[..size]]),
+            };
             let entry = WINDOW_HEADER_LEN + i * 8;
             let len = TIME_FRAME_HEADER_LEN + size;
             head[entry..entry + 4].copy_from_slice(&((at - dir) as u32).to_le_bytes());
             head[entry + 4..entry + 8].copy_from_slice(&(len as u32).to_le_bytes());
             frames.push((h.encode(), at, size));
             at += len;
+        }
+        // the fragment's CRC, composed from the head's, each frame header's and the
+        // payload's, while every payload length has its shift table (sizes that vary leave
+        // it to the RU)
+        let mut crc = Some(crc32c::crc32c(&head));
+        for (encoded, _, size) in &frames {
+            crc = match (crc, t.crc_and_shift(*size)) {
+                (Some(c), (payload_crc, Some(m))) => {
+                    Some(m.combine(crc32c::crc32c_append(c, encoded), payload_crc))
+                }
+                _ => None,
+            };
         }
         self.keep(Made {
             record,
@@ -370,7 +444,14 @@ impl FrameGenerator {
             bytes: head,
             frames,
             len: at,
+            crc,
         })
+    }
+
+    /// The fragment's payload CRC when known without reading it (static frames of one
+    /// size), so that the RU need not compute it as it writes.
+    pub fn payload_crc(&self, record: u64, source: u16) -> Option<u32> {
+        self.made(record, source).crc
     }
 
     /// What the RU sends for this record.
@@ -871,6 +952,19 @@ mod tests {
                 assert_eq!(*p, &longest[..p.len()]);
             }
             assert!(g.verify(k, 2, b.chunks(100)));
+            // fixed sizes: the fragment's CRC composed without reading it, and right
+            let fixed = FrameGenerator::new(
+                Generator::new(SizeModel::Fixed(300), 9).with_content(Content::Static),
+                u.frame_ticks,
+                u.slicing,
+            );
+            let fb = whole(&fixed, k, 2);
+            assert!(decode_window(&fb).is_ok());
+            assert_eq!(
+                fixed.payload_crc(k, 2),
+                Some(crc32c::crc32c(&fb)),
+                "record {k}"
+            );
             let mut bad = b.clone();
             bad[b.len() / 2] ^= 4;
             assert!(!g.verify(k, 2, std::iter::once(&bad[..])));

@@ -841,6 +841,7 @@ impl Ru {
         let g = &self.cfg.source;
         let src = self.cfg.source_id;
         let spec = g.spec(event_id, src);
+        let known_crc = g.payload_crc(event_id, src);
         let size = spec.size;
         let total = PREFIX_LEN + size;
         let block_size = self.pool.block_size();
@@ -849,7 +850,7 @@ impl Ru {
         if let Some(w) = self.block.as_mut().filter(|b| b.remaining() >= total) {
             let spare = &mut w.spare_mut()[..total];
             g.fill(event_id, src, 0, &mut spare[PREFIX_LEN..]);
-            let crc = crc32c::crc32c(&spare[PREFIX_LEN..]);
+            let crc = known_crc.unwrap_or_else(|| crc32c::crc32c(&spare[PREFIX_LEN..]));
             write_fragment_prefix(&spec.header(event_id, src, crc), spare);
             let start = w.filled();
             w.advance(total);
@@ -895,14 +896,16 @@ impl Ru {
             let want = (size - offset).min(w.remaining() - skip);
             let spare = &mut w.spare_mut()[skip..skip + want];
             g.fill(event_id, src, offset, spare);
-            crc = crc32c::crc32c_append(crc, spare);
+            if known_crc.is_none() {
+                crc = crc32c::crc32c_append(crc, spare);
+            }
             offset += want;
             lens.push(skip + want);
             if offset == size {
                 break;
             }
         }
-        let header = spec.header(event_id, src, crc);
+        let header = spec.header(event_id, src, known_crc.unwrap_or(crc));
         write_fragment_prefix(&header, writers[0].spare_mut());
         let used = lens.len();
         for (w, len) in writers.iter_mut().zip(lens) {
