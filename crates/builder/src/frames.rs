@@ -178,6 +178,33 @@ struct Made {
     crc: Option<u32>,
 }
 
+/// A static fragment's pieces ([`FrameGenerator::static_pieces`]).
+#[derive(Debug)]
+pub struct StaticPieces {
+    made: Rc<Made>,
+    pub crc: u32,
+}
+
+impl StaticPieces {
+    /// The window header and directory.
+    pub fn head(&self) -> &[u8] {
+        &self.made.bytes
+    }
+
+    /// Per frame: its header and its payload's length.
+    pub fn frames(&self) -> impl Iterator<Item = (&[u8; TIME_FRAME_HEADER_LEN], usize)> {
+        self.made.frames.iter().map(|(h, _, size)| (h, *size))
+    }
+
+    pub fn len(&self) -> usize {
+        self.made.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.made.len == 0
+    }
+}
+
 /// A source's static frame payload, as long as the largest frame; and for the last payload
 /// length asked, the CRC of that much of it and the table that shifts a CRC past that many
 /// bytes (see [`Shift`]).
@@ -446,6 +473,16 @@ impl FrameGenerator {
             len: at,
             crc,
         })
+    }
+
+    /// Static frames of one size: the fragment as pieces for the RU to send without copying
+    /// the payloads: the head (window header and directory) and per frame its header and its
+    /// payload's length (a prefix of the source's one static payload), with the fragment's
+    /// CRC. `None` for other content.
+    pub fn static_pieces(&self, record: u64, source: u16) -> Option<StaticPieces> {
+        let m = self.made(record, source);
+        let crc = m.crc?;
+        (self.frames.content == Content::Static).then(|| StaticPieces { made: m, crc })
     }
 
     /// The fragment's payload CRC when known without reading it (static frames of one

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use evb_buffers::{BlockWriter, Chain, Pool};
+use evb_wire::window::TIME_FRAME_HEADER_LEN;
 use evb_wire::{write_fragment_prefix, EventRange, Message, FLAG_GENERATED, FRAGMENT_PREFIX_LEN};
 use serde::{Deserialize, Serialize};
 
@@ -838,6 +839,11 @@ impl Ru {
         if matches!(&self.cfg.source, Source::Generator(g) if g.content == Content::Static) {
             return self.static_fragment(event_id, run);
         }
+        if let Source::Frames(f) = &self.cfg.source {
+            if let Some(p) = f.static_pieces(event_id, self.cfg.source_id) {
+                return self.static_frames_fragment(event_id, p, run);
+            }
+        }
         let g = &self.cfg.source;
         let src = self.cfg.source_id;
         let spec = g.spec(event_id, src);
@@ -918,6 +924,55 @@ impl Ru {
             if last.remaining() > PREFIX_LEN {
                 self.block = Some(last);
             }
+        }
+        Some(())
+    }
+
+    /// A window fragment of static frames: its prefix, head and frame headers written into
+    /// the current block, each frame's payload a reference to the template (made on first
+    /// use), as a readout that DMAs its frames into memory sends them. `None` if the pool
+    /// cannot hold it now.
+    fn static_frames_fragment(
+        &mut self,
+        event_id: u64,
+        p: crate::frames::StaticPieces,
+        run: &mut Chain,
+    ) -> Option<()> {
+        let Source::Frames(f) = &self.cfg.source else {
+            unreachable!("static frames come from the frame generator")
+        };
+        let src = self.cfg.source_id;
+        if self.template.is_none() {
+            self.template = Some(Template::make(&self.pool, &f.frames, src)?);
+        }
+        let spec = f.spec(event_id, src);
+        let headers = p.frames().count() * TIME_FRAME_HEADER_LEN;
+        let need = PREFIX_LEN + p.head().len() + headers;
+        let mut block = match self.block.take() {
+            Some(b) if b.remaining() >= need => b,
+            _ => self.pool.try_alloc().filter(|b| b.remaining() >= need)?,
+        };
+        let t = self.template.as_ref().expect("made above");
+        let start = block.filled();
+        let spare = block.spare_mut();
+        write_fragment_prefix(&spec.header(event_id, src, p.crc), spare);
+        let head = p.head();
+        spare[PREFIX_LEN..PREFIX_LEN + head.len()].copy_from_slice(head);
+        let mut at = PREFIX_LEN + head.len();
+        for (h, _) in p.frames() {
+            spare[at..at + TIME_FRAME_HEADER_LEN].copy_from_slice(h);
+            at += TIME_FRAME_HEADER_LEN;
+        }
+        block.advance(need);
+        run.push_from(&block, start, PREFIX_LEN + head.len());
+        let mut at = start + PREFIX_LEN + head.len();
+        for (_, size) in p.frames() {
+            run.push_from(&block, at, TIME_FRAME_HEADER_LEN);
+            at += TIME_FRAME_HEADER_LEN;
+            run.append(t.payload.sub(0, size));
+        }
+        if block.remaining() >= PREFIX_LEN {
+            self.block = Some(block);
         }
         Some(())
     }

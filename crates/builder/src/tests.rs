@@ -2470,3 +2470,47 @@ fn bu_checks_every_slice_fragment_against_its_window() {
         assert!(!s.clean());
     }
 }
+
+/// Static frames of one size go out by reference to the template: the fragment the RU sends
+/// is, byte for byte, the window fragment the generator describes, its CRC the composed one,
+/// and its payloads pieces of the template (not copies).
+#[test]
+fn static_frames_are_sent_by_reference_and_are_the_window_fragment() {
+    use crate::frames::{FrameGenerator, Slicing};
+    let frames = FrameGenerator::new(
+        Generator::new(SizeModel::Fixed(5000), 3).with_content(Content::Static),
+        10,
+        Slicing {
+            slice: 100,
+            overlap: 20,
+        },
+    );
+    let mut r = Ru::new(
+        RuConfig {
+            index: 0,
+            source_id: 100,
+            source: Source::Frames(frames.clone()),
+            max_per_poll: 16,
+            max_run_bytes: 1 << 20,
+        },
+        Pool::new("ru", 64 * 1024, 16),
+    );
+    r.handle(Instant::now(), NodeRef::Evm, Message::Start);
+    r.handle(Instant::now(), NodeRef::Evm, assign(0, 0, 2));
+    r.poll(Instant::now());
+    let mut got = Vec::new();
+    while let Some(a) = r.next_action() {
+        if let Action::SendFragments { data, .. } = a {
+            assert!(data.slices().len() > 12, "payloads referenced, not copied");
+            got.extend(decode_fragments(&data));
+        }
+    }
+    assert_eq!(got.len(), 2);
+    for (k, (h, p)) in got.iter().enumerate() {
+        let mut want = vec![0; frames.spec(k as u64, 100).size];
+        frames.fill(k as u64, 100, 0, &mut want);
+        assert!(p.eq_bytes(&want), "record {k}");
+        assert_eq!(h.payload_crc, crc32c::crc32c(&want));
+        assert!(evb_wire::window::decode_window(&want).is_ok());
+    }
+}

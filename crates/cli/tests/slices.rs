@@ -17,6 +17,7 @@ const SLICE: u64 = 20_000;
 const OVERLAP: u64 = 2_500;
 const FRAME: u64 = 700;
 const RUS: usize = 3;
+const LOGNORMAL: &str = "size = 160\ndistribution = \"lognormal\"\nstddev = 120";
 
 fn python() -> bool {
     Command::new("python3")
@@ -25,8 +26,13 @@ fn python() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// `evb run` of `SLICES` time slices over `transport` to files; the output folder.
-fn run_slices(transport: &str, seed: u64) -> (tempfile::TempDir, std::path::PathBuf, Value) {
+/// `evb run` of `SLICES` time slices over `transport` to files, the frames sized by
+/// `frames` (`[frames]` keys but `ticks`); the output folder.
+fn run_slices(
+    transport: &str,
+    seed: u64,
+    frames: &str,
+) -> (tempfile::TempDir, std::path::PathBuf, Value) {
     let dir = common::out_dir();
     let out = dir.path().join("out");
     let base = common::free_base_port(12);
@@ -35,7 +41,7 @@ fn run_slices(transport: &str, seed: u64) -> (tempfile::TempDir, std::path::Path
          [topology]\nrus = {RUS}\nbus = 2\nbase_port = {base}\n[control]\nbase_port = {}\n\
          [transport]\nkind = \"{transport}\"\n\
          [builder]\nby = \"time\"\nslice_ticks = {SLICE}\noverlap_ticks = {OVERLAP}\n\
-         [frames]\nticks = {FRAME}\nsize = 160\ndistribution = \"lognormal\"\nstddev = 120\n\
+         [frames]\nticks = {FRAME}\n{frames}\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 64\n",
         base + 6,
         out.display()
@@ -47,6 +53,10 @@ fn run_slices(transport: &str, seed: u64) -> (tempfile::TempDir, std::path::Path
 
 /// The outside reader's verdict on `dir`.
 fn check(dir: &Path, seed: u64, overlap: u64) -> Value {
+    check_with(dir, seed, overlap, &[])
+}
+
+fn check_with(dir: &Path, seed: u64, overlap: u64, more: &[&str]) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
     let o = Command::new("python3")
         .arg(&script)
@@ -55,6 +65,7 @@ fn check(dir: &Path, seed: u64, overlap: u64) -> Value {
         .args(["--slice", &SLICE.to_string()])
         .args(["--overlap", &overlap.to_string()])
         .args(["--frame", &FRAME.to_string()])
+        .args(more)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -84,7 +95,7 @@ fn time_slices_over_tcp_tile_every_stream_exactly_once() {
         eprintln!("slices: skipped: python3 is not installed");
         return;
     }
-    let (_keep, out, s) = run_slices("tcp", 11);
+    let (_keep, out, s) = run_slices("tcp", 11, LOGNORMAL);
     assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
     assert_tiled(&check(&out, 11, OVERLAP));
     // the reader is not a rubber stamp: another seed's bytes, or another overlap, fail
@@ -105,7 +116,23 @@ fn time_slices_over_shm_tile_every_stream_exactly_once() {
         eprintln!("slices: skipped: python3 is not installed");
         return;
     }
-    let (_keep, out, s) = run_slices("shm", 5);
+    let (_keep, out, s) = run_slices("shm", 5, LOGNORMAL);
     assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
     assert_tiled(&check(&out, 5, OVERLAP));
+}
+
+/// Static frames of one size, sent by reference to each RU's one payload (zero copy, over
+/// shm the BUs read them in the RUs' memory), tile the streams as unique ones do.
+#[test]
+fn static_frames_by_reference_tile_every_stream_over_shm() {
+    if !python() {
+        eprintln!("slices: skipped: python3 is not installed");
+        return;
+    }
+    let (_keep, out, s) = run_slices("shm", 8, "size = 300\ncontent = \"static\"");
+    assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
+    assert_tiled(&check_with(&out, 8, OVERLAP, &["--static"]));
+    // read as unique content, every frame but those of index 0 is wrong
+    let r = check(&out, 8, OVERLAP);
+    assert!(r["problems"].as_u64().unwrap() > 0, "{r}");
 }

@@ -79,6 +79,7 @@ def main():
     p.add_argument("--slice", type=int, required=True, help="builder.slice_ticks")
     p.add_argument("--overlap", type=int, required=True, help="builder.overlap_ticks")
     p.add_argument("--frame", type=int, required=True, help="frames.ticks")
+    p.add_argument("--static", action="store_true", help='frames.content = "static"')
     a = p.parse_args()
     problems, cores, overlaps, seen = [], {}, {}, set()
     for k, frags in records(a.dir):
@@ -98,7 +99,7 @@ def main():
                 if fsrc != src or not want[0] <= fb < want[1] or fe - fb != a.frame:
                     problems.append(f"{where}: frame [{fb}, {fe}) of source {fsrc}")
                 elif fflags & FRAME_GENERATED and \
-                        raw[24:] != expected(a.seed, fb // a.frame, src, len(raw) - 24, False):
+                        raw[24:] != expected(a.seed, fb // a.frame, src, len(raw) - 24, a.static):
                     problems.append(f"{where}: frame [{fb}, {fe}) payload bytes")
                 if fb < want[2]:
                     cores.setdefault(src, []).append((fb, fe, raw))
