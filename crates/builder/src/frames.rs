@@ -482,7 +482,7 @@ impl FrameGenerator {
     pub fn static_pieces(&self, record: u64, source: u16) -> Option<StaticPieces> {
         let m = self.made(record, source);
         let crc = m.crc?;
-        (self.frames.content == Content::Static).then(|| StaticPieces { made: m, crc })
+        (self.frames.content == Content::Static).then_some(StaticPieces { made: m, crc })
     }
 
     /// The fragment's payload CRC when known without reading it (static frames of one
