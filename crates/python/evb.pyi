@@ -324,7 +324,8 @@ class Event:
     def trigger_number(self) -> int: ...
     @property
     def is_partial(self) -> bool:
-        """A source's fragment is a MISSING placeholder."""
+        """A source's fragment is a MISSING placeholder, or a source gave less than its share
+        (a super-fragment left a stream out, a decision window came LATE or MISSING)."""
 
     @property
     def is_corrupt(self) -> bool:
@@ -652,11 +653,13 @@ class FileEvent:
     def trigger_number(self) -> int: ...
     @property
     def flags(self) -> int:
-        """Event flags: 1 partial (a source MISSING), 2 trigger-number mismatch, 4 corrupt."""
+        """Event flags: 1 partial (a source MISSING or short of its share), 2 trigger-number
+        mismatch, 4 corrupt."""
 
     @property
     def partial(self) -> bool:
-        """A source is missing (flag 1): the event was built partial."""
+        """Flag 1: the event was built partial (a source MISSING, a super-fragment that left a
+        stream out, or a decision window that came LATE or MISSING)."""
 
     @property
     def fragments(self) -> list[FileFragment]:

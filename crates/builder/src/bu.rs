@@ -689,6 +689,7 @@ impl Bu {
                     trigger_mismatch: false,
                     corrupt: false,
                     missing_sources: Vec::new(),
+                    partial: false,
                 });
                 let (_, b, _) = self.events.entry(id, now, src);
                 (b.assigned, b.at_sink) = (true, true);
@@ -1231,6 +1232,7 @@ impl Bu {
             trigger_mismatch,
             corrupt,
             missing_sources,
+            partial,
         });
     }
 

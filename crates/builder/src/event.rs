@@ -17,6 +17,9 @@ pub struct BuiltEvent {
     pub corrupt: bool,
     /// Sources whose fragment is a MISSING placeholder (a partial event).
     pub missing_sources: Vec<u16>,
+    /// A source gave less than its whole share though its fragment came: a super-fragment
+    /// left a stream out, or a decision window came LATE or MISSING (a partial event too).
+    pub partial: bool,
 }
 
 impl BuiltEvent {
@@ -39,6 +42,7 @@ impl BuiltEvent {
             trigger_mismatch: false,
             corrupt: false,
             missing_sources: vec![],
+            partial: false,
         }
     }
 }

@@ -7,7 +7,7 @@ use evb_formats::events::{
     EventFile, FileMeta, EVENT_CORRUPT, EVENT_PARTIAL, EVENT_TRIGGER_MISMATCH,
 };
 use evb_formats::{fed, framed};
-use evb_wire::{super_fragment, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS};
+use evb_wire::{super_fragment, window, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS, FLAG_WINDOW};
 
 /// Sizes seen, for min / mean / max.
 #[derive(Default)]
@@ -198,6 +198,7 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -
     let mut sync_losses = 0u64;
     let (mut events, mut partial, mut mismatch, mut corrupt) = (0u64, 0u64, 0u64, 0u64);
     let mut sizes = Sizes::default();
+    let mut windows = WindowCounts::default();
     let (mut first, mut last) = (None, None);
     for ev in f {
         let ev = match ev {
@@ -221,6 +222,17 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -
                     "event {}: source {} payload CRC32C mismatch",
                     ev.event_id, h.source_id
                 ));
+            }
+            if h.flags & FLAG_WINDOW != 0 {
+                match window::decode_window(p) {
+                    Ok(w) => {
+                        windows.count(&w);
+                    }
+                    Err(e) => problems.push(format!(
+                        "record {}: source {}: window fragment: {e}",
+                        ev.event_id, h.source_id
+                    )),
+                }
             }
             if h.flags & FLAG_SUPER != 0 {
                 match super_fragment::decode_directory(p, p.len()) {
@@ -262,6 +274,9 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -
                 if h.flags & FLAG_SUPER != 0 {
                     dump_super(p);
                 }
+                if h.flags & FLAG_WINDOW != 0 {
+                    dump_window(p);
+                }
             }
         }
     }
@@ -293,8 +308,71 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -
             st.join(", ")
         );
     }
+    if windows.fragments > 0 {
+        println!("  {}", windows.line());
+    }
     println!("  partial {partial}, trigger mismatches {mismatch}, flagged corrupt {corrupt}");
     verdict(&problems)
+}
+
+/// What a file's window fragments (records built by time) held.
+#[derive(Default)]
+struct WindowCounts {
+    fragments: u64,
+    frames: u64,
+    frame_bytes: u64,
+    late: u64,
+    missing: u64,
+}
+
+impl WindowCounts {
+    fn count(&mut self, w: &window::WindowFragment<'_>) {
+        self.fragments += 1;
+        self.frames += w.frames.len() as u64;
+        self.frame_bytes += w.frames.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+        match w.header.status {
+            window::WindowStatus::Late => self.late += 1,
+            window::WindowStatus::Missing => self.missing += 1,
+            _ => {}
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "window fragments {} (LATE {}, MISSING {}), holding {} time frames of {} payload bytes",
+            self.fragments, self.late, self.missing, self.frames, self.frame_bytes
+        )
+    }
+}
+
+/// One window fragment: its window and status, and its frames, one line each (the first 8).
+fn dump_window(p: &[u8]) {
+    let Ok(w) = window::decode_window(p) else {
+        return;
+    };
+    let h = w.header;
+    println!(
+        "      window [{}, {}) core end {}, {:?}, {} frames",
+        h.begin,
+        h.end,
+        h.core_end,
+        h.status,
+        w.frames.len()
+    );
+    for (f, data) in w.frames.iter().take(8) {
+        println!(
+            "        frame [{}, {}) source {:>5} flags {:#06x} {:>8} bytes: {}",
+            f.begin,
+            f.end,
+            f.source_id,
+            f.flags,
+            data.len(),
+            hex_head(data, 16)
+        );
+    }
+    if w.frames.len() > 8 {
+        println!("        ... {} more", w.frames.len() - 8);
+    }
 }
 
 /// The streams of one super-fragment, one line each.

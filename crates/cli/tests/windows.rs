@@ -122,6 +122,28 @@ fn windows_late_and_evicted_are_flagged_as_the_files_show() {
         "{text}"
     );
     assert_eq!(bus_sum(&s, "window_errors"), 0);
+    // evb inspect reads the same from the files: the windows' statuses, and every record
+    // with one flagged partial in its file as the BUs counted it
+    let i = Command::new(common::EVB)
+        .arg("inspect")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&i.stdout);
+    assert!(i.status.success(), "{said}");
+    let sum = |before: &str, after: &str| -> u64 {
+        said.lines()
+            .filter_map(|l| l.split_once(before))
+            .filter_map(|(_, rest)| rest.split(after).next()?.trim().parse::<u64>().ok())
+            .sum()
+    };
+    assert_eq!(sum("(LATE ", ","), late, "{said}");
+    assert_eq!(sum(", MISSING ", ")"), missing, "{said}");
+    assert_eq!(
+        sum("  partial ", ","),
+        bus_sum(&s, "partial_events"),
+        "{said}"
+    );
     // the reader is not a rubber stamp: read with another seed, the windows are elsewhere
     let r = check(&out, delays, 100, 4);
     assert!(r["problems"].as_u64().unwrap() > 0, "{r}");

@@ -505,7 +505,7 @@ impl FileSink {
 /// write them.
 pub(crate) fn event_flags(ev: &BuiltEvent) -> u16 {
     let mut flags = 0;
-    if !ev.missing_sources.is_empty() {
+    if !ev.missing_sources.is_empty() || ev.partial {
         flags |= EVENT_PARTIAL;
     }
     if ev.trigger_mismatch {

@@ -117,7 +117,8 @@ impl Event {
     pub fn bytes(&self) -> usize {
         self.fragments.iter().map(|(_, c)| c.len()).sum()
     }
-    /// A source's fragment is a MISSING placeholder.
+    /// A source's fragment is a MISSING placeholder, or a source gave less than its share (a
+    /// super-fragment left a stream out, a decision window came LATE or MISSING).
     pub fn is_partial(&self) -> bool {
         self.partial
     }
@@ -171,7 +172,7 @@ impl Sink for ApiSink {
             trigger_number: ev.trigger_number,
             // references to the received blocks, not copies of the bytes
             fragments: ev.fragments.clone(),
-            partial: !ev.missing_sources.is_empty(),
+            partial: !ev.missing_sources.is_empty() || ev.partial,
             corrupt: ev.corrupt,
             trigger_mismatch: ev.trigger_mismatch,
             _held: Held(self.held.clone()),
