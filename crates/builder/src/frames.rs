@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use evb_buffers::Chain;
 use evb_wire::window::{
-    decode_window, window_directory_len, TimeFrameHeader, WindowHeader, WindowStatus,
-    TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
+    decode_window, window_directory_len, TimeFrameHeader, WindowFragment, WindowHeader,
+    WindowStatus, TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
 };
 use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_WINDOW};
 
@@ -623,35 +623,12 @@ pub fn check_window(
     header: &FragmentHeader,
     payload: &Chain,
 ) -> Result<WindowStatus, String> {
-    if header.flags & FLAG_MISSING != 0 {
-        return Ok(WindowStatus::Complete);
-    }
-    if header.flags & FLAG_WINDOW == 0 {
-        return Err("not a window fragment (flag WINDOW unset) in a run built by windows".into());
-    }
-    let whole;
-    let bytes: &[u8] = match payload.chunks().nth(1) {
-        None => payload.chunks().next().unwrap_or(&[]),
-        Some(_) => {
-            whole = payload.to_vec();
-            &whole
-        }
-    };
-    let w = decode_window(bytes).map_err(|e| e.to_string())?;
     let want = windows.window(header.event_id);
+    let mut buf = Vec::new();
+    let Some(w) = read_window(header, payload, &mut buf, want)? else {
+        return Ok(WindowStatus::Complete);
+    };
     let h = w.header;
-    if (h.begin, h.end, h.core_end) != (want.begin, want.end, want.end) {
-        return Err(format!(
-            "window [{}, {}) core end {}, where decision {} is [{}, {})",
-            h.begin, h.end, h.core_end, header.event_id, want.begin, want.end
-        ));
-    }
-    if header.trigger_number != want.begin as u32 {
-        return Err(format!(
-            "trigger number {} is not the window's first tick's low word {}",
-            header.trigger_number, want.begin as u32
-        ));
-    }
     let (first, end) = (want.begin / frame_ticks, want.end.div_ceil(frame_ticks));
     let mut next: Option<u64> = None;
     for (f, _) in &w.frames {
@@ -695,32 +672,29 @@ pub fn check_window(
     Ok(h.status)
 }
 
-/// The BU's checks of an RU's fragment of a time slice, whoever made it: a window fragment
-/// (flagged so) whose window is this record's, frames all from the fragment's source, each
-/// beginning in the window, each with its CRC, and back to back in time (a gap or an overlap
-/// between two frames is an error, not built over). A MISSING placeholder has nothing to
-/// check. `Err` says what was wrong.
-pub fn check_slice(
-    slicing: &Slicing,
+/// A fragment's window fragment, read (into `buf` when its payload is in pieces) and
+/// checked against the record's window `want` and trigger number; `None` for a MISSING
+/// placeholder, which holds nothing.
+fn read_window<'a>(
     header: &FragmentHeader,
-    payload: &Chain,
-) -> Result<(), String> {
+    payload: &'a Chain,
+    buf: &'a mut Vec<u8>,
+    want: Window,
+) -> Result<Option<WindowFragment<'a>>, String> {
     if header.flags & FLAG_MISSING != 0 {
-        return Ok(());
+        return Ok(None);
     }
     if header.flags & FLAG_WINDOW == 0 {
         return Err("not a window fragment (flag WINDOW unset) in a run built by time".into());
     }
-    let whole;
     let bytes: &[u8] = match payload.chunks().nth(1) {
         None => payload.chunks().next().unwrap_or(&[]),
         Some(_) => {
-            whole = payload.to_vec();
-            &whole
+            *buf = payload.to_vec();
+            buf
         }
     };
     let w = decode_window(bytes).map_err(|e| e.to_string())?;
-    let want = slicing.window(header.event_id);
     let h = w.header;
     if (h.begin, h.core_end, h.end) != (want.begin, want.core_end, want.end) {
         return Err(format!(
@@ -734,6 +708,24 @@ pub fn check_slice(
             header.trigger_number, want.begin as u32
         ));
     }
+    Ok(Some(w))
+}
+
+/// The BU's checks of an RU's fragment of a time slice, whoever made it: a window fragment
+/// (flagged so) whose window is this record's, frames all from the fragment's source, each
+/// beginning in the window, each with its CRC, and back to back in time (a gap or an overlap
+/// between two frames is an error, not built over). A MISSING placeholder has nothing to
+/// check. `Err` says what was wrong.
+pub fn check_slice(
+    slicing: &Slicing,
+    header: &FragmentHeader,
+    payload: &Chain,
+) -> Result<(), String> {
+    let want = slicing.window(header.event_id);
+    let mut buf = Vec::new();
+    let Some(w) = read_window(header, payload, &mut buf, want)? else {
+        return Ok(());
+    };
     let mut prev: Option<u64> = None;
     for (f, _) in &w.frames {
         if f.source_id != header.source_id {

@@ -843,7 +843,11 @@ fn lone_bu(n_ru: u16) -> Bu {
 }
 
 fn fragment_for(ru_index: u16, event_id: u64) -> (FragmentHeader, Chain) {
-    let mut r = ru(ru_index, 64 * 1024, 4);
+    made_by(ru(ru_index, 64 * 1024, 4), event_id)
+}
+
+/// The fragment RU `r` makes of `event_id` once the run starts and it is assigned.
+fn made_by(mut r: Ru, event_id: u64) -> (FragmentHeader, Chain) {
     r.handle(Instant::now(), NodeRef::Evm, Message::Start);
     r.handle(Instant::now(), NodeRef::Evm, assign(0, event_id, 1));
     r.poll(Instant::now());
@@ -2383,7 +2387,7 @@ fn bu_checks_every_slice_fragment_against_its_window() {
         },
     );
     let slice_fragment = |id: u64| {
-        let mut r = Ru::new(
+        let r = Ru::new(
             RuConfig {
                 index: 0,
                 source_id: 100,
@@ -2393,18 +2397,7 @@ fn bu_checks_every_slice_fragment_against_its_window() {
             },
             Pool::new("ru", 64 * 1024, 4),
         );
-        r.handle(Instant::now(), NodeRef::Evm, Message::Start);
-        r.handle(Instant::now(), NodeRef::Evm, assign(0, id, 1));
-        r.poll(Instant::now());
-        loop {
-            match r.next_action() {
-                Some(Action::SendFragments { data, .. }) => {
-                    return decode_fragments(&data).into_iter().next().unwrap()
-                }
-                Some(_) => continue,
-                None => panic!("no fragment"),
-            }
-        }
+        made_by(r, id)
     };
     let now = Instant::now();
     for verify in [Verify::Crc, Verify::Full] {

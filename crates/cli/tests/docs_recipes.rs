@@ -302,6 +302,32 @@ fn operations_md_farm_recipe_runs_as_written() {
     assert_eq!(folders, 2, "{}", data.display());
 }
 
+/// Whether python3 runs here (the recipes' checkers need it); says it skips `what` if not.
+fn python3(what: &str) -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("{what}: skipped: python3 is not installed");
+    }
+    ok
+}
+
+/// A recipe's configuration with only the site changed: free ports for the nodes and their
+/// control APIs (up to 7 nodes).
+fn on_free_ports(toml: &str) -> String {
+    let base = free_base_port(14);
+    toml.replacen(
+        "[topology]\n",
+        &format!(
+            "[control]\nbase_port = {}\n[topology]\nbase_port = {base}\n",
+            base + 7
+        ),
+        1,
+    )
+}
+
 /// docs/operations.md, "Streaming readout: time slices": `slices.toml`, `evb config check`,
 /// `evb run` and the outside checker, each printing what the doc's sample says.
 #[test]
@@ -309,25 +335,11 @@ fn streaming_recipe_runs_as_written() {
     let heading = "## Streaming readout: time slices";
     let toml = fenced("docs/operations.md", heading, "toml", 0);
     let sh = fenced("docs/operations.md", heading, "sh", 0);
-    if !Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        eprintln!("streaming recipe: skipped: python3 is not installed");
+    if !python3("streaming recipe") {
         return;
     }
     let dir = common::out_dir();
-    // only the site changes: free ports for the nodes and their control APIs
-    let base = free_base_port(14);
-    let toml = toml.replacen(
-        "[topology]\n",
-        &format!(
-            "[control]\nbase_port = {}\n[topology]\nbase_port = {base}\n",
-            base + 7
-        ),
-        1,
-    );
+    let toml = on_free_ports(&toml);
     std::fs::write(dir.path().join("slices.toml"), &toml).unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cmds = commands(&sh);
@@ -394,24 +406,11 @@ fn windows_recipe_runs_as_written() {
     let heading = "### Triggered readout windows";
     let toml = fenced("docs/operations.md", heading, "toml", 0);
     let sh = fenced("docs/operations.md", heading, "sh", 0);
-    if !Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        eprintln!("windows recipe: skipped: python3 is not installed");
+    if !python3("windows recipe") {
         return;
     }
     let dir = common::out_dir();
-    let base = free_base_port(12);
-    let toml = toml.replacen(
-        "[topology]\n",
-        &format!(
-            "[control]\nbase_port = {}\n[topology]\nbase_port = {base}\n",
-            base + 6
-        ),
-        1,
-    );
+    let toml = on_free_ports(&toml);
     std::fs::write(dir.path().join("windows.toml"), &toml).unwrap();
     let cfg = evb_config::Config::from_toml(&toml).unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
