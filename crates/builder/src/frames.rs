@@ -53,8 +53,11 @@ impl Slicing {
 /// Triggered readout windows (`builder.by = "window"`): decision k's window, drawn from the
 /// run's seed so that every node (and an outside reader) computes the same, and what of it
 /// an RU holds at a moment of the run (its latency buffer, docs/formats.md §8).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Windows {
+    /// Decisions from a file (`windows.decisions`): decision k's window is entry k, and the
+    /// delays and extents below are not used.
+    pub listed: Option<std::sync::Arc<[(u64, u64)]>>,
     pub seed: u64,
     /// Decisions per second (the EVM's trigger rate).
     pub rate_hz: f64,
@@ -93,8 +96,22 @@ impl Windows {
         self.delay_min + (draw % span.saturating_add(1)) as i64
     }
 
-    /// Decision k's window: `[t − d − before, t − d + after)`, clamped to tick 0.
+    /// Decision k's window: the file's entry k, or `[t − d − before, t − d + after)`,
+    /// clamped to tick 0.
     pub fn window(&self, k: u64) -> Window {
+        if let Some(list) = &self.listed {
+            // a run takes at most as many decisions as the file lists (checked at setup)
+            let (begin, end) = list
+                .get(k as usize)
+                .or(list.last())
+                .copied()
+                .unwrap_or((0, 1));
+            return Window {
+                begin,
+                core_end: end,
+                end,
+            };
+        }
         let at = self.trigger_tick(k) as i128 - self.delay(k) as i128;
         let begin = (at - self.before as i128).max(0) as u64;
         let end = ((at + self.after as i128).max(0) as u64).max(begin + 1);
@@ -297,7 +314,7 @@ impl FrameGenerator {
     /// overlapping a decision's.
     pub fn frames_of(&self, w: Window) -> (u64, u64) {
         let f = self.frame_ticks;
-        match self.windows {
+        match &self.windows {
             Some(_) => (w.begin / f, w.end.div_ceil(f)),
             None => (w.begin.div_ceil(f), w.end.div_ceil(f)),
         }
@@ -305,7 +322,7 @@ impl FrameGenerator {
 
     /// Windows: what the RU holds of `record` now (see [`Windows::cut`]); `None`: wait.
     pub fn cut_now(&self, record: u64, since_start: Duration, waited: Duration) -> Option<Cut> {
-        let w = self.windows?;
+        let w = self.windows.as_ref()?;
         w.cut(self.window(record), self.frame_ticks, since_start, waited)
     }
 
@@ -840,6 +857,7 @@ mod tests {
     #[test]
     fn a_window_is_cut_at_the_edges_of_the_wait_and_the_buffer() {
         let w = Windows {
+            listed: None,
             seed: 1,
             rate_hz: 1000.0,
             tick_hz: 1_000_000, // a tick is a microsecond
@@ -876,7 +894,7 @@ mod tests {
         let d = Windows {
             delay_min: -50,
             delay_max: 70,
-            ..w
+            ..w.clone()
         };
         let delays: Vec<i64> = (0..1000).map(|k| d.delay(k)).collect();
         assert!(delays.iter().all(|x| (-50..=70).contains(x)));
@@ -895,6 +913,7 @@ mod tests {
     fn a_window_fragment_status_must_match_its_frames() {
         let u = gen();
         let w = Windows {
+            listed: None,
             seed: 5,
             rate_hz: 100.0,
             tick_hz: 1000,

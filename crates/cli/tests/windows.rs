@@ -177,3 +177,94 @@ fn windows_within_the_buffer_are_all_complete_over_shm() {
     assert_eq!(r["problems"], 0, "{r}");
     assert_eq!(r["components"]["complete"], DECISIONS * RUS as u64, "{r}");
 }
+
+/// Decisions from a file (`windows.decisions`), every node reading the same: each record's
+/// window is its line, those far behind the data come MISSING, those ahead of it LATE, the
+/// rest whole; overlapping windows hold the same frames. A file that lists fewer decisions
+/// than the run asks for, or a line that is not `begin end`, stops the run naming it.
+#[test]
+fn decisions_from_a_file_build_the_windows_it_lists() {
+    if !python() {
+        eprintln!("windows: skipped: python3 is not installed");
+        return;
+    }
+    let dir = common::out_dir();
+    let out = dir.path().join("out");
+    // a microsecond a tick, decisions at 1 kHz: decision k is due at tick 1000 k
+    let mut lines = String::from("# begin end (ticks)\n");
+    for k in 0..DECISIONS as i64 {
+        let at = 1000 * k;
+        let (begin, end) = match k % 10 {
+            3 => (at - 2_000_000, at - 1_990_000), // 2 s back: evicted
+            7 => (at + 500_000, at + 501_000),     // 0.5 s ahead: LATE
+            _ => (at - 60_000, at - 50_000),       // within the buffer, overlapping
+        };
+        lines += &format!("{} {}\n", begin.max(0), end.max(1));
+    }
+    std::fs::write(dir.path().join("decisions.txt"), &lines).unwrap();
+    let base = common::free_base_port(12);
+    let toml = |events: u64| {
+        format!(
+            "[run]\nid = \"decided\"\nevents = {events}\nduration_s = 0\nrate_hz = 1000\n\
+             [topology]\nrus = 2\nbus = 2\nbase_port = {base}\n[control]\nbase_port = {}\n\
+             [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 64\n\
+             [windows]\ntick_hz = 1000000\nbuffer_ms = 1000\nwait_ms = 10\n\
+             decisions = \"{}\"\n\
+             [sink]\nkind = \"file\"\ndir = \"{}\"\n",
+            base + 5,
+            dir.path().join("decisions.txt").display(),
+            out.display()
+        )
+    };
+    let (o, s) = common::evb_run_in(dir.path(), &toml(DECISIONS));
+    let text = common::text(&o);
+    assert!(o.status.success(), "{text}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_windows.py");
+    let r = Command::new("python3")
+        .arg(&script)
+        .arg(&out)
+        .args([
+            "--rate-hz",
+            "1000",
+            "--tick-hz",
+            "1000000",
+            "--frame",
+            "1000",
+        ])
+        .args(["--buffer-ticks", "1000000", "--slack", "100000"])
+        .arg("--decisions")
+        .arg(dir.path().join("decisions.txt"))
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let r: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(r["problems"], 0, "{r}");
+    assert_eq!(r["records"], DECISIONS, "{r}");
+    let c = &r["components"];
+    // every 10th from the 3rd reaches 2 s back, past the 1 s buffer, once the run is 1 s old
+    let evicted = (1000..DECISIONS).filter(|k| k % 10 == 3).count() as u64 * 2;
+    assert!(c["missing"].as_u64().unwrap() >= evicted, "{r}");
+    assert!(c["late"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["overlapping"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(
+        bus_sum(&s, "missing_components"),
+        c["missing"].as_u64().unwrap()
+    );
+    // a file shorter than the run: the run stops, naming the file and the counts
+    let (o, _) = common::evb_run_in(dir.path(), &toml(DECISIONS + 1));
+    let text = common::text(&o);
+    assert!(!o.status.success(), "{text}");
+    assert!(
+        text.contains(&format!(
+            "lists {DECISIONS} decisions, and run.events asks for {}",
+            DECISIONS + 1
+        )),
+        "{text}"
+    );
+    // a line that is not a decision: named by file and line
+    std::fs::write(dir.path().join("decisions.txt"), "# one\n5 9\n7 x\n").unwrap();
+    let (o, _) = common::evb_run_in(dir.path(), &toml(1));
+    let text = common::text(&o);
+    assert!(!o.status.success(), "{text}");
+    assert!(text.contains("decisions.txt:3: not a tick"), "{text}");
+}

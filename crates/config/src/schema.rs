@@ -263,6 +263,9 @@ pub struct WindowsSection {
     /// How long an RU waits for a window's data to arrive before it sends what it has,
     /// flagged LATE.
     pub wait_ms: u64,
+    /// A file of decisions ("" for none): decision k's window is its k-th line, `begin end`
+    /// in ticks (docs/formats.md §8), instead of the seeded ones; every node reads it.
+    pub decisions: String,
 }
 
 impl Default for WindowsSection {
@@ -275,6 +278,7 @@ impl Default for WindowsSection {
             delay_max_ticks: 0,
             buffer_ms: 1000,
             wait_ms: 100,
+            decisions: String::new(),
         }
     }
 }

@@ -1358,4 +1358,20 @@ fn building_by_windows_refuses_what_would_not_do_what_it_says() {
         "{win}[windows]\ndelay_min_ticks = -500\ndelay_max_ticks = 90000\nbuffer_ms = 50\n"
     ))
     .unwrap();
+    // decisions from a file give every window: the seeded windows' keys do nothing then
+    let listed = format!("[run]\nevents = 10\nrate_hz = 1000\n[builder]\nby = \"window\"\n");
+    assert_err(
+        &format!("{listed}[windows]\ndecisions = \"d.txt\"\nbefore_ticks = 7\n"),
+        &["windows.before_ticks", "windows.decisions"],
+    );
+    assert_err(
+        &format!("{listed}[windows]\ndecisions = \"d.txt\"\ndelay_max_ticks = 7\n"),
+        &["windows.delay_max_ticks"],
+    );
+    assert_err(
+        "[run]\nduration_s = 5\nrate_hz = 1000\n[builder]\nby = \"window\"\n\
+         [windows]\ndecisions = \"d.txt\"\n",
+        &["run.events", "windows.decisions"],
+    );
+    Config::from_toml(&format!("{listed}[windows]\ndecisions = \"d.txt\"\n")).unwrap();
 }

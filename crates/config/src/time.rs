@@ -216,6 +216,34 @@ fn validate_windows(c: &Config) -> Result<(), ConfigError> {
             "must be at least windows.delay_min_ticks",
         ));
     }
+    if !w.decisions.is_empty() {
+        let d = WindowsSection::default();
+        for (key, set) in [
+            ("windows.before_ticks", w.before_ticks != d.before_ticks),
+            ("windows.after_ticks", w.after_ticks != d.after_ticks),
+            (
+                "windows.delay_min_ticks",
+                w.delay_min_ticks != d.delay_min_ticks,
+            ),
+            (
+                "windows.delay_max_ticks",
+                w.delay_max_ticks != d.delay_max_ticks,
+            ),
+        ] {
+            if set {
+                return Err(invalid(
+                    key,
+                    "does nothing with windows.decisions: the file gives every window",
+                ));
+            }
+        }
+        if c.run.events == 0 {
+            return Err(invalid(
+                "run.events",
+                "must say how many of windows.decisions' decisions the run builds",
+            ));
+        }
+    }
     int_in("windows.buffer_ms", w.buffer_ms, 1, 3_600_000, " ms")?;
     int_in("windows.wait_ms", w.wait_ms, 0, 10_000, " ms")?;
     Ok(())

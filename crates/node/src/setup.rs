@@ -48,37 +48,95 @@ fn generator_of(f: &evb_config::FragmentSection, seed: u64) -> Generator {
     Generator::new(sizes, seed).with_content(content)
 }
 
-/// The generator's time frames and the slicing or the windows, when the run builds by time.
-pub fn frame_generator(cfg: &Config) -> Option<FrameGenerator> {
-    cfg.by_time().then(|| {
-        let mut sizes = generator_of(&cfg.frames.as_fragments(), cfg.run.seed);
-        if let SizeModel::LogNormal { min, .. } = &mut sizes.sizes {
-            *min = cfg.frames.min as usize; // a frame may be empty
+/// The generator's time frames and the slicing or the windows, when the run builds by time
+/// (`Err`: the file of decisions cannot be read, or lists too few).
+pub fn frame_generator(cfg: &Config) -> Result<Option<FrameGenerator>, String> {
+    if !cfg.by_time() {
+        return Ok(None);
+    }
+    let mut sizes = generator_of(&cfg.frames.as_fragments(), cfg.run.seed);
+    if let SizeModel::LogNormal { min, .. } = &mut sizes.sizes {
+        *min = cfg.frames.min as usize; // a frame may be empty
+    }
+    let f = FrameGenerator::new(
+        sizes,
+        cfg.frames.ticks,
+        Slicing {
+            slice: cfg.builder.slice_ticks,
+            overlap: cfg.builder.overlap_ticks,
+        },
+    );
+    if cfg.builder.by != evb_config::BuildBy::Window {
+        return Ok(Some(f));
+    }
+    let w = &cfg.windows;
+    let listed = if w.decisions.is_empty() {
+        None
+    } else {
+        let list = read_decisions(std::path::Path::new(&w.decisions))?;
+        if (list.len() as u64) < cfg.run.events {
+            return Err(format!(
+                "windows.decisions: {} lists {} decisions, and run.events asks for {}",
+                w.decisions,
+                list.len(),
+                cfg.run.events
+            ));
         }
-        let f = FrameGenerator::new(
-            sizes,
-            cfg.frames.ticks,
-            Slicing {
-                slice: cfg.builder.slice_ticks,
-                overlap: cfg.builder.overlap_ticks,
-            },
-        );
-        if cfg.builder.by != evb_config::BuildBy::Window {
-            return f;
+        Some(list.into())
+    };
+    Ok(Some(f.with_windows(Windows {
+        listed,
+        seed: cfg.run.seed,
+        rate_hz: cfg.run.rate_hz,
+        tick_hz: w.tick_hz,
+        before: w.before_ticks,
+        after: w.after_ticks,
+        delay_min: w.delay_min_ticks,
+        delay_max: w.delay_max_ticks,
+        buffer_ticks: (w.buffer_ms as u128 * w.tick_hz as u128 / 1000) as u64,
+        wait: Duration::from_millis(w.wait_ms),
+    })))
+}
+
+/// A file of trigger decisions (docs/formats.md §8): a line `begin end` in ticks each
+/// (`end` after `begin`), blank lines and lines from `#` on ignored. An error names the file
+/// and line.
+pub fn read_decisions(path: &std::path::Path) -> Result<Vec<(u64, u64)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("windows.decisions: cannot read {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
         }
-        let w = &cfg.windows;
-        f.with_windows(Windows {
-            seed: cfg.run.seed,
-            rate_hz: cfg.run.rate_hz,
-            tick_hz: w.tick_hz,
-            before: w.before_ticks,
-            after: w.after_ticks,
-            delay_min: w.delay_min_ticks,
-            delay_max: w.delay_max_ticks,
-            buffer_ticks: (w.buffer_ms as u128 * w.tick_hz as u128 / 1000) as u64,
-            wait: Duration::from_millis(w.wait_ms),
-        })
-    })
+        let bad = |why: &str| format!("{}:{}: {why}: {line:?}", path.display(), n + 1);
+        let mut words = line.split_whitespace();
+        let mut tick = || -> Result<u64, String> {
+            words
+                .next()
+                .ok_or_else(|| bad("a decision is `begin end` in ticks"))?
+                .parse::<u64>()
+                .map_err(|_| bad("not a tick (an unsigned integer)"))
+        };
+        let (begin, end) = (tick()?, tick()?);
+        if words.next().is_some() {
+            return Err(bad("a decision is `begin end` in ticks, nothing more"));
+        }
+        if end <= begin || end > 1 << 62 {
+            return Err(bad(
+                "the window's end must come after its begin (and below 2^62)",
+            ));
+        }
+        out.push((begin, end));
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "windows.decisions: {} lists no decision",
+            path.display()
+        ));
+    }
+    Ok(out)
 }
 
 /// What a run's records are, as its files name them.
@@ -265,7 +323,7 @@ pub fn logic(
                 index: me.index,
                 source_id: me.source_id,
                 source: match cfg.source.kind {
-                    SourceKind::Generator => match frame_generator(cfg) {
+                    SourceKind::Generator => match frame_generator(cfg)? {
                         Some(f) => Source::Frames(f),
                         None => Source::Generator(generator(cfg)),
                     },
@@ -349,7 +407,7 @@ pub fn logic(
                 credits: me.credits,
                 verify,
                 generator: Some(generator(cfg)),
-                slices: frame_generator(cfg),
+                slices: frame_generator(cfg)?,
                 // about the last 65 536 events this BU built, with events spread over
                 // every BU
                 duplicate_window: (1 << 16) * n_bu.max(1) as usize,

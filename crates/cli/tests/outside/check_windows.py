@@ -27,9 +27,23 @@ DELAY_TAG = 0x5749_4E44_4F57  # b"WINDOW" as a number
 STATUS = {0: "complete", 1: "late", 2: "missing", 3: "empty"}
 
 
+def read_decisions(path):
+    """A file of decisions, §8: `begin end` per line, `#` comments."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#")[0].split()
+            if line:
+                out.append((int(line[0]), int(line[1])))
+    return out
+
+
 def window(a, k):
     """Decision k's window, §8, and its trigger tick."""
     trigger = int(k * a.tick_hz / a.rate_hz)
+    if a.listed is not None:
+        begin, end = a.listed[min(k, len(a.listed) - 1)]
+        return begin, end, trigger
     span = a.delay_max - a.delay_min
     delay = a.delay_min + mix(a.seed ^ mix(k ^ DELAY_TAG)) % (span + 1)
     at = trigger - delay
@@ -44,16 +58,18 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate-hz", type=float, required=True, help="run.rate_hz")
     p.add_argument("--tick-hz", type=int, required=True, help="windows.tick_hz")
-    p.add_argument("--before", type=int, required=True, help="windows.before_ticks")
-    p.add_argument("--after", type=int, required=True, help="windows.after_ticks")
-    p.add_argument("--delay-min", type=int, required=True, help="windows.delay_min_ticks")
-    p.add_argument("--delay-max", type=int, required=True, help="windows.delay_max_ticks")
+    p.add_argument("--before", type=int, default=0, help="windows.before_ticks")
+    p.add_argument("--after", type=int, default=0, help="windows.after_ticks")
+    p.add_argument("--delay-min", type=int, default=0, help="windows.delay_min_ticks")
+    p.add_argument("--delay-max", type=int, default=0, help="windows.delay_max_ticks")
+    p.add_argument("--decisions", help="windows.decisions: the windows from this file")
     p.add_argument("--frame", type=int, required=True, help="frames.ticks")
     p.add_argument("--buffer-ticks", type=int, required=True,
                    help="windows.buffer_ms x tick_hz / 1000")
     p.add_argument("--slack", type=int, default=0,
                    help="ticks of the RUs' clocks' skew allowed in the eviction check")
     a = p.parse_args()
+    a.listed = read_decisions(a.decisions) if a.decisions else None
     problems, seen, spans = [], set(), []
     counts = {s: 0 for s in STATUS.values()}
     frames_read = 0
