@@ -1359,7 +1359,7 @@ fn building_by_windows_refuses_what_would_not_do_what_it_says() {
     ))
     .unwrap();
     // decisions from a file give every window: the seeded windows' keys do nothing then
-    let listed = format!("[run]\nevents = 10\nrate_hz = 1000\n[builder]\nby = \"window\"\n");
+    let listed = "[run]\nevents = 10\nrate_hz = 1000\n[builder]\nby = \"window\"\n";
     assert_err(
         &format!("{listed}[windows]\ndecisions = \"d.txt\"\nbefore_ticks = 7\n"),
         &["windows.before_ticks", "windows.decisions"],
