@@ -606,7 +606,10 @@ impl FrameGenerator {
     /// Every frame of a window fragment is the generator's frame of its begin tick, byte for
     /// byte (which frames it holds is [`check_window`]'s to judge).
     fn verify_frames<'a>(&self, source: u16, pieces: impl Iterator<Item = &'a [u8]>) -> bool {
-        let bytes: Vec<u8> = pieces.flat_map(|p| p.iter().copied()).collect();
+        let bytes = pieces.fold(Vec::new(), |mut v, p| {
+            v.extend_from_slice(p);
+            v
+        });
         let Ok(w) = decode_window(&bytes) else {
             return false;
         };

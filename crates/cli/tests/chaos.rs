@@ -759,11 +759,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
             }
             assert_eq!(evm["committed_unpublished"], 0, "{log}");
             if t.by_time && !t.counted && t.fault != Fault::KillRuPartial {
-                if t.windows {
-                    check_windows(&dir.join("out"), events, t, log);
-                } else {
-                    check_slices(&dir.join("out"), events, log);
-                }
+                check_by_time(&dir.join("out"), events, t, log);
             }
             // (a kernel may refuse `ss -K`: a random trial then cuts nothing; a fixed one
             // fails)
@@ -1042,63 +1038,59 @@ fn fixed_trial(t: Trial) {
     check(&t, &o, dir.path());
 }
 
-/// A completed run by time, judged by the outside slice reader (docs/formats.md §8): every
-/// record's windows and frames, every stream tiled from tick 0 by the slices' cores without a
-/// gap or a repeat, each overlap the next slice's first frames. (Skipped without python3.)
-fn check_slices(out: &Path, slices: u64, log: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
+/// A completed run by time, judged by the outside reader written from docs/formats.md §8:
+/// for slices (`check_slices.py`) every record's windows and frames and every stream tiled
+/// from tick 0 by the slices' cores, each overlap the next slice's first frames; for decision
+/// windows (`check_windows.py`) every record's window and frames, each status true to its
+/// frames. (Skipped without python3.)
+fn check_by_time(out: &Path, records: u64, t: &Trial, log: &str) {
+    let rate = if t.small { SMALL_RATE_HZ } else { RATE_HZ }.to_string();
+    let slice = (SLICE_FRAMES * 1000).to_string();
+    let (script, args): (&str, Vec<&str>) = if t.windows {
+        (
+            "check_windows.py",
+            vec![
+                "--rate-hz",
+                &rate,
+                "--tick-hz",
+                "1000000",
+                "--before",
+                "1500",
+                "--after",
+                "1500",
+                "--delay-min",
+                "2500",
+                "--delay-max",
+                "20000",
+                "--buffer-ticks",
+                "2000000",
+                "--slack",
+                "100000",
+            ],
+        )
+    } else {
+        (
+            "check_slices.py",
+            vec!["--overlap", "5000", "--slice", &slice],
+        )
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/outside")
+        .join(script);
     let Ok(o) = Command::new("python3")
         .arg(&script)
         .arg(out)
-        .args(["--seed", "1", "--overlap", "5000", "--frame", "1000"])
-        .args(["--slice", &(SLICE_FRAMES * 1000).to_string()])
+        .args(["--seed", "1", "--frame", "1000"])
+        .args(&args)
         .output()
     else {
-        eprintln!("  slices not read: python3 is not installed");
+        eprintln!("  records not read: python3 is not installed");
         return;
     };
     let r: Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("slice reader: {e}: {}\n{log}", common::text(&o)));
-    assert_eq!(r["problems"], 0, "the slice reader: {r}\n{log}");
-    assert_eq!(r["records"], slices, "the slice reader: {r}\n{log}");
-}
-
-/// A completed run by decision windows, judged by the outside window reader (docs/formats.md
-/// §8): every record's window and frames, each status true to its frames. (Skipped without
-/// python3.)
-fn check_windows(out: &Path, decisions: u64, t: &Trial, log: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_windows.py");
-    let rate = if t.small { SMALL_RATE_HZ } else { RATE_HZ };
-    let Ok(o) = Command::new("python3")
-        .arg(&script)
-        .arg(out)
-        .args(["--seed", "1", "--rate-hz", &rate.to_string()])
-        .args([
-            "--tick-hz",
-            "1000000",
-            "--before",
-            "1500",
-            "--after",
-            "1500",
-        ])
-        .args([
-            "--delay-min",
-            "2500",
-            "--delay-max",
-            "20000",
-            "--frame",
-            "1000",
-        ])
-        .args(["--buffer-ticks", "2000000", "--slack", "100000"])
-        .output()
-    else {
-        eprintln!("  windows not read: python3 is not installed");
-        return;
-    };
-    let r: Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("window reader: {e}: {}\n{log}", common::text(&o)));
-    assert_eq!(r["problems"], 0, "the window reader: {r}\n{log}");
-    assert_eq!(r["records"], decisions, "the window reader: {r}\n{log}");
+        .unwrap_or_else(|e| panic!("{}: {e}: {}\n{log}", script.display(), common::text(&o)));
+    assert_eq!(r["problems"], 0, "the outside reader: {r}\n{log}");
+    assert_eq!(r["records"], records, "the outside reader: {r}\n{log}");
 }
 
 #[test]
