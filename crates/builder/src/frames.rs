@@ -191,7 +191,7 @@ struct Made {
     frames: Vec<([u8; TIME_FRAME_HEADER_LEN], usize, usize)>,
     len: usize,
     /// The fragment's CRC when it is known without reading its bytes (static frames of one
-    /// size: composed from the payload's); the RU then does not compute it.
+    /// size: composed from the payload's); the RU then sends it by reference.
     crc: Option<u32>,
 }
 
@@ -500,12 +500,6 @@ impl FrameGenerator {
         let m = self.made(record, source);
         let crc = m.crc?;
         (self.frames.content == Content::Static).then_some(StaticPieces { made: m, crc })
-    }
-
-    /// The fragment's payload CRC when known without reading it (static frames of one
-    /// size), so that the RU need not compute it as it writes.
-    pub fn payload_crc(&self, record: u64, source: u16) -> Option<u32> {
-        self.made(record, source).crc
     }
 
     /// What the RU sends for this record.
@@ -1012,7 +1006,7 @@ mod tests {
             let fb = whole(&fixed, k, 2);
             assert!(decode_window(&fb).is_ok());
             assert_eq!(
-                fixed.payload_crc(k, 2),
+                fixed.static_pieces(k, 2).map(|p| p.crc),
                 Some(crc32c::crc32c(&fb)),
                 "record {k}"
             );

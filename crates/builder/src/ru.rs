@@ -376,7 +376,7 @@ impl Ru {
         }
     }
 
-    pub fn handle(&mut self, _now: Instant, from: NodeRef, msg: Message) {
+    pub fn handle(&mut self, now: Instant, from: NodeRef, msg: Message) {
         if from != NodeRef::Evm {
             self.stats.errors += 1;
             return;
@@ -386,12 +386,12 @@ impl Ru {
                 self.state = RunState::Running;
                 // the streams' clock (decision windows) starts with the RU's first Start; a
                 // standby's Start after a takeover does not move it
-                self.started.get_or_insert(_now);
+                self.started.get_or_insert(now);
             }
             Message::Assign(r, inc) if r.count > 0 => {
                 if matches!(&self.cfg.source, Source::Frames(f) if f.windows.is_some()) {
                     // a window's wait for its data runs from its Assign
-                    self.assigned_at.push_back((r.first + r.count as u64, _now));
+                    self.assigned_at.push_back((r.first + r.count as u64, now));
                 }
                 self.pending.push_back((r, inc));
             }
@@ -847,7 +847,6 @@ impl Ru {
         let g = &self.cfg.source;
         let src = self.cfg.source_id;
         let spec = g.spec(event_id, src);
-        let known_crc = g.payload_crc(event_id, src);
         let size = spec.size;
         let total = PREFIX_LEN + size;
         let block_size = self.pool.block_size();
@@ -856,7 +855,7 @@ impl Ru {
         if let Some(w) = self.block.as_mut().filter(|b| b.remaining() >= total) {
             let spare = &mut w.spare_mut()[..total];
             g.fill(event_id, src, 0, &mut spare[PREFIX_LEN..]);
-            let crc = known_crc.unwrap_or_else(|| crc32c::crc32c(&spare[PREFIX_LEN..]));
+            let crc = crc32c::crc32c(&spare[PREFIX_LEN..]);
             write_fragment_prefix(&spec.header(event_id, src, crc), spare);
             let start = w.filled();
             w.advance(total);
@@ -902,16 +901,14 @@ impl Ru {
             let want = (size - offset).min(w.remaining() - skip);
             let spare = &mut w.spare_mut()[skip..skip + want];
             g.fill(event_id, src, offset, spare);
-            if known_crc.is_none() {
-                crc = crc32c::crc32c_append(crc, spare);
-            }
+            crc = crc32c::crc32c_append(crc, spare);
             offset += want;
             lens.push(skip + want);
             if offset == size {
                 break;
             }
         }
-        let header = spec.header(event_id, src, known_crc.unwrap_or(crc));
+        let header = spec.header(event_id, src, crc);
         write_fragment_prefix(&header, writers[0].spare_mut());
         let used = lens.len();
         for (w, len) in writers.iter_mut().zip(lens) {

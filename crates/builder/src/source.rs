@@ -279,15 +279,6 @@ impl Source {
         }
     }
 
-    /// The fragment's payload CRC32C when the source knows it without the bytes being read
-    /// (static time frames of one size); `None`: the RU computes it as it writes.
-    pub fn payload_crc(&self, event_id: u64, source_id: u16) -> Option<u32> {
-        match self {
-            Source::Frames(f) => f.payload_crc(event_id, source_id),
-            _ => None,
-        }
-    }
-
     pub fn generator(&self) -> Option<&Generator> {
         match self {
             Source::Generator(g) => Some(g),
