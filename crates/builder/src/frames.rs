@@ -354,6 +354,29 @@ impl FrameGenerator {
         self.frames.fill(j, source, 0, &mut out[at..]);
     }
 
+    /// Appends source `source`'s frame `j`, its header and payload, to `out`: what a
+    /// front-end emulator streams (`evb feed --frames`), byte for byte the frame an RU
+    /// makes of the generator.
+    pub fn frame(&self, source: u16, j: u64, out: &mut Vec<u8>) {
+        let at = out.len();
+        let mut h = TimeFrameHeader {
+            begin: j * self.frame_ticks,
+            end: (j + 1) * self.frame_ticks,
+            source_id: source,
+            flags: TIME_FRAME_GENERATED,
+            crc: 0,
+        };
+        out.extend_from_slice(&h.encode());
+        if self.frames.content == Content::Static {
+            let t = self.template_of(source);
+            out.extend_from_slice(&t.bytes[..self.frames.size(j, source)]);
+        } else {
+            self.payload(source, j, out);
+        }
+        h.crc = h.crc_of([&out[at + TIME_FRAME_HEADER_LEN..]]);
+        out[at..at + TIME_FRAME_HEADER_LEN].copy_from_slice(&h.encode());
+    }
+
     fn template_of(&self, source: u16) -> Rc<StaticPayload> {
         if let Some(t) = self.template.borrow().as_ref() {
             if t.source == source {

@@ -23,6 +23,7 @@ mod report;
 mod ru;
 pub mod shaping;
 mod sink;
+pub mod slice_buffer;
 mod source;
 mod status;
 

@@ -1,6 +1,8 @@
 //! `evb feed`: a front-end emulator. Streams recorded fragment files over TCP to RUs that
 //! read `source.kind = "stream"`, one connection per address, at a given rate or as fast as
-//! the RU takes them (a full RU stops reading: TCP flow control slows the sender).
+//! the RU takes them (a full RU stops reading: TCP flow control slows the sender). With
+//! `--frames CONFIG` it streams the generator's timestamped frames instead of files: the
+//! continuous data of a detector read out without a trigger (docs/formats.md §9).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
@@ -8,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use evb_formats::{fed, framed};
+use evb_formats::{fed, framed, frames};
 
 #[derive(Args)]
 pub struct FeedArgs {
@@ -16,10 +18,15 @@ pub struct FeedArgs {
     /// to the i-th address), or one `--to` for all files, sent one after the other.
     #[arg(long, required = true, value_name = "HOST:PORT")]
     to: Vec<String>,
-    /// Files of fragments (CMS FED or evb framed).
-    #[arg(required = true)]
+    /// Files of fragments (CMS FED, evb framed, or timestamped frames).
+    #[arg(required_unless_present = "frames", conflicts_with = "frames")]
     files: Vec<PathBuf>,
-    /// Fragments per second on each stream (0: as fast as the RU reads).
+    /// Stream the generator's frames of this run configuration (its `[frames]` and
+    /// `run.seed`, built by time) instead of files: to each `--to` the frames of the source
+    /// whose stream it is in the configuration, from tick 0, until `--limit` frames.
+    #[arg(long, value_name = "CONFIG")]
+    frames: Option<PathBuf>,
+    /// Fragments (frames) per second on each stream (0: as fast as the RU reads).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
     /// Start again at the end of the files (trigger numbers go on counting), until `--limit`.
@@ -28,8 +35,9 @@ pub struct FeedArgs {
     /// Stop after this many fragments per stream (0: at the end of the files, or never with --loop).
     #[arg(long, default_value_t = 0)]
     limit: u64,
-    /// How the files are framed (`auto`: evb framed if it starts with "EVFR", else FED;
-    /// `raw`: the bytes as they are, in 64 KiB pieces, to test a reader with bad input).
+    /// How the files are framed (`auto`: evb framed if it starts with "EVFR", frames if
+    /// "EVTF", else FED; `raw`: the bytes as they are, in 64 KiB pieces, to test a reader
+    /// with bad input).
     #[arg(long, value_enum, default_value_t = Format::Auto)]
     format: Format,
     /// Keep trying to connect for this long (the RU may not be listening yet). [seconds, or
@@ -47,6 +55,7 @@ enum Format {
     Auto,
     Fed,
     Framed,
+    Frames,
     Raw,
 }
 
@@ -61,6 +70,8 @@ struct Plan {
     names: String,
     records: Vec<Record>,
     format: Format,
+    /// `--frames`: the run's configuration and the source whose frames are made as sent.
+    generated: Option<(evb_config::Config, u16)>,
 }
 
 /// What one stream sent.
@@ -73,6 +84,9 @@ struct Sent {
 pub fn run(a: &FeedArgs) -> Result<(), String> {
     if !(a.rate.is_finite() && a.rate >= 0.0) {
         return Err(format!("--rate {}: must be 0 or a positive number", a.rate));
+    }
+    if let Some(path) = &a.frames {
+        return run_plans(a, generated_plans(a, path)?);
     }
     if a.to.len() != 1 && a.to.len() != a.files.len() {
         return Err(format!(
@@ -88,6 +102,7 @@ pub fn run(a: &FeedArgs) -> Result<(), String> {
             std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let format = match a.format {
             Format::Auto if data.starts_with(&framed::RECORD_MAGIC) => Format::Framed,
+            Format::Auto if data.starts_with(&frames::FRAME_MAGIC) => Format::Frames,
             Format::Auto => Format::Fed,
             f => f,
         };
@@ -108,9 +123,50 @@ pub fn run(a: &FeedArgs) -> Result<(), String> {
                 names: file.display().to_string(),
                 records,
                 format,
+                generated: None,
             }),
         }
     }
+    run_plans(a, plans)
+}
+
+/// `--frames CONFIG`: a plan per `--to`, each the generator's frames of the source that
+/// address is the stream of.
+fn generated_plans(a: &FeedArgs, path: &std::path::Path) -> Result<Vec<Plan>, String> {
+    let cfg = evb_config::Config::from_file(path).map_err(|e| e.to_string())?;
+    if cfg.builder.by != evb_config::BuildBy::Time {
+        return Err(format!(
+            "--frames {}: not a run built by time (builder.by = \"time\")",
+            path.display()
+        ));
+    }
+    if a.limit == 0 && !a.looped {
+        return Err(
+            "--frames needs --limit (frames per stream), or --loop to send for ever".into(),
+        );
+    }
+    let nodes = cfg.nodes();
+    a.to.iter()
+        .map(|to| {
+            let source = nodes
+                .iter()
+                .find_map(|n| {
+                    let i = n.streams.iter().position(|s| s == to)?;
+                    Some(n.stream_sources.get(i).copied().unwrap_or(n.source_id))
+                })
+                .ok_or_else(|| format!("{to}: no RU's stream in {}", path.display()))?;
+            Ok(Plan {
+                to: to.clone(),
+                names: format!("source {source}'s frames"),
+                records: Vec::new(),
+                format: Format::Frames,
+                generated: Some((cfg.clone(), source)),
+            })
+        })
+        .collect()
+}
+
+fn run_plans(a: &FeedArgs, plans: Vec<Plan>) -> Result<(), String> {
     let timeout = Duration::from_secs_f64(a.connect_timeout_s.clamp(0.0, 86_400.0));
     let threads: Vec<_> = plans
         .into_iter()
@@ -165,6 +221,10 @@ fn split(data: &[u8], format: Format) -> Result<Vec<Record>, String> {
             }
             out
         }
+        Format::Frames => frames::split(data)?
+            .into_iter()
+            .map(|f| Record { bytes: f.to_vec() })
+            .collect(),
         Format::Raw => data
             .chunks(64 << 10)
             .map(|c| Record { bytes: c.to_vec() })
@@ -200,6 +260,17 @@ fn append_renumbered(r: &Record, format: Format, pass: u64, shift: u64, out: &mu
             let crc = fed::crc16(b) as u64;
             let t = (t & !(0xffffu64 << 16)) | (crc << 16);
             b[n - 8..].copy_from_slice(&t.to_le_bytes());
+        }
+        Format::Frames if b.len() >= frames::FRAME_PREFIX_LEN + 24 => {
+            // every tick moved on by the file's span (`shift`, in ticks)
+            let f = &mut b[frames::FRAME_PREFIX_LEN..];
+            for at in [0, 8] {
+                let t = u64::from_le_bytes(f[at..at + 8].try_into().expect("8 bytes"));
+                let t = t.wrapping_add(pass.wrapping_mul(shift));
+                f[at..at + 8].copy_from_slice(&t.to_le_bytes());
+            }
+            let crc = crc32c::crc32c_append(crc32c::crc32c(&f[..20]), &f[24..]);
+            f[20..24].copy_from_slice(&crc.to_le_bytes());
         }
         Format::Framed if b.len() >= framed::RECORD_HEADER_LEN => {
             let t = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
@@ -336,8 +407,42 @@ fn send(
         out.clear();
         Ok(())
     };
+    if let Some((cfg, source)) = &p.generated {
+        let g = evb_node::setup::frame_generator(cfg)?
+            .ok_or_else(|| "the configuration makes no frames".to_string())?;
+        let mut j = 0u64;
+        while limit == 0 || j < limit {
+            if rate > 0.0 {
+                let due = t0 + Duration::from_secs_f64(j as f64 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            let at = out.len();
+            out.extend_from_slice(&frames::FRAME_MAGIC);
+            out.extend_from_slice(&[0; 4]);
+            g.frame(*source, j, &mut out);
+            let len = (out.len() - at - frames::FRAME_PREFIX_LEN) as u32;
+            out[at + 4..at + 8].copy_from_slice(&len.to_le_bytes());
+            bytes += (out.len() - at) as u64;
+            j += 1;
+            fragments += 1;
+            if rate > 0.0 || out.len() >= BATCH {
+                write(&mut out, fragments)?;
+            }
+        }
+    }
+    // a looped file of frames moves on by its span of ticks, other formats by its count
+    let shift = match p.format {
+        Format::Frames => p
+            .records
+            .last()
+            .and_then(|r| r.bytes.get(16..24))
+            .map_or(0, |e| u64::from_le_bytes(e.try_into().expect("8 bytes"))),
+        _ => n,
+    };
     'outer: loop {
-        for r in &p.records {
+        for r in p.records.iter().filter(|_| p.generated.is_none()) {
             if limit > 0 && fragments >= limit {
                 break 'outer;
             }
@@ -347,7 +452,7 @@ fn send(
                     std::thread::sleep(wait);
                 }
             }
-            append_renumbered(r, p.format, pass, n, &mut out);
+            append_renumbered(r, p.format, pass, shift, &mut out);
             fragments += 1;
             bytes += r.bytes.len() as u64;
             if rate > 0.0 || out.len() >= BATCH {
@@ -355,7 +460,7 @@ fn send(
             }
         }
         pass += 1;
-        if !looped || n == 0 {
+        if !looped || n == 0 || p.generated.is_some() {
             break;
         }
     }
@@ -405,5 +510,12 @@ mod tests {
         let b = renumbered(&r, Format::Framed, 1, 10);
         let (rec, crc) = framed::read_at(&b, 0).unwrap();
         assert_eq!((rec.trigger_number, crc), (15, None));
+        // a file of frames moves on by its span of ticks, its CRC made again
+        let r = Record {
+            bytes: frames::encode(990, 1000, 3, 0, b"abc"),
+        };
+        let b = renumbered(&r, Format::Frames, 2, 1000);
+        let h = frames::check(&b[frames::FRAME_PREFIX_LEN..]).unwrap();
+        assert_eq!((h.begin, h.end, h.source_id), (2990, 3000, 3));
     }
 }

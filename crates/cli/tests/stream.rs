@@ -845,3 +845,104 @@ fn a_standby_takes_over_a_live_fed_run_and_builds_every_event_once() {
     assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0, "{t}");
     assert_eq!(sum(&s, "bus", "trigger_mismatches"), 0, "{t}");
 }
+
+/// Building by time from live streams (issue 54): `evb feed --frames` streams the generator's
+/// frames of two sources, each RU cuts its stream into time slices in its latency buffer,
+/// and the files hold every frame of every stream in exactly one slice's core, each overlap
+/// the next slice's first frames, every byte the pattern's (the outside reader of
+/// docs/formats.md §8). The stream ends on a slice's end: the last slice is whole.
+#[test]
+fn frames_streamed_into_two_rus_build_slices_that_tile_every_stream() {
+    let _one = one_at_a_time();
+    let python = Command::new("python3").arg("--version").output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        eprintln!("stream: skipped: python3 is not installed");
+        return;
+    }
+    let d = common::out_dir();
+    let out_dir = d.path().join("out");
+    let to = addrs(2);
+    let (slice, overlap, frame, slices) = (21_000u64, 2_500u64, 700u64, 150u64);
+    let frames = slices * slice / frame;
+    let seed = clock_seed();
+    let toml = format!(
+        "[run]\nid = \"live-slices\"\nduration_s = 0\nseed = {seed}\n\
+         [builder]\nby = \"time\"\nslice_ticks = {slice}\noverlap_ticks = {overlap}\n\
+         [frames]\nticks = {frame}\nsize = 300\ndistribution = \"lognormal\"\nstddev = 200\n\
+         [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\nread_ahead = 16\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 40\n\
+         [[ru]]\nid = \"ru0\"\nsource_id = 3\nstreams = {}\n\
+         [[ru]]\nid = \"ru1\"\nsource_id = 9\nstreams = {}\n",
+        out_dir.display(),
+        list(&to[..1]),
+        list(&to[1..])
+    );
+    let cfg = d.path().join("run.toml");
+    let cfg_arg = cfg.display().to_string();
+    let limit = frames.to_string();
+    let (out, s, fed_out) = run_fed(
+        d.path(),
+        &toml,
+        &to,
+        &[],
+        &["--frames", &cfg_arg, "--limit", &limit],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "seed {seed}: {t}\n{}", fed_out.1);
+    assert!(fed_out.0, "{}", fed_out.1);
+    assert_eq!(s["run"]["evm"]["released"], slices, "{s}");
+    assert_eq!(sum(&s, "rus", "stream_fragments_received"), 2 * frames);
+    assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&out_dir)
+        .args(["--seed", &seed.to_string()])
+        .args(["--slice", &slice.to_string()])
+        .args(["--overlap", &overlap.to_string()])
+        .args(["--frame", &frame.to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["problems"], 0, "seed {seed}: {r}");
+    assert_eq!(r["records"], slices, "{r}");
+    for src in ["3", "9"] {
+        assert_eq!(r["sources"][src]["core_frames"], frames, "{r}");
+    }
+    // every slice but the last carries the next one's first 4 frames (2500 ticks of 700)
+    assert_eq!(r["overlap_frames"], (slices - 1) * 4 * 2, "{r}");
+}
+
+/// A front-end whose stream of frames skips a frame stops the run, naming the stream and the
+/// frame: no slice is built over a hole.
+#[test]
+fn a_gap_in_a_stream_of_frames_stops_the_run_naming_the_frame() {
+    let _one = one_at_a_time();
+    let d = common::out_dir();
+    let file = d.path().join("gap.frames");
+    let bytes: Vec<u8> = (0..400u64)
+        .filter(|&j| j != 250)
+        .flat_map(|j| evb_formats::frames::encode(j * 100, (j + 1) * 100, 0, 0, &[j as u8; 40]))
+        .collect();
+    std::fs::write(&file, bytes).unwrap();
+    let to = addrs(1);
+    let toml = format!(
+        "[run]\nid = \"gap\"\nduration_s = 0\n[builder]\nby = \"time\"\nslice_ticks = 1000\n\
+         overlap_ticks = 100\n[frames]\nticks = 100\n\
+         [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 4096\n\
+         [[ru]]\nid = \"ru0\"\nstreams = {}\n",
+        list(&to)
+    );
+    let (out, s, _) = run_fed(d.path(), &toml, &to, &[&file], &[]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(!t.contains("panicked"), "{t}");
+    let reason = s["run"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("stream 0 (source 0")
+            && reason.contains("frame [25100, 25200)")
+            && reason.contains("ended at tick 25000"),
+        "{reason}\n{t}"
+    );
+}

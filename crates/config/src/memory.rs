@@ -42,7 +42,9 @@ impl Config {
     /// The largest fragment payload any RU can send.
     pub fn max_fragment(&self) -> u64 {
         match self.source.kind {
-            SourceKind::Generator if self.by_time() => self.max_window_fragment(),
+            SourceKind::Generator | SourceKind::Stream if self.by_time() => {
+                self.max_window_fragment()
+            }
             SourceKind::Generator => self.fragments.max_size(),
             SourceKind::Stream | SourceKind::Api => stream::max_payload(self),
             _ => self.source.max_fragment,

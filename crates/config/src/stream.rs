@@ -17,6 +17,8 @@ pub enum StreamFormat {
     Fed,
     /// evb framed records back to back.
     Framed,
+    /// Timestamped frames back to back (docs/formats.md §9), built into time slices.
+    Frames,
 }
 
 /// What an RU does when its streams disagree on an event's trigger number.

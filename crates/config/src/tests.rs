@@ -1275,7 +1275,7 @@ fn building_by_time_refuses_what_would_not_do_what_it_says() {
     );
     assert_err(
         &format!("{time}[source]\nkind = \"api\"\n"),
-        &["builder.by", "generator"],
+        &["builder.by", "generator", "stream"],
     );
     assert_err(
         &format!("{time}overlap_ticks = 200000\n"),
@@ -1374,4 +1374,63 @@ fn building_by_windows_refuses_what_would_not_do_what_it_says() {
         &["run.events", "windows.decisions"],
     );
     Config::from_toml(&format!("{listed}[windows]\ndecisions = \"d.txt\"\n")).unwrap();
+}
+
+/// Time slices from front-end streams of frames: one stream per RU, frames only, bad frames
+/// stop the run, no decision windows yet; `frames` refused in a run by event. The largest
+/// slice follows `source.max_fragment`, the longest frame the stream may carry.
+#[test]
+fn slices_from_streams_of_frames_refuse_what_would_not_do_what_it_says() {
+    let base = "[builder]\nby = \"time\"\n[source]\nkind = \"stream\"\nformat = \"frames\"\n\
+                max_fragment = 4096\n[[ru]]\nid = \"ru0\"\nstreams = [\"127.0.0.1:7301\"]\n";
+    let c = Config::from_toml(base).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.max_fragment(), 102 * (4096 + 8) + 32);
+    let bad = |text: String, want: &[&str]| {
+        let e = Config::from_toml(&text)
+            .and_then(|c| c.validate())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            want.iter().all(|w| e.contains(w)),
+            "expected {want:?} in: {e}"
+        );
+    };
+    bad(
+        base.replace("format = \"frames\"\n", ""),
+        &["source.format", "\"frames\""],
+    );
+    bad(
+        base.replace("by = \"time\"", "by = \"event\""),
+        &["source.format", "builder.by = \"time\""],
+    );
+    bad(
+        base.replace("by = \"time\"", "by = \"window\"\n[run]\nrate_hz = 10"),
+        &["builder.by", "not built yet"],
+    );
+    bad(
+        base.replace(
+            "kind = \"stream\"",
+            "kind = \"stream\"\non_error = \"drop\"",
+        ),
+        &["source.on_error", "hole"],
+    );
+    bad(
+        base.replace(
+            "kind = \"stream\"",
+            "kind = \"stream\"\non_sync_loss = \"flag\"",
+        ),
+        &["source.on_sync_loss"],
+    );
+    bad(
+        base.replace(
+            "streams = [\"127.0.0.1:7301\"]",
+            "streams = [\"127.0.0.1:7301\", \"127.0.0.1:7302\"]\nstream_sources = [1, 2]",
+        ),
+        &["ru[0].streams", "one stream per RU"],
+    );
+    bad(
+        base.replace("max_fragment = 4096", "max_fragment = 10000000"),
+        &["source.max_fragment", "bytes"],
+    );
 }

@@ -4,7 +4,7 @@
 use crate::limits::MAX_FRAGMENT;
 use crate::{
     int_in, invalid, BuildBy, BuilderSection, Config, ConfigError, Distribution, FragmentSection,
-    FramesSection, SourceKind, WindowsSection,
+    FramesSection, OnError, OnSyncLoss, SourceKind, StreamFormat, WindowsSection,
 };
 
 /// Most ticks in a frame, a slice or an overlap (2^40: 18 minutes of nanoseconds, 5 hours
@@ -52,16 +52,71 @@ impl Config {
         }
     }
 
-    /// The largest window fragment an RU makes of one slice.
+    /// The largest window fragment an RU makes of one record: of the generator's frames,
+    /// or of a live stream's (each at most `source.max_fragment`, its header included).
     pub fn max_window_fragment(&self) -> u64 {
-        let frame = self.frames.as_fragments().max_size();
+        let per_frame = match self.source.kind {
+            SourceKind::Stream => 8u64.saturating_add(self.source.max_fragment),
+            _ => PER_FRAME.saturating_add(self.frames.as_fragments().max_size()),
+        };
         self.max_window_frames()
-            .saturating_mul(PER_FRAME.saturating_add(frame))
+            .saturating_mul(per_frame)
             .saturating_add(WINDOW_HEADER)
     }
 }
 
+/// A front-end stream of frames, built into time slices: one stream per RU, frames that stop
+/// the run when bad (no slice is built over a hole), and nothing else that would be ignored.
+fn validate_live(c: &Config) -> Result<(), ConfigError> {
+    let s = &c.source;
+    if c.builder.by == BuildBy::Window {
+        return Err(invalid(
+            "builder.by",
+            "decision windows over front-end streams are not built yet: streams of frames \
+             build time slices (builder.by = \"time\")",
+        ));
+    }
+    if s.format != StreamFormat::Frames {
+        return Err(invalid(
+            "source.format",
+            "a stream built by time carries timestamped frames: set it to \"frames\"",
+        ));
+    }
+    if s.on_error != OnError::Stop {
+        return Err(invalid(
+            "source.on_error",
+            "by time a bad frame stops the run (a slice is never built over a hole): \
+             only \"stop\"",
+        ));
+    }
+    if s.on_sync_loss != OnSyncLoss::Stop {
+        return Err(invalid(
+            "source.on_sync_loss",
+            "by time there are no trigger numbers to lose sync on: only \"stop\"",
+        ));
+    }
+    for (i, ru) in c.ru.iter().enumerate() {
+        if ru.streams.len() > 1 {
+            return Err(invalid(
+                format!("ru[{i}].streams"),
+                "time slices are cut from one stream per RU (several streams into one RU's \
+                 slices are not built yet)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
+    if c.source.kind == SourceKind::Stream
+        && c.source.format == StreamFormat::Frames
+        && !c.by_time()
+    {
+        return Err(invalid(
+            "source.format",
+            "\"frames\" are built by time: set builder.by = \"time\"",
+        ));
+    }
     let b = &c.builder;
     let d = BuilderSection::default();
     for (key, set, applies) in [
@@ -94,12 +149,17 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
     if !c.by_time() {
         return Ok(());
     }
-    if c.source.kind != SourceKind::Generator {
+    let live = c.source.kind == SourceKind::Stream;
+    if !live && c.source.kind != SourceKind::Generator {
         return Err(invalid(
             "builder.by",
-            "building by time is built for the generator's frames so far (source.kind = \
-             \"generator\"); recordings, streams and producers build by \"event\"",
+            "building by time reads the generator's frames or front-end streams of frames \
+             (source.kind = \"generator\" or \"stream\"); recordings and producers build \
+             by \"event\"",
         ));
+    }
+    if live {
+        validate_live(c)?;
     }
     if c.fragments != FragmentSection::default() {
         return Err(invalid(
@@ -166,7 +226,11 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
     let bytes = c.max_window_fragment();
     if bytes > MAX_FRAGMENT {
         return Err(invalid(
-            "frames.size",
+            if live {
+                "source.max_fragment"
+            } else {
+                "frames.size"
+            },
             format!(
                 "a record's fragment can reach {bytes} bytes ({n} frames); at most \
                  {MAX_FRAGMENT}: shorten the slices or windows, or the frames"

@@ -1,6 +1,7 @@
 //! Data file formats, byte by byte in docs/formats.md:
 //! - [`fed`]: the CMS common FED fragment format (recorded detector data in),
 //! - [`framed`]: evb's generic framing of fragments for any other experiment,
+//! - [`frames`]: timestamped frames as a front-end streams them (building by time),
 //! - [`events`]: the files of built events a BU writes, with their metadata,
 //! - `hdf5_events` (feature `hdf5`): the same events in HDF5 files,
 //! - [`manifest`]: the run manifest, and completeness judged from the files,
@@ -9,6 +10,7 @@
 pub mod events;
 pub mod fed;
 pub mod framed;
+pub mod frames;
 #[cfg(feature = "hdf5")]
 pub mod hdf5_events;
 pub mod manifest;

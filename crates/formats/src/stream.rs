@@ -12,7 +12,7 @@ use std::io::Read;
 use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 
-use crate::{fed, framed};
+use crate::{fed, framed, frames};
 
 /// How fragments are framed on the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub enum StreamFormat {
     Fed,
     /// evb framed records back to back.
     Framed,
+    /// Timestamped frames back to back, each with its prefix ([`crate::frames`]).
+    Frames,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -137,6 +139,7 @@ impl StreamDecoder {
         match self.format {
             StreamFormat::Fed => self.next_fed(),
             StreamFormat::Framed => self.next_framed(),
+            StreamFormat::Frames => self.next_frame(),
         }
     }
 
@@ -226,6 +229,41 @@ impl StreamDecoder {
         let bytes = self.take(total).slice(framed::RECORD_HEADER_LEN..);
         Ok(Some(StreamFragment {
             trigger_number: h.trigger_number,
+            bytes,
+            offset,
+            bad,
+        }))
+    }
+}
+
+impl StreamDecoder {
+    /// A frame: `bytes` its header and payload (the prefix cut off), `trigger_number` the
+    /// low word of its first tick; a CRC that does not match is `bad`. A prefix that is not
+    /// one, or a frame longer than `max_fragment`, leaves nothing after it to trust.
+    fn next_frame(&mut self) -> Result<Option<StreamFragment>, StreamError> {
+        let avail = &self.buf[..self.end];
+        let Some(prefix) = avail.first_chunk::<{ frames::FRAME_PREFIX_LEN }>() else {
+            return Ok(None);
+        };
+        let len = frames::read_prefix(prefix).map_err(|e| self.unreadable(e))?;
+        if len > self.max_fragment {
+            return Err(self.unreadable(format!(
+                "frame of {len} bytes exceeds source.max_fragment ({})",
+                self.max_fragment
+            )));
+        }
+        let total = frames::FRAME_PREFIX_LEN + len;
+        if avail.len() < total {
+            return Ok(None);
+        }
+        let offset = self.base;
+        let (trigger_number, bad) = match frames::check(&avail[frames::FRAME_PREFIX_LEN..total]) {
+            Ok(h) => (h.begin as u32, None),
+            Err(e) => (0, Some(e)),
+        };
+        let bytes = self.take(total).slice(frames::FRAME_PREFIX_LEN..);
+        Ok(Some(StreamFragment {
+            trigger_number,
             bytes,
             offset,
             bad,
@@ -334,6 +372,39 @@ mod tests {
                 "{piece}"
             );
         }
+    }
+
+    #[test]
+    fn frames_come_out_whole_whatever_the_reads() {
+        let data: Vec<u8> = (0..30u64)
+            .flat_map(|i| frames::encode(i * 10, i * 10 + 10, 3, 0, &vec![i as u8; i as usize * 7]))
+            .collect();
+        let whole = decode_in_pieces(StreamFormat::Frames, &data, data.len());
+        assert_eq!(whole.len(), 30);
+        assert!(whole.iter().all(|f| f.bad.is_none()));
+        assert_eq!(whole[7].trigger_number, 70);
+        assert_eq!(&whole[7].bytes[24..], &[7u8; 49][..]);
+        for piece in [1, 5, 8, 23, 24, 25, 1000] {
+            assert_eq!(
+                decode_in_pieces(StreamFormat::Frames, &data, piece),
+                whole,
+                "{piece}"
+            );
+        }
+        // a damaged payload is one bad frame; a damaged prefix ends the stream
+        let mut bad = data.clone();
+        bad[32 + 8] ^= 1; // frame 0 is 32 bytes (empty payload): frame 1's first tick
+        let out = decode_in_pieces(StreamFormat::Frames, &bad, 9);
+        assert!(
+            out[1].bad.as_deref().unwrap().contains("CRC"),
+            "{:?}",
+            out[1].bad
+        );
+        let mut bad = data;
+        bad[0] = b'X';
+        let mut d = StreamDecoder::new(StreamFormat::Frames, 1 << 20, None);
+        d.push(&bad);
+        assert!(d.next_fragment().is_err());
     }
 
     #[test]

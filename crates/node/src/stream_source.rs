@@ -32,9 +32,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, SendTimeoutError, Sender, TryRecvError, TrySendError};
-use evb_builder::assembly::{Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss};
+use evb_builder::assembly::{
+    Assembled, Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss,
+};
+use evb_builder::frames::Slicing;
+use evb_builder::slice_buffer::SliceBuffer;
 use evb_builder::{Ru, RunState};
-use evb_config::{AllowedNet, Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
+use evb_config::{AllowedNet, BuildBy, Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
 use evb_formats::stream::{self as fstream, StreamDecoder, StreamFragment};
 use evb_transport::log_limit::LogLimit;
 use tracing::{error, info, warn};
@@ -147,10 +151,95 @@ struct Link {
     warned: bool,
 }
 
+/// What an RU cuts its streams' fragments into: events (the assembler, `builder.by =
+/// "event"`), or time slices (one stream's latency buffer of frames, `builder.by = "time"`).
+enum Cutter {
+    Events(Assembler<bytes::Bytes>),
+    Slices(SliceBuffer),
+}
+
+impl Cutter {
+    fn describe(&self, stream: usize) -> String {
+        match self {
+            Cutter::Events(a) => a.describe(stream),
+            Cutter::Slices(b) => b.describe(),
+        }
+    }
+
+    fn push(&mut self, stream: usize, piece: Piece<bytes::Bytes>) -> Result<(), String> {
+        match self {
+            Cutter::Events(a) => {
+                a.push(stream, piece);
+                Ok(())
+            }
+            Cutter::Slices(b) => b.push(piece).map_err(|e| format!("{}: {e}", b.describe())),
+        }
+    }
+
+    fn close(&mut self, stream: usize) {
+        match self {
+            Cutter::Events(a) => a.close(stream),
+            Cutter::Slices(b) => b.close(),
+        }
+    }
+
+    fn queued(&self, stream: usize) -> usize {
+        match self {
+            Cutter::Events(a) => a.queued(stream),
+            Cutter::Slices(b) => b.queued(),
+        }
+    }
+
+    fn exhausted(&self) -> bool {
+        match self {
+            Cutter::Events(a) => a.exhausted(),
+            Cutter::Slices(b) => b.exhausted(),
+        }
+    }
+
+    fn unbuilt(&self) -> u64 {
+        match self {
+            Cutter::Events(a) => a.unbuilt(),
+            Cutter::Slices(b) => b.unbuilt(),
+        }
+    }
+
+    fn next_event(&mut self, now: Instant) -> Result<Option<Assembled>, String> {
+        match self {
+            Cutter::Events(a) => a.next_event(now),
+            Cutter::Slices(b) => Ok(b.next_slice()),
+        }
+    }
+
+    /// Fragments (frames) received, dropped, and events built with a sync loss.
+    fn stats(&self) -> (u64, u64, u64) {
+        match self {
+            Cutter::Events(a) => {
+                let st = a.stats();
+                (st.received, st.dropped, st.sync_losses)
+            }
+            Cutter::Slices(b) => (b.received().0, 0, 0),
+        }
+    }
+
+    fn received(&self, stream: usize) -> u64 {
+        match self {
+            Cutter::Events(a) => a.received(stream),
+            Cutter::Slices(b) => b.received().0,
+        }
+    }
+
+    fn flush_sync_warnings(&mut self, now: Instant) {
+        if let Cutter::Events(a) = self {
+            a.flush_sync_warnings(now);
+        }
+    }
+}
+
 /// The stream side of one RU: its listeners' threads and the assembler.
 pub struct StreamSource {
     node: String,
-    assembler: Assembler<bytes::Bytes>,
+    assembler: Cutter,
     links: Vec<Link>,
     read_ahead: usize,
     stall_warn: Duration,
@@ -170,6 +259,7 @@ impl StreamSource {
         let (format, trigger_mask, trigger_name) = match s.format {
             StreamFormat::Fed => (fstream::StreamFormat::Fed, 0xff_ffff, "LV1 id"),
             StreamFormat::Framed => (fstream::StreamFormat::Framed, u32::MAX, "trigger number"),
+            StreamFormat::Frames => (fstream::StreamFormat::Frames, u32::MAX, "first tick"),
         };
         let read_ahead = s.read_ahead as usize;
         let orders = Arc::new(Orders::default());
@@ -223,19 +313,35 @@ impl StreamSource {
                 addr: addr.clone(),
             });
         }
-        let assembler = Assembler::new(AssemblyConfig {
-            streams: names,
-            on_error: match s.on_error {
-                OnError::Stop => BadFragment::Stop,
-                OnError::Drop => BadFragment::Drop,
-            },
-            on_sync_loss: match s.on_sync_loss {
-                OnSyncLoss::Stop => SyncLoss::Stop,
-                OnSyncLoss::Flag => SyncLoss::Flag,
-            },
-            trigger_mask,
-            trigger_name,
+        let slicing = (cfg.builder.by == BuildBy::Time).then_some(Slicing {
+            slice: cfg.builder.slice_ticks,
+            overlap: cfg.builder.overlap_ticks,
         });
+        let assembler = match (slicing, names.as_slice()) {
+            (Some(slicing), [name]) => {
+                Cutter::Slices(SliceBuffer::new(slicing, cfg.frames.ticks, name.clone(), 0))
+            }
+            (Some(_), _) => {
+                return Err(format!(
+                    "{}: time slices are cut from one stream per RU (the configuration check \
+                     refuses more)",
+                    me.id
+                ))
+            }
+            (None, _) => Cutter::Events(Assembler::new(AssemblyConfig {
+                streams: names,
+                on_error: match s.on_error {
+                    OnError::Stop => BadFragment::Stop,
+                    OnError::Drop => BadFragment::Drop,
+                },
+                on_sync_loss: match s.on_sync_loss {
+                    OnSyncLoss::Stop => SyncLoss::Stop,
+                    OnSyncLoss::Flag => SyncLoss::Flag,
+                },
+                trigger_mask,
+                trigger_name,
+            })),
+        };
         Ok(StreamSource {
             node: me.id.clone(),
             assembler,
@@ -282,10 +388,10 @@ impl StreamSource {
             info!(node = %self.node, "streams ended after {} events", feed.supplied());
             feed.finish();
         }
-        let st = self.assembler.stats();
-        feed.stats.fragments_received = st.received;
-        feed.stats.dropped = st.dropped;
-        feed.stats.sync_losses = st.sync_losses;
+        let (received, dropped, sync_losses) = self.assembler.stats();
+        feed.stats.fragments_received = received;
+        feed.stats.dropped = dropped;
+        feed.stats.sync_losses = sync_losses;
         let running = ru.state() == RunState::Running;
         if running {
             if let Some(why) = self.front_end_missing(now) {
@@ -354,11 +460,11 @@ impl StreamSource {
             })
             .collect();
         if let Some(feed) = ru.live_mut() {
-            let st = self.assembler.stats();
+            let (received, dropped, sync_losses) = self.assembler.stats();
             feed.stats.unbuilt = self.assembler.unbuilt() + late_all;
-            feed.stats.fragments_received = st.received + late_all;
-            feed.stats.dropped = st.dropped;
-            feed.stats.sync_losses = st.sync_losses;
+            feed.stats.fragments_received = received + late_all;
+            feed.stats.dropped = dropped;
+            feed.stats.sync_losses = sync_losses;
             feed.stats.waiting_for.clear();
             let unbuilt = feed.unbuilt();
             // (said already when a stream ended, unless more came since)
@@ -411,7 +517,7 @@ impl StreamSource {
                                     offset: f.offset,
                                     bad: f.bad,
                                 },
-                            );
+                            )?;
                         }
                     }
                     Ok(StreamEvent::Closed) => {

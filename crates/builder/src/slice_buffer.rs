@@ -1,0 +1,357 @@
+//! The RU's latency buffer for a live stream of timestamped frames (`source.format =
+//! "frames"`, `builder.by = "time"`): frames go in as the front-end sends them, and each
+//! time slice comes out as a window fragment as soon as every frame that begins in its
+//! window has arrived (docs/architecture.md, "Building by time"). No IO here: the node's
+//! stream reader pushes frames and takes slices.
+//!
+//! Memory: a frame stays until the slice whose *core* holds it is cut (a frame of the
+//! overlap is held past its first slice, for the next one), so the buffer holds at most one
+//! slice and its overlap of frames beyond what the reader has read ahead; the slices cut
+//! wait in the RU's live feed, which the reader fills only while it has room. A full pool
+//! stops the reading, and TCP flow control holds the front-end: nothing is dropped.
+//!
+//! A stream by time begins at tick 0 (slice 0: a Start body carrying another first tick is
+//! not built) and has no gap: every frame lasts `frames.ticks` and begins where the one
+//! before it ended. A frame that breaks this, is another source's, or failed its CRC stops
+//! the run naming the stream and the frame: a slice is never built over a hole.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+use evb_wire::window::{window_directory_len, TimeFrameHeader, WindowHeader, WindowStatus};
+use evb_wire::FLAG_WINDOW;
+
+use crate::assembly::{Assembled, Piece, StreamName};
+use crate::frames::Slicing;
+
+/// One stream's frames, cut into time slices.
+pub struct SliceBuffer {
+    slicing: Slicing,
+    frame_ticks: u64,
+    name: StreamName,
+    /// The stream's place among the RU's streams (for messages).
+    index: usize,
+    /// Frames held, in stream order: every one begins at or after the next slice's begin.
+    frames: VecDeque<(TimeFrameHeader, Bytes)>,
+    /// Bytes of the frames held (headers included).
+    held_bytes: u64,
+    /// The next slice to cut.
+    next: u64,
+    /// The end of the newest frame: where the next one must begin.
+    high: u64,
+    closed: bool,
+    received: u64,
+    received_bytes: u64,
+}
+
+impl SliceBuffer {
+    pub fn new(slicing: Slicing, frame_ticks: u64, name: StreamName, index: usize) -> Self {
+        SliceBuffer {
+            slicing,
+            frame_ticks,
+            name,
+            index,
+            frames: VecDeque::new(),
+            held_bytes: 0,
+            next: 0,
+            high: 0,
+            closed: false,
+            received: 0,
+            received_bytes: 0,
+        }
+    }
+
+    /// How the stream is named in messages: `stream 0 (source 3, 127.0.0.1:7301)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "stream {} (source {}, {})",
+            self.index, self.name.source_id, self.name.addr
+        )
+    }
+
+    /// Takes the next frame of the stream (its header and payload); `Err` says why the
+    /// stream cannot be built on.
+    pub fn push(&mut self, piece: Piece<Bytes>) -> Result<(), String> {
+        let at = piece.offset;
+        if let Some(why) = piece.bad {
+            return Err(format!("frame at byte {at}: {why}"));
+        }
+        let h = TimeFrameHeader::decode(&piece.bytes)
+            .map_err(|e| format!("frame at byte {at}: {e}"))?;
+        if h.source_id != self.name.source_id {
+            return Err(format!(
+                "frame [{}, {}) at byte {at} is source {}'s, not this stream's",
+                h.begin, h.end, h.source_id
+            ));
+        }
+        if h.end - h.begin != self.frame_ticks {
+            return Err(format!(
+                "frame [{}, {}) at byte {at} lasts {} ticks, not frames.ticks = {}",
+                h.begin,
+                h.end,
+                h.end - h.begin,
+                self.frame_ticks
+            ));
+        }
+        if h.begin != self.high {
+            let what = if self.received == 0 {
+                "a stream by time begins at tick 0".to_string()
+            } else {
+                format!("the frame before it ended at tick {}", self.high)
+            };
+            return Err(format!(
+                "frame [{}, {}) at byte {at} leaves a gap or an overlap: {what}",
+                h.begin, h.end
+            ));
+        }
+        self.high = h.end;
+        self.received += 1;
+        self.received_bytes += piece.bytes.len() as u64;
+        self.held_bytes += piece.bytes.len() as u64;
+        self.frames.push_back((h, piece.bytes));
+        Ok(())
+    }
+
+    /// The front-end closed the stream: the slices its last frames begin in are cut with
+    /// what there is.
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// Whether every frame beginning in the next slice's window is here.
+    fn next_is_whole(&self) -> bool {
+        let w = self.slicing.window(self.next);
+        self.high >= w.end || (self.closed && !self.frames.is_empty())
+    }
+
+    /// Frames read ahead of what the next slice needs (0 while it still needs frames, so
+    /// that a slice longer than `source.read_ahead` frames is still read whole).
+    pub fn queued(&self) -> usize {
+        if self.next_is_whole() {
+            self.frames.len()
+        } else {
+            0
+        }
+    }
+
+    /// The stream ended and every frame it sent is in a slice cut.
+    pub fn exhausted(&self) -> bool {
+        self.closed && self.frames.is_empty()
+    }
+
+    /// Frames held and in no slice's core cut yet.
+    pub fn unbuilt(&self) -> u64 {
+        self.frames.len() as u64
+    }
+
+    /// Frames received (and their bytes, headers included).
+    pub fn received(&self) -> (u64, u64) {
+        (self.received, self.received_bytes)
+    }
+
+    /// What the buffer holds now: frames, bytes and ticks (newest end less oldest begin).
+    pub fn occupancy(&self) -> (u64, u64, u64) {
+        let ticks = self.frames.front().map_or(0, |(h, _)| self.high - h.begin);
+        (self.frames.len() as u64, self.held_bytes, ticks)
+    }
+
+    /// The next slice's window fragment, once every frame beginning in its window is here:
+    /// the frames that begin in it, whole (those of its overlap stay for the next slice).
+    pub fn next_slice(&mut self) -> Option<Assembled> {
+        if !self.next_is_whole() {
+            return None;
+        }
+        let w = self.slicing.window(self.next);
+        let n = self
+            .frames
+            .iter()
+            .take_while(|(h, _)| h.begin < w.end)
+            .count();
+        let core = self
+            .frames
+            .iter()
+            .take_while(|(h, _)| h.begin < w.core_end)
+            .count();
+        let body: usize = self.frames.iter().take(n).map(|(_, b)| b.len()).sum();
+        let mut out = BytesMut::with_capacity(window_directory_len(n) + body);
+        out.extend_from_slice(
+            &WindowHeader {
+                begin: w.begin,
+                end: w.end,
+                core_end: w.core_end,
+                status: WindowStatus::Complete,
+                frames: n as u32,
+            }
+            .encode(),
+        );
+        let mut offset = 0u32;
+        for (_, b) in self.frames.iter().take(n) {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            offset += b.len() as u32;
+        }
+        for (_, b) in self.frames.iter().take(n) {
+            out.extend_from_slice(b);
+        }
+        for (_, b) in self.frames.drain(..core) {
+            self.held_bytes -= b.len() as u64;
+        }
+        self.next += 1;
+        Some(Assembled {
+            trigger_number: w.begin as u32,
+            fragments: core as u32,
+            payload: out.freeze(),
+            flags: FLAG_WINDOW,
+            written: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_wire::window::decode_window;
+
+    fn frame(begin: u64, ticks: u64, source: u16, len: usize) -> Bytes {
+        let payload: Vec<u8> = (0..len).map(|i| (begin as usize + i) as u8).collect();
+        let mut h = TimeFrameHeader {
+            begin,
+            end: begin + ticks,
+            source_id: source,
+            flags: 0,
+            crc: 0,
+        };
+        h.crc = h.crc_of([&payload[..]]);
+        let mut v = h.encode().to_vec();
+        v.extend_from_slice(&payload);
+        Bytes::from(v)
+    }
+
+    fn piece(bytes: Bytes, offset: u64) -> Piece<Bytes> {
+        Piece {
+            trigger_number: 0,
+            bytes,
+            offset,
+            bad: None,
+        }
+    }
+
+    fn buffer(slice: u64, overlap: u64, ticks: u64) -> SliceBuffer {
+        let name = StreamName {
+            source_id: 4,
+            addr: "127.0.0.1:1".into(),
+        };
+        SliceBuffer::new(Slicing { slice, overlap }, ticks, name, 0)
+    }
+
+    /// Frames in, slices out as soon as each is whole: every frame in exactly one core, the
+    /// overlap's frames again in the slice before, each slice a valid window fragment; the
+    /// last slices cut at the stream's end; nothing held after.
+    #[test]
+    fn frames_become_slices_each_in_one_core() {
+        for (slice, overlap, ticks) in [(100, 10, 10), (100, 0, 7), (30, 30, 40), (50, 12, 50)] {
+            let mut b = buffer(slice, overlap, ticks);
+            let mut slices = Vec::new();
+            let frames = 57u64;
+            for j in 0..frames {
+                b.push(piece(frame(j * ticks, ticks, 4, (j % 5) as usize * 3), j))
+                    .unwrap();
+                while let Some(s) = b.next_slice() {
+                    slices.push(s);
+                }
+                // a slice is cut only once a frame at or past its window's end is here
+                let w = b.slicing.window(slices.len() as u64);
+                assert!(b.high < w.end || b.closed, "{slice}/{overlap}/{ticks}");
+            }
+            b.close();
+            while let Some(s) = b.next_slice() {
+                slices.push(s);
+            }
+            assert!(b.exhausted() && b.unbuilt() == 0 && b.occupancy() == (0, 0, 0));
+            let mut in_cores = Vec::new();
+            for (k, s) in slices.iter().enumerate() {
+                let w = b.slicing.window(k as u64);
+                let d = decode_window(&s.payload).unwrap();
+                assert_eq!((d.header.begin, d.header.end), (w.begin, w.end));
+                assert_eq!(s.trigger_number, w.begin as u32);
+                let core: Vec<u64> = d
+                    .frames
+                    .iter()
+                    .map(|(h, _)| h.begin)
+                    .filter(|&t| t < w.core_end)
+                    .collect();
+                assert_eq!(core.len() as u32, s.fragments);
+                assert!(d
+                    .frames
+                    .iter()
+                    .all(|(h, _)| h.begin >= w.begin && h.begin < w.end));
+                in_cores.extend(core);
+                // the overlap's frames are the next slice's first ones
+                let over: Vec<u64> = d
+                    .frames
+                    .iter()
+                    .map(|(h, _)| h.begin)
+                    .filter(|&t| t >= w.core_end)
+                    .collect();
+                if let Some(next) = slices.get(k + 1) {
+                    let nd = decode_window(&next.payload).unwrap();
+                    let firsts: Vec<u64> = nd
+                        .frames
+                        .iter()
+                        .take(over.len())
+                        .map(|(h, _)| h.begin)
+                        .collect();
+                    assert_eq!(firsts, over);
+                }
+            }
+            let all: Vec<u64> = (0..frames).map(|j| j * ticks).collect();
+            assert_eq!(in_cores, all, "{slice}/{overlap}/{ticks}");
+            assert_eq!(
+                slices.iter().map(|s| s.fragments as u64).sum::<u64>(),
+                frames
+            );
+        }
+    }
+
+    /// A gap, an overlap, a late first frame, another source's frame, a frame of another
+    /// length and a damaged one: each refused, naming the frame.
+    #[test]
+    fn a_frame_out_of_place_is_refused_by_name() {
+        let mut b = buffer(100, 10, 10);
+        let e = b.push(piece(frame(10, 10, 4, 3), 0)).unwrap_err();
+        assert!(e.contains("begins at tick 0"), "{e}");
+        b.push(piece(frame(0, 10, 4, 3), 0)).unwrap();
+        for (f, want) in [
+            (frame(20, 10, 4, 3), "ended at tick 10"),
+            (frame(0, 10, 4, 3), "ended at tick 10"),
+            (frame(10, 10, 5, 3), "source 5"),
+            (frame(10, 11, 4, 3), "not frames.ticks = 10"),
+        ] {
+            let e = b.push(piece(f, 35)).unwrap_err();
+            assert!(e.contains(want) && e.contains("byte 35"), "{e}");
+        }
+        let mut bad = piece(frame(10, 10, 4, 3), 35);
+        bad.bad = Some("CRC32C mismatch".into());
+        assert!(b.push(bad).unwrap_err().contains("CRC32C"));
+        assert_eq!(b.received(), (1, 27));
+    }
+
+    /// The reader may read ahead only once the next slice is whole: a slice of more frames
+    /// than the read-ahead still fills.
+    #[test]
+    fn a_slice_longer_than_the_read_ahead_is_read_whole() {
+        let mut b = buffer(1000, 0, 10);
+        for j in 0..99 {
+            b.push(piece(frame(j * 10, 10, 4, 1), j)).unwrap();
+            assert_eq!(b.queued(), 0);
+            assert!(b.next_slice().is_none());
+        }
+        // the last frame beginning in the slice ends at its end: the slice is whole
+        b.push(piece(frame(990, 10, 4, 1), 99)).unwrap();
+        b.push(piece(frame(1000, 10, 4, 1), 100)).unwrap();
+        assert_eq!(b.queued(), 101);
+        assert_eq!(b.occupancy(), (101, 101 * 25, 1010));
+        assert_eq!(b.next_slice().unwrap().fragments, 100);
+        assert_eq!(b.queued(), 0);
+    }
+}
