@@ -72,6 +72,13 @@ pub struct RuStats {
     /// empty, the run built nothing of theirs: the verdict names them, whoever judges it
     /// (`evb run`, or a standalone EVM whose RUs run elsewhere).
     pub silent_streams: Vec<String>,
+    /// Live frames built by time: the latency buffer's frames, bytes (headers included) and
+    /// ticks held now (frames waiting for their slice, and the overlap kept for the next).
+    pub frame_buffer_frames: u64,
+    pub frame_buffer_bytes: u64,
+    pub frame_buffer_ticks: u64,
+    /// Live frames built by time: the most bytes the latency buffer held.
+    pub frame_buffer_bytes_high_water: u64,
 }
 
 /// Most fragment bytes one `poll` makes (a few milliseconds of work).
@@ -300,6 +307,12 @@ impl Ru {
                 s.waiting_for = f.stats.waiting_for.clone();
                 s.stream_fragments_unbuilt = f.unbuilt();
                 s.silent_streams = f.stats.silent.clone();
+                [
+                    s.frame_buffer_frames,
+                    s.frame_buffer_bytes,
+                    s.frame_buffer_ticks,
+                    s.frame_buffer_bytes_high_water,
+                ] = f.stats.frame_buffer;
             }
             Source::Generator(_) | Source::Frames(_) => {}
         }

@@ -33,8 +33,9 @@ pub struct SliceBuffer {
     index: usize,
     /// Frames held, in stream order: every one begins at or after the next slice's begin.
     frames: VecDeque<(TimeFrameHeader, Bytes)>,
-    /// Bytes of the frames held (headers included).
+    /// Bytes of the frames held (headers included), and the most held.
     held_bytes: u64,
+    held_high: u64,
     /// The next slice to cut.
     next: u64,
     /// The end of the newest frame: where the next one must begin.
@@ -53,6 +54,7 @@ impl SliceBuffer {
             index,
             frames: VecDeque::new(),
             held_bytes: 0,
+            held_high: 0,
             next: 0,
             high: 0,
             closed: false,
@@ -108,6 +110,7 @@ impl SliceBuffer {
         self.received += 1;
         self.received_bytes += piece.bytes.len() as u64;
         self.held_bytes += piece.bytes.len() as u64;
+        self.held_high = self.held_high.max(self.held_bytes);
         self.frames.push_back((h, piece.bytes));
         Ok(())
     }
@@ -153,6 +156,11 @@ impl SliceBuffer {
     pub fn occupancy(&self) -> (u64, u64, u64) {
         let ticks = self.frames.front().map_or(0, |(h, _)| self.high - h.begin);
         (self.frames.len() as u64, self.held_bytes, ticks)
+    }
+
+    /// The most bytes the buffer held at once.
+    pub fn high_water(&self) -> u64 {
+        self.held_high
     }
 
     /// The next slice's window fragment, once every frame beginning in its window is here:

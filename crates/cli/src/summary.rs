@@ -43,7 +43,15 @@ pub fn print(
                     "still held {}, waits for memory {}",
                     s.retained, s.pool_waits
                 );
-                if s.stream_fragments_received > 0 {
+                if s.frame_buffer_bytes_high_water > 0 {
+                    // a stream of frames built by time: frames, and the latency buffer's peak
+                    notes += &format!(
+                        ", frames from the stream {} (unbuilt {}), latency buffer at most {:.1} KB",
+                        s.stream_fragments_received,
+                        s.stream_fragments_unbuilt,
+                        s.frame_buffer_bytes_high_water as f64 / 1e3
+                    );
+                } else if s.stream_fragments_received > 0 {
                     notes += &format!(
                         ", from streams {} (unbuilt {}, dropped {}, sync losses {})",
                         s.stream_fragments_received,

@@ -247,6 +247,27 @@ impl Collector for SnapshotCollector {
                     None,
                     st.pending_events,
                 )?;
+                gauge(
+                    &mut enc,
+                    "evb_frame_buffer_frames",
+                    "Live frames built by time: frames held in the RU's latency buffer",
+                    None,
+                    st.frame_buffer_frames,
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_frame_buffer",
+                    "Live frames built by time: bytes held in the RU's latency buffer",
+                    Some(Unit::Bytes),
+                    st.frame_buffer_bytes,
+                )?;
+                gauge(
+                    &mut enc,
+                    "evb_frame_buffer_ticks",
+                    "Live frames built by time: ticks of data held in the RU's latency buffer",
+                    None,
+                    st.frame_buffer_ticks,
+                )?;
             }
             RoleStats::Bu(st) => {
                 counter(

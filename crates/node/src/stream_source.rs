@@ -388,6 +388,10 @@ impl StreamSource {
             info!(node = %self.node, "streams ended after {} events", feed.supplied());
             feed.finish();
         }
+        if let Cutter::Slices(b) = &self.assembler {
+            let (frames, bytes, ticks) = b.occupancy();
+            feed.stats.frame_buffer = [frames, bytes, ticks, b.high_water()];
+        }
         let (received, dropped, sync_losses) = self.assembler.stats();
         feed.stats.fragments_received = received;
         feed.stats.dropped = dropped;
