@@ -846,29 +846,45 @@ fn a_standby_takes_over_a_live_fed_run_and_builds_every_event_once() {
     assert_eq!(sum(&s, "bus", "trigger_mismatches"), 0, "{t}");
 }
 
-/// Building by time from live streams (issue 54): `evb feed --frames` streams the generator's
-/// frames of two sources, each RU cuts its stream into time slices in its latency buffer,
-/// and the files hold every frame of every stream in exactly one slice's core, each overlap
-/// the next slice's first frames, every byte the pattern's (the outside reader of
-/// docs/formats.md §8). The stream ends on a slice's end: the last slice is whole.
-#[test]
-fn frames_streamed_into_two_rus_build_slices_that_tile_every_stream() {
-    let _one = one_at_a_time();
-    let python = Command::new("python3").arg("--version").output();
-    if !python.is_ok_and(|o| o.status.success()) {
+/// Live slices: 2 RUs of one stream of frames each, `SLICES_LIVE` slices of 30 frames and a
+/// 4-frame overlap.
+const SLICES_LIVE: u64 = 150;
+const LIVE_SLICE: u64 = 21_000;
+const LIVE_FRAME: u64 = 700;
+
+/// Whether python3 runs here (the outside reader needs it).
+fn python() -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
         eprintln!("stream: skipped: python3 is not installed");
-        return;
     }
-    let d = common::out_dir();
-    let out_dir = d.path().join("out");
+    ok
+}
+
+/// `evb run` over `transport` of two RUs each reading `evb feed --frames` (every stream's
+/// frames until the end of slice `SLICES_LIVE - 1`, at `rate` frames/s, 0: as fast as read),
+/// with `fault(evb run's pid)` called while the frames flow; the run's output, summary and
+/// output folder, checked by the outside reader of docs/formats.md §8: every frame of both
+/// streams in exactly one slice's core, the overlaps the next slices' first frames, every
+/// byte the generator's pattern.
+fn live_slices(
+    d: &Path,
+    transport: &str,
+    rate: u32,
+    fault: impl FnOnce(u32),
+) -> (Output, Value, u64) {
+    let out_dir = d.join("out");
     let to = addrs(2);
-    let (slice, overlap, frame, slices) = (21_000u64, 2_500u64, 700u64, 150u64);
-    let frames = slices * slice / frame;
+    let frames = SLICES_LIVE * LIVE_SLICE / LIVE_FRAME;
     let seed = clock_seed();
     let toml = format!(
         "[run]\nid = \"live-slices\"\nduration_s = 0\nseed = {seed}\n\
-         [builder]\nby = \"time\"\nslice_ticks = {slice}\noverlap_ticks = {overlap}\n\
-         [frames]\nticks = {frame}\nsize = 300\ndistribution = \"lognormal\"\nstddev = 200\n\
+         [transport]\nkind = \"{transport}\"\n\
+         [builder]\nby = \"time\"\nslice_ticks = {LIVE_SLICE}\noverlap_ticks = 2500\n\
+         [frames]\nticks = {LIVE_FRAME}\nsize = 300\ndistribution = \"lognormal\"\nstddev = 200\n\
          [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\nread_ahead = 16\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 40\n\
          [[ru]]\nid = \"ru0\"\nsource_id = 3\nstreams = {}\n\
@@ -877,41 +893,104 @@ fn frames_streamed_into_two_rus_build_slices_that_tile_every_stream() {
         list(&to[..1]),
         list(&to[1..])
     );
-    let cfg = d.path().join("run.toml");
-    let cfg_arg = cfg.display().to_string();
-    let limit = frames.to_string();
-    let (out, s, fed_out) = run_fed(
-        d.path(),
-        &toml,
+    let run = start_run(d, &toml, &[], &to);
+    let pid = run.id();
+    let cfg = d.join("run.toml").display().to_string();
+    let (limit, rate) = (frames.to_string(), rate.to_string());
+    let f = feed(
         &to,
         &[],
-        &["--frames", &cfg_arg, "--limit", &limit],
+        &["--frames", &cfg, "--limit", &limit, "--rate", &rate],
     );
+    fault(pid);
+    let out = run.wait_with_output().unwrap();
+    let (fed_ok, fed_text) = feed_output(f);
     let t = text(&out);
-    assert!(out.status.success(), "seed {seed}: {t}\n{}", fed_out.1);
-    assert!(fed_out.0, "{}", fed_out.1);
-    assert_eq!(s["run"]["evm"]["released"], slices, "{s}");
-    assert_eq!(sum(&s, "rus", "stream_fragments_received"), 2 * frames);
-    assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0);
+    assert!(out.status.success(), "seed {seed}: {t}\n{fed_text}");
+    assert!(fed_ok, "{fed_text}");
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["run"]["evm"]["released"], SLICES_LIVE, "{s}");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
     let o = Command::new("python3")
         .arg(&script)
         .arg(&out_dir)
         .args(["--seed", &seed.to_string()])
-        .args(["--slice", &slice.to_string()])
-        .args(["--overlap", &overlap.to_string()])
-        .args(["--frame", &frame.to_string()])
+        .args(["--slice", &LIVE_SLICE.to_string()])
+        .args(["--overlap", "2500"])
+        .args(["--frame", &LIVE_FRAME.to_string()])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["problems"], 0, "seed {seed}: {r}");
-    assert_eq!(r["records"], slices, "{r}");
+    assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
+    assert_eq!(r["records"], SLICES_LIVE, "{r}");
     for src in ["3", "9"] {
         assert_eq!(r["sources"][src]["core_frames"], frames, "{r}");
     }
     // every slice but the last carries the next one's first 4 frames (2500 ticks of 700)
-    assert_eq!(r["overlap_frames"], (slices - 1) * 4 * 2, "{r}");
+    assert_eq!(r["overlap_frames"], (SLICES_LIVE - 1) * 4 * 2, "{r}");
+    (out, s, frames)
+}
+
+/// Building by time from live streams (issue 54): `evb feed --frames` streams the generator's
+/// frames of two sources, each RU cuts its stream into time slices in its latency buffer,
+/// and the files hold every frame of every stream in exactly one slice's core (see
+/// [`live_slices`]), over tcp and over shm. The stream ends on a slice's end: the last slice
+/// is whole.
+#[test]
+fn frames_streamed_into_two_rus_build_slices_that_tile_every_stream() {
+    let _one = one_at_a_time();
+    if !python() {
+        return;
+    }
+    for transport in ["tcp", "shm"] {
+        let d = common::out_dir();
+        let (_, s, frames) = live_slices(d.path(), transport, 0, |_| {});
+        assert_eq!(sum(&s, "rus", "stream_fragments_received"), 2 * frames);
+        assert_eq!(sum(&s, "rus", "stream_fragments_unbuilt"), 0);
+        // the latency buffer held about a slice and its overlap, never the stream
+        let peak = sum(&s, "rus", "frame_buffer_bytes_high_water");
+        assert!(peak > 0 && peak < 2 * 200_000, "{peak}");
+    }
+}
+
+/// A BU killed (`kill -9`) at a random moment while frames stream in: its slices are built
+/// again by the other BU from the fragments the RUs still hold, and the files still hold
+/// every frame of both streams in exactly one slice core (`EVB_STREAM_SEED` replays).
+#[test]
+fn live_slices_survive_a_killed_bu() {
+    let _one = one_at_a_time();
+    if !python() {
+        return;
+    }
+    let mut rng = seeded("live_slices_survive_a_killed_bu");
+    let at = Duration::from_millis(500 + rng.below(1500));
+    let d = common::out_dir();
+    let (out, s, _) = live_slices(d.path(), "tcp", 1500, |pid| {
+        std::thread::sleep(at);
+        let marker = format!("--launched-by=evb-run-{pid}-");
+        let bu1 = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|e| {
+                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                (cmd.contains(&marker) && cmd.contains("--id bu1 ")).then(|| e.file_name())
+            })
+            .expect("bu1's process");
+        let killed = Command::new("kill")
+            .arg("-KILL")
+            .arg(&bu1)
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    });
+    let t = text(&out);
+    assert!(t.contains("node event: bu[1] lost"), "{t}");
+    assert!(t.contains("VERDICT: OK"), "{t}");
+    assert_eq!(sum(&s, "rus", "retained"), 0, "{s}");
 }
 
 /// A front-end whose stream of frames skips a frame stops the run, naming the stream and the
