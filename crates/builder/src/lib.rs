@@ -26,6 +26,7 @@ mod sink;
 pub mod slice_buffer;
 mod source;
 mod status;
+pub mod window_buffer;
 
 pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};

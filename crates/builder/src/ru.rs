@@ -79,6 +79,15 @@ pub struct RuStats {
     pub frame_buffer_ticks: u64,
     /// Live frames built by time: the most bytes the latency buffer held.
     pub frame_buffer_bytes_high_water: u64,
+    /// Live frames into decision windows: the byte account of the latency buffer. Bytes
+    /// in (frames, headers included) = bytes some window took + bytes evicted that no
+    /// window took + bytes still held that no window took.
+    pub frame_bytes_in: u64,
+    pub frame_bytes_in_windows: u64,
+    pub frames_evicted: u64,
+    pub frame_bytes_evicted: u64,
+    pub frame_bytes_evicted_unused: u64,
+    pub frame_bytes_held_unused: u64,
 }
 
 /// Most fragment bytes one `poll` makes (a few milliseconds of work).
@@ -313,6 +322,20 @@ impl Ru {
                     s.frame_buffer_ticks,
                     s.frame_buffer_bytes_high_water,
                 ] = f.stats.frame_buffer;
+                if let Some(b) = &f.windows {
+                    let w = b.stats();
+                    s.stream_fragments_received = w.frames_in;
+                    s.frame_buffer_frames = w.held_frames;
+                    s.frame_buffer_bytes = w.held_bytes;
+                    s.frame_buffer_ticks = w.held_ticks;
+                    s.frame_buffer_bytes_high_water = w.held_bytes_high_water;
+                    s.frame_bytes_in = w.bytes_in;
+                    s.frame_bytes_in_windows = w.used_bytes;
+                    s.frames_evicted = w.evicted_frames;
+                    s.frame_bytes_evicted = w.evicted_bytes;
+                    s.frame_bytes_evicted_unused = w.evicted_unused_bytes;
+                    s.frame_bytes_held_unused = w.held_unused_bytes;
+                }
             }
             Source::Generator(_) | Source::Frames(_) => {}
         }
@@ -350,11 +373,23 @@ impl Ru {
         abort(&mut self.state, &mut self.actions, reason);
     }
 
+    /// Records are decision windows, each waited for from its Assign.
+    fn by_windows(&self) -> bool {
+        match &self.cfg.source {
+            Source::Frames(f) => f.windows.is_some(),
+            Source::Live(f) => f.windows.is_some(),
+            _ => false,
+        }
+    }
+
     /// Tells the EVM how many events the live feed holds, when that changed.
     fn announce(&mut self, now: Instant) {
         let Source::Live(f) = &mut self.cfg.source else {
             return;
         };
+        if f.windows.is_some() {
+            return;
+        }
         // events [0, assigned) are assigned to this RU: made, or waiting to be
         let assigned = self
             .pending
@@ -402,7 +437,7 @@ impl Ru {
                 self.started.get_or_insert(now);
             }
             Message::Assign(r, inc) if r.count > 0 => {
-                if matches!(&self.cfg.source, Source::Frames(f) if f.windows.is_some()) {
+                if self.by_windows() {
                     // a window's wait for its data runs from its Assign
                     self.assigned_at.push_back((r.first + r.count as u64, now));
                 }
@@ -567,33 +602,40 @@ impl Ru {
                 bytes += size;
                 continue;
             }
-            if let Source::Frames(f) = &self.cfg.source {
-                if f.windows.is_some() {
-                    while self
-                        .assigned_at
-                        .front()
-                        .is_some_and(|&(end, _)| end <= event_id)
-                    {
-                        self.assigned_at.pop_front();
-                    }
-                    let since = self.assigned_at.front().map_or(now, |&(_, t)| t);
-                    let started = *self.started.get_or_insert(now);
-                    let cut = f.cut_now(
-                        event_id,
-                        now.saturating_duration_since(started),
-                        now.saturating_duration_since(since),
-                    );
-                    match cut {
-                        None => {
-                            self.waiting = Some(event_id);
-                            break;
-                        }
-                        Some(c) => {
-                            self.waiting = None;
-                            f.set_cut(event_id, c);
-                        }
-                    }
+            if self.by_windows() {
+                while self
+                    .assigned_at
+                    .front()
+                    .is_some_and(|&(end, _)| end <= event_id)
+                {
+                    self.assigned_at.pop_front();
                 }
+                let since = self.assigned_at.front().map_or(now, |&(_, t)| t);
+                let waited = now.saturating_duration_since(since);
+                let started = *self.started.get_or_insert(now);
+                let cut = match &mut self.cfg.source {
+                    Source::Frames(f) => f
+                        .cut_now(event_id, now.saturating_duration_since(started), waited)
+                        .map(|c| f.set_cut(event_id, c)),
+                    // a live stream: the window cut from the latency buffer, into the feed
+                    Source::Live(feed) if feed.next_id() == event_id && feed.queued() == 0 => {
+                        match feed.windows.as_mut().map(|b| b.cut(event_id, waited)) {
+                            Some(None) => None,
+                            Some(Some(a)) => {
+                                feed.supply(a);
+                                Some(())
+                            }
+                            None => Some(()),
+                        }
+                    }
+                    // cut already, waiting for pool memory
+                    _ => Some(()),
+                };
+                if cut.is_none() {
+                    self.waiting = Some(event_id);
+                    break;
+                }
+                self.waiting = None;
             }
             if !self.cfg.source.has_event(event_id) {
                 // The EVM assigns only what `Available` announced, in order.

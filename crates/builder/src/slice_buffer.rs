@@ -22,7 +22,7 @@ use evb_wire::window::{window_directory_len, TimeFrameHeader, WindowHeader, Wind
 use evb_wire::FLAG_WINDOW;
 
 use crate::assembly::{Assembled, Piece, StreamName};
-use crate::frames::Slicing;
+use crate::frames::{Slicing, Window};
 
 /// One stream's frames, cut into time slices.
 pub struct SliceBuffer {
@@ -74,38 +74,13 @@ impl SliceBuffer {
     /// Takes the next frame of the stream (its header and payload); `Err` says why the
     /// stream cannot be built on.
     pub fn push(&mut self, piece: Piece<Bytes>) -> Result<(), String> {
-        let at = piece.offset;
-        if let Some(why) = piece.bad {
-            return Err(format!("frame at byte {at}: {why}"));
-        }
-        let h = TimeFrameHeader::decode(&piece.bytes)
-            .map_err(|e| format!("frame at byte {at}: {e}"))?;
-        if h.source_id != self.name.source_id {
-            return Err(format!(
-                "frame [{}, {}) at byte {at} is source {}'s, not this stream's",
-                h.begin, h.end, h.source_id
-            ));
-        }
-        if h.end - h.begin != self.frame_ticks {
-            return Err(format!(
-                "frame [{}, {}) at byte {at} lasts {} ticks, not frames.ticks = {}",
-                h.begin,
-                h.end,
-                h.end - h.begin,
-                self.frame_ticks
-            ));
-        }
-        if h.begin != self.high {
-            let what = if self.received == 0 {
-                "a stream by time begins at tick 0".to_string()
-            } else {
-                format!("the frame before it ended at tick {}", self.high)
-            };
-            return Err(format!(
-                "frame [{}, {}) at byte {at} leaves a gap or an overlap: {what}",
-                h.begin, h.end
-            ));
-        }
+        let h = check_frame(
+            &piece,
+            self.name.source_id,
+            self.frame_ticks,
+            self.high,
+            self.received == 0,
+        )?;
         self.high = h.end;
         self.received += 1;
         self.received_bytes += piece.bytes.len() as u64;
@@ -180,27 +155,11 @@ impl SliceBuffer {
             .iter()
             .take_while(|(h, _)| h.begin < w.core_end)
             .count();
-        let body: usize = self.frames.iter().take(n).map(|(_, b)| b.len()).sum();
-        let mut out = BytesMut::with_capacity(window_directory_len(n) + body);
-        out.extend_from_slice(
-            &WindowHeader {
-                begin: w.begin,
-                end: w.end,
-                core_end: w.core_end,
-                status: WindowStatus::Complete,
-                frames: n as u32,
-            }
-            .encode(),
+        let payload = window_fragment(
+            w,
+            WindowStatus::Complete,
+            self.frames.iter().take(n).map(|(_, b)| b),
         );
-        let mut offset = 0u32;
-        for (_, b) in self.frames.iter().take(n) {
-            out.extend_from_slice(&offset.to_le_bytes());
-            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-            offset += b.len() as u32;
-        }
-        for (_, b) in self.frames.iter().take(n) {
-            out.extend_from_slice(b);
-        }
         for (_, b) in self.frames.drain(..core) {
             self.held_bytes -= b.len() as u64;
         }
@@ -208,11 +167,87 @@ impl SliceBuffer {
         Some(Assembled {
             trigger_number: w.begin as u32,
             fragments: core as u32,
-            payload: out.freeze(),
+            payload,
             flags: FLAG_WINDOW,
             written: None,
         })
     }
+}
+
+/// A window fragment (docs/protocol.md §10.2) of `frames` (each a frame header and its
+/// payload, in tick order) for window `w` with `status`: one copy of each frame.
+pub(crate) fn window_fragment<'a>(
+    w: Window,
+    status: WindowStatus,
+    frames: impl Iterator<Item = &'a Bytes> + Clone,
+) -> Bytes {
+    let n = frames.clone().count();
+    let body: usize = frames.clone().map(Bytes::len).sum();
+    let mut out = BytesMut::with_capacity(window_directory_len(n) + body);
+    out.extend_from_slice(
+        &WindowHeader {
+            begin: w.begin,
+            end: w.end,
+            core_end: w.core_end,
+            status,
+            frames: n as u32,
+        }
+        .encode(),
+    );
+    let mut offset = 0u32;
+    for b in frames.clone() {
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        offset += b.len() as u32;
+    }
+    for b in frames {
+        out.extend_from_slice(b);
+    }
+    out.freeze()
+}
+
+/// Checks a frame pushed into a latency buffer against the stream's rules: its own checks
+/// passed, the stream's source, `frame_ticks` long, beginning where the last one ended
+/// (`high`; tick 0 for the first, `first`). `Err` names the frame and what is wrong.
+pub(crate) fn check_frame(
+    piece: &Piece<Bytes>,
+    source_id: u16,
+    frame_ticks: u64,
+    high: u64,
+    first: bool,
+) -> Result<TimeFrameHeader, String> {
+    let at = piece.offset;
+    if let Some(why) = &piece.bad {
+        return Err(format!("frame at byte {at}: {why}"));
+    }
+    let h =
+        TimeFrameHeader::decode(&piece.bytes).map_err(|e| format!("frame at byte {at}: {e}"))?;
+    if h.source_id != source_id {
+        return Err(format!(
+            "frame [{}, {}) at byte {at} is source {}'s, not this stream's",
+            h.begin, h.end, h.source_id
+        ));
+    }
+    if h.end - h.begin != frame_ticks {
+        return Err(format!(
+            "frame [{}, {}) at byte {at} lasts {} ticks, not frames.ticks = {frame_ticks}",
+            h.begin,
+            h.end,
+            h.end - h.begin
+        ));
+    }
+    if h.begin != high {
+        let what = if first {
+            "a stream by time begins at tick 0".to_string()
+        } else {
+            format!("the frame before it ended at tick {high}")
+        };
+        return Err(format!(
+            "frame [{}, {}) at byte {at} leaves a gap or an overlap: {what}",
+            h.begin, h.end
+        ));
+    }
+    Ok(h)
 }
 
 #[cfg(test)]

@@ -54,6 +54,10 @@ pub struct LiveFeed {
     untold_since: Option<Instant>,
     /// Counters the driver keeps for the report.
     pub stats: LiveStats,
+    /// Decision windows over a stream of frames (`builder.by = "window"`): the latency
+    /// buffer the driver fills and the RU cuts each assigned window from. The feed then
+    /// announces nothing: the EVM's decisions do not wait for data, the RU does.
+    pub windows: Option<crate::window_buffer::WindowBuffer>,
 }
 
 /// What a live feed's driver reports about its streams.

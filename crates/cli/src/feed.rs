@@ -134,9 +134,9 @@ pub fn run(a: &FeedArgs) -> Result<(), String> {
 /// address is the stream of.
 fn generated_plans(a: &FeedArgs, path: &std::path::Path) -> Result<Vec<Plan>, String> {
     let cfg = evb_config::Config::from_file(path).map_err(|e| e.to_string())?;
-    if cfg.builder.by != evb_config::BuildBy::Time {
+    if !cfg.by_time() {
         return Err(format!(
-            "--frames {}: not a run built by time (builder.by = \"time\")",
+            "--frames {}: not a run built by time (builder.by = \"time\" or \"window\")",
             path.display()
         ));
     }

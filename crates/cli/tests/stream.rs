@@ -1025,3 +1025,92 @@ fn a_gap_in_a_stream_of_frames_stops_the_run_naming_the_frame() {
         "{reason}\n{t}"
     );
 }
+
+/// Decision windows over live streams (issue 54, DUNE-like): `evb feed --frames` streams two
+/// sources in real time (1000 frames of 1000 ticks per second, `windows.tick_hz` = 1 MHz)
+/// for 1 s, while the EVM makes 150 decisions at 100 Hz reaching up to 0.4 s back with a
+/// 200 ms latency buffer. Each RU cuts each window from what its buffer holds: complete,
+/// MISSING when its first frames were evicted, LATE (at once, with what there is) past the
+/// stream's end. The outside reader recomputes every window from the seed and checks every
+/// frame's bytes and every status against the frames held, and the verdict's counts are
+/// the files'. Each RU's byte account adds up: bytes in = bytes in windows + bytes evicted
+/// that no window took + bytes held that no window took.
+#[test]
+fn frames_streamed_into_decision_windows_are_complete_missing_or_late_as_held() {
+    let _one = one_at_a_time();
+    if !python() {
+        return;
+    }
+    let d = common::out_dir();
+    let out_dir = d.path().join("out");
+    let to = addrs(2);
+    let seed = clock_seed();
+    let records = 150u64;
+    let toml = format!(
+        "[run]\nid = \"live-windows\"\nevents = {records}\nduration_s = 0\nrate_hz = 100\n\
+         seed = {seed}\n[builder]\nby = \"window\"\n\
+         [frames]\nticks = 1000\nsize = 200\ndistribution = \"lognormal\"\nstddev = 150\n\
+         [windows]\ntick_hz = 1000000\nbefore_ticks = 1500\nafter_ticks = 1500\n\
+         delay_min_ticks = -50000\ndelay_max_ticks = 400000\nbuffer_ms = 200\nwait_ms = 30\n\
+         [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 40\n\
+         [[ru]]\nid = \"ru0\"\nsource_id = 3\nstreams = {}\n\
+         [[ru]]\nid = \"ru1\"\nsource_id = 9\nstreams = {}\n",
+        out_dir.display(),
+        list(&to[..1]),
+        list(&to[1..])
+    );
+    let cfg = d.path().join("run.toml").display().to_string();
+    let (out, s, fed) = run_fed(
+        d.path(),
+        &toml,
+        &to,
+        &[],
+        &["--frames", &cfg, "--limit", "1000", "--rate", "1000"],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "seed {seed}: {t}\n{}", fed.1);
+    assert_eq!(s["run"]["evm"]["released"], records, "{s}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_windows.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&out_dir)
+        .args(["--seed", &seed.to_string(), "--frame", "1000"])
+        .args(["--rate-hz", "100", "--tick-hz", "1000000"])
+        .args(["--before", "1500", "--after", "1500"])
+        .args(["--delay-min", "-50000", "--delay-max", "400000"])
+        // the stream's lead on the decisions is its start before the run's: a slack
+        .args(["--buffer-ticks", "200000", "--slack", "100000"])
+        .args(["--stream-end", "1000000"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
+    assert_eq!(r["records"], records, "{r}");
+    let c = &r["components"];
+    // decisions past 1 s of stream reach beyond its end: LATE; 0.2-0.4 s back: MISSING
+    assert!(c["late"].as_u64().unwrap() >= 2 * 10, "{r}");
+    assert!(c["missing"].as_u64().unwrap() > 0, "{r}");
+    assert!(c["complete"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(sum(&s, "bus", "late_components"), c["late"], "{r}\n{s}");
+    assert_eq!(
+        sum(&s, "bus", "missing_components"),
+        c["missing"],
+        "{r}\n{s}"
+    );
+    assert!(t.contains(&format!("{} components LATE", c["late"])), "{t}");
+    for ru in ["ru0", "ru1"] {
+        let st = |k: &str| ru_stat(&s, ru, k);
+        assert_eq!(st("stream_fragments_received"), 1000, "{ru}");
+        assert!(st("frames_evicted") > 0, "{ru}");
+        assert_eq!(
+            st("frame_bytes_in"),
+            st("frame_bytes_in_windows")
+                + st("frame_bytes_evicted_unused")
+                + st("frame_bytes_held_unused"),
+            "{ru}: {}",
+            s["nodes"][ru]
+        );
+    }
+}

@@ -1404,9 +1404,17 @@ fn slices_from_streams_of_frames_refuse_what_would_not_do_what_it_says() {
         base.replace("by = \"time\"", "by = \"event\""),
         &["source.format", "builder.by = \"time\""],
     );
+    // decision windows over the stream: the windows' keys apply
+    Config::from_toml(&base.replace("by = \"time\"", "by = \"window\"\n[run]\nrate_hz = 10"))
+        .unwrap()
+        .validate()
+        .unwrap();
     bad(
-        base.replace("by = \"time\"", "by = \"window\"\n[run]\nrate_hz = 10"),
-        &["builder.by", "not built yet"],
+        base.replace(
+            "streams = [\"127.0.0.1:7301\"]",
+            "streams = [\"127.0.0.1:7301\"]\nstream_sources = [5]",
+        ),
+        &["ru[0].stream_sources", "source_id"],
     );
     bad(
         base.replace(

@@ -65,17 +65,11 @@ impl Config {
     }
 }
 
-/// A front-end stream of frames, built into time slices: one stream per RU, frames that stop
-/// the run when bad (no slice is built over a hole), and nothing else that would be ignored.
+/// A front-end stream of frames, built into time slices or decision windows: one stream per
+/// RU, frames that stop the run when bad (no record is built over a hole), and nothing else
+/// that would be ignored.
 fn validate_live(c: &Config) -> Result<(), ConfigError> {
     let s = &c.source;
-    if c.builder.by == BuildBy::Window {
-        return Err(invalid(
-            "builder.by",
-            "decision windows over front-end streams are not built yet: streams of frames \
-             build time slices (builder.by = \"time\")",
-        ));
-    }
     if s.format != StreamFormat::Frames {
         return Err(invalid(
             "source.format",
@@ -99,8 +93,15 @@ fn validate_live(c: &Config) -> Result<(), ConfigError> {
         if ru.streams.len() > 1 {
             return Err(invalid(
                 format!("ru[{i}].streams"),
-                "time slices are cut from one stream per RU (several streams into one RU's \
-                 slices are not built yet)",
+                "a record by time is cut from one stream per RU (several streams into one \
+                 RU's records are not built yet)",
+            ));
+        }
+        let source_id = ru.source_id.unwrap_or(i as u16);
+        if ru.stream_sources.iter().any(|&s| s != source_id) {
+            return Err(invalid(
+                format!("ru[{i}].stream_sources"),
+                "by time the stream's frames carry the RU's source_id: set that instead",
             ));
         }
     }

@@ -328,7 +328,19 @@ pub fn logic(
                         None => Source::Generator(generator(cfg)),
                     },
                     SourceKind::Stream | SourceKind::Api => {
-                        Source::Live(evb_builder::LiveFeed::default())
+                        let mut feed = evb_builder::LiveFeed::default();
+                        if cfg.source.kind == SourceKind::Stream {
+                            // decision windows over the stream: its latency buffer
+                            let windows = frame_generator(cfg)?.and_then(|f| f.windows);
+                            feed.windows = windows.map(|w| {
+                                evb_builder::window_buffer::WindowBuffer::new(
+                                    w,
+                                    cfg.frames.ticks,
+                                    me.source_id,
+                                )
+                            });
+                        }
+                        Source::Live(feed)
                     }
                     _ => Source::Playback(crate::playback::load(cfg, me)?),
                 },

@@ -156,6 +156,17 @@ struct Link {
 enum Cutter {
     Events(Assembler<bytes::Bytes>),
     Slices(SliceBuffer),
+    /// Decision windows: frames pass to the RU's latency buffer (in its live feed, which
+    /// cuts each window when it is assigned); here they only wait for the next pump.
+    Windows(Staged),
+}
+
+/// Frames read and not yet in the RU's latency buffer.
+struct Staged {
+    name: String,
+    frames: std::collections::VecDeque<Piece<bytes::Bytes>>,
+    received: u64,
+    closed: bool,
 }
 
 impl Cutter {
@@ -163,6 +174,7 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.describe(stream),
             Cutter::Slices(b) => b.describe(),
+            Cutter::Windows(w) => w.name.clone(),
         }
     }
 
@@ -173,6 +185,11 @@ impl Cutter {
                 Ok(())
             }
             Cutter::Slices(b) => b.push(piece).map_err(|e| format!("{}: {e}", b.describe())),
+            Cutter::Windows(w) => {
+                w.received += 1;
+                w.frames.push_back(piece);
+                Ok(())
+            }
         }
     }
 
@@ -180,6 +197,7 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.close(stream),
             Cutter::Slices(b) => b.close(),
+            Cutter::Windows(w) => w.closed = true,
         }
     }
 
@@ -187,6 +205,7 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.queued(stream),
             Cutter::Slices(b) => b.queued(),
+            Cutter::Windows(w) => w.frames.len(),
         }
     }
 
@@ -194,6 +213,8 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.exhausted(),
             Cutter::Slices(b) => b.exhausted(),
+            // the decisions go on when a stream ends: windows past its end are LATE
+            Cutter::Windows(_) => false,
         }
     }
 
@@ -201,6 +222,7 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.unbuilt(),
             Cutter::Slices(b) => b.unbuilt(),
+            Cutter::Windows(w) => w.frames.len() as u64,
         }
     }
 
@@ -208,6 +230,7 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.next_event(now),
             Cutter::Slices(b) => Ok(b.next_slice()),
+            Cutter::Windows(_) => Ok(None),
         }
     }
 
@@ -219,6 +242,7 @@ impl Cutter {
                 (st.received, st.dropped, st.sync_losses)
             }
             Cutter::Slices(b) => (b.received().0, 0, 0),
+            Cutter::Windows(w) => (w.received, 0, 0),
         }
     }
 
@@ -226,6 +250,7 @@ impl Cutter {
         match self {
             Cutter::Events(a) => a.received(stream),
             Cutter::Slices(b) => b.received().0,
+            Cutter::Windows(w) => w.received,
         }
     }
 
@@ -318,6 +343,12 @@ impl StreamSource {
             overlap: cfg.builder.overlap_ticks,
         });
         let assembler = match (slicing, names.as_slice()) {
+            (None, [name]) if cfg.builder.by == BuildBy::Window => Cutter::Windows(Staged {
+                name: format!("stream 0 (source {}, {})", name.source_id, name.addr),
+                frames: Default::default(),
+                received: 0,
+                closed: false,
+            }),
             (Some(slicing), [name]) => {
                 Cutter::Slices(SliceBuffer::new(slicing, cfg.frames.ticks, name.clone(), 0))
             }
@@ -371,6 +402,17 @@ impl StreamSource {
             return self.fail(ru, why);
         }
         let Some(feed) = ru.live_mut() else { return };
+        if let (Cutter::Windows(w), Some(buffer)) = (&mut self.assembler, feed.windows.as_mut()) {
+            while let Some(piece) = w.frames.pop_front() {
+                if let Err(why) = buffer.push(piece) {
+                    let why = format!("{}: {why}", w.name);
+                    return self.fail(ru, why);
+                }
+            }
+            if w.closed && !buffer.is_closed() {
+                buffer.close();
+            }
+        }
         while feed.queued() < self.read_ahead {
             match self.assembler.next_event(now) {
                 Ok(Some(event)) => feed.supply(event),

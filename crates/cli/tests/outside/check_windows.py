@@ -10,7 +10,9 @@ and that the status says what is left out: COMPLETE holds every frame overlappin
 LATE every one from the first (the rest had not arrived), MISSING none of the first (evicted).
 A window whose first frame ended further back than the latency buffer (`--buffer-ticks`,
 with `--slack` ticks to spare for the nodes' clocks) reaches from its decision's tick must be
-MISSING. Prints one JSON line: records, components by status, frames,
+MISSING; for a live stream that ended (`--stream-end`, its last tick) the buffer stops
+moving there (it evicts by the stream's newest tick), so the reach is counted from the
+earlier of the decision's tick and the stream's end. Prints one JSON line: records, components by status, frames,
 the windows that overlap another, and the problems (at most 20 named).
 """
 
@@ -68,6 +70,8 @@ def main():
                    help="windows.buffer_ms x tick_hz / 1000")
     p.add_argument("--slack", type=int, default=0,
                    help="ticks of the RUs' clocks' skew allowed in the eviction check")
+    p.add_argument("--stream-end", type=int, default=None,
+                   help="a live stream's last tick: its latency buffer evicts no further")
     a = p.parse_args()
     a.listed = read_decisions(a.decisions) if a.decisions else None
     problems, seen, spans = [], set(), []
@@ -112,7 +116,8 @@ def main():
                 problems.append(f"{where}: {status} with frames {held} of {first}..{last}")
             # a first frame that ended further back than the buffer reaches when the decision
             # was due: evicted, whatever the load (a slow RU only evicts more)
-            if (first + 1) * a.frame + a.buffer_ticks + a.slack <= trigger and \
+            now = trigger if a.stream_end is None else min(trigger, a.stream_end)
+            if (first + 1) * a.frame + a.buffer_ticks + a.slack <= now and \
                     status != "missing":
                 problems.append(f"{where}: frame {first} gone by tick {trigger}, yet {status}")
     n = len(seen)

@@ -1,0 +1,314 @@
+//! The RU's latency buffer for decision windows over a live stream of frames
+//! (`builder.by = "window"`, `source.format = "frames"`, DUNE-like): frames go in as the
+//! front-end sends them and leave once they are `windows.buffer_ms` older than the newest
+//! (evicted, counted, and counted apart if no window ever took them); an RU assigned
+//! decision k cuts window k from what it holds (docs/formats.md §8, §9). No IO here.
+//!
+//! The cut: the frames overlapping the window, whole. COMPLETE once every one of them has
+//! arrived; MISSING at once if the first of them was evicted (with the frames still held);
+//! LATE, with the frames that arrived, once `windows.wait_ms` has passed since the Assign
+//! without the window's end arriving, or at once when the stream has ended. The stream
+//! obeys the slice buffer's rules (tick 0, no gap, `frames.ticks` each, its own source).
+//!
+//! Memory: the buffer holds `buffer_ms` of the stream (in ticks: `buffer_ms × tick_hz /
+//! 1000`) and what was read ahead; a window cut is one copy of its frames, held in the RU's
+//! pool until its record is released, so overlapping windows copy shared frames.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use evb_wire::window::{TimeFrameHeader, WindowStatus};
+use evb_wire::FLAG_WINDOW;
+
+use crate::assembly::{Assembled, Piece};
+use crate::frames::Windows;
+use crate::slice_buffer::{check_frame, window_fragment};
+
+#[derive(Debug, Clone)]
+struct Held {
+    header: TimeFrameHeader,
+    bytes: Bytes,
+    /// A window took it (an evicted frame no window took is data lost to every trigger).
+    used: bool,
+}
+
+/// What a latency buffer of windows counted, for the RU's report and the byte account.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowBufferStats {
+    pub frames_in: u64,
+    pub bytes_in: u64,
+    pub evicted_frames: u64,
+    pub evicted_bytes: u64,
+    /// Evicted with no window over them.
+    pub evicted_unused_bytes: u64,
+    /// Bytes of distinct frames some window took.
+    pub used_bytes: u64,
+    /// Bytes held now that no window took (at the end: taken by no decision of the run).
+    pub held_unused_bytes: u64,
+    pub held_frames: u64,
+    pub held_bytes: u64,
+    pub held_ticks: u64,
+    pub held_bytes_high_water: u64,
+}
+
+/// One stream's frames, cut into decision windows on demand.
+#[derive(Debug, Clone)]
+pub struct WindowBuffer {
+    windows: Windows,
+    frame_ticks: u64,
+    source_id: u16,
+    frames: VecDeque<Held>,
+    /// The end of the newest frame: where the next must begin.
+    high: u64,
+    /// Frames ending at or before this were evicted.
+    evicted_until: u64,
+    closed: bool,
+    stats: WindowBufferStats,
+}
+
+impl WindowBuffer {
+    pub fn new(windows: Windows, frame_ticks: u64, source_id: u16) -> Self {
+        WindowBuffer {
+            windows,
+            frame_ticks,
+            source_id,
+            frames: VecDeque::new(),
+            high: 0,
+            evicted_until: 0,
+            closed: false,
+            stats: WindowBufferStats::default(),
+        }
+    }
+
+    /// Takes the next frame of the stream, and evicts what is now older than the depth.
+    pub fn push(&mut self, piece: Piece<Bytes>) -> Result<(), String> {
+        let first = self.stats.frames_in == 0;
+        let header = check_frame(&piece, self.source_id, self.frame_ticks, self.high, first)?;
+        let len = piece.bytes.len() as u64;
+        self.high = header.end;
+        self.stats.frames_in += 1;
+        self.stats.bytes_in += len;
+        self.stats.held_bytes += len;
+        self.stats.held_bytes_high_water =
+            self.stats.held_bytes_high_water.max(self.stats.held_bytes);
+        self.frames.push_back(Held {
+            header,
+            bytes: piece.bytes,
+            used: false,
+        });
+        self.evict();
+        Ok(())
+    }
+
+    fn evict(&mut self) {
+        let keep_from = self.high.saturating_sub(self.windows.buffer_ticks);
+        while let Some(f) = self.frames.front() {
+            if f.header.end > keep_from {
+                break;
+            }
+            let f = self.frames.pop_front().expect("a front frame");
+            let len = f.bytes.len() as u64;
+            self.evicted_until = f.header.end;
+            self.stats.held_bytes -= len;
+            self.stats.evicted_frames += 1;
+            self.stats.evicted_bytes += len;
+            if !f.used {
+                self.stats.evicted_unused_bytes += len;
+            }
+        }
+    }
+
+    /// The front-end closed the stream: no frame will come, a window past its end is LATE
+    /// at once.
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    pub fn stats(&self) -> WindowBufferStats {
+        let mut s = self.stats;
+        s.held_frames = self.frames.len() as u64;
+        s.held_unused_bytes = self
+            .frames
+            .iter()
+            .filter(|h| !h.used)
+            .map(|h| h.bytes.len() as u64)
+            .sum();
+        s.held_ticks = self
+            .frames
+            .front()
+            .map_or(0, |f| self.high - f.header.begin);
+        s
+    }
+
+    /// Decision `record`'s window fragment from what the buffer holds, having waited
+    /// `waited` since its Assign; `None` while its end has not arrived, nothing of it was
+    /// evicted, and the wait is not over.
+    pub fn cut(&mut self, record: u64, waited: Duration) -> Option<Assembled> {
+        let w = self.windows.window(record);
+        let f = self.frame_ticks;
+        // the frames overlapping the window are [first, end) (indices)
+        let (first, end) = (w.begin / f, w.end.div_ceil(f));
+        let arrived = self.high / f;
+        let missing = self.evicted_until > first * f;
+        if end > arrived && !missing && !self.closed && waited < self.windows.wait {
+            return None;
+        }
+        let status = if missing {
+            WindowStatus::Missing
+        } else if end > arrived {
+            WindowStatus::Late
+        } else {
+            WindowStatus::Complete
+        };
+        let mut taken = Vec::new();
+        for h in self
+            .frames
+            .iter_mut()
+            .filter(|h| h.header.end > w.begin && h.header.begin < w.end)
+        {
+            if !h.used {
+                h.used = true;
+                self.stats.used_bytes += h.bytes.len() as u64;
+            }
+            taken.push(h.bytes.clone());
+        }
+        Some(Assembled {
+            trigger_number: w.begin as u32,
+            fragments: taken.len() as u32,
+            payload: window_fragment(w, status, taken.iter()),
+            flags: FLAG_WINDOW,
+            written: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frames::check_window;
+    use evb_buffers::Chain;
+    use evb_wire::window::decode_window;
+    use evb_wire::FragmentHeader;
+
+    const F: u64 = 100;
+
+    fn frame(j: u64, len: usize) -> Piece<Bytes> {
+        let payload = vec![j as u8; len];
+        let mut h = TimeFrameHeader {
+            begin: j * F,
+            end: (j + 1) * F,
+            source_id: 2,
+            flags: 0,
+            crc: 0,
+        };
+        h.crc = h.crc_of([&payload[..]]);
+        let mut v = h.encode().to_vec();
+        v.extend_from_slice(&payload);
+        Piece {
+            trigger_number: 0,
+            bytes: Bytes::from(v),
+            offset: j,
+            bad: None,
+        }
+    }
+
+    fn listed(list: &[(u64, u64)], buffer_ticks: u64) -> WindowBuffer {
+        let windows = Windows {
+            listed: Some(list.to_vec().into()),
+            seed: 1,
+            rate_hz: 100.0,
+            tick_hz: 1_000_000,
+            before: 0,
+            after: 0,
+            delay_min: 0,
+            delay_max: 0,
+            buffer_ticks,
+            wait: Duration::from_millis(10),
+        };
+        WindowBuffer::new(windows, F, 2)
+    }
+
+    /// The BU's check of the cut, as it will judge it; the frames' first ticks.
+    fn judged(b: &WindowBuffer, record: u64, a: &Assembled) -> (WindowStatus, Vec<u64>) {
+        let header = FragmentHeader {
+            event_id: record,
+            trigger_number: a.trigger_number,
+            source_id: 2,
+            flags: a.flags,
+            payload_size: a.payload.len() as u32,
+            payload_crc: 0,
+        };
+        let pool = evb_buffers::Pool::new("t", 1 << 16, 2);
+        let chain = Chain::from_slice(pool.try_alloc().unwrap().append(&a.payload).unwrap());
+        let status = check_window(&b.windows, F, &header, &chain)
+            .unwrap_or_else(|e| panic!("record {record}: {e}"));
+        let d = decode_window(&a.payload).unwrap();
+        (status, d.frames.iter().map(|(h, _)| h.begin).collect())
+    }
+
+    /// Complete, LATE at the edge of the wait (just under: wait; at it: LATE), MISSING at
+    /// the edge of the depth (one tick inside: complete; at it: MISSING), overlapping windows
+    /// sharing frames, and the byte account: in = used + evicted unused + held unused.
+    #[test]
+    fn windows_cut_from_live_frames_at_the_edges() {
+        let list = [
+            (150, 420),   // 0: frames 1..5
+            (300, 350),   // 1: frame 3, overlapping 0
+            (900, 1200),  // 2: frames 9..12: not there yet
+            (0, 100),     // 3: frame 0: evicted by then
+            (1101, 1150), // 4: frame 11, ahead
+        ];
+        let mut b = listed(&list, 800);
+        for j in 0..5 {
+            b.push(frame(j, 10 + j as usize)).unwrap();
+        }
+        let a = b.cut(0, Duration::ZERO).unwrap();
+        assert_eq!(
+            judged(&b, 0, &a),
+            (WindowStatus::Complete, vec![100, 200, 300, 400])
+        );
+        let a = b.cut(1, Duration::ZERO).unwrap();
+        assert_eq!(judged(&b, 1, &a), (WindowStatus::Complete, vec![300]));
+        for j in 5..10 {
+            b.push(frame(j, 10 + j as usize)).unwrap();
+        }
+        // frames end at 1000: window 2 needs up to 1200
+        assert!(b.cut(2, Duration::from_micros(9_999)).is_none());
+        let a = b.cut(2, Duration::from_millis(10)).unwrap();
+        assert_eq!(judged(&b, 2, &a), (WindowStatus::Late, vec![900]));
+        // depth 800 ticks: at high 1000 frames ending at or before 200 are gone (frame 0, 1)
+        let a = b.cut(3, Duration::ZERO).unwrap();
+        assert_eq!(judged(&b, 3, &a), (WindowStatus::Missing, vec![]));
+        assert_eq!(b.stats().evicted_frames, 2);
+        // frame 0 never taken, frame 1 taken by window 0
+        assert_eq!(b.stats().evicted_unused_bytes, 24 + 10);
+        // one tick inside the depth: frame 2 ([200, 300)) is held at high 1000
+        let mut edge = listed(&[(200, 300)], 799);
+        for j in 0..10 {
+            edge.push(frame(j, 1)).unwrap();
+        }
+        let a = edge.cut(0, Duration::ZERO).unwrap();
+        assert_eq!(judged(&edge, 0, &a).0, WindowStatus::Complete);
+        let mut edge = listed(&[(200, 300)], 700);
+        for j in 0..10 {
+            edge.push(frame(j, 1)).unwrap();
+        }
+        let a = edge.cut(0, Duration::ZERO).unwrap();
+        assert_eq!(judged(&edge, 0, &a).0, WindowStatus::Missing);
+        // the stream ends: a window ahead of it is LATE at once, with nothing
+        b.close();
+        let a = b.cut(4, Duration::ZERO).unwrap();
+        assert_eq!(judged(&b, 4, &a), (WindowStatus::Late, vec![]));
+        let s = b.stats();
+        assert_eq!(
+            s.bytes_in,
+            s.used_bytes + s.evicted_unused_bytes + s.held_unused_bytes
+        );
+        assert_eq!(s.held_bytes + s.evicted_bytes, s.bytes_in);
+    }
+}
