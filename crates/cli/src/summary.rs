@@ -51,6 +51,14 @@ pub fn print(
                         s.stream_fragments_unbuilt,
                         s.frame_buffer_bytes_high_water as f64 / 1e3
                     );
+                    if s.frame_bytes_in > 0 {
+                        // decision windows: what left the buffer with no window over it
+                        notes += &format!(
+                            ", evicted {} frames ({:.1} KB that no window took)",
+                            s.frames_evicted,
+                            s.frame_bytes_evicted_unused as f64 / 1e3
+                        );
+                    }
                 } else if s.stream_fragments_received > 0 {
                     notes += &format!(
                         ", from streams {} (unbuilt {}, dropped {}, sync losses {})",

@@ -452,3 +452,67 @@ fn windows_recipe_runs_as_written() {
         "{line} against the checker's {got}"
     );
 }
+
+/// docs/operations.md, "Slices and windows from front-end streams": `live.toml`, `evb run`
+/// beside `evb feed --frames`, and the outside checker, each printing what the doc's sample
+/// says. Only the site changes: free ports for the two streams.
+#[test]
+fn live_streams_recipe_runs_as_written() {
+    let heading = "### Slices and windows from front-end streams";
+    let toml = fenced("docs/operations.md", heading, "toml", 0);
+    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    if !python3("live streams recipe") {
+        return;
+    }
+    let dir = common::out_dir();
+    let port = free_base_port(2);
+    let site = |w: &str| -> String {
+        w.replace("127.0.0.1:7301", &format!("127.0.0.1:{port}"))
+            .replace("127.0.0.1:7302", &format!("127.0.0.1:{}", port + 1))
+    };
+    std::fs::write(dir.path().join("live.toml"), site(&toml)).unwrap();
+    let cmds: Vec<Vec<String>> = commands(&sh)
+        .iter()
+        .map(|c| c.iter().map(|w| site(w)).collect())
+        .collect();
+    assert_eq!(cmds.len(), 3, "{cmds:?}");
+    assert_eq!(cmds[0][..2], ["evb", "run"], "{cmds:?}");
+    assert_eq!(cmds[1][..2], ["evb", "feed"], "{cmds:?}");
+    let programs = BTreeMap::from([("evb", PathBuf::from(EVB))]);
+    let kids = vec![
+        ("run".to_string(), start(&cmds[0], dir.path(), &programs)),
+        ("feed".into(), start(&cmds[1], dir.path(), &programs)),
+    ];
+    let outs = all_ok(kids);
+    let verdict = sample(&sh, "VERDICT: ");
+    assert_eq!(verdict.len(), 1, "{sh}");
+    assert!(outs[0].1.contains(verdict[0]), "{}", outs[0].1);
+    let fed = sample(&sh, "127.0.0.1:7301: sent ")[0];
+    let sent = &fed[..fed.find(" MB").unwrap()];
+    assert!(outs[1].1.contains(&site(sent)), "{sent}\n{}", outs[1].1);
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let c = &cmds[2];
+    assert_eq!(c[0], "python3");
+    let o = Command::new("python3")
+        .arg(repo.join(&c[1]))
+        .args(&c[2..])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::text(&o));
+    let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let doc = sample(&sh, "{\"records\": ")[0];
+    assert_eq!(got["problems"], 0, "{got}");
+    for key in ["records", "overlap_frames"] {
+        assert!(
+            doc.contains(&format!("\"{key}\": {}", got[key])),
+            "{key}: {got} against the doc's {doc}"
+        );
+    }
+    for s in got["sources"].as_object().unwrap().values() {
+        assert!(
+            doc.contains(&format!("\"core_frames\": {}", s["core_frames"])),
+            "{got}"
+        );
+    }
+}

@@ -261,6 +261,20 @@ impl Collector for SnapshotCollector {
                     Some(Unit::Bytes),
                     st.frame_buffer_bytes,
                 )?;
+                counter(
+                    &mut enc,
+                    "evb_frames_evicted",
+                    "Live frames into decision windows: frames evicted from the RU's latency buffer (older than windows.buffer_ms)",
+                    None,
+                    st.frames_evicted,
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_frame_evicted_unused",
+                    "Live frames into decision windows: bytes evicted that no window took",
+                    Some(Unit::Bytes),
+                    st.frame_bytes_evicted_unused,
+                )?;
                 gauge(
                     &mut enc,
                     "evb_frame_buffer_ticks",
