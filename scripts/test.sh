@@ -75,7 +75,7 @@ fi
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test.sh: installing ${need_apt[*]}"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     else
         echo "test.sh: please install: ${need_apt[*]}" >&2
         exit 1
@@ -106,7 +106,7 @@ fi
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     if $can_apt; then
         echo "test.sh: installing python3 python3-venv python3-pip"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv python3-pip >/dev/null
     else
         echo "test.sh: please install python3 with venv and pip (Debian: python3-venv python3-pip)" >&2
         exit 1

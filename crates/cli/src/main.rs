@@ -372,7 +372,7 @@ fn main() -> ExitCode {
             if let Some(refused) = memory_check("evb", cfg.check_host_memory()) {
                 return refused;
             }
-            match up::up(&cfg) {
+            match up::up(&cfg, config.as_deref()) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {

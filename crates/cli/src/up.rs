@@ -40,8 +40,38 @@ fn kill_all(children: &mut [(String, Child)]) {
     }
 }
 
-/// Runs until halted. True when everything went down in order.
-pub fn up(cfg: &Config) -> Result<bool, String> {
+/// An `evb up` of the same run id whose control still answers: its URL (a second one would
+/// take the URL file over and leave the first out of `evb ctl`'s reach).
+fn already_up(run_id: &str, secret: Option<&str>) -> Option<String> {
+    let url = crate::state_dir::read(&url_file(run_id)).ok()??;
+    let url = url.trim().to_string();
+    let token = secret.map(|s| evb_control::control_token(s.as_bytes()));
+    let api = Api::new(&url, token).with_timeout(Duration::from_millis(1000));
+    api.get("/api/v1/status").ok().map(|_| url)
+}
+
+/// How the operator reaches this configuration's run with `evb ctl`: bare for the default
+/// run id (the URL file is found by it), else with the configuration given.
+fn ctl_hint(cfg: &Config, path: Option<&std::path::Path>) -> String {
+    match path {
+        Some(p) if cfg.run.id != Config::default().run.id => {
+            format!("evb ctl --config {}", p.display())
+        }
+        _ => "evb ctl".to_string(),
+    }
+}
+
+/// Runs until halted. True when everything went down in order. `path`: the configuration's
+/// file, named in the hints printed.
+pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> {
+    if let Some(url) = already_up(&cfg.run.id, cfg.secret().as_deref()) {
+        let ctl = ctl_hint(cfg, path);
+        return Err(format!(
+            "run id {:?} is up already (its control answers at {url}): `{ctl} halt` takes \
+             it down, or give this one another run.id",
+            cfg.run.id
+        ));
+    }
     if cfg.transport.kind == TransportKind::Inproc {
         return Err(
             "transport.kind = \"inproc\" runs inside `evb run` only: use tcp or shm with evb up"
@@ -144,7 +174,8 @@ pub fn up(cfg: &Config) -> Result<bool, String> {
         );
     }
     println!(
-        "evb up: evb ctl start | pause | resume | stop | status | halt   (Ctrl-C: stop and halt)"
+        "evb up: {} start | pause | resume | stop | status | halt   (Ctrl-C: stop and halt)",
+        ctl_hint(cfg, path)
     );
 
     let interrupts = Arc::new(AtomicUsize::new(0));

@@ -866,3 +866,49 @@ fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
         assert!(status.success(), "{status}");
     }
 }
+
+/// `evb up` of a configuration with its own run id tells the operator the `evb ctl` command
+/// that reaches it (with `--config`, which finds the URL file by that run id), and that
+/// command works as printed; a second `evb up` of the same run id is refused while the
+/// first answers, naming its URL (it would take the URL file over and leave the first out
+/// of reach), and the first runs on.
+#[test]
+fn a_second_evb_up_of_one_run_id_is_refused_and_the_hint_works_as_printed() {
+    let id = format!("second-up-{}", std::process::id());
+    let up = Up::start(&format!(
+        "[run]\nid = \"{id}\"\nevents = 200\nduration_s = 0\n[fragments]\nsize = 1024\n"
+    ));
+    let cfg = up.dir.path().join("run.toml");
+    let hint = up.wait_said("the evb ctl hint", |l| {
+        l.iter().any(|l| l.contains(" start | pause"))
+    });
+    let hint = hint.iter().find(|l| l.contains(" start | pause")).unwrap();
+    let want = format!("evb up: evb ctl --config {} start | ", cfg.display());
+    assert!(hint.starts_with(&want), "{hint}");
+    // the command as printed, with no --url: it finds the run by the configuration's id
+    let ran = Command::new(EVB)
+        .args(["ctl", "--config"])
+        .arg(&cfg)
+        .arg("start")
+        .output()
+        .unwrap();
+    assert!(ran.status.success(), "{}", common::text(&ran));
+    let rec = up.wait_run(1);
+    assert_exact(&rec, 200);
+    let second = Command::new(EVB)
+        .args(["up", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!second.status.success(), "{}", common::text(&second));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains(&format!("run id {id:?} is up already")) && err.contains(&up.url),
+        "{err}"
+    );
+    // the first is still the control, and runs on
+    let (code, _) = up.post("start", serde_json::json!({}));
+    assert_eq!(code, 200);
+    assert_exact(&up.wait_run(2), 200);
+    assert!(up.halt().success());
+}
