@@ -149,6 +149,27 @@ pub fn print(
                 crate::launch::STEADY_AFTER_S
             );
         }
+        let h = &r.evm.record_latency;
+        if let (Some(p50), Some(p99), Some(p999)) = (
+            h.quantile_us(0.5),
+            h.quantile_us(0.99),
+            h.quantile_us(0.999),
+        ) {
+            // one clock, the EVM's: from the trigger (its assignment) to the release by the
+            // BU that built it (and committed it, with a committing sink)
+            let commits = cfg
+                .nodes()
+                .iter()
+                .any(|n| n.role == evb_config::Role::Bu && n.sink.commits());
+            let to = if commits {
+                "committed (files synced, or consumers' acknowledgement)"
+            } else {
+                "built"
+            };
+            println!(
+                "  latency from trigger to {to} (the EVM's clock, to the BU's release): p50 {p50} us, p99 {p99} us, p99.9 {p999} us"
+            );
+        }
     }
     if run.is_some_and(|r| r.evm.stopped_by_request) {
         println!(

@@ -100,6 +100,13 @@ fn default_run_is_bounded_and_clean() {
         stdout.contains("steady state (the BUs' counts from 1 s into the run):"),
         "{stdout}"
     );
+    // the latency from the trigger, one clock (the EVM's), every event timed once
+    assert!(
+        stdout
+            .contains("latency from trigger to built (the EVM's clock, to the BU's release): p50 "),
+        "{stdout}"
+    );
+    assert_eq!(s["run"]["evm"]["record_latency"]["count"], released, "{s}");
 }
 
 /// `--json -`: stdout is the JSON document alone (it parses whole, and agrees with the

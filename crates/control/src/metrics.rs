@@ -35,6 +35,32 @@ struct SnapshotCollector(Scrape);
 type Labels = Vec<(String, String)>;
 
 impl SnapshotCollector {
+    /// A latency histogram in seconds, from the fixed buckets of a `LatencyHistogram`.
+    fn latency_histogram(
+        &self,
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        h: &evb_builder::LatencyHistogram,
+    ) -> Result<(), std::fmt::Error> {
+        let mut m =
+            enc.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
+        // per-bucket counts: the encoder makes them cumulative
+        let buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_US
+            .iter()
+            .map(|&b| b as f64 / 1e6)
+            .chain(std::iter::once(f64::MAX)) // written as +Inf
+            .zip(h.counts.iter().copied())
+            .collect();
+        let labels = self.labels(&[]);
+        m.encode_family(&labels)?.encode_histogram::<Labels>(
+            h.sum_us as f64 / 1e6,
+            h.count,
+            &buckets,
+            None,
+        )
+    }
+
     fn labels(&self, extra: &[(&str, &str)]) -> Labels {
         let mut l = vec![
             ("node".to_string(), self.0.node.clone()),
@@ -117,6 +143,12 @@ impl Collector for SnapshotCollector {
         };
         match &snap.stats {
             RoleStats::Evm(st) => {
+                self.latency_histogram(
+                    &mut enc,
+                    "evb_trigger_to_release_latency",
+                    "Time from an event's trigger (the EVM's assignment) to its release by the BU that built it, committed with a committing sink; the EVM's clock",
+                    &st.record_latency,
+                )?;
                 counter(
                     &mut enc,
                     "evb_events_triggered",
@@ -341,26 +373,11 @@ impl Collector for SnapshotCollector {
                     None,
                     sink.map_or(0, |k| k.stalls),
                 )?;
-                let h = &st.latency;
-                let mut m = enc.encode_descriptor(
+                self.latency_histogram(
+                    &mut enc,
                     "evb_event_build_latency",
                     "Time from an event's assignment (or first fragment) to its completion at the BU",
-                    Some(&Unit::Seconds),
-                    MetricType::Histogram,
-                )?;
-                // per-bucket counts: the encoder makes them cumulative
-                let buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_US
-                    .iter()
-                    .map(|&b| b as f64 / 1e6)
-                    .chain(std::iter::once(f64::MAX)) // written as +Inf
-                    .zip(h.counts.iter().copied())
-                    .collect();
-                let labels = self.labels(&[]);
-                m.encode_family(&labels)?.encode_histogram::<Labels>(
-                    h.sum_us as f64 / 1e6,
-                    h.count,
-                    &buckets,
-                    None,
+                    &st.latency,
                 )?;
             }
         }
