@@ -299,8 +299,9 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     p.senders = spec.rus;
     p.receivers = spec.bus;
     fill_from_summary(&v, &mut p)?;
-    if spec.windows {
-        // a record's latency from its decision: the EVM's clock, trigger to the BU's release
+    {
+        // an event's (a record's) latency from its trigger (decision): the EVM's clock, to
+        // the release by the BU that built it; the BUs' own (Assign to built) in the note
         let h: evb_builder::LatencyHistogram =
             serde_json::from_value(v["run"]["evm"]["record_latency"].clone())
                 .map_err(|e| format!("summary has no run.evm.record_latency: {e}"))?;
@@ -308,7 +309,7 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         let built = (p.p50_us, p.p99_us);
         (p.p50_us, p.p99_us, p.p999_us) = (q(0.5), q(0.99), q(0.999));
         p.note.push_str(&format!(
-            "; latency from the decision to the BU's release (the EVM's clock); from the \
+            "; latency from the trigger to the BU's release (the EVM's clock); from the \
              BU's Assign to built: p50 {:.0} us, p99 {:.0} us",
             built.0, built.1
         ));
