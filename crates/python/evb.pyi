@@ -220,6 +220,15 @@ class Producer:
         array; one copy, two when it is not C-contiguous) into the RU's pool and submits it.
         Returns the event id."""
 
+    def submit_frame(self, begin: int, end: int, data: _Buffer, block: bool = True) -> int:
+        """A run built by time (`builder.by = "time"` or `"window"`): submits the next frame
+        of this producer's stream, ticks `[begin, end)` and `data` (copied once, its time
+        frame header in front). The stream begins at tick 0 and each frame lasts
+        `frames.ticks`, beginning where the last one ended; one that does not stops the run,
+        named. Returns the frame's number, from 0. Raises `evb.StateError` in a run by
+        event, `evb.Full` with `block=False` while the RU holds `source.read_ahead`
+        frames it has not cut."""
+
     def finish(self) -> Outcome:
         """Ends the feed (the run ends after the events submitted), waits for the RU's run
         to end and returns its outcome. A second call raises `evb.StateError`."""

@@ -65,6 +65,9 @@ impl SliceBuffer {
 
     /// How the stream is named in messages: `stream 0 (source 3, 127.0.0.1:7301)`.
     pub fn describe(&self) -> String {
+        if self.name.addr.is_empty() {
+            return format!("producer (source {})", self.name.source_id);
+        }
         format!(
             "stream {} (source {}, {})",
             self.index, self.name.source_id, self.name.addr

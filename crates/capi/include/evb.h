@@ -348,6 +348,21 @@ int evb_producer_buffer(EvbProducer *p, size_t size, int wait, EvbBuffer *out);
 int evb_producer_submit(EvbProducer *p, uint64_t id, size_t len, uint32_t trigger_number, uint64_t *event_id);
 
 /**
+ * A run built by time (`builder.by = "time"` or `"window"`): submits the next frame of
+ * this producer's stream, its data for ticks `[begin, end)`: `len` bytes at `data`, copied
+ * once (its time frame header in front). The stream begins at tick 0 and each frame lasts
+ * `frames.ticks`, beginning where the last one ended; one that does not stops the run,
+ * named. `wait` non-zero waits while the RU holds `source.read_ahead` frames it has not
+ * cut; zero answers `EVB_ERR_FULL`. The frame's number (from 0) goes to `*frame` unless
+ * that is NULL.
+ *
+ * # Safety
+ * `p` is a live producer; `data` is valid for `len` bytes of reading (or NULL with `len`
+ * 0); `frame` is NULL or valid for a write.
+ */
+int evb_producer_submit_frame(EvbProducer *p, uint64_t begin, uint64_t end, const uint8_t *data, size_t len, int wait, uint64_t *frame);
+
+/**
  * Gives buffer `id` back unsubmitted.
  *
  * # Safety

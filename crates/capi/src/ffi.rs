@@ -347,6 +347,55 @@ pub unsafe extern "C" fn evb_producer_submit(
     })
 }
 
+/// A run built by time (`builder.by = "time"` or `"window"`): submits the next frame of
+/// this producer's stream, its data for ticks `[begin, end)`: `len` bytes at `data`, copied
+/// once (its time frame header in front). The stream begins at tick 0 and each frame lasts
+/// `frames.ticks`, beginning where the last one ended; one that does not stops the run,
+/// named. `wait` non-zero waits while the RU holds `source.read_ahead` frames it has not
+/// cut; zero answers `EVB_ERR_FULL`. The frame's number (from 0) goes to `*frame` unless
+/// that is NULL.
+///
+/// # Safety
+/// `p` is a live producer; `data` is valid for `len` bytes of reading (or NULL with `len`
+/// 0); `frame` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_producer_submit_frame(
+    p: *mut EvbProducer,
+    begin: u64,
+    end: u64,
+    data: *const u8,
+    len: usize,
+    wait: c_int,
+    frame: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a live producer (this function's contract).
+        let p = unsafe { handle(p) }?;
+        if data.is_null() && len > 0 {
+            return Err(fail(EVB_ERR_ARG, "data is NULL"));
+        }
+        let bytes: &[u8] = if len == 0 {
+            &[]
+        } else {
+            // SAFETY: non-null and valid for `len` bytes (this function's contract).
+            unsafe { std::slice::from_raw_parts(data, len) }
+        };
+        let when_full = if wait != 0 {
+            WhenFull::Block
+        } else {
+            WhenFull::ReturnFull
+        };
+        let n = live(p)?
+            .submit_frame(begin, end, bytes, when_full)
+            .map_err(|e| code_of(&e))?;
+        if !frame.is_null() {
+            // SAFETY: non-null and valid for a write (this function's contract).
+            unsafe { frame.write(n) };
+        }
+        Ok(EVB_OK)
+    })
+}
+
 /// Gives buffer `id` back unsubmitted.
 ///
 /// # Safety

@@ -166,6 +166,57 @@ fn c_producer_errors_are_their_codes_and_a_toml_started_run_is_exact() {
     assert_verdict_ok(&report, EVENTS);
 }
 
+/// A C producer of frames (`evb_producer_submit_frame`) in a multi-process run built by time
+/// slices: every frame in exactly one slice core (the outside reader of docs/formats.md §8),
+/// the cores' bytes those the program submitted; a fragment's buffer in such a run is
+/// EVB_ERR_STATE, a frame that ends where it begins EVB_ERR_SIZE.
+#[test]
+fn c_producer_frames_are_built_into_time_slices() {
+    const SLICES: u64 = 30;
+    let bins = common::out_dir();
+    let Some(prog) = compile_c("tests/c/producer_frames.c", bins.path()) else {
+        return;
+    };
+    let mut run = Run::start(
+        "[run]\nid = \"cframes\"\nduration_s = 0\n\
+         [source]\nkind = \"api\"\nmax_fragment = 4096\nread_ahead = 8\n\
+         [builder]\nby = \"time\"\nslice_ticks = 10000\noverlap_ticks = 1000\n\
+         [frames]\nticks = 500\n\
+         [sink]\nkind = \"file\"\ndir = \"out\"\nfile_max_events = 16\n\
+         [topology]\nrus = 1\nbus = 1\n",
+        &["evm", "bu0"],
+    );
+    let frames = SLICES * 20;
+    let out = Command::new(&prog)
+        .arg(&run.cfg)
+        .args(["ru0", &frames.to_string(), "500"])
+        .output()
+        .unwrap();
+    let t = finished(out, "producer_frames");
+    let bytes: u64 = (0..frames).map(|j| j * 397 % 4000).sum();
+    assert!(
+        t.contains(&format!("frames: {frames} bytes: {bytes}")),
+        "{t}"
+    );
+    let report = run.evm_report();
+    assert_verdict_ok(&report, SLICES);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
+    let Ok(o) = Command::new("python3")
+        .arg(&script)
+        .arg(run.dir.path().join("out"))
+        .args(["--slice", "10000", "--overlap", "1000", "--frame", "500"])
+        .output()
+    else {
+        eprintln!("the outside reader skipped: python3 is not installed");
+        return;
+    };
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["problems"], 0, "{r}");
+    assert_eq!(r["sources"]["0"]["core_frames"], frames, "{r}");
+    assert_eq!(r["sources"]["0"]["core_bytes"], bytes, "{r}");
+}
+
 #[test]
 fn several_c_producers_on_threads_feed_one_ru() {
     const EVENTS: u64 = 3000;

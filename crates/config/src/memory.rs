@@ -42,7 +42,7 @@ impl Config {
     /// The largest fragment payload any RU can send.
     pub fn max_fragment(&self) -> u64 {
         match self.source.kind {
-            SourceKind::Generator | SourceKind::Stream if self.by_time() => {
+            SourceKind::Generator | SourceKind::Stream | SourceKind::Api if self.by_time() => {
                 self.max_window_fragment()
             }
             SourceKind::Generator => self.fragments.max_size(),

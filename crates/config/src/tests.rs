@@ -1274,8 +1274,8 @@ fn building_by_time_refuses_what_would_not_do_what_it_says() {
         &["`fragments`", "[frames]"],
     );
     assert_err(
-        &format!("{time}[source]\nkind = \"api\"\n"),
-        &["builder.by", "generator", "stream"],
+        &format!("{time}[source]\nkind = \"fed\"\n"),
+        &["builder.by", "generator", "stream", "api"],
     );
     assert_err(
         &format!("{time}overlap_ticks = 200000\n"),

@@ -56,7 +56,7 @@ impl Config {
     /// or of a live stream's (each at most `source.max_fragment`, its header included).
     pub fn max_window_fragment(&self) -> u64 {
         let per_frame = match self.source.kind {
-            SourceKind::Stream => 8u64.saturating_add(self.source.max_fragment),
+            SourceKind::Stream | SourceKind::Api => 8u64.saturating_add(self.source.max_fragment),
             _ => PER_FRAME.saturating_add(self.frames.as_fragments().max_size()),
         };
         self.max_window_frames()
@@ -70,7 +70,7 @@ impl Config {
 /// that would be ignored.
 fn validate_live(c: &Config) -> Result<(), ConfigError> {
     let s = &c.source;
-    if s.format != StreamFormat::Frames {
+    if s.kind == SourceKind::Stream && s.format != StreamFormat::Frames {
         return Err(invalid(
             "source.format",
             "a stream built by time carries timestamped frames: set it to \"frames\"",
@@ -90,6 +90,13 @@ fn validate_live(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     for (i, ru) in c.ru.iter().enumerate() {
+        if ru.producer_sources.len() > 1 {
+            return Err(invalid(
+                format!("ru[{i}].producer_sources"),
+                "a record by time is cut from one producer's frames per RU (several \
+                 producers into one RU's records are not built yet)",
+            ));
+        }
         if ru.streams.len() > 1 {
             return Err(invalid(
                 format!("ru[{i}].streams"),
@@ -150,13 +157,13 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
     if !c.by_time() {
         return Ok(());
     }
-    let live = c.source.kind == SourceKind::Stream;
+    let live = matches!(c.source.kind, SourceKind::Stream | SourceKind::Api);
     if !live && c.source.kind != SourceKind::Generator {
         return Err(invalid(
             "builder.by",
-            "building by time reads the generator's frames or front-end streams of frames \
-             (source.kind = \"generator\" or \"stream\"); recordings and producers build \
-             by \"event\"",
+            "building by time reads the generator's frames, front-end streams of frames or a \
+             plug-in producer's frames (source.kind = \"generator\", \"stream\" or \"api\"); \
+             recordings build by \"event\"",
         ));
     }
     if live {

@@ -10,8 +10,10 @@ use evb_buffers::{BlockWriter, Chain, Pool};
 use evb_builder::assembly::{
     Assembled, Assembler, AssemblyConfig, BadFragment, Body, Parts, Piece, StreamName, SyncLoss,
 };
+use evb_builder::frames::Slicing;
+use evb_builder::slice_buffer::SliceBuffer;
 use evb_builder::{Ru, RunState, Sink};
-use evb_config::{Config, NodeSpec, OnError, OnSyncLoss};
+use evb_config::{BuildBy, Config, NodeSpec, OnError, OnSyncLoss};
 use evb_wire::super_fragment::{directory_len, encode_directory};
 use evb_wire::{write_fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
 use tracing::{error, info, warn};
@@ -24,6 +26,9 @@ pub enum FeedItem {
     Part(Part),
     /// The producer's input failed a check under `on_error = "stop"`: the run stops, why.
     Failed(String),
+    /// A run built by time: the next frame of the producer's stream, its time frame header
+    /// and payload (docs/protocol.md §10.1), as a front-end's stream carries it.
+    Frame(bytes::Bytes),
     /// No more fragments: the run ends after the ones sent.
     End,
 }
@@ -82,6 +87,10 @@ pub(crate) struct ApiSource {
     idle_since: Instant,
     stall_warn: Duration,
     warned: bool,
+    /// A run by time slices: the producer's frames cut into slices here (decision windows
+    /// are cut by the RU, from its feed's window buffer).
+    slices: Option<SliceBuffer>,
+    read_ahead: usize,
 }
 
 /// Several producers of one RU: the assembler (trigger numbers agree, `on_sync_loss`), and
@@ -146,6 +155,18 @@ impl ApiSource {
             idle_since: now,
             stall_warn: Duration::from_secs_f64(cfg.source.stall_warn_s),
             warned: false,
+            slices: (cfg.builder.by == BuildBy::Time).then(|| {
+                let slicing = Slicing {
+                    slice: cfg.builder.slice_ticks,
+                    overlap: cfg.builder.overlap_ticks,
+                };
+                let name = StreamName {
+                    source_id: me.source_id,
+                    addr: String::new(),
+                };
+                SliceBuffer::new(slicing, cfg.frames.ticks, name, 0)
+            }),
+            read_ahead: cfg.source.read_ahead as usize,
         }
     }
 
@@ -218,7 +239,44 @@ impl ApiSource {
             return Ok(());
         };
         loop {
+            // frames: no more than the slices waiting and the buffer's read-ahead allow
+            // (the producer's channel, bounded, then holds the producer back)
+            if self
+                .slices
+                .as_ref()
+                .is_some_and(|b| b.queued() >= self.read_ahead || feed.queued() >= self.read_ahead)
+            {
+                return Ok(());
+            }
             match self.inputs[0].try_recv() {
+                Ok(FeedItem::Frame(bytes)) => {
+                    self.received += 1;
+                    let piece = Piece {
+                        trigger_number: 0,
+                        bytes,
+                        offset: self.received - 1,
+                        bad: None,
+                    };
+                    let taken = match (&mut self.slices, feed.windows.as_mut()) {
+                        (Some(b), _) => b.push(piece).map(|()| {
+                            while let Some(slice) = b.next_slice() {
+                                feed.supply(slice);
+                            }
+                        }),
+                        (None, Some(w)) => w.push(piece),
+                        (None, None) => Err("a frame in a run built by event".into()),
+                    };
+                    taken.map_err(|e| {
+                        format!("frame {} (counted from 0): {e}", self.received - 1)
+                    })?;
+                    if let Some(b) = &self.slices {
+                        let (frames, bytes, ticks) = b.occupancy();
+                        feed.stats.frame_buffer = [frames, bytes, ticks, b.high_water()];
+                    }
+                }
+                Ok(FeedItem::Event(_)) if self.slices.is_some() || feed.windows.is_some() => {
+                    return Err("a fragment in a run built by time (frames only)".into());
+                }
                 Ok(FeedItem::Event(a)) => {
                     self.received += 1;
                     if a.flags & FLAG_MISSING != 0 {
@@ -232,7 +290,19 @@ impl ApiSource {
                 Ok(FeedItem::End) | Err(TryRecvError::Disconnected) => {
                     self.over = true;
                     info!(node = %self.node, "producer finished after {} events", self.received);
-                    feed.finish();
+                    if let Some(b) = &mut self.slices {
+                        // the last slices, with the frames there are
+                        b.close();
+                        while let Some(slice) = b.next_slice() {
+                            feed.supply(slice);
+                        }
+                    }
+                    if let Some(w) = feed.windows.as_mut() {
+                        // decisions go on; windows past the stream's end are LATE
+                        w.close();
+                    } else {
+                        feed.finish();
+                    }
                     return Ok(());
                 }
                 Err(TryRecvError::Empty) => return Ok(()),
@@ -267,7 +337,7 @@ impl ApiSource {
                             },
                         );
                     }
-                    Ok(FeedItem::Event(_)) => {
+                    Ok(FeedItem::Event(_) | FeedItem::Frame(_)) => {
                         return Err(format!(
                             "producer {i}: a whole fragment where a part was due"
                         ))

@@ -329,7 +329,7 @@ pub fn logic(
                     },
                     SourceKind::Stream | SourceKind::Api => {
                         let mut feed = evb_builder::LiveFeed::default();
-                        if cfg.source.kind == SourceKind::Stream {
+                        if cfg.by_time() {
                             // decision windows over the stream: its latency buffer
                             let windows = frame_generator(cfg)?.and_then(|f| f.windows);
                             feed.windows = windows.map(|w| {

@@ -16,6 +16,7 @@ use evb_builder::assembly::Assembled;
 use evb_config::{Config, NodeSpec, OnError, Role, SourceKind};
 use evb_node::plug::{ApiFeed, FeedItem, Part, Plugs};
 use evb_node::NodeOutcome;
+use evb_wire::window::{TimeFrameHeader, TIME_FRAME_HEADER_LEN};
 use evb_wire::{write_fragment_prefix, FragmentHeader, FLAG_MISSING, FRAGMENT_PREFIX_LEN};
 
 use crate::node_thread::NodeThread;
@@ -97,6 +98,10 @@ pub struct Producer {
     on_error: OnError,
     next_event: u64,
     last_trigger: Option<u32>,
+    /// A run built by time (`builder.by = "time"` or `"window"`): frames, not fragments.
+    by_time: bool,
+    /// The producer's frames so far.
+    frames: u64,
     /// The block the next small fragment goes into (fragments share blocks).
     current: Option<BlockWriter>,
     stopped: Option<String>,
@@ -151,7 +156,19 @@ impl Producer {
 
     fn spawn(cfg: &Config, me: NodeSpec, k: usize) -> Result<Vec<Producer>, Error> {
         let ru_id = me.id.as_str();
-        let (txs, inputs): (Vec<_>, Vec<_>) = (0..k).map(|_| unbounded()).unzip();
+        // frames are not in the RU's pool until cut into records: the channel, bounded at
+        // `source.read_ahead`, is what holds a producer of frames back
+        let by_time = cfg.by_time();
+        let read_ahead = (cfg.source.read_ahead as usize).max(1);
+        let (txs, inputs): (Vec<_>, Vec<_>) = (0..k)
+            .map(|_| {
+                if by_time {
+                    bounded(read_ahead)
+                } else {
+                    unbounded()
+                }
+            })
+            .unzip();
         let (pool_tx, pool_rx) = bounded(1);
         let plugs = Plugs {
             feed: Some(ApiFeed {
@@ -187,6 +204,8 @@ impl Producer {
                 on_error: cfg.source.on_error,
                 next_event: 0,
                 last_trigger: None,
+                by_time,
+                frames: 0,
                 current: None,
                 stopped: None,
             })
@@ -266,6 +285,11 @@ impl Producer {
     /// [`Error::Full`], as `when_full` says.
     pub fn buffer(&mut self, size: usize, when_full: WhenFull) -> Result<Buffer, Error> {
         self.check_running()?;
+        if self.by_time {
+            return Err(Error::State(
+                "a run built by time takes frames (submit_frame), not fragments".into(),
+            ));
+        }
         if size > self.max_fragment {
             return Err(Error::Size {
                 size,
@@ -308,6 +332,11 @@ impl Producer {
     /// check is answered [`Error::Refused`] and handled as `source.on_error` says.
     pub fn submit(&mut self, mut buf: Buffer, trigger_number: u32) -> Result<u64, Error> {
         self.check_running()?;
+        if self.by_time {
+            return Err(Error::State(
+                "a run built by time takes frames (submit_frame), not fragments".into(),
+            ));
+        }
         if buf.pool_id != self.pool.id() {
             return Err(Error::UnknownBuffer);
         }
@@ -360,6 +389,93 @@ impl Producer {
         self.last_trigger = Some(trigger_number);
         self.next_event += 1;
         Ok(event_id)
+    }
+
+    /// A run built by time (`builder.by = "time"` or `"window"`): submits the next frame of
+    /// this producer's stream, its data for ticks `[begin, end)`. The stream begins at tick
+    /// 0, each frame lasts `frames.ticks` and begins where the one before it ended
+    /// (docs/formats.md §9); a frame that does not stops the run, named. The frame is copied
+    /// once (its header in front); when the RU has `source.read_ahead` frames it has not cut
+    /// yet, this waits ([`WhenFull::Block`]) or answers [`Error::Full`]. Returns the
+    /// frame's number, from 0.
+    pub fn submit_frame(
+        &mut self,
+        begin: u64,
+        end: u64,
+        payload: &[u8],
+        when_full: WhenFull,
+    ) -> Result<u64, Error> {
+        self.check_running()?;
+        if !self.by_time {
+            return Err(Error::State(
+                "frames are for a run built by time (builder.by = \"time\" or \"window\"): \
+                 submit fragments"
+                    .into(),
+            ));
+        }
+        let len = TIME_FRAME_HEADER_LEN + payload.len();
+        if len > self.max_fragment {
+            return Err(Error::Size {
+                size: payload.len(),
+                why: format!(
+                    "a frame with its {TIME_FRAME_HEADER_LEN}-byte header over source.max_fragment ({})",
+                    self.max_fragment
+                ),
+            });
+        }
+        if end <= begin {
+            return Err(Error::Size {
+                size: payload.len(),
+                why: format!("a frame [{begin}, {end}) whose end is not after its begin"),
+            });
+        }
+        let mut h = TimeFrameHeader {
+            begin,
+            end,
+            source_id: self.source_id,
+            flags: 0,
+            crc: 0,
+        };
+        h.crc = h.crc_of([payload]);
+        let mut v = Vec::with_capacity(len);
+        v.extend_from_slice(&h.encode());
+        v.extend_from_slice(payload);
+        let item = FeedItem::Frame(v.into());
+        let Some(tx) = self.items.clone() else {
+            return Err(Error::RunOver(self.node().why_over()));
+        };
+        match when_full {
+            WhenFull::Block => self.block_send(tx, item),
+            WhenFull::ReturnFull => match tx.try_send(item) {
+                Ok(()) => {
+                    self.frames += 1;
+                    Ok(self.frames - 1)
+                }
+                Err(crossbeam_channel::TrySendError::Full(_)) => Err(Error::Full),
+                Err(crossbeam_channel::TrySendError::Disconnected(_)) => {
+                    Err(Error::RunOver(self.node().why_over()))
+                }
+            },
+        }
+    }
+
+    /// Waits until the RU takes `item` (checking every 100 ms that the run is on).
+    fn block_send(&mut self, tx: Sender<FeedItem>, mut item: FeedItem) -> Result<u64, Error> {
+        loop {
+            match tx.send_timeout(item, Duration::from_millis(100)) {
+                Ok(()) => {
+                    self.frames += 1;
+                    return Ok(self.frames - 1);
+                }
+                Err(crossbeam_channel::SendTimeoutError::Timeout(back)) => {
+                    self.check_running()?;
+                    item = back;
+                }
+                Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
+                    return Err(Error::RunOver(self.node().why_over()));
+                }
+            }
+        }
     }
 
     /// Copies `payload` into a buffer and submits it (for a readout whose data is elsewhere

@@ -288,6 +288,27 @@ impl PyProducer {
         })
     }
 
+    /// A run built by time: submits the next frame of this producer's stream, ticks
+    /// `[begin, end)` and `data` (any buffer-protocol object; copied once, its time frame
+    /// header in front). The stream begins at tick 0 and each frame lasts `frames.ticks`,
+    /// beginning where the last one ended; one that does not stops the run, named.
+    /// Returns the frame's number, from 0.
+    #[pyo3(signature = (begin, end, data, block = true))]
+    fn submit_frame(
+        &self,
+        py: Python<'_>,
+        begin: u64,
+        end: u64,
+        data: &Bound<'_, PyAny>,
+        block: bool,
+    ) -> PyResult<u64> {
+        with_bytes(py, data, |bytes| {
+            self.retry_full(py, block, |p| {
+                p.submit_frame(begin, end, bytes, WhenFull::ReturnFull)
+            })
+        })
+    }
+
     /// Ends the feed (the run ends after the events submitted), waits for the RU's run to
     /// end and returns its `evb.Outcome`.
     fn finish(&self, py: Python<'_>) -> PyResult<Outcome> {

@@ -256,3 +256,43 @@ def test_several_python_producers_on_threads_make_super_fragments(run):
     # each event: an 8 + 2 x 16 byte directory, then both boards' payloads
     want = sum(2 * (min(len(payload(k)), 1000) + 1) + 40 for k in range(events))
     assert sum(b["payload_bytes_built"] for b in report["run"]["bus"]) == want
+
+
+def test_python_producer_frames_are_built_into_time_slices(run):
+    """A run built by time fed by a Python producer of frames: every frame in exactly one
+    slice core (the outside reader of docs/formats.md §8), the cores' bytes the payloads
+    submitted; a fragment in such a run is a StateError."""
+    import json
+    import pathlib
+    import sys
+
+    slices, frame = 40, 500
+    r = run('[run]\nid = "pyframes"\nduration_s = 0\n'
+            '[source]\nkind = "api"\nmax_fragment = 4096\nread_ahead = 8\n'
+            '[builder]\nby = "time"\nslice_ticks = 10000\noverlap_ticks = 1000\n'
+            '[frames]\nticks = 500\n'
+            '[sink]\nkind = "file"\ndir = "out"\nfile_max_events = 16\n'
+            "[topology]\nrus = 1\nbus = 2\n", ["evm", "bu0", "bu1"])
+    p = evb.Producer(str(r.config), "ru0")
+    with pytest.raises(evb.StateError):
+        p.submit_copy(b"x", 1)
+    frames = slices * 10000 // frame
+    total = 0
+    for j in range(frames):
+        data = payload(j)
+        assert p.submit_frame(j * frame, (j + 1) * frame, data) == j
+        total += len(data)
+    ru = p.finish()
+    assert ru.ok, ru.reason
+    assert ru.report["stats"]["fragments_sent"] == slices
+    assert ru.report["stats"]["stream_fragments_received"] == frames
+    assert_verdict_ok(r.evm_report(), slices)
+    checker = pathlib.Path(__file__).resolve().parents[2] / "cli/tests/outside/check_slices.py"
+    out = subprocess.run([sys.executable, str(checker), str(r.dir / "out"), "--slice", "10000",
+                          "--overlap", "1000", "--frame", str(frame)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["problems"] == 0, got
+    assert got["records"] == slices
+    assert got["sources"]["0"] == {"core_frames": frames, "core_bytes": total}, got
