@@ -508,7 +508,8 @@ fn print_status(s: &Status) {
     for n in &s.nodes {
         let note = n.error.clone().unwrap_or_else(|| match &n.last {
             Some(l) if !l.ok => format!("run {}: {}", l.run, l.reason),
-            _ => String::new(),
+            // a run built by time: the RU's latency buffer, the BU's degraded windows
+            _ => n.by_time.clone().unwrap_or_default(),
         });
         println!(
             "{:<10} {:<4} {:<12} {:>12} {:>10.0} {:>8.3} {:>8} {:>7}  {}",

@@ -912,3 +912,55 @@ fn a_second_evb_up_of_one_run_id_is_refused_and_the_hint_works_as_printed() {
     assert_exact(&up.wait_run(2), 200);
     assert!(up.halt().success());
 }
+
+/// A run built by decision windows under `evb up`: while it runs, `evb ctl status` (and the
+/// page, from the same status) says in each BU's row how many components came LATE and
+/// MISSING so far, never more than the run's record holds at its end.
+#[test]
+fn evb_ctl_status_names_the_windows_that_came_late_or_missing() {
+    let up = Up::start(
+        "[run]\nid = \"ctl-windows\"\nevents = 3000\nduration_s = 0\nrate_hz = 1000\n\
+         [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 100\n\
+         [windows]\ntick_hz = 1000000\nbefore_ticks = 500\nafter_ticks = 500\n\
+         delay_min_ticks = -100000\ndelay_max_ticks = 300000\nbuffer_ms = 100\nwait_ms = 5\n",
+    );
+    let (code, _) = up.post("start", json!({}));
+    assert_eq!(code, 200);
+    // the BU rows' notes while the run is on: (LATE, MISSING) summed over the BUs
+    let noted = |t: &str| -> Option<(u64, u64)> {
+        let rows: Vec<(u64, u64)> = t
+            .lines()
+            .filter(|l| l.starts_with("bu"))
+            .filter_map(|l| {
+                let w = l.split("windows: ").nth(1)?;
+                let n: Vec<u64> = w
+                    .split(|c: char| !c.is_ascii_digit())
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                Some((n[0], n[1]))
+            })
+            .collect();
+        (!rows.is_empty()).then(|| rows.iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)))
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let out = up.ctl(&["status"]);
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        if let Some(n) = noted(&t) {
+            break n;
+        }
+        assert!(Instant::now() < until, "no BU row named its windows:\n{t}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec}");
+    let bus = rec["report"]["run"]["bus"].as_array().unwrap();
+    let sum = |k: &str| bus.iter().map(|b| b[k].as_u64().unwrap()).sum::<u64>();
+    let (late, missing) = (sum("late_components"), sum("missing_components"));
+    assert!(late > 0 && missing > 0, "{rec}");
+    assert!(
+        seen.0 + seen.1 > 0 && seen.0 <= late && seen.1 <= missing,
+        "{seen:?} of {late}, {missing}"
+    );
+    assert!(up.halt().success());
+}

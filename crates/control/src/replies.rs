@@ -189,6 +189,10 @@ pub struct NodeRow {
     /// Why it could not be asked, in words.
     pub error: Option<String>,
     pub last: Option<LastRun>,
+    /// A run built by time, in words: an RU's latency buffer (held now, its peak, what it
+    /// evicted), a BU's LATE and MISSING components and window errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_time: Option<String>,
 }
 
 /// The configuration in force, in brief.

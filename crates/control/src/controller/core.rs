@@ -124,6 +124,39 @@ fn errors(snap: Option<&NodeStatus>) -> u64 {
     })
 }
 
+/// A run built by time, in words for the node's row: an RU's latency buffer (what it holds
+/// now, what it evicted), a BU's degraded windows; `None` in a run by event.
+fn by_time(snap: Option<&NodeStatus>) -> Option<String> {
+    let snap = snap?;
+    if let Some(r) = snap.stats.ru() {
+        if r.frame_buffer_bytes_high_water == 0 && r.frame_bytes_in == 0 {
+            return None;
+        }
+        let mut s = format!(
+            "latency buffer {:.1} kB ({} frames, {} ticks; at most {:.1} kB)",
+            r.frame_buffer_bytes as f64 / 1e3,
+            r.frame_buffer_frames,
+            r.frame_buffer_ticks,
+            r.frame_buffer_bytes_high_water as f64 / 1e3
+        );
+        if r.frame_bytes_in > 0 {
+            s += &format!(
+                ", evicted {} frames ({:.1} kB no window took)",
+                r.frames_evicted,
+                r.frame_bytes_evicted_unused as f64 / 1e3
+            );
+        }
+        return Some(s);
+    }
+    let b = snap.stats.bu()?;
+    (b.late_components + b.missing_components + b.window_errors > 0).then(|| {
+        format!(
+            "windows: {} components LATE, {} MISSING, {} window errors",
+            b.late_components, b.missing_components, b.window_errors
+        )
+    })
+}
+
 pub(crate) struct Core {
     mode: Mode,
     state: State,
@@ -833,6 +866,7 @@ impl Core {
                 errors: errors(snap),
                 error: v.error.as_ref().map(|e| e.in_words()),
                 last: v.reply.as_ref().and_then(|r| r.last.clone()),
+                by_time: by_time(snap),
             });
         }
         let total = self.totals();
