@@ -496,3 +496,55 @@ fn a_producer_frame_out_of_place_stops_the_run_by_name() {
     let report = run.evm_report_allowing(&["evm", "bu0"]);
     assert_eq!(report["ok"], false, "{report}");
 }
+
+/// A Rust producer of frames in a run built by decision windows (from a file of decisions):
+/// windows near the stream's newest data are complete, one over data long evicted from the
+/// RU's latency buffer is MISSING, one past the end of the stream LATE; the BUs' counts say
+/// so, and the RU's byte account adds up.
+#[test]
+fn rust_producer_frames_into_decision_windows() {
+    let dir = common::out_dir();
+    let decisions = dir.path().join("decisions.txt");
+    std::fs::write(
+        &decisions,
+        "1950000 1960000\n1955500 1958000\n1990000 2000000\n0 5000\n2500000 2600000\n",
+    )
+    .unwrap();
+    let mut run = Run::start(
+        &format!(
+            "[run]\nid = \"plug-windows\"\nevents = 5\nduration_s = 0\nrate_hz = 100\n\
+             [source]\nkind = \"api\"\nmax_fragment = 4096\n\
+             [builder]\nby = \"window\"\n[frames]\nticks = 1000\n\
+             [windows]\ntick_hz = 1000000\nbuffer_ms = 100\nwait_ms = 5000\ndecisions = \"{}\"\n\
+             [topology]\nrus = 1\nbus = 1\n",
+            decisions.display()
+        ),
+        &["evm", "bu0"],
+    );
+    let mut p = Producer::start(&run.config(), "ru0").unwrap();
+    for j in 0..2000u64 {
+        p.submit_frame(
+            j * 1000,
+            (j + 1) * 1000,
+            &payload(j)[..100.min(payload(j).len())],
+            WhenFull::Block,
+        )
+        .unwrap();
+    }
+    let ru = p.finish().unwrap();
+    assert!(ru.ok, "{}", ru.reason);
+    let st = ru.report.ru().unwrap();
+    assert_eq!(st.fragments_sent, 5);
+    assert_eq!(st.stream_fragments_received, 2000);
+    assert!(st.frames_evicted >= 1800, "{st:?}");
+    assert_eq!(
+        st.frame_bytes_in,
+        st.frame_bytes_in_windows + st.frame_bytes_evicted_unused + st.frame_bytes_held_unused
+    );
+    let report = run.evm_report();
+    let bu = &report["run"]["bus"][0];
+    assert_eq!(bu["late_components"], 1, "{report}");
+    assert_eq!(bu["missing_components"], 1, "{report}");
+    assert_eq!(bu["partial_events"], 2, "{report}");
+    assert_eq!(bu["window_errors"], 0, "{report}");
+}
