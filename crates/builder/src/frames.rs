@@ -429,17 +429,7 @@ impl FrameGenerator {
         }
         for (i, j) in (first..end).enumerate() {
             let at = bytes.len();
-            let h = TimeFrameHeader {
-                begin: j * self.frame_ticks,
-                end: (j + 1) * self.frame_ticks,
-                source_id: source,
-                flags: TIME_FRAME_GENERATED,
-                crc: 0,
-            };
-            bytes.extend_from_slice(&h.encode());
-            self.payload(source, j, &mut bytes);
-            let crc = h.crc_of([&bytes[at + TIME_FRAME_HEADER_LEN..]]);
-            bytes[at + 20..at + 24].copy_from_slice(&crc.to_le_bytes());
+            self.frame(source, j, &mut bytes);
             let entry = WINDOW_HEADER_LEN + i * 8;
             let (off, len) = ((at - dir) as u32, (bytes.len() - at) as u32);
             bytes[entry..entry + 4].copy_from_slice(&off.to_le_bytes());

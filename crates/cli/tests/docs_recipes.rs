@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use common::{free_base_port, EVB};
+use common::{free_base_port, python3, EVB};
 
 /// The `n`-th fenced block of language `lang` after the heading `heading` in `doc`
 /// (docs/...), as written.
@@ -300,18 +300,6 @@ fn operations_md_farm_recipe_runs_as_written() {
     // what the consumers wrote is there, one folder each
     let folders = std::fs::read_dir(&data).unwrap().count();
     assert_eq!(folders, 2, "{}", data.display());
-}
-
-/// Whether python3 runs here (the recipes' checkers need it); says it skips `what` if not.
-fn python3(what: &str) -> bool {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("{what}: skipped: python3 is not installed");
-    }
-    ok
 }
 
 /// A recipe's configuration with only the site changed: free ports for the nodes and their

@@ -19,13 +19,6 @@ const FRAME: u64 = 700;
 const RUS: usize = 3;
 const LOGNORMAL: &str = "size = 160\ndistribution = \"lognormal\"\nstddev = 120";
 
-fn python() -> bool {
-    Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// `evb run` of `SLICES` time slices over `transport` to files, the frames sized by
 /// `frames` (`[frames]` keys but `ticks`); the output folder.
 fn run_slices(
@@ -91,8 +84,7 @@ fn assert_tiled(r: &Value) {
 
 #[test]
 fn time_slices_over_tcp_tile_every_stream_exactly_once() {
-    if !python() {
-        eprintln!("slices: skipped: python3 is not installed");
+    if !common::python3("slices") {
         return;
     }
     let (_keep, out, s) = run_slices("tcp", 11, LOGNORMAL);
@@ -112,8 +104,7 @@ fn time_slices_over_tcp_tile_every_stream_exactly_once() {
 
 #[test]
 fn time_slices_over_shm_tile_every_stream_exactly_once() {
-    if !python() {
-        eprintln!("slices: skipped: python3 is not installed");
+    if !common::python3("slices") {
         return;
     }
     let (_keep, out, s) = run_slices("shm", 5, LOGNORMAL);
@@ -125,8 +116,7 @@ fn time_slices_over_shm_tile_every_stream_exactly_once() {
 /// shm the BUs read them in the RUs' memory), tile the streams as unique ones do.
 #[test]
 fn static_frames_by_reference_tile_every_stream_over_shm() {
-    if !python() {
-        eprintln!("slices: skipped: python3 is not installed");
+    if !common::python3("slices") {
         return;
     }
     let (_keep, out, s) = run_slices("shm", 8, "size = 300\ncontent = \"static\"");

@@ -852,18 +852,6 @@ const SLICES_LIVE: u64 = 150;
 const LIVE_SLICE: u64 = 21_000;
 const LIVE_FRAME: u64 = 700;
 
-/// Whether python3 runs here (the outside reader needs it).
-fn python() -> bool {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("stream: skipped: python3 is not installed");
-    }
-    ok
-}
-
 /// `evb run` over `transport` of two RUs each reading `evb feed --frames` (every stream's
 /// frames until the end of slice `SLICES_LIVE - 1`, at `rate` frames/s, 0: as fast as read),
 /// with `fault(evb run's pid)` called while the frames flow; the run's output, summary and
@@ -911,18 +899,22 @@ fn live_slices(
     let s: Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["run"]["evm"]["released"], SLICES_LIVE, "{s}");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
-    let o = Command::new("python3")
-        .arg(&script)
-        .arg(&out_dir)
-        .args(["--seed", &seed.to_string()])
-        .args(["--slice", &LIVE_SLICE.to_string()])
-        .args(["--overlap", "2500"])
-        .args(["--frame", &LIVE_FRAME.to_string()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (seed_arg, slice, frame) = (
+        seed.to_string(),
+        LIVE_SLICE.to_string(),
+        LIVE_FRAME.to_string(),
+    );
+    let args = [
+        "--seed",
+        &seed_arg,
+        "--slice",
+        &slice,
+        "--overlap",
+        "2500",
+        "--frame",
+        &frame,
+    ];
+    let r = common::check_slices(&out_dir, &args).expect("python3, checked above");
     assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
     assert_eq!(r["records"], SLICES_LIVE, "{r}");
     for src in ["3", "9"] {
@@ -941,7 +933,7 @@ fn live_slices(
 #[test]
 fn frames_streamed_into_two_rus_build_slices_that_tile_every_stream() {
     let _one = one_at_a_time();
-    if !python() {
+    if !common::python3("stream") {
         return;
     }
     for transport in ["tcp", "shm"] {
@@ -961,7 +953,7 @@ fn frames_streamed_into_two_rus_build_slices_that_tile_every_stream() {
 #[test]
 fn live_slices_survive_a_killed_bu() {
     let _one = one_at_a_time();
-    if !python() {
+    if !common::python3("stream") {
         return;
     }
     let mut rng = seeded("live_slices_survive_a_killed_bu");
@@ -1038,7 +1030,7 @@ fn a_gap_in_a_stream_of_frames_stops_the_run_naming_the_frame() {
 #[test]
 fn frames_streamed_into_decision_windows_are_complete_missing_or_late_as_held() {
     let _one = one_at_a_time();
-    if !python() {
+    if !common::python3("stream") {
         return;
     }
     let d = common::out_dir();

@@ -20,13 +20,6 @@ const BEFORE: u64 = 62_500; // 1 ms
 const AFTER: u64 = 93_750; // 1.5 ms
 const RUS: usize = 3;
 
-fn python() -> bool {
-    Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// `evb run` of `DECISIONS` windows with delays in `delays` (ticks) over `transport`, the
 /// RUs' buffers keeping `buffer_ms`.
 fn run_windows(
@@ -90,8 +83,7 @@ fn bus_sum(s: &Value, key: &str) -> u64 {
 
 #[test]
 fn windows_late_and_evicted_are_flagged_as_the_files_show() {
-    if !python() {
-        eprintln!("windows: skipped: python3 is not installed");
+    if !common::python3("windows") {
         return;
     }
     // decisions about data from 300 ms in the future to 500 ms in the past, the buffer
@@ -153,8 +145,7 @@ fn windows_late_and_evicted_are_flagged_as_the_files_show() {
 /// the verdict OK and complete.
 #[test]
 fn windows_within_the_buffer_are_all_complete_over_shm() {
-    if !python() {
-        eprintln!("windows: skipped: python3 is not installed");
+    if !common::python3("windows") {
         return;
     }
     // windows ending 50 ms to 200 ms before their decisions, the buffers keeping 2 s: room
@@ -184,8 +175,7 @@ fn windows_within_the_buffer_are_all_complete_over_shm() {
 /// than the run asks for, or a line that is not `begin end`, stops the run naming it.
 #[test]
 fn decisions_from_a_file_build_the_windows_it_lists() {
-    if !python() {
-        eprintln!("windows: skipped: python3 is not installed");
+    if !common::python3("windows") {
         return;
     }
     let dir = common::out_dir();

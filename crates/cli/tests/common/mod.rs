@@ -388,3 +388,34 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
+
+/// The outside reader of time slices (`tests/outside/check_slices.py`, written from
+/// docs/formats.md §8) on the files in `dir`, with its `args` (`--slice`, `--overlap`,
+/// `--frame`, ...): its JSON verdict, or `None` (said) when python3 is not installed.
+pub fn check_slices(dir: &Path, args: &[&str]) -> Option<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_slices.py");
+    let Ok(o) = Command::new("python3")
+        .arg(&script)
+        .arg(dir)
+        .args(args)
+        .output()
+    else {
+        eprintln!("the outside reader skipped: python3 is not installed");
+        return None;
+    };
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Some(serde_json::from_slice(&o.stdout).unwrap())
+}
+
+/// Whether python3 runs here (the outside readers need it); says that `what` is skipped if
+/// not.
+pub fn python3(what: &str) -> bool {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("{what}: skipped: python3 is not installed");
+    }
+    ok
+}
