@@ -118,6 +118,12 @@ pub struct EvmStats {
     /// to its sink), on the EVM's clock: a record's latency from its decision.
     #[serde(default)]
     pub record_latency: crate::LatencyHistogram,
+    /// Decisions from outside (`windows.outside`) received, and those still queued (not
+    /// triggered: the run stopped first).
+    #[serde(default)]
+    pub decisions_received: u64,
+    #[serde(default)]
+    pub decisions_unbuilt: u64,
     /// What happened to nodes during the run, in order: every loss, with when and why, and
     /// every rejoin and refused report (see [`NodeEvent`]).
     pub lost: Vec<NodeEvent>,
@@ -197,9 +203,30 @@ pub struct Evm {
     /// Parts of lost BUs committed and not said published: (bu, part, events), until the
     /// driver says whether it published them (`Evm::published_for`).
     in_doubt: Vec<(u16, u32, u64)>,
+    /// Decisions from outside (`windows.outside`): their windows, queued until triggered
+    /// (a record each, in arrival order); `None`: the EVM triggers by itself.
+    outside: Option<VecDeque<(u64, u64)>>,
 }
 
 impl Evm {
+    /// Records are decisions from outside (`windows.outside`): one is triggered per
+    /// decision handed in ([`Evm::decide`]), and the RUs are told each record's window
+    /// before its Assign.
+    pub fn take_decisions_from_outside(&mut self) {
+        self.outside.get_or_insert_with(VecDeque::new);
+    }
+
+    /// Decisions from outside, in arrival order: each becomes the next record. Refused
+    /// (`false`) when this EVM does not take them.
+    pub fn decide(&mut self, windows: &[(u64, u64)]) -> bool {
+        let Some(q) = &mut self.outside else {
+            return false;
+        };
+        q.extend(windows.iter().copied());
+        self.stats.decisions_received += windows.len() as u64;
+        true
+    }
+
     pub fn new(cfg: EvmConfig, now: Instant) -> Evm {
         let n_bu = cfg.n_bu as usize;
         let cfg_n_ru = cfg.n_ru as usize;
@@ -237,6 +264,7 @@ impl Evm {
             available: vec![None; cfg_n_ru],
             unpublished: vec![Vec::new(); n_bu],
             in_doubt: Vec::new(),
+            outside: None,
         }
     }
 
@@ -302,6 +330,7 @@ impl Evm {
         s.down = self.down_nodes().iter().map(|n| n.to_string()).collect();
         s.paused = self.paused_since.is_some();
         s.paused_s = self.paused_total.as_secs_f64();
+        s.decisions_unbuilt = self.outside.as_ref().map_or(0, |q| q.len() as u64);
         s
     }
 
@@ -927,6 +956,10 @@ impl Evm {
             // live-fed RUs: only events whose fragments have arrived
             allowed = allowed.min(limit.saturating_sub(self.stats.triggered));
         }
+        if let Some(q) = &self.outside {
+            // decisions from outside: a record per decision handed in
+            allowed = allowed.min(q.len() as u64);
+        }
         while allowed > 0 {
             let Some(bu) = self.pick_bu() else { break };
             self.drawn = None;
@@ -943,7 +976,24 @@ impl Evm {
             self.stats.triggered += count;
             allowed -= count;
             self.rr = (bu + 1) % self.credits.len();
+            self.send_windows(range);
             self.send_assign(range);
+        }
+    }
+
+    /// Decisions from outside: the RUs hear the windows of `range`'s records before its
+    /// Assign, on the same connections (docs/protocol.md §10.4).
+    fn send_windows(&mut self, range: EventRange) {
+        let Some(q) = &mut self.outside else {
+            return;
+        };
+        let windows: Vec<(u64, u64)> = q.drain(..range.count as usize).collect();
+        for (i, chunk) in windows.chunks(evb_wire::MAX_WINDOWS).enumerate() {
+            let msg = Message::Window {
+                first: range.first + (i * evb_wire::MAX_WINDOWS) as u64,
+                windows: chunk.to_vec(),
+            };
+            self.send_to(self.live_rus(), msg, Path::Batched);
         }
     }
 

@@ -70,6 +70,10 @@ pub struct Windows {
     pub buffer_ticks: u64,
     /// How long an RU waits for a window's data before sending it LATE.
     pub wait: Duration,
+    /// Decisions from outside (`windows.outside`): each record's window as the EVM's Window
+    /// message gave it (RUs; a BU takes the window each fragment carries), not computed.
+    pub outside: bool,
+    pub decided: std::collections::BTreeMap<u64, Window>,
 }
 
 /// What an RU sends of a window: frames `[first, end)` (indices), and why not more.
@@ -96,9 +100,43 @@ impl Windows {
         self.delay_min + (draw % span.saturating_add(1)) as i64
     }
 
+    /// Records `first ..` are decisions from outside with these windows (the EVM's Window
+    /// message); the windows of records before `first` are forgotten (cut already).
+    pub fn decide(&mut self, first: u64, windows: &[(u64, u64)]) {
+        for (i, &(begin, end)) in windows.iter().enumerate() {
+            let w = Window {
+                begin,
+                core_end: end,
+                end,
+            };
+            self.decided.insert(first + i as u64, w);
+        }
+    }
+
+    /// Whether record k's window is known (always, but for decisions from outside whose
+    /// Window message has not come).
+    pub fn knows(&self, k: u64) -> bool {
+        !self.outside || self.decided.contains_key(&k)
+    }
+
+    /// Forgets the windows of decisions from outside before record `k` (cut already).
+    pub fn forget_before(&mut self, k: u64) {
+        if self.outside && self.decided.first_key_value().is_some_and(|(&f, _)| f < k) {
+            self.decided = self.decided.split_off(&k);
+        }
+    }
+
     /// Decision k's window: the file's entry k, or `[t − d − before, t − d + after)`,
-    /// clamped to tick 0.
+    /// clamped to tick 0, or the one the EVM gave for a decision from outside.
     pub fn window(&self, k: u64) -> Window {
+        if self.outside {
+            // asked only once known ([`Windows::knows`]); an unknown one holds nothing
+            return self.decided.get(&k).copied().unwrap_or(Window {
+                begin: 0,
+                core_end: 1,
+                end: 1,
+            });
+        }
         if let Some(list) = &self.listed {
             // a run takes at most as many decisions as the file lists (checked at setup)
             let (begin, end) = list
@@ -650,11 +688,17 @@ pub fn check_window(
     header: &FragmentHeader,
     payload: &Chain,
 ) -> Result<WindowStatus, String> {
-    let want = windows.window(header.event_id);
+    // decisions from outside: the window each fragment carries (the BU is not told them)
+    let want = (!windows.outside).then(|| windows.window(header.event_id));
     let mut buf = Vec::new();
     let Some(w) = read_window(header, payload, &mut buf, want)? else {
         return Ok(WindowStatus::Complete);
     };
+    let want = want.unwrap_or(Window {
+        begin: w.header.begin,
+        core_end: w.header.core_end,
+        end: w.header.end,
+    });
     let h = w.header;
     let (first, end) = (want.begin / frame_ticks, want.end.div_ceil(frame_ticks));
     let mut next: Option<u64> = None;
@@ -706,7 +750,7 @@ fn read_window<'a>(
     header: &FragmentHeader,
     payload: &'a Chain,
     buf: &'a mut Vec<u8>,
-    want: Window,
+    want: Option<Window>,
 ) -> Result<Option<WindowFragment<'a>>, String> {
     if header.flags & FLAG_MISSING != 0 {
         return Ok(None);
@@ -723,6 +767,11 @@ fn read_window<'a>(
     };
     let w = decode_window(bytes).map_err(|e| e.to_string())?;
     let h = w.header;
+    let want = want.unwrap_or(Window {
+        begin: h.begin,
+        core_end: h.core_end,
+        end: h.end,
+    });
     if (h.begin, h.core_end, h.end) != (want.begin, want.core_end, want.end) {
         return Err(format!(
             "window [{}, {}) core end {}, where record {} is [{}, {}) core end {}",
@@ -750,7 +799,7 @@ pub fn check_slice(
 ) -> Result<(), String> {
     let want = slicing.window(header.event_id);
     let mut buf = Vec::new();
-    let Some(w) = read_window(header, payload, &mut buf, want)? else {
+    let Some(w) = read_window(header, payload, &mut buf, Some(want))? else {
         return Ok(());
     };
     let mut prev: Option<u64> = None;
@@ -877,6 +926,8 @@ mod tests {
             delay_max: 0,
             buffer_ticks: 5000,
             wait: Duration::from_millis(10),
+            outside: false,
+            decided: Default::default(),
         };
         let win = Window {
             begin: 1000,
@@ -933,6 +984,8 @@ mod tests {
             delay_max: 15,
             buffer_ticks: 1000,
             wait: Duration::ZERO,
+            outside: false,
+            decided: Default::default(),
         };
         let g = FrameGenerator::new(u.frames.clone(), 7, u.slicing).with_windows(w);
         let pool = evb_buffers::Pool::new("t", 1 << 16, 8);

@@ -373,6 +373,15 @@ impl Ru {
         abort(&mut self.state, &mut self.actions, reason);
     }
 
+    /// The decisions' windows, in a run by decision windows.
+    fn windows_mut(&mut self) -> Option<&mut crate::frames::Windows> {
+        match &mut self.cfg.source {
+            Source::Frames(f) => f.windows.as_mut(),
+            Source::Live(f) => f.windows.as_mut().map(|b| b.windows_mut()),
+            _ => None,
+        }
+    }
+
     /// Records are decision windows, each waited for from its Assign.
     fn by_windows(&self) -> bool {
         match &self.cfg.source {
@@ -436,6 +445,13 @@ impl Ru {
                 // standby's Start after a takeover does not move it
                 self.started.get_or_insert(now);
             }
+            Message::Window { first, windows } => match self.windows_mut() {
+                Some(w) if w.outside => w.decide(first, &windows),
+                _ => {
+                    tracing::warn!("a Window message in a run not decided from outside");
+                    self.stats.errors += 1;
+                }
+            },
             Message::Assign(r, inc) if r.count > 0 => {
                 if self.by_windows() {
                     // a window's wait for its data runs from its Assign
@@ -610,6 +626,15 @@ impl Ru {
                 {
                     self.assigned_at.pop_front();
                 }
+                if self.windows_mut().is_some_and(|w| !w.knows(event_id)) {
+                    // a decision from outside whose Window has not come: it precedes the
+                    // Assign on the EVM's connection, so this is a protocol error
+                    let reason =
+                        format!("assigned record {event_id}, whose window the EVM never sent");
+                    self.close_run(&mut open);
+                    self.source_failed(reason);
+                    return;
+                }
                 let since = self.assigned_at.front().map_or(now, |&(_, t)| t);
                 let waited = now.saturating_duration_since(since);
                 let started = *self.started.get_or_insert(now);
@@ -636,6 +661,9 @@ impl Ru {
                     break;
                 }
                 self.waiting = None;
+                if let Some(w) = self.windows_mut() {
+                    w.forget_before(event_id);
+                }
             }
             if !self.cfg.source.has_event(event_id) {
                 // The EVM assigns only what `Available` announced, in order.

@@ -129,6 +129,15 @@ impl WindowBuffer {
         self.closed
     }
 
+    /// The decisions' windows (to be told those of decisions from outside).
+    pub fn windows_mut(&mut self) -> &mut Windows {
+        &mut self.windows
+    }
+
+    pub fn windows(&self) -> &Windows {
+        &self.windows
+    }
+
     pub fn stats(&self) -> WindowBufferStats {
         let mut s = self.stats;
         s.held_frames = self.frames.len() as u64;
@@ -229,6 +238,8 @@ mod tests {
             delay_max: 0,
             buffer_ticks,
             wait: Duration::from_millis(10),
+            outside: false,
+            decided: Default::default(),
         };
         WindowBuffer::new(windows, F, 2)
     }

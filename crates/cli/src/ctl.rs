@@ -71,6 +71,16 @@ enum CtlCmd {
     Halt(WaitFlag),
     /// Abort the run (or clear a failure) and return to ready.
     Reset(WaitFlag),
+    /// Trigger decisions from outside (a run with windows.outside = true): each `BEGIN END`
+    /// pair of ticks, or each line `begin end` of --file, is the window of the run's next
+    /// record, in order.
+    Decide {
+        /// Window bounds in ticks: BEGIN END [BEGIN END ...].
+        ticks: Vec<u64>,
+        /// A file of decisions, a line `begin end` each (docs/formats.md §8).
+        #[arg(long, conflicts_with = "ticks")]
+        file: Option<PathBuf>,
+    },
     /// Every run's record, or run N's with its full report.
     Runs {
         /// A run number: that run's record with its full report.
@@ -208,6 +218,22 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
         CtlCmd::Stop(_) => api.post("/api/v1/stop", &json!({}))?,
         CtlCmd::Halt(_) => api.post("/api/v1/halt", &json!({}))?,
         CtlCmd::Reset(_) => api.post("/api/v1/reset", &json!({}))?,
+        CtlCmd::Decide { ticks, file } => {
+            let windows = decisions(ticks, file.as_deref())?;
+            let reply = api.post("/api/v1/decide", &json!({ "windows": windows }))?;
+            if let Some(p) = &a.json {
+                crate::json_out::write(p, &reply.body)?;
+            }
+            if !reply.ok() {
+                eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+                return Ok(false);
+            }
+            let r: evb_control::replies::DecideReply = reply.typed("decide")?;
+            if !a.json.as_deref().is_some_and(crate::json_out::is_stdout) {
+                println!("decide: {} decisions to run {}", r.accepted, r.run);
+            }
+            return Ok(true);
+        }
         CtlCmd::Runs { run: None } => api.get("/api/v1/runs")?,
         CtlCmd::Runs { run: Some(n) } => api.get(&format!("/api/v1/runs/{n}"))?,
         CtlCmd::Wait {
@@ -261,6 +287,18 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
             _ => true,
         };
     Ok(ok)
+}
+
+/// `evb ctl decide`'s windows: pairs of ticks from the command line, or a file's lines.
+fn decisions(ticks: &[u64], file: Option<&std::path::Path>) -> Result<Vec<[u64; 2]>, String> {
+    if let Some(f) = file {
+        let list = evb_node::setup::read_decisions(f)?;
+        return Ok(list.into_iter().map(|(b, e)| [b, e]).collect());
+    }
+    if ticks.is_empty() || !ticks.len().is_multiple_of(2) {
+        return Err("decide needs pairs of ticks, BEGIN END [BEGIN END ...], or --file".into());
+    }
+    Ok(ticks.chunks(2).map(|p| [p[0], p[1]]).collect())
 }
 
 /// A command's reply, as a line: `stop: state stopping, run 7`.

@@ -964,3 +964,75 @@ fn evb_ctl_status_names_the_windows_that_came_late_or_missing() {
     );
     assert!(up.halt().success());
 }
+
+/// Decisions from outside (issue 54: "an external trigger program submits decisions"):
+/// `evb up` of a run whose records are decided at run time, `evb ctl decide` hands in three
+/// windows while the run is on (one in the RUs' latency buffers, one long evicted, one far
+/// ahead of the data); each becomes a record, built complete, MISSING and LATE as the BUs
+/// count them, and the run ends after its `run.events` decisions. A window longer than
+/// `windows.longest_ticks`, or one that ends before it begins, is refused naming it, and
+/// nothing of it is taken; a system whose records are not decided from outside refuses
+/// decisions.
+#[test]
+fn decisions_from_outside_become_records_through_evb_ctl_decide() {
+    let up = Up::start(
+        "[run]\nid = \"outside-decisions\"\nevents = 3\nduration_s = 0\n\
+         [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 100\n\
+         [windows]\noutside = true\nlongest_ticks = 10000\ntick_hz = 1000000\n\
+         buffer_ms = 1000\nwait_ms = 100\n",
+    );
+    let (code, _) = up.post("start", json!({}));
+    assert_eq!(code, 200);
+    // the RUs' streams have been flowing for a while: 1.0 s of data is in their buffers
+    // once the run is 1.2 s old (up to 2 s: the buffers keep 1 s)
+    up.wait_until("the run", 30, |s| s["state"] == "running");
+    std::thread::sleep(Duration::from_millis(1200));
+    let refused = up.ctl(&["decide", "0", "20000"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("windows.longest_ticks = 10000"), "{why}");
+    let refused = up.ctl(&["decide", "1000000", "1005000", "5", "4"]);
+    assert!(
+        !refused.status.success(),
+        "nothing of a refused call is taken"
+    );
+    let out = up.ctl(&[
+        "decide",
+        "1000000",
+        "1005000",
+        "0",
+        "5000",
+        "100000000",
+        "100005000",
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("decide: 3 decisions to run 1"),
+        "{}",
+        common::text(&out)
+    );
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec}");
+    let run = &rec["report"]["run"];
+    assert_eq!(run["evm"]["triggered"], 3, "{rec}");
+    assert_eq!(run["evm"]["decisions_received"], 3, "{rec}");
+    let bus = run["bus"].as_array().unwrap();
+    let sum = |k: &str| bus.iter().map(|b| b[k].as_u64().unwrap()).sum::<u64>();
+    // two RUs: each record's two components
+    assert_eq!(sum("late_components"), 2, "{rec}");
+    assert_eq!(sum("missing_components"), 2, "{rec}");
+    assert_eq!(sum("window_errors"), 0, "{rec}");
+    assert_eq!(sum("partial_events"), 2, "{rec}");
+    assert!(up.halt().success());
+
+    // a system whose records are not decided from outside refuses decisions
+    let plain = Up::start("[run]\nid = \"no-outside\"\nevents = 100\nduration_s = 0\n");
+    let out = plain.ctl(&["decide", "0", "10"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not decided from outside"),
+        "{}",
+        common::text(&out)
+    );
+    assert!(plain.halt().success());
+}

@@ -266,6 +266,12 @@ pub struct WindowsSection {
     /// A file of decisions ("" for none): decision k's window is its k-th line, `begin end`
     /// in ticks (docs/formats.md §8), instead of the seeded ones; every node reads it.
     pub decisions: String,
+    /// Decisions come from outside at run time (`evb ctl decide`, `POST /api/v1/decide`),
+    /// each with its window: a record per decision, as they arrive.
+    pub outside: bool,
+    /// With `outside`: the longest window a decision may ask for, in ticks (it bounds the
+    /// RUs' fragments); longer ones are refused by the control API.
+    pub longest_ticks: u64,
 }
 
 impl Default for WindowsSection {
@@ -279,6 +285,8 @@ impl Default for WindowsSection {
             buffer_ms: 1000,
             wait_ms: 100,
             decisions: String::new(),
+            outside: false,
+            longest_ticks: 0,
         }
     }
 }

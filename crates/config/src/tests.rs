@@ -1442,3 +1442,32 @@ fn slices_from_streams_of_frames_refuse_what_would_not_do_what_it_says() {
         &["source.max_fragment", "bytes"],
     );
 }
+
+/// Decisions from outside: each carries its window, so the seeded windows' keys and a file
+/// of decisions are refused as doing nothing; the longest window must be said (it bounds
+/// the fragments), and only applies with `outside`; the decisions pace the run.
+#[test]
+fn decisions_from_outside_refuse_what_would_do_nothing() {
+    let base = "[run]\nevents = 10\n[builder]\nby = \"window\"\n[windows]\noutside = true\n";
+    let c = Config::from_toml(&format!("{base}longest_ticks = 62500\n")).unwrap();
+    c.validate().unwrap();
+    // 62500 ticks of 1000-tick frames, two more for the ends
+    assert_eq!(c.max_window_frames(), 65);
+    assert_err(base, &["windows.longest_ticks"]);
+    for (key, line) in [
+        ("windows.decisions", "decisions = \"d.txt\""),
+        ("windows.before_ticks", "before_ticks = 5"),
+        ("windows.after_ticks", "after_ticks = 5"),
+        ("windows.delay_min_ticks", "delay_min_ticks = -5"),
+        ("windows.delay_max_ticks", "delay_max_ticks = 5"),
+    ] {
+        assert_err(
+            &format!("{base}longest_ticks = 100\n{line}\n"),
+            &[key, "each decision carries its window"],
+        );
+    }
+    assert_err(
+        "[run]\nrate_hz = 10\n[builder]\nby = \"window\"\n[windows]\nlongest_ticks = 100\n",
+        &["windows.longest_ticks", "windows.outside"],
+    );
+}

@@ -43,7 +43,12 @@ impl Config {
         match self.builder.by {
             BuildBy::Window => {
                 let w = &self.windows;
-                w.before_ticks.saturating_add(w.after_ticks).div_ceil(f) + 2
+                let longest = if w.outside {
+                    w.longest_ticks
+                } else {
+                    w.before_ticks.saturating_add(w.after_ticks)
+                };
+                longest.div_ceil(f) + 2
             }
             _ => {
                 let b = &self.builder;
@@ -250,6 +255,15 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
 
 fn validate_windows(c: &Config) -> Result<(), ConfigError> {
     let w = &c.windows;
+    if w.outside {
+        return validate_outside(c);
+    }
+    if w.longest_ticks != 0 {
+        return Err(invalid(
+            "windows.longest_ticks",
+            "bounds the windows of decisions from outside: only with windows.outside = true",
+        ));
+    }
     if c.run.rate_hz <= 0.0 {
         return Err(invalid(
             "run.rate_hz",
@@ -316,6 +330,45 @@ fn validate_windows(c: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    int_in("windows.buffer_ms", w.buffer_ms, 1, 3_600_000, " ms")?;
+    int_in("windows.wait_ms", w.wait_ms, 0, 10_000, " ms")?;
+    Ok(())
+}
+
+/// Decisions from outside at run time: each carries its window, so the seeded windows'
+/// keys and a file of decisions would do nothing; the longest window is said instead, and
+/// the decisions pace the run (`run.rate_hz` may be 0).
+fn validate_outside(c: &Config) -> Result<(), ConfigError> {
+    let w = &c.windows;
+    let d = WindowsSection::default();
+    for (key, set) in [
+        ("windows.decisions", !w.decisions.is_empty()),
+        ("windows.before_ticks", w.before_ticks != d.before_ticks),
+        ("windows.after_ticks", w.after_ticks != d.after_ticks),
+        (
+            "windows.delay_min_ticks",
+            w.delay_min_ticks != d.delay_min_ticks,
+        ),
+        (
+            "windows.delay_max_ticks",
+            w.delay_max_ticks != d.delay_max_ticks,
+        ),
+    ] {
+        if set {
+            return Err(invalid(
+                key,
+                "does nothing with windows.outside: each decision carries its window",
+            ));
+        }
+    }
+    int_in("windows.tick_hz", w.tick_hz, 1, 1_000_000_000_000, " Hz")?;
+    int_in(
+        "windows.longest_ticks",
+        w.longest_ticks,
+        1,
+        MAX_TICKS,
+        " ticks: the longest window a decision from outside may ask for",
+    )?;
     int_in("windows.buffer_ms", w.buffer_ms, 1, 3_600_000, " ms")?;
     int_in("windows.wait_ms", w.wait_ms, 0, 10_000, " ms")?;
     Ok(())

@@ -406,6 +406,7 @@ fn router(node: Shared) -> Router {
             .route("/api/v1/links", get(links))
             .route("/api/v1/sd", get(scrape_targets))
             .route("/api/v1/runs/{n}", get(run_record))
+            .route("/api/v1/decide", post(decide))
             .route("/api/v1/{command}", post(command));
     } else {
         r = r.route("/api/v1/status", get(node_status));
@@ -747,6 +748,35 @@ async fn run_record(State(node): State<Shared>, Path(n): Path<String>) -> Respon
     match c.run_record(n) {
         Some(r) => Json(r).into_response(),
         None => error(404, format!("no run {n}")),
+    }
+}
+
+/// Decisions from outside: `{"windows": [[begin, end], ...]}` (ticks), each the next record.
+async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
+    let Some(c) = node.controller() else {
+        return error(404, "decisions go to the EVM");
+    };
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let windows: Option<Vec<(u64, u64)>> = v["windows"].as_array().and_then(|a| {
+        a.iter()
+            .map(|w| match w.as_array().map(Vec::as_slice) {
+                Some([b, e]) => Some((b.as_u64()?, e.as_u64()?)),
+                _ => None,
+            })
+            .collect()
+    });
+    let Some(windows) = windows else {
+        return error(
+            400,
+            "decide needs {\"windows\": [[begin, end], ...]}: tick numbers, a pair per decision",
+        );
+    };
+    match c.decide(&windows) {
+        Ok(reply) => Json(reply).into_response(),
+        Err(r) => error(r.status, r.why),
     }
 }
 

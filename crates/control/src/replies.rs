@@ -95,6 +95,14 @@ impl Request {
     }
 }
 
+/// The reply to decisions from outside (`POST /api/v1/decide`): the run they went to and
+/// how many; each becomes that run's next record, in order, as the EVM triggers it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecideReply {
+    pub run: u64,
+    pub accepted: u64,
+}
+
 /// The reply to a command accepted: the state it leads to and the run it concerns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandReply {

@@ -24,6 +24,8 @@ struct Inner {
     snapshot: Mutex<Option<NodeStatus>>,
     /// Where the node's control API listens, once bound.
     api: Mutex<Option<String>>,
+    /// Decisions from outside (their windows) not yet handed to the EVM.
+    decisions: Mutex<Vec<(u64, u64)>>,
 }
 
 impl RunControl {
@@ -53,8 +55,27 @@ impl RunControl {
         self.0.pause.store(false, Ordering::SeqCst);
         self.0.aborting.store(false, Ordering::SeqCst);
         *self.0.abort.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.0
+            .decisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         // a new run's figures start from nothing, not from the last run's
         *self.0.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Decisions from outside (`windows.outside`): their windows, for the EVM's next pass.
+    pub fn decide(&self, windows: &[(u64, u64)]) {
+        self.0
+            .decisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(windows);
+    }
+
+    /// The decisions handed in since the last call.
+    pub(crate) fn take_decisions(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut *self.0.decisions.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Records where the node's control API listens (the driver tells the EVM).

@@ -95,6 +95,8 @@ pub fn frame_generator(cfg: &Config) -> Result<Option<FrameGenerator>, String> {
         delay_max: w.delay_max_ticks,
         buffer_ticks: (w.buffer_ms as u128 * w.tick_hz as u128 / 1000) as u64,
         wait: Duration::from_millis(w.wait_ms),
+        outside: w.outside,
+        decided: Default::default(),
     })))
 }
 
@@ -290,7 +292,7 @@ pub fn logic(
     Ok(match me.role {
         Role::Evm => {
             let r = &cfg.run;
-            Logic::Evm(Evm::new(
+            let mut evm = Evm::new(
                 EvmConfig {
                     n_ru: rus.len() as u16,
                     n_bu,
@@ -316,7 +318,12 @@ pub fn logic(
                         .collect(),
                 },
                 now,
-            ))
+            );
+            if cfg.builder.by == evb_config::BuildBy::Window && cfg.windows.outside {
+                // a record per decision from outside (`evb ctl decide`)
+                evm.take_decisions_from_outside();
+            }
+            Logic::Evm(evm)
         }
         Role::Ru => Logic::Ru(Ru::new(
             RuConfig {

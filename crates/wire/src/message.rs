@@ -50,6 +50,8 @@ pub enum MessageType {
     Fence = 0x0022,
     /// EVM → a node, first on every control connection: the EVM's epoch (its term).
     Term = 0x0023,
+    /// EVM → RUs: the windows of records decided from outside (docs/protocol.md §10.4).
+    Window = 0x0024,
     /// Pub/sub (see [`crate::pubsub`]): subscriber → publisher.
     Subscribe = 0x0030,
     Unsubscribe = 0x0031,
@@ -86,6 +88,7 @@ impl MessageType {
             0x0021 => MessageType::Follow,
             0x0022 => MessageType::Fence,
             0x0023 => MessageType::Term,
+            0x0024 => MessageType::Window,
             0x0030 => MessageType::Subscribe,
             0x0031 => MessageType::Unsubscribe,
             0x0032 => MessageType::Published,
@@ -223,7 +226,17 @@ pub enum Message {
     /// at `epoch` (0 for the EVM that started it). A node that followed a higher epoch
     /// refuses it (docs/protocol.md §6 item 15).
     Term { epoch: u16 },
+    /// EVM → RUs (docs/protocol.md §10.4): records `first ..` are decisions from outside,
+    /// these windows `[begin, end)` in ticks, over every source; sent before their Assign
+    /// on the same connection. 1 to [`MAX_WINDOWS`] windows, each ending after it begins.
+    Window {
+        first: u64,
+        windows: Vec<(u64, u64)>,
+    },
 }
+
+/// Most windows in one Window message.
+pub const MAX_WINDOWS: usize = 4096;
 
 /// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
 pub(crate) fn encode_range(r: &EventRange, out: &mut Vec<u8>) {
@@ -291,6 +304,7 @@ impl Message {
             Message::Follow(_) => MessageType::Follow,
             Message::Fence { .. } => MessageType::Fence,
             Message::Term { .. } => MessageType::Term,
+            Message::Window { .. } => MessageType::Window,
         }
     }
 
@@ -347,6 +361,18 @@ impl Message {
             Message::Fence { epoch } | Message::Term { epoch } => {
                 out.extend_from_slice(&epoch.to_le_bytes());
                 out.extend_from_slice(&[0u8; 6]);
+            }
+            Message::Window { first, windows } => {
+                let n = windows.len().min(MAX_WINDOWS);
+                out.extend_from_slice(&first.to_le_bytes());
+                out.extend_from_slice(&(n as u32).to_le_bytes());
+                out.extend_from_slice(&0u32.to_le_bytes());
+                for (begin, end) in &windows[..n] {
+                    out.extend_from_slice(&begin.to_le_bytes());
+                    out.extend_from_slice(&end.to_le_bytes());
+                    // no components (every source), reserved, padding to 24 bytes
+                    out.extend_from_slice(&[0u8; 8]);
+                }
             }
         }
         let len = (out.len() - start - MESSAGE_HEADER_LEN) as u32;
@@ -483,6 +509,48 @@ impl Message {
                     });
                 }
                 Message::Fence { epoch }
+            }
+            MessageType::Window => {
+                need("window", b, 16)?;
+                let n = u32_at(b, 8) as usize;
+                if n == 0 || n > MAX_WINDOWS {
+                    return Err(WireError::OutOfRange {
+                        what: "window count",
+                        value: n as u64,
+                    });
+                }
+                if u32_at(b, 12) != 0 {
+                    return Err(WireError::ReservedNonZero { what: "window" });
+                }
+                exact("window", 16 + 24 * n)?;
+                let mut windows = Vec::with_capacity(n);
+                for e in b[16..].chunks_exact(24) {
+                    let (begin, end) = (u64_at(e, 0), u64_at(e, 8));
+                    if end <= begin {
+                        return Err(WireError::OutOfRange {
+                            what: "window end (not after its begin)",
+                            value: end,
+                        });
+                    }
+                    // components: none in this version (every source); reserved, padding
+                    if u16_at(e, 16) != 0 {
+                        return Err(WireError::OutOfRange {
+                            what: "window component count (windows over some components \
+                                   are not built: 0, every source)",
+                            value: u16_at(e, 16) as u64,
+                        });
+                    }
+                    if e[18..24].iter().any(|&x| x != 0) {
+                        return Err(WireError::ReservedNonZero {
+                            what: "window entry",
+                        });
+                    }
+                    windows.push((begin, end));
+                }
+                Message::Window {
+                    first: u64_at(b, 0),
+                    windows,
+                }
             }
             MessageType::Term => {
                 exact("term", 8)?;

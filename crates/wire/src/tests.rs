@@ -764,3 +764,51 @@ fn term_bodies_are_checked() {
     assert!(Message::decode(MessageType::Term, &[1, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     assert_eq!(MessageType::from_u16(0x0023), Ok(MessageType::Term));
 }
+
+/// The windows of records decided from outside travel intact; a window that does not end
+/// after it begins, components (not built), reserved bytes, a count of 0 or too many, and
+/// every other length are refused, and every bit flipped in the counts or reserved bytes
+/// is noticed.
+#[test]
+fn window_bodies_are_checked() {
+    let m = Message::Window {
+        first: 41,
+        windows: vec![(0, 1), (1000, 2500), (u64::MAX - 1, u64::MAX)],
+    };
+    let bytes = m.encode();
+    let body = &bytes[MESSAGE_HEADER_LEN..];
+    assert_eq!(body.len(), 16 + 3 * 24);
+    assert_eq!(Message::decode(MessageType::Window, body), Ok(m));
+    assert_eq!(MessageType::from_u16(0x0024), Ok(MessageType::Window));
+    for cut in 0..body.len() {
+        assert!(
+            Message::decode(MessageType::Window, &body[..cut]).is_err(),
+            "{cut}"
+        );
+    }
+    let mut longer = body.to_vec();
+    longer.extend_from_slice(&[0; 24]);
+    assert!(Message::decode(MessageType::Window, &longer).is_err());
+    // the count (bytes 8..12), reserved (12..16), an entry's components (16..18 of it) and
+    // reserved bytes (18..24)
+    for i in (8..16).chain(16 + 16..16 + 24) {
+        for bit in 0..8 {
+            let mut bad = body.to_vec();
+            bad[i] ^= 1 << bit;
+            assert!(
+                Message::decode(MessageType::Window, &bad).is_err(),
+                "byte {i} bit {bit} went unnoticed"
+            );
+        }
+    }
+    // a window that ends where it begins
+    let mut bad = body.to_vec();
+    bad[16 + 24 + 8..16 + 24 + 16].copy_from_slice(&1000u64.to_le_bytes());
+    assert!(Message::decode(MessageType::Window, &bad).is_err());
+    let empty = Message::Window {
+        first: 0,
+        windows: vec![],
+    }
+    .encode();
+    assert!(Message::decode(MessageType::Window, &empty[MESSAGE_HEADER_LEN..]).is_err());
+}

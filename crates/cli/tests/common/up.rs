@@ -9,6 +9,24 @@ use serde_json::{json, Value};
 
 use super::EVB;
 
+/// The configuration with a run id of its own when it sets none: `evb up` refuses a second
+/// system of a run id whose control answers, and the tests of one binary run side by side.
+fn own_run_id(toml: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let default_id = evb_config::Config::default().run.id;
+    let unset = evb_config::Config::parse_unvalidated(toml).is_ok_and(|c| c.run.id == default_id);
+    if !unset {
+        return toml.to_string();
+    }
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let line = format!("id = \"test-{}-{n}\"\n", std::process::id());
+    if toml.contains("[run]\n") {
+        toml.replacen("[run]\n", &format!("[run]\n{line}"), 1)
+    } else {
+        format!("[run]\n{line}{toml}")
+    }
+}
+
 /// An `evb up` of a configuration, taken down when dropped.
 pub struct Up {
     pub child: Child,
@@ -32,6 +50,7 @@ impl Up {
         let dir = super::out_dir();
         // `{dir}` in the configuration: this system's own folder (for a file sink)
         let toml = toml.replace("{dir}", &dir.path().display().to_string());
+        let toml = own_run_id(&toml);
         let cfg = dir.path().join("run.toml");
         std::fs::write(&cfg, &toml).unwrap();
         let mut child = Command::new(EVB)

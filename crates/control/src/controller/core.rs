@@ -208,6 +208,11 @@ impl Core {
         &self.cfg
     }
 
+    /// The current or last run number (0: none yet).
+    pub(crate) fn run(&self) -> u64 {
+        self.run
+    }
+
     /// The nodes the controller asks for their status (every node but the EVM).
     pub(crate) fn others(&self) -> Vec<NodeSpec> {
         self.cfg

@@ -126,6 +126,62 @@ impl Controller {
         self.core().allowed(cmd).map(|_| ())
     }
 
+    /// Most decisions in one `decide` call.
+    pub const MAX_DECISIONS: usize = 4096;
+
+    /// Decisions from outside (`POST /api/v1/decide`, `evb ctl decide`): each window a
+    /// record of the run under way, in order. Refused when the run does not take them
+    /// (`windows.outside`), when no run is on, and for a window that ends before it begins
+    /// or is longer than `windows.longest_ticks`, naming it; nothing of a refused call is
+    /// taken.
+    pub(crate) fn decide(
+        &self,
+        windows: &[(u64, u64)],
+    ) -> Result<crate::replies::DecideReply, Refused> {
+        let node = self.node().ok_or(Refused::new(503, "shutting down"))?;
+        let core = self.core();
+        let cfg = core.cfg();
+        if cfg.builder.by != evb_config::BuildBy::Window || !cfg.windows.outside {
+            return Err(Refused::new(
+                409,
+                "this system's records are not decided from outside (builder.by = \"window\" \
+                 with windows.outside = true)",
+            ));
+        }
+        let state = core.state();
+        if !matches!(state, State::Starting | State::Running | State::Paused) {
+            return Err(Refused::new(
+                409,
+                format!("no run to decide for: the state is {}", state.name()),
+            ));
+        }
+        if windows.is_empty() || windows.len() > Self::MAX_DECISIONS {
+            return Err(Refused::new(
+                400,
+                format!("1 to {} windows per call", Self::MAX_DECISIONS),
+            ));
+        }
+        let longest = cfg.windows.longest_ticks;
+        if let Some((i, (b, e))) = windows
+            .iter()
+            .enumerate()
+            .find(|(_, &(b, e))| e <= b || e - b > longest)
+        {
+            return Err(Refused::new(
+                400,
+                format!(
+                    "window {i} [{b}, {e}): it must end after it begins and last at most \
+                     windows.longest_ticks = {longest} ticks"
+                ),
+            ));
+        }
+        node.control.decide(windows);
+        Ok(crate::replies::DecideReply {
+            run: core.run(),
+            accepted: windows.len() as u64,
+        })
+    }
+
     /// An operator's command (the API's POST /api/v1/<command>).
     pub(crate) fn command(&self, req: Request) -> Result<CommandReply, Refused> {
         let node = self.node().ok_or(Refused::new(503, "shutting down"))?;

@@ -618,6 +618,13 @@ impl Driver {
                 if self.control.stop_requested() {
                     e.request_stop(now);
                 }
+                let decisions = self.control.take_decisions();
+                if !decisions.is_empty() && !e.decide(&decisions) {
+                    warn!(
+                        "{} decisions from outside in a run that does not take them",
+                        decisions.len()
+                    );
+                }
                 let paused = self.control.paused();
                 pause_changed = e.is_paused() != paused;
                 e.set_paused(now, paused);
