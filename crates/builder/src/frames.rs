@@ -392,18 +392,23 @@ impl FrameGenerator {
         self.frames.fill(j, source, 0, &mut out[at..]);
     }
 
-    /// Appends source `source`'s frame `j`, its header and payload, to `out`: what a
-    /// front-end emulator streams (`evb feed --frames`), byte for byte the frame an RU
-    /// makes of the generator.
-    pub fn frame(&self, source: u16, j: u64, out: &mut Vec<u8>) {
-        let at = out.len();
-        let mut h = TimeFrameHeader {
+    /// Source `source`'s frame `j`'s header, its CRC still 0.
+    fn frame_header(&self, source: u16, j: u64) -> TimeFrameHeader {
+        TimeFrameHeader {
             begin: j * self.frame_ticks,
             end: (j + 1) * self.frame_ticks,
             source_id: source,
             flags: TIME_FRAME_GENERATED,
             crc: 0,
-        };
+        }
+    }
+
+    /// Appends source `source`'s frame `j`, its header and payload, to `out`: what a
+    /// front-end emulator streams (`evb feed --frames`), byte for byte the frame an RU
+    /// makes of the generator.
+    pub fn frame(&self, source: u16, j: u64, out: &mut Vec<u8>) {
+        let at = out.len();
+        let mut h = self.frame_header(source, j);
         out.extend_from_slice(&h.encode());
         if self.frames.content == Content::Static {
             let t = self.template_of(source);
@@ -502,13 +507,7 @@ impl FrameGenerator {
         let mut at = dir;
         for (i, j) in (first..end).enumerate() {
             let size = self.frames.size(j, source);
-            let mut h = TimeFrameHeader {
-                begin: j * self.frame_ticks,
-                end: (j + 1) * self.frame_ticks,
-                source_id: source,
-                flags: TIME_FRAME_GENERATED,
-                crc: 0,
-            };
+            let mut h = self.frame_header(source, j);
             h.crc = match t.crc_and_shift(size) {
                 (payload_crc, Some(m)) => m.combine(crc32c::crc32c(&h.covered()), payload_crc),
                 (_, None) => h.crc_of([&t.bytes[..size]]),

@@ -303,25 +303,11 @@ fn validate_windows(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     if !w.decisions.is_empty() {
-        let d = WindowsSection::default();
-        for (key, set) in [
-            ("windows.before_ticks", w.before_ticks != d.before_ticks),
-            ("windows.after_ticks", w.after_ticks != d.after_ticks),
-            (
-                "windows.delay_min_ticks",
-                w.delay_min_ticks != d.delay_min_ticks,
-            ),
-            (
-                "windows.delay_max_ticks",
-                w.delay_max_ticks != d.delay_max_ticks,
-            ),
-        ] {
-            if set {
-                return Err(invalid(
-                    key,
-                    "does nothing with windows.decisions: the file gives every window",
-                ));
-            }
+        if let Some(key) = seeded_key_set(w) {
+            return Err(invalid(
+                key,
+                "does nothing with windows.decisions: the file gives every window",
+            ));
         }
         if c.run.events == 0 {
             return Err(invalid(
@@ -335,14 +321,10 @@ fn validate_windows(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Decisions from outside at run time: each carries its window, so the seeded windows'
-/// keys and a file of decisions would do nothing; the longest window is said instead, and
-/// the decisions pace the run (`run.rate_hz` may be 0).
-fn validate_outside(c: &Config) -> Result<(), ConfigError> {
-    let w = &c.windows;
+/// The first key of the seeded windows (extents, delays) set to other than its default.
+fn seeded_key_set(w: &WindowsSection) -> Option<&'static str> {
     let d = WindowsSection::default();
-    for (key, set) in [
-        ("windows.decisions", !w.decisions.is_empty()),
+    [
         ("windows.before_ticks", w.before_ticks != d.before_ticks),
         ("windows.after_ticks", w.after_ticks != d.after_ticks),
         (
@@ -353,13 +335,24 @@ fn validate_outside(c: &Config) -> Result<(), ConfigError> {
             "windows.delay_max_ticks",
             w.delay_max_ticks != d.delay_max_ticks,
         ),
-    ] {
-        if set {
-            return Err(invalid(
-                key,
-                "does nothing with windows.outside: each decision carries its window",
-            ));
-        }
+    ]
+    .into_iter()
+    .find_map(|(key, set)| set.then_some(key))
+}
+
+/// Decisions from outside at run time: each carries its window, so the seeded windows'
+/// keys and a file of decisions would do nothing; the longest window is said instead, and
+/// the decisions pace the run (`run.rate_hz` may be 0).
+fn validate_outside(c: &Config) -> Result<(), ConfigError> {
+    let w = &c.windows;
+    let set = (!w.decisions.is_empty())
+        .then_some("windows.decisions")
+        .or_else(|| seeded_key_set(w));
+    if let Some(key) = set {
+        return Err(invalid(
+            key,
+            "does nothing with windows.outside: each decision carries its window",
+        ));
     }
     int_in("windows.tick_hz", w.tick_hz, 1, 1_000_000_000_000, " Hz")?;
     int_in(
