@@ -538,6 +538,15 @@ fn print_status(s: &Status) {
             ""
         }
     );
+    if let Some(l) = s.trigger_latency.as_ref().filter(|l| l.count > 0) {
+        // every event released, a lost BU's included: the EVM's clock, trigger to release
+        println!(
+            "latency from trigger to release (the EVM's clock): {} events, p50 {} us, p99 {} us",
+            l.count,
+            num(l.p50_us),
+            num(l.p99_us)
+        );
+    }
     print_node_events(s.evm.lost.as_deref().unwrap_or_default());
     println!(
         "{:<10} {:<4} {:<12} {:>12} {:>10} {:>8} {:>8} {:>7}  note",

@@ -954,6 +954,16 @@ fn evb_ctl_status_names_the_windows_that_came_late_or_missing() {
     };
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec}");
+    // the EVM's latency from the trigger counts every record released, once
+    let s = up.status();
+    assert_eq!(s["trigger_latency"]["count"], 3000, "{s}");
+    let out = up.ctl(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("latency from trigger to release (the EVM's clock): 3000 events"),
+        "{}",
+        common::text(&out)
+    );
     let bus = rec["report"]["run"]["bus"].as_array().unwrap();
     let sum = |k: &str| bus.iter().map(|b| b[k].as_u64().unwrap()).sum::<u64>();
     let (late, missing) = (sum("late_components"), sum("missing_components"));

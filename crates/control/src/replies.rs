@@ -126,6 +126,11 @@ pub struct Status {
     pub evm: EvmSummary,
     pub totals: Totals,
     pub latency: Latency,
+    /// The EVM's histogram of the current (or last) run: from each event's trigger to its
+    /// release by the BU that built it, on the EVM's clock, every event released counted
+    /// once (a lost BU's included); `bus` is 0. `None` before the EVM's first snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_latency: Option<Latency>,
     pub nodes: Vec<NodeRow>,
     /// The latest runs (20 at most, newest first), without their reports.
     pub runs: Vec<RunRecord>,

@@ -157,6 +157,19 @@ fn by_time(snap: Option<&NodeStatus>) -> Option<String> {
     })
 }
 
+/// A histogram as the status gives it (`bus`: how many BUs' histograms are in it).
+fn latency_of(h: &evb_builder::LatencyHistogram, bus: u64) -> Latency {
+    Latency {
+        bounds_us: evb_builder::LATENCY_BOUNDS_US.to_vec(),
+        p50_us: h.quantile_us(0.5),
+        p99_us: h.quantile_us(0.99),
+        counts: h.counts.clone(),
+        count: h.count,
+        sum_us: h.sum_us,
+        bus,
+    }
+}
+
 pub(crate) struct Core {
     mode: Mode,
     state: State,
@@ -684,15 +697,7 @@ impl Core {
                 bus += 1;
             }
         }
-        Latency {
-            bounds_us: evb_builder::LATENCY_BOUNDS_US.to_vec(),
-            p50_us: sum.quantile_us(0.5),
-            p99_us: sum.quantile_us(0.99),
-            counts: sum.counts,
-            count: sum.count,
-            sum_us: sum.sum_us,
-            bus,
-        }
+        latency_of(&sum, bus)
     }
 
     /// The RU→BU matrix (`GET /api/v1/links`): for each RU of the current (or last) run
@@ -926,6 +931,7 @@ impl Core {
                 bytes_per_s: total.1,
             },
             latency: self.latency(),
+            trigger_latency: es.map(|s| latency_of(&s.record_latency, 0)),
             nodes,
             runs: self
                 .runs
