@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Final, Self, TypeAlias, final
+from typing import Any, Final, Self, TypeAlias, TypedDict, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer as _Buffer
@@ -54,6 +54,7 @@ __all__ = [
     "FileEvent",
     "FileFragment",
     "crc32c",
+    "decode_window",
     "judge_run",
     "__version__",
 ]
@@ -118,6 +119,20 @@ class FormatError(Error):
     it goes wrong."""
 
 # --- functions ------------------------------------------------------------------------
+
+class _Window(TypedDict):
+    begin: int
+    end: int
+    core_end: int
+    status: str
+    frames: list[tuple[int, int, int, int, int, int]]
+
+def decode_window(data: _Buffer) -> _Window:
+    """A window fragment (a fragment flagged WINDOW in a run built by time,
+    docs/protocol.md §10.2) read and checked: its window (`begin`, `end`, `core_end`),
+    `status` ("complete", "late", "missing", "empty") and `frames`, each `(begin, end,
+    source_id, flags, offset, length)` whose payload is `data[offset:offset + length]`
+    (slice a memoryview for no copy). Raises ValueError, saying why, for damaged input."""
 
 def crc32c(data: _Buffer) -> int:
     """CRC32C (Castagnoli) of a buffer-protocol object's bytes (bytes, bytearray,

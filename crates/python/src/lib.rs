@@ -200,6 +200,39 @@ fn crc32c_of(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u32> {
     producer::with_bytes(py, data, |bytes| Ok(py.detach(|| ::crc32c::crc32c(bytes))))
 }
 
+/// A window fragment (a fragment flagged WINDOW in a run built by time, docs/protocol.md
+/// §10.2) read and checked: a dict of its window (`begin`, `end`, `core_end`), `status`
+/// ("complete", "late", "missing", "empty") and `frames`, each a tuple `(begin, end,
+/// source_id, flags, offset, length)` whose payload is `data[offset:offset + length]` (slice
+/// a memoryview of `data` for no copy). Raises ValueError, saying why, for damaged input.
+#[pyfunction]
+fn decode_window(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    use evb_wire::window::WindowStatus;
+    producer::with_bytes(py, data, |bytes| {
+        let w = evb_wire::window::decode_window(bytes)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        let h = w.header;
+        let frames = pyo3::types::PyList::empty(py);
+        for (f, payload) in &w.frames {
+            let offset = payload.as_ptr() as usize - bytes.as_ptr() as usize;
+            frames.append((f.begin, f.end, f.source_id, f.flags, offset, payload.len()))?;
+        }
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("begin", h.begin)?;
+        d.set_item("end", h.end)?;
+        d.set_item("core_end", h.core_end)?;
+        let status = match h.status {
+            WindowStatus::Complete => "complete",
+            WindowStatus::Late => "late",
+            WindowStatus::Missing => "missing",
+            WindowStatus::Empty => "empty",
+        };
+        d.set_item("status", status)?;
+        d.set_item("frames", frames)?;
+        Ok(d.into_any().unbind())
+    })
+}
+
 /// evb's plug-in API from Python: a `Producer` feeds an RU (`source.kind = "api"`), a
 /// `Consumer` takes a BU's built events (`sink = "api"`), the node running on a thread of
 /// this process and the EVM and other nodes as `evb node` processes; `Publisher` and
@@ -211,6 +244,7 @@ fn crc32c_of(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<u32> {
 #[pyo3(name = "evb")]
 fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add_function(wrap_pyfunction!(decode_window, m)?)?;
     m.add("Error", py.get_type::<Error>())?;
     m.add("Full", py.get_type::<Full>())?;
     m.add("SizeError", py.get_type::<SizeError>())?;

@@ -296,3 +296,29 @@ def test_python_producer_frames_are_built_into_time_slices(run):
     assert got["problems"] == 0, got
     assert got["records"] == slices
     assert got["sources"]["0"] == {"core_frames": frames, "core_bytes": total}, got
+
+
+def test_decode_window_reads_a_record_s_frames_without_copying():
+    """A window fragment's frames as a consumer reads them: `evb.decode_window` gives each
+    frame's ticks, source and where its payload lies in the buffer (no copy); a damaged
+    frame raises ValueError."""
+    import struct
+    # a window fragment by hand: window [0, 100) core end 100, two frames
+    frames = []
+    for begin, payload in ((0, b"abc"), (50, b"defgh")):
+        head = struct.pack("<QQHH", begin, begin + 50, 7, 0)
+        crc = evb.crc32c(head + payload)
+        frames.append(head + struct.pack("<I", crc) + payload)
+    body = b"".join(frames)
+    directory = b"".join(struct.pack("<II", off, len(f)) for off, f in
+                         ((0, frames[0]), (len(frames[0]), frames[1])))
+    data = struct.pack("<QQQHHI", 0, 100, 100, 0, 0, 2) + directory + body
+    w = evb.decode_window(data)
+    assert (w["begin"], w["end"], w["core_end"], w["status"]) == (0, 100, 100, "complete")
+    assert [f[:4] for f in w["frames"]] == [(0, 50, 7, 0), (50, 100, 7, 0)]
+    view = memoryview(data)
+    assert [bytes(view[o:o + n]) for *_, o, n in w["frames"]] == [b"abc", b"defgh"]
+    bad = bytearray(data)
+    bad[-1] ^= 1
+    with pytest.raises(ValueError, match="checksum"):
+        evb.decode_window(bytes(bad))
