@@ -160,6 +160,31 @@ typedef struct {
 } EvbBuffer;
 
 /**
+ * A window fragment's window (docs/protocol.md §10.2): ticks `[begin, end)`, the core's end,
+ * the status (0 complete, 1 LATE, 2 MISSING, 3 EMPTY) and how many frames it holds.
+ */
+typedef struct {
+  uint64_t begin;
+  uint64_t end;
+  uint64_t core_end;
+  uint16_t status;
+  uint32_t frames;
+} EvbWindow;
+
+/**
+ * One frame of a window fragment: its ticks, source and flags, and where its payload lies
+ * in the fragment (`offset` bytes from its start, `length` bytes: no copy).
+ */
+typedef struct {
+  uint64_t begin;
+  uint64_t end;
+  uint16_t source_id;
+  uint16_t flags;
+  size_t offset;
+  size_t length;
+} EvbFrame;
+
+/**
  * One fragment of a built event.
  */
 typedef struct {
@@ -361,6 +386,19 @@ int evb_producer_submit(EvbProducer *p, uint64_t id, size_t len, uint32_t trigge
  * 0); `frame` is NULL or valid for a write.
  */
 int evb_producer_submit_frame(EvbProducer *p, uint64_t begin, uint64_t end, const uint8_t *data, size_t len, int wait, uint64_t *frame);
+
+/**
+ * Reads and checks a window fragment (a fragment flagged WINDOW in a run built by time):
+ * its window into `*out`, and its first `capacity` frames into `frames` (which may be NULL
+ * with `capacity` 0). `EVB_ERR_SIZE` when it holds more frames than `capacity` (`out->frames`
+ * says how many: call again with room); `EVB_ERR_ARG` for damaged input, the reason in
+ * `evb_last_error()`.
+ *
+ * # Safety
+ * `data` is valid for `len` bytes of reading; `out` is valid for a write; `frames` is NULL
+ * or valid for `capacity` writes.
+ */
+int evb_decode_window(const uint8_t *data, size_t len, EvbWindow *out, EvbFrame *frames, size_t capacity);
 
 /**
  * Gives buffer `id` back unsubmitted.

@@ -396,6 +396,89 @@ pub unsafe extern "C" fn evb_producer_submit_frame(
     })
 }
 
+/// A window fragment's window (docs/protocol.md §10.2): ticks `[begin, end)`, the core's end,
+/// the status (0 complete, 1 LATE, 2 MISSING, 3 EMPTY) and how many frames it holds.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EvbWindow {
+    pub begin: u64,
+    pub end: u64,
+    pub core_end: u64,
+    pub status: u16,
+    pub frames: u32,
+}
+
+/// One frame of a window fragment: its ticks, source and flags, and where its payload lies
+/// in the fragment (`offset` bytes from its start, `length` bytes: no copy).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EvbFrame {
+    pub begin: u64,
+    pub end: u64,
+    pub source_id: u16,
+    pub flags: u16,
+    pub offset: usize,
+    pub length: usize,
+}
+
+/// Reads and checks a window fragment (a fragment flagged WINDOW in a run built by time):
+/// its window into `*out`, and its first `capacity` frames into `frames` (which may be NULL
+/// with `capacity` 0). `EVB_ERR_SIZE` when it holds more frames than `capacity` (`out->frames`
+/// says how many: call again with room); `EVB_ERR_ARG` for damaged input, the reason in
+/// `evb_last_error()`.
+///
+/// # Safety
+/// `data` is valid for `len` bytes of reading; `out` is valid for a write; `frames` is NULL
+/// or valid for `capacity` writes.
+#[no_mangle]
+pub unsafe extern "C" fn evb_decode_window(
+    data: *const u8,
+    len: usize,
+    out: *mut EvbWindow,
+    frames: *mut EvbFrame,
+    capacity: usize,
+) -> c_int {
+    guard(|| {
+        if data.is_null() || out.is_null() || (frames.is_null() && capacity > 0) {
+            return Err(fail(EVB_ERR_ARG, "data, out or frames is NULL"));
+        }
+        // SAFETY: non-null and valid for `len` bytes (this function's contract).
+        let bytes = unsafe { std::slice::from_raw_parts(data, len) };
+        let w = evb_wire::window::decode_window(bytes)
+            .map_err(|e| fail(EVB_ERR_ARG, &format!("not a window fragment: {e}")))?;
+        let h = w.header;
+        let n = w.frames.len();
+        let window = EvbWindow {
+            begin: h.begin,
+            end: h.end,
+            core_end: h.core_end,
+            status: h.status as u16,
+            frames: n as u32,
+        };
+        // SAFETY: checked non-null; valid for a write (this function's contract).
+        unsafe { put(out, window, "out") }?;
+        if n > capacity {
+            return Err(fail(
+                EVB_ERR_SIZE,
+                &format!("the fragment holds {n} frames, room was given for {capacity}"),
+            ));
+        }
+        for (i, (f, payload)) in w.frames.iter().enumerate() {
+            let frame = EvbFrame {
+                begin: f.begin,
+                end: f.end,
+                source_id: f.source_id,
+                flags: f.flags,
+                offset: payload.as_ptr() as usize - bytes.as_ptr() as usize,
+                length: payload.len(),
+            };
+            // SAFETY: i < n <= capacity, and `frames` is valid for `capacity` writes.
+            unsafe { frames.add(i).write(frame) };
+        }
+        Ok(EVB_OK)
+    })
+}
+
 /// Gives buffer `id` back unsubmitted.
 ///
 /// # Safety
