@@ -69,7 +69,20 @@ pub fn evb_run(toml: &str) -> (Output, Value) {
 
 /// `n` consecutive free loopback ports (best effort: bound together, then released).
 pub fn free_base_port(n: u16) -> u16 {
-    evb_messaging::free_ports(n).expect("free loopback ports")
+    // The tests of one binary run side by side, each drawing a random free range: two ranges
+    // a few ports apart, both free when drawn, collide once both systems start (seen in CI:
+    // two fault tests' nodes 2 ports apart). So no range overlaps one given before.
+    static GIVEN: std::sync::Mutex<Vec<(u32, u32)>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    for _ in 0..100 {
+        let base = evb_messaging::free_ports(n).expect("free loopback ports");
+        let (b, e) = (u32::from(base), u32::from(base) + u32::from(n));
+        if given.iter().all(|&(gb, ge)| e <= gb || b >= ge) {
+            given.push((b, e));
+            return base;
+        }
+    }
+    panic!("no free range of {n} loopback ports apart from those given to this binary's tests")
 }
 
 /// stdout and stderr together, for failure messages.
