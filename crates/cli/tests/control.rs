@@ -1046,3 +1046,35 @@ fn decisions_from_outside_become_records_through_evb_ctl_decide() {
     );
     assert!(plain.halt().success());
 }
+
+/// With `run.secret` set, decisions from outside change the run only with the token, from
+/// loopback too: a `POST /api/v1/decide` without it is refused (401) and triggers nothing;
+/// `evb ctl decide` with the secret (EVB_SECRET) is taken.
+#[test]
+fn with_a_secret_decisions_from_outside_need_the_token() {
+    let up = Up::start(
+        "[run]\nid = \"outside-secret\"\nevents = 1\nduration_s = 0\n\
+         secret = \"decide-key-5c1e9a07\"\n\
+         [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 100\n\
+         [windows]\noutside = true\nlongest_ticks = 10000\ntick_hz = 1000000\n",
+    );
+    let (code, _) = up.post("start", json!({}));
+    assert_eq!(code, 200);
+    up.wait_until("the run", 30, |s| s["state"] == "running");
+    let stranger = Api::new(&up.url, None);
+    let r = stranger
+        .post("/api/v1/decide", &json!({"windows": [[0, 10]]}))
+        .unwrap();
+    assert_eq!(r.status, 401, "{:?}", r.body);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        up.status()["evm"]["triggered"],
+        0,
+        "a refused decision triggered"
+    );
+    let out = up.ctl(&["decide", "0", "10"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rec = up.wait_run(1);
+    assert_eq!(rec["report"]["run"]["evm"]["triggered"], 1, "{rec}");
+    assert!(up.halt().success());
+}
