@@ -8,10 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+busy=()
 if [ "${1:-}" = "--loaded" ]; then
     # two processes that spin for as long as the suite runs (on this project's 2-core hosts,
     # the load of a second job beside the CI run), ended however the script ends
-    busy=()
     for _ in 1 2; do
         sh -c 'while :; do :; done' &
         busy+=($!)
@@ -129,6 +129,11 @@ if pkg-config --exists hdf5 2>/dev/null; then features=(--features evb/hdf5); fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
+# the run records of the tests' runs (run.records_dir's default) go to a folder of this
+# suite's own, not to the user's ~/.local/state/evb
+XDG_STATE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/evb-test-state.XXXXXX")"
+export XDG_STATE_HOME
+trap 'rm -rf "$XDG_STATE_HOME"; kill "${busy[@]}" 2>/dev/null || true' EXIT
 # every test binary runs even when one fails (the script still fails at the end)
 cargo test --workspace --no-fail-fast "${features[@]}"
 

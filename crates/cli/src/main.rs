@@ -171,6 +171,10 @@ struct NodeArgs {
     /// by `ps`, so that an operator (and the fault tests) can tell whose node it is.
     #[arg(long, hide = true, value_name = "TAG")]
     launched_by: Option<String>,
+    /// The number of the one run, claimed by `evb run` in the run records: the EVM then
+    /// keeps the run's record there (without it: run 1, recorded in memory only).
+    #[arg(long = "run-number", hide = true, value_name = "N")]
+    run_number: Option<u64>,
     /// Stay up after a run and run the runs the EVM's controller starts (`evb ctl start`),
     /// until halted; without it the node runs one run and exits.
     #[arg(long)]
@@ -501,7 +505,7 @@ fn main() -> ExitCode {
                 evb_control::Mode::Once
             };
             let every = Duration::from_millis(250);
-            match evb_control::run_process(&cfg, &id, mode, lines, every, control) {
+            match evb_control::run_process(&cfg, &id, mode, lines, every, control, a.run_number) {
                 Ok(end) => match end.outcome {
                     Some(Err(e)) if mode == evb_control::Mode::Once => {
                         eprintln!("evb node {id}: {e}");

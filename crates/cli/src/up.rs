@@ -85,7 +85,7 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
     let (tx, rx) = mpsc::channel();
     let mut placed = cfg.clone();
     launch::auto_place(&mut placed, false);
-    let (mut children, tmp, resolved) = launch::spawn_processes(&placed, &tx, true)?;
+    let (mut children, tmp, resolved) = launch::spawn_processes(&placed, &tx, true, None)?;
     let nodes = resolved.nodes();
     let evm = nodes[0].clone();
     let mut url = format!("http://{}/", evm.control);

@@ -1078,3 +1078,72 @@ fn with_a_secret_decisions_from_outside_need_the_token() {
     assert_eq!(rec["report"]["run"]["evm"]["triggered"], 1, "{rec}");
     assert!(up.halt().success());
 }
+
+/// Run records and run numbers outlive `evb up` (`run.records_dir`), each run's files go
+/// to a folder of their own (`sink.dir = ".../{run}"`), and a run whose control was killed
+/// (SIGKILL, at a seeded moment) is found interrupted by the next `evb up`.
+#[test]
+fn run_records_and_numbers_outlive_evb_up_and_every_run_has_its_folder() {
+    let tmp = common::out_dir();
+    let t = tmp.path().display();
+    let toml = format!(
+        "[run]\nid = \"records-{}\"\nrecords_dir = \"{t}/records\"\nevents = 3000\n\
+         duration_s = 0\nrate_hz = 3000\n[fragments]\nsize = 2048\n\
+         [sink]\nkind = \"file\"\ndir = \"{t}/out/{{run}}\"\n",
+        std::process::id()
+    );
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let kill_after = 100 + seed % 1500;
+    eprintln!("seed {seed}: run 2's control is killed after {kill_after} events");
+    {
+        let up = Up::start(&toml);
+        let (code, body) = up.post("start", json!({}));
+        assert_eq!((code, &body["run"]), (200, &json!(1)), "{body}");
+        assert_exact(&up.wait_run(1), 3000);
+        up.start_until_triggered(kill_after);
+        let evm = up.evm_pid();
+        for pid in [evm, u64::from(up.child.id())] {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        let until = Instant::now() + Duration::from_secs(20);
+        while common::up::alive(evm) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let up = Up::start(&toml);
+    let runs = up.api.get("/api/v1/runs").unwrap().body;
+    let runs = runs.as_array().expect("a list of runs");
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert_eq!(runs[0]["run"], 1);
+    assert_exact(&runs[0], 3000);
+    assert_eq!(runs[1]["run"], 2);
+    assert_eq!(runs[1]["state"], "interrupted", "{:#}", runs[1]);
+    assert_eq!(runs[1]["ok"], false);
+    // `evb ctl runs` reads the same records
+    let listed = String::from_utf8_lossy(&up.ctl(&["runs"]).stdout).into_owned();
+    assert!(listed.contains("interrupted"), "{listed}");
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!((code, &body["run"]), (200, &json!(3)), "{body}");
+    assert_exact(&up.wait_run(3), 3000);
+    // a number a record holds is refused, even after the restart
+    let (code, body) = up.post("start", json!({"run": 2}));
+    assert_eq!(code, 409, "{body}");
+    assert!(up.halt().success());
+    for run in ["000001", "000003"] {
+        let dir = tmp.path().join("out").join(run);
+        let out = Command::new(EVB)
+            .args(["inspect", "--run"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{run}: {}", common::text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("3000 events"),
+            "{run}: {}",
+            common::text(&out)
+        );
+    }
+}

@@ -81,7 +81,7 @@ impl Config {
         toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))
     }
 
-    /// Reads a file; relative paths in it (`[[ru]] files`, `sink.dir`) are taken relative
+    /// Reads a file; relative paths in it (`[[ru]] files`, `sink.dir`, `run.records_dir`) are taken relative
     /// to the file's own directory.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
@@ -106,7 +106,20 @@ impl Config {
             ru.files.iter_mut().for_each(rebase);
         }
         rebase(&mut cfg.sink.dir);
+        rebase(&mut cfg.run.records_dir);
         Ok(cfg)
+    }
+
+    /// Run `run`'s output folder: `sink.dir` with `{run}` as the run number in six digits
+    /// and `{run_id}` as the run id (characters outside `[A-Za-z0-9_.-]` as `_`), so that
+    /// `dir = "out/{run}"` gives every run a folder of its own. `None` when `sink.dir` has
+    /// neither: the files of every run go to `sink.dir` itself.
+    pub fn run_folder(&self, run_id: &str, run: u64) -> Option<String> {
+        let dir = &self.sink.dir;
+        (dir.contains(RUN_PLACEHOLDER) || dir.contains(RUN_ID_PLACEHOLDER)).then(|| {
+            dir.replace(RUN_ID_PLACEHOLDER, &safe_file_name(run_id))
+                .replace(RUN_PLACEHOLDER, &format!("{run:06}"))
+        })
     }
 
     pub fn to_toml(&self) -> String {
@@ -132,3 +145,28 @@ impl Config {
         }
     }
 }
+
+/// `name` with every character outside `[A-Za-z0-9_.-]` as `_`, and never `.` or `..`: a
+/// run id made safe to name a file or folder.
+pub fn safe_file_name(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe.is_empty() || safe.chars().all(|c| c == '.') {
+        safe.replace('.', "_") + "_"
+    } else {
+        safe
+    }
+}
+
+/// In `sink.dir`: the run number (six digits).
+pub const RUN_PLACEHOLDER: &str = "{run}";
+/// In `sink.dir`: the run id, made safe for a file name.
+pub const RUN_ID_PLACEHOLDER: &str = "{run_id}";

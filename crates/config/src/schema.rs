@@ -75,6 +75,12 @@ pub struct RunSection {
     /// it listens on, for nodes started without addresses to read (docs/operations.md).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub rendezvous: String,
+    /// The folder where the run control keeps every run's record (JSON Lines, one file per
+    /// run id; docs/operations.md, "Run records"), so that records and run numbers outlive
+    /// the processes: "" is the user's state directory (`$XDG_STATE_HOME/evb/runs`, else
+    /// `~/.local/state/evb/runs`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub records_dir: String,
     /// Where `evb run` and `evb up` put the RUs and BUs that `[affinity]` does not pin:
     /// a CPU each, or an RU and a BU together on each group of CPUs when there are fewer
     /// CPUs than nodes ("auto"), or wherever the system puts them ("none"). A lone
@@ -131,6 +137,7 @@ impl Default for RunSection {
             heartbeat_timeout_ms: 1000,
             secret: String::new(),
             rendezvous: String::new(),
+            records_dir: String::new(),
             placement: Placement::Auto,
             priority: Priority::Normal,
         }
@@ -718,7 +725,10 @@ impl Default for SourceSection {
 pub struct SinkSection {
     /// What every BU does with built events, unless its `[[bu]]` entry says otherwise.
     pub kind: SinkKind,
-    /// `file` sink: the directory the BUs write into.
+    /// `file` and `hdf5` sinks: the directory the BUs write into. `{run}` in it becomes the
+    /// run number (six digits) and `{run_id}` the run id, so `"out/{run}"` gives every run
+    /// a folder of its own; without them, `evb run` refuses a folder that holds files of
+    /// an earlier run of the same run id (they would mix).
     pub dir: String,
     /// `file` sink: start a new file after this many events at most (0: no limit); the
     /// commit interval (`commit_events`, `commit_ms`) and `file_max_mib` close one sooner.

@@ -274,6 +274,9 @@ impl Config {
         if self.run.rendezvous.len() > 4096 {
             return Err(invalid("run.rendezvous", "is longer than 4096 bytes"));
         }
+        if self.run.records_dir.len() > 4096 {
+            return Err(invalid("run.records_dir", "is longer than 4096 bytes"));
+        }
         let f = &self.fragments;
         if f.distribution == Distribution::Lognormal {
             if f.max != 0 && f.max < f.size {

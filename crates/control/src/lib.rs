@@ -16,7 +16,7 @@ pub mod replies;
 mod service;
 pub mod session;
 
-pub use controller::{Controller, RunEnd, RunRecord, ScrapeTarget};
+pub use controller::{Controller, OnceRecord, RunEnd, RunRecord, ScrapeTarget};
 pub use evb_transport::control_token;
 pub use service::{
     numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase, ProcessError,

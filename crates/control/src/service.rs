@@ -228,6 +228,18 @@ impl Node {
 
     /// Runs one run of this node on this thread.
     fn run_one(&self, run: u64, cfg: &Config) -> Result<NodeOutcome, NodeError> {
+        // `{run}` in sink.dir: the launcher or the run control put the run's folder in its
+        // configuration; a node started alone puts it in itself
+        let own;
+        let cfg = match cfg.run_folder(&cfg.run.id, run) {
+            Some(dir) => {
+                let mut c = cfg.clone();
+                c.sink.dir = dir;
+                own = c;
+                &own
+            }
+            None => cfg,
+        };
         {
             let mut st = self.lock();
             st.phase = Phase::Running;
@@ -312,11 +324,15 @@ pub enum ProcessError {
     /// Its control API could not listen.
     #[error("{0}")]
     Api(String),
+    /// The run records could not be kept (`run.records_dir`).
+    #[error("run records: {0}")]
+    Records(String),
 }
 
 /// Starts node `id` of `cfg`: its API on its control address, then its run(s), commanded
 /// through `control` (and its API). Returns when the one run is over (`Mode::Once`) or
-/// when halted (`Mode::Serve`).
+/// when halted (`Mode::Serve`). `once_run`: the number of the one run, claimed in the run
+/// records by the launcher (`evb run`); `None`: run 1, and no records kept on disk.
 pub fn run_process(
     cfg: &Config,
     id: &str,
@@ -324,6 +340,7 @@ pub fn run_process(
     lines: Lines,
     status_every: Duration,
     control: RunControl,
+    once_run: Option<u64>,
 ) -> Result<Ended, ProcessError> {
     let spec = cfg
         .nodes()
@@ -341,7 +358,13 @@ pub fn run_process(
     let standby = spec.role == Role::Evm && !cfg.evm.follow.is_empty() && mode == Mode::Serve;
     let controller = std::sync::OnceLock::new();
     if spec.role == Role::Evm && !standby {
-        let _ = controller.set(Controller::new(cfg, mode));
+        let c = Controller::new(cfg, mode);
+        // the run control keeps its records on disk: `evb up`'s, and `evb run`'s one run
+        if mode == Mode::Serve || once_run.is_some() {
+            c.keep_records(mode == Mode::Serve)
+                .map_err(ProcessError::Records)?;
+        }
+        let _ = controller.set(c);
     }
     let node = Arc::new_cyclic(|me| Node {
         me: me.clone(),
@@ -371,7 +394,7 @@ pub fn run_process(
     }
     match mode {
         Mode::Once => {
-            let run = 1;
+            let run = once_run.unwrap_or(1);
             if let Some(c) = node.controller() {
                 c.begin_once(run);
             }
@@ -464,6 +487,9 @@ pub(crate) fn promote(node: &Arc<Node>, followed: Option<Followed<'_>>) {
         (cfg, st.run)
     };
     let c = Controller::new(&cfg, Mode::Serve);
+    if let Err(e) = c.keep_records(true) {
+        warn!(node = %node.spec.id, "the run records are kept in memory only: {e}");
+    }
     c.number_from(last);
     let when = match followed {
         Some(Followed::Running(run, _)) => format!("during run {run}"),

@@ -69,6 +69,37 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let interrupts = signals::count_interrupts();
     let mut placed = cfg.clone();
     auto_place(&mut placed, quiet);
+    // the run's number, claimed in the run records: its files go to a folder of their own
+    if placed.run_folder(&placed.run.id, 0).is_none() {
+        if let Some(earlier) = verdict::earlier_run_files(&placed) {
+            return Err(format!(
+                "sink.dir: {earlier}; this run's files would mix with them. Give each run a \
+                 folder of its own (dir = \"{}/{{run}}\"), move them away, or set another \
+                 run.id",
+                placed.sink.dir
+            ));
+        }
+    }
+    // the run's number, claimed in the run records: `{run}` in sink.dir is its folder
+    let record = evb_control::OnceRecord::claim(&placed).map_err(|e| {
+        format!("the run's record cannot be kept: {e} (set run.records_dir to a folder of yours)")
+    })?;
+    if let Some(dir) = placed.run_folder(&placed.run.id, record.run()) {
+        placed.sink.dir = dir;
+    }
+    if !quiet {
+        eprintln!(
+            "evb: run {} of {:?} (its record in {}{})",
+            record.run(),
+            placed.run.id,
+            record.path().display(),
+            if placed.sink.dir.is_empty() {
+                String::new()
+            } else {
+                format!(", its files in {}", placed.sink.dir)
+            }
+        );
+    }
     let cfg = &placed;
     let launched = std::time::SystemTime::now();
     let (tx, rx) = mpsc::channel();
@@ -79,7 +110,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         evm_control = Some(spawn::spawn_threads(cfg, &tx));
         (Vec::new(), None)
     } else {
-        let (c, t, resolved) = spawn_processes(cfg, &tx, false)?;
+        let (c, t, resolved) = spawn_processes(cfg, &tx, false, Some(record.run()))?;
         if !quiet {
             if let Some(evm) = resolved.nodes().first() {
                 eprintln!("evb: run page and control API: http://{}/", evm.control);
@@ -110,6 +141,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     problems.dedup();
     let ok = problems.is_empty();
     verdict::amend_manifest(cfg, &problems, launched);
+    record.close(&problems, w.reports.get(&ids[0]));
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
     summary::print(cfg, &ids, &w.reports, run, &problems, w.steady_events_per_s);
     if let Some(path) = json_out {

@@ -179,6 +179,8 @@ pub(crate) struct ConfigFd {
     fd: std::os::fd::OwnedFd,
     /// `evb-run-<launcher pid>-<run id>`, on every node's command line.
     tag: String,
+    /// `evb run`'s run number, claimed in the run records (`--run-number`).
+    run_number: Option<u64>,
 }
 
 impl ConfigFd {
@@ -212,6 +214,7 @@ impl ConfigFd {
         Ok(ConfigFd {
             fd: f.into(),
             tag: format!("evb-run-{}-{run_id}", std::process::id()),
+            run_number: None,
         })
     }
 
@@ -232,9 +235,11 @@ pub(crate) fn spawn_processes(
     cfg: &Config,
     tx: &mpsc::Sender<Note>,
     serve: bool,
+    run_number: Option<u64>,
 ) -> Result<Spawned, String> {
     let (cfg, listeners) = resolve_ports(cfg)?;
-    let config = ConfigFd::new(&cfg.to_toml(), &cfg.run.id)?;
+    let mut config = ConfigFd::new(&cfg.to_toml(), &cfg.run.id)?;
+    config.run_number = run_number;
     let mut children = Vec::new();
     for n in cfg.nodes() {
         let inherit = inherited_by(&cfg, &n, &listeners);
@@ -377,6 +382,7 @@ fn spawn_labelled(
             .arg(config.path())
             .arg(format!("--launched-by={}", config.tag))
             .args(serve.then_some("--serve"))
+            .args(config.run_number.map(|n| format!("--run-number={n}")))
             .args(extra)
             .args(
                 inherit

@@ -153,6 +153,28 @@ pub(super) fn amend_manifest(cfg: &Config, problems: &[String], launched: std::t
     }
 }
 
+/// Files of an earlier run of this run id in `sink.dir` (its run manifest, or BU files
+/// named after it), in words: a run that writes there would mix its files with theirs.
+pub(super) fn earlier_run_files(cfg: &Config) -> Option<String> {
+    if cfg.sink.dir.is_empty() || !cfg.nodes().iter().any(|n| n.sink.writes_files()) {
+        return None;
+    }
+    let manifest = evb_formats::manifest::manifest_name(&cfg.run.id);
+    let prefix = format!("{}_bu", cfg.run.id);
+    let found = std::fs::read_dir(&cfg.sink.dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|name| {
+            let name = name.strip_prefix('.').unwrap_or(name);
+            name == manifest || name.starts_with(&prefix)
+        })?;
+    Some(format!(
+        "{} already holds files of an earlier run of run id {:?} ({found})",
+        cfg.sink.dir, cfg.run.id
+    ))
+}
+
 /// Output files: no event may be in two of them (a consumer would take it twice). `.evb`
 /// files are read; HDF5 files are judged by the ids the run manifest lists for them.
 pub(super) fn duplicate_output(cfg: &Config, launched: std::time::SystemTime) -> Option<String> {

@@ -193,6 +193,8 @@ pub(crate) struct Core {
     standby_told: Option<u64>,
     /// The rates of the run under way (or the last one), one sample per poll.
     history: History,
+    /// Runs whose record changed since the shell last wrote them to disk.
+    changed: Vec<u64>,
 }
 
 impl Core {
@@ -210,7 +212,30 @@ impl Core {
             restarted: Vec::new(),
             standby_told: None,
             history: History::default(),
+            changed: Vec::new(),
         }
+    }
+
+    /// The records a control finds on disk when it starts: kept (the newest [`KEEP_RUNS`]),
+    /// and the numbering goes on after them.
+    pub(crate) fn load_records(&mut self, records: Vec<RunRecord>) {
+        for r in records {
+            self.run = self.run.max(r.run);
+            self.runs.insert(r.run, r);
+        }
+        while self.runs.len() > KEEP_RUNS {
+            self.runs.pop_first();
+        }
+    }
+
+    /// The records changed since the last call (each once), for the shell to write.
+    pub(crate) fn take_changed(&mut self) -> Vec<RunRecord> {
+        let mut runs = std::mem::take(&mut self.changed);
+        runs.sort_unstable();
+        runs.dedup();
+        runs.iter()
+            .filter_map(|n| self.runs.get(n).cloned())
+            .collect()
     }
 
     pub(crate) fn state(&self) -> State {
@@ -237,9 +262,21 @@ impl Core {
 
     fn record(&mut self, run: u64, unix: f64) {
         self.runs.insert(run, RunRecord::starting(run, unix));
+        self.changed.push(run);
         while self.runs.len() > KEEP_RUNS {
             self.runs.pop_first();
         }
+    }
+
+    /// Run `run`'s configuration: its id numbered, and its files in a folder of its own
+    /// (`Config::run_folder`).
+    fn run_config(&self, run: u64) -> Config {
+        let mut cfg = self.cfg.clone();
+        cfg.run.id = numbered_run_id(&self.cfg.run.id, run);
+        if let Some(dir) = self.cfg.run_folder(&self.cfg.run.id, run) {
+            cfg.sink.dir = dir;
+        }
+        cfg
     }
 
     /// The next run is numbered after `run` at the least.
@@ -262,8 +299,7 @@ impl Core {
         self.begin_once(run, unix);
         // what a standby of this control is told to follow the run with: its configuration
         // as this control runs it (the promoted one), numbered
-        let mut sent = self.cfg.clone();
-        sent.run.id = numbered_run_id(&self.cfg.run.id, run);
+        let mut sent = self.run_config(run);
         sent.run.secret.clear();
         self.under_way = Some((run, json!({"run": run, "config": sent.to_toml()})));
         self.state = if paused {
@@ -275,6 +311,7 @@ impl Core {
         if let Some(r) = self.runs.get_mut(&run) {
             r.state = state;
         }
+        self.changed.push(run);
     }
 
     /// A status line of the EVM's run: its progress moves the run state on.
@@ -287,8 +324,9 @@ impl Core {
         }
         let (run, state) = (self.run, self.state);
         if let Some(r) = self.runs.get_mut(&run) {
-            if r.end.is_none() {
+            if r.end.is_none() && r.state != state.name() {
                 r.state = state.name().to_string();
+                self.changed.push(run);
             }
         }
     }
@@ -326,8 +364,7 @@ impl Core {
             }
             Request::Start { run } => {
                 let run = self.next_run(run)?;
-                let mut cfg = self.cfg.clone();
-                cfg.run.id = numbered_run_id(&self.cfg.run.id, run);
+                let cfg = self.run_config(run);
                 effects.push(Effect::ResetControl);
                 self.run = run;
                 self.reason = None;
@@ -529,6 +566,7 @@ impl Core {
             .or_insert_with(|| RunRecord::starting(run, unix));
         let (ok, reason) = f.close(rec, reset, unix);
         let outcome = rec.state.clone();
+        self.changed.push(run);
         if ok || reset {
             self.state = State::Ready;
             self.reason = None;
@@ -563,6 +601,7 @@ impl Core {
         };
         let (_, reason) = f.close(rec, false, unix);
         rec.state = "unknown".into();
+        self.changed.push(run);
         info!("run {run} unknown: {reason}");
     }
 

@@ -24,6 +24,7 @@ mod adopt;
 mod core;
 mod history;
 mod records;
+mod store;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +32,7 @@ use self::core::{Core, Effect, Rejoin};
 pub use self::core::{Refused, ScrapeTarget, MAX_RUN};
 use records::Finished;
 pub use records::{RunEnd, RunRecord};
+pub use store::OnceRecord;
 
 /// How long a node may take to answer a poll.
 const POLL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,6 +43,41 @@ pub struct Controller(Arc<Shell>);
 struct Shell {
     core: Mutex<Core>,
     node: Mutex<Weak<Node>>,
+    /// Where the run records go on disk (none: memory only, a lone node's one run).
+    store: std::sync::OnceLock<store::RecordStore>,
+}
+
+/// The core, locked; when let go, the records that changed are written to disk.
+struct CoreGuard<'a> {
+    core: std::sync::MutexGuard<'a, Core>,
+    store: Option<&'a store::RecordStore>,
+}
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+}
+
+impl Drop for CoreGuard<'_> {
+    fn drop(&mut self) {
+        let changed = self.core.take_changed();
+        let Some(store) = self.store else {
+            return;
+        };
+        for r in changed {
+            if let Err(e) = store.write(&r) {
+                warn!("run {}: its record was not written: {e}", r.run);
+            }
+        }
+    }
 }
 
 fn unix_now() -> f64 {
@@ -54,11 +91,37 @@ impl Controller {
         Controller(Arc::new(Shell {
             core: Mutex::new(Core::new(cfg, mode)),
             node: Mutex::new(Weak::new()),
+            store: std::sync::OnceLock::new(),
         }))
     }
 
-    fn core(&self) -> std::sync::MutexGuard<'_, Core> {
-        self.0.core.lock().unwrap_or_else(|p| p.into_inner())
+    /// Keeps the run records on disk (`run.records_dir`) from now on. A serving control
+    /// (`load`) takes the records found there: runs left open by a control that ended are
+    /// closed as interrupted, and the numbering goes on after the last. `evb run`'s EVM
+    /// (not `load`) records only its one run, whose number the launcher claimed.
+    pub(crate) fn keep_records(&self, load: bool) -> Result<(), String> {
+        let cfg = self.core().cfg().clone();
+        let store = store::RecordStore::open(&cfg)?;
+        if !load {
+            let _ = self.0.store.set(store);
+            return Ok(());
+        }
+        let found = store.load(unix_now())?;
+        info!(
+            "run records in {} ({} runs found)",
+            store.path().display(),
+            found.len()
+        );
+        self.core().load_records(found);
+        let _ = self.0.store.set(store);
+        Ok(())
+    }
+
+    fn core(&self) -> CoreGuard<'_> {
+        CoreGuard {
+            core: self.0.core.lock().unwrap_or_else(|p| p.into_inner()),
+            store: self.0.store.get(),
+        }
     }
 
     fn node(&self) -> Option<Arc<Node>> {
@@ -185,7 +248,34 @@ impl Controller {
     /// An operator's command (the API's POST /api/v1/<command>).
     pub(crate) fn command(&self, req: Request) -> Result<CommandReply, Refused> {
         let node = self.node().ok_or(Refused::new(503, "shutting down"))?;
-        let (reply, effects) = self.core().command(req, unix_now())?;
+        let mut req = req;
+        let mut core = self.core();
+        if let (Request::Start { run }, Some(store)) = (&mut req, self.0.store.get()) {
+            // the number is claimed in the record file, under its lock: no other control
+            // of this run id takes it, now or after a restart
+            core.allowed(crate::fsm::Command::Start)?;
+            let unix = unix_now();
+            let n = store
+                .claim(*run, core.run(), |n| RunRecord::starting(n, unix))
+                .map_err(|e| match e {
+                    store::ClaimError::Taken { next } => Refused::new(
+                        409,
+                        format!(
+                            "run {} was already taken (the run records in {} hold it); the \
+                             next free number is {next}",
+                            run.unwrap_or(0),
+                            store.path().display()
+                        ),
+                    ),
+                    store::ClaimError::Io(e) => Refused::new(
+                        503,
+                        format!("the run's record cannot be kept (run.records_dir): {e}"),
+                    ),
+                })?;
+            *run = Some(n);
+        }
+        let (reply, effects) = core.command(req, unix_now())?;
+        drop(core);
         for effect in effects {
             match effect {
                 Effect::ResetControl => node.control.reset(),

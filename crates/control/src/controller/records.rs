@@ -43,6 +43,31 @@ pub struct RunEnd {
     pub report: Option<Box<NodeStatus>>,
 }
 
+impl RunEnd {
+    /// The end of a run whose control ended before it did, as the next control finds it
+    /// on disk: no verdict, no counts (the nodes' logs and the run's output folder hold
+    /// what there is).
+    pub(super) fn interrupted(rec: &RunRecord, unix: f64) -> RunEnd {
+        RunEnd {
+            ok: false,
+            reason: format!(
+                "the run control ended while run {} was {}: its verdict is not known (the \
+                 nodes' logs and the run's output folder hold what there is)",
+                rec.run, rec.state
+            ),
+            verdict: Vec::new(),
+            ended_unix: unix,
+            wall_s: unix - rec.started_unix,
+            events_built: 0,
+            payload_bytes_built: 0,
+            triggered: None,
+            lost: None,
+            seconds: None,
+            report: None,
+        }
+    }
+}
+
 impl RunRecord {
     pub(super) fn starting(run: u64, unix: f64) -> RunRecord {
         RunRecord {
