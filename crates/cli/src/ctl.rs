@@ -603,7 +603,7 @@ fn print_run(r: &RunRecord) {
         "triggered {}, built {} events, {} payload bytes, {} s",
         num(end.and_then(|e| e.triggered)),
         num(end.map(|e| e.events_built)),
-        num(end.map(|e| e.payload_bytes_built)),
+        num(end.and_then(|e| e.payload_bytes_built)),
         num(end.and_then(|e| e.seconds))
     );
     for p in end.map(|e| e.verdict.as_slice()).unwrap_or_default() {

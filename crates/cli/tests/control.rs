@@ -791,8 +791,10 @@ fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
     std::fs::write(
         &cfg,
         format!(
-            "[run]\nevents = 5000\nduration_s = 0\n[fragments]\nsize = 4096\n\
-             [topology]\nbase_port = {data}\n[control]\nbase_port = {ctl}\n"
+            "[run]\nevents = 5000\nduration_s = 0\nrecords_dir = \"{}\"\n\
+             [fragments]\nsize = 4096\n\
+             [topology]\nbase_port = {data}\n[control]\nbase_port = {ctl}\n",
+            dir.path().join("records").display()
         ),
     )
     .unwrap();
@@ -1146,4 +1148,102 @@ fn run_records_and_numbers_outlive_evb_up_and_every_run_has_its_folder() {
             common::text(&out)
         );
     }
+}
+
+/// The EVM's ledger count in its `/metrics` (`evb_events_released_total` of the EVM).
+fn metrics_released(up: &Up) -> Option<u64> {
+    let text = up.api.get("/metrics").ok()?.body;
+    let text = text.as_str()?.to_string();
+    text.lines()
+        .find(|l| l.starts_with("evb_events_released_total{") && l.contains("role=\"evm\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// The built total an operator reads never goes backwards and is the EVM's ledger count,
+/// through BUs killed (`kill -9`, at seeded moments) and started again by `evb up`: the
+/// status API (the page's source), `evb ctl status --json` and the EVM's `/metrics`, read
+/// over and over during the run, then the run record at its end.
+#[test]
+fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
+    const EVENTS: u64 = 24000;
+    let up = Up::start(&format!(
+        "[run]\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 3000\n[fragments]\nsize = 4096\n"
+    ));
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let kills = [1000 + seed % 6000, 12000 + (seed / 7) % 6000];
+    eprintln!(
+        "seed {seed}: bu0 killed after {} events built, bu1 after {}",
+        kills[0], kills[1]
+    );
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    let mut api_seen: Vec<u64> = Vec::new();
+    let mut ctl_seen: Vec<u64> = Vec::new();
+    let mut metrics_seen: Vec<u64> = Vec::new();
+    let mut killed = 0;
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut polls = 0u64;
+    loop {
+        let s = up.status();
+        let built = s["totals"]["events_built"].as_u64().unwrap_or(0);
+        api_seen.push(built);
+        if let Some(m) = metrics_released(&up) {
+            metrics_seen.push(m);
+        }
+        if polls % 5 == 0 {
+            let out = up.ctl(&["status", "--json"]);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            if let Some(n) = v["totals"]["events_built"].as_u64() {
+                ctl_seen.push(n);
+            }
+        }
+        polls += 1;
+        if killed < 2 && built >= kills[killed] {
+            let bu = ["bu0", "bu1"][killed];
+            let row = Up::node(&s, bu);
+            if row["state"] == "running" {
+                let ctl = row["control"].as_str().unwrap().to_string();
+                if let Ok(r) = Api::new(&ctl, None).get("/api/v1/node") {
+                    common::signal(r.body["pid"].as_u64().unwrap(), "-9");
+                    eprintln!("killed {bu} at {built} events built");
+                    killed += 1;
+                }
+            }
+        }
+        let over = s["runs"]
+            .as_array()
+            .and_then(|r| r.first())
+            .is_some_and(|r| r["run"] == 1 && r["ended_unix"].is_number());
+        if over {
+            break;
+        }
+        assert!(Instant::now() < until, "run 1 did not end: {s:#}");
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    let rec = up.wait_run(1);
+    assert_exact(&rec, EVENTS);
+    assert_eq!(killed, 2, "both BUs were killed mid-run");
+    for (name, seen) in [
+        ("status API", &api_seen),
+        ("evb ctl status", &ctl_seen),
+        ("/metrics", &metrics_seen),
+    ] {
+        assert!(seen.len() >= 3, "{name}: too few readings ({seen:?})");
+        assert!(
+            seen.windows(2).all(|w| w[0] <= w[1]),
+            "{name} went backwards: {seen:?}"
+        );
+        assert!(seen.iter().all(|&n| n <= EVENTS), "{name}: {seen:?}");
+    }
+    // once over, every reader says what the record says
+    assert_eq!(up.status()["totals"]["events_built"], EVENTS);
+    assert_eq!(metrics_released(&up), Some(EVENTS));
+    let out = up.ctl(&["status", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["totals"]["events_built"], EVENTS);
 }

@@ -240,7 +240,9 @@ fn decisions_from_a_file_build_the_windows_it_lists() {
         bus_sum(&s, "missing_components"),
         c["missing"].as_u64().unwrap()
     );
-    // a file shorter than the run: the run stops, naming the file and the counts
+    // a file shorter than the run: the run stops, naming the file and the counts (the
+    // first run's files moved away: evb run refuses a folder holding them)
+    std::fs::rename(dir.path().join("out"), dir.path().join("out-1")).unwrap();
     let (o, _) = common::evb_run_in(dir.path(), &toml(DECISIONS + 1));
     let text = common::text(&o);
     assert!(!o.status.success(), "{text}");

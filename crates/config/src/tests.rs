@@ -1471,3 +1471,18 @@ fn decisions_from_outside_refuse_what_would_do_nothing() {
         &["windows.longest_ticks", "windows.outside"],
     );
 }
+
+#[test]
+fn run_folders_come_from_placeholders_only() {
+    let mut cfg = Config::default();
+    assert_eq!(cfg.run_folder("x", 3), None);
+    cfg.sink.dir = "/data/out".into();
+    assert_eq!(cfg.run_folder("x", 3), None);
+    cfg.sink.dir = "/data/{run_id}/{run}".into();
+    assert_eq!(
+        cfg.run_folder("cms/../p2 #1", 42).as_deref(),
+        Some("/data/cms_.._p2__1/000042")
+    );
+    assert_eq!(crate::safe_file_name(".."), "___");
+    assert_eq!(crate::safe_file_name(""), "_");
+}

@@ -1,6 +1,7 @@
 //! `evb up` driven from a test: start, status, commands, `evb ctl`, halt.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,22 @@ fn own_run_id(toml: &str) -> String {
     }
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let line = format!("id = \"test-{}-{n}\"\n", std::process::id());
+    if toml.contains("[run]\n") {
+        toml.replacen("[run]\n", &format!("[run]\n{line}"), 1)
+    } else {
+        format!("[run]\n{line}{toml}")
+    }
+}
+
+/// The configuration with run records of its own (`run.records_dir` in `dir`) when it sets
+/// none: its runs are numbered from 1 whatever ran before, here or in the user's records.
+fn own_records(toml: &str, dir: &Path) -> String {
+    let set =
+        evb_config::Config::parse_unvalidated(toml).is_ok_and(|c| !c.run.records_dir.is_empty());
+    if set {
+        return toml.to_string();
+    }
+    let line = format!("records_dir = \"{}\"\n", dir.join("records").display());
     if toml.contains("[run]\n") {
         toml.replacen("[run]\n", &format!("[run]\n{line}"), 1)
     } else {
@@ -51,6 +68,7 @@ impl Up {
         // `{dir}` in the configuration: this system's own folder (for a file sink)
         let toml = toml.replace("{dir}", &dir.path().display().to_string());
         let toml = own_run_id(&toml);
+        let toml = own_records(&toml, dir.path());
         let cfg = dir.path().join("run.toml");
         std::fs::write(&cfg, &toml).unwrap();
         let mut child = Command::new(EVB)

@@ -195,6 +195,9 @@ pub(crate) struct Core {
     history: History,
     /// Runs whose record changed since the shell last wrote them to disk.
     changed: Vec<u64>,
+    /// The most events the EVM's ledger has said it released in the run under way (run,
+    /// count): the header's total never goes back, and never comes from the BUs' counters.
+    released_seen: (u64, u64),
 }
 
 impl Core {
@@ -213,6 +216,7 @@ impl Core {
             standby_told: None,
             history: History::default(),
             changed: Vec::new(),
+            released_seen: (0, 0),
         }
     }
 
@@ -317,6 +321,14 @@ impl Core {
     /// A status line of the EVM's run: its progress moves the run state on.
     pub(crate) fn on_status(&mut self, line: &NodeStatus) {
         use evb_builder::RunState;
+        if let (Some(run), Some(e)) = (line.run_number, line.evm()) {
+            let seen = if self.released_seen.0 == run {
+                self.released_seen.1
+            } else {
+                0
+            };
+            self.released_seen = (run, seen.max(e.released));
+        }
         match (self.state, line.state) {
             (State::Starting, RunState::Running) => self.state = State::Running,
             (State::Running, RunState::Stopping) => self.state = State::Stopping,
@@ -450,7 +462,7 @@ impl Core {
     }
 
     /// The number a `start` asks for (or the next one), if it is free.
-    fn next_run(&self, asked: Option<u64>) -> Result<u64, Refused> {
+    pub(crate) fn next_run(&self, asked: Option<u64>) -> Result<u64, Refused> {
         let run = match asked {
             None => self.run + 1,
             Some(n) if (1..=MAX_RUN).contains(&n) => n,
@@ -876,7 +888,6 @@ impl Core {
     /// node's latest status line.
     pub(crate) fn status(&self, evm: Option<&NodeStatus>, unix: f64) -> Status {
         let mut nodes = Vec::new();
-        let mut built = 0u64;
         for n in self.cfg.nodes() {
             let v = self.nodes.get(&n.id).cloned().unwrap_or_default();
             let role = status_role(n.role);
@@ -893,9 +904,6 @@ impl Core {
                 (None, None) => "unknown".to_string(),
             };
             let (events, bytes) = progress(snap);
-            if role == StatusRole::Bu && self.in_current_run(&v) {
-                built += events;
-            }
             let credits = match role {
                 StatusRole::Evm => snap.and_then(|s| s.evm()).map(|s| s.credits_available),
                 StatusRole::Bu => snap.and_then(|s| s.sink.as_ref()).map(|k| k.queued),
@@ -920,18 +928,20 @@ impl Core {
         }
         let total = self.totals();
         let es = evm.and_then(|s| s.evm());
-        // "Built" in the header: the EVM's count of final events for the run under way
-        // (it counts a BU's events once, whether the BU lives on, died or came back), or
-        // the last run's once it is over; the live BUs' counters only when the EVM has
-        // not said yet.
+        // "Built" in the header: the EVM's ledger count of final events for the run under
+        // way (it counts a BU's events once, whether the BU lives on, died or came back),
+        // the most it has said so far (a snapshot missing for a moment does not take it
+        // back), or the last run's once it is over; never the live BUs' counters, which
+        // lose a killed BU's events
         let under_way = self.runs.get(&self.run).is_some_and(|r| r.end.is_none());
         let evm_now = evm
             .filter(|s| s.run_number == Some(self.run))
             .and_then(|s| s.evm())
             .map(|e| e.released);
-        let built = match (under_way, evm_now) {
+        let seen = (self.released_seen.0 == self.run).then_some(self.released_seen.1);
+        let built = match (under_way, evm_now.max(seen)) {
             (true, Some(released)) => released,
-            (true, None) => built,
+            (true, None) => 0,
             (false, _) => self
                 .runs
                 .values()

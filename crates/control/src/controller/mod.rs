@@ -254,6 +254,8 @@ impl Controller {
             // the number is claimed in the record file, under its lock: no other control
             // of this run id takes it, now or after a restart
             core.allowed(crate::fsm::Command::Start)?;
+            // a number out of range, or one this control holds, is refused as without records
+            core.next_run(*run)?;
             let unix = unix_now();
             let n = store
                 .claim(*run, core.run(), |n| RunRecord::starting(n, unix))

@@ -33,7 +33,10 @@ pub struct RunEnd {
     pub wall_s: f64,
     /// Events released into the EVM's ledger (by live and lost BUs alike).
     pub events_built: u64,
-    pub payload_bytes_built: u64,
+    /// The payload bytes of the built events, from the BUs' reports: `None` (null) when a
+    /// BU was lost or sent no report, since a BU's count dies with it (the event count,
+    /// from the EVM's ledger, is exact either way).
+    pub payload_bytes_built: Option<u64>,
     /// `None`: the EVM sent no report (the run did not start, or the EVM failed).
     pub triggered: Option<u64>,
     pub lost: Option<Vec<NodeEvent>>,
@@ -59,7 +62,7 @@ impl RunEnd {
             ended_unix: unix,
             wall_s: unix - rec.started_unix,
             events_built: 0,
-            payload_bytes_built: 0,
+            payload_bytes_built: None,
             triggered: None,
             lost: None,
             seconds: None,
@@ -128,8 +131,10 @@ impl Finished {
             ended_unix: unix,
             wall_s: unix - record.started_unix,
             events_built: run_report.map_or(0, |r| r.evm.released),
-            payload_bytes_built: run_report.map_or(0, |r| {
-                r.bus.iter().flatten().map(|b| b.payload_bytes_built).sum()
+            payload_bytes_built: run_report.and_then(|r| {
+                let bu_lost = r.evm.lost.iter().any(|e| e.node.starts_with("bu["));
+                (!bu_lost && r.bus.iter().all(Option::is_some))
+                    .then(|| r.bus.iter().flatten().map(|b| b.payload_bytes_built).sum())
             }),
             triggered: run_report.map(|r| r.evm.triggered),
             lost: run_report.map(|r| r.evm.lost.clone()),

@@ -181,11 +181,18 @@ impl RecordStore {
         let f = self.locked().map_err(ClaimError::Io)?;
         let known = Self::read(&f);
         let last = known.keys().last().copied().unwrap_or(0).max(floor);
+        let next = last.saturating_add(1);
         let run = match asked {
-            Some(n) if known.contains_key(&n) => return Err(ClaimError::Taken { next: last + 1 }),
+            Some(n) if known.contains_key(&n) => return Err(ClaimError::Taken { next }),
             Some(n) => n,
-            None => last + 1,
+            None => next,
         };
+        if !(1..=super::MAX_RUN).contains(&run) {
+            return Err(ClaimError::Io(format!(
+                "run {run} is not a number from 1 to {}",
+                super::MAX_RUN
+            )));
+        }
         self.append(&f, &first(run)).map_err(ClaimError::Io)?;
         Ok(run)
     }
