@@ -1195,7 +1195,7 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
         if let Some(m) = metrics_released(&up) {
             metrics_seen.push(m);
         }
-        if polls % 5 == 0 {
+        if polls.is_multiple_of(5) {
             let out = up.ctl(&["status", "--json"]);
             let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
             if let Some(n) = v["totals"]["events_built"].as_u64() {
