@@ -64,6 +64,20 @@ pub struct SimArgs {
     /// or "random" (a drawn BU, waited for when it has no credit, as evb's EVM does).
     #[arg(long, default_value = "round-robin")]
     assignment: String,
+    /// A system in physical units (TOML: RUs, BUs, link rate, trigger rate, fragment sizes,
+    /// credits; docs/scaling.md, "Planning a system"), simulated at its offered trigger
+    /// rate: throughput, whether it keeps up, build latency, RU and BU memory, throttling.
+    /// The options above are for the other models.
+    #[arg(long, value_name = "FILE")]
+    system: Option<PathBuf>,
+    /// With --system: a key of the file set to a value (TOML), e.g. `--set link_gbps=200`;
+    /// repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// With --system: one key over several values (`--sweep trigger_hz=5e5,7.5e5,1e6`), a
+    /// row each, the points run in parallel.
+    #[arg(long, value_name = "KEY=V1,V2,...")]
+    sweep: Option<String>,
 }
 
 pub fn run(a: &SimArgs) -> Result<(), String> {
@@ -77,6 +91,9 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
                     .ok_or_else(|| format!("--n: {s:?} is not a size from 1 to 4096"))
             })
             .collect::<Result<_, _>>()?;
+    if let Some(file) = &a.system {
+        return run_system(a, file);
+    }
     if a.model == "eb" {
         return run_eb(a, &sizes);
     }
@@ -276,4 +293,124 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     }
     println!("({:.1} s; latencies in slots)", t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// `--system FILE`: the system at its offered rate, once or over `--sweep`.
+fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
+    use evb_sim::offered::{plan, System};
+    let mut text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    for kv in &a.set {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--set {kv:?}: KEY=VALUE expected"))?;
+        text = evb_sim::offered::with_key(&text, k.trim(), v.trim())?;
+    }
+    let systems: Vec<(String, System)> = match &a.sweep {
+        None => vec![(String::new(), System::from_toml(&text))]
+            .into_iter()
+            .map(|(l, s)| s.map(|s| (l, s)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", file.display()))?,
+        Some(sw) => {
+            let (k, vs) = sw
+                .split_once('=')
+                .ok_or_else(|| format!("--sweep {sw:?}: KEY=V1,V2,... expected"))?;
+            vs.split(',')
+                .map(|v| {
+                    let t = evb_sim::offered::with_key(&text, k.trim(), v.trim())?;
+                    System::from_toml(&t)
+                        .map(|s| (format!("{}={}", k.trim(), v.trim()), s))
+                        .map_err(|e| format!("{}: {e}", file.display()))
+                })
+                .collect::<Result<_, _>>()?
+        }
+    };
+    let t0 = std::time::Instant::now();
+    // the points in parallel, one thread per core
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<evb_sim::offered::Planned>>> = systems
+        .iter()
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
+    std::thread::scope(|sc| {
+        for _ in 0..cores.min(systems.len()) {
+            sc.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((_, s)) = systems.get(k) else {
+                    break;
+                };
+                *results[k].lock().unwrap_or_else(|p| p.into_inner()) = Some(plan(s));
+            });
+        }
+    });
+    let planned: Vec<evb_sim::offered::Planned> = results
+        .into_iter()
+        .filter_map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect();
+    let first = &systems[0].1;
+    println!(
+        "{}: {} RUs × {} BUs, {} Gb/s links ({:.0} % for data), {} triggers at {:.0} Hz, fragments {:.0} B (sd {:.0} B), {} credits per BU",
+        if first.name.is_empty() { "system" } else { &first.name },
+        first.rus,
+        first.bus,
+        first.link_gbps,
+        first.link_efficiency * 100.0,
+        first.trigger,
+        first.trigger_hz,
+        first.fragment_bytes,
+        first.fragment_sd_bytes,
+        first.credits
+    );
+    println!(
+        "{:<22} {:>6} {:>11} {:>9} {:>7} {:>9} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "point",
+        "load",
+        "built Hz",
+        "Gb/s",
+        "BU link",
+        "throttled",
+        "keeps",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "RU mem p99",
+        "BU mem p99"
+    );
+    for ((label, _), p) in systems.iter().zip(&planned) {
+        println!(
+            "{:<22} {:>5.1}% {:>11.0} {:>9.1} {:>6.1}% {:>8.3}% {:>5} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>12}",
+            if label.is_empty() { "as given" } else { label },
+            p.offered_link_load * 100.0,
+            p.built_hz,
+            p.built_gbps,
+            p.bu_link_busy * 100.0,
+            p.throttled * 100.0,
+            if p.keeps_up { "yes" } else { "NO" },
+            p.latency_us.p50,
+            p.latency_us.p99,
+            p.latency_us.p999,
+            bytes(p.ru_buffer_bytes.p99),
+            bytes(p.bu_buffer_bytes.p99)
+        );
+    }
+    println!(
+        "load: what the offered rate needs of the busiest link; memory: one RU's and one BU's \
+         bytes held (fragments of events not yet released); {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    if let Some(path) = &a.json {
+        crate::json_out::write(path, &planned)?;
+    }
+    Ok(())
+}
+
+/// Bytes in the unit that reads best (kB, MB, GB: powers of 10).
+fn bytes(b: f64) -> String {
+    match b {
+        b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
+        b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} kB", b / 1e3),
+        b => format!("{b:.0} B"),
+    }
 }

@@ -117,3 +117,75 @@ fn evb_sim_event_building_model_runs_and_checks_its_flags() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
     }
 }
+
+/// `evb sim --system` on the documented CMS Phase-2-like system (fewer events: the quick
+/// mode of docs/scaling.md's command): a row per swept value, the overloaded one said NO,
+/// the JSON with the figures in units; a bad key refused by name.
+#[test]
+fn evb_sim_plans_the_documented_system_at_its_offered_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/systems/cms-phase2.toml"
+    );
+    let json = dir.path().join("plan.json");
+    let out = Command::new(EVB)
+        .args(["sim", "--system", system, "--set", "events=1000"])
+        .args([
+            "--set",
+            "link_efficiency=0.87",
+            "--sweep",
+            "link_gbps=100,200",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("link_gbps="))
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows[0].contains(" NO "), "110 % loaded: {text}");
+    assert!(rows[1].contains(" yes "), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let p = &v[1];
+    assert_eq!(p["system"]["link_gbps"], 200.0);
+    assert!(
+        (p["offered_link_load"].as_f64().unwrap() - 0.5517).abs() < 0.001,
+        "{p}"
+    );
+    let hz = p["built_hz"].as_f64().unwrap();
+    assert!((hz / 750e3 - 1.0).abs() < 0.05, "{p}");
+    assert!(p["latency_us"]["p99"].as_f64().unwrap() > p["latency_us"]["p50"].as_f64().unwrap());
+    assert!(
+        p["ru_buffer_bytes"]["p99"].as_f64().unwrap() > 16000.0,
+        "{p}"
+    );
+    // a key that is not there, and one out of range, are named
+    let out = Command::new(EVB)
+        .args(["sim", "--system", system, "--set", "credit=4"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("credit"),
+        "{out:?}"
+    );
+    let out = Command::new(EVB)
+        .args(["sim", "--system", system, "--set", "link_efficiency=1.5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("link_efficiency:"),
+        "{out:?}"
+    );
+}

@@ -17,6 +17,7 @@
 
 pub mod clos;
 pub mod eventbuilding;
+pub mod offered;
 pub mod plot;
 
 use rand::rngs::SmallRng;

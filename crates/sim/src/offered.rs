@@ -1,0 +1,595 @@
+//! An event builder in physical units under an offered trigger rate (open loop): the
+//! numbers that size a system — whether it keeps up, the build latency's distribution,
+//! how much memory each RU and BU holds, and how often the trigger is throttled.
+//!
+//! The model, at the grain of fragments:
+//! - Triggers come at `trigger_hz`, as a Poisson process or periodically. Each is given to
+//!   a BU by round robin among those with a free credit (`credits` events per BU, from
+//!   assignment to release); when no BU has one the trigger is throttled (counted, not
+//!   built: dead time).
+//! - Every RU then has a fragment of the event (`fragment_bytes`, log-normal with
+//!   `fragment_sd_bytes`) and sends it on its link (`link_gbps`), first come first served.
+//!   The switch is non-blocking and lossless, with `hop_us` between the two links; each BU
+//!   receives on its own link, one fragment at a time, in the order they reach it (an
+//!   output-queued switch: what a shaped fabric such as the barrel shifter achieves).
+//! - An event is built when its last fragment is in; it is released `build_us` later,
+//!   which returns the BU's credit. As evb does, an RU keeps each fragment until its event
+//!   is released, and a BU holds what it received of an event until then.
+//!
+//! Occupancies are sampled at every trigger: under Poisson triggers that is the time
+//! average (arrivals see time averages). The first tenth of the events are a warm-up and
+//! not measured.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Exp, LogNormal};
+use serde::{Deserialize, Serialize};
+
+/// A system to plan, in physical units (`evb sim --system FILE`, docs/scaling.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct System {
+    /// A name for the report.
+    #[serde(default)]
+    pub name: String,
+    /// Readout units: one fragment of every event each.
+    pub rus: usize,
+    /// Builder units.
+    pub bus: usize,
+    /// Each node's link rate, each way (Gb/s, 10⁹ bits per second).
+    pub link_gbps: f64,
+    /// The fraction of the link rate that carries event data: what the headers, the gaps
+    /// and the switch's blocking leave (1: all of it; on evb's testbed 0.95 with the barrel
+    /// shifter, 0.83 for unshaped traffic at 8 × 8, docs/scaling.md). The links carry
+    /// data at `link_gbps` × this.
+    #[serde(default = "default_efficiency")]
+    pub link_efficiency: f64,
+    /// The offered trigger rate (Hz).
+    pub trigger_hz: f64,
+    /// "poisson" or "periodic".
+    #[serde(default = "default_trigger")]
+    pub trigger: String,
+    /// The mean fragment size (bytes).
+    pub fragment_bytes: f64,
+    /// The fragment size's standard deviation (bytes; 0: every fragment the mean).
+    #[serde(default)]
+    pub fragment_sd_bytes: f64,
+    /// Events each BU may hold, from assignment to release.
+    #[serde(default = "default_credits")]
+    pub credits: u32,
+    /// A BU's time from an event's last fragment to its release (µs): checks, hand-off.
+    #[serde(default)]
+    pub build_us: f64,
+    /// The switch's latency between an RU's link and a BU's (µs).
+    #[serde(default)]
+    pub hop_us: f64,
+    /// Events triggered in the simulation (a tenth of them warm up).
+    #[serde(default = "default_events")]
+    pub events: u64,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+fn default_trigger() -> String {
+    "poisson".into()
+}
+fn default_efficiency() -> f64 {
+    1.0
+}
+fn default_credits() -> u32 {
+    8
+}
+fn default_events() -> u64 {
+    20_000
+}
+fn default_seed() -> u64 {
+    1
+}
+
+impl System {
+    /// Reads a system from TOML; an error names the key.
+    pub fn from_toml(text: &str) -> Result<System, String> {
+        let s: System = toml::from_str(text).map_err(|e| e.to_string().trim().to_string())?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |key: &str, why: &str| Err(format!("{key}: {why}"));
+        if !(1..=4096).contains(&self.rus) {
+            return bad("rus", "must be from 1 to 4096");
+        }
+        if !(1..=4096).contains(&self.bus) {
+            return bad("bus", "must be from 1 to 4096");
+        }
+        if !(self.link_gbps > 0.0 && self.link_gbps <= 1e5) {
+            return bad("link_gbps", "must be above 0 and at most 100000");
+        }
+        if !(self.link_efficiency > 0.0 && self.link_efficiency <= 1.0) {
+            return bad("link_efficiency", "must be above 0 and at most 1");
+        }
+        if !(self.trigger_hz > 0.0 && self.trigger_hz <= 1e9) {
+            return bad("trigger_hz", "must be above 0 and at most 10⁹");
+        }
+        if self.trigger != "poisson" && self.trigger != "periodic" {
+            return bad("trigger", "must be \"poisson\" or \"periodic\"");
+        }
+        if !(self.fragment_bytes >= 1.0 && self.fragment_bytes <= 1e9) {
+            return bad("fragment_bytes", "must be from 1 to 10⁹");
+        }
+        if !(self.fragment_sd_bytes >= 0.0 && self.fragment_sd_bytes <= 100.0 * self.fragment_bytes)
+        {
+            return bad(
+                "fragment_sd_bytes",
+                "must be from 0 to 100 × fragment_bytes",
+            );
+        }
+        if !(1..=1_000_000).contains(&self.credits) {
+            return bad("credits", "must be from 1 to 10⁶");
+        }
+        if !(self.build_us >= 0.0 && self.build_us <= 1e9) {
+            return bad("build_us", "must be from 0 to 10⁹");
+        }
+        if !(self.hop_us >= 0.0 && self.hop_us <= 1e6) {
+            return bad("hop_us", "must be from 0 to 10⁶");
+        }
+        if !(100..=100_000_000).contains(&self.events) {
+            return bad("events", "must be from 100 to 10⁸");
+        }
+        if (self.rus as u64).saturating_mul(self.events) > 2_000_000_000 {
+            return bad("events", "rus × events must be at most 2·10⁹ fragments");
+        }
+        Ok(())
+    }
+
+    /// What the links must carry at the offered rate, as a fraction of a BU's link: above 1
+    /// no shaping or buffer can keep up.
+    pub fn link_load(&self) -> f64 {
+        let bits_per_event = self.fragment_bytes * 8.0 * self.rus as f64;
+        let per_bu = self.trigger_hz * bits_per_event / self.bus as f64;
+        let per_ru = self.trigger_hz * self.fragment_bytes * 8.0;
+        per_bu.max(per_ru) / (self.data_gbps() * 1e9)
+    }
+
+    /// The rate a link carries event data at (Gb/s).
+    pub fn data_gbps(&self) -> f64 {
+        self.link_gbps * self.link_efficiency
+    }
+}
+
+/// `text` (a system's TOML) with `key` set to `value` (read as TOML, else as a string).
+pub fn with_key(text: &str, key: &str, value: &str) -> Result<String, String> {
+    let mut t: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let v: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    t.insert(key.to_string(), v);
+    toml::to_string(&t).map_err(|e| e.to_string())
+}
+
+/// Percentiles of a sample.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Spread {
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Spread {
+        if v.is_empty() {
+            return Spread::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Spread {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+/// What the system does at the offered rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Planned {
+    pub system: System,
+    /// The links' load at the offered rate (1.0: a BU's link busy all the time).
+    pub offered_link_load: f64,
+    /// Events built per second, measured after the warm-up.
+    pub built_hz: f64,
+    /// Event data built per second (Gb/s, all BUs).
+    pub built_gbps: f64,
+    /// The BUs' links busy, as a fraction of their capacity.
+    pub bu_link_busy: f64,
+    /// Triggers throttled (no BU had a credit), of those offered after the warm-up.
+    pub throttled: f64,
+    /// Built at the offered rate: the links' load below 1 (at 1 or more no system keeps
+    /// up for long), nothing throttled (below 10⁻³) and the latency not growing (the last
+    /// quarter's median within 2 × the second quarter's, + 1 µs).
+    pub keeps_up: bool,
+    /// Trigger to the event's last fragment at its BU (µs).
+    pub latency_us: Spread,
+    /// One RU's memory held (bytes): fragments of events not yet released.
+    pub ru_buffer_bytes: Spread,
+    /// One BU's memory held (bytes): fragments of its events not yet released.
+    pub bu_buffer_bytes: Spread,
+    /// Events simulated and measured.
+    pub events_measured: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// A fragment reaches its BU's link (event, bytes as u64 in `Ev::b`).
+    Arrive,
+    /// The BU's link has received its current fragment.
+    Received,
+    /// An event is released: its credit returns.
+    Release,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Ev {
+    /// Time in picoseconds (integers keep the heap's order exact).
+    t: u64,
+    kind: Kind,
+    bu: u32,
+    event: u64,
+    bytes: u64,
+}
+
+const PS: f64 = 1e12;
+
+/// Simulates `s` at its offered rate.
+pub fn plan(s: &System) -> Planned {
+    let (n, m) = (s.rus, s.bus);
+    let mut rng = SmallRng::seed_from_u64(s.seed);
+    let ps_per_byte = 8.0 / (s.data_gbps() * 1e9) * PS;
+    let hop = (s.hop_us * 1e6) as u64;
+    let build = (s.build_us * 1e6) as u64;
+    let gap = Exp::new(s.trigger_hz).expect("a positive rate");
+    let sizes = (s.fragment_sd_bytes > 0.0).then(|| {
+        let var = (s.fragment_sd_bytes / s.fragment_bytes).powi(2);
+        let sigma2 = (1.0 + var).ln();
+        LogNormal::new(s.fragment_bytes.ln() - sigma2 / 2.0, sigma2.sqrt()).expect("valid")
+    });
+    let warm = s.events / 10;
+    // per RU: when its link is next free (ps), and the bytes it holds
+    let mut ru_free = vec![0u64; n];
+    let mut ru_held = vec![0u64; n];
+    // per BU: credits in use, its link's queue and whether busy, bytes held
+    let mut bu_used = vec![0u32; m];
+    let mut bu_queue: Vec<VecDeque<(u64, u64)>> = vec![VecDeque::new(); m];
+    let mut bu_busy = vec![false; m];
+    let mut bu_held = vec![0u64; m];
+    let mut bu_link_ps = 0u64;
+    // per event in flight: its trigger time, fragments still to come, its sizes' total per
+    // RU (kept to free the RUs' memory at release)
+    let mut trig_at: std::collections::HashMap<u64, (u64, usize, Vec<u64>)> =
+        std::collections::HashMap::new();
+    let mut heap: BinaryHeap<Reverse<Ev>> = BinaryHeap::new();
+    let mut next_bu = 0usize;
+    let mut t_trig = 0u64;
+    let (mut throttled, mut offered) = (0u64, 0u64);
+    let mut latencies: Vec<(u64, f64)> = Vec::new();
+    let (mut ru_samples, mut bu_samples) = (Vec::new(), Vec::new());
+    let (mut built, mut built_bytes) = (0u64, 0u64);
+    let (mut t_first, mut t_last) = (None::<u64>, 0u64);
+    let mut triggered = 0u64;
+    let period = (PS / s.trigger_hz) as u64;
+    loop {
+        // the next trigger, or the next event in the fabric, whichever is first
+        let fabric_next = heap.peek().map(|Reverse(e)| e.t);
+        let trigger_due = triggered < s.events && fabric_next.is_none_or(|t| t_trig <= t);
+        if trigger_due {
+            let now = t_trig;
+            t_trig += if s.trigger == "periodic" {
+                period
+            } else {
+                (gap.sample(&mut rng) * PS) as u64
+            };
+            triggered += 1;
+            let measured = triggered > warm;
+            if measured {
+                offered += 1;
+                ru_samples.push(ru_held[0] as f64);
+                bu_samples.push(bu_held[0] as f64);
+            }
+            // round robin among the BUs with a free credit
+            let Some(bu) = (0..m)
+                .map(|k| (next_bu + k) % m)
+                .find(|&b| bu_used[b] < s.credits)
+            else {
+                if measured {
+                    throttled += 1;
+                }
+                continue;
+            };
+            next_bu = (bu + 1) % m;
+            bu_used[bu] += 1;
+            let event = triggered;
+            let mut per_ru = Vec::with_capacity(n);
+            for (r, free) in ru_free.iter_mut().enumerate() {
+                let bytes = match &sizes {
+                    Some(d) => d.sample(&mut rng).round().max(1.0) as u64,
+                    None => s.fragment_bytes.round().max(1.0) as u64,
+                };
+                ru_held[r] += bytes;
+                per_ru.push(bytes);
+                let start = (*free).max(now);
+                *free = start + (bytes as f64 * ps_per_byte) as u64;
+                heap.push(Reverse(Ev {
+                    t: *free + hop,
+                    kind: Kind::Arrive,
+                    bu: bu as u32,
+                    event,
+                    bytes,
+                }));
+            }
+            trig_at.insert(event, (now, n, per_ru));
+            continue;
+        }
+        let Some(Reverse(e)) = heap.pop() else {
+            break;
+        };
+        let b = e.bu as usize;
+        match e.kind {
+            Kind::Arrive => {
+                bu_queue[b].push_back((e.event, e.bytes));
+                if !bu_busy[b] {
+                    start_receiving(
+                        &mut heap,
+                        &mut bu_queue[b],
+                        &mut bu_busy[b],
+                        b,
+                        e.t,
+                        ps_per_byte,
+                        &mut bu_link_ps,
+                        t_first.is_some(),
+                    );
+                }
+            }
+            Kind::Received => {
+                bu_held[b] += e.bytes;
+                bu_busy[b] = false;
+                let done = trig_at.get_mut(&e.event).map(|(t0, left, _)| {
+                    *left -= 1;
+                    (*left == 0).then_some(*t0)
+                });
+                if let Some(Some(t0)) = done {
+                    if e.event > warm {
+                        t_first.get_or_insert(e.t);
+                        t_last = e.t;
+                        built += 1;
+                        latencies.push((e.event, (e.t - t0) as f64 / 1e6));
+                    }
+                    heap.push(Reverse(Ev {
+                        t: e.t + build,
+                        kind: Kind::Release,
+                        ..e
+                    }));
+                }
+                start_receiving(
+                    &mut heap,
+                    &mut bu_queue[b],
+                    &mut bu_busy[b],
+                    b,
+                    e.t,
+                    ps_per_byte,
+                    &mut bu_link_ps,
+                    t_first.is_some(),
+                );
+            }
+            Kind::Release => {
+                bu_used[b] -= 1;
+                if let Some((_, _, per_ru)) = trig_at.remove(&e.event) {
+                    let total: u64 = per_ru.iter().sum();
+                    if e.event > warm {
+                        built_bytes += total;
+                    }
+                    bu_held[b] -= total;
+                    for (r, bytes) in per_ru.into_iter().enumerate() {
+                        ru_held[r] -= bytes;
+                    }
+                }
+            }
+        }
+    }
+    let span_s = t_first.map_or(0.0, |t0| (t_last - t0) as f64 / PS);
+    let built_hz = if span_s > 0.0 {
+        (built.saturating_sub(1)) as f64 / span_s
+    } else {
+        0.0
+    };
+    let bytes_per_event = if built > 0 {
+        built_bytes as f64 / built as f64
+    } else {
+        0.0
+    };
+    let throttled_frac = if offered > 0 {
+        throttled as f64 / offered as f64
+    } else {
+        0.0
+    };
+    // a growing latency: the system falls behind even where nothing is throttled yet
+    latencies.sort_by_key(|(e, _)| *e);
+    let quarter = |k: usize| {
+        let q = latencies.len() / 4;
+        Spread::of(
+            latencies[k * q..(k + 1) * q]
+                .iter()
+                .map(|(_, l)| *l)
+                .collect(),
+        )
+        .p50
+    };
+    let growing = latencies.len() >= 8 && quarter(3) > 2.0 * quarter(1).max(1e-3) + 1.0;
+    Planned {
+        system: s.clone(),
+        offered_link_load: s.link_load(),
+        built_hz,
+        built_gbps: built_hz * bytes_per_event * 8.0 / 1e9,
+        bu_link_busy: if span_s > 0.0 {
+            bu_link_ps as f64 / PS / span_s / m as f64
+        } else {
+            0.0
+        },
+        throttled: throttled_frac,
+        keeps_up: s.link_load() < 1.0 && throttled_frac < 1e-3 && !growing,
+        latency_us: Spread::of(latencies.into_iter().map(|(_, l)| l).collect()),
+        ru_buffer_bytes: Spread::of(ru_samples),
+        bu_buffer_bytes: Spread::of(bu_samples),
+        events_measured: built,
+    }
+}
+
+/// The BU's link takes the next fragment of its queue, if any.
+#[allow(clippy::too_many_arguments)]
+fn start_receiving(
+    heap: &mut BinaryHeap<Reverse<Ev>>,
+    queue: &mut VecDeque<(u64, u64)>,
+    busy: &mut bool,
+    bu: usize,
+    now: u64,
+    ps_per_byte: f64,
+    link_ps: &mut u64,
+    measuring: bool,
+) {
+    if *busy {
+        return;
+    }
+    let Some((event, bytes)) = queue.pop_front() else {
+        return;
+    };
+    *busy = true;
+    let took = (bytes as f64 * ps_per_byte) as u64;
+    if measuring {
+        *link_ps += took;
+    }
+    heap.push(Reverse(Ev {
+        t: now + took,
+        kind: Kind::Received,
+        bu: bu as u32,
+        event,
+        bytes,
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_link(rho: f64, events: u64) -> System {
+        // 1 µs per fragment on a 8 Gb/s link: 1000 bytes
+        System {
+            name: String::new(),
+            rus: 1,
+            bus: 1,
+            link_gbps: 8.0,
+            link_efficiency: 1.0,
+            trigger_hz: rho * 1e6,
+            trigger: "poisson".into(),
+            fragment_bytes: 1000.0,
+            fragment_sd_bytes: 0.0,
+            credits: 1_000_000,
+            build_us: 0.0,
+            hop_us: 0.0,
+            events,
+            seed: 7,
+        }
+    }
+
+    #[test]
+    fn one_link_is_an_m_d_1_queue() {
+        // the RU's link is M/D/1 with service 1 µs: the mean wait is ρ/(2(1-ρ)) µs; the
+        // BU's link then takes each fragment 1 µs more, never waiting (its arrivals are
+        // at least 1 µs apart)
+        for rho in [0.3, 0.5, 0.8] {
+            let p = plan(&one_link(rho, 400_000));
+            let want = rho / (2.0 * (1.0 - rho)) + 2.0;
+            let got = p.latency_us.mean;
+            assert!(
+                (got - want).abs() / want < 0.03,
+                "ρ = {rho}: mean latency {got:.4} µs, M/D/1 says {want:.4}"
+            );
+            assert!(p.keeps_up, "{p:?}");
+            assert!((p.bu_link_busy - rho).abs() < 0.02, "{p:?}");
+            assert!((p.built_hz / (rho * 1e6) - 1.0).abs() < 0.02, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn occupancy_and_latency_obey_littles_law() {
+        // the RU holds each fragment from trigger to release: its mean memory is the
+        // rate × the mean time held × the size (Poisson arrivals see time averages)
+        let mut s = one_link(0.6, 300_000);
+        s.build_us = 3.0;
+        let p = plan(&s);
+        let held_us = p.latency_us.mean + 3.0;
+        let want = 0.6e6 * held_us * 1e-6 * 1000.0;
+        let got = p.ru_buffer_bytes.mean;
+        assert!(
+            (got - want).abs() / want < 0.03,
+            "mean RU memory {got:.1} B, Little's law says {want:.1} B"
+        );
+    }
+
+    #[test]
+    fn credits_throttle_an_overloaded_system_and_units_add_up() {
+        // 4 × 4, 100 Gb/s, 100 kB fragments: a BU's link carries 4 × 100 kB per event it
+        // builds, so 4 BUs keep up to 4 × 100e9 / 8 / 400e3 = 125 kHz
+        let base = System {
+            name: "4x4".into(),
+            rus: 4,
+            bus: 4,
+            link_gbps: 100.0,
+            link_efficiency: 1.0,
+            trigger_hz: 100e3,
+            trigger: "periodic".into(),
+            fragment_bytes: 100e3,
+            fragment_sd_bytes: 0.0,
+            credits: 4,
+            build_us: 0.0,
+            hop_us: 1.0,
+            events: 20_000,
+            seed: 3,
+        };
+        assert!((base.link_load() - 0.8).abs() < 1e-9);
+        let ok = plan(&base);
+        assert!(ok.keeps_up, "{ok:?}");
+        assert!((ok.built_hz / 100e3 - 1.0).abs() < 0.01, "{ok:?}");
+        assert!((ok.built_gbps - 320.0).abs() / 320.0 < 0.01, "{ok:?}");
+        let over = plan(&System {
+            trigger_hz: 150e3,
+            ..base
+        });
+        assert!(!over.keeps_up, "{over:?}");
+        assert!(over.throttled > 0.1, "{over:?}");
+        // what is built is what the links carry: at most 125 kHz
+        assert!(over.built_hz < 126e3 && over.built_hz > 110e3, "{over:?}");
+        // the RU holds at most the credits' events' fragments
+        assert!(over.ru_buffer_bytes.max <= 16.0 * 100e3, "{over:?}");
+    }
+
+    #[test]
+    fn a_bad_key_is_named() {
+        let e = System::from_toml(
+            "rus = 4\nbus = 0\nlink_gbps = 100\ntrigger_hz = 1\nfragment_bytes = 10\n",
+        )
+        .unwrap_err();
+        assert!(e.starts_with("bus:"), "{e}");
+        let e = System::from_toml(
+            "rus = 4\nbus = 4\nlink_gbps = 100\ntrigger_hz = 1\nfragment_bytes = 10\nlinks = 3\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("links"), "{e}");
+    }
+}
