@@ -94,6 +94,12 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     if let Some(file) = &a.system {
         return run_system(a, file);
     }
+    if a.bus.is_some() && a.model != "eb" {
+        return Err(format!(
+            "--bus: the {:?} model has N × N ports; only --model eb takes M BUs",
+            a.model
+        ));
+    }
     if a.model == "eb" {
         return run_eb(a, &sizes);
     }

@@ -515,3 +515,40 @@ fn multipath_without_kernel_mptcp_fails_at_the_start_naming_the_key() {
         "{text}"
     );
 }
+
+/// `scripts/barrel-sweep.sh` (docs/scaling.md's figures) in its quick mode, as written: a
+/// line per assignment and shaping, each with the bottleneck links' use, none "failed".
+#[test]
+fn the_barrel_sweep_script_runs_as_written_in_its_quick_mode() {
+    if !root() {
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/barrel-sweep.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .args(["1", "2", "2"])
+        .env("EVB", EVB)
+        .env("SECONDS_PER_RUN", "2")
+        .env("NAME", format!("bs{}", std::process::id() % 10000))
+        .env("QUEUES", "256kb")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("round 1 ")).collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    for r in rows {
+        assert!(!r.ends_with("failed"), "{text}");
+        let pct: f64 = r
+            .split("side): ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no figure in {r:?}"));
+        assert!(pct > 10.0 && pct <= 101.0, "{r}");
+    }
+}
