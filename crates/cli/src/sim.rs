@@ -405,6 +405,25 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
          bytes held (fragments of events not yet released); {:.1} s",
         t0.elapsed().as_secs_f64()
     );
+    if let Some(sw) = &a.sweep {
+        // a plot of the sweep when its values are numbers
+        let (k, vs) = sw.split_once('=').unwrap_or((sw, ""));
+        let xs: Option<Vec<f64>> = vs
+            .split(',')
+            .map(|v| v.trim().parse::<f64>().ok())
+            .collect();
+        if let Some(xs) = xs {
+            let svg = a
+                .svg
+                .clone()
+                .unwrap_or_else(|| a.out.join(format!("plan-{}.svg", k.trim())));
+            if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+            evb_sim::plot::sweep_svg(k.trim(), &xs, &planned, &svg)?;
+            println!("wrote {}", svg.display());
+        }
+    }
     if let Some(path) = &a.json {
         crate::json_out::write(path, &planned)?;
     }
