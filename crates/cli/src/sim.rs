@@ -171,18 +171,20 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         a.radix / 2,
         a.oversub
     );
-    println!(
-        "{:>6} {:>7} {:>7} | {:>11} {:>11} {:>11} | {:>11} {:>11} {:>11}",
-        "N",
-        "leaves",
-        "spines",
-        "fifo static",
-        "fifo random",
-        "fifo adapt",
-        "barrel stat",
-        "barrel rand",
-        "barrel adap"
-    );
+    let short = |r: Routing| match r {
+        Routing::Static => "static",
+        Routing::Random => "random",
+        Routing::Adaptive => "adapt",
+        Routing::Pair => "pair",
+    };
+    let mut head = format!("{:>6} {:>7} {:>7}", "N", "leaves", "spines");
+    for p in ["fifo", "barrel"] {
+        head.push_str(" |");
+        for r in Routing::ALL {
+            head.push_str(&format!(" {:>13}", format!("{p} {}", short(r))));
+        }
+    }
+    println!("{head}");
     let mut all = Vec::new();
     for &n in sizes {
         let slots = a
@@ -204,17 +206,14 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                 row.push(o);
             }
         }
-        println!(
-            "{n:>6} {:>7} {:>7} | {:>9.2} % {:>9.2} % {:>9.2} % | {:>9.2} % {:>9.2} % {:>9.2} %",
-            row[0].leaves,
-            row[0].spines,
-            row[0].efficiency * 100.0,
-            row[1].efficiency * 100.0,
-            row[2].efficiency * 100.0,
-            row[3].efficiency * 100.0,
-            row[4].efficiency * 100.0,
-            row[5].efficiency * 100.0
-        );
+        let mut line = format!("{n:>6} {:>7} {:>7}", row[0].leaves, row[0].spines);
+        for (k, o) in row.iter().enumerate() {
+            if k % Routing::ALL.len() == 0 {
+                line.push_str(" |");
+            }
+            line.push_str(&format!(" {:>11.2} %", o.efficiency * 100.0));
+        }
+        println!("{line}");
         all.extend(row);
     }
     if let Some(path) = &a.json {
