@@ -51,7 +51,8 @@ pub struct SimArgs {
     /// start, with every credit in flight at once, is a transient.
     #[arg(long, default_value_t = 0)]
     warmup: u64,
-    /// eb: BUs (M), for N RUs × M BUs (default: M = N).
+    /// eb and clos: BUs (M), for N RUs × M BUs (default: M = N; for clos, folded: host k
+    /// is RU k and BU k). With clos the BUs are on leaves of their own.
     #[arg(long)]
     bus: Option<usize>,
     /// clos: ports per leaf switch (half to hosts, half up to the spines).
@@ -94,11 +95,10 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     if let Some(file) = &a.system {
         return run_system(a, file);
     }
-    if a.bus.is_some() && a.model != "eb" {
-        return Err(format!(
-            "--bus: the {:?} model has N × N ports; only --model eb takes M BUs",
-            a.model
-        ));
+    if a.bus.is_some() && a.model == "switch" {
+        return Err(
+            "--bus: the \"switch\" model has N × N ports; --model eb and clos take M BUs".into(),
+        );
     }
     if a.model == "eb" {
         return run_eb(a, &sizes);
@@ -166,10 +166,15 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     }
     let t0 = std::time::Instant::now();
     println!(
-        "folded Clos: leaves of {} ports ({} to hosts), oversubscription {}:1; efficiency = cells / (slots x hosts)",
+        "{}: leaves of {} ports ({} to hosts), oversubscription {}:1; efficiency = cells / (slots x {})",
+        match a.bus {
+            None => "folded Clos (host k: RU k and BU k)".to_string(),
+            Some(m) => format!("Clos, N RUs and {m} BUs on leaves of their own"),
+        },
         a.radix,
         a.radix / 2,
-        a.oversub
+        a.oversub,
+        if a.bus.is_some() { "min(N, M)" } else { "hosts" }
     );
     let short = |r: Routing| match r {
         Routing::Static => "static",
@@ -195,6 +200,7 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
             for routing in Routing::ALL {
                 let o = ClosModel {
                     hosts: n,
+                    bus: a.bus,
                     radix: a.radix,
                     oversubscription: a.oversub,
                     routing,

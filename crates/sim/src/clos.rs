@@ -4,7 +4,8 @@
 //! change with every message).
 //!
 //! - **Fabric.** Leaves of `radix` ports: half go down to hosts, the other half (divided by
-//!   the oversubscription) up, one to each spine. Host i is RU i and BU i. A cell between
+//!   the oversubscription) up, one to each spine. Host i is RU i and BU i (folded), or the
+//!   M BUs are on leaves of their own after the RUs' (`bus`, seed 003's layout). A cell between
 //!   hosts of one leaf crosses only that leaf; any other crosses an uplink, a spine and a
 //!   downlink. Every link carries one cell per slot.
 //! - **Cells cross in one slot or wait** (a bufferless, circuit-like fabric, as the seeds'
@@ -56,8 +57,11 @@ impl Routing {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ClosModel {
-    /// Hosts (each an RU and a BU).
+    /// Hosts (each an RU and a BU), or the RUs when the BUs are apart (`bus`).
     pub hosts: usize,
+    /// The BUs on leaves of their own, apart from the RUs' (seed 003's layout): `None`, the
+    /// fabric is folded (host i is RU i and BU i).
+    pub bus: Option<usize>,
     /// Ports per leaf switch: half down to hosts, half (over `oversubscription`) up.
     pub radix: usize,
     /// Host ports per uplink of a leaf (1: full bisection).
@@ -73,25 +77,39 @@ pub struct ClosOutcome {
     pub model: ClosModel,
     pub leaves: usize,
     pub spines: usize,
-    /// Cells delivered / (slots × hosts).
+    /// Cells delivered / (slots × the smaller side: hosts, or min(RUs, BUs)).
     pub efficiency: f64,
 }
 
 impl ClosModel {
     pub fn run(&self) -> ClosOutcome {
         let n = self.hosts.max(1);
+        // destinations: the same hosts (folded), or M BUs on leaves after the RUs'
+        let m = self.bus.map_or(n, |m| m.max(1));
         let down = (self.radix / 2).max(1);
         let spines = (down / self.oversubscription.max(1)).max(1);
-        let leaves = n.div_ceil(down);
+        let ru_leaves = n.div_ceil(down);
+        let leaves = if self.bus.is_some() {
+            ru_leaves + m.div_ceil(down)
+        } else {
+            ru_leaves
+        };
         let leaf = |h: usize| h / down;
+        let bu_leaf = |d: usize| {
+            if self.bus.is_some() {
+                ru_leaves + d / down
+            } else {
+                d / down
+            }
+        };
         let mut rng = SmallRng::seed_from_u64(self.seed);
         // RandomFifo: each source's head-of-line destination
-        let mut head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..n)).collect();
+        let mut head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..m)).collect();
         let mut order: Vec<usize> = (0..n).collect();
         // claimed in this slot: uplinks (leaf, spine), downlinks (spine, leaf), host ports
         let mut up = vec![false; leaves * spines];
         let mut dn = vec![false; spines * leaves];
-        let mut port = vec![false; n];
+        let mut port = vec![false; m];
         let mut delivered = 0u64;
         for t in 0..self.slots {
             up.iter_mut().for_each(|x| *x = false);
@@ -101,7 +119,7 @@ impl ClosModel {
             for &s in &order {
                 let d = match self.policy {
                     Policy::RandomFifo => head[s],
-                    Policy::Barrel => match barrel_destination(s, t, n, n) {
+                    Policy::Barrel => match barrel_destination(s, t, n, m) {
                         Some(d) => d,
                         None => continue,
                     },
@@ -109,7 +127,7 @@ impl ClosModel {
                 if port[d] {
                     continue;
                 }
-                let (ls, ld) = (leaf(s), leaf(d));
+                let (ls, ld) = (leaf(s), bu_leaf(d));
                 if ls != ld {
                     let spine = match self.routing {
                         Routing::Static => d % spines,
@@ -136,7 +154,7 @@ impl ClosModel {
                 port[d] = true;
                 delivered += 1;
                 if self.policy == Policy::RandomFifo {
-                    head[s] = rng.gen_range(0..n);
+                    head[s] = rng.gen_range(0..m);
                 }
             }
         }
@@ -144,7 +162,7 @@ impl ClosModel {
             model: self.clone(),
             leaves,
             spines,
-            efficiency: delivered as f64 / (self.slots.max(1) as f64 * n as f64),
+            efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
         }
     }
 }
@@ -166,6 +184,7 @@ mod tests {
     fn model(hosts: usize, routing: Routing, policy: Policy) -> ClosModel {
         ClosModel {
             hosts,
+            bus: None,
             radix: 16,
             oversubscription: 1,
             routing,
@@ -228,6 +247,34 @@ mod tests {
         let used: std::collections::BTreeSet<usize> =
             (0..64).map(|d| pair_spine(0, d, 5, 8)).collect();
         assert_eq!(used.len(), 8);
+    }
+
+    #[test]
+    fn rus_and_bus_on_leaves_of_their_own() {
+        // seed 003's layout: every cell crosses a spine. The barrel shifter with static
+        // routing stays conflict-free (the slot's destinations are consecutive: distinct
+        // spines, and one destination per spine and leaf); random routing blocks it
+        let apart = |routing, policy, m| {
+            ClosModel {
+                bus: Some(m),
+                ..model(64, routing, policy)
+            }
+            .run()
+        };
+        let b = apart(Routing::Static, Policy::Barrel, 64);
+        assert_eq!(b.leaves, 16);
+        assert!((b.efficiency - 1.0).abs() < 1e-9, "{b:?}");
+        let r = apart(Routing::Random, Policy::Barrel, 64).efficiency;
+        assert!(r < 0.8, "{r}");
+        // N ≠ M: measured against the smaller side (32 BUs, each busy all the time)
+        let fewer = apart(Routing::Static, Policy::Barrel, 32);
+        assert!((fewer.efficiency - 1.0).abs() < 1e-9, "{fewer:?}");
+        // random traffic with nothing on a leaf of its own blocks more than folded
+        let folded = model(64, Routing::Static, Policy::RandomFifo)
+            .run()
+            .efficiency;
+        let f = apart(Routing::Static, Policy::RandomFifo, 64).efficiency;
+        assert!(f <= folded + 0.01, "{f} against folded {folded}");
     }
 
     #[test]
