@@ -80,19 +80,31 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
             ));
         }
     }
-    // the run's number, claimed in the run records: `{run}` in sink.dir is its folder
-    let record = evb_control::OnceRecord::claim(&placed).map_err(|e| {
-        format!("the run's record cannot be kept: {e} (set run.records_dir to a folder of yours)")
-    })?;
-    if let Some(dir) = placed.run_folder(&placed.run.id, record.run()) {
+    // the run's number, claimed in the run records (`{run}` in sink.dir is its folder);
+    // without records (a home that cannot be written), the run is run 1 and said so; a
+    // `{run}` folder then has no safe number and the run is refused
+    let record = match evb_control::OnceRecord::claim(&placed) {
+        Ok(r) => Some(r),
+        Err(e) if placed.run_folder(&placed.run.id, 0).is_some() => {
+            return Err(format!(
+                "the run's record cannot be kept, so {{run}} in sink.dir has no number: {e} \
+                 (set run.records_dir to a folder of yours)"
+            ))
+        }
+        Err(e) => {
+            eprintln!("evb: the run's record is not kept (run.records_dir): {e}");
+            None
+        }
+    };
+    let number = record.as_ref().map_or(1, |r| r.run());
+    if let Some(dir) = placed.run_folder(&placed.run.id, number) {
         placed.sink.dir = dir;
     }
-    if !quiet {
+    if let (false, Some(r)) = (quiet, &record) {
         eprintln!(
-            "evb: run {} of {:?} (its record in {}{})",
-            record.run(),
+            "evb: run {number} of {:?} (its record in {}{})",
             placed.run.id,
-            record.path().display(),
+            r.path().display(),
             if placed.sink.dir.is_empty() {
                 String::new()
             } else {
@@ -110,7 +122,7 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         evm_control = Some(spawn::spawn_threads(cfg, &tx));
         (Vec::new(), None)
     } else {
-        let (c, t, resolved) = spawn_processes(cfg, &tx, false, Some(record.run()))?;
+        let (c, t, resolved) = spawn_processes(cfg, &tx, false, record.as_ref().map(|r| r.run()))?;
         if !quiet {
             if let Some(evm) = resolved.nodes().first() {
                 eprintln!("evb: run page and control API: http://{}/", evm.control);
@@ -141,7 +153,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     problems.dedup();
     let ok = problems.is_empty();
     verdict::amend_manifest(cfg, &problems, launched);
-    record.close(&problems, w.reports.get(&ids[0]));
+    if let Some(r) = record {
+        r.close(&problems, w.reports.get(&ids[0]));
+    }
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
     summary::print(cfg, &ids, &w.reports, run, &problems, w.steady_events_per_s);
     if let Some(path) = json_out {
