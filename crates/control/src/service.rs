@@ -403,6 +403,9 @@ pub fn run_process(
                 c.finished(run, &r);
             }
             let ok = matches!(&r, Ok(o) if o.ok);
+            if let Some(c) = node.controller() {
+                c.flush_records(Duration::from_secs(10));
+            }
             Ok(Ended {
                 ok,
                 outcome: Some(r),
@@ -449,6 +452,9 @@ pub fn run_process(
                 }
             }
             node.lock().phase = Phase::Halted;
+            if let Some(c) = node.controller() {
+                c.flush_records(Duration::from_secs(10));
+            }
             info!(node = %spec.id, "halted");
             // let the reply to the halt request go out
             std::thread::sleep(Duration::from_millis(100));

@@ -45,12 +45,23 @@ struct Shell {
     node: Mutex<Weak<Node>>,
     /// Where the run records go on disk (none: memory only, a lone node's one run).
     store: std::sync::OnceLock<store::RecordStore>,
+    /// The records to append, in order, for a thread of their own: a write ends in a sync
+    /// that can take seconds on a busy disk, and the core is locked on the node's status
+    /// path (a standby taking a run over must not wait for the disk).
+    writer: std::sync::OnceLock<std::sync::mpsc::Sender<ToDisk>>,
 }
 
-/// The core, locked; when let go, the records that changed are written to disk.
+/// What the record writer thread is given.
+enum ToDisk {
+    Record(Box<RunRecord>),
+    /// Answered once every record sent before it is written.
+    Flush(std::sync::mpsc::SyncSender<()>),
+}
+
+/// The core, locked; when let go, the records that changed go to the writer thread.
 struct CoreGuard<'a> {
     core: std::sync::MutexGuard<'a, Core>,
-    store: Option<&'a store::RecordStore>,
+    writer: Option<&'a std::sync::mpsc::Sender<ToDisk>>,
 }
 
 impl std::ops::Deref for CoreGuard<'_> {
@@ -69,12 +80,9 @@ impl std::ops::DerefMut for CoreGuard<'_> {
 impl Drop for CoreGuard<'_> {
     fn drop(&mut self) {
         let changed = self.core.take_changed();
-        let Some(store) = self.store else {
-            return;
-        };
-        for r in changed {
-            if let Err(e) = store.write(&r) {
-                warn!("run {}: its record was not written: {e}", r.run);
+        if let Some(w) = self.writer {
+            for r in changed {
+                let _ = w.send(ToDisk::Record(Box::new(r)));
             }
         }
     }
@@ -92,7 +100,46 @@ impl Controller {
             core: Mutex::new(Core::new(cfg, mode)),
             node: Mutex::new(Weak::new()),
             store: std::sync::OnceLock::new(),
+            writer: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Waits (at most `limit`) until every record changed so far is on disk: before the
+    /// process ends.
+    pub(crate) fn flush_records(&self, limit: Duration) {
+        let Some(w) = self.0.writer.get() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if w.send(ToDisk::Flush(tx)).is_ok() && rx.recv_timeout(limit).is_err() {
+            warn!("the run records were not all written within {limit:?}");
+        }
+    }
+
+    /// Keeps `store` from now on, with the thread that appends its records in order.
+    fn start_writer(&self, store: store::RecordStore) {
+        let (tx, rx) = std::sync::mpsc::channel::<ToDisk>();
+        let disk = store.clone();
+        let spawned = std::thread::Builder::new()
+            .name("evb-run-records".into())
+            .spawn(move || {
+                for m in rx {
+                    match m {
+                        ToDisk::Record(r) => {
+                            if let Err(e) = disk.write(&r) {
+                                warn!("run {}: its record was not written: {e}", r.run);
+                            }
+                        }
+                        ToDisk::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            });
+        if spawned.is_ok() {
+            let _ = self.0.writer.set(tx);
+        }
+        let _ = self.0.store.set(store);
     }
 
     /// Keeps the run records on disk (`run.records_dir`) from now on. A serving control
@@ -103,7 +150,7 @@ impl Controller {
         let cfg = self.core().cfg().clone();
         let store = store::RecordStore::open(&cfg)?;
         if !load {
-            let _ = self.0.store.set(store);
+            self.start_writer(store);
             return Ok(());
         }
         let found = store.load(unix_now())?;
@@ -113,14 +160,14 @@ impl Controller {
             found.len()
         );
         self.core().load_records(found);
-        let _ = self.0.store.set(store);
+        self.start_writer(store);
         Ok(())
     }
 
     fn core(&self) -> CoreGuard<'_> {
         CoreGuard {
             core: self.0.core.lock().unwrap_or_else(|p| p.into_inner()),
-            store: self.0.store.get(),
+            writer: self.0.writer.get(),
         }
     }
 
