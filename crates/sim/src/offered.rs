@@ -342,21 +342,7 @@ pub fn plan(s: &System) -> Planned {
         };
         let b = e.bu as usize;
         match e.kind {
-            Kind::Arrive => {
-                bu_queue[b].push_back((e.event, e.bytes));
-                if !bu_busy[b] {
-                    start_receiving(
-                        &mut heap,
-                        &mut bu_queue[b],
-                        &mut bu_busy[b],
-                        b,
-                        e.t,
-                        ps_per_byte,
-                        &mut bu_link_ps,
-                        t_first.is_some(),
-                    );
-                }
-            }
+            Kind::Arrive => bu_queue[b].push_back((e.event, e.bytes)),
             Kind::Received => {
                 bu_held[b] += e.bytes;
                 bu_busy[b] = false;
@@ -377,16 +363,6 @@ pub fn plan(s: &System) -> Planned {
                         ..e
                     }));
                 }
-                start_receiving(
-                    &mut heap,
-                    &mut bu_queue[b],
-                    &mut bu_busy[b],
-                    b,
-                    e.t,
-                    ps_per_byte,
-                    &mut bu_link_ps,
-                    t_first.is_some(),
-                );
             }
             Kind::Release => {
                 bu_used[b] -= 1;
@@ -401,6 +377,19 @@ pub fn plan(s: &System) -> Planned {
                     }
                 }
             }
+        }
+        // a fragment came in or one was received: the BU's link takes the next, if idle
+        if e.kind != Kind::Release {
+            start_receiving(
+                &mut heap,
+                &mut bu_queue[b],
+                &mut bu_busy[b],
+                b,
+                e.t,
+                ps_per_byte,
+                &mut bu_link_ps,
+                t_first.is_some(),
+            );
         }
     }
     let span_s = t_first.map_or(0.0, |t0| (t_last - t0) as f64 / PS);

@@ -143,13 +143,7 @@ pub fn sweep_svg(
         let pts: Vec<(f64, f64)> = xs.iter().zip(&lat).map(|(&x, l)| (x, l[k])).collect();
         draw_curve(&mut chart, &pts, points, k, label).map_err(|x| e(&x))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|x| e(&x))?;
+    legend(&mut chart).map_err(|x| e(&x))?;
     // memory
     let mem: Vec<[f64; 2]> = points
         .iter()
@@ -173,19 +167,27 @@ pub fn sweep_svg(
         let pts: Vec<(f64, f64)> = xs.iter().zip(&mem).map(|(&x, m)| (x, m[k])).collect();
         draw_curve(&mut chart, &pts, points, k + 3, label).map_err(|x| e(&x))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|x| e(&x))?;
+    legend(&mut chart).map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
 
 type Chart<'a, Y> =
     ChartContext<'a, SVGBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>;
+
+/// The chart's legend, in its upper right corner.
+fn legend<Y>(chart: &mut Chart<'_, Y>) -> Result<(), String>
+where
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|x| x.to_string())
+}
 
 /// One labelled curve, its points filled where the system keeps up and hollow where not.
 fn draw_curve<Y>(
