@@ -178,3 +178,52 @@ fn published(dir: &Path) -> Vec<String> {
         .filter(|n| n.ends_with(".evb") && !n.starts_with('.'))
         .collect::<Vec<_>>()
 }
+
+/// `evb run` numbers its runs in the run records (`run.records_dir`): `{run}` in `sink.dir`
+/// gives each run a folder of its own, each judged complete alone, and each run's record is
+/// closed with its verdict; without `{run}`, a second run into a folder that holds the
+/// first's files is refused by name and writes nothing.
+#[test]
+fn evb_run_numbers_its_runs_and_never_mixes_their_files() {
+    let dir = common::out_dir();
+    let d = dir.path().display();
+    let cfg = |sink: &str| {
+        format!(
+            "[run]\nid = \"numbered\"\nevents = 600\nduration_s = 0\nrecords_dir = \"{d}/records\"\n\
+             [sink]\nkind = \"file\"\ndir = \"{d}/{sink}\"\n"
+        )
+    };
+    for n in 1..=2 {
+        let (o, _) = common::evb_run_in(dir.path(), &cfg("out/{run}"));
+        assert!(o.status.success(), "run {n}: {}", text(&o));
+        let folder = dir.path().join("out").join(format!("{n:06}"));
+        let j = inspect_run(&folder, false);
+        assert!(j.status.success(), "run {n}: {}", text(&j));
+        assert!(text(&j).contains("600 events"), "run {n}: {}", text(&j));
+    }
+    let records = std::fs::read_to_string(dir.path().join("records/numbered.jsonl")).unwrap();
+    let last: Vec<Value> = records
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["record"].clone())
+        .collect();
+    for n in 1..=2u64 {
+        let rec = last.iter().rev().find(|r| r["run"] == n).unwrap();
+        assert_eq!(rec["state"], "complete", "{rec}");
+        assert_eq!(rec["events_built"], 600, "{rec}");
+    }
+    // one folder for every run: the second is refused, naming the folder, and writes nothing
+    let (o, _) = common::evb_run_in(dir.path(), &cfg("flat"));
+    assert!(o.status.success(), "{}", text(&o));
+    let before = std::fs::read_dir(dir.path().join("flat")).unwrap().count();
+    let (o, _) = common::evb_run_in(dir.path(), &cfg("flat"));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("already holds files of an earlier run of run id \"numbered\""),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("flat")).unwrap().count(),
+        before
+    );
+}
