@@ -11,8 +11,11 @@
 //! obeys the slice buffer's rules (tick 0, no gap, `frames.ticks` each, its own source).
 //!
 //! Memory: the buffer holds `buffer_ms` of the stream (in ticks: `buffer_ms × tick_hz /
-//! 1000`) and what was read ahead; a window cut is one copy of its frames, held in the RU's
-//! pool until its record is released, so overlapping windows copy shared frames.
+//! 1000`), and at most `windows.buffer_bytes` when that is set: past it the oldest frames
+//! are evicted as if aged out (counted the same; the newest frame always stays), as a
+//! readout card's ring overwrites its oldest data. A window cut is one copy of its frames,
+//! held in the RU's pool until its record is released, so overlapping windows copy shared
+//! frames.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -58,6 +61,8 @@ pub struct WindowBuffer {
     windows: Windows,
     frame_ticks: u64,
     source_id: u16,
+    /// Most bytes held (frames, headers included); 0: bounded by time only.
+    max_bytes: u64,
     frames: VecDeque<Held>,
     /// The end of the newest frame: where the next must begin.
     high: u64,
@@ -68,11 +73,13 @@ pub struct WindowBuffer {
 }
 
 impl WindowBuffer {
-    pub fn new(windows: Windows, frame_ticks: u64, source_id: u16) -> Self {
+    /// `max_bytes`: the bound in bytes (`windows.buffer_bytes`, 0 for none).
+    pub fn new(windows: Windows, frame_ticks: u64, source_id: u16, max_bytes: u64) -> Self {
         WindowBuffer {
             windows,
             frame_ticks,
             source_id,
+            max_bytes,
             frames: VecDeque::new(),
             high: 0,
             evicted_until: 0,
@@ -90,21 +97,24 @@ impl WindowBuffer {
         self.stats.frames_in += 1;
         self.stats.bytes_in += len;
         self.stats.held_bytes += len;
-        self.stats.held_bytes_high_water =
-            self.stats.held_bytes_high_water.max(self.stats.held_bytes);
         self.frames.push_back(Held {
             header,
             bytes: piece.bytes,
             used: false,
         });
         self.evict();
+        self.stats.held_bytes_high_water =
+            self.stats.held_bytes_high_water.max(self.stats.held_bytes);
         Ok(())
     }
 
     fn evict(&mut self) {
         let keep_from = self.high.saturating_sub(self.windows.buffer_ticks);
         while let Some(f) = self.frames.front() {
-            if f.header.end > keep_from {
+            let over = self.max_bytes > 0
+                && self.stats.held_bytes > self.max_bytes
+                && self.frames.len() > 1;
+            if f.header.end > keep_from && !over {
                 break;
             }
             let f = self.frames.pop_front().expect("a front frame");
@@ -241,7 +251,7 @@ mod tests {
             outside: false,
             decided: Default::default(),
         };
-        WindowBuffer::new(windows, F, 2)
+        WindowBuffer::new(windows, F, 2, 0)
     }
 
     /// The BU's check of the cut, as it will judge it; the frames' first ticks.
@@ -321,5 +331,41 @@ mod tests {
             s.used_bytes + s.evicted_unused_bytes + s.held_unused_bytes
         );
         assert_eq!(s.held_bytes + s.evicted_bytes, s.bytes_in);
+    }
+
+    /// A bound in bytes evicts the oldest frames as the depth in time does: at the bound
+    /// (just under: kept; one byte over: the oldest goes), counted in the byte account, and
+    /// a window over them is MISSING. The newest frame stays whatever its size.
+    #[test]
+    fn a_bound_in_bytes_evicts_the_oldest_frames_and_counts_them() {
+        // frames of 24 + 10 bytes; a depth in time that never evicts
+        let bounded = |max_bytes| {
+            let mut b = WindowBuffer::new(listed(&[(0, 100), (900, 1000)], 1 << 30).windows, F, 2, max_bytes);
+            for j in 0..10 {
+                b.push(frame(j, 10)).unwrap();
+            }
+            b
+        };
+        let mut at = bounded(10 * 34);
+        assert_eq!((at.stats().evicted_frames, at.stats().held_bytes), (0, 340));
+        let a = at.cut(0, Duration::ZERO).unwrap();
+        assert_eq!(judged(&at, 0, &a), (WindowStatus::Complete, vec![0]));
+        let mut under = bounded(10 * 34 - 1);
+        let s = under.stats();
+        assert_eq!((s.evicted_frames, s.held_bytes, s.held_frames), (1, 306, 9));
+        assert_eq!(s.held_bytes_high_water, 306);
+        let a = under.cut(0, Duration::ZERO).unwrap();
+        assert_eq!(judged(&under, 0, &a), (WindowStatus::Missing, vec![]));
+        let a = under.cut(1, Duration::ZERO).unwrap();
+        assert_eq!(judged(&under, 1, &a), (WindowStatus::Complete, vec![900]));
+        let s = under.stats();
+        assert_eq!(s.evicted_unused_bytes, 34);
+        assert_eq!(
+            s.bytes_in,
+            s.used_bytes + s.evicted_unused_bytes + s.held_unused_bytes
+        );
+        // a bound below one frame keeps the newest frame only
+        let tiny = bounded(1);
+        assert_eq!((tiny.stats().held_frames, tiny.stats().evicted_frames), (1, 9));
     }
 }

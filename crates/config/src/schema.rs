@@ -267,6 +267,9 @@ pub struct WindowsSection {
     /// The RU's latency buffer: frames older than this are evicted (a window over them gets
     /// what is left, flagged MISSING).
     pub buffer_ms: u64,
+    /// The RU's latency buffer in bytes as well, for a live stream or producer of frames (0:
+    /// bounded by `buffer_ms` only): past it the oldest frames are evicted as if aged out.
+    pub buffer_bytes: u64,
     /// How long an RU waits for a window's data to arrive before it sends what it has,
     /// flagged LATE.
     pub wait_ms: u64,
@@ -290,6 +293,7 @@ impl Default for WindowsSection {
             delay_min_ticks: 0,
             delay_max_ticks: 0,
             buffer_ms: 1000,
+            buffer_bytes: 0,
             wait_ms: 100,
             decisions: String::new(),
             outside: false,

@@ -1405,10 +1405,25 @@ fn slices_from_streams_of_frames_refuse_what_would_not_do_what_it_says() {
         &["source.format", "builder.by = \"time\""],
     );
     // decision windows over the stream: the windows' keys apply
-    Config::from_toml(&base.replace("by = \"time\"", "by = \"window\"\n[run]\nrate_hz = 10"))
+    let windows = base.replace("by = \"time\"", "by = \"window\"\n[run]\nrate_hz = 10");
+    Config::from_toml(&windows).unwrap().validate().unwrap();
+    // a bound in bytes on the latency buffer: at least one frame (4096 + 24), and only
+    // for live frames (the generator's are made when asked for)
+    Config::from_toml(&format!("{windows}[windows]\nbuffer_bytes = 4120\n"))
         .unwrap()
         .validate()
         .unwrap();
+    bad(
+        format!("{windows}[windows]\nbuffer_bytes = 4119\n"),
+        &["windows.buffer_bytes", "4120"],
+    );
+    bad(
+        format!(
+            "{}[windows]\nbuffer_bytes = 1000000\n",
+            windows.replace("kind = \"stream\"", "kind = \"generator\"")
+        ),
+        &["windows.buffer_bytes", "generator"],
+    );
     bad(
         base.replace(
             "streams = [\"127.0.0.1:7301\"]",

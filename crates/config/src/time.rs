@@ -184,6 +184,7 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
     int_in("frames.ticks", c.frames.ticks, 1, MAX_TICKS, " ticks")?;
     if b.by == BuildBy::Window {
         validate_windows(c)?;
+        validate_buffer_bytes(c, live)?;
     } else {
         int_in("builder.slice_ticks", b.slice_ticks, 1, MAX_TICKS, " ticks")?;
         int_in(
@@ -319,6 +320,31 @@ fn validate_windows(c: &Config) -> Result<(), ConfigError> {
     int_in("windows.buffer_ms", w.buffer_ms, 1, 3_600_000, " ms")?;
     int_in("windows.wait_ms", w.wait_ms, 0, 10_000, " ms")?;
     Ok(())
+}
+
+/// A bound in bytes holds what a live stream's frames fill; the generator's frames are
+/// made again when asked for, so its latency buffer is a rule in time and holds no bytes.
+fn validate_buffer_bytes(c: &Config, live: bool) -> Result<(), ConfigError> {
+    let bytes = c.windows.buffer_bytes;
+    if bytes == 0 {
+        return Ok(());
+    }
+    if !live {
+        return Err(invalid(
+            "windows.buffer_bytes",
+            "bounds the latency buffer of a live stream or producer of frames (source.kind = \
+             \"stream\" or \"api\"); the generator's frames are made when a window asks, so \
+             only windows.buffer_ms applies",
+        ));
+    }
+    let frame = c.source.max_fragment.saturating_add(24);
+    int_in(
+        "windows.buffer_bytes",
+        bytes,
+        frame,
+        1 << 40,
+        &format!(" bytes: at least one frame, source.max_fragment and its 24-byte header"),
+    )
 }
 
 /// The first key of the seeded windows (extents, delays) set to other than its default.

@@ -344,6 +344,7 @@ pub fn logic(
                                     w,
                                     cfg.frames.ticks,
                                     me.source_id,
+                                    cfg.windows.buffer_bytes,
                                 )
                             });
                         }
