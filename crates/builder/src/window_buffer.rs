@@ -340,7 +340,12 @@ mod tests {
     fn a_bound_in_bytes_evicts_the_oldest_frames_and_counts_them() {
         // frames of 24 + 10 bytes; a depth in time that never evicts
         let bounded = |max_bytes| {
-            let mut b = WindowBuffer::new(listed(&[(0, 100), (900, 1000)], 1 << 30).windows, F, 2, max_bytes);
+            let mut b = WindowBuffer::new(
+                listed(&[(0, 100), (900, 1000)], 1 << 30).windows,
+                F,
+                2,
+                max_bytes,
+            );
             for j in 0..10 {
                 b.push(frame(j, 10)).unwrap();
             }
@@ -366,6 +371,9 @@ mod tests {
         );
         // a bound below one frame keeps the newest frame only
         let tiny = bounded(1);
-        assert_eq!((tiny.stats().held_frames, tiny.stats().evicted_frames), (1, 9));
+        assert_eq!(
+            (tiny.stats().held_frames, tiny.stats().evicted_frames),
+            (1, 9)
+        );
     }
 }

@@ -1029,9 +1029,40 @@ fn a_gap_in_a_stream_of_frames_stops_the_run_naming_the_frame() {
 /// that no window took + bytes held that no window took.
 #[test]
 fn frames_streamed_into_decision_windows_are_complete_missing_or_late_as_held() {
+    live_windows(
+        "size = 200\ndistribution = \"lognormal\"\nstddev = 150\n",
+        "buffer_ms = 200\n",
+        200_000,
+    );
+}
+
+/// The same run with the latency buffer bounded in bytes (`windows.buffer_bytes`) and not
+/// in time: frames of 200 bytes (224 with their header), 50 of them held, so the outside
+/// reader judges every window as if the buffer kept 50 frames' ticks. No RU ever held more
+/// than the bound.
+#[test]
+fn a_latency_buffer_bounded_in_bytes_evicts_as_its_bound_says() {
+    let s = live_windows(
+        "size = 200\n",
+        "buffer_ms = 3600000\nbuffer_bytes = 11200\n",
+        50_000,
+    );
+    if s.is_null() {
+        return;
+    }
+    for ru in ["ru0", "ru1"] {
+        let peak = ru_stat(&s, ru, "frame_buffer_bytes_high_water");
+        assert!(peak <= 11_200 && peak >= 11_200 - 224, "{ru}: {peak}");
+    }
+}
+
+/// `evb run` of 150 decision windows over two RUs' streams of 1000 frames, the frames'
+/// `[frames]` sizes and the `[windows]` buffer as given; the outside reader judges the
+/// files with the buffer's depth `buffer_ticks`. The run's summary.
+fn live_windows(frames: &str, buffer: &str, buffer_ticks: u64) -> Value {
     let _one = one_at_a_time();
     if !common::python3("stream") {
-        return;
+        return Value::Null;
     }
     let d = common::out_dir();
     let out_dir = d.path().join("out");
@@ -1041,9 +1072,9 @@ fn frames_streamed_into_decision_windows_are_complete_missing_or_late_as_held() 
     let toml = format!(
         "[run]\nid = \"live-windows\"\nevents = {records}\nduration_s = 0\nrate_hz = 100\n\
          seed = {seed}\n[builder]\nby = \"window\"\n\
-         [frames]\nticks = 1000\nsize = 200\ndistribution = \"lognormal\"\nstddev = 150\n\
+         [frames]\nticks = 1000\n{frames}\
          [windows]\ntick_hz = 1000000\nbefore_ticks = 1500\nafter_ticks = 1500\n\
-         delay_min_ticks = -50000\ndelay_max_ticks = 400000\nbuffer_ms = 200\nwait_ms = 30\n\
+         delay_min_ticks = -50000\ndelay_max_ticks = 400000\n{buffer}wait_ms = 30\n\
          [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\nfile_max_events = 40\n\
          [[ru]]\nid = \"ru0\"\nsource_id = 3\nstreams = {}\n\
@@ -1072,7 +1103,12 @@ fn frames_streamed_into_decision_windows_are_complete_missing_or_late_as_held() 
         .args(["--before", "1500", "--after", "1500"])
         .args(["--delay-min", "-50000", "--delay-max", "400000"])
         // the stream's lead on the decisions is its start before the run's: a slack
-        .args(["--buffer-ticks", "200000", "--slack", "100000"])
+        .args([
+            "--buffer-ticks",
+            &buffer_ticks.to_string(),
+            "--slack",
+            "100000",
+        ])
         .args(["--stream-end", "1000000"])
         .output()
         .unwrap();
@@ -1105,4 +1141,5 @@ fn frames_streamed_into_decision_windows_are_complete_missing_or_late_as_held() 
             s["nodes"][ru]
         );
     }
+    s
 }
