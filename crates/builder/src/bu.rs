@@ -101,6 +101,10 @@ pub struct BuStats {
     pub late_components: u64,
     #[serde(default)]
     pub missing_components: u64,
+    /// Decision windows an RU sent EMPTY: the decision named other components. Not a
+    /// loss: the record holds what its decision asked for.
+    #[serde(default)]
+    pub empty_components: u64,
     /// Events built with a stream flagged for sync loss (`source.on_sync_loss = "flag"`).
     #[serde(default)]
     pub sync_loss_events: u64,
@@ -192,7 +196,9 @@ impl Checked {
             || self.content_error
             || self.super_error
             || self.window_error
-            || self.partial)
+            || self.partial
+            // counted one by one ([`Bu::handle_fragments`]), EMPTY too
+            || self.window_status != WindowStatus::Complete)
     }
 }
 
@@ -1041,8 +1047,9 @@ impl Bu {
         } else {
             (false, false)
         };
-        // a window the RU could not give whole (LATE, MISSING): a partial record
-        partial |= window_status != WindowStatus::Complete;
+        // a window the RU could not give whole (LATE, MISSING): a partial record; EMPTY (the
+        // decision did not ask for this source) leaves nothing out
+        partial |= matches!(window_status, WindowStatus::Late | WindowStatus::Missing);
         Checked {
             duplicate: false,
             source_mismatch,
@@ -1097,7 +1104,8 @@ impl Bu {
         match checked.window_status {
             WindowStatus::Late => self.stats.late_components += 1,
             WindowStatus::Missing => self.stats.missing_components += 1,
-            _ => {}
+            WindowStatus::Empty => self.stats.empty_components += 1,
+            WindowStatus::Complete => {}
         }
         let corrupt = checked.source_mismatch
             || checked.crc_error

@@ -205,7 +205,7 @@ pub struct Evm {
     in_doubt: Vec<(u16, u32, u64)>,
     /// Decisions from outside (`windows.outside`): their windows, queued until triggered
     /// (a record each, in arrival order); `None`: the EVM triggers by itself.
-    outside: Option<VecDeque<(u64, u64)>>,
+    outside: Option<VecDeque<evb_wire::window::DecisionWindow>>,
 }
 
 impl Evm {
@@ -218,11 +218,11 @@ impl Evm {
 
     /// Decisions from outside, in arrival order: each becomes the next record. Refused
     /// (`false`) when this EVM does not take them.
-    pub fn decide(&mut self, windows: &[(u64, u64)]) -> bool {
+    pub fn decide(&mut self, windows: &[evb_wire::window::DecisionWindow]) -> bool {
         let Some(q) = &mut self.outside else {
             return false;
         };
-        q.extend(windows.iter().copied());
+        q.extend(windows.iter().cloned());
         self.stats.decisions_received += windows.len() as u64;
         true
     }
@@ -987,12 +987,8 @@ impl Evm {
         let Some(q) = &mut self.outside else {
             return;
         };
-        let windows: Vec<(u64, u64)> = q.drain(..range.count as usize).collect();
-        for (i, chunk) in windows.chunks(evb_wire::MAX_WINDOWS).enumerate() {
-            let msg = Message::Window {
-                first: range.first + (i * evb_wire::MAX_WINDOWS) as u64,
-                windows: chunk.to_vec(),
-            };
+        let windows: Vec<_> = q.drain(..range.count as usize).collect();
+        for msg in Message::windows(range.first, &windows) {
             self.send_to(self.live_rus(), msg, Path::Batched);
         }
     }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use evb_buffers::Chain;
 use evb_wire::window::{
-    decode_window, window_directory_len, TimeFrameHeader, WindowFragment, WindowHeader,
-    WindowStatus, TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
+    decode_window, window_directory_len, DecisionWindow, TimeFrameHeader, WindowFragment,
+    WindowHeader, WindowStatus, TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
 };
 use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_WINDOW};
 
@@ -57,7 +57,7 @@ impl Slicing {
 pub struct Windows {
     /// Decisions from a file (`windows.decisions`): decision k's window is entry k, and the
     /// delays and extents below are not used.
-    pub listed: Option<std::sync::Arc<[(u64, u64)]>>,
+    pub listed: Option<std::sync::Arc<[DecisionWindow]>>,
     pub seed: u64,
     /// Decisions per second (the EVM's trigger rate).
     pub rate_hz: f64,
@@ -73,7 +73,7 @@ pub struct Windows {
     /// Decisions from outside (`windows.outside`): each record's window as the EVM's Window
     /// message gave it (RUs; a BU takes the window each fragment carries), not computed.
     pub outside: bool,
-    pub decided: std::collections::BTreeMap<u64, Window>,
+    pub decided: std::collections::BTreeMap<u64, DecisionWindow>,
 }
 
 /// What an RU sends of a window: frames `[first, end)` (indices), and why not more.
@@ -82,6 +82,15 @@ pub struct Cut {
     pub first: u64,
     pub end: u64,
     pub status: WindowStatus,
+}
+
+impl Cut {
+    /// Nothing: the record's decision does not name this source.
+    pub const EMPTY: Cut = Cut {
+        first: 0,
+        end: 0,
+        status: WindowStatus::Empty,
+    };
 }
 
 /// Mixed into the seed of the decisions' delays (b"WINDOW" as a number).
@@ -102,15 +111,21 @@ impl Windows {
 
     /// Records `first ..` are decisions from outside with these windows (the EVM's Window
     /// message); the windows of records before `first` are forgotten (cut already).
-    pub fn decide(&mut self, first: u64, windows: &[(u64, u64)]) {
-        for (i, &(begin, end)) in windows.iter().enumerate() {
-            let w = Window {
-                begin,
-                core_end: end,
-                end,
-            };
-            self.decided.insert(first + i as u64, w);
+    pub fn decide(&mut self, first: u64, windows: &[DecisionWindow]) {
+        for (i, w) in windows.iter().enumerate() {
+            self.decided.insert(first + i as u64, w.clone());
         }
+    }
+
+    /// Whether decision k asks for source `source`'s data (a file's line or a decision
+    /// from outside may name its components; a seeded decision covers every source).
+    pub fn covers(&self, k: u64, source: u16) -> bool {
+        let named = if self.outside {
+            self.decided.get(&k)
+        } else {
+            self.listed.as_ref().and_then(|l| l.get(k as usize))
+        };
+        named.is_none_or(|d| d.covers(source))
     }
 
     /// Whether record k's window is known (always, but for decisions from outside whose
@@ -131,19 +146,25 @@ impl Windows {
     pub fn window(&self, k: u64) -> Window {
         if self.outside {
             // asked only once known ([`Windows::knows`]); an unknown one holds nothing
-            return self.decided.get(&k).copied().unwrap_or(Window {
-                begin: 0,
-                core_end: 1,
-                end: 1,
-            });
+            return self.decided.get(&k).map_or(
+                Window {
+                    begin: 0,
+                    core_end: 1,
+                    end: 1,
+                },
+                |d| Window {
+                    begin: d.begin,
+                    core_end: d.end,
+                    end: d.end,
+                },
+            );
         }
         if let Some(list) = &self.listed {
             // a run takes at most as many decisions as the file lists (checked at setup)
             let (begin, end) = list
                 .get(k as usize)
                 .or(list.last())
-                .copied()
-                .unwrap_or((0, 1));
+                .map_or((0, 1), |d| (d.begin, d.end));
             return Window {
                 begin,
                 core_end: end,
@@ -358,9 +379,19 @@ impl FrameGenerator {
         }
     }
 
-    /// Windows: what the RU holds of `record` now (see [`Windows::cut`]); `None`: wait.
-    pub fn cut_now(&self, record: u64, since_start: Duration, waited: Duration) -> Option<Cut> {
+    /// Windows: what source `source`'s RU holds of `record` now (see [`Windows::cut`]);
+    /// `None`: wait. EMPTY at once when the decision does not name the source.
+    pub fn cut_now(
+        &self,
+        record: u64,
+        source: u16,
+        since_start: Duration,
+        waited: Duration,
+    ) -> Option<Cut> {
         let w = self.windows.as_ref()?;
+        if !w.covers(record, source) {
+            return Some(Cut::EMPTY);
+        }
         w.cut(self.window(record), self.frame_ticks, since_start, waited)
     }
 
@@ -726,6 +757,11 @@ pub fn check_window(
         )
     });
     let fits = match (h.status, held) {
+        // the decision does not name this source: the BU knows it unless the decision came
+        // from outside (its components travel to the RUs alone)
+        (WindowStatus::Empty, None) => {
+            windows.outside || !windows.covers(header.event_id, header.source_id)
+        }
         (WindowStatus::Complete, Some(r)) => r == (first, end),
         (WindowStatus::Late, Some((lo, hi))) => lo == first && hi < end,
         (WindowStatus::Late, None) => true,
@@ -1040,6 +1076,63 @@ mod tests {
         };
         assert!(g.check(&other, &ch).is_err(), "another decision's window");
         assert!(g.verify(k, 4, ch.chunks()));
+    }
+
+    /// A decision over some components: the RU of a source it does not name cuts EMPTY at
+    /// once (no frames, not waiting); the BU takes EMPTY from exactly those sources, and
+    /// refuses it from a source the decision names. Decisions from outside: the BU is not
+    /// told their components and takes an EMPTY fragment as its RU sends it.
+    #[test]
+    fn a_decision_over_some_components_is_empty_for_the_others() {
+        let u = gen();
+        let listed = [
+            DecisionWindow::new(100, 150, vec![4]).unwrap(),
+            DecisionWindow::new(100, 150, vec![9, 2]).unwrap(),
+        ];
+        let w = Windows {
+            listed: Some(listed.to_vec().into()),
+            seed: 5,
+            rate_hz: 100.0,
+            tick_hz: 1000,
+            before: 0,
+            after: 0,
+            delay_min: 0,
+            delay_max: 0,
+            buffer_ticks: 1000,
+            wait: Duration::from_secs(3600),
+            outside: false,
+            decided: Default::default(),
+        };
+        assert!(w.covers(0, 4) && !w.covers(1, 4) && w.covers(1, 2));
+        let g = FrameGenerator::new(u.frames.clone(), 7, u.slicing).with_windows(w.clone());
+        let ms = Duration::from_millis;
+        // record 1 does not name source 4: EMPTY at once, though its data has not come
+        assert_eq!(g.cut_now(1, 4, ms(0), ms(0)), Some(Cut::EMPTY));
+        assert_eq!(g.cut_now(0, 4, ms(0), ms(0)), None, "named: it waits");
+        let pool = evb_buffers::Pool::new("t", 1 << 16, 8);
+        let fragment = |g: &FrameGenerator, k: u64| {
+            g.set_cut(k, Cut::EMPTY);
+            let spec = g.spec(k, 4);
+            let mut b = vec![0; spec.size];
+            g.fill(k, 4, 0, &mut b);
+            let h = spec.header(k, 4, crc32c::crc32c(&b));
+            let ch = Chain::from_slice(pool.try_alloc().unwrap().append(&b).unwrap());
+            (h, ch)
+        };
+        let (h, ch) = fragment(&g, 1);
+        assert_eq!(decode_window(&ch.to_vec()).unwrap().frames.len(), 0);
+        assert_eq!(g.check(&h, &ch), Ok(WindowStatus::Empty));
+        let (h, ch) = fragment(&g, 0);
+        assert!(g.check(&h, &ch).is_err(), "EMPTY from a source it names");
+        // from outside: the BU takes the EMPTY its RU sent
+        let mut out = w;
+        out.listed = None;
+        out.outside = true;
+        out.decide(0, &listed);
+        let g = FrameGenerator::new(u.frames.clone(), 7, u.slicing).with_windows(out);
+        assert_eq!(g.cut_now(1, 4, ms(0), ms(0)), Some(Cut::EMPTY));
+        let (h, ch) = fragment(&g, 1);
+        assert_eq!(g.check(&h, &ch), Ok(WindowStatus::Empty));
     }
 
     /// Static content: the fragment made from headers and the one static payload is a

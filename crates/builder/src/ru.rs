@@ -638,9 +638,15 @@ impl Ru {
                 let since = self.assigned_at.front().map_or(now, |&(_, t)| t);
                 let waited = now.saturating_duration_since(since);
                 let started = *self.started.get_or_insert(now);
+                let source = self.cfg.source_id;
                 let cut = match &mut self.cfg.source {
                     Source::Frames(f) => f
-                        .cut_now(event_id, now.saturating_duration_since(started), waited)
+                        .cut_now(
+                            event_id,
+                            source,
+                            now.saturating_duration_since(started),
+                            waited,
+                        )
                         .map(|c| f.set_cut(event_id, c)),
                     // a live stream: the window cut from the latency buffer, into the feed
                     Source::Live(feed) if feed.next_id() == event_id && feed.queued() == 0 => {

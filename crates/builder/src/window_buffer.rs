@@ -169,6 +169,15 @@ impl WindowBuffer {
     /// evicted, and the wait is not over.
     pub fn cut(&mut self, record: u64, waited: Duration) -> Option<Assembled> {
         let w = self.windows.window(record);
+        if !self.windows.covers(record, self.source_id) {
+            return Some(Assembled {
+                trigger_number: w.begin as u32,
+                fragments: 0,
+                payload: window_fragment(w, WindowStatus::Empty, std::iter::empty()),
+                flags: FLAG_WINDOW,
+                written: None,
+            });
+        }
         let f = self.frame_ticks;
         // the frames overlapping the window are [first, end) (indices)
         let (first, end) = (w.begin / f, w.end.div_ceil(f));
@@ -238,7 +247,11 @@ mod tests {
 
     fn listed(list: &[(u64, u64)], buffer_ticks: u64) -> WindowBuffer {
         let windows = Windows {
-            listed: Some(list.to_vec().into()),
+            listed: Some(
+                list.iter()
+                    .map(|&(b, e)| evb_wire::window::DecisionWindow::all(b, e))
+                    .collect(),
+            ),
             seed: 1,
             rate_hz: 100.0,
             tick_hz: 1_000_000,
@@ -375,5 +388,18 @@ mod tests {
             (tiny.stats().held_frames, tiny.stats().evicted_frames),
             (1, 9)
         );
+    }
+
+    /// A decision that does not name the stream's source is cut EMPTY at once, holding no
+    /// frame, and takes nothing from the byte account.
+    #[test]
+    fn a_decision_naming_other_sources_is_cut_empty() {
+        let mut b = listed(&[(0, 100)], 1 << 30);
+        b.windows.listed =
+            Some(vec![evb_wire::window::DecisionWindow::new(0, 100, vec![7]).unwrap()].into());
+        b.push(frame(0, 10)).unwrap();
+        let a = b.cut(0, Duration::ZERO).unwrap();
+        assert_eq!(judged(&b, 0, &a), (WindowStatus::Empty, vec![]));
+        assert_eq!(b.stats().used_bytes, 0);
     }
 }

@@ -10,6 +10,7 @@ use evb_control::client::{Api, CallErrorKind, Reply};
 use evb_control::fsm::State;
 use evb_control::replies::{CommandReply, Status};
 use evb_control::RunRecord;
+use evb_wire::window::DecisionWindow;
 use serde_json::{json, Value};
 
 #[derive(Args)]
@@ -72,12 +73,17 @@ enum CtlCmd {
     /// Abort the run (or clear a failure) and return to ready.
     Reset(WaitFlag),
     /// Trigger decisions from outside (a run with windows.outside = true): each `BEGIN END`
-    /// pair of ticks, or each line `begin end` of --file, is the window of the run's next
-    /// record, in order.
+    /// pair of ticks, or each line `begin end [sources]` of --file, is the window of the
+    /// run's next record, in order.
     Decide {
         /// Window bounds in ticks: BEGIN END [BEGIN END ...].
         ticks: Vec<u64>,
-        /// A file of decisions, a line `begin end` each (docs/formats.md §8).
+        /// The windows given as ticks read only these sources (ids separated by commas,
+        /// e.g. 3,9); the others send an EMPTY fragment. Default: every source.
+        #[arg(long, conflicts_with = "file")]
+        components: Option<String>,
+        /// A file of decisions, a line `begin end` or `begin end 3,9` each (docs/formats.md
+        /// §8).
         #[arg(long, conflicts_with = "ticks")]
         file: Option<PathBuf>,
     },
@@ -218,8 +224,12 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
         CtlCmd::Stop(_) => api.post("/api/v1/stop", &json!({}))?,
         CtlCmd::Halt(_) => api.post("/api/v1/halt", &json!({}))?,
         CtlCmd::Reset(_) => api.post("/api/v1/reset", &json!({}))?,
-        CtlCmd::Decide { ticks, file } => {
-            let windows = decisions(ticks, file.as_deref())?;
+        CtlCmd::Decide {
+            ticks,
+            components,
+            file,
+        } => {
+            let windows = decisions(ticks, components.as_deref(), file.as_deref())?;
             let reply = api.post("/api/v1/decide", &json!({ "windows": windows }))?;
             if let Some(p) = &a.json {
                 crate::json_out::write(p, &reply.body)?;
@@ -289,16 +299,40 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
     Ok(ok)
 }
 
-/// `evb ctl decide`'s windows: pairs of ticks from the command line, or a file's lines.
-fn decisions(ticks: &[u64], file: Option<&std::path::Path>) -> Result<Vec<[u64; 2]>, String> {
+/// `evb ctl decide`'s windows, as the control API takes them (`[begin, end]`, or `[begin,
+/// end, [sources]]`): pairs of ticks from the command line over `components`, or a file's
+/// lines.
+fn decisions(
+    ticks: &[u64],
+    components: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> Result<Vec<Value>, String> {
+    let entry = |w: &DecisionWindow| {
+        if w.components.is_empty() {
+            json!([w.begin, w.end])
+        } else {
+            json!([w.begin, w.end, w.components])
+        }
+    };
     if let Some(f) = file {
         let list = evb_node::setup::read_decisions(f)?;
-        return Ok(list.into_iter().map(|(b, e)| [b, e]).collect());
+        return Ok(list.iter().map(entry).collect());
     }
     if ticks.is_empty() || !ticks.len().is_multiple_of(2) {
         return Err("decide needs pairs of ticks, BEGIN END [BEGIN END ...], or --file".into());
     }
-    Ok(ticks.chunks(2).map(|p| [p[0], p[1]]).collect())
+    let components = match components {
+        Some(c) => DecisionWindow::parse_components(c).map_err(|e| format!("--components: {e}"))?,
+        None => Vec::new(),
+    };
+    ticks
+        .chunks(2)
+        .map(|p| {
+            DecisionWindow::new(p[0], p[1], components.clone())
+                .map(|w| entry(&w))
+                .map_err(|e| format!("window [{}, {}): {e}", p[0], p[1]))
+        })
+        .collect()
 }
 
 /// A command's reply, as a line: `stop: state stopping, run 7`.

@@ -197,16 +197,30 @@ pub fn print(
     } else {
         String::new()
     };
-    let (late, missing) = run.map_or((0, 0), |r| {
-        r.bus.iter().flatten().fold((0, 0), |(l, m), b| {
-            (l + b.late_components, m + b.missing_components)
+    let (late, missing, empty) = run.map_or((0, 0, 0), |r| {
+        r.bus.iter().flatten().fold((0, 0, 0), |(l, m, e), b| {
+            (
+                l + b.late_components,
+                m + b.missing_components,
+                e + b.empty_components,
+            )
         })
     });
+    // windows over some components: the others' EMPTY fragments leave nothing out
+    let unbuilt_note = if empty > 0 {
+        format!(
+            "{unbuilt_note}; {empty} components EMPTY (not named by their decision, nothing \
+             asked of them)"
+        )
+    } else {
+        unbuilt_note
+    };
     if problems.is_empty() && partial > 0 && cfg.by_time() {
         println!(
             "VERDICT: OK - {every} built exactly once, checksums valid; {partial} built \
              partial: {late} components LATE (their data had not arrived within \
-             windows.wait_ms), {missing} MISSING (evicted from the RUs' latency buffers)"
+             windows.wait_ms), {missing} MISSING (evicted from the RUs' latency \
+             buffers){unbuilt_note}"
         );
     } else if problems.is_empty() && partial > 0 {
         println!(

@@ -980,15 +980,16 @@ fn evb_ctl_status_names_the_windows_that_came_late_or_missing() {
 /// Decisions from outside (issue 54: "an external trigger program submits decisions"):
 /// `evb up` of a run whose records are decided at run time, `evb ctl decide` hands in three
 /// windows while the run is on (one in the RUs' latency buffers, one long evicted, one far
-/// ahead of the data); each becomes a record, built complete, MISSING and LATE as the BUs
-/// count them, and the run ends after its `run.events` decisions. A window longer than
-/// `windows.longest_ticks`, or one that ends before it begins, is refused naming it, and
-/// nothing of it is taken; a system whose records are not decided from outside refuses
-/// decisions.
+/// ahead of the data), then one over source 1 only (`--components 1`); each becomes a
+/// record, built complete, MISSING, LATE and (source 0 of the last) EMPTY as the BUs count
+/// them, and the run ends after its `run.events` decisions. A window longer than
+/// `windows.longest_ticks`, one that ends before it begins, or one naming a source no RU
+/// reads, is refused naming it, and nothing of it is taken; a system whose records are not
+/// decided from outside refuses decisions.
 #[test]
 fn decisions_from_outside_become_records_through_evb_ctl_decide() {
     let up = Up::start(
-        "[run]\nid = \"outside-decisions\"\nevents = 3\nduration_s = 0\n\
+        "[run]\nid = \"outside-decisions\"\nevents = 4\nduration_s = 0\n\
          [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 100\n\
          [windows]\noutside = true\nlongest_ticks = 10000\ntick_hz = 1000000\n\
          buffer_ms = 1000\nwait_ms = 100\n",
@@ -1023,16 +1024,23 @@ fn decisions_from_outside_become_records_through_evb_ctl_decide() {
         "{}",
         common::text(&out)
     );
+    let refused = up.ctl(&["decide", "--components", "1,7", "1100000", "1105000"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("names source 7, which no RU"), "{why}");
+    let out = up.ctl(&["decide", "--components", "1", "1100000", "1105000"]);
+    assert!(out.status.success(), "{}", common::text(&out));
     let rec = up.wait_run(1);
     assert_eq!(rec["ok"], true, "{rec}");
     let run = &rec["report"]["run"];
-    assert_eq!(run["evm"]["triggered"], 3, "{rec}");
-    assert_eq!(run["evm"]["decisions_received"], 3, "{rec}");
+    assert_eq!(run["evm"]["triggered"], 4, "{rec}");
+    assert_eq!(run["evm"]["decisions_received"], 4, "{rec}");
     let bus = run["bus"].as_array().unwrap();
     let sum = |k: &str| bus.iter().map(|b| b[k].as_u64().unwrap()).sum::<u64>();
     // two RUs: each record's two components
     assert_eq!(sum("late_components"), 2, "{rec}");
     assert_eq!(sum("missing_components"), 2, "{rec}");
+    assert_eq!(sum("empty_components"), 1, "{rec}");
     assert_eq!(sum("window_errors"), 0, "{rec}");
     assert_eq!(sum("partial_events"), 2, "{rec}");
     assert!(up.halt().success());

@@ -171,8 +171,10 @@ fn windows_within_the_buffer_are_all_complete_over_shm() {
 
 /// Decisions from a file (`windows.decisions`), every node reading the same: each record's
 /// window is its line, those far behind the data come MISSING, those ahead of it LATE, the
-/// rest whole; overlapping windows hold the same frames. A file that lists fewer decisions
-/// than the run asks for, or a line that is not `begin end`, stops the run naming it.
+/// rest whole; overlapping windows hold the same frames; a decision naming one source gets
+/// the other's fragment EMPTY, not counted as partial. A file that lists fewer decisions
+/// than the run asks for, a line that is not `begin end`, or one naming a source no RU
+/// reads, stops the run naming it.
 #[test]
 fn decisions_from_a_file_build_the_windows_it_lists() {
     if !common::python3("windows") {
@@ -189,7 +191,9 @@ fn decisions_from_a_file_build_the_windows_it_lists() {
             7 => (at + 500_000, at + 501_000),     // 0.5 s ahead: LATE
             _ => (at - 60_000, at - 50_000),       // within the buffer, overlapping
         };
-        lines += &format!("{} {}\n", begin.max(0), end.max(1));
+        // every 10th from the 5th names source 1 only: source 0 sends it EMPTY
+        let named = if k % 10 == 5 { " 1" } else { "" };
+        lines += &format!("{} {}{named}\n", begin.max(0), end.max(1));
     }
     std::fs::write(dir.path().join("decisions.txt"), &lines).unwrap();
     let base = common::free_base_port(12);
@@ -240,6 +244,18 @@ fn decisions_from_a_file_build_the_windows_it_lists() {
         bus_sum(&s, "missing_components"),
         c["missing"].as_u64().unwrap()
     );
+    let empty = (0..DECISIONS).filter(|k| k % 10 == 5).count() as u64;
+    assert_eq!(c["empty"], empty, "{r}");
+    assert_eq!(bus_sum(&s, "empty_components"), empty);
+    assert!(
+        text.contains(&format!(
+            "{empty} components EMPTY (not named by their decision"
+        )),
+        "{text}"
+    );
+    // partial: the LATE and MISSING windows' records only, never an EMPTY one's
+    let partial = bus_sum(&s, "partial_events");
+    assert!(partial <= c["late"].as_u64().unwrap() + c["missing"].as_u64().unwrap());
     // a file shorter than the run: the run stops, naming the file and the counts (the
     // first run's files moved away: evb run refuses a folder holding them)
     std::fs::rename(dir.path().join("out"), dir.path().join("out-1")).unwrap();
@@ -259,4 +275,13 @@ fn decisions_from_a_file_build_the_windows_it_lists() {
     let text = common::text(&o);
     assert!(!o.status.success(), "{text}");
     assert!(text.contains("decisions.txt:3: not a tick"), "{text}");
+    // a decision naming a source no RU reads
+    std::fs::write(dir.path().join("decisions.txt"), "5 9 1,7\n").unwrap();
+    let (o, _) = common::evb_run_in(dir.path(), &toml(1));
+    let text = common::text(&o);
+    assert!(!o.status.success(), "{text}");
+    assert!(
+        text.contains("decision 0 of") && text.contains("names source 7, which no RU"),
+        "{text}"
+    );
 }

@@ -343,7 +343,7 @@ fn validate_buffer_bytes(c: &Config, live: bool) -> Result<(), ConfigError> {
         bytes,
         frame,
         1 << 40,
-        &format!(" bytes: at least one frame, source.max_fragment and its 24-byte header"),
+        " bytes: at least one frame, source.max_fragment and its 24-byte header",
     )
 }
 

@@ -389,3 +389,17 @@ impl Config {
             .collect()
     }
 }
+
+impl Config {
+    /// Every RU's source id, in RU order (`[[ru]] source_id`, default its index).
+    pub fn ru_source_ids(&self) -> Vec<u16> {
+        let n = if self.ru.is_empty() {
+            self.topology.rus as usize
+        } else {
+            self.ru.len()
+        };
+        (0..n)
+            .map(|i| self.ru.get(i).and_then(|r| r.source_id).unwrap_or(i as u16))
+            .collect()
+    }
+}

@@ -23,6 +23,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use evb_config::Role;
+use evb_wire::window::DecisionWindow;
 use serde_json::{json, Value};
 use tracing::{debug, warn};
 
@@ -751,7 +752,8 @@ async fn run_record(State(node): State<Shared>, Path(n): Path<String>) -> Respon
     }
 }
 
-/// Decisions from outside: `{"windows": [[begin, end], ...]}` (ticks), each the next record.
+/// Decisions from outside: `{"windows": [[begin, end], [begin, end, [source, ...]], ...]}`
+/// (ticks; a window over some sources lists their ids), each the next record.
 async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
     let Some(c) = node.controller() else {
         return error(404, "decisions go to the EVM");
@@ -760,19 +762,39 @@ async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(r) => return *r,
     };
-    let windows: Option<Vec<(u64, u64)>> = v["windows"].as_array().and_then(|a| {
-        a.iter()
-            .map(|w| match w.as_array().map(Vec::as_slice) {
-                Some([b, e]) => Some((b.as_u64()?, e.as_u64()?)),
-                _ => None,
-            })
-            .collect()
-    });
+    let windows: Option<Vec<Result<DecisionWindow, String>>> =
+        v["windows"].as_array().and_then(|a| {
+            a.iter()
+                .map(|w| {
+                    let (b, e, list) = match w.as_array().map(Vec::as_slice) {
+                        Some([b, e]) => (b, e, None),
+                        Some([b, e, l]) => (b, e, Some(l.as_array()?)),
+                        _ => return None,
+                    };
+                    let components: Option<Vec<u16>> = list.map_or(Some(Vec::new()), |l| {
+                        l.iter()
+                            .map(|s| s.as_u64().and_then(|s| u16::try_from(s).ok()))
+                            .collect()
+                    });
+                    Some(DecisionWindow::new(b.as_u64()?, e.as_u64()?, components?))
+                })
+                .collect()
+        });
     let Some(windows) = windows else {
         return error(
             400,
-            "decide needs {\"windows\": [[begin, end], ...]}: tick numbers, a pair per decision",
+            "decide needs {\"windows\": [[begin, end], ...]}: tick numbers, a pair per decision, \
+             and for a window over some sources their ids as a third item ([begin, end, [3, 9]])",
         );
+    };
+    let windows: Vec<DecisionWindow> = match windows
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| w.map_err(|e| (i, e)))
+        .collect()
+    {
+        Ok(w) => w,
+        Err((i, e)) => return error(400, format!("window {i}: {e}")),
     };
     match c.decide(&windows) {
         Ok(reply) => Json(reply).into_response(),

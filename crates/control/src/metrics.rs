@@ -358,6 +358,13 @@ impl Collector for SnapshotCollector {
                     None,
                     st.missing_components,
                 )?;
+                counter(
+                    &mut enc,
+                    "evb_window_components_empty",
+                    "Decision windows an RU sent EMPTY: the decision named other components (nothing left out)",
+                    None,
+                    st.empty_components,
+                )?;
                 let sink = snap.sink.as_ref();
                 gauge(
                     &mut enc,

@@ -25,7 +25,7 @@ struct Inner {
     /// Where the node's control API listens, once bound.
     api: Mutex<Option<String>>,
     /// Decisions from outside (their windows) not yet handed to the EVM.
-    decisions: Mutex<Vec<(u64, u64)>>,
+    decisions: Mutex<Vec<evb_wire::window::DecisionWindow>>,
 }
 
 impl RunControl {
@@ -65,16 +65,16 @@ impl RunControl {
     }
 
     /// Decisions from outside (`windows.outside`): their windows, for the EVM's next pass.
-    pub fn decide(&self, windows: &[(u64, u64)]) {
+    pub fn decide(&self, windows: &[evb_wire::window::DecisionWindow]) {
         self.0
             .decisions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(windows);
+            .extend(windows.iter().cloned());
     }
 
     /// The decisions handed in since the last call.
-    pub(crate) fn take_decisions(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn take_decisions(&self) -> Vec<evb_wire::window::DecisionWindow> {
         std::mem::take(&mut *self.0.decisions.lock().unwrap_or_else(|p| p.into_inner()))
     }
 

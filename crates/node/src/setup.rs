@@ -13,6 +13,7 @@ use evb_config::{
     Config, Distribution, NodeSpec, Role, SinkKind, SourceKind, TransportKind, VerifyLevel,
 };
 use evb_messaging::{FlushPolicy, MessengerConfig};
+use evb_wire::window::DecisionWindow;
 use evb_wire::{Channel, Hello, FRAGMENT_PREFIX_LEN};
 
 /// The state machine a node runs.
@@ -82,6 +83,19 @@ pub fn frame_generator(cfg: &Config) -> Result<Option<FrameGenerator>, String> {
                 cfg.run.events
             ));
         }
+        let sources = cfg.ru_source_ids();
+        if let Some((k, s)) = list.iter().enumerate().find_map(|(k, d)| {
+            d.components
+                .iter()
+                .find(|s| !sources.contains(s))
+                .map(|&s| (k, s))
+        }) {
+            return Err(format!(
+                "windows.decisions: decision {k} of {} names source {s}, which no RU of the \
+                 run reads (their source ids: {sources:?})",
+                w.decisions
+            ));
+        }
         Some(list.into())
     };
     Ok(Some(f.with_windows(Windows {
@@ -101,9 +115,9 @@ pub fn frame_generator(cfg: &Config) -> Result<Option<FrameGenerator>, String> {
 }
 
 /// A file of trigger decisions (docs/formats.md §8): a line `begin end` in ticks each
-/// (`end` after `begin`), blank lines and lines from `#` on ignored. An error names the file
-/// and line.
-pub fn read_decisions(path: &std::path::Path) -> Result<Vec<(u64, u64)>, String> {
+/// (`end` after `begin`), over every source, or `begin end 3,9` over the sources listed;
+/// blank lines and lines from `#` on ignored. An error names the file and line.
+pub fn read_decisions(path: &std::path::Path) -> Result<Vec<DecisionWindow>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("windows.decisions: cannot read {}: {e}", path.display()))?;
     let mut out = Vec::new();
@@ -122,15 +136,22 @@ pub fn read_decisions(path: &std::path::Path) -> Result<Vec<(u64, u64)>, String>
                 .map_err(|_| bad("not a tick (an unsigned integer)"))
         };
         let (begin, end) = (tick()?, tick()?);
+        let components = match words.next() {
+            Some(list) => DecisionWindow::parse_components(list).map_err(|e| bad(&e))?,
+            None => Vec::new(),
+        };
         if words.next().is_some() {
-            return Err(bad("a decision is `begin end` in ticks, nothing more"));
+            return Err(bad(
+                "a decision is `begin end` in ticks and, for some sources only, their ids \
+                 separated by commas; nothing more",
+            ));
         }
         if end <= begin || end > 1 << 62 {
             return Err(bad(
                 "the window's end must come after its begin (and below 2^62)",
             ));
         }
-        out.push((begin, end));
+        out.push(DecisionWindow::new(begin, end, components).map_err(|e| bad(&e))?);
     }
     if out.is_empty() {
         return Err(format!(

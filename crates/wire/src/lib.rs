@@ -28,7 +28,7 @@ pub use frame::{
 pub use handshake::{Channel, Hello, Role, MAX_NAME_LEN};
 pub use message::{
     EventRange, Message, MessageHeader, MessageType, MAX_COMMIT_RANGES, MAX_TEXT_LEN, MAX_WINDOWS,
-    MESSAGE_HEADER_LEN, UNLIMITED,
+    MAX_WINDOW_BODY, MESSAGE_HEADER_LEN, UNLIMITED,
 };
 
 #[cfg(test)]

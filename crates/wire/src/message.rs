@@ -5,6 +5,7 @@ use crate::bytes::{need, u16_at, u32_at, u64_at};
 use crate::discovery::{decode_peers, encode_peers, PeerAddr, Registration};
 use crate::error::{Result, WireError};
 use crate::frame::truncate_utf8;
+use crate::window::{DecisionWindow, MAX_WINDOW_COMPONENTS};
 
 pub const MESSAGE_HEADER_LEN: usize = 8;
 /// `Ready::available` of a source that never runs out.
@@ -227,16 +228,47 @@ pub enum Message {
     /// refuses it (docs/protocol.md §6 item 15).
     Term { epoch: u16 },
     /// EVM → RUs (docs/protocol.md §10.4): records `first ..` are decisions from outside,
-    /// these windows `[begin, end)` in ticks, over every source; sent before their Assign
-    /// on the same connection. 1 to [`MAX_WINDOWS`] windows, each ending after it begins.
+    /// these windows `[begin, end)` in ticks, each over the sources it names (none: every
+    /// source); sent before their Assign on the same connection. 1 to [`MAX_WINDOWS`]
+    /// windows, each ending after it begins, the body at most [`MAX_WINDOW_BODY`] bytes
+    /// ([`Message::windows`] splits a longer list).
     Window {
         first: u64,
-        windows: Vec<(u64, u64)>,
+        windows: Vec<DecisionWindow>,
     },
 }
 
 /// Most windows in one Window message.
 pub const MAX_WINDOWS: usize = 4096;
+/// Most bytes in a Window message's body (within every peer's frame limit).
+pub const MAX_WINDOW_BODY: usize = 60 * 1024;
+
+impl Message {
+    /// Window messages for records `first ..` with `windows`, split so that each holds at
+    /// most [`MAX_WINDOWS`] windows and [`MAX_WINDOW_BODY`] bytes.
+    pub fn windows(first: u64, windows: &[DecisionWindow]) -> Vec<Message> {
+        let mut out = Vec::new();
+        let (mut from, mut bytes) = (0usize, 16usize);
+        for (i, w) in windows.iter().enumerate() {
+            let len = w.entry_len();
+            if i > from && (i - from == MAX_WINDOWS || bytes + len > MAX_WINDOW_BODY) {
+                out.push(Message::Window {
+                    first: first + from as u64,
+                    windows: windows[from..i].to_vec(),
+                });
+                (from, bytes) = (i, 16);
+            }
+            bytes += len;
+        }
+        if from < windows.len() {
+            out.push(Message::Window {
+                first: first + from as u64,
+                windows: windows[from..].to_vec(),
+            });
+        }
+        out
+    }
+}
 
 /// A range's 16 bytes: first u64 · count u32 · bu u16 · reserved u16.
 pub(crate) fn encode_range(r: &EventRange, out: &mut Vec<u8>) {
@@ -367,11 +399,18 @@ impl Message {
                 out.extend_from_slice(&first.to_le_bytes());
                 out.extend_from_slice(&(n as u32).to_le_bytes());
                 out.extend_from_slice(&0u32.to_le_bytes());
-                for (begin, end) in &windows[..n] {
-                    out.extend_from_slice(&begin.to_le_bytes());
-                    out.extend_from_slice(&end.to_le_bytes());
-                    // no components (every source), reserved, padding to 24 bytes
-                    out.extend_from_slice(&[0u8; 8]);
+                for w in &windows[..n] {
+                    let at = out.len();
+                    out.extend_from_slice(&w.begin.to_le_bytes());
+                    out.extend_from_slice(&w.end.to_le_bytes());
+                    let c = w.components.len().min(u16::MAX as usize);
+                    out.extend_from_slice(&(c as u16).to_le_bytes());
+                    out.extend_from_slice(&0u16.to_le_bytes());
+                    for s in &w.components[..c] {
+                        out.extend_from_slice(&s.to_le_bytes());
+                    }
+                    // padding to a multiple of 8
+                    out.resize(at + (20 + 2 * c).next_multiple_of(8), 0);
                 }
             }
         }
@@ -522,31 +561,51 @@ impl Message {
                 if u32_at(b, 12) != 0 {
                     return Err(WireError::ReservedNonZero { what: "window" });
                 }
-                exact("window", 16 + 24 * n)?;
                 let mut windows = Vec::with_capacity(n);
-                for e in b[16..].chunks_exact(24) {
-                    let (begin, end) = (u64_at(e, 0), u64_at(e, 8));
-                    if end <= begin {
+                let mut at = 16;
+                for _ in 0..n {
+                    need("window entry", &b[at..], 24)?;
+                    let e = &b[at..];
+                    let c = u16_at(e, 16) as usize;
+                    if c > MAX_WINDOW_COMPONENTS {
                         return Err(WireError::OutOfRange {
-                            what: "window end (not after its begin)",
-                            value: end,
+                            what: "window component count",
+                            value: c as u64,
                         });
                     }
-                    // components: none in this version (every source); reserved, padding
-                    if u16_at(e, 16) != 0 {
-                        return Err(WireError::OutOfRange {
-                            what: "window component count (windows over some components \
-                                   are not built: 0, every source)",
-                            value: u16_at(e, 16) as u64,
-                        });
-                    }
-                    if e[18..24].iter().any(|&x| x != 0) {
+                    if u16_at(e, 18) != 0 {
                         return Err(WireError::ReservedNonZero {
                             what: "window entry",
                         });
                     }
-                    windows.push((begin, end));
+                    let len = (20 + 2 * c).next_multiple_of(8);
+                    need("window entry", e, len)?;
+                    if e[20 + 2 * c..len].iter().any(|&x| x != 0) {
+                        return Err(WireError::ReservedNonZero {
+                            what: "window entry padding",
+                        });
+                    }
+                    let w = DecisionWindow {
+                        begin: u64_at(e, 0),
+                        end: u64_at(e, 8),
+                        components: (0..c).map(|i| u16_at(e, 20 + 2 * i)).collect(),
+                    };
+                    if w.end <= w.begin {
+                        return Err(WireError::OutOfRange {
+                            what: "window end (not after its begin)",
+                            value: w.end,
+                        });
+                    }
+                    if w.components.windows(2).any(|p| p[0] >= p[1]) {
+                        return Err(WireError::OutOfRange {
+                            what: "window component (not above the one before it)",
+                            value: w.components.len() as u64,
+                        });
+                    }
+                    windows.push(w);
+                    at += len;
                 }
+                exact("window", at)?;
                 Message::Window {
                     first: u64_at(b, 0),
                     windows,

@@ -765,19 +765,35 @@ fn term_bodies_are_checked() {
     assert_eq!(MessageType::from_u16(0x0023), Ok(MessageType::Term));
 }
 
-/// The windows of records decided from outside travel intact; a window that does not end
-/// after it begins, components (not built), reserved bytes, a count of 0 or too many, and
-/// every other length are refused, and every bit flipped in the counts or reserved bytes
-/// is noticed.
+/// The windows of records decided from outside travel intact, with the components each
+/// names; a window that does not end after it begins, components out of order or twice or
+/// too many, reserved or padding bytes, a count of 0 or too many, and every other length
+/// are refused, and every bit flipped in the counts, reserved bytes or padding is noticed.
+/// A long list is split within the limits and joins back.
 #[test]
 fn window_bodies_are_checked() {
+    use crate::window::{DecisionWindow, MAX_WINDOW_COMPONENTS};
+    let some = DecisionWindow {
+        begin: 1000,
+        end: 2500,
+        components: vec![3, 9, 700],
+    };
     let m = Message::Window {
         first: 41,
-        windows: vec![(0, 1), (1000, 2500), (u64::MAX - 1, u64::MAX)],
+        windows: vec![
+            DecisionWindow {
+                begin: 0,
+                end: 1,
+                components: vec![5],
+            },
+            some.clone(),
+            DecisionWindow::all(u64::MAX - 1, u64::MAX),
+        ],
     };
     let bytes = m.encode();
     let body = &bytes[MESSAGE_HEADER_LEN..];
-    assert_eq!(body.len(), 16 + 3 * 24);
+    // 20 + 2·3 bytes padded to 32
+    assert_eq!(body.len(), 16 + 24 + 32 + 24);
     assert_eq!(Message::decode(MessageType::Window, body), Ok(m));
     assert_eq!(MessageType::from_u16(0x0024), Ok(MessageType::Window));
     for cut in 0..body.len() {
@@ -789,9 +805,15 @@ fn window_bodies_are_checked() {
     let mut longer = body.to_vec();
     longer.extend_from_slice(&[0; 24]);
     assert!(Message::decode(MessageType::Window, &longer).is_err());
-    // the count (bytes 8..12), reserved (12..16), an entry's components (16..18 of it) and
-    // reserved bytes (18..24)
-    for i in (8..16).chain(16 + 16..16 + 24) {
+    // the count (bytes 8..12), reserved (12..16), the first entry's component count and
+    // reserved (16..20 of it: one component, then padding), the second's reserved (18..20)
+    // and padding (26..32)
+    let second = 16 + 24;
+    for i in (8..16)
+        .chain(16 + 16..16 + 20)
+        .chain(second + 18..second + 20)
+        .chain(second + 26..second + 32)
+    {
         for bit in 0..8 {
             let mut bad = body.to_vec();
             bad[i] ^= 1 << bit;
@@ -803,12 +825,54 @@ fn window_bodies_are_checked() {
     }
     // a window that ends where it begins
     let mut bad = body.to_vec();
-    bad[16 + 24 + 8..16 + 24 + 16].copy_from_slice(&1000u64.to_le_bytes());
+    bad[second + 8..second + 16].copy_from_slice(&1000u64.to_le_bytes());
     assert!(Message::decode(MessageType::Window, &bad).is_err());
+    // components out of order, and one twice
+    for list in [[9u16, 3, 700], [3, 3, 700]] {
+        let mut bad = body.to_vec();
+        for (i, c) in list.iter().enumerate() {
+            bad[second + 20 + 2 * i..second + 22 + 2 * i].copy_from_slice(&c.to_le_bytes());
+        }
+        assert!(
+            Message::decode(MessageType::Window, &bad).is_err(),
+            "{list:?}"
+        );
+    }
+    let many = Message::Window {
+        first: 0,
+        windows: vec![DecisionWindow {
+            begin: 0,
+            end: 1,
+            components: (0..=MAX_WINDOW_COMPONENTS as u16).collect(),
+        }],
+    }
+    .encode();
+    assert!(Message::decode(MessageType::Window, &many[MESSAGE_HEADER_LEN..]).is_err());
     let empty = Message::Window {
         first: 0,
         windows: vec![],
     }
     .encode();
     assert!(Message::decode(MessageType::Window, &empty[MESSAGE_HEADER_LEN..]).is_err());
+    // a long list: split within the limits, joined back in order
+    let list: Vec<DecisionWindow> = (0..9000u64)
+        .map(|k| DecisionWindow {
+            begin: k,
+            end: k + 5,
+            components: (0..(k % 300) as u16).collect(),
+        })
+        .collect();
+    let mut joined = Vec::new();
+    for part in Message::windows(7, &list) {
+        let bytes = part.encode();
+        assert!(bytes.len() - MESSAGE_HEADER_LEN <= crate::MAX_WINDOW_BODY);
+        let Message::Window { first, windows } =
+            Message::decode(MessageType::Window, &bytes[MESSAGE_HEADER_LEN..]).unwrap()
+        else {
+            panic!("not a Window")
+        };
+        assert_eq!(first, 7 + joined.len() as u64);
+        joined.extend(windows);
+    }
+    assert_eq!(joined, list);
 }

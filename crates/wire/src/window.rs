@@ -21,6 +21,90 @@ pub const MAX_WINDOW_FRAMES: u32 = 1 << 20;
 pub const TIME_FRAME_GENERATED: u16 = 0x0001;
 const KNOWN_TIME_FRAME_FLAGS: u16 = TIME_FRAME_GENERATED;
 
+/// Most components one decision may name (docs/protocol.md §10.4).
+pub const MAX_WINDOW_COMPONENTS: usize = 1024;
+
+/// A trigger decision's readout window: ticks `[begin, end)` over the sources in
+/// `components` (source ids, strictly ascending), or over every source when it is empty.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DecisionWindow {
+    pub begin: u64,
+    pub end: u64,
+    pub components: Vec<u16>,
+}
+
+impl DecisionWindow {
+    /// A window over every source.
+    pub fn all(begin: u64, end: u64) -> DecisionWindow {
+        DecisionWindow {
+            begin,
+            end,
+            components: Vec::new(),
+        }
+    }
+
+    /// A window over `components` as a person lists them (any order; empty: every
+    /// source), sorted; refused with the reason ([`DecisionWindow::problem`]).
+    pub fn new(
+        begin: u64,
+        end: u64,
+        mut components: Vec<u16>,
+    ) -> std::result::Result<DecisionWindow, String> {
+        components.sort_unstable();
+        let w = DecisionWindow {
+            begin,
+            end,
+            components,
+        };
+        match w.problem() {
+            Some(p) => Err(p),
+            None => Ok(w),
+        }
+    }
+
+    /// Components as text: source ids separated by commas (`"3,9,12"`).
+    pub fn parse_components(text: &str) -> std::result::Result<Vec<u16>, String> {
+        text.split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<u16>()
+                    .map_err(|_| format!("{s:?} is not a source id (0 to 65535)"))
+            })
+            .collect()
+    }
+
+    /// Whether the decision asks for source `source`'s data.
+    pub fn covers(&self, source: u16) -> bool {
+        self.components.is_empty() || self.components.binary_search(&source).is_ok()
+    }
+
+    /// Bytes of this window's entry in a Window message: 20 + 2·c, padded to 8.
+    pub fn entry_len(&self) -> usize {
+        (20 + 2 * self.components.len()).next_multiple_of(8)
+    }
+
+    /// What is wrong with this window, if anything: an end not after its begin, too many
+    /// components, or components not strictly ascending (out of order or twice).
+    pub fn problem(&self) -> Option<String> {
+        if self.end <= self.begin {
+            return Some(format!(
+                "window [{}, {}) does not end after it begins",
+                self.begin, self.end
+            ));
+        }
+        if self.components.len() > MAX_WINDOW_COMPONENTS {
+            return Some(format!(
+                "{} components (at most {MAX_WINDOW_COMPONENTS})",
+                self.components.len()
+            ));
+        }
+        if self.components.windows(2).any(|p| p[0] >= p[1]) {
+            return Some("components not in ascending order, or one named twice".into());
+        }
+        None
+    }
+}
+
 /// One source's data for ticks `[begin, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeFrameHeader {
@@ -195,6 +279,12 @@ pub struct WindowFragment<'a> {
 pub fn decode_window(payload: &[u8]) -> Result<WindowFragment<'_>> {
     let header = WindowHeader::decode(payload)?;
     let n = header.frames as usize;
+    if header.status == WindowStatus::Empty && n > 0 {
+        return Err(WireError::OutOfRange {
+            what: "window frame count (an EMPTY window holds no frame)",
+            value: n as u64,
+        });
+    }
     let dir = window_directory_len(n);
     need("window fragment directory", payload, dir)?;
     let body = &payload[dir..];
@@ -325,5 +415,15 @@ mod tests {
         assert!(decode_window(&outside).is_err());
         let empty = window(&[]);
         assert_eq!(decode_window(&empty).unwrap().frames.len(), 0);
+        // EMPTY (a source the decision does not name) holds no frame
+        let mut not_named = empty.clone();
+        not_named[24..26].copy_from_slice(&3u16.to_le_bytes());
+        assert_eq!(
+            decode_window(&not_named).unwrap().header.status,
+            WindowStatus::Empty
+        );
+        let mut with_frames = w.clone();
+        with_frames[24..26].copy_from_slice(&3u16.to_le_bytes());
+        assert!(decode_window(&with_frames).is_err());
     }
 }

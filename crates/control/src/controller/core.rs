@@ -149,12 +149,14 @@ fn by_time(snap: Option<&NodeStatus>) -> Option<String> {
         return Some(s);
     }
     let b = snap.stats.bu()?;
-    (b.late_components + b.missing_components + b.window_errors > 0).then(|| {
-        format!(
-            "windows: {} components LATE, {} MISSING, {} window errors",
-            b.late_components, b.missing_components, b.window_errors
-        )
-    })
+    (b.late_components + b.missing_components + b.empty_components + b.window_errors > 0).then(
+        || {
+            format!(
+                "windows: {} components LATE, {} MISSING, {} EMPTY, {} window errors",
+                b.late_components, b.missing_components, b.empty_components, b.window_errors
+            )
+        },
+    )
 }
 
 /// A histogram as the status gives it (`bus`: how many BUs' histograms are in it).

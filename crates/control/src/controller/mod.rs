@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use evb_builder::NodeStatus;
 use evb_config::{Config, NodeSpec};
 use evb_node::{NodeError, NodeOutcome};
+use evb_wire::window::DecisionWindow;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
@@ -241,12 +242,12 @@ impl Controller {
 
     /// Decisions from outside (`POST /api/v1/decide`, `evb ctl decide`): each window a
     /// record of the run under way, in order. Refused when the run does not take them
-    /// (`windows.outside`), when no run is on, and for a window that ends before it begins
-    /// or is longer than `windows.longest_ticks`, naming it; nothing of a refused call is
-    /// taken.
+    /// (`windows.outside`), when no run is on, and for a window that ends before it begins,
+    /// is longer than `windows.longest_ticks` or names a source no RU reads, naming it;
+    /// nothing of a refused call is taken.
     pub(crate) fn decide(
         &self,
-        windows: &[(u64, u64)],
+        windows: &[DecisionWindow],
     ) -> Result<crate::replies::DecideReply, Refused> {
         let node = self.node().ok_or(Refused::new(503, "shutting down"))?;
         let core = self.core();
@@ -272,18 +273,30 @@ impl Controller {
             ));
         }
         let longest = cfg.windows.longest_ticks;
-        if let Some((i, (b, e))) = windows
-            .iter()
-            .enumerate()
-            .find(|(_, &(b, e))| e <= b || e - b > longest)
-        {
-            return Err(Refused::new(
-                400,
-                format!(
-                    "window {i} [{b}, {e}): it must end after it begins and last at most \
-                     windows.longest_ticks = {longest} ticks"
-                ),
-            ));
+        let sources = cfg.ru_source_ids();
+        for (i, w) in windows.iter().enumerate() {
+            let (b, e) = (w.begin, w.end);
+            if e <= b || e - b > longest {
+                return Err(Refused::new(
+                    400,
+                    format!(
+                        "window {i} [{b}, {e}): it must end after it begins and last at most \
+                         windows.longest_ticks = {longest} ticks"
+                    ),
+                ));
+            }
+            if let Some(why) = w.problem() {
+                return Err(Refused::new(400, format!("window {i}: {why}")));
+            }
+            if let Some(s) = w.components.iter().find(|s| !sources.contains(s)) {
+                return Err(Refused::new(
+                    400,
+                    format!(
+                        "window {i} names source {s}, which no RU of the run reads (their \
+                         source ids: {sources:?})"
+                    ),
+                ));
+            }
         }
         node.control.decide(windows);
         Ok(crate::replies::DecideReply {
