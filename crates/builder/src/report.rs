@@ -226,6 +226,9 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
                 if s.errors != 0 {
                     p.push(format!("ru[{i}] saw {} protocol errors", s.errors));
                 }
+                if let Some(why) = s.frame_account_gap() {
+                    p.push(format!("ru[{i}]: {why}"));
+                }
                 // Built, but not as one event: a degraded run, never an unqualified OK.
                 if s.sync_losses != 0 {
                     let n = s.sync_losses;
@@ -269,6 +272,56 @@ mod tests {
             v[0].contains("ru[0]: 4584 events flagged for sync loss"),
             "{v:?}"
         );
+    }
+
+    /// A live stream's byte account that does not add up fails the verdict naming the RU;
+    /// one that does (slices: in = cores + held; windows: in = taken + evicted and held
+    /// that none took) passes.
+    #[test]
+    fn a_latency_buffer_whose_bytes_do_not_add_up_fails_the_verdict() {
+        let slices = RuStats {
+            frame_bytes_in: 1000,
+            frame_bytes_in_slice_cores: 900,
+            frame_bytes_held_unused: 100,
+            ..RuStats::default()
+        };
+        let windows = RuStats {
+            frame_bytes_in: 1000,
+            frame_bytes_in_windows: 600,
+            frame_bytes_evicted_unused: 300,
+            frame_bytes_held_unused: 100,
+            ..RuStats::default()
+        };
+        let report = |ru: RuStats| RunReport {
+            state: RunState::Halted,
+            reason: None,
+            n_ru: 1,
+            n_bu: 0,
+            seconds: 1.0,
+            down: Vec::new(),
+            evm: EvmStats::default(),
+            rus: vec![Some(ru)],
+            bus: Vec::new(),
+        };
+        for ok in [slices.clone(), windows.clone()] {
+            assert!(verdict(&report(ok)).is_empty());
+        }
+        for bad in [
+            RuStats {
+                frame_bytes_in_slice_cores: 901,
+                ..slices
+            },
+            RuStats {
+                frame_bytes_evicted_unused: 299,
+                ..windows
+            },
+        ] {
+            let v = verdict(&report(bad));
+            assert!(
+                v.len() == 1 && v[0].starts_with("ru[0]: its latency buffer's bytes do not add up"),
+                "{v:?}"
+            );
+        }
     }
 
     #[test]

@@ -79,15 +79,38 @@ pub struct RuStats {
     pub frame_buffer_ticks: u64,
     /// Live frames built by time: the most bytes the latency buffer held.
     pub frame_buffer_bytes_high_water: u64,
-    /// Live frames into decision windows: the byte account of the latency buffer. Bytes
-    /// in (frames, headers included) = bytes some window took + bytes evicted that no
-    /// window took + bytes still held that no window took.
+    /// Live frames built by time: the byte account of the latency buffer. Bytes in
+    /// (frames, headers included) = bytes some window took + bytes evicted that no window
+    /// took + bytes still held that no window took (decision windows), or = bytes in the
+    /// slices' cores + bytes held in no core (time slices).
     pub frame_bytes_in: u64,
     pub frame_bytes_in_windows: u64,
+    pub frame_bytes_in_slice_cores: u64,
     pub frames_evicted: u64,
     pub frame_bytes_evicted: u64,
     pub frame_bytes_evicted_unused: u64,
     pub frame_bytes_held_unused: u64,
+}
+
+impl RuStats {
+    /// A live stream's latency buffer whose bytes do not add up (a frame taken twice, or
+    /// lost inside the RU), in words; `None` when they do, or there is no such buffer.
+    pub fn frame_account_gap(&self) -> Option<String> {
+        let inside = if self.frame_bytes_in_slice_cores > 0 {
+            self.frame_bytes_in_slice_cores + self.frame_bytes_held_unused
+        } else {
+            self.frame_bytes_in_windows
+                + self.frame_bytes_evicted_unused
+                + self.frame_bytes_held_unused
+        };
+        (self.frame_bytes_in != inside).then(|| {
+            format!(
+                "its latency buffer's bytes do not add up: {} B of frames in, {inside} B in \
+                 records' windows or slice cores, evicted or held",
+                self.frame_bytes_in
+            )
+        })
+    }
 }
 
 /// Most fragment bytes one `poll` makes (a few milliseconds of work).
@@ -316,12 +339,15 @@ impl Ru {
                 s.waiting_for = f.stats.waiting_for.clone();
                 s.stream_fragments_unbuilt = f.unbuilt();
                 s.silent_streams = f.stats.silent.clone();
-                [
-                    s.frame_buffer_frames,
-                    s.frame_buffer_bytes,
-                    s.frame_buffer_ticks,
-                    s.frame_buffer_bytes_high_water,
-                ] = f.stats.frame_buffer;
+                if let Some(b) = f.stats.slices {
+                    s.frame_buffer_frames = b.held_frames;
+                    s.frame_buffer_bytes = b.held_bytes;
+                    s.frame_buffer_ticks = b.held_ticks;
+                    s.frame_buffer_bytes_high_water = b.held_bytes_high_water;
+                    s.frame_bytes_in = b.bytes_in;
+                    s.frame_bytes_in_slice_cores = b.core_bytes;
+                    s.frame_bytes_held_unused = b.held_bytes;
+                }
                 if let Some(b) = &f.windows {
                     let w = b.stats();
                     s.stream_fragments_received = w.frames_in;

@@ -24,6 +24,20 @@ use evb_wire::FLAG_WINDOW;
 use crate::assembly::{Assembled, Piece, StreamName};
 use crate::frames::{Slicing, Window};
 
+/// What a slice buffer holds and counted: its byte account is bytes in = bytes in the
+/// slices' cores + bytes held (in no core cut yet; at the end of a run, in none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SliceBufferStats {
+    pub held_frames: u64,
+    pub held_bytes: u64,
+    pub held_ticks: u64,
+    pub held_bytes_high_water: u64,
+    /// Frames' bytes received, headers included.
+    pub bytes_in: u64,
+    /// Bytes of the frames cut into a slice's core (each frame in exactly one).
+    pub core_bytes: u64,
+}
+
 /// One stream's frames, cut into time slices.
 pub struct SliceBuffer {
     slicing: Slicing,
@@ -43,6 +57,7 @@ pub struct SliceBuffer {
     closed: bool,
     received: u64,
     received_bytes: u64,
+    core_bytes: u64,
 }
 
 impl SliceBuffer {
@@ -60,6 +75,7 @@ impl SliceBuffer {
             closed: false,
             received: 0,
             received_bytes: 0,
+            core_bytes: 0,
         }
     }
 
@@ -141,6 +157,19 @@ impl SliceBuffer {
         self.held_high
     }
 
+    /// What it holds now, and its byte account.
+    pub fn stats(&self) -> SliceBufferStats {
+        let (held_frames, held_bytes, held_ticks) = self.occupancy();
+        SliceBufferStats {
+            held_frames,
+            held_bytes,
+            held_ticks,
+            held_bytes_high_water: self.held_high,
+            bytes_in: self.received_bytes,
+            core_bytes: self.core_bytes,
+        }
+    }
+
     /// The next slice's window fragment, once every frame beginning in its window is here:
     /// the frames that begin in it, whole (those of its overlap stay for the next slice).
     pub fn next_slice(&mut self) -> Option<Assembled> {
@@ -165,6 +194,7 @@ impl SliceBuffer {
         );
         for (_, b) in self.frames.drain(..core) {
             self.held_bytes -= b.len() as u64;
+            self.core_bytes += b.len() as u64;
         }
         self.next += 1;
         Some(Assembled {

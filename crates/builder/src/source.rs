@@ -72,9 +72,8 @@ pub struct LiveStats {
     pub unbuilt: u64,
     /// Streams that have delivered no fragment yet, named (empty: every one has).
     pub silent: Vec<String>,
-    /// A stream of frames built by time: its latency buffer's frames, bytes and ticks held
-    /// now, and the most bytes it held.
-    pub frame_buffer: [u64; 4],
+    /// A stream of frames built into time slices: its latency buffer and byte account.
+    pub slices: Option<crate::slice_buffer::SliceBufferStats>,
 }
 
 impl LiveFeed {

@@ -917,9 +917,20 @@ fn live_slices(
     let r = common::check_slices(&out_dir, &args).expect("python3, checked above");
     assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
     assert_eq!(r["records"], SLICES_LIVE, "{r}");
-    for src in ["3", "9"] {
+    for (src, ru) in [("3", "ru0"), ("9", "ru1")] {
         assert_eq!(r["sources"][src]["core_frames"], frames, "{r}");
+        // the RU's byte account: every byte in is in one slice core the files hold (the
+        // reader counts payloads, the RU frames with their 24-byte headers)
+        let cores = r["sources"][src]["core_bytes"].as_u64().unwrap() + 24 * frames;
+        assert_eq!(
+            ru_stat(&s, ru, "frame_bytes_in_slice_cores"),
+            cores,
+            "{ru}: {r}"
+        );
+        assert_eq!(ru_stat(&s, ru, "frame_bytes_in"), cores, "{ru}");
+        assert_eq!(ru_stat(&s, ru, "frame_bytes_held_unused"), 0, "{ru}");
     }
+    assert!(t.contains("KB in slice cores + 0.0 KB held"), "{t}");
     // every slice but the last carries the next one's first 4 frames (2500 ticks of 700)
     assert_eq!(r["overlap_frames"], (SLICES_LIVE - 1) * 4 * 2, "{r}");
     (out, s, frames)

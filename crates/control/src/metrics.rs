@@ -296,7 +296,7 @@ impl Collector for SnapshotCollector {
                 counter(
                     &mut enc,
                     "evb_frames_evicted",
-                    "Live frames into decision windows: frames evicted from the RU's latency buffer (older than windows.buffer_ms)",
+                    "Live frames into decision windows: frames evicted from the RU's latency buffer (older than windows.buffer_ms, or past windows.buffer_bytes)",
                     None,
                     st.frames_evicted,
                 )?;
@@ -306,6 +306,20 @@ impl Collector for SnapshotCollector {
                     "Live frames into decision windows: bytes evicted that no window took",
                     Some(Unit::Bytes),
                     st.frame_bytes_evicted_unused,
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_frame_in",
+                    "Live frames built by time: bytes of frames into the RU's latency buffer (headers included)",
+                    Some(Unit::Bytes),
+                    st.frame_bytes_in,
+                )?;
+                counter(
+                    &mut enc,
+                    "evb_frame_in_slice_cores",
+                    "Live frames built into time slices: bytes of frames cut into a slice's core (each frame in exactly one)",
+                    Some(Unit::Bytes),
+                    st.frame_bytes_in_slice_cores,
                 )?;
                 gauge(
                     &mut enc,

@@ -270,8 +270,7 @@ impl ApiSource {
                         format!("frame {} (counted from 0): {e}", self.received - 1)
                     })?;
                     if let Some(b) = &self.slices {
-                        let (frames, bytes, ticks) = b.occupancy();
-                        feed.stats.frame_buffer = [frames, bytes, ticks, b.high_water()];
+                        feed.stats.slices = Some(b.stats());
                     }
                 }
                 Ok(FeedItem::Event(_)) if self.slices.is_some() || feed.windows.is_some() => {
@@ -296,6 +295,7 @@ impl ApiSource {
                         while let Some(slice) = b.next_slice() {
                             feed.supply(slice);
                         }
+                        feed.stats.slices = Some(b.stats());
                     }
                     if let Some(w) = feed.windows.as_mut() {
                         // decisions go on; windows past the stream's end are LATE

@@ -431,8 +431,7 @@ impl StreamSource {
             feed.finish();
         }
         if let Cutter::Slices(b) = &self.assembler {
-            let (frames, bytes, ticks) = b.occupancy();
-            feed.stats.frame_buffer = [frames, bytes, ticks, b.high_water()];
+            feed.stats.slices = Some(b.stats());
         }
         let (received, dropped, sync_losses) = self.assembler.stats();
         feed.stats.fragments_received = received;
