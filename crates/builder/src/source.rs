@@ -166,6 +166,8 @@ impl LiveFeed {
     }
 }
 
+// One per RU, made once and never moved on the data path: a box would only add a hop.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Source {
     Generator(Generator),
