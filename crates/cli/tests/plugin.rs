@@ -539,3 +539,68 @@ fn rust_producer_frames_into_decision_windows() {
     assert_eq!(bu["partial_events"], 2, "{report}");
     assert_eq!(bu["window_errors"], 0, "{report}");
 }
+
+/// An outside trigger program (issue 54: "the plug-in API: an external trigger program
+/// submits decisions"): the EVM runs in this process under `evb_plugin::Trigger`, the RUs
+/// and the BU as `evb node` processes. Once the streams have flowed 1.3 s it decides a
+/// window in the RUs' buffers (complete), one long evicted (MISSING), one far ahead of the
+/// data (LATE) and one over source 1 only (source 0 EMPTY); the EVM's verdict counts each.
+/// Windows it cannot be given are refused, typed, and nothing of them is taken.
+#[test]
+fn an_outside_trigger_program_decides_the_records_through_the_plugin_api() {
+    use evb_plugin::Trigger;
+    let mut run = Run::start(
+        "[run]\nid = \"plug-trigger\"\nevents = 4\nduration_s = 0\n\
+         [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 100\n\
+         [windows]\noutside = true\nlongest_ticks = 10000\ntick_hz = 1000000\n\
+         buffer_ms = 1000\nwait_ms = 100\n[topology]\nrus = 2\nbus = 1\n",
+        &["ru0", "ru1", "bu0"],
+    );
+    let mut t = Trigger::start(&run.config()).unwrap();
+    t.wait_connected().unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while t
+        .status()
+        .is_none_or(|s| s.state != evb_builder::RunState::Running)
+    {
+        assert!(Instant::now() < until, "the run did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(1300));
+    for (window, why) in [
+        ((5, 5, vec![]), "must end after it begins"),
+        ((0, 20_000, vec![]), "windows.longest_ticks = 10000"),
+        ((0, 10, vec![1, 7]), "names source 7, which no RU"),
+        ((0, 10, vec![1, 1]), "named twice"),
+    ] {
+        match t.decide(window.0, window.1, &window.2) {
+            Err(Error::Refused { why: w, .. }) => assert!(w.contains(why), "{w}"),
+            other => panic!("{window:?}: {other:?}"),
+        }
+    }
+    assert_eq!(t.decide(1_200_000, 1_205_000, &[]).unwrap(), 0);
+    assert_eq!(t.decide(0, 5000, &[]).unwrap(), 1);
+    assert_eq!(t.decide(100_000_000, 100_005_000, &[]).unwrap(), 2);
+    assert_eq!(t.decide(1_200_000, 1_205_000, &[1]).unwrap(), 3);
+    let evm = t.finish().unwrap();
+    let report = serde_json::to_value(&evm.report).unwrap();
+    assert!(evm.ok, "{}: {report}", evm.reason);
+    let run_report = &report["run"];
+    assert_eq!(run_report["evm"]["triggered"], 4, "{report}");
+    let bu = &run_report["bus"][0];
+    // two RUs: the complete window's two components, MISSING's two, LATE's two, then one
+    // complete and one EMPTY
+    assert_eq!(bu["missing_components"], 2, "{report}");
+    assert_eq!(bu["late_components"], 2, "{report}");
+    assert_eq!(bu["empty_components"], 1, "{report}");
+    assert_eq!(bu["partial_events"], 2, "{report}");
+    assert_eq!(bu["window_errors"], 0, "{report}");
+    for id in ["ru0", "ru1", "bu0"] {
+        let out = run.kids.remove(id).unwrap().wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -23,9 +23,12 @@ mod error;
 mod node_thread;
 mod producer;
 pub mod pubsub;
+mod trigger;
 
 pub use consumer::{Consumer, ConsumerOptions, Event, Fragment, Next};
 pub use error::Error;
 pub use evb_config::Config;
 pub use evb_node::NodeOutcome;
+pub use evb_wire::window::DecisionWindow;
 pub use producer::{Buffer, Producer, WhenFull};
+pub use trigger::Trigger;

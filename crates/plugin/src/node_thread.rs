@@ -34,6 +34,17 @@ const CONNECT_SLACK: Duration = Duration::from_secs(5);
 
 impl NodeThread {
     pub(crate) fn spawn(cfg: &Config, id: &str, plugs: Plugs) -> Result<NodeThread, Error> {
+        Self::spawn_with(cfg, id, plugs, RunControl::new())
+    }
+
+    /// As [`NodeThread::spawn`], the node's run controlled through `control` (the trigger's
+    /// decisions go in there).
+    pub(crate) fn spawn_with(
+        cfg: &Config,
+        id: &str,
+        plugs: Plugs,
+        control: RunControl,
+    ) -> Result<NodeThread, Error> {
         let evm_addr = cfg
             .nodes()
             .into_iter()
@@ -56,7 +67,7 @@ impl NodeThread {
                         }
                     }),
                     STATUS_EVERY,
-                    RunControl::new(),
+                    control,
                     plugs,
                 )
             })
