@@ -19,12 +19,12 @@ use crate::action::{
 };
 use crate::event::BuiltEvent;
 use crate::evm::BuResync;
-use crate::frames::FrameGenerator;
+use crate::frames::{super_entries, FrameGenerator, WindowCounts};
 use crate::generator::Generator;
 use crate::ids::{Bits, FastSet, IdMap, RecentIds};
 use crate::join::{Join, Next};
 use crate::sink::{Sink, SinkError};
-use evb_wire::window::{WindowHeader, WindowStatus, WINDOW_HEADER_LEN};
+use evb_wire::window::{WindowHeader, WINDOW_HEADER_LEN};
 
 /// How much of each fragment the BU checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +181,7 @@ struct Checked {
     /// A window fragment that is damaged or not this record's slice or window.
     window_error: bool,
     /// What an RU could give of the record's window (building by time).
-    window_status: WindowStatus,
+    window: WindowCounts,
     /// A super-fragment that says a stream left it out.
     partial: bool,
 }
@@ -198,7 +198,7 @@ impl Checked {
             || self.window_error
             || self.partial
             // counted one by one ([`Bu::handle_fragments`]), EMPTY too
-            || self.window_status != WindowStatus::Complete)
+            || !self.window.complete())
     }
 }
 
@@ -241,30 +241,46 @@ fn check_super(header: &FragmentHeader, payload: &Chain) -> Result<bool, String>
 
 /// A fragment's checks in a run built by time: every check of [`FrameGenerator::check`]
 /// under `crc` and `full` (the bytes were checked before, under `full`), only the window
-/// fragment's header under `headers`; returns (an error, the fragment's status).
+/// fragment's header under `headers` (each entry's, for a super-fragment of several
+/// streams); returns (an error, its components' statuses).
 fn window_checks(
     f: &FrameGenerator,
     verify: Verify,
     header: &FragmentHeader,
     payload: &Chain,
-) -> (bool, WindowStatus) {
+) -> (bool, WindowCounts) {
     if verify != Verify::Headers {
-        return match f.check(header, payload) {
-            Ok(status) => (false, status),
-            Err(_) => (true, WindowStatus::Complete),
+        return match f.check_all(header, payload) {
+            Ok(counts) => (false, counts),
+            Err(_) => (true, WindowCounts::default()),
         };
     }
     if header.flags & FLAG_MISSING != 0 {
-        return (false, WindowStatus::Complete);
+        return (false, WindowCounts::default());
     }
-    let mut head = [0u8; WINDOW_HEADER_LEN];
-    if !payload.copy_prefix(&mut head) {
-        return (true, WindowStatus::Complete);
+    let status = |payload: &Chain| {
+        let mut head = [0u8; WINDOW_HEADER_LEN];
+        if !payload.copy_prefix(&mut head) {
+            return None;
+        }
+        WindowHeader::decode(&head).ok().map(|h| h.status)
+    };
+    if header.flags & FLAG_SUPER == 0 {
+        return status(payload).map_or((true, WindowCounts::default()), |s| {
+            (false, WindowCounts::of(s))
+        });
     }
-    match WindowHeader::decode(&head) {
-        Ok(h) => (false, h.status),
-        Err(_) => (true, WindowStatus::Complete),
+    let Ok(parts) = super_entries(header, payload) else {
+        return (true, WindowCounts::default());
+    };
+    let mut counts = WindowCounts::default();
+    for (_, part) in parts {
+        match status(&part) {
+            Some(s) => counts.add(s),
+            None => return (true, WindowCounts::default()),
+        }
     }
+    (false, counts)
 }
 
 /// An event from its first fragment (or its Assign) until the sink is done with it.
@@ -1037,9 +1053,9 @@ impl Bu {
                 }),
             };
         corrupt |= content_error;
-        let (window_error, window_status) = match &self.cfg.slices {
+        let (window_error, window) = match &self.cfg.slices {
             Some(f) if !corrupt => window_checks(f, self.cfg.verify, header, payload),
-            _ => (false, WindowStatus::Complete),
+            _ => (false, WindowCounts::default()),
         };
         corrupt |= window_error;
         let (super_error, mut partial) = if !corrupt && header.flags & FLAG_SUPER != 0 {
@@ -1049,7 +1065,7 @@ impl Bu {
         };
         // a window the RU could not give whole (LATE, MISSING): a partial record; EMPTY (the
         // decision did not ask for this source) leaves nothing out
-        partial |= matches!(window_status, WindowStatus::Late | WindowStatus::Missing);
+        partial |= window.partial();
         Checked {
             duplicate: false,
             source_mismatch,
@@ -1057,7 +1073,7 @@ impl Bu {
             content_error,
             super_error,
             window_error,
-            window_status,
+            window,
             partial,
         }
     }
@@ -1101,12 +1117,9 @@ impl Bu {
             tracing::warn!("record {id}: window fragment from ru[{ru}]: {why}");
             self.stats.window_errors += 1;
         }
-        match checked.window_status {
-            WindowStatus::Late => self.stats.late_components += 1,
-            WindowStatus::Missing => self.stats.missing_components += 1,
-            WindowStatus::Empty => self.stats.empty_components += 1,
-            WindowStatus::Complete => {}
-        }
+        self.stats.late_components += checked.window.late as u64;
+        self.stats.missing_components += checked.window.missing as u64;
+        self.stats.empty_components += checked.window.empty as u64;
         let corrupt = checked.source_mismatch
             || checked.crc_error
             || checked.content_error

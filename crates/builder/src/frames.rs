@@ -17,7 +17,7 @@ use evb_wire::window::{
     decode_window, window_directory_len, DecisionWindow, TimeFrameHeader, WindowFragment,
     WindowHeader, WindowStatus, TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
 };
-use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_WINDOW};
+use evb_wire::{FragmentHeader, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_WINDOW};
 
 use crate::generator::{mix, Content, Generator};
 use crate::source::FragmentSpec;
@@ -74,6 +74,86 @@ pub struct Windows {
     /// message gave it (RUs; a BU takes the window each fragment carries), not computed.
     pub outside: bool,
     pub decided: std::collections::BTreeMap<u64, DecisionWindow>,
+}
+
+/// A fragment's components by what their windows leave out: one for a stream's window
+/// fragment, one per entry of a super-fragment of them (an RU of several streams).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowCounts {
+    pub late: u32,
+    pub missing: u32,
+    pub empty: u32,
+}
+
+impl WindowCounts {
+    pub fn of(status: WindowStatus) -> WindowCounts {
+        let mut c = WindowCounts::default();
+        c.add(status);
+        c
+    }
+
+    pub fn add(&mut self, status: WindowStatus) {
+        match status {
+            WindowStatus::Late => self.late += 1,
+            WindowStatus::Missing => self.missing += 1,
+            WindowStatus::Empty => self.empty += 1,
+            WindowStatus::Complete => {}
+        }
+    }
+
+    /// Some component came LATE or MISSING: the record is partial.
+    pub fn partial(&self) -> bool {
+        self.late + self.missing > 0
+    }
+
+    /// Every component complete.
+    pub fn complete(&self) -> bool {
+        *self == WindowCounts::default()
+    }
+}
+
+/// A super-fragment's entries as window fragments of their own: each entry's header (its
+/// source, the record's id and trigger number) and bytes.
+pub fn super_entries(
+    header: &FragmentHeader,
+    payload: &Chain,
+) -> Result<Vec<(FragmentHeader, Chain)>, String> {
+    use evb_wire::super_fragment::{
+        decode_directory, directory_len_of, ENTRY_MISSING, SUPER_HEADER_LEN,
+    };
+    let mut head = [0u8; SUPER_HEADER_LEN];
+    if !payload.copy_prefix(&mut head) {
+        return Err("a super-fragment shorter than its header".into());
+    }
+    let dir_len = directory_len_of(&head).map_err(|e| e.to_string())?;
+    let mut dir = vec![0u8; dir_len];
+    if !payload.copy_prefix(&mut dir) {
+        return Err("a super-fragment shorter than its directory".into());
+    }
+    let entries = decode_directory(&dir, payload.len()).map_err(|e| e.to_string())?;
+    let mut at = dir_len;
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let len = e.length as usize;
+        let part = payload.sub(at, len);
+        at += len;
+        out.push((
+            FragmentHeader {
+                source_id: e.source_id,
+                flags: FLAG_WINDOW
+                    | if e.flags & ENTRY_MISSING != 0 {
+                        FLAG_MISSING
+                    } else {
+                        0
+                    },
+                payload_size: len as u32,
+                payload_crc: 0,
+                ..*header
+            },
+            part,
+        ));
+    }
+    Ok(out)
 }
 
 /// What an RU sends of a window: frames `[first, end)` (indices), and why not more.
@@ -624,6 +704,26 @@ impl FrameGenerator {
             pos += n;
             out = &mut out[n..];
         }
+    }
+
+    /// The BU's checks of a fragment ([`FrameGenerator::check`]), a super-fragment's
+    /// entries each as a stream's window fragment: its components' statuses counted.
+    pub fn check_all(
+        &self,
+        header: &FragmentHeader,
+        payload: &Chain,
+    ) -> Result<WindowCounts, String> {
+        if header.flags & FLAG_SUPER == 0 || header.flags & FLAG_MISSING != 0 {
+            return self.check(header, payload).map(WindowCounts::of);
+        }
+        let mut counts = WindowCounts::default();
+        for (h, part) in super_entries(header, payload)? {
+            let status = self
+                .check(&h, &part)
+                .map_err(|e| format!("source {}: {e}", h.source_id))?;
+            counts.add(status);
+        }
+        Ok(counts)
     }
 
     /// The BU's checks of a fragment of `record` ([`check_slice`], or [`check_window`]

@@ -18,8 +18,9 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
+use evb_wire::super_fragment::{directory_len, encode_directory, SuperEntry};
 use evb_wire::window::{window_directory_len, TimeFrameHeader, WindowHeader, WindowStatus};
-use evb_wire::FLAG_WINDOW;
+use evb_wire::{FLAG_SUPER, FLAG_WINDOW};
 
 use crate::assembly::{Assembled, Piece, StreamName};
 use crate::frames::{Slicing, Window};
@@ -36,6 +37,21 @@ pub struct SliceBufferStats {
     pub bytes_in: u64,
     /// Bytes of the frames cut into a slice's core (each frame in exactly one).
     pub core_bytes: u64,
+}
+
+impl SliceBufferStats {
+    /// Two streams' together (the ticks held: the larger; the peak: the sum of the
+    /// streams' peaks, an upper bound of the RU's, as they may come at different moments).
+    pub fn with(self, o: SliceBufferStats) -> SliceBufferStats {
+        SliceBufferStats {
+            held_frames: self.held_frames + o.held_frames,
+            held_bytes: self.held_bytes + o.held_bytes,
+            held_ticks: self.held_ticks.max(o.held_ticks),
+            held_bytes_high_water: self.held_bytes_high_water + o.held_bytes_high_water,
+            bytes_in: self.bytes_in + o.bytes_in,
+            core_bytes: self.core_bytes + o.core_bytes,
+        }
+    }
 }
 
 /// One stream's frames, cut into time slices.
@@ -113,6 +129,21 @@ impl SliceBuffer {
     /// what there is.
     pub fn close(&mut self) {
         self.closed = true;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// The source id its frames carry.
+    pub fn source_id(&self) -> u16 {
+        self.name.source_id
+    }
+
+    /// Whether the next slice can be cut now: every frame beginning in its window is here
+    /// (or the stream ended with frames still held).
+    pub fn ready(&self) -> bool {
+        self.next_is_whole()
     }
 
     /// Whether every frame beginning in the next slice's window is here.
@@ -204,6 +235,41 @@ impl SliceBuffer {
             flags: FLAG_WINDOW,
             written: None,
         })
+    }
+}
+
+/// An RU's fragment of a record over several streams (docs/formats.md §4 with §10.2): a
+/// super-fragment whose entries are the streams' window fragments, in the RU's stream
+/// order, each entry's source id the stream's and its trigger number the record's; one
+/// stream's part goes as it is.
+pub fn super_window(mut parts: Vec<(u16, Assembled)>) -> Assembled {
+    if parts.len() == 1 {
+        return parts.pop().expect("one part").1;
+    }
+    let trigger_number = parts.first().map_or(0, |(_, a)| a.trigger_number);
+    let entries: Vec<SuperEntry> = parts
+        .iter()
+        .map(|(source, a)| SuperEntry {
+            source_id: *source,
+            flags: 0,
+            trigger_number,
+            length: a.payload.len() as u32,
+        })
+        .collect();
+    let body: usize = parts.iter().map(|(_, a)| a.payload.len()).sum();
+    let mut head = Vec::with_capacity(directory_len(entries.len()));
+    encode_directory(&entries, &mut head);
+    let mut out = BytesMut::with_capacity(head.len() + body);
+    out.extend_from_slice(&head);
+    for (_, a) in &parts {
+        out.extend_from_slice(&a.payload);
+    }
+    Assembled {
+        trigger_number,
+        fragments: parts.iter().map(|(_, a)| a.fragments).sum(),
+        payload: out.freeze(),
+        flags: FLAG_WINDOW | FLAG_SUPER,
+        written: None,
     }
 }
 

@@ -26,7 +26,7 @@ use evb_wire::FLAG_WINDOW;
 
 use crate::assembly::{Assembled, Piece};
 use crate::frames::Windows;
-use crate::slice_buffer::{check_frame, window_fragment};
+use crate::slice_buffer::{check_frame, super_window, window_fragment};
 
 #[derive(Debug, Clone)]
 struct Held {
@@ -55,14 +55,30 @@ pub struct WindowBufferStats {
     pub held_bytes_high_water: u64,
 }
 
-/// One stream's frames, cut into decision windows on demand.
+impl WindowBufferStats {
+    /// Two streams' counts together (the ticks held: the larger; the peak: the sum of the
+    /// streams' peaks, an upper bound of the RU's, as they may come at different moments).
+    fn with(self, o: WindowBufferStats) -> WindowBufferStats {
+        WindowBufferStats {
+            frames_in: self.frames_in + o.frames_in,
+            bytes_in: self.bytes_in + o.bytes_in,
+            evicted_frames: self.evicted_frames + o.evicted_frames,
+            evicted_bytes: self.evicted_bytes + o.evicted_bytes,
+            evicted_unused_bytes: self.evicted_unused_bytes + o.evicted_unused_bytes,
+            used_bytes: self.used_bytes + o.used_bytes,
+            held_unused_bytes: self.held_unused_bytes + o.held_unused_bytes,
+            held_frames: self.held_frames + o.held_frames,
+            held_bytes: self.held_bytes + o.held_bytes,
+            held_ticks: self.held_ticks.max(o.held_ticks),
+            held_bytes_high_water: self.held_bytes_high_water + o.held_bytes_high_water,
+        }
+    }
+}
+
+/// One stream's frames in the buffer.
 #[derive(Debug, Clone)]
-pub struct WindowBuffer {
-    windows: Windows,
-    frame_ticks: u64,
+struct Stream {
     source_id: u16,
-    /// Most bytes held (frames, headers included); 0: bounded by time only.
-    max_bytes: u64,
     frames: VecDeque<Held>,
     /// The end of the newest frame: where the next must begin.
     high: u64,
@@ -72,48 +88,132 @@ pub struct WindowBuffer {
     stats: WindowBufferStats,
 }
 
+/// An RU's streams' frames (one, or several: `[[ru]] streams`), cut into decision windows
+/// on demand: one window fragment per stream, several going as one super-fragment.
+#[derive(Debug, Clone)]
+pub struct WindowBuffer {
+    windows: Windows,
+    frame_ticks: u64,
+    /// Most bytes held per stream (frames, headers included); 0: bounded by time only.
+    max_bytes: u64,
+    streams: Vec<Stream>,
+}
+
 impl WindowBuffer {
-    /// `max_bytes`: the bound in bytes (`windows.buffer_bytes`, 0 for none).
-    pub fn new(windows: Windows, frame_ticks: u64, source_id: u16, max_bytes: u64) -> Self {
+    /// The buffer of streams whose frames carry `sources` (in the RU's stream order);
+    /// `max_bytes`: the bound in bytes per stream (`windows.buffer_bytes`, 0 for none).
+    pub fn new(windows: Windows, frame_ticks: u64, sources: &[u16], max_bytes: u64) -> Self {
         WindowBuffer {
             windows,
             frame_ticks,
-            source_id,
             max_bytes,
-            frames: VecDeque::new(),
-            high: 0,
-            evicted_until: 0,
-            closed: false,
-            stats: WindowBufferStats::default(),
+            streams: sources
+                .iter()
+                .map(|&source_id| Stream {
+                    source_id,
+                    frames: VecDeque::new(),
+                    high: 0,
+                    evicted_until: 0,
+                    closed: false,
+                    stats: WindowBufferStats::default(),
+                })
+                .collect(),
         }
     }
 
-    /// Takes the next frame of the stream, and evicts what is now older than the depth.
-    pub fn push(&mut self, piece: Piece<Bytes>) -> Result<(), String> {
-        let first = self.stats.frames_in == 0;
-        let header = check_frame(&piece, self.source_id, self.frame_ticks, self.high, first)?;
+    /// Takes the next frame of stream `stream`, and evicts what is now older than the
+    /// depth (or past the bound in bytes).
+    pub fn push(&mut self, stream: usize, piece: Piece<Bytes>) -> Result<(), String> {
+        let (frame_ticks, buffer_ticks, max_bytes) =
+            (self.frame_ticks, self.windows.buffer_ticks, self.max_bytes);
+        let s = self
+            .streams
+            .get_mut(stream)
+            .ok_or_else(|| format!("no stream {stream} in this RU"))?;
+        let first = s.stats.frames_in == 0;
+        let header = check_frame(&piece, s.source_id, frame_ticks, s.high, first)?;
         let len = piece.bytes.len() as u64;
-        self.high = header.end;
-        self.stats.frames_in += 1;
-        self.stats.bytes_in += len;
-        self.stats.held_bytes += len;
-        self.frames.push_back(Held {
+        s.high = header.end;
+        s.stats.frames_in += 1;
+        s.stats.bytes_in += len;
+        s.stats.held_bytes += len;
+        s.frames.push_back(Held {
             header,
             bytes: piece.bytes,
             used: false,
         });
-        self.evict();
-        self.stats.held_bytes_high_water =
-            self.stats.held_bytes_high_water.max(self.stats.held_bytes);
+        s.evict(buffer_ticks, max_bytes);
+        s.stats.held_bytes_high_water = s.stats.held_bytes_high_water.max(s.stats.held_bytes);
         Ok(())
     }
 
-    fn evict(&mut self) {
-        let keep_from = self.high.saturating_sub(self.windows.buffer_ticks);
+    /// The front-end closed stream `stream`: no frame of it will come, a window past its
+    /// end is LATE at once.
+    pub fn close(&mut self, stream: usize) {
+        if let Some(s) = self.streams.get_mut(stream) {
+            s.closed = true;
+        }
+    }
+
+    /// Every stream has ended.
+    pub fn is_closed(&self) -> bool {
+        self.streams.iter().all(|s| s.closed)
+    }
+
+    /// Whether stream `stream` has ended.
+    pub fn is_stream_closed(&self, stream: usize) -> bool {
+        self.streams.get(stream).is_none_or(|s| s.closed)
+    }
+
+    /// The decisions' windows (to be told those of decisions from outside).
+    pub fn windows_mut(&mut self) -> &mut Windows {
+        &mut self.windows
+    }
+
+    pub fn windows(&self) -> &Windows {
+        &self.windows
+    }
+
+    /// Every stream's counts together.
+    pub fn stats(&self) -> WindowBufferStats {
+        self.streams
+            .iter()
+            .map(Stream::stats)
+            .fold(WindowBufferStats::default(), WindowBufferStats::with)
+    }
+
+    /// Decision `record`'s fragment from what the buffer holds, having waited `waited`
+    /// since its Assign: each stream's window fragment (one super-fragment of them for
+    /// several); `None` while some stream the decision names has not reached the window's
+    /// end, had nothing of it evicted and has not ended, and the wait is not over.
+    pub fn cut(&mut self, record: u64, waited: Duration) -> Option<Assembled> {
+        let w = self.windows.window(record);
+        let (f, wait) = (self.frame_ticks, self.windows.wait);
+        let windows = &self.windows;
+        if self
+            .streams
+            .iter()
+            .any(|s| windows.covers(record, s.source_id) && !s.due(w, f, waited, wait))
+        {
+            return None;
+        }
+        let parts = self
+            .streams
+            .iter_mut()
+            .map(|s| {
+                let named = windows.covers(record, s.source_id);
+                (s.source_id, s.cut(w, f, named))
+            })
+            .collect();
+        Some(super_window(parts))
+    }
+}
+
+impl Stream {
+    fn evict(&mut self, buffer_ticks: u64, max_bytes: u64) {
+        let keep_from = self.high.saturating_sub(buffer_ticks);
         while let Some(f) = self.frames.front() {
-            let over = self.max_bytes > 0
-                && self.stats.held_bytes > self.max_bytes
-                && self.frames.len() > 1;
+            let over = max_bytes > 0 && self.stats.held_bytes > max_bytes && self.frames.len() > 1;
             if f.header.end > keep_from && !over {
                 break;
             }
@@ -129,26 +229,7 @@ impl WindowBuffer {
         }
     }
 
-    /// The front-end closed the stream: no frame will come, a window past its end is LATE
-    /// at once.
-    pub fn close(&mut self) {
-        self.closed = true;
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
-
-    /// The decisions' windows (to be told those of decisions from outside).
-    pub fn windows_mut(&mut self) -> &mut Windows {
-        &mut self.windows
-    }
-
-    pub fn windows(&self) -> &Windows {
-        &self.windows
-    }
-
-    pub fn stats(&self) -> WindowBufferStats {
+    fn stats(&self) -> WindowBufferStats {
         let mut s = self.stats;
         s.held_frames = self.frames.len() as u64;
         s.held_unused_bytes = self
@@ -164,29 +245,31 @@ impl WindowBuffer {
         s
     }
 
-    /// Decision `record`'s window fragment from what the buffer holds, having waited
-    /// `waited` since its Assign; `None` while its end has not arrived, nothing of it was
-    /// evicted, and the wait is not over.
-    pub fn cut(&mut self, record: u64, waited: Duration) -> Option<Assembled> {
-        let w = self.windows.window(record);
-        if !self.windows.covers(record, self.source_id) {
-            return Some(Assembled {
-                trigger_number: w.begin as u32,
-                fragments: 0,
-                payload: window_fragment(w, WindowStatus::Empty, std::iter::empty()),
-                flags: FLAG_WINDOW,
-                written: None,
-            });
+    /// Whether window `w` can be cut from this stream now: its end has arrived, some of it
+    /// was evicted, the stream ended, or the wait is over.
+    fn due(&self, w: crate::frames::Window, f: u64, waited: Duration, wait: Duration) -> bool {
+        let (first, end) = (w.begin / f, w.end.div_ceil(f));
+        let missing = self.evicted_until > first * f;
+        end <= self.high / f || missing || self.closed || waited >= wait
+    }
+
+    /// This stream's window fragment of `w`: EMPTY when the decision does not name it
+    /// (`named` false), else the frames overlapping the window, whole, with the status
+    /// that says what they leave out.
+    fn cut(&mut self, w: crate::frames::Window, f: u64, named: bool) -> Assembled {
+        let fragment = |status, taken: &[Bytes]| Assembled {
+            trigger_number: w.begin as u32,
+            fragments: taken.len() as u32,
+            payload: window_fragment(w, status, taken.iter()),
+            flags: FLAG_WINDOW,
+            written: None,
+        };
+        if !named {
+            return fragment(WindowStatus::Empty, &[]);
         }
-        let f = self.frame_ticks;
-        // the frames overlapping the window are [first, end) (indices)
         let (first, end) = (w.begin / f, w.end.div_ceil(f));
         let arrived = self.high / f;
-        let missing = self.evicted_until > first * f;
-        if end > arrived && !missing && !self.closed && waited < self.windows.wait {
-            return None;
-        }
-        let status = if missing {
+        let status = if self.evicted_until > first * f {
             WindowStatus::Missing
         } else if end > arrived {
             WindowStatus::Late
@@ -205,13 +288,7 @@ impl WindowBuffer {
             }
             taken.push(h.bytes.clone());
         }
-        Some(Assembled {
-            trigger_number: w.begin as u32,
-            fragments: taken.len() as u32,
-            payload: window_fragment(w, status, taken.iter()),
-            flags: FLAG_WINDOW,
-            written: None,
-        })
+        fragment(status, &taken)
     }
 }
 
@@ -226,11 +303,15 @@ mod tests {
     const F: u64 = 100;
 
     fn frame(j: u64, len: usize) -> Piece<Bytes> {
+        frame_of(2, j, len)
+    }
+
+    fn frame_of(source_id: u16, j: u64, len: usize) -> Piece<Bytes> {
         let payload = vec![j as u8; len];
         let mut h = TimeFrameHeader {
             begin: j * F,
             end: (j + 1) * F,
-            source_id: 2,
+            source_id,
             flags: 0,
             crc: 0,
         };
@@ -264,7 +345,7 @@ mod tests {
             outside: false,
             decided: Default::default(),
         };
-        WindowBuffer::new(windows, F, 2, 0)
+        WindowBuffer::new(windows, F, &[2], 0)
     }
 
     /// The BU's check of the cut, as it will judge it; the frames' first ticks.
@@ -299,7 +380,7 @@ mod tests {
         ];
         let mut b = listed(&list, 800);
         for j in 0..5 {
-            b.push(frame(j, 10 + j as usize)).unwrap();
+            b.push(0, frame(j, 10 + j as usize)).unwrap();
         }
         let a = b.cut(0, Duration::ZERO).unwrap();
         assert_eq!(
@@ -309,7 +390,7 @@ mod tests {
         let a = b.cut(1, Duration::ZERO).unwrap();
         assert_eq!(judged(&b, 1, &a), (WindowStatus::Complete, vec![300]));
         for j in 5..10 {
-            b.push(frame(j, 10 + j as usize)).unwrap();
+            b.push(0, frame(j, 10 + j as usize)).unwrap();
         }
         // frames end at 1000: window 2 needs up to 1200
         assert!(b.cut(2, Duration::from_micros(9_999)).is_none());
@@ -324,18 +405,18 @@ mod tests {
         // one tick inside the depth: frame 2 ([200, 300)) is held at high 1000
         let mut edge = listed(&[(200, 300)], 799);
         for j in 0..10 {
-            edge.push(frame(j, 1)).unwrap();
+            edge.push(0, frame(j, 1)).unwrap();
         }
         let a = edge.cut(0, Duration::ZERO).unwrap();
         assert_eq!(judged(&edge, 0, &a).0, WindowStatus::Complete);
         let mut edge = listed(&[(200, 300)], 700);
         for j in 0..10 {
-            edge.push(frame(j, 1)).unwrap();
+            edge.push(0, frame(j, 1)).unwrap();
         }
         let a = edge.cut(0, Duration::ZERO).unwrap();
         assert_eq!(judged(&edge, 0, &a).0, WindowStatus::Missing);
         // the stream ends: a window ahead of it is LATE at once, with nothing
-        b.close();
+        b.close(0);
         let a = b.cut(4, Duration::ZERO).unwrap();
         assert_eq!(judged(&b, 4, &a), (WindowStatus::Late, vec![]));
         let s = b.stats();
@@ -356,11 +437,11 @@ mod tests {
             let mut b = WindowBuffer::new(
                 listed(&[(0, 100), (900, 1000)], 1 << 30).windows,
                 F,
-                2,
+                &[2],
                 max_bytes,
             );
             for j in 0..10 {
-                b.push(frame(j, 10)).unwrap();
+                b.push(0, frame(j, 10)).unwrap();
             }
             b
         };
@@ -397,9 +478,69 @@ mod tests {
         let mut b = listed(&[(0, 100)], 1 << 30);
         b.windows.listed =
             Some(vec![evb_wire::window::DecisionWindow::new(0, 100, vec![7]).unwrap()].into());
-        b.push(frame(0, 10)).unwrap();
+        b.push(0, frame(0, 10)).unwrap();
         let a = b.cut(0, Duration::ZERO).unwrap();
         assert_eq!(judged(&b, 0, &a), (WindowStatus::Empty, vec![]));
         assert_eq!(b.stats().used_bytes, 0);
+    }
+
+    /// An RU of two streams: a window is cut once both streams are due (one ahead, the
+    /// other waiting: nothing yet), as a super-fragment of the two window fragments, each
+    /// judged by the BU's checks as its stream's; a decision naming one stream has the other
+    /// EMPTY. The byte account adds the streams up.
+    #[test]
+    fn two_streams_cut_one_super_fragment_of_their_windows() {
+        let list = [
+            evb_wire::window::DecisionWindow::all(150, 420),
+            evb_wire::window::DecisionWindow::new(150, 420, vec![5]).unwrap(),
+        ];
+        let mut windows = listed(&[], 1 << 30).windows;
+        windows.listed = Some(list.to_vec().into());
+        let mut b = WindowBuffer::new(windows.clone(), F, &[2, 5], 0);
+        for j in 0..5 {
+            b.push(0, frame_of(2, j, 10)).unwrap();
+        }
+        assert!(b.cut(0, Duration::ZERO).is_none(), "stream 1 not there yet");
+        for j in 0..5 {
+            b.push(1, frame_of(5, j, 20)).unwrap();
+        }
+        let pool = evb_buffers::Pool::new("t", 1 << 16, 4);
+        let g = crate::frames::FrameGenerator::new(
+            crate::generator::Generator::new(crate::generator::SizeModel::Fixed(10), 1),
+            F,
+            crate::frames::Slicing {
+                slice: F,
+                overlap: 0,
+            },
+        )
+        .with_windows(windows);
+        for (record, want) in [(0, (0, 0, 0)), (1, (0, 0, 1))] {
+            let a = b.cut(record, Duration::ZERO).unwrap();
+            assert_eq!(a.flags, FLAG_WINDOW | evb_wire::FLAG_SUPER);
+            let header = FragmentHeader {
+                event_id: record,
+                trigger_number: a.trigger_number,
+                source_id: 0,
+                flags: a.flags,
+                payload_size: a.payload.len() as u32,
+                payload_crc: 0,
+            };
+            let chain = Chain::from_slice(pool.try_alloc().unwrap().append(&a.payload).unwrap());
+            let parts = crate::frames::super_entries(&header, &chain).unwrap();
+            let sources: Vec<u16> = parts.iter().map(|(h, _)| h.source_id).collect();
+            assert_eq!(sources, [2, 5]);
+            let c = g.check_all(&header, &chain).unwrap();
+            assert_eq!((c.late, c.missing, c.empty), want, "record {record}");
+        }
+        let s = b.stats();
+        assert_eq!(s.bytes_in, 5 * 34 + 5 * 44);
+        assert_eq!(
+            s.bytes_in,
+            s.used_bytes + s.evicted_unused_bytes + s.held_unused_bytes
+        );
+        assert!(!b.is_closed());
+        b.close(0);
+        b.close(1);
+        assert!(b.is_closed());
     }
 }

@@ -224,14 +224,14 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -
                 ));
             }
             if h.flags & FLAG_WINDOW != 0 {
-                match window::decode_window(p) {
-                    Ok(w) => {
-                        windows.count(&w);
+                for (source, part) in window_parts(h.source_id, h.flags, p) {
+                    match window::decode_window(part) {
+                        Ok(w) => windows.count(&w),
+                        Err(e) => problems.push(format!(
+                            "record {}: source {source}: window fragment: {e}",
+                            ev.event_id
+                        )),
                     }
-                    Err(e) => problems.push(format!(
-                        "record {}: source {}: window fragment: {e}",
-                        ev.event_id, h.source_id
-                    )),
                 }
             }
             if h.flags & FLAG_SUPER != 0 {
@@ -275,7 +275,9 @@ fn events_file(path: &Path, data: Vec<u8>, dump: Option<u64>, total: &mut u64) -
                     dump_super(p);
                 }
                 if h.flags & FLAG_WINDOW != 0 {
-                    dump_window(p);
+                    for (_, part) in window_parts(h.source_id, h.flags, p) {
+                        dump_window(part);
+                    }
                 }
             }
         }
@@ -323,6 +325,28 @@ struct WindowCounts {
     frame_bytes: u64,
     late: u64,
     missing: u64,
+    empty: u64,
+}
+
+/// A window fragment's parts with their sources: itself, or each entry of a super-fragment
+/// of them (an RU of several streams); a directory that does not decode gives the whole,
+/// for the decoder to name what is wrong.
+fn window_parts(source: u16, flags: u16, p: &[u8]) -> Vec<(u16, &[u8])> {
+    if flags & FLAG_SUPER == 0 {
+        return vec![(source, p)];
+    }
+    let Ok(entries) = super_fragment::decode_directory(p, p.len()) else {
+        return vec![(source, p)];
+    };
+    let mut at = super_fragment::directory_len(entries.len());
+    entries
+        .iter()
+        .map(|e| {
+            let part = &p[at..at + e.length as usize];
+            at += e.length as usize;
+            (e.source_id, part)
+        })
+        .collect()
 }
 
 impl WindowCounts {
@@ -333,14 +357,15 @@ impl WindowCounts {
         match w.header.status {
             window::WindowStatus::Late => self.late += 1,
             window::WindowStatus::Missing => self.missing += 1,
-            _ => {}
+            window::WindowStatus::Empty => self.empty += 1,
+            window::WindowStatus::Complete => {}
         }
     }
 
     fn line(&self) -> String {
         format!(
-            "window fragments {} (LATE {}, MISSING {}), holding {} time frames of {} payload bytes",
-            self.fragments, self.late, self.missing, self.frames, self.frame_bytes
+            "window fragments {} (LATE {}, MISSING {}, EMPTY {}), holding {} time frames of {} payload bytes",
+            self.fragments, self.late, self.missing, self.empty, self.frames, self.frame_bytes
         )
     }
 }

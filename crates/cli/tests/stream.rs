@@ -1154,3 +1154,156 @@ fn live_windows(frames: &str, buffer: &str, buffer_ticks: u64) -> Value {
     }
     s
 }
+
+/// Several streams into one RU by time (issue 54: "4 RUs × 4 sources"): two RUs of two
+/// streams each (sources 3, 4 and 9, 10), fed by `evb feed --frames`. Each RU's fragment is
+/// a super-fragment of its streams' window fragments (docs/formats.md §4, §8). Time slices:
+/// every frame of all four streams in exactly one slice core, by the outside reader, and
+/// each RU's byte account. Then decision windows from a file, every fourth naming sources 3
+/// and 10 only: exactly the other two streams' fragments of those are EMPTY, every window's
+/// frames and status as the reader judges them.
+#[test]
+fn several_streams_into_one_ru_by_time_build_every_source() {
+    let _one = one_at_a_time();
+    if !common::python3("stream") {
+        return;
+    }
+    let rus = |to: &[String]| {
+        format!(
+            "[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [3, 4]\n\
+             [[ru]]\nid = \"ru1\"\nstreams = {}\nstream_sources = [9, 10]\n",
+            list(&to[..2]),
+            list(&to[2..])
+        )
+    };
+    // time slices
+    let d = common::out_dir();
+    let out_dir = d.path().join("out");
+    let to = addrs(4);
+    let seed = clock_seed();
+    let frames = 40 * 7000 / 700;
+    let toml = format!(
+        "[run]\nid = \"streams-slices\"\nduration_s = 0\nseed = {seed}\n\
+         [builder]\nby = \"time\"\nslice_ticks = 7000\noverlap_ticks = 1400\n\
+         [frames]\nticks = 700\nsize = 300\ndistribution = \"lognormal\"\nstddev = 200\n\
+         [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\n{}",
+        out_dir.display(),
+        rus(&to)
+    );
+    let cfg = d.path().join("run.toml").display().to_string();
+    let (out, s, fed) = run_fed(
+        d.path(),
+        &toml,
+        &to,
+        &[],
+        &["--frames", &cfg, "--limit", &frames.to_string()],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "seed {seed}: {t}\n{}", fed.1);
+    assert_eq!(s["run"]["evm"]["released"], 40, "{s}");
+    let args = [
+        "--seed",
+        &seed.to_string(),
+        "--slice",
+        "7000",
+        "--overlap",
+        "1400",
+        "--frame",
+        "700",
+    ];
+    let r = common::check_slices(&out_dir, &args).expect("python3, checked above");
+    assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
+    let mut cores = [0u64; 2];
+    for (src, ru) in [("3", 0), ("4", 0), ("9", 1), ("10", 1)] {
+        assert_eq!(r["sources"][src]["core_frames"], frames, "{src}: {r}");
+        cores[ru] += r["sources"][src]["core_bytes"].as_u64().unwrap() + 24 * frames;
+    }
+    for (ru, cores) in ["ru0", "ru1"].into_iter().zip(cores) {
+        assert_eq!(ru_stat(&s, ru, "frame_bytes_in_slice_cores"), cores, "{ru}");
+        assert_eq!(ru_stat(&s, ru, "frame_bytes_in"), cores, "{ru}");
+    }
+
+    // decision windows from a file, a fourth of them over sources 3 and 10 only
+    let d = common::out_dir();
+    let out_dir = d.path().join("out");
+    let to = addrs(4);
+    let decisions = d.path().join("decisions.txt");
+    let mut lines = String::new();
+    for k in 0..100u64 {
+        let named = if k % 4 == 1 { " 3,10" } else { "" };
+        lines += &format!("{} {}{named}\n", 10_000 * k, 10_000 * k + 3000);
+    }
+    std::fs::write(&decisions, lines).unwrap();
+    let toml = format!(
+        "[run]\nid = \"streams-windows\"\nevents = 100\nduration_s = 0\nrate_hz = 100\n\
+         seed = {seed}\n[builder]\nby = \"window\"\n\
+         [frames]\nticks = 1000\nsize = 200\n\
+         [windows]\ntick_hz = 1000000\nbuffer_ms = 1000\nwait_ms = 50\ndecisions = \"{}\"\n\
+         [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\n{}",
+        decisions.display(),
+        out_dir.display(),
+        rus(&to)
+    );
+    let cfg = d.path().join("run.toml").display().to_string();
+    let (out, s, fed) = run_fed(
+        d.path(),
+        &toml,
+        &to,
+        &[],
+        &["--frames", &cfg, "--limit", "1100", "--rate", "1000"],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "seed {seed}: {t}\n{}", fed.1);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_windows.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&out_dir)
+        .args(["--seed", &seed.to_string(), "--frame", "1000"])
+        .args(["--rate-hz", "100", "--tick-hz", "1000000"])
+        .args(["--buffer-ticks", "1000000", "--slack", "100000"])
+        .arg("--decisions")
+        .arg(&decisions)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
+    assert_eq!(r["records"], 100, "{r}");
+    // four components a record: 25 records leave out two each
+    assert_eq!(r["components"]["empty"], 50, "{r}");
+    assert_eq!(sum(&s, "bus", "empty_components"), 50, "{s}");
+    assert_eq!(
+        sum(&s, "bus", "late_components") + sum(&s, "bus", "missing_components"),
+        r["components"]["late"].as_u64().unwrap() + r["components"]["missing"].as_u64().unwrap(),
+        "{r}"
+    );
+    for ru in ["ru0", "ru1"] {
+        assert_eq!(
+            ru_stat(&s, ru, "stream_fragments_received"),
+            2 * 1100,
+            "{ru}"
+        );
+    }
+    // evb inspect reads each stream's window inside the super-fragments
+    let insp = Command::new(EVB)
+        .arg("inspect")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let it = text(&insp);
+    assert!(insp.status.success(), "{it}");
+    let empty: u64 = it
+        .lines()
+        .filter_map(|l| {
+            l.split("EMPTY ")
+                .nth(1)?
+                .split(')')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(empty, 50, "{it}");
+}

@@ -1376,7 +1376,7 @@ fn building_by_windows_refuses_what_would_not_do_what_it_says() {
     Config::from_toml(&format!("{listed}[windows]\ndecisions = \"d.txt\"\n")).unwrap();
 }
 
-/// Time slices from front-end streams of frames: one stream per RU, frames only, bad frames
+/// Time slices from front-end streams of frames: one or several streams per RU, frames only, bad frames
 /// stop the run, no decision windows yet; `frames` refused in a run by event. The largest
 /// slice follows `source.max_fragment`, the longest frame the stream may carry.
 #[test]
@@ -1445,12 +1445,18 @@ fn slices_from_streams_of_frames_refuse_what_would_not_do_what_it_says() {
         ),
         &["source.on_sync_loss"],
     );
+    // several streams into one RU: each its own source, the fragment a super-fragment of
+    // their window fragments
+    let two = base.replace(
+        "streams = [\"127.0.0.1:7301\"]",
+        "streams = [\"127.0.0.1:7301\", \"127.0.0.1:7302\"]\nstream_sources = [1, 2]",
+    );
+    let c = Config::from_toml(&two).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.max_fragment(), 2 * (102 * (4096 + 8) + 32) + 8 + 32);
     bad(
-        base.replace(
-            "streams = [\"127.0.0.1:7301\"]",
-            "streams = [\"127.0.0.1:7301\", \"127.0.0.1:7302\"]\nstream_sources = [1, 2]",
-        ),
-        &["ru[0].streams", "one stream per RU"],
+        two.replace("stream_sources = [1, 2]", "stream_sources = [1]"),
+        &["ru[0].stream_sources"],
     );
     bad(
         base.replace("max_fragment = 4096", "max_fragment = 10000000"),

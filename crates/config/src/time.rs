@@ -58,15 +58,23 @@ impl Config {
     }
 
     /// The largest window fragment an RU makes of one record: of the generator's frames,
-    /// or of a live stream's (each at most `source.max_fragment`, its header included).
+    /// or of a live stream's (each at most `source.max_fragment`, its header included);
+    /// an RU of k streams sends a super-fragment of k of them.
     pub fn max_window_fragment(&self) -> u64 {
         let per_frame = match self.source.kind {
             SourceKind::Stream | SourceKind::Api => 8u64.saturating_add(self.source.max_fragment),
             _ => PER_FRAME.saturating_add(self.frames.as_fragments().max_size()),
         };
-        self.max_window_frames()
+        let one = self
+            .max_window_frames()
             .saturating_mul(per_frame)
-            .saturating_add(WINDOW_HEADER)
+            .saturating_add(WINDOW_HEADER);
+        let k = self.ru.iter().map(|r| r.streams.len()).max().unwrap_or(1) as u64;
+        if k < 2 {
+            return one;
+        }
+        // the super-fragment's header and directory (docs/formats.md §4)
+        one.saturating_mul(k).saturating_add(8 + 16 * k)
     }
 }
 
@@ -102,15 +110,9 @@ fn validate_live(c: &Config) -> Result<(), ConfigError> {
                  producers into one RU's records are not built yet)",
             ));
         }
-        if ru.streams.len() > 1 {
-            return Err(invalid(
-                format!("ru[{i}].streams"),
-                "a record by time is cut from one stream per RU (several streams into one \
-                 RU's records are not built yet)",
-            ));
-        }
         let source_id = ru.source_id.unwrap_or(i as u16);
-        if ru.stream_sources.iter().any(|&s| s != source_id) {
+        // several streams: each its own source (`stream_sources`, checked with the streams)
+        if ru.streams.len() < 2 && ru.stream_sources.iter().any(|&s| s != source_id) {
             return Err(invalid(
                 format!("ru[{i}].stream_sources"),
                 "by time the stream's frames carry the RU's source_id: set that instead",

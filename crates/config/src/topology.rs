@@ -391,15 +391,26 @@ impl Config {
 }
 
 impl Config {
-    /// Every RU's source id, in RU order (`[[ru]] source_id`, default its index).
+    /// Every source a decision window may name, in RU order: each RU's streams' (or
+    /// producers') source ids when it reads several, else the RU's `source_id` (default
+    /// its index).
     pub fn ru_source_ids(&self) -> Vec<u16> {
-        let n = if self.ru.is_empty() {
-            self.topology.rus as usize
-        } else {
-            self.ru.len()
-        };
-        (0..n)
-            .map(|i| self.ru.get(i).and_then(|r| r.source_id).unwrap_or(i as u16))
+        self.nodes()
+            .iter()
+            .filter(|n| n.role == crate::Role::Ru)
+            .flat_map(NodeSpec::time_sources)
             .collect()
+    }
+}
+
+impl NodeSpec {
+    /// The sources of an RU's records by time: one per stream or producer
+    /// (`stream_sources`), or the RU's own `source_id`.
+    pub fn time_sources(&self) -> Vec<u16> {
+        if self.stream_sources.len() > 1 {
+            self.stream_sources.clone()
+        } else {
+            vec![self.source_id]
+        }
     }
 }

@@ -263,7 +263,7 @@ impl ApiSource {
                                 feed.supply(slice);
                             }
                         }),
-                        (None, Some(w)) => w.push(piece),
+                        (None, Some(w)) => w.push(0, piece),
                         (None, None) => Err("a frame in a run built by event".into()),
                     };
                     taken.map_err(|e| {
@@ -299,7 +299,7 @@ impl ApiSource {
                     }
                     if let Some(w) = feed.windows.as_mut() {
                         // decisions go on; windows past the stream's end are LATE
-                        w.close();
+                        w.close(0);
                     } else {
                         feed.finish();
                     }

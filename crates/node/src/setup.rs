@@ -364,7 +364,7 @@ pub fn logic(
                                 evb_builder::window_buffer::WindowBuffer::new(
                                     w,
                                     cfg.frames.ticks,
-                                    me.source_id,
+                                    &me.time_sources(),
                                     cfg.windows.buffer_bytes,
                                 )
                             });

@@ -36,7 +36,7 @@ use evb_builder::assembly::{
     Assembled, Assembler, AssemblyConfig, BadFragment, Piece, StreamName, SyncLoss,
 };
 use evb_builder::frames::Slicing;
-use evb_builder::slice_buffer::SliceBuffer;
+use evb_builder::slice_buffer::{super_window, SliceBuffer, SliceBufferStats};
 use evb_builder::{Ru, RunState};
 use evb_config::{AllowedNet, BuildBy, Config, NodeSpec, OnError, OnSyncLoss, StreamFormat};
 use evb_formats::stream::{self as fstream, StreamDecoder, StreamFragment};
@@ -152,29 +152,33 @@ struct Link {
 }
 
 /// What an RU cuts its streams' fragments into: events (the assembler, `builder.by =
-/// "event"`), or time slices (one stream's latency buffer of frames, `builder.by = "time"`).
+/// "event"`), or time slices (a latency buffer of frames per stream, `builder.by =
+/// "time"`: slice k is cut once every stream's is whole, several streams' going as one
+/// super-fragment).
 enum Cutter {
     Events(Assembler<bytes::Bytes>),
-    Slices(SliceBuffer),
+    Slices(Vec<SliceBuffer>),
     /// Decision windows: frames pass to the RU's latency buffer (in its live feed, which
     /// cuts each window when it is assigned); here they only wait for the next pump.
     Windows(Staged),
 }
 
-/// Frames read and not yet in the RU's latency buffer.
+/// Frames read and not yet in the RU's latency buffer, with the stream each came on.
 struct Staged {
-    name: String,
-    frames: std::collections::VecDeque<Piece<bytes::Bytes>>,
-    received: u64,
-    closed: bool,
+    names: Vec<String>,
+    frames: std::collections::VecDeque<(usize, Piece<bytes::Bytes>)>,
+    received: Vec<u64>,
+    closed: Vec<bool>,
 }
 
 impl Cutter {
     fn describe(&self, stream: usize) -> String {
         match self {
             Cutter::Events(a) => a.describe(stream),
-            Cutter::Slices(b) => b.describe(),
-            Cutter::Windows(w) => w.name.clone(),
+            Cutter::Slices(b) => b
+                .get(stream)
+                .map_or_else(String::new, SliceBuffer::describe),
+            Cutter::Windows(w) => w.names.get(stream).cloned().unwrap_or_default(),
         }
     }
 
@@ -184,10 +188,15 @@ impl Cutter {
                 a.push(stream, piece);
                 Ok(())
             }
-            Cutter::Slices(b) => b.push(piece).map_err(|e| format!("{}: {e}", b.describe())),
+            Cutter::Slices(b) => match b.get_mut(stream) {
+                Some(b) => b.push(piece).map_err(|e| format!("{}: {e}", b.describe())),
+                None => Err(format!("no stream {stream}")),
+            },
             Cutter::Windows(w) => {
-                w.received += 1;
-                w.frames.push_back(piece);
+                if let Some(n) = w.received.get_mut(stream) {
+                    *n += 1;
+                }
+                w.frames.push_back((stream, piece));
                 Ok(())
             }
         }
@@ -196,23 +205,35 @@ impl Cutter {
     fn close(&mut self, stream: usize) {
         match self {
             Cutter::Events(a) => a.close(stream),
-            Cutter::Slices(b) => b.close(),
-            Cutter::Windows(w) => w.closed = true,
+            Cutter::Slices(b) => {
+                if let Some(b) = b.get_mut(stream) {
+                    b.close()
+                }
+            }
+            Cutter::Windows(w) => {
+                if let Some(c) = w.closed.get_mut(stream) {
+                    *c = true;
+                }
+            }
         }
     }
 
     fn queued(&self, stream: usize) -> usize {
         match self {
             Cutter::Events(a) => a.queued(stream),
-            Cutter::Slices(b) => b.queued(),
-            Cutter::Windows(w) => w.frames.len(),
+            Cutter::Slices(b) => b.get(stream).map_or(0, SliceBuffer::queued),
+            Cutter::Windows(w) => w.frames.iter().filter(|(s, _)| *s == stream).count(),
         }
     }
 
     fn exhausted(&self) -> bool {
         match self {
             Cutter::Events(a) => a.exhausted(),
-            Cutter::Slices(b) => b.exhausted(),
+            // no slice can be cut any more: every stream ended and one has nothing left
+            // (what the others still hold belongs to no slice: unbuilt)
+            Cutter::Slices(b) => {
+                b.iter().all(SliceBuffer::is_closed) && b.iter().any(SliceBuffer::exhausted)
+            }
             // the decisions go on when a stream ends: windows past its end are LATE
             Cutter::Windows(_) => false,
         }
@@ -221,7 +242,7 @@ impl Cutter {
     fn unbuilt(&self) -> u64 {
         match self {
             Cutter::Events(a) => a.unbuilt(),
-            Cutter::Slices(b) => b.unbuilt(),
+            Cutter::Slices(b) => b.iter().map(SliceBuffer::unbuilt).sum(),
             Cutter::Windows(w) => w.frames.len() as u64,
         }
     }
@@ -229,7 +250,17 @@ impl Cutter {
     fn next_event(&mut self, now: Instant) -> Result<Option<Assembled>, String> {
         match self {
             Cutter::Events(a) => a.next_event(now),
-            Cutter::Slices(b) => Ok(b.next_slice()),
+            Cutter::Slices(b) if b.len() == 1 => Ok(b[0].next_slice()),
+            Cutter::Slices(b) => {
+                if !b.iter().all(SliceBuffer::ready) {
+                    return Ok(None);
+                }
+                let parts = b
+                    .iter_mut()
+                    .filter_map(|b| Some((b.source_id(), b.next_slice()?)))
+                    .collect();
+                Ok(Some(super_window(parts)))
+            }
             Cutter::Windows(_) => Ok(None),
         }
     }
@@ -241,16 +272,16 @@ impl Cutter {
                 let st = a.stats();
                 (st.received, st.dropped, st.sync_losses)
             }
-            Cutter::Slices(b) => (b.received().0, 0, 0),
-            Cutter::Windows(w) => (w.received, 0, 0),
+            Cutter::Slices(b) => (b.iter().map(|b| b.received().0).sum(), 0, 0),
+            Cutter::Windows(w) => (w.received.iter().sum(), 0, 0),
         }
     }
 
     fn received(&self, stream: usize) -> u64 {
         match self {
             Cutter::Events(a) => a.received(stream),
-            Cutter::Slices(b) => b.received().0,
-            Cutter::Windows(w) => w.received,
+            Cutter::Slices(b) => b.get(stream).map_or(0, |b| b.received().0),
+            Cutter::Windows(w) => w.received.get(stream).copied().unwrap_or(0),
         }
     }
 
@@ -342,24 +373,25 @@ impl StreamSource {
             slice: cfg.builder.slice_ticks,
             overlap: cfg.builder.overlap_ticks,
         });
-        let assembler = match (slicing, names.as_slice()) {
-            (None, [name]) if cfg.builder.by == BuildBy::Window => Cutter::Windows(Staged {
-                name: format!("stream 0 (source {}, {})", name.source_id, name.addr),
+        let assembler = match slicing {
+            None if cfg.builder.by == BuildBy::Window => Cutter::Windows(Staged {
+                names: names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("stream {i} (source {}, {})", n.source_id, n.addr))
+                    .collect(),
                 frames: Default::default(),
-                received: 0,
-                closed: false,
+                received: vec![0; names.len()],
+                closed: vec![false; names.len()],
             }),
-            (Some(slicing), [name]) => {
-                Cutter::Slices(SliceBuffer::new(slicing, cfg.frames.ticks, name.clone(), 0))
-            }
-            (Some(_), _) => {
-                return Err(format!(
-                    "{}: time slices are cut from one stream per RU (the configuration check \
-                     refuses more)",
-                    me.id
-                ))
-            }
-            (None, _) => Cutter::Events(Assembler::new(AssemblyConfig {
+            Some(slicing) => Cutter::Slices(
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| SliceBuffer::new(slicing, cfg.frames.ticks, name.clone(), i))
+                    .collect(),
+            ),
+            None => Cutter::Events(Assembler::new(AssemblyConfig {
                 streams: names,
                 on_error: match s.on_error {
                     OnError::Stop => BadFragment::Stop,
@@ -403,14 +435,16 @@ impl StreamSource {
         }
         let Some(feed) = ru.live_mut() else { return };
         if let (Cutter::Windows(w), Some(buffer)) = (&mut self.assembler, feed.windows.as_mut()) {
-            while let Some(piece) = w.frames.pop_front() {
-                if let Err(why) = buffer.push(piece) {
-                    let why = format!("{}: {why}", w.name);
+            while let Some((stream, piece)) = w.frames.pop_front() {
+                if let Err(why) = buffer.push(stream, piece) {
+                    let why = format!("{}: {why}", w.names[stream]);
                     return self.fail(ru, why);
                 }
             }
-            if w.closed && !buffer.is_closed() {
-                buffer.close();
+            for (i, &closed) in w.closed.iter().enumerate() {
+                if closed && !buffer.is_stream_closed(i) {
+                    buffer.close(i);
+                }
             }
         }
         while feed.queued() < self.read_ahead {
@@ -431,7 +465,10 @@ impl StreamSource {
             feed.finish();
         }
         if let Cutter::Slices(b) = &self.assembler {
-            feed.stats.slices = Some(b.stats());
+            feed.stats.slices = b
+                .iter()
+                .map(SliceBuffer::stats)
+                .reduce(SliceBufferStats::with);
         }
         let (received, dropped, sync_losses) = self.assembler.stats();
         feed.stats.fragments_received = received;

@@ -23,6 +23,8 @@ from check_evb import expected  # noqa: E402  (the generator's pattern, §5)
 from ru import crc32c  # noqa: E402  (CRC32C, Castagnoli, from docs/protocol.md)
 
 WINDOW = 1 << 4  # fragment flag: the payload is a window fragment
+SUPER = 1 << 2  # fragment flag: the payload is a super-fragment (here: of window fragments)
+MISSING = 1
 FRAME_GENERATED = 1
 
 
@@ -51,8 +53,26 @@ def window_frames(payload, problems, where, statuses=False):
     return window, frames
 
 
+def entries(src, flags, payload):
+    """A fragment's window fragments: itself, or each entry of a super-fragment of them (an
+    RU of several streams, §4: magic EVSF, version, count, 16-byte entries), with the
+    entry's source id."""
+    if not flags & SUPER or flags & MISSING:
+        return [(src, flags, payload)]
+    magic, version, k = struct.unpack_from("<4sHH", payload)
+    if magic != b"EVSF" or version != 1:
+        return [(src, flags & ~SUPER, b"")]
+    out, at = [], 8 + 16 * k
+    for i in range(k):
+        esrc, eflags, _, length, _ = struct.unpack_from("<HHIII", payload, 8 + 16 * i)
+        out.append((esrc, WINDOW | (MISSING if eflags & 1 else 0), payload[at:at + length]))
+        at += length
+    return out
+
+
 def records(folder):
-    """Every record of the folder's files: (id, [(source, flags, payload)])."""
+    """Every record of the folder's files: (id, [(source, flags, payload)]), a
+    super-fragment's entries each a fragment of its own."""
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if not name.endswith(".evb") or name.startswith(".") or \
@@ -66,7 +86,7 @@ def records(folder):
             body, off, frags = data[at + 32:at + 32 + blen], 0, []
             for _ in range(nfrag):
                 _, _, src, flags, size = struct.unpack_from("<QIHHI", body, off)
-                frags.append((src, flags, body[off + 32:off + 32 + size]))
+                frags += entries(src, flags, body[off + 32:off + 32 + size])
                 off += 32 + size
             yield eid, frags
             at += 32 + blen
