@@ -118,8 +118,10 @@ fn generated_events_in_hdf5_read_by_h5py_byte_for_byte() {
     }
 }
 
-/// Time slices into HDF5: the files say `record_type = "slice"`, and each source's dataset
-/// of record k is its window fragment of slice k (docs/formats.md §6, §8), read by h5py.
+/// Time slices into HDF5: the files say `record_type = "slice"`, each source's dataset of
+/// record k is its window fragment of slice k (docs/formats.md §6, §8), and the record's
+/// `Windows` table and each source's `Frames` index say the window and where every frame's
+/// payload lies (its frame header just before it), read by h5py.
 #[cfg(feature = "hdf5")]
 #[test]
 fn time_slices_in_hdf5_say_so_and_hold_their_windows() {
@@ -150,10 +152,21 @@ for path in glob.glob(sys.argv[1] + "/*.h5"):
             if not name.startswith("Event"):
                 continue
             k = int(g.attrs["event_id"])
-            for src in ("Source00000", "Source00001"):
-                b = bytes(g[src][()])
+            want = (k * 9000, k * 9000 + 10000, k * 9000 + 9000)
+            for sid in (0, 1):
+                b = bytes(g["Source%05d" % sid][()])
                 begin, end, core_end, status = struct.unpack_from("<QQQH", b)
-                assert (begin, end, core_end, status) == (k * 9000, k * 9000 + 10000, k * 9000 + 9000, 0), (k, src)
+                assert (begin, end, core_end, status) == want + (0,), (k, sid)
+            rows = [tuple(int(x) for x in r) for r in g["Windows"][()]]
+            assert rows == [(sid, sid, 0) + want + (10,) for sid in (0, 1)], (k, rows)
+            for sid in (0, 1):
+                b = bytes(g["Source%05d" % sid][()])
+                frames = g["Frames%05d" % sid][()]
+                assert len(frames) == 10, (k, sid, len(frames))
+                for j, (fb, fe, off, n) in enumerate(frames):
+                    assert (int(fb), int(fe)) == (k * 9000 + 1000 * j, k * 9000 + 1000 * (j + 1))
+                    hb, he, hs = struct.unpack_from("<QQH", b, int(off) - 24)
+                    assert (hb, he, hs) == (fb, fe, sid) and int(off) + int(n) <= len(b)
             records += 1
 print(records)
 "#;

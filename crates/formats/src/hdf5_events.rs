@@ -76,6 +76,67 @@ pub struct Hdf5EventWriter {
     renamed: bool,
     damaged: Option<String>,
     mode: u32,
+    /// Records built by time: each gets its windows' table and frame indexes.
+    by_time: bool,
+}
+
+/// One component's window in a record built by time (a row of `Windows`), and its frames
+/// (rows of `Frames<sid>`: begin, end, payload offset in the `Source` dataset, length).
+struct Component {
+    row: [u64; 7],
+    frames: Vec<[u64; 4]>,
+}
+
+/// The components of a fragment's payload `bytes` from source `ru_source`: its window
+/// fragment, or each entry of a super-fragment of them (an RU of several streams); none for
+/// a payload that is not one (the BU checked it: it is).
+fn components(ru_source: u16, flags: u16, bytes: &[u8]) -> Vec<Component> {
+    use evb_wire::super_fragment::{decode_directory, directory_len};
+    use evb_wire::window::decode_window;
+    let parts: Vec<(u16, &[u8])> = if flags & evb_wire::FLAG_SUPER != 0 {
+        let Ok(entries) = decode_directory(bytes, bytes.len()) else {
+            return Vec::new();
+        };
+        let mut at = directory_len(entries.len());
+        entries
+            .iter()
+            .map(|e| {
+                let part = (e.source_id, &bytes[at..at + e.length as usize]);
+                at += e.length as usize;
+                part
+            })
+            .collect()
+    } else {
+        vec![(ru_source, bytes)]
+    };
+    parts
+        .into_iter()
+        .filter_map(|(source, part)| {
+            let w = decode_window(part).ok()?;
+            let base = bytes.as_ptr() as usize;
+            let frames: Vec<[u64; 4]> = w
+                .frames
+                .iter()
+                .map(|(h, payload)| {
+                    let offset = payload.as_ptr() as usize - base;
+                    [h.begin, h.end, offset as u64, payload.len() as u64]
+                })
+                .collect();
+            let h = w.header;
+            Some(Component {
+                row: [
+                    source as u64,
+                    ru_source as u64,
+                    h.status as u64,
+                    h.begin,
+                    h.end,
+                    h.core_end,
+                    frames.len() as u64,
+                ],
+                frames,
+            })
+        })
+        .collect()
 }
 
 /// The library's error on one line: its message up to the system's reason (the library
@@ -153,6 +214,7 @@ impl Hdf5EventWriter {
             renamed: false,
             damaged: None,
             mode,
+            by_time: record_type != "event",
         })
     }
 
@@ -199,6 +261,7 @@ impl Hdf5EventWriter {
             .create("FragmentHeaders")?
             .write_raw(&headers)?;
         let mut joined = Vec::new();
+        let mut windows: Vec<Component> = Vec::new();
         for (h, p) in fragments {
             let len = p.len();
             let mut b = g.new_dataset::<u8>().shape([len]);
@@ -221,6 +284,26 @@ impl Hdf5EventWriter {
             };
             if len > 0 {
                 ds.write_raw(bytes)?;
+            }
+            if self.by_time && h.flags & evb_wire::FLAG_MISSING == 0 {
+                windows.extend(components(h.source_id, h.flags, bytes));
+            }
+        }
+        if self.by_time && !windows.is_empty() {
+            let rows: Vec<u64> = windows.iter().flat_map(|c| c.row).collect();
+            g.new_dataset::<u64>()
+                .shape([windows.len(), 7])
+                .create("Windows")?
+                .write_raw(&rows)?;
+            for c in &windows {
+                let rows: Vec<u64> = c.frames.iter().flatten().copied().collect();
+                let ds = g
+                    .new_dataset::<u64>()
+                    .shape([c.frames.len(), 4])
+                    .create(format!("Frames{:05}", c.row[0]).as_str())?;
+                if !rows.is_empty() {
+                    ds.write_raw(&rows)?;
+                }
             }
         }
         Ok(())

@@ -179,7 +179,7 @@ pub enum WindowStatus {
     Late = 1,
     /// Part of the window was evicted before it was asked for.
     Missing = 2,
-    /// The source had nothing there.
+    /// The record's decision names other sources: nothing was asked of this one.
     Empty = 3,
 }
 
