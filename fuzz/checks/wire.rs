@@ -149,8 +149,20 @@ pub fn seeds() -> Vec<Vec<u8>> {
             epoch: 0,
             dropped: vec![(Role::Bu, 1), (Role::Ru, 0)],
             max_events: 6000,
+            decisions_final: 12,
         }),
         Message::Fence { epoch: 1 },
+        Message::Window {
+            first: 9,
+            windows: vec![
+                evb_wire::window::DecisionWindow::all(100, 200),
+                evb_wire::window::DecisionWindow {
+                    begin: 5,
+                    end: 9,
+                    components: vec![1, 4, 7],
+                },
+            ],
+        },
     ] {
         let b = m.encode();
         v.push(b.clone()); // as a message header

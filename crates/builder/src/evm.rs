@@ -227,6 +227,40 @@ impl Evm {
         true
     }
 
+    /// Decisions from outside: every record below this id is final (0 in other runs).
+    pub fn decisions_final(&self) -> u64 {
+        if self.outside.is_some() {
+            self.ledger.final_until()
+        } else {
+            0
+        }
+    }
+
+    /// Decisions from outside handed in and not yet triggered: the first one's record id
+    /// and their windows, in order (for a standby's copy).
+    pub fn queued_decisions(&self) -> (u64, Vec<evb_wire::window::DecisionWindow>) {
+        let q = self.outside.as_ref();
+        (
+            self.ledger.next_id(),
+            q.map_or_else(Vec::new, |q| q.iter().cloned().collect()),
+        )
+    }
+
+    /// Decisions from outside: the record id the next decision handed in will have.
+    pub fn next_decision_id(&self) -> u64 {
+        self.ledger.next_id() + self.outside.as_ref().map_or(0, |q| q.len() as u64)
+    }
+
+    /// A standby taking over: the decisions the lost EVM had queued and not triggered, its
+    /// records from the next id on, in order; they count as received.
+    pub fn carry_decisions(&mut self, windows: Vec<evb_wire::window::DecisionWindow>) {
+        let Some(q) = &mut self.outside else {
+            return;
+        };
+        q.extend(windows);
+        self.stats.decisions_received = self.ledger.next_id() + q.len() as u64;
+    }
+
     pub fn new(cfg: EvmConfig, now: Instant) -> Evm {
         let n_bu = cfg.n_bu as usize;
         let cfg_n_ru = cfg.n_ru as usize;

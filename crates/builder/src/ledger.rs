@@ -47,6 +47,11 @@ impl Ledger {
         self.in_flight
     }
 
+    /// Every id below this is final.
+    pub fn final_until(&self) -> u64 {
+        self.base
+    }
+
     /// A ledger rebuilt at a takeover: every id below `base` final, and `window[k]` the
     /// fate of id `base + k`: `None` final, else its BU and whether it is accepted.
     pub fn rebuilt(base: u64, window: &[Option<(u16, bool)>]) -> Ledger {

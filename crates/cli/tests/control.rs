@@ -393,6 +393,47 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
     assert!(up.halt().success());
 }
 
+/// Decisions from outside outlive their EVM: `evb up --standby` of a run decided from
+/// outside at 20 records a second; 60 decisions handed in at once through `evb ctl decide`;
+/// the EVM killed (`kill -9`) at a seeded moment while most are still queued. The standby
+/// had a copy of every decision not yet final and triggers the rest after the records the
+/// nodes know: all 60 become records, each once, none lost.
+#[test]
+fn decisions_from_outside_queued_at_a_killed_evm_are_built_by_the_standby() {
+    let seed = common::clock_seed();
+    let at = 5 + common::Rng(seed | 1).below(20);
+    eprintln!("seed {seed}: the EVM is killed once {at} of 60 decisions are triggered");
+    let mut up = Up::with_standby(
+        "[run]\nid = \"outside-standby\"\nevents = 60\nduration_s = 0\nrate_hz = 20\n\
+         secret = \"up-standby-decide-3e1f\"\n\
+         [builder]\nby = \"window\"\n[frames]\nticks = 1000\nsize = 100\n\
+         [windows]\noutside = true\nlongest_ticks = 10000\ntick_hz = 1000000\n\
+         buffer_ms = 3600000\nwait_ms = 100\n",
+    );
+    let (code, _) = up.post("start", json!({}));
+    assert_eq!(code, 200);
+    up.wait_until("the run", 30, |s| s["state"] == "running");
+    let windows: Vec<Value> = (0..60u64)
+        .map(|k| json!([k * 1000, k * 1000 + 500]))
+        .collect();
+    let (code, body) = up.post("decide", json!({ "windows": windows }));
+    assert_eq!(code, 200, "{body}");
+    up.wait_until(&format!("{at} records triggered"), 30, |s| {
+        s["evm"]["triggered"].as_u64().unwrap_or(0) >= at
+    });
+    let evm_pid = up.evm_pid();
+    common::signal(evm_pid, "-9");
+    up.follow_takeover(60);
+    let rec = up.wait_run(1);
+    let run = &rec["report"]["run"];
+    assert_eq!(run["evm"]["triggered"], 60, "seed {seed}: {rec:#}");
+    assert_eq!(run["evm"]["released"], 60, "seed {seed}: {rec:#}");
+    assert_eq!(run["evm"]["decisions_received"], 60, "seed {seed}: {rec:#}");
+    assert_eq!(run["evm"]["decisions_unbuilt"], 0, "seed {seed}: {rec:#}");
+    assert_eq!(rec["ok"], true, "seed {seed}: {rec:#}");
+    assert!(up.halt().success());
+}
+
 #[test]
 fn evb_up_with_a_standby_survives_a_killed_evm_and_runs_on() {
     evb_up_survives_a_lost_evm(false);

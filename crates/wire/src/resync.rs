@@ -375,6 +375,10 @@ pub struct Follow {
     /// The most events the run will trigger, as the EVM knows it now (run.events, or what
     /// the RUs' recordings hold); [`crate::UNLIMITED`] for none.
     pub max_events: u64,
+    /// Decisions from outside: every record (decision) below this id is final, so the
+    /// standby needs no copy of its window any more (the rest it is sent in Window
+    /// messages); 0 in other runs.
+    pub decisions_final: u64,
 }
 
 const FOLLOW_STOP: u32 = 1;
@@ -392,6 +396,7 @@ impl Follow {
         out.extend_from_slice(&(n as u16).to_le_bytes());
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.max_events.to_le_bytes());
+        out.extend_from_slice(&self.decisions_final.to_le_bytes());
         for (role, index) in &self.dropped[..n] {
             out.extend_from_slice(&(*role as u16).to_le_bytes());
             out.extend_from_slice(&index.to_le_bytes());
@@ -400,10 +405,10 @@ impl Follow {
 
     pub(crate) fn decode(b: &[u8]) -> Result<Follow> {
         let what = "follow";
-        if b.len() < 24 {
+        if b.len() < 32 {
             return Err(WireError::Truncated {
                 what,
-                need: 24,
+                need: 32,
                 have: b.len(),
             });
         }
@@ -412,16 +417,16 @@ impl Follow {
             return Err(WireError::ReservedNonZero { what });
         }
         let n = u16_at(b, 12) as usize;
-        if b.len() != 24 + 4 * n {
+        if b.len() != 32 + 4 * n {
             return Err(WireError::BadLength {
                 what,
-                expected: 24 + 4 * n,
+                expected: 32 + 4 * n,
                 got: b.len(),
             });
         }
         let mut dropped = Vec::with_capacity(n);
         for k in 0..n {
-            let role = match u16_at(b, 24 + 4 * k) {
+            let role = match u16_at(b, 32 + 4 * k) {
                 1 => crate::Role::Ru,
                 2 => crate::Role::Bu,
                 v => {
@@ -431,7 +436,7 @@ impl Follow {
                     })
                 }
             };
-            dropped.push((role, u16_at(b, 26 + 4 * k)));
+            dropped.push((role, u16_at(b, 34 + 4 * k)));
         }
         Ok(Follow {
             elapsed_ms: u64_at(b, 0),
@@ -441,6 +446,7 @@ impl Follow {
             epoch: u16_at(b, 14),
             dropped,
             max_events: u64_at(b, 16),
+            decisions_final: u64_at(b, 24),
         })
     }
 }

@@ -709,6 +709,7 @@ fn follow_bodies_are_checked() {
         epoch: 3,
         dropped: vec![(Role::Bu, 3), (Role::Ru, 1)],
         max_events: 77,
+        decisions_final: 0x0102_0304,
     };
     let bytes = Message::Follow(f.clone()).encode();
     let body = &bytes[MESSAGE_HEADER_LEN..];
@@ -716,8 +717,10 @@ fn follow_bodies_are_checked() {
         Message::decode(MessageType::Follow, body),
         Ok(Message::Follow(f))
     );
+    // bytes 24–31: the decisions final
+    assert_eq!(&body[24..28], &[4, 3, 2, 1]);
     let mut evm = body.to_vec();
-    evm[24] = 0; // role 0: the EVM
+    evm[32] = 0; // role 0: the EVM
     assert!(Message::decode(MessageType::Follow, &evm).is_err());
     // bit 2: paused
     assert_eq!(body[8], 1 | 4);

@@ -614,21 +614,27 @@ impl Driver {
                 }
             }
             let mut pause_changed = false;
+            let mut copies = Vec::new();
             if let Logic::Evm(e) = &mut self.logic {
                 if self.control.stop_requested() {
                     e.request_stop(now);
                 }
                 let decisions = self.control.take_decisions();
+                let first = e.next_decision_id();
                 if !decisions.is_empty() && !e.decide(&decisions) {
                     warn!(
                         "{} decisions from outside in a run that does not take them",
                         decisions.len()
                     );
+                } else if !decisions.is_empty() {
+                    // the standby keeps a copy: they outlive this EVM
+                    copies = Message::windows(first, &decisions);
                 }
                 let paused = self.control.paused();
                 pause_changed = e.is_paused() != paused;
                 e.set_paused(now, paused);
             }
+            self.copy_to_follower(copies);
             if pause_changed {
                 // the standby hears of a pause at once: a loss right after it keeps it
                 self.tell_follower(false);

@@ -73,6 +73,10 @@ pub(super) struct Following {
     /// When it began following, and whether it ever reached the active EVM.
     since: Instant,
     reached: bool,
+    /// Decisions from outside the active EVM has taken and whose records are not final,
+    /// by record id (its Window messages): what a takeover triggers after the records the
+    /// nodes know.
+    decisions: BTreeMap<u64, evb_wire::window::DecisionWindow>,
 }
 
 impl Standby {
@@ -118,6 +122,7 @@ impl Standby {
             over: false,
             since: now,
             reached: false,
+            decisions: BTreeMap::new(),
         }))
     }
 
@@ -193,6 +198,7 @@ impl Driver {
             epoch: st.epoch,
             dropped,
             max_events: e.config().max_events.unwrap_or(evb_wire::UNLIMITED),
+            decisions_final: e.decisions_final(),
         }))
     }
 
@@ -207,6 +213,21 @@ impl Driver {
             return;
         };
         if let Some(m) = self.follow_word(over) {
+            let _ = self.messenger.send_now(conn, &m);
+        }
+    }
+
+    /// The active EVM sends its follower `msgs` (a copy of decisions from outside).
+    pub(super) fn copy_to_follower(&mut self, msgs: Vec<Message>) {
+        let Standby::Active {
+            follower: Some(conn),
+            fenced: None,
+            ..
+        } = self.standby
+        else {
+            return;
+        };
+        for m in msgs {
             let _ = self.messenger.send_now(conn, &m);
         }
     }
@@ -240,6 +261,14 @@ impl Driver {
                     info!(node = %self.me.id, "the standby EVM follows this one");
                 }
                 *heard = now;
+                let conn = *conn;
+                // decisions from outside taken before it came: it gets a copy of them
+                if let Logic::Evm(e) = &self.logic {
+                    let (first, queued) = e.queued_decisions();
+                    for m in Message::windows(first, &queued) {
+                        let _ = self.messenger.send_now(conn, &m);
+                    }
+                }
                 true
             }
             // a fenced EVM takes no one: a node that lost the standby it followed and calls
@@ -303,7 +332,18 @@ impl Driver {
             }
             (Standby::Follower(f), Incoming::Received { conn, msg }) if f.conn == Some(*conn) => {
                 f.last_heard = now;
+                if let Received::Message(Message::Window { first, windows }) = msg {
+                    // a copy of decisions from outside the active EVM has taken
+                    for (i, w) in windows.iter().enumerate() {
+                        f.decisions.insert(first + i as u64, w.clone());
+                    }
+                    return true;
+                }
                 if let Received::Message(Message::Follow(w)) = msg {
+                    // the records below it are final: their windows are needed no more
+                    if w.decisions_final > 0 {
+                        f.decisions = f.decisions.split_off(&w.decisions_final);
+                    }
                     if f.taking_over.is_some() {
                         // a suspected EVM speaks again: its word counts only if the standby
                         // stands down (no node left it)
@@ -610,7 +650,7 @@ impl Driver {
 
     /// The standby becomes the run's EVM.
     fn take_over(&mut self, now: Instant) {
-        let Standby::Follower(f) = std::mem::replace(&mut self.standby, Standby::None) else {
+        let Standby::Follower(mut f) = std::mem::replace(&mut self.standby, Standby::None) else {
             return;
         };
         let Logic::Evm(old) = &self.logic else {
@@ -657,6 +697,23 @@ impl Driver {
             incarnations: self.links.bu_incarnations(cfg.n_bu as usize),
         };
         let mut evm = evb_builder::Evm::take_over(cfg, now, t, rus, bus);
+        if self.cfg.windows.outside {
+            // the lost EVM's decisions not yet triggered, from the next record on: each
+            // still becomes its record (a gap in the copy ends them: ids are records)
+            evm.take_decisions_from_outside();
+            let mut next = evm.queued_decisions().0;
+            let mut carried = Vec::new();
+            while let Some(w) = f.decisions.remove(&next) {
+                carried.push(w);
+                next += 1;
+            }
+            let lost = f.decisions.range(next..).count();
+            if lost > 0 {
+                warn!(node = %self.me.id, "{lost} decisions from outside after a gap in the standby's copy are not carried over");
+            }
+            info!(node = %self.me.id, "carrying over {} decisions from outside not yet triggered", carried.len());
+            evm.carry_decisions(carried);
+        }
         for (from, msg) in f.held {
             evm.handle(now, from, msg);
         }
