@@ -37,6 +37,7 @@ __all__ = [
     "IoError",
     "FormatError",
     "Producer",
+    "Trigger",
     "Buffer",
     "Consumer",
     "Event",
@@ -193,6 +194,36 @@ class Buffer:
 
     def set_len(self, n: int) -> None:
         """Makes the fragment `n` bytes long (at most its capacity, else `evb.SizeError`)."""
+
+@final
+class Trigger:
+    """An outside trigger program's handle on its EVM: `Trigger(config)`.
+
+    `config` is the configuration file's path or its TOML text (`builder.by = "window"`,
+    `windows.outside = true`). The EVM runs on a thread of this process; the RUs and BUs are
+    `evb node` processes. The constructor returns once the run's nodes are connected.
+    """
+
+    def __new__(cls, config: _ConfigSource) -> Self: ...
+    def decide(self, begin: int, end: int, components: Sequence[int] = ...) -> int:
+        """Decides a record: window `[begin, end)` in ticks over the source ids in
+        `components` (empty: every source); returns its record number. `evb.Refused` (the
+        run goes on, nothing taken) for a window that does not end after it begins, is
+        longer than `windows.longest_ticks`, or names a source no RU reads or one twice."""
+
+    @property
+    def decided(self) -> int:
+        """Decisions made so far."""
+
+    def status(self) -> dict[str, Any] | None:
+        """The EVM's latest status (the JSON line `evb node` prints)."""
+
+    def stop(self) -> None:
+        """Ends the run now: decisions not yet triggered are counted, not built."""
+
+    def finish(self) -> Outcome:
+        """Waits for the run's end and returns the EVM's outcome (its report holds the
+        run's)."""
 
 @final
 class Producer:

@@ -145,6 +145,11 @@ typedef struct EvbPub EvbPub;
 typedef struct EvbSub EvbSub;
 
 /**
+ * An outside trigger program's EVM (opaque): decides the run's records.
+ */
+typedef struct EvbTrigger EvbTrigger;
+
+/**
  * Room for one fragment's payload in the RU's pool.
  */
 typedef struct {
@@ -518,6 +523,74 @@ int evb_event_chunk(const EvbEvent *e, size_t i, size_t chunk, const uint8_t **d
  * `e` is NULL or a live event, not used again after this call.
  */
 void evb_event_release(EvbEvent *e);
+
+/**
+ * Starts the EVM of the configuration file `config_path` (`builder.by = "window"`,
+ * `windows.outside = true`) in this process, its records decided through the trigger
+ * written to `*out`; the RUs and BUs run elsewhere (`evb node`) from the same file.
+ *
+ * # Safety
+ * `config_path` is a NUL-terminated string; `out` is valid for a write.
+ */
+int evb_trigger_start(const char *config_path, EvbTrigger **out);
+
+/**
+ * `evb_trigger_start` with the configuration given as TOML text.
+ *
+ * # Safety
+ * `toml` is a NUL-terminated string; `out` is valid for a write.
+ */
+int evb_trigger_start_toml(const char *toml, EvbTrigger **out);
+
+/**
+ * Waits until the run's RUs and BUs are connected to the EVM (`EVB_ERR_SETUP` naming
+ * what could not be reached, once `run.connect_timeout_s` is over).
+ *
+ * # Safety
+ * `t` is a live trigger.
+ */
+int evb_trigger_wait_connected(EvbTrigger *t);
+
+/**
+ * Decides a record: readout window `[begin, end)` in ticks over the `n` source ids at
+ * `components` (any order; `n` 0: every source, `components` may then be NULL); its record
+ * number goes to `*record` (may be NULL). `EVB_ERR_REFUSED` (nothing taken, the run goes
+ * on) for a window that does not end after it begins, is longer than
+ * `windows.longest_ticks`, or names a source no RU reads or one twice; `EVB_ERR_RUN_OVER`
+ * once the run is over.
+ *
+ * # Safety
+ * `t` is a live trigger; `components` is valid for `n` reads of `uint16_t` (or NULL with
+ * `n` 0); `record` is NULL or valid for a write.
+ */
+int evb_trigger_decide(EvbTrigger *t, uint64_t begin, uint64_t end, const uint16_t *components, size_t n, uint64_t *record);
+
+/**
+ * Ends the run now: decisions not yet triggered are counted, not built.
+ *
+ * # Safety
+ * `t` is a live trigger.
+ */
+int evb_trigger_stop(EvbTrigger *t);
+
+/**
+ * Waits for the run's end (after `run.events` decisions, its duration, or
+ * `evb_trigger_stop`): `EVB_OK` for a clean run, `EVB_ERR_RUN_FAILED` with the reason in
+ * `evb_last_error` otherwise.
+ *
+ * # Safety
+ * `t` is a live trigger.
+ */
+int evb_trigger_finish(EvbTrigger *t);
+
+/**
+ * Frees a trigger (without waiting for the run: its EVM goes on until the run ends, then
+ * its thread is left).
+ *
+ * # Safety
+ * `t` is NULL or a live trigger, not used again after this call.
+ */
+void evb_trigger_free(EvbTrigger *t);
 
 /**
  * Listens on `addr` (tcp: "HOST:PORT", port 0 for any free one; shm: a name, "NAME:0" for

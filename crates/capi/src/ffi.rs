@@ -6,7 +6,9 @@ use std::ffi::{c_char, c_int, CStr};
 use std::time::Duration;
 
 use evb_config::Config;
-use evb_plugin::{Buffer, Consumer, ConsumerOptions, Event, Next, NodeOutcome, Producer, WhenFull};
+use evb_plugin::{
+    Buffer, Consumer, ConsumerOptions, Event, Next, NodeOutcome, Producer, Trigger, WhenFull,
+};
 
 use crate::status::*;
 
@@ -22,6 +24,12 @@ pub struct EvbProducer {
 /// A consumer of one BU's events (opaque).
 pub struct EvbConsumer {
     consumer: Option<Consumer>,
+    outcome: Option<NodeOutcome>,
+}
+
+/// An outside trigger program's EVM (opaque): decides the run's records.
+pub struct EvbTrigger {
+    trigger: Option<Trigger>,
     outcome: Option<NodeOutcome>,
 }
 
@@ -777,6 +785,175 @@ pub unsafe extern "C" fn evb_event_release(e: *mut EvbEvent) {
         if !e.is_null() {
             // SAFETY: made by Box::into_raw in evb_consumer_next, released once (contract).
             drop(unsafe { Box::from_raw(e) });
+        }
+        Ok(EVB_OK)
+    });
+}
+
+/// Starts the EVM of the configuration file `config_path` (`builder.by = "window"`,
+/// `windows.outside = true`) in this process, its records decided through the trigger
+/// written to `*out`; the RUs and BUs run elsewhere (`evb node`) from the same file.
+///
+/// # Safety
+/// `config_path` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_start(
+    config_path: *const c_char,
+    out: *mut *mut EvbTrigger,
+) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { trigger_start(ConfigArg::Path, config_path, out) }
+}
+
+/// `evb_trigger_start` with the configuration given as TOML text.
+///
+/// # Safety
+/// `toml` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_start_toml(
+    toml: *const c_char,
+    out: *mut *mut EvbTrigger,
+) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { trigger_start(ConfigArg::Toml, toml, out) }
+}
+
+/// # Safety
+/// `config` is a NUL-terminated string; `out` is valid for a write.
+unsafe fn trigger_start(
+    from: ConfigArg,
+    config: *const c_char,
+    out: *mut *mut EvbTrigger,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let cfg = unsafe { from.load(config) }?;
+        let trigger = Trigger::start(&cfg).map_err(|e| code_of(&e))?;
+        let handle = Box::into_raw(Box::new(EvbTrigger {
+            trigger: Some(trigger),
+            outcome: None,
+        }));
+        // SAFETY: `out` is valid for a write (this function's contract).
+        if let Err(code) = unsafe { put(out, handle, "out") } {
+            // SAFETY: made just above and not handed out.
+            drop(unsafe { Box::from_raw(handle) });
+            return Err(code);
+        }
+        Ok(EVB_OK)
+    })
+}
+
+/// Waits until the run's RUs and BUs are connected to the EVM (`EVB_ERR_SETUP` naming
+/// what could not be reached, once `run.connect_timeout_s` is over).
+///
+/// # Safety
+/// `t` is a live trigger.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_wait_connected(t: *mut EvbTrigger) -> c_int {
+    guard(|| {
+        // SAFETY: a live trigger (this function's contract).
+        let t = unsafe { handle(t) }?;
+        let trigger = t
+            .trigger
+            .as_mut()
+            .ok_or_else(|| fail(EVB_ERR_STATE, "the trigger has finished already"))?;
+        trigger.wait_connected().map_err(|e| code_of(&e))?;
+        Ok(EVB_OK)
+    })
+}
+
+/// Decides a record: readout window `[begin, end)` in ticks over the `n` source ids at
+/// `components` (any order; `n` 0: every source, `components` may then be NULL); its record
+/// number goes to `*record` (may be NULL). `EVB_ERR_REFUSED` (nothing taken, the run goes
+/// on) for a window that does not end after it begins, is longer than
+/// `windows.longest_ticks`, or names a source no RU reads or one twice; `EVB_ERR_RUN_OVER`
+/// once the run is over.
+///
+/// # Safety
+/// `t` is a live trigger; `components` is valid for `n` reads of `uint16_t` (or NULL with
+/// `n` 0); `record` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_decide(
+    t: *mut EvbTrigger,
+    begin: u64,
+    end: u64,
+    components: *const u16,
+    n: usize,
+    record: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a live trigger (this function's contract).
+        let t = unsafe { handle(t) }?;
+        let list: &[u16] = if n == 0 {
+            &[]
+        } else if components.is_null() {
+            return Err(fail(EVB_ERR_ARG, "components is NULL with n > 0"));
+        } else {
+            // SAFETY: non-null and valid for `n` reads (this function's contract).
+            unsafe { std::slice::from_raw_parts(components, n) }
+        };
+        let trigger = t
+            .trigger
+            .as_mut()
+            .ok_or_else(|| fail(EVB_ERR_STATE, "the trigger has finished already"))?;
+        let k = trigger.decide(begin, end, list).map_err(|e| code_of(&e))?;
+        if !record.is_null() {
+            // SAFETY: non-null, valid for a write (this function's contract).
+            unsafe { record.write(k) };
+        }
+        Ok(EVB_OK)
+    })
+}
+
+/// Ends the run now: decisions not yet triggered are counted, not built.
+///
+/// # Safety
+/// `t` is a live trigger.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_stop(t: *mut EvbTrigger) -> c_int {
+    guard(|| {
+        // SAFETY: a live trigger (this function's contract).
+        let t = unsafe { handle(t) }?;
+        if let Some(trigger) = &t.trigger {
+            trigger.stop();
+        }
+        Ok(EVB_OK)
+    })
+}
+
+/// Waits for the run's end (after `run.events` decisions, its duration, or
+/// `evb_trigger_stop`): `EVB_OK` for a clean run, `EVB_ERR_RUN_FAILED` with the reason in
+/// `evb_last_error` otherwise.
+///
+/// # Safety
+/// `t` is a live trigger.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_finish(t: *mut EvbTrigger) -> c_int {
+    guard(|| {
+        // SAFETY: a live trigger (this function's contract).
+        let t = unsafe { handle(t) }?;
+        let trigger = t
+            .trigger
+            .take()
+            .ok_or_else(|| fail(EVB_ERR_STATE, "the trigger has finished already"))?;
+        let outcome = trigger.finish().map_err(|e| code_of(&e))?;
+        let code = ended(&outcome);
+        t.outcome = Some(outcome);
+        Ok(code)
+    })
+}
+
+/// Frees a trigger (without waiting for the run: its EVM goes on until the run ends, then
+/// its thread is left).
+///
+/// # Safety
+/// `t` is NULL or a live trigger, not used again after this call.
+#[no_mangle]
+pub unsafe extern "C" fn evb_trigger_free(t: *mut EvbTrigger) {
+    guard(|| {
+        if !t.is_null() {
+            // SAFETY: made by Box::into_raw in evb_trigger_start, freed once (contract).
+            drop(unsafe { Box::from_raw(t) });
         }
         Ok(EVB_OK)
     });

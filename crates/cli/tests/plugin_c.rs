@@ -4,7 +4,7 @@
 
 mod common;
 use common::cc::{compile, compile_c, lib_dir, SONAME};
-use common::nodes::{assert_verdict_ok, Run};
+use common::nodes::{assert_verdict_ok, events_in, Run};
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -207,6 +207,43 @@ fn c_producer_frames_are_built_into_time_slices() {
     assert_eq!(r["problems"], 0, "{r}");
     assert_eq!(r["sources"]["0"]["core_frames"], frames, "{r}");
     assert_eq!(r["sources"]["0"]["core_bytes"], bytes, "{r}");
+}
+
+/// An outside trigger program in C (`evb_trigger_*`): the EVM in its process, two RUs of
+/// the generator's frames and a BU as `evb node` processes; its 40 decisions become the
+/// run's 40 records, every other one over source 1 only (source 0's fragment EMPTY), and
+/// bad windows are refused with their code.
+#[test]
+fn a_c_trigger_program_decides_the_run_s_records() {
+    let bins = common::out_dir();
+    let Some(prog) = compile_c("tests/c/trigger.c", bins.path()) else {
+        return;
+    };
+    let mut run = Run::start(
+        "[run]\nid = \"ctrigger\"\nevents = 40\nduration_s = 0\n\
+         [builder]\nby = \"window\"\n[frames]\nticks = 100\nsize = 64\n\
+         [windows]\noutside = true\nlongest_ticks = 1000\ntick_hz = 1000000\n\
+         buffer_ms = 3600000\nwait_ms = 1000\n\
+         [sink]\nkind = \"file\"\ndir = \"out\"\n[topology]\nrus = 2\nbus = 1\n",
+        &["ru0", "ru1", "bu0"],
+    );
+    let out = Command::new(&prog)
+        .arg(&run.cfg)
+        .arg("40")
+        .current_dir(run.dir.path())
+        .output()
+        .unwrap();
+    let t = finished(out, "trigger");
+    assert!(t.contains("decided: 40"), "{t}");
+    let _ = run.evm_report_allowing(&[]);
+    let events = events_in(&run.dir.path().join("out"));
+    assert_eq!(events.len(), 40);
+    let empty = events
+        .values()
+        .flat_map(|(_, _, frags)| frags)
+        .filter(|p| p.len() >= 26 && u16::from_le_bytes([p[24], p[25]]) == 3)
+        .count();
+    assert_eq!(empty, 20, "source 0's fragment of every odd record");
 }
 
 #[test]

@@ -100,6 +100,12 @@ impl Trigger {
         self.decided
     }
 
+    /// Whether the EVM is connected to the run's nodes yet, without waiting (`Ok(false)`:
+    /// still trying), the error of [`Trigger::wait_connected`] once it cannot be.
+    pub fn connected(&mut self) -> Result<bool, Error> {
+        self.node.connected()
+    }
+
     /// Waits until every RU and BU is connected to the EVM, or cannot be (the node's
     /// setup error at `run.connect_timeout_s`).
     pub fn wait_connected(&mut self) -> Result<(), Error> {

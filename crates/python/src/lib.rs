@@ -18,6 +18,7 @@ mod consumer;
 mod files;
 mod producer;
 mod pubsub;
+mod trigger;
 
 pyo3::create_exception!(evb, Error, PyException, "Base of every evb error.");
 pyo3::create_exception!(
@@ -268,6 +269,7 @@ fn evb_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::PyFragment>()?;
     m.add_class::<consumer::PyChunk>()?;
     m.add_class::<Outcome>()?;
+    m.add_class::<trigger::PyTrigger>()?;
     m.add_class::<pubsub::PyPublisher>()?;
     m.add_class::<pubsub::PySubscriber>()?;
     m.add_class::<pubsub::PyMessage>()?;
