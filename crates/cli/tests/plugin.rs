@@ -450,6 +450,69 @@ fn rust_producer_frames_are_built_into_time_slices() {
     assert_eq!(r["sources"]["0"]["core_bytes"], bytes, "{r}");
 }
 
+/// Several producers into one RU by time (`[[ru]] producer_sources`, one thread each): the
+/// RU cuts each slice once every producer's is whole and sends it as one super-fragment of
+/// their window fragments; every frame of both producers is in exactly one slice core (the
+/// outside reader), the cores hold exactly the bytes each submitted, and the RU's byte
+/// account adds up.
+#[test]
+fn several_rust_producers_of_frames_into_one_ru_build_every_slice() {
+    const SLICES: u64 = 40;
+    const FRAME: u64 = 500;
+    let mut run = Run::start(
+        "[run]\nid = \"plug-frames-many\"\nduration_s = 0\n\
+         [source]\nkind = \"api\"\nmax_fragment = 4096\nread_ahead = 8\n\
+         [builder]\nby = \"time\"\nslice_ticks = 10000\noverlap_ticks = 1000\n\
+         [frames]\nticks = 500\n\
+         [sink]\nkind = \"file\"\ndir = \"out\"\nfile_max_events = 16\n\
+         [[ru]]\nid = \"ru0\"\nproducer_sources = [5, 6]\n\
+         [topology]\nrus = 1\nbus = 2\n",
+        &["evm", "bu0", "bu1"],
+    );
+    let producers = Producer::start_many(&run.config(), "ru0").unwrap();
+    let frames = SLICES * 10_000 / FRAME;
+    let threads: Vec<_> = producers
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut p)| {
+            std::thread::spawn(move || {
+                let mut bytes = 0;
+                for j in 0..frames {
+                    let full = payload(j + 1000 * i as u64);
+                    let pl = &full[..(j as usize * 13 + i) % (full.len() + 1)];
+                    bytes += pl.len() as u64;
+                    p.submit_frame(j * FRAME, (j + 1) * FRAME, pl, WhenFull::Block)
+                        .unwrap();
+                }
+                (bytes, p.finish())
+            })
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    for t in threads {
+        let (b, outcome) = t.join().unwrap();
+        let ru = outcome.unwrap();
+        assert!(ru.ok, "{}", ru.reason);
+        let st = ru.report.ru().unwrap();
+        assert_eq!(st.fragments_sent, SLICES);
+        assert_eq!(st.stream_fragments_received, 2 * frames);
+        assert_eq!(st.frame_bytes_in, st.frame_bytes_in_slice_cores);
+        bytes.push(b);
+    }
+    let report = run.evm_report();
+    assert_verdict_ok(&report, SLICES);
+    let args = ["--slice", "10000", "--overlap", "1000", "--frame", "500"];
+    let Some(r) = common::check_slices(&run.dir.path().join("out"), &args) else {
+        return;
+    };
+    assert_eq!(r["problems"], 0, "{r}");
+    assert_eq!(r["records"], SLICES, "{r}");
+    for (src, b) in ["5", "6"].into_iter().zip(bytes) {
+        assert_eq!(r["sources"][src]["core_frames"], frames, "{r}");
+        assert_eq!(r["sources"][src]["core_bytes"], b, "{r}");
+    }
+}
+
 /// A producer whose frames leave a gap stops the run, the RU naming the frame; the producer
 /// hears that the run is over.
 #[test]

@@ -69,7 +69,12 @@ impl Config {
             .max_window_frames()
             .saturating_mul(per_frame)
             .saturating_add(WINDOW_HEADER);
-        let k = self.ru.iter().map(|r| r.streams.len()).max().unwrap_or(1) as u64;
+        let k = self
+            .ru
+            .iter()
+            .map(|r| r.streams.len().max(r.producer_sources.len()))
+            .max()
+            .unwrap_or(1) as u64;
         if k < 2 {
             return one;
         }
@@ -103,13 +108,6 @@ fn validate_live(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     for (i, ru) in c.ru.iter().enumerate() {
-        if ru.producer_sources.len() > 1 {
-            return Err(invalid(
-                format!("ru[{i}].producer_sources"),
-                "a record by time is cut from one producer's frames per RU (several \
-                 producers into one RU's records are not built yet)",
-            ));
-        }
         let source_id = ru.source_id.unwrap_or(i as u16);
         // several streams: each its own source (`stream_sources`, checked with the streams)
         if ru.streams.len() < 2 && ru.stream_sources.iter().any(|&s| s != source_id) {

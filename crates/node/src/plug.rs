@@ -11,7 +11,7 @@ use evb_builder::assembly::{
     Assembled, Assembler, AssemblyConfig, BadFragment, Body, Parts, Piece, StreamName, SyncLoss,
 };
 use evb_builder::frames::Slicing;
-use evb_builder::slice_buffer::SliceBuffer;
+use evb_builder::slice_buffer::{super_window, SliceBuffer, SliceBufferStats};
 use evb_builder::{Ru, RunState, Sink};
 use evb_config::{BuildBy, Config, NodeSpec, OnError, OnSyncLoss};
 use evb_wire::super_fragment::{directory_len, encode_directory};
@@ -87,10 +87,18 @@ pub(crate) struct ApiSource {
     idle_since: Instant,
     stall_warn: Duration,
     warned: bool,
-    /// A run by time slices: the producer's frames cut into slices here (decision windows
-    /// are cut by the RU, from its feed's window buffer).
-    slices: Option<SliceBuffer>,
+    /// A run built by time: each producer's frames (one stream each), and which producers
+    /// have finished.
+    frames: Option<FrameInputs>,
     read_ahead: usize,
+}
+
+/// The producers' streams of frames in a run built by time: cut into slices here, a
+/// latency buffer per producer (`slices`, empty under decision windows, which the RU cuts
+/// from its feed's window buffer).
+struct FrameInputs {
+    slices: Vec<SliceBuffer>,
+    ended: Vec<bool>,
 }
 
 /// Several producers of one RU: the assembler (trigger numbers agree, `on_sync_loss`), and
@@ -116,7 +124,7 @@ impl ApiSource {
         now: Instant,
     ) -> ApiSource {
         let joint = match pool {
-            Some(pool) if inputs.len() > 1 => Some(Joint {
+            Some(pool) if inputs.len() > 1 && !cfg.by_time() => Some(Joint {
                 assembler: Assembler::new(AssemblyConfig {
                     streams: (0..inputs.len())
                         .map(|i| StreamName {
@@ -155,16 +163,30 @@ impl ApiSource {
             idle_since: now,
             stall_warn: Duration::from_secs_f64(cfg.source.stall_warn_s),
             warned: false,
-            slices: (cfg.builder.by == BuildBy::Time).then(|| {
+            frames: cfg.by_time().then(|| {
                 let slicing = Slicing {
                     slice: cfg.builder.slice_ticks,
                     overlap: cfg.builder.overlap_ticks,
                 };
-                let name = StreamName {
-                    source_id: me.source_id,
-                    addr: String::new(),
+                let sources = me.time_sources();
+                let slices = match cfg.builder.by {
+                    BuildBy::Time => sources
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &source_id)| {
+                            let name = StreamName {
+                                source_id,
+                                addr: String::new(),
+                            };
+                            SliceBuffer::new(slicing, cfg.frames.ticks, name, i)
+                        })
+                        .collect(),
+                    _ => Vec::new(),
                 };
-                SliceBuffer::new(slicing, cfg.frames.ticks, name, 0)
+                FrameInputs {
+                    slices,
+                    ended: vec![false; sources.len()],
+                }
             }),
             read_ahead: cfg.source.read_ahead as usize,
         }
@@ -185,7 +207,9 @@ impl ApiSource {
         }
         let running = ru.state() == RunState::Running;
         let before = self.received;
-        let taken = if self.joint.is_some() {
+        let taken = if self.frames.is_some() {
+            self.take_frames(ru)
+        } else if self.joint.is_some() {
             self.take_parts(now, ru)
         } else {
             self.take_events(ru)
@@ -239,43 +263,8 @@ impl ApiSource {
             return Ok(());
         };
         loop {
-            // frames: no more than the slices waiting and the buffer's read-ahead allow
-            // (the producer's channel, bounded, then holds the producer back)
-            if self
-                .slices
-                .as_ref()
-                .is_some_and(|b| b.queued() >= self.read_ahead || feed.queued() >= self.read_ahead)
-            {
-                return Ok(());
-            }
             match self.inputs[0].try_recv() {
-                Ok(FeedItem::Frame(bytes)) => {
-                    self.received += 1;
-                    let piece = Piece {
-                        trigger_number: 0,
-                        bytes,
-                        offset: self.received - 1,
-                        bad: None,
-                    };
-                    let taken = match (&mut self.slices, feed.windows.as_mut()) {
-                        (Some(b), _) => b.push(piece).map(|()| {
-                            while let Some(slice) = b.next_slice() {
-                                feed.supply(slice);
-                            }
-                        }),
-                        (None, Some(w)) => w.push(0, piece),
-                        (None, None) => Err("a frame in a run built by event".into()),
-                    };
-                    taken.map_err(|e| {
-                        format!("frame {} (counted from 0): {e}", self.received - 1)
-                    })?;
-                    if let Some(b) = &self.slices {
-                        feed.stats.slices = Some(b.stats());
-                    }
-                }
-                Ok(FeedItem::Event(_)) if self.slices.is_some() || feed.windows.is_some() => {
-                    return Err("a fragment in a run built by time (frames only)".into());
-                }
+                Ok(FeedItem::Frame(_)) => return Err("a frame in a run built by event".into()),
                 Ok(FeedItem::Event(a)) => {
                     self.received += 1;
                     if a.flags & FLAG_MISSING != 0 {
@@ -289,25 +278,106 @@ impl ApiSource {
                 Ok(FeedItem::End) | Err(TryRecvError::Disconnected) => {
                     self.over = true;
                     info!(node = %self.node, "producer finished after {} events", self.received);
-                    if let Some(b) = &mut self.slices {
-                        // the last slices, with the frames there are
-                        b.close();
-                        while let Some(slice) = b.next_slice() {
-                            feed.supply(slice);
-                        }
-                        feed.stats.slices = Some(b.stats());
-                    }
-                    if let Some(w) = feed.windows.as_mut() {
-                        // decisions go on; windows past the stream's end are LATE
-                        w.close(0);
-                    } else {
-                        feed.finish();
-                    }
+                    feed.finish();
                     return Ok(());
                 }
                 Err(TryRecvError::Empty) => return Ok(()),
             }
         }
+    }
+
+    /// A run built by time: each producer's frames into its latency buffer (slices cut
+    /// here once every producer's is whole, several producers' as one super-fragment of
+    /// their window fragments), or into the feed's window buffer (decision windows).
+    /// Within `source.read_ahead` slices waiting, the producers' bounded channels holding
+    /// them back beyond it.
+    fn take_frames(&mut self, ru: &mut Ru) -> Result<(), String> {
+        let Some(feed) = ru.live_mut() else {
+            return Ok(());
+        };
+        let f = self.frames.as_mut().expect("a run by time");
+        for (i, input) in self.inputs.iter().enumerate() {
+            while !f.ended[i] {
+                let waiting = f
+                    .slices
+                    .get(i)
+                    .is_some_and(|b| b.queued() >= self.read_ahead);
+                if waiting || feed.queued() >= self.read_ahead {
+                    break;
+                }
+                match input.try_recv() {
+                    Ok(FeedItem::Frame(bytes)) => {
+                        self.received += 1;
+                        let piece = Piece {
+                            trigger_number: 0,
+                            bytes,
+                            offset: self.received - 1,
+                            bad: None,
+                        };
+                        let taken = match (f.slices.get_mut(i), feed.windows.as_mut()) {
+                            (Some(b), _) => b.push(piece),
+                            (None, Some(w)) => w.push(i, piece),
+                            (None, None) => Err("no latency buffer for its frames".into()),
+                        };
+                        taken.map_err(|e| {
+                            let who = if self.inputs.len() > 1 {
+                                format!("producer {i}: ")
+                            } else {
+                                String::new()
+                            };
+                            format!("{who}frame {} (counted from 0): {e}", self.received - 1)
+                        })?;
+                    }
+                    Ok(FeedItem::Event(_) | FeedItem::Part(_)) => {
+                        return Err("a fragment in a run built by time (frames only)".into());
+                    }
+                    Ok(FeedItem::Failed(why)) => return Err(why),
+                    // a producer dropped without finishing ends its stream the same way
+                    Ok(FeedItem::End) | Err(TryRecvError::Disconnected) => {
+                        f.ended[i] = true;
+                        match f.slices.get_mut(i) {
+                            // the last slices are cut with the frames there are
+                            Some(b) => b.close(),
+                            // decisions go on; windows past the stream's end are LATE
+                            None => {
+                                if let Some(w) = feed.windows.as_mut() {
+                                    w.close(i);
+                                }
+                            }
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+        }
+        if !f.slices.is_empty() {
+            while f.slices.iter().all(SliceBuffer::ready) {
+                let parts = f
+                    .slices
+                    .iter_mut()
+                    .filter_map(|b| Some((b.source_id(), b.next_slice()?)))
+                    .collect::<Vec<_>>();
+                if parts.is_empty() {
+                    break;
+                }
+                feed.supply(super_window(parts));
+            }
+            feed.stats.slices = f
+                .slices
+                .iter()
+                .map(SliceBuffer::stats)
+                .reduce(SliceBufferStats::with);
+        }
+        if f.ended.iter().all(|&e| e) && !self.over {
+            self.over = true;
+            info!(node = %self.node, "producers finished after {} frames", self.received);
+            if !f.slices.is_empty() {
+                // what a producer still holds past the others' end belongs to no slice
+                feed.stats.unbuilt = f.slices.iter().map(SliceBuffer::unbuilt).sum();
+                feed.finish();
+            }
+        }
+        Ok(())
     }
 
     /// Several producers: their k-th parts checked and joined into event k's super-fragment,
