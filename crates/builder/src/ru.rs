@@ -93,6 +93,30 @@ pub struct RuStats {
 }
 
 impl RuStats {
+    /// A live stream's latency buffer's byte account in words, one way for every reader
+    /// (`evb run`'s line, `evb ctl status`, the page): slices' `… kB in = … kB in slice
+    /// cores + … kB held`, windows' `evicted N frames (… kB no window took)`; `None` without
+    /// such a buffer.
+    pub fn frame_account_words(&self) -> Option<String> {
+        let kb = |b: u64| b as f64 / 1e3;
+        if self.frame_bytes_in_slice_cores > 0 {
+            Some(format!(
+                "{:.1} kB in = {:.1} kB in slice cores + {:.1} kB held",
+                kb(self.frame_bytes_in),
+                kb(self.frame_bytes_in_slice_cores),
+                kb(self.frame_bytes_held_unused)
+            ))
+        } else if self.frame_bytes_in > 0 {
+            Some(format!(
+                "evicted {} frames ({:.1} kB no window took)",
+                self.frames_evicted,
+                kb(self.frame_bytes_evicted_unused)
+            ))
+        } else {
+            None
+        }
+    }
+
     /// A live stream's latency buffer whose bytes do not add up (a frame taken twice, or
     /// lost inside the RU), in words; `None` when they do, or there is no such buffer.
     pub fn frame_account_gap(&self) -> Option<String> {

@@ -46,26 +46,13 @@ pub fn print(
                 if s.frame_buffer_bytes_high_water > 0 {
                     // a stream of frames built by time: frames, and the latency buffer's peak
                     notes += &format!(
-                        ", frames from the stream {} (unbuilt {}), latency buffer at most {:.1} KB",
+                        ", frames from the stream {} (unbuilt {}), latency buffer at most {:.1} kB",
                         s.stream_fragments_received,
                         s.stream_fragments_unbuilt,
                         s.frame_buffer_bytes_high_water as f64 / 1e3
                     );
-                    if s.frame_bytes_in_slice_cores > 0 {
-                        // time slices: every byte in one core, or still held
-                        notes += &format!(
-                            ", {:.1} KB in = {:.1} KB in slice cores + {:.1} KB held",
-                            s.frame_bytes_in as f64 / 1e3,
-                            s.frame_bytes_in_slice_cores as f64 / 1e3,
-                            s.frame_bytes_held_unused as f64 / 1e3
-                        );
-                    } else if s.frame_bytes_in > 0 {
-                        // decision windows: what left the buffer with no window over it
-                        notes += &format!(
-                            ", evicted {} frames ({:.1} KB that no window took)",
-                            s.frames_evicted,
-                            s.frame_bytes_evicted_unused as f64 / 1e3
-                        );
+                    if let Some(words) = s.frame_account_words() {
+                        notes += &format!(", {words}");
                     }
                 } else if s.stream_fragments_received > 0 {
                     notes += &format!(

@@ -930,7 +930,7 @@ fn live_slices(
         assert_eq!(ru_stat(&s, ru, "frame_bytes_in"), cores, "{ru}");
         assert_eq!(ru_stat(&s, ru, "frame_bytes_held_unused"), 0, "{ru}");
     }
-    assert!(t.contains("KB in slice cores + 0.0 KB held"), "{t}");
+    assert!(t.contains("kB in slice cores + 0.0 kB held"), "{t}");
     // every slice but the last carries the next one's first 4 frames (2500 ticks of 700)
     assert_eq!(r["overlap_frames"], (SLICES_LIVE - 1) * 4 * 2, "{r}");
     (out, s, frames)

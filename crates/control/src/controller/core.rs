@@ -139,18 +139,8 @@ fn by_time(snap: Option<&NodeStatus>) -> Option<String> {
             r.frame_buffer_ticks,
             r.frame_buffer_bytes_high_water as f64 / 1e3
         );
-        if r.frame_bytes_in_slice_cores > 0 {
-            s += &format!(
-                ", {:.1} kB in slice cores of {:.1} kB in",
-                r.frame_bytes_in_slice_cores as f64 / 1e3,
-                r.frame_bytes_in as f64 / 1e3
-            );
-        } else if r.frame_bytes_in > 0 {
-            s += &format!(
-                ", evicted {} frames ({:.1} kB no window took)",
-                r.frames_evicted,
-                r.frame_bytes_evicted_unused as f64 / 1e3
-            );
+        if let Some(words) = r.frame_account_words() {
+            s += &format!(", {words}");
         }
         return Some(s);
     }
