@@ -27,6 +27,8 @@ use crate::source::FragmentSpec;
 pub struct Slicing {
     pub slice: u64,
     pub overlap: u64,
+    /// The run's first tick (`frames.first_tick`): slice 0's core begins here.
+    pub t0: u64,
 }
 
 /// A record's window: `[begin, end)`, its core ending at `core_end`.
@@ -40,7 +42,7 @@ pub struct Window {
 impl Slicing {
     /// Slice `record`'s window (saturating: a run never reaches 2^64 ticks).
     pub fn window(&self, record: u64) -> Window {
-        let begin = record.saturating_mul(self.slice);
+        let begin = record.saturating_mul(self.slice).saturating_add(self.t0);
         let core_end = begin.saturating_add(self.slice);
         Window {
             begin,
@@ -73,6 +75,9 @@ pub struct Windows {
     /// Decisions from outside (`windows.outside`): each record's window as the EVM's Window
     /// message gave it (RUs; a BU takes the window each fragment carries), not computed.
     pub outside: bool,
+    /// The run's first tick (`frames.first_tick`): the streams begin here, and decision
+    /// k's tick is `t0 + k·tick_hz/rate_hz`.
+    pub t0: u64,
     pub decided: std::collections::BTreeMap<u64, DecisionWindow>,
 }
 
@@ -179,7 +184,7 @@ const DELAY_TAG: u64 = 0x5749_4e44_4f57;
 impl Windows {
     /// Decision k's tick before its delay: k / rate_hz seconds into the run.
     pub fn trigger_tick(&self, k: u64) -> u64 {
-        (k as f64 * self.tick_hz as f64 / self.rate_hz) as u64
+        self.t0 + (k as f64 * self.tick_hz as f64 / self.rate_hz) as u64
     }
 
     /// Decision k's delay in ticks, in [delay_min, delay_max].
@@ -222,7 +227,7 @@ impl Windows {
     }
 
     /// Decision k's window: the file's entry k, or `[t − d − before, t − d + after)`,
-    /// clamped to tick 0, or the one the EVM gave for a decision from outside.
+    /// clamped to the run's first tick, or the one the EVM gave for a decision from outside.
     pub fn window(&self, k: u64) -> Window {
         if self.outside {
             // asked only once known ([`Windows::knows`]); an unknown one holds nothing
@@ -252,8 +257,9 @@ impl Windows {
             };
         }
         let at = self.trigger_tick(k) as i128 - self.delay(k) as i128;
-        let begin = (at - self.before as i128).max(0) as u64;
-        let end = ((at + self.after as i128).max(0) as u64).max(begin + 1);
+        let t0 = self.t0 as i128;
+        let begin = (at - self.before as i128).max(t0) as u64;
+        let end = ((at + self.after as i128).max(t0) as u64).max(begin + 1);
         Window {
             begin,
             core_end: end,
@@ -272,7 +278,7 @@ impl Windows {
         since_start: Duration,
         waited: Duration,
     ) -> Option<Cut> {
-        let now = (since_start.as_nanos() * self.tick_hz as u128 / 1_000_000_000) as u64;
+        let now = self.t0 + (since_start.as_nanos() * self.tick_hz as u128 / 1_000_000_000) as u64;
         let arrived = now / frame_ticks;
         let kept_from = now.saturating_sub(self.buffer_ticks) / frame_ticks;
         let (first, end) = (w.begin / frame_ticks, w.end.div_ceil(frame_ticks));
@@ -982,6 +988,7 @@ mod tests {
             Slicing {
                 slice: 50,
                 overlap: 12,
+                t0: 0,
             },
         )
     }
@@ -1062,6 +1069,7 @@ mod tests {
             buffer_ticks: 5000,
             wait: Duration::from_millis(10),
             outside: false,
+            t0: 0,
             decided: Default::default(),
         };
         let win = Window {
@@ -1100,6 +1108,31 @@ mod tests {
         );
         assert_eq!(d.window(7), d.window(7));
         assert_eq!(d.window(7).begin, (7000 - d.delay(7)) as u64);
+        // on an absolute clock (frames.first_tick): every window and cut moves by t0, and a
+        // window reaching before the run's first tick is clamped to it, not to 0
+        let t0 = 1_000_000_000_000;
+        let a = Windows { t0, ..d.clone() };
+        for k in [0u64, 7, 500] {
+            let (x, y) = (d.window(k), a.window(k));
+            if x.begin > 0 {
+                assert_eq!((y.begin, y.end), (x.begin + t0, x.end + t0), "decision {k}");
+            } else {
+                assert_eq!(y.begin, t0, "decision {k}");
+            }
+        }
+        let shifted = Window {
+            begin: win.begin + t0,
+            core_end: win.end + t0,
+            end: win.end + t0,
+        };
+        assert_eq!(
+            a.cut(shifted, 100, us(6100), us(0)),
+            Some(Cut {
+                first: 11 + t0 / 100,
+                end: 20 + t0 / 100,
+                status: WindowStatus::Missing
+            })
+        );
     }
 
     /// The BU's window checks take a fragment whose status says what it leaves out, and
@@ -1120,6 +1153,7 @@ mod tests {
             buffer_ticks: 1000,
             wait: Duration::ZERO,
             outside: false,
+            t0: 0,
             decided: Default::default(),
         };
         let g = FrameGenerator::new(u.frames.clone(), 7, u.slicing).with_windows(w);
@@ -1201,6 +1235,7 @@ mod tests {
             buffer_ticks: 1000,
             wait: Duration::from_secs(3600),
             outside: false,
+            t0: 0,
             decided: Default::default(),
         };
         assert!(w.covers(0, 4) && !w.covers(1, 4) && w.covers(1, 2));

@@ -87,7 +87,8 @@ impl SliceBuffer {
             held_bytes: 0,
             held_high: 0,
             next: 0,
-            high: 0,
+            // a stream begins at the run's first tick
+            high: slicing.t0,
             closed: false,
             received: 0,
             received_bytes: 0,
@@ -337,7 +338,7 @@ pub(crate) fn check_frame(
     }
     if h.begin != high {
         let what = if first {
-            "a stream by time begins at tick 0".to_string()
+            format!("a stream by time begins at the run's first tick, {high} (frames.first_tick)")
         } else {
             format!("the frame before it ended at tick {high}")
         };
@@ -383,7 +384,16 @@ mod tests {
             source_id: 4,
             addr: "127.0.0.1:1".into(),
         };
-        SliceBuffer::new(Slicing { slice, overlap }, ticks, name, 0)
+        SliceBuffer::new(
+            Slicing {
+                slice,
+                overlap,
+                t0: 0,
+            },
+            ticks,
+            name,
+            0,
+        )
     }
 
     /// Frames in, slices out as soon as each is whole: every frame in exactly one core, the

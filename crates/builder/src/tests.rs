@@ -2384,6 +2384,7 @@ fn bu_checks_every_slice_fragment_against_its_window() {
         Slicing {
             slice: 100,
             overlap: 20,
+            t0: 0,
         },
     );
     let slice_fragment = |id: u64| {
@@ -2476,6 +2477,7 @@ fn static_frames_are_sent_by_reference_and_are_the_window_fragment() {
         Slicing {
             slice: 100,
             overlap: 20,
+            t0: 0,
         },
     );
     let mut r = Ru::new(

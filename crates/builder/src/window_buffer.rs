@@ -103,6 +103,7 @@ impl WindowBuffer {
     /// The buffer of streams whose frames carry `sources` (in the RU's stream order);
     /// `max_bytes`: the bound in bytes per stream (`windows.buffer_bytes`, 0 for none).
     pub fn new(windows: Windows, frame_ticks: u64, sources: &[u16], max_bytes: u64) -> Self {
+        let t0 = windows.t0;
         WindowBuffer {
             windows,
             frame_ticks,
@@ -112,8 +113,9 @@ impl WindowBuffer {
                 .map(|&source_id| Stream {
                     source_id,
                     frames: VecDeque::new(),
-                    high: 0,
-                    evicted_until: 0,
+                    // a stream begins at the run's first tick
+                    high: t0,
+                    evicted_until: t0,
                     closed: false,
                     stats: WindowBufferStats::default(),
                 })
@@ -343,6 +345,7 @@ mod tests {
             buffer_ticks,
             wait: Duration::from_millis(10),
             outside: false,
+            t0: 0,
             decided: Default::default(),
         };
         WindowBuffer::new(windows, F, &[2], 0)
@@ -511,6 +514,7 @@ mod tests {
             crate::frames::Slicing {
                 slice: F,
                 overlap: 0,
+                t0: 0,
             },
         )
         .with_windows(windows);

@@ -410,10 +410,13 @@ fn send(
     if let Some((cfg, source)) = &p.generated {
         let g = evb_node::setup::frame_generator(cfg)?
             .ok_or_else(|| "the configuration makes no frames".to_string())?;
-        let mut j = 0u64;
-        while limit == 0 || j < limit {
+        // from the run's first tick (frames.first_tick, a multiple of frames.ticks)
+        let first = cfg.frames.first_tick / cfg.frames.ticks.max(1);
+        let mut n = 0u64;
+        while limit == 0 || n < limit {
+            let j = first + n;
             if rate > 0.0 {
-                let due = t0 + Duration::from_secs_f64(j as f64 / rate);
+                let due = t0 + Duration::from_secs_f64(n as f64 / rate);
                 if let Some(wait) = due.checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
@@ -425,7 +428,7 @@ fn send(
             let len = (out.len() - at - frames::FRAME_PREFIX_LEN) as u32;
             out[at + 4..at + 8].copy_from_slice(&len.to_le_bytes());
             bytes += (out.len() - at) as u64;
-            j += 1;
+            n += 1;
             fragments += 1;
             if rate > 0.0 || out.len() >= BATCH {
                 write(&mut out, fragments)?;

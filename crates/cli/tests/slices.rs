@@ -126,3 +126,20 @@ fn static_frames_by_reference_tile_every_stream_over_shm() {
     let r = check(&out, 8, OVERLAP);
     assert!(r["problems"].as_u64().unwrap() > 0, "{r}");
 }
+
+/// A detector's absolute clock (`frames.first_tick`, here 1.7·10⁹ s of DUNE's 62.5 MHz,
+/// rounded to the frame grid): slice k's core begins at t0 + k·slice_ticks, and the streams
+/// tile from t0 exactly as from 0, judged by the reader told t0 (and refused by it told 0).
+#[test]
+fn time_slices_from_an_absolute_first_tick_tile_every_stream() {
+    if !common::python3("slices") {
+        return;
+    }
+    let t0 = 62_500_000u64 * 1_700_000_000 / FRAME * FRAME;
+    let frames = format!("{LOGNORMAL}\nfirst_tick = {t0}");
+    let (_keep, out, s) = run_slices("tcp", 21, &frames);
+    assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
+    assert_tiled(&check_with(&out, 21, OVERLAP, &["--t0", &t0.to_string()]));
+    let r = check(&out, 21, OVERLAP);
+    assert!(r["problems"].as_u64().unwrap() > 0, "{r}");
+}

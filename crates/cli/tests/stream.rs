@@ -1161,13 +1161,17 @@ fn live_windows(frames: &str, buffer: &str, buffer_ticks: u64) -> Value {
 /// every frame of all four streams in exactly one slice core, by the outside reader, and
 /// each RU's byte account. Then decision windows from a file, every fourth naming sources 3
 /// and 10 only: exactly the other two streams' fragments of those are EMPTY, every window's
-/// frames and status as the reader judges them.
+/// frames and status as the reader judges them. Both on a detector's absolute clock
+/// (`frames.first_tick`).
 #[test]
 fn several_streams_into_one_ru_by_time_build_every_source() {
     let _one = one_at_a_time();
     if !common::python3("stream") {
         return;
     }
+    // the streams' clocks absolute, as a detector's (multiples of the frames' ticks)
+    const T1: u64 = 700 * 151_785_714_285_714;
+    const T2: u64 = 106_250_000_000_000_000;
     let rus = |to: &[String]| {
         format!(
             "[[ru]]\nid = \"ru0\"\nstreams = {}\nstream_sources = [3, 4]\n\
@@ -1186,6 +1190,7 @@ fn several_streams_into_one_ru_by_time_build_every_source() {
         "[run]\nid = \"streams-slices\"\nduration_s = 0\nseed = {seed}\n\
          [builder]\nby = \"time\"\nslice_ticks = 7000\noverlap_ticks = 1400\n\
          [frames]\nticks = 700\nsize = 300\ndistribution = \"lognormal\"\nstddev = 200\n\
+         first_tick = {T1}\n\
          [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\n{}",
         out_dir.display(),
@@ -1211,6 +1216,8 @@ fn several_streams_into_one_ru_by_time_build_every_source() {
         "1400",
         "--frame",
         "700",
+        "--t0",
+        &T1.to_string(),
     ];
     let r = common::check_slices(&out_dir, &args).expect("python3, checked above");
     assert_eq!(r["problems"], 0, "seed {seed}: {r}\n{t}");
@@ -1232,13 +1239,13 @@ fn several_streams_into_one_ru_by_time_build_every_source() {
     let mut lines = String::new();
     for k in 0..100u64 {
         let named = if k % 4 == 1 { " 3,10" } else { "" };
-        lines += &format!("{} {}{named}\n", 10_000 * k, 10_000 * k + 3000);
+        lines += &format!("{} {}{named}\n", T2 + 10_000 * k, T2 + 10_000 * k + 3000);
     }
     std::fs::write(&decisions, lines).unwrap();
     let toml = format!(
         "[run]\nid = \"streams-windows\"\nevents = 100\nduration_s = 0\nrate_hz = 100\n\
          seed = {seed}\n[builder]\nby = \"window\"\n\
-         [frames]\nticks = 1000\nsize = 200\n\
+         [frames]\nticks = 1000\nsize = 200\nfirst_tick = {T2}\n\
          [windows]\ntick_hz = 1000000\nbuffer_ms = 1000\nwait_ms = 50\ndecisions = \"{}\"\n\
          [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 8192\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\n{}",
@@ -1263,6 +1270,7 @@ fn several_streams_into_one_ru_by_time_build_every_source() {
         .args(["--seed", &seed.to_string(), "--frame", "1000"])
         .args(["--rate-hz", "100", "--tick-hz", "1000000"])
         .args(["--buffer-ticks", "1000000", "--slack", "100000"])
+        .args(["--t0", &T2.to_string()])
         .arg("--decisions")
         .arg(&decisions)
         .output()

@@ -320,6 +320,10 @@ pub struct FramesSection {
     /// "unique" (from the frame's index and source) or "static" (from the source only, made
     /// once: measures the builder without the cost of making data).
     pub content: Content,
+    /// The run's first tick (t0), a multiple of `ticks`: every stream begins here, slice
+    /// k's core is `[t0 + k·slice_ticks, ...)`, decision k's tick `t0 + k·tick_hz/rate_hz`.
+    /// A detector's absolute clock (62.5 MHz since an epoch) needs no rebasing.
+    pub first_tick: u64,
 }
 
 impl Default for FramesSection {
@@ -332,6 +336,7 @@ impl Default for FramesSection {
             min: 0,
             max: 0,
             content: Content::Unique,
+            first_tick: 0,
         }
     }
 }

@@ -1407,6 +1407,17 @@ fn slices_from_streams_of_frames_refuse_what_would_not_do_what_it_says() {
     // decision windows over the stream: the windows' keys apply
     let windows = base.replace("by = \"time\"", "by = \"window\"\n[run]\nrate_hz = 10");
     Config::from_toml(&windows).unwrap().validate().unwrap();
+    // the run's first tick: on the frames' grid
+    Config::from_toml(&format!(
+        "{windows}[frames]\nticks = 1000\nfirst_tick = 5000000\n"
+    ))
+    .unwrap()
+    .validate()
+    .unwrap();
+    bad(
+        format!("{windows}[frames]\nticks = 1000\nfirst_tick = 5000001\n"),
+        &["frames.first_tick", "multiple of frames.ticks"],
+    );
     // a bound in bytes on the latency buffer: at least one frame (4096 + 24), and only
     // for live frames (the generator's are made when asked for)
     Config::from_toml(&format!("{windows}[windows]\nbuffer_bytes = 4120\n"))

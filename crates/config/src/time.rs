@@ -182,6 +182,23 @@ pub(crate) fn validate(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     int_in("frames.ticks", c.frames.ticks, 1, MAX_TICKS, " ticks")?;
+    int_in(
+        "frames.first_tick",
+        c.frames.first_tick,
+        0,
+        1 << 62,
+        " ticks",
+    )?;
+    if !c.frames.first_tick.is_multiple_of(c.frames.ticks) {
+        return Err(invalid(
+            "frames.first_tick",
+            format!(
+                "{} is not a multiple of frames.ticks = {}: frames begin on the run's frame \
+                 grid",
+                c.frames.first_tick, c.frames.ticks
+            ),
+        ));
+    }
     if b.by == BuildBy::Window {
         validate_windows(c)?;
         validate_buffer_bytes(c, live)?;

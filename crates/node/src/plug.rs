@@ -167,6 +167,7 @@ impl ApiSource {
                 let slicing = Slicing {
                     slice: cfg.builder.slice_ticks,
                     overlap: cfg.builder.overlap_ticks,
+                    t0: cfg.frames.first_tick,
                 };
                 let sources = me.time_sources();
                 let slices = match cfg.builder.by {

@@ -65,6 +65,7 @@ pub fn frame_generator(cfg: &Config) -> Result<Option<FrameGenerator>, String> {
         Slicing {
             slice: cfg.builder.slice_ticks,
             overlap: cfg.builder.overlap_ticks,
+            t0: cfg.frames.first_tick,
         },
     );
     if cfg.builder.by != evb_config::BuildBy::Window {
@@ -110,6 +111,7 @@ pub fn frame_generator(cfg: &Config) -> Result<Option<FrameGenerator>, String> {
         buffer_ticks: (w.buffer_ms as u128 * w.tick_hz as u128 / 1000) as u64,
         wait: Duration::from_millis(w.wait_ms),
         outside: w.outside,
+        t0: cfg.frames.first_tick,
         decided: Default::default(),
     })))
 }

@@ -372,6 +372,7 @@ impl StreamSource {
         let slicing = (cfg.builder.by == BuildBy::Time).then_some(Slicing {
             slice: cfg.builder.slice_ticks,
             overlap: cfg.builder.overlap_ticks,
+            t0: cfg.frames.first_tick,
         });
         let assembler = match slicing {
             None if cfg.builder.by == BuildBy::Window => Cutter::Windows(Staged {

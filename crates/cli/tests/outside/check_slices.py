@@ -100,13 +100,15 @@ def main():
     p.add_argument("--overlap", type=int, required=True, help="builder.overlap_ticks")
     p.add_argument("--frame", type=int, required=True, help="frames.ticks")
     p.add_argument("--static", action="store_true", help='frames.content = "static"')
+    p.add_argument("--t0", type=int, default=0, help="frames.first_tick: the run's first tick")
     a = p.parse_args()
     problems, cores, overlaps, seen = [], {}, {}, set()
     for k, frags in records(a.dir):
         if k in seen:
             problems.append(f"record {k}: seen twice")
         seen.add(k)
-        want = (k * a.slice, (k + 1) * a.slice + a.overlap, (k + 1) * a.slice)
+        want = (a.t0 + k * a.slice, a.t0 + (k + 1) * a.slice + a.overlap,
+                a.t0 + (k + 1) * a.slice)
         for src, flags, payload in frags:
             where = f"record {k} source {src}"
             if not flags & WINDOW:
@@ -131,15 +133,16 @@ def main():
     stats = {}
     for src, frames in sorted(cores.items()):
         frames.sort(key=lambda f: f[0])
-        tick = 0
+        tick = a.t0
         for fb, fe, _ in frames:
             if fb != tick:
                 problems.append(f"source {src}: stream has {'a repeat' if fb < tick else 'a gap'}"
                                 f" at tick {tick}")
                 break
             tick = fe
-        if tick < n * a.slice:
-            problems.append(f"source {src}: cores end at tick {tick}, slices at {n * a.slice}")
+        if tick < a.t0 + n * a.slice:
+            problems.append(f"source {src}: cores end at tick {tick}, "
+                            f"slices at {a.t0 + n * a.slice}")
         stats[src] = {"core_frames": len(frames),
                       "core_bytes": sum(len(raw) - 24 for _, _, raw in frames)}
     by_begin = {src: {fb: raw for fb, _, raw in f} for src, f in cores.items()}

@@ -45,15 +45,15 @@ def read_decisions(path):
 
 def window(a, k):
     """Decision k's window, §8, its trigger tick, and the sources it names (None: all)."""
-    trigger = int(k * a.tick_hz / a.rate_hz)
+    trigger = a.t0 + int(k * a.tick_hz / a.rate_hz)
     if a.listed is not None:
         begin, end, named = a.listed[min(k, len(a.listed) - 1)]
         return begin, end, trigger, named
     span = a.delay_max - a.delay_min
     delay = a.delay_min + mix(a.seed ^ mix(k ^ DELAY_TAG)) % (span + 1)
     at = trigger - delay
-    begin = max(at - a.before, 0)
-    end = max(max(at + a.after, 0), begin + 1)
+    begin = max(at - a.before, a.t0)
+    end = max(max(at + a.after, a.t0), begin + 1)
     return begin, end, trigger, None
 
 
@@ -68,6 +68,7 @@ def main():
     p.add_argument("--delay-min", type=int, default=0, help="windows.delay_min_ticks")
     p.add_argument("--delay-max", type=int, default=0, help="windows.delay_max_ticks")
     p.add_argument("--decisions", help="windows.decisions: the windows from this file")
+    p.add_argument("--t0", type=int, default=0, help="frames.first_tick: the run's first tick")
     p.add_argument("--frame", type=int, required=True, help="frames.ticks")
     p.add_argument("--buffer-ticks", type=int, required=True,
                    help="windows.buffer_ms x tick_hz / 1000")
