@@ -471,7 +471,7 @@ mod tests {
     fn a_frame_out_of_place_is_refused_by_name() {
         let mut b = buffer(100, 10, 10);
         let e = b.push(piece(frame(10, 10, 4, 3), 0)).unwrap_err();
-        assert!(e.contains("begins at tick 0"), "{e}");
+        assert!(e.contains("begins at the run's first tick, 0"), "{e}");
         b.push(piece(frame(0, 10, 4, 3), 0)).unwrap();
         for (f, want) in [
             (frame(20, 10, 4, 3), "ended at tick 10"),

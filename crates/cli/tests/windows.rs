@@ -130,7 +130,7 @@ fn windows_late_and_evicted_are_flagged_as_the_files_show() {
             .sum()
     };
     assert_eq!(sum("(LATE ", ","), late, "{said}");
-    assert_eq!(sum(", MISSING ", ")"), missing, "{said}");
+    assert_eq!(sum(", MISSING ", ","), missing, "{said}");
     assert_eq!(
         sum("  partial ", ","),
         bus_sum(&s, "partial_events"),

@@ -202,14 +202,21 @@ impl Driver {
         }))
     }
 
+    /// The connection to this active EVM's follower, while it is not fenced.
+    fn follower_conn(&self) -> Option<ConnId> {
+        match self.standby {
+            Standby::Active {
+                follower: Some(conn),
+                fenced: None,
+                ..
+            } => Some(conn),
+            _ => None,
+        }
+    }
+
     /// The active EVM tells its follower (every heartbeat, before a drop, at the end).
     pub(super) fn tell_follower(&mut self, over: bool) {
-        let Standby::Active {
-            follower: Some(conn),
-            fenced: None,
-            ..
-        } = self.standby
-        else {
+        let Some(conn) = self.follower_conn() else {
             return;
         };
         if let Some(m) = self.follow_word(over) {
@@ -219,12 +226,7 @@ impl Driver {
 
     /// The active EVM sends its follower `msgs` (a copy of decisions from outside).
     pub(super) fn copy_to_follower(&mut self, msgs: Vec<Message>) {
-        let Standby::Active {
-            follower: Some(conn),
-            fenced: None,
-            ..
-        } = self.standby
-        else {
+        let Some(conn) = self.follower_conn() else {
             return;
         };
         for m in msgs {
