@@ -455,3 +455,78 @@ impl PartWriter for Hdf5EventWriter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use evb_wire::super_fragment::{encode_directory, SuperEntry};
+    use evb_wire::window::{TimeFrameHeader, WindowHeader, WindowStatus};
+
+    /// A window fragment of source `source` over `[100, 300)` with a frame per payload, each
+    /// 100 ticks from 100 on.
+    fn window(source: u16, status: WindowStatus, payloads: &[&[u8]]) -> Vec<u8> {
+        let mut frames = Vec::new();
+        for (i, p) in payloads.iter().enumerate() {
+            let mut h = TimeFrameHeader {
+                begin: 100 + 100 * i as u64,
+                end: 200 + 100 * i as u64,
+                source_id: source,
+                flags: 0,
+                crc: 0,
+            };
+            h.crc = h.crc_of([*p]);
+            frames.push([&h.encode()[..], p].concat());
+        }
+        let mut out = WindowHeader {
+            begin: 100,
+            end: 300,
+            core_end: 300,
+            status,
+            frames: frames.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        let mut off = 0u32;
+        for f in &frames {
+            out.extend_from_slice(&off.to_le_bytes());
+            out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+            off += f.len() as u32;
+        }
+        for f in &frames {
+            out.extend_from_slice(f);
+        }
+        out
+    }
+
+    /// The `Windows` rows and `Frames` indexes of a super-fragment of two streams' windows
+    /// (an RU of several streams): one component per entry, each frame's offset pointing at
+    /// its payload in the RU's `Source` dataset, an EMPTY entry with no frame.
+    #[test]
+    fn a_super_fragment_of_windows_is_one_component_per_stream() {
+        let a = window(7, WindowStatus::Complete, &[b"abc", b"de"]);
+        let b = window(9, WindowStatus::Empty, &[]);
+        let entries = [(7u16, &a), (9, &b)].map(|(s, w)| SuperEntry {
+            source_id: s,
+            flags: 0,
+            trigger_number: 100,
+            length: w.len() as u32,
+        });
+        let mut bytes = Vec::new();
+        encode_directory(&entries, &mut bytes);
+        bytes.extend_from_slice(&a);
+        bytes.extend_from_slice(&b);
+        let c = components(3, evb_wire::FLAG_SUPER | evb_wire::FLAG_WINDOW, &bytes);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].row, [7, 3, 0, 100, 300, 300, 2]);
+        assert_eq!(c[1].row, [9, 3, 3, 100, 300, 300, 0]);
+        for (f, want) in c[0].frames.iter().zip([&b"abc"[..], b"de"]) {
+            let (off, len) = (f[2] as usize, f[3] as usize);
+            assert_eq!(&bytes[off..off + len], want);
+        }
+        assert_eq!(c[0].frames[1][..2], [200, 300]);
+        // one stream's window as it is
+        let one = components(7, evb_wire::FLAG_WINDOW, &a);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].row[..2], [7, 7]);
+    }
+}
