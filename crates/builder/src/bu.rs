@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use evb_buffers::Chain;
-use evb_wire::super_fragment::{self, ENTRY_MISSING, ENTRY_SYNC_LOSS};
+use evb_wire::super_fragment::{ENTRY_MISSING, ENTRY_SYNC_LOSS};
 use evb_wire::{
     EventRange, FragmentHeader, Message, FLAG_GENERATED, FLAG_MISSING, FLAG_SUPER, FLAG_SYNC_LOSS,
 };
@@ -19,7 +19,7 @@ use crate::action::{
 };
 use crate::event::BuiltEvent;
 use crate::evm::BuResync;
-use crate::frames::{super_entries, FrameGenerator, WindowCounts};
+use crate::frames::{super_directory, super_entries, FrameGenerator, WindowCounts};
 use crate::generator::Generator;
 use crate::ids::{Bits, FastSet, IdMap, RecentIds};
 use crate::join::{Join, Next};
@@ -206,23 +206,7 @@ impl Checked {
 /// every stream agrees on the trigger number unless its entry is flagged (sync loss under
 /// `"flag"`, or left out). Returns whether a stream was left out (a partial event).
 fn check_super(header: &FragmentHeader, payload: &Chain) -> Result<bool, String> {
-    let mut head = [0u8; super_fragment::SUPER_HEADER_LEN];
-    if !payload.copy_prefix(&mut head) {
-        return Err(format!(
-            "{} bytes is shorter than its header",
-            payload.len()
-        ));
-    }
-    let dir_len = super_fragment::directory_len_of(&head).map_err(|e| e.to_string())?;
-    let mut dir = vec![0u8; dir_len];
-    if !payload.copy_prefix(&mut dir) {
-        return Err(format!(
-            "{} bytes is shorter than its directory",
-            payload.len()
-        ));
-    }
-    let entries =
-        super_fragment::decode_directory(&dir, payload.len()).map_err(|e| e.to_string())?;
+    let entries = super_directory(payload)?;
     let mut flagged = false;
     for e in &entries {
         flagged |= e.flags & ENTRY_SYNC_LOSS != 0;

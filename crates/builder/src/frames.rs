@@ -13,6 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use evb_buffers::Chain;
+use evb_wire::super_fragment::SuperEntry;
 use evb_wire::window::{
     decode_window, window_directory_len, DecisionWindow, TimeFrameHeader, WindowFragment,
     WindowHeader, WindowStatus, TIME_FRAME_GENERATED, TIME_FRAME_HEADER_LEN, WINDOW_HEADER_LEN,
@@ -117,26 +118,37 @@ impl WindowCounts {
     }
 }
 
+/// A super-fragment's directory, read from its payload in pieces and checked
+/// ([`evb_wire::super_fragment::decode_directory`]).
+pub fn super_directory(payload: &Chain) -> Result<Vec<SuperEntry>, String> {
+    use evb_wire::super_fragment::{decode_directory, directory_len_of, SUPER_HEADER_LEN};
+    let mut head = [0u8; SUPER_HEADER_LEN];
+    if !payload.copy_prefix(&mut head) {
+        return Err(format!(
+            "{} bytes is shorter than its header",
+            payload.len()
+        ));
+    }
+    let dir_len = directory_len_of(&head).map_err(|e| e.to_string())?;
+    let mut dir = vec![0u8; dir_len];
+    if !payload.copy_prefix(&mut dir) {
+        return Err(format!(
+            "{} bytes is shorter than its directory",
+            payload.len()
+        ));
+    }
+    decode_directory(&dir, payload.len()).map_err(|e| e.to_string())
+}
+
 /// A super-fragment's entries as window fragments of their own: each entry's header (its
 /// source, the record's id and trigger number) and bytes.
 pub fn super_entries(
     header: &FragmentHeader,
     payload: &Chain,
 ) -> Result<Vec<(FragmentHeader, Chain)>, String> {
-    use evb_wire::super_fragment::{
-        decode_directory, directory_len_of, ENTRY_MISSING, SUPER_HEADER_LEN,
-    };
-    let mut head = [0u8; SUPER_HEADER_LEN];
-    if !payload.copy_prefix(&mut head) {
-        return Err("a super-fragment shorter than its header".into());
-    }
-    let dir_len = directory_len_of(&head).map_err(|e| e.to_string())?;
-    let mut dir = vec![0u8; dir_len];
-    if !payload.copy_prefix(&mut dir) {
-        return Err("a super-fragment shorter than its directory".into());
-    }
-    let entries = decode_directory(&dir, payload.len()).map_err(|e| e.to_string())?;
-    let mut at = dir_len;
+    use evb_wire::super_fragment::{directory_len, ENTRY_MISSING};
+    let entries = super_directory(payload)?;
+    let mut at = directory_len(entries.len());
     let mut out = Vec::with_capacity(entries.len());
     for e in entries {
         let len = e.length as usize;

@@ -335,18 +335,13 @@ fn window_parts(source: u16, flags: u16, p: &[u8]) -> Vec<(u16, &[u8])> {
     if flags & FLAG_SUPER == 0 {
         return vec![(source, p)];
     }
-    let Ok(entries) = super_fragment::decode_directory(p, p.len()) else {
-        return vec![(source, p)];
-    };
-    let mut at = super_fragment::directory_len(entries.len());
-    entries
-        .iter()
-        .map(|e| {
-            let part = &p[at..at + e.length as usize];
-            at += e.length as usize;
-            (e.source_id, part)
-        })
-        .collect()
+    match super_fragment::split(p) {
+        Ok(parts) => parts
+            .into_iter()
+            .map(|(e, part)| (e.source_id, part))
+            .collect(),
+        Err(_) => vec![(source, p)],
+    }
 }
 
 impl WindowCounts {
@@ -402,13 +397,10 @@ fn dump_window(p: &[u8]) {
 
 /// The streams of one super-fragment, one line each.
 fn dump_super(p: &[u8]) {
-    let Ok(entries) = super_fragment::decode_directory(p, p.len()) else {
+    let Ok(entries) = super_fragment::split(p) else {
         return;
     };
-    let mut at = super_fragment::directory_len(entries.len());
-    for e in entries {
-        let bytes = &p[at..at + e.length as usize];
-        at += e.length as usize;
+    for (e, bytes) in entries {
         let mut what = Vec::new();
         if e.flags & super_fragment::ENTRY_MISSING != 0 {
             what.push("left out");

@@ -91,21 +91,12 @@ struct Component {
 /// fragment, or each entry of a super-fragment of them (an RU of several streams); none for
 /// a payload that is not one (the BU checked it: it is).
 fn components(ru_source: u16, flags: u16, bytes: &[u8]) -> Vec<Component> {
-    use evb_wire::super_fragment::{decode_directory, directory_len};
     use evb_wire::window::decode_window;
     let parts: Vec<(u16, &[u8])> = if flags & evb_wire::FLAG_SUPER != 0 {
-        let Ok(entries) = decode_directory(bytes, bytes.len()) else {
+        let Ok(parts) = evb_wire::super_fragment::split(bytes) else {
             return Vec::new();
         };
-        let mut at = directory_len(entries.len());
-        entries
-            .iter()
-            .map(|e| {
-                let part = (e.source_id, &bytes[at..at + e.length as usize]);
-                at += e.length as usize;
-                part
-            })
-            .collect()
+        parts.into_iter().map(|(e, p)| (e.source_id, p)).collect()
     } else {
         vec![(ru_source, bytes)]
     };

@@ -119,6 +119,21 @@ pub fn decode_directory(head: &[u8], payload_len: usize) -> Result<Vec<SuperEntr
     Ok(entries)
 }
 
+/// A whole super-fragment's entries, each with its fragment's bytes (the directory checked
+/// as [`decode_directory`] does).
+pub fn split(payload: &[u8]) -> Result<Vec<(SuperEntry, &[u8])>> {
+    let entries = decode_directory(payload, payload.len())?;
+    let mut at = directory_len(entries.len());
+    Ok(entries
+        .into_iter()
+        .map(|e| {
+            let part = &payload[at..at + e.length as usize];
+            at += e.length as usize;
+            (e, part)
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
