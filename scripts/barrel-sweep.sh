@@ -7,6 +7,7 @@
 #   scripts/barrel-sweep.sh [ROUNDS] [N] [M]      # default 3 rounds of 4 x 4
 #   QUEUES="256kb" scripts/barrel-sweep.sh 1 8 8  # one queue depth only
 #   SECONDS_PER_RUN=2 NAME=bs QUEUES="256kb" scripts/barrel-sweep.sh 1 2 2  # the quick mode
+#   FOLDED=1 scripts/barrel-sweep.sh 3 4 4          # RU k and BU k on host k (--folded)
 #
 # The slot carries exactly one fragment: slot_bytes = 65,576 (64 KiB and its 40-byte
 # prefix), its length from link_mbps = 95 (the payload rate TCP/IP leaves of 100 Mb/s).
@@ -16,7 +17,9 @@ secs=${SECONDS_PER_RUN:-4} name=${NAME:-bsweep}
 evb=${EVB:-target/release/evb}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "# congestion control: $(sysctl -n net.ipv4.tcp_congestion_control); ${n} x ${m} at 100 Mb/s"
+fold=() shape="${n} x ${m}"
+[ -n "${FOLDED:-}" ] && fold=(--folded) shape="${n} x ${m} folded"
+echo "# congestion control: $(sysctl -n net.ipv4.tcp_congestion_control); $shape at 100 Mb/s"
 for r in $(seq "$rounds"); do
   for q in ${QUEUES:-64kb 128kb 256kb 1mb}; do
     for case in "credits none" "random none" "credits barrel"; do
@@ -26,7 +29,7 @@ for r in $(seq "$rounds"); do
         printf '[traffic]\nshaping = "%s"\nslot_bytes = 65576\nlink_mbps = 95\n' "$2"
       } > "$work/c.toml"
       # the testbed's line: "BU links (the bottleneck side): 94.8 % of the shaped rate on average"
-      line=$("$evb" testbed -q --name "$name" -c "$work/c.toml" --rus "$n" --bus "$m" --rate 100mbit \
+      line=$("$evb" testbed -q --name "$name" -c "$work/c.toml" --rus "$n" --bus "$m" "${fold[@]}" --rate 100mbit \
         --queue "$q" --duration "$secs" 2>&1 \
         | grep -E "links \(the bottleneck side\): .* of the shaped rate" | tail -1 || echo "failed")
       echo "round $r queue $q assignment $1 shaping $2: $line"

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use evb_sim::eventbuilding::{Assignment, EbModel, Shaping};
+use evb_sim::eventbuilding::{Assignment, EbModel, Loss, Shaping};
 use evb_sim::{hol_limit, simulate, Outcome, Policy, TABLE_VII};
 
 #[derive(Args)]
@@ -61,6 +61,35 @@ pub struct SimArgs {
     /// clos: host ports per uplink of a leaf (1: full bisection).
     #[arg(long, default_value_t = 1)]
     oversub: usize,
+    /// clos: the routings, comma-separated: static, random, local, pair, ecmp, adaptive
+    /// (default: all of them, a column each).
+    #[arg(long)]
+    routing: Option<String>,
+    /// clos, adaptive routing: a route blocked inside the fabric moves after about this
+    /// many blocked messages (seed 003: routes need O(1000) stable messages).
+    #[arg(long, default_value_t = evb_sim::clos::SETTLE)]
+    settle: u32,
+    /// eb: RU k and BU k on host k (N × N): a host's own fragment never crosses the
+    /// switch, and the barrel shifter's cycle skips it (evb's `topology.folded`).
+    #[arg(long)]
+    folded: bool,
+    /// eb: what a full switch output does with a cell: "lossless" (it waits at its input:
+    /// link-level back-pressure) or "tcp" (dropped; its RU–BU connection sends nothing for
+    /// --stall slots, then again; RUs share their link among connections in turn).
+    #[arg(long, default_value = "lossless")]
+    loss: String,
+    /// eb, with --loss tcp: slots a connection stays silent after a drop (TCP's recovery),
+    /// calibrated on the testbed (docs/scaling.md, "The model against the testbed").
+    #[arg(long, default_value_t = evb_sim::eventbuilding::TCP_STALL)]
+    stall: u32,
+    /// eb, with --loss tcp: cells an RU sends from one connection before it draws the next
+    /// (a segmentation offload's chunk), calibrated with --stall.
+    #[arg(long, default_value_t = evb_sim::eventbuilding::TCP_BURST)]
+    burst: u32,
+    /// eb, with --loss tcp: cells a connection may have in its BU's output buffer (TCP's
+    /// window), calibrated with --stall.
+    #[arg(long, default_value_t = evb_sim::eventbuilding::TCP_WINDOW)]
+    window: u32,
     /// eb: how the EVM picks the BU: "round-robin" (the next with credit, evb's "credits")
     /// or "random" (a drawn BU, waited for when it has no credit, as evb's EVM does).
     #[arg(long, default_value = "round-robin")]
@@ -164,6 +193,22 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     if !(2..=1024).contains(&a.radix) || !(1..=64).contains(&a.oversub) {
         return Err("--radix: 2 to 1024; --oversub: 1 to 64".into());
     }
+    let routings: Vec<Routing> = match &a.routing {
+        None => Routing::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|r| {
+                Routing::parse(r.trim()).ok_or_else(|| {
+                    format!(
+                        "--routing: {r:?} is not one of static, random, local, pair, ecmp, adaptive"
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    if !(1..=1_000_000).contains(&a.settle) {
+        return Err("--settle: 1 to 1000000 messages".into());
+    }
     let t0 = std::time::Instant::now();
     println!(
         "{}: leaves of {} ports ({} to hosts), oversubscription {}:1; efficiency = cells / (slots x {})",
@@ -176,17 +221,11 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         a.oversub,
         if a.bus.is_some() { "min(N, M)" } else { "hosts" }
     );
-    let short = |r: Routing| match r {
-        Routing::Static => "static",
-        Routing::Random => "random",
-        Routing::Adaptive => "adapt",
-        Routing::Pair => "pair",
-    };
     let mut head = format!("{:>6} {:>7} {:>7}", "N", "leaves", "spines");
     for p in ["fifo", "barrel"] {
         head.push_str(" |");
-        for r in Routing::ALL {
-            head.push_str(&format!(" {:>13}", format!("{p} {}", short(r))));
+        for r in &routings {
+            head.push_str(&format!(" {:>15}", format!("{p} {}", r.name())));
         }
     }
     println!("{head}");
@@ -197,14 +236,16 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
             .unwrap_or((20_000_000 / n as u64).clamp(2_000, 200_000));
         let mut row = Vec::new();
         for policy in [evb_sim::Policy::RandomFifo, evb_sim::Policy::Barrel] {
-            for routing in Routing::ALL {
+            for &routing in &routings {
                 let o = ClosModel {
                     hosts: n,
                     bus: a.bus,
                     radix: a.radix,
                     oversubscription: a.oversub,
                     routing,
+                    settle: a.settle,
                     policy,
+                    repeat: false,
                     slots,
                     seed: a.seed,
                 }
@@ -214,10 +255,10 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         }
         let mut line = format!("{n:>6} {:>7} {:>7}", row[0].leaves, row[0].spines);
         for (k, o) in row.iter().enumerate() {
-            if k % Routing::ALL.len() == 0 {
+            if k % routings.len() == 0 {
                 line.push_str(" |");
             }
-            line.push_str(&format!(" {:>11.2} %", o.efficiency * 100.0));
+            line.push_str(&format!(" {:>13.2} %", o.efficiency * 100.0));
         }
         println!("{line}");
         all.extend(row);
@@ -255,10 +296,50 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     if a.bus.is_some_and(|m| !(1..=4096).contains(&m)) {
         return Err("--bus: 1 to 4096".into());
     }
+    let loss = match a.loss.as_str() {
+        "lossless" => Loss::Lossless,
+        "tcp"
+            if (1..=1_000_000).contains(&a.stall)
+                && (1..=4096).contains(&a.burst)
+                && (1..=1 << 20).contains(&a.window) =>
+        {
+            Loss::Tcp {
+                stall: a.stall,
+                burst: a.burst,
+                window: a.window,
+            }
+        }
+        "tcp" => return Err(
+            "--stall: 1 to 1000000 slots; --burst: 1 to 4096 cells; --window: 1 to 1048576 cells"
+                .into(),
+        ),
+        other => return Err(format!("--loss: {other:?} is not lossless or tcp")),
+    };
+    if a.folded && a.bus.is_some_and(|m| m != 0) && sizes.iter().any(|&n| Some(n) != a.bus) {
+        return Err("--folded: N × N only (RU k and BU k share host k); leave --bus out".into());
+    }
+    if a.folded && sizes.contains(&1) {
+        return Err("--folded: N from 2 (with one host nothing crosses the switch)".into());
+    }
     let t0 = std::time::Instant::now();
     println!(
-        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment",
-        a.mean_cells, a.sd_cells, a.credits, a.buffer, a.assignment
+        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment, {}{}",
+        a.mean_cells,
+        a.sd_cells,
+        a.credits,
+        a.buffer,
+        a.assignment,
+        match loss {
+            Loss::Lossless => "lossless".to_string(),
+            Loss::Tcp {
+                stall,
+                burst,
+                window,
+            } => format!(
+                "tcp (a drop silences its connection {stall} slots; bursts of {burst} cells, windows of {window})"
+            ),
+        },
+        if a.folded { ", folded" } else { "" }
     );
     println!(
         "{:>9} {:>18} {:>16} {:>18} {:>16}",
@@ -276,6 +357,8 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                 buffer: a.buffer,
                 shaping,
                 assignment,
+                folded: a.folded,
+                loss,
                 events: a.events,
                 warmup: a.warmup,
                 seed: a.seed,

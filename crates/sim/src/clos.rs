@@ -13,11 +13,13 @@
 //!   the destination's leaf and the destination's port are all free in that slot, the
 //!   sources being served in a random order each slot; otherwise it waits, and blocks its
 //!   FIFO (head-of-line).
-//! - **Routing** picks the spine: `Static` by destination (d mod spines, as source routing
-//!   tables do), `Random` per message, `Adaptive` a spine whose uplink from this leaf is still
-//!   free in this slot (what a leaf can see; the spine's downlink it cannot), `Pair` a spine
-//!   drawn once per source and destination and kept (seed 003's Myrinet: source routes
-//!   randomized per host pair, fixed for the run).
+//! - **Routing** picks the spine ([`Routing`]): `Static` by destination (d mod spines, as
+//!   source routing tables do), `Random` per message, `Local` a spine whose uplink from this
+//!   leaf is still free in this slot (what a leaf can see; the spine's downlink it cannot),
+//!   `Pair` a spine drawn once per source and destination and kept (seed 003's Myrinet:
+//!   source routes randomized per host pair, fixed for the run), `Ecmp` a hash per
+//!   connection, and `Adaptive`, seed 003's adaptive dispersive routing: a route moves only
+//!   when it is blocked, and only after about `settle` blocked messages.
 //! - **Traffic** is saturated: [`crate::Policy::RandomFifo`] (each cell for a random BU) or
 //!   [`crate::Policy::Barrel`] (in slot t RU i sends to BU (i + t) mod N).
 
@@ -31,27 +33,219 @@ use crate::{barrel_destination, Policy};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Routing {
+    /// By destination: spine d mod S, as source-routing tables do.
     Static,
+    /// A spine drawn for every message.
     Random,
-    Adaptive,
+    /// A spine whose uplink from this leaf is still free in this slot: a leaf's own view,
+    /// taken at once (the spine's downlink it cannot see).
+    Local,
+    /// Seed 003's Myrinet routes: a spine drawn once per source and destination host and
+    /// kept for the run.
     Pair,
+    /// An Ethernet fabric's ECMP: a hash of the connection picks the spine for its whole
+    /// life. A connection is a host pair here, so it blocks as `Pair` does (another hash).
+    Ecmp,
+    /// Seed 003's adaptive dispersive routing (Myrinet Express): every pair starts on a
+    /// route drawn as `Pair`; a message blocked inside the fabric moves its pair's route
+    /// with chance 1/`settle` (so a route is seen blocked over about `settle` messages
+    /// before it moves), to the least used uplink of its leaf. Repetitive traffic settles
+    /// on a conflict-free set within a few `settle` periods; event building's traffic,
+    /// whose destinations change with every message, does not.
+    Adaptive,
 }
 
 impl Routing {
-    pub const ALL: [Routing; 4] = [
+    pub const ALL: [Routing; 6] = [
         Routing::Static,
         Routing::Random,
-        Routing::Adaptive,
+        Routing::Local,
         Routing::Pair,
+        Routing::Ecmp,
+        Routing::Adaptive,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             Routing::Static => "static",
             Routing::Random => "random",
-            Routing::Adaptive => "adaptive",
+            Routing::Local => "local",
             Routing::Pair => "pair",
+            Routing::Ecmp => "ecmp",
+            Routing::Adaptive => "adaptive",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<Routing> {
+        Routing::ALL.into_iter().find(|r| r.name() == s)
+    }
+}
+
+/// [`Routing::Adaptive`]: a blocked route moves after about this many blocked messages
+/// (seed 003: routes must stay stable for "O(1000) consecutive messages").
+pub const SETTLE: u32 = 1000;
+
+/// A leaf-and-spine fabric's shape: which leaf each RU and BU hangs from, and how many
+/// spines. Every link carries one cell per slot; a cell crosses in one slot when its
+/// uplink and the spine's downlink are free, or waits (a bufferless fabric, as the seeds'
+/// wormhole switches).
+#[derive(Debug, Clone)]
+pub struct Fabric {
+    /// Hosts per leaf (half its ports).
+    pub down: usize,
+    pub spines: usize,
+    pub leaves: usize,
+    /// The first BU leaf: 0 when folded (host k is RU k and BU k), else after the RUs'.
+    bu_leaf0: Option<usize>,
+}
+
+impl Fabric {
+    /// `rus` RUs and `bus` BUs under leaves of `radix` ports; `apart`: the BUs on leaves
+    /// of their own (seed 003's layout), else folded (RU k and BU k on host k).
+    pub fn new(rus: usize, bus: usize, radix: usize, oversubscription: usize, apart: bool) -> Self {
+        let down = (radix / 2).max(1);
+        let spines = (down / oversubscription.max(1)).max(1);
+        let ru_leaves = rus.max(1).div_ceil(down);
+        let (leaves, bu_leaf0) = if apart {
+            (ru_leaves + bus.max(1).div_ceil(down), Some(ru_leaves))
+        } else {
+            (ru_leaves.max(bus.max(1).div_ceil(down)), None)
+        };
+        Fabric {
+            down,
+            spines,
+            leaves,
+            bu_leaf0,
+        }
+    }
+
+    pub fn ru_leaf(&self, i: usize) -> usize {
+        i / self.down
+    }
+
+    pub fn bu_leaf(&self, d: usize) -> usize {
+        self.bu_leaf0.unwrap_or(0) + d / self.down
+    }
+}
+
+/// The links claimed in one slot, and the routing that picks a spine.
+pub struct Crossing {
+    pub fabric: Fabric,
+    routing: Routing,
+    seed: u64,
+    up: Vec<bool>,
+    dn: Vec<bool>,
+    /// `Adaptive`: per pair (RU × BUs + BU), its spine.
+    route: Vec<u32>,
+    settle: u32,
+    bus: usize,
+    /// `Adaptive`: cells each uplink carried in this period of `settle` slots, and in the
+    /// last one (what a host's NIC learns of its leaf's uplinks: a moved route goes to the
+    /// least used).
+    used: Vec<u32>,
+    used_before: Vec<u32>,
+    slot: u64,
+    /// Route changes made (`Adaptive`).
+    pub changes: u64,
+}
+
+impl Crossing {
+    pub fn new(
+        fabric: Fabric,
+        routing: Routing,
+        rus: usize,
+        bus: usize,
+        settle: u32,
+        seed: u64,
+    ) -> Self {
+        let (l, s) = (fabric.leaves, fabric.spines);
+        let pairs = if routing == Routing::Adaptive {
+            rus * bus
+        } else {
+            0
+        };
+        let route = (0..pairs)
+            .map(|p| pair_spine(p / bus.max(1), p % bus.max(1), seed, s) as u32)
+            .collect();
+        Crossing {
+            fabric,
+            routing,
+            seed,
+            up: vec![false; l * s],
+            dn: vec![false; s * l],
+            route,
+            settle: settle.max(1),
+            bus,
+            used: vec![0; l * s],
+            used_before: vec![0; l * s],
+            slot: 0,
+            changes: 0,
+        }
+    }
+
+    /// A new slot: every link free.
+    pub fn clear(&mut self) {
+        self.up.iter_mut().for_each(|x| *x = false);
+        self.dn.iter_mut().for_each(|x| *x = false);
+        self.slot += 1;
+        if self.routing == Routing::Adaptive && self.slot.is_multiple_of(self.settle as u64) {
+            std::mem::swap(&mut self.used, &mut self.used_before);
+            self.used.iter_mut().for_each(|x| *x = 0);
+        }
+    }
+
+    /// Claims the path of a cell from RU `i` to BU `d` in this slot, if its route's links
+    /// are free: `true`, the cell crosses; `false`, it waits (blocked inside the fabric).
+    pub fn cross(&mut self, i: usize, d: usize, rng: &mut SmallRng) -> bool {
+        let (ls, ld) = (self.fabric.ru_leaf(i), self.fabric.bu_leaf(d));
+        if ls == ld {
+            return true;
+        }
+        let (spines, leaves) = (self.fabric.spines, self.fabric.leaves);
+        let spine = match self.routing {
+            Routing::Static => d % spines,
+            Routing::Random => rng.gen_range(0..spines),
+            Routing::Pair => pair_spine(i, d, self.seed, spines),
+            Routing::Ecmp => pair_spine(i, d, self.seed ^ 0xEC3F_0000_0000_0001, spines),
+            Routing::Adaptive => self.route[i * self.bus + d] as usize,
+            Routing::Local => {
+                let k = rng.gen_range(0..spines);
+                match (0..spines)
+                    .map(|j| (k + j) % spines)
+                    .find(|&p| !self.up[ls * spines + p])
+                {
+                    Some(p) => p,
+                    None => return false,
+                }
+            }
+        };
+        let free = !self.up[ls * spines + spine] && !self.dn[spine * leaves + ld];
+        if free {
+            self.up[ls * spines + spine] = true;
+            self.dn[spine * leaves + ld] = true;
+        }
+        if self.routing == Routing::Adaptive {
+            self.used[ls * spines + spine] += u32::from(free);
+            // a blocked route moves with chance 1/settle: it is seen blocked over about
+            // `settle` messages first, and of two routes in conflict one moves first
+            if !free && spines > 1 && rng.gen_range(0..self.settle) == 0 {
+                // to the uplink least used over this period and the last, ties drawn;
+                // the move counts as a period's use at once, so the next route to move
+                // in this period goes elsewhere
+                let k = rng.gen_range(0..spines);
+                let base = ls * spines;
+                if let Some(q) = (0..spines)
+                    .map(|j| (k + j) % spines)
+                    .filter(|&q| q != spine)
+                    .min_by_key(|&q| self.used[base + q] + self.used_before[base + q])
+                {
+                    self.route[i * self.bus + d] = q as u32;
+                    self.used[base + q] += self.settle;
+                    self.changes += 1;
+                }
+            }
+        }
+        free
     }
 }
 
@@ -67,7 +261,12 @@ pub struct ClosModel {
     /// Host ports per uplink of a leaf (1: full bisection).
     pub oversubscription: usize,
     pub routing: Routing,
+    /// `Adaptive`: a blocked route moves with chance 1/`settle` per blocked message.
+    pub settle: u32,
     pub policy: Policy,
+    /// Every source sends to one destination for the whole run (host s to s + M/2): the
+    /// repetitive traffic adaptive routing is made for, not event building's.
+    pub repeat: bool,
     pub slots: u64,
     pub seed: u64,
 }
@@ -79,6 +278,8 @@ pub struct ClosOutcome {
     pub spines: usize,
     /// Cells delivered / (slots × the smaller side: hosts, or min(RUs, BUs)).
     pub efficiency: f64,
+    /// Route changes (`Adaptive`).
+    pub route_changes: u64,
 }
 
 impl ClosModel {
@@ -86,70 +287,30 @@ impl ClosModel {
         let n = self.hosts.max(1);
         // destinations: the same hosts (folded), or M BUs on leaves after the RUs'
         let m = self.bus.map_or(n, |m| m.max(1));
-        let down = (self.radix / 2).max(1);
-        let spines = (down / self.oversubscription.max(1)).max(1);
-        let ru_leaves = n.div_ceil(down);
-        let leaves = if self.bus.is_some() {
-            ru_leaves + m.div_ceil(down)
-        } else {
-            ru_leaves
-        };
-        let leaf = |h: usize| h / down;
-        let bu_leaf = |d: usize| {
-            if self.bus.is_some() {
-                ru_leaves + d / down
-            } else {
-                d / down
-            }
-        };
+        let fabric = Fabric::new(n, m, self.radix, self.oversubscription, self.bus.is_some());
+        let (leaves, spines) = (fabric.leaves, fabric.spines);
+        let mut crossing = Crossing::new(fabric, self.routing, n, m, self.settle, self.seed);
         let mut rng = SmallRng::seed_from_u64(self.seed);
         // RandomFifo: each source's head-of-line destination
         let mut head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..m)).collect();
         let mut order: Vec<usize> = (0..n).collect();
-        // claimed in this slot: uplinks (leaf, spine), downlinks (spine, leaf), host ports
-        let mut up = vec![false; leaves * spines];
-        let mut dn = vec![false; spines * leaves];
         let mut port = vec![false; m];
         let mut delivered = 0u64;
         for t in 0..self.slots {
-            up.iter_mut().for_each(|x| *x = false);
-            dn.iter_mut().for_each(|x| *x = false);
+            crossing.clear();
             port.iter_mut().for_each(|x| *x = false);
             order.shuffle(&mut rng);
             for &s in &order {
                 let d = match self.policy {
+                    _ if self.repeat => (s + m / 2) % m,
                     Policy::RandomFifo => head[s],
                     Policy::Barrel => match barrel_destination(s, t, n, m) {
                         Some(d) => d,
                         None => continue,
                     },
                 };
-                if port[d] {
+                if port[d] || !crossing.cross(s, d, &mut rng) {
                     continue;
-                }
-                let (ls, ld) = (leaf(s), bu_leaf(d));
-                if ls != ld {
-                    let spine = match self.routing {
-                        Routing::Static => d % spines,
-                        Routing::Random => rng.gen_range(0..spines),
-                        Routing::Pair => pair_spine(s, d, self.seed, spines),
-                        Routing::Adaptive => {
-                            // a free uplink of this leaf, if any (the leaf's own view)
-                            let k = rng.gen_range(0..spines);
-                            match (0..spines)
-                                .map(|j| (k + j) % spines)
-                                .find(|&p| !up[ls * spines + p])
-                            {
-                                Some(p) => p,
-                                None => continue,
-                            }
-                        }
-                    };
-                    if up[ls * spines + spine] || dn[spine * leaves + ld] {
-                        continue;
-                    }
-                    up[ls * spines + spine] = true;
-                    dn[spine * leaves + ld] = true;
                 }
                 port[d] = true;
                 delivered += 1;
@@ -163,6 +324,7 @@ impl ClosModel {
             leaves,
             spines,
             efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
+            route_changes: crossing.changes,
         }
     }
 }
@@ -188,7 +350,9 @@ mod tests {
             radix: 16,
             oversubscription: 1,
             routing,
+            settle: SETTLE,
             policy,
+            repeat: false,
             slots: 4_000,
             seed: 5,
         }
@@ -287,5 +451,55 @@ mod tests {
         assert_eq!(over.spines, 4);
         // 7/8 of the traffic leaves its leaf through half the bandwidth
         assert!(over.efficiency < 0.6, "{over:?}");
+    }
+
+    #[test]
+    fn adaptive_routing_settles_on_repetitive_traffic_and_not_on_event_building() {
+        // seed 003: a route changes only when blocking is seen over a stable run of
+        // messages. With every source sending to one destination, the pairs' routes
+        // settle on a conflict-free set; with event building's ever-changing
+        // destinations a pair is tried too rarely to learn, and the fabric stays as
+        // blocked as with routes drawn per pair
+        let n = 64;
+        let run = |routing, policy, repeat, settle| {
+            ClosModel {
+                repeat,
+                settle,
+                slots: 20_000,
+                ..model(n, routing, policy)
+            }
+            .run()
+        };
+        let pair = run(Routing::Pair, Policy::Barrel, true, 100);
+        let adaptive = run(Routing::Adaptive, Policy::Barrel, true, 100);
+        assert!(pair.efficiency < 0.85, "{pair:?}");
+        assert!(adaptive.efficiency > 0.97, "{adaptive:?}");
+        assert!(adaptive.route_changes > 0);
+        for policy in [Policy::Barrel, Policy::RandomFifo] {
+            let pair = run(Routing::Pair, policy, false, SETTLE).efficiency;
+            let a = run(Routing::Adaptive, policy, false, SETTLE);
+            assert!(
+                (a.efficiency - pair).abs() < 0.02,
+                "{policy:?}: adaptive {a:?} against pair {pair}"
+            );
+            let fixed = run(Routing::Static, policy, false, SETTLE).efficiency;
+            assert!(
+                a.efficiency + 0.03 < fixed,
+                "{policy:?}: {a:?} against static {fixed}"
+            );
+        }
+    }
+
+    #[test]
+    fn ecmp_is_one_spine_per_connection() {
+        // a connection is a host pair here: ECMP blocks as routes drawn per pair do
+        for policy in [Policy::Barrel, Policy::RandomFifo] {
+            let ecmp = model(64, Routing::Ecmp, policy).run().efficiency;
+            let pair = model(64, Routing::Pair, policy).run().efficiency;
+            assert!(
+                (ecmp - pair).abs() < 0.015,
+                "{policy:?}: {ecmp} against {pair}"
+            );
+        }
     }
 }

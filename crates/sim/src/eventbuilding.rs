@@ -24,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::barrel_destination;
+use evb_builder::shaping::folded_barrel_destination;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -41,6 +42,30 @@ pub enum Assignment {
     /// (evb's EVM, `assignment = "random"`: the head-of-line blocking of seed 003).
     Random,
 }
+
+/// What a switch output does with a cell that finds its buffer full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Loss {
+    /// Link-level back-pressure: the cell waits at its input and blocks it (InfiniBand,
+    /// Myrinet, an Ethernet switch with pause frames).
+    Lossless,
+    /// TCP over a shallow-buffered switch: the cell is dropped, and its connection (the
+    /// RU–BU pair) sends nothing for `stall` slots, then sends the cell again (the time TCP
+    /// takes to find the loss and recover). An RU then shares its link among its
+    /// connections, `burst` cells from one (a segmentation offload's chunk) and then one
+    /// drawn among those that can send, instead of one FIFO; a connection has at most
+    /// `window` cells in its BU's output buffer (TCP's congestion window: what it may have
+    /// unacknowledged).
+    Tcp { stall: u32, burst: u32, window: u32 },
+}
+
+/// [`Loss::Tcp`]'s default stall, in slots: calibrated on the testbed (docs/scaling.md).
+pub const TCP_STALL: u32 = 250;
+/// [`Loss::Tcp`]'s default burst, in cells.
+pub const TCP_BURST: u32 = 4;
+/// [`Loss::Tcp`]'s default window, in cells.
+pub const TCP_WINDOW: u32 = 16;
 
 /// Batches the measured slots are cut into for the confidence interval.
 pub const BATCHES: usize = 10;
@@ -60,6 +85,11 @@ pub struct EbModel {
     pub buffer: u32,
     pub shaping: Shaping,
     pub assignment: Assignment,
+    /// RU k and BU k on host k (N = M): RU k's fragment for BU k stays in the host, and the
+    /// barrel shifter's cycle skips it (N − 1 slots, as evb's folded shifter).
+    pub folded: bool,
+    /// What a full output buffer does with a cell.
+    pub loss: Loss,
     /// Simulate until this many events are built after the warm-up.
     pub events: u64,
     /// Events built before measuring starts (0: as many as are in flight at once,
@@ -77,8 +107,11 @@ pub struct EbOutcome {
     pub events_built: u64,
     /// Events built in the warm-up, not measured.
     pub warmup_events: u64,
-    /// Cells delivered / (slots × BUs), over the measured slots.
+    /// Cells delivered / (slots × the smaller side: the BUs, or the RUs when fewer), over
+    /// the measured slots. Folded, a host's own fragment is not counted: it never crosses.
     pub efficiency: f64,
+    /// Cells dropped at full output buffers while measuring ([`Loss::Tcp`]).
+    pub dropped_cells: u64,
     /// Half-width of the 95 % confidence interval of `efficiency`, from batch means.
     pub efficiency_ci95: f64,
     /// Per BU, the fraction of slots its link carried a cell.
@@ -128,17 +161,35 @@ impl EbModel {
         let mut next_event = 0u64;
         let mut events: VecDeque<Event> = VecDeque::new(); // by id, from `first_open`
         let mut first_open = 0u64;
-        // per RU: queues (one for None, one per BU for Barrel)
-        let queues_per_ru = if self.shaping == Shaping::Barrel {
-            m
-        } else {
-            1
+        let (stall, burst, window) = match self.loss {
+            Loss::Lossless => (None, 1, u32::MAX),
+            Loss::Tcp {
+                stall,
+                burst,
+                window,
+            } => (Some(stall as u64), burst.max(1), window.max(1)),
         };
+        let folded = self.folded && n == m && n >= 2;
+        // per RU: queues (one FIFO without shaping and loss; else one per BU, a
+        // connection's)
+        let per_bu = self.shaping == Shaping::Barrel || stall.is_some();
+        let queues_per_ru = if per_bu { m } else { 1 };
+        // Tcp: the slot each connection (RU × M + BU) may send again, each RU's next turn
+        let mut stalled_until = vec![0u64; if stall.is_some() { n * m } else { 0 }];
+        // Tcp: each connection's cells in its BU's output buffer (sent, not yet acknowledged)
+        let mut inflight = vec![0u32; if stall.is_some() { n * m } else { 0 }];
+        // Tcp: each connection's congestion window in cells: one more per window of cells
+        // acknowledged, halved by a drop, at most `window` (Reno's sawtooth)
+        let mut cwnd = vec![window as f64; if stall.is_some() { n * m } else { 0 }];
+        let mut turn = vec![0usize; n];
+        let mut left = vec![0u32; n];
+        let mut dropped = 0u64;
         let mut queues: Vec<Vec<VecDeque<Fragment>>> = (0..n)
             .map(|_| (0..queues_per_ru).map(|_| VecDeque::new()).collect())
             .collect();
         // per output: buffered cells as runs of (event, cells)
-        let mut out: Vec<VecDeque<(u64, u32)>> = (0..m).map(|_| VecDeque::new()).collect();
+        // per output: buffered cells as runs of (event, RU, cells)
+        let mut out: Vec<VecDeque<(u64, usize, u32)>> = (0..m).map(|_| VecDeque::new()).collect();
         let mut occupancy = vec![0u32; m];
         let mut busy = vec![0u64; m];
         let mut latencies: Vec<u64> = Vec::new();
@@ -161,6 +212,7 @@ impl EbModel {
         while built < target && t < limit {
             if start.is_none() && built >= warmup {
                 start = Some((t, delivered));
+                dropped = 0;
                 latencies.clear();
                 busy.iter_mut().for_each(|b| *b = 0);
             }
@@ -182,14 +234,14 @@ impl EbModel {
                 credits[bu] -= 1;
                 rr = (bu + 1) % m;
                 let mut total = 0u64;
-                for q in queues.iter_mut() {
+                for (i, q) in queues.iter_mut().enumerate() {
                     let cells = fragment_cells(&mut rng, self.mean_cells, self.sd_cells);
+                    if folded && i == bu {
+                        // stays in the host: no link, no switch
+                        continue;
+                    }
                     total += cells as u64;
-                    let k = if self.shaping == Shaping::Barrel {
-                        bu
-                    } else {
-                        0
-                    };
+                    let k = if per_bu { bu } else { 0 };
                     q[k].push_back(Fragment {
                         event: next_event,
                         cells,
@@ -207,9 +259,36 @@ impl EbModel {
                 c.clear();
             }
             for (i, q) in queues.iter().enumerate() {
+                let sendable = |b: usize| {
+                    !q[b].is_empty()
+                        && stalled_until.get(i * m + b).is_none_or(|&u| u <= t)
+                        && inflight
+                            .get(i * m + b)
+                            .is_none_or(|&f| (f as f64) < cwnd[i * m + b])
+                };
                 let k = match self.shaping {
+                    Shaping::None if per_bu => {
+                        // a burst from one connection, then one drawn among those that
+                        // can send (the kernel's segments of a socket, socket after socket)
+                        if left[i] == 0 || !sendable(turn[i]) {
+                            let k = rng.gen_range(0..m);
+                            if let Some(b) = (0..m).map(|j| (k + j) % m).find(|&b| sendable(b)) {
+                                turn[i] = b;
+                                left[i] = burst;
+                            }
+                        }
+                        if left[i] > 0 && sendable(turn[i]) {
+                            left[i] -= 1;
+                            Some(turn[i])
+                        } else {
+                            None
+                        }
+                    }
                     Shaping::None => Some(0),
-                    Shaping::Barrel => barrel_destination(i, t, n, m),
+                    Shaping::Barrel if folded => {
+                        folded_barrel_destination(i, t, n).filter(|&b| sendable(b))
+                    }
+                    Shaping::Barrel => barrel_destination(i, t, n, m).filter(|&b| sendable(b)),
                 };
                 let Some(k) = k else { continue };
                 if let Some(f) = q[k].front() {
@@ -219,14 +298,22 @@ impl EbModel {
             }
             // each output takes what its buffer has room for, in random order
             for (d, cand) in candidates.iter_mut().enumerate() {
-                while !cand.is_empty() && occupancy[d] < self.buffer {
+                while !cand.is_empty() {
+                    if occupancy[d] >= self.buffer {
+                        if let Some(stall) = stall {
+                            // dropped: the connections recover, then send the cell again
+                            for &i in cand.iter() {
+                                stalled_until[i * m + d] = t + 1 + stall;
+                                cwnd[i * m + d] = (cwnd[i * m + d] / 2.0).max(1.0);
+                            }
+                            dropped += cand.len() as u64;
+                        }
+                        cand.clear();
+                        break;
+                    }
                     let pick = rng.gen_range(0..cand.len());
                     let i = cand.swap_remove(pick);
-                    let k = if self.shaping == Shaping::Barrel {
-                        d
-                    } else {
-                        0
-                    };
+                    let k = if per_bu { d } else { 0 };
                     let f = queues[i][k].front_mut().expect("offered");
                     let ev = f.event;
                     f.cells -= 1;
@@ -234,19 +321,27 @@ impl EbModel {
                         queues[i][k].pop_front();
                     }
                     occupancy[d] += 1;
+                    if let Some(f) = inflight.get_mut(i * m + d) {
+                        *f += 1;
+                    }
                     match out[d].back_mut() {
-                        Some((e, c)) if *e == ev => *c += 1,
-                        _ => out[d].push_back((ev, 1)),
+                        Some((e, r, c)) if *e == ev && *r == i => *c += 1,
+                        _ => out[d].push_back((ev, i, 1)),
                     }
                 }
             }
             // each output link carries one cell to its BU
             let before = delivered;
             for d in 0..m {
-                let Some((ev, c)) = out[d].front_mut() else {
+                let Some((ev, src, c)) = out[d].front_mut() else {
                     continue;
                 };
                 let ev = *ev;
+                if let Some(f) = inflight.get_mut(*src * m + d) {
+                    *f -= 1;
+                    let w = &mut cwnd[*src * m + d];
+                    *w = (*w + 1.0 / *w).min(window as f64);
+                }
                 *c -= 1;
                 if *c == 0 {
                     out[d].pop_front();
@@ -280,12 +375,14 @@ impl EbModel {
                 .unwrap_or(0)
         };
         let slots = (t - t0).max(1);
+        // the bottleneck side: the BUs' links, or the RUs' when there are fewer RUs
+        let side = n.min(m);
         // batch means: each batch's efficiency, then their spread
         let per_batch = (per_slot.len() / BATCHES).max(1);
         let means: Vec<f64> = per_slot
             .chunks(per_batch)
             .take(BATCHES)
-            .map(|c| c.iter().map(|&x| x as f64).sum::<f64>() / (c.len() as f64 * m as f64))
+            .map(|c| c.iter().map(|&x| x as f64).sum::<f64>() / (c.len() as f64 * side as f64))
             .collect();
         let k = means.len() as f64;
         let mean = means.iter().sum::<f64>() / k.max(1.0);
@@ -295,7 +392,8 @@ impl EbModel {
             slots,
             events_built: built.saturating_sub(warmup.min(built)),
             warmup_events: warmup.min(built),
-            efficiency: (delivered - delivered0) as f64 / (slots as f64 * m as f64),
+            efficiency: (delivered - delivered0) as f64 / (slots as f64 * side as f64),
+            dropped_cells: dropped,
             efficiency_ci95: T95_9 * (var / k.max(1.0)).sqrt(),
             link_busy_min: busy.iter().copied().min().unwrap_or(0) as f64 / slots as f64,
             link_busy_max: busy.iter().copied().max().unwrap_or(0) as f64 / slots as f64,
@@ -319,6 +417,8 @@ mod tests {
             buffer: 16,
             shaping,
             assignment: Assignment::RoundRobin,
+            folded: false,
+            loss: Loss::Lossless,
             events: 2_000,
             warmup: 0,
             seed: 3,
@@ -348,6 +448,8 @@ mod tests {
             buffer: 4,
             shaping: Shaping::None,
             assignment: Assignment::RoundRobin,
+            folded: false,
+            loss: Loss::Lossless,
             events: 100,
             warmup: 10,
             seed: 1,
@@ -432,5 +534,79 @@ mod tests {
             ..model(16, Shaping::Barrel)
         };
         assert!(thin.run().efficiency + 0.1 < deep.run().efficiency);
+    }
+
+    #[test]
+    fn fewer_rus_than_bus_are_measured_on_the_rus_links() {
+        // 2 x 4 with the barrel shifter and fixed fragments: the two RU links are the
+        // bottleneck and stay busy; against 4 BU links it would read half
+        let o = EbModel {
+            bus: 4,
+            sd_cells: 0.0,
+            credits: 8,
+            ..model(2, Shaping::Barrel)
+        }
+        .run();
+        assert!(o.efficiency > 0.9, "{o:?}");
+    }
+
+    #[test]
+    fn folded_hosts_keep_their_own_fragment_off_the_links() {
+        // 4 x 4 folded, fixed 8-cell fragments: an event puts 3 fragments on the links, so
+        // the links carry 24 cells per event, and the folded barrel (a cycle of 3) keeps
+        // them busy
+        let o = EbModel {
+            folded: true,
+            sd_cells: 0.0,
+            credits: 8,
+            events: 4_000,
+            ..model(4, Shaping::Barrel)
+        }
+        .run();
+        assert_eq!(o.events_built, 4_000);
+        let cells_per_event = o.efficiency * o.slots as f64 * 4.0 / o.events_built as f64;
+        assert!(
+            (cells_per_event - 24.0).abs() < 1.0,
+            "{cells_per_event} {o:?}"
+        );
+        assert!(o.efficiency > 0.9, "{o:?}");
+    }
+
+    #[test]
+    fn tcp_drops_at_shallow_buffers_and_not_where_every_window_fits() {
+        // 4 RUs, windows of 16 cells: a 64-cell buffer holds every connection's window to
+        // one BU, so nothing is dropped; at 16 cells the ports overflow, connections stall,
+        // and the links lose most of their use. Every event is still built whole
+        let tcp = |buffer| {
+            EbModel {
+                sd_cells: 0.0,
+                mean_cells: 16.0,
+                buffer,
+                loss: Loss::Tcp {
+                    stall: TCP_STALL,
+                    burst: TCP_BURST,
+                    window: 16,
+                },
+                events: 1_000,
+                ..model(4, Shaping::None)
+            }
+            .run()
+        };
+        let deep = tcp(64);
+        assert_eq!(deep.dropped_cells, 0, "{deep:?}");
+        assert!(deep.efficiency > 0.95, "{deep:?}");
+        let shallow = tcp(16);
+        assert!(shallow.dropped_cells > 0, "{shallow:?}");
+        assert_eq!(shallow.events_built, 1_000);
+        assert!(shallow.efficiency < 0.5, "{shallow:?}");
+        // the barrel shifter never meets another RU at a port: no drops at 16 cells
+        let barrel = EbModel {
+            shaping: Shaping::Barrel,
+            credits: 8,
+            ..tcp(16).model
+        }
+        .run();
+        assert_eq!(barrel.dropped_cells, 0, "{barrel:?}");
+        assert!(barrel.efficiency > 0.95, "{barrel:?}");
     }
 }
