@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use evb_sim::eventbuilding::{Assignment, EbModel, Loss, Shaping};
+use evb_sim::eventbuilding::{Assignment, EbFabric, EbModel, Loss, Shaping};
 use evb_sim::{hol_limit, simulate, Outcome, Policy, TABLE_VII};
 
 #[derive(Args)]
@@ -62,7 +62,9 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1)]
     oversub: usize,
     /// clos: the routings, comma-separated: static, random, local, pair, ecmp, adaptive
-    /// (default: all of them, a column each).
+    /// (default: all of them, a column each). eb: one of them puts the event builder on
+    /// a leaf-and-spine fabric of --radix-port leaves (--oversub, --settle) in place of one
+    /// switch: folded with --folded, else the BUs on leaves of their own.
     #[arg(long)]
     routing: Option<String>,
     /// clos, adaptive routing: a route blocked inside the fabric moves after about this
@@ -318,12 +320,34 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     if a.folded && a.bus.is_some_and(|m| m != 0) && sizes.iter().any(|&n| Some(n) != a.bus) {
         return Err("--folded: N × N only (RU k and BU k share host k); leave --bus out".into());
     }
+    let fabric = match &a.routing {
+        None => None,
+        Some(r) => {
+            let routing = evb_sim::clos::Routing::parse(r.trim()).ok_or_else(|| {
+                format!(
+                    "--routing: {r:?} is not one of static, random, local, pair, ecmp, adaptive (one, with --model eb)"
+                )
+            })?;
+            if !(2..=1024).contains(&a.radix) || !(1..=64).contains(&a.oversub) {
+                return Err("--radix: 2 to 1024; --oversub: 1 to 64".into());
+            }
+            if !(1..=1_000_000).contains(&a.settle) {
+                return Err("--settle: 1 to 1000000 messages".into());
+            }
+            Some(EbFabric {
+                radix: a.radix,
+                oversubscription: a.oversub,
+                routing,
+                settle: a.settle,
+            })
+        }
+    };
     if a.folded && sizes.contains(&1) {
         return Err("--folded: N from 2 (with one host nothing crosses the switch)".into());
     }
     let t0 = std::time::Instant::now();
     println!(
-        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment, {}{}",
+        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment, {}{}{}",
         a.mean_cells,
         a.sd_cells,
         a.credits,
@@ -339,7 +363,16 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                 "tcp (a drop silences its connection {stall} slots; bursts of {burst} cells, windows of {window})"
             ),
         },
-        if a.folded { ", folded" } else { "" }
+        if a.folded { ", folded" } else { "" },
+        match &fabric {
+            None => String::new(),
+            Some(f) => format!(
+                ", through a Clos of {}-port leaves ({}:1), {} routing",
+                f.radix,
+                f.oversubscription,
+                f.routing.name()
+            ),
+        }
     );
     println!(
         "{:>9} {:>18} {:>16} {:>18} {:>16}",
@@ -359,6 +392,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                 assignment,
                 folded: a.folded,
                 loss,
+                fabric: fabric.clone(),
                 events: a.events,
                 warmup: a.warmup,
                 seed: a.seed,

@@ -189,3 +189,126 @@ fn evb_sim_plans_the_documented_system_at_its_offered_rate() {
         "{out:?}"
     );
 }
+
+/// The Clos model's routings as a user names them (a column each), seed 003's adaptive
+/// routing among them; an unknown routing refused by name.
+#[test]
+fn evb_sim_clos_takes_the_routings_asked_for() {
+    let out = Command::new(EVB)
+        .args(["sim", "--model", "clos", "--n", "64", "--radix", "16"])
+        .args([
+            "--slots",
+            "3000",
+            "--routing",
+            "static,adaptive",
+            "--json",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        table.contains("fifo adaptive") && table.contains("barrel static"),
+        "{table}"
+    );
+    let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 4, "{points:?}");
+    let barrel = |routing: &str| {
+        points
+            .iter()
+            .find(|p| p["model"]["policy"] == "barrel" && p["model"]["routing"] == routing)
+            .and_then(|p| p["efficiency"].as_f64())
+            .unwrap()
+    };
+    assert!((barrel("static") - 1.0).abs() < 1e-9);
+    assert!(barrel("adaptive") < 0.9, "{points:?}");
+    let o = Command::new(EVB)
+        .args(["sim", "--model", "clos", "--routing", "static,dispersive"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--routing: \"dispersive\""));
+}
+
+/// The event-building model over TCP (drops counted) and through a Clos fabric; the
+/// flags that cannot be refused by name.
+#[test]
+fn evb_sim_eb_models_tcp_loss_and_a_fabric() {
+    let out = Command::new(EVB)
+        .args([
+            "sim",
+            "--model",
+            "eb",
+            "--n",
+            "4",
+            "--events",
+            "300",
+            "--credits",
+            "4",
+        ])
+        .args(["--buffer", "16", "--mean-cells", "16", "--sd-cells", "0"])
+        .args(["--loss", "tcp", "--folded", "--json", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let none = &points[0];
+    assert_eq!(none["model"]["shaping"], "none");
+    assert_eq!(none["model"]["loss"]["kind"], "tcp");
+    assert!(none["dropped_cells"].as_u64().unwrap() > 0, "{none}");
+    let out = Command::new(EVB)
+        .args(["sim", "--model", "eb", "--n", "32", "--events", "500"])
+        .args(["--credits", "8", "--routing", "pair", "--radix", "16"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("through a Clos of 16-port leaves"));
+    for (bad, word) in [
+        (vec!["--loss", "lossy"], "--loss"),
+        (vec!["--loss", "tcp", "--stall", "0"], "--stall"),
+        (vec!["--routing", "static,pair"], "--routing"),
+        (vec!["--folded", "--n", "1"], "--folded"),
+        (vec!["--folded", "--n", "4", "--bus", "2"], "--folded"),
+    ] {
+        let o = Command::new(EVB)
+            .args(["sim", "--model", "eb"])
+            .args(&bad)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(word),
+            "{bad:?}: {o:?}"
+        );
+    }
+}
+
+/// `scripts/sim-vs-testbed.sh` (docs/scaling.md's table) in its quick mode, on the
+/// testbed sweep kept in docs/data: a row per configuration, and the summary lines.
+#[test]
+fn the_sim_vs_testbed_script_runs_as_written_in_its_quick_mode() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/sim-vs-testbed.sh"))
+        .env("EVB", EVB)
+        .env("EVENTS", "200")
+        .env(
+            "TESTBED",
+            format!("{root}/docs/data/testbed-sweep-2026-11-27.txt"),
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = text
+        .lines()
+        .filter(|l| l.starts_with("| 4 x 4") || l.starts_with("| 8 x 8"));
+    assert_eq!(rows.count(), 36, "{text}");
+    assert!(text.contains("tcp unshaped: mean |diff|"), "{text}");
+}

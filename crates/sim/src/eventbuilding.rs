@@ -24,7 +24,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::barrel_destination;
+use crate::clos::{Crossing, Fabric, Routing};
 use evb_builder::shaping::folded_barrel_destination;
+use rand::seq::SliceRandom;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -41,6 +43,19 @@ pub enum Assignment {
     /// A BU drawn at random for each event; when it has no credit the EVM waits for it
     /// (evb's EVM, `assignment = "random"`: the head-of-line blocking of seed 003).
     Random,
+}
+
+/// The fabric of [`crate::clos`] under the event builder: RUs and BUs on leaves of `radix`
+/// ports (folded: RU k and BU k on host k; else the BUs on leaves of their own), spines
+/// picked by `routing`. A cell whose path inside the fabric is taken in its slot waits at
+/// its RU (the fabric is bufferless, as the seeds' wormhole switches); the output port's
+/// buffer and loss are the model's.
+#[derive(Debug, Clone, Serialize)]
+pub struct EbFabric {
+    pub radix: usize,
+    pub oversubscription: usize,
+    pub routing: Routing,
+    pub settle: u32,
 }
 
 /// What a switch output does with a cell that finds its buffer full.
@@ -90,6 +105,8 @@ pub struct EbModel {
     pub folded: bool,
     /// What a full output buffer does with a cell.
     pub loss: Loss,
+    /// A leaf-and-spine fabric in place of the one switch (`None`: one switch).
+    pub fabric: Option<EbFabric>,
     /// Simulate until this many events are built after the warm-up.
     pub events: u64,
     /// Events built before measuring starts (0: as many as are in flight at once,
@@ -152,6 +169,25 @@ fn fragment_cells(rng: &mut SmallRng, mean: f64, sd: f64) -> u32 {
         .clamp(1.0, 64.0 * mean) as u32
 }
 
+/// The head cell of an RU's queue leaves it: its event.
+fn take_cell(q: &mut VecDeque<Fragment>) -> u64 {
+    let f = q.front_mut().expect("offered");
+    let ev = f.event;
+    f.cells -= 1;
+    if f.cells == 0 {
+        q.pop_front();
+    }
+    ev
+}
+
+/// A cell of event `ev` from RU `i` joins an output buffer (runs of one event and RU).
+fn buffer_cell(out: &mut VecDeque<(u64, usize, u32)>, ev: u64, i: usize) {
+    match out.back_mut() {
+        Some((e, r, c)) if *e == ev && *r == i => *c += 1,
+        _ => out.push_back((ev, i, 1)),
+    }
+}
+
 impl EbModel {
     pub fn run(&self) -> EbOutcome {
         let (n, m) = (self.rus.max(1), self.bus.max(1));
@@ -184,6 +220,12 @@ impl EbModel {
         let mut turn = vec![0usize; n];
         let mut left = vec![0u32; n];
         let mut dropped = 0u64;
+        // a leaf-and-spine fabric between RUs and BUs: folded, or the BUs on leaves apart
+        let mut crossing = self.fabric.as_ref().map(|f| {
+            let shape = Fabric::new(n, m, f.radix, f.oversubscription, !folded);
+            Crossing::new(shape, f.routing, n, m, f.settle, self.seed)
+        });
+        let mut order: Vec<(usize, usize)> = Vec::new();
         let mut queues: Vec<Vec<VecDeque<Fragment>>> = (0..n)
             .map(|_| (0..queues_per_ru).map(|_| VecDeque::new()).collect())
             .collect();
@@ -296,7 +338,33 @@ impl EbModel {
                     candidates[bu].push(i);
                 }
             }
-            // each output takes what its buffer has room for, in random order
+            // each output takes what its buffer has room for, in random order; through a
+            // fabric, a cell also needs its path inside it in this slot
+            let k_of = |d: usize| if per_bu { d } else { 0 };
+            if let Some(crossing) = crossing.as_mut() {
+                crossing.clear();
+                order.clear();
+                for (d, cand) in candidates.iter_mut().enumerate() {
+                    order.extend(cand.drain(..).map(|i| (i, d)));
+                }
+                order.shuffle(&mut rng);
+                for &(i, d) in &order {
+                    if occupancy[d] >= self.buffer {
+                        if let Some(stall) = stall {
+                            stalled_until[i * m + d] = t + 1 + stall;
+                            cwnd[i * m + d] = (cwnd[i * m + d] / 2.0).max(1.0);
+                            dropped += 1;
+                        }
+                    } else if crossing.cross(i, d, &mut rng) {
+                        let ev = take_cell(&mut queues[i][k_of(d)]);
+                        occupancy[d] += 1;
+                        if let Some(f) = inflight.get_mut(i * m + d) {
+                            *f += 1;
+                        }
+                        buffer_cell(&mut out[d], ev, i);
+                    }
+                }
+            }
             for (d, cand) in candidates.iter_mut().enumerate() {
                 while !cand.is_empty() {
                     if occupancy[d] >= self.buffer {
@@ -313,21 +381,12 @@ impl EbModel {
                     }
                     let pick = rng.gen_range(0..cand.len());
                     let i = cand.swap_remove(pick);
-                    let k = if per_bu { d } else { 0 };
-                    let f = queues[i][k].front_mut().expect("offered");
-                    let ev = f.event;
-                    f.cells -= 1;
-                    if f.cells == 0 {
-                        queues[i][k].pop_front();
-                    }
+                    let ev = take_cell(&mut queues[i][k_of(d)]);
                     occupancy[d] += 1;
                     if let Some(f) = inflight.get_mut(i * m + d) {
                         *f += 1;
                     }
-                    match out[d].back_mut() {
-                        Some((e, r, c)) if *e == ev && *r == i => *c += 1,
-                        _ => out[d].push_back((ev, i, 1)),
-                    }
+                    buffer_cell(&mut out[d], ev, i);
                 }
             }
             // each output link carries one cell to its BU
@@ -419,6 +478,7 @@ mod tests {
             assignment: Assignment::RoundRobin,
             folded: false,
             loss: Loss::Lossless,
+            fabric: None,
             events: 2_000,
             warmup: 0,
             seed: 3,
@@ -450,6 +510,7 @@ mod tests {
             assignment: Assignment::RoundRobin,
             folded: false,
             loss: Loss::Lossless,
+            fabric: None,
             events: 100,
             warmup: 10,
             seed: 1,
@@ -608,5 +669,34 @@ mod tests {
         .run();
         assert_eq!(barrel.dropped_cells, 0, "{barrel:?}");
         assert!(barrel.efficiency > 0.95, "{barrel:?}");
+    }
+
+    #[test]
+    fn through_a_clos_the_barrel_needs_routes_that_keep_its_permutation() {
+        // 32 RUs and 32 BUs on leaves of their own (8 hosts a leaf): with static routing the
+        // barrel shifter builds as on one switch; with a spine fixed per pair some pairs
+        // collide in every cycle, and every event waits for its slowest fragment
+        let eb = |fabric: Option<Routing>| {
+            EbModel {
+                credits: 16,
+                events: 3_000,
+                fabric: fabric.map(|routing| EbFabric {
+                    radix: 16,
+                    oversubscription: 1,
+                    routing,
+                    settle: crate::clos::SETTLE,
+                }),
+                ..model(32, Shaping::Barrel)
+            }
+            .run()
+        };
+        let switch = eb(None).efficiency;
+        let fixed = eb(Some(Routing::Static)).efficiency;
+        let pair = eb(Some(Routing::Pair)).efficiency;
+        assert!(
+            (switch - fixed).abs() < 0.03,
+            "{fixed} against one switch's {switch}"
+        );
+        assert!(pair + 0.2 < fixed, "pair {pair} against static {fixed}");
     }
 }
