@@ -14,6 +14,7 @@ mod node_out;
 mod pubsub;
 mod rank;
 mod sim;
+mod sim_report;
 mod slurm;
 mod state_dir;
 mod summary;

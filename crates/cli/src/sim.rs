@@ -107,9 +107,14 @@ pub struct SimArgs {
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
     /// With --system: one key over several values (`--sweep trigger_hz=5e5,7.5e5,1e6`), a
-    /// row each, the points run in parallel.
+    /// row each, the points run in parallel. Repeated, the points are every combination;
+    /// the first key is the plots' x axis, a plot for each combination of the others.
     #[arg(long, value_name = "KEY=V1,V2,...")]
-    sweep: Option<String>,
+    sweep: Vec<String>,
+    /// With --system: a report of the run, self-contained: FILE.html (the table and the
+    /// plots inline) or FILE.md (the table, the plots linked).
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
 }
 
 pub fn run(a: &SimArgs) -> Result<(), String> {
@@ -433,26 +438,48 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
             .ok_or_else(|| format!("--set {kv:?}: KEY=VALUE expected"))?;
         text = evb_sim::offered::with_key(&text, k.trim(), v.trim())?;
     }
-    let systems: Vec<(String, System)> = match &a.sweep {
-        None => vec![(String::new(), System::from_toml(&text))]
-            .into_iter()
-            .map(|(l, s)| s.map(|s| (l, s)))
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{}: {e}", file.display()))?,
-        Some(sw) => {
+    // the sweeps' keys and values; the points are every combination, the first key
+    // varying fastest
+    let sweeps: Vec<(String, Vec<String>)> = a
+        .sweep
+        .iter()
+        .map(|sw| {
             let (k, vs) = sw
                 .split_once('=')
                 .ok_or_else(|| format!("--sweep {sw:?}: KEY=V1,V2,... expected"))?;
-            vs.split(',')
-                .map(|v| {
-                    let t = evb_sim::offered::with_key(&text, k.trim(), v.trim())?;
-                    System::from_toml(&t)
-                        .map(|s| (format!("{}={}", k.trim(), v.trim()), s))
-                        .map_err(|e| format!("{}: {e}", file.display()))
-                })
-                .collect::<Result<_, _>>()?
+            Ok((
+                k.trim().to_string(),
+                vs.split(',').map(|v| v.trim().to_string()).collect(),
+            ))
+        })
+        .collect::<Result<_, String>>()?;
+    let combos: usize = sweeps.iter().map(|(_, vs)| vs.len()).product();
+    if combos > 10_000 {
+        return Err(format!("--sweep: {combos} points; at most 10000"));
+    }
+    let mut systems: Vec<(String, System)> = Vec::new();
+    for c in 0..combos {
+        let (mut t, mut label, mut rest) = (text.clone(), Vec::new(), c);
+        for (k, vs) in &sweeps {
+            let v = &vs[rest % vs.len()];
+            rest /= vs.len();
+            t = evb_sim::offered::with_key(&t, k, v)?;
+            label.push(format!("{k}={v}"));
         }
-    };
+        let sys = System::from_toml(&t).map_err(|e| format!("{}: {e}", file.display()))?;
+        systems.push((label.join(" "), sys));
+    }
+    if let Some(r) = &a.report {
+        if !matches!(
+            r.extension().and_then(|e| e.to_str()),
+            Some("html" | "htm" | "md")
+        ) {
+            return Err(format!("--report {}: FILE.html or FILE.md", r.display()));
+        }
+    }
+    if a.report.is_some() && a.json.as_deref() == Some(std::path::Path::new("-")) {
+        return Err("--report: not with --json - (stdout is the JSON)".into());
+    }
     let t0 = std::time::Instant::now();
     // the points in parallel, one thread per core
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -527,24 +554,51 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
          bytes held (fragments of events not yet released); {:.1} s",
         t0.elapsed().as_secs_f64()
     );
-    if let Some(sw) = &a.sweep {
-        // a plot of the sweep when its values are numbers
-        let (k, vs) = sw.split_once('=').unwrap_or((sw, ""));
-        let xs: Option<Vec<f64>> = vs
-            .split(',')
-            .map(|v| v.trim().parse::<f64>().ok())
-            .collect();
+    // plots of the sweep when the first key's values are numbers: one per combination of
+    // the other keys
+    let mut plots: Vec<(String, PathBuf)> = Vec::new();
+    if let Some((k, vs)) = sweeps.first() {
+        let xs: Option<Vec<f64>> = vs.iter().map(|v| v.parse::<f64>().ok()).collect();
         if let Some(xs) = xs {
-            let svg = a
-                .svg
-                .clone()
-                .unwrap_or_else(|| a.out.join(format!("plan-{}.svg", k.trim())));
-            if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let groups = combos / xs.len();
+            for g in 0..groups {
+                let idx: Vec<usize> = (0..xs.len()).map(|x| g * xs.len() + x).collect();
+                let group = systems[idx[0]]
+                    .0
+                    .split(' ')
+                    .skip(1)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let svg = match (&a.svg, groups) {
+                    (Some(f), 1) => f.clone(),
+                    (Some(f), _) => f.with_file_name(format!(
+                        "{}-{}.svg",
+                        f.file_stem().map_or("plan".into(), |s| s.to_string_lossy()),
+                        group.replace([' ', '='], "-")
+                    )),
+                    (None, 1) => a.out.join(format!("plan-{k}.svg")),
+                    (None, _) => a
+                        .out
+                        .join(format!("plan-{k}-{}.svg", group.replace([' ', '='], "-"))),
+                };
+                if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                }
+                let pts: Vec<_> = idx.iter().map(|&i| planned[i].clone()).collect();
+                evb_sim::plot::sweep_svg(k, &group, &xs, &pts, &svg)?;
+                println!("wrote {}", svg.display());
+                plots.push((group, svg));
             }
-            evb_sim::plot::sweep_svg(k.trim(), &xs, &planned, &svg)?;
-            println!("wrote {}", svg.display());
         }
+    }
+    if let Some(path) = &a.report {
+        let rows: Vec<(&str, &evb_sim::offered::Planned)> = systems
+            .iter()
+            .map(|(l, _)| l.as_str())
+            .zip(&planned)
+            .collect();
+        crate::sim_report::write(path, &file.display().to_string(), &rows, &plots)?;
+        println!("wrote {}", path.display());
     }
     if let Some(path) = &a.json {
         crate::json_out::write(path, &planned)?;
@@ -553,7 +607,7 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
 }
 
 /// Bytes in the unit that reads best (kB, MB, GB: powers of 10).
-fn bytes(b: f64) -> String {
+pub(crate) fn bytes(b: f64) -> String {
     match b {
         b if b >= 1e9 => format!("{:.2} GB", b / 1e9),
         b if b >= 1e6 => format!("{:.1} MB", b / 1e6),

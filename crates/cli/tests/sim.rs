@@ -312,3 +312,47 @@ fn the_sim_vs_testbed_script_runs_as_written_in_its_quick_mode() {
     assert_eq!(rows.count(), 36, "{text}");
     assert!(text.contains("tcp unshaped: mean |diff|"), "{text}");
 }
+
+/// `--sweep` twice: every combination a row, a plot per value of the second key, and a
+/// self-contained HTML report with the table and the plots inline.
+#[test]
+fn evb_sim_sweeps_two_keys_into_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/systems/lhcb-run3.toml"
+    );
+    let report = dir.path().join("plan.html");
+    let out = Command::new(EVB)
+        .args(["sim", "--system", system, "--set", "events=300"])
+        .args(["--sweep", "link_gbps=200,400", "--sweep", "credits=2,4,8"])
+        .arg("--out")
+        .arg(dir.path())
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for c in [2, 4, 8] {
+        for g in [200, 400] {
+            assert!(
+                text.contains(&format!("link_gbps={g} credits={c} ")),
+                "{text}"
+            );
+        }
+        assert!(dir
+            .path()
+            .join(format!("plan-link_gbps-credits-{c}.svg"))
+            .exists());
+    }
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert_eq!(html.matches("<tr><td>").count(), 6, "{html}");
+    assert_eq!(html.matches("<svg").count(), 3);
+    assert!(html.contains("LHCb"));
+    let o = Command::new(EVB)
+        .args(["sim", "--system", system, "--report", "plan.pdf"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}

@@ -85,9 +85,11 @@ pub fn unit_of(key: &str) -> &'static str {
 
 /// A sweep of `evb sim --system` over `key` (`xs`, one per point), as an SVG: the build
 /// latency's p50, p99 and p99.9 (µs, log scale) on the left, one RU's and one BU's memory
-/// (p99, MB) on the right; points that do not keep up are drawn hollow.
+/// (p99, MB) on the right; points that do not keep up are drawn hollow. `group` names the
+/// other keys' values of a sweep over several (empty: none).
 pub fn sweep_svg(
     key: &str,
+    group: &str,
     xs: &[f64],
     points: &[crate::offered::Planned],
     path: &std::path::Path,
@@ -110,7 +112,14 @@ pub fn sweep_svg(
         name
     };
     let root = root
-        .titled(&format!("{title}, over {key}"), ("sans-serif", 20))
+        .titled(
+            &if group.is_empty() {
+                format!("{title}, over {key}")
+            } else {
+                format!("{title}, over {key} ({group})")
+            },
+            ("sans-serif", 20),
+        )
         .map_err(|x| e(&x))?;
     let (left, right) = root.split_horizontally(550);
     let xlabel = match unit_of(key) {
