@@ -14,8 +14,9 @@
 //! The model reports output-link efficiency (cells delivered / (slots × M)) and the event
 //! latency from assignment to the last cell at the BU, in steady state: the slots until the
 //! first `warmup` events are built (with every BU's credits in flight from slot 0, the
-//! start is a transient) are discarded, and the rest is cut into [`BATCHES`] batches whose
-//! means give a 95 % confidence interval.
+//! start is a transient) are discarded, and the rest is cut into [`BATCHES`] batches (fewer
+//! when a batch must be longer: each spans at least twice the p99 latency) whose means give
+//! a 95 % confidence interval.
 
 use std::collections::VecDeque;
 
@@ -84,8 +85,10 @@ pub const TCP_WINDOW: u32 = 16;
 
 /// Batches the measured slots are cut into for the confidence interval.
 pub const BATCHES: usize = 10;
-/// Student's t for 95 % with `BATCHES - 1` degrees of freedom.
-const T95_9: f64 = 2.262;
+/// Student's t for 95 % with 1 to `BATCHES - 1` degrees of freedom.
+const T95: [f64; BATCHES - 1] = [
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
+];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EbModel {
@@ -131,6 +134,9 @@ pub struct EbOutcome {
     pub dropped_cells: u64,
     /// Half-width of the 95 % confidence interval of `efficiency`, from batch means.
     pub efficiency_ci95: f64,
+    /// The batches behind it: [`BATCHES`], or fewer when a batch must be longer (each
+    /// spans at least twice the p99 latency).
+    pub batches: usize,
     /// Per BU, the fraction of slots its link carried a cell.
     pub link_busy_min: f64,
     pub link_busy_max: f64,
@@ -436,11 +442,17 @@ impl EbModel {
         let slots = (t - t0).max(1);
         // the bottleneck side: the BUs' links, or the RUs' when there are fewer RUs
         let side = n.min(m);
-        // batch means: each batch's efficiency, then their spread
-        let per_batch = (per_slot.len() / BATCHES).max(1);
+        // batch means: each batch's efficiency, then their spread. A batch spans at least
+        // twice the p99 latency, the system's memory (an event's cells in flight), so that
+        // the batches are near independent: with many events in flight (large N, many
+        // credits) that leaves fewer batches, and a wider interval, not a narrow false one
+        let len = per_slot.len();
+        let memory = 2 * q(0.99) as usize;
+        let per_batch = (len / BATCHES).max(memory).min(len / 2).max(1);
+        let batches = (len / per_batch).clamp(1, BATCHES);
         let means: Vec<f64> = per_slot
             .chunks(per_batch)
-            .take(BATCHES)
+            .take(batches)
             .map(|c| c.iter().map(|&x| x as f64).sum::<f64>() / (c.len() as f64 * side as f64))
             .collect();
         let k = means.len() as f64;
@@ -453,7 +465,8 @@ impl EbModel {
             warmup_events: warmup.min(built),
             efficiency: (delivered - delivered0) as f64 / (slots as f64 * side as f64),
             dropped_cells: dropped,
-            efficiency_ci95: T95_9 * (var / k.max(1.0)).sqrt(),
+            efficiency_ci95: T95[(batches.max(2) - 2).min(BATCHES - 2)] * (var / k.max(1.0)).sqrt(),
+            batches,
             link_busy_min: busy.iter().copied().min().unwrap_or(0) as f64 / slots as f64,
             link_busy_max: busy.iter().copied().max().unwrap_or(0) as f64 / slots as f64,
             latency_p50: q(0.5),
