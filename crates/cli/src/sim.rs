@@ -6,7 +6,7 @@ use clap::Args;
 use evb_sim::eventbuilding::{Assignment, EbFabric, EbModel, Loss, Shaping};
 use evb_sim::{hol_limit, simulate, Outcome, Policy, TABLE_VII};
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct SimArgs {
     /// Switch sizes N (N RUs × N BUs), comma-separated.
     #[arg(long, default_value = "1,2,4,8,16,32,64,128,256,512")]
@@ -277,8 +277,173 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
-/// The event-building model over the sizes, without and with the barrel shifter.
+/// The event-building model over the sizes, without and with the barrel shifter; with
+/// `--sweep KEY=V1,...` also over one of its parameters, with a plot.
 fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
+    // the variants: the flags as given, or one per value of the swept key
+    let variants: Vec<(String, EbModel)> = match a.sweep.as_slice() {
+        [] => vec![(String::new(), eb_template(a, sizes)?)],
+        [sw] => {
+            let (k, vs) = sw
+                .split_once('=')
+                .ok_or_else(|| format!("--sweep {sw:?}: KEY=V1,V2,... expected"))?;
+            let k = k.trim();
+            vs.split(',')
+                .map(|v| {
+                    let mut b = a.clone();
+                    set_eb_key(&mut b, k, v.trim())?;
+                    Ok((format!("{k}={}", v.trim()), eb_template(&b, sizes)?))
+                })
+                .collect::<Result<_, String>>()?
+        }
+        _ => return Err("--sweep: one key with --model eb".into()),
+    };
+    let m0 = &variants[0].1;
+    let t0 = std::time::Instant::now();
+    println!(
+        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment, {}{}{}{}",
+        m0.mean_cells,
+        m0.sd_cells,
+        m0.credits,
+        m0.buffer,
+        a.assignment,
+        match m0.loss {
+            Loss::Lossless => "lossless".to_string(),
+            Loss::Tcp {
+                stall,
+                burst,
+                window,
+            } => format!(
+                "tcp (a drop silences its connection {stall} slots; bursts of {burst} cells, windows of {window})"
+            ),
+        },
+        if a.folded { ", folded" } else { "" },
+        match a.sweep.first().and_then(|sw| sw.split_once('=')) {
+            Some((k, _)) => format!(", over {}: a row each", k.trim()),
+            None => String::new(),
+        },
+        match &m0.fabric {
+            None => String::new(),
+            Some(f) => format!(
+                ", through a Clos of {}-port leaves ({}:1), {} routing",
+                f.radix,
+                f.oversubscription,
+                f.routing.name()
+            ),
+        }
+    );
+    // every point, run in parallel
+    let mut jobs = Vec::new();
+    for &n in sizes {
+        for (_, m) in &variants {
+            for shaping in [Shaping::None, Shaping::Barrel] {
+                jobs.push(EbModel {
+                    rus: n,
+                    bus: a.bus.unwrap_or(n),
+                    shaping,
+                    ..m.clone()
+                });
+            }
+        }
+    }
+    let all = parallel(&jobs, |m| m.run());
+    println!(
+        "{:>9} {:<16} {:>18} {:>16} {:>18} {:>16}",
+        "N", "point", "no shaping", "latency p50/p99", "barrel", "latency p50/p99"
+    );
+    for (k, pair) in all.chunks(2).enumerate() {
+        let (none, barrel) = (&pair[0], &pair[1]);
+        let n = none.model.rus;
+        let shape = match a.bus {
+            Some(m) => format!("{n}x{m}"),
+            None => n.to_string(),
+        };
+        let label = &variants[k % variants.len()].0;
+        println!(
+            "{shape:>9} {:<16} {:>8.2} ± {:<5.2} % {:>16} {:>8.2} ± {:<5.2} % {:>16}",
+            if label.is_empty() { "as given" } else { label },
+            none.efficiency * 100.0,
+            none.efficiency_ci95 * 100.0,
+            format!("{}/{}", none.latency_p50, none.latency_p99),
+            barrel.efficiency * 100.0,
+            barrel.efficiency_ci95 * 100.0,
+            format!("{}/{}", barrel.latency_p50, barrel.latency_p99)
+        );
+    }
+    if let Some(sw) = a.sweep.first() {
+        // a curve per shaping and size against the swept key
+        let (k, vs) = sw.split_once('=').unwrap_or((sw, ""));
+        let xs: Vec<f64> = vs
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        let mut curves = Vec::new();
+        for (si, &n) in sizes.iter().enumerate() {
+            for (h, name) in ["no shaping", "barrel"].into_iter().enumerate() {
+                let pts: Vec<(f64, f64)> = xs
+                    .iter()
+                    .enumerate()
+                    .map(|(vi, &x)| (x, all[(si * variants.len() + vi) * 2 + h].efficiency))
+                    .collect();
+                let label = if sizes.len() > 1 {
+                    format!("{name}, N = {n}")
+                } else {
+                    name.to_string()
+                };
+                curves.push((label, pts));
+            }
+        }
+        let svg = a
+            .svg
+            .clone()
+            .unwrap_or_else(|| a.out.join(format!("eb-{}.svg", k.trim())));
+        if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let unit = match k.trim() {
+            "credits" => "events per BU",
+            "stall" => "slots",
+            _ => "cells",
+        };
+        evb_sim::plot::curves_svg(
+            &format!("event building over {}", k.trim()),
+            &format!("{} ({unit})", k.trim()),
+            &curves,
+            &svg,
+        )?;
+        println!("wrote {}", svg.display());
+    }
+    if let Some(path) = &a.json {
+        crate::json_out::write(path, &all)?;
+    }
+    println!("({:.1} s; latencies in slots)", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// A key of the eb model set for one point of `--sweep`: its flag's name without `--`.
+fn set_eb_key(a: &mut SimArgs, key: &str, v: &str) -> Result<(), String> {
+    let bad = || format!("--sweep {key}={v}: not a number");
+    match key {
+        "buffer" => a.buffer = v.parse().map_err(|_| bad())?,
+        "credits" => a.credits = v.parse().map_err(|_| bad())?,
+        "mean-cells" => a.mean_cells = v.parse().map_err(|_| bad())?,
+        "sd-cells" => a.sd_cells = v.parse().map_err(|_| bad())?,
+        "stall" => a.stall = v.parse().map_err(|_| bad())?,
+        "burst" => a.burst = v.parse().map_err(|_| bad())?,
+        "window" => a.window = v.parse().map_err(|_| bad())?,
+        "settle" => a.settle = v.parse().map_err(|_| bad())?,
+        _ => {
+            return Err(format!(
+                "--sweep {key:?}: with --model eb one of buffer, credits, mean-cells, sd-cells, \
+                 stall, burst, window, settle (N is --n)"
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// The eb model the flags describe (its sizes and shaping set per point), or why not.
+fn eb_template(a: &SimArgs, sizes: &[usize]) -> Result<EbModel, String> {
     let assignment = match a.assignment.as_str() {
         "round-robin" => Assignment::RoundRobin,
         "random" => Assignment::Random,
@@ -350,82 +515,46 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     if a.folded && sizes.contains(&1) {
         return Err("--folded: N from 2 (with one host nothing crosses the switch)".into());
     }
-    let t0 = std::time::Instant::now();
-    println!(
-        "event building: fragments {} ± {} cells, {} credits per BU, output buffers of {} cells, {} assignment, {}{}{}",
-        a.mean_cells,
-        a.sd_cells,
-        a.credits,
-        a.buffer,
-        a.assignment,
-        match loss {
-            Loss::Lossless => "lossless".to_string(),
-            Loss::Tcp {
-                stall,
-                burst,
-                window,
-            } => format!(
-                "tcp (a drop silences its connection {stall} slots; bursts of {burst} cells, windows of {window})"
-            ),
-        },
-        if a.folded { ", folded" } else { "" },
-        match &fabric {
-            None => String::new(),
-            Some(f) => format!(
-                ", through a Clos of {}-port leaves ({}:1), {} routing",
-                f.radix,
-                f.oversubscription,
-                f.routing.name()
-            ),
+    Ok(EbModel {
+        rus: 0,
+        bus: 0,
+        mean_cells: a.mean_cells,
+        sd_cells: a.sd_cells,
+        credits: a.credits,
+        buffer: a.buffer,
+        shaping: Shaping::None,
+        assignment,
+        folded: a.folded,
+        loss,
+        fabric,
+        events: a.events,
+        warmup: a.warmup,
+        seed: a.seed,
+    })
+}
+
+/// `f` over `items` on every core, the results in order.
+fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|sc| {
+        for _ in 0..cores.min(items.len()) {
+            sc.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(k) else {
+                    break;
+                };
+                let r = f(item);
+                *results[k].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            });
         }
-    );
-    println!(
-        "{:>9} {:>18} {:>16} {:>18} {:>16}",
-        "N", "no shaping", "latency p50/p99", "barrel", "latency p50/p99"
-    );
-    let mut all = Vec::new();
-    for &n in sizes {
-        let run = |shaping| {
-            EbModel {
-                rus: n,
-                bus: a.bus.unwrap_or(n),
-                mean_cells: a.mean_cells,
-                sd_cells: a.sd_cells,
-                credits: a.credits,
-                buffer: a.buffer,
-                shaping,
-                assignment,
-                folded: a.folded,
-                loss,
-                fabric: fabric.clone(),
-                events: a.events,
-                warmup: a.warmup,
-                seed: a.seed,
-            }
-            .run()
-        };
-        let (none, barrel) = (run(Shaping::None), run(Shaping::Barrel));
-        let shape = match a.bus {
-            Some(m) => format!("{n}x{m}"),
-            None => n.to_string(),
-        };
-        println!(
-            "{shape:>9} {:>8.2} ± {:<5.2} % {:>16} {:>8.2} ± {:<5.2} % {:>16}",
-            none.efficiency * 100.0,
-            none.efficiency_ci95 * 100.0,
-            format!("{}/{}", none.latency_p50, none.latency_p99),
-            barrel.efficiency * 100.0,
-            barrel.efficiency_ci95 * 100.0,
-            format!("{}/{}", barrel.latency_p50, barrel.latency_p99)
-        );
-        all.push(none);
-        all.push(barrel);
-    }
-    if let Some(path) = &a.json {
-        crate::json_out::write(path, &all)?;
-    }
-    println!("({:.1} s; latencies in slots)", t0.elapsed().as_secs_f64());
-    Ok(())
+    });
+    results
+        .into_iter()
+        .filter_map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect()
 }
 
 /// `--system FILE`: the system at its offered rate, once or over `--sweep`.
@@ -481,28 +610,7 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
         return Err("--report: not with --json - (stdout is the JSON)".into());
     }
     let t0 = std::time::Instant::now();
-    // the points in parallel, one thread per core
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<evb_sim::offered::Planned>>> = systems
-        .iter()
-        .map(|_| std::sync::Mutex::new(None))
-        .collect();
-    std::thread::scope(|sc| {
-        for _ in 0..cores.min(systems.len()) {
-            sc.spawn(|| loop {
-                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((_, s)) = systems.get(k) else {
-                    break;
-                };
-                *results[k].lock().unwrap_or_else(|p| p.into_inner()) = Some(plan(s));
-            });
-        }
-    });
-    let planned: Vec<evb_sim::offered::Planned> = results
-        .into_iter()
-        .filter_map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
-        .collect();
+    let planned: Vec<evb_sim::offered::Planned> = parallel(&systems, |(_, s)| plan(s));
     let first = &systems[0].1;
     println!(
         "{}: {} RUs × {} BUs, {} Gb/s links ({:.0} % for data), {} triggers at {:.0} Hz, fragments {:.0} B (sd {:.0} B), {} credits per BU",

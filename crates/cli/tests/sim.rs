@@ -356,3 +356,48 @@ fn evb_sim_sweeps_two_keys_into_a_report() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
+
+/// `--model eb --sweep KEY=...`: a row per value and size, a plot with a curve per shaping
+/// and size, the JSON in the same order; a key the model lacks refused by name.
+#[test]
+fn evb_sim_eb_sweeps_a_parameter_with_a_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(EVB)
+        .args([
+            "sim",
+            "--model",
+            "eb",
+            "--n",
+            "4,8",
+            "--events",
+            "300",
+            "--credits",
+            "4",
+        ])
+        .args(["--mean-cells", "16", "--sd-cells", "0", "--loss", "tcp"])
+        .args(["--sweep", "buffer=16,64", "--json", "-", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(table.matches(" buffer=").count(), 4, "{table}");
+    let svg = std::fs::read_to_string(dir.path().join("eb-buffer.svg")).unwrap();
+    assert!(svg.contains("barrel, N = 8"), "{svg}");
+    let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 8);
+    // N = 4, buffer 16 then 64, unshaped: the deeper buffer drops less
+    assert_eq!(points[0]["model"]["buffer"], 16);
+    assert_eq!(points[2]["model"]["buffer"], 64);
+    assert!(points[0]["dropped_cells"].as_u64() > points[2]["dropped_cells"].as_u64());
+    let o = Command::new(EVB)
+        .args(["sim", "--model", "eb", "--sweep", "nodes=1,2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("\"nodes\""),
+        "{o:?}"
+    );
+}

@@ -227,3 +227,62 @@ where
         .map_err(|x| x.to_string())?;
     Ok(())
 }
+
+/// Curves of y against x (`curves`: a label and its points each) as an SVG: a model's
+/// sweep over one of its parameters, one curve per shaping (and size). `y` is a fraction,
+/// drawn as a percentage from 0 to 100.
+pub fn curves_svg(
+    title: &str,
+    xlabel: &str,
+    curves: &[(String, Vec<(f64, f64)>)],
+    path: &std::path::Path,
+) -> Result<(), String> {
+    let e = |x: &dyn std::fmt::Display| format!("plot {}: {x}", path.display());
+    let xs = curves.iter().flat_map(|(_, p)| p.iter().map(|&(x, _)| x));
+    let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    if x0 > x1 {
+        return Err(e(&"no points"));
+    }
+    let pad = ((x1 - x0) * 0.05).max(x0.abs() * 0.05).max(1e-9);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d((x0 - pad)..(x1 + pad), 0f64..102.0)
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc(xlabel)
+        .y_desc("links busy (%)")
+        .draw()
+        .map_err(|x| e(&x))?;
+    for (k, (label, pts)) in curves.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (x, y * 100.0)).collect();
+        let color = Palette99::pick(k).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|x| e(&x))?
+            .label(label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                pts.iter()
+                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+            )
+            .map_err(|x| e(&x))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}
