@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use evb_sim::eventbuilding::{Assignment, EbFabric, EbModel, Loss, Shaping};
+use evb_sim::eventbuilding::{Assignment, EbFabric, EbModel, Loss, Shaping, BATCHES};
 use evb_sim::{hol_limit, simulate, Outcome, Policy, TABLE_VII};
 
 #[derive(Args, Clone)]
@@ -351,6 +351,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         "{:>9} {:<16} {:>18} {:>16} {:>18} {:>16}",
         "N", "point", "no shaping", "latency p50/p99", "barrel", "latency p50/p99"
     );
+    let mut short = false;
     for (k, pair) in all.chunks(2).enumerate() {
         let (none, barrel) = (&pair[0], &pair[1]);
         let n = none.model.rus;
@@ -368,6 +369,19 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
             barrel.efficiency * 100.0,
             barrel.efficiency_ci95 * 100.0,
             format!("{}/{}", barrel.latency_p50, barrel.latency_p99)
+        );
+        short |= none.batches < BATCHES || barrel.batches < BATCHES;
+        if none.batches < BATCHES || barrel.batches < BATCHES {
+            println!(
+                "{:>9} {:<16} {} and {} batches *",
+                "", "", none.batches, barrel.batches
+            );
+        }
+    }
+    if short {
+        println!(
+            "*: the run spans fewer than {BATCHES} times twice the p99 latency, so its interval \
+             rests on fewer batches and the figure may still move: run longer (--events)"
         );
     }
     if let Some(sw) = a.sweep.first() {
