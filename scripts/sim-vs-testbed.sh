@@ -8,6 +8,7 @@
 #   scripts/sim-vs-testbed.sh [ROUNDS]       # runs the testbed first (root; about 6 min a round)
 #   TESTBED=docs/data/testbed-sweep-2026-11-27.txt scripts/sim-vs-testbed.sh   # a saved sweep
 #   EVENTS=300 TESTBED=... scripts/sim-vs-testbed.sh                          # the quick mode
+#   TESTBED=docs/data/testbed-2026-11-24.txt scripts/sim-vs-testbed.sh       # other shapes, not calibrated on
 #
 # The model in cells of 4 KiB: a fragment is 16 cells, a port queue of 64/128/256 KB is
 # 16/32/64 cells. The testbed reports payload over the shaped rate, so the model's link use
@@ -35,22 +36,22 @@ import os, re, statistics, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 
 evb, events = os.environ["EVB"], os.environ["EVENTS"]
-line = re.compile(r"F=(1?) N=(\d+) round \d+ queue (\d+)kb assignment (\w+) shaping (\w+): "
-                  r".*?([\d.]+) % of the shaped rate")
+line = re.compile(r"F=(1?) N=(\d+)(?: M=(\d+))? round \d+ queue (\d+)kb assignment (\w+) "
+                  r"shaping (\w+): .*?([\d.]+) % of the shaped rate")
 testbed = {}
 for text in open(sys.argv[1]):
     m = line.match(text)
     if m:
-        f, n, q, a, shaping, v = m.groups()
-        key = (bool(f), int(n), int(q), "barrel" if shaping == "barrel" else a)
+        f, n, bus, q, a, shaping, v = m.groups()
+        key = (bool(f), int(n), int(bus or n), int(q), "barrel" if shaping == "barrel" else a)
         testbed.setdefault(key, []).append(float(v))
 if not testbed:
     sys.exit(f"{sys.argv[1]}: no testbed lines")
 HEADERS = 1448 / 1514
 
 def model(key, loss):
-    folded, n, q, case = key
-    args = [evb, "sim", "--model", "eb", "--n", str(n), "--credits", "4",
+    folded, n, bus, q, case = key
+    args = [evb, "sim", "--model", "eb", "--n", str(n), "--bus", str(bus), "--credits", "4",
             "--buffer", str(q // 4), "--mean-cells", "16", "--sd-cells", "0",
             "--events", events, "--loss", loss, "--json", "-",
             "--assignment", "random" if case == "random" else "round-robin"]
@@ -63,7 +64,7 @@ def model(key, loss):
     p = next(p for p in points if p["model"]["shaping"] == shaping)
     return 100 * p["efficiency"] * HEADERS
 
-keys = sorted(testbed, key=lambda k: (k[0], k[1], k[2], ["credits", "random", "barrel"].index(k[3])))
+keys = sorted(testbed, key=lambda k: k[:4] + (["credits", "random", "barrel"].index(k[4]),))
 with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
     lossless = list(pool.map(lambda k: model(k, "lossless"), keys))
     tcp = list(pool.map(lambda k: model(k, "tcp"), keys))
@@ -71,14 +72,14 @@ print("| configuration | port queue | traffic | testbed (runs) | sim lossless | 
 print("|---|---|---|---|---|---|---|---|")
 diffs = {"lossless": [], "tcp": [], "tcp unshaped": []}
 for k, a, b in zip(keys, lossless, tcp):
-    folded, n, q, case = k
+    folded, n, bus, q, case = k
     t = statistics.median(testbed[k])
     runs = ", ".join(f"{v:.1f}" for v in testbed[k])
     diffs["lossless"].append(abs(a - t))
     diffs["tcp"].append(abs(b - t))
     if case != "barrel":
         diffs["tcp unshaped"].append(abs(b - t))
-    print(f"| {n} x {n}{' folded' if folded else ''} | {q} KB | {case} | {t:.1f} % ({runs}) "
+    print(f"| {n} x {bus}{' folded' if folded else ''} | {q} KB | {case} | {t:.1f} % ({runs}) "
           f"| {a:.1f} % | {a - t:+.1f} | {b:.1f} % | {b - t:+.1f} |")
 for name, d in diffs.items():
     print(f"{name}: mean |diff| {statistics.mean(d):.1f} points, largest {max(d):.1f}, "

@@ -103,8 +103,10 @@ enum Command {
     /// A small cluster inside this machine: one network namespace per node, shaped links
     /// into a bridge as the switch; runs the configuration there and removes it all (root).
     Testbed(testbed::TestbedArgs),
-    /// Simulate an N x N switch under saturated traffic: head-of-line blocking against the
-    /// barrel shifter (a table, and an SVG plot).
+    /// Simulate the network of an event builder: a switch under saturated traffic
+    /// (head-of-line blocking against the barrel shifter), event building over it or a
+    /// leaf-and-spine fabric (lossless or TCP), or a system in physical units at its offered
+    /// rate (tables, SVG plots, JSON, reports).
     Sim(sim::SimArgs),
     /// Check a configuration file, or print the default one.
     Config {

@@ -28,8 +28,9 @@ pub struct SimArgs {
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
     /// Which model: "switch" (saturated cells: head-of-line blocking against the barrel
-    /// shifter), "eb" (event building: fragments, credits, finite output buffers) or "clos"
-    /// (a leaf-and-spine fabric with static, random or adaptive routing).
+    /// shifter), "eb" (event building: fragments, credits, finite output buffers, lossless
+    /// or TCP, on one switch or a fabric) or "clos" (a leaf-and-spine fabric under six
+    /// routings, seed 003's adaptive one among them).
     #[arg(long, default_value = "switch")]
     model: String,
     /// eb: mean fragment size in cells (log-normal).
