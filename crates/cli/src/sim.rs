@@ -628,17 +628,13 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
     let planned: Vec<evb_sim::offered::Planned> = parallel(&systems, |(_, s)| plan(s));
     let first = &systems[0].1;
     println!(
-        "{}: {} RUs × {} BUs, {} Gb/s links ({:.0} % for data), {} triggers at {:.0} Hz, fragments {:.0} B (sd {:.0} B), {} credits per BU",
-        if first.name.is_empty() { "system" } else { &first.name },
-        first.rus,
-        first.bus,
-        first.link_gbps,
-        first.link_efficiency * 100.0,
-        first.trigger,
-        first.trigger_hz,
-        first.fragment_bytes,
-        first.fragment_sd_bytes,
-        first.credits
+        "{}: {}",
+        if first.name.is_empty() {
+            "system"
+        } else {
+            &first.name
+        },
+        first.shape()
     );
     println!(
         "{:<22} {:>6} {:>11} {:>9} {:>7} {:>9} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",

@@ -61,18 +61,7 @@ pub fn write(
         ]
     };
     let s = &first.system;
-    let shape = format!(
-        "{} RUs × {} BUs, {} Gb/s links ({:.0} % for data), {} triggers at {:.0} Hz, fragments {:.0} B (sd {:.0} B), {} credits per BU",
-        s.rus,
-        s.bus,
-        s.link_gbps,
-        s.link_efficiency * 100.0,
-        s.trigger,
-        s.trigger_hz,
-        s.fragment_bytes,
-        s.fragment_sd_bytes,
-        s.credits
-    );
+    let shape = s.shape();
     let note = "load: what the offered rate needs of the busiest link; memory: one RU's and \
                 one BU's bytes held (fragments of events not yet released); latency: trigger \
                 to the event built. Figures from `evb sim --system` (docs/scaling.md).";

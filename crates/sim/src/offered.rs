@@ -249,6 +249,24 @@ struct Ev {
 const PS: f64 = 1e12;
 
 /// Simulates `s` at its offered rate.
+impl System {
+    /// The system in one line: nodes, links, triggers, fragments, credits.
+    pub fn shape(&self) -> String {
+        format!(
+            "{} RUs × {} BUs, {} Gb/s links ({:.0} % for data), {} triggers at {:.0} Hz, fragments {:.0} B (sd {:.0} B), {} credits per BU",
+            self.rus,
+            self.bus,
+            self.link_gbps,
+            self.link_efficiency * 100.0,
+            self.trigger,
+            self.trigger_hz,
+            self.fragment_bytes,
+            self.fragment_sd_bytes,
+            self.credits
+        )
+    }
+}
+
 pub fn plan(s: &System) -> Planned {
     let (n, m) = (s.rus, s.bus);
     let mut rng = SmallRng::seed_from_u64(s.seed);

@@ -150,7 +150,7 @@ pub fn sweep_svg(
         .map_err(|x| e(&x))?;
     for (k, label) in ["p50", "p99", "p99.9"].into_iter().enumerate() {
         let pts: Vec<(f64, f64)> = xs.iter().zip(&lat).map(|(&x, l)| (x, l[k])).collect();
-        draw_curve(&mut chart, &pts, points, k, label).map_err(|x| e(&x))?;
+        draw_curve(&mut chart, &pts, |i| points[i].keeps_up, k, label).map_err(|x| e(&x))?;
     }
     legend(&mut chart).map_err(|x| e(&x))?;
     // memory
@@ -174,7 +174,7 @@ pub fn sweep_svg(
         .map_err(|x| e(&x))?;
     for (k, label) in ["one RU", "one BU"].into_iter().enumerate() {
         let pts: Vec<(f64, f64)> = xs.iter().zip(&mem).map(|(&x, m)| (x, m[k])).collect();
-        draw_curve(&mut chart, &pts, points, k + 3, label).map_err(|x| e(&x))?;
+        draw_curve(&mut chart, &pts, |i| points[i].keeps_up, k + 3, label).map_err(|x| e(&x))?;
     }
     legend(&mut chart).map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
@@ -202,7 +202,7 @@ where
 fn draw_curve<Y>(
     chart: &mut Chart<'_, Y>,
     pts: &[(f64, f64)],
-    points: &[crate::offered::Planned],
+    filled: impl Fn(usize) -> bool,
     k: usize,
     label: &str,
 ) -> Result<(), String>
@@ -216,8 +216,8 @@ where
         .label(label)
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     chart
-        .draw_series(pts.iter().zip(points).map(|(&(x, y), p)| {
-            let style = if p.keeps_up {
+        .draw_series(pts.iter().enumerate().map(|(i, &(x, y))| {
+            let style = if filled(i) {
                 color.filled()
             } else {
                 color.stroke_width(2)
@@ -261,28 +261,9 @@ pub fn curves_svg(
         .map_err(|x| e(&x))?;
     for (k, (label, pts)) in curves.iter().enumerate() {
         let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (x, y * 100.0)).collect();
-        let color = Palette99::pick(k).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|x| e(&x))?
-            .label(label.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
-            )
-            .map_err(|x| e(&x))?;
+        draw_curve(&mut chart, &pts, |_| true, k, label).map_err(|x| e(&x))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|x| e(&x))?;
+    legend(&mut chart).map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
