@@ -5,16 +5,20 @@
 # fraction of ONE rail's shaped rate, events/s, the verdict.
 #
 #   scripts/rails-sweep.sh [ROUNDS] [N] [M]      # default 3 rounds of 2 x 2
+#   SECONDS_PER_RUN=3 NAME=rs scripts/rails-sweep.sh 1 2 2   # the quick mode (a test runs it;
+#                                                             # the rail is cut halfway)
 set -euo pipefail
 rounds=${1:-3} n=${2:-2} m=${3:-2}
+secs=${SECONDS_PER_RUN:-4} name=${NAME:-rsweep}
 evb=${EVB:-target/release/evb}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-printf '[run]\nduration_s = 4\n[fragments]\nsize = 65536\n' > "$work/c.toml"
+printf '[run]\nduration_s = %s\n[fragments]\nsize = 65536\n' "$secs" > "$work/c.toml"
 echo "# ${n} x ${m}, every rail 100 Mb/s with 256 KB port queues; congestion control $(sysctl -n net.ipv4.tcp_congestion_control)"
 line() {
   local out links rate verdict
-  out=$("$evb" testbed -q -c "$work/c.toml" --rus "$n" --bus "$m" --rate 100mbit "$@" 2>&1 || true)
+  out=$("$evb" testbed -q --name "$name" -c "$work/c.toml" --rus "$n" --bus "$m" --rate 100mbit \
+    --duration "$secs" "$@" 2>&1 || true)
   links=$(grep -E "links \(the bottleneck side\)" <<<"$out" | grep -oE "[0-9.]+ %" | tail -1)
   rate=$(grep -oE "= [0-9]+ events/s" <<<"$out" | tail -1)
   verdict=$(grep -oE "VERDICT: [A-Z]+" <<<"$out" | tail -1)
@@ -26,5 +30,5 @@ for r in $(seq "$rounds"); do
   done
 done
 for cut in 0 1; do
-  echo "rails 2, rail $cut cut after 2 s: $(line --rails 2 --cut-rail "$cut@2")"
+  echo "rails 2, rail $cut cut after $((secs / 2)) s: $(line --rails 2 --cut-rail "$cut@$((secs / 2))")"
 done

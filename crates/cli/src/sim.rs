@@ -271,6 +271,32 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         println!("{line}");
         all.extend(row);
     }
+    // a curve per traffic and routing against N
+    let mut curves = Vec::new();
+    for (p, policy) in [(0, "random FIFO"), (1, "barrel")] {
+        for (r, routing) in routings.iter().enumerate() {
+            let pts = all
+                .chunks(2 * routings.len())
+                .map(|row| {
+                    let o = &row[p * routings.len() + r];
+                    (o.model.hosts as f64, o.efficiency)
+                })
+                .collect();
+            curves.push((format!("{policy}, {}", routing.name()), pts));
+        }
+    }
+    let svg = a.svg.clone().unwrap_or_else(|| a.out.join("clos.svg"));
+    if let Some(dir) = svg.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    evb_sim::plot::curves_svg(
+        &format!("Clos of {}-port leaves: efficiency against N", a.radix),
+        "N (hosts; log scale)",
+        &curves,
+        true,
+        &svg,
+    )?;
+    println!("wrote {}", svg.display());
     if let Some(path) = &a.json {
         crate::json_out::write(path, &all)?;
     }
@@ -424,6 +450,7 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
             &format!("event building over {}", k.trim()),
             &format!("{} ({unit})", k.trim()),
             &curves,
+            false,
             &svg,
         )?;
         println!("wrote {}", svg.display());

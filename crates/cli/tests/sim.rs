@@ -194,19 +194,17 @@ fn evb_sim_plans_the_documented_system_at_its_offered_rate() {
 /// routing among them; an unknown routing refused by name.
 #[test]
 fn evb_sim_clos_takes_the_routings_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
     let out = Command::new(EVB)
-        .args(["sim", "--model", "clos", "--n", "64", "--radix", "16"])
-        .args([
-            "--slots",
-            "3000",
-            "--routing",
-            "static,adaptive",
-            "--json",
-            "-",
-        ])
+        .args(["sim", "--model", "clos", "--n", "16,64", "--radix", "16"])
+        .args(["--slots", "3000", "--routing", "static,adaptive"])
+        .args(["--json", "-", "--out"])
+        .arg(dir.path())
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    let svg = std::fs::read_to_string(dir.path().join("clos.svg")).unwrap();
+    assert!(svg.contains("barrel, adaptive") && svg.contains("random FIFO, static"));
     let table = String::from_utf8_lossy(&out.stderr);
     assert!(
         table.contains("fifo adaptive") && table.contains("barrel static"),
@@ -214,11 +212,15 @@ fn evb_sim_clos_takes_the_routings_asked_for() {
     );
     let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let points = points.as_array().unwrap();
-    assert_eq!(points.len(), 4, "{points:?}");
+    assert_eq!(points.len(), 8, "{points:?}");
     let barrel = |routing: &str| {
         points
             .iter()
-            .find(|p| p["model"]["policy"] == "barrel" && p["model"]["routing"] == routing)
+            .find(|p| {
+                p["model"]["policy"] == "barrel"
+                    && p["model"]["routing"] == routing
+                    && p["model"]["hosts"] == 64
+            })
             .and_then(|p| p["efficiency"].as_f64())
             .unwrap()
     };

@@ -552,3 +552,77 @@ fn the_barrel_sweep_script_runs_as_written_in_its_quick_mode() {
         assert!(pct > 10.0 && pct <= 101.0, "{r}");
     }
 }
+
+/// A script of docs/scaling.md's figures run as written, in its quick mode: its stdout.
+fn run_script(name: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let script = format!("{}/../../scripts/{name}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash")
+        .arg(script)
+        .args(args)
+        .env("EVB", EVB)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{name}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `scripts/fabric-sweep.sh` in its quick mode: one switch and two leaves on one spine, a
+/// line per assignment and shaping, each with a figure and the run's verdict OK.
+#[test]
+fn the_fabric_sweep_script_runs_as_written_in_its_quick_mode() {
+    if !root() {
+        return;
+    }
+    let text = run_script(
+        "fabric-sweep.sh",
+        &["1", "4", "2"],
+        &[
+            ("SECONDS_PER_RUN", "2".into()),
+            ("NAME", format!("fs{}", std::process::id() % 10000)),
+            ("QUEUES", "256kb".into()),
+            ("FABRICS", "one-switch static:1".into()),
+        ],
+    );
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("round 1 ")).collect();
+    assert_eq!(rows.len(), 6, "{text}");
+    for r in rows {
+        assert!(
+            !r.contains("failed") && r.ends_with("VERDICT: OK"),
+            "{text}"
+        );
+    }
+}
+
+/// `scripts/rails-sweep.sh` in its quick mode: one and two rails, then each rail cut
+/// halfway, every run's verdict OK.
+#[test]
+fn the_rails_sweep_script_runs_as_written_in_its_quick_mode() {
+    if !root() {
+        return;
+    }
+    let text = run_script(
+        "rails-sweep.sh",
+        &["1", "2", "2"],
+        &[
+            ("SECONDS_PER_RUN", "3".into()),
+            ("NAME", format!("rs{}", std::process::id() % 10000)),
+        ],
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("round 1 ") || l.starts_with("rails 2, rail "))
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for r in rows {
+        assert!(
+            !r.contains("failed") && r.ends_with("VERDICT: OK"),
+            "{text}"
+        );
+    }
+}

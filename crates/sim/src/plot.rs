@@ -229,16 +229,21 @@ where
 }
 
 /// Curves of y against x (`curves`: a label and its points each) as an SVG: a model's
-/// sweep over one of its parameters, one curve per shaping (and size). `y` is a fraction,
-/// drawn as a percentage from 0 to 100.
+/// sweep over one of its parameters, one curve per shaping (and size) or routing. `y` is a
+/// fraction, drawn as a percentage from 0 to 100; `log2_x` spaces x by its logarithm (N
+/// from 8 to 512), its labels still in x.
 pub fn curves_svg(
     title: &str,
     xlabel: &str,
     curves: &[(String, Vec<(f64, f64)>)],
+    log2_x: bool,
     path: &std::path::Path,
 ) -> Result<(), String> {
     let e = |x: &dyn std::fmt::Display| format!("plot {}: {x}", path.display());
-    let xs = curves.iter().flat_map(|(_, p)| p.iter().map(|&(x, _)| x));
+    let fx = |x: f64| if log2_x { x.max(1e-9).log2() } else { x };
+    let xs = curves
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|&(x, _)| fx(x)));
     let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
     if x0 > x1 {
         return Err(e(&"no points"));
@@ -256,11 +261,18 @@ pub fn curves_svg(
     chart
         .configure_mesh()
         .x_desc(xlabel)
+        .x_label_formatter(&|x| {
+            if log2_x {
+                format!("{:.0}", 2f64.powf(*x))
+            } else {
+                format!("{x}")
+            }
+        })
         .y_desc("links busy (%)")
         .draw()
         .map_err(|x| e(&x))?;
     for (k, (label, pts)) in curves.iter().enumerate() {
-        let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (x, y * 100.0)).collect();
+        let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| (fx(x), y * 100.0)).collect();
         draw_curve(&mut chart, &pts, |_| true, k, label).map_err(|x| e(&x))?;
     }
     legend(&mut chart).map_err(|x| e(&x))?;
