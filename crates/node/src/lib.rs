@@ -14,6 +14,7 @@ mod driver;
 mod file_sink;
 mod file_syncer;
 mod playback;
+pub mod session;
 pub mod plug;
 pub mod priority;
 pub mod serve_sink;

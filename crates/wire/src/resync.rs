@@ -356,7 +356,7 @@ impl BuResync {
 
 /// What the active EVM tells its standby, at every heartbeat and before it acts on a drop:
 /// enough for the standby to take over (docs/standby.md).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Follow {
     /// Time the run has been triggering (pauses left out), in milliseconds.
     pub elapsed_ms: u64,

@@ -67,6 +67,8 @@ pub struct Driver {
     evm: EvmSide,
     /// This process's part in a run with a standby EVM.
     standby: standby::Standby,
+    /// When this driver was made: time 0 of the session's machines.
+    origin: Instant,
 }
 
 /// What only an RU has (all `None` elsewhere).
@@ -284,7 +286,7 @@ impl Driver {
         }
         let mut logic =
             setup::logic(cfg, &me, ru_pool, now, plugs.sink).map_err(NodeError::Setup)?;
-        let standby = standby::Standby::new(cfg, &me, now);
+        let standby = standby::Standby::new(cfg, &me, &nodes, now);
         if let (true, Logic::Evm(e)) = (standby.following(), &mut logic) {
             e.set_following(true);
         }
@@ -357,6 +359,7 @@ impl Driver {
                 since: std::time::SystemTime::now(),
             },
             standby,
+            origin: now,
         })
     }
 
@@ -562,8 +565,9 @@ impl Driver {
                     break;
                 }
                 incoming.clear();
+                let wait = self.standby_wait(now, Duration::from_millis(10));
                 self.messenger
-                    .poll(&mut incoming, Some(Duration::from_millis(10)))
+                    .poll(&mut incoming, Some(wait))
                     .map_err(|e| NodeError::Io(e.to_string()))?;
                 let now = Instant::now();
                 for inc in incoming.drain(..) {

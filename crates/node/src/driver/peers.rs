@@ -3,6 +3,7 @@
 
 use super::liveness::Liveness;
 use super::*;
+use crate::session::{Authority, Incarnation};
 
 /// How often a peer that does not answer is called while the node's set comes up.
 pub(super) const CALL_EVERY: Duration = Duration::from_millis(50);
@@ -21,6 +22,8 @@ pub(super) enum Admit {
     Second(NodeRef),
     /// A restarted BU with the incarnation of the process it replaces: refused.
     ReusedIncarnation(NodeRef),
+    /// A BU whose Hello says incarnation 0, which is none (protocol.md §3): refused.
+    NoIncarnation(NodeRef),
 }
 
 /// An outgoing connection still being set up.
@@ -54,9 +57,9 @@ pub(super) struct Links {
     /// At the EVM: the incarnation of each BU's last control connection in this run, to
     /// refuse a restarted BU that drew its predecessor's number (1 in 65,535).
     seen_incarnations: FastMap<NodeRef, u16>,
-    /// At an RU or BU: the highest epoch of an EVM that this node followed in this run (the
-    /// Term that opens each control connection says it); a lower one is stale.
-    followed_epoch: u16,
+    /// At an RU or BU: the door for EVMs (the highest epoch followed in this run, and the
+    /// connection whose Term was admitted); see [`Authority`].
+    pub(super) authority: Authority,
     /// How many connections make this node's set.
     expected: usize,
     /// Every connection was up once (the run may have lost some since).
@@ -93,7 +96,7 @@ impl Links {
             incarnation,
             incarnations: FastMap::default(),
             seen_incarnations: FastMap::default(),
-            followed_epoch: 0,
+            authority: Authority::default(),
             expected,
             up: false,
             connect_deadline,
@@ -212,6 +215,9 @@ impl Links {
         match who {
             None => Admit::Stranger,
             Some(p) if self.conns.contains_key(&p) => Admit::Second(p),
+            Some(p @ NodeRef::Bu(_)) if evm && Incarnation::from_wire(incarnation).is_none() => {
+                Admit::NoIncarnation(p)
+            }
             Some(p @ NodeRef::Bu(_))
                 if evm && self.seen_incarnations.get(&p) == Some(&incarnation) =>
             {
@@ -221,23 +227,9 @@ impl Links {
         }
     }
 
-    /// An EVM's Term: `Ok` if it may speak for the run (its epoch is not below the highest
-    /// this node followed, which it becomes), else `Err` with the epoch followed.
-    pub(super) fn admit_term(&mut self, epoch: u16) -> Result<(), u16> {
-        if epoch < self.followed_epoch {
-            return Err(self.followed_epoch);
-        }
-        self.followed_epoch = epoch;
-        Ok(())
-    }
-
-    /// The highest epoch this node followed in this run.
-    pub(super) fn followed_epoch(&self) -> u16 {
-        self.followed_epoch
-    }
-
     /// Drops what is known of peer `p` and its connection.
     fn forget(&mut self, p: NodeRef, conn: ConnId) {
+        self.authority.lost(conn);
         self.peers.remove(&conn);
         self.conns.remove(&p);
         self.liveness.forget(p);
@@ -335,13 +327,19 @@ impl Driver {
                     warn!(node = %self.me.id, "{p} ({}) called with incarnation {}, that of the process it replaces; refused: restart it", peer.node_id, peer.incarnation);
                     self.messenger.close(conn);
                 }
+                Admit::NoIncarnation(p) => {
+                    // RUs hold an Assign that names 0 (protocol.md §6 item 11): such a BU
+                    // would get no fragment from an RU that follows the docs
+                    warn!(node = %self.me.id, "{p} ({}) called with incarnation 0, which is none (1…65535, protocol.md §3); refused", peer.node_id);
+                    self.messenger.close(conn);
+                }
                 Admit::Accept(p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
                     self.links.add(now, p, conn, peer.incarnation);
                     if matches!(self.logic, Logic::Evm(_)) {
                         // first on a node's control connection: the epoch this EVM speaks at
                         let term = Message::Term {
-                            epoch: self.own_epoch(),
+                            epoch: self.own_epoch().get(),
                         };
                         if let Err(e) = self.messenger.send_now(conn, &term) {
                             debug!(node = %self.me.id, "term to {p} failed: {e}");
@@ -368,6 +366,11 @@ impl Driver {
                             peer.node_id,
                             self.rank_of(p)
                         );
+                        // (its Term first: a node heeds no EVM word before it)
+                        let term = Message::Term {
+                            epoch: self.own_epoch().get(),
+                        };
+                        let _ = self.messenger.send_now(conn, &term);
                         let _ = self.messenger.send_now(conn, &Message::Abort(why.clone()));
                         self.messenger.close(conn);
                         self.abort_launch(why);
@@ -391,13 +394,25 @@ impl Driver {
                     Received::Message(m)
                         if self.standby.following() && !matches!(m, Message::Register(_)) =>
                     {
-                        match self.standby_message(from, m) {
+                        match self.standby_message(now, from, m) {
                             Some(m) => Received::Message(m),
                             None => return Ok(()),
                         }
                     }
                     other => other,
                 };
+                // a node heeds its EVM only after the Term that opens the connection
+                if let (NodeRef::Evm, Logic::Ru(_) | Logic::Bu(..), Received::Message(m)) =
+                    (from, &self.logic, &msg)
+                {
+                    if !matches!(m, Message::Term { .. } | Message::Heartbeat) {
+                        if let Err(r) = self.links.authority.admit(conn) {
+                            warn!(node = %self.me.id, "the EVM sent {:?} before its Term; refused ({r})", m.msg_type());
+                            self.refuse_evm(now, conn, r);
+                            return Ok(());
+                        }
+                    }
+                }
                 match (msg, &mut self.logic) {
                     (Received::Message(Message::Heartbeat), _) => {}
                     (Received::Message(Message::Register(r)), Logic::Evm(_)) => {
@@ -762,21 +777,6 @@ mod tests {
         )
     }
 
-    /// A node's door for EVMs, scripted without a socket: terms of the same and later epochs
-    /// pass, a replaced EVM's does not.
-    #[test]
-    fn an_epoch_below_the_one_followed_is_stale() {
-        let mut l = links(Instant::now());
-        assert_eq!(l.admit_term(0), Ok(()));
-        assert_eq!(l.admit_term(0), Ok(()), "the same EVM's term again");
-        assert_eq!(l.admit_term(2), Ok(()), "a takeover (or two) later");
-        assert_eq!(l.followed_epoch(), 2);
-        assert_eq!(l.admit_term(1), Err(2), "an EVM replaced since");
-        assert_eq!(l.admit_term(0), Err(2), "the first EVM, woken");
-        assert_eq!(l.followed_epoch(), 2, "a stale term changes nothing");
-        assert_eq!(l.admit_term(3), Ok(()));
-    }
-
     /// The EVM's door, scripted without a socket: two processes claiming one node, a
     /// restarted BU of a new incarnation and one with its predecessor's, a stranger; and
     /// fragments go only to the incarnation an Assign named.
@@ -786,6 +786,7 @@ mod tests {
         let mut l = links(now);
         let bu1 = NodeRef::Bu(1);
         assert_eq!(l.admit(None, 0, true), Admit::Stranger);
+        assert_eq!(l.admit(Some(bu1), 0, true), Admit::NoIncarnation(bu1));
         assert_eq!(l.admit(Some(bu1), 7, true), Admit::Accept(bu1));
         l.add(now, bu1, ConnId(1), 7);
         l.seen_incarnations.insert(bu1, 7);

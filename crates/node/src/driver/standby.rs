@@ -9,6 +9,9 @@ use evb_builder::{BuResync, RuResync, Takeover};
 use evb_wire::resync::Follow;
 
 use super::*;
+use crate::session::active::{Active, Call, Fenced};
+use crate::session::follower::{dropped_by, Event, Follower, Input, Timers, Transmit};
+use crate::session::{Epoch, Time};
 
 /// How long a node or the standby waits for the other side of a takeover, beyond the
 /// heartbeat timeout that started it.
@@ -30,69 +33,76 @@ pub(super) enum Standby {
         switched: bool,
         left: Option<String>,
     },
-    /// The active EVM: its follower's connection (the slot belongs to the first standby
-    /// that calls, and is refused to a second while the first is heard), when it was last
-    /// heard, and the epoch that fenced this EVM, once a standby that the nodes followed
-    /// said so: from then on this EVM acts no more.
-    Active {
-        follower: Option<ConnId>,
-        heard: Instant,
-        fenced: Option<u16>,
-    },
+    /// The active EVM: its follower slot and its fence (session::Active decides both).
+    Active(Active),
     /// The standby EVM, following the active one until it is lost, then taking over.
     Follower(Box<Following>),
 }
 
+/// The standby: its machine (session::Follower decides) and what the nodes and the active
+/// EVM sent that the new EVM is made of.
 pub(super) struct Following {
-    /// Where the active EVM listens, and the connection to it.
+    /// Where the active EVM listens.
     active: String,
-    conn: Option<ConnId>,
-    dialing: Option<ConnId>,
-    retry_at: Instant,
-    last_heard: Instant,
-    /// When the follower next tells the active EVM it is there (every `heartbeat_ms`).
-    next_beat: Instant,
-    /// The active EVM's last word, and when it came.
-    follow: Follow,
-    follow_at: Instant,
-    /// Taking over: since when, and what the nodes said so far. Until a node follows, this
-    /// is only a suspicion: an active EVM that speaks again before any node left it keeps
-    /// the run, and the standby stands down and follows on.
-    taking_over: Option<Instant>,
-    /// The active EVM's word heard while taking over (it woke): applied if the standby
-    /// stands down, ignored once a node followed.
-    late: Option<Follow>,
-    /// The old EVM was told it is fenced (a node followed the standby).
-    fence_sent: bool,
+    machine: Follower,
+    /// Since when this process runs: the machine's time 0.
+    origin: Instant,
     rus: BTreeMap<u16, (RuResync, bool)>,
     bus: BTreeMap<u16, (BuResync, bool)>,
     /// What nodes sent after their resync, before the new EVM was made: handled then.
     held: Vec<(NodeRef, Message)>,
-    /// The run ended at the active EVM: nothing to take over.
-    over: bool,
-    /// When it began following, and whether it ever reached the active EVM.
-    since: Instant,
-    reached: bool,
     /// Decisions from outside the active EVM has taken and whose records are not final,
     /// by record id (its Window messages): what a takeover triggers after the records the
     /// nodes know.
     decisions: BTreeMap<u64, evb_wire::window::DecisionWindow>,
 }
 
+impl Following {
+    fn at(&self, now: Instant) -> Time {
+        now.saturating_duration_since(self.origin)
+    }
+}
+
+impl Driver {
+    /// `now` as the session's machines count time (since this driver was made).
+    pub(super) fn at(&self, now: Instant) -> Time {
+        now.saturating_duration_since(self.origin)
+    }
+}
+
+/// The follower's timers, from the run's configuration.
+fn timers(cfg: &Config) -> Timers {
+    Timers {
+        heartbeat: Duration::from_millis(cfg.run.heartbeat_ms),
+        timeout: Duration::from_millis(cfg.run.heartbeat_timeout_ms),
+        wait: takeover_wait(cfg),
+        connect: Duration::from_secs_f64(cfg.run.connect_timeout_s),
+    }
+}
+
 impl Standby {
-    pub(super) fn new(cfg: &Config, me: &NodeSpec, now: Instant) -> Standby {
+    pub(super) fn new(cfg: &Config, me: &NodeSpec, nodes: &[NodeSpec], now: Instant) -> Standby {
         if me.role == Role::Evm && !cfg.evm.follow.is_empty() {
-            return Standby::follower(cfg.evm.follow.clone(), now);
+            let nodes = nodes
+                .iter()
+                .filter(|n| n.role != Role::Evm)
+                .map(node_ref)
+                .collect();
+            return Standby::Follower(Box::new(Following {
+                active: cfg.evm.follow.clone(),
+                machine: Follower::new(timers(cfg), nodes, Duration::ZERO),
+                origin: now,
+                rus: BTreeMap::new(),
+                bus: BTreeMap::new(),
+                held: Vec::new(),
+                decisions: BTreeMap::new(),
+            }));
         }
         if cfg.evm.standby.is_empty() {
             return Standby::None;
         }
         match me.role {
-            Role::Evm => Standby::Active {
-                follower: None,
-                heard: now,
-                fenced: None,
-            },
+            Role::Evm => Standby::Active(Active::new(Epoch::FIRST, Duration::ZERO)),
             _ => Standby::Node {
                 addr: cfg.evm.standby.clone(),
                 calling_since: None,
@@ -100,30 +110,6 @@ impl Standby {
                 left: None,
             },
         }
-    }
-
-    /// The standby EVM, following the active one at `active`.
-    pub(super) fn follower(active: String, now: Instant) -> Standby {
-        Standby::Follower(Box::new(Following {
-            active,
-            conn: None,
-            dialing: None,
-            retry_at: now,
-            last_heard: now,
-            next_beat: now,
-            follow: Follow::default(),
-            follow_at: now,
-            taking_over: None,
-            late: None,
-            fence_sent: false,
-            rus: BTreeMap::new(),
-            bus: BTreeMap::new(),
-            held: Vec::new(),
-            over: false,
-            since: now,
-            reached: false,
-            decisions: BTreeMap::new(),
-        }))
     }
 
     /// Still following: not yet the run's EVM.
@@ -134,7 +120,7 @@ impl Standby {
     /// The epoch that fenced this (old) EVM, if one did.
     pub(super) fn fenced(&self) -> Option<u16> {
         match self {
-            Standby::Active { fenced, .. } => *fenced,
+            Standby::Active(a) => a.fenced().map(Epoch::get),
             _ => None,
         }
     }
@@ -158,19 +144,6 @@ fn gather<T>(
             got.insert(i, (part, more));
         }
     }
-}
-
-/// The nodes the active EVM had dropped, by its last word.
-fn dropped_by(follow: &Follow) -> Vec<NodeRef> {
-    follow
-        .dropped
-        .iter()
-        .map(|&(role, index)| match role {
-            evb_wire::Role::Evm => NodeRef::Evm,
-            evb_wire::Role::Ru => NodeRef::Ru(index),
-            evb_wire::Role::Bu => NodeRef::Bu(index),
-        })
-        .collect()
 }
 
 impl Driver {
@@ -204,12 +177,8 @@ impl Driver {
 
     /// The connection to this active EVM's follower, while it is not fenced.
     fn follower_conn(&self) -> Option<ConnId> {
-        match self.standby {
-            Standby::Active {
-                follower: Some(conn),
-                fenced: None,
-                ..
-            } => Some(conn),
+        match &self.standby {
+            Standby::Active(a) => a.follower(),
             _ => None,
         }
     }
@@ -237,32 +206,36 @@ impl Driver {
     /// An incoming connection event that belongs to the standby machinery; true when it
     /// was handled here.
     pub(super) fn standby_incoming(&mut self, now: Instant, inc: &Incoming) -> bool {
+        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
+        let at = self.at(now);
         match (&mut self.standby, inc) {
             // the active EVM: its follower calls (role EVM, index 1, this node's id)
-            (
-                Standby::Active {
-                    follower, heard, ..
-                },
-                Incoming::Accepted { conn, peer },
-            ) if peer.role == evb_wire::Role::Evm
-                && peer.index == 1
-                && peer.node_id == self.me.id =>
+            (Standby::Active(a), Incoming::Accepted { conn, peer })
+                if peer.role == evb_wire::Role::Evm
+                    && peer.index == 1
+                    && peer.node_id == self.me.id =>
             {
-                // one follower slot: a second caller does not replace a standby still heard
-                // (its loss would make the real standby take over a run the nodes never left)
-                let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
-                if follower.is_some() && now.duration_since(*heard) <= timeout {
-                    warn!(node = %self.me.id, "a second standby EVM called ({}); refused: the follower slot is held", peer.node_id);
-                    self.messenger.close(*conn);
-                    return true;
+                match a.call(at, *conn, timeout) {
+                    Call::Held => {
+                        warn!(node = %self.me.id, "a second standby EVM called ({}); refused: the follower slot is held", peer.node_id);
+                        self.messenger.close(*conn);
+                        return true;
+                    }
+                    Call::Fenced(epoch) => {
+                        warn!(node = %self.me.id, "a standby EVM called this EVM, which epoch {epoch} fenced; refused");
+                        self.messenger.close(*conn);
+                        return true;
+                    }
+                    Call::Taken {
+                        replaced: Some(old),
+                    } => {
+                        info!(node = %self.me.id, "the standby EVM called again; its silent connection is closed");
+                        self.messenger.close(old);
+                    }
+                    Call::Taken { replaced: None } => {
+                        info!(node = %self.me.id, "the standby EVM follows this one")
+                    }
                 }
-                if let Some(old) = follower.replace(*conn) {
-                    info!(node = %self.me.id, "the standby EVM called again; its silent connection is closed");
-                    self.messenger.close(old);
-                } else {
-                    info!(node = %self.me.id, "the standby EVM follows this one");
-                }
-                *heard = now;
                 let conn = *conn;
                 // decisions from outside taken before it came: it gets a copy of them
                 if let Logic::Evm(e) = &self.logic {
@@ -275,91 +248,56 @@ impl Driver {
             }
             // a fenced EVM takes no one: a node that lost the standby it followed and calls
             // this address again is for the standby that listens here next, never for it
-            (
-                Standby::Active {
-                    fenced: Some(epoch),
-                    ..
-                },
-                Incoming::Accepted { conn, peer },
-            ) => {
+            (Standby::Active(a), Incoming::Accepted { conn, peer }) if a.fenced().is_some() => {
+                let epoch = a.fenced().unwrap_or_default();
                 warn!(node = %self.me.id, "{} called this EVM, which epoch {epoch} fenced; refused", peer.node_id);
                 self.messenger.close(*conn);
                 true
             }
-            (Standby::Active { follower, .. }, Incoming::Closed { conn, .. })
-                if *follower == Some(*conn) =>
-            {
+            (Standby::Active(a), Incoming::Closed { conn, .. }) if a.is_follower(*conn) => {
                 warn!(node = %self.me.id, "the standby EVM is gone: a loss of this EVM would end the run");
-                *follower = None;
+                a.closed(*conn);
                 true
             }
-            (
-                Standby::Active {
-                    follower, heard, ..
-                },
-                Incoming::Received { conn, msg },
-            ) if *follower == Some(*conn) => {
-                *heard = now;
+            (Standby::Active(a), Incoming::Received { conn, msg }) if a.is_follower(*conn) => {
+                a.heard(at);
                 if let Received::Message(Message::Fence { epoch }) = msg {
                     let epoch = *epoch;
-                    self.fence(epoch);
+                    self.fence(NodeRef::Evm, epoch);
                 }
                 true
             }
-            (Standby::Follower(f), Incoming::Connected { conn, .. })
-                if f.dialing == Some(*conn) =>
-            {
-                info!(node = %self.me.id, "following the active EVM at {}", f.active);
-                f.dialing = None;
-                f.conn = Some(*conn);
-                f.last_heard = now;
-                f.reached = true;
+            (Standby::Follower(f), Incoming::Connected { conn, .. }) if f.machine.owns(*conn) => {
+                f.machine.handle(at, Input::Connected(*conn));
+                self.drive_follower(now);
                 true
             }
-            (Standby::Follower(f), Incoming::Closed { conn, reason })
-                if f.dialing == Some(*conn) =>
-            {
-                debug!(node = %self.me.id, "the active EVM at {} does not answer yet: {reason}", f.active);
-                f.dialing = None;
-                f.retry_at = now + Duration::from_millis(200);
+            (Standby::Follower(f), Incoming::Closed { conn, reason }) if f.machine.owns(*conn) => {
+                debug!(node = %self.me.id, "the active EVM's connection closed: {reason}");
+                f.machine.handle(at, Input::Closed(*conn));
+                self.drive_follower(now);
                 true
             }
-            (Standby::Follower(f), Incoming::Closed { conn, reason }) if f.conn == Some(*conn) => {
-                f.conn = None;
-                if !f.over && f.taking_over.is_none() {
-                    warn!(node = %self.me.id, "lost the active EVM: {reason}; taking over");
-                    f.taking_over = Some(now);
-                }
-                true
-            }
-            (Standby::Follower(f), Incoming::Received { conn, msg }) if f.conn == Some(*conn) => {
-                f.last_heard = now;
-                if let Received::Message(Message::Window { first, windows }) = msg {
-                    // a copy of decisions from outside the active EVM has taken
-                    for (i, w) in windows.iter().enumerate() {
-                        f.decisions.insert(first + i as u64, w.clone());
-                    }
-                    return true;
-                }
-                if let Received::Message(Message::Follow(w)) = msg {
-                    // the records below it are final: their windows are needed no more
-                    if w.decisions_final > 0 {
-                        f.decisions = f.decisions.split_off(&w.decisions_final);
-                    }
-                    if f.taking_over.is_some() {
-                        // a suspected EVM speaks again: its word counts only if the standby
-                        // stands down (no node left it)
-                        let mut w = w.clone();
-                        if let Some(l) = &f.late {
-                            w.over |= l.over;
+            (Standby::Follower(f), Incoming::Received { conn, msg }) if f.machine.owns(*conn) => {
+                let input = match msg {
+                    Received::Message(Message::Window { first, windows }) => {
+                        // a copy of decisions from outside the active EVM has taken
+                        for (i, w) in windows.iter().enumerate() {
+                            f.decisions.insert(first + i as u64, w.clone());
                         }
-                        f.late = Some(w);
-                    } else {
-                        f.over |= w.over;
-                        f.follow = w.clone();
-                        f.follow_at = now;
+                        Input::Heard(*conn)
                     }
-                }
+                    Received::Message(Message::Follow(w)) => {
+                        // the records below it are final: their windows are needed no more
+                        if w.decisions_final > 0 {
+                            f.decisions = f.decisions.split_off(&w.decisions_final);
+                        }
+                        Input::Word(*conn, w.clone())
+                    }
+                    _ => Input::Heard(*conn),
+                };
+                f.machine.handle(at, input);
+                self.drive_follower(now);
                 true
             }
             _ => false,
@@ -367,37 +305,48 @@ impl Driver {
     }
 
     /// A message from a node to the standby while it takes over: resyncs are gathered,
-    /// the rest held until the new EVM is made. False when the standby is the EVM already.
-    pub(super) fn standby_message(&mut self, from: NodeRef, msg: Message) -> Option<Message> {
+    /// the rest held until the new EVM is made. `None` when the standby took it.
+    pub(super) fn standby_message(
+        &mut self,
+        now: Instant,
+        from: NodeRef,
+        msg: Message,
+    ) -> Option<Message> {
         let Standby::Follower(f) = &mut self.standby else {
             return Some(msg);
         };
-        match (from, msg) {
+        let at = f.at(now);
+        let complete = match (from, msg) {
             (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
                 gather(&mut f.rus, i, resync, more, RuResync::absorb);
-                None
+                f.rus.get(&i).is_some_and(|(_, more)| !more)
             }
             (NodeRef::Bu(i), Message::ResyncBu { resync, more }) => {
                 gather(&mut f.bus, i, *resync, more, BuResync::absorb);
-                None
+                f.bus.get(&i).is_some_and(|(_, more)| !more)
             }
-            (from, Message::Heartbeat) => {
-                let _ = from;
-                None
-            }
+            (_, Message::Heartbeat) => return None,
             (from, msg) => {
                 f.held.push((from, msg));
-                None
+                return None;
             }
-        }
+        };
+        f.machine.handle(
+            at,
+            Input::Resync {
+                node: from,
+                complete,
+            },
+        );
+        self.drive_follower(now);
+        None
     }
 
-    /// Each pass: the follower calls the active EVM, watches it, and takes over once it is
-    /// lost and every node has answered (or the wait is over); a node waiting for the
-    /// standby gives up after its wait. Returns true while this process is a follower that
-    /// has not taken over (its EVM logic must not run yet).
+    /// Each pass: the standby's machine is woken (it calls the active EVM, watches it, and
+    /// takes over once it is lost and every node has answered, or the wait is over); a
+    /// node waiting for the standby gives up after its wait. Returns true while this
+    /// process is a follower that has not taken over (its EVM logic must not run yet).
     pub(super) fn standby_pass(&mut self, now: Instant) -> bool {
-        let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
         let wait = takeover_wait(&self.cfg);
         match &mut self.standby {
             Standby::Node {
@@ -415,34 +364,44 @@ impl Driver {
                 false
             }
             Standby::Follower(f) => {
-                if f.over {
-                    if self.exit.is_none() {
-                        self.exit = Some((true, "the run ended at the active EVM".into()));
-                    }
-                    return true;
+                let at = f.at(now);
+                // an operator's stop or abort (Ctrl-C, SIGTERM, the control API) ends a
+                // standby that follows: it has no run of its own to drain
+                if f.machine.may_stop()
+                    && (self.control.stop_requested() || self.control.take_abort().is_some())
+                {
+                    f.machine.handle(at, Input::Stop);
                 }
-                if f.taking_over.is_none() {
-                    // an operator's stop or abort (Ctrl-C, SIGTERM, the control API) ends a
-                    // standby that follows: it has no run of its own to drain
-                    if self.control.stop_requested() || self.control.take_abort().is_some() {
-                        if self.exit.is_none() {
-                            self.exit = Some((true, "stopped while following the EVM".into()));
-                        }
-                        return true;
-                    }
-                    // an EVM that never answers (or is gone before the standby reached it)
-                    let never = !f.reached
-                        && now.duration_since(f.since)
-                            > Duration::from_secs_f64(self.cfg.run.connect_timeout_s);
-                    if never && self.exit.is_none() {
-                        let why = format!(
-                            "the EVM at {} did not answer within {} s (run.connect_timeout_s)",
-                            f.active, self.cfg.run.connect_timeout_s
-                        );
-                        self.exit = Some((false, why));
-                        return true;
-                    }
-                    if f.conn.is_none() && f.dialing.is_none() && now >= f.retry_at {
+                f.machine.handle_timeout(at);
+                self.drive_follower(now);
+                self.standby.following()
+            }
+            _ => false,
+        }
+    }
+
+    /// How long the standby's loop may sleep at most: until its machine's next timeout.
+    pub(super) fn standby_wait(&self, now: Instant, cap: Duration) -> Duration {
+        match &self.standby {
+            Standby::Follower(f) => f
+                .machine
+                .poll_timeout()
+                .map_or(cap, |t| t.saturating_sub(f.at(now)).min(cap)),
+            _ => cap,
+        }
+    }
+
+    /// Does what the standby's machine asks: its calls, heartbeats and fence, and its
+    /// decisions (an end, a takeover).
+    fn drive_follower(&mut self, now: Instant) {
+        loop {
+            let Standby::Follower(f) = &mut self.standby else {
+                return;
+            };
+            let at = f.at(now);
+            if let Some(t) = f.machine.poll_transmit() {
+                match t {
+                    Transmit::Dial => {
                         let hello = Hello::new(
                             Channel::Control,
                             evb_wire::Role::Evm,
@@ -451,86 +410,87 @@ impl Driver {
                             &self.me.id,
                         );
                         match self.messenger.connect(&f.active, hello) {
-                            Ok(c) => f.dialing = Some(c),
+                            Ok(c) => f.machine.handle(at, Input::Dialed(c)),
                             Err(e) => {
                                 debug!(node = %self.me.id, "calling the active EVM: {e}");
-                                f.retry_at = now + Duration::from_millis(200);
+                                f.machine.handle(at, Input::DialFailed);
                             }
                         }
                     }
-                    if let Some(conn) = f.conn {
-                        if now.duration_since(f.last_heard) > timeout {
-                            // a suspicion until a node follows: the connection stays open, so
-                            // that an EVM that wakes is heard (and told, if it was replaced)
-                            warn!(node = %self.me.id, "the active EVM is silent for {} ms; taking over if the nodes follow", timeout.as_millis());
-                            f.taking_over = Some(now);
-                        } else if now >= f.next_beat {
-                            f.next_beat = now + Duration::from_millis(self.cfg.run.heartbeat_ms);
-                            let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
-                        }
+                    Transmit::Heartbeat(conn) => {
+                        let _ = self.messenger.send_batched(conn, &Message::Heartbeat);
                     }
-                    return true;
+                    Transmit::Fence(conn, epoch) => {
+                        // a node followed: the takeover is decided, and the old EVM, should
+                        // it wake, is told that it is fenced (it then closes its nodes'
+                        // connections, so that every node still with it calls here)
+                        info!(node = %self.me.id, "a node followed: fencing the old EVM (epoch {epoch})");
+                        let _ = self.messenger.send_now(
+                            conn,
+                            &Message::Fence {
+                                epoch: epoch.get(),
+                            },
+                        );
+                    }
                 }
-                let since = f.taking_over.unwrap_or(now);
-                let followed = !f.rus.is_empty() || !f.bus.is_empty();
-                let waited = now.duration_since(since) >= wait;
-                // no node left the EVM, and it speaks again (or is still connected when the
-                // wait is over): the run is still its own
-                if !followed && f.conn.is_some() && (f.late.is_some() || waited) {
-                    let why = if f.late.is_some() {
+                continue;
+            }
+            let Some(e) = f.machine.poll_event() else {
+                return;
+            };
+            let timeout = self.cfg.run.heartbeat_timeout_ms;
+            match e {
+                Event::Reached => {
+                    info!(node = %self.me.id, "following the active EVM at {}", f.active)
+                }
+                Event::Suspected { lost: true } => {
+                    warn!(node = %self.me.id, "lost the active EVM; taking over if the nodes follow")
+                }
+                Event::Suspected { lost: false } => {
+                    warn!(node = %self.me.id, "the active EVM is silent for {timeout} ms; taking over if the nodes follow")
+                }
+                Event::StoodDown { spoke } => {
+                    let why = if spoke {
                         "it speaks again"
                     } else {
                         "its connection is open"
                     };
                     warn!(node = %self.me.id, "no node left the active EVM and {why}: standing down, following on");
-                    if let Some(w) = f.late.take() {
-                        f.over |= w.over;
-                        f.follow = w;
-                        f.follow_at = now;
-                    }
-                    f.taking_over = None;
-                    f.last_heard = now;
-                    return true;
                 }
-                // a node followed: the takeover is decided, and the old EVM, should it
-                // wake, is told that it is fenced (it then closes its nodes' connections,
-                // so that every node still with it calls here, and acts no more)
-                if followed && !f.fence_sent {
-                    if let Some(conn) = f.conn {
-                        let epoch = f.follow.epoch.saturating_add(1);
-                        info!(node = %self.me.id, "a node followed: fencing the old EVM (epoch {epoch})");
-                        let _ = self.messenger.send_now(conn, &Message::Fence { epoch });
-                    }
-                    f.fence_sent = true;
+                Event::Over => self.end(true, "the run ended at the active EVM".into()),
+                Event::Stopped => self.end(true, "stopped while following the EVM".into()),
+                Event::NeverReached => {
+                    let why = format!(
+                        "the EVM at {} did not answer within {} s (run.connect_timeout_s)",
+                        f.active, self.cfg.run.connect_timeout_s
+                    );
+                    self.end(false, why);
                 }
-                let dropped = dropped_by(&f.follow);
-                let all = self.nodes.iter().skip(1).all(|n| {
-                    let p = node_ref(n);
-                    dropped.contains(&p)
-                        || match p {
-                            NodeRef::Ru(i) => f.rus.get(&i).is_some_and(|(_, more)| !more),
-                            NodeRef::Bu(i) => f.bus.get(&i).is_some_and(|(_, more)| !more),
-                            NodeRef::Evm => true,
-                        }
-                });
-                if !all && !waited {
-                    return true;
-                }
-                self.take_over(now);
-                false
+                Event::TakeOver {
+                    epoch,
+                    word,
+                    word_at,
+                    ..
+                } => self.take_over(now, epoch, word, word_at),
             }
-            _ => false,
+        }
+    }
+
+    /// This process ends for `why`, unless an end was decided before.
+    fn end(&mut self, ok: bool, why: String) {
+        if self.exit.is_none() {
+            self.exit = Some((ok, why));
         }
     }
 
     /// The epoch this process speaks for the run at, as the Term that opens each node's
     /// control connection says: the EVM's (0 before any takeover), or, for a standby that
     /// nodes call while it takes over, the one above the active EVM's.
-    pub(super) fn own_epoch(&self) -> u16 {
+    pub(super) fn own_epoch(&self) -> Epoch {
         match (&self.standby, &self.logic) {
-            (Standby::Follower(f), _) => f.follow.epoch.saturating_add(1),
-            (_, Logic::Evm(e)) => e.stats().epoch,
-            _ => 0,
+            (Standby::Follower(f), _) => f.machine.epoch(),
+            (_, Logic::Evm(e)) => Epoch::new(e.stats().epoch),
+            _ => Epoch::FIRST,
         }
     }
 
@@ -539,78 +499,81 @@ impl Driver {
     /// It is told so with a Fence of the epoch followed (it then ends as fenced), and the
     /// connection is refused as a lost EVM (with a standby, the node calls it again).
     pub(super) fn on_term(&mut self, now: Instant, conn: ConnId, epoch: u16) {
-        let Err(followed) = self.links.admit_term(epoch) else {
-            return;
+        let refusal = match self.links.authority.term(conn, Epoch::new(epoch)) {
+            Ok(()) => return,
+            Err(r) => r,
         };
-        warn!(node = %self.me.id, "the EVM on this connection speaks at epoch {epoch}, below the {followed} this node followed; refused (stale epoch), and told it is fenced");
-        let _ = self
-            .messenger
-            .send_now(conn, &Message::Fence { epoch: followed });
+        let followed = self.links.authority.followed();
+        warn!(node = %self.me.id, "the EVM on this connection speaks at epoch {epoch}, below the {followed} this node followed; refused ({refusal}), and told it is fenced");
+        let _ = self.messenger.send_now(
+            conn,
+            &Message::Fence {
+                epoch: followed.get(),
+            },
+        );
+        self.refuse_evm(now, conn, refusal);
+    }
+
+    /// A node refuses the EVM on `conn` (a stale term, or words before its Term): the
+    /// connection is closed as a lost EVM (with a standby, the node calls it again).
+    pub(super) fn refuse_evm(&mut self, now: Instant, conn: ConnId, why: crate::session::Refusal) {
         self.messenger.close(conn);
         if self.links.peers.remove(&conn).is_some() {
-            self.lose(
-                now,
-                NodeRef::Evm,
-                conn,
-                format!("stale epoch {epoch} (this node followed {followed})"),
-            );
+            self.lose(now, NodeRef::Evm, conn, why.to_string());
         }
     }
 
     /// An EVM hears from a node that it followed a later epoch than this EVM's: another EVM
     /// took the run over and this one missed its fence. It is fenced now, as by the Fence
-    /// of the standby itself.
+    /// of the standby itself. Without a standby nothing else can hold the run: the word is
+    /// refused by name.
     pub(super) fn fenced_by_node(&mut self, from: NodeRef, epoch: u16) {
-        let own = self.own_epoch();
-        if epoch <= own || self.standby.following() {
-            warn!(node = %self.me.id, "{from} sent a Fence of epoch {epoch}, not above this EVM's {own}; ignored");
+        if self.standby.following() {
+            warn!(node = %self.me.id, "{from} sent a Fence of epoch {epoch} to a standby that follows; ignored");
             return;
         }
-        warn!(node = %self.me.id, "{from} followed epoch {epoch}, above this EVM's {own}: this EVM was replaced");
-        if matches!(self.standby, Standby::Active { .. }) {
-            self.fence(epoch);
-        } else if self.exit.is_none() {
-            // (no standby configured: nothing else can have the run, but the node says so)
-            self.exit = Some((
-                false,
-                format!("fenced by epoch {epoch}: {from} followed another EVM"),
-            ));
+        if !matches!(self.standby, Standby::Active(_)) {
+            warn!(node = %self.me.id, "{from} sent a Fence of epoch {epoch}, in a run without a standby (no other EVM can hold it); ignored");
+            return;
         }
+        self.fence(from, epoch);
     }
 
-    /// This (old) EVM hears that a standby the nodes followed holds the run at `epoch`: it
-    /// closes every node's connection (a node still with it then calls the standby), acts
-    /// no more (no Assign, Release, publication or Halt: `run_action` drops them) and ends
-    /// with a report that says it was fenced, so that no reader takes it for the run's.
-    fn fence(&mut self, epoch: u16) {
-        let Standby::Active { fenced, .. } = &mut self.standby else {
+    /// This (old) EVM hears (from `from`: its follower, or a node) that a standby the nodes
+    /// followed holds the run at `epoch`: it closes every node's connection (a node still
+    /// with it then calls the standby), acts no more (no Assign, Release, publication or
+    /// Halt: `run_action` drops them) and ends with a report that says it was fenced, so
+    /// that no reader takes it for the run's. A fence not above this EVM's epoch is refused.
+    fn fence(&mut self, from: NodeRef, epoch: u16) {
+        let own = self.own_epoch();
+        let Standby::Active(a) = &mut self.standby else {
             return;
         };
-        if fenced.is_some() {
-            return;
+        debug_assert_eq!(a.epoch(), own, "the slot speaks at the EVM's epoch");
+        match a.fence(Epoch::new(epoch)) {
+            Fenced::Already => {}
+            Fenced::NotAbove { own } => {
+                warn!(node = %self.me.id, "{from} sent a Fence of epoch {epoch}, not above this EVM's {own}; ignored")
+            }
+            Fenced::Now(epoch) => {
+                warn!(node = %self.me.id, "fenced by epoch {epoch}: the standby EVM holds the run; this EVM stops and its report is not the run's");
+                let conns: Vec<ConnId> = self.links.conns().map(|(_, c)| c).collect();
+                for c in conns {
+                    self.messenger.close(c);
+                }
+                self.exit = Some((
+                    false,
+                    format!("fenced by epoch {epoch}: the nodes followed the standby EVM, whose report is the run's"),
+                ));
+            }
         }
-        *fenced = Some(epoch);
-        warn!(node = %self.me.id, "fenced by epoch {epoch}: the standby EVM holds the run; this EVM stops and its report is not the run's");
-        let conns: Vec<ConnId> = self.links.conns().map(|(_, c)| c).collect();
-        for c in conns {
-            self.messenger.close(c);
-        }
-        self.exit = Some((
-            false,
-            format!("fenced by epoch {epoch}: the nodes followed the standby EVM, whose report is the run's"),
-        ));
     }
 
     /// An active EVM with a follower: a Fence among `incoming` is acted on first, so that
     /// nothing else of the batch (the nodes' closed connections, found on waking) makes
     /// this EVM decide anything.
     pub(super) fn fence_first(&mut self, incoming: &[Incoming]) {
-        let Standby::Active {
-            follower: Some(f),
-            fenced: None,
-            ..
-        } = self.standby
-        else {
+        let Some(f) = self.follower_conn() else {
             return;
         };
         let epoch = incoming.iter().find_map(|inc| match inc {
@@ -621,7 +584,7 @@ impl Driver {
             _ => None,
         });
         if let Some(e) = epoch {
-            self.fence(e);
+            self.fence(NodeRef::Evm, e);
         }
     }
 
@@ -630,14 +593,9 @@ impl Driver {
         let until = Instant::now() + most;
         let mut got = Vec::new();
         while Instant::now() < until {
-            let Standby::Active {
-                follower: Some(_),
-                fenced: None,
-                ..
-            } = self.standby
-            else {
+            if self.follower_conn().is_none() {
                 return;
-            };
+            }
             got.clear();
             if self
                 .messenger
@@ -650,8 +608,9 @@ impl Driver {
         }
     }
 
-    /// The standby becomes the run's EVM.
-    fn take_over(&mut self, now: Instant) {
+    /// The standby becomes the run's EVM at `epoch`, from the active EVM's last `word`
+    /// (heard at `word_at`) and what the nodes sent.
+    fn take_over(&mut self, now: Instant, epoch: Epoch, word: Follow, word_at: Time) {
         let Standby::Follower(mut f) = std::mem::replace(&mut self.standby, Standby::None) else {
             return;
         };
@@ -659,15 +618,15 @@ impl Driver {
             return;
         };
         let cfg = old.config().clone();
-        let dropped = dropped_by(&f.follow);
+        let dropped = dropped_by(&word);
         // triggering time: a paused run's clock stood still since the EVM said so
-        let since = if f.follow.paused {
+        let since = if word.paused {
             Duration::ZERO
         } else {
-            now.duration_since(f.follow_at)
+            now.saturating_duration_since(f.origin + word_at)
         };
-        let elapsed = Duration::from_millis(f.follow.elapsed_ms) + since;
-        if f.follow.paused {
+        let elapsed = Duration::from_millis(word.elapsed_ms) + since;
+        if word.paused {
             // the operator's pause holds under the new EVM, until resumed at its control
             info!(node = %self.me.id, "the run was paused: it stays paused");
             self.control.set_paused(true);
@@ -686,12 +645,12 @@ impl Driver {
             .collect();
         info!(node = %self.me.id, "taking the run over: {} RUs and {} BUs answered", rus.len(), bus.len());
         let t = Takeover {
-            epoch: f.follow.epoch.saturating_add(1),
+            epoch: epoch.get(),
             elapsed,
             dropped,
             reason: "the active EVM was lost".into(),
-            stop_requested: f.follow.stop_requested,
-            max_events: (f.follow.max_events != evb_wire::UNLIMITED).then_some(f.follow.max_events),
+            stop_requested: word.stop_requested,
+            max_events: (word.max_events != evb_wire::UNLIMITED).then_some(word.max_events),
             live_fed: matches!(
                 self.cfg.source.kind,
                 evb_config::SourceKind::Stream | evb_config::SourceKind::Api
@@ -723,11 +682,7 @@ impl Driver {
         self.links.mark_up();
         // the run's EVM now: a standby of its own may follow it (`evb up` starts one where
         // the old EVM was), and a second loss is taken over in turn
-        self.standby = Standby::Active {
-            follower: None,
-            heard: now,
-            fenced: None,
-        };
+        self.standby = Standby::Active(Active::new(epoch, self.at(now)));
     }
 
     /// A node lost its EVM: with a standby, call it (once).

@@ -186,7 +186,7 @@ impl Driver {
             fenced: self.standby.fenced(),
             incarnation: (self.links.own_incarnation() != 0).then(|| self.links.own_incarnation()),
             evm_epoch: matches!(self.logic, Logic::Ru(_) | Logic::Bu(..))
-                .then(|| self.links.followed_epoch()),
+                .then(|| self.links.authority.followed().get()),
         }
     }
 }

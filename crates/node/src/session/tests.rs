@@ -1,0 +1,393 @@
+//! The session's machines in virtual time: an active EVM (its [`Active`] slot and a word
+//! every heartbeat while it runs), the standby's [`Follower`], and nodes that lose the
+//! active EVM and send their resync, with time jumped to the earliest timeout. Each case of
+//! the takeover at the edge of its timeout (0.98 × and 1.02 ×), with no socket.
+
+use std::time::Duration;
+
+use evb_builder::NodeRef;
+use evb_transport::ConnId;
+use evb_wire::resync::Follow;
+
+use super::active::{Call, Fenced};
+use super::follower::{Event, Input, Stage, Timers, Transmit};
+use super::*;
+
+const HB: Duration = Duration::from_millis(200);
+const TIMEOUT: Duration = Duration::from_millis(1000);
+const WAIT: Duration = Duration::from_millis(3000);
+const CONNECT: Duration = Duration::from_secs(10);
+const FOLLOW_CONN: ConnId = ConnId(7);
+
+fn timers() -> Timers {
+    Timers {
+        heartbeat: HB,
+        timeout: TIMEOUT,
+        wait: WAIT,
+        connect: CONNECT,
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn nodes() -> Vec<NodeRef> {
+    vec![NodeRef::Ru(0), NodeRef::Ru(1), NodeRef::Bu(0)]
+}
+
+/// The standby and a scripted active EVM on one connection, in virtual time.
+struct Pair {
+    now: Time,
+    standby: Follower,
+    active: Active,
+    /// The active EVM runs (speaks every heartbeat) until this time, if any.
+    awake_until: Option<Time>,
+    next_word: Time,
+    /// The words' epoch and whether the run is over.
+    word: Follow,
+    /// What the standby sent and did, with when.
+    sent: Vec<(Time, Transmit)>,
+    events: Vec<(Time, Event)>,
+}
+
+impl Pair {
+    /// Connected and following at time 0.
+    fn new() -> Pair {
+        let mut p = Pair {
+            now: Duration::ZERO,
+            standby: Follower::new(timers(), nodes(), Duration::ZERO),
+            active: Active::new(Epoch::FIRST, Duration::ZERO),
+            awake_until: None,
+            next_word: Duration::ZERO,
+            word: Follow::default(),
+            sent: Vec::new(),
+            events: Vec::new(),
+        };
+        p.standby.handle_timeout(p.now);
+        assert_eq!(p.standby.poll_transmit(), Some(Transmit::Dial));
+        p.standby.handle(p.now, Input::Dialed(FOLLOW_CONN));
+        p.standby.handle(p.now, Input::Connected(FOLLOW_CONN));
+        assert_eq!(
+            p.active.call(p.now, FOLLOW_CONN, TIMEOUT),
+            Call::Taken { replaced: None }
+        );
+        assert_eq!(p.standby.poll_event(), Some(Event::Reached));
+        p
+    }
+
+    /// The active EVM speaks every heartbeat until `t` (then it freezes or dies).
+    fn active_until(&mut self, t: u64) {
+        self.awake_until = Some(ms(t));
+    }
+
+    /// Runs to `t`, waking the standby at each of its timeouts and the active EVM at each
+    /// of its words.
+    fn run_to(&mut self, t: u64) {
+        let end = ms(t);
+        loop {
+            let word_at = self
+                .awake_until
+                .filter(|u| self.next_word <= *u)
+                .map(|_| self.next_word);
+            let next = [self.standby.poll_timeout(), word_at]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(next) = next.filter(|n| *n <= end) else {
+                break;
+            };
+            self.now = next.max(self.now);
+            if word_at == Some(next) {
+                self.next_word = next + HB;
+                if self.active.follower().is_some() {
+                    self.standby
+                        .handle(self.now, Input::Word(FOLLOW_CONN, self.word.clone()));
+                }
+            }
+            self.standby.handle_timeout(self.now);
+            self.drain();
+        }
+        self.now = end.max(self.now);
+    }
+
+    fn input(&mut self, i: Input) {
+        self.standby.handle(self.now, i);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        while let Some(t) = self.standby.poll_transmit() {
+            if let Transmit::Fence(c, e) = &t {
+                assert_eq!(*c, FOLLOW_CONN);
+                // the active EVM hears it if its connection is up
+                let _ = self.active.fence(*e);
+            }
+            self.sent.push((self.now, t));
+        }
+        while let Some(e) = self.standby.poll_event() {
+            self.events.push((self.now, e));
+        }
+    }
+
+    fn fences(&self) -> usize {
+        self.sent
+            .iter()
+            .filter(|(_, t)| matches!(t, Transmit::Fence(..)))
+            .count()
+    }
+
+    fn took_over(&self) -> Option<(Time, usize)> {
+        self.events.iter().find_map(|(t, e)| match e {
+            Event::TakeOver { answered, .. } => Some((*t, *answered)),
+            _ => None,
+        })
+    }
+
+    fn suspected_at(&self) -> Option<Time> {
+        self.events.iter().find_map(|(t, e)| match e {
+            Event::Suspected { .. } => Some(*t),
+            _ => None,
+        })
+    }
+}
+
+fn resync(node: NodeRef) -> Input {
+    Input::Resync {
+        node,
+        complete: true,
+    }
+}
+
+#[test]
+fn a_silent_active_evm_is_suspected_just_over_the_timeout_and_not_just_under() {
+    let mut p = Pair::new();
+    p.active_until(1000);
+    // last word at 1,000 ms: at 0.98 × the timeout after it, still followed
+    p.run_to(1000 + 980);
+    assert_eq!(p.suspected_at(), None, "{:?}", p.events);
+    assert!(matches!(p.standby.stage(), Stage::Following { .. }));
+    // heartbeats to the active EVM all along
+    let beats = p
+        .sent
+        .iter()
+        .filter(|(_, t)| matches!(t, Transmit::Heartbeat(_)))
+        .count();
+    assert!(beats >= 9, "{beats} heartbeats");
+    p.run_to(1000 + 1020);
+    let at = p.suspected_at().expect("suspected by 1.02 × the timeout");
+    assert!(at > ms(2000) && at <= ms(2020), "at {at:?}");
+    // a suspicion only: no fence, no takeover
+    assert_eq!(p.fences(), 0);
+    assert_eq!(p.took_over(), None);
+}
+
+#[test]
+fn a_suspected_evm_that_speaks_again_before_any_node_left_keeps_the_run() {
+    let mut p = Pair::new();
+    p.active_until(500);
+    p.run_to(1600);
+    assert!(p.suspected_at().is_some());
+    // it wakes at 2,000 ms: its next word makes the standby stand down
+    p.awake_until = Some(ms(60_000));
+    p.next_word = ms(2000);
+    p.run_to(2000);
+    assert!(p
+        .events
+        .iter()
+        .any(|(_, e)| *e == Event::StoodDown { spoke: true }));
+    assert!(matches!(p.standby.stage(), Stage::Following { .. }));
+    p.run_to(20_000);
+    assert_eq!(p.took_over(), None);
+    assert_eq!(p.fences(), 0);
+    assert_eq!(p.active.fenced(), None);
+}
+
+#[test]
+fn a_silent_evm_whose_connection_stays_open_keeps_the_run_after_the_wait() {
+    let mut p = Pair::new();
+    p.active_until(0);
+    p.run_to(1010);
+    let since = p.suspected_at().unwrap();
+    p.run_to((since + WAIT.mul_f64(0.98)).as_millis() as u64);
+    assert!(matches!(p.standby.stage(), Stage::Suspected { .. }));
+    p.run_to((since + WAIT.mul_f64(1.02)).as_millis() as u64);
+    assert!(p
+        .events
+        .iter()
+        .any(|(_, e)| *e == Event::StoodDown { spoke: false }));
+    assert_eq!(p.took_over(), None);
+}
+
+#[test]
+fn the_first_node_that_follows_decides_the_takeover_with_exactly_one_fence() {
+    let mut p = Pair::new();
+    p.active_until(300);
+    p.run_to(1400);
+    assert!(p.suspected_at().is_some());
+    p.input(resync(NodeRef::Ru(0)));
+    assert_eq!(p.fences(), 1);
+    assert_eq!(p.active.fenced(), Some(Epoch::new(1)));
+    assert!(p.standby.decided());
+    // the old EVM wakes: its word no longer counts
+    p.input(Input::Word(FOLLOW_CONN, Follow::default()));
+    p.input(resync(NodeRef::Ru(1)));
+    assert_eq!(p.fences(), 1, "a second follower fences nothing more");
+    assert_eq!(p.took_over(), None, "bu0 has not answered");
+    p.input(resync(NodeRef::Bu(0)));
+    let (_, answered) = p.took_over().expect("every node answered");
+    assert_eq!(answered, 3);
+    assert!(!p.standby.following());
+}
+
+#[test]
+fn the_takeover_waits_for_every_resync_until_its_deadline() {
+    let mut p = Pair::new();
+    p.active_until(0);
+    p.run_to(500);
+    // the active EVM's connection closes (killed): suspected at once
+    p.input(Input::Closed(FOLLOW_CONN));
+    let since = p.suspected_at().unwrap();
+    assert_eq!(since, ms(500));
+    p.input(resync(NodeRef::Ru(0)));
+    assert_eq!(p.fences(), 0, "no connection to fence on");
+    // a resync in parts: incomplete until its last part
+    p.input(Input::Resync {
+        node: NodeRef::Bu(0),
+        complete: false,
+    });
+    p.run_to((since + WAIT.mul_f64(0.98)).as_millis() as u64);
+    assert_eq!(p.took_over(), None, "ru1 is still awaited");
+    p.run_to((since + WAIT.mul_f64(1.02)).as_millis() as u64);
+    let (at, answered) = p.took_over().expect("the wait is over");
+    assert_eq!(at, since + WAIT);
+    assert_eq!(answered, 1, "ru0 only: bu0's resync never completed");
+}
+
+#[test]
+fn a_node_the_active_evm_dropped_is_not_waited_for() {
+    let mut p = Pair::new();
+    p.word.dropped = vec![(evb_wire::Role::Bu, 0)];
+    p.active_until(200);
+    p.run_to(400);
+    p.input(Input::Closed(FOLLOW_CONN));
+    p.input(resync(NodeRef::Ru(1)));
+    p.input(resync(NodeRef::Ru(0)));
+    let (at, _) = p.took_over().expect("bu0 was dropped");
+    assert_eq!(at, ms(400));
+}
+
+#[test]
+fn a_run_over_at_the_active_evm_is_never_taken_over() {
+    let mut p = Pair::new();
+    p.word.over = true;
+    p.active_until(200);
+    p.run_to(200);
+    assert!(p.events.iter().any(|(_, e)| *e == Event::Over));
+    p.input(Input::Closed(FOLLOW_CONN));
+    p.input(resync(NodeRef::Ru(0)));
+    p.run_to(60_000);
+    assert_eq!(p.took_over(), None);
+    assert_eq!(p.standby.poll_timeout(), None);
+}
+
+#[test]
+fn an_active_evm_never_reached_ends_the_standby_just_after_the_connect_timeout() {
+    let mut f = Follower::new(timers(), nodes(), Duration::ZERO);
+    let mut t = Duration::ZERO;
+    let mut ended = None;
+    // every call refused at once: called again every 200 ms
+    let mut dials = 0;
+    while ended.is_none() && t < ms(20_000) {
+        t = f.poll_timeout().expect("calling");
+        f.handle_timeout(t);
+        while let Some(x) = f.poll_transmit() {
+            assert_eq!(x, Transmit::Dial);
+            dials += 1;
+            f.handle(t, Input::Dialed(ConnId(dials)));
+            f.handle(t, Input::Closed(ConnId(dials)));
+        }
+        if let Some(Event::NeverReached) = f.poll_event() {
+            ended = Some(t);
+        }
+    }
+    let at = ended.expect("ended");
+    assert!(at > CONNECT && at < CONNECT + ms(1), "{at:?}");
+    assert!((49..=51).contains(&dials), "{dials} calls in 10 s");
+}
+
+#[test]
+fn a_node_that_follows_while_the_standby_still_hears_the_evm_decides_it() {
+    // the node lost the active EVM first (a partition between them): its resync is the
+    // decision, and the active EVM is told it is fenced
+    let mut p = Pair::new();
+    p.active_until(60_000);
+    p.run_to(700);
+    for n in nodes() {
+        p.input(resync(n));
+    }
+    assert_eq!(p.fences(), 1);
+    assert_eq!(p.active.fenced(), Some(Epoch::new(1)));
+    assert!(p.took_over().is_some());
+}
+
+#[test]
+fn a_stop_ends_a_following_standby_and_not_a_decided_one() {
+    let mut p = Pair::new();
+    p.input(Input::Stop);
+    assert!(p.events.iter().any(|(_, e)| *e == Event::Stopped));
+    let mut p = Pair::new();
+    p.input(Input::Closed(FOLLOW_CONN));
+    p.input(resync(NodeRef::Ru(0)));
+    p.input(Input::Stop);
+    assert!(!p.events.iter().any(|(_, e)| *e == Event::Stopped));
+    assert!(p.standby.decided());
+}
+
+#[test]
+fn the_follower_slot_is_held_while_its_standby_is_heard() {
+    let mut a = Active::new(Epoch::FIRST, Duration::ZERO);
+    assert_eq!(
+        a.call(ms(0), ConnId(1), TIMEOUT),
+        Call::Taken { replaced: None }
+    );
+    a.heard(ms(100));
+    // a second standby at 0.98 × the timeout after the first was heard: refused
+    assert_eq!(a.call(ms(100 + 980), ConnId(2), TIMEOUT), Call::Held);
+    // at 1.02 ×: the silent one is replaced
+    assert_eq!(
+        a.call(ms(100 + 1020), ConnId(2), TIMEOUT),
+        Call::Taken {
+            replaced: Some(ConnId(1))
+        }
+    );
+    assert!(a.is_follower(ConnId(2)));
+    assert!(a.closed(ConnId(2)));
+    assert_eq!(a.follower(), None);
+}
+
+#[test]
+fn only_a_fence_above_the_own_epoch_fences() {
+    let mut a = Active::new(Epoch::new(2), Duration::ZERO);
+    assert_eq!(
+        a.fence(Epoch::new(2)),
+        Fenced::NotAbove { own: Epoch::new(2) }
+    );
+    assert_eq!(
+        a.fence(Epoch::new(1)),
+        Fenced::NotAbove { own: Epoch::new(2) }
+    );
+    assert_eq!(a.fenced(), None);
+    assert_eq!(
+        a.call(ms(0), ConnId(1), TIMEOUT),
+        Call::Taken { replaced: None }
+    );
+    assert_eq!(a.fence(Epoch::new(3)), Fenced::Now(Epoch::new(3)));
+    assert_eq!(a.fence(Epoch::new(4)), Fenced::Already);
+    // a fenced EVM's word goes nowhere, and it takes no standby
+    assert_eq!(a.follower(), None);
+    assert_eq!(
+        a.call(ms(5000), ConnId(2), TIMEOUT),
+        Call::Fenced(Epoch::new(3))
+    );
+}
