@@ -14,10 +14,10 @@ mod driver;
 mod file_sink;
 mod file_syncer;
 mod playback;
-pub mod session;
 pub mod plug;
 pub mod priority;
 pub mod serve_sink;
+pub mod session;
 pub mod setup;
 mod stream_source;
 

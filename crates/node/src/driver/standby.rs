@@ -425,12 +425,9 @@ impl Driver {
                         // it wake, is told that it is fenced (it then closes its nodes'
                         // connections, so that every node still with it calls here)
                         info!(node = %self.me.id, "a node followed: fencing the old EVM (epoch {epoch})");
-                        let _ = self.messenger.send_now(
-                            conn,
-                            &Message::Fence {
-                                epoch: epoch.get(),
-                            },
-                        );
+                        let _ = self
+                            .messenger
+                            .send_now(conn, &Message::Fence { epoch: epoch.get() });
                     }
                 }
                 continue;

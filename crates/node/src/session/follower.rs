@@ -73,7 +73,10 @@ pub enum Input {
     Heard(ConnId),
     Word(ConnId, Follow),
     /// Node `node` sent (part of) its resync; `complete`: its last part.
-    Resync { node: NodeRef, complete: bool },
+    Resync {
+        node: NodeRef,
+        complete: bool,
+    },
     /// The operator stopped the standby.
     Stop,
 }
@@ -93,9 +96,13 @@ pub enum Transmit {
 pub enum Event {
     Reached,
     /// The active EVM is suspected (lost: its connection closed; or silent).
-    Suspected { lost: bool },
+    Suspected {
+        lost: bool,
+    },
     /// It spoke again (or its connection stayed open) and no node had left it.
-    StoodDown { spoke: bool },
+    StoodDown {
+        spoke: bool,
+    },
     /// Take the run over at `epoch`, from the active EVM's last word (heard at `word_at`).
     TakeOver {
         epoch: Epoch,
@@ -212,10 +219,18 @@ impl Follower {
             (Stage::Following { conn, .. }, Input::Closed(c)) if *conn == c => {
                 self.suspect(now, None, true)
             }
-            (Stage::Following { conn, last_heard, .. }, Input::Heard(c)) if *conn == c => {
-                *last_heard = now
-            }
-            (Stage::Following { conn, last_heard, .. }, Input::Word(c, w)) if *conn == c => {
+            (
+                Stage::Following {
+                    conn, last_heard, ..
+                },
+                Input::Heard(c),
+            ) if *conn == c => *last_heard = now,
+            (
+                Stage::Following {
+                    conn, last_heard, ..
+                },
+                Input::Word(c, w),
+            ) if *conn == c => {
                 *last_heard = now;
                 let over = w.over;
                 self.word = w;
@@ -233,13 +248,17 @@ impl Follower {
                 self.events.push_back(Event::Stopped);
             }
             // a suspected EVM speaks again: no node left it, so the run is still its own
-            (Stage::Suspected { conn: Some(conn), .. }, Input::Word(c, w)) if *conn == c => {
-                self.stand_down(now, c, Some(w))
-            }
             (
-                Stage::Suspected { conn, .. } | Stage::TakingOver { conn, .. },
-                Input::Closed(c),
-            ) if *conn == Some(c) => *conn = None,
+                Stage::Suspected {
+                    conn: Some(conn), ..
+                },
+                Input::Word(c, w),
+            ) if *conn == c => self.stand_down(now, c, Some(w)),
+            (Stage::Suspected { conn, .. } | Stage::TakingOver { conn, .. }, Input::Closed(c))
+                if *conn == Some(c) =>
+            {
+                *conn = None
+            }
             (Stage::Suspected { since, conn, .. }, Input::Resync { node, complete }) => {
                 let (since, conn) = (*since, *conn);
                 self.answered.insert(node, complete);
@@ -256,10 +275,7 @@ impl Follower {
             }
             // a resync before any suspicion: the node lost the active EVM first (this
             // standby hears the same soon); it is a suspicion, decided at once
-            (
-                Stage::Following { conn, .. },
-                Input::Resync { node, complete },
-            ) => {
+            (Stage::Following { conn, .. }, Input::Resync { node, complete }) => {
                 let conn = *conn;
                 self.suspect(now, Some(conn), false);
                 self.handle(now, Input::Resync { node, complete });

@@ -74,10 +74,9 @@ pub enum Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::Stale { epoch, followed } => write!(
-                f,
-                "stale epoch {epoch} (this node followed {followed})"
-            ),
+            Refusal::Stale { epoch, followed } => {
+                write!(f, "stale epoch {epoch} (this node followed {followed})")
+            }
             Refusal::NoTerm => write!(f, "the EVM spoke before its Term"),
         }
     }
@@ -171,7 +170,11 @@ mod tests {
             }),
             "an EVM replaced since"
         );
-        assert_eq!(a.admit(c3), Err(Refusal::NoTerm), "a stale EVM stays unheard");
+        assert_eq!(
+            a.admit(c3),
+            Err(Refusal::NoTerm),
+            "a stale EVM stays unheard"
+        );
         assert_eq!(a.admit(c2), Ok(()), "a stale term changes nothing");
         assert_eq!(a.followed(), Epoch(2));
         assert_eq!(a.term(c3, Epoch(3)), Ok(()));
@@ -181,7 +184,10 @@ mod tests {
     fn incarnation_zero_is_not_one() {
         assert_eq!(Incarnation::from_wire(0), None);
         assert_eq!(Incarnation::from_wire(1).map(Incarnation::get), Some(1));
-        assert_eq!(Incarnation::from_wire(u16::MAX).map(Incarnation::get), Some(u16::MAX));
+        assert_eq!(
+            Incarnation::from_wire(u16::MAX).map(Incarnation::get),
+            Some(u16::MAX)
+        );
         assert_eq!(Epoch::new(u16::MAX).next(), Epoch::new(u16::MAX));
         assert_eq!(Epoch::FIRST.next().get(), 1);
     }
