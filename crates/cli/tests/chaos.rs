@@ -62,6 +62,9 @@ enum Fault {
     /// The same two with a standby EVM (docs/standby.md): the run must complete.
     KillEvmStandby,
     FreezeEvmStandby(u64),
+    /// Two faults under a standby (issue 66 item 2): bu1 killed, then the EVM killed a second
+    /// later; the standby's report must carry the BU's loss the old EVM saw.
+    KillBuThenEvmStandby,
     CutLink,
     /// bu1's sink takes 1.5 ms an event (back-pressure all run long), and bu1 is frozen for
     /// this many ms, below the heartbeat timeout: it must not be taken for lost.
@@ -104,7 +107,9 @@ enum Expect {
 
 fn expect(f: Fault) -> Expect {
     match f {
-        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) => Expect::Complete,
+        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) | Fault::KillBuThenEvmStandby => {
+            Expect::Complete
+        }
         Fault::KillRuStop | Fault::KillEvm => Expect::Stops,
         // a freeze shorter than the heartbeat timeout is no fault at all; a longer one
         // makes every other node leave the run
@@ -277,6 +282,7 @@ impl Trial {
                 | Fault::StartFlood
                 | Fault::KillEvmStandby
                 | Fault::FreezeEvmStandby(_)
+                | Fault::KillBuThenEvmStandby
                 | Fault::RogueFollower
         ) {
             "secret = \"chaos-door-key-6b2\"\n"
@@ -326,7 +332,10 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let cbase = base + 1 + rus + bus;
     let standby = matches!(
         t.fault,
-        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) | Fault::RogueFollower
+        Fault::KillEvmStandby
+            | Fault::FreezeEvmStandby(_)
+            | Fault::KillBuThenEvmStandby
+            | Fault::RogueFollower
     );
     let sink = dir.join("out");
     let mut toml = format!(
@@ -481,6 +490,11 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         }
         Fault::KillRuPartial | Fault::KillRuStop => hit("ru2", "-KILL"),
         Fault::KillEvm | Fault::KillEvmStandby => hit("evm", "-KILL"),
+        Fault::KillBuThenEvmStandby => {
+            hit("bu1", "-KILL");
+            std::thread::sleep(Duration::from_millis(1000));
+            hit("evm", "-KILL");
+        }
         Fault::FreezeBu(ms) | Fault::FreezeEvm(ms) | Fault::FreezeEvmStandby(ms) => {
             let id = if matches!(t.fault, Fault::FreezeBu(_)) {
                 "bu0"
@@ -707,7 +721,10 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
         ids.keys().all(|&id| id < events),
         "output holds events never triggered\n{log}"
     );
-    let killed_bu = matches!(t.fault, Fault::KillBu | Fault::KillTwoBus);
+    let killed_bu = matches!(
+        t.fault,
+        Fault::KillBu | Fault::KillTwoBus | Fault::KillBuThenEvmStandby
+    );
     if !killed_bu {
         assert!(hidden.is_empty(), "temporary files left: {hidden:?}\n{log}");
     }
@@ -816,7 +833,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 }
             }
             let must_take_over = match t.fault {
-                Fault::KillEvmStandby => true,
+                Fault::KillEvmStandby | Fault::KillBuThenEvmStandby => true,
                 // twice the heartbeat timeout: every node has missed the EVM by then
                 Fault::FreezeEvmStandby(ms) => ms >= 2000,
                 _ => false,
@@ -1153,6 +1170,21 @@ fn a_second_follower_is_refused_and_the_standby_keeps_its_slot() {
 #[test]
 fn evb_run_with_a_standby_survives_a_killed_evm() {
     fixed(Fault::KillEvmStandby, Launch::Run, false, 1000);
+}
+
+/// Issue 66 defect 1: a clean takeover early in a one-shot run (the EVM stopped 1.05 s in,
+/// for 1.15 s: past the heartbeat timeout, then woken and fenced) is judged OK; the fenced
+/// EVM's exit is not the run's failure.
+#[test]
+fn a_clean_takeover_early_in_evb_run_is_judged_ok() {
+    fixed(Fault::FreezeEvmStandby(1150), Launch::Run, false, 1050);
+}
+
+/// Issue 66 defect 2: a BU lost, then the EVM: the standby's report carries the loss the
+/// old EVM saw, so that the BU's exit is not charged to the run.
+#[test]
+fn a_bu_lost_then_the_evm_killed_under_evb_run_is_judged_ok() {
+    fixed(Fault::KillBuThenEvmStandby, Launch::Run, false, 1000);
 }
 
 #[test]

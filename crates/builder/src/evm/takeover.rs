@@ -148,6 +148,22 @@ impl Evm {
             NodeEventKind::Lost,
             format!("{}; standby took over, epoch {}", t.reason, t.epoch),
         ));
+        // the ledger carries what the EVM before saw: a node it lost (and handled by its
+        // rule) is lost in this run's report too, so that no reader charges its exit
+        let mut carried: Vec<NodeRef> = t.dropped.clone();
+        carried.sort();
+        carried.dedup();
+        for n in carried.into_iter().filter(|n| *n != NodeRef::Evm) {
+            evm.stats.lost.push(NodeEvent::new(
+                n,
+                t.elapsed.as_secs_f64(),
+                NodeEventKind::Lost,
+                format!(
+                    "lost under the EVM of epoch {} (carried over by the takeover)",
+                    t.epoch.saturating_sub(1)
+                ),
+            ));
+        }
 
         // What every node says of every event it knows.
         let mut seen: BTreeMap<u64, Seen> = BTreeMap::new();

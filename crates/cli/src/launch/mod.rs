@@ -177,16 +177,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
 /// With a standby EVM: if it took the run over, its report and exit are the EVM's (the
 /// first EVM's loss is named in the report it carries); if not, it is left out.
 fn took_over_or_not(w: &mut Watched, evm: &str, label: &str) {
-    let took_over = w
-        .reports
-        .get(label)
-        .and_then(|r| r.run.as_ref())
-        .is_some_and(|run| {
-            run.evm
-                .lost
-                .iter()
-                .any(|e| e.node == "evm" && e.reason.contains("standby took over"))
-        });
+    // the standby's own report says it: an EVM of an epoch above the first's (typed, not
+    // read from a sentence)
+    let took_over = w.reports.get(label).is_some_and(|r| r.took_over());
     let report = w.reports.remove(label);
     let code = w.exit_codes.remove(label);
     let ended = w.how_ended.remove(label);
