@@ -441,7 +441,24 @@ impl Controller {
     /// A promoted standby's record of a run it followed and did not take over (see
     /// `Core::verdict_unknown`).
     pub(crate) fn verdict_unknown(&self, run: u64) {
-        self.core().verdict_unknown(run, unix_now());
+        // the run's own EVM may have closed its record before it was lost: that verdict
+        // is known, and stands (a later control never replaces it with `unknown`)
+        let known = self
+            .0
+            .store
+            .get()
+            .and_then(|s| s.get(run))
+            .filter(store::RecordStore::is_known);
+        match known {
+            Some(rec) => {
+                tracing::info!(
+                    "run {run}: its record holds the verdict of the EVM that ran it ({})",
+                    rec.state
+                );
+                self.core().load_records(vec![rec]);
+            }
+            None => self.core().verdict_unknown(run, unix_now()),
+        }
     }
 
     pub(crate) fn run_record(&self, n: u64) -> Option<RunRecord> {

@@ -30,6 +30,11 @@ struct Line {
     record: RunRecord,
 }
 
+/// Whether a record holds a verdict: closed, and not as `unknown` or `interrupted`.
+fn known(r: &RunRecord) -> bool {
+    r.end.is_some() && !matches!(r.state.as_str(), "unknown" | "interrupted")
+}
+
 /// The record file of one run id.
 #[derive(Debug, Clone)]
 pub(crate) struct RecordStore {
@@ -125,7 +130,13 @@ impl RecordStore {
                 continue;
             };
             let run = l.record.run;
-            if best.get(&run).is_none_or(|(t, _)| l.term >= *t) {
+            // a higher term's words win, except that a verdict known (the run closed
+            // complete or failed, with its counts) is never replaced by one not known
+            // (`unknown`, `interrupted`): the later control only says it did not see it
+            let keep = best
+                .get(&run)
+                .is_some_and(|(t, r)| l.term < *t || (known(r) && !known(&l.record)));
+            if !keep {
                 best.insert(run, (l.term, l.record));
             }
         }
@@ -150,6 +161,18 @@ impl RecordStore {
         f.write_all(text.as_bytes())
             .and_then(|()| f.sync_data())
             .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+
+    /// Run `run`'s record as the file holds it now (the line that wins), if any; nothing
+    /// is written.
+    pub(crate) fn get(&self, run: u64) -> Option<RunRecord> {
+        let f = self.locked().ok()?;
+        Self::read(&f).remove(&run).map(|(_, r)| r)
+    }
+
+    /// Whether `r` holds a verdict (closed complete or failed, not `unknown`).
+    pub(crate) fn is_known(r: &RunRecord) -> bool {
+        known(r)
     }
 
     /// The records of every run, for a control that starts: a run whose record was never
@@ -377,6 +400,26 @@ mod tests {
             .unwrap();
         let seen_by_old = store(dir.path(), 0).load(6.0).unwrap();
         assert_eq!(seen_by_old[1].state, "starting");
+    }
+
+    /// Issue 66 defect 3: the EVM of term 0 closed run 1 complete; the promoted control
+    /// (term 1) did not see it end and writes `unknown`: the known verdict stands.
+    #[test]
+    fn a_higher_term_s_unknown_never_replaces_a_known_verdict() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = store(dir.path(), 0);
+        let standby = store(dir.path(), 1);
+        old.claim(None, 0, |n| RunRecord::starting(n, 1.0)).unwrap();
+        old.write(&ended(1, true)).unwrap();
+        let mut unknown = ended(1, false);
+        unknown.state = "unknown".into();
+        standby.write(&unknown).unwrap();
+        let runs = store(dir.path(), 1).load(5.0).unwrap();
+        assert_eq!(runs[0].state, "complete", "{:?}", runs[0]);
+        // a known verdict of the higher term does replace the lower's
+        standby.write(&ended(1, false)).unwrap();
+        let runs = store(dir.path(), 1).load(6.0).unwrap();
+        assert_eq!(runs[0].state, "failed");
     }
 
     #[test]
