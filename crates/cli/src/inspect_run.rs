@@ -1,11 +1,13 @@
-//! `evb inspect --run DIR`: whether a run's output is complete, judged from the folder alone
-//! by its run manifest (docs/formats.md §7): every listed file present and intact, every
-//! triggered event id in exactly one of them (or counted by the manifest as never released),
-//! and the temporary files that BUs which died left behind (`--clean` removes them).
+//! `evb inspect --run DIR`: whether a run's output folder is whole, judged from the folder
+//! alone by its run manifest (docs/formats.md §7): every listed file present and as listed
+//! (size, CRC32C, an `.evb` file's ids, its metadata), every triggered event id in exactly
+//! one of them (or counted by the manifest as never released), no file that looks like data
+//! and that no manifest lists, and the temporary files that BUs which died left behind
+//! (`--clean` removes them).
 
 use std::path::{Path, PathBuf};
 
-use evb_formats::manifest::{judge, Judgement, RunManifest};
+use evb_formats::manifest::{folder, judge, Judgement, RunManifest};
 
 /// `(first, last)` runs in words: `62..92 (31)`, at most `show` of them.
 fn id_runs(runs: &[(u64, u64)], show: usize) -> String {
@@ -16,7 +18,7 @@ fn id_runs(runs: &[(u64, u64)], show: usize) -> String {
             if a == b {
                 format!("{a}")
             } else {
-                format!("{a}..{b} ({})", b - a + 1)
+                format!("{a}..{b} ({})", (b - a).saturating_add(1))
             }
         })
         .collect();
@@ -42,8 +44,9 @@ fn manifests(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// Judges every run manifest in `dir`; true when each run's files are complete and its
-/// verdict is OK.
+/// Judges every run manifest in `dir`, then the folder's other files; true when each run's
+/// files are complete and as listed, its verdict is OK, and no file that looks like data is
+/// left that no manifest lists.
 pub fn run(dir: &Path, clean: bool) -> bool {
     let found = manifests(dir);
     if found.is_empty() {
@@ -54,6 +57,7 @@ pub fn run(dir: &Path, clean: bool) -> bool {
         return false;
     }
     let mut all_good = true;
+    let mut read = Vec::new();
     for path in found {
         let m: RunManifest = match std::fs::read(&path)
             .map_err(|e| e.to_string())
@@ -80,6 +84,7 @@ pub fn run(dir: &Path, clean: bool) -> bool {
         for p in &m.problems {
             println!("  verdict: {p}");
         }
+        let (data, metadata): (Vec<_>, Vec<_>) = j.faults.iter().partition(|f| !f.metadata);
         if j.complete {
             let unreleased = if j.unreleased > 0 {
                 format!(" ({} never released, as the manifest counts)", j.unreleased)
@@ -89,16 +94,20 @@ pub fn run(dir: &Path, clean: bool) -> bool {
             println!("  complete: every triggered event is in exactly one intact file{unreleased}");
         } else {
             println!("  INCOMPLETE:");
-            for f in &j.bad_files {
-                println!(
-                    "    - {f}: absent, or not the file the run published (size, CRC32C or ids)"
-                );
+            for f in &data {
+                println!("    - {}: {}", f.file, f.fault);
             }
             if !j.missing.is_empty() {
                 println!("    - ids in no file: {}", id_runs(&j.missing, 10));
             }
             if !j.twice.is_empty() {
                 println!("    - ids in more than one file: {}", id_runs(&j.twice, 10));
+            }
+        }
+        if !metadata.is_empty() {
+            println!("  METADATA NOT AS LISTED:");
+            for f in &metadata {
+                println!("    - {}: {}", f.file, f.fault);
             }
         }
         if !j.temporaries.is_empty() {
@@ -120,7 +129,30 @@ pub fn run(dir: &Path, clean: bool) -> bool {
                 println!("  (`evb inspect --run DIR --clean` removes them)");
             }
         }
-        all_good &= j.complete && m.verdict == "OK";
+        all_good &= j.as_published() && m.verdict == "OK";
+        read.push(m);
+    }
+    let f = folder(dir, &read);
+    if !f.strays.is_empty() {
+        let whose = match read.as_slice() {
+            [m] => format!("the manifest of run {} does not list", m.run),
+            _ => "no manifest here lists".to_string(),
+        };
+        let n = match f.strays.len() {
+            1 => "1 file looks".to_string(),
+            n => format!("{n} files look"),
+        };
+        println!("NOT ONLY THE RUN'S OUTPUT: {n} like data and {whose}:");
+        for s in &f.strays {
+            println!("  - {}: {}", s.file, s.kind);
+        }
+        all_good = false;
+    }
+    if !f.others.is_empty() {
+        println!(
+            "not judged (not named as data, a manifest or a temporary): {}",
+            f.others.join(" ")
+        );
     }
     all_good
 }

@@ -72,8 +72,9 @@ enum Command {
         #[arg(required_unless_present = "run")]
         files: Vec<PathBuf>,
         /// Judge a run's output folder from its run manifest (docs/formats.md §7): every
-        /// file present and intact, every triggered event in exactly one. Exits 1 if not,
-        /// or if the run's verdict was FAILED.
+        /// listed file present and intact (data and metadata), every triggered event in
+        /// exactly one, and no data file there that the manifest does not list. Exits 1 if
+        /// not, or if the run's verdict was FAILED.
         #[arg(long, value_name = "DIR", conflicts_with_all = ["files", "event"])]
         run: Option<PathBuf>,
         /// With --run: remove the temporary files that BUs which died left behind.

@@ -1,7 +1,10 @@
 //! The run manifest (docs/formats.md §7): a run through `evb run` with a BU killed from
 //! outside at a seeded moment, then `evb inspect --run` and an outside reader written from
 //! the docs (`tests/outside/check_manifest.py`) both judge the output complete from the
-//! folder alone, and both refuse, naming the ids, once a published file is deleted.
+//! folder alone, and both refuse, naming the ids, once a published file is deleted. And the
+//! folder judged whole: each file planted in a real run's folder (junk, another run id's
+//! file, another run of the same id's), and each listed file truncated, changed or deleted,
+//! is named for what it is, and `evb inspect --run` exits 1.
 
 mod common;
 
@@ -226,4 +229,267 @@ fn evb_run_numbers_its_runs_and_never_mixes_their_files() {
         std::fs::read_dir(dir.path().join("flat")).unwrap().count(),
         before
     );
+}
+
+/// Copies the files of `from` (flat) into a new folder `to`.
+fn copy_folder(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// `evb run` of run id `id` into `<dir>/out`: 2 RUs, 2 BUs, `events` events of fragments
+/// of `size` bytes, files of at most `per_file` events; its output folder.
+fn small_run(dir: &Path, id: &str, events: u64, size: u32, per_file: u32) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let d = dir.display();
+    let (o, _) = common::evb_run_in(
+        dir,
+        &format!(
+            "[run]\nid = \"{id}\"\nevents = {events}\nduration_s = 0\n\
+             records_dir = \"{d}/records\"\n[topology]\nrus = 2\nbus = 2\n\
+             [fragments]\nsize = {size}\n[sink]\nkind = \"file\"\ndir = \"{d}/out\"\n\
+             file_max_events = {per_file}\n"
+        ),
+    );
+    assert!(o.status.success(), "run {id} in {d}: {}", text(&o));
+    dir.join("out")
+}
+
+/// `evb inspect --run` of a copy of `clean` (in `work/<case>`) that `tamper` changed: its
+/// exit status and what it said.
+fn judged_after(
+    clean: &Path,
+    work: &Path,
+    case: &str,
+    tamper: impl FnOnce(&Path),
+) -> (Option<i32>, String) {
+    let dir = work.join(case);
+    copy_folder(clean, &dir);
+    tamper(&dir);
+    let o = inspect_run(&dir, false);
+    let said = text(&o);
+    println!("--- {case}\n{said}");
+    (o.status.code(), said)
+}
+
+/// The line of `said` that names `file` first (`- file: ...`).
+fn line_of<'a>(said: &'a str, file: &str) -> &'a str {
+    let key = format!("- {file}: ");
+    said.lines()
+        .find(|l| l.trim_start().starts_with(&key))
+        .unwrap_or_else(|| panic!("{file} is not named:\n{said}"))
+}
+
+/// The folder judged whole (docs/formats.md §7): a real run's folder is judged clean (exit
+/// 0); then, each on a copy of it, a junk file, another run id's file with its metadata,
+/// another run of the same id's file with its metadata (and, over a listed name, its
+/// file and metadata), a copy of a listed file under another name, a truncated part, a
+/// part with one byte flipped, and a deleted part are each named for what they are, and
+/// the judgement exits 1.
+#[test]
+fn every_file_planted_in_or_changed_in_a_run_folder_is_named_and_fails_the_judgement() {
+    let d = common::out_dir();
+    let clean = small_run(&d.path().join("a"), "man", 900, 256, 200);
+    // another run of the same run id, with other fragments and more, smaller files (so that
+    // some of its file names are not this run's), and another run id, each in a folder of
+    // its own
+    let same_id = small_run(&d.path().join("b"), "man", 700, 200, 50);
+    let other_id = small_run(&d.path().join("c"), "other", 300, 256, 200);
+    let work = d.path().join("work");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(clean.join("man.manifest.json")).unwrap()).unwrap();
+    let parts = m["parts"].as_array().unwrap().clone();
+    assert!(parts.len() >= 5, "900 events, at most 200 a file: {m}");
+    let names = |m: &Value| -> Vec<String> {
+        m["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["file"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (ours, theirs) = (
+        names(&m),
+        names(
+            &serde_json::from_slice(&std::fs::read(same_id.join("man.manifest.json")).unwrap())
+                .unwrap(),
+        ),
+    );
+    // 700 events, at most 50 a file: more files than this run has
+    let not_ours = theirs.iter().find(|f| !ours.contains(f)).unwrap().clone();
+    let part = |i: usize| {
+        (
+            parts[i]["file"].as_str().unwrap().to_string(),
+            parts[i]["bytes"].as_u64().unwrap(),
+            parts[i]["crc32c"].as_u64().unwrap() as u32,
+        )
+    };
+    let refused = |code: Option<i32>, said: &str| {
+        assert_eq!(code, Some(1), "{said}");
+        assert!(
+            !said.contains("absent, or not the file"),
+            "the old, undecided wording: {said}"
+        );
+    };
+
+    // the clean run, and a file that is not named as data beside it: exit 0
+    let (code, said) = judged_after(&clean, &work, "clean", |dir| {
+        std::fs::write(dir.join("README.txt"), "taken at point 5\n").unwrap();
+    });
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("run man: verdict OK, 900 triggered, 900 released")
+            && said.contains("complete: every triggered event is in exactly one intact file")
+            && said
+                .contains("not judged (not named as data, a manifest or a temporary): README.txt")
+            && !said.contains("NOT ONLY"),
+        "{said}"
+    );
+
+    // junk named like a run's file
+    let (code, said) = judged_after(&clean, &work, "junk", |dir| {
+        let junk: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        std::fs::write(dir.join("cms_bu0_000099.evb"), junk).unwrap();
+    });
+    refused(code, &said);
+    assert!(said.contains("complete: every triggered event"), "{said}");
+    assert!(
+        said.contains("NOT ONLY THE RUN'S OUTPUT: 1 file looks like data"),
+        "{said}"
+    );
+    assert!(
+        line_of(&said, "cms_bu0_000099.evb")
+            .contains("junk: not an evb event file (magic \"EVBE\" missing)"),
+        "{said}"
+    );
+
+    // another run id's file with its metadata
+    let (code, said) = judged_after(&clean, &work, "other-run-id", |dir| {
+        for f in ["other_bu0_000000.evb", "other_bu0_000000.evb.json"] {
+            std::fs::copy(other_id.join(f), dir.join(f)).unwrap();
+        }
+    });
+    refused(code, &said);
+    assert!(
+        line_of(&said, "other_bu0_000000.evb")
+            .contains("another run id's: its header names run id \"other\""),
+        "{said}"
+    );
+    assert!(
+        line_of(&said, "other_bu0_000000.evb.json")
+            .contains("another run id's: its metadata names run id \"other\""),
+        "{said}"
+    );
+
+    // another run of the same id: a file whose name this run has not, with its metadata
+    let not_ours_meta = format!("{not_ours}.json");
+    let (code, said) = judged_after(&clean, &work, "same-run-id", |dir| {
+        for f in [&not_ours, &not_ours_meta] {
+            std::fs::copy(same_id.join(f), dir.join(f)).unwrap();
+        }
+    });
+    refused(code, &said);
+    assert!(said.contains("complete: every triggered event"), "{said}");
+    for (f, by) in [(&not_ours, "its header"), (&not_ours_meta, "its metadata")] {
+        assert!(
+            line_of(&said, f).contains(&format!(
+                "not this run's: {by} names run id \"man\", the run's own, but the manifest \
+                 does not list it: another run of the same id, or a copy"
+            )),
+            "{said}"
+        );
+    }
+
+    // another run of the same id: one of its files and its metadata copied over a listed
+    // file's
+    let (file, bytes, crc) = part(0);
+    let their_data = std::fs::read(same_id.join(&theirs[0])).unwrap();
+    let (their_bytes, their_crc) = (their_data.len() as u64, crc32c::crc32c(&their_data));
+    let (code, said) = judged_after(&clean, &work, "same-run-id-over-a-part", |dir| {
+        std::fs::write(dir.join(&file), &their_data).unwrap();
+        std::fs::copy(
+            same_id.join(format!("{}.json", theirs[0])),
+            dir.join(format!("{file}.json")),
+        )
+        .unwrap();
+    });
+    refused(code, &said);
+    assert!(said.contains("INCOMPLETE:"), "{said}");
+    let expected = if their_bytes != bytes {
+        format!("changed: size {their_bytes} bytes where the manifest lists {bytes}")
+    } else {
+        format!("changed: CRC32C {their_crc:#010x} where the manifest lists {crc:#010x}")
+    };
+    assert!(line_of(&said, &file).contains(&expected), "{said}");
+    assert!(
+        line_of(&said, &format!("{file}.json")).contains("changed: its \""),
+        "{said}"
+    );
+    assert!(said.contains("METADATA NOT AS LISTED:"), "{said}");
+
+    // a listed file copied under another name
+    let (code, said) = judged_after(&clean, &work, "copy", |dir| {
+        std::fs::copy(dir.join(&file), dir.join("man_bu0_000000-copy.evb")).unwrap();
+    });
+    refused(code, &said);
+    assert!(
+        line_of(&said, "man_bu0_000000-copy.evb").contains(&format!(
+            "not this run's: a copy of {file} of run \"man\" (the same size and CRC32C)"
+        )),
+        "{said}"
+    );
+
+    // a truncated part
+    let (file, bytes, crc) = part(1);
+    let (code, said) = judged_after(&clean, &work, "truncated", |dir| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(&file))
+            .unwrap()
+            .set_len(bytes / 2)
+            .unwrap();
+    });
+    refused(code, &said);
+    let line = line_of(&said, &file);
+    assert!(
+        line.contains(&format!(
+            "changed: size {} bytes where the manifest lists {bytes}",
+            bytes / 2
+        )) && line.contains(&format!("listed {crc:#010x})"))
+            && line.contains("whole events, then at byte")
+            && line.contains("truncated event"),
+        "{said}"
+    );
+    assert!(said.contains("ids in no file:"), "{said}");
+
+    // one byte flipped in the middle of a part
+    let (file, bytes, crc) = part(2);
+    let mut found = 0u32;
+    let (code, said) = judged_after(&clean, &work, "flipped", |dir| {
+        let mut data = std::fs::read(dir.join(&file)).unwrap();
+        let at = data.len() / 2;
+        data[at] ^= 0x10;
+        found = crc32c::crc32c(&data);
+        std::fs::write(dir.join(&file), &data).unwrap();
+    });
+    refused(code, &said);
+    let line = line_of(&said, &file);
+    assert!(
+        line.contains(&format!(
+            "changed: CRC32C {found:#010x} where the manifest lists {crc:#010x} \
+             (size {bytes} bytes, as listed)"
+        )) && line.contains("whole events, then at byte"),
+        "{said}"
+    );
+
+    // a deleted part
+    let (file, _, _) = part(3);
+    let (code, said) = judged_after(&clean, &work, "deleted", |dir| {
+        std::fs::remove_file(dir.join(&file)).unwrap();
+    });
+    refused(code, &said);
+    assert!(line_of(&said, &file).ends_with(": absent"), "{said}");
+    assert!(said.contains("ids in no file:"), "{said}");
 }

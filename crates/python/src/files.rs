@@ -335,8 +335,9 @@ impl PyFileFragment {
     }
 }
 
-/// Judges a run's output folder from its run manifest (docs/formats.md §7), as `evb
-/// inspect --run` does: a dict with `run`, `verdict`, `complete`, `triggered`, `released`,
+/// Judges whether a run's output is complete from its run manifest (docs/formats.md §7,
+/// steps 1 and 3 of `evb inspect --run`'s judgement; not the metadata nor the folder's
+/// unlisted files): a dict with `run`, `verdict`, `complete`, `triggered`, `released`,
 /// `events`, `missing` and `twice` (lists of `(first, last)` id runs), `bad_files` and
 /// `temporaries`. `run` names the run when the folder holds several manifests.
 #[pyfunction]
