@@ -259,26 +259,23 @@ impl Follower {
             {
                 *conn = None
             }
-            (Stage::Suspected { since, conn, .. }, Input::Resync { node, complete }) => {
-                let (since, conn) = (*since, *conn);
-                self.answered.insert(node, complete);
-                // a node followed: decided; the old EVM, should it wake, is fenced
-                if let Some(c) = conn {
-                    self.transmits.push_back(Transmit::Fence(c, self.epoch()));
+            (Stage::Suspected { .. }, Input::Resync { node, complete }) => {
+                if !dropped_by(&self.word).contains(&node) {
+                    self.answered.insert(node, complete);
+                    self.decide(now);
                 }
-                self.stage = Stage::TakingOver { since, conn };
-                self.take_over_if_all(now, false);
             }
             (Stage::TakingOver { .. }, Input::Resync { node, complete }) => {
                 self.answered.insert(node, complete);
                 self.take_over_if_all(now, false);
             }
-            // a resync before any suspicion: the node lost the active EVM first (this
-            // standby hears the same soon); it is a suspicion, decided at once
-            (Stage::Following { conn, .. }, Input::Resync { node, complete }) => {
-                let conn = *conn;
-                self.suspect(now, Some(conn), false);
-                self.handle(now, Input::Resync { node, complete });
+            // a resync while the active EVM is still heard: kept, and it decides only once
+            // the standby suspects the EVM (a node the EVM dropped, which calls here on
+            // finding itself cut off, never decides: the run goes on without it)
+            (Stage::Following { .. }, Input::Resync { node, complete }) => {
+                if !dropped_by(&self.word).contains(&node) {
+                    self.answered.insert(node, complete);
+                }
             }
             _ => {}
         }
@@ -360,6 +357,22 @@ impl Follower {
     fn suspect(&mut self, now: Time, conn: Option<ConnId>, lost: bool) {
         self.stage = Stage::Suspected { since: now, conn };
         self.events.push_back(Event::Suspected { lost });
+        // a node that answered before the suspicion followed already
+        if !self.answered.is_empty() {
+            self.decide(now);
+        }
+    }
+
+    /// A node followed: the takeover is decided, and the old EVM, should it wake, is fenced.
+    fn decide(&mut self, now: Time) {
+        let Stage::Suspected { since, conn } = self.stage else {
+            return;
+        };
+        if let Some(c) = conn {
+            self.transmits.push_back(Transmit::Fence(c, self.epoch()));
+        }
+        self.stage = Stage::TakingOver { since, conn };
+        self.take_over_if_all(now, false);
     }
 
     fn stand_down(&mut self, now: Time, conn: ConnId, word: Option<Follow>) {

@@ -317,18 +317,36 @@ fn an_active_evm_never_reached_ends_the_standby_just_after_the_connect_timeout()
 }
 
 #[test]
-fn a_node_that_follows_while_the_standby_still_hears_the_evm_decides_it() {
-    // the node lost the active EVM first (a partition between them): its resync is the
-    // decision, and the active EVM is told it is fenced
+fn a_resync_while_the_evm_is_heard_decides_only_once_it_is_suspected() {
+    // bu0 was dropped by the active EVM and calls here on finding itself cut off: it never
+    // decides; ru0 lost the EVM first: its resync decides once the standby suspects it
     let mut p = Pair::new();
-    p.active_until(60_000);
+    p.word.dropped = vec![(evb_wire::Role::Bu, 0)];
+    p.active_until(1000);
     p.run_to(700);
-    for n in nodes() {
-        p.input(resync(n));
-    }
-    assert_eq!(p.fences(), 1);
-    assert_eq!(p.active.fenced(), Some(Epoch::new(1)));
-    assert!(p.took_over().is_some());
+    p.input(resync(NodeRef::Bu(0)));
+    p.input(resync(NodeRef::Ru(0)));
+    p.run_to(1000);
+    assert_eq!(p.fences(), 0, "the active EVM is still heard");
+    assert!(matches!(p.standby.stage(), Stage::Following { .. }));
+    p.run_to(2100);
+    assert_eq!(p.fences(), 1, "suspected, and ru0 had followed");
+    assert!(p.standby.decided());
+    p.input(resync(NodeRef::Ru(1)));
+    assert!(p.took_over().is_some(), "every node not dropped answered");
+}
+
+#[test]
+fn a_dropped_node_alone_never_makes_a_takeover() {
+    let mut p = Pair::new();
+    p.word.dropped = vec![(evb_wire::Role::Bu, 0)];
+    p.active_until(60_000);
+    p.run_to(500);
+    p.input(resync(NodeRef::Bu(0)));
+    p.run_to(20_000);
+    assert_eq!(p.fences(), 0);
+    assert_eq!(p.took_over(), None);
+    assert_eq!(p.active.fenced(), None);
 }
 
 #[test]
