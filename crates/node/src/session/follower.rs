@@ -259,11 +259,11 @@ impl Follower {
             {
                 *conn = None
             }
-            (Stage::Suspected { .. }, Input::Resync { node, complete }) => {
-                if !dropped_by(&self.word).contains(&node) {
-                    self.answered.insert(node, complete);
-                    self.decide(now);
-                }
+            (Stage::Suspected { .. }, Input::Resync { node, complete })
+                if !dropped_by(&self.word).contains(&node) =>
+            {
+                self.answered.insert(node, complete);
+                self.decide(now);
             }
             (Stage::TakingOver { .. }, Input::Resync { node, complete }) => {
                 self.answered.insert(node, complete);
@@ -272,10 +272,10 @@ impl Follower {
             // a resync while the active EVM is still heard: kept, and it decides only once
             // the standby suspects the EVM (a node the EVM dropped, which calls here on
             // finding itself cut off, never decides: the run goes on without it)
-            (Stage::Following { .. }, Input::Resync { node, complete }) => {
-                if !dropped_by(&self.word).contains(&node) {
-                    self.answered.insert(node, complete);
-                }
+            (Stage::Following { .. }, Input::Resync { node, complete })
+                if !dropped_by(&self.word).contains(&node) =>
+            {
+                self.answered.insert(node, complete);
             }
             _ => {}
         }
