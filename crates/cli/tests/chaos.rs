@@ -62,9 +62,13 @@ enum Fault {
     /// The same two with a standby EVM (docs/standby.md): the run must complete.
     KillEvmStandby,
     FreezeEvmStandby(u64),
-    /// Two faults under a standby (issue 66 item 2): bu1 killed, then the EVM killed a second
-    /// later; the standby's report must carry the BU's loss the old EVM saw.
-    KillBuThenEvmStandby,
+    /// Two faults under a standby (issue 66 item 2): bu1 killed, then, `gap_ms` later, the
+    /// EVM killed (`freeze_ms` 0) or frozen for `freeze_ms`; the standby's report must carry
+    /// the BU's loss the old EVM saw.
+    KillBuThenEvmStandby {
+        gap_ms: u64,
+        freeze_ms: u64,
+    },
     CutLink,
     /// bu1's sink takes 1.5 ms an event (back-pressure all run long), and bu1 is frozen for
     /// this many ms, below the heartbeat timeout: it must not be taken for lost.
@@ -107,7 +111,7 @@ enum Expect {
 
 fn expect(f: Fault) -> Expect {
     match f {
-        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) | Fault::KillBuThenEvmStandby => {
+        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) | Fault::KillBuThenEvmStandby { .. } => {
             Expect::Complete
         }
         Fault::KillRuStop | Fault::KillEvm => Expect::Stops,
@@ -282,7 +286,7 @@ impl Trial {
                 | Fault::StartFlood
                 | Fault::KillEvmStandby
                 | Fault::FreezeEvmStandby(_)
-                | Fault::KillBuThenEvmStandby
+                | Fault::KillBuThenEvmStandby { .. }
                 | Fault::RogueFollower
         ) {
             "secret = \"chaos-door-key-6b2\"\n"
@@ -334,7 +338,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         t.fault,
         Fault::KillEvmStandby
             | Fault::FreezeEvmStandby(_)
-            | Fault::KillBuThenEvmStandby
+            | Fault::KillBuThenEvmStandby { .. }
             | Fault::RogueFollower
     );
     let sink = dir.join("out");
@@ -490,10 +494,16 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         }
         Fault::KillRuPartial | Fault::KillRuStop => hit("ru2", "-KILL"),
         Fault::KillEvm | Fault::KillEvmStandby => hit("evm", "-KILL"),
-        Fault::KillBuThenEvmStandby => {
+        Fault::KillBuThenEvmStandby { gap_ms, freeze_ms } => {
             hit("bu1", "-KILL");
-            std::thread::sleep(Duration::from_millis(1000));
-            hit("evm", "-KILL");
+            std::thread::sleep(Duration::from_millis(gap_ms));
+            if freeze_ms == 0 {
+                hit("evm", "-KILL");
+            } else {
+                hit("evm", "-STOP");
+                std::thread::sleep(Duration::from_millis(freeze_ms));
+                hit("evm", "-CONT");
+            }
         }
         Fault::FreezeBu(ms) | Fault::FreezeEvm(ms) | Fault::FreezeEvmStandby(ms) => {
             let id = if matches!(t.fault, Fault::FreezeBu(_)) {
@@ -723,7 +733,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
     );
     let killed_bu = matches!(
         t.fault,
-        Fault::KillBu | Fault::KillTwoBus | Fault::KillBuThenEvmStandby
+        Fault::KillBu | Fault::KillTwoBus | Fault::KillBuThenEvmStandby { .. }
     );
     if !killed_bu {
         assert!(hidden.is_empty(), "temporary files left: {hidden:?}\n{log}");
@@ -833,7 +843,10 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 }
             }
             let must_take_over = match t.fault {
-                Fault::KillEvmStandby | Fault::KillBuThenEvmStandby => true,
+                Fault::KillEvmStandby => true,
+                Fault::KillBuThenEvmStandby { freeze_ms, .. } => {
+                    freeze_ms == 0 || freeze_ms >= 2000
+                }
                 // twice the heartbeat timeout: every node has missed the EVM by then
                 Fault::FreezeEvmStandby(ms) => ms >= 2000,
                 _ => false,
@@ -1184,7 +1197,40 @@ fn a_clean_takeover_early_in_evb_run_is_judged_ok() {
 /// old EVM saw, so that the BU's exit is not charged to the run.
 #[test]
 fn a_bu_lost_then_the_evm_killed_under_evb_run_is_judged_ok() {
-    fixed(Fault::KillBuThenEvmStandby, Launch::Run, false, 1000);
+    fixed(
+        Fault::KillBuThenEvmStandby {
+            gap_ms: 1000,
+            freeze_ms: 0,
+        },
+        Launch::Run,
+        false,
+        1000,
+    );
+}
+
+/// Two faults at seeded random moments through `evb run --standby` (issue 66): bu1 killed,
+/// then the EVM killed or frozen (at the edge of the 1 s heartbeat timeout, or past it),
+/// each trial judged as the others (verdict OK, every event once, the takeover in the
+/// report when the nodes must have left). `EVB_CHAOS_SEED` replays, `EVB_TWO_FAULT_TRIALS`
+/// sets how many (3 in CI).
+#[test]
+fn a_bu_lost_then_the_evm_at_random_moments_under_evb_run_standby() {
+    let (seed, trials) = chaos_seed("EVB_TWO_FAULT_TRIALS", 3);
+    eprintln!("two faults: seed {seed} ({trials} trials): EVB_CHAOS_SEED={seed} replays them");
+    let mut rng = Rng(seed | 1);
+    for k in 0..trials {
+        let at_ms = 700 + rng.below(500);
+        let gap_ms = 200 + rng.below(1000);
+        // killed, or frozen: at the edge of the timeout (0.98 to 1.02 s) or past it
+        let freeze_ms = match rng.below(3) {
+            0 => 0,
+            1 => 980 + rng.below(41),
+            _ => 1200 + rng.below(2000),
+        };
+        let fault = Fault::KillBuThenEvmStandby { gap_ms, freeze_ms };
+        eprintln!("two faults: trial {k}: {fault:?} at {at_ms} ms");
+        fixed(fault, Launch::Run, false, at_ms);
+    }
 }
 
 #[test]

@@ -286,7 +286,7 @@ impl Driver {
         }
         let mut logic =
             setup::logic(cfg, &me, ru_pool, now, plugs.sink).map_err(NodeError::Setup)?;
-        let standby = standby::Standby::new(cfg, &me, &nodes, now);
+        let standby = standby::Standby::new(cfg, &me, &nodes);
         if let (true, Logic::Evm(e)) = (standby.following(), &mut logic) {
             e.set_following(true);
         }

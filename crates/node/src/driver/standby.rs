@@ -45,8 +45,6 @@ pub(super) struct Following {
     /// Where the active EVM listens.
     active: String,
     machine: Follower,
-    /// Since when this process runs: the machine's time 0.
-    origin: Instant,
     rus: BTreeMap<u16, (RuResync, bool)>,
     bus: BTreeMap<u16, (BuResync, bool)>,
     /// What nodes sent after their resync, before the new EVM was made: handled then.
@@ -55,12 +53,6 @@ pub(super) struct Following {
     /// by record id (its Window messages): what a takeover triggers after the records the
     /// nodes know.
     decisions: BTreeMap<u64, evb_wire::window::DecisionWindow>,
-}
-
-impl Following {
-    fn at(&self, now: Instant) -> Time {
-        now.saturating_duration_since(self.origin)
-    }
 }
 
 impl Driver {
@@ -81,7 +73,7 @@ fn timers(cfg: &Config) -> Timers {
 }
 
 impl Standby {
-    pub(super) fn new(cfg: &Config, me: &NodeSpec, nodes: &[NodeSpec], now: Instant) -> Standby {
+    pub(super) fn new(cfg: &Config, me: &NodeSpec, nodes: &[NodeSpec]) -> Standby {
         if me.role == Role::Evm && !cfg.evm.follow.is_empty() {
             let nodes = nodes
                 .iter()
@@ -91,7 +83,6 @@ impl Standby {
             return Standby::Follower(Box::new(Following {
                 active: cfg.evm.follow.clone(),
                 machine: Follower::new(timers(cfg), nodes, Duration::ZERO),
-                origin: now,
                 rus: BTreeMap::new(),
                 bus: BTreeMap::new(),
                 held: Vec::new(),
@@ -206,6 +197,11 @@ impl Driver {
     /// An incoming connection event that belongs to the standby machinery; true when it
     /// was handled here.
     pub(super) fn standby_incoming(&mut self, now: Instant, inc: &Incoming) -> bool {
+        // (called for every incoming event, fragment pages too: a run without a standby
+        // EVM, and every RU and BU, leaves at once)
+        if !matches!(self.standby, Standby::Active(_) | Standby::Follower(_)) {
+            return false;
+        }
         let timeout = Duration::from_millis(self.cfg.run.heartbeat_timeout_ms);
         let at = self.at(now);
         match (&mut self.standby, inc) {
@@ -312,10 +308,10 @@ impl Driver {
         from: NodeRef,
         msg: Message,
     ) -> Option<Message> {
+        let at = self.at(now);
         let Standby::Follower(f) = &mut self.standby else {
             return Some(msg);
         };
-        let at = f.at(now);
         let complete = match (from, msg) {
             (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
                 gather(&mut f.rus, i, resync, more, RuResync::absorb);
@@ -348,6 +344,7 @@ impl Driver {
     /// process is a follower that has not taken over (its EVM logic must not run yet).
     pub(super) fn standby_pass(&mut self, now: Instant) -> bool {
         let wait = takeover_wait(&self.cfg);
+        let at = self.at(now);
         match &mut self.standby {
             Standby::Node {
                 calling_since: Some(since),
@@ -364,7 +361,6 @@ impl Driver {
                 false
             }
             Standby::Follower(f) => {
-                let at = f.at(now);
                 // an operator's stop or abort (Ctrl-C, SIGTERM, the control API) ends a
                 // standby that follows: it has no run of its own to drain
                 if f.machine.may_stop()
@@ -386,7 +382,7 @@ impl Driver {
             Standby::Follower(f) => f
                 .machine
                 .poll_timeout()
-                .map_or(cap, |t| t.saturating_sub(f.at(now)).min(cap)),
+                .map_or(cap, |t| t.saturating_sub(self.at(now)).min(cap)),
             _ => cap,
         }
     }
@@ -394,11 +390,11 @@ impl Driver {
     /// Does what the standby's machine asks: its calls, heartbeats and fence, and its
     /// decisions (an end, a takeover).
     fn drive_follower(&mut self, now: Instant) {
+        let at = self.at(now);
         loop {
             let Standby::Follower(f) = &mut self.standby else {
                 return;
             };
-            let at = f.at(now);
             if let Some(t) = f.machine.poll_transmit() {
                 match t {
                     Transmit::Dial => {
@@ -620,7 +616,7 @@ impl Driver {
         let since = if word.paused {
             Duration::ZERO
         } else {
-            now.saturating_duration_since(f.origin + word_at)
+            self.at(now).saturating_sub(word_at)
         };
         let elapsed = Duration::from_millis(word.elapsed_ms) + since;
         if word.paused {

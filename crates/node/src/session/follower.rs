@@ -157,11 +157,6 @@ impl Follower {
         &self.stage
     }
 
-    /// Not the run's EVM (yet): its EVM logic must not act.
-    pub fn following(&self) -> bool {
-        !matches!(self.stage, Stage::TookOver)
-    }
-
     /// Whether `conn` is the machine's (its call, or the active EVM's connection).
     pub fn owns(&self, conn: ConnId) -> bool {
         match &self.stage {
@@ -191,11 +186,6 @@ impl Follower {
     /// EVM's last word).
     pub fn epoch(&self) -> Epoch {
         Epoch::new(self.word.epoch).next()
-    }
-
-    /// The active EVM's last word.
-    pub fn word(&self) -> &Follow {
-        &self.word
     }
 
     pub fn handle(&mut self, now: Time, input: Input) {
@@ -263,11 +253,11 @@ impl Follower {
                 if !dropped_by(&self.word).contains(&node) =>
             {
                 self.answered.insert(node, complete);
-                self.decide(now);
+                self.decide();
             }
             (Stage::TakingOver { .. }, Input::Resync { node, complete }) => {
                 self.answered.insert(node, complete);
-                self.take_over_if_all(now, false);
+                self.take_over_if_all(false);
             }
             // a resync while the active EVM is still heard: kept, and it decides only once
             // the standby suspects the EVM (a node the EVM dropped, which calls here on
@@ -315,11 +305,11 @@ impl Follower {
                 match *conn {
                     // no node left it, and its connection is still open: still its run
                     Some(c) => self.stand_down(now, c, None),
-                    None => self.take_over_if_all(now, true),
+                    None => self.take_over_if_all(true),
                 }
             }
             Stage::TakingOver { since, .. } if now.saturating_sub(*since) >= t.wait => {
-                self.take_over_if_all(now, true)
+                self.take_over_if_all(true)
             }
             _ => {}
         }
@@ -359,12 +349,12 @@ impl Follower {
         self.events.push_back(Event::Suspected { lost });
         // a node that answered before the suspicion followed already
         if !self.answered.is_empty() {
-            self.decide(now);
+            self.decide();
         }
     }
 
     /// A node followed: the takeover is decided, and the old EVM, should it wake, is fenced.
-    fn decide(&mut self, now: Time) {
+    fn decide(&mut self) {
         let Stage::Suspected { since, conn } = self.stage else {
             return;
         };
@@ -372,7 +362,7 @@ impl Follower {
             self.transmits.push_back(Transmit::Fence(c, self.epoch()));
         }
         self.stage = Stage::TakingOver { since, conn };
-        self.take_over_if_all(now, false);
+        self.take_over_if_all(false);
     }
 
     fn stand_down(&mut self, now: Time, conn: ConnId, word: Option<Follow>) {
@@ -396,7 +386,7 @@ impl Follower {
 
     /// Takes the run over once every node not dropped answered completely, or at once
     /// when `waited` (the wait is over: the run goes on with the nodes that answered).
-    fn take_over_if_all(&mut self, _now: Time, waited: bool) {
+    fn take_over_if_all(&mut self, waited: bool) {
         let dropped = dropped_by(&self.word);
         let all = self
             .nodes

@@ -50,6 +50,17 @@ enum Who {
     Node(u8),
 }
 
+impl Who {
+    /// The EVM a node calls after losing this one.
+    fn other_evm(self) -> Who {
+        if self == Who::A {
+            Who::S
+        } else {
+            Who::A
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Msg {
     Term(Epoch),
@@ -173,12 +184,12 @@ impl St {
         let Some(conn) = self.conns.remove(&c) else {
             return;
         };
-        for w in [conn.from, conn.to] {
-            self.closed(w, c);
-        }
+        self.closed(conn.from, c, conn.to);
+        self.closed(conn.to, c, conn.from);
     }
 
-    fn closed(&mut self, w: Who, c: ConnId) {
+    /// `w` hears that `c`, its connection to `other`, closed.
+    fn closed(&mut self, w: Who, c: ConnId, other: Who) {
         match w {
             Who::A => {
                 self.a.closed(c);
@@ -190,11 +201,13 @@ impl St {
                     self.drive_s();
                 }
             }
+            // a node that lost its EVM calls the other one next
             Who::Node(i) => {
                 let n = &mut self.nodes[i as usize];
                 if n.conn == Some(c) {
                     n.conn = None;
                     n.auth.lost(c);
+                    n.next = other.other_evm();
                 }
             }
         }
@@ -206,6 +219,18 @@ impl St {
             .filter(|(_, c)| c.from == w || c.to == w)
             .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// The active EVM reads a Fence of `e`: if it fences it, it closes every node's
+    /// connection and acts no more.
+    fn fence_a(&mut self, e: Epoch) {
+        if let Fenced::Now(_) = self.a.fence(e) {
+            for c in self.conns_of(Who::A) {
+                if self.conns[&c].from != Who::S {
+                    self.close(c);
+                }
+            }
+        }
     }
 
     /// What the standby's machine asks, done.
@@ -239,7 +264,7 @@ impl St {
         }
     }
 
-    /// Whether `w` is the EVM that speaks at `epoch`, alive and not fenced.
+    /// The next message on `c` to its callee (`to_callee`) or caller, handled.
     fn deliver(&mut self, c: ConnId, to_callee: bool, unchecked: bool) {
         let Some(conn) = self.conns.get_mut(&c) else {
             return;
@@ -254,16 +279,7 @@ impl St {
         };
         let now = self.now;
         match (at, m) {
-            (Who::A, Msg::Fence(e)) => {
-                if let Fenced::Now(_) = self.a.fence(e) {
-                    // it closes every node's connection and acts no more
-                    for c in self.conns_of(Who::A) {
-                        if self.conns[&c].from != Who::S {
-                            self.close(c);
-                        }
-                    }
-                }
-            }
+            (Who::A, Msg::Fence(e)) => self.fence_a(e),
             (Who::S, Msg::Word(w)) if self.s_evm.is_none() => {
                 self.s.handle(now, Input::Word(c, w));
                 self.drive_s();
@@ -293,29 +309,15 @@ impl St {
                         }
                     }
                     Err(_) => {
+                        // the node's Fence, then its close (in order on the connection): a
+                        // stale EVM reads the Fence first, a frozen one first thing when it
+                        // wakes (the model folds that into now)
                         let followed = n.auth.followed();
                         self.refused_stale = true;
-                        self.send(c, Who::Node(i), Msg::Fence(followed));
-                        // the Fence goes out before the close (TCP: in order)
-                        let to = self.conns[&c].to;
-                        let fence = self.conns.get_mut(&c).and_then(|k| k.to_callee.pop_back());
-                        self.nodes[i as usize].conn = None;
-                        self.nodes[i as usize].auth.lost(c);
-                        self.conns.remove(&c);
-                        // (a frozen EVM reads it first thing when it wakes: the model folds
-                        // that into now)
-                        if let (Who::A, Some(Msg::Fence(f))) = (to, fence) {
-                            if self.a_life != Life::Dead {
-                                if let Fenced::Now(_) = self.a.fence(f) {
-                                    for c in self.conns_of(Who::A) {
-                                        if self.conns[&c].from != Who::S {
-                                            self.close(c);
-                                        }
-                                    }
-                                }
-                            }
+                        if self.conns[&c].to == Who::A && self.a_life != Life::Dead {
+                            self.fence_a(followed);
                         }
-                        self.closed_node_evm(i);
+                        self.close(c);
                     }
                 }
             }
@@ -331,12 +333,6 @@ impl St {
             }
             _ => {}
         }
-    }
-
-    /// Node `i` lost its EVM connection: it calls the other EVM next.
-    fn closed_node_evm(&mut self, i: u8) {
-        let n = &mut self.nodes[i as usize];
-        n.next = if n.next == Who::A { Who::S } else { Who::A };
     }
 
     fn command(&mut self, who: Who) {
@@ -455,17 +451,7 @@ impl Model for System {
             Act::Deliver(c, to_callee) => st.deliver(c, to_callee, self.unchecked),
             Act::Lose(c) => {
                 st.faults += 1;
-                let nodes: Vec<u8> = st
-                    .nodes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, n)| n.conn == Some(c))
-                    .map(|(i, _)| i as u8)
-                    .collect();
                 st.close(c);
-                for i in nodes {
-                    st.closed_node_evm(i);
-                }
             }
             Act::FreezeA => {
                 st.faults += 1;
@@ -482,34 +468,14 @@ impl Model for System {
                 st.faults += 1;
                 st.a_life = Life::Dead;
                 for c in st.conns_of(Who::A) {
-                    let nodes: Vec<u8> = st
-                        .nodes
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, n)| n.conn == Some(c))
-                        .map(|(i, _)| i as u8)
-                        .collect();
                     st.close(c);
-                    for i in nodes {
-                        st.closed_node_evm(i);
-                    }
                 }
             }
             Act::KillS => {
                 st.faults += 1;
                 st.s_life = Life::Dead;
                 for c in st.conns_of(Who::S) {
-                    let nodes: Vec<u8> = st
-                        .nodes
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, n)| n.conn == Some(c))
-                        .map(|(i, _)| i as u8)
-                        .collect();
                     st.close(c);
-                    for i in nodes {
-                        st.closed_node_evm(i);
-                    }
                 }
             }
             Act::Tick => {
@@ -540,7 +506,7 @@ impl Model for System {
                 };
                 if !answers {
                     // refused: it calls the other next
-                    st.closed_node_evm(i);
+                    st.nodes[i as usize].next = to.other_evm();
                     return Some(st);
                 }
                 let c = st.open(Who::Node(i), to);

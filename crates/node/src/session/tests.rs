@@ -237,7 +237,7 @@ fn the_first_node_that_follows_decides_the_takeover_with_exactly_one_fence() {
     p.input(resync(NodeRef::Bu(0)));
     let (_, answered) = p.took_over().expect("every node answered");
     assert_eq!(answered, 3);
-    assert!(!p.standby.following());
+    assert_eq!(p.standby.stage(), &Stage::TookOver);
 }
 
 #[test]
