@@ -272,7 +272,8 @@ impl Trial {
         }
     }
 
-    fn run_section(&self) -> String {
+    /// The `[run]` section (run records in `dir`, the trial's own folder) and the sizes.
+    fn run_section(&self, dir: &Path) -> String {
         let (rate, size) = if self.small {
             (SMALL_RATE_HZ, 256)
         } else {
@@ -306,8 +307,10 @@ impl Trial {
             format!("[fragments]\nsize = {size}\n")
         };
         format!(
-            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n{secret}{sizes}",
-            self.events()
+            "[run]\nid = \"chaos\"\nevents = {}\nduration_s = 0\nrate_hz = {rate}\n\
+             records_dir = \"{}\"\n{secret}{sizes}",
+            self.events(),
+            dir.join("records").display()
         )
     }
 }
@@ -345,7 +348,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let mut toml = format!(
         "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[control]\nbase_port = {cbase}\n\
          [sink]\nkind = \"{}\"\ndir = \"{}\"\nfile_max_events = 500\n",
-        t.run_section(),
+        t.run_section(dir),
         if t.counted { "count" } else { "file" },
         sink.display()
     );
@@ -1311,8 +1314,10 @@ fn ctrl_c_after_a_takeover_stops_the_standby_s_run_cleanly() {
     std::fs::write(
         &cfg,
         format!(
-            "[run]\nid = \"ctrlc-standby\"\nduration_s = 30\nrate_hz = 2000\n[fragments]\nsize = 4096\n\
+            "[run]\nid = \"ctrlc-standby\"\nduration_s = 30\nrate_hz = 2000\nrecords_dir = \"{}\"\n\
+             [fragments]\nsize = 4096\n\
              [control]\nbase_port = {cbase}\n[sink]\nkind = \"file\"\ndir = \"{}\"\n",
+            dir.path().join("records").display(),
             out_dir.display()
         ),
     )
@@ -1374,8 +1379,10 @@ fn ctrl_c_stops_evb_run_cleanly_and_leaves_no_file() {
     std::fs::write(
         &cfg,
         format!(
-            "[run]\nid = \"ctrlc\"\nduration_s = 30\nsecret = \"s3cret-for-the-test\"\n[fragments]\nsize = 4096\n\
-             [control]\nbase_port = {cbase}\n"
+            "[run]\nid = \"ctrlc\"\nduration_s = 30\nsecret = \"s3cret-for-the-test\"\n\
+             records_dir = \"{}\"\n[fragments]\nsize = 4096\n\
+             [control]\nbase_port = {cbase}\n",
+            dir.path().join("records").display()
         ),
     )
     .unwrap();

@@ -64,9 +64,10 @@ fn a_run_with_a_killed_bu_is_judged_complete_from_its_files_and_a_deleted_part_i
         &cfg,
         format!(
             "[run]\nid = \"man\"\nevents = {events}\nduration_s = 0\nrate_hz = 2000\n\
-             [topology]\nrus = 2\nbus = 3\nbase_port = {base}\n[control]\nbase_port = {}\n\
+             records_dir = \"{}\"\n[topology]\nrus = 2\nbus = 3\nbase_port = {base}\n[control]\nbase_port = {}\n\
              [fragments]\nsize = 256\n[sink]\nkind = \"file\"\ndir = \"{}\"\n\
              file_max_events = 300\n",
+            d.path().join("records").display(),
             base + 6,
             out.display()
         ),
