@@ -26,6 +26,11 @@ fn have_python(test: &str) -> bool {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
+    // where the test script could install it, a missing python3 fails (EVB_REQUIRE_TOOLS)
+    assert!(
+        ok || std::env::var("EVB_REQUIRE_TOOLS").is_err(),
+        "{test}: python3 is required (EVB_REQUIRE_TOOLS) but not installed"
+    );
     if !ok {
         eprintln!("{test}: skipped: python3 is not installed");
     }
@@ -321,7 +326,7 @@ fn an_outside_ru_that_ignores_incarnations_fails_the_run() {
 /// from the docs): the first opens ru0's control connection at epoch 1, starts the run and
 /// is lost; the second, at ru0's standby address, speaks at `second_epoch`. Returns what
 /// the fakes saw (their JSON line) and what ru0 logged.
-fn stale_epoch_trial(second_epoch: u16, second_hold_s: f64) -> (Value, String) {
+fn stale_epoch_trial(second_epoch: i32, second_hold_s: f64) -> (Value, String) {
     let dir = common::out_dir();
     let base = free_base_port(12);
     let (evm, standby) = (
@@ -407,4 +412,33 @@ fn a_node_refuses_an_evm_of_an_older_epoch_and_tells_it_so() {
         "{r}\n{said}"
     );
     assert!(!said.contains("stale epoch"), "{said}");
+}
+
+/// Issue 66 defect 4: an EVM that sends no Term (it opens with Start, as an EVM of protocol
+/// version 1 may) is not followed: the node refuses it by name and closes with Bye, and
+/// heeds nothing it said.
+#[test]
+fn a_node_refuses_an_evm_that_speaks_before_its_term() {
+    if !have_python("no term") {
+        return;
+    }
+    let (r, said) = stale_epoch_trial(-1, 10.0);
+    assert_eq!(
+        r["bye"], true,
+        "ru0 did not close the Term-less EVM's connection: {r}\n{said}"
+    );
+    assert!(
+        said.contains("before its Term; refused"),
+        "ru0 did not say why: {said}"
+    );
+    // only what a node sends as it connects, before it reads anything (Register 0x001A, its
+    // Resync 0x001F: docs/protocol.md §6 item 16): nothing in answer to the Start
+    let kinds = r["second"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !kinds.is_empty()
+            && kinds
+                .iter()
+                .all(|k| *k == serde_json::json!(0x001A) || *k == serde_json::json!(0x001F)),
+        "ru0 answered an EVM that never said its Term: {r}\n{said}"
+    );
 }

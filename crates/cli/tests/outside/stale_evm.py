@@ -5,7 +5,8 @@ The first listens at the node's EVM address and opens the node's control connect
 Term(1), as a standby that took a run over would, and Start; after `--hold-s` it closes
 without Bye, as a lost EVM does. The second listens at the node's standby address and opens with
 Term(0): an EVM replaced since. The node must refuse it: Fence(1) (the epoch it followed),
-then Bye. Prints one JSON line: the message types each EVM received, the Fence epochs, and
+then Bye. With `--second-epoch -1` the second sends no Term at all and opens with Start: the
+node must refuse it too (protocol.md §6 item 16: the Term is required), with Bye. Prints one JSON line: the message types each EVM received, the Fence epochs, and
 whether the node closed the second connection with Bye.
 """
 
@@ -51,7 +52,12 @@ def serve(listener, run_id, epoch, hold_s, start):
     if kind != HELLO:
         raise Closed(f"expected a Hello, got frame type {kind}")
     c.send_frame(HELLO_ACK, ack(run_id))
-    c.send([msg(TERM, struct.pack("<H", epoch) + bytes(6))] + ([msg(START)] if start else []))
+    if epoch < 0:
+        # no Term: the EVM's first word is Start
+        c.send([msg(START)])
+    else:
+        c.send([msg(TERM, struct.pack("<H", epoch) + bytes(6))]
+               + ([msg(START)] if start else []))
     kinds, fences, bye = [], [], False
     until = time.monotonic() + hold_s
     sock.settimeout(0.05)
