@@ -442,3 +442,61 @@ fn a_node_refuses_an_evm_that_speaks_before_its_term() {
         "ru0 answered an EVM that never said its Term: {r}\n{said}"
     );
 }
+
+/// Issue 66 defect 7: a BU whose control Hello says incarnation 0 (none: §3) is refused by the
+/// EVM, named in its log; it gets no Term, no Start, nothing of the run.
+#[test]
+fn the_evm_refuses_a_bu_of_incarnation_zero() {
+    if !have_python("incarnation 0") {
+        return;
+    }
+    let dir = common::out_dir();
+    let base = free_base_port(8);
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nid = \"zero\"\nevents = 100\nduration_s = 0\nconnect_timeout_s = 30\n\
+             records_dir = \"{}\"\n\
+             [topology]\nrus = 1\nbus = 1\nbase_port = {base}\n[control]\nbase_port = {}\n",
+            dir.path().join("records").display(),
+            base + 4
+        ),
+    )
+    .unwrap();
+    let mut evm = Command::new(EVB)
+        .args(["node", "--id", "evm", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/zero_incarnation_bu.py");
+    let fake = Command::new("python3")
+        .arg(&script)
+        .args(["--evm", &format!("127.0.0.1:{base}"), "--run-id", "zero"])
+        .output()
+        .unwrap();
+    let _ = evm.kill();
+    let said = String::from_utf8_lossy(&evm.wait_with_output().unwrap().stderr).to_string();
+    let out = String::from_utf8_lossy(&fake.stdout).to_string();
+    let r: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the fake BU's result {out:?}: {e}\n{}\nthe EVM said:\n{said}",
+            String::from_utf8_lossy(&fake.stderr)
+        )
+    });
+    assert_eq!(
+        r["closed"], true,
+        "the EVM kept a BU of incarnation 0: {r}\n{said}"
+    );
+    assert_eq!(
+        r["kinds"],
+        serde_json::json!([]),
+        "the EVM spoke to it: {r}\n{said}"
+    );
+    assert!(
+        said.contains("called with incarnation 0, which is none"),
+        "the EVM did not say why: {said}"
+    );
+}
