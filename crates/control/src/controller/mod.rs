@@ -448,7 +448,7 @@ impl Controller {
             .store
             .get()
             .and_then(|s| s.get(run))
-            .filter(store::RecordStore::is_known);
+            .filter(store::known);
         match known {
             Some(rec) => {
                 tracing::info!(

@@ -31,7 +31,7 @@ struct Line {
 }
 
 /// Whether a record holds a verdict: closed, and not as `unknown` or `interrupted`.
-fn known(r: &RunRecord) -> bool {
+pub(crate) fn known(r: &RunRecord) -> bool {
     r.end.is_some() && !matches!(r.state.as_str(), "unknown" | "interrupted")
 }
 
@@ -168,11 +168,6 @@ impl RecordStore {
     pub(crate) fn get(&self, run: u64) -> Option<RunRecord> {
         let f = self.locked().ok()?;
         Self::read(&f).remove(&run).map(|(_, r)| r)
-    }
-
-    /// Whether `r` holds a verdict (closed complete or failed, not `unknown`).
-    pub(crate) fn is_known(r: &RunRecord) -> bool {
-        known(r)
     }
 
     /// The records of every run, for a control that starts: a run whose record was never

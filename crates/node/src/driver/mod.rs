@@ -550,6 +550,11 @@ impl Driver {
         self.links.connect_deadline(self.me.role)
     }
 
+    /// `now` as the session's machines count time (since this driver was made).
+    fn at(&self, now: Instant) -> crate::session::Time {
+        now.saturating_duration_since(self.origin)
+    }
+
     /// Runs the node until its state machine says the run is over for it.
     pub fn run(mut self) -> Result<NodeOutcome, NodeError> {
         let mut incoming = Vec::new();

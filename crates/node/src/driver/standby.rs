@@ -55,13 +55,6 @@ pub(super) struct Following {
     decisions: BTreeMap<u64, evb_wire::window::DecisionWindow>,
 }
 
-impl Driver {
-    /// `now` as the session's machines count time (since this driver was made).
-    pub(super) fn at(&self, now: Instant) -> Time {
-        now.saturating_duration_since(self.origin)
-    }
-}
-
 /// The follower's timers, from the run's configuration.
 fn timers(cfg: &Config) -> Timers {
     Timers {
