@@ -519,6 +519,14 @@ impl Driver {
         } else {
             warn!(node = %self.me.id, "lost {p}: {why}");
         }
+        // an active EVM that did not run for a while: the node left because of it (and calls
+        // the standby); it yields the run to its standby rather than decide on it
+        if !quiet && p != NodeRef::Evm && self.state() == RunState::Running {
+            let paused = self.links.liveness.own_pause(now).is_some();
+            if self.yield_to_standby(p, paused) {
+                return;
+            }
+        }
         match &mut self.logic {
             Logic::Evm(e) => e.peer_lost(now, p, &why),
             Logic::Ru(r) => r.peer_lost(p, &why),

@@ -555,6 +555,30 @@ impl Driver {
         }
     }
 
+    /// An active EVM lost node `p` (`paused`: right after its own pause): if
+    /// session::Active says so, it yields the run to its standby: every node's connection
+    /// and the follower's closed (the standby suspects at once, the nodes call it), acting
+    /// no more, and a report that says it was fenced. True when it yielded.
+    pub(super) fn yield_to_standby(&mut self, p: NodeRef, paused: bool) -> bool {
+        let Standby::Active(a) = &mut self.standby else {
+            return false;
+        };
+        let follower = a.follower();
+        let Some(epoch) = a.node_lost(paused) else {
+            return false;
+        };
+        warn!(node = %self.me.id, "{p} left while this EVM did not run: yielding the run to the standby (epoch {epoch}); this EVM stops and its report is not the run's");
+        let conns: Vec<ConnId> = self.links.conns().map(|(_, c)| c).chain(follower).collect();
+        for c in conns {
+            self.messenger.close(c);
+        }
+        self.exit = Some((
+            false,
+            format!("fenced by epoch {epoch}: {p} left while this EVM did not run, and the run was yielded to the standby EVM, whose report is the run's"),
+        ));
+        true
+    }
+
     /// An active EVM with a follower: a Fence among `incoming` is acted on first, so that
     /// nothing else of the batch (the nodes' closed connections, found on waking) makes
     /// this EVM decide anything.

@@ -101,6 +101,20 @@ impl Active {
         was
     }
 
+    /// A node was lost during the run. `after_pause`: this EVM's own pause (the process
+    /// stopped, or starved of CPU) ended moments before, so the node most likely left
+    /// because of it and is calling the standby. With a follower, this EVM does not decide
+    /// on a loss it caused: it yields, fenced at the standby's epoch (its report is then not
+    /// the run's), and the standby takes the run over. Returns that epoch when it yields.
+    pub fn node_lost(&mut self, after_pause: bool) -> Option<Epoch> {
+        if !after_pause || self.follower().is_none() {
+            return None;
+        }
+        let e = self.own.next();
+        self.fenced = Some(e);
+        Some(e)
+    }
+
     /// A Fence of `epoch` (from the follower, or from a node that followed a later EVM).
     pub fn fence(&mut self, epoch: Epoch) -> Fenced {
         if self.fenced.is_some() {

@@ -409,3 +409,22 @@ fn only_a_fence_above_the_own_epoch_fences() {
         Call::Fenced(Epoch::new(3))
     );
 }
+
+#[test]
+fn an_evm_that_lost_a_node_after_its_own_pause_yields_to_its_standby() {
+    let mut a = Active::new(Epoch::new(1), Duration::ZERO);
+    // no follower: nothing to yield to, whatever the pause
+    assert_eq!(a.node_lost(true), None);
+    assert_eq!(
+        a.call(ms(0), ConnId(1), TIMEOUT),
+        Call::Taken { replaced: None }
+    );
+    // a loss with no pause of its own: the EVM's rules decide (not the slot)
+    assert_eq!(a.node_lost(false), None);
+    assert_eq!(a.fenced(), None);
+    // after its own pause: fenced at the standby's epoch, the follower no longer told
+    assert_eq!(a.node_lost(true), Some(Epoch::new(2)));
+    assert_eq!(a.fenced(), Some(Epoch::new(2)));
+    assert_eq!(a.follower(), None);
+    assert_eq!(a.fence(Epoch::new(3)), Fenced::Already);
+}
