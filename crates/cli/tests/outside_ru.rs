@@ -500,3 +500,61 @@ fn the_evm_refuses_a_bu_of_incarnation_zero() {
         "the EVM did not say why: {said}"
     );
 }
+
+/// Issue 66 defect 8: an RU of protocol version 1 (the first published docs: frame header and
+/// Hello say 1) is refused by the EVM at the handshake with a Reject that names both versions,
+/// in a frame header it can read, and both sides say so; it does not stall a run.
+#[test]
+fn an_ru_of_the_previous_protocol_version_is_refused_by_name() {
+    if !have_python("protocol version") {
+        return;
+    }
+    let dir = common::out_dir();
+    let base = free_base_port(8);
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nid = \"old\"\nevents = 100\nduration_s = 0\nconnect_timeout_s = 30\n\
+             records_dir = \"{}\"\n\
+             [topology]\nrus = 1\nbus = 1\nbase_port = {base}\n[control]\nbase_port = {}\n",
+            dir.path().join("records").display(),
+            base + 4
+        ),
+    )
+    .unwrap();
+    let mut evm = Command::new(EVB)
+        .args(["node", "--id", "evm", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let old = Command::new("python3")
+        .arg(outside_ru())
+        .args(["--evm", &format!("127.0.0.1:{base}"), "--bu", "127.0.0.1:1"])
+        .args(["--index", "0", "--source-id", "1", "--run-id", "old"])
+        .args(["--node-id", "ru0", "--protocol-version", "1"])
+        .output()
+        .unwrap();
+    let _ = evm.kill();
+    let said = String::from_utf8_lossy(&evm.wait_with_output().unwrap().stderr).to_string();
+    let told = String::from_utf8_lossy(&old.stderr).to_string();
+    let why = format!(
+        "protocol version 1 is not spoken here: this node speaks version {}",
+        evb_wire::PROTOCOL_VERSION
+    );
+    assert_eq!(
+        old.status.code(),
+        Some(3),
+        "the old RU was not refused: {told}\nthe EVM said:\n{said}"
+    );
+    assert!(
+        told.contains(&format!("refused by the EVM: {why}")),
+        "the old RU was not told both versions: {told}"
+    );
+    assert!(
+        said.contains(&why),
+        "the EVM did not log the refusal: {said}"
+    );
+}

@@ -25,7 +25,19 @@ impl TxSeq {
         payload: usize,
         count: u32,
     ) -> [u8; FRAME_HEADER_LEN] {
-        let header = FrameHeader::new(frame_type, payload as u32, count, self.next).encode();
+        self.header_as(evb_wire::PROTOCOL_VERSION, frame_type, payload, count)
+    }
+
+    /// The same in an older protocol `version`'s header (a refusal the peer can read).
+    pub(crate) fn header_as(
+        &mut self,
+        version: u16,
+        frame_type: FrameType,
+        payload: usize,
+        count: u32,
+    ) -> [u8; FRAME_HEADER_LEN] {
+        let header =
+            FrameHeader::new(frame_type, payload as u32, count, self.next).encode_as(version);
         self.next += 1;
         header
     }

@@ -4,7 +4,10 @@
 //! Connector: Hello → (HelloAck [→ Auth ⇄ Auth]) → open. Acceptor: (Hello → HelloAck [+ Auth]
 //! → Auth) → open, or Reject and close.
 
-use evb_wire::{FrameType, Hello, Reject, RejectCode, WireError};
+use evb_wire::{
+    version_refusal, FrameType, Hello, Reject, RejectCode, WireError, OLDEST_KNOWN_VERSION,
+    PROTOCOL_VERSION,
+};
 use tracing::{debug, warn};
 
 use crate::{auth, CloseReason, ConnId, Event, TransportConfig, TransportError};
@@ -83,6 +86,21 @@ impl Handshake {
         !self.outbound && self.phase != Phase::Hello
     }
 
+    /// A peer that opened this connection with a frame header of protocol `got`, not ours:
+    /// the version to write the refusal in (one the peer can read) and the refusal, which names
+    /// both versions. `None` where the connection is ours, is past its first frame, or `got`
+    /// is no version at all (then it is dropped, as any garbage is).
+    pub fn version_refusal(&self, got: u16) -> Option<(u16, Vec<u8>)> {
+        if self.outbound || self.phase != Phase::Hello || got < OLDEST_KNOWN_VERSION {
+            return None;
+        }
+        let reject = Reject {
+            code: RejectCode::BadHandshake,
+            reason: version_refusal(got),
+        };
+        Some((got.min(PROTOCOL_VERSION), reject.encode()))
+    }
+
     /// The event that reports the connection open: `Connected` on our side of an outgoing
     /// connection, `Accepted` on an incoming one.
     pub fn opened(&self, conn: ConnId, peer: Hello) -> Event {
@@ -107,6 +125,17 @@ impl Handshake {
             (Phase::Hello, FrameType::Hello) => {
                 let peer = match Hello::decode(payload) {
                     Ok(p) => p,
+                    Err(WireError::UnsupportedVersion { got, .. }) => {
+                        // frames of our version, a Hello of another: say so in a Reject
+                        let reason = version_refusal(got);
+                        warn!(peer = %addr, "refusing connection: {reason}");
+                        let reject = Reject {
+                            code: RejectCode::BadHandshake,
+                            reason: reason.clone(),
+                        };
+                        send.push((FrameType::Reject, reject.encode()));
+                        return Outcome::Refuse(CloseReason::Rejected(reason));
+                    }
                     Err(e) => return Outcome::Drop(CloseReason::Protocol(e)),
                 };
                 let refuse = |code, reason: String, send: &mut Vec<(FrameType, Vec<u8>)>| {

@@ -653,3 +653,67 @@ fn tcp_send_thread_wakes_a_waiting_sender() {
 fn tcp_send_thread_wakes_a_sender_waiting_through_a_mux() {
     send_thread_wakes_waiting_sender(true)
 }
+
+/// A peer of protocol version 1 (frame header and Hello as the first published docs wrote
+/// them) is told why it is refused, in a Reject whose header it can read, naming both versions
+/// (issue 66 item 4); a peer whose frames are of this version but whose Hello is not is told
+/// the same in frames of this version. Neither stalls.
+#[test]
+fn tcp_a_peer_of_another_protocol_version_gets_a_reject_naming_both() {
+    use std::io::Read;
+    for (frame_version, hello_version) in [(1u16, 1u16), (evb_wire::PROTOCOL_VERSION, 1)] {
+        let mut b = TcpTransport::new(cfg("run1", "bu0", Role::Bu)).unwrap();
+        let bound = b.listen("127.0.0.1:0").unwrap();
+        let mut raw = std::net::TcpStream::connect(&bound).unwrap();
+        let mut hello = Hello::new(Channel::Data, Role::Ru, 0, "run1", "old")
+            .encode()
+            .unwrap();
+        hello[0..2].copy_from_slice(&hello_version.to_le_bytes());
+        let header = evb_wire::FrameHeader::new(FrameType::Hello, hello.len() as u32, 0, 0)
+            .encode_as(frame_version);
+        raw.write_all(&header).unwrap();
+        raw.write_all(&hello).unwrap();
+        // the peer reads the reply and hangs up, as a refused peer does
+        let reader = std::thread::spawn(move || {
+            raw.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut got = vec![0u8; 24];
+            raw.read_exact(&mut got).unwrap();
+            let len = u32::from_le_bytes([got[8], got[9], got[10], got[11]]) as usize;
+            got.resize(24 + len, 0);
+            raw.read_exact(&mut got[24..]).unwrap();
+            got
+        });
+        let mut evs = vec![Vec::new()];
+        pump(
+            &mut [&mut b],
+            |e| {
+                e[0].iter().any(|e| {
+                    matches!(
+                        e,
+                        Event::Closed {
+                            reason: CloseReason::Rejected(_),
+                            ..
+                        }
+                    )
+                })
+            },
+            &mut evs,
+        );
+        let got = reader.join().unwrap();
+        assert_eq!(
+            u16::from_le_bytes([got[4], got[5]]),
+            frame_version,
+            "the reply's header is not in the peer's version"
+        );
+        assert_eq!(got[6], FrameType::Reject as u8);
+        let reject = evb_wire::Reject::decode(&got[24..]).unwrap();
+        assert!(
+            reject.reason.contains("protocol version 1 ")
+                && reject
+                    .reason
+                    .contains(&format!("speaks version {}", evb_wire::PROTOCOL_VERSION)),
+            "the reject does not name both versions: {}",
+            reject.reason
+        );
+    }
+}

@@ -5,8 +5,23 @@ use crate::error::{Result, WireError};
 
 /// "EVBF" read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"EVBF");
-/// The protocol version this build speaks (frame header and handshake).
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks (frame header and handshake). Version 2 (issue 66):
+/// the Assign carries the BU's incarnation, Term and Fence exist and the Term is required;
+/// docs/protocol.md, "Compatibility", says what changed in each version.
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest version whose frame header this build can still write, so that a peer of that
+/// version is told why it is refused in frames it can read (the header layout is unchanged
+/// since version 1).
+pub const OLDEST_KNOWN_VERSION: u16 = 1;
+
+/// Why a node refuses a peer of protocol version `got`: names both versions.
+pub fn version_refusal(got: u16) -> String {
+    format!(
+        "protocol version {got} is not spoken here: this node speaks version {PROTOCOL_VERSION} \
+         (docs/protocol.md, Compatibility)"
+    )
+}
 pub const FRAME_HEADER_LEN: usize = 24;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +79,15 @@ impl FrameHeader {
     }
 
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        self.encode_as(PROTOCOL_VERSION)
+    }
+
+    /// The header as a peer of protocol `version` writes it: only for telling a peer of an
+    /// older version why it is refused ([`version_refusal`]).
+    pub fn encode_as(&self, version: u16) -> [u8; FRAME_HEADER_LEN] {
         let mut b = [0u8; FRAME_HEADER_LEN];
         b[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[4..6].copy_from_slice(&version.to_le_bytes());
         b[6] = self.frame_type as u8;
         b[7] = 0;
         b[8..12].copy_from_slice(&self.length.to_le_bytes());

@@ -23,7 +23,8 @@ pub use fragment::{
     FLAG_SUPER, FLAG_SYNC_LOSS, FLAG_WINDOW, FRAGMENT_HEADER_LEN, FRAGMENT_PREFIX_LEN,
 };
 pub use frame::{
-    FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC, PROTOCOL_VERSION,
+    version_refusal, FrameHeader, FrameType, Reject, RejectCode, FRAME_HEADER_LEN, FRAME_MAGIC,
+    OLDEST_KNOWN_VERSION, PROTOCOL_VERSION,
 };
 pub use handshake::{Channel, Hello, Role, MAX_NAME_LEN};
 pub use message::{

@@ -31,7 +31,7 @@ fn frame_header_rejections() {
         FrameHeader::decode(&b, 1000),
         Err(WireError::UnsupportedVersion {
             got: 9,
-            supported: 1
+            supported: 2
         })
     );
     let mut b = good;
@@ -102,10 +102,10 @@ fn hello_round_trip_and_rejections() {
         })
     ));
     let mut bad = b.clone();
-    bad[0] = 2;
+    bad[0] = 1; // the first published version
     assert!(matches!(
         Hello::decode(&bad),
-        Err(WireError::UnsupportedVersion { .. })
+        Err(WireError::UnsupportedVersion { got: 1, .. })
     ));
     let mut bad = b.clone();
     bad[17] = 0xff; // first byte of the run id: invalid UTF-8

@@ -28,6 +28,9 @@ import sys
 import time
 
 MAGIC = b"EVBF"
+# the protocol version (frame header and Hello); `--protocol-version` speaks another, to see
+# how a peer of an older version is refused
+VERSION = 2
 HELLO, HELLO_ACK, REJECT, MESSAGES, BYE, AUTH = 1, 2, 3, 4, 5, 6
 CREDIT, ASSIGN, RELEASE, FRAGMENT = 0x0001, 0x0002, 0x0003, 0x0004
 READY, START, STOP, HALT, REPORT, ABORT, HEARTBEAT = range(0x0010, 0x0017)
@@ -69,12 +72,16 @@ def fragment(k, source_id):
 
 def hello(channel, index, run_id, node_id, nonce):
     run, node = run_id.encode(), node_id.encode()
-    return (struct.pack("<HBBHHQ", 1, channel, 1, index, 0, nonce)
+    return (struct.pack("<HBBHHQ", VERSION, channel, 1, index, 0, nonce)
             + bytes([len(run)]) + run + bytes([len(node)]) + node)
 
 
 class Closed(Exception):
     pass
+
+
+class Refused(Closed):
+    """The peer sent a Reject: its reason."""
 
 
 class Conn:
@@ -88,7 +95,7 @@ class Conn:
         self.incarnation = 0
 
     def send_frame(self, kind, body, count=0):
-        head = MAGIC + struct.pack("<HBBIIQ", 1, kind, 0, len(body), count, self.tx_seq)
+        head = MAGIC + struct.pack("<HBBIIQ", VERSION, kind, 0, len(body), count, self.tx_seq)
         self.tx_seq += 1
         try:
             self.sock.sendall(head + body)
@@ -161,6 +168,8 @@ def connect(addr, channel, args, secret):
     c.send_frame(HELLO, h)
     deadline = time.monotonic() + 5
     kind, _, ack = c.read_frame(deadline)
+    if kind == REJECT:
+        raise Refused(ack[2:].decode(errors="replace"))
     if kind != HELLO_ACK:
         raise Closed(f"refused (frame type {kind})")
     c.incarnation = struct.unpack_from("<H", ack, 6)[0]
@@ -281,6 +290,9 @@ class Ru:
         while self.evm is None:
             try:
                 self.evm = connect(a.evm, 0, a, self.secret)
+            except Refused as e:
+                self.log(f"refused by the EVM: {e}")
+                sys.exit(3)
             except (OSError, Closed):
                 if time.monotonic() > deadline:
                     raise
@@ -340,6 +352,7 @@ class Ru:
 
 
 def main():
+    global VERSION
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--evm", required=True, help="the EVM's host:port")
     p.add_argument("--bu", action="append", default=[], help="each BU's host:port, in order")
@@ -350,7 +363,10 @@ def main():
     p.add_argument("--heartbeat-ms", type=int, default=100)
     p.add_argument("--lag-ms", type=int, default=0)
     p.add_argument("--ignore-incarnation", action="store_true")
-    Ru(p.parse_args()).run()
+    p.add_argument("--protocol-version", type=int, default=VERSION)
+    args = p.parse_args()
+    VERSION = args.protocol_version
+    Ru(args).run()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ru import BYE, HELLO, HELLO_ACK, MESSAGES, Closed, Conn, messages, msg  # noqa: E402
+from ru import BYE, HELLO, HELLO_ACK, MESSAGES, VERSION, Closed, Conn, messages, msg  # noqa: E402
 
 START, FENCE, TERM = 0x0011, 0x0022, 0x0023
 
@@ -27,7 +27,7 @@ START, FENCE, TERM = 0x0011, 0x0022, 0x0023
 def ack(run_id):
     """An EVM's HelloAck payload: control channel, role EVM, index 0, no secret."""
     run, node = run_id.encode(), b"evm"
-    return (struct.pack("<HBBHHQ", 1, 0, 0, 0, 0, 0)
+    return (struct.pack("<HBBHHQ", VERSION, 0, 0, 0, 0, 0)
             + bytes([len(run)]) + run + bytes([len(node)]) + node)
 
 

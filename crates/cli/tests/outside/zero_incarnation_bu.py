@@ -15,7 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ru import HELLO, HELLO_ACK, MESSAGES, Closed, Conn, messages  # noqa: E402
+from ru import HELLO, HELLO_ACK, MESSAGES, VERSION, Closed, Conn, messages  # noqa: E402
 
 ROLE_BU, CONTROL = 2, 0
 
@@ -38,7 +38,7 @@ def main():
             time.sleep(0.1)
     c = Conn(sock, a.evm)
     run, node = a.run_id.encode(), b"bu0"
-    h = (struct.pack("<HBBHHQ", 1, CONTROL, ROLE_BU, 0, 0, 0)
+    h = (struct.pack("<HBBHHQ", VERSION, CONTROL, ROLE_BU, 0, 0, 0)
          + bytes([len(run)]) + run + bytes([len(node)]) + node)
     c.send_frame(HELLO, h)
     kind, _, _ = c.read_frame(time.monotonic() + 5)

@@ -116,6 +116,9 @@ impl TcpTransport {
                     Err(RxError::Io(e)) => {
                         return self.drop_conn(token, CloseReason::Lost(e.to_string()), out)
                     }
+                    Err(RxError::Wire(WireError::UnsupportedVersion { got, supported })) => {
+                        return self.refuse_version(token, got, supported, out)
+                    }
                     Err(RxError::Wire(e)) => {
                         return self.drop_conn(token, CloseReason::Protocol(e), out)
                     }
@@ -191,6 +194,24 @@ impl TcpTransport {
                 self.drop_conn(token, CloseReason::Protocol(e), out)
             }
         }
+    }
+
+    /// A peer whose first frame header says another protocol version: told so in a Reject
+    /// written in a header of its version (docs/protocol.md, Compatibility), then closed; a
+    /// version no peer ever spoke is dropped as garbage.
+    fn refuse_version(&mut self, token: Token, got: u16, supported: u16, out: &mut Vec<Event>) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some((version, reject)) = c.hs.version_refusal(got) else {
+            let e = WireError::UnsupportedVersion { got, supported };
+            return self.drop_conn(token, CloseReason::Protocol(e), out);
+        };
+        let reason = version_refusal(got);
+        warn!(peer = %c.addr, "refusing connection: {reason}");
+        c.tx.push_as(version, FrameType::Reject, 0, vec![Segment::Owned(reject)]);
+        self.begin_close(token, CloseReason::Rejected(reason));
+        self.flush(token, out);
     }
 
     /// One handshake frame, read outside the pool.

@@ -28,7 +28,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token};
 use tracing::{debug, warn};
 
-use evb_wire::{FrameType, Hello, WireError};
+use evb_wire::{version_refusal, FrameType, Hello, WireError};
 
 use crate::handshake::{Handshake, Outcome};
 use crate::log_limit::Tally;

@@ -30,8 +30,20 @@ pub(crate) struct TxQueue {
 
 impl TxQueue {
     pub(crate) fn push(&mut self, frame_type: FrameType, count: u32, segments: Vec<Segment>) {
+        self.push_as(evb_wire::PROTOCOL_VERSION, frame_type, count, segments)
+    }
+
+    /// A frame in protocol `version`'s header: only to refuse a peer of an older version in
+    /// frames it can read.
+    pub(crate) fn push_as(
+        &mut self,
+        version: u16,
+        frame_type: FrameType,
+        count: u32,
+        segments: Vec<Segment>,
+    ) {
         let payload: usize = segments.iter().map(Segment::len).sum();
-        let header = self.seq.header(frame_type, payload, count);
+        let header = self.seq.header_as(version, frame_type, payload, count);
         let len = FRAME_HEADER_LEN + payload;
         self.bytes += len;
         self.frames.push_back(OutFrame {
