@@ -899,6 +899,17 @@ impl Bu {
                     self.try_complete(now, id);
                 }
             }
+            Message::Assign(r, _) => {
+                // an Assign reaches a BU only for itself (§6): another's is the EVM's error
+                tracing::warn!(
+                    "the EVM sent bu[{}] an Assign of events {}..{} for bu[{}]: refused",
+                    self.me(),
+                    r.first,
+                    r.end(),
+                    r.bu
+                );
+                self.stats.errors += 1;
+            }
             Message::Release(r) if r.bu == self.me() => self.accepted(r),
             Message::Committed { bu, part } if bu == self.me() => {
                 self.actions.push_back(Action::Publish(part))

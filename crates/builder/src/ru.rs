@@ -209,6 +209,8 @@ impl OpenRun {
 
 pub struct Ru {
     cfg: RuConfig,
+    /// How many BUs the run has, where known ([`Ru::with_bus`]).
+    bus: Option<u16>,
     pool: Pool,
     state: RunState,
     /// Assignments not made yet, each with the incarnation of its BU that it names.
@@ -345,7 +347,15 @@ impl Ru {
             started: None,
             waiting: None,
             assigned_at: VecDeque::new(),
+            bus: None,
         }
+    }
+
+    /// The run has `bus` BUs (indices 0…bus-1): an Assign naming another is refused by
+    /// name instead of being held for a BU that cannot connect.
+    pub fn with_bus(mut self, bus: u16) -> Ru {
+        self.bus = Some(bus);
+        self
     }
 
     pub fn state(&self) -> RunState {
@@ -502,6 +512,17 @@ impl Ru {
                     self.stats.errors += 1;
                 }
             },
+            Message::Assign(r, _) if self.bus.is_some_and(|n| r.bu >= n) => {
+                tracing::warn!(
+                    "the EVM assigned events {}..{} to bu[{}], which this run does not have \
+                     ({} BUs): refused",
+                    r.first,
+                    r.end(),
+                    r.bu,
+                    self.bus.unwrap_or(0)
+                );
+                self.stats.errors += 1;
+            }
             Message::Assign(r, inc) if r.count > 0 => {
                 if self.by_windows() {
                     // a window's wait for its data runs from its Assign

@@ -1009,6 +1009,36 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
     assert_eq!(r.stats().errors, 1);
 }
 
+/// Issue 66 defect 6: an Assign naming a BU the run does not have is refused by the RU and
+/// counted (its Halt then says the run is not clean), never held for a BU that cannot come;
+/// an Assign for another BU that reaches a BU is counted there. Both are logged by name.
+#[test]
+fn an_assign_for_a_bu_the_run_does_not_have_is_refused_and_counted() {
+    let now = Instant::now();
+    let mut r = ru(0, 64 * 1024, 64).with_bus(2);
+    r.handle(now, NodeRef::Evm, Message::Start);
+    r.handle(now, NodeRef::Evm, assign(1, 0, 4));
+    r.handle(now, NodeRef::Evm, assign(2, 4, 4));
+    for _ in 0..4 {
+        r.poll(now);
+    }
+    let mut sent = 0;
+    while let Some(a) = r.next_action() {
+        if let Action::SendFragments { to, count, .. } = a {
+            assert_eq!(to, NodeRef::Bu(1));
+            sent += count;
+        }
+    }
+    assert_eq!(sent, 4, "only bu[1]'s events are made");
+    assert_eq!(r.stats().errors, 1);
+    assert_eq!(r.stats().pending_events, 0, "nothing held for bu[2]");
+
+    let mut b = Bu::new(bu_cfg(0, 1, 4));
+    b.handle(now, NodeRef::Evm, Message::Start);
+    b.handle(now, NodeRef::Evm, assign(1, 0, 4));
+    assert_eq!(b.stats().errors, 1);
+}
+
 /// Every fragment action names the BU incarnation of the Assign it answers (the driver sends
 /// it only over a connection of that incarnation), a reassignment's the new one's, and an
 /// assignment for another incarnation of the same BU never joins a run of the first.

@@ -348,38 +348,41 @@ pub fn logic(
             }
             Logic::Evm(evm)
         }
-        Role::Ru => Logic::Ru(Ru::new(
-            RuConfig {
-                index: me.index,
-                source_id: me.source_id,
-                source: match cfg.source.kind {
-                    SourceKind::Generator => match frame_generator(cfg)? {
-                        Some(f) => Source::Frames(f),
-                        None => Source::Generator(generator(cfg)),
-                    },
-                    SourceKind::Stream | SourceKind::Api => {
-                        let mut feed = evb_builder::LiveFeed::default();
-                        if cfg.by_time() {
-                            // decision windows over the stream: its latency buffer
-                            let windows = frame_generator(cfg)?.and_then(|f| f.windows);
-                            feed.windows = windows.map(|w| {
-                                evb_builder::window_buffer::WindowBuffer::new(
-                                    w,
-                                    cfg.frames.ticks,
-                                    &me.time_sources(),
-                                    cfg.windows.buffer_bytes,
-                                )
-                            });
+        Role::Ru => Logic::Ru(
+            Ru::new(
+                RuConfig {
+                    index: me.index,
+                    source_id: me.source_id,
+                    source: match cfg.source.kind {
+                        SourceKind::Generator => match frame_generator(cfg)? {
+                            Some(f) => Source::Frames(f),
+                            None => Source::Generator(generator(cfg)),
+                        },
+                        SourceKind::Stream | SourceKind::Api => {
+                            let mut feed = evb_builder::LiveFeed::default();
+                            if cfg.by_time() {
+                                // decision windows over the stream: its latency buffer
+                                let windows = frame_generator(cfg)?.and_then(|f| f.windows);
+                                feed.windows = windows.map(|w| {
+                                    evb_builder::window_buffer::WindowBuffer::new(
+                                        w,
+                                        cfg.frames.ticks,
+                                        &me.time_sources(),
+                                        cfg.windows.buffer_bytes,
+                                    )
+                                });
+                            }
+                            Source::Live(feed)
                         }
-                        Source::Live(feed)
-                    }
-                    _ => Source::Playback(crate::playback::load(cfg, me)?),
+                        _ => Source::Playback(crate::playback::load(cfg, me)?),
+                    },
+                    max_per_poll: 256,
+                    max_run_bytes: max_run_bytes(cfg),
                 },
-                max_per_poll: 256,
-                max_run_bytes: max_run_bytes(cfg),
-            },
-            ru_pool.expect("an RU has a fragment pool"),
-        )),
+                ru_pool.expect("an RU has a fragment pool"),
+            )
+            .with_bus(n_bu),
+        ),
         Role::Bu => {
             let verify = match cfg.builder.verify {
                 VerifyLevel::Headers => Verify::Headers,
