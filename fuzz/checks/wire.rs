@@ -150,6 +150,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
             dropped: vec![(Role::Bu, 1), (Role::Ru, 0)],
             max_events: 6000,
             decisions_final: 12,
+            since_ms: 1_795_000_000_000,
         }),
         Message::Fence { epoch: 1 },
         Message::Window {

@@ -37,6 +37,8 @@ use serde_json::{json, Value};
 /// 6000 events at 2 kHz: about 3 s, so faults between 0.8 and 2.4 s after the run started
 /// (the EVM says it is running and has triggered) land mid-run.
 const EVENTS: u64 = 6000;
+/// Events of a run that meets two EVM losses (12 s at `RATE_HZ`).
+const LONG_EVENTS: u64 = 24_000;
 const RATE_HZ: u64 = 2000;
 /// Small events: ten times as many, as fast, so that an RU's runs of fragments hold many
 /// events when a fault cuts into them (a reassigned event is cut out of its run).
@@ -68,6 +70,12 @@ enum Fault {
     KillBuThenEvmStandby {
         gap_ms: u64,
         freeze_ms: u64,
+    },
+    /// Two EVM losses one at a time (issue 66 defect 9): the EVM killed, then, once a new
+    /// standby follows the promoted one, `gap_ms` later the promoted one killed too. A longer
+    /// run (`LONG_EVENTS`); the run must complete at epoch 2.
+    KillEvmTwiceStandby {
+        gap_ms: u64,
     },
     CutLink,
     /// bu1's sink takes 1.5 ms an event (back-pressure all run long), and bu1 is frozen for
@@ -111,9 +119,10 @@ enum Expect {
 
 fn expect(f: Fault) -> Expect {
     match f {
-        Fault::KillEvmStandby | Fault::FreezeEvmStandby(_) | Fault::KillBuThenEvmStandby { .. } => {
-            Expect::Complete
-        }
+        Fault::KillEvmStandby
+        | Fault::FreezeEvmStandby(_)
+        | Fault::KillBuThenEvmStandby { .. }
+        | Fault::KillEvmTwiceStandby { .. } => Expect::Complete,
         Fault::KillRuStop | Fault::KillEvm => Expect::Stops,
         // a freeze shorter than the heartbeat timeout is no fault at all; a longer one
         // makes every other node leave the run
@@ -147,6 +156,20 @@ fn pid_of(marker: &str, id: &str) -> Option<u32> {
         // the EVM's standby runs with the EVM's id: never taken for it
         .find(|(_, cmd)| cmd.contains(&want) && cmd.contains(marker) && !cmd.contains("--standby"))
         .map(|(pid, _)| pid)
+}
+
+/// The standby EVM processes of a trial (`--standby` on their command line), oldest first.
+fn standby_pids(marker: &str) -> Vec<u32> {
+    let mut v: Vec<u32> = processes()
+        .into_iter()
+        .filter(|(_, cmd)| {
+            cmd.contains("--id evm ") && cmd.contains(marker) && cmd.contains("--standby")
+        })
+        .map(|(pid, _)| pid)
+        .filter(|&p| live(p))
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// Processes whose command line mentions `marker` (none may outlive a trial).
@@ -265,7 +288,9 @@ struct Trial {
 
 impl Trial {
     fn events(&self) -> u64 {
-        if self.small {
+        if let Fault::KillEvmTwiceStandby { .. } = self.fault {
+            LONG_EVENTS
+        } else if self.small {
             SMALL_EVENTS
         } else {
             EVENTS
@@ -288,6 +313,7 @@ impl Trial {
                 | Fault::KillEvmStandby
                 | Fault::FreezeEvmStandby(_)
                 | Fault::KillBuThenEvmStandby { .. }
+                | Fault::KillEvmTwiceStandby { .. }
                 | Fault::RogueFollower
         ) {
             "secret = \"chaos-door-key-6b2\"\n"
@@ -342,6 +368,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         Fault::KillEvmStandby
             | Fault::FreezeEvmStandby(_)
             | Fault::KillBuThenEvmStandby { .. }
+            | Fault::KillEvmTwiceStandby { .. }
             | Fault::RogueFollower
     );
     let sink = dir.join("out");
@@ -497,6 +524,30 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         }
         Fault::KillRuPartial | Fault::KillRuStop => hit("ru2", "-KILL"),
         Fault::KillEvm | Fault::KillEvmStandby => hit("evm", "-KILL"),
+        Fault::KillEvmTwiceStandby { gap_ms } => {
+            // the first standby, the one that takes the run over first
+            let first: Vec<u32> = standby_pids(&marker);
+            hit("evm", "-KILL");
+            // a second standby is started once the first took over: wait for it
+            let until = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < until && standby_pids(&marker).iter().all(|p| first.contains(p))
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let second: Vec<u32> = standby_pids(&marker)
+                .into_iter()
+                .filter(|p| !first.contains(p))
+                .collect();
+            note += &format!("(standbys: first {first:?}, then {second:?}) ");
+            if second.is_empty() {
+                note += "(no new standby: the promoted EVM was already gone) ";
+            }
+            std::thread::sleep(Duration::from_millis(gap_ms));
+            match first.first() {
+                Some(&p) if live(p) && signal(p, "-KILL") => {}
+                _ => note += "(the promoted EVM was already gone) ",
+            }
+        }
         Fault::KillBuThenEvmStandby { gap_ms, freeze_ms } => {
             hit("bu1", "-KILL");
             std::thread::sleep(Duration::from_millis(gap_ms));
@@ -533,7 +584,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         },
         Fault::Flood => {
             let mut header = b"EVBF".to_vec();
-            header.extend_from_slice(&1u16.to_le_bytes()); // version
+            header.extend_from_slice(&evb_wire::PROTOCOL_VERSION.to_le_bytes()); // version
             header.extend_from_slice(&[1, 0]); // Hello, no flags
             header.extend_from_slice(&340_000u32.to_le_bytes());
             header.extend_from_slice(&[0; 12]); // count, sequence
@@ -846,7 +897,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                 }
             }
             let must_take_over = match t.fault {
-                Fault::KillEvmStandby => true,
+                Fault::KillEvmStandby | Fault::KillEvmTwiceStandby { .. } => true,
                 Fault::KillBuThenEvmStandby { freeze_ms, .. } => {
                     freeze_ms == 0 || freeze_ms >= 2000
                 }
@@ -877,9 +928,14 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     .filter(|(id, _)| id.starts_with("ru") || id.starts_with("bu"))
                     .map(|(id, n)| (id.clone(), n["evm_epoch"].clone()))
                     .collect();
+                // two takeovers: the second standby's epoch, one above the first's
+                let epoch = match t.fault {
+                    Fault::KillEvmTwiceStandby { .. } => 2,
+                    _ => 1,
+                };
                 assert!(
-                    !followed.is_empty() && followed.iter().all(|(_, e)| *e == json!(1)),
-                    "the nodes' epochs after the takeover: {followed:?}\n{log}"
+                    !followed.is_empty() && followed.iter().all(|(_, e)| *e == json!(epoch)),
+                    "the nodes' epochs after the takeover(s): {followed:?}\n{log}"
                 );
             }
             if t.fault == Fault::KillRuPartial {
@@ -1191,6 +1247,20 @@ fn evb_run_with_a_standby_survives_a_killed_evm() {
 /// Issue 66 defect 1: a clean takeover early in a one-shot run (the EVM stopped 1.05 s in,
 /// for 1.15 s: past the heartbeat timeout, then woken and fenced) is judged OK; the fenced
 /// EVM's exit is not the run's failure.
+/// Issue 66 defect 9: `evb run --standby` keeps a standby after each takeover, so a one-shot
+/// run survives two EVM losses one at a time (24,000 events, the EVM killed at 2 s, the
+/// promoted one 5 s after a new standby follows it): every event in exactly one file, at
+/// epoch 2.
+#[test]
+fn evb_run_with_a_standby_survives_two_evm_losses() {
+    fixed(
+        Fault::KillEvmTwiceStandby { gap_ms: 5000 },
+        Launch::Run,
+        false,
+        2000,
+    );
+}
+
 #[test]
 fn a_clean_takeover_early_in_evb_run_is_judged_ok() {
     fixed(Fault::FreezeEvmStandby(1150), Launch::Run, false, 1050);

@@ -493,9 +493,9 @@ fn garbage_peers_are_disconnected_and_the_run_carries_on() {
         let addr = format!("127.0.0.1:{port}");
         raw_attack(&addr, b"GET / HTTP/1.1\r\nHost: evb\r\n\r\n");
         raw_attack(&addr, &header(99, 10)); // wrong version
-        raw_attack(&addr, &header(1, u32::MAX)); // oversized
-        raw_attack(&addr, &header(1, 100)[..10]); // truncated, then gone
-        let mut bad_hello = header(1, 20);
+        raw_attack(&addr, &header(evb_wire::PROTOCOL_VERSION, u32::MAX)); // oversized
+        raw_attack(&addr, &header(evb_wire::PROTOCOL_VERSION, 100)[..10]); // truncated, then gone
+        let mut bad_hello = header(evb_wire::PROTOCOL_VERSION, 20);
         bad_hello.extend_from_slice(&[7u8; 20]);
         raw_attack(&addr, &bad_hello); // a Hello whose payload is nonsense
                                        // a flood of connections that say nothing and leave
@@ -522,7 +522,7 @@ fn garbage_peers_are_disconnected_and_the_run_carries_on() {
 fn frame(kind: u8, seq: u64, count: u32, payload: &[u8]) -> Vec<u8> {
     let mut h = Vec::new();
     h.extend_from_slice(b"EVBF");
-    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&evb_wire::PROTOCOL_VERSION.to_le_bytes());
     h.push(kind);
     h.push(0);
     h.extend_from_slice(&(payload.len() as u32).to_le_bytes());

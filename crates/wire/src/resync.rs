@@ -379,7 +379,14 @@ pub struct Follow {
     /// standby needs no copy of its window any more (the rest it is sent in Window
     /// messages); 0 in other runs.
     pub decisions_final: u64,
+    /// When the run's output began, as Unix time in milliseconds (the first EVM's start,
+    /// handed down through every takeover): a standby started mid-run counts the run's files
+    /// from it, not from its own start. 0: not known.
+    pub since_ms: u64,
 }
+
+/// Follow's fixed part, before its dropped nodes.
+const FOLLOW_FIXED: usize = 40;
 
 const FOLLOW_STOP: u32 = 1;
 const FOLLOW_OVER: u32 = 2;
@@ -397,6 +404,7 @@ impl Follow {
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.max_events.to_le_bytes());
         out.extend_from_slice(&self.decisions_final.to_le_bytes());
+        out.extend_from_slice(&self.since_ms.to_le_bytes());
         for (role, index) in &self.dropped[..n] {
             out.extend_from_slice(&(*role as u16).to_le_bytes());
             out.extend_from_slice(&index.to_le_bytes());
@@ -405,10 +413,10 @@ impl Follow {
 
     pub(crate) fn decode(b: &[u8]) -> Result<Follow> {
         let what = "follow";
-        if b.len() < 32 {
+        if b.len() < FOLLOW_FIXED {
             return Err(WireError::Truncated {
                 what,
-                need: 32,
+                need: FOLLOW_FIXED,
                 have: b.len(),
             });
         }
@@ -417,16 +425,17 @@ impl Follow {
             return Err(WireError::ReservedNonZero { what });
         }
         let n = u16_at(b, 12) as usize;
-        if b.len() != 32 + 4 * n {
+        if b.len() != FOLLOW_FIXED + 4 * n {
             return Err(WireError::BadLength {
                 what,
-                expected: 32 + 4 * n,
+                expected: FOLLOW_FIXED + 4 * n,
                 got: b.len(),
             });
         }
         let mut dropped = Vec::with_capacity(n);
         for k in 0..n {
-            let role = match u16_at(b, 32 + 4 * k) {
+            let at = FOLLOW_FIXED + 4 * k;
+            let role = match u16_at(b, at) {
                 1 => crate::Role::Ru,
                 2 => crate::Role::Bu,
                 v => {
@@ -436,7 +445,7 @@ impl Follow {
                     })
                 }
             };
-            dropped.push((role, u16_at(b, 34 + 4 * k)));
+            dropped.push((role, u16_at(b, at + 2)));
         }
         Ok(Follow {
             elapsed_ms: u64_at(b, 0),
@@ -447,6 +456,7 @@ impl Follow {
             dropped,
             max_events: u64_at(b, 16),
             decisions_final: u64_at(b, 24),
+            since_ms: u64_at(b, 32),
         })
     }
 }

@@ -710,6 +710,7 @@ fn follow_bodies_are_checked() {
         dropped: vec![(Role::Bu, 3), (Role::Ru, 1)],
         max_events: 77,
         decisions_final: 0x0102_0304,
+        since_ms: 1_795_000_000_123,
     };
     let bytes = Message::Follow(f.clone()).encode();
     let body = &bytes[MESSAGE_HEADER_LEN..];
@@ -719,8 +720,10 @@ fn follow_bodies_are_checked() {
     );
     // bytes 24–31: the decisions final
     assert_eq!(&body[24..28], &[4, 3, 2, 1]);
+    // bytes 32–39: when the run's output began
+    assert_eq!(&body[32..40], &1_795_000_000_123u64.to_le_bytes());
     let mut evm = body.to_vec();
-    evm[32] = 0; // role 0: the EVM
+    evm[40] = 0; // role 0: the EVM
     assert!(Message::decode(MessageType::Follow, &evm).is_err());
     // bit 2: paused
     assert_eq!(body[8], 1 | 4);

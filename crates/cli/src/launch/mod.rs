@@ -14,7 +14,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::summary;
+use lineage::Lineage;
 
+mod lineage;
 mod placement;
 mod progress;
 mod signals;
@@ -118,6 +120,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let inproc = cfg.transport.kind == TransportKind::Inproc;
     // inproc: the EVM thread's commands, for Ctrl-C
     let mut evm_control = None;
+    let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
+    // with a standby: the EVMs that hold the run in turn, a new standby after each takeover
+    let mut lineage = None;
     let (mut children, _tmp) = if inproc {
         evm_control = Some(spawn::spawn_threads(cfg, &tx));
         (Vec::new(), None)
@@ -128,24 +133,30 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
                 eprintln!("evb: run page and control API: http://{}/", evm.control);
             }
         }
+        if !resolved.evm.standby.is_empty() {
+            let number = record.as_ref().map(|r| r.run());
+            lineage = Some(Lineage::new(&resolved, &ids[0], number, tx.clone()));
+        }
         (c, Some(t))
     };
     drop(tx);
-    let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
     // a standby EVM is watched as a node, and judged as the EVM if it took the run over
-    let standby = (!cfg.evm.standby.is_empty() && !inproc).then(|| spawn::standby_label(&ids[0]));
-    let watched: Vec<String> = ids.iter().cloned().chain(standby.clone()).collect();
+    let mut watched: Vec<String> = ids.clone();
+    if let Some(l) = &lineage {
+        watched.extend(l.labels().iter().skip(1).cloned());
+    }
     let mut w = watch(
         cfg,
-        &watched,
+        &mut watched,
         quiet,
         &interrupts,
         evm_control.as_ref(),
         &mut children,
         &rx,
+        lineage.as_mut(),
     );
-    if let Some(label) = &standby {
-        took_over_or_not(&mut w, &ids[0], label);
+    if let Some(l) = &lineage {
+        l.settle(&mut w);
     }
     let pids: Vec<u32> = children.iter().map(|(_, c)| c.id()).collect();
     let mut problems = verdict::problems(cfg, &ids, &w);
@@ -174,54 +185,19 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     Ok(ok)
 }
 
-/// With a standby EVM: if it took the run over, its report and exit are the EVM's (the
-/// first EVM's loss is named in the report it carries); if not, it is left out.
-fn took_over_or_not(w: &mut Watched, evm: &str, label: &str) {
-    // the standby's own report says it: an EVM of an epoch above the first's (typed, not
-    // read from a sentence)
-    let took_over = w.reports.get(label).is_some_and(|r| r.took_over());
-    let report = w.reports.remove(label);
-    let code = w.exit_codes.remove(label);
-    let ended = w.how_ended.remove(label);
-    let last = w.last_lines.remove(label);
-    let was_killed = w.killed.iter().any(|k| k == label);
-    w.killed.retain(|k| k != label);
-    if took_over {
-        if let Some(r) = report {
-            // both EVMs' reports are kept: the replaced one under a label of its own
-            if let Some(old) = w.reports.insert(evm.to_string(), r) {
-                w.reports.insert(format!("{evm}-replaced"), old);
-            }
-        }
-        if let Some(c) = code {
-            w.exit_codes.insert(evm.to_string(), c);
-        }
-        w.how_ended.remove(evm);
-        if let Some(e) = ended {
-            w.how_ended.insert(evm.to_string(), e);
-        }
-        w.last_lines.remove(evm);
-        if let Some(l) = last {
-            w.last_lines.insert(evm.to_string(), l);
-        }
-        w.killed.retain(|k| k != evm);
-        if was_killed {
-            w.killed.push(evm.to_string());
-        }
-    }
-}
-
 /// Watches the nodes until every one has ended, the run's budget is spent, or a second
 /// Ctrl-C: the progress line, Ctrl-C passed on as a clean stop, status lines and exits
 /// collected; whatever is still running at the end is killed.
+#[allow(clippy::too_many_arguments)]
 fn watch(
     cfg: &Config,
-    ids: &[String],
+    ids: &mut Vec<String>,
     quiet: bool,
     interrupts: &AtomicUsize,
     evm_control: Option<&evb_node::RunControl>,
-    children: &mut [(String, Child)],
+    children: &mut Vec<(String, Child)>,
     rx: &mpsc::Receiver<Note>,
+    mut lineage: Option<&mut Lineage>,
 ) -> Watched {
     let inproc = cfg.transport.kind == TransportKind::Inproc;
     let budget = cfg.run.connect_timeout_s
@@ -259,7 +235,7 @@ fn watch(
     let mut how_ended: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let mut stop_sent = false;
     // a standby that took the run over is told of a Ctrl-C too (the EVM it replaced cannot)
-    let mut standby_told = false;
+    let mut told: Vec<String> = Vec::new();
     let mut user_abort = false;
     let mut last_lines: BTreeMap<String, String> = BTreeMap::new();
 
@@ -287,16 +263,13 @@ fn watch(
                 break;
             }
         }
-        if stop_sent && !standby_told && evm_control.is_none() {
-            if let Some(s) = ids
-                .iter()
-                .find(|i| i.ends_with("-standby"))
-                .filter(|s| latest.get(*s).is_some_and(|v| v.took_over()))
-            {
-                standby_told = true;
+        if let (true, Some(l)) = (stop_sent, lineage.as_deref()) {
+            let active = l.active().to_string();
+            if active != ids[0] && !told.contains(&active) {
+                told.push(active.clone());
                 if let Some(stdin) = children
                     .iter_mut()
-                    .find(|(i, _)| i == s)
+                    .find(|(i, _)| *i == active)
                     .and_then(|(_, c)| c.stdin.as_mut())
                 {
                     let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());
@@ -333,6 +306,14 @@ fn watch(
                 note_exit(&mut how_ended, id, status, &latest, &ids[0]);
             }
         }
+        if let Some(l) = lineage.as_deref_mut() {
+            let say = |line: String| {
+                if !quiet {
+                    bar.suspend(|| eprintln!("{line}"));
+                }
+            };
+            l.step(&latest, &exit_codes, children, ids, &say);
+        }
         let target = Target {
             events: cfg.run.events,
             duration_s: cfg.run.duration_s,
@@ -352,17 +333,26 @@ fn watch(
         // rather than wait for time-outs. A node lost mid-run is the EVM's to handle (it
         // rebuilds a lost BU's events, or applies the RU-loss policy): wait for its verdict.
         // with a standby that is still up, the EVM is gone only once it is gone too
-        let evm = match ids.iter().find(|i| i.ends_with("-standby")) {
-            Some(s) if exit_codes.contains_key(&ids[0]) && !exit_codes.contains_key(s) => s,
-            _ => &ids[0],
+        let evm: String = match lineage.as_deref() {
+            Some(l) => match l.standby() {
+                Some(s) if exit_codes.contains_key(l.active()) && !exit_codes.contains_key(s) => {
+                    s.to_string()
+                }
+                _ => l.active().to_string(),
+            },
+            None => ids[0].clone(),
         };
+        let evm = &evm;
         let evm_running = latest
             .get(evm)
             .is_some_and(|v| !matches!(v.state, RunState::Ready | RunState::Configured));
         let evm_gone = exit_codes.contains_key(evm);
+        // an EVM the run has moved on from (replaced, or lost with its standby still up)
+        // does not doom it
+        let superseded = |id: &String| lineage.as_deref().is_some_and(|l| l.before(id, evm));
         let failed = exit_codes
             .iter()
-            .any(|(id, c)| *c != Some(0) && !(id == &ids[0] && evm != &ids[0]));
+            .any(|(id, c)| *c != Some(0) && !superseded(id));
         if failed && (!evm_running || evm_gone) && !reports.contains_key(evm) {
             let since = *first_failure.get_or_insert_with(Instant::now);
             if since.elapsed() > Duration::from_secs(3) {

@@ -218,6 +218,11 @@ impl ConfigFd {
         })
     }
 
+    /// `evb run`'s run number, passed to every node started with this configuration.
+    pub(crate) fn set_run_number(&mut self, number: Option<u64>) {
+        self.run_number = number;
+    }
+
     fn raw(&self) -> i32 {
         std::os::fd::AsRawFd::as_raw_fd(&self.fd)
     }

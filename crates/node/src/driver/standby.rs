@@ -156,6 +156,11 @@ impl Driver {
             dropped,
             max_events: e.config().max_events.unwrap_or(evb_wire::UNLIMITED),
             decisions_final: e.decisions_final(),
+            since_ms: self
+                .evm
+                .since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         }))
     }
 
@@ -629,6 +634,12 @@ impl Driver {
         };
         let cfg = old.config().clone();
         let dropped = dropped_by(&word);
+        // the run's files count from its first EVM's start, not from this process's (a
+        // standby started after an earlier takeover came later than some of them)
+        if word.since_ms > 0 {
+            let first = std::time::UNIX_EPOCH + Duration::from_millis(word.since_ms);
+            self.evm.since = self.evm.since.min(first);
+        }
         // triggering time: a paused run's clock stood still since the EVM said so
         let since = if word.paused {
             Duration::ZERO

@@ -30,7 +30,9 @@ pub(crate) struct TxQueue {
 
 impl TxQueue {
     pub(crate) fn push(&mut self, frame_type: FrameType, count: u32, segments: Vec<Segment>) {
-        self.push_as(evb_wire::PROTOCOL_VERSION, frame_type, count, segments)
+        let payload: usize = segments.iter().map(Segment::len).sum();
+        let header = self.seq.header(frame_type, payload, count);
+        self.queue(header, segments, payload);
     }
 
     /// A frame in protocol `version`'s header: only to refuse a peer of an older version in
@@ -44,6 +46,10 @@ impl TxQueue {
     ) {
         let payload: usize = segments.iter().map(Segment::len).sum();
         let header = self.seq.header_as(version, frame_type, payload, count);
+        self.queue(header, segments, payload);
+    }
+
+    fn queue(&mut self, header: [u8; FRAME_HEADER_LEN], segments: Vec<Segment>, payload: usize) {
         let len = FRAME_HEADER_LEN + payload;
         self.bytes += len;
         self.frames.push_back(OutFrame {
