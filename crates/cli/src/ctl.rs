@@ -189,6 +189,19 @@ fn resolve(a: &CtlArgs) -> Result<Api, String> {
 /// standby fenced: a standby that took the run over is the control now, and the old EVM's
 /// word is not the run's.
 fn follow(a: &CtlArgs, api: Api) -> Api {
+    // a standby EVM where the control was says where the control it follows is now (a
+    // second takeover may have moved it again: a few hops at most)
+    let mut api = api;
+    for _ in 0..3 {
+        let Some(to) = pointed(&api) else {
+            break;
+        };
+        eprintln!(
+            "evb ctl: the control moved to {} ({} is a standby EVM that follows it)",
+            to.base, api.base
+        );
+        api = to;
+    }
     let Some(moved) = moved_to(a) else {
         return api;
     };
@@ -206,6 +219,17 @@ fn follow(a: &CtlArgs, api: Api) -> Api {
     };
     eprintln!("evb ctl: the control moved to {} ({why})", moved.base);
     moved
+}
+
+/// Where the node at `api` says the run control is, if it is a standby EVM without it.
+fn pointed(api: &Api) -> Option<Api> {
+    let r = api.get("/api/v1/status").ok()?;
+    if r.ok() || r.status != 404 {
+        return None;
+    }
+    let to = r.body["control"].as_str()?;
+    let to = Api::new(to, api.token.clone());
+    (to.base != api.base).then_some(to)
 }
 
 /// Runs the command; the exit code is 0 on success, 1 when refused or failed.
@@ -253,7 +277,7 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
         } => {
             // a standby that took the control over: `evb up` rewrites where it is (its
             // file first: the configuration names the EVM's address, not the standby's)
-            let again = || moved_to(a).or_else(|| resolve(a).ok());
+            let again = || moved_to(a).or_else(|| resolve(a).ok().map(|api| follow(a, api)));
             return wait(api, &again, a.json.as_deref(), state, *run, *timeout);
         }
     };

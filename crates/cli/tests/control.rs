@@ -364,6 +364,30 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
             assert!(said.contains("complete"), "evb ctl {args:?}: {said}");
         }
     }
+    // and with no configuration at all (issue 66 defect 5): the new standby that `evb up`
+    // started where the lost EVM was says where the control it follows is
+    let _ = up.new_standby();
+    for args in [
+        &["runs", "1"][..],
+        &["status"],
+        &["wait", "--run", "1", "--timeout", "30"],
+    ] {
+        let out = Command::new(EVB)
+            .args(["ctl", "--url", &evm_control])
+            .args(args)
+            .env("EVB_SECRET", "up-standby-7d21c9")
+            .output()
+            .unwrap();
+        let said = common::text(&out);
+        assert!(
+            out.status.success(),
+            "evb ctl --url {args:?} (no --config): {said}"
+        );
+        assert!(
+            said.contains("is a standby EVM that follows it"),
+            "evb ctl --url {args:?} (no --config): {said}"
+        );
+    }
     let files = common::nodes::events_in(&up.dir.path().join("out"));
     assert!(
         files.keys().copied().eq(0..20000),

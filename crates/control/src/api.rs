@@ -47,6 +47,29 @@ fn error(status: u16, msg: impl Into<String>) -> Response {
     (code, Json(json!({ "error": msg.into() }))).into_response()
 }
 
+/// A run endpoint asked of a node without run control. A standby EVM that follows one says
+/// where the control is (`control`): a client given the address where the control was (the
+/// lost EVM's, where `evb up` starts the next standby) can follow it there (`evb ctl`). It
+/// tells no more than its configuration already names, and only to a caller the API guard
+/// admitted.
+fn not_the_control(node: &Node, msg: &str) -> Response {
+    let to = node
+        .standby
+        .then(|| node.lock().cfg.evm.follow_control.clone())
+        .filter(|c| !c.is_empty());
+    match to {
+        Some(c) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({
+                "error": format!("{msg}: this is a standby EVM; the run control it follows is at http://{c}/"),
+                "control": format!("http://{c}/"),
+            })),
+        )
+            .into_response(),
+        None => error(404, msg),
+    }
+}
+
 /// A JSON object body (an empty body is `{}`), or a 400 that says what is wrong.
 fn parse_body(body: &Bytes) -> Result<Value, Box<Response>> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -687,7 +710,7 @@ async fn node_halt(State(node): State<Shared>) -> Response {
 async fn run_status(State(node): State<Shared>) -> Response {
     match node.controller() {
         Some(c) => Json(c.status(&node)).into_response(),
-        None => error(404, "only the EVM serves the run status"),
+        None => not_the_control(&node, "only the EVM serves the run status"),
     }
 }
 
@@ -703,7 +726,7 @@ async fn history(
     q: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Some(c) = node.controller() else {
-        return error(404, "only the EVM keeps the rate history");
+        return not_the_control(&node, "only the EVM keeps the rate history");
     };
     let Ok(Query(q)) = q else {
         return error(400, "`since` must be a time in unix seconds");
@@ -720,7 +743,7 @@ async fn history(
 async fn links(State(node): State<Shared>) -> Response {
     match node.controller() {
         Some(c) => Json(c.links()).into_response(),
-        None => error(404, "only the EVM keeps the RU→BU matrix"),
+        None => not_the_control(&node, "only the EVM keeps the RU→BU matrix"),
     }
 }
 
@@ -728,20 +751,20 @@ async fn links(State(node): State<Shared>) -> Response {
 async fn scrape_targets(State(node): State<Shared>) -> Response {
     match node.controller() {
         Some(c) => Json(c.scrape_targets(&node)).into_response(),
-        None => error(404, "only the EVM lists the nodes"),
+        None => not_the_control(&node, "only the EVM lists the nodes"),
     }
 }
 
 async fn runs(State(node): State<Shared>) -> Response {
     match node.controller() {
         Some(c) => Json(c.runs()).into_response(),
-        None => error(404, "only the EVM keeps runs"),
+        None => not_the_control(&node, "only the EVM keeps runs"),
     }
 }
 
 async fn run_record(State(node): State<Shared>, Path(n): Path<String>) -> Response {
     let Some(c) = node.controller() else {
-        return error(404, "only the EVM keeps runs");
+        return not_the_control(&node, "only the EVM keeps runs");
     };
     let Ok(n) = n.parse::<u64>() else {
         return error(400, format!("{n:?} is not a run number"));
@@ -756,7 +779,7 @@ async fn run_record(State(node): State<Shared>, Path(n): Path<String>) -> Respon
 /// (ticks; a window over some sources lists their ids), each the next record.
 async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
     let Some(c) = node.controller() else {
-        return error(404, "decisions go to the EVM");
+        return not_the_control(&node, "decisions go to the EVM");
     };
     let v = match parse_body(&body) {
         Ok(v) => v,
@@ -804,7 +827,7 @@ async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
 
 async fn command(State(node): State<Shared>, Path(name): Path<String>, body: Bytes) -> Response {
     let Some(c) = node.controller() else {
-        return error(404, "commands go to the EVM");
+        return not_the_control(&node, "commands go to the EVM");
     };
     let Some(cmd) = Command::parse(&name) else {
         return error(
