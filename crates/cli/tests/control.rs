@@ -577,6 +577,41 @@ fn a_paused_run_stays_paused_under_the_standby_until_resumed_there() {
 /// follower hears its heartbeats stop; `evb up` finds that its control API has not answered
 /// for 5 s, has the standby take the control over and kills the frozen EVM. The next run
 /// starts at the standby, numbered on, and is exact.
+/// Issue 66 defect 3: `evb up --standby`, the EVM killed early in run 1 (the standby takes
+/// it over and finishes it), then, after run 1 ended, the promoted EVM killed too (the new
+/// standby takes the control over between runs, and knows nothing of run 1's events). Run
+/// 1's verdict stays the one the run earned: `evb ctl wait --run 1` and `runs 1` at the third
+/// control say complete, exit 0 — a later term's "unknown" never replaces a known verdict.
+#[test]
+fn a_known_verdict_outlives_a_second_takeover_between_runs() {
+    let mut up = Up::standby_file_run("known-verdict", 8000, 4000);
+    let first = up.evm_pid();
+    up.start_until_triggered(1000);
+    common::signal(first, "-9");
+    up.follow_takeover(60);
+    assert_exact(&up.wait_run(1), 8000);
+    // the new standby where the first EVM was, then the promoted EVM lost between runs
+    let _ = up.new_standby();
+    let second = up.evm_pid();
+    common::signal(second, "-9");
+    up.follow_takeover(60);
+    assert_ne!(up.evm_pid(), second, "the control did not move");
+    for args in [
+        &["wait", "--run", "1", "--timeout", "30"][..],
+        &["runs", "1"],
+    ] {
+        let out = up.ctl(args);
+        let said = common::text(&out);
+        assert!(out.status.success(), "evb ctl {args:?}: {said}");
+        assert!(said.contains("complete"), "evb ctl {args:?}: {said}");
+        assert!(!said.contains("unknown"), "evb ctl {args:?}: {said}");
+    }
+    let rec = up.wait_run(1);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    assert!(up.halt().success());
+}
+
 #[test]
 fn evb_up_with_a_standby_replaces_an_evm_frozen_between_runs() {
     let toml =
