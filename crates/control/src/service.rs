@@ -361,7 +361,7 @@ pub fn run_process(
         let c = Controller::new(cfg, mode);
         // the run control keeps its records on disk: `evb up`'s, and `evb run`'s one run
         if mode == Mode::Serve || once_run.is_some() {
-            c.keep_records(mode == Mode::Serve)
+            c.keep_records(mode == Mode::Serve, None)
                 .map_err(ProcessError::Records)?;
         }
         let _ = controller.set(c);
@@ -493,7 +493,13 @@ pub(crate) fn promote(node: &Arc<Node>, followed: Option<Followed<'_>>) {
         (cfg, st.run)
     };
     let c = Controller::new(&cfg, Mode::Serve);
-    if let Err(e) = c.keep_records(true) {
+    let live = match &followed {
+        Some(Followed::Run(run, _) | Followed::EndedThere(run) | Followed::Running(run, _)) => {
+            Some(*run)
+        }
+        None => None,
+    };
+    if let Err(e) = c.keep_records(true, live) {
         warn!(node = %node.spec.id, "the run records are kept in memory only: {e}");
     }
     c.number_from(last);

@@ -146,15 +146,16 @@ impl Controller {
     /// Keeps the run records on disk (`run.records_dir`) from now on. A serving control
     /// (`load`) takes the records found there: runs left open by a control that ended are
     /// closed as interrupted, and the numbering goes on after the last. `evb run`'s EVM
-    /// (not `load`) records only its one run, whose number the launcher claimed.
-    pub(crate) fn keep_records(&self, load: bool) -> Result<(), String> {
+    /// (not `load`) records only its one run, whose number the launcher claimed. `live`: the
+    /// run a promoted standby holds, left open for its own record (see `RecordStore::load`).
+    pub(crate) fn keep_records(&self, load: bool, live: Option<u64>) -> Result<(), String> {
         let cfg = self.core().cfg().clone();
         let store = store::RecordStore::open(&cfg)?;
         if !load {
             self.start_writer(store);
             return Ok(());
         }
-        let found = store.load(unix_now())?;
+        let found = store.load(unix_now(), live)?;
         info!(
             "run records in {} ({} runs found)",
             store.path().display(),

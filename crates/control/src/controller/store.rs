@@ -172,12 +172,14 @@ impl RecordStore {
 
     /// The records of every run, for a control that starts: a run whose record was never
     /// closed (its control ended before it did) is closed as `interrupted`, here and in
-    /// the file, with the time of this load.
-    pub(crate) fn load(&self, unix: f64) -> Result<Vec<RunRecord>, String> {
+    /// the file, with the time of this load — except `live`, the run a promoted standby
+    /// holds (took over, or followed to its end): its own record follows at once, and a
+    /// reader never sees it `interrupted` first.
+    pub(crate) fn load(&self, unix: f64, live: Option<u64>) -> Result<Vec<RunRecord>, String> {
         let f = self.locked()?;
         let mut out = Vec::new();
         for (_, (term, mut rec)) in Self::read(&f) {
-            if rec.end.is_none() && term <= self.term {
+            if rec.end.is_none() && term <= self.term && Some(rec.run) != live {
                 rec.end = Some(RunEnd::interrupted(&rec, unix));
                 rec.state = "interrupted".into();
                 self.append(&f, &rec)?;
@@ -353,7 +355,7 @@ mod tests {
         );
         // a new process: run 1 as closed; 2, 6 and 9 never closed
         let again = store(dir.path(), 0);
-        let runs = again.load(3.0).unwrap();
+        let runs = again.load(3.0, None).unwrap();
         let states: Vec<(u64, &str)> = runs.iter().map(|r| (r.run, r.state.as_str())).collect();
         assert_eq!(
             states,
@@ -367,7 +369,7 @@ mod tests {
         assert_eq!(runs[0].end.as_ref().unwrap().events_built, 7);
         assert!(!runs[1].end.as_ref().unwrap().ok);
         // the interruption was written: a third load reads it as it is
-        let third = store(dir.path(), 0).load(4.0).unwrap();
+        let third = store(dir.path(), 0).load(4.0, None).unwrap();
         assert_eq!(third[1].end.as_ref().unwrap().ended_unix, 3.0);
         assert_eq!(
             store(dir.path(), 0)
@@ -386,14 +388,14 @@ mod tests {
         // the standby takes run 1 over and closes it; the fenced EVM writes after it
         standby.write(&ended(1, false)).unwrap();
         old.write(&ended(1, true)).unwrap();
-        let runs = store(dir.path(), 1).load(5.0).unwrap();
+        let runs = store(dir.path(), 1).load(5.0, None).unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].state, "failed");
         // a run the newer control has not closed is not closed by an older one's load
         standby
             .claim(None, 0, |n| RunRecord::starting(n, 1.0))
             .unwrap();
-        let seen_by_old = store(dir.path(), 0).load(6.0).unwrap();
+        let seen_by_old = store(dir.path(), 0).load(6.0, None).unwrap();
         assert_eq!(seen_by_old[1].state, "starting");
     }
 
@@ -409,12 +411,29 @@ mod tests {
         let mut unknown = ended(1, false);
         unknown.state = "unknown".into();
         standby.write(&unknown).unwrap();
-        let runs = store(dir.path(), 1).load(5.0).unwrap();
+        let runs = store(dir.path(), 1).load(5.0, None).unwrap();
         assert_eq!(runs[0].state, "complete", "{:?}", runs[0]);
         // a known verdict of the higher term does replace the lower's
         standby.write(&ended(1, false)).unwrap();
-        let runs = store(dir.path(), 1).load(6.0).unwrap();
+        let runs = store(dir.path(), 1).load(6.0, None).unwrap();
         assert_eq!(runs[0].state, "failed");
+    }
+
+    /// Issue 66 (defect 3's note): a promoted control that takes run 2 over while it runs
+    /// leaves that run open when it loads the records (its own `running` line follows): the
+    /// file never says `interrupted` for the run in between. Another open run is closed.
+    #[test]
+    fn a_promoted_control_never_writes_interrupted_for_the_run_it_takes_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = store(dir.path(), 0);
+        old.claim(None, 0, |n| RunRecord::starting(n, 1.0)).unwrap();
+        old.claim(None, 0, |n| RunRecord::starting(n, 1.0)).unwrap();
+        let runs = store(dir.path(), 1).load(5.0, Some(2)).unwrap();
+        let state = |n: u64| runs.iter().find(|r| r.run == n).unwrap().state.clone();
+        assert_eq!(state(1), "interrupted");
+        assert_eq!(state(2), "starting");
+        let text = std::fs::read_to_string(store(dir.path(), 1).path()).unwrap();
+        assert_eq!(text.matches("interrupted").count(), 1, "{text}");
     }
 
     #[test]
@@ -426,10 +445,10 @@ mod tests {
         f.write_all(b"{\"term\":0,\"record\":{\"run\":2,\"st")
             .unwrap();
         drop(f);
-        assert_eq!(s.load(1.0).unwrap().len(), 1);
+        assert_eq!(s.load(1.0, None).unwrap().len(), 1);
         // a line after the cut one is read again (it begins a line of its own)
         s.write(&ended(3, true)).unwrap();
-        let runs: Vec<u64> = s.load(1.0).unwrap().iter().map(|r| r.run).collect();
+        let runs: Vec<u64> = s.load(1.0, None).unwrap().iter().map(|r| r.run).collect();
         assert_eq!(runs, [1, 3]);
         let other = tempfile::tempdir().unwrap();
         let s2 = store(other.path(), 0);
