@@ -58,7 +58,7 @@ fn metadata_says_dune(dir: &Path) -> usize {
         if name.ends_with(".h5.json") && !name.starts_with('.') {
             let meta: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
             assert_eq!(meta["format"], "dune-hdf5", "{name}");
-            assert_eq!(meta["format_version"], 5, "{name}");
+            assert_eq!(meta["version"], 5, "{name}");
             n += 1;
         }
     }
@@ -85,6 +85,25 @@ fn triggered_events_are_dune_trigger_records_byte_for_byte() {
     assert_eq!(r["records"], 900, "{r}");
     assert_eq!(r["fragments"], 900 * 3, "{r}");
     assert!(metadata_says_dune(&dune) >= 3);
+    // the checker is no rubber stamp: one payload byte changed in one file is found
+    let tamper = "import glob, sys, h5py\n\
+                  p = sorted(glob.glob(sys.argv[1] + '/*.h5'))[0]\n\
+                  f = h5py.File(p, 'r+')\n\
+                  g = f[sorted(f.keys())[0]]['RawData']\n\
+                  n = [k for k in g.keys() if k.startswith('Detector') and g[k].shape[0] > 72][0]\n\
+                  a = g[n][()]\n\
+                  a[72, 0] ^= 1\n\
+                  g[n][...] = a\n";
+    let o = Command::new(&py)
+        .args(["-c", tamper])
+        .arg(&dune)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = check(&py, &dune, &evb);
+    assert_eq!(r["problems"], 1, "{r}");
+    let said = r["first_problems"][0].as_str().unwrap();
+    assert!(said.contains("payload differs"), "{r}");
 }
 
 /// Time slices of two streams with overlap: `TimeSliceNNNNNN` records, each source's window
