@@ -1,4 +1,4 @@
-//! The HDF5 sink in DUNE's layout (`sink.hdf5_layout = "dune"`, docs/formats.md §10)
+//! The HDF5 sink in DUNE's layout (`sink.hdf5_layout = "dune"`, docs/formats.md §11)
 //! through `evb run`, its files read by `tests/outside/check_dune.py`, a reader written with
 //! h5py and struct from DUNE's published layout alone, each fragment compared byte for
 //! byte with the same data written as `.evb` files by a second run: triggered events (the

@@ -780,7 +780,7 @@ pub struct SinkSection {
     pub hdf5_deflate: u8,
     /// `hdf5` sink: the files' layout, `"evb"` (evb's own, docs/formats.md §6) or `"dune"`
     /// (DUNE's hdf5libs trigger-record and time-slice files, file layout version 5,
-    /// docs/formats.md §10), which DUNE's tools open.
+    /// docs/formats.md §11), which DUNE's tools open.
     pub hdf5_layout: Hdf5Layout,
     /// `file` sink with `run.secret`: the output files are readable by their group too
     /// (mode 0640 instead of 0600). Without a secret files follow the umask, and this is
@@ -820,7 +820,7 @@ pub enum Hdf5Layout {
     #[default]
     Evb,
     /// DUNE's hdf5libs files, file layout version 5: trigger records or time slices, each
-    /// fragment behind a DUNE FragmentHeader (docs/formats.md §10).
+    /// fragment behind a DUNE FragmentHeader (docs/formats.md §11).
     Dune,
 }
 

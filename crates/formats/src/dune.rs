@@ -1,5 +1,5 @@
 //! DUNE's record headers byte by byte, and how evb's records map onto them: what the `hdf5`
-//! sink writes with `sink.hdf5_layout = "dune"` (docs/formats.md §10), so that DUNE's
+//! sink writes with `sink.hdf5_layout = "dune"` (docs/formats.md §11), so that DUNE's
 //! tools (hdf5libs' `HDF5RawDataFile`, `hdf5_dump.py`) read evb's records.
 //!
 //! Written from DUNE's public sources: daqdataformats at commit 3f617d5c (v3.8.0,

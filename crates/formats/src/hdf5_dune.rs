@@ -1,5 +1,5 @@
 //! The `hdf5` sink's files in DUNE's layout (`sink.hdf5_layout = "dune"`, docs/formats.md
-//! §10): hdf5libs' file layout version 5, its trigger records or time slices, each fragment
+//! §11): hdf5libs' file layout version 5, its trigger records or time slices, each fragment
 //! behind a DUNE FragmentHeader. The bytes and the names are [`crate::dune`]'s; this writes
 //! them into an open file. The file's life (temporary name, durability, publication) is
 //! [`crate::hdf5_events::Hdf5EventWriter`]'s, as for evb's own layout.

@@ -57,7 +57,7 @@ pub enum Hdf5Layout {
     /// evb's own (docs/formats.md §6).
     #[default]
     Evb,
-    /// DUNE's hdf5libs trigger records or time slices, file layout 5 (docs/formats.md §10;
+    /// DUNE's hdf5libs trigger records or time slices, file layout 5 (docs/formats.md §11;
     /// [`crate::hdf5_dune`]).
     Dune,
 }
