@@ -267,12 +267,15 @@ mod tests {
         }
     }
 
-    /// Writes `records` (event id, evb flags, fragments as source, flags, payload) through the
-    /// sink's writer in DUNE's layout and opens the published file.
+    /// A fragment: its source, flags and payload.
+    type Fragment = (u16, u16, Vec<u8>);
+
+    /// Writes `records` (event id, evb flags, fragments) through the sink's writer in DUNE's
+    /// layout and opens the published file.
     fn write(
         dir: &std::path::Path,
         record_type: &str,
-        records: &[(u64, u16, Vec<(u16, u16, Vec<u8>)>)],
+        records: &[(u64, u16, Vec<Fragment>)],
     ) -> hdf5::File {
         let pool = Pool::new("t", 1 << 16, 16);
         let mut w = Hdf5EventWriter::create(
