@@ -276,6 +276,7 @@ mod tests {
         dir: &std::path::Path,
         record_type: &str,
         records: &[(u64, u16, Vec<Fragment>)],
+        deflate: Option<u8>,
     ) -> hdf5::File {
         let pool = Pool::new("t", 1 << 16, 16);
         let mut w = Hdf5EventWriter::create(
@@ -284,7 +285,7 @@ mod tests {
             3,
             7,
             0o600,
-            None,
+            deflate,
             record_type,
             Hdf5Layout::Dune,
         )
@@ -351,6 +352,7 @@ mod tests {
                     vec![(3, 0, b"again".to_vec()), (841, FLAG_MISSING, vec![])],
                 ),
             ],
+            None,
         );
         assert_eq!(
             f.attr("run_number").unwrap().read_scalar::<u32>().unwrap(),
@@ -500,6 +502,7 @@ mod tests {
                     (3, w, window(500, 900, WindowStatus::Empty)),
                 ],
             )],
+            None,
         );
         assert_eq!(text(&f, "record_type"), "TriggerRecord");
         let raw = "TriggerRecord000009.0000/RawData/";
@@ -537,10 +540,12 @@ mod tests {
         }
     }
 
-    /// Time slices: `TimeSliceNNNNNN` with its TimeSliceHeader, record_type "TimeSlice".
+    /// Time slices: `TimeSliceNNNNNN` with its TimeSliceHeader, record_type "TimeSlice"; the
+    /// fragment deflated (`sink.hdf5_deflate`), the header stored.
     #[test]
     fn slices_are_time_slices() {
         let dir = tempfile::tempdir().unwrap();
+        // deflated as asked: the bytes read back all the same
         let f = write(
             dir.path(),
             "slice",
@@ -549,6 +554,7 @@ mod tests {
                 0,
                 vec![(5, FLAG_WINDOW, window(0, 1100, WindowStatus::Complete))],
             )],
+            Some(6),
         );
         assert_eq!(text(&f, "record_type"), "TimeSlice");
         let params: serde_json::Value =
@@ -564,10 +570,9 @@ mod tests {
             (0x5555_6666, 2, 0)
         );
         assert_eq!(u32_at(&h, 16), 12);
-        let d = bytes(
-            &f,
-            "TimeSlice000000/RawData/Detector_Readout_0x00000005_Unknown",
-        );
+        let path = "TimeSlice000000/RawData/Detector_Readout_0x00000005_Unknown";
+        assert_eq!(f.dataset(path).unwrap().filters().len(), 1, "deflated");
+        let d = bytes(&f, path);
         assert_eq!((u64_at(&d, 32), u64_at(&d, 40)), (0, 1100));
         assert_eq!(&d[72..], &window(0, 1100, WindowStatus::Complete)[..]);
     }
