@@ -1,7 +1,9 @@
 //! Built-event files in HDF5 (the `hdf5` sink), for the readers the field already has (h5py,
 //! ROOT, Julia, every notebook). The layout (docs/formats.md §6) follows DUNE's trigger
 //! records where it fits: one group per built event, one dataset per source's fragment, a
-//! header beside them, an index of the file's events and file attributes.
+//! header beside them, an index of the file's events and file attributes. With
+//! [`Hdf5Layout::Dune`] the records are DUNE's instead (docs/formats.md §11,
+//! [`crate::hdf5_dune`]), in files that live the same way.
 //!
 //! The file goes through the same stages as an `.evb` file ([`crate::events::PartWriter`]):
 //! written under `.<name>.tmp`, made durable with its metadata beside it, renamed into place
