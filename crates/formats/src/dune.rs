@@ -358,9 +358,9 @@ pub fn run_number(run_id: &str) -> u32 {
 pub struct Component<'a> {
     pub source: u16,
     pub error_bits: u32,
-    /// `[begin, end)` in ticks: the window fragment's (0, 0 for a triggered event, which
-    /// has none).
-    pub window: (u64, u64),
+    /// `[begin, end)` in ticks: the window fragment's (none for a triggered event, or a
+    /// MISSING placeholder, which carry none).
+    pub window: Option<(u64, u64)>,
     /// The fragment's payload as evb has it: the source's bytes, or its window fragment.
     pub payload: &'a [u8],
 }
@@ -399,12 +399,12 @@ pub fn components(source: u16, flags: u16, payload: &[u8]) -> Vec<Component<'_>>
             let mut c = Component {
                 source,
                 error_bits,
-                window: (0, 0),
+                window: None,
                 payload,
             };
             if flags & FLAG_WINDOW != 0 {
                 if let Ok(h) = WindowHeader::decode(payload) {
-                    c.window = (h.begin, h.end);
+                    c.window = Some((h.begin, h.end));
                     c.error_bits |= match h.status {
                         WindowStatus::Complete => 0,
                         WindowStatus::Late => FRAGMENT_INCOMPLETE,
@@ -629,13 +629,13 @@ mod tests {
         let c = components(3, 0, b"abc");
         assert_eq!(
             (c[0].error_bits, c[0].window, c[0].payload),
-            (0, (0, 0), &b"abc"[..])
+            (0, None, &b"abc"[..])
         );
         let late = window(WindowStatus::Late);
         let c = components(3, FLAG_WINDOW, &late);
         assert_eq!(
             (c[0].error_bits, c[0].window),
-            (FRAGMENT_INCOMPLETE, (100, 300))
+            (FRAGMENT_INCOMPLETE, Some((100, 300)))
         );
         let gone = window(WindowStatus::Missing);
         assert_eq!(

@@ -10,9 +10,10 @@ use hdf5::types::VarLenUnicode;
 use hdf5_metno as hdf5;
 
 use crate::dune::{
-    components, fragment_dataset_name, header_dataset_name, record_maps, ComponentRequest,
-    FragmentHeader, RecordKind, SourceId, TimeSliceHeader, TriggerRecordHeader, DETECTOR_UNKNOWN,
-    FILE_LAYOUT_VERSION, FRAGMENT_HEADER_LEN, FRAGMENT_TYPE_UNKNOWN, RAW_DATA, RECORD_INCOMPLETE,
+    components, fragment_dataset_name, header_dataset_name, record_maps, Component,
+    ComponentRequest, FragmentHeader, RecordKind, SourceId, TimeSliceHeader, TriggerRecordHeader,
+    DETECTOR_UNKNOWN, FILE_LAYOUT_VERSION, FRAGMENT_HEADER_LEN, FRAGMENT_TYPE_UNKNOWN, RAW_DATA,
+    RECORD_INCOMPLETE,
 };
 use crate::events::EVENT_PARTIAL;
 
@@ -130,24 +131,21 @@ impl DuneFile {
             .zip(&joined)
             .flat_map(|((h, _), bytes)| components(h.source_id, h.flags, bytes))
             .collect();
-        // the record's window: its first component's that has one (a MISSING placeholder
-        // carries none; it asked for the same window)
-        let window = parts
-            .iter()
-            .map(|c| c.window)
-            .find(|w| *w != (0, 0))
-            .unwrap_or((0, 0));
-        let timestamp = window.0;
+        // the record's window: its components'; a MISSING placeholder, which carries none,
+        // asked for the same (a triggered event has none: 0, 0)
+        let record_window = parts.iter().find_map(|c| c.window).unwrap_or((0, 0));
+        let window_of = |c: &Component| c.window.unwrap_or(record_window);
+        let timestamp = record_window.0;
         let group_name = self.kind.group_name(number, 0);
         let top = f.create_group(&group_name)?;
         let raw = top.create_group(RAW_DATA)?;
         let header_name = header_dataset_name(self.kind, self.builder);
         let mut buf: Vec<i8> = Vec::new();
-        match self.kind {
+        let header = match self.kind {
             RecordKind::TriggerRecord => {
                 let incomplete =
                     flags & EVENT_PARTIAL != 0 || parts.iter().any(|c| c.error_bits != 0);
-                let header = TriggerRecordHeader {
+                TriggerRecordHeader {
                     trigger_number: number,
                     trigger_timestamp: timestamp,
                     run_number: self.run_number,
@@ -158,38 +156,33 @@ impl DuneFile {
                     element_id: self.builder,
                     components: parts
                         .iter()
-                        .map(|c| ComponentRequest {
-                            component: SourceId::readout(c.source),
-                            window_begin: if c.window == (0, 0) {
-                                window.0
-                            } else {
-                                c.window.0
-                            },
-                            window_end: if c.window == (0, 0) {
-                                window.1
-                            } else {
-                                c.window.1
-                            },
+                        .map(|c| {
+                            let (window_begin, window_end) = window_of(c);
+                            ComponentRequest {
+                                component: SourceId::readout(c.source),
+                                window_begin,
+                                window_end,
+                            }
                         })
                         .collect(),
-                };
-                signed(&header.encode(), &mut buf);
+                }
+                .encode()
             }
-            RecordKind::TimeSlice => {
-                let header = TimeSliceHeader {
-                    timeslice_number: number,
-                    run_number: self.run_number,
-                    element_id: self.builder,
-                };
-                signed(&header.encode(), &mut buf);
+            RecordKind::TimeSlice => TimeSliceHeader {
+                timeslice_number: number,
+                run_number: self.run_number,
+                element_id: self.builder,
             }
-        }
+            .encode()
+            .to_vec(),
+        };
+        signed(&header, &mut buf);
         put_bytes(&raw, &header_name, &buf, None)?;
         self.recorded_size += buf.len() as u64;
         let mut paths = Vec::with_capacity(parts.len());
         for c in &parts {
             let element = SourceId::readout(c.source);
-            let window = if c.window == (0, 0) { window } else { c.window };
+            let window = window_of(c);
             let header = FragmentHeader {
                 size: (FRAGMENT_HEADER_LEN + c.payload.len()) as u64,
                 trigger_number: number,
@@ -482,9 +475,10 @@ mod tests {
         .to_vec()
     }
 
-    /// A decision window of four components: complete, LATE (kIncomplete), MISSING
-    /// (kDataNotFound) and EMPTY, which its decision did not name: not requested, no
-    /// dataset. The windows are in the headers.
+    /// A decision window of five components: complete, LATE (kIncomplete), MISSING
+    /// (kDataNotFound), EMPTY, which its decision did not name (not requested, no dataset),
+    /// and a MISSING placeholder with no window fragment (kDataNotFound, the record's
+    /// window). The windows are in the headers.
     #[test]
     fn a_window_maps_late_and_missing_to_error_bits_and_leaves_empty_out() {
         let dir = tempfile::tempdir().unwrap();
@@ -500,6 +494,7 @@ mod tests {
                     (1, w, window(500, 900, WindowStatus::Late)),
                     (2, w, window(500, 900, WindowStatus::Missing)),
                     (3, w, window(500, 900, WindowStatus::Empty)),
+                    (4, FLAG_MISSING, vec![]),
                 ],
             )],
             None,
@@ -507,7 +502,7 @@ mod tests {
         assert_eq!(text(&f, "record_type"), "TriggerRecord");
         let raw = "TriggerRecord000009.0000/RawData/";
         let names = f.group(raw).unwrap().member_names().unwrap();
-        assert_eq!(names.len(), 4, "{names:?}: three fragments and the header");
+        assert_eq!(names.len(), 5, "{names:?}: four fragments and the header");
         assert!(
             !names
                 .iter()
@@ -518,11 +513,11 @@ mod tests {
             &f,
             &format!("{raw}TR_Builder_0x00000003_TriggerRecordHeader"),
         );
-        assert_eq!(u64_at(&h, 24), 3, "three requested");
+        assert_eq!(u64_at(&h, 24), 4, "four requested");
         assert_eq!((u64_at(&h, 16), u32_at(&h, 36)), (500, RECORD_INCOMPLETE));
-        for i in 0..3 {
+        for (i, sid) in [0, 1, 2, 4].into_iter().enumerate() {
             let c = 64 + 32 * i;
-            assert_eq!(u32_at(&h, c + 12), i as u32);
+            assert_eq!(u32_at(&h, c + 12), sid);
             assert_eq!((u64_at(&h, c + 16), u64_at(&h, c + 24)), (500, 900));
         }
         for (sid, bits) in [
@@ -538,6 +533,10 @@ mod tests {
             );
             assert_eq!(u64_at(&d, 72), 500, "the window fragment as evb has it");
         }
+        // the MISSING placeholder: a header alone, the record's window
+        let d = bytes(&f, &format!("{raw}Detector_Readout_0x00000004_Unknown"));
+        assert_eq!((d.len(), u32_at(&d, 52)), (72, FRAGMENT_DATA_NOT_FOUND));
+        assert_eq!((u64_at(&d, 32), u64_at(&d, 40)), (500, 900));
     }
 
     /// Time slices: `TimeSliceNNNNNN` with its TimeSliceHeader, record_type "TimeSlice"; the
