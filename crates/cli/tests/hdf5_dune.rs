@@ -141,7 +141,8 @@ fn time_slices_are_dune_time_slices_byte_for_byte() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// Decision windows from a file: most within the buffers (complete), every 10th naming
+/// Decision windows from a file: most 300 ms behind their decision, well within the 1 s
+/// buffers and far from the nodes' clock skew (complete), every 10th naming
 /// source 1 only (source 0's EMPTY: not requested, no dataset), and once the run is 1.3 s
 /// old every 10th over the first frame, long evicted (MISSING: kDataNotFound, the record
 /// incomplete). The statuses do not depend on timing, so the two runs agree byte for byte.
@@ -156,9 +157,9 @@ fn decision_windows_are_trigger_records_with_empty_and_missing_components() {
     for k in 0..DECISIONS {
         let at = 1000 * k;
         let (begin, end, named) = match k % 10 {
-            5 => (at - 100_000, at - 90_000, " 1"),
+            5 => (at - 300_000, at - 290_000, " 1"),
             3 if k >= 1300 => (0, 1000, ""),
-            _ => (at - 100_000, at - 90_000, ""),
+            _ => (at - 300_000, at - 290_000, ""),
         };
         lines += &format!("{} {}{named}\n", begin.max(0), end.max(1));
     }
