@@ -34,10 +34,10 @@ pub use memory::{HostMemory, PoolPlan};
 pub use net::{AllowedNet, Interface};
 pub use schema::{
     Assignment, BuSection, BufferSection, BuildBy, BuilderSection, Compress, Config, Content,
-    ControlSection, Distribution, EvmSection, FragmentSection, FramesSection, MessagingSection,
-    OnError, Placement, Priority, RuLossPolicy, RuSection, RunSection, Shaping, SinkKind,
-    SinkSection, SourceKind, SourceSection, TopologySection, TrafficSection, TransportKind,
-    TransportSection, VerifyLevel, WindowsSection, MAX_CPUS,
+    ControlSection, Distribution, EvmSection, FragmentSection, FramesSection, Hdf5Layout,
+    MessagingSection, OnError, Placement, Priority, RuLossPolicy, RuSection, RunSection, Shaping,
+    SinkKind, SinkSection, SourceKind, SourceSection, TopologySection, TrafficSection,
+    TransportKind, TransportSection, VerifyLevel, WindowsSection, MAX_CPUS,
 };
 pub use stream::{OnSyncLoss, StreamFormat};
 pub use topology::{host_of, NodeSpec, Role};

@@ -778,6 +778,10 @@ pub struct SinkSection {
     /// 1 (fastest) to 9 (smallest); 0: stored as it is. Every HDF5 reader reads deflate
     /// without plug-ins.
     pub hdf5_deflate: u8,
+    /// `hdf5` sink: the files' layout, `"evb"` (evb's own, docs/formats.md §6) or `"dune"`
+    /// (DUNE's hdf5libs trigger-record and time-slice files, file layout version 5,
+    /// docs/formats.md §11), which DUNE's tools open.
+    pub hdf5_layout: Hdf5Layout,
     /// `file` sink with `run.secret`: the output files are readable by their group too
     /// (mode 0640 instead of 0600). Without a secret files follow the umask, and this is
     /// refused.
@@ -802,8 +806,44 @@ impl Default for SinkSection {
             compress: Compress::None,
             compress_level: None,
             hdf5_deflate: 0,
+            hdf5_layout: Hdf5Layout::Evb,
             file_group_read: false,
         }
+    }
+}
+
+/// The layout of the `hdf5` sink's files (`sink.hdf5_layout`).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Hdf5Layout {
+    /// evb's own: a group per event, its fragments' headers and payloads (docs/formats.md §6).
+    #[default]
+    Evb,
+    /// DUNE's hdf5libs files, file layout version 5: trigger records or time slices, each
+    /// fragment behind a DUNE FragmentHeader (docs/formats.md §11).
+    Dune,
+}
+
+impl Hdf5Layout {
+    /// Every layout by its name in the configuration.
+    pub const CHOICES: [(&'static str, Hdf5Layout); 2] =
+        [("evb", Hdf5Layout::Evb), ("dune", Hdf5Layout::Dune)];
+}
+
+/// Read by name, a wrong one refused naming the key and the choices (serde's own message
+/// names neither the table nor the key).
+impl<'de> Deserialize<'de> for Hdf5Layout {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Hdf5Layout::CHOICES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, l)| *l)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "sink.hdf5_layout: {name:?} is not a layout (\"evb\" or \"dune\")"
+                ))
+            })
     }
 }
 

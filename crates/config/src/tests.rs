@@ -272,6 +272,38 @@ fn the_hdf5_sink_and_its_deflate_level_are_checked_by_name() {
 }
 
 #[test]
+fn the_hdf5_layout_is_read_by_name_and_only_for_an_hdf5_sink() {
+    let h5 = "[sink]\nkind = \"hdf5\"\ndir = \"/tmp/x\"\n";
+    let c = Config::from_toml("").unwrap();
+    assert_eq!(
+        c.sink.hdf5_layout,
+        crate::Hdf5Layout::Evb,
+        "evb's own by default"
+    );
+    if cfg!(feature = "hdf5") {
+        let c = Config::from_toml(&format!("{h5}hdf5_layout = \"dune\"\n")).unwrap();
+        assert_eq!(c.sink.hdf5_layout, crate::Hdf5Layout::Dune);
+        let c = Config::from_toml(&format!("{h5}hdf5_layout = \"evb\"\n")).unwrap();
+        assert_eq!(c.sink.hdf5_layout, crate::Hdf5Layout::Evb);
+        // one BU of several writes HDF5: the key is read
+        let one = "[sink]\ndir = \"/tmp/x\"\nhdf5_layout = \"dune\"\n\
+                   [[bu]]\nid = \"b0\"\nsink = \"hdf5\"\n";
+        assert!(Config::from_toml(one).is_ok());
+    }
+    assert_err(
+        &format!("{h5}hdf5_layout = \"DUNE5\"\n"),
+        &["sink.hdf5_layout", "\"DUNE5\"", "\"evb\" or \"dune\""],
+    );
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nhdf5_layout = \"dune\"\n",
+        &["sink.hdf5_layout", "only read"],
+    );
+    // evb config default shows it, and it reads back
+    let shown = toml::to_string(&Config::from_toml("").unwrap()).unwrap();
+    assert!(shown.contains("hdf5_layout = \"evb\""), "{shown}");
+}
+
+#[test]
 fn listening_beyond_loopback_needs_a_secret() {
     let open = "[[ru]]\nid = \"r\"\naddr = \"10.1.2.3:7001\"\n";
     if std::env::var("EVB_SECRET").is_err() {

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 
 use crate::net::{AllowedNet, Interface};
 use crate::{
-    invalid, limits, stream, Compress, Config, ConfigError, Distribution, Role, RuSection,
-    SinkKind, SourceKind, SourceSection, TransportKind, MAX_CPUS, MAX_FRAGMENT,
+    invalid, limits, stream, Compress, Config, ConfigError, Distribution, Hdf5Layout, Role,
+    RuSection, SinkKind, SourceKind, SourceSection, TransportKind, MAX_CPUS, MAX_FRAGMENT,
 };
 
 /// `value` outside `lo ..= hi`: an error naming the key, the value and the range.
@@ -164,6 +164,12 @@ impl Config {
         if self.sink.hdf5_deflate > 0 && !hdf5 {
             return Err(invalid(
                 "sink.hdf5_deflate",
+                "only read when a BU's sink is \"hdf5\"",
+            ));
+        }
+        if self.sink.hdf5_layout != Hdf5Layout::Evb && !hdf5 {
+            return Err(invalid(
+                "sink.hdf5_layout",
                 "only read when a BU's sink is \"hdf5\"",
             ));
         }

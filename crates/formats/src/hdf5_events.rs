@@ -1,7 +1,9 @@
 //! Built-event files in HDF5 (the `hdf5` sink), for the readers the field already has (h5py,
 //! ROOT, Julia, every notebook). The layout (docs/formats.md §6) follows DUNE's trigger
 //! records where it fits: one group per built event, one dataset per source's fragment, a
-//! header beside them, an index of the file's events and file attributes.
+//! header beside them, an index of the file's events and file attributes. With
+//! [`Hdf5Layout::Dune`] the records are DUNE's instead (docs/formats.md §11,
+//! [`crate::hdf5_dune`]), in files that live the same way.
 //!
 //! The file goes through the same stages as an `.evb` file ([`crate::events::PartWriter`]):
 //! written under `.<name>.tmp`, made durable with its metadata beside it, renamed into place
@@ -51,6 +53,17 @@ pub const fn overhead_bytes(fragments: usize) -> u64 {
     1024 + 1024 * fragments as u64
 }
 
+/// The layout of a file's records (`sink.hdf5_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Hdf5Layout {
+    /// evb's own (docs/formats.md §6).
+    #[default]
+    Evb,
+    /// DUNE's hdf5libs trigger records or time slices, file layout 5 (docs/formats.md §11;
+    /// [`crate::hdf5_dune`]).
+    Dune,
+}
+
 /// Rows of the file's `Index` group, one per event in file order.
 #[derive(Default)]
 struct Index {
@@ -78,6 +91,8 @@ pub struct Hdf5EventWriter {
     mode: u32,
     /// Records built by time: each gets its windows' table and frame indexes.
     by_time: bool,
+    /// In DUNE's layout: what its records need (None: evb's own).
+    dune: Option<crate::hdf5_dune::DuneFile>,
 }
 
 /// One component's window in a record built by time (a row of `Windows`), and its frames
@@ -149,7 +164,9 @@ fn said(e: &hdf5::Error) -> String {
 impl Hdf5EventWriter {
     /// A new file `<run>_bu<bu>_<sequence>.h5` in `dir`, under its temporary name, with
     /// permission bits `mode` (less the umask) from its creation on; `record_type` says what
-    /// its records are (`"event"`, or built by time `"slice"` or `"window"`).
+    /// its records are (`"event"`, or built by time `"slice"` or `"window"`), `layout` how
+    /// they are laid out.
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         dir: &Path,
         run: &str,
@@ -158,6 +175,7 @@ impl Hdf5EventWriter {
         mode: u32,
         deflate: Option<u8>,
         record_type: &str,
+        layout: Hdf5Layout,
     ) -> Result<Hdf5EventWriter, EventFileError> {
         let name = format!("{run}_bu{bu}_{sequence:06}.h5");
         let path = dir.join(&name);
@@ -171,8 +189,12 @@ impl Hdf5EventWriter {
         // made with its mode first: the library truncates it and keeps the mode, so no other
         // user can open it meanwhile
         create_file(&tmp, mode).map_err(io_at(&tmp))?;
-        let opened = (|| -> hdf5::Result<hdf5::File> {
+        let opened = (|| -> hdf5::Result<(hdf5::File, Option<crate::hdf5_dune::DuneFile>)> {
             let f = hdf5::File::create(&tmp)?;
+            if layout == Hdf5Layout::Dune {
+                let d = crate::hdf5_dune::DuneFile::start(&f, record_type, run, bu, sequence)?;
+                return Ok((f, Some(d)));
+            }
             put_str(&f, "format", HDF5_FORMAT)?;
             f.new_attr::<u16>()
                 .create("format_version")?
@@ -183,9 +205,9 @@ impl Hdf5EventWriter {
             f.new_attr::<u32>()
                 .create("sequence")?
                 .write_scalar(&sequence)?;
-            Ok(f)
+            Ok((f, None))
         })();
-        let file = match opened {
+        let (file, dune) = match opened {
             Ok(f) => f,
             Err(e) => {
                 // nothing of it is left: the sink may try again (a full disk)
@@ -197,7 +219,19 @@ impl Hdf5EventWriter {
             file: Some(file),
             tmp,
             path,
-            meta: FileMeta::new(HDF5_FORMAT, HDF5_FORMAT_VERSION, run, bu, sequence, name),
+            meta: match layout {
+                Hdf5Layout::Evb => {
+                    FileMeta::new(HDF5_FORMAT, HDF5_FORMAT_VERSION, run, bu, sequence, name)
+                }
+                Hdf5Layout::Dune => FileMeta::new(
+                    crate::hdf5_dune::DUNE_FORMAT,
+                    crate::dune::FILE_LAYOUT_VERSION as u16,
+                    run,
+                    bu,
+                    sequence,
+                    name,
+                ),
+            },
             index: Index::default(),
             metadata: 0,
             deflate,
@@ -206,6 +240,7 @@ impl Hdf5EventWriter {
             damaged: None,
             mode,
             by_time: record_type != "event",
+            dune,
         })
     }
 
@@ -306,6 +341,9 @@ impl Hdf5EventWriter {
         let Some(f) = self.file.take() else {
             return Ok(());
         };
+        if let Some(d) = &self.dune {
+            return d.finish(&f).and_then(|()| f.close()).map_err(|e| said(&e));
+        }
         let ix = &self.index;
         let r = (|| -> hdf5::Result<()> {
             let g = f.create_group("Index")?;
@@ -353,7 +391,11 @@ impl PartWriter for Hdf5EventWriter {
         let Some(f) = self.file.as_ref() else {
             return Err(self.damage("written after it was closed".into()));
         };
-        if let Err(e) = self.write_event(f, event_id, trigger, flags, fragments) {
+        let written = match self.dune.as_mut() {
+            Some(d) => d.write_record(f, event_id, trigger, flags, fragments, self.deflate),
+            None => self.write_event(f, event_id, trigger, flags, fragments),
+        };
+        if let Err(e) = written {
             return Err(self.damage(format!("event {event_id}: {}", said(&e))));
         }
         let payload = fragments.iter().map(|(_, p)| p.len() as u64).sum::<u64>();

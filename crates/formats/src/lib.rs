@@ -4,13 +4,18 @@
 //! - [`frames`]: timestamped frames as a front-end streams them (building by time),
 //! - [`events`]: the files of built events a BU writes, with their metadata,
 //! - `hdf5_events` (feature `hdf5`): the same events in HDF5 files,
+//! - [`dune`]: DUNE's record headers byte by byte, and evb's records as DUNE's, which
+//!   `hdf5_dune` (feature `hdf5`) writes with `sink.hdf5_layout = "dune"`,
 //! - [`manifest`]: the run manifest, and completeness judged from the files,
 //! - [`stream`]: fragments cut from a front-end's byte stream as it arrives.
 
+pub mod dune;
 pub mod events;
 pub mod fed;
 pub mod framed;
 pub mod frames;
+#[cfg(feature = "hdf5")]
+pub mod hdf5_dune;
 #[cfg(feature = "hdf5")]
 pub mod hdf5_events;
 pub mod manifest;

@@ -113,6 +113,8 @@ pub enum FileFormat {
     Hdf5 {
         deflate: Option<u8>,
         record_type: &'static str,
+        /// evb's own layout or DUNE's (`sink.hdf5_layout`).
+        layout: evb_formats::hdf5_events::Hdf5Layout,
     },
 }
 
@@ -234,6 +236,7 @@ impl FileSink {
             FileFormat::Hdf5 {
                 deflate,
                 record_type,
+                layout,
             } => Box::new(evb_formats::hdf5_events::Hdf5EventWriter::create(
                 dir,
                 run,
@@ -242,6 +245,7 @@ impl FileSink {
                 mode,
                 deflate,
                 record_type,
+                layout,
             )?),
         })
     }
@@ -1073,6 +1077,7 @@ mod tests {
         let h5 = FileFormat::Hdf5 {
             deflate: Some(1),
             record_type: "event",
+            layout: Default::default(),
         };
         let mut s = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
         for id in 0..4 {

@@ -540,6 +540,10 @@ fn file_format(
             Ok(FileFormat::Hdf5 {
                 deflate: (deflate > 0).then_some(deflate),
                 record_type,
+                layout: match s.hdf5_layout {
+                    evb_config::Hdf5Layout::Evb => evb_formats::hdf5_events::Hdf5Layout::Evb,
+                    evb_config::Hdf5Layout::Dune => evb_formats::hdf5_events::Hdf5Layout::Dune,
+                },
             })
         }
         #[cfg(not(feature = "hdf5"))]

@@ -432,3 +432,30 @@ pub fn python3(what: &str) -> bool {
     }
     ok
 }
+
+/// A Python with h5py and numpy: `EVB_PYTHON`, or the test environment `scripts/test.sh`
+/// makes in `target/pyenv`. `None` (a skip, said on stderr) where there is none, unless the
+/// tools are required (`EVB_REQUIRE_TOOLS`): then it fails.
+pub fn python_with_h5py() -> Option<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let py = std::env::var_os("EVB_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target/pyenv/bin/python"));
+    let ok = Command::new(&py)
+        .args(["-c", "import h5py, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    assert!(
+        std::env::var("EVB_REQUIRE_TOOLS").is_err(),
+        "h5py is required (EVB_REQUIRE_TOOLS) but {} cannot import it",
+        py.display()
+    );
+    eprintln!(
+        "SKIPPED: no Python with h5py at {} (./scripts/test.sh makes one)",
+        py.display()
+    );
+    None
+}
