@@ -4,7 +4,7 @@
 //!
 //! One idea, one file: the EVM's state machine.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use evb_wire::{EventRange, Message};
@@ -782,7 +782,15 @@ impl Evm {
             self.in_doubt.push((b, part, events));
             self.actions.push_back(Action::PublishFor { bu: b, part });
         }
-        let orphans = self.ledger.unreleased_of(b);
+        // a BU lost again (restarted, rejoined, lost) before its first loss's events were
+        // given to another: those wait in the queue already, and must go out once
+        let queued: HashSet<u64> = self.reassign.iter().copied().collect();
+        let orphans: Vec<u64> = self
+            .ledger
+            .unreleased_of(b)
+            .into_iter()
+            .filter(|id| !queued.contains(id))
+            .collect();
         self.stats.reassigned += orphans.len() as u64;
         self.reassign.extend(orphans);
         self.last_progress = now;

@@ -8,6 +8,8 @@ use evb_wire::{EventRange, FragmentHeader, Message, FRAGMENT_HEADER_LEN, MESSAGE
 
 use crate::*;
 
+mod model;
+
 fn generator() -> Generator {
     Generator::new(
         SizeModel::LogNormal {
@@ -1007,6 +1009,62 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
         }),
     );
     assert_eq!(r.stats().errors, 1);
+}
+
+/// Found by the role model checker (tests/model.rs, random walks): a BU lost, restarted and
+/// lost again before its first loss's events went to another BU had those events queued
+/// twice, and they were assigned (and built) twice. Each orphan is assigned once.
+#[test]
+fn a_bu_lost_twice_before_its_events_are_reassigned_has_each_assigned_once() {
+    let mut now = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 2, 100), now);
+    for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+        evm.handle(
+            now,
+            n,
+            Message::Ready {
+                available: u64::MAX,
+            },
+        );
+    }
+    evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 2 });
+    for _ in 0..3 {
+        now += Duration::from_millis(100);
+        evm.poll(now);
+    }
+    let assigned = |evm: &mut Evm| -> Vec<(u16, u64)> {
+        let mut out = Vec::new();
+        while let Some(a) = evm.next_action() {
+            if let Action::Send {
+                to: NodeRef::Ru(0),
+                msg: Message::Assign(r, _),
+                ..
+            } = a
+            {
+                out.extend((r.first..r.end()).map(|id| (r.bu, id)));
+            }
+        }
+        out
+    };
+    assert_eq!(assigned(&mut evm), vec![(0, 0), (0, 1)]);
+    evm.peer_lost(now, NodeRef::Bu(0), "killed");
+    // restarted and back, then lost again, before bu1 had credit for the orphans
+    evm.handle(
+        now,
+        NodeRef::Bu(0),
+        Message::Ready {
+            available: u64::MAX,
+        },
+    );
+    evm.peer_lost(now, NodeRef::Bu(0), "killed again");
+    evm.handle(now, NodeRef::Bu(1), Message::Credit { bu: 1, count: 10 });
+    now += Duration::from_millis(1);
+    evm.poll(now);
+    let again = assigned(&mut evm);
+    for id in [0, 1] {
+        let n = again.iter().filter(|(_, e)| *e == id).count();
+        assert_eq!(n, 1, "event {id} assigned {n} times: {again:?}");
+    }
 }
 
 /// Issue 66 defect 6: an Assign naming a BU the run does not have is refused by the RU and
