@@ -106,7 +106,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         Message::Abort("evm lost".into()),
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
-        Message::LinkLost { peer: 2 },
+        Message::LinkLost { peer: 2, inc: 7 },
         Message::Register(discovery::Registration {
             rank: 4,
             pid: 4711,

@@ -1457,7 +1457,7 @@ impl Bu {
             if self.state == RunState::Running {
                 self.actions.push_back(Action::Send {
                     to: NodeRef::Evm,
-                    msg: Message::LinkLost { peer: ru },
+                    msg: Message::LinkLost { peer: ru, inc: 0 },
                     path: Path::Now,
                 });
             }

@@ -541,10 +541,20 @@ impl Evm {
             (Message::Available { count, done }, NodeRef::Ru(r)) => {
                 self.on_available(r, count, done)
             }
-            (Message::LinkLost { peer }, NodeRef::Ru(_)) if peer < self.cfg.n_bu => {
-                self.link_lost(now, from, peer)
+            (Message::LinkLost { peer, inc }, NodeRef::Ru(_)) if peer < self.cfg.n_bu => {
+                let current = self.incarnation(peer);
+                if inc != 0 && current != 0 && inc != current {
+                    // about a process of this BU that was replaced (restarted) since: late
+                    // news of a loss already handled, not of the BU in the run now
+                    self.stats.ignored_from_lost += 1;
+                    tracing::info!(
+                        "{from}'s report of a lost link to bu[{peer}] names incarnation {inc}, replaced by {current}: ignored"
+                    );
+                } else {
+                    self.link_lost(now, from, peer)
+                }
             }
-            (Message::LinkLost { peer }, NodeRef::Bu(b)) if peer < self.cfg.n_ru => {
+            (Message::LinkLost { peer, .. }, NodeRef::Bu(b)) if peer < self.cfg.n_ru => {
                 if self.state == RunState::Running
                     && self.alive.contains(&from)
                     && self.alive.contains(&NodeRef::Ru(peer))

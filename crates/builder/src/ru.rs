@@ -561,19 +561,10 @@ impl Ru {
     /// A lost BU is the EVM's business (it reassigns the BU's events, which come back here
     /// as new assignments); losing the EVM ends the run.
     pub fn peer_lost(&mut self, peer: NodeRef, reason: &str) {
-        if self.state.is_over() {
-            return;
-        }
         if let NodeRef::Bu(bu) = peer {
-            // The EVM cannot see a data link: tell it, or the BU's events would wait on
-            // fragments that cannot arrive until the run stalls.
-            if self.state == RunState::Running {
-                self.actions.push_back(Action::Send {
-                    to: NodeRef::Evm,
-                    msg: Message::LinkLost { peer: bu },
-                    path: Path::Now,
-                });
-            }
+            return self.link_lost(bu, 0);
+        }
+        if self.state.is_over() {
             return;
         }
         if peer != NodeRef::Evm {
@@ -586,6 +577,20 @@ impl Ru {
         }
         let reason = format!("lost {peer}: {reason}");
         abort(&mut self.state, &mut self.actions, reason);
+    }
+
+    /// The data connection to BU `bu`'s process of incarnation `inc` (0: not known) closed.
+    /// The EVM cannot see a data link: tell it, or the BU's events would wait on fragments
+    /// that cannot arrive until the run stalls. The incarnation lets the EVM tell a report
+    /// about a process already replaced (late) from one about the BU in the run.
+    pub fn link_lost(&mut self, bu: u16, inc: u16) {
+        if self.state == RunState::Running {
+            self.actions.push_back(Action::Send {
+                to: NodeRef::Evm,
+                msg: Message::LinkLost { peer: bu, inc },
+                path: Path::Now,
+            });
+        }
     }
 
     /// The run has a standby EVM (docs/standby.md): losing the EVM while running is not the

@@ -1011,6 +1011,46 @@ fn ru_keeps_fragments_until_release_and_waits_for_memory() {
     assert_eq!(r.stats().errors, 1);
 }
 
+/// Found by the role model checker (tests/model.rs): an RU's report of a lost link to a BU
+/// process that was since replaced (killed, restarted, admitted again) arrives late; it
+/// names the old incarnation and must not drop the new one. A report naming the current
+/// incarnation (or none) still does.
+#[test]
+fn a_late_link_lost_about_a_replaced_bu_process_does_not_drop_its_successor() {
+    let mut now = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 2, 100), now);
+    evm.set_incarnation(0, 5);
+    evm.set_incarnation(1, 9);
+    for n in [NodeRef::Ru(0), NodeRef::Bu(0), NodeRef::Bu(1)] {
+        evm.handle(
+            now,
+            n,
+            Message::Ready {
+                available: u64::MAX,
+            },
+        );
+    }
+    now += Duration::from_millis(1);
+    // bu0's process of incarnation 5 was replaced by incarnation 6 (the driver says so)
+    evm.set_incarnation(0, 6);
+    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { peer: 0, inc: 5 });
+    let dropped = |evm: &mut Evm| {
+        let mut d = Vec::new();
+        while let Some(a) = evm.next_action() {
+            if let Action::Disconnect(n) = a {
+                d.push(n);
+            }
+        }
+        d
+    };
+    assert_eq!(dropped(&mut evm), Vec::<NodeRef>::new());
+    assert!(evm.down_nodes().is_empty(), "{:?}", evm.down_nodes());
+    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { peer: 0, inc: 6 });
+    assert_eq!(dropped(&mut evm), vec![NodeRef::Bu(0)]);
+    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { peer: 1, inc: 0 });
+    assert_eq!(dropped(&mut evm), vec![NodeRef::Bu(1)]);
+}
+
 /// Found by the role model checker (tests/model.rs, random walks): a BU lost, restarted and
 /// lost again before its first loss's events went to another BU had those events queued
 /// twice, and they were assigned (and built) twice. Each orphan is assigned once.
@@ -1606,7 +1646,7 @@ fn a_release_from_a_bu_already_dropped_does_not_count() {
     evm.handle(now, NodeRef::Bu(0), Message::Credit { bu: 0, count: 0 });
     evm.poll(now);
     assert_eq!(evm.stats().triggered, 3);
-    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { peer: 1 });
+    evm.handle(now, NodeRef::Ru(0), Message::LinkLost { peer: 1, inc: 0 });
     assert!(std::iter::from_fn(|| evm.next_action())
         .any(|a| matches!(a, Action::Disconnect(NodeRef::Bu(1)))));
     let late = EventRange {

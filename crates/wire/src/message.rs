@@ -180,7 +180,10 @@ pub enum Message {
     /// RU → EVM: this RU's data connection to BU `peer` closed while both were in the run;
     /// BU → EVM: this BU's data connection from RU `peer` closed so (the end that closed a
     /// link knows it first, and the run must not depend on the other end's good manners).
-    LinkLost { peer: u16 },
+    /// `inc`: from an RU, the incarnation of the BU process whose connection closed (0: not
+    /// known), so that a report about a process already replaced does not drop the new one;
+    /// 0 from a BU.
+    LinkLost { peer: u16, inc: u16 },
     /// RU → EVM, from an RU fed live (front-end streams): its source holds fragments for
     /// events `[0, count)`; with `done`, no more will come. Such an RU announces
     /// `Available { count: 0, done: false }` before its Ready, and the EVM triggers no event
@@ -371,9 +374,14 @@ impl Message {
                 out.extend_from_slice(&part.to_le_bytes());
             }
             Message::Start | Message::Halt | Message::Heartbeat => {}
-            Message::SourceLost { ru: node } | Message::LinkLost { peer: node } => {
+            Message::SourceLost { ru: node } => {
                 out.extend_from_slice(&node.to_le_bytes());
                 out.extend_from_slice(&[0u8; 6]);
+            }
+            Message::LinkLost { peer, inc } => {
+                out.extend_from_slice(&peer.to_le_bytes());
+                out.extend_from_slice(&inc.to_le_bytes());
+                out.extend_from_slice(&[0u8; 4]);
             }
             Message::Ready { available } => out.extend_from_slice(&available.to_le_bytes()),
             Message::Available { count, done } => {
@@ -669,10 +677,13 @@ impl Message {
             }
             MessageType::LinkLost => {
                 exact("link lost", 8)?;
-                if b[2..8] != [0; 6] {
+                if b[4..8] != [0; 4] {
                     return Err(WireError::ReservedNonZero { what: "link lost" });
                 }
-                Message::LinkLost { peer: u16_at(b, 0) }
+                Message::LinkLost {
+                    peer: u16_at(b, 0),
+                    inc: u16_at(b, 2),
+                }
             }
             MessageType::Stop => {
                 exact("stop", 8)?;

@@ -31,7 +31,7 @@ fn any_message() -> impl Strategy<Value = Message> {
         Just(Message::Halt),
         Just(Message::Heartbeat),
         any::<u16>().prop_map(|ru| Message::SourceLost { ru }),
-        any::<u16>().prop_map(|peer| Message::LinkLost { peer }),
+        (any::<u16>(), any::<u16>()).prop_map(|(peer, inc)| Message::LinkLost { peer, inc }),
         (any::<u64>(), any::<bool>()).prop_map(|(count, done)| Message::Available { count, done }),
         ".{0,200}".prop_map(Message::Report),
         ".{0,200}".prop_map(Message::Abort),

@@ -142,7 +142,7 @@ fn messages_round_trip() {
         Message::Abort("evm lost".into()),
         Message::Heartbeat,
         Message::SourceLost { ru: 3 },
-        Message::LinkLost { peer: 2 },
+        Message::LinkLost { peer: 2, inc: 7 },
         Message::Available {
             count: 4685,
             done: true,

@@ -265,8 +265,9 @@ impl World {
         if !self.evm_lost {
             self.evm.peer_lost(self.now, n, "killed");
         }
+        let inc = self.incarnation[i as usize];
         for r in &mut self.rus {
-            r.peer_lost(n, "killed");
+            r.link_lost(i, inc);
         }
     }
 

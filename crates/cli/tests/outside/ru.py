@@ -221,7 +221,8 @@ class Ru:
         c.sock.close()
         self.log(f"lost bu[{b}]: {why}")
         if self.running:
-            self.to_evm([msg(LINK_LOST, struct.pack("<H6x", b))])
+            # the incarnation of the BU process whose connection closed (§4, LinkLost)
+            self.to_evm([msg(LINK_LOST, struct.pack("<HH4x", b, c.incarnation))])
         self.redial[b] = now + 0.2
 
     def to_evm(self, msgs):

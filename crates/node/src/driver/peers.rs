@@ -508,6 +508,8 @@ impl Driver {
                 gap.as_millis()
             );
         }
+        // the BU process whose connection this was (before it is forgotten)
+        let inc = self.links.incarnation_of(p);
         self.forget(p, conn);
         // Peers leave once the run is over; that is not news.
         let quiet = matches!(
@@ -529,7 +531,10 @@ impl Driver {
         }
         match &mut self.logic {
             Logic::Evm(e) => e.peer_lost(now, p, &why),
-            Logic::Ru(r) => r.peer_lost(p, &why),
+            Logic::Ru(r) => match p {
+                NodeRef::Bu(b) => r.link_lost(b, inc),
+                _ => r.peer_lost(p, &why),
+            },
             Logic::Bu(b, _) => b.peer_lost(p, &why),
         }
         if p == NodeRef::Evm && !matches!(self.state(), RunState::Halted | RunState::Aborted) {
