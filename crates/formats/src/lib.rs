@@ -11,6 +11,7 @@
 
 pub mod dune;
 pub mod events;
+pub mod evidence;
 pub mod fed;
 pub mod framed;
 pub mod frames;
