@@ -7,7 +7,9 @@
 //! temporary name (data synced, metadata written beside it: `Sink::prepare`), and renamed
 //! into place only once the EVM has committed it (`Sink::publish`). Until then the RUs keep
 //! its events' fragments, so a BU that dies (`kill -9`, a crashed host) loses nothing: what
-//! it had not published is built again elsewhere. A BU that the EVM dropped (frozen, cut
+//! it had not published is built again elsewhere. Syncs and publications (renames, the
+//! directory synced) run on a thread of the sink's own (`file_syncer.rs`): the BU tells the
+//! EVM a part is published once it is (`Sink::published`), and builds on meanwhile. A BU that the EVM dropped (frozen, cut
 //! off) and that wakes up never hears its parts committed, and at its end discards them.
 //!
 //! A write that fails (a full disk) leaves the file cut back to whole events and makes the
@@ -27,7 +29,7 @@ use evb_formats::events::{
 };
 use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
 
-use crate::file_syncer::Syncer;
+use crate::file_syncer::{Job, Outcome, Syncer};
 use serde_json::{json, Value};
 
 /// Where a file is on its way to being output.
@@ -41,7 +43,7 @@ enum Stage {
     Syncing,
     /// Durable under its temporary name; its Commit is with the EVM.
     Prepared,
-    /// The EVM committed it; renaming it into place failed and is tried again.
+    /// The EVM committed it: to be renamed into place (again, after a failure).
     Committed,
 }
 
@@ -65,6 +67,21 @@ struct OpenFile {
 }
 
 impl OpenFile {
+    /// A committed file back from the syncer, whose publication failed.
+    fn committed(w: Box<dyn PartWriter>, seq: u32) -> OpenFile {
+        OpenFile {
+            w,
+            seq,
+            stage: Stage::Committed,
+            pending: VecDeque::new(),
+            accepted: true,
+            ranges: Vec::new(),
+            runs: 0,
+            last_id: None,
+            since: Instant::now(),
+        }
+    }
+
     fn accept(&mut self, id: u64) {
         self.accepted = true;
         match self.ranges.last_mut() {
@@ -143,6 +160,14 @@ pub struct FileSink {
     refused: u64,
     parts_prepared: u64,
     syncer: Syncer,
+    /// Parts the syncer made durable, for the EVM (returned by the next `prepare`).
+    ready: Vec<PreparedPart>,
+    /// Why the syncer last failed to make a part durable (returned by the next `prepare`).
+    sync_failed: Option<String>,
+    /// Parts with the syncer to be published, and their events.
+    publishing: Vec<(u32, u64)>,
+    /// Parts published since the last `Sink::published`.
+    published: Vec<u32>,
     /// The longest a file waited for the disk to make it durable.
     slowest_sync: Duration,
     /// A sync slower than [`SLOW_SYNC`] was said (until it ends).
@@ -153,6 +178,10 @@ pub struct FileSink {
 /// events stay with the RUs meanwhile, and a run that releases nothing for
 /// `stall_timeout_s` is aborted as stalled. The operator must see that the disk is why.
 const SLOW_SYNC: Duration = Duration::from_secs(2);
+
+/// At the run's end, the longest the BU waits for the syncer to publish committed parts
+/// before it reports (`Sink::finish` then publishes what is left itself).
+const PUBLISH_DRAIN: Duration = Duration::from_secs(10);
 
 /// The highest sequence number among this BU's files of this run in `dir` (completed or
 /// temporary), so that a restarted BU carries on after its earlier incarnation's files.
@@ -215,6 +244,10 @@ impl FileSink {
             refused: 0,
             parts_prepared: 0,
             syncer: Syncer::new(format!("bu{bu}-sync")),
+            ready: Vec::new(),
+            sync_failed: None,
+            publishing: Vec::new(),
+            published: Vec::new(),
             slowest_sync: Duration::ZERO,
             slow_said: false,
         })
@@ -281,7 +314,7 @@ impl FileSink {
             f.w.set_ranges(&f.ranges);
             match f.w.begin_prepare() {
                 Ok(Some(job)) => {
-                    self.syncer.start(f.seq, job);
+                    self.syncer.start(f.seq, Job::Prepare(job));
                     f.stage = Stage::Syncing;
                 }
                 // durable already (a sealed file never is: kept for the writer's contract)
@@ -324,61 +357,124 @@ impl FileSink {
     /// EVM. A file whose sync failed is sealed again, to be tried again on the next call;
     /// the failure is the error when no part is ready.
     fn synced(&mut self, wait: bool) -> Result<Vec<PreparedPart>, SinkError> {
-        let mut parts = Vec::new();
-        let mut failed = None;
-        loop {
-            let began = self.syncer.oldest_started();
-            let Some((seq, r)) = self.syncer.next(wait) else {
-                break;
-            };
-            if let Some(t) = began {
-                let took = t.elapsed();
-                self.slowest_sync = self.slowest_sync.max(took);
-                if self.slow_said
-                    && self
-                        .syncer
-                        .oldest_started()
-                        .is_none_or(|t| t.elapsed() < SLOW_SYNC)
-                {
-                    self.slow_said = false;
-                    tracing::info!(
-                        bu = self.bu,
-                        "the disk made a file durable after {:.1} s; the sink goes on",
-                        took.as_secs_f64()
-                    );
-                }
-            }
-            let Some(f) = self
-                .open
-                .iter_mut()
-                .find(|f| f.seq == seq && f.stage == Stage::Syncing)
-            else {
-                continue;
-            };
-            match r {
-                Ok(()) => {
-                    f.w.prepared();
-                    f.stage = Stage::Prepared;
-                    self.parts_prepared += 1;
-                    parts.push(PreparedPart {
-                        part: f.seq,
-                        ranges: f.ranges.clone(),
-                    });
-                }
-                Err(e) => {
-                    f.stage = Stage::Sealed;
-                    self.busy += 1;
-                    failed.get_or_insert(e.to_string());
-                }
-            }
-        }
-        match failed {
+        self.collect(wait);
+        let parts = std::mem::take(&mut self.ready);
+        match self.sync_failed.take() {
             Some(why) if parts.is_empty() => Err(SinkError::Busy(why)),
             _ => Ok(parts),
         }
     }
 
-    /// Renames committed files into place.
+    /// Takes in what the syncer finished (all it was given, with `wait`): durable parts into
+    /// `ready`, published ones into `published`.
+    fn collect(&mut self, wait: bool) {
+        loop {
+            let began = self.syncer.oldest_started();
+            let Some((seq, outcome)) = self.syncer.next(wait) else {
+                break;
+            };
+            if let Some(t) = began {
+                self.took(t.elapsed());
+            }
+            match outcome {
+                Outcome::Prepared(r) => self.prepared_part(seq, r),
+                Outcome::Published(w, r) => self.published_part(seq, w, r),
+            }
+        }
+    }
+
+    /// A job of the syncer took `took`: the slowest so far, and the end of a slow spell.
+    fn took(&mut self, took: Duration) {
+        self.slowest_sync = self.slowest_sync.max(took);
+        if self.slow_said
+            && self
+                .syncer
+                .oldest_started()
+                .is_none_or(|t| t.elapsed() < SLOW_SYNC)
+        {
+            self.slow_said = false;
+            tracing::info!(
+                bu = self.bu,
+                "the disk made a file durable after {:.1} s; the sink goes on",
+                took.as_secs_f64()
+            );
+        }
+    }
+
+    /// The syncer made part `seq` durable, or failed to (it is then sealed again).
+    fn prepared_part(&mut self, seq: u32, r: Result<(), EventFileError>) {
+        let Some(f) = self
+            .open
+            .iter_mut()
+            .find(|f| f.seq == seq && f.stage == Stage::Syncing)
+        else {
+            return;
+        };
+        match r {
+            Ok(()) => {
+                f.w.prepared();
+                f.stage = Stage::Prepared;
+                self.parts_prepared += 1;
+                self.ready.push(PreparedPart {
+                    part: f.seq,
+                    ranges: f.ranges.clone(),
+                });
+            }
+            Err(e) => {
+                f.stage = Stage::Sealed;
+                self.busy += 1;
+                self.sync_failed.get_or_insert(e.to_string());
+            }
+        }
+    }
+
+    /// The syncer published part `seq`, or failed to (it is then committed again, for the
+    /// next `publish` or `finish`).
+    fn published_part(
+        &mut self,
+        seq: u32,
+        w: Box<dyn PartWriter>,
+        r: Result<evb_formats::events::FileMeta, EventFileError>,
+    ) {
+        self.publishing.retain(|(p, _)| *p != seq);
+        match r {
+            Ok(meta) => {
+                self.count_published(meta);
+                self.published.push(seq);
+            }
+            Err(e) => {
+                self.busy += 1;
+                tracing::warn!(
+                    bu = self.bu,
+                    "publishing part {seq} failed: {e}; tried again"
+                );
+                self.open.push_front(OpenFile::committed(w, seq));
+            }
+        }
+    }
+
+    fn count_published(&mut self, meta: evb_formats::events::FileMeta) {
+        self.events += meta.events;
+        self.bytes += meta.payload_bytes;
+        self.files.push(meta.file);
+    }
+
+    /// Hands committed files to the syncer to be renamed into place; `Sink::published` says
+    /// when each is.
+    fn publish_later(&mut self) {
+        let mut k = 0;
+        while k < self.open.len() {
+            if self.open[k].stage != Stage::Committed {
+                k += 1;
+                continue;
+            }
+            let f = self.open.remove(k).expect("index in range");
+            self.publishing.push((f.seq, f.w.events()));
+            self.syncer.start(f.seq, Job::Publish(f.w));
+        }
+    }
+
+    /// Renames committed files into place now (the run's end: nothing is waited for after).
     fn publish_committed(&mut self) -> Result<(), SinkError> {
         let mut k = 0;
         while k < self.open.len() {
@@ -390,9 +486,7 @@ impl FileSink {
                 self.busy += 1;
                 SinkError::Busy(e.to_string())
             })?;
-            self.events += meta.events;
-            self.bytes += meta.payload_bytes;
-            self.files.push(meta.file);
+            self.count_published(meta);
             self.open.remove(k);
         }
         Ok(())
@@ -462,7 +556,7 @@ impl FileSink {
         if self.open.back().is_none_or(|f| f.stage != Stage::Open) {
             // the events of files not yet durable stay with the RUs: while two wait for the
             // syncer (a disk slower than the builder), the BU holds its events instead
-            let unsynced = self.syncer.in_flight();
+            let unsynced = self.syncer.in_flight() - self.publishing.len();
             if unsynced >= MAX_UNSYNCED {
                 self.behind_sync = true;
                 return Err(SinkError::Busy(format!(
@@ -624,6 +718,7 @@ impl Sink for FileSink {
             f.stage = Stage::Sealed;
         }
         if self.syncer.in_flight() == 0
+            && self.ready.is_empty()
             && !self
                 .open
                 .iter()
@@ -644,7 +739,28 @@ impl Sink for FileSink {
                 )))
             }
         }
-        self.publish_committed()
+        self.publish_later();
+        Ok(())
+    }
+
+    fn publishes_later(&self) -> bool {
+        true
+    }
+
+    fn published(&mut self) -> Vec<u32> {
+        if !self.publishing.is_empty() {
+            self.collect(false);
+        }
+        std::mem::take(&mut self.published)
+    }
+
+    /// Events of parts committed and not yet published: the BU reports once they are.
+    fn outstanding(&self) -> u64 {
+        self.publishing.iter().map(|(_, n)| n).sum()
+    }
+
+    fn drain_timeout(&self) -> Duration {
+        PUBLISH_DRAIN
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
@@ -685,6 +801,7 @@ impl Sink for FileSink {
             "busy": self.busy,
             "parts_prepared": self.parts_prepared,
             "slowest_sync_s": self.slowest_sync.as_secs_f64(),
+            "publishing": self.publishing.len(),
             "syncing_for_s": self.syncer.oldest_started().map(|t| t.elapsed().as_secs_f64()),
             "left_out_unaccepted": self.left_out,
             "refused": self.refused,
@@ -752,6 +869,50 @@ mod tests {
         Ok(parts)
     }
 
+    /// `publish`, then what the syncer made of it: `Ok` once the part is in place, the
+    /// failure (`Busy`) when it could not be renamed.
+    fn publish_now(s: &mut FileSink, part: u32) -> Result<(), SinkError> {
+        s.publish(part)?;
+        s.collect(true);
+        if s.published().contains(&part) {
+            Ok(())
+        } else {
+            Err(SinkError::Busy(format!("part {part} not published")))
+        }
+    }
+
+    /// The syncer publishes a committed part: until it is in place its events are
+    /// outstanding (the BU waits for them before it reports) and it is not said published;
+    /// then it is said published once, with the file and its metadata in place.
+    #[test]
+    fn a_committed_part_is_said_published_once_it_is_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        for id in 0..6 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        s.accepted(0, 6).unwrap();
+        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
+        assert_eq!(parts.len(), 1, "the second file is still open");
+        assert!(s.publishes_later());
+        s.publish(parts[0].part).unwrap();
+        let mut said = s.published();
+        if said.is_empty() {
+            assert_eq!(s.outstanding(), 4, "its events are not out yet");
+            s.collect(true);
+            said = s.published();
+        }
+        assert_eq!(said, vec![parts[0].part]);
+        assert_eq!(s.outstanding(), 0);
+        assert!(s.published().is_empty(), "said once");
+        assert_eq!(
+            ids_in(dir.path()),
+            vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
+        );
+        assert_eq!(s.report()["events"], 4);
+    }
+
     fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
         FileSink::new(dir.into(), FileFormat::Evb, "r", bu, 0, 0, commit, 0o666).unwrap()
     }
@@ -782,7 +943,7 @@ mod tests {
             prepare_synced(&mut s, now).unwrap().is_empty(),
             "prepared once"
         );
-        s.publish(0).unwrap();
+        publish_now(&mut s, 0).unwrap();
         assert_eq!(
             ids_in(dir.path()),
             vec![("r_bu0_000000.evb".into(), vec![10, 11, 12, 13])]
@@ -819,7 +980,7 @@ mod tests {
         let parts = prepare_synced(&mut s, Instant::now()).unwrap();
         assert_eq!(parts.len(), 2);
         for p in &parts {
-            s.publish(p.part).unwrap();
+            publish_now(&mut s, p.part).unwrap();
         }
         assert_eq!(
             ids_in(dir.path()),
@@ -861,7 +1022,7 @@ mod tests {
                 ranges: vec![(0, 4)]
             }]
         );
-        s.publish(0).unwrap();
+        publish_now(&mut s, 0).unwrap();
         // the second file: sealed, accepted, its sync started, and the run ends at once
         s.deliver(&event(&pool, 8)).unwrap();
         s.accepted(4, 4).unwrap();
@@ -886,7 +1047,8 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         for seq in 100..100 + MAX_UNSYNCED as u32 {
             let mut w = EventFileWriter::create(other.path(), "x", 0, seq).unwrap();
-            s.syncer.start(seq, w.begin_prepare().unwrap().unwrap());
+            s.syncer
+                .start(seq, Job::Prepare(w.begin_prepare().unwrap().unwrap()));
         }
         match s.deliver(&event(&pool, 0)) {
             Err(SinkError::Busy(why)) => assert!(why.contains("synced"), "{why}"),
@@ -913,7 +1075,7 @@ mod tests {
         s.finish().unwrap();
         assert!(ids_in(dir.path()).is_empty());
         assert_eq!(hidden(dir.path()), 0);
-        assert!(matches!(s.publish(0), Err(SinkError::Fatal(_))));
+        assert!(matches!(publish_now(&mut s, 0), Err(SinkError::Fatal(_))));
     }
 
     #[test]
@@ -936,7 +1098,7 @@ mod tests {
         );
         let parts = prepare_synced(&mut s, t0 + Duration::from_millis(60)).unwrap();
         assert_eq!(parts[0].ranges, vec![(0, 1), (2, 1)]);
-        s.publish(parts[0].part).unwrap();
+        publish_now(&mut s, parts[0].part).unwrap();
         assert_eq!(
             ids_in(dir.path()),
             vec![("r_bu0_000000.evb".into(), vec![0, 2])]
@@ -956,7 +1118,10 @@ mod tests {
         // something occupies the final name: publishing must fail, keep the data, not replace
         let blocker = dir.path().join("r_bu0_000000.evb");
         std::fs::write(&blocker, b"not ours").unwrap();
-        assert!(matches!(s.publish(parts[0].part), Err(SinkError::Busy(_))));
+        assert!(matches!(
+            publish_now(&mut s, parts[0].part),
+            Err(SinkError::Busy(_))
+        ));
         assert_eq!(std::fs::read(&blocker).unwrap(), b"not ours");
         std::fs::remove_file(&blocker).unwrap();
         // committed output is published at the end at the latest
@@ -981,7 +1146,7 @@ mod tests {
         first.accepted(1, 1).unwrap();
         first.deliver(&event(&pool, 2)).unwrap(); // closes the first file
         let p = prepare_synced(&mut first, Instant::now()).unwrap();
-        first.publish(p[0].part).unwrap();
+        publish_now(&mut first, p[0].part).unwrap();
         // killed with a file open: its temporary file stays behind
         std::mem::forget(first);
         let mut again = sink(dir.path(), 3, one);
@@ -989,7 +1154,7 @@ mod tests {
         again.accepted(3, 1).unwrap();
         again.deliver(&event(&pool, 4)).unwrap();
         let p = prepare_synced(&mut again, Instant::now()).unwrap();
-        again.publish(p[0].part).unwrap();
+        publish_now(&mut again, p[0].part).unwrap();
         assert_eq!(
             ids_in(dir.path()),
             vec![
@@ -1085,7 +1250,7 @@ mod tests {
             !dir.path().join("r_bu2_000000.h5").exists(),
             "published early"
         );
-        s.publish(0).unwrap();
+        publish_now(&mut s, 0).unwrap();
         s.finish().unwrap();
         let meta: Value = serde_json::from_slice(
             &std::fs::read(dir.path().join("r_bu2_000000.h5.json")).unwrap(),

@@ -497,6 +497,12 @@ impl Sink for SlowSink {
     fn publish(&mut self, part: u32) -> Result<(), evb_builder::SinkError> {
         self.inner.publish(part)
     }
+    fn publishes_later(&self) -> bool {
+        self.inner.publishes_later()
+    }
+    fn published(&mut self) -> Vec<u32> {
+        self.inner.published()
+    }
     fn name(&self) -> &'static str {
         self.inner.name()
     }
