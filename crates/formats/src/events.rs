@@ -213,6 +213,22 @@ fn body_crc_after(
     crc
 }
 
+/// As [`body_len_crc`], the payloads' CRC32Cs taken from their fragment headers (checked
+/// against the bytes already) and joined: no payload byte is read.
+fn body_len_crc_checked(
+    fragments: &[(FragmentHeader, &Chain)],
+    heads: &[[u8; FRAGMENT_HEADER_LEN]],
+) -> (usize, u32) {
+    let mut crc = 0u32;
+    let mut len = 0;
+    for ((h, p), head) in fragments.iter().zip(heads) {
+        crc = crc32c::crc32c_append(crc, head);
+        crc = crc32c_join(crc, h.payload_crc, p.len() as u64);
+        len += FRAGMENT_HEADER_LEN + p.len();
+    }
+    (len, crc)
+}
+
 /// Encodes one event's header for a body of `fragments`.
 pub fn event_header(
     event_id: u64,
@@ -434,6 +450,9 @@ pub struct EventFileWriter {
     mode: u32,
     /// Event bodies compressed with zstd (`sink.compress`).
     zstd: Option<Zstd>,
+    /// The fragments' payload CRC32Cs in their headers were checked against their bytes (see
+    /// [`EventFileWriter::payload_crcs_checked`]).
+    crcs_checked: bool,
 }
 
 /// A compressor and its scratch space, kept for the file's life.
@@ -515,6 +534,7 @@ impl EventFileWriter {
             damaged: None,
             mode,
             zstd: None,
+            crcs_checked: false,
         };
         if let Some(level) = zstd_level {
             let c = zstd::bulk::Compressor::new(level).map_err(io)?;
@@ -533,6 +553,14 @@ impl EventFileWriter {
         }
         w.good = w.meta.bytes;
         Ok(w)
+    }
+
+    /// Says that the events appended from now on come with each fragment's payload CRC32C
+    /// checked against its bytes (a BU that verifies CRCs): a body's CRC32C is then joined
+    /// from its fragments' headers and their CRCs, and the writer reads none of its payload
+    /// bytes. An event flagged [`EVENT_CORRUPT`] has its body read all the same.
+    pub fn payload_crcs_checked(&mut self, checked: bool) {
+        self.crcs_checked = checked;
     }
 
     /// Where the file stands now: just after the last event written or appended.
@@ -662,7 +690,11 @@ impl EventFileWriter {
         let mut heads = std::mem::take(&mut self.heads);
         heads.clear();
         heads.extend(fragments.iter().map(|(h, _)| h.encode()));
-        let (body_len, body_crc) = body_len_crc(fragments, &heads);
+        let (body_len, body_crc) = if self.crcs_checked && flags & EVENT_CORRUPT == 0 {
+            body_len_crc_checked(fragments, &heads)
+        } else {
+            body_len_crc(fragments, &heads)
+        };
         let count = fragments.len() as u16;
         let header = header_of(event_id, trigger, count, flags, body_len, body_crc);
         let r = if body_len < DIRECT_BODY {

@@ -1,7 +1,9 @@
 use evb_buffers::{Chain, Pool};
 use evb_wire::FragmentHeader;
 
-use crate::events::{publish_prepared, EventFile, EventFileWriter, FileMeta, EVENT_PARTIAL};
+use crate::events::{
+    publish_prepared, EventFile, EventFileWriter, FileMeta, EVENT_CORRUPT, EVENT_PARTIAL,
+};
 use crate::fed::{self, FedError};
 use crate::framed::{self, FramedError};
 
@@ -337,6 +339,14 @@ fn chain_in_pieces(pool: &Pool, bytes: &[u8], cuts: &[usize]) -> Chain {
 /// CRCs for large bodies) is the CRC32C of the file's bytes.
 #[test]
 fn files_hold_exactly_the_encoded_events_and_their_crc() {
+    for checked in [false, true] {
+        files_hold_the_encoded_events(checked);
+    }
+}
+
+/// With `checked`, the body CRCs are joined from the fragment headers' payload CRCs; one
+/// event in five is flagged corrupt with a header CRC that lies, and has its body read.
+fn files_hold_the_encoded_events(checked: bool) {
     let dir = tempfile::tempdir().unwrap();
     let pool = Pool::new("t", 64 << 10, 64);
     let mut rng = 0x5eed_u64;
@@ -347,6 +357,7 @@ fn files_hold_exactly_the_encoded_events_and_their_crc() {
         (rng % n.max(1) as u64) as usize
     };
     let mut w = EventFileWriter::create(dir.path(), "bytes", 0, 0).unwrap();
+    w.payload_crcs_checked(checked);
     let mut records = Vec::new();
     for e in 0..60u64 {
         // bodies from empty to ~400 KiB, around the staging and joining thresholds
@@ -360,17 +371,24 @@ fn files_hold_exactly_the_encoded_events_and_their_crc() {
                 (header(e, k as u16, &p), chain_in_pieces(&pool, &p, &cuts))
             })
             .collect();
+        let mut frags = frags;
+        let flags = if e % 5 == 4 {
+            frags[0].0.payload_crc ^= 1;
+            EVENT_CORRUPT
+        } else {
+            0
+        };
         let refs: Vec<(FragmentHeader, &Chain)> = frags.iter().map(|(h, c)| (*h, c)).collect();
-        let mut record = crate::events::event_header(e, e as u32, 0, &refs).to_vec();
+        let mut record = crate::events::event_header(e, e as u32, flags, &refs).to_vec();
         for (h, c) in &frags {
             record.extend_from_slice(&h.encode());
             record.extend_from_slice(&c.to_vec());
         }
         records.push(record);
         if next(3) == 0 {
-            w.write_event(e, e as u32, 0, &refs).unwrap();
+            w.write_event(e, e as u32, flags, &refs).unwrap();
         } else {
-            w.append_event(e, e as u32, 0, &refs).unwrap();
+            w.append_event(e, e as u32, flags, &refs).unwrap();
         }
         if next(5) == 0 {
             w.flush_events().unwrap();

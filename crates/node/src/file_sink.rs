@@ -138,6 +138,8 @@ pub struct FileSink {
     format: FileFormat,
     /// Permission bits of the files it writes (less the umask).
     mode: u32,
+    /// The BU checked every fragment's payload CRC32C (see [`FileSink::payload_crcs_checked`]).
+    crcs_checked: bool,
     run: String,
     bu: u16,
     max_events: u64,
@@ -228,6 +230,7 @@ impl FileSink {
             dir,
             format,
             mode,
+            crcs_checked: false,
             run: run.to_string(),
             bu,
             max_events,
@@ -253,12 +256,22 @@ impl FileSink {
         })
     }
 
+    /// The BU checks every fragment's payload CRC32C against its bytes (`builder.verify` is
+    /// `crc` or `full`): `.evb` files then join each body's CRC32C from its fragments'
+    /// instead of reading the payloads again (an event found corrupt is read all the same).
+    pub fn payload_crcs_checked(mut self, checked: bool) -> FileSink {
+        self.crcs_checked = checked;
+        self
+    }
+
     /// A new file for the next sequence number, in the sink's format.
     fn create_writer(&self) -> Result<Box<dyn PartWriter>, EventFileError> {
         let (dir, run, bu, seq, mode) = (&self.dir, &self.run, self.bu, self.next_seq, self.mode);
         Ok(match self.format {
             FileFormat::Evb => {
-                Box::new(EventFileWriter::create_with_mode(dir, run, bu, seq, mode)?)
+                let mut w = EventFileWriter::create_with_mode(dir, run, bu, seq, mode)?;
+                w.payload_crcs_checked(self.crcs_checked);
+                Box::new(w)
             }
             FileFormat::EvbZstd(level) => Box::new(EventFileWriter::create_compressed(
                 dir, run, bu, seq, mode, level,

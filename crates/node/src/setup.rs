@@ -434,7 +434,8 @@ pub fn logic(
                         time: Duration::from_millis(cfg.sink.commit_ms),
                     },
                     cfg.output_file_mode(),
-                )?),
+                )?
+                .payload_crcs_checked(cfg.builder.verify != VerifyLevel::Headers)),
             };
             let sink: Box<dyn Sink> = match me.sink_delay {
                 Some((us, events)) => Box::new(SlowSink {
