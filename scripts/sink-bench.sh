@@ -12,7 +12,10 @@
 # The plain writer: for each BU a thread that writes files of the sink's mean file size in
 # 1 MiB writes from memory, then does what a file's commit does: fdatasync, a metadata file
 # written and fdatasync'd, two renames, the directory synced. Prints each run, then the
-# medians and the ratios of each round's figures (medians of the rounds' ratios).
+# medians and the ratios of each round's figures (medians of the rounds' ratios). CPU per GB
+# holds better than GB/s on a busy host: each run also gives its BUs' CPU seconds per GB
+# (the plain writer: its own), and the summary the sink's cost over discard's beside the
+# plain writer's.
 set -euo pipefail
 evb=${1:?evb binary}; rounds=${2:-3}; base=${3:-/dev/shm}; secs=${4:-3}
 sinks=${SINKS:-file}
@@ -39,21 +42,24 @@ d = json.load(open(summary))
 r = d["run"]
 built = sum((b or {}).get("payload_bytes_built", 0) for b in r["bus"])
 gbs = built / r["seconds"] / 1e9
+bu_cpu = sum(n["cpu"]["run_s"] for k, n in d["nodes"].items() if k.startswith("bu"))
+cpu_gb = bu_cpu / (built / 1e9)
 files = [os.path.join(out, f) for f in os.listdir(out)] if os.path.isdir(out) else []
 data = [f for f in files if f.endswith(".evb")]
 size = sum(os.path.getsize(f) for f in data)
-print(f"round {rnd} {name}: {gbs:.3f} GB/s, verdict {d.get('verdict', {}).get('ok', '?')}, "
-      f"{len(data)} files, {size / 1e9:.2f} GB")
+print(f"round {rnd} {name}: {gbs:.3f} GB/s, BUs {cpu_gb:.3f} CPU s/GB, "
+      f"{'OK' if d.get('ok') else 'NOT OK'}, {len(data)} files, {size / 1e9:.2f} GB")
 with open(rates, "a") as f:
-    f.write(f"{rnd} {name} {gbs} {len(data)} {size}\n")
+    f.write(f"{rnd} {name} {gbs} {len(data)} {size} {cpu_gb}\n")
 PY
 }
 # the plain writer of the bytes the last file run wrote, in files of their mean size
 plain() { # ROUND SINK
   read -r files bytes < <(awk -v r="$1" -v s="$2" '$1 == r && $2 == s {print $4, $5}' "$rates")
+  [ "${files:-0}" -gt 0 ] || { echo "round $1 $2 wrote no file"; return 1; }
   rm -rf "$work/out"
   python3 - "$1" "$2" "$work/out" "$files" "$bytes" "$rates" <<'PY'
-import os, sys, threading, time
+import os, resource, sys, threading, time
 rnd, sink, out, files, total, rates = sys.argv[1:]
 files, total = int(files), int(total)
 os.makedirs(out)
@@ -80,15 +86,20 @@ def writer(w, nfiles):
         os.fsync(d)
     os.close(d)
 per = [files // 2 + (w < files % 2) for w in range(2)]
+u0 = resource.getrusage(resource.RUSAGE_SELF)
 t = time.perf_counter()
 ts = [threading.Thread(target=writer, args=(w, n)) for w, n in enumerate(per)]
 for x in ts: x.start()
 for x in ts: x.join()
 dt = time.perf_counter() - t
+u1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime)
 gbs = part * files / dt / 1e9
-print(f"round {rnd} plain writer ({sink}'s {files} files of {part / 1e6:.1f} MB): {gbs:.3f} GB/s")
+cpu_gb = cpu / (part * files / 1e9)
+print(f"round {rnd} plain writer ({sink}'s {files} files of {part / 1e6:.1f} MB): "
+      f"{gbs:.3f} GB/s, {cpu_gb:.3f} CPU s/GB")
 with open(rates, "a") as f:
-    f.write(f"{rnd} plain-{sink} {gbs} {files} {part * files}\n")
+    f.write(f"{rnd} plain-{sink} {gbs} {files} {part * files} {cpu_gb}\n")
 PY
 }
 for k in $(seq "$rounds"); do
@@ -100,9 +111,10 @@ done
 python3 - "$rates" "$sinks" <<'PY'
 import statistics as st, sys
 rows = [l.split() for l in open(sys.argv[1])]
-by = {}
-for rnd, name, gbs, *_ in rows:
+by, cpu = {}, {}
+for rnd, name, gbs, _files, _bytes, cpu_gb in rows:
     by.setdefault(name, {})[rnd] = float(gbs)
+    cpu.setdefault(name, {})[rnd] = float(cpu_gb)
 med = lambda xs: st.median(xs) if xs else float("nan")
 print("medians: " + ", ".join(f"{n} {med(list(v.values())):.3f} GB/s" for n, v in by.items()))
 for s in sys.argv[2].split():
@@ -112,4 +124,9 @@ for s in sys.argv[2].split():
     print(f"{s}: {med(of_plain):.3f} of the plain writer (rounds "
           f"{', '.join(f'{x:.2f}' for x in of_plain)}), {med(of_dis):.3f} of discard (rounds "
           f"{', '.join(f'{x:.2f}' for x in of_dis)})")
+    c, cd, cp = cpu.get(s, {}), cpu.get("discard", {}), cpu.get("plain-" + s, {})
+    extra = [c[r] - cd[r] for r in c if r in cd]
+    print(f"{s}: the BUs' CPU over discard's {med(extra):.3f} s per GB; the plain writer's "
+          f"{med(list(cp.values())):.3f} s per GB (the writing's floor); "
+          f"ratio {med([(c[r] - cd[r]) / cp[r] for r in c if r in cd and r in cp]):.2f}")
 PY
