@@ -48,7 +48,15 @@ fn main() -> std::io::Result<()> {
     let pages: Vec<u8> = (0..64usize << 20).map(|i| (i * 31) as u8).collect();
     let head = [0xabu8; 32];
     println!("size      staged GB/s  gathered GB/s  gathered/staged");
-    for size in [2usize << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20] {
+    for size in [
+        2usize << 10,
+        8 << 10,
+        16 << 10,
+        32 << 10,
+        64 << 10,
+        256 << 10,
+        1 << 20,
+    ] {
         let n = (mb << 20) / size;
         let q = size / 4;
         let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -67,7 +75,11 @@ fn main() -> std::io::Result<()> {
                 let gbs = (n * (size + 32)) as f64 / t.elapsed().as_secs_f64() / 1e9;
                 drop(f);
                 std::fs::remove_file(&path)?;
-                if way == 0 { a.push(gbs) } else { b.push(gbs) }
+                if way == 0 {
+                    a.push(gbs)
+                } else {
+                    b.push(gbs)
+                }
             }
         }
         let med = |v: &mut Vec<f64>| {
@@ -75,7 +87,11 @@ fn main() -> std::io::Result<()> {
             v[v.len() / 2]
         };
         let (ma, mb_) = (med(&mut a), med(&mut b));
-        println!("{:>7} KiB {ma:>10.3} {mb_:>14.3} {:>16.3}", size >> 10, mb_ / ma);
+        println!(
+            "{:>7} KiB {ma:>10.3} {mb_:>14.3} {:>16.3}",
+            size >> 10,
+            mb_ / ma
+        );
     }
     Ok(())
 }

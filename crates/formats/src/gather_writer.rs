@@ -103,7 +103,7 @@ mod tests {
         }
         fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
             self.calls += 1;
-            if self.calls % 4 == 0 {
+            if self.calls.is_multiple_of(4) {
                 return Err(std::io::ErrorKind::Interrupted.into());
             }
             let mut n = 0;
