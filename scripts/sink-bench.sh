@@ -8,7 +8,9 @@
 #   scripts/sink-bench.sh EVB [ROUNDS] [DIR] [SECONDS]
 #
 # DIR: a folder on the filesystem to measure (default /dev/shm; a fresh folder is made in it
-# and removed). SINKS (environment): some of `file file-zstd` (default `file`).
+# and removed). SINKS (environment): some of `file file-zstd` (default `file`). OLD
+# (environment): another build, whose file sink runs in each round too (`file-old`), to
+# compare builds in the same minutes.
 # The plain writer: for each BU a thread that writes files of the sink's mean file size in
 # 1 MiB writes from memory, then does what a file's commit does: fdatasync, a metadata file
 # written and fdatasync'd, two renames, the directory synced. Prints each run, then the
@@ -30,9 +32,9 @@ done
 rates=$conf/rates
 : > "$rates"
 # one `evb run`: prints and records GB/s of payload built, and the files' count and bytes
-run() { # ROUND NAME
+run() { # ROUND NAME [BINARY CONFIG]
   rm -rf "$work/out"
-  if ! "$evb" run --config "$conf/$2.toml" --quiet --json "$conf/s.json" > "$conf/log" 2>&1; then
+  if ! "${3:-$evb}" run --config "$conf/${4:-$2}.toml" --quiet --json "$conf/s.json" > "$conf/log" 2>&1; then
     echo "round $1 $2: run failed"; tail -5 "$conf/log"; return 1
   fi
   python3 - "$1" "$2" "$conf/s.json" "$work/out" "$rates" <<'PY'
@@ -107,6 +109,7 @@ for k in $(seq "$rounds"); do
   for s in $sinks; do
     run "$k" "$s" && plain "$k" "$s"
   done
+  if [ -n "${OLD:-}" ]; then run "$k" file-old "$OLD" file; fi
 done
 python3 - "$rates" "$sinks" <<'PY'
 import statistics as st, sys
@@ -117,6 +120,9 @@ for rnd, name, gbs, _files, _bytes, cpu_gb in rows:
     cpu.setdefault(name, {})[rnd] = float(cpu_gb)
 med = lambda xs: st.median(xs) if xs else float("nan")
 print("medians: " + ", ".join(f"{n} {med(list(v.values())):.3f} GB/s" for n, v in by.items()))
+if "file-old" in by and "file" in by:
+    r = [by["file"][k] / by["file-old"][k] for k in by["file"] if k in by["file-old"]]
+    print(f"file / file-old: {med(r):.3f} (rounds {', '.join(f'{x:.2f}' for x in r)})")
 for s in sys.argv[2].split():
     sink, pl, dis = by.get(s, {}), by.get("plain-" + s, {}), by.get("discard", {})
     of_plain = [sink[r] / pl[r] for r in sink if r in pl]
