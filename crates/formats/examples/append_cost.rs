@@ -33,7 +33,9 @@ fn main() {
     let pool = Pool::new("pages", page, 4 * (kib * 1024).div_ceil(page) + 4);
     let frags: Vec<(FragmentHeader, Chain)> = (0..2u16)
         .map(|src| {
-            let bytes: Vec<u8> = (0..kib << 10).map(|i| (i * 7 + src as usize) as u8).collect();
+            let bytes: Vec<u8> = (0..kib << 10)
+                .map(|i| (i * 7 + src as usize) as u8)
+                .collect();
             let mut c = Chain::new();
             for piece in bytes.chunks(page) {
                 c.push(pool.try_alloc().unwrap().append(piece).unwrap());

@@ -170,6 +170,8 @@ pub struct FileSink {
     publishing: Vec<(u32, u64)>,
     /// Parts published since the last `Sink::published`.
     published: Vec<u32>,
+    /// Every part this sink published (a standby EVM that takes over may commit one again).
+    published_ever: std::collections::BTreeSet<u32>,
     /// The longest a file waited for the disk to make it durable.
     slowest_sync: Duration,
     /// A sync slower than [`SLOW_SYNC`] was said (until it ends).
@@ -251,6 +253,7 @@ impl FileSink {
             sync_failed: None,
             publishing: Vec::new(),
             published: Vec::new(),
+            published_ever: Default::default(),
             slowest_sync: Duration::ZERO,
             slow_said: false,
         })
@@ -454,6 +457,7 @@ impl FileSink {
             Ok(meta) => {
                 self.count_published(meta);
                 self.published.push(seq);
+                self.published_ever.insert(seq);
             }
             Err(e) => {
                 self.busy += 1;
@@ -500,6 +504,7 @@ impl FileSink {
                 SinkError::Busy(e.to_string())
             })?;
             self.count_published(meta);
+            self.published_ever.insert(self.open[k].seq);
             self.open.remove(k);
         }
         Ok(())
@@ -745,6 +750,14 @@ impl Sink for FileSink {
     fn publish(&mut self, part: u32) -> Result<(), SinkError> {
         match self.open.iter_mut().find(|f| f.seq == part) {
             Some(f) if f.stage == Stage::Prepared => f.stage = Stage::Committed,
+            // committed again (an EVM that took over, from a resync sent while the part was
+            // being published): under way, it is said published once it is; published, it
+            // is said so again, to the EVM that asks
+            _ if self.publishing.iter().any(|(p, _)| *p == part) => return Ok(()),
+            _ if self.published_ever.contains(&part) => {
+                self.published.push(part);
+                return Ok(());
+            }
             // not a part of ours waiting for its word: nothing to publish
             _ => {
                 return Err(SinkError::Fatal(format!(
@@ -924,6 +937,30 @@ mod tests {
             vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
         );
         assert_eq!(s.report()["events"], 4);
+    }
+
+    /// A part committed a second time (a standby EVM that took over, from a resync sent while
+    /// it was being published) is not an error: under way, it is said published once; done,
+    /// it is said published again.
+    #[test]
+    fn a_part_committed_again_is_said_published_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 64);
+        let mut s = sink(dir.path(), 0, EVERY_4);
+        for id in 0..4 {
+            s.deliver(&event(&pool, id)).unwrap();
+        }
+        s.accepted(0, 4).unwrap();
+        let part = prepare_synced(&mut s, Instant::now()).unwrap()[0].part;
+        s.publish(part).unwrap();
+        s.publish(part).unwrap();
+        s.collect(true);
+        assert_eq!(s.published(), vec![part], "said once while under way");
+        s.publish(part).unwrap();
+        assert_eq!(s.published(), vec![part], "said again once done");
+        assert!(publish_now(&mut s, part + 1).is_err(), "not a part of ours");
+        assert_eq!(s.report()["events"], 4, "output once");
+        assert_eq!(ids_in(dir.path()).len(), 1);
     }
 
     fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
