@@ -214,7 +214,8 @@ fn body_crc_after(
 }
 
 /// As [`body_len_crc`], the payloads' CRC32Cs taken from their fragment headers (checked
-/// against the bytes already) and joined: no payload byte is read.
+/// against the bytes already) and joined: no byte of a payload of [`JOIN_BODY`] or more is
+/// read (a shorter one is, which costs less than the join).
 fn body_len_crc_checked(
     fragments: &[(FragmentHeader, &Chain)],
     heads: &[[u8; FRAGMENT_HEADER_LEN]],
@@ -223,7 +224,11 @@ fn body_len_crc_checked(
     let mut len = 0;
     for ((h, p), head) in fragments.iter().zip(heads) {
         crc = crc32c::crc32c_append(crc, head);
-        crc = crc32c_join(crc, h.payload_crc, p.len() as u64);
+        crc = if p.len() >= JOIN_BODY {
+            crc32c_join(crc, h.payload_crc, p.len() as u64)
+        } else {
+            p.chunks().fold(crc, crc32c::crc32c_append)
+        };
         len += FRAGMENT_HEADER_LEN + p.len();
     }
     (len, crc)
@@ -246,8 +251,8 @@ pub fn event_header(
 const DIRECT_BODY: usize = 32 << 10;
 
 /// From this body length on, the file's CRC32C is joined from the body's ([`crc32c_join`],
-/// a few hundred cycles whatever the length); a shorter body is read again, which costs
-/// less than the join (its bytes are still in the cache).
+/// 45–220 ns whatever the length); a shorter body is read again, which costs less than the
+/// join (90 ns for 461 bytes, 200 ns for 2 KiB; its bytes are still in the cache).
 const JOIN_BODY: usize = 2 << 10;
 
 /// A point in a data file between two events, to cut the file back to (see
