@@ -15,12 +15,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use evb_buffers::Chain;
-
-use crate::crc_join::crc32c_join;
-use crate::gather_writer::GatherWriter;
 use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::crc_join::crc32c_join;
+use crate::gather_writer::GatherWriter;
 
 pub const FILE_MAGIC: [u8; 4] = *b"EVBE";
 pub const EVENT_MAGIC: [u8; 4] = *b"EVEV";
