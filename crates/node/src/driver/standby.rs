@@ -742,7 +742,12 @@ impl Driver {
             return None;
         };
         // the configured EVM's address (`evm.addr`, or its place in the topology)
-        let evm = self.nodes.iter().find(|n| n.role == Role::Evm)?.addr.clone();
+        let evm = self
+            .nodes
+            .iter()
+            .find(|n| n.role == Role::Evm)?
+            .addr
+            .clone();
         if standby.is_empty() || self.evm_rendezvous().is_some() || evm.is_empty() {
             return None;
         }
