@@ -77,10 +77,6 @@ enum Fault {
     KillEvmTwiceStandby {
         gap_ms: u64,
     },
-    /// Separate nodes (issue 66 defect 6): the EVM killed, the standby takes over, then bu1
-    /// killed and started again by hand: the new process calls the EVM's address (nobody
-    /// there), then the standby's, and rejoins the run there.
-    KillEvmThenRestartBuStandby,
     CutLink,
     /// bu1's sink takes 1.5 ms an event (back-pressure all run long), and bu1 is frozen for
     /// this many ms, below the heartbeat timeout: it must not be taken for lost.
@@ -126,8 +122,7 @@ fn expect(f: Fault) -> Expect {
         Fault::KillEvmStandby
         | Fault::FreezeEvmStandby(_)
         | Fault::KillBuThenEvmStandby { .. }
-        | Fault::KillEvmTwiceStandby { .. }
-        | Fault::KillEvmThenRestartBuStandby => Expect::Complete,
+        | Fault::KillEvmTwiceStandby { .. } => Expect::Complete,
         Fault::KillRuStop | Fault::KillEvm => Expect::Stops,
         // a freeze shorter than the heartbeat timeout is no fault at all; a longer one
         // makes every other node leave the run
@@ -293,7 +288,7 @@ struct Trial {
 
 impl Trial {
     fn events(&self) -> u64 {
-        if let Fault::KillEvmTwiceStandby { .. } | Fault::KillEvmThenRestartBuStandby = self.fault {
+        if let Fault::KillEvmTwiceStandby { .. } = self.fault {
             LONG_EVENTS
         } else if self.small {
             SMALL_EVENTS
@@ -319,7 +314,6 @@ impl Trial {
                 | Fault::FreezeEvmStandby(_)
                 | Fault::KillBuThenEvmStandby { .. }
                 | Fault::KillEvmTwiceStandby { .. }
-                | Fault::KillEvmThenRestartBuStandby
                 | Fault::RogueFollower
         ) {
             "secret = \"chaos-door-key-6b2\"\n"
@@ -375,7 +369,6 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             | Fault::FreezeEvmStandby(_)
             | Fault::KillBuThenEvmStandby { .. }
             | Fault::KillEvmTwiceStandby { .. }
-            | Fault::KillEvmThenRestartBuStandby
             | Fault::RogueFollower
     );
     let sink = dir.join("out");
@@ -531,24 +524,6 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
         }
         Fault::KillRuPartial | Fault::KillRuStop => hit("ru2", "-KILL"),
         Fault::KillEvm | Fault::KillEvmStandby => hit("evm", "-KILL"),
-        Fault::KillEvmThenRestartBuStandby => {
-            hit("evm", "-KILL");
-            // the standby takes over (1 s heartbeat timeout, then the nodes' resyncs)
-            std::thread::sleep(Duration::from_millis(2500));
-            hit("bu1", "-KILL");
-            if let Some(mut old) = kids.remove("bu1") {
-                let _ = old.wait();
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            let c = Command::new(EVB)
-                .args(["node", "--json", "-", "--id", "bu1", "--config"])
-                .arg(&cfg)
-                .stdout(out_file(dir, "bu1.out"))
-                .stderr(out_file(dir, "bu1.err"))
-                .spawn()
-                .unwrap();
-            kids.insert("bu1".into(), c);
-        }
         Fault::KillEvmTwiceStandby { gap_ms } => {
             // the first standby, the one that takes the run over first
             let first: Vec<u32> = standby_pids(&marker);
@@ -812,10 +787,7 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
     );
     let killed_bu = matches!(
         t.fault,
-        Fault::KillBu
-            | Fault::KillTwoBus
-            | Fault::KillBuThenEvmStandby { .. }
-            | Fault::KillEvmThenRestartBuStandby
+        Fault::KillBu | Fault::KillTwoBus | Fault::KillBuThenEvmStandby { .. }
     );
     if !killed_bu {
         assert!(hidden.is_empty(), "temporary files left: {hidden:?}\n{log}");
@@ -924,20 +896,8 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     );
                 }
             }
-            if t.fault == Fault::KillEvmThenRestartBuStandby {
-                // the restarted BU found the new EVM at the standby's address and rejoined
-                assert!(
-                    node_events
-                        .iter()
-                        .any(|e| e.node == "bu[1]" && e.kind == NodeEventKind::Rejoined),
-                    "the restarted bu1 did not rejoin: {}\n{log}",
-                    evm["lost"]
-                );
-            }
             let must_take_over = match t.fault {
-                Fault::KillEvmStandby
-                | Fault::KillEvmTwiceStandby { .. }
-                | Fault::KillEvmThenRestartBuStandby => true,
+                Fault::KillEvmStandby | Fault::KillEvmTwiceStandby { .. } => true,
                 Fault::KillBuThenEvmStandby { freeze_ms, .. } => {
                     freeze_ms == 0 || freeze_ms >= 2000
                 }
@@ -1298,18 +1258,6 @@ fn evb_run_with_a_standby_survives_two_evm_losses() {
         Launch::Run,
         false,
         2000,
-    );
-}
-
-/// Issue 66 defect 6: a BU restarted after a takeover (separate nodes) calls the address of
-/// the EVM that is gone, then the standby's, and rejoins the run there; every event once.
-#[test]
-fn a_bu_restarted_after_a_takeover_rejoins_at_the_standby() {
-    fixed(
-        Fault::KillEvmThenRestartBuStandby,
-        Launch::Nodes,
-        false,
-        1000,
     );
 }
 

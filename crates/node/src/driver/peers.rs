@@ -475,12 +475,6 @@ impl Driver {
                         d.addr = addr.clone();
                     }
                     if d.peer == NodeRef::Evm {
-                        // nobody, or no EVM, at that address: with a standby, the other one
-                        if let Some(other) = self.other_evm_address(&d.addr) {
-                            debug!(node = %self.me.id, "the EVM at {} did not answer ({reason}): calling {other}", d.addr);
-                            d.addr = other;
-                            rejected = false;
-                        }
                         if let Some(path) = self.evm_rendezvous() {
                             // a file left by an earlier run names a dead (or another
                             // run's) EVM until this run's EVM writes it: read it again
@@ -508,16 +502,6 @@ impl Driver {
     /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
     /// BU is found again this way).
     pub(super) fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, mut why: String) {
-        // an EVM connection that closed before its Term was not the run's EVM: a fenced
-        // one, or a standby that only follows; a node that never lost an EVM tries the other
-        // address (a BU restarted after a takeover finds the new EVM so)
-        if p == NodeRef::Evm
-            && !matches!(self.logic, Logic::Evm(_))
-            && self.links.authority.admit(conn).is_err()
-            && self.call_the_other_evm(now, conn, &why)
-        {
-            return;
-        }
         if let Some(gap) = self.links.liveness.own_pause(now) {
             why = format!(
                 "{why} (after this node itself did not run for {} ms)",
@@ -581,7 +565,7 @@ impl Driver {
     }
 
     /// The rendezvous file this node read the EVM's address from, if it did.
-    pub(super) fn evm_rendezvous(&self) -> Option<std::path::PathBuf> {
+    fn evm_rendezvous(&self) -> Option<std::path::PathBuf> {
         let from_file = self.me.role != Role::Evm
             && !self.cfg.run.rendezvous.is_empty()
             && self.cfg.learnt.contains_key(&self.nodes[0].id);

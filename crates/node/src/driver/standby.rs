@@ -10,7 +10,7 @@ use evb_wire::resync::Follow;
 
 use super::*;
 use crate::session::active::{Active, Call, Fenced};
-use crate::session::follower::{dropped_by, Event, Follower, Input, Stage, Timers, Transmit};
+use crate::session::follower::{dropped_by, Event, Follower, Input, Timers, Transmit};
 use crate::session::{Epoch, Time};
 
 /// How long a node or the standby waits for the other side of a takeover, beyond the
@@ -321,26 +321,6 @@ impl Driver {
             }
             (_, Message::Heartbeat) => return None,
             (from, msg) => {
-                let resynced = match from {
-                    NodeRef::Ru(i) => f.rus.contains_key(&i),
-                    NodeRef::Bu(i) => f.bus.contains_key(&i),
-                    NodeRef::Evm => true,
-                };
-                let suspects = matches!(
-                    f.machine.stage(),
-                    Stage::Suspected { .. } | Stage::TakingOver { .. }
-                );
-                if !resynced && !suspects {
-                    // a node that calls here with no resync while the active EVM is heard
-                    // (a restarted BU, one that started before the EVM listened): this is
-                    // not its EVM; it calls the EVM's address instead
-                    if let Some(conn) = self.links.conn(from) {
-                        info!(node = %self.me.id, "{from} called the standby while the active EVM is heard, with {:?}: closed, to call the EVM", msg.msg_type());
-                        self.messenger.close(conn);
-                        self.forget(from, conn);
-                    }
-                    return None;
-                }
                 f.held.push((from, msg));
                 return None;
             }
@@ -724,61 +704,6 @@ impl Driver {
         // the run's EVM now: a standby of its own may follow it (`evb up` starts one where
         // the old EVM was), and a second loss is taken over in turn
         self.standby = Standby::Active(Active::new(epoch, self.at(now)));
-    }
-
-    /// For a node that has not lost an EVM yet (never followed one away) in a run with a
-    /// standby: the EVM address to call after `addr` failed, the configured EVM's or the
-    /// standby's, whichever `addr` is not. `None` without a standby, once the node left an
-    /// EVM for the standby (then the standby rules: `call_standby`), or where the EVM is
-    /// found by its rendezvous file.
-    pub(super) fn other_evm_address(&self, addr: &str) -> Option<String> {
-        let Standby::Node {
-            addr: standby,
-            switched: false,
-            calling_since: None,
-            ..
-        } = &self.standby
-        else {
-            return None;
-        };
-        // the configured EVM's address (`evm.addr`, or its place in the topology)
-        let evm = self
-            .nodes
-            .iter()
-            .find(|n| n.role == Role::Evm)?
-            .addr
-            .clone();
-        if standby.is_empty() || self.evm_rendezvous().is_some() || evm.is_empty() {
-            return None;
-        }
-        Some(if addr == evm { standby.clone() } else { evm })
-    }
-
-    /// The EVM connection `conn` closed before its Term: not the run's EVM (a fenced EVM
-    /// takes no one; a standby that only follows closes a node that did not resync). A node
-    /// that has not lost an EVM calls the other address; true if it does.
-    pub(super) fn call_the_other_evm(&mut self, now: Instant, conn: ConnId, why: &str) -> bool {
-        let current = self
-            .links
-            .dial_specs
-            .get(&NodeRef::Evm)
-            .map(|(a, _)| a.clone())
-            .unwrap_or_default();
-        let Some(other) = self.other_evm_address(&current) else {
-            return false;
-        };
-        self.forget(NodeRef::Evm, conn);
-        info!(node = %self.me.id, "the EVM connection to {current} closed before its Term ({why}): not the run's EVM; calling {other}");
-        self.links
-            .dial_specs
-            .insert(NodeRef::Evm, (other.clone(), Channel::Control));
-        self.links.waiting_dials.push(peers::Dial {
-            peer: NodeRef::Evm,
-            addr: other,
-            channel: Channel::Control,
-            retry_at: Some(now + peers::CALL_EVERY),
-        });
-        true
     }
 
     /// A node lost its EVM: with a standby, call it (once).
