@@ -839,7 +839,10 @@ impl Hdf5Layout {
 
     /// The choices as an error names them: `"evb", "dune" or "packed"`.
     pub fn choices() -> String {
-        let names: Vec<String> = Self::CHOICES.iter().map(|(n, _)| format!("{n:?}")).collect();
+        let names: Vec<String> = Self::CHOICES
+            .iter()
+            .map(|(n, _)| format!("{n:?}"))
+            .collect();
         match names.split_last() {
             Some((last, [])) => last.clone(),
             Some((last, rest)) => format!("{} or {last}", rest.join(", ")),

@@ -217,8 +217,7 @@ impl Hdf5EventWriter {
             let f = hdf5::File::create(&tmp)?;
             match layout {
                 Hdf5Layout::Dune => {
-                    let d =
-                        crate::hdf5_dune::DuneFile::start(&f, record_type, run, bu, sequence)?;
+                    let d = crate::hdf5_dune::DuneFile::start(&f, record_type, run, bu, sequence)?;
                     return Ok((f, Some(d), None));
                 }
                 Hdf5Layout::Packed => {

@@ -310,8 +310,7 @@ mod tests {
                 .iter()
                 .map(|(s, fl, p)| (header(*id, *s, *fl, p), chain(&pool, p)))
                 .collect();
-            let refs: Vec<(FragmentHeader, &Chain)> =
-                chains.iter().map(|(h, c)| (*h, c)).collect();
+            let refs: Vec<(FragmentHeader, &Chain)> = chains.iter().map(|(h, c)| (*h, c)).collect();
             w.append_event(*id, *id as u32 + 100, *flags, &refs)
                 .unwrap();
             w.flush_events().unwrap();
@@ -394,7 +393,10 @@ mod tests {
             events.len() as u64
         );
         assert_eq!(
-            f.attr("payload_bytes").unwrap().read_scalar::<u64>().unwrap(),
+            f.attr("payload_bytes")
+                .unwrap()
+                .read_scalar::<u64>()
+                .unwrap(),
             at
         );
     }
@@ -420,7 +422,11 @@ mod tests {
         // two batches and more, in events of 1.5 MiB of counted bytes
         for id in 10..14u64 {
             let big: Vec<u8> = (0..3 << 19).map(|i| (i as u64 * 7 + id) as u8).collect();
-            events.push((id, 0, vec![(3, 0, big.clone()), (841, 0, big[..1000].to_vec())]));
+            events.push((
+                id,
+                0,
+                vec![(3, 0, big.clone()), (841, 0, big[..1000].to_vec())],
+            ));
         }
         events.push((20, 0, vec![(3, 0, vec![1, 2, 3])]));
         let f = write(dir.path(), &events, None);
@@ -429,7 +435,10 @@ mod tests {
         assert_eq!(text(&f, "record_type"), "event");
         assert_eq!(text(&f, "run"), "cosmics#12");
         assert_eq!(
-            f.attr("format_version").unwrap().read_scalar::<u16>().unwrap(),
+            f.attr("format_version")
+                .unwrap()
+                .read_scalar::<u16>()
+                .unwrap(),
             1
         );
         assert_eq!(f.attr("bu").unwrap().read_scalar::<u16>().unwrap(), 3);
@@ -454,7 +463,13 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let events: Vec<Event> = (0..2000u64)
-            .map(|id| (id, 0, vec![(1, 0, vec![id as u8; 400]), (2, 0, vec![7; 600])]))
+            .map(|id| {
+                (
+                    id,
+                    0,
+                    vec![(1, 0, vec![id as u8; 400]), (2, 0, vec![7; 600])],
+                )
+            })
             .collect();
         let f = write(dir.path(), &events, Some(6));
         assert_eq!(f.dataset(DATA).unwrap().filters().len(), 1);
@@ -492,8 +507,9 @@ mod tests {
         let f = hdf5::File::create(dir.path().join("x.h5")).unwrap();
         let mut p = PackedFile::start(&f, "event", "r", 0, 0, None).unwrap();
         let empty = Chain::new();
-        let frags: Vec<(FragmentHeader, &Chain)> =
-            (0..70_000).map(|_| (header(1, 1, 0, &[]), &empty)).collect();
+        let frags: Vec<(FragmentHeader, &Chain)> = (0..70_000)
+            .map(|_| (header(1, 1, 0, &[]), &empty))
+            .collect();
         assert!(p.append(1, 1, 0, &frags).is_err());
         assert_eq!(p.events(), 0);
         assert_eq!(p.unwritten_bytes(), 0);
