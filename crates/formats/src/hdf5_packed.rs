@@ -3,7 +3,10 @@
 //! and an index of one row per event and one per fragment. What an event costs the file is
 //! its index rows, not an HDF5 group with datasets and attributes: small events can afford
 //! HDF5. Events are gathered into a batch and written by one extend and one write per
-//! [`BATCH_BYTES`]; the index is kept in memory and written when the file is closed. The
+//! [`BATCH_BYTES`], in whole chunks (the library then writes them from the batch, with no
+//! chunk cache to copy through and no chunk read back to complete it); the rest of a chunk
+//! waits for the next batch or the close. The index is kept in memory and written when the
+//! file is closed. The
 //! file's life (temporary name, durability, publication) is
 //! [`crate::hdf5_events::Hdf5EventWriter`]'s, as for the other layouts.
 
@@ -101,10 +104,12 @@ impl PackedFile {
         f.new_attr::<u32>()
             .create("sequence")?
             .write_scalar(&sequence)?;
+        // whole chunks are written at once: no cache to copy them through
         let mut b = f
             .new_dataset::<u8>()
             .shape(hdf5::SimpleExtents::resizable([0usize]))
-            .chunk([CHUNK_BYTES]);
+            .chunk([CHUNK_BYTES])
+            .chunk_cache(1, 0, 1.0);
         if let Some(level) = deflate {
             b = b.deflate(level);
         }
@@ -169,22 +174,29 @@ impl PackedFile {
         e.flags.push(flags);
         e.sources.push(sources);
         if self.batch.len() >= BATCH_BYTES {
-            self.write_batch()?;
+            self.write_batch(false)?;
         }
         Ok(())
     }
 
-    /// Writes the gathered events: one extend and one write of the data dataset.
-    fn write_batch(&mut self) -> hdf5::Result<()> {
-        if self.batch.is_empty() {
+    /// Writes the gathered events' whole chunks (`last`: all of them): one extend and one
+    /// write of the data dataset. `written` stays a multiple of [`CHUNK_BYTES`] until the
+    /// close, so each write begins a chunk.
+    fn write_batch(&mut self, last: bool) -> hdf5::Result<()> {
+        let n = match last {
+            true => self.batch.len(),
+            false => self.batch.len() / CHUNK_BYTES * CHUNK_BYTES,
+        };
+        if n == 0 {
             return Ok(());
         }
         let start = usize::try_from(self.written).map_err(|_| refused("file too big".into()))?;
-        let end = start + self.batch.len();
+        let end = start + n;
         self.data.resize([end])?;
-        self.data.write_slice(&self.batch[..], start..end)?;
+        self.data.write_slice(&self.batch[..n], start..end)?;
         self.written = end as u64;
-        self.batch.clear();
+        // the rest of a chunk, at most CHUNK_BYTES - 1, to the front
+        self.batch.drain(..n);
         if self.batch.capacity() > 2 * BATCH_BYTES {
             // an event bigger than a batch grew it: give that back
             self.batch.shrink_to(BATCH_BYTES + (64 << 10));
@@ -195,7 +207,7 @@ impl PackedFile {
     /// Writes what is left of the events, the index and the `events` and `payload_bytes`
     /// attributes (the file is closed after).
     pub fn finish(&mut self, f: &hdf5::File) -> hdf5::Result<()> {
-        self.write_batch()?;
+        self.write_batch(true)?;
         let e = &self.events;
         let g = f.create_group(EVENTS)?;
         g.new_dataset_builder()
