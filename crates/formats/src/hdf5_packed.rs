@@ -26,8 +26,9 @@ pub const DATA: &str = "data";
 pub const EVENTS: &str = "events";
 /// The group of the per-fragment index, one dataset per column.
 pub const FRAGMENTS: &str = "fragments";
-/// Bytes per chunk of [`DATA`]: the last chunk of a file is stored whole (unless
-/// deflated), so this is at most what a file wastes; small enough for files of a few MB.
+/// Bytes per chunk of [`DATA`] in a file of more than one batch: its last chunk is stored
+/// whole (unless deflated), so this is at most what such a file wastes. A file whose events
+/// all fit in one batch has one chunk of exactly their size, and wastes nothing.
 pub const CHUNK_BYTES: usize = 64 << 10;
 /// Events are written to [`DATA`] once this many bytes have gathered (and at the close).
 pub const BATCH_BYTES: usize = 4 << 20;
@@ -68,7 +69,12 @@ struct FragmentRows {
 /// One file in the packed layout, open: its data dataset, the batch not yet written and the
 /// index rows, written at the close.
 pub struct PackedFile {
-    data: hdf5::Dataset,
+    /// The file's root, where [`DATA`] is made.
+    root: hdf5::Group,
+    /// [`DATA`], made by the first write (its chunk size depends on whether that write is
+    /// the file's only one).
+    data: Option<hdf5::Dataset>,
+    deflate: Option<u8>,
     /// Bytes written to [`DATA`] so far.
     written: u64,
     /// Events' bytes gathered and not yet written; they follow `written`.
@@ -83,8 +89,8 @@ fn refused(why: String) -> hdf5::Error {
 }
 
 impl PackedFile {
-    /// Writes the file attributes and creates the empty, extensible data dataset (chunks of
-    /// [`CHUNK_BYTES`], deflated at `deflate` when asked).
+    /// Writes the file attributes; the data dataset is made by the first write (chunks of
+    /// [`CHUNK_BYTES`], or one chunk of the file's bytes, deflated at `deflate` when asked).
     pub fn start(
         f: &hdf5::File,
         record_type: &str,
@@ -104,18 +110,10 @@ impl PackedFile {
         f.new_attr::<u32>()
             .create("sequence")?
             .write_scalar(&sequence)?;
-        // whole chunks are written at once: no cache to copy them through
-        let mut b = f
-            .new_dataset::<u8>()
-            .shape(hdf5::SimpleExtents::resizable([0usize]))
-            .chunk([CHUNK_BYTES])
-            .chunk_cache(1, 0, 1.0);
-        if let Some(level) = deflate {
-            b = b.deflate(level);
-        }
-        let data = b.create(DATA)?;
         Ok(PackedFile {
-            data,
+            root: f.group("/")?,
+            data: None,
+            deflate,
             written: 0,
             batch: Vec::with_capacity(BATCH_BYTES + (64 << 10)),
             events: EventRows::default(),
@@ -187,13 +185,23 @@ impl PackedFile {
             true => self.batch.len(),
             false => self.batch.len() / CHUNK_BYTES * CHUNK_BYTES,
         };
-        if n == 0 {
+        if n == 0 && (!last || self.data.is_some()) {
             return Ok(());
         }
+        let data = match self.data.take() {
+            Some(d) => d,
+            // the file's only write: one chunk of its bytes (unless an event far larger
+            // than a batch came last)
+            None if last && n <= 2 * BATCH_BYTES => self.create_data(n.max(1))?,
+            None => self.create_data(CHUNK_BYTES)?,
+        };
         let start = usize::try_from(self.written).map_err(|_| refused("file too big".into()))?;
         let end = start + n;
-        self.data.resize([end])?;
-        self.data.write_slice(&self.batch[..n], start..end)?;
+        let wrote = data
+            .resize([end])
+            .and_then(|()| data.write_slice(&self.batch[..n], start..end));
+        self.data = Some(data);
+        wrote?;
         self.written = end as u64;
         // the rest of a chunk, at most CHUNK_BYTES - 1, to the front
         self.batch.drain(..n);
@@ -202,6 +210,21 @@ impl PackedFile {
             self.batch.shrink_to(BATCH_BYTES + (64 << 10));
         }
         Ok(())
+    }
+
+    /// The empty, extensible data dataset in chunks of `chunk` bytes, deflated when asked.
+    fn create_data(&self, chunk: usize) -> hdf5::Result<hdf5::Dataset> {
+        // whole chunks are written at once: no cache to copy them through
+        let mut b = self
+            .root
+            .new_dataset::<u8>()
+            .shape(hdf5::SimpleExtents::resizable([0usize]))
+            .chunk([chunk])
+            .chunk_cache(1, 0, 1.0);
+        if let Some(level) = self.deflate {
+            b = b.deflate(level);
+        }
+        b.create(DATA)
     }
 
     /// Writes what is left of the events, the index and the `events` and `payload_bytes`
@@ -484,7 +507,13 @@ mod tests {
             })
             .collect();
         let f = write(dir.path(), &events, Some(6));
-        assert_eq!(f.dataset(DATA).unwrap().filters().len(), 1);
+        let data = f.dataset(DATA).unwrap();
+        assert_eq!(data.filters().len(), 1);
+        assert_eq!(
+            data.chunk(),
+            Some(vec![2000 * 1000]),
+            "one batch: one chunk"
+        );
         check(&f, &events);
         drop(f);
         let size = std::fs::metadata(dir.path().join("cosmics#12_bu3_000007.h5"))
@@ -510,6 +539,15 @@ mod tests {
             .len();
         let payload = 2048.0 * 1024.0;
         assert!(size as f64 <= 1.1 * payload, "{size} bytes for {payload}");
+    }
+
+    /// A file of no event (one the sink would discard) still has every dataset, empty.
+    #[test]
+    fn a_file_of_no_event_has_every_dataset_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), &[], None);
+        check(&f, &[]);
+        assert_eq!(f.dataset(DATA).unwrap().shape(), vec![0]);
     }
 
     /// An event the index cannot describe is refused before anything of it is taken.
