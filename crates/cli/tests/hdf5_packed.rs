@@ -4,7 +4,7 @@
 //! fragment's CRC32C and bytes against the generator's pattern and against the same data
 //! written as `.evb` files by a second run (generated events, stored and deflated, and the
 //! recorded CMS files where `../shared/data/cms` has them, whole and with a damaged fragment
-//! dropped, so that events are partial).
+//! dropped, so that events are partial), and a full disk that holds the events back.
 #![cfg(feature = "hdf5")]
 
 mod common;
@@ -168,4 +168,59 @@ fn real_cms_data_packed_equals_the_evb_files() {
         assert_eq!(r["partial"], partial, "{r}");
         assert_eq!(r["missing"], partial, "{r}");
     }
+}
+
+/// A full disk holds the packed sink's events back as for the other layouts: the sink writes
+/// only what the disk has room for (its batch and index counted), and a consumer that takes
+/// files away lets the run go on. No event is lost and every file is whole.
+#[test]
+fn a_full_disk_holds_packed_events_back_and_loses_nothing() {
+    let Some(py) = common::python_with_h5py() else {
+        return;
+    };
+    let d = out_dir();
+    let mnt = d.path().join("small");
+    let taken = d.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    let Some(_mounted) = common::Tmpfs::mount(&mnt, "3m") else {
+        return;
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // a slow consumer: every 300 ms it moves the published files (data, then metadata) away
+    let consumer = {
+        let (mnt, taken, stop) = (mnt.clone(), taken.clone(), stop.clone());
+        std::thread::spawn(move || loop {
+            let done = stop.load(std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            for e in std::fs::read_dir(&mnt).unwrap() {
+                let name = e.unwrap().file_name().to_string_lossy().into_owned();
+                if name.ends_with(".h5.json") && !name.starts_with('.') {
+                    let data = name.trim_end_matches(".json");
+                    std::fs::copy(mnt.join(data), taken.join(data)).unwrap();
+                    std::fs::copy(mnt.join(&name), taken.join(&name)).unwrap();
+                    std::fs::remove_file(mnt.join(data)).unwrap();
+                    std::fs::remove_file(mnt.join(&name)).unwrap();
+                }
+            }
+            if done {
+                return;
+            }
+        })
+    };
+    let toml = format!(
+        "[run]\nid = \"full\"\nevents = 400\nduration_s = 0\nstall_timeout_s = 30\n\
+         [fragments]\nsize = 20000\n[topology]\nbus = 1\n[builder]\ncredits = 4\n\
+         [sink]\nkind = \"hdf5\"\nhdf5_layout = \"packed\"\ndir = {:?}\nfile_max_events = 10\n",
+        mnt.display().to_string()
+    );
+    let (o, s) = evb_run_in(d.path(), &toml);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    consumer.join().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let stalls = s["nodes"]["bu0"]["sink"]["stalls"].as_u64().unwrap();
+    assert!(stalls > 0, "the disk never filled: the test proves nothing");
+    let r = check(&py, &taken, &["--seed", "1"]);
+    assert_eq!(r["problems"], 0, "{r}");
+    assert_eq!(r["events"], 400, "{r}");
+    assert_eq!(r["ids"], 400, "{r}");
 }
