@@ -32,6 +32,9 @@ pub const FRAGMENTS: &str = "fragments";
 pub const CHUNK_BYTES: usize = 64 << 10;
 /// Events are written to [`DATA`] once this many bytes have gathered (and at the close).
 pub const BATCH_BYTES: usize = 4 << 20;
+/// A piece of an event's bytes this large (a block of the BU's holding a large fragment) is
+/// written from where it lies, in whole chunks, rather than copied into the batch.
+pub const DIRECT_BYTES: usize = 4 * CHUNK_BYTES;
 /// Bytes of a row of the event index: event id, offset (u64), length, trigger number (u32),
 /// flags, sources (u16).
 pub const EVENT_ROW_BYTES: u64 = 28;
@@ -81,6 +84,15 @@ pub struct PackedFile {
     batch: Vec<u8>,
     events: EventRows,
     fragments: FragmentRows,
+}
+
+/// Extends `data`, `written` bytes long, by `bytes` (one extend, one write); its new length.
+fn extend(data: &hdf5::Dataset, written: u64, bytes: &[u8]) -> hdf5::Result<u64> {
+    let start = usize::try_from(written).map_err(|_| refused("file too big".into()))?;
+    let end = start + bytes.len();
+    data.resize([end])?;
+    data.write_slice(bytes, start..end)?;
+    Ok(end as u64)
 }
 
 /// Why an event cannot be indexed, before anything of it was taken.
@@ -160,7 +172,7 @@ impl PackedFile {
             f.source_id.push(h.source_id);
             f.flags.push(h.flags);
             for c in p.chunks() {
-                self.batch.extend_from_slice(c);
+                self.take(c)?;
             }
             at += p.len() as u64;
         }
@@ -177,6 +189,44 @@ impl PackedFile {
         Ok(())
     }
 
+    /// Takes `s`, the next bytes of the file: into the batch, or, where the batch is empty
+    /// (the file's bytes so far are whole chunks on disk) and `s` holds [`DIRECT_BYTES`],
+    /// its whole chunks written from where they lie; a large piece that comes after a batch
+    /// fills the batch to a chunk's end, the batch is written and the rest goes straight.
+    fn take(&mut self, mut s: &[u8]) -> hdf5::Result<()> {
+        while !s.is_empty() {
+            if self.batch.is_empty() && s.len() >= DIRECT_BYTES {
+                let n = s.len() / CHUNK_BYTES * CHUNK_BYTES;
+                let data = self.take_data(CHUNK_BYTES)?;
+                let wrote = extend(&data, self.written, &s[..n]);
+                self.data = Some(data);
+                self.written = wrote?;
+                s = &s[n..];
+                continue;
+            }
+            let fill = (CHUNK_BYTES - self.batch.len() % CHUNK_BYTES) % CHUNK_BYTES;
+            if s.len() >= fill + DIRECT_BYTES {
+                self.batch.extend_from_slice(&s[..fill]);
+                s = &s[fill..];
+                // whole chunks: written whole, the batch left empty
+                self.write_batch(false)?;
+                continue;
+            }
+            self.batch.extend_from_slice(s);
+            s = &[];
+        }
+        Ok(())
+    }
+
+    /// [`DATA`], taken out to be written (the caller puts it back); made with chunks of
+    /// `chunk` bytes if there is none yet.
+    fn take_data(&mut self, chunk: usize) -> hdf5::Result<hdf5::Dataset> {
+        match self.data.take() {
+            Some(d) => Ok(d),
+            None => self.create_data(chunk),
+        }
+    }
+
     /// Writes the gathered events' whole chunks (`last`: all of them): one extend and one
     /// write of the data dataset. `written` stays a multiple of [`CHUNK_BYTES`] until the
     /// close, so each write begins a chunk.
@@ -188,21 +238,13 @@ impl PackedFile {
         if n == 0 && (!last || self.data.is_some()) {
             return Ok(());
         }
-        let data = match self.data.take() {
-            Some(d) => d,
-            // the file's only write: one chunk of its bytes (unless an event far larger
-            // than a batch came last)
-            None if last && n <= 2 * BATCH_BYTES => self.create_data(n.max(1))?,
-            None => self.create_data(CHUNK_BYTES)?,
-        };
-        let start = usize::try_from(self.written).map_err(|_| refused("file too big".into()))?;
-        let end = start + n;
-        let wrote = data
-            .resize([end])
-            .and_then(|()| data.write_slice(&self.batch[..n], start..end));
+        // the file's only write: one chunk of its bytes (unless an event far larger than a
+        // batch came last)
+        let single = last && self.data.is_none() && n <= 2 * BATCH_BYTES;
+        let data = self.take_data(if single { n.max(1) } else { CHUNK_BYTES })?;
+        let wrote = extend(&data, self.written, &self.batch[..n]);
         self.data = Some(data);
-        wrote?;
-        self.written = end as u64;
+        self.written = wrote?;
         // the rest of a chunk, at most CHUNK_BYTES - 1, to the front
         self.batch.drain(..n);
         if self.batch.capacity() > 2 * BATCH_BYTES {
@@ -314,11 +356,11 @@ mod tests {
         }
     }
 
-    /// A chain of `bytes` in blocks of at most 4 KiB (a payload of several blocks, as a BU
-    /// holds a large fragment).
+    /// A chain of `bytes` in blocks of at most 512 KiB (a payload of several blocks, as a BU
+    /// holds a large fragment: each written from where it lies, after a batch or not).
     fn chain(pool: &Pool, bytes: &[u8]) -> Chain {
         let mut c = Chain::new();
-        for part in bytes.chunks(4096) {
+        for part in bytes.chunks(1 << 19) {
             let mut w = pool.try_alloc().unwrap();
             c.push(w.append(part).unwrap());
         }
@@ -328,7 +370,7 @@ mod tests {
     /// Writes `events` through the sink's writer in the packed layout, publishes the file and
     /// opens it.
     fn write(dir: &std::path::Path, events: &[Event], deflate: Option<u8>) -> hdf5::File {
-        let pool = Pool::new("t", 4096, 4096);
+        let pool = Pool::new("t", 1 << 19, 64);
         let mut w = Hdf5EventWriter::create(
             dir,
             "cosmics#12",
@@ -456,7 +498,9 @@ mod tests {
         ];
         // two batches and more, in events of 1.5 MiB of counted bytes
         for id in 10..14u64 {
-            let big: Vec<u8> = (0..3 << 19).map(|i| (i as u64 * 7 + id) as u8).collect();
+            let big: Vec<u8> = (0..(3 << 19) + 777)
+                .map(|i| (i as u64 * 7 + id) as u8)
+                .collect();
             events.push((
                 id,
                 0,
