@@ -111,9 +111,22 @@ pub trait Sink: Send {
         Ok(Vec::new())
     }
     /// The EVM committed `part`: make it output under its final name. After an error it is
-    /// tried again (at the latest by [`Sink::finish`]).
+    /// tried again (at the latest by [`Sink::finish`]). A sink that
+    /// [`Sink::publishes_later`] only starts it here.
     fn publish(&mut self, _part: u32) -> Result<(), SinkError> {
         Ok(())
+    }
+    /// Whether [`Sink::publish`] only starts publishing (on a thread of the sink's own, so
+    /// that the BU does not wait for the disk): its `Ok` then means started, and
+    /// [`Sink::published`] says when each part is out. The BU tells the EVM a part is
+    /// published only once it is.
+    fn publishes_later(&self) -> bool {
+        false
+    }
+    /// Parts published since the last call, by a sink that [`Sink::publishes_later`].
+    /// Called every loop pass: cheap when nothing is under way.
+    fn published(&mut self) -> Vec<u32> {
+        Vec::new()
     }
     /// The sink's own counters, for the node's report.
     fn report(&self) -> Value {

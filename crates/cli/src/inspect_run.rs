@@ -156,3 +156,94 @@ pub fn run(dir: &Path, clean: bool) -> bool {
     }
     all_good
 }
+
+/// `--verify`: the folder's runs proven against their records (docs/formats.md §7.3). Prints
+/// what holds and what does not; true when every manifest in `dir` is vouched for by a
+/// closed run record that names it and its configuration copy by digest, the copy is as
+/// the manifest names it, and the chain of the run id's records is unbroken.
+pub fn verify(dir: &Path, records: Option<&Path>) -> bool {
+    use evb_formats::evidence;
+    let found = manifests(dir);
+    let mut good = !found.is_empty();
+    for path in found {
+        let Ok(bytes) = std::fs::read(&path) else {
+            println!("verify: {}: cannot be read", path.display());
+            good = false;
+            continue;
+        };
+        let Ok(m) = serde_json::from_slice::<RunManifest>(&bytes) else {
+            good = false;
+            continue;
+        };
+        let digest = evidence::sha256_hex(&bytes);
+        println!("verify run {}: manifest SHA-256 {}…", m.run, &digest[..16]);
+        let Some(c) = &m.config else {
+            println!("  NOT PROVEN: the manifest names no configuration copy (written before 2026-11-28?)");
+            good = false;
+            continue;
+        };
+        if let Some(why) = evidence::changed(dir, c) {
+            println!("  NOT PROVEN: the configuration copy {}: {why}", c.file);
+            good = false;
+        }
+        let file = match records {
+            Some(f) => Ok(f.to_path_buf()),
+            // (a standby's copy names what only a standby's may: read, not validated)
+            None => std::fs::read_to_string(dir.join(&c.file))
+                .map_err(|e| e.to_string())
+                .and_then(|t| evb_config::Config::parse_unvalidated(&t).map_err(|e| e.to_string()))
+                .map_err(|e| format!("the configuration copy cannot be read: {e}"))
+                .and_then(|cfg| evb_control::record_file(&cfg)),
+        };
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                println!("  NOT PROVEN: where are the run records? {e} (give --records FILE)");
+                good = false;
+                continue;
+            }
+        };
+        let chain = match evb_control::check_chain(&file) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("  NOT PROVEN: the run records: {e} (give --records FILE)");
+                good = false;
+                continue;
+            }
+        };
+        let vouching = chain.closed.iter().rev().find_map(|(run, recs)| {
+            recs.iter()
+                .rev()
+                .find(|r| r.manifest_sha256.as_deref() == Some(digest.as_str()))
+                .map(|r| (*run, r))
+        });
+        match vouching {
+            Some((run, r)) => {
+                println!(
+                    "  run record {run} in {} names this manifest ({})",
+                    file.display(),
+                    r.state
+                );
+                if r.config_sha256.as_deref() != Some(c.sha256.as_str()) {
+                    println!("  NOT PROVEN: run record {run} names another configuration than the copy the manifest lists");
+                    good = false;
+                }
+            }
+            None => {
+                println!(
+                    "  NOT PROVEN: no run record in {} names this manifest as it is (changed after the run, or its record is gone or edited)",
+                    file.display()
+                );
+                good = false;
+            }
+        }
+        for b in &chain.breaks {
+            println!("  CHAIN BROKEN: {b}");
+            good = false;
+        }
+    }
+    if good {
+        println!("verify: proven: each manifest here is named by its run record, with its configuration; the records' chain is whole");
+    }
+    good
+}

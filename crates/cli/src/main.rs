@@ -80,6 +80,16 @@ enum Command {
         /// With --run: remove the temporary files that BUs which died left behind.
         #[arg(long, requires = "run")]
         clean: bool,
+        /// With --run: also prove the folder against the run records (docs/formats.md
+        /// §7.3): the configuration copy as the manifest names it, a run record that names
+        /// this manifest and configuration by digest, and the chain of the run id's records
+        /// unbroken. The records are found from the configuration copy (`run.records_dir`),
+        /// or given with --records.
+        #[arg(long, requires = "run")]
+        verify: bool,
+        /// With --verify: the run records file (`<run id>.jsonl`) to check against.
+        #[arg(long, value_name = "FILE", requires = "verify")]
+        records: Option<PathBuf>,
         /// Also dump this event, with its fragments. In evb event files N is the event id
         /// (the EVM's number, the `ids` a file's summary shows), not the trigger number; in
         /// fragment files (FED, evb framed) it is the fragment's or record's index, from 0.
@@ -536,9 +546,15 @@ fn main() -> ExitCode {
             event,
             run,
             clean,
+            verify,
+            records,
         } => {
             let good = match run {
-                Some(dir) => inspect_run::run(&dir, clean),
+                Some(dir) => {
+                    let whole = inspect_run::run(&dir, clean);
+                    let proven = !verify || inspect_run::verify(&dir, records.as_deref());
+                    whole && proven
+                }
                 None => inspect::run(&files, event),
             };
             if good {

@@ -494,3 +494,128 @@ fn every_file_planted_in_or_changed_in_a_run_folder_is_named_and_fails_the_judge
     assert!(line_of(&said, &file).ends_with(": absent"), "{said}");
     assert!(said.contains("ids in no file:"), "{said}");
 }
+
+/// `evb inspect --run DIR --verify` with `--records`, or the records the folder's
+/// configuration copy names: its exit status and what it said.
+fn verified(dir: &Path, records: Option<&Path>) -> (Option<i32>, String) {
+    let mut c = Command::new(EVB);
+    c.args(["inspect", "--run"]).arg(dir).arg("--verify");
+    if let Some(r) = records {
+        c.arg("--records").arg(r);
+    }
+    let o = c.output().unwrap();
+    let said = text(&o);
+    println!("--- verify {}\n{said}", dir.display());
+    (o.status.code(), said)
+}
+
+/// Issue 67 item 5, records that prove: two runs of one run id through `evb run` (their
+/// folders `out/000001`, `out/000002`, one records file). Run 2's folder is proven (its
+/// record names its manifest and configuration copy by SHA-256, and chains to run 1's
+/// record); then, each on a copy, a byte flipped in a data file, in the manifest and in the
+/// configuration copy, and run 1's record edited or deleted in a copy of the records, are
+/// each named, and `--verify` exits 1.
+#[test]
+fn a_run_folder_is_proven_against_its_records_and_each_tampering_is_named() {
+    let d = common::out_dir();
+    let root = d.path();
+    let cfg = format!(
+        "[run]\nid = \"proof\"\nevents = 600\nduration_s = 0\nrecords_dir = \"{r}/records\"\n\
+         [topology]\nrus = 2\nbus = 2\n[fragments]\nsize = 256\n\
+         [sink]\nkind = \"file\"\ndir = \"{r}/out/{{run}}\"\nfile_max_events = 100\n",
+        r = root.display()
+    );
+    for _ in 0..2 {
+        let (o, _) = common::evb_run_in(root, &cfg);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let run2 = root.join("out/000002");
+    let records = root.join("records/proof.jsonl");
+    let (code, said) = verified(&run2, None);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("run record 2") && said.contains("proven"),
+        "{said}"
+    );
+
+    let work = root.join("work");
+    let case = |name: &str, tamper: &dyn Fn(&Path)| -> (Option<i32>, String) {
+        let dir = work.join(name);
+        copy_folder(&run2, &dir);
+        tamper(&dir);
+        verified(&dir, None)
+    };
+    let replace = |p: &Path, from: &str, to: &str| {
+        let t = std::fs::read_to_string(p).unwrap();
+        assert!(t.contains(from), "{} holds no {from:?}", p.display());
+        std::fs::write(p, t.replacen(from, to, 1)).unwrap();
+    };
+    // a byte of a data file
+    let (code, said) = case("data", &|dir| {
+        let part = published(dir)[0].clone();
+        let p = dir.join(&part);
+        let mut b = std::fs::read(&p).unwrap();
+        let at = b.len() - 10;
+        b[at] ^= 0x20;
+        std::fs::write(&p, &b).unwrap();
+    });
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("INCOMPLETE"), "{said}");
+    // the manifest
+    let (code, said) = case("manifest", &|dir| {
+        replace(
+            &dir.join("proof.manifest.json"),
+            "\"partial\": 0",
+            "\"partial\": 1",
+        )
+    });
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("no run record in") && said.contains("names this manifest as it is"),
+        "{said}"
+    );
+    // the configuration copy
+    let (code, said) = case("config", &|dir| {
+        replace(
+            &dir.join("proof.config.toml"),
+            "events = 600",
+            "events = 601",
+        )
+    });
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("NOT PROVEN: the configuration copy proof.config.toml"),
+        "{said}"
+    );
+    // run 1's record edited, then deleted, in copies of the records
+    let text1 = std::fs::read_to_string(&records).unwrap();
+    let edited = root.join("edited.jsonl");
+    let last1 = text1
+        .lines()
+        .rfind(|l| l.contains("\"run\":1,"))
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        &edited,
+        text1.replace(
+            &last1,
+            &last1.replace("\"events_built\":600", "\"events_built\":599"),
+        ),
+    )
+    .unwrap();
+    let (code, said) = verified(&run2, Some(&edited));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("CHAIN BROKEN: run 2's record"), "{said}");
+    let deleted = root.join("deleted.jsonl");
+    let kept: Vec<&str> = text1
+        .lines()
+        .filter(|l| !l.contains("\"run\":1,"))
+        .collect();
+    std::fs::write(&deleted, kept.join("\n") + "\n").unwrap();
+    let (code, said) = verified(&run2, Some(&deleted));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("CHAIN BROKEN: run 2's record"), "{said}");
+    // and the records as they are still prove run 2
+    let (code, said) = verified(&run2, Some(&records));
+    assert_eq!(code, Some(0), "{said}");
+}

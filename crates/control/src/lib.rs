@@ -16,7 +16,9 @@ pub mod replies;
 mod service;
 pub mod session;
 
-pub use controller::{Controller, OnceRecord, RunEnd, RunRecord, ScrapeTarget};
+pub use controller::{
+    check_chain, record_file, ChainCheck, Controller, OnceRecord, RunEnd, RunRecord, ScrapeTarget,
+};
 pub use evb_transport::control_token;
 pub use service::{
     numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase, ProcessError,

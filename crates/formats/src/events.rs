@@ -11,13 +11,16 @@
 //! One idea, one file: the built-event file format, its writer and its reader.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use evb_buffers::Chain;
 use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::crc_join::crc32c_join;
+use crate::gather_writer::GatherWriter;
 
 pub const FILE_MAGIC: [u8; 4] = *b"EVBE";
 pub const EVENT_MAGIC: [u8; 4] = *b"EVEV";
@@ -155,17 +158,80 @@ fn record_header(
     flags: u16,
     body: &[u8],
 ) -> [u8; EVENT_HEADER_LEN] {
+    let body_crc = crc32c::crc32c(body);
+    header_of(event_id, trigger, count, flags, body.len(), body_crc)
+}
+
+/// An event header's bytes, its own CRC32C included.
+fn header_of(
+    event_id: u64,
+    trigger: u32,
+    count: u16,
+    flags: u16,
+    body_len: usize,
+    body_crc: u32,
+) -> [u8; EVENT_HEADER_LEN] {
     let mut b = [0u8; EVENT_HEADER_LEN];
     b[0..4].copy_from_slice(&EVENT_MAGIC);
-    b[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    b[4..8].copy_from_slice(&(body_len as u32).to_le_bytes());
     b[8..16].copy_from_slice(&event_id.to_le_bytes());
     b[16..20].copy_from_slice(&trigger.to_le_bytes());
     b[20..22].copy_from_slice(&count.to_le_bytes());
     b[22..24].copy_from_slice(&flags.to_le_bytes());
-    b[24..28].copy_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    b[24..28].copy_from_slice(&body_crc.to_le_bytes());
     let h = crc32c::crc32c(&b[..28]);
     b[28..32].copy_from_slice(&h.to_le_bytes());
     b
+}
+
+/// The body of `fragments` (each fragment's header as encoded in `heads`, then its payload):
+/// its length and CRC32C, read once.
+fn body_len_crc(
+    fragments: &[(FragmentHeader, &Chain)],
+    heads: &[[u8; FRAGMENT_HEADER_LEN]],
+) -> (usize, u32) {
+    let len = fragments
+        .iter()
+        .map(|(_, p)| FRAGMENT_HEADER_LEN + p.len())
+        .sum();
+    (len, body_crc_after(0, fragments, heads))
+}
+
+/// `crc` carried on over the body of `fragments` (its fragment headers encoded in `heads`),
+/// read byte by byte: quicker than [`crc32c_join`] for a small body.
+fn body_crc_after(
+    mut crc: u32,
+    fragments: &[(FragmentHeader, &Chain)],
+    heads: &[[u8; FRAGMENT_HEADER_LEN]],
+) -> u32 {
+    for ((_, p), h) in fragments.iter().zip(heads) {
+        crc = crc32c::crc32c_append(crc, h);
+        for c in p.chunks() {
+            crc = crc32c::crc32c_append(crc, c);
+        }
+    }
+    crc
+}
+
+/// As [`body_len_crc`], the payloads' CRC32Cs taken from their fragment headers (checked
+/// against the bytes already) and joined: no byte of a payload of [`JOIN_BODY`] or more is
+/// read (a shorter one is, which costs less than the join).
+fn body_len_crc_checked(
+    fragments: &[(FragmentHeader, &Chain)],
+    heads: &[[u8; FRAGMENT_HEADER_LEN]],
+) -> (usize, u32) {
+    let mut crc = 0u32;
+    let mut len = 0;
+    for ((h, p), head) in fragments.iter().zip(heads) {
+        crc = crc32c::crc32c_append(crc, head);
+        crc = if p.len() >= JOIN_BODY {
+            crc32c_join(crc, h.payload_crc, p.len() as u64)
+        } else {
+            p.chunks().fold(crc, crc32c::crc32c_append)
+        };
+        len += FRAGMENT_HEADER_LEN + p.len();
+    }
+    (len, crc)
 }
 
 /// Encodes one event's header for a body of `fragments`.
@@ -175,29 +241,19 @@ pub fn event_header(
     flags: u16,
     fragments: &[(FragmentHeader, &Chain)],
 ) -> [u8; EVENT_HEADER_LEN] {
-    let body_len: usize = fragments
-        .iter()
-        .map(|(_, p)| FRAGMENT_HEADER_LEN + p.len())
-        .sum();
-    let mut crc = 0u32;
-    for (h, p) in fragments {
-        crc = crc32c::crc32c_append(crc, &h.encode());
-        for c in p.chunks() {
-            crc = crc32c::crc32c_append(crc, c);
-        }
-    }
-    let mut b = [0u8; EVENT_HEADER_LEN];
-    b[0..4].copy_from_slice(&EVENT_MAGIC);
-    b[4..8].copy_from_slice(&(body_len as u32).to_le_bytes());
-    b[8..16].copy_from_slice(&event_id.to_le_bytes());
-    b[16..20].copy_from_slice(&trigger.to_le_bytes());
-    b[20..22].copy_from_slice(&(fragments.len() as u16).to_le_bytes());
-    b[22..24].copy_from_slice(&flags.to_le_bytes());
-    b[24..28].copy_from_slice(&crc.to_le_bytes());
-    let h = crc32c::crc32c(&b[..28]);
-    b[28..32].copy_from_slice(&h.to_le_bytes());
-    b
+    let heads: Vec<_> = fragments.iter().map(|(h, _)| h.encode()).collect();
+    let (len, crc) = body_len_crc(fragments, &heads);
+    header_of(event_id, trigger, fragments.len() as u16, flags, len, crc)
 }
+
+/// A body at least this long is written from its pages (one vectored write per event);
+/// shorter ones are copied into the staged bytes and written with their neighbours.
+const DIRECT_BODY: usize = 32 << 10;
+
+/// From this body length on, the file's CRC32C is joined from the body's ([`crc32c_join`],
+/// 45–220 ns whatever the length); a shorter body is read again, which costs less than the
+/// join (90 ns for 461 bytes, 200 ns for 2 KiB; its bytes are still in the cache).
+const JOIN_BODY: usize = 2 << 10;
 
 /// A point in a data file between two events, to cut the file back to (see
 /// [`EventFileWriter::truncate_to`]).
@@ -378,8 +434,9 @@ pub(crate) fn io_at(p: &Path) -> impl FnOnce(std::io::Error) -> EventFileError {
 /// Writes one data file under a temporary name; `finish` renames it into place and writes
 /// its metadata, so a reader never sees half a file.
 pub struct EventFileWriter {
-    /// Always `Some` between calls; taken only to rebuild it after a failed write.
-    out: Option<BufWriter<File>>,
+    out: GatherWriter,
+    /// Each fragment header of the event being appended, encoded (kept for its capacity).
+    heads: Vec<[u8; FRAGMENT_HEADER_LEN]>,
     tmp: PathBuf,
     path: PathBuf,
     meta: FileMeta,
@@ -398,6 +455,9 @@ pub struct EventFileWriter {
     mode: u32,
     /// Event bodies compressed with zstd (`sink.compress`).
     zstd: Option<Zstd>,
+    /// The fragments' payload CRC32Cs in their headers were checked against their bytes (see
+    /// [`EventFileWriter::payload_crcs_checked`]).
+    crcs_checked: bool,
 }
 
 /// A compressor and its scratch space, kept for the file's life.
@@ -466,7 +526,8 @@ impl EventFileWriter {
         }
         let file = create_file(&tmp, mode).map_err(io)?;
         let mut w = EventFileWriter {
-            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            out: GatherWriter::new(file),
+            heads: Vec::new(),
             tmp: tmp.clone(),
             path,
             meta: FileMeta::new("evb-events", FORMAT_VERSION, run, bu, sequence, name),
@@ -478,6 +539,7 @@ impl EventFileWriter {
             damaged: None,
             mode,
             zstd: None,
+            crcs_checked: false,
         };
         if let Some(level) = zstd_level {
             let c = zstd::bulk::Compressor::new(level).map_err(io)?;
@@ -489,13 +551,21 @@ impl EventFileWriter {
         }
         let codec = if zstd_level.is_some() { CODEC_ZSTD } else { 0 };
         let h = file_header(run, bu, sequence, codec);
-        if let Err(e) = w.put(&h).and_then(|_| w.writer().flush()) {
+        if let Err(e) = w.put(&h).and_then(|_| w.out.flush()) {
             // no temporary file is left behind by a failed start
             let _ = std::fs::remove_file(&tmp);
             return Err(io(e));
         }
         w.good = w.meta.bytes;
         Ok(w)
+    }
+
+    /// Says that the events appended from now on come with each fragment's payload CRC32C
+    /// checked against its bytes (a BU that verifies CRCs): a body's CRC32C is then joined
+    /// from its fragments' headers and their CRCs, and the writer reads none of its payload
+    /// bytes. An event flagged [`EVENT_CORRUPT`] has its body read all the same.
+    pub fn payload_crcs_checked(&mut self, checked: bool) {
+        self.crcs_checked = checked;
     }
 
     /// Where the file stands now: just after the last event written or appended.
@@ -522,15 +592,7 @@ impl EventFileWriter {
                 "cannot cut back a completed file",
             )));
         }
-        let out = self.out.take().expect("writer present between calls");
-        let cap = out.capacity();
-        let (mut file, _unwritten) = out.into_parts();
-        use std::io::Seek;
-        let r = file
-            .set_len(mark.bytes)
-            .and_then(|_| file.seek(std::io::SeekFrom::Start(mark.bytes)));
-        self.out = Some(BufWriter::with_capacity(cap, file));
-        r.map_err(io)?;
+        self.out.cut_back(mark.bytes).map_err(io)?;
         self.restore(mark);
         Ok(())
     }
@@ -546,12 +608,9 @@ impl EventFileWriter {
         self.meta.last_event = mark.last_event;
     }
 
-    fn writer(&mut self) -> &mut BufWriter<File> {
-        self.out.as_mut().expect("writer present between calls")
-    }
-
+    /// Appends bytes (staged: they reach the file at the next flush or gathered write).
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.writer().write_all(b)?;
+        self.out.stage(b)?;
         self.crc = crc32c::crc32c_append(self.crc, b);
         self.meta.bytes += b.len() as u64;
         Ok(())
@@ -611,16 +670,7 @@ impl EventFileWriter {
                 self.zstd = Some(z);
                 r
             }
-            None => (|| -> std::io::Result<()> {
-                self.put(&event_header(event_id, trigger, flags, fragments))?;
-                for (h, p) in fragments {
-                    self.put(&h.encode())?;
-                    for c in p.chunks() {
-                        self.put(c)?;
-                    }
-                }
-                Ok(())
-            })(),
+            None => self.put_event(event_id, trigger, flags, fragments),
         };
         match r {
             Ok(()) => {
@@ -630,6 +680,66 @@ impl EventFileWriter {
             }
             Err(source) => Err(self.cut_back_batch(source)),
         }
+    }
+
+    /// One event as it is. The body's CRC32C is read from its bytes once, for its header; the
+    /// file's running CRC32C is joined from it rather than read again. A small body is staged
+    /// with its neighbours; a large one goes from its pages in one vectored write.
+    fn put_event(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> std::io::Result<()> {
+        let mut heads = std::mem::take(&mut self.heads);
+        heads.clear();
+        heads.extend(fragments.iter().map(|(h, _)| h.encode()));
+        let (body_len, body_crc) = if self.crcs_checked && flags & EVENT_CORRUPT == 0 {
+            body_len_crc_checked(fragments, &heads)
+        } else {
+            body_len_crc(fragments, &heads)
+        };
+        let count = fragments.len() as u16;
+        let header = header_of(event_id, trigger, count, flags, body_len, body_crc);
+        let r = if body_len < DIRECT_BODY {
+            self.stage_event(&header, fragments, &heads)
+        } else {
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * fragments.len());
+            parts.push(&header);
+            for ((_, p), h) in fragments.iter().zip(&heads) {
+                parts.push(h);
+                parts.extend(p.chunks());
+            }
+            self.out.write_gathered(&parts)
+        };
+        r?;
+        self.crc = crc32c::crc32c_append(self.crc, &header);
+        self.crc = if body_len >= JOIN_BODY {
+            crc32c_join(self.crc, body_crc, body_len as u64)
+        } else {
+            body_crc_after(self.crc, fragments, &heads)
+        };
+        self.heads = heads;
+        self.meta.bytes += (EVENT_HEADER_LEN + body_len) as u64;
+        Ok(())
+    }
+
+    /// Copies a small event into the staged bytes (the caller keeps the CRC and the count).
+    fn stage_event(
+        &mut self,
+        header: &[u8],
+        fragments: &[(FragmentHeader, &Chain)],
+        heads: &[[u8; FRAGMENT_HEADER_LEN]],
+    ) -> std::io::Result<()> {
+        self.out.stage(header)?;
+        for ((_, p), h) in fragments.iter().zip(heads) {
+            self.out.stage(h)?;
+            for c in p.chunks() {
+                self.out.stage(c)?;
+            }
+        }
+        Ok(())
     }
 
     /// One event with its body compressed, or as it is when compressing does not make it
@@ -673,7 +783,7 @@ impl EventFileWriter {
         if self.batch.is_none() {
             return Ok(());
         }
-        match self.writer().flush() {
+        match self.out.flush() {
             Ok(()) => {
                 self.batch = None;
                 self.good = self.meta.bytes;
@@ -696,22 +806,14 @@ impl EventFileWriter {
     fn cut_back_batch(&mut self, source: std::io::Error) -> EventFileError {
         let start = self.batch.take().unwrap_or_else(|| self.mark());
         self.restore(&start);
-        // Drop what the buffer still holds and cut the file back to whole events.
-        let out = self.out.take().expect("writer present between calls");
-        let cap = out.capacity();
-        let (mut file, _unwritten) = out.into_parts();
-        use std::io::Seek;
-        if let Err(e) = file
-            .set_len(self.good)
-            .and_then(|_| file.seek(std::io::SeekFrom::Start(self.good)).map(|_| ()))
-        {
+        // Drop what the writer still holds and cut the file back to whole events.
+        if let Err(e) = self.out.cut_back(self.good) {
             // the next event would land at an unknown offset: refuse every later write
             self.damaged = Some(format!(
                 "after a failed write ({source}) the file could not be cut back to byte {}: {e}",
                 self.good
             ));
         }
-        self.out = Some(BufWriter::with_capacity(cap, file));
         EventFileError::Io {
             path: self.tmp.display().to_string(),
             source,
@@ -772,11 +874,7 @@ impl EventFileWriter {
         // a damaged file holds bytes at unknown offsets: it is never completed
         self.check_whole()?;
         self.flush_events()?;
-        let data = self
-            .writer()
-            .get_ref()
-            .try_clone()
-            .map_err(io_at(&self.tmp))?;
+        let data = self.out.file().try_clone().map_err(io_at(&self.tmp))?;
         self.meta.crc32c = self.crc;
         Ok(Some(PrepareJob::new(
             data,

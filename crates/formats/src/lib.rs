@@ -11,11 +11,14 @@
 //! - [`manifest`]: the run manifest, and completeness judged from the files,
 //! - [`stream`]: fragments cut from a front-end's byte stream as it arrives.
 
+mod crc_join;
 pub mod dune;
 pub mod events;
+pub mod evidence;
 pub mod fed;
 pub mod framed;
 pub mod frames;
+mod gather_writer;
 #[cfg(feature = "hdf5")]
 pub mod hdf5_dune;
 #[cfg(feature = "hdf5")]

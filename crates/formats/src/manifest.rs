@@ -52,6 +52,11 @@ pub struct RunManifest {
     /// Temporary files of the run's BUs left in the folder (`.<name>.tmp`, a BU that died
     /// or was dropped): never output; `evb inspect --run DIR --clean` removes them.
     pub temporaries: Vec<String>,
+    /// The configuration the run ran (without its secret), written beside its files as
+    /// `<run>.config.toml`, with its size and SHA-256 (§7.3). Absent in manifests written
+    /// before 2026-11-28.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<crate::evidence::ManifestFile>,
 }
 
 /// The manifest's file name for run `run`.
@@ -685,6 +690,9 @@ pub fn folder(dir: &Path, manifests: &[RunManifest]) -> FolderCheck {
                 .or_insert((p.file.as_str(), m.run.as_str()));
         }
         known.extend(scan(dir, &m.run, None).1);
+        if let Some(c) = &m.config {
+            known.insert(c.file.clone());
+        }
     }
     let runs: BTreeSet<&str> = manifests.iter().map(|m| m.run.as_str()).collect();
     let mut check = FolderCheck::default();
@@ -851,6 +859,7 @@ mod tests {
             partial: 0,
             parts: scan(dir, "r", None).0,
             temporaries: Vec::new(),
+            config: None,
         }
     }
 

@@ -1,7 +1,9 @@
 use evb_buffers::{Chain, Pool};
 use evb_wire::FragmentHeader;
 
-use crate::events::{publish_prepared, EventFile, EventFileWriter, FileMeta, EVENT_PARTIAL};
+use crate::events::{
+    publish_prepared, EventFile, EventFileWriter, FileMeta, EVENT_CORRUPT, EVENT_PARTIAL,
+};
 use crate::fed::{self, FedError};
 use crate::framed::{self, FramedError};
 
@@ -316,6 +318,92 @@ fn may_mount() -> bool {
             .is_ok()
 }
 
+/// A payload as a chain of several pieces, each in a block of its own (as an event's pages
+/// from several RUs lie), cut at `cuts` and at the block size.
+fn chain_in_pieces(pool: &Pool, bytes: &[u8], cuts: &[usize]) -> Chain {
+    let mut c = Chain::new();
+    let mut at = 0;
+    for &end in cuts.iter().chain([&bytes.len()]) {
+        let end = end.clamp(at, bytes.len());
+        for piece in bytes[at..end].chunks(pool.block_size()) {
+            c.push(pool.try_alloc().unwrap().append(piece).unwrap());
+        }
+        at = end;
+    }
+    c
+}
+
+/// Events small and large (staged, or written from their pages with one vectored write), in
+/// batches and one by one: the file holds exactly the records `event_header` and the
+/// fragments encode, read byte by byte, and its metadata's CRC32C (joined from the bodies'
+/// CRCs for large bodies) is the CRC32C of the file's bytes.
+#[test]
+fn files_hold_exactly_the_encoded_events_and_their_crc() {
+    for checked in [false, true] {
+        files_hold_the_encoded_events(checked);
+    }
+}
+
+/// With `checked`, the body CRCs are joined from the fragment headers' payload CRCs; one
+/// event in five is flagged corrupt with a header CRC that lies, and has its body read.
+fn files_hold_the_encoded_events(checked: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::new("t", 64 << 10, 64);
+    let mut rng = 0x5eed_u64;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n.max(1) as u64) as usize
+    };
+    let mut w = EventFileWriter::create(dir.path(), "bytes", 0, 0).unwrap();
+    w.payload_crcs_checked(checked);
+    let mut records = Vec::new();
+    for e in 0..60u64 {
+        // bodies from empty to ~400 KiB, around the staging and joining thresholds
+        let max = [64, 2100, 40 << 10, 150 << 10][next(4)];
+        let frags: Vec<(FragmentHeader, Chain)> = (0..1 + next(3))
+            .map(|k| {
+                let p: Vec<u8> = (0..next(max)).map(|_| next(256) as u8).collect();
+                let cuts: Vec<usize> = (0..next(4)).map(|_| next(p.len() + 1)).collect();
+                let mut cuts = cuts;
+                cuts.sort_unstable();
+                (header(e, k as u16, &p), chain_in_pieces(&pool, &p, &cuts))
+            })
+            .collect();
+        let mut frags = frags;
+        let flags = if e % 5 == 4 {
+            frags[0].0.payload_crc ^= 1;
+            EVENT_CORRUPT
+        } else {
+            0
+        };
+        let refs: Vec<(FragmentHeader, &Chain)> = frags.iter().map(|(h, c)| (*h, c)).collect();
+        let mut record = crate::events::event_header(e, e as u32, flags, &refs).to_vec();
+        for (h, c) in &frags {
+            record.extend_from_slice(&h.encode());
+            record.extend_from_slice(&c.to_vec());
+        }
+        records.push(record);
+        if next(3) == 0 {
+            w.write_event(e, e as u32, flags, &refs).unwrap();
+        } else {
+            w.append_event(e, e as u32, flags, &refs).unwrap();
+        }
+        if next(5) == 0 {
+            w.flush_events().unwrap();
+        }
+    }
+    let meta = w.finish().unwrap();
+    let data = std::fs::read(dir.path().join("bytes_bu0_000000.evb")).unwrap();
+    let events_at = data.len() - records.iter().map(Vec::len).sum::<usize>();
+    assert_eq!(&data[events_at..], records.concat().as_slice());
+    assert_eq!((meta.bytes, meta.events), (data.len() as u64, 60));
+    assert_eq!(meta.crc32c, crc32c::crc32c(&data));
+    let f = EventFile::open(&dir.path().join("bytes_bu0_000000.evb")).unwrap();
+    assert_eq!(f.map(Result::unwrap).count(), 60);
+}
+
 /// A batch of events appended and flushed at once is written whole or not at all: when the
 /// disk fills under it, the file is cut back to where the batch began (counts, CRC and bytes
 /// as before it), and the same batch written again once there is room lands exactly once.
@@ -344,8 +432,15 @@ fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
     }
     let _guard = Unmount(mnt.clone());
 
-    let pool = Pool::new("t", 16 << 10, 16);
-    let payloads: Vec<Vec<u8>> = (0..7u64).map(|e| vec![e as u8; 8 << 10]).collect();
+    // staged bodies (8 KiB) and bodies written from their pages (40 KiB)
+    for size in [8 << 10, 40 << 10] {
+        cut_back_whole(&mnt, size);
+    }
+}
+
+fn cut_back_whole(mnt: &std::path::Path, size: usize) {
+    let pool = Pool::new("t", 64 << 10, 16);
+    let payloads: Vec<Vec<u8>> = (0..7u64).map(|e| vec![e as u8; size]).collect();
     let chains: Vec<Chain> = payloads.iter().map(|p| chain(&pool, p)).collect();
     let append = |w: &mut EventFileWriter, e: u64| {
         let p = &payloads[e as usize];
@@ -356,7 +451,7 @@ fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
             &[(header(e, 7, p), &chains[e as usize])],
         )
     };
-    let mut w = EventFileWriter::create(&mnt, "full", 0, 0).unwrap();
+    let mut w = EventFileWriter::create(mnt, "full", 0, size as u32).unwrap();
     for e in 0..3 {
         append(&mut w, e).unwrap();
     }
@@ -372,7 +467,7 @@ fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
         let block = vec![0u8; 4096];
         while f.write_all(&block).is_ok() {}
     }
-    let tmp = mnt.join(".full_bu0_000000.evb.tmp");
+    let tmp = mnt.join(format!(".full_bu0_{size:06}.evb.tmp"));
     let len_before = std::fs::metadata(&tmp).unwrap().len();
     let failed = (3..7)
         .try_for_each(|e| append(&mut w, e))
@@ -392,9 +487,9 @@ fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
     w.flush_events().unwrap();
     let meta = w.finish().unwrap();
     assert_eq!(meta.events, 7);
-    let data = std::fs::read(mnt.join("full_bu0_000000.evb")).unwrap();
+    let data = std::fs::read(mnt.join(format!("full_bu0_{size:06}.evb"))).unwrap();
     assert_eq!(meta.crc32c, crc32c::crc32c(&data));
-    let events: Vec<_> = EventFile::open(&mnt.join("full_bu0_000000.evb"))
+    let events: Vec<_> = EventFile::open(&mnt.join(format!("full_bu0_{size:06}.evb")))
         .unwrap()
         .map(Result::unwrap)
         .collect();
@@ -403,6 +498,7 @@ fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
     for (e, got) in events.iter().enumerate() {
         assert_eq!(got.fragments[0].1, payloads[e]);
     }
+    std::fs::remove_file(mnt.join(format!("full_bu0_{size:06}.evb"))).unwrap();
 }
 
 /// `sink.compress = "zstd"`: compressible bodies are stored as zstd frames (flag

@@ -7,8 +7,11 @@
 //! temporary name (data synced, metadata written beside it: `Sink::prepare`), and renamed
 //! into place only once the EVM has committed it (`Sink::publish`). Until then the RUs keep
 //! its events' fragments, so a BU that dies (`kill -9`, a crashed host) loses nothing: what
-//! it had not published is built again elsewhere. A BU that the EVM dropped (frozen, cut
-//! off) and that wakes up never hears its parts committed, and at its end discards them.
+//! it had not published is built again elsewhere. Syncs and publications (renames, the
+//! directory synced) run on a thread of the sink's own (`file_syncer.rs`): the BU tells the
+//! EVM a part is published once it is (`Sink::published`), and builds on meanwhile. A BU
+//! that the EVM dropped (frozen, cut off) and that wakes up never hears its parts
+//! committed, and at its end discards them.
 //!
 //! A write that fails (a full disk) leaves the file cut back to whole events and makes the
 //! sink busy: the BU keeps the event and its credit until a retry succeeds, so the EVM stops
@@ -27,7 +30,7 @@ use evb_formats::events::{
 };
 use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
 
-use crate::file_syncer::Syncer;
+use crate::file_syncer::{Job, Outcome, Syncer};
 use serde_json::{json, Value};
 
 /// Where a file is on its way to being output.
@@ -41,7 +44,7 @@ enum Stage {
     Syncing,
     /// Durable under its temporary name; its Commit is with the EVM.
     Prepared,
-    /// The EVM committed it; renaming it into place failed and is tried again.
+    /// The EVM committed it: to be renamed into place (again, after a failure).
     Committed,
 }
 
@@ -65,6 +68,21 @@ struct OpenFile {
 }
 
 impl OpenFile {
+    /// A committed file back from the syncer, whose publication failed.
+    fn committed(w: Box<dyn PartWriter>, seq: u32) -> OpenFile {
+        OpenFile {
+            w,
+            seq,
+            stage: Stage::Committed,
+            pending: VecDeque::new(),
+            accepted: true,
+            ranges: Vec::new(),
+            runs: 0,
+            last_id: None,
+            since: Instant::now(),
+        }
+    }
+
     fn accept(&mut self, id: u64) {
         self.accepted = true;
         match self.ranges.last_mut() {
@@ -123,6 +141,8 @@ pub struct FileSink {
     format: FileFormat,
     /// Permission bits of the files it writes (less the umask).
     mode: u32,
+    /// The BU checked every fragment's payload CRC32C (see [`FileSink::payload_crcs_checked`]).
+    crcs_checked: bool,
     run: String,
     bu: u16,
     max_events: u64,
@@ -145,6 +165,16 @@ pub struct FileSink {
     refused: u64,
     parts_prepared: u64,
     syncer: Syncer,
+    /// Parts the syncer made durable, for the EVM (returned by the next `prepare`).
+    ready: Vec<PreparedPart>,
+    /// Why the syncer last failed to make a part durable (returned by the next `prepare`).
+    sync_failed: Option<String>,
+    /// Parts with the syncer to be published, and their events.
+    publishing: Vec<(u32, u64)>,
+    /// Parts published since the last `Sink::published`.
+    published: Vec<u32>,
+    /// Every part this sink published (a standby EVM that takes over may commit one again).
+    published_ever: std::collections::BTreeSet<u32>,
     /// The longest a file waited for the disk to make it durable.
     slowest_sync: Duration,
     /// A sync slower than [`SLOW_SYNC`] was said (until it ends).
@@ -155,6 +185,10 @@ pub struct FileSink {
 /// events stay with the RUs meanwhile, and a run that releases nothing for
 /// `stall_timeout_s` is aborted as stalled. The operator must see that the disk is why.
 const SLOW_SYNC: Duration = Duration::from_secs(2);
+
+/// At the run's end, the longest the BU waits for the syncer to publish committed parts
+/// before it reports (`Sink::finish` then publishes what is left itself).
+const PUBLISH_DRAIN: Duration = Duration::from_secs(10);
 
 /// The highest sequence number among this BU's files of this run in `dir` (completed or
 /// temporary), so that a restarted BU carries on after its earlier incarnation's files.
@@ -201,6 +235,7 @@ impl FileSink {
             dir,
             format,
             mode,
+            crcs_checked: false,
             run: run.to_string(),
             bu,
             max_events,
@@ -217,9 +252,22 @@ impl FileSink {
             refused: 0,
             parts_prepared: 0,
             syncer: Syncer::new(format!("bu{bu}-sync")),
+            ready: Vec::new(),
+            sync_failed: None,
+            publishing: Vec::new(),
+            published: Vec::new(),
+            published_ever: Default::default(),
             slowest_sync: Duration::ZERO,
             slow_said: false,
         })
+    }
+
+    /// The BU checks every fragment's payload CRC32C against its bytes (`builder.verify` is
+    /// `crc` or `full`): `.evb` files then join each body's CRC32C from its fragments'
+    /// instead of reading the payloads again (an event found corrupt is read all the same).
+    pub fn payload_crcs_checked(mut self, checked: bool) -> FileSink {
+        self.crcs_checked = checked;
+        self
     }
 
     /// A new file for the next sequence number, in the sink's format.
@@ -227,7 +275,9 @@ impl FileSink {
         let (dir, run, bu, seq, mode) = (&self.dir, &self.run, self.bu, self.next_seq, self.mode);
         Ok(match self.format {
             FileFormat::Evb => {
-                Box::new(EventFileWriter::create_with_mode(dir, run, bu, seq, mode)?)
+                let mut w = EventFileWriter::create_with_mode(dir, run, bu, seq, mode)?;
+                w.payload_crcs_checked(self.crcs_checked);
+                Box::new(w)
             }
             FileFormat::EvbZstd(level) => Box::new(EventFileWriter::create_compressed(
                 dir, run, bu, seq, mode, level,
@@ -285,7 +335,7 @@ impl FileSink {
             f.w.set_ranges(&f.ranges);
             match f.w.begin_prepare() {
                 Ok(Some(job)) => {
-                    self.syncer.start(f.seq, job);
+                    self.syncer.start(f.seq, Job::Prepare(job));
                     f.stage = Stage::Syncing;
                 }
                 // durable already (a sealed file never is: kept for the writer's contract)
@@ -328,61 +378,125 @@ impl FileSink {
     /// EVM. A file whose sync failed is sealed again, to be tried again on the next call;
     /// the failure is the error when no part is ready.
     fn synced(&mut self, wait: bool) -> Result<Vec<PreparedPart>, SinkError> {
-        let mut parts = Vec::new();
-        let mut failed = None;
-        loop {
-            let began = self.syncer.oldest_started();
-            let Some((seq, r)) = self.syncer.next(wait) else {
-                break;
-            };
-            if let Some(t) = began {
-                let took = t.elapsed();
-                self.slowest_sync = self.slowest_sync.max(took);
-                if self.slow_said
-                    && self
-                        .syncer
-                        .oldest_started()
-                        .is_none_or(|t| t.elapsed() < SLOW_SYNC)
-                {
-                    self.slow_said = false;
-                    tracing::info!(
-                        bu = self.bu,
-                        "the disk made a file durable after {:.1} s; the sink goes on",
-                        took.as_secs_f64()
-                    );
-                }
-            }
-            let Some(f) = self
-                .open
-                .iter_mut()
-                .find(|f| f.seq == seq && f.stage == Stage::Syncing)
-            else {
-                continue;
-            };
-            match r {
-                Ok(()) => {
-                    f.w.prepared();
-                    f.stage = Stage::Prepared;
-                    self.parts_prepared += 1;
-                    parts.push(PreparedPart {
-                        part: f.seq,
-                        ranges: f.ranges.clone(),
-                    });
-                }
-                Err(e) => {
-                    f.stage = Stage::Sealed;
-                    self.busy += 1;
-                    failed.get_or_insert(e.to_string());
-                }
-            }
-        }
-        match failed {
+        self.collect(wait);
+        let parts = std::mem::take(&mut self.ready);
+        match self.sync_failed.take() {
             Some(why) if parts.is_empty() => Err(SinkError::Busy(why)),
             _ => Ok(parts),
         }
     }
 
-    /// Renames committed files into place.
+    /// Takes in what the syncer finished (all it was given, with `wait`): durable parts into
+    /// `ready`, published ones into `published`.
+    fn collect(&mut self, wait: bool) {
+        loop {
+            let began = self.syncer.oldest_started();
+            let Some((seq, outcome)) = self.syncer.next(wait) else {
+                break;
+            };
+            if let Some(t) = began {
+                self.took(t.elapsed());
+            }
+            match outcome {
+                Outcome::Prepared(r) => self.prepared_part(seq, r),
+                Outcome::Published(w, r) => self.published_part(seq, w, r),
+            }
+        }
+    }
+
+    /// A job of the syncer took `took`: the slowest so far, and the end of a slow spell.
+    fn took(&mut self, took: Duration) {
+        self.slowest_sync = self.slowest_sync.max(took);
+        if self.slow_said
+            && self
+                .syncer
+                .oldest_started()
+                .is_none_or(|t| t.elapsed() < SLOW_SYNC)
+        {
+            self.slow_said = false;
+            tracing::info!(
+                bu = self.bu,
+                "the disk made a file durable after {:.1} s; the sink goes on",
+                took.as_secs_f64()
+            );
+        }
+    }
+
+    /// The syncer made part `seq` durable, or failed to (it is then sealed again).
+    fn prepared_part(&mut self, seq: u32, r: Result<(), EventFileError>) {
+        let Some(f) = self
+            .open
+            .iter_mut()
+            .find(|f| f.seq == seq && f.stage == Stage::Syncing)
+        else {
+            return;
+        };
+        match r {
+            Ok(()) => {
+                f.w.prepared();
+                f.stage = Stage::Prepared;
+                self.parts_prepared += 1;
+                self.ready.push(PreparedPart {
+                    part: f.seq,
+                    ranges: f.ranges.clone(),
+                });
+            }
+            Err(e) => {
+                f.stage = Stage::Sealed;
+                self.busy += 1;
+                self.sync_failed.get_or_insert(e.to_string());
+            }
+        }
+    }
+
+    /// The syncer published part `seq`, or failed to (it is then committed again, for the
+    /// next `publish` or `finish`).
+    fn published_part(
+        &mut self,
+        seq: u32,
+        w: Box<dyn PartWriter>,
+        r: Result<evb_formats::events::FileMeta, EventFileError>,
+    ) {
+        self.publishing.retain(|(p, _)| *p != seq);
+        match r {
+            Ok(meta) => {
+                self.count_published(meta);
+                self.published.push(seq);
+                self.published_ever.insert(seq);
+            }
+            Err(e) => {
+                self.busy += 1;
+                tracing::warn!(
+                    bu = self.bu,
+                    "publishing part {seq} failed: {e}; tried again"
+                );
+                self.open.push_front(OpenFile::committed(w, seq));
+            }
+        }
+    }
+
+    fn count_published(&mut self, meta: evb_formats::events::FileMeta) {
+        self.events += meta.events;
+        self.bytes += meta.payload_bytes;
+        self.files.push(meta.file);
+    }
+
+    /// Hands committed files to the syncer to be renamed into place; `Sink::published` says
+    /// when each is.
+    fn publish_later(&mut self) {
+        let mut k = 0;
+        while k < self.open.len() {
+            if self.open[k].stage != Stage::Committed {
+                k += 1;
+                continue;
+            }
+            let f = self.open.remove(k).expect("index in range");
+            self.publishing.push((f.seq, f.w.events()));
+            self.syncer.start(f.seq, Job::Publish(f.w));
+        }
+    }
+
+    /// Renames committed files into place now (the run's end: nothing is waited for after).
     fn publish_committed(&mut self) -> Result<(), SinkError> {
         let mut k = 0;
         while k < self.open.len() {
@@ -394,9 +508,8 @@ impl FileSink {
                 self.busy += 1;
                 SinkError::Busy(e.to_string())
             })?;
-            self.events += meta.events;
-            self.bytes += meta.payload_bytes;
-            self.files.push(meta.file);
+            self.count_published(meta);
+            self.published_ever.insert(self.open[k].seq);
             self.open.remove(k);
         }
         Ok(())
@@ -465,7 +578,7 @@ impl FileSink {
         if self.open.back().is_none_or(|f| f.stage != Stage::Open) {
             // the events of files not yet durable stay with the RUs: while two wait for the
             // syncer (a disk slower than the builder), the BU holds its events instead
-            let unsynced = self.syncer.in_flight();
+            let unsynced = self.syncer.in_flight() - self.publishing.len();
             if unsynced >= MAX_UNSYNCED {
                 self.behind_sync = true;
                 return Err(SinkError::Busy(format!(
@@ -627,6 +740,7 @@ impl Sink for FileSink {
             f.stage = Stage::Sealed;
         }
         if self.syncer.in_flight() == 0
+            && self.ready.is_empty()
             && !self
                 .open
                 .iter()
@@ -640,6 +754,14 @@ impl Sink for FileSink {
     fn publish(&mut self, part: u32) -> Result<(), SinkError> {
         match self.open.iter_mut().find(|f| f.seq == part) {
             Some(f) if f.stage == Stage::Prepared => f.stage = Stage::Committed,
+            // committed again (an EVM that took over, from a resync sent while the part was
+            // being published): under way, it is said published once it is; published, it
+            // is said so again, to the EVM that asks
+            _ if self.publishing.iter().any(|(p, _)| *p == part) => return Ok(()),
+            _ if self.published_ever.contains(&part) => {
+                self.published.push(part);
+                return Ok(());
+            }
             // not a part of ours waiting for its word: nothing to publish
             _ => {
                 return Err(SinkError::Fatal(format!(
@@ -647,7 +769,28 @@ impl Sink for FileSink {
                 )))
             }
         }
-        self.publish_committed()
+        self.publish_later();
+        Ok(())
+    }
+
+    fn publishes_later(&self) -> bool {
+        true
+    }
+
+    fn published(&mut self) -> Vec<u32> {
+        if !self.publishing.is_empty() {
+            self.collect(false);
+        }
+        std::mem::take(&mut self.published)
+    }
+
+    /// Events of parts committed and not yet published: the BU reports once they are.
+    fn outstanding(&self) -> u64 {
+        self.publishing.iter().map(|(_, n)| n).sum()
+    }
+
+    fn drain_timeout(&self) -> Duration {
+        PUBLISH_DRAIN
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
@@ -688,6 +831,7 @@ impl Sink for FileSink {
             "busy": self.busy,
             "parts_prepared": self.parts_prepared,
             "slowest_sync_s": self.slowest_sync.as_secs_f64(),
+            "publishing": self.publishing.len(),
             "syncing_for_s": self.syncer.oldest_started().map(|t| t.elapsed().as_secs_f64()),
             "left_out_unaccepted": self.left_out,
             "refused": self.refused,
@@ -697,430 +841,4 @@ impl Sink for FileSink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use evb_buffers::Pool;
-    use evb_formats::events::EventFile;
-
-    fn event(pool: &Pool, id: u64) -> BuiltEvent {
-        let mut w = pool.try_alloc().unwrap();
-        let payload = Chain::from_slice(w.append(&id.to_le_bytes()).unwrap());
-        BuiltEvent::of_one_fragment(id, 1, payload)
-    }
-
-    fn ids_in(dir: &Path) -> Vec<(String, Vec<u64>)> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            if p.extension().is_some_and(|x| x == "evb") && !name.starts_with('.') {
-                let ids = EventFile::open(&p)
-                    .unwrap()
-                    .map(|e| e.unwrap().event_id)
-                    .collect();
-                assert!(
-                    dir.join(format!("{name}.json")).exists(),
-                    "{name} has no metadata"
-                );
-                out.push((name, ids));
-            }
-        }
-        out.sort();
-        out
-    }
-
-    fn hidden(dir: &Path) -> usize {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with('.')
-            })
-            .count()
-    }
-
-    const EVERY_4: CommitInterval = CommitInterval {
-        events: 4,
-        time: Duration::from_secs(3600),
-    };
-
-    /// `prepare`, and the parts the syncer then makes durable of what it was given (the
-    /// syncs run on a thread of their own).
-    fn prepare_synced(s: &mut FileSink, now: Instant) -> Result<Vec<PreparedPart>, SinkError> {
-        let mut parts = s.prepare(now)?;
-        parts.extend(s.synced(true)?);
-        Ok(parts)
-    }
-
-    fn sink(dir: &Path, bu: u16, commit: CommitInterval) -> FileSink {
-        FileSink::new(dir.into(), FileFormat::Evb, "r", bu, 0, 0, commit, 0o666).unwrap()
-    }
-
-    #[test]
-    fn a_file_is_output_only_once_the_evm_committed_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        for id in [10, 11, 12, 13, 14, 15, 16] {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        let now = Instant::now();
-        // the first file (10..13) is closed but waits for the EVM's acceptance
-        assert!(prepare_synced(&mut s, now).unwrap().is_empty());
-        s.accepted(10, 4).unwrap();
-        let parts = prepare_synced(&mut s, now).unwrap();
-        assert_eq!(
-            parts,
-            vec![PreparedPart {
-                part: 0,
-                ranges: vec![(10, 4)]
-            }]
-        );
-        // durable, not yet visible
-        assert!(ids_in(dir.path()).is_empty());
-        assert!(
-            prepare_synced(&mut s, now).unwrap().is_empty(),
-            "prepared once"
-        );
-        s.publish(0).unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![("r_bu0_000000.evb".into(), vec![10, 11, 12, 13])]
-        );
-        // 14 accepted; 15 and 16 never are (the EVM dropped this BU): nothing of the
-        // second file is output, and no temporary file is left
-        s.accepted(14, 1).unwrap();
-        s.finish().unwrap();
-        assert_eq!(ids_in(dir.path()).len(), 1);
-        assert_eq!(s.report()["left_out_unaccepted"], 3);
-        assert_eq!(s.report()["events"], 4);
-        assert_eq!(hidden(dir.path()), 0);
-    }
-
-    /// A run of events is written as far as the open file takes it; the rest goes to the
-    /// next file on the next offer, and every file holds exactly its events, in order.
-    #[test]
-    fn a_run_fills_the_open_file_and_the_rest_starts_the_next() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        s.deliver(&event(&pool, 0)).unwrap();
-        let run: Vec<BuiltEvent> = (1..10).map(|id| event(&pool, id)).collect();
-        let mut offered = &run[..];
-        let mut takes = Vec::new();
-        while !offered.is_empty() {
-            let (taken, result) = s.deliver_run(offered);
-            result.unwrap();
-            takes.push(taken);
-            offered = &offered[taken..];
-        }
-        assert_eq!(takes, vec![3, 4, 2], "each file takes what it has room for");
-        s.accepted(0, 10).unwrap();
-        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
-        assert_eq!(parts.len(), 2);
-        for p in &parts {
-            s.publish(p.part).unwrap();
-        }
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![
-                ("r_bu0_000000.evb".into(), vec![0, 1, 2, 3]),
-                ("r_bu0_000001.evb".into(), vec![4, 5, 6, 7]),
-            ]
-        );
-        s.finish().unwrap();
-        assert_eq!(
-            s.report()["left_out_unaccepted"],
-            2,
-            "8 and 9: their file was open"
-        );
-    }
-
-    /// A closed file is synced on the syncer's thread: the sink takes events meanwhile, the
-    /// part comes back once, and a run that ends with a sync in flight waits for it and
-    /// leaves no temporary file behind.
-    #[test]
-    fn events_keep_coming_while_a_part_is_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        for id in 0..5 {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        s.accepted(0, 4).unwrap();
-        let now = Instant::now();
-        let mut parts = s.prepare(now).unwrap();
-        for id in 5..8 {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        parts.extend(prepare_synced(&mut s, now).unwrap());
-        assert_eq!(
-            parts,
-            vec![PreparedPart {
-                part: 0,
-                ranges: vec![(0, 4)]
-            }]
-        );
-        s.publish(0).unwrap();
-        // the second file: sealed, accepted, its sync started, and the run ends at once
-        s.deliver(&event(&pool, 8)).unwrap();
-        s.accepted(4, 4).unwrap();
-        let started = s.prepare(now).unwrap();
-        assert!(started.len() <= 1);
-        s.finish().unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
-        );
-        assert_eq!(hidden(dir.path()), 0, "no temporary file is left");
-    }
-
-    /// With two files waiting for the syncer (a disk slower than the builder), the sink
-    /// takes no event into a new file: the BU holds them (back-pressure), is told to offer
-    /// them again soon, and no warning is due; once the syncer catches up it takes them.
-    #[test]
-    fn a_syncer_behind_holds_the_events_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        let other = tempfile::tempdir().unwrap();
-        for seq in 100..100 + MAX_UNSYNCED as u32 {
-            let mut w = EventFileWriter::create(other.path(), "x", 0, seq).unwrap();
-            s.syncer.start(seq, w.begin_prepare().unwrap().unwrap());
-        }
-        match s.deliver(&event(&pool, 0)) {
-            Err(SinkError::Busy(why)) => assert!(why.contains("synced"), "{why}"),
-            other => panic!("taken while the syncer is behind: {other:?}"),
-        }
-        assert!(!s.busy_is_news());
-        assert_eq!(s.retry_after(), Duration::from_millis(1));
-        while s.syncer.next(true).is_some() {}
-        s.deliver(&event(&pool, 0)).unwrap();
-        assert!(s.busy_is_news(), "a failed write is news again");
-    }
-
-    #[test]
-    fn a_part_prepared_and_never_committed_is_not_output() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        for id in 0..4 {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        s.accepted(0, 4).unwrap();
-        assert_eq!(prepare_synced(&mut s, Instant::now()).unwrap().len(), 1);
-        // the EVM dropped this BU before it committed the part: it never says Committed
-        s.finish().unwrap();
-        assert!(ids_in(dir.path()).is_empty());
-        assert_eq!(hidden(dir.path()), 0);
-        assert!(matches!(s.publish(0), Err(SinkError::Fatal(_))));
-    }
-
-    #[test]
-    fn a_file_is_committed_when_its_time_is_up() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let every_50ms = CommitInterval {
-            events: 0,
-            time: Duration::from_millis(50),
-        };
-        let mut s = sink(dir.path(), 0, every_50ms);
-        let t0 = Instant::now();
-        s.deliver(&event(&pool, 0)).unwrap();
-        s.deliver(&event(&pool, 2)).unwrap();
-        s.accepted(0, 1).unwrap();
-        s.accepted(2, 1).unwrap();
-        assert!(
-            prepare_synced(&mut s, t0).unwrap().is_empty(),
-            "not due yet"
-        );
-        let parts = prepare_synced(&mut s, t0 + Duration::from_millis(60)).unwrap();
-        assert_eq!(parts[0].ranges, vec![(0, 1), (2, 1)]);
-        s.publish(parts[0].part).unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![("r_bu0_000000.evb".into(), vec![0, 2])]
-        );
-    }
-
-    #[test]
-    fn a_file_that_cannot_be_published_is_tried_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        for id in 0..4 {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        s.accepted(0, 4).unwrap();
-        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
-        // something occupies the final name: publishing must fail, keep the data, not replace
-        let blocker = dir.path().join("r_bu0_000000.evb");
-        std::fs::write(&blocker, b"not ours").unwrap();
-        assert!(matches!(s.publish(parts[0].part), Err(SinkError::Busy(_))));
-        assert_eq!(std::fs::read(&blocker).unwrap(), b"not ours");
-        std::fs::remove_file(&blocker).unwrap();
-        // committed output is published at the end at the latest
-        s.finish().unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
-        );
-        assert_eq!(s.report()["files"][0], "r_bu0_000000.evb");
-    }
-
-    #[test]
-    fn a_restarted_bu_never_replaces_its_earlier_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let one = CommitInterval {
-            events: 1,
-            ..EVERY_4
-        };
-        let mut first = sink(dir.path(), 3, one);
-        first.deliver(&event(&pool, 1)).unwrap();
-        first.accepted(1, 1).unwrap();
-        first.deliver(&event(&pool, 2)).unwrap(); // closes the first file
-        let p = prepare_synced(&mut first, Instant::now()).unwrap();
-        first.publish(p[0].part).unwrap();
-        // killed with a file open: its temporary file stays behind
-        std::mem::forget(first);
-        let mut again = sink(dir.path(), 3, one);
-        again.deliver(&event(&pool, 3)).unwrap();
-        again.accepted(3, 1).unwrap();
-        again.deliver(&event(&pool, 4)).unwrap();
-        let p = prepare_synced(&mut again, Instant::now()).unwrap();
-        again.publish(p[0].part).unwrap();
-        assert_eq!(
-            ids_in(dir.path()),
-            vec![
-                ("r_bu3_000000.evb".into(), vec![1]),
-                ("r_bu3_000002.evb".into(), vec![3]),
-            ]
-        );
-    }
-
-    /// A writer whose file can no longer be completed (HDF5's after a failed write).
-    struct Broken;
-
-    impl PartWriter for Broken {
-        fn append_event(
-            &mut self,
-            _: u64,
-            _: u32,
-            _: u16,
-            _: &[(FragmentHeader, &Chain)],
-        ) -> Result<(), EventFileError> {
-            Ok(())
-        }
-        fn flush_events(&mut self) -> Result<(), EventFileError> {
-            Ok(())
-        }
-        fn events(&self) -> u64 {
-            1
-        }
-        fn bytes(&self) -> u64 {
-            1
-        }
-        fn begin_prepare(
-            &mut self,
-        ) -> Result<Option<evb_formats::events::PrepareJob>, EventFileError> {
-            Err(EventFileError::Damaged {
-                path: "broken".into(),
-                reason: "No space left on device".into(),
-            })
-        }
-        fn prepared(&mut self) {}
-        fn publish(&mut self) -> Result<evb_formats::events::FileMeta, EventFileError> {
-            unreachable!("never prepared")
-        }
-        fn discard(self: Box<Self>) {}
-        fn name(&self) -> &str {
-            "broken"
-        }
-        fn set_ranges(&mut self, _: &[(u64, u32)]) {}
-    }
-
-    /// Accepted events in a file that cannot be completed are lost to this BU: the sink
-    /// fails loudly instead of retrying for ever (the run would stall in silence).
-    #[test]
-    fn a_file_that_cannot_be_completed_fails_the_sink() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = sink(dir.path(), 0, EVERY_4);
-        s.open.push_back(OpenFile {
-            w: Box::new(Broken),
-            seq: 0,
-            stage: Stage::Sealed,
-            pending: VecDeque::new(),
-            accepted: true,
-            ranges: vec![(0, 1)],
-            runs: 1,
-            last_id: Some(0),
-            since: Instant::now(),
-        });
-        match s.prepare(Instant::now()) {
-            Err(SinkError::Fatal(why)) => assert!(why.contains("No space"), "{why}"),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// The HDF5 layout goes through the same stages, and a restarted BU carries on after its
-    /// earlier incarnation's `.h5` files.
-    #[cfg(feature = "hdf5")]
-    #[test]
-    fn hdf5_files_are_committed_and_numbered_like_evb_files() {
-        use evb_formats::hdf5_events::Hdf5Layout;
-        for (layout, format) in [
-            (Hdf5Layout::Evb, "evb-hdf5"),
-            (Hdf5Layout::Packed, "evb-hdf5-packed"),
-        ] {
-            hdf5_files_committed(layout, format);
-        }
-    }
-
-    #[cfg(feature = "hdf5")]
-    fn hdf5_files_committed(layout: evb_formats::hdf5_events::Hdf5Layout, format: &str) {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::new("t", 4096, 64);
-        let h5 = FileFormat::Hdf5 {
-            deflate: Some(1),
-            record_type: "event",
-            layout,
-        };
-        let mut s = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
-        for id in 0..4 {
-            s.deliver(&event(&pool, id)).unwrap();
-        }
-        s.accepted(0, 4).unwrap();
-        let parts = prepare_synced(&mut s, Instant::now()).unwrap();
-        assert_eq!(parts.len(), 1);
-        assert!(
-            !dir.path().join("r_bu2_000000.h5").exists(),
-            "published early"
-        );
-        s.publish(0).unwrap();
-        s.finish().unwrap();
-        let meta: Value = serde_json::from_slice(
-            &std::fs::read(dir.path().join("r_bu2_000000.h5.json")).unwrap(),
-        )
-        .unwrap();
-        let data = std::fs::read(dir.path().join("r_bu2_000000.h5")).unwrap();
-        assert_eq!(meta["format"], format);
-        assert_eq!(meta["events"], 4);
-        assert_eq!(meta["bytes"], data.len() as u64);
-        assert_eq!(meta["crc32c"], crc32c::crc32c(&data));
-        assert_eq!(&data[..8], b"\x89HDF\r\n\x1a\n", "an HDF5 signature");
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("r_bu2_000000.h5"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o077, 0, "readable by others: {mode:o}");
-        assert_eq!(s.report()["events"], 4);
-        assert_eq!(hidden(dir.path()), 0);
-        let again = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
-        assert_eq!(again.next_seq, 1);
-    }
-}
+mod tests;

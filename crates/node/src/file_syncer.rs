@@ -1,7 +1,8 @@
 //! The file sink's syncer: a thread that makes closed files durable (`fdatasync` of the data,
-//! the metadata written and synced) while the BU's loop goes on building. A sync waits a
-//! millisecond or more for the disk; done in the loop, a file of a few hundred small events
-//! spent about as long waiting as building.
+//! the metadata written and synced) and publishes committed ones (two renames, the directory
+//! synced) while the BU's loop goes on building. A sync waits a millisecond or more for the
+//! disk; done in the loop, a file of a few hundred small events spent about as long waiting
+//! as building.
 //!
 //! Jobs run one at a time, in the order given, and each result comes back once. Dropping the
 //! syncer lets the thread finish the jobs it was given, and waits for it.
@@ -11,9 +12,35 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use evb_formats::events::{EventFileError, PrepareJob};
+use evb_formats::events::{EventFileError, FileMeta, PartWriter, PrepareJob};
 
-type Done = (u32, Result<(), EventFileError>);
+/// What the thread is asked to do with a part.
+pub(crate) enum Job {
+    /// Make it durable under its temporary names.
+    Prepare(PrepareJob),
+    /// Rename it into place and sync the directory (the writer goes to the thread and back).
+    Publish(Box<dyn PartWriter>),
+}
+
+/// What came of a [`Job`].
+pub(crate) enum Outcome {
+    Prepared(Result<(), EventFileError>),
+    Published(Box<dyn PartWriter>, Result<FileMeta, EventFileError>),
+}
+
+impl Job {
+    fn run(self) -> Outcome {
+        match self {
+            Job::Prepare(job) => Outcome::Prepared(job.run()),
+            Job::Publish(mut w) => {
+                let r = w.publish();
+                Outcome::Published(w, r)
+            }
+        }
+    }
+}
+
+type Done = (u32, Outcome);
 
 pub(crate) struct Syncer {
     name: String,
@@ -26,7 +53,7 @@ pub(crate) struct Syncer {
 }
 
 struct Worker {
-    jobs: Option<Sender<(u32, PrepareJob)>>,
+    jobs: Option<Sender<(u32, Job)>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
 }
@@ -55,7 +82,7 @@ impl Syncer {
 
     /// Runs `job` for part `part` on the thread (in the caller's time if no thread can be
     /// started: slower, not wrong).
-    pub(crate) fn start(&mut self, part: u32, job: PrepareJob) {
+    pub(crate) fn start(&mut self, part: u32, job: Job) {
         self.in_flight += 1;
         self.started.push_back(Instant::now());
         if self.worker.is_none() {
@@ -96,7 +123,7 @@ impl Syncer {
 }
 
 fn spawn(name: &str) -> Option<Worker> {
-    let (jobs, rx) = unbounded::<(u32, PrepareJob)>();
+    let (jobs, rx) = unbounded::<(u32, Job)>();
     let (tx, done) = unbounded();
     let thread = std::thread::Builder::new()
         .name(name.to_string())
@@ -141,11 +168,17 @@ mod tests {
             .map(|seq| EventFileWriter::create(dir.path(), "r", 0, seq).unwrap())
             .collect();
         for (seq, w) in writers.iter_mut().enumerate() {
-            s.start(seq as u32, w.begin_prepare().unwrap().unwrap());
+            s.start(
+                seq as u32,
+                Job::Prepare(w.begin_prepare().unwrap().unwrap()),
+            );
         }
         assert_eq!(s.in_flight(), 5);
         let mut parts = Vec::new();
         while let Some((part, r)) = s.next(true) {
+            let Outcome::Prepared(r) = r else {
+                panic!("only prepares were asked")
+            };
             r.unwrap();
             parts.push(part);
         }
@@ -159,7 +192,19 @@ mod tests {
                 .exists());
             w.prepared();
             assert!(w.begin_prepare().unwrap().is_none(), "prepared once");
-            w.publish().unwrap();
+        }
+        // publishing on the thread: each file in place once its outcome is back
+        for (seq, w) in writers.into_iter().enumerate() {
+            s.start(seq as u32, Job::Publish(Box::new(w)));
+        }
+        for seq in 0..5 {
+            let Some((part, Outcome::Published(w, r))) = s.next(true) else {
+                panic!("a publication comes back")
+            };
+            assert_eq!((part, r.unwrap().sequence), (seq, seq));
+            assert_eq!(w.name(), format!("r_bu0_{seq:06}.evb"));
+            assert!(dir.path().join(w.name()).exists());
+            assert!(dir.path().join(format!("{}.json", w.name())).exists());
         }
     }
 }

@@ -437,7 +437,8 @@ pub fn logic(
                         time: Duration::from_millis(cfg.sink.commit_ms),
                     },
                     cfg.output_file_mode(),
-                )?),
+                )?
+                .payload_crcs_checked(cfg.builder.verify != VerifyLevel::Headers)),
             };
             let sink: Box<dyn Sink> = match me.sink_delay {
                 Some((us, events)) => Box::new(SlowSink {
@@ -499,6 +500,12 @@ impl Sink for SlowSink {
     }
     fn publish(&mut self, part: u32) -> Result<(), evb_builder::SinkError> {
         self.inner.publish(part)
+    }
+    fn publishes_later(&self) -> bool {
+        self.inner.publishes_later()
+    }
+    fn published(&mut self) -> Vec<u32> {
+        self.inner.published()
     }
     fn name(&self) -> &'static str {
         self.inner.name()

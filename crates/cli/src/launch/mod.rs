@@ -164,7 +164,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     problems.dedup();
     let ok = problems.is_empty();
     verdict::amend_manifest(cfg, &problems, launched);
-    if let Some(r) = record {
+    if let Some(mut r) = record {
+        // the record names the manifest and configuration the EVM left in the run's folder
+        r.set_folder(&cfg.sink.dir);
         r.close(&problems, w.reports.get(&ids[0]));
     }
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());

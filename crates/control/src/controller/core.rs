@@ -575,6 +575,15 @@ impl Core {
             .entry(run)
             .or_insert_with(|| RunRecord::starting(run, unix));
         let (ok, reason) = f.close(rec, reset, unix);
+        if self.cfg.sink.kind.writes_files() {
+            let dir = self
+                .cfg
+                .run_folder(&self.cfg.run.id, run)
+                .unwrap_or_else(|| self.cfg.sink.dir.clone());
+            let (m, c) = super::records::folder_digests(&dir, &self.cfg.run.id);
+            rec.manifest_sha256 = m;
+            rec.config_sha256 = c;
+        }
         let outcome = rec.state.clone();
         self.changed.push(run);
         if ok || reset {

@@ -33,7 +33,7 @@ use self::core::{Core, Effect, Rejoin};
 pub use self::core::{Refused, ScrapeTarget, MAX_RUN};
 use records::Finished;
 pub use records::{RunEnd, RunRecord};
-pub use store::OnceRecord;
+pub use store::{check_chain, record_file, ChainCheck, OnceRecord};
 
 /// How long a node may take to answer a poll.
 const POLL_TIMEOUT: Duration = Duration::from_secs(2);

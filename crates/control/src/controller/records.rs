@@ -18,6 +18,35 @@ pub struct RunRecord {
     /// The rest is known once the run is over.
     #[serde(flatten)]
     pub end: Option<RunEnd>,
+    /// What ties a closed record to the run's folder (docs/formats.md §7.3): the SHA-256 of
+    /// its manifest and of its configuration's copy there, as they were when the record
+    /// was closed (absent: the run wrote no files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_sha256: Option<String>,
+    /// The chain of one run id's records: the SHA-256 of the record file's last line of the
+    /// run before this one (by number) when this one was closed. A record deleted or edited
+    /// after it was chained no longer matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_sha256: Option<String>,
+}
+
+/// The digests of run `run_id`'s manifest and configuration copy in `dir`, where they are.
+pub(crate) fn folder_digests(dir: &str, run_id: &str) -> (Option<String>, Option<String>) {
+    if dir.is_empty() {
+        return (None, None);
+    }
+    let dir = std::path::Path::new(dir);
+    let digest = |name: String| {
+        evb_formats::evidence::sha256_file(&dir.join(name))
+            .ok()
+            .map(|(d, _)| d)
+    };
+    (
+        digest(evb_formats::manifest::manifest_name(run_id)),
+        digest(evb_formats::evidence::config_name(run_id)),
+    )
 }
 
 /// How a run ended.
@@ -78,6 +107,9 @@ impl RunRecord {
             state: State::Starting.name().to_string(),
             started_unix: unix,
             end: None,
+            manifest_sha256: None,
+            config_sha256: None,
+            prev_sha256: None,
         }
     }
 

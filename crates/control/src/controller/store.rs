@@ -145,9 +145,14 @@ impl RecordStore {
 
     fn append(&self, mut f: &File, rec: &RunRecord) -> Result<(), String> {
         use std::os::unix::fs::FileExt;
+        let mut rec = rec.clone();
+        if rec.end.is_some() && rec.prev_sha256.is_none() {
+            rec.prev_sha256 = Self::last_line_before(f, rec.run)
+                .map(|l| evb_formats::evidence::sha256_hex(l.as_bytes()));
+        }
         let mut text = serde_json::to_string(&Line {
             term: self.term,
-            record: rec.clone(),
+            record: rec,
         })
         .map_err(|e| e.to_string())?;
         text.push('\n');
@@ -161,6 +166,38 @@ impl RecordStore {
         f.write_all(text.as_bytes())
             .and_then(|()| f.sync_data())
             .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+
+    /// The file's last line (its text, without the newline) of the highest run numbered
+    /// below `run`: what run `run`'s closed record chains to.
+    fn last_line_before(f: &File, run: u64) -> Option<String> {
+        use std::io::Seek;
+        let mut f = f;
+        f.seek(std::io::SeekFrom::Start(0)).ok()?;
+        let mut best: Option<(u64, String)> = None;
+        for line in BufReader::new(f).lines().map_while(Result::ok) {
+            let Ok(l) = serde_json::from_str::<Line>(&line) else {
+                continue;
+            };
+            let r = l.record.run;
+            if r < run && best.as_ref().is_none_or(|(b, _)| r >= *b) {
+                best = Some((r, line));
+            }
+        }
+        best.map(|(_, l)| l)
+    }
+
+    /// Every line of the file that parses, by run: what `evb inspect --run --verify` checks
+    /// the chain with.
+    pub fn lines_by_run(path: &Path) -> Result<BTreeMap<u64, Vec<String>>, String> {
+        let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut out: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for line in BufReader::new(f).lines().map_while(Result::ok) {
+            if let Ok(l) = serde_json::from_str::<Line>(&line) {
+                out.entry(l.record.run).or_default().push(line);
+            }
+        }
+        Ok(out)
     }
 
     /// Run `run`'s record as the file holds it now (the line that wins), if any; nothing
@@ -234,12 +271,80 @@ pub(crate) enum ClaimError {
     Io(String),
 }
 
+/// The record file of `cfg`'s run id, where it is (nothing is created).
+pub fn record_file(cfg: &Config) -> Result<PathBuf, String> {
+    let dir = if cfg.run.records_dir.is_empty() {
+        default_dir()?
+    } else {
+        PathBuf::from(&cfg.run.records_dir)
+    };
+    Ok(dir.join(format!("{}.jsonl", evb_config::safe_file_name(&cfg.run.id))))
+}
+
+/// One run id's records as evidence (docs/formats.md §7.3): every closed line, and where the
+/// chain of records breaks.
+#[derive(Debug, Default)]
+pub struct ChainCheck {
+    /// Each run's closed records (every closing line, oldest first).
+    pub closed: BTreeMap<u64, Vec<RunRecord>>,
+    /// Where a record names a predecessor that is not in the file as it was chained: a
+    /// record before it deleted or edited.
+    pub breaks: Vec<String>,
+}
+
+/// Checks the chain of the records in `path`: each closed record's `prev_sha256` must be
+/// the digest of a line of the run numbered just below it. Records closed before the chain
+/// existed (no `prev_sha256`) are not judged.
+pub fn check_chain(path: &Path) -> Result<ChainCheck, String> {
+    let lines = RecordStore::lines_by_run(path)?;
+    let mut check = ChainCheck::default();
+    let mut before: Option<(u64, Vec<String>)> = None;
+    for (run, texts) in &lines {
+        let digests: Option<Vec<String>> = before.as_ref().map(|(_, t)| {
+            t.iter()
+                .map(|l| evb_formats::evidence::sha256_hex(l.as_bytes()))
+                .collect()
+        });
+        for text in texts {
+            let Ok(l) = serde_json::from_str::<Line>(text) else {
+                continue;
+            };
+            if l.record.end.is_none() {
+                continue;
+            }
+            if let Some(prev) = &l.record.prev_sha256 {
+                let found = digests.as_ref().is_some_and(|d| d.contains(prev));
+                if !found {
+                    let which = match &before {
+                        Some((b, _)) => format!("no line of run {b}'s record"),
+                        None => "no record before it".to_string(),
+                    };
+                    let b = format!(
+                        "run {run}'s record chains to a record that is not in the file as it was ({which} has its digest {}…): a record before it was deleted or edited",
+                        &prev[..prev.len().min(12)]
+                    );
+                    if !check.breaks.contains(&b) {
+                        check.breaks.push(b);
+                    }
+                }
+            }
+            check.closed.entry(*run).or_default().push(l.record);
+        }
+        before = Some((*run, texts.clone()));
+    }
+    Ok(check)
+}
+
 /// `evb run`'s one run in the run records: its number claimed before the nodes start (so
 /// that its output folder is its own), its record closed with the launcher's verdict.
 #[derive(Debug)]
 pub struct OnceRecord {
     store: RecordStore,
     record: RunRecord,
+    /// The run's output folder (empty: none) and run id, for the digests of its manifest
+    /// and configuration that the closed record names.
+    folder: String,
+    run_id: String,
 }
 
 impl OnceRecord {
@@ -256,7 +361,14 @@ impl OnceRecord {
         Ok(OnceRecord {
             store,
             record: RunRecord::starting(run, unix),
+            folder: String::new(),
+            run_id: cfg.run.id.clone(),
         })
+    }
+
+    /// The run writes its files (and manifest) into `dir`: its closed record names them.
+    pub fn set_folder(&mut self, dir: &str) {
+        self.folder = dir.to_string();
     }
 
     pub fn run(&self) -> u64 {
@@ -288,6 +400,9 @@ impl OnceRecord {
             end.verdict = problems.to_vec();
         }
         self.record.state = if ok { "complete" } else { "failed" }.into();
+        let (m, c) = super::records::folder_digests(&self.folder, &self.run_id);
+        self.record.manifest_sha256 = m;
+        self.record.config_sha256 = c;
         if let Err(e) = self.store.write(&self.record) {
             eprintln!(
                 "evb: run {}: its record was not written: {e}",

@@ -759,11 +759,35 @@ impl Driver {
             partial: run.bus.iter().flatten().map(|b| b.partial_events).sum(),
             parts,
             temporaries,
+            config: self.write_run_config(dir),
         };
         match evb_formats::manifest::write(dir, &m, self.cfg.output_file_mode()) {
             Ok(path) => info!(node = %self.me.id, "run manifest: {}", path.display()),
             Err(e) => {
                 warn!(node = %self.me.id, "cannot write the run manifest in {}: {e}", dir.display())
+            }
+        }
+    }
+
+    /// The configuration this run ran, less its secret, beside its files (docs/formats.md
+    /// §7.3): what the manifest names with its digest.
+    fn write_run_config(
+        &self,
+        dir: &std::path::Path,
+    ) -> Option<evb_formats::evidence::ManifestFile> {
+        let mut cfg = self.cfg.clone();
+        cfg.run.secret.clear();
+        let text = cfg.to_toml();
+        match evb_formats::evidence::write_config(
+            dir,
+            &self.cfg.run.id,
+            &text,
+            self.cfg.output_file_mode(),
+        ) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                warn!(node = %self.me.id, "cannot write the run's configuration in {}: {e}", dir.display());
+                None
             }
         }
     }

@@ -272,6 +272,9 @@ impl SinkQueue {
         if !sink.commits() {
             return;
         }
+        for part in sink.published() {
+            self.part_out(part, b);
+        }
         match sink.prepare(now) {
             Ok(parts) => {
                 for p in parts {
@@ -296,23 +299,28 @@ impl SinkQueue {
     /// try again (at the latest when the run ends); the part's events are final already.
     pub(super) fn publish(&mut self, me: &str, part: u32, b: &mut Bu, sink: &mut dyn Sink) {
         match sink.publish(part) {
-            Ok(()) => {
-                if let Some(t) = &mut self.track {
-                    if let Some(ranges) = t.parts.remove(&part) {
-                        t.committed.extend(ranges);
-                        while t.committed.len() > COMMITTED_KEPT {
-                            t.committed.pop_front();
-                        }
-                    }
-                }
-                b.published(part)
-            }
+            // a sink that publishes on a thread says when, through `Sink::published`
+            Ok(()) if sink.publishes_later() => {}
+            Ok(()) => self.part_out(part, b),
             Err(SinkError::Busy(why)) => self.accept_failed(me, &why),
             Err(SinkError::Fatal(why)) => {
                 error!(node = %me, "sink failed: {why}");
                 b.fail(format!("sink failed: {why}"));
             }
         }
+    }
+
+    /// `part` is published: the EVM hears it, and the resync record moves its ranges.
+    fn part_out(&mut self, part: u32, b: &mut Bu) {
+        if let Some(t) = &mut self.track {
+            if let Some(ranges) = t.parts.remove(&part) {
+                t.committed.extend(ranges);
+                while t.committed.len() > COMMITTED_KEPT {
+                    t.committed.pop_front();
+                }
+            }
+        }
+        b.published(part)
     }
 
     /// Hands a held Stop to the BU once its sink's output is complete or the drain time is
@@ -325,7 +333,7 @@ impl SinkQueue {
         if left > 0 && now.duration_since(since) < sink.drain_timeout() {
             if self.blocked.is_none() {
                 self.blocked = Some(format!(
-                    "run stopping: waiting for consumers to acknowledge {left} events"
+                    "run stopping: waiting for the sink to output {left} events"
                 ));
             }
             return;
