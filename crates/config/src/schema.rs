@@ -778,9 +778,11 @@ pub struct SinkSection {
     /// 1 (fastest) to 9 (smallest); 0: stored as it is. Every HDF5 reader reads deflate
     /// without plug-ins.
     pub hdf5_deflate: u8,
-    /// `hdf5` sink: the files' layout, `"evb"` (evb's own, docs/formats.md §6) or `"dune"`
-    /// (DUNE's hdf5libs trigger-record and time-slice files, file layout version 5,
-    /// docs/formats.md §11), which DUNE's tools open.
+    /// `hdf5` sink: the files' layout, `"evb"` (evb's own, a group per event,
+    /// docs/formats.md §6), `"dune"` (DUNE's hdf5libs trigger-record and time-slice files,
+    /// file layout version 5, docs/formats.md §11), which DUNE's tools open, or `"packed"`
+    /// (every event's payloads in one dataset with an index row per event, docs/formats.md
+    /// §12), which small events can afford.
     pub hdf5_layout: Hdf5Layout,
     /// `file` sink with `run.secret`: the output files are readable by their group too
     /// (mode 0640 instead of 0600). Without a secret files follow the umask, and this is
@@ -822,12 +824,31 @@ pub enum Hdf5Layout {
     /// DUNE's hdf5libs files, file layout version 5: trigger records or time slices, each
     /// fragment behind a DUNE FragmentHeader (docs/formats.md §11).
     Dune,
+    /// Every event's payloads back to back in one dataset, an index row per event and per
+    /// fragment (docs/formats.md §12): what small events can afford.
+    Packed,
 }
 
 impl Hdf5Layout {
     /// Every layout by its name in the configuration.
-    pub const CHOICES: [(&'static str, Hdf5Layout); 2] =
-        [("evb", Hdf5Layout::Evb), ("dune", Hdf5Layout::Dune)];
+    pub const CHOICES: [(&'static str, Hdf5Layout); 3] = [
+        ("evb", Hdf5Layout::Evb),
+        ("dune", Hdf5Layout::Dune),
+        ("packed", Hdf5Layout::Packed),
+    ];
+
+    /// The choices as an error names them: `"evb", "dune" or "packed"`.
+    pub fn choices() -> String {
+        let names: Vec<String> = Self::CHOICES
+            .iter()
+            .map(|(n, _)| format!("{n:?}"))
+            .collect();
+        match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
 }
 
 /// Read by name, a wrong one refused naming the key and the choices (serde's own message
@@ -841,7 +862,8 @@ impl<'de> Deserialize<'de> for Hdf5Layout {
             .map(|(_, l)| *l)
             .ok_or_else(|| {
                 serde::de::Error::custom(format!(
-                    "sink.hdf5_layout: {name:?} is not a layout (\"evb\" or \"dune\")"
+                    "sink.hdf5_layout: {name:?} is not a layout ({})",
+                    Hdf5Layout::choices()
                 ))
             })
     }

@@ -285,6 +285,8 @@ fn the_hdf5_layout_is_read_by_name_and_only_for_an_hdf5_sink() {
         assert_eq!(c.sink.hdf5_layout, crate::Hdf5Layout::Dune);
         let c = Config::from_toml(&format!("{h5}hdf5_layout = \"evb\"\n")).unwrap();
         assert_eq!(c.sink.hdf5_layout, crate::Hdf5Layout::Evb);
+        let c = Config::from_toml(&format!("{h5}hdf5_layout = \"packed\"\n")).unwrap();
+        assert_eq!(c.sink.hdf5_layout, crate::Hdf5Layout::Packed);
         // one BU of several writes HDF5: the key is read
         let one = "[sink]\ndir = \"/tmp/x\"\nhdf5_layout = \"dune\"\n\
                    [[bu]]\nid = \"b0\"\nsink = \"hdf5\"\n";
@@ -292,10 +294,18 @@ fn the_hdf5_layout_is_read_by_name_and_only_for_an_hdf5_sink() {
     }
     assert_err(
         &format!("{h5}hdf5_layout = \"DUNE5\"\n"),
-        &["sink.hdf5_layout", "\"DUNE5\"", "\"evb\" or \"dune\""],
+        &[
+            "sink.hdf5_layout",
+            "\"DUNE5\"",
+            "\"evb\", \"dune\" or \"packed\"",
+        ],
     );
     assert_err(
         "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nhdf5_layout = \"dune\"\n",
+        &["sink.hdf5_layout", "only read"],
+    );
+    assert_err(
+        "[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nhdf5_layout = \"packed\"\n",
         &["sink.hdf5_layout", "only read"],
     );
     // evb config default shows it, and it reads back

@@ -3,7 +3,9 @@
 //! records where it fits: one group per built event, one dataset per source's fragment, a
 //! header beside them, an index of the file's events and file attributes. With
 //! [`Hdf5Layout::Dune`] the records are DUNE's instead (docs/formats.md §11,
-//! [`crate::hdf5_dune`]), in files that live the same way.
+//! [`crate::hdf5_dune`]), and with [`Hdf5Layout::Packed`] every event's bytes lie back to
+//! back in one dataset with an index beside it (docs/formats.md §12,
+//! [`crate::hdf5_packed`]), in files that live the same way.
 //!
 //! The file goes through the same stages as an `.evb` file ([`crate::events::PartWriter`]):
 //! written under `.<name>.tmp`, made durable with its metadata beside it, renamed into place
@@ -62,6 +64,20 @@ pub enum Hdf5Layout {
     /// DUNE's hdf5libs trigger records or time slices, file layout 5 (docs/formats.md §11;
     /// [`crate::hdf5_dune`]).
     Dune,
+    /// Every event's bytes back to back in one dataset, an index row per event and per
+    /// fragment (docs/formats.md §12; [`crate::hdf5_packed`]).
+    Packed,
+}
+
+impl Hdf5Layout {
+    /// What an event of `fragments` fragments adds to a file of this layout besides its
+    /// payload, at most (the sink keeps this much room free on the disk).
+    pub const fn overhead_bytes(self, fragments: usize) -> u64 {
+        match self {
+            Hdf5Layout::Evb | Hdf5Layout::Dune => overhead_bytes(fragments),
+            Hdf5Layout::Packed => crate::hdf5_packed::overhead_bytes(fragments),
+        }
+    }
 }
 
 /// Rows of the file's `Index` group, one per event in file order.
@@ -91,8 +107,11 @@ pub struct Hdf5EventWriter {
     mode: u32,
     /// Records built by time: each gets its windows' table and frame indexes.
     by_time: bool,
-    /// In DUNE's layout: what its records need (None: evb's own).
+    /// In DUNE's layout: what its records need (None: another layout).
     dune: Option<crate::hdf5_dune::DuneFile>,
+    /// In the packed layout: its data dataset, batch and index (None: another layout).
+    packed: Option<crate::hdf5_packed::PackedFile>,
+    layout: Hdf5Layout,
 }
 
 /// One component's window in a record built by time (a row of `Windows`), and its frames
@@ -189,11 +208,30 @@ impl Hdf5EventWriter {
         // made with its mode first: the library truncates it and keeps the mode, so no other
         // user can open it meanwhile
         create_file(&tmp, mode).map_err(io_at(&tmp))?;
-        let opened = (|| -> hdf5::Result<(hdf5::File, Option<crate::hdf5_dune::DuneFile>)> {
+        type Opened = (
+            hdf5::File,
+            Option<crate::hdf5_dune::DuneFile>,
+            Option<crate::hdf5_packed::PackedFile>,
+        );
+        let opened = (|| -> hdf5::Result<Opened> {
             let f = hdf5::File::create(&tmp)?;
-            if layout == Hdf5Layout::Dune {
-                let d = crate::hdf5_dune::DuneFile::start(&f, record_type, run, bu, sequence)?;
-                return Ok((f, Some(d)));
+            match layout {
+                Hdf5Layout::Dune => {
+                    let d = crate::hdf5_dune::DuneFile::start(&f, record_type, run, bu, sequence)?;
+                    return Ok((f, Some(d), None));
+                }
+                Hdf5Layout::Packed => {
+                    let p = crate::hdf5_packed::PackedFile::start(
+                        &f,
+                        record_type,
+                        run,
+                        bu,
+                        sequence,
+                        deflate,
+                    )?;
+                    return Ok((f, None, Some(p)));
+                }
+                Hdf5Layout::Evb => {}
             }
             put_str(&f, "format", HDF5_FORMAT)?;
             f.new_attr::<u16>()
@@ -205,9 +243,9 @@ impl Hdf5EventWriter {
             f.new_attr::<u32>()
                 .create("sequence")?
                 .write_scalar(&sequence)?;
-            Ok((f, None))
+            Ok((f, None, None))
         })();
-        let (file, dune) = match opened {
+        let (file, dune, packed) = match opened {
             Ok(f) => f,
             Err(e) => {
                 // nothing of it is left: the sink may try again (a full disk)
@@ -231,6 +269,14 @@ impl Hdf5EventWriter {
                     sequence,
                     name,
                 ),
+                Hdf5Layout::Packed => FileMeta::new(
+                    crate::hdf5_packed::PACKED_FORMAT,
+                    crate::hdf5_packed::PACKED_VERSION,
+                    run,
+                    bu,
+                    sequence,
+                    name,
+                ),
             },
             index: Index::default(),
             metadata: 0,
@@ -241,6 +287,8 @@ impl Hdf5EventWriter {
             mode,
             by_time: record_type != "event",
             dune,
+            packed,
+            layout,
         })
     }
 
@@ -344,6 +392,13 @@ impl Hdf5EventWriter {
         if let Some(d) = &self.dune {
             return d.finish(&f).and_then(|()| f.close()).map_err(|e| said(&e));
         }
+        if let Some(p) = self.packed.as_mut() {
+            let r = p.finish(&f);
+            // the data dataset's handle goes before the file's: the library writes its last
+            // metadata when the file's last handle closes
+            self.packed = None;
+            return r.and_then(|()| f.close()).map_err(|e| said(&e));
+        }
         let ix = &self.index;
         let r = (|| -> hdf5::Result<()> {
             let g = f.create_group("Index")?;
@@ -372,7 +427,7 @@ impl Hdf5EventWriter {
     }
 }
 
-fn put_str(f: &hdf5::File, name: &str, value: &str) -> hdf5::Result<()> {
+pub(crate) fn put_str(f: &hdf5::File, name: &str, value: &str) -> hdf5::Result<()> {
     let v: VarLenUnicode = value
         .parse()
         .map_err(|e| hdf5::Error::from(format!("{name}: {e}")))?;
@@ -391,9 +446,10 @@ impl PartWriter for Hdf5EventWriter {
         let Some(f) = self.file.as_ref() else {
             return Err(self.damage("written after it was closed".into()));
         };
-        let written = match self.dune.as_mut() {
-            Some(d) => d.write_record(f, event_id, trigger, flags, fragments, self.deflate),
-            None => self.write_event(f, event_id, trigger, flags, fragments),
+        let written = match (self.dune.as_mut(), self.packed.as_mut()) {
+            (Some(d), _) => d.write_record(f, event_id, trigger, flags, fragments, self.deflate),
+            (None, Some(p)) => p.append(event_id, trigger, flags, fragments),
+            (None, None) => self.write_event(f, event_id, trigger, flags, fragments),
         };
         if let Err(e) = written {
             return Err(self.damage(format!("event {event_id}: {}", said(&e))));
@@ -404,10 +460,15 @@ impl PartWriter for Hdf5EventWriter {
         m.payload_bytes += payload;
         // what the file grows by, near enough for its size limit (the true size is in the
         // metadata once it is closed)
-        m.bytes += payload + overhead_bytes(fragments.len());
-        self.metadata += overhead_bytes(fragments.len());
+        let overhead = self.layout.overhead_bytes(fragments.len());
+        m.bytes += payload + overhead;
+        self.metadata += overhead;
         m.first_event.get_or_insert(event_id);
         m.last_event = Some(event_id);
+        if self.packed.is_some() {
+            // its own index holds the rows
+            return Ok(());
+        }
         let ix = &mut self.index;
         ix.event_id.push(event_id);
         ix.trigger_number.push(trigger);
@@ -467,6 +528,7 @@ impl PartWriter for Hdf5EventWriter {
 
     fn discard(self: Box<Self>) {
         let mut me = self;
+        drop(me.packed.take());
         drop(me.file.take());
         let _ = std::fs::remove_file(&me.tmp);
         let _ = std::fs::remove_file(me.tmp.with_extension("json.tmp"));
@@ -482,9 +544,10 @@ impl PartWriter for Hdf5EventWriter {
 
     fn unwritten_bytes(&self) -> u64 {
         // the library's metadata of an open file, and its index (written at the close)
-        match self.file {
-            Some(_) => self.metadata + self.meta.events * 26,
-            None => 0,
+        match (&self.file, &self.packed) {
+            (Some(_), Some(p)) => p.unwritten_bytes(),
+            (Some(_), None) => self.metadata + self.meta.events * 26,
+            (None, _) => 0,
         }
     }
 }

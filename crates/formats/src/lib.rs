@@ -6,6 +6,8 @@
 //! - `hdf5_events` (feature `hdf5`): the same events in HDF5 files,
 //! - [`dune`]: DUNE's record headers byte by byte, and evb's records as DUNE's, which
 //!   `hdf5_dune` (feature `hdf5`) writes with `sink.hdf5_layout = "dune"`,
+//! - `hdf5_packed` (feature `hdf5`): the HDF5 layout small events afford, every event's
+//!   bytes in one dataset and an index row per event (`sink.hdf5_layout = "packed"`),
 //! - [`manifest`]: the run manifest, and completeness judged from the files,
 //! - [`stream`]: fragments cut from a front-end's byte stream as it arrives.
 
@@ -21,6 +23,8 @@ mod gather_writer;
 pub mod hdf5_dune;
 #[cfg(feature = "hdf5")]
 pub mod hdf5_events;
+#[cfg(feature = "hdf5")]
+pub mod hdf5_packed;
 pub mod manifest;
 pub mod stream;
 

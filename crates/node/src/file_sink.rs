@@ -131,7 +131,7 @@ pub enum FileFormat {
     Hdf5 {
         deflate: Option<u8>,
         record_type: &'static str,
-        /// evb's own layout or DUNE's (`sink.hdf5_layout`).
+        /// evb's own layout, DUNE's or the packed one (`sink.hdf5_layout`).
         layout: evb_formats::hdf5_events::Hdf5Layout,
     },
 }
@@ -544,13 +544,12 @@ impl FileSink {
     /// pass at once (nothing is computed on their path).
     fn room_for(&mut self, run: &[BuiltEvent]) -> Result<(), SinkError> {
         #[cfg(feature = "hdf5")]
-        if let FileFormat::Hdf5 { .. } = self.format {
-            use evb_formats::hdf5_events::overhead_bytes;
+        if let FileFormat::Hdf5 { layout, .. } = self.format {
             let need: u64 = run
                 .iter()
                 .map(|ev| {
                     let payload: u64 = ev.fragments.iter().map(|(_, c)| c.len() as u64).sum();
-                    payload + overhead_bytes(ev.fragments.len())
+                    payload + layout.overhead_bytes(ev.fragments.len())
                 })
                 .sum();
             let unwritten: u64 = self.open.iter().map(|f| f.w.unwritten_bytes()).sum();

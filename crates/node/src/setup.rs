@@ -550,6 +550,7 @@ fn file_format(
                 layout: match s.hdf5_layout {
                     evb_config::Hdf5Layout::Evb => evb_formats::hdf5_events::Hdf5Layout::Evb,
                     evb_config::Hdf5Layout::Dune => evb_formats::hdf5_events::Hdf5Layout::Dune,
+                    evb_config::Hdf5Layout::Packed => evb_formats::hdf5_events::Hdf5Layout::Packed,
                 },
             })
         }

@@ -443,12 +443,23 @@ fn a_file_that_cannot_be_completed_fails_the_sink() {
 #[cfg(feature = "hdf5")]
 #[test]
 fn hdf5_files_are_committed_and_numbered_like_evb_files() {
+    use evb_formats::hdf5_events::Hdf5Layout;
+    for (layout, format) in [
+        (Hdf5Layout::Evb, "evb-hdf5"),
+        (Hdf5Layout::Packed, "evb-hdf5-packed"),
+    ] {
+        hdf5_files_committed(layout, format);
+    }
+}
+
+#[cfg(feature = "hdf5")]
+fn hdf5_files_committed(layout: evb_formats::hdf5_events::Hdf5Layout, format: &str) {
     let dir = tempfile::tempdir().unwrap();
     let pool = Pool::new("t", 4096, 64);
     let h5 = FileFormat::Hdf5 {
         deflate: Some(1),
         record_type: "event",
-        layout: Default::default(),
+        layout,
     };
     let mut s = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
     for id in 0..4 {
@@ -467,7 +478,7 @@ fn hdf5_files_are_committed_and_numbered_like_evb_files() {
         serde_json::from_slice(&std::fs::read(dir.path().join("r_bu2_000000.h5.json")).unwrap())
             .unwrap();
     let data = std::fs::read(dir.path().join("r_bu2_000000.h5")).unwrap();
-    assert_eq!(meta["format"], "evb-hdf5");
+    assert_eq!(meta["format"], format);
     assert_eq!(meta["events"], 4);
     assert_eq!(meta["bytes"], data.len() as u64);
     assert_eq!(meta["crc32c"], crc32c::crc32c(&data));

@@ -1,0 +1,611 @@
+//! The `hdf5` sink's files in the packed layout (`sink.hdf5_layout = "packed"`,
+//! docs/formats.md §12): every event's payload bytes back to back in one extensible dataset,
+//! and an index of one row per event and one per fragment. What an event costs the file is
+//! its index rows, not an HDF5 group with datasets and attributes: small events can afford
+//! HDF5. Events are gathered into a batch and written by one extend and one write per
+//! [`BATCH_BYTES`], in whole chunks (the library then writes them from the batch, with no
+//! chunk cache to copy through and no chunk read back to complete it); the rest of a chunk
+//! waits for the next batch or the close. The index is kept in memory and written when the
+//! file is closed. The
+//! file's life (temporary name, durability, publication) is
+//! [`crate::hdf5_events::Hdf5EventWriter`]'s, as for the other layouts.
+
+use evb_buffers::Chain;
+use evb_wire::FragmentHeader;
+use hdf5_metno as hdf5;
+
+use crate::hdf5_events::put_str;
+
+/// The `format` attribute and metadata key of these files.
+pub const PACKED_FORMAT: &str = "evb-hdf5-packed";
+/// Version of the layout (the `format_version` attribute).
+pub const PACKED_VERSION: u16 = 1;
+/// The dataset of every event's bytes.
+pub const DATA: &str = "data";
+/// The group of the per-event index, one dataset per column.
+pub const EVENTS: &str = "events";
+/// The group of the per-fragment index, one dataset per column.
+pub const FRAGMENTS: &str = "fragments";
+/// Bytes per chunk of [`DATA`] in a file of more than one batch: its last chunk is stored
+/// whole (unless deflated), so this is at most what such a file wastes. A file whose events
+/// all fit in one batch has one chunk of exactly their size, and wastes nothing.
+pub const CHUNK_BYTES: usize = 64 << 10;
+/// Events are written to [`DATA`] once this many bytes have gathered (and at the close).
+pub const BATCH_BYTES: usize = 4 << 20;
+/// A piece of an event's bytes this large (a block of the BU's holding a large fragment) is
+/// written from where it lies, in whole chunks, rather than copied into the batch.
+pub const DIRECT_BYTES: usize = 4 * CHUNK_BYTES;
+/// Bytes of a row of the event index: event id, offset (u64), length, trigger number (u32),
+/// flags, sources (u16).
+pub const EVENT_ROW_BYTES: u64 = 28;
+/// Bytes of a row of the fragment index: offset (u64), event row, length, payload CRC32C
+/// (u32), source id, flags (u16).
+pub const FRAGMENT_ROW_BYTES: u64 = 24;
+
+/// What an event of `fragments` fragments adds to a file besides its payload: its index rows.
+pub const fn overhead_bytes(fragments: usize) -> u64 {
+    EVENT_ROW_BYTES + FRAGMENT_ROW_BYTES * fragments as u64
+}
+
+/// The per-event index, one row per event in file order.
+#[derive(Default)]
+struct EventRows {
+    event_id: Vec<u64>,
+    offset: Vec<u64>,
+    length: Vec<u32>,
+    trigger_number: Vec<u32>,
+    flags: Vec<u16>,
+    sources: Vec<u16>,
+}
+
+/// The per-fragment index, one row per fragment, an event's in RU order.
+#[derive(Default)]
+struct FragmentRows {
+    offset: Vec<u64>,
+    event: Vec<u32>,
+    length: Vec<u32>,
+    crc32c: Vec<u32>,
+    source_id: Vec<u16>,
+    flags: Vec<u16>,
+}
+
+/// One file in the packed layout, open: its data dataset, the batch not yet written and the
+/// index rows, written at the close.
+pub struct PackedFile {
+    /// The file's root, where [`DATA`] is made.
+    root: hdf5::Group,
+    /// [`DATA`], made by the first write (its chunk size depends on whether that write is
+    /// the file's only one).
+    data: Option<hdf5::Dataset>,
+    deflate: Option<u8>,
+    /// Bytes written to [`DATA`] so far.
+    written: u64,
+    /// Events' bytes gathered and not yet written; they follow `written`.
+    batch: Vec<u8>,
+    events: EventRows,
+    fragments: FragmentRows,
+}
+
+/// Extends `data`, `written` bytes long, by `bytes` (one extend, one write); its new length.
+fn extend(data: &hdf5::Dataset, written: u64, bytes: &[u8]) -> hdf5::Result<u64> {
+    let start = usize::try_from(written).map_err(|_| refused("file too big".into()))?;
+    let end = start + bytes.len();
+    data.resize([end])?;
+    data.write_slice(bytes, start..end)?;
+    Ok(end as u64)
+}
+
+/// Why an event cannot be indexed, before anything of it was taken.
+fn refused(why: String) -> hdf5::Error {
+    hdf5::Error::from(why)
+}
+
+impl PackedFile {
+    /// Writes the file attributes; the data dataset is made by the first write (chunks of
+    /// [`CHUNK_BYTES`], or one chunk of the file's bytes, deflated at `deflate` when asked).
+    pub fn start(
+        f: &hdf5::File,
+        record_type: &str,
+        run: &str,
+        bu: u16,
+        sequence: u32,
+        deflate: Option<u8>,
+    ) -> hdf5::Result<PackedFile> {
+        put_str(f, "format", PACKED_FORMAT)?;
+        f.new_attr::<u16>()
+            .create("format_version")?
+            .write_scalar(&PACKED_VERSION)?;
+        put_str(f, "layout", "packed")?;
+        put_str(f, "record_type", record_type)?;
+        put_str(f, "run", run)?;
+        f.new_attr::<u16>().create("bu")?.write_scalar(&bu)?;
+        f.new_attr::<u32>()
+            .create("sequence")?
+            .write_scalar(&sequence)?;
+        Ok(PackedFile {
+            root: f.group("/")?,
+            data: None,
+            deflate,
+            written: 0,
+            batch: Vec::with_capacity(BATCH_BYTES + (64 << 10)),
+            events: EventRows::default(),
+            fragments: FragmentRows::default(),
+        })
+    }
+
+    /// Events in the file.
+    pub fn events(&self) -> u64 {
+        self.events.event_id.len() as u64
+    }
+
+    /// Takes one event: its payloads after the last event's, its index rows; writes the batch
+    /// once it holds [`BATCH_BYTES`]. An event that the index cannot describe (4 GiB or more,
+    /// 65,536 fragments or more, the 2^32-th event of a file) is refused before anything of
+    /// it is taken.
+    pub fn append(
+        &mut self,
+        event_id: u64,
+        trigger: u32,
+        flags: u16,
+        fragments: &[(FragmentHeader, &Chain)],
+    ) -> hdf5::Result<()> {
+        let row = u32::try_from(self.events.event_id.len())
+            .map_err(|_| refused("a file holds fewer than 2^32 events".into()))?;
+        let sources = u16::try_from(fragments.len()).map_err(|_| {
+            refused(format!(
+                "event {event_id}: {} fragments (at most 65,535)",
+                fragments.len()
+            ))
+        })?;
+        let total: u64 = fragments.iter().map(|(_, p)| p.len() as u64).sum();
+        let length = u32::try_from(total)
+            .map_err(|_| refused(format!("event {event_id}: {total} bytes (under 4 GiB)")))?;
+        let offset = self.written + self.batch.len() as u64;
+        let mut at = offset;
+        for (h, p) in fragments {
+            let f = &mut self.fragments;
+            f.offset.push(at);
+            f.event.push(row);
+            // fits: the sum fits
+            f.length.push(p.len() as u32);
+            f.crc32c.push(h.payload_crc);
+            f.source_id.push(h.source_id);
+            f.flags.push(h.flags);
+            for c in p.chunks() {
+                self.take(c)?;
+            }
+            at += p.len() as u64;
+        }
+        let e = &mut self.events;
+        e.event_id.push(event_id);
+        e.offset.push(offset);
+        e.length.push(length);
+        e.trigger_number.push(trigger);
+        e.flags.push(flags);
+        e.sources.push(sources);
+        if self.batch.len() >= BATCH_BYTES {
+            self.write_batch(false)?;
+        }
+        Ok(())
+    }
+
+    /// Takes `s`, the next bytes of the file: into the batch, or, where the batch is empty
+    /// (the file's bytes so far are whole chunks on disk) and `s` holds [`DIRECT_BYTES`],
+    /// its whole chunks written from where they lie; a large piece that comes after a batch
+    /// fills the batch to a chunk's end, the batch is written and the rest goes straight.
+    fn take(&mut self, mut s: &[u8]) -> hdf5::Result<()> {
+        while !s.is_empty() {
+            if self.batch.is_empty() && s.len() >= DIRECT_BYTES {
+                let n = s.len() / CHUNK_BYTES * CHUNK_BYTES;
+                let data = self.take_data(CHUNK_BYTES)?;
+                let wrote = extend(&data, self.written, &s[..n]);
+                self.data = Some(data);
+                self.written = wrote?;
+                s = &s[n..];
+                continue;
+            }
+            let fill = (CHUNK_BYTES - self.batch.len() % CHUNK_BYTES) % CHUNK_BYTES;
+            if s.len() >= fill + DIRECT_BYTES {
+                self.batch.extend_from_slice(&s[..fill]);
+                s = &s[fill..];
+                // whole chunks: written whole, the batch left empty
+                self.write_batch(false)?;
+                continue;
+            }
+            self.batch.extend_from_slice(s);
+            s = &[];
+        }
+        Ok(())
+    }
+
+    /// [`DATA`], taken out to be written (the caller puts it back); made with chunks of
+    /// `chunk` bytes if there is none yet.
+    fn take_data(&mut self, chunk: usize) -> hdf5::Result<hdf5::Dataset> {
+        match self.data.take() {
+            Some(d) => Ok(d),
+            None => self.create_data(chunk),
+        }
+    }
+
+    /// Writes the gathered events' whole chunks (`last`: all of them): one extend and one
+    /// write of the data dataset. `written` stays a multiple of [`CHUNK_BYTES`] until the
+    /// close, so each write begins a chunk.
+    fn write_batch(&mut self, last: bool) -> hdf5::Result<()> {
+        let n = match last {
+            true => self.batch.len(),
+            false => self.batch.len() / CHUNK_BYTES * CHUNK_BYTES,
+        };
+        if n == 0 && (!last || self.data.is_some()) {
+            return Ok(());
+        }
+        // the file's only write: one chunk of its bytes (unless an event far larger than a
+        // batch came last)
+        let single = last && self.data.is_none() && n <= 2 * BATCH_BYTES;
+        let data = self.take_data(if single { n.max(1) } else { CHUNK_BYTES })?;
+        let wrote = extend(&data, self.written, &self.batch[..n]);
+        self.data = Some(data);
+        self.written = wrote?;
+        // the rest of a chunk, at most CHUNK_BYTES - 1, to the front
+        self.batch.drain(..n);
+        if self.batch.capacity() > 2 * BATCH_BYTES {
+            // an event bigger than a batch grew it: give that back
+            self.batch.shrink_to(BATCH_BYTES + (64 << 10));
+        }
+        Ok(())
+    }
+
+    /// The empty, extensible data dataset in chunks of `chunk` bytes, deflated when asked.
+    fn create_data(&self, chunk: usize) -> hdf5::Result<hdf5::Dataset> {
+        // whole chunks are written at once: no cache to copy them through
+        let mut b = self
+            .root
+            .new_dataset::<u8>()
+            .shape(hdf5::SimpleExtents::resizable([0usize]))
+            .chunk([chunk])
+            .chunk_cache(1, 0, 1.0);
+        if let Some(level) = self.deflate {
+            b = b.deflate(level);
+        }
+        b.create(DATA)
+    }
+
+    /// Writes what is left of the events, the index and the `events` and `payload_bytes`
+    /// attributes (the file is closed after).
+    pub fn finish(&mut self, f: &hdf5::File) -> hdf5::Result<()> {
+        self.write_batch(true)?;
+        let e = &self.events;
+        let g = f.create_group(EVENTS)?;
+        g.new_dataset_builder()
+            .with_data(&e.event_id)
+            .create("event_id")?;
+        g.new_dataset_builder()
+            .with_data(&e.offset)
+            .create("offset")?;
+        g.new_dataset_builder()
+            .with_data(&e.length)
+            .create("length")?;
+        g.new_dataset_builder()
+            .with_data(&e.trigger_number)
+            .create("trigger_number")?;
+        g.new_dataset_builder()
+            .with_data(&e.flags)
+            .create("flags")?;
+        g.new_dataset_builder()
+            .with_data(&e.sources)
+            .create("sources")?;
+        let r = &self.fragments;
+        let g = f.create_group(FRAGMENTS)?;
+        g.new_dataset_builder()
+            .with_data(&r.offset)
+            .create("offset")?;
+        g.new_dataset_builder()
+            .with_data(&r.event)
+            .create("event")?;
+        g.new_dataset_builder()
+            .with_data(&r.length)
+            .create("length")?;
+        g.new_dataset_builder()
+            .with_data(&r.crc32c)
+            .create("crc32c")?;
+        g.new_dataset_builder()
+            .with_data(&r.source_id)
+            .create("source_id")?;
+        g.new_dataset_builder()
+            .with_data(&r.flags)
+            .create("flags")?;
+        f.new_attr::<u64>()
+            .create("events")?
+            .write_scalar(&self.events())?;
+        f.new_attr::<u64>()
+            .create("payload_bytes")?
+            .write_scalar(&self.written)?;
+        Ok(())
+    }
+
+    /// Bytes held for the file and not yet written: the batch and the index.
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.batch.len() as u64
+            + self.events.event_id.len() as u64 * EVENT_ROW_BYTES
+            + self.fragments.offset.len() as u64 * FRAGMENT_ROW_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use evb_buffers::Pool;
+    use evb_wire::FLAG_MISSING;
+    use hdf5::types::VarLenUnicode;
+
+    use super::*;
+    use crate::events::{PartWriter, EVENT_PARTIAL};
+    use crate::hdf5_events::{Hdf5EventWriter, Hdf5Layout};
+
+    /// A fragment: its source, flags and payload.
+    type Fragment = (u16, u16, Vec<u8>);
+    /// An event: its id, flags and fragments.
+    type Event = (u64, u16, Vec<Fragment>);
+
+    fn header(event_id: u64, source_id: u16, flags: u16, payload: &[u8]) -> FragmentHeader {
+        FragmentHeader {
+            event_id,
+            trigger_number: event_id as u32 + 100,
+            source_id,
+            flags,
+            payload_size: payload.len() as u32,
+            payload_crc: crc32c::crc32c(payload),
+        }
+    }
+
+    /// A chain of `bytes` in blocks of at most 512 KiB (a payload of several blocks, as a BU
+    /// holds a large fragment: each written from where it lies, after a batch or not).
+    fn chain(pool: &Pool, bytes: &[u8]) -> Chain {
+        let mut c = Chain::new();
+        for part in bytes.chunks(1 << 19) {
+            let mut w = pool.try_alloc().unwrap();
+            c.push(w.append(part).unwrap());
+        }
+        c
+    }
+
+    /// Writes `events` through the sink's writer in the packed layout, publishes the file and
+    /// opens it.
+    fn write(dir: &std::path::Path, events: &[Event], deflate: Option<u8>) -> hdf5::File {
+        let pool = Pool::new("t", 1 << 19, 64);
+        let mut w = Hdf5EventWriter::create(
+            dir,
+            "cosmics#12",
+            3,
+            7,
+            0o600,
+            deflate,
+            "event",
+            Hdf5Layout::Packed,
+        )
+        .unwrap();
+        for (id, flags, frags) in events {
+            let chains: Vec<(FragmentHeader, Chain)> = frags
+                .iter()
+                .map(|(s, fl, p)| (header(*id, *s, *fl, p), chain(&pool, p)))
+                .collect();
+            let refs: Vec<(FragmentHeader, &Chain)> = chains.iter().map(|(h, c)| (*h, c)).collect();
+            w.append_event(*id, *id as u32 + 100, *flags, &refs)
+                .unwrap();
+            w.flush_events().unwrap();
+        }
+        let meta = w.publish().unwrap();
+        assert_eq!(meta.format, PACKED_FORMAT);
+        assert_eq!(meta.version, PACKED_VERSION);
+        assert_eq!(meta.events, events.len() as u64);
+        let payload: usize = events
+            .iter()
+            .flat_map(|e| e.2.iter().map(|f| f.2.len()))
+            .sum();
+        assert_eq!(meta.payload_bytes, payload as u64);
+        hdf5::File::open(dir.join("cosmics#12_bu3_000007.h5")).unwrap()
+    }
+
+    fn text(f: &hdf5::File, name: &str) -> String {
+        f.attr(name)
+            .unwrap()
+            .read_scalar::<VarLenUnicode>()
+            .unwrap()
+            .to_string()
+    }
+
+    fn column<T: hdf5::H5Type>(f: &hdf5::File, path: &str) -> Vec<T> {
+        f.dataset(path).unwrap().read_raw::<T>().unwrap()
+    }
+
+    /// Checks every index row and every byte of `events` in the file, as a reader who knows
+    /// only docs/formats.md §12 would.
+    fn check(f: &hdf5::File, events: &[Event]) {
+        let data: Vec<u8> = column(f, DATA);
+        let (ids, offsets, lengths): (Vec<u64>, Vec<u64>, Vec<u32>) = (
+            column(f, "events/event_id"),
+            column(f, "events/offset"),
+            column(f, "events/length"),
+        );
+        let (triggers, flags, sources): (Vec<u32>, Vec<u16>, Vec<u16>) = (
+            column(f, "events/trigger_number"),
+            column(f, "events/flags"),
+            column(f, "events/sources"),
+        );
+        let (f_off, f_event, f_len): (Vec<u64>, Vec<u32>, Vec<u32>) = (
+            column(f, "fragments/offset"),
+            column(f, "fragments/event"),
+            column(f, "fragments/length"),
+        );
+        let (f_crc, f_src, f_flags): (Vec<u32>, Vec<u16>, Vec<u16>) = (
+            column(f, "fragments/crc32c"),
+            column(f, "fragments/source_id"),
+            column(f, "fragments/flags"),
+        );
+        assert_eq!(ids.len(), events.len());
+        let n_frags: usize = events.iter().map(|e| e.2.len()).sum();
+        assert_eq!(f_off.len(), n_frags);
+        let mut row = 0;
+        let mut at = 0u64;
+        for (i, (id, fl, frags)) in events.iter().enumerate() {
+            assert_eq!(ids[i], *id);
+            assert_eq!(triggers[i], *id as u32 + 100);
+            assert_eq!(flags[i], *fl);
+            assert_eq!(sources[i] as usize, frags.len());
+            assert_eq!(offsets[i], at, "events back to back");
+            let joined: Vec<u8> = frags.iter().flat_map(|f| f.2.clone()).collect();
+            let (o, n) = (offsets[i] as usize, lengths[i] as usize);
+            assert_eq!(&data[o..o + n], &joined[..], "event {id}'s bytes");
+            for (s, ffl, p) in frags {
+                assert_eq!(f_event[row] as usize, i);
+                assert_eq!((f_src[row], f_flags[row]), (*s, *ffl));
+                assert_eq!(f_crc[row], crc32c::crc32c(p));
+                let (o, n) = (f_off[row] as usize, f_len[row] as usize);
+                assert_eq!(&data[o..o + n], &p[..], "event {id} source {s}");
+                row += 1;
+            }
+            at += joined.len() as u64;
+        }
+        assert_eq!(data.len() as u64, at, "nothing after the last event");
+        assert_eq!(
+            f.attr("events").unwrap().read_scalar::<u64>().unwrap(),
+            events.len() as u64
+        );
+        assert_eq!(
+            f.attr("payload_bytes")
+                .unwrap()
+                .read_scalar::<u64>()
+                .unwrap(),
+            at
+        );
+    }
+
+    /// Events of several sizes, one partial with a MISSING placeholder, and events larger
+    /// than a batch: the attributes, every index row and every byte read back.
+    #[test]
+    fn every_event_and_index_row_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut events: Vec<Event> = vec![
+            (
+                5,
+                0,
+                vec![(3, 0, b"three".to_vec()), (841, 0, vec![0xff; 300])],
+            ),
+            (
+                6,
+                EVENT_PARTIAL,
+                vec![(3, 0, b"again".to_vec()), (841, FLAG_MISSING, vec![])],
+            ),
+            (9, 0, vec![]),
+        ];
+        // two batches and more, in events of 1.5 MiB of counted bytes
+        for id in 10..14u64 {
+            let big: Vec<u8> = (0..(3 << 19) + 777)
+                .map(|i| (i as u64 * 7 + id) as u8)
+                .collect();
+            events.push((
+                id,
+                0,
+                vec![(3, 0, big.clone()), (841, 0, big[..1000].to_vec())],
+            ));
+        }
+        events.push((20, 0, vec![(3, 0, vec![1, 2, 3])]));
+        let f = write(dir.path(), &events, None);
+        assert_eq!(text(&f, "format"), PACKED_FORMAT);
+        assert_eq!(text(&f, "layout"), "packed");
+        assert_eq!(text(&f, "record_type"), "event");
+        assert_eq!(text(&f, "run"), "cosmics#12");
+        assert_eq!(
+            f.attr("format_version")
+                .unwrap()
+                .read_scalar::<u16>()
+                .unwrap(),
+            1
+        );
+        assert_eq!(f.attr("bu").unwrap().read_scalar::<u16>().unwrap(), 3);
+        assert_eq!(f.attr("sequence").unwrap().read_scalar::<u32>().unwrap(), 7);
+        let data = f.dataset(DATA).unwrap();
+        assert!(data.is_resizable(), "extensible");
+        assert_eq!(data.chunk(), Some(vec![CHUNK_BYTES]));
+        assert!(data.filters().is_empty(), "stored as it is");
+        check(&f, &events);
+        assert_eq!(column::<u16>(&f, "fragments/flags")[3], FLAG_MISSING);
+        assert_eq!(column::<u32>(&f, "fragments/length")[3], 0);
+        // no group or dataset per event
+        assert_eq!(f.member_names().unwrap(), [DATA, EVENTS, FRAGMENTS]);
+    }
+
+    /// With deflate the data's chunks are compressed (the file far smaller than the
+    /// repetitive payload) and read back the same.
+    #[test]
+    fn deflated_data_reads_back_the_same() {
+        if !crate::hdf5_events::deflate_available() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let events: Vec<Event> = (0..2000u64)
+            .map(|id| {
+                (
+                    id,
+                    0,
+                    vec![(1, 0, vec![id as u8; 400]), (2, 0, vec![7; 600])],
+                )
+            })
+            .collect();
+        let f = write(dir.path(), &events, Some(6));
+        let data = f.dataset(DATA).unwrap();
+        assert_eq!(data.filters().len(), 1);
+        assert_eq!(
+            data.chunk(),
+            Some(vec![2000 * 1000]),
+            "one batch: one chunk"
+        );
+        check(&f, &events);
+        drop(f);
+        let size = std::fs::metadata(dir.path().join("cosmics#12_bu3_000007.h5"))
+            .unwrap()
+            .len();
+        assert!(size < 2000 * 1000 / 4, "{size} bytes");
+    }
+
+    /// Small events cost their index rows: a file of 2,048 events of 1 KiB is within 1.1 of
+    /// its payload.
+    #[test]
+    fn small_events_cost_little_more_than_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let events: Vec<Event> = (0..2048u64)
+            .map(|id| {
+                let p: Vec<u8> = (0..512).map(|i| (i as u64 ^ id) as u8).collect();
+                (id, 0, vec![(1, 0, p.clone()), (2, 0, p)])
+            })
+            .collect();
+        drop(write(dir.path(), &events, None));
+        let size = std::fs::metadata(dir.path().join("cosmics#12_bu3_000007.h5"))
+            .unwrap()
+            .len();
+        let payload = 2048.0 * 1024.0;
+        assert!(size as f64 <= 1.1 * payload, "{size} bytes for {payload}");
+    }
+
+    /// A file of no event (one the sink would discard) still has every dataset, empty.
+    #[test]
+    fn a_file_of_no_event_has_every_dataset_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), &[], None);
+        check(&f, &[]);
+        assert_eq!(f.dataset(DATA).unwrap().shape(), vec![0]);
+    }
+
+    /// An event the index cannot describe is refused before anything of it is taken.
+    #[test]
+    fn an_event_of_too_many_fragments_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = hdf5::File::create(dir.path().join("x.h5")).unwrap();
+        let mut p = PackedFile::start(&f, "event", "r", 0, 0, None).unwrap();
+        let empty = Chain::new();
+        let frags: Vec<(FragmentHeader, &Chain)> = (0..70_000)
+            .map(|_| (header(1, 1, 0, &[]), &empty))
+            .collect();
+        assert!(p.append(1, 1, 0, &frags).is_err());
+        assert_eq!(p.events(), 0);
+        assert_eq!(p.unwritten_bytes(), 0);
+    }
+}
