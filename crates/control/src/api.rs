@@ -636,6 +636,12 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
         let mut st = node.lock();
         match st.phase {
             Phase::Idle => {}
+            // the same run's start again (the run's start and a restarted BU's rejoin can
+            // cross): the node is in it already, and says so as the first answer did
+            Phase::Running if st.run == run => {
+                return Json(json!({"node": node.id(), "run": run, "phase": "running"}))
+                    .into_response();
+            }
             Phase::Running => {
                 return error(409, format!("{} is still in run {}", node.id(), st.run))
             }
