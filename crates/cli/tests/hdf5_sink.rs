@@ -6,40 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
 #[cfg(feature = "hdf5")]
 use common::{evb_run_in, out_dir, text};
-
-/// A Python with h5py: `EVB_PYTHON`, or the test environment `scripts/test.sh` makes in
-/// `target/pyenv`. `None` (a skip) where there is none, unless the tools are required.
-#[cfg_attr(not(feature = "hdf5"), allow(dead_code))]
-fn python_with_h5py() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let py = std::env::var_os("EVB_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/pyenv/bin/python"));
-    let ok = Command::new(&py)
-        .args(["-c", "import h5py, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(py);
-    }
-    assert!(
-        std::env::var("EVB_REQUIRE_TOOLS").is_err(),
-        "h5py is required (EVB_REQUIRE_TOOLS) but {} cannot import it",
-        py.display()
-    );
-    eprintln!(
-        "SKIPPED: no Python with h5py at {} (./scripts/test.sh makes one)",
-        py.display()
-    );
-    None
-}
 
 /// check_hdf5.py's verdict on the HDF5 files in `dir`.
 #[cfg_attr(not(feature = "hdf5"), allow(dead_code))]
@@ -80,7 +53,7 @@ fn metadata_true(dir: &Path) -> usize {
 #[cfg(feature = "hdf5")]
 #[test]
 fn generated_events_in_hdf5_read_by_h5py_byte_for_byte() {
-    let Some(py) = python_with_h5py() else {
+    let Some(py) = common::python_with_h5py() else {
         return;
     };
     // stored, and deflated with log-normal sizes (a chunk per fragment)
@@ -125,7 +98,7 @@ fn generated_events_in_hdf5_read_by_h5py_byte_for_byte() {
 #[cfg(feature = "hdf5")]
 #[test]
 fn time_slices_in_hdf5_say_so_and_hold_their_windows() {
-    let Some(py) = python_with_h5py() else {
+    let Some(py) = common::python_with_h5py() else {
         return;
     };
     let d = out_dir();
@@ -182,7 +155,7 @@ print(records)
 #[cfg(feature = "hdf5")]
 #[test]
 fn real_cms_data_in_hdf5_equals_the_evb_files_4685_events() {
-    let Some(py) = python_with_h5py() else {
+    let Some(py) = common::python_with_h5py() else {
         return;
     };
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
@@ -196,7 +169,7 @@ fn real_cms_data_in_hdf5_equals_the_evb_files_4685_events() {
         return;
     }
     let d = out_dir();
-    let run = |kind: &str, extra: &str| -> PathBuf {
+    let run = |kind: &str, extra: &str| -> std::path::PathBuf {
         let out = d.path().join(kind);
         let toml = format!(
             "[run]\nid = \"cms\"\nduration_s = 0\n[source]\nkind = \"fed\"\n\
@@ -247,7 +220,7 @@ fn without_the_feature_the_hdf5_sink_is_refused_by_name() {
 #[cfg(feature = "hdf5")]
 #[test]
 fn a_full_disk_holds_hdf5_events_back_and_loses_nothing() {
-    let Some(py) = python_with_h5py() else {
+    let Some(py) = common::python_with_h5py() else {
         return;
     };
     let d = out_dir();
