@@ -834,8 +834,10 @@ impl Bu {
         self.built.pop_front()
     }
 
+    /// Every connection is up: tell the EVM (again, where the run has not started: the
+    /// first EVM connection was not the run's EVM's).
     pub fn connections_up(&mut self) {
-        if self.state == RunState::Configured {
+        if matches!(self.state, RunState::Configured | RunState::Ready) {
             self.state = RunState::Ready;
             self.actions.push_back(Action::Send {
                 to: NodeRef::Evm,

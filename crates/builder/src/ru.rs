@@ -478,9 +478,10 @@ impl Ru {
         self.actions.pop_front()
     }
 
-    /// Every connection is up: tell the EVM.
+    /// Every connection is up: tell the EVM (again, where the run has not started: the
+    /// first EVM connection was not the run's EVM's).
     pub fn connections_up(&mut self) {
-        if self.state == RunState::Configured {
+        if matches!(self.state, RunState::Configured | RunState::Ready) {
             self.state = RunState::Ready;
             // A live feed says what it holds before Ready: the EVM gates on it from the start.
             self.announce(Instant::now());

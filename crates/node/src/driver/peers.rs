@@ -56,7 +56,7 @@ pub(super) struct Links {
     incarnations: FastMap<NodeRef, u16>,
     /// At the EVM: the incarnation of each BU's last control connection in this run, to
     /// refuse a restarted BU that drew its predecessor's number (1 in 65,535).
-    seen_incarnations: FastMap<NodeRef, u16>,
+    pub(super) seen_incarnations: FastMap<NodeRef, u16>,
     /// At an RU or BU: the door for EVMs (the highest epoch followed in this run, and the
     /// connection whose Term was admitted); see [`Authority`].
     pub(super) authority: Authority,
@@ -173,6 +173,12 @@ impl Links {
 
     pub(super) fn mark_up(&mut self) {
         self.up = true;
+    }
+
+    /// The set was not up after all (the EVM connection was not the run's EVM): the next
+    /// time it is, the node says Ready again.
+    pub(super) fn mark_down(&mut self) {
+        self.up = false;
     }
 
     /// When a node of role `me` gives up waiting for its peers (see
@@ -305,14 +311,15 @@ impl Driver {
                     debug!(node = %self.me.id, peer = %peer.node_id, "connected");
                     self.links.add(now, d.peer, conn, peer.incarnation);
                     if d.peer == NodeRef::Evm {
-                        // first on the control connection: who and where this process is
+                        // a node that left its EVM for the standby: what it holds, first (a
+                        // standby that has not taken over takes a node only by its resync)
+                        self.send_resync(conn);
+                        // then who and where this process is
                         let me =
                             crate::discovery::registration(&self.links.bound, &self.control.api());
                         if let Err(e) = self.messenger.send_now(conn, &Message::Register(me)) {
                             debug!(node = %self.me.id, "register with the EVM failed: {e}");
                         }
-                        // the standby that took over: what this node holds, first
-                        self.send_resync(conn);
                     }
                 }
             }
@@ -336,8 +343,12 @@ impl Driver {
                 Admit::Accept(p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
                     self.links.add(now, p, conn, peer.incarnation);
-                    if matches!(self.logic, Logic::Evm(_)) {
+                    if matches!(self.logic, Logic::Evm(_))
+                        && !matches!(self.standby, super::standby::Standby::Follower(_))
+                    {
                         // first on a node's control connection: the epoch this EVM speaks at
+                        // (a standby that has not taken over says it only to a node that
+                        // resyncs with it: standby_message)
                         let term = Message::Term {
                             epoch: self.own_epoch().get(),
                         };
@@ -345,7 +356,9 @@ impl Driver {
                             debug!(node = %self.me.id, "term to {p} failed: {e}");
                         }
                     }
-                    if let (NodeRef::Bu(bu), Logic::Evm(e)) = (p, &mut self.logic) {
+                    let follower = matches!(self.standby, super::standby::Standby::Follower(_));
+                    if let (NodeRef::Bu(bu), Logic::Evm(e), false) = (p, &mut self.logic, follower)
+                    {
                         self.links.seen_incarnations.insert(p, peer.incarnation);
                         e.set_incarnation(bu, peer.incarnation);
                     }
@@ -391,9 +404,7 @@ impl Driver {
                 self.links.liveness.heard(from, now);
                 // a standby taking over gathers resyncs before it is the run's EVM
                 let msg = match msg {
-                    Received::Message(m)
-                        if self.standby.following() && !matches!(m, Message::Register(_)) =>
-                    {
+                    Received::Message(m) if self.standby.following() => {
                         match self.standby_message(now, from, m) {
                             Some(m) => Received::Message(m),
                             None => return Ok(()),
@@ -475,6 +486,15 @@ impl Driver {
                         d.addr = addr.clone();
                     }
                     if d.peer == NodeRef::Evm {
+                        // nobody, or no EVM, at that address: with a standby, the other one
+                        if let Some(other) = self.other_evm_address(&d.addr) {
+                            debug!(node = %self.me.id, "the EVM at {} did not answer ({reason}): calling {other}", d.addr);
+                            self.links
+                                .dial_specs
+                                .insert(NodeRef::Evm, (other.clone(), Channel::Control));
+                            d.addr = other;
+                            rejected = false;
+                        }
                         if let Some(path) = self.evm_rendezvous() {
                             // a file left by an earlier run names a dead (or another
                             // run's) EVM until this run's EVM writes it: read it again
@@ -502,6 +522,16 @@ impl Driver {
     /// A peer is gone: tell the logic, and call it again if we are the caller (a restarted
     /// BU is found again this way).
     pub(super) fn lose(&mut self, now: Instant, p: NodeRef, conn: ConnId, mut why: String) {
+        // an EVM connection that closed before its Term was not the run's EVM: a fenced
+        // one, or a standby that only follows; a node that never lost an EVM tries the other
+        // address (a BU restarted after a takeover finds the new EVM so)
+        if p == NodeRef::Evm
+            && !matches!(self.logic, Logic::Evm(_))
+            && self.links.authority.admit(conn).is_err()
+            && self.call_the_other_evm(now, conn, &why)
+        {
+            return;
+        }
         if let Some(gap) = self.links.liveness.own_pause(now) {
             why = format!(
                 "{why} (after this node itself did not run for {} ms)",
@@ -565,7 +595,7 @@ impl Driver {
     }
 
     /// The rendezvous file this node read the EVM's address from, if it did.
-    fn evm_rendezvous(&self) -> Option<std::path::PathBuf> {
+    pub(super) fn evm_rendezvous(&self) -> Option<std::path::PathBuf> {
         let from_file = self.me.role != Role::Evm
             && !self.cfg.run.rendezvous.is_empty()
             && self.cfg.learnt.contains_key(&self.nodes[0].id);

@@ -10,7 +10,9 @@ use evb_wire::resync::Follow;
 
 use super::*;
 use crate::session::active::{Active, Call, Fenced};
-use crate::session::follower::{dropped_by, Event, Follower, Input, Timers, Transmit};
+use crate::session::follower::{
+    dropped_by, Answer, Event, FirstWord, Follower, Input, Timers, Transmit,
+};
 use crate::session::{Epoch, Time};
 
 /// How long a node or the standby waits for the other side of a takeover, beyond the
@@ -310,21 +312,46 @@ impl Driver {
         let Standby::Follower(f) = &mut self.standby else {
             return Some(msg);
         };
-        let complete = match (from, msg) {
+        let (complete, first) = match (from, msg) {
             (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
+                let first = !f.rus.contains_key(&i);
                 gather(&mut f.rus, i, resync, more, RuResync::absorb);
-                f.rus.get(&i).is_some_and(|(_, more)| !more)
+                (f.rus.get(&i).is_some_and(|(_, more)| !more), first)
             }
             (NodeRef::Bu(i), Message::ResyncBu { resync, more }) => {
+                let first = !f.bus.contains_key(&i);
                 gather(&mut f.bus, i, *resync, more, BuResync::absorb);
-                f.bus.get(&i).is_some_and(|(_, more)| !more)
+                (f.bus.get(&i).is_some_and(|(_, more)| !more), first)
             }
             (_, Message::Heartbeat) => return None,
             (from, msg) => {
+                let resynced = match from {
+                    NodeRef::Ru(i) => f.rus.contains_key(&i),
+                    NodeRef::Bu(i) => f.bus.contains_key(&i),
+                    NodeRef::Evm => true,
+                };
+                if !resynced && f.machine.answer(FirstWord::Other) == Answer::Close {
+                    // a node that calls with no resync first did not leave an EVM for this
+                    // standby: a restarted BU, or one that started before the EVM
+                    // listened. It is not this standby's (it had no Term here): closed, it
+                    // calls the EVM's address again, and finds the standby only once it
+                    // took over. Held, it would be kept from the run.
+                    if let Some(conn) = self.links.conn(from) {
+                        info!(node = %self.me.id, "{from} called the standby with {:?}, not a resync: closed, to call the run's EVM", msg.msg_type());
+                        self.messenger.close(conn);
+                        self.forget(from, conn);
+                    }
+                    return None;
+                }
+                if let Message::Register(_) = msg {
+                    // where a node that resynced listens: known at once
+                    return Some(msg);
+                }
                 f.held.push((from, msg));
                 return None;
             }
         };
+        let answer = f.machine.answer(FirstWord::Resync);
         f.machine.handle(
             at,
             Input::Resync {
@@ -332,6 +359,19 @@ impl Driver {
                 complete,
             },
         );
+        if let (true, Answer::Term(epoch)) = (first, answer) {
+            // a node that left its EVM for this standby: its Term now (not at the
+            // connection: a node that calls here for another reason never hears one), and
+            // a BU's number is known from here on (a successor must draw another)
+            if let NodeRef::Bu(_) = from {
+                let inc = self.links.incarnation_of(from);
+                self.links.seen_incarnations.insert(from, inc);
+            }
+            if let Some(conn) = self.links.conn(from) {
+                let term = Message::Term { epoch: epoch.get() };
+                let _ = self.messenger.send_now(conn, &term);
+            }
+        }
         self.drive_follower(now);
         None
     }
@@ -652,6 +692,22 @@ impl Driver {
             info!(node = %self.me.id, "the run was paused: it stays paused");
             self.control.set_paused(true);
         }
+        // connected nodes whose resync has not come: their Term now, from the run's EVM
+        let unresynced: Vec<ConnId> = self
+            .links
+            .conns()
+            .filter(|(p, _)| match p {
+                NodeRef::Ru(i) => !f.rus.contains_key(i),
+                NodeRef::Bu(i) => !f.bus.contains_key(i),
+                NodeRef::Evm => false,
+            })
+            .map(|(_, c)| c)
+            .collect();
+        for conn in unresynced {
+            let _ = self
+                .messenger
+                .send_now(conn, &Message::Term { epoch: epoch.get() });
+        }
         let rus: Vec<RuResync> = f
             .rus
             .into_values()
@@ -704,6 +760,65 @@ impl Driver {
         // the run's EVM now: a standby of its own may follow it (`evb up` starts one where
         // the old EVM was), and a second loss is taken over in turn
         self.standby = Standby::Active(Active::new(epoch, self.at(now)));
+    }
+
+    /// For a node that has not lost an EVM yet (never followed one away) in a run with a
+    /// standby: the EVM address to call after `addr` failed, the configured EVM's or the
+    /// standby's, whichever `addr` is not. `None` without a standby, once the node left an
+    /// EVM for the standby (then the standby rules: `call_standby`), or where the EVM is
+    /// found by its rendezvous file.
+    pub(super) fn other_evm_address(&self, addr: &str) -> Option<String> {
+        let Standby::Node {
+            addr: standby,
+            switched: false,
+            calling_since: None,
+            ..
+        } = &self.standby
+        else {
+            return None;
+        };
+        // the configured EVM's address (`evm.addr`, or its place in the topology)
+        let evm = self
+            .nodes
+            .iter()
+            .find(|n| n.role == Role::Evm)?
+            .addr
+            .clone();
+        if standby.is_empty() || self.evm_rendezvous().is_some() || evm.is_empty() {
+            return None;
+        }
+        Some(if addr == evm { standby.clone() } else { evm })
+    }
+
+    /// The EVM connection `conn` closed before its Term: not the run's EVM (a fenced EVM
+    /// takes no one; a standby that only follows closes a node that did not resync). A node
+    /// that has not lost an EVM calls the other address; true if it does.
+    pub(super) fn call_the_other_evm(&mut self, now: Instant, conn: ConnId, why: &str) -> bool {
+        let current = self
+            .links
+            .dial_specs
+            .get(&NodeRef::Evm)
+            .map(|(a, _)| a.clone())
+            .unwrap_or_default();
+        let Some(other) = self.other_evm_address(&current) else {
+            return false;
+        };
+        self.forget(NodeRef::Evm, conn);
+        if matches!(self.state(), RunState::Configured | RunState::Ready) {
+            // a Ready said there was not heard by the run's EVM: said again once up
+            self.links.mark_down();
+        }
+        info!(node = %self.me.id, "the EVM connection to {current} closed before its Term ({why}): not the run's EVM; calling {other}");
+        self.links
+            .dial_specs
+            .insert(NodeRef::Evm, (other.clone(), Channel::Control));
+        self.links.waiting_dials.push(peers::Dial {
+            peer: NodeRef::Evm,
+            addr: other,
+            channel: Channel::Control,
+            retry_at: Some(now + peers::CALL_EVERY),
+        });
+        true
     }
 
     /// A node lost its EVM: with a standby, call it (once).

@@ -118,6 +118,27 @@ pub enum Event {
     NeverReached,
 }
 
+/// A node's first word on a new connection to the standby, before it took over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FirstWord {
+    /// Its resync: a node that left its EVM for this standby.
+    Resync,
+    /// Anything else (Register, Ready): a node that did not lose an EVM — one that started
+    /// before its EVM listened, or a restarted BU.
+    Other,
+}
+
+/// How the standby answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// Its Term: the node follows this standby, which takes the run over at that epoch.
+    Term(Epoch),
+    /// Closed, without a Term: the node is not this standby's and calls the EVM again. A
+    /// Term said to it would make it follow an epoch that may never hold the run, and
+    /// fence the run's EVM once it reaches it (docs/standby.md, "A node that starts late").
+    Close,
+}
+
 /// The standby's machine.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Follower {
@@ -186,6 +207,15 @@ impl Follower {
     /// EVM's last word).
     pub fn epoch(&self) -> Epoch {
         Epoch::new(self.word.epoch).next()
+    }
+
+    /// How a node's first word on a new connection is answered (before the takeover; once
+    /// this standby is the run's EVM, every node's connection opens with its Term).
+    pub fn answer(&self, first: FirstWord) -> Answer {
+        match first {
+            FirstWord::Resync => Answer::Term(self.epoch()),
+            FirstWord::Other => Answer::Close,
+        }
     }
 
     pub fn handle(&mut self, now: Time, input: Input) {

@@ -21,7 +21,7 @@
 //! `EVB_MODEL_DEPTH` (and `EVB_MODEL_NODES`) for a deeper one (docs/protocol.md says what was
 //! explored).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use evb_builder::NodeRef;
@@ -30,7 +30,7 @@ use evb_wire::resync::Follow;
 use stateright::{Checker, Model, Property};
 
 use super::active::Fenced;
-use super::follower::{Event, Input, Stage, Timers, Transmit};
+use super::follower::{Answer, Event, FirstWord, Input, Stage, Timers, Transmit};
 use super::*;
 
 const TIMERS: Timers = Timers {
@@ -68,7 +68,10 @@ enum Msg {
     Cmd(Epoch, u8),
     Word(Follow),
     Fence(Epoch),
+    /// A node's first word after losing its EVM.
     Resync,
+    /// A node's first word otherwise (a process that never lost an EVM).
+    Register,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -97,6 +100,8 @@ struct NodeSt {
     heeded: Vec<(Epoch, u8, Epoch)>,
     /// A command heeded on a connection that had not said its Term.
     unannounced: bool,
+    /// A process that never followed an EVM (restarted): it calls with Register.
+    fresh: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -117,6 +122,12 @@ struct St {
     /// What the model reached: a stale Term refused, a takeover.
     refused_stale: bool,
     faults: u8,
+    /// The active EVM was frozen, killed or lost a connection: only then may it be fenced.
+    a_disturbed: bool,
+    /// The standby's connections from nodes that heard its Term.
+    s_termed: BTreeSet<ConnId>,
+    /// A node process was restarted (once per path: it keeps the space small).
+    restarted: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -137,15 +148,23 @@ enum Act {
     CommandS,
     /// A node without an EVM calls the next one.
     Call(u8),
+    /// Node 0's process restarted: a new one that never followed an EVM.
+    Restart(u8),
+    /// A fresh node's call to the active EVM finds nobody listening yet (the start-up
+    /// race): it calls the standby next.
+    NotListening(u8),
 }
 
 /// The small system: `nodes` nodes, `events` events per EVM, at most `faults` faults
-/// (losses, freezes, kills); `unchecked`: the planted bug (nodes' Term check off).
+/// (losses, freezes, kills, a restart, a call before the EVM listens); `unchecked`: a
+/// planted bug (nodes' Term check off); `standby_terms_all`: another (a standby that says
+/// its Term to every node at its call, as evb did before issue 66's start-up race was found).
 struct System {
     nodes: u8,
     events: u8,
     faults: u8,
     unchecked: bool,
+    standby_terms_all: bool,
 }
 
 fn node_ref(i: u8) -> NodeRef {
@@ -257,6 +276,13 @@ impl St {
             match self.s.poll_event() {
                 Some(Event::TakeOver { epoch, .. }) => {
                     self.s_evm = Some(Active::new(epoch, now));
+                    // the nodes connected whose first word has not come: the run's EVM's
+                    // Term now
+                    for c in self.conns_of(Who::S) {
+                        if matches!(self.conns[&c].from, Who::Node(_)) && self.s_termed.insert(c) {
+                            self.send(c, Who::S, Msg::Term(epoch));
+                        }
+                    }
                 }
                 Some(_) => {}
                 None => return,
@@ -289,6 +315,11 @@ impl St {
                     Some(Who::Node(i)) => node_ref(i),
                     _ => return,
                 };
+                if let Answer::Term(e) = self.s.answer(FirstWord::Resync) {
+                    if self.s_termed.insert(c) {
+                        self.send(c, Who::S, Msg::Term(e));
+                    }
+                }
                 self.s.handle(
                     now,
                     Input::Resync {
@@ -298,16 +329,17 @@ impl St {
                 );
                 self.drive_s();
             }
+            (Who::S, Msg::Register) if self.s_evm.is_none() => {
+                // a node that did not leave an EVM for this standby
+                if self.s.answer(FirstWord::Other) == Answer::Close {
+                    self.close(c);
+                }
+            }
             (Who::Node(i), Msg::Term(e)) => {
                 let n = &mut self.nodes[i as usize];
                 n.auth.unchecked = unchecked;
                 match n.auth.term(c, e) {
-                    Ok(()) => {
-                        // the standby that takes over: the node's resync first
-                        if self.conns.get(&c).map(|k| k.to) == Some(Who::S) {
-                            self.send(c, Who::Node(i), Msg::Resync);
-                        }
-                    }
+                    Ok(()) => n.fresh = false,
                     Err(_) => {
                         // the node's Fence, then its close (in order on the connection): a
                         // stale EVM reads the Fence first, a frozen one first thing when it
@@ -375,6 +407,9 @@ impl Model for System {
             next_conn: 1,
             refused_stale: false,
             faults: 0,
+            a_disturbed: false,
+            s_termed: BTreeSet::new(),
+            restarted: false,
         };
         // the standby follows; every node holds the active EVM, which said its Term
         st.s.handle_timeout(Duration::ZERO);
@@ -390,6 +425,7 @@ impl Model for System {
                 next: Who::S,
                 heeded: Vec::new(),
                 unannounced: false,
+                fresh: false,
             });
         }
         vec![st]
@@ -441,7 +477,13 @@ impl Model for System {
         for (i, n) in st.nodes.iter().enumerate() {
             if n.conn.is_none() {
                 acts.push(Act::Call(i as u8));
+                if n.fresh && n.next == Who::A && st.faults < self.faults {
+                    acts.push(Act::NotListening(i as u8));
+                }
             }
+        }
+        if !st.restarted && st.faults < self.faults {
+            acts.push(Act::Restart(0));
         }
     }
 
@@ -451,10 +493,18 @@ impl Model for System {
             Act::Deliver(c, to_callee) => st.deliver(c, to_callee, self.unchecked),
             Act::Lose(c) => {
                 st.faults += 1;
+                if st
+                    .conns
+                    .get(&c)
+                    .is_some_and(|k| k.from == Who::A || k.to == Who::A)
+                {
+                    st.a_disturbed = true;
+                }
                 st.close(c);
             }
             Act::FreezeA => {
                 st.faults += 1;
+                st.a_disturbed = true;
                 st.a_life = Life::Frozen;
             }
             Act::WakeA => {
@@ -466,6 +516,7 @@ impl Model for System {
             }
             Act::KillA => {
                 st.faults += 1;
+                st.a_disturbed = true;
                 st.a_life = Life::Dead;
                 for c in st.conns_of(Who::A) {
                     st.close(c);
@@ -511,12 +562,45 @@ impl Model for System {
                 }
                 let c = st.open(Who::Node(i), to);
                 st.nodes[i as usize].conn = Some(c);
-                // the EVM's first word on it: its Term
-                let epoch = match to {
-                    Who::A => st.a.epoch(),
-                    _ => st.s.epoch(),
+                // the node's first word: its resync where it left an EVM for the standby
+                let first = if st.nodes[i as usize].fresh {
+                    Msg::Register
+                } else {
+                    Msg::Resync
                 };
-                st.send(c, to, Msg::Term(epoch));
+                // the EVM's first word on it: its Term (a standby that has not taken over
+                // answers the node's first word instead: Deliver)
+                let term = match (to, &st.s_evm) {
+                    (Who::A, _) => Some(st.a.epoch()),
+                    (_, Some(active)) => Some(active.epoch()),
+                    (_, None) if self.standby_terms_all => Some(st.s.epoch()),
+                    (_, None) => None,
+                };
+                if let Some(e) = term {
+                    if to == Who::S {
+                        st.s_termed.insert(c);
+                    }
+                    st.send(c, to, Msg::Term(e));
+                }
+                if to == Who::S {
+                    st.send(c, Who::Node(i), first);
+                }
+            }
+            Act::Restart(i) => {
+                st.faults += 1;
+                st.restarted = true;
+                if let Some(c) = st.nodes[i as usize].conn {
+                    st.close(c);
+                }
+                let n = &mut st.nodes[i as usize];
+                n.auth = Authority::default();
+                n.conn = None;
+                n.next = Who::A;
+                n.fresh = true;
+            }
+            Act::NotListening(i) => {
+                st.faults += 1;
+                st.nodes[i as usize].next = Who::S;
             }
         }
         Some(st)
@@ -532,6 +616,9 @@ impl Model for System {
             Property::always("no word before a Term", |_, st: &St| {
                 st.nodes.iter().all(|n| !n.unannounced)
             }),
+            Property::always("an EVM nobody left is never fenced", |_, st: &St| {
+                st.a.fenced().is_none() || st.a_disturbed
+            }),
             Property::always("one connection per node", |_, st: &St| {
                 st.nodes.iter().enumerate().all(|(i, _)| {
                     st.conns
@@ -542,6 +629,9 @@ impl Model for System {
                 })
             }),
             Property::sometimes("a takeover", |_, st: &St| st.s_evm.is_some()),
+            Property::sometimes("a restarted node follows an EVM", |_, st: &St| {
+                st.restarted && st.nodes[0].conn.is_some() && !st.nodes[0].fresh
+            }),
             Property::sometimes("a stale term refused", |_, st: &St| st.refused_stale),
             Property::sometimes("the old EVM fenced", |_, st: &St| st.a.fenced().is_some()),
             Property::sometimes("a command of the new epoch heeded", |_, st: &St| {
@@ -569,6 +659,7 @@ fn every_interleaving_of_a_small_system_keeps_the_run_s_word() {
         events: 1,
         faults: 3,
         unchecked: false,
+        standby_terms_all: false,
     };
     let checker = sys.checker().target_max_depth(depth).spawn_bfs().join();
     eprintln!(
@@ -580,11 +671,13 @@ fn every_interleaving_of_a_small_system_keeps_the_run_s_word() {
     checker.assert_no_discovery("no stale word");
     checker.assert_no_discovery("no word before a Term");
     checker.assert_no_discovery("one connection per node");
+    checker.assert_no_discovery("an EVM nobody left is never fenced");
     // and the model is not vacuous: it reaches what it is for
     checker.assert_any_discovery("a takeover");
     checker.assert_any_discovery("a stale term refused");
     checker.assert_any_discovery("the old EVM fenced");
     checker.assert_any_discovery("a command of the new epoch heeded");
+    checker.assert_any_discovery("a restarted node follows an EVM");
 }
 
 #[test]
@@ -594,6 +687,7 @@ fn the_checker_finds_the_planted_bug_nodes_that_do_not_check_the_term() {
         events: 1,
         faults: 3,
         unchecked: true,
+        standby_terms_all: false,
     };
     let checker = sys
         .checker()
@@ -601,5 +695,27 @@ fn the_checker_finds_the_planted_bug_nodes_that_do_not_check_the_term() {
         .spawn_bfs()
         .join();
     let path = checker.assert_any_discovery("no stale word");
+    eprintln!("counterexample: {:?}", path.into_actions());
+}
+
+/// The second planted bug: a standby that says its Term to every node at its call (evb
+/// before the start-up race of issue 66 was found). A restarted node that finds the EVM not
+/// listening yet reaches the standby, follows its epoch, is closed, and then fences the
+/// run's EVM, which nobody left.
+#[test]
+fn the_checker_finds_the_planted_bug_a_standby_that_terms_every_caller() {
+    let sys = System {
+        nodes: 1,
+        events: 1,
+        faults: 3,
+        unchecked: false,
+        standby_terms_all: true,
+    };
+    let checker = sys
+        .checker()
+        .target_max_depth(env("EVB_MODEL_DEPTH", 16))
+        .spawn_bfs()
+        .join();
+    let path = checker.assert_any_discovery("an EVM nobody left is never fenced");
     eprintln!("counterexample: {:?}", path.into_actions());
 }

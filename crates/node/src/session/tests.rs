@@ -428,3 +428,41 @@ fn an_evm_that_lost_a_node_after_its_own_pause_yields_to_its_standby() {
     assert_eq!(a.follower(), None);
     assert_eq!(a.fence(Epoch::new(3)), Fenced::Already);
 }
+
+/// A node that calls the standby with anything but a resync (one that started before its
+/// EVM listened, a BU restarted after a takeover) is closed without a Term at every stage
+/// before the takeover — following, suspecting (just under and just over the timeout), and
+/// deciding — and never decides one: only a node that left its EVM hears the standby's Term.
+#[test]
+fn a_standby_says_its_term_only_to_a_node_that_resyncs_at_every_stage() {
+    use super::follower::{Answer, FirstWord};
+    let mut p = Pair::new();
+    p.active_until(500);
+    let mut seen = Vec::new();
+    for t in [400, 500 + 980, 500 + 1020, 1600] {
+        p.run_to(t);
+        assert_eq!(
+            p.standby.answer(FirstWord::Other),
+            Answer::Close,
+            "at {t} ms"
+        );
+        assert_eq!(
+            p.standby.answer(FirstWord::Resync),
+            Answer::Term(Epoch::new(1)),
+            "at {t} ms"
+        );
+        seen.push(p.standby.stage().clone());
+    }
+    assert!(matches!(seen[0], Stage::Following { .. }), "{seen:?}");
+    assert!(matches!(seen[3], Stage::Suspected { .. }), "{seen:?}");
+    // closed nodes tell the machine nothing: the suspicion ends as it would without them
+    assert_eq!(p.took_over(), None);
+    assert_eq!(p.fences(), 0);
+    // a node that left the EVM decides; then a late caller with Register is still closed
+    p.input(resync(NodeRef::Ru(0)));
+    assert!(p.standby.decided());
+    assert_eq!(p.standby.answer(FirstWord::Other), Answer::Close);
+    p.input(resync(NodeRef::Ru(1)));
+    p.input(resync(NodeRef::Bu(0)));
+    assert_eq!(p.standby.stage(), &Stage::TookOver);
+}
