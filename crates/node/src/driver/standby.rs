@@ -762,12 +762,16 @@ impl Driver {
         self.standby = Standby::Active(Active::new(epoch, self.at(now)));
     }
 
-    /// For a node that has not lost an EVM yet (never followed one away) in a run with a
-    /// standby: the EVM address to call after `addr` failed, the configured EVM's or the
+    /// For a node that never followed an EVM in this run (no Term admitted: a process that
+    /// started before its EVM listened, or a restarted BU) in a run with a standby: the EVM
+    /// address to call after `addr` failed, the configured EVM's or the
     /// standby's, whichever `addr` is not. `None` without a standby, once the node left an
     /// EVM for the standby (then the standby rules: `call_standby`), or where the EVM is
     /// found by its rendezvous file.
     pub(super) fn other_evm_address(&self, addr: &str) -> Option<String> {
+        if self.links.authority.ever_followed() {
+            return None;
+        }
         let Standby::Node {
             addr: standby,
             switched: false,

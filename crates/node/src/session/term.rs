@@ -111,6 +111,13 @@ impl Authority {
         }
     }
 
+    /// Whether this node followed any EVM in this run (a Term admitted once). A node that
+    /// never did may look for its EVM at the other EVM address; one that did follows the
+    /// standby rules only (docs/standby.md, "A node that starts late").
+    pub fn ever_followed(&self) -> bool {
+        self.followed.is_some()
+    }
+
     /// A message other than Term from the EVM on `conn`: the run's word only once that
     /// connection said its Term.
     pub fn admit(&self, conn: ConnId) -> Result<(), Refusal> {
