@@ -1519,7 +1519,7 @@ fn ctrl_c_after_takeovers(losses: u16) {
         },
         |line| triggered_at_least(line, 1000),
     );
-    let marker = cfg.display().to_string();
+    let marker = format!("evb-run-{}-", l.id());
     let pid = common::node_status(&evm_api)["pid"].as_u64().unwrap();
     let mut standbys = standby_pids(&marker);
     assert!(signal(pid as u32, "-9"));
