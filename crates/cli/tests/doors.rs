@@ -608,6 +608,37 @@ fn a_node_killed_before_it_registers_is_named_as_the_cause() {
     assert!(!out.contains("exited with None"), "{out}");
 }
 
+/// A node that cannot start (its data port taken by another process) is named at the verdict
+/// and in `--json`'s problems with its own last line on stderr and the class of the cause
+/// with its fix (issue 71 item 2), not only `exited with exit code 1`.
+#[test]
+fn a_node_that_cannot_listen_is_named_with_its_last_line_and_the_fix() {
+    let dir = common::out_dir();
+    let base = common::free_base_port(6);
+    // ru0 listens at base + 1 (the EVM at base): another process holds that port
+    let taken = std::net::TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    let toml = format!(
+        "[run]\nid = \"portuse\"\nevents = 1000\nrecords_dir = {:?}\n[topology]\nbase_port = {base}\n",
+        dir.path().join("records").display().to_string()
+    );
+    let (o, s) = common::evb_run_in(dir.path(), &toml);
+    drop(taken);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success(), "{}", text(&o));
+    let want = format!("lost ru0 before the run started: exited with exit code 1; its last line on stderr: evb node ru0: cannot listen on 127.0.0.1:{}", base + 1);
+    let named = |l: &str| {
+        l.contains(&want)
+            && l.contains("Address already in use")
+            && l.contains("(port in use: another process listens there")
+    };
+    assert!(out.lines().any(named), "{out}");
+    let problems = s["problems"].as_array().cloned().unwrap_or_default();
+    assert!(
+        problems.iter().any(|p| p.as_str().is_some_and(named)),
+        "--json's problems: {problems:?}"
+    );
+}
+
 /// The output disk fills up mid-run (a tmpfs the test mounts, filled by another file): the
 /// BUs hold their events and credits and say `sink blocked`; when the space returns they go
 /// on, and the run builds and writes every event once (docs/operations.md, "the output disk

@@ -64,7 +64,10 @@ fn kill_a_bu_with(dir: &Path, sink: &str) -> std::path::PathBuf {
     );
     assert!(o.status.success(), "{text}");
     assert!(text.contains("VERDICT: OK"), "{text}");
-    assert!(text.contains("bu1") || text.contains("bu[1]"), "no word of the loss: {text}");
+    assert!(
+        text.contains("bu1") || text.contains("bu[1]"),
+        "no word of the loss: {text}"
+    );
     let j = Command::new(EVB)
         .args(["inspect", "--run"])
         .arg(&out)
@@ -104,8 +107,7 @@ fn a_bu_killed_mid_run_with_each_hdf5_layout_leaves_every_event_in_one_file() {
         let Some(py) = common::python_with_h5py() else {
             continue;
         };
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_packed.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_packed.py");
         let o = Command::new(&py).arg(&script).arg(&out).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let r: Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -27,8 +27,15 @@ pub(super) fn problems(cfg: &Config, ids: &[String], w: &Watched) -> Vec<String>
             .collect()
     };
     for id in &lost_early {
+        // what the node said last on stderr is the cause (a port in use, a missing file),
+        // with the class of the cause and its fix where the line tells it
+        let last = w.last_lines.get(*id).map_or(String::new(), |line| {
+            let fix =
+                cause(line).map_or(String::new(), |(class, fix)| format!(" ({class}: {fix})"));
+            format!("; its last line on stderr: {line}{fix}")
+        });
         problems.push(format!(
-            "lost {id} before the run started: {}",
+            "lost {id} before the run started: {}{last}",
             w.how_ended[*id].0
         ));
     }
@@ -249,6 +256,38 @@ fn exit_words(code: Option<i32>) -> String {
     }
 }
 
+/// The class of a node's failure and its fix, read from its last line on stderr (the
+/// operating system's words, which evb passes on), where the line tells it.
+pub(super) fn cause(line: &str) -> Option<(&'static str, &'static str)> {
+    let l = line.to_ascii_lowercase();
+    let classes: [(&[&str], &str, &str); 4] = [
+        (
+            &["address already in use", "address in use"],
+            "port in use",
+            "another process listens there; stop it, or choose other ports (topology.base_port, control.base_port)",
+        ),
+        (
+            &["no such file or directory", "not found"],
+            "file missing",
+            "a file or folder the configuration names does not exist; `evb config check` names the key",
+        ),
+        (
+            &["permission denied", "read-only file system", "operation not permitted"],
+            "permission",
+            "the node cannot open or write a file or folder the configuration names; check its owner and mode",
+        ),
+        (
+            &["did not run for", "starved of cpu"],
+            "starved",
+            "the host is busier than the heartbeat allows; raise run.heartbeat_timeout_ms or run fewer nodes per core",
+        ),
+    ];
+    classes
+        .iter()
+        .find(|(words, _, _)| words.iter().any(|w| l.contains(w)))
+        .map(|(_, class, fix)| (*class, *fix))
+}
+
 /// Notes how node `id` ended, and whether the EVM had started the run by then.
 pub(super) fn note_exit(
     how: &mut BTreeMap<String, (String, bool)>,
@@ -310,6 +349,39 @@ mod tests {
             "{p:#?}"
         );
         assert!(p.iter().all(|l| !l.contains("Some(")), "{p:#?}");
+    }
+
+    /// Issue 71 item 2: a node lost before the run started is named at the verdict with its
+    /// last line on stderr and the class of the cause, with its fix.
+    #[test]
+    fn a_node_lost_before_the_start_is_named_with_its_last_line_and_the_fix() {
+        let cfg = Config::default();
+        let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
+        let mut w = watched(
+            &[("ru0", Some(1))],
+            &[(
+                "ru0",
+                "evb node: cannot listen on 127.0.0.1:47500: Address already in use (os error 98)",
+            )],
+        );
+        w.how_ended
+            .insert("ru0".into(), ("exited with exit code 1".into(), false));
+        let p = problems(&cfg, &ids, &w);
+        assert!(
+            p[0].starts_with(
+                "lost ru0 before the run started: exited with exit code 1; its last line on \
+                 stderr: evb node: cannot listen on 127.0.0.1:47500: Address already in use"
+            ) && p[0].ends_with(
+                "(port in use: another process listens there; stop it, or choose other ports \
+                 (topology.base_port, control.base_port))"
+            ),
+            "{p:#?}"
+        );
+        assert_eq!(
+            cause("bu0: cannot create /data/out: Permission denied").map(|c| c.0),
+            Some("permission")
+        );
+        assert_eq!(cause("ru1: no heartbeat for 1000 ms"), None);
     }
 
     #[test]
