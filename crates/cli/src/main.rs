@@ -288,6 +288,62 @@ fn fit_to_host(cfg: &mut evb_config::Config) {
     }
 }
 
+/// The files and folders a configuration names that its nodes cannot use: each RU's replay
+/// files (present and readable), the file sink's folder (a folder, or creatable under one),
+/// and `run.records_dir` likewise; each problem names its key.
+fn files_check(c: &Config, nodes: &[evb_config::NodeSpec]) -> Vec<String> {
+    use std::path::Path;
+    let mut problems = Vec::new();
+    for n in nodes.iter().filter(|n| n.role == evb_config::Role::Ru) {
+        for (j, f) in n.files.iter().enumerate() {
+            if let Err(e) = std::fs::File::open(f) {
+                problems.push(format!("ru[{}].files[{j}] ({}): {f:?}: {e}", n.index, n.id));
+            }
+        }
+    }
+    // a folder that is there must be one; one that is not is made under the nearest one
+    // that is, which must be writable
+    let folder = |key: &str, dir: &str, problems: &mut Vec<String>| {
+        if dir.is_empty() {
+            return;
+        }
+        let mut p = Path::new(dir);
+        while !p.exists() {
+            match p.parent() {
+                Some(up) if !up.as_os_str().is_empty() => p = up,
+                _ => return,
+            }
+        }
+        if !p.is_dir() {
+            problems.push(format!("{key}: {dir:?}: {} is not a folder", p.display()));
+        } else if !writable(p) {
+            problems.push(format!(
+                "{key}: {dir:?}: {} is not writable here",
+                p.display()
+            ));
+        }
+    };
+    if matches!(
+        c.sink.kind,
+        evb_config::SinkKind::File | evb_config::SinkKind::Hdf5
+    ) && !c.sink.dir.contains('{')
+    {
+        folder("sink.dir", &c.sink.dir, &mut problems);
+    }
+    folder("run.records_dir", &c.run.records_dir, &mut problems);
+    problems
+}
+
+/// Whether this process may create files in folder `p`.
+fn writable(p: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) reads a NUL-terminated path that lives across the call.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
 fn memory_check(who: &str, r: Result<Option<String>, evb_config::ConfigError>) -> Option<ExitCode> {
     match r {
         Ok(None) => None,
@@ -634,6 +690,15 @@ fn main() -> ExitCode {
                     return refused;
                 }
                 let nodes = c.nodes();
+                // what the nodes will open: a configuration that parses but names a file that
+                // is not there is not valid (each problem names its key)
+                let missing = files_check(&c, &nodes);
+                if !missing.is_empty() {
+                    for m in &missing {
+                        eprintln!("evb: {}: {m}", file.display());
+                    }
+                    return ExitCode::from(2);
+                }
                 let count = |r| nodes.iter().filter(|n| n.role == r).count();
                 println!(
                     "{}: valid ({} RUs, {} BUs, transport {})",

@@ -210,6 +210,59 @@ fn bad_configurations_are_refused_with_the_key_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
 
+/// `evb config check` checks what the nodes will open (issue 71 item 2): an RU's replay file
+/// that is not there and a sink folder under a file are refused with exit 2, each naming its
+/// key; with the file present and the folder fine the same configuration is valid.
+#[test]
+fn config_check_names_a_missing_data_file_and_an_unusable_sink_folder() {
+    let dir = common::out_dir();
+    let d = dir.path();
+    std::fs::write(d.join("present.raw"), b"x").unwrap();
+    std::fs::write(d.join("a-file"), b"x").unwrap();
+    let text = |files: &str, sink: &str| {
+        format!(
+            "[source]\nkind = \"fed\"\n[sink]\nkind = \"file\"\ndir = {sink:?}\n\
+             [[ru]]\nid = \"ru0\"\naddr = \"127.0.0.1:7101\"\nfiles = [{files}]\n\
+             [[bu]]\nid = \"bu0\"\naddr = \"127.0.0.1:7102\"\n"
+        )
+    };
+    let p = write(
+        d,
+        "missing.toml",
+        &text("\"present.raw\", \"gone.raw\"", "a-file/out"),
+    );
+    let out = Command::new(EVB)
+        .args(["config", "check"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("ru[0].files[1] (ru0)")
+            && err.contains("gone.raw")
+            && err.contains("No such file"),
+        "{err}"
+    );
+    assert!(!err.contains("files[0]"), "{err}");
+    assert!(
+        err.contains("sink.dir") && err.contains("is not a folder"),
+        "{err}"
+    );
+    let p = write(d, "fine.toml", &text("\"present.raw\"", "out/{run}"));
+    let out = Command::new(EVB)
+        .args(["config", "check"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
+}
+
 /// Every node pinned to one CPU (the last): the run is exact, each node says where it runs;
 /// a CPU that does not exist stops the run with the key named. (One BU: on one busy CPU a
 /// second BU may be scheduled too late to get any event, which `assert_exact` would flag.)
