@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::{free_base_port, out_dir, pids_with, signal, triggered_at_least, wait_node, EVB};
-use serde_json::Value;
 
 const EVENTS: u64 = 8000;
 
@@ -110,7 +109,7 @@ fn a_bu_killed_mid_run_with_each_hdf5_layout_leaves_every_event_in_one_file() {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/outside/check_packed.py");
         let o = Command::new(&py).arg(&script).arg(&out).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(r["problems"], 0, "{r}");
         assert_eq!(r["ids"], EVENTS, "{r}");
     }

@@ -329,11 +329,11 @@ impl St {
                 );
                 self.drive_s();
             }
-            (Who::S, Msg::Register) if self.s_evm.is_none() => {
-                // a node that did not leave an EVM for this standby
-                if self.s.answer(FirstWord::Other) == Answer::Close {
-                    self.close(c);
-                }
+            // a node that did not leave an EVM for this standby
+            (Who::S, Msg::Register)
+                if self.s_evm.is_none() && self.s.answer(FirstWord::Other) == Answer::Close =>
+            {
+                self.close(c);
             }
             (Who::Node(i), Msg::Term(e)) => {
                 let n = &mut self.nodes[i as usize];
