@@ -7,12 +7,12 @@
 #   scripts/pipeline-ab.sh OLD/target/release/evb NEW/target/release/evb [ROUNDS] [EVENTS] [CONFIGS]
 #
 # CONFIGS: some of discard-32K, files-32K, discard-default (default all, space-separated).
-# The data: $EVB_DATA, else ../shared/data/cms beside the repository. Ports 7301 and 7302.
+# The data: $EVB_DATA, else the repository's data/cms. Ports 7301 and 7302.
 set -euo pipefail
 old=${1:?old evb binary}; new=${2:?new evb binary}; rounds=${3:-3}; events=${4:-600000}
 configs=${5:-discard-32K files-32K discard-default}
 here=$(cd "$(dirname "$0")/.." && pwd)
-data=${EVB_DATA:-$here/../shared/data/cms}
+data=${EVB_DATA:-$here/data/cms}
 a=$data/csc_00307511_EmuRUI01_Local_000.raw; b=$data/csc_00307511_EmuRUI03_Local_000.raw
 [ -f "$a" ] && [ -f "$b" ] || { echo "recorded data not found in $data (EVB_DATA)" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -78,7 +78,7 @@ pub struct BenchArgs {
     /// threads, unloaded and loaded at each `run.priority` (normal, high, realtime).
     #[arg(long, value_name = "N")]
     pub compute_load: Option<u32>,
-    /// pipeline: the folder of the recorded CMS files (default: shared/data/cms beside an
+    /// pipeline: the folder of the recorded CMS files (default: data/cms beside an
     /// ancestor of the current folder or of this program).
     #[arg(long, value_name = "DIR")]
     pub data: Option<std::path::PathBuf>,

@@ -59,15 +59,15 @@ pub fn recorded(dir: &Path) -> Result<Recorded, String> {
     })
 }
 
-/// The recorded CMS files: `shared/data/cms` in or beside an ancestor of the current folder
-/// or of this program (the repository sits beside `shared/` in the workplace).
+/// The recorded CMS files: the repository's `data/cms`, found in an ancestor of the current
+/// folder or of this program.
 pub fn find_data() -> Option<PathBuf> {
     let mut starts = Vec::new();
     starts.extend(std::env::current_dir().ok());
     starts.extend(std::env::current_exe().ok());
     for s in starts {
         for a in s.ancestors() {
-            let d = a.join("shared/data/cms");
+            let d = a.join("data/cms");
             if d.join(FILES[0].0).exists() {
                 return Some(d);
             }

@@ -244,9 +244,8 @@ impl Planner<'_> {
     /// and a second file row with files of 2048 events what the default's small files cost.
     fn pipeline(&mut self) {
         let Some(dir) = self.s.data.clone() else {
-            self.notes.push(
-                "pipeline skipped: no recorded data found (shared/data/cms; --data DIR)".into(),
-            );
+            self.notes
+                .push("pipeline skipped: no recorded data found (data/cms; --data DIR)".into());
             return;
         };
         let data = match pipe::recorded(&dir) {

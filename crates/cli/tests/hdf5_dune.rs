@@ -2,7 +2,7 @@
 //! through `evb run`, its files read by `tests/outside/check_dune.py`, a reader written with
 //! h5py and struct from DUNE's published layout alone, each fragment compared byte for
 //! byte with the same data written as `.evb` files by a second run: triggered events (the
-//! generator's, and the recorded CMS files where `../shared/data/cms` has them), time
+//! generator's, and the recorded CMS files where `data/cms` has them), time
 //! slices, and decision windows with EMPTY and MISSING components.
 #![cfg(feature = "hdf5")]
 
@@ -187,23 +187,21 @@ fn decision_windows_are_trigger_records_with_empty_and_missing_components() {
     assert_eq!(r["missing"], evicted, "{r}");
 }
 
-/// The recorded CMS files (`../shared/data/cms`), 4,685 events of two FEDs, as DUNE trigger
+/// The recorded CMS files (`data/cms`), 4,685 events of two FEDs, as DUNE trigger
 /// records, byte for byte against the same run written as `.evb` files.
 #[test]
 fn real_cms_data_as_dune_trigger_records_equals_the_evb_files() {
     let Some(py) = common::python_with_h5py() else {
         return;
     };
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cms");
     let a = data.join("csc_00307511_EmuRUI01_Local_000.raw");
     let b = data.join("csc_00307511_EmuRUI03_Local_000.raw");
-    if !a.exists() || !b.exists() {
-        eprintln!(
-            "real CMS data not found in {}: test skipped",
-            data.display()
-        );
-        return;
-    }
+    assert!(
+        a.exists() && b.exists(),
+        "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
+        dir.display()
+    );
     let d = out_dir();
     let (evb, dune) = both(d.path(), &|sink| {
         format!(

@@ -3,7 +3,7 @@
 //! with h5py and numpy from docs/formats.md §12 alone: every index row and invariant, each
 //! fragment's CRC32C and bytes against the generator's pattern and against the same data
 //! written as `.evb` files by a second run (generated events, stored and deflated, and the
-//! recorded CMS files where `../shared/data/cms` has them, whole and with a damaged fragment
+//! recorded CMS files where `data/cms` has them, whole and with a damaged fragment
 //! dropped, so that events are partial), and a full disk that holds the events back.
 #![cfg(feature = "hdf5")]
 
@@ -123,7 +123,7 @@ fn generated_events_packed_read_by_h5py_byte_for_byte() {
     }
 }
 
-/// The recorded CMS files (`../shared/data/cms`), 4,685 events of two FEDs, byte for byte
+/// The recorded CMS files (`data/cms`), 4,685 events of two FEDs, byte for byte
 /// against the same run written as `.evb` files; then a copy with one fragment damaged
 /// (`on_error = "drop"`): its event is partial, the fragment a MISSING placeholder, in both.
 #[test]
@@ -131,16 +131,14 @@ fn real_cms_data_packed_equals_the_evb_files() {
     let Some(py) = common::python_with_h5py() else {
         return;
     };
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cms");
     let a = data.join("csc_00307511_EmuRUI01_Local_000.raw");
     let b = data.join("csc_00307511_EmuRUI03_Local_000.raw");
-    if !a.exists() || !b.exists() {
-        eprintln!(
-            "real CMS data not found in {}: test skipped",
-            data.display()
-        );
-        return;
-    }
+    assert!(
+        a.exists() && b.exists(),
+        "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
+        dir.display()
+    );
     let d = out_dir();
     // a copy of the first file with a byte of its first fragment's payload changed
     let damaged = d.path().join("damaged.raw");

@@ -158,16 +158,14 @@ fn real_cms_data_in_hdf5_equals_the_evb_files_4685_events() {
     let Some(py) = common::python_with_h5py() else {
         return;
     };
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cms");
     let a = data.join("csc_00307511_EmuRUI01_Local_000.raw");
     let b = data.join("csc_00307511_EmuRUI03_Local_000.raw");
-    if !a.exists() || !b.exists() {
-        eprintln!(
-            "real CMS data not found in {}: test skipped",
-            data.display()
-        );
-        return;
-    }
+    assert!(
+        a.exists() && b.exists(),
+        "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
+        dir.display()
+    );
     let d = out_dir();
     let run = |kind: &str, extra: &str| -> std::path::PathBuf {
         let out = d.path().join(kind);

@@ -26,17 +26,17 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 const EVENTS: u64 = 4685;
 
-/// The two real CMS files (sources 841 and 843), or `None` when ../shared is not there.
-fn cms_files() -> Option<(PathBuf, PathBuf)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+/// The two real CMS files (sources 841 and 843), in the repository's data/cms.
+fn cms_files() -> (PathBuf, PathBuf) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cms");
     let a = dir.join("csc_00307511_EmuRUI01_Local_000.raw");
     let b = dir.join("csc_00307511_EmuRUI03_Local_000.raw");
-    if a.exists() && b.exists() {
-        Some((a, b))
-    } else {
-        eprintln!("real CMS data not found in {}: test skipped", dir.display());
-        None
-    }
+    assert!(
+        a.exists() && b.exists(),
+        "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
+        dir.display()
+    );
+    (a, b)
 }
 
 /// `evb feed` of `files` to `to` (one file per address), started before the run.
@@ -159,7 +159,7 @@ fn sum(s: &Value, role: &str, key: &str) -> u64 {
 #[test]
 fn cms_files_streamed_into_two_rus_build_every_event() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let d = common::out_dir();
     let to = addrs(2);
     let toml = format!(
@@ -186,7 +186,7 @@ fn cms_files_streamed_into_two_rus_build_every_event() {
 #[test]
 fn cms_files_streamed_into_one_ru_build_super_fragments() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let d = common::out_dir();
     let to = addrs(2);
     // a short read-ahead and slow BU sinks: the RU must stop reading (back-pressure to the
@@ -259,7 +259,7 @@ fn altered(src: &Path, dir: &Path) -> PathBuf {
 #[test]
 fn an_altered_lv1_id_is_a_sync_loss_under_both_policies() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let d = common::out_dir();
     let bad = altered(&b, d.path());
     for policy in ["stop", "flag"] {
@@ -469,7 +469,7 @@ fn ru_stat(s: &Value, ru: &str, key: &str) -> u64 {
 #[test]
 fn a_probe_that_connects_and_closes_does_not_take_the_stream() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let mut rng = seeded("a_probe_that_connects_and_closes_does_not_take_the_stream");
     let d = common::out_dir();
     let to = addrs(2);
@@ -508,7 +508,7 @@ fn a_probe_that_connects_and_closes_does_not_take_the_stream() {
 #[test]
 fn a_front_end_not_in_the_allow_list_is_refused_and_the_real_one_builds_everything() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let mut rng = seeded("a_front_end_not_in_the_allow_list_is_refused");
     let d = common::out_dir();
     let to = addrs(2);
@@ -642,7 +642,7 @@ fn one_fragment_missing(src: &Path, dir: &Path) -> PathBuf {
 #[test]
 fn flagged_sync_losses_are_named_by_the_verdict_and_fail_the_exit() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let d = common::out_dir();
     let short = one_fragment_missing(&b, d.path());
     let to = addrs(2);
@@ -680,7 +680,7 @@ fn flagged_sync_losses_are_named_by_the_verdict_and_fail_the_exit() {
 #[test]
 fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let mut rng = seeded("every_fragment_sent_is_built_or_counted");
     let events = 100 + rng.below(3900);
     // batches of read_ahead fragments at most (64), whole or cut short by a small bound
@@ -729,7 +729,7 @@ fn every_fragment_sent_is_built_or_counted_when_the_run_stops_first() {
 #[test]
 fn thousands_of_dropped_fragments_are_a_few_log_lines() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let d = common::out_dir();
     let mut data = std::fs::read(&b).unwrap();
     let ranges = fed::split(&data).unwrap();
@@ -767,7 +767,7 @@ fn thousands_of_dropped_fragments_are_a_few_log_lines() {
 #[test]
 fn a_standby_takes_over_a_live_fed_run_and_builds_every_event_once() {
     let _one = one_at_a_time();
-    let Some((a, b)) = cms_files() else { return };
+    let (a, b) = cms_files();
     let mut rng = seeded("a_standby_takes_over_a_live_fed_run");
     let at = 1000 + rng.below(6000);
     eprintln!("the EVM is killed once {at} events are triggered");

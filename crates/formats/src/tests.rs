@@ -163,15 +163,16 @@ fn event_files_round_trip_with_metadata() {
 /// The real CMS files, when ../shared is beside the checkout.
 #[test]
 fn real_cms_files_validate() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cms");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cms");
     let files = [
         ("csc_00307511_EmuRUI01_Local_000.raw", 841),
         ("csc_00307511_EmuRUI03_Local_000.raw", 843),
     ];
-    if !dir.join(files[0].0).exists() {
-        eprintln!("real CMS data not found at {} — skipped", dir.display());
-        return;
-    }
+    assert!(
+        dir.join(files[0].0).exists(),
+        "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
+        dir.display()
+    );
     for (name, source) in files {
         let data = std::fs::read(dir.join(name)).unwrap();
         let ranges = fed::split(&data).unwrap();
