@@ -164,9 +164,24 @@ fn resolve(a: &CtlArgs) -> Result<Api, String> {
     let run_id = cfg
         .as_ref()
         .map_or_else(|| Config::default().run.id, |c| c.run.id.clone());
-    // read only when the URL is needed: a refused file is an error then, never a silent miss
+    // read only when the URL is needed: a refused file is an error then, never a silent miss;
+    // and trusted only once the control there proves it is this run id's (a file left by an
+    // `evb up` that did not end in order may name an address that is now another's)
     let from_up = || -> Result<Option<String>, String> {
-        Ok(crate::state_dir::read(&crate::up::url_file(&run_id))?.map(|s| s.trim().to_string()))
+        let Some(url) =
+            crate::state_dir::read(&crate::up::url_file(&run_id))?.map(|s| s.trim().to_string())
+        else {
+            return Ok(None);
+        };
+        let probe = Api::new(&url, token.clone()).with_timeout(std::time::Duration::from_secs(3));
+        crate::up::proven(&probe, &run_id).map_err(|why| {
+            format!(
+                "the URL file of `evb up` for run id {run_id:?} names {url}, but {why}: it is \
+                 not this run's control (a file left by an `evb up` that did not end in order); \
+                 give --url or --config, or start `evb up` again"
+            )
+        })?;
+        Ok(Some(url))
     };
     let url = match a
         .url

@@ -41,13 +41,36 @@ fn kill_all(children: &mut [(String, Child)]) {
 }
 
 /// An `evb up` of the same run id whose control still answers: its URL (a second one would
-/// take the URL file over and leave the first out of `evb ctl`'s reach).
+/// take the URL file over and leave the first out of `evb ctl`'s reach). A URL file whose
+/// address answers as no control of this run id (a file left by an `evb up` that did not
+/// end in order, its address now another's) is not a run that is up.
 fn already_up(run_id: &str, secret: Option<&str>) -> Option<String> {
     let url = crate::state_dir::read(&url_file(run_id)).ok()??;
     let url = url.trim().to_string();
     let token = secret.map(|s| evb_control::control_token(s.as_bytes()));
     let api = Api::new(&url, token).with_timeout(Duration::from_millis(1000));
-    api.get("/api/v1/status").ok().map(|_| url)
+    proven(&api, run_id).ok().map(|_| url)
+}
+
+/// Whether the control at `api` proves it is run id `run_id`'s: its status names that run id,
+/// or it is a standby EVM that points at the control it follows, or it is evb's door asking
+/// for the token (the secret decides then). Anything else — nothing answering, another run
+/// id, a server that is not evb's — is said in words.
+pub(crate) fn proven(api: &Api, run_id: &str) -> Result<(), String> {
+    match api.get("/api/v1/status") {
+        Ok(r) if r.status == 200 && r.body["config"]["run_id"] == run_id => Ok(()),
+        Ok(r) if r.status == 200 && r.body["config"]["run_id"].is_string() => Err(format!(
+            "it is the control of run id {}",
+            r.body["config"]["run_id"]
+        )),
+        Ok(r) if r.status == 404 && r.body["control"].is_string() => Ok(()),
+        Ok(r) if r.status == 401 && r.body.to_string().contains("token") => Ok(()),
+        Ok(r) => Err(format!(
+            "it answers HTTP {} as no evb control does",
+            r.status
+        )),
+        Err(e) => Err(format!("nothing answers there ({e})")),
+    }
 }
 
 /// How the operator reaches this configuration's run with `evb ctl`: bare for the default

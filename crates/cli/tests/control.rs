@@ -747,13 +747,27 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,
-        "[run]\nsecret = \"open-sesame-4b8e1d\"\nevents = 1000\nduration_s = 0\n[fragments]\nsize = 4096\n\
-         [control]\nhost = \"10.251.0.1\"\nbase_port = 8700\n",
+        format!(
+            "[run]\nid = \"netns-door\"\nsecret = \"open-sesame-4b8e1d\"\nevents = 1000\nduration_s = 0\n\
+             records_dir = {:?}\n[fragments]\nsize = 4096\n\
+             [control]\nhost = \"10.251.0.1\"\nbase_port = 8700\n",
+            dir.path().join("records").display().to_string()
+        ),
+    )
+    .unwrap();
+    // its URL file in a folder of its own: killed, this `evb up` leaves it behind, naming an
+    // address that is gone with the namespace (issue 71 item 9)
+    let runtime = dir.path().join("runtime");
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(
+        &runtime,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
     )
     .unwrap();
     let mut up = Command::new("ip")
         .args(["netns", "exec", &a, EVB, "up", "--config"])
         .arg(&cfg)
+        .env("XDG_RUNTIME_DIR", &runtime)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .spawn()

@@ -1033,3 +1033,74 @@ fn malformed_and_refused_requests_are_logged_with_their_reasons() {
         "{all}"
     );
 }
+
+/// Issue 71 item 9: a URL file left by an `evb up` that did not end in order names an address
+/// that is now another's. `evb ctl` trusts it only once the control there proves it is the
+/// run id's: a server that is not evb's, or nothing at all, is refused in words, and no
+/// request of the operator's goes there; `evb up` of that run id is not taken for up.
+#[test]
+fn a_stale_control_url_file_is_not_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = common::out_dir();
+    let runtime = dir.path().join("runtime");
+    std::fs::create_dir_all(runtime.join("evb")).unwrap();
+    for d in [runtime.clone(), runtime.join("evb")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    // a web server that is not evb's: 404 to everything, counting what it was asked
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = other.local_addr().unwrap();
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    {
+        let asked = asked.clone();
+        std::thread::spawn(move || {
+            for s in other.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                asked
+                    .lock()
+                    .unwrap()
+                    .push(head.lines().next().unwrap_or("").to_string());
+                let _ = s.write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\nconnection: close\r\n\r\nnot here\n",
+                );
+            }
+        });
+    }
+    let url_file = runtime.join("evb").join("evb-local.url");
+    let ctl = |args: &[&str]| {
+        Command::new(EVB)
+            .arg("ctl")
+            .args(args)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env_remove("EVB_URL")
+            .output()
+            .unwrap()
+    };
+    std::fs::write(&url_file, format!("http://{at}/\n")).unwrap();
+    std::fs::set_permissions(&url_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = ctl(&["stop"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        err.contains(&format!("names http://{at}/"))
+            && err.contains("answers HTTP 404 as no evb control does")
+            && err.contains("not this run's control"),
+        "{err}"
+    );
+    // it was asked who it is, and nothing else: the stop never went there
+    let asked = asked.lock().unwrap().clone();
+    assert!(
+        asked.iter().all(|l| l.starts_with("GET /api/v1/status")),
+        "{asked:?}"
+    );
+    // nothing at the address at all
+    let gone = free_base_port(1);
+    std::fs::write(&url_file, format!("http://127.0.0.1:{gone}/\n")).unwrap();
+    let o = ctl(&["status"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(err.contains("nothing answers there"), "{err}");
+}
