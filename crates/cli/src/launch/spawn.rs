@@ -125,9 +125,12 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String>
         .collect();
     // Every node on this host: with many more nodes than CPUs, a node's event loop can wait
     // its turn for a second or more, and would be declared lost while alive. Give the
-    // heartbeat timeout room for that (a real deployment sets it for its own hosts).
+    // heartbeat timeout room for that (a real deployment sets it for its own hosts): 400 ms
+    // per node per CPU, so that the default 5 nodes on 2 CPUs keep the configured 1 s, and
+    // 8 on 2 (getting-started's bigger run, where a node of a busy host was seen not to run
+    // for 1.23 s) get 1.6 s.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let floor = 200 * nodes.len() as u64 / cpus;
+    let floor = 400 * nodes.len() as u64 / cpus;
     if floor > out.run.heartbeat_timeout_ms {
         eprintln!(
             "evb: {} nodes on {cpus} CPUs: run.heartbeat_timeout_ms raised from {} to {floor} so that a busy node is not taken for a dead one",
