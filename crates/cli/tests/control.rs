@@ -1369,3 +1369,56 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["totals"]["events_built"], EVENTS);
 }
+
+/// Issue 71 item 4: under `evb up`, a BU frozen (SIGSTOP) past the heartbeat timeout is
+/// dropped, its events built elsewhere; woken (SIGCONT), its process finds itself cut off and
+/// its run of it ends — and the controller has it join the run again as a new incarnation,
+/// as a killed and restarted BU does. The run ends exact, every event in one file, and the
+/// record says bu[1] was lost and rejoined.
+#[test]
+fn a_frozen_bu_that_wakes_rejoins_the_run_under_evb_up() {
+    let up = Up::start(
+        "[run]\nid = \"woken\"\nevents = 40000\nduration_s = 0\nrate_hz = 4000\n\
+         [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n",
+    );
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    let s = up.wait_until("run 1 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 2000
+    });
+    let bu1 = Up::node(&s, "bu1")["control"].as_str().unwrap().to_string();
+    let pid = Api::new(&bu1, None).get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap();
+    common::signal(pid, "-STOP");
+    let lost = up.wait_until("bu1 dropped by the EVM", 30, |s| {
+        node_events(&s["evm"]["lost"])
+            .iter()
+            .any(|e| e.kind == NodeEventKind::Lost && e.node == "bu[1]")
+    });
+    assert!(
+        lost["evm"]["triggered"].as_u64().unwrap_or(0) < 30000,
+        "the run is nearly over before the loss: {lost:#}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    common::signal(pid, "-CONT");
+    let rec = up.wait_run(1);
+    assert_exact(&rec, 40000);
+    let events = node_events(&rec["lost"]);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == NodeEventKind::Rejoined && e.node == "bu[1]"),
+        "the woken bu1 did not rejoin: {rec:#}"
+    );
+    // the same process: woken, not restarted
+    let now = Api::new(&bu1, None).get("/api/v1/node").unwrap().body["pid"].as_u64();
+    assert_eq!(now, Some(pid));
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..40000),
+        "{} events in the files",
+        files.len()
+    );
+    assert!(up.halt().success());
+}

@@ -689,7 +689,10 @@ impl Core {
 
     /// The BUs started again during the run, idle now: told to start the run under way,
     /// they join it as under `evb run` (the RUs keep calling them, the EVM gives them events
-    /// once they are Ready). RUs are not: losing one follows `on_ru_loss`.
+    /// once they are Ready). So is a BU that the EVM lost and whose own run of it ended in
+    /// failure while its process lived on (frozen, then woken: it left the run on finding
+    /// itself cut off): it joins again as a new incarnation, as a restarted one does. RUs
+    /// are not: losing one follows `on_ru_loss`.
     fn rejoins(&mut self) -> Vec<Rejoin> {
         if !matches!(self.state, State::Running | State::Paused) {
             return Vec::new();
@@ -697,16 +700,35 @@ impl Core {
         let Some((run, body)) = self.under_way.clone() else {
             return Vec::new();
         };
+        // the BUs the EVM counts as down (lost and not back), by index
+        let evm_id = self
+            .cfg
+            .nodes()
+            .into_iter()
+            .find(|n| n.role == Role::Evm)
+            .map(|n| n.id);
+        let down: Vec<String> = evm_id
+            .and_then(|id| self.nodes.get(&id))
+            .and_then(|v| v.snapshot())
+            .and_then(|s| s.stats.evm())
+            .map(|e| e.down.clone())
+            .unwrap_or_default();
         let idle: Vec<NodeSpec> = self
             .others()
             .into_iter()
-            .filter(|n| n.role == Role::Bu && self.restarted.contains(&n.id))
+            .filter(|n| n.role == Role::Bu)
             .filter(|n| {
+                let woke = |r: &NodeReply| {
+                    r.run == run
+                        && r.last.as_ref().is_some_and(|l| l.run == run && !l.ok)
+                        && down.contains(&format!("bu[{}]", n.index))
+                };
+                let restarted = self.restarted.contains(&n.id);
                 self.nodes.get(&n.id).is_some_and(|v| {
                     v.error.is_none()
-                        && v.reply
-                            .as_ref()
-                            .is_some_and(|r| r.phase == Phase::Idle && r.run != run)
+                        && v.reply.as_ref().is_some_and(|r| {
+                            r.phase == Phase::Idle && ((restarted && r.run != run) || woke(r))
+                        })
                 })
             })
             .collect();

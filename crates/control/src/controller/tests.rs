@@ -301,6 +301,77 @@ fn a_start_that_a_node_refuses_is_called_off_at_the_others() {
     assert_eq!(rec.end.as_ref().unwrap().triggered, None);
 }
 
+/// Issue 71 item 4: a BU whose process lived on (frozen, then woken) and whose run of it
+/// ended in failure is told to rejoin once the EVM counts it as down; not while the EVM
+/// does not, not after a clean end, and never an RU.
+#[test]
+fn a_woken_bu_that_the_evm_lost_is_told_to_rejoin() {
+    let mut c = core();
+    started(&mut c);
+    let t0 = Instant::now();
+    let failed = |node: &str, pid: u32, ok: bool| {
+        let mut r = reply(node, pid, Phase::Idle, 1, 10);
+        r.last = Some(crate::service::LastRun {
+            run: 1,
+            ok,
+            reason: "lost evm: closed by peer (after this node itself did not run for 2216 ms)"
+                .into(),
+        });
+        r
+    };
+    let evm = |down: &[&str]| {
+        let mut r = reply("evm", 1, Phase::Running, 1, 100);
+        if let Some(s) = r.snapshot.as_mut() {
+            s.stats = RoleStats::Evm(Box::new(EvmStats {
+                triggered: 100,
+                down: down.iter().map(|d| d.to_string()).collect(),
+                ..Default::default()
+            }));
+        }
+        r
+    };
+    c.answers(
+        t0,
+        vec![("bu1".into(), Ok(reply("bu1", 7, Phase::Running, 1, 10)))],
+    );
+    // its run ended in failure, but the EVM has not counted it as down yet: not yet
+    let early = c.answers(
+        t0,
+        vec![
+            ("evm".into(), Ok(evm(&[]))),
+            ("bu1".into(), Ok(failed("bu1", 7, false))),
+        ],
+    );
+    assert!(early.is_empty(), "{early:?}");
+    let rejoins = c.answers(
+        t0,
+        vec![
+            ("evm".into(), Ok(evm(&["bu[1]"]))),
+            ("bu1".into(), Ok(failed("bu1", 7, false))),
+        ],
+    );
+    assert_eq!(rejoins.len(), 1, "{rejoins:?}");
+    assert_eq!((rejoins[0].node.id.as_str(), rejoins[0].run), ("bu1", 1));
+    // a clean end of its run is no loss, even if the EVM lost it once before
+    let clean = c.answers(
+        t0,
+        vec![
+            ("evm".into(), Ok(evm(&["bu[1]"]))),
+            ("bu1".into(), Ok(failed("bu1", 7, true))),
+        ],
+    );
+    assert!(clean.is_empty(), "{clean:?}");
+    // an RU is never told to rejoin
+    let ru = c.answers(
+        t0,
+        vec![
+            ("evm".into(), Ok(evm(&["ru[0]"]))),
+            ("ru0".into(), Ok(failed("ru0", 5, false))),
+        ],
+    );
+    assert!(ru.is_empty(), "{ru:?}");
+}
+
 #[test]
 fn a_restarted_bu_is_told_to_rejoin_once() {
     let mut c = core();
