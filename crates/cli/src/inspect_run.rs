@@ -48,6 +48,18 @@ fn manifests(dir: &Path) -> Vec<PathBuf> {
 /// files are complete and as listed, its verdict is OK, and no file that looks like data is
 /// left that no manifest lists.
 pub fn run(dir: &Path, clean: bool) -> bool {
+    if !dir.is_dir() {
+        println!(
+            "{}: {}",
+            dir.display(),
+            if dir.exists() {
+                "not a folder (give the run's folder, where its manifest is)"
+            } else {
+                "no such folder"
+            }
+        );
+        return false;
+    }
     let found = manifests(dir);
     if found.is_empty() {
         println!(

@@ -327,7 +327,7 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
             }
 
             eprintln!(
-                "evb up: {id} {}; starting it again for the next run",
+                "evb up: {id} {}; starting it again (a BU rejoins the run under way, if any)",
                 crate::launch::ended_words(status)
             );
             restart_at.push((id.clone(), Instant::now() + Duration::from_secs(1)));
