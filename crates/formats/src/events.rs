@@ -291,6 +291,8 @@ pub struct PrepareJob {
     /// The file's size and CRC32C are read from the file (a writer that did not see its
     /// bytes go by: HDF5).
     measure: bool,
+    /// Stretches of the file whose CRC32C the writer knows: not read back.
+    known: Vec<crate::file_crc::Known>,
 }
 
 impl PrepareJob {
@@ -307,23 +309,22 @@ impl PrepareJob {
             meta,
             mode,
             measure,
+            known: Vec::new(),
         }
+    }
+
+    /// Stretches of the file whose CRC32C the writer knows (where HDF5 put the chunks it was
+    /// handed whole): only the rest is read back to measure the file.
+    #[cfg(feature = "hdf5")]
+    pub(crate) fn knowing(mut self, known: Vec<crate::file_crc::Known>) -> PrepareJob {
+        self.known = known;
+        self
     }
 
     pub fn run(mut self) -> Result<(), EventFileError> {
         if self.measure {
-            use std::io::Read;
-            let mut f = File::open(&self.tmp).map_err(io_at(&self.tmp))?;
-            let (mut crc, mut size, mut buf) = (0u32, 0u64, vec![0u8; 1 << 20]);
-            loop {
-                let n = f.read(&mut buf).map_err(io_at(&self.tmp))?;
-                if n == 0 {
-                    break;
-                }
-                crc = crc32c::crc32c_append(crc, &buf[..n]);
-                size += n as u64;
-            }
-            (self.meta.crc32c, self.meta.bytes) = (crc, size);
+            (self.meta.bytes, self.meta.crc32c) =
+                crate::file_crc::size_and_crc(&self.data, &self.known).map_err(io_at(&self.tmp))?;
         }
         self.data.sync_data().map_err(io_at(&self.tmp))?;
         let meta_tmp = meta_tmp_of(&self.tmp);

@@ -16,6 +16,7 @@ pub mod dune;
 pub mod events;
 pub mod evidence;
 pub mod fed;
+mod file_crc;
 pub mod framed;
 pub mod frames;
 mod gather_writer;
