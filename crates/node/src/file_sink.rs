@@ -335,7 +335,7 @@ impl FileSink {
             f.w.set_ranges(&f.ranges);
             match f.w.begin_prepare() {
                 Ok(Some(job)) => {
-                    self.syncer.start(f.seq, Job::Prepare(job));
+                    self.syncer.start(f.seq, Job::Prepare(Box::new(job)));
                     f.stage = Stage::Syncing;
                 }
                 // durable already (a sealed file never is: kept for the writer's contract)
