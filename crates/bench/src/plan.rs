@@ -29,7 +29,7 @@ pub(crate) fn plan(
 ) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
         "all" => vec![
-            "p2p", "lat", "nxn", "build", "monitor", "pubsub", "pipeline",
+            "p2p", "lat", "nxn", "build", "monitor", "pubsub", "pipeline", "sinks",
         ],
         "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" | "pipeline" | "sinks" => {
             vec![which]
