@@ -346,8 +346,8 @@ impl PackedFile {
         known
     }
 
-    /// Writes the gathered events' whole chunks (`last`: all of them): one extend and one
-    /// write of the data dataset. `written` stays a multiple of [`CHUNK_BYTES`] until the
+    /// Writes the gathered events' whole chunks (`last`: all of them): one write of the data
+    /// dataset (and an extend where its extent is short, or at the last write). `written` stays a multiple of [`CHUNK_BYTES`] until the
     /// close, so each write begins a chunk.
     fn write_batch(&mut self, last: bool) -> hdf5::Result<()> {
         let n = match last {
