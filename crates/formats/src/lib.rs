@@ -28,6 +28,7 @@ pub mod hdf5_events;
 pub mod hdf5_packed;
 pub mod manifest;
 pub mod stream;
+mod zstd_pipe;
 
 #[cfg(test)]
 mod tests;
