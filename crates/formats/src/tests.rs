@@ -629,8 +629,8 @@ fn compressing_on_a_thread_writes_exactly_the_inline_file() {
     let pool = Pool::new("t", 64 << 10, 256);
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    let mut threaded = EventFileWriter::create_compressed(a.path(), "z", 0, 0, 0o600, 3).unwrap();
-    let mut inline = EventFileWriter::create_compressed_inline(b.path(), "z", 0, 0, 3).unwrap();
+    let mut threaded = EventFileWriter::create_compressed_as(a.path(), "z", 0, 0, 3, true).unwrap();
+    let mut inline = EventFileWriter::create_compressed_as(b.path(), "z", 0, 0, 3, false).unwrap();
     let mut e = 0u64;
     for run in [1usize, 5, 2, 9, 1, 1, 4] {
         for _ in 0..run {
@@ -697,7 +697,7 @@ fn compressing_on_a_thread_survives_a_full_disk() {
         let p = &payloads[e as usize];
         w.append_event(e, e as u32, 0, &[(header(e, 7, p), &chains[e as usize])])
     };
-    let mut w = EventFileWriter::create_compressed(&mnt, "zf", 0, 0, 0o600, 3).unwrap();
+    let mut w = EventFileWriter::create_compressed_as(&mnt, "zf", 0, 0, 3, true).unwrap();
     for e in 0..2 {
         append(&mut w, e).unwrap();
     }
