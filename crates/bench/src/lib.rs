@@ -15,6 +15,7 @@ mod pipeline;
 mod plan;
 mod pubsubbench;
 mod refs;
+mod sinks;
 mod zmqref;
 
 use std::path::PathBuf;
@@ -37,7 +38,8 @@ pub const DEFAULT_OUT: &str = "evb-out/bench";
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Which benchmark: p2p, lat, nxn, build, monitor (the cost of being watched), pubsub
-    /// (1 publisher to 1, 2, 4 subscribers, evb beside ZeroMQ PUB/SUB), or all.
+    /// (1 publisher to 1, 2, 4 subscribers, evb beside ZeroMQ PUB/SUB), sinks (a row per
+    /// sink beside the discard sink and a plain writer of the same files), or all.
     #[arg(default_value = "all")]
     pub which: String,
     /// A short smoke run (a few seconds): fewer sizes, one repetition, short points.
@@ -345,6 +347,67 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             0.0,
             "GB/s",
         );
+    }
+    // each sink against the build limit (discard) and its write limit (a plain writer of the
+    // same files), and HDF5 against the file sink (issue 67)
+    let sink = |variant: &str| {
+        find(points, |p| {
+            p.bench == "sink" && p.system == "evb" && p.variant == variant
+        })
+        .map(|p| p.gb_per_s)
+    };
+    for p in points
+        .iter()
+        .filter(|p| p.bench == "sink" && p.system == "evb" && p.variant != "discard")
+    {
+        let (of_discard, of_write, of_file) = sinks::targets(&p.variant);
+        push(
+            &format!("sink {} / discard (the build limit), GB/s", p.variant),
+            Some(p.gb_per_s),
+            sink("discard"),
+            of_discard,
+            "GB/s",
+        );
+        let write_limit = find(points, |q| {
+            q.bench == "sink"
+                && q.system == "plain"
+                && q.variant == format!("write limit for {}", p.variant)
+        });
+        push(
+            &format!(
+                "sink {} / plain writer of its files (the write limit), GB/s",
+                p.variant
+            ),
+            Some(p.gb_per_s),
+            write_limit.map(|q| q.gb_per_s),
+            of_write,
+            "GB/s",
+        );
+        if p.variant == "file-zstd" {
+            // zstd's cost: the BUs' CPU per GB built beside the plain file sink's
+            push(
+                "sink file-zstd / file, the BUs' CPU s per GB (zstd's cost, no target)",
+                Some(p.recv_cpu_s_per_gb),
+                find(points, |q| {
+                    q.bench == "sink" && q.system == "evb" && q.variant == "file"
+                })
+                .map(|q| q.recv_cpu_s_per_gb),
+                0.0,
+                "BU CPU s/GB",
+            );
+        }
+        if p.variant.starts_with("hdf5") {
+            push(
+                &format!("sink {} / file, 1 MiB events, events/s", p.variant),
+                Some(p.msgs_per_s),
+                find(points, |q| {
+                    q.bench == "sink" && q.system == "evb" && q.variant == "file"
+                })
+                .map(|q| q.msgs_per_s),
+                of_file,
+                "events/s",
+            );
+        }
     }
     // the default run as typed, against raw transfer in the same run (issue 15: no target)
     let default_run = find(points, |p| {
@@ -678,6 +741,53 @@ mod tests {
             "{r:?}"
         );
         assert!((r[1].value - 0.5).abs() < 1e-9, "{r:?}");
+    }
+
+    /// Each sink's row gets its two references (discard, its own plain writer) and the
+    /// targets of issue 67: the file sink 0.6 of discard and 0.8 of its write limit, HDF5
+    /// 0.9 of the file sink's events/s; the other rows no target.
+    #[test]
+    fn sink_rows_are_judged_against_both_references() {
+        let row = |system: &str, variant: &str, gb: f64| {
+            let mut p = Point::new("sink", system, "tcp", variant, 1 << 20);
+            (p.gb_per_s, p.msgs_per_s) = (gb, gb * 1000.0);
+            p
+        };
+        let r = ratios(&[
+            row("evb", "discard", 3.0),
+            row("evb", "file", 1.5),
+            row("plain", "write limit for file", 1.6),
+            row("evb", "file-zstd", 1.0),
+            row("plain", "write limit for file-zstd", 2.0),
+            row("evb", "hdf5-packed", 1.41),
+        ]);
+        let find = |name: &str| {
+            r.iter()
+                .find(|r| r.name.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {r:?}"))
+        };
+        let f = find("sink file / discard");
+        assert!(
+            f.target == 0.6 && !f.met && (f.value - 0.5).abs() < 1e-9,
+            "{f:?}"
+        );
+        let f = find("sink file / plain writer");
+        assert!(
+            f.target == 0.8 && f.met && (f.value - 0.9375).abs() < 1e-9,
+            "{f:?}"
+        );
+        let z = find("sink file-zstd / plain writer");
+        assert!(z.target == 0.0 && (z.value - 0.5).abs() < 1e-9, "{z:?}");
+        let h = find("sink hdf5-packed / file");
+        assert!(
+            h.target == 0.9 && h.met && (h.value - 0.94).abs() < 1e-9,
+            "{h:?}"
+        );
+        // no write limit was measured for HDF5: no such ratio, and none of discard against itself
+        assert!(!r
+            .iter()
+            .any(|r| r.name.starts_with("sink hdf5-packed / plain")));
+        assert!(!r.iter().any(|r| r.name.starts_with("sink discard")));
     }
 
     #[test]

@@ -29,13 +29,16 @@ pub(crate) fn plan(
 ) -> Result<Vec<Task>, String> {
     let groups: Vec<&str> = match which {
         "all" => vec![
-            "p2p", "lat", "nxn", "build", "monitor", "pubsub", "pipeline",
+            "p2p", "lat", "nxn", "build", "monitor", "pubsub", "pipeline", "sinks",
         ],
-        "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" | "pipeline" => vec![which],
+        "p2p" | "lat" | "nxn" | "build" | "monitor" | "pubsub" | "pipeline" | "sinks" => {
+            vec![which]
+        }
         other => {
             return Err(format!(
-            "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor, pubsub, pipeline or all"
-        ))
+                "unknown benchmark {other:?}: p2p, lat, nxn, build, monitor, pubsub, pipeline, \
+                 sinks or all"
+            ))
         }
     };
     let mut p = Planner {
@@ -55,6 +58,7 @@ pub(crate) fn plan(
             "monitor" => p.monitor(),
             "pubsub" => p.pubsub(),
             "pipeline" => p.pipeline(),
+            "sinks" => p.sinks(),
             _ => unreachable!(),
         }
     }
@@ -66,6 +70,14 @@ struct Planner<'a> {
     s: &'a Settings,
     notes: &'a mut Vec<String>,
     tasks: Vec<Task>,
+}
+
+/// The host's load average over the last minute (NaN where unknown).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// The default run's shape (2 x 2, tcp, static content), `fragment` bytes a fragment,
@@ -94,6 +106,41 @@ fn base_spec(fragment: usize, verify: &'static str, seconds: f64) -> BuildSpec {
 }
 
 impl Planner<'_> {
+    /// A row per sink with its two references (issue 67): the discard sink (the build
+    /// limit) first in each round, then each sink, each that writes files followed by the
+    /// plain writer of the same files (the write limit). HDF5 where evb has it.
+    fn sinks(&mut self) {
+        use crate::sinks::{self as sk, SinkKind};
+        let secs = self.s.build_secs;
+        let dir = sk::scratch(&std::env::temp_dir());
+        for sink in SinkKind::ALL {
+            if sink == SinkKind::Hdf5Packed && !cfg!(feature = "hdf5") {
+                self.notes.push(
+                    "sinks: no hdf5-packed row: this evb was built without the hdf5 feature".into(),
+                );
+                continue;
+            }
+            let written: sk::Written = Default::default();
+            let (d, w) = (dir.clone(), written.clone());
+            self.add(
+                format!("sink {}", sink.name()),
+                Box::new(move || sk::sink_run(sink, secs, &d, &w)),
+            );
+            if sink.writes() {
+                let d = dir.clone();
+                self.add(
+                    format!("sink {} write limit", sink.name()),
+                    Box::new(move || sk::plain_writer(sink, &d, &written)),
+                );
+            }
+        }
+        self.notes.push(format!(
+            "sinks: files written in {} (removed after each run); host load before: {:.2}",
+            dir.display(),
+            load_average()
+        ));
+    }
+
     /// Adds a task, unless one of that label is planned already.
     fn add(&mut self, label: String, job: Job) {
         if !self.tasks.iter().any(|t| t.label == label) {

@@ -129,3 +129,95 @@ fn quick_bench_writes_every_point_and_the_plot() {
         "no table on the terminal:\n{stdout}"
     );
 }
+
+/// `evb bench sinks --quick`: a row per sink (HDF5 where evb has it), a write limit beside
+/// each sink that writes files, and every sink's ratios against both references with the
+/// targets judged, all within CI's time.
+#[test]
+fn quick_sinks_bench_rows_every_sink_beside_both_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let out = Command::new(EVB)
+        .args(["bench", "sinks", "--quick", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "evb bench sinks failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        t.elapsed().as_secs() < 60,
+        "the quick mode took {:?}",
+        t.elapsed()
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("bench.json")).unwrap())
+            .unwrap();
+    let points = json["points"].as_array().unwrap();
+    let gbs = |system: &str, variant: &str| {
+        points
+            .iter()
+            .find(|p| p["bench"] == "sink" && p["system"] == system && p["variant"] == variant)
+            .and_then(|p| p["gb_per_s"].as_f64())
+    };
+    let hdf5 = cfg!(feature = "hdf5");
+    let mut sinks = vec!["discard", "count", "file", "file-zstd"];
+    if hdf5 {
+        sinks.push("hdf5-packed");
+    }
+    for s in &sinks {
+        let g = gbs("evb", s).unwrap_or_else(|| panic!("no {s} row:\n{stdout}"));
+        assert!(g > 0.0, "{s}: {g} GB/s");
+        if *s != "discard" && *s != "count" {
+            let w = gbs("plain", &format!("write limit for {s}"))
+                .unwrap_or_else(|| panic!("no write limit for {s}:\n{stdout}"));
+            assert!(w > 0.0, "{s}'s write limit: {w} GB/s");
+        }
+    }
+    let ratios = json["ratios"].as_array().unwrap();
+    let ratio = |name: &str| {
+        ratios
+            .iter()
+            .find(|r| r["name"].as_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("no ratio {name}: {ratios:?}"))
+    };
+    assert_eq!(ratio("sink file / discard")["target"], 0.6);
+    assert_eq!(ratio("sink file / plain writer")["target"], 0.8);
+    ratio("sink file-zstd / discard");
+    if hdf5 {
+        assert_eq!(ratio("sink hdf5-packed / file")["target"], 0.9);
+    } else {
+        assert!(stdout.contains("without the hdf5 feature"), "{stdout}");
+    }
+    assert!(
+        stdout.contains("sink file / discard") && stdout.contains("target >= 0.6"),
+        "no judged row on the terminal:\n{stdout}"
+    );
+    // nothing is left where the sinks wrote
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("evb-bench-sinks-{}", out_pid(&json)))
+        })
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// The process id in the folder note of a `bench sinks` run (its scratch folder's suffix).
+fn out_pid(json: &Value) -> String {
+    json["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .find_map(|n| n.split("evb-bench-sinks-").nth(1))
+        .map(|rest| rest.chars().take_while(|c| c.is_ascii_digit()).collect())
+        .unwrap_or_default()
+}

@@ -112,6 +112,8 @@ pub struct Hdf5EventWriter {
     /// In the packed layout: its data dataset, batch and index (None: another layout).
     packed: Option<crate::hdf5_packed::PackedFile>,
     layout: Hdf5Layout,
+    /// Where the packed layout's chunks lie and their CRC32Cs, once the file is closed.
+    pub(crate) known: Vec<crate::file_crc::Known>,
 }
 
 /// One component's window in a record built by time (a row of `Windows`), and its frames
@@ -289,6 +291,7 @@ impl Hdf5EventWriter {
             dune,
             packed,
             layout,
+            known: Vec::new(),
         })
     }
 
@@ -393,7 +396,7 @@ impl Hdf5EventWriter {
             return d.finish(&f).and_then(|()| f.close()).map_err(|e| said(&e));
         }
         if let Some(p) = self.packed.as_mut() {
-            let r = p.finish(&f);
+            let r = p.finish(&f).map(|known| self.known = known);
             // the data dataset's handle goes before the file's: the library writes its last
             // metadata when the file's last handle closes
             self.packed = None;
@@ -501,13 +504,10 @@ impl PartWriter for Hdf5EventWriter {
             return Err(self.damage(e));
         }
         let data = std::fs::File::open(&self.tmp).map_err(io_at(&self.tmp))?;
-        Ok(Some(PrepareJob::new(
-            data,
-            self.tmp.clone(),
-            self.meta.clone(),
-            self.mode,
-            true,
-        )))
+        Ok(Some(
+            PrepareJob::new(data, self.tmp.clone(), self.meta.clone(), self.mode, true)
+                .knowing(self.known.clone()),
+        ))
     }
 
     fn prepared(&mut self) {

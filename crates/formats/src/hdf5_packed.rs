@@ -2,12 +2,15 @@
 //! docs/formats.md §12): every event's payload bytes back to back in one extensible dataset,
 //! and an index of one row per event and one per fragment. What an event costs the file is
 //! its index rows, not an HDF5 group with datasets and attributes: small events can afford
-//! HDF5. Events are gathered into a batch and written by one extend and one write per
-//! [`BATCH_BYTES`], in whole chunks (the library then writes them from the batch, with no
-//! chunk cache to copy through and no chunk read back to complete it); the rest of a chunk
-//! waits for the next batch or the close. The index is kept in memory and written when the
-//! file is closed. The
-//! file's life (temporary name, durability, publication) is
+//! HDF5. Events are gathered into a batch and written by one write per [`BATCH_BYTES`], in
+//! whole chunks (the library then writes them from the batch, with no chunk cache or fill
+//! value to copy through and no chunk read back to complete it); the rest of a chunk waits
+//! for the next batch or the close. A large event's blocks are written from where they lie,
+//! whole chunks at a time, and the dataset's extent grows a batch ahead of the bytes. The
+//! index is kept in memory and written when the file is closed. Each chunk's CRC32C is taken
+//! as the chunk is handed over, and where the library put it asked at the close, so that the
+//! file's CRC32C (its metadata's) is joined from them and only the rest of the file is read
+//! back to measure it. The file's life (temporary name, durability, publication) is
 //! [`crate::hdf5_events::Hdf5EventWriter`]'s, as for the other layouts.
 
 use evb_buffers::Chain;
@@ -32,9 +35,10 @@ pub const FRAGMENTS: &str = "fragments";
 pub const CHUNK_BYTES: usize = 64 << 10;
 /// Events are written to [`DATA`] once this many bytes have gathered (and at the close).
 pub const BATCH_BYTES: usize = 4 << 20;
-/// A piece of an event's bytes this large (a block of the BU's holding a large fragment) is
-/// written from where it lies, in whole chunks, rather than copied into the batch.
-pub const DIRECT_BYTES: usize = 4 * CHUNK_BYTES;
+/// A piece of an event's bytes this large (a block of the BU's holding a large fragment: 256
+/// KiB by default, less what heads it) is written from where it lies, in whole chunks,
+/// rather than copied into the batch: at most the ends of its first and last chunks are.
+pub const DIRECT_BYTES: usize = 2 * CHUNK_BYTES;
 /// Bytes of a row of the event index: event id, offset (u64), length, trigger number (u32),
 /// flags, sources (u16).
 pub const EVENT_ROW_BYTES: u64 = 28;
@@ -80,19 +84,89 @@ pub struct PackedFile {
     deflate: Option<u8>,
     /// Bytes written to [`DATA`] so far.
     written: u64,
+    /// [`DATA`]'s extent (at least `written`; `written` once the file is finished).
+    extent: u64,
+    /// The CRC32C of each chunk of [`DATA`] written whole, in order (`None`: a last chunk
+    /// written in part, whose rest the file holds); no list for deflated chunks, which the
+    /// library makes itself.
+    chunk_crcs: Option<Vec<Option<u32>>>,
+    /// Bytes per chunk of [`DATA`] (once it is made).
+    chunk: usize,
     /// Events' bytes gathered and not yet written; they follow `written`.
     batch: Vec<u8>,
     events: EventRows,
     fragments: FragmentRows,
 }
 
-/// Extends `data`, `written` bytes long, by `bytes` (one extend, one write); its new length.
-fn extend(data: &hdf5::Dataset, written: u64, bytes: &[u8]) -> hdf5::Result<u64> {
+/// What a batch holds at most before it is written, besides the rest of a chunk.
+const BATCH_CAPACITY: usize = BATCH_BYTES + CHUNK_BYTES;
+
+thread_local! {
+    /// The batch of this thread's last closed file, empty, for its next file: a BU's files
+    /// follow each other on its thread, and a fresh 4 MiB for each cost its pages' faults.
+    static SPARE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// An empty batch: this thread's spare, or a new one.
+fn spare_batch() -> Vec<u8> {
+    let mut b = SPARE.with(|s| s.take());
+    b.clear();
+    if b.capacity() < BATCH_CAPACITY {
+        b = Vec::with_capacity(BATCH_CAPACITY);
+    }
+    b
+}
+
+impl Drop for PackedFile {
+    fn drop(&mut self) {
+        let b = std::mem::take(&mut self.batch);
+        if b.capacity() >= BATCH_CAPACITY && b.capacity() <= 2 * BATCH_BYTES {
+            SPARE.with(|s| s.set(b));
+        }
+    }
+}
+
+/// Writes `bytes` to `data` after its first `written` bytes; its new length. Its extent,
+/// `extent` long, grows a batch ahead of the bytes (`last`: set to their end), so that a
+/// file of large events, written a block at a time, is not extended at every write.
+fn extend(
+    data: &hdf5::Dataset,
+    extent: &mut u64,
+    written: u64,
+    bytes: &[u8],
+    last: bool,
+) -> hdf5::Result<u64> {
     let start = usize::try_from(written).map_err(|_| refused("file too big".into()))?;
     let end = start + bytes.len();
-    data.resize([end])?;
+    let want = match last {
+        true => end as u64,
+        false if end as u64 > *extent => (end + BATCH_BYTES) as u64,
+        false => *extent,
+    };
+    if want != *extent {
+        // (shrunk only past the bytes written: no chunk there was allocated)
+        data.resize([want as usize])?;
+        *extent = want;
+    }
     data.write_slice(bytes, start..end)?;
     Ok(end as u64)
+}
+
+/// Where in the file the library put the chunk of `data` that begins at byte `offset`, and
+/// its size there (`None`: not said, not allocated or filtered).
+#[allow(unsafe_code)] // the one call the binding does not wrap
+fn chunk_at(data: &hdf5::Dataset, offset: u64) -> Option<(u64, u64)> {
+    use hdf5_metno_sys::h5d::H5Dget_chunk_info_by_coord;
+    let coord: [hdf5_metno_sys::h5::hsize_t; 1] = [offset];
+    let (mut mask, mut addr, mut size) = (0, 0, 0);
+    let id = data.id();
+    // SAFETY: `id` is an open dataset's (`data` holds it open for the call), of rank 1, so
+    // the library reads one coordinate from `coord`; it writes only into the three locals.
+    // The binding's lock is held, as for every call into the library.
+    let r = hdf5::sync::sync(|| unsafe {
+        H5Dget_chunk_info_by_coord(id, coord.as_ptr(), &mut mask, &mut addr, &mut size)
+    });
+    (r >= 0 && mask == 0 && addr != hdf5_metno_sys::h5::HADDR_UNDEF).then_some((addr, size))
 }
 
 /// Why an event cannot be indexed, before anything of it was taken.
@@ -127,7 +201,10 @@ impl PackedFile {
             data: None,
             deflate,
             written: 0,
-            batch: Vec::with_capacity(BATCH_BYTES + (64 << 10)),
+            extent: 0,
+            chunk_crcs: deflate.is_none().then(Vec::new),
+            chunk: 0,
+            batch: spare_batch(),
             events: EventRows::default(),
             fragments: FragmentRows::default(),
         })
@@ -198,7 +275,8 @@ impl PackedFile {
             if self.batch.is_empty() && s.len() >= DIRECT_BYTES {
                 let n = s.len() / CHUNK_BYTES * CHUNK_BYTES;
                 let data = self.take_data(CHUNK_BYTES)?;
-                let wrote = extend(&data, self.written, &s[..n]);
+                self.note_chunks(&s[..n]);
+                let wrote = extend(&data, &mut self.extent, self.written, &s[..n], false);
                 self.data = Some(data);
                 self.written = wrote?;
                 s = &s[n..];
@@ -223,12 +301,53 @@ impl PackedFile {
     fn take_data(&mut self, chunk: usize) -> hdf5::Result<hdf5::Dataset> {
         match self.data.take() {
             Some(d) => Ok(d),
-            None => self.create_data(chunk),
+            None => {
+                self.chunk = chunk;
+                self.create_data(chunk)
+            }
         }
     }
 
-    /// Writes the gathered events' whole chunks (`last`: all of them): one extend and one
-    /// write of the data dataset. `written` stays a multiple of [`CHUNK_BYTES`] until the
+    /// The CRC32Cs of `bytes`' chunks, about to be written after the `written` bytes (a
+    /// multiple of the chunk size until the last write): one pass over bytes the file
+    /// needs, rather than reading the file back once it is closed.
+    fn note_chunks(&mut self, bytes: &[u8]) {
+        let chunk = self.chunk.max(1);
+        if let Some(crcs) = self.chunk_crcs.as_mut() {
+            if self.written != (crcs.len() * chunk) as u64 {
+                // (never: a write begins a chunk) the chunks' CRCs are not known
+                self.chunk_crcs = None;
+                return;
+            }
+            crcs.extend(
+                bytes
+                    .chunks(chunk)
+                    .map(|c| (c.len() == chunk).then(|| crc32c::crc32c(c))),
+            );
+        }
+    }
+
+    /// Where the library put each chunk whose CRC32C is known: none if it cannot say for
+    /// one of them (the file is then read whole to measure it).
+    fn known_chunks(&self) -> Vec<crate::file_crc::Known> {
+        let (Some(crcs), Some(data)) = (&self.chunk_crcs, &self.data) else {
+            return Vec::new();
+        };
+        let mut known = Vec::with_capacity(crcs.len());
+        for (i, crc) in crcs.iter().enumerate() {
+            let Some(crc) = *crc else { continue };
+            match chunk_at(data, (i * self.chunk) as u64) {
+                Some((at, len)) if len == self.chunk as u64 => {
+                    known.push(crate::file_crc::Known { at, len, crc })
+                }
+                _ => return Vec::new(),
+            }
+        }
+        known
+    }
+
+    /// Writes the gathered events' whole chunks (`last`: all of them): one write of the data
+    /// dataset (and an extend where its extent is short, or at the last write). `written` stays a multiple of [`CHUNK_BYTES`] until the
     /// close, so each write begins a chunk.
     fn write_batch(&mut self, last: bool) -> hdf5::Result<()> {
         let n = match last {
@@ -242,14 +361,23 @@ impl PackedFile {
         // batch came last)
         let single = last && self.data.is_none() && n <= 2 * BATCH_BYTES;
         let data = self.take_data(if single { n.max(1) } else { CHUNK_BYTES })?;
-        let wrote = extend(&data, self.written, &self.batch[..n]);
+        let batch = std::mem::take(&mut self.batch);
+        self.note_chunks(&batch[..n]);
+        self.batch = batch;
+        let wrote = extend(
+            &data,
+            &mut self.extent,
+            self.written,
+            &self.batch[..n],
+            last,
+        );
         self.data = Some(data);
         self.written = wrote?;
         // the rest of a chunk, at most CHUNK_BYTES - 1, to the front
         self.batch.drain(..n);
         if self.batch.capacity() > 2 * BATCH_BYTES {
             // an event bigger than a batch grew it: give that back
-            self.batch.shrink_to(BATCH_BYTES + (64 << 10));
+            self.batch.shrink_to(BATCH_CAPACITY);
         }
         Ok(())
     }
@@ -263,16 +391,29 @@ impl PackedFile {
             .shape(hdf5::SimpleExtents::resizable([0usize]))
             .chunk([chunk])
             .chunk_cache(1, 0, 1.0);
-        if let Some(level) = self.deflate {
-            b = b.deflate(level);
+        match self.deflate {
+            Some(level) => b = b.deflate(level),
+            // and, stored as they are, with no fill value: else the library fills each new
+            // chunk in a buffer of its own and copies the bytes into it to write it (a memset
+            // and a memcpy of every byte); without, they go from the caller's buffer. (A
+            // deflated chunk is built in the library's buffer all the same, and its fill
+            // value keeps the rest of a last chunk from being whatever that memory held.)
+            None => b = b.fill_time(hdf5::dataset::FillTime::Never),
         }
         b.create(DATA)
     }
 
     /// Writes what is left of the events, the index and the `events` and `payload_bytes`
-    /// attributes (the file is closed after).
-    pub fn finish(&mut self, f: &hdf5::File) -> hdf5::Result<()> {
+    /// attributes (the file is closed after); where in the file its chunks written whole lie,
+    /// with their CRC32Cs.
+    pub(crate) fn finish(&mut self, f: &hdf5::File) -> hdf5::Result<Vec<crate::file_crc::Known>> {
         self.write_batch(true)?;
+        if let Some(d) = self.data.as_ref().filter(|_| self.extent != self.written) {
+            // the last write was a block's: the extent a batch ahead of it comes back
+            let end = usize::try_from(self.written).map_err(|_| refused("file too big".into()))?;
+            d.resize([end])?;
+            self.extent = self.written;
+        }
         let e = &self.events;
         let g = f.create_group(EVENTS)?;
         g.new_dataset_builder()
@@ -319,7 +460,7 @@ impl PackedFile {
         f.new_attr::<u64>()
             .create("payload_bytes")?
             .write_scalar(&self.written)?;
-        Ok(())
+        Ok(self.known_chunks())
     }
 
     /// Bytes held for the file and not yet written: the batch and the index.
@@ -356,11 +497,12 @@ mod tests {
         }
     }
 
-    /// A chain of `bytes` in blocks of at most 512 KiB (a payload of several blocks, as a BU
-    /// holds a large fragment: each written from where it lies, after a batch or not).
+    /// A chain of `bytes` in pieces of at most 256 KiB less 100 bytes (a payload of several
+    /// blocks, as a BU holds a large fragment behind its headers: each written from where it
+    /// lies but for the ends of its first and last chunks, after a batch or not).
     fn chain(pool: &Pool, bytes: &[u8]) -> Chain {
         let mut c = Chain::new();
-        for part in bytes.chunks(1 << 19) {
+        for part in bytes.chunks((1 << 18) - 100) {
             let mut w = pool.try_alloc().unwrap();
             c.push(w.append(part).unwrap());
         }
@@ -393,6 +535,17 @@ mod tests {
             w.flush_events().unwrap();
         }
         let meta = w.publish().unwrap();
+        // the chunks written whole are not read back to measure the file: where they lie is
+        // known, and their CRC32Cs (deflated ones are the library's, read back)
+        let whole: u64 = w.known.iter().map(|k| k.len).sum();
+        match deflate {
+            None => assert!(
+                whole + CHUNK_BYTES as u64 > meta.payload_bytes && whole <= meta.payload_bytes,
+                "{whole} of {} bytes known",
+                meta.payload_bytes
+            ),
+            Some(_) => assert_eq!(whole, 0),
+        }
         assert_eq!(meta.format, PACKED_FORMAT);
         assert_eq!(meta.version, PACKED_VERSION);
         assert_eq!(meta.events, events.len() as u64);
@@ -401,7 +554,17 @@ mod tests {
             .flat_map(|e| e.2.iter().map(|f| f.2.len()))
             .sum();
         assert_eq!(meta.payload_bytes, payload as u64);
-        hdf5::File::open(dir.join("cosmics#12_bu3_000007.h5")).unwrap()
+        // the metadata's size and CRC32C (measured through the file's mapped pages) are the
+        // file's as it lies on disk
+        let path = dir.join("cosmics#12_bu3_000007.h5");
+        let on_disk = std::fs::read(&path).unwrap();
+        let json = std::fs::read_to_string(dir.join("cosmics#12_bu3_000007.h5.json")).unwrap();
+        let said: crate::events::FileMeta = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            (said.bytes, said.crc32c),
+            (on_disk.len() as u64, crc32c::crc32c(&on_disk))
+        );
+        hdf5::File::open(path).unwrap()
     }
 
     fn text(f: &hdf5::File, name: &str) -> String {

@@ -16,6 +16,7 @@ pub mod dune;
 pub mod events;
 pub mod evidence;
 pub mod fed;
+mod file_crc;
 pub mod framed;
 pub mod frames;
 mod gather_writer;
@@ -27,6 +28,7 @@ pub mod hdf5_events;
 pub mod hdf5_packed;
 pub mod manifest;
 pub mod stream;
+mod zstd_pipe;
 
 #[cfg(test)]
 mod tests;

@@ -587,3 +587,172 @@ fn compressed_event_files_read_back_exactly_and_refuse_damage() {
     bomb.extend_from_slice(&frame);
     assert!(EventFile::parse(bomb, "z".into()).is_err());
 }
+
+/// SplitMix64 bytes: incompressible.
+fn noise(seed: u64, n: usize) -> Vec<u8> {
+    let mut z = seed;
+    (0..n)
+        .map(|_| {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (x ^ (x >> 31)) as u8
+        })
+        .collect()
+}
+
+/// An event of the compression tests: compressible or not, small or large, one fragment or
+/// two.
+fn zstd_event(pool: &Pool, e: u64) -> Vec<(FragmentHeader, Chain)> {
+    let size = [100usize, 3000, 70_000, 300_000][e as usize % 4];
+    let p = if e.is_multiple_of(3) {
+        noise(e, size)
+    } else {
+        vec![e as u8; size]
+    };
+    let frags = [(9u16, p.clone()), (11, p[..p.len() / 3].to_vec())];
+    frags[..1 + (e as usize % 2)]
+        .iter()
+        .map(|(s, b)| {
+            let mut h = header(e, *s, b);
+            h.source_id = *s;
+            (h, chain_in_pieces(pool, b, &[b.len() / 2]))
+        })
+        .collect()
+}
+
+/// Compressed on a thread of its own, a file is byte for byte the file compressed in the
+/// writer's own time, whatever the runs (one event, many, appended and flushed in any
+/// rhythm), and its metadata the same.
+#[test]
+fn compressing_on_a_thread_writes_exactly_the_inline_file() {
+    let pool = Pool::new("t", 64 << 10, 256);
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let mut threaded = EventFileWriter::create_compressed_as(a.path(), "z", 0, 0, 3, true).unwrap();
+    let mut inline = EventFileWriter::create_compressed_as(b.path(), "z", 0, 0, 3, false).unwrap();
+    let mut e = 0u64;
+    for run in [1usize, 5, 2, 9, 1, 1, 4] {
+        for _ in 0..run {
+            let frags = zstd_event(&pool, e);
+            let refs: Vec<(FragmentHeader, &Chain)> = frags.iter().map(|(h, c)| (*h, c)).collect();
+            for w in [&mut threaded, &mut inline] {
+                w.append_event(e, e as u32 + 1, 0, &refs).unwrap();
+            }
+            e += 1;
+        }
+        for w in [&mut threaded, &mut inline] {
+            w.flush_events().unwrap();
+        }
+        assert_eq!(threaded.events(), inline.events());
+    }
+    let (mt, mi) = (threaded.finish().unwrap(), inline.finish().unwrap());
+    let (ft, fi) = (
+        std::fs::read(a.path().join("z_bu0_000000.evb")).unwrap(),
+        std::fs::read(b.path().join("z_bu0_000000.evb")).unwrap(),
+    );
+    assert!(
+        ft == fi,
+        "the files differ ({} and {} bytes)",
+        ft.len(),
+        fi.len()
+    );
+    assert_eq!(mt, mi);
+    assert_eq!((mt.events, mt.crc32c), (e, crc32c::crc32c(&ft)));
+    assert!(mt.bytes < mt.payload_bytes, "nothing was compressed");
+}
+
+/// Compressing on a thread, a disk that fills loses no event and doubles none: the run's
+/// events stay taken, the file is cut back to its whole records, the next run is refused
+/// (nothing taken) until there is room, and the prepare writes every record once.
+#[test]
+fn compressing_on_a_thread_survives_a_full_disk() {
+    if !may_mount() {
+        eprintln!("compressed full-disk test skipped: needs root and mount");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let mnt = d.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+        .arg(&mnt)
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        eprintln!("compressed full-disk test skipped: cannot mount a tmpfs here");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let pool = Pool::new("t", 64 << 10, 64);
+    // incompressible events of 40 KiB: stored as they are
+    let payloads: Vec<Vec<u8>> = (0..8u64).map(|e| noise(e + 100, 40 << 10)).collect();
+    let chains: Vec<Chain> = payloads.iter().map(|p| chain(&pool, p)).collect();
+    let append = |w: &mut EventFileWriter, e: u64| {
+        let p = &payloads[e as usize];
+        w.append_event(e, e as u32, 0, &[(header(e, 7, p), &chains[e as usize])])
+    };
+    let mut w = EventFileWriter::create_compressed_as(&mnt, "zf", 0, 0, 3, true).unwrap();
+    for e in 0..2 {
+        append(&mut w, e).unwrap();
+    }
+    w.flush_events().unwrap();
+    let filler = mnt.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+    }
+    // runs of two events go on being taken while their records are on their way (they
+    // wait, taken); once records back from the thread cannot be written, a run's first
+    // event is refused and nothing of it is taken
+    let mut next = 2;
+    'runs: while next < 8 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        for k in 0..2 {
+            match append(&mut w, next) {
+                Ok(()) => next += 1,
+                Err(_) => {
+                    assert_eq!(k, 0, "refused inside a run");
+                    break 'runs;
+                }
+            }
+            if next == 8 {
+                break;
+            }
+        }
+        w.flush_events().unwrap();
+    }
+    assert!(next < 8, "every run taken on a full disk");
+    assert!(w.prepare().is_err(), "prepared on a full disk");
+    assert_eq!(w.events(), next);
+    std::fs::remove_file(&filler).unwrap();
+    for e in next..8 {
+        append(&mut w, e).unwrap();
+    }
+    w.flush_events().unwrap();
+    let meta = w.finish().unwrap();
+    assert_eq!(meta.events, 8);
+    let path = mnt.join("zf_bu0_000000.evb");
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(
+        (meta.bytes, meta.crc32c),
+        (data.len() as u64, crc32c::crc32c(&data))
+    );
+    let events: Vec<_> = EventFile::open(&path)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let ids: Vec<u64> = events.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>());
+    for (e, got) in events.iter().enumerate() {
+        assert_eq!(got.fragments[0].1, payloads[e]);
+    }
+}

@@ -17,7 +17,7 @@ use evb_formats::events::{EventFileError, FileMeta, PartWriter, PrepareJob};
 /// What the thread is asked to do with a part.
 pub(crate) enum Job {
     /// Make it durable under its temporary names.
-    Prepare(PrepareJob),
+    Prepare(Box<PrepareJob>),
     /// Rename it into place and sync the directory (the writer goes to the thread and back).
     Publish(Box<dyn PartWriter>),
 }
@@ -170,7 +170,7 @@ mod tests {
         for (seq, w) in writers.iter_mut().enumerate() {
             s.start(
                 seq as u32,
-                Job::Prepare(w.begin_prepare().unwrap().unwrap()),
+                Job::Prepare(Box::new(w.begin_prepare().unwrap().unwrap())),
             );
         }
         assert_eq!(s.in_flight(), 5);

@@ -259,8 +259,10 @@ fn a_syncer_behind_holds_the_events_back() {
     let other = tempfile::tempdir().unwrap();
     for seq in 100..100 + MAX_UNSYNCED as u32 {
         let mut w = EventFileWriter::create(other.path(), "x", 0, seq).unwrap();
-        s.syncer
-            .start(seq, Job::Prepare(w.begin_prepare().unwrap().unwrap()));
+        s.syncer.start(
+            seq,
+            Job::Prepare(Box::new(w.begin_prepare().unwrap().unwrap())),
+        );
     }
     match s.deliver(&event(&pool, 0)) {
         Err(SinkError::Busy(why)) => assert!(why.contains("synced"), "{why}"),
