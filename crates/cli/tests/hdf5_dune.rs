@@ -200,7 +200,7 @@ fn real_cms_data_as_dune_trigger_records_equals_the_evb_files() {
     assert!(
         a.exists() && b.exists(),
         "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
-        dir.display()
+        data.display()
     );
     let d = out_dir();
     let (evb, dune) = both(d.path(), &|sink| {

@@ -137,7 +137,7 @@ fn real_cms_data_packed_equals_the_evb_files() {
     assert!(
         a.exists() && b.exists(),
         "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
-        dir.display()
+        data.display()
     );
     let d = out_dir();
     // a copy of the first file with a byte of its first fragment's payload changed

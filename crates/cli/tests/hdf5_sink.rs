@@ -164,7 +164,7 @@ fn real_cms_data_in_hdf5_equals_the_evb_files_4685_events() {
     assert!(
         a.exists() && b.exists(),
         "the recorded CMS data is part of the repository (data/cms, its README): {} lacks it",
-        dir.display()
+        data.display()
     );
     let d = out_dir();
     let run = |kind: &str, extra: &str| -> std::path::PathBuf {
