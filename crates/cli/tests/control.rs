@@ -1377,17 +1377,39 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
 /// record says bu[1] was lost and rejoined.
 #[test]
 fn a_frozen_bu_that_wakes_rejoins_the_run_under_evb_up() {
-    let up = Up::start(
-        "[run]\nid = \"woken\"\nevents = 40000\nduration_s = 0\nrate_hz = 4000\n\
-         [fragments]\nsize = 4096\n[sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n",
-    );
+    woken_bu_rejoins(false);
+}
+
+/// The same with a standby EVM: the woken BU calls the standby (it lost its EVM), which
+/// closes a node the EVM dropped without its Term; the BU's run of the run ends, and it
+/// rejoins at the EVM.
+#[test]
+fn a_frozen_bu_that_wakes_rejoins_the_run_under_evb_up_with_a_standby() {
+    woken_bu_rejoins(true);
+}
+
+fn woken_bu_rejoins(standby: bool) {
+    let toml = "[run]\nid = \"woken\"\nevents = 40000\nduration_s = 0\nrate_hz = 4000\n\
+         secret = \"woken-secret-6d1f-a9\"\n[fragments]\nsize = 4096\n\
+         [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
+    let up = if standby {
+        Up::with_standby(toml)
+    } else {
+        Up::start(toml)
+    };
     let (code, body) = up.post("start", json!({}));
     assert_eq!(code, 200, "{body}");
     let s = up.wait_until("run 1 building", 30, |s| {
         s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 2000
     });
     let bu1 = Up::node(&s, "bu1")["control"].as_str().unwrap().to_string();
-    let pid = Api::new(&bu1, None).get("/api/v1/node").unwrap().body["pid"]
+    let pid = Api::new(
+        &bu1,
+        Some(evb_control::control_token(b"woken-secret-6d1f-a9")),
+    )
+    .get("/api/v1/node")
+    .unwrap()
+    .body["pid"]
         .as_u64()
         .unwrap();
     common::signal(pid, "-STOP");
@@ -1412,7 +1434,14 @@ fn a_frozen_bu_that_wakes_rejoins_the_run_under_evb_up() {
         "the woken bu1 did not rejoin: {rec:#}"
     );
     // the same process: woken, not restarted
-    let now = Api::new(&bu1, None).get("/api/v1/node").unwrap().body["pid"].as_u64();
+    let now = Api::new(
+        &bu1,
+        Some(evb_control::control_token(b"woken-secret-6d1f-a9")),
+    )
+    .get("/api/v1/node")
+    .unwrap()
+    .body["pid"]
+        .as_u64();
     assert_eq!(now, Some(pid));
     let files = common::nodes::events_in(&up.dir.path().join("out"));
     assert!(

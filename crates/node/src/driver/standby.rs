@@ -312,6 +312,21 @@ impl Driver {
         let Standby::Follower(f) = &mut self.standby else {
             return Some(msg);
         };
+        // a node's first resync: answered as the machine says (a node the EVM dropped is
+        // closed, without a Term)
+        let first_resync = match (&from, &msg) {
+            (NodeRef::Ru(i), Message::ResyncRu { .. }) => !f.rus.contains_key(i),
+            (NodeRef::Bu(i), Message::ResyncBu { .. }) => !f.bus.contains_key(i),
+            _ => false,
+        };
+        if first_resync && f.machine.answer(from, FirstWord::Resync) == Answer::Close {
+            if let Some(conn) = self.links.conn(from) {
+                info!(node = %self.me.id, "{from}, which the active EVM dropped, called the standby: closed without a Term (the run goes on without it)");
+                self.messenger.close(conn);
+                self.forget(from, conn);
+            }
+            return None;
+        }
         let (complete, first) = match (from, msg) {
             (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
                 let first = !f.rus.contains_key(&i);
@@ -330,7 +345,7 @@ impl Driver {
                     NodeRef::Bu(i) => f.bus.contains_key(&i),
                     NodeRef::Evm => true,
                 };
-                if !resynced && f.machine.answer(FirstWord::Other) == Answer::Close {
+                if !resynced && f.machine.answer(from, FirstWord::Other) == Answer::Close {
                     // a node that calls with no resync first did not leave an EVM for this
                     // standby: a restarted BU, or one that started before the EVM
                     // listened. It is not this standby's (it had no Term here): closed, it
@@ -351,7 +366,7 @@ impl Driver {
                 return None;
             }
         };
-        let answer = f.machine.answer(FirstWord::Resync);
+        let answer = f.machine.answer(from, FirstWord::Resync);
         f.machine.handle(
             at,
             Input::Resync {
@@ -531,7 +546,10 @@ impl Driver {
     /// connection is refused as a lost EVM (with a standby, the node calls it again).
     pub(super) fn on_term(&mut self, now: Instant, conn: ConnId, epoch: u16) {
         let refusal = match self.links.authority.term(conn, Epoch::new(epoch)) {
-            Ok(()) => return,
+            Ok(()) => {
+                self.standby_answered();
+                return;
+            }
             Err(r) => r,
         };
         let followed = self.links.authority.followed();
@@ -855,8 +873,11 @@ impl Driver {
         });
     }
 
-    /// A node reached the standby: its resync goes first.
-    pub(super) fn send_resync(&mut self, conn: ConnId) {
+    /// A node that called the standby heard its Term: it follows it now. The next standby
+    /// listens where the EVM left was, so a second loss calls it there. (Until the Term, the
+    /// node is still calling: a standby that closes it without one — it was dropped — leaves
+    /// it to give up after its wait, not to call back and forth.)
+    fn standby_answered(&mut self) {
         let Standby::Node {
             addr,
             calling_since,
@@ -867,10 +888,16 @@ impl Driver {
             return;
         };
         *calling_since = None;
-        // the next standby listens where the EVM left was: a second loss calls it there
         if let Some(old) = left.take() {
             *addr = old;
             *switched = false;
+        }
+    }
+
+    /// A node reached the standby: its resync goes first.
+    pub(super) fn send_resync(&mut self, conn: ConnId) {
+        if !matches!(self.standby, Standby::Node { switched: true, .. }) {
+            return;
         }
         let msgs: Vec<Message> = match &mut self.logic {
             Logic::Ru(r) => r

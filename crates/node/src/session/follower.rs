@@ -209,12 +209,18 @@ impl Follower {
         Epoch::new(self.word.epoch).next()
     }
 
-    /// How a node's first word on a new connection is answered (before the takeover; once
-    /// this standby is the run's EVM, every node's connection opens with its Term).
-    pub fn answer(&self, first: FirstWord) -> Answer {
+    /// How node `node`'s first word on a new connection is answered (before the takeover;
+    /// once this standby is the run's EVM, every node's connection opens with its Term). A
+    /// node the active EVM dropped is closed too, resync or not: the run goes on without it
+    /// (its resync never decides), so it must not follow this standby's epoch — it would wait
+    /// here for a takeover that may never come, and fence the run's EVM if it called it
+    /// again; closed, its run ends, and it may join again as a new incarnation.
+    pub fn answer(&self, node: NodeRef, first: FirstWord) -> Answer {
         match first {
-            FirstWord::Resync => Answer::Term(self.epoch()),
-            FirstWord::Other => Answer::Close,
+            FirstWord::Resync if !dropped_by(&self.word).contains(&node) => {
+                Answer::Term(self.epoch())
+            }
+            FirstWord::Resync | FirstWord::Other => Answer::Close,
         }
     }
 

@@ -315,7 +315,7 @@ impl St {
                     Some(Who::Node(i)) => node_ref(i),
                     _ => return,
                 };
-                if let Answer::Term(e) = self.s.answer(FirstWord::Resync) {
+                if let Answer::Term(e) = self.s.answer(node, FirstWord::Resync) {
                     if self.s_termed.insert(c) {
                         self.send(c, Who::S, Msg::Term(e));
                     }
@@ -330,10 +330,13 @@ impl St {
                 self.drive_s();
             }
             // a node that did not leave an EVM for this standby
-            (Who::S, Msg::Register)
-                if self.s_evm.is_none() && self.s.answer(FirstWord::Other) == Answer::Close =>
-            {
-                self.close(c);
+            (Who::S, Msg::Register) if self.s_evm.is_none() => {
+                let Some(Who::Node(i)) = self.conns.get(&c).map(|k| k.from) else {
+                    return;
+                };
+                if self.s.answer(node_ref(i), FirstWord::Other) == Answer::Close {
+                    self.close(c);
+                }
             }
             (Who::Node(i), Msg::Term(e)) => {
                 let n = &mut self.nodes[i as usize];

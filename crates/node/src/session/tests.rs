@@ -442,12 +442,12 @@ fn a_standby_says_its_term_only_to_a_node_that_resyncs_at_every_stage() {
     for t in [400, 500 + 980, 500 + 1020, 1600] {
         p.run_to(t);
         assert_eq!(
-            p.standby.answer(FirstWord::Other),
+            p.standby.answer(NodeRef::Bu(0), FirstWord::Other),
             Answer::Close,
             "at {t} ms"
         );
         assert_eq!(
-            p.standby.answer(FirstWord::Resync),
+            p.standby.answer(NodeRef::Bu(0), FirstWord::Resync),
             Answer::Term(Epoch::new(1)),
             "at {t} ms"
         );
@@ -461,8 +461,30 @@ fn a_standby_says_its_term_only_to_a_node_that_resyncs_at_every_stage() {
     // a node that left the EVM decides; then a late caller with Register is still closed
     p.input(resync(NodeRef::Ru(0)));
     assert!(p.standby.decided());
-    assert_eq!(p.standby.answer(FirstWord::Other), Answer::Close);
+    assert_eq!(
+        p.standby.answer(NodeRef::Bu(0), FirstWord::Other),
+        Answer::Close
+    );
     p.input(resync(NodeRef::Ru(1)));
     p.input(resync(NodeRef::Bu(0)));
     assert_eq!(p.standby.stage(), &Stage::TookOver);
+}
+
+/// A node the active EVM dropped (its last word says so) is closed without a Term even when
+/// its first word is a resync; another node's resync still hears the Term.
+#[test]
+fn a_node_the_evm_dropped_is_closed_by_the_standby_without_a_term() {
+    use super::follower::{Answer, FirstWord};
+    let mut p = Pair::new();
+    p.word.dropped = vec![(evb_wire::Role::Bu, 0)];
+    p.active_until(1000);
+    p.run_to(800);
+    assert_eq!(
+        p.standby.answer(NodeRef::Bu(0), FirstWord::Resync),
+        Answer::Close
+    );
+    assert_eq!(
+        p.standby.answer(NodeRef::Ru(0), FirstWord::Resync),
+        Answer::Term(Epoch::new(1))
+    );
 }
