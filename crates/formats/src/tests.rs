@@ -319,6 +319,45 @@ fn may_mount() -> bool {
             .is_ok()
 }
 
+/// A 512 KiB tmpfs mounted at `<tempdir>/small` for a full-disk test, unmounted on drop;
+/// `None` (the test says it is skipped) where this process may not mount one — unless the
+/// tools are required (`EVB_REQUIRE_TOOLS`, as scripts/test.sh runs as root): then it fails.
+fn small_tmpfs(what: &str) -> Option<SmallTmpfs> {
+    let skip = |why: &str| {
+        assert!(
+            std::env::var("EVB_REQUIRE_TOOLS").is_err(),
+            "{what}: {why} (EVB_REQUIRE_TOOLS)"
+        );
+        eprintln!("{what} skipped: {why}");
+        None
+    };
+    if !may_mount() {
+        return skip("needs root and mount");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+        .arg(&mnt)
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        return skip("cannot mount a tmpfs here");
+    }
+    Some(SmallTmpfs { mnt, _dir: dir })
+}
+
+struct SmallTmpfs {
+    mnt: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.mnt).status();
+    }
+}
+
 /// A payload as a chain of several pieces, each in a block of its own (as an event's pages
 /// from several RUs lie), cut at `cuts` and at the block size.
 fn chain_in_pieces(pool: &Pool, bytes: &[u8], cuts: &[usize]) -> Chain {
@@ -410,28 +449,10 @@ fn files_hold_the_encoded_events(checked: bool) {
 /// as before it), and the same batch written again once there is room lands exactly once.
 #[test]
 fn a_batch_that_does_not_fit_is_cut_back_whole_and_can_be_written_again() {
-    if !may_mount() {
-        eprintln!("batch cut-back test skipped: needs root and mount");
+    let Some(disk) = small_tmpfs("batch cut-back test") else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let mnt = d.path().join("small");
-    std::fs::create_dir(&mnt).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
-        .arg(&mnt)
-        .status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        eprintln!("batch cut-back test skipped: cannot mount a tmpfs here");
-        return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.clone());
+    };
+    let mnt = disk.mnt.clone();
 
     // staged bodies (8 KiB) and bodies written from their pages (40 KiB)
     for size in [8 << 10, 40 << 10] {
@@ -668,28 +689,10 @@ fn compressing_on_a_thread_writes_exactly_the_inline_file() {
 /// (nothing taken) until there is room, and the prepare writes every record once.
 #[test]
 fn compressing_on_a_thread_survives_a_full_disk() {
-    if !may_mount() {
-        eprintln!("compressed full-disk test skipped: needs root and mount");
+    let Some(disk) = small_tmpfs("compressed full-disk test") else {
         return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let mnt = d.path().join("small");
-    std::fs::create_dir(&mnt).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
-        .arg(&mnt)
-        .status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        eprintln!("compressed full-disk test skipped: cannot mount a tmpfs here");
-        return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.clone());
+    };
+    let mnt = disk.mnt.clone();
     let pool = Pool::new("t", 64 << 10, 64);
     // incompressible events of 40 KiB: stored as they are
     let payloads: Vec<Vec<u8>> = (0..8u64).map(|e| noise(e + 100, 40 << 10)).collect();
