@@ -57,6 +57,17 @@ pub(super) struct Following {
     decisions: BTreeMap<u64, evb_wire::window::DecisionWindow>,
 }
 
+impl Following {
+    /// Whether node `p` sent (part of) its resync to this standby; the EVM counts as done.
+    fn resynced(&self, p: NodeRef) -> bool {
+        match p {
+            NodeRef::Ru(i) => self.rus.contains_key(&i),
+            NodeRef::Bu(i) => self.bus.contains_key(&i),
+            NodeRef::Evm => true,
+        }
+    }
+}
+
 /// The follower's timers, from the run's configuration.
 fn timers(cfg: &Config) -> Timers {
     Timers {
@@ -314,11 +325,8 @@ impl Driver {
         };
         // a node's first resync: answered as the machine says (a node the EVM dropped is
         // closed, without a Term)
-        let first_resync = match (&from, &msg) {
-            (NodeRef::Ru(i), Message::ResyncRu { .. }) => !f.rus.contains_key(i),
-            (NodeRef::Bu(i), Message::ResyncBu { .. }) => !f.bus.contains_key(i),
-            _ => false,
-        };
+        let first_resync =
+            matches!(msg, Message::ResyncRu { .. } | Message::ResyncBu { .. }) && !f.resynced(from);
         if first_resync && f.machine.answer(from, FirstWord::Resync) == Answer::Close {
             if let Some(conn) = self.links.conn(from) {
                 info!(node = %self.me.id, "{from}, which the active EVM dropped, called the standby: closed without a Term (the run goes on without it)");
@@ -327,25 +335,18 @@ impl Driver {
             }
             return None;
         }
-        let (complete, first) = match (from, msg) {
+        let complete = match (from, msg) {
             (NodeRef::Ru(i), Message::ResyncRu { resync, more }) => {
-                let first = !f.rus.contains_key(&i);
                 gather(&mut f.rus, i, resync, more, RuResync::absorb);
-                (f.rus.get(&i).is_some_and(|(_, more)| !more), first)
+                f.rus.get(&i).is_some_and(|(_, more)| !more)
             }
             (NodeRef::Bu(i), Message::ResyncBu { resync, more }) => {
-                let first = !f.bus.contains_key(&i);
                 gather(&mut f.bus, i, *resync, more, BuResync::absorb);
-                (f.bus.get(&i).is_some_and(|(_, more)| !more), first)
+                f.bus.get(&i).is_some_and(|(_, more)| !more)
             }
             (_, Message::Heartbeat) => return None,
             (from, msg) => {
-                let resynced = match from {
-                    NodeRef::Ru(i) => f.rus.contains_key(&i),
-                    NodeRef::Bu(i) => f.bus.contains_key(&i),
-                    NodeRef::Evm => true,
-                };
-                if !resynced && f.machine.answer(from, FirstWord::Other) == Answer::Close {
+                if !f.resynced(from) && f.machine.answer(from, FirstWord::Other) == Answer::Close {
                     // a node that calls with no resync first did not leave an EVM for this
                     // standby: a restarted BU, or one that started before the EVM
                     // listened. It is not this standby's (it had no Term here): closed, it
@@ -374,7 +375,7 @@ impl Driver {
                 complete,
             },
         );
-        if let (true, Answer::Term(epoch)) = (first, answer) {
+        if let (true, Answer::Term(epoch)) = (first_resync, answer) {
             // a node that left its EVM for this standby: its Term now (not at the
             // connection: a node that calls here for another reason never hears one), and
             // a BU's number is known from here on (a successor must draw another)
@@ -714,11 +715,7 @@ impl Driver {
         let unresynced: Vec<ConnId> = self
             .links
             .conns()
-            .filter(|(p, _)| match p {
-                NodeRef::Ru(i) => !f.rus.contains_key(i),
-                NodeRef::Bu(i) => !f.bus.contains_key(i),
-                NodeRef::Evm => false,
-            })
+            .filter(|&(p, _)| !f.resynced(p))
             .map(|(_, c)| c)
             .collect();
         for conn in unresynced {
