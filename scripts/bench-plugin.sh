@@ -24,17 +24,20 @@ cc -O2 -std=c11 "$root/crates/capi/examples/producer.c" -I "$root/crates/capi/in
 printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$pyenv/bin/python" "$root/crates/python/examples/producer.py" > "$work/pyproducer"
 printf '#!/bin/sh\nexec "%s" "%s" "$@" --copy\n' "$pyenv/bin/python" "$root/crates/python/examples/producer.py" > "$work/pycopy"
 chmod +x "$work/pyproducer" "$work/pycopy"
-free_ports() { # a base port with the next 7 free too
-    python3 -c 'import socket
+free_ports() { # a base port with the next 7 free too, below the ephemeral range
+    python3 -c 'import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 while True:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); base = s.getsockname()[1]; s.close()
+    base = random.randrange(10000, low - 8)
+    held = []
     try:
-        held = []
         for k in range(8):
-            t = socket.socket(); t.bind(("127.0.0.1", base + k)); held.append(t)
+            t = socket.socket(); held.append(t); t.bind(("127.0.0.1", base + k))
         print(base); break
     except OSError:
-        pass'
+        pass
+    finally:
+        for t in held: t.close()'
 }
 
 config() { # $1: source kind

@@ -314,10 +314,8 @@ fn a_subscriber_killed_mid_stream_does_not_hold_up_the_others() {
 /// not reach and exits 1 (it exited 0 after "connect failed").
 #[test]
 fn a_subscriber_that_reaches_no_publisher_fails() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // below the ephemeral range: no port-0 listener of another process can be given it
+    let port = common::free_base_port(1);
     let addr = format!("127.0.0.1:{port}");
     let o = Command::new(EVB)
         .args(["sub", "--quiet", "--timeout", "10", "--from", &addr])

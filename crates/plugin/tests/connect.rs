@@ -2,28 +2,14 @@
 //! setup error, naming the address it tried, once `run.connect_timeout_s` is over (not a
 //! later, unrelated call).
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use evb_plugin::{Config, Consumer, ConsumerOptions, Error, Producer};
 
-/// A base port with the next `n - 1` free as well (nothing listens on any of them).
+/// A base port with the next `n - 1` free as well (nothing listens on any of them), below the
+/// ephemeral range (`evb_messaging::free_ports`).
 fn free_base_port(n: u16) -> u16 {
-    loop {
-        let base = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        if base > 65000 {
-            continue;
-        }
-        let held: Vec<_> = (0..n)
-            .map_while(|k| TcpListener::bind(("127.0.0.1", base + k)).ok())
-            .collect();
-        if held.len() == n as usize {
-            return base;
-        }
-    }
+    evb_messaging::free_ports(n).expect("free loopback ports")
 }
 
 fn config(extra: &str) -> (Config, String) {

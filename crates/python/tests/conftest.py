@@ -5,6 +5,7 @@ repository), the Python producer or consumer in the test's process, all on 127.0
 import json
 import os
 import pathlib
+import random
 import socket
 import subprocess
 import sys
@@ -25,13 +26,25 @@ def evb_bin():
     pytest.fail("no evb binary: build it (cargo build -p evb) or set EVB_BIN")
 
 
+_GIVEN = []
+
+
 def free_base_port(n=8):
-    """A base port with the next n - 1 free as well."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base > 65000:
+    """A base port with the next n - 1 free as well.
+
+    Drawn at random below the kernel's ephemeral range (as evb_messaging::free_ports): a port
+    in that range can be handed to another socket's outgoing connection between this check and
+    the node's bind (seen in CI: a BU's port taken in that moment). No range overlaps one
+    given before to this pytest process."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    lowest = 10000
+    for _ in range(500):
+        base = random.randrange(lowest, ephemeral_low - n)
+        if any(base < e and base + n > b for b, e in _GIVEN):
             continue
         held = []
         try:
@@ -39,12 +52,14 @@ def free_base_port(n=8):
                 t = socket.socket()
                 held.append(t)
                 t.bind(("127.0.0.1", base + k))
+            _GIVEN.append((base, base + n))
             return base
         except OSError:
             pass
         finally:
             for t in held:
                 t.close()
+    pytest.fail(f"no free range of {n} loopback ports below {ephemeral_low}")
 
 
 class Run:
