@@ -76,11 +76,12 @@ impl RoleStats {
         }
     }
 
-    /// The events and payload bytes the node has moved, by role: triggered at the EVM,
-    /// fragments sent from an RU, events built at a BU (what the node table's rates use).
+    /// The events and payload bytes the node has moved, by role: events released (built,
+    /// final) at the EVM, fragments sent from an RU, events built at a BU (what the node
+    /// table's rates use; the EVM's is the system's event rate).
     pub fn progress(&self) -> (u64, u64) {
         match self {
-            RoleStats::Evm(s) => (s.triggered, 0),
+            RoleStats::Evm(s) => (s.released, 0),
             RoleStats::Ru(s) => (s.fragments_sent, s.payload_bytes_sent),
             RoleStats::Bu(s) => (s.events_built, s.payload_bytes_built),
         }

@@ -1272,6 +1272,38 @@ fn run_records_and_numbers_outlive_evb_up_and_every_run_has_its_folder() {
     }
 }
 
+/// Issue 71 item 5: one status reply says one number per idea: the header's events built is
+/// the EVM summary's released count and the EVM row's events, and the header's rate is the
+/// EVM row's.
+fn one_number_per_idea(s: &Value) {
+    let Some(row) = s["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|r| r["role"] == "evm"))
+    else {
+        return;
+    };
+    assert_eq!(s["totals"]["events_built"], row["events"], "{s:#}");
+    if !s["evm"]["released"].is_null() {
+        assert_eq!(s["totals"]["events_built"], s["evm"]["released"], "{s:#}");
+    }
+    assert_eq!(s["totals"]["rate_hz"], row["rate_hz"], "{s:#}");
+}
+
+/// `evb ctl status`'s header (`built N events | R ev/s | ...`) and its EVM row's events and
+/// ev/s columns, as words.
+fn header_and_evm_row(words: &str) -> Option<((String, String), (String, String))> {
+    let header = words.lines().find(|l| l.starts_with("built "))?;
+    let mut h = header.split_whitespace();
+    let built = h.nth(1)?.to_string();
+    let rate = h.nth(2)?.to_string();
+    let row = words.lines().find(|l| l.starts_with("evm "))?;
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    Some((
+        (built, rate),
+        (cols.get(3)?.to_string(), cols.get(4)?.to_string()),
+    ))
+}
+
 /// The EVM's ledger count in its `/metrics` (`evb_events_released_total` of the EVM).
 fn metrics_released(up: &Up) -> Option<u64> {
     let text = up.api.get("/metrics").ok()?.body;
@@ -1314,6 +1346,7 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
         let s = up.status();
         let built = s["totals"]["events_built"].as_u64().unwrap_or(0);
         api_seen.push(built);
+        one_number_per_idea(&s);
         if let Some(m) = metrics_released(&up) {
             metrics_seen.push(m);
         }
@@ -1322,6 +1355,13 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
             let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
             if let Some(n) = v["totals"]["events_built"].as_u64() {
                 ctl_seen.push(n);
+                one_number_per_idea(&v);
+            }
+            // the words an operator reads: the header's count and rate are the EVM row's
+            let out = up.ctl(&["status"]);
+            let words = String::from_utf8_lossy(&out.stdout).into_owned();
+            if let Some((header, row)) = header_and_evm_row(&words) {
+                assert_eq!(header, row, "header and EVM row differ:\n{words}");
             }
         }
         polls += 1;

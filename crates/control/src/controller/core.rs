@@ -88,8 +88,8 @@ pub struct ScrapeTarget {
 struct NodeView {
     reply: Option<NodeReply>,
     error: Option<CallError>,
-    /// (when, events, bytes) at the previous answer, for rates.
-    last: Option<(Instant, u64, u64)>,
+    /// The previous answer's counts, for rates.
+    last: Option<Sample>,
     rate_hz: f64,
     bytes_per_s: f64,
     /// Polls in a row that failed: one slow answer on a loaded host is not a lost node.
@@ -102,6 +102,37 @@ struct NodeView {
 impl NodeView {
     fn snapshot(&self) -> Option<&NodeStatus> {
         self.reply.as_ref().and_then(|r| r.snapshot.as_ref())
+    }
+}
+
+/// One answer's counts and when they were counted.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// When the answer came (a node without a snapshot's clock is timed by it).
+    at: Instant,
+    /// The snapshot's own clock: (process, run, seconds since its node was made).
+    clock: Option<(u32, u64, f64)>,
+    events: u64,
+    bytes: u64,
+}
+
+impl Sample {
+    /// Seconds between two samples' counts: by the node's own clock where both are of one
+    /// process and run (a poll round that waited for a silent node, or an EVM snapshot taken
+    /// before the round, would otherwise time counts by the round's end and show a burst
+    /// that never was), by the answers' arrival otherwise. `None`: the same snapshot again.
+    fn seconds_since(&self, before: &Sample) -> Option<f64> {
+        match (before.clock, self.clock) {
+            (Some((p0, r0, t0)), Some((p, r, t))) if p0 == p && r0 == r => {
+                (t > t0).then_some(t - t0)
+            }
+            _ => Some(
+                self.at
+                    .saturating_duration_since(before.at)
+                    .as_secs_f64()
+                    .max(1e-3),
+            ),
+        }
     }
 }
 
@@ -648,29 +679,45 @@ impl Core {
                     if under_way && v.reply.as_ref().is_some_and(|old| old.pid != reply.pid) {
                         self.restarted.push(id);
                     }
-                    let (e, b) = progress(reply.snapshot.as_ref());
+                    let (events, bytes) = progress(reply.snapshot.as_ref());
                     let links = to_bus(reply.snapshot.as_ref());
-                    if let Some((t, e0, b0)) = v.last {
-                        let dt = now.saturating_duration_since(t).as_secs_f64().max(1e-3);
+                    let sample = Sample {
+                        at: now,
+                        clock: reply
+                            .snapshot
+                            .as_ref()
+                            .map(|s| (reply.pid, s.run_number.unwrap_or(reply.run), s.t)),
+                        events,
+                        bytes,
+                    };
+                    match v.last.map(|l| (sample.seconds_since(&l), l)) {
                         // a new run starts the counters again
-                        v.rate_hz = e.saturating_sub(e0) as f64 / dt;
-                        v.bytes_per_s = b.saturating_sub(b0) as f64 / dt;
-                        v.link_rates = links
-                            .iter()
-                            .enumerate()
-                            .map(|(j, b)| {
-                                let b0 = v.links_last.get(j).copied().unwrap_or(0);
-                                b.saturating_sub(b0) as f64 / dt
-                            })
-                            .collect();
+                        Some((Some(dt), l)) => {
+                            v.rate_hz = events.saturating_sub(l.events) as f64 / dt;
+                            v.bytes_per_s = bytes.saturating_sub(l.bytes) as f64 / dt;
+                            v.link_rates = links
+                                .iter()
+                                .enumerate()
+                                .map(|(j, b)| {
+                                    let b0 = v.links_last.get(j).copied().unwrap_or(0);
+                                    b.saturating_sub(b0) as f64 / dt
+                                })
+                                .collect();
+                            v.links_last = links;
+                            v.last = Some(sample);
+                        }
+                        // the snapshot counted before: the rates since the last one stand
+                        Some((None, _)) => {}
+                        None => {
+                            v.links_last = links;
+                            v.last = Some(sample);
+                        }
                     }
                     if reply.phase != Phase::Running {
                         v.rate_hz = 0.0;
                         v.bytes_per_s = 0.0;
                         v.link_rates.clear();
                     }
-                    v.links_last = links;
-                    v.last = Some((now, e, b));
                     v.reply = Some(reply);
                     v.error = None;
                     v.failures = 0;
@@ -750,15 +797,22 @@ impl Core {
             .is_some_and(|r| r.run == self.run && r.phase == Phase::Running)
     }
 
-    /// The system's event rate and throughput: the BUs' of the current run.
+    /// The system's event rate and throughput in the current run: the EVM's rate of
+    /// released events (every event built once, a lost BU's included: the number in the
+    /// EVM's row) and the BUs' payload bytes (the EVM counts no bytes).
     fn totals(&self) -> (f64, f64) {
-        self.cfg
-            .nodes()
-            .iter()
-            .filter(|n| n.role == Role::Bu)
-            .filter_map(|n| self.nodes.get(&n.id))
-            .filter(|v| self.in_current_run(v))
-            .fold((0.0, 0.0), |(r, b), v| (r + v.rate_hz, b + v.bytes_per_s))
+        let nodes = self.cfg.nodes();
+        let current = |role: Role| {
+            nodes
+                .iter()
+                .filter(move |n| n.role == role)
+                .filter_map(|n| self.nodes.get(&n.id))
+                .filter(|v| self.in_current_run(v))
+        };
+        // (a fold from 0: an empty f64 sum is -0, printed "-0 ev/s")
+        let rate = current(Role::Evm).fold(0.0, |r, v| r + v.rate_hz);
+        let bytes = current(Role::Bu).fold(0.0, |b, v| b + v.bytes_per_s);
+        (rate, bytes)
     }
 
     /// The build latency of the current (or last) run: every BU's histogram added up.
@@ -916,45 +970,6 @@ impl Core {
     /// The whole system's status (`GET /api/v1/status`, docs/control.md); `evm` is the EVM
     /// node's latest status line.
     pub(crate) fn status(&self, evm: Option<&NodeStatus>, unix: f64) -> Status {
-        let mut nodes = Vec::new();
-        for n in self.cfg.nodes() {
-            let v = self.nodes.get(&n.id).cloned().unwrap_or_default();
-            let role = status_role(n.role);
-            let snap = v.snapshot();
-            let refused = v.error.as_ref().is_some_and(|e| e.is_refused());
-            let state = match (&v.error, &v.reply) {
-                (Some(_), None) => "unreachable".to_string(),
-                (Some(_), Some(_)) if v.failures >= 2 || refused => "unreachable".to_string(),
-                // the driver's state during a run, the node's phase between runs
-                (_, Some(r)) => match (snap, r.phase) {
-                    (Some(s), Phase::Running) => s.state.name().to_string(),
-                    (_, p) => p.name().to_string(),
-                },
-                (None, None) => "unknown".to_string(),
-            };
-            let (events, bytes) = progress(snap);
-            let credits = match role {
-                StatusRole::Evm => snap.and_then(|s| s.evm()).map(|s| s.credits_available),
-                StatusRole::Bu => snap.and_then(|s| s.sink.as_ref()).map(|k| k.queued),
-                StatusRole::Ru => snap.and_then(|s| s.ru()).map(|s| s.retained),
-            };
-            nodes.push(NodeRow {
-                node: n.id.clone(),
-                role,
-                control: n.control.clone(),
-                state,
-                run: v.reply.as_ref().map(|r| r.run),
-                events,
-                bytes,
-                rate_hz: v.rate_hz,
-                bytes_per_s: v.bytes_per_s,
-                credits,
-                errors: errors(snap),
-                error: v.error.as_ref().map(|e| e.in_words()),
-                last: v.reply.as_ref().and_then(|r| r.last.clone()),
-                by_time: by_time(snap),
-            });
-        }
         let total = self.totals();
         let es = evm.and_then(|s| s.evm());
         // "Built" in the header: the EVM's ledger count of final events for the run under
@@ -978,6 +993,56 @@ impl Core {
                 .and_then(|r| r.end.as_ref())
                 .map_or(0, |e| e.events_built),
         };
+        let mut nodes = Vec::new();
+        for n in self.cfg.nodes() {
+            let v = self.nodes.get(&n.id).cloned().unwrap_or_default();
+            let role = status_role(n.role);
+            let snap = v.snapshot();
+            let refused = v.error.as_ref().is_some_and(|e| e.is_refused());
+            let state = match (&v.error, &v.reply) {
+                (Some(_), None) => "unreachable".to_string(),
+                (Some(_), Some(_)) if v.failures >= 2 || refused => "unreachable".to_string(),
+                // the driver's state during a run, the node's phase between runs
+                (_, Some(r)) => match (snap, r.phase) {
+                    (Some(s), Phase::Running) => s.state.name().to_string(),
+                    (_, p) => p.name().to_string(),
+                },
+                (None, None) => "unknown".to_string(),
+            };
+            // the EVM's row: the same snapshot and count as the summary and the header (one
+            // number per idea, in one reply)
+            let snap = if n.role == Role::Evm {
+                evm.or(snap)
+            } else {
+                snap
+            };
+            let (events, bytes) = if n.role == Role::Evm {
+                (built, 0)
+            } else {
+                progress(snap)
+            };
+            let credits = match role {
+                StatusRole::Evm => snap.and_then(|s| s.evm()).map(|s| s.credits_available),
+                StatusRole::Bu => snap.and_then(|s| s.sink.as_ref()).map(|k| k.queued),
+                StatusRole::Ru => snap.and_then(|s| s.ru()).map(|s| s.retained),
+            };
+            nodes.push(NodeRow {
+                node: n.id.clone(),
+                role,
+                control: n.control.clone(),
+                state,
+                run: v.reply.as_ref().map(|r| r.run),
+                events,
+                bytes,
+                rate_hz: v.rate_hz,
+                bytes_per_s: v.bytes_per_s,
+                credits,
+                errors: errors(snap),
+                error: v.error.as_ref().map(|e| e.in_words()),
+                last: v.reply.as_ref().and_then(|r| r.last.clone()),
+                by_time: by_time(snap),
+            });
+        }
         Status {
             state: self.state,
             run: self.run,
@@ -989,7 +1054,8 @@ impl Core {
                 .collect(),
             evm: EvmSummary {
                 triggered: es.map(|s| s.triggered),
-                released: es.map(|s| s.released),
+                // the header's count (the ledger's, the most said so far)
+                released: es.map(|_| built),
                 in_flight: es.map(|s| s.in_flight),
                 credits_available: es.map(|s| s.credits_available),
                 paused: es.map(|s| s.paused),

@@ -79,6 +79,7 @@ fn reply(node: &str, pid: u32, phase: Phase, run: u64, built: u64) -> NodeReply 
         evb_builder::StatusRole::Ru => RoleStats::Ru(Box::default()),
         evb_builder::StatusRole::Evm => RoleStats::Evm(Box::new(EvmStats {
             triggered: built,
+            released: built,
             ..Default::default()
         })),
     };
@@ -94,6 +95,14 @@ fn reply(node: &str, pid: u32, phase: Phase, run: u64, built: u64) -> NodeReply 
         snapshot: Some(NodeStatus::new(node, RunState::Running, stats)),
         controls: false,
     }
+}
+
+/// A reply whose snapshot was taken `t` s after its node was made (the node's own clock).
+fn at(mut r: NodeReply, t: f64) -> NodeReply {
+    if let Some(s) = r.snapshot.as_mut() {
+        s.t = t;
+    }
+    r
 }
 
 fn refused(node: &str) -> CallError {
@@ -204,33 +213,87 @@ fn a_node_answering_twice_is_counted_once() {
     started(&mut c);
     let t0 = Instant::now();
     let bu = "bu0";
-    c.answers(
-        t0,
-        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 100)))],
-    );
+    let answer = |built, t| vec![(bu.into(), Ok(at(reply(bu, 7, Phase::Running, 1, built), t)))];
+    c.answers(t0, answer(100, 1.0));
     let t1 = t0 + Duration::from_secs(1);
-    c.answers(
-        t1,
-        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 600)))],
-    );
+    c.answers(t1, answer(600, 2.0));
     // the same answer again, at once: no new events, and the totals count the BU once
-    c.answers(
-        t1,
-        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 600)))],
-    );
+    c.answers(t1, answer(600, 2.0));
     let s = c.status_json(None, 0.0);
     // the header's total is the EVM's ledger, which has said nothing yet: not the BU's count
     assert_eq!(s["totals"]["events_built"], 0);
     assert_eq!(node_row(&s, bu)["events"], 600);
-    assert_eq!(node_row(&s, bu)["rate_hz"], 0.0, "no events in no time");
-    let t2 = t1 + Duration::from_millis(500);
-    c.answers(
-        t2,
-        vec![(bu.into(), Ok(reply(bu, 7, Phase::Running, 1, 700)))],
+    assert_eq!(
+        node_row(&s, bu)["rate_hz"],
+        500.0,
+        "the same snapshot again leaves the rate as it was"
     );
+    let t2 = t1 + Duration::from_millis(500);
+    c.answers(t2, answer(700, 2.5));
     let s = c.status_json(None, 0.0);
     assert_eq!(node_row(&s, bu)["rate_hz"], 200.0);
-    assert_eq!(s["totals"]["rate_hz"], 200.0);
+    // the system's rate is the EVM's (released events), which has not answered
+    assert_eq!(s["totals"]["rate_hz"], 0.0);
+    assert_eq!(s["totals"]["bytes_per_s"], 20_000.0);
+}
+
+/// One idea, one number, in one reply: the header's events built, the EVM's summary and the
+/// EVM's row are the same count, and the header's rate is the EVM row's rate; rates are timed
+/// by the node's own clock, so a poll round that waited for a silent node (or an EVM snapshot
+/// taken before the round) shows no burst that never was (issue 71: `max 801` under a 500 Hz
+/// trigger; the header 1429 beside the EVM row's 1228).
+#[test]
+fn one_reply_says_one_number_per_idea_and_rates_follow_the_node_s_clock() {
+    let mut c = core();
+    started(&mut c);
+    let t0 = Instant::now();
+    let evm = |released: u64, t: f64| {
+        let mut r = at(reply("evm", 3, Phase::Running, 1, released), t);
+        if let Some(s) = r.snapshot.as_mut() {
+            s.run_number = Some(1);
+            if let RoleStats::Evm(e) = &mut s.stats {
+                e.triggered = released + 32;
+            }
+        }
+        r
+    };
+    // 500 events a second on the EVM's clock; the second round's answers came 0.5 s late
+    // (the round waited for a silent BU), the third on time
+    let rounds = [(0, 0.0, 0.0), (500, 1.0, 1.5), (1000, 2.0, 2.0)];
+    for (released, t, arrived) in rounds {
+        c.answers(
+            t0 + Duration::from_secs_f64(arrived),
+            vec![
+                ("evm".into(), Ok(evm(released, t))),
+                ("bu0".into(), Err(timeout("bu0"))),
+            ],
+        );
+        c.sample(1000.0 + arrived);
+        let line = evm(released, t).snapshot.unwrap();
+        c.on_status(&line);
+        let s = c.status_json(Some(&line), 0.0);
+        let row = node_row(&s, "evm");
+        assert_eq!(s["totals"]["events_built"], released, "{s}");
+        assert_eq!(row["events"], released, "{s}");
+        assert_eq!(s["evm"]["released"], released, "{s}");
+        assert_eq!(s["evm"]["triggered"], released + 32, "{s}");
+        assert_eq!(s["totals"]["rate_hz"], row["rate_hz"], "{s}");
+        if released > 0 {
+            assert_eq!(row["rate_hz"], 500.0, "{s}");
+        }
+    }
+    // the page's rate plot: no sample above the trigger's rate
+    let h = c.history(None);
+    let rates = h["totals"]["rate_hz"].as_array().unwrap();
+    assert!(rates.iter().all(|r| r.as_f64() <= Some(500.0)), "{h}");
+    // the EVM's status line moves on before the next poll: the reply's summary and row
+    // follow that line together
+    let line = evm(1200, 2.4).snapshot.unwrap();
+    c.on_status(&line);
+    let s = c.status_json(Some(&line), 0.0);
+    assert_eq!(s["totals"]["events_built"], 1200);
+    assert_eq!(node_row(&s, "evm")["events"], 1200);
+    assert_eq!(s["evm"]["released"], 1200);
 }
 
 #[test]
@@ -659,7 +722,10 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
     let round = |c: &mut Core, i: u64| {
         let answers = ids
             .iter()
-            .map(|id| (id.clone(), Ok(reply(id, 7, Phase::Running, 1, 100 * i))))
+            .map(|id| {
+                let r = at(reply(id, 7, Phase::Running, 1, 100 * i), i as f64);
+                (id.clone(), Ok(r))
+            })
             .collect();
         c.answers(t0 + Duration::from_secs(i), answers);
         c.sample(1000.0 + i as f64);
@@ -676,7 +742,7 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
     // the first answer has no rate yet; then every BU adds 100 ev/s to the total
     let rate = h["totals"]["rate_hz"].as_array().unwrap();
     assert_eq!(rate[0], 0.0);
-    assert_eq!(rate[5], 100.0 * bus.len() as f64, "{h}");
+    assert_eq!(rate[5], 100.0, "the EVM's released events: {h}");
     assert_eq!(h["totals"]["bytes_per_s"][5], 10_000.0 * bus.len() as f64);
     assert_eq!(h["nodes"][&bus[0]]["rate_hz"][5], 100.0, "{h}");
     assert_eq!(
@@ -800,6 +866,8 @@ fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
             ..Default::default()
         };
         let mut s = NodeStatus::new(id, RunState::Running, RoleStats::Ru(Box::new(stats)));
+        // the node's clock: the round of scale 1 at 0 s, of scale 3 at 2 s
+        s.t = (scale - 1) as f64;
         s.peers = vec![
             evb_builder::PeerQueue {
                 peer: "bu[1]".into(),
