@@ -366,6 +366,20 @@ impl Up {
     }
 }
 
+impl Up {
+    /// Waits for `evb up` to exit by itself (halted another way: its page, `evb ctl`).
+    pub fn exited(mut self, secs: u64) -> std::process::ExitStatus {
+        let until = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < until, "evb up did not exit in {secs} s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Up {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
