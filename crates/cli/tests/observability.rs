@@ -856,7 +856,7 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         "{v}"
     );
     let narrow = v["narrow"].as_u64().unwrap_or(0);
-    assert!(narrow >= 3 && narrow < 18 && v["buckets"] == 18, "{v}");
+    assert!((3..18).contains(&narrow) && v["buckets"] == 18, "{v}");
     // a Reset's answer goes once the state moves on: not "reset: stopping" beside "ready"
     assert_eq!(up.post("start", json!({})).0, 200);
     let until = Instant::now() + Duration::from_secs(20);
