@@ -672,11 +672,16 @@ fn print_run(r: &RunRecord) {
         r.state,
         end.map_or("", |e| e.reason.as_str())
     );
+    // a run's bytes are the BUs' own counts: not known without every BU's report
+    let bytes = match (end, end.and_then(|e| e.payload_bytes_built)) {
+        (_, Some(b)) => format!("{b} payload bytes"),
+        (Some(_), None) => "payload bytes not known (a BU's count is missing: lost with it, or the run ended without its report)".into(),
+        (None, None) => "payload bytes -".into(),
+    };
     println!(
-        "triggered {}, built {} events, {} payload bytes, {} s",
+        "triggered {}, built {} events, {bytes}, {} s",
         num(end.and_then(|e| e.triggered)),
         num(end.map(|e| e.events_built)),
-        num(end.and_then(|e| e.payload_bytes_built)),
         num(end.and_then(|e| e.seconds))
     );
     for p in end.map(|e| e.verdict.as_slice()).unwrap_or_default() {

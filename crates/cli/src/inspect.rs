@@ -149,6 +149,16 @@ pub fn run(paths: &[PathBuf], event: Option<u64>) -> bool {
                     framed_file(f, &data, event, &mut totals.fragments)
                 } else if data.len() >= 8 && data[7] >> 4 == 0x5 {
                     fed_file(f, &data, event, &mut totals.fragments)
+                } else if data.starts_with(b"\x89HDF\r\n\x1a\n") {
+                    // not read here (no HDF5 library in every build): said what reads it
+                    println!(
+                        "{}: an HDF5 file (the hdf5 sink): `evb inspect FILE` reads .evb, \
+                         framed and FED files; judge an HDF5 run with `evb inspect --run \
+                         <its folder>` (every file's size and CRC32C against the run's \
+                         manifest) and read its events with h5py (docs/formats.md §6, §11, §12)",
+                        f.display()
+                    );
+                    false
                 } else {
                     println!(
                         "{}: not an evb event file, an evb framed file or a FED file",

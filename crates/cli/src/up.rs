@@ -284,11 +284,18 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
                         continue;
                     }
                     let ok = v.ok == Some(true);
+                    let reason = v.reason.as_deref().unwrap_or("");
+                    // the run records' word: a reset run is aborted, not failed
+                    let outcome = if ok {
+                        "complete"
+                    } else if reason == evb_control::fsm::RESET_REASON {
+                        "aborted"
+                    } else {
+                        "FAILED"
+                    };
                     let line = format!(
-                        "evb up: run {} {}: {}",
+                        "evb up: run {} {outcome}: {reason}",
                         v.run_number.map_or("?".to_string(), |n| n.to_string()),
-                        if ok { "complete" } else { "FAILED" },
-                        v.reason.as_deref().unwrap_or("")
                     );
                     // A failure the EVM reports while a standby follows may be the EVM's
                     // own loss, found on waking (frozen): the standby has the run then, and

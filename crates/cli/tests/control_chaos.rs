@@ -107,7 +107,7 @@ fn signal(pid: u64, sig: &str) {
 
 /// Event ids in run `run`'s completed output files (and how many were in two files).
 fn output(dir: &Path, run_id: &str) -> (HashMap<u64, String>, u64) {
-    let prefix = format!("{run_id}_");
+    let prefix = format!("{}_", evb_formats::run_stem(run_id));
     let mut ids = HashMap::new();
     let mut dups = 0;
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {

@@ -617,12 +617,23 @@ fn a_node_that_cannot_listen_is_named_with_its_last_line_and_the_fix() {
     let base = common::free_base_port(6);
     // ru0 listens at base + 1 (the EVM at base): another process holds that port
     let taken = std::net::TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    // with a folder of its own per run (`{run}`): a run that never started leaves none
+    let out_dir = dir.path().join("out");
     let toml = format!(
-        "[run]\nid = \"portuse\"\nevents = 1000\nrecords_dir = {:?}\n[topology]\nbase_port = {base}\n",
-        dir.path().join("records").display().to_string()
+        "[run]\nid = \"portuse\"\nevents = 1000\nrecords_dir = {:?}\n[topology]\nbase_port = {base}\n\
+         [sink]\nkind = \"file\"\ndir = \"{}/{{run}}\"\n",
+        dir.path().join("records").display().to_string(),
+        out_dir.display()
     );
     let (o, s) = common::evb_run_in(dir.path(), &toml);
     drop(taken);
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "a run that never started left {left:?}");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(!o.status.success(), "{}", text(&o));
     let want = format!("lost ru0 before the run started: exited with exit code 1; its last line on stderr: evb node ru0: cannot listen on 127.0.0.1:{}", base + 1);

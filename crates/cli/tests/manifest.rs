@@ -619,3 +619,24 @@ fn a_run_folder_is_proven_against_its_records_and_each_tampering_is_named() {
     let (code, said) = verified(&run2, Some(&records));
     assert_eq!(code, Some(0), "{said}");
 }
+
+/// Issue 71 item 6: `evb inspect` of an HDF5 file says what it is and what reads it (it said
+/// "not an evb event file" though docs/formats.md lists the HDF5 sink), and exits non-zero:
+/// it checked nothing.
+#[test]
+fn inspect_of_an_hdf5_file_says_what_reads_it() {
+    let d = common::out_dir();
+    let f = d.path().join("run_bu0_000000.h5");
+    let mut bytes = b"\x89HDF\r\n\x1a\n".to_vec();
+    bytes.resize(512, 0);
+    std::fs::write(&f, bytes).unwrap();
+    let out = Command::new(EVB).arg("inspect").arg(&f).output().unwrap();
+    let said = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("an HDF5 file (the hdf5 sink)")
+            && said.contains("evb inspect --run")
+            && !said.contains("not an evb event file"),
+        "{said}"
+    );
+}

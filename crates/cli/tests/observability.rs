@@ -881,6 +881,17 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         read()["state"] != "ready" || !said.as_str().unwrap_or("").contains("stopping"),
         "{said} beside ready"
     );
+    // evb up's own line says what the run records say: aborted, not FAILED
+    up.wait_said("run 2 aborted", |lines| {
+        lines
+            .iter()
+            .any(|l| l.contains("run 2 aborted: reset by the operator"))
+    });
+    assert!(!up.said().iter().any(|l| l.contains("run 2 FAILED")));
+    assert_eq!(
+        up.api.get("/api/v1/runs/2").unwrap().body["state"],
+        "aborted"
+    );
     // Halt from the page: what follows is the system's end in words, not a fetch error
     b.click("#btn-halt");
     assert!(up.exited(20).success());

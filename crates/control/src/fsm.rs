@@ -18,6 +18,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The reason a reset gives the EVM to abort the run under way: a run that ends with it is
+/// `aborted` in the run records, and every reader says so (not `FAILED`).
+pub const RESET_REASON: &str = "reset by the operator";
+
 /// Declares the run states in one place: the enum, [`State::ALL`] and each state's name, so
 /// that whatever lists the states (metrics, tests) iterates `State::ALL` and a new state
 /// cannot be left out of it.

@@ -543,7 +543,7 @@ impl EventFileWriter {
         zstd_level: Option<i32>,
         threaded: bool,
     ) -> Result<EventFileWriter, EventFileError> {
-        let name = format!("{run}_bu{bu}_{sequence:06}.evb");
+        let name = format!("{}_bu{bu}_{sequence:06}.evb", crate::run_stem(run));
         let path = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp"));
         let io = |source| EventFileError::Io {
@@ -1139,7 +1139,7 @@ pub fn publish_prepared(
     // a BU writes one format: whichever of its names is there
     let mut found = false;
     for ext in ["evb", "h5"] {
-        let name = format!("{run}_bu{bu}_{sequence:06}.{ext}");
+        let name = format!("{}_bu{bu}_{sequence:06}.{ext}", crate::run_stem(run));
         let path = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp"));
         let meta = PathBuf::from(format!("{}.json", path.display()));

@@ -198,7 +198,7 @@ impl Hdf5EventWriter {
         record_type: &str,
         layout: Hdf5Layout,
     ) -> Result<Hdf5EventWriter, EventFileError> {
-        let name = format!("{run}_bu{bu}_{sequence:06}.h5");
+        let name = format!("{}_bu{bu}_{sequence:06}.h5", crate::run_stem(run));
         let path = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp"));
         if path.exists() {

@@ -28,6 +28,14 @@ pub mod hdf5_events;
 pub mod hdf5_packed;
 pub mod manifest;
 pub mod stream;
+
+/// A run id as the start of its files' names (`<stem>_bu<i>_<seq>.evb`, `<stem>.manifest.json`):
+/// letters, digits, `_`, `-` and `.` kept, anything else `_`, as the run folders and run
+/// records name it. Under `evb up` a run id is `<id>#<run>`: a `#` in a file name needs
+/// quoting in shells and URLs, and a `/` would leave the folder.
+pub fn run_stem(run: &str) -> String {
+    evb_config::safe_file_name(run)
+}
 mod zstd_pipe;
 
 #[cfg(test)]

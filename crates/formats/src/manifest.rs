@@ -61,7 +61,7 @@ pub struct RunManifest {
 
 /// The manifest's file name for run `run`.
 pub fn manifest_name(run: &str) -> String {
-    format!("{run}.manifest.json")
+    format!("{}.manifest.json", crate::run_stem(run))
 }
 
 /// The run's published files (`<run>_bu<i>_<seq>.evb|.h5` with their `.json`) in `dir`
@@ -71,7 +71,7 @@ pub fn scan(dir: &Path, run: &str, since: Option<SystemTime>) -> (Vec<ManifestPa
     let Ok(entries) = std::fs::read_dir(dir) else {
         return (parts, temporaries);
     };
-    let prefix = format!("{run}_bu");
+    let prefix = format!("{}_bu", crate::run_stem(run));
     for e in entries.filter_map(|e| e.ok()) {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(hidden) = name.strip_prefix('.') {

@@ -759,3 +759,15 @@ fn compressing_on_a_thread_survives_a_full_disk() {
         assert_eq!(got.fragments[0].1, payloads[e]);
     }
 }
+
+/// Issue 71 item 6: under `evb up` a run id is `<id>#<n>`; its files are named without the
+/// `#` (and a `/` in a run id never leaves the folder).
+#[test]
+fn run_ids_name_files_safely() {
+    assert_eq!(crate::run_stem("evb-local#3"), "evb-local_3");
+    assert_eq!(crate::run_stem("../etc/x"), ".._etc_x");
+    assert_eq!(
+        crate::manifest::manifest_name("evb-local#3"),
+        "evb-local_3.manifest.json"
+    );
+}

@@ -197,7 +197,7 @@ const PUBLISH_DRAIN: Duration = Duration::from_secs(10);
 /// The highest sequence number among this BU's files of this run in `dir` (completed or
 /// temporary), so that a restarted BU carries on after its earlier incarnation's files.
 fn last_sequence(dir: &Path, run: &str, bu: u16) -> Option<u32> {
-    let prefix = format!("{run}_bu{bu}_");
+    let prefix = format!("{}_bu{bu}_", evb_formats::run_stem(run));
     std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok())

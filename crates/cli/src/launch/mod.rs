@@ -99,8 +99,9 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         }
     };
     let number = record.as_ref().map_or(1, |r| r.run());
-    if let Some(dir) = placed.run_folder(&placed.run.id, number) {
-        placed.sink.dir = dir;
+    let own_folder = placed.run_folder(&placed.run.id, number);
+    if let Some(dir) = &own_folder {
+        placed.sink.dir = dir.clone();
     }
     if let (false, Some(r)) = (quiet, &record) {
         eprintln!(
@@ -168,6 +169,13 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
         // the record names the manifest and configuration the EVM left in the run's folder
         r.set_folder(&cfg.sink.dir);
         r.close(&problems, w.reports.get(&ids[0]));
+    }
+    // the run's own folder, left empty (the run never started, or wrote nothing): not left
+    // behind as if it held a run (remove_dir takes only an empty folder)
+    if let Some(dir) = own_folder.filter(|d| std::fs::remove_dir(d).is_ok()) {
+        if !quiet {
+            eprintln!("evb: run {number} wrote no file; its empty folder {dir} is removed");
+        }
     }
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
     summary::print(cfg, &ids, &w.reports, run, &problems, w.steady_events_per_s);

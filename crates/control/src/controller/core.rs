@@ -429,7 +429,7 @@ impl Core {
             Request::Reset if from == State::Failed => self.reason = None,
             Request::Reset => {
                 self.resetting = true;
-                effects.push(Effect::Abort("reset by the operator".into()));
+                effects.push(Effect::Abort(crate::fsm::RESET_REASON.into()));
                 effects.push(Effect::Pause(false));
             }
             Request::Halt => effects.push(Effect::Halt {
