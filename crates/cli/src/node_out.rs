@@ -3,7 +3,7 @@
 //! `srun -n 5 evb node` every rank shares the launcher's stdout: one line each reads as a
 //! table there, where five pretty-printed JSON objects would interleave into something no
 //! parser reads. `{id}` and `{rank}` in FILE give every rank its own file
-//! (docs/operations.md, "Launchers").
+//! (docs/operations/deployment.md, "A deployment over several hosts").
 //!
 //! The line is `evb node ID: verdict=OK|FAILED key=value ...`, the keys fixed per role, the
 //! words of a failure in `reason="..."` (JSON-quoted) last.

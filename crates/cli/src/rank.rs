@@ -3,7 +3,7 @@
 //! PMI, PMIx) start the whole run, each process taking the node of its rank. Rank k runs
 //! the configuration's k-th node in the order `evb config` lists them: the EVM, then the RUs,
 //! then the BUs. Nodes whose address is left out find each other through the EVM
-//! (evb_node::discovery, docs/operations.md).
+//! (evb_node::discovery, docs/operations/deployment.md).
 
 use std::path::{Path, PathBuf};
 

@@ -173,7 +173,7 @@ pub fn script(cfg: &Config, plan: &Plan) -> Result<String, String> {
     line("# following ranks, and so on. A node with an address in the configuration listens");
     line("# there (its rank must land on that host); the others listen on their host's");
     line("# address (transport.interface) and register with the EVM, whose address they read");
-    line("# from a rendezvous file beside the configuration (docs/operations.md).");
+    line("# from a rendezvous file beside the configuration (docs/operations/deployment.md).");
     line("# --kill-on-bad-exit: a node that fails ends the step, and the job says so.");
     line("# Node logs: evb-JOBID-RANK.out beside this job's log, each ending in the node's");
     line("# summary line (`evb node ID: verdict=OK ...`); each node's report as JSON in");

@@ -16,8 +16,8 @@
 //! `EVB_CHAOS_STANDBY=1` makes every trial's fault the EVM's loss in a run with a standby
 //! (killed, or frozen for 1.2 to 5.2 s), for a campaign on the takeover alone.
 //!
-//! Each trial checks what docs/operations.md's fault table promises: the outcome (verdict,
-//! exit codes), the ledger, that no event id is in two output files and every output id was
+//! Each trial checks what docs/operations/faults.md's fault table promises: the outcome
+//! (verdict, exit codes), the ledger, that no event id is in two output files and every output id was
 //! triggered, that every triggered event of a completed run is in the files (a killed BU's
 //! too: the file sink commits before the RUs forget, docs/protocol.md §6 step 7), and that no
 //! process, temporary output file (but a killed BU's) or resolved configuration is left
@@ -88,7 +88,7 @@ enum Fault {
     /// Ctrl-C: SIGINT to `evb run`, or to the standalone EVM.
     Interrupt,
     /// A dozen unauthenticated sockets to the EVM, each declaring a 340 KB Hello and then
-    /// stalling: they must not starve it (docs/operations.md, Security).
+    /// stalling: they must not starve it (docs/operations/security.md, "Security").
     Flood,
     /// A hostile HTTP client on the host, in a run with a secret: 200 unfinished requests to
     /// the EVM's and a BU's control API, and unauthenticated commands (stop with a forged

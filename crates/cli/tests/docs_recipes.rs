@@ -6,9 +6,11 @@
 //!
 //! - docs/plugin.md, "Configuration": `daq.toml`, two `evb node` processes, the C consumer
 //!   and two C producers (crates/capi/examples) standing for `./consumer` and `./producer`.
-//! - docs/operations.md, "A filter farm": `farm.toml`, `evb run` and two `evb consume`.
-//! - docs/operations.md, "Streaming readout: time slices": `slices.toml`, `evb config check`,
-//!   `evb run` and the outside checker of docs/formats.md §8.
+//! - docs/operations/data.md, "A filter farm": `farm.toml`, `evb run` and two `evb consume`.
+//! - docs/operations/streaming.md, "Streaming readout: time slices", "Triggered readout
+//!   windows" and "Slices and windows from front-end streams": `slices.toml`, `windows.toml`
+//!   and `live.toml`, `evb config check`, `evb run`, `evb feed --frames` and the outside
+//!   checkers of docs/formats.md §8.
 
 mod common;
 
@@ -209,8 +211,8 @@ fn plugin_md_daq_recipe_runs_as_written() {
 #[test]
 fn operations_md_farm_recipe_runs_as_written() {
     let heading = "## A filter farm: built events over the network";
-    let toml = fenced("docs/operations.md", heading, "toml", 0);
-    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    let toml = fenced("docs/operations/data.md", heading, "toml", 0);
+    let sh = fenced("docs/operations/data.md", heading, "sh", 0);
     let dir = common::out_dir();
     assert!(toml.contains("serve_base_port = 7400 "), "{toml}");
     let port = free_base_port(2);
@@ -316,13 +318,13 @@ fn on_free_ports(toml: &str) -> String {
     )
 }
 
-/// docs/operations.md, "Streaming readout: time slices": `slices.toml`, `evb config check`,
-/// `evb run` and the outside checker, each printing what the doc's sample says.
+/// docs/operations/streaming.md, "Streaming readout: time slices": `slices.toml`, `evb config
+/// check`, `evb run` and the outside checker, each printing what the doc's sample says.
 #[test]
 fn streaming_recipe_runs_as_written() {
     let heading = "## Streaming readout: time slices";
-    let toml = fenced("docs/operations.md", heading, "toml", 0);
-    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    let toml = fenced("docs/operations/streaming.md", heading, "toml", 0);
+    let sh = fenced("docs/operations/streaming.md", heading, "sh", 0);
     if !python3("streaming recipe") {
         return;
     }
@@ -385,15 +387,15 @@ fn streaming_recipe_runs_as_written() {
     }
 }
 
-/// docs/operations.md, "Triggered readout windows": `windows.toml`, `evb run` and the
-/// outside checker; the counts vary from run to run, so what must hold is the sample's
+/// docs/operations/streaming.md, "Triggered readout windows": `windows.toml`, `evb run` and
+/// the outside checker; the counts vary from run to run, so what must hold is the sample's
 /// shape: the verdict line's words, the checker finding no problem, every decision read,
 /// LATE and MISSING both there, the verdict's counts the checker's.
 #[test]
 fn windows_recipe_runs_as_written() {
     let heading = "### Triggered readout windows";
-    let toml = fenced("docs/operations.md", heading, "toml", 0);
-    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    let toml = fenced("docs/operations/streaming.md", heading, "toml", 0);
+    let sh = fenced("docs/operations/streaming.md", heading, "sh", 0);
     if !python3("windows recipe") {
         return;
     }
@@ -441,14 +443,14 @@ fn windows_recipe_runs_as_written() {
     );
 }
 
-/// docs/operations.md, "Slices and windows from front-end streams": `live.toml`, `evb run`
-/// beside `evb feed --frames`, and the outside checker, each printing what the doc's sample
+/// docs/operations/streaming.md, "Slices and windows from front-end streams": `live.toml`,
+/// `evb run` beside `evb feed --frames`, and the outside checker, each printing what the doc's sample
 /// says. Only the site changes: free ports for the two streams.
 #[test]
 fn live_streams_recipe_runs_as_written() {
     let heading = "### Slices and windows from front-end streams";
-    let toml = fenced("docs/operations.md", heading, "toml", 0);
-    let sh = fenced("docs/operations.md", heading, "sh", 0);
+    let toml = fenced("docs/operations/streaming.md", heading, "toml", 0);
+    let sh = fenced("docs/operations/streaming.md", heading, "sh", 0);
     if !python3("live streams recipe") {
         return;
     }

@@ -652,8 +652,8 @@ fn a_node_that_cannot_listen_is_named_with_its_last_line_and_the_fix() {
 
 /// The output disk fills up mid-run (a tmpfs the test mounts, filled by another file): the
 /// BUs hold their events and credits and say `sink blocked`; when the space returns they go
-/// on, and the run builds and writes every event once (docs/operations.md, "the output disk
-/// is full").
+/// on, and the run builds and writes every event once (docs/operations/faults.md,
+/// "What failures look like": "the output disk is full").
 #[test]
 fn a_full_output_disk_holds_the_events_until_space_returns() {
     let dir = common::out_dir();

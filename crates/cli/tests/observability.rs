@@ -102,7 +102,7 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
     }
 
     // a real Prometheus server scraping every node each second, finding them through the
-    // EVM's service discovery endpoint (the configuration docs/operations.md shows)
+    // EVM's service discovery endpoint (the configuration docs/operations/running.md shows)
     let sd = Api::new(&nodes[0], None).get("/api/v1/sd").unwrap();
     assert!(sd.ok(), "{:?}", sd.body);
     let mut found: Vec<String> = sd

@@ -15,8 +15,8 @@ use thiserror::Error;
 mod api;
 pub mod duration;
 /// The range of every number in a configuration, checked by [`Config::validate`] (the table
-/// in `default.toml` and docs/operations.md lists the same). Bounds keep every value that
-/// passes validation clear of overflows and panics in the nodes (durations, pool sizes,
+/// in `default.toml` and docs/operations/configuration.md lists the same). Bounds keep every
+/// value that passes validation clear of overflows and panics in the nodes (durations, pool sizes,
 /// ports), with room to spare for any real run.
 pub mod limits;
 mod memory;

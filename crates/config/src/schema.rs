@@ -72,11 +72,11 @@ pub struct RunSection {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub secret: String,
     /// Discovery: a file on a filesystem every host sees where the EVM writes the address
-    /// it listens on, for nodes started without addresses to read (docs/operations.md).
+    /// it listens on, for nodes started without addresses to read (docs/operations/deployment.md).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub rendezvous: String,
     /// The folder where the run control keeps every run's record (JSON Lines, one file per
-    /// run id; docs/operations.md, "Run records"), so that records and run numbers outlive
+    /// run id; docs/operations/data.md, "Run records"), so that records and run numbers outlive
     /// the processes: "" is the user's state directory (`$XDG_STATE_HOME/evb/runs`, else
     /// `~/.local/state/evb/runs`).
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -91,7 +91,7 @@ pub struct RunSection {
     /// schedules them), "high" (nice -20: a process at nice 0 then gets about 1 % of a CPU
     /// that a node wants) or "realtime" (SCHED_RR; refused where the kernel does not bound
     /// real-time threads, `kernel.sched_rt_runtime_us = -1`). Both need root or
-    /// CAP_SYS_NICE; a node that cannot raise itself refuses to start. docs/operations.md.
+    /// CAP_SYS_NICE; a node that cannot raise itself refuses to start. docs/operations/running.md.
     pub priority: Priority,
 }
 

@@ -210,7 +210,7 @@ impl Config {
             || self.bu.iter().any(|b| b.sink == Some(SinkKind::Serve));
         if serving && self.secret().is_none() {
             // the consumer port is a listener like the data ports: beyond loopback only with
-            // a secret, which consumers then prove (docs/operations.md, Security model)
+            // a secret, which consumers then prove (docs/operations/security.md, "Security")
             for i in 0..self.n_bu().min(u16::MAX as u64) as u16 {
                 let addr = self.serve_addr(i);
                 // the same test as the streams' and the data ports'

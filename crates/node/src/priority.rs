@@ -1,4 +1,4 @@
-//! Raising a node above other work on its host (`run.priority`, docs/operations.md).
+//! Raising a node above other work on its host (`run.priority`, docs/operations/running.md).
 //!
 //! Applied to the calling thread when a node starts, with its pinning and before it starts
 //! threads of its own (they inherit both). Linux keeps the nice value and the scheduling

@@ -1,5 +1,6 @@
 //! Property tests: every message survives encode → decode unchanged, and no decoder panics
-//! on any input (the long fuzzing runs are in fuzz/, see docs/operations.md).
+//! on any input (the long fuzzing runs are in fuzz/, see docs/operations/security.md,
+//! "Fuzzing").
 //!
 //! Random bytes almost never get past a magic number or a checksum, so the damage tests
 //! start from VALID encodings (fragment headers with correct CRCs) and damage them: flipped

@@ -1,6 +1,6 @@
 //! Run records on disk: every change of a run's record is appended, as one JSON line, to
 //! `<run.records_dir>/<run id>.jsonl`, so that the records and the run numbering outlive
-//! the run control's process (docs/operations.md, "Run records").
+//! the run control's process (docs/operations/data.md, "Run records").
 //!
 //! Why JSON Lines and not SQLite: a record changes a few times per run, lines are appended
 //! and never rewritten (a crash loses at most the line being written, which the reader
