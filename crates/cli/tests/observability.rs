@@ -126,7 +126,7 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         &conf,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: evb\n    http_sd_configs:\n      - url: http://{}/api/v1/sd\n        refresh_interval: 5s\n",
+             scrape_configs:\n  - job_name: evb\n    honor_labels: true\n    http_sd_configs:\n      - url: http://{}/api/v1/sd\n        refresh_interval: 5s\n",
             concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/prometheus-alerts.yml"),
             nodes[0]
         ),
@@ -204,6 +204,12 @@ fn promtool_passes_every_nodes_metrics_and_prometheus_scrapes_a_running_system()
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+    // the node's own `node` and `role` labels and the discovery's agree (honor_labels): no
+    // series carries them twice as `exported_node`, `exported_role` (issue 71 item 6)
+    let twice = query("count({job=\"evb\", exported_node=~\".+\"})");
+    assert_eq!(twice["data"]["result"], json!([]), "{twice}");
+    let twice = query("count({job=\"evb\", exported_role=~\".+\"})");
+    assert_eq!(twice["data"]["result"], json!([]), "{twice}");
     let dash: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -35,6 +35,52 @@ fn the_commented_default_file_is_the_default() {
     assert_eq!(Config::from_toml(DEFAULT_TOML).unwrap(), Config::default());
 }
 
+/// Every choice a key of the commented default file accepts is named in its comment (issue
+/// 71: `evb config default` omitted "hdf5" from sink.kind and "frames" from source.format).
+/// Each `key = "word"  # comment` line is tried with a word no key accepts: the error lists
+/// the accepted ones, and each must be in the comment.
+#[test]
+fn the_default_file_names_every_choice_of_its_keys() {
+    let mut section = String::new();
+    let mut checked = 0;
+    for line in DEFAULT_TOML.lines() {
+        let l = line.trim();
+        if l.starts_with('[') {
+            section = l.split('#').next().unwrap_or(l).trim().to_string();
+            continue;
+        }
+        let Some((assign, comment)) = l.split_once('#') else {
+            continue;
+        };
+        let Some((key, value)) = assign.split_once('=') else {
+            continue;
+        };
+        if !value.trim().starts_with('"') || l.starts_with('#') {
+            continue;
+        }
+        let toml = format!("{section}\n{} = \"no-such-choice\"\n", key.trim());
+        let Err(e) = Config::from_toml(&toml) else {
+            continue;
+        };
+        let said = e.to_string();
+        let Some(expected) = said.split("expected one of").nth(1) else {
+            continue;
+        };
+        for choice in expected.split('`').skip(1).step_by(2) {
+            assert!(
+                comment.contains(&format!("\"{choice}\"")),
+                "{section} {}: the comment does not name \"{choice}\": {line}",
+                key.trim()
+            );
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 5,
+        "only {checked} keys with choices were checked"
+    );
+}
+
 #[test]
 fn counts_and_base_port_make_addresses() {
     let c = Config::from_toml("[topology]\nrus = 3\nbus = 2\nbase_port = 9000\n").unwrap();
