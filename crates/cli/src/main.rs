@@ -416,7 +416,7 @@ fn main() -> ExitCode {
                 cfg.topology.bus = n;
                 cfg.bu.clear();
             }
-            if let Err(e) = cfg.validate() {
+            if let Err(e) = cfg.validate_once() {
                 eprintln!("evb: {e}");
                 return ExitCode::from(2);
             }
@@ -707,6 +707,12 @@ fn main() -> ExitCode {
                     count(evb_config::Role::Bu),
                     c.transport.kind.name()
                 );
+                if !c.ends_by_itself() {
+                    println!(
+                        "  a run goes on until it is stopped (run.events and run.duration_s \
+                         are 0): for `evb up` (`evb ctl stop`); `evb run` refuses it"
+                    );
+                }
                 if c.builder.by == evb_config::BuildBy::Window {
                     let w = &c.windows;
                     println!(

@@ -138,9 +138,11 @@ pub fn print(
             released as f64 / secs,
             built_bytes as f64 / secs / 1e9
         );
-        if let Some(rate) = steady_events_per_s {
+        // (none where the BUs built nothing past their first second: a short run whose
+        // records were all built in it has no steady state to speak of)
+        if let Some(rate) = steady_events_per_s.filter(|r| *r >= 0.5) {
             println!(
-                "  steady state (the BUs' counts from {:.0} s into the run): {rate:.0} events/s",
+                "  steady state (the BUs' counts from {:.0} s into the run): {rate:.0} {records}/s",
                 crate::launch::STEADY_AFTER_S
             );
         }

@@ -1491,3 +1491,48 @@ fn woken_bu_rejoins(standby: bool) {
     );
     assert!(up.halt().success());
 }
+
+/// Issue 71 item 6: "run until I stop it" (`run.events` and `run.duration_s` both 0) is a run
+/// `evb up` takes and goes on with until `evb ctl stop`, which ends it exact; `evb run`
+/// refuses the same configuration, naming the key, and `evb config check` says which takes it.
+#[test]
+fn a_run_until_stopped_runs_under_evb_up_and_is_refused_by_evb_run() {
+    const ENDLESS: &str =
+        "[run]\nevents = 0\nduration_s = 0\nrate_hz = 2000\n[fragments]\nsize = 4096\n";
+    let dir = common::out_dir();
+    let file = dir.path().join("endless.toml");
+    std::fs::write(&file, ENDLESS).unwrap();
+    let check = Command::new(EVB)
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = common::text(&check);
+    assert!(check.status.success(), "{said}");
+    assert!(said.contains("goes on until it is stopped"), "{said}");
+    let run = Command::new(EVB)
+        .args(["run", "--quiet", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = common::text(&run);
+    assert_eq!(run.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("`run`") && said.contains("must end"),
+        "{said}"
+    );
+
+    let up = Up::start(ENDLESS);
+    up.start_until_triggered(3000);
+    // past any bound a default would set: still running until told
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(up.status()["state"], "running");
+    let out = up.ctl(&["stop", "--wait"]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rec = up.wait_run(1);
+    let triggered = rec["triggered"].as_u64().unwrap_or(0);
+    assert!(triggered >= 3000, "{rec:#}");
+    assert_exact(&rec, triggered);
+    assert_eq!(rec["report"]["run"]["evm"]["stopped_by_request"], true);
+    assert!(up.halt().success());
+}

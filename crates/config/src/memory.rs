@@ -24,8 +24,11 @@ impl Config {
     /// Said (not changed) where the BUs of a live source (streams, producers) get the fewest
     /// default credits only because `source.max_fragment` is large: the credits are sized
     /// for the largest fragment allowed, and fragments far smaller then wait on round trips.
+    /// Not in a run built by time: its records come at the slices' (or windows') pace, each
+    /// a span of time, and the fewest credits still hold 16 of them in flight.
     pub fn live_credits_notice(&self) -> Option<String> {
-        let live = matches!(self.source.kind, SourceKind::Stream | SourceKind::Api);
+        let live =
+            matches!(self.source.kind, SourceKind::Stream | SourceKind::Api) && !self.by_time();
         let defaulted = self.builder.credits == 0 && self.bu.iter().all(|b| b.credits.is_none());
         let credits = self.default_credits();
         (live && defaulted && credits <= 16).then(|| {

@@ -151,10 +151,13 @@ fn affinity_names_nodes_of_the_run_and_real_cpu_numbers() {
 fn semantic_errors_name_the_key() {
     assert_err("[topology]\nbus = 0\n", &["topology.bus", "BU count 0"]);
     assert_err("[topology]\nrus = 0\n", &["topology.rus"]);
-    assert_err(
-        "[run]\nduration_s = 0\nevents = 0\n",
-        &["`run`", "must end"],
-    );
+    // a run with neither events nor a duration: valid (under `evb up` it runs until
+    // stopped), refused for `evb run`, naming the key
+    let endless = Config::from_toml("[run]\nduration_s = 0\nevents = 0\n").unwrap();
+    assert!(!endless.ends_by_itself());
+    let e = endless.validate_once().unwrap_err().to_string();
+    assert!(e.contains("`run`") && e.contains("must end"), "{e}");
+    assert!(Config::default().validate_once().is_ok());
     assert_err("[run]\nid = \"\"\n", &["run.id"]);
     assert_err("[run]\nrate_hz = -1.0\n", &["run.rate_hz"]);
     assert_err("[fragments]\nsize = 0\n", &["fragments.size"]);
@@ -250,11 +253,15 @@ fn file_sources_and_sinks_are_checked() {
         "[[ru]]\nid = \"r\"\nfiles = [\"x\"]\n",
         &["ru[0].files", "only read"],
     );
-    // looping forever with no events or duration never ends
-    assert_err(
-        &fed.replace("kind = \"fed\"", "kind = \"fed\"\nloop = true"),
-        &["must end"],
-    );
+    // looping forever with no events or duration never ends by itself
+    let looped =
+        Config::from_toml(&fed.replace("kind = \"fed\"", "kind = \"fed\"\nloop = true")).unwrap();
+    assert!(!looped.ends_by_itself());
+    assert!(looped
+        .validate_once()
+        .unwrap_err()
+        .to_string()
+        .contains("must end"));
     assert_err("[sink]\nkind = \"file\"\n", &["sink.dir"]);
     assert_err("[source]\non_error = \"ignore\"\n", &["ignore"]);
     let c = Config::from_toml("[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n").unwrap();
@@ -1295,6 +1302,17 @@ fn live_sources_hear_when_max_fragment_shrinks_the_credits() {
     assert_eq!(Config::from_toml(&set).unwrap().live_credits_notice(), None);
     // the generator's credits follow its own fragment sizes: nothing to say
     assert_eq!(Config::default().live_credits_notice(), None);
+    // a run built by time (docs/operations/streaming.md's live.toml): records at the slices'
+    // pace, nothing to say either (its recipe warned about its own credits)
+    let slices = streams.replace(
+        "[source]\nkind = \"stream\"\n",
+        "[builder]\nby = \"time\"\nslice_ticks = 1000000\n[frames]\nticks = 10000\n\
+         [source]\nkind = \"stream\"\nformat = \"frames\"\nmax_fragment = 16384\n",
+    );
+    let c = Config::from_toml(&slices).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.default_credits(), 16);
+    assert_eq!(c.live_credits_notice(), None);
 }
 
 /// Output files of a run with a secret are its user's alone (or its group's too); the

@@ -61,6 +61,28 @@ fn real(v: f64) -> String {
 }
 
 impl Config {
+    /// Whether a run of this configuration ends by itself: `run.events` or `run.duration_s`,
+    /// or replay files read once. A run that does not goes on until it is stopped, which
+    /// a run under `evb up` is (`evb ctl stop`, the page, Ctrl-C); `evb run` refuses it.
+    pub fn ends_by_itself(&self) -> bool {
+        let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;
+        self.run.events > 0 || self.run.duration_s > 0.0 || ends_with_data
+    }
+
+    /// [`Config::validate`], and a run that ends by itself: what `evb run` needs, where no
+    /// operator is there to stop it.
+    pub fn validate_once(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        if !self.ends_by_itself() {
+            return Err(invalid(
+                "run",
+                "set `events` or `duration_s` (or both): a run of `evb run` must end (under \
+                 `evb up` a run with neither goes on until `evb ctl stop`)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Every check that needs more than one key, each naming the key at fault.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.run;
@@ -71,13 +93,7 @@ impl Config {
         crate::time::validate(self)?;
         self.check_slots()?;
         crate::api::validate(self)?;
-        let ends_with_data = self.source.kind != SourceKind::Generator && !self.source.looped;
-        if r.events == 0 && r.duration_s == 0.0 && !ends_with_data {
-            return Err(invalid(
-                "run",
-                "set `events` or `duration_s` (or both): a run must end",
-            ));
-        }
+
         let needs_ru_entries = !matches!(self.source.kind, SourceKind::Generator | SourceKind::Api);
         if needs_ru_entries && self.ru.is_empty() {
             let what = match self.source.kind {
