@@ -713,7 +713,33 @@ fn main() -> ExitCode {
                          are 0): for `evb up` (`evb ctl stop`); `evb run` refuses it"
                     );
                 }
-                if c.builder.by == evb_config::BuildBy::Window {
+                if c.builder.by == evb_config::BuildBy::Window && !c.windows.decisions.is_empty() {
+                    // the file gives every window: said of its own windows, not the extents
+                    let path = std::path::Path::new(&c.windows.decisions);
+                    match evb_node::setup::read_decisions(path) {
+                        Ok(list) => {
+                            let longest = list
+                                .iter()
+                                .map(|d| d.end.saturating_sub(d.begin))
+                                .max()
+                                .unwrap_or(0);
+                            println!(
+                                "  built by windows: the decisions of {} ({} listed, run.events \
+                                 {} of them), the longest {longest} ticks; frames of {} ticks, \
+                                 fragments of up to {} bytes",
+                                c.windows.decisions,
+                                list.len(),
+                                c.run.events,
+                                c.frames.ticks,
+                                c.window_fragment_of(longest)
+                            );
+                        }
+                        Err(e) => {
+                            eprintln!("evb: {}: {e}", file.display());
+                            return ExitCode::from(2);
+                        }
+                    }
+                } else if c.builder.by == evb_config::BuildBy::Window {
                     let w = &c.windows;
                     println!(
                         "  built by windows: decisions at {} Hz of [tick - {}, tick + {}) of \

@@ -98,7 +98,15 @@ pub fn line(r: &NodeStatus, rank: Option<&str>) -> String {
             f.push(format!("triggered={}", s.triggered));
             f.push(format!("released={}", s.released));
             if let Some(run) = &r.run {
-                let built: u64 = run.bus.iter().flatten().map(|b| b.events_built).sum();
+                // the BUs' own counts, and the lost BU processes' releases (their reports
+                // died with them): the run's events built, as the ledger's `released`
+                let built: u64 = run
+                    .bus
+                    .iter()
+                    .flatten()
+                    .map(|b| b.events_built)
+                    .sum::<u64>()
+                    + s.released_by_lost;
                 f.push(format!("built={built}"));
                 f.push(format!("seconds={:.2}", run.seconds));
             }
@@ -142,6 +150,41 @@ pub fn line(r: &NodeStatus, rank: Option<&str>) -> String {
 mod tests {
     use super::*;
     use evb_builder::{BuStats, RunState};
+
+    /// Issue 71 item 7: the EVM's line counts a lost BU's events among those built (it said
+    /// built=3245 in a run exact at 3499, the lost BU's 254 left out).
+    #[test]
+    fn the_evm_s_built_counts_a_lost_bu_s_releases() {
+        let evm = evb_builder::EvmStats {
+            triggered: 3499,
+            released: 3499,
+            released_by_lost: 254,
+            ..Default::default()
+        };
+        let mut r = NodeStatus::new(
+            "evm",
+            RunState::Halted,
+            RoleStats::Evm(Box::new(evm.clone())),
+        );
+        r.ok = Some(true);
+        let bu = |n| BuStats {
+            events_built: n,
+            ..BuStats::default()
+        };
+        r.run = Some(evb_builder::RunReport {
+            state: RunState::Halted,
+            reason: None,
+            n_ru: 2,
+            n_bu: 2,
+            seconds: 1.0,
+            down: Vec::new(),
+            evm,
+            rus: vec![None, None],
+            bus: vec![Some(bu(1700)), Some(bu(1545))],
+        });
+        let l = line(&r, None);
+        assert!(l.contains("released=3499 built=3499 "), "{l}");
+    }
 
     #[test]
     fn one_line_of_key_values_and_the_reason_quoted_last() {

@@ -115,10 +115,12 @@ pub fn print(
             format!("every trigger decision's window ({triggered})"),
         )
     } else if cfg.by_time() {
-        let end = triggered.saturating_mul(cfg.builder.slice_ticks);
+        // from the run's first tick (frames.first_tick), where every stream begins
+        let start = cfg.frames.first_tick;
+        let end = start.saturating_add(triggered.saturating_mul(cfg.builder.slice_ticks));
         (
             "slices",
-            format!("every time slice ({triggered}: ticks [0, {end}) of every stream)"),
+            format!("every time slice ({triggered}: ticks [{start}, {end}) of every stream)"),
         )
     } else {
         ("events", format!("every triggered event ({triggered})"))

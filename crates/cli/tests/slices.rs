@@ -25,7 +25,7 @@ fn run_slices(
     transport: &str,
     seed: u64,
     frames: &str,
-) -> (tempfile::TempDir, std::path::PathBuf, Value) {
+) -> (tempfile::TempDir, std::path::PathBuf, Value, String) {
     let dir = common::out_dir();
     let out = dir.path().join("out");
     let base = common::free_base_port(12);
@@ -41,7 +41,7 @@ fn run_slices(
     );
     let (o, s) = common::evb_run_in(dir.path(), &toml);
     assert!(o.status.success(), "{}", common::text(&o));
-    (dir, out, s)
+    (dir, out, s, String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 /// The outside reader's verdict on `dir`.
@@ -87,7 +87,7 @@ fn time_slices_over_tcp_tile_every_stream_exactly_once() {
     if !common::python3("slices") {
         return;
     }
-    let (_keep, out, s) = run_slices("tcp", 11, LOGNORMAL);
+    let (_keep, out, s, _) = run_slices("tcp", 11, LOGNORMAL);
     assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
     assert_tiled(&check(&out, 11, OVERLAP));
     // the reader is not a rubber stamp: another seed's bytes, or another overlap, fail
@@ -107,7 +107,7 @@ fn time_slices_over_shm_tile_every_stream_exactly_once() {
     if !common::python3("slices") {
         return;
     }
-    let (_keep, out, s) = run_slices("shm", 5, LOGNORMAL);
+    let (_keep, out, s, _) = run_slices("shm", 5, LOGNORMAL);
     assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
     assert_tiled(&check(&out, 5, OVERLAP));
 }
@@ -119,7 +119,7 @@ fn static_frames_by_reference_tile_every_stream_over_shm() {
     if !common::python3("slices") {
         return;
     }
-    let (_keep, out, s) = run_slices("shm", 8, "size = 300\ncontent = \"static\"");
+    let (_keep, out, s, _) = run_slices("shm", 8, "size = 300\ncontent = \"static\"");
     assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
     assert_tiled(&check_with(&out, 8, OVERLAP, &["--static"]));
     // read as unique content, every frame but those of index 0 is wrong
@@ -137,8 +137,11 @@ fn time_slices_from_an_absolute_first_tick_tile_every_stream() {
     }
     let t0 = 62_500_000u64 * 1_700_000_000 / FRAME * FRAME;
     let frames = format!("{LOGNORMAL}\nfirst_tick = {t0}");
-    let (_keep, out, s) = run_slices("tcp", 21, &frames);
+    let (_keep, out, s, said) = run_slices("tcp", 21, &frames);
     assert_eq!(s["run"]["evm"]["released"], SLICES, "{s}");
+    // the verdict names the ticks the files cover: from t0, not from 0
+    let want = format!("ticks [{t0}, {}) of every stream", t0 + SLICES * SLICE);
+    assert!(said.contains(&want), "{want} not in:\n{said}");
     assert_tiled(&check_with(&out, 21, OVERLAP, &["--t0", &t0.to_string()]));
     let r = check(&out, 21, OVERLAP);
     assert!(r["problems"].as_u64().unwrap() > 0, "{r}");

@@ -210,6 +210,20 @@ fn decisions_from_a_file_build_the_windows_it_lists() {
             out.display()
         )
     };
+    // `evb config check` says the file's windows, not the extents the file overrides
+    let checked = dir.path().join("check.toml");
+    std::fs::write(&checked, toml(DECISIONS)).unwrap();
+    let c = Command::new(common::EVB)
+        .args(["config", "check"])
+        .arg(&checked)
+        .output()
+        .unwrap();
+    let said = common::text(&c);
+    assert!(c.status.success(), "{said}");
+    assert!(
+        said.contains("decisions.txt (") && said.contains("the longest 10000 ticks"),
+        "{said}"
+    );
     let (o, s) = common::evb_run_in(dir.path(), &toml(DECISIONS));
     let text = common::text(&o);
     assert!(o.status.success(), "{text}");

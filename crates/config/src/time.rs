@@ -61,12 +61,22 @@ impl Config {
     /// or of a live stream's (each at most `source.max_fragment`, its header included);
     /// an RU of k streams sends a super-fragment of k of them.
     pub fn max_window_fragment(&self) -> u64 {
+        self.window_fragment_of_frames(self.max_window_frames())
+    }
+
+    /// The largest window fragment of a window `ticks` long (a file of decisions gives its
+    /// own windows, which the extents in `[windows]` do not bound: `evb config check` reads
+    /// the file and says this of its longest).
+    pub fn window_fragment_of(&self, ticks: u64) -> u64 {
+        self.window_fragment_of_frames(ticks.div_ceil(self.frames.ticks.max(1)) + 2)
+    }
+
+    fn window_fragment_of_frames(&self, frames: u64) -> u64 {
         let per_frame = match self.source.kind {
             SourceKind::Stream | SourceKind::Api => 8u64.saturating_add(self.source.max_fragment),
             _ => PER_FRAME.saturating_add(self.frames.as_fragments().max_size()),
         };
-        let one = self
-            .max_window_frames()
+        let one = frames
             .saturating_mul(per_frame)
             .saturating_add(WINDOW_HEADER);
         let k = self
