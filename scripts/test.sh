@@ -134,13 +134,18 @@ cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
 XDG_STATE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/evb-test-state.XXXXXX")"
 export XDG_STATE_HOME
 trap 'rm -rf "$XDG_STATE_HOME"; kill "${busy[@]}" 2>/dev/null || true' EXIT
+# a test that cannot run here says why in this file (evb_buffers::skips), counted at the end;
+# and what each test binary and pytest said, for the overall count
+export EVB_SKIP_LOG="$XDG_STATE_HOME/skipped.txt"
+: >"$EVB_SKIP_LOG"
+results="$XDG_STATE_HOME/results.txt"
 # every test binary runs even when one fails (the script still fails at the end)
-cargo test --workspace --no-fail-fast "${features[@]}"
+cargo test --workspace --no-fail-fast "${features[@]}" 2>&1 | tee "$results"
 
 # the module, built into the environment, and its tests
 cargo build -p evb "${features[@]}"
 (cd crates/python && VIRTUAL_ENV="$PWD/../../$pyenv" PATH="$PWD/../../$pyenv/bin:$PATH" maturin develop -q)
-EVB_BIN="$target_dir/debug/evb" "$pyenv/bin/python" -m pytest -q crates/python/tests
+EVB_BIN="$target_dir/debug/evb" "$pyenv/bin/python" -m pytest -q -rs crates/python/tests | tee -a "$results"
 
 # The wheel as a user installs it: `maturin build` (debug, as above: quicker, the same
 # files), pip into a fresh virtual environment (target/pywheel-venv, made anew each run)
@@ -169,5 +174,17 @@ PY
 # as Python 3.12, where buffers are typed (PEP 688): before it numpy's stubs take only their
 # own list of buffer types in numpy.frombuffer, not evb.Buffer
 (cd crates/python/examples && "../../../$wheelenv/bin/python" -m mypy --strict --cache-dir=/dev/null --python-version 3.12 .)
-EVB_BIN="$target_dir/debug/evb" "$wheelenv/bin/python" -m pytest -q -p no:cacheprovider crates/python/tests \
-    -k "example or every_byte or without_an_evm"
+EVB_BIN="$target_dir/debug/evb" "$wheelenv/bin/python" -m pytest -q -rs -p no:cacheprovider crates/python/tests \
+    -k "example or every_byte or without_an_evm" | tee -a "$results"
+
+# One count for the whole suite, and every skip with its reason: a test that did not run is
+# said, not hidden among those that passed.
+rust=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$results" | awk '{n += $4} END {print n + 0}')
+python=$(grep -E ' in [0-9.]+s' "$results" | grep -Eo '[0-9]+ passed' | awk '{n += $1} END {print n + 0}')
+py_skipped=$(grep -E ' in [0-9.]+s' "$results" | grep -Eo '[0-9]+ skipped' | awk '{n += $1} END {print n + 0}')
+skipped=$(($(wc -l <"$EVB_SKIP_LOG") + py_skipped))
+echo "test.sh: $rust Rust tests and $python Python tests passed, 0 failed; $skipped skipped"
+if [ "$skipped" -gt 0 ]; then
+    sort "$EVB_SKIP_LOG" | uniq -c | sed 's/^/test.sh:   skipped /'
+    grep -E '^SKIPPED' "$results" | sed 's/^/test.sh:   /' || true
+fi

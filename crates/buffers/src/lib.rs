@@ -9,6 +9,7 @@
 mod block;
 mod chain;
 mod pool;
+pub mod skips;
 pub mod small_keys;
 
 pub use block::{BlockWriter, Slice};

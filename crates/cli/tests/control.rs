@@ -710,13 +710,19 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
             std::env::var("EVB_REQUIRE_TOOLS").is_err(),
             "curl is required (EVB_REQUIRE_TOOLS) but not installed"
         );
-        eprintln!("SKIPPED: curl is not installed (Debian: apt-get install curl)");
+        evb_buffers::skips::skipped(
+            "ctl across namespaces",
+            "curl is not installed (Debian: apt-get install curl)",
+        );
         return;
     }
     let tag = std::process::id() % 100_000;
     let (a, b) = (format!("evbctl-a{tag}"), format!("evbctl-b{tag}"));
     if !ok(&["netns", "add", &a]) {
-        eprintln!("SKIPPED: cannot make network namespaces (needs root and iproute2)");
+        evb_buffers::skips::skipped(
+            "ctl across namespaces",
+            "cannot make network namespaces (needs root and iproute2)",
+        );
         return;
     }
     struct Ns(Vec<String>);

@@ -295,7 +295,10 @@ fn slow_unfinished_http_requests_cannot_take_a_nodes_descriptors() {
     eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
     let mut rng = Rng(seed | 1);
     if raise_fd_limit() < 1400 {
-        eprintln!("SKIPPED: the hard descriptor limit is below 1,400");
+        evb_buffers::skips::skipped(
+            "descriptor flood",
+            "the hard descriptor limit is below 1,400",
+        );
         return;
     }
     let base = free_base_port(5);
@@ -665,7 +668,7 @@ fn a_full_output_disk_holds_the_events_until_space_returns() {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        eprintln!("SKIPPED: cannot mount a tmpfs (needs root)");
+        evb_buffers::skips::skipped("a full output disk", "cannot mount a tmpfs (needs root)");
         return;
     }
     struct Unmount(std::path::PathBuf);

@@ -680,7 +680,7 @@ fn have_curl(test: &str) -> bool {
             std::env::var("EVB_REQUIRE_TOOLS").is_err(),
             "curl is required (EVB_REQUIRE_TOOLS) but not installed"
         );
-        eprintln!("{test} skipped: curl is not installed (Debian: apt-get install curl)");
+        evb_buffers::skips::skipped(test, "curl is not installed (Debian: apt-get install curl)");
     }
     ok
 }
@@ -778,7 +778,10 @@ fn network_cut_to_a_bu_and_back() {
     // bu1 in its own namespace (10.77.0.2), the rest in another (10.77.0.1); its link goes
     // down for 2.5 s mid-run and comes back.
     let Some(ns) = Netns::create("cut") else {
-        eprintln!("network_cut test skipped: cannot create network namespaces here (needs root and iproute2)");
+        evb_buffers::skips::skipped(
+            "network_cut",
+            "cannot create network namespaces here (needs root and iproute2)",
+        );
         return;
     };
     // the EVM's status is read inside its namespace, with curl
@@ -846,7 +849,10 @@ fn network_cut_to_a_bu_and_back() {
 #[test]
 fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
     let Some(ns) = Netns::create("bh") else {
-        eprintln!("black-hole test skipped: cannot create network namespaces here (needs root and iproute2)");
+        evb_buffers::skips::skipped(
+            "black-hole",
+            "cannot create network namespaces here (needs root and iproute2)",
+        );
         return;
     };
     if !have_curl("black-hole test") {
@@ -944,7 +950,10 @@ fn evb_run_finds_a_black_holed_data_link_at_a_seeded_moment() {
     };
     let _ = ip(&["netns", "del", &ns]);
     if !ip(&["netns", "add", &ns]) {
-        eprintln!("black-hole test skipped: cannot create network namespaces here (needs root and iproute2)");
+        evb_buffers::skips::skipped(
+            "black-hole",
+            "cannot create network namespaces here (needs root and iproute2)",
+        );
         return;
     }
     struct Gone(String);

@@ -70,9 +70,9 @@ fn have(tools: &[&str], packages: &str, root: bool) -> bool {
         "required (EVB_REQUIRE_TOOLS): {}",
         missing.join("; ")
     );
-    eprintln!(
-        "SKIPPED: {} (scripts/test.sh installs them)",
-        missing.join("; ")
+    evb_buffers::skips::skipped(
+        "launchers",
+        &format!("{} (scripts/test.sh installs them)", missing.join("; ")),
     );
     false
 }

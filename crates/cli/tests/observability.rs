@@ -40,7 +40,7 @@ fn need(name: &str) -> Option<PathBuf> {
             std::env::var("EVB_REQUIRE_TOOLS").is_err(),
             "{name} is required (EVB_REQUIRE_TOOLS) but not installed"
         );
-        eprintln!("SKIPPED: {name} is not installed (scripts/test.sh installs it)");
+        evb_buffers::skips::skipped(name, "not installed (scripts/test.sh installs it)");
     }
     t
 }

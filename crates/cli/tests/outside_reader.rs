@@ -50,7 +50,7 @@ fn outside_reader_checks_every_generated_byte() {
         .output()
         .is_ok_and(|o| o.status.success())
     {
-        eprintln!("outside reader: skipped: python3 is not installed");
+        evb_buffers::skips::skipped("outside reader", "python3 is not installed");
         return;
     }
     // fixed sizes, unique content, the default seed

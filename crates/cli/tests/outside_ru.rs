@@ -32,7 +32,7 @@ fn have_python(test: &str) -> bool {
         "{test}: python3 is required (EVB_REQUIRE_TOOLS) but not installed"
     );
     if !ok {
-        eprintln!("{test}: skipped: python3 is not installed");
+        evb_buffers::skips::skipped(test, "python3 is not installed");
     }
     ok
 }

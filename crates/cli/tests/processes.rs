@@ -295,7 +295,10 @@ fn nodes_run_on_the_cpus_their_affinity_names() {
 fn evb_run_places_rus_and_bus_by_itself() {
     let cpus = evb_node::affinity::current_cpus().unwrap();
     if cpus.len() < 2 {
-        eprintln!("SKIPPED: one CPU, nothing to place");
+        evb_buffers::skips::skipped(
+            "evb_run_places_rus_and_bus_by_itself",
+            "one CPU, nothing to place",
+        );
         return;
     }
     let dir = common::out_dir();

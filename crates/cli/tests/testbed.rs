@@ -15,7 +15,7 @@ fn root() -> bool {
             .status()
             .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIPPED: evb testbed needs root and iproute2");
+        evb_buffers::skips::skipped("testbed", "evb testbed needs root and iproute2");
     }
     ok
 }
@@ -290,7 +290,7 @@ fn a_slowed_link_stands_out_in_the_ru_to_bu_matrix() {
             .status()
             .is_ok_and(|s| s.success())
     {
-        eprintln!("SKIPPED: needs root, iproute2 and curl");
+        evb_buffers::skips::skipped("testbed slow link", "needs root, iproute2 and curl");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

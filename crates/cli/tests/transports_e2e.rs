@@ -49,7 +49,10 @@ fn exact_2x2(transport: &str, events: u64, size: u64) {
     let (out, s) = evb_run(&toml);
     if !out.status.success() {
         if let Some(why) = unavailable(&out) {
-            eprintln!("NOTICE: skipped, the transport cannot run here: {why}");
+            evb_buffers::skips::skipped(
+                "transport end to end",
+                &format!("the transport cannot run here: {why}"),
+            );
             return;
         }
     }

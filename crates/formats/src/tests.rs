@@ -328,7 +328,7 @@ fn small_tmpfs(what: &str) -> Option<SmallTmpfs> {
             std::env::var("EVB_REQUIRE_TOOLS").is_err(),
             "{what}: {why} (EVB_REQUIRE_TOOLS)"
         );
-        eprintln!("{what} skipped: {why}");
+        evb_buffers::skips::skipped(what, why);
         None
     };
     if !may_mount() {

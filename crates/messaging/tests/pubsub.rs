@@ -37,7 +37,7 @@ fn available(kind: Kind) -> bool {
     match evb_transport::ofi::probe("tcp") {
         Ok(_) => true,
         Err(why) => {
-            eprintln!("NOTICE: ofi pub/sub check skipped: {why}");
+            evb_buffers::skips::skipped("ofi pub/sub", &why.to_string());
             false
         }
     }

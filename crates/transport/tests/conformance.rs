@@ -69,7 +69,7 @@ fn make(kind: Kind, cfg: TransportConfig) -> Option<Box<dyn Transport>> {
                     std::env::var_os("EVB_REQUIRE_TOOLS").is_none(),
                     "ofi unavailable though EVB_REQUIRE_TOOLS is set: {why}"
                 );
-                eprintln!("NOTICE: ofi conformance check skipped: {why}");
+                evb_buffers::skips::skipped("ofi conformance", &why.to_string());
                 return None;
             }
             Some(OfiTransport::new(cfg, &prov).unwrap())

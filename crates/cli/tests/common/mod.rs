@@ -380,7 +380,7 @@ impl Tmpfs {
             .lines()
             .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
         if !root {
-            eprintln!("SKIPPED: needs root to mount a small tmpfs");
+            evb_buffers::skips::skipped("small tmpfs", "needs root to mount a small tmpfs");
             return None;
         }
         std::fs::create_dir_all(dir).unwrap();
@@ -389,7 +389,7 @@ impl Tmpfs {
             .arg(dir)
             .status();
         if !mounted.is_ok_and(|s| s.success()) {
-            eprintln!("SKIPPED: cannot mount a tmpfs here");
+            evb_buffers::skips::skipped("small tmpfs", "cannot mount a tmpfs here");
             return None;
         }
         Some(Tmpfs(dir.to_path_buf()))
@@ -413,7 +413,7 @@ pub fn check_slices(dir: &Path, args: &[&str]) -> Option<Value> {
         .args(args)
         .output()
     else {
-        eprintln!("the outside reader skipped: python3 is not installed");
+        evb_buffers::skips::skipped("the outside reader", "python3 is not installed");
         return None;
     };
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -428,7 +428,7 @@ pub fn python3(what: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("{what}: skipped: python3 is not installed");
+        evb_buffers::skips::skipped(what, "python3 is not installed");
     }
     ok
 }
@@ -453,9 +453,12 @@ pub fn python_with_h5py() -> Option<std::path::PathBuf> {
         "h5py is required (EVB_REQUIRE_TOOLS) but {} cannot import it",
         py.display()
     );
-    eprintln!(
-        "SKIPPED: no Python with h5py at {} (./scripts/test.sh makes one)",
-        py.display()
+    evb_buffers::skips::skipped(
+        "h5py",
+        &format!(
+            "no Python with h5py at {} (./scripts/test.sh makes one)",
+            py.display()
+        ),
     );
     None
 }
