@@ -16,6 +16,7 @@ pub mod inproc;
 pub mod log_limit;
 pub mod mux;
 pub mod ofi;
+mod readiness;
 pub mod shm;
 pub mod tcp;
 

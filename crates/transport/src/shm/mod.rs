@@ -545,17 +545,7 @@ impl Transport for ShmTransport {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed(),
-                    e.is_writable(),
-                )
-            })
-            .collect();
+        let ready = crate::readiness::ready(&self.events);
         for (token, readable, writable) in ready {
             if self.listeners.contains_key(&token) {
                 self.accept_all(token);

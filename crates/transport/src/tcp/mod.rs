@@ -537,17 +537,7 @@ impl Transport for TcpTransport {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
-                    e.is_writable() || e.is_error(),
-                )
-            })
-            .collect();
+        let ready = crate::readiness::ready(&self.events);
         for (token, readable, writable) in ready {
             if token == WAKE {
                 continue;
