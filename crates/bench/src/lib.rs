@@ -8,7 +8,7 @@
 //! `OUT/throughput.svg` (throughput against message size).
 
 mod eb;
-mod evb;
+mod messenger;
 mod measure;
 mod output;
 mod pipeline;
@@ -318,7 +318,7 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
                 && p.system == "evb"
                 && p.size == b.size
                 && p.senders == 2
-                && p.variant != evb::TWO_MESHES
+                && p.variant != messenger::TWO_MESHES
         });
         let judged = b.variant.starts_with("feed->discard") && !b.variant.ends_with("default");
         push(
@@ -335,7 +335,7 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
         );
         // and against the most that two hops (front-end -> RU -> BU) could move here
         let twice = find(points, |p| {
-            p.bench == "nxn" && p.size == b.size && p.variant == evb::TWO_MESHES
+            p.bench == "nxn" && p.size == b.size && p.variant == messenger::TWO_MESHES
         });
         push(
             &format!(
@@ -729,7 +729,7 @@ mod tests {
         );
         row.gb_per_s = 0.4;
         // the ceiling first, so that a search that let it pass would find it first
-        let r = ratios(&[mesh(evb::TWO_MESHES, 0.8), mesh("fragment", 1.6), row]);
+        let r = ratios(&[mesh(messenger::TWO_MESHES, 0.8), mesh("fragment", 1.6), row]);
         assert_eq!(r.len(), 2, "{r:?}");
         assert!(
             r[0].name.contains("/ nxn 2x2 461 B") && r[0].target == 0.8,

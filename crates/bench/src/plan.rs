@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::eb::{self, BuildSpec};
-use crate::evb::{self, Kind, MeshSpec, Path as SendPath};
+use crate::messenger::{self, Kind, MeshSpec, Path as SendPath};
 use crate::pipeline::{self as pipe, PipeSpec, Sink};
 use crate::{output, pubsubbench, refs, zmqref, Point, Settings};
 
@@ -164,7 +164,7 @@ impl Planner<'_> {
 
     fn mesh_pinned(&self, kind: Kind, path: SendPath, n: usize, size: usize, pin: bool) -> Job {
         let spec = self.mesh_spec(kind, path, n, size, pin);
-        Box::new(move || evb::mesh(&spec))
+        Box::new(move || messenger::mesh(&spec))
     }
 
     fn mesh(&self, kind: Kind, path: SendPath, n: usize, size: usize) -> Job {
@@ -241,11 +241,11 @@ impl Planner<'_> {
         for &k in ks {
             self.add(
                 format!("lat evb tcp blocking k={k}"),
-                Box::new(move || evb::latency(Kind::Tcp, LAT_SIZE, k, Duration::ZERO, secs)),
+                Box::new(move || messenger::latency(Kind::Tcp, LAT_SIZE, k, Duration::ZERO, secs)),
             );
             self.add(
                 format!("lat evb tcp busy-poll k={k}"),
-                Box::new(move || evb::latency(Kind::Tcp, LAT_SIZE, k, spin, secs)),
+                Box::new(move || messenger::latency(Kind::Tcp, LAT_SIZE, k, spin, secs)),
             );
             if s.zmq {
                 self.add(
@@ -268,17 +268,17 @@ impl Planner<'_> {
             };
             self.add(
                 format!("lat evb {name} blocking k=1"),
-                Box::new(move || evb::latency(kind, LAT_SIZE, 1, Duration::ZERO, secs)),
+                Box::new(move || messenger::latency(kind, LAT_SIZE, 1, Duration::ZERO, secs)),
             );
             self.add(
                 format!("lat evb {name} busy-poll k=1"),
-                Box::new(move || evb::latency(kind, LAT_SIZE, 1, spin, secs)),
+                Box::new(move || messenger::latency(kind, LAT_SIZE, 1, spin, secs)),
             );
         }
         if !s.quick {
             self.add(
                 "lat evb inproc blocking k=1".into(),
-                Box::new(move || evb::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)),
+                Box::new(move || messenger::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)),
             );
         }
     }
@@ -311,7 +311,7 @@ impl Planner<'_> {
                 "nxn evb tcp 2x2 {} x 2 at once",
                 output::human_size(data.mean as f64)
             ),
-            Box::new(move || evb::two_meshes(&spec)),
+            Box::new(move || messenger::two_meshes(&spec)),
         );
         let bound = data.max.next_power_of_two().max(4096);
         let mut specs = vec![PipeSpec {
@@ -438,7 +438,7 @@ impl Planner<'_> {
         }
         // Both again with senders on one CPU and receivers on another, which
         // takes this VM's loopback mode out of the comparison.
-        if let (false, true, Some(cpus)) = (s.quick, f == BUILD_FRAGMENT, evb::pin_cpus()) {
+        if let (false, true, Some(cpus)) = (s.quick, f == BUILD_FRAGMENT, messenger::pin_cpus()) {
             let job = self.mesh_pinned(Kind::Tcp, SendPath::Fragment, 2, f, true);
             self.add(format!("nxn evb tcp 2x2 {h} pinned"), job);
             specs.push(BuildSpec {

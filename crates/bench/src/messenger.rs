@@ -1,5 +1,5 @@
-//! evb's own figures: senders and receivers as threads of this process, each with its own
-//! `Messenger` over the tcp (loopback) or inproc transport.
+//! evb's messaging layer on its own: senders and receivers as threads of this process, each
+//! with its own `Messenger` over the tcp (loopback) or inproc transport.
 //!
 //! Threads rather than child processes: per-thread CPU time is exact, start-up is instant,
 //! and over loopback the kernel does the same work either way (a thread of another process
