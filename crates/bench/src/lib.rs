@@ -8,8 +8,8 @@
 //! `OUT/throughput.svg` (throughput against message size).
 
 mod eb;
-mod messenger;
 mod measure;
+mod messenger;
 mod output;
 mod pipeline;
 mod plan;

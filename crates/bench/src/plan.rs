@@ -278,7 +278,9 @@ impl Planner<'_> {
         if !s.quick {
             self.add(
                 "lat evb inproc blocking k=1".into(),
-                Box::new(move || messenger::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)),
+                Box::new(move || {
+                    messenger::latency(Kind::Inproc, LAT_SIZE, 1, Duration::ZERO, secs)
+                }),
             );
         }
     }

@@ -219,3 +219,43 @@ pub struct ConfigSummary {
     pub sink: String,
     pub transport: String,
 }
+
+/// `GET /api/v1/history`: the rate samples of the run under way or the last, as columns
+/// (docs/control.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// The run the samples are of (0: none yet).
+    pub run: u64,
+    pub started_unix: f64,
+    /// The span kept (seconds before the newest sample) and the most samples kept.
+    pub window_s: f64,
+    pub max_points: usize,
+    /// Each sample's time (unix seconds).
+    pub t: Vec<f64>,
+    /// The system's rates at each sample (the EVM's released events, the BUs' bytes).
+    pub totals: RateColumns,
+    /// Every node's rates at each sample, by node id.
+    pub nodes: std::collections::BTreeMap<String, RateColumns>,
+}
+
+/// Events and bytes per second, one entry per sample.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateColumns {
+    pub rate_hz: Vec<f64>,
+    pub bytes_per_s: Vec<f64>,
+}
+
+/// `GET /api/v1/links`: the RU→BU matrix of the run under way or the last; row i is
+/// `rus[i]`, column j `bus[j]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Links {
+    pub run: u64,
+    pub rus: Vec<String>,
+    pub bus: Vec<String>,
+    /// Payload bytes sent on each link in the run.
+    pub bytes: Vec<Vec<u64>>,
+    /// Their rate at the last poll (bytes/s, to a tenth).
+    pub bytes_per_s: Vec<Vec<f64>>,
+    /// Bytes queued to send on each link now.
+    pub queued_bytes: Vec<Vec<u64>>,
+}

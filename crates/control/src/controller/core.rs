@@ -836,7 +836,7 @@ impl Core {
 
     /// The RU→BU matrix (`GET /api/v1/links`): for each RU of the current (or last) run
     /// and each BU, the payload bytes sent, their rate, and the bytes queued to send.
-    pub(crate) fn links(&self) -> Value {
+    pub(crate) fn links(&self) -> crate::replies::Links {
         let nodes = self.cfg.nodes();
         let rus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Ru).collect();
         let bus: Vec<&NodeSpec> = nodes.iter().filter(|n| n.role == Role::Bu).collect();
@@ -868,14 +868,14 @@ impl Core {
                     .collect::<Vec<_>>(),
             );
         }
-        json!({
-            "run": self.run,
-            "rus": rus.iter().map(|n| &n.id).collect::<Vec<_>>(),
-            "bus": bus.iter().map(|n| &n.id).collect::<Vec<_>>(),
-            "bytes": bytes,
-            "bytes_per_s": rates,
-            "queued_bytes": queued,
-        })
+        crate::replies::Links {
+            run: self.run,
+            rus: rus.iter().map(|n| n.id.clone()).collect(),
+            bus: bus.iter().map(|n| n.id.clone()).collect(),
+            bytes,
+            bytes_per_s: rates,
+            queued_bytes: queued,
+        }
     }
 
     /// After a round of answers: the rates at `unix` join the history, while a run is under
@@ -900,8 +900,8 @@ impl Core {
     }
 
     /// The rate history (`GET /api/v1/history`): the samples after `since`, or all.
-    pub(crate) fn history(&self, since: Option<f64>) -> Value {
-        self.history.json(since)
+    pub(crate) fn history(&self, since: Option<f64>) -> crate::replies::History {
+        self.history.reply(since)
     }
 
     #[cfg(test)]

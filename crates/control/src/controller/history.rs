@@ -10,8 +10,6 @@
 
 use std::collections::VecDeque;
 
-use serde_json::{json, Value};
-
 /// Samples older than this (seconds before the newest) are dropped.
 pub(crate) const WINDOW_S: f64 = 300.0;
 /// At most this many samples are kept (a ring: the oldest go first).
@@ -79,41 +77,35 @@ impl History {
     }
 
     /// The samples after `since` (unix seconds; `None`: all), as columns (docs/control.md).
-    pub(crate) fn json(&self, since: Option<f64>) -> Value {
+    pub(crate) fn reply(&self, since: Option<f64>) -> crate::replies::History {
+        use crate::replies::RateColumns;
         let taken: Vec<&Sample> = self
             .samples
             .iter()
             .filter(|s| since.is_none_or(|t0| s.t > t0))
             .collect();
         let round = |x: f64| (x * 1000.0).round() / 1000.0;
-        let nodes: serde_json::Map<String, Value> = self
+        let column = |f: &dyn Fn(&Sample) -> (f64, f64)| RateColumns {
+            rate_hz: taken.iter().map(|s| round(f(s).0)).collect(),
+            bytes_per_s: taken.iter().map(|s| round(f(s).1)).collect(),
+        };
+        let nodes = self
             .nodes
             .iter()
             .enumerate()
             .map(|(i, id)| {
-                let col = |f: fn(&(f64, f64)) -> f64| -> Vec<f64> {
-                    taken
-                        .iter()
-                        .map(|s| s.nodes.get(i).map_or(0.0, |v| round(f(v))))
-                        .collect()
-                };
-                (
-                    id.clone(),
-                    json!({"rate_hz": col(|v| v.0), "bytes_per_s": col(|v| v.1)}),
-                )
+                let of = |s: &Sample| s.nodes.get(i).copied().unwrap_or((0.0, 0.0));
+                (id.clone(), column(&of))
             })
             .collect();
-        json!({
-            "run": self.run,
-            "started_unix": self.started_unix,
-            "window_s": WINDOW_S,
-            "max_points": MAX_POINTS,
-            "t": taken.iter().map(|s| s.t).collect::<Vec<_>>(),
-            "totals": {
-                "rate_hz": taken.iter().map(|s| round(s.total.0)).collect::<Vec<_>>(),
-                "bytes_per_s": taken.iter().map(|s| round(s.total.1)).collect::<Vec<_>>(),
-            },
-            "nodes": nodes,
-        })
+        crate::replies::History {
+            run: self.run,
+            started_unix: self.started_unix,
+            window_s: WINDOW_S,
+            max_points: MAX_POINTS,
+            t: taken.iter().map(|s| s.t).collect(),
+            totals: column(&|s: &Sample| s.total),
+            nodes,
+        }
     }
 }

@@ -478,12 +478,12 @@ impl Controller {
     }
 
     /// The rate history of the run under way or the last (`GET /api/v1/history`).
-    pub(crate) fn history(&self, since: Option<f64>) -> Value {
+    pub(crate) fn history(&self, since: Option<f64>) -> crate::replies::History {
         self.core().history(since)
     }
 
     /// The RU→BU matrix (`GET /api/v1/links`).
-    pub(crate) fn links(&self) -> Value {
+    pub(crate) fn links(&self) -> crate::replies::Links {
         self.core().links()
     }
 

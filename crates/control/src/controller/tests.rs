@@ -97,6 +97,15 @@ fn reply(node: &str, pid: u32, phase: Phase, run: u64, built: u64) -> NodeReply 
     }
 }
 
+/// The rate history as a reader gets it: JSON, read back typed the same.
+fn history_json(c: &Core, since: Option<f64>) -> serde_json::Value {
+    let h = c.history(since);
+    let v = serde_json::to_value(&h).unwrap();
+    let back: crate::replies::History = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(back, h);
+    v
+}
+
 /// A reply whose snapshot was taken `t` s after its node was made (the node's own clock).
 fn at(mut r: NodeReply, t: f64) -> NodeReply {
     if let Some(s) = r.snapshot.as_mut() {
@@ -283,7 +292,7 @@ fn one_reply_says_one_number_per_idea_and_rates_follow_the_node_s_clock() {
         }
     }
     // the page's rate plot: no sample above the trigger's rate
-    let h = c.history(None);
+    let h = history_json(&c, None);
     let rates = h["totals"]["rate_hz"].as_array().unwrap();
     assert!(rates.iter().all(|r| r.as_f64() <= Some(500.0)), "{h}");
     // the EVM's status line moves on before the next poll: the reply's summary and row
@@ -715,7 +724,7 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
     assert!(!bus.is_empty(), "{ids:?}");
     // before any run: nothing
     c.sample(50.0);
-    assert_eq!(c.history(None)["t"].as_array().unwrap().len(), 0);
+    assert_eq!(history_json(&c, None)["t"].as_array().unwrap().len(), 0);
     started(&mut c);
     let t0 = Instant::now();
     // every BU builds 100 events a second of 100 bytes each, polled once a second
@@ -733,7 +742,7 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
     for i in 0..10 {
         round(&mut c, i);
     }
-    let h = c.history(None);
+    let h = history_json(&c, None);
     assert_eq!(h["run"], 1);
     let t = h["t"].as_array().unwrap();
     assert_eq!(t.len(), 10, "{h}");
@@ -751,7 +760,7 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
         "a column per node: {h}"
     );
     // `since` gives the samples after a time only
-    let after = c.history(Some(1007.0));
+    let after = history_json(&c, Some(1007.0));
     assert_eq!(after["t"], json!([1008.0, 1009.0]));
     assert_eq!(
         after["nodes"][&bus[0]]["rate_hz"].as_array().unwrap().len(),
@@ -770,10 +779,10 @@ fn the_rate_history_is_kept_by_the_server_bounded_and_outlives_the_run() {
     c.finished(1, ended(true, "done"), 2000.0);
     c.sample(30_000.0);
     assert_eq!(c.history_len(), 2);
-    assert_eq!(c.history(None)["run"], 1);
+    assert_eq!(history_json(&c, None)["run"], 1);
     // the next run starts from an empty history
     c.cmd(Command::Start, &json!({}), 40_000.0).unwrap();
-    let h = c.history(None);
+    let h = history_json(&c, None);
     assert_eq!(h["run"], 2);
     assert_eq!(h["started_unix"], 40_000.0);
     assert_eq!(h["t"].as_array().unwrap().len(), 0);
@@ -892,7 +901,7 @@ fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
     };
     round(&mut c, t0, 1);
     round(&mut c, t0 + Duration::from_secs(2), 3);
-    let m = c.links();
+    let m = serde_json::to_value(c.links()).unwrap();
     assert_eq!(m["rus"].as_array().unwrap().len(), rus.len(), "{m}");
     assert_eq!(m["bus"].as_array().unwrap().len(), n_bu, "{m}");
     for i in 0..rus.len() {
@@ -909,7 +918,7 @@ fn the_ru_to_bu_matrix_has_every_link_s_bytes_rate_and_queue() {
         t0 + Duration::from_secs(3),
         vec![(rus[0].clone(), Ok(ru_reply(&rus[0], 0, 5, 0)))],
     );
-    let m = c.links();
+    let m = serde_json::to_value(c.links()).unwrap();
     assert_eq!(m["bytes"][0][0], 0, "{m}");
     assert_eq!(m["bytes"][1][0], 6000, "{m}");
 }
