@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use evb_builder::{NodeStatus, RunState};
 use evb_config::{Config, TransportKind};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
 
 use crate::summary;
 use lineage::Lineage;
@@ -63,6 +62,20 @@ pub(super) struct Watched {
     budget: f64,
     /// Events built per second in steady state, from the BUs' status lines.
     steady_events_per_s: Option<f64>,
+}
+
+/// What `evb run --json FILE` writes (docs/operations/running.md): the verdict's problems,
+/// the EVM's run report, every node's last report, exit codes and process ids.
+#[derive(serde::Serialize)]
+struct RunJson<'a> {
+    ok: bool,
+    problems: &'a [String],
+    run: Option<&'a evb_builder::RunReport>,
+    steady_events_per_s: Option<f64>,
+    nodes: &'a BTreeMap<String, NodeStatus>,
+    exit_codes: &'a BTreeMap<String, Option<i32>>,
+    pids: Vec<u32>,
+    transport: &'static str,
 }
 
 /// Runs the whole system; true when the verdict is clean.
@@ -180,16 +193,17 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let run = w.reports.get(&ids[0]).and_then(|r| r.run.as_ref());
     summary::print(cfg, &ids, &w.reports, run, &problems, w.steady_events_per_s);
     if let Some(path) = json_out {
-        let doc = json!({
-            "ok": ok,
-            "problems": problems,
-            "run": run,
-            "steady_events_per_s": w.steady_events_per_s,
-            "nodes": w.reports,
-            "exit_codes": w.exit_codes,
-            "pids": pids,
-            "transport": format!("{:?}", cfg.transport.kind).to_lowercase(),
-        });
+        let doc = RunJson {
+            ok,
+            problems: &problems,
+            run,
+            steady_events_per_s: w.steady_events_per_s,
+            nodes: &w.reports,
+            exit_codes: &w.exit_codes,
+            pids,
+            transport: cfg.transport.kind.name(),
+        };
+        let doc = serde_json::to_value(&doc).map_err(|e| format!("cannot write {e}"))?;
         crate::json_out::write(path, &doc).map_err(|e| format!("cannot write {e}"))?;
     }
     Ok(ok)
