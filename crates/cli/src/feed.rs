@@ -221,7 +221,8 @@ fn split(data: &[u8], format: Format) -> Result<Vec<Record>, String> {
             }
             out
         }
-        Format::Frames => frames::split(data)?
+        Format::Frames => frames::split(data)
+            .map_err(|e| e.to_string())?
             .into_iter()
             .map(|f| Record { bytes: f.to_vec() })
             .collect(),

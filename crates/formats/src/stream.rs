@@ -245,7 +245,7 @@ impl StreamDecoder {
         let Some(prefix) = avail.first_chunk::<{ frames::FRAME_PREFIX_LEN }>() else {
             return Ok(None);
         };
-        let len = frames::read_prefix(prefix).map_err(|e| self.unreadable(e))?;
+        let len = frames::read_prefix(prefix).map_err(|e| self.unreadable(e.to_string()))?;
         if len > self.max_fragment {
             return Err(self.unreadable(format!(
                 "frame of {len} bytes exceeds source.max_fragment ({})",
@@ -259,7 +259,7 @@ impl StreamDecoder {
         let offset = self.base;
         let (trigger_number, bad) = match frames::check(&avail[frames::FRAME_PREFIX_LEN..total]) {
             Ok(h) => (h.begin as u32, None),
-            Err(e) => (0, Some(e)),
+            Err(e) => (0, Some(e.to_string())),
         };
         let bytes = self.take(total).slice(frames::FRAME_PREFIX_LEN..);
         Ok(Some(StreamFragment {
