@@ -285,6 +285,17 @@ fn illegal_commands_and_malformed_requests_change_nothing() {
         )
         .unwrap();
     assert_eq!(r.status, 409, "{:?}", r.body);
+    // a start body that is not one (typed: a run number, a configuration's text) is 400
+    for bad in [
+        json!({"run": "nine", "config": ""}),
+        json!({"run": 0, "config": ""}),
+        json!({"config": ""}),
+        json!({"run": 9, "config": 7}),
+    ] {
+        let r = ru0.post("/api/v1/node/start", &bad).unwrap();
+        assert_eq!(r.status, 400, "{bad}: {:?}", r.body);
+        assert!(r.error().contains("start needs"), "{bad}: {:?}", r.body);
+    }
     // nothing changed
     let after = up.status();
     assert_eq!(after["state"], before["state"]);

@@ -622,13 +622,13 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(r) => return *r,
     };
-    let run = v["run"]
-        .as_u64()
-        .filter(|n| (1..=crate::controller::MAX_RUN).contains(n));
-    let (Some(run), Some(text)) = (run, v["config"].as_str()) else {
+    let start = serde_json::from_value::<crate::replies::NodeStart>(v)
+        .ok()
+        .filter(|s| (1..=crate::controller::MAX_RUN).contains(&s.run));
+    let Some(crate::replies::NodeStart { run, config: text }) = start else {
         return error(400, "start needs {\"run\": N, \"config\": \"<TOML text>\"}");
     };
-    let cfg = match node.accept_run_config(text) {
+    let cfg = match node.accept_run_config(&text) {
         Ok(c) => c,
         Err(e) => return error(409, e),
     };
@@ -639,8 +639,12 @@ async fn node_start(State(node): State<Shared>, body: Bytes) -> Response {
             // the same run's start again (the run's start and a restarted BU's rejoin can
             // cross): the node is in it already, and says so as the first answer did
             Phase::Running if st.run == run => {
-                return Json(json!({"node": node.id(), "run": run, "phase": "running"}))
-                    .into_response();
+                return Json(crate::replies::NodeStarted {
+                    node: node.id().to_string(),
+                    run,
+                    phase: Phase::Running,
+                })
+                .into_response();
             }
             Phase::Running => {
                 return error(409, format!("{} is still in run {}", node.id(), st.run))

@@ -259,3 +259,20 @@ pub struct Links {
     /// Bytes queued to send on each link now.
     pub queued_bytes: Vec<Vec<u64>>,
 }
+
+/// `POST /api/v1/node/start`: the run control tells a node to start run `run` with the
+/// configuration `config` (TOML, without the secret: each node puts in its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStart {
+    pub run: u64,
+    pub config: String,
+}
+
+/// A node's answer to [`NodeStart`] when it is in that run already (the run's start and a
+/// restarted BU's rejoin can cross).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStarted {
+    pub node: String,
+    pub run: u64,
+    pub phase: crate::service::Phase,
+}

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use evb_builder::{NodeRef, NodeStatus, StatusRole};
 use evb_config::{Config, NodeSpec, Role};
-use serde_json::{json, Value};
 use tracing::info;
 
 use super::adopt::{adopt, changed_sections, restart_keys};
@@ -25,7 +24,7 @@ pub const MAX_RUN: u64 = (1 << 53) - 1;
 /// A refused or failed command: the HTTP status and why.
 pub use crate::replies::Refused;
 use crate::replies::{
-    CommandReply, ConfigSummary, EvmSummary, Latency, NodeRow, Request, Status, Totals,
+    CommandReply, ConfigSummary, EvmSummary, Latency, NodeRow, NodeStart, Request, Status, Totals,
 };
 
 /// Records of this many runs are kept (the oldest go first).
@@ -58,14 +57,14 @@ pub(crate) enum Effect {
 pub(crate) struct Rejoin {
     pub node: NodeSpec,
     pub run: u64,
-    pub body: Value,
+    pub body: NodeStart,
 }
 
 /// The start of a run at the other nodes: who is told, and with what.
 #[derive(Debug, Clone)]
 pub(crate) struct StartPlan {
     pub nodes: Vec<NodeSpec>,
-    pub body: Value,
+    pub body: NodeStart,
 }
 
 /// A start that some nodes refused: the ones that did start are told to abort.
@@ -214,7 +213,7 @@ pub(crate) struct Core {
     nodes: BTreeMap<String, NodeView>,
     /// The run under way: its number and what each node was told to start it with, so
     /// that a BU which `evb up` started again after it died rejoins it.
-    under_way: Option<(u64, Value)>,
+    under_way: Option<(u64, NodeStart)>,
     /// Nodes whose process changed (another pid) while the run was under way, not yet
     /// told to rejoin it.
     restarted: Vec<String>,
@@ -334,7 +333,13 @@ impl Core {
         // as this control runs it (the promoted one), numbered
         let mut sent = self.run_config(run);
         sent.run.secret.clear();
-        self.under_way = Some((run, json!({"run": run, "config": sent.to_toml()})));
+        self.under_way = Some((
+            run,
+            NodeStart {
+                run,
+                config: sent.to_toml(),
+            },
+        ));
         self.state = if paused {
             State::Paused
         } else {
@@ -525,7 +530,7 @@ impl Core {
     /// The run under way and its start body, when the standby EVM has not been told to
     /// follow it: a standby that `evb up` started after a takeover (where the lost EVM
     /// was) joins the run mid-way, so that a second loss is taken over too.
-    pub(crate) fn standby_to_tell(&self) -> Option<(u64, Value)> {
+    pub(crate) fn standby_to_tell(&self) -> Option<(u64, NodeStart)> {
         if !matches!(self.state, State::Running | State::Paused) {
             return None;
         }
@@ -544,7 +549,10 @@ impl Core {
     pub(crate) fn begin_run(&mut self, run: u64, cfg: &Config) -> StartPlan {
         let mut sent = cfg.clone();
         sent.run.secret.clear();
-        let body = json!({"run": run, "config": sent.to_toml()});
+        let body = NodeStart {
+            run,
+            config: sent.to_toml(),
+        };
         self.under_way = Some((run, body.clone()));
         self.restarted.clear();
         StartPlan {

@@ -13,7 +13,7 @@ use evb_builder::NodeStatus;
 use evb_config::{Config, NodeSpec};
 use evb_node::{NodeError, NodeOutcome};
 use evb_wire::window::DecisionWindow;
-use serde_json::{json, Value};
+use serde_json::json;
 use tracing::{info, warn};
 
 use crate::client::{Api, CallError};
@@ -575,11 +575,16 @@ impl Controller {
 
 /// Tells node `n` to start a run; a node that `evb up` started again may take a moment to
 /// listen, so a refused connection is tried again for a few seconds.
-fn start_one(n: &NodeSpec, body: &Value, token: Option<String>) -> Result<(), String> {
+fn start_one(
+    n: &NodeSpec,
+    body: &crate::replies::NodeStart,
+    token: Option<String>,
+) -> Result<(), String> {
     let api = Api::new(&n.control, token).with_timeout(Duration::from_secs(5));
     let until = Instant::now() + Duration::from_secs(3);
+    let body = serde_json::to_value(body).map_err(|e| e.to_string())?;
     loop {
-        match api.post("/api/v1/node/start", body) {
+        match api.post("/api/v1/node/start", &body) {
             Ok(r) if r.ok() => return Ok(()),
             Ok(r) => return Err(r.error()),
             Err(e) if e.is_refused() && Instant::now() < until => {
@@ -613,6 +618,7 @@ fn rejoin(r: Rejoin, token: Option<String>) {
     std::thread::spawn(move || {
         let Rejoin { node: n, run, body } = r;
         let api = Api::new(&n.control, token).with_timeout(Duration::from_secs(5));
+        let body = serde_json::to_value(&body).unwrap_or_default();
         match api.post("/api/v1/node/start", &body) {
             Ok(r) if r.ok() => info!("{} started again: it rejoins run {run}", n.id),
             Ok(r) => warn!("{} could not rejoin run {run}: {}", n.id, r.error()),

@@ -460,7 +460,7 @@ fn a_restarted_bu_is_told_to_rejoin_once() {
     );
     assert_eq!(rejoins.len(), 1, "{rejoins:?}");
     assert_eq!((rejoins[0].node.id.as_str(), rejoins[0].run), ("bu0", 1));
-    assert_eq!(rejoins[0].body["run"], 1);
+    assert_eq!(rejoins[0].body.run, 1);
     // the same answer again: told once
     let again = c.answers(
         t0,
