@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::event::BuiltEvent;
 
@@ -159,6 +159,16 @@ impl Sink for DiscardSink {
     }
 }
 
+/// The counting sink's report.
+#[derive(Debug, serde::Serialize)]
+struct CountReport {
+    events: u64,
+    bytes: u64,
+    /// Distinct event ids received.
+    distinct: usize,
+    duplicates: u64,
+}
+
 /// Remembers every event id it received, to prove exactly-once delivery.
 #[derive(Default)]
 pub struct CountingSink {
@@ -195,7 +205,13 @@ impl Sink for CountingSink {
         "count"
     }
     fn report(&self) -> Value {
-        json!({ "events": self.events, "bytes": self.bytes, "distinct": self.ids.len(), "duplicates": self.duplicates })
+        let r = CountReport {
+            events: self.events,
+            bytes: self.bytes,
+            distinct: self.ids.len(),
+            duplicates: self.duplicates,
+        };
+        serde_json::to_value(r).unwrap_or_default()
     }
 }
 

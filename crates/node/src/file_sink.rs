@@ -35,7 +35,7 @@ use evb_formats::events::{
 use evb_wire::{FragmentHeader, MAX_COMMIT_RANGES};
 
 use crate::file_syncer::{Job, Outcome, Syncer};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Where a file is on its way to being output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -827,21 +827,46 @@ impl Sink for FileSink {
     }
 
     fn report(&self) -> Value {
-        json!({
-            "dir": self.dir.display().to_string(),
-            "files": self.files,
-            "events": self.events,
-            "payload_bytes": self.bytes,
-            "busy": self.busy,
-            "parts_prepared": self.parts_prepared,
-            "slowest_sync_s": self.slowest_sync.as_secs_f64(),
-            "publishing": self.publishing.len(),
-            "syncing_for_s": self.syncer.oldest_started().map(|t| t.elapsed().as_secs_f64()),
-            "left_out_unaccepted": self.left_out,
-            "refused": self.refused,
-            "open_files": self.open.iter().map(|f| f.w.name().to_string()).collect::<Vec<_>>(),
-        })
+        let r = FileSinkReport {
+            dir: self.dir.display().to_string(),
+            files: self.files.clone(),
+            events: self.events,
+            payload_bytes: self.bytes,
+            busy: self.busy,
+            parts_prepared: self.parts_prepared,
+            slowest_sync_s: self.slowest_sync.as_secs_f64(),
+            publishing: self.publishing.len(),
+            syncing_for_s: self
+                .syncer
+                .oldest_started()
+                .map(|t| t.elapsed().as_secs_f64()),
+            left_out_unaccepted: self.left_out,
+            refused: self.refused,
+            open_files: self.open.iter().map(|f| f.w.name().to_string()).collect(),
+        };
+        serde_json::to_value(r).unwrap_or_default()
     }
+}
+
+/// The file sink's report (`sink.report` in a BU's status and report, docs/operations/data.md).
+#[derive(Debug, serde::Serialize)]
+struct FileSinkReport {
+    dir: String,
+    /// The files published, by name.
+    files: Vec<String>,
+    events: u64,
+    payload_bytes: u64,
+    /// Times the sink was busy (a disk that did not keep up).
+    busy: u64,
+    parts_prepared: u64,
+    slowest_sync_s: f64,
+    /// Parts on their way to their final names.
+    publishing: usize,
+    /// How long the oldest sync under way has taken (none: no sync under way).
+    syncing_for_s: Option<f64>,
+    left_out_unaccepted: u64,
+    refused: u64,
+    open_files: Vec<String>,
 }
 
 #[cfg(test)]

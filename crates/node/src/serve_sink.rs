@@ -39,7 +39,7 @@ use evb_builder::{BuiltEvent, PreparedPart, Sink, SinkError};
 use evb_formats::events::{event_header, EVENT_HEADER_LEN};
 use evb_wire::consumer::{ConsumerFrame, ConsumerHeader};
 use evb_wire::{FragmentHeader, FRAGMENT_HEADER_LEN, MAX_COMMIT_RANGES};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tracing::{error, info, warn};
 
 use book::{Book, Item};
@@ -361,31 +361,75 @@ impl Sink for ServeSink {
 
     fn report(&self) -> Value {
         let st = self.shared.lock();
-        json!({
-            "listen": self.listen,
-            "consumers": st.consumers.values().map(|c| json!({
-                "name": c.name, "peer": c.peer, "held": c.in_flight.len(),
-                "max_held": c.max_held, "acked": c.acked,
-            })).collect::<Vec<_>>(),
-            "delivered": self.delivered,
-            "awaiting_acceptance": self.pending.len(),
-            "waiting": st.ready.len(),
-            "sent": st.sent,
-            "acked": st.acked,
-            "acked_bytes": st.acked_bytes,
-            "re_served": st.re_served,
-            "consumers_dropped": st.consumers_dropped,
-            "connections_refused": st.connections_refused,
-            "handshakes_timed_out": st.handshakes_timed_out,
-            "handshakes_shed": st.handshakes_shed,
-            "auth_failed": st.auth_failed,
-            "authenticated": self.shared.opts.secret.is_some(),
-            "lost": st.lost,
-            "busy": self.busy,
-            "left_out_unaccepted": self.left_out,
-            "refused": self.refused,
-        })
+        let r = ServeSinkReport {
+            listen: self.listen.clone(),
+            consumers: st
+                .consumers
+                .values()
+                .map(|c| ConsumerReport {
+                    name: c.name.clone(),
+                    peer: c.peer.clone(),
+                    held: c.in_flight.len(),
+                    max_held: c.max_held,
+                    acked: c.acked,
+                })
+                .collect(),
+            delivered: self.delivered,
+            awaiting_acceptance: self.pending.len(),
+            waiting: st.ready.len(),
+            sent: st.sent,
+            acked: st.acked,
+            acked_bytes: st.acked_bytes,
+            re_served: st.re_served,
+            consumers_dropped: st.consumers_dropped,
+            connections_refused: st.connections_refused,
+            handshakes_timed_out: st.handshakes_timed_out,
+            handshakes_shed: st.handshakes_shed,
+            auth_failed: st.auth_failed,
+            authenticated: self.shared.opts.secret.is_some(),
+            lost: st.lost,
+            busy: self.busy,
+            left_out_unaccepted: self.left_out,
+            refused: self.refused,
+        };
+        serde_json::to_value(r).unwrap_or_default()
     }
+}
+
+/// The serve sink's report (`sink.report` in a BU's status and report, docs/protocol.md §7).
+#[derive(Debug, serde::Serialize)]
+struct ServeSinkReport {
+    listen: String,
+    consumers: Vec<ConsumerReport>,
+    delivered: u64,
+    /// Events delivered to the sink and not yet accepted by the EVM.
+    awaiting_acceptance: usize,
+    /// Events accepted, waiting for a consumer.
+    waiting: usize,
+    sent: u64,
+    acked: u64,
+    acked_bytes: u64,
+    re_served: u64,
+    consumers_dropped: u64,
+    connections_refused: u64,
+    handshakes_timed_out: u64,
+    handshakes_shed: u64,
+    auth_failed: u64,
+    authenticated: bool,
+    lost: u64,
+    busy: u64,
+    left_out_unaccepted: u64,
+    refused: u64,
+}
+
+/// One consumer connection of the serve sink.
+#[derive(Debug, serde::Serialize)]
+struct ConsumerReport {
+    name: String,
+    peer: String,
+    held: usize,
+    max_held: usize,
+    acked: u64,
 }
 
 impl Drop for ServeSink {
