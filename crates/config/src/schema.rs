@@ -464,6 +464,14 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
+    /// Every kind (evb-node's tests hold each to a row of evb-messaging's table).
+    pub const ALL: [TransportKind; 4] = [
+        TransportKind::Tcp,
+        TransportKind::Inproc,
+        TransportKind::Shm,
+        TransportKind::Ofi,
+    ];
+
     /// The name as a configuration file writes it (`transport.kind = "tcp"`).
     pub fn name(self) -> &'static str {
         match self {

@@ -5,12 +5,44 @@ use evb_transport::inproc::InprocTransport;
 use evb_transport::tcp::TcpTransport;
 use evb_transport::{Transport, TransportConfig};
 
-/// The kind names [`open_transport`] takes.
-pub const TRANSPORT_KINDS: [&str; 5] = ["tcp", "mptcp", "inproc", "shm", "ofi"];
+/// Opens a transport of one kind: the configuration, and the libfabric provider (ofi only).
+type Open = fn(TransportConfig, &str) -> Result<Box<dyn Transport>, String>;
 
-/// A transport of `kind`: "tcp", "mptcp" (tcp over Multipath TCP sockets: every rail the
-/// hosts share), "inproc", "shm", or "ofi" on libfabric provider `ofi_provider` ("" for the
-/// best available; the other kinds ignore it).
+/// Every transport, by the name a configuration or a flag gives it, with its constructor:
+/// one table, so a kind is added in one row (docs/architecture.md, "Adding a transport").
+/// `mptcp` is tcp over Multipath TCP sockets (`transport.multipath`: every rail the hosts
+/// share).
+pub const TRANSPORTS: [(&str, Open); 5] = [
+    ("tcp", |cfg, _| {
+        Ok(Box::new(TcpTransport::new(cfg).map_err(|e| e.to_string())?))
+    }),
+    ("mptcp", |cfg, _| {
+        Ok(Box::new(
+            TcpTransport::multipath(cfg).map_err(|e| e.to_string())?,
+        ))
+    }),
+    ("inproc", |cfg, _| Ok(Box::new(InprocTransport::new(cfg)))),
+    ("shm", |cfg, _| {
+        evb_transport::shm::ShmTransport::new(cfg).map_err(|e| e.to_string())
+    }),
+    ("ofi", |cfg, provider| {
+        evb_transport::ofi::OfiTransport::new(cfg, provider).map_err(|e| e.to_string())
+    }),
+];
+
+/// The kind names [`open_transport`] takes, in the table's order.
+pub const TRANSPORT_KINDS: [&str; 5] = {
+    let mut names = [""; 5];
+    let mut i = 0;
+    while i < TRANSPORTS.len() {
+        names[i] = TRANSPORTS[i].0;
+        i += 1;
+    }
+    names
+};
+
+/// A transport of `kind` (a name of [`TRANSPORTS`]); `ofi_provider` is libfabric's
+/// provider for "ofi" ("" for the best available; the other kinds ignore it).
 ///
 /// # Errors
 /// The transport's own reason it cannot start (without the kind's name, which the caller
@@ -20,18 +52,10 @@ pub fn open_transport(
     cfg: TransportConfig,
     ofi_provider: &str,
 ) -> Result<Box<dyn Transport>, String> {
-    match kind {
-        "tcp" => Ok(Box::new(TcpTransport::new(cfg).map_err(|e| e.to_string())?)),
-        "mptcp" => Ok(Box::new(
-            TcpTransport::multipath(cfg).map_err(|e| e.to_string())?,
-        )),
-        "inproc" => Ok(Box::new(InprocTransport::new(cfg))),
-        "shm" => evb_transport::shm::ShmTransport::new(cfg).map_err(|e| e.to_string()),
-        "ofi" => {
-            evb_transport::ofi::OfiTransport::new(cfg, ofi_provider).map_err(|e| e.to_string())
-        }
-        other => Err(format!(
-            "transport {other:?}: expected one of {}",
+    match TRANSPORTS.iter().find(|(name, _)| *name == kind) {
+        Some((_, open)) => open(cfg, ofi_provider),
+        None => Err(format!(
+            "transport {kind:?}: expected one of {}",
             TRANSPORT_KINDS.join(", ")
         )),
     }

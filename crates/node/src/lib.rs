@@ -51,12 +51,11 @@ fn make(
     provider: &str,
     tc: evb_transport::TransportConfig,
 ) -> Result<Box<dyn Transport>, NodeError> {
+    // the configuration's name is the table's (evb_messaging::TRANSPORTS); multipath tcp
+    // is a row of its own
     let name = match kind {
         TransportKind::Tcp if multipath => "mptcp",
-        TransportKind::Tcp => "tcp",
-        TransportKind::Inproc => "inproc",
-        TransportKind::Ofi => "ofi",
-        TransportKind::Shm => "shm",
+        _ => kind.name(),
     };
     evb_messaging::open_transport(name, tc, provider).map_err(|e| match kind {
         TransportKind::Tcp => NodeError::Io(e),
@@ -172,4 +171,24 @@ pub fn run_node_plugged(
         plugs,
     )?;
     driver.run()
+}
+
+#[cfg(test)]
+mod transport_names {
+    use evb_config::TransportKind;
+
+    /// Every kind a configuration names is a row of the one transport table (a kind added
+    /// to the configuration without its row, or renamed on one side, fails here).
+    #[test]
+    fn every_configured_kind_has_its_row_in_the_transport_table() {
+        for kind in TransportKind::ALL {
+            assert!(
+                evb_messaging::TRANSPORT_KINDS.contains(&kind.name()),
+                "{} is not in {:?}",
+                kind.name(),
+                evb_messaging::TRANSPORT_KINDS
+            );
+        }
+        assert!(evb_messaging::TRANSPORT_KINDS.contains(&"mptcp"));
+    }
 }
