@@ -1,7 +1,7 @@
 //! Recorded data in, files out, as real processes: FED and framed playback with exact event
 //! counts, both error policies on corrupt files, trigger-number mismatches, the file sink's
 //! round trip (write, inspect, replay, identical bytes), disk-full back-pressure, and the
-//! real CMS files when ../shared is there.
+//! real CMS files of the repository (data/cms).
 
 mod common;
 use common::{evb_run_in, text, EVB};

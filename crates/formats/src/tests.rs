@@ -160,7 +160,7 @@ fn event_files_round_trip_with_metadata() {
     assert!(EventFile::parse(b"nope, not a file".to_vec(), "x".into()).is_err());
 }
 
-/// The real CMS files, when ../shared is beside the checkout.
+/// The real CMS files of the repository (data/cms).
 #[test]
 fn real_cms_files_validate() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cms");
