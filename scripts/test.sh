@@ -179,9 +179,11 @@ EVB_BIN="$target_dir/debug/evb" "$wheelenv/bin/python" -m pytest -q -rs -p no:ca
 
 # One count for the whole suite, and every skip with its reason: a test that did not run is
 # said, not hidden among those that passed.
-rust=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$results" | awk '{n += $4} END {print n + 0}')
-python=$(grep -E ' in [0-9.]+s' "$results" | grep -Eo '[0-9]+ passed' | awk '{n += $1} END {print n + 0}')
-py_skipped=$(grep -E ' in [0-9.]+s' "$results" | grep -Eo '[0-9]+ skipped' | awk '{n += $1} END {print n + 0}')
+# (a grep that finds nothing is a count of 0, not the script's end under pipefail)
+count() { { grep -E "$2" "$results" || true; } | { grep -Eo "$3" || true; } | awk "{n += \$$1} END {print n + 0}"; }
+rust=$(count 4 'test result: ok\.' 'test result: ok\. [0-9]+ passed')
+python=$(count 1 ' in [0-9.]+s' '[0-9]+ passed')
+py_skipped=$(count 1 ' in [0-9.]+s' '[0-9]+ skipped')
 skipped=$(($(wc -l <"$EVB_SKIP_LOG") + py_skipped))
 echo "test.sh: $rust Rust tests and $python Python tests passed, 0 failed; $skipped skipped"
 if [ "$skipped" -gt 0 ]; then
