@@ -135,6 +135,10 @@ pub struct EvmStats {
     /// The operator ended the run early (Ctrl-C): triggering stopped, the rest drained.
     #[serde(default)]
     pub stopped_by_request: bool,
+    /// The stages of the run's end reached so far, in order, each with when it was reached
+    /// (docs/protocol.md §6, "The end of a run, in stages").
+    #[serde(default)]
+    pub stop_stages: Vec<StopStageAt>,
     /// Triggering is paused by the operator (events in flight are still built).
     #[serde(default)]
     pub paused: bool,
@@ -150,7 +154,44 @@ pub struct EvmStats {
     pub errors: u64,
 }
 
+/// The stages of a run's end, in order. Each has a time limit (`run.stall_timeout_ms`
+/// without progress) whose end aborts the run naming the stage not reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopStage {
+    /// No event is triggered any more (the count or duration reached, or a stop asked).
+    TriggersStopped,
+    /// Every event in flight is built and released: Stop goes to every node, whose
+    /// sources stop.
+    Drained,
+    /// Every live node reported after Stop (its source stopped, its sink finished): the
+    /// run ends.
+    SourcesStopped,
+}
+
+impl StopStage {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopStage::TriggersStopped => "triggers stopped",
+            StopStage::Drained => "drained",
+            StopStage::SourcesStopped => "sources stopped",
+        }
+    }
+}
+
+/// A stage of the run's end and when it was reached (seconds since the run's Start).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StopStageAt {
+    pub stage: StopStage,
+    pub at_s: f64,
+}
+
 impl EvmStats {
+    /// The last stage of the run's end reached (`None`: the run is not ending).
+    pub fn stop_stage(&self) -> Option<StopStage> {
+        self.stop_stages.last().map(|s| s.stage)
+    }
+
     /// How many times nodes were lost during the run: the entries of `lost` that are losses
     /// (a rejoin or a refused report is none).
     pub fn losses(&self) -> usize {
@@ -730,6 +771,14 @@ impl Evm {
         }
     }
 
+    /// The run's end reached `stage` at `now` (once: a stage is reached once).
+    fn reached(&mut self, now: Instant, stage: StopStage) {
+        if !self.stats.stop_stages.iter().any(|s| s.stage == stage) {
+            let at_s = self.seconds_since_start(now);
+            self.stats.stop_stages.push(StopStageAt { stage, at_s });
+        }
+    }
+
     /// Seconds from the run's Start to `now` (0 before it).
     fn seconds_since_start(&self, now: Instant) -> f64 {
         self.started
@@ -853,6 +902,7 @@ impl Evm {
                         }
                 });
                 if !missing {
+                    self.reached(now, StopStage::SourcesStopped);
                     self.state = RunState::Halted;
                     self.broadcast(Message::Halt, Path::Now);
                     let problems = verdict(&self.report(now));
@@ -864,7 +914,24 @@ impl Evm {
                     };
                     self.actions.push_back(Action::Exit { ok, reason });
                 } else if now.duration_since(self.last_progress) > self.cfg.stall_timeout {
-                    self.abort("nodes did not report after Stop".into());
+                    let silent: Vec<String> = self
+                        .all_nodes()
+                        .filter(|n| {
+                            self.alive.contains(n)
+                                && match n {
+                                    NodeRef::Ru(i) => !self.ru_reports.contains_key(i),
+                                    NodeRef::Bu(i) => !self.bu_reports.contains_key(i),
+                                    NodeRef::Evm => false,
+                                }
+                        })
+                        .map(|n| n.to_string())
+                        .collect();
+                    self.abort(format!(
+                        "the stop's stage \"{}\" not reached: no report after Stop from {} in {:?}",
+                        StopStage::SourcesStopped.name(),
+                        silent.join(", "),
+                        self.cfg.stall_timeout
+                    ));
                 }
             }
             _ => {}
@@ -899,9 +966,13 @@ impl Evm {
         if !self.triggering_done && self.paused_since.is_none() && self.first_credits.is_none() {
             self.trigger(now, elapsed);
         }
+        if self.triggering_done {
+            self.reached(now, StopStage::TriggersStopped);
+        }
         let in_flight = self.ledger.in_flight();
         self.stats.in_flight_high_water = self.stats.in_flight_high_water.max(in_flight);
         if self.triggering_done && in_flight == 0 {
+            self.reached(now, StopStage::Drained);
             self.state = RunState::Stopping;
             self.stopped_at = Some(now);
             self.last_progress = now;
@@ -912,8 +983,17 @@ impl Evm {
                 Path::Now,
             );
         } else if in_flight > 0 && now.duration_since(self.last_progress) > self.cfg.stall_timeout {
+            // ending, the stage not reached is said by name
+            let stage = if self.triggering_done {
+                format!(
+                    "the stop's stage \"{}\" not reached: ",
+                    StopStage::Drained.name()
+                )
+            } else {
+                String::new()
+            };
             self.abort(format!(
-                "stalled: {in_flight} events in flight and none released for {:?}",
+                "{stage}stalled: {in_flight} events in flight and none released for {:?}",
                 self.cfg.stall_timeout
             ));
         }

@@ -32,8 +32,8 @@ pub use action::{Action, NodeRef, Path, RunState};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
 pub use evm::{
-    Assignment, BuResync, Evm, EvmConfig, EvmStats, RuLossPolicy, RuResync, Takeover,
-    FIRST_CREDITS_GRACE,
+    Assignment, BuResync, Evm, EvmConfig, EvmStats, RuLossPolicy, RuResync, StopStage, StopStageAt,
+    Takeover, FIRST_CREDITS_GRACE,
 };
 pub use generator::{Content, Generator, SizeModel};
 pub use ids::{FastMap, FastSet};

@@ -2637,3 +2637,87 @@ fn static_frames_are_sent_by_reference_and_are_the_window_fragment() {
         assert!(evb_wire::window::decode_window(&want).is_ok());
     }
 }
+
+/// Issue 69 item 4: a run ends in stages, each said with when it was reached, in order:
+/// triggers stopped, drained (Stop goes out), sources stopped (every report in).
+#[test]
+fn a_run_ends_in_stages_each_with_its_time() {
+    let mut s = Sim::new(2, 2, 500, 8, 0);
+    s.run(100_000);
+    assert_clean_run(&s, 500);
+    let st = s.evm.stats();
+    let stages: Vec<StopStage> = st.stop_stages.iter().map(|s| s.stage).collect();
+    assert_eq!(
+        stages,
+        [
+            StopStage::TriggersStopped,
+            StopStage::Drained,
+            StopStage::SourcesStopped
+        ]
+    );
+    assert!(
+        st.stop_stages.windows(2).all(|w| w[0].at_s <= w[1].at_s),
+        "{:?}",
+        st.stop_stages
+    );
+    assert_eq!(st.stop_stage(), Some(StopStage::SourcesStopped));
+    // the report carries them: the run record shows each stage
+    let json = serde_json::to_value(st).unwrap();
+    assert_eq!(json["stop_stages"][1]["stage"], "drained");
+}
+
+/// Each stage has a limit (`run.stall_timeout_ms` without progress): a drain that makes no
+/// progress, and a node silent after Stop, abort the run naming the stage not reached (and
+/// the silent nodes).
+#[test]
+fn a_stop_stage_not_reached_in_time_is_named() {
+    let t0 = Instant::now();
+    let mut cfg = evm_cfg(1, 1, 5);
+    cfg.stall_timeout = Duration::from_millis(100);
+    let start = |cfg: EvmConfig| {
+        let mut evm = Evm::new(cfg, t0);
+        for from in [NodeRef::Ru(0), NodeRef::Bu(0)] {
+            let ready = Message::Ready {
+                available: evb_wire::UNLIMITED,
+            };
+            evm.handle(t0, from, ready);
+        }
+        evm.handle(t0, NodeRef::Bu(0), Message::Credit { bu: 0, count: 10 });
+        // the count is reached at the first poll, and said at the next
+        evm.poll(t0);
+        evm.poll(t0);
+        evm
+    };
+    let at = |ms| t0 + Duration::from_millis(ms);
+    // five events triggered, none ever released
+    let mut evm = start(cfg.clone());
+    assert_eq!(evm.stats().triggered, 5);
+    assert_eq!(evm.stats().stop_stage(), Some(StopStage::TriggersStopped));
+    evm.poll(at(150));
+    assert_eq!(evm.state(), RunState::Aborted);
+    let why = evm.report(at(150)).reason.unwrap_or_default();
+    assert!(
+        why.starts_with("the stop's stage \"drained\" not reached: stalled: 5 events in flight"),
+        "{why}"
+    );
+    // released, then no report comes after Stop
+    let mut evm = start(cfg);
+    let release = Message::Release(EventRange {
+        bu: 0,
+        first: 0,
+        count: 5,
+    });
+    evm.handle(at(10), NodeRef::Bu(0), release);
+    evm.poll(at(10));
+    assert_eq!(evm.state(), RunState::Stopping);
+    assert_eq!(evm.stats().stop_stage(), Some(StopStage::Drained));
+    evm.poll(at(200));
+    assert_eq!(evm.state(), RunState::Aborted);
+    let why = evm.report(at(200)).reason.unwrap_or_default();
+    assert!(
+        why.starts_with(
+            "the stop's stage \"sources stopped\" not reached: no report after Stop from ru[0], bu[0]"
+        ),
+        "{why}"
+    );
+}

@@ -599,7 +599,7 @@ fn print_status(s: &Status) {
     }
     let t = &s.totals;
     println!(
-        "built {} events | {:.0} ev/s | {:.3} GB/s | in flight {} | credits free {}{}",
+        "built {} events | {:.0} ev/s | {:.3} GB/s | in flight {} | credits free {}{}{}",
         t.events_built,
         t.rate_hz,
         t.bytes_per_s / 1e9,
@@ -609,7 +609,8 @@ fn print_status(s: &Status) {
             " | paused"
         } else {
             ""
-        }
+        },
+        ending(s.evm.stop_stages.as_deref().unwrap_or_default())
     );
     if let Some(l) = s.trigger_latency.as_ref().filter(|l| l.count > 0) {
         // every event released, a lost BU's included: the EVM's clock, trigger to release
@@ -644,6 +645,24 @@ fn print_status(s: &Status) {
             note
         );
     }
+}
+
+/// The stages of a run's end reached so far, for the header (` | ending: drained at
+/// 10.02 s`), or nothing while it is not ending.
+fn ending(stages: &[evb_builder::StopStageAt]) -> String {
+    stages
+        .last()
+        .map(|s| format!(" | ending: {} at {:.2} s", s.stage.name(), s.at_s))
+        .unwrap_or_default()
+}
+
+/// Each stage of a run's end with when it was reached, in words.
+fn stages_line(stages: &[evb_builder::StopStageAt]) -> String {
+    stages
+        .iter()
+        .map(|s| format!("{} at {:.3} s", s.stage.name(), s.at_s))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn print_runs(v: &[RunRecord]) {
@@ -684,6 +703,14 @@ fn print_run(r: &RunRecord) {
         num(end.map(|e| e.events_built)),
         num(end.and_then(|e| e.seconds))
     );
+    let stages = end
+        .and_then(|e| e.report.as_ref())
+        .and_then(|r| r.run.as_ref())
+        .map(|r| r.evm.stop_stages.clone())
+        .unwrap_or_default();
+    if !stages.is_empty() {
+        println!("its end: {}", stages_line(&stages));
+    }
     for p in end.map(|e| e.verdict.as_slice()).unwrap_or_default() {
         println!("problem: {p}");
     }

@@ -1551,5 +1551,25 @@ fn a_run_until_stopped_runs_under_evb_up_and_is_refused_by_evb_run() {
     assert!(triggered >= 3000, "{rec:#}");
     assert_exact(&rec, triggered);
     assert_eq!(rec["report"]["run"]["evm"]["stopped_by_request"], true);
+    // issue 69 item 4: the stop in stages, each with when it was reached, in the record
+    // and in `evb ctl runs 1`
+    let stages = rec["report"]["run"]["evm"]["stop_stages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = stages.iter().filter_map(|s| s["stage"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["triggers_stopped", "drained", "sources_stopped"],
+        "{rec:#}"
+    );
+    let times: Vec<f64> = stages.iter().filter_map(|s| s["at_s"].as_f64()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let out = up.ctl(&["runs", "1"]);
+    let said = common::text(&out);
+    assert!(
+        said.contains("its end: triggers stopped at ") && said.contains(", sources stopped at "),
+        "{said}"
+    );
     assert!(up.halt().success());
 }

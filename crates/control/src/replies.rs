@@ -157,6 +157,10 @@ pub struct EvmSummary {
     pub lost: Option<Vec<NodeEvent>>,
     /// The nodes lost and not back.
     pub down: Option<Vec<String>>,
+    /// The stages of the run's end reached so far, each with when (seconds since Start):
+    /// triggers stopped, drained, sources stopped (empty while the run is not ending).
+    #[serde(default)]
+    pub stop_stages: Option<Vec<evb_builder::StopStageAt>>,
 }
 
 /// The run's totals in the header.

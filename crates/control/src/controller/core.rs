@@ -1076,6 +1076,7 @@ impl Core {
                 // what happened to nodes (null before the EVM's first snapshot)
                 lost: es.map(|s| s.lost.clone()),
                 down: es.map(|s| s.down.clone()),
+                stop_stages: es.map(|s| s.stop_stages.clone()),
             },
             totals: Totals {
                 events_built: built,
