@@ -650,6 +650,26 @@ fn the_run_page_shows_live_numbers_and_its_stop_button_ends_the_run() {
         );
     };
     eprintln!("page: {} then {}", first["summary"], later["summary"]);
+    // one number per idea on the page too: the summary's events built and rate are the EVM
+    // row's (both drawn from one status reply)
+    for v in [&first, &later] {
+        let evm_row = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r[1] == "evm")
+            .cloned()
+            .unwrap_or_default();
+        let summary = v["summary"].as_str().unwrap_or("");
+        let (events, rate) = (
+            evm_row[3].as_str().unwrap_or("?"),
+            evm_row[4].as_str().unwrap_or("?"),
+        );
+        assert!(
+            summary.starts_with(&format!("built {events} events · {rate} ev/s")),
+            "{summary} against the EVM row {evm_row}"
+        );
+    }
     // every node's row has its rate over the run so far, from the server's history
     let until = Instant::now() + Duration::from_secs(10);
     loop {
