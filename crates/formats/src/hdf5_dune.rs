@@ -294,7 +294,7 @@ mod tests {
         }
         let meta = w.publish().unwrap();
         assert_eq!(meta.format, DUNE_FORMAT);
-        hdf5::File::open(dir.join("cosmics#12_bu3_000007.h5")).unwrap()
+        hdf5::File::open(dir.join("cosmics_12_bu3_000007.h5")).unwrap()
     }
 
     fn bytes(f: &hdf5::File, path: &str) -> Vec<u8> {

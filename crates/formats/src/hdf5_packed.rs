@@ -556,9 +556,9 @@ mod tests {
         assert_eq!(meta.payload_bytes, payload as u64);
         // the metadata's size and CRC32C (measured through the file's mapped pages) are the
         // file's as it lies on disk
-        let path = dir.join("cosmics#12_bu3_000007.h5");
+        let path = dir.join("cosmics_12_bu3_000007.h5");
         let on_disk = std::fs::read(&path).unwrap();
-        let json = std::fs::read_to_string(dir.join("cosmics#12_bu3_000007.h5.json")).unwrap();
+        let json = std::fs::read_to_string(dir.join("cosmics_12_bu3_000007.h5.json")).unwrap();
         let said: crate::events::FileMeta = serde_json::from_str(&json).unwrap();
         assert_eq!(
             (said.bytes, said.crc32c),
@@ -723,7 +723,7 @@ mod tests {
         );
         check(&f, &events);
         drop(f);
-        let size = std::fs::metadata(dir.path().join("cosmics#12_bu3_000007.h5"))
+        let size = std::fs::metadata(dir.path().join("cosmics_12_bu3_000007.h5"))
             .unwrap()
             .len();
         assert!(size < 2000 * 1000 / 4, "{size} bytes");
@@ -741,7 +741,7 @@ mod tests {
             })
             .collect();
         drop(write(dir.path(), &events, None));
-        let size = std::fs::metadata(dir.path().join("cosmics#12_bu3_000007.h5"))
+        let size = std::fs::metadata(dir.path().join("cosmics_12_bu3_000007.h5"))
             .unwrap()
             .len();
         let payload = 2048.0 * 1024.0;
