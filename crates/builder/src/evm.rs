@@ -247,6 +247,9 @@ pub struct Evm {
     /// Decisions from outside (`windows.outside`): their windows, queued until triggered
     /// (a record each, in arrival order); `None`: the EVM triggers by itself.
     outside: Option<VecDeque<evb_wire::window::DecisionWindow>>,
+    /// BUs retiring (`Evm::retire`): given no more events; each told Stop once all it
+    /// holds is final (true: told), then out of the run at its report.
+    retiring: BTreeMap<u16, bool>,
 }
 
 impl Evm {
@@ -334,6 +337,7 @@ impl Evm {
             ru_reports: HashMap::new(),
             bu_reports: HashMap::new(),
             abort_reason: None,
+            retiring: BTreeMap::new(),
             actions: VecDeque::new(),
             stats,
             available: vec![None; cfg_n_ru],
@@ -534,7 +538,10 @@ impl Evm {
             (Message::Credit { bu, count }, NodeRef::Bu(b))
                 if b == bu && (bu as usize) < self.credits.len() =>
             {
-                if self.state == RunState::Running && self.alive.contains(&from) {
+                if self.state == RunState::Running
+                    && self.alive.contains(&from)
+                    && !self.retiring.contains_key(&bu)
+                {
                     self.credits[bu as usize] += count as u64;
                     self.stats.credits_received += count as u64;
                     if let Some(seen) = &mut self.first_credits {
@@ -608,6 +615,17 @@ impl Evm {
                 match serde_json::from_str(&json) {
                     Ok(s) => {
                         self.ru_reports.insert(i, s);
+                    }
+                    Err(e) => self.bad_report(now, from, e),
+                }
+            }
+            (Message::Report(json), NodeRef::Bu(i))
+                if self.state == RunState::Running && self.retiring.get(&i) == Some(&true) =>
+            {
+                match serde_json::from_str(&json) {
+                    Ok(s) => {
+                        self.bu_reports.insert(i, s);
+                        self.retired(now, i);
                     }
                     Err(e) => self.bad_report(now, from, e),
                 }
@@ -832,6 +850,8 @@ impl Evm {
     fn bu_lost(&mut self, now: Instant, b: u16, _reason: &str) {
         let bi = b as usize;
         self.credits[bi] = 0;
+        // killed while retiring: a dead BU like any other
+        self.retiring.remove(&b);
         self.stats.released_by_lost += std::mem::take(&mut self.stats.released_by_bu[bi]);
         let sum = std::mem::take(&mut self.stats.released_id_sum_by_bu[bi]);
         self.stats.released_id_sum_by_lost = self.stats.released_id_sum_by_lost.wrapping_add(sum);
@@ -859,6 +879,81 @@ impl Evm {
                 self.ledger.in_flight()
             ));
         }
+    }
+
+    /// The operator retires BU `b` from the run under way (docs/protocol.md §6 item 18):
+    /// it is given no more events; once everything it holds is final (released, and with a
+    /// committing sink committed and published) it is told Stop, reports, is told Halt and
+    /// leaves, its counts in the run's report. Killed meanwhile, it is a lost BU.
+    ///
+    /// # Errors
+    /// Why it cannot retire: the run is not running, the BU is not in it (or retiring
+    /// already), or it is the last BU that would be left.
+    pub fn retire(&mut self, now: Instant, b: u16) -> Result<(), String> {
+        let bu = NodeRef::Bu(b);
+        if self.state != RunState::Running {
+            return Err(format!("{bu}: only a running run's BU can retire"));
+        }
+        if !self.alive.contains(&bu) {
+            return Err(format!("{bu} is not in the run"));
+        }
+        if self.retiring.contains_key(&b) {
+            return Err(format!("{bu} is retiring already"));
+        }
+        let staying = self
+            .live_bus()
+            .into_iter()
+            .filter(|n| *n != bu && !matches!(n, NodeRef::Bu(x) if self.retiring.contains_key(x)))
+            .count();
+        if staying == 0 {
+            return Err(format!("{bu} is the last BU of the run: it cannot retire"));
+        }
+        self.retiring.insert(b, false);
+        self.credits[b as usize] = 0;
+        let at = self.seconds_since_start(now);
+        let event = NodeEvent::new(bu, at, NodeEventKind::Retiring, "asked to retire");
+        self.stats.lost.push(event);
+        self.last_progress = now;
+        Ok(())
+    }
+
+    /// Each retiring BU whose events are all final, and whose committed parts are all
+    /// published, is told Stop (it answers with its report).
+    fn stop_retired(&mut self) {
+        let due: Vec<u16> = self
+            .retiring
+            .iter()
+            .filter(|(b, told)| {
+                !**told
+                    && self.ledger.unreleased_of(**b).is_empty()
+                    && self.unpublished[**b as usize].is_empty()
+            })
+            .map(|(b, _)| *b)
+            .collect();
+        for b in due {
+            self.retiring.insert(b, true);
+            let stop = Message::Stop {
+                triggered: self.stats.triggered,
+            };
+            self.send_to(vec![NodeRef::Bu(b)], stop, Path::Now);
+        }
+    }
+
+    /// A retiring BU reported: out of the run, told Halt.
+    fn retired(&mut self, now: Instant, b: u16) {
+        let bu = NodeRef::Bu(b);
+        self.retiring.remove(&b);
+        self.alive.remove(&bu);
+        let at = self.seconds_since_start(now);
+        let event = NodeEvent::new(
+            bu,
+            at,
+            NodeEventKind::Retired,
+            "retired: every event it held is final",
+        );
+        self.stats.lost.push(event);
+        self.send_to(vec![bu], Message::Halt, Path::Now);
+        self.last_progress = now;
     }
 
     /// The operator asks the run to end (Ctrl-C, `stop`): no new events; what is in flight
@@ -956,6 +1051,7 @@ impl Evm {
         }
         self.judge_reported_links(now);
         self.assign_orphans();
+        self.stop_retired();
         if let Some(seen) = &self.first_credits {
             let all = (0..self.cfg.n_bu)
                 .all(|b| seen[b as usize] || !self.alive.contains(&NodeRef::Bu(b)));
@@ -1020,8 +1116,10 @@ impl Evm {
                     *self.drawn.insert(b as usize)
                 }
             };
-            // a lost BU is never waited for: draw again
-            if !self.alive.contains(&NodeRef::Bu(b as u16)) {
+            // a lost or retiring BU is never waited for: draw again
+            if !self.alive.contains(&NodeRef::Bu(b as u16))
+                || self.retiring.contains_key(&(b as u16))
+            {
                 self.drawn = None;
                 continue;
             }

@@ -36,6 +36,10 @@ pub enum NodeEventKind {
     Rejoined,
     /// Its report came but was refused: not the fields of docs/protocol.md §4 ("Report body").
     ReportRefused,
+    /// A BU the operator asked to retire: given no more events from then on.
+    Retiring,
+    /// A retiring BU left the run, every event it held final, its report in the run's.
+    Retired,
 }
 
 impl NodeEventKind {
@@ -74,6 +78,8 @@ impl std::fmt::Display for NodeEvent {
             NodeEventKind::ReportRefused => {
                 write!(f, "{node} sent a report that was refused: {why}")
             }
+            NodeEventKind::Retiring => write!(f, "{node} retiring from {:.3} s", self.at_s),
+            NodeEventKind::Retired => write!(f, "{node} retired at {:.3} s", self.at_s),
         }
     }
 }

@@ -305,41 +305,46 @@ impl Sim {
     /// Runs until every node has exited (or `max_steps`).
     fn run(&mut self, max_steps: usize) {
         for _ in 0..max_steps {
-            self.now += Duration::from_micros(10);
-            self.evm.poll(self.now);
-            for r in &mut self.rus {
-                r.poll(self.now);
-            }
-            self.commit_parts();
-            for b in &mut self.bus {
-                b.poll(self.now);
-            }
-            self.collect();
-            let n = self.net.len();
-            for _ in 0..n {
-                self.step += 1;
-                let w = if self.reorder > 0 && self.step.is_multiple_of(self.reorder) {
-                    // another connection's newest traffic first; each connection stays in
-                    // order, as every transport keeps it
-                    let ends = |w: &Wire| match w {
-                        Wire::Msg(f, t, _) | Wire::Frag(f, t, _) => (*f, *t),
-                    };
-                    let pair = self.net.back().map(ends);
-                    let k = self.net.iter().position(|w| Some(ends(w)) == pair);
-                    k.and_then(|k| self.net.remove(k))
-                } else {
-                    self.net.pop_front()
-                };
-                if let Some(w) = w {
-                    self.deliver(w);
-                }
-                self.collect();
-            }
+            self.pass();
             if self.exits.len() + self.dead.len() == 1 + self.rus.len() + self.bus.len() {
                 return;
             }
         }
         panic!("run did not finish; exits so far: {:?}", self.exits);
+    }
+
+    /// One pass: every node polled, every message on the wire delivered.
+    fn pass(&mut self) {
+        self.now += Duration::from_micros(10);
+        self.evm.poll(self.now);
+        for r in &mut self.rus {
+            r.poll(self.now);
+        }
+        self.commit_parts();
+        for b in &mut self.bus {
+            b.poll(self.now);
+        }
+        self.collect();
+        let n = self.net.len();
+        for _ in 0..n {
+            self.step += 1;
+            let w = if self.reorder > 0 && self.step.is_multiple_of(self.reorder) {
+                // another connection's newest traffic first; each connection stays in
+                // order, as every transport keeps it
+                let ends = |w: &Wire| match w {
+                    Wire::Msg(f, t, _) | Wire::Frag(f, t, _) => (*f, *t),
+                };
+                let pair = self.net.back().map(ends);
+                let k = self.net.iter().position(|w| Some(ends(w)) == pair);
+                k.and_then(|k| self.net.remove(k))
+            } else {
+                self.net.pop_front()
+            };
+            if let Some(w) = w {
+                self.deliver(w);
+            }
+            self.collect();
+        }
     }
 }
 
@@ -2720,4 +2725,113 @@ fn a_stop_stage_not_reached_in_time_is_named() {
         ),
         "{why}"
     );
+}
+
+/// Issue 69 item 2: a BU retired mid-run is given no more events; once all it holds is
+/// final it is told Stop, reports, is told Halt and leaves; every event is built exactly
+/// once, its share in the run's report. With sinks that commit, it leaves only once its
+/// parts are committed and published. Killed while retiring, it is a lost BU like any.
+#[test]
+fn a_retired_bu_leaves_with_its_share_and_every_event_is_built_once() {
+    // discard-like sinks
+    let mut s = Sim::new(2, 3, 3000, 6, 0);
+    s.steps(60);
+    assert!(
+        s.evm.stats().released > 0 && s.evm.stats().triggered < 3000,
+        "mid-run"
+    );
+    s.evm.retire(s.now, 1).unwrap();
+    assert!(s
+        .evm
+        .retire(s.now, 1)
+        .unwrap_err()
+        .contains("retiring already"));
+    let share_then = s.sinks[1].events;
+    s.run(400_000);
+    assert_clean_run(&s, 3000);
+    let st = s.evm.stats();
+    let kinds: Vec<(String, NodeEventKind)> =
+        st.lost.iter().map(|e| (e.node.clone(), e.kind)).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("bu[1]".to_string(), NodeEventKind::Retiring),
+            ("bu[1]".to_string(), NodeEventKind::Retired)
+        ]
+    );
+    assert_eq!(st.losses(), 0, "a retirement is no loss");
+    // what it built after the word was only what it held then
+    let r = s.evm.report(s.now);
+    let bu1 = r.bus[1].as_ref().expect("its report is the run's");
+    assert_eq!(bu1.events_built, s.sinks[1].events);
+    assert!(s.sinks[1].events >= share_then);
+    assert!(
+        s.sinks[1].events < 1500,
+        "bu[1] took {} of 3000 after it retired",
+        s.sinks[1].events
+    );
+    assert_eq!(st.released_by_bu[1], s.sinks[1].events);
+
+    // the last BU left cannot retire, nor one that is not running
+    let mut s = Sim::new(1, 2, 500, 6, 0);
+    s.steps(20);
+    s.evm.retire(s.now, 0).unwrap();
+    assert!(s.evm.retire(s.now, 1).unwrap_err().contains("last BU"));
+    s.run(200_000);
+    assert_clean_run(&s, 500);
+    assert!(s.evm.retire(s.now, 1).unwrap_err().contains("running"));
+}
+
+#[test]
+fn a_retiring_committing_bu_leaves_once_its_parts_are_published() {
+    let mut s = Sim::new(2, 3, 3000, 6, 0);
+    s.commit_every = Some(20);
+    let commits = EvmConfig {
+        commits: vec![true; 3],
+        ..evm_cfg(2, 3, 3000)
+    };
+    s.evm = Evm::new(commits, s.now);
+    s.steps(80);
+    s.evm.retire(s.now, 2).unwrap();
+    s.run(400_000);
+    for (who, ok, why) in &s.exits {
+        assert!(ok, "{who}: {why}");
+    }
+    let r = s.evm.report(s.now);
+    assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
+    let mut all: Vec<u64> = s.published.iter().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..3000).collect::<Vec<_>>(),
+        "every event in one part"
+    );
+    assert!(s
+        .evm
+        .stats()
+        .lost
+        .iter()
+        .any(|e| e.kind == NodeEventKind::Retired && e.node == "bu[2]"));
+}
+
+#[test]
+fn a_bu_killed_while_retiring_is_a_lost_bu() {
+    let mut s = Sim::new(2, 3, 3000, 6, 0);
+    s.steps(60);
+    s.evm.retire(s.now, 0).unwrap();
+    s.steps(1);
+    s.kill(NodeRef::Bu(0));
+    s.run(400_000);
+    for (who, ok, why) in &s.exits {
+        assert!(ok, "{who}: {why}");
+    }
+    let r = s.evm.report(s.now);
+    assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
+    let st = s.evm.stats();
+    assert_eq!(st.losses(), 1);
+    assert!(!st.lost.iter().any(|e| e.kind == NodeEventKind::Retired));
+    let mut all: Vec<u64> = s.sinks.iter().flat_map(|k| k.ids.iter().copied()).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 3000, "every event built");
 }
