@@ -87,6 +87,19 @@ enum CtlCmd {
         #[arg(long, conflicts_with = "ticks")]
         file: Option<PathBuf>,
     },
+    /// Retire a BU from the run under way: it is given no more events and leaves once all
+    /// it holds is final, its counts in the run's report (docs/control.md).
+    Retire {
+        /// The BU's id (bu1).
+        bu: String,
+        /// Return only once it has left the run (exit 1 if the run ended first or it was
+        /// lost instead).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this long (exit code 2). [seconds, or with a unit]
+        #[arg(long, default_value_t = 600.0, requires = "wait", value_parser = crate::duration::secs)]
+        timeout: f64,
+    },
     /// Every run's record, or run N's with its full report.
     Runs {
         /// A run number: that run's record with its full report.
@@ -282,6 +295,30 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
                 println!("decide: {} decisions to run {}", r.accepted, r.run);
             }
             return Ok(true);
+        }
+        CtlCmd::Retire { bu, wait, timeout } => {
+            let reply = api.post("/api/v1/retire", &json!({ "bu": bu }))?;
+            if let Some(p) = &a.json {
+                crate::json_out::write(p, &reply.body)?;
+            }
+            if !reply.ok() {
+                eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+                return Ok(false);
+            }
+            let r: evb_control::replies::RetireReply = reply.typed("retire")?;
+            let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
+            if words {
+                println!("retire: {} is retiring from run {}", r.bu, r.run);
+            }
+            return if *wait {
+                let left = retired(&api, &r, *timeout)?;
+                if words {
+                    println!("retire: {}", left.1);
+                }
+                Ok(left.0)
+            } else {
+                Ok(true)
+            };
         }
         CtlCmd::Runs { run: None } => api.get("/api/v1/runs")?,
         CtlCmd::Runs { run: Some(n) } => api.get(&format!("/api/v1/runs/{n}"))?,
@@ -644,6 +681,44 @@ fn print_status(s: &Status) {
             n.errors,
             note
         );
+    }
+}
+
+/// Waits until the retiring BU of `r` has left run `r.run` (the EVM's node events say
+/// `retired`): (true, words) then; (false, why) if it was lost instead or the run ended
+/// first. An error after `timeout` seconds.
+fn retired(
+    api: &Api,
+    r: &evb_control::replies::RetireReply,
+    timeout: f64,
+) -> Result<(bool, String), String> {
+    let name = &r.node;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(timeout);
+    loop {
+        let reply = api.get("/api/v1/status")?;
+        let s: Status = reply.typed("status")?;
+        let events = s.evm.lost.clone().unwrap_or_default();
+        let mine =
+            |k: evb_builder::NodeEventKind| events.iter().find(|e| e.node == *name && e.kind == k);
+        if let Some(e) = mine(evb_builder::NodeEventKind::Retired) {
+            return Ok((true, e.to_string()));
+        }
+        if let Some(e) = events.iter().find(|e| e.node == *name && e.kind.is_loss()) {
+            return Ok((false, format!("{} was lost instead: {e}", r.bu)));
+        }
+        if s.run != r.run || !matches!(s.state.name(), "running" | "paused") {
+            return Ok((
+                false,
+                format!("run {} ended before {} left it", r.run, r.bu),
+            ));
+        }
+        if std::time::Instant::now() >= until {
+            return Err(format!(
+                "{} has not left run {} after {timeout} s",
+                r.bu, r.run
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 

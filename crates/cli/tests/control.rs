@@ -1573,3 +1573,95 @@ fn a_run_until_stopped_runs_under_evb_up_and_is_refused_by_evb_run() {
     );
     assert!(up.halt().success());
 }
+
+/// Issue 69 item 2, through the commands users type: under `evb up` a BU retired mid-run
+/// (`evb ctl retire bu1 --wait`, at a seeded moment) is given no more events and leaves
+/// once all it holds is final; the run ends exact with no loss, the record says bu1
+/// retiring and retired, and `evb inspect --run` judges the run's folder complete, bu1's
+/// files among it. Retiring it again, an unknown BU, or the last BU is refused by name.
+#[test]
+fn a_bu_retired_under_evb_up_leaves_with_its_files_and_the_run_is_exact() {
+    const EVENTS: u64 = 30000;
+    let seed = common::clock_seed();
+    let at = 3000 + seed % 12000;
+    eprintln!("seed {seed}: bu1 retired after {at} events triggered");
+    let up = Up::start(&format!(
+        "[run]\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 3000\n[fragments]\nsize = 4096\n\
+         [topology]\nrus = 2\nbus = 3\n\
+         [sink]\nkind = \"file\"\ndir = \"{{dir}}/out/{{run}}\"\ncommit_ms = 100\n"
+    ));
+    up.start_until_triggered(at);
+    let out = up.ctl(&["retire", "bu9"]);
+    assert!(!out.status.success());
+    assert!(
+        common::text(&out).contains("no BU \"bu9\""),
+        "{}",
+        common::text(&out)
+    );
+    let out = up.ctl(&["retire", "bu1", "--wait", "--timeout", "60"]);
+    let said = common::text(&out);
+    assert!(out.status.success(), "seed {seed}: {said}");
+    assert!(
+        said.contains("bu1 is retiring from run 1") && said.contains("bu[1] retired at"),
+        "{said}"
+    );
+    let out = up.ctl(&["retire", "bu1"]);
+    assert!(!out.status.success(), "{}", common::text(&out));
+    // still running: bu0 and bu2 build the rest
+    let s = up.status();
+    assert_eq!(s["state"], "running", "{s:#}");
+    let rec = up.wait_run(1);
+    assert_exact(&rec, EVENTS);
+    let evm = &rec["report"]["run"]["evm"];
+    let events: Vec<(String, String)> = evm["lost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["node"].as_str().unwrap().into(),
+                e["kind"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("bu[1]".to_string(), "retiring".to_string()),
+            ("bu[1]".to_string(), "retired".to_string())
+        ],
+        "seed {seed}: {rec:#}"
+    );
+    let bu1 = &rec["report"]["run"]["bus"][1];
+    assert!(
+        bu1["events_built"].as_u64().unwrap_or(0) > 0,
+        "seed {seed}: {rec:#}"
+    );
+    // the run's folder: every event in one published file, bu1's among them
+    let dir = up.dir.path().join("out").join("000001");
+    let out = Command::new(EVB)
+        .args(["inspect", "--run"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let judged = common::text(&out);
+    assert!(out.status.success(), "seed {seed}: {judged}");
+    assert!(
+        judged.contains("complete: every triggered event is in exactly one intact file"),
+        "{judged}"
+    );
+    let bu1_files = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_string_lossy().contains("_bu1_")
+                && e.file_name().to_string_lossy().ends_with(".evb")
+        })
+        .count();
+    assert!(
+        bu1_files > 0,
+        "seed {seed}: no file of bu1 in {}",
+        dir.display()
+    );
+    assert!(up.halt().success());
+}

@@ -280,3 +280,20 @@ pub struct NodeStarted {
     pub run: u64,
     pub phase: crate::service::Phase,
 }
+
+/// `POST /api/v1/retire`: the BU (its id) to retire from the run under way.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetireRequest {
+    pub bu: String,
+}
+
+/// The answer to a [`RetireRequest`]: the BU is retiring from run `run` (it leaves once all
+/// it holds is final; the EVM's node events say `retired` then).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetireReply {
+    pub run: u64,
+    pub bu: String,
+    /// The BU as the EVM's node events name it (`bu[1]`).
+    pub node: String,
+}

@@ -26,6 +26,8 @@ struct Inner {
     api: Mutex<Option<String>>,
     /// Decisions from outside (their windows) not yet handed to the EVM.
     decisions: Mutex<Vec<evb_wire::window::DecisionWindow>>,
+    /// BUs (by index) the operator retires, not yet handed to the EVM.
+    retire: Mutex<Vec<u16>>,
 }
 
 impl RunControl {
@@ -60,6 +62,11 @@ impl RunControl {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        self.0
+            .retire
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         // a new run's figures start from nothing, not from the last run's
         *self.0.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
@@ -71,6 +78,20 @@ impl RunControl {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(windows.iter().cloned());
+    }
+
+    /// Retires BU `bu` from the run under way, at the EVM's next pass (`Evm::retire`).
+    pub fn retire(&self, bu: u16) {
+        self.0
+            .retire
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(bu);
+    }
+
+    /// The BUs to retire handed in since the last call.
+    pub(crate) fn take_retirements(&self) -> Vec<u16> {
+        std::mem::take(&mut *self.0.retire.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The decisions handed in since the last call.

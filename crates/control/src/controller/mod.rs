@@ -306,6 +306,88 @@ impl Controller {
         })
     }
 
+    /// Retires a BU from the run under way (`POST /api/v1/retire`, docs/control.md): it is
+    /// given no more events and leaves once all it holds is final (`Evm::retire`).
+    pub(crate) fn retire(
+        &self,
+        req: &crate::replies::RetireRequest,
+    ) -> Result<crate::replies::RetireReply, Refused> {
+        let node = self.node().ok_or(Refused::new(503, "shutting down"))?;
+        let core = self.core();
+        let state = core.state();
+        if !matches!(state, State::Running | State::Paused) {
+            return Err(Refused::new(
+                409,
+                format!("no run to retire a BU from: the state is {}", state.name()),
+            ));
+        }
+        let cfg = core.cfg();
+        if !cfg.evm.standby.is_empty() {
+            // a standby's copy of the run knows nothing of a retirement: not yet
+            return Err(Refused::new(
+                409,
+                "retiring a BU is not supported with a standby EVM (evm.standby) yet",
+            ));
+        }
+        let bus: Vec<evb_config::NodeSpec> = cfg
+            .nodes()
+            .into_iter()
+            .filter(|n| n.role == evb_config::Role::Bu)
+            .collect();
+        let Some(me) = bus.iter().find(|n| n.id == req.bu) else {
+            return Err(Refused::new(
+                404,
+                format!(
+                    "no BU {:?} in this system (its BUs: {})",
+                    req.bu,
+                    bus.iter()
+                        .map(|n| n.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        };
+        // the BUs still building: not down, not retiring or retired (the EVM's word)
+        let evm = node.control.snapshot();
+        let e = evm.as_ref().and_then(|s| s.evm());
+        let gone = |i: u16| {
+            let name = format!("bu[{i}]");
+            e.is_some_and(|e| {
+                e.down.contains(&name)
+                    || e.lost.iter().any(|ev| {
+                        ev.node == name
+                            && matches!(
+                                ev.kind,
+                                evb_builder::NodeEventKind::Retiring
+                                    | evb_builder::NodeEventKind::Retired
+                            )
+                    })
+            })
+        };
+        if gone(me.index) {
+            return Err(Refused::new(
+                409,
+                format!(
+                    "{} is not building in this run (lost, or retiring already)",
+                    me.id
+                ),
+            ));
+        }
+        if !bus.iter().any(|n| n.index != me.index && !gone(n.index)) {
+            return Err(Refused::new(
+                409,
+                format!("{} is the last BU of the run: it cannot retire", me.id),
+            ));
+        }
+        node.control.retire(me.index);
+        info!("{} retiring from run {}", me.id, core.run());
+        Ok(crate::replies::RetireReply {
+            run: core.run(),
+            bu: me.id.clone(),
+            node: format!("bu[{}]", me.index),
+        })
+    }
+
     /// An operator's command (the API's POST /api/v1/<command>).
     pub(crate) fn command(&self, req: Request) -> Result<CommandReply, Refused> {
         let node = self.node().ok_or(Refused::new(503, "shutting down"))?;

@@ -639,6 +639,12 @@ impl Driver {
                     // the standby keeps a copy: they outlive this EVM
                     copies = Message::windows(first, &decisions);
                 }
+                for b in self.control.take_retirements() {
+                    match e.retire(now, b) {
+                        Ok(()) => tracing::info!("bu[{b}] retiring: it is given no more events"),
+                        Err(why) => warn!("retiring refused: {why}"),
+                    }
+                }
                 let paused = self.control.paused();
                 pause_changed = e.is_paused() != paused;
                 e.set_paused(now, paused);
