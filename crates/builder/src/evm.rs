@@ -773,6 +773,19 @@ impl Evm {
                     self.broadcast(Message::Start, Path::Now);
                 }
             }
+            // A BU that retired from this run (its report is in, while the run runs) does
+            // not come back to it as a new process (`evb up` restarted it): its report is
+            // the run's, and a second incarnation's would stand for both. It is told so.
+            RunState::Running if matches!(from, NodeRef::Bu(b) if self.bu_reports.contains_key(&b)) =>
+            {
+                self.actions.push_back(Action::Send {
+                    to: from,
+                    msg: Message::Abort(format!(
+                        "{from} retired from this run: it does not rejoin it"
+                    )),
+                    path: Path::Now,
+                });
+            }
             // A restarted BU rejoins the running system: it starts and grants credits.
             RunState::Running if matches!(from, NodeRef::Bu(_)) && !self.alive.contains(&from) => {
                 self.alive.insert(from);

@@ -2747,6 +2747,35 @@ fn a_retired_bu_leaves_with_its_share_and_every_event_is_built_once() {
         .unwrap_err()
         .contains("retiring already"));
     let share_then = s.sinks[1].events;
+    // once it has left, the same BU started again (a new process) is told it retired from
+    // this run, not taken back: its report stands for the run
+    let left = |s: &Sim| {
+        s.evm
+            .stats()
+            .lost
+            .iter()
+            .any(|e| e.kind == NodeEventKind::Retired)
+    };
+    for _ in 0..100_000 {
+        if left(&s) {
+            break;
+        }
+        s.steps(1);
+    }
+    assert!(left(&s), "bu[1] never left");
+    while s.evm.next_action().is_some() {}
+    let ready = Message::Ready {
+        available: evb_wire::UNLIMITED,
+    };
+    s.evm.handle(s.now, NodeRef::Bu(1), ready);
+    match s.evm.next_action() {
+        Some(Action::Send {
+            to: NodeRef::Bu(1),
+            msg: Message::Abort(why),
+            ..
+        }) => assert!(why.contains("retired from this run"), "{why}"),
+        other => panic!("{other:?}"),
+    }
     s.run(400_000);
     assert_clean_run(&s, 3000);
     let st = s.evm.stats();
