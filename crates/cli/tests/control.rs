@@ -1709,23 +1709,23 @@ fn retirements_and_kills_at_random_moments_keep_every_event_once() {
             assert!(code == 200 || code == 409, "seed {seed}: {code} {body}");
             code == 200
         };
-        let mut retired = None;
-        let mut killed = None;
-        match plan {
-            0 => retired = retire(&first).then_some(first.clone()),
+        let (retired, killed) = match plan {
+            0 => (retire(&first).then_some(first.clone()), None),
             1 => {
-                retired = retire(&first).then_some(first.clone());
+                let retired = retire(&first).then_some(first.clone());
                 std::thread::sleep(Duration::from_millis(b));
                 kill(&first);
-                killed = Some(first.clone());
+                (retired, Some(first.clone()))
             }
             _ => {
                 kill(&first);
-                killed = Some(first.clone());
                 std::thread::sleep(Duration::from_millis(b));
-                retired = retire(&second).then_some(second.clone());
+                (
+                    retire(&second).then_some(second.clone()),
+                    Some(first.clone()),
+                )
             }
-        }
+        };
         let rec = up.wait_run(run);
         assert_exact(&rec, EVENTS);
         let lost = rec["report"]["run"]["evm"]["lost"]
