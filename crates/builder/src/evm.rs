@@ -538,10 +538,9 @@ impl Evm {
             (Message::Credit { bu, count }, NodeRef::Bu(b))
                 if b == bu && (bu as usize) < self.credits.len() =>
             {
-                if self.state == RunState::Running
-                    && self.alive.contains(&from)
-                    && !self.retiring.contains_key(&bu)
-                {
+                if self.state == RunState::Running && self.alive.contains(&from) {
+                    // a retiring BU's credits are kept (not used): its retirement may be
+                    // called off, and credits dropped would never come back
                     self.credits[bu as usize] += count as u64;
                     self.stats.credits_received += count as u64;
                     if let Some(seen) = &mut self.first_credits {
@@ -886,6 +885,29 @@ impl Evm {
         self.stats.reassigned += orphans.len() as u64;
         self.reassign.extend(orphans);
         self.last_progress = now;
+        // every BU left is retiring: those not told Stop yet build on (a run with no BU to
+        // give events to would only stall), and their retirement is called off
+        let building = |e: &Self| {
+            e.live_bus()
+                .into_iter()
+                .any(|n| matches!(n, NodeRef::Bu(x) if !e.retiring.contains_key(&x)))
+        };
+        if !building(self) {
+            let called_off: Vec<u16> = self
+                .retiring
+                .iter()
+                .filter(|(_, told)| !**told)
+                .map(|(b, _)| *b)
+                .collect();
+            for b in called_off {
+                self.retiring.remove(&b);
+                let at = self.seconds_since_start(now);
+                let why = "retirement called off: the last other BU was lost";
+                let event = NodeEvent::new(NodeRef::Bu(b), at, NodeEventKind::RetireCalledOff, why);
+                self.stats.lost.push(event);
+                warn!("bu[{b}]: {why}");
+            }
+        }
         if self.live_bus().is_empty() {
             self.abort(format!(
                 "every BU is lost ({} events in flight)",
@@ -895,7 +917,8 @@ impl Evm {
     }
 
     /// The operator retires BU `b` from the run under way (docs/protocol.md §6 item 18):
-    /// it is given no more events; once everything it holds is final (released, and with a
+    /// it is given no more events (its credits are kept, unused); once everything it holds
+    /// is final (released, and with a
     /// committing sink committed and published) it is told Stop, reports, is told Halt and
     /// leaves, its counts in the run's report. Killed meanwhile, it is a lost BU.
     ///
@@ -922,7 +945,6 @@ impl Evm {
             return Err(format!("{bu} is the last BU of the run: it cannot retire"));
         }
         self.retiring.insert(b, false);
-        self.credits[b as usize] = 0;
         let at = self.seconds_since_start(now);
         let event = NodeEvent::new(bu, at, NodeEventKind::Retiring, "asked to retire");
         self.stats.lost.push(event);
@@ -957,6 +979,8 @@ impl Evm {
         let bu = NodeRef::Bu(b);
         self.retiring.remove(&b);
         self.alive.remove(&bu);
+        // out of the run: its credits with it
+        self.credits[b as usize] = 0;
         let at = self.seconds_since_start(now);
         let event = NodeEvent::new(
             bu,
@@ -967,6 +991,12 @@ impl Evm {
         self.stats.lost.push(event);
         self.send_to(vec![bu], Message::Halt, Path::Now);
         self.last_progress = now;
+        if self.live_bus().is_empty() {
+            self.abort(format!(
+                "every BU is lost or retired ({} events in flight)",
+                self.ledger.in_flight()
+            ));
+        }
     }
 
     /// The operator asks the run to end (Ctrl-C, `stop`): no new events; what is in flight
@@ -1145,7 +1175,7 @@ impl Evm {
         let n = self.credits.len();
         (0..n)
             .map(|k| (self.rr + k) % n)
-            .find(|&b| self.credits[b] > 0)
+            .find(|&b| self.credits[b] > 0 && !self.retiring.contains_key(&(b as u16)))
     }
 
     fn send_assign(&mut self, range: EventRange) {

@@ -40,6 +40,8 @@ pub enum NodeEventKind {
     Retiring,
     /// A retiring BU left the run, every event it held final, its report in the run's.
     Retired,
+    /// A retiring BU builds on: every other BU was lost before it was told Stop.
+    RetireCalledOff,
 }
 
 impl NodeEventKind {
@@ -80,6 +82,7 @@ impl std::fmt::Display for NodeEvent {
             }
             NodeEventKind::Retiring => write!(f, "{node} retiring from {:.3} s", self.at_s),
             NodeEventKind::Retired => write!(f, "{node} retired at {:.3} s", self.at_s),
+            NodeEventKind::RetireCalledOff => write!(f, "{node} builds on: {why}"),
         }
     }
 }

@@ -2864,3 +2864,33 @@ fn a_bu_killed_while_retiring_is_a_lost_bu() {
     all.dedup();
     assert_eq!(all.len(), 3000, "every event built");
 }
+
+/// Two faults at once: a BU retiring, and every other BU lost before it is told Stop. It
+/// builds on (its retirement called off; its credits were kept, not dropped), and the run
+/// ends clean, every event once.
+#[test]
+fn a_retirement_is_called_off_when_every_other_bu_is_lost() {
+    let mut s = Sim::new(2, 2, 2000, 6, 0);
+    s.steps(40);
+    s.evm.retire(s.now, 0).unwrap();
+    s.kill(NodeRef::Bu(1));
+    s.run(400_000);
+    for (who, ok, why) in &s.exits {
+        assert!(ok, "{who}: {why}");
+    }
+    let r = s.evm.report(s.now);
+    assert!(verdict(&r).is_empty(), "{:?}", verdict(&r));
+    let kinds: Vec<NodeEventKind> = s.evm.stats().lost.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            NodeEventKind::Retiring,
+            NodeEventKind::Lost,
+            NodeEventKind::RetireCalledOff
+        ]
+    );
+    let mut all: Vec<u64> = s.sinks.iter().flat_map(|k| k.ids.iter().copied()).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 2000, "every event built");
+}

@@ -703,6 +703,9 @@ fn retired(
         if let Some(e) = mine(evb_builder::NodeEventKind::Retired) {
             return Ok((true, e.to_string()));
         }
+        if let Some(e) = mine(evb_builder::NodeEventKind::RetireCalledOff) {
+            return Ok((false, e.to_string()));
+        }
         if let Some(e) = events.iter().find(|e| e.node == *name && e.kind.is_loss()) {
             return Ok((false, format!("{} was lost instead: {e}", r.bu)));
         }

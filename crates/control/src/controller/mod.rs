@@ -351,17 +351,14 @@ impl Controller {
         let evm = node.control.snapshot();
         let e = evm.as_ref().and_then(|s| s.evm());
         let gone = |i: u16| {
+            use evb_builder::NodeEventKind::{RetireCalledOff, Retired, Retiring};
             let name = format!("bu[{i}]");
             e.is_some_and(|e| {
-                e.down.contains(&name)
-                    || e.lost.iter().any(|ev| {
-                        ev.node == name
-                            && matches!(
-                                ev.kind,
-                                evb_builder::NodeEventKind::Retiring
-                                    | evb_builder::NodeEventKind::Retired
-                            )
-                    })
+                // the last word on its retirement: retiring or retired (not called off)
+                let last = e.lost.iter().rev().find(|ev| {
+                    ev.node == name && matches!(ev.kind, Retiring | Retired | RetireCalledOff)
+                });
+                e.down.contains(&name) || last.is_some_and(|ev| ev.kind != RetireCalledOff)
             })
         };
         if gone(me.index) {
