@@ -1446,13 +1446,18 @@ fn a_frozen_bu_that_wakes_rejoins_the_run_under_evb_up_with_a_standby() {
 }
 
 fn woken_bu_rejoins(standby: bool) {
-    let toml = "[run]\nid = \"woken\"\nevents = 40000\nduration_s = 0\nrate_hz = 4000\n\
+    // a run id of each variant's own: the two run side by side, and a second `evb up` of a
+    // run id that is up is refused (CI saw "run id \"woken\" is up already")
+    let toml = format!(
+        "[run]\nid = \"woken{}\"\nevents = 40000\nduration_s = 0\nrate_hz = 4000\n\
          secret = \"woken-secret-6d1f-a9\"\n[fragments]\nsize = 4096\n\
-         [sink]\nkind = \"file\"\ndir = \"{dir}/out\"\n";
+         [sink]\nkind = \"file\"\ndir = \"{{dir}}/out\"\n",
+        if standby { "-standby" } else { "" }
+    );
     let up = if standby {
-        Up::with_standby(toml)
+        Up::with_standby(&toml)
     } else {
-        Up::start(toml)
+        Up::start(&toml)
     };
     let (code, body) = up.post("start", json!({}));
     assert_eq!(code, 200, "{body}");
