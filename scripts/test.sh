@@ -182,8 +182,10 @@ EVB_BIN="$target_dir/debug/evb" "$wheelenv/bin/python" -m pytest -q -rs -p no:ca
 # (a grep that finds nothing is a count of 0, not the script's end under pipefail)
 count() { { grep -E "$2" "$results" || true; } | { grep -Eo "$3" || true; } | awk "{n += \$$1} END {print n + 0}"; }
 rust=$(count 4 'test result: ok\.' 'test result: ok\. [0-9]+ passed')
-python=$(count 1 ' in [0-9.]+s' '[0-9]+ passed')
-py_skipped=$(count 1 ' in [0-9.]+s' '[0-9]+ skipped')
+# pytest's last line ("34 passed in 20.29s", "6 passed, 28 deselected in 6.02s"), not
+# cargo's "test result: ... finished in 0.04s"
+python=$(count 1 '^[0-9]+ passed.* in [0-9.]+s' '^[0-9]+ passed')
+py_skipped=$(count 1 '^[0-9]+ passed.* in [0-9.]+s' '[0-9]+ skipped')
 skipped=$(($(wc -l <"$EVB_SKIP_LOG") + py_skipped))
 echo "test.sh: $rust Rust tests and $python Python tests passed, 0 failed; $skipped skipped"
 if [ "$skipped" -gt 0 ]; then
