@@ -305,46 +305,41 @@ impl Sim {
     /// Runs until every node has exited (or `max_steps`).
     fn run(&mut self, max_steps: usize) {
         for _ in 0..max_steps {
-            self.pass();
+            self.now += Duration::from_micros(10);
+            self.evm.poll(self.now);
+            for r in &mut self.rus {
+                r.poll(self.now);
+            }
+            self.commit_parts();
+            for b in &mut self.bus {
+                b.poll(self.now);
+            }
+            self.collect();
+            let n = self.net.len();
+            for _ in 0..n {
+                self.step += 1;
+                let w = if self.reorder > 0 && self.step.is_multiple_of(self.reorder) {
+                    // another connection's newest traffic first; each connection stays in
+                    // order, as every transport keeps it
+                    let ends = |w: &Wire| match w {
+                        Wire::Msg(f, t, _) | Wire::Frag(f, t, _) => (*f, *t),
+                    };
+                    let pair = self.net.back().map(ends);
+                    let k = self.net.iter().position(|w| Some(ends(w)) == pair);
+                    k.and_then(|k| self.net.remove(k))
+                } else {
+                    self.net.pop_front()
+                };
+                if let Some(w) = w {
+                    self.deliver(w);
+                }
+                self.collect();
+            }
             if self.exits.len() + self.dead.len() == 1 + self.rus.len() + self.bus.len() {
                 return;
             }
         }
         panic!("run did not finish; exits so far: {:?}", self.exits);
-    }
-
-    /// One pass: every node polled, every message on the wire delivered.
-    fn pass(&mut self) {
-        self.now += Duration::from_micros(10);
-        self.evm.poll(self.now);
-        for r in &mut self.rus {
-            r.poll(self.now);
-        }
-        self.commit_parts();
-        for b in &mut self.bus {
-            b.poll(self.now);
-        }
-        self.collect();
-        let n = self.net.len();
-        for _ in 0..n {
-            self.step += 1;
-            let w = if self.reorder > 0 && self.step.is_multiple_of(self.reorder) {
-                // another connection's newest traffic first; each connection stays in
-                // order, as every transport keeps it
-                let ends = |w: &Wire| match w {
-                    Wire::Msg(f, t, _) | Wire::Frag(f, t, _) => (*f, *t),
-                };
-                let pair = self.net.back().map(ends);
-                let k = self.net.iter().position(|w| Some(ends(w)) == pair);
-                k.and_then(|k| self.net.remove(k))
-            } else {
-                self.net.pop_front()
-            };
-            if let Some(w) = w {
-                self.deliver(w);
-            }
-            self.collect();
-        }
     }
 }
 
