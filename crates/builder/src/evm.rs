@@ -61,6 +61,22 @@ pub struct EvmConfig {
     /// commits the part holding them (docs/protocol.md §6 step 7). Empty or shorter than
     /// `n_bu`: the BUs not named do not commit.
     pub commits: Vec<bool>,
+    /// The spare BUs (`true`): the run starts without them, and each joins it when it
+    /// says Ready while the run is on. Empty or shorter than `n_bu`: the BUs not named
+    /// are not spares.
+    pub spares: Vec<bool>,
+}
+
+impl EvmConfig {
+    /// BU `b` is a spare.
+    pub fn is_spare(&self, b: u16) -> bool {
+        self.spares.get(b as usize).copied().unwrap_or(false)
+    }
+
+    /// How many BUs start the run (the spares do not).
+    fn starting_bus(&self) -> usize {
+        (0..self.n_bu).filter(|b| !self.is_spare(*b)).count()
+    }
 }
 
 /// How the EVM picks the BU of the next batch of events.
@@ -129,6 +145,9 @@ pub struct EvmStats {
     pub lost: Vec<NodeEvent>,
     /// Nodes lost and not back.
     pub down: Vec<String>,
+    /// Spare BUs that have not joined the run (none of its events are theirs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spares_out: Vec<String>,
     /// Messages from nodes already declared lost, not acted on.
     #[serde(default)]
     pub ignored_from_lost: u64,
@@ -250,6 +269,9 @@ pub struct Evm {
     /// BUs retiring (`Evm::retire`): given no more events; each told Stop once all it
     /// holds is final (true: told), then out of the run at its report.
     retiring: BTreeMap<u16, bool>,
+    /// BUs that have been in the run: every BU but a spare from its start, a spare once it
+    /// joined.
+    joined: FastSet<u16>,
 }
 
 impl Evm {
@@ -338,6 +360,7 @@ impl Evm {
             bu_reports: HashMap::new(),
             abort_reason: None,
             retiring: BTreeMap::new(),
+            joined: FastSet::default(),
             actions: VecDeque::new(),
             stats,
             available: vec![None; cfg_n_ru],
@@ -398,8 +421,13 @@ impl Evm {
             return Vec::new();
         }
         self.all_nodes()
-            .filter(|n| !self.alive.contains(n))
+            .filter(|n| !self.alive.contains(n) && !self.spare_out(*n))
             .collect()
+    }
+
+    /// A spare BU that has not joined the run.
+    fn spare_out(&self, n: NodeRef) -> bool {
+        matches!(n, NodeRef::Bu(b) if self.cfg.is_spare(b) && !self.joined.contains(&b))
     }
 
     pub fn stats(&self) -> EvmStats {
@@ -407,6 +435,11 @@ impl Evm {
         s.credits_available = self.credits.iter().sum();
         s.in_flight = self.ledger.in_flight();
         s.down = self.down_nodes().iter().map(|n| n.to_string()).collect();
+        s.spares_out = (0..self.cfg.n_bu)
+            .map(NodeRef::Bu)
+            .filter(|n| self.spare_out(*n))
+            .map(|n| n.to_string())
+            .collect();
         s.paused = self.paused_since.is_some();
         s.paused_s = self.paused_total.as_secs_f64();
         s.decisions_unbuilt = self.outside.as_ref().map_or(0, |q| q.len() as u64);
@@ -764,7 +797,14 @@ impl Evm {
             RunState::Ready => {
                 self.ready.insert(from);
                 self.alive.insert(from);
-                if self.ready.len() == (self.cfg.n_ru + self.cfg.n_bu) as usize {
+                if let NodeRef::Bu(b) = from {
+                    self.joined.insert(b);
+                }
+                // the run starts once every RU and every BU but the spares is ready (a
+                // spare ready already starts with them)
+                let starting = |n: &NodeRef| !matches!(n, NodeRef::Bu(b) if self.cfg.is_spare(*b));
+                let ready = self.ready.iter().filter(|n| starting(n)).count();
+                if ready == self.cfg.n_ru as usize + self.cfg.starting_bus() {
                     self.state = RunState::Running;
                     self.started = Some(now);
                     self.first_credits = Some(vec![false; self.cfg.n_bu as usize]);
@@ -785,11 +825,16 @@ impl Evm {
                     path: Path::Now,
                 });
             }
-            // A restarted BU rejoins the running system: it starts and grants credits.
+            // A restarted BU rejoins the running system, and a spare joins it: it starts
+            // and grants credits.
             RunState::Running if matches!(from, NodeRef::Bu(_)) && !self.alive.contains(&from) => {
                 self.alive.insert(from);
                 let at = self.seconds_since_start(now);
-                let event = NodeEvent::new(from, at, NodeEventKind::Rejoined, "");
+                let kind = match from {
+                    NodeRef::Bu(b) if self.joined.insert(b) => NodeEventKind::Joined,
+                    _ => NodeEventKind::Rejoined,
+                };
+                let event = NodeEvent::new(from, at, kind, "");
                 self.stats.lost.push(event);
                 self.actions.push_back(Action::Send {
                     to: from,

@@ -42,6 +42,9 @@ pub enum NodeEventKind {
     Retired,
     /// A retiring BU builds on: every other BU was lost before it was told Stop.
     RetireCalledOff,
+    /// A spare BU (not in the run at its start) joined the run under way: started and
+    /// given events from then on.
+    Joined,
 }
 
 impl NodeEventKind {
@@ -83,6 +86,7 @@ impl std::fmt::Display for NodeEvent {
             NodeEventKind::Retiring => write!(f, "{node} retiring from {:.3} s", self.at_s),
             NodeEventKind::Retired => write!(f, "{node} retired at {:.3} s", self.at_s),
             NodeEventKind::RetireCalledOff => write!(f, "{node} builds on: {why}"),
+            NodeEventKind::Joined => write!(f, "{node} joined at {:.3} s", self.at_s),
         }
     }
 }
@@ -109,6 +113,14 @@ impl RunReport {
     /// Everything wrong with the run: [`verdict`].
     pub fn verdict(&self) -> Vec<String> {
         verdict(self)
+    }
+
+    /// Every BU that took part in the run reported (a spare that never joined takes none).
+    pub fn every_bu_reported(&self) -> bool {
+        self.bus
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b.is_some() || self.evm.spares_out.contains(&format!("bu[{i}]")))
     }
 
     /// The run ended as it should: halted after Stop, and the verdict is clean. This is
@@ -183,7 +195,8 @@ pub fn verdict(r: &RunReport) -> Vec<String> {
             r.evm.committed_unpublished
         ));
     }
-    let is_down = |node: String| r.down.contains(&node);
+    // a BU out of the run at its end (lost and not back), or a spare that never joined it
+    let is_down = |node: String| r.down.contains(&node) || r.evm.spares_out.contains(&node);
     for (i, b) in r.bus.iter().enumerate() {
         match b {
             None if is_down(format!("bu[{i}]")) => {}

@@ -40,6 +40,7 @@ fn evm_cfg(n_ru: u16, n_bu: u16, events: u64) -> EvmConfig {
         assignment: crate::Assignment::Credits,
         link_grace: Duration::from_millis(50),
         commits: Vec::new(),
+        spares: Vec::new(),
     }
 }
 
@@ -2888,4 +2889,64 @@ fn a_retirement_is_called_off_when_every_other_bu_is_lost() {
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 2000, "every event built");
+}
+
+/// Issue 69 item 1: the run starts without its spare BUs; a spare that says Ready while the
+/// run is on joins it (a node event `joined`), is given events from then on, and every
+/// event is built exactly once. A spare that never joins takes no part: not down, not
+/// waited for, no report expected, and the verdict is clean.
+#[test]
+fn a_spare_bu_joins_the_run_under_way_and_every_event_is_built_once() {
+    let mut s = Sim::new(2, 4, 3000, 6, 0);
+    let cfg = EvmConfig {
+        spares: vec![false, false, true, true],
+        ..evm_cfg(2, 4, 3000)
+    };
+    s.evm = Evm::new(cfg, s.now);
+    // the spares' processes are not started: nothing leaves them
+    s.dead.extend([NodeRef::Bu(2), NodeRef::Bu(3)]);
+    s.steps(60);
+    let st = s.evm.stats();
+    assert!(
+        st.released > 0 && st.triggered < 3000,
+        "the run started without its spares: {st:?}"
+    );
+    assert_eq!(st.spares_out, ["bu[2]", "bu[3]"]);
+    assert!(st.down.is_empty(), "a spare out is not down: {:?}", st.down);
+    // bu2's process starts: a new BU, connected, says Ready
+    let mut b = Bu::new(bu_cfg(2, 2, 6));
+    b.set_join(CountingSink::default().takes_spans());
+    b.connections_up();
+    s.bus[2] = b;
+    s.dead.retain(|n| *n != NodeRef::Bu(2));
+    s.run(400_000);
+    assert_clean_run(&s, 3000);
+    let r = s.evm.report(s.now);
+    assert!(r.verdict().is_empty(), "{:?}", r.verdict());
+    assert!(r.every_bu_reported());
+    assert_eq!(r.evm.spares_out, ["bu[3]"]);
+    assert!(r.down.is_empty(), "{:?}", r.down);
+    let kinds: Vec<(String, NodeEventKind)> = r
+        .evm
+        .lost
+        .iter()
+        .map(|e| (e.node.clone(), e.kind))
+        .collect();
+    assert_eq!(kinds, [("bu[2]".to_string(), NodeEventKind::Joined)]);
+    assert_eq!(r.evm.losses(), 0, "a join is no loss");
+    assert!(r.evm.lost[0].at_s > 0.0);
+    assert_eq!(
+        r.evm.lost[0].to_string()[..15].to_string(),
+        "bu[2] joined at"
+    );
+    // the spare built its share, counted once: its sink, its report and the ledger agree
+    let bu2 = r.bus[2].as_ref().expect("the joined spare reports");
+    assert!(bu2.events_built > 0, "bu[2] was given no events");
+    assert_eq!(bu2.events_built, s.sinks[2].events);
+    assert_eq!(r.evm.released_by_bu[2], s.sinks[2].events);
+    assert!(r.bus[3].is_none());
+    let ids: std::collections::HashSet<u64> = (0..3)
+        .flat_map(|b| s.sinks[b].ids.iter().copied())
+        .collect();
+    assert_eq!(ids.len(), 3000, "every event once");
 }

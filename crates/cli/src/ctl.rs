@@ -87,6 +87,19 @@ enum CtlCmd {
         #[arg(long, conflicts_with = "ticks")]
         file: Option<PathBuf>,
     },
+    /// Start a spare BU (topology.spare_bus, [[bu]] spare): `evb up` starts its process,
+    /// and it joins the run under way, given events from then on (docs/control.md).
+    AddBu {
+        /// The spare BU's id (bu2).
+        bu: String,
+        /// Return only once it has joined the run under way (between runs: once it is up;
+        /// exit 1 if the run ended first).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this long (exit code 2). [seconds, or with a unit]
+        #[arg(long, default_value_t = 60.0, requires = "wait", value_parser = crate::duration::secs)]
+        timeout: f64,
+    },
     /// Retire a BU from the run under way: it is given no more events and leaves once all
     /// it holds is final, its counts in the run's report (docs/control.md).
     Retire {
@@ -295,6 +308,43 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
                 println!("decide: {} decisions to run {}", r.accepted, r.run);
             }
             return Ok(true);
+        }
+        CtlCmd::AddBu { bu, wait, timeout } => {
+            let reply = api.post("/api/v1/add-bu", &json!({ "bu": bu }))?;
+            if let Some(p) = &a.json {
+                crate::json_out::write(p, &reply.body)?;
+            }
+            if !reply.ok() {
+                eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+                return Ok(false);
+            }
+            let r: evb_control::replies::AddBuReply = reply.typed("add-bu")?;
+            let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
+            if words {
+                match r.run {
+                    Some(n) => println!(
+                        "add-bu: {} is starting; it joins run {n} once it is up",
+                        r.bu
+                    ),
+                    None => println!(
+                        "add-bu: {} is starting; it takes part from the next run",
+                        r.bu
+                    ),
+                }
+                println!(
+                    "add-bu: `evb up` starts it; started by other means, run on its host: {}",
+                    r.start
+                );
+            }
+            return if *wait {
+                let joined = joined(&api, &r, *timeout)?;
+                if words {
+                    println!("add-bu: {}", joined.1);
+                }
+                Ok(joined.0)
+            } else {
+                Ok(true)
+            };
         }
         CtlCmd::Retire { bu, wait, timeout } => {
             let reply = api.post("/api/v1/retire", &json!({ "bu": bu }))?;
@@ -681,6 +731,44 @@ fn print_status(s: &Status) {
             n.errors,
             note
         );
+    }
+}
+
+/// Waits until the spare BU of `r` has joined run `r.run` (the EVM's node events say
+/// `joined`), or, between runs, until its process answers: (true, words) then; (false, why)
+/// if the run ended first. An error after `timeout` seconds.
+fn joined(
+    api: &Api,
+    r: &evb_control::replies::AddBuReply,
+    timeout: f64,
+) -> Result<(bool, String), String> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(timeout);
+    loop {
+        let s: Status = api.get("/api/v1/status")?.typed("status")?;
+        match r.run {
+            Some(run) => {
+                let events = s.evm.lost.clone().unwrap_or_default();
+                let joined = events
+                    .iter()
+                    .find(|e| e.node == r.node && e.kind == evb_builder::NodeEventKind::Joined);
+                if let (true, Some(e)) = (s.run == run, joined) {
+                    return Ok((true, e.to_string()));
+                }
+                if s.run != run || !matches!(s.state.name(), "running" | "paused") {
+                    return Ok((false, format!("run {run} ended before {} joined it", r.bu)));
+                }
+            }
+            None => {
+                let row = s.nodes.iter().find(|n| n.node == r.bu);
+                if let Some(n) = row.filter(|n| n.state == "idle") {
+                    return Ok((true, format!("{} is up ({})", r.bu, n.state)));
+                }
+            }
+        }
+        if std::time::Instant::now() >= until {
+            return Err(format!("{} has not joined after {timeout} s", r.bu));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 

@@ -285,8 +285,10 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             sink_delay_us: n.sink_delay.map(|d| d.0),
             sink_delay_events: n.sink_delay.map(|d| d.1),
             serve: String::new(),
+            spare: n.spare,
         })
         .collect();
+    cfg.topology.spare_bus = 0;
     if cfg.secret().is_none() {
         cfg.run.secret = format!("testbed-{}-{}", a.name, std::process::id());
     }

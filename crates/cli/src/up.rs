@@ -132,6 +132,7 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
     });
     let apis: Vec<Api> = nodes
         .iter()
+        .filter(|n| !n.spare)
         .map(|n| Api::new(&n.control, token.clone()).with_timeout(Duration::from_secs(2)))
         .chain(standby.iter().map(|(_, a)| a.clone()))
         .collect();
@@ -141,7 +142,11 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
             api.get("/api/v1/status")
                 .ok()
                 .and_then(|r| r.typed::<evb_control::replies::Status>("status").ok())
-                .is_some_and(|s| s.nodes.iter().all(|n| n.state == "idle"))
+                .is_some_and(|s| {
+                    s.nodes
+                        .iter()
+                        .all(|n| n.state == "idle" || n.state == "spare")
+                })
         };
         if apis
             .iter()
@@ -167,13 +172,28 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
         kill_all(&mut children);
         return Err(format!("cannot leave the control URL for `evb ctl`: {e}"));
     }
+    let spares: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.spare)
+        .map(|n| n.id.clone())
+        .collect();
     println!(
         "evb up: {} nodes ready ({} RUs, {} BUs over {})",
-        nodes.len(),
+        nodes.len() - spares.len(),
         nodes.iter().filter(|n| n.role == Role::Ru).count(),
-        nodes.iter().filter(|n| n.role == Role::Bu).count(),
+        nodes
+            .iter()
+            .filter(|n| n.role == Role::Bu && !n.spare)
+            .count(),
         resolved.transport.kind.name()
     );
+    if !spares.is_empty() {
+        println!(
+            "evb up: spare BUs {} start when asked for: {} add-bu BU (each joins the run under way)",
+            spares.join(", "),
+            ctl_hint(cfg, path)
+        );
+    }
     println!("evb up: run page and control API: {url}");
     if let Some((_, a)) = &standby {
         println!(
@@ -216,6 +236,7 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
     // started again reads its own)
     let mut configs: Vec<launch::ConfigFd> = Vec::new();
     let mut next_look = Instant::now();
+    let mut next_spares = Instant::now();
     // With a standby, an EVM whose control API stops answering (frozen between runs, when
     // no follower listens for its heartbeats) is replaced after this long: far above the
     // heartbeat timeout, so that an EVM merely slow to answer is not.
@@ -451,6 +472,36 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
                 eprintln!("evb up: the EVM exited unexpectedly: everything is stopped");
             }
             break clean;
+        }
+        // spare BUs asked for (`evb ctl add-bu`): the control lists them until they answer
+        if !spares.is_empty() && halting.is_none() && Instant::now() >= next_spares {
+            next_spares = Instant::now() + Duration::from_millis(250);
+            let adding = api
+                .get("/api/v1/status")
+                .ok()
+                .and_then(|r| r.typed::<evb_control::replies::Status>("status").ok())
+                .map(|s| s.adding)
+                .unwrap_or_default();
+            for id in adding.iter().filter(|id| spares.contains(id)) {
+                let running = children
+                    .iter_mut()
+                    .find(|(i, _)| i == id)
+                    .is_some_and(|(_, c)| matches!(c.try_wait(), Ok(None)));
+                if running || restart_at.iter().any(|(i, _)| i == id) {
+                    continue;
+                }
+                match launch::spawn_node(&tmp, id, true, &tx, &[]) {
+                    Ok(c) => {
+                        println!("evb up: starting spare {id} (add-bu)");
+                        match children.iter_mut().find(|(i, _)| i == id) {
+                            Some(slot) => slot.1 = c,
+                            None => children.push((id.clone(), c)),
+                        }
+                        exited.retain(|i| i != id);
+                    }
+                    Err(e) => eprintln!("evb up: cannot start spare {id}: {e}"),
+                }
+            }
         }
         let now = Instant::now();
         let due: Vec<String> = restart_at

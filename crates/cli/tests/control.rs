@@ -1671,6 +1671,128 @@ fn a_bu_retired_under_evb_up_leaves_with_its_files_and_the_run_is_exact() {
     assert!(up.halt().success());
 }
 
+/// Issue 69 item 1, as the issue checks it: a 2-RU 2-BU run with a file sink and a spare
+/// bu2. The run starts without it (`evb up` does not start it; the table says `spare`);
+/// `evb ctl add-bu bu2 --wait` at a seeded moment starts it and it joins the run under way;
+/// bu0 is retired later; bu2 is then killed and `evb up` starts it again (it rejoins).
+/// Every event is in exactly one committed file, the record names each BU's part and when
+/// (joined, retiring, retired, lost, rejoined), and `evb inspect --run` is clean. Adding a
+/// BU that is not a spare, an unknown one, or a spare that is up already is refused.
+#[test]
+fn a_spare_bu_added_under_evb_up_joins_and_every_event_is_in_one_file() {
+    const EVENTS: u64 = 36000;
+    let seed = common::clock_seed();
+    let add_at = 2000 + seed % 6000;
+    let retire_at = add_at + 6000 + (seed / 7) % 6000;
+    eprintln!(
+        "seed {seed}: bu2 added after {add_at} events triggered, bu0 retired after {retire_at}"
+    );
+    let up = Up::start(&format!(
+        "[run]\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 3000\n[fragments]\nsize = 4096\n\
+         [topology]\nrus = 2\nbus = 2\nspare_bus = 1\n\
+         [sink]\nkind = \"file\"\ndir = \"{{dir}}/out/{{run}}\"\ncommit_ms = 100\n"
+    ));
+    let s = up.status();
+    assert_eq!(Up::node(&s, "bu2")["state"], "spare", "{s:#}");
+    up.start_until_triggered(add_at);
+    for (bu, why) in [("bu1", "is not a spare"), ("bu9", "no BU \"bu9\"")] {
+        let out = up.ctl(&["add-bu", bu]);
+        assert!(
+            !out.status.success() && common::text(&out).contains(why),
+            "{}",
+            common::text(&out)
+        );
+    }
+    let out = up.ctl(&["add-bu", "bu2", "--wait", "--timeout", "60"]);
+    let said = common::text(&out);
+    assert!(out.status.success(), "seed {seed}: {said}");
+    assert!(
+        said.contains("bu2 is starting; it joins run 1") && said.contains("bu[2] joined at"),
+        "{said}"
+    );
+    let out = up.ctl(&["add-bu", "bu2"]);
+    assert!(
+        !out.status.success() && common::text(&out).contains("up already"),
+        "{}",
+        common::text(&out)
+    );
+    up.wait_until("the retirement's moment", 60, |s| {
+        s["evm"]["triggered"].as_u64().unwrap_or(0) >= retire_at || s["state"] != "running"
+    });
+    let out = up.ctl(&["retire", "bu0", "--wait", "--timeout", "60"]);
+    assert!(out.status.success(), "seed {seed}: {}", common::text(&out));
+    // bu2 killed: lost, started again by evb up, it rejoins
+    let s = up.status();
+    let ctl = Up::node(&s, "bu2")["control"].as_str().unwrap().to_string();
+    let pid = Api::new(&ctl, None).get("/api/v1/node").unwrap().body["pid"]
+        .as_u64()
+        .unwrap();
+    common::signal(pid, "-9");
+    let rec = up.wait_run(1);
+    assert_exact(&rec, EVENTS);
+    let evm = &rec["report"]["run"]["evm"];
+    let events: Vec<(String, String)> = evm["lost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["node"].as_str().unwrap().into(),
+                e["kind"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let has = |n: &str, k: &str| events.iter().any(|(a, b)| a == n && b == k);
+    for (n, k) in [
+        ("bu[2]", "joined"),
+        ("bu[0]", "retiring"),
+        ("bu[0]", "retired"),
+        ("bu[2]", "lost"),
+    ] {
+        assert!(has(n, k), "seed {seed}: no {n} {k} in {events:?}");
+    }
+    assert!(evm["spares_out"].is_null(), "seed {seed}: {evm:#}");
+    // each BU's part: bu0's and bu1's reports, bu2's events counted by the ledger (its
+    // first process was lost: its releases count as the lost BU's)
+    let run = &rec["report"]["run"];
+    for b in [0, 1] {
+        assert!(
+            run["bus"][b]["events_built"].as_u64().unwrap_or(0) > 0,
+            "seed {seed}: bu{b}: {rec:#}"
+        );
+    }
+    let dir = up.dir.path().join("out").join("000001");
+    let out = Command::new(EVB)
+        .args(["inspect", "--run"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let judged = common::text(&out);
+    assert!(out.status.success(), "seed {seed}: {judged}");
+    assert!(
+        judged.contains("complete: every triggered event is in exactly one intact file"),
+        "{judged}"
+    );
+    let files_of = |bu: &str| {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.contains(&format!("_{bu}_")) && n.ends_with(".evb")
+            })
+            .count()
+    };
+    for bu in ["bu0", "bu1", "bu2"] {
+        assert!(
+            files_of(bu) > 0,
+            "seed {seed}: no file of {bu} in {}",
+            dir.display()
+        );
+    }
+    assert!(up.halt().success());
+}
+
 /// Issue 69 item 3 (a start): retirements and kills at seeded moments under `evb up`, run
 /// after run (`EVB_CHAOS_SEED` replays, `EVB_RETIRE_TRIALS` sets the runs): a BU retired;
 /// retired and then killed while it may still be retiring; or one BU killed and another

@@ -525,6 +525,9 @@ pub struct TopologySection {
     pub rus: u32,
     /// Number of BUs made when no `[[bu]]` is listed.
     pub bus: u32,
+    /// Spare BUs made after them (`bu{bus}` on): the run starts without them, and each
+    /// joins the run under way when its process starts (`evb ctl add-bu`).
+    pub spare_bus: u32,
     /// Host of the nodes made from counts.
     pub host: String,
     /// First port: the EVM gets it, then the RUs, then the BUs (0: the launcher picks free ports).
@@ -541,6 +544,7 @@ impl Default for TopologySection {
         TopologySection {
             rus: 2,
             bus: 2,
+            spare_bus: 0,
             host: "127.0.0.1".into(),
             base_port: 0,
             folded: false,
@@ -938,4 +942,8 @@ pub struct BuSection {
     /// `sink.serve_base_port`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub serve: String,
+    /// A spare: the run starts without it; it joins the run under way when its process
+    /// starts (`evb ctl add-bu`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spare: bool,
 }

@@ -1624,3 +1624,51 @@ fn run_folders_come_from_placeholders_only() {
     assert_eq!(crate::safe_file_name(".."), "___");
     assert_eq!(crate::safe_file_name(""), "_");
 }
+
+/// Spare BUs (issue 69 item 1): made after the counted BUs, or marked in `[[bu]]`; the run
+/// needs one BU that is not a spare, and a spare is refused where a joining BU is not
+/// followed (a barrel cycle, a standby EVM), naming the key.
+#[test]
+fn spare_bus_are_made_after_the_others_and_refused_where_they_cannot_join() {
+    let c = Config::from_toml("[topology]\nbus = 2\nspare_bus = 2\n").unwrap();
+    let bus: Vec<(String, bool)> = c
+        .nodes()
+        .into_iter()
+        .filter(|n| n.role == Role::Bu)
+        .map(|n| (n.id, n.spare))
+        .collect();
+    assert_eq!(
+        bus,
+        [
+            ("bu0".to_string(), false),
+            ("bu1".to_string(), false),
+            ("bu2".to_string(), true),
+            ("bu3".to_string(), true)
+        ]
+    );
+    let listed =
+        Config::from_toml("[[bu]]\nid = \"a\"\n[[bu]]\nid = \"b\"\nspare = true\n").unwrap();
+    assert_eq!(listed.nodes().iter().filter(|n| n.spare).count(), 1);
+    // a spare's mark is a node's identity: changing it needs the nodes restarted
+    assert!(c
+        .restart_needed(&Config::from_toml("[topology]\nbus = 3\nspare_bus = 1\n").unwrap())
+        .iter()
+        .any(|k| k.ends_with(".spare")));
+    assert_err(
+        "[[bu]]\nid = \"a\"\nspare = true\n",
+        &["bu.spare", "every BU is a spare"],
+    );
+    assert_err(
+        "[topology]\nspare_bus = 1\n[[bu]]\nid = \"a\"\n",
+        &["topology.spare_bus", "[[bu]]"],
+    );
+    assert_err(
+        "[topology]\nspare_bus = 1\n[traffic]\nshaping = \"barrel\"\n",
+        &["topology.spare_bus", "barrel"],
+    );
+    assert_err(
+        "[topology]\nspare_bus = 1\n[evm]\nstandby = \"127.0.0.1:7999\"\n",
+        &["topology.spare_bus", "standby"],
+    );
+    assert_err("[topology]\nspare_bus = 5000\n", &["topology.spare_bus"]);
+}

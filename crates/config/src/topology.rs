@@ -31,6 +31,9 @@ pub struct NodeSpec {
     pub stream_sources: Vec<u16>,
     /// Testing: sink delay per event (µs) and for how many events (0: all).
     pub sink_delay: Option<(u64, u64)>,
+    /// A spare BU (`topology.spare_bus`, `[[bu]] spare`): the run starts without it; it
+    /// joins the run under way when its process starts.
+    pub spare: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,10 +92,11 @@ impl Config {
         }
     }
 
-    /// BUs in the run: `[[bu]]` entries, or `topology.bus` when there are none.
+    /// BUs in the run, spares included: `[[bu]]` entries, or `topology.bus` and
+    /// `topology.spare_bus` when there are none.
     pub(crate) fn n_bu(&self) -> u64 {
         if self.bu.is_empty() {
-            self.topology.bus.into()
+            self.topology.bus as u64 + self.topology.spare_bus as u64
         } else {
             self.bu.len() as u64
         }
@@ -231,6 +235,7 @@ impl Config {
             streams: Vec::new(),
             stream_sources: Vec::new(),
             sink_delay: None,
+            spare: false,
         }];
         let n_ru = if self.ru.is_empty() {
             t.rus
@@ -280,10 +285,11 @@ impl Config {
                 streams,
                 stream_sources,
                 sink_delay: None,
+                spare: false,
             });
         }
         let n_bu = if self.bu.is_empty() {
-            t.bus
+            t.bus + t.spare_bus
         } else {
             self.bu.len() as u32
         };
@@ -322,6 +328,10 @@ impl Config {
                 streams: Vec::new(),
                 stream_sources: Vec::new(),
                 sink_delay,
+                spare: match self.bu.get(i as usize) {
+                    Some(b) => b.spare,
+                    None => i >= t.bus,
+                },
             });
         }
         v
@@ -346,6 +356,9 @@ impl Config {
             }
             if x.control != y.control {
                 keys.push(format!("{key}.control"));
+            }
+            if x.spare != y.spare {
+                keys.push(format!("{key}.spare"));
             }
         }
         if self.transport != new.transport {

@@ -61,6 +61,59 @@ fn real(v: f64) -> String {
 }
 
 impl Config {
+    /// Spare BUs (`topology.spare_bus`, `[[bu]] spare`): some BU must start the run, and
+    /// a spare needs what lets a BU join a running run (no barrel cycle over a fixed set
+    /// of BUs, no standby EVM: neither follows a BU that joins).
+    fn check_spares(&self) -> Result<(), ConfigError> {
+        let t = &self.topology;
+        let key = if self.bu.is_empty() {
+            "topology.spare_bus"
+        } else {
+            "bu.spare"
+        };
+        if !self.bu.is_empty() && t.spare_bus != 0 {
+            return Err(invalid(
+                "topology.spare_bus",
+                "counts make BUs only without [[bu]] entries: mark a listed BU `spare = true`",
+            ));
+        }
+        let spares = self.nodes_unchecked().iter().filter(|n| n.spare).count() as u64;
+        if spares == 0 {
+            return Ok(());
+        }
+        if spares == self.n_bu() {
+            return Err(invalid(
+                key,
+                "every BU is a spare: at least one must start the run",
+            ));
+        }
+        if self.n_bu() > limits::MAX_NODES as u64 {
+            return Err(invalid(
+                key,
+                format!(
+                    "{} BUs with the spares: at most {}",
+                    self.n_bu(),
+                    limits::MAX_NODES
+                ),
+            ));
+        }
+        if self.traffic.shaping == crate::Shaping::Barrel {
+            return Err(invalid(
+                key,
+                "spare BUs join a running run; traffic.shaping = \"barrel\" cycles over a \
+                 fixed set of BUs: use one or the other",
+            ));
+        }
+        if !self.evm.standby.is_empty() {
+            return Err(invalid(
+                key,
+                "spare BUs are not yet followed by a standby EVM (evm.standby): use one or the \
+                 other",
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether a run of this configuration ends by itself: `run.events` or `run.duration_s`,
     /// or replay files read once. A run that does not goes on until it is stopped, which
     /// a run under `evb up` is (`evb ctl stop`, the page, Ctrl-C); `evb run` refuses it.
@@ -675,6 +728,8 @@ impl Config {
         let max = MAX_NODES.into();
         int_in("topology.rus", t.rus.into(), 0, max, "")?;
         int_in("topology.bus", t.bus.into(), 0, max, "")?;
+        int_in("topology.spare_bus", t.spare_bus.into(), 0, max, "")?;
+        self.check_spares()?;
         if self.ru.len() as u64 > max {
             return Err(invalid("ru", format!("at most {MAX_NODES} RUs")));
         }

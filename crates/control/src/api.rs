@@ -432,6 +432,7 @@ fn router(node: Shared) -> Router {
             .route("/api/v1/runs/{n}", get(run_record))
             .route("/api/v1/decide", post(decide))
             .route("/api/v1/retire", post(retire))
+            .route("/api/v1/add-bu", post(add_bu))
             .route("/api/v1/{command}", post(command));
     } else {
         r = r.route("/api/v1/status", get(node_status));
@@ -831,6 +832,23 @@ async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
         Err((i, e)) => return error(400, format!("window {i}: {e}")),
     };
     match c.decide(&windows) {
+        Ok(reply) => Json(reply).into_response(),
+        Err(r) => error(r.status, r.why),
+    }
+}
+
+async fn add_bu(State(node): State<Shared>, body: Bytes) -> Response {
+    let Some(c) = node.controller() else {
+        return not_the_control(&node, "a spare BU is added at the EVM");
+    };
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Ok(req) = serde_json::from_value::<crate::replies::AddBuRequest>(v) else {
+        return error(400, "add-bu needs {\"bu\": \"<a spare BU's id>\"}");
+    };
+    match c.add_bu(&req) {
         Ok(reply) => Json(reply).into_response(),
         Err(r) => error(r.status, r.why),
     }

@@ -635,6 +635,7 @@ mod tests {
             assignment: Assignment::Credits,
             link_grace: Duration::from_millis(50),
             commits: Vec::new(),
+            spares: Vec::new(),
         };
         let mut evm = Evm::new(cfg, t0);
         let ready = || Message::Ready {

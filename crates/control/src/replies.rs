@@ -123,6 +123,10 @@ pub struct Status {
     pub mode: Mode,
     /// The commands the state allows.
     pub legal: Vec<String>,
+    /// Spare BUs asked to start (`POST /api/v1/add-bu`) whose process does not answer
+    /// yet: a launcher (`evb up`) starts each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adding: Vec<String>,
     pub evm: EvmSummary,
     pub totals: Totals,
     pub latency: Latency,
@@ -279,6 +283,27 @@ pub struct NodeStarted {
     pub node: String,
     pub run: u64,
     pub phase: crate::service::Phase,
+}
+
+/// `POST /api/v1/add-bu`: the spare BU (its id) to start; it joins the run under way.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddBuRequest {
+    pub bu: String,
+}
+
+/// The answer to an [`AddBuRequest`]: the spare is to be started (a launcher such as
+/// `evb up` starts it; elsewhere `start` says how), and joins run `run` if one is under
+/// way once its process answers (the EVM's node events say `joined` then).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddBuReply {
+    /// The run under way (`None`: between runs; it takes part from the next).
+    pub run: Option<u64>,
+    pub bu: String,
+    /// The BU as the EVM's node events name it (`bu[2]`).
+    pub node: String,
+    /// The command that starts it by hand, on its host (`evb up` runs it itself).
+    pub start: String,
 }
 
 /// `POST /api/v1/retire`: the BU (its id) to retire from the run under way.

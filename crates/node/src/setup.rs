@@ -339,6 +339,11 @@ pub fn logic(
                         .filter(|n| n.role == Role::Bu)
                         .map(|n| n.sink.commits())
                         .collect(),
+                    spares: nodes
+                        .iter()
+                        .filter(|n| n.role == Role::Bu)
+                        .map(|n| n.spare)
+                        .collect(),
                 },
                 now,
             );

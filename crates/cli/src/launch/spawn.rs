@@ -121,8 +121,11 @@ pub(crate) fn resolve_ports(cfg: &Config) -> Result<(Config, Listeners), String>
             } else {
                 String::new()
             },
+            spare: n.spare,
         })
         .collect();
+    // the listed BUs carry their spare marks: counts no longer make any
+    out.topology.spare_bus = 0;
     // Every node on this host: with many more nodes than CPUs, a node's event loop can wait
     // its turn for a second or more, and would be declared lost while alive. Give the
     // heartbeat timeout room for that (a real deployment sets it for its own hosts): 400 ms
@@ -249,7 +252,8 @@ pub(crate) fn spawn_processes(
     let mut config = ConfigFd::new(&cfg.to_toml(), &cfg.run.id)?;
     config.run_number = run_number;
     let mut children = Vec::new();
-    for n in cfg.nodes() {
+    // spare BUs are started when asked for (`evb ctl add-bu` under `evb up`)
+    for n in cfg.nodes().into_iter().filter(|n| !n.spare) {
         let inherit = inherited_by(&cfg, &n, &listeners);
         let child = spawn_node(&config, &n.id, serve, tx, &inherit)?;
         children.push((n.id.clone(), child));

@@ -81,6 +81,7 @@ pub(super) fn adopt(cur: &Config, new: Config) -> Config {
                 sink_delay_us: None,
                 sink_delay_events: None,
                 serve: b.serve.clone(),
+                spare: b.spare,
             })
             .collect();
     }

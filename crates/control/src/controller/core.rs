@@ -3,7 +3,7 @@
 //! own node, and calls to make on other nodes come out. The shell ([`super::Controller`])
 //! makes the HTTP calls and applies the effects; tests drive this with scripted answers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use evb_builder::{NodeRef, NodeStatus, StatusRole};
@@ -226,6 +226,11 @@ pub(crate) struct Core {
     /// The most events the EVM's ledger has said it released in the run under way (run,
     /// count): the header's total never goes back, and never comes from the BUs' counters.
     released_seen: (u64, u64),
+    /// Spare BUs asked to start (`POST /api/v1/add-bu`) whose process does not answer yet:
+    /// the launcher (`evb up`) starts each it finds here.
+    adding: BTreeSet<String>,
+    /// Spare BUs told to join a run under way: (id, run, pid), each told once.
+    told_to_join: BTreeSet<(String, u64, u32)>,
 }
 
 impl Core {
@@ -245,6 +250,8 @@ impl Core {
             history: History::default(),
             changed: Vec::new(),
             released_seen: (0, 0),
+            adding: BTreeSet::new(),
+            told_to_join: BTreeSet::new(),
         }
     }
 
@@ -281,6 +288,61 @@ impl Core {
     /// The current or last run number (0: none yet).
     pub(crate) fn run(&self) -> u64 {
         self.run
+    }
+
+    /// Node `id`'s process answered the last poll.
+    fn answers_now(&self, id: &str) -> bool {
+        self.nodes
+            .get(id)
+            .is_some_and(|v| v.error.is_none() && v.reply.is_some())
+    }
+
+    /// The spare BUs whose process answers now (a spare that joined a run takes part in
+    /// the next from its start).
+    pub(crate) fn spares_up(&self) -> Vec<NodeSpec> {
+        self.cfg
+            .nodes()
+            .into_iter()
+            .filter(|n| n.spare && self.answers_now(&n.id))
+            .collect()
+    }
+
+    /// A spare BU is asked to start (`POST /api/v1/add-bu`): the launcher starts it, and
+    /// it joins the run under way, if any, once its process answers.
+    ///
+    /// # Errors
+    /// Not a spare of this system, or its process answers already.
+    pub(crate) fn add_bu(&mut self, bu: &str) -> Result<NodeSpec, Refused> {
+        let nodes = self.cfg.nodes();
+        let spares: Vec<&NodeSpec> = nodes.iter().filter(|n| n.spare).collect();
+        let Some(n) = nodes.iter().find(|n| n.id == bu && n.role == Role::Bu) else {
+            return Err(Refused::new(
+                404,
+                format!(
+                    "no BU {bu:?} in this system; its spare BUs: {}",
+                    if spares.is_empty() {
+                        "none (topology.spare_bus, [[bu]] spare = true)".to_string()
+                    } else {
+                        spares
+                            .iter()
+                            .map(|n| n.id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ),
+            ));
+        };
+        if !n.spare {
+            return Err(Refused::new(
+                409,
+                format!("{bu} is not a spare: it is in every run from its start"),
+            ));
+        }
+        if self.answers_now(bu) {
+            return Err(Refused::new(409, format!("{bu} is up already")));
+        }
+        self.adding.insert(bu.to_string());
+        Ok(n.clone())
     }
 
     /// The nodes the controller asks for their status (every node but the EVM).
@@ -559,7 +621,7 @@ impl Core {
             nodes: cfg
                 .nodes()
                 .into_iter()
-                .filter(|n| n.role != Role::Evm)
+                .filter(|n| n.role != Role::Evm && (!n.spare || self.answers_now(&n.id)))
                 .collect(),
             body,
         }
@@ -681,6 +743,10 @@ impl Core {
     ) -> Vec<Rejoin> {
         let under_way = self.under_way.is_some();
         for (id, r) in answers {
+            if r.is_ok() {
+                // a spare asked for answers: started
+                self.adding.remove(&id);
+            }
             let v = self.nodes.entry(id.clone()).or_default();
             match r {
                 Ok(reply) => {
@@ -779,14 +845,31 @@ impl Core {
                         && down.contains(&format!("bu[{}]", n.index))
                 };
                 let restarted = self.restarted.contains(&n.id);
+                // a spare started during the run (`evb ctl add-bu`), told once
+                let joins = |r: &NodeReply| {
+                    n.spare
+                        && r.run != run
+                        && !self.told_to_join.contains(&(n.id.clone(), run, r.pid))
+                };
                 self.nodes.get(&n.id).is_some_and(|v| {
                     v.error.is_none()
                         && v.reply.as_ref().is_some_and(|r| {
-                            r.phase == Phase::Idle && ((restarted && r.run != run) || woke(r))
+                            r.phase == Phase::Idle
+                                && ((restarted && r.run != run) || woke(r) || joins(r))
                         })
                 })
             })
             .collect();
+        for n in idle.iter().filter(|n| n.spare) {
+            if let Some(pid) = self
+                .nodes
+                .get(&n.id)
+                .and_then(|v| v.reply.as_ref())
+                .map(|r| r.pid)
+            {
+                self.told_to_join.insert((n.id.clone(), run, pid));
+            }
+        }
         self.restarted
             .retain(|id| !idle.iter().any(|n| n.id == *id));
         idle.into_iter()
@@ -1017,6 +1100,12 @@ impl Core {
                 },
                 (None, None) => "unknown".to_string(),
             };
+            // a spare BU whose process never answered: not started, or asked to start
+            let state = match (n.spare, &v.reply) {
+                (true, None) if self.adding.contains(&n.id) => "starting".to_string(),
+                (true, None) => "spare".to_string(),
+                _ => state,
+            };
             // the EVM's row: the same snapshot and count as the summary and the header (one
             // number per idea, in one reply)
             let snap = if n.role == Role::Evm {
@@ -1056,6 +1145,7 @@ impl Core {
             run: self.run,
             reason: self.reason.clone(),
             mode: self.mode,
+            adding: self.adding.iter().cloned().collect(),
             legal: fsm::legal(self.state)
                 .iter()
                 .map(|c| c.name().to_string())

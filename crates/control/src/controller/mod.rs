@@ -306,6 +306,36 @@ impl Controller {
         })
     }
 
+    /// Starts a spare BU (`POST /api/v1/add-bu`, docs/control.md): the launcher starts its
+    /// process, and it joins the run under way once it answers (`Core::add_bu`).
+    pub(crate) fn add_bu(
+        &self,
+        req: &crate::replies::AddBuRequest,
+    ) -> Result<crate::replies::AddBuReply, Refused> {
+        let mut core = self.core();
+        let state = core.state();
+        if state == State::Halted {
+            return Err(Refused::new(409, "the system is halted"));
+        }
+        let n = core.add_bu(&req.bu)?;
+        let run = matches!(state, State::Running | State::Paused).then(|| core.run());
+        info!(
+            "{} is to start (add-bu){}",
+            n.id,
+            run.map(|r| format!("; it joins run {r}"))
+                .unwrap_or_default()
+        );
+        Ok(crate::replies::AddBuReply {
+            run,
+            bu: n.id.clone(),
+            node: format!("bu[{}]", n.index),
+            start: format!(
+                "evb node --config RUN.toml --id {} --serve   (under Slurm: srun -n 1 -w HOST evb node ...)",
+                n.id
+            ),
+        })
+    }
+
     /// Retires a BU from the run under way (`POST /api/v1/retire`, docs/control.md): it is
     /// given no more events and leaves once all it holds is final (`Evm::retire`).
     pub(crate) fn retire(
@@ -482,8 +512,12 @@ impl Controller {
             Ok(()) => {
                 let r = evm(node, cfg);
                 // ready means every node is ready: wait for the others to finish their part
-                // (they send their last bytes and close after the EVM halts them)
-                await_idle(&plan.nodes, &token, Duration::from_secs(10));
+                // (they send their last bytes and close after the EVM halts them), the
+                // spares that joined during the run too
+                let mut nodes = plan.nodes.clone();
+                let joined = self.core().spares_up();
+                nodes.extend(joined.into_iter().filter(|n| !plan.nodes.contains(n)));
+                await_idle(&nodes, &token, Duration::from_secs(10));
                 r
             }
             Err(off) => {

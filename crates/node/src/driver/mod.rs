@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use evb_builder::{
-    Action, BuiltEvent, FastMap, NodeRef, NodeStatus, Path, RunState, SinkError, StatusKind,
+    Action, BuiltEvent, FastMap, FastSet, NodeRef, NodeStatus, Path, RunState, SinkError,
+    StatusKind,
 };
 use evb_config::{Config, NodeSpec, Role};
 use evb_messaging::{Incoming, Messenger, Received};
@@ -217,7 +218,11 @@ impl Driver {
         let mut dials = Vec::new();
         let evm = &nodes[0];
         let n_ru = nodes.iter().filter(|n| n.role == Role::Ru).count();
-        let n_bu = nodes.iter().filter(|n| n.role == Role::Bu).count();
+        // the set awaited at the start: the spare BUs join later, each when it starts
+        let n_bu = nodes
+            .iter()
+            .filter(|n| n.role == Role::Bu && !n.spare)
+            .count();
         let expected = match me.role {
             Role::Evm => n_ru + n_bu,
             Role::Ru => 1 + n_bu,
@@ -323,6 +328,8 @@ impl Driver {
                     cfg.topology.folded,
                 )
             });
+        // the spare BUs an RU calls and the EVM admits (a BU has no BU peers)
+        let spares: Vec<NodeRef> = nodes.iter().filter(|n| n.spare).map(node_ref).collect();
         Ok(Driver {
             cfg: cfg.clone(),
             me,
@@ -341,6 +348,7 @@ impl Driver {
                     now,
                 );
                 links.watch_rx_pool(watched_rx_pool);
+                links.set_spares(spares);
                 links
             },
             reporter: status::Reporter::new(status, status_every, control.clone(), named, now),

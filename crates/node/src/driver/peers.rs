@@ -66,6 +66,9 @@ pub(super) struct Links {
     up: bool,
     /// Until when connections are awaited (`run.connect_timeout_s`).
     connect_deadline: Instant,
+    /// Spare BUs: not of the set awaited at the start (the run starts without them), and
+    /// called for as long as the node lives (each joins when its process starts).
+    spares: FastSet<NodeRef>,
 }
 
 impl Links {
@@ -100,7 +103,26 @@ impl Links {
             expected,
             up: false,
             connect_deadline,
+            spares: FastSet::default(),
         }
+    }
+
+    /// The spare BUs among this node's peers (see [`Links::spares`]).
+    pub(super) fn set_spares(&mut self, spares: impl IntoIterator<Item = NodeRef>) {
+        self.spares = spares.into_iter().collect();
+    }
+
+    /// Peer `p` is a spare BU.
+    pub(super) fn is_spare(&self, p: NodeRef) -> bool {
+        self.spares.contains(&p)
+    }
+
+    /// How many of the connections up are of the set awaited at the start.
+    fn of_the_set(&self) -> usize {
+        self.conns
+            .keys()
+            .filter(|p| !self.spares.contains(p))
+            .count()
     }
 
     /// The pool the transport reads into (see [`RxWatch`]).
@@ -157,7 +179,7 @@ impl Links {
 
     /// How many peers are connected, of how many expected.
     pub(super) fn connected(&self) -> (usize, usize) {
-        (self.conns.len(), self.expected)
+        (self.of_the_set(), self.expected)
     }
 
     /// Every connection was up once.
@@ -168,7 +190,7 @@ impl Links {
 
     /// Every expected connection is up now.
     pub(super) fn complete(&self) -> bool {
-        self.conns.len() == self.expected
+        self.of_the_set() == self.expected
     }
 
     pub(super) fn mark_up(&mut self) {
@@ -204,10 +226,11 @@ impl Links {
     /// When a call that failed at `now` is made again (`rejected`: the peer refused the
     /// handshake): every [`RECALL_EVERY`] for as long as the run lasts once every
     /// connection was up (a lost peer may come back: a restarted BU is found so), every
-    /// [`CALL_EVERY`] before that until the connect deadline. `None`: give up (a refusal,
-    /// or the deadline passed before the set was up).
-    pub(super) fn retry_at(&self, now: Instant, rejected: bool) -> Option<Instant> {
-        match (rejected, self.up) {
+    /// [`CALL_EVERY`] before that until the connect deadline; a spare BU every
+    /// [`RECALL_EVERY`] from the start (it joins whenever its process starts). `None`: give
+    /// up (a refusal, or the deadline passed before the set was up).
+    pub(super) fn retry_at(&self, now: Instant, rejected: bool, peer: NodeRef) -> Option<Instant> {
+        match (rejected, self.up || self.spares.contains(&peer)) {
             (true, _) => None,
             (false, true) => Some(now + RECALL_EVERY),
             (false, false) => (now < self.connect_deadline).then(|| now + CALL_EVERY),
@@ -265,9 +288,9 @@ impl Driver {
                 // calling a peer lost during the run again: a route that refuses at once (a
                 // blackhole route, a network unreachable for now) is tried again later, as a
                 // refused connection is; the run goes on without that peer meanwhile
-                Err(e) if self.links.up => {
+                Err(e) if self.links.up || self.links.is_spare(d.peer) => {
                     debug!(node = %self.me.id, "calling {} again at {} failed: {e}", d.peer, d.addr);
-                    d.retry_at = self.links.retry_at(now, false);
+                    d.retry_at = self.links.retry_at(now, false, d.peer);
                     self.links.waiting_dials.push(d);
                 }
                 Err(e) => {
@@ -504,7 +527,7 @@ impl Driver {
                             }
                         }
                     }
-                    match self.links.retry_at(now, rejected) {
+                    match self.links.retry_at(now, rejected, d.peer) {
                         Some(at) => {
                             d.retry_at = Some(at);
                             self.links.waiting_dials.push(d);
@@ -617,7 +640,7 @@ impl Driver {
         // every node of another role is a peer (the EVM's all, an RU's the EVM and the BUs)
         self.nodes
             .iter()
-            .filter(|n| n.role != self.me.role)
+            .filter(|n| n.role != self.me.role && !n.spare)
             .filter(|n| !self.links.conns.contains_key(&node_ref(n)))
             .map(|n| {
                 let p = node_ref(n);
@@ -862,13 +885,20 @@ mod tests {
         let now = Instant::now();
         let mut l = links(now);
         let at = |ms: u64| now + Duration::from_millis(ms);
-        assert_eq!(l.retry_at(at(100), false), Some(at(150)));
-        assert_eq!(l.retry_at(at(4999), false), Some(at(5049)));
-        assert_eq!(l.retry_at(at(5000), false), None, "the connect deadline");
-        assert_eq!(l.retry_at(at(100), true), None, "refused");
+        assert_eq!(l.retry_at(at(100), false, NodeRef::Evm), Some(at(150)));
+        assert_eq!(l.retry_at(at(4999), false, NodeRef::Evm), Some(at(5049)));
+        assert_eq!(
+            l.retry_at(at(5000), false, NodeRef::Evm),
+            None,
+            "the connect deadline"
+        );
+        assert_eq!(l.retry_at(at(100), true, NodeRef::Evm), None, "refused");
         l.mark_up();
-        assert_eq!(l.retry_at(at(60_000), false), Some(at(60_200)));
-        assert_eq!(l.retry_at(at(60_000), true), None);
+        assert_eq!(
+            l.retry_at(at(60_000), false, NodeRef::Evm),
+            Some(at(60_200))
+        );
+        assert_eq!(l.retry_at(at(60_000), true, NodeRef::Evm), None);
         // due calls leave the queue; later ones wait
         let dial = |ms: u64| Dial {
             peer: NodeRef::Bu(0),
@@ -881,6 +911,28 @@ mod tests {
         assert_eq!(l.waiting_dials.len(), 1);
         assert!(l.due_dials(at(29)).is_empty());
         assert_eq!(l.due_dials(at(30)).len(), 1);
+    }
+
+    /// A spare BU is no part of the set awaited at the start, and is called again for as
+    /// long as the node lives, before the set is up and past the connect deadline.
+    #[test]
+    fn a_spare_bu_is_called_for_the_run_and_not_awaited() {
+        let now = Instant::now();
+        let mut l = links(now);
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        l.set_spares([NodeRef::Bu(3)]);
+        assert!(l.is_spare(NodeRef::Bu(3)) && !l.is_spare(NodeRef::Bu(0)));
+        assert_eq!(l.retry_at(at(100), false, NodeRef::Bu(3)), Some(at(300)));
+        assert_eq!(l.retry_at(at(9000), false, NodeRef::Bu(3)), Some(at(9200)));
+        assert_eq!(l.retry_at(at(9000), false, NodeRef::Bu(0)), None);
+        assert_eq!(l.retry_at(at(100), true, NodeRef::Bu(3)), None, "refused");
+        let (up, expected) = l.connected();
+        l.conns.insert(NodeRef::Bu(3), ConnId(77));
+        assert_eq!(
+            l.connected(),
+            (up, expected),
+            "a spare's connection is not counted"
+        );
     }
 
     /// A rejoin: a peer lost and connected again is heard from its new connection on, and
