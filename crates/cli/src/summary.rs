@@ -99,7 +99,7 @@ pub fn print(
     // The EVM's copy of the BUs' reports is complete only after a clean Stop; an aborted
     // run has each BU's own final report instead.
     let built_bytes: u64 = match run {
-        Some(r) if r.bus.iter().all(Option::is_some) => {
+        Some(r) if r.every_bu_reported() => {
             r.bus.iter().flatten().map(|b| b.payload_bytes_built).sum()
         }
         _ => reports
@@ -135,7 +135,8 @@ pub fn print(
         println!(
             "{} RU x {} BU over {}: {what} in {secs:.2} s = {:.0} {records}/s, {:.3} GB/s built",
             r.n_ru,
-            r.n_bu,
+            // the BUs that took part (a spare that never joined took none)
+            r.n_bu as usize - r.evm.spares_out.len(),
             cfg.transport.kind.name(),
             released as f64 / secs,
             built_bytes as f64 / secs / 1e9

@@ -13,8 +13,9 @@ const MAX_LINES: usize = 650;
 /// Reference pages longer than `MAX_LINES` today, each with its length now as its ceiling:
 /// they may shrink, not grow unnoticed.
 const LONGER: &[(&str, usize)] = &[
-    // raised by 6 for §6 item 18 and its node events (a BU retires, issue 69)
-    ("docs/protocol.md", 959),
+    // raised by 6 for §6 item 18 and its node events (a BU retires, issue 69), by 7 for
+    // item 19 (a spare BU joins)
+    ("docs/protocol.md", 966),
     ("docs/formats.md", 938),
     ("docs/scaling.md", 903),
 ];

@@ -134,7 +134,25 @@ pub fn run(cfg: &Config, quiet: bool, json_out: Option<&Path>) -> Result<bool, S
     let inproc = cfg.transport.kind == TransportKind::Inproc;
     // inproc: the EVM thread's commands, for Ctrl-C
     let mut evm_control = None;
-    let ids: Vec<String> = cfg.nodes().into_iter().map(|n| n.id).collect();
+    // spare BUs are not started: they join runs under `evb up` (`evb ctl add-bu`)
+    let spares: Vec<String> = cfg
+        .nodes()
+        .into_iter()
+        .filter(|n| n.spare)
+        .map(|n| n.id)
+        .collect();
+    if !spares.is_empty() && !quiet {
+        eprintln!(
+            "evb: spare BUs {} are not started (they join runs under evb up: evb ctl add-bu)",
+            spares.join(", ")
+        );
+    }
+    let ids: Vec<String> = cfg
+        .nodes()
+        .into_iter()
+        .filter(|n| !n.spare)
+        .map(|n| n.id)
+        .collect();
     // with a standby: the EVMs that hold the run in turn, a new standby after each takeover
     let mut lineage = None;
     let (mut children, _tmp) = if inproc {

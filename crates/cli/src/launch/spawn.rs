@@ -462,7 +462,8 @@ fn spawn_labelled(
 
 pub(super) fn spawn_threads(cfg: &Config, tx: &mpsc::Sender<Note>) -> evb_node::RunControl {
     let evm_control = evb_node::RunControl::new();
-    for n in cfg.nodes() {
+    // spare BUs join runs under `evb up` only
+    for n in cfg.nodes().into_iter().filter(|n| !n.spare) {
         let cfg = cfg.clone();
         let tx = tx.clone();
         // the EVM's commands stay with the launcher; the others' are their own

@@ -165,7 +165,7 @@ impl Finished {
             events_built: run_report.map_or(0, |r| r.evm.released),
             payload_bytes_built: run_report.and_then(|r| {
                 let bu_lost = r.evm.lost.iter().any(|e| e.node.starts_with("bu["));
-                (!bu_lost && r.bus.iter().all(Option::is_some))
+                (!bu_lost && r.every_bu_reported())
                     .then(|| r.bus.iter().flatten().map(|b| b.payload_bytes_built).sum())
             }),
             triggered: run_report.map(|r| r.evm.triggered),
