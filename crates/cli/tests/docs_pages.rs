@@ -16,7 +16,8 @@ const LONGER: &[(&str, usize)] = &[
     // raised by 6 for §6 item 18 and its node events (a BU retires, issue 69)
     ("docs/protocol.md", 959),
     ("docs/formats.md", 938),
-    ("docs/scaling.md", 903),
+    // raised by 34 for `evb sim --solve` (the planner's "how many", issue 69 item 5)
+    ("docs/scaling.md", 937),
 ];
 
 fn root() -> PathBuf {
