@@ -116,6 +116,18 @@ pub struct SimArgs {
     /// plots inline) or FILE.md (the table, the plots linked).
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// With --system: the least value of KEY for which the system keeps up at its trigger
+    /// rate × (1 + --margin): "bus" (BUs, to one) or "link_gbps" (the link rate, to 1 %).
+    /// The file's value of KEY is ignored. Prints the answer, the value below it that does
+    /// not keep up, and what one BU more or fewer changes; refused, with the reason, where
+    /// no value within the model's bounds keeps up.
+    #[arg(long, value_name = "KEY")]
+    solve: Option<String>,
+    /// With --solve: the headroom asked for, from 0 to 100: the answer keeps up at
+    /// (1 + MARGIN) × trigger_hz (0.2: 20 % more triggers), and every row is simulated at
+    /// that rate.
+    #[arg(long, value_name = "MARGIN", allow_negative_numbers = true)]
+    margin: Option<f64>,
 }
 
 pub fn run(a: &SimArgs) -> Result<(), String> {
@@ -131,6 +143,9 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
             .collect::<Result<_, _>>()?;
     if let Some(file) = &a.system {
         return run_system(a, file);
+    }
+    if a.solve.is_some() || a.margin.is_some() {
+        return Err("--solve and --margin: only with --system FILE".into());
     }
     if a.bus.is_some() && a.model == "switch" {
         return Err(
@@ -624,6 +639,7 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
             ))
         })
         .collect::<Result<_, String>>()?;
+    let solve = solve_key(a, &sweeps)?;
     let combos: usize = sweeps.iter().map(|(_, vs)| vs.len()).product();
     if combos > 10_000 {
         return Err(format!("--sweep: {combos} points; at most 10000"));
@@ -651,55 +667,18 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
     if a.report.is_some() && a.json.as_deref() == Some(std::path::Path::new("-")) {
         return Err("--report: not with --json - (stdout is the JSON)".into());
     }
+    if let Some((key, margin)) = solve {
+        return run_solve(a, &systems[0].1, key, margin);
+    }
     let t0 = std::time::Instant::now();
     let planned: Vec<evb_sim::offered::Planned> = parallel(&systems, |(_, s)| plan(s));
     let first = &systems[0].1;
-    println!(
-        "{}: {}",
-        if first.name.is_empty() {
-            "system"
-        } else {
-            &first.name
-        },
-        first.shape()
-    );
-    println!(
-        "{:<22} {:>6} {:>11} {:>9} {:>7} {:>9} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
-        "point",
-        "load",
-        "built Hz",
-        "Gb/s",
-        "BU link",
-        "throttled",
-        "keeps",
-        "p50 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "RU mem p99",
-        "BU mem p99"
-    );
+    print_system(first);
+    print_header();
     for ((label, _), p) in systems.iter().zip(&planned) {
-        println!(
-            "{:<22} {:>5.1}% {:>11.0} {:>9.1} {:>6.1}% {:>8.3}% {:>5} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>12}",
-            if label.is_empty() { "as given" } else { label },
-            p.offered_link_load * 100.0,
-            p.built_hz,
-            p.built_gbps,
-            p.bu_link_busy * 100.0,
-            p.throttled * 100.0,
-            if p.keeps_up { "yes" } else { "NO" },
-            p.latency_us.p50,
-            p.latency_us.p99,
-            p.latency_us.p999,
-            bytes(p.ru_buffer_bytes.p99),
-            bytes(p.bu_buffer_bytes.p99)
-        );
+        print_row(if label.is_empty() { "as given" } else { label }, p);
     }
-    println!(
-        "load: what the offered rate needs of the busiest link; memory: one RU's and one BU's \
-         bytes held (fragments of events not yet released); {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
+    println!("{LEGEND}; {:.1} s", t0.elapsed().as_secs_f64());
     // plots of the sweep when the first key's values are numbers: one per combination of
     // the other keys
     let mut plots: Vec<(String, PathBuf)> = Vec::new();
@@ -750,6 +729,209 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
         crate::json_out::write(path, &planned)?;
     }
     Ok(())
+}
+
+/// What the table's columns mean.
+const LEGEND: &str = "load: what the offered rate needs of the busiest link; memory: one RU's \
+                      and one BU's bytes held (fragments of events not yet released)";
+
+/// The system's line above its table.
+fn print_system(s: &evb_sim::offered::System) {
+    let name = if s.name.is_empty() { "system" } else { &s.name };
+    println!("{name}: {}", s.shape());
+}
+
+fn print_header() {
+    println!(
+        "{:<22} {:>6} {:>11} {:>9} {:>7} {:>9} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "point",
+        "load",
+        "built Hz",
+        "Gb/s",
+        "BU link",
+        "throttled",
+        "keeps",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "RU mem p99",
+        "BU mem p99"
+    );
+}
+
+fn print_row(label: &str, p: &evb_sim::offered::Planned) {
+    println!(
+        "{label:<22} {:>5.1}% {:>11.0} {:>9.1} {:>6.1}% {:>8.3}% {:>5} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>12}",
+        p.offered_link_load * 100.0,
+        p.built_hz,
+        p.built_gbps,
+        p.bu_link_busy * 100.0,
+        p.throttled * 100.0,
+        if p.keeps_up { "yes" } else { "NO" },
+        p.latency_us.p50,
+        p.latency_us.p99,
+        p.latency_us.p999,
+        bytes(p.ru_buffer_bytes.p99),
+        bytes(p.bu_buffer_bytes.p99)
+    );
+}
+
+/// `--solve KEY [--margin M]` checked against the other flags: the key and the margin, or
+/// none without --solve.
+fn solve_key(
+    a: &SimArgs,
+    sweeps: &[(String, Vec<String>)],
+) -> Result<Option<(evb_sim::solve::Key, f64)>, String> {
+    use evb_sim::solve::Key;
+    let Some(k) = a.solve.as_deref() else {
+        return match a.margin {
+            Some(_) => Err("--margin: only with --solve (the headroom of its answer)".into()),
+            None => Ok(None),
+        };
+    };
+    let key = Key::parse(k.trim())
+        .ok_or_else(|| format!("--solve {k:?}: bus or link_gbps (the key solved for)"))?;
+    let margin = a.margin.unwrap_or(0.0);
+    if !(0.0..=100.0).contains(&margin) {
+        return Err(format!(
+            "--margin {margin}: from 0 to 100 (0.2: keep up at 1.2 × trigger_hz)"
+        ));
+    }
+    if let Some((swept, _)) = sweeps.iter().find(|(s, _)| s == key.name()) {
+        return Err(format!(
+            "--solve {k}: not with --sweep {swept}=... (the search sets {swept} itself)"
+        ));
+    }
+    if !sweeps.is_empty() {
+        return Err(
+            "--solve: not with --sweep (one system per solve: fix the other keys with --set)"
+                .into(),
+        );
+    }
+    if a.report.is_some() {
+        return Err("--report: not with --solve (a report is of a table of points)".into());
+    }
+    Ok(Some((key, margin)))
+}
+
+/// `--solve`: the least value of the key that keeps up at the margin, the value below it,
+/// and what one BU more or fewer changes.
+fn run_solve(
+    a: &SimArgs,
+    s: &evb_sim::offered::System,
+    key: evb_sim::solve::Key,
+    margin: f64,
+) -> Result<(), String> {
+    use evb_sim::solve::{solve, Role, Solved};
+    let t0 = std::time::Instant::now();
+    let eval = |systems: &[evb_sim::offered::System]| parallel(systems, evb_sim::offered::plan);
+    let got = solve(s, key, margin, &eval).map_err(|e| format!("--solve {}: {e}", key.name()))?;
+    print_system(s);
+    println!("{}", solve_line(&got));
+    print_header();
+    for r in &got.rows {
+        let label = match (key, r.role) {
+            (evb_sim::solve::Key::LinkGbps, Role::Below | Role::Answer) => {
+                format!("link_gbps={}", key.text(r.planned.system.link_gbps))
+            }
+            _ => format!("bus={}", r.planned.system.bus),
+        };
+        print_row(&label, &r.planned);
+    }
+    for c in &got.changes {
+        println!("{}", change_line(&got, c));
+    }
+    println!(
+        "{LEGEND}; every row at {:.0} Hz; {} systems simulated, {:.1} s",
+        got.solved_at_hz,
+        got.evaluated,
+        t0.elapsed().as_secs_f64()
+    );
+    if let Some(path) = &a.json {
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            solve: &'a Solved,
+        }
+        crate::json_out::write(path, &Out { solve: &got })?;
+    }
+    Ok(())
+}
+
+/// The answer in one line: `solve bus: 12 BUs keep up at 1.2 × 750000 Hz (load 83.1 %);
+/// 11 do not (load 102.4 %)`.
+fn solve_line(got: &evb_sim::solve::Solved) -> String {
+    use evb_sim::solve::{Key, Role};
+    let what = |v: f64| match got.key {
+        Key::Bus if v == 1.0 => "1 BU".to_string(),
+        Key::Bus => format!("{v:.0} BUs"),
+        Key::LinkGbps => format!("{} Gb/s links", got.key.text(v)),
+    };
+    let Some(answer) = got.row(Role::Answer) else {
+        return String::new();
+    };
+    let rate = if got.margin > 0.0 {
+        format!(
+            "{} × {:.0} Hz = {:.0} Hz",
+            1.0 + got.margin,
+            got.trigger_hz,
+            got.solved_at_hz
+        )
+    } else {
+        format!("{:.0} Hz", got.trigger_hz)
+    };
+    let mut line = format!(
+        "solve {}: {} keep up at {rate} (load {:.2} %)",
+        got.key.name(),
+        what(got.value),
+        answer.offered_link_load * 100.0
+    );
+    if let (Some(v), Some(p)) = (got.below, got.row(Role::Below)) {
+        let v = match got.key {
+            Key::Bus => format!("{v:.0}"),
+            Key::LinkGbps => format!("{} Gb/s", got.key.text(v)),
+        };
+        line.push_str(&format!("; {v} {}", verdict(p)));
+    }
+    line
+}
+
+/// Whether a row keeps up, and if not, why: the links' load, throttled triggers or a
+/// latency that grows.
+fn verdict(p: &evb_sim::offered::Planned) -> String {
+    if p.keeps_up {
+        format!("keep up too (load {:.2} %)", p.offered_link_load * 100.0)
+    } else if p.offered_link_load >= 1.0 {
+        format!("do not (load {:.2} %)", p.offered_link_load * 100.0)
+    } else if p.throttled >= 1e-3 {
+        format!("do not (throttled {:.3} %)", p.throttled * 100.0)
+    } else {
+        "do not (the latency grows)".to_string()
+    }
+}
+
+/// What one BU more or fewer than the answer changes: `+1 BU (13): p50 −3.0 %, ...`.
+fn change_line(got: &evb_sim::solve::Solved, c: &evb_sim::solve::Change) -> String {
+    let answer_bus = got
+        .row(evb_sim::solve::Role::Answer)
+        .map_or(0, |p| p.system.bus);
+    let pct = |x: f64| {
+        // to a tenth of a percent, signed; a change that rounds to nothing is +0.0
+        let v = (x * 1000.0).round() / 10.0;
+        if v < 0.0 {
+            format!("−{:.1} %", -v)
+        } else {
+            format!("+{:.1} %", v.abs())
+        }
+    };
+    format!(
+        "{} BU ({} BUs): latency p50 {}, p99 {}; RU mem p99 {}; BU mem p99 {}",
+        if c.bus > answer_bus { "+1" } else { "−1" },
+        c.bus,
+        pct(c.latency_p50),
+        pct(c.latency_p99),
+        pct(c.ru_mem_p99),
+        pct(c.bu_mem_p99)
+    )
 }
 
 /// Bytes in the unit that reads best (kB, MB, GB: powers of 10).

@@ -17,7 +17,8 @@ const LONGER: &[(&str, usize)] = &[
     // item 19 (a spare BU joins)
     ("docs/protocol.md", 966),
     ("docs/formats.md", 938),
-    ("docs/scaling.md", 903),
+    // raised by 34 for `evb sim --solve` (the planner's "how many", issue 69 item 5)
+    ("docs/scaling.md", 937),
 ];
 
 fn root() -> PathBuf {

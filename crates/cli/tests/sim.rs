@@ -403,3 +403,98 @@ fn evb_sim_eb_sweeps_a_parameter_with_a_plot() {
         "{o:?}"
     );
 }
+
+/// `evb sim --system --solve bus --margin`: the answer line, the rows of the answer and its
+/// neighbours, what a BU more or fewer changes, and the JSON's `solve`; the answer checked
+/// afresh with plain `--system` runs at the margin's rate (it keeps up, one BU fewer does
+/// not); bad combinations refused naming the flag.
+#[test]
+fn evb_sim_solves_for_the_fewest_bus_with_a_margin() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/systems/lhcb-run3.toml"
+    );
+    let quick = ["--set", "events=1000", "--set", "link_gbps=400"];
+    let json = dir.path().join("solve.json");
+    let out = Command::new(EVB)
+        .args(["sim", "--system", system])
+        .args(quick)
+        .args(["--solve", "bus", "--margin", "0.1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{out:?}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("solve bus: "))
+        .unwrap_or_else(|| panic!("no answer line: {text}"));
+    assert!(
+        line.contains("keep up at 1.1 × 30000 Hz = 33000 Hz"),
+        "{line}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let s = &v["solve"];
+    assert_eq!(s["key"], "bus");
+    assert_eq!(s["margin"], 0.1);
+    let n = s["value"].as_f64().unwrap() as usize;
+    assert!(line.contains(&format!("{n} BUs keep up")), "{line}");
+    assert!(line.contains(&format!("; {} do not", n - 1)), "{line}");
+    let rows = s["rows"].as_array().unwrap();
+    let roles: Vec<&str> = rows.iter().map(|r| r["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["below", "answer", "one_bu_more"], "{s}");
+    for (r, want_bus, keeps) in [(0, n - 1, false), (1, n, true), (2, n + 1, true)] {
+        let p = &rows[r]["planned"];
+        assert_eq!(p["system"]["bus"], want_bus, "{p}");
+        assert_eq!(p["system"]["trigger_hz"], 33000.0, "{p}");
+        if r < 2 {
+            assert_eq!(p["keeps_up"], keeps, "{p}");
+        }
+        let row = format!("bus={want_bus} ");
+        assert!(text.lines().any(|l| l.starts_with(&row)), "{row}: {text}");
+    }
+    assert!(
+        text.contains(&format!("+1 BU ({} BUs): latency p50 ", n + 1)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("−1 BU ({} BUs): latency p50 ", n - 1)),
+        "{text}"
+    );
+    // the answer afresh: plain runs of the system at 1.1 × its rate
+    for (bus, verdict) in [(n, " yes "), (n - 1, " NO ")] {
+        let o = Command::new(EVB)
+            .args(["sim", "--system", system])
+            .args(quick)
+            .args(["--set", "trigger_hz=33000", "--set", &format!("bus={bus}")])
+            .output()
+            .unwrap();
+        let t = String::from_utf8_lossy(&o.stdout);
+        let row = t.lines().find(|l| l.starts_with("as given")).unwrap_or("");
+        assert!(row.contains(verdict), "{bus} BUs: {t}");
+    }
+    // refused, naming the flag
+    for (args, flag) in [
+        (vec!["--solve", "bus", "--sweep", "bus=4,8"], "--sweep bus"),
+        (vec!["--solve", "buses"], "--solve \"buses\""),
+        (vec!["--solve", "bus", "--margin", "-0.1"], "--margin -0.1"),
+        (vec!["--margin", "0.2"], "--margin: only with --solve"),
+        (vec!["--solve", "bus", "--report", "x.md"], "--report"),
+        // 1.2 × the rate loads each RU's 200 Gb/s link 120 %
+        (
+            vec!["--solve", "bus", "--margin", "0.2"],
+            "more BUs cannot help",
+        ),
+    ] {
+        let o = Command::new(EVB)
+            .args(["sim", "--system", system])
+            .args(&args)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(flag), "{args:?}: {e}");
+    }
+}

@@ -19,6 +19,7 @@ pub mod clos;
 pub mod eventbuilding;
 pub mod offered;
 pub mod plot;
+pub mod solve;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

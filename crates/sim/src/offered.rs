@@ -150,8 +150,13 @@ impl System {
     pub fn link_load(&self) -> f64 {
         let bits_per_event = self.fragment_bytes * 8.0 * self.rus as f64;
         let per_bu = self.trigger_hz * bits_per_event / self.bus as f64;
-        let per_ru = self.trigger_hz * self.fragment_bytes * 8.0;
-        per_bu.max(per_ru) / (self.data_gbps() * 1e9)
+        (per_bu / (self.data_gbps() * 1e9)).max(self.ru_link_load())
+    }
+
+    /// What an RU's link must carry at the offered rate, as a fraction of it: its fragment
+    /// of every event, however many BUs share them.
+    pub fn ru_link_load(&self) -> f64 {
+        self.trigger_hz * self.fragment_bytes * 8.0 / (self.data_gbps() * 1e9)
     }
 
     /// The rate a link carries event data at (Gb/s).
