@@ -14,7 +14,9 @@
 //! seed as before but not run.
 //!
 //! `EVB_CHAOS_STANDBY=1` makes every trial's fault the EVM's loss in a run with a standby
-//! (killed, or frozen for 1.2 to 5.2 s), for a campaign on the takeover alone.
+//! (killed, or frozen for 1.2 to 5.2 s), for a campaign on the takeover alone;
+//! `EVB_CHAOS_BUILDERS=1` makes it a spare BU added or a BU retired (each killed after, in
+//! half the trials), for a campaign on builders that come and go.
 //!
 //! Each trial checks what docs/operations/faults.md's fault table promises: the outcome
 //! (verdict, exit codes), the ledger, that no event id is in two output files and every output id was
@@ -102,6 +104,18 @@ enum Fault {
     /// configured standby holds it, and is killed 1.5 s later: it is refused, and the real
     /// standby never suspects the EVM (separate nodes only: fixed test).
     RogueFollower,
+    /// Issue 69: the spare bu2 (`topology.spare_bus = 1`) started mid-run as an operator
+    /// would under srun (`evb node --id bu2`; separate nodes only): it joins the run; with
+    /// `kill_after_ms`, it is killed that long after it was started (a join, then a loss).
+    AddSpareBu {
+        kill_after_ms: Option<u64>,
+    },
+    /// Issue 69: bu1 retired mid-run through the EVM's control API (`POST /api/v1/retire`,
+    /// as `evb ctl retire` does); with `kill_after_ms`, killed that long after (while
+    /// retiring, or once retired).
+    RetireBu {
+        kill_after_ms: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -367,7 +381,7 @@ struct Outcome {
 
 fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let (rus, bus) = match t.fault {
-        Fault::KillTwoBus => (2, 3),
+        Fault::KillTwoBus | Fault::AddSpareBu { .. } => (2, 3),
         Fault::KillRuPartial | Fault::KillRuStop => (3, 2),
         _ => (2, 2),
     };
@@ -385,10 +399,13 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             | Fault::RogueFollower
     );
     let sink = dir.join("out");
+    // the last BU a spare, started by hand at the fault's moment
+    let spare = u16::from(matches!(t.fault, Fault::AddSpareBu { .. }));
     let mut toml = format!(
-        "{}[topology]\nrus = {rus}\nbus = {bus}\nbase_port = {base}\n[control]\nbase_port = {cbase}\n\
+        "{}[topology]\nrus = {rus}\nbus = {}\nspare_bus = {spare}\nbase_port = {base}\n[control]\nbase_port = {cbase}\n\
          [sink]\nkind = \"{}\"\ndir = \"{}\"\nfile_max_events = 500\n",
         t.run_section(dir),
+        bus - spare,
         if t.counted { "count" } else { "file" },
         sink.display()
     );
@@ -427,7 +444,7 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     std::fs::write(&cfg, &toml).unwrap();
     let ids: Vec<String> = std::iter::once("evm".to_string())
         .chain((0..rus).map(|i| format!("ru{i}")))
-        .chain((0..bus).map(|i| format!("bu{i}")))
+        .chain((0..bus - spare).map(|i| format!("bu{i}")))
         .collect();
     let json = dir.join("summary.json");
     let mut kids: BTreeMap<String, Child> = BTreeMap::new();
@@ -524,6 +541,8 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
     let mut note = String::new();
     // held open until the run is over
     let mut flood = Vec::new();
+    // the spare's process, once the fault started it
+    let mut spare_child: Option<Child> = None;
     let mut hit = |id: &str, sig: &str| match pid(id) {
         Some(p) if live(p) && signal(p, sig) => {}
         _ => note += &format!("({id} was already gone) "),
@@ -691,6 +710,43 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
             }
         }
         Fault::StartFlood => {}
+        Fault::RetireBu { kill_after_ms } => {
+            let api = format!("127.0.0.1:{cbase}");
+            let body = r#"{"bu": "bu1"}"#;
+            let req = format!(
+                "POST /api/v1/retire HTTP/1.1\r\nHost: {api}\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            note += &format!("(retire bu1 -> {:?}) ", http_status(&api, &req));
+            if let Some(ms) = kill_after_ms {
+                std::thread::sleep(Duration::from_millis(ms));
+                // a BU that retired has left: nothing to kill, and no fault missed
+                match pid("bu1") {
+                    Some(p) if live(p) && signal(p, "-KILL") => {}
+                    _ => note += "(bu1 had retired and left) ",
+                }
+            }
+        }
+        Fault::AddSpareBu { kill_after_ms } => {
+            let mut c = Command::new(EVB)
+                .args(["node", "--json", "-", "--id", "bu2", "--config"])
+                .arg(&cfg)
+                .stdout(out_file(dir, "bu2.out"))
+                .stderr(out_file(dir, "bu2.err"))
+                .spawn()
+                .unwrap();
+            if let Some(ms) = kill_after_ms {
+                std::thread::sleep(Duration::from_millis(ms));
+                if matches!(c.try_wait(), Ok(None)) {
+                    let _ = c.kill();
+                } else {
+                    // the run ended first: the join was the fault
+                    note += "(bu2 had ended with the run) ";
+                }
+            }
+            spare_child = Some(c);
+        }
         Fault::CutLink => {
             let bu_port = base + 1 + rus + 1; // bu1
             match pid("ru0").map(|p| cut_link(p, bu_port)) {
@@ -699,6 +755,9 @@ fn run_trial(t: &Trial, dir: &Path) -> Outcome {
                 None => note += "(ru0 was already gone) ",
             }
         }
+    }
+    if let Some(c) = spare_child {
+        kids.insert("bu2".into(), c);
     }
     let limit = Instant::now() + Duration::from_secs(60);
     let mut clean_exit = BTreeMap::new();
@@ -842,6 +901,12 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
             | Fault::KillTwoBus
             | Fault::KillBuThenEvmStandby { .. }
             | Fault::KillEvmThenRestartBuStandby
+            | Fault::AddSpareBu {
+                kill_after_ms: Some(_)
+            }
+            | Fault::RetireBu {
+                kill_after_ms: Some(_)
+            }
     );
     if !killed_bu {
         assert!(hidden.is_empty(), "temporary files left: {hidden:?}\n{log}");
@@ -950,6 +1015,49 @@ fn check(t: &Trial, o: &Outcome, dir: &Path) {
                     );
                 }
             }
+            if let Fault::AddSpareBu { kill_after_ms } = t.fault {
+                // the spare joined the run (it may be killed before it did: then it was
+                // never in the run, and no loss may be said of it either)
+                let joined = node_events
+                    .iter()
+                    .any(|e| e.node == "bu[2]" && e.kind == NodeEventKind::Joined);
+                let lost = node_events
+                    .iter()
+                    .any(|e| e.node == "bu[2]" && e.kind.is_loss());
+                assert!(
+                    joined || kill_after_ms.is_some(),
+                    "the spare bu2 did not join: {}\n{log}",
+                    evm["lost"]
+                );
+                assert!(
+                    !lost || joined,
+                    "a loss of a spare that never joined\n{log}"
+                );
+                if joined && kill_after_ms.is_none() {
+                    assert!(
+                        o.run["bus"][2]["events_built"].as_u64().unwrap_or(0) > 0,
+                        "the spare joined and built nothing\n{log}"
+                    );
+                }
+            }
+            if let Fault::RetireBu { kill_after_ms } = t.fault {
+                // the EVM took the word (a retirement, no loss), and a BU that retired and
+                // then died is no loss either: it had left the run
+                assert!(
+                    log.contains("(retire bu1 -> Some(200))"),
+                    "retire refused\n{log}"
+                );
+                let of_bu1 =
+                    |k: NodeEventKind| node_events.iter().any(|e| e.node == "bu[1]" && e.kind == k);
+                assert!(of_bu1(NodeEventKind::Retiring), "{}\n{log}", evm["lost"]);
+                if kill_after_ms.is_none() {
+                    assert!(
+                        !node_events.iter().any(|e| e.kind.is_loss()),
+                        "a retirement is no loss: {}\n{log}",
+                        evm["lost"]
+                    );
+                }
+            }
             if t.fault == Fault::KillEvmThenRestartBuStandby {
                 // the restarted BU found the new EVM at the standby's address and rejoined
                 assert!(
@@ -1050,6 +1158,7 @@ fn faults_at_random_moments_keep_every_promise() {
     let mut rng = Rng(seed | 1);
     let can_cut = Command::new("ss").arg("-V").output().is_ok();
     let only_standby = std::env::var("EVB_CHAOS_STANDBY").is_ok_and(|v| v == "1");
+    let only_builders = std::env::var("EVB_CHAOS_BUILDERS").is_ok_and(|v| v == "1");
     // a campaign cut short goes on from trial `from` (the earlier ones are drawn, not run)
     let from: u64 = std::env::var("EVB_CHAOS_FROM")
         .ok()
@@ -1099,6 +1208,38 @@ fn faults_at_random_moments_keep_every_promise() {
         // node's data port is a Unix socket); drawn as before, so that seeds replay
         let shm = fault != Fault::CutLink && rng.below(3) == 0 && fault != Fault::StartFlood;
         let at_ms = 800 + rng.below(1600);
+        // a spare BU added (and killed) mid-run, separate nodes: from values drawn already,
+        // so that earlier seeds replay the same draws (some of their None and KillBu trials
+        // are these now)
+        let fault = if launch == Launch::Nodes
+            && !only_standby
+            && matches!(fault, Fault::None | Fault::KillBu)
+            && at_ms % 3 == 1
+        {
+            Fault::AddSpareBu {
+                kill_after_ms: at_ms.is_multiple_of(2).then(|| 300 + at_ms % 900),
+            }
+        } else if !only_standby
+            && matches!(fault, Fault::None | Fault::KillBu | Fault::FreezeBu(_))
+            && at_ms % 3 == 2
+        {
+            // bu1 retired (and killed), through either launch
+            Fault::RetireBu {
+                kill_after_ms: (at_ms % 2 == 1).then(|| 100 + at_ms % 800),
+            }
+        } else {
+            fault
+        };
+        // a campaign on builders that come and go alone (EVB_CHAOS_BUILDERS=1)
+        let (fault, launch) = if only_builders && !only_standby {
+            let kill_after_ms = at_ms.is_multiple_of(2).then(|| 100 + at_ms % 1100);
+            match at_ms % 3 {
+                0 => (Fault::RetireBu { kill_after_ms }, launch),
+                _ => (Fault::AddSpareBu { kill_after_ms }, Launch::Nodes),
+            }
+        } else {
+            (fault, launch)
+        };
         let t = Trial {
             fault,
             launch,
@@ -1405,6 +1546,62 @@ fn a_bu_lost_then_the_evm_at_random_moments_under_evb_run_standby() {
 #[test]
 fn separate_nodes_with_a_standby_survive_a_frozen_evm() {
     fixed(Fault::FreezeEvmStandby(2500), Launch::Nodes, false, 1000);
+}
+
+/// Issue 69: a spare BU started by hand mid-run, as under srun (`evb node --id bu2`), joins
+/// the run of separate nodes and builds its share; every event once.
+#[test]
+fn a_spare_bu_started_by_hand_joins_a_run_of_separate_nodes() {
+    fixed(
+        Fault::AddSpareBu {
+            kill_after_ms: None,
+        },
+        Launch::Nodes,
+        false,
+        1000,
+    );
+}
+
+/// Issue 69: a spare BU joins over shm and is killed 900 ms after it started: a join, then
+/// a loss; its events are built again elsewhere, every event in exactly one file.
+#[test]
+fn a_spare_bu_that_joins_and_is_killed_loses_no_event() {
+    fixed(
+        Fault::AddSpareBu {
+            kill_after_ms: Some(900),
+        },
+        Launch::Nodes,
+        true,
+        900,
+    );
+}
+
+/// Issue 69: bu1 retired through the EVM's API in the middle of an `evb run`: every event
+/// once, and the retirement is no loss.
+#[test]
+fn a_bu_retired_mid_run_under_evb_run_loses_no_event() {
+    fixed(
+        Fault::RetireBu {
+            kill_after_ms: None,
+        },
+        Launch::Run,
+        false,
+        1000,
+    );
+}
+
+/// Issue 69: bu1 retired among separate nodes and killed 300 ms later (while retiring, or
+/// once gone): every event once.
+#[test]
+fn a_retiring_bu_killed_loses_no_event() {
+    fixed(
+        Fault::RetireBu {
+            kill_after_ms: Some(300),
+        },
+        Launch::Nodes,
+        false,
+        1200,
+    );
 }
 
 #[test]

@@ -1790,6 +1790,33 @@ fn a_spare_bu_added_under_evb_up_joins_and_every_event_is_in_one_file() {
             dir.display()
         );
     }
+    // the manifest says who came and went, and when
+    let manifest = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".manifest.json"))
+        .expect("a run manifest");
+    let m: Value = serde_json::from_slice(&std::fs::read(manifest.path()).unwrap()).unwrap();
+    let kinds: Vec<(String, String)> = m["node_events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            (
+                e["node"].as_str().unwrap().into(),
+                e["kind"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds, events,
+        "seed {seed}: the manifest's node events are the record's"
+    );
+    assert!(
+        m["node_events"][0]["at_s"].as_f64().unwrap_or(0.0) > 0.0,
+        "{m:#}"
+    );
     assert!(up.halt().success());
 }
 

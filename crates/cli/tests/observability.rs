@@ -439,6 +439,74 @@ fn the_run_page_of_a_run_with_a_secret_commands_with_its_own_session() {
     assert!(up.halt().success());
 }
 
+/// Issue 69: the page's BU buttons. A spare's row has Add: pressed, `evb up` starts the
+/// spare and it joins the run under way. A building BU's row has Retire, which asks first:
+/// answered yes, that BU retires. The run stays exact.
+#[test]
+fn the_run_page_adds_a_spare_bu_and_retires_a_bu() {
+    let (Some(chromium), Some(chromedriver)) = (need("chromium"), need("chromedriver")) else {
+        return;
+    };
+    let up = Up::start(
+        "[run]\nevents = 0\nduration_s = 120\nrate_hz = 2000\n[fragments]\nsize = 4096\n\
+         [topology]\nspare_bus = 1\n",
+    );
+    assert_eq!(up.post("start", json!({})).0, 200);
+    up.wait_until("run 1 building", 30, |s| {
+        s["state"] == "running" && s["totals"]["events_built"].as_u64().unwrap_or(0) > 0
+    });
+    let b = Browser::start(&chromedriver, &chromium);
+    b.post("/url", json!({"url": up.url}));
+    let button =
+        |bu: &str, act: &str| format!("#nodes tr[data-node='{bu}'] button[data-act='{act}']");
+    let until = Instant::now() + Duration::from_secs(20);
+    let has = |sel: &str| {
+        b.eval(&format!(
+            "return document.querySelector(\"{sel}\") !== null;"
+        ))
+    };
+    while has(&button("bu2", "add-bu")) != true || has(&button("bu1", "retire")) != true {
+        assert!(
+            Instant::now() < until,
+            "no Add on the spare's row or Retire on bu1's"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        has(&button("bu0", "add-bu")),
+        false,
+        "Add on a BU that is no spare"
+    );
+    b.click(&button("bu2", "add-bu"));
+    let s = up.wait_until("bu2 joined", 60, |s| {
+        s["evm"]["lost"].as_array().is_some_and(|l| {
+            l.iter()
+                .any(|e| e["node"] == "bu[2]" && e["kind"] == "joined")
+        })
+    });
+    assert_eq!(s["state"], "running", "{s:#}");
+    b.eval("window.confirm = () => true; return 0;");
+    b.click(&button("bu1", "retire"));
+    up.wait_until("bu1 retiring", 30, |s| {
+        s["evm"]["lost"].as_array().is_some_and(|l| {
+            l.iter()
+                .any(|e| e["node"] == "bu[1]" && e["kind"] == "retiring")
+        })
+    });
+    assert!(up.ctl(&["stop"]).status.success());
+    let rec = up.wait_run(1);
+    assert_eq!(rec["ok"], true, "{rec:#}");
+    assert_eq!(rec["events_built"], rec["triggered"], "{rec:#}");
+    assert!(
+        rec["report"]["run"]["bus"][2]["events_built"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "the added spare built nothing: {rec:#}"
+    );
+    assert!(up.halt().success());
+}
+
 /// A minimal WebDriver client (the W3C protocol over HTTP) for chromedriver.
 struct Browser {
     api: Api,

@@ -57,6 +57,26 @@ pub struct RunManifest {
     /// before 2026-11-28.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<crate::evidence::ManifestFile>,
+    /// Which nodes came and went during the run, and when (the EVM's node events: BUs
+    /// lost, rejoined, joined, retired), in order. Absent where none, and in manifests
+    /// written before 2026-11-28's fifth stop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_events: Vec<ManifestNodeEvent>,
+    /// Spare BUs that never joined the run (they wrote nothing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spares_out: Vec<String>,
+}
+
+/// Something that happened to a node during the run (docs/protocol.md §4, the EVM's
+/// report: `evm.lost`), as the manifest keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ManifestNodeEvent {
+    /// `"bu[2]"`, `"ru[0]"`.
+    pub node: String,
+    /// Seconds from the run's start.
+    pub at_s: f64,
+    /// `"joined"`, `"lost"`, `"rejoined"`, `"retiring"`, `"retired"`, ...
+    pub kind: String,
 }
 
 /// The manifest's file name for run `run`.
@@ -860,6 +880,8 @@ mod tests {
             parts: scan(dir, "r", None).0,
             temporaries: Vec::new(),
             config: None,
+            node_events: Vec::new(),
+            spares_out: Vec::new(),
         }
     }
 

@@ -57,6 +57,8 @@ enum Step {
     LoseEvm,
     /// The standby takes over: the live nodes resync, and a new EVM is rebuilt from it.
     TakeOver,
+    /// The spare BU (bu1, in a system with one) is started: its first process.
+    JoinSpare,
 }
 
 /// What a state shows: enough to tell states apart, to offer the next steps and to check
@@ -84,6 +86,10 @@ struct Shown {
     stale_fragment: bool,
     /// A restarted BU's sink holds events.
     restarted_built: bool,
+    /// The spare BU has not been started.
+    spare_out: bool,
+    /// The spare's first process built events.
+    spare_built: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -136,6 +142,9 @@ struct World {
     exits: usize,
     planted: Planted,
     events: u64,
+    /// bu1 is a spare (issue 69), not started yet while `spare_out` holds.
+    spare: bool,
+    spare_out: bool,
 }
 
 /// A bug planted on purpose, for the checker to find.
@@ -156,9 +165,13 @@ fn bu_process(i: u16) -> Bu {
 }
 
 impl World {
-    fn new(planted: Planted, events: u64) -> World {
+    fn new(planted: Planted, events: u64, spare: bool) -> World {
         let now = Instant::now();
-        let mut evm = Evm::new(evm_cfg(N_RU, N_BU, events), now);
+        let cfg = EvmConfig {
+            spares: vec![false, spare],
+            ..evm_cfg(N_RU, N_BU, events)
+        };
+        let mut evm = Evm::new(cfg, now);
         for i in 0..N_BU {
             evm.set_incarnation(i, 1);
         }
@@ -181,6 +194,8 @@ impl World {
             exits: 0,
             planted,
             events,
+            spare,
+            spare_out: spare,
         };
         for r in &mut w.rus {
             r.connections_up();
@@ -192,9 +207,14 @@ impl World {
     fn dead(&self, n: NodeRef) -> bool {
         match n {
             NodeRef::Evm => self.evm_lost,
-            NodeRef::Bu(b) => self.killed.contains(&b),
+            NodeRef::Bu(b) => self.down(b),
             NodeRef::Ru(_) => false,
         }
+    }
+
+    /// BU `b`'s process is not running: killed, or a spare not started.
+    fn down(&self, b: u16) -> bool {
+        self.killed.contains(&b) || (self.spare_out && b == 1)
     }
 
     fn collect(&mut self) {
@@ -245,7 +265,7 @@ impl World {
             }
         }
         for i in 0..self.bus.len() {
-            if self.killed.contains(&(i as u16)) {
+            if self.down(i as u16) {
                 continue;
             }
             while let Some(ev) = self.bus[i].next_built() {
@@ -281,8 +301,9 @@ impl World {
                 for r in &mut self.rus {
                     r.poll(self.now);
                 }
+                let down: Vec<bool> = (0..N_BU).map(|i| self.down(i)).collect();
                 for (i, b) in self.bus.iter_mut().enumerate() {
-                    if !self.killed.contains(&(i as u16)) {
+                    if !down[i] {
                         b.poll(self.now);
                     }
                 }
@@ -320,6 +341,11 @@ impl World {
                 }
             }
             Step::TakeOver => self.take_over(),
+            Step::JoinSpare => {
+                // its first process: connected, it says Ready (the EVM's join)
+                self.spare_out = false;
+                self.bus[1] = bu_process(1);
+            }
         }
         self.collect();
     }
@@ -396,6 +422,7 @@ impl World {
             }
         }
         self.killed.hash(&mut h);
+        self.spare_out.hash(&mut h);
         self.incarnation.hash(&mut h);
         self.stale_fragment.hash(&mut h);
         (self.evm_lost, self.took_over, self.exits, self.ended.len()).hash(&mut h);
@@ -403,13 +430,16 @@ impl World {
             format!("{:?}", self.evm.stats().released).hash(&mut h);
             format!("{:?}", self.evm.state()).hash(&mut h);
             format!("{:?}", self.evm.stats().triggered).hash(&mut h);
+            // the credits it holds: a state that has them is not one that awaits them
+            self.evm.stats().credits_available.hash(&mut h);
         }
         for r in &mut self.rus {
             format!("{:?}", r.state()).hash(&mut h);
             format!("{:?}", r.resync()).hash(&mut h);
         }
+        let down: Vec<bool> = (0..N_BU).map(|i| self.down(i)).collect();
         for (i, b) in self.bus.iter_mut().enumerate() {
-            if self.killed.contains(&(i as u16)) {
+            if down[i] {
                 continue;
             }
             format!("{:?}", b.state()).hash(&mut h);
@@ -462,6 +492,8 @@ impl World {
                 .restarted
                 .iter()
                 .any(|&i| self.sinks[i as usize].events > 0),
+            spare_out: self.spare_out,
+            spare_built: self.spare && !self.restarted.contains(&1) && self.sinks[1].events > 0,
         }
     }
 }
@@ -474,11 +506,14 @@ struct System {
     /// Random walks: every step makes a new state (a walk ends where it meets a state it
     /// saw, and a tick that changes nothing shown would end it).
     walks: bool,
+    /// bu1 is a spare (issue 69): the run starts without it, and it may join at any step;
+    /// no standby (the configuration refuses spares with one).
+    spare: bool,
 }
 
 impl System {
     fn replay(&self, steps: &[Step]) -> World {
-        let mut w = World::new(self.planted, self.events);
+        let mut w = World::new(self.planted, self.events, self.spare);
         w.collect();
         for s in steps {
             w.step(*s);
@@ -512,6 +547,9 @@ impl Model for System {
         if sh.evm_lost {
             acts.push(Step::TakeOver);
         }
+        if sh.spare_out {
+            acts.push(Step::JoinSpare);
+        }
         if !sh.evm_lost {
             for &b in &sh.killed {
                 acts.push(Step::RestartBu(b));
@@ -522,7 +560,7 @@ impl Model for System {
                 // one BU at a time may die (another must finish the run)
                 acts.push(Step::KillBu(0));
             }
-            if !sh.evm_lost && !sh.took_over {
+            if !sh.evm_lost && !sh.took_over && !self.spare {
                 acts.push(Step::LoseEvm);
             }
         }
@@ -563,6 +601,15 @@ impl Model for System {
             Property::sometimes("a restarted BU builds", |_, st: &St| {
                 st.shown.restarted_built
             }),
+            Property::sometimes("a spare joins and builds", |_, st: &St| {
+                st.shown.spare_built
+            }),
+            Property::sometimes("OK with a spare that joined", |_, st: &St| {
+                st.shown.spare_built && st.shown.ended_ok
+            }),
+            Property::sometimes("OK without the spare", |_, st: &St| {
+                st.shown.spare_out && st.shown.ended_ok
+            }),
         ]
     }
 }
@@ -596,7 +643,12 @@ impl Chooser<System> for RareFaults {
             .filter(|&i| matches!(actions[i], Step::Tick | Step::Deliver(..)))
             .collect();
         let takeover: Vec<usize> = (0..actions.len())
-            .filter(|&i| matches!(actions[i], Step::TakeOver | Step::RestartBu(_)))
+            .filter(|&i| {
+                matches!(
+                    actions[i],
+                    Step::TakeOver | Step::RestartBu(_) | Step::JoinSpare
+                )
+            })
             .collect();
         let faults: Vec<usize> = (0..actions.len())
             .filter(|&i| matches!(actions[i], Step::KillBu(_) | Step::LoseEvm))
@@ -632,6 +684,7 @@ fn every_interleaving_of_a_small_run_builds_each_event_once() {
         faults: 2,
         planted: Planted::None,
         walks: false,
+        spare: false,
     };
     let checker = sys.checker().target_max_depth(depth).spawn_bfs().join();
     eprintln!(
@@ -668,6 +721,7 @@ fn random_walks_to_the_end_of_the_run_keep_every_promise() {
         faults: 2,
         planted: Planted::None,
         walks: true,
+        spare: false,
     };
     let checker = sys
         .checker()
@@ -696,6 +750,7 @@ fn the_role_checker_finds_the_planted_bug_fragments_to_any_incarnation() {
         faults: 1,
         planted: Planted::IgnoreIncarnation,
         walks: true,
+        spare: false,
     };
     let checker = sys
         .checker()
@@ -705,4 +760,56 @@ fn the_role_checker_finds_the_planted_bug_fragments_to_any_incarnation() {
         .join();
     let path = checker.assert_any_discovery("no old incarnation's fragments reach a new one");
     eprintln!("counterexample: {:?}", path.into_actions());
+}
+
+/// Issue 69: bu1 a spare. The run starts without it; it joins at any step (before the
+/// start, mid-run, during the run's end, never), bu0 may be killed too: every interleaving
+/// to the end of a 3-event run builds each event once, an OK verdict is true, and runs end
+/// OK with the spare joined and without it.
+#[test]
+fn a_spare_bu_joining_at_any_moment_builds_each_event_once() {
+    let depth = env("EVB_ROLE_MODEL_DEPTH", 30);
+    let sys = System {
+        events: 3,
+        faults: 1,
+        planted: Planted::None,
+        walks: false,
+        spare: true,
+    };
+    let checker = sys.checker().target_max_depth(depth).spawn_bfs().join();
+    eprintln!(
+        "role model, a spare: depth {depth}: {} states ({} unique), max depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    checker.assert_no_discovery("no event built twice");
+    checker.assert_no_discovery("an OK verdict is true");
+    checker.assert_no_discovery("one verdict per run");
+    checker.assert_no_discovery("no old incarnation's fragments reach a new one");
+    checker.assert_any_discovery("a spare joins and builds");
+    checker.assert_any_discovery("OK without the spare");
+    eprintln!(
+        "role model, a spare: OK with a spare that joined: {}",
+        checker.discovery("OK with a spare that joined").is_some()
+    );
+    // walks to the end of longer runs: the spare joins, builds, and the run ends OK
+    let seed = env_seed("EVB_ROLE_MODEL_SEED", 20_261_128);
+    let walks = System {
+        events: 12,
+        faults: 1,
+        planted: Planted::None,
+        walks: true,
+        spare: true,
+    };
+    let checker = walks
+        .checker()
+        .target_max_depth(400)
+        .target_state_count(env("EVB_ROLE_MODEL_WALKS", 300) * 120)
+        .spawn_simulation(seed, RareFaults)
+        .join();
+    checker.assert_no_discovery("no event built twice");
+    checker.assert_no_discovery("an OK verdict is true");
+    checker.assert_no_discovery("one verdict per run");
+    checker.assert_any_discovery("OK with a spare that joined");
 }

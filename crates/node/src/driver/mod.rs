@@ -774,6 +774,20 @@ impl Driver {
             parts,
             temporaries,
             config: self.write_run_config(dir),
+            node_events: run
+                .evm
+                .lost
+                .iter()
+                .map(|e| evb_formats::manifest::ManifestNodeEvent {
+                    node: e.node.clone(),
+                    at_s: e.at_s,
+                    kind: serde_json::to_value(e.kind)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                })
+                .collect(),
+            spares_out: run.evm.spares_out.clone(),
         };
         match evb_formats::manifest::write(dir, &m, self.cfg.output_file_mode()) {
             Ok(path) => info!(node = %self.me.id, "run manifest: {}", path.display()),
