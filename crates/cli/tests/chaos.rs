@@ -1590,6 +1590,27 @@ fn a_bu_retired_mid_run_under_evb_run_loses_no_event() {
     );
 }
 
+/// Issue 69, found by `EVB_CHAOS_BUILDERS=1 EVB_CHAOS_SEED=69` (trial 16): under `evb run`,
+/// bu1 retired and then killed just as it left (its report in, told Halt). The run was
+/// exact, but evb run's verdict said FAILED for the killed process; a BU that retired had
+/// left the run, and its process's end is no failure of it.
+#[test]
+fn a_bu_killed_just_after_it_retired_under_evb_run_is_judged_ok() {
+    fixed_trial(Trial {
+        fault: Fault::RetireBu {
+            kill_after_ms: Some(200),
+        },
+        launch: Launch::Run,
+        shm: false,
+        at_ms: 1200,
+        small: true,
+        tight_commit: true,
+        counted: false,
+        by_time: false,
+        windows: false,
+    });
+}
+
 /// Issue 69: bu1 retired among separate nodes and killed 300 ms later (while retiring, or
 /// once gone): every event once.
 #[test]

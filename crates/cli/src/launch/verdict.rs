@@ -62,8 +62,9 @@ pub(super) fn problems(cfg: &Config, ids: &[String], w: &Watched) -> Vec<String>
     let verdict = run.map(RunReport::verdict).unwrap_or_default();
     let evm_ok = evm_report.and_then(|r| r.ok) == Some(true) && verdict.is_empty();
     // Nodes the EVM lost during the run and handled by the documented rule (a BU's events
-    // rebuilt elsewhere, an RU's by the partial policy): their exit is not a failure of the
-    // run; the EVM's verdict says whether anything was lost.
+    // rebuilt elsewhere, an RU's by the partial policy), and BUs that retired from it (their
+    // report in, they had left): their exit is not a failure of the run; the EVM's verdict
+    // says whether anything was lost.
     let lost_by_evm: Vec<String> = cfg
         .nodes()
         .iter()
@@ -73,7 +74,13 @@ pub(super) fn problems(cfg: &Config, ids: &[String], w: &Watched) -> Vec<String>
                 Role::Bu => NodeRef::Bu(n.index),
                 Role::Evm => return false,
             };
-            run.is_some_and(|r| r.lost(node))
+            let retired = |r: &RunReport| {
+                r.evm
+                    .lost
+                    .iter()
+                    .any(|e| e.is_about(node) && e.kind == evb_builder::NodeEventKind::Retired)
+            };
+            run.is_some_and(|r| r.lost(node) || retired(r))
         })
         .map(|n| n.id.clone())
         .collect();
