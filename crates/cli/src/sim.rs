@@ -123,11 +123,16 @@ pub struct SimArgs {
     /// no value within the model's bounds keeps up.
     #[arg(long, value_name = "KEY")]
     solve: Option<String>,
-    /// With --solve: the headroom asked for, from 0 to 100: the answer keeps up at
-    /// (1 + MARGIN) × trigger_hz (0.2: 20 % more triggers), and every row is simulated at
-    /// that rate.
+    /// With --system: the headroom asked for, from 0 to 100: every row is simulated at
+    /// (1 + MARGIN) × trigger_hz (0.2: 20 % more triggers), so "keeps up" is with that
+    /// headroom; with --solve, the answer keeps up at that rate.
     #[arg(long, value_name = "MARGIN", allow_negative_numbers = true)]
     margin: Option<f64>,
+    /// With --system: independent runs per point (seeds SEED, SEED + 1, ...): a point keeps
+    /// up only if every run does, and its figures are their means, with the range (min-max)
+    /// over them (default 3).
+    #[arg(long, value_name = "R")]
+    replications: Option<u32>,
 }
 
 pub fn run(a: &SimArgs) -> Result<(), String> {
@@ -146,6 +151,9 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     }
     if a.solve.is_some() || a.margin.is_some() {
         return Err("--solve and --margin: only with --system FILE".into());
+    }
+    if a.replications.is_some() {
+        return Err("--replications: only with --system FILE".into());
     }
     if a.bus.is_some() && a.model == "switch" {
         return Err(
@@ -616,7 +624,7 @@ fn parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R>
 
 /// `--system FILE`: the system at its offered rate, once or over `--sweep`.
 fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
-    use evb_sim::offered::{plan, System};
+    use evb_sim::offered::System;
     let mut text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
     for kv in &a.set {
         let (k, v) = kv
@@ -640,6 +648,14 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
         })
         .collect::<Result<_, String>>()?;
     let solve = solve_key(a, &sweeps)?;
+    let replications = a.replications.unwrap_or(REPLICATIONS);
+    if !(1..=evb_sim::confidence::MAX_REPLICATIONS).contains(&replications) {
+        return Err(format!(
+            "--replications {replications}: from 1 to {}",
+            evb_sim::confidence::MAX_REPLICATIONS
+        ));
+    }
+    let margin = a.margin.unwrap_or(0.0);
     let combos: usize = sweeps.iter().map(|(_, vs)| vs.len()).product();
     if combos > 10_000 {
         return Err(format!("--sweep: {combos} points; at most 10000"));
@@ -654,6 +670,12 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
             label.push(format!("{k}={v}"));
         }
         let sys = System::from_toml(&t).map_err(|e| format!("{}: {e}", file.display()))?;
+        // --solve applies its margin itself
+        let sys = if solve.is_some() {
+            sys
+        } else {
+            evb_sim::confidence::at_margin(&sys, margin)?
+        };
         systems.push((label.join(" "), sys));
     }
     if let Some(r) = &a.report {
@@ -668,17 +690,28 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
         return Err("--report: not with --json - (stdout is the JSON)".into());
     }
     if let Some((key, margin)) = solve {
-        return run_solve(a, &systems[0].1, key, margin);
+        return run_solve(a, &systems[0].1, key, margin, replications);
     }
     let t0 = std::time::Instant::now();
-    let planned: Vec<evb_sim::offered::Planned> = parallel(&systems, |(_, s)| plan(s));
+    let plain: Vec<System> = systems.iter().map(|(_, s)| s.clone()).collect();
+    let planned = plan_all(&plain, replications, margin);
     let first = &systems[0].1;
-    print_system(first);
+    print_system(first, &sweeps);
+    if margin > 0.0 {
+        println!(
+            "every row at (1 + {margin}) × trigger_hz: \"keeps up\" is with {:.0} % headroom",
+            margin * 100.0
+        );
+    }
     print_header();
     for ((label, _), p) in systems.iter().zip(&planned) {
         print_row(if label.is_empty() { "as given" } else { label }, p);
     }
-    println!("{LEGEND}; {:.1} s", t0.elapsed().as_secs_f64());
+    println!(
+        "{LEGEND}; {}; {:.1} s",
+        replication_note(replications, first.seed),
+        t0.elapsed().as_secs_f64()
+    );
     // plots of the sweep when the first key's values are numbers: one per combination of
     // the other keys
     let mut plots: Vec<(String, PathBuf)> = Vec::new();
@@ -722,7 +755,7 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
             .map(|(l, _)| l.as_str())
             .zip(&planned)
             .collect();
-        crate::sim_report::write(path, &file.display().to_string(), &rows, &plots)?;
+        crate::sim_report::write(path, &file.display().to_string(), &sweeps, &rows, &plots)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.json {
@@ -731,19 +764,63 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs per point of `--system` unless `--replications` says otherwise: enough to see a
+/// verdict that depends on the seed, cheap enough for a sweep.
+const REPLICATIONS: u32 = 3;
+
 /// What the table's columns mean.
 const LEGEND: &str = "load: what the offered rate needs of the busiest link; memory: one RU's \
                       and one BU's bytes held (fragments of events not yet released)";
 
-/// The system's line above its table.
-fn print_system(s: &evb_sim::offered::System) {
+/// The system's line above its table: the swept keys as ‹key›, and their values.
+fn print_system(s: &evb_sim::offered::System, sweeps: &[(String, Vec<String>)]) {
     let name = if s.name.is_empty() { "system" } else { &s.name };
-    println!("{name}: {}", s.shape());
+    let keys: Vec<&str> = sweeps.iter().map(|(k, _)| k.as_str()).collect();
+    println!("{name}: {}", s.shape_with(&keys));
+    if !sweeps.is_empty() {
+        println!("{}", sweep_line(sweeps));
+    }
+}
+
+/// `a sweep over link_gbps (100, 200, 400) and credits (2, 4)`.
+pub(crate) fn sweep_line(sweeps: &[(String, Vec<String>)]) -> String {
+    let parts: Vec<String> = sweeps
+        .iter()
+        .map(|(k, vs)| format!("{k} ({})", vs.join(", ")))
+        .collect();
+    format!("a sweep over {}", parts.join(" and "))
+}
+
+/// What the keeps column's count and the ranges are.
+pub(crate) fn replication_note(r: u32, seed: u64) -> String {
+    if r <= 1 {
+        return format!("one run per point (seed {seed})");
+    }
+    format!(
+        "keeps: runs that kept up, of {r} (seeds {seed} to {}), yes only if all did; \
+         figures: their mean, [min–max] over them",
+        seed.wrapping_add(u64::from(r) - 1)
+    )
+}
+
+/// Every system over `r` replications, all runs in parallel; a point each.
+fn plan_all(
+    systems: &[evb_sim::offered::System],
+    r: u32,
+    margin: f64,
+) -> Vec<evb_sim::offered::Planned> {
+    use evb_sim::confidence::{combine, replicas};
+    let runs: Vec<_> = systems.iter().flat_map(|s| replicas(s, r)).collect();
+    let done = parallel(&runs, evb_sim::offered::plan);
+    done.chunks(r.max(1) as usize)
+        .zip(systems)
+        .map(|(c, s)| combine(c, margin).unwrap_or_else(|| evb_sim::offered::plan(s)))
+        .collect()
 }
 
 fn print_header() {
     println!(
-        "{:<22} {:>6} {:>11} {:>9} {:>7} {:>9} {:>5} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "{:<22} {:>6} {:>11} {:>9} {:>7} {:>9} {:>9} {:>10} {:>24} {:>10} {:>12} {:>12}",
         "point",
         "load",
         "built Hz",
@@ -761,19 +838,39 @@ fn print_header() {
 
 fn print_row(label: &str, p: &evb_sim::offered::Planned) {
     println!(
-        "{label:<22} {:>5.1}% {:>11.0} {:>9.1} {:>6.1}% {:>8.3}% {:>5} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>12}",
+        "{label:<22} {:>5.1}% {:>11.0} {:>9.1} {:>6.1}% {:>8.3}% {:>9} {:>10.1} {:>24} {:>10.1} {:>12} {:>12}",
         p.offered_link_load * 100.0,
         p.built_hz,
         p.built_gbps,
         p.bu_link_busy * 100.0,
         p.throttled * 100.0,
-        if p.keeps_up { "yes" } else { "NO" },
+        keeps(p),
         p.latency_us.p50,
-        p.latency_us.p99,
+        with_range(
+            p.latency_us.p99,
+            p.confidence.as_ref().map(|c| c.latency_p99_us)
+        ),
         p.latency_us.p999,
         bytes(p.ru_buffer_bytes.p99),
         bytes(p.bu_buffer_bytes.p99)
     );
+}
+
+/// The verdict with its count: `yes (3/3)`, `NO (1/3)`; one run: `yes`.
+pub(crate) fn keeps(p: &evb_sim::offered::Planned) -> String {
+    let word = if p.keeps_up { "yes" } else { "NO" };
+    match &p.confidence {
+        Some(c) if c.replications > 1 => format!("{word} ({}/{})", c.kept_up, c.replications),
+        _ => word.to_string(),
+    }
+}
+
+/// A figure to a tenth with its range over replications: `412.0 [398.1–430.2]`.
+pub(crate) fn with_range(v: f64, iv: Option<evb_sim::confidence::Interval>) -> String {
+    match iv {
+        Some(i) if i.hi > i.lo => format!("{v:.1} [{:.1}–{:.1}]", i.lo, i.hi),
+        _ => format!("{v:.1}"),
+    }
 }
 
 /// `--solve KEY [--margin M]` checked against the other flags: the key and the margin, or
@@ -784,10 +881,7 @@ fn solve_key(
 ) -> Result<Option<(evb_sim::solve::Key, f64)>, String> {
     use evb_sim::solve::Key;
     let Some(k) = a.solve.as_deref() else {
-        return match a.margin {
-            Some(_) => Err("--margin: only with --solve (the headroom of its answer)".into()),
-            None => Ok(None),
-        };
+        return Ok(None);
     };
     let key = Key::parse(k.trim())
         .ok_or_else(|| format!("--solve {k:?}: bus or link_gbps (the key solved for)"))?;
@@ -821,12 +915,13 @@ fn run_solve(
     s: &evb_sim::offered::System,
     key: evb_sim::solve::Key,
     margin: f64,
+    replications: u32,
 ) -> Result<(), String> {
     use evb_sim::solve::{solve, Role, Solved};
     let t0 = std::time::Instant::now();
-    let eval = |systems: &[evb_sim::offered::System]| parallel(systems, evb_sim::offered::plan);
+    let eval = |systems: &[evb_sim::offered::System]| plan_all(systems, replications, margin);
     let got = solve(s, key, margin, &eval).map_err(|e| format!("--solve {}: {e}", key.name()))?;
-    print_system(s);
+    print_system(s, &[]);
     println!("{}", solve_line(&got));
     print_header();
     for r in &got.rows {
@@ -842,7 +937,8 @@ fn run_solve(
         println!("{}", change_line(&got, c));
     }
     println!(
-        "{LEGEND}; every row at {:.0} Hz; {} systems simulated, {:.1} s",
+        "{LEGEND}; {}; every row at {:.0} Hz; {} systems simulated, {:.1} s",
+        replication_note(replications, s.seed),
         got.solved_at_hz,
         got.evaluated,
         t0.elapsed().as_secs_f64()
@@ -900,6 +996,9 @@ fn solve_line(got: &evb_sim::solve::Solved) -> String {
 fn verdict(p: &evb_sim::offered::Planned) -> String {
     if p.keeps_up {
         format!("keep up too (load {:.2} %)", p.offered_link_load * 100.0)
+    } else if let Some(c) = p.confidence.as_ref().filter(|c| c.kept_up > 0) {
+        // some runs kept up: the seed decides, and that is the reason
+        format!("do not ({} of {} runs keep up)", c.kept_up, c.replications)
     } else if p.offered_link_load >= 1.0 {
         format!("do not (load {:.2} %)", p.offered_link_load * 100.0)
     } else if p.throttled >= 1e-3 {

@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use evb_sim::offered::Planned;
 
 /// Writes the report of `rows` (each point's label and figures) and `plots` (a group's
-/// label and its SVG file) for the system in `source`; the file's extension says the
-/// format.
+/// label and its SVG file) for the system in `source`, swept over `sweeps` (each key and
+/// its values); the file's extension says the format.
 pub fn write(
     path: &Path,
     source: &str,
+    sweeps: &[(String, Vec<String>)],
     rows: &[(&str, &Planned)],
     plots: &[(String, PathBuf)],
 ) -> Result<(), String> {
@@ -41,6 +42,7 @@ pub fn write(
         "BU mem p99",
     ];
     let cells = |label: &str, p: &Planned| -> Vec<String> {
+        let c = p.confidence.as_ref().filter(|c| c.replications > 1);
         vec![
             if label.is_empty() {
                 "as given".into()
@@ -52,19 +54,55 @@ pub fn write(
             format!("{:.1}", p.built_gbps),
             format!("{:.1} %", p.bu_link_busy * 100.0),
             format!("{:.3} %", p.throttled * 100.0),
-            if p.keeps_up { "yes" } else { "NO" }.into(),
-            format!("{:.1}", p.latency_us.p50),
-            format!("{:.1}", p.latency_us.p99),
-            format!("{:.1}", p.latency_us.p999),
-            super::sim::bytes(p.ru_buffer_bytes.p99),
-            super::sim::bytes(p.bu_buffer_bytes.p99),
+            super::sim::keeps(p),
+            with_range(p.latency_us.p50, c.map(|c| c.latency_p50_us), &|v| {
+                format!("{v:.1}")
+            }),
+            with_range(p.latency_us.p99, c.map(|c| c.latency_p99_us), &|v| {
+                format!("{v:.1}")
+            }),
+            with_range(p.latency_us.p999, c.map(|c| c.latency_p999_us), &|v| {
+                format!("{v:.1}")
+            }),
+            with_range(
+                p.ru_buffer_bytes.p99,
+                c.map(|c| c.ru_mem_p99_bytes),
+                &super::sim::bytes,
+            ),
+            with_range(
+                p.bu_buffer_bytes.p99,
+                c.map(|c| c.bu_mem_p99_bytes),
+                &super::sim::bytes,
+            ),
         ]
     };
     let s = &first.system;
-    let shape = s.shape();
-    let note = "load: what the offered rate needs of the busiest link; memory: one RU's and \
+    let keys: Vec<&str> = sweeps.iter().map(|(k, _)| k.as_str()).collect();
+    // a sweep's first point is not the system: its swept keys are shown as ‹key›
+    let shape = match sweeps {
+        [] => s.shape(),
+        _ => format!(
+            "{}, {} points; the other keys: {}",
+            capital(&super::sim::sweep_line(sweeps)),
+            rows.len(),
+            s.shape_with(&keys)
+        ),
+    };
+    let runs = first.confidence.as_ref().map_or(1, |c| c.replications);
+    let margin = first.confidence.as_ref().map_or(0.0, |c| c.margin);
+    let mut note = "load: what the offered rate needs of the busiest link; memory: one RU's and \
                 one BU's bytes held (fragments of events not yet released); latency: trigger \
-                to the event built. Figures from `evb sim --system` (docs/scaling.md).";
+                to the event built. Figures from `evb sim --system` (docs/scaling.md). "
+        .to_string();
+    note.push_str(&super::sim::replication_note(runs, s.seed));
+    note.push('.');
+    if margin > 0.0 {
+        let _ = write!(
+            note,
+            " Every point at (1 + {margin}) × trigger_hz: \"keeps up\" is with {:.0} % headroom.",
+            margin * 100.0
+        );
+    }
     let mut out = String::new();
     if html {
         let _ = write!(
@@ -94,7 +132,7 @@ pub fn write(
             }
             out.push_str("</tr>\n");
         }
-        let _ = writeln!(out, "</table>\n<p>{}</p>", esc(note));
+        let _ = writeln!(out, "</table>\n<p>{}</p>", esc(&note));
         for (group, svg) in plots {
             let text =
                 std::fs::read_to_string(svg).map_err(|e| format!("{}: {e}", svg.display()))?;
@@ -133,6 +171,25 @@ pub fn write(
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     std::fs::write(path, out).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A figure and its range over replications, each written by `f`: `412.0 [398.1–430.2]`.
+fn with_range(
+    v: f64,
+    iv: Option<evb_sim::confidence::Interval>,
+    f: &dyn Fn(f64) -> String,
+) -> String {
+    match iv {
+        Some(i) if i.hi > i.lo => format!("{} [{}–{}]", f(v), f(i.lo), f(i.hi)),
+        _ => f(v),
+    }
+}
+
+/// `s` with its first letter a capital.
+fn capital(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
 }
 
 /// Text made safe for HTML.

@@ -352,11 +352,80 @@ fn evb_sim_sweeps_two_keys_into_a_report() {
     assert_eq!(html.matches("<tr><td>").count(), 6, "{html}");
     assert_eq!(html.matches("<svg").count(), 3);
     assert!(html.contains("LHCb"));
+    // the header says it is a sweep, not the first point's values
+    assert!(
+        html.contains("A sweep over link_gbps (200, 400) and credits (2, 4, 8), 6 points"),
+        "{html}"
+    );
+    assert!(html.contains("‹link_gbps› Gb/s links"), "{html}");
+    assert!(html.contains("‹credits› credits per BU"), "{html}");
     let o = Command::new(EVB)
         .args(["sim", "--system", system, "--report", "plan.pdf"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
+
+/// `--system` over replications: the verdict counted (`yes (3/3)`), p99 with its range, the
+/// JSON's `confidence` (seeds, ranges holding the mean); a system just under its links'
+/// limit keeps up, and with `--margin 0.05` is judged not to.
+#[test]
+fn evb_sim_decides_keeps_up_over_replications_with_a_margin() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/systems/lhcb-run3.toml"
+    );
+    let run = |extra: &[&str], json: &std::path::Path| {
+        let out = Command::new(EVB)
+            .args(["sim", "--system", system, "--set", "events=400"])
+            .args(extra)
+            .arg("--json")
+            .arg(json)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{text}{out:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        (text, v)
+    };
+    // 200 Gb/s links at 99.96 %: the periodic triggers keep up in every run
+    let (text, v) = run(&[], &dir.path().join("bare.json"));
+    let row = text.lines().find(|l| l.starts_with("as given")).unwrap();
+    assert!(row.contains(" yes (3/3) "), "{text}");
+    assert!(text.contains("of 3 (seeds 1 to 3)"), "{text}");
+    let p = &v[0];
+    let c = &p["confidence"];
+    assert_eq!(c["replications"], 3, "{p}");
+    assert_eq!(c["seeds"], serde_json::json!([1, 2, 3]));
+    for (fig, iv) in [
+        (&p["latency_us"]["p50"], &c["latency_p50_us"]),
+        (&p["latency_us"]["p99"], &c["latency_p99_us"]),
+        (&p["ru_buffer_bytes"]["p99"], &c["ru_mem_p99_bytes"]),
+    ] {
+        let (f, lo, hi) = (
+            fig.as_f64().unwrap(),
+            iv["lo"].as_f64().unwrap(),
+            iv["hi"].as_f64().unwrap(),
+        );
+        assert!(lo <= f && f <= hi, "{f} outside [{lo}, {hi}]: {c}");
+    }
+    // with 5 % headroom asked for, 105 % of the links: no run keeps up
+    let (text, v) = run(&["--margin", "0.05"], &dir.path().join("margin.json"));
+    let row = text.lines().find(|l| l.starts_with("as given")).unwrap();
+    assert!(row.contains(" NO (0/3) "), "{text}");
+    assert!(
+        text.contains("every row at (1 + 0.05) × trigger_hz"),
+        "{text}"
+    );
+    assert_eq!(v[0]["system"]["trigger_hz"], 31500.0);
+    assert_eq!(v[0]["confidence"]["margin"], 0.05);
+    // one run: no count, no range, no confidence in the JSON
+    let (text, v) = run(&["--replications", "1"], &dir.path().join("one.json"));
+    let row = text.lines().find(|l| l.starts_with("as given")).unwrap();
+    assert!(row.contains(" yes ") && !row.contains('['), "{text}");
+    assert!(v[0].get("confidence").is_none() || v[0]["confidence"]["replications"] == 1);
 }
 
 /// `--model eb --sweep KEY=...`: a row per value and size, a plot with a curve per shaping
@@ -480,7 +549,7 @@ fn evb_sim_solves_for_the_fewest_bus_with_a_margin() {
         (vec!["--solve", "bus", "--sweep", "bus=4,8"], "--sweep bus"),
         (vec!["--solve", "buses"], "--solve \"buses\""),
         (vec!["--solve", "bus", "--margin", "-0.1"], "--margin -0.1"),
-        (vec!["--margin", "0.2"], "--margin: only with --solve"),
+        (vec!["--replications", "0"], "--replications 0"),
         (vec!["--solve", "bus", "--report", "x.md"], "--report"),
         // 1.2 × the rate loads each RU's 200 Gb/s link 120 %
         (

@@ -16,6 +16,7 @@
 //! The simulator is deterministic for a given seed.
 
 pub mod clos;
+pub mod confidence;
 pub mod eventbuilding;
 pub mod offered;
 pub mod plot;

@@ -229,6 +229,10 @@ pub struct Planned {
     pub bu_buffer_bytes: Spread,
     /// Events simulated and measured.
     pub events_measured: u64,
+    /// Over replications (`confidence::combine`): the figures above are their means, and
+    /// this their ranges and verdicts. `None`: one run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<crate::confidence::Confidence>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -253,25 +257,38 @@ struct Ev {
 
 const PS: f64 = 1e12;
 
-/// Simulates `s` at its offered rate.
 impl System {
     /// The system in one line: nodes, links, triggers, fragments, credits.
     pub fn shape(&self) -> String {
+        self.shape_with(&[])
+    }
+
+    /// The system in one line, the keys in `swept` written as ‹key› (a sweep's report
+    /// does not show its first point's value as the system's).
+    pub fn shape_with(&self, swept: &[&str]) -> String {
+        let v = |key: &str, text: String| {
+            if swept.contains(&key) {
+                format!("‹{key}›")
+            } else {
+                text
+            }
+        };
         format!(
-            "{} RUs × {} BUs, {} Gb/s links ({:.0} % for data), {} triggers at {:.0} Hz, fragments {:.0} B (sd {:.0} B), {} credits per BU",
-            self.rus,
-            self.bus,
-            self.link_gbps,
-            self.link_efficiency * 100.0,
-            self.trigger,
-            self.trigger_hz,
-            self.fragment_bytes,
-            self.fragment_sd_bytes,
-            self.credits
+            "{} RUs × {} BUs, {} Gb/s links ({} for data), {} triggers at {} Hz, fragments {} B (sd {} B), {} credits per BU",
+            v("rus", self.rus.to_string()),
+            v("bus", self.bus.to_string()),
+            v("link_gbps", self.link_gbps.to_string()),
+            v("link_efficiency", format!("{:.0} %", self.link_efficiency * 100.0)),
+            v("trigger", self.trigger.clone()),
+            v("trigger_hz", format!("{:.0}", self.trigger_hz)),
+            v("fragment_bytes", format!("{:.0}", self.fragment_bytes)),
+            v("fragment_sd_bytes", format!("{:.0}", self.fragment_sd_bytes)),
+            v("credits", self.credits.to_string())
         )
     }
 }
 
+/// Simulates `s` at its offered rate (one run, its seed).
 pub fn plan(s: &System) -> Planned {
     let (n, m) = (s.rus, s.bus);
     let mut rng = SmallRng::seed_from_u64(s.seed);
@@ -460,6 +477,7 @@ pub fn plan(s: &System) -> Planned {
         ru_buffer_bytes: Spread::of(ru_samples),
         bu_buffer_bytes: Spread::of(bu_samples),
         events_measured: built,
+        confidence: None,
     }
 }
 
