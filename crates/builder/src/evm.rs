@@ -830,8 +830,11 @@ impl Evm {
             RunState::Running if matches!(from, NodeRef::Bu(_)) && !self.alive.contains(&from) => {
                 self.alive.insert(from);
                 let at = self.seconds_since_start(now);
+                // a spare's first Ready is its join; any other BU's (also one this EVM,
+                // a standby that took over, never saw Ready) is a rejoin
+                let first = matches!(from, NodeRef::Bu(b) if self.joined.insert(b));
                 let kind = match from {
-                    NodeRef::Bu(b) if self.joined.insert(b) => NodeEventKind::Joined,
+                    NodeRef::Bu(b) if first && self.cfg.is_spare(b) => NodeEventKind::Joined,
                     _ => NodeEventKind::Rejoined,
                 };
                 let event = NodeEvent::new(from, at, kind, "");

@@ -2950,3 +2950,37 @@ fn a_spare_bu_joins_the_run_under_way_and_every_event_is_built_once() {
         .collect();
     assert_eq!(ids.len(), 3000, "every event once");
 }
+
+/// After a takeover, a BU lost and started again is `rejoined`, never `joined`: the
+/// standby's EVM saw no BU's Ready before it took over, and only a spare's first Ready is a
+/// join (found by `chaos::a_bu_restarted_after_a_takeover_rejoins_at_the_standby`).
+#[test]
+fn after_a_takeover_a_restarted_bu_rejoins_and_does_not_join() {
+    let mut s = Sim::new(1, 2, 1000, 6, 0);
+    for r in &mut s.rus {
+        r.set_standby(true);
+    }
+    for b in &mut s.bus {
+        b.set_standby(true);
+    }
+    let start = s.now;
+    s.steps(40);
+    assert_eq!(s.evm.state(), RunState::Running);
+    s.pass_killing_the_evm_after(0);
+    let elapsed = s.now - start;
+    s.take_over(evm_cfg(1, 2, 1000), elapsed, Vec::new());
+    s.kill(NodeRef::Bu(1));
+    let ready = Message::Ready {
+        available: evb_wire::UNLIMITED,
+    };
+    s.evm.handle(s.now, NodeRef::Bu(1), ready);
+    let st = s.evm.stats();
+    let last = st.lost.last().expect("node events");
+    assert_eq!(
+        (last.node.as_str(), last.kind),
+        ("bu[1]", NodeEventKind::Rejoined),
+        "{:?}",
+        st.lost
+    );
+    assert!(st.spares_out.is_empty(), "{:?}", st.spares_out);
+}
