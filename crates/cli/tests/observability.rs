@@ -477,7 +477,14 @@ fn the_run_page_adds_a_spare_bu_and_retires_a_bu() {
         false,
         "Add on a BU that is no spare"
     );
-    b.click(&button("bu2", "add-bu"));
+    // the table is rebuilt at every refresh: a WebDriver element found before it may be
+    // gone by its click, so the page clicks the row's current button itself
+    let press = |sel: &str| {
+        b.eval(&format!(
+            "const e = document.querySelector(\"{sel}\"); if (e) e.click(); return e !== null;"
+        ))
+    };
+    assert_eq!(press(&button("bu2", "add-bu")), true);
     let s = up.wait_until("bu2 joined", 60, |s| {
         s["evm"]["lost"].as_array().is_some_and(|l| {
             l.iter()
@@ -486,7 +493,7 @@ fn the_run_page_adds_a_spare_bu_and_retires_a_bu() {
     });
     assert_eq!(s["state"], "running", "{s:#}");
     b.eval("window.confirm = () => true; return 0;");
-    b.click(&button("bu1", "retire"));
+    assert_eq!(press(&button("bu1", "retire")), true);
     up.wait_until("bu1 retiring", 30, |s| {
         s["evm"]["lost"].as_array().is_some_and(|l| {
             l.iter()
