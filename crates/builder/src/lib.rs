@@ -9,6 +9,7 @@
 
 mod action;
 pub mod assembly;
+mod awaiting;
 mod bu;
 mod event;
 mod evm;
@@ -29,6 +30,7 @@ mod status;
 pub mod window_buffer;
 
 pub use action::{Action, NodeRef, Path, RunState};
+pub use awaiting::{Awaiting, AWAIT_LIMIT};
 pub use bu::{Bu, BuConfig, BuStats, Verify};
 pub use event::BuiltEvent;
 pub use evm::{

@@ -8,7 +8,10 @@
 //! what was on them; the session model, crates/node/src/session/model.rs, checks that a
 //! fenced EVM's words never become output). The harness plays the node's driver where the
 //! roles leave it to it: an RU's fragments go to a BU only over a connection of the
-//! incarnation their Assign named (`Links::conn_to_incarnation`), else they stay held.
+//! incarnation their Assign named (`Links::conn_to_incarnation`), else they wait for a
+//! process the RU has not reached yet ([`Awaiting`], the driver's own) or stay held. A BU
+//! process started during the run counts its connections (and says Ready) before the RU
+//! counts its own to it: that is a step of its own (`RuReaches`), at any moment after.
 //!
 //! The roles own pools and clocks and are not `Clone`: a state is the list of steps that led
 //! to it, replayed from the start to reach it, and two states are the same when what they
@@ -25,7 +28,10 @@
 //!   triggered in some sink;
 //! - **one verdict per run**: at most one EVM report ends the run;
 //! - **no old incarnation's fragments reach a new one**: a restarted BU gets no fragment
-//!   of an Assign that named the process before it.
+//!   of an Assign that named the process before it;
+//! - **fragments are withheld only from a process that is gone**: an RU never keeps back
+//!   fragments from a BU process running in the run (nothing would reassign them: the run
+//!   stalls).
 //!
 //! And that the model reaches what it is for (`sometimes`): a takeover, a run ended OK after
 //! one, a run ended OK after a BU loss, a restarted BU that built events. A test plants a
@@ -38,6 +44,7 @@ use std::hash::{Hash, Hasher};
 use stateright::{Checker, Chooser, Model, Property};
 
 use super::*;
+use crate::Awaiting;
 
 const N_RU: u16 = 1;
 const N_BU: u16 = 2;
@@ -59,6 +66,9 @@ enum Step {
     TakeOver,
     /// The spare BU (bu1, in a system with one) is started: its first process.
     JoinSpare,
+    /// The RUs count their connection to BU `b`'s process now running: its HelloAck has
+    /// come (the BU counted it, and may have told the EVM it is ready, before).
+    RuReaches(u16),
 }
 
 /// What a state shows: enough to tell states apart, to offer the next steps and to check
@@ -90,6 +100,11 @@ struct Shown {
     spare_out: bool,
     /// The spare's first process built events.
     spare_built: bool,
+    /// BUs running whose connection the RUs have not counted yet.
+    unreached: Vec<u16>,
+    /// An RU kept fragments from a BU process that is running and in the run: nothing
+    /// would reassign their events (the stall CI found).
+    withheld_from_live: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -145,6 +160,11 @@ struct World {
     /// bu1 is a spare (issue 69), not started yet while `spare_out` holds.
     spare: bool,
     spare_out: bool,
+    /// Each RU's view of each BU: the incarnation of the connection it counted (`None`:
+    /// none, or not yet), and what it keeps for a process not reached yet.
+    ru_view: Vec<Vec<Option<u16>>>,
+    awaiting: Vec<Awaiting>,
+    withheld_from_live: bool,
 }
 
 /// A bug planted on purpose, for the checker to find.
@@ -153,6 +173,9 @@ enum Planted {
     None,
     /// The driver sends an RU's fragments to whatever process of the BU is there.
     IgnoreIncarnation,
+    /// The driver's rule before `Awaiting`: fragments for a process this RU has not
+    /// reached yet are held as if it were gone.
+    HoldUnreached,
 }
 
 /// A BU process of incarnation `inc`, as the node starts it.
@@ -196,12 +219,63 @@ impl World {
             events,
             spare,
             spare_out: spare,
+            ru_view: vec![
+                (0..N_BU)
+                    .map(|b| (!(spare && b == 1)).then_some(1))
+                    .collect();
+                N_RU as usize
+            ],
+            awaiting: (0..N_RU).map(|_| Awaiting::default()).collect(),
+            withheld_from_live: false,
         };
         for r in &mut w.rus {
             r.connections_up();
             r.set_standby(true);
         }
+        for (r, view) in w.ru_view.iter().enumerate() {
+            for (b, v) in view.iter().enumerate() {
+                if let Some(inc) = v {
+                    w.awaiting[r].reached(b as u16, *inc);
+                }
+            }
+        }
         w
+    }
+
+    /// The driver's send of an RU's fragments for BU `b`'s process `inc`: over the
+    /// connection to that process the RU counted, else kept for it if the RU never reached
+    /// it, else held (the process is gone: the EVM reassigns).
+    fn send_fragments(&mut self, r: u16, b: u16, inc: u16, data: Chain, count: u32) {
+        let (ri, bi) = (r as usize, b as usize);
+        if self.planted == Planted::IgnoreIncarnation && self.down(b) {
+            return;
+        }
+        if self.ru_view[ri][bi] == Some(inc) || self.planted == Planted::IgnoreIncarnation {
+            self.queues
+                .entry((NodeRef::Ru(r), NodeRef::Bu(b)))
+                .or_default()
+                .push_back(Item::Frag(inc, data));
+            return;
+        }
+        let kept = self.planted != Planted::HoldUnreached
+            && self.awaiting[ri].keep(self.now, b, inc, data, count);
+        if !kept && inc == self.incarnation[bi] && !self.down(b) {
+            self.withheld_from_live = true;
+        }
+    }
+
+    /// Every RU counts its connection to BU `b`'s running process; what waited for it goes.
+    fn ru_reaches(&mut self, b: u16) {
+        let inc = self.incarnation[b as usize];
+        for r in 0..N_RU {
+            self.ru_view[r as usize][b as usize] = Some(inc);
+            for (data, _) in self.awaiting[r as usize].reached(b, inc) {
+                self.queues
+                    .entry((NodeRef::Ru(r), NodeRef::Bu(b)))
+                    .or_default()
+                    .push_back(Item::Frag(inc, data));
+            }
+        }
     }
 
     fn dead(&self, n: NodeRef) -> bool {
@@ -244,11 +318,15 @@ impl World {
                     .entry((from, to))
                     .or_default()
                     .push_back(Item::Msg(msg)),
-                Action::SendFragments { to, inc, data, .. } if !self.dead(to) => self
-                    .queues
-                    .entry((from, to))
-                    .or_default()
-                    .push_back(Item::Frag(inc, data)),
+                Action::SendFragments {
+                    to: NodeRef::Bu(b),
+                    inc,
+                    data,
+                    count,
+                } => {
+                    let NodeRef::Ru(r) = from else { continue };
+                    self.send_fragments(r, b, inc, data, count);
+                }
                 Action::Accepted(r) => {
                     let NodeRef::Bu(i) = from else { continue };
                     let _ = self.sinks[i as usize].accepted(r.first, r.count);
@@ -280,6 +358,9 @@ impl World {
             return;
         }
         self.killed.push(i);
+        for view in &mut self.ru_view {
+            view[i as usize] = None;
+        }
         let n = NodeRef::Bu(i);
         self.queues.retain(|(f, t), _| *f != n && *t != n);
         if !self.evm_lost {
@@ -346,6 +427,7 @@ impl World {
                 self.spare_out = false;
                 self.bus[1] = bu_process(1);
             }
+            Step::RuReaches(b) => self.ru_reaches(b),
         }
         self.collect();
     }
@@ -424,6 +506,18 @@ impl World {
         self.killed.hash(&mut h);
         self.spare_out.hash(&mut h);
         self.incarnation.hash(&mut h);
+        self.ru_view.hash(&mut h);
+        self.withheld_from_live.hash(&mut h);
+        for a in &self.awaiting {
+            for b in 0..N_BU {
+                for (inc, d) in a.waiting_for(b) {
+                    (b, inc).hash(&mut h);
+                    for (f, _) in decode_fragments(d) {
+                        f.event_id.hash(&mut h);
+                    }
+                }
+            }
+        }
         self.stale_fragment.hash(&mut h);
         (self.evm_lost, self.took_over, self.exits, self.ended.len()).hash(&mut h);
         if !self.evm_lost {
@@ -494,6 +588,16 @@ impl World {
                 .any(|&i| self.sinks[i as usize].events > 0),
             spare_out: self.spare_out,
             spare_built: self.spare && !self.restarted.contains(&1) && self.sinks[1].events > 0,
+            unreached: (0..N_BU)
+                .filter(|&b| {
+                    !self.down(b)
+                        && self
+                            .ru_view
+                            .iter()
+                            .any(|v| v[b as usize] != Some(self.incarnation[b as usize]))
+                })
+                .collect(),
+            withheld_from_live: self.withheld_from_live,
         }
     }
 }
@@ -542,6 +646,9 @@ impl Model for System {
         acts.push(Step::Tick);
         for (f, t) in &sh.busy {
             acts.push(Step::Deliver(*f, *t));
+        }
+        for &b in &sh.unreached {
+            acts.push(Step::RuReaches(b));
         }
         let faults = sh.kills + usize::from(sh.evm_lost || sh.took_over);
         if sh.evm_lost {
@@ -595,6 +702,10 @@ impl Model for System {
                 "no old incarnation's fragments reach a new one",
                 |_, st: &St| !st.shown.stale_fragment,
             ),
+            Property::always(
+                "fragments are withheld only from a process that is gone",
+                |_, st: &St| !st.shown.withheld_from_live,
+            ),
             Property::sometimes("OK after a BU loss", |_, st: &St| {
                 st.shown.kills > 0 && st.shown.ended_ok
             }),
@@ -640,7 +751,12 @@ impl Chooser<System> for RareFaults {
         };
         let pick = |v: &[usize], r: u64| v[(r % v.len() as u64) as usize];
         let plain: Vec<usize> = (0..actions.len())
-            .filter(|&i| matches!(actions[i], Step::Tick | Step::Deliver(..)))
+            .filter(|&i| {
+                matches!(
+                    actions[i],
+                    Step::Tick | Step::Deliver(..) | Step::RuReaches(_)
+                )
+            })
             .collect();
         let takeover: Vec<usize> = (0..actions.len())
             .filter(|&i| {
@@ -697,6 +813,7 @@ fn every_interleaving_of_a_small_run_builds_each_event_once() {
     checker.assert_no_discovery("an OK verdict is true");
     checker.assert_no_discovery("one verdict per run");
     checker.assert_no_discovery("no old incarnation's fragments reach a new one");
+    checker.assert_no_discovery("fragments are withheld only from a process that is gone");
     checker.assert_any_discovery("a takeover");
     // deep enough to see runs to their end, with a fault or without
     checker.assert_any_discovery("a run ends OK");
@@ -734,6 +851,7 @@ fn random_walks_to_the_end_of_the_run_keep_every_promise() {
     checker.assert_no_discovery("an OK verdict is true");
     checker.assert_no_discovery("one verdict per run");
     checker.assert_no_discovery("no old incarnation's fragments reach a new one");
+    checker.assert_no_discovery("fragments are withheld only from a process that is gone");
     checker.assert_any_discovery("OK after a takeover");
     checker.assert_any_discovery("OK after a BU loss");
     checker.assert_any_discovery("a restarted BU builds");
@@ -762,6 +880,26 @@ fn the_role_checker_finds_the_planted_bug_fragments_to_any_incarnation() {
     eprintln!("counterexample: {:?}", path.into_actions());
 }
 
+/// The rule before `Awaiting` (CI found its stall): an RU held the fragments of an Assign
+/// naming a BU process whose HelloAck it had not read yet as if that process were gone;
+/// nothing reassigned them. The checker finds a restarted BU so starved, in a handful of
+/// steps (kill, restart, its Ready and credits, the Assign before the RU reaches it).
+#[test]
+fn the_role_checker_finds_the_planted_bug_fragments_held_from_a_process_not_reached() {
+    let depth = env("EVB_ROLE_MODEL_DEPTH", 30);
+    let sys = System {
+        events: 3,
+        faults: 1,
+        planted: Planted::HoldUnreached,
+        walks: false,
+        spare: false,
+    };
+    let checker = sys.checker().target_max_depth(depth).spawn_bfs().join();
+    let path =
+        checker.assert_any_discovery("fragments are withheld only from a process that is gone");
+    eprintln!("counterexample: {:?}", path.into_actions());
+}
+
 /// Issue 69: bu1 a spare. The run starts without it; it joins at any step (before the
 /// start, mid-run, during the run's end, never), bu0 may be killed too: every interleaving
 /// to the end of a 3-event run builds each event once, an OK verdict is true, and runs end
@@ -787,6 +925,7 @@ fn a_spare_bu_joining_at_any_moment_builds_each_event_once() {
     checker.assert_no_discovery("an OK verdict is true");
     checker.assert_no_discovery("one verdict per run");
     checker.assert_no_discovery("no old incarnation's fragments reach a new one");
+    checker.assert_no_discovery("fragments are withheld only from a process that is gone");
     checker.assert_any_discovery("a spare joins and builds");
     checker.assert_any_discovery("OK without the spare");
     eprintln!(

@@ -80,6 +80,9 @@ struct RuSide {
     api: Option<crate::plug::ApiSource>,
     /// Under `traffic.shaping = "barrel"`: fragments wait for their BU's slot.
     shaper: Option<evb_builder::shaping::BarrelShaper>,
+    /// Fragments for a BU process that joined the run and whose connection this RU has not
+    /// counted yet (see [`evb_builder::Awaiting`]).
+    awaiting: evb_builder::Awaiting,
 }
 
 impl RuSide {
@@ -360,6 +363,7 @@ impl Driver {
                 streams,
                 api,
                 shaper,
+                awaiting: evb_builder::Awaiting::default(),
             },
             evm: EvmSide {
                 registry: FastMap::default(),
@@ -377,14 +381,52 @@ impl Driver {
             return;
         };
         let (links, messenger, me) = (&self.links, &mut self.messenger, &self.me.id);
+        let mut unsent = Vec::new();
         shaper.due(wall_ns(), |bu, inc, data, count| {
             let to = NodeRef::Bu(bu as u16);
             if let Some(conn) = links.conn_to_incarnation(to, inc) {
                 if let Err(e) = messenger.send_fragments(conn, &data, count) {
                     debug!(node = %me, "fragment to {to} failed: {e}");
                 }
+            } else {
+                unsent.push((bu as u16, inc, data, count));
             }
         });
+        // a process not reached yet gets them when its connection is up (out of its slot:
+        // a few fragments, once)
+        let now = Instant::now();
+        for (bu, inc, data, count) in unsent {
+            self.ru.awaiting.keep(now, bu, inc, data, count);
+        }
+    }
+
+    /// This node is connected to `p`, of incarnation `inc` (a BU's): what an RU kept for
+    /// that process leaves now, in order (see [`evb_builder::Awaiting`]).
+    fn reached(&mut self, p: NodeRef, inc: u16) {
+        let NodeRef::Bu(bu) = p else { return };
+        let due = self.ru.awaiting.reached(bu, inc);
+        if due.is_empty() {
+            return;
+        }
+        info!(node = %self.me.id, "{p} (incarnation {inc}) reached: {} sends that waited for it go out", due.len());
+        let Some(conn) = self.links.conn_to_incarnation(p, inc) else {
+            return;
+        };
+        for (data, count) in due {
+            if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
+                debug!(node = %self.me.id, "fragment to {p} failed: {e}");
+            }
+        }
+    }
+
+    /// Ends the wait of fragments kept longer than [`evb_builder::AWAIT_LIMIT`].
+    fn expire_awaiting(&mut self, now: Instant) {
+        if !self.ru.awaiting.is_empty() {
+            let n = self.ru.awaiting.expire(now);
+            if n > 0 {
+                warn!(node = %self.me.id, "{n} sends waited {:?} for a BU process that accepted this RU's call and never answered it: dropped (the RU holds their fragments for the EVM's reassignment)", evb_builder::AWAIT_LIMIT);
+            }
+        }
     }
 
     /// Hands a held Stop to the BU once its sink's output is complete (see
@@ -483,11 +525,14 @@ impl Driver {
                     return;
                 }
                 // only to the incarnation the EVM assigned them to: a restarted BU never
-                // gets its predecessor's work (the fragments stay held for the reassignment)
+                // gets its predecessor's work (the fragments stay held for the reassignment);
+                // a process not reached yet gets them once its connection is up
                 if let Some(conn) = self.links.conn_to_incarnation(to, inc) {
                     if let Err(e) = self.messenger.send_fragments(conn, &data, count) {
                         debug!(node = %self.me.id, "fragment to {to} failed: {e}");
                     }
+                } else if let NodeRef::Bu(bu) = to {
+                    self.ru.awaiting.keep(Instant::now(), bu, inc, data, count);
                 }
             }
             Action::Accepted(r) => {
@@ -677,6 +722,7 @@ impl Driver {
             self.commit_sink(now);
             self.run_actions();
             self.release_shaped();
+            self.expire_awaiting(now);
             self.messenger.flush_due(now);
             if self.reporter.due(now) {
                 let line = self.status_line(StatusKind::Status, now);

@@ -333,6 +333,7 @@ impl Driver {
                 if let Some(d) = self.links.dialing.remove(&conn) {
                     debug!(node = %self.me.id, peer = %peer.node_id, "connected");
                     self.links.add(now, d.peer, conn, peer.incarnation);
+                    self.reached(d.peer, peer.incarnation);
                     if d.peer == NodeRef::Evm {
                         // a node that left its EVM for the standby: what it holds, first (a
                         // standby that has not taken over takes a node only by its resync)
@@ -366,6 +367,7 @@ impl Driver {
                 Admit::Accept(p) => {
                     debug!(node = %self.me.id, peer = %peer.node_id, "accepted");
                     self.links.add(now, p, conn, peer.incarnation);
+                    self.reached(p, peer.incarnation);
                     if matches!(self.logic, Logic::Evm(_))
                         && !matches!(self.standby, super::standby::Standby::Follower(_))
                     {
