@@ -8,6 +8,7 @@
 #
 #   scripts/host-figures.sh EVB_BINARY OUT [STEP_TIMEOUT_S]
 #
+# QUICK=1 runs every step's quick mode (a check of the script, not figures).
 # Each step has its own time limit (default 200 s) so that a slow one does not cost the
 # others. Needs nothing but the evb binary (built without the hdf5 feature, HDF5's row is
 # left out) and coreutils' taskset.
@@ -36,9 +37,14 @@ step() {
   tail -n 25 "$out/$name.log"
 }
 
-step sinks-all-cores "$evb" bench sinks --out "$out/sinks-all"
-step sinks-two-cores taskset -c 0,1 "$evb" bench sinks --out "$out/sinks-2c"
-step build-quick "$evb" bench build --quick --reps 3 --build-seconds 3 --no-iperf3 --out "$out/build"
+if [ "${QUICK:-0}" = 1 ]; then
+  sinks=(--quick); build=(--quick --reps 1 --build-seconds 1 --no-iperf3)
+else
+  sinks=(); build=(--quick --reps 3 --build-seconds 3 --no-iperf3)
+fi
+step sinks-all-cores "$evb" bench sinks "${sinks[@]}" --out "$out/sinks-all"
+step sinks-two-cores taskset -c 0,1 "$evb" bench sinks "${sinks[@]}" --out "$out/sinks-2c"
+step build-quick "$evb" bench build "${build[@]}" --out "$out/build"
 
 s1=$(steal); t1=$(date +%s)
 awk -v s="$((s1 - s0))" -v t="$((t1 - t0))" -v hz="$ticks" -v n="$(nproc)" \

@@ -310,16 +310,11 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
             return Ok(true);
         }
         CtlCmd::AddBu { bu, wait, timeout } => {
-            let reply = api.post("/api/v1/add-bu", &json!({ "bu": bu }))?;
-            if let Some(p) = &a.json {
-                crate::json_out::write(p, &reply.body)?;
-            }
-            if !reply.ok() {
-                eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+            let Some((r, words)) =
+                bu_request::<evb_control::replies::AddBuReply>(&api, a, "add-bu", bu)?
+            else {
                 return Ok(false);
-            }
-            let r: evb_control::replies::AddBuReply = reply.typed("add-bu")?;
-            let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
+            };
             if words {
                 match r.run {
                     Some(n) => println!(
@@ -336,39 +331,18 @@ pub fn run(a: &CtlArgs) -> Result<bool, String> {
                     r.start
                 );
             }
-            return if *wait {
-                let joined = joined(&api, &r, *timeout)?;
-                if words {
-                    println!("add-bu: {}", joined.1);
-                }
-                Ok(joined.0)
-            } else {
-                Ok(true)
-            };
+            return waited(*wait, words, "add-bu", || joined(&api, &r, *timeout));
         }
         CtlCmd::Retire { bu, wait, timeout } => {
-            let reply = api.post("/api/v1/retire", &json!({ "bu": bu }))?;
-            if let Some(p) = &a.json {
-                crate::json_out::write(p, &reply.body)?;
-            }
-            if !reply.ok() {
-                eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+            let Some((r, words)) =
+                bu_request::<evb_control::replies::RetireReply>(&api, a, "retire", bu)?
+            else {
                 return Ok(false);
-            }
-            let r: evb_control::replies::RetireReply = reply.typed("retire")?;
-            let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
+            };
             if words {
                 println!("retire: {} is retiring from run {}", r.bu, r.run);
             }
-            return if *wait {
-                let left = retired(&api, &r, *timeout)?;
-                if words {
-                    println!("retire: {}", left.1);
-                }
-                Ok(left.0)
-            } else {
-                Ok(true)
-            };
+            return waited(*wait, words, "retire", || retired(&api, &r, *timeout));
         }
         CtlCmd::Runs { run: None } => api.get("/api/v1/runs")?,
         CtlCmd::Runs { run: Some(n) } => api.get(&format!("/api/v1/runs/{n}"))?,
@@ -732,6 +706,45 @@ fn print_status(s: &Status) {
             note
         );
     }
+}
+
+/// Posts request `what` (add-bu, retire: `POST /api/v1/<what>`) about BU `bu` and reads
+/// its typed answer, with whether words go to stdout (not when `--json` writes there);
+/// `None` when the control refused it (said on stderr). `--json` gets the body either way.
+fn bu_request<R: serde::de::DeserializeOwned>(
+    api: &Api,
+    a: &CtlArgs,
+    what: &str,
+    bu: &str,
+) -> Result<Option<(R, bool)>, String> {
+    let reply = api.post(&format!("/api/v1/{what}"), &json!({ "bu": bu }))?;
+    if let Some(p) = &a.json {
+        crate::json_out::write(p, &reply.body)?;
+    }
+    if !reply.ok() {
+        eprintln!("evb ctl: refused ({}): {}", reply.status, reply.error());
+        return Ok(None);
+    }
+    let words = !a.json.as_deref().is_some_and(crate::json_out::is_stdout);
+    Ok(Some((reply.typed(what)?, words)))
+}
+
+/// With `--wait`, the outcome `until` waits for (said in words after `what:`); without it,
+/// success.
+fn waited(
+    wait: bool,
+    words: bool,
+    what: &str,
+    until: impl FnOnce() -> Result<(bool, String), String>,
+) -> Result<bool, String> {
+    if !wait {
+        return Ok(true);
+    }
+    let (ok, said) = until()?;
+    if words {
+        println!("{what}: {said}");
+    }
+    Ok(ok)
 }
 
 /// Waits until the spare BU of `r` has joined run `r.run` (the EVM's node events say

@@ -838,34 +838,41 @@ async fn decide(State(node): State<Shared>, body: Bytes) -> Response {
 }
 
 async fn add_bu(State(node): State<Shared>, body: Bytes) -> Response {
-    let Some(c) = node.controller() else {
-        return not_the_control(&node, "a spare BU is added at the EVM");
-    };
-    let v = match parse_body(&body) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
-    let Ok(req) = serde_json::from_value::<crate::replies::AddBuRequest>(v) else {
-        return error(400, "add-bu needs {\"bu\": \"<a spare BU's id>\"}");
-    };
-    match c.add_bu(&req) {
-        Ok(reply) => Json(reply).into_response(),
-        Err(r) => error(r.status, r.why),
-    }
+    let at_evm = "a spare BU is added at the EVM";
+    let usage = "add-bu needs {\"bu\": \"<a spare BU's id>\"}";
+    bu_request(&node, at_evm, usage, &body, |c, req| c.add_bu(req))
 }
 
 async fn retire(State(node): State<Shared>, body: Bytes) -> Response {
+    let at_evm = "a BU is retired at the EVM";
+    let usage = "retire needs {\"bu\": \"<its id>\"}";
+    bu_request(&node, at_evm, usage, &body, |c, req| c.retire(req))
+}
+
+/// A request about one BU (add-bu, retire): at the EVM's control only (`at_evm` says so
+/// elsewhere), its body a `Q` (`usage` says what one is), answered by `act`.
+fn bu_request<Q, A>(
+    node: &Shared,
+    at_evm: &str,
+    usage: &str,
+    body: &Bytes,
+    act: impl FnOnce(&crate::controller::Controller, &Q) -> Result<A, crate::controller::Refused>,
+) -> Response
+where
+    Q: serde::de::DeserializeOwned,
+    A: serde::Serialize,
+{
     let Some(c) = node.controller() else {
-        return not_the_control(&node, "a BU is retired at the EVM");
+        return not_the_control(node, at_evm);
     };
-    let v = match parse_body(&body) {
+    let v = match parse_body(body) {
         Ok(v) => v,
         Err(r) => return *r,
     };
-    let Ok(req) = serde_json::from_value::<crate::replies::RetireRequest>(v) else {
-        return error(400, "retire needs {\"bu\": \"<its id>\"}");
+    let Ok(req) = serde_json::from_value::<Q>(v) else {
+        return error(400, usage);
     };
-    match c.retire(&req) {
+    match act(c, &req) {
         Ok(reply) => Json(reply).into_response(),
         Err(r) => error(r.status, r.why),
     }
