@@ -229,7 +229,8 @@ pub(crate) struct Core {
     /// Spare BUs asked to start (`POST /api/v1/add-bu`) whose process does not answer yet:
     /// the launcher (`evb up`) starts each it finds here.
     adding: BTreeSet<String>,
-    /// Spare BUs told to join a run under way: (id, run, pid), each told once.
+    /// Spare BUs told to join the run under way: (id, run, pid), each told once (older
+    /// runs' entries are dropped).
     told_to_join: BTreeSet<(String, u64, u32)>,
 }
 
@@ -860,6 +861,8 @@ impl Core {
                 })
             })
             .collect();
+        // only this run's entries are ever asked about: the set holds one run's spares
+        self.told_to_join.retain(|(_, r, _)| *r == run);
         for n in idle.iter().filter(|n| n.spare) {
             if let Some(pid) = self
                 .nodes
