@@ -100,7 +100,7 @@ pub struct SimArgs {
     #[arg(long, default_value = "round-robin")]
     assignment: String,
     /// A system in physical units (TOML: RUs, BUs, link rate, trigger rate, fragment sizes,
-    /// credits; docs/scaling.md, "Planning a system"), simulated at its offered trigger
+    /// credits; docs/planning.md), simulated at its offered trigger
     /// rate: throughput, whether it keeps up, build latency, RU and BU memory, throttling.
     /// The options above are for the other models.
     #[arg(long, value_name = "FILE")]
@@ -135,6 +135,10 @@ pub struct SimArgs {
     /// over them (default 3).
     #[arg(long, value_name = "R")]
     replications: Option<u32>,
+    /// With --system: a row more for each part the system may lose (a BU, an RU, a folded
+    /// system's host, a spine where `spines` is given): the run that goes on after the loss.
+    #[arg(long)]
+    degraded: bool,
 }
 
 pub fn run(a: &SimArgs) -> Result<(), String> {
@@ -650,6 +654,9 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
         })
         .collect::<Result<_, String>>()?;
     let solve = solve_key(a, &sweeps)?;
+    if a.degraded && (!sweeps.is_empty() || solve.is_some()) {
+        return Err("--degraded: not with --sweep or --solve (its rows are the system's own, each with a part lost)".into());
+    }
     let replications = a.replications.unwrap_or(REPLICATIONS);
     if !(1..=evb_sim::confidence::MAX_REPLICATIONS).contains(&replications) {
         return Err(format!(
@@ -679,6 +686,13 @@ fn run_system(a: &SimArgs, file: &std::path::Path) -> Result<(), String> {
             evb_sim::confidence::at_margin(&sys, margin)?
         };
         systems.push((label.join(" "), sys));
+    }
+    if a.degraded {
+        let lost = evb_sim::offered::degraded(&systems[0].1);
+        if lost.is_empty() {
+            return Err("--degraded: a system of one RU and one BU has no part it can lose".into());
+        }
+        systems.extend(lost);
     }
     if let Some(r) = &a.report {
         if !matches!(

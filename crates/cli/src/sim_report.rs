@@ -92,7 +92,7 @@ pub fn write(
     let margin = first.confidence.as_ref().map_or(0.0, |c| c.margin);
     let mut note = "load: what the offered rate needs of the busiest link; memory: one RU's and \
                 one BU's bytes held (fragments of events not yet released); latency: trigger \
-                to the event built. Figures from `evb sim --system` (docs/scaling.md). "
+                to the event built. Figures from `evb sim --system` (docs/planning.md). "
         .to_string();
     note.push_str(&super::sim::replication_note(runs, s.seed));
     note.push('.');

@@ -119,7 +119,7 @@ fn evb_sim_event_building_model_runs_and_checks_its_flags() {
 }
 
 /// `evb sim --system` on the documented CMS Phase-2-like system (fewer events: the quick
-/// mode of docs/scaling.md's command): a row per swept value, the overloaded one said NO,
+/// mode of docs/planning.md's command): a row per swept value, the overloaded one said NO,
 /// the JSON with the figures in units; a bad key refused by name.
 #[test]
 fn evb_sim_plans_the_documented_system_at_its_offered_rate() {
@@ -565,5 +565,88 @@ fn evb_sim_solves_for_the_fewest_bus_with_a_margin() {
         let e = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
         assert!(e.contains(flag), "{args:?}: {e}");
+    }
+}
+
+/// `evb sim --system --degraded`: a row as given and one per part lost, as the user types
+/// it; the JSON holds each row's system (one BU fewer, one RU fewer, a spine's share off
+/// the links); refused with a sweep and for a system of one RU and one BU.
+#[test]
+fn evb_sim_degraded_adds_a_row_per_part_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = dir.path().join("four.toml");
+    std::fs::write(
+        &system,
+        "rus = 4\nbus = 4\nlink_gbps = 100\ntrigger_hz = 100000\nfragment_bytes = 100000\n\
+         credits = 16\nevents = 4000\nspines = 4\nsize_correlation = 0.5\n",
+    )
+    .unwrap();
+    let json = dir.path().join("d.json");
+    let out = Command::new(EVB)
+        .args(["sim", "--system"])
+        .arg(&system)
+        .args(["--degraded", "--replications", "1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{out:?}");
+    assert!(text.contains("sizes correlated 0.50, 4 spines"), "{text}");
+    // at 0.8 of the links: as given and an RU lost keep up; a BU or a spine lost does not
+    for (label, verdict) in [
+        ("as given", " yes "),
+        ("a BU lost", " NO "),
+        ("an RU lost (partial)", " yes "),
+        ("a spine lost (of 4)", " NO "),
+    ] {
+        let row = text.lines().find(|l| l.starts_with(label));
+        assert!(
+            row.is_some_and(|r| r.contains(verdict)),
+            "{label}: {verdict}: {text}"
+        );
+    }
+    let v: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let shape: Vec<(u64, u64, f64)> = v
+        .iter()
+        .map(|p| {
+            let s = &p["system"];
+            (
+                s["rus"].as_u64().unwrap(),
+                s["bus"].as_u64().unwrap(),
+                s["link_efficiency"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [(4, 4, 1.0), (4, 3, 1.0), (3, 4, 1.0), (4, 4, 0.75)],
+        "{v:?}"
+    );
+    for (args, why) in [
+        (vec!["--degraded", "--sweep", "bus=4,8"], "--degraded"),
+        (
+            vec![
+                "--degraded",
+                "--set",
+                "rus=1",
+                "--set",
+                "bus=1",
+                "--set",
+                "spines=0",
+            ],
+            "no part it can lose",
+        ),
+        (vec!["--set", "size_correlation=2"], "size_correlation"),
+    ] {
+        let o = Command::new(EVB)
+            .args(["sim", "--system"])
+            .arg(&system)
+            .args(&args)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(why), "{args:?}: {e}");
     }
 }

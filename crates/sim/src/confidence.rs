@@ -161,6 +161,7 @@ mod tests {
             hop_us: 1.0,
             events: 4000,
             seed: 11,
+            ..System::default()
         }
     }
 

@@ -19,16 +19,32 @@
 //! Occupancies are sampled at every trigger: under Poisson triggers that is the time
 //! average (arrivals see time averages). The first tenth of the events are a warm-up and
 //! not measured.
+//!
+//! The data's shape and the hosts (issue 70 item 4):
+//! - Each RU may have its own mean size (`fragment_bytes_per_ru`), and the sizes of one
+//!   event may vary together (`size_correlation`: the share of the log-size variance that is
+//!   the event's, as pile-up makes every source large in the same crossing). Each fragment
+//!   keeps its RU's mean and the coefficient of variation `fragment_sd_bytes /
+//!   fragment_bytes`.
+//! - `host_gbps` is what a host moves through its NIC, PCIe and memory, below the link's
+//!   rate: each direction of a node's link carries at most that.
+//! - `folded = true` puts RU i and BU i on one host: the fragment of an event built there
+//!   does not cross the network (it is in the BU at once), and the host's two directions
+//!   share `host_gbps` (each gets half: the load is symmetric, as seed 003 measured a
+//!   host's two-way limit).
+//! - [`degraded`] gives the system with a part lost (a BU, an RU or a host, a spine of the
+//!   fabric), each to be planned like any system: what the run does after the loss, in
+//!   its steady state (the seconds of rebuilding the lost BU's events are not modelled).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use rand_distr::{Distribution, Exp, LogNormal};
+use rand_distr::{Distribution, Exp, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-/// A system to plan, in physical units (`evb sim --system FILE`, docs/scaling.md).
+/// A system to plan, in physical units (`evb sim --system FILE`, docs/planning.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct System {
@@ -71,6 +87,51 @@ pub struct System {
     pub events: u64,
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// Each RU's mean fragment size (bytes), one per RU; empty: every RU `fragment_bytes`.
+    #[serde(default)]
+    pub fragment_bytes_per_ru: Vec<f64>,
+    /// How much the sizes of one event's fragments vary together, from 0 (independently) to
+    /// 1 (all by the same factor): the share of the log-size variance common to the event.
+    #[serde(default)]
+    pub size_correlation: f64,
+    /// A host's own data rate (Gb/s: NIC, PCIe, memory), each direction of its link at most
+    /// this (0: no limit below the link's).
+    #[serde(default)]
+    pub host_gbps: f64,
+    /// RU i and BU i share a host (as `topology.folded`): needs as many RUs as BUs.
+    #[serde(default)]
+    pub folded: bool,
+    /// The spines of the leaf-spine fabric every fragment crosses (0: not said), for
+    /// [`degraded`]'s "a spine lost".
+    #[serde(default)]
+    pub spines: usize,
+}
+
+impl Default for System {
+    /// A 2 × 2 system of 100 Gb/s links at 10 kHz of 100 kB fragments.
+    fn default() -> System {
+        System {
+            name: String::new(),
+            rus: 2,
+            bus: 2,
+            link_gbps: 100.0,
+            link_efficiency: default_efficiency(),
+            trigger_hz: 10e3,
+            trigger: default_trigger(),
+            fragment_bytes: 100e3,
+            fragment_sd_bytes: 0.0,
+            credits: default_credits(),
+            build_us: 0.0,
+            hop_us: 0.0,
+            events: default_events(),
+            seed: default_seed(),
+            fragment_bytes_per_ru: Vec::new(),
+            size_correlation: 0.0,
+            host_gbps: 0.0,
+            folded: false,
+            spines: 0,
+        }
+    }
 }
 
 fn default_trigger() -> String {
@@ -142,26 +203,92 @@ impl System {
         if (self.rus as u64).saturating_mul(self.events) > 2_000_000_000 {
             return bad("events", "rus × events must be at most 2·10⁹ fragments");
         }
+        if !self.fragment_bytes_per_ru.is_empty() {
+            if self.fragment_bytes_per_ru.len() != self.rus {
+                return Err(format!(
+                    "fragment_bytes_per_ru: one per RU: {} given for {} RUs",
+                    self.fragment_bytes_per_ru.len(),
+                    self.rus
+                ));
+            }
+            if let Some(k) = self
+                .fragment_bytes_per_ru
+                .iter()
+                .position(|b| !(*b >= 1.0 && *b <= 1e9))
+            {
+                return Err(format!("fragment_bytes_per_ru[{k}]: must be from 1 to 10⁹"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.size_correlation) {
+            return bad("size_correlation", "must be from 0 to 1");
+        }
+        if !(self.host_gbps >= 0.0 && self.host_gbps <= 1e5) {
+            return bad("host_gbps", "must be from 0 (no limit) to 100000");
+        }
+        if self.folded && self.rus != self.bus {
+            return bad(
+                "folded",
+                "a folded system has as many RUs as BUs (RU i and BU i on host i)",
+            );
+        }
+        if self.spines > 4096 {
+            return bad("spines", "must be from 0 (not said) to 4096");
+        }
         Ok(())
+    }
+
+    /// RU `r`'s mean fragment size (bytes).
+    pub fn ru_bytes(&self, r: usize) -> f64 {
+        self.fragment_bytes_per_ru
+            .get(r)
+            .copied()
+            .unwrap_or(self.fragment_bytes)
+    }
+
+    /// The mean bytes of an event: every RU's mean fragment.
+    pub fn event_bytes(&self) -> f64 {
+        if self.fragment_bytes_per_ru.is_empty() {
+            self.fragment_bytes * self.rus as f64
+        } else {
+            self.fragment_bytes_per_ru.iter().sum()
+        }
+    }
+
+    /// Of an event's bytes, the share that crosses the network (folded: not the fragment
+    /// of the host that builds it).
+    fn crossing(&self) -> f64 {
+        if self.folded {
+            (self.rus as f64 - 1.0) / self.rus as f64
+        } else {
+            1.0
+        }
     }
 
     /// What the links must carry at the offered rate, as a fraction of a BU's link: above 1
     /// no shaping or buffer can keep up.
     pub fn link_load(&self) -> f64 {
-        let bits_per_event = self.fragment_bytes * 8.0 * self.rus as f64;
+        let bits_per_event = self.event_bytes() * 8.0 * self.crossing();
         let per_bu = self.trigger_hz * bits_per_event / self.bus as f64;
         (per_bu / (self.data_gbps() * 1e9)).max(self.ru_link_load())
     }
 
-    /// What an RU's link must carry at the offered rate, as a fraction of it: its fragment
-    /// of every event, however many BUs share them.
+    /// What the busiest RU's link must carry at the offered rate, as a fraction of it: its
+    /// fragment of every event, however many BUs share them (folded: not those built on
+    /// its own host).
     pub fn ru_link_load(&self) -> f64 {
-        self.trigger_hz * self.fragment_bytes * 8.0 / (self.data_gbps() * 1e9)
+        let largest = (0..self.rus).map(|r| self.ru_bytes(r)).fold(0.0, f64::max);
+        self.trigger_hz * largest * 8.0 * self.crossing() / (self.data_gbps() * 1e9)
     }
 
-    /// The rate a link carries event data at (Gb/s).
+    /// The rate a link carries event data at (Gb/s): the link's share for data, at most
+    /// the host's own rate (folded: half of it each way).
     pub fn data_gbps(&self) -> f64 {
-        self.link_gbps * self.link_efficiency
+        let link = self.link_gbps * self.link_efficiency;
+        match (self.host_gbps > 0.0, self.folded) {
+            (false, _) => link,
+            (true, false) => link.min(self.host_gbps),
+            (true, true) => link.min(self.host_gbps / 2.0),
+        }
     }
 }
 
@@ -241,6 +368,8 @@ enum Kind {
     Arrive,
     /// The BU's link has received its current fragment.
     Received,
+    /// A fragment made on the BU's own host (folded) is in the BU: no link carried it.
+    Local,
     /// An event is released: its credit returns.
     Release,
 }
@@ -284,7 +413,35 @@ impl System {
             v("fragment_bytes", format!("{:.0}", self.fragment_bytes)),
             v("fragment_sd_bytes", format!("{:.0}", self.fragment_sd_bytes)),
             v("credits", self.credits.to_string())
-        )
+        ) + &self.shape_extras(swept)
+    }
+
+    /// The shape's words for the keys that are not at their defaults.
+    fn shape_extras(&self, swept: &[&str]) -> String {
+        let mut out = String::new();
+        let on = |key: &str, set: bool| set || swept.contains(&key);
+        if on(
+            "fragment_bytes_per_ru",
+            !self.fragment_bytes_per_ru.is_empty(),
+        ) {
+            let (lo, hi) = (0..self.rus)
+                .map(|r| self.ru_bytes(r))
+                .fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
+            out += &format!(", RUs' means {lo:.0}–{hi:.0} B");
+        }
+        if on("size_correlation", self.size_correlation > 0.0) {
+            out += &format!(", sizes correlated {:.2}", self.size_correlation);
+        }
+        if on("host_gbps", self.host_gbps > 0.0) {
+            out += &format!(", hosts {} Gb/s", self.host_gbps);
+        }
+        if on("folded", self.folded) {
+            out += ", folded (RU i and BU i on host i)";
+        }
+        if on("spines", self.spines > 0) {
+            out += &format!(", {} spines", self.spines);
+        }
+        out
     }
 }
 
@@ -296,11 +453,7 @@ pub fn plan(s: &System) -> Planned {
     let hop = (s.hop_us * 1e6) as u64;
     let build = (s.build_us * 1e6) as u64;
     let gap = Exp::new(s.trigger_hz).expect("a positive rate");
-    let sizes = (s.fragment_sd_bytes > 0.0).then(|| {
-        let var = (s.fragment_sd_bytes / s.fragment_bytes).powi(2);
-        let sigma2 = (1.0 + var).ln();
-        LogNormal::new(s.fragment_bytes.ln() - sigma2 / 2.0, sigma2.sqrt()).expect("valid")
-    });
+    let sizes = Sizes::of(s);
     let warm = s.events / 10;
     // per RU: when its link is next free (ps), and the bytes it holds
     let mut ru_free = vec![0u64; n];
@@ -357,13 +510,22 @@ pub fn plan(s: &System) -> Planned {
             bu_used[bu] += 1;
             let event = triggered;
             let mut per_ru = Vec::with_capacity(n);
+            let common = sizes.event_factor(&mut rng);
             for (r, free) in ru_free.iter_mut().enumerate() {
-                let bytes = match &sizes {
-                    Some(d) => d.sample(&mut rng).round().max(1.0) as u64,
-                    None => s.fragment_bytes.round().max(1.0) as u64,
-                };
+                let bytes = sizes.fragment(r, common, &mut rng);
                 ru_held[r] += bytes;
                 per_ru.push(bytes);
+                if s.folded && r == bu {
+                    // made on the host that builds it: in the BU at once
+                    heap.push(Reverse(Ev {
+                        t: now,
+                        kind: Kind::Local,
+                        bu: bu as u32,
+                        event,
+                        bytes,
+                    }));
+                    continue;
+                }
                 let start = (*free).max(now);
                 *free = start + (bytes as f64 * ps_per_byte) as u64;
                 heap.push(Reverse(Ev {
@@ -383,9 +545,11 @@ pub fn plan(s: &System) -> Planned {
         let b = e.bu as usize;
         match e.kind {
             Kind::Arrive => bu_queue[b].push_back((e.event, e.bytes)),
-            Kind::Received => {
+            Kind::Received | Kind::Local => {
                 bu_held[b] += e.bytes;
-                bu_busy[b] = false;
+                if e.kind == Kind::Received {
+                    bu_busy[b] = false;
+                }
                 let done = trig_at.get_mut(&e.event).map(|(t0, left, _)| {
                     *left -= 1;
                     (*left == 0).then_some(*t0)
@@ -481,6 +645,93 @@ pub fn plan(s: &System) -> Planned {
     }
 }
 
+/// How fragment sizes are drawn: log-normal around each RU's mean with the system's
+/// coefficient of variation, a share `size_correlation` of the log variance common to the
+/// event (the marginal distribution of each fragment stays the same).
+struct Sizes {
+    means: Vec<f64>,
+    /// The log-normal's σ (0: every fragment its RU's mean).
+    sigma: f64,
+    correlation: f64,
+}
+
+impl Sizes {
+    fn of(s: &System) -> Sizes {
+        let cv = s.fragment_sd_bytes / s.fragment_bytes;
+        Sizes {
+            means: (0..s.rus).map(|r| s.ru_bytes(r)).collect(),
+            sigma: (1.0 + cv * cv).ln().sqrt(),
+            correlation: s.size_correlation,
+        }
+    }
+
+    /// The event's own normal draw (0 where sizes do not vary).
+    fn event_factor(&self, rng: &mut SmallRng) -> f64 {
+        if self.sigma > 0.0 && self.correlation > 0.0 {
+            StandardNormal.sample(rng)
+        } else {
+            0.0
+        }
+    }
+
+    /// RU `r`'s fragment of an event whose own draw is `common` (bytes, at least 1).
+    fn fragment(&self, r: usize, common: f64, rng: &mut SmallRng) -> u64 {
+        let mean = self.means[r];
+        if self.sigma == 0.0 {
+            return mean.round().max(1.0) as u64;
+        }
+        let own: f64 = StandardNormal.sample(rng);
+        let z = self.correlation.sqrt() * common + (1.0 - self.correlation).sqrt() * own;
+        let mu = mean.ln() - self.sigma * self.sigma / 2.0;
+        (mu + self.sigma * z).exp().round().max(1.0) as u64
+    }
+}
+
+/// The system with one part lost, each as (what was lost, the system that is left), to be
+/// planned like any: a BU (its events go to the others), an RU (`builder.on_ru_loss =
+/// "partial"`: events built without its fragment), for a folded system a host (its RU and
+/// its BU), and with `spines` given, a spine (the fabric carries (S − 1)/S of what it
+/// did: the same share off every link's data rate). What the run does while it loses the
+/// part (its events rebuilt) is not modelled: this is the run that goes on after.
+pub fn degraded(s: &System) -> Vec<(String, System)> {
+    let mut out = Vec::new();
+    let without_ru = |s: &System| {
+        let mut t = s.clone();
+        t.rus -= 1;
+        if !t.fragment_bytes_per_ru.is_empty() {
+            // the largest RU lost: the loss that most changes the events
+            let k = (0..s.rus)
+                .max_by(|&a, &b| s.ru_bytes(a).total_cmp(&s.ru_bytes(b)))
+                .unwrap_or(0);
+            t.fragment_bytes_per_ru.remove(k);
+        }
+        t
+    };
+    if s.folded {
+        if s.rus > 1 {
+            let mut t = without_ru(s);
+            t.bus -= 1;
+            out.push(("a host lost (RU, BU)".to_string(), t));
+        }
+    } else {
+        if s.bus > 1 {
+            let mut t = s.clone();
+            t.bus -= 1;
+            out.push(("a BU lost".to_string(), t));
+        }
+        if s.rus > 1 {
+            out.push(("an RU lost (partial)".to_string(), without_ru(s)));
+        }
+    }
+    if s.spines >= 2 {
+        let mut t = s.clone();
+        t.spines -= 1;
+        t.link_efficiency *= (s.spines - 1) as f64 / s.spines as f64;
+        out.push((format!("a spine lost (of {})", s.spines), t));
+    }
+    out
+}
+
 /// The BU's link takes the next fragment of its queue, if any.
 #[allow(clippy::too_many_arguments)]
 fn start_receiving(
@@ -534,6 +785,7 @@ mod tests {
             hop_us: 0.0,
             events,
             seed: 7,
+            ..System::default()
         }
     }
 
@@ -591,6 +843,7 @@ mod tests {
             hop_us: 1.0,
             events: 20_000,
             seed: 3,
+            ..System::default()
         };
         assert!((base.link_load() - 0.8).abs() < 1e-9);
         let ok = plan(&base);
@@ -621,5 +874,166 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("links"), "{e}");
+    }
+
+    /// A 4 × 4 system of 100 Gb/s links, 100 kB fragments, Poisson at `load` of the links.
+    fn four(load: f64) -> System {
+        System {
+            rus: 4,
+            bus: 4,
+            link_gbps: 100.0,
+            trigger_hz: load * 125e3,
+            fragment_bytes: 100e3,
+            credits: 16,
+            events: 40_000,
+            seed: 11,
+            ..System::default()
+        }
+    }
+
+    #[test]
+    fn sizes_that_vary_together_keep_their_mean_and_widen_the_latency() {
+        let mut apart = four(0.7);
+        apart.fragment_sd_bytes = 50e3;
+        let together = System {
+            size_correlation: 1.0,
+            ..apart.clone()
+        };
+        let (a, t) = (plan(&apart), plan(&together));
+        // the same bytes per event on average (sizes keep their marginal distribution)
+        let per_event = |p: &Planned| p.built_gbps * 1e9 / 8.0 / p.built_hz;
+        let (ba, bt) = (per_event(&a), per_event(&t));
+        assert!((ba / 400e3 - 1.0).abs() < 0.03, "{ba}");
+        assert!((bt / 400e3 - 1.0).abs() < 0.03, "{bt}");
+        // an event whose every fragment is large keeps its BU's link longer: the tail grows
+        assert!(
+            t.latency_us.p99 > 1.2 * a.latency_us.p99,
+            "p99 {} µs together, {} µs apart",
+            t.latency_us.p99,
+            a.latency_us.p99
+        );
+        // and so does the memory a BU holds at its peak
+        assert!(
+            t.bu_buffer_bytes.p99 > a.bu_buffer_bytes.p99,
+            "{t:?}\n{a:?}"
+        );
+    }
+
+    #[test]
+    fn each_ru_its_own_size_and_the_largest_sets_the_ru_link_load() {
+        let s = System {
+            fragment_bytes_per_ru: vec![50e3, 50e3, 100e3, 200e3],
+            ..four(0.5)
+        };
+        s.validate().unwrap();
+        assert_eq!(s.event_bytes(), 400e3);
+        // RU 3 sends 200 kB per event at 62.5 kHz: its link is full
+        assert!(
+            (s.ru_link_load() - 1.0).abs() < 1e-9,
+            "{}",
+            s.ru_link_load()
+        );
+        assert!((s.link_load() - 1.0).abs() < 1e-9);
+        let lighter = System {
+            trigger_hz: 0.8 * 62.5e3,
+            ..s.clone()
+        };
+        let p = plan(&lighter);
+        assert!(p.keeps_up, "{p:?}");
+        let want = 0.8 * 62.5e3 * 400e3 * 8.0 / 1e9;
+        assert!(
+            (p.built_gbps / want - 1.0).abs() < 0.02,
+            "{} Gb/s",
+            p.built_gbps
+        );
+        let e = System {
+            fragment_bytes_per_ru: vec![1e3; 3],
+            ..four(0.5)
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.starts_with("fragment_bytes_per_ru:"), "{e}");
+    }
+
+    #[test]
+    fn a_folded_host_keeps_its_own_fragment_off_the_network() {
+        let open = four(0.6);
+        let folded = System {
+            folded: true,
+            ..open.clone()
+        };
+        assert!((folded.link_load() / open.link_load() - 0.75).abs() < 1e-9);
+        let (o, f) = (plan(&open), plan(&folded));
+        assert!(o.keeps_up && f.keeps_up, "{o:?}\n{f:?}");
+        assert!((o.built_hz / f.built_hz - 1.0).abs() < 0.02);
+        // a BU's link carries 3 of the 4 fragments of each event it builds
+        let ratio = f.bu_link_busy / o.bu_link_busy;
+        assert!((ratio - 0.75).abs() < 0.03, "{ratio}");
+        // a folded system needs as many RUs as BUs
+        let e = System { bus: 3, ..folded }.validate().unwrap_err();
+        assert!(e.starts_with("folded:"), "{e}");
+    }
+
+    #[test]
+    fn a_host_slower_than_its_link_is_the_limit() {
+        let s = four(0.7);
+        assert!(plan(&s).keeps_up);
+        // a host that moves 60 Gb/s: the same triggers need 70/60 of it
+        let host = System {
+            host_gbps: 60.0,
+            ..s.clone()
+        };
+        assert_eq!(host.data_gbps(), 60.0);
+        let p = plan(&host);
+        assert!(!p.keeps_up && p.offered_link_load > 1.0, "{p:?}");
+        // folded, each direction gets half of the host: 120 Gb/s hosts give 60 each way
+        let folded = System {
+            host_gbps: 120.0,
+            folded: true,
+            ..s
+        };
+        assert_eq!(folded.data_gbps(), 60.0);
+    }
+
+    #[test]
+    fn a_part_lost_is_a_system_of_its_own() {
+        let s = System {
+            spines: 4,
+            ..four(0.8)
+        };
+        let lost = degraded(&s);
+        let names: Vec<&str> = lost.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["a BU lost", "an RU lost (partial)", "a spine lost (of 4)"]
+        );
+        assert!(plan(&s).keeps_up);
+        // 4 BUs at 0.8: 3 left carry 1.07 of their links: it cannot keep up
+        let bu = plan(&lost[0].1);
+        assert!(!bu.keeps_up && bu.throttled > 0.0, "{bu:?}");
+        assert!((bu.offered_link_load - 0.8 * 4.0 / 3.0).abs() < 1e-9);
+        // an RU lost: events are 3/4 the bytes (the BUs' links 0.6), each RU's link as busy
+        // as before (0.8): it keeps up
+        let ru = plan(&lost[1].1);
+        assert!(ru.keeps_up, "{ru:?}");
+        assert!((ru.offered_link_load - 0.8).abs() < 1e-9);
+        assert!((ru.bu_link_busy - 0.6).abs() < 0.03, "{ru:?}");
+        // a spine of 4: every link 3/4 of its data rate: 1.07 again
+        let spine = &lost[2].1;
+        assert!((spine.link_load() - 0.8 / 0.75).abs() < 1e-9);
+        assert!(!plan(spine).keeps_up);
+        // folded: a host lost is its RU and its BU
+        let f = degraded(&System {
+            folded: true,
+            ..four(0.5)
+        });
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].1.rus, f[0].1.bus), (3, 3));
+        // the largest RU is the one lost where RUs differ
+        let r = degraded(&System {
+            fragment_bytes_per_ru: vec![1e3, 9e3, 2e3, 3e3],
+            ..four(0.5)
+        });
+        assert_eq!(r[1].1.fragment_bytes_per_ru, vec![1e3, 2e3, 3e3]);
     }
 }

@@ -522,7 +522,7 @@ pub fn efficiency_svg(points: &[Outcome], path: &std::path::Path) -> Result<(), 
     Ok(())
 }
 
-/// The unit of a system file's key, for an axis (docs/scaling.md, "Planning a system").
+/// The unit of a system file's key, for an axis (docs/planning.md).
 pub fn unit_of(key: &str) -> &'static str {
     match key {
         "link_gbps" => "Gb/s",

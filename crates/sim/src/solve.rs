@@ -454,6 +454,7 @@ mod tests {
             hop_us: 1.0,
             events: 4_000,
             seed: 5,
+            ..System::default()
         }
     }
 
