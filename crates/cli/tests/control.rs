@@ -1579,6 +1579,49 @@ fn a_run_until_stopped_runs_under_evb_up_and_is_refused_by_evb_run() {
     assert!(up.halt().success());
 }
 
+/// Node events as (node, kind) pairs, from a report's `evm.lost` or a manifest's
+/// `node_events`.
+fn node_event_pairs(v: &Value) -> Vec<(String, String)> {
+    v.as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            (
+                e["node"].as_str().unwrap().into(),
+                e["kind"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// `evb inspect --run DIR` judges the run's folder complete.
+fn assert_run_folder_complete(dir: &std::path::Path, seed: u64) {
+    let out = Command::new(EVB)
+        .args(["inspect", "--run"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let judged = common::text(&out);
+    assert!(out.status.success(), "seed {seed}: {judged}");
+    assert!(
+        judged.contains("complete: every triggered event is in exactly one intact file"),
+        "{judged}"
+    );
+}
+
+/// The data files (`.evb`) of BU `bu` in `dir`.
+fn files_of(dir: &std::path::Path, bu: &str) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n.contains(&format!("_{bu}_")) && n.ends_with(".evb")
+        })
+        .count()
+}
+
 /// Issue 69 item 2, through the commands users type: under `evb up` a BU retired mid-run
 /// (`evb ctl retire bu1 --wait`, at a seeded moment) is given no more events and leaves
 /// once all it holds is final; the run ends exact with no loss, the record says bu1
@@ -1618,17 +1661,7 @@ fn a_bu_retired_under_evb_up_leaves_with_its_files_and_the_run_is_exact() {
     let rec = up.wait_run(1);
     assert_exact(&rec, EVENTS);
     let evm = &rec["report"]["run"]["evm"];
-    let events: Vec<(String, String)> = evm["lost"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["node"].as_str().unwrap().into(),
-                e["kind"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let events = node_event_pairs(&evm["lost"]);
     assert_eq!(
         events,
         [
@@ -1644,27 +1677,9 @@ fn a_bu_retired_under_evb_up_leaves_with_its_files_and_the_run_is_exact() {
     );
     // the run's folder: every event in one published file, bu1's among them
     let dir = up.dir.path().join("out").join("000001");
-    let out = Command::new(EVB)
-        .args(["inspect", "--run"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let judged = common::text(&out);
-    assert!(out.status.success(), "seed {seed}: {judged}");
+    assert_run_folder_complete(&dir, seed);
     assert!(
-        judged.contains("complete: every triggered event is in exactly one intact file"),
-        "{judged}"
-    );
-    let bu1_files = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            e.file_name().to_string_lossy().contains("_bu1_")
-                && e.file_name().to_string_lossy().ends_with(".evb")
-        })
-        .count();
-    assert!(
-        bu1_files > 0,
+        files_of(&dir, "bu1") > 0,
         "seed {seed}: no file of bu1 in {}",
         dir.display()
     );
@@ -1731,17 +1746,7 @@ fn a_spare_bu_added_under_evb_up_joins_and_every_event_is_in_one_file() {
     let rec = up.wait_run(1);
     assert_exact(&rec, EVENTS);
     let evm = &rec["report"]["run"]["evm"];
-    let events: Vec<(String, String)> = evm["lost"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["node"].as_str().unwrap().into(),
-                e["kind"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let events = node_event_pairs(&evm["lost"]);
     let has = |n: &str, k: &str| events.iter().any(|(a, b)| a == n && b == k);
     for (n, k) in [
         ("bu[2]", "joined"),
@@ -1762,30 +1767,10 @@ fn a_spare_bu_added_under_evb_up_joins_and_every_event_is_in_one_file() {
         );
     }
     let dir = up.dir.path().join("out").join("000001");
-    let out = Command::new(EVB)
-        .args(["inspect", "--run"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let judged = common::text(&out);
-    assert!(out.status.success(), "seed {seed}: {judged}");
-    assert!(
-        judged.contains("complete: every triggered event is in exactly one intact file"),
-        "{judged}"
-    );
-    let files_of = |bu: &str| {
-        std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                let n = e.file_name().to_string_lossy().to_string();
-                n.contains(&format!("_{bu}_")) && n.ends_with(".evb")
-            })
-            .count()
-    };
+    assert_run_folder_complete(&dir, seed);
     for bu in ["bu0", "bu1", "bu2"] {
         assert!(
-            files_of(bu) > 0,
+            files_of(&dir, bu) > 0,
             "seed {seed}: no file of {bu} in {}",
             dir.display()
         );
@@ -1797,18 +1782,7 @@ fn a_spare_bu_added_under_evb_up_joins_and_every_event_is_in_one_file() {
         .find(|e| e.file_name().to_string_lossy().ends_with(".manifest.json"))
         .expect("a run manifest");
     let m: Value = serde_json::from_slice(&std::fs::read(manifest.path()).unwrap()).unwrap();
-    let kinds: Vec<(String, String)> = m["node_events"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|e| {
-            (
-                e["node"].as_str().unwrap().into(),
-                e["kind"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let kinds = node_event_pairs(&m["node_events"]);
     assert_eq!(
         kinds, events,
         "seed {seed}: the manifest's node events are the record's"
