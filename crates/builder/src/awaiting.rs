@@ -93,7 +93,7 @@ impl Awaiting {
         self.waiting.is_empty()
     }
 
-    /// The event ids of what waits for `bu`, in order (each send's first fragment's).
+    /// What waits for `bu`, in order: each send's incarnation and fragments.
     pub fn waiting_for(&self, bu: u16) -> impl Iterator<Item = (u16, &Chain)> + '_ {
         self.waiting
             .iter()
