@@ -55,7 +55,7 @@ pub struct BuildSpec {
     pub slices: bool,
     /// Built by decision windows (`builder.by = "window"`, DUNE's shape): 10 kHz of
     /// decisions, each a 1 ms window of 100 µs frames of `fragment / 10` bytes, 5 ms old when
-    /// decided; the latency is from the decision (its Assign) to the record built.
+    /// decided; the latency is from the decision (when it was due) to the record built.
     pub windows: bool,
 }
 

@@ -131,7 +131,8 @@ pub struct EvmStats {
     #[serde(default)]
     pub parts_published_for_lost: u64,
     /// From each trigger decision to its release by the BU that built it (built and handed
-    /// to its sink), on the EVM's clock: a record's latency from its decision.
+    /// to its sink), on the EVM's clock: a record's latency from its trigger, the wait for a
+    /// BU's credit included (crate::entered says when each event entered).
     #[serde(default)]
     pub record_latency: crate::LatencyHistogram,
     /// Decisions from outside (`windows.outside`) received, and those still queued (not
@@ -220,9 +221,11 @@ impl EvmStats {
 
 pub struct Evm {
     cfg: EvmConfig,
-    /// Trigger batches not yet wholly released: first id -> (one past the last, ids left,
-    /// when decided), for the decision-to-release latency.
-    pub(crate) decided: BTreeMap<u64, (u64, u64, Instant)>,
+    /// Trigger batches not yet wholly released, with when each event entered: the latency
+    /// from the trigger to the release (crate::entered).
+    pub(crate) decided: crate::entered::Pending,
+    /// Live-fed RUs: when the events every RU holds grew.
+    arrivals: crate::entered::Arrivals,
     state: RunState,
     ready: FastSet<NodeRef>,
     /// Data links BUs reported lost (RU, BU, when to judge): see `EvmConfig::link_grace`.
@@ -266,6 +269,8 @@ pub struct Evm {
     /// Decisions from outside (`windows.outside`): their windows, queued until triggered
     /// (a record each, in arrival order); `None`: the EVM triggers by itself.
     outside: Option<VecDeque<evb_wire::window::DecisionWindow>>,
+    /// When each decision queued in `outside` was taken in.
+    outside_at: VecDeque<Instant>,
     /// BUs retiring (`Evm::retire`): given no more events; each told Stop once all it
     /// holds is final (true: told), then out of the run at its report.
     retiring: BTreeMap<u16, bool>,
@@ -282,13 +287,15 @@ impl Evm {
         self.outside.get_or_insert_with(VecDeque::new);
     }
 
-    /// Decisions from outside, in arrival order: each becomes the next record. Refused
-    /// (`false`) when this EVM does not take them.
-    pub fn decide(&mut self, windows: &[evb_wire::window::DecisionWindow]) -> bool {
+    /// Decisions from outside, in arrival order, taken in at `now` (where their latency
+    /// starts): each becomes the next record. Refused (`false`) when this EVM does not take
+    /// them.
+    pub fn decide(&mut self, now: Instant, windows: &[evb_wire::window::DecisionWindow]) -> bool {
         let Some(q) = &mut self.outside else {
             return false;
         };
         q.extend(windows.iter().cloned());
+        self.outside_at.extend(windows.iter().map(|_| now));
         self.stats.decisions_received += windows.len() as u64;
         true
     }
@@ -317,12 +324,18 @@ impl Evm {
         self.ledger.next_id() + self.outside.as_ref().map_or(0, |q| q.len() as u64)
     }
 
-    /// A standby taking over: the decisions the lost EVM had queued and not triggered, its
-    /// records from the next id on, in order; they count as received.
-    pub fn carry_decisions(&mut self, windows: Vec<evb_wire::window::DecisionWindow>) {
+    /// A standby taking over at `now`: the decisions the lost EVM had queued and not
+    /// triggered, its records from the next id on, in order; they count as received (and
+    /// as entered now: when the lost EVM took them in is not known here).
+    pub fn carry_decisions(
+        &mut self,
+        now: Instant,
+        windows: Vec<evb_wire::window::DecisionWindow>,
+    ) {
         let Some(q) = &mut self.outside else {
             return;
         };
+        self.outside_at.extend(windows.iter().map(|_| now));
         q.extend(windows);
         self.stats.decisions_received = self.ledger.next_id() + q.len() as u64;
     }
@@ -347,7 +360,8 @@ impl Evm {
             drawn: None,
             rng: 0x9E37_79B9_7F4A_7C15,
             ledger: Ledger::default(),
-            decided: BTreeMap::new(),
+            decided: Default::default(),
+            arrivals: Default::default(),
             reassign: VecDeque::new(),
             started: None,
             stopped_at: None,
@@ -367,6 +381,7 @@ impl Evm {
             unpublished: vec![Vec::new(); n_bu],
             in_doubt: Vec::new(),
             outside: None,
+            outside_at: VecDeque::new(),
         }
     }
 
@@ -491,7 +506,7 @@ impl Evm {
     }
 
     /// A live-fed RU holds fragments for events `[0, count)`; with `done`, that is all.
-    fn on_available(&mut self, ru: u16, count: u64, done: bool) {
+    fn on_available(&mut self, now: Instant, ru: u16, count: u64, done: bool) {
         let Some(a) = self.available.get_mut(ru as usize) else {
             self.stats.errors += 1;
             return;
@@ -506,6 +521,9 @@ impl Evm {
             return;
         }
         *a = Some(count);
+        if let Some(limit) = self.live_limit() {
+            self.arrivals.reached(now, limit);
+        }
         if done {
             // Its streams ended: the run ends with the events every RU can supply.
             self.cfg.max_events = Some(self.cfg.max_events.map_or(count, |m| m.min(count)));
@@ -619,7 +637,7 @@ impl Evm {
                 }
             }
             (Message::Available { count, done }, NodeRef::Ru(r)) => {
-                self.on_available(r, count, done)
+                self.on_available(now, r, count, done)
             }
             (Message::LinkLost { peer, inc }, NodeRef::Ru(_)) if peer < self.cfg.n_bu => {
                 let current = self.incarnation(peer);
@@ -1291,8 +1309,8 @@ impl Evm {
                 count: count as u32,
             };
             self.ledger.assign(range);
-            self.decided
-                .insert(range.first, (range.first + count, count, now));
+            let entered = self.entered(now, elapsed, range.first, count);
+            self.decided.insert(range.first, count, entered);
             self.credits[bu] -= count;
             self.stats.triggered += count;
             allowed -= count;
@@ -1314,38 +1332,39 @@ impl Evm {
         }
     }
 
-    /// The latency from each decision (trigger) in `r` to its release by the BU that built
-    /// it (built and handed to its sink), into `record_latency`; batches fully released are
-    /// forgotten.
+    /// The latency from each trigger in `r` (when it entered, crate::entered) to its
+    /// release by the BU that built it (built and handed to its sink), into
+    /// `record_latency`; batches fully released are forgotten.
     fn time_decisions(&mut self, now: Instant, r: EventRange) {
-        let mut id = r.first;
-        let end = r.first + r.count as u64;
-        while id < end {
-            let within = self
-                .decided
-                .range(..=id)
-                .next_back()
-                .filter(|(_, &(batch_end, _, _))| batch_end > id);
-            let Some((&first, &(batch_end, left, at))) = within else {
-                // not decided here (before a standby's takeover): on to the next batch
-                match self.decided.range(id..end).next() {
-                    Some((&next, _)) => {
-                        id = next;
-                        continue;
-                    }
-                    None => return,
-                }
+        self.decided
+            .release(now, r.first, r.count as u64, &mut self.stats.record_latency);
+    }
+
+    /// When the `count` events from `first` on, triggered now, entered: due (paced), taken in (decisions
+    /// from outside), held by every RU (live-fed), or now (the EVM triggers when a BU has
+    /// credit). Takes the queued decisions' moments.
+    fn entered(
+        &mut self,
+        now: Instant,
+        elapsed: Duration,
+        first: u64,
+        count: u64,
+    ) -> crate::entered::Entered {
+        use crate::entered::{paced, Entered};
+        if self.outside.is_some() {
+            let n = (count as usize).min(self.outside_at.len());
+            let each: Vec<Instant> = self.outside_at.drain(..n).collect();
+            return match each.first() {
+                Some(&t) if each.iter().all(|&e| e == t) && n == count as usize => Entered::At(t),
+                _ => Entered::Each(each),
             };
-            let n = batch_end.min(end) - id;
-            self.stats
-                .record_latency
-                .record_n(now.saturating_duration_since(at), n);
-            if left <= n {
-                self.decided.remove(&first);
-            } else {
-                self.decided.insert(first, (batch_end, left - n, at));
-            }
-            id += n;
+        }
+        if self.available.iter().any(Option::is_some) {
+            return self.arrivals.take(now, first, count);
+        }
+        match self.cfg.rate_hz {
+            Some(rate) if rate > 0.0 => paced(now, elapsed, rate, self.stats.triggered),
+            _ => Entered::At(now),
         }
     }
 

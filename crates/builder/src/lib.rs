@@ -11,6 +11,7 @@ mod action;
 pub mod assembly;
 mod awaiting;
 mod bu;
+mod entered;
 mod event;
 mod evm;
 pub mod frames;

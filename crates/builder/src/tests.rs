@@ -838,6 +838,97 @@ fn rate_limit_paces_the_trigger() {
     assert_eq!(evm.stats().triggered, 50);
 }
 
+/// The latency from the trigger starts when the event is due, not when a BU's credit lets
+/// the EVM assign it: the wait for credit counts (issue 68 item 3). Unpaced, the EVM
+/// triggers only with credit, so the clock starts at the assignment.
+#[test]
+fn the_latency_from_the_trigger_counts_the_wait_for_credit() {
+    let ms = Duration::from_millis;
+    let released_after = |rate_hz: Option<f64>| {
+        let t0 = Instant::now();
+        let mut cfg = evm_cfg(1, 1, 5);
+        cfg.rate_hz = rate_hz;
+        let mut evm = Evm::new(cfg, t0);
+        for n in [NodeRef::Ru(0), NodeRef::Bu(0)] {
+            let ready = Message::Ready {
+                available: evb_wire::UNLIMITED,
+            };
+            evm.handle(t0, n, ready);
+        }
+        // at 1 kHz events 0..5 are due at 1..5 ms; the BU's first credits come at 20 ms
+        for t in 1..20 {
+            evm.poll(t0 + ms(t));
+        }
+        assert_eq!(evm.stats().triggered, 0, "no credit, no assignment");
+        evm.handle(
+            t0 + ms(20),
+            NodeRef::Bu(0),
+            Message::Credit { bu: 0, count: 5 },
+        );
+        evm.poll(t0 + ms(20));
+        assert_eq!(evm.stats().triggered, 5);
+        let range = EventRange {
+            bu: 0,
+            first: 0,
+            count: 5,
+        };
+        evm.handle(t0 + ms(30), NodeRef::Bu(0), Message::Release(range));
+        let h = evm.stats().record_latency;
+        assert_eq!(h.count, 5, "each event timed once");
+        (h.quantile_us(0.0).unwrap(), h.quantile_us(1.0).unwrap())
+    };
+    let (min, max) = released_after(Some(1000.0));
+    // due at 5 ms → released at 30: 25 ms; due at 1 ms: 29 ms (HDR: within 1 %)
+    assert!((24_700..=25_300).contains(&min), "{min}");
+    assert!((28_700..=29_300).contains(&max), "{max}");
+    let (min, max) = released_after(None);
+    assert!((9_900..=10_100).contains(&min), "{min}");
+    assert!((9_900..=10_100).contains(&max), "{max}");
+}
+
+/// Decisions from outside: each one's latency starts when the EVM took it in, however long
+/// it then queued for a BU's credit.
+#[test]
+fn a_decision_from_outside_is_timed_from_when_it_was_taken_in() {
+    use evb_wire::window::DecisionWindow;
+    let ms = Duration::from_millis;
+    let t0 = Instant::now();
+    let mut evm = Evm::new(evm_cfg(1, 1, 3), t0);
+    evm.take_decisions_from_outside();
+    for n in [NodeRef::Ru(0), NodeRef::Bu(0)] {
+        let ready = Message::Ready {
+            available: evb_wire::UNLIMITED,
+        };
+        evm.handle(t0, n, ready);
+    }
+    assert!(evm.decide(t0 + ms(1), &[DecisionWindow::all(0, 10)]));
+    assert!(evm.decide(
+        t0 + ms(4),
+        &[DecisionWindow::all(10, 20), DecisionWindow::all(20, 30)]
+    ));
+    evm.handle(
+        t0 + ms(10),
+        NodeRef::Bu(0),
+        Message::Credit { bu: 0, count: 3 },
+    );
+    evm.poll(t0 + ms(10));
+    assert_eq!(evm.stats().triggered, 3);
+    let range = EventRange {
+        bu: 0,
+        first: 0,
+        count: 3,
+    };
+    evm.handle(t0 + ms(12), NodeRef::Bu(0), Message::Release(range));
+    let h = evm.stats().record_latency;
+    assert_eq!(h.count, 3);
+    // 11 ms for the first, 8 ms for the two taken in at 4 ms
+    let (min, max) = (h.quantile_us(0.0).unwrap(), h.quantile_us(1.0).unwrap());
+    assert!((7_900..=8_100).contains(&min), "{min}");
+    assert!((10_900..=11_100).contains(&max), "{max}");
+    let p50 = h.quantile_us(0.5).unwrap();
+    assert!((7_900..=8_100).contains(&p50), "two of three at 8 ms: {p50}");
+}
+
 /// A BU alone, fed by hand.
 fn lone_bu(n_ru: u16) -> Bu {
     let mut b = Bu::new(bu_cfg(0, n_ru, 4));

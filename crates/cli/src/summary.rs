@@ -155,8 +155,9 @@ pub fn print(
             h.quantile_us(0.99),
             h.quantile_us(0.999),
         ) {
-            // one clock, the EVM's: from the trigger (its assignment) to the release by the
-            // BU that built it (and committed it, with a committing sink)
+            // one clock, the EVM's: from the trigger (its entry into the EVM, evb-builder's
+            // entered.rs) to the release by the BU that built it (and committed it, with a
+            // committing sink)
             let commits = cfg
                 .nodes()
                 .iter()

@@ -146,7 +146,7 @@ impl Collector for SnapshotCollector {
                 self.latency_histogram(
                     &mut enc,
                     "evb_trigger_to_release_latency",
-                    "Time from an event's trigger (the EVM's assignment) to its release by the BU that built it, committed with a committing sink; the EVM's clock",
+                    "Time from an event's trigger (its entry into the EVM, the wait for credit included) to its release by the BU that built it, committed with a committing sink; the EVM's clock",
                     &st.record_latency,
                 )?;
                 counter(

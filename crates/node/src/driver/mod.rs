@@ -683,7 +683,7 @@ impl Driver {
                 }
                 let decisions = self.control.take_decisions();
                 let first = e.next_decision_id();
-                if !decisions.is_empty() && !e.decide(&decisions) {
+                if !decisions.is_empty() && !e.decide(now, &decisions) {
                     warn!(
                         "{} decisions from outside in a run that does not take them",
                         decisions.len()

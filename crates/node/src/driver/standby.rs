@@ -765,7 +765,7 @@ impl Driver {
                 warn!(node = %self.me.id, "{lost} decisions from outside after a gap in the standby's copy are not carried over");
             }
             info!(node = %self.me.id, "carrying over {} decisions from outside not yet triggered", carried.len());
-            evm.carry_decisions(carried);
+            evm.carry_decisions(now, carried);
         }
         for (from, msg) in f.held {
             evm.handle(now, from, msg);
