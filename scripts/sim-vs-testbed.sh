@@ -13,6 +13,9 @@
 # The model in cells of 4 KiB: a fragment is 16 cells, a port queue of 64/128/256 KB is
 # 16/32/64 cells. The testbed reports payload over the shaped rate, so the model's link use
 # is multiplied by 1448/1514 (a full-sized TCP segment's payload over its Ethernet frame).
+# The testbed shapes every host's own port with the same queue, so the TCP model is given
+# the hosts' queues too (--host-buffer, the port's cells); HOST_QUEUE=0 leaves them out (the
+# model calibrated before 2026-11-28: --burst instead).
 set -euo pipefail
 rounds=${1:-3}
 evb=${EVB:-target/release/evb}
@@ -48,6 +51,7 @@ for text in open(sys.argv[1]):
 if not testbed:
     sys.exit(f"{sys.argv[1]}: no testbed lines")
 HEADERS = 1448 / 1514
+HOST = os.environ.get("HOST_QUEUE", "1") != "0"
 
 def model(key, loss):
     folded, n, bus, q, case = key
@@ -55,6 +59,9 @@ def model(key, loss):
             "--buffer", str(q // 4), "--mean-cells", "16", "--sd-cells", "0",
             "--events", events, "--loss", loss, "--json", "-",
             "--assignment", "random" if case == "random" else "round-robin"]
+    if loss == "tcp" and HOST:
+        # the testbed shapes both ends of a link with the same queue: the hosts' own too
+        args += ["--host-buffer", str(q // 4)]
     if folded:
         args.append("--folded")
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout

@@ -95,6 +95,15 @@ pub struct SimArgs {
     /// window), calibrated with --stall.
     #[arg(long, default_value_t = evb_sim::eventbuilding::TCP_WINDOW)]
     window: u32,
+    /// eb, with --loss tcp: each RU's own egress queue in cells, as a shaped host port has
+    /// (0: none, the RUs send --burst by --burst); the testbed's hosts have their port's
+    /// queue (docs/scaling.md, "Held out").
+    #[arg(long, default_value_t = 0)]
+    host_buffer: u32,
+    /// eb, with --loss tcp and --host-buffer: the chance (%) that a connection offers its
+    /// host's queue a cell in a slot (its pacing), calibrated with --stall.
+    #[arg(long, default_value_t = evb_sim::eventbuilding::TCP_OFFER_PCT)]
+    offer: u32,
     /// eb: how the EVM picks the BU: "round-robin" (the next with credit, evb's "credits")
     /// or "random" (a drawn BU, waited for when it has no credit, as evb's EVM does).
     #[arg(long, default_value = "round-robin")]
@@ -369,8 +378,19 @@ fn run_eb(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                 stall,
                 burst,
                 window,
+                host_buffer: 0,
+                ..
             } => format!(
                 "tcp (a drop silences its connection {stall} slots; bursts of {burst} cells, windows of {window})"
+            ),
+            Loss::Tcp {
+                stall,
+                window,
+                host_buffer,
+                offer_pct,
+                ..
+            } => format!(
+                "tcp (a drop silences its connection {stall} slots; windows of {window}; host queues of {host_buffer} cells, each connection offering a cell {offer_pct} % of slots)"
             ),
         },
         if a.folded { ", folded" } else { "" },
@@ -502,11 +522,13 @@ fn set_eb_key(a: &mut SimArgs, key: &str, v: &str) -> Result<(), String> {
         "stall" => a.stall = v.parse().map_err(|_| bad())?,
         "burst" => a.burst = v.parse().map_err(|_| bad())?,
         "window" => a.window = v.parse().map_err(|_| bad())?,
+        "host-buffer" => a.host_buffer = v.parse().map_err(|_| bad())?,
+        "offer" => a.offer = v.parse().map_err(|_| bad())?,
         "settle" => a.settle = v.parse().map_err(|_| bad())?,
         _ => {
             return Err(format!(
                 "--sweep {key:?}: with --model eb one of buffer, credits, mean-cells, sd-cells, \
-                 stall, burst, window, settle (N is --n)"
+                 stall, burst, window, host-buffer, offer, settle (N is --n)"
             ))
         }
     }
@@ -544,20 +566,31 @@ fn eb_template(a: &SimArgs, sizes: &[usize]) -> Result<EbModel, String> {
         "tcp"
             if (1..=1_000_000).contains(&a.stall)
                 && (1..=4096).contains(&a.burst)
-                && (1..=1 << 20).contains(&a.window) =>
+                && (1..=1 << 20).contains(&a.window)
+                && a.host_buffer <= 1 << 20
+                && (1..=100).contains(&a.offer) =>
         {
             Loss::Tcp {
                 stall: a.stall,
                 burst: a.burst,
                 window: a.window,
+                host_buffer: a.host_buffer,
+                offer_pct: a.offer,
             }
         }
         "tcp" => return Err(
-            "--stall: 1 to 1000000 slots; --burst: 1 to 4096 cells; --window: 1 to 1048576 cells"
+            "--stall: 1 to 1000000 slots; --burst: 1 to 4096 cells; --window: 1 to 1048576 cells; \
+             --host-buffer: 0 to 1048576 cells; --offer: 1 to 100 %"
                 .into(),
         ),
         other => return Err(format!("--loss: {other:?} is not lossless or tcp")),
     };
+    if a.host_buffer > 0 && (loss == Loss::Lossless || a.routing.is_some()) {
+        // the host queue is a TCP host's on one switch: it would do nothing here
+        return Err(
+            "--host-buffer: only with --loss tcp on one switch (without --routing)".into(),
+        );
+    }
     if a.folded && a.bus.is_some_and(|m| m != 0) && sizes.iter().any(|&n| Some(n) != a.bus) {
         return Err("--folded: N × N only (RU k and BU k share host k); leave --bus out".into());
     }

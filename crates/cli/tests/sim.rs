@@ -260,6 +260,20 @@ fn evb_sim_eb_models_tcp_loss_and_a_fabric() {
     assert_eq!(none["model"]["shaping"], "none");
     assert_eq!(none["model"]["loss"]["kind"], "tcp");
     assert!(none["dropped_cells"].as_u64().unwrap() > 0, "{none}");
+    // the hosts' own queues (the testbed's shaped host ports) are said in the header and
+    // carried in the JSON
+    let out = Command::new(EVB)
+        .args(["sim", "--model", "eb", "--n", "3", "--bus", "5", "--events", "300"])
+        .args(["--buffer", "24", "--mean-cells", "16", "--sd-cells", "0", "--loss", "tcp"])
+        .args(["--host-buffer", "24", "--offer", "50"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("host queues of 24 cells, each connection offering a cell 50 % of slots"),
+        "{text}"
+    );
     let out = Command::new(EVB)
         .args(["sim", "--model", "eb", "--n", "32", "--events", "500"])
         .args(["--credits", "8", "--routing", "pair", "--radix", "16"])
@@ -270,6 +284,12 @@ fn evb_sim_eb_models_tcp_loss_and_a_fabric() {
     for (bad, word) in [
         (vec!["--loss", "lossy"], "--loss"),
         (vec!["--loss", "tcp", "--stall", "0"], "--stall"),
+        (vec!["--loss", "tcp", "--offer", "0"], "--offer"),
+        (vec!["--host-buffer", "24"], "--host-buffer"),
+        (
+            vec!["--loss", "tcp", "--host-buffer", "24", "--routing", "pair"],
+            "--host-buffer",
+        ),
         (vec!["--routing", "static,pair"], "--routing"),
         (vec!["--folded", "--n", "1"], "--folded"),
         (vec!["--folded", "--n", "4", "--bus", "2"], "--folded"),
