@@ -5,7 +5,10 @@ It takes part in a run over TCP with or without the shared secret (EVB_SECRET): 
 the EVM and every BU, says Ready, makes a fragment for every event it is assigned, holds
 it until the EVM forwards its Release, sends the same bytes again when an event is
 reassigned, and calls a lost BU again. It follows §6 item 11 on incarnations: an Assign's
-fragments go only over a data connection whose HelloAck carried the Assign's incarnation.
+fragments go only over a data connection whose HelloAck carried the Assign's incarnation;
+those for an incarnation it was never connected to (a process that joined the run under
+way, whose first Assign can come before its HelloAck) wait for that connection, at most
+30 s, and are dropped (the bytes still held) when another incarnation of that BU answers.
 
 `--lag-ms` makes it a slow reader: every message from the EVM is acted on that long after it
 arrived, so that Assigns for a BU are still unread when that BU is killed, restarted and
@@ -199,6 +202,9 @@ class Ru:
         self.ready_sent = False
         self.made = self.resent = self.errors = self.released = 0
         self.held_no_conn = self.held_other_inc = 0
+        self.reached = {}  # index -> incarnations this RU has been connected to
+        self.awaiting = {}  # index -> [(incarnation, event id, until)], in order
+        self.sent_on_reach = 0
         self.next_heartbeat = 0.0
 
     def log(self, what):
@@ -214,6 +220,13 @@ class Ru:
         self.redial.pop(b, None)
         self.sel.register(c.sock, selectors.EVENT_READ, ("bu", b))
         self.log(f"connected to bu[{b}], incarnation {c.incarnation}")
+        self.reached.setdefault(b, set()).add(c.incarnation)
+        # fragments kept for this process go now, in order; those for another process of
+        # this BU never will (only one is in the run): the EVM reassigns them
+        for inc, k, _ in self.awaiting.pop(b, []):
+            if inc == c.incarnation and k in self.held:
+                self.sent_on_reach += 1
+                self.to_bu(b, inc, self.held[k])
 
     def lose_bu(self, b, why, now):
         c = self.bus.pop(b)
@@ -232,9 +245,14 @@ class Ru:
             self.log(f"lost the EVM: {e}")
             sys.exit(1)
 
-    def to_bu(self, b, inc, frag):
-        """Sends a held fragment to BU `b` if it is connected as incarnation `inc`."""
+    def to_bu(self, b, inc, frag, k=None):
+        """Sends a held fragment to BU `b` if it is connected as incarnation `inc`; keeps
+        event `k`'s for an incarnation never connected to, until it is."""
         c = self.bus.get(b)
+        never = inc != 0 and inc not in self.reached.get(b, set())
+        if never and k is not None and not self.args.ignore_incarnation:
+            self.awaiting.setdefault(b, []).append((inc, k, time.monotonic() + 30))
+            return
         if c is None:
             self.held_no_conn += 1
             return
@@ -258,7 +276,7 @@ class Ru:
                     self.made += 1
                 else:
                     self.resent += 1
-                self.to_bu(bu, inc, self.held[k])
+                self.to_bu(bu, inc, self.held[k], k)
         elif kind == RELEASE:
             first, count, _, _ = struct.unpack("<QIHH", body)
             for k in range(first, first + count):
@@ -278,7 +296,8 @@ class Ru:
                     pass
             self.log(f"halted: made {self.made}, sent again {self.resent}, held back from "
                      f"another incarnation {self.held_other_inc}, held back with no "
-                     f"connection {self.held_no_conn}, released {self.released}, "
+                     f"connection {self.held_no_conn}, sent once reached "
+                     f"{self.sent_on_reach}, released {self.released}, "
                      f"errors {self.errors}")
             sys.exit(0 if not self.held and self.errors == 0 else 1)
         elif kind == ABORT:
@@ -322,6 +341,9 @@ class Ru:
             for b, at in list(self.redial.items()):
                 if now >= at:
                     self.dial_bu(b, now)
+            for b, waiting in self.awaiting.items():
+                # kept at most 30 s (the bytes stay held for a reassignment)
+                waiting[:] = [w for w in waiting if w[2] > now]
             while self.inbox and self.inbox[0][0] <= now:
                 _, kind, body = self.inbox.pop(0)
                 self.act(kind, body)
