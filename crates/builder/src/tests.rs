@@ -926,7 +926,10 @@ fn a_decision_from_outside_is_timed_from_when_it_was_taken_in() {
     assert!((7_900..=8_100).contains(&min), "{min}");
     assert!((10_900..=11_100).contains(&max), "{max}");
     let p50 = h.quantile_us(0.5).unwrap();
-    assert!((7_900..=8_100).contains(&p50), "two of three at 8 ms: {p50}");
+    assert!(
+        (7_900..=8_100).contains(&p50),
+        "two of three at 8 ms: {p50}"
+    );
 }
 
 /// A BU alone, fed by hand.

@@ -587,9 +587,7 @@ fn eb_template(a: &SimArgs, sizes: &[usize]) -> Result<EbModel, String> {
     };
     if a.host_buffer > 0 && (loss == Loss::Lossless || a.routing.is_some()) {
         // the host queue is a TCP host's on one switch: it would do nothing here
-        return Err(
-            "--host-buffer: only with --loss tcp on one switch (without --routing)".into(),
-        );
+        return Err("--host-buffer: only with --loss tcp on one switch (without --routing)".into());
     }
     if a.folded && a.bus.is_some_and(|m| m != 0) && sizes.iter().any(|&n| Some(n) != a.bus) {
         return Err("--folded: N × N only (RU k and BU k share host k); leave --bus out".into());

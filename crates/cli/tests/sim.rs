@@ -263,8 +263,19 @@ fn evb_sim_eb_models_tcp_loss_and_a_fabric() {
     // the hosts' own queues (the testbed's shaped host ports) are said in the header and
     // carried in the JSON
     let out = Command::new(EVB)
-        .args(["sim", "--model", "eb", "--n", "3", "--bus", "5", "--events", "300"])
-        .args(["--buffer", "24", "--mean-cells", "16", "--sd-cells", "0", "--loss", "tcp"])
+        .args([
+            "sim", "--model", "eb", "--n", "3", "--bus", "5", "--events", "300",
+        ])
+        .args([
+            "--buffer",
+            "24",
+            "--mean-cells",
+            "16",
+            "--sd-cells",
+            "0",
+            "--loss",
+            "tcp",
+        ])
         .args(["--host-buffer", "24", "--offer", "50"])
         .output()
         .unwrap();

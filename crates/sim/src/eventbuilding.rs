@@ -214,6 +214,32 @@ fn fragment_cells(rng: &mut SmallRng, mean: f64, sd: f64) -> u32 {
         .clamp(1.0, 64.0 * mean) as u32
 }
 
+/// The EVM's pick of the next event's BU, as evb's does (`None`: wait): round robin, the
+/// next BU with credit from `rr` (none searched when `any_credit` says none has one);
+/// random, a drawn BU, kept in `drawn` and waited for until it has credit. Both ways of
+/// stepping share it, so that they draw the same numbers.
+fn pick_bu(
+    assignment: Assignment,
+    credits: &[u32],
+    rr: usize,
+    any_credit: bool,
+    drawn: &mut Option<usize>,
+    rng: &mut SmallRng,
+) -> Option<usize> {
+    let m = credits.len();
+    match assignment {
+        Assignment::RoundRobin if !any_credit => None,
+        Assignment::RoundRobin => (rr..m).chain(0..rr).find(|&b| credits[b] > 0),
+        Assignment::Random => {
+            let b = *drawn.get_or_insert_with(|| rng.gen_range(0..m));
+            (credits[b] > 0).then(|| {
+                *drawn = None;
+                b
+            })
+        }
+    }
+}
+
 /// The head cell of an RU's queue leaves it: its event.
 fn take_cell(q: &mut VecDeque<Fragment>) -> u64 {
     let f = q.front_mut().expect("offered");
@@ -504,18 +530,7 @@ impl EbModel {
             tally.steps += (n + 2 * m) as u64;
             // the EVM assigns while BUs have credits
             loop {
-                let bu = match self.assignment {
-                    Assignment::RoundRobin => {
-                        (0..m).map(|k| (rr + k) % m).find(|&b| credits[b] > 0)
-                    }
-                    Assignment::Random => {
-                        let b = *drawn.get_or_insert_with(|| rng.gen_range(0..m));
-                        (credits[b] > 0).then(|| {
-                            drawn = None;
-                            b
-                        })
-                    }
-                };
+                let bu = pick_bu(self.assignment, &credits, rr, true, &mut drawn, &mut rng);
                 let Some(bu) = bu else { break };
                 credits[bu] -= 1;
                 rr = (bu + 1) % m;
@@ -785,18 +800,15 @@ impl EbModel {
         while tally.go_on(t) {
             // the EVM assigns while BUs have credits
             loop {
-                let bu = match self.assignment {
-                    // no search while no BU has a credit: that is most slots
-                    Assignment::RoundRobin if with_credit == 0 => None,
-                    Assignment::RoundRobin => (rr..m).chain(0..rr).find(|&b| credits[b] > 0),
-                    Assignment::Random => {
-                        let b = *drawn.get_or_insert_with(|| rng.gen_range(0..m));
-                        (credits[b] > 0).then(|| {
-                            drawn = None;
-                            b
-                        })
-                    }
-                };
+                // (no search while no BU has a credit: that is most slots)
+                let bu = pick_bu(
+                    self.assignment,
+                    &credits,
+                    rr,
+                    with_credit > 0,
+                    &mut drawn,
+                    &mut rng,
+                );
                 let Some(bu) = bu else { break };
                 credits[bu] -= 1;
                 with_credit -= usize::from(credits[bu] == 0);
@@ -1210,12 +1222,21 @@ mod tests {
         }
         // (seed 3: 0.98 with 44 cells dropped; 0.63 with 772; 1.0 with none)
         assert!(bursts.efficiency > 0.85, "{bursts:?}");
-        assert!(shallow.dropped_cells > 4 * bursts.dropped_cells, "{shallow:?} {bursts:?}");
-        assert!(shallow.efficiency < bursts.efficiency - 0.2, "{shallow:?} {bursts:?}");
+        assert!(
+            shallow.dropped_cells > 4 * bursts.dropped_cells,
+            "{shallow:?} {bursts:?}"
+        );
+        assert!(
+            shallow.efficiency < bursts.efficiency - 0.2,
+            "{shallow:?} {bursts:?}"
+        );
         // deep host queues never overflow (they hold only cells in flight, at most the five
         // windows); what could drop is at the BUs' ports, where the hosts' queues, sending
         // their connections' cells in turn, rarely meet
-        assert!(deep.dropped_cells < shallow.dropped_cells / 4, "{deep:?} {shallow:?}");
+        assert!(
+            deep.dropped_cells < shallow.dropped_cells / 4,
+            "{deep:?} {shallow:?}"
+        );
         assert!(deep.efficiency > 0.9, "{deep:?}");
     }
 
