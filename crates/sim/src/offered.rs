@@ -105,6 +105,21 @@ pub struct System {
     /// [`degraded`]'s "a spine lost".
     #[serde(default)]
     pub spines: usize,
+    /// The leaf-spine fabric's routing ("static", "random", "local", "pair", "ecmp" or
+    /// "adaptive"; "": none said): `link_efficiency` is then the Clos model's efficiency
+    /// for this system's hosts under it (`evb sim --model clos`), not typed in.
+    #[serde(default)]
+    pub fabric_routing: String,
+    /// With `fabric_routing`: the traffic the fabric carries, "none" (each RU's fragments in
+    /// assignment order) or "barrel" (the barrel shifter).
+    #[serde(default = "default_fabric_shaping")]
+    pub fabric_shaping: String,
+    /// With `fabric_routing`: ports per leaf switch (half to hosts, half up).
+    #[serde(default = "default_leaf_radix")]
+    pub leaf_radix: usize,
+    /// With `fabric_routing`: host ports per uplink of a leaf (1: full bisection).
+    #[serde(default = "default_oversubscription")]
+    pub oversubscription: usize,
 }
 
 impl Default for System {
@@ -130,6 +145,10 @@ impl Default for System {
             host_gbps: 0.0,
             folded: false,
             spines: 0,
+            fabric_routing: String::new(),
+            fabric_shaping: default_fabric_shaping(),
+            leaf_radix: default_leaf_radix(),
+            oversubscription: default_oversubscription(),
         }
     }
 }
@@ -139,6 +158,15 @@ fn default_trigger() -> String {
 }
 fn default_efficiency() -> f64 {
     1.0
+}
+fn default_fabric_shaping() -> String {
+    "none".into()
+}
+fn default_leaf_radix() -> usize {
+    32
+}
+fn default_oversubscription() -> usize {
+    1
 }
 fn default_credits() -> u32 {
     8
@@ -153,9 +181,80 @@ fn default_seed() -> u64 {
 impl System {
     /// Reads a system from TOML; an error names the key.
     pub fn from_toml(text: &str) -> Result<System, String> {
-        let s: System = toml::from_str(text).map_err(|e| e.to_string().trim().to_string())?;
+        let mut s: System = toml::from_str(text).map_err(|e| e.to_string().trim().to_string())?;
         s.validate()?;
+        let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        if s.fabric_routing.is_empty() {
+            // the fabric's shape does nothing without a routing to model it with
+            for key in ["fabric_shaping", "leaf_radix", "oversubscription"] {
+                if table.contains_key(key) {
+                    return Err(format!(
+                        "{key}: only with fabric_routing (the Clos model it shapes)"
+                    ));
+                }
+            }
+        } else {
+            if table.contains_key("link_efficiency") {
+                return Err(
+                    "link_efficiency: given with fabric_routing, which derives it from \
+                     the Clos model; give one of them"
+                        .into(),
+                );
+            }
+            s.derive_fabric()?;
+        }
         Ok(s)
+    }
+
+    /// `fabric_routing`: the links' share for data from the Clos model of this system's
+    /// hosts (folded: host i is RU i and BU i; else the BUs on leaves of their own), and
+    /// the fabric's spines.
+    fn derive_fabric(&mut self) -> Result<(), String> {
+        let routing = crate::clos::Routing::parse(&self.fabric_routing).ok_or_else(|| {
+            format!(
+                "fabric_routing: {:?} is not one of static, random, local, pair, ecmp, adaptive",
+                self.fabric_routing
+            )
+        })?;
+        let policy = match self.fabric_shaping.as_str() {
+            "none" => crate::Policy::RandomFifo,
+            "barrel" => crate::Policy::Barrel,
+            other => {
+                return Err(format!(
+                    "fabric_shaping: {other:?} is not \"none\" or \"barrel\""
+                ))
+            }
+        };
+        if !(4..=1024).contains(&self.leaf_radix) {
+            return Err("leaf_radix: must be from 4 to 1024".into());
+        }
+        if !(1..=64).contains(&self.oversubscription) {
+            return Err("oversubscription: must be from 1 to 64".into());
+        }
+        let hosts = self.rus;
+        let o = crate::clos::ClosModel {
+            hosts,
+            bus: (!self.folded).then_some(self.bus),
+            radix: self.leaf_radix,
+            oversubscription: self.oversubscription,
+            routing,
+            settle: 1000,
+            policy,
+            repeat: false,
+            // as `evb sim --model clos` steps by default
+            slots: (20_000_000 / hosts as u64).clamp(2_000, 200_000),
+            seed: self.seed,
+        }
+        .run();
+        if self.spines != 0 && self.spines != o.spines {
+            return Err(format!(
+                "spines: {} given, but {}-port leaves with oversubscription {} have {}",
+                self.spines, self.leaf_radix, self.oversubscription, o.spines
+            ));
+        }
+        self.spines = o.spines;
+        self.link_efficiency = o.efficiency.clamp(1e-6, 1.0);
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -437,6 +536,16 @@ impl System {
         }
         if on("folded", self.folded) {
             out += ", folded (RU i and BU i on host i)";
+        }
+        if on("fabric_routing", !self.fabric_routing.is_empty()) {
+            out += &format!(
+                ", a Clos of {}-port leaves ({} routing, {} traffic, oversubscription {}): {:.1} % of the links for data from its model",
+                self.leaf_radix,
+                self.fabric_routing,
+                if self.fabric_shaping == "barrel" { "barrel-shifted" } else { "unshaped" },
+                self.oversubscription,
+                self.link_efficiency * 100.0
+            );
         }
         if on("spines", self.spines > 0) {
             out += &format!(", {} spines", self.spines);
@@ -1035,5 +1144,72 @@ mod tests {
             ..four(0.5)
         });
         assert_eq!(r[1].1.fragment_bytes_per_ru, vec![1e3, 2e3, 3e3]);
+    }
+
+    #[test]
+    fn a_fabric_routing_takes_the_links_share_from_the_clos_model() {
+        use crate::clos::{ClosModel, Routing};
+        let text = |extra: &str| {
+            format!(
+                "rus = 64\nbus = 64\nfolded = true\nlink_gbps = 100\ntrigger_hz = 1000\n\
+                 fragment_bytes = 1000\nleaf_radix = 16\n{extra}"
+            )
+        };
+        let clos = |routing, policy| {
+            ClosModel {
+                hosts: 64,
+                bus: None,
+                radix: 16,
+                oversubscription: 1,
+                routing,
+                settle: 1000,
+                policy,
+                repeat: false,
+                slots: (20_000_000 / 64u64).clamp(2_000, 200_000),
+                seed: 1,
+            }
+            .run()
+        };
+        let ecmp = System::from_toml(&text("fabric_routing = \"ecmp\"")).unwrap();
+        let want = clos(Routing::Ecmp, crate::Policy::RandomFifo);
+        assert_eq!(ecmp.link_efficiency, want.efficiency);
+        assert!(ecmp.link_efficiency < 0.8, "{}", ecmp.link_efficiency);
+        assert_eq!(ecmp.spines, want.spines);
+        assert!(
+            ecmp.shape_with(&[]).contains("ecmp routing"),
+            "{}",
+            ecmp.shape_with(&[])
+        );
+        // the barrel shifter on static routes crosses the fabric as one switch
+        let barrel = System::from_toml(&text(
+            "fabric_routing = \"static\"\nfabric_shaping = \"barrel\"",
+        ))
+        .unwrap();
+        assert!(barrel.link_efficiency > 0.99, "{}", barrel.link_efficiency);
+        // the links' share is what the offered model runs on
+        assert!(ecmp.link_load() > barrel.link_load());
+        for (extra, key) in [
+            (
+                "fabric_routing = \"ecmp\"\nlink_efficiency = 0.9",
+                "link_efficiency",
+            ),
+            ("fabric_routing = \"wormhole\"", "fabric_routing"),
+            (
+                "fabric_routing = \"ecmp\"\nfabric_shaping = \"shifted\"",
+                "fabric_shaping",
+            ),
+            ("fabric_routing = \"ecmp\"\nspines = 3", "spines"),
+        ] {
+            let e = System::from_toml(&text(extra)).unwrap_err();
+            assert!(e.starts_with(key), "{extra}: {e}");
+        }
+        // the fabric's shape without a routing is refused, key by key
+        let e = System::from_toml(&text("")).unwrap_err();
+        assert!(e.starts_with("leaf_radix"), "{e}");
+        let plain = "rus = 4\nbus = 4\nlink_gbps = 100\ntrigger_hz = 1000\nfragment_bytes = 1000\n";
+        for key in ["fabric_shaping = \"barrel\"", "oversubscription = 2"] {
+            let e = System::from_toml(&format!("{plain}{key}")).unwrap_err();
+            assert!(e.starts_with(key.split(' ').next().unwrap()), "{key}: {e}");
+        }
     }
 }

@@ -534,6 +534,11 @@ pub fn unit_of(key: &str) -> &'static str {
         "link_efficiency" => "fraction of the link",
         "events" => "events",
         "seed" => "seed",
+        "leaf_radix" => "ports per leaf",
+        "oversubscription" => "host ports per uplink",
+        "spines" => "spines",
+        "host_gbps" => "Gb/s",
+        "size_correlation" => "share of the variance",
         _ => "",
     }
 }
