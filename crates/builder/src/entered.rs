@@ -54,6 +54,9 @@ pub(crate) fn paced(now: Instant, elapsed: Duration, rate_hz: f64, k: u64) -> En
     }
 }
 
+/// The most steps [`Arrivals`] keeps before it merges them in pairs.
+const MAX_STEPS: usize = 1 << 16;
+
 /// Live-fed RUs: the moments at which the events every RU holds grew, to tell when each
 /// event entered. Kept from the first event not yet triggered on.
 #[derive(Debug, Default)]
@@ -67,6 +70,19 @@ impl Arrivals {
     pub(crate) fn reached(&mut self, now: Instant, limit: u64) {
         if self.steps.back().is_none_or(|&(l, _)| limit > l) {
             self.steps.push_back((limit, now));
+        }
+        if self.steps.len() > MAX_STEPS {
+            // nothing triggered for long (a pause): pairs of steps become one, its events
+            // taken as entered at the earlier moment (their latency counted long, never
+            // short), so that memory stays bounded
+            let merged: VecDeque<_> = self
+                .steps
+                .iter()
+                .collect::<Vec<_>>()
+                .chunks(2)
+                .map(|p| (p[p.len() - 1].0, p[0].1))
+                .collect();
+            self.steps = merged;
         }
     }
 
@@ -204,6 +220,21 @@ mod tests {
         assert_eq!(a.take(t0 + ms(9), 8, 2), Entered::At(t0 + ms(3)));
         // beyond what was announced (not expected): the moment of the assignment
         assert_eq!(a.take(t0 + ms(9), 10, 1), Entered::At(t0 + ms(9)));
+    }
+
+    #[test]
+    fn arrivals_stay_bounded_and_never_make_a_wait_shorter() {
+        let t0 = Instant::now();
+        let mut a = Arrivals::default();
+        for k in 1..=(MAX_STEPS as u64 + 1) {
+            a.reached(t0 + Duration::from_micros(k), 10 * k);
+        }
+        assert!(a.steps.len() <= MAX_STEPS / 2 + 1, "{}", a.steps.len());
+        // event 15 entered at 2 µs (the step to 20); merged, it is taken as at 1 µs
+        match a.take(t0 + ms(1), 15, 1) {
+            Entered::At(t) => assert!(t <= t0 + Duration::from_micros(2)),
+            e => panic!("{e:?}"),
+        }
     }
 
     #[test]
