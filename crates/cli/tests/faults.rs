@@ -708,11 +708,24 @@ fn spawn_in(netns: &str, id: &str, cfg: &std::path::Path) -> Child {
 /// answer).
 fn evm_line_in(netns: &str, control: &str) -> Value {
     let o = Command::new("ip")
-        .args(["netns", "exec", netns, "curl", "-s", "-m", "2"])
+        .args(["netns", "exec", netns, "curl", "-sS", "-m", "2"])
         .arg(format!("http://{control}/api/v1/node"))
         .output()
         .unwrap();
-    serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone()
+    let v = serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone();
+    if v.is_null() {
+        // (said, for the day it does not answer: a fresh-clone CI once saw none for 30 s)
+        eprintln!(
+            "no EVM status in {netns} from {control}: {} {}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim(),
+            String::from_utf8_lossy(&o.stdout)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        );
+    }
+    v
 }
 
 /// Watches the EVM's status in its namespace (30 s at most) until it says `node` was lost
