@@ -838,6 +838,28 @@ fn rate_limit_paces_the_trigger() {
     assert_eq!(evm.stats().triggered, 50);
 }
 
+/// bu0 of a 1 × 1 EVM grants `count` credits at `at`, gets events 0.. assigned, and
+/// releases them all at `release_at`: the EVM's latency from the trigger, each event once.
+fn credit_then_release(
+    evm: &mut Evm,
+    at: Instant,
+    count: u32,
+    release_at: Instant,
+) -> crate::LatencyHistogram {
+    evm.handle(at, NodeRef::Bu(0), Message::Credit { bu: 0, count });
+    evm.poll(at);
+    assert_eq!(evm.stats().triggered, count as u64);
+    let range = EventRange {
+        bu: 0,
+        first: 0,
+        count,
+    };
+    evm.handle(release_at, NodeRef::Bu(0), Message::Release(range));
+    let h = evm.stats().record_latency;
+    assert_eq!(h.count, count as u64, "each event timed once");
+    h
+}
+
 /// The latency from the trigger starts when the event is due, not when a BU's credit lets
 /// the EVM assign it: the wait for credit counts (issue 68 item 3). Unpaced, the EVM
 /// triggers only with credit, so the clock starts at the assignment.
@@ -860,21 +882,7 @@ fn the_latency_from_the_trigger_counts_the_wait_for_credit() {
             evm.poll(t0 + ms(t));
         }
         assert_eq!(evm.stats().triggered, 0, "no credit, no assignment");
-        evm.handle(
-            t0 + ms(20),
-            NodeRef::Bu(0),
-            Message::Credit { bu: 0, count: 5 },
-        );
-        evm.poll(t0 + ms(20));
-        assert_eq!(evm.stats().triggered, 5);
-        let range = EventRange {
-            bu: 0,
-            first: 0,
-            count: 5,
-        };
-        evm.handle(t0 + ms(30), NodeRef::Bu(0), Message::Release(range));
-        let h = evm.stats().record_latency;
-        assert_eq!(h.count, 5, "each event timed once");
+        let h = credit_then_release(&mut evm, t0 + ms(20), 5, t0 + ms(30));
         (h.quantile_us(0.0).unwrap(), h.quantile_us(1.0).unwrap())
     };
     let (min, max) = released_after(Some(1000.0));
@@ -906,21 +914,7 @@ fn a_decision_from_outside_is_timed_from_when_it_was_taken_in() {
         t0 + ms(4),
         &[DecisionWindow::all(10, 20), DecisionWindow::all(20, 30)]
     ));
-    evm.handle(
-        t0 + ms(10),
-        NodeRef::Bu(0),
-        Message::Credit { bu: 0, count: 3 },
-    );
-    evm.poll(t0 + ms(10));
-    assert_eq!(evm.stats().triggered, 3);
-    let range = EventRange {
-        bu: 0,
-        first: 0,
-        count: 3,
-    };
-    evm.handle(t0 + ms(12), NodeRef::Bu(0), Message::Release(range));
-    let h = evm.stats().record_latency;
-    assert_eq!(h.count, 3);
+    let h = credit_then_release(&mut evm, t0 + ms(10), 3, t0 + ms(12));
     // 11 ms for the first, 8 ms for the two taken in at 4 ms
     let (min, max) = (h.quantile_us(0.0).unwrap(), h.quantile_us(1.0).unwrap());
     assert!((7_900..=8_100).contains(&min), "{min}");
