@@ -4,10 +4,12 @@
 //! microseconds per event (from /proc/self/stat). User time is the writer's own work (CRCs,
 //! copies); system time the kernel's (the copy into the page cache, the syncs).
 //!
-//!   cargo run --release -p evb-formats --example append_cost -- DIR [EVENTS] [FRAGMENT_KIB] [checked]
+//!   cargo run --release -p evb-formats --example append_cost -- DIR [EVENTS] [FRAGMENT_KIB] [checked|packed]
 //!
 //! `checked`: the fragments' payload CRCs are taken as checked (a BU with `verify` crc or
-//! full): the writer reads no payload byte.
+//! full): the writer reads no payload byte. `packed` (built with `--features hdf5`): the
+//! HDF5 sink's packed layout instead of `.evb`, its files completed as the BU completes
+//! them (the index and close, then the CRC32C and sync of the prepare job).
 
 use evb_buffers::{Chain, Pool};
 use evb_formats::events::EventFileWriter;
@@ -29,6 +31,7 @@ fn main() {
     let events: u64 = args.get(2).map_or(2000, |s| s.parse().expect("events"));
     let kib: usize = args.get(3).map_or(512, |s| s.parse().expect("KiB"));
     let checked = args.get(4).is_some_and(|s| s == "checked");
+    let packed = args.get(4).is_some_and(|s| s == "packed");
     let page = 256 << 10;
     let pool = Pool::new("pages", page, 4 * (kib * 1024).div_ceil(page) + 4);
     let frags: Vec<(FragmentHeader, Chain)> = (0..2u16)
@@ -56,8 +59,11 @@ fn main() {
     std::fs::create_dir_all(&out).unwrap();
     let (u0, s0) = cpu();
     let t = std::time::Instant::now();
+    if packed {
+        append_packed(&out, events, &refs);
+    }
     let mut w = None;
-    for e in 0..events {
+    for e in (0..events).filter(|_| !packed) {
         let seq = (e / 16) as u32;
         let writer = w.get_or_insert_with(|| {
             #[allow(unused_mut)]
@@ -83,11 +89,58 @@ fn main() {
     let gb = events as f64 * (2 * (kib << 10)) as f64 / 1e9;
     println!(
         "{events} events of 2 x {kib} KiB{}: user {:.1} us/event ({:.3} s/GB), system {:.1} us/event ({:.3} s/GB), {:.3} GB/s",
-        if checked { ", CRCs checked" } else { "" },
+        match (checked, packed) {
+            (_, true) => ", HDF5 packed",
+            (true, _) => ", CRCs checked",
+            _ => "",
+        },
         per(u1 - u0),
         (u1 - u0) / gb,
         per(s1 - s0),
         (s1 - s0) / gb,
         gb / wall
     );
+}
+
+/// The packed HDF5 layout's files of 16 events, each completed as the BU's sink does.
+#[cfg(feature = "hdf5")]
+fn append_packed(out: &std::path::Path, events: u64, refs: &[(FragmentHeader, &Chain)]) {
+    use evb_formats::events::PartWriter;
+    use evb_formats::hdf5_events::{Hdf5EventWriter, Hdf5Layout};
+    let mut w: Option<Hdf5EventWriter> = None;
+    let complete = |mut w: Hdf5EventWriter| {
+        if let Some(job) = w.begin_prepare().unwrap() {
+            job.run().unwrap();
+            w.prepared();
+        }
+        w.publish().unwrap();
+    };
+    for e in 0..events {
+        let writer = w.get_or_insert_with(|| {
+            Hdf5EventWriter::create(
+                out,
+                "cost",
+                0,
+                (e / 16) as u32,
+                0o600,
+                None,
+                "event",
+                Hdf5Layout::Packed,
+            )
+            .unwrap()
+        });
+        writer.append_event(e, e as u32, 0, refs).unwrap();
+        writer.flush_events().unwrap();
+        if e % 16 == 15 {
+            complete(w.take().unwrap());
+        }
+    }
+    if let Some(w) = w {
+        complete(w);
+    }
+}
+
+#[cfg(not(feature = "hdf5"))]
+fn append_packed(_: &std::path::Path, _: u64, _: &[(FragmentHeader, &Chain)]) {
+    panic!("`packed` needs the example built with --features hdf5");
 }
