@@ -415,9 +415,6 @@ impl PackedFile {
         let (Some(crcs), Some(data)) = (&self.chunk_crcs, &self.data) else {
             return Vec::new();
         };
-        if crcs.len() > KNOWN_CHUNKS_MAX {
-            return Vec::new();
-        }
         let mut known = Vec::with_capacity(crcs.len());
         for (i, crc) in crcs.iter().enumerate() {
             let Some(crc) = *crc else { continue };
