@@ -623,7 +623,10 @@ impl Netns {
                 .status()
                 .is_ok_and(|s| s.success())
         };
-        let (a, b) = (format!("evb{tag}a"), format!("evb{tag}b"));
+        // named by this process too: a second run of these tests on the host (another
+        // checkout's, a CI job beside a developer's) must not delete or enter this one's
+        let pid = std::process::id() % 100_000;
+        let (a, b) = (format!("evb{tag}{pid}a"), format!("evb{tag}{pid}b"));
         let _ = Command::new("ip").args(["netns", "del", &a]).status();
         let _ = Command::new("ip").args(["netns", "del", &b]).status();
         if !ip(&["netns", "add", &a]) {
@@ -704,19 +707,39 @@ fn spawn_in(netns: &str, id: &str, cfg: &std::path::Path) -> Child {
         .unwrap()
 }
 
-/// The EVM's latest status line, read with curl in its namespace (`null` when it does not
-/// answer).
-fn evm_line_in(netns: &str, control: &str) -> Value {
-    let o = Command::new("ip")
-        .args(["netns", "exec", netns, "curl", "-sS", "-m", "2"])
+/// The EVM's latest status line, read with curl in the network namespace of process `pid`
+/// (the EVM, or the `evb run` that started it), entered by the process rather than by the
+/// namespace's name, which another run of these tests on the host could reuse (`null` when
+/// it does not answer).
+fn evm_line_in(pid: u32, control: &str) -> Value {
+    let o = Command::new("nsenter")
+        .args([
+            "--target",
+            &pid.to_string(),
+            "--net",
+            "curl",
+            "-sS",
+            "-m",
+            "2",
+        ])
         .arg(format!("http://{control}/api/v1/node"))
         .output()
         .unwrap();
     let v = serde_json::from_slice::<Value>(&o.stdout).unwrap_or(Value::Null)["snapshot"].clone();
     if v.is_null() {
-        // (said, for the day it does not answer: a fresh-clone CI once saw none for 30 s)
+        // (said, for the day it does not answer: a fresh-clone CI once saw none for 30 s),
+        // with the namespace's listening sockets the first time
+        static LISTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let listening = match LISTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            true => String::new(),
+            false => Command::new("nsenter")
+                .args(["--target", &pid.to_string(), "--net", "ss", "-ltnp"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_default(),
+        };
         eprintln!(
-            "no EVM status in {netns} from {control}: {} {}{}",
+            "no EVM status in process {pid}'s namespace from {control}: {} {}{}\n{listening}",
             o.status,
             String::from_utf8_lossy(&o.stderr).trim(),
             String::from_utf8_lossy(&o.stdout)
@@ -730,10 +753,10 @@ fn evm_line_in(netns: &str, control: &str) -> Value {
 
 /// Watches the EVM's status in its namespace (30 s at most) until it says `node` was lost
 /// (how long that took) or the EVM process ended (`None`: its report says what happened).
-fn lost_or_ended(netns: &str, control: &str, node: &str, evm: &mut Child) -> Option<Duration> {
+fn lost_or_ended(control: &str, node: &str, evm: &mut Child) -> Option<Duration> {
     let since = Instant::now();
     while since.elapsed() < Duration::from_secs(30) {
-        let l = evm_line_in(netns, control);
+        let l = evm_line_in(evm.id(), control);
         let lost = l["stats"]["lost"]
             .as_array()
             .is_some_and(|v| v.iter().any(|e| e["node"] == node && e["kind"] == "lost"));
@@ -749,10 +772,10 @@ fn lost_or_ended(netns: &str, control: &str, node: &str, evm: &mut Child) -> Opt
 }
 
 /// Polls the EVM's status in its namespace until `f` holds (30 s at most).
-fn wait_evm_in(netns: &str, control: &str, what: &str, f: &dyn Fn(&Value) -> bool) {
+fn wait_evm_in(pid: u32, control: &str, what: &str, f: &dyn Fn(&Value) -> bool) {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        let l = evm_line_in(netns, control);
+        let l = evm_line_in(pid, control);
         if f(&l) {
             return;
         }
@@ -818,8 +841,9 @@ fn network_cut_to_a_bu_and_back() {
         kids.insert(id.into(), spawn_in(&ns.b, id, &cfg));
     }
     kids.insert("bu1".into(), spawn_in(&ns.a, "bu1", &cfg));
+    let evm_pid = kids["evm"].id();
     let wait_evm =
-        |what: &str, f: &dyn Fn(&Value) -> bool| wait_evm_in(&ns.b, "127.0.0.1:7700", what, f);
+        |what: &str, f: &dyn Fn(&Value) -> bool| wait_evm_in(evm_pid, "127.0.0.1:7700", what, f);
     wait_evm("the run running with 2000 events triggered", &|l| {
         triggered_at_least(l, 2000)
     });
@@ -828,12 +852,7 @@ fn network_cut_to_a_bu_and_back() {
     // down until the EVM has declared bu1 lost, or ended its run (on a loaded host the
     // status poll may miss the moment; the report below says what happened), and 2.5 s in
     // all (the fault's length, over the 1 s heartbeat timeout)
-    let _ = lost_or_ended(
-        &ns.b,
-        "127.0.0.1:7700",
-        "bu[1]",
-        kids.get_mut("evm").unwrap(),
-    );
+    let _ = lost_or_ended("127.0.0.1:7700", "bu[1]", kids.get_mut("evm").unwrap());
     std::thread::sleep(Duration::from_millis(2500).saturating_sub(cut.elapsed()));
     ns.link(true);
     let outs = outputs(kids, Duration::from_secs(40));
@@ -911,9 +930,12 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
         kids.insert(id.into(), spawn_in(&ns.a, id, &cfg));
     }
     let control = "127.0.0.1:7720";
-    wait_evm_in(&ns.b, control, &format!("{at} events triggered"), &|l| {
-        triggered_at_least(l, at)
-    });
+    wait_evm_in(
+        kids["evm"].id(),
+        control,
+        &format!("{at} events triggered"),
+        &|l| triggered_at_least(l, at),
+    );
     // packets from the RUs to bu1 vanish: no reset, no error, nothing comes back
     assert!(Command::new("ip")
         .args(["-n", &ns.a, "route", "add", "blackhole", "10.77.0.3/32"])
@@ -921,7 +943,7 @@ fn a_black_holed_data_link_is_found_and_its_bu_dropped() {
         .unwrap()
         .success());
     // watched until the EVM has dropped bu1 or ended (its report then says what happened)
-    let found = lost_or_ended(&ns.b, control, "bu[1]", kids.get_mut("evm").unwrap());
+    let found = lost_or_ended(control, "bu[1]", kids.get_mut("evm").unwrap());
     let outs = outputs(kids, Duration::from_secs(40));
     for id in ["evm", "ru0", "ru1", "bu0"] {
         assert!(
@@ -1011,7 +1033,7 @@ fn evb_run_finds_a_black_holed_data_link_at_a_seeded_moment() {
     // (an `evb run` that ended first says why)
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        if triggered_at_least(&evm_line_in(&ns, control), at) {
+        if triggered_at_least(&evm_line_in(run.id(), control), at) {
             break;
         }
         if run.try_wait().unwrap().is_some() {
