@@ -20,6 +20,45 @@ pub use pool::{Pool, PoolStats, RemotePool};
 mod tests {
     use super::*;
 
+    /// A populated pool's pages are marked for huge pages (the `hg` flag of its mapping in
+    /// /proc/self/smaps) on a kernel that has transparent huge pages.
+    #[test]
+    fn a_populated_pool_asks_for_huge_pages() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            skips::skipped("huge pages", "this kernel has no transparent huge pages");
+            return;
+        }
+        let pool = Pool::new("huge", 1 << 20, 16);
+        pool.populate().unwrap();
+        // the middle block's address lies in the region's whole 2 MiB pages
+        let mut held: Vec<BlockWriter> = (0..16).map(|_| pool.try_alloc().unwrap()).collect();
+        let mut at: Vec<usize> = held
+            .iter_mut()
+            .map(|w| w.append(b"x").unwrap().as_ptr() as usize)
+            .collect();
+        at.sort_unstable();
+        let mid = at[8];
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        let flags = smaps
+            .lines()
+            .find_map(|l| {
+                if let Some((range, _)) = l.split_once(' ') {
+                    if let Some((a, b)) = range.split_once('-') {
+                        if let (Ok(a), Ok(b)) =
+                            (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                        {
+                            inside = a <= mid && mid < b;
+                            return None;
+                        }
+                    }
+                }
+                (inside && l.starts_with("VmFlags:")).then(|| l.to_string())
+            })
+            .expect("the pool's mapping in /proc/self/smaps");
+        assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+    }
+
     #[test]
     fn block_returns_to_pool_when_last_user_drops() {
         let pool = Pool::new("t", 64, 2);
