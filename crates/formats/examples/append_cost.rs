@@ -4,12 +4,14 @@
 //! microseconds per event (from /proc/self/stat). User time is the writer's own work (CRCs,
 //! copies); system time the kernel's (the copy into the page cache, the syncs).
 //!
-//!   cargo run --release -p evb-formats --example append_cost -- DIR [EVENTS] [FRAGMENT_KIB] [checked|packed]
+//!   cargo run --release -p evb-formats --example append_cost -- DIR [EVENTS] [FRAGMENT_KIB] [checked|packed] [PIECE_BYTES]
 //!
 //! `checked`: the fragments' payload CRCs are taken as checked (a BU with `verify` crc or
 //! full): the writer reads no payload byte. `packed` (built with `--features hdf5`): the
 //! HDF5 sink's packed layout instead of `.evb`, its files completed as the BU completes
-//! them (the index and close, then the CRC32C and sync of the prepare job).
+//! them (the index and close, then the CRC32C and sync of the prepare job). PIECE_BYTES: the
+//! bytes of a fragment each page holds (default a whole page; a BU's pages hold 256 KiB less
+//! the message's head that came with them, e.g. 262080).
 
 use evb_buffers::{Chain, Pool};
 use evb_formats::events::EventFileWriter;
@@ -33,15 +35,19 @@ fn main() {
     let checked = args.get(4).is_some_and(|s| s == "checked");
     let packed = args.get(4).is_some_and(|s| s == "packed");
     let page = 256 << 10;
-    let pool = Pool::new("pages", page, 4 * (kib * 1024).div_ceil(page) + 4);
+    let piece: usize = args
+        .get(5)
+        .map_or(page, |s| s.parse().expect("piece bytes"));
+    assert!(piece > 0 && piece <= page, "PIECE_BYTES: 1 to {page}");
+    let pool = Pool::new("pages", page, 4 * (kib * 1024).div_ceil(piece) + 4);
     let frags: Vec<(FragmentHeader, Chain)> = (0..2u16)
         .map(|src| {
             let bytes: Vec<u8> = (0..kib << 10)
                 .map(|i| (i * 7 + src as usize) as u8)
                 .collect();
             let mut c = Chain::new();
-            for piece in bytes.chunks(page) {
-                c.push(pool.try_alloc().unwrap().append(piece).unwrap());
+            for p in bytes.chunks(piece) {
+                c.push(pool.try_alloc().unwrap().append(p).unwrap());
             }
             let h = FragmentHeader {
                 event_id: 0,
