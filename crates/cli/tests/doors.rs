@@ -444,7 +444,10 @@ fn a_reconnecting_hello_flood_on_a_bu_does_not_keep_a_run_with_a_secret_from_sta
         );
         let opened = flood.stop();
         eprintln!("doors: {sockets} flood sockets opened {opened} connections");
-        assert!(opened >= sockets as u64, "the flood never got in");
+        // a socket connects only once bu0 listens, and 3,000 small events may be built
+        // within a few hundred ms of that: on a loaded host not every one of 256 threads
+        // gets its turn first (a fresh-clone CI saw 252), half of them shows the flood in
+        assert!(opened >= sockets as u64 / 2, "the flood never got in");
         common::assert_exact(&out, &s, 3000, 2, 2);
     }
 }
