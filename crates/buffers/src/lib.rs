@@ -38,23 +38,18 @@ mod tests {
             .collect();
         at.sort_unstable();
         let mid = at[8];
+        // the mapping that holds it: its header line ("start-end perms ...") then its fields
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
+        let holds = |l: &str| {
+            let range = l.split(' ').next().unwrap_or("");
+            let (a, b) = range.split_once('-').unwrap_or(("", ""));
+            let hex = |x| usize::from_str_radix(x, 16).ok();
+            matches!((hex(a), hex(b)), (Some(a), Some(b)) if a <= mid && mid < b)
+        };
         let flags = smaps
             .lines()
-            .find_map(|l| {
-                if let Some((range, _)) = l.split_once(' ') {
-                    if let Some((a, b)) = range.split_once('-') {
-                        if let (Ok(a), Ok(b)) =
-                            (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-                        {
-                            inside = a <= mid && mid < b;
-                            return None;
-                        }
-                    }
-                }
-                (inside && l.starts_with("VmFlags:")).then(|| l.to_string())
-            })
+            .skip_while(|l| !holds(l))
+            .find(|l| l.starts_with("VmFlags:"))
             .expect("the pool's mapping in /proc/self/smaps");
         assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
     }

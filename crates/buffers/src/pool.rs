@@ -180,8 +180,8 @@ fn ask_huge_pages(at: usize, len: usize) {
     const HUGE: usize = 2 << 20;
     let (start, end) = (at.next_multiple_of(HUGE), (at + len) / HUGE * HUGE);
     if end > start {
-        // SAFETY: [start, end) lies within the allocation the caller owns and has just made;
-        // MADV_HUGEPAGE changes how its pages are backed, never its contents.
+        // SAFETY: [start, end) lies within [at, at + len), a pool's region that the pool
+        // keeps mapped; MADV_HUGEPAGE changes how its pages are backed, never its contents.
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
         }
