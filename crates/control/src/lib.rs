@@ -21,5 +21,6 @@ pub use controller::{
 };
 pub use evb_transport::control_token;
 pub use service::{
-    numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase, ProcessError,
+    numbered_run_id, run_process, Ended, LastRun, Lines, Mode, Node, NodeReply, Phase,
+    ProcessError, RECORDS_FLUSH_LIMIT,
 };

@@ -329,6 +329,11 @@ pub enum ProcessError {
     Records(String),
 }
 
+/// How long a run control waits, at its process's end, for its run records to be on disk.
+/// A launcher waits this long (and a little more) for an EVM to exit after its report: the
+/// EVM is not hung while it writes the run's record.
+pub const RECORDS_FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
 /// Starts node `id` of `cfg`: its API on its control address, then its run(s), commanded
 /// through `control` (and its API). Returns when the one run is over (`Mode::Once`) or
 /// when halted (`Mode::Serve`). `once_run`: the number of the one run, claimed in the run
@@ -404,7 +409,7 @@ pub fn run_process(
             }
             let ok = matches!(&r, Ok(o) if o.ok);
             if let Some(c) = node.controller() {
-                c.flush_records(Duration::from_secs(10));
+                c.flush_records(RECORDS_FLUSH_LIMIT);
             }
             Ok(Ended {
                 ok,
@@ -453,7 +458,7 @@ pub fn run_process(
             }
             node.lock().phase = Phase::Halted;
             if let Some(c) = node.controller() {
-                c.flush_records(Duration::from_secs(10));
+                c.flush_records(RECORDS_FLUSH_LIMIT);
             }
             info!(node = %spec.id, "halted");
             // let the reply to the halt request go out

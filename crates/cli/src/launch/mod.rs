@@ -42,6 +42,10 @@ pub(crate) enum Note {
     Stderr(String, String),
 }
 
+/// How long a node may take to exit after the EVM's report (the EVM: more, see
+/// `RECORDS_FLUSH_LIMIT`); a node still there then is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
 /// What watching a run saw, for the verdict.
 pub(super) struct Watched {
     /// Each node's final report, if it sent one.
@@ -280,6 +284,8 @@ fn watch(
     let mut told: Vec<String> = Vec::new();
     let mut user_abort = false;
     let mut last_lines: BTreeMap<String, String> = BTreeMap::new();
+    // the EVM reported and the grace for the nodes' exits began: a node killed after it hung
+    let mut after_report = false;
 
     while exit_codes.len() < ids.len() {
         // Ctrl-C: the first asks the EVM to end the run cleanly, a second aborts.
@@ -404,8 +410,23 @@ fn watch(
         // When one process dies early the EVM notices and aborts the run; give the rest a
         // moment, then make sure nobody is left behind.
         if !children.is_empty() && exit_codes.len() < ids.len() && reports.contains_key(evm) {
-            let grace = Instant::now() + Duration::from_secs(5);
-            while exit_codes.len() < ids.len() && Instant::now() < grace {
+            // each node's bound on its exit after the EVM's report; the EVM's own includes
+            // writing the run's record, which a busy disk may hold for seconds (a node still
+            // there after its bound is hung, and is killed below)
+            after_report = true;
+            let from = Instant::now();
+            let bound = |id: &String| {
+                if id == evm {
+                    evb_control::RECORDS_FLUSH_LIMIT + EXIT_GRACE
+                } else {
+                    EXIT_GRACE
+                }
+            };
+            let waiting = |exit_codes: &BTreeMap<String, Option<i32>>| {
+                ids.iter()
+                    .any(|id| !exit_codes.contains_key(id) && from.elapsed() < bound(id))
+            };
+            while waiting(&exit_codes) {
                 for (id, child) in children.iter_mut() {
                     if !exit_codes.contains_key(id) {
                         if let Ok(Some(status)) = child.try_wait() {
@@ -459,6 +480,14 @@ fn watch(
     let mut killed = Vec::new();
     for (id, child) in children.iter_mut() {
         if let Ok(None) = child.try_wait() {
+            if after_report {
+                // where it was stuck, for whoever reads why the run failed
+                eprintln!(
+                    "evb run: {id} (pid {}) had not exited; its threads: {}",
+                    child.id(),
+                    spawn::threads_of(child.id())
+                );
+            }
             let _ = child.kill();
             let _ = child.wait();
             killed.push(id.clone());

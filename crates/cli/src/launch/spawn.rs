@@ -545,3 +545,52 @@ mod tests {
         }
     }
 }
+
+/// Process `pid`'s threads as `name state where` (the kernel function each waits in), from
+/// /proc: what a node that would not exit was doing when it was killed. At most 32 threads.
+pub(crate) fn threads_of(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(gone)".into();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten().take(32) {
+        let path = t.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default();
+        let name = read("comm").trim().to_string();
+        // stat: "tid (comm) S ...": the state follows the last ')' (comm may hold one)
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let wchan = read("wchan");
+        let wchan = if wchan.is_empty() || wchan == "0" {
+            "-".to_string()
+        } else {
+            wchan
+        };
+        out.push(format!("{name} {state} {wchan}"));
+    }
+    out.join("; ")
+}
+
+#[cfg(test)]
+mod threads {
+    /// This test's own process: its main thread and the test's thread are there, each with
+    /// a state letter.
+    #[test]
+    fn a_processs_threads_are_named_with_their_state() {
+        let s = super::threads_of(std::process::id());
+        let parts: Vec<&str> = s.split("; ").collect();
+        assert!(parts.len() >= 2, "{s}");
+        for p in parts {
+            let state = p.split(' ').nth(1).unwrap_or("");
+            assert!(
+                state.len() == 1 && "RSDTtZXIKWP".contains(state),
+                "{p} in {s}"
+            );
+        }
+        assert_eq!(super::threads_of(u32::MAX), "(gone)");
+    }
+}
