@@ -162,8 +162,8 @@ fn data_files(dir: &Path) -> (u64, u64) {
 
 /// The write limit of the files in `written`: two threads (one per BU) writing as many files
 /// of their mean size into `dir/plain`, 1 MiB a write from memory, each file then committed
-/// as a part is (fdatasync, a metadata file written and fdatasync'd, two renames, the folder
-/// synced).
+/// as a part is (fdatasync, its pages given back as the sink's are, a metadata file written
+/// and fdatasync'd, two renames, the folder synced).
 pub fn plain_writer(sink: SinkKind, dir: &Path, written: &Written) -> Result<Point, String> {
     let (files, bytes) = written
         .lock()
@@ -235,6 +235,11 @@ fn write_parts(out: &Path, w: u64, n: u64, part: u64, block: &[u8]) -> Result<()
             left -= k as u64;
         }
         f.sync_data().map_err(e(&tmp))?;
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: advice on a descriptor held open; a file system without it ignores it.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
         let mut m = std::fs::File::create(&meta_tmp).map_err(e(&meta_tmp))?;
         m.write_all(&br#"{"format": "evb-events"}"#.repeat(20))
             .map_err(e(&meta_tmp))?;

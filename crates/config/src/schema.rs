@@ -800,6 +800,12 @@ pub struct SinkSection {
     /// (mode 0640 instead of 0600). Without a secret files follow the umask, and this is
     /// refused.
     pub file_group_read: bool,
+    /// `file` and `hdf5` sinks: keep a committed file's pages in the page cache (true), or
+    /// give them back to the kernel once the file is synced (false): the BU never reads its
+    /// files again, and a page cache that grows by every byte written takes fresh memory,
+    /// which costs more to write into than the pages just given back. On tmpfs (/dev/shm) a
+    /// file's pages are the file and stay either way.
+    pub keep_in_page_cache: bool,
 }
 
 impl Default for SinkSection {
@@ -822,6 +828,7 @@ impl Default for SinkSection {
             hdf5_deflate: 0,
             hdf5_layout: Hdf5Layout::Evb,
             file_group_read: false,
+            keep_in_page_cache: false,
         }
     }
 }

@@ -324,6 +324,22 @@ fn the_hdf5_sink_and_its_deflate_level_are_checked_by_name() {
     );
 }
 
+/// Committed files leave the page cache unless asked to stay, and only a sink that writes
+/// files reads the key.
+#[test]
+fn the_page_cache_is_given_back_by_default_and_kept_only_for_file_sinks() {
+    let c = Config::from_toml("[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\n").unwrap();
+    assert!(!c.sink.keep_in_page_cache);
+    let c =
+        Config::from_toml("[sink]\nkind = \"file\"\ndir = \"/tmp/x\"\nkeep_in_page_cache = true\n")
+            .unwrap();
+    assert!(c.sink.keep_in_page_cache);
+    assert_err(
+        "[sink]\nkeep_in_page_cache = true\n",
+        &["sink.keep_in_page_cache", "only read"],
+    );
+}
+
 #[test]
 fn the_hdf5_layout_is_read_by_name_and_only_for_an_hdf5_sink() {
     let h5 = "[sink]\nkind = \"hdf5\"\ndir = \"/tmp/x\"\n";

@@ -236,6 +236,12 @@ impl Config {
                 "only read when a BU's sink is \"hdf5\"",
             ));
         }
+        if self.sink.keep_in_page_cache && !file_sink {
+            return Err(invalid(
+                "sink.keep_in_page_cache",
+                "only read when a BU's sink writes files (\"file\" or \"hdf5\")",
+            ));
+        }
         if self.sink.hdf5_layout != Hdf5Layout::Evb && !hdf5 {
             return Err(invalid(
                 "sink.hdf5_layout",

@@ -147,6 +147,9 @@ pub struct FileSink {
     mode: u32,
     /// The BU checked every fragment's payload CRC32C (see [`FileSink::payload_crcs_checked`]).
     crcs_checked: bool,
+    /// Committed files' pages leave the page cache once synced (`sink.keep_in_page_cache`
+    /// false).
+    drop_pages: bool,
     run: String,
     bu: u16,
     max_events: u64,
@@ -240,6 +243,7 @@ impl FileSink {
             format,
             mode,
             crcs_checked: false,
+            drop_pages: false,
             run: run.to_string(),
             bu,
             max_events,
@@ -271,6 +275,13 @@ impl FileSink {
     /// instead of reading the payloads again (an event found corrupt is read all the same).
     pub fn payload_crcs_checked(mut self, checked: bool) -> FileSink {
         self.crcs_checked = checked;
+        self
+    }
+
+    /// A committed file's pages leave the page cache once it is synced
+    /// ([`evb_formats::events::PrepareJob::dropping_pages`]).
+    pub fn dropping_pages(mut self, drop: bool) -> FileSink {
+        self.drop_pages = drop;
         self
     }
 
@@ -339,6 +350,7 @@ impl FileSink {
             f.w.set_ranges(&f.ranges);
             match f.w.begin_prepare() {
                 Ok(Some(job)) => {
+                    let job = job.dropping_pages(self.drop_pages);
                     self.syncer.start(f.seq, Job::Prepare(Box::new(job)));
                     f.stage = Stage::Syncing;
                 }

@@ -443,7 +443,8 @@ pub fn logic(
                     },
                     cfg.output_file_mode(),
                 )?
-                .payload_crcs_checked(cfg.builder.verify != VerifyLevel::Headers)),
+                .payload_crcs_checked(cfg.builder.verify != VerifyLevel::Headers)
+                .dropping_pages(!cfg.sink.keep_in_page_cache)),
             };
             let sink: Box<dyn Sink> = match me.sink_delay {
                 Some((us, events)) => Box::new(SlowSink {

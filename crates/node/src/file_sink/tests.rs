@@ -496,3 +496,89 @@ fn hdf5_files_committed(layout: evb_formats::hdf5_events::Hdf5Layout, format: &s
     let again = FileSink::new(dir.path().into(), h5, "r", 2, 0, 0, EVERY_4, 0o600).unwrap();
     assert_eq!(again.next_seq, 1);
 }
+
+/// How many of `path`'s pages are in the page cache, of how many (mincore(2) on a
+/// read-only mapping, which reads no byte and so brings none in).
+fn resident_pages(path: &Path) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: sysconf with a valid name.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let mut pages = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a fresh read-only shared mapping of a file held open, of its length; nothing
+    // reads through it, and it is unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: `pages` holds a byte for each page of the `len` bytes mapped at `p`.
+    let rc = unsafe { libc::mincore(p, len, pages.as_mut_ptr()) };
+    // SAFETY: the mapping made above, of that length, no longer used.
+    unsafe { libc::munmap(p, len) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    (pages.iter().filter(|b| *b & 1 == 1).count(), pages.len())
+}
+
+/// Whether `dir` is on tmpfs, where a file's pages are the file and cannot be given back.
+fn on_tmpfs(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let mut s = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: statfs with a NUL-terminated path and room for its answer.
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), s.as_mut_ptr()) }, 0);
+    // SAFETY: statfs returned 0, so it filled `s`.
+    let s = unsafe { s.assume_init() };
+    s.f_type == libc::TMPFS_MAGIC
+}
+
+/// `sink.keep_in_page_cache = false` (the default): a committed file's pages leave the page
+/// cache once it is synced, and the file reads back whole; kept, they stay. On tmpfs the
+/// pages are the file and stay either way. The folder is the build's own (a disk, where
+/// /tmp may be tmpfs); /dev/shm, where there is one, is the tmpfs case.
+#[test]
+fn a_committed_files_pages_leave_the_page_cache_unless_kept() {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    std::fs::create_dir_all(&target).unwrap();
+    let mut places = vec![tempfile::tempdir_in(&target).unwrap()];
+    if Path::new("/dev/shm").is_dir() {
+        places.push(tempfile::tempdir_in("/dev/shm").unwrap());
+    }
+    let pool = Pool::new("t", 256 << 10, 64);
+    for place in &places {
+        for drop in [true, false] {
+            let dir = place.path().join(if drop { "dropped" } else { "kept" });
+            let mut s = sink(&dir, 0, EVERY_4).dropping_pages(drop);
+            for id in 0..4 {
+                let mut w = pool.try_alloc().unwrap();
+                let body = vec![id as u8; 200 << 10];
+                let payload = Chain::from_slice(w.append(&body).unwrap());
+                s.deliver(&BuiltEvent::of_one_fragment(id, 1, payload))
+                    .unwrap();
+            }
+            s.accepted(0, 4).unwrap();
+            let part = prepare_synced(&mut s, Instant::now()).unwrap()[0].part;
+            publish_now(&mut s, part).unwrap();
+            let file = dir.join("r_bu0_000000.evb");
+            let (resident, pages) = resident_pages(&file);
+            let tmpfs = on_tmpfs(&dir);
+            eprintln!("{}: {resident} of {pages} pages resident", dir.display());
+            if drop && !tmpfs {
+                assert_eq!(resident, 0, "{}: the pages stayed", dir.display());
+            } else {
+                assert_eq!(resident, pages, "{}: pages were dropped", dir.display());
+            }
+            assert_eq!(
+                ids_in(&dir),
+                vec![("r_bu0_000000.evb".into(), vec![0, 1, 2, 3])]
+            );
+        }
+    }
+}
