@@ -1122,29 +1122,26 @@ fn a_stale_control_url_file_is_not_trusted() {
     assert!(err.contains("nothing answers there"), "{err}");
 }
 
-/// The EVM frozen (SIGSTOP) for a seeded 6–9 s once its run's record is on disk, before it
-/// exits: it is not hung (its record flush may take 10 s on a busy disk), so the run stays
-/// OK; `evb run` used to kill an EVM 5 s after its report and call an exact run FAILED.
-/// Frozen past its bound (15 s) it is killed, the run is FAILED, and `evb run` names the
-/// threads it was killed in.
+/// The EVM held at its exit (a ptrace stop at the exit, after its report and its run record)
+/// for a seeded 6–9 s: it is not hung (its record flush alone may take 10 s on a busy disk),
+/// so the run stays OK; `evb run` used to kill an EVM 5 s after its report and call an exact
+/// run FAILED. Held past its bound (15 s) it is killed, the run is FAILED, and `evb run`
+/// names the threads it was killed in.
 #[test]
 fn an_evm_slow_to_exit_after_its_report_is_waited_for_within_its_bound() {
     let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
     eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
     let mut rng = Rng(seed | 1);
-    for (frozen, ok) in [(6_000 + rng.below(3_000), true), (19_000, false)] {
-        // the EVM may exit within microseconds of its record: a run it escaped is run again
-        let (o, evm) = (0..20)
-            .find_map(|_| run_with_the_evm_frozen_at_its_end(frozen))
-            .expect("the EVM was never caught between its record and its exit in 20 runs");
+    for (held, ok) in [(6_000 + rng.below(3_000), true), (19_000, false)] {
+        let (o, evm) = run_with_the_evm_held_at_its_exit(held);
         let out = String::from_utf8_lossy(&o.stdout);
         let err = String::from_utf8_lossy(&o.stderr);
-        eprintln!("doors: the EVM frozen {frozen} ms");
+        eprintln!("doors: the EVM held at its exit for {held} ms");
         if ok {
-            assert!(o.status.success(), "frozen {frozen} ms: {}", text(&o));
-            assert!(out.contains("VERDICT: OK"), "frozen {frozen} ms: {out}");
+            assert!(o.status.success(), "held {held} ms: {}", text(&o));
+            assert!(out.contains("VERDICT: OK"), "held {held} ms: {out}");
         } else {
-            assert!(!o.status.success(), "frozen {frozen} ms: {}", text(&o));
+            assert!(!o.status.success(), "held {held} ms: {}", text(&o));
             assert!(out.contains("evm had to be killed"), "{out}");
             assert!(
                 err.contains(&format!("evm (pid {evm}) had not exited; its threads: ")),
@@ -1154,17 +1151,14 @@ fn an_evm_slow_to_exit_after_its_report_is_waited_for_within_its_bound() {
     }
 }
 
-/// Runs `evb run`, stops its EVM once the EVM's record of the run's end is on disk, and
-/// continues it `frozen_ms` later; None if the EVM had exited before it could be stopped.
-fn run_with_the_evm_frozen_at_its_end(frozen_ms: u64) -> Option<(std::process::Output, i32)> {
+/// Runs `evb run` with its EVM traced (PTRACE_O_TRACEEXIT): the EVM runs as ever until it
+/// exits, is held there (its report sent, its record written, its threads but the main one
+/// gone) for `held_ms`, then let go. The EVM's pid comes back with the launcher's output.
+fn run_with_the_evm_held_at_its_exit(held_ms: u64) -> (std::process::Output, i32) {
     let dir = common::out_dir();
-    let records = dir.path().join("records");
     let l = spawn_run(
         dir.path(),
-        &format!(
-            "[run]\nevents = 2000\nduration_s = 0\nrecords_dir = \"{}\"\n[fragments]\nsize = 4096\n",
-            records.display()
-        ),
+        "[run]\nevents = 20000\nduration_s = 0\n[fragments]\nsize = 4096\n",
     );
     let marker = format!("evb-run-{}-", l.id());
     let t0 = Instant::now();
@@ -1175,28 +1169,59 @@ fn run_with_the_evm_frozen_at_its_end(frozen_ms: u64) -> Option<(std::process::O
         assert!(t0.elapsed() < Duration::from_secs(30), "no EVM process");
         std::thread::sleep(Duration::from_millis(2));
     };
-    // the EVM's record of the run's end: the first "complete" line (the launcher's own
-    // comes after every node has exited); the file is read in a tight loop, as the EVM
-    // exits within a millisecond of it
-    let file = records.join("evb-local.jsonl");
-    while !std::fs::read_to_string(&file).is_ok_and(|s| s.contains("\"complete\"")) {
+    // SAFETY: ptrace(2) on a process of this test's (a descendant), with no memory passed.
+    let rc = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            evm,
+            std::ptr::null_mut::<libc::c_void>(),
+            libc::PTRACE_O_TRACEEXIT as usize as *mut libc::c_void,
+        )
+    };
+    assert_eq!(rc, 0, "PTRACE_SEIZE: {}", std::io::Error::last_os_error());
+    let exit_stop = libc::SIGTRAP | (libc::PTRACE_EVENT_EXIT << 8);
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid(2) for the tracee, into a local.
+        let r = unsafe { libc::waitpid(evm, &mut st, libc::__WALL) };
+        assert_eq!(r, evm, "waitpid: {}", std::io::Error::last_os_error());
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the run never ended"
+            libc::WIFSTOPPED(st),
+            "the EVM ended without stopping at its exit: {st:#x}"
         );
-        std::thread::yield_now();
+        if st >> 8 == exit_stop {
+            break;
+        }
+        // a signal for the EVM (or a group stop): passed on, the EVM goes on
+        let sig = match libc::WSTOPSIG(st) {
+            libc::SIGTRAP | libc::SIGSTOP => 0,
+            s => s,
+        };
+        // SAFETY: ptrace(2) on our stopped tracee.
+        unsafe {
+            libc::ptrace(
+                libc::PTRACE_CONT,
+                evm,
+                std::ptr::null_mut::<libc::c_void>(),
+                sig as usize as *mut libc::c_void,
+            )
+        };
     }
-    // SAFETY: kill(2) with a pid this test found by its launcher's marker.
-    unsafe { libc::kill(evm, libc::SIGSTOP) };
-    let state = std::fs::read_to_string(format!("/proc/{evm}/stat")).unwrap_or_default();
-    let stopped = state
-        .rsplit_once(')')
-        .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'));
-    if stopped {
-        std::thread::sleep(Duration::from_millis(frozen_ms));
+    std::thread::sleep(Duration::from_millis(held_ms));
+    // SAFETY: ptrace(2) on our tracee; it fails if the launcher killed it meanwhile.
+    let detached = unsafe {
+        libc::ptrace(
+            libc::PTRACE_DETACH,
+            evm,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    } == 0;
+    if !detached {
+        // killed while traced: its end is reported here first, and only then to its parent
+        let mut st = 0;
+        // SAFETY: waitpid(2) for the tracee, into a local.
+        unsafe { libc::waitpid(evm, &mut st, libc::__WALL) };
     }
-    // SAFETY: as above (the process may be gone: kill then fails, harmlessly).
-    unsafe { libc::kill(evm, libc::SIGCONT) };
-    let o = l.wait_with_output().unwrap();
-    stopped.then_some((o, evm))
+    (l.wait_with_output().unwrap(), evm)
 }
