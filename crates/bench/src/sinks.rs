@@ -235,11 +235,7 @@ fn write_parts(out: &Path, w: u64, n: u64, part: u64, block: &[u8]) -> Result<()
             left -= k as u64;
         }
         f.sync_data().map_err(e(&tmp))?;
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: advice on a descriptor held open; a file system without it ignores it.
-            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        }
+        evb_formats::events::drop_cached_pages(&f);
         let mut m = std::fs::File::create(&meta_tmp).map_err(e(&meta_tmp))?;
         m.write_all(&br#"{"format": "evb-events"}"#.repeat(20))
             .map_err(e(&meta_tmp))?;

@@ -592,14 +592,7 @@ fn a_node_killed_before_it_registers_is_named_as_the_cause() {
         dir.path(),
         "[run]\nduration_s = 5\n[fragments]\nsize = 4096\n",
     );
-    let want = format!("evb-run-{}-", l.id());
-    let t0 = Instant::now();
-    let pid = loop {
-        if let Some(p) = common::pids_with(&want, "--id bu1 ").first() {
-            break *p;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "bu1 never started");
-    };
+    let pid = node_pid(&l, "bu1");
     // SAFETY: kill(2) on a pid just read from /proc, with a valid signal.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let o = l.wait_with_output().unwrap();
@@ -1160,15 +1153,7 @@ fn run_with_the_evm_held_at_its_exit(held_ms: u64) -> (std::process::Output, i32
         dir.path(),
         "[run]\nevents = 20000\nduration_s = 0\n[fragments]\nsize = 4096\n",
     );
-    let marker = format!("evb-run-{}-", l.id());
-    let t0 = Instant::now();
-    let evm = loop {
-        if let Some(&pid) = common::pids_with(&marker, "--id evm ").first() {
-            break pid;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "no EVM process");
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let evm = node_pid(&l, "evm");
     // SAFETY: ptrace(2) on a process of this test's (a descendant), with no memory passed.
     let rc = unsafe {
         libc::ptrace(
@@ -1224,4 +1209,18 @@ fn run_with_the_evm_held_at_its_exit(held_ms: u64) -> (std::process::Output, i32
         unsafe { libc::waitpid(evm, &mut st, libc::__WALL) };
     }
     (l.wait_with_output().unwrap(), evm)
+}
+
+/// The pid of node `id` of the `evb run` that is `launcher`, once its process exists (20 s
+/// at most): `evb run` tags its nodes' command lines with its own pid.
+fn node_pid(launcher: &std::process::Child, id: &str) -> i32 {
+    let marker = format!("evb-run-{}-", launcher.id());
+    let t0 = Instant::now();
+    loop {
+        if let Some(&pid) = common::pids_with(&marker, &format!("--id {id} ")).first() {
+            return pid;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{id} never started");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

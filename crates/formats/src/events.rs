@@ -351,9 +351,11 @@ impl PrepareJob {
     }
 }
 
-/// Drops `f`'s clean pages from the page cache (POSIX_FADV_DONTNEED after the sync).
+/// Drops `f`'s clean pages from the page cache (POSIX_FADV_DONTNEED after the sync): what a
+/// committed part's sync does unless `sink.keep_in_page_cache` (and `evb bench sinks`' plain
+/// writer, so that its syncs are the sink's).
 #[allow(unsafe_code)] // the one posix_fadvise call
-fn drop_cached_pages(f: &File) {
+pub fn drop_cached_pages(f: &File) {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fadvise only advises the kernel about an open descriptor we hold; a
     // failure (a file system without the advice) changes nothing.
