@@ -1116,17 +1116,28 @@ fn a_stale_control_url_file_is_not_trusted() {
 }
 
 /// The EVM held at its exit (a ptrace stop at the exit, after its report and its run record)
-/// for a seeded 6–9 s: it is not hung (its record flush alone may take 10 s on a busy disk),
-/// so the run stays OK; `evb run` used to kill an EVM 5 s after its report and call an exact
-/// run FAILED. Held past its bound (15 s) it is killed, the run is FAILED, and `evb run`
-/// names the threads it was killed in.
+/// for a seeded 6–13 s, 2 s under its bound: it is not hung (its record flush alone may take
+/// 10 s on a busy disk), so the run stays OK; `evb run` used to kill an EVM 5 s after its
+/// report and call an exact run FAILED. The same with bu1 killed first, at a seeded moment
+/// mid-run (two faults: the EVM builds bu1's events elsewhere). Held 2 s past its bound (15
+/// s) it is killed, the run is FAILED, and `evb run` names the threads it was killed in.
 #[test]
 fn an_evm_slow_to_exit_after_its_report_is_waited_for_within_its_bound() {
     let (seed, _) = chaos_seed("EVB_DOORS_TRIALS", 1);
     eprintln!("doors: seed {seed}: EVB_CHAOS_SEED={seed} replays it");
     let mut rng = Rng(seed | 1);
-    for (held, ok) in [(6_000 + rng.below(3_000), true), (19_000, false)] {
-        let (o, evm) = run_with_the_evm_held_at_its_exit(held);
+    let cases = [
+        (6_000 + rng.below(7_000), None, true),
+        (
+            6_000 + rng.below(7_000),
+            Some(1_000 + rng.below(4_000)),
+            true,
+        ),
+        (17_000, None, false),
+    ];
+    for (held, bu_lost_at, ok) in cases {
+        eprintln!("doors: bu1 killed once {bu_lost_at:?} events were triggered");
+        let (o, evm) = run_with_the_evm_held_at_its_exit(held, bu_lost_at);
         let out = String::from_utf8_lossy(&o.stdout);
         let err = String::from_utf8_lossy(&o.stderr);
         eprintln!("doors: the EVM held at its exit for {held} ms");
@@ -1146,14 +1157,36 @@ fn an_evm_slow_to_exit_after_its_report_is_waited_for_within_its_bound() {
 
 /// Runs `evb run` with its EVM traced (PTRACE_O_TRACEEXIT): the EVM runs as ever until it
 /// exits, is held there (its report sent, its record written, its threads but the main one
-/// gone) for `held_ms`, then let go. The EVM's pid comes back with the launcher's output.
-fn run_with_the_evm_held_at_its_exit(held_ms: u64) -> (std::process::Output, i32) {
+/// gone) for `held_ms`, then let go; first, with `bu_lost_at`, bu1 is killed once the EVM has
+/// triggered that many of the run's 8,000 events (paced at 4 kHz). The EVM's pid comes back
+/// with the launcher's output. Run records go to the run's own folder.
+fn run_with_the_evm_held_at_its_exit(
+    held_ms: u64,
+    bu_lost_at: Option<u64>,
+) -> (std::process::Output, i32) {
     let dir = common::out_dir();
+    let control = free_base_port(5);
     let l = spawn_run(
         dir.path(),
-        "[run]\nevents = 20000\nduration_s = 0\n[fragments]\nsize = 4096\n",
+        &format!(
+            "[run]\nevents = 8000\nrate_hz = 4000\nduration_s = 0\nrecords_dir = {:?}\n\
+             [fragments]\nsize = 4096\n[control]\nbase_port = {control}\n",
+            dir.path().join("records").display().to_string()
+        ),
     );
     let evm = node_pid(&l, "evm");
+    if let Some(n) = bu_lost_at {
+        common::wait_node(
+            &format!("127.0.0.1:{control}"),
+            &format!("{n} events triggered (the EVM's status)"),
+            60,
+            || None,
+            |line| common::triggered_at_least(line, n),
+        );
+        let bu1 = node_pid(&l, "bu1");
+        // SAFETY: kill(2) on a pid read from /proc by the launcher's marker.
+        unsafe { libc::kill(bu1, libc::SIGKILL) };
+    }
     // SAFETY: ptrace(2) on a process of this test's (a descendant), with no memory passed.
     let rc = unsafe {
         libc::ptrace(
