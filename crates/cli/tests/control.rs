@@ -479,6 +479,59 @@ fn evb_up_with_a_standby_survives_a_frozen_evm_and_fences_it() {
     evb_up_survives_a_lost_evm(true);
 }
 
+/// CI's two-fault case of 2026-11-29: the EVM killed in the second half of run 1 (seeded);
+/// the standby takes the run over and ends it, and the new standby `evb up` starts where the
+/// EVM was calls the promoted one as run 1 ends there, or after. Nobody left that EVM, so the
+/// new standby takes nothing over (before, it took run 1 over with no node at the end of
+/// its wait and printed `run 1 FAILED` after `run 1 complete`, then held the control): one
+/// verdict for run 1, complete; the control stays where it moved; run 2 is exact.
+#[test]
+fn a_new_standby_that_comes_as_the_run_ends_takes_nothing_over() {
+    let seed = common::clock_seed();
+    let mut rng = common::Rng(seed | 1);
+    // (the new standby starts about a second after the takeover: from 10,000 of 20,000 at
+    // 8 kHz its call may come as run 1 ends; from 18,000, after)
+    let at = 10_000 + rng.below(9_900);
+    eprintln!("seed {seed}: the EVM killed once {at} of 20000 events are triggered");
+    let mut up = Up::standby_file_run("late-standby", 20000, 8000);
+    let first = up.evm_pid();
+    up.start_until_triggered(at);
+    common::signal(first, "-9");
+    up.follow_takeover(60);
+    let control = up.url.clone();
+    assert_exact(&up.wait_run(1), 20000);
+    let _ = up.new_standby();
+    // the new standby's wait after a lost call (3 s), and its next call: a takeover would
+    // show by then
+    std::thread::sleep(Duration::from_secs(7));
+    let said = up.said();
+    let verdicts: Vec<&String> = said
+        .iter()
+        .filter(|l| l.starts_with("evb up: run 1 "))
+        .collect();
+    assert_eq!(verdicts.len(), 1, "seed {seed}: {said:#?}");
+    assert!(verdicts[0].contains("complete"), "seed {seed}: {said:#?}");
+    let takeovers = said
+        .iter()
+        .filter(|l| *l == "evb up: the standby EVM is the run control now")
+        .count();
+    assert_eq!(takeovers, 1, "seed {seed}: {said:#?}");
+    assert_eq!(up.url, control);
+    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
+    up.wait_until("ready", 30, |s| s["state"] == "ready");
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["run"], 2, "{body}");
+    assert_exact(&up.wait_run(2), 20000);
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..20000),
+        "{} events in the files",
+        files.len()
+    );
+    assert!(up.halt().success());
+}
+
 /// `evb up --standby`, the EVM killed mid-run, then the standby that took over killed too,
 /// in the same run: `evb up` starts a new standby where the first EVM was, the new EVM's
 /// control has it follow the run under way, and it takes the run over in turn (epoch 2).

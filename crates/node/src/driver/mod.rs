@@ -904,6 +904,9 @@ impl Driver {
             let _ = self
                 .messenger
                 .poll(&mut sink, Some(Duration::from_millis(1)));
+            for e in &sink {
+                self.answer_late_follower(e);
+            }
         }
         for c in &conns {
             self.messenger.close(*c);
@@ -922,6 +925,7 @@ impl Driver {
                 if let Incoming::Closed { conn, .. } = e {
                     open.remove(conn);
                 }
+                self.answer_late_follower(e);
             }
         }
         let now = Instant::now();

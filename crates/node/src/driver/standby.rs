@@ -11,7 +11,7 @@ use evb_wire::resync::Follow;
 use super::*;
 use crate::session::active::{Active, Call, Fenced};
 use crate::session::follower::{
-    dropped_by, Answer, Event, FirstWord, Follower, Input, Timers, Transmit,
+    dropped_by, Answer, Event, FirstWord, Follower, Input, Stage, Timers, Transmit,
 };
 use crate::session::{Epoch, Time};
 
@@ -177,6 +177,25 @@ impl Driver {
         }))
     }
 
+    /// While this EVM finishes (its word that the run is over already told), a standby's
+    /// call that comes now hears that word too, not a connection closed without one (which
+    /// it would take for a lost EVM). Anything else that arrives then is left.
+    pub(super) fn answer_late_follower(&mut self, inc: &Incoming) {
+        let Incoming::Accepted { conn, peer } = inc else {
+            return;
+        };
+        let follower = peer.role == evb_wire::Role::Evm
+            && peer.index == 1
+            && peer.node_id == self.me.id
+            && matches!(self.standby, Standby::Active(_));
+        if !follower {
+            return;
+        }
+        if let Some(m) = self.follow_word(true) {
+            let _ = self.messenger.send_now(*conn, &m);
+        }
+    }
+
     /// The connection to this active EVM's follower, while it is not fenced.
     fn follower_conn(&self) -> Option<ConnId> {
         match &self.standby {
@@ -251,6 +270,12 @@ impl Driver {
                         let _ = self.messenger.send_now(conn, &m);
                     }
                 }
+                // and this EVM's word at once: a call that comes as the run ends (after
+                // the word that said so, while this EVM says Bye to its nodes) hears that it
+                // is over, rather than a closed connection
+                if let Some(m) = self.follow_word(false) {
+                    let _ = self.messenger.send_now(conn, &m);
+                }
                 true
             }
             // a fenced EVM takes no one: a node that lost the standby it followed and calls
@@ -280,7 +305,11 @@ impl Driver {
                 true
             }
             (Standby::Follower(f), Incoming::Closed { conn, reason }) if f.machine.owns(*conn) => {
-                debug!(node = %self.me.id, "the active EVM's connection closed: {reason}");
+                if matches!(f.machine.stage(), Stage::Following { .. }) {
+                    warn!(node = %self.me.id, "the active EVM's connection closed: {reason}");
+                } else {
+                    debug!(node = %self.me.id, "the active EVM's connection closed: {reason}");
+                }
                 f.machine.handle(at, Input::Closed(*conn));
                 self.drive_follower(now);
                 true
@@ -504,7 +533,24 @@ impl Driver {
                     };
                     warn!(node = %self.me.id, "no node left the active EVM and {why}: standing down, following on");
                 }
-                Event::Over => self.end(true, "the run ended at the active EVM".into()),
+                Event::Over { elsewhere: false } => {
+                    self.end(true, "the run ended at the active EVM".into())
+                }
+                Event::Over { elsewhere: true } => self.end(
+                    true,
+                    "the active EVM, called again, is in another run: this one ended there".into(),
+                ),
+                Event::Recalling => {
+                    warn!(node = %self.me.id, "no node left the active EVM within the wait after its connection closed: calling it again (a takeover needs a node that follows)")
+                }
+                Event::Abandoned => {
+                    let why = format!(
+                        "the active EVM was out of reach for {} s (run.connect_timeout_s) after its connection closed, and no node left it: the run's verdict is its own, not this standby's",
+                        self.cfg.run.connect_timeout_s
+                    );
+                    warn!(node = %self.me.id, "{why}");
+                    self.end(true, why);
+                }
                 Event::Stopped => self.end(true, "stopped while following the EVM".into()),
                 Event::NeverReached => {
                     let why = format!(

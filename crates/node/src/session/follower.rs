@@ -110,8 +110,17 @@ pub enum Event {
         word_at: Time,
         answered: usize,
     },
-    /// The run ended at the active EVM.
-    Over,
+    /// The active EVM's connection closed, the wait passed and no node left it: the
+    /// standby calls it again (a takeover needs a node that followed).
+    Recalling,
+    /// The run ended at the active EVM (`elsewhere`: it was heard in another run, so the
+    /// word that ended this one never came).
+    Over {
+        elsewhere: bool,
+    },
+    /// The active EVM was out of reach for the connect timeout since its connection
+    /// closed, and no node left it: the run was never this standby's, which ends.
+    Abandoned,
     /// Stopped by the operator while following.
     Stopped,
     /// The active EVM never answered within the connect timeout.
@@ -152,6 +161,10 @@ pub struct Follower {
     /// Since when it follows, and whether it ever reached the active EVM.
     since: Time,
     reached: bool,
+    /// Since when the active EVM's connection is lost and it was not heard again.
+    unheard_since: Option<Time>,
+    /// The run followed, as its words name it (`Follow::since_ms`, 0: not yet known).
+    run: u64,
     /// Each node that sent its resync: complete (its last part came) or not yet.
     answered: BTreeMap<NodeRef, bool>,
     transmits: VecDeque<Transmit>,
@@ -168,6 +181,8 @@ impl Follower {
             word_at: now,
             since: now,
             reached: false,
+            unheard_since: None,
+            run: 0,
             answered: BTreeMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -227,7 +242,10 @@ impl Follower {
     pub fn handle(&mut self, now: Time, input: Input) {
         match (&mut self.stage, input) {
             (Stage::Calling { .. }, Input::Dialed(conn)) => self.stage = Stage::Dialing { conn },
-            (Stage::Calling { retry_at }, Input::DialFailed) => *retry_at = now + RECALL,
+            (Stage::Calling { retry_at }, Input::DialFailed) => {
+                *retry_at = now + RECALL;
+                self.left_while_calling(now);
+            }
             (Stage::Dialing { conn }, Input::Connected(c)) if *conn == c => {
                 self.reached = true;
                 self.stage = Stage::Following {
@@ -240,9 +258,11 @@ impl Follower {
             (Stage::Dialing { conn }, Input::Closed(c)) if *conn == c => {
                 self.stage = Stage::Calling {
                     retry_at: now + RECALL,
-                }
+                };
+                self.left_while_calling(now);
             }
             (Stage::Following { conn, .. }, Input::Closed(c)) if *conn == c => {
+                self.unheard_since.get_or_insert(now);
                 self.suspect(now, None, true)
             }
             (
@@ -258,13 +278,7 @@ impl Follower {
                 Input::Word(c, w),
             ) if *conn == c => {
                 *last_heard = now;
-                let over = w.over;
-                self.word = w;
-                self.word_at = now;
-                if over {
-                    self.stage = Stage::Over;
-                    self.events.push_back(Event::Over);
-                }
+                self.heard_word(now, w);
             }
             (
                 Stage::Calling { .. } | Stage::Dialing { .. } | Stage::Following { .. },
@@ -303,6 +317,19 @@ impl Follower {
             {
                 self.answered.insert(node, complete);
             }
+            // calling the active EVM again after its loss: a node that left it decides
+            (Stage::Calling { .. } | Stage::Dialing { .. }, Input::Resync { node, complete })
+                if self.unheard_since.is_some() && !dropped_by(&self.word).contains(&node) =>
+            {
+                self.answered.insert(node, complete);
+                if matches!(self.stage, Stage::Calling { .. }) {
+                    self.stage = Stage::Suspected {
+                        since: now,
+                        conn: None,
+                    };
+                    self.decide();
+                }
+            }
             _ => {}
         }
     }
@@ -316,6 +343,14 @@ impl Follower {
             {
                 self.stage = Stage::Ended;
                 self.events.push_back(Event::NeverReached);
+            }
+            Stage::Calling { .. } | Stage::Dialing { .. }
+                if self
+                    .unheard_since
+                    .is_some_and(|l| now.saturating_sub(l) > t.connect) =>
+            {
+                self.stage = Stage::Ended;
+                self.events.push_back(Event::Abandoned);
             }
             Stage::Calling { retry_at } if now >= *retry_at => {
                 // asked once: the next call waits for the answer to this one
@@ -341,7 +376,13 @@ impl Follower {
                 match *conn {
                     // no node left it, and its connection is still open: still its run
                     Some(c) => self.stand_down(now, c, None),
-                    None => self.take_over_if_all(true),
+                    // no node left it, and its connection closed: the nodes are with it
+                    // still, or gone with it, or the run ended there — a takeover would be a
+                    // second EVM with a verdict of its own. It is called again.
+                    None => {
+                        self.stage = Stage::Calling { retry_at: now };
+                        self.events.push_back(Event::Recalling);
+                    }
                 }
             }
             Stage::TakingOver { since, .. } if now.saturating_sub(*since) >= t.wait => {
@@ -354,7 +395,11 @@ impl Follower {
     /// When the machine next has something to decide on its own (`None`: nothing).
     pub fn poll_timeout(&self) -> Option<Time> {
         let t = self.timers;
-        let never = (!self.reached).then(|| self.since + t.connect + TICK);
+        let never = match self.unheard_since {
+            _ if !self.reached => Some(self.since + t.connect + TICK),
+            Some(l) => Some(l + t.connect + TICK),
+            None => None,
+        };
         match &self.stage {
             // (a call asked for and not yet answered: no retry of its own)
             Stage::Calling { retry_at } if *retry_at == Time::MAX => never,
@@ -402,21 +447,53 @@ impl Follower {
     }
 
     fn stand_down(&mut self, now: Time, conn: ConnId, word: Option<Follow>) {
-        let spoke = word.is_some();
+        self.events.push_back(Event::StoodDown {
+            spoke: word.is_some(),
+        });
+        self.stage = Stage::Following {
+            conn,
+            last_heard: now,
+            next_beat: now,
+        };
         if let Some(w) = word {
-            self.word = w;
-            self.word_at = now;
-        }
-        self.events.push_back(Event::StoodDown { spoke });
-        if self.word.over {
+            self.heard_word(now, w);
+        } else if self.word.over {
             self.stage = Stage::Over;
-            self.events.push_back(Event::Over);
-        } else {
-            self.stage = Stage::Following {
-                conn,
-                last_heard: now,
-                next_beat: now,
+            self.events.push_back(Event::Over { elsewhere: false });
+        }
+    }
+
+    /// The active EVM's word, while it is followed. A word of another run than the one
+    /// followed (a call again found it in its next one) says that this run ended there.
+    fn heard_word(&mut self, now: Time, w: Follow) {
+        self.unheard_since = None;
+        if self.run != 0 && w.since_ms != 0 && w.since_ms != self.run {
+            self.stage = Stage::Over;
+            self.events.push_back(Event::Over { elsewhere: true });
+            return;
+        }
+        if w.since_ms != 0 {
+            self.run = w.since_ms;
+        }
+        let over = w.over;
+        self.word = w;
+        self.word_at = now;
+        if over {
+            self.stage = Stage::Over;
+            self.events.push_back(Event::Over { elsewhere: false });
+        }
+    }
+
+    /// Calling the active EVM again after its loss, a node that left it came: the takeover
+    /// is decided.
+    fn left_while_calling(&mut self, now: Time) {
+        let dropped = dropped_by(&self.word);
+        if self.unheard_since.is_some() && self.answered.keys().any(|n| !dropped.contains(n)) {
+            self.stage = Stage::Suspected {
+                since: now,
+                conn: None,
             };
+            self.decide();
         }
     }
 

@@ -128,6 +128,8 @@ struct St {
     s_termed: BTreeSet<ConnId>,
     /// A node process was restarted (once per path: it keeps the space small).
     restarted: bool,
+    /// A node that left the active EVM sent the standby its resync.
+    s_left_for: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -315,6 +317,7 @@ impl St {
                     Some(Who::Node(i)) => node_ref(i),
                     _ => return,
                 };
+                self.s_left_for = true;
                 if let Answer::Term(e) = self.s.answer(node, FirstWord::Resync) {
                     if self.s_termed.insert(c) {
                         self.send(c, Who::S, Msg::Term(e));
@@ -413,6 +416,7 @@ impl Model for System {
             a_disturbed: false,
             s_termed: BTreeSet::new(),
             restarted: false,
+            s_left_for: false,
         };
         // the standby follows; every node holds the active EVM, which said its Term
         st.s.handle_timeout(Duration::ZERO);
@@ -622,6 +626,11 @@ impl Model for System {
             Property::always("an EVM nobody left is never fenced", |_, st: &St| {
                 st.a.fenced().is_none() || st.a_disturbed
             }),
+            // a run no node left is the active EVM's: a standby that took it over anyway
+            // (its follow connection lost, say) would be a second EVM with a verdict of its own
+            Property::always("a takeover only once a node left", |_, st: &St| {
+                st.s_evm.is_none() || st.s_left_for
+            }),
             Property::always("one connection per node", |_, st: &St| {
                 st.nodes.iter().enumerate().all(|(i, _)| {
                     st.conns
@@ -675,6 +684,7 @@ fn every_interleaving_of_a_small_system_keeps_the_run_s_word() {
     checker.assert_no_discovery("no word before a Term");
     checker.assert_no_discovery("one connection per node");
     checker.assert_no_discovery("an EVM nobody left is never fenced");
+    checker.assert_no_discovery("a takeover only once a node left");
     // and the model is not vacuous: it reaches what it is for
     checker.assert_any_discovery("a takeover");
     checker.assert_any_discovery("a stale term refused");

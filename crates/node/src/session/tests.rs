@@ -283,7 +283,10 @@ fn a_run_over_at_the_active_evm_is_never_taken_over() {
     p.word.over = true;
     p.active_until(200);
     p.run_to(200);
-    assert!(p.events.iter().any(|(_, e)| *e == Event::Over));
+    assert!(p
+        .events
+        .iter()
+        .any(|(_, e)| *e == Event::Over { elsewhere: false }));
     p.input(Input::Closed(FOLLOW_CONN));
     p.input(resync(NodeRef::Ru(0)));
     p.run_to(60_000);
@@ -487,4 +490,171 @@ fn a_node_the_evm_dropped_is_closed_by_the_standby_without_a_term() {
         p.standby.answer(NodeRef::Ru(0), FirstWord::Resync),
         Answer::Term(Epoch::new(1))
     );
+}
+
+/// A follower driven by hand in virtual time: woken at each of its timeouts up to `to`,
+/// each call it asks for answered by `dial` (the connection, and whether it connects).
+fn wake_until(
+    f: &mut Follower,
+    to: Time,
+    events: &mut Vec<(Time, Event)>,
+    mut dial: impl FnMut(Time) -> Option<ConnId>,
+) -> Time {
+    let mut now = Duration::ZERO;
+    while let Some(t) = f.poll_timeout().filter(|t| *t <= to) {
+        now = t;
+        f.handle_timeout(t);
+        while let Some(x) = f.poll_transmit() {
+            if x == Transmit::Dial {
+                match dial(t) {
+                    Some(c) => {
+                        f.handle(t, Input::Dialed(c));
+                        f.handle(t, Input::Connected(c));
+                    }
+                    None => f.handle(t, Input::DialFailed),
+                }
+            }
+        }
+        while let Some(e) = f.poll_event() {
+            events.push((t, e));
+        }
+    }
+    now.max(to)
+}
+
+fn word_of_run(since_ms: u64) -> Follow {
+    Follow {
+        since_ms,
+        ..Follow::default()
+    }
+}
+
+/// Following run `since_ms` on FOLLOW_CONN at time 0, its first word heard.
+fn following(since_ms: u64) -> Follower {
+    let mut f = Follower::new(timers(), nodes(), Duration::ZERO);
+    f.handle_timeout(Duration::ZERO);
+    assert_eq!(f.poll_transmit(), Some(Transmit::Dial));
+    f.handle(Duration::ZERO, Input::Dialed(FOLLOW_CONN));
+    f.handle(Duration::ZERO, Input::Connected(FOLLOW_CONN));
+    f.handle(
+        Duration::ZERO,
+        Input::Word(FOLLOW_CONN, word_of_run(since_ms)),
+    );
+    while f.poll_event().is_some() {}
+    f
+}
+
+fn took_over(events: &[(Time, Event)]) -> bool {
+    events
+        .iter()
+        .any(|(_, e)| matches!(e, Event::TakeOver { .. }))
+}
+
+/// CI's two-fault case (issue 66's kind): the EVM killed, the standby took over, and the
+/// new standby `evb up` started called it just as run 1 ended there — its connection
+/// closed and no node left the EVM (they had finished run 1 with it). The old rule took
+/// the run over at the end of the wait with no node, and its "lost every node" FAILED
+/// replaced the run's complete verdict. Now it calls the EVM again at the edge of the wait,
+/// follows on when the EVM speaks for the same run, and never takes over.
+#[test]
+fn a_lost_follow_connection_that_no_node_left_is_called_again_not_taken_over() {
+    let mut f = following(111);
+    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut ev = Vec::new();
+    let mut dials = 0;
+    let end = ms(500) + WAIT.mul_f64(0.98);
+    wake_until(&mut f, end, &mut ev, |_| None);
+    assert!(matches!(f.stage(), Stage::Suspected { .. }), "{ev:?}");
+    wake_until(&mut f, ms(500) + WAIT.mul_f64(1.02), &mut ev, |_| {
+        dials += 1;
+        Some(ConnId(8))
+    });
+    assert!(ev
+        .iter()
+        .any(|(t, e)| *e == Event::Recalling && *t == ms(500) + WAIT));
+    assert_eq!(dials, 1, "called again once the wait passed");
+    assert!(matches!(f.stage(), Stage::Following { conn, .. } if *conn == ConnId(8)));
+    // the same run's word: followed on, nothing taken over
+    f.handle(ms(3600), Input::Word(ConnId(8), word_of_run(111)));
+    let mut ev2 = Vec::new();
+    let t = ms(3600);
+    for k in 1..100 {
+        f.handle(t + HB * k, Input::Heard(ConnId(8)));
+        wake_until(&mut f, t + HB * k, &mut ev2, |_| None);
+    }
+    ev.extend(ev2);
+    assert!(!took_over(&ev), "{ev:?}");
+    assert!(matches!(f.stage(), Stage::Following { .. }));
+}
+
+/// Called again, the active EVM speaks for another run (`evb up`'s next one): the run
+/// followed ended there, and the standby ends with it.
+#[test]
+fn an_evm_called_again_that_is_in_another_run_ended_the_one_followed() {
+    let mut f = following(111);
+    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut ev = Vec::new();
+    wake_until(&mut f, ms(500) + WAIT, &mut ev, |_| Some(ConnId(9)));
+    f.handle(ms(3600), Input::Word(ConnId(9), word_of_run(222)));
+    ev.extend(std::iter::from_fn(|| f.poll_event()).map(|e| (ms(3600), e)));
+    assert!(ev
+        .iter()
+        .any(|(_, e)| *e == Event::Over { elsewhere: true }));
+    assert_eq!(f.stage(), &Stage::Over);
+    assert_eq!(f.poll_timeout(), None);
+    // a node that calls afterwards decides nothing
+    f.handle(ms(4000), resync(NodeRef::Ru(0)));
+    assert!(!f.decided());
+}
+
+/// The active EVM out of reach after its connection closed, and no node ever left it: the
+/// standby ends (its run never was its own) just after the connect timeout since the
+/// loss, not just before, and never takes over.
+#[test]
+fn an_evm_out_of_reach_that_no_node_left_is_abandoned_just_after_the_connect_timeout() {
+    let mut f = following(111);
+    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut ev = Vec::new();
+    let mut dials = 0;
+    wake_until(&mut f, ms(500) + CONNECT.mul_f64(0.98), &mut ev, |_| {
+        dials += 1;
+        None
+    });
+    assert!(!ev.iter().any(|(_, e)| *e == Event::Abandoned), "{ev:?}");
+    assert!(dials > 20, "{dials} calls");
+    wake_until(&mut f, ms(500) + CONNECT.mul_f64(1.02), &mut ev, |_| None);
+    let at = ev
+        .iter()
+        .find(|(_, e)| *e == Event::Abandoned)
+        .map(|(t, _)| *t)
+        .expect("abandoned by 1.02 × the connect timeout");
+    assert!(
+        at > ms(500) + CONNECT && at < ms(500) + CONNECT + ms(201),
+        "{at:?}"
+    );
+    assert!(!took_over(&ev));
+    assert_eq!(f.stage(), &Stage::Ended);
+}
+
+/// While the standby calls the lost EVM again, a node that left it (one starved past the
+/// wait) calls: that decides the takeover, which waits for the others until its own wait.
+#[test]
+fn a_node_that_leaves_while_the_evm_is_called_again_decides_the_takeover() {
+    let mut f = following(111);
+    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut ev = Vec::new();
+    wake_until(&mut f, ms(5000), &mut ev, |_| None);
+    assert!(ev.iter().any(|(_, e)| *e == Event::Recalling));
+    assert!(!f.decided());
+    f.handle(ms(5000), resync(NodeRef::Ru(0)));
+    assert!(f.decided(), "{:?}", f.stage());
+    f.handle(ms(5100), resync(NodeRef::Ru(1)));
+    wake_until(&mut f, ms(5000) + WAIT.mul_f64(0.98), &mut ev, |_| None);
+    assert!(!took_over(&ev), "bu0 is awaited");
+    wake_until(&mut f, ms(5000) + WAIT.mul_f64(1.02), &mut ev, |_| None);
+    let answered = ev.iter().find_map(|(_, e)| match e {
+        Event::TakeOver { answered, .. } => Some(*answered),
+        _ => None,
+    });
+    assert_eq!(answered, Some(2));
 }
