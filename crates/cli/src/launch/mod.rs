@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::summary;
 use lineage::Lineage;
 
+mod ending;
 mod lineage;
 mod placement;
 mod progress;
@@ -41,10 +42,6 @@ pub(crate) enum Note {
     /// A line a node process wrote on stderr (passed on already).
     Stderr(String, String),
 }
-
-/// How long a node may take to exit after the EVM's report (the EVM: more, see
-/// `RECORDS_FLUSH_LIMIT`); a node still there then is killed.
-const EXIT_GRACE: Duration = Duration::from_secs(5);
 
 /// What watching a run saw, for the verdict.
 pub(super) struct Watched {
@@ -254,7 +251,6 @@ fn watch(
             3600.0
         }
         + 30.0;
-    let deadline = Instant::now() + Duration::from_secs_f64(budget);
 
     let tty = std::io::stderr().is_terminal();
     let bar = if quiet || !tty {
@@ -274,7 +270,11 @@ fn watch(
     let mut steady = SteadyRate::default();
     let mut next_plain = Instant::now() + Duration::from_secs(2);
     let mut timed_out = false;
-    let mut first_failure: Option<Instant> = None;
+    // when to stop watching: the rule (ending.rs) over what each pass saw
+    let watch_start = Instant::now();
+    let mut ending = ending::Ending::new(Duration::from_secs_f64(budget));
+    // node processes still running then outlived their bound after the EVM's report
+    let mut hung = false;
     // how each node process that ended on its own ended, in words, and whether the run had
     // started then (for the verdict: a node lost before the start is the cause, not one
     // problem among the others it brought down)
@@ -284,8 +284,6 @@ fn watch(
     let mut told: Vec<String> = Vec::new();
     let mut user_abort = false;
     let mut last_lines: BTreeMap<String, String> = BTreeMap::new();
-    // the EVM reported and the grace for the nodes' exits began: a node killed after it hung
-    let mut after_report = false;
 
     while exit_codes.len() < ids.len() {
         // Ctrl-C: the first asks the EVM to end the run cleanly, a second aborts.
@@ -324,7 +322,9 @@ fn watch(
                 }
             }
         }
-        match rx.recv_timeout(Duration::from_millis(100)) {
+        // (after the EVM's report, the nodes' exits are watched closely)
+        let pass = if ending.after_report() { 10 } else { 100 };
+        match rx.recv_timeout(Duration::from_millis(pass)) {
             Ok(Note::Line(id, v)) => {
                 if v.is_report() {
                     reports.insert(id.clone(), (*v).clone());
@@ -354,7 +354,8 @@ fn watch(
                 note_exit(&mut how_ended, id, status, &latest, &ids[0]);
             }
         }
-        if let Some(l) = lineage.as_deref_mut() {
+        // (after the EVM's report no standby is started any more: the run is over)
+        if let Some(l) = lineage.as_deref_mut().filter(|_| !ending.after_report()) {
             let say = |line: String| {
                 if !quiet {
                     bar.suspend(|| eprintln!("{line}"));
@@ -371,10 +372,6 @@ fn watch(
         if !quiet && !tty && Instant::now() >= next_plain {
             eprintln!("evb: {line}");
             next_plain = Instant::now() + Duration::from_secs(2);
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            break;
         }
         // A node that failed before the run started (e.g. a bad input file), or the EVM
         // itself gone, dooms the run: give the EVM a moment to report, then stop the rest
@@ -401,56 +398,23 @@ fn watch(
         let failed = exit_codes
             .iter()
             .any(|(id, c)| *c != Some(0) && !superseded(id));
-        if failed && (!evm_running || evm_gone) && !reports.contains_key(evm) {
-            let since = *first_failure.get_or_insert_with(Instant::now);
-            if since.elapsed() > Duration::from_secs(3) {
-                break;
-            }
-        }
-        // When one process dies early the EVM notices and aborts the run; give the rest a
-        // moment, then make sure nobody is left behind.
-        if !children.is_empty() && exit_codes.len() < ids.len() && reports.contains_key(evm) {
-            // each node's bound on its exit after the EVM's report; the EVM's own includes
-            // writing the run's record, which a busy disk may hold for seconds (a node still
-            // there after its bound is hung, and is killed below)
-            after_report = true;
-            let from = Instant::now();
-            let bound = |id: &String| {
-                if id == evm {
-                    evb_control::RECORDS_FLUSH_LIMIT + EXIT_GRACE
-                } else {
-                    EXIT_GRACE
-                }
-            };
-            let waiting = |exit_codes: &BTreeMap<String, Option<i32>>| {
-                ids.iter()
-                    .any(|id| !exit_codes.contains_key(id) && from.elapsed() < bound(id))
-            };
-            while waiting(&exit_codes) {
-                for (id, child) in children.iter_mut() {
-                    if !exit_codes.contains_key(id) {
-                        if let Ok(Some(status)) = child.try_wait() {
-                            exit_codes.insert(id.clone(), status.code());
-                            note_exit(&mut how_ended, id, status, &latest, &ids[0]);
-                        }
-                    }
-                }
-                while let Ok(n) = rx.try_recv() {
-                    match n {
-                        Note::Line(id, v) => {
-                            if v.is_report() {
-                                reports.insert(id.clone(), (*v).clone());
-                            }
-                            latest.insert(id, v);
-                        }
-                        Note::Stderr(id, line) => {
-                            last_lines.insert(id, line);
-                        }
-                        Note::Gone(..) => {}
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+        let reported = reports.contains_key(evm);
+        let seen = ending::Seen {
+            running: ids
+                .iter()
+                .filter(|id| !exit_codes.contains_key(*id))
+                .count(),
+            evm_alive: !evm_gone,
+            // (in-process nodes have no process to bound: they end when their threads do)
+            reported: reported && !children.is_empty(),
+            doomed: failed && (!evm_running || evm_gone) && !reported,
+        };
+        if let ending::Step::Stop {
+            hung: h,
+            timed_out: t,
+        } = ending.step(watch_start.elapsed(), seen)
+        {
+            (hung, timed_out) = (h, t);
             break;
         }
     }
@@ -480,7 +444,7 @@ fn watch(
     let mut killed = Vec::new();
     for (id, child) in children.iter_mut() {
         if let Ok(None) = child.try_wait() {
-            if after_report {
+            if hung {
                 // where it was stuck, for whoever reads why the run failed
                 eprintln!(
                     "evb run: {id} (pid {}) had not exited; its threads: {}",
