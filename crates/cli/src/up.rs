@@ -245,6 +245,8 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
     let mut evm_probe = api.clone().with_timeout(Duration::from_millis(500));
     let mut evm_silent_since: Option<Instant> = None;
     let mut evm_replaced = false;
+    // a stale claim of the run control by the standby was said (once)
+    let mut stale_said = false;
     let mut next_probe = Instant::now();
     // the EVM's report of a failed run, held while the standby may have taken it over
     let mut held: Option<(Option<u64>, String, Instant)> = None;
@@ -386,12 +388,23 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
                 if evm_lost {
                     let _ = sapi.post("/api/v1/node/promote", &json!({}));
                 }
-                let controls = sapi
-                    .get("/api/v1/node")
-                    .ok()
-                    .and_then(|r| r.typed::<evb_control::NodeReply>("node").ok())
-                    .is_some_and(|n| n.controls);
-                if controls {
+                let node = |a: &Api| {
+                    a.get("/api/v1/node")
+                        .ok()
+                        .and_then(|r| r.typed::<evb_control::NodeReply>("node").ok())
+                };
+                let claim = node(&sapi).filter(|n| n.controls);
+                // a claim of a run older than the one the EVM, alive and answering, holds
+                // now is stale (a takeover of a run that ended there): it is not followed,
+                // and the EVM that holds the run is not killed
+                let stale = claim.as_ref().is_some_and(|c| {
+                    !evm_lost && stale_claim(c.run, node(&evm_probe).map(|e| e.run))
+                });
+                if stale && !stale_said {
+                    stale_said = true;
+                    eprintln!("evb up: the standby says it controls an earlier run than the EVM holds now; not followed");
+                }
+                if claim.is_some() && !stale {
                     let old = active.clone();
                     if let Some((_, c)) = children.iter_mut().find(|(id, _)| *id == old) {
                         if matches!(c.try_wait(), Ok(None)) {
@@ -544,4 +557,26 @@ pub fn up(cfg: &Config, path: Option<&std::path::Path>) -> Result<bool, String> 
     drop(tmp);
     println!("evb up: halted");
     Ok(ok)
+}
+
+/// Whether the standby's claim of the run control (run `claimed`) is stale, with the EVM
+/// alive and answering at run `evm_run` (`None`: it did not answer): a claim of an earlier
+/// run than the one the EVM holds now is a takeover of a run that ended there, and is not
+/// followed. An EVM that does not answer leaves the claim standing.
+fn stale_claim(claimed: u64, evm_run: Option<u64>) -> bool {
+    evm_run.is_some_and(|r| r > claimed)
+}
+
+#[cfg(test)]
+mod claim_tests {
+    /// CI's two-fault case: the new standby took run 1 over while the promoted EVM held run
+    /// 2; `evb up` followed it and killed the EVM that held run 2. Such a claim is stale; a
+    /// claim of the run under way, or with the EVM silent, is followed.
+    #[test]
+    fn a_claim_of_an_earlier_run_than_the_evm_holds_is_stale() {
+        assert!(super::stale_claim(1, Some(2)));
+        assert!(!super::stale_claim(2, Some(2)));
+        assert!(!super::stale_claim(3, Some(2)));
+        assert!(!super::stale_claim(1, None));
+    }
 }
