@@ -76,16 +76,16 @@ pub fn duplicates_across(files: &[PathBuf], show: usize) -> (Vec<String>, u64) {
     let mut lines = Vec::new();
     let mut total = 0u64;
     for (k, f) in files.iter().enumerate() {
-        let Ok(file) = EventFile::open(f) else {
+        // the ids from the event headers: the bodies are not read back
+        let Ok(ids) = evb_formats::events::event_ids(f) else {
             continue;
         };
-        for ev in file.flatten() {
-            if let Some(first) = seen.insert(ev.event_id, k) {
+        for id in ids {
+            if let Some(first) = seen.insert(id, k) {
                 total += 1;
                 if lines.len() < show {
                     lines.push(format!(
-                        "event {} is in {} and in {}",
-                        ev.event_id,
+                        "event {id} is in {} and in {}",
                         files[first].display(),
                         f.display()
                     ));
@@ -529,4 +529,50 @@ fn framed_file(path: &Path, data: &[u8], dump: Option<u64>, total: &mut u64) -> 
     *total += k;
     println!("  {k} records; size {}", sizes.show());
     verdict(&problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use evb_buffers::{Chain, Pool};
+    use evb_formats::events::EventFileWriter;
+    use evb_wire::FragmentHeader;
+
+    /// Two files sharing ids 3 and 4, one file holding id 9 twice, and a file that is no
+    /// event file: three duplicates found, each line naming both files, the junk skipped.
+    #[test]
+    fn an_id_in_two_files_or_twice_in_one_is_a_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::new("t", 4096, 8);
+        let write = |seq: u32, ids: &[u64]| {
+            let mut w = EventFileWriter::create(dir.path(), "dup", 0, seq).unwrap();
+            for &e in ids {
+                let mut b = pool.try_alloc().unwrap();
+                let c = Chain::from_slice(b.append(&[e as u8; 40]).unwrap());
+                let h = FragmentHeader {
+                    event_id: e,
+                    trigger_number: e as u32,
+                    source_id: 1,
+                    flags: 0,
+                    payload_size: 40,
+                    payload_crc: crc32c::crc32c(&[e as u8; 40]),
+                };
+                w.write_event(e, e as u32, 0, &[(h, &c)]).unwrap();
+            }
+            w.finish().unwrap();
+            dir.path().join(format!("dup_bu0_{seq:06}.evb"))
+        };
+        let a = write(0, &[1, 2, 3, 4]);
+        let b = write(1, &[3, 4, 5]);
+        let c = write(2, &[9, 9]);
+        let junk = dir.path().join("junk.evb");
+        std::fs::write(&junk, b"not an event file").unwrap();
+        let (lines, n) = super::duplicates_across(&[a.clone(), b.clone(), c.clone(), junk], 10);
+        assert_eq!(n, 3, "{lines:?}");
+        assert!(lines[0].starts_with("event 3 is in") && lines[0].contains(&*b.to_string_lossy()));
+        assert!(lines
+            .iter()
+            .any(|l| l.starts_with("event 9") && l.matches("dup_bu0_000002").count() == 2));
+        let (_, none) = super::duplicates_across(&[a, c.with_file_name("absent.evb")], 10);
+        assert_eq!(none, 0);
+    }
 }

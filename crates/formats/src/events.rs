@@ -1400,6 +1400,46 @@ impl EventFile {
     }
 }
 
+/// The event ids in the data file at `path`, from its event headers alone: each header's
+/// magic and CRC are checked and its body is skipped, not read (a run's files may hold many
+/// GB, and a check that no event is in two files needs only the ids). Compressed files are
+/// walked as they are (their event headers are the same). The walk ends at the first header
+/// that is not intact or whose body the file does not hold, as [`EventFile`]'s does.
+pub fn event_ids(path: &Path) -> Result<Vec<u64>, EventFileError> {
+    use std::io::{BufReader, Read};
+    let p = path.display().to_string();
+    let io = |source| EventFileError::Io {
+        path: p.clone(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    // (small events are read through the buffer; a long body is skipped with a seek)
+    let mut r = BufReader::with_capacity(64 << 10, file);
+    let mut head = vec![0u8; (16 + u16::MAX as usize).min(size as usize)];
+    r.read_exact(&mut head).map_err(io)?;
+    let h = parse_file_header(&head, &p)?;
+    let mut at = h.len as u64;
+    r.seek_relative(h.len as i64 - head.len() as i64)
+        .map_err(io)?;
+    let mut ids = Vec::new();
+    let mut b = [0u8; EVENT_HEADER_LEN];
+    while at + EVENT_HEADER_LEN as u64 <= size {
+        r.read_exact(&mut b).map_err(io)?;
+        if b[0..4] != EVENT_MAGIC || crc32c::crc32c(&b[..28]) != u32_le(&b, 28) {
+            break;
+        }
+        let body = u64::from(u32_le(&b, 4));
+        at += EVENT_HEADER_LEN as u64 + body;
+        if at > size {
+            break;
+        }
+        ids.push(u64::from_le_bytes(b[8..16].try_into().expect("8")));
+        r.seek_relative(body as i64).map_err(io)?;
+    }
+    Ok(ids)
+}
+
 /// Checks one event record (event header, then each fragment's header and payload: what a
 /// data file holds per event, and what the consumer protocol's Event frame carries) and
 /// returns it; the error names what is wrong. Payload CRCs are the caller's to check.

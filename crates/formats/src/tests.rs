@@ -771,3 +771,58 @@ fn run_ids_name_files_safely() {
         "evb-local_3.manifest.json"
     );
 }
+
+/// `event_ids` reads the ids from the event headers alone and finds what a full read finds:
+/// small events through its buffer and a long one (past the buffer) skipped by a seek, a
+/// compressed file as it is, and a file cut in an event's body ending the walk before it.
+#[test]
+fn event_ids_from_the_headers_match_a_full_read_plain_compressed_and_cut() {
+    use crate::events::event_ids;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::new("t", 256 << 10, 64);
+    let sizes = [10usize, 3000, 200_000, 5, 70_000, 1];
+    for compressed in [false, true] {
+        let mut w = if compressed {
+            EventFileWriter::create_compressed(dir.path(), "ids", 0, 1, 0o600, 3).unwrap()
+        } else {
+            EventFileWriter::create(dir.path(), "ids", 0, 0).unwrap()
+        };
+        for (k, size) in sizes.iter().enumerate() {
+            let e = 100 + 7 * k as u64;
+            let p = vec![(k * 31) as u8; *size];
+            let c = chain(&pool, &p);
+            w.write_event(e, 1, 0, &[(header(e, 5, &p), &c)]).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let want: Vec<u64> = (0..sizes.len() as u64).map(|k| 100 + 7 * k).collect();
+    for seq in [0, 1] {
+        let path = dir.path().join(format!("ids_bu0_{seq:06}.evb"));
+        let full: Vec<u64> = EventFile::open(&path)
+            .unwrap()
+            .map(|e| e.unwrap().event_id)
+            .collect();
+        assert_eq!(full, want, "file {seq}");
+        assert_eq!(event_ids(&path).unwrap(), want, "file {seq}");
+    }
+    // cut inside the third event's body: the two before it, as a full read finds
+    let data = std::fs::read(dir.path().join("ids_bu0_000000.evb")).unwrap();
+    let cut = dir.path().join("cut.evb");
+    let third = EventFile::open(&dir.path().join("ids_bu0_000000.evb"))
+        .unwrap()
+        .nth(2)
+        .unwrap()
+        .unwrap()
+        .offset as usize;
+    std::fs::write(&cut, &data[..third + 1000]).unwrap();
+    let full: Vec<u64> = EventFile::open(&cut)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(full, want[..2]);
+    assert_eq!(event_ids(&cut).unwrap(), want[..2]);
+    // not an event file at all: refused
+    std::fs::write(&cut, b"junk").unwrap();
+    assert!(event_ids(&cut).is_err());
+}
