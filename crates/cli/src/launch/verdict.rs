@@ -190,7 +190,8 @@ pub(super) fn earlier_run_files(cfg: &Config) -> Option<String> {
 }
 
 /// Output files: no event may be in two of them (a consumer would take it twice). `.evb`
-/// files are read; HDF5 files are judged by the ids the run manifest lists for them.
+/// files' event headers are read (not their bodies); HDF5 files are judged by the ids the
+/// run manifest lists for them.
 pub(super) fn duplicate_output(cfg: &Config, launched: std::time::SystemTime) -> Option<String> {
     if cfg.sink.kind == evb_config::SinkKind::Hdf5 && !cfg.sink.dir.is_empty() {
         let dir = PathBuf::from(&cfg.sink.dir);
