@@ -20,6 +20,25 @@ fn node_events(v: &Value) -> Vec<NodeEvent> {
 }
 
 /// Checks a finished run's record: complete, exact, with `events` events.
+/// Every event 0..`events` in exactly one of the files in this system's `out`.
+fn assert_files_hold(up: &Up, events: u64) {
+    let files = common::nodes::events_in(&up.dir.path().join("out"));
+    assert!(
+        files.keys().copied().eq(0..events),
+        "{} events in the files",
+        files.len()
+    );
+}
+
+/// Run `run` started at the control, `out` emptied first: it must end exact.
+fn start_next_exact(up: &Up, run: u64, events: u64) {
+    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
+    let (code, body) = up.post("start", json!({}));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["run"], run, "{body}");
+    assert_exact(&up.wait_run(run), events);
+}
+
 fn assert_exact(rec: &Value, events: u64) {
     assert_eq!(rec["ok"], true, "{rec:#}");
     assert_eq!(rec["state"], "complete", "{rec:#}");
@@ -399,12 +418,7 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
             "evb ctl --url {args:?} (no --config): {said}"
         );
     }
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..20000),
-        "{} events in the files",
-        files.len()
-    );
+    assert_files_hold(&up, 20000);
     assert!(
         node_events(&rec["lost"])
             .iter()
@@ -414,17 +428,8 @@ fn evb_up_survives_a_lost_evm(freeze: bool) {
     // the next run at the standby, numbered on; the nodes take it from the standby
     let s = up.status();
     assert_eq!(s["state"], "ready", "{s:#}");
-    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
-    let (code, body) = up.post("start", json!({}));
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["run"], 2, "{body}");
-    assert_exact(&up.wait_run(2), 20000);
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..20000),
-        "{} events in the files",
-        files.len()
-    );
+    start_next_exact(&up, 2, 20000);
+    assert_files_hold(&up, 20000);
     assert!(up.halt().success());
 }
 
@@ -517,18 +522,9 @@ fn a_new_standby_that_comes_as_the_run_ends_takes_nothing_over() {
         .count();
     assert_eq!(takeovers, 1, "seed {seed}: {said:#?}");
     assert_eq!(up.url, control);
-    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
     up.wait_until("ready", 30, |s| s["state"] == "ready");
-    let (code, body) = up.post("start", json!({}));
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["run"], 2, "{body}");
-    assert_exact(&up.wait_run(2), 20000);
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..20000),
-        "{} events in the files",
-        files.len()
-    );
+    start_next_exact(&up, 2, 20000);
+    assert_files_hold(&up, 20000);
     assert!(up.halt().success());
 }
 
@@ -577,19 +573,10 @@ fn evb_up_survives_two_evm_losses_in_one_run() {
         takeovers.iter().any(|r| r.contains("epoch 2")),
         "{takeovers:?}\n{rec:#}"
     );
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..30000),
-        "{} events in the files",
-        files.len()
-    );
+    assert_files_hold(&up, 30000);
     // the next run, at the third control, with a standby of its own again
-    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
     up.wait_until("ready", 30, |s| s["state"] == "ready");
-    let (code, body) = up.post("start", json!({}));
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["run"], 2, "{body}");
-    assert_exact(&up.wait_run(2), 30000);
+    start_next_exact(&up, 2, 30000);
     assert!(up.halt().success());
 }
 
@@ -628,12 +615,7 @@ fn a_paused_run_stays_paused_under_the_standby_until_resumed_there() {
     assert!(out.status.success(), "{}", common::text(&out));
     let rec = up.wait_run(1);
     assert_exact(&rec, 20000);
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..20000),
-        "{} events in the files",
-        files.len()
-    );
+    assert_files_hold(&up, 20000);
     assert!(up.halt().success());
 }
 
@@ -694,17 +676,8 @@ fn evb_up_with_a_standby_replaces_an_evm_frozen_between_runs() {
         "the standby took over after {took:?}: before the EVM was silent for 5 s"
     );
     wait_gone(evm_pid, "the frozen EVM", 10);
-    std::fs::remove_dir_all(up.dir.path().join("out")).unwrap();
-    let (code, body) = up.post("start", json!({}));
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["run"], 2, "{body}");
-    assert_exact(&up.wait_run(2), 4000);
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..4000),
-        "{} events in the files",
-        files.len()
-    );
+    start_next_exact(&up, 2, 4000);
+    assert_files_hold(&up, 4000);
     assert!(up.halt().success());
 }
 
@@ -1558,12 +1531,7 @@ fn woken_bu_rejoins(standby: bool) {
     .body["pid"]
         .as_u64();
     assert_eq!(now, Some(pid));
-    let files = common::nodes::events_in(&up.dir.path().join("out"));
-    assert!(
-        files.keys().copied().eq(0..40000),
-        "{} events in the files",
-        files.len()
-    );
+    assert_files_hold(&up, 40000);
     assert!(up.halt().success());
 }
 

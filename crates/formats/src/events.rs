@@ -1307,7 +1307,7 @@ pub fn unpacked(
     while at < data.len() {
         let head = data
             .get(at..at + EVENT_HEADER_LEN)
-            .filter(|h| h[0..4] == EVENT_MAGIC && crc32c::crc32c(&h[..28]) == u32_le(h, 28))
+            .filter(|h| header_intact(h))
             .ok_or_else(|| bad(at, EventRecordError::BadHeader.to_string()))?;
         let len = u32_le(head, 4) as usize;
         let body = data
@@ -1342,6 +1342,12 @@ pub fn unpacked(
         at += EVENT_HEADER_LEN + len;
     }
     Ok(Some(out))
+}
+
+/// Whether the `EVENT_HEADER_LEN` bytes of `h` are an event header: its magic, and the CRC32C
+/// of its first 28 bytes in its last 4.
+fn header_intact(h: &[u8]) -> bool {
+    h[0..4] == EVENT_MAGIC && crc32c::crc32c(&h[..28]) == u32_le(h, 28)
 }
 
 fn u32_le(b: &[u8], at: usize) -> u32 {
@@ -1426,7 +1432,7 @@ pub fn event_ids(path: &Path) -> Result<Vec<u64>, EventFileError> {
     let mut b = [0u8; EVENT_HEADER_LEN];
     while at + EVENT_HEADER_LEN as u64 <= size {
         r.read_exact(&mut b).map_err(io)?;
-        if b[0..4] != EVENT_MAGIC || crc32c::crc32c(&b[..28]) != u32_le(&b, 28) {
+        if !header_intact(&b) {
             break;
         }
         let body = u64::from(u32_le(&b, 4));
@@ -1478,8 +1484,8 @@ pub fn event_layout_at(
     let h = data
         .get(offset..offset.saturating_add(EVENT_HEADER_LEN))
         .ok_or(EventRecordError::TruncatedHeader)?;
-    let u32_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4"));
-    if h[0..4] != EVENT_MAGIC || u32_at(28) != crc32c::crc32c(&h[..28]) {
+    let u32_at = |at: usize| u32_le(h, at);
+    if !header_intact(h) {
         return Err(EventRecordError::BadHeader);
     }
     let body_len = u32_at(4) as usize;
@@ -1560,12 +1566,8 @@ impl Iterator for EventFile {
                 let body_len = self
                     .data
                     .get(offset..offset + EVENT_HEADER_LEN)
-                    .filter(|h| {
-                        h[0..4] == EVENT_MAGIC
-                            && u32::from_le_bytes(h[28..32].try_into().expect("4"))
-                                == crc32c::crc32c(&h[..28])
-                    })
-                    .map(|h| u32::from_le_bytes(h[4..8].try_into().expect("4")) as usize);
+                    .filter(|h| header_intact(h))
+                    .map(|h| u32_le(h, 4) as usize);
                 self.at = match body_len {
                     Some(n) if offset + EVENT_HEADER_LEN + n <= self.data.len() => {
                         offset + EVENT_HEADER_LEN + n

@@ -123,6 +123,11 @@ impl Standby {
     }
 }
 
+/// Whether `peer`'s Hello is the follower of EVM `me` calling: role EVM, index 1, `me`'s id.
+fn follower_call(peer: &Hello, me: &str) -> bool {
+    peer.role == evb_wire::Role::Evm && peer.index == 1 && peer.node_id == me
+}
+
 /// One message of node `i`'s resync: joined to the ones before it while they said more
 /// follows, or the start of a new one.
 fn gather<T>(
@@ -184,11 +189,7 @@ impl Driver {
         let Incoming::Accepted { conn, peer } = inc else {
             return;
         };
-        let follower = peer.role == evb_wire::Role::Evm
-            && peer.index == 1
-            && peer.node_id == self.me.id
-            && matches!(self.standby, Standby::Active(_));
-        if !follower {
+        if !(follower_call(peer, &self.me.id) && matches!(self.standby, Standby::Active(_))) {
             return;
         }
         if let Some(m) = self.follow_word(true) {
@@ -237,9 +238,7 @@ impl Driver {
         match (&mut self.standby, inc) {
             // the active EVM: its follower calls (role EVM, index 1, this node's id)
             (Standby::Active(a), Incoming::Accepted { conn, peer })
-                if peer.role == evb_wire::Role::Evm
-                    && peer.index == 1
-                    && peer.node_id == self.me.id =>
+                if follower_call(peer, &self.me.id) =>
             {
                 match a.call(at, *conn, timeout) {
                     Call::Held => {

@@ -544,6 +544,13 @@ fn following(since_ms: u64) -> Follower {
     f
 }
 
+/// Following run 111, its connection closed at 500 ms with no node gone.
+fn lost_at_500() -> Follower {
+    let mut f = following(111);
+    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    f
+}
+
 fn took_over(events: &[(Time, Event)]) -> bool {
     events
         .iter()
@@ -558,8 +565,7 @@ fn took_over(events: &[(Time, Event)]) -> bool {
 /// follows on when the EVM speaks for the same run, and never takes over.
 #[test]
 fn a_lost_follow_connection_that_no_node_left_is_called_again_not_taken_over() {
-    let mut f = following(111);
-    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut f = lost_at_500();
     let mut ev = Vec::new();
     let mut dials = 0;
     let end = ms(500) + WAIT.mul_f64(0.98);
@@ -591,8 +597,7 @@ fn a_lost_follow_connection_that_no_node_left_is_called_again_not_taken_over() {
 /// followed ended there, and the standby ends with it.
 #[test]
 fn an_evm_called_again_that_is_in_another_run_ended_the_one_followed() {
-    let mut f = following(111);
-    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut f = lost_at_500();
     let mut ev = Vec::new();
     wake_until(&mut f, ms(500) + WAIT, &mut ev, |_| Some(ConnId(9)));
     f.handle(ms(3600), Input::Word(ConnId(9), word_of_run(222)));
@@ -612,8 +617,7 @@ fn an_evm_called_again_that_is_in_another_run_ended_the_one_followed() {
 /// loss, not just before, and never takes over.
 #[test]
 fn an_evm_out_of_reach_that_no_node_left_is_abandoned_just_after_the_connect_timeout() {
-    let mut f = following(111);
-    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut f = lost_at_500();
     let mut ev = Vec::new();
     let mut dials = 0;
     wake_until(&mut f, ms(500) + CONNECT.mul_f64(0.98), &mut ev, |_| {
@@ -640,8 +644,7 @@ fn an_evm_out_of_reach_that_no_node_left_is_abandoned_just_after_the_connect_tim
 /// wait) calls: that decides the takeover, which waits for the others until its own wait.
 #[test]
 fn a_node_that_leaves_while_the_evm_is_called_again_decides_the_takeover() {
-    let mut f = following(111);
-    f.handle(ms(500), Input::Closed(FOLLOW_CONN));
+    let mut f = lost_at_500();
     let mut ev = Vec::new();
     wake_until(&mut f, ms(5000), &mut ev, |_| None);
     assert!(ev.iter().any(|(_, e)| *e == Event::Recalling));
