@@ -169,6 +169,10 @@ pub struct Follower {
     answered: BTreeMap<NodeRef, bool>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
+    /// (The model checker's planted bug: the rule before 2026-11-29, a closed connection
+    /// that no node left taken over at the end of the wait.)
+    #[cfg(test)]
+    pub(crate) takes_over_unfollowed: bool,
 }
 
 impl Follower {
@@ -186,6 +190,8 @@ impl Follower {
             answered: BTreeMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            #[cfg(test)]
+            takes_over_unfollowed: false,
         }
     }
 
@@ -379,6 +385,8 @@ impl Follower {
                     // no node left it, and its connection closed: the nodes are with it
                     // still, or gone with it, or the run ended there — a takeover would be a
                     // second EVM with a verdict of its own. It is called again.
+                    #[cfg(test)]
+                    None if self.takes_over_unfollowed => self.take_over_if_all(true),
                     None => {
                         self.stage = Stage::Calling { retry_at: now };
                         self.events.push_back(Event::Recalling);

@@ -159,7 +159,8 @@ enum Act {
 
 /// The small system: `nodes` nodes, `events` events per EVM, at most `faults` faults
 /// (losses, freezes, kills, a restart, a call before the EVM listens); `unchecked`: a
-/// planted bug (nodes' Term check off); `standby_terms_all`: another (a standby that says
+/// planted bug (nodes' Term check off); `takes_over_unfollowed`: another (the standby's
+/// rule before 2026-11-29); `standby_terms_all`: another (a standby that says
 /// its Term to every node at its call, as evb did before issue 66's start-up race was found).
 struct System {
     nodes: u8,
@@ -167,6 +168,7 @@ struct System {
     faults: u8,
     unchecked: bool,
     standby_terms_all: bool,
+    takes_over_unfollowed: bool,
 }
 
 fn node_ref(i: u8) -> NodeRef {
@@ -404,7 +406,11 @@ impl Model for System {
             a: Active::new(Epoch::FIRST, Duration::ZERO),
             a_life: Life::Up,
             a_issued: 0,
-            s: Follower::new(TIMERS, nodes, Duration::ZERO),
+            s: {
+                let mut f = Follower::new(TIMERS, nodes, Duration::ZERO);
+                f.takes_over_unfollowed = self.takes_over_unfollowed;
+                f
+            },
             s_life: Life::Up,
             s_evm: None,
             s_issued: 0,
@@ -672,6 +678,7 @@ fn every_interleaving_of_a_small_system_keeps_the_run_s_word() {
         faults: 3,
         unchecked: false,
         standby_terms_all: false,
+        takes_over_unfollowed: false,
     };
     let checker = sys.checker().target_max_depth(depth).spawn_bfs().join();
     eprintln!(
@@ -701,6 +708,7 @@ fn the_checker_finds_the_planted_bug_nodes_that_do_not_check_the_term() {
         faults: 3,
         unchecked: true,
         standby_terms_all: false,
+        takes_over_unfollowed: false,
     };
     let checker = sys
         .checker()
@@ -723,6 +731,7 @@ fn the_checker_finds_the_planted_bug_a_standby_that_terms_every_caller() {
         faults: 3,
         unchecked: false,
         standby_terms_all: true,
+        takes_over_unfollowed: false,
     };
     let checker = sys
         .checker()
@@ -730,5 +739,28 @@ fn the_checker_finds_the_planted_bug_a_standby_that_terms_every_caller() {
         .spawn_bfs()
         .join();
     let path = checker.assert_any_discovery("an EVM nobody left is never fenced");
+    eprintln!("counterexample: {:?}", path.into_actions());
+}
+
+/// The third planted bug: the standby's rule before 2026-11-29, which took a run over at the
+/// end of its wait when its connection to the EVM had closed and no node had left the EVM
+/// (CI's two-fault case: the new standby's call closed as the run ended at the promoted
+/// EVM). The checker finds a takeover that no node asked for.
+#[test]
+fn the_checker_finds_the_planted_bug_a_takeover_no_node_asked_for() {
+    let sys = System {
+        nodes: 1,
+        events: 1,
+        faults: 3,
+        unchecked: false,
+        standby_terms_all: false,
+        takes_over_unfollowed: true,
+    };
+    let checker = sys
+        .checker()
+        .target_max_depth(env("EVB_MODEL_DEPTH", 16))
+        .spawn_bfs()
+        .join();
+    let path = checker.assert_any_discovery("a takeover only once a node left");
     eprintln!("counterexample: {:?}", path.into_actions());
 }
