@@ -12,6 +12,26 @@ use evb_messaging::free_ports;
 /// Bytes of each generated frame in a run by time.
 const FRAME_BYTES: u64 = 4096;
 
+/// The decision rate of [`WindowsRow::FullSpeed`]: 20 kHz of 1 MiB records, 21 GB/s, more
+/// than a host's loopback moves, so that the EVM always has a decision waiting for a credit
+/// and the run builds windows as fast as it can, as an unpaced run builds events.
+const FULL_SPEED_DECISIONS_HZ: f64 = 20_000.0;
+
+/// Which run by decision windows a build row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowsRow {
+    /// Built by events or time slices.
+    No,
+    /// 10 kHz of decisions, each a 1 ms window of 100 µs frames of `fragment / 10` bytes,
+    /// 5 ms old when decided: the latency from the decision (when it was due) to the record
+    /// built. Its rate is set, so it is no throughput row.
+    Latency,
+    /// Decisions faster than the host can build them, each a window of `fragment` bytes per
+    /// RU (4 KiB frames): the throughput of building by windows, beside `nxn` of the same
+    /// bytes. Its latency counts the backlog of decisions, so it says nothing.
+    FullSpeed,
+}
+
 #[derive(Debug, Clone)]
 pub struct BuildSpec {
     pub rus: u32,
@@ -53,10 +73,8 @@ pub struct BuildSpec {
     /// fragment of `fragment / 4096` generated frames of 4096 bytes (`content` theirs), plus
     /// one frame of overlap.
     pub slices: bool,
-    /// Built by decision windows (`builder.by = "window"`, DUNE's shape): 10 kHz of
-    /// decisions, each a 1 ms window of 100 µs frames of `fragment / 10` bytes, 5 ms old when
-    /// decided; the latency is from the decision (when it was due) to the record built.
-    pub windows: bool,
+    /// Built by decision windows (`builder.by = "window"`, DUNE's shape), or not.
+    pub windows: WindowsRow,
 }
 
 impl BuildSpec {
@@ -74,7 +92,11 @@ impl BuildSpec {
             + if self.scraped { " scraped" } else { "" }
             + if self.scaling { " scaling" } else { "" }
             + if self.slices { " time slices" } else { "" }
-            + if self.windows { " windows 10 kHz" } else { "" }
+            + match self.windows {
+                WindowsRow::No => "",
+                WindowsRow::Latency => " windows 10 kHz",
+                WindowsRow::FullSpeed => " windows full speed",
+            }
             + &self
                 .load
                 .map(|f| format!(" load={:.0}%", f * 100.0))
@@ -142,15 +164,34 @@ kind = "{transport}"
     /// `[fragments]`, or `[frames]` for a run by time.
     fn sizes(&self) -> String {
         let dist = if self.lognormal { "lognormal" } else { "fixed" };
-        if self.windows {
-            format!(
-                "[frames]\nticks = 100\nsize = {}\ndistribution = \"{dist}\"\n\
-                 content = \"{}\"\n[windows]\ntick_hz = 1000000\nbefore_ticks = 500\n\
-                 after_ticks = 500\ndelay_min_ticks = 5000\ndelay_max_ticks = 5000\n",
-                (self.fragment / 10).max(1),
-                self.content
-            )
-        } else if self.slices {
+        match self.windows {
+            WindowsRow::Latency => {
+                return format!(
+                    "[frames]\nticks = 100\nsize = {}\ndistribution = \"{dist}\"\n\
+                     content = \"{}\"\n[windows]\ntick_hz = 1000000\nbefore_ticks = 500\n\
+                     after_ticks = 500\ndelay_min_ticks = 5000\ndelay_max_ticks = 5000\n",
+                    (self.fragment / 10).max(1),
+                    self.content
+                )
+            }
+            WindowsRow::FullSpeed => {
+                // a frame every 2 ticks; the window as many frames as the events' fragment
+                // holds bytes, half before its decision's tick and half after; every
+                // decision 5 ms old, and the latency buffer deeper than the run, so that
+                // a window decided late is still whole
+                let side = (self.fragment / FRAME_BYTES).max(1);
+                return format!(
+                    "[frames]\nticks = 2\nsize = {FRAME_BYTES}\ndistribution = \"{dist}\"\n\
+                     content = \"{}\"\n[windows]\ntick_hz = 1000000\nbefore_ticks = {side}\n\
+                     after_ticks = {side}\ndelay_min_ticks = 5000\ndelay_max_ticks = 5000\n\
+                     buffer_ms = {}\n",
+                    self.content,
+                    (self.seconds.ceil() as u64 + 2) * 1000
+                );
+            }
+            WindowsRow::No => {}
+        }
+        if self.slices {
             format!(
                 "[frames]\nticks = 1000\nsize = {FRAME_BYTES}\ndistribution = \"{dist}\"\n\
                  content = \"{}\"\n",
@@ -167,7 +208,7 @@ kind = "{transport}"
     /// The `[builder]` keys of a run by time: slices of `fragment` bytes of frames, and one
     /// frame of overlap.
     fn by_time(&self) -> String {
-        if self.windows {
+        if self.windows != WindowsRow::No {
             return "by = \"window\"\n".into();
         }
         if !self.slices {
@@ -221,7 +262,7 @@ pub fn default_run(seconds: f64) -> BuildSpec {
         compute_load: 0,
         priority: "normal",
         slices: false,
-        windows: false,
+        windows: WindowsRow::No,
     }
 }
 
@@ -244,7 +285,11 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
         None => (0.0, None),
     };
     // decision windows come at their own rate (their windows are placed by it)
-    let rate_hz = if spec.windows { 10_000.0 } else { rate_hz };
+    let rate_hz = match spec.windows {
+        WindowsRow::No => rate_hz,
+        WindowsRow::Latency => 10_000.0,
+        WindowsRow::FullSpeed => FULL_SPEED_DECISIONS_HZ,
+    };
     let mut toml = spec.toml(&tag, rate_hz);
     let nodes = 1 + spec.rus + spec.bus;
     let control_base = if spec.scraped {
@@ -299,6 +344,24 @@ pub fn build(spec: &BuildSpec, scratch: &std::path::Path) -> Result<Point, Strin
     p.senders = spec.rus;
     p.receivers = spec.bus;
     fill_from_summary(&v, &mut p)?;
+    if spec.windows == WindowsRow::FullSpeed {
+        // a throughput of whole windows: none may have come LATE or MISSING
+        let partial: u64 = v["run"]["bus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| b["partial_events"].as_u64().unwrap_or(0))
+            .sum();
+        if partial > 0 {
+            return Err(format!(
+                "{partial} windows were built partial: not a throughput of whole windows"
+            ));
+        }
+        p.note.push_str(&format!(
+            "; decisions at {FULL_SPEED_DECISIONS_HZ:.0} Hz, faster than they were built, every \
+             window whole: the latency counts their backlog"
+        ));
+    }
     {
         // an event's (a record's) latency from its trigger (decision): the EVM's clock, to
         // the release by the BU that built it; the BUs' own (Assign to built) in the note
@@ -492,6 +555,42 @@ fn scrape(base: u16, nodes: u16, done: &std::sync::atomic::AtomicBool) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The full-speed windows row builds the events' bytes by decision windows: a window of
+    /// `fragment` bytes of frames per RU, decided faster than a host builds (so the EVM
+    /// always waits for a credit), from a latency buffer deeper than the run (so no window
+    /// decided late loses frames).
+    #[test]
+    fn full_speed_windows_hold_the_events_bytes_and_outlast_the_run() {
+        let spec = BuildSpec {
+            as_typed: false,
+            fragment: 512 * 1024,
+            seconds: 3.5,
+            windows: WindowsRow::FullSpeed,
+            ..default_run(1.0)
+        };
+        assert!(
+            spec.variant().ends_with(" windows full speed"),
+            "{}",
+            spec.variant()
+        );
+        let cfg = evb_config::Config::from_toml(&spec.toml("t", FULL_SPEED_DECISIONS_HZ)).unwrap();
+        assert_eq!(cfg.builder.by, evb_config::BuildBy::Window);
+        let (f, w) = (&cfg.frames, &cfg.windows);
+        let frames = (w.before_ticks + w.after_ticks) / f.ticks;
+        assert_eq!(frames * f.size, spec.fragment);
+        assert!(
+            w.buffer_ms as f64 > spec.seconds * 1000.0,
+            "{}",
+            w.buffer_ms
+        );
+        assert!(
+            w.delay_min_ticks > w.after_ticks as i64,
+            "windows not yet arrived"
+        );
+        // 2 x 2: more bytes a second than any host's loopback moves
+        assert!(FULL_SPEED_DECISIONS_HZ * 2.0 * spec.fragment as f64 > 20e9);
+    }
 
     /// The folded shape's configuration is valid and puts RU i and BU i on host i, the
     /// EVM with host 0, with shm between the nodes of a host.

@@ -444,7 +444,7 @@ fn ratios(points: &[Point]) -> Vec<Ratio> {
             // half of a folded run's bytes never cross tcp: nxn is no reference for it
             && !p.variant.ends_with(" folded")
             // decision windows at a fixed rate: a latency row
-            && !p.variant.contains(" windows ")
+            && !p.variant.contains(" windows 10 kHz")
     }) {
         let pinned = b.variant.ends_with("pinned");
         let nxn = find(points, |p| {
@@ -709,6 +709,39 @@ mod tests {
             "{r:?}"
         );
         assert!((r[0].value - 1.1).abs() < 1e-9, "{r:?}");
+    }
+
+    /// Building by time is judged against nxn of the same bytes: time slices and decision
+    /// windows built as fast as they can be; decision windows at a set rate (a latency row)
+    /// are not.
+    #[test]
+    fn slices_and_full_speed_windows_are_judged_against_nxn_the_latency_row_is_not() {
+        let row = |variant: &str, gb: f64| {
+            let mut p = Point::new("build", "evb", "tcp", variant, 256);
+            (p.senders, p.receivers, p.gb_per_s) = (2, 2, gb);
+            p
+        };
+        let r = ratios(&[
+            nxn_256(),
+            row("fixed static verify=headers time slices", 1.9),
+            row("fixed static verify=headers windows full speed", 1.7),
+            row("fixed static verify=headers windows 10 kHz", 0.2),
+        ]);
+        let judged: Vec<_> = r
+            .iter()
+            .filter(|r| r.name.contains("/ nxn same bytes"))
+            .collect();
+        assert_eq!(judged.len(), 2, "{r:?}");
+        assert!(
+            judged[0].name.contains("time slices") && judged[0].met,
+            "{r:?}"
+        );
+        assert!(
+            judged[1].name.contains("windows full speed") && !judged[1].met,
+            "{r:?}"
+        );
+        assert!((judged[1].value - 0.85).abs() < 1e-9, "{r:?}");
+        assert!(!r.iter().any(|r| r.name.contains("10 kHz")), "{r:?}");
     }
 
     /// The pipeline's rows are judged against one mesh of their fragment size, never against

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::eb::{self, BuildSpec};
+use crate::eb::{self, BuildSpec, WindowsRow};
 use crate::messenger::{self, Kind, MeshSpec, Path as SendPath};
 use crate::pipeline::{self as pipe, PipeSpec, Sink};
 use crate::{output, pubsubbench, refs, zmqref, Point, Settings};
@@ -101,7 +101,7 @@ fn base_spec(fragment: usize, verify: &'static str, seconds: f64) -> BuildSpec {
         compute_load: 0,
         priority: "normal",
         slices: false,
-        windows: false,
+        windows: WindowsRow::No,
     }
 }
 
@@ -455,10 +455,15 @@ impl Planner<'_> {
                 slices: true,
                 ..specs[0].clone()
             });
-            // and decision windows at 10 kHz, 1 ms of 1 KiB frames each: the latency from
-            // the decision (a latency row; nxn is no reference for its bytes)
+            // decision windows as fast as they can be built, the same bytes as the events
             specs.push(BuildSpec {
-                windows: true,
+                windows: WindowsRow::FullSpeed,
+                ..specs[0].clone()
+            });
+            // and at 10 kHz, 1 ms of 1 KiB frames each: the latency from the decision (a
+            // latency row; nxn is no reference for its bytes)
+            specs.push(BuildSpec {
+                windows: WindowsRow::Latency,
                 fragment: 10 * 1024,
                 ..specs[0].clone()
             });
