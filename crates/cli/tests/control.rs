@@ -495,8 +495,11 @@ fn a_new_standby_that_comes_as_the_run_ends_takes_nothing_over() {
     let seed = common::clock_seed();
     let mut rng = common::Rng(seed | 1);
     // (the new standby starts about a second after the takeover: from 10,000 of 20,000 at
-    // 8 kHz its call may come as run 1 ends; from 18,000, after)
-    let at = 10_000 + rng.below(9_900);
+    // 8 kHz its call may come as run 1 ends, and later, after it. Up to 16,000, run 1 has
+    // half a second left, so that the kill lands during it even on a busy host: a kill
+    // that lands after the run's end is another case, whose record at the promoted
+    // standby is `unknown` (docs/control.md), and it failed this test once in CI at 19,204)
+    let at = 10_000 + rng.below(6_000);
     eprintln!("seed {seed}: the EVM killed once {at} of 20000 events are triggered");
     let mut up = Up::standby_file_run("late-standby", 20000, 8000);
     let first = up.evm_pid();
