@@ -700,6 +700,18 @@ fn every_interleaving_of_a_small_system_keeps_the_run_s_word() {
     checker.assert_any_discovery("a restarted node follows an EVM");
 }
 
+/// The checker, run on a system with a planted bug, finds a path that breaks `property`
+/// (and prints it).
+fn finds_planted(sys: System, property: &'static str) {
+    let checker = sys
+        .checker()
+        .target_max_depth(env("EVB_MODEL_DEPTH", 16))
+        .spawn_bfs()
+        .join();
+    let path = checker.assert_any_discovery(property);
+    eprintln!("counterexample: {:?}", path.into_actions());
+}
+
 #[test]
 fn the_checker_finds_the_planted_bug_nodes_that_do_not_check_the_term() {
     let sys = System {
@@ -710,13 +722,7 @@ fn the_checker_finds_the_planted_bug_nodes_that_do_not_check_the_term() {
         standby_terms_all: false,
         takes_over_unfollowed: false,
     };
-    let checker = sys
-        .checker()
-        .target_max_depth(env("EVB_MODEL_DEPTH", 16))
-        .spawn_bfs()
-        .join();
-    let path = checker.assert_any_discovery("no stale word");
-    eprintln!("counterexample: {:?}", path.into_actions());
+    finds_planted(sys, "no stale word");
 }
 
 /// The second planted bug: a standby that says its Term to every node at its call (evb
@@ -733,13 +739,7 @@ fn the_checker_finds_the_planted_bug_a_standby_that_terms_every_caller() {
         standby_terms_all: true,
         takes_over_unfollowed: false,
     };
-    let checker = sys
-        .checker()
-        .target_max_depth(env("EVB_MODEL_DEPTH", 16))
-        .spawn_bfs()
-        .join();
-    let path = checker.assert_any_discovery("an EVM nobody left is never fenced");
-    eprintln!("counterexample: {:?}", path.into_actions());
+    finds_planted(sys, "an EVM nobody left is never fenced");
 }
 
 /// The third planted bug: the standby's rule before 2026-11-29, which took a run over at the
@@ -756,11 +756,5 @@ fn the_checker_finds_the_planted_bug_a_takeover_no_node_asked_for() {
         standby_terms_all: false,
         takes_over_unfollowed: true,
     };
-    let checker = sys
-        .checker()
-        .target_max_depth(env("EVB_MODEL_DEPTH", 16))
-        .spawn_bfs()
-        .join();
-    let path = checker.assert_any_discovery("a takeover only once a node left");
-    eprintln!("counterexample: {:?}", path.into_actions());
+    finds_planted(sys, "a takeover only once a node left");
 }
