@@ -531,6 +531,41 @@ fn a_new_standby_that_comes_as_the_run_ends_takes_nothing_over() {
     assert!(up.halt().success());
 }
 
+/// `evb up --standby`, the EVM killed (`kill -9`) the moment `evb up` prints its verdict of
+/// run 1, before its nodes are idle and its control has moved on. Every reader says the
+/// verdict `evb up` printed: the record on disk holds it (the EVM's control closes the run's
+/// record before the report goes out), so the standby, promoted after, keeps that record
+/// instead of writing `unknown`; `evb ctl wait` there says complete, exact; run 2 is exact.
+#[test]
+fn an_evm_killed_as_its_verdict_is_printed_leaves_that_verdict_on_record() {
+    let mut up = Up::standby_file_run("killed-at-verdict", 6000, 6000);
+    let first = up.evm_pid();
+    up.start_until_triggered(6000);
+    up.wait_said("run 1's verdict", |s| {
+        s.iter().any(|l| l.starts_with("evb up: run 1 "))
+    });
+    common::signal(first, "-9");
+    let said = up.said();
+    let verdicts: Vec<&String> = said
+        .iter()
+        .filter(|l| l.starts_with("evb up: run 1 "))
+        .collect();
+    assert_eq!(verdicts.len(), 1, "{said:#?}");
+    assert!(verdicts[0].contains("complete"), "{said:#?}");
+    up.follow_takeover(60);
+    assert_exact(&up.wait_run(1), 6000);
+    let out = up.ctl(&["runs", "1"]);
+    let listed = common::text(&out);
+    assert!(out.status.success(), "{listed}");
+    assert!(
+        listed.contains("complete") && !listed.contains("unknown"),
+        "{listed}"
+    );
+    up.wait_until("ready", 30, |s| s["state"] == "ready");
+    start_next_exact(&up, 2, 6000);
+    assert!(up.halt().success());
+}
+
 /// `evb up --standby`, the EVM killed mid-run, then the standby that took over killed too,
 /// in the same run: `evb up` starts a new standby where the first EVM was, the new EVM's
 /// control has it follow the run under way, and it takes the run over in turn (epoch 2).

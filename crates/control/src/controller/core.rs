@@ -223,6 +223,9 @@ pub(crate) struct Core {
     history: History,
     /// Runs whose record changed since the shell last wrote them to disk.
     changed: Vec<u64>,
+    /// The run whose record the EVM's report closed, before the report went out (see
+    /// [`Core::reported`]); its `finished` keeps that record.
+    closed_at_report: Option<u64>,
     /// The most events the EVM's ledger has said it released in the run under way (run,
     /// count): the header's total never goes back, and never comes from the BUs' counters.
     released_seen: (u64, u64),
@@ -250,6 +253,7 @@ impl Core {
             standby_told: None,
             history: History::default(),
             changed: Vec::new(),
+            closed_at_report: None,
             released_seen: (0, 0),
             adding: BTreeSet::new(),
             told_to_join: BTreeSet::new(),
@@ -668,10 +672,23 @@ impl Core {
         Err(CallOff { abort, error })
     }
 
-    /// A run is over: its record closed, and the state it leaves.
-    pub(crate) fn finished(&mut self, run: u64, f: Finished, unix: f64) {
-        self.under_way = None;
-        let reset = std::mem::take(&mut self.resetting);
+    /// The EVM's report of run `run`, on its way out: the run's record is closed with it
+    /// now, so that it is on disk before any reader (`evb up`'s line, a subscriber) sees the
+    /// report: an EVM lost right after its report leaves the same verdict in its record
+    /// (docs/control.md, "One verdict"). The state moves on at [`Core::finished`], once the
+    /// nodes are idle. Returns whether the record was closed (a report of a run that is not
+    /// this control's open one closes nothing).
+    pub(crate) fn reported(&mut self, run: u64, f: Finished, unix: f64) -> bool {
+        if self.run != run || !self.runs.get(&run).is_some_and(|r| r.end.is_none()) {
+            return false;
+        }
+        self.close_record(run, f, self.resetting, unix);
+        self.closed_at_report = Some(run);
+        true
+    }
+
+    /// Closes run `run`'s record with `f`: its verdict, counts and the folder's digests.
+    fn close_record(&mut self, run: u64, f: Finished, reset: bool, unix: f64) -> (bool, String) {
         let rec = self
             .runs
             .entry(run)
@@ -686,8 +703,28 @@ impl Core {
             rec.manifest_sha256 = m;
             rec.config_sha256 = c;
         }
-        let outcome = rec.state.clone();
         self.changed.push(run);
+        (ok, reason)
+    }
+
+    /// A run is over: its record closed (unless its report closed it: that record
+    /// stands, as its readers saw it), and the state it leaves.
+    pub(crate) fn finished(&mut self, run: u64, f: Finished, unix: f64) {
+        self.under_way = None;
+        let reset = std::mem::take(&mut self.resetting);
+        let early = self.closed_at_report.take() == Some(run);
+        let kept = self
+            .runs
+            .get(&run)
+            .and_then(|r| r.end.as_ref())
+            .filter(|_| early)
+            .map(|e| (e.ok, e.reason.clone()));
+        let (ok, reason) = match kept {
+            Some(v) => v,
+            None => self.close_record(run, f, reset, unix),
+        };
+        let outcome = self.runs.get(&run).map_or("", |r| r.state.as_str());
+        info!("run {run} {outcome}: {reason}");
         if ok || reset {
             self.state = State::Ready;
             self.reason = None;
@@ -695,7 +732,6 @@ impl Core {
             self.state = State::Failed;
             self.reason = Some(format!("run {run}: {reason}"));
         }
-        info!("run {run} {outcome}: {reason}");
     }
 
     /// A promoted standby's record of the run it followed and did not take over: over,

@@ -89,6 +89,9 @@ impl Drop for CoreGuard<'_> {
     }
 }
 
+/// How long an EVM's report waits for its run's record to be on disk.
+const REPORT_FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -230,7 +233,28 @@ impl Controller {
 
     /// Every status line of the EVM's run: follows its progress into the run state.
     pub(crate) fn on_status(&self, line: &NodeStatus) {
-        self.core().on_status(line);
+        let closed = {
+            let mut core = self.core();
+            core.on_status(line);
+            match (line.is_report(), line.run_number, line.evm()) {
+                (true, Some(run), Some(_)) => core.reported(
+                    run,
+                    Finished {
+                        ok: line.ok == Some(true),
+                        reason: line.reason.clone().unwrap_or_default(),
+                        report: Some(line.clone()),
+                        fenced: line.fenced,
+                    },
+                    unix_now(),
+                ),
+                _ => false,
+            }
+        };
+        // the record on disk before the report goes on to its readers (the guard above
+        // handed it to the writer thread)
+        if closed {
+            self.flush_records(REPORT_FLUSH_LIMIT);
+        }
     }
 
     /// Whether command `cmd` may be given now (see `Core::allowed`).
@@ -754,5 +778,50 @@ fn await_idle(nodes: &[NodeSpec], token: &Option<String>, limit: Duration) {
                 _ => break,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod shell_tests {
+    use evb_builder::{EvmStats, NodeStatus, RoleStats, RunReport, RunState};
+
+    use super::*;
+
+    /// The shell's half of "one verdict": when `on_status` returns for the EVM's report (and
+    /// the node's status closure prints the line only then), the run's closed record is on
+    /// disk, where a standby promoted after the EVM's loss finds it.
+    #[test]
+    fn the_run_s_record_is_on_disk_when_the_evm_s_report_is_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.run.records_dir = dir.path().display().to_string();
+        let c = Controller::new(&cfg, Mode::Once);
+        c.keep_records(false, None).unwrap();
+        c.begin_once(1);
+        let store = store::RecordStore::open(&cfg).unwrap();
+        let mut line = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
+        line.kind = evb_builder::StatusKind::Report;
+        line.run_number = Some(1);
+        line.ok = Some(true);
+        line.reason = Some("every triggered event built exactly once".into());
+        line.run = Some(RunReport {
+            state: RunState::Halted,
+            reason: None,
+            n_ru: 0,
+            n_bu: 0,
+            seconds: 1.0,
+            down: vec![],
+            evm: EvmStats {
+                triggered: 7,
+                released: 7,
+                ..EvmStats::default()
+            },
+            rus: vec![],
+            bus: vec![],
+        });
+        c.on_status(&line);
+        let rec = store.get(1).expect("run 1's record on disk");
+        assert_eq!(rec.state, "complete");
+        assert_eq!(rec.end.as_ref().map(|e| e.events_built), Some(7));
     }
 }

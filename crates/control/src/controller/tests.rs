@@ -965,3 +965,61 @@ fn a_status_reply_without_a_count_is_refused_naming_it() {
     let e = r.typed::<crate::replies::Status>("status").unwrap_err();
     assert!(e.contains("events_built"), "{e}");
 }
+
+/// The EVM's report closes its run's record before the report goes on to its readers, so
+/// that an EVM lost right after it leaves that verdict on disk (the shell writes the
+/// record before the line is printed). The state moves on only when the run is over at
+/// every node, and that close keeps the record as its readers saw it: one closing line.
+#[test]
+fn the_evm_s_report_closes_its_run_s_record_before_it_goes_out() {
+    let mut c = core();
+    started(&mut c);
+    let _ = c.take_changed();
+    let mut report = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
+    report.run = Some(evb_builder::RunReport {
+        state: RunState::Halted,
+        reason: None,
+        n_ru: 0,
+        n_bu: 0,
+        seconds: 1.0,
+        down: vec![],
+        evm: EvmStats {
+            triggered: 10,
+            released: 10,
+            ..EvmStats::default()
+        },
+        rus: vec![],
+        bus: vec![],
+    });
+    let said = |ok: bool| Finished {
+        ok,
+        reason: if ok { "done" } else { "lost" }.into(),
+        report: Some(report.clone()),
+        fenced: None,
+    };
+    // another run's report closes nothing
+    assert!(!c.reported(2, said(true), 150.0));
+    assert!(c.take_changed().is_empty());
+    assert!(c.reported(1, said(true), 150.0));
+    let changed = c.take_changed();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].state, "complete");
+    assert_eq!(changed[0].end.as_ref().unwrap().events_built, 10);
+    // the nodes are not idle yet: the state has not moved on
+    assert_eq!(c.state(), State::Running);
+    // a second report of the run closes nothing more
+    assert!(!c.reported(1, said(false), 151.0));
+    // the run's end: the record stands as the report closed it, written once
+    c.finished(1, said(false), 152.0);
+    assert!(c.take_changed().is_empty());
+    let rec = c.run_record(1).unwrap();
+    assert_eq!(rec.state, "complete");
+    assert!(rec.end.as_ref().unwrap().ok);
+    assert_eq!(c.state(), State::Ready);
+    // a run whose report never came is closed at its end, as before
+    c.cmd(Command::Start, &json!({}), 200.0).unwrap();
+    c.finished(2, ended(false, "the EVM's node failed"), 210.0);
+    assert_eq!(c.take_changed().len(), 1);
+    assert_eq!(c.run_record(2).unwrap().state, "failed");
+    assert_eq!(c.state(), State::Failed);
+}
