@@ -679,7 +679,7 @@ impl Core {
     /// nodes are idle. Returns whether the record was closed (a report of a run that is not
     /// this control's open one closes nothing).
     pub(crate) fn reported(&mut self, run: u64, f: Finished, unix: f64) -> bool {
-        if self.run != run || !self.runs.get(&run).is_some_and(|r| r.end.is_none()) {
+        if self.run != run || self.runs.get(&run).is_none_or(|r| r.end.is_some()) {
             return false;
         }
         self.close_record(run, f, self.resetting, unix);
