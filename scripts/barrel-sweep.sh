@@ -2,7 +2,9 @@
 # The barrel shifter against unshaped assignment, by switch queue depth, on the netns
 # testbed (root): N x M at 100 Mb/s, 64 KiB fragments, 4 credits per BU, 4 s runs, the
 # configurations alternating in each round. Prints one line per run: queue, assignment,
-# shaping, the BU (or bottleneck) links' use as a fraction of the shaped rate.
+# shaping, the BU (or bottleneck) links' use as a fraction of the shaped rate, and under the
+# barrel shifter how well the RUs kept their slots (the share of slots whose first send came
+# more than a tenth of a slot late, the slip's mean and largest).
 #
 #   scripts/barrel-sweep.sh [ROUNDS] [N] [M]      # default 3 rounds of 4 x 4
 #   QUEUES="256kb" scripts/barrel-sweep.sh 1 8 8  # one queue depth only
@@ -28,11 +30,14 @@ for r in $(seq "$rounds"); do
         printf '[run]\nduration_s = %s\n[fragments]\nsize = 65536\n[builder]\ncredits = 4\nassignment = "%s"\n' "$secs" "$1"
         printf '[traffic]\nshaping = "%s"\nslot_bytes = 65576\nlink_mbps = 95\n' "$2"
       } > "$work/c.toml"
-      # the testbed's line: "BU links (the bottleneck side): 94.8 % of the shaped rate on average"
-      line=$("$evb" testbed -q --name "$name" -c "$work/c.toml" --rus "$n" --bus "$m" "${fold[@]}" --rate 100mbit \
-        --queue "$q" --duration "$secs" 2>&1 \
-        | grep -E "links \(the bottleneck side\): .* of the shaped rate" | tail -1 || echo "failed")
-      echo "round $r queue $q assignment $1 shaping $2: $line"
+      # the testbed's line: "BU links (the bottleneck side): 94.8 % of the shaped rate on average",
+      # and under the barrel shifter how well the RUs kept their slots ("RU slots ...: 3.1 %
+      # late ...", appended after a "|")
+      out=$("$evb" testbed -q --name "$name" -c "$work/c.toml" --rus "$n" --bus "$m" "${fold[@]}" --rate 100mbit \
+        --queue "$q" --duration "$secs" 2>&1 || true)
+      line=$(grep -E "links \(the bottleneck side\): .* of the shaped rate" <<<"$out" | tail -1 || echo "failed")
+      slots=$(grep -E "^RU slots \(barrel shifter\)" <<<"$out" | tail -1 || true)
+      echo "round $r queue $q assignment $1 shaping $2: $line${slots:+ | $slots}"
     done
   done
 done

@@ -90,6 +90,18 @@ pub struct RuStats {
     pub frame_bytes_evicted: u64,
     pub frame_bytes_evicted_unused: u64,
     pub frame_bytes_held_unused: u64,
+    /// Barrel shifter (`traffic.shaping = "barrel"`, see `shaping::SlotTiming`): the slots
+    /// in which this RU sent to a BU over the link; of those, the ones whose bytes waited
+    /// for the slot, the ones among them whose first send came more than a tenth of a slot
+    /// late (the RU woke late), and the ones started more than a tenth in because their
+    /// bytes came then; how far into its slot the first send came where the bytes waited,
+    /// on average and at most, in µs.
+    pub barrel_slots: u64,
+    pub barrel_slots_waited: u64,
+    pub barrel_slots_late: u64,
+    pub barrel_slots_started_mid_slot: u64,
+    pub barrel_slip_mean_us: u64,
+    pub barrel_slip_max_us: u64,
 }
 
 impl RuStats {
@@ -360,6 +372,17 @@ impl Ru {
 
     pub fn state(&self) -> RunState {
         self.state
+    }
+
+    /// The barrel shifter's slots as kept so far (the driver's shaper keeps the time).
+    pub fn note_slot_timing(&mut self, t: crate::shaping::SlotTiming) {
+        let s = &mut self.stats;
+        s.barrel_slots = t.slots;
+        s.barrel_slots_waited = t.waited;
+        s.barrel_slots_late = t.late;
+        s.barrel_slots_started_mid_slot = t.started_mid_slot;
+        s.barrel_slip_mean_us = (t.slip_ns_total / t.waited.max(1)) / 1000;
+        s.barrel_slip_max_us = t.slip_ns_max / 1000;
     }
 
     pub fn stats(&self) -> RuStats {

@@ -37,6 +37,30 @@ pub fn folded_barrel_destination(i: usize, t: u64, n: usize) -> Option<usize> {
     Some((i + offset) % n)
 }
 
+/// How well an RU kept its slots: each slot in which it sent to a BU over the link, and how
+/// far into the slot its first send came. A send that starts late runs over into the next
+/// slot, where another RU sends to that BU: the two meet at the BU's port, which is what the
+/// shifter is there to prevent. Two causes are told apart: the RU woke late for a slot its
+/// bytes were waiting for (the slip: the host's timing), or the bytes came during the slot
+/// (its assignment came then). What the kernel holds longer is not seen here: on the wire a
+/// slot can slip more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotTiming {
+    /// Slots in which this RU sent to a BU over the link (the host's own BU not counted).
+    pub slots: u64,
+    /// Of those, the slots whose bytes were waiting when the slot began, and whose first
+    /// send came more than a tenth of a slot late: the RU woke late.
+    pub late: u64,
+    /// Of those, the slots whose first send came more than a tenth of a slot in because
+    /// their bytes came then.
+    pub started_mid_slot: u64,
+    /// How far into its slot the first send came, for the slots whose bytes were waiting:
+    /// added up and the largest, in nanoseconds, and how many such slots.
+    pub slip_ns_total: u64,
+    pub slip_ns_max: u64,
+    pub waited: u64,
+}
+
 /// One RU's barrel shifter: a queue per BU, released one slot at a time.
 pub struct BarrelShaper {
     ru: usize,
@@ -44,14 +68,15 @@ pub struct BarrelShaper {
     /// Folded N × N: this RU's own BU, served at once and given no slot.
     own: Option<usize>,
     /// Per BU: runs of fragments (the encoded fragments, how many, the BU incarnation
-    /// their assignment named).
-    queues: Vec<VecDeque<(Chain, u32, u16)>>,
+    /// their assignment named, when they were queued in wall-clock ns).
+    queues: Vec<VecDeque<(Chain, u32, u16, u64)>>,
     slot_ns: u64,
     slot_bytes: usize,
     /// The slot being served and the bytes already released in it.
     slot: u64,
     sent: usize,
     queued_bytes: usize,
+    timing: SlotTiming,
 }
 
 impl BarrelShaper {
@@ -78,15 +103,21 @@ impl BarrelShaper {
             slot: u64::MAX,
             sent: 0,
             queued_bytes: 0,
+            timing: SlotTiming::default(),
         }
     }
 
-    /// Queues a fragment for incarnation `inc` of BU `bu` (an out-of-range BU is sent in
-    /// slot order as BU 0's).
-    pub fn push(&mut self, bu: usize, inc: u16, data: Chain, count: u32) {
+    /// Queues a fragment for incarnation `inc` of BU `bu` at wall-clock time `now_ns` (an
+    /// out-of-range BU is sent in slot order as BU 0's).
+    pub fn push(&mut self, bu: usize, inc: u16, data: Chain, count: u32, now_ns: u64) {
         self.queued_bytes += data.len();
         let n = self.queues.len();
-        self.queues[if bu < n { bu } else { 0 }].push_back((data, count, inc));
+        self.queues[if bu < n { bu } else { 0 }].push_back((data, count, inc, now_ns));
+    }
+
+    /// How well the slots were kept so far.
+    pub fn timing(&self) -> SlotTiming {
+        self.timing
     }
 
     /// Bytes waiting for their slot.
@@ -104,7 +135,7 @@ impl BarrelShaper {
         }
         if let Some(own) = self.own {
             // the host's own BU: no link to share
-            while let Some((data, count, inc)) = self.queues[own].pop_front() {
+            while let Some((data, count, inc, _)) = self.queues[own].pop_front() {
                 self.queued_bytes -= data.len();
                 out(own, inc, data, count);
             }
@@ -121,9 +152,24 @@ impl BarrelShaper {
             if self.sent + len > self.slot_bytes && self.sent > 0 {
                 break;
             }
-            let Some((data, count, inc)) = self.queues[bu].pop_front() else {
+            let Some((data, count, inc, queued)) = self.queues[bu].pop_front() else {
                 break;
             };
+            if self.sent == 0 {
+                let begun = slot * self.slot_ns;
+                let into = now_ns - begun;
+                let late = into * 10 > self.slot_ns;
+                let t = &mut self.timing;
+                t.slots += 1;
+                if queued <= begun {
+                    t.waited += 1;
+                    t.late += u64::from(late);
+                    t.slip_ns_total += into;
+                    t.slip_ns_max = t.slip_ns_max.max(into);
+                } else {
+                    t.started_mid_slot += u64::from(late);
+                }
+            }
             self.sent += data.len();
             self.queued_bytes -= data.len();
             out(bu, inc, data, count);
@@ -194,9 +240,9 @@ mod tests {
         w.advance(800);
         let frag = || Chain::from_slice(w.slice(0, 800));
         let mut s = BarrelShaper::new(1, 3, 3, Duration::from_millis(1), 1000, true);
-        s.push(1, 1, frag(), 1);
-        s.push(1, 1, frag(), 1);
-        s.push(0, 1, frag(), 1);
+        s.push(1, 1, frag(), 1, 0);
+        s.push(1, 1, frag(), 1, 0);
+        s.push(0, 1, frag(), 1, 0);
         assert_eq!(s.next_slot_in(0), Some(Duration::ZERO));
         let mut got = Vec::new();
         // slot 0: RU 1 sends to BU (1 + 1) mod 3 = 2 (nothing queued); its own two go now
@@ -212,6 +258,44 @@ mod tests {
     }
 
     #[test]
+    fn each_slot_s_first_send_counts_how_late_it_came() {
+        let pool = Pool::new("test", 4096, 16);
+        let frag = |len: usize| {
+            let mut w = pool.try_alloc().unwrap();
+            w.advance(len);
+            Chain::from_slice(w.slice(0, len))
+        };
+        // RU 0 of 2, 2 BUs, 1 ms slots: slot t goes to BU t mod 2
+        let mut s = BarrelShaper::new(0, 2, 2, Duration::from_millis(1), 1000, false);
+        // pieces of 600 bytes: one a slot; BU 0 has two and a small one, BU 1 one
+        s.push(0, 1, frag(600), 1, 0);
+        s.push(0, 1, frag(300), 1, 0);
+        s.push(0, 1, frag(600), 1, 0);
+        s.push(1, 1, frag(600), 1, 0);
+        let ms = 1_000_000u64;
+        let mut sent = 0;
+        // slot 0 on time (50 µs in), its second piece later in the same slot: one slot
+        s.due(50_000, |_, _, _, _| sent += 1);
+        s.due(900_000, |_, _, _, _| sent += 1);
+        // slot 1, 300 µs in: late (over a tenth of a slot)
+        s.due(ms + 300_000, |_, _, _, _| sent += 1);
+        // slot 2 exactly a tenth in: not late; slot 3 with nothing queued for BU 1: no slot
+        s.due(2 * ms + 100_000, |_, _, _, _| sent += 1);
+        s.due(3 * ms + 500_000, |_, _, _, _| sent += 1);
+        // a fragment that comes during its slot (5, BU 1's), sent 400 µs in: not the RU's
+        // lateness, but a slot started in its middle
+        s.push(1, 1, frag(600), 1, 5 * ms + 350_000);
+        s.due(5 * ms + 400_000, |_, _, _, _| sent += 1);
+        assert_eq!(sent, 5);
+        assert_eq!(s.queued_bytes(), 0);
+        let t = s.timing();
+        assert_eq!(t.slots, 4);
+        assert_eq!((t.waited, t.late, t.started_mid_slot), (3, 1, 1));
+        assert_eq!(t.slip_ns_total, 450_000);
+        assert_eq!(t.slip_ns_max, 300_000);
+    }
+
+    #[test]
     fn a_slot_releases_its_bus_fragments_up_to_its_bytes() {
         let pool = Pool::new("test", 4096, 16);
         let frag = |len: usize| {
@@ -222,9 +306,9 @@ mod tests {
         // RU 1 of 2, 2 BUs, 1 ms slots of 1000 bytes: slot t goes to BU (1 + t) mod 2
         let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000, false);
         for _ in 0..3 {
-            s.push(0, 1, frag(600), 1);
+            s.push(0, 1, frag(600), 1, 0);
         }
-        s.push(1, 1, frag(100), 1);
+        s.push(1, 1, frag(100), 1, 0);
         let ms = 1_000_000u64;
         let mut got = Vec::new();
         // slot 0: BU 1's fragment
@@ -250,15 +334,15 @@ mod tests {
         assert_eq!(got, [(0, 600), (0, 600)]);
         assert_eq!(s.next_slot_in(5 * ms), None);
         // pieces that fit share a slot; one larger than a slot goes alone
-        s.push(0, 1, frag(400), 1);
-        s.push(0, 1, frag(400), 1);
-        s.push(0, 1, frag(300), 1);
+        s.push(0, 1, frag(400), 1, 0);
+        s.push(0, 1, frag(400), 1, 0);
+        s.push(0, 1, frag(300), 1, 0);
         got.clear();
         s.due(7 * ms, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 400), (0, 400)]);
         let mut big = BarrelShaper::new(0, 1, 1, Duration::from_millis(1), 1000, false);
-        big.push(0, 1, frag(1500), 1);
-        big.push(0, 1, frag(100), 1);
+        big.push(0, 1, frag(1500), 1, 0);
+        big.push(0, 1, frag(100), 1, 0);
         got.clear();
         big.due(0, |bu, _, c, _| got.push((bu, c.len())));
         assert_eq!(got, [(0, 1500)]);

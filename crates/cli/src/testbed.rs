@@ -648,6 +648,44 @@ fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// How well the RUs kept the barrel shifter's slots (their reports' `barrel_*` counters),
+/// in a line and as JSON; `None` when no RU sent in a slot.
+fn slot_timing(rus: &serde_json::Value) -> Option<(String, serde_json::Value)> {
+    let count = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+    let (mut slots, mut waited, mut late, mut mid, mut slip_us, mut max_us) = (0, 0, 0, 0, 0, 0);
+    for r in rus.as_array().into_iter().flatten() {
+        slots += count(r, "barrel_slots");
+        let w = count(r, "barrel_slots_waited");
+        waited += w;
+        late += count(r, "barrel_slots_late");
+        mid += count(r, "barrel_slots_started_mid_slot");
+        slip_us += w * count(r, "barrel_slip_mean_us");
+        max_us = max_us.max(count(r, "barrel_slip_max_us"));
+    }
+    if slots == 0 {
+        return None;
+    }
+    let pc = |k: u64| 100.0 * k as f64 / slots as f64;
+    let mean_us = slip_us / waited.max(1);
+    Some((
+        format!(
+            "RU slots (barrel shifter): {slots} sent in; {:.1} % started over a tenth of a slot \
+             late though their bytes waited (slip {mean_us} µs on average, {max_us} µs at \
+             most), {:.1} % started as late because their bytes came then",
+            pc(late),
+            pc(mid)
+        ),
+        serde_json::json!({
+            "slots": slots,
+            "waited": waited,
+            "late": late,
+            "started_mid_slot": mid,
+            "slip_mean_us": mean_us,
+            "slip_max_us": max_us,
+        }),
+    ))
+}
+
 /// Per-link figures from the run's summary, printed, and returned for the JSON document:
 /// each link's payload rate and fraction of the shaped rate, and the bottleneck side's mean.
 /// Folded, what RU k sends its own BU k stays in the host: a paired RU's link carries
@@ -710,6 +748,10 @@ fn report(v: &serde_json::Value, bps: f64, rate: &str, folded: bool) -> serde_js
             mean * 100.0
         );
         figures["bottleneck"] = serde_json::json!({"side": side, "mean_fraction": mean});
+    }
+    if let Some(slots) = slot_timing(&run["rus"]) {
+        println!("{}", slots.0);
+        figures["slots"] = slots.1;
     }
     let mut lat = evb_builder::LatencyHistogram::default();
     for b in run["bus"].as_array().into_iter().flatten() {

@@ -392,6 +392,10 @@ impl Driver {
                 unsent.push((bu as u16, inc, data, count));
             }
         });
+        let timing = shaper.timing();
+        if let Logic::Ru(r) = &mut self.logic {
+            r.note_slot_timing(timing);
+        }
         // a process not reached yet gets them when its connection is up (out of its slot:
         // a few fragments, once)
         let now = Instant::now();
@@ -521,7 +525,7 @@ impl Driver {
                 count,
             } => {
                 if let (Some(shaper), NodeRef::Bu(bu)) = (&mut self.ru.shaper, to) {
-                    shaper.push(bu as usize, inc, data, count);
+                    shaper.push(bu as usize, inc, data, count, wall_ns());
                     return;
                 }
                 // only to the incarnation the EVM assigned them to: a restarted BU never
@@ -736,6 +740,11 @@ impl Driver {
                 Logic::Evm(e) => e.has_work(),
                 Logic::Bu(..) => self.sink.has_work(),
             };
+            let slot_wait = self
+                .ru
+                .shaper
+                .as_ref()
+                .and_then(|s| s.next_slot_in(wall_ns()));
             let timeout = if busy {
                 Duration::ZERO
             } else {
@@ -748,12 +757,7 @@ impl Driver {
                     .retry_at()
                     .map_or(cap, |t| t.saturating_duration_since(now).min(cap));
                 // fragments waiting for their slot go when it begins
-                let cap = self
-                    .ru
-                    .shaper
-                    .as_ref()
-                    .and_then(|s| s.next_slot_in(wall_ns()))
-                    .map_or(cap, |t| t.min(cap));
+                let cap = slot_wait.map_or(cap, |t| t.min(cap));
                 self.messenger
                     .next_flush_in(now)
                     .map_or(cap, |t| t.min(cap))
