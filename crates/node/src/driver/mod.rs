@@ -134,6 +134,26 @@ fn wall_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// How the loop waits when a barrel slot may decide its wake-up (`slot_wait`: until the next
+/// slot, with bytes queued; `now_ns`: the wall clock). The poll rounds a wait up to whole
+/// milliseconds (mio), which started each slot up to 1 ms late and, with slots shorter than
+/// a millisecond, left most of them unused. Where the slot decides, the poll waits the whole
+/// milliseconds and the rest is slept, precisely, if nothing came meanwhile. Returns the
+/// poll's timeout, and the slot's start (wall-clock ns) to sleep until after an empty poll.
+fn slot_poll(
+    timeout: Duration,
+    slot_wait: Option<Duration>,
+    now_ns: u64,
+) -> (Duration, Option<u64>) {
+    match slot_wait.filter(|w| *w == timeout && !w.is_zero()) {
+        Some(w) => (
+            Duration::from_millis(w.as_millis() as u64),
+            Some(now_ns + w.as_nanos() as u64),
+        ),
+        None => (timeout, None),
+    }
+}
+
 fn node_ref(spec: &NodeSpec) -> NodeRef {
     match spec.role {
         Role::Evm => NodeRef::Evm,
@@ -615,6 +635,13 @@ impl Driver {
     /// Runs the node until its state machine says the run is over for it.
     pub fn run(mut self) -> Result<NodeOutcome, NodeError> {
         let mut incoming = Vec::new();
+        if self.ru.shaper.is_some() {
+            // a slot's start is slept to (see `slot_poll`): the kernel's default slack of
+            // 50 µs on this thread's timers would start every slot that much later
+            // SAFETY: PR_SET_TIMERSLACK takes a plain integer and changes only this
+            // thread's timer slack; no memory is passed.
+            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong) };
+        }
         loop {
             let now = Instant::now();
             self.sink.begin_pass(now);
@@ -763,9 +790,16 @@ impl Driver {
                     .map_or(cap, |t| t.min(cap))
             };
             incoming.clear();
+            let (timeout, slot_at) = slot_poll(timeout, slot_wait, wall_ns());
             self.messenger
                 .poll(&mut incoming, Some(timeout))
                 .map_err(|e| NodeError::Io(e.to_string()))?;
+            if let (Some(at), true) = (slot_at, incoming.is_empty()) {
+                let left = at.saturating_sub(wall_ns());
+                if left > 0 && left < 1_000_000 {
+                    std::thread::sleep(Duration::from_nanos(left));
+                }
+            }
             let now = Instant::now();
             // a fence in this batch is heard before anything else in it is acted on
             self.fence_first(&incoming);
@@ -971,5 +1005,28 @@ impl Driver {
             report,
             fenced: self.standby.fenced(),
         })
+    }
+}
+
+#[cfg(test)]
+mod slot_poll_tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_s_start_is_polled_in_whole_milliseconds_and_the_rest_slept() {
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        // the slot decides: 2.4 ms polled as 2 ms, then slept to the slot's start
+        assert_eq!(
+            slot_poll(us(2400), Some(us(2400)), 1_000),
+            (ms(2), Some(2_401_000))
+        );
+        // under a millisecond: no wait in the poll at all, the whole of it slept
+        assert_eq!(slot_poll(us(300), Some(us(300)), 0), (ms(0), Some(300_000)));
+        // something else wakes the loop sooner: as it was
+        assert_eq!(slot_poll(ms(1), Some(ms(3)), 0), (ms(1), None));
+        // no slot to wait for, or busy
+        assert_eq!(slot_poll(ms(10), None, 0), (ms(10), None));
+        assert_eq!(slot_poll(ms(0), Some(ms(0)), 0), (ms(0), None));
     }
 }
