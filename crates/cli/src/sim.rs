@@ -74,6 +74,13 @@ pub struct SimArgs {
     /// many blocked messages (seed 003: routes need O(1000) stable messages).
     #[arg(long, default_value_t = evb_sim::clos::SETTLE)]
     settle: u32,
+    /// clos: wormhole switching with worms (packets) of L cells: a head holds every link it
+    /// has taken while it waits for the next, and the tail frees them (default: off, a cell
+    /// crosses in one slot or waits, holding nothing). 1 to 4096.
+    // NonZeroU32: four bytes, in the struct's padding (SimArgs is at clippy's
+    // large_enum_variant bound against the other commands)
+    #[arg(long, value_name = "L", value_parser = worm_cells)]
+    wormhole: Option<std::num::NonZeroU32>,
     /// eb: RU k and BU k on host k (N × N): a host's own fragment never crosses the
     /// switch, and the barrel shifter's cycle skips it (evb's `topology.folded`).
     #[arg(long)]
@@ -175,6 +182,9 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
             "--bus: the \"switch\" model has N × N ports; --model eb and clos take M BUs".into(),
         );
     }
+    if a.wormhole.is_some() && a.model != "clos" {
+        return Err("--wormhole: only with --model clos".into());
+    }
     if a.model == "eb" {
         return run_eb(a, &sizes);
     }
@@ -232,6 +242,15 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `--wormhole L`: cells per worm, 1 to 4096.
+fn worm_cells(s: &str) -> Result<std::num::NonZeroU32, String> {
+    s.parse::<u32>()
+        .ok()
+        .filter(|l| (1..=4096).contains(l))
+        .and_then(std::num::NonZeroU32::new)
+        .ok_or_else(|| format!("{s:?} is not a worm length from 1 to 4096 cells"))
+}
+
 /// The Clos model over the sizes: random FIFO traffic and the barrel shifter, under each
 /// routing.
 fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
@@ -257,7 +276,7 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
     }
     let t0 = std::time::Instant::now();
     println!(
-        "{}: leaves of {} ports ({} to hosts), oversubscription {}:1; efficiency = cells / (slots x {})",
+        "{}: leaves of {} ports ({} to hosts), oversubscription {}:1{}; efficiency = cells / (slots x {})",
         match a.bus {
             None => "folded Clos (host k: RU k and BU k)".to_string(),
             Some(m) => format!("Clos, N RUs and {m} BUs on leaves of their own"),
@@ -265,6 +284,10 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         a.radix,
         a.radix / 2,
         a.oversub,
+        match a.wormhole {
+            Some(l) => format!(", wormhole: worms of {l} cells hold their links"),
+            None => String::new(),
+        },
         if a.bus.is_some() { "min(N, M)" } else { "hosts" }
     );
     let mut head = format!("{:>6} {:>7} {:>7}", "N", "leaves", "spines");
@@ -283,7 +306,7 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
         let mut row = Vec::new();
         for policy in [evb_sim::Policy::RandomFifo, evb_sim::Policy::Barrel] {
             for &routing in &routings {
-                let o = ClosModel {
+                let model = ClosModel {
                     hosts: n,
                     bus: a.bus,
                     radix: a.radix,
@@ -294,8 +317,11 @@ fn run_clos(a: &SimArgs, sizes: &[usize]) -> Result<(), String> {
                     repeat: false,
                     slots,
                     seed: a.seed,
-                }
-                .run();
+                };
+                let o = match a.wormhole {
+                    Some(l) => model.run_wormhole(l.get()),
+                    None => model.run(),
+                };
                 row.push(o);
             }
         }

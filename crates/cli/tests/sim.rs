@@ -681,3 +681,57 @@ fn evb_sim_degraded_adds_a_row_per_part_lost() {
         assert!(e.contains(why), "{args:?}: {e}");
     }
 }
+
+/// `--wormhole L`: the Clos model's worms hold the links they have taken (seed 003's
+/// 7 × 7 with routes per host pair loses to it); in the JSON only when asked for; 0 and
+/// other models refused by name.
+#[test]
+fn evb_sim_clos_wormhole_holds_links_and_is_refused_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(EVB)
+            .args([
+                "sim", "--model", "clos", "--n", "7", "--bus", "7", "--radix", "16",
+            ])
+            .args(["--routing", "pair", "--slots", "20000", "--seed", "5"])
+            .args(["--json", "-", "--out"])
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            points[0].clone(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (cells, _) = run(&[]);
+    assert!(cells.get("wormhole").is_none(), "{cells}");
+    let (worms, table) = run(&["--wormhole", "4"]);
+    assert_eq!(worms["wormhole"], 4);
+    assert!(
+        table.contains("worms of 4 cells hold their links"),
+        "{table}"
+    );
+    let e = |p: &serde_json::Value| p["efficiency"].as_f64().unwrap();
+    assert!(e(&worms) < e(&cells) - 0.03, "{worms} against {cells}");
+    for bad in [
+        &["--model", "clos", "--wormhole", "0"][..],
+        &["--model", "clos", "--wormhole", "100000"],
+        &["--wormhole", "4"],
+    ] {
+        let o = Command::new(EVB)
+            .arg("sim")
+            .args(bad)
+            .args(["--n", "2", "--slots", "2000", "--out"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{bad:?}: {o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("--wormhole"),
+            "{bad:?}: {o:?}"
+        );
+    }
+}

@@ -22,6 +22,21 @@
 //!   when it is blocked, and only after about `settle` blocked messages.
 //! - **Traffic** is saturated: [`crate::Policy::RandomFifo`] (each cell for a random BU) or
 //!   [`crate::Policy::Barrel`] (in slot t RU i sends to BU (i + t) mod N).
+//! - **Wormhole switching** ([`ClosModel::run_wormhole`], `evb sim --model clos --wormhole
+//!   L`; off by default): the unit is a worm (a packet) of L cells, all for one BU. Its
+//!   head takes the links of its path in order (the uplink, the spine's downlink, the
+//!   destination's port; only the port within one leaf), each as soon as it is free, as
+//!   many in one slot as are free (a switch's latency is far below a cell's time), and
+//!   *holds* every link it has taken while it waits for the next one. Once the head holds
+//!   the port the worm streams: its L cells arrive in L slots, and its tail frees all its
+//!   links at once (hop latency neglected). A source sends one worm at a time, its FIFO's
+//!   head; contenders for a link freed are served in the slot's random order, as above. The
+//!   route of a worm is fixed when it starts (`Random`: drawn per worm; `Local`: the free
+//!   uplink its head finds); `Adaptive` moves a pair's route for its later worms. The
+//!   barrel shifter sends worms in periods of L slots (RU i to BU (i + p) mod N in period
+//!   p), a worm late for its period starting when its path frees. With L = 1 on one leaf
+//!   this is the model above; across a spine even L = 1 differs, as a blocked head keeps
+//!   its uplink into the next slot.
 
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -187,6 +202,11 @@ impl Crossing {
     pub fn clear(&mut self) {
         self.up.iter_mut().for_each(|x| *x = false);
         self.dn.iter_mut().for_each(|x| *x = false);
+        self.tick();
+    }
+
+    /// A new slot, the links kept as they are (wormhole: held across slots).
+    fn tick(&mut self) {
         self.slot += 1;
         if self.routing == Routing::Adaptive && self.slot.is_multiple_of(self.settle as u64) {
             std::mem::swap(&mut self.used, &mut self.used_before);
@@ -202,22 +222,8 @@ impl Crossing {
             return true;
         }
         let (spines, leaves) = (self.fabric.spines, self.fabric.leaves);
-        let spine = match self.routing {
-            Routing::Static => d % spines,
-            Routing::Random => rng.gen_range(0..spines),
-            Routing::Pair => pair_spine(i, d, self.seed, spines),
-            Routing::Ecmp => pair_spine(i, d, self.seed ^ 0xEC3F_0000_0000_0001, spines),
-            Routing::Adaptive => self.route[i * self.bus + d] as usize,
-            Routing::Local => {
-                let k = rng.gen_range(0..spines);
-                match (0..spines)
-                    .map(|j| (k + j) % spines)
-                    .find(|&p| !self.up[ls * spines + p])
-                {
-                    Some(p) => p,
-                    None => return false,
-                }
-            }
+        let Some(spine) = self.spine(i, d, rng) else {
+            return false;
         };
         let free = !self.up[ls * spines + spine] && !self.dn[spine * leaves + ld];
         if free {
@@ -226,26 +232,55 @@ impl Crossing {
         }
         if self.routing == Routing::Adaptive {
             self.used[ls * spines + spine] += u32::from(free);
-            // a blocked route moves with chance 1/settle: it is seen blocked over about
-            // `settle` messages first, and of two routes in conflict one moves first
-            if !free && spines > 1 && rng.gen_range(0..self.settle) == 0 {
-                // to the uplink least used over this period and the last, ties drawn;
-                // the move counts as a period's use at once, so the next route to move
-                // in this period goes elsewhere
-                let k = rng.gen_range(0..spines);
-                let base = ls * spines;
-                if let Some(q) = (0..spines)
-                    .map(|j| (k + j) % spines)
-                    .filter(|&q| q != spine)
-                    .min_by_key(|&q| self.used[base + q] + self.used_before[base + q])
-                {
-                    self.route[i * self.bus + d] = q as u32;
-                    self.used[base + q] += self.settle;
-                    self.changes += 1;
-                }
+            if !free {
+                self.blocked(i, d, spine, rng);
             }
         }
         free
+    }
+
+    /// The spine of a cell (or worm) from RU `i` to BU `d` on another leaf, by the routing;
+    /// `None`: `Local` found no uplink of the leaf free.
+    fn spine(&mut self, i: usize, d: usize, rng: &mut SmallRng) -> Option<usize> {
+        let spines = self.fabric.spines;
+        let ls = self.fabric.ru_leaf(i);
+        Some(match self.routing {
+            Routing::Static => d % spines,
+            Routing::Random => rng.gen_range(0..spines),
+            Routing::Pair => pair_spine(i, d, self.seed, spines),
+            Routing::Ecmp => pair_spine(i, d, self.seed ^ 0xEC3F_0000_0000_0001, spines),
+            Routing::Adaptive => self.route[i * self.bus + d] as usize,
+            Routing::Local => {
+                let k = rng.gen_range(0..spines);
+                (0..spines)
+                    .map(|j| (k + j) % spines)
+                    .find(|&p| !self.up[ls * spines + p])?
+            }
+        })
+    }
+
+    /// `Adaptive`: the route of (`i`, `d`) through `spine` was blocked inside the fabric.
+    fn blocked(&mut self, i: usize, d: usize, spine: usize, rng: &mut SmallRng) {
+        let spines = self.fabric.spines;
+        let ls = self.fabric.ru_leaf(i);
+        // a blocked route moves with chance 1/settle: it is seen blocked over about
+        // `settle` messages first, and of two routes in conflict one moves first
+        if spines > 1 && rng.gen_range(0..self.settle) == 0 {
+            // to the uplink least used over this period and the last, ties drawn;
+            // the move counts as a period's use at once, so the next route to move
+            // in this period goes elsewhere
+            let k = rng.gen_range(0..spines);
+            let base = ls * spines;
+            if let Some(q) = (0..spines)
+                .map(|j| (k + j) % spines)
+                .filter(|&q| q != spine)
+                .min_by_key(|&q| self.used[base + q] + self.used_before[base + q])
+            {
+                self.route[i * self.bus + d] = q as u32;
+                self.used[base + q] += self.settle;
+                self.changes += 1;
+            }
+        }
     }
 }
 
@@ -280,6 +315,20 @@ pub struct ClosOutcome {
     pub efficiency: f64,
     /// Route changes (`Adaptive`).
     pub route_changes: u64,
+    /// Wormhole switching's worm length in cells ([`ClosModel::run_wormhole`]); absent
+    /// when cells cross in one slot or wait, holding nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wormhole: Option<u32>,
+}
+
+/// A worm under way: its BU, its spine once chosen, how many links of its path its head
+/// holds, and, once it streams, the slot in which its tail has passed and its links free.
+#[derive(Clone, Copy)]
+struct Worm {
+    d: usize,
+    spine: Option<usize>,
+    taken: usize,
+    end: Option<u64>,
 }
 
 impl ClosModel {
@@ -325,6 +374,133 @@ impl ClosModel {
             spines,
             efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
             route_changes: crossing.changes,
+            wormhole: None,
+        }
+    }
+
+    /// The same fabric and traffic under wormhole switching (the module's doc): worms of
+    /// `cells` cells (at least 1) whose heads hold the links they have taken while they
+    /// wait for the next.
+    pub fn run_wormhole(&self, cells: u32) -> ClosOutcome {
+        let len = u64::from(cells.max(1));
+        let n = self.hosts.max(1);
+        let m = self.bus.map_or(n, |m| m.max(1));
+        let fabric = Fabric::new(n, m, self.radix, self.oversubscription, self.bus.is_some());
+        let (leaves, spines) = (fabric.leaves, fabric.spines);
+        let mut x = Crossing::new(fabric, self.routing, n, m, self.settle, self.seed);
+        let mut rng = SmallRng::seed_from_u64(self.seed);
+        // drawn as `run` draws them: with one cell per worm on one leaf, the same figures
+        let mut head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..m)).collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        // the links held across slots: uplinks and downlinks in the crossing's, ports here
+        let mut port = vec![false; m];
+        let mut worm: Vec<Option<Worm>> = vec![None; n];
+        let mut delivered = 0u64;
+        for t in 0..self.slots {
+            x.tick();
+            // the tails that have passed free their paths
+            for (s, slot) in worm.iter_mut().enumerate() {
+                let Some(w) = *slot else { continue };
+                if w.end != Some(t) {
+                    continue;
+                }
+                port[w.d] = false;
+                if let Some(p) = w.spine {
+                    x.up[x.fabric.ru_leaf(s) * spines + p] = false;
+                    x.dn[p * leaves + x.fabric.bu_leaf(w.d)] = false;
+                }
+                *slot = None;
+            }
+            order.shuffle(&mut rng);
+            for &s in &order {
+                let mut w = match worm[s] {
+                    Some(w) if w.end.is_some() => continue,
+                    Some(w) => w,
+                    None => {
+                        let d = match self.policy {
+                            _ if self.repeat => Some((s + m / 2) % m),
+                            Policy::RandomFifo => Some(head[s]),
+                            Policy::Barrel if t % len == 0 => barrel_destination(s, t / len, n, m),
+                            Policy::Barrel => None,
+                        };
+                        let Some(d) = d else { continue };
+                        let (ls, ld) = (x.fabric.ru_leaf(s), x.fabric.bu_leaf(d));
+                        // within one leaf only the port; `Local` picks its uplink when
+                        // the head reaches it, the others when the worm starts
+                        let (spine, taken) = if ls == ld {
+                            (None, 2)
+                        } else if self.routing == Routing::Local {
+                            (None, 0)
+                        } else {
+                            (x.spine(s, d, &mut rng), 0)
+                        };
+                        Worm {
+                            d,
+                            spine,
+                            taken,
+                            end: None,
+                        }
+                    }
+                };
+                let (ls, ld) = (x.fabric.ru_leaf(s), x.fabric.bu_leaf(w.d));
+                // the head moves on, hop by hop, while the next link is free
+                while w.taken < 3 {
+                    let free = match w.taken {
+                        0 => match w.spine.or_else(|| x.spine(s, w.d, &mut rng)) {
+                            Some(p) if !x.up[ls * spines + p] => {
+                                x.up[ls * spines + p] = true;
+                                if self.routing == Routing::Adaptive {
+                                    x.used[ls * spines + p] += cells.max(1);
+                                }
+                                w.spine = Some(p);
+                                true
+                            }
+                            p => {
+                                if let (Some(p), Routing::Adaptive) = (p, self.routing) {
+                                    x.blocked(s, w.d, p, &mut rng);
+                                }
+                                false
+                            }
+                        },
+                        1 => {
+                            let p = w.spine.unwrap_or(0);
+                            let free = !x.dn[p * leaves + ld];
+                            if free {
+                                x.dn[p * leaves + ld] = true;
+                            } else if self.routing == Routing::Adaptive {
+                                x.blocked(s, w.d, p, &mut rng);
+                            }
+                            free
+                        }
+                        _ => {
+                            let free = !port[w.d];
+                            port[w.d] = true;
+                            free
+                        }
+                    };
+                    if !free {
+                        break;
+                    }
+                    w.taken += 1;
+                }
+                if w.taken == 3 {
+                    // the head is in: the worm streams, its tail passes in `len` slots
+                    w.end = Some(t + len);
+                    delivered += len.min(self.slots - t);
+                    if self.policy == Policy::RandomFifo {
+                        head[s] = rng.gen_range(0..m);
+                    }
+                }
+                worm[s] = Some(w);
+            }
+        }
+        ClosOutcome {
+            model: self.clone(),
+            leaves,
+            spines,
+            efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
+            route_changes: x.changes,
+            wormhole: Some(cells.max(1)),
         }
     }
 }
@@ -487,6 +663,47 @@ mod tests {
                 a.efficiency + 0.03 < fixed,
                 "{policy:?}: {a:?} against static {fixed}"
             );
+        }
+    }
+
+    #[test]
+    fn a_waiting_worm_holds_the_links_it_has_taken() {
+        // seed 003's 7 x 7: the RUs on one 16-port leaf, the BUs on another, 8 spines
+        let seven = |routing| ClosModel {
+            bus: Some(7),
+            slots: 20_000,
+            ..model(7, routing, Policy::RandomFifo)
+        };
+        // routes per pair share spines among BUs: a worm waiting for its BU's port holds
+        // an uplink and a downlink that another RU's worm for a free BU needs
+        let pair = seven(Routing::Pair);
+        let (cells, worms) = (pair.run().efficiency, pair.run_wormhole(1).efficiency);
+        assert!(worms < cells - 0.03, "held {worms} against {cells}");
+        // worms all of one length all start in slot 0: their length only scales time
+        let long = pair.run_wormhole(4);
+        assert_eq!(long.wormhole, Some(4));
+        assert!(
+            (long.efficiency - worms).abs() < 0.02,
+            "{long:?} against {worms}"
+        );
+        // routes by destination give each BU a spine of its own: what a waiting worm holds
+        // no other BU's worm needs, and holding changes nothing, to the cell
+        let fixed = seven(Routing::Static);
+        assert_eq!(fixed.run_wormhole(1).efficiency, fixed.run().efficiency);
+        // on one leaf the path is the port alone: worms of one cell are the model's cells
+        let one = model(8, Routing::Pair, Policy::RandomFifo);
+        let (o, w) = (one.run(), one.run_wormhole(1));
+        assert_eq!((o.leaves, w.wormhole, o.wormhole), (1, Some(1), None));
+        assert_eq!(w.efficiency, o.efficiency);
+        // the barrel shifter's worms go in periods of L slots: conflict-free with routes
+        // by destination, folded or apart
+        for m in [None, Some(64)] {
+            let b = ClosModel {
+                bus: m,
+                ..model(64, Routing::Static, Policy::Barrel)
+            };
+            let w = b.run_wormhole(4).efficiency;
+            assert!((w - 1.0).abs() < 1e-9, "{m:?}: {w}");
         }
     }
 
