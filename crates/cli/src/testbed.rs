@@ -290,7 +290,10 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         .collect();
     cfg.topology.spare_bus = 0;
     if cfg.secret().is_none() {
-        cfg.run.secret = format!("testbed-{}-{}", a.name, std::process::id());
+        // a random one: "testbed-NAME-PID" was 15 characters, one short, for a short name
+        // and a 4-digit pid, and the run was refused
+        cfg.run.secret = evb_transport::random_hex(32)
+            .ok_or("no randomness from the system for the run's secret")?;
     }
     let scratch = tempfile::tempdir().map_err(|e| format!("a temporary folder: {e}"))?;
     if a.discover {
@@ -388,7 +391,11 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         if a.json.is_none() || to_stdout {
             let _ = std::fs::remove_file(&json);
         }
+        let drops = (!fab.two_level() && a.rails == 1).then(|| port_drops(&a.name, n_hosts));
         let mut figures = report(&doc, rate_bps(&a.rate), &a.rate, cfg.topology.folded);
+        if let Some(d) = drops {
+            figures["drops"] = d;
+        }
         figures["rate"] = a.rate.clone().into();
         figures["queue"] = a.queue.clone().into();
         figures["hosts"] = n_hosts.into();
@@ -606,6 +613,31 @@ fn report_uplinks(bytes: Option<&[(usize, usize, u64, u64)]>) {
             down as f64 / 1e6
         );
     }
+}
+
+/// Packets the shaped ports sent and dropped in the run, the hosts' own (their NICs) and
+/// the switch's (towards each host), printed in a line and returned as JSON: where a run
+/// lost its throughput to TCP's recovery, the drops say so.
+fn port_drops(name: &str, hosts: usize) -> serde_json::Value {
+    let (mut host, mut switch) = ((0, 0), (0, 0));
+    for k in 0..hosts {
+        let (s, d) = fabric::qdisc_packets(&format!("{name}-h{k}"), "eth0");
+        host = (host.0 + s, host.1 + d);
+        let (s, d) = fabric::qdisc_packets(&format!("{name}-sw"), &format!("{name}s{k}"));
+        switch = (switch.0 + s, switch.1 + d);
+    }
+    let pc = |(s, d): (u64, u64)| 100.0 * d as f64 / (s + d).max(1) as f64;
+    println!(
+        "drops at the shaped ports: the hosts' {} packets ({:.2} % of those offered), the switch's {} ({:.2} %)",
+        host.1,
+        pc(host),
+        switch.1,
+        pc(switch)
+    );
+    serde_json::json!({
+        "hosts": {"sent": host.0, "dropped": host.1},
+        "switch": {"sent": switch.0, "dropped": switch.1},
+    })
 }
 
 /// Each node's host and port offset: one host per node, or (folded) RU k and BU k on one

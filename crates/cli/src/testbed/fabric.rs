@@ -159,6 +159,32 @@ pub fn tx_bytes(ns: &str, dev: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Packets the shaped qdisc of device `dev` in namespace `ns` sent and dropped (its
+/// `tc -s` counters; 0 where unreadable).
+pub fn qdisc_packets(ns: &str, dev: &str) -> (u64, u64) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    sent_and_dropped(&out)
+}
+
+/// The first qdisc's "Sent B bytes P pkt (dropped D, ..." of `tc -s qdisc show`: (P, D).
+fn sent_and_dropped(tc: &str) -> (u64, u64) {
+    let Some(at) = tc.find("Sent ") else {
+        return (0, 0);
+    };
+    let words: Vec<&str> = tc[at..].split_whitespace().collect();
+    let num = |w: Option<&&str>| {
+        w.map(|w| w.trim_matches(|c: char| !c.is_ascii_digit()))
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0)
+    };
+    // Sent <bytes> bytes <packets> pkt (dropped <drops>, ...
+    (num(words.get(3)), num(words.get(6)))
+}
+
 /// A router namespace: forwards, and drops nothing for arriving on another path than it
 /// would leave by (static routing is asymmetric).
 fn router(ns: &str) -> Result<(), String> {
@@ -279,6 +305,15 @@ pub fn uplink_bytes(name: &str, f: &Fabric) -> Vec<(usize, usize, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_qdisc_s_sent_and_dropped_packets_are_read_from_tc() {
+        let tc = "qdisc tbf 8001: root refcnt 2 rate 100Mbit burst 50000b lat 5.2ms \n \
+                  Sent 55357412 bytes 36698 pkt (dropped 9006, overlimits 51 requeues 0) \n \
+                  backlog 0b 0p requeues 0\n";
+        assert_eq!(sent_and_dropped(tc), (36698, 9006));
+        assert_eq!(sent_and_dropped(""), (0, 0));
+    }
 
     #[test]
     fn hosts_of_a_two_level_fabric_get_their_leafs_network() {
