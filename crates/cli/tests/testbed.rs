@@ -111,6 +111,12 @@ fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
         .unwrap();
     assert!(mean > 0.0 && mean < 1.01, "{}", v["testbed"]);
     assert_eq!(v["testbed"]["links"].as_array().unwrap().len(), 6);
+    // the shaped ports' packets: the switch's towards the BUs carried the run's fragments
+    // (a 64 KiB fragment is over 40 packets)
+    assert!(stdout.contains("drops at the shaped ports:"), "{stdout}");
+    let sent = v["testbed"]["drops"]["switch"]["sent"].as_u64().unwrap();
+    assert!(sent > 40 * triggered, "{}", v["testbed"]);
+    assert!(v["testbed"]["drops"]["hosts"]["dropped"].is_u64());
     // the BUs' links carried close to the shaped rate, and no more
     let secs = v["run"]["seconds"].as_f64().unwrap();
     for b in v["run"]["bus"].as_array().unwrap() {
@@ -550,6 +556,12 @@ fn the_barrel_sweep_script_runs_as_written_in_its_quick_mode() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no figure in {r:?}"));
         assert!(pct > 10.0 && pct <= 101.0, "{r}");
+        // under the barrel shifter the RUs' slots are counted, and no others
+        assert_eq!(
+            r.contains("| RU slots (barrel shifter): "),
+            r.contains("shaping barrel:"),
+            "{text}"
+        );
     }
 }
 
