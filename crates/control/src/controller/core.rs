@@ -223,9 +223,9 @@ pub(crate) struct Core {
     history: History,
     /// Runs whose record changed since the shell last wrote them to disk.
     changed: Vec<u64>,
-    /// The run whose record the EVM's report closed, before the report went out (see
-    /// [`Core::reported`]); its `finished` keeps that record.
-    closed_at_report: Option<u64>,
+    /// The record the EVM's report closed and the shell wrote, before the report went out
+    /// (see [`Core::reported`]); its `finished` keeps it.
+    closed_at_report: Option<RunRecord>,
     /// The most events the EVM's ledger has said it released in the run under way (run,
     /// count): the header's total never goes back, and never comes from the BUs' counters.
     released_seen: (u64, u64),
@@ -672,56 +672,75 @@ impl Core {
         Err(CallOff { abort, error })
     }
 
-    /// The EVM's report of run `run`, on its way out: the run's record is closed with it
-    /// now, so that it is on disk before any reader (`evb up`'s line, a subscriber) sees the
-    /// report: an EVM lost right after its report leaves the same verdict in its record
-    /// (docs/control.md, "One verdict"). The state moves on at [`Core::finished`], once the
-    /// nodes are idle. Returns whether the record was closed (a report of a run that is not
-    /// this control's open one closes nothing).
-    pub(crate) fn reported(&mut self, run: u64, f: Finished, unix: f64) -> bool {
-        if self.run != run || self.runs.get(&run).is_none_or(|r| r.end.is_some()) {
-            return false;
+    /// The EVM's report of run `run`, on its way out: the run's record closed with it, for
+    /// the shell to put on disk before any reader (`evb up`'s line, a subscriber) sees the
+    /// report, so that an EVM lost right after its report leaves that verdict in the run
+    /// records (docs/standby.md, "Limits"). The record served here (`GET /api/v1/runs`,
+    /// `evb ctl wait`) closes at [`Core::finished`], once the nodes are idle and the control
+    /// can take the next run, as before. `None` for a report of a run that is not this
+    /// control's open one.
+    pub(crate) fn reported(&mut self, run: u64, f: Finished, unix: f64) -> Option<RunRecord> {
+        if self.closed_at_report.as_ref().is_some_and(|r| r.run == run) {
+            return None;
         }
-        self.close_record(run, f, self.resetting, unix);
-        self.closed_at_report = Some(run);
-        true
+        let open = self
+            .runs
+            .get(&run)
+            .filter(|r| r.end.is_none() && self.run == run)?;
+        let mut rec = open.clone();
+        self.close_into(&mut rec, f, self.resetting, unix);
+        self.closed_at_report = Some(rec.clone());
+        Some(rec)
     }
 
-    /// Closes run `run`'s record with `f`: its verdict, counts and the folder's digests.
-    fn close_record(&mut self, run: u64, f: Finished, reset: bool, unix: f64) -> (bool, String) {
-        let rec = self
-            .runs
-            .entry(run)
-            .or_insert_with(|| RunRecord::starting(run, unix));
+    /// Closes `rec` with `f`: its verdict, counts and the run folder's digests.
+    fn close_into(
+        &self,
+        rec: &mut RunRecord,
+        f: Finished,
+        reset: bool,
+        unix: f64,
+    ) -> (bool, String) {
         let (ok, reason) = f.close(rec, reset, unix);
         if self.cfg.sink.kind.writes_files() {
             let dir = self
                 .cfg
-                .run_folder(&self.cfg.run.id, run)
+                .run_folder(&self.cfg.run.id, rec.run)
                 .unwrap_or_else(|| self.cfg.sink.dir.clone());
             let (m, c) = super::records::folder_digests(&dir, &self.cfg.run.id);
             rec.manifest_sha256 = m;
             rec.config_sha256 = c;
         }
-        self.changed.push(run);
         (ok, reason)
     }
 
-    /// A run is over: its record closed (unless its report closed it: that record
-    /// stands, as its readers saw it), and the state it leaves.
+    /// A run is over: its record closed, and the state it leaves. A record its report
+    /// closed (and the shell wrote) stands as it was written: not closed again, not written
+    /// again, unless a reset since then makes it aborted.
     pub(crate) fn finished(&mut self, run: u64, f: Finished, unix: f64) {
         self.under_way = None;
         let reset = std::mem::take(&mut self.resetting);
-        let early = self.closed_at_report.take() == Some(run);
-        let kept = self
-            .runs
-            .get(&run)
-            .and_then(|r| r.end.as_ref())
-            .filter(|_| early)
-            .map(|e| (e.ok, e.reason.clone()));
-        let (ok, reason) = match kept {
-            Some(v) => v,
-            None => self.close_record(run, f, reset, unix),
+        let early = self.closed_at_report.take().filter(|r| r.run == run);
+        let (ok, reason) = match early {
+            Some(mut rec) => {
+                let end = rec.end.as_ref().map(|e| (e.ok, e.reason.clone()));
+                if reset && rec.state == "failed" {
+                    rec.state = "aborted".into();
+                    self.changed.push(run);
+                }
+                self.runs.insert(run, rec);
+                end.unwrap_or_default()
+            }
+            None => {
+                let mut rec = self
+                    .runs
+                    .remove(&run)
+                    .unwrap_or_else(|| RunRecord::starting(run, unix));
+                let v = self.close_into(&mut rec, f, reset, unix);
+                self.runs.insert(run, rec);
+                self.changed.push(run);
+                v
+            }
         };
         let outcome = self.runs.get(&run).map_or("", |r| r.state.as_str());
         info!("run {run} {outcome}: {reason}");

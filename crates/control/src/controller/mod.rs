@@ -247,12 +247,13 @@ impl Controller {
                     },
                     unix_now(),
                 ),
-                _ => false,
+                _ => None,
             }
         };
-        // the record on disk before the report goes on to its readers (the guard above
-        // handed it to the writer thread)
-        if closed {
+        // the closed record on disk before the report goes on to its readers (after the
+        // lines the guard above handed the writer)
+        if let (Some(rec), Some(w)) = (closed, self.0.writer.get()) {
+            let _ = w.send(ToDisk::Record(Box::new(rec)));
             self.flush_records(REPORT_FLUSH_LIMIT);
         }
     }

@@ -966,10 +966,11 @@ fn a_status_reply_without_a_count_is_refused_naming_it() {
     assert!(e.contains("events_built"), "{e}");
 }
 
-/// The EVM's report closes its run's record before the report goes on to its readers, so
-/// that an EVM lost right after it leaves that verdict on disk (the shell writes the
-/// record before the line is printed). The state moves on only when the run is over at
-/// every node, and that close keeps the record as its readers saw it: one closing line.
+/// The EVM's report closes its run's record for the disk before the report goes on to its
+/// readers, so that an EVM lost right after it leaves that verdict on disk (the shell
+/// writes it before the line is printed). What the control serves, and its state, move on
+/// only when the run is over at every node; that close keeps the record as it was written,
+/// and writes no second closing line.
 #[test]
 fn the_evm_s_report_closes_its_run_s_record_before_it_goes_out() {
     let mut c = core();
@@ -998,23 +999,24 @@ fn the_evm_s_report_closes_its_run_s_record_before_it_goes_out() {
         fenced: None,
     };
     // another run's report closes nothing
-    assert!(!c.reported(2, said(true), 150.0));
+    assert!(c.reported(2, said(true), 150.0).is_none());
+    let rec = c
+        .reported(1, said(true), 150.0)
+        .expect("run 1's record, closed");
+    assert_eq!(rec.state, "complete");
+    assert_eq!(rec.end.as_ref().unwrap().events_built, 10);
+    // what the control serves is still the open run, and the state has not moved on: the
+    // nodes are not idle yet, and the next start must wait (`evb ctl wait` waits too)
     assert!(c.take_changed().is_empty());
-    assert!(c.reported(1, said(true), 150.0));
-    let changed = c.take_changed();
-    assert_eq!(changed.len(), 1);
-    assert_eq!(changed[0].state, "complete");
-    assert_eq!(changed[0].end.as_ref().unwrap().events_built, 10);
-    // the nodes are not idle yet: the state has not moved on
+    assert!(c.run_record(1).unwrap().end.is_none());
     assert_eq!(c.state(), State::Running);
     // a second report of the run closes nothing more
-    assert!(!c.reported(1, said(false), 151.0));
-    // the run's end: the record stands as the report closed it, written once
+    assert!(c.reported(1, said(false), 151.0).is_none());
+    // the run's end: the record stands as the report closed it, not written again
     c.finished(1, said(false), 152.0);
     assert!(c.take_changed().is_empty());
-    let rec = c.run_record(1).unwrap();
-    assert_eq!(rec.state, "complete");
-    assert!(rec.end.as_ref().unwrap().ok);
+    let served = c.run_record(1).unwrap();
+    assert_eq!(served, &rec);
     assert_eq!(c.state(), State::Ready);
     // a run whose report never came is closed at its end, as before
     c.cmd(Command::Start, &json!({}), 200.0).unwrap();
