@@ -972,6 +972,19 @@ fn beyond_loopback_the_api_wants_the_token_of_the_secret() {
     assert!(halt.status.success(), "{halt:?}");
 }
 
+/// Processes a test started itself: killed when it ends, whatever its end (a failed
+/// assertion left five serving nodes behind in CI, 2026-11-29).
+struct Kids(Vec<std::process::Child>);
+
+impl Drop for Kids {
+    fn drop(&mut self) {
+        for k in &mut self.0 {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+}
+
 /// A deployment started by hand, one `evb node --serve` per node (as on several hosts), run
 /// twice with `evb ctl --config` (which finds the EVM in the file), then halted: every
 /// process exits 0.
@@ -993,17 +1006,19 @@ fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
         ),
     )
     .unwrap();
-    let mut kids: Vec<std::process::Child> = ["evm", "ru0", "ru1", "bu0", "bu1"]
-        .iter()
-        .map(|id| {
-            Command::new(EVB)
-                .args(["node", "--serve", "--id", id, "--config"])
-                .arg(&cfg)
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let mut kids = Kids(
+        ["evm", "ru0", "ru1", "bu0", "bu1"]
+            .iter()
+            .map(|id| {
+                Command::new(EVB)
+                    .args(["node", "--serve", "--id", id, "--config"])
+                    .arg(&cfg)
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
     let ctl_cmd = |args: &[&str]| {
         Command::new(EVB)
             .arg("ctl")
@@ -1052,7 +1067,7 @@ fn nodes_started_by_hand_with_serve_run_several_runs_under_evb_ctl() {
     }
     assert!(ctl_cmd(&["halt"]).status.success());
     let until = Instant::now() + Duration::from_secs(20);
-    for k in &mut kids {
+    for k in &mut kids.0 {
         let status = loop {
             if let Some(s) = k.try_wait().unwrap() {
                 break s;
