@@ -223,6 +223,8 @@ pub struct Ru {
     cfg: RuConfig,
     /// How many BUs the run has, where known ([`Ru::with_bus`]).
     bus: Option<u16>,
+    /// The barrel shifter's slots as kept so far ([`Ru::note_slot_timing`]).
+    slots: crate::shaping::SlotTiming,
     pool: Pool,
     state: RunState,
     /// Assignments not made yet, each with the incarnation of its BU that it names.
@@ -360,6 +362,7 @@ impl Ru {
             waiting: None,
             assigned_at: VecDeque::new(),
             bus: None,
+            slots: crate::shaping::SlotTiming::default(),
         }
     }
 
@@ -376,17 +379,18 @@ impl Ru {
 
     /// The barrel shifter's slots as kept so far (the driver's shaper keeps the time).
     pub fn note_slot_timing(&mut self, t: crate::shaping::SlotTiming) {
-        let s = &mut self.stats;
+        self.slots = t;
+    }
+
+    pub fn stats(&self) -> RuStats {
+        let mut s = self.stats.clone();
+        let t = &self.slots;
         s.barrel_slots = t.slots;
         s.barrel_slots_waited = t.waited;
         s.barrel_slots_late = t.late;
         s.barrel_slots_started_mid_slot = t.started_mid_slot;
         s.barrel_slip_mean_us = (t.slip_ns_total / t.waited.max(1)) / 1000;
         s.barrel_slip_max_us = t.slip_ns_max / 1000;
-    }
-
-    pub fn stats(&self) -> RuStats {
-        let mut s = self.stats.clone();
         match &self.cfg.source {
             Source::Playback(r) => s.dropped_at_source = r.dropped,
             Source::Live(f) => {

@@ -190,6 +190,13 @@ mod tests {
     use super::*;
     use evb_buffers::Pool;
 
+    /// A piece of `len` bytes from `pool`.
+    fn piece(pool: &Pool, len: usize) -> Chain {
+        let mut w = pool.try_alloc().unwrap();
+        w.advance(len);
+        Chain::from_slice(w.slice(0, len))
+    }
+
     #[test]
     fn no_two_rus_share_a_bu_in_a_slot_and_every_pair_is_served_once_a_cycle() {
         for (n, m) in [(1, 1), (2, 2), (4, 4), (3, 5), (5, 3), (8, 2)] {
@@ -260,11 +267,7 @@ mod tests {
     #[test]
     fn each_slot_s_first_send_counts_how_late_it_came() {
         let pool = Pool::new("test", 4096, 16);
-        let frag = |len: usize| {
-            let mut w = pool.try_alloc().unwrap();
-            w.advance(len);
-            Chain::from_slice(w.slice(0, len))
-        };
+        let frag = |len| piece(&pool, len);
         // RU 0 of 2, 2 BUs, 1 ms slots: slot t goes to BU t mod 2
         let mut s = BarrelShaper::new(0, 2, 2, Duration::from_millis(1), 1000, false);
         // pieces of 600 bytes: one a slot; BU 0 has two and a small one, BU 1 one
@@ -298,11 +301,7 @@ mod tests {
     #[test]
     fn a_slot_releases_its_bus_fragments_up_to_its_bytes() {
         let pool = Pool::new("test", 4096, 16);
-        let frag = |len: usize| {
-            let mut w = pool.try_alloc().unwrap();
-            w.advance(len);
-            Chain::from_slice(w.slice(0, len))
-        };
+        let frag = |len| piece(&pool, len);
         // RU 1 of 2, 2 BUs, 1 ms slots of 1000 bytes: slot t goes to BU (1 + t) mod 2
         let mut s = BarrelShaper::new(1, 2, 2, Duration::from_millis(1), 1000, false);
         for _ in 0..3 {

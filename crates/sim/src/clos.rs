@@ -331,18 +331,76 @@ struct Worm {
     end: Option<u64>,
 }
 
+/// What a run of the model starts from ([`ClosModel::start`]).
+struct Start {
+    n: usize,
+    m: usize,
+    leaves: usize,
+    spines: usize,
+    crossing: Crossing,
+    rng: SmallRng,
+    head: Vec<usize>,
+    order: Vec<usize>,
+}
+
 impl ClosModel {
-    pub fn run(&self) -> ClosOutcome {
+    /// What both runs start from: the sources and destinations, the fabric's crossing, the
+    /// generator and each source's head-of-line destination (drawn first, in the same
+    /// order, so that the two runs see the same traffic), and the service order.
+    fn start(&self) -> Start {
         let n = self.hosts.max(1);
         // destinations: the same hosts (folded), or M BUs on leaves after the RUs'
         let m = self.bus.map_or(n, |m| m.max(1));
         let fabric = Fabric::new(n, m, self.radix, self.oversubscription, self.bus.is_some());
         let (leaves, spines) = (fabric.leaves, fabric.spines);
-        let mut crossing = Crossing::new(fabric, self.routing, n, m, self.settle, self.seed);
+        let crossing = Crossing::new(fabric, self.routing, n, m, self.settle, self.seed);
         let mut rng = SmallRng::seed_from_u64(self.seed);
         // RandomFifo: each source's head-of-line destination
-        let mut head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..m)).collect();
-        let mut order: Vec<usize> = (0..n).collect();
+        let head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..m)).collect();
+        let order: Vec<usize> = (0..n).collect();
+        Start {
+            n,
+            m,
+            leaves,
+            spines,
+            crossing,
+            rng,
+            head,
+            order,
+        }
+    }
+
+    /// The outcome of a run that delivered `delivered` cells.
+    fn outcome(
+        &self,
+        n: usize,
+        m: usize,
+        (leaves, spines): (usize, usize),
+        delivered: u64,
+        changes: u64,
+        wormhole: Option<u32>,
+    ) -> ClosOutcome {
+        ClosOutcome {
+            model: self.clone(),
+            leaves,
+            spines,
+            efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
+            route_changes: changes,
+            wormhole,
+        }
+    }
+
+    pub fn run(&self) -> ClosOutcome {
+        let Start {
+            n,
+            m,
+            leaves,
+            spines,
+            mut crossing,
+            mut rng,
+            mut head,
+            mut order,
+        } = self.start();
         let mut port = vec![false; m];
         let mut delivered = 0u64;
         for t in 0..self.slots {
@@ -368,14 +426,7 @@ impl ClosModel {
                 }
             }
         }
-        ClosOutcome {
-            model: self.clone(),
-            leaves,
-            spines,
-            efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
-            route_changes: crossing.changes,
-            wormhole: None,
-        }
+        self.outcome(n, m, (leaves, spines), delivered, crossing.changes, None)
     }
 
     /// The same fabric and traffic under wormhole switching (the module's doc): worms of
@@ -383,15 +434,17 @@ impl ClosModel {
     /// wait for the next.
     pub fn run_wormhole(&self, cells: u32) -> ClosOutcome {
         let len = u64::from(cells.max(1));
-        let n = self.hosts.max(1);
-        let m = self.bus.map_or(n, |m| m.max(1));
-        let fabric = Fabric::new(n, m, self.radix, self.oversubscription, self.bus.is_some());
-        let (leaves, spines) = (fabric.leaves, fabric.spines);
-        let mut x = Crossing::new(fabric, self.routing, n, m, self.settle, self.seed);
-        let mut rng = SmallRng::seed_from_u64(self.seed);
         // drawn as `run` draws them: with one cell per worm on one leaf, the same figures
-        let mut head: Vec<usize> = (0..n).map(|_| rng.gen_range(0..m)).collect();
-        let mut order: Vec<usize> = (0..n).collect();
+        let Start {
+            n,
+            m,
+            leaves,
+            spines,
+            crossing: mut x,
+            mut rng,
+            mut head,
+            mut order,
+        } = self.start();
         // the links held across slots: uplinks and downlinks in the crossing's, ports here
         let mut port = vec![false; m];
         let mut worm: Vec<Option<Worm>> = vec![None; n];
@@ -494,14 +547,14 @@ impl ClosModel {
                 worm[s] = Some(w);
             }
         }
-        ClosOutcome {
-            model: self.clone(),
-            leaves,
-            spines,
-            efficiency: delivered as f64 / (self.slots.max(1) as f64 * n.min(m) as f64),
-            route_changes: x.changes,
-            wormhole: Some(cells.max(1)),
-        }
+        self.outcome(
+            n,
+            m,
+            (leaves, spines),
+            delivered,
+            x.changes,
+            Some(cells.max(1)),
+        )
     }
 }
 

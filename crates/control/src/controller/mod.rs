@@ -784,8 +784,6 @@ fn await_idle(nodes: &[NodeSpec], token: &Option<String>, limit: Duration) {
 
 #[cfg(test)]
 mod shell_tests {
-    use evb_builder::{EvmStats, NodeStatus, RoleStats, RunReport, RunState};
-
     use super::*;
 
     /// The shell's half of "one verdict": when `on_status` returns for the EVM's report (and
@@ -800,26 +798,11 @@ mod shell_tests {
         c.keep_records(false, None).unwrap();
         c.begin_once(1);
         let store = store::RecordStore::open(&cfg).unwrap();
-        let mut line = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
+        let mut line = super::tests::evm_report_line(7, 7);
         line.kind = evb_builder::StatusKind::Report;
         line.run_number = Some(1);
         line.ok = Some(true);
         line.reason = Some("every triggered event built exactly once".into());
-        line.run = Some(RunReport {
-            state: RunState::Halted,
-            reason: None,
-            n_ru: 0,
-            n_bu: 0,
-            seconds: 1.0,
-            down: vec![],
-            evm: EvmStats {
-                triggered: 7,
-                released: 7,
-                ..EvmStats::default()
-            },
-            rus: vec![],
-            bus: vec![],
-        });
         c.on_status(&line);
         let rec = store.get(1).expect("run 1's record on disk");
         assert_eq!(rec.state, "complete");

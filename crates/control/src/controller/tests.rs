@@ -48,6 +48,28 @@ impl AsJson for Core {
     }
 }
 
+/// The EVM's final status line of a run that triggered `triggered` events and released
+/// `released` (no RU or BU reports).
+pub(super) fn evm_report_line(triggered: u64, released: u64) -> NodeStatus {
+    let mut line = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
+    line.run = Some(evb_builder::RunReport {
+        state: RunState::Halted,
+        reason: None,
+        n_ru: 0,
+        n_bu: 0,
+        seconds: 1.0,
+        down: vec![],
+        evm: EvmStats {
+            triggered,
+            released,
+            ..EvmStats::default()
+        },
+        rus: vec![],
+        bus: vec![],
+    });
+    line
+}
+
 /// A run's end without an EVM report.
 fn ended(ok: bool, reason: &str) -> Finished {
     Finished {
@@ -517,20 +539,7 @@ fn a_reset_aborts_the_run_into_ready_and_a_verdict_fails_an_ok_run() {
     assert_eq!(c.run_record(1).unwrap().state, "aborted");
     // run 2 says ok, but its report does not add up: failed, the verdict its reason
     c.cmd(Command::Start, &json!({}), 0.0).unwrap();
-    let mut report = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
-    let mut run = evb_builder::RunReport {
-        state: RunState::Halted,
-        reason: None,
-        n_ru: 0,
-        n_bu: 0,
-        seconds: 1.0,
-        down: vec![],
-        evm: EvmStats::default(),
-        rus: vec![],
-        bus: vec![],
-    };
-    run.evm.triggered = 10;
-    report.run = Some(run);
+    let report = evm_report_line(10, 0);
     c.finished(
         2,
         Finished {
@@ -976,22 +985,7 @@ fn the_evm_s_report_closes_its_run_s_record_before_it_goes_out() {
     let mut c = core();
     started(&mut c);
     let _ = c.take_changed();
-    let mut report = NodeStatus::new("evm", RunState::Halted, RoleStats::Evm(Box::default()));
-    report.run = Some(evb_builder::RunReport {
-        state: RunState::Halted,
-        reason: None,
-        n_ru: 0,
-        n_bu: 0,
-        seconds: 1.0,
-        down: vec![],
-        evm: EvmStats {
-            triggered: 10,
-            released: 10,
-            ..EvmStats::default()
-        },
-        rus: vec![],
-        bus: vec![],
-    });
+    let report = evm_report_line(10, 10);
     let said = |ok: bool| Finished {
         ok,
         reason: if ok { "done" } else { "lost" }.into(),

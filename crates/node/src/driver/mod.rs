@@ -771,6 +771,7 @@ impl Driver {
                 .ru
                 .shaper
                 .as_ref()
+                .filter(|_| !busy)
                 .and_then(|s| s.next_slot_in(wall_ns()));
             let timeout = if busy {
                 Duration::ZERO
