@@ -46,8 +46,10 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 64)]
     buffer: u32,
     /// eb: events built and measured per point, after the warm-up (0: until the measured
-    /// slots hold 10 batches of twice the p99 latency, at least 2000 events and at most twice
-    /// the events in flight, credits × BUs).
+    /// slots hold 10 batches of twice the p99 latency, at least 2000 events and at most: the
+    /// barrel shifter on one lossless switch, 64 times the events in flight, credits × BUs;
+    /// unshaped there, twice them or a billion cells' worth, whichever is more; else twice
+    /// them).
     #[arg(long, default_value_t = 0)]
     events: u64,
     /// eb: events built before measuring starts (0: 4 × credits × BUs, at least 1000): the

@@ -20,14 +20,16 @@
 //!
 //! - **How it steps.** Lossless on one switch (the default), a slot costs what moves in it:
 //!   without shaping only the ports with RUs waiting for them are visited, and a waiting RU
-//!   only when its port takes its cell; with the barrel shifter an RU's queue for the BU of
-//!   the slot is found by the slot's phase in the cycle, and no queue is kept per RU and BU
-//!   beyond its head. The work per event then grows as N, not N², and at N = 2048 a point
-//!   takes well under a minute. TCP and the fabrics step the slotted model
-//!   ([`EbModel::run_slotted`]), which is also the fast one's test oracle.
+//!   only when its port takes its cell. With the barrel shifter nothing contends, so each
+//!   fragment is placed in its RU–BU pair's slots when its event is assigned, and the run
+//!   jumps from one event's completion to the next ([`EbModel::run_barrel`]). The work per
+//!   event then grows as N, not N², and at N = 2048 a point takes well under a minute.
+//!   TCP and the fabrics step the slotted model ([`EbModel::run_slotted`]), which is also
+//!   the fast ones' test oracle.
 //! - **How long.** `events: 0` builds events until the measured slots hold [`BATCHES`]
 //!   batches of twice the p99 latency (at least [`AUTO_EVENTS`], at most [`AUTO_SPANS`]
-//!   times the events in flight), so that a large system's run is long enough by default.
+//!   times the events in flight, more where a run costs less per event), so that a large
+//!   system's run is long enough by default.
 
 use std::collections::VecDeque;
 
@@ -40,6 +42,9 @@ use crate::clos::{Crossing, Fabric, Routing};
 use evb_builder::shaping::folded_barrel_destination;
 use rand::seq::SliceRandom;
 use rand_distr::{Distribution, LogNormal};
+
+mod barrel;
+pub use barrel::AUTO_SPANS_BARREL;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -119,6 +124,17 @@ pub const AUTO_EVENTS: u64 = 2_000;
 /// batches need 20 times them (Little's law), more than a large system's point can run in a
 /// minute; twice is more than one latency's worth of events in every batch of two.
 pub const AUTO_SPANS: u64 = 2;
+/// `events: 0` without shaping on one lossless switch, where the run moves every cell:
+/// past [`AUTO_SPANS`] times the events in flight, the events measured may still grow until
+/// they carry this many cells (at N = 1024, 4 credits and 8-cell fragments, ten batches
+/// fit in them; about 30 s of one core on this project's hosts).
+pub const AUTO_CELLS: u64 = 1_000_000_000;
+/// `warmup: 0`: events built before measuring, in events in flight (at least 1,000). With
+/// every credit taken at slot 0, the links' use settles within about one latency (by
+/// Little's law, as many events as are in flight), the p99 latency later: measured after
+/// 1, 2, 4 and 8 times the events in flight (64 × 64 and 256 × 256), the efficiency
+/// agreed from 1 on, the barrel's p99 still fell by 1–4 % past 2.
+pub const WARMUP_SPANS: u64 = 4;
 /// Student's t for 95 % with 1 to `BATCHES - 1` degrees of freedom.
 const T95: [f64; BATCHES - 1] = [
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
@@ -146,7 +162,8 @@ pub struct EbModel {
     pub fabric: Option<EbFabric>,
     /// Simulate until this many events are built after the warm-up (0: until the measured
     /// slots hold [`BATCHES`] batches of twice the p99 latency, at least [`AUTO_EVENTS`]
-    /// and at most [`AUTO_SPANS`] × credits × BUs).
+    /// and at most [`AUTO_SPANS`] × credits × BUs, or more where the run costs less per
+    /// event: [`AUTO_CELLS`], [`AUTO_SPANS_BARREL`]).
     pub events: u64,
     /// Events built before measuring starts (0: as many as are in flight at once,
     /// credits × BUs, times 4, and at least 1,000).
@@ -282,15 +299,15 @@ struct Tally {
 }
 
 impl Tally {
-    fn new(model: &EbModel, m: usize) -> Tally {
-        let in_flight = model.credits as u64 * m as u64;
+    /// `most`: `events: 0`'s most events measured (at least [`AUTO_EVENTS`]).
+    fn new(model: &EbModel, m: usize, most: u64) -> Tally {
         let warmup = match model.warmup {
-            0 => (in_flight * 4).max(1000),
+            0 => (model.in_flight(m) * WARMUP_SPANS).max(1000),
             w => w,
         };
         let auto = model.events == 0;
         let (events, most) = if auto {
-            (AUTO_EVENTS, (in_flight * AUTO_SPANS).max(AUTO_EVENTS))
+            (AUTO_EVENTS, most.max(AUTO_EVENTS))
         } else {
             (model.events, model.events)
         };
@@ -322,7 +339,7 @@ impl Tally {
             if !self.auto || self.target >= self.cap || self.start.is_none() {
                 return false;
             }
-            let Some(more) = self.more_events() else {
+            let Some(more) = self.more_events(t) else {
                 return false;
             };
             self.target = (self.warmup + more).clamp(self.built + 1, self.cap);
@@ -336,9 +353,10 @@ impl Tally {
         true
     }
 
-    /// The events to measure in all, when the measured slots are short of [`BATCHES`]
-    /// batches of twice the p99 latency (aiming 10 % past it); `None` when they are not.
-    fn more_events(&self) -> Option<u64> {
+    /// At the top of slot `t`: the events to measure in all, when the measured slots are
+    /// short of [`BATCHES`] batches of twice the p99 latency (aiming 10 % past it); `None`
+    /// when they are not.
+    fn more_events(&self, t: u64) -> Option<u64> {
         if self.latencies.is_empty() {
             return None;
         }
@@ -346,7 +364,7 @@ impl Tally {
         let k = ((l.len() as f64 * 0.99) as usize).min(l.len() - 1);
         let p99 = *l.select_nth_unstable(k).1;
         let need = 2 * BATCHES as u64 * p99;
-        let slots = self.per_slot.len() as u64;
+        let slots = t - self.start.map_or(t, |(t0, _)| t0);
         let measured = self.built.saturating_sub(self.warmup);
         (slots < need)
             .then(|| (measured as f64 * need as f64 / slots.max(1) as f64 * 1.1).ceil() as u64 + 1)
@@ -454,6 +472,18 @@ struct Open {
 }
 
 impl EbModel {
+    /// The events in flight at once when every one of `m` BUs' credits is taken.
+    fn in_flight(&self, m: usize) -> u64 {
+        u64::from(self.credits) * m as u64
+    }
+
+    /// `events: 0`'s most events measured where every cell is moved: [`AUTO_SPANS`] times
+    /// the events in flight, or as many as carry [`AUTO_CELLS`] in `fragments` each.
+    fn most_moving_cells(&self, fragments: u32, m: usize) -> u64 {
+        let cells = (f64::from(fragments) * self.mean_cells).max(1.0);
+        (self.in_flight(m) * AUTO_SPANS).max((AUTO_CELLS as f64 / cells) as u64)
+    }
+
     pub fn run(&self) -> EbOutcome {
         if self.loss == Loss::Lossless && self.fabric.is_none() && self.buffer >= 1 {
             self.run_lossless()
@@ -523,7 +553,7 @@ impl EbModel {
         let mut occupancy = vec![0u32; m];
         let mut candidates: Vec<Vec<usize>> = vec![Vec::new(); m];
         let mut t = 0u64;
-        let mut tally = Tally::new(self, m);
+        let mut tally = Tally::new(self, m, self.in_flight(m) * AUTO_SPANS);
         // `Random`: the BU drawn for the next event, waited for
         let mut drawn: Option<usize> = None;
         while tally.go_on(t) {
@@ -739,57 +769,39 @@ impl EbModel {
 
     /// The lossless model on one switch, stepped by what moves: the same slots, credits,
     /// buffers and picks as [`EbModel::run_slotted`], at a cost per slot of the cells moved
-    /// in it and the ports (unshaped) or RUs (barrel) visited. A fragment's size is drawn
-    /// when its RU starts it (the same law, drawn in another order).
+    /// in it and the ports visited. A fragment's size is drawn when its RU starts it (the
+    /// same law, drawn in another order).
     ///
-    /// - Without shaping an RU's FIFO is the events in flight from its head on, in
-    ///   assignment order (folded: not its own BU's); each port keeps the RUs whose head
-    ///   cell is for it, and takes as many of them as its buffer has room for, drawn at
-    ///   random, as the slotted model does. A cell's RU offers its next cell in the next
-    ///   slot.
-    /// - With the barrel shifter no two RUs meet at a port, so a cell sent is delivered in
-    ///   its slot, and a BU's events complete in assignment order. RU i's queue for the BU
-    ///   of slot t is the (t mod cycle)-th of its own: two counters (the BU's event at its
-    ///   head, the cells left of it), read in the order the slots visit them.
+    /// An RU's FIFO is the events in flight from its head on, in assignment order (folded:
+    /// not its own BU's); each port keeps the RUs whose head cell is for it, and takes as
+    /// many of them as its buffer has room for, drawn at random, as the slotted model does.
+    /// A cell's RU offers its next cell in the next slot. With the barrel shifter, where
+    /// no two RUs meet at a port, [`EbModel::run_barrel`] places whole fragments instead.
     pub fn run_lossless(&self) -> EbOutcome {
+        if self.shaping == Shaping::Barrel {
+            return self.run_barrel();
+        }
         let (n, m) = (self.rus.max(1), self.bus.max(1));
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let law = SizeLaw::new(self.mean_cells, self.sd_cells);
         let folded = self.folded && n == m && n >= 2;
-        let barrel = self.shaping == Shaping::Barrel;
         let fragments = (n - usize::from(folded)) as u32;
-        let mut tally = Tally::new(self, m);
+        let mut tally = Tally::new(self, m, self.most_moving_cells(fragments, m));
         let mut credits = vec![self.credits; m];
         let mut with_credit = if self.credits > 0 { m } else { 0 };
         let mut rr = 0usize;
         // `Random`: the BU drawn for the next event, waited for
         let mut drawn: Option<usize> = None;
         let mut next_event = 0u64;
-        // without shaping: the events in flight by id, from `first_open`
+        // the events in flight by id, from `first_open`
         let mut first_open = 0u64;
         let mut events: VecDeque<Open> = VecDeque::new();
-        // the barrel: per BU its events assigned, and a ring of its events in flight
-        // (assigned, fragments missing); per (phase of the cycle, RU) the RU's queue for
-        // the BU it serves in that phase: its head's number among the BU's events, and
-        // the cells left of it (0: not started)
-        let cycle = if folded { n - 1 } else { n.max(m) };
-        let wrap = if folded { n } else { cycle };
-        let queues = if barrel { cycle * n } else { 0 };
-        let ring = self.credits.max(1) as usize;
-        let mut assigned = vec![0u32; m];
-        let mut in_flight: Vec<(u64, u32)> = vec![(0, 0); if barrel { m * ring } else { 0 }];
-        let mut head_of = vec![0u32; queues];
-        let mut left_of = vec![0u32; queues];
-        // without shaping: each RU's head fragment (its event, its cells left), the RUs
-        // whose head cell is for each port, the RUs with nothing queued
+        // each RU's head fragment (its event, its cells left), the RUs whose head cell is
+        // for each port, the RUs with nothing queued
         let mut head = vec![0u64; n];
         let mut left = vec![0u32; n];
         let mut waiting: Vec<Vec<u32>> = vec![Vec::new(); m];
-        let mut idle: Vec<u32> = if barrel {
-            Vec::new()
-        } else {
-            (0..n as u32).collect()
-        };
+        let mut idle: Vec<u32> = (0..n as u32).collect();
         let mut moved: Vec<(u32, usize)> = Vec::new();
         // per output: buffered cells as runs of (event, cells), and the cells drained of
         // the run at the front
@@ -815,12 +827,6 @@ impl EbModel {
                 rr = (bu + 1) % m;
                 let id = next_event;
                 next_event += 1;
-                if barrel {
-                    let k = assigned[bu] as usize;
-                    in_flight[bu * ring + k % ring] = (t, fragments);
-                    assigned[bu] += 1;
-                    continue;
-                }
                 // RUs with nothing queued take it as their head
                 tally.steps += idle.len() as u64;
                 idle.retain(|&i| {
@@ -841,125 +847,87 @@ impl EbModel {
                 });
             }
             let before = tally.delivered;
-            if barrel {
-                // each RU sends a cell of its queue for the slot's BU; no two meet at a
-                // port, whose buffer is empty: it is delivered in the slot
-                let p = (t % cycle as u64) as usize;
-                tally.steps += n as u64;
-                for i in 0..n {
-                    let mut b = i + p + usize::from(folded);
-                    if b >= wrap {
-                        b -= wrap;
+            // each port takes what its buffer has room for among the RUs waiting for
+            // it, drawn at random
+            tally.steps += 2 * m as u64;
+            for (d, w) in waiting.iter_mut().enumerate() {
+                if w.is_empty() {
+                    continue;
+                }
+                let len = w.len();
+                let take = (self.buffer.saturating_sub(occupancy[d]) as usize).min(len);
+                if take < len {
+                    for j in 0..take {
+                        let r = rng.gen_range(0..len - j);
+                        w.swap(r, len - 1 - j);
                     }
-                    if b >= m {
+                }
+                tally.steps += take as u64;
+                for at in (len - take..len).rev() {
+                    let i = w[at] as usize;
+                    let ev = head[i];
+                    occupancy[d] += 1;
+                    match out[d].back_mut() {
+                        Some((e, c)) if *e == ev => *c += 1,
+                        _ => out[d].push_back((ev, 1)),
+                    }
+                    let o = &mut events[(ev - first_open) as usize];
+                    o.buffered += 1;
+                    left[i] -= 1;
+                    if left[i] > 0 {
                         continue;
                     }
-                    let s = p * n + i;
-                    if left_of[s] == 0 {
-                        if head_of[s] >= assigned[b] {
-                            continue;
-                        }
-                        left_of[s] = law.draw(&mut rng);
+                    o.unsent -= 1;
+                    // its next fragment, offered from the next slot on
+                    w.swap_remove(at);
+                    let mut e = ev + 1;
+                    while e < next_event && folded && events[(e - first_open) as usize].bu == i {
+                        e += 1;
                     }
-                    left_of[s] -= 1;
-                    tally.delivered += 1;
-                    tally.busy[b] += 1;
-                    if left_of[s] == 0 {
-                        let k = head_of[s] as usize;
-                        head_of[s] += 1;
-                        let (at, missing) = &mut in_flight[b * ring + k % ring];
-                        *missing -= 1;
-                        if *missing == 0 {
-                            tally.built(t + 1 - *at);
-                            with_credit += usize::from(credits[b] == 0);
-                            credits[b] += 1;
-                        }
+                    head[i] = e;
+                    if e < next_event {
+                        left[i] = law.draw(&mut rng);
+                        moved.push((i as u32, events[(e - first_open) as usize].bu));
+                    } else {
+                        idle.push(i as u32);
                     }
                 }
-            } else {
-                // each port takes what its buffer has room for among the RUs waiting for
-                // it, drawn at random
-                tally.steps += 2 * m as u64;
-                for (d, w) in waiting.iter_mut().enumerate() {
-                    if w.is_empty() {
-                        continue;
-                    }
-                    let len = w.len();
-                    let take = (self.buffer.saturating_sub(occupancy[d]) as usize).min(len);
-                    if take < len {
-                        for j in 0..take {
-                            let r = rng.gen_range(0..len - j);
-                            w.swap(r, len - 1 - j);
-                        }
-                    }
-                    tally.steps += take as u64;
-                    for at in (len - take..len).rev() {
-                        let i = w[at] as usize;
-                        let ev = head[i];
-                        occupancy[d] += 1;
-                        match out[d].back_mut() {
-                            Some((e, c)) if *e == ev => *c += 1,
-                            _ => out[d].push_back((ev, 1)),
-                        }
-                        let o = &mut events[(ev - first_open) as usize];
-                        o.buffered += 1;
-                        left[i] -= 1;
-                        if left[i] > 0 {
-                            continue;
-                        }
-                        o.unsent -= 1;
-                        // its next fragment, offered from the next slot on
-                        w.swap_remove(at);
-                        let mut e = ev + 1;
-                        while e < next_event && folded && events[(e - first_open) as usize].bu == i
-                        {
-                            e += 1;
-                        }
-                        head[i] = e;
-                        if e < next_event {
-                            left[i] = law.draw(&mut rng);
-                            moved.push((i as u32, events[(e - first_open) as usize].bu));
-                        } else {
-                            idle.push(i as u32);
-                        }
-                    }
+            }
+            for (i, d) in moved.drain(..) {
+                waiting[d].push(i);
+            }
+            // each output link carries one cell to its BU; an event is complete when
+            // every fragment is sent and its last run drained
+            for d in 0..m {
+                let Some((ev, c)) = out[d].front_mut() else {
+                    continue;
+                };
+                let ev = *ev;
+                *c -= 1;
+                let run_over = *c == 0;
+                occupancy[d] -= 1;
+                drained[d] += 1;
+                tally.busy[d] += 1;
+                tally.delivered += 1;
+                if !run_over {
+                    continue;
                 }
-                for (i, d) in moved.drain(..) {
-                    waiting[d].push(i);
+                out[d].pop_front();
+                let e = &mut events[(ev - first_open) as usize];
+                e.buffered -= drained[d];
+                drained[d] = 0;
+                if e.unsent == 0 && e.buffered == 0 {
+                    tally.built(t + 1 - e.assigned);
+                    with_credit += usize::from(credits[e.bu] == 0);
+                    credits[e.bu] += 1;
                 }
-                // each output link carries one cell to its BU; an event is complete when
-                // every fragment is sent and its last run drained
-                for d in 0..m {
-                    let Some((ev, c)) = out[d].front_mut() else {
-                        continue;
-                    };
-                    let ev = *ev;
-                    *c -= 1;
-                    let run_over = *c == 0;
-                    occupancy[d] -= 1;
-                    drained[d] += 1;
-                    tally.busy[d] += 1;
-                    tally.delivered += 1;
-                    if !run_over {
-                        continue;
-                    }
-                    out[d].pop_front();
-                    let e = &mut events[(ev - first_open) as usize];
-                    e.buffered -= drained[d];
-                    drained[d] = 0;
-                    if e.unsent == 0 && e.buffered == 0 {
-                        tally.built(t + 1 - e.assigned);
-                        with_credit += usize::from(credits[e.bu] == 0);
-                        credits[e.bu] += 1;
-                    }
-                }
-                while events
-                    .front()
-                    .is_some_and(|e| e.unsent == 0 && e.buffered == 0)
-                {
-                    events.pop_front();
-                    first_open += 1;
-                }
+            }
+            while events
+                .front()
+                .is_some_and(|e| e.unsent == 0 && e.buffered == 0)
+            {
+                events.pop_front();
+                first_open += 1;
             }
             tally.end_slot(before);
             t += 1;
@@ -1059,7 +1027,7 @@ mod tests {
         };
         let steady = big(0, 4_000).run();
         let from_start = big(1, 4_000).run();
-        assert!(steady.warmup_events >= 32 * 64 * 4);
+        assert!(steady.warmup_events >= 32 * 64 * WARMUP_SPANS);
         assert!(
             from_start.efficiency > steady.efficiency,
             "{from_start:?} {steady:?}"
@@ -1343,8 +1311,9 @@ mod tests {
     fn the_work_per_event_grows_as_n_and_a_large_system_runs_in_few_steps() {
         // per event the stepped model visits each RU or port and moves each cell a bounded
         // number of times: its steps per event and RU stay flat from N = 64 to N = 1024,
-        // with state per RU and port (the barrel: two counters per RU and BU), where the
-        // slotted model kept a queue per RU and BU and searched them in every slot
+        // with state per RU and port (the barrel: one slot per RU and BU, its pair's
+        // next free one), where the slotted model kept a queue per RU and BU and searched
+        // them in every slot
         let per_event_and_ru = |n: usize, shaping| {
             let o = EbModel {
                 mean_cells: 2.0,
@@ -1369,7 +1338,7 @@ mod tests {
     }
 
     #[test]
-    fn by_default_a_run_measures_until_ten_batches_fit_or_twice_the_events_in_flight() {
+    fn by_default_a_run_measures_until_ten_batches_fit_or_its_cap() {
         // a small system's 2,000 events hold ten batches of twice the p99 latency: none
         // added
         let small = EbModel {
@@ -1379,17 +1348,39 @@ mod tests {
         .run();
         assert_eq!(small.events_built, AUTO_EVENTS, "{small:?}");
         assert_eq!(small.batches, BATCHES, "{small:?}");
-        // 64 x 64 with 32 credits: 2,048 events in flight, more than 2,000; measured until
-        // twice that, ten batches being out of reach (they need 20 times the events in
-        // flight: each spans twice the p99 latency, and by Little's law a latency's worth
-        // of slots builds as many events as are in flight)
-        let large = EbModel {
-            credits: 32,
-            events: 0,
-            ..model(64, Shaping::Barrel)
+        // 64 x 64 with 32 credits: 2,048 events in flight, more than 2,000. Ten batches
+        // need about 20 times them (each spans twice the p99 latency, and by Little's law
+        // a latency's worth of slots builds as many events as are in flight): both
+        // shapings go on until they fit
+        let in_flight = 32 * 64;
+        for shaping in [Shaping::None, Shaping::Barrel] {
+            let o = EbModel {
+                credits: 32,
+                events: 0,
+                ..model(64, shaping)
+            }
+            .run();
+            assert_eq!(o.batches, BATCHES, "{o:?}");
+            assert!(o.events_built >= 10 * in_flight, "{o:?}");
+            assert!(o.slots >= 2 * BATCHES as u64 * o.latency_p99, "{o:?}");
         }
-        .run();
-        assert_eq!(large.events_built, AUTO_SPANS * 32 * 64, "{large:?}");
-        assert!(large.batches >= 2, "{large:?}");
+        // where they do not: moved cell by cell, the unshaped run stops at twice the
+        // events in flight or at a billion cells, whichever is more
+        let n2048 = EbModel {
+            events: 0,
+            ..model(2048, Shaping::None)
+        };
+        assert_eq!(
+            n2048.most_moving_cells(2048, 2048),
+            1_000_000_000 / (2048 * 8)
+        );
+        let many_credits = EbModel {
+            credits: 64,
+            ..n2048
+        };
+        assert_eq!(
+            many_credits.most_moving_cells(2048, 2048),
+            AUTO_SPANS * 64 * 2048
+        );
     }
 }
