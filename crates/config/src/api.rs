@@ -4,9 +4,8 @@
 
 use crate::{invalid, Config, ConfigError, SourceKind};
 
-/// Message and fragment headers in front of every fragment in its block (as `evb-wire`
-/// writes them: 8 + 32 bytes).
-pub const API_PREFIX_LEN: u64 = 40;
+/// Message and fragment headers in front of every fragment in its block.
+pub const API_PREFIX_LEN: u64 = crate::FRAGMENT_PREFIX_BYTES;
 
 pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
     let s = &cfg.source;

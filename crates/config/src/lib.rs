@@ -27,6 +27,10 @@ mod time;
 mod topology;
 mod validate;
 pub use api::API_PREFIX_LEN;
+
+/// Message and fragment headers in front of every fragment on the wire (as `evb-wire`
+/// writes them: 8 + 32 bytes; `evb-node` checks the two agree).
+pub const FRAGMENT_PREFIX_BYTES: u64 = 40;
 #[cfg(test)]
 mod tests;
 

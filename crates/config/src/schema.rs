@@ -402,7 +402,8 @@ pub struct TrafficSection {
     /// when that is given, else 1000 µs; see [`crate::Config::slot_us`]).
     pub slot_us: u64,
     /// Barrel: most bytes an RU sends in one slot, never exceeded (at least one fragment
-    /// with its 40-byte prefix).
+    /// with its 40-byte prefix; 0: exactly that, one of the largest fragments a slot; see
+    /// [`crate::Config::slot_bytes`]).
     pub slot_bytes: u64,
     /// Barrel: the links' rate in Mb/s; the slot is then as long as `slot_bytes` takes at
     /// that rate (0: not given).
@@ -422,7 +423,7 @@ impl Default for TrafficSection {
         TrafficSection {
             shaping: Shaping::None,
             slot_us: 0,
-            slot_bytes: 131_072,
+            slot_bytes: 0,
             link_mbps: 0,
         }
     }

@@ -812,8 +812,9 @@ fn meminfo_is_read() {
     }
 }
 
-/// The barrel shifter's slot: never over-filled, so it must hold the largest fragment; its
-/// length given or derived from the link rate, not both.
+/// The barrel shifter's slot: never over-filled, so it must hold the largest fragment (and
+/// holds exactly that unless given); its length given or derived from the link rate, not
+/// both.
 #[test]
 fn barrel_slots_hold_the_largest_fragment_and_have_one_length() {
     let barrel = "[traffic]\nshaping = \"barrel\"\n";
@@ -836,6 +837,21 @@ fn barrel_slots_hold_the_largest_fragment_and_have_one_length() {
     .unwrap();
     assert_eq!(c.slot_us(), 5247);
     assert_eq!(Config::default().slot_us(), 1000);
+    // unset, a slot holds exactly the largest fragment with its prefix: 64 KiB fragments
+    // fill their slots (a fixed 131,072 held one and 65,496 bytes it could not use), and
+    // the default run's 512 KiB fragments are no longer refused under the barrel
+    let c = Config::from_toml(&format!(
+        "[fragments]\nsize = 65536\n{barrel}link_mbps = 100\n"
+    ))
+    .unwrap();
+    assert_eq!((c.slot_bytes(), c.slot_us()), (65_576, 5247));
+    let c = Config::from_toml(barrel).unwrap();
+    assert_eq!(c.slot_bytes(), 512 * 1024 + 40);
+    // given, it is the operator's, within its range
+    assert_err(
+        &format!("{barrel}slot_bytes = 1000\n"),
+        &["traffic.slot_bytes", "1024"],
+    );
 }
 
 /// Many nodes on one host at the default credits: the launcher lowers the credits to what

@@ -44,14 +44,28 @@ pub enum Role {
 }
 
 impl Config {
-    /// The barrel shifter's slot length, µs: `traffic.slot_us`, or the time `slot_bytes`
-    /// take on a link of `traffic.link_mbps` (bits / (Mb/s) = µs), or 1000.
+    /// The barrel shifter's slot length, µs: `traffic.slot_us`, or the time
+    /// [`Config::slot_bytes`] take on a link of `traffic.link_mbps` (bits / (Mb/s) = µs),
+    /// or 1000.
     pub fn slot_us(&self) -> u64 {
         let t = &self.traffic;
         match (t.slot_us, t.link_mbps) {
             (0, 0) => 1000,
-            (0, mbps) => (t.slot_bytes.saturating_mul(8)).div_ceil(mbps).max(10),
+            (0, mbps) => (self.slot_bytes().saturating_mul(8)).div_ceil(mbps).max(10),
             (us, _) => us,
+        }
+    }
+
+    /// Most bytes an RU sends in one barrel-shifter slot: `traffic.slot_bytes`, or when that
+    /// is 0 the largest fragment with its 40-byte prefix, so that a slot carries one of them
+    /// and no slot's budget is left unusable (a default of a fixed 128 KiB held one 64 KiB
+    /// fragment, 80 bytes short of two, and refused fragments over it).
+    pub fn slot_bytes(&self) -> u64 {
+        match self.traffic.slot_bytes {
+            0 => self
+                .max_fragment()
+                .saturating_add(crate::FRAGMENT_PREFIX_BYTES),
+            b => b,
         }
     }
 

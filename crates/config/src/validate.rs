@@ -546,8 +546,10 @@ impl Config {
             ));
         }
         if t.shaping == crate::Shaping::Barrel {
-            let largest = self.max_fragment().saturating_add(40);
-            if t.slot_bytes < largest {
+            let largest = self
+                .max_fragment()
+                .saturating_add(crate::FRAGMENT_PREFIX_BYTES);
+            if self.slot_bytes() < largest {
                 return Err(invalid(
                     "traffic.slot_bytes",
                     format!(
@@ -583,13 +585,15 @@ impl Config {
             10_000_000,
             " Mb/s",
         )?;
-        int_in(
-            "traffic.slot_bytes",
-            self.traffic.slot_bytes,
-            1024,
-            1 << 30,
-            " bytes",
-        )?;
+        if self.traffic.slot_bytes != 0 {
+            int_in(
+                "traffic.slot_bytes",
+                self.traffic.slot_bytes,
+                1024,
+                1 << 30,
+                " bytes",
+            )?;
+        }
         real_in("run.duration_s", r.duration_s, 0.0, MAX_SECONDS, " s")?;
         real_in("run.rate_hz", r.rate_hz, 0.0, MAX_RATE_HZ, " Hz")?;
         for (key, v) in [

@@ -238,12 +238,15 @@ pub fn assign_batch(cfg: &Config, n_ru: u64) -> u32 {
     (cfg.messaging.page_size / event).clamp(1, 1024) as u32
 }
 
+// the configuration sizes slots and blocks with the wire's prefix
+const _: () = assert!(evb_config::FRAGMENT_PREFIX_BYTES as usize == FRAGMENT_PREFIX_LEN);
+
 /// Most bytes in one run of fragments an RU sends as one piece: a page, and no more than a
 /// barrel-shifter slot carries.
 pub fn max_run_bytes(cfg: &Config) -> usize {
     let mut max = cfg.messaging.page_size;
     if cfg.traffic.shaping == evb_config::Shaping::Barrel {
-        max = max.min(cfg.traffic.slot_bytes);
+        max = max.min(cfg.slot_bytes());
     }
     max as usize
 }

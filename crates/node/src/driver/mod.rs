@@ -347,7 +347,7 @@ impl Driver {
                     n_ru,
                     n_bu,
                     Duration::from_micros(cfg.slot_us()),
-                    cfg.traffic.slot_bytes as usize,
+                    cfg.slot_bytes() as usize,
                     cfg.topology.folded,
                 )
             });
