@@ -165,7 +165,11 @@ impl Transport for MuxTransport {
             return Ok(());
         }
         // Nothing yet: sleep until a part's fd is ready (or, without fds, a short while).
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        // epoll counts whole milliseconds: a shorter wait rounds up, as mio's does, not
+        // down to 0, which would return at once and leave the caller spinning
+        let ms = timeout.map_or(-1, |t| {
+            t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32
+        });
         // every part arms its wake-ups (rings); one with work already means no sleep
         let mut ready = false;
         for p in &mut self.parts {

@@ -812,6 +812,26 @@ fn an_impossible_tail_from_the_reader_closes_the_connection() {
     );
 }
 
+/// An idle mux asked to wait less than a millisecond waits (epoll's whole millisecond,
+/// rounded up), where it returned at once and left its caller spinning.
+#[test]
+fn an_idle_mux_waits_out_a_sub_millisecond_timeout() {
+    let a = ShmTransport::create(tcfg("ru0", 64 * 1024, 64)).unwrap();
+    let route: crate::mux::Route = Box::new(|_| 0);
+    let mut mux = crate::mux::MuxTransport::new(vec![Box::new(a)], route);
+    let mut out = Vec::new();
+    for wait in [Duration::from_micros(300), Duration::from_micros(999)] {
+        let t = Instant::now();
+        mux.poll(&mut out, Some(wait)).unwrap();
+        assert!(out.is_empty(), "{out:?}");
+        assert!(
+            t.elapsed() >= wait,
+            "{wait:?}: back after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
 /// A shm transport inside `mux`, which sleeps on the parts' `wait_fd` itself: it arms the
 /// rings first (`prepare_wait`), so a frame written into a ring while it sleeps wakes it.
 #[test]
