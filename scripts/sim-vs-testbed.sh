@@ -9,6 +9,7 @@
 #   TESTBED=docs/data/testbed-sweep-2026-11-27.txt scripts/sim-vs-testbed.sh   # a saved sweep
 #   EVENTS=300 TESTBED=... scripts/sim-vs-testbed.sh                          # the quick mode
 #   TESTBED=docs/data/testbed-2026-11-24.txt scripts/sim-vs-testbed.sh       # other shapes, not calibrated on
+#   SIM_ARGS="--stall 150 --window 24" TESTBED=... scripts/sim-vs-testbed.sh  # the TCP model's parameters tried
 #
 # The model in cells of 4 KiB: a fragment is 16 cells, a port queue of 64/128/256 KB is
 # 16/32/64 cells. The testbed reports payload over the shaped rate, so the model's link use
@@ -62,6 +63,8 @@ def model(key, loss):
     if loss == "tcp" and HOST:
         # the testbed shapes both ends of a link with the same queue: the hosts' own too
         args += ["--host-buffer", str(q // 4)]
+    if loss == "tcp":
+        args += os.environ.get("SIM_ARGS", "").split()
     if folded:
         args.append("--folded")
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
