@@ -1077,6 +1077,14 @@ mod tests {
             ..model(16, Shaping::Barrel)
         };
         assert!(thin.run().efficiency + 0.1 < deep.run().efficiency);
+        // and with none nothing moves: the run stops at once with nothing built, where
+        // stepping slot by slot to the limit would have held every slot in memory
+        let none = EbModel {
+            credits: 0,
+            ..model(2048, Shaping::Barrel)
+        }
+        .run();
+        assert_eq!((none.events_built, none.efficiency), (0, 0.0), "{none:?}");
     }
 
     #[test]

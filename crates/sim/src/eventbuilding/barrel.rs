@@ -136,8 +136,8 @@ impl EbModel {
             // on to the slot after the next completion: its events are built, their
             // credits back for the EVM at that slot's top
             let Some(&Reverse((last, ..))) = done.peek() else {
-                t = tally.limit.max(t + 1);
-                continue;
+                // nothing in flight and no credit to assign: nothing will ever move
+                break;
             };
             if last + 1 > tally.limit {
                 t = tally.limit;
