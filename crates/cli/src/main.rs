@@ -118,7 +118,8 @@ enum Command {
     /// (head-of-line blocking against the barrel shifter), event building over it or a
     /// leaf-and-spine fabric (lossless or TCP), or a system in physical units at its offered
     /// rate (tables, SVG plots, JSON, reports).
-    Sim(sim::SimArgs),
+    // boxed: its many options would make every command as large as it
+    Sim(Box<sim::SimArgs>),
     /// Check a configuration file, or print the default one.
     Config {
         #[command(subcommand)]

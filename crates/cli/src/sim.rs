@@ -79,8 +79,6 @@ pub struct SimArgs {
     /// clos: wormhole switching with worms (packets) of L cells: a head holds every link it
     /// has taken while it waits for the next, and the tail frees them (default: off, a cell
     /// crosses in one slot or waits, holding nothing). 1 to 4096.
-    // NonZeroU32: four bytes, in the struct's padding (SimArgs is at clippy's
-    // large_enum_variant bound against the other commands)
     #[arg(long, value_name = "L", value_parser = worm_cells)]
     wormhole: Option<std::num::NonZeroU32>,
     /// eb: RU k and BU k on host k (N × N): a host's own fragment never crosses the
