@@ -285,6 +285,18 @@ fn evb_sim_eb_models_tcp_loss_and_a_fabric() {
         text.contains("host queues of 24 cells, each connection offering a cell 50 % of slots"),
         "{text}"
     );
+    // a row whose cells were dropped says so, and the table says what that costs its
+    // figure; a lossless run has no such row
+    assert!(
+        text.contains("cells dropped †") && text.contains("†: the model dropped cells"),
+        "{text}"
+    );
+    let out = Command::new(EVB)
+        .args(["sim", "--model", "eb", "--n", "3", "--events", "300"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains('†'));
     let out = Command::new(EVB)
         .args(["sim", "--model", "eb", "--n", "32", "--events", "500"])
         .args(["--credits", "8", "--routing", "pair", "--radix", "16"])
