@@ -231,29 +231,57 @@ fn fragment_cells(rng: &mut SmallRng, mean: f64, sd: f64) -> u32 {
         .clamp(1.0, 64.0 * mean) as u32
 }
 
-/// The EVM's pick of the next event's BU, as evb's does (`None`: wait): round robin, the
-/// next BU with credit from `rr` (none searched when `any_credit` says none has one);
-/// random, a drawn BU, kept in `drawn` and waited for until it has credit. Both ways of
-/// stepping share it, so that they draw the same numbers.
-fn pick_bu(
+/// The EVM as evb's assigns: each BU's credits, and the BU of the next event. Every model
+/// keeps its credits here, so that all of them pick, and draw, the same way.
+struct Evm {
     assignment: Assignment,
-    credits: &[u32],
+    credits: Vec<u32>,
+    /// BUs with a credit: round robin searches none while this is 0 (most slots).
+    with_credit: usize,
+    /// Round robin: the BU the search starts from.
     rr: usize,
-    any_credit: bool,
-    drawn: &mut Option<usize>,
-    rng: &mut SmallRng,
-) -> Option<usize> {
-    let m = credits.len();
-    match assignment {
-        Assignment::RoundRobin if !any_credit => None,
-        Assignment::RoundRobin => (rr..m).chain(0..rr).find(|&b| credits[b] > 0),
-        Assignment::Random => {
-            let b = *drawn.get_or_insert_with(|| rng.gen_range(0..m));
-            (credits[b] > 0).then(|| {
-                *drawn = None;
-                b
-            })
+    /// Random: the BU drawn for the next event, waited for until it has credit.
+    drawn: Option<usize>,
+}
+
+impl Evm {
+    fn new(assignment: Assignment, m: usize, credits: u32) -> Evm {
+        Evm {
+            assignment,
+            credits: vec![credits; m],
+            with_credit: if credits > 0 { m } else { 0 },
+            rr: 0,
+            drawn: None,
         }
+    }
+
+    /// The next event's BU, its credit taken (`None`: wait): round robin, the next BU with
+    /// credit; random, a drawn BU once it has one.
+    fn assign(&mut self, rng: &mut SmallRng) -> Option<usize> {
+        let m = self.credits.len();
+        let b = match self.assignment {
+            Assignment::RoundRobin if self.with_credit == 0 => None,
+            Assignment::RoundRobin => (self.rr..m)
+                .chain(0..self.rr)
+                .find(|&b| self.credits[b] > 0),
+            Assignment::Random => {
+                let b = *self.drawn.get_or_insert_with(|| rng.gen_range(0..m));
+                (self.credits[b] > 0).then(|| {
+                    self.drawn = None;
+                    b
+                })
+            }
+        }?;
+        self.credits[b] -= 1;
+        self.with_credit -= usize::from(self.credits[b] == 0);
+        self.rr = (b + 1) % m;
+        Some(b)
+    }
+
+    /// BU `b` has built an event: its credit is back.
+    fn credit_back(&mut self, b: usize) {
+        self.with_credit += usize::from(self.credits[b] == 0);
+        self.credits[b] += 1;
     }
 }
 
@@ -497,8 +525,7 @@ impl EbModel {
     pub fn run_slotted(&self) -> EbOutcome {
         let (n, m) = (self.rus.max(1), self.bus.max(1));
         let mut rng = SmallRng::seed_from_u64(self.seed);
-        let mut credits = vec![self.credits; m];
-        let mut rr = 0usize;
+        let mut evm = Evm::new(self.assignment, m, self.credits);
         let mut next_event = 0u64;
         let mut events: VecDeque<Event> = VecDeque::new(); // by id, from `first_open`
         let mut first_open = 0u64;
@@ -554,16 +581,10 @@ impl EbModel {
         let mut candidates: Vec<Vec<usize>> = vec![Vec::new(); m];
         let mut t = 0u64;
         let mut tally = Tally::new(self, m, self.in_flight(m) * AUTO_SPANS);
-        // `Random`: the BU drawn for the next event, waited for
-        let mut drawn: Option<usize> = None;
         while tally.go_on(t) {
             tally.steps += (n + 2 * m) as u64;
             // the EVM assigns while BUs have credits
-            loop {
-                let bu = pick_bu(self.assignment, &credits, rr, true, &mut drawn, &mut rng);
-                let Some(bu) = bu else { break };
-                credits[bu] -= 1;
-                rr = (bu + 1) % m;
+            while let Some(bu) = evm.assign(&mut rng) {
                 let mut total = 0u64;
                 for (i, q) in queues.iter_mut().enumerate() {
                     let cells = fragment_cells(&mut rng, self.mean_cells, self.sd_cells);
@@ -754,7 +775,7 @@ impl EbModel {
                 e.missing -= 1;
                 if e.missing == 0 {
                     tally.built(t + 1 - e.assigned);
-                    credits[e.bu] += 1;
+                    evm.credit_back(e.bu);
                 }
             }
             while events.front().is_some_and(|e| e.missing == 0) {
@@ -787,11 +808,7 @@ impl EbModel {
         let folded = self.folded && n == m && n >= 2;
         let fragments = (n - usize::from(folded)) as u32;
         let mut tally = Tally::new(self, m, self.most_moving_cells(fragments, m));
-        let mut credits = vec![self.credits; m];
-        let mut with_credit = if self.credits > 0 { m } else { 0 };
-        let mut rr = 0usize;
-        // `Random`: the BU drawn for the next event, waited for
-        let mut drawn: Option<usize> = None;
+        let mut evm = Evm::new(self.assignment, m, self.credits);
         let mut next_event = 0u64;
         // the events in flight by id, from `first_open`
         let mut first_open = 0u64;
@@ -811,20 +828,7 @@ impl EbModel {
         let mut t = 0u64;
         while tally.go_on(t) {
             // the EVM assigns while BUs have credits
-            loop {
-                // (no search while no BU has a credit: that is most slots)
-                let bu = pick_bu(
-                    self.assignment,
-                    &credits,
-                    rr,
-                    with_credit > 0,
-                    &mut drawn,
-                    &mut rng,
-                );
-                let Some(bu) = bu else { break };
-                credits[bu] -= 1;
-                with_credit -= usize::from(credits[bu] == 0);
-                rr = (bu + 1) % m;
+            while let Some(bu) = evm.assign(&mut rng) {
                 let id = next_event;
                 next_event += 1;
                 // RUs with nothing queued take it as their head
@@ -918,8 +922,7 @@ impl EbModel {
                 drained[d] = 0;
                 if e.unsent == 0 && e.buffered == 0 {
                     tally.built(t + 1 - e.assigned);
-                    with_credit += usize::from(credits[e.bu] == 0);
-                    credits[e.bu] += 1;
+                    evm.credit_back(e.bu);
                 }
             }
             while events

@@ -59,10 +59,7 @@ impl EbModel {
             cycle: cycle as u64,
         };
         let mut tally = Tally::new(self, m, self.in_flight(m) * AUTO_SPANS_BARREL);
-        let mut credits = vec![self.credits; m];
-        let mut with_credit = if self.credits > 0 { m } else { 0 };
-        let mut rr = 0usize;
-        let mut drawn: Option<usize> = None;
+        let mut evm = Evm::new(self.assignment, m, self.credits);
         // per BU and RU: the slot after the pair's last cell given
         let mut free = vec![0u64; m * n];
         // per BU: the cells given to its pairs
@@ -97,19 +94,7 @@ impl EbModel {
                 at_start = Some(delivered_before(t, &free, &given));
             }
             // the EVM assigns while BUs have credits: each fragment takes its pair's slots
-            loop {
-                let bu = pick_bu(
-                    self.assignment,
-                    &credits,
-                    rr,
-                    with_credit > 0,
-                    &mut drawn,
-                    &mut rng,
-                );
-                let Some(b) = bu else { break };
-                credits[b] -= 1;
-                with_credit -= usize::from(credits[b] == 0);
-                rr = (b + 1) % m;
+            while let Some(b) = evm.assign(&mut rng) {
                 let mut last_of_event = t;
                 for i in 0..n {
                     if folded && i == b {
@@ -150,8 +135,7 @@ impl EbModel {
                 done.pop();
                 tally.steps += 1;
                 tally.built(last + 1 - at);
-                with_credit += usize::from(credits[b] == 0);
-                credits[b] += 1;
+                evm.credit_back(b);
             }
             t = last + 1;
         }
