@@ -67,6 +67,9 @@ fn barrel_shifted_rus_build_exactly_trapezoidal_both_ways() {
              slot_us = 200\nslot_bytes = 40000",
         );
     }
+    // the default run's 512 KiB fragments under the default slot budget (one largest
+    // fragment with its prefix a slot), which a fixed 128 KiB budget refused
+    assert_exact_run(2, 2, 400, "size = 524288\n[traffic]\nshaping = \"barrel\"");
 }
 
 #[test]
