@@ -10,6 +10,7 @@ use std::process::Command;
 
 mod fabric;
 mod rails;
+mod tcp_counters;
 
 use clap::Args;
 use evb_config::{BuSection, Config, Role, RuSection, TransportKind};
@@ -392,10 +393,12 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
             let _ = std::fs::remove_file(&json);
         }
         let drops = (!fab.two_level() && a.rails == 1).then(|| port_drops(&a.name, n_hosts));
+        let tcp = tcp_counters::report(&a.name, n_hosts);
         let mut figures = report(&doc, rate_bps(&a.rate), &a.rate, cfg.topology.folded);
         if let Some(d) = drops {
             figures["drops"] = d;
         }
+        figures["tcp"] = tcp;
         figures["rate"] = a.rate.clone().into();
         figures["queue"] = a.queue.clone().into();
         figures["hosts"] = n_hosts.into();

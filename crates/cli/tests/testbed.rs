@@ -117,6 +117,18 @@ fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
     let sent = v["testbed"]["drops"]["switch"]["sent"].as_u64().unwrap();
     assert!(sent > 40 * triggered, "{}", v["testbed"]);
     assert!(v["testbed"]["drops"]["hosts"]["dropped"].is_u64());
+    // the hosts' TCP counters: each RU sent every fragment's 46 segments (64 KiB of 1448)
+    // over the switch (each BU's 3), so the segments sent are at least 3 RUs x 46 an
+    // event; what was sent again is a part of them
+    assert!(stdout.contains("TCP in the hosts:"), "{stdout}");
+    let tcp = &v["testbed"]["tcp"];
+    let segments = tcp["segments_sent"].as_u64().unwrap();
+    assert!(segments >= 3 * 46 * triggered, "{tcp}");
+    assert!(
+        tcp["segments_sent_again"].as_u64().unwrap() < segments,
+        "{tcp}"
+    );
+    assert!(tcp["timeouts"].is_u64(), "{tcp}");
     // the BUs' links carried close to the shaped rate, and no more
     let secs = v["run"]["seconds"].as_f64().unwrap();
     for b in v["run"]["bus"].as_array().unwrap() {
