@@ -653,3 +653,44 @@ fn the_rails_sweep_script_runs_as_written_in_its_quick_mode() {
         );
     }
 }
+
+/// `scripts/testbed-tcp.sh` (docs/scaling.md's "What the testbed's TCP does") on one
+/// shape, 1 s runs: a line per assignment with the links' use, each followed by the drops
+/// and the hosts' TCP counters.
+#[test]
+fn the_testbed_tcp_script_runs_as_written_on_one_shape() {
+    if !root() {
+        return;
+    }
+    let name = format!("t{}", std::process::id() % 100_000);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/testbed-tcp.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .env("EVB", EVB)
+        .env("SHAPES", "2x2:256kb")
+        .env("SECONDS_PER_RUN", "1")
+        .env("NAME", &name)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for a in ["credits", "random"] {
+        let head = format!("2x2:256kb {a}: BU links (the bottleneck side): ");
+        assert!(text.contains(&head), "{text}");
+    }
+    let tcp: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("TCP in the hosts: "))
+        .collect();
+    assert_eq!(tcp.len(), 2, "{text}");
+    // 1 s of two RUs at 100 Mb/s is thousands of segments
+    for l in tcp {
+        let sent: u64 = l.split_whitespace().nth(4).unwrap().parse().unwrap();
+        assert!(sent > 1000, "{l}");
+    }
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}
