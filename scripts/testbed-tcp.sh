@@ -3,7 +3,7 @@
 # and random assignment (64 KiB fragments, 4 credits per BU, 100 Mb/s, 4 s), printing the
 # bottleneck links' use, the shaped ports' drops and the hosts' TCP counters (segments
 # sent again, fast retransmits, timeouts, retransmits refused by the host's own queue).
-# These are the figures behind docs/scaling.md's "What the testbed's TCP does".
+# These are the figures behind docs/lab/testbed-tcp.md.
 #
 #   scripts/testbed-tcp.sh                                  # the shapes below, one round
 #   SHAPES="4x2:192kb 3x5:96kb 4x4f:256kb" scripts/testbed-tcp.sh   # NxM[f]:queue each

@@ -654,7 +654,7 @@ fn the_rails_sweep_script_runs_as_written_in_its_quick_mode() {
     }
 }
 
-/// `scripts/testbed-tcp.sh` (docs/scaling.md's "What the testbed's TCP does") on one
+/// `scripts/testbed-tcp.sh` (docs/lab/testbed-tcp.md) on one
 /// shape, 1 s runs: a line per assignment with the links' use, each followed by the drops
 /// and the hosts' TCP counters.
 #[test]
