@@ -654,29 +654,22 @@ fn the_rails_sweep_script_runs_as_written_in_its_quick_mode() {
     }
 }
 
-/// `scripts/testbed-tcp.sh` (docs/lab/testbed-tcp.md) on one
-/// shape, 1 s runs: a line per assignment with the links' use, each followed by the drops
-/// and the hosts' TCP counters.
+/// `scripts/testbed-tcp.sh` (docs/lab/testbed-tcp.md) on one shape, 1 s runs: a line per
+/// assignment with the links' use, each followed by the drops and the hosts' TCP counters.
 #[test]
 fn the_testbed_tcp_script_runs_as_written_on_one_shape() {
     if !root() {
         return;
     }
     let name = format!("t{}", std::process::id() % 100_000);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/testbed-tcp.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .env("EVB", EVB)
-        .env("SHAPES", "2x2:256kb")
-        .env("SECONDS_PER_RUN", "1")
-        .env("NAME", &name)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run_script(
+        "testbed-tcp.sh",
+        &[],
+        &[
+            ("SHAPES", "2x2:256kb".into()),
+            ("SECONDS_PER_RUN", "1".into()),
+            ("NAME", name.clone()),
+        ],
     );
     for a in ["credits", "random"] {
         let head = format!("2x2:256kb {a}: BU links (the bottleneck side): ");

@@ -148,26 +148,26 @@ pub fn host_link(
     shape(switch, port, rate, queue)
 }
 
+/// What command `cmd` prints run inside namespace `ns` (empty where it cannot run).
+pub fn stdout_in(ns: &str, cmd: &[&str]) -> String {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(cmd)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 /// Bytes device `dev` of namespace `ns` has sent (0 where unreadable).
 pub fn tx_bytes(ns: &str, dev: &str) -> u64 {
     let path = format!("/sys/class/net/{dev}/statistics/tx_bytes");
-    std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "cat", &path])
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(0)
+    stdout_in(ns, &["cat", &path]).trim().parse().unwrap_or(0)
 }
 
 /// Packets the shaped qdisc of device `dev` in namespace `ns` sent and dropped (its
 /// `tc -s` counters; 0 where unreadable).
 pub fn qdisc_packets(ns: &str, dev: &str) -> (u64, u64) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    sent_and_dropped(&out)
+    sent_and_dropped(&stdout_in(ns, &["tc", "-s", "qdisc", "show", "dev", dev]))
 }
 
 /// The first qdisc's "Sent B bytes P pkt (dropped D, ..." of `tc -s qdisc show`: (P, D).

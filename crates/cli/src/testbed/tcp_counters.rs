@@ -52,19 +52,10 @@ pub fn sum(hosts: &[HashMap<String, u64>]) -> Vec<(&'static str, u64)> {
 
 /// One host namespace's counters (empty where unreadable).
 fn read(ns: &str) -> HashMap<String, u64> {
-    let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "cat",
-            "/proc/net/snmp",
-            "/proc/net/netstat",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    parse(&out)
+    parse(&super::fabric::stdout_in(
+        ns,
+        &["cat", "/proc/net/snmp", "/proc/net/netstat"],
+    ))
 }
 
 /// The line printed under the run's drops, from [`sum`]'s figures.
