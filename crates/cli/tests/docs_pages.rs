@@ -21,7 +21,7 @@ const LONGER: &[(&str, usize)] = &[
     ("docs/formats.md", 940),
     // raised by 34 for `evb sim --solve` (the planner's "how many", issue 69 item 5); its
     // `--system` section is docs/planning.md since the sixth stop of 2026-11-28
-    ("docs/scaling.md", 884),
+    ("docs/scaling.md", 896),
 ];
 
 fn root() -> PathBuf {
