@@ -1414,13 +1414,13 @@ fn metrics_released(up: &Up) -> Option<u64> {
 /// The built total an operator reads never goes backwards and is the EVM's ledger count,
 /// through BUs killed (`kill -9`, at seeded moments) and started again by `evb up`: the
 /// status API (the page's source), `evb ctl status --json` and the EVM's `/metrics`, read
-/// over and over during the run, then the run record at its end.
+/// over and over during the run, then the run record at its end. The run goes on until it
+/// is stopped, 3000 events after the second kill: on a loaded host the readings come slower,
+/// and a run of fixed length could end before both kills.
 #[test]
 fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
-    const EVENTS: u64 = 24000;
-    let up = Up::start(&format!(
-        "[run]\nevents = {EVENTS}\nduration_s = 0\nrate_hz = 3000\n[fragments]\nsize = 4096\n"
-    ));
+    let up =
+        Up::start("[run]\nevents = 0\nduration_s = 0\nrate_hz = 3000\n[fragments]\nsize = 4096\n");
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1436,6 +1436,7 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
     let mut ctl_seen: Vec<u64> = Vec::new();
     let mut metrics_seen: Vec<u64> = Vec::new();
     let mut killed = 0;
+    let mut stopping = false;
     let until = Instant::now() + Duration::from_secs(120);
     let mut polls = 0u64;
     loop {
@@ -1461,6 +1462,11 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
             }
         }
         polls += 1;
+        if killed == 2 && !stopping && built >= kills[1] + 3000 {
+            let (code, body) = up.post("stop", json!({}));
+            assert_eq!(code, 200, "{body}");
+            stopping = true;
+        }
         if killed < 2 && built >= kills[killed] {
             let bu = ["bu0", "bu1"][killed];
             let row = Up::node(&s, bu);
@@ -1484,7 +1490,9 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
         std::thread::sleep(Duration::from_millis(40));
     }
     let rec = up.wait_run(1);
-    assert_exact(&rec, EVENTS);
+    let events = rec["triggered"].as_u64().unwrap_or(0);
+    assert!(events >= kills[1] + 3000, "{rec:#}");
+    assert_exact(&rec, events);
     assert_eq!(killed, 2, "both BUs were killed mid-run");
     for (name, seen) in [
         ("status API", &api_seen),
@@ -1496,14 +1504,14 @@ fn every_reader_counts_from_the_ledger_through_killed_and_restarted_bus() {
             seen.windows(2).all(|w| w[0] <= w[1]),
             "{name} went backwards: {seen:?}"
         );
-        assert!(seen.iter().all(|&n| n <= EVENTS), "{name}: {seen:?}");
+        assert!(seen.iter().all(|&n| n <= events), "{name}: {seen:?}");
     }
     // once over, every reader says what the record says
-    assert_eq!(up.status()["totals"]["events_built"], EVENTS);
-    assert_eq!(metrics_released(&up), Some(EVENTS));
+    assert_eq!(up.status()["totals"]["events_built"], events);
+    assert_eq!(metrics_released(&up), Some(events));
     let out = up.ctl(&["status", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["totals"]["events_built"], EVENTS);
+    assert_eq!(v["totals"]["events_built"], events);
 }
 
 /// Issue 71 item 4: under `evb up`, a BU frozen (SIGSTOP) past the heartbeat timeout is
@@ -1524,11 +1532,26 @@ fn a_frozen_bu_that_wakes_rejoins_the_run_under_evb_up_with_a_standby() {
     woken_bu_rejoins(true);
 }
 
+/// Wakes a stopped process when dropped: a failed assertion between its STOP and its CONT
+/// leaves no frozen orphan behind.
+struct Wake(u64);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 fn woken_bu_rejoins(standby: bool) {
     // a run id of each variant's own: the two run side by side, and a second `evb up` of a
-    // run id that is up is refused (CI saw "run id \"woken\" is up already")
+    // run id that is up is refused (CI saw "run id \"woken\" is up already"). The run goes
+    // on until it is stopped: the loss, the wake and the rejoin all come inside it however
+    // late a loaded host lets this thread see each (a 10 s run could end first)
     let toml = format!(
-        "[run]\nid = \"woken{}\"\nevents = 40000\nduration_s = 0\nrate_hz = 4000\n\
+        "[run]\nid = \"woken{}\"\nevents = 0\nduration_s = 0\nrate_hz = 4000\n\
          secret = \"woken-secret-6d1f-a9\"\n[fragments]\nsize = 4096\n\
          [sink]\nkind = \"file\"\ndir = \"{{dir}}/out\"\n",
         if standby { "-standby" } else { "" }
@@ -1554,19 +1577,30 @@ fn woken_bu_rejoins(standby: bool) {
         .as_u64()
         .unwrap();
     common::signal(pid, "-STOP");
-    let lost = up.wait_until("bu1 dropped by the EVM", 30, |s| {
+    let wake = Wake(pid);
+    up.wait_until("bu1 dropped by the EVM", 30, |s| {
         node_events(&s["evm"]["lost"])
             .iter()
             .any(|e| e.kind == NodeEventKind::Lost && e.node == "bu[1]")
     });
-    assert!(
-        lost["evm"]["triggered"].as_u64().unwrap_or(0) < 30000,
-        "the run is nearly over before the loss: {lost:#}"
-    );
     std::thread::sleep(Duration::from_millis(300));
-    common::signal(pid, "-CONT");
+    drop(wake);
+    let back = up.wait_until("the woken bu1 back in the run", 60, |s| {
+        node_events(&s["evm"]["lost"])
+            .iter()
+            .any(|e| e.kind == NodeEventKind::Rejoined && e.node == "bu[1]")
+    });
+    // events built with it back, then the run stopped: it ends exact
+    let built = back["totals"]["events_built"].as_u64().unwrap_or(0);
+    up.wait_until("events built after the rejoin", 30, |s| {
+        s["totals"]["events_built"].as_u64().unwrap_or(0) >= built + 4000
+    });
+    let out = up.ctl(&["stop", "--wait"]);
+    assert!(out.status.success(), "{}", common::text(&out));
     let rec = up.wait_run(1);
-    assert_exact(&rec, 40000);
+    let triggered = rec["triggered"].as_u64().unwrap_or(0);
+    assert!(triggered >= built + 4000, "{rec:#}");
+    assert_exact(&rec, triggered);
     let events = node_events(&rec["lost"]);
     assert!(
         events
@@ -1584,7 +1618,7 @@ fn woken_bu_rejoins(standby: bool) {
     .body["pid"]
         .as_u64();
     assert_eq!(now, Some(pid));
-    assert_files_hold(&up, 40000);
+    assert_files_hold(&up, triggered);
     assert!(up.halt().success());
 }
 
