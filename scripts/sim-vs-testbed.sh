@@ -16,7 +16,8 @@
 # is multiplied by 1448/1514 (a full-sized TCP segment's payload over its Ethernet frame).
 # The testbed shapes every host's own port with the same queue, so the TCP model is given
 # the hosts' queues too (--host-buffer, the port's cells); HOST_QUEUE=0 leaves them out (the
-# model calibrated before 2026-11-28: --burst instead).
+# model calibrated before 2026-11-28: --burst instead). A sweep whose hosts' ports were deep
+# (NIC_QUEUE in barrel-sweep.sh: its header says "hosts' queue") is compared without them.
 set -euo pipefail
 rounds=${1:-3}
 evb=${EVB:-target/release/evb}
@@ -52,7 +53,8 @@ for text in open(sys.argv[1]):
 if not testbed:
     sys.exit(f"{sys.argv[1]}: no testbed lines")
 HEADERS = 1448 / 1514
-HOST = os.environ.get("HOST_QUEUE", "1") != "0"
+deep_hosts = "hosts' queue" in open(sys.argv[1]).read()
+HOST = os.environ.get("HOST_QUEUE", "0" if deep_hosts else "1") != "0"
 
 def model(key, loss):
     folded, n, bus, q, case = key

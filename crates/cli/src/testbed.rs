@@ -1,7 +1,8 @@
 //! `evb testbed`: a small cluster inside this machine. Every node of the run gets a host of
 //! its own (a network namespace) with one link (a veth) into a switch (a Linux bridge in a
 //! namespace of its own). Both ends of every link are shaped with tbf: a rate, and a small
-//! queue like a switch port's output buffer. The run is the ordinary `evb run` with each node
+//! queue like a switch port's output buffer (the host's end may have a deep one instead, as
+//! a NIC's: `--host-queue`). The run is the ordinary `evb run` with each node
 //! started in its host. Everything is removed at the end, on Ctrl-C and on a failure, and a
 //! testbed of the same name left by a crash is removed at the next start.
 
@@ -39,6 +40,12 @@ pub struct TestbedArgs {
     /// Bytes each shaped port may queue (a switch's output buffer), as tc writes it.
     #[arg(long, default_value = "256kb")]
     queue: String,
+    /// Bytes a host's own port may queue (its NIC's ring and qdisc), as tc writes it
+    /// (default: --queue, a host port like a switch's). A deep one (8mb) refuses nothing, as a
+    /// real host's does: TCP keeps a chunk its full host queue refused and, with nothing in
+    /// flight, waits for its probe timer (docs/lab/testbed-tcp.md).
+    #[arg(long)]
+    host_queue: Option<String>,
     /// One node's host gets a slower link, both ways: `bu1=50mbit` (repeatable). The run
     /// page's RU→BU matrix shows such a link standing out.
     #[arg(long, value_name = "NODE=RATE")]
@@ -173,6 +180,12 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
     }
     tc_value("rate", &a.rate, &["kbit", "mbit", "gbit"])?;
     tc_value("queue", &a.queue, &["b", "kb", "mb"])?;
+    let host_queue = a.host_queue.as_deref().unwrap_or(&a.queue);
+    tc_value("host-queue", host_queue, &["b", "kb", "mb"])?;
+    let queues = fabric::Queues {
+        switch: &a.queue,
+        host: host_queue,
+    };
     if a.name.is_empty()
         || a.name.len() > 6
         || !a
@@ -321,10 +334,10 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         .map_err(|e| format!("testbed configuration: {e}"))?;
 
     let built = if fab.two_level() {
-        fabric::build(&a.name, &fab, &rates, &a.queue)
+        fabric::build(&a.name, &fab, &rates, queues)
     } else {
-        build(&a.name, &rates, &a.queue)
-            .and_then(|()| rails::build(&a.name, n_hosts, a.rails, &a.rate, &a.queue))
+        build(&a.name, &rates, queues)
+            .and_then(|()| rails::build(&a.name, n_hosts, a.rails, &a.rate, queues))
     };
     let outcome = built.and_then(|()| {
         let hosts: Vec<(String, String)> = nodes
@@ -340,7 +353,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 .unwrap_or_default()
         }));
         eprintln!(
-            "evb testbed: {}{}{}, every host port shaped to {} with {} of queue",
+            "evb testbed: {}{}{}, every host port shaped to {} with {} of queue{}",
             fab.describe(n_hosts),
             if a.rails > 1 {
                 format!(", {} rails per host (Multipath TCP)", a.rails)
@@ -353,7 +366,12 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
                 ""
             },
             a.rate,
-            a.queue
+            a.queue,
+            if host_queue == a.queue {
+                String::new()
+            } else {
+                format!(" at the switch, {host_queue} at the hosts")
+            }
         );
         // the run's summary goes to a file the testbed reads back: --json's, or a temporary
         // one (for `--json -` too, copied to stdout after)
@@ -401,6 +419,7 @@ pub fn run(a: &TestbedArgs, mut cfg: Config) -> Result<bool, String> {
         figures["tcp"] = tcp;
         figures["rate"] = a.rate.clone().into();
         figures["queue"] = a.queue.clone().into();
+        figures["host_queue"] = host_queue.into();
         figures["hosts"] = n_hosts.into();
         report_uplinks(uplinks.as_deref());
         if let Some(list) = &uplinks {
@@ -667,7 +686,7 @@ fn hosts_of(nodes: &[evb_config::NodeSpec], folded: bool) -> Vec<(usize, usize)>
 }
 
 /// The switch and one host per entry of `rates`, host k's link shaped to `rates[k]`.
-fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
+fn build(name: &str, rates: &[String], q: fabric::Queues) -> Result<(), String> {
     let sw = format!("{name}-sw");
     sh(&["ip", "netns", "add", &sw])?;
     sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"])?;
@@ -678,7 +697,7 @@ fn build(name: &str, rates: &[String], queue: &str) -> Result<(), String> {
         sh(&["ip", "-n", &host, "link", "set", "lo", "up"])?;
         let (hd, port) = (format!("{name}h{k}"), format!("{name}s{k}"));
         let addr = format!("10.250.0.{}/24", k + 1);
-        fabric::host_link(&host, &hd, "eth0", &addr, &sw, &port, rate, queue)?;
+        fabric::host_link(&host, &hd, "eth0", &addr, &sw, &port, rate, q)?;
     }
     Ok(())
 }

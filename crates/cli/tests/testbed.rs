@@ -141,6 +141,50 @@ fn a_three_by_three_testbed_builds_exactly_and_leaves_nothing_behind() {
     assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
 }
 
+/// `--host-queue 8mb`: the hosts' own ports deep, as real NICs are. Three RUs over five BUs
+/// at a 96 KB switch queue, where hosts shaped like switch ports drop a fifth of their
+/// chunks (docs/scaling.md, "Held out"): the hosts drop nothing and TCP has nothing refused,
+/// the switch's queue stays 96 KB, and the run is exact. A value that is no tc size is
+/// refused, naming the flag.
+#[test]
+fn a_deep_host_queue_leaves_the_drops_to_the_switch() {
+    if !root() {
+        return;
+    }
+    let name = format!("q{}", std::process::id() % 100_000);
+    let (_, _, v) = exact_testbed(
+        &name,
+        SMALL,
+        "--rus 3 --bus 5 --duration 2 --queue 96kb --host-queue 8mb",
+        "3 x 5, deep hosts",
+    );
+    let t = &v["testbed"];
+    assert_eq!(t["queue"], "96kb", "{t}");
+    assert_eq!(t["host_queue"], "8mb", "{t}");
+    assert_eq!(t["drops"]["hosts"]["dropped"], 0, "{t}");
+    assert!(t["drops"]["hosts"]["sent"].as_u64().unwrap() > 1000, "{t}");
+    assert_eq!(t["tcp"]["retransmits_refused_by_host"], 0, "{t}");
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+
+    let out = Command::new(EVB)
+        .args([
+            "testbed",
+            "--rus",
+            "1",
+            "--bus",
+            "1",
+            "--host-queue",
+            "8 megs",
+        ])
+        .args(["--name", &name])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("--host-queue"), "{said}");
+    assert_eq!(left(&name), Vec::<String>::new(), "namespaces left behind");
+}
+
 #[test]
 fn a_testbed_killed_midway_is_cleaned_up_by_the_next_start() {
     if !root() {

@@ -118,10 +118,18 @@ pub fn shape(ns: &str, dev: &str, rate: &str, queue: &str) -> Result<(), String>
     ])
 }
 
+/// The bytes a shaped port may queue, as tc writes them: a switch's output port (leaves'
+/// and spines' too), and a host's own port (its NIC's ring and qdisc).
+#[derive(Clone, Copy)]
+pub struct Queues<'a> {
+    pub switch: &'a str,
+    pub host: &'a str,
+}
+
 /// A host's link into a switch: a veth from namespace `host` (device `dev`, address `addr`
 /// with its prefix) to bridge `br0` of namespace `switch` (port `port`), both ends shaped to
-/// `rate` with `queue` (the host's NIC and the switch's output port towards it). `hd` is the
-/// host end's name until it is renamed `dev` inside the host.
+/// `rate`, the host's with `q.host` of queue and the switch's output port towards it with
+/// `q.switch`. `hd` is the host end's name until it is renamed `dev` inside the host.
 #[allow(clippy::too_many_arguments)]
 pub fn host_link(
     host: &str,
@@ -131,7 +139,7 @@ pub fn host_link(
     switch: &str,
     port: &str,
     rate: &str,
-    queue: &str,
+    q: Queues,
 ) -> Result<(), String> {
     let sh = super::sh;
     sh(&[
@@ -144,8 +152,8 @@ pub fn host_link(
     sh(&["ip", "-n", host, "link", "set", dev, "up"])?;
     sh(&["ip", "-n", switch, "link", "set", port, "master", "br0"])?;
     sh(&["ip", "-n", switch, "link", "set", port, "up"])?;
-    shape(host, dev, rate, queue)?;
-    shape(switch, port, rate, queue)
+    shape(host, dev, rate, q.host)?;
+    shape(switch, port, rate, q.switch)
 }
 
 /// What command `cmd` prints run inside namespace `ns` (empty where it cannot run).
@@ -203,7 +211,7 @@ fn router(ns: &str) -> Result<(), String> {
 
 /// Builds the leaves, the spines and the uplinks, and each host's link into its leaf
 /// (host h's link shaped to `rates[h]`).
-pub fn build(name: &str, f: &Fabric, rates: &[String], queue: &str) -> Result<(), String> {
+pub fn build(name: &str, f: &Fabric, rates: &[String], q: Queues) -> Result<(), String> {
     let sh = super::sh;
     for l in 0..f.leaves {
         let ns = format!("{name}-l{l}");
@@ -229,7 +237,7 @@ pub fn build(name: &str, f: &Fabric, rates: &[String], queue: &str) -> Result<()
             &leaf,
             &port,
             rate,
-            queue,
+            q,
         )?;
         let gw = format!("10.250.{}.254", f.leaf[h] + 1);
         sh(&["ip", "-n", &host, "route", "add", "default", "via", &gw])?;
@@ -249,8 +257,8 @@ pub fn build(name: &str, f: &Fabric, rates: &[String], queue: &str) -> Result<()
             sh(&["ip", "-n", &spine, "addr", "add", &sa, "dev", &sd])?;
             sh(&["ip", "-n", &leaf, "link", "set", &ld, "up"])?;
             sh(&["ip", "-n", &spine, "link", "set", &sd, "up"])?;
-            shape(&leaf, &ld, &f.uplink, queue)?;
-            shape(&spine, &sd, &f.uplink, queue)?;
+            shape(&leaf, &ld, &f.uplink, q.switch)?;
+            shape(&spine, &sd, &f.uplink, q.switch)?;
             // the spine reaches leaf l's hosts over this link
             let net = format!("10.250.{}.0/24", l + 1);
             let via = format!("10.251.{i}.1");

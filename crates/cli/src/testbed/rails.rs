@@ -4,7 +4,7 @@
 //! ordinary switch; rail r ≥ 1 is the namespace `<name>-r<r>`, its hosts at
 //! 10.(250+r).0.(h+1).
 
-use super::fabric::{host_link, tx_bytes};
+use super::fabric::{host_link, tx_bytes, Queues};
 use super::sh;
 
 /// Host `h`'s address on rail `r`.
@@ -12,14 +12,8 @@ pub fn addr(r: usize, h: usize) -> String {
     format!("10.{}.0.{}", 250 + r, h + 1)
 }
 
-/// Adds rails 1 ..`rails` to hosts 0 ..`hosts`, every link shaped to `rate` with `queue`.
-pub fn build(
-    name: &str,
-    hosts: usize,
-    rails: usize,
-    rate: &str,
-    queue: &str,
-) -> Result<(), String> {
+/// Adds rails 1 ..`rails` to hosts 0 ..`hosts`, every link shaped to `rate` with `q`.
+pub fn build(name: &str, hosts: usize, rails: usize, rate: &str, q: Queues) -> Result<(), String> {
     for r in 1..rails {
         let sw = format!("{name}-r{r}");
         sh(&["ip", "netns", "add", &sw])?;
@@ -33,16 +27,7 @@ pub fn build(
                 format!("eth{r}"),
             );
             let a = addr(r, h);
-            host_link(
-                &host,
-                &hd,
-                &dev,
-                &format!("{a}/24"),
-                &sw,
-                &port,
-                rate,
-                queue,
-            )?;
+            host_link(&host, &hd, &dev, &format!("{a}/24"), &sw, &port, rate, q)?;
             // announced to every peer (signal), and a source of subflows of this host's own
             // connections (subflow): with signal alone the joins were never answered here
             sh(&[
