@@ -1329,8 +1329,8 @@ fn fixed(fault: Fault, launch: Launch, shm: bool, at_ms: u64) {
     fixed_trial(t);
 }
 
-/// Tries a trial whose fault came after its run had ended untouched gets (a loaded host's
-/// test thread woke late), before the miss fails the test.
+/// How many times in all a trial is run while its fault comes after its run ended untouched
+/// (a loaded host's test thread woke late), before the miss fails the test.
 const TRIES: u32 = 3;
 
 /// Why the fault did not land, if it did not: a trial shows something only when its fault
